@@ -1,0 +1,127 @@
+#include "kernels/common.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void (*abort_hook)(int);
+
+void lb_set_abort_hook(void (*hook)(int code)) { abort_hook = hook; }
+
+void lb_abort(int code)
+{
+    fflush(stdout);
+    fflush(stderr);
+    if (abort_hook) abort_hook(code);
+    exit(code);
+}
+
+void lb_die_at(const char *file, int line, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "%s:%d: ", file, line);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    lb_abort(1);
+}
+
+void *lb_malloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) lb_die("out of host memory (%zu bytes)", bytes);
+    return p;
+}
+
+void *lb_calloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) lb_die("out of host memory (%zu x %zu bytes)", n, size);
+    return p;
+}
+
+uint64_t lb_hash64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+uint64_t lb_rand_u64(uint64_t seed, uint64_t stream, uint64_t counter)
+{
+    return lb_hash64(lb_hash64(lb_hash64(seed) ^ stream) ^ counter);
+}
+
+float lb_rand_uniform(uint64_t seed, uint64_t stream, uint64_t counter)
+{
+    return (float)(lb_rand_u64(seed, stream, counter) >> 40) * (1.0f / 16777216.0f);
+}
+
+float lb_rand_normal(uint64_t seed, uint64_t stream, uint64_t counter)
+{
+    // Box-Muller on two independent draws; computed in double so it is the same everywhere.
+    uint64_t a = lb_rand_u64(seed, stream, 2 * counter);
+    uint64_t b = lb_rand_u64(seed, stream, 2 * counter + 1);
+    double u1 = ((double)(a >> 11) + 1.0) * (1.0 / 9007199254740993.0);   // (0, 1]
+    double u2 = (double)(b >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+uint16_t lb_f32_to_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);   // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float lb_bf16_to_f32(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+float lb_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else {                                   // subnormal: renormalise
+            int e = -1;
+            do { man <<= 1; e++; } while (!(man & 0x400));
+            u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+uint16_t lb_f32_to_f16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00;            // NaN
+    if (a >= 0x477ff000u) return sign | 0x7c00;           // overflow (incl. rounding) -> Inf
+    if (a < 0x38800000u) {                                // subnormal or zero in f16
+        float f;
+        memcpy(&f, &a, 4);
+        return sign | (uint16_t)lrintf(f * 16777216.0f);  // 2^24 = 1/ulp of f16 subnormals
+    }
+    uint32_t r = a + 0xfffu + ((a >> 13) & 1u);           // round to nearest even at bit 13
+    return sign | (uint16_t)(((r >> 13) - ((127 - 15) << 10)) & 0x7fff);
+}

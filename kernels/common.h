@@ -1,0 +1,35 @@
+// common.h: small pieces every layer uses: fatal errors with file:line, the counter-based
+// random number generator, and bf16 rounding.
+#ifndef LB_COMMON_H
+#define LB_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// Prints "file:line: message" to stderr and ends the process (the whole MPI job when one is
+// running: see lb_set_abort_hook).
+void lb_die_at(const char *file, int line, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 3, 4)));
+#define lb_die(...) lb_die_at(__FILE__, __LINE__, __VA_ARGS__)
+// parallel/ installs MPI_Abort here so one failing rank takes the whole job down.
+void lb_set_abort_hook(void (*hook)(int code));
+void lb_abort(int code) __attribute__((noreturn));
+
+void *lb_malloc(size_t bytes);     // dies on failure
+void *lb_calloc(size_t n, size_t size);
+
+// Counter-based RNG: the value for (seed, stream, counter) never depends on call order, so
+// initialisation and sampling are reproducible on every backend and rank layout.
+uint64_t lb_hash64(uint64_t x);                                   // splitmix64 finaliser
+uint64_t lb_rand_u64(uint64_t seed, uint64_t stream, uint64_t counter);
+float lb_rand_uniform(uint64_t seed, uint64_t stream, uint64_t counter);   // [0, 1)
+float lb_rand_normal(uint64_t seed, uint64_t stream, uint64_t counter);    // N(0, 1)
+
+// bf16 round to nearest even (NaN stays NaN).
+uint16_t lb_f32_to_bf16(float x);
+float lb_bf16_to_f32(uint16_t b);
+static inline float lb_round_bf16(float x) { return lb_bf16_to_f32(lb_f32_to_bf16(x)); }
+uint16_t lb_f32_to_f16(float x);
+float lb_f16_to_f32(uint16_t h);
+
+#endif

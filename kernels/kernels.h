@@ -1,0 +1,176 @@
+// kernels.h: the kernel set, lowbit's one compute interface.
+//
+// A backend is a table of operations (as ggml's backend interface). kernels/cpu fills it with
+// the reference (C11 + OpenBLAS, fp32); kernels/cuda fills it for NVIDIA GPUs. The trainer's
+// forward and backward and the sampler call only this table.
+//
+// Conventions for every operation:
+// - Buffers live in the backend's memory (alloc/upload/download); matrices are row-major and
+//   contiguous. Shapes are given in comments as (rows, cols).
+// - Activation buffers are fp32. Integer buffers (tokens, expert indices) are int32.
+// - Weight-gradient outputs ACCUMULATE (+=), so micro-batches sum into one gradient buffer.
+//   Activation-gradient outputs are OVERWRITTEN (=) unless the comment says otherwise.
+// - Results never depend on the number of threads or on which other rows are in the call:
+//   no atomics, each output element reduced in one fixed order (batch invariance).
+#ifndef LB_KERNELS_H
+#define LB_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// Element formats of GEMM operands. Only LB_FMT_FP32 is computed until the precision contract
+// lands (kernels/quant); the others are named here so the table's shape does not change then.
+typedef enum {
+    LB_FMT_FP32 = 0,
+    LB_FMT_BF16,
+    LB_FMT_FP8_BLOCK,
+    LB_FMT_MXFP8,
+    LB_FMT_MXFP4,
+    LB_FMT_NVFP4,
+} lb_format;
+
+// One GEMM: C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C.
+// op(X) is X when trans is 0 and X^T when 1; A is stored (m, k) or (k, m), B (k, n) or (n, k).
+// The linear layer's three passes with W (out, in):
+//   fprop  Y  = X  W^T : transa 0, transb 1
+//   dgrad  dX = dY W   : transa 0, transb 0
+//   wgrad  dW += dY^T X: transa 1, transb 0, beta 1
+typedef struct {
+    int transa, transb;
+    int m, n, k;
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+} lb_gemm_args;
+
+typedef struct lb_backend lb_backend;
+
+struct lb_backend {
+    const char *name;   // "cpu", "cuda"
+    void *ctx;          // backend-private state
+
+    // --- memory ---------------------------------------------------------------------------
+    void *(*alloc)(lb_backend *, size_t bytes);               // zero-filled; never NULL (exits)
+    void  (*free)(lb_backend *, void *p);
+    void  (*upload)(lb_backend *, void *dst, const void *src_host, size_t bytes);
+    void  (*download)(lb_backend *, void *dst_host, const void *src, size_t bytes);
+    void  (*copy)(lb_backend *, void *dst, const void *src, size_t bytes);
+    void  (*zero)(lb_backend *, void *p, size_t bytes);
+    void  (*sync)(lb_backend *);                               // wait for queued work
+    void  (*destroy)(lb_backend *);
+
+    // --- GEMM -----------------------------------------------------------------------------
+    void (*gemm)(lb_backend *, const lb_gemm_args *);
+    // Independent GEMMs in one call (all local experts): the CPU loops, CUDA launches once.
+    // args is a host array. Groups with m, n or k == 0 are skipped (k == 0 with beta 0 zeroes C).
+    void (*gemm_grouped)(lb_backend *, int count, const lb_gemm_args *args);
+
+    // --- elementwise and reductions ---------------------------------------------------------
+    void   (*add)(lb_backend *, float *y, const float *x, size_t n);        // y += x
+    void   (*scale)(lb_backend *, float *x, float s, size_t n);            // x *= s
+    double (*sumsq)(lb_backend *, const float *x, size_t n);               // sum x^2, fixed order
+
+    // --- embedding ---------------------------------------------------------------------------
+    // out (n, c) = wte[tokens[i]] ; wte (vocab, c)
+    void (*embedding_fwd)(lb_backend *, float *out, const int32_t *tokens, const float *wte,
+                          int n, int c);
+    // dwte (vocab, c) += scatter of dout (n, c) by tokens, tokens summed in index order
+    void (*embedding_bwd)(lb_backend *, float *dwte, const float *dout, const int32_t *tokens,
+                          int n, int c);
+
+    // --- RMSNorm: out = x / sqrt(mean(x^2) + eps) * w -----------------------------------------
+    // x, out (n, c); w (c); rstd (n) saved for backward
+    void (*rmsnorm_fwd)(lb_backend *, float *out, float *rstd, const float *x, const float *w,
+                        int n, int c, float eps);
+    // dx (n, c) overwritten; dw (c) accumulated
+    void (*rmsnorm_bwd)(lb_backend *, float *dx, float *dw, const float *dout, const float *x,
+                        const float *w, const float *rstd, int n, int c);
+
+    // --- RoPE (rotate-half form, as Hugging Face Llama/Qwen), in place --------------------------
+    // x (n, heads, d); pos (n) token positions; frequency i = theta^(-2i/d), i < d/2
+    void (*rope_fwd)(lb_backend *, float *x, const int32_t *pos, int n, int heads, int d,
+                     float theta);
+    // dx in place: the inverse rotation (the transpose of the forward map)
+    void (*rope_bwd)(lb_backend *, float *dx, const int32_t *pos, int n, int heads, int d,
+                     float theta);
+
+    // --- causal grouped-query attention, softmax scale 1/sqrt(d) ------------------------------
+    // q, out (b, t, hq, d); k, v (b, t, hkv, d); hq a multiple of hkv; lse (b, hq, t) saved
+    void (*attention_fwd)(lb_backend *, float *out, float *lse, const float *q, const float *k,
+                          const float *v, int b, int t, int hq, int hkv, int d);
+    // dq (b, t, hq, d), dk, dv (b, t, hkv, d) overwritten
+    void (*attention_bwd)(lb_backend *, float *dq, float *dk, float *dv, const float *dout,
+                          const float *q, const float *k, const float *v, const float *out,
+                          const float *lse, int b, int t, int hq, int hkv, int d);
+
+    // --- SwiGLU on a fused gate/up row: out = silu(gate) * up ---------------------------------
+    // gu (n, 2f) holds gate in columns [0, f) and up in [f, 2f); out (n, f)
+    void (*swiglu_fwd)(lb_backend *, float *out, const float *gu, int n, int f);
+    // dgu (n, 2f) overwritten
+    void (*swiglu_bwd)(lb_backend *, float *dgu, const float *dout, const float *gu, int n, int f);
+
+    // --- MoE router: fp32 softmax over experts, top-k, optional renormalisation -------------
+    // logits, probs (n, e); idx, weight (n, k). Ties go to the lower expert index; the k
+    // choices are ordered by decreasing probability.
+    void (*router_topk_fwd)(lb_backend *, float *probs, int32_t *idx, float *weight,
+                            const float *logits, int n, int e, int k, int renorm);
+    // dlogits (n, e) overwritten, from dweight (n, k) and, if dprobs_expert is not NULL, an
+    // extra gradient on every probs[i][j] of dprobs_expert[j] (the load-balancing loss).
+    void (*router_topk_bwd)(lb_backend *, float *dlogits, const float *dweight,
+                            const float *dprobs_expert, const float *probs, const int32_t *idx,
+                            int n, int e, int k, int renorm);
+    // Switch load-balancing loss of one layer: loss = e * sum_j f_j * P_j, with f_j the share of
+    // the n*k assignments that chose expert j and P_j the mean of probs[:, j].
+    // Writes the loss to *loss (host) and d loss / d probs[i][j] = e * f_j / n to dprobs_expert (e).
+    void (*moe_aux_loss)(lb_backend *, float *loss, float *dprobs_expert, const float *probs,
+                         const int32_t *idx, int n, int e, int k);
+
+    // --- MoE token dispatch on one rank --------------------------------------------------------
+    // Plan: rows sorted by expert, then by token, then by slot. row (n, k) gets the row of
+    // assignment (i, s) in the permuted buffer; counts (e), a HOST array, rows per expert.
+    void (*moe_plan)(lb_backend *, int32_t *row, int *counts_host, const int32_t *idx, int n,
+                     int e, int k);
+    // xp (n*k, c): xp[row[i][s]] = x[i]
+    void (*moe_permute)(lb_backend *, float *xp, const float *x, const int32_t *row, int n,
+                        int k, int c);
+    // dx (n, c) = sum over s of dxp[row[i][s]], s in order
+    void (*moe_permute_bwd)(lb_backend *, float *dx, const float *dxp, const int32_t *row,
+                            int n, int k, int c);
+    // out (n, c) = sum over s in order of weight[i][s] * yp[row[i][s]]
+    void (*moe_combine)(lb_backend *, float *out, const float *yp, const float *weight,
+                        const int32_t *row, int n, int k, int c);
+    // dyp (n*k, c) overwritten: dyp[row[i][s]] = weight[i][s] * dout[i];
+    // dweight (n, k) overwritten: dot(dout[i], yp[row[i][s]])
+    void (*moe_combine_bwd)(lb_backend *, float *dyp, float *dweight, const float *dout,
+                            const float *yp, const float *weight, const int32_t *row, int n,
+                            int k, int c);
+
+    // --- cross-entropy over fp32 logits ---------------------------------------------------------
+    // logits (n, v); targets (n), a negative target is ignored (loss 0, gradient 0).
+    // loss (n) per-token losses.
+    void (*cross_entropy_fwd)(lb_backend *, float *loss, const float *logits,
+                              const int32_t *targets, int n, int v);
+    // dlogits (n, v) = dloss * (softmax(logits) - onehot(target)); may alias logits.
+    void (*cross_entropy_bwd)(lb_backend *, float *dlogits, const float *logits,
+                              const int32_t *targets, float dloss, int n, int v);
+
+    // --- optimizer ------------------------------------------------------------------------------
+    // AdamW with decoupled weight decay and bias correction; step counts from 1.
+    // p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p)
+    void (*adamw)(lb_backend *, float *p, const float *g, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float wd, int step);
+};
+
+// Backends. Each returns NULL with a message in err (size errlen) when not available here.
+lb_backend *lb_backend_cpu_create(int threads, char *err, size_t errlen);
+lb_backend *lb_backend_cuda_create(int device, char *err, size_t errlen);
+
+// Helpers built on the table.
+static inline void lb_gemm(lb_backend *be, int transa, int transb, int m, int n, int k,
+                           float alpha, const float *a, const float *b, float beta, float *c)
+{
+    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c};
+    be->gemm(be, &g);
+}
+
+#endif

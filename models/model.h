@@ -1,0 +1,107 @@
+// model.h: model definitions and the model object the trainer and sampler drive.
+//
+// A definition (one file per family, listed in models/registry.c) declares its parameter
+// tensors, named as in the Hugging Face checkpoint, and its forward and backward built only
+// from kernel-set operations. All parameters live in one contiguous fp32 buffer (llm.c style),
+// so the optimizer, gradient norm and checkpoints treat them as one array.
+#ifndef LB_MODEL_H
+#define LB_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "kernels/kernels.h"
+
+// Field names follow Hugging Face's config.json for Qwen3 / Qwen3-MoE.
+typedef struct {
+    char arch[32];                 // "qwen3_moe" or "qwen3"
+    int vocab_size;
+    int hidden_size;
+    int num_hidden_layers;
+    int num_attention_heads;
+    int num_key_value_heads;
+    int head_dim;
+    int intermediate_size;         // dense SwiGLU MLP (qwen3)
+    int num_experts;               // qwen3_moe
+    int num_experts_per_tok;
+    int moe_intermediate_size;
+    int norm_topk_prob;            // renormalise the top-k router weights
+    int max_position_embeddings;
+    double rope_theta;
+    double rms_norm_eps;
+    double router_aux_loss_coef;   // weight of the load-balancing loss (see doc/loss.md)
+    double initializer_range;      // std of the normal init of matrices
+} lb_model_config;
+
+#define LB_TENSOR_NAME 96
+
+typedef struct {
+    char name[LB_TENSOR_NAME];     // e.g. "model.layers.0.self_attn.q_proj.weight"
+    int ndim;
+    int64_t shape[3];
+    size_t offset;                 // in floats, into the parameter buffer
+    size_t numel;
+    int is_norm;                   // initialised to 1, no weight decay
+} lb_tensor;
+
+typedef struct lb_model lb_model;
+
+typedef struct {
+    const char *arch;
+    const char *summary;
+    // Checks the configuration; returns 0, or -1 with a message naming the bad key.
+    int (*check)(const lb_model_config *, char *err, size_t errlen);
+    // Fills out (may be NULL) and returns the number of parameter tensors.
+    int (*tensors)(const lb_model_config *, lb_tensor *out);
+    // Activation buffers for micro-batches of (b, t); returns the private state.
+    void *(*acts_create)(lb_model *, int b, int t);
+    void (*acts_free)(lb_model *, void *acts);
+    // Forward over tokens (b, t) (device memory). With targets (b, t) it computes the loss
+    // (mean cross-entropy over non-ignored targets + aux) into m->loss and keeps what backward
+    // needs; without, it only leaves logits in m->logits.
+    void (*forward)(lb_model *, const int32_t *tokens, const int32_t *targets, int b, int t);
+    // Accumulates d(loss_scale * loss)/d(params) into m->grads. Needs a forward with targets.
+    void (*backward)(lb_model *, float loss_scale);
+    // Matmul parameters a token touches (experts counted top-k times), for FLOPs and info.
+    int64_t (*active_matmul_params)(const lb_model_config *);
+} lb_model_def;
+
+struct lb_model {
+    lb_model_config cfg;
+    const lb_model_def *def;
+    lb_backend *be;
+    int ntensors;
+    lb_tensor *tensors;            // host array
+    size_t nparams;
+    float *params;                 // (nparams) backend memory
+    float *grads;                  // (nparams) backend memory
+    int b, t;                      // shape the activations were made for
+    void *acts;                    // definition-private activations
+    float *logits;                 // (b*t, vocab) backend memory, valid after forward
+    int32_t *tokens, *targets;     // (b*t) backend copies used by forward/backward
+    // results of the last forward with targets
+    float loss;                    // ce_loss + router_aux_loss_coef * aux_loss
+    float ce_loss;                 // mean over counted tokens
+    float aux_loss;                // sum over MoE layers of the Switch loss (as Megatron)
+    int ntokens;                   // targets counted in ce_loss
+};
+
+// Registry (models/registry.c).
+const lb_model_def *lb_model_lookup(const char *arch);
+int lb_model_count(void);
+const lb_model_def *lb_model_at(int i);
+
+// Model object (models/model.c).
+lb_model *lb_model_create(const lb_model_config *cfg, lb_backend *be, char *err, size_t errlen);
+void lb_model_free(lb_model *m);
+// Normal(0, initializer_range) for matrices, ones for norm weights; same on every backend.
+void lb_model_init_params(lb_model *m, uint64_t seed);
+// tokens/targets are HOST arrays (b*t); targets may be NULL. Returns m->loss.
+float lb_model_forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t);
+void lb_model_backward(lb_model *m, float loss_scale);
+void lb_model_zero_grad(lb_model *m);
+const lb_tensor *lb_model_find(const lb_model *m, const char *name);
+int64_t lb_model_active_params(const lb_model *m);
+// Megatron's count: 6 x active matmul parameters + causal attention (6 * layers * t * hq * d).
+double lb_model_flops_per_token(const lb_model_config *cfg, int seq_len);
+
+#endif

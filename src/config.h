@@ -1,0 +1,91 @@
+// config.h: parameter files. One table (src/params.c) defines every key: section, name, type,
+// default, range or choices, and help; doc/parameters.md is generated from it.
+#ifndef LB_CONFIG_H
+#define LB_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include "models/model.h"
+
+#define LB_PATH_MAX 512
+
+typedef struct {
+    struct {
+        char backend[16];          // cpu | cuda
+        int threads;               // CPU threads, 0 = all cores
+        int device;                // CUDA device ordinal
+        uint64_t seed;             // model init and anything random
+        char out_dir[LB_PATH_MAX]; // metrics and checkpoints go here
+    } run;
+    lb_model_config model;
+    struct {
+        char train_files[LB_PATH_MAX];  // glob of token shards
+        char val_files[LB_PATH_MAX];    // glob, may be empty
+    } data;
+    struct {
+        int steps;                 // optimizer steps
+        int micro_batch;           // sequences per micro-batch
+        int seq_len;               // tokens per sequence
+        int grad_accum;            // micro-batches per optimizer step
+        double lr, min_lr;
+        int warmup_steps;          // linear warm-up, then cosine decay to min_lr at `steps`
+        double beta1, beta2, adam_eps, weight_decay;
+        double grad_clip;          // global norm, 0 = off
+        int val_every, val_batches;
+        int log_every;
+        char metrics_file[LB_PATH_MAX]; // JSON lines; relative to out_dir
+    } train;
+    struct {
+        int save_every;            // steps, 0 = only at the end
+        int keep;                  // keep the last K checkpoints
+        char resume[LB_PATH_MAX];  // "" none, "auto" latest in out_dir, or a path
+    } checkpoint;
+    struct {
+        char kind[16];             // arithmetic | text
+        char input[LB_PATH_MAX];   // text file for kind = text
+        char output[LB_PATH_MAX];  // output prefix: PREFIX_train_000.bin, PREFIX_val_000.bin
+        int problems;              // arithmetic problems to generate
+        int max_operand;           // operands drawn from [0, max_operand]
+        double val_fraction;
+        int shard_tokens;          // tokens per shard
+        uint64_t seed;
+    } gen;
+    struct {
+        char input[LB_PATH_MAX];   // HF directory (import) or lowbit checkpoint (export)
+        char output[LB_PATH_MAX];
+        char direction[16];        // import | export
+        char dtype[8];             // export element type: f32 | bf16
+    } convert;
+} lb_config;
+
+typedef enum { LB_PARAM_INT, LB_PARAM_U64, LB_PARAM_FLOAT, LB_PARAM_BOOL, LB_PARAM_STRING,
+               LB_PARAM_ENUM } lb_param_type;
+
+typedef struct {
+    const char *section, *key;
+    lb_param_type type;
+    size_t offset;                 // into lb_config
+    size_t size;                   // bytes of the field (strings: buffer size)
+    const char *def;               // default, as it would be written in a file
+    double min, max;               // numeric range (inclusive) when min < max
+    const char *choices;           // LB_PARAM_ENUM: "a|b|c"
+    const char *help;
+} lb_param;
+
+extern const lb_param lb_params[];
+extern const int lb_nparams;
+
+void lb_config_defaults(lb_config *c);
+// Parses INI text (the contents of file `fname`, used in messages) over c.
+// Returns 0, or -1 with "fname:line: message" in err.
+int lb_config_parse(lb_config *c, const char *text, const char *fname, char *err, size_t errlen);
+// Applies "section.key=value". Returns 0, or -1 with "--set section.key: message" in err.
+int lb_config_set(lb_config *c, const char *assignment, char *err, size_t errlen);
+// Cross-key checks (heads divisible by kv heads, ...). -1 with a message naming the keys.
+int lb_config_validate(const lb_config *c, char *err, size_t errlen);
+// The resolved configuration as INI text (every key), parseable by lb_config_parse. malloc'd.
+char *lb_config_to_ini(const lb_config *c);
+// doc/parameters.md, generated from the table.
+void lb_params_markdown(FILE *f);
+
+#endif

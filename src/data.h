@@ -1,0 +1,52 @@
+// data.h: token shards in llm.c's format, the batch loader, and the corpus generators.
+//
+// A shard is a header of 256 int32 (magic 20240520, version, token count, rest zero) followed by
+// the tokens: uint16 in version 1 (llm.c), uint32 in version 2 (vocabularies over 65536).
+#ifndef LB_DATA_H
+#define LB_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define LB_SHARD_MAGIC 20240520
+#define LB_SHARD_HEADER_INTS 256
+
+// Writes a shard atomically (temporary name, fsync, rename), version 1 when every token fits
+// in uint16, else version 2. Returns 0, or -1 with a message in err.
+int lb_shard_write(const char *path, const uint32_t *tokens, size_t n, char *err, size_t errlen);
+
+// Reads a whole shard (checks magic, version, size). *tokens is malloc'd.
+int lb_shard_read(const char *path, uint32_t **tokens, size_t *n, char *err, size_t errlen);
+
+// Sequential loader over the shards matching a glob (sorted by name), as llm.c: each batch is
+// b*t+1 consecutive tokens; inputs are the first b*t, targets the last b*t; the position
+// advances by b*t; a shard too short for the next batch moves to the next shard, and the last
+// wraps to the first. Tokens >= vocab_size are an error naming the shard and offset.
+typedef struct lb_loader lb_loader;
+
+lb_loader *lb_loader_open(const char *pattern, int b, int t, int vocab_size, char *err,
+                          size_t errlen);
+// Fills inputs and targets (b*t each). Returns 0, or -1 with a message.
+int lb_loader_next(lb_loader *l, int32_t *inputs, int32_t *targets, char *err, size_t errlen);
+void lb_loader_reset(lb_loader *l);
+// Position, for checkpoints: shard index and token offset.
+void lb_loader_tell(const lb_loader *l, int64_t *shard, int64_t *pos);
+int lb_loader_seek(lb_loader *l, int64_t shard, int64_t pos, char *err, size_t errlen);
+int lb_loader_nshards(const lb_loader *l);
+void lb_loader_close(lb_loader *l);
+
+// Byte-level tokenizer: a token is a byte (vocabulary 256).
+#define LB_BYTE_VOCAB 256
+
+// Arithmetic problems "a+b=c\n" and "a-b=c\n" with 0 <= b <= a <= max_operand, drawn from seed.
+// Writes problem i (0-based) into buf (at least 64 bytes) and returns its length. The same
+// (seed, i) always gives the same problem; the RL task reuses it.
+int lb_arith_problem(uint64_t seed, uint64_t i, int max_operand, char *buf);
+
+// Generators behind `lowbit data`: write PREFIX_train_NNN.bin and PREFIX_val_NNN.bin.
+int lb_data_gen_arith(const char *prefix, int problems, int max_operand, double val_fraction,
+                      int shard_tokens, uint64_t seed, char *err, size_t errlen);
+int lb_data_gen_text(const char *prefix, const char *input, double val_fraction,
+                     int shard_tokens, char *err, size_t errlen);
+
+#endif

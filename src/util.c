@@ -1,0 +1,133 @@
+#include "src/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+char *lb_read_file(const char *path, size_t *len, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (n + 1 >= cap) buf = realloc(buf, cap *= 2);
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        snprintf(err, errlen, "%s: read error", path);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+int lb_atomic_open(lb_atomic_file *a, const char *path, char *err, size_t errlen)
+{
+    snprintf(a->path, sizeof a->path, "%s", path);
+    snprintf(a->tmp, sizeof a->tmp, "%s.tmp.%ld", path, (long)getpid());
+    a->f = fopen(a->tmp, "wb");
+    if (!a->f) {
+        snprintf(err, errlen, "%s: %s", a->tmp, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static void fsync_dir_of(const char *path)
+{
+    char copy[1024];
+    snprintf(copy, sizeof copy, "%s", path);
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+int lb_atomic_commit(lb_atomic_file *a, char *err, size_t errlen)
+{
+    int bad = fflush(a->f) != 0 || ferror(a->f) || fsync(fileno(a->f)) != 0;
+    int e = errno;
+    if (fclose(a->f) != 0) bad = 1;
+    a->f = NULL;
+    if (bad) {
+        snprintf(err, errlen, "%s: write failed: %s", a->path, strerror(e));
+        unlink(a->tmp);
+        return -1;
+    }
+    if (rename(a->tmp, a->path) != 0) {
+        snprintf(err, errlen, "%s: rename failed: %s", a->path, strerror(errno));
+        unlink(a->tmp);
+        return -1;
+    }
+    fsync_dir_of(a->path);
+    return 0;
+}
+
+void lb_atomic_abort(lb_atomic_file *a)
+{
+    if (a->f) fclose(a->f);
+    a->f = NULL;
+    unlink(a->tmp);
+}
+
+int lb_mkdirs(const char *dir, char *err, size_t errlen)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", dir);
+    size_t n = strlen(buf);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == 0) {
+            char c = buf[i];
+            buf[i] = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+                snprintf(err, errlen, "%s: cannot create directory: %s", buf, strerror(errno));
+                return -1;
+            }
+            buf[i] = c;
+        }
+    }
+    return 0;
+}
+
+int lb_glob(const char *pattern, char ***out)
+{
+    glob_t g;
+    *out = NULL;
+    if (glob(pattern, 0, NULL, &g) != 0) return 0;   // glob sorts by default
+    int n = (int)g.gl_pathc;
+    char **list = malloc(sizeof(char *) * (n ? n : 1));
+    for (int i = 0; i < n; i++) list[i] = strdup(g.gl_pathv[i]);
+    globfree(&g);
+    *out = list;
+    return n;
+}
+
+void lb_glob_free(char **list, int n)
+{
+    for (int i = 0; i < n; i++) free(list[i]);
+    free(list);
+}
+
+double lb_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}

@@ -1,0 +1,29 @@
+// util.h: file helpers for src/: whole-file reads, atomic writes, directories, globs, time.
+#ifndef LB_UTIL_H
+#define LB_UTIL_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+// Reads a whole file, NUL-terminated. Returns NULL with "path: reason" in err.
+char *lb_read_file(const char *path, size_t *len, char *err, size_t errlen);
+
+// Atomic replacement: open PATH.tmp.PID for writing; commit fsyncs, closes, renames over PATH
+// and fsyncs the directory; abort closes and removes the temporary. A crash at any point leaves
+// either the old PATH or the new one, never a partial file.
+typedef struct {
+    FILE *f;
+    char path[1024];
+    char tmp[1100];
+} lb_atomic_file;
+int lb_atomic_open(lb_atomic_file *a, const char *path, char *err, size_t errlen);
+int lb_atomic_commit(lb_atomic_file *a, char *err, size_t errlen);
+void lb_atomic_abort(lb_atomic_file *a);
+
+int lb_mkdirs(const char *dir, char *err, size_t errlen);      // mkdir -p
+// Sorted matches of a glob pattern; *out is malloc'd (free with lb_glob_free). Returns count.
+int lb_glob(const char *pattern, char ***out);
+void lb_glob_free(char **list, int n);
+double lb_now(void);                                             // monotonic seconds
+
+#endif
