@@ -1,0 +1,31 @@
+// checkpoint.h: lowbit checkpoints. A checkpoint is one safetensors file: every parameter by
+// its model name (F32), the AdamW moments as "optimizer.exp_avg.<name>" and
+// "optimizer.exp_avg_sq.<name>", and metadata: format "lowbit-checkpoint-1", the resolved
+// configuration (INI text), the step, the data loader position and a CRC-32 of the data.
+// Saves are atomic (temporary name, fsync, rename); see doc/checkpoints.md.
+#ifndef LB_CHECKPOINT_H
+#define LB_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "models/model.h"
+
+typedef struct {
+    int64_t step;                  // optimizer steps completed
+    int64_t loader_shard, loader_pos;
+} lb_train_state;
+
+// Writes params (and, when not NULL, the moments: backend buffers of m->nparams floats).
+int lb_checkpoint_save(const char *path, const lb_model *m, const float *adam_m,
+                       const float *adam_v, const lb_train_state *st, const char *config_ini,
+                       char *err, size_t errlen);
+// The configuration stored in a checkpoint (malloc'd INI text).
+char *lb_checkpoint_config(const char *path, char *err, size_t errlen);
+// Loads into a model built from that configuration. Every tensor must exist with the model's
+// shape; the moments are loaded when adam_m/adam_v are not NULL (zero when the file has none).
+int lb_checkpoint_load(const char *path, lb_model *m, float *adam_m, float *adam_v,
+                       lb_train_state *st, char *err, size_t errlen);
+// Newest "step_NNNNNNNN.safetensors" in dir, or "" when none. Returns 0 or -1.
+int lb_checkpoint_latest(const char *dir, char *out, size_t outlen);
+
+#endif

@@ -1,0 +1,13 @@
+// commands.h: the lowbit commands, each run on every rank after the configuration is loaded.
+#ifndef LB_COMMANDS_H
+#define LB_COMMANDS_H
+
+#include "parallel/comm.h"
+#include "src/config.h"
+
+int lb_cmd_train(const lb_config *c, lb_comm *comm);
+int lb_cmd_info(const lb_config *c, lb_comm *comm);
+int lb_cmd_data(const lb_config *c, lb_comm *comm);
+int lb_cmd_convert(const lb_config *c, lb_comm *comm);
+
+#endif
