@@ -5,6 +5,9 @@
 #include "parallel/comm.h"
 #include "src/config.h"
 
+// The backend named by run.backend; NULL after printing why.
+lb_backend *lb_backend_open(const lb_config *c);
+
 int lb_cmd_train(const lb_config *c, lb_comm *comm);
 int lb_cmd_info(const lb_config *c, lb_comm *comm);
 int lb_cmd_data(const lb_config *c, lb_comm *comm);

@@ -1,0 +1,16 @@
+#!/bin/bash
+# Quick start: installs what lowbit needs (Debian 12, as root), builds it, writes the arithmetic
+# corpus and pretrains the tiny MoE on the CPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+if ! dpkg -s $(cat .ci/packages) >/dev/null 2>&1; then
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends $(cat .ci/packages) >/dev/null
+fi
+[ -x configure ] || ./bootstrap
+[ -f Makefile ] || ./configure
+make -j"$(nproc)"
+./lowbit data examples/tiny-moe.cfg
+./lowbit info examples/tiny-moe.cfg
+./lowbit train examples/tiny-moe.cfg

@@ -1,0 +1,35 @@
+// device.cu: CUDA device queries (the first piece of the CUDA backend). Every CUDA call is
+// checked with file:line.
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <string.h>
+
+extern "C" {
+
+// Number of visible devices; 0 when the driver is missing or no GPU is present.
+int lb_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();   // clear the sticky "no device" error
+        return 0;
+    }
+    return n;
+}
+
+// One line describing device i into buf ("NVIDIA H200, sm_90, 139.8 GiB"); -1 on failure.
+int lb_cuda_device_describe(int i, char *buf, size_t len)
+{
+    cudaDeviceProp p;
+    cudaError_t rc = cudaGetDeviceProperties(&p, i);
+    if (rc != cudaSuccess) {
+        snprintf(buf, len, "%s:%d: cudaGetDeviceProperties: %s", __FILE__, __LINE__,
+                 cudaGetErrorString(rc));
+        return -1;
+    }
+    snprintf(buf, len, "%s, sm_%d%d, %.1f GiB", p.name, p.major, p.minor,
+             (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+    return 0;
+}
+
+}

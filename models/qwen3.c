@@ -1,0 +1,482 @@
+// qwen3.c: the Qwen3 family. qwen3_moe: pre-norm blocks of GQA attention (per-head RMSNorm on
+// q and k, RoPE) and a top-k routed SwiGLU mixture of experts. qwen3: the same with a dense
+// SwiGLU MLP. Forward and backward are written out explicitly (llm.c style) from kernel-set
+// operations only.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/common.h"
+#include "models/model.h"
+
+typedef struct {
+    // saved by forward, per layer
+    float *x;              // (n, c) residual entering the layer; x[layers] feeds the final norm
+    float *ln1, *rstd1;    // (n, c), (n)
+    float *q, *qrstd, *qr; // q before norm (n, hq*d), its rstd (n*hq), after norm + RoPE
+    float *k, *krstd, *kr; // same for k, (n, hkv*d)
+    float *v;              // (n, hkv*d)
+    float *att, *lse;      // (n, hq*d), (b, hq, t)
+    float *xmid;           // (n, c) residual after attention
+    float *ln2, *rstd2;    // (n, c), (n)
+    // MoE
+    float *rlogits, *probs, *weight;   // (n, e), (n, e), (n, k)
+    int32_t *idx, *row;                // (n, k)
+    int *counts;                       // (e) host: rows per expert
+    float *aux_grad;                   // (e) d aux / d probs[i][j]
+    float *xp, *yp;                    // (n*k, c)
+    // MLP input of the activation (dense: (n, 2f); MoE: (n*k, 2f)) and its output
+    float *gu, *h;
+} layer_acts;
+
+typedef struct {
+    int b, t, n, rows;     // rows = n for dense, n*k for MoE
+    layer_acts *l;         // (layers + 1): only .x is used in the last
+    float *lnf, *rstdf;    // (n, c), (n)
+    float *loss;           // (n) per-token losses
+    int32_t *pos;          // (n)
+    // backward scratch
+    float *dres, *dln, *dtmp;              // (n, c)
+    float *dq, *dk, *dv, *datt;            // (n, hq*d), (n, hkv*d) x2, (n, hq*d)
+    float *dqr, *dkr;                      // (n, hq*d), (n, hkv*d)
+    float *dgu, *dh;                       // (rows, 2f), (rows, f)
+    float *dxp, *dyp;                      // (n*k, c)
+    float *drlogits, *dweight, *daux;      // (n, e), (n, k), (e)
+    float *host_loss;                      // (n) host
+    int32_t *host_targets;                 // (n) host
+} acts;
+
+static int is_moe(const lb_model_config *c) { return strcmp(c->arch, "qwen3_moe") == 0; }
+static int ffn_dim(const lb_model_config *c)
+{
+    return is_moe(c) ? c->moe_intermediate_size : c->intermediate_size;
+}
+
+static int check(const lb_model_config *c, char *err, size_t errlen)
+{
+#define REQUIRE(cond, ...)                        \
+    do {                                          \
+        if (!(cond)) {                            \
+            snprintf(err, errlen, __VA_ARGS__);   \
+            return -1;                            \
+        }                                         \
+    } while (0)
+    REQUIRE(c->vocab_size > 0 && c->hidden_size > 0 && c->num_hidden_layers > 0,
+            "model: vocab_size, hidden_size and num_hidden_layers must be positive");
+    REQUIRE(c->num_attention_heads > 0 && c->num_key_value_heads > 0 && c->head_dim > 0,
+            "model: attention heads and head_dim must be positive");
+    REQUIRE(c->num_attention_heads % c->num_key_value_heads == 0,
+            "model: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)",
+            c->num_attention_heads, c->num_key_value_heads);
+    REQUIRE(c->head_dim % 2 == 0, "model: head_dim (%d) must be even for RoPE", c->head_dim);
+    if (is_moe(c)) {
+        REQUIRE(c->num_experts > 0 && c->moe_intermediate_size > 0,
+                "model: num_experts and moe_intermediate_size must be positive");
+        REQUIRE(c->num_experts_per_tok > 0 && c->num_experts_per_tok <= c->num_experts,
+                "model: num_experts_per_tok (%d) must be in 1..num_experts (%d)",
+                c->num_experts_per_tok, c->num_experts);
+    } else {
+        REQUIRE(c->intermediate_size > 0, "model: intermediate_size must be positive");
+    }
+    return 0;
+#undef REQUIRE
+}
+
+// Tensor order is the parameter buffer's order; names are Hugging Face's (fused experts as in
+// transformers 5; see src/convert.c for the per-expert hub layout).
+static int add(lb_tensor *out, int i, int is_norm, int ndim, int64_t d0, int64_t d1, int64_t d2,
+               const char *fmt, int layer)
+{
+    if (out) {
+        lb_tensor *t = &out[i];
+        memset(t, 0, sizeof *t);
+        snprintf(t->name, sizeof t->name, fmt, layer);
+        t->ndim = ndim;
+        t->shape[0] = d0;
+        t->shape[1] = d1;
+        t->shape[2] = d2;
+        t->is_norm = is_norm;
+    }
+    return i + 1;
+}
+
+static int tensors(const lb_model_config *c, lb_tensor *out)
+{
+    int64_t C = c->hidden_size, D = c->head_dim, hq = c->num_attention_heads,
+            hkv = c->num_key_value_heads, F = ffn_dim(c), E = c->num_experts;
+    int i = 0;
+    i = add(out, i, 0, 2, c->vocab_size, C, 0, "model.embed_tokens.weight", 0);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        i = add(out, i, 1, 1, C, 0, 0, "model.layers.%d.input_layernorm.weight", l);
+        i = add(out, i, 0, 2, hq * D, C, 0, "model.layers.%d.self_attn.q_proj.weight", l);
+        i = add(out, i, 0, 2, hkv * D, C, 0, "model.layers.%d.self_attn.k_proj.weight", l);
+        i = add(out, i, 0, 2, hkv * D, C, 0, "model.layers.%d.self_attn.v_proj.weight", l);
+        i = add(out, i, 0, 2, C, hq * D, 0, "model.layers.%d.self_attn.o_proj.weight", l);
+        i = add(out, i, 1, 1, D, 0, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+        i = add(out, i, 1, 1, D, 0, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+        i = add(out, i, 1, 1, C, 0, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        if (is_moe(c)) {
+            i = add(out, i, 0, 2, E, C, 0, "model.layers.%d.mlp.gate.weight", l);
+            i = add(out, i, 0, 3, E, 2 * F, C, "model.layers.%d.mlp.experts.gate_up_proj", l);
+            i = add(out, i, 0, 3, E, C, F, "model.layers.%d.mlp.experts.down_proj", l);
+        } else {
+            i = add(out, i, 0, 2, 2 * F, C, 0, "model.layers.%d.mlp.gate_up_proj.weight", l);
+            i = add(out, i, 0, 2, C, F, 0, "model.layers.%d.mlp.down_proj.weight", l);
+        }
+    }
+    i = add(out, i, 1, 1, C, 0, 0, "model.norm.weight", 0);
+    i = add(out, i, 0, 2, c->vocab_size, C, 0, "lm_head.weight", 0);
+    return i;
+}
+
+// Pointers to one layer's weights, or to their gradients (same offsets in m->grads).
+typedef struct {
+    float *ln1, *q, *k, *v, *o, *qn, *kn, *ln2, *router, *gu, *down;
+} layer_w;
+
+static float *tensor_ptr(const lb_model *m, float *base, const char *fmt, int layer)
+{
+    char name[LB_TENSOR_NAME];
+    snprintf(name, sizeof name, fmt, layer);
+    const lb_tensor *t = lb_model_find(m, name);
+    if (!t) lb_die("model has no tensor %s", name);
+    return base + t->offset;
+}
+
+static layer_w layer_weights(const lb_model *m, float *base, int l)
+{
+    layer_w w;
+    w.ln1 = tensor_ptr(m, base, "model.layers.%d.input_layernorm.weight", l);
+    w.q = tensor_ptr(m, base, "model.layers.%d.self_attn.q_proj.weight", l);
+    w.k = tensor_ptr(m, base, "model.layers.%d.self_attn.k_proj.weight", l);
+    w.v = tensor_ptr(m, base, "model.layers.%d.self_attn.v_proj.weight", l);
+    w.o = tensor_ptr(m, base, "model.layers.%d.self_attn.o_proj.weight", l);
+    w.qn = tensor_ptr(m, base, "model.layers.%d.self_attn.q_norm.weight", l);
+    w.kn = tensor_ptr(m, base, "model.layers.%d.self_attn.k_norm.weight", l);
+    w.ln2 = tensor_ptr(m, base, "model.layers.%d.post_attention_layernorm.weight", l);
+    if (is_moe(&m->cfg)) {
+        w.router = tensor_ptr(m, base, "model.layers.%d.mlp.gate.weight", l);
+        w.gu = tensor_ptr(m, base, "model.layers.%d.mlp.experts.gate_up_proj", l);
+        w.down = tensor_ptr(m, base, "model.layers.%d.mlp.experts.down_proj", l);
+    } else {
+        w.router = NULL;
+        w.gu = tensor_ptr(m, base, "model.layers.%d.mlp.gate_up_proj.weight", l);
+        w.down = tensor_ptr(m, base, "model.layers.%d.mlp.down_proj.weight", l);
+    }
+    return w;
+}
+
+static float *falloc(lb_backend *be, size_t n) { return be->alloc(be, n * sizeof(float)); }
+
+static void *acts_create(lb_model *m, int b, int t)
+{
+    const lb_model_config *c = &m->cfg;
+    lb_backend *be = m->be;
+    acts *a = lb_calloc(1, sizeof *a);
+    size_t n = (size_t)b * t, C = c->hidden_size, D = c->head_dim, hq = c->num_attention_heads,
+           hkv = c->num_key_value_heads, F = ffn_dim(c), E = c->num_experts,
+           K = c->num_experts_per_tok;
+    int moe = is_moe(c);
+    a->b = b;
+    a->t = t;
+    a->n = (int)n;
+    a->rows = (int)(moe ? n * K : n);
+    size_t rows = a->rows;
+    a->l = lb_calloc(c->num_hidden_layers + 1, sizeof *a->l);
+    for (int l = 0; l <= c->num_hidden_layers; l++) {
+        layer_acts *L = &a->l[l];
+        L->x = falloc(be, n * C);
+        if (l == c->num_hidden_layers) break;
+        L->ln1 = falloc(be, n * C);
+        L->rstd1 = falloc(be, n);
+        L->q = falloc(be, n * hq * D);
+        L->qrstd = falloc(be, n * hq);
+        L->qr = falloc(be, n * hq * D);
+        L->k = falloc(be, n * hkv * D);
+        L->krstd = falloc(be, n * hkv);
+        L->kr = falloc(be, n * hkv * D);
+        L->v = falloc(be, n * hkv * D);
+        L->att = falloc(be, n * hq * D);
+        L->lse = falloc(be, n * hq);
+        L->xmid = falloc(be, n * C);
+        L->ln2 = falloc(be, n * C);
+        L->rstd2 = falloc(be, n);
+        L->gu = falloc(be, rows * 2 * F);
+        L->h = falloc(be, rows * F);
+        if (moe) {
+            L->rlogits = falloc(be, n * E);
+            L->probs = falloc(be, n * E);
+            L->weight = falloc(be, n * K);
+            L->idx = be->alloc(be, n * K * sizeof(int32_t));
+            L->row = be->alloc(be, n * K * sizeof(int32_t));
+            L->counts = lb_calloc(E, sizeof(int));
+            L->aux_grad = falloc(be, E);
+            L->xp = falloc(be, rows * C);
+            L->yp = falloc(be, rows * C);
+        }
+    }
+    a->lnf = falloc(be, n * C);
+    a->rstdf = falloc(be, n);
+    a->loss = falloc(be, n);
+    a->pos = be->alloc(be, n * sizeof(int32_t));
+    int32_t *pos = lb_malloc(n * sizeof(int32_t));
+    for (size_t i = 0; i < n; i++) pos[i] = (int32_t)(i % (size_t)t);   // each row starts at 0
+    be->upload(be, a->pos, pos, n * sizeof(int32_t));
+    free(pos);
+    a->dres = falloc(be, n * C);
+    a->dln = falloc(be, n * C);
+    a->dtmp = falloc(be, n * C);
+    a->dq = falloc(be, n * hq * D);
+    a->dk = falloc(be, n * hkv * D);
+    a->dv = falloc(be, n * hkv * D);
+    a->datt = falloc(be, n * hq * D);
+    a->dqr = falloc(be, n * hq * D);
+    a->dkr = falloc(be, n * hkv * D);
+    a->dgu = falloc(be, rows * 2 * F);
+    a->dh = falloc(be, rows * F);
+    if (moe) {
+        a->dxp = falloc(be, rows * C);
+        a->dyp = falloc(be, rows * C);
+        a->drlogits = falloc(be, n * E);
+        a->dweight = falloc(be, n * K);
+        a->daux = falloc(be, E);
+    }
+    a->host_loss = lb_malloc(n * sizeof(float));
+    a->host_targets = lb_malloc(n * sizeof(int32_t));
+    return a;
+}
+
+static void acts_free(lb_model *m, void *p)
+{
+    acts *a = p;
+    lb_backend *be = m->be;
+    for (int l = 0; l <= m->cfg.num_hidden_layers; l++) {
+        layer_acts *L = &a->l[l];
+        void *bufs[] = {L->x, L->ln1, L->rstd1, L->q, L->qrstd, L->qr, L->k, L->krstd, L->kr,
+                        L->v, L->att, L->lse, L->xmid, L->ln2, L->rstd2, L->gu, L->h,
+                        L->rlogits, L->probs, L->weight, L->idx, L->row, L->aux_grad, L->xp,
+                        L->yp};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) be->free(be, bufs[i]);
+        free(L->counts);
+    }
+    free(a->l);
+    void *bufs[] = {a->lnf, a->rstdf, a->loss, a->pos, a->dres, a->dln, a->dtmp, a->dq, a->dk,
+                    a->dv, a->datt, a->dqr, a->dkr, a->dgu, a->dh, a->dxp, a->dyp, a->drlogits,
+                    a->dweight, a->daux};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(be, bufs[i]);
+    free(a->host_loss);
+    free(a->host_targets);
+    free(a);
+}
+
+// One grouped GEMM over the experts: group j covers rows [off_j, off_j + counts[j]).
+//   fprop: Y_j (m_j, out) = X_j (m_j, in) W_j^T           W (E, out, in)
+//   dgrad: dX_j (m_j, in) = dY_j (m_j, out) W_j
+//   wgrad: dW_j (out, in) += dY_j^T X_j
+enum { PASS_FPROP, PASS_DGRAD, PASS_WGRAD };
+
+static void experts_gemm(lb_backend *be, int pass, const int *counts, int E, int out, int in,
+                         const float *x, const float *w, float *y)
+{
+    lb_gemm_args g[E];
+    size_t off = 0;
+    for (int j = 0; j < E; j++) {
+        int mj = counts[j];
+        const float *wj = w + (size_t)j * out * in;
+        if (pass == PASS_FPROP)
+            g[j] = (lb_gemm_args){0, 1, mj, out, in, 1.0f, 0.0f, x + off * in, wj, y + off * out};
+        else if (pass == PASS_DGRAD)
+            g[j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, x + off * out, wj, y + off * in};
+        else   // x = dY (rows, out), w = X (rows, in), y = dW (E, out, in)
+            g[j] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, 1.0f, x + off * out, w + off * in,
+                                  y + (size_t)j * out * in};
+        off += (size_t)mj;
+    }
+    be->gemm_grouped(be, E, g);
+}
+
+static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t)
+{
+    const lb_model_config *c = &m->cfg;
+    lb_backend *be = m->be;
+    acts *a = m->acts;
+    int n = b * t, C = c->hidden_size, D = c->head_dim, hq = c->num_attention_heads,
+        hkv = c->num_key_value_heads, F = ffn_dim(c), E = c->num_experts,
+        K = c->num_experts_per_tok, V = c->vocab_size;
+    float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
+    int moe = is_moe(c);
+    double aux = 0.0;
+
+    be->embedding_fwd(be, a->l[0].x, tokens, m->params, n, C);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        layer_acts *L = &a->l[l];
+        layer_w w = layer_weights(m, m->params, l);
+        // attention block
+        be->rmsnorm_fwd(be, L->ln1, L->rstd1, L->x, w.ln1, n, C, eps);
+        lb_gemm(be, 0, 1, n, hq * D, C, 1.0f, L->ln1, w.q, 0.0f, L->q);
+        lb_gemm(be, 0, 1, n, hkv * D, C, 1.0f, L->ln1, w.k, 0.0f, L->k);
+        lb_gemm(be, 0, 1, n, hkv * D, C, 1.0f, L->ln1, w.v, 0.0f, L->v);
+        be->rmsnorm_fwd(be, L->qr, L->qrstd, L->q, w.qn, n * hq, D, eps);
+        be->rmsnorm_fwd(be, L->kr, L->krstd, L->k, w.kn, n * hkv, D, eps);
+        be->rope_fwd(be, L->qr, a->pos, n, hq, D, theta);
+        be->rope_fwd(be, L->kr, a->pos, n, hkv, D, theta);
+        be->attention_fwd(be, L->att, L->lse, L->qr, L->kr, L->v, b, t, hq, hkv, D);
+        be->copy(be, L->xmid, L->x, (size_t)n * C * sizeof(float));
+        lb_gemm(be, 0, 1, n, C, hq * D, 1.0f, L->att, w.o, 1.0f, L->xmid);
+        // feed-forward block
+        float *xnext = a->l[l + 1].x;
+        be->rmsnorm_fwd(be, L->ln2, L->rstd2, L->xmid, w.ln2, n, C, eps);
+        if (moe) {
+            lb_gemm(be, 0, 1, n, E, C, 1.0f, L->ln2, w.router, 0.0f, L->rlogits);
+            be->router_topk_fwd(be, L->probs, L->idx, L->weight, L->rlogits, n, E, K,
+                                c->norm_topk_prob);
+            float aux_l;
+            be->moe_aux_loss(be, &aux_l, L->aux_grad, L->probs, L->idx, n, E, K);
+            aux += aux_l;
+            be->moe_plan(be, L->row, L->counts, L->idx, n, E, K);
+            be->moe_permute(be, L->xp, L->ln2, L->row, n, K, C);
+            experts_gemm(be, PASS_FPROP, L->counts, E, 2 * F, C, L->xp, w.gu, L->gu);
+            be->swiglu_fwd(be, L->h, L->gu, n * K, F);
+            experts_gemm(be, PASS_FPROP, L->counts, E, C, F, L->h, w.down, L->yp);
+            be->moe_combine(be, xnext, L->yp, L->weight, L->row, n, K, C);
+            be->add(be, xnext, L->xmid, (size_t)n * C);
+        } else {
+            lb_gemm(be, 0, 1, n, 2 * F, C, 1.0f, L->ln2, w.gu, 0.0f, L->gu);
+            be->swiglu_fwd(be, L->h, L->gu, n, F);
+            be->copy(be, xnext, L->xmid, (size_t)n * C * sizeof(float));
+            lb_gemm(be, 0, 1, n, C, F, 1.0f, L->h, w.down, 1.0f, xnext);
+        }
+    }
+    const lb_tensor *tn = lb_model_find(m, "model.norm.weight");
+    const lb_tensor *th = lb_model_find(m, "lm_head.weight");
+    be->rmsnorm_fwd(be, a->lnf, a->rstdf, a->l[c->num_hidden_layers].x, m->params + tn->offset,
+                    n, C, eps);
+    lb_gemm(be, 0, 1, n, V, C, 1.0f, a->lnf, m->params + th->offset, 0.0f, m->logits);
+    if (!targets) return;
+
+    // Loss: mean cross-entropy over counted targets, summed in token order in double.
+    be->cross_entropy_fwd(be, a->loss, m->logits, targets, n, V);
+    be->download(be, a->host_loss, a->loss, (size_t)n * sizeof(float));
+    be->download(be, a->host_targets, targets, (size_t)n * sizeof(int32_t));
+    double sum = 0.0;
+    int count = 0;
+    for (int i = 0; i < n; i++)
+        if (a->host_targets[i] >= 0) {
+            sum += a->host_loss[i];
+            count++;
+        }
+    m->ntokens = count;
+    m->ce_loss = count ? (float)(sum / count) : 0.0f;
+    m->aux_loss = (float)aux;
+    m->loss = (float)(m->ce_loss + c->router_aux_loss_coef * aux);
+}
+
+static void backward(lb_model *m, float loss_scale)
+{
+    const lb_model_config *c = &m->cfg;
+    lb_backend *be = m->be;
+    acts *a = m->acts;
+    int b = a->b, t = a->t, n = a->n, C = c->hidden_size, D = c->head_dim,
+        hq = c->num_attention_heads, hkv = c->num_key_value_heads, F = ffn_dim(c),
+        E = c->num_experts, K = c->num_experts_per_tok, V = c->vocab_size;
+    float theta = (float)c->rope_theta;
+    int moe = is_moe(c);
+    float *G = m->grads;
+
+    // lm head and final norm; the logits buffer becomes d loss / d logits
+    const lb_tensor *tn = lb_model_find(m, "model.norm.weight");
+    const lb_tensor *th = lb_model_find(m, "lm_head.weight");
+    float dce = m->ntokens ? loss_scale / (float)m->ntokens : 0.0f;
+    be->cross_entropy_bwd(be, m->logits, m->logits, m->targets, dce, n, V);
+    lb_gemm(be, 0, 0, n, C, V, 1.0f, m->logits, m->params + th->offset, 0.0f, a->dln);
+    lb_gemm(be, 1, 0, V, C, n, 1.0f, m->logits, a->lnf, 1.0f, G + th->offset);
+    be->rmsnorm_bwd(be, a->dres, G + tn->offset, a->dln, a->l[c->num_hidden_layers].x,
+                    m->params + tn->offset, a->rstdf, n, C);
+
+    for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
+        layer_acts *L = &a->l[l];
+        layer_w w = layer_weights(m, m->params, l);
+        layer_w dw = layer_weights(m, G, l);
+        // feed-forward block: dres is d loss / d xnext, and passes straight to xmid
+        if (moe) {
+            be->moe_combine_bwd(be, a->dyp, a->dweight, a->dres, L->yp, L->weight, L->row, n, K,
+                                C);
+            experts_gemm(be, PASS_DGRAD, L->counts, E, C, F, a->dyp, w.down, a->dh);
+            experts_gemm(be, PASS_WGRAD, L->counts, E, C, F, a->dyp, L->h, dw.down);
+            be->swiglu_bwd(be, a->dgu, a->dh, L->gu, n * K, F);
+            experts_gemm(be, PASS_DGRAD, L->counts, E, 2 * F, C, a->dgu, w.gu, a->dxp);
+            experts_gemm(be, PASS_WGRAD, L->counts, E, 2 * F, C, a->dgu, L->xp, dw.gu);
+            be->moe_permute_bwd(be, a->dln, a->dxp, L->row, n, K, C);
+            // router: through the top-k weights and the load-balancing loss
+            be->copy(be, a->daux, L->aux_grad, (size_t)E * sizeof(float));
+            be->scale(be, a->daux, loss_scale * (float)c->router_aux_loss_coef, (size_t)E);
+            be->router_topk_bwd(be, a->drlogits, a->dweight, a->daux, L->probs, L->idx, n, E, K,
+                                c->norm_topk_prob);
+            lb_gemm(be, 0, 0, n, C, E, 1.0f, a->drlogits, w.router, 1.0f, a->dln);
+            lb_gemm(be, 1, 0, E, C, n, 1.0f, a->drlogits, L->ln2, 1.0f, dw.router);
+        } else {
+            lb_gemm(be, 0, 0, n, F, C, 1.0f, a->dres, w.down, 0.0f, a->dh);
+            lb_gemm(be, 1, 0, C, F, n, 1.0f, a->dres, L->h, 1.0f, dw.down);
+            be->swiglu_bwd(be, a->dgu, a->dh, L->gu, n, F);
+            lb_gemm(be, 0, 0, n, C, 2 * F, 1.0f, a->dgu, w.gu, 0.0f, a->dln);
+            lb_gemm(be, 1, 0, 2 * F, C, n, 1.0f, a->dgu, L->ln2, 1.0f, dw.gu);
+        }
+        be->rmsnorm_bwd(be, a->dtmp, dw.ln2, a->dln, L->xmid, w.ln2, L->rstd2, n, C);
+        be->add(be, a->dres, a->dtmp, (size_t)n * C);
+        // attention block: dres is now d loss / d xmid
+        lb_gemm(be, 0, 0, n, hq * D, C, 1.0f, a->dres, w.o, 0.0f, a->datt);
+        lb_gemm(be, 1, 0, C, hq * D, n, 1.0f, a->dres, L->att, 1.0f, dw.o);
+        be->attention_bwd(be, a->dq, a->dk, a->dv, a->datt, L->qr, L->kr, L->v, L->att, L->lse,
+                          b, t, hq, hkv, D);
+        be->rope_bwd(be, a->dq, a->pos, n, hq, D, theta);
+        be->rope_bwd(be, a->dk, a->pos, n, hkv, D, theta);
+        be->rmsnorm_bwd(be, a->dqr, dw.qn, a->dq, L->q, w.qn, L->qrstd, n * hq, D);
+        be->rmsnorm_bwd(be, a->dkr, dw.kn, a->dk, L->k, w.kn, L->krstd, n * hkv, D);
+        lb_gemm(be, 0, 0, n, C, hq * D, 1.0f, a->dqr, w.q, 0.0f, a->dln);
+        lb_gemm(be, 0, 0, n, C, hkv * D, 1.0f, a->dkr, w.k, 1.0f, a->dln);
+        lb_gemm(be, 0, 0, n, C, hkv * D, 1.0f, a->dv, w.v, 1.0f, a->dln);
+        lb_gemm(be, 1, 0, hq * D, C, n, 1.0f, a->dqr, L->ln1, 1.0f, dw.q);
+        lb_gemm(be, 1, 0, hkv * D, C, n, 1.0f, a->dkr, L->ln1, 1.0f, dw.k);
+        lb_gemm(be, 1, 0, hkv * D, C, n, 1.0f, a->dv, L->ln1, 1.0f, dw.v);
+        be->rmsnorm_bwd(be, a->dtmp, dw.ln1, a->dln, L->x, w.ln1, L->rstd1, n, C);
+        be->add(be, a->dres, a->dtmp, (size_t)n * C);
+    }
+    be->embedding_bwd(be, G, a->dres, m->tokens, n, C);   // embed_tokens is tensor 0
+}
+
+static int64_t active_matmul_params(const lb_model_config *c)
+{
+    int64_t C = c->hidden_size, D = c->head_dim;
+    int64_t attn = C * (c->num_attention_heads + 2 * c->num_key_value_heads) * D +
+                   (int64_t)c->num_attention_heads * D * C;
+    int64_t ffn = is_moe(c) ? C * c->num_experts +
+                                  (int64_t)c->num_experts_per_tok * 3 * C * c->moe_intermediate_size
+                            : 3 * C * c->intermediate_size;
+    return c->num_hidden_layers * (attn + ffn) + C * c->vocab_size;   // + the LM head
+}
+
+const lb_model_def lb_qwen3_moe_def = {
+    .arch = "qwen3_moe",
+    .summary = "Qwen3-MoE: GQA with q/k RMSNorm and RoPE, top-k softmax router, SwiGLU experts",
+    .check = check,
+    .tensors = tensors,
+    .acts_create = acts_create,
+    .acts_free = acts_free,
+    .forward = forward,
+    .backward = backward,
+    .active_matmul_params = active_matmul_params,
+};
+
+const lb_model_def lb_qwen3_def = {
+    .arch = "qwen3",
+    .summary = "Qwen3 (dense): GQA with q/k RMSNorm and RoPE, SwiGLU MLP",
+    .check = check,
+    .tensors = tensors,
+    .acts_create = acts_create,
+    .acts_free = acts_free,
+    .forward = forward,
+    .backward = backward,
+    .active_matmul_params = active_matmul_params,
+};

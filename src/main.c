@@ -1,0 +1,120 @@
+// main.c: lowbit <command> [FILE.cfg] [--set section.key=value ...], launched with mpirun.
+// Rank 0 reads the parameter file and broadcasts its text; every rank parses the same text, so
+// every rank reaches the same configuration or the same error.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "lb_autoconf.h"
+#include "src/commands.h"
+#include "src/util.h"
+
+typedef struct {
+    const char *name;
+    int (*run)(const lb_config *, lb_comm *);
+    const char *help;
+} command;
+
+static const command commands[] = {
+    {"train", lb_cmd_train, "pretrain a model on token shards"},
+    {"info", lb_cmd_info, "parameters, FLOPs per token and memory of a configuration"},
+    {"data", lb_cmd_data, "write token shards: the arithmetic corpus or a text file"},
+    {"convert", lb_cmd_convert, "import a Hugging Face checkpoint, or export one"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: lowbit <command> [FILE.cfg] [--set section.key=value ...]\n"
+               "       mpirun -np N lowbit <command> FILE.cfg ...\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "  %-8s %s\n", "params", "print the parameter reference (doc/parameters.md)");
+    fprintf(f, "\nParameter files: INI sections, '#' comments, key = value; see doc/parameters.md.\n");
+}
+
+// Reads FILE on rank 0 and gives its text to every rank. NULL (on every rank) when unreadable.
+static char *read_everywhere(lb_comm *comm, const char *path, char *err, size_t errlen)
+{
+    char *text = NULL;
+    long long len = -1;
+    if (comm->rank == 0) {
+        size_t n;
+        text = lb_read_file(path, &n, err, errlen);
+        len = text ? (long long)n : -1;
+    }
+    lb_comm_bcast(comm, &len, sizeof len, 0);
+    if (len < 0) return NULL;
+    if (comm->rank != 0) text = malloc((size_t)len + 1);
+    lb_comm_bcast(comm, text, (size_t)len + 1, 0);
+    return text;
+}
+
+int main(int argc, char **argv)
+{
+    lb_comm comm;
+    lb_comm_init(&comm, &argc, &argv);
+    int rc = 1;
+    char err[2048];
+    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        if (comm.rank == 0) usage(argc < 2 ? stderr : stdout);
+        rc = argc < 2 ? 2 : 0;
+        goto out;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        if (comm.rank == 0) printf("lowbit %s\n", PACKAGE_VERSION);
+        rc = 0;
+        goto out;
+    }
+    if (!strcmp(argv[1], "params")) {
+        if (comm.rank == 0) lb_params_markdown(stdout);
+        rc = 0;
+        goto out;
+    }
+    const command *cmd = NULL;
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) cmd = &commands[i];
+    if (!cmd) {
+        if (comm.rank == 0) {
+            fprintf(stderr, "lowbit: unknown command '%s'\n", argv[1]);
+            usage(stderr);
+        }
+        rc = 2;
+        goto out;
+    }
+
+    lb_config cfg;
+    lb_config_defaults(&cfg);
+    int i = 2;
+    if (i < argc && strncmp(argv[i], "--", 2) != 0) {
+        char *text = read_everywhere(&comm, argv[i], err, sizeof err);
+        if (!text || lb_config_parse(&cfg, text, argv[i], err, sizeof err) != 0) {
+            if (comm.rank == 0) fprintf(stderr, "%s\n", err);
+            free(text);
+            goto out;
+        }
+        free(text);
+        i++;
+    }
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--set") && i + 1 < argc) a = argv[++i];
+        else if (!strncmp(a, "--set=", 6)) a += 6;
+        else {
+            if (comm.rank == 0)
+                fprintf(stderr, "lowbit: unexpected argument '%s' (expected --set section.key=value)\n", a);
+            rc = 2;
+            goto out;
+        }
+        if (lb_config_set(&cfg, a, err, sizeof err) != 0) {
+            if (comm.rank == 0) fprintf(stderr, "%s\n", err);
+            goto out;
+        }
+    }
+    if (lb_config_validate(&cfg, err, sizeof err) != 0) {
+        if (comm.rank == 0) fprintf(stderr, "%s\n", err);
+        goto out;
+    }
+    rc = cmd->run(&cfg, &comm);
+out:
+    lb_comm_finalize(&comm);
+    return rc;
+}
