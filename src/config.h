@@ -56,6 +56,11 @@ typedef struct {
         char direction[16];        // import | export
         char dtype[8];             // export element type: f32 | bf16
     } convert;
+    // Bookkeeping for messages, not parameters (no lb_params entry): the file last parsed into
+    // this configuration, and per lb_params[] entry the line of that file that set the key
+    // (0: default or --set).
+    char source_file[LB_PATH_MAX];
+    int source_line[128];
 } lb_config;
 
 typedef enum { LB_PARAM_INT, LB_PARAM_U64, LB_PARAM_FLOAT, LB_PARAM_BOOL, LB_PARAM_STRING,

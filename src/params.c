@@ -1,0 +1,116 @@
+// params.c: the one table of parameter-file keys. Everything else (parsing, --set, defaults,
+// the resolved configuration, doc/parameters.md) is driven by it from src/config.c.
+//
+// To add a key: add the field to lb_config (src/config.h), add one LB_P line here, in the
+// section's block, and run `make doc-params`.
+#include "src/config.h"
+
+
+// The section and key are the lb_config member names, so a key cannot name the wrong field.
+#define LB_P(sec, name, type, def, lo, hi, choices, help)                                     \
+    { #sec, #name, type, offsetof(lb_config, sec.name), sizeof(((lb_config *)0)->sec.name),  \
+      def, lo, hi, choices, help }
+
+#define I LB_PARAM_INT
+#define U LB_PARAM_U64
+#define F LB_PARAM_FLOAT
+#define B LB_PARAM_BOOL
+#define S LB_PARAM_STRING
+#define E LB_PARAM_ENUM
+#define BIG 1000000000.0   // upper bound of counts of steps, problems, tokens
+
+const lb_param lb_params[] = {
+    // [run] ------------------------------------------------------------------------------------
+    LB_P(run, backend, E, "cpu", 0, 0, "cpu|cuda", "compute backend"),
+    LB_P(run, threads, I, "0", 0, 1024, NULL, "CPU threads, 0 = all cores"),
+    LB_P(run, device, I, "0", 0, 1023, NULL, "CUDA device ordinal (first device of this rank)"),
+    LB_P(run, seed, U, "1234", 0, 0, NULL, "seed of model initialisation and anything random"),
+    LB_P(run, out_dir, S, "runs/default", 0, 0, NULL, "directory for metrics and checkpoints"),
+
+    // [model] ----------------------------------------------------------------------------------
+    LB_P(model, arch, E, "qwen3_moe", 0, 0, "qwen3_moe|qwen3", "model family (models/registry.c)"),
+    LB_P(model, vocab_size, I, "256", 1, 16777216, NULL, "vocabulary size"),
+    LB_P(model, hidden_size, I, "128", 1, 65536, NULL, "width of the residual stream"),
+    LB_P(model, num_hidden_layers, I, "4", 1, 1024, NULL, "transformer blocks"),
+    LB_P(model, num_attention_heads, I, "4", 1, 1024, NULL, "query heads"),
+    LB_P(model, num_key_value_heads, I, "2", 1, 1024, NULL,
+         "key/value heads (GQA); divides num_attention_heads"),
+    LB_P(model, head_dim, I, "32", 1, 1024, NULL, "width of one attention head"),
+    LB_P(model, intermediate_size, I, "512", 1, 1048576, NULL,
+         "hidden width of the dense SwiGLU MLP (qwen3)"),
+    LB_P(model, num_experts, I, "4", 1, 4096, NULL, "experts per MoE layer (qwen3_moe)"),
+    LB_P(model, num_experts_per_tok, I, "2", 1, 4096, NULL,
+         "experts each token is routed to (top-k)"),
+    LB_P(model, moe_intermediate_size, I, "256", 1, 1048576, NULL,
+         "hidden width of one SwiGLU expert"),
+    LB_P(model, norm_topk_prob, B, "true", 0, 0, NULL,
+         "renormalise the top-k router weights to sum to 1"),
+    LB_P(model, max_position_embeddings, I, "4096", 1, 16777216, NULL,
+         "longest sequence the model is built for"),
+    LB_P(model, rope_theta, F, "1000000", 1, 1e12, NULL, "RoPE base frequency"),
+    LB_P(model, rms_norm_eps, F, "1e-6", 1e-12, 1, NULL, "epsilon of every RMSNorm"),
+    LB_P(model, router_aux_loss_coef, F, "0.001", 0, 100, NULL,
+         "weight of the load-balancing loss (0 = off)"),
+    LB_P(model, initializer_range, F, "0.02", 0, 10, NULL,
+         "standard deviation of the normal init of matrices"),
+
+    // [data] -----------------------------------------------------------------------------------
+    LB_P(data, train_files, S, "", 0, 0, NULL, "glob of training token shards"),
+    LB_P(data, val_files, S, "", 0, 0, NULL, "glob of validation token shards (may be empty)"),
+
+    // [train] ----------------------------------------------------------------------------------
+    LB_P(train, steps, I, "100", 1, BIG, NULL, "optimizer steps"),
+    LB_P(train, micro_batch, I, "8", 1, 1048576, NULL, "sequences per micro-batch"),
+    LB_P(train, seq_len, I, "64", 1, 16777216, NULL, "tokens per sequence"),
+    LB_P(train, grad_accum, I, "1", 1, 1048576, NULL, "micro-batches per optimizer step"),
+    LB_P(train, lr, F, "0.001", 0, 10, NULL, "peak learning rate"),
+    LB_P(train, min_lr, F, "0.0001", 0, 10, NULL, "learning rate at the end of the cosine decay"),
+    LB_P(train, warmup_steps, I, "10", 0, BIG, NULL,
+         "steps of linear warm-up, then cosine decay to min_lr at steps"),
+    LB_P(train, beta1, F, "0.9", 0, 1, NULL, "AdamW first-moment decay (below 1)"),
+    LB_P(train, beta2, F, "0.95", 0, 1, NULL, "AdamW second-moment decay (below 1)"),
+    LB_P(train, adam_eps, F, "1e-8", 0, 1, NULL, "AdamW epsilon"),
+    LB_P(train, weight_decay, F, "0.1", 0, 10, NULL,
+         "decoupled weight decay (not applied to norm weights)"),
+    LB_P(train, grad_clip, F, "1.0", 0, 1e6, NULL,
+         "clip the global gradient norm to this, 0 = off"),
+    LB_P(train, val_every, I, "0", 0, BIG, NULL, "validate every N steps, 0 = off"),
+    LB_P(train, val_batches, I, "4", 1, 1048576, NULL, "micro-batches per validation"),
+    LB_P(train, log_every, I, "1", 1, BIG, NULL, "progress line every N steps"),
+    LB_P(train, metrics_file, S, "metrics.jsonl", 0, 0, NULL,
+         "JSON-lines metrics, relative to run.out_dir"),
+
+    // [checkpoint] -----------------------------------------------------------------------------
+    LB_P(checkpoint, save_every, I, "0", 0, BIG, NULL,
+         "save every N steps, 0 = only at the end"),
+    LB_P(checkpoint, keep, I, "2", 1, 1000000, NULL, "keep the last K checkpoints"),
+    LB_P(checkpoint, resume, S, "", 0, 0, NULL,
+         "\"\" = start fresh, auto = newest checkpoint in run.out_dir, else a checkpoint path"),
+
+    // [gen] ------------------------------------------------------------------------------------
+    LB_P(gen, kind, E, "arithmetic", 0, 0, "arithmetic|text", "what `lowbit data` generates"),
+    LB_P(gen, input, S, "", 0, 0, NULL, "text file to tokenise (kind = text)"),
+    LB_P(gen, output, S, "data/arith", 0, 0, NULL,
+         "output prefix: PREFIX_train_000.bin, PREFIX_val_000.bin"),
+    LB_P(gen, problems, I, "100000", 1, BIG, NULL, "arithmetic problems to generate"),
+    LB_P(gen, max_operand, I, "99", 1, 1000000, NULL, "operands are drawn from [0, max_operand]"),
+    LB_P(gen, val_fraction, F, "0.05", 0, 0.5, NULL,
+         "fraction of the data held out for validation"),
+    LB_P(gen, shard_tokens, I, "1000000", 1, BIG, NULL, "tokens per shard file"),
+    LB_P(gen, seed, U, "1", 0, 0, NULL, "seed of the generator"),
+
+    // [convert] --------------------------------------------------------------------------------
+    LB_P(convert, input, S, "", 0, 0, NULL,
+         "Hugging Face directory (import) or lowbit checkpoint (export)"),
+    LB_P(convert, output, S, "", 0, 0, NULL, "lowbit checkpoint (import) or directory (export)"),
+    LB_P(convert, direction, E, "import", 0, 0, "import|export",
+         "import from Hugging Face or export to it"),
+    LB_P(convert, dtype, E, "f32", 0, 0, "f32|bf16", "element type of exported tensors"),
+};
+
+const int lb_nparams = (int)(sizeof lb_params / sizeof lb_params[0]);
+
+// lb_config.source_line has one slot per table entry.
+_Static_assert(sizeof lb_params / sizeof lb_params[0]
+                   <= sizeof(((lb_config *)0)->source_line) / sizeof(int),
+               "lb_config.source_line is too small for lb_params[]");
