@@ -38,12 +38,34 @@ void lb_loader_close(lb_loader *l);
 // Byte-level tokenizer: a token is a byte (vocabulary 256).
 #define LB_BYTE_VOCAB 256
 
-// Arithmetic problems "a+b=c\n" and "a-b=c\n" with 0 <= b <= a <= max_operand, drawn from seed.
-// Writes problem i (0-based) into buf (at least 64 bytes) and returns its length. The same
-// (seed, i) always gives the same problem; the RL task reuses it.
+// Arithmetic problems "a+b=c\n" (0 <= a, b <= max_operand) and "a-b=c\n" (0 <= b <= a <=
+// max_operand), drawn from seed. Writes problem i (0-based) into buf (at least 64 bytes) and
+// returns its length. The same (seed, i) always gives the same problem; the RL task reuses it.
 int lb_arith_problem(uint64_t seed, uint64_t i, int max_operand, char *buf);
 
+// Held-out split: problem i is a validation problem iff a uniform draw of its own (a stream
+// separate from the problem's operands) is below val_fraction. Returns 1 for val, 0 for train.
+int lb_arith_is_val(uint64_t seed, uint64_t i, double val_fraction);
+
+// The RL reward's two halves. A prompt is a problem up to and including '=' ("17+25=").
+// lb_arith_answer parses "a+b=" or "a-b=" (decimal a, b >= 0; anything after '=' is ignored,
+// so a whole problem line also works) and stores the correct result. Returns 0, or -1 when the
+// text is not of that form or the numbers overflow a long.
+int lb_arith_answer(const char *prompt, long *expected);
+// lb_arith_parse_completion reads the model's answer: an optional '-', one or more decimal
+// digits, then '\n' or the end of the text (len bytes; no NUL needed); nothing else is
+// accepted (no spaces, no '+'). Returns 0 with *value, or -1 when malformed or out of range.
+int lb_arith_parse_completion(const char *text, size_t len, long *value);
+
 // Generators behind `lowbit data`: write PREFIX_train_NNN.bin and PREFIX_val_NNN.bin.
+// Byte tokens (LB_BYTE_VOCAB). Shards hold at most shard_tokens tokens (arith: cut only
+// between problems); the last two of a split are evened out so the corpus never ends in a
+// stub shorter than a batch. NNN has 3 digits, more when a split needs over 1000 shards. The
+// directory of PREFIX is created. Numbered shards of an earlier run under the same PREFIX that
+// this run would not overwrite are refused (the loader's glob would mix them in). An empty
+// split writes no file. Print nothing; return 0, or -1 with "PATH: message" in err.
+// arith: problem i goes to val iff lb_arith_is_val(seed, i, val_fraction).
+// text: any bytes; the first (1 - val_fraction) of the file trains, the rest validates.
 int lb_data_gen_arith(const char *prefix, int problems, int max_operand, double val_fraction,
                       int shard_tokens, uint64_t seed, char *err, size_t errlen);
 int lb_data_gen_text(const char *prefix, const char *input, double val_fraction,
