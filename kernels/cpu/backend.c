@@ -1,0 +1,97 @@
+// backend.c: the CPU reference backend's memory functions and its constructor.
+//
+// Buffers are plain host memory, so upload, download and copy are memcpy and sync has nothing
+// to wait for. The operations live in ops_*.c and are installed by lb_cpu_init_*.
+#include "kernels/cpu/cpu.h"
+#include "kernels/common.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// 64-byte alignment: a cache line and an AVX-512 vector, so OpenBLAS and the compiler's
+// vectorised loops never straddle lines at the start of a buffer.
+#define LB_CPU_ALIGN 64
+
+static void *cpu_alloc(lb_backend *be, size_t bytes)
+{
+    size_t rounded = (bytes + LB_CPU_ALIGN - 1) / LB_CPU_ALIGN * LB_CPU_ALIGN;
+    if (rounded < bytes) lb_die("cpu alloc: size overflow (%zu bytes)", bytes);
+    void *p = NULL;
+    if (posix_memalign(&p, LB_CPU_ALIGN, rounded ? rounded : LB_CPU_ALIGN) != 0 || !p)
+        lb_die("cpu alloc: out of host memory (%zu bytes)", bytes);
+    memset(p, 0, rounded);
+    return p;
+}
+
+static void cpu_free(lb_backend *be, void *p) { free(p); }
+
+static void cpu_upload(lb_backend *be, void *dst, const void *src_host, size_t bytes)
+{
+    if (bytes) memcpy(dst, src_host, bytes);
+}
+
+static void cpu_download(lb_backend *be, void *dst_host, const void *src, size_t bytes)
+{
+    if (bytes) memcpy(dst_host, src, bytes);
+}
+
+// memmove: callers may copy within one buffer.
+static void cpu_copy(lb_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (bytes && dst != src) memmove(dst, src, bytes);
+}
+
+static void cpu_zero(lb_backend *be, void *p, size_t bytes)
+{
+    if (bytes) memset(p, 0, bytes);
+}
+
+static void cpu_sync(lb_backend *be) {}   // every operation completes before it returns
+
+static void cpu_destroy(lb_backend *be)
+{
+    if (!be) return;
+    free(be->ctx);
+    free(be);
+}
+
+lb_backend *lb_backend_cpu_create(int threads, char *err, size_t errlen)
+{
+    if (err && errlen) err[0] = '\0';
+    if (threads < 0) {
+        if (err && errlen) snprintf(err, errlen, "cpu backend: threads must be >= 0, not %d",
+                                    threads);
+        return NULL;
+    }
+    if (threads == 0) threads = omp_get_num_procs();
+    if (threads < 1) threads = 1;
+
+    lb_cpu_ctx *ctx = lb_calloc(1, sizeof *ctx);
+    ctx->threads = threads;
+    lb_backend *be = lb_calloc(1, sizeof *be);
+    be->name = "cpu";
+    be->ctx = ctx;
+
+    be->alloc = cpu_alloc;
+    be->free = cpu_free;
+    be->upload = cpu_upload;
+    be->download = cpu_download;
+    be->copy = cpu_copy;
+    be->zero = cpu_zero;
+    be->sync = cpu_sync;
+    be->destroy = cpu_destroy;
+
+    lb_cpu_init_basic(be);
+    lb_cpu_init_attention(be);
+    lb_cpu_init_moe(be);
+    lb_cpu_init_optim(be);
+
+    // Process-wide defaults for code outside the table; the operations themselves name the
+    // backend's count on every parallel loop and BLAS call (see lb_cpu_threads).
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+    return be;
+}

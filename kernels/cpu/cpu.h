@@ -1,0 +1,31 @@
+// cpu.h: internal declarations shared by the files of the CPU reference backend.
+//
+// Each ops_*.c file keeps its operations static and installs them into the table through one
+// lb_cpu_init_* function (ggml style); nothing else in the tree calls them directly.
+#ifndef LB_CPU_H
+#define LB_CPU_H
+
+#include "kernels/kernels.h"
+
+// Backend-private state (lb_backend.ctx).
+typedef struct {
+    int threads;    // OpenMP and OpenBLAS threads used by this backend's operations
+} lb_cpu_ctx;
+
+// Thread count for `num_threads(...)` clauses. Each parallel loop names it explicitly so two
+// CPU backends with different thread counts can live in one process.
+static inline int lb_cpu_threads(const lb_backend *be)
+{
+    return ((const lb_cpu_ctx *)be->ctx)->threads;
+}
+
+// Below this many elements an elementwise loop runs on one thread (start-up would dominate).
+// Elementwise results do not depend on the split, so this never changes a number.
+#define LB_CPU_PAR_MIN 32768
+
+void lb_cpu_init_basic(lb_backend *be);       // ops_basic.c
+void lb_cpu_init_attention(lb_backend *be);   // ops_attention.c
+void lb_cpu_init_moe(lb_backend *be);         // ops_moe.c
+void lb_cpu_init_optim(lb_backend *be);       // ops_optim.c
+
+#endif

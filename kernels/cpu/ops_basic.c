@@ -1,0 +1,266 @@
+// ops_basic.c: GEMM (OpenBLAS), elementwise ops, sumsq, embedding, RMSNorm, RoPE and SwiGLU
+// for the CPU reference backend.
+//
+// Every output element is produced by one thread in one fixed order, so results depend neither
+// on the thread count nor on the other rows of the call. Reductions that feed statistics
+// (norm sums, sumsq, weight-gradient column sums) accumulate in double.
+#include "kernels/cpu/cpu.h"
+#include "kernels/common.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+// --- GEMM -------------------------------------------------------------------------------------
+
+// C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, all row-major and contiguous.
+static void cpu_gemm(lb_backend *be, const lb_gemm_args *g)
+{
+    if (g->m < 0 || g->n < 0 || g->k < 0)
+        lb_die("gemm: negative size (m %d, n %d, k %d)", g->m, g->n, g->k);
+    if (g->m == 0 || g->n == 0) return;
+    size_t mn = (size_t)g->m * g->n;
+    if (g->k == 0 || g->alpha == 0.0f) {
+        // No product: C = beta * C, and beta 0 overwrites (NaN in C must not survive).
+        if (g->beta == 0.0f) memset(g->c, 0, mn * sizeof(float));
+        else if (g->beta != 1.0f)
+            for (size_t i = 0; i < mn; i++) g->c[i] *= g->beta;
+        return;
+    }
+    // OpenBLAS's thread count is process-wide; set it to this backend's before each call.
+    int nt = lb_cpu_threads(be);
+    if (openblas_get_num_threads() != nt) openblas_set_num_threads(nt);
+    int lda = g->transa ? g->m : g->k;   // A stored (k, m) when transposed, else (m, k)
+    int ldb = g->transb ? g->k : g->n;   // B stored (n, k) when transposed, else (k, n)
+    cblas_sgemm(CblasRowMajor, g->transa ? CblasTrans : CblasNoTrans,
+                g->transb ? CblasTrans : CblasNoTrans, g->m, g->n, g->k, g->alpha, g->a, lda,
+                g->b, ldb, g->beta, g->c, g->n);
+}
+
+// One call per group, in order. Empty groups are skipped inside cpu_gemm (k == 0 with beta 0
+// zeroes C, so an expert that received no tokens still yields a defined output).
+static void cpu_gemm_grouped(lb_backend *be, int count, const lb_gemm_args *args)
+{
+    for (int i = 0; i < count; i++) cpu_gemm(be, &args[i]);
+}
+
+// --- elementwise and reductions -----------------------------------------------------------------
+
+static void cpu_add(lb_backend *be, float *y, const float *x, size_t n)
+{
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (n >= LB_CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+static void cpu_scale(lb_backend *be, float *x, float s, size_t n)
+{
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (n >= LB_CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+// Fixed-size chunks, each summed sequentially in double, then the partials summed in chunk
+// order: the grouping is a function of n alone, never of the thread count.
+#define SUMSQ_CHUNK 4096
+
+static double cpu_sumsq(lb_backend *be, const float *x, size_t n)
+{
+    size_t nchunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    if (nchunks == 0) return 0.0;
+    double stack[64];
+    double *part = nchunks <= 64 ? stack : lb_malloc(nchunks * sizeof(double));
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (nchunks > 1)
+    for (size_t ch = 0; ch < nchunks; ch++) {
+        size_t lo = ch * SUMSQ_CHUNK, hi = lo + SUMSQ_CHUNK < n ? lo + SUMSQ_CHUNK : n;
+        double s = 0.0;
+        for (size_t i = lo; i < hi; i++) s += (double)x[i] * x[i];
+        part[ch] = s;
+    }
+    double total = 0.0;
+    for (size_t ch = 0; ch < nchunks; ch++) total += part[ch];
+    if (part != stack) free(part);
+    return total;
+}
+
+// --- embedding --------------------------------------------------------------------------------
+
+// out (n, c) = wte[tokens[i]]; wte (vocab, c)
+static void cpu_embedding_fwd(lb_backend *be, float *out, const int32_t *tokens, const float *wte,
+                              int n, int c)
+{
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0) lb_die("embedding_fwd: negative token %d at %d", tokens[i], i);
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * c >= LB_CPU_PAR_MIN)
+    for (int i = 0; i < n; i++)
+        memcpy(out + (size_t)i * c, wte + (size_t)tokens[i] * c, (size_t)c * sizeof(float));
+}
+
+// Columns per parallel task in column-parallel scatters: wide enough to vectorise, narrow
+// enough that several tasks exist for hidden sizes of a few hundred.
+#define COL_BLOCK 64
+
+// dwte (vocab, c) += dout (n, c) scattered by tokens. Parallel over column blocks, so every
+// element of dwte sees its tokens added in index order by one thread (repeated tokens collide
+// only within a thread).
+static void cpu_embedding_bwd(lb_backend *be, float *dwte, const float *dout,
+                              const int32_t *tokens, int n, int c)
+{
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0) lb_die("embedding_bwd: negative token %d at %d", tokens[i], i);
+    int nblk = (c + COL_BLOCK - 1) / COL_BLOCK;
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * c >= LB_CPU_PAR_MIN)
+    for (int b = 0; b < nblk; b++) {
+        int lo = b * COL_BLOCK, hi = lo + COL_BLOCK < c ? lo + COL_BLOCK : c;
+        for (int i = 0; i < n; i++) {
+            float *dst = dwte + (size_t)tokens[i] * c;
+            const float *src = dout + (size_t)i * c;
+            for (int j = lo; j < hi; j++) dst[j] += src[j];
+        }
+    }
+}
+
+// --- RMSNorm ----------------------------------------------------------------------------------
+
+// out (n, c) = x / sqrt(mean(x^2) + eps) * w; rstd (n) saved for backward.
+static void cpu_rmsnorm_fwd(lb_backend *be, float *out, float *rstd, const float *x,
+                            const float *w, int n, int c, float eps)
+{
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * c >= LB_CPU_PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * c;
+        float *oi = out + (size_t)i * c;
+        double ss = 0.0;
+        for (int j = 0; j < c; j++) ss += (double)xi[j] * xi[j];
+        float r = (float)(1.0 / sqrt(ss / c + (double)eps));
+        rstd[i] = r;
+        for (int j = 0; j < c; j++) oi[j] = (xi[j] * r) * w[j];   // as HF: w * (x * rstd)
+    }
+}
+
+// With y = x r w and r = (mean(x^2) + eps)^(-1/2):
+//   dx_j = r (w_j dy_j) - x_j r^3 / c * sum_k (w_k dy_k x_k)
+//   dw_j += sum_i dy_ij x_ij r_i
+// dx (n, c) overwritten (parallel over rows); dw (c) accumulated (parallel over columns, rows
+// summed in order in double).
+static void cpu_rmsnorm_bwd(lb_backend *be, float *dx, float *dw, const float *dout,
+                            const float *x, const float *w, const float *rstd, int n, int c)
+{
+    int nt = lb_cpu_threads(be);
+    int par = (size_t)n * c >= LB_CPU_PAR_MIN;
+    #pragma omp parallel for num_threads(nt) if (par)
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * c, *gi = dout + (size_t)i * c;
+        float *dxi = dx + (size_t)i * c;
+        double r = rstd[i], dot = 0.0;
+        for (int j = 0; j < c; j++) dot += (double)gi[j] * w[j] * xi[j];
+        double coef = dot * r * r * r / c;
+        for (int j = 0; j < c; j++) dxi[j] = (float)(r * ((double)w[j] * gi[j]) - coef * xi[j]);
+    }
+    int nblk = (c + COL_BLOCK - 1) / COL_BLOCK;
+    #pragma omp parallel for num_threads(nt) if (par)
+    for (int b = 0; b < nblk; b++) {
+        int lo = b * COL_BLOCK, hi = lo + COL_BLOCK < c ? lo + COL_BLOCK : c;
+        double acc[COL_BLOCK] = {0};
+        for (int i = 0; i < n; i++) {
+            const float *xi = x + (size_t)i * c, *gi = dout + (size_t)i * c;
+            double r = rstd[i];
+            for (int j = lo; j < hi; j++) acc[j - lo] += (double)gi[j] * xi[j] * r;
+        }
+        for (int j = lo; j < hi; j++) dw[j] += (float)acc[j - lo];
+    }
+}
+
+// --- RoPE (Hugging Face rotate_half form) --------------------------------------------------------
+
+// Rotates every head of every row by its position. sign = +1 applies the rotation, -1 its
+// inverse (the transpose), which is the backward map. x (n, heads, d); pos (n).
+// Angles are computed in double and cos/sin rounded once to float, so the result does not
+// depend on how the compiler evaluates pos * freq.
+static void rope_apply(lb_backend *be, float *x, const int32_t *pos, int n, int heads, int d,
+                       float theta, double sign, const char *what)
+{
+    if (d % 2) lb_die("%s: head dim %d is odd", what, d);
+    int half = d / 2;
+    if (half == 0 || n == 0 || heads == 0) return;
+    double *inv_freq = lb_malloc((size_t)half * sizeof(double));
+    for (int f = 0; f < half; f++) inv_freq[f] = pow((double)theta, -2.0 * f / d);
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
+        if ((size_t)n * heads * d >= LB_CPU_PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        float *xi = x + (size_t)i * heads * d;
+        for (int f = 0; f < half; f++) {
+            double angle = (double)pos[i] * inv_freq[f];
+            float cs = (float)cos(angle), sn = (float)(sign * sin(angle));
+            for (int h = 0; h < heads; h++) {
+                float *xh = xi + (size_t)h * d;
+                float x1 = xh[f], x2 = xh[f + half];
+                xh[f] = x1 * cs - x2 * sn;
+                xh[f + half] = x2 * cs + x1 * sn;
+            }
+        }
+    }
+    free(inv_freq);
+}
+
+static void cpu_rope_fwd(lb_backend *be, float *x, const int32_t *pos, int n, int heads, int d,
+                         float theta)
+{
+    rope_apply(be, x, pos, n, heads, d, theta, 1.0, "rope_fwd");
+}
+
+static void cpu_rope_bwd(lb_backend *be, float *dx, const int32_t *pos, int n, int heads, int d,
+                         float theta)
+{
+    rope_apply(be, dx, pos, n, heads, d, theta, -1.0, "rope_bwd");
+}
+
+// --- SwiGLU -------------------------------------------------------------------------------------
+
+// gu (n, 2f) = [gate | up]; out (n, f) = silu(gate) * up, silu(g) = g * sigmoid(g).
+static void cpu_swiglu_fwd(lb_backend *be, float *out, const float *gu, int n, int f)
+{
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * f >= LB_CPU_PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        const float *g = gu + (size_t)i * 2 * f, *u = g + f;
+        float *o = out + (size_t)i * f;
+        for (int j = 0; j < f; j++) {
+            float sig = 1.0f / (1.0f + expf(-g[j]));
+            o[j] = g[j] * sig * u[j];
+        }
+    }
+}
+
+// d silu(g)/dg = sig * (1 + g * (1 - sig)); dgu (n, 2f) overwritten.
+static void cpu_swiglu_bwd(lb_backend *be, float *dgu, const float *dout, const float *gu, int n,
+                           int f)
+{
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * f >= LB_CPU_PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        const float *g = gu + (size_t)i * 2 * f, *u = g + f, *dy = dout + (size_t)i * f;
+        float *dg = dgu + (size_t)i * 2 * f, *du = dg + f;
+        for (int j = 0; j < f; j++) {
+            float sig = 1.0f / (1.0f + expf(-g[j]));
+            float silu = g[j] * sig;
+            dg[j] = dy[j] * u[j] * (sig * (1.0f + g[j] * (1.0f - sig)));
+            du[j] = dy[j] * silu;
+        }
+    }
+}
+
+void lb_cpu_init_basic(lb_backend *be)
+{
+    be->gemm = cpu_gemm;
+    be->gemm_grouped = cpu_gemm_grouped;
+    be->add = cpu_add;
+    be->scale = cpu_scale;
+    be->sumsq = cpu_sumsq;
+    be->embedding_fwd = cpu_embedding_fwd;
+    be->embedding_bwd = cpu_embedding_bwd;
+    be->rmsnorm_fwd = cpu_rmsnorm_fwd;
+    be->rmsnorm_bwd = cpu_rmsnorm_bwd;
+    be->rope_fwd = cpu_rope_fwd;
+    be->rope_bwd = cpu_rope_bwd;
+    be->swiglu_fwd = cpu_swiglu_fwd;
+    be->swiglu_bwd = cpu_swiglu_bwd;
+}

@@ -1,0 +1,85 @@
+// ops_optim.c: cross-entropy over logits and the AdamW update for the CPU reference backend.
+#include "kernels/cpu/cpu.h"
+#include "kernels/common.h"
+
+#include <math.h>
+#include <omp.h>
+
+static void check_targets(const char *what, const int32_t *targets, int n, int v)
+{
+    for (int i = 0; i < n; i++)
+        if (targets[i] >= v) lb_die("%s: target %d at %d outside [0, %d)", what, targets[i], i, v);
+}
+
+// Log-sum-exp of one row of logits (v >= 1: only rows with a target in [0, v) get here); the
+// exponential sum in double.
+static double row_lse(const float *l, int v)
+{
+    float m = l[0];
+    for (int j = 1; j < v; j++) m = l[j] > m ? l[j] : m;
+    double sum = 0.0;
+    for (int j = 0; j < v; j++) sum += exp((double)l[j] - m);
+    return m + log(sum);
+}
+
+// loss (n): loss_i = logsumexp(logits_i) - logits_i[target_i]; 0 where the target is negative.
+static void cpu_cross_entropy_fwd(lb_backend *be, float *loss, const float *logits,
+                                  const int32_t *targets, int n, int v)
+{
+    check_targets("cross_entropy_fwd", targets, n, v);
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * v >= LB_CPU_PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        const float *l = logits + (size_t)i * v;
+        loss[i] = targets[i] < 0 ? 0.0f : (float)(row_lse(l, v) - l[targets[i]]);
+    }
+}
+
+// dlogits (n, v) = dloss * (softmax(logits) - onehot(target)); 0 for ignored rows. Each
+// element is read before it is written, so dlogits may alias logits.
+static void cpu_cross_entropy_bwd(lb_backend *be, float *dlogits, const float *logits,
+                                  const int32_t *targets, float dloss, int n, int v)
+{
+    check_targets("cross_entropy_bwd", targets, n, v);
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * v >= LB_CPU_PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        const float *l = logits + (size_t)i * v;
+        float *dl = dlogits + (size_t)i * v;
+        int tgt = targets[i];
+        if (tgt < 0) {
+            for (int j = 0; j < v; j++) dl[j] = 0.0f;
+            continue;
+        }
+        double lse = row_lse(l, v);
+        for (int j = 0; j < v; j++) {
+            double p = exp((double)l[j] - lse);
+            dl[j] = (float)(dloss * (p - (j == tgt)));
+        }
+    }
+}
+
+// m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p -= lr (mhat / (sqrt(vhat) + eps) + wd p)
+// with mhat = m / (1 - b1^step), vhat = v / (1 - b2^step); the decay uses the old p.
+static void cpu_adamw(lb_backend *be, float *p, const float *g, float *m, float *v, size_t n,
+                      float lr, float beta1, float beta2, float eps, float wd, int step)
+{
+    if (step < 1) lb_die("adamw: step %d, steps count from 1", step);
+    float bc1 = (float)(1.0 - pow((double)beta1, step));
+    float bc2 = (float)(1.0 - pow((double)beta2, step));
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (n >= LB_CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i];
+        float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+        float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = mi / bc1, vhat = vi / bc2;
+        p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+    }
+}
+
+void lb_cpu_init_optim(lb_backend *be)
+{
+    be->cross_entropy_fwd = cpu_cross_entropy_fwd;
+    be->cross_entropy_bwd = cpu_cross_entropy_bwd;
+    be->adamw = cpu_adamw;
+}

@@ -1,0 +1,1177 @@
+// test_kernels.c: the CPU reference backend against naive double-precision loops, finite-
+// difference checks of every backward operation, hand-computed cases, and the determinism and
+// batch-invariance promises of kernels.h.
+//
+// The CPU backend's buffers are host memory, so the tests hand it host arrays directly.
+// Set LB_TEST_VERBOSE=1 to print every measured error next to its bound.
+#include "kernels/common.h"
+#include "kernels/kernels.h"
+#include "tests/testutil.h"
+
+#include <cblas.h>   // openblas_get_corename: GEMM findings name the kernel set in use
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static lb_backend *be;        // all cores: the backend under test
+static lb_backend *be_one;    // one thread
+static lb_backend *be_many;   // at least two threads
+static int many_threads;      // be_many's thread count
+
+// Sizes that are multiples of nothing in particular.
+enum { N = 37, C = 53, D = 24, T = 19, HQ = 6, HKV = 2, E = 7, K = 3, V = 101, B = 2 };
+
+// --- helpers ----------------------------------------------------------------------------------
+
+static int verbose(void)
+{
+    const char *s = getenv("LB_TEST_VERBOSE");
+    return s && *s && *s != '0';
+}
+
+static float *randn(size_t n, uint64_t seed, float scale)
+{
+    float *x = lb_malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = scale * lb_rand_normal(seed, 0, i);
+    return x;
+}
+
+static int32_t *randint(size_t n, uint64_t seed, int hi)
+{
+    int32_t *x = lb_malloc(n * sizeof(int32_t));
+    for (size_t i = 0; i < n; i++) x[i] = (int32_t)(lb_rand_u64(seed, 1, i) % (uint64_t)hi);
+    return x;
+}
+
+static float *fdup(const float *x, size_t n)
+{
+    float *y = lb_malloc(n * sizeof(float));
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+
+static double *dzeros(size_t n) { return lb_calloc(n, sizeof(double)); }
+
+// Normalised error max|a - ref| / max|ref|; infinite when anything is not finite, so NaN never
+// passes.
+static double nerr(const float *a, const double *ref, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(ref[i])) return INFINITY;
+        num = fmax(num, fabs(a[i] - ref[i]));
+        den = fmax(den, fabs(ref[i]));
+    }
+    return den > 0.0 ? num / den : num;
+}
+
+#define ASSERT_CLOSE(what, a, ref, n, bound)                                                  \
+    do {                                                                                      \
+        double e_ = nerr((a), (ref), (n));                                                    \
+        if (verbose()) printf("  %-34s err %.3g (bound %.1g)\n", (what), e_, (double)(bound)); \
+        ck_assert_msg(e_ <= (bound), "%s: normalised error %.3g > %.3g", (what), e_,          \
+                      (double)(bound));                                                       \
+    } while (0)
+
+#define ASSERT_BITWISE(what, a, b, bytes) \
+    ck_assert_msg(memcmp((a), (b), (bytes)) == 0, "%s: results differ bitwise", (what))
+
+// --- naive double-precision references ----------------------------------------------------------
+
+// C (m, n) = alpha op(A) op(B) + beta C0, as documented in kernels.h.
+static void ref_gemm(double *c, int ta, int tb, int m, int n, int k, double alpha,
+                     const float *a, const float *b, double beta, const float *c0)
+{
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double s = 0.0;
+            for (int l = 0; l < k; l++) {
+                double av = ta ? a[(size_t)l * m + i] : a[(size_t)i * k + l];
+                double bv = tb ? b[(size_t)j * k + l] : b[(size_t)l * n + j];
+                s += av * bv;
+            }
+            c[(size_t)i * n + j] = alpha * s + (beta != 0.0 ? beta * c0[(size_t)i * n + j] : 0);
+        }
+}
+
+static void ref_rmsnorm(double *out, double *rstd, const float *x, const float *w, int n, int c,
+                        double eps)
+{
+    for (int i = 0; i < n; i++) {
+        double ss = 0.0;
+        for (int j = 0; j < c; j++) ss += (double)x[i * c + j] * x[i * c + j];
+        rstd[i] = 1.0 / sqrt(ss / c + eps);
+        for (int j = 0; j < c; j++) out[i * c + j] = x[i * c + j] * rstd[i] * w[j];
+    }
+}
+
+static void ref_rope(double *out, const float *x, const int32_t *pos, int n, int heads, int d,
+                     double theta)
+{
+    int half = d / 2;
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < heads; h++)
+            for (int f = 0; f < half; f++) {
+                double ang = pos[i] * pow(theta, -2.0 * f / d);
+                const float *xh = x + ((size_t)i * heads + h) * d;
+                double *oh = out + ((size_t)i * heads + h) * d;
+                oh[f] = xh[f] * cos(ang) - xh[f + half] * sin(ang);
+                oh[f + half] = xh[f + half] * cos(ang) + xh[f] * sin(ang);
+            }
+}
+
+static void ref_attention(double *out, double *lse, const float *q, const float *k,
+                          const float *v, int b, int t, int hq, int hkv, int d)
+{
+    double *s = dzeros(t);
+    for (int bi = 0; bi < b; bi++)
+        for (int h = 0; h < hq; h++)
+            for (int i = 0; i < t; i++) {
+                int hk = h / (hq / hkv);
+                const float *qi = q + (((size_t)bi * t + i) * hq + h) * d;
+                double m = -INFINITY, sum = 0.0;
+                for (int j = 0; j <= i; j++) {
+                    const float *kj = k + (((size_t)bi * t + j) * hkv + hk) * d;
+                    s[j] = 0.0;
+                    for (int x = 0; x < d; x++) s[j] += (double)qi[x] * kj[x];
+                    s[j] /= sqrt((double)d);
+                    m = fmax(m, s[j]);
+                }
+                for (int j = 0; j <= i; j++) sum += exp(s[j] - m);
+                double *oi = out + (((size_t)bi * t + i) * hq + h) * d;
+                for (int x = 0; x < d; x++) {
+                    oi[x] = 0.0;
+                    for (int j = 0; j <= i; j++)
+                        oi[x] += exp(s[j] - m) / sum * v[(((size_t)bi * t + j) * hkv + hk) * d + x];
+                }
+                lse[((size_t)bi * hq + h) * t + i] = m + log(sum);
+            }
+    free(s);
+}
+
+// --- backend table and memory -----------------------------------------------------------------
+
+START_TEST(test_table_and_memory)
+{
+    ck_assert_str_eq(be->name, "cpu");
+    void (*const fns[])(void) = {
+        (void (*)(void))be->alloc, (void (*)(void))be->free, (void (*)(void))be->upload,
+        (void (*)(void))be->download, (void (*)(void))be->copy, (void (*)(void))be->zero,
+        (void (*)(void))be->sync, (void (*)(void))be->destroy, (void (*)(void))be->gemm,
+        (void (*)(void))be->gemm_grouped, (void (*)(void))be->add, (void (*)(void))be->scale,
+        (void (*)(void))be->sumsq, (void (*)(void))be->embedding_fwd,
+        (void (*)(void))be->embedding_bwd, (void (*)(void))be->rmsnorm_fwd,
+        (void (*)(void))be->rmsnorm_bwd, (void (*)(void))be->rope_fwd,
+        (void (*)(void))be->rope_bwd, (void (*)(void))be->attention_fwd,
+        (void (*)(void))be->attention_bwd, (void (*)(void))be->swiglu_fwd,
+        (void (*)(void))be->swiglu_bwd, (void (*)(void))be->router_topk_fwd,
+        (void (*)(void))be->router_topk_bwd, (void (*)(void))be->moe_aux_loss,
+        (void (*)(void))be->moe_plan, (void (*)(void))be->moe_permute,
+        (void (*)(void))be->moe_permute_bwd, (void (*)(void))be->moe_combine,
+        (void (*)(void))be->moe_combine_bwd, (void (*)(void))be->cross_entropy_fwd,
+        (void (*)(void))be->cross_entropy_bwd, (void (*)(void))be->adamw,
+    };
+    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
+        ck_assert_msg(fns[i] != NULL, "table entry %zu is NULL", i);
+
+    size_t bytes = 1001;
+    unsigned char *p = be->alloc(be, bytes), *q = be->alloc(be, bytes);
+    for (size_t i = 0; i < bytes; i++) ck_assert_msg(p[i] == 0, "alloc is not zero-filled");
+    unsigned char host[1001], back[1001];
+    for (size_t i = 0; i < bytes; i++) host[i] = (unsigned char)(i * 7 + 3);
+    be->upload(be, p, host, bytes);
+    be->copy(be, q, p, bytes);
+    be->sync(be);
+    be->download(be, back, q, bytes);
+    ck_assert(memcmp(host, back, bytes) == 0);
+    be->zero(be, q + 10, 20);
+    be->download(be, back, q, bytes);
+    for (size_t i = 0; i < bytes; i++)
+        ck_assert(back[i] == (i >= 10 && i < 30 ? 0 : host[i]));
+    be->free(be, p);
+    be->free(be, q);
+    be->free(be, be->alloc(be, 0));   // a zero-byte buffer is valid and freeable
+
+    char err[128];
+    ck_assert_ptr_null(lb_backend_cpu_create(-1, err, sizeof err));
+    ck_assert_msg(err[0] != '\0', "no message for a bad thread count");
+}
+END_TEST
+
+// --- forward operations against naive references -----------------------------------------------
+
+START_TEST(test_gemm_fwd)
+{
+    const int m = 37, n = 29, k = 53;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            float *a = randn((size_t)m * k, 100 + ta, 1), *b = randn((size_t)k * n, 110 + tb, 1);
+            float *c0 = randn((size_t)m * n, 120, 1), *c = fdup(c0, (size_t)m * n);
+            double *ref = dzeros((size_t)m * n);
+            ref_gemm(ref, ta, tb, m, n, k, 0.7, a, b, 0.3, c0);
+            lb_gemm(be, ta, tb, m, n, k, 0.7f, a, b, 0.3f, c);
+            char what[64];
+            snprintf(what, sizeof what, "gemm transa %d transb %d", ta, tb);
+            ASSERT_CLOSE(what, c, ref, (size_t)m * n, 1e-5);
+            free(a), free(b), free(c0), free(c), free(ref);
+        }
+}
+END_TEST
+
+// beta = 1 accumulates (the wgrad form); k == 0 and alpha == 0 never read A or B; beta == 0
+// overwrites even NaN.
+START_TEST(test_gemm_accumulate_and_edges)
+{
+    const int m = 23, n = 31, k = 45;
+    float *dy = randn((size_t)k * m, 130, 1), *x = randn((size_t)k * n, 131, 1);
+    float *dw0 = randn((size_t)m * n, 132, 1), *dw = fdup(dw0, (size_t)m * n);
+    double *ref = dzeros((size_t)m * n);
+    ref_gemm(ref, 1, 0, m, n, k, 1.0, dy, x, 1.0, dw0);
+    lb_gemm(be, 1, 0, m, n, k, 1.0f, dy, x, 1.0f, dw);   // dW += dY^T X
+    ASSERT_CLOSE("gemm wgrad beta=1", dw, ref, (size_t)m * n, 1e-5);
+    // A second call adds the product again.
+    ref_gemm(ref, 1, 0, m, n, k, 1.0, dy, x, 1.0, dw);
+    lb_gemm(be, 1, 0, m, n, k, 1.0f, dy, x, 1.0f, dw);
+    ASSERT_CLOSE("gemm wgrad second accumulation", dw, ref, (size_t)m * n, 1e-5);
+
+    float *c = lb_malloc((size_t)m * n * sizeof(float));
+    for (int i = 0; i < m * n; i++) c[i] = NAN;
+    lb_gemm(be, 0, 1, m, n, 0, 1.0f, NULL, NULL, 0.0f, c);
+    for (int i = 0; i < m * n; i++) ck_assert_msg(c[i] == 0.0f, "k == 0, beta 0 must zero C");
+    memcpy(c, dw0, (size_t)m * n * sizeof(float));
+    lb_gemm(be, 0, 1, m, n, 0, 1.0f, NULL, NULL, 1.0f, c);
+    ASSERT_BITWISE("k == 0, beta 1 leaves C", c, dw0, (size_t)m * n * sizeof(float));
+    lb_gemm(be, 0, 1, m, n, 0, 1.0f, NULL, NULL, 2.0f, c);
+    for (int i = 0; i < m * n; i++) ck_assert(c[i] == 2.0f * dw0[i]);
+    lb_gemm(be, 0, 1, 0, n, k, 1.0f, NULL, NULL, 0.0f, NULL);   // m == 0: nothing touched
+    free(dy), free(x), free(dw0), free(dw), free(ref), free(c);
+}
+END_TEST
+
+// One call for several experts: an ordinary group, an expert with no tokens (m == 0, its C
+// untouched), one whose inner size is 0 (C zeroed, NaN included) and a transposed wgrad group.
+START_TEST(test_gemm_grouped)
+{
+    const int n = 19, k = 27, m0 = 11, m3 = 13;
+    float *a0 = randn((size_t)m0 * k, 140, 1), *w = randn((size_t)n * k, 141, 1);
+    float *a3 = randn((size_t)m3 * n, 142, 1), *b3 = randn((size_t)m3 * k, 143, 1);
+    float *c0 = lb_calloc((size_t)m0 * n, sizeof(float));
+    float sentinel[4] = {1, 2, 3, 4};
+    float *c2 = lb_malloc((size_t)5 * n * sizeof(float));
+    for (int i = 0; i < 5 * n; i++) c2[i] = NAN;
+    float *c3_0 = randn((size_t)n * k, 144, 1), *c3 = fdup(c3_0, (size_t)n * k);
+    lb_gemm_args g[4] = {
+        {0, 1, m0, n, k, 1.0f, 0.0f, a0, w, c0},          // fprop
+        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, w, sentinel},   // no tokens
+        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, c2},      // empty inner dimension
+        {1, 0, n, k, m3, 0.5f, 1.0f, a3, b3, c3},         // wgrad, accumulating
+    };
+    be->gemm_grouped(be, 4, g);
+    double *ref0 = dzeros((size_t)m0 * n), *ref3 = dzeros((size_t)n * k);
+    ref_gemm(ref0, 0, 1, m0, n, k, 1.0, a0, w, 0.0, NULL);
+    ref_gemm(ref3, 1, 0, n, k, m3, 0.5, a3, b3, 1.0, c3_0);
+    ASSERT_CLOSE("gemm_grouped group 0", c0, ref0, (size_t)m0 * n, 1e-5);
+    ASSERT_CLOSE("gemm_grouped group 3", c3, ref3, (size_t)n * k, 1e-5);
+    ck_assert(sentinel[0] == 1 && sentinel[1] == 2 && sentinel[2] == 3 && sentinel[3] == 4);
+    for (int i = 0; i < 5 * n; i++) ck_assert_msg(c2[i] == 0.0f, "k == 0 group not zeroed");
+    be->gemm_grouped(be, 0, NULL);   // nothing to do
+    free(a0), free(w), free(a3), free(b3), free(c0), free(c2), free(c3_0), free(c3);
+    free(ref0), free(ref3);
+}
+END_TEST
+
+START_TEST(test_elementwise_and_sumsq)
+{
+    const size_t n = 100003;   // several sumsq chunks and parallel elementwise loops
+    float *x = randn(n, 150, 1), *y0 = randn(n, 151, 1), *y = fdup(y0, n);
+    double *ref = dzeros(n);
+    be->add(be, y, x, n);
+    for (size_t i = 0; i < n; i++) ref[i] = (double)y0[i] + x[i];
+    ASSERT_CLOSE("add", y, ref, n, 1e-7);
+    be->scale(be, y, -1.75f, n);
+    for (size_t i = 0; i < n; i++) ref[i] *= -1.75;
+    ASSERT_CLOSE("scale", y, ref, n, 1e-7);
+
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    double got = be->sumsq(be, x, n);
+    if (verbose()) printf("  sumsq rel err %.3g\n", fabs(got - s) / s);
+    ck_assert_msg(isfinite(got) && fabs(got - s) <= 1e-12 * s, "sumsq %.17g vs %.17g", got, s);
+    ck_assert(be->sumsq(be, x, 0) == 0.0);
+    ck_assert(be->sumsq(be, x, 1) == (double)x[0] * x[0]);
+    free(x), free(y0), free(y), free(ref);
+}
+END_TEST
+
+START_TEST(test_embedding)
+{
+    const int vocab = 11;   // small, so tokens repeat
+    int32_t *tok = randint(N, 160, vocab);
+    float *wte = randn((size_t)vocab * C, 161, 1), *out = lb_malloc((size_t)N * C * 4);
+    be->embedding_fwd(be, out, tok, wte, N, C);
+    for (int i = 0; i < N; i++)
+        ASSERT_BITWISE("embedding_fwd row", out + (size_t)i * C, wte + (size_t)tok[i] * C,
+                       C * sizeof(float));
+
+    float *dout = randn((size_t)N * C, 162, 1), *dw0 = randn((size_t)vocab * C, 163, 1);
+    float *dw = fdup(dw0, (size_t)vocab * C);
+    double *ref = dzeros((size_t)vocab * C);
+    for (int i = 0; i < vocab * C; i++) ref[i] = dw0[i];
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < C; j++) ref[(size_t)tok[i] * C + j] += dout[(size_t)i * C + j];
+    be->embedding_bwd(be, dw, dout, tok, N, C);
+    ASSERT_CLOSE("embedding_bwd (accumulating)", dw, ref, (size_t)vocab * C, 1e-6);
+    free(tok), free(wte), free(out), free(dout), free(dw0), free(dw), free(ref);
+}
+END_TEST
+
+START_TEST(test_rmsnorm_fwd)
+{
+    float *x = randn((size_t)N * C, 170, 2), *w = randn(C, 171, 1);
+    float *out = lb_malloc((size_t)N * C * 4), *rstd = lb_malloc(N * 4);
+    double *ref = dzeros((size_t)N * C), *rref = dzeros(N);
+    be->rmsnorm_fwd(be, out, rstd, x, w, N, C, 1e-6f);
+    ref_rmsnorm(ref, rref, x, w, N, C, 1e-6f);
+    ASSERT_CLOSE("rmsnorm_fwd out", out, ref, (size_t)N * C, 1e-6);
+    ASSERT_CLOSE("rmsnorm_fwd rstd", rstd, rref, N, 1e-6);
+    free(x), free(w), free(out), free(rstd), free(ref), free(rref);
+}
+END_TEST
+
+START_TEST(test_rope_fwd)
+{
+    const int heads = 3;
+    size_t sz = (size_t)N * heads * D;
+    float *x = randn(sz, 180, 1), *y = fdup(x, sz);
+    int32_t *pos = randint(N, 181, 40000);
+    pos[0] = 0;
+    double *ref = dzeros(sz);
+    be->rope_fwd(be, y, pos, N, heads, D, 1e6f);
+    ref_rope(ref, x, pos, N, heads, D, 1e6);
+    ASSERT_CLOSE("rope_fwd", y, ref, sz, 1e-6);
+    for (int j = 0; j < heads * D; j++) ck_assert(y[j] == x[j]);   // position 0: identity
+    // The backward map is the inverse rotation.
+    be->rope_bwd(be, y, pos, N, heads, D, 1e6f);
+    for (size_t i = 0; i < sz; i++) ref[i] = x[i];
+    ASSERT_CLOSE("rope_bwd(rope_fwd(x)) == x", y, ref, sz, 1e-6);
+    free(x), free(y), free(pos), free(ref);
+}
+END_TEST
+
+START_TEST(test_attention_fwd)
+{
+    size_t nq = (size_t)B * T * HQ * D, nk = (size_t)B * T * HKV * D;
+    float *q = randn(nq, 190, 1), *k = randn(nk, 191, 1), *v = randn(nk, 192, 1);
+    float *out = lb_malloc(nq * 4), *lse = lb_malloc((size_t)B * HQ * T * 4);
+    double *ref = dzeros(nq), *lref = dzeros((size_t)B * HQ * T);
+    be->attention_fwd(be, out, lse, q, k, v, B, T, HQ, HKV, D);
+    ref_attention(ref, lref, q, k, v, B, T, HQ, HKV, D);
+    ASSERT_CLOSE("attention_fwd out", out, ref, nq, 1e-6);
+    ASSERT_CLOSE("attention_fwd lse", lse, lref, (size_t)B * HQ * T, 1e-6);
+    // Causality: the first query of each sequence and head sees only its own key.
+    for (int bi = 0; bi < B; bi++)
+        for (int h = 0; h < HQ; h++)
+            for (int x = 0; x < D; x++)
+                ck_assert(out[(((size_t)bi * T) * HQ + h) * D + x] ==
+                          v[(((size_t)bi * T) * HKV + h / (HQ / HKV)) * D + x]);
+    free(q), free(k), free(v), free(out), free(lse), free(ref), free(lref);
+}
+END_TEST
+
+START_TEST(test_swiglu_fwd)
+{
+    const int f = 41;
+    float *gu = randn((size_t)N * 2 * f, 200, 3), *out = lb_malloc((size_t)N * f * 4);
+    double *ref = dzeros((size_t)N * f);
+    be->swiglu_fwd(be, out, gu, N, f);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < f; j++) {
+            double g = gu[(size_t)i * 2 * f + j], u = gu[(size_t)i * 2 * f + f + j];
+            ref[(size_t)i * f + j] = g / (1.0 + exp(-g)) * u;
+        }
+    ASSERT_CLOSE("swiglu_fwd", out, ref, (size_t)N * f, 1e-6);
+    free(gu), free(out), free(ref);
+}
+END_TEST
+
+// Softmax, top-k by decreasing probability (ties to the lower index), weights with and without
+// renormalisation, against double loops.
+START_TEST(test_router_topk_fwd)
+{
+    float *logits = randn((size_t)N * E, 210, 2);
+    // Row 0: all equal (choices 0, 1, 2); row 1: a three-way tie at the top (1, 2, 4).
+    for (int j = 0; j < E; j++) logits[j] = 0.5f;
+    const float row1[E] = {1, 3, 3, 0, 3, -1, 2};
+    memcpy(logits + E, row1, sizeof row1);
+    float *probs = lb_malloc((size_t)N * E * 4), *w = lb_malloc((size_t)N * K * 4);
+    int32_t *idx = lb_malloc((size_t)N * K * 4);
+    double *pref = dzeros((size_t)N * E), *wref = dzeros((size_t)N * K);
+    for (int i = 0; i < N; i++) {
+        double m = -INFINITY, sum = 0.0;
+        for (int j = 0; j < E; j++) m = fmax(m, logits[i * E + j]);
+        for (int j = 0; j < E; j++) sum += exp(logits[i * E + j] - m);
+        for (int j = 0; j < E; j++) pref[i * E + j] = exp(logits[i * E + j] - m) / sum;
+    }
+    for (int renorm = 0; renorm < 2; renorm++) {
+        be->router_topk_fwd(be, probs, idx, w, logits, N, E, K, renorm);
+        ASSERT_CLOSE("router_topk_fwd probs", probs, pref, (size_t)N * E, 1e-6);
+        for (int i = 0; i < N; i++) {
+            int chosen[E] = {0};
+            double wsum = 0.0;
+            for (int s = 0; s < K; s++) {   // selection sort on the double probabilities
+                int best = -1;
+                for (int j = 0; j < E; j++)
+                    if (!chosen[j] && (best < 0 || pref[i * E + j] > pref[i * E + best])) best = j;
+                chosen[best] = 1;
+                ck_assert_msg(idx[i * K + s] == best, "row %d slot %d: expert %d, want %d", i, s,
+                              idx[i * K + s], best);
+                wref[i * K + s] = pref[i * E + best];
+                wsum += pref[i * E + best];
+            }
+            if (renorm)
+                for (int s = 0; s < K; s++) wref[i * K + s] /= wsum;
+        }
+        ASSERT_CLOSE(renorm ? "router_topk_fwd weight (renorm)" : "router_topk_fwd weight", w,
+                     wref, (size_t)N * K, 1e-6);
+        ck_assert(idx[0] == 0 && idx[1] == 1 && idx[2] == 2);
+        ck_assert(idx[K] == 1 && idx[K + 1] == 2 && idx[K + 2] == 4);
+    }
+    free(logits), free(probs), free(w), free(idx), free(pref), free(wref);
+}
+END_TEST
+
+START_TEST(test_moe_aux_loss)
+{
+    float *logits = randn((size_t)N * E, 220, 1), *probs = lb_malloc((size_t)N * E * 4);
+    float *w = lb_malloc((size_t)N * K * 4), *dpe = lb_malloc(E * 4), loss = NAN;
+    int32_t *idx = lb_malloc((size_t)N * K * 4);
+    be->router_topk_fwd(be, probs, idx, w, logits, N, E, K, 1);
+    be->moe_aux_loss(be, &loss, dpe, probs, idx, N, E, K);
+    double f[E] = {0}, P[E] = {0}, lref = 0.0, dref[E];
+    for (int a = 0; a < N * K; a++) f[idx[a]] += 1.0 / (N * K);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < E; j++) P[j] += probs[i * E + j] / (double)N;
+    for (int j = 0; j < E; j++) {
+        lref += E * f[j] * P[j];
+        dref[j] = E * f[j] / N;
+    }
+    ASSERT_CLOSE("moe_aux_loss loss", &loss, &lref, 1, 1e-6);
+    ASSERT_CLOSE("moe_aux_loss dprobs_expert", dpe, dref, E, 1e-6);
+    // Perfect balance with uniform probabilities gives exactly 1.
+    for (int i = 0; i < E * E; i++) probs[i] = 1.0f / E;
+    int32_t bal[E * 1];
+    for (int i = 0; i < E; i++) bal[i] = i;
+    be->moe_aux_loss(be, &loss, dpe, probs, bal, E, E, 1);
+    ck_assert_msg(fabs(loss - 1.0) < 1e-6, "balanced aux loss %g", loss);
+    free(logits), free(probs), free(w), free(dpe), free(idx);
+}
+END_TEST
+
+// Plan (rows by expert, then token, then slot), permute and combine against naive loops.
+START_TEST(test_moe_dispatch_fwd)
+{
+    int32_t *idx = lb_malloc((size_t)N * K * 4);
+    for (int i = 0; i < N; i++)   // distinct experts per token, skewed so expert 6 stays empty
+        for (int s = 0; s < K; s++)
+            idx[i * K + s] = (int32_t)((lb_rand_u64(230, 2, i) % 4 + (uint64_t)s * 2) % 6);
+    int32_t *row = lb_malloc((size_t)N * K * 4);
+    int counts[E], cref[E] = {0};
+    be->moe_plan(be, row, counts, idx, N, E, K);
+    int next = 0;
+    for (int j = 0; j < E; j++)
+        for (int i = 0; i < N; i++)
+            for (int s = 0; s < K; s++)
+                if (idx[i * K + s] == j) {
+                    cref[j]++;
+                    ck_assert_msg(row[i * K + s] == next, "plan row (%d, %d) = %d, want %d", i, s,
+                                  row[i * K + s], next);
+                    next++;
+                }
+    for (int j = 0; j < E; j++) ck_assert_int_eq(counts[j], cref[j]);
+    ck_assert_int_eq(counts[6], 0);
+
+    float *x = randn((size_t)N * C, 231, 1), *xp = lb_malloc((size_t)N * K * C * 4);
+    be->moe_permute(be, xp, x, row, N, K, C);
+    for (int a = 0; a < N * K; a++)
+        ASSERT_BITWISE("moe_permute row", xp + (size_t)row[a] * C, x + (size_t)(a / K) * C,
+                       C * sizeof(float));
+
+    float *yp = randn((size_t)N * K * C, 232, 1), *w = randn((size_t)N * K, 233, 1);
+    float *out = lb_malloc((size_t)N * C * 4);
+    double *ref = dzeros((size_t)N * C);
+    for (int i = 0; i < N; i++)
+        for (int s = 0; s < K; s++)
+            for (int c = 0; c < C; c++)
+                ref[i * C + c] += (double)w[i * K + s] * yp[(size_t)row[i * K + s] * C + c];
+    be->moe_combine(be, out, yp, w, row, N, K, C);
+    ASSERT_CLOSE("moe_combine", out, ref, (size_t)N * C, 1e-6);
+    free(idx), free(row), free(x), free(xp), free(yp), free(w), free(out), free(ref);
+}
+END_TEST
+
+START_TEST(test_cross_entropy)
+{
+    float *logits = randn((size_t)N * V, 240, 3), *loss = lb_malloc(N * 4);
+    int32_t *tgt = randint(N, 241, V);
+    tgt[3] = -1, tgt[17] = -100;   // ignored rows
+    double *ref = dzeros(N);
+    for (int i = 0; i < N; i++) {
+        if (tgt[i] < 0) continue;
+        double m = -INFINITY, sum = 0.0;
+        for (int j = 0; j < V; j++) m = fmax(m, logits[i * V + j]);
+        for (int j = 0; j < V; j++) sum += exp(logits[i * V + j] - m);
+        ref[i] = m + log(sum) - logits[i * V + tgt[i]];
+    }
+    be->cross_entropy_fwd(be, loss, logits, tgt, N, V);
+    ASSERT_CLOSE("cross_entropy_fwd", loss, ref, N, 1e-6);
+    ck_assert(loss[3] == 0.0f && loss[17] == 0.0f);
+
+    float *dl = lb_malloc((size_t)N * V * 4), *inplace = fdup(logits, (size_t)N * V);
+    be->cross_entropy_bwd(be, dl, logits, tgt, 0.25f, N, V);
+    for (int j = 0; j < V; j++) ck_assert(dl[3 * V + j] == 0.0f && dl[17 * V + j] == 0.0f);
+    be->cross_entropy_bwd(be, inplace, inplace, tgt, 0.25f, N, V);   // dlogits aliasing logits
+    ASSERT_BITWISE("cross_entropy_bwd in place", inplace, dl, (size_t)N * V * sizeof(float));
+    for (int i = 0; i < N; i++) {   // each kept row of the gradient sums to zero
+        double s = 0.0;
+        for (int j = 0; j < V; j++) s += dl[i * V + j];
+        ck_assert_msg(fabs(s) < 1e-6, "row %d of dlogits sums to %g", i, s);
+    }
+    free(logits), free(loss), free(tgt), free(ref), free(dl), free(inplace);
+}
+END_TEST
+
+// Two AdamW steps worked by hand on p = 1 with gradients 0.5 then -0.25 (lr 0.1, b1 0.9,
+// b2 0.999, eps 1e-8, wd 0.01):
+//   step 1: m = 0.05, v = 0.00025, mhat = 0.5, vhat = 0.25,
+//           p = 1 - 0.1 (0.5 / (0.5 + 1e-8) + 0.01) = 0.899000002
+//   step 2: m = 0.045 - 0.025 = 0.02, v = 0.00024975 + 0.0000625 = 0.00031225,
+//           mhat = 0.02 / 0.19, vhat = 0.00031225 / 0.001999,
+//           p = p1 - 0.1 (mhat / (sqrt(vhat) + 1e-8) + 0.01 p1) = 0.87146730
+// Then three steps on random vectors against a double loop.
+START_TEST(test_adamw)
+{
+    float p = 1.0f, m = 0.0f, v = 0.0f, g = 0.5f;
+    be->adamw(be, &p, &g, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 1);
+    double p1 = 1.0 - 0.1 * (0.5 / (0.5 + 1e-8) + 0.01);
+    // m and v to 1e-4 relative: 1 - beta in float is 1 - 0.999f = 0.00099998713.
+    ck_assert_msg(fabs(m / 0.05 - 1) < 1e-4 && fabs(v / 0.00025 - 1) < 1e-4, "m %g v %g", m, v);
+    ck_assert_msg(fabs(p - p1) < 1e-6 && fabs(p1 - 0.899000002) < 1e-12, "step 1: p %.9g", p);
+    g = -0.25f;
+    be->adamw(be, &p, &g, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 2);
+    double p2 = p1 - 0.1 * ((0.02 / 0.19) / (sqrt(0.00031225 / 0.001999) + 1e-8) + 0.01 * p1);
+    ck_assert_msg(fabs(m / 0.02 - 1) < 1e-4 && fabs(v / 0.00031225 - 1) < 1e-4, "m %g v %g", m,
+                  v);
+    ck_assert_msg(fabs(p - p2) < 1e-6 && fabs(p2 - 0.8714673) < 1e-7, "step 2: p %.9g", p);
+
+    const size_t n = 1009;
+    float *pp = randn(n, 250, 1), *mm = lb_calloc(n, 4), *vv = lb_calloc(n, 4);
+    double *pr = dzeros(n), *mr = dzeros(n), *vr = dzeros(n);
+    for (size_t i = 0; i < n; i++) pr[i] = pp[i];
+    for (int step = 1; step <= 3; step++) {
+        float *gg = randn(n, 251 + step, 0.1f);
+        be->adamw(be, pp, gg, mm, vv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+        for (size_t i = 0; i < n; i++) {
+            mr[i] = 0.9 * mr[i] + 0.1 * gg[i];
+            vr[i] = 0.95 * vr[i] + 0.05 * (double)gg[i] * gg[i];
+            double mh = mr[i] / (1 - pow(0.9, step)), vh = vr[i] / (1 - pow(0.95, step));
+            pr[i] -= 1e-2 * (mh / (sqrt(vh) + 1e-8) + 0.1 * pr[i]);
+        }
+        free(gg);
+    }
+    ASSERT_CLOSE("adamw p, 3 steps", pp, pr, n, 1e-6);
+    ASSERT_CLOSE("adamw m", mm, mr, n, 1e-6);
+    ASSERT_CLOSE("adamw v", vv, vr, n, 1e-6);
+    free(pp), free(mm), free(vv), free(pr), free(mr), free(vr);
+}
+END_TEST
+
+// --- finite-difference gradient checks -----------------------------------------------------------
+//
+// Each check defines a scalar L(inputs) = sum(out * R) with a fixed random R (accumulated in
+// double), computes the analytic gradient with the backward operation, and compares it with
+// central differences on a spread sample of elements of each input, then along one random
+// direction through all elements at once. Error: max |analytic - numeric| / max |numeric| over
+// the sample. Step h (relative to max(1, |x|)): 1e-2 where L is linear in the input (no
+// truncation error, so the larger step only shrinks rounding noise) and for cross-entropy,
+// 3e-3 for the router (its aux loss comes back as a float), 1e-3 elsewhere. Correct gradients
+// measure 3e-4 or less against bounds of 1e-3 (linear) and 2e-3 (nonlinear); a gradient that
+// drops a term or a factor is off by 1e-2 to 1.
+
+typedef double (*loss_fn)(void *ctx);
+
+static double dot_out(const float *out, const float *r, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += (double)out[i] * r[i];
+    return s;
+}
+
+#define FD_SAMPLES 40
+
+static void fd_check(const char *what, loss_fn loss, void *ctx, float *x, const float *grad,
+                     size_t nx, double h, double tol, uint64_t seed)
+{
+    size_t samples = nx < FD_SAMPLES ? nx : FD_SAMPLES;
+    double maxdiff = 0.0, maxnum = 0.0;
+    for (size_t s = 0; s < samples; s++) {
+        size_t lo = s * nx / samples, hi = (s + 1) * nx / samples;   // one per stratum
+        size_t i = lo + lb_rand_u64(seed, 3, s) % (hi - lo);
+        float x0 = x[i];
+        double hi_ = h * fmax(1.0, fabs(x0));
+        float xp = (float)(x0 + hi_), xm = (float)(x0 - hi_);
+        x[i] = xp;
+        double lp = loss(ctx);
+        x[i] = xm;
+        double lm = loss(ctx);
+        x[i] = x0;
+        double num = (lp - lm) / ((double)xp - xm);
+        ck_assert_msg(isfinite(grad[i]) && isfinite(num), "%s: non-finite gradient at %zu", what,
+                      i);
+        maxdiff = fmax(maxdiff, fabs(num - grad[i]));
+        maxnum = fmax(maxnum, fabs(num));
+    }
+    ck_assert_msg(maxnum > 0.0, "%s: numeric gradient is zero on every sample", what);
+    double err = maxdiff / maxnum;
+
+    // Directional derivative along u: every element takes part.
+    float *x0 = fdup(x, nx), *u = randn(nx, seed + 1000, 1);
+    double ana = 0.0;
+    for (size_t i = 0; i < nx; i++) {
+        float xp = (float)(x0[i] + h * u[i]), xm = (float)(x0[i] - h * u[i]);
+        ana += (double)grad[i] * ((double)xp - xm);
+        x[i] = xp;
+    }
+    double lp = loss(ctx);
+    for (size_t i = 0; i < nx; i++) x[i] = (float)(x0[i] - h * u[i]);
+    double lm = loss(ctx);
+    memcpy(x, x0, nx * sizeof(float));
+    double derr = fabs((lp - lm) - ana) / fmax(fabs(ana), 1e-30);
+    free(x0), free(u);
+
+    if (verbose())
+        printf("  grad %-29s err %.3g, directional %.3g (bound %.1g)\n", what, err, derr, tol);
+    ck_assert_msg(err <= tol, "%s: gradient error %.3g > %.3g", what, err, tol);
+    ck_assert_msg(derr <= tol, "%s: directional gradient error %.3g > %.3g", what, derr, tol);
+}
+
+// dst = a - b: the part a backward added to an accumulating output that started at b.
+static float *fdiff(const float *a, const float *b, size_t n)
+{
+    float *d = lb_malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) d[i] = a[i] - b[i];
+    return d;
+}
+
+typedef struct {
+    float *out, *wte, *r;
+    int32_t *tok;
+    int n, c;
+} emb_ctx;
+
+static double emb_loss(void *p)
+{
+    emb_ctx *q = p;
+    be->embedding_fwd(be, q->out, q->tok, q->wte, q->n, q->c);
+    return dot_out(q->out, q->r, (size_t)q->n * q->c);
+}
+
+START_TEST(test_grad_embedding)
+{
+    const int vocab = 11;
+    emb_ctx q = {lb_malloc((size_t)N * C * 4), randn((size_t)vocab * C, 300, 1),
+                 randn((size_t)N * C, 301, 1), randint(N, 302, vocab), N, C};
+    float *d0 = randn((size_t)vocab * C, 303, 1), *dw = fdup(d0, (size_t)vocab * C);
+    be->embedding_bwd(be, dw, q.r, q.tok, N, C);
+    float *g = fdiff(dw, d0, (size_t)vocab * C);
+    fd_check("embedding dwte", emb_loss, &q, q.wte, g, (size_t)vocab * C, 1e-2, 1e-3, 304);
+    free(q.out), free(q.wte), free(q.r), free(q.tok), free(d0), free(dw), free(g);
+}
+END_TEST
+
+typedef struct {
+    float *out, *rstd, *x, *w, *r;
+    int n, c;
+} rms_ctx;
+
+static double rms_loss(void *p)
+{
+    rms_ctx *q = p;
+    be->rmsnorm_fwd(be, q->out, q->rstd, q->x, q->w, q->n, q->c, 1e-6f);
+    return dot_out(q->out, q->r, (size_t)q->n * q->c);
+}
+
+START_TEST(test_grad_rmsnorm)
+{
+    const int n = 7;
+    rms_ctx q = {lb_malloc((size_t)n * C * 4), lb_malloc(n * 4), randn((size_t)n * C, 310, 1),
+                 randn(C, 311, 1), randn((size_t)n * C, 312, 1), n, C};
+    float *dx = lb_malloc((size_t)n * C * 4), *d0 = randn(C, 313, 1), *dw = fdup(d0, C);
+    rms_loss(&q);
+    be->rmsnorm_bwd(be, dx, dw, q.r, q.x, q.w, q.rstd, n, C);
+    float *gw = fdiff(dw, d0, C);
+    fd_check("rmsnorm dx", rms_loss, &q, q.x, dx, (size_t)n * C, 1e-3, 2e-3, 314);
+    fd_check("rmsnorm dw", rms_loss, &q, q.w, gw, C, 1e-3, 2e-3, 315);
+    free(q.out), free(q.rstd), free(q.x), free(q.w), free(q.r), free(dx), free(d0), free(dw);
+    free(gw);
+}
+END_TEST
+
+typedef struct {
+    float *out, *x, *r;
+    int32_t *pos;
+    int n, heads, d;
+} rope_ctx;
+
+static double rope_loss(void *p)
+{
+    rope_ctx *q = p;
+    size_t sz = (size_t)q->n * q->heads * q->d;
+    memcpy(q->out, q->x, sz * sizeof(float));
+    be->rope_fwd(be, q->out, q->pos, q->n, q->heads, q->d, 1e4f);
+    return dot_out(q->out, q->r, sz);
+}
+
+START_TEST(test_grad_rope)
+{
+    const int n = 5, heads = 3;
+    size_t sz = (size_t)n * heads * D;
+    rope_ctx q = {lb_malloc(sz * 4), randn(sz, 320, 1), randn(sz, 321, 1), randint(n, 322, 500),
+                  n, heads, D};
+    float *dx = fdup(q.r, sz);
+    be->rope_bwd(be, dx, q.pos, n, heads, D, 1e4f);
+    fd_check("rope dx", rope_loss, &q, q.x, dx, sz, 1e-2, 1e-3, 323);
+    free(q.out), free(q.x), free(q.r), free(q.pos), free(dx);
+}
+END_TEST
+
+typedef struct {
+    float *out, *lse, *q, *k, *v, *r;
+} attn_ctx;
+
+static double attn_loss(void *p)
+{
+    attn_ctx *a = p;
+    be->attention_fwd(be, a->out, a->lse, a->q, a->k, a->v, B, T, HQ, HKV, D);
+    return dot_out(a->out, a->r, (size_t)B * T * HQ * D);
+}
+
+START_TEST(test_grad_attention)
+{
+    size_t nq = (size_t)B * T * HQ * D, nk = (size_t)B * T * HKV * D;
+    attn_ctx a = {lb_malloc(nq * 4), lb_malloc((size_t)B * HQ * T * 4), randn(nq, 330, 1),
+                  randn(nk, 331, 1), randn(nk, 332, 1), randn(nq, 333, 1)};
+    float *dq = lb_malloc(nq * 4), *dk = lb_malloc(nk * 4), *dv = lb_malloc(nk * 4);
+    attn_loss(&a);
+    be->attention_bwd(be, dq, dk, dv, a.r, a.q, a.k, a.v, a.out, a.lse, B, T, HQ, HKV, D);
+    fd_check("attention dq", attn_loss, &a, a.q, dq, nq, 1e-3, 2e-3, 334);
+    fd_check("attention dk", attn_loss, &a, a.k, dk, nk, 1e-3, 2e-3, 335);
+    fd_check("attention dv", attn_loss, &a, a.v, dv, nk, 1e-3, 2e-3, 336);
+    free(a.out), free(a.lse), free(a.q), free(a.k), free(a.v), free(a.r), free(dq), free(dk);
+    free(dv);
+}
+END_TEST
+
+typedef struct {
+    float *out, *gu, *r;
+    int n, f;
+} swiglu_ctx;
+
+static double swiglu_loss(void *p)
+{
+    swiglu_ctx *q = p;
+    be->swiglu_fwd(be, q->out, q->gu, q->n, q->f);
+    return dot_out(q->out, q->r, (size_t)q->n * q->f);
+}
+
+START_TEST(test_grad_swiglu)
+{
+    const int n = 9, f = 41;
+    swiglu_ctx q = {lb_malloc((size_t)n * f * 4), randn((size_t)n * 2 * f, 340, 2),
+                    randn((size_t)n * f, 341, 1), n, f};
+    float *dgu = lb_malloc((size_t)n * 2 * f * 4);
+    be->swiglu_bwd(be, dgu, q.r, q.gu, n, f);
+    fd_check("swiglu dgate", swiglu_loss, &q, q.gu, dgu, (size_t)n * 2 * f, 1e-3, 2e-3, 342);
+    free(q.out), free(q.gu), free(q.r), free(dgu);
+}
+END_TEST
+
+// L = sum(weight * R) + aux_coef * aux_loss(probs, idx): the top-k weights and, through
+// dprobs_expert, the load-balancing loss. The expert counts f_j are constants of the loss, as
+// in every MoE implementation; the logits keep gaps of at least 0.4 between ranks so no
+// perturbation changes the choice (checked on every evaluation).
+typedef struct {
+    float *logits, *probs, *weight, *r;
+    int32_t *idx, *idx0;
+    int n, renorm;
+    float aux_coef;
+} router_ctx;
+
+static double router_loss(void *p)
+{
+    router_ctx *q = p;
+    be->router_topk_fwd(be, q->probs, q->idx, q->weight, q->logits, q->n, E, K, q->renorm);
+    ck_assert_msg(memcmp(q->idx, q->idx0, (size_t)q->n * K * 4) == 0,
+                  "router: a perturbation changed the top-k choice; the check is invalid");
+    double l = dot_out(q->weight, q->r, (size_t)q->n * K);
+    if (q->aux_coef != 0.0f) {
+        float aux, dpe[E];
+        be->moe_aux_loss(be, &aux, dpe, q->probs, q->idx, q->n, E, K);
+        l += (double)q->aux_coef * aux;
+    }
+    return l;
+}
+
+static void router_case(int renorm, float aux_coef, const char *what, uint64_t seed)
+{
+    const int n = 11;
+    router_ctx q = {lb_malloc((size_t)n * E * 4), lb_malloc((size_t)n * E * 4),
+                    lb_malloc((size_t)n * K * 4), randn((size_t)n * K, seed, 1),
+                    lb_malloc((size_t)n * K * 4), lb_malloc((size_t)n * K * 4), n, renorm,
+                    aux_coef};
+    for (int i = 0; i < n; i++)   // ranks 0.6 apart in a per-row random order, +-0.1 jitter
+        for (int j = 0; j < E; j++) {
+            int rank = (int)((j * 3 + lb_rand_u64(seed, 4, i)) % E);   // 3 is coprime to 7
+            float jitter = 0.2f * (lb_rand_uniform(seed, 5, (uint64_t)i * E + j) - 0.5f);
+            q.logits[i * E + j] = 0.6f * rank - 1.5f + jitter;
+        }
+    // The base point: probs and the top-k choice every perturbed evaluation must reproduce.
+    be->router_topk_fwd(be, q.probs, q.idx, q.weight, q.logits, n, E, K, renorm);
+    memcpy(q.idx0, q.idx, (size_t)n * K * 4);
+    float dpe[E], aux;
+    be->moe_aux_loss(be, &aux, dpe, q.probs, q.idx, n, E, K);
+    for (int j = 0; j < E; j++) dpe[j] *= aux_coef;
+    float *dl = lb_malloc((size_t)n * E * 4);
+    be->router_topk_bwd(be, dl, q.r, aux_coef != 0.0f ? dpe : NULL, q.probs, q.idx, n, E, K,
+                        renorm);
+    fd_check(what, router_loss, &q, q.logits, dl, (size_t)n * E, 3e-3, 2e-3, seed + 1);
+    free(q.logits), free(q.probs), free(q.weight), free(q.r), free(q.idx), free(q.idx0);
+    free(dl);
+}
+
+START_TEST(test_grad_router)
+{
+    router_case(0, 0.0f, "router dlogits", 350);
+    router_case(1, 0.0f, "router dlogits (renorm)", 351);
+    router_case(1, 4.0f, "router dlogits (renorm, aux)", 352);
+    router_case(0, 4.0f, "router dlogits (aux)", 353);
+}
+END_TEST
+
+typedef struct {
+    float *x, *xp, *yp, *w, *out, *r;
+    int32_t *row;
+} moe_ctx;
+
+static double permute_loss(void *p)
+{
+    moe_ctx *q = p;
+    be->moe_permute(be, q->xp, q->x, q->row, N, K, C);
+    return dot_out(q->xp, q->r, (size_t)N * K * C);
+}
+
+static double combine_loss(void *p)
+{
+    moe_ctx *q = p;
+    be->moe_combine(be, q->out, q->yp, q->w, q->row, N, K, C);
+    return dot_out(q->out, q->r, (size_t)N * C);
+}
+
+static int32_t *make_plan(uint64_t seed)
+{
+    int32_t *idx = lb_malloc((size_t)N * K * 4), *row = lb_malloc((size_t)N * K * 4);
+    for (int i = 0; i < N; i++)
+        for (int s = 0; s < K; s++)
+            idx[i * K + s] = (int32_t)((lb_rand_u64(seed, 6, i) + (uint64_t)s * 2) % E);
+    int counts[E];
+    be->moe_plan(be, row, counts, idx, N, E, K);
+    free(idx);
+    return row;
+}
+
+START_TEST(test_grad_moe_permute)
+{
+    moe_ctx q = {.x = randn((size_t)N * C, 360, 1), .xp = lb_malloc((size_t)N * K * C * 4),
+                 .r = randn((size_t)N * K * C, 361, 1), .row = make_plan(362)};
+    float *dx = lb_malloc((size_t)N * C * 4);
+    be->moe_permute_bwd(be, dx, q.r, q.row, N, K, C);
+    fd_check("moe_permute dx", permute_loss, &q, q.x, dx, (size_t)N * C, 1e-2, 1e-3, 363);
+    free(q.x), free(q.xp), free(q.r), free(q.row), free(dx);
+}
+END_TEST
+
+START_TEST(test_grad_moe_combine)
+{
+    moe_ctx q = {.yp = randn((size_t)N * K * C, 370, 1), .w = randn((size_t)N * K, 371, 1),
+                 .out = lb_malloc((size_t)N * C * 4), .r = randn((size_t)N * C, 372, 1),
+                 .row = make_plan(373)};
+    float *dyp = lb_malloc((size_t)N * K * C * 4), *dw = lb_malloc((size_t)N * K * 4);
+    be->moe_combine_bwd(be, dyp, dw, q.r, q.yp, q.w, q.row, N, K, C);
+    fd_check("moe_combine dyp", combine_loss, &q, q.yp, dyp, (size_t)N * K * C, 1e-2, 1e-3, 374);
+    fd_check("moe_combine dweight", combine_loss, &q, q.w, dw, (size_t)N * K, 1e-2, 1e-3, 375);
+    free(q.yp), free(q.w), free(q.out), free(q.r), free(q.row), free(dyp), free(dw);
+}
+END_TEST
+
+typedef struct {
+    float *logits, *loss;
+    int32_t *tgt;
+    float dloss;
+} ce_ctx;
+
+static double ce_loss(void *p)
+{
+    ce_ctx *q = p;
+    be->cross_entropy_fwd(be, q->loss, q->logits, q->tgt, N, V);
+    double s = 0.0;
+    for (int i = 0; i < N; i++) s += (double)q->dloss * q->loss[i];
+    return s;
+}
+
+START_TEST(test_grad_cross_entropy)
+{
+    ce_ctx q = {randn((size_t)N * V, 380, 2), lb_malloc(N * 4), randint(N, 381, V), 0.3f};
+    q.tgt[0] = -1, q.tgt[20] = -1;
+    float *dl = lb_malloc((size_t)N * V * 4);
+    be->cross_entropy_bwd(be, dl, q.logits, q.tgt, q.dloss, N, V);
+    // h 1e-2: a per-token loss near 5 carries float rounding of ~5e-7, which a smaller step
+    // would turn into gradient noise near the bound.
+    fd_check("cross_entropy dlogits", ce_loss, &q, q.logits, dl, (size_t)N * V, 1e-2, 2e-3, 382);
+    free(q.logits), free(q.loss), free(q.tgt), free(dl);
+}
+END_TEST
+
+// The linear layer's three passes: fprop Y = X W^T, dgrad dX = dY W, wgrad dW += dY^T X.
+typedef struct {
+    float *x, *w, *y, *r;
+    int n, in, out;
+} lin_ctx;
+
+static double lin_loss(void *p)
+{
+    lin_ctx *q = p;
+    lb_gemm(be, 0, 1, q->n, q->out, q->in, 1.0f, q->x, q->w, 0.0f, q->y);
+    return dot_out(q->y, q->r, (size_t)q->n * q->out);
+}
+
+START_TEST(test_grad_gemm_linear)
+{
+    const int n = 13, in = 53, out = 29;
+    lin_ctx q = {randn((size_t)n * in, 390, 1), randn((size_t)out * in, 391, 1),
+                 lb_malloc((size_t)n * out * 4), randn((size_t)n * out, 392, 1), n, in, out};
+    float *dx = lb_malloc((size_t)n * in * 4), *d0 = randn((size_t)out * in, 393, 1);
+    float *dw = fdup(d0, (size_t)out * in);
+    lb_gemm(be, 0, 0, n, in, out, 1.0f, q.r, q.w, 0.0f, dx);   // dgrad
+    lb_gemm(be, 1, 0, out, in, n, 1.0f, q.r, q.x, 1.0f, dw);   // wgrad
+    float *gw = fdiff(dw, d0, (size_t)out * in);
+    fd_check("linear dX (dgrad)", lin_loss, &q, q.x, dx, (size_t)n * in, 1e-2, 1e-3, 394);
+    fd_check("linear dW (wgrad)", lin_loss, &q, q.w, gw, (size_t)out * in, 1e-2, 1e-3, 395);
+    free(q.x), free(q.w), free(q.y), free(q.r), free(dx), free(d0), free(dw), free(gw);
+}
+END_TEST
+
+// --- determinism: one thread against several ---------------------------------------------------
+
+START_TEST(test_determinism_threads)
+{
+    const int b = 2, t = 67, hq = 6, hkv = 2, d = 24;
+    size_t nq = (size_t)b * t * hq * d, nk = (size_t)b * t * hkv * d, nl = (size_t)b * hq * t;
+    float *q = randn(nq, 400, 1), *k = randn(nk, 401, 1), *v = randn(nk, 402, 1);
+    float *dout = randn(nq, 403, 1);
+    float *o[2], *l[2], *dq[2], *dk[2], *dv[2];
+    lb_backend *bes[2] = {be_one, be_many};
+    for (int r = 0; r < 2; r++) {
+        o[r] = lb_malloc(nq * 4), l[r] = lb_malloc(nl * 4);
+        dq[r] = lb_malloc(nq * 4), dk[r] = lb_malloc(nk * 4), dv[r] = lb_malloc(nk * 4);
+        bes[r]->attention_fwd(bes[r], o[r], l[r], q, k, v, b, t, hq, hkv, d);
+        bes[r]->attention_bwd(bes[r], dq[r], dk[r], dv[r], dout, q, k, v, o[r], l[r], b, t, hq,
+                              hkv, d);
+    }
+    ASSERT_BITWISE("attention_fwd out, 1 vs many threads", o[0], o[1], nq * 4);
+    ASSERT_BITWISE("attention_fwd lse, 1 vs many threads", l[0], l[1], nl * 4);
+    ASSERT_BITWISE("attention_bwd dq, 1 vs many threads", dq[0], dq[1], nq * 4);
+    ASSERT_BITWISE("attention_bwd dk, 1 vs many threads", dk[0], dk[1], nk * 4);
+    ASSERT_BITWISE("attention_bwd dv, 1 vs many threads", dv[0], dv[1], nk * 4);
+    for (int r = 0; r < 2; r++) free(o[r]), free(l[r]), free(dq[r]), free(dk[r]), free(dv[r]);
+
+    const size_t n = 1000003;
+    float *x = randn(n, 404, 1);
+    double s1 = be_one->sumsq(be_one, x, n), s2 = be_many->sumsq(be_many, x, n);
+    ck_assert_msg(memcmp(&s1, &s2, sizeof s1) == 0, "sumsq %.17g vs %.17g", s1, s2);
+    free(x);
+
+    const int ntok = 301, vocab = 50, c = 517;   // n * c large enough to run in parallel
+    int32_t *tok = randint(ntok, 405, vocab);
+    float *g = randn((size_t)ntok * c, 406, 1);
+    float *w1 = randn((size_t)vocab * c, 407, 1), *w2 = fdup(w1, (size_t)vocab * c);
+    be_one->embedding_bwd(be_one, w1, g, tok, ntok, c);
+    be_many->embedding_bwd(be_many, w2, g, tok, ntok, c);
+    ASSERT_BITWISE("embedding_bwd, 1 vs many threads", w1, w2, (size_t)vocab * c * 4);
+
+    float *xr = randn((size_t)ntok * c, 408, 1), *wr = randn(c, 409, 1);
+    float *outr = lb_malloc((size_t)ntok * c * 4), *rstd = lb_malloc(ntok * 4);
+    float *dx1 = lb_malloc((size_t)ntok * c * 4), *dx2 = lb_malloc((size_t)ntok * c * 4);
+    float *dw1 = lb_calloc(c, 4), *dw2 = lb_calloc(c, 4);
+    be->rmsnorm_fwd(be, outr, rstd, xr, wr, ntok, c, 1e-6f);
+    be_one->rmsnorm_bwd(be_one, dx1, dw1, g, xr, wr, rstd, ntok, c);
+    be_many->rmsnorm_bwd(be_many, dx2, dw2, g, xr, wr, rstd, ntok, c);
+    ASSERT_BITWISE("rmsnorm_bwd dx, 1 vs many threads", dx1, dx2, (size_t)ntok * c * 4);
+    ASSERT_BITWISE("rmsnorm_bwd dw, 1 vs many threads", dw1, dw2, (size_t)c * 4);
+    free(q), free(k), free(v), free(dout), free(tok), free(g), free(w1), free(w2), free(xr);
+    free(wr), free(outr), free(rstd), free(dx1), free(dx2), free(dw1), free(dw2);
+}
+END_TEST
+
+// The GEMM is OpenBLAS's; its kernels decide the summation order, so this checks the library.
+// Large enough that OpenBLAS splits the product over threads.
+START_TEST(test_determinism_gemm_threads)
+{
+    const int m = 256, n = 300, k = 512;
+    float *a = randn((size_t)m * k, 450, 1), *b = randn((size_t)n * k, 451, 1);
+    float *c1 = lb_malloc((size_t)m * n * 4), *c2 = lb_malloc((size_t)m * n * 4);
+    for (int ta = 0; ta < 2; ta++) {
+        lb_gemm(be_one, ta, 1, m, n, k, 1.0f, a, b, 0.0f, c1);
+        lb_gemm(be_many, ta, 1, m, n, k, 1.0f, a, b, 0.0f, c2);
+        int diff = 0;
+        for (int i = 0; i < m * n; i++) diff += memcmp(&c1[i], &c2[i], 4) != 0;
+        if (verbose() || diff)
+            printf("  gemm m %d n %d k %d transa %d, 1 vs %d threads: %d of %d outputs differ "
+                   "(OpenBLAS core %s)\n", m, n, k, ta, many_threads, diff, m * n,
+                   openblas_get_corename());
+        ck_assert_msg(diff == 0, "gemm (OpenBLAS sgemm) depends on the thread count: %d of %d "
+                      "outputs differ between 1 and %d threads", diff, m * n, many_threads);
+    }
+    free(a), free(b), free(c1), free(c2);
+}
+END_TEST
+
+// --- batch invariance: one row alone against the same row among many -----------------------------
+
+// The linear fprop Y = X W^T with m = 1 against m = 33 holding the same row, for several
+// shapes, on one thread and on several. Every shape is run and every difference printed before
+// the verdict, so a failure reports the whole pattern.
+START_TEST(test_batch_invariance_gemm)
+{
+    const int m = 33, row = 17;
+    const int shapes[][2] = {{53, 29}, {256, 384}, {1024, 96}, {2048, 512}};   // (k, n)
+    lb_backend *bes[2] = {be_one, be_many};
+    int total = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int r = 0; r < 2; r++) {
+            int k = shapes[si][0], n = shapes[si][1];
+            float *x = randn((size_t)m * k, 410 + si, 1), *w = randn((size_t)n * k, 420 + si, 1);
+            float *ym = lb_malloc((size_t)m * n * 4), *y1 = lb_malloc((size_t)n * 4);
+            lb_gemm(bes[r], 0, 1, m, n, k, 1.0f, x, w, 0.0f, ym);
+            lb_gemm(bes[r], 0, 1, 1, n, k, 1.0f, x + (size_t)row * k, w, 0.0f, y1);
+            int diff = 0;
+            double maxd = 0.0, maxy = 0.0;
+            for (int j = 0; j < n; j++) {
+                float a = ym[(size_t)row * n + j];
+                if (memcmp(&a, &y1[j], 4)) diff++;
+                maxd = fmax(maxd, fabs((double)a - y1[j]));
+                maxy = fmax(maxy, fabs((double)a));
+            }
+            if (verbose() || diff)
+                printf("  gemm fprop m 1 vs m %d (row %d), k %d n %d, %d thread(s): %d of %d "
+                       "outputs differ, max |diff| %.3g (max |y| %.3g; OpenBLAS core %s)\n", m,
+                       row, k, n, r ? many_threads : 1, diff, n, maxd, maxy,
+                       openblas_get_corename());
+            total += diff;
+            free(x), free(w), free(ym), free(y1);
+        }
+    ck_assert_msg(total == 0, "gemm (OpenBLAS sgemm) is not batch invariant: a row computed "
+                  "alone differs from the same row among %d in %d outputs (listed above)", m,
+                  total);
+}
+END_TEST
+
+START_TEST(test_batch_invariance_rmsnorm)
+{
+    const int m = 33, row = 5;
+    float *x = randn((size_t)m * C, 430, 1), *w = randn(C, 431, 1);
+    float *om = lb_malloc((size_t)m * C * 4), *rm = lb_malloc(m * 4);
+    float *o1 = lb_malloc(C * 4), r1;
+    be->rmsnorm_fwd(be, om, rm, x, w, m, C, 1e-6f);
+    be->rmsnorm_fwd(be, o1, &r1, x + (size_t)row * C, w, 1, C, 1e-6f);
+    ASSERT_BITWISE("rmsnorm row alone vs among 33", om + (size_t)row * C, o1, C * 4);
+    ASSERT_BITWISE("rmsnorm rstd alone vs among 33", rm + row, &r1, 4);
+    free(x), free(w), free(om), free(rm), free(o1);
+}
+END_TEST
+
+// Attention of one sequence alone (batch 1) against the same sequence in the middle of a
+// batch of 3.
+START_TEST(test_batch_invariance_attention)
+{
+    const int b = 3, mid = 1;
+    size_t sq = (size_t)T * HQ * D, sk = (size_t)T * HKV * D, sl = (size_t)HQ * T;
+    float *q = randn(b * sq, 440, 1), *k = randn(b * sk, 441, 1), *v = randn(b * sk, 442, 1);
+    float *ob = lb_malloc(b * sq * 4), *lb = lb_malloc(b * sl * 4);
+    float *o1 = lb_malloc(sq * 4), *l1 = lb_malloc(sl * 4);
+    be->attention_fwd(be, ob, lb, q, k, v, b, T, HQ, HKV, D);
+    be->attention_fwd(be, o1, l1, q + mid * sq, k + mid * sk, v + mid * sk, 1, T, HQ, HKV, D);
+    ASSERT_BITWISE("attention out, batch 1 vs 3", ob + mid * sq, o1, sq * 4);
+    ASSERT_BITWISE("attention lse, batch 1 vs 3", lb + mid * sl, l1, sl * 4);
+    free(q), free(k), free(v), free(ob), free(lb), free(o1), free(l1);
+}
+END_TEST
+
+int main(void)
+{
+    char err[256];
+    many_threads = omp_get_num_procs() > 2 ? omp_get_num_procs() : 2;
+    be = lb_backend_cpu_create(0, err, sizeof err);
+    be_one = lb_backend_cpu_create(1, err, sizeof err);
+    be_many = lb_backend_cpu_create(many_threads, err, sizeof err);
+    if (!be || !be_one || !be_many) {
+        fprintf(stderr, "cpu backend: %s\n", err);
+        return EXIT_FAILURE;
+    }
+
+    Suite *s = suite_create("kernels");
+    TCase *tc = tcase_create("forward");
+    tcase_add_test(tc, test_table_and_memory);
+    tcase_add_test(tc, test_gemm_fwd);
+    tcase_add_test(tc, test_gemm_accumulate_and_edges);
+    tcase_add_test(tc, test_gemm_grouped);
+    tcase_add_test(tc, test_elementwise_and_sumsq);
+    tcase_add_test(tc, test_embedding);
+    tcase_add_test(tc, test_rmsnorm_fwd);
+    tcase_add_test(tc, test_rope_fwd);
+    tcase_add_test(tc, test_attention_fwd);
+    tcase_add_test(tc, test_swiglu_fwd);
+    tcase_add_test(tc, test_router_topk_fwd);
+    tcase_add_test(tc, test_moe_aux_loss);
+    tcase_add_test(tc, test_moe_dispatch_fwd);
+    tcase_add_test(tc, test_cross_entropy);
+    tcase_add_test(tc, test_adamw);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("gradients");
+    tcase_add_test(tc, test_grad_embedding);
+    tcase_add_test(tc, test_grad_rmsnorm);
+    tcase_add_test(tc, test_grad_rope);
+    tcase_add_test(tc, test_grad_attention);
+    tcase_add_test(tc, test_grad_swiglu);
+    tcase_add_test(tc, test_grad_router);
+    tcase_add_test(tc, test_grad_moe_permute);
+    tcase_add_test(tc, test_grad_moe_combine);
+    tcase_add_test(tc, test_grad_cross_entropy);
+    tcase_add_test(tc, test_grad_gemm_linear);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("invariance");
+    tcase_add_test(tc, test_determinism_threads);
+    tcase_add_test(tc, test_determinism_gemm_threads);
+    tcase_add_test(tc, test_batch_invariance_gemm);
+    tcase_add_test(tc, test_batch_invariance_rmsnorm);
+    tcase_add_test(tc, test_batch_invariance_attention);
+    suite_add_tcase(s, tc);
+
+    int rc = lb_test_run(s);
+    be->destroy(be);
+    be_one->destroy(be_one);
+    be_many->destroy(be_many);
+    return rc;
+}
