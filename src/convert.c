@@ -1,0 +1,798 @@
+// convert.c: Hugging Face import and export, and `lowbit convert` (see convert.h).
+#include "src/convert.h"
+
+#include <cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "kernels/common.h"
+#include "src/checkpoint.h"
+#include "src/commands.h"
+#include "src/safetensors.h"
+#include "src/util.h"
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static int is_moe(const lb_model_config *c) { return strcmp(c->arch, "qwen3_moe") == 0; }
+
+// --- config.json -----------------------------------------------------------------------------
+
+static cJSON *read_json(const char *path, char *err, size_t errlen)
+{
+    char *text = lb_read_file(path, NULL, err, errlen);
+    if (!text) return NULL;
+    cJSON *root = cJSON_Parse(text);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        seterr(err, errlen, "%s: not valid JSON (error near byte %ld)", path,
+               at && at >= text ? (long)(at - text) : -1L);
+    } else if (!cJSON_IsObject(root)) {
+        seterr(err, errlen, "%s: not a JSON object", path);
+        cJSON_Delete(root);
+        root = NULL;
+    }
+    free(text);
+    return root;
+}
+
+// A present, non-null key (null means "use the default" in transformers' configs).
+static const cJSON *field(const cJSON *root, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+// Integer field >= lo; absent: def, or an error when required.
+static int get_int(const cJSON *root, const char *key, int required, int def, int lo, int *out,
+                   const char *path, char *err, size_t errlen)
+{
+    const cJSON *v = field(root, key);
+    if (!v) {
+        if (required) {
+            seterr(err, errlen, "%s: missing '%s'", path, key);
+            return -1;
+        }
+        *out = def;
+        return 0;
+    }
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d >= lo) || d > 2147483647.0 || floor(d) != d) {
+        seterr(err, errlen, "%s: '%s' must be an integer >= %d", path, key, lo);
+        return -1;
+    }
+    *out = (int)d;
+    return 0;
+}
+
+static int get_real(const cJSON *root, const char *key, double def, double *out,
+                    const char *path, char *err, size_t errlen)
+{
+    const cJSON *v = field(root, key);
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0) {
+        seterr(err, errlen, "%s: '%s' must be a non-negative number", path, key);
+        return -1;
+    }
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int get_bool(const cJSON *root, const char *key, int def, int *out, const char *path,
+                    char *err, size_t errlen)
+{
+    const cJSON *v = field(root, key);
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsBool(v)) {
+        seterr(err, errlen, "%s: '%s' must be true or false", path, key);
+        return -1;
+    }
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+// Refuses what lowbit's Qwen3 definitions do not compute, so an import never silently changes
+// the model. Returns 0, or -1 with the message.
+static int check_supported(const cJSON *root, const lb_model_config *cfg, const char *path,
+                           char *err, size_t errlen)
+{
+    int b;
+    if (get_bool(root, "use_sliding_window", 0, &b, path, err, errlen)) return -1;
+    if (b) {
+        seterr(err, errlen, "%s: use_sliding_window = true is not supported (lowbit attends to "
+               "the whole causal context)", path);
+        return -1;
+    }
+    if (get_bool(root, "attention_bias", 0, &b, path, err, errlen)) return -1;
+    if (b) {
+        seterr(err, errlen, "%s: attention_bias = true is not supported (lowbit's attention "
+               "projections have no bias)", path);
+        return -1;
+    }
+    const cJSON *v = field(root, "hidden_act");
+    if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "silu") != 0)) {
+        seterr(err, errlen, "%s: hidden_act '%s' is not supported (silu only)", path,
+               cJSON_IsString(v) ? v->valuestring : "?");
+        return -1;
+    }
+    double drop;
+    if (get_real(root, "attention_dropout", 0.0, &drop, path, err, errlen)) return -1;
+    if (drop != 0.0) {
+        seterr(err, errlen, "%s: attention_dropout = %g is not supported (lowbit has no dropout)",
+               path, drop);
+        return -1;
+    }
+    if (field(root, "rope_scaling")) {
+        seterr(err, errlen, "%s: rope_scaling is not supported (plain RoPE only)", path);
+        return -1;
+    }
+    const cJSON *rp = field(root, "rope_parameters");
+    if (rp) {
+        const cJSON *type = field(rp, "rope_type");
+        if (!type) type = field(rp, "type");
+        if (!cJSON_IsObject(rp) ||
+            (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "default") != 0))) {
+            seterr(err, errlen, "%s: rope_parameters of type '%s' are not supported (plain RoPE, "
+                   "rope_type 'default', only)", path,
+                   type && cJSON_IsString(type) ? type->valuestring : "?");
+            return -1;
+        }
+    }
+    const cJSON *lt = field(root, "layer_types"), *e;
+    if (lt) {
+        int bad = !cJSON_IsArray(lt);
+        cJSON_ArrayForEach(e, lt) bad |= !cJSON_IsString(e) || strcmp(e->valuestring,
+                                                                      "full_attention") != 0;
+        if (bad) {
+            seterr(err, errlen, "%s: layer_types other than 'full_attention' are not supported",
+                   path);
+            return -1;
+        }
+    }
+    if (is_moe(cfg)) {
+        int step;
+        if (get_int(root, "decoder_sparse_step", 0, 1, 0, &step, path, err, errlen)) return -1;
+        if (step != 1) {
+            seterr(err, errlen, "%s: decoder_sparse_step = %d is not supported (every layer is a "
+                   "MoE layer in lowbit: 1)", path, step);
+            return -1;
+        }
+        const cJSON *mo = field(root, "mlp_only_layers");
+        if (mo && (!cJSON_IsArray(mo) || cJSON_GetArraySize(mo) > 0)) {
+            seterr(err, errlen, "%s: mlp_only_layers must be empty (dense layers inside a MoE "
+                   "model are not supported)", path);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t errlen)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cJSON *root = read_json(path, err, errlen);
+    if (!root) return -1;
+    memset(cfg, 0, sizeof *cfg);
+    int rc = -1;
+    const cJSON *mt = field(root, "model_type");
+    if (!cJSON_IsString(mt)) {
+        seterr(err, errlen, "%s: missing 'model_type'", path);
+        goto out;
+    }
+    if (strcmp(mt->valuestring, "qwen3_moe") != 0 && strcmp(mt->valuestring, "qwen3") != 0) {
+        seterr(err, errlen, "%s: model_type '%s' is not supported (qwen3_moe, qwen3)", path,
+               mt->valuestring);
+        goto out;
+    }
+    snprintf(cfg->arch, sizeof cfg->arch, "%s", mt->valuestring);
+    // Defaults of optional fields are transformers' defaults for these model types.
+    if (get_int(root, "vocab_size", 1, 0, 1, &cfg->vocab_size, path, err, errlen) ||
+        get_int(root, "hidden_size", 1, 0, 1, &cfg->hidden_size, path, err, errlen) ||
+        get_int(root, "num_hidden_layers", 1, 0, 1, &cfg->num_hidden_layers, path, err,
+                errlen) ||
+        get_int(root, "num_attention_heads", 1, 0, 1, &cfg->num_attention_heads, path, err,
+                errlen) ||
+        get_int(root, "num_key_value_heads", 0, cfg->num_attention_heads, 1,
+                &cfg->num_key_value_heads, path, err, errlen) ||
+        get_int(root, "head_dim", 0, cfg->hidden_size / cfg->num_attention_heads, 1,
+                &cfg->head_dim, path, err, errlen) ||
+        get_int(root, "intermediate_size", !is_moe(cfg), 0, 1, &cfg->intermediate_size, path,
+                err, errlen) ||
+        get_int(root, "max_position_embeddings", 0, 32768, 1, &cfg->max_position_embeddings,
+                path, err, errlen) ||
+        get_real(root, "rms_norm_eps", 1e-6, &cfg->rms_norm_eps, path, err, errlen) ||
+        get_real(root, "initializer_range", 0.02, &cfg->initializer_range, path, err, errlen))
+        goto out;
+    // rope_theta: top level (transformers 4) or inside rope_parameters (transformers 5).
+    const cJSON *rp = field(root, "rope_parameters");
+    if (get_real(root, "rope_theta", 10000.0, &cfg->rope_theta, path, err, errlen)) goto out;
+    if (cJSON_IsObject(rp) && field(rp, "rope_theta") &&
+        get_real(rp, "rope_theta", 10000.0, &cfg->rope_theta, path, err, errlen))
+        goto out;
+    if (is_moe(cfg)) {
+        // transformers 5 writes num_local_experts; hub checkpoints use num_experts.
+        const char *ek = field(root, "num_experts") ? "num_experts" : "num_local_experts";
+        if (get_int(root, ek, 1, 0, 1, &cfg->num_experts, path, err, errlen) ||
+            get_int(root, "num_experts_per_tok", 1, 0, 1, &cfg->num_experts_per_tok, path, err,
+                    errlen) ||
+            get_int(root, "moe_intermediate_size", 1, 0, 1, &cfg->moe_intermediate_size, path,
+                    err, errlen) ||
+            get_bool(root, "norm_topk_prob", 0, &cfg->norm_topk_prob, path, err, errlen) ||
+            get_real(root, "router_aux_loss_coef", 0.001, &cfg->router_aux_loss_coef, path, err,
+                     errlen))
+            goto out;
+        if (cfg->num_experts_per_tok > cfg->num_experts) {
+            seterr(err, errlen, "%s: num_experts_per_tok (%d) exceeds the number of experts (%d)",
+                   path, cfg->num_experts_per_tok, cfg->num_experts);
+            goto out;
+        }
+    }
+    if (cfg->num_attention_heads % cfg->num_key_value_heads != 0) {
+        seterr(err, errlen, "%s: num_attention_heads (%d) is not a multiple of "
+               "num_key_value_heads (%d)", path, cfg->num_attention_heads,
+               cfg->num_key_value_heads);
+        goto out;
+    }
+    if (cfg->rms_norm_eps <= 0 || cfg->rope_theta <= 0) {
+        seterr(err, errlen, "%s: rms_norm_eps and rope_theta must be positive", path);
+        goto out;
+    }
+    // tie_word_embeddings = true is accepted: lowbit's LM head is always its own tensor, so
+    // lb_hf_load copies the embedding into it (training then unties them; export writes them
+    // untied).
+    int tie;
+    if (get_bool(root, "tie_word_embeddings", 0, &tie, path, err, errlen)) goto out;
+    rc = check_supported(root, cfg, path, err, errlen);
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+// --- weights ---------------------------------------------------------------------------------
+
+typedef struct {
+    char label[1100];              // the file named when a tensor is missing
+    int nfiles;
+    lb_st_file *files;
+    unsigned char **used;          // per file, per tensor: consumed by the import
+} hf_source;
+
+static void source_close(hf_source *s)
+{
+    for (int i = 0; i < s->nfiles; i++) {
+        lb_st_close(&s->files[i]);
+        free(s->used[i]);
+    }
+    free(s->files);
+    free(s->used);
+    memset(s, 0, sizeof *s);
+}
+
+static int source_add(hf_source *s, const char *path, char *err, size_t errlen)
+{
+    s->files = realloc(s->files, sizeof *s->files * (s->nfiles + 1));
+    s->used = realloc(s->used, sizeof *s->used * (s->nfiles + 1));
+    if (!s->files || !s->used) lb_die("out of host memory");
+    if (lb_st_open(&s->files[s->nfiles], path, err, errlen) != 0) return -1;
+    s->used[s->nfiles] = lb_calloc(s->files[s->nfiles].ntensors + 1, 1);
+    s->nfiles++;
+    return 0;
+}
+
+// model.safetensors, or the shards listed by model.safetensors.index.json.
+static int source_open(hf_source *s, const char *dir, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    char index[1100], path[1100];
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (access(index, F_OK) != 0) {
+        if (access(path, F_OK) != 0) {
+            seterr(err, errlen, "%s: no model.safetensors or model.safetensors.index.json", dir);
+            return -1;
+        }
+        snprintf(s->label, sizeof s->label, "%s", path);
+        return source_add(s, path, err, errlen);
+    }
+    snprintf(s->label, sizeof s->label, "%s", index);
+    cJSON *root = read_json(index, err, errlen);
+    if (!root) return -1;
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map"), *e;
+    int rc = 0;
+    if (!cJSON_IsObject(wm)) {
+        seterr(err, errlen, "%s: missing 'weight_map' object", index);
+        rc = -1;
+    }
+    int *which = NULL, n = 0;
+    if (rc == 0) {
+        which = lb_calloc((size_t)cJSON_GetArraySize(wm) + 1, sizeof *which);
+        char (*names)[256] = NULL;
+        cJSON_ArrayForEach(e, wm) {
+            if (!cJSON_IsString(e) || !e->valuestring[0] || strstr(e->valuestring, "..")) {
+                seterr(err, errlen, "%s: weight_map entry '%s' is not a file name", index,
+                       e->string);
+                rc = -1;
+                break;
+            }
+            int f = 0;
+            while (f < s->nfiles && strcmp(names[f], e->valuestring) != 0) f++;
+            if (f == s->nfiles) {
+                names = realloc(names, sizeof *names * (s->nfiles + 1));
+                if (!names) lb_die("out of host memory");
+                snprintf(names[f], sizeof names[f], "%s", e->valuestring);
+                snprintf(path, sizeof path, "%s/%s", dir, e->valuestring);
+                if (source_add(s, path, err, errlen) != 0) {
+                    rc = -1;
+                    break;
+                }
+            }
+            which[n++] = f;
+        }
+        free(names);
+    }
+    // Every entry must be in the shard the index names.
+    int i = 0;
+    if (rc == 0) cJSON_ArrayForEach(e, wm) {
+        if (!lb_st_find(&s->files[which[i]], e->string)) {
+            seterr(err, errlen, "%s: weight_map puts tensor '%s' in %s, which does not hold it",
+                   index, e->string, s->files[which[i]].path);
+            rc = -1;
+            break;
+        }
+        i++;
+    }
+    free(which);
+    cJSON_Delete(root);
+    if (rc != 0) source_close(s);
+    return rc;
+}
+
+static const lb_st_tensor *source_find(const hf_source *s, const char *name, int *file)
+{
+    for (int i = 0; i < s->nfiles; i++) {
+        const lb_st_tensor *t = lb_st_find(&s->files[i], name);
+        if (t) {
+            *file = i;
+            return t;
+        }
+    }
+    return NULL;
+}
+
+static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
+{
+    size_t n = (size_t)snprintf(buf, len, "[");
+    for (int d = 0; d < ndim && n < len; d++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (n < len) snprintf(buf + n, len - n, "]");
+}
+
+// Reads tensor `name` of shape (ndim, shape) into out. Returns 0, 1 when absent (the caller
+// decides whether that is an error), or -1 with the message.
+static int source_read(hf_source *s, const char *name, int ndim, const int64_t *shape,
+                       float *out, char *err, size_t errlen)
+{
+    int fi;
+    const lb_st_tensor *t = source_find(s, name, &fi);
+    if (!t) return 1;
+    lb_st_file *f = &s->files[fi];
+    int same = t->ndim == ndim;
+    for (int d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
+    if (!same) {
+        char a[128], b[128];
+        shape_str(a, sizeof a, t->ndim, t->shape);
+        shape_str(b, sizeof b, ndim, shape);
+        seterr(err, errlen, "%s: tensor '%s' has shape %s, the configuration needs %s", f->path,
+               name, a, b);
+        return -1;
+    }
+    if (lb_st_read_f32(f, t, out, err, errlen) != 0) return -1;
+    s->used[fi][t - f->tensors] = 1;
+    return 0;
+}
+
+static int missing(const hf_source *s, const char *name, const char *alt, char *err,
+                   size_t errlen)
+{
+    if (alt)
+        seterr(err, errlen, "%s: missing tensor '%s' (or the fused '%s')", s->label, name, alt);
+    else
+        seterr(err, errlen, "%s: missing tensor '%s'", s->label, name);
+    return -1;
+}
+
+// 1 when name is exactly pattern (one %d: the layer) for some layer.
+static int match(const char *name, const char *pattern, int *layer)
+{
+    int end = -1;
+    char fmt[128];
+    snprintf(fmt, sizeof fmt, "%s%%n", pattern);
+    return sscanf(name, fmt, layer, &end) == 1 && end >= 0 && name[end] == 0;
+}
+
+#define LB_EXPERTS_GATE_UP "model.layers.%d.mlp.experts.gate_up_proj"
+#define LB_EXPERTS_DOWN "model.layers.%d.mlp.experts.down_proj"
+#define LB_MLP_GATE_UP "model.layers.%d.mlp.gate_up_proj.weight"
+
+// One lowbit tensor from the files. Fused SwiGLU tensors come from either the fused tensor or
+// the separate gate/up (and per-expert) tensors; gate rows go first, as in transformers.
+static int load_one(hf_source *s, const lb_tensor *t, int tie, float *buf, char *err,
+                    size_t errlen)
+{
+    int layer;
+    char name[LB_TENSOR_NAME + 64];
+    if (match(t->name, LB_EXPERTS_GATE_UP, &layer)) {
+        int rc = source_read(s, t->name, 3, t->shape, buf, err, errlen);
+        if (rc <= 0) return rc;
+        int64_t E = t->shape[0], F = t->shape[1] / 2, C = t->shape[2], sh[2] = {F, C};
+        for (int64_t e = 0; e < E; e++) {
+            for (int half = 0; half < 2; half++) {
+                snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%lld.%s.weight", layer,
+                         (long long)e, half ? "up_proj" : "gate_proj");
+                rc = source_read(s, name, 2, sh, buf + (e * 2 + half) * F * C, err, errlen);
+                if (rc < 0) return -1;
+                if (rc > 0) return missing(s, name, t->name, err, errlen);
+            }
+        }
+        return 0;
+    }
+    if (match(t->name, LB_EXPERTS_DOWN, &layer)) {
+        int rc = source_read(s, t->name, 3, t->shape, buf, err, errlen);
+        if (rc <= 0) return rc;
+        int64_t E = t->shape[0], C = t->shape[1], F = t->shape[2], sh[2] = {C, F};
+        for (int64_t e = 0; e < E; e++) {
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%lld.down_proj.weight",
+                     layer, (long long)e);
+            rc = source_read(s, name, 2, sh, buf + e * C * F, err, errlen);
+            if (rc < 0) return -1;
+            if (rc > 0) return missing(s, name, t->name, err, errlen);
+        }
+        return 0;
+    }
+    if (match(t->name, LB_MLP_GATE_UP, &layer)) {
+        int rc = source_read(s, t->name, 2, t->shape, buf, err, errlen);
+        if (rc <= 0) return rc;
+        int64_t F = t->shape[0] / 2, C = t->shape[1], sh[2] = {F, C};
+        for (int half = 0; half < 2; half++) {
+            snprintf(name, sizeof name, "model.layers.%d.mlp.%s.weight", layer,
+                     half ? "up_proj" : "gate_proj");
+            rc = source_read(s, name, 2, sh, buf + half * F * C, err, errlen);
+            if (rc < 0) return -1;
+            if (rc > 0) return missing(s, name, t->name, err, errlen);
+        }
+        return 0;
+    }
+    if (tie && strcmp(t->name, "lm_head.weight") == 0) {
+        // Tied: transformers ignores a stored lm_head and uses the embedding.
+        int fi;
+        const lb_st_tensor *lm = source_find(s, t->name, &fi);
+        if (lm) s->used[fi][lm - s->files[fi].tensors] = 1;
+        int rc = source_read(s, "model.embed_tokens.weight", t->ndim, t->shape, buf, err, errlen);
+        return rc > 0 ? missing(s, "model.embed_tokens.weight", NULL, err, errlen) : rc;
+    }
+    int rc = source_read(s, t->name, t->ndim, t->shape, buf, err, errlen);
+    return rc > 0 ? missing(s, t->name, NULL, err, errlen) : rc;
+}
+
+int lb_hf_load(lb_model *m, const char *dir, char *err, size_t errlen)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cJSON *root = read_json(path, err, errlen);
+    if (!root) return -1;
+    int tie;
+    int rc = get_bool(root, "tie_word_embeddings", 0, &tie, path, err, errlen);
+    cJSON_Delete(root);
+    if (rc) return -1;
+
+    hf_source s;
+    if (source_open(&s, dir, err, errlen) != 0) return -1;
+    // One tensor at a time through a host buffer, so the host never holds the whole model.
+    size_t most = 1;
+    for (int i = 0; i < m->ntensors; i++)
+        if (m->tensors[i].numel > most) most = m->tensors[i].numel;
+    float *buf = lb_malloc(most * sizeof(float));
+    for (int i = 0; i < m->ntensors && rc == 0; i++) {
+        const lb_tensor *t = &m->tensors[i];
+        rc = load_one(&s, t, tie, buf, err, errlen);
+        if (rc == 0) m->be->upload(m->be, m->params + t->offset, buf, t->numel * sizeof(float));
+    }
+    free(buf);
+    // Every tensor of the files must have been used: an extra one means the configuration
+    // describes another model (more layers, another layout), never something to skip.
+    for (int f = 0; f < s.nfiles && rc == 0; f++) {
+        for (int i = 0; i < s.files[f].ntensors; i++) {
+            const char *name = s.files[f].tensors[i].name;
+            size_t n = strlen(name), suf = strlen(".rotary_emb.inv_freq");
+            // Older exports carry RoPE's inverse frequencies as a buffer; lowbit recomputes them.
+            if (n > suf && strcmp(name + n - suf, ".rotary_emb.inv_freq") == 0) continue;
+            if (!s.used[f][i]) {
+                seterr(err, errlen, "%s: unexpected tensor '%s' (not part of a %s model with "
+                       "this config.json)", s.files[f].path, name, m->cfg.arch);
+                rc = -1;
+                break;
+            }
+        }
+    }
+    source_close(&s);
+    return rc;
+}
+
+// --- export ----------------------------------------------------------------------------------
+
+// A JSON number that reads back as the same double and stays a float in Python ("10000.0").
+static cJSON *json_real(double x)
+{
+    char buf[64];
+    if (x == floor(x) && fabs(x) < 1e15) {     // whole numbers as "10000.0", not "1e+04"
+        snprintf(buf, sizeof buf, "%.1f", x);
+        return cJSON_CreateRaw(buf);
+    }
+    for (int p = 1; p <= 17; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    if (!strpbrk(buf, ".eEn")) strcat(buf, ".0");
+    return cJSON_CreateRaw(buf);
+}
+
+static char *config_json(const lb_model_config *c, const char *torch_dtype)
+{
+    int moe = is_moe(c);
+    cJSON *r = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(r, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString(moe ? "Qwen3MoeForCausalLM"
+                                                      : "Qwen3ForCausalLM"));
+    cJSON_AddStringToObject(r, "model_type", c->arch);
+    cJSON_AddNumberToObject(r, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(r, "hidden_size", c->hidden_size);
+    cJSON_AddNumberToObject(r, "intermediate_size", c->intermediate_size);
+    cJSON_AddNumberToObject(r, "num_hidden_layers", c->num_hidden_layers);
+    cJSON_AddNumberToObject(r, "num_attention_heads", c->num_attention_heads);
+    cJSON_AddNumberToObject(r, "num_key_value_heads", c->num_key_value_heads);
+    cJSON_AddNumberToObject(r, "head_dim", c->head_dim);
+    cJSON_AddStringToObject(r, "hidden_act", "silu");
+    cJSON_AddNumberToObject(r, "max_position_embeddings", c->max_position_embeddings);
+    cJSON_AddItemToObject(r, "initializer_range", json_real(c->initializer_range));
+    cJSON_AddItemToObject(r, "rms_norm_eps", json_real(c->rms_norm_eps));
+    // rope_theta at the top level for transformers 4, rope_parameters for transformers 5.
+    cJSON_AddItemToObject(r, "rope_theta", json_real(c->rope_theta));
+    cJSON_AddNullToObject(r, "rope_scaling");
+    cJSON *rp = cJSON_AddObjectToObject(r, "rope_parameters");
+    cJSON_AddStringToObject(rp, "rope_type", "default");
+    cJSON_AddItemToObject(rp, "rope_theta", json_real(c->rope_theta));
+    cJSON_AddBoolToObject(r, "attention_bias", 0);
+    cJSON_AddItemToObject(r, "attention_dropout", json_real(0.0));
+    cJSON_AddBoolToObject(r, "use_sliding_window", 0);
+    cJSON_AddNullToObject(r, "sliding_window");
+    cJSON_AddNumberToObject(r, "max_window_layers", c->num_hidden_layers);
+    cJSON_AddBoolToObject(r, "tie_word_embeddings", 0);
+    cJSON_AddBoolToObject(r, "use_cache", 1);
+    if (moe) {
+        // Both spellings of the expert count: transformers 4 reads num_experts, 5 either.
+        cJSON_AddNumberToObject(r, "num_experts", c->num_experts);
+        cJSON_AddNumberToObject(r, "num_local_experts", c->num_experts);
+        cJSON_AddNumberToObject(r, "num_experts_per_tok", c->num_experts_per_tok);
+        cJSON_AddNumberToObject(r, "moe_intermediate_size", c->moe_intermediate_size);
+        cJSON_AddBoolToObject(r, "norm_topk_prob", c->norm_topk_prob);
+        cJSON_AddNumberToObject(r, "decoder_sparse_step", 1);
+        cJSON_AddArrayToObject(r, "mlp_only_layers");
+        cJSON_AddItemToObject(r, "router_aux_loss_coef", json_real(c->router_aux_loss_coef));
+        cJSON_AddBoolToObject(r, "output_router_logits", 0);
+    }
+    cJSON_AddStringToObject(r, "torch_dtype", torch_dtype);   // transformers 4
+    cJSON_AddStringToObject(r, "dtype", torch_dtype);         // transformers 5
+    char *s = cJSON_Print(r);
+    cJSON_Delete(r);
+    return s;
+}
+
+int lb_hf_export(const lb_model *m, const char *dir, const char *dtype, char *err,
+                 size_t errlen)
+{
+    const char *st_dtype, *torch_dtype;
+    if (strcasecmp(dtype, "f32") == 0) {
+        st_dtype = "F32";
+        torch_dtype = "float32";
+    } else if (strcasecmp(dtype, "bf16") == 0) {
+        st_dtype = "BF16";
+        torch_dtype = "bfloat16";
+    } else {
+        seterr(err, errlen, "%s: export dtype '%s' is not supported (f32, bf16)", dir, dtype);
+        return -1;
+    }
+    if (lb_mkdirs(dir, err, errlen) != 0) return -1;
+    float *host = lb_malloc(m->nparams * sizeof(float));
+    m->be->download(m->be, host, m->params, m->nparams * sizeof(float));
+
+    // Fused lowbit tensors become the hub's separate tensors (views into host, no copies).
+    int E = m->cfg.num_experts, cap = 0;
+    for (int i = 0; i < m->ntensors; i++) cap += 2 + 2 * (E > 0 ? E : 1);
+    char (*names)[LB_TENSOR_NAME + 64] = lb_malloc(sizeof *names * cap);
+    int n = 0;
+    lb_st_writer *w = lb_st_writer_new();
+    for (int i = 0; i < m->ntensors; i++) {
+        const lb_tensor *t = &m->tensors[i];
+        const float *p = host + t->offset;
+        int layer;
+        if (match(t->name, LB_EXPERTS_GATE_UP, &layer)) {
+            int64_t F = t->shape[1] / 2, C = t->shape[2], sh[2] = {F, C};
+            for (int64_t e = 0; e < t->shape[0]; e++)
+                for (int half = 0; half < 2; half++) {
+                    snprintf(names[n], sizeof names[n],
+                             "model.layers.%d.mlp.experts.%lld.%s.weight", layer, (long long)e,
+                             half ? "up_proj" : "gate_proj");
+                    lb_st_writer_add(w, names[n++], st_dtype, 2, sh, p + (e * 2 + half) * F * C);
+                }
+        } else if (match(t->name, LB_EXPERTS_DOWN, &layer)) {
+            int64_t C = t->shape[1], F = t->shape[2], sh[2] = {C, F};
+            for (int64_t e = 0; e < t->shape[0]; e++) {
+                snprintf(names[n], sizeof names[n],
+                         "model.layers.%d.mlp.experts.%lld.down_proj.weight", layer, (long long)e);
+                lb_st_writer_add(w, names[n++], st_dtype, 2, sh, p + e * C * F);
+            }
+        } else if (match(t->name, LB_MLP_GATE_UP, &layer)) {
+            int64_t F = t->shape[0] / 2, C = t->shape[1], sh[2] = {F, C};
+            for (int half = 0; half < 2; half++) {
+                snprintf(names[n], sizeof names[n], "model.layers.%d.mlp.%s.weight", layer,
+                         half ? "up_proj" : "gate_proj");
+                lb_st_writer_add(w, names[n++], st_dtype, 2, sh, p + half * F * C);
+            }
+        } else {
+            lb_st_writer_add(w, t->name, st_dtype, t->ndim, t->shape, p);
+        }
+    }
+    lb_st_writer_meta(w, "format", "pt");
+    char path[1100];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    int rc = lb_st_writer_save(w, path, err, errlen);
+    lb_st_writer_free(w);
+    free(names);
+    free(host);
+    if (rc != 0) return -1;
+    // config.json last: a directory without it is not mistaken for a complete export.
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *json = config_json(&m->cfg, torch_dtype);
+    lb_atomic_file a;
+    if (lb_atomic_open(&a, path, err, errlen) != 0) {
+        free(json);
+        return -1;
+    }
+    int bad = fputs(json, a.f) == EOF || fputc('\n', a.f) == EOF;
+    free(json);
+    if (bad) {
+        seterr(err, errlen, "%s: write failed", path);
+        lb_atomic_abort(&a);
+        return -1;
+    }
+    return lb_atomic_commit(&a, err, errlen);
+}
+
+// --- lowbit convert --------------------------------------------------------------------------
+
+// The imported model section over the caller's configuration. Fields that config.json does not
+// give for this architecture (0: the MoE sizes of a dense model, intermediate_size of a MoE)
+// keep their configured values, so the stored INI stays valid for lb_config_parse.
+static void merge_model(lb_model_config *dst, const lb_model_config *src)
+{
+    lb_model_config keep = *dst;
+    *dst = *src;
+#define KEEP(f) if (!dst->f) dst->f = keep.f
+    KEEP(intermediate_size);
+    KEEP(num_experts);
+    KEEP(num_experts_per_tok);
+    KEEP(moe_intermediate_size);
+#undef KEEP
+}
+
+static int parent_dirs(const char *path, char *err, size_t errlen)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return 0;
+    *slash = 0;
+    return lb_mkdirs(dir, err, errlen);
+}
+
+static int convert_import(const lb_config *c, char *err, size_t errlen)
+{
+    const char *in = c->convert.input, *out = c->convert.output;
+    lb_config lc = *c;
+    lb_model_config mc;
+    if (lb_hf_read_config(in, &mc, err, errlen) != 0) return -1;
+    merge_model(&lc.model, &mc);
+    lb_backend *be = lb_backend_cpu_create(0, err, errlen);
+    if (!be) return -1;
+    int rc = -1;
+    char *ini = NULL;
+    lb_model *m = lb_model_create(&lc.model, be, err, errlen);
+    if (!m) goto out;
+    if (lb_hf_load(m, in, err, errlen) != 0) goto out;
+    ini = lb_config_to_ini(&lc);
+    lb_train_state st = {0, 0, 0};
+    if (parent_dirs(out, err, errlen) != 0 ||
+        lb_checkpoint_save(out, m, NULL, NULL, &st, ini, err, errlen) != 0)
+        goto out;
+    printf("convert: wrote lowbit checkpoint %s (%s, %zu parameters) from %s\n", out,
+           lc.model.arch, m->nparams, in);
+    rc = 0;
+out:
+    free(ini);
+    lb_model_free(m);
+    be->destroy(be);
+    return rc;
+}
+
+static int convert_export(const lb_config *c, char *err, size_t errlen)
+{
+    const char *in = c->convert.input, *out = c->convert.output;
+    char *ini = lb_checkpoint_config(in, err, errlen);
+    if (!ini) return -1;
+    lb_config lc;
+    lb_config_defaults(&lc);
+    char label[LB_PATH_MAX + 32];
+    snprintf(label, sizeof label, "%s (stored configuration)", in);
+    int prc = lb_config_parse(&lc, ini, label, err, errlen);
+    free(ini);
+    if (prc != 0) return -1;
+    lb_backend *be = lb_backend_cpu_create(0, err, errlen);
+    if (!be) return -1;
+    int rc = -1;
+    lb_train_state st;
+    lb_model *m = lb_model_create(&lc.model, be, err, errlen);
+    if (!m) goto out;
+    if (lb_checkpoint_load(in, m, NULL, NULL, &st, err, errlen) != 0) goto out;
+    if (lb_hf_export(m, out, c->convert.dtype, err, errlen) != 0) goto out;
+    printf("convert: wrote Hugging Face model %s (%s, %s, step %lld) from %s\n", out,
+           lc.model.arch, c->convert.dtype, (long long)st.step, in);
+    rc = 0;
+out:
+    lb_model_free(m);
+    be->destroy(be);
+    return rc;
+}
+
+int lb_cmd_convert(const lb_config *c, lb_comm *comm)
+{
+    if (comm && comm->rank != 0) return 0;   // conversion is serial file work
+    char err[1024] = "";
+    int rc;
+    if (!c->convert.input[0] || !c->convert.output[0]) {
+        snprintf(err, sizeof err, "convert.input and convert.output must both be set");
+        rc = -1;
+    } else if (strcmp(c->convert.direction, "import") == 0) {
+        rc = convert_import(c, err, sizeof err);
+    } else if (strcmp(c->convert.direction, "export") == 0) {
+        rc = convert_export(c, err, sizeof err);
+    } else {
+        snprintf(err, sizeof err, "convert.direction '%s' is not import or export",
+                 c->convert.direction);
+        rc = -1;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "lowbit convert: %s\n", err);
+        return 1;
+    }
+    fflush(stdout);
+    return 0;
+}

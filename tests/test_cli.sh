@@ -1,0 +1,93 @@
+#!/bin/bash
+# The command line on bad input: every mistake gets one clear line naming the file (and line),
+# a non-zero exit, and no partial output. Also: doc/parameters.md is not stale.
+set -uo pipefail
+src=${LB_SRCDIR:-.}
+bin=${LB_BUILDDIR:-.}/lowbit
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0
+failed=0
+fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+ok() { pass=$((pass + 1)); }
+
+# expect_error NAME PATTERN CMD...: CMD must exit non-zero and print PATTERN (grep -E) on stderr.
+expect_error() {
+    local name=$1 pattern=$2
+    shift 2
+    "$@" >"$tmp/out" 2>"$tmp/err"
+    local rc=$?
+    if [ $rc -eq 0 ]; then fail "$name: exit 0"; return; fi
+    if ! grep -Eq -- "$pattern" "$tmp/err"; then
+        fail "$name: stderr lacks '$pattern':"; sed 's/^/    /' "$tmp/err"; return
+    fi
+    ok
+}
+
+# doc/parameters.md is generated from the parameter table
+if "$bin" params | diff -q - "$src/doc/parameters.md" >/dev/null; then ok; else
+    fail "doc/parameters.md is stale: run 'make doc-params'"; fi
+
+cfg="$src/examples/tiny-moe.cfg"
+"$bin" info "$cfg" > "$tmp/info" 2>&1 && grep -q "parameters" "$tmp/info" && ok || fail "info"
+
+# configuration mistakes
+printf '[train]\nsteps = 10\nlerning_rate = 0.1\n' > "$tmp/typo.cfg"
+expect_error typo "typo.cfg:3: unknown key 'lerning_rate' in \[train\] \(did you mean 'lr'\?\)" \
+    "$bin" train "$tmp/typo.cfg"
+printf '[train]\nsteps = ten\n' > "$tmp/type.cfg"
+expect_error type "type.cfg:2: train.steps: 'ten' is not an integer" "$bin" train "$tmp/type.cfg"
+expect_error missing-cfg "nothere.cfg: No such file or directory" "$bin" train "$tmp/nothere.cfg"
+expect_error bad-set "^--set train.stpes: .*did you mean 'train.steps'" "$bin" info --set train.stpes=3
+expect_error bad-arch "model.arch: 'llama9' is not one of" "$bin" info --set model.arch=llama9
+expect_error heads "num_attention_heads \(6\) is not a multiple of num_key_value_heads \(4\)" \
+    "$bin" info "$cfg" --set model.num_attention_heads=6 --set model.num_key_value_heads=4
+expect_error command "unknown command 'trian'" "$bin" trian "$cfg"
+
+# data mistakes: generate a small corpus, then damage copies of it
+"$bin" data "$cfg" --set gen.output="$tmp/d/arith" --set gen.problems=2000 >/dev/null 2>&1 || fail "data"
+run=(--set data.val_files= --set train.steps=2 --set train.micro_batch=2 --set train.seq_len=16
+     --set model.hidden_size=32 --set model.head_dim=8 --set model.num_hidden_layers=1)
+expect_error no-shards "no token shards match" "$bin" train "$cfg" "${run[@]}" \
+    --set data.train_files="$tmp/none_*.bin" --set run.out_dir="$tmp/r0"
+mkdir -p "$tmp/bad"
+head -c 3000 "$tmp/d/arith_train_000.bin" > "$tmp/bad/trunc_000.bin"
+expect_error truncated-shard "trunc_000.bin: truncated" "$bin" train "$cfg" "${run[@]}" \
+    --set data.train_files="$tmp/bad/trunc_*.bin" --set run.out_dir="$tmp/r1"
+[ ! -e "$tmp/r1/checkpoints/step_00000002.safetensors" ] && ok || fail "checkpoint after a bad shard"
+cat "$tmp/d/arith_train_000.bin" > "$tmp/bad/magic_000.bin"
+printf 'XXXX' | dd of="$tmp/bad/magic_000.bin" bs=1 conv=notrunc 2>/dev/null
+expect_error bad-magic "magic_000.bin: not a token shard: bad magic" "$bin" train "$cfg" "${run[@]}" \
+    --set data.train_files="$tmp/bad/magic_*.bin" --set run.out_dir="$tmp/r2"
+expect_error text-missing "nofile.txt: No such file or directory" "$bin" data \
+    --set gen.kind=text --set gen.input="$tmp/nofile.txt" --set gen.output="$tmp/t/x"
+[ -z "$(ls "$tmp/t" 2>/dev/null)" ] && ok || fail "data left output after an error"
+
+# checkpoint mistakes: train 2 steps, then resume from damaged or foreign checkpoints
+good=(--set data.train_files="$tmp/d/arith_train_*.bin" "${run[@]}")
+"$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/ok" >/dev/null 2>&1 || fail "train"
+ck="$tmp/ok/checkpoints/step_00000002.safetensors"
+[ -f "$ck" ] && ok || fail "no checkpoint written"
+head -c 5000 "$ck" > "$tmp/trunc.safetensors"
+expect_error trunc-ckpt "trunc.safetensors: " "$bin" train "$cfg" "${good[@]}" \
+    --set run.out_dir="$tmp/r3" --set checkpoint.resume="$tmp/trunc.safetensors"
+expect_error shape-ckpt "step_00000002.safetensors: tensor '.*' has shape \[.*\], the model expects" \
+    "$bin" train "$cfg" "${good[@]}" --set model.hidden_size=48 \
+    --set run.out_dir="$tmp/r4" --set checkpoint.resume="$ck"
+expect_error missing-ckpt "gone.safetensors: No such file or directory" "$bin" train "$cfg" \
+    "${good[@]}" --set run.out_dir="$tmp/r5" --set checkpoint.resume="$tmp/gone.safetensors"
+[ ! -e "$tmp/r5/checkpoints/step_00000002.safetensors" ] && ok || fail "output after a bad resume"
+
+# Hugging Face conversion mistakes
+expect_error hf-missing "nodir/config.json: No such file or directory" "$bin" convert \
+    --set convert.input="$tmp/nodir" --set convert.output="$tmp/x.safetensors"
+[ ! -e "$tmp/x.safetensors" ] && ok || fail "convert left output after an error"
+mkdir -p "$tmp/hf"
+cp "$src/tests/data/hf_qwen3_moe/config.json" "$tmp/hf/"
+head -c 4000 "$src/tests/data/hf_qwen3_moe/model.safetensors" > "$tmp/hf/model.safetensors"
+expect_error hf-trunc "hf/model.safetensors: " "$bin" convert --set convert.input="$tmp/hf" \
+    --set convert.output="$tmp/y.safetensors"
+[ ! -e "$tmp/y.safetensors" ] && ok || fail "convert left output after a truncated import"
+
+echo "$pass passed, $failed failed"
+[ "$failed" -eq 0 ]
