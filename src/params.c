@@ -76,7 +76,7 @@ const lb_param lb_params[] = {
          "clip the global gradient norm to this, 0 = off"),
     LB_P(train, val_every, I, "0", 0, BIG, NULL, "validate every N steps, 0 = off"),
     LB_P(train, val_batches, I, "4", 1, 1048576, NULL, "micro-batches per validation"),
-    LB_P(train, log_every, I, "1", 1, BIG, NULL, "progress line every N steps"),
+    LB_P(train, log_every, I, "1", 0, BIG, NULL, "progress line every N steps, 0 = off"),
     LB_P(train, metrics_file, S, "metrics.jsonl", 0, 0, NULL,
          "JSON-lines metrics, relative to run.out_dir"),
 

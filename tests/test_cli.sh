@@ -40,13 +40,13 @@ expect_error type "type.cfg:2: train.steps: 'ten' is not an integer" "$bin" trai
 expect_error missing-cfg "nothere.cfg: No such file or directory" "$bin" train "$tmp/nothere.cfg"
 expect_error bad-set "^--set train.stpes: .*did you mean 'train.steps'" "$bin" info --set train.stpes=3
 expect_error bad-arch "model.arch: 'llama9' is not one of" "$bin" info --set model.arch=llama9
-expect_error heads "num_attention_heads \(6\) is not a multiple of num_key_value_heads \(4\)" \
+expect_error heads "model.num_attention_heads \(6\) is not a multiple of model.num_key_value_heads \(4\)" \
     "$bin" info "$cfg" --set model.num_attention_heads=6 --set model.num_key_value_heads=4
 expect_error command "unknown command 'trian'" "$bin" trian "$cfg"
 
 # data mistakes: generate a small corpus, then damage copies of it
 "$bin" data "$cfg" --set gen.output="$tmp/d/arith" --set gen.problems=2000 >/dev/null 2>&1 || fail "data"
-run=(--set data.val_files= --set train.steps=2 --set train.micro_batch=2 --set train.seq_len=16
+run=(--set data.val_files= --set train.steps=2 --set train.warmup_steps=0 --set train.micro_batch=2 --set train.seq_len=16
      --set model.hidden_size=32 --set model.head_dim=8 --set model.num_hidden_layers=1)
 expect_error no-shards "no token shards match" "$bin" train "$cfg" "${run[@]}" \
     --set data.train_files="$tmp/none_*.bin" --set run.out_dir="$tmp/r0"
