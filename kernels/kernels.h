@@ -44,10 +44,15 @@ typedef struct {
 } lb_gemm_args;
 
 typedef struct lb_backend lb_backend;
+struct lb_qmat;           // a quantized matrix (kernels/quant/quant.h)
+struct lb_quant_args;     // how to quantize it
 
 struct lb_backend {
     const char *name;   // "cpu", "cuda"
     void *ctx;          // backend-private state
+    // 1 = every operation bitwise reproducible and batch invariant (the default); 0 lets a
+    // backend use faster library paths that are not (the CPU's GEMM then calls OpenBLAS).
+    int deterministic;
 
     // --- memory ---------------------------------------------------------------------------
     void *(*alloc)(lb_backend *, size_t bytes);               // zero-filled; never NULL (exits)
@@ -64,6 +69,25 @@ struct lb_backend {
     // Independent GEMMs in one call (all local experts): the CPU loops, CUDA launches once.
     // args is a host array. Groups with m, n or k == 0 are skipped (k == 0 with beta 0 zeroes C).
     void (*gemm_grouped)(lb_backend *, int count, const lb_gemm_args *args);
+
+    // --- low precision (formats and rules: doc/formats.md) ------------------------------------
+    // Lays out q for x (rows, cols) under a and allocates its buffers in backend memory.
+    void (*qmat_alloc)(lb_backend *, struct lb_qmat *q, int rows, int cols,
+                       const struct lb_quant_args *a);
+    void (*qmat_free)(lb_backend *, struct lb_qmat *q);
+    // q = the quantization of x (rows, cols), row-wise or column-wise (of x^T) as a says; bytes
+    // and scales identical to the codecs in kernels/quant on every backend.
+    void (*quantize)(lb_backend *, struct lb_qmat *q, const float *x, int rows, int cols,
+                     const struct lb_quant_args *a);
+    void (*dequantize)(lb_backend *, float *y, const struct lb_qmat *q);   // y (q rows, q cols)
+    // C (m, n) = alpha * A (m, k) * B (n, k)^T + beta * C on quantized operands of one format,
+    // both blocked along k. The CPU computes it exactly on the dequantized values.
+    void (*gemm_q)(lb_backend *, int m, int n, int k, float alpha, const struct lb_qmat *a,
+                   const struct lb_qmat *b, float beta, float *c);
+    // Block-diagonal Walsh-Hadamard of size hn along axis (0 rows, 1 cols) of x (rows, cols).
+    void (*hadamard)(lb_backend *, float *y, const float *x, int rows, int cols, int axis,
+                     int hn, uint32_t signs);
+    void (*round_bf16)(lb_backend *, float *y, const float *x, size_t n);  // y = bf16(x), RNE
 
     // --- elementwise and reductions ---------------------------------------------------------
     void   (*add)(lb_backend *, float *y, const float *x, size_t n);        // y += x

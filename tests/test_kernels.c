@@ -5,6 +5,7 @@
 // The CPU backend's buffers are host memory, so the tests hand it host arrays directly.
 // Set LB_TEST_VERBOSE=1 to print every measured error next to its bound.
 #include "kernels/common.h"
+#include "kernels/cpu/cpu.h"   // lb_cpu_gemm_det: the deterministic GEMM with a chosen ISA build
 #include "kernels/kernels.h"
 #include "tests/testutil.h"
 
@@ -14,11 +15,15 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
-static lb_backend *be;        // all cores: the backend under test
+static lb_backend *be;        // all cores: the backend under test (deterministic, the default)
 static lb_backend *be_one;    // one thread
 static lb_backend *be_many;   // at least two threads
+static lb_backend *be_blas;   // all cores, deterministic = 0: the GEMM calls OpenBLAS
 static int many_threads;      // be_many's thread count
+static char *self_exe;        // argv[0], for the test that re-runs this program
 
 // Sizes that are multiples of nothing in particular.
 enum { N = 37, C = 53, D = 24, T = 19, HQ = 6, HKV = 2, E = 7, K = 3, V = 101, B = 2 };
@@ -279,6 +284,125 @@ START_TEST(test_gemm_grouped)
     be->gemm_grouped(be, 0, NULL);   // nothing to do
     free(a0), free(w), free(a3), free(b3), free(c0), free(c2), free(c3_0), free(c3);
     free(ref0), free(ref3);
+}
+END_TEST
+
+// --- the deterministic GEMM (kernels/cpu/gemm.c) ------------------------------------------------
+
+// gemm.c's canonical order in plain scalar C: lane q (0..7) sums the products at k-indices
+// q, q + 8, ... in order, the last step adding +0 for indices past k; then the fixed tree
+// ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)), then alpha and beta. The kernel must match
+// it bit for bit whatever its tile shapes, blocks, threads or ISA build. Products go through
+// volatile floats so no compiler setting can fuse them into an FMA here.
+static void canon_gemm(float *c, int ta, int tb, int m, int n, int k, float alpha,
+                       const float *a, const float *b, float beta)
+{
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            float s[8] = {0};
+            for (int l0 = 0; l0 < k; l0 += 8)
+                for (int q = 0; q < 8; q++) {
+                    int l = l0 + q;
+                    volatile float p = 0.0f;
+                    if (l < k)
+                        p = (ta ? a[(size_t)l * m + i] : a[(size_t)i * k + l]) *
+                            (tb ? b[(size_t)j * k + l] : b[(size_t)l * n + j]);
+                    s[q] = s[q] + p;
+                }
+            float sum = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+            volatile float o = alpha * sum;
+            if (beta != 0.0f) {
+                volatile float old = beta * c[(size_t)i * n + j];
+                o = o + old;
+            }
+            c[(size_t)i * n + j] = o;
+        }
+}
+
+// Every trans case, sizes that leave partial tiles and blocks in both directions (k < 8, k = 1,
+// m = 1, n = 1, k not a multiple of 8, calls big enough for several threads), alpha and beta
+// (beta 0 over NaN): within 1e-5 of the double reference and bitwise equal to the canonical
+// order, on 1 and on several threads, with the best and with the baseline ISA build.
+START_TEST(test_gemm_det_canonical)
+{
+    const int shapes[][3] = {   // m, n, k
+        {1, 1, 1}, {1, 7, 3}, {3, 1, 8}, {5, 9, 7}, {4, 2, 16}, {2, 4, 9}, {6, 10, 1},
+        {37, 29, 53}, {33, 17, 1}, {7, 1, 1000}, {1, 300, 129}, {66, 130, 40},
+        {129, 70, 257}, {1, 4099, 300},
+    };
+    const float ab[][2] = {{1.0f, 0.0f}, {0.7f, 0.3f}, {-1.5f, 1.0f}};   // alpha, beta
+    lb_backend *bes[2] = {be_one, be_many};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int abi = 0; abi < 3; abi++) {
+                    int m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
+                    float alpha = ab[abi][0], beta = ab[abi][1];
+                    size_t mn = (size_t)m * n;
+                    float *a = randn((size_t)m * k, 160 + si, 1);
+                    float *b = randn((size_t)k * n, 180 + si, 1);
+                    float *c0 = randn(mn, 200 + si, 1);
+                    if (beta == 0.0f)
+                        for (size_t i = 0; i < mn; i++) c0[i] = NAN;
+                    float *want = fdup(c0, mn), *c = lb_malloc(mn * sizeof(float));
+                    double *ref = dzeros(mn);
+                    canon_gemm(want, ta, tb, m, n, k, alpha, a, b, beta);
+                    ref_gemm(ref, ta, tb, m, n, k, alpha, a, b, beta, c0);
+                    char what[128];
+                    for (int r = 0; r < 2; r++)
+                        for (int isa = 0; isa < 2; isa++) {
+                            memcpy(c, c0, mn * sizeof(float));
+                            lb_gemm_args g = {ta, tb, m, n, k, alpha, beta, a, b, c};
+                            lb_cpu_gemm_det(&g, lb_cpu_threads(bes[r]),
+                                            isa ? LB_CPU_GEMM_BASE : LB_CPU_GEMM_AUTO);
+                            snprintf(what, sizeof what,
+                                     "gemm det m %d n %d k %d ta %d tb %d a %g b %g, %s, %s", m,
+                                     n, k, ta, tb, alpha, beta, r ? "many threads" : "1 thread",
+                                     isa ? "baseline ISA" : "best ISA");
+                            ASSERT_BITWISE(what, c, want, mn * sizeof(float));
+                        }
+                    double e = nerr(c, ref, mn);
+                    if (verbose() && abi == 1)
+                        printf("  gemm det m %d n %d k %d ta %d tb %d: err %.3g (bound 1e-5)\n",
+                               m, n, k, ta, tb, e);
+                    ck_assert_msg(e <= 1e-5, "gemm det m %d n %d k %d ta %d tb %d alpha %g beta "
+                                  "%g: normalised error %.3g > 1e-5", m, n, k, ta, tb, alpha,
+                                  beta, e);
+                    free(a), free(b), free(c0), free(want), free(c), free(ref);
+                }
+}
+END_TEST
+
+// The non-deterministic backend (deterministic = 0) keeps OpenBLAS: still correct, every trans
+// case, alpha and beta, the k == 0 and beta == 0 edges.
+START_TEST(test_gemm_openblas_path)
+{
+    ck_assert_int_eq(be_blas->deterministic, 0);
+    ck_assert_int_eq(be->deterministic, 1);
+    const int m = 37, n = 29, k = 53;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            float *a = randn((size_t)m * k, 220 + ta, 1), *b = randn((size_t)k * n, 222 + tb, 1);
+            float *c0 = randn((size_t)m * n, 224, 1), *c = fdup(c0, (size_t)m * n);
+            double *ref = dzeros((size_t)m * n);
+            ref_gemm(ref, ta, tb, m, n, k, 0.7, a, b, 0.3, c0);
+            lb_gemm(be_blas, ta, tb, m, n, k, 0.7f, a, b, 0.3f, c);
+            char what[64];
+            snprintf(what, sizeof what, "gemm OpenBLAS transa %d transb %d", ta, tb);
+            ASSERT_CLOSE(what, c, ref, (size_t)m * n, 1e-5);
+            free(a), free(b), free(c0), free(c), free(ref);
+        }
+    float *c = lb_malloc((size_t)m * n * sizeof(float));
+    for (int i = 0; i < m * n; i++) c[i] = NAN;
+    lb_gemm(be_blas, 0, 1, m, n, 0, 1.0f, NULL, NULL, 0.0f, c);
+    for (int i = 0; i < m * n; i++) ck_assert_msg(c[i] == 0.0f, "k == 0, beta 0 must zero C");
+    float *a = randn((size_t)m * k, 226, 1), *b = randn((size_t)n * k, 227, 1);
+    double *ref = dzeros((size_t)m * n);
+    ref_gemm(ref, 0, 1, m, n, k, 1.0, a, b, 0.0, NULL);
+    for (int i = 0; i < m * n; i++) c[i] = NAN;
+    lb_gemm(be_blas, 0, 1, m, n, k, 1.0f, a, b, 0.0f, c);   // beta 0 over NaN
+    ASSERT_CLOSE("gemm OpenBLAS beta 0 over NaN", c, ref, (size_t)m * n, 1e-5);
+    free(c), free(a), free(b), free(ref);
 }
 END_TEST
 
@@ -1023,26 +1147,117 @@ START_TEST(test_determinism_threads)
 }
 END_TEST
 
-// The GEMM is OpenBLAS's; its kernels decide the summation order, so this checks the library.
-// Large enough that OpenBLAS splits the product over threads.
+// The deterministic GEMM on 1 thread and on several, every trans case, large enough that the
+// call is split over threads (and, for OpenBLAS, that its threads split the product).
 START_TEST(test_determinism_gemm_threads)
 {
     const int m = 256, n = 300, k = 512;
     float *a = randn((size_t)m * k, 450, 1), *b = randn((size_t)n * k, 451, 1);
     float *c1 = lb_malloc((size_t)m * n * 4), *c2 = lb_malloc((size_t)m * n * 4);
-    for (int ta = 0; ta < 2; ta++) {
-        lb_gemm(be_one, ta, 1, m, n, k, 1.0f, a, b, 0.0f, c1);
-        lb_gemm(be_many, ta, 1, m, n, k, 1.0f, a, b, 0.0f, c2);
-        int diff = 0;
-        for (int i = 0; i < m * n; i++) diff += memcmp(&c1[i], &c2[i], 4) != 0;
-        if (verbose() || diff)
-            printf("  gemm m %d n %d k %d transa %d, 1 vs %d threads: %d of %d outputs differ "
-                   "(OpenBLAS core %s)\n", m, n, k, ta, many_threads, diff, m * n,
-                   openblas_get_corename());
-        ck_assert_msg(diff == 0, "gemm (OpenBLAS sgemm) depends on the thread count: %d of %d "
-                      "outputs differ between 1 and %d threads", diff, m * n, many_threads);
-    }
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            lb_gemm(be_one, ta, tb, m, n, k, 1.0f, a, b, 0.0f, c1);
+            lb_gemm(be_many, ta, tb, m, n, k, 1.0f, a, b, 0.0f, c2);
+            int diff = 0;
+            for (int i = 0; i < m * n; i++) diff += memcmp(&c1[i], &c2[i], 4) != 0;
+            if (verbose() || diff)
+                printf("  gemm m %d n %d k %d transa %d transb %d, 1 vs %d threads: %d of %d "
+                       "outputs differ\n", m, n, k, ta, tb, many_threads, diff, m * n);
+            ck_assert_msg(diff == 0, "deterministic gemm depends on the thread count: %d of %d "
+                          "outputs differ between 1 and %d threads", diff, m * n, many_threads);
+        }
     free(a), free(b), free(c1), free(c2);
+}
+END_TEST
+
+// Thread-count invariance again in a child process running OpenBLAS's Haswell kernel set
+// (OPENBLAS_CORETYPE=Haswell, read when the library loads), where OpenBLAS's own sgemm changes
+// with the thread count: the deterministic GEMM never calls it, so the child's 1- and
+// 2-thread results must equal each other and this process's, bit for bit.
+enum { HSW_M = 256, HSW_N = 300, HSW_K = 512 };
+
+static void haswell_inputs(float **a, float **b)
+{
+    *a = randn((size_t)HSW_M * HSW_K, 460, 1);
+    *b = randn((size_t)HSW_N * HSW_K, 461, 1);
+}
+
+// The child: computes fprop and wgrad on 1 and 2 threads, checks them equal, writes them to
+// fd and returns the exit status (0 when equal).
+static int haswell_child(int fd)
+{
+    char err[256];
+    lb_backend *b1 = lb_backend_cpu_create(1, err, sizeof err);
+    lb_backend *b2 = lb_backend_cpu_create(2, err, sizeof err);
+    if (!b1 || !b2) return 2;
+    float *a, *b;
+    haswell_inputs(&a, &b);
+    size_t mn = (size_t)HSW_M * HSW_N;
+    float *c1 = lb_malloc(mn * 4), *c2 = lb_malloc(mn * 4);
+    int bad = 0;
+    for (int ta = 0; ta < 2; ta++) {
+        lb_gemm(b1, ta, 1, HSW_M, HSW_N, HSW_K, 1.0f, a, b, 0.0f, c1);
+        lb_gemm(b2, ta, 1, HSW_M, HSW_N, HSW_K, 1.0f, a, b, 0.0f, c2);
+        bad |= memcmp(c1, c2, mn * 4) != 0;
+        if (write(fd, c2, mn * 4) != (ssize_t)(mn * 4)) bad = 1;
+        // For the record: OpenBLAS's own result on the same kernel set.
+        b1->deterministic = b2->deterministic = 0;
+        lb_gemm(b1, ta, 1, HSW_M, HSW_N, HSW_K, 1.0f, a, b, 0.0f, c1);
+        lb_gemm(b2, ta, 1, HSW_M, HSW_N, HSW_K, 1.0f, a, b, 0.0f, c2);
+        int diff = 0;
+        for (size_t i = 0; i < mn; i++) diff += memcmp(&c1[i], &c2[i], 4) != 0;
+        if (verbose())
+            printf("  OpenBLAS core %s, transa %d: OpenBLAS sgemm 1 vs 2 threads: %d of %zu "
+                   "outputs differ\n", openblas_get_corename(), ta, diff, mn);
+        b1->deterministic = b2->deterministic = 1;
+    }
+    fflush(stdout);
+    free(a), free(b), free(c1), free(c2);
+    b1->destroy(b1), b2->destroy(b2);
+    return bad;
+}
+
+START_TEST(test_determinism_gemm_haswell)
+{
+    float *a, *b;
+    haswell_inputs(&a, &b);
+    size_t mn = (size_t)HSW_M * HSW_N;
+    float *mine = lb_malloc(2 * mn * 4), *theirs = lb_malloc(2 * mn * 4);
+    for (int ta = 0; ta < 2; ta++)
+        lb_gemm(be_many, ta, 1, HSW_M, HSW_N, HSW_K, 1.0f, a, b, 0.0f, mine + ta * mn);
+
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    fflush(stdout);
+    pid_t pid = fork();
+    ck_assert_msg(pid >= 0, "fork failed");
+    if (pid == 0) {
+        close(fds[0]);
+        char fd[16];
+        snprintf(fd, sizeof fd, "%d", fds[1]);
+        setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+        setenv("LB_TEST_HASWELL_CHILD_FD", fd, 1);
+        execl("/proc/self/exe", self_exe, (char *)NULL);
+        execl(self_exe, self_exe, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    size_t got = 0;
+    while (got < 2 * mn * 4) {
+        ssize_t r = read(fds[0], (char *)theirs + got, 2 * mn * 4 - got);
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "Haswell child: status %d (1: deterministic gemm differs between 1 and 2 "
+                  "threads under OPENBLAS_CORETYPE=Haswell)", status);
+    ck_assert_msg(got == 2 * mn * 4, "Haswell child sent %zu of %zu bytes", got, 2 * mn * 4);
+    ASSERT_BITWISE("deterministic gemm, Haswell kernel set vs this process", mine, theirs,
+                   2 * mn * 4);
+    free(a), free(b), free(mine), free(theirs);
 }
 END_TEST
 
@@ -1074,15 +1289,82 @@ START_TEST(test_batch_invariance_gemm)
             }
             if (verbose() || diff)
                 printf("  gemm fprop m 1 vs m %d (row %d), k %d n %d, %d thread(s): %d of %d "
-                       "outputs differ, max |diff| %.3g (max |y| %.3g; OpenBLAS core %s)\n", m,
-                       row, k, n, r ? many_threads : 1, diff, n, maxd, maxy,
-                       openblas_get_corename());
+                       "outputs differ, max |diff| %.3g (max |y| %.3g)\n", m, row, k, n,
+                       r ? many_threads : 1, diff, n, maxd, maxy);
             total += diff;
             free(x), free(w), free(ym), free(y1);
         }
-    ck_assert_msg(total == 0, "gemm (OpenBLAS sgemm) is not batch invariant: a row computed "
+    ck_assert_msg(total == 0, "deterministic gemm is not batch invariant: a row computed "
                   "alone differs from the same row among %d in %d outputs (listed above)", m,
                   total);
+}
+END_TEST
+
+// (k, cols) = columns [c0, c0 + cols) of x (k, ld): a slice of a transposed operand, which is
+// what a caller holding fewer rows (transa) or columns (transb == 0) would pass.
+static float *col_slice(const float *x, int k, int ld, int c0, int cols)
+{
+    float *y = lb_malloc((size_t)k * cols * sizeof(float));
+    for (int l = 0; l < k; l++)
+        memcpy(y + (size_t)l * cols, x + (size_t)l * ld + c0, (size_t)cols * sizeof(float));
+    return y;
+}
+
+// Every trans case: rows [i0, i0 + r) of C computed alone (m = r: a single row, a window that
+// starts mid-tile) against the same rows in an m = 33 call, and columns [j0, j0 + w) alone
+// (n = 1 and n = 3: the wgrad and dgrad tiles run along n) against n = 300, on 1 thread and on
+// several (the big call is split over threads), with alpha and beta as the wgrad uses them.
+START_TEST(test_batch_invariance_gemm_trans)
+{
+    const int m = 33, n = 300, k = 129;
+    const int rows[][2] = {{17, 1}, {3, 5}, {30, 3}}, cols[][2] = {{22, 1}, {5, 3}, {297, 3}};
+    lb_backend *bes[2] = {be_one, be_many};
+    int total = 0;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int r = 0; r < 2; r++) {
+                lb_backend *bk = bes[r];
+                float *a = randn((size_t)m * k, 470 + ta, 1), *b = randn((size_t)n * k, 472 + tb, 1);
+                float *c0 = randn((size_t)m * n, 474, 1), *c = fdup(c0, (size_t)m * n);
+                lb_gemm(bk, ta, tb, m, n, k, 0.5f, a, b, 1.0f, c);
+                for (size_t x = 0; x < sizeof rows / sizeof rows[0]; x++) {
+                    int i0 = rows[x][0], nr = rows[x][1];
+                    float *as = ta ? col_slice(a, k, m, i0, nr) : fdup(a + (size_t)i0 * k,
+                                                                        (size_t)nr * k);
+                    float *cs = fdup(c0 + (size_t)i0 * n, (size_t)nr * n);
+                    lb_gemm(bk, ta, tb, nr, n, k, 0.5f, as, b, 1.0f, cs);
+                    int diff = 0;
+                    for (size_t e = 0; e < (size_t)nr * n; e++)
+                        diff += memcmp(&cs[e], &c[(size_t)i0 * n + e], 4) != 0;
+                    if (verbose() || diff)
+                        printf("  gemm ta %d tb %d rows [%d, %d) alone vs among %d, %s: %d of "
+                               "%d differ\n", ta, tb, i0, i0 + nr, m, r ? "many" : "1 thread",
+                               diff, nr * n);
+                    total += diff;
+                    free(as), free(cs);
+                }
+                for (size_t x = 0; x < sizeof cols / sizeof cols[0]; x++) {
+                    int j0 = cols[x][0], nc = cols[x][1];
+                    float *bs = tb ? fdup(b + (size_t)j0 * k, (size_t)nc * k)
+                                   : col_slice(b, k, n, j0, nc);
+                    float *cs = col_slice(c0, m, n, j0, nc);
+                    lb_gemm(bk, ta, tb, m, nc, k, 0.5f, a, bs, 1.0f, cs);
+                    int diff = 0;
+                    for (int i = 0; i < m; i++)
+                        for (int q = 0; q < nc; q++)
+                            diff += memcmp(&cs[(size_t)i * nc + q], &c[(size_t)i * n + j0 + q],
+                                           4) != 0;
+                    if (verbose() || diff)
+                        printf("  gemm ta %d tb %d cols [%d, %d) alone vs among %d, %s: %d of "
+                               "%d differ\n", ta, tb, j0, j0 + nc, n, r ? "many" : "1 thread",
+                               diff, m * nc);
+                    total += diff;
+                    free(bs), free(cs);
+                }
+                free(a), free(b), free(c0), free(c);
+            }
+    ck_assert_msg(total == 0, "deterministic gemm is not batch invariant in %d outputs (listed "
+                  "above)", total);
 }
 END_TEST
 
@@ -1117,14 +1399,20 @@ START_TEST(test_batch_invariance_attention)
 }
 END_TEST
 
-int main(void)
+int main(int argc, char **argv)
 {
     char err[256];
+    self_exe = argv[0];
+    const char *child_fd = getenv("LB_TEST_HASWELL_CHILD_FD");
+    if (child_fd) return haswell_child(atoi(child_fd));   // test_determinism_gemm_haswell's child
+
     many_threads = omp_get_num_procs() > 2 ? omp_get_num_procs() : 2;
     be = lb_backend_cpu_create(0, err, sizeof err);
     be_one = lb_backend_cpu_create(1, err, sizeof err);
     be_many = lb_backend_cpu_create(many_threads, err, sizeof err);
-    if (!be || !be_one || !be_many) {
+    be_blas = lb_backend_cpu_create(0, err, sizeof err);
+    if (be_blas) be_blas->deterministic = 0;
+    if (!be || !be_one || !be_many || !be_blas) {
         fprintf(stderr, "cpu backend: %s\n", err);
         return EXIT_FAILURE;
     }
@@ -1135,6 +1423,8 @@ int main(void)
     tcase_add_test(tc, test_gemm_fwd);
     tcase_add_test(tc, test_gemm_accumulate_and_edges);
     tcase_add_test(tc, test_gemm_grouped);
+    tcase_add_test(tc, test_gemm_det_canonical);
+    tcase_add_test(tc, test_gemm_openblas_path);
     tcase_add_test(tc, test_elementwise_and_sumsq);
     tcase_add_test(tc, test_embedding);
     tcase_add_test(tc, test_rmsnorm_fwd);
@@ -1164,7 +1454,9 @@ int main(void)
     tc = tcase_create("invariance");
     tcase_add_test(tc, test_determinism_threads);
     tcase_add_test(tc, test_determinism_gemm_threads);
+    tcase_add_test(tc, test_determinism_gemm_haswell);
     tcase_add_test(tc, test_batch_invariance_gemm);
+    tcase_add_test(tc, test_batch_invariance_gemm_trans);
     tcase_add_test(tc, test_batch_invariance_rmsnorm);
     tcase_add_test(tc, test_batch_invariance_attention);
     suite_add_tcase(s, tc);
@@ -1173,5 +1465,6 @@ int main(void)
     be->destroy(be);
     be_one->destroy(be_one);
     be_many->destroy(be_many);
+    be_blas->destroy(be_blas);
     return rc;
 }

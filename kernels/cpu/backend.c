@@ -74,6 +74,7 @@ lb_backend *lb_backend_cpu_create(int threads, char *err, size_t errlen)
     lb_backend *be = lb_calloc(1, sizeof *be);
     be->name = "cpu";
     be->ctx = ctx;
+    be->deterministic = 1;
 
     be->alloc = cpu_alloc;
     be->free = cpu_free;
@@ -88,6 +89,7 @@ lb_backend *lb_backend_cpu_create(int threads, char *err, size_t errlen)
     lb_cpu_init_attention(be);
     lb_cpu_init_moe(be);
     lb_cpu_init_optim(be);
+    lb_cpu_init_quant(be);
 
     // Process-wide defaults for code outside the table; the operations themselves name the
     // backend's count on every parallel loop and BLAS call (see lb_cpu_threads).

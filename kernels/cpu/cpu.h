@@ -23,9 +23,22 @@ static inline int lb_cpu_threads(const lb_backend *be)
 // Elementwise results do not depend on the split, so this never changes a number.
 #define LB_CPU_PAR_MIN 32768
 
+// --- deterministic GEMM (gemm.c) ---------------------------------------------------------------
+// C (m, n) = alpha op(A) op(B) + beta C as lb_gemm_args documents, every element computed in
+// one fixed order that depends on k alone (gemm.c states it), so results never depend on m,
+// n, the element's position, the thread count or the instruction set.
+// isa: LB_CPU_GEMM_AUTO picks the best build of the inner loop this CPU runs; LB_CPU_GEMM_BASE
+// forces the baseline build (tests compare the two bitwise).
+enum { LB_CPU_GEMM_AUTO = 0, LB_CPU_GEMM_BASE = 1 };
+void lb_cpu_gemm_det(const lb_gemm_args *g, int threads, int isa);
+// Checks sizes (negative: dies) and handles the calls with no product: m or n == 0 (nothing
+// touched), k == 0 or alpha == 0 (C = beta C, beta 0 overwriting NaN). Returns 1 when it did.
+int lb_cpu_gemm_trivial(const lb_gemm_args *g);
+
 void lb_cpu_init_basic(lb_backend *be);       // ops_basic.c
 void lb_cpu_init_attention(lb_backend *be);   // ops_attention.c
 void lb_cpu_init_moe(lb_backend *be);         // ops_moe.c
 void lb_cpu_init_optim(lb_backend *be);       // ops_optim.c
+void lb_cpu_init_quant(lb_backend *be);       // ops_quant.c
 
 #endif

@@ -1,5 +1,5 @@
-// ops_basic.c: GEMM (OpenBLAS), elementwise ops, sumsq, embedding, RMSNorm, RoPE and SwiGLU
-// for the CPU reference backend.
+// ops_basic.c: GEMM (gemm.c's deterministic kernel or OpenBLAS), elementwise ops, sumsq,
+// embedding, RMSNorm, RoPE and SwiGLU for the CPU reference backend.
 //
 // Every output element is produced by one thread in one fixed order, so results depend neither
 // on the thread count nor on the other rows of the call. Reductions that feed statistics
@@ -16,21 +16,17 @@
 // --- GEMM -------------------------------------------------------------------------------------
 
 // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, all row-major and contiguous.
+// be->deterministic: gemm.c's kernel (one fixed order per element, batch invariant); otherwise
+// OpenBLAS, faster but its bits depend on m, the row's position and on some CPUs the threads.
 static void cpu_gemm(lb_backend *be, const lb_gemm_args *g)
 {
-    if (g->m < 0 || g->n < 0 || g->k < 0)
-        lb_die("gemm: negative size (m %d, n %d, k %d)", g->m, g->n, g->k);
-    if (g->m == 0 || g->n == 0) return;
-    size_t mn = (size_t)g->m * g->n;
-    if (g->k == 0 || g->alpha == 0.0f) {
-        // No product: C = beta * C, and beta 0 overwrites (NaN in C must not survive).
-        if (g->beta == 0.0f) memset(g->c, 0, mn * sizeof(float));
-        else if (g->beta != 1.0f)
-            for (size_t i = 0; i < mn; i++) g->c[i] *= g->beta;
+    int nt = lb_cpu_threads(be);
+    if (be->deterministic) {
+        lb_cpu_gemm_det(g, nt, LB_CPU_GEMM_AUTO);
         return;
     }
+    if (lb_cpu_gemm_trivial(g)) return;
     // OpenBLAS's thread count is process-wide; set it to this backend's before each call.
-    int nt = lb_cpu_threads(be);
     if (openblas_get_num_threads() != nt) openblas_set_num_threads(nt);
     int lda = g->transa ? g->m : g->k;   // A stored (k, m) when transposed, else (m, k)
     int ldb = g->transb ? g->k : g->n;   // B stored (n, k) when transposed, else (k, n)
