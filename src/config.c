@@ -874,6 +874,16 @@ int lb_config_validate(const lb_config *c, char *err, size_t errlen)
         char key[80];
         return fail(c, err, errlen, model_key_in(msg, key, sizeof key), NULL, "%s", msg);
     }
+    // The contract's lists (roles, layers, overrides) are parsed here so a bad word stops the
+    // run before any work; its messages start with the key ("precision.overrides: ...").
+    lb_contract k;
+    if (lb_contract_resolve(&k, &c->precision, m->num_hidden_layers, msg, sizeof msg) != 0) {
+        char key[80];
+        size_t n = strcspn(msg, ":");
+        snprintf(key, sizeof key, "%.*s", (int)(n < sizeof key ? n : sizeof key - 1), msg);
+        return fail(c, err, errlen, key, NULL, "%s", msg);
+    }
+    lb_contract_free(&k);
     return 0;
 }
 

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdio.h>
+#include "kernels/quant/contract.h"
 #include "models/model.h"
 
 #define LB_PATH_MAX 512
@@ -59,6 +60,7 @@ typedef struct {
     // Bookkeeping for messages, not parameters (no lb_params entry): the file last parsed into
     // this configuration, and per lb_params[] entry the line of that file that set the key
     // (0: default or --set).
+    lb_precision_spec precision;   // resolved into the contract (kernels/quant/contract.h)
     char source_file[LB_PATH_MAX];
     int source_line[128];
 } lb_config;

@@ -81,6 +81,11 @@ int lb_cmd_info(const lb_config *c, lb_comm *comm)
            gib(p), gib(p), gib(2 * p));
     printf("            activations %.3f GiB for micro-batch %d x %d tokens; total %.3f GiB\n",
            gib(acts), c->train.micro_batch, c->train.seq_len, gib(4 * p + acts));
+    lb_contract contract;
+    if (lb_contract_resolve(&contract, &c->precision, mc->num_hidden_layers, err, sizeof err) == 0) {
+        lb_contract_print(&contract, stdout);
+        lb_contract_free(&contract);
+    }
 #ifdef LB_HAVE_CUDA
     int n = lb_cuda_device_count();
     printf("CUDA        %d device(s) visible\n", n);

@@ -106,6 +106,28 @@ const lb_param lb_params[] = {
     LB_P(convert, direction, E, "import", 0, 0, "import|export",
          "import from Hugging Face or export to it"),
     LB_P(convert, dtype, E, "f32", 0, 0, "f32|bf16", "element type of exported tensors"),
+
+    // [precision] ------------------------------------------------------------------------------
+    LB_P(precision, recipe, E, "fp32", 0, 0, "fp32|bf16|fp8-block|mxfp8|nvfp4-moe|mxfp4",
+         "GEMM formats (doc/formats.md); fp32 is the exact reference"),
+    LB_P(precision, backward, E, "default", 0, 0, "default|quantized|dequantized|high",
+         "backward GEMMs: in the format, BF16 on dequantized or on original operands"),
+    LB_P(precision, wgrad_hadamard, E, "default", 0, 0, "default|none|h16|h32|random16",
+         "Walsh-Hadamard on the weight-gradient GEMM's reduction axis"),
+    LB_P(precision, stochastic_rounding, B, "false", 0, 0, NULL,
+         "stochastic rounding of gradient operands (seeded, deterministic)"),
+    LB_P(precision, scale_rule, E, "ceil", 0, 0, "ceil|floor",
+         "MX E8M0 block scale: round up (never clips) or the OCP floor rule"),
+    LB_P(precision, nvfp4_scale, E, "per-token", 0, 0, "per-token|per-tensor",
+         "NVFP4 activations: second-level FP32 scale per token or per tensor"),
+    LB_P(precision, nvfp4_weight_blocks, E, "16x16", 0, 0, "1x16|16x16",
+         "NVFP4 weight blocks"),
+    LB_P(precision, keep_bf16_roles, S, "router,lm_head", 0, 0, NULL,
+         "roles kept in BF16 whatever the recipe (comma list)"),
+    LB_P(precision, keep_bf16_layers, S, "", 0, 0, NULL,
+         "layers kept in BF16, e.g. 0,-1 for the first and last (comma list)"),
+    LB_P(precision, overrides, S, "", 0, 0, NULL,
+         "per-site formats, e.g. moe.down.wgrad=bf16; attn.qkv.*=mxfp8"),
 };
 
 const int lb_nparams = (int)(sizeof lb_params / sizeof lb_params[0]);

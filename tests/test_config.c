@@ -73,7 +73,7 @@ START_TEST(test_table_covers_struct)
 {
     static const struct { const char *name; size_t off, size, align; } sections[] = {
         SECTION(run), SECTION(model), SECTION(data), SECTION(train), SECTION(checkpoint),
-        SECTION(gen), SECTION(convert),
+        SECTION(gen), SECTION(convert), SECTION(precision),
     };
     size_t end = 0;
     int seen = 0;
@@ -322,7 +322,7 @@ static const struct { const char *text, *msg; } parse_errors[] = {
     {"[training]\n", "t.cfg:1: unknown section [training] (did you mean [train]?)"},
     {"# x\n[zzz]\n",
      "t.cfg:2: unknown section [zzz] (sections: run, model, data, train, checkpoint, gen, "
-     "convert)"},
+     "convert, precision)"},
     {"lr = 0.1\n", "t.cfg:1: key 'lr' is outside any [section] (did you mean '[train] lr'?)"},
     {"\nfrobnicate = 1\n", "t.cfg:2: key 'frobnicate' is outside any [section]"},
     // syntax
@@ -362,7 +362,7 @@ static const struct { const char *text, *msg; } parse_errors[] = {
     // the first error wins, whoever finds it
     {"[train]\nsteps = x\n[bogus]\n", "t.cfg:2: train.steps: 'x' is not an integer"},
     {"[bogus]\n[train]\nsteps = x\n", "t.cfg:1: unknown section [bogus] (sections: run, model, "
-                                     "data, train, checkpoint, gen, convert)"},
+                                     "data, train, checkpoint, gen, convert, precision)"},
     {"[train]\nsteps = x\nlr = y\n", "t.cfg:2: train.steps: 'x' is not an integer"},
 };
 
@@ -443,7 +443,7 @@ START_TEST(test_set_errors)
                    "'train.lr'?)"},
         {"trian.lr=0.1", "--set trian.lr: unknown section 'trian' (did you mean 'train.lr'?)"},
         {"zzz.lr=0.1", "--set zzz.lr: unknown section 'zzz' (sections: run, model, data, train, "
-                       "checkpoint, gen, convert)"},
+                       "checkpoint, gen, convert, precision)"},
         {"train.lerning_rate=0.1",
          "--set train.lerning_rate: unknown key 'lerning_rate' in [train] (did you mean "
          "'train.lr'?)"},

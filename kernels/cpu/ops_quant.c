@@ -1,0 +1,78 @@
+// ops_quant.c: low-precision operations of the CPU reference, on the codecs of kernels/quant.
+// GEMMs on quantized operands are computed exactly on the dequantized values (every format's
+// values are exact in fp32), so the CPU is the oracle for the GPU's tensor-core paths.
+#include "kernels/common.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/quant/quant.h"
+
+#include <stdlib.h>
+
+static void cpu_qmat_alloc(lb_backend *be, lb_qmat *q, int rows, int cols, const lb_quant_args *a)
+{
+    lb_qmat_alloc(q, rows, cols, a);
+}
+
+static void cpu_qmat_free(lb_backend *be, lb_qmat *q) { lb_qmat_free(q); }
+
+static void cpu_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, int cols,
+                         const lb_quant_args *a)
+{
+    lb_quantize(q, x, rows, cols, a);
+}
+
+static void cpu_dequantize(lb_backend *be, float *y, const lb_qmat *q) { lb_dequantize(y, q); }
+
+// NVFP4's second-level scales are per tensor or per row of an operand, so they factor out of
+// each dot product: C[i][j] = alpha * s2a[i] * s2b[j] * (A_blocks B_blocks^T)[i][j] + beta C,
+// with the block products exact in fp32 (E2M1 x UE4M3) as on tensor cores.
+static void cpu_gemm_q(lb_backend *be, int m, int n, int k, float alpha, const lb_qmat *a,
+                       const lb_qmat *b, float beta, float *c)
+{
+    if (a->cols != k || b->cols != k || a->rows != m || b->rows != n)
+        lb_die("gemm_q: operands (%d, %d) and (%d, %d) do not fit (%d, %d, k %d)", a->rows,
+               a->cols, b->rows, b->cols, m, n, k);
+    if (a->fmt != b->fmt) lb_die("gemm_q: operands of different formats (%d, %d)", a->fmt, b->fmt);
+    float *ad = lb_malloc((size_t)m * k * sizeof(float));
+    float *bd = lb_malloc((size_t)n * k * sizeof(float));
+    lb_dequantize_blocks(ad, a);
+    lb_dequantize_blocks(bd, b);
+    if (a->fmt != LB_FMT_NVFP4) {
+        lb_gemm(be, 0, 1, m, n, k, alpha, ad, bd, beta, c);
+    } else {
+        float *t = lb_malloc((size_t)m * n * sizeof(float));
+        lb_gemm(be, 0, 1, m, n, k, 1.0f, ad, bd, 0.0f, t);
+        for (int i = 0; i < m; i++) {
+            float sa = a->scale2[a->nscale2 > 1 ? i : 0];
+            for (int j = 0; j < n; j++) {
+                float s = sa * b->scale2[b->nscale2 > 1 ? j : 0];
+                float *cij = c + (size_t)i * n + j;
+                *cij = alpha * (s * t[(size_t)i * n + j]) + (beta != 0.0f ? beta * *cij : 0.0f);
+            }
+        }
+        free(t);
+    }
+    free(ad);
+    free(bd);
+}
+
+static void cpu_hadamard(lb_backend *be, float *y, const float *x, int rows, int cols, int axis,
+                         int hn, uint32_t signs)
+{
+    lb_hadamard(y, x, rows, cols, axis ? LB_AXIS_COLS : LB_AXIS_ROWS, hn, signs);
+}
+
+static void cpu_round_bf16(lb_backend *be, float *y, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] = lb_round_bf16(x[i]);
+}
+
+void lb_cpu_init_quant(lb_backend *be)
+{
+    be->qmat_alloc = cpu_qmat_alloc;
+    be->qmat_free = cpu_qmat_free;
+    be->quantize = cpu_quantize;
+    be->dequantize = cpu_dequantize;
+    be->gemm_q = cpu_gemm_q;
+    be->hadamard = cpu_hadamard;
+    be->round_bf16 = cpu_round_bf16;
+}

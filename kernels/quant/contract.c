@@ -1,0 +1,249 @@
+// contract.c: resolving [precision] into per-site formats (see contract.h, doc/formats.md).
+#include "kernels/quant/contract.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/common.h"
+
+static const char *const role_names[LB_NROLES] = {
+    "attn.qkv", "attn.out", "moe.gate_up", "moe.down", "mlp.gate_up", "mlp.down", "router",
+    "lm_head"};
+static const char *const pass_names[LB_NPASSES] = {"fprop", "dgrad", "wgrad"};
+static const char *const format_names[] = {"fp32", "bf16", "fp8-block", "mxfp8", "mxfp4", "nvfp4"};
+
+const char *lb_role_name(lb_role r) { return r < LB_NROLES ? role_names[r] : "?"; }
+const char *lb_pass_name(lb_pass p) { return p < LB_NPASSES ? pass_names[p] : "?"; }
+const char *lb_format_name(lb_format f)
+{
+    return (unsigned)f < sizeof format_names / sizeof format_names[0] ? format_names[f] : "?";
+}
+
+int lb_format_parse(const char *s, lb_format *out)
+{
+    for (size_t i = 0; i < sizeof format_names / sizeof format_names[0]; i++)
+        if (!strcmp(s, format_names[i])) {
+            *out = (lb_format)i;
+            return 0;
+        }
+    return -1;
+}
+
+static int is_low(lb_format f) { return f != LB_FMT_FP32 && f != LB_FMT_BF16; }
+static int is_linear(lb_role r) { return r != LB_ROLE_ROUTER && r != LB_ROLE_LM_HEAD; }
+static int is_expert(lb_role r) { return r == LB_ROLE_MOE_GATE_UP || r == LB_ROLE_MOE_DOWN; }
+
+// Splits s at ',' or ';' into trimmed words; calls fn on each; stops at the first failure.
+static int each_word(const char *s, int (*fn)(const char *, void *), void *user)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *tok = strtok(buf, ",;"); tok; tok = strtok(NULL, ",;")) {
+        while (isspace((unsigned char)*tok)) tok++;
+        char *end = tok + strlen(tok);
+        while (end > tok && isspace((unsigned char)end[-1])) *--end = 0;
+        if (*tok && fn(tok, user) != 0) return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    lb_contract *c;
+    char *err;
+    size_t errlen;
+} ctx;
+
+static lb_site *site(lb_contract *c, int l, int r, int p)
+{
+    return &c->sites[((size_t)l * LB_NROLES + r) * LB_NPASSES + p];
+}
+
+static int keep_role(const char *w, void *user)
+{
+    ctx *x = user;
+    for (int r = 0; r < LB_NROLES; r++)
+        if (!strcmp(w, role_names[r])) {
+            for (int l = 0; l < x->c->layers; l++)
+                for (int p = 0; p < LB_NPASSES; p++)
+                    if (is_low(site(x->c, l, r, p)->fmt)) site(x->c, l, r, p)->fmt = LB_FMT_BF16;
+            return 0;
+        }
+    snprintf(x->err, x->errlen, "precision.keep_bf16_roles: unknown role '%s' (roles: attn.qkv, "
+             "attn.out, moe.gate_up, moe.down, mlp.gate_up, mlp.down, router, lm_head)", w);
+    return -1;
+}
+
+static int keep_layer(const char *w, void *user)
+{
+    ctx *x = user;
+    char *end;
+    long l = strtol(w, &end, 10);
+    if (*end || end == w || l >= x->c->layers || l < -x->c->layers) {
+        snprintf(x->err, x->errlen, "precision.keep_bf16_layers: '%s' is not a layer index in "
+                 "[%d, %d]", w, -x->c->layers, x->c->layers - 1);
+        return -1;
+    }
+    if (l < 0) l += x->c->layers;
+    for (int r = 0; r < LB_NROLES; r++)
+        for (int p = 0; p < LB_NPASSES; p++)
+            if (is_low(site(x->c, (int)l, r, p)->fmt)) site(x->c, (int)l, r, p)->fmt = LB_FMT_BF16;
+    return 0;
+}
+
+// "role.pass=format", role or pass may be '*'.
+static int override(const char *w, void *user)
+{
+    ctx *x = user;
+    char buf[256], *eq, *dot;
+    snprintf(buf, sizeof buf, "%s", w);
+    if (!(eq = strchr(buf, '=')) || !(dot = strrchr((*eq = 0, buf), '.'))) {
+        snprintf(x->err, x->errlen, "precision.overrides: '%s' is not role.pass=format", w);
+        return -1;
+    }
+    *dot = 0;
+    const char *role = buf, *pass = dot + 1, *fmt = eq + 1;
+    while (isspace((unsigned char)*fmt)) fmt++;
+    char *e = dot - 1;
+    while (e > buf && isspace((unsigned char)*e)) *e-- = 0;
+    lb_format f;
+    if (lb_format_parse(fmt, &f) != 0) {
+        snprintf(x->err, x->errlen, "precision.overrides: unknown format '%s' in '%s' (formats: "
+                 "fp32, bf16, fp8-block, mxfp8, mxfp4, nvfp4)", fmt, w);
+        return -1;
+    }
+    int any = 0;
+    for (int r = 0; r < LB_NROLES; r++) {
+        if (strcmp(role, "*") && strcmp(role, role_names[r])) continue;
+        for (int p = 0; p < LB_NPASSES; p++) {
+            if (strcmp(pass, "*") && strcmp(pass, pass_names[p])) continue;
+            for (int l = 0; l < x->c->layers; l++) site(x->c, l, r, p)->fmt = f;
+            any = 1;
+        }
+    }
+    if (!any) {
+        snprintf(x->err, x->errlen, "precision.overrides: '%s' names no site (role one of "
+                 "attn.qkv, attn.out, moe.gate_up, moe.down, mlp.gate_up, mlp.down, router, "
+                 "lm_head or *; pass one of fprop, dgrad, wgrad or *)", w);
+        return -1;
+    }
+    return 0;
+}
+
+int lb_contract_resolve(lb_contract *c, const lb_precision_spec *s, int layers, char *err,
+                        size_t errlen)
+{
+    memset(c, 0, sizeof *c);
+    // recipe defaults: which roles are quantized, to what, and the recipe's Hadamard
+    lb_format low = LB_FMT_FP32, other = LB_FMT_BF16;
+    int experts_only = 0;
+    lb_hadamard_size had = LB_HAD_NONE;
+    if (!strcmp(s->recipe, "fp32")) other = low = LB_FMT_FP32;
+    else if (!strcmp(s->recipe, "bf16")) low = LB_FMT_BF16;
+    else if (!strcmp(s->recipe, "fp8-block")) low = LB_FMT_FP8_BLOCK;
+    else if (!strcmp(s->recipe, "mxfp8")) low = LB_FMT_MXFP8;
+    else if (!strcmp(s->recipe, "nvfp4-moe")) low = LB_FMT_NVFP4, experts_only = 1, had = LB_HAD_16;
+    else if (!strcmp(s->recipe, "mxfp4")) low = LB_FMT_MXFP4, had = LB_HAD_16;
+    else {
+        snprintf(err, errlen, "precision.recipe: unknown recipe '%s' (fp32, bf16, fp8-block, "
+                 "mxfp8, nvfp4-moe, mxfp4)", s->recipe);
+        return -1;
+    }
+    lb_bwd_mode mode = LB_BWD_QUANTIZED;
+    if (!strcmp(s->backward, "dequantized")) mode = LB_BWD_DEQUANTIZED;
+    else if (!strcmp(s->backward, "high")) mode = LB_BWD_HIGH;
+    else if (*s->backward && strcmp(s->backward, "quantized") && strcmp(s->backward, "default")) {
+        snprintf(err, errlen, "precision.backward: unknown mode '%s'", s->backward);
+        return -1;
+    }
+    int random = 0;
+    if (!strcmp(s->wgrad_hadamard, "none")) had = LB_HAD_NONE;
+    else if (!strcmp(s->wgrad_hadamard, "h16")) had = LB_HAD_16;
+    else if (!strcmp(s->wgrad_hadamard, "h32")) had = LB_HAD_32;
+    else if (!strcmp(s->wgrad_hadamard, "random16")) had = LB_HAD_16, random = 1;
+    else if (*s->wgrad_hadamard && strcmp(s->wgrad_hadamard, "default")) {
+        snprintf(err, errlen, "precision.wgrad_hadamard: unknown transform '%s'", s->wgrad_hadamard);
+        return -1;
+    }
+    c->layers = layers;
+    snprintf(c->recipe, sizeof c->recipe, "%s", s->recipe);
+    c->sites = lb_calloc((size_t)layers * LB_NROLES * LB_NPASSES, sizeof *c->sites);
+    for (int l = 0; l < layers; l++)
+        for (int r = 0; r < LB_NROLES; r++)
+            for (int p = 0; p < LB_NPASSES; p++) {
+                lb_site *x = site(c, l, r, p);
+                int quantized = is_linear(r) && (!experts_only || is_expert(r));
+                x->fmt = quantized ? low : other;
+                x->mode = p == LB_PASS_FPROP ? LB_BWD_QUANTIZED : mode;
+                x->hadamard = p == LB_PASS_WGRAD ? had : LB_HAD_NONE;
+                x->hadamard_random = random;
+                x->stochastic = s->stochastic_rounding && p != LB_PASS_FPROP;
+                x->scale_rule = !strcmp(s->scale_rule, "floor") ? LB_SCALE_FLOOR : LB_SCALE_CEIL;
+                x->nvfp4_per_token = strcmp(s->nvfp4_scale, "per-tensor") != 0;
+                x->nvfp4_weight_2d = !strcmp(s->nvfp4_weight_blocks, "16x16");
+            }
+    ctx x = {c, err, errlen};
+    if (each_word(s->keep_bf16_roles, keep_role, &x) || each_word(s->keep_bf16_layers, keep_layer, &x) ||
+        each_word(s->overrides, override, &x)) {
+        lb_contract_free(c);
+        return -1;
+    }
+    // A Hadamard only matters where the operands are quantized.
+    for (int l = 0; l < layers; l++)
+        for (int r = 0; r < LB_NROLES; r++)
+            for (int p = 0; p < LB_NPASSES; p++) {
+                lb_site *y = site(c, l, r, p);
+                if (!is_low(y->fmt) || y->mode == LB_BWD_HIGH) y->hadamard = LB_HAD_NONE;
+            }
+    return 0;
+}
+
+void lb_contract_free(lb_contract *c)
+{
+    free(c->sites);
+    c->sites = NULL;
+}
+
+const lb_site *lb_contract_site(const lb_contract *c, int layer, lb_role role, lb_pass pass)
+{
+    // The LM head follows the last block: it takes the last layer's entry, so keeping the last
+    // layer in BF16 keeps the head too.
+    if (role == LB_ROLE_LM_HEAD || layer >= c->layers) layer = c->layers - 1;
+    if (layer < 0) layer = 0;
+    return &c->sites[((size_t)layer * LB_NROLES + role) * LB_NPASSES + pass];
+}
+
+static void site_str(const lb_site *s, lb_pass p, char *buf, size_t len)
+{
+    static const char *modes[] = {"", "deq", "high"};
+    snprintf(buf, len, "%s%s%s%s%s", lb_format_name(s->fmt),
+             p != LB_PASS_FPROP && s->mode ? "/" : "", p != LB_PASS_FPROP ? modes[s->mode] : "",
+             s->hadamard ? (s->hadamard_random ? "+rh" : "+h") : "",
+             s->hadamard ? (s->hadamard == LB_HAD_16 ? "16" : "32") : "");
+    if (s->stochastic) snprintf(buf + strlen(buf), len - strlen(buf), "+sr");
+}
+
+static int layer_same(const lb_contract *c, int a, int b)
+{
+    return !memcmp(&c->sites[(size_t)a * LB_NROLES * LB_NPASSES],
+                   &c->sites[(size_t)b * LB_NROLES * LB_NPASSES],
+                   sizeof(lb_site) * LB_NROLES * LB_NPASSES);
+}
+
+void lb_contract_print(const lb_contract *c, FILE *f)
+{
+    fprintf(f, "precision   recipe %s (role x pass -> format; /deq, /high: backward mode; "
+               "+h16: Hadamard; +sr: stochastic rounding)\n", c->recipe);
+    for (int l = 0; l < c->layers; l++) {
+        if (l > 0 && layer_same(c, l, l - 1)) continue;
+        int last = l;
+        while (last + 1 < c->layers && layer_same(c, last + 1, l)) last++;
+        fprintf(f, "  layers %d-%d\n", l, last);
+        fprintf(f, "    %-12s %-14s %-14s %-14s\n", "role", "fprop", "dgrad", "wgrad");
+        for (int r = 0; r < LB_NROLES; r++) {
+            char b[3][48];
+            for (int p = 0; p < LB_NPASSES; p++)
+                site_str(lb_contract_site(c, l, r, p), p, b[p], sizeof b[p]);
+            fprintf(f, "    %-12s %-14s %-14s %-14s\n", role_names[r], b[0], b[1], b[2]);
+        }
+    }
+}

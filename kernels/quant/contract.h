@@ -1,0 +1,71 @@
+// contract.h: the precision contract. The [precision] section resolves to one object that
+// gives, for every GEMM site (a role in a pass at a layer), the operand format, the backward
+// mode, the Hadamard transform and the rounding. Every GEMM of the trainer and of the sampler
+// asks it; the sampler reads the fprop entries. See doc/formats.md.
+#ifndef LB_CONTRACT_H
+#define LB_CONTRACT_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include "kernels/kernels.h"
+#include "kernels/quant/quant.h"   // lb_scale_rule
+
+typedef enum {
+    LB_ROLE_ATTN_QKV, LB_ROLE_ATTN_OUT, LB_ROLE_MOE_GATE_UP, LB_ROLE_MOE_DOWN,
+    LB_ROLE_MLP_GATE_UP, LB_ROLE_MLP_DOWN, LB_ROLE_ROUTER, LB_ROLE_LM_HEAD, LB_NROLES
+} lb_role;
+
+typedef enum { LB_PASS_FPROP, LB_PASS_DGRAD, LB_PASS_WGRAD, LB_NPASSES } lb_pass;
+
+// How a backward GEMM treats the quantized forward: in the format itself (quantized), in BF16
+// on the dequantized operands (dequantized), or in BF16 on the original operands (high).
+typedef enum { LB_BWD_QUANTIZED, LB_BWD_DEQUANTIZED, LB_BWD_HIGH } lb_bwd_mode;
+
+typedef enum { LB_HAD_NONE = 0, LB_HAD_16 = 16, LB_HAD_32 = 32 } lb_hadamard_size;
+
+typedef struct {
+    lb_format fmt;                 // format of both operands of this GEMM
+    lb_bwd_mode mode;              // dgrad/wgrad only; fprop is always "quantized"
+    lb_hadamard_size hadamard;     // wgrad only: along the reduction (token) axis
+    int hadamard_random;           // signs drawn per step (else fixed)
+    int stochastic;                // stochastic rounding of the gradient operand
+    lb_scale_rule scale_rule;      // MXFP8 / MXFP4
+    int nvfp4_per_token;           // NVFP4 activations: second-level scale per row (else tensor)
+    int nvfp4_weight_2d;           // NVFP4 weights in 16x16 blocks (else 1x16)
+} lb_site;
+
+// What a parameter file's [precision] section says (strings are parsed by lb_contract_resolve).
+typedef struct {
+    char recipe[16];               // fp32 | bf16 | fp8-block | mxfp8 | nvfp4-moe | mxfp4
+    char backward[16];             // default | quantized | dequantized | high
+    char wgrad_hadamard[16];       // default | none | h16 | h32 | random16
+    int stochastic_rounding;       // stochastic rounding of gradient operands (bool)
+    char scale_rule[8];            // ceil | floor
+    char nvfp4_scale[16];          // per-token | per-tensor
+    char nvfp4_weight_blocks[8];   // 1x16 | 16x16
+    char keep_bf16_roles[256];     // comma list of roles kept in BF16, e.g. "router,lm_head"
+    char keep_bf16_layers[256];    // comma list of layer indices, negative from the end
+    char overrides[1024];          // "role.pass=format" items separated by ';' or ','
+} lb_precision_spec;
+
+typedef struct {
+    int layers;
+    char recipe[16];
+    lb_site *sites;                // (layers, LB_NROLES, LB_NPASSES)
+} lb_contract;
+
+// Resolves spec for a model of `layers` layers. Returns 0, or -1 with a message naming the
+// precision key and the bad word in err.
+int lb_contract_resolve(lb_contract *c, const lb_precision_spec *spec, int layers, char *err,
+                        size_t errlen);
+void lb_contract_free(lb_contract *c);
+const lb_site *lb_contract_site(const lb_contract *c, int layer, lb_role role, lb_pass pass);
+// The resolved table, role x pass -> format (layers that differ are listed separately).
+void lb_contract_print(const lb_contract *c, FILE *f);
+
+const char *lb_role_name(lb_role r);      // "attn.qkv", ...
+const char *lb_pass_name(lb_pass p);      // "fprop", ...
+const char *lb_format_name(lb_format f);  // "fp32", "bf16", "fp8-block", ...
+int lb_format_parse(const char *s, lb_format *out);
+
+#endif

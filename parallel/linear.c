@@ -1,0 +1,325 @@
+// linear.c: linear layers under the precision contract (see linear.h, doc/formats.md).
+#include "parallel/linear.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/common.h"
+
+static int is_low(lb_format f) { return f != LB_FMT_FP32 && f != LB_FMT_BF16; }
+
+static float *scratch(lb_linear *L, int i, size_t n)
+{
+    if (L->scratch_n[i] < n) {
+        if (L->scratch[i]) L->be->free(L->be, L->scratch[i]);
+        L->scratch[i] = L->be->alloc(L->be, n * sizeof(float));
+        L->scratch_n[i] = n;
+    }
+    return L->scratch[i];
+}
+
+void lb_linear_free(lb_linear *L)
+{
+    for (int i = 0; i < 4; i++)
+        if (L->scratch[i]) L->be->free(L->be, L->scratch[i]);
+    memset(L->scratch, 0, sizeof L->scratch);
+    memset(L->scratch_n, 0, sizeof L->scratch_n);
+}
+
+// Stream id of one quantized operand, for stochastic rounding and random Hadamard signs.
+static uint64_t operand_id(int layer, lb_role role, lb_pass pass, int e, int which)
+{
+    return lb_hash64(((((uint64_t)layer * LB_NROLES + role) * LB_NPASSES + pass) * 65536u + (unsigned)e) * 4u +
+                     (unsigned)which);
+}
+
+// Activations and gradients: 1-D blocks along K. NVFP4's per-token second level applies when the
+// quantized rows are tokens (row-wise); column-wise copies have feature rows, so they use one
+// scale per tensor.
+static lb_quant_args act_args(const lb_linear *L, const lb_site *s, int colwise, int grad,
+                              uint64_t id)
+{
+    lb_quant_args a;
+    memset(&a, 0, sizeof a);
+    a.fmt = s->fmt;
+    a.colwise = colwise;
+    a.elem = LB_E4M3;
+    a.rule = s->scale_rule;
+    a.s2_mode = s->fmt == LB_FMT_NVFP4 && s->nvfp4_per_token && !colwise ? LB_S2_ROW : LB_S2_TENSOR;
+    a.sr = grad && s->stochastic;
+    a.seed = L->seed;
+    a.step = L->step;
+    a.tensor = id;
+    return a;
+}
+
+// Weights: 128x128 blocks for fp8-block and 16x16 for NVFP4 (when asked), so the row-wise and
+// column-wise copies share their scales.
+static lb_quant_args weight_args(const lb_site *s, int colwise)
+{
+    lb_quant_args a;
+    memset(&a, 0, sizeof a);
+    a.fmt = s->fmt;
+    a.colwise = colwise;
+    a.elem = LB_E4M3;
+    a.rule = s->scale_rule;
+    a.weight_blocks = s->fmt == LB_FMT_FP8_BLOCK || (s->fmt == LB_FMT_NVFP4 && s->nvfp4_weight_2d);
+    a.s2_mode = LB_S2_TENSOR;
+    return a;
+}
+
+static void round_into(lb_linear *L, float *dst, const float *src, size_t n)
+{
+    L->be->round_bf16(L->be, dst, src, n);
+}
+
+void lb_wcache_free(lb_linear *L, lb_wcache *c)
+{
+    lb_backend *be = L->be;
+    for (int e = 0; c->row && e < c->count; e++) be->qmat_free(be, &c->row[e]);
+    for (int e = 0; c->col && e < c->count; e++) be->qmat_free(be, &c->col[e]);
+    free(c->row);
+    free(c->col);
+    if (c->bf16) be->free(be, c->bf16);
+    memset(c, 0, sizeof *c);
+}
+
+void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const float *w,
+                     int count, int out, int in)
+{
+    const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
+    const lb_site *D = lb_contract_site(L->contract, layer, role, LB_PASS_DGRAD);
+    int need_row = is_low(F->fmt), need_col = is_low(D->fmt) && D->mode == LB_BWD_QUANTIZED;
+    int need_bf16 = F->fmt == LB_FMT_BF16 || D->fmt == LB_FMT_BF16 ||
+                    (D->fmt != LB_FMT_FP32 && D->mode != LB_BWD_QUANTIZED);
+    int same = c->count == count && c->out == out && c->in == in && c->ffmt == F->fmt &&
+               c->dfmt == D->fmt && !!c->row == need_row && !!c->col == need_col &&
+               !!c->bf16 == need_bf16;
+    if (!same) {
+        lb_wcache_free(L, c);
+        c->count = count;
+        c->out = out;
+        c->in = in;
+        c->ffmt = F->fmt;
+        c->dfmt = D->fmt;
+    }
+    lb_backend *be = L->be;
+    size_t mat = (size_t)out * in;
+    if (need_row) {
+        if (!c->row) c->row = lb_calloc(count, sizeof *c->row);
+        lb_quant_args a = weight_args(F, 0);
+        for (int e = 0; e < count; e++) {
+            if (!c->row[e].data) be->qmat_alloc(be, &c->row[e], out, in, &a);
+            be->quantize(be, &c->row[e], w + e * mat, out, in, &a);
+        }
+    }
+    if (need_col) {
+        if (!c->col) c->col = lb_calloc(count, sizeof *c->col);
+        lb_quant_args a = weight_args(D, 1);
+        for (int e = 0; e < count; e++) {
+            if (!c->col[e].data) be->qmat_alloc(be, &c->col[e], out, in, &a);
+            be->quantize(be, &c->col[e], w + e * mat, out, in, &a);
+        }
+    }
+    if (need_bf16) {
+        if (!c->bf16) c->bf16 = be->alloc(be, count * mat * sizeof(float));
+        round_into(L, c->bf16, w, count * mat);
+    }
+}
+
+// C (m, n) = A (m, k) B (n, k)^T + beta C with A quantized here from fp32 and B from the cache.
+static void gemm_act_q(lb_linear *L, const float *a, int m, int k, const lb_quant_args *aa,
+                       const lb_qmat *b, int n, float beta, float *c)
+{
+    lb_backend *be = L->be;
+    lb_qmat q;
+    memset(&q, 0, sizeof q);
+    be->qmat_alloc(be, &q, m, k, aa);
+    be->quantize(be, &q, a, m, k, aa);
+    be->gemm_q(be, m, n, k, 1.0f, &q, b, beta, c);
+    be->qmat_free(be, &q);
+}
+
+void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
+                   const lb_wcache *c, int e, float *y, int n, int out, int in, float beta)
+{
+    lb_backend *be = L->be;
+    const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
+    size_t mat = (size_t)out * in;
+    if (n == 0) return;
+    if (F->fmt == LB_FMT_FP32) {
+        lb_gemm(be, 0, 1, n, out, in, 1.0f, x, w + e * mat, beta, y);
+    } else if (F->fmt == LB_FMT_BF16) {
+        float *xb = scratch(L, 0, (size_t)n * in);
+        round_into(L, xb, x, (size_t)n * in);
+        lb_gemm(be, 0, 1, n, out, in, 1.0f, xb, c->bf16 + e * mat, beta, y);
+    } else {
+        lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, e, 0));
+        gemm_act_q(L, x, n, in, &a, &c->row[e], out, beta, y);
+    }
+}
+
+// fp32 copy of the fprop's quantized activation x (n, in): what "dequantized" backward reads.
+static float *fprop_dequant(lb_linear *L, int slot, int layer, lb_role role, int e,
+                            const float *x, int n, int in)
+{
+    lb_backend *be = L->be;
+    const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
+    float *out = scratch(L, slot, (size_t)n * in);
+    if (!is_low(F->fmt)) {
+        round_into(L, out, x, (size_t)n * in);
+        return out;
+    }
+    lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, e, 0));
+    lb_qmat q;
+    memset(&q, 0, sizeof q);
+    be->qmat_alloc(be, &q, n, in, &a);
+    be->quantize(be, &q, x, n, in, &a);
+    be->dequantize(be, out, &q);
+    be->qmat_free(be, &q);
+    return out;
+}
+
+void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
+                   const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
+                   float *dw, int n, int out, int in)
+{
+    lb_backend *be = L->be;
+    const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
+    const lb_site *D = lb_contract_site(L->contract, layer, role, LB_PASS_DGRAD);
+    const lb_site *G = lb_contract_site(L->contract, layer, role, LB_PASS_WGRAD);
+    size_t mat = (size_t)out * in;
+    const float *we = w + e * mat;
+    if (n == 0) return;
+
+    // dgrad: dx (n, in) = dy (n, out) W
+    if (dx) {
+        if (D->fmt == LB_FMT_FP32) {
+            lb_gemm(be, 0, 0, n, in, out, 1.0f, dy, we, dx_beta, dx);
+        } else if (!is_low(D->fmt) || D->mode != LB_BWD_QUANTIZED) {
+            // BF16 GEMM: on the original weights (bf16, high) or on the fprop's quantized
+            // weights dequantized (dequantized)
+            float *dyb = scratch(L, 0, (size_t)n * out);
+            round_into(L, dyb, dy, (size_t)n * out);
+            const float *wb = c->bf16 + e * mat;
+            if (D->mode == LB_BWD_DEQUANTIZED && is_low(F->fmt)) {
+                float *wd = scratch(L, 1, mat);
+                be->dequantize(be, wd, &c->row[e]);
+                wb = wd;
+            }
+            lb_gemm(be, 0, 0, n, in, out, 1.0f, dyb, wb, dx_beta, dx);
+        } else {
+            lb_quant_args a = act_args(L, D, 0, 1, operand_id(layer, role, LB_PASS_DGRAD, e, 0));
+            gemm_act_q(L, dy, n, out, &a, &c->col[e], in, dx_beta, dx);
+        }
+    }
+
+    // wgrad: dw (out, in) += dy^T x, reducing over the n tokens
+    if (G->fmt == LB_FMT_FP32) {
+        lb_gemm(be, 1, 0, out, in, n, 1.0f, dy, x, 1.0f, dw);
+    } else if (!is_low(G->fmt) || G->mode != LB_BWD_QUANTIZED) {
+        float *dyb = scratch(L, 0, (size_t)n * out);
+        round_into(L, dyb, dy, (size_t)n * out);
+        const float *xb;
+        if (G->mode == LB_BWD_DEQUANTIZED) {
+            xb = fprop_dequant(L, 2, layer, role, e, x, n, in);
+        } else {
+            float *t = scratch(L, 2, (size_t)n * in);
+            round_into(L, t, x, (size_t)n * in);
+            xb = t;
+        }
+        lb_gemm(be, 1, 0, out, in, n, 1.0f, dyb, xb, 1.0f, dw);
+    } else {
+        const float *hdy = dy, *hx = x;
+        int nk = n;   // the reduction length, padded for the Hadamard below
+        if (G->hadamard) {
+            // The same orthogonal H on both operands along the token axis cancels in dy^T x;
+            // it spreads outliers before the 4-bit quantization. Token counts that are not a
+            // multiple of its size (an expert's share of a batch) get zero rows, which add
+            // nothing to dy^T x.
+            int h = (int)G->hadamard;
+            nk = (n + h - 1) / h * h;
+            uint32_t signs = G->hadamard_random
+                                 ? lb_hadamard_signs(h, L->seed, L->step,
+                                                     operand_id(layer, role, LB_PASS_WGRAD, e, 2))
+                                 : 0;
+            float *t0 = scratch(L, 0, (size_t)nk * out), *t1 = scratch(L, 2, (size_t)nk * in);
+            be->copy(be, t0, dy, (size_t)n * out * sizeof(float));
+            be->copy(be, t1, x, (size_t)n * in * sizeof(float));
+            be->zero(be, t0 + (size_t)n * out, (size_t)(nk - n) * out * sizeof(float));
+            be->zero(be, t1 + (size_t)n * in, (size_t)(nk - n) * in * sizeof(float));
+            be->hadamard(be, t0, t0, nk, out, LB_AXIS_ROWS, h, signs);
+            be->hadamard(be, t1, t1, nk, in, LB_AXIS_ROWS, h, signs);
+            hdy = t0;
+            hx = t1;
+        }
+        lb_quant_args ad = act_args(L, G, 1, 1, operand_id(layer, role, LB_PASS_WGRAD, e, 0));
+        lb_quant_args ax = act_args(L, G, 1, 0, operand_id(layer, role, LB_PASS_WGRAD, e, 1));
+        lb_qmat qd, qx;
+        memset(&qd, 0, sizeof qd);
+        memset(&qx, 0, sizeof qx);
+        be->qmat_alloc(be, &qd, nk, out, &ad);
+        be->qmat_alloc(be, &qx, nk, in, &ax);
+        be->quantize(be, &qd, hdy, nk, out, &ad);
+        be->quantize(be, &qx, hx, nk, in, &ax);
+        be->gemm_q(be, out, in, nk, 1.0f, &qd, &qx, 1.0f, dw);
+        be->qmat_free(be, &qd);
+        be->qmat_free(be, &qx);
+    }
+}
+
+// --- experts: one weight matrix per group of consecutive rows ----------------------------------
+
+static int all_fp32(const lb_linear *L, int layer, lb_role role)
+{
+    for (int p = 0; p < LB_NPASSES; p++)
+        if (lb_contract_site(L->contract, layer, role, (lb_pass)p)->fmt != LB_FMT_FP32) return 0;
+    return 1;
+}
+
+void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x,
+                           const float *w, const lb_wcache *c, const int *counts, int groups,
+                           float *y, int out, int in)
+{
+    size_t off = 0, mat = (size_t)out * in;
+    if (all_fp32(L, layer, role)) {   // one grouped call: the backend launches once
+        lb_gemm_args g[groups];
+        for (int j = 0; j < groups; j++) {
+            g[j] = (lb_gemm_args){0, 1, counts[j], out, in, 1.0f, 0.0f, x + off * in, w + j * mat,
+                                  y + off * out};
+            off += (size_t)counts[j];
+        }
+        L->be->gemm_grouped(L->be, groups, g);
+        return;
+    }
+    for (int j = 0; j < groups; j++) {
+        lb_linear_fwd(L, layer, role, x + off * in, w, c, j, y + off * out, counts[j], out, in,
+                      0.0f);
+        off += (size_t)counts[j];
+    }
+}
+
+void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x,
+                           const float *w, const lb_wcache *c, const int *counts, int groups,
+                           const float *dy, float *dx, float *dw, int out, int in)
+{
+    size_t off = 0, mat = (size_t)out * in;
+    if (all_fp32(L, layer, role)) {
+        lb_gemm_args g[2 * groups];
+        for (int j = 0; j < groups; j++) {
+            int mj = counts[j];
+            g[j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, dy + off * out, w + j * mat,
+                                  dx + off * in};
+            g[groups + j] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, 1.0f, dy + off * out,
+                                           x + off * in, dw + j * mat};
+            off += (size_t)mj;
+        }
+        L->be->gemm_grouped(L->be, groups, g);
+        L->be->gemm_grouped(L->be, groups, g + groups);
+        return;
+    }
+    for (int j = 0; j < groups; j++) {
+        lb_linear_bwd(L, layer, role, x + off * in, w, c, j, dy + off * out, dx + off * in, 0.0f,
+                      dw + j * mat, counts[j], out, in);
+        off += (size_t)counts[j];
+    }
+}

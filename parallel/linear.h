@@ -1,0 +1,58 @@
+// linear.h: linear layers under the precision contract. Each GEMM of a linear layer (fprop,
+// dgrad, wgrad) asks the contract for its site and runs in that format: FP32, BF16, or a
+// block-scaled format through the backend's quantize and gemm_q. Weights are quantized once per
+// optimizer step into a weight cache (lb_wcache) that the trainer's forward and the sampler
+// both read. (Tensor-parallel column/row splitting will live here too.)
+#ifndef LB_LINEAR_H
+#define LB_LINEAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "kernels/kernels.h"
+#include "kernels/quant/contract.h"
+#include "kernels/quant/quant.h"
+
+// The quantized copies of one weight tensor: `count` matrices (out, in) (count = experts).
+typedef struct {
+    int count, out, in;
+    lb_format ffmt, dfmt;          // formats the copies were built for
+    lb_qmat *row;                  // (count) fprop: Q(W) row-wise (blocks along in)
+    lb_qmat *col;                  // (count) dgrad: Q(W^T) (blocks along out), when quantized
+    float *bf16;                   // (count, out, in) BF16-rounded weights, when a pass is BF16
+} lb_wcache;
+
+typedef struct {
+    lb_backend *be;
+    const lb_contract *contract;
+    uint64_t seed, step;           // stochastic rounding and random Hadamard signs
+    float *scratch[4];             // grow-only fp32 scratch (backend memory)
+    size_t scratch_n[4];
+} lb_linear;
+
+// Builds (or rebuilds after an optimizer step) the cache of weight w (count, out, in) used at
+// (layer, role). Cheap when every pass is FP32 (nothing is stored).
+void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const float *w,
+                     int count, int out, int in);
+void lb_wcache_free(lb_linear *L, lb_wcache *c);
+
+// y (n, out) = x (n, in) W^T + beta * y, for matrix e of the cache (W is w's fp32 master).
+void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
+                   const lb_wcache *c, int e, float *y, int n, int out, int in, float beta);
+// dx (n, in) = dy (n, out) W + dx_beta * dx   (skipped when dx is NULL)
+// dw (out, in) += dy^T x
+void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
+                   const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
+                   float *dw, int n, int out, int in);
+
+// Experts: rows [off_j, off_j + counts[j]) of x use matrix j (counts is a host array).
+void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x,
+                           const float *w, const lb_wcache *c, const int *counts, int groups,
+                           float *y, int out, int in);
+// dx (rows, in) overwritten; dw (groups, out, in) accumulated.
+void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x,
+                           const float *w, const lb_wcache *c, const int *counts, int groups,
+                           const float *dy, float *dx, float *dw, int out, int in);
+
+void lb_linear_free(lb_linear *L);
+
+#endif

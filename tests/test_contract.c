@@ -1,0 +1,148 @@
+// test_contract.c: [precision] resolves to the documented per-site formats.
+#include <stdio.h>
+#include <string.h>
+#include "kernels/quant/contract.h"
+#include "tests/testutil.h"
+
+static lb_precision_spec spec(const char *recipe)
+{
+    lb_precision_spec s;
+    memset(&s, 0, sizeof s);
+    snprintf(s.recipe, sizeof s.recipe, "%s", recipe);
+    snprintf(s.backward, sizeof s.backward, "default");
+    snprintf(s.wgrad_hadamard, sizeof s.wgrad_hadamard, "default");
+    snprintf(s.scale_rule, sizeof s.scale_rule, "ceil");
+    snprintf(s.nvfp4_scale, sizeof s.nvfp4_scale, "per-token");
+    snprintf(s.nvfp4_weight_blocks, sizeof s.nvfp4_weight_blocks, "16x16");
+    snprintf(s.keep_bf16_roles, sizeof s.keep_bf16_roles, "router,lm_head");
+    return s;
+}
+
+static lb_contract resolve(const lb_precision_spec *s, int layers)
+{
+    lb_contract c;
+    char err[512];
+    ck_assert_msg(lb_contract_resolve(&c, s, layers, err, sizeof err) == 0, "%s", err);
+    return c;
+}
+
+static lb_format fmt(const lb_contract *c, int l, lb_role r, lb_pass p)
+{
+    return lb_contract_site(c, l, r, p)->fmt;
+}
+
+START_TEST(test_recipes)
+{
+    static const struct {
+        const char *recipe;
+        lb_format linear, expert, router;
+        lb_hadamard_size wgrad_h;
+    } want[] = {
+        {"fp32", LB_FMT_FP32, LB_FMT_FP32, LB_FMT_FP32, LB_HAD_NONE},
+        {"bf16", LB_FMT_BF16, LB_FMT_BF16, LB_FMT_BF16, LB_HAD_NONE},
+        {"fp8-block", LB_FMT_FP8_BLOCK, LB_FMT_FP8_BLOCK, LB_FMT_BF16, LB_HAD_NONE},
+        {"mxfp8", LB_FMT_MXFP8, LB_FMT_MXFP8, LB_FMT_BF16, LB_HAD_NONE},
+        {"nvfp4-moe", LB_FMT_BF16, LB_FMT_NVFP4, LB_FMT_BF16, LB_HAD_16},
+        {"mxfp4", LB_FMT_MXFP4, LB_FMT_MXFP4, LB_FMT_BF16, LB_HAD_16},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        lb_precision_spec s = spec(want[i].recipe);
+        lb_contract c = resolve(&s, 3);
+        for (int l = 0; l < 3; l++)
+            for (int p = 0; p < LB_NPASSES; p++) {
+                ck_assert_int_eq(fmt(&c, l, LB_ROLE_ATTN_QKV, p), want[i].linear);
+                ck_assert_int_eq(fmt(&c, l, LB_ROLE_MLP_DOWN, p), want[i].linear);
+                ck_assert_int_eq(fmt(&c, l, LB_ROLE_MOE_GATE_UP, p), want[i].expert);
+                ck_assert_int_eq(fmt(&c, l, LB_ROLE_MOE_DOWN, p), want[i].expert);
+                ck_assert_int_eq(fmt(&c, l, LB_ROLE_ROUTER, p), want[i].router);
+                ck_assert_int_eq(fmt(&c, l, LB_ROLE_LM_HEAD, p), want[i].router);
+                const lb_site *x = lb_contract_site(&c, l, LB_ROLE_MOE_DOWN, p);
+                ck_assert_int_eq(x->hadamard, p == LB_PASS_WGRAD ? want[i].wgrad_h : LB_HAD_NONE);
+                ck_assert_int_eq(x->mode, LB_BWD_QUANTIZED);
+                ck_assert_int_eq(x->stochastic, 0);
+            }
+        lb_contract_free(&c);
+    }
+}
+END_TEST
+
+START_TEST(test_keep_and_overrides)
+{
+    lb_precision_spec s = spec("mxfp4");
+    snprintf(s.keep_bf16_layers, sizeof s.keep_bf16_layers, "0, -1");
+    snprintf(s.overrides, sizeof s.overrides, "moe.down.wgrad=bf16; attn.qkv.*=mxfp8");
+    snprintf(s.backward, sizeof s.backward, "dequantized");
+    s.stochastic_rounding = 1;
+    snprintf(s.wgrad_hadamard, sizeof s.wgrad_hadamard, "random16");
+    lb_contract c = resolve(&s, 4);
+    // first and last layer kept in BF16, the LM head follows the last layer
+    ck_assert_int_eq(fmt(&c, 0, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP), LB_FMT_BF16);
+    ck_assert_int_eq(fmt(&c, 3, LB_ROLE_ATTN_OUT, LB_PASS_DGRAD), LB_FMT_BF16);
+    ck_assert_int_eq(fmt(&c, 1, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP), LB_FMT_MXFP4);
+    // overrides come last and win over keep rules
+    for (int l = 0; l < 4; l++) {
+        ck_assert_int_eq(fmt(&c, l, LB_ROLE_MOE_DOWN, LB_PASS_WGRAD), LB_FMT_BF16);
+        for (int p = 0; p < LB_NPASSES; p++)
+            ck_assert_int_eq(fmt(&c, l, LB_ROLE_ATTN_QKV, p), LB_FMT_MXFP8);
+    }
+    const lb_site *w = lb_contract_site(&c, 1, LB_ROLE_MOE_GATE_UP, LB_PASS_WGRAD);
+    ck_assert_int_eq(w->hadamard, LB_HAD_16);
+    ck_assert_int_eq(w->hadamard_random, 1);
+    ck_assert_int_eq(w->stochastic, 1);
+    ck_assert_int_eq(w->mode, LB_BWD_DEQUANTIZED);
+    const lb_site *f = lb_contract_site(&c, 1, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP);
+    ck_assert_int_eq(f->stochastic, 0);               // never on the forward
+    ck_assert_int_eq(f->hadamard, LB_HAD_NONE);
+    // no Hadamard where the operands are BF16
+    ck_assert_int_eq(lb_contract_site(&c, 1, LB_ROLE_MOE_DOWN, LB_PASS_WGRAD)->hadamard, LB_HAD_NONE);
+    char *buf;
+    size_t len;
+    FILE *mf = open_memstream(&buf, &len);
+    lb_contract_print(&c, mf);
+    fclose(mf);
+    ck_assert_msg(strstr(buf, "layers 0-0") && strstr(buf, "layers 1-2") && strstr(buf, "layers 3-3"),
+                  "%s", buf);
+    ck_assert_msg(strstr(buf, "mxfp4/deq+rh16+sr"), "%s", buf);
+    free(buf);
+    lb_contract_free(&c);
+}
+END_TEST
+
+START_TEST(test_errors)
+{
+    static const struct {
+        const char *field, *value, *msg;
+    } bad[] = {
+        {"recipe", "fp7", "precision.recipe: unknown recipe 'fp7'"},
+        {"keep_bf16_roles", "router,lmhead", "precision.keep_bf16_roles: unknown role 'lmhead'"},
+        {"keep_bf16_layers", "0,4", "precision.keep_bf16_layers: '4' is not a layer index in [-4, 3]"},
+        {"keep_bf16_layers", "x", "precision.keep_bf16_layers: 'x' is not a layer index"},
+        {"overrides", "moe.down.wgrad=fp6", "precision.overrides: unknown format 'fp6'"},
+        {"overrides", "moe.dwn.wgrad=bf16", "precision.overrides: 'moe.dwn.wgrad=bf16' names no site"},
+        {"overrides", "moe.down", "precision.overrides: 'moe.down' is not role.pass=format"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        lb_precision_spec s = spec("mxfp8");
+        char *dst = !strcmp(bad[i].field, "recipe") ? s.recipe
+                    : !strcmp(bad[i].field, "keep_bf16_roles") ? s.keep_bf16_roles
+                    : !strcmp(bad[i].field, "keep_bf16_layers") ? s.keep_bf16_layers : s.overrides;
+        strcpy(dst, bad[i].value);
+        lb_contract c;
+        char err[512] = "";
+        ck_assert_int_eq(lb_contract_resolve(&c, &s, 4, err, sizeof err), -1);
+        ck_assert_msg(strncmp(err, bad[i].msg, strlen(bad[i].msg)) == 0, "got '%s', want '%s'", err,
+                      bad[i].msg);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("contract");
+    TCase *tc = tcase_create("contract");
+    tcase_add_test(tc, test_recipes);
+    tcase_add_test(tc, test_keep_and_overrides);
+    tcase_add_test(tc, test_errors);
+    suite_add_tcase(s, tc);
+    return lb_test_run(s);
+}

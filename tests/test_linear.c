@@ -1,0 +1,195 @@
+// test_linear.c: the linear layer runs each GEMM in the format its contract site names. Each
+// pass is recomputed here from the codecs (golden-tested in test_quant) and a double-precision
+// product, independently of parallel/linear.c's code paths.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/common.h"
+#include "parallel/linear.h"
+#include "tests/testutil.h"
+
+enum { N = 40, IN = 96, OUT = 24 };   // partial blocks everywhere; N not a multiple of 16
+
+static lb_backend *be;
+
+static lb_precision_spec spec(const char *recipe, const char *backward)
+{
+    lb_precision_spec s;
+    memset(&s, 0, sizeof s);
+    snprintf(s.recipe, sizeof s.recipe, "%s", recipe);
+    snprintf(s.backward, sizeof s.backward, "%s", backward);
+    snprintf(s.scale_rule, sizeof s.scale_rule, "ceil");
+    snprintf(s.nvfp4_scale, sizeof s.nvfp4_scale, "per-token");
+    snprintf(s.nvfp4_weight_blocks, sizeof s.nvfp4_weight_blocks, "16x16");
+    return s;
+}
+
+static void fill(float *x, size_t n, uint64_t stream)
+{
+    for (size_t i = 0; i < n; i++) x[i] = lb_rand_normal(11, stream, i) * (i % 7 == 0 ? 8.0f : 1.0f);
+}
+
+// What a format does to an operand: quantize as the site says, dequantize.
+static void fake_quant(float *y, const float *x, int rows, int cols, lb_format f, int weight,
+                       int colwise)
+{
+    if (f == LB_FMT_FP32) {
+        for (int i = 0; i < rows * cols; i++) y[i] = x[i];
+        return;
+    }
+    if (f == LB_FMT_BF16) {
+        for (int i = 0; i < rows * cols; i++) y[i] = lb_round_bf16(x[i]);
+        return;
+    }
+    lb_quant_args a;
+    memset(&a, 0, sizeof a);
+    a.fmt = f;
+    a.colwise = colwise;
+    a.weight_blocks = weight && (f == LB_FMT_FP8_BLOCK || f == LB_FMT_NVFP4);
+    a.s2_mode = f == LB_FMT_NVFP4 && !weight && !colwise ? LB_S2_ROW : LB_S2_TENSOR;
+    lb_qmat q;
+    lb_qmat_alloc(&q, rows, cols, &a);
+    lb_quantize(&q, x, rows, cols, &a);
+    lb_dequantize(y, &q);   // colwise: y holds x^T
+    lb_qmat_free(&q);
+}
+
+// c (m, n) = a (m, k) b (n, k)^T in double
+static void ref_nt(double *c, const float *a, const float *b, int m, int n, int k)
+{
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double s = 0;
+            for (int x = 0; x < k; x++) s += (double)a[i * k + x] * b[j * k + x];
+            c[i * n + j] = s;
+        }
+}
+
+static void transpose(float *t, const float *x, int rows, int cols)
+{
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) t[j * rows + i] = x[i * cols + j];
+}
+
+static void expect_close(const float *got, const double *want, int n, double bound, const char *what)
+{
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        ck_assert_msg(isfinite(got[i]), "%s: non-finite at %d", what, i);
+        num = fmax(num, fabs(got[i] - want[i]));
+        den = fmax(den, fabs(want[i]));
+    }
+    ck_assert_msg(num <= bound * den, "%s: error %.3g of %.3g (bound %.1g)", what, num, den, bound);
+}
+
+static void check_recipe(const char *recipe, const char *backward, lb_format f, int hadamard)
+{
+    char err[256], what[128];
+    lb_precision_spec s = spec(recipe, backward);
+    lb_contract c;
+    ck_assert_msg(lb_contract_resolve(&c, &s, 1, err, sizeof err) == 0, "%s", err);
+    lb_linear L = {.be = be, .contract = &c, .seed = 5, .step = 3};
+    const lb_role role = LB_ROLE_MOE_GATE_UP;
+    ck_assert_int_eq(lb_contract_site(&c, 0, role, LB_PASS_FPROP)->fmt, f);
+    float *x = malloc(sizeof(float) * N * IN), *w = malloc(sizeof(float) * OUT * IN);
+    float *dy = malloc(sizeof(float) * N * OUT), *y = malloc(sizeof(float) * N * OUT);
+    float *dx = malloc(sizeof(float) * N * IN), *dw = calloc(OUT * IN, sizeof(float));
+    fill(x, N * IN, 1);
+    fill(w, OUT * IN, 2);
+    fill(dy, N * OUT, 3);
+    lb_wcache wc;
+    memset(&wc, 0, sizeof wc);
+    lb_wcache_build(&L, &wc, 0, role, w, 1, OUT, IN);
+    lb_linear_fwd(&L, 0, role, x, w, &wc, 0, y, N, OUT, IN, 0.0f);
+    lb_linear_bwd(&L, 0, role, x, w, &wc, 0, dy, dx, 0.0f, dw, N, OUT, IN);
+
+    int quantized = strcmp(backward, "quantized") == 0;
+    int low = f != LB_FMT_FP32 && f != LB_FMT_BF16;
+    float *a = malloc(sizeof(float) * 64 * 1024), *b = malloc(sizeof(float) * 64 * 1024);
+    double *ref = malloc(sizeof(double) * 64 * 1024);
+    // fprop: y = Q(x) Q(W)^T
+    fake_quant(a, x, N, IN, f, 0, 0);
+    fake_quant(b, w, OUT, IN, f, 1, 0);
+    ref_nt(ref, a, b, N, OUT, IN);
+    snprintf(what, sizeof what, "%s/%s fprop", recipe, backward);
+    expect_close(y, ref, N * OUT, 1e-5, what);
+    // dgrad: dx = Q(dy) Q_col(W)^T, or BF16 on dequantized or original weights
+    float *wt = malloc(sizeof(float) * OUT * IN);
+    if (low && quantized) {
+        fake_quant(a, dy, N, OUT, f, 0, 0);
+        fake_quant(b, w, OUT, IN, f, 1, 1);                        // (IN, OUT)
+    } else {
+        fake_quant(a, dy, N, OUT, f == LB_FMT_FP32 ? f : LB_FMT_BF16, 0, 0);
+        if (low && !strcmp(backward, "dequantized")) fake_quant(wt, w, OUT, IN, f, 1, 0);
+        else fake_quant(wt, w, OUT, IN, f == LB_FMT_FP32 ? f : LB_FMT_BF16, 1, 0);
+        transpose(b, wt, OUT, IN);
+    }
+    ref_nt(ref, a, b, N, IN, OUT);
+    snprintf(what, sizeof what, "%s/%s dgrad", recipe, backward);
+    expect_close(dx, ref, N * IN, 1e-5, what);
+    // wgrad: dw = Q_col(H dy)^T-blocks . Q_col(H x), over tokens padded to the Hadamard size
+    int nk = hadamard ? (N + hadamard - 1) / hadamard * hadamard : N;
+    float *pd = calloc((size_t)nk * OUT, sizeof(float)), *px = calloc((size_t)nk * IN, sizeof(float));
+    memcpy(pd, dy, sizeof(float) * N * OUT);
+    memcpy(px, x, sizeof(float) * N * IN);
+    if (hadamard) {
+        lb_hadamard(pd, pd, nk, OUT, LB_AXIS_ROWS, hadamard, 0);
+        lb_hadamard(px, px, nk, IN, LB_AXIS_ROWS, hadamard, 0);
+    }
+    if (low && quantized) {
+        fake_quant(a, pd, nk, OUT, f, 0, 1);                       // (OUT, nk)
+        fake_quant(b, px, nk, IN, f, 0, 1);                        // (IN, nk)
+    } else {
+        float *t = malloc(sizeof(float) * nk * IN);
+        fake_quant(t, pd, nk, OUT, f == LB_FMT_FP32 ? f : LB_FMT_BF16, 0, 0);
+        transpose(a, t, nk, OUT);
+        if (low && !strcmp(backward, "dequantized")) fake_quant(t, px, nk, IN, f, 0, 0);
+        else fake_quant(t, px, nk, IN, f == LB_FMT_FP32 ? f : LB_FMT_BF16, 0, 0);
+        transpose(b, t, nk, IN);
+        free(t);
+    }
+    ref_nt(ref, a, b, OUT, IN, nk);
+    snprintf(what, sizeof what, "%s/%s wgrad", recipe, backward);
+    expect_close(dw, ref, OUT * IN, 1e-5, what);
+    lb_wcache_free(&L, &wc);
+    lb_linear_free(&L);
+    lb_contract_free(&c);
+    free(x); free(w); free(dy); free(y); free(dx); free(dw); free(a); free(b); free(ref);
+    free(wt); free(pd); free(px);
+}
+
+START_TEST(test_fp32) { check_recipe("fp32", "default", LB_FMT_FP32, 0); }
+END_TEST
+START_TEST(test_bf16) { check_recipe("bf16", "default", LB_FMT_BF16, 0); }
+END_TEST
+START_TEST(test_fp8_block) { check_recipe("fp8-block", "quantized", LB_FMT_FP8_BLOCK, 0); }
+END_TEST
+START_TEST(test_mxfp8) { check_recipe("mxfp8", "quantized", LB_FMT_MXFP8, 0); }
+END_TEST
+START_TEST(test_nvfp4) { check_recipe("nvfp4-moe", "quantized", LB_FMT_NVFP4, 16); }
+END_TEST
+START_TEST(test_mxfp4_h16) { check_recipe("mxfp4", "quantized", LB_FMT_MXFP4, 16); }
+END_TEST
+START_TEST(test_dequantized) { check_recipe("mxfp8", "dequantized", LB_FMT_MXFP8, 0); }
+END_TEST
+START_TEST(test_high) { check_recipe("fp8-block", "high", LB_FMT_FP8_BLOCK, 0); }
+END_TEST
+
+int main(void)
+{
+    char err[256];
+    be = lb_backend_cpu_create(0, err, sizeof err);
+    if (!be) return 1;
+    Suite *s = suite_create("linear");
+    TCase *tc = tcase_create("linear");
+    tcase_add_test(tc, test_fp32);
+    tcase_add_test(tc, test_bf16);
+    tcase_add_test(tc, test_fp8_block);
+    tcase_add_test(tc, test_mxfp8);
+    tcase_add_test(tc, test_nvfp4);
+    tcase_add_test(tc, test_mxfp4_h16);
+    tcase_add_test(tc, test_dequantized);
+    tcase_add_test(tc, test_high);
+    suite_add_tcase(s, tc);
+    return lb_test_run(s);
+}
