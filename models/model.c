@@ -33,6 +33,12 @@ lb_model *lb_model_create(const lb_model_config *cfg, lb_backend *be, char *err,
     m->nparams = off;
     m->params = be->alloc(be, off * sizeof(float));
     m->grads = be->alloc(be, off * sizeof(float));
+    m->wcache = lb_calloc(m->ntensors, sizeof *m->wcache);
+    m->lin.be = be;
+    lb_precision_spec fp32;
+    memset(&fp32, 0, sizeof fp32);
+    snprintf(fp32.recipe, sizeof fp32.recipe, "fp32");
+    if (lb_model_set_precision(m, &fp32, 0, err, errlen) != 0) lb_die("%s", err);
     return m;
 }
 
@@ -52,6 +58,10 @@ void lb_model_free(lb_model *m)
 {
     if (!m) return;
     acts_release(m);
+    for (int i = 0; i < m->ntensors; i++) lb_wcache_free(&m->lin, &m->wcache[i]);
+    free(m->wcache);
+    lb_linear_free(&m->lin);
+    lb_contract_free(&m->contract);
     m->be->free(m->be, m->params);
     m->be->free(m->be, m->grads);
     free(m->tensors);
@@ -72,6 +82,33 @@ void lb_model_init_params(lb_model *m, uint64_t seed)
     }
     m->be->upload(m->be, m->params, host, m->nparams * sizeof(float));
     free(host);
+    lb_model_params_changed(m, 0);
+}
+
+int lb_model_set_precision(lb_model *m, const lb_precision_spec *spec, uint64_t seed,
+                           char *err, size_t errlen)
+{
+    lb_contract c;
+    if (lb_contract_resolve(&c, spec, m->cfg.num_hidden_layers, err, errlen) != 0) return -1;
+    lb_contract_free(&m->contract);
+    m->contract = c;
+    m->lin.contract = &m->contract;
+    m->lin.seed = seed;
+    m->wcache_stale = 1;
+    return 0;
+}
+
+void lb_model_params_changed(lb_model *m, uint64_t step)
+{
+    m->lin.step = step;
+    m->wcache_stale = 1;
+}
+
+void lb_model_refresh_weights(lb_model *m)
+{
+    if (!m->wcache_stale) return;
+    m->def->weights_refresh(m);
+    m->wcache_stale = 0;
 }
 
 static void acts_ensure(lb_model *m, int b, int t)
@@ -101,6 +138,7 @@ float lb_model_forward(lb_model *m, const int32_t *tokens, const int32_t *target
                    m->cfg.vocab_size);
     m->be->upload(m->be, m->tokens, tokens, n * sizeof(int32_t));
     if (targets) m->be->upload(m->be, m->targets, targets, n * sizeof(int32_t));
+    lb_model_refresh_weights(m);
     m->def->forward(m, m->tokens, targets ? m->targets : NULL, b, t);
     return m->loss;
 }

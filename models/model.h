@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "kernels/kernels.h"
+#include "kernels/quant/contract.h"
+#include "parallel/linear.h"
 
 // Field names follow Hugging Face's config.json for Qwen3 / Qwen3-MoE.
 typedef struct {
@@ -61,6 +63,8 @@ typedef struct {
     void (*forward)(lb_model *, const int32_t *tokens, const int32_t *targets, int b, int t);
     // Accumulates d(loss_scale * loss)/d(params) into m->grads. Needs a forward with targets.
     void (*backward)(lb_model *, float loss_scale);
+    // Re-quantizes the weight cache from m->params under m->contract.
+    void (*weights_refresh)(lb_model *);
     // Matmul parameters a token touches (experts counted top-k times), for FLOPs and info.
     int64_t (*active_matmul_params)(const lb_model_config *);
 } lb_model_def;
@@ -83,6 +87,11 @@ struct lb_model {
     float ce_loss;                 // mean over counted tokens
     float aux_loss;                // sum over MoE layers of the Switch loss (as Megatron)
     int ntokens;                   // targets counted in ce_loss
+    // precision: the contract every GEMM asks, and the weight cache the forward reads
+    lb_contract contract;
+    lb_linear lin;
+    lb_wcache *wcache;             // (ntensors), used for the matrices of linear layers
+    int wcache_stale;              // parameters changed since the cache was built
 };
 
 // Registry (models/registry.c).
@@ -99,6 +108,14 @@ void lb_model_init_params(lb_model *m, uint64_t seed);
 float lb_model_forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t);
 void lb_model_backward(lb_model *m, float loss_scale);
 void lb_model_zero_grad(lb_model *m);
+// Sets the precision contract (the default is fp32, the exact reference). -1 with a message.
+int lb_model_set_precision(lb_model *m, const lb_precision_spec *spec, uint64_t seed,
+                           char *err, size_t errlen);
+// Call after the parameters change (optimizer step, load): the next forward re-quantizes the
+// weight cache once. step feeds stochastic rounding and random Hadamard signs.
+void lb_model_params_changed(lb_model *m, uint64_t step);
+// Rebuilds the weight cache now if it is stale (the forward does this itself).
+void lb_model_refresh_weights(lb_model *m);
 const lb_tensor *lb_model_find(const lb_model *m, const char *name);
 int64_t lb_model_active_params(const lb_model *m);
 // Megatron's count: 6 x active matmul parameters + causal attention (6 * layers * t * hq * d).

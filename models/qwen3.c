@@ -129,18 +129,30 @@ static int tensors(const lb_model_config *c, lb_tensor *out)
     return i;
 }
 
-// Pointers to one layer's weights, or to their gradients (same offsets in m->grads).
+// Pointers to one layer's weights, or to their gradients (same offsets in m->grads), and the
+// weight-cache entries of its matrices.
 typedef struct {
     float *ln1, *q, *k, *v, *o, *qn, *kn, *ln2, *router, *gu, *down;
+    lb_wcache *cq, *ck, *cv, *co, *crouter, *cgu, *cdown;
 } layer_w;
 
-static float *tensor_ptr(const lb_model *m, float *base, const char *fmt, int layer)
+static int tensor_index(const lb_model *m, const char *fmt, int layer)
 {
     char name[LB_TENSOR_NAME];
     snprintf(name, sizeof name, fmt, layer);
     const lb_tensor *t = lb_model_find(m, name);
     if (!t) lb_die("model has no tensor %s", name);
-    return base + t->offset;
+    return (int)(t - m->tensors);
+}
+
+static float *tensor_ptr(const lb_model *m, float *base, const char *fmt, int layer)
+{
+    return base + m->tensors[tensor_index(m, fmt, layer)].offset;
+}
+
+static lb_wcache *tensor_cache(const lb_model *m, const char *fmt, int layer)
+{
+    return &m->wcache[tensor_index(m, fmt, layer)];
 }
 
 static layer_w layer_weights(const lb_model *m, float *base, int l)
@@ -154,16 +166,51 @@ static layer_w layer_weights(const lb_model *m, float *base, int l)
     w.qn = tensor_ptr(m, base, "model.layers.%d.self_attn.q_norm.weight", l);
     w.kn = tensor_ptr(m, base, "model.layers.%d.self_attn.k_norm.weight", l);
     w.ln2 = tensor_ptr(m, base, "model.layers.%d.post_attention_layernorm.weight", l);
+    w.cq = tensor_cache(m, "model.layers.%d.self_attn.q_proj.weight", l);
+    w.ck = tensor_cache(m, "model.layers.%d.self_attn.k_proj.weight", l);
+    w.cv = tensor_cache(m, "model.layers.%d.self_attn.v_proj.weight", l);
+    w.co = tensor_cache(m, "model.layers.%d.self_attn.o_proj.weight", l);
+    const char *gu = "model.layers.%d.mlp.gate_up_proj.weight";
+    const char *down = "model.layers.%d.mlp.down_proj.weight";
+    w.router = NULL;
+    w.crouter = NULL;
     if (is_moe(&m->cfg)) {
         w.router = tensor_ptr(m, base, "model.layers.%d.mlp.gate.weight", l);
-        w.gu = tensor_ptr(m, base, "model.layers.%d.mlp.experts.gate_up_proj", l);
-        w.down = tensor_ptr(m, base, "model.layers.%d.mlp.experts.down_proj", l);
-    } else {
-        w.router = NULL;
-        w.gu = tensor_ptr(m, base, "model.layers.%d.mlp.gate_up_proj.weight", l);
-        w.down = tensor_ptr(m, base, "model.layers.%d.mlp.down_proj.weight", l);
+        w.crouter = tensor_cache(m, "model.layers.%d.mlp.gate.weight", l);
+        gu = "model.layers.%d.mlp.experts.gate_up_proj";
+        down = "model.layers.%d.mlp.experts.down_proj";
     }
+    w.gu = tensor_ptr(m, base, gu, l);
+    w.down = tensor_ptr(m, base, down, l);
+    w.cgu = tensor_cache(m, gu, l);
+    w.cdown = tensor_cache(m, down, l);
     return w;
+}
+
+static void weights_refresh(lb_model *m)
+{
+    const lb_model_config *c = &m->cfg;
+    int C = c->hidden_size, D = c->head_dim, hq = c->num_attention_heads,
+        hkv = c->num_key_value_heads, F = ffn_dim(c), E = c->num_experts, L = c->num_hidden_layers;
+    lb_linear *lin = &m->lin;
+    for (int l = 0; l < L; l++) {
+        layer_w w = layer_weights(m, m->params, l);
+        lb_wcache_build(lin, w.cq, l, LB_ROLE_ATTN_QKV, w.q, 1, hq * D, C);
+        lb_wcache_build(lin, w.ck, l, LB_ROLE_ATTN_QKV, w.k, 1, hkv * D, C);
+        lb_wcache_build(lin, w.cv, l, LB_ROLE_ATTN_QKV, w.v, 1, hkv * D, C);
+        lb_wcache_build(lin, w.co, l, LB_ROLE_ATTN_OUT, w.o, 1, C, hq * D);
+        if (is_moe(c)) {
+            lb_wcache_build(lin, w.crouter, l, LB_ROLE_ROUTER, w.router, 1, E, C);
+            lb_wcache_build(lin, w.cgu, l, LB_ROLE_MOE_GATE_UP, w.gu, E, 2 * F, C);
+            lb_wcache_build(lin, w.cdown, l, LB_ROLE_MOE_DOWN, w.down, E, C, F);
+        } else {
+            lb_wcache_build(lin, w.cgu, l, LB_ROLE_MLP_GATE_UP, w.gu, 1, 2 * F, C);
+            lb_wcache_build(lin, w.cdown, l, LB_ROLE_MLP_DOWN, w.down, 1, C, F);
+        }
+    }
+    int h = tensor_index(m, "lm_head.weight", 0);
+    lb_wcache_build(lin, &m->wcache[h], L - 1, LB_ROLE_LM_HEAD, m->params + m->tensors[h].offset,
+                    1, c->vocab_size, C);
 }
 
 static float *falloc(lb_backend *be, size_t n) { return be->alloc(be, n * sizeof(float)); }
@@ -271,32 +318,6 @@ static void acts_free(lb_model *m, void *p)
     free(a);
 }
 
-// One grouped GEMM over the experts: group j covers rows [off_j, off_j + counts[j]).
-//   fprop: Y_j (m_j, out) = X_j (m_j, in) W_j^T           W (E, out, in)
-//   dgrad: dX_j (m_j, in) = dY_j (m_j, out) W_j
-//   wgrad: dW_j (out, in) += dY_j^T X_j
-enum { PASS_FPROP, PASS_DGRAD, PASS_WGRAD };
-
-static void experts_gemm(lb_backend *be, int pass, const int *counts, int E, int out, int in,
-                         const float *x, const float *w, float *y)
-{
-    lb_gemm_args g[E];
-    size_t off = 0;
-    for (int j = 0; j < E; j++) {
-        int mj = counts[j];
-        const float *wj = w + (size_t)j * out * in;
-        if (pass == PASS_FPROP)
-            g[j] = (lb_gemm_args){0, 1, mj, out, in, 1.0f, 0.0f, x + off * in, wj, y + off * out};
-        else if (pass == PASS_DGRAD)
-            g[j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, x + off * out, wj, y + off * in};
-        else   // x = dY (rows, out), w = X (rows, in), y = dW (E, out, in)
-            g[j] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, 1.0f, x + off * out, w + off * in,
-                                  y + (size_t)j * out * in};
-        off += (size_t)mj;
-    }
-    be->gemm_grouped(be, E, g);
-}
-
 static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t)
 {
     const lb_model_config *c = &m->cfg;
@@ -308,6 +329,7 @@ static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, 
     float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
     int moe = is_moe(c);
     double aux = 0.0;
+    lb_linear *lin = &m->lin;
 
     be->embedding_fwd(be, a->l[0].x, tokens, m->params, n, C);
     for (int l = 0; l < c->num_hidden_layers; l++) {
@@ -315,21 +337,22 @@ static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, 
         layer_w w = layer_weights(m, m->params, l);
         // attention block
         be->rmsnorm_fwd(be, L->ln1, L->rstd1, L->x, w.ln1, n, C, eps);
-        lb_gemm(be, 0, 1, n, hq * D, C, 1.0f, L->ln1, w.q, 0.0f, L->q);
-        lb_gemm(be, 0, 1, n, hkv * D, C, 1.0f, L->ln1, w.k, 0.0f, L->k);
-        lb_gemm(be, 0, 1, n, hkv * D, C, 1.0f, L->ln1, w.v, 0.0f, L->v);
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.q, w.cq, 0, L->q, n, hq * D, C, 0.0f);
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.k, w.ck, 0, L->k, n, hkv * D, C, 0.0f);
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.v, w.cv, 0, L->v, n, hkv * D, C, 0.0f);
         be->rmsnorm_fwd(be, L->qr, L->qrstd, L->q, w.qn, n * hq, D, eps);
         be->rmsnorm_fwd(be, L->kr, L->krstd, L->k, w.kn, n * hkv, D, eps);
         be->rope_fwd(be, L->qr, a->pos, n, hq, D, theta);
         be->rope_fwd(be, L->kr, a->pos, n, hkv, D, theta);
         be->attention_fwd(be, L->att, L->lse, L->qr, L->kr, L->v, b, t, hq, hkv, D);
         be->copy(be, L->xmid, L->x, (size_t)n * C * sizeof(float));
-        lb_gemm(be, 0, 1, n, C, hq * D, 1.0f, L->att, w.o, 1.0f, L->xmid);
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, L->xmid, n, C, hq * D, 1.0f);
         // feed-forward block
         float *xnext = a->l[l + 1].x;
         be->rmsnorm_fwd(be, L->ln2, L->rstd2, L->xmid, w.ln2, n, C, eps);
         if (moe) {
-            lb_gemm(be, 0, 1, n, E, C, 1.0f, L->ln2, w.router, 0.0f, L->rlogits);
+            lb_linear_fwd(lin, l, LB_ROLE_ROUTER, L->ln2, w.router, w.crouter, 0, L->rlogits, n, E,
+                          C, 0.0f);
             be->router_topk_fwd(be, L->probs, L->idx, L->weight, L->rlogits, n, E, K,
                                 c->norm_topk_prob);
             float aux_l;
@@ -337,23 +360,27 @@ static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, 
             aux += aux_l;
             be->moe_plan(be, L->row, L->counts, L->idx, n, E, K);
             be->moe_permute(be, L->xp, L->ln2, L->row, n, K, C);
-            experts_gemm(be, PASS_FPROP, L->counts, E, 2 * F, C, L->xp, w.gu, L->gu);
+            lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, L->xp, w.gu, w.cgu, L->counts, E,
+                                  L->gu, 2 * F, C);
             be->swiglu_fwd(be, L->h, L->gu, n * K, F);
-            experts_gemm(be, PASS_FPROP, L->counts, E, C, F, L->h, w.down, L->yp);
+            lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, L->h, w.down, w.cdown, L->counts, E,
+                                  L->yp, C, F);
             be->moe_combine(be, xnext, L->yp, L->weight, L->row, n, K, C);
             be->add(be, xnext, L->xmid, (size_t)n * C);
         } else {
-            lb_gemm(be, 0, 1, n, 2 * F, C, 1.0f, L->ln2, w.gu, 0.0f, L->gu);
+            lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, L->ln2, w.gu, w.cgu, 0, L->gu, n, 2 * F, C,
+                          0.0f);
             be->swiglu_fwd(be, L->h, L->gu, n, F);
             be->copy(be, xnext, L->xmid, (size_t)n * C * sizeof(float));
-            lb_gemm(be, 0, 1, n, C, F, 1.0f, L->h, w.down, 1.0f, xnext);
+            lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, L->h, w.down, w.cdown, 0, xnext, n, C, F, 1.0f);
         }
     }
     const lb_tensor *tn = lb_model_find(m, "model.norm.weight");
     const lb_tensor *th = lb_model_find(m, "lm_head.weight");
     be->rmsnorm_fwd(be, a->lnf, a->rstdf, a->l[c->num_hidden_layers].x, m->params + tn->offset,
                     n, C, eps);
-    lb_gemm(be, 0, 1, n, V, C, 1.0f, a->lnf, m->params + th->offset, 0.0f, m->logits);
+    lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf, m->params + th->offset,
+                  &m->wcache[th - m->tensors], 0, m->logits, n, V, C, 0.0f);
     if (!targets) return;
 
     // Loss: mean cross-entropy over counted targets, summed in token order in double.
@@ -384,14 +411,16 @@ static void backward(lb_model *m, float loss_scale)
     float theta = (float)c->rope_theta;
     int moe = is_moe(c);
     float *G = m->grads;
+    lb_linear *lin = &m->lin;
 
     // lm head and final norm; the logits buffer becomes d loss / d logits
     const lb_tensor *tn = lb_model_find(m, "model.norm.weight");
     const lb_tensor *th = lb_model_find(m, "lm_head.weight");
     float dce = m->ntokens ? loss_scale / (float)m->ntokens : 0.0f;
     be->cross_entropy_bwd(be, m->logits, m->logits, m->targets, dce, n, V);
-    lb_gemm(be, 0, 0, n, C, V, 1.0f, m->logits, m->params + th->offset, 0.0f, a->dln);
-    lb_gemm(be, 1, 0, V, C, n, 1.0f, m->logits, a->lnf, 1.0f, G + th->offset);
+    lb_linear_bwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf, m->params + th->offset,
+                  &m->wcache[th - m->tensors], 0, m->logits, a->dln, 0.0f, G + th->offset, n, V,
+                  C);
     be->rmsnorm_bwd(be, a->dres, G + tn->offset, a->dln, a->l[c->num_hidden_layers].x,
                     m->params + tn->offset, a->rstdf, n, C);
 
@@ -403,43 +432,43 @@ static void backward(lb_model *m, float loss_scale)
         if (moe) {
             be->moe_combine_bwd(be, a->dyp, a->dweight, a->dres, L->yp, L->weight, L->row, n, K,
                                 C);
-            experts_gemm(be, PASS_DGRAD, L->counts, E, C, F, a->dyp, w.down, a->dh);
-            experts_gemm(be, PASS_WGRAD, L->counts, E, C, F, a->dyp, L->h, dw.down);
+            lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_DOWN, L->h, w.down, w.cdown, L->counts, E,
+                                  a->dyp, a->dh, dw.down, C, F);
             be->swiglu_bwd(be, a->dgu, a->dh, L->gu, n * K, F);
-            experts_gemm(be, PASS_DGRAD, L->counts, E, 2 * F, C, a->dgu, w.gu, a->dxp);
-            experts_gemm(be, PASS_WGRAD, L->counts, E, 2 * F, C, a->dgu, L->xp, dw.gu);
+            lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, L->xp, w.gu, w.cgu, L->counts, E,
+                                  a->dgu, a->dxp, dw.gu, 2 * F, C);
             be->moe_permute_bwd(be, a->dln, a->dxp, L->row, n, K, C);
             // router: through the top-k weights and the load-balancing loss
             be->copy(be, a->daux, L->aux_grad, (size_t)E * sizeof(float));
             be->scale(be, a->daux, loss_scale * (float)c->router_aux_loss_coef, (size_t)E);
             be->router_topk_bwd(be, a->drlogits, a->dweight, a->daux, L->probs, L->idx, n, E, K,
                                 c->norm_topk_prob);
-            lb_gemm(be, 0, 0, n, C, E, 1.0f, a->drlogits, w.router, 1.0f, a->dln);
-            lb_gemm(be, 1, 0, E, C, n, 1.0f, a->drlogits, L->ln2, 1.0f, dw.router);
+            lb_linear_bwd(lin, l, LB_ROLE_ROUTER, L->ln2, w.router, w.crouter, 0, a->drlogits,
+                          a->dln, 1.0f, dw.router, n, E, C);
         } else {
-            lb_gemm(be, 0, 0, n, F, C, 1.0f, a->dres, w.down, 0.0f, a->dh);
-            lb_gemm(be, 1, 0, C, F, n, 1.0f, a->dres, L->h, 1.0f, dw.down);
+            lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, L->h, w.down, w.cdown, 0, a->dres, a->dh, 0.0f,
+                          dw.down, n, C, F);
             be->swiglu_bwd(be, a->dgu, a->dh, L->gu, n, F);
-            lb_gemm(be, 0, 0, n, C, 2 * F, 1.0f, a->dgu, w.gu, 0.0f, a->dln);
-            lb_gemm(be, 1, 0, 2 * F, C, n, 1.0f, a->dgu, L->ln2, 1.0f, dw.gu);
+            lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, L->ln2, w.gu, w.cgu, 0, a->dgu, a->dln, 0.0f,
+                          dw.gu, n, 2 * F, C);
         }
         be->rmsnorm_bwd(be, a->dtmp, dw.ln2, a->dln, L->xmid, w.ln2, L->rstd2, n, C);
         be->add(be, a->dres, a->dtmp, (size_t)n * C);
         // attention block: dres is now d loss / d xmid
-        lb_gemm(be, 0, 0, n, hq * D, C, 1.0f, a->dres, w.o, 0.0f, a->datt);
-        lb_gemm(be, 1, 0, C, hq * D, n, 1.0f, a->dres, L->att, 1.0f, dw.o);
+        lb_linear_bwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, a->dres, a->datt, 0.0f, dw.o,
+                      n, C, hq * D);
         be->attention_bwd(be, a->dq, a->dk, a->dv, a->datt, L->qr, L->kr, L->v, L->att, L->lse,
                           b, t, hq, hkv, D);
         be->rope_bwd(be, a->dq, a->pos, n, hq, D, theta);
         be->rope_bwd(be, a->dk, a->pos, n, hkv, D, theta);
         be->rmsnorm_bwd(be, a->dqr, dw.qn, a->dq, L->q, w.qn, L->qrstd, n * hq, D);
         be->rmsnorm_bwd(be, a->dkr, dw.kn, a->dk, L->k, w.kn, L->krstd, n * hkv, D);
-        lb_gemm(be, 0, 0, n, C, hq * D, 1.0f, a->dqr, w.q, 0.0f, a->dln);
-        lb_gemm(be, 0, 0, n, C, hkv * D, 1.0f, a->dkr, w.k, 1.0f, a->dln);
-        lb_gemm(be, 0, 0, n, C, hkv * D, 1.0f, a->dv, w.v, 1.0f, a->dln);
-        lb_gemm(be, 1, 0, hq * D, C, n, 1.0f, a->dqr, L->ln1, 1.0f, dw.q);
-        lb_gemm(be, 1, 0, hkv * D, C, n, 1.0f, a->dkr, L->ln1, 1.0f, dw.k);
-        lb_gemm(be, 1, 0, hkv * D, C, n, 1.0f, a->dv, L->ln1, 1.0f, dw.v);
+        lb_linear_bwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.q, w.cq, 0, a->dqr, a->dln, 0.0f, dw.q, n,
+                      hq * D, C);
+        lb_linear_bwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.k, w.ck, 0, a->dkr, a->dln, 1.0f, dw.k, n,
+                      hkv * D, C);
+        lb_linear_bwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.v, w.cv, 0, a->dv, a->dln, 1.0f, dw.v, n,
+                      hkv * D, C);
         be->rmsnorm_bwd(be, a->dtmp, dw.ln1, a->dln, L->x, w.ln1, L->rstd1, n, C);
         be->add(be, a->dres, a->dtmp, (size_t)n * C);
     }
@@ -466,6 +495,7 @@ const lb_model_def lb_qwen3_moe_def = {
     .acts_free = acts_free,
     .forward = forward,
     .backward = backward,
+    .weights_refresh = weights_refresh,
     .active_matmul_params = active_matmul_params,
 };
 
@@ -478,5 +508,6 @@ const lb_model_def lb_qwen3_def = {
     .acts_free = acts_free,
     .forward = forward,
     .backward = backward,
+    .weights_refresh = weights_refresh,
     .active_matmul_params = active_matmul_params,
 };

@@ -191,6 +191,7 @@ int lb_checkpoint_load(const char *path, lb_model *m, float *adam_m, float *adam
         goto out;
     }
     m->be->upload(m->be, m->params, host, bytes);
+    lb_model_params_changed(m, (uint64_t)s.step);
     if (adam_m) {
         static const char *which[2] = {"exp_avg", "exp_avg_sq"};
         float *dst[2] = {adam_m, adam_v};

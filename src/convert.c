@@ -517,6 +517,7 @@ int lb_hf_load(lb_model *m, const char *dir, char *err, size_t errlen)
         if (rc == 0) m->be->upload(m->be, m->params + t->offset, buf, t->numel * sizeof(float));
     }
     free(buf);
+    lb_model_params_changed(m, 0);
     // Every tensor of the files must have been used: an extra one means the configuration
     // describes another model (more layers, another layout), never something to skip.
     for (int f = 0; f < s.nfiles && rc == 0; f++) {

@@ -12,20 +12,10 @@
 #include "src/checkpoint.h"
 #include "src/commands.h"
 #include "src/data.h"
+#include "src/optim.h"
 #include "src/util.h"
 
 #define ERRLEN 1024
-
-// Learning rate at optimizer step `step` (1-based): linear warm-up, then cosine to min_lr.
-static double lr_at(const lb_config *c, int step)
-{
-    const double lr = c->train.lr, lo = c->train.min_lr;
-    int warm = c->train.warmup_steps, total = c->train.steps;
-    if (warm > 0 && step <= warm) return lr * step / warm;
-    if (total <= warm) return lr;
-    double p = (double)(step - warm) / (double)(total - warm);
-    return lo + 0.5 * (lr - lo) * (1.0 + cos(M_PI * p));
-}
 
 static void fmt_duration(char *buf, size_t len, double s)
 {
@@ -114,8 +104,15 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
         fprintf(stderr, "lowbit train: %s\n", err);
         return 1;
     }
-    float *adam_m = be->alloc(be, m->nparams * sizeof(float));
-    float *adam_v = be->alloc(be, m->nparams * sizeof(float));
+    if (lb_model_set_precision(m, &c->precision, c->run.seed, err, sizeof err) != 0) {
+        fprintf(stderr, "lowbit train: %s\n", err);
+        return 1;
+    }
+    lb_optim_config oc = {c->train.lr, c->train.min_lr, c->train.warmup_steps, c->train.steps,
+                          c->train.beta1, c->train.beta2, c->train.adam_eps,
+                          c->train.weight_decay, c->train.grad_clip};
+    lb_optimizer opt;
+    lb_optimizer_init(&opt, m, &oc);
     snprintf(ckdir, sizeof ckdir, "%s/checkpoints", c->run.out_dir);
     if (lb_mkdirs(ckdir, err, sizeof err) != 0) {
         fprintf(stderr, "lowbit train: %s\n", err);
@@ -128,7 +125,7 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
     if (strcmp(c->checkpoint.resume, "auto") == 0) lb_checkpoint_latest(ckdir, resume, sizeof resume);
     else snprintf(resume, sizeof resume, "%s", c->checkpoint.resume);
     if (resume[0]) {
-        if (lb_checkpoint_load(resume, m, adam_m, adam_v, &st, err, sizeof err) != 0 ||
+        if (lb_checkpoint_load(resume, m, opt.adam_m, opt.adam_v, &st, err, sizeof err) != 0 ||
             lb_loader_seek(train, st.loader_shard, st.loader_pos, err, sizeof err) != 0) {
             fprintf(stderr, "lowbit train: %s\n", err);
             return 1;
@@ -172,17 +169,8 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
         aux /= c->train.grad_accum;
         if (!isfinite(loss)) lb_die("step %d: loss is %f; stopping before the weights are harmed", step, loss);
 
-        double norm = sqrt(be->sumsq(be, m->grads, m->nparams));
-        if (c->train.grad_clip > 0 && norm > c->train.grad_clip)
-            be->scale(be, m->grads, (float)(c->train.grad_clip / norm), m->nparams);
-        double lr = lr_at(c, step);
-        for (int i = 0; i < m->ntensors; i++) {
-            const lb_tensor *t = &m->tensors[i];
-            float wd = t->is_norm ? 0.0f : (float)c->train.weight_decay;   // no decay on norms
-            be->adamw(be, m->params + t->offset, m->grads + t->offset, adam_m + t->offset,
-                      adam_v + t->offset, t->numel, (float)lr, (float)c->train.beta1,
-                      (float)c->train.beta2, (float)c->train.adam_eps, wd, step);
-        }
+        double lr;
+        double norm = lb_optimizer_step(&opt, step, &lr);
         be->sync(be);
         double now = lb_now(), dt = now - ts;
         double tok_s = tokens_step / dt;
@@ -212,7 +200,7 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
             st.step = step;
             lb_loader_tell(train, &st.loader_shard, &st.loader_pos);
             snprintf(path, sizeof path, "%s/step_%08d.safetensors", ckdir, step);
-            if (lb_checkpoint_save(path, m, adam_m, adam_v, &st, ini, err, sizeof err) != 0)
+            if (lb_checkpoint_save(path, m, opt.adam_m, opt.adam_v, &st, ini, err, sizeof err) != 0)
                 lb_die("%s", err);
             keep_last(ckdir, c->checkpoint.keep);
             printf("saved %s\n", path);
@@ -222,8 +210,7 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
     free(in);
     free(tg);
     free(ini);
-    be->free(be, adam_m);
-    be->free(be, adam_v);
+    lb_optimizer_free(&opt);
     lb_model_free(m);
     lb_loader_close(train);
     if (val) lb_loader_close(val);

@@ -45,4 +45,15 @@ diff <(strip "$tmp/a/metrics.jsonl" | tail -n 4) <(strip "$tmp/b/metrics.jsonl")
 "$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set run.out_dir="$tmp/a" \
     --set checkpoint.resume=auto > "$tmp/auto.log"
 grep -q "resumed from .*step_00000008.safetensors at step 8" "$tmp/auto.log" || fail "auto resume"
+# 4. Every precision recipe trains: finite losses that fall over 20 steps.
+for r in bf16 fp8-block mxfp8 nvfp4-moe mxfp4; do
+    "$bin" train "$src/examples/tiny-moe.cfg" "${small[@]}" --set train.steps=20 \
+        --set train.warmup_steps=2 --set precision.recipe=$r --set run.out_dir="$tmp/p-$r" > "$tmp/p.log"
+    first=$(grep '"loss"' "$tmp/p-$r/metrics.jsonl" | head -n 3 | sed 's/.*"loss": \([^,]*\),.*/\1/' |
+            awk '{s += $1} END {print s / NR}')
+    last=$(grep '"loss"' "$tmp/p-$r/metrics.jsonl" | tail -n 3 | sed 's/.*"loss": \([^,]*\),.*/\1/' |
+           awk '{s += $1} END {print s / NR}')
+    echo "recipe $r: loss $first -> $last"
+    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || fail "recipe $r does not train"
+done
 echo "PASS"
