@@ -1,0 +1,220 @@
+// backend.cu: the CUDA backend's constructor, memory functions and shared helpers.
+//
+// One device, one stream, one cuBLASLt handle per backend. Buffers are device memory from
+// cudaMalloc; copies and fills are queued on the stream, so they are ordered with the
+// operations. upload and download return only when the host buffer may be reused or read
+// (they wait for the stream); copy and zero do not wait.
+#include "kernels/cuda/cuda.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" int lb_cuda_device_count(void);   // device.cu
+
+// Names of the input errors kernels record (cuda.cuh, LB_CERR_*), for the message.
+static const char *const cerr_what[LB_CERR_COUNT] = {
+    "",
+    "embedding_fwd: negative token id",
+    "embedding_bwd: negative token id",
+    "router_topk_fwd: non-finite logit in row",
+    "router_topk_bwd: expert index out of range",
+    "moe_aux_loss: expert index out of range",
+    "moe_plan: expert index out of range",
+    "moe_permute: plan row out of range",
+    "moe_permute_bwd: plan row out of range",
+    "moe_combine: plan row out of range",
+    "moe_combine_bwd: plan row out of range",
+    "cross_entropy_fwd: target >= vocabulary size",
+    "cross_entropy_bwd: target >= vocabulary size",
+};
+
+extern "C" void lb_cuda_wait(lb_cuda_ctx *cx, const char *file, int line)
+{
+    LB_CUDA_CHECK(cudaMemcpyAsync(cx->err_host, cx->err_dev, sizeof *cx->err_dev,
+                                  cudaMemcpyDeviceToHost, cx->stream));
+    cudaError_t e = cudaStreamSynchronize(cx->stream);
+    if (e != cudaSuccess)
+        lb_die_at(file, line, "cuda: queued work failed: %s (%s)", cudaGetErrorString(e),
+                  cudaGetErrorName(e));
+    unsigned long long w = *cx->err_host;
+    if (w) {
+        unsigned code = (unsigned)(w >> 32);
+        int value = (int)(unsigned)(w & 0xffffffffu);
+        lb_die_at(file, line, "cuda: %s (value %d)",
+                  code < LB_CERR_COUNT ? cerr_what[code] : "unknown input error", value);
+    }
+}
+
+extern "C" void *lb_cuda_scratch(lb_cuda_ctx *cx, size_t bytes)
+{
+    if (bytes <= cx->scratch_bytes && cx->scratch) return cx->scratch;
+    // Earlier queued work may still read the old scratch: wait before freeing it.
+    LB_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    LB_CUDA_CHECK(cudaFree(cx->scratch));
+    size_t want = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes;
+    want += want / 4;   // headroom, so slowly growing sizes do not reallocate every call
+    LB_CUDA_CHECK(cudaMalloc(&cx->scratch, want));
+    cx->scratch_bytes = want;
+    return cx->scratch;
+}
+
+extern "C" void *lb_cuda_host_stage(lb_cuda_ctx *cx, size_t bytes)
+{
+    if (bytes <= cx->host_stage_bytes && cx->host_stage) return cx->host_stage;
+    LB_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    LB_CUDA_CHECK(cudaFreeHost(cx->host_stage));
+    size_t want = bytes < 4096 ? 4096 : bytes;
+    LB_CUDA_CHECK(cudaHostAlloc(&cx->host_stage, want, cudaHostAllocDefault));
+    cx->host_stage_bytes = want;
+    return cx->host_stage;
+}
+
+// --- memory functions ------------------------------------------------------------------------
+
+// Zero-filled, as the table promises; a zero-byte request still gets a distinct, freeable
+// pointer (the CPU backend's behaviour).
+static void *cuda_alloc(lb_backend *be, size_t bytes)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    size_t n = bytes ? bytes : 256;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, n);
+    if (e != cudaSuccess || !p)
+        lb_die("cuda alloc: %zu bytes on device %d: %s", bytes, cx->device,
+               cudaGetErrorString(e));
+    LB_CUDA_CHECK(cudaMemsetAsync(p, 0, n, cx->stream));
+    return p;
+}
+
+static void cuda_free(lb_backend *be, void *p)
+{
+    if (!p) return;
+    // Work queued on the stream may still use p.
+    LB_CUDA_CHECK(cudaStreamSynchronize(lb_cuda(be)->stream));
+    LB_CUDA_CHECK(cudaFree(p));
+}
+
+// Waits: the caller may reuse or free src_host as soon as this returns (pageable or pinned).
+static void cuda_upload(lb_backend *be, void *dst, const void *src_host, size_t bytes)
+{
+    if (!bytes) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    LB_CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, cx->stream));
+    LB_CUDA_WAIT(cx);
+}
+
+static void cuda_download(lb_backend *be, void *dst_host, const void *src, size_t bytes)
+{
+    if (!bytes) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    LB_CUDA_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, cx->stream));
+    LB_CUDA_WAIT(cx);
+}
+
+// Callers may copy within one buffer (memmove semantics, as the CPU backend); cudaMemcpy
+// leaves overlapping ranges undefined, so those go through scratch.
+static void cuda_copy(lb_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes || dst == src) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    const char *d = (const char *)dst, *s = (const char *)src;
+    if (d < s + bytes && s < d + bytes) {
+        void *tmp = lb_cuda_scratch(cx, bytes);
+        LB_CUDA_CHECK(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, cx->stream));
+        LB_CUDA_CHECK(cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, cx->stream));
+    } else {
+        LB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cx->stream));
+    }
+}
+
+static void cuda_zero(lb_backend *be, void *p, size_t bytes)
+{
+    if (!bytes) return;
+    LB_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, lb_cuda(be)->stream));
+}
+
+static void cuda_sync(lb_backend *be) { LB_CUDA_WAIT(lb_cuda(be)); }
+
+static void cuda_destroy(lb_backend *be)
+{
+    if (!be) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    LB_CUDA_CHECK(cudaSetDevice(cx->device));
+    LB_CUDA_WAIT(cx);
+    lb_cuda_gemm_destroy(cx);
+    LB_CUBLAS_CHECK(cublasLtDestroy(cx->lt));
+    LB_CUDA_CHECK(cudaFree(cx->workspace));
+    LB_CUDA_CHECK(cudaFree(cx->scratch));
+    LB_CUDA_CHECK(cudaFree(cx->err_dev));
+    LB_CUDA_CHECK(cudaFreeHost(cx->err_host));
+    LB_CUDA_CHECK(cudaFreeHost(cx->host_stage));
+    LB_CUDA_CHECK(cudaStreamDestroy(cx->stream));
+    free(cx);
+    free(be);
+}
+
+// cuBLASLt's recommended workspace on Hopper (cuBLAS documentation: 32 MiB for sm_90).
+#define LB_CUDA_WORKSPACE ((size_t)32 << 20)
+
+extern "C" lb_backend *lb_backend_cuda_create(int device, char *err, size_t errlen)
+{
+    if (err && errlen) err[0] = '\0';
+    int n = lb_cuda_device_count();
+    if (n <= 0) {
+        if (err && errlen) snprintf(err, errlen, "backend cuda: no CUDA device is visible");
+        return NULL;
+    }
+    if (device < 0 || device >= n) {
+        if (err && errlen)
+            snprintf(err, errlen, "backend cuda: device %d does not exist (%d visible)", device,
+                     n);
+        return NULL;
+    }
+    cudaDeviceProp prop;
+    LB_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    // The build embeds sm_90a code and compute_90 PTX (configure's NVCCFLAGS): older chips
+    // cannot run it.
+    if (prop.major < 9) {
+        if (err && errlen)
+            snprintf(err, errlen,
+                     "backend cuda: device %d (%s) is sm_%d%d; this build needs sm_90 or newer",
+                     device, prop.name, prop.major, prop.minor);
+        return NULL;
+    }
+    LB_CUDA_CHECK(cudaSetDevice(device));
+
+    lb_cuda_ctx *cx = (lb_cuda_ctx *)lb_calloc(1, sizeof *cx);
+    cx->device = device;
+    cx->num_sms = prop.multiProcessorCount;
+    const char *s = getenv("LB_CUDA_SYNC");
+    cx->sync_each = s && *s && *s != '0';
+    LB_CUDA_CHECK(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
+    LB_CUBLAS_CHECK(cublasLtCreate(&cx->lt));
+    cx->workspace_bytes = LB_CUDA_WORKSPACE;
+    LB_CUDA_CHECK(cudaMalloc(&cx->workspace, cx->workspace_bytes));
+    LB_CUDA_CHECK(cudaMalloc(&cx->err_dev, sizeof *cx->err_dev));
+    LB_CUDA_CHECK(cudaMemsetAsync(cx->err_dev, 0, sizeof *cx->err_dev, cx->stream));
+    LB_CUDA_CHECK(cudaHostAlloc(&cx->err_host, sizeof *cx->err_host, cudaHostAllocDefault));
+    *cx->err_host = 0;
+
+    lb_backend *be = (lb_backend *)lb_calloc(1, sizeof *be);
+    be->name = "cuda";
+    be->ctx = cx;
+    be->deterministic = 1;   // the table's default; 0 lets the GEMM take cuBLASLt's heuristic
+    be->alloc = cuda_alloc;
+    be->free = cuda_free;
+    be->upload = cuda_upload;
+    be->download = cuda_download;
+    be->copy = cuda_copy;
+    be->zero = cuda_zero;
+    be->sync = cuda_sync;
+    be->destroy = cuda_destroy;
+    lb_cuda_init_gemm(be);
+    lb_cuda_init_basic(be);
+    lb_cuda_init_attention(be);
+    lb_cuda_init_moe(be);
+    lb_cuda_init_optim(be);
+    LB_CUDA_WAIT(cx);
+    return be;
+}

@@ -1,0 +1,194 @@
+// cuda.cuh: internal declarations shared by the files of the CUDA backend (kernels/cuda).
+//
+// Every CUDA runtime and cuBLASLt call goes through LB_CUDA_CHECK / LB_CUBLAS_CHECK, which
+// print "file:line: call: error" through lb_die and end the process (the whole MPI job when
+// one runs). Kernel launches are followed by LB_CUDA_LAUNCHED(cx), which checks the launch and,
+// with LB_CUDA_SYNC=1 in the environment, waits for the kernel so a fault names its launch.
+//
+// Work is queued on the backend's one stream, so operations are ordered among themselves and
+// with the memory functions; only the functions that return host values wait.
+#ifndef LB_CUDA_CUH
+#define LB_CUDA_CUH
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "kernels/common.h"
+#include "kernels/kernels.h"
+}
+
+#define LB_CUDA_CHECK(call)                                                                   \
+    do {                                                                                      \
+        cudaError_t e_ = (call);                                                              \
+        if (e_ != cudaSuccess)                                                                \
+            lb_die_at(__FILE__, __LINE__, "%s: %s (%s)", #call, cudaGetErrorString(e_),       \
+                      cudaGetErrorName(e_));                                                  \
+    } while (0)
+
+#define LB_CUBLAS_CHECK(call)                                                                 \
+    do {                                                                                      \
+        cublasStatus_t s_ = (call);                                                           \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                      \
+            lb_die_at(__FILE__, __LINE__, "%s: %s (%d)", #call, cublasLtGetStatusString(s_),  \
+                      (int)s_);                                                               \
+    } while (0)
+
+// After every kernel launch: launch errors now, execution errors at once under LB_CUDA_SYNC.
+#define LB_CUDA_LAUNCHED(cx)                                                                  \
+    do {                                                                                      \
+        LB_CUDA_CHECK(cudaGetLastError());                                                    \
+        if ((cx)->sync_each) lb_cuda_wait((cx), __FILE__, __LINE__);                          \
+    } while (0)
+
+// Errors found by kernels in their inputs (a negative token, an expert index out of range...).
+// A kernel cannot stop the process, so it records the first one in a device word, skips the
+// bad element (writing NaN where it has an output), and the host reports it, with the
+// operation's name and the offending value, at the next point where it waits for the stream.
+enum {
+    LB_CERR_NONE = 0,
+    LB_CERR_EMB_FWD_TOKEN,      // embedding_fwd: negative token
+    LB_CERR_EMB_BWD_TOKEN,      // embedding_bwd: negative token
+    LB_CERR_ROUTER_LOGIT,       // router_topk_fwd: non-finite logit
+    LB_CERR_ROUTER_BWD_IDX,     // router_topk_bwd: expert index out of range
+    LB_CERR_AUX_IDX,            // moe_aux_loss: expert index out of range
+    LB_CERR_PLAN_IDX,           // moe_plan: expert index out of range
+    LB_CERR_PERMUTE_ROW,        // moe_permute: row out of range
+    LB_CERR_PERMUTE_BWD_ROW,    // moe_permute_bwd: row out of range
+    LB_CERR_COMBINE_ROW,        // moe_combine: row out of range
+    LB_CERR_COMBINE_BWD_ROW,    // moe_combine_bwd: row out of range
+    LB_CERR_CE_FWD_TARGET,      // cross_entropy_fwd: target >= v
+    LB_CERR_CE_BWD_TARGET,      // cross_entropy_bwd: target >= v
+    LB_CERR_COUNT
+};
+
+// The device word holds (code << 32) | (uint32) value; the first error wins (atomicCAS on an
+// error flag, not a reduction: no number depends on it).
+__device__ __forceinline__ void lb_report(unsigned long long *err, int code, int value)
+{
+    unsigned long long w = ((unsigned long long)(unsigned)code << 32) | (unsigned)value;
+    atomicCAS(err, 0ull, w);
+}
+
+typedef struct lb_gemm_plan lb_gemm_plan;
+
+// Backend-private state (lb_backend.ctx).
+typedef struct {
+    int device;
+    int num_sms;
+    int sync_each;                 // LB_CUDA_SYNC=1: wait and check after every launch
+    cudaStream_t stream;           // every operation and copy is queued here
+
+    cublasLtHandle_t lt;
+    void *workspace;               // cuBLASLt workspace (non-deterministic mode only)
+    size_t workspace_bytes;
+    lb_gemm_plan **plans;          // open-addressing hash map of GEMM plans (gemm.cu)
+    size_t plan_cap, plan_count;
+    cublasLtMatmulAlgo_t pinned[4];   // deterministic mode: one algorithm per (transa, transb)
+    int pinned_ready[4];
+    int gemm_log;                  // LB_CUDA_GEMM_LOG=1: print every new plan to stderr
+
+    void *scratch;                 // device scratch, grown on demand (lb_cuda_scratch)
+    size_t scratch_bytes;
+    void *host_stage;              // pinned host memory for small results (sums, counts)
+    size_t host_stage_bytes;
+    unsigned long long *err_dev;   // the input-error word (see LB_CERR_*)
+    unsigned long long *err_host;  // pinned copy read after each wait
+} lb_cuda_ctx;
+
+static inline lb_cuda_ctx *lb_cuda(lb_backend *be) { return (lb_cuda_ctx *)be->ctx; }
+
+// Functions shared between the files of this backend have C linkage like its entry point.
+extern "C" {
+// Waits for the stream and reports any input error the kernels recorded (backend.cu).
+void lb_cuda_wait(lb_cuda_ctx *cx, const char *file, int line);
+#define LB_CUDA_WAIT(cx) lb_cuda_wait((cx), __FILE__, __LINE__)
+// Device scratch of at least `bytes`, valid until the next call (it may wait and reallocate).
+void *lb_cuda_scratch(lb_cuda_ctx *cx, size_t bytes);
+// Pinned host staging of at least `bytes`, for results an operation returns to the host.
+void *lb_cuda_host_stage(lb_cuda_ctx *cx, size_t bytes);
+}
+
+// Carves consecutive 256-byte aligned pieces out of one scratch request.
+static inline size_t lb_align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+// Grid for a grid-stride loop over n items with `threads` per block: enough blocks to fill
+// the chip several times over, never more than the items need. Elementwise results never
+// depend on the grid (each element is computed by one thread, the same way).
+static inline unsigned lb_grid(size_t n, int threads, const lb_cuda_ctx *cx)
+{
+    size_t want = (n + threads - 1) / threads, cap = (size_t)cx->num_sms * 16;
+    if (want < 1) want = 1;
+    return (unsigned)(want < cap ? want : cap);
+}
+
+// --- element access: activations are fp32 today; bf16 storage comes with the precision
+// contract. Kernels that read or write activations are templated on the stored type T and
+// compute in fp32 through these.
+__device__ __forceinline__ float lb_ld(const float *p) { return *p; }
+__device__ __forceinline__ float lb_ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void lb_st(float *p, float v) { *p = v; }
+__device__ __forceinline__ void lb_st(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
+
+// --- fixed-shape reductions. Each is a function of its inputs and of the block size alone
+// (a compile-time constant at every use), never of the grid or of timing, so results are
+// bitwise reproducible.
+
+// Every lane ends with the same value: the xor butterfly combines the same two partial sums
+// on both lanes of each pair, and a + b == b + a in IEEE arithmetic.
+template <typename T> __device__ __forceinline__ T lb_warp_sum(T v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float lb_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over a block of THREADS threads (a multiple of 32, at most 1024); every thread gets the
+// total. Uses 32 doubles of shared memory; ends with a barrier so it can be called again.
+template <int THREADS> __device__ __forceinline__ double lb_block_sum(double v)
+{
+    __shared__ double part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = lb_warp_sum(v);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    double t = lane < THREADS / 32 ? part[lane] : 0.0;
+    t = lb_warp_sum(t);
+    __syncthreads();
+    return t;
+}
+template <int THREADS> __device__ __forceinline__ float lb_block_max(float v)
+{
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = lb_warp_max(v);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    float t = lane < THREADS / 32 ? part[lane] : -INFINITY;
+    t = lb_warp_max(t);
+    __syncthreads();
+    return t;
+}
+
+// Installers, one per file (as the CPU backend's lb_cpu_init_*).
+extern "C" {
+void lb_cuda_init_gemm(lb_backend *be);        // gemm.cu
+void lb_cuda_init_basic(lb_backend *be);       // ops_basic.cu
+void lb_cuda_init_attention(lb_backend *be);   // ops_attention.cu
+void lb_cuda_init_moe(lb_backend *be);         // ops_moe.cu
+void lb_cuda_init_optim(lb_backend *be);       // ops_optim.cu
+void lb_cuda_gemm_destroy(lb_cuda_ctx *cx);    // gemm.cu: frees the plan cache
+// Column sums of per-chunk partials, used by the deterministic column reductions
+// (ops_basic.cu): out[j] = sum over ch in a fixed tree of part[ch * c + j], ch < nchunks.
+// If dst is not NULL, dst[j] += (float)out[j] instead of writing out.
+void lb_cuda_colsum_partials(lb_cuda_ctx *cx, const double *part, int nchunks, int c,
+                             double *out, float *dst);
+}
+
+#endif

@@ -1,0 +1,373 @@
+// gemm.cu: fp32 GEMM through cuBLASLt, with a per-shape plan cache and, in deterministic mode,
+// one pinned algorithm per transpose combination.
+//
+// C (m, n) = alpha op(A) (m, k) op(B) (k, n) + beta C, row-major (kernels.h). cuBLASLt is
+// column-major, and a row-major (r, c) matrix is the column-major (c, r) matrix with the same
+// bytes, so the product is computed as its transpose: C^T (n, m) = op(B)^T op(A)^T, i.e.
+// cuBLASLt's "A" is our B and its "B" is our A, each with its own transpose flag.
+//
+// Compute type CUBLAS_COMPUTE_32F with fp32 operands: plain fp32 FFMA kernels, no TF32 (that
+// would be CUBLAS_COMPUTE_32F_FAST_TF32), so results stay within fp32 rounding of the CPU.
+//
+// Plans: the matmul descriptor, the three layouts and the chosen algorithm are built once per
+// (transa, transb, m, n, k, alignments, mode) and kept in an open-addressing hash map; a call
+// with a known shape only looks its plan up and launches.
+//
+// Deterministic mode (be->deterministic, the default): cuBLASLt's heuristic picks tiles,
+// split-K and reduction schemes by problem size, so one row's bits could change with m. Here
+// the algorithm is chosen once per (transa, transb) by asking the heuristic about one fixed
+// reference shape (LB_PIN_DIM cubed) under restrictions that make it valid for any shape:
+// no workspace and reduction scheme NONE (so no split-K of any kind), 4-byte minimum
+// alignment of every operand (so any fp32 pointer and leading dimension is accepted), and no
+// tensor-core or reduced-precision-input implementation (plain FFMA). Split-K is then set to 1
+// explicitly. Every shape runs that one algorithm once cublasLtMatmulAlgoCheck accepts it; if
+// it refuses an (n, k), the heuristic is asked about (LB_PIN_DIM, n, k) under the same
+// restrictions, which still does not depend on m. doc/backends.md records what this does and
+// does not promise; tests/test_backend_ops.c checks one row alone against the same row in a
+// batch. LB_CUDA_GEMM_LOG=1 prints every plan's algorithm configuration.
+#include "kernels/cuda/cuda.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LB_PIN_DIM 4096   // reference shape for the pinned algorithm (m = n = k)
+
+struct lb_gemm_plan {
+    int transa, transb, m, n, k, align_a, align_b, align_c, det;   // the key
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;   // cuBLASLt's A (our B), B (our A), C = D
+    cublasLtMatmulAlgo_t algo;
+    size_t workspace;                     // bytes the algorithm needs (0 when pinned)
+    int fallback;                         // deterministic, but chosen at (LB_PIN_DIM, n, k)
+};
+
+// Largest power of two <= 16 dividing both the address and the row pitch in bytes: the
+// alignment cuBLASLt may assume for every row of the operand.
+static int align_of(const void *p, long ld_elems)
+{
+    uintptr_t v = (uintptr_t)p | (uintptr_t)(ld_elems * 4) | 16;
+    return (int)(v & (~v + 1));
+}
+
+static uint64_t plan_hash(const lb_gemm_plan *k)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    const int f[] = {k->transa, k->transb, k->m, k->n, k->k, k->align_a, k->align_b, k->align_c,
+                     k->det};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        h = lb_hash64(h ^ (uint64_t)(uint32_t)f[i]);
+    return h;
+}
+
+static int plan_same(const lb_gemm_plan *a, const lb_gemm_plan *b)
+{
+    return a->transa == b->transa && a->transb == b->transb && a->m == b->m && a->n == b->n &&
+           a->k == b->k && a->align_a == b->align_a && a->align_b == b->align_b &&
+           a->align_c == b->align_c && a->det == b->det;
+}
+
+// Descriptors of one row-major problem in cuBLASLt's column-major terms (see the top).
+static void make_descs(int transa, int transb, int m, int n, int k, cublasLtMatmulDesc_t *op,
+                       cublasLtMatrixLayout_t *la, cublasLtMatrixLayout_t *lb,
+                       cublasLtMatrixLayout_t *lc)
+{
+    LB_CUBLAS_CHECK(cublasLtMatmulDescCreate(op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t opa = transb ? CUBLAS_OP_T : CUBLAS_OP_N;   // cuBLASLt's A is our B
+    cublasOperation_t opb = transa ? CUBLAS_OP_T : CUBLAS_OP_N;   // cuBLASLt's B is our A
+    LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(*op, CUBLASLT_MATMUL_DESC_TRANSA, &opa,
+                                                   sizeof opa));
+    LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(*op, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
+                                                   sizeof opb));
+    // Our B: (k, n) row-major = (n, k) column-major, ld n; transposed: (n, k) = (k, n), ld k.
+    if (transb) LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(la, CUDA_R_32F, k, n, k));
+    else        LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(la, CUDA_R_32F, n, k, n));
+    // Our A: (m, k) row-major = (k, m) column-major, ld k; transposed: (k, m) = (m, k), ld m.
+    if (transa) LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(lb, CUDA_R_32F, m, k, m));
+    else        LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(lb, CUDA_R_32F, k, m, k));
+    // C (m, n) row-major = (n, m) column-major, ld n.
+    LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(lc, CUDA_R_32F, n, m, n));
+}
+
+static void free_descs(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+                       cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc)
+{
+    LB_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
+    LB_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
+    LB_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lc));
+    LB_CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+}
+
+// Heuristic preferences. Deterministic: no workspace, no split-K reduction of any scheme, any
+// 4-byte alignment, FMA implementations only. Otherwise: the workspace and the given
+// alignments, everything allowed.
+static cublasLtMatmulPreference_t make_pref(lb_cuda_ctx *cx, int det, int al_a, int al_b,
+                                            int al_c)
+{
+    cublasLtMatmulPreference_t pref;
+    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = det ? 0 : cx->workspace_bytes;
+    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    uint32_t a = (uint32_t)al_a, b = (uint32_t)al_b, c = (uint32_t)al_c;
+    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a, sizeof a));
+    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b, sizeof b));
+    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c, sizeof c));
+    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c, sizeof c));
+    if (det) {
+        uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE;
+        LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red));
+        // An algorithm is kept when its flags lie inside the mask: allow everything but
+        // tensor-core instructions and reduced-precision inputs (TF32, fp16, bf16: the
+        // emulated-fp32 paths), leaving plain FFMA kernels.
+        uint64_t impl = ~(uint64_t)(CUBLASLT_NUMERICAL_IMPL_FLAGS_TENSOR_OP_MASK |
+                                    CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_TF32 |
+                                    CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_16F |
+                                    CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_16BF);
+        LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_IMPL_MASK,
+                                                             &impl, sizeof impl));
+    }
+    return pref;
+}
+
+// The best algorithm the heuristic offers for these descriptors; dies when there is none.
+static cublasLtMatmulHeuristicResult_t heuristic(lb_cuda_ctx *cx, cublasLtMatmulDesc_t op,
+                                                 cublasLtMatrixLayout_t la,
+                                                 cublasLtMatrixLayout_t lb,
+                                                 cublasLtMatrixLayout_t lc,
+                                                 cublasLtMatmulPreference_t pref,
+                                                 const char *what)
+{
+    cublasLtMatmulHeuristicResult_t r;
+    memset(&r, 0, sizeof r);
+    int got = 0;
+    LB_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cx->lt, op, la, lb, lc, lc, pref, 1, &r, &got));
+    if (got < 1 || r.state != CUBLAS_STATUS_SUCCESS)
+        lb_die("cuda gemm: cuBLASLt offers no fp32 algorithm for %s", what);
+    return r;
+}
+
+// Pins split-K to 1 and the reduction scheme to NONE on an algorithm (the heuristic already
+// chose so under the deterministic preferences; this makes the rule explicit).
+static void force_no_splitk(cublasLtMatmulAlgo_t *algo)
+{
+    int32_t one = 1;
+    uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    LB_CUBLAS_CHECK(cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                                         &one, sizeof one));
+    LB_CUBLAS_CHECK(cublasLtMatmulAlgoConfigSetAttribute(
+        algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof none));
+}
+
+// The deterministic algorithm for (transa, transb), chosen at the reference shape.
+static const cublasLtMatmulAlgo_t *pinned_algo(lb_cuda_ctx *cx, int transa, int transb)
+{
+    int slot = transa * 2 + transb;
+    if (!cx->pinned_ready[slot]) {
+        cublasLtMatmulDesc_t op;
+        cublasLtMatrixLayout_t la, lb, lc;
+        make_descs(transa, transb, LB_PIN_DIM, LB_PIN_DIM, LB_PIN_DIM, &op, &la, &lb, &lc);
+        cublasLtMatmulPreference_t pref = make_pref(cx, 1, 4, 4, 4);
+        char what[96];
+        snprintf(what, sizeof what, "the pinned reference shape (transa %d, transb %d)", transa,
+                 transb);
+        cublasLtMatmulHeuristicResult_t r = heuristic(cx, op, la, lb, lc, pref, what);
+        LB_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+        free_descs(op, la, lb, lc);
+        cx->pinned[slot] = r.algo;
+        force_no_splitk(&cx->pinned[slot]);
+        cx->pinned_ready[slot] = 1;
+    }
+    return &cx->pinned[slot];
+}
+
+// One line naming an algorithm's configuration (LB_CUDA_GEMM_LOG and doc/backends.md).
+static void log_plan(const lb_gemm_plan *p)
+{
+    int32_t id = -1, splitk = -1;
+    uint32_t tile = 0, stages = 0, red = 0, swz = 0, custom = 0;
+    uint16_t inner = 0, cluster = 0;
+    uint64_t impl = 0;
+    size_t w;
+    LB_CUBLAS_CHECK(cublasLtMatmulAlgoCapGetAttribute(
+        &p->algo, CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS, &impl, sizeof impl, &w));
+#define CFG(attr, var) \
+    LB_CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&p->algo, attr, &var, sizeof var, &w))
+    CFG(CUBLASLT_ALGO_CONFIG_ID, id);
+    CFG(CUBLASLT_ALGO_CONFIG_TILE_ID, tile);
+    CFG(CUBLASLT_ALGO_CONFIG_STAGES_ID, stages);
+    CFG(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, splitk);
+    CFG(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, red);
+    CFG(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, swz);
+    CFG(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, custom);
+    CFG(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, inner);
+    CFG(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cluster);
+#undef CFG
+    fprintf(stderr,
+            "cuda gemm plan: %s transa %d transb %d m %d n %d k %d align %d/%d/%d: algo %d "
+            "tile %u stages %u splitk %d reduction %u swizzle %u custom %u inner %u cluster %u "
+            "impl 0x%llx workspace %zu\n",
+            p->det ? (p->fallback ? "pinned-nk" : "pinned") : "heuristic", p->transa,
+            p->transb, p->m, p->n, p->k, p->align_a, p->align_b, p->align_c, id, tile, stages,
+            splitk, red, swz, custom, inner, cluster, (unsigned long long)impl, p->workspace);
+}
+
+static lb_gemm_plan *build_plan(lb_cuda_ctx *cx, const lb_gemm_plan *key)
+{
+    lb_gemm_plan *p = (lb_gemm_plan *)lb_calloc(1, sizeof *p);
+    *p = *key;
+    make_descs(p->transa, p->transb, p->m, p->n, p->k, &p->op, &p->la, &p->lb, &p->lc);
+    char what[128];
+    snprintf(what, sizeof what, "transa %d transb %d m %d n %d k %d", p->transa, p->transb, p->m,
+             p->n, p->k);
+    if (p->det) {
+        p->algo = *pinned_algo(cx, p->transa, p->transb);
+        cublasLtMatmulHeuristicResult_t r;
+        memset(&r, 0, sizeof r);
+        cublasStatus_t s = cublasLtMatmulAlgoCheck(cx->lt, p->op, p->la, p->lb, p->lc, p->lc,
+                                                   &p->algo, &r);
+        if (s != CUBLAS_STATUS_SUCCESS || r.workspaceSize > 0) {
+            // The pinned algorithm refuses this (n, k): ask the heuristic under the same
+            // restrictions about (LB_PIN_DIM, n, k), which still does not depend on m.
+            cublasLtMatmulDesc_t op;
+            cublasLtMatrixLayout_t la, lb, lc;
+            make_descs(p->transa, p->transb, LB_PIN_DIM, p->n, p->k, &op, &la, &lb, &lc);
+            cublasLtMatmulPreference_t pref = make_pref(cx, 1, 4, 4, 4);
+            r = heuristic(cx, op, la, lb, lc, pref, what);
+            LB_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+            free_descs(op, la, lb, lc);
+            p->algo = r.algo;
+            force_no_splitk(&p->algo);
+            s = cublasLtMatmulAlgoCheck(cx->lt, p->op, p->la, p->lb, p->lc, p->lc, &p->algo, &r);
+            if (s != CUBLAS_STATUS_SUCCESS || r.workspaceSize > 0)
+                lb_die("cuda gemm: no deterministic (no split-K, no workspace) cuBLASLt "
+                       "algorithm accepts %s: %s", what, cublasLtGetStatusString(s));
+            p->fallback = 1;
+        }
+        p->workspace = 0;
+    } else {
+        cublasLtMatmulPreference_t pref = make_pref(cx, 0, p->align_a, p->align_b, p->align_c);
+        cublasLtMatmulHeuristicResult_t r = heuristic(cx, p->op, p->la, p->lb, p->lc, pref, what);
+        LB_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+        p->algo = r.algo;
+        p->workspace = r.workspaceSize;
+    }
+    if (cx->gemm_log) log_plan(p);
+    return p;
+}
+
+static void plan_insert(lb_cuda_ctx *cx, lb_gemm_plan *p)
+{
+    if ((cx->plan_count + 1) * 2 > cx->plan_cap) {   // keep the load under one half
+        size_t cap = cx->plan_cap ? cx->plan_cap * 2 : 256;
+        lb_gemm_plan **t = (lb_gemm_plan **)lb_calloc(cap, sizeof *t);
+        for (size_t i = 0; i < cx->plan_cap; i++) {
+            lb_gemm_plan *q = cx->plans[i];
+            if (!q) continue;
+            size_t h = plan_hash(q) & (cap - 1);
+            while (t[h]) h = (h + 1) & (cap - 1);
+            t[h] = q;
+        }
+        free(cx->plans);
+        cx->plans = t;
+        cx->plan_cap = cap;
+    }
+    size_t h = plan_hash(p) & (cx->plan_cap - 1);
+    while (cx->plans[h]) h = (h + 1) & (cx->plan_cap - 1);
+    cx->plans[h] = p;
+    cx->plan_count++;
+}
+
+static lb_gemm_plan *plan_get(lb_cuda_ctx *cx, const lb_gemm_plan *key)
+{
+    if (cx->plan_cap) {
+        size_t h = plan_hash(key) & (cx->plan_cap - 1);
+        for (lb_gemm_plan *q; (q = cx->plans[h]) != NULL; h = (h + 1) & (cx->plan_cap - 1))
+            if (plan_same(q, key)) return q;
+    }
+    lb_gemm_plan *p = build_plan(cx, key);
+    plan_insert(cx, p);
+    return p;
+}
+
+extern "C" void lb_cuda_gemm_destroy(lb_cuda_ctx *cx)
+{
+    for (size_t i = 0; i < cx->plan_cap; i++) {
+        lb_gemm_plan *p = cx->plans[i];
+        if (!p) continue;
+        free_descs(p->op, p->la, p->lb, p->lc);
+        free(p);
+    }
+    free(cx->plans);
+    cx->plans = NULL;
+    cx->plan_cap = cx->plan_count = 0;
+}
+
+// C *= beta over (m, n) contiguous elements (the no-product case with beta not 0 or 1).
+__global__ void gemm_scale_kernel(float *c, float beta, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        c[i] *= beta;
+}
+
+static void cuda_gemm(lb_backend *be, const lb_gemm_args *g)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    if (g->m < 0 || g->n < 0 || g->k < 0)
+        lb_die("gemm: negative size (m %d, n %d, k %d)", g->m, g->n, g->k);
+    if (g->m == 0 || g->n == 0) return;
+    size_t mn = (size_t)g->m * g->n;
+    if (g->k == 0 || g->alpha == 0.0f) {
+        // No product: C = beta C; beta 0 overwrites (NaN in C must not survive), as the CPU.
+        if (g->beta == 0.0f) {
+            LB_CUDA_CHECK(cudaMemsetAsync(g->c, 0, mn * sizeof(float), cx->stream));
+        } else if (g->beta != 1.0f) {
+            gemm_scale_kernel<<<lb_grid(mn, 256, cx), 256, 0, cx->stream>>>(g->c, g->beta, mn);
+            LB_CUDA_LAUNCHED(cx);
+        }
+        return;
+    }
+    lb_gemm_plan key;
+    memset(&key, 0, sizeof key);
+    key.transa = g->transa ? 1 : 0;
+    key.transb = g->transb ? 1 : 0;
+    key.m = g->m, key.n = g->n, key.k = g->k;
+    key.det = be->deterministic ? 1 : 0;
+    if (key.det) {
+        key.align_a = key.align_b = key.align_c = 4;   // the pinned algorithm accepts any
+    } else {
+        key.align_a = align_of(g->b, key.transb ? g->k : g->n);   // cuBLASLt's A is our B
+        key.align_b = align_of(g->a, key.transa ? g->m : g->k);
+        key.align_c = align_of(g->c, g->n);
+    }
+    lb_gemm_plan *p = plan_get(cx, &key);
+    // beta 0: cuBLASLt does not read C (BLAS convention), so NaN in C is overwritten.
+    LB_CUBLAS_CHECK(cublasLtMatmul(cx->lt, p->op, &g->alpha, g->b, p->la, g->a, p->lb, &g->beta,
+                                   g->c, p->lc, g->c, p->lc, &p->algo,
+                                   p->workspace ? cx->workspace : NULL, p->workspace,
+                                   cx->stream));
+    if (cx->sync_each) LB_CUDA_WAIT(cx);
+}
+
+// One cuBLASLt call per group, in order (cuBLASLt 13.0 has no grouped mode; a grouped kernel
+// of our own comes with the low-precision expert GEMMs). Each group follows cuda_gemm's rules:
+// m or n == 0 touches nothing, k == 0 with beta 0 zeroes C.
+static void cuda_gemm_grouped(lb_backend *be, int count, const lb_gemm_args *args)
+{
+    for (int i = 0; i < count; i++) cuda_gemm(be, &args[i]);
+}
+
+extern "C" void lb_cuda_init_gemm(lb_backend *be)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    const char *s = getenv("LB_CUDA_GEMM_LOG");
+    cx->gemm_log = s && *s && *s != '0';
+    be->gemm = cuda_gemm;
+    be->gemm_grouped = cuda_gemm_grouped;
+}

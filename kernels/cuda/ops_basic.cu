@@ -1,0 +1,433 @@
+// ops_basic.cu: elementwise ops, sumsq, embedding, RMSNorm, RoPE and SwiGLU for the CUDA
+// backend.
+//
+// Determinism: every output element is written by one thread, and every reduction runs in a
+// fixed shape that depends on the problem size alone (never on the grid, the number of SMs or
+// timing); no floating-point atomics. Row operations (RMSNorm, RoPE, SwiGLU) compute a row the
+// same way whatever the other rows are, so they are batch invariant. Sums that the CPU
+// reference takes in double are taken in double here too.
+#include "kernels/cuda/cuda.cuh"
+
+#include <cub/cub.cuh>
+
+// --- elementwise -----------------------------------------------------------------------------
+
+template <typename T> __global__ void add_kernel(T *y, const T *x, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        lb_st(y + i, lb_ld(y + i) + lb_ld(x + i));
+}
+
+template <typename T> __global__ void scale_kernel(T *x, float s, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        lb_st(x + i, lb_ld(x + i) * s);
+}
+
+static void cuda_add(lb_backend *be, float *y, const float *x, size_t n)
+{
+    if (!n) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    add_kernel<float><<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(y, x, n);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+static void cuda_scale(lb_backend *be, float *x, float s, size_t n)
+{
+    if (!n) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    scale_kernel<float><<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(x, s, n);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// --- sumsq: two passes of fixed shape --------------------------------------------------------
+// Pass 1: chunk ch (SUMSQ_CHUNK consecutive elements) is summed by one block of RED_THREADS:
+// thread t takes elements t, t + RED_THREADS, ... in order, in double, then the block's fixed
+// tree. Pass 2: one block sums the chunk partials the same way. The grouping is a function of
+// n alone, so the result is bitwise reproducible; x^2 of an fp32 value is exact in double.
+
+#define RED_THREADS 256
+#define SUMSQ_CHUNK 4096
+
+template <typename T> __global__ void sumsq_partial_kernel(const T *x, size_t n, double *part)
+{
+    size_t lo = (size_t)blockIdx.x * SUMSQ_CHUNK;
+    size_t hi = lo + SUMSQ_CHUNK < n ? lo + SUMSQ_CHUNK : n;
+    double s = 0.0;
+    for (size_t i = lo + threadIdx.x; i < hi; i += RED_THREADS) {
+        double v = lb_ld(x + i);
+        s += v * v;
+    }
+    s = lb_block_sum<RED_THREADS>(s);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+__global__ void sum_partials_kernel(const double *part, size_t np, double *out)
+{
+    double s = 0.0;
+    for (size_t i = threadIdx.x; i < np; i += RED_THREADS) s += part[i];
+    s = lb_block_sum<RED_THREADS>(s);
+    if (threadIdx.x == 0) *out = s;
+}
+
+static double cuda_sumsq(lb_backend *be, const float *x, size_t n)
+{
+    if (!n) return 0.0;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    size_t nch = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    if (nch > 0x7fffffffu) lb_die("sumsq: %zu elements is too many for one call", n);
+    double *part = (double *)lb_cuda_scratch(cx, (nch + 1) * sizeof(double));
+    double *total = part + nch;
+    sumsq_partial_kernel<float><<<(unsigned)nch, RED_THREADS, 0, cx->stream>>>(x, n, part);
+    LB_CUDA_LAUNCHED(cx);
+    sum_partials_kernel<<<1, RED_THREADS, 0, cx->stream>>>(part, nch, total);
+    LB_CUDA_LAUNCHED(cx);
+    double *h = (double *)lb_cuda_host_stage(cx, sizeof(double));
+    LB_CUDA_CHECK(cudaMemcpyAsync(h, total, sizeof(double), cudaMemcpyDeviceToHost, cx->stream));
+    LB_CUDA_WAIT(cx);
+    return *h;
+}
+
+// --- deterministic column sums ---------------------------------------------------------------
+// Column reductions over rows (RMSNorm's dw, the router's mean probabilities) run in two
+// kernels of fixed shape: rows are cut into chunks of COL_CHUNK, each (chunk, 32 columns)
+// block writes one double partial per column, then lb_cuda_colsum_partials sums the partials
+// of each column over chunks. Block (32, 8): x picks the column, y strides over rows (or
+// chunks) in order, and the 8 y partials are added in y order.
+
+#define COL_CHUNK 128
+
+__global__ void colsum_partials_kernel(const double *part, int nchunks, int c, double *out,
+                                       float *dst)
+{
+    __shared__ double sh[8][33];
+    int j = blockIdx.x * 32 + threadIdx.x;
+    double s = 0.0;
+    if (j < c)
+        for (int ch = threadIdx.y; ch < nchunks; ch += 8) s += part[(size_t)ch * c + j];
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < c) {
+        double t = 0.0;
+        for (int y = 0; y < 8; y++) t += sh[y][threadIdx.x];
+        if (dst) dst[j] += (float)t;
+        else out[j] = t;
+    }
+}
+
+extern "C" void lb_cuda_colsum_partials(lb_cuda_ctx *cx, const double *part, int nchunks, int c,
+                                        double *out, float *dst)
+{
+    dim3 grid((c + 31) / 32), block(32, 8);
+    colsum_partials_kernel<<<grid, block, 0, cx->stream>>>(part, nchunks, c, out, dst);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// --- embedding -------------------------------------------------------------------------------
+
+// out (n, c) = wte[tokens[i]]: block i copies row i.
+template <typename T>
+__global__ void embedding_fwd_kernel(T *out, const int32_t *tokens, const T *wte, int c,
+                                     unsigned long long *err)
+{
+    int i = blockIdx.x;
+    int tok = tokens[i];
+    T *o = out + (size_t)i * c;
+    if (tok < 0) {
+        if (threadIdx.x == 0) lb_report(err, LB_CERR_EMB_FWD_TOKEN, tok);
+        for (int j = threadIdx.x; j < c; j += blockDim.x) lb_st(o + j, __int_as_float(0x7fffffff));
+        return;
+    }
+    const T *w = wte + (size_t)tok * c;
+    for (int j = threadIdx.x; j < c; j += blockDim.x) o[j] = w[j];
+}
+
+static void cuda_embedding_fwd(lb_backend *be, float *out, const int32_t *tokens,
+                               const float *wte, int n, int c)
+{
+    if (n < 0 || c < 0) lb_die("embedding_fwd: negative size (n %d, c %d)", n, c);
+    if (!n || !c) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    embedding_fwd_kernel<float><<<n, 256, 0, cx->stream>>>(out, tokens, wte, c, cx->err_dev);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+__global__ void iota_kernel(int32_t *x, int n)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        x[i] = i;
+}
+
+// After a stable sort of (token, index) pairs, position p starts the run of its token when
+// p == 0 or the previous key differs. The block at a run start adds the run's dout rows, in
+// index order, to the token's dwte row: the same fp32 additions in the same order as the CPU
+// reference (dwte[v] + dout[i1] + dout[i2] + ...). Runs are disjoint, so no two blocks write
+// one row. Grid (n, column blocks).
+template <typename T>
+__global__ void embedding_bwd_kernel(float *dwte, const T *dout, const int32_t *keys,
+                                     const int32_t *order, int n, int c,
+                                     unsigned long long *err)
+{
+    int p = blockIdx.x;
+    int tok = keys[p];
+    if (p > 0 && keys[p - 1] == tok) return;
+    if (tok < 0) {
+        if (threadIdx.x == 0 && blockIdx.y == 0) lb_report(err, LB_CERR_EMB_BWD_TOKEN, tok);
+        return;
+    }
+    int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= c) return;
+    float *dst = dwte + (size_t)tok * c + j;
+    float acc = *dst;
+    for (int q = p; q < n && keys[q] == tok; q++) acc += lb_ld(dout + (size_t)order[q] * c + j);
+    *dst = acc;
+}
+
+// Sorting the n token ids (CUB's radix sort, stable, so equal tokens keep index order) costs
+// one O(n) pass per 8 key bits over n int32 pairs: negligible next to the (n, c) rows it
+// saves from atomics. The vocabulary size is not an argument, so nothing here depends on it.
+static void cuda_embedding_bwd(lb_backend *be, float *dwte, const float *dout,
+                               const int32_t *tokens, int n, int c)
+{
+    if (n < 0 || c < 0) lb_die("embedding_bwd: negative size (n %d, c %d)", n, c);
+    if (!n || !c) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    size_t tmp_bytes = 0;
+    LB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, tmp_bytes, (const int32_t *)NULL,
+                                                  (int32_t *)NULL, (const int32_t *)NULL,
+                                                  (int32_t *)NULL, n, 0, 32, cx->stream));
+    size_t arr = lb_align256((size_t)n * sizeof(int32_t));
+    char *s = (char *)lb_cuda_scratch(cx, 3 * arr + lb_align256(tmp_bytes));
+    int32_t *iota = (int32_t *)s, *keys = (int32_t *)(s + arr), *order = (int32_t *)(s + 2 * arr);
+    void *tmp = s + 3 * arr;
+    iota_kernel<<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(iota, n);
+    LB_CUDA_LAUNCHED(cx);
+    LB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp, tmp_bytes, tokens, keys, iota, order, n,
+                                                  0, 32, cx->stream));
+    dim3 grid(n, (c + 255) / 256);
+    embedding_bwd_kernel<float><<<grid, 256, 0, cx->stream>>>(dwte, dout, keys, order, n, c,
+                                                              cx->err_dev);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// --- RMSNorm ---------------------------------------------------------------------------------
+// One warp per row, lanes strided over columns; the row's sum of squares in double (lane
+// partials, then the warp's xor tree), as the CPU reference sums in double. A row's result
+// depends on that row alone. Block: ROW_WARPS warps = ROW_WARPS rows.
+
+#define ROW_WARPS 8
+
+template <typename T>
+__global__ void rmsnorm_fwd_kernel(T *out, float *rstd, const T *x, const float *w, int n, int c,
+                                   float eps)
+{
+    int lane = threadIdx.x & 31;
+    int row = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+    if (row >= n) return;
+    const T *xi = x + (size_t)row * c;
+    T *oi = out + (size_t)row * c;
+    double ss = 0.0;
+    for (int j = lane; j < c; j += 32) {
+        double v = lb_ld(xi + j);
+        ss += v * v;
+    }
+    ss = lb_warp_sum(ss);
+    float r = (float)(1.0 / sqrt(ss / c + (double)eps));
+    if (lane == 0) rstd[row] = r;
+    for (int j = lane; j < c; j += 32) lb_st(oi + j, (lb_ld(xi + j) * r) * w[j]);   // as HF
+}
+
+static void cuda_rmsnorm_fwd(lb_backend *be, float *out, float *rstd, const float *x,
+                             const float *w, int n, int c, float eps)
+{
+    if (n < 0 || c <= 0) lb_die("rmsnorm_fwd: bad size (n %d, c %d)", n, c);
+    if (!n) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    rmsnorm_fwd_kernel<float><<<(n + ROW_WARPS - 1) / ROW_WARPS, ROW_WARPS * 32, 0, cx->stream>>>(
+        out, rstd, x, w, n, c, eps);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// dx_j = r (w_j dy_j) - x_j r^3 / c * sum_k (w_k dy_k x_k), one warp per row, in double like
+// the CPU reference.
+template <typename T>
+__global__ void rmsnorm_bwd_dx_kernel(T *dx, const T *dout, const T *x, const float *w,
+                                      const float *rstd, int n, int c)
+{
+    int lane = threadIdx.x & 31;
+    int row = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+    if (row >= n) return;
+    const T *xi = x + (size_t)row * c, *gi = dout + (size_t)row * c;
+    T *dxi = dx + (size_t)row * c;
+    double r = rstd[row], dot = 0.0;
+    for (int j = lane; j < c; j += 32) dot += (double)lb_ld(gi + j) * w[j] * lb_ld(xi + j);
+    dot = lb_warp_sum(dot);
+    double coef = dot * r * r * r / c;
+    for (int j = lane; j < c; j += 32)
+        lb_st(dxi + j, (float)(r * ((double)w[j] * lb_ld(gi + j)) - coef * lb_ld(xi + j)));
+}
+
+// dw partials: block (row chunk, column block) of (32, 8) threads; column j's partial for
+// rows [ch COL_CHUNK, (ch + 1) COL_CHUNK) is summed by y-strided rows in order, then the 8
+// y partials in y order.
+template <typename T>
+__global__ void rmsnorm_bwd_dw_kernel(double *part, const T *dout, const T *x,
+                                      const float *rstd, int n, int c)
+{
+    __shared__ double sh[8][33];
+    int j = blockIdx.y * 32 + threadIdx.x, ch = blockIdx.x;
+    int lo = ch * COL_CHUNK, hi = lo + COL_CHUNK < n ? lo + COL_CHUNK : n;
+    double s = 0.0;
+    if (j < c)
+        for (int i = lo + threadIdx.y; i < hi; i += 8)
+            s += (double)lb_ld(dout + (size_t)i * c + j) * lb_ld(x + (size_t)i * c + j) *
+                 (double)rstd[i];
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < c) {
+        double t = 0.0;
+        for (int y = 0; y < 8; y++) t += sh[y][threadIdx.x];
+        part[(size_t)ch * c + j] = t;
+    }
+}
+
+static void cuda_rmsnorm_bwd(lb_backend *be, float *dx, float *dw, const float *dout,
+                             const float *x, const float *w, const float *rstd, int n, int c)
+{
+    if (n < 0 || c <= 0) lb_die("rmsnorm_bwd: bad size (n %d, c %d)", n, c);
+    if (!n) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    rmsnorm_bwd_dx_kernel<float><<<(n + ROW_WARPS - 1) / ROW_WARPS, ROW_WARPS * 32, 0,
+                                   cx->stream>>>(dx, dout, x, w, rstd, n, c);
+    LB_CUDA_LAUNCHED(cx);
+    int nch = (n + COL_CHUNK - 1) / COL_CHUNK;
+    if ((c + 31) / 32 > 65535) lb_die("rmsnorm_bwd: %d columns is too many for one call", c);
+    double *part = (double *)lb_cuda_scratch(cx, (size_t)nch * c * sizeof(double));
+    dim3 grid(nch, (c + 31) / 32), block(32, 8);
+    rmsnorm_bwd_dw_kernel<float><<<grid, block, 0, cx->stream>>>(part, dout, x, rstd, n, c);
+    LB_CUDA_LAUNCHED(cx);
+    lb_cuda_colsum_partials(cx, part, nch, c, NULL, dw);
+}
+
+// --- RoPE ------------------------------------------------------------------------------------
+// One thread per (row, frequency), all heads. As the CPU reference: the angle pos * inv_freq in
+// double, cos and sin rounded once to fp32; the rotation in fp32 with explicit round-to-nearest
+// multiplies so no FMA contraction changes it (it then matches the CPU bit for bit whenever the
+// double cos/sin round to the same fp32 values).
+template <typename T>
+__global__ void rope_kernel(T *x, const int32_t *pos, int n, int heads, int d, double theta,
+                            double sign)
+{
+    int half = d / 2;
+    size_t total = (size_t)n * half;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total;
+         t += (size_t)gridDim.x * blockDim.x) {
+        int i = (int)(t / half), f = (int)(t % half);
+        double inv_freq = pow(theta, -2.0 * f / d);
+        double angle = (double)pos[i] * inv_freq, sd, cd;
+        sincos(angle, &sd, &cd);
+        float cs = (float)cd, sn = (float)(sign * sd);
+        T *xi = x + (size_t)i * heads * d;
+        for (int h = 0; h < heads; h++) {
+            T *xh = xi + (size_t)h * d;
+            float x1 = lb_ld(xh + f), x2 = lb_ld(xh + f + half);
+            lb_st(xh + f, __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
+            lb_st(xh + f + half, __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
+        }
+    }
+}
+
+static void rope_apply(lb_backend *be, float *x, const int32_t *pos, int n, int heads, int d,
+                       float theta, double sign, const char *what)
+{
+    if (n < 0 || heads < 0 || d < 0) lb_die("%s: negative size", what);
+    if (d % 2) lb_die("%s: head dim %d is odd", what, d);
+    size_t total = (size_t)n * (d / 2);
+    if (!total || !heads) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    rope_kernel<float><<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(x, pos, n, heads, d,
+                                                                        (double)theta, sign);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+static void cuda_rope_fwd(lb_backend *be, float *x, const int32_t *pos, int n, int heads, int d,
+                          float theta)
+{
+    rope_apply(be, x, pos, n, heads, d, theta, 1.0, "rope_fwd");
+}
+
+static void cuda_rope_bwd(lb_backend *be, float *dx, const int32_t *pos, int n, int heads, int d,
+                          float theta)
+{
+    rope_apply(be, dx, pos, n, heads, d, theta, -1.0, "rope_bwd");
+}
+
+// --- SwiGLU ----------------------------------------------------------------------------------
+// gu (n, 2f) = [gate | up]; one thread per output element, the CPU reference's expressions.
+
+template <typename T> __global__ void swiglu_fwd_kernel(T *out, const T *gu, int n, int f)
+{
+    size_t total = (size_t)n * f;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total;
+         t += (size_t)gridDim.x * blockDim.x) {
+        size_t i = t / f, j = t % f;
+        float g = lb_ld(gu + i * 2 * f + j), u = lb_ld(gu + i * 2 * f + f + j);
+        float sig = 1.0f / (1.0f + expf(-g));
+        lb_st(out + t, g * sig * u);
+    }
+}
+
+template <typename T>
+__global__ void swiglu_bwd_kernel(T *dgu, const T *dout, const T *gu, int n, int f)
+{
+    size_t total = (size_t)n * f;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total;
+         t += (size_t)gridDim.x * blockDim.x) {
+        size_t i = t / f, j = t % f;
+        float g = lb_ld(gu + i * 2 * f + j), u = lb_ld(gu + i * 2 * f + f + j);
+        float dy = lb_ld(dout + t);
+        float sig = 1.0f / (1.0f + expf(-g));
+        float silu = g * sig;
+        lb_st(dgu + i * 2 * f + j, dy * u * (sig * (1.0f + g * (1.0f - sig))));
+        lb_st(dgu + i * 2 * f + f + j, dy * silu);
+    }
+}
+
+static void cuda_swiglu_fwd(lb_backend *be, float *out, const float *gu, int n, int f)
+{
+    if (n < 0 || f < 0) lb_die("swiglu_fwd: negative size (n %d, f %d)", n, f);
+    size_t total = (size_t)n * f;
+    if (!total) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    swiglu_fwd_kernel<float><<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(out, gu, n, f);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+static void cuda_swiglu_bwd(lb_backend *be, float *dgu, const float *dout, const float *gu,
+                            int n, int f)
+{
+    if (n < 0 || f < 0) lb_die("swiglu_bwd: negative size (n %d, f %d)", n, f);
+    size_t total = (size_t)n * f;
+    if (!total) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    swiglu_bwd_kernel<float><<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(dgu, dout, gu, n,
+                                                                               f);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+extern "C" void lb_cuda_init_basic(lb_backend *be)
+{
+    be->add = cuda_add;
+    be->scale = cuda_scale;
+    be->sumsq = cuda_sumsq;
+    be->embedding_fwd = cuda_embedding_fwd;
+    be->embedding_bwd = cuda_embedding_bwd;
+    be->rmsnorm_fwd = cuda_rmsnorm_fwd;
+    be->rmsnorm_bwd = cuda_rmsnorm_bwd;
+    be->rope_fwd = cuda_rope_fwd;
+    be->rope_bwd = cuda_rope_bwd;
+    be->swiglu_fwd = cuda_swiglu_fwd;
+    be->swiglu_bwd = cuda_swiglu_bwd;
+}

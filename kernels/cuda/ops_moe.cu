@@ -1,0 +1,483 @@
+// ops_moe.cu: the MoE router (softmax, top-k), the Switch load-balancing loss and token
+// dispatch (plan, permute, combine) for the CUDA backend.
+//
+// Layouts (kernels.h): logits, probs, dlogits (n, e); idx, weight, dweight, row (n, k);
+// x, out (n, c); permuted buffers xp, yp (n*k, c).
+//
+// Determinism: router rows are one warp each, a row's result depending on that row alone;
+// selection is exact comparison. Slot sums run in slot order, in double, exactly as the CPU
+// reference (so combine and permute_bwd match it bit for bit). The plan is a stable radix sort
+// of expert ids (CUB), so rows come sorted by (expert, token, slot) by construction. Expert
+// counts for the aux loss use integer atomics in shared memory: integer addition is exact and
+// order-free, so the counts are the same whatever the order. No floating-point atomics.
+#include "kernels/cuda/cuda.cuh"
+
+#include <cub/cub.cuh>
+#include <limits.h>
+#include <string.h>
+
+#define ROW_WARPS 8
+#define RED_THREADS 256
+#define COL_CHUNK 128
+
+// Does (pa, a) come before (pb, b) in the selection order: decreasing probability, then
+// increasing index? (The CPU reference's rule.)
+__device__ __forceinline__ bool ranks_before(float pa, int a, float pb, int b)
+{
+    return pa > pb || (pa == pb && a < b);
+}
+
+// --- router ----------------------------------------------------------------------------------
+
+// One warp per row. probs holds exp(l - max) until the row's sum is known. The s-th choice is
+// the best-ranked expert ranked after choice s-1: each lane proposes its best among its
+// experts, and the xor butterfly keeps the better of each pair (a strict total order, so every
+// lane ends with the same winner).
+template <typename T>
+__global__ void router_fwd_kernel(float *probs, int32_t *idx, float *weight, const T *logits,
+                                  int n, int e, int k, int renorm, unsigned long long *err)
+{
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+    if (row >= n) return;
+    const T *l = logits + (size_t)row * e;
+    float *p = probs + (size_t)row * e;
+    float m = -INFINITY;
+    bool bad = false;
+    for (int j = lane; j < e; j += 32) {
+        float v = lb_ld(l + j);
+        bad |= !isfinite(v);
+        m = fmaxf(m, v);
+    }
+    if (__any_sync(0xffffffffu, bad) && lane == 0) lb_report(err, LB_CERR_ROUTER_LOGIT, row);
+    m = lb_warp_max(m);
+    double sum = 0.0;
+    for (int j = lane; j < e; j += 32) {
+        float ex = expf(lb_ld(l + j) - m);
+        p[j] = ex;
+        sum += ex;
+    }
+    sum = lb_warp_sum(sum);
+    for (int j = lane; j < e; j += 32) p[j] = (float)(p[j] / sum);   // own elements only
+
+    float prev_p = 0.0f;
+    int prev = -1;
+    double wsum = 0.0;
+    for (int s = 0; s < k; s++) {
+        float bp = -1.0f;   // probabilities are >= 0: -1 marks "no candidate"
+        int bj = INT_MAX;
+        for (int j = lane; j < e; j += 32) {
+            float pj = p[j];
+            if (prev >= 0 && !ranks_before(prev_p, prev, pj, j)) continue;
+            if (bj == INT_MAX || ranks_before(pj, j, bp, bj)) bp = pj, bj = j;
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float op = __shfl_xor_sync(0xffffffffu, bp, o);
+            int oj = __shfl_xor_sync(0xffffffffu, bj, o);
+            if (ranks_before(op, oj, bp, bj)) bp = op, bj = oj;
+        }
+        prev_p = bp, prev = bj;
+        wsum += bp;
+        if (lane == 0) {
+            idx[(size_t)row * k + s] = bj;
+            weight[(size_t)row * k + s] = bp;
+        }
+    }
+    if (renorm && lane == 0)
+        for (int s = 0; s < k; s++) {
+            float *w = weight + (size_t)row * k + s;
+            *w = (float)(*w / wsum);
+        }
+}
+
+static void cuda_router_topk_fwd(lb_backend *be, float *probs, int32_t *idx, float *weight,
+                                 const float *logits, int n, int e, int k, int renorm)
+{
+    if (n < 0 || k < 0 || k > e || (n > 0 && e < 1))
+        lb_die("router_topk_fwd: k %d outside [0, %d] or no experts", k, e);
+    if (!n) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    router_fwd_kernel<float><<<(n + ROW_WARPS - 1) / ROW_WARPS, ROW_WARPS * 32, 0, cx->stream>>>(
+        probs, idx, weight, logits, n, e, k, renorm, cx->err_dev);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// Weights w_s = p_{idx_s} (/ S with S = sum_t p_{idx_t} when renorm), so
+//   dp_{idx_s} = dw_s                                  (no renorm)
+//   dp_{idx_s} = (dw_s - sum_t dw_t w_t) / S           (renorm)
+// plus dprobs_expert[j] on every p_j, then the softmax backward dl = p (dp - sum_j p_j dp_j).
+// One warp per row; dlogits holds dp while the row is worked on; lane 0 adds the k slot terms
+// in slot order (the CPU's arithmetic), __syncwarp orders the lanes' global accesses.
+__global__ void router_bwd_kernel(float *dlogits, const float *dweight,
+                                  const float *dprobs_expert, const float *probs,
+                                  const int32_t *idx, int n, int e, int k, int renorm,
+                                  unsigned long long *err)
+{
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+    if (row >= n) return;
+    const float *p = probs + (size_t)row * e, *dw = dweight + (size_t)row * k;
+    const int32_t *ix = idx + (size_t)row * k;
+    float *dl = dlogits + (size_t)row * e;
+    for (int j = lane; j < e; j += 32) dl[j] = dprobs_expert ? dprobs_expert[j] : 0.0f;
+    __syncwarp();
+    if (lane == 0) {
+        bool ok = true;
+        for (int s = 0; s < k; s++)
+            if (ix[s] < 0 || ix[s] >= e) {
+                lb_report(err, LB_CERR_ROUTER_BWD_IDX, ix[s]);
+                ok = false;
+            }
+        if (ok && renorm) {
+            double S = 0.0, dot = 0.0;
+            for (int s = 0; s < k; s++) S += p[ix[s]];
+            for (int s = 0; s < k; s++) dot += (double)dw[s] * (p[ix[s]] / S);
+            for (int s = 0; s < k; s++) dl[ix[s]] += (float)((dw[s] - dot) / S);
+        } else if (ok) {
+            for (int s = 0; s < k; s++) dl[ix[s]] += dw[s];
+        }
+    }
+    __syncwarp();
+    double pdp = 0.0;
+    for (int j = lane; j < e; j += 32) pdp += (double)p[j] * dl[j];
+    pdp = lb_warp_sum(pdp);
+    for (int j = lane; j < e; j += 32) dl[j] = (float)(p[j] * (dl[j] - pdp));
+}
+
+static void cuda_router_topk_bwd(lb_backend *be, float *dlogits, const float *dweight,
+                                 const float *dprobs_expert, const float *probs,
+                                 const int32_t *idx, int n, int e, int k, int renorm)
+{
+    if (n < 0 || e < 0 || k < 0) lb_die("router_topk_bwd: negative size");
+    if (!n || !e) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    router_bwd_kernel<<<(n + ROW_WARPS - 1) / ROW_WARPS, ROW_WARPS * 32, 0, cx->stream>>>(
+        dlogits, dweight, dprobs_expert, probs, idx, n, e, k, renorm, cx->err_dev);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// --- load-balancing loss ---------------------------------------------------------------------
+
+// counts (e): assignments per expert, one block, a shared-memory histogram (exact integers).
+__global__ void expert_count_kernel(int *counts, const int32_t *idx, size_t total, int e,
+                                    unsigned long long *err)
+{
+    extern __shared__ int hist[];
+    for (int j = threadIdx.x; j < e; j += blockDim.x) hist[j] = 0;
+    __syncthreads();
+    for (size_t a = threadIdx.x; a < total; a += blockDim.x) {
+        int j = idx[a];
+        if (j < 0 || j >= e) lb_report(err, LB_CERR_AUX_IDX, j);
+        else atomicAdd(&hist[j], 1);
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < e; j += blockDim.x) counts[j] = hist[j];
+}
+
+// Partials of column sums of x (n, c) over row chunks of COL_CHUNK (see ops_basic.cu's
+// lb_cuda_colsum_partials): block (row chunk, column block) of (32, 8) threads.
+__global__ void colsum_rows_kernel(double *part, const float *x, int n, int c)
+{
+    __shared__ double sh[8][33];
+    int j = blockIdx.y * 32 + threadIdx.x, ch = blockIdx.x;
+    int lo = ch * COL_CHUNK, hi = lo + COL_CHUNK < n ? lo + COL_CHUNK : n;
+    double s = 0.0;
+    if (j < c)
+        for (int i = lo + threadIdx.y; i < hi; i += 8) s += x[(size_t)i * c + j];
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < c) {
+        double t = 0.0;
+        for (int y = 0; y < 8; y++) t += sh[y][threadIdx.x];
+        part[(size_t)ch * c + j] = t;
+    }
+}
+
+// loss = e sum_j f_j P_j, f_j = count_j / (n k), P_j = psum_j / n; one thread, experts in
+// order, the CPU reference's expressions.
+__global__ void aux_loss_final_kernel(float *loss, float *dprobs_expert, const int *counts,
+                                      const double *psum, int n, int e, int k)
+{
+    if (threadIdx.x || blockIdx.x) return;
+    double total = 0.0;
+    for (int j = 0; j < e; j++) {
+        double f = (double)counts[j] / ((double)n * k);
+        total += f * (psum[j] / n);
+        dprobs_expert[j] = (float)(e * f / n);
+    }
+    *loss = (float)(e * total);
+}
+
+static void cuda_moe_aux_loss(lb_backend *be, float *loss, float *dprobs_expert,
+                              const float *probs, const int32_t *idx, int n, int e, int k)
+{
+    if (n < 0 || e < 0 || k < 0) lb_die("moe_aux_loss: negative size");
+    lb_cuda_ctx *cx = lb_cuda(be);
+    if (n == 0 || k == 0 || e == 0) {
+        if (e) LB_CUDA_CHECK(cudaMemsetAsync(dprobs_expert, 0, (size_t)e * sizeof(float),
+                                             cx->stream));
+        *loss = 0.0f;
+        return;
+    }
+    if ((size_t)e * sizeof(int) > 48 * 1024) lb_die("moe_aux_loss: %d experts is too many", e);
+    if ((e + 31) / 32 > 65535) lb_die("moe_aux_loss: %d experts is too many", e);
+    int nch = (n + COL_CHUNK - 1) / COL_CHUNK;
+    size_t b_counts = lb_align256((size_t)e * sizeof(int));
+    size_t b_psum = lb_align256((size_t)e * sizeof(double));
+    size_t b_part = lb_align256((size_t)nch * e * sizeof(double));
+    char *s = (char *)lb_cuda_scratch(cx, b_counts + b_psum + b_part + 256);
+    int *counts = (int *)s;
+    double *psum = (double *)(s + b_counts), *part = (double *)(s + b_counts + b_psum);
+    float *dloss = (float *)(s + b_counts + b_psum + b_part);
+    expert_count_kernel<<<1, 1024, (size_t)e * sizeof(int), cx->stream>>>(
+        counts, idx, (size_t)n * k, e, cx->err_dev);
+    LB_CUDA_LAUNCHED(cx);
+    dim3 grid(nch, (e + 31) / 32), block(32, 8);
+    colsum_rows_kernel<<<grid, block, 0, cx->stream>>>(part, probs, n, e);
+    LB_CUDA_LAUNCHED(cx);
+    lb_cuda_colsum_partials(cx, part, nch, e, psum, NULL);
+    aux_loss_final_kernel<<<1, 32, 0, cx->stream>>>(dloss, dprobs_expert, counts, psum, n, e, k);
+    LB_CUDA_LAUNCHED(cx);
+    float *h = (float *)lb_cuda_host_stage(cx, sizeof(float));
+    LB_CUDA_CHECK(cudaMemcpyAsync(h, dloss, sizeof(float), cudaMemcpyDeviceToHost, cx->stream));
+    LB_CUDA_WAIT(cx);
+    *loss = *h;
+}
+
+// --- dispatch --------------------------------------------------------------------------------
+
+__global__ void iota_kernel_moe(int32_t *x, int n)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        x[i] = i;
+}
+
+// After the stable sort, sorted position p is the row of assignment order[p].
+__global__ void plan_rows_kernel(int32_t *row, const int32_t *order, int total)
+{
+    for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < total; p += gridDim.x * blockDim.x)
+        row[order[p]] = p;
+}
+
+// counts[j] = (first position with key > j) - (first position with key >= j), by binary
+// search over the sorted keys; experts outside [0, e) are reported.
+__global__ void plan_counts_kernel(int *counts, const int32_t *keys, int total, int e,
+                                   unsigned long long *err)
+{
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j == 0 && keys[0] < 0) lb_report(err, LB_CERR_PLAN_IDX, keys[0]);
+    if (j == 0 && keys[total - 1] >= e) lb_report(err, LB_CERR_PLAN_IDX, keys[total - 1]);
+    if (j >= e) return;
+    int lo = 0, hi = total;   // first position with key >= j
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (keys[mid] < j) lo = mid + 1;
+        else hi = mid;
+    }
+    int a = lo;
+    hi = total;               // first position with key > j
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (keys[mid] <= j) lo = mid + 1;
+        else hi = mid;
+    }
+    counts[j] = lo - a;
+}
+
+static void cuda_moe_plan(lb_backend *be, int32_t *row, int *counts_host, const int32_t *idx,
+                          int n, int e, int k)
+{
+    if (n < 0 || e < 0 || k < 0) lb_die("moe_plan: negative size");
+    if ((size_t)n * k > INT32_MAX) lb_die("moe_plan: %d x %d assignments overflow int32", n, k);
+    lb_cuda_ctx *cx = lb_cuda(be);
+    int total = n * k;
+    if (total == 0) {
+        if (e) memset(counts_host, 0, (size_t)e * sizeof(int));
+        return;
+    }
+    size_t tmp_bytes = 0;
+    LB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, tmp_bytes, (const int32_t *)NULL,
+                                                  (int32_t *)NULL, (const int32_t *)NULL,
+                                                  (int32_t *)NULL, total, 0, 32, cx->stream));
+    size_t arr = lb_align256((size_t)total * sizeof(int32_t));
+    size_t b_counts = lb_align256((size_t)(e ? e : 1) * sizeof(int));
+    char *s = (char *)lb_cuda_scratch(cx, 3 * arr + b_counts + lb_align256(tmp_bytes));
+    int32_t *iota = (int32_t *)s, *keys = (int32_t *)(s + arr), *order = (int32_t *)(s + 2 * arr);
+    int *counts = (int *)(s + 3 * arr);
+    void *tmp = s + 3 * arr + b_counts;
+    iota_kernel_moe<<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(iota, total);
+    LB_CUDA_LAUNCHED(cx);
+    LB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp, tmp_bytes, idx, keys, iota, order, total,
+                                                  0, 32, cx->stream));
+    plan_rows_kernel<<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(row, order, total);
+    LB_CUDA_LAUNCHED(cx);
+    plan_counts_kernel<<<(e + 255) / 256 > 0 ? (e + 255) / 256 : 1, 256, 0, cx->stream>>>(
+        counts, keys, total, e, cx->err_dev);
+    LB_CUDA_LAUNCHED(cx);
+    if (e) {
+        int *h = (int *)lb_cuda_host_stage(cx, (size_t)e * sizeof(int));
+        LB_CUDA_CHECK(cudaMemcpyAsync(h, counts, (size_t)e * sizeof(int), cudaMemcpyDeviceToHost,
+                                      cx->stream));
+        LB_CUDA_WAIT(cx);
+        memcpy(counts_host, h, (size_t)e * sizeof(int));
+    } else {
+        LB_CUDA_WAIT(cx);   // e == 0 with assignments: every index is out of range (reported)
+    }
+}
+
+// xp (n*k, c): block a copies x[a / k] to xp[row[a]]. Rows of a plan are distinct.
+template <typename T>
+__global__ void permute_kernel(T *xp, const T *x, const int32_t *row, int k, int c, int total,
+                               unsigned long long *err)
+{
+    int a = blockIdx.x;
+    int r = row[a];
+    if (r < 0 || r >= total) {
+        if (threadIdx.x == 0) lb_report(err, LB_CERR_PERMUTE_ROW, r);
+        return;
+    }
+    const T *src = x + (size_t)(a / k) * c;
+    T *dst = xp + (size_t)r * c;
+    for (int j = threadIdx.x; j < c; j += blockDim.x) dst[j] = src[j];
+}
+
+// dx (n, c) = sum over s in order of dxp[row[i][s]], in double: one thread per element.
+template <typename T>
+__global__ void permute_bwd_kernel(T *dx, const T *dxp, const int32_t *row, int n, int k, int c,
+                                   int total, unsigned long long *err)
+{
+    size_t all = (size_t)n * c;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < all;
+         t += (size_t)gridDim.x * blockDim.x) {
+        size_t i = t / c, x = t % c;
+        double acc = 0.0;
+        for (int s = 0; s < k; s++) {
+            int r = row[i * k + s];
+            if (r < 0 || r >= total) {
+                lb_report(err, LB_CERR_PERMUTE_BWD_ROW, r);
+                acc = NAN;
+                break;
+            }
+            acc += lb_ld(dxp + (size_t)r * c + x);
+        }
+        lb_st(dx + t, (float)acc);
+    }
+}
+
+// out (n, c) = sum over s in order of weight[i][s] * yp[row[i][s]], in double.
+template <typename T>
+__global__ void combine_kernel(T *out, const T *yp, const float *weight, const int32_t *row,
+                               int n, int k, int c, int total, unsigned long long *err)
+{
+    size_t all = (size_t)n * c;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < all;
+         t += (size_t)gridDim.x * blockDim.x) {
+        size_t i = t / c, x = t % c;
+        double acc = 0.0;
+        for (int s = 0; s < k; s++) {
+            int r = row[i * k + s];
+            if (r < 0 || r >= total) {
+                lb_report(err, LB_CERR_COMBINE_ROW, r);
+                acc = NAN;
+                break;
+            }
+            acc += (double)weight[i * k + s] * lb_ld(yp + (size_t)r * c + x);
+        }
+        lb_st(out + t, (float)acc);
+    }
+}
+
+// Block a = (i, s): dyp[row] = weight * dout[i] and dweight[a] = dot(dout[i], yp[row]) (double,
+// the block's fixed tree).
+#define COMBINE_THREADS 128
+template <typename T>
+__global__ void combine_bwd_kernel(T *dyp, float *dweight, const T *dout, const T *yp,
+                                   const float *weight, const int32_t *row, int k, int c,
+                                   int total, unsigned long long *err)
+{
+    int a = blockIdx.x;
+    int r = row[a];
+    if (r < 0 || r >= total) {
+        if (threadIdx.x == 0) {
+            lb_report(err, LB_CERR_COMBINE_BWD_ROW, r);
+            dweight[a] = NAN;
+        }
+        return;
+    }
+    const T *g = dout + (size_t)(a / k) * c, *y = yp + (size_t)r * c;
+    T *dy = dyp + (size_t)r * c;
+    float w = weight[a];
+    double dot = 0.0;
+    for (int x = threadIdx.x; x < c; x += COMBINE_THREADS) {
+        float gx = lb_ld(g + x);
+        lb_st(dy + x, w * gx);
+        dot += (double)gx * lb_ld(y + x);
+    }
+    dot = lb_block_sum<COMBINE_THREADS>(dot);
+    if (threadIdx.x == 0) dweight[a] = (float)dot;
+}
+
+static int dispatch_total(const char *what, int n, int k, int c)
+{
+    if (n < 0 || k < 0 || c < 0) lb_die("%s: negative size (n %d, k %d, c %d)", what, n, k, c);
+    if ((size_t)n * k > INT32_MAX) lb_die("%s: %d x %d assignments overflow int32", what, n, k);
+    return n * k;
+}
+
+static void cuda_moe_permute(lb_backend *be, float *xp, const float *x, const int32_t *row,
+                             int n, int k, int c)
+{
+    int total = dispatch_total("moe_permute", n, k, c);
+    if (!total || !c) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    permute_kernel<float><<<total, 256, 0, cx->stream>>>(xp, x, row, k, c, total, cx->err_dev);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+static void cuda_moe_permute_bwd(lb_backend *be, float *dx, const float *dxp, const int32_t *row,
+                                 int n, int k, int c)
+{
+    int total = dispatch_total("moe_permute_bwd", n, k, c);
+    size_t all = (size_t)n * c;
+    if (!all) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    permute_bwd_kernel<float><<<lb_grid(all, 256, cx), 256, 0, cx->stream>>>(
+        dx, dxp, row, n, k, c, total, cx->err_dev);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+static void cuda_moe_combine(lb_backend *be, float *out, const float *yp, const float *weight,
+                             const int32_t *row, int n, int k, int c)
+{
+    int total = dispatch_total("moe_combine", n, k, c);
+    size_t all = (size_t)n * c;
+    if (!all) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    combine_kernel<float><<<lb_grid(all, 256, cx), 256, 0, cx->stream>>>(
+        out, yp, weight, row, n, k, c, total, cx->err_dev);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+static void cuda_moe_combine_bwd(lb_backend *be, float *dyp, float *dweight, const float *dout,
+                                 const float *yp, const float *weight, const int32_t *row, int n,
+                                 int k, int c)
+{
+    int total = dispatch_total("moe_combine_bwd", n, k, c);
+    if (!total) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    combine_bwd_kernel<float><<<total, COMBINE_THREADS, 0, cx->stream>>>(
+        dyp, dweight, dout, yp, weight, row, k, c, total, cx->err_dev);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+extern "C" void lb_cuda_init_moe(lb_backend *be)
+{
+    be->router_topk_fwd = cuda_router_topk_fwd;
+    be->router_topk_bwd = cuda_router_topk_bwd;
+    be->moe_aux_loss = cuda_moe_aux_loss;
+    be->moe_plan = cuda_moe_plan;
+    be->moe_permute = cuda_moe_permute;
+    be->moe_permute_bwd = cuda_moe_permute_bwd;
+    be->moe_combine = cuda_moe_combine;
+    be->moe_combine_bwd = cuda_moe_combine_bwd;
+}
