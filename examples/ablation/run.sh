@@ -5,7 +5,7 @@
 set -euo pipefail
 out=${1:-runs/ablation}
 steps=${2:-150}
-bin=./lowbit
+bin=${LOWBIT:-./lowbit}
 cfg=examples/tiny-moe.cfg
 [ -f data/arith_train_000.bin ] || "$bin" data "$cfg"
 variants=(
