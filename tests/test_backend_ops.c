@@ -34,6 +34,8 @@
 #include "lb_autoconf.h"
 #include "kernels/common.h"
 #include "kernels/kernels.h"
+#include "kernels/quant/quant.h"
+#include "src/safetensors.h"
 #include "tests/testutil.h"
 
 #include <math.h>
@@ -45,6 +47,9 @@
 
 #ifdef LB_HAVE_CUDA
 int lb_cuda_device_count(void);   // kernels/cuda/device.cu
+// kernels/cuda/gemm_q.cu: gemm_q calls per path so far, and the compute capability.
+void lb_cuda_gemm_q_stats(lb_backend *be, long *fp8_native, long *fp8_fallback, long *emulated,
+                          int *cc_major);
 #endif
 
 #define B_ROUND 1e-12
@@ -190,6 +195,10 @@ START_TEST(test_table_and_memory)
         (void (*)(void))gpu->moe_permute_bwd, (void (*)(void))gpu->moe_combine,
         (void (*)(void))gpu->moe_combine_bwd, (void (*)(void))gpu->cross_entropy_fwd,
         (void (*)(void))gpu->cross_entropy_bwd, (void (*)(void))gpu->adamw,
+        (void (*)(void))gpu->qmat_alloc, (void (*)(void))gpu->qmat_free,
+        (void (*)(void))gpu->quantize, (void (*)(void))gpu->dequantize,
+        (void (*)(void))gpu->gemm_q, (void (*)(void))gpu->hadamard,
+        (void (*)(void))gpu->round_bf16,
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
         ck_assert_msg(fns[i] != NULL, "table entry %zu is NULL", i);
@@ -1038,6 +1047,502 @@ START_TEST(test_batch_invariance_rows)
 }
 END_TEST
 
+// --- low precision: quantize, dequantize, Hadamard, bf16 rounding, gemm_q ---------------------
+//
+// Quantization must be bit-identical to the CPU codecs (doc/formats.md): element bytes, block
+// scales and NVFP4 second levels are compared byte for byte, for every format, block shape,
+// element type, MX scale rule, second-level mode, rounding (nearest even and stochastic) and
+// direction, on random matrices of awkward shapes with special values planted in them (zero
+// blocks, -0, NaN, +-Inf, fp32 subnormals, values near the fp32 maximum, outliers next to tiny
+// values) and on the three inputs of tests/data/quant/blocks.safetensors. Dequantization is
+// compared bitwise (NaN payloads excepted, as in test_quant.c: they are not part of the
+// contract). The Hadamard transform and bf16 rounding perform the CPU's operations in the CPU's
+// order, so they are compared bitwise too.
+//
+// gemm_q bounds (NMSE against the CPU's gemm_q on the same quantized bytes):
+//   B_ACCUM  1e-10  fp8-block with two 128x128 operands: the fp32 fallback, the CPU's own
+//                   computation (fp32 FFMA) in another order.
+//   B_TC     1e-9   MXFP8, MXFP4, NVFP4 on bf16 tensor cores: the operands are the exactly
+//                   dequantized values, so every product is the CPU's product exactly, and only
+//                   the fp32 accumulation differs. Tensor cores add into the fp32 accumulator
+//                   with truncation (round toward zero; Fasi et al. 2021 measured it on V100 to
+//                   A100), a bias that does not average out: simulating K = 1000 random products
+//                   truncated after every product gives NMSE 6.7e-10 (after every 8: 9e-12),
+//                   against ~1e-13 for round-to-nearest. The bound covers the worst model.
+//   B_FP8TC  3e-7   fp8-block on cuBLASLt's FP8 tensor cores: within each 128-term block the
+//                   Hopper FP8 accumulator keeps about 14 bits (DeepSeek-V3 report, section
+//                   3.3.2: aligned to the largest addend and truncated) before cuBLASLt promotes
+//                   the block partial to fp32 and applies sa * sb. Measured on the H200: NMSE
+//                   1.6e-8 to 3.4e-8 on plain normal operands (an RMS relative error of about
+//                   2^-13), up to 7.4e-8 on the operands below (rows and K groups of unlike
+//                   magnitude, so that a misplaced block scale would be off by tens of percent).
+//                   The bound leaves a factor 2 in RMS error over the largest measured.
+
+#define B_TC 1e-9
+#define B_FP8TC 3e-7
+
+// (rows, cols) normal values times a per-row and a per-32-column-group magnitude exp(N(0, 1)):
+// block scales differ across rows and along K, so a scale applied to the wrong block shows.
+static float *scaled_randn(int rows, int cols)
+{
+    uint64_t st = next_stream++;
+    float *x = lb_malloc((size_t)rows * cols * sizeof(float));
+    for (int r = 0; r < rows; r++) {
+        float rm = expf(lb_rand_normal(seed, st, ((uint64_t)1 << 40) + (uint64_t)r));
+        for (int c = 0; c < cols; c++) {
+            float cm = expf(lb_rand_normal(seed, st, ((uint64_t)2 << 40) + (uint64_t)(c / 32)));
+            x[(size_t)r * cols + c] = rm * cm * lb_rand_normal(seed, st, (uint64_t)r * cols + c);
+        }
+    }
+    return x;
+}
+
+static uint32_t fbits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+
+// A random (rows, cols) matrix: rows of unlike magnitude (exp(2 N(0,1))), then special values
+// planted by `special`: 0 none; 1 a zero block and -0, fp32 subnormals, a huge outlier row
+// segment, near-fp32-max values, tiny values (amax below 2^-120); 2 adds NaN, +Inf and -Inf.
+static float *qinput(int rows, int cols, int special)
+{
+    uint64_t st = next_stream++;
+    float *x = lb_malloc((size_t)rows * cols * sizeof(float));
+    for (int r = 0; r < rows; r++) {
+        float mag = expf(2.0f * lb_rand_normal(seed, st, (uint64_t)r + ((uint64_t)1 << 40)));
+        for (int c = 0; c < cols; c++)
+            x[(size_t)r * cols + c] = mag * lb_rand_normal(seed, st, (uint64_t)r * cols + c);
+    }
+    if (!special) return x;
+    size_t n = (size_t)rows * cols;
+#define AT(r, c) x[(size_t)((r) % rows) * cols + ((c) % cols)]
+    for (int c = 0; c < 40 && c < cols; c++) AT(0, c) = 0.0f;            // a zero block (row 0)
+    AT(0, 3) = -0.0f;
+    for (int c = 0; c < 20; c++) AT(1, c) = ldexpf(1.0f + c, -140);      // fp32 subnormals
+    for (int c = 0; c < 16; c++) AT(2, c + 16) = ldexpf(1.0f + 0.01f * c, -122);   // tiny block
+    AT(3, 5) = 3.0e38f;                                                  // near the fp32 max
+    AT(3, 6) = -3.4028235e38f;
+    AT(4, 7) = 1e30f, AT(4, 8) = 1e-30f;                                 // outlier over tiny
+    for (int c = 0; c < 8; c++) AT(5, 64 + c) = 448.0f * (c + 1);       // saturation region
+    AT(6, 33) = 2688.0f * 8;                                             // the tensor amax
+    if (special == 2) {
+        AT(7, 1) = NAN;
+        AT(8, 40) = INFINITY;
+        AT(9, 100) = -INFINITY;
+    }
+#undef AT
+    (void)n;
+    return x;
+}
+
+typedef struct {
+    const char *name;
+    lb_format fmt;
+    int weight;
+    lb_elem elem;
+    lb_scale_rule rule;
+    lb_scale2_mode s2;
+} qcfg;
+
+static const qcfg QCFG[] = {
+    {"fp8 1x128", LB_FMT_FP8_BLOCK, 0, LB_E4M3, 0, 0},
+    {"fp8 128x128", LB_FMT_FP8_BLOCK, 1, LB_E4M3, 0, 0},
+    {"mxfp8 e4m3 ceil", LB_FMT_MXFP8, 0, LB_E4M3, LB_SCALE_CEIL, 0},
+    {"mxfp8 e4m3 floor", LB_FMT_MXFP8, 0, LB_E4M3, LB_SCALE_FLOOR, 0},
+    {"mxfp8 e5m2 ceil", LB_FMT_MXFP8, 0, LB_E5M2, LB_SCALE_CEIL, 0},
+    {"mxfp8 e5m2 floor", LB_FMT_MXFP8, 0, LB_E5M2, LB_SCALE_FLOOR, 0},
+    {"mxfp4 ceil", LB_FMT_MXFP4, 0, LB_E4M3, LB_SCALE_CEIL, 0},
+    {"mxfp4 floor", LB_FMT_MXFP4, 0, LB_E4M3, LB_SCALE_FLOOR, 0},
+    {"nvfp4 tensor", LB_FMT_NVFP4, 0, LB_E4M3, 0, LB_S2_TENSOR},
+    {"nvfp4 row", LB_FMT_NVFP4, 0, LB_E4M3, 0, LB_S2_ROW},
+    {"nvfp4 given", LB_FMT_NVFP4, 0, LB_E4M3, 0, LB_S2_GIVEN},
+    {"nvfp4 16x16 tensor", LB_FMT_NVFP4, 1, LB_E4M3, 0, LB_S2_TENSOR},
+    {"nvfp4 16x16 given", LB_FMT_NVFP4, 1, LB_E4M3, 0, LB_S2_GIVEN},
+};
+#define NQCFG ((int)(sizeof QCFG / sizeof QCFG[0]))
+
+static lb_quant_args qargs(const qcfg *c, int colwise, int sr, float s2)
+{
+    lb_quant_args a;
+    memset(&a, 0, sizeof a);
+    a.fmt = c->fmt;
+    a.colwise = colwise;
+    a.weight_blocks = c->weight;
+    a.elem = c->elem;
+    a.rule = c->rule;
+    a.s2_mode = c->s2;
+    a.s2 = s2;
+    a.sr = sr;
+    a.seed = seed ^ 0x5eed;
+    a.step = 17;
+    a.tensor = 12345 + (uint64_t)colwise;
+    return a;
+}
+
+// Host copy of a device qmat (same layout, host buffers).
+static void qmat_get(lb_qmat *h, const lb_qmat *d)
+{
+    *h = *d;
+    h->data = hget(d->data, lb_qmat_data_bytes(d));
+    h->scale = hget(d->scale, lb_qmat_scale_bytes(d));
+    h->scale2 = d->nscale2 ? hget(d->scale2, (size_t)d->nscale2 * 4) : NULL;
+}
+
+// Device qmat holding the bytes of host qmat h.
+static void qmat_put(lb_qmat *d, const lb_qmat *h, const lb_quant_args *a, int rows, int cols)
+{
+    gpu->qmat_alloc(gpu, d, rows, cols, a);
+    gpu->upload(gpu, d->data, h->data, lb_qmat_data_bytes(h));
+    gpu->upload(gpu, d->scale, h->scale, lb_qmat_scale_bytes(h));
+    if (h->nscale2) gpu->upload(gpu, d->scale2, h->scale2, (size_t)h->nscale2 * 4);
+}
+
+static int same_or_nan(float a, float b) { return fbits(a) == fbits(b) || (a != a && b != b); }
+
+static int qcompared;   // quantizations compared (the test checks it covered what it meant to)
+
+// Quantizes x (rows, cols) on both backends and demands identical bytes, scales and second
+// levels; then dequantizes the GPU's copy on the GPU and compares with the CPU's.
+static void quant_case(const char *input, const float *x, int rows, int cols, const qcfg *c,
+                       int colwise, int sr, float s2)
+{
+    lb_quant_args a = qargs(c, colwise, sr, s2);
+    lb_qmat ref, dq, got;
+    lb_qmat_alloc(&ref, rows, cols, &a);
+    lb_quantize(&ref, x, rows, cols, &a);
+    float *dx = dput(x, (size_t)rows * cols * 4);
+    gpu->qmat_alloc(gpu, &dq, rows, cols, &a);
+    ck_assert_int_eq(dq.rows, ref.rows);
+    ck_assert_int_eq(dq.cols, ref.cols);
+    ck_assert_uint_eq(dq.ld, ref.ld);
+    ck_assert_int_eq(dq.srows, ref.srows);
+    ck_assert_int_eq(dq.scols, ref.scols);
+    ck_assert_int_eq(dq.nscale2, ref.nscale2);
+    size_t nd = lb_qmat_data_bytes(&ref), ns = lb_qmat_scale_bytes(&ref);
+    char what[200];
+    snprintf(what, sizeof what, "quantize %s %s %s%s (%d x %d)", input, c->name,
+             colwise ? "col" : "row", sr ? " sr" : "", rows, cols);
+    for (int run = 0; run < 2; run++) {   // twice: identical again (poisoned each time)
+        poison(dq.data, nd);
+        poison(dq.scale, ns);
+        if (dq.nscale2) poison(dq.scale2, (size_t)dq.nscale2 * 4);
+        gpu->quantize(gpu, &dq, dx, rows, cols, &a);
+        qmat_get(&got, &dq);
+        size_t bad = 0, first = 0;
+        for (size_t i = 0; i < nd; i++)
+            if (got.data[i] != ref.data[i] && !bad++) first = i;
+        ck_assert_msg(!bad, "%s: %zu of %zu data bytes differ, first at %zu (row %zu): %#x want "
+                      "%#x (seed %llu)", what, bad, nd, first, first / ref.ld, got.data[first],
+                      ref.data[first], (unsigned long long)seed);
+        for (size_t i = 0; i < ns; i++)
+            if (((uint8_t *)got.scale)[i] != ((uint8_t *)ref.scale)[i] && !bad++) first = i;
+        ck_assert_msg(!bad, "%s: scale bytes differ, first at byte %zu: %#x want %#x (seed %llu)",
+                      what, first, ((uint8_t *)got.scale)[first], ((uint8_t *)ref.scale)[first],
+                      (unsigned long long)seed);
+        for (int i = 0; i < ref.nscale2; i++)
+            ck_assert_msg(fbits(got.scale2[i]) == fbits(ref.scale2[i]),
+                          "%s: scale2[%d] %a want %a (seed %llu)", what, i, (double)got.scale2[i],
+                          (double)ref.scale2[i], (unsigned long long)seed);
+        lb_qmat_free(&got);
+    }
+    // Dequantization of the (identical) bytes.
+    size_t ny = (size_t)ref.rows * ref.cols;
+    float *want = lb_malloc(ny * 4), *dy = dpoisoned(ny * 4);
+    lb_dequantize(want, &ref);
+    gpu->dequantize(gpu, dy, &dq);
+    float *y = hget(dy, ny * 4);
+    for (size_t i = 0; i < ny; i++)
+        ck_assert_msg(same_or_nan(y[i], want[i]), "%s: dequantized [%zu] %a want %a (seed %llu)",
+                      what, i, (double)y[i], (double)want[i], (unsigned long long)seed);
+    if (verbose()) printf("  %-70s bitwise equal (+ dequantize)\n", what);
+    qcompared++;
+    free(want), free(y), dfree(dy), dfree(dx);
+    gpu->qmat_free(gpu, &dq);
+    lb_qmat_free(&ref);
+}
+
+// Every configuration, both directions, both roundings, on x.
+static void quant_all(const char *input, const float *x, int rows, int cols, float s2_given)
+{
+    for (int c = 0; c < NQCFG; c++)
+        for (int dir = 0; dir < 2; dir++)
+            for (int sr = 0; sr < 2; sr++)
+                quant_case(input, x, rows, cols, &QCFG[c], dir, sr, s2_given);
+}
+
+START_TEST(test_quantize_random)
+{
+    qcompared = 0;
+    const struct { int rows, cols, special; } sz[] = {
+        {1, 1, 0}, {3, 17, 1}, {37, 135, 1}, {129, 300, 2}, {300, 129, 1}, {2, 1000, 0},
+        {257, 33, 2},
+    };
+    int ncases = (int)(sizeof sz / sizeof sz[0]);
+    for (int i = 0; i < ncases; i++) {
+        int rows = sz[i].rows, cols = sz[i].cols;
+        float *x = qinput(rows, cols, sz[i].special);
+        char name[64];
+        snprintf(name, sizeof name, "random%s", sz[i].special == 2 ? "+nan/inf" : sz[i].special ? "+special" : "");
+        // A given second level a third of the tensor's own, so some block scales saturate.
+        float s2 = lb_nvfp4_scale2(lb_amax(x, (size_t)rows * cols));
+        s2 = s2 == s2 ? s2 / 3.0f : 0.01f;
+        quant_all(name, x, rows, cols, s2);
+        free(x);
+    }
+    // NaN given second level (allowed: it poisons the tensor).
+    float *x = qinput(20, 40, 0);
+    quant_case("random", x, 20, 40, &QCFG[10], 0, 0, NAN);
+    quant_case("random", x, 20, 40, &QCFG[12], 1, 1, NAN);
+    free(x);
+    ck_assert_int_eq(qcompared, ncases * NQCFG * 4 + 2);
+}
+END_TEST
+
+START_TEST(test_quantize_golden_inputs)
+{
+    qcompared = 0;
+    lb_st_file f;
+    char err[512];
+    if (lb_st_open(&f, lb_test_src("tests/data/quant/blocks.safetensors"), err, sizeof err))
+        ck_abort_msg("%s", err);
+    const char *inputs[] = {"fin", "ext", "spec"};
+    for (int ii = 0; ii < 3; ii++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s.x", inputs[ii]);
+        const lb_st_tensor *t = lb_st_find(&f, name);
+        ck_assert_msg(t && t->ndim == 2 && strcmp(t->dtype, "F32") == 0, "%s missing", name);
+        int rows = (int)t->shape[0], cols = (int)t->shape[1];
+        float *x = lb_malloc((size_t)rows * cols * 4);
+        ck_assert(fseek(f.fp, (long)(f.data_offset + t->begin), SEEK_SET) == 0);
+        ck_assert(fread(x, 4, (size_t)rows * cols, f.fp) == (size_t)rows * cols);
+        snprintf(name, sizeof name, "%s.s2_given", inputs[ii]);
+        t = lb_st_find(&f, name);
+        ck_assert(t && strcmp(t->dtype, "F32") == 0);
+        float s2;
+        ck_assert(fseek(f.fp, (long)(f.data_offset + t->begin), SEEK_SET) == 0);
+        ck_assert(fread(&s2, 4, 1, f.fp) == 1);
+        quant_all(inputs[ii], x, rows, cols, s2);
+        free(x);
+    }
+    lb_st_close(&f);
+    ck_assert_int_eq(qcompared, 3 * NQCFG * 4);
+}
+END_TEST
+
+START_TEST(test_hadamard)
+{
+    const struct { int rows, cols, axis, n; } cs[] = {
+        {48, 37, LB_AXIS_ROWS, 16}, {96, 5, LB_AXIS_ROWS, 32}, {7, 64, LB_AXIS_COLS, 16},
+        {33, 96, LB_AXIS_COLS, 32}, {4, 6, LB_AXIS_COLS, 2}, {24, 9, LB_AXIS_ROWS, 8},
+        {1, 4, LB_AXIS_COLS, 4},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        for (int rnd = 0; rnd < 2; rnd++)
+            for (int inplace = 0; inplace < 2; inplace++) {
+                int rows = cs[i].rows, cols = cs[i].cols, n = cs[i].n;
+                size_t sz = (size_t)rows * cols;
+                uint32_t signs = rnd ? lb_hadamard_signs(n, seed, 3, 99 + i) : 0;
+                float *x = randn(sz, 3.0f), *want = lb_malloc(sz * 4);
+                x[0] = NAN;
+                x[sz - 1] = ldexpf(1.0f, -140);
+                lb_hadamard(want, x, rows, cols, cs[i].axis, n, signs);
+                float *dx = dput(x, sz * 4), *dy = inplace ? dx : dpoisoned(sz * 4);
+                gpu->hadamard(gpu, dy, dx, rows, cols, cs[i].axis, n, signs);
+                float *y = hget(dy, sz * 4);
+                char what[128];
+                snprintf(what, sizeof what, "hadamard %d x %d axis %s n %d %s%s", rows, cols,
+                         cs[i].axis == LB_AXIS_COLS ? "cols" : "rows", n,
+                         rnd ? "random signs" : "deterministic", inplace ? " in place" : "");
+                for (size_t j = 0; j < sz; j++)
+                    ck_assert_msg(same_or_nan(y[j], want[j]), "%s: [%zu] %a want %a (seed %llu)",
+                                  what, j, (double)y[j], (double)want[j],
+                                  (unsigned long long)seed);
+                if (verbose()) printf("  %-60s bitwise equal\n", what);
+                free(x), free(want), free(y), dfree(dx);
+                if (!inplace) dfree(dy);
+            }
+}
+END_TEST
+
+START_TEST(test_round_bf16)
+{
+    const size_t n = 100003;
+    float *x = randn(n, 10.0f);
+    const uint32_t sp[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu,
+                           0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffa00000u, 0x00000001u,
+                           0x80008000u, 0x00018000u, 0x00000000u, 0x80000000u, 0x7f7f8000u};
+    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) memcpy(&x[i], &sp[i], 4);
+    float *want = lb_malloc(n * 4);
+    cpu->round_bf16(cpu, want, x, n);
+    float *dx = dput(x, n * 4), *dy = dpoisoned(n * 4);
+    gpu->round_bf16(gpu, dy, dx, n);
+    float *y = hget(dy, n * 4);
+    CHECK_BITS("round_bf16 (ties, NaN, Inf, subnormals, overflow)", y, want, n * 4);
+    gpu->round_bf16(gpu, dx, dx, n);   // in place
+    free(y);
+    y = hget(dx, n * 4);
+    CHECK_BITS("round_bf16 in place", y, want, n * 4);
+    free(x), free(want), free(y), dfree(dx), dfree(dy);
+}
+END_TEST
+
+// One quantized GEMM: A (m, k) and B (n, k) quantized on the CPU under qa and qb, the same
+// bytes uploaded to the GPU; C from poison (beta 0) or from c0. Twice on the GPU: equal bits.
+static void gemm_q_case(const char *name, int m, int n, int k, const lb_quant_args *qa,
+                        const lb_quant_args *qb, float alpha, float beta, double bound)
+{
+    // colwise operands are quantizations of x^T: draw x with the transposed shape.
+    int ar = qa->colwise ? k : m, ac = qa->colwise ? m : k;
+    int br = qb->colwise ? k : n, bc = qb->colwise ? n : k;
+    float *xa = scaled_randn(ar, ac), *xb = scaled_randn(br, bc);
+    float *c0 = randn((size_t)m * n, 1.0f);
+    lb_qmat ha, hb, da, db;
+    lb_qmat_alloc(&ha, ar, ac, qa);
+    lb_qmat_alloc(&hb, br, bc, qb);
+    lb_quantize(&ha, xa, ar, ac, qa);
+    lb_quantize(&hb, xb, br, bc, qb);
+    qmat_put(&da, &ha, qa, ar, ac);
+    qmat_put(&db, &hb, qb, br, bc);
+    size_t sc = (size_t)m * n;
+    float *ref = hdup(c0, sc * 4);
+    cpu->gemm_q(cpu, m, n, k, alpha, &ha, &hb, beta, ref);
+    float *dc = gpu->alloc(gpu, sc * 4), *out[2];
+    for (int r = 0; r < 2; r++) {
+        if (beta == 0.0f) poison(dc, sc * 4);
+        else gpu->upload(gpu, dc, c0, sc * 4);
+        gpu->gemm_q(gpu, m, n, k, alpha, &da, &db, beta, dc);
+        out[r] = hget(dc, sc * 4);
+    }
+    char what[160];
+    snprintf(what, sizeof what, "gemm_q %s m %d n %d k %d a %g b %g", name, m, n, k, alpha, beta);
+    CHECK_NMSE(what, out[0], ref, sc, bound);
+    CHECK_BITS(what, out[0], out[1], sc * 4);
+    gpu->qmat_free(gpu, &da);
+    gpu->qmat_free(gpu, &db);
+    lb_qmat_free(&ha);
+    lb_qmat_free(&hb);
+    dfree(dc);
+    free(xa), free(xb), free(c0), free(ref), free(out[0]), free(out[1]);
+}
+
+static lb_quant_args gq(lb_format fmt, int colwise, int weight, lb_elem elem, lb_scale_rule rule,
+                        lb_scale2_mode s2, int sr)
+{
+    lb_quant_args a;
+    memset(&a, 0, sizeof a);
+    a.fmt = fmt, a.colwise = colwise, a.weight_blocks = weight, a.elem = elem, a.rule = rule;
+    a.s2_mode = s2, a.sr = sr, a.seed = seed, a.step = 5, a.tensor = 77 + (uint64_t)colwise;
+    return a;
+}
+
+START_TEST(test_gemm_q)
+{
+#ifdef LB_HAVE_CUDA
+    long nat0, fb0, em0;
+    int cc;
+    lb_cuda_gemm_q_stats(gpu, &nat0, &fb0, &em0, &cc);
+#endif
+    const struct { int m, n, k; } sz[] = {
+        {37, 29, 53}, {129, 200, 300}, {256, 384, 512}, {1, 64, 128}, {300, 100, 1000},
+        {16, 48, 48},
+    };
+    const int nsz = (int)(sizeof sz / sizeof sz[0]);
+    for (int s = 0; s < nsz; s++) {
+        int m = sz[s].m, n = sz[s].n, k = sz[s].k;
+        float al = s % 2 ? 0.75f : 1.0f, be = s % 3 == 1 ? 1.0f : s % 3 == 2 ? -0.5f : 0.0f;
+        // fp8-block: fprop (1x128 x 128x128), dgrad-like (1x128 x col-wise 128x128), wgrad
+        // (1x128 x 1x128, both column-wise), 128x128 x 1x128, and 2D x 2D (fp32 fallback).
+        lb_quant_args a1 = gq(LB_FMT_FP8_BLOCK, 0, 0, LB_E4M3, 0, 0, 0);
+        lb_quant_args w2 = gq(LB_FMT_FP8_BLOCK, 0, 1, LB_E4M3, 0, 0, 0);
+        lb_quant_args w2c = gq(LB_FMT_FP8_BLOCK, 1, 1, LB_E4M3, 0, 0, 0);
+        lb_quant_args g1 = gq(LB_FMT_FP8_BLOCK, 1, 0, LB_E4M3, 0, 0, 1);
+        gemm_q_case("fp8 1x128 x 128x128", m, n, k, &a1, &w2, al, be, B_FP8TC);
+        gemm_q_case("fp8 1x128 x 128x128 col", m, n, k, &a1, &w2c, al, be, B_FP8TC);
+        gemm_q_case("fp8 1x128 col sr x 1x128 col", m, n, k, &g1, &g1, al, be, B_FP8TC);
+        gemm_q_case("fp8 128x128 x 1x128", m, n, k, &w2, &a1, al, be, B_FP8TC);
+        gemm_q_case("fp8 128x128 x 128x128 (fp32 fallback)", m, n, k, &w2, &w2c, al, be, B_ACCUM);
+        // MXFP8, MXFP4, NVFP4: bf16 tensor cores on exact operands.
+        lb_quant_args x4 = gq(LB_FMT_MXFP8, 0, 0, LB_E4M3, LB_SCALE_CEIL, 0, 0);
+        lb_quant_args x5 = gq(LB_FMT_MXFP8, 1, 0, LB_E5M2, LB_SCALE_FLOOR, 0, 1);
+        gemm_q_case("mxfp8 e4m3 x e4m3", m, n, k, &x4, &x4, al, be, B_TC);
+        gemm_q_case("mxfp8 e5m2 col sr x e4m3", m, n, k, &x5, &x4, al, be, B_TC);
+        lb_quant_args f4 = gq(LB_FMT_MXFP4, 0, 0, LB_E4M3, LB_SCALE_CEIL, 0, 0);
+        lb_quant_args f4f = gq(LB_FMT_MXFP4, 1, 0, LB_E4M3, LB_SCALE_FLOOR, 0, 1);
+        gemm_q_case("mxfp4 ceil x ceil", m, n, k, &f4, &f4, al, be, B_TC);
+        gemm_q_case("mxfp4 floor col sr x ceil", m, n, k, &f4f, &f4, al, be, B_TC);
+        lb_quant_args nr = gq(LB_FMT_NVFP4, 0, 0, LB_E4M3, 0, LB_S2_ROW, 0);
+        lb_quant_args nt = gq(LB_FMT_NVFP4, 1, 0, LB_E4M3, 0, LB_S2_TENSOR, 1);
+        lb_quant_args nw = gq(LB_FMT_NVFP4, 0, 1, LB_E4M3, 0, LB_S2_TENSOR, 0);
+        gemm_q_case("nvfp4 per-row x 16x16", m, n, k, &nr, &nw, al, be, B_TC);
+        gemm_q_case("nvfp4 tensor col sr x per-row", m, n, k, &nt, &nr, al, be, B_TC);
+    }
+    // alpha 0: C = beta C without reading the operands (the CPU's GEMM rule).
+    lb_quant_args a1 = gq(LB_FMT_FP8_BLOCK, 0, 0, LB_E4M3, 0, 0, 0);
+    gemm_q_case("fp8 alpha 0", 20, 30, 40, &a1, &a1, 0.0f, 0.5f, 0.0);
+#ifdef LB_HAVE_CUDA
+    // Each case runs twice: 4 fp8 cases with a 1x128 operand and one 2D x 2D per size, 6
+    // emulated cases. On Hopper every 1x128 case must run on cuBLASLt's FP8 block scaling.
+    long nat, fb, em;
+    lb_cuda_gemm_q_stats(gpu, &nat, &fb, &em, &cc);
+    nat -= nat0, fb -= fb0, em -= em0;
+    if (verbose())
+        printf("  gemm_q paths: fp8 block-scaled %ld, fp8 fp32 fallback %ld, emulated %ld (sm_%d)\n",
+               nat, fb, em, cc);
+    ck_assert_int_eq(em, nsz * 6 * 2);
+    ck_assert_int_eq(nat + fb, nsz * 5 * 2);
+    if (cc == 9) {
+        ck_assert_msg(nat == nsz * 4 * 2, "fp8-block: %ld of %d GEMMs with a 1x128 operand ran on "
+                      "cuBLASLt block scaling on sm_90", nat, nsz * 4 * 2);
+        ck_assert_int_eq(fb, nsz * 2);
+    }
+#endif
+}
+END_TEST
+
+// gemm_q batch invariance in deterministic mode: row i of C computed with A's row alone equals
+// row i of the whole product, bit for bit (row-wise quantization is per row: 1-D blocks, and
+// NVFP4 with its per-row second level).
+START_TEST(test_batch_invariance_gemm_q)
+{
+    const struct { const char *name; lb_quant_args a, b; } cs[] = {
+        {"fp8 1x128 x 128x128", gq(LB_FMT_FP8_BLOCK, 0, 0, LB_E4M3, 0, 0, 0),
+         gq(LB_FMT_FP8_BLOCK, 0, 1, LB_E4M3, 0, 0, 0)},
+        {"mxfp8", gq(LB_FMT_MXFP8, 0, 0, LB_E4M3, 0, 0, 0), gq(LB_FMT_MXFP8, 0, 0, LB_E4M3, 0, 0, 0)},
+        {"mxfp4", gq(LB_FMT_MXFP4, 0, 0, LB_E4M3, 0, 0, 0), gq(LB_FMT_MXFP4, 0, 0, LB_E4M3, 0, 0, 0)},
+        {"nvfp4 per-row x tensor", gq(LB_FMT_NVFP4, 0, 0, LB_E4M3, 0, LB_S2_ROW, 0),
+         gq(LB_FMT_NVFP4, 0, 0, LB_E4M3, 0, LB_S2_TENSOR, 0)},
+    };
+    const struct { int m, n, k, row; } sz[] = {{304, 256, 512, 211}, {300, 200, 300, 7}};
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++)
+        for (size_t s = 0; s < sizeof sz / sizeof sz[0]; s++) {
+            int m = sz[s].m, n = sz[s].n, k = sz[s].k, row = sz[s].row;
+            float *xa = randn((size_t)m * k, 1.0f), *xb = randn((size_t)n * k, 1.0f);
+            float *dxa = dput(xa, (size_t)m * k * 4), *dxb = dput(xb, (size_t)n * k * 4);
+            lb_qmat qa, qb, q1;
+            gpu->qmat_alloc(gpu, &qa, m, k, &cs[c].a);
+            gpu->qmat_alloc(gpu, &q1, 1, k, &cs[c].a);
+            gpu->qmat_alloc(gpu, &qb, n, k, &cs[c].b);
+            gpu->quantize(gpu, &qa, dxa, m, k, &cs[c].a);
+            gpu->quantize(gpu, &q1, dxa + (size_t)row * k, 1, k, &cs[c].a);
+            gpu->quantize(gpu, &qb, dxb, n, k, &cs[c].b);
+            float *dc = dpoisoned((size_t)m * n * 4), *dc1 = dpoisoned((size_t)n * 4);
+            gpu->gemm_q(gpu, m, n, k, 1.0f, &qa, &qb, 0.0f, dc);
+            gpu->gemm_q(gpu, 1, n, k, 1.0f, &q1, &qb, 0.0f, dc1);
+            float *cc = hget(dc, (size_t)m * n * 4), *c1 = hget(dc1, (size_t)n * 4);
+            char what[160];
+            snprintf(what, sizeof what, "gemm_q %s row %d alone vs among %d (n %d k %d)",
+                     cs[c].name, row, m, n, k);
+            CHECK_BITS(what, cc + (size_t)row * n, c1, (size_t)n * 4);
+            gpu->qmat_free(gpu, &qa), gpu->qmat_free(gpu, &qb), gpu->qmat_free(gpu, &q1);
+            dfree(dxa), dfree(dxb), dfree(dc), dfree(dc1);
+            free(xa), free(xb), free(cc), free(c1);
+        }
+}
+END_TEST
+
 int main(void)
 {
     const char *s = getenv("LB_TEST_SEED");
@@ -1081,10 +1586,16 @@ int main(void)
     tcase_add_test(tc, test_moe_dispatch);
     tcase_add_test(tc, test_cross_entropy);
     tcase_add_test(tc, test_adamw);
+    tcase_add_test(tc, test_quantize_random);
+    tcase_add_test(tc, test_quantize_golden_inputs);
+    tcase_add_test(tc, test_hadamard);
+    tcase_add_test(tc, test_round_bf16);
+    tcase_add_test(tc, test_gemm_q);
     suite_add_tcase(su, tc);
     tc = tcase_create("invariance");
     tcase_add_test(tc, test_batch_invariance_gemm);
     tcase_add_test(tc, test_batch_invariance_rows);
+    tcase_add_test(tc, test_batch_invariance_gemm_q);
     suite_add_tcase(su, tc);
 
     int rc = lb_test_run(su);

@@ -1,0 +1,652 @@
+// quant.cu: the low-precision codecs on the device: qmat_alloc/free, quantize (fp8-block,
+// MXFP8, MXFP4, NVFP4; row-wise and column-wise; round to nearest even or stochastic),
+// dequantize, the block-diagonal Walsh-Hadamard transform and bf16 rounding.
+//
+// The contract is doc/formats.md and the oracle is kernels/quant (codecs.c, quantize.c,
+// hadamard.c): every byte of data, every scale and every second level equals the CPU's, bit for
+// bit (tests/test_backend_ops.c checks them all). To get there:
+// - Element rounding is codecs.c's integer routine, ported line for line (it works on the fp32
+//   bits, so it is exact for every input, fp32 subnormals included).
+// - Every floating-point operation the CPU performs is written as an explicit IEEE intrinsic
+//   (__fdiv_rn, __fmul_rn, __fadd_rn, __fsub_rn), which nvcc never contracts into an FMA or
+//   replaces by an approximation, whatever -fmad / --use_fast_math say. The CPU side is built
+//   as ISO C11 without FMA contraction, so both sides perform the same roundings.
+// - Block maxima are taken over the fp32 bit patterns of |x| (as unsigned integers, the order
+//   of magnitudes; any NaN is above +Inf), which is exactly lb_amax's result: the largest |x|,
+//   NaN when a NaN is present, +Inf when an infinity is. Integer maxima are exact and order
+//   free, so the NVFP4 per-tensor and per-row maxima may use integer atomicMax.
+// - NaN results the CPU writes as the C `NAN` constant (0x7fc00000) are written as those bits.
+// - Stochastic rounding draws lb_rand_u64(seed, lb_quant_stream(step, tensor), index) with the
+//   row-major index of the element in the quantized matrix, as the CPU does.
+//
+// Quantization runs in three passes over Q (the quantized matrix, x^T for column-wise; the
+// column-wise input is first transposed into scratch, as quantize.c does):
+//   1. amax: one warp per 128 consecutive columns of one row; the block maxima of that row
+//      segment (one per 1-D block) go to scratch; NVFP4 also folds them into the tensor or row
+//      maximum for the second level.
+//   2. scales: one thread per scale block: the maximum over its rows, the scale (written to q)
+//      and the divisor of its elements (to scratch); NVFP4's second level is computed before.
+//   3. encode: one thread per pair of adjacent elements (one E2M1 byte, or two FP8 bytes).
+#include "kernels/cuda/cuda.cuh"
+
+#include <math.h>
+#include <string.h>
+
+extern "C" {
+#include "kernels/quant/quant.h"
+}
+
+#define QNAN_BITS 0x7fc00000u   // the C NAN constant the CPU writes
+
+__device__ __forceinline__ float qnan() { return __uint_as_float(QNAN_BITS); }
+
+// --- counter-based RNG (kernels/common.c), on the device ------------------------------------
+
+__device__ __forceinline__ uint64_t d_hash64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+// lb_rand_u64(seed, stream, counter) = hash(hash(hash(seed) ^ stream) ^ counter); the host
+// passes base = hash(hash(seed) ^ stream) (same function, kernels/common.c).
+__device__ __forceinline__ uint64_t d_rand(uint64_t base, uint64_t counter)
+{
+    return d_hash64(base ^ counter);
+}
+
+// --- element codecs (codecs.c) -------------------------------------------------------------
+
+struct qdesc {
+    int mbits, emin, bias;
+    unsigned maxmag, sign, nan;
+    int ties_away;
+};
+
+template <int T> __device__ __forceinline__ qdesc qd()
+{
+    if (T == LB_E4M3) return {3, -6, 7, 0x7eu, 0x80u, 0x7fu, 0};
+    if (T == LB_E5M2) return {2, -14, 15, 0x7bu, 0x80u, 0x7eu, 0};
+    if (T == LB_E2M1) return {1, 0, 1, 0x7u, 0x08u, 0u, 0};
+    if (T == LB_E8M0) return {0, -127, 127, 0xfeu, 0u, 0xffu, 1};
+    return {3, -6, 7, 0x7eu, 0u, 0x7fu, 0};   // UE4M3
+}
+
+// codecs.c round_mag: the magnitude code of the finite, non-zero fp32 magnitude abits, or
+// maxmag + 1 on overflow. sr: round up iff r * 2^-64 < the fraction.
+template <int T> __device__ __forceinline__ unsigned round_mag(uint32_t abits, int sr, uint64_t r)
+{
+    const qdesc f = qd<T>();
+    uint64_t s = abits & 0x7fffffu;
+    int e = (int)(abits >> 23) - 127;
+    if ((abits >> 23) == 0) {                    // fp32 subnormal: normalise
+        int sh = __clz((unsigned)s) - 8;         // s != 0: leading 1 moved to bit 23
+        s <<= sh;
+        e = -126 - sh;
+    } else {
+        s |= 0x800000u;
+    }
+    int ee = e < f.emin ? f.emin : e;
+    int shift = 23 - f.mbits + (ee - e);         // >= 20
+    uint64_t n, rem;
+    if (shift >= 64) {
+        n = 0;
+        rem = s;
+    } else {
+        n = s >> shift;
+        rem = s & ((1ull << shift) - 1);
+    }
+    int up;
+    if (sr) {
+        if (shift <= 64) {
+            up = r < (rem << (64 - shift));
+        } else {
+            int k = shift - 64;
+            uint64_t thr = k >= 25 ? (uint64_t)(rem != 0) : (rem + (1ull << k) - 1) >> k;
+            up = r < thr;
+        }
+    } else if (shift >= 64) {
+        up = 0;
+    } else {
+        uint64_t half = 1ull << (shift - 1);
+        up = rem > half || (rem == half && (f.ties_away || (n & 1)));
+    }
+    n += (uint64_t)up;
+    if (n >> (f.mbits + 1)) {
+        n >>= 1;
+        ee++;
+    }
+    if (n < (1u << f.mbits)) return (unsigned)n;
+    long long code = ((long long)(ee + f.bias) << f.mbits) | (long long)(n - (1u << f.mbits));
+    return code > (long long)f.maxmag ? f.maxmag + 1 : (unsigned)code;
+}
+
+// lb_encode(T, x, 1) (sr = 0) or lb_encode_sr(T, x, r) (sr = 1): both saturate.
+template <int T> __device__ __forceinline__ unsigned encode(float x, int sr, uint64_t r)
+{
+    const qdesc f = qd<T>();
+    uint32_t u = __float_as_uint(x);
+    uint32_t a = u & 0x7fffffffu;
+    unsigned sign = (u >> 31) ? f.sign : 0u;
+    if (a > 0x7f800000u) return T == LB_E2M1 ? 0x7u : (sign | f.nan);   // NaN
+    if (!f.sign && (u >> 31) && a) return f.nan;                        // unsigned, negative
+    if (a == 0) return T == LB_E8M0 ? 0xffu : sign;
+    unsigned m = a == 0x7f800000u ? f.maxmag + 1 : round_mag<T>(a, sr, r);
+    if (m <= f.maxmag) return sign | m;
+    return sign | f.maxmag;   // overflow or Inf: saturate (sat = 1, and SR always saturates)
+}
+
+// lb_decode, exact: values are built from their bits.
+template <int T> __device__ __forceinline__ float decode(unsigned code)
+{
+    const qdesc f = qd<T>();
+    if (T == LB_E8M0) {
+        if (code == 0xffu) return qnan();
+        return code ? __uint_as_float(code << 23) : __uint_as_float(0x00400000u);   // 2^-127
+    }
+    if (T == LB_E2M1) code &= 0xfu;
+    if (T == LB_UE4M3 && (code & 0x80u)) return qnan();
+    unsigned mag = code & ~f.sign & 0xffu;
+    if (T == LB_E5M2 && mag >= 0x7cu) {
+        if (mag > 0x7cu) return qnan();
+        return (code & f.sign) ? -INFINITY : INFINITY;
+    }
+    if ((T == LB_E4M3 || T == LB_UE4M3) && mag == 0x7fu) return qnan();
+    unsigned ef = mag >> f.mbits, man = mag & ((1u << f.mbits) - 1);
+    float v;
+    if (ef == 0)   // subnormal: man * 2^(emin - mbits), exact
+        v = __fmul_rn((float)man, __uint_as_float((unsigned)(127 + f.emin - f.mbits) << 23));
+    else
+        v = __uint_as_float(((ef - (unsigned)f.bias + 127u) << 23) | (man << (23 - f.mbits)));
+    return (code & f.sign) ? -v : v;
+}
+
+// --- scale rules (quantize.c) ---------------------------------------------------------------
+
+// E8M0 exponent k of an MX block with finite amax > 0 (mx_exponent), from the bits: amax =
+// ma * 2^ea with ma in [0.5, 1) held as a 24-bit significand sig = ma * 2^24.
+template <int ELEM> __device__ __forceinline__ int mx_exponent(float amax, int floor_rule)
+{
+    uint32_t u = __float_as_uint(amax);
+    uint32_t sig;
+    int ea;
+    if (u >> 23) {
+        sig = (u & 0x7fffffu) | 0x800000u;
+        ea = (int)(u >> 23) - 126;
+    } else {
+        int sh = __clz(u) - 8;
+        sig = u << sh;
+        ea = -125 - sh;
+    }
+    int k;
+    if (floor_rule) {
+        int emax = ELEM == LB_E4M3 ? 8 : ELEM == LB_E5M2 ? 15 : 2;
+        k = (ea - 1) - emax;
+    } else {
+        // elem_max = mm * 2^em: 448 = 0.875 * 2^9, 57344 = 0.875 * 2^16, 6 = 0.75 * 2^3
+        int em = ELEM == LB_E4M3 ? 9 : ELEM == LB_E5M2 ? 16 : 3;
+        uint32_t msig = ELEM == LB_E2M1 ? 0xc00000u : 0xe00000u;
+        k = ea - em + (sig > msig);
+    }
+    return k < -127 ? -127 : k > 127 ? 127 : k;
+}
+
+// lb_nvfp4_scale2
+__device__ __forceinline__ float nvfp4_scale2(float amax)
+{
+    if (!(fabsf(amax) < INFINITY)) return qnan();   // NaN or Inf
+    float s = __fdiv_rn(amax, 2688.0f);
+    return s == 0.0f ? 1.0f : s;
+}
+
+// --- pass 1: maxima of 1-D block segments ----------------------------------------------------
+
+// One warp per (row r, chunk of 128 columns); lane l holds columns 128 ch + l + 32 t, t < 4.
+// amax1[r * scols + j]: max |x| bits over row r of block column j. With s2word (NVFP4 per
+// tensor or per row), also the atomic maximum of the segment into s2word[s2row ? r : 0].
+__global__ void amax_kernel(const float *__restrict__ x, int R, int C, int bc, int scols,
+                            uint32_t *__restrict__ amax1, uint32_t *s2word, int s2row)
+{
+    const int lane = threadIdx.x & 31;
+    const int nch = (C + 127) / 128;
+    const size_t nwarps = (size_t)R * nch;
+    for (size_t w = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32; w < nwarps;
+         w += (size_t)gridDim.x * blockDim.x / 32) {
+        int r = (int)(w / nch), ch = (int)(w % nch);
+        const float *row = x + (size_t)r * C;
+        uint32_t m[4];
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            int c = ch * 128 + lane + 32 * t;
+            m[t] = c < C ? (__float_as_uint(row[c]) & 0x7fffffffu) : 0u;
+        }
+        uint32_t all = max(max(m[0], m[1]), max(m[2], m[3]));
+        if (bc == 128) {
+            uint32_t v = __reduce_max_sync(0xffffffffu, all);
+            if (lane == 0) amax1[(size_t)r * scols + ch] = v;
+        } else if (bc == 32) {
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                uint32_t v = __reduce_max_sync(0xffffffffu, m[t]);
+                int j = ch * 4 + t;
+                if (lane == 0 && j < scols) amax1[(size_t)r * scols + j] = v;
+            }
+        } else {   // bc == 16: half-warps
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                uint32_t v = m[t];
+                for (int o = 8; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+                int j = ch * 8 + 2 * t + (lane >> 4);
+                if ((lane & 15) == 0 && j < scols) amax1[(size_t)r * scols + j] = v;
+            }
+        }
+        if (s2word) {
+            uint32_t v = __reduce_max_sync(0xffffffffu, all);
+            if (lane == 0 && v) atomicMax(s2word + (s2row ? r : 0), v);
+        }
+    }
+}
+
+// NVFP4 second level: s2[i] = lb_nvfp4_scale2(max) from the integer maxima, or the given value.
+__global__ void scale2_kernel(float *__restrict__ s2, const uint32_t *__restrict__ s2word, int n,
+                              int given, float s2_given)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        s2[i] = given ? s2_given : nvfp4_scale2(__uint_as_float(s2word[i]));
+}
+
+// --- pass 2: block scales and divisors --------------------------------------------------------
+
+// One thread per scale block (i, j): amax over its rows of amax1, the scale (q->scale) and the
+// divisor of its elements (dv). fmt and the element type as in quantize.c's quantize_rows.
+template <int ELEM>
+__global__ void scale_kernel(int fmt, int R, int brows, int srows, int scols,
+                             const uint32_t *__restrict__ amax1, void *__restrict__ scale,
+                             const float *__restrict__ s2, int s2row, int floor_rule,
+                             float *__restrict__ dv)
+{
+    size_t nb = (size_t)srows * scols;
+    for (size_t b = blockIdx.x * (size_t)blockDim.x + threadIdx.x; b < nb;
+         b += (size_t)gridDim.x * blockDim.x) {
+        int i = (int)(b / scols), j = (int)(b % scols);
+        int r0 = i * brows, r1 = r0 + brows < R ? r0 + brows : R;
+        uint32_t mb = 0;
+        for (int r = r0; r < r1; r++) mb = max(mb, amax1[(size_t)r * scols + j]);
+        float amax = __uint_as_float(mb);
+        int finite = mb < 0x7f800000u;             // amax < INFINITY: false for NaN and Inf
+        float d;
+        if (fmt == LB_FMT_FP8_BLOCK) {
+            float s = __fdiv_rn(amax, 448.0f);
+            if (!finite) s = qnan();
+            else if (s == 0.0f) s = 1.0f;          // all-zero block (or amax < 448 * 2^-150)
+            ((float *)scale)[b] = s;
+            d = s;
+        } else if (fmt == LB_FMT_NVFP4) {
+            float t = s2[s2row ? r0 : 0];
+            float v = finite ? __fdiv_rn(__fdiv_rn(amax, 6.0f), t) : qnan();
+            unsigned sc = encode<LB_UE4M3>(v, 0, 0);
+            ((uint8_t *)scale)[b] = (uint8_t)sc;
+            d = __fmul_rn(decode<LB_UE4M3>(sc), t);
+        } else {                                   // MXFP8, MXFP4
+            unsigned sc = !finite ? 0xffu : mb == 0 ? 127u
+                        : (unsigned)(mx_exponent<ELEM>(amax, floor_rule) + 127);
+            ((uint8_t *)scale)[b] = (uint8_t)sc;
+            d = decode<LB_E8M0>(sc);
+        }
+        dv[b] = d;
+    }
+}
+
+// --- pass 3: elements ----------------------------------------------------------------------
+
+// One thread per pair (r, 2p), (r, 2p + 1) of Q: E(x / d), or 0 where d is NaN or 0. E2M1 pairs
+// are one byte (element 2p in the low nibble; a missing last element is 0); FP8 pairs two.
+template <int ELEM>
+__global__ void encode_kernel(const float *__restrict__ x, int R, int C, int brows, int bc,
+                              int scols, const float *__restrict__ dv, uint8_t *__restrict__ data,
+                              size_t ld, int sr, uint64_t rbase)
+{
+    const int np = (C + 1) / 2;
+    const size_t n = (size_t)R * np;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n;
+         t += (size_t)gridDim.x * blockDim.x) {
+        int r = (int)(t / np), p = (int)(t % np);
+        int c0 = 2 * p, c1 = c0 + 1;             // bc is even: one block holds both
+        float d = dv[(size_t)(r / brows) * scols + c0 / bc];
+        int zero = d != d || d == 0.0f;
+        size_t i0 = (size_t)r * C + c0;
+        unsigned q0 = 0, q1 = 0;
+        if (!zero) {
+            q0 = encode<ELEM>(__fdiv_rn(x[i0], d), sr, sr ? d_rand(rbase, i0) : 0);
+            if (c1 < C) q1 = encode<ELEM>(__fdiv_rn(x[i0 + 1], d), sr, sr ? d_rand(rbase, i0 + 1) : 0);
+        }
+        uint8_t *row = data + (size_t)r * ld;
+        if (ELEM == LB_E2M1) {
+            row[p] = (uint8_t)(q0 | (q1 << 4));
+        } else {
+            row[c0] = (uint8_t)q0;
+            if (c1 < C) row[c1] = (uint8_t)q1;
+        }
+    }
+}
+
+// --- transpose (column-wise quantization reads x^T) ------------------------------------------
+
+// xt (cols, rows) = x (rows, cols)^T in 32x32 tiles through shared memory; tiles indexed along
+// blockIdx.x (no grid-dimension limit on rows).
+__global__ void transpose_kernel(float *__restrict__ xt, const float *__restrict__ x, int rows,
+                                 int cols)
+{
+    __shared__ float tile[32][33];
+    const int tc = (cols + 31) / 32;
+    const size_t ntiles = (size_t)tc * ((rows + 31) / 32);
+    for (size_t b = blockIdx.x; b < ntiles; b += gridDim.x) {
+        int c0 = (int)(b % tc) * 32, r0 = (int)(b / tc) * 32;
+        for (int k = threadIdx.y; k < 32; k += 8) {
+            int r = r0 + k, c = c0 + threadIdx.x;
+            if (r < rows && c < cols) tile[k][threadIdx.x] = x[(size_t)r * cols + c];
+        }
+        __syncthreads();
+        for (int k = threadIdx.y; k < 32; k += 8) {
+            int c = c0 + k, r = r0 + threadIdx.x;
+            if (r < rows && c < cols) xt[(size_t)c * rows + r] = tile[threadIdx.x][k];
+        }
+        __syncthreads();
+    }
+}
+
+// --- dequantization ----------------------------------------------------------------------------
+
+template <typename O> __device__ __forceinline__ O to_out(float v);
+template <> __device__ __forceinline__ float to_out<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float v)
+{
+    return __float2bfloat16_rn(v);
+}
+
+// y (R, ocols) with row pitch ldy: columns < C get element * block scale (* s2 when with_s2,
+// NVFP4), columns >= C get 0 (padding for the GEMM paths). quantize.c's dequantize.
+template <int ELEM, typename O>
+__global__ void dequant_kernel(O *__restrict__ y, size_t ldy, int ocols, int fmt, int R, int C,
+                               const uint8_t *__restrict__ data, size_t ld, int brows, int bc,
+                               int scols, const void *__restrict__ scale, int scale_e8m0,
+                               const float *__restrict__ s2, int s2row, int with_s2)
+{
+    const size_t n = (size_t)R * ocols;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n;
+         t += (size_t)gridDim.x * blockDim.x) {
+        int r = (int)(t / ocols), c = (int)(t % ocols);
+        float v = 0.0f;
+        if (c < C) {
+            const uint8_t *row = data + (size_t)r * ld;
+            unsigned code = ELEM == LB_E2M1 ? (row[c >> 1] >> ((c & 1) * 4)) & 0xfu : row[c];
+            float e = decode<ELEM>(code);
+            size_t si = (size_t)(r / brows) * scols + c / bc;
+            if (fmt == LB_FMT_FP8_BLOCK) {
+                v = __fmul_rn(e, ((const float *)scale)[si]);
+            } else {
+                unsigned sc = ((const uint8_t *)scale)[si];
+                v = __fmul_rn(e, scale_e8m0 ? decode<LB_E8M0>(sc) : decode<LB_UE4M3>(sc));
+                if (fmt == LB_FMT_NVFP4 && with_s2) v = __fmul_rn(v, s2[s2row ? r : 0]);
+            }
+        }
+        y[(size_t)r * ldy + c] = to_out<O>(v);
+    }
+}
+
+template <typename O>
+static void dequant_launch(lb_cuda_ctx *cx, O *y, size_t ldy, int ocols, const lb_qmat *q,
+                           int with_s2)
+{
+    size_t n = (size_t)q->rows * ocols;
+    if (!n) return;
+    unsigned g = lb_grid(n, 256, cx);
+    int e8 = q->scale_elem == LB_E8M0, s2row = q->nscale2 > 1;
+#define DQ(E)                                                                                  \
+    dequant_kernel<E, O><<<g, 256, 0, cx->stream>>>(y, ldy, ocols, (int)q->fmt, q->rows,      \
+                                                    q->cols, q->data, q->ld, q->brows,         \
+                                                    q->bcols, q->scols, q->scale, e8,          \
+                                                    q->scale2, s2row, with_s2)
+    switch (q->elem) {
+    case LB_E4M3: DQ(LB_E4M3); break;
+    case LB_E5M2: DQ(LB_E5M2); break;
+    case LB_E2M1: DQ(LB_E2M1); break;
+    default: lb_die("cuda dequantize: element type %d is not a quantizer element", (int)q->elem);
+    }
+#undef DQ
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// Used by gemm_q.cu: y (q rows, ocols >= q cols, row pitch ldy elements) = the dequantized
+// values (with or without NVFP4's second level), zero beyond q cols; fp32 or bf16.
+extern "C" void lb_cuda_dequant_f32(lb_cuda_ctx *cx, float *y, size_t ldy, int ocols,
+                                    const lb_qmat *q, int with_s2)
+{
+    dequant_launch<float>(cx, y, ldy, ocols, q, with_s2);
+}
+
+extern "C" void lb_cuda_dequant_bf16(lb_cuda_ctx *cx, void *y, size_t ldy, int ocols,
+                                     const lb_qmat *q, int with_s2)
+{
+    dequant_launch<__nv_bfloat16>(cx, (__nv_bfloat16 *)y, ldy, ocols, q, with_s2);
+}
+
+// --- table entries -------------------------------------------------------------------------
+
+static void cuda_qmat_alloc(lb_backend *be, lb_qmat *q, int rows, int cols, const lb_quant_args *a)
+{
+    memset(q, 0, sizeof *q);
+    lb_qmat_layout(q, rows, cols, a);
+    q->data = (uint8_t *)be->alloc(be, lb_qmat_data_bytes(q));
+    q->scale = be->alloc(be, lb_qmat_scale_bytes(q));
+    q->scale2 = q->nscale2 ? (float *)be->alloc(be, (size_t)q->nscale2 * sizeof(float)) : NULL;
+}
+
+static void cuda_qmat_free(lb_backend *be, lb_qmat *q)
+{
+    be->free(be, q->data);
+    be->free(be, q->scale);
+    be->free(be, q->scale2);
+    q->data = NULL;
+    q->scale = NULL;
+    q->scale2 = NULL;
+}
+
+static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, int cols,
+                          const lb_quant_args *a)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    lb_qmat want;
+    memset(&want, 0, sizeof want);
+    lb_qmat_layout(&want, rows, cols, a);   // dies on a bad combination, as the CPU
+    if (want.fmt != q->fmt || want.rows != q->rows || want.cols != q->cols ||
+        want.brows != q->brows || want.bcols != q->bcols || want.elem != q->elem ||
+        want.nscale2 != q->nscale2)
+        lb_die("cuda quantize: lb_qmat was laid out for another shape or format");
+    int nv = q->fmt == LB_FMT_NVFP4;
+    if (nv) {
+        if (a->s2_mode == LB_S2_GIVEN) {
+            if (!(a->s2 > 0.0f && a->s2 < INFINITY) && a->s2 == a->s2)
+                lb_die("cuda quantize: NVFP4 given scale2 %g is not positive and finite",
+                       (double)a->s2);
+        } else if (a->s2_mode != LB_S2_TENSOR && a->s2_mode != LB_S2_ROW) {
+            lb_die("cuda quantize: unknown scale2 mode %d", (int)a->s2_mode);
+        }
+    }
+    const int R = q->rows, C = q->cols;
+    const size_t n = (size_t)R * C, nseg = (size_t)R * q->scols,
+                 nblk = (size_t)q->srows * q->scols;
+    const int need_s2word = nv && a->s2_mode != LB_S2_GIVEN;
+
+    // Scratch: [x^T] [amax1] [dv] [s2 words]
+    size_t o_amax = a->colwise ? lb_align256(n * sizeof(float)) : 0;
+    size_t o_dv = o_amax + lb_align256(nseg * sizeof(uint32_t));
+    size_t o_s2 = o_dv + lb_align256(nblk * sizeof(float));
+    size_t total = o_s2 + (need_s2word ? lb_align256((size_t)q->nscale2 * sizeof(uint32_t)) : 0);
+    char *sc = (char *)lb_cuda_scratch(cx, total);
+    uint32_t *amax1 = (uint32_t *)(sc + o_amax), *s2word = need_s2word ? (uint32_t *)(sc + o_s2) : NULL;
+    float *dv = (float *)(sc + o_dv);
+
+    const float *src = x;
+    if (a->colwise) {   // Q = x^T: x (rows, cols) -> (cols, rows) = (R, C)
+        float *xt = (float *)sc;
+        size_t ntiles = (size_t)((cols + 31) / 32) * ((rows + 31) / 32);
+        unsigned g = ntiles < (size_t)cx->num_sms * 32 ? (unsigned)ntiles : (unsigned)cx->num_sms * 32;
+        transpose_kernel<<<g, dim3(32, 8), 0, cx->stream>>>(xt, x, rows, cols);
+        LB_CUDA_LAUNCHED(cx);
+        src = xt;
+    }
+    if (need_s2word)
+        LB_CUDA_CHECK(cudaMemsetAsync(s2word, 0, (size_t)q->nscale2 * sizeof(uint32_t), cx->stream));
+
+    size_t warps = (size_t)R * ((C + 127) / 128);
+    amax_kernel<<<lb_grid(warps * 32, 256, cx), 256, 0, cx->stream>>>(
+        src, R, C, q->bcols, q->scols, amax1, s2word, a->s2_mode == LB_S2_ROW);
+    LB_CUDA_LAUNCHED(cx);
+    if (nv) {
+        scale2_kernel<<<lb_grid((size_t)q->nscale2, 256, cx), 256, 0, cx->stream>>>(
+            q->scale2, s2word, q->nscale2, a->s2_mode == LB_S2_GIVEN, a->s2);
+        LB_CUDA_LAUNCHED(cx);
+    }
+    int s2row = nv && a->s2_mode == LB_S2_ROW, floor_rule = a->rule == LB_SCALE_FLOOR;
+    unsigned gs = lb_grid(nblk, 256, cx);
+#define SK(E)                                                                                  \
+    scale_kernel<E><<<gs, 256, 0, cx->stream>>>((int)q->fmt, R, q->brows, q->srows, q->scols,  \
+                                                amax1, q->scale, q->scale2, s2row, floor_rule, \
+                                                dv)
+    switch (q->elem) {
+    case LB_E4M3: SK(LB_E4M3); break;
+    case LB_E5M2: SK(LB_E5M2); break;
+    case LB_E2M1: SK(LB_E2M1); break;
+    default: lb_die("cuda quantize: element type %d", (int)q->elem);
+    }
+#undef SK
+    LB_CUDA_LAUNCHED(cx);
+
+    uint64_t rbase = a->sr ? lb_hash64(lb_hash64(a->seed) ^ lb_quant_stream(a->step, a->tensor)) : 0;
+    size_t pairs = (size_t)R * ((C + 1) / 2);
+    unsigned ge = lb_grid(pairs, 256, cx);
+#define EK(E)                                                                                  \
+    encode_kernel<E><<<ge, 256, 0, cx->stream>>>(src, R, C, q->brows, q->bcols, q->scols, dv,  \
+                                                 q->data, q->ld, a->sr ? 1 : 0, rbase)
+    switch (q->elem) {
+    case LB_E4M3: EK(LB_E4M3); break;
+    case LB_E5M2: EK(LB_E5M2); break;
+    case LB_E2M1: EK(LB_E2M1); break;
+    default: break;
+    }
+#undef EK
+    LB_CUDA_LAUNCHED(cx);
+}
+
+static void cuda_dequantize(lb_backend *be, float *y, const lb_qmat *q)
+{
+    dequant_launch<float>(lb_cuda(be), y, (size_t)q->cols, q->cols, q, 1);
+}
+
+// --- Hadamard (hadamard.c) ------------------------------------------------------------------
+
+// One thread per block of n elements (a line l, block b): the same butterflies in the same order
+// as the CPU (h = 1, 2, 4, ...; (a, b) -> (a + b, a - b)), then one multiply by c. The block is
+// held in registers, so y may equal x.
+template <int N>
+__global__ void hadamard_kernel(float *y, const float *x, int rows, int cols, int axis_cols,
+                                uint32_t signs, float c)
+{
+    const int len = axis_cols ? cols : rows, lines = axis_cols ? rows : cols;
+    const int nblocks = len / N;
+    const size_t stride = axis_cols ? 1 : (size_t)cols;
+    const size_t total = (size_t)lines * nblocks;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total;
+         t += (size_t)gridDim.x * blockDim.x) {
+        // Along rows, consecutive threads take consecutive columns (coalesced).
+        size_t l, b;
+        if (axis_cols) {
+            l = t / nblocks;
+            b = t % nblocks;
+        } else {
+            l = t % lines;
+            b = t / lines;
+        }
+        size_t base = axis_cols ? l * cols + b * N : b * N * (size_t)cols + l;
+        float v[N];
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            float u = x[base + j * stride];
+            v[j] = (signs >> j & 1) ? -u : u;
+        }
+#pragma unroll
+        for (int h = 1; h < N; h *= 2)
+#pragma unroll
+            for (int i = 0; i < N; i += 2 * h)
+#pragma unroll
+                for (int j = i; j < i + h; j++) {
+                    float a = v[j], bb = v[j + h];
+                    v[j] = __fadd_rn(a, bb);
+                    v[j + h] = __fsub_rn(a, bb);
+                }
+#pragma unroll
+        for (int j = 0; j < N; j++) y[base + j * stride] = __fmul_rn(v[j], c);
+    }
+}
+
+static void cuda_hadamard(lb_backend *be, float *y, const float *x, int rows, int cols, int axis,
+                          int hn, uint32_t signs)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    if (hn < 2 || hn > 32 || (hn & (hn - 1)))
+        lb_die("cuda hadamard: size %d is not a power of two in [2, 32]", hn);
+    if (axis != LB_AXIS_ROWS && axis != LB_AXIS_COLS)
+        lb_die("cuda hadamard: axis %d is not rows (0) or cols (1)", axis);
+    int len = axis == LB_AXIS_COLS ? cols : rows;
+    if (rows < 0 || cols < 0 || len % hn)
+        lb_die("cuda hadamard: size %d along %s needs a multiple of %d, not %d", hn,
+               axis == LB_AXIS_COLS ? "cols" : "rows", hn, len);
+    size_t total = (size_t)(axis == LB_AXIS_COLS ? rows : cols) * (len / hn);
+    if (!total) return;
+    float c = (float)(1.0 / sqrt((double)hn));   // hadamard.c's norm_const
+    if (hn < 32) signs &= (1u << hn) - 1;
+    unsigned g = lb_grid(total, 128, cx);
+    int ac = axis == LB_AXIS_COLS;
+    switch (hn) {
+    case 2: hadamard_kernel<2><<<g, 128, 0, cx->stream>>>(y, x, rows, cols, ac, signs, c); break;
+    case 4: hadamard_kernel<4><<<g, 128, 0, cx->stream>>>(y, x, rows, cols, ac, signs, c); break;
+    case 8: hadamard_kernel<8><<<g, 128, 0, cx->stream>>>(y, x, rows, cols, ac, signs, c); break;
+    case 16: hadamard_kernel<16><<<g, 128, 0, cx->stream>>>(y, x, rows, cols, ac, signs, c); break;
+    default: hadamard_kernel<32><<<g, 128, 0, cx->stream>>>(y, x, rows, cols, ac, signs, c); break;
+    }
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// --- bf16 rounding (kernels/common.c lb_f32_to_bf16, on the bits) -----------------------------
+
+__global__ void round_bf16_kernel(float *y, const float *x, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t u = __float_as_uint(x[i]);
+        if ((u & 0x7fffffffu) > 0x7f800000u) u = (u >> 16 | 0x40u) << 16;   // quiet NaN
+        else u = ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16;
+        y[i] = __uint_as_float(u);
+    }
+}
+
+static void cuda_round_bf16(lb_backend *be, float *y, const float *x, size_t n)
+{
+    if (!n) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    round_bf16_kernel<<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(y, x, n);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+extern "C" void lb_cuda_init_quant(lb_backend *be)
+{
+    be->qmat_alloc = cuda_qmat_alloc;
+    be->qmat_free = cuda_qmat_free;
+    be->quantize = cuda_quantize;
+    be->dequantize = cuda_dequantize;
+    be->hadamard = cuda_hadamard;
+    be->round_bf16 = cuda_round_bf16;
+}
