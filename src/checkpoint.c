@@ -218,6 +218,53 @@ out:
     return rc;
 }
 
+int lb_checkpoint_save_dp(const char *path, lb_optimizer *o, const lb_train_state *st,
+                          const char *config_ini, lb_comm *world, char *err, size_t errlen)
+{
+    lb_model *m = o->m;
+    lb_backend *be = m->be;
+    // Every rank gathers (all-gather: NCCL has no gather); only rank 0 writes.
+    float *am = be->alloc(be, o->padded * sizeof(float));
+    float *av = be->alloc(be, o->padded * sizeof(float));
+    lb_optimizer_state_gather(o, am, av);
+    int rc = world->rank == 0 ? lb_checkpoint_save(path, m, am, av, st, config_ini, err, errlen) : 0;
+    be->free(be, am);
+    be->free(be, av);
+    return rc;
+}
+
+int lb_checkpoint_load_dp(const char *path, lb_optimizer *o, lb_train_state *st, lb_comm *world,
+                          char *err, size_t errlen)
+{
+    lb_model *m = o->m;
+    lb_backend *be = m->be;
+    lb_comm *dp = o->dp;
+    if (world->size > 1 && !dp)
+        lb_die("checkpoint: %d ranks, but the optimizer has no data-parallel communicator",
+               world->size);
+    if (dp && dp->size != world->size)
+        lb_die("checkpoint: the data-parallel group (%d ranks) is not the world (%d): loading "
+               "under model parallelism is not built yet", dp->size, world->size);
+    float *am = be->alloc(be, m->nparams * sizeof(float));
+    float *av = be->alloc(be, m->nparams * sizeof(float));
+    int rc = world->rank == 0 ? lb_checkpoint_load(path, m, am, av, st, err, errlen) : 0;
+    lb_comm_bcast(world, &rc, sizeof rc, 0);
+    if (rc == 0 && world->size > 1) {
+        lb_comm_bcast(world, st, sizeof *st, 0);
+        be->sync(be);
+        lb_comm_broadcast(dp, m->params, m->nparams, LB_F32, 0);
+        lb_comm_broadcast(dp, am, m->nparams, LB_F32, 0);
+        lb_comm_broadcast(dp, av, m->nparams, LB_F32, 0);
+        lb_comm_sync(dp);
+        lb_model_params_changed(m, (uint64_t)st->step);
+    }
+    if (rc == 0) lb_optimizer_state_load(o, am, av);
+    else if (world->rank != 0) snprintf(err, errlen, "%s: rank 0 could not load it", path);
+    be->free(be, am);
+    be->free(be, av);
+    return rc ? -1 : 0;
+}
+
 int lb_checkpoint_latest(const char *dir, char *out, size_t outlen)
 {
     char pattern[1024];

@@ -341,6 +341,14 @@ int lb_loader_next(lb_loader *l, int32_t *inputs, int32_t *targets, char *err, s
     return 0;
 }
 
+void lb_loader_skip(lb_loader *l, int n)
+{
+    for (int i = 0; i < n; i++) {
+        loader_normalise(l, &l->shard, &l->pos);   // header counts only: nothing is loaded
+        l->pos += (int64_t)l->bt;
+    }
+}
+
 void lb_loader_reset(lb_loader *l)
 {
     l->shard = 0;

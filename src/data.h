@@ -28,6 +28,9 @@ lb_loader *lb_loader_open(const char *pattern, int b, int t, int vocab_size, cha
                           size_t errlen);
 // Fills inputs and targets (b*t each). Returns 0, or -1 with a message.
 int lb_loader_next(lb_loader *l, int32_t *inputs, int32_t *targets, char *err, size_t errlen);
+// Moves past n batches exactly as n calls of next would, without reading them (data-parallel
+// ranks skip the batches of the other ranks).
+void lb_loader_skip(lb_loader *l, int n);
 void lb_loader_reset(lb_loader *l);
 // Position, for checkpoints: shard index and token offset.
 void lb_loader_tell(const lb_loader *l, int64_t *shard, int64_t *pos);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/common.h"
+#include "parallel/grid.h"
 #include "src/commands.h"
 
 typedef struct {
@@ -33,6 +34,74 @@ static void count_free(lb_backend *be, void *p)
 static void count_upload(lb_backend *be, void *dst, const void *src, size_t bytes) {}
 
 static double gib(size_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
+
+// The process grid the configuration implies (parallel.dp, when set, plans a layout without
+// launching it; else the MPI ranks of this run) and what each rank holds under it.
+static int layout_world(const lb_config *c, int world_size)
+{
+    return c->parallel.dp ? c->parallel.dp * c->parallel.tp * c->parallel.pp : world_size;
+}
+
+// The same layout checks as `lowbit train`, before anything is printed.
+static int check_layout(const lb_config *c, int world_size)
+{
+    char err[512];
+    lb_grid g;
+    if (lb_grid_layout(&g, &c->parallel, layout_world(c, world_size), 0, err, sizeof err) != 0) {
+        fprintf(stderr, "lowbit info: %s\n", err);
+        return -1;
+    }
+    if (lb_grid_check_built(&c->parallel, err, sizeof err) == 0 && c->train.grad_accum % g.dp) {
+        fprintf(stderr, "lowbit info: train.grad_accum (%d) is not divisible by the "
+                "data-parallel size dp = %d\n", c->train.grad_accum, g.dp);
+        return -1;
+    }
+    return 0;
+}
+
+static void print_layout(const lb_config *c, int world_size, size_t nparams, size_t acts)
+{
+    const lb_parallel_config *pc = &c->parallel;
+    char err[512], desc[256];
+    int world = layout_world(c, world_size);
+    lb_grid g;
+    lb_grid_layout(&g, pc, world, 0, err, sizeof err);   // checked by check_layout
+    lb_grid_describe(&g, desc, sizeof desc);
+    printf("layout      %s (%s)\n", desc, pc->dp ? "planned: parallel.dp" : "the ranks of this run");
+    if (lb_grid_check_built(pc, err, sizeof err) != 0) {
+        // Which tensors split how belongs to the model-parallel layers; until they exist the
+        // per-rank sizes of such a layout would be guesses.
+        printf("per rank    %s\n", err);
+        return;
+    }
+    int G = c->train.grad_accum;
+    int zero = pc->zero && g.dp > 1;
+    size_t padded = zero ? (nparams + g.dp - 1) / g.dp * g.dp : nparams;
+    size_t shard = padded / g.dp;
+    size_t w = padded * sizeof(float), gr = w;
+    // AdamW moments of the shard, and under ZeRO-1 the reduce-scatter's gradient shard
+    size_t opt = (zero ? 3 : 2) * (zero ? shard : nparams) * sizeof(float);
+    printf("data        %d micro-batch%s of %d x %d per rank and step (train.grad_accum %d over dp "
+           "%d); %s\n", G / g.dp, G / g.dp == 1 ? "" : "es", c->train.micro_batch,
+           c->train.seq_len, G, g.dp,
+           g.dp == 1 ? "one rank: no gradient communication"
+           : zero ? "ZeRO-1 distributed optimizer: AdamW state sharded over dp"
+                  : "gradients all-reduced, AdamW state replicated");
+    printf("per rank    rank  tp dp pp   weights MiB   grads MiB   optimizer MiB   activations MiB"
+           "   total MiB\n");
+    for (int r = 0; r < world && r < 8; r++) {
+        lb_grid h;
+        lb_grid_layout(&h, pc, world, r, err, sizeof err);
+        printf("            %-5d %-2d %-2d %-2d   %-13.3f %-11.3f %-15.3f %-17.3f %.3f\n", r,
+               h.tp_rank, h.dp_rank, h.pp_rank, mib(w), mib(gr), mib(opt), mib(acts),
+               mib(w + gr + opt + acts));
+    }
+    if (world > 8) printf("            ... (%d ranks, all alike under data parallelism)\n", world);
+    if (zero)
+        printf("            optimizer = AdamW moments of a %zu-parameter shard + its reduced "
+               "gradient; weights and grads padded to %zu\n", shard, padded);
+}
 
 #ifdef LB_HAVE_CUDA
 int lb_cuda_device_count(void);
@@ -42,6 +111,7 @@ int lb_cuda_device_describe(int i, char *buf, size_t len);
 int lb_cmd_info(const lb_config *c, lb_comm *comm)
 {
     if (comm->rank != 0) return 0;
+    if (check_layout(c, comm->size) != 0) return 1;
     char err[1024];
     count_ctx ctx = {0, 0};
     lb_backend counter = {.name = "count", .ctx = &ctx, .alloc = count_alloc,
@@ -81,6 +151,7 @@ int lb_cmd_info(const lb_config *c, lb_comm *comm)
            gib(p), gib(p), gib(2 * p));
     printf("            activations %.3f GiB for micro-batch %d x %d tokens; total %.3f GiB\n",
            gib(acts), c->train.micro_batch, c->train.seq_len, gib(4 * p + acts));
+    print_layout(c, comm->size, m->nparams, acts);
     lb_contract contract;
     if (lb_contract_resolve(&contract, &c->precision, mc->num_hidden_layers, err, sizeof err) == 0) {
         lb_contract_print(&contract, stdout);

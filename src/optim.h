@@ -1,10 +1,22 @@
-// optim.h: the optimizer step shared by `train` and `rl`: global-norm clipping, AdamW with
-// decoupled weight decay (none on norm weights), the learning-rate schedule, and the weight
-// cache refresh that follows every update.
+// optim.h: the optimizer step shared by `train` and `rl`: the gradient reduction over the
+// data-parallel ranks, global-norm clipping, AdamW with decoupled weight decay (none on norm
+// weights), the learning-rate schedule, and the weight cache refresh that follows every update.
+//
+// Data parallelism (doc/parallel.md). Every rank adds its micro-batches' gradients (each scaled
+// by 1 / the global number of micro-batches) into m->grads; the step then sums them over
+// dp, so the update is the one a single rank computes over the whole global batch:
+//   - distributed (ZeRO-1, Megatron's distributed optimizer): reduce-scatter the flat gradient
+//     (padded to a multiple of dp), take the global norm from the shards' sums of squares,
+//     AdamW on this rank's shard of the fp32 parameters (the master weights: parameters are
+//     fp32 here) with the moments of that shard only, all-gather the parameters;
+//   - otherwise: all-reduce the gradient, and every rank updates every parameter.
+// Weight decay follows the tensor table element by element, so a shard that cuts through a
+// tensor still decays its matrix elements and not its norm weights.
 #ifndef LB_OPTIM_H
 #define LB_OPTIM_H
 
 #include "models/model.h"
+#include "parallel/comm.h"
 
 typedef struct {
     double lr, min_lr;
@@ -12,17 +24,47 @@ typedef struct {
     double beta1, beta2, eps, weight_decay, grad_clip;
 } lb_optim_config;
 
+// A run of the shard with one weight decay (norm weights get none).
+typedef struct {
+    size_t begin, end;                 // parameter indices, begin inclusive
+    float wd;
+} lb_optim_segment;
+
 typedef struct {
     lb_optim_config cfg;
     lb_model *m;
-    float *adam_m, *adam_v;            // (nparams) backend memory, same layout as the params
+    lb_comm *dp;                       // data-parallel group (NULL: one rank)
+    int distributed;                   // ZeRO-1 distributed optimizer (else all-reduce)
+    size_t padded;                     // nparams rounded up to a multiple of the dp size
+    size_t shard_begin, shard_len;     // this rank's shard of [0, padded): all of it without ZeRO
+    float *adam_m, *adam_v;            // (shard_len) backend memory: the shard's moments
+    float *grad_shard;                 // (shard_len) ZeRO-1: the reduced gradient of the shard
+    int nseg;
+    lb_optim_segment *seg;             // weight-decay runs of [shard_begin, shard_begin + len)
 } lb_optimizer;
 
+// One rank (no communication).
 void lb_optimizer_init(lb_optimizer *o, lb_model *m, const lb_optim_config *cfg);
+// Data parallelism over dp, a communicator over the backend's memory (MPI for the CPU backend,
+// NCCL for CUDA); NULL or one rank is lb_optimizer_init. distributed: ZeRO-1, else all-reduce.
+// With ZeRO-1 over more than one rank, m->params and m->grads are replaced by equal buffers
+// padded to `padded` floats (Megatron's contiguous buffers; the padding stays zero and is never
+// updated), which the model keeps and frees: take pointers into them only after this call.
+void lb_optimizer_init_dp(lb_optimizer *o, lb_model *m, const lb_optim_config *cfg, lb_comm *dp,
+                          int distributed);
 void lb_optimizer_free(lb_optimizer *o);
 double lb_optimizer_lr(const lb_optim_config *c, int step);     // step counts from 1
-// Clips m->grads to grad_clip (global L2 norm), applies AdamW for optimizer step `step`, and
-// marks the weight cache stale. Returns the gradient norm before clipping.
+// Sums the gradients over dp, clips them to grad_clip (global L2 norm), applies AdamW for
+// optimizer step `step`, and marks the weight cache stale. Collective over dp. Returns the
+// gradient norm before clipping (the same on every rank).
 double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out);
+
+// Checkpoints hold the full moments whatever the layout. Gather: every rank gets them into
+// adam_m and adam_v (backend buffers of o->padded floats; the first nparams are the moments).
+// Collective over dp.
+void lb_optimizer_state_gather(lb_optimizer *o, float *adam_m, float *adam_v);
+// Load: keeps this rank's shard of full moments (backend buffers of nparams floats, the same
+// on every rank): any checkpoint loads under any data-parallel size.
+void lb_optimizer_state_load(lb_optimizer *o, const float *adam_m, const float *adam_v);
 
 #endif

@@ -511,7 +511,7 @@ static void convert_roundtrip(const char *sub)
     snprintf(c.convert.input, sizeof c.convert.input, "%s", src);
     snprintf(c.convert.output, sizeof c.convert.output, "%s/ck/model.safetensors", tmp);
     snprintf(c.convert.direction, sizeof c.convert.direction, "import");
-    lb_comm comm = {0, 1, NULL};
+    lb_comm comm = {.rank = 0, .size = 1};   // convert communicates nothing
     ck_assert_int_eq(lb_cmd_convert(&c, &comm), 0);
     char *ini = lb_checkpoint_config(c.convert.output, err, sizeof err);
     ck_assert_msg(ini != NULL, "%s", err);

@@ -1,0 +1,425 @@
+// test_grid.c: the process grid (parallel/grid.c) without MPI: every rank's coordinates and
+// groups for many layouts, the layout and shape errors; the distributed optimizer's shards
+// (src/optim.c): padding, shard bounds and weight-decay runs that cut through tensors; and the
+// data split's loader skip (src/data.c). The communicators themselves run in test_comm and
+// test_parallel.sh.
+#include "tests/testutil.h"
+
+#include <stdint.h>
+#include <string.h>
+#include "kernels/common.h"
+#include "models/model.h"
+#include "parallel/grid.h"
+#include "src/data.h"
+#include "src/optim.h"
+
+static lb_parallel_config pcfg(int tp, int pp, int ep, int etp)
+{
+    lb_parallel_config pc;
+    memset(&pc, 0, sizeof pc);
+    pc.tp = tp;
+    pc.pp = pp;
+    pc.ep = ep;
+    pc.etp = etp;
+    pc.zero = 1;
+    pc.deterministic = 1;
+    pc.fail_rank = -1;
+    snprintf(pc.fail_mode, sizeof pc.fail_mode, "die");
+    return pc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Coordinates and groups
+
+START_TEST(test_known_layout)
+{
+    // world 8, tp 2, ep 2 (etp = tp): dense dp 4, expert edp 2. Rank 5: tp_rank 1, dp_rank 2;
+    // experts: etp_rank 1, ep_rank 0, edp_rank 1.
+    lb_parallel_config pc = pcfg(2, 1, 2, 0);
+    lb_grid g;
+    char err[512];
+    ck_assert_msg(lb_grid_layout(&g, &pc, 8, 5, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(g.dp, 4);
+    ck_assert_int_eq(g.edp, 2);
+    ck_assert_int_eq(g.etp, 2);
+    ck_assert_int_eq(g.tp_rank, 1);
+    ck_assert_int_eq(g.dp_rank, 2);
+    ck_assert_int_eq(g.pp_rank, 0);
+    ck_assert_int_eq(g.etp_rank, 1);
+    ck_assert_int_eq(g.ep_rank, 0);
+    ck_assert_int_eq(g.edp_rank, 1);
+    int m[8];
+    static const struct { lb_group g; int n, r[4]; } want[] = {
+        {LB_GROUP_TP, 2, {4, 5}},       {LB_GROUP_DP, 4, {1, 3, 5, 7}}, {LB_GROUP_PP, 1, {5}},
+        {LB_GROUP_MP, 2, {4, 5}},       {LB_GROUP_ETP, 2, {4, 5}},      {LB_GROUP_EP, 2, {5, 7}},
+        {LB_GROUP_EDP, 2, {1, 5}},
+    };
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+        int n = lb_grid_members(&g, want[k].g, m);
+        ck_assert_int_eq(n, want[k].n);
+        for (int i = 0; i < n; i++)
+            ck_assert_msg(m[i] == want[k].r[i], "%s group: member %d is %d, expected %d",
+                          lb_grid_group_name(want[k].g), i, m[i], want[k].r[i]);
+    }
+    char d[200];
+    lb_grid_describe(&g, d, sizeof d);
+    ck_assert_str_eq(d, "world 8 = tp 2 x dp 4 x pp 1; experts: etp 2 x ep 2 x edp 2 x pp 1");
+}
+END_TEST
+
+// For every valid layout of worlds 1..16: each rank's coordinates give back its rank under both
+// formulas; the groups of one kind partition the world into groups of the right size whose
+// members agree on every coordinate the group does not vary; etp = tp reproduces DESIGN.md's
+// order tp, ep, dp, pp (dp_rank = ep_rank + ep * edp_rank).
+START_TEST(test_all_layouts)
+{
+    static const int sz[] = {1, 2, 3, 4, 8};
+    char err[512];
+    int layouts = 0;
+    for (int world = 1; world <= 16; world++)
+        for (int a = 0; a < 5; a++) for (int b = 0; b < 5; b++)
+        for (int e = 0; e < 5; e++) for (int f = 0; f < 3; f++) {
+            int tp = sz[a], pp = sz[b], ep = sz[e], etp = f == 0 ? 0 : sz[f];
+            lb_parallel_config pc = pcfg(tp, pp, ep, etp);
+            lb_grid g0;
+            if (lb_grid_layout(&g0, &pc, world, 0, err, sizeof err) != 0) continue;
+            layouts++;
+            int sizes[LB_GROUP_COUNT] = {g0.tp, g0.dp, g0.pp, g0.tp * g0.pp, g0.etp, g0.ep, g0.edp};
+            ck_assert_int_eq(g0.tp * g0.dp * g0.pp, world);
+            ck_assert_int_eq(g0.etp * g0.ep * g0.edp * g0.pp, world);
+            for (int k = 0; k < LB_GROUP_COUNT; k++) {
+                int owner[16];
+                for (int r = 0; r < world; r++) owner[r] = -1;
+                for (int r = 0; r < world; r++) {
+                    lb_grid g;
+                    ck_assert_int_eq(lb_grid_layout(&g, &pc, world, r, err, sizeof err), 0);
+                    ck_assert_int_eq(g.tp_rank + g.tp * (g.dp_rank + g.dp * g.pp_rank), r);
+                    ck_assert_int_eq(g.etp_rank + g.etp * (g.ep_rank + g.ep * (g.edp_rank +
+                                                                               g.edp * g.pp_rank)), r);
+                    if (g.etp == g.tp) ck_assert_int_eq(g.dp_rank, g.ep_rank + g.ep * g.edp_rank);
+                    int m[16], n = lb_grid_members(&g, (lb_group)k, m);
+                    ck_assert_int_eq(n, sizes[k]);
+                    int self = 0;
+                    for (int i = 0; i < n; i++) {
+                        ck_assert(m[i] >= 0 && m[i] < world);
+                        if (i) ck_assert_int_lt(m[i - 1], m[i]);   // ascending: the split key
+                        self += m[i] == r;
+                        // one group per rank: whoever listed m[i] first named the same group
+                        if (owner[m[i]] < 0) owner[m[i]] = m[0];
+                        ck_assert_int_eq(owner[m[i]], m[0]);
+                        lb_grid h;
+                        ck_assert_int_eq(lb_grid_layout(&h, &pc, world, m[i], err, sizeof err), 0);
+                        switch ((lb_group)k) {
+                        case LB_GROUP_TP: ck_assert(h.dp_rank == g.dp_rank && h.pp_rank == g.pp_rank); break;
+                        case LB_GROUP_DP: ck_assert(h.tp_rank == g.tp_rank && h.pp_rank == g.pp_rank); break;
+                        case LB_GROUP_PP: ck_assert(h.tp_rank == g.tp_rank && h.dp_rank == g.dp_rank); break;
+                        case LB_GROUP_MP: ck_assert(h.dp_rank == g.dp_rank); break;
+                        case LB_GROUP_ETP: ck_assert(h.ep_rank == g.ep_rank && h.edp_rank == g.edp_rank &&
+                                                     h.pp_rank == g.pp_rank); break;
+                        case LB_GROUP_EP: ck_assert(h.etp_rank == g.etp_rank && h.edp_rank == g.edp_rank &&
+                                                    h.pp_rank == g.pp_rank); break;
+                        case LB_GROUP_EDP: ck_assert(h.etp_rank == g.etp_rank && h.ep_rank == g.ep_rank &&
+                                                     h.pp_rank == g.pp_rank); break;
+                        default: ck_abort();
+                        }
+                    }
+                    ck_assert_int_eq(self, 1);
+                }
+            }
+        }
+    ck_assert_int_gt(layouts, 100);
+}
+END_TEST
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+static void expect_layout_error(lb_parallel_config pc, int world, const char *msg)
+{
+    lb_grid g;
+    char err[512] = "";
+    ck_assert_int_eq(lb_grid_layout(&g, &pc, world, 0, err, sizeof err), -1);
+    ck_assert_str_eq(err, msg);
+}
+
+START_TEST(test_layout_errors)
+{
+    expect_layout_error(pcfg(4, 1, 1, 0), 6,
+                        "the world of 6 ranks is not divisible by parallel.tp x parallel.pp = 4 x 1 "
+                        "(dp = world / (tp x pp) must be a whole number)");
+    expect_layout_error(pcfg(1, 2, 1, 0), 3,
+                        "the world of 3 ranks is not divisible by parallel.tp x parallel.pp = 1 x 2 "
+                        "(dp = world / (tp x pp) must be a whole number)");
+    expect_layout_error(pcfg(1, 1, 3, 0), 4,
+                        "the 4 ranks of a pipeline stage (world 4 / parallel.pp 1) are not divisible "
+                        "by parallel.etp x parallel.ep = 1 x 3 (the expert grid folds the same ranks)");
+    lb_parallel_config pc = pcfg(1, 1, 1, 0);
+    pc.dp = 4;
+    expect_layout_error(pc, 2, "parallel.dp = 4, but 2 ranks with parallel.tp = 1 and parallel.pp "
+                               "= 1 give dp = 2 (leave parallel.dp at 0 to derive it)");
+    lb_grid g;
+    char err[512];
+    ck_assert_int_eq(lb_grid_layout(&g, &pc, 4, 3, err, sizeof err), 0);   // dp agrees
+}
+END_TEST
+
+static void expect_shape_error(lb_parallel_config pc, lb_grid_shapes s, const char *msg,
+                               const char *k0, const char *k1)
+{
+    const char *keys[2];
+    char err[512] = "";
+    ck_assert_int_eq(lb_grid_check_shapes(&pc, &s, keys, err, sizeof err), -1);
+    ck_assert_str_eq(err, msg);
+    ck_assert_str_eq(keys[0], k0);
+    ck_assert_str_eq(keys[1], k1);
+}
+
+START_TEST(test_shape_errors)
+{
+    // layers, heads, kv heads, experts, ffn, moe ffn, vocab, seq_len
+    lb_grid_shapes moe = {4, 4, 2, 4, 0, 256, 256, 64};
+    const char *keys[2];
+    char err[512];
+    lb_parallel_config ok = pcfg(2, 2, 4, 0);
+    ck_assert_msg(lb_grid_check_shapes(&ok, &moe, keys, err, sizeof err) == 0, "%s", err);
+    expect_shape_error(pcfg(1, 1, 3, 0), moe,
+                       "model.num_experts (4) is not divisible by parallel.ep (3): every "
+                       "expert-parallel rank holds the same number of experts",
+                       "model.num_experts", "parallel.ep");
+    expect_shape_error(pcfg(4, 1, 1, 0), moe,
+                       "model.num_key_value_heads (2) is not divisible by parallel.tp (4): tensor "
+                       "parallelism splits the key/value heads",
+                       "model.num_key_value_heads", "parallel.tp");
+    lb_grid_shapes h6 = moe;
+    h6.heads = 6;
+    expect_shape_error(pcfg(4, 1, 1, 0), h6,
+                       "model.num_attention_heads (6) is not divisible by parallel.tp (4): tensor "
+                       "parallelism splits the query heads",
+                       "model.num_attention_heads", "parallel.tp");
+    expect_shape_error(pcfg(1, 3, 1, 0), moe,
+                       "model.num_hidden_layers (4) is not divisible by parallel.pp (3): every "
+                       "pipeline stage holds the same number of layers",
+                       "model.num_hidden_layers", "parallel.pp");
+    lb_grid_shapes f = moe;
+    f.moe_ffn = 100;
+    expect_shape_error(pcfg(1, 1, 1, 8), f,
+                       "model.moe_intermediate_size (100) is not divisible by parallel.etp (8): "
+                       "expert tensor parallelism splits each expert",
+                       "model.moe_intermediate_size", "parallel.etp");
+    lb_grid_shapes v = moe;
+    v.vocab = 255;
+    expect_shape_error(pcfg(2, 1, 1, 0), v,
+                       "model.vocab_size (255) is not divisible by parallel.tp (2): the embedding "
+                       "and LM head are split over the vocabulary",
+                       "model.vocab_size", "parallel.tp");
+    lb_parallel_config sp = pcfg(1, 1, 1, 0);
+    sp.sequence_parallel = 1;
+    expect_shape_error(sp, moe,
+                       "parallel.sequence_parallel needs parallel.tp > 1 (it splits the "
+                       "tensor-parallel group's activations over the sequence)",
+                       "parallel.sequence_parallel", "parallel.tp");
+    sp.tp = 2;
+    lb_grid_shapes odd = moe;
+    odd.seq_len = 63;
+    expect_shape_error(sp, odd,
+                       "train.seq_len (63) is not divisible by parallel.tp (2): sequence "
+                       "parallelism splits the sequence", "train.seq_len", "parallel.tp");
+    lb_parallel_config fr = pcfg(1, 1, 1, 0);
+    fr.fail_rank = 1;
+    expect_shape_error(fr, moe,
+                       "parallel.fail_rank and parallel.fail_step go together (rank 1, step 0): "
+                       "set both to make a rank fail on purpose, or neither",
+                       "parallel.fail_rank", "parallel.fail_step");
+}
+END_TEST
+
+START_TEST(test_not_built)
+{
+    char err[512] = "";
+    lb_parallel_config dp = pcfg(1, 1, 1, 0);
+    ck_assert_int_eq(lb_grid_check_built(&dp, err, sizeof err), 0);
+    dp.etp = 1;
+    ck_assert_int_eq(lb_grid_check_built(&dp, err, sizeof err), 0);
+    lb_parallel_config mp = pcfg(2, 1, 2, 0);
+    ck_assert_int_eq(lb_grid_check_built(&mp, err, sizeof err), -1);
+    ck_assert_str_eq(err, "tensor/pipeline/expert parallelism: not built yet (parallel.tp = 2, "
+                          "parallel.ep = 2); this release trains data-parallel layouts only: tp = "
+                          "pp = ep = etp = 1, dp from the world size (doc/parallel.md)");
+    lb_parallel_config p2 = pcfg(1, 2, 1, 0);
+    ck_assert_int_eq(lb_grid_check_built(&p2, err, sizeof err), -1);
+    ck_assert_ptr_nonnull(strstr(err, "(parallel.pp = 2)"));
+}
+END_TEST
+
+// ---------------------------------------------------------------------------------------------
+// Distributed optimizer shards
+
+static lb_model *tiny_model(lb_backend *be)
+{
+    lb_model_config mc;
+    memset(&mc, 0, sizeof mc);
+    snprintf(mc.arch, sizeof mc.arch, "qwen3_moe");
+    mc.vocab_size = 37;
+    mc.hidden_size = 12;
+    mc.num_hidden_layers = 2;
+    mc.num_attention_heads = 2;
+    mc.num_key_value_heads = 1;
+    mc.head_dim = 6;
+    mc.intermediate_size = 16;
+    mc.num_experts = 3;
+    mc.num_experts_per_tok = 2;
+    mc.moe_intermediate_size = 5;
+    mc.norm_topk_prob = 1;
+    mc.max_position_embeddings = 64;
+    mc.rope_theta = 10000;
+    mc.rms_norm_eps = 1e-6;
+    mc.initializer_range = 0.02;
+    char err[512];
+    lb_model *m = lb_model_create(&mc, be, err, sizeof err);
+    ck_assert_msg(m != NULL, "%s", err);
+    return m;
+}
+
+// For 1..7 ranks: shards of equal length tile [0, padded) in rank order; the weight-decay runs
+// of each shard tile its part of [0, nparams) and give every element its tensor's decay (none
+// for norm weights) even where a shard starts or ends inside a tensor; the padded parameter
+// buffer keeps the values and zero padding. The communicator is never called by init, so a
+// stand-in of the right size and rank serves.
+START_TEST(test_zero_shards)
+{
+    char err[512];
+    lb_backend *be = lb_backend_cpu_create(1, err, sizeof err);
+    ck_assert_ptr_nonnull(be);
+    lb_optim_config oc = {1e-3, 1e-4, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0};
+    int cuts_inside = 0;
+    for (int p = 1; p <= 7; p++) {
+        size_t covered = 0;
+        for (int r = 0; r < p; r++) {
+            lb_model *m = tiny_model(be);
+            lb_model_init_params(m, 7);
+            size_t n = m->nparams;
+            float *before = lb_malloc(n * sizeof(float));
+            memcpy(before, m->params, n * sizeof(float));
+            lb_comm stand_in = {.rank = r, .size = p};
+            lb_optimizer o;
+            lb_optimizer_init_dp(&o, m, &oc, &stand_in, 1);
+            size_t padded = (n + p - 1) / p * p;
+            ck_assert_uint_eq(o.padded, padded);
+            ck_assert_uint_eq(o.shard_len, padded / p);
+            ck_assert_uint_eq(o.shard_begin, (size_t)r * (padded / p));
+            ck_assert_int_eq(memcmp(before, m->params, n * sizeof(float)), 0);
+            for (size_t i = n; i < padded; i++) ck_assert(m->params[i] == 0.0f && m->grads[i] == 0.0f);
+            size_t end = o.shard_begin + o.shard_len < n ? o.shard_begin + o.shard_len : n;
+            size_t at = o.shard_begin;
+            for (int s = 0; s < o.nseg; s++) {
+                ck_assert_uint_eq(o.seg[s].begin, at);   // no gap, no overlap
+                ck_assert_uint_gt(o.seg[s].end, o.seg[s].begin);
+                if (s) ck_assert(o.seg[s].wd != o.seg[s - 1].wd);   // merged where alike
+                for (size_t i = o.seg[s].begin; i < o.seg[s].end; i++) {
+                    const lb_tensor *t = NULL;
+                    for (int k = 0; k < m->ntensors; k++)
+                        if (i >= m->tensors[k].offset && i < m->tensors[k].offset + m->tensors[k].numel)
+                            t = &m->tensors[k];
+                    ck_assert_ptr_nonnull(t);
+                    ck_assert(o.seg[s].wd == (t->is_norm ? 0.0f : 0.1f));
+                }
+                at = o.seg[s].end;
+            }
+            ck_assert_uint_eq(at, o.shard_begin < n ? end : o.shard_begin);
+            covered += at > o.shard_begin ? at - o.shard_begin : 0;
+            for (int k = 0; k < m->ntensors; k++) {
+                size_t b = m->tensors[k].offset;
+                if (o.shard_begin > b && o.shard_begin < b + m->tensors[k].numel) cuts_inside++;
+            }
+            lb_optimizer_free(&o);
+            lb_model_free(m);
+            free(before);
+        }
+        lb_model *m = tiny_model(be);
+        ck_assert_uint_eq(covered, m->nparams);   // the shards together: every parameter once
+        lb_model_free(m);
+    }
+    ck_assert_int_gt(cuts_inside, 5);   // the test did exercise shards starting inside tensors
+    be->destroy(be);
+}
+END_TEST
+
+// The single-rank optimizer is the one the trainer had before data parallelism: the whole
+// buffer, one shard.
+START_TEST(test_one_rank_shard)
+{
+    char err[512];
+    lb_backend *be = lb_backend_cpu_create(1, err, sizeof err);
+    lb_model *m = tiny_model(be);
+    lb_optim_config oc = {1e-3, 1e-4, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0};
+    lb_optimizer o;
+    lb_optimizer_init(&o, m, &oc);
+    ck_assert_uint_eq(o.padded, m->nparams);
+    ck_assert_uint_eq(o.shard_begin, 0);
+    ck_assert_uint_eq(o.shard_len, m->nparams);
+    ck_assert_ptr_null(o.grad_shard);
+    lb_optimizer_free(&o);
+    lb_model_free(m);
+    be->destroy(be);
+}
+END_TEST
+
+// ---------------------------------------------------------------------------------------------
+// The data split: skipping n batches lands where n calls of next land, across shard ends.
+
+START_TEST(test_loader_skip)
+{
+    char err[512], dir[300], path[400];
+    snprintf(dir, sizeof dir, "%s", lb_test_tmpdir());
+    static const size_t lens[3] = {50, 23, 70};
+    for (int s = 0; s < 3; s++) {
+        uint32_t tok[70];
+        for (size_t i = 0; i < lens[s]; i++) tok[i] = (uint32_t)(s * 100 + i) % 256;
+        snprintf(path, sizeof path, "%s/d_%03d.bin", dir, s);
+        ck_assert_msg(lb_shard_write(path, tok, lens[s], err, sizeof err) == 0, "%s", err);
+    }
+    snprintf(path, sizeof path, "%s/d_*.bin", dir);
+    int32_t a_in[8], a_tg[8], b_in[8], b_tg[8];
+    for (int n = 0; n <= 25; n++) {
+        lb_loader *a = lb_loader_open(path, 2, 4, 256, err, sizeof err);
+        lb_loader *b = lb_loader_open(path, 2, 4, 256, err, sizeof err);
+        ck_assert_ptr_nonnull(a);
+        ck_assert_ptr_nonnull(b);
+        for (int i = 0; i < n; i++) ck_assert_int_eq(lb_loader_next(a, a_in, a_tg, err, sizeof err), 0);
+        lb_loader_skip(b, n);
+        int64_t sa, pa, sb, pb;
+        lb_loader_tell(a, &sa, &pa);
+        lb_loader_tell(b, &sb, &pb);
+        ck_assert_msg(sa == sb && pa == pb, "after %d: next at %lld:%lld, skip at %lld:%lld", n,
+                      (long long)sa, (long long)pa, (long long)sb, (long long)pb);
+        ck_assert_int_eq(lb_loader_next(a, a_in, a_tg, err, sizeof err), 0);
+        ck_assert_int_eq(lb_loader_next(b, b_in, b_tg, err, sizeof err), 0);
+        ck_assert_int_eq(memcmp(a_in, b_in, sizeof a_in), 0);
+        ck_assert_int_eq(memcmp(a_tg, b_tg, sizeof a_tg), 0);
+        lb_loader_close(a);
+        lb_loader_close(b);
+    }
+    for (int s = 0; s < 3; s++) {
+        snprintf(path, sizeof path, "%s/d_%03d.bin", dir, s);
+        remove(path);
+    }
+    remove(dir);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("grid");
+    TCase *tc = tcase_create("grid");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_known_layout);
+    tcase_add_test(tc, test_all_layouts);
+    tcase_add_test(tc, test_layout_errors);
+    tcase_add_test(tc, test_shape_errors);
+    tcase_add_test(tc, test_not_built);
+    tcase_add_test(tc, test_zero_shards);
+    tcase_add_test(tc, test_one_rank_shard);
+    tcase_add_test(tc, test_loader_skip);
+    suite_add_tcase(s, tc);
+    return lb_test_run(s);
+}

@@ -1,0 +1,169 @@
+#!/bin/bash
+# Data parallelism end to end on the CPU (mpirun --oversubscribe): every layout trains the same
+# model as one rank (losses and final parameters within 1e-5 relative), checkpoints move
+# between layouts and continue the same curve, bad layouts stop before any work with one clear
+# message, and a failing rank takes the whole job down quickly instead of hanging.
+set -uo pipefail
+src=${LB_SRCDIR:-.}
+bin=${LB_BUILDDIR:-.}/lowbit
+cmp=${LB_BUILDDIR:-.}/tests/ckpt_compare
+cfg="$src/examples/tiny-moe.cfg"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0
+failed=0
+fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+ok() { pass=$((pass + 1)); }
+mpi() { local np=$1; shift; timeout 120 mpirun --oversubscribe -np "$np" "$@"; }
+
+"$bin" data "$cfg" --set gen.output="$tmp/arith" --set gen.problems=3000 > /dev/null ||
+    { echo "FAIL: data"; exit 1; }
+# grad_accum 4 is the global batch: 4 micro-batches on 1 rank, 2 on each of 2, 1 on each of 4.
+small=(--set data.train_files="$tmp/arith_train_*.bin" --set data.val_files="$tmp/arith_val_*.bin"
+       --set model.hidden_size=48 --set model.num_hidden_layers=2 --set model.head_dim=16
+       --set model.moe_intermediate_size=64 --set train.seq_len=32 --set train.micro_batch=4
+       --set train.grad_accum=4 --set train.steps=10 --set train.warmup_steps=2
+       --set train.val_every=5 --set train.val_batches=3 --set train.log_every=0
+       --set checkpoint.save_every=5 --set checkpoint.keep=5 --set run.threads=1)
+ck() { echo "$tmp/$1/checkpoints/step_000000$2.safetensors"; }
+
+# max_rel_diff A B KEY [FIRST_STEP]: the largest relative difference of KEY ("loss",
+# "val_loss", "grad_norm") between two metrics files over the steps both logged.
+max_rel_diff() {
+    awk -v key="\"$3\": " -v first="${4:-1}" '
+        { s = $0; sub(/.*"step": /, "", s); step = s + 0
+          i = index($0, key); if (!i || step < first) next
+          v = substr($0, i + length(key)); sub(/[,}].*/, "", v)
+          if (FNR == NR) a[step] = v + 0; else if (step in a) {
+              d = v - a[step]; if (d < 0) d = -d; m = a[step] < 0 ? -a[step] : a[step]
+              r = d / (m > 1e-12 ? m : 1e-12); if (r > worst) worst = r; n++ } }
+        END { if (!n) { print "none"; exit 1 } printf "%.3g\n", worst }' "$1" "$2"
+}
+# agree NAME A B TOL: losses, validation losses and gradient norms of two runs within TOL.
+agree() {
+    local name=$1 a=$2 b=$3 tol=$4 key d
+    for key in loss val_loss grad_norm; do
+        d=$(max_rel_diff "$a" "$b" $key "${5:-1}") || { fail "$name: no $key to compare"; continue; }
+        echo "$name: $key max relative difference $d"
+        awk -v d="$d" -v t="$tol" 'BEGIN { exit !(d <= t) }' && ok || fail "$name: $key differs by $d"
+    done
+}
+same_params() {
+    local name=$1 a=$2 b=$3 tol=$4 out
+    if out=$("$cmp" "$a" "$b" "$tol" 2>&1); then ok; else fail "$name: $out"; fi
+    echo "$name: parameters: $out"
+}
+
+# 1. One rank against dp2 (ZeRO-1), dp2 (all-reduce), dp2 (library-order sums) and dp4.
+"$bin" train "$cfg" "${small[@]}" --set run.out_dir="$tmp/r1" > "$tmp/r1.log" 2>&1 ||
+    { cat "$tmp/r1.log"; echo "FAIL: one-rank run"; exit 1; }
+mpi 2 "$bin" train "$cfg" "${small[@]}" --set run.out_dir="$tmp/z2" > "$tmp/z2.log" 2>&1 ||
+    fail "dp2 ZeRO-1 run: $(tail -n 3 "$tmp/z2.log")"
+mpi 2 "$bin" train "$cfg" "${small[@]}" --set parallel.zero=false --set run.out_dir="$tmp/a2" \
+    > "$tmp/a2.log" 2>&1 || fail "dp2 all-reduce run: $(tail -n 3 "$tmp/a2.log")"
+mpi 2 "$bin" train "$cfg" "${small[@]}" --set parallel.deterministic=false \
+    --set run.out_dir="$tmp/n2" > "$tmp/n2.log" 2>&1 || fail "dp2 library-order run"
+mpi 4 "$bin" train "$cfg" "${small[@]}" --set run.out_dir="$tmp/z4" > "$tmp/z4.log" 2>&1 ||
+    fail "dp4 ZeRO-1 run: $(tail -n 3 "$tmp/z4.log")"
+grep -q "ZeRO-1 distributed optimizer" "$tmp/z2.log" && ok || fail "dp2 does not report ZeRO-1"
+grep -q "all-reduced gradients" "$tmp/a2.log" && ok || fail "dp2 does not report all-reduce"
+[ "$(grep -c '^model ' "$tmp/z4.log")" = 1 ] && ok || fail "dp4 printed the header more than once"
+for run in z2 a2 n2 z4; do
+    agree "1 rank vs $run" "$tmp/r1/metrics.jsonl" "$tmp/$run/metrics.jsonl" 1e-5
+    same_params "1 rank vs $run" "$(ck r1 10)" "$(ck $run 10)" 1e-5
+done
+# ZeRO-1 and all-reduce sum the same gradients in the same rank order.
+same_params "dp2 ZeRO-1 vs all-reduce" "$(ck z2 10)" "$(ck a2 10)" 1e-6
+# The full optimizer state is in the checkpoint whatever the sharding.
+if out=$("$cmp" --moments "$(ck r1 10)" "$(ck z4 10)" 1e-5 2>&1); then ok; else fail "moments: $out"; fi
+echo "1 rank vs z4: parameters and moments: $out"
+
+# 2. Resume across layouts: dp2's step-5 checkpoint continues under 1 rank, dp4 and dp2, on
+#    the curve of the uninterrupted runs (dp2 on itself: bit for bit).
+c5=$(ck z2 05)
+for np in 1 4 2; do
+    mpi $np "$bin" train "$cfg" "${small[@]}" --set checkpoint.resume="$c5" \
+        --set run.out_dir="$tmp/res$np" > "$tmp/res$np.log" 2>&1 ||
+        { fail "resume under $np rank(s): $(tail -n 3 "$tmp/res$np.log")"; continue; }
+    grep -q "resumed from $c5 at step 5" "$tmp/res$np.log" && ok || fail "resume $np: not reported"
+    [ "$(grep -c '"loss"' "$tmp/res$np/metrics.jsonl")" = 5 ] && ok || fail "resume $np: steps 6-10 only"
+    agree "dp2 -> $np rank(s) from step 5" "$tmp/z2/metrics.jsonl" "$tmp/res$np/metrics.jsonl" 1e-5 6
+    same_params "dp2 -> $np rank(s)" "$(ck z2 10)" "$(ck res$np 10)" 1e-5
+done
+strip() { grep '"loss"' "$1" | sed 's/, "tokens_per_s".*//'; }
+diff <(strip "$tmp/z2/metrics.jsonl" | tail -n 5) <(strip "$tmp/res2/metrics.jsonl") > /dev/null &&
+    ok || fail "dp2 resumed from its own checkpoint is not bit for bit"
+# A one-rank checkpoint resumes under ZeRO-1 too (re-sharding on load).
+mpi 2 "$bin" train "$cfg" "${small[@]}" --set checkpoint.resume="$(ck r1 05)" \
+    --set run.out_dir="$tmp/up2" > "$tmp/up2.log" 2>&1 || fail "1 rank -> dp2 resume"
+same_params "1 rank -> dp2 from step 5" "$(ck r1 10)" "$(ck up2 10)" 1e-5
+
+# 3. Bad layouts: a non-zero exit, one message (rank 0 only), no output directory.
+# expect_bad NAME NP PATTERN ARGS...
+expect_bad() {
+    local name=$1 np=$2 pattern=$3
+    shift 3
+    rm -rf "$tmp/bad"
+    mpi "$np" "$bin" train "$cfg" "${small[@]}" --set run.out_dir="$tmp/bad" "$@" \
+        > "$tmp/bad.out" 2> "$tmp/bad.err"
+    local rc=$?
+    if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then fail "$name: exit $rc"; return; fi
+    if [ "$(grep -Ec -- "$pattern" "$tmp/bad.err")" != 1 ]; then
+        fail "$name: stderr lacks '$pattern' once:"; sed 's/^/    /' "$tmp/bad.err" | head; return
+    fi
+    [ ! -e "$tmp/bad" ] && ok || fail "$name: work was done (run.out_dir exists)"
+}
+expect_bad world 3 "the world of 3 ranks is not divisible by parallel.tp x parallel.pp = 2 x 1" \
+    --set parallel.tp=2 --set model.num_attention_heads=4 --set model.num_key_value_heads=2
+expect_bad experts 2 "model.num_experts \(4\) is not divisible by parallel.ep \(3\)" --set parallel.ep=3
+expect_bad heads 3 "model.num_attention_heads \(4\) is not divisible by parallel.tp \(3\)" --set parallel.tp=3
+expect_bad kv-heads 4 "model.num_key_value_heads \(2\) is not divisible by parallel.tp \(4\)" --set parallel.tp=4
+expect_bad layers 3 "model.num_hidden_layers \(2\) is not divisible by parallel.pp \(3\)" --set parallel.pp=3
+expect_bad expert-grid 4 "the 4 ranks of a pipeline stage .* not divisible by parallel.etp x parallel.ep = 1 x 8" \
+    --set parallel.ep=8 --set model.num_experts=8
+expect_bad grad-accum 3 "train.grad_accum \(4\) is not divisible by the data-parallel size dp = 3" --set parallel.zero=true
+expect_bad dp 2 "parallel.dp = 4, but 2 ranks with parallel.tp = 1 and parallel.pp = 1 give dp = 2" --set parallel.dp=4
+expect_bad tp-not-built 2 "tensor/pipeline/expert parallelism: not built yet \(parallel.tp = 2\)" --set parallel.tp=2
+expect_bad ep-not-built 2 "tensor/pipeline/expert parallelism: not built yet \(parallel.ep = 2\)" --set parallel.ep=2
+expect_bad pp-not-built 2 "tensor/pipeline/expert parallelism: not built yet \(parallel.pp = 2\)" --set parallel.pp=2
+expect_bad sp 2 "parallel.sequence_parallel needs parallel.tp > 1" --set parallel.sequence_parallel=true
+expect_bad fail-rank 2 "parallel.fail_rank \(5\) is not a rank of this 2-rank job" \
+    --set parallel.fail_rank=5 --set parallel.fail_step=1
+
+# 4. lowbit info plans a layout (parallel.dp) and prints each rank's memory: ZeRO-1 over 4
+#    ranks keeps 3 shard-sized buffers (2 moments, the reduced gradient) of a quarter of the
+#    parameters each, against 2 full moments without it.
+"$bin" info "$cfg" "${small[@]}" > "$tmp/i1.log" 2>&1 || fail "info"
+"$bin" info "$cfg" "${small[@]}" --set parallel.dp=4 > "$tmp/i4.log" 2>&1 || fail "info dp4"
+[ "$(grep -Ec '^ +[0-3] +0 +[0-3] +0 ' "$tmp/i4.log")" = 4 ] && ok || fail "info dp4: 4 rank rows"
+grep -q "ZeRO-1 distributed optimizer: AdamW state sharded over dp" "$tmp/i4.log" && ok ||
+    fail "info dp4: ZeRO-1 not named"
+o1=$(awk '$1 == "per" {getline; print $7}' "$tmp/i1.log")
+o4=$(awk '$1 == "per" {getline; print $7}' "$tmp/i4.log")
+awk -v a="$o1" -v b="$o4" 'BEGIN { r = b / a; exit !(r > 0.37 && r < 0.38) }' && ok ||
+    fail "info: ZeRO-1 optimizer state over 4 ranks is $o4 MiB against $o1 MiB on one"
+"$bin" info "$cfg" "${small[@]}" --set parallel.dp=2 --set parallel.tp=2 > "$tmp/i.log" 2>&1 &&
+    grep -q "not built yet (parallel.tp = 2)" "$tmp/i.log" && ok || fail "info tp2: planned note"
+"$bin" info "$cfg" "${small[@]}" --set parallel.dp=3 > "$tmp/i.log" 2>&1 && fail "info dp3: exit 0" ||
+    { grep -q "train.grad_accum (4) is not divisible by the data-parallel size dp = 3" "$tmp/i.log" &&
+      ok || fail "info dp3: message"; }
+
+# 5. A failing rank ends the job: non-zero within 30 seconds, whatever the way it fails. The
+#    others are waiting in the gradient reduction when it goes; 1000 steps would take minutes.
+for how in die:2 exit:1 kill:3 die:0; do
+    mode=${how%:*} rank=${how#*:}
+    start=$(date +%s)
+    timeout 30 mpirun --oversubscribe -np 4 "$bin" train "$cfg" "${small[@]}" \
+        --set train.steps=1000 --set checkpoint.save_every=0 --set run.out_dir="$tmp/f$mode$rank" \
+        --set parallel.fail_rank=$rank --set parallel.fail_step=3 --set parallel.fail_mode=$mode \
+        > "$tmp/f.out" 2> "$tmp/f.err"
+    rc=$? took=$(( $(date +%s) - start ))
+    echo "rank $rank fails ($mode): exit $rc after ${took}s"
+    if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ $took -ge 30 ]; then   # 124: timeout fired
+        fail "rank $rank failing ($mode): exit $rc after ${took}s"; sed 's/^/    /' "$tmp/f.err" | head
+    else ok; fi
+    grep -q "rank $rank fails at step 3 on purpose" "$tmp/f.err" && ok || fail "rank $rank ($mode): no message"
+done
+
+echo "$pass passed, $failed failed"
+[ "$failed" -eq 0 ]
