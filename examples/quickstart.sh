@@ -1,6 +1,6 @@
 #!/bin/bash
 # Quick start: installs what lowbit needs (Debian 12, as root), builds it, writes the arithmetic
-# corpus and pretrains the tiny MoE on the CPU.
+# corpus, pretrains the tiny MoE on the CPU and runs the RL demo from the pretrained model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
@@ -14,3 +14,5 @@ make -j"$(nproc)"
 ./lowbit data examples/tiny-moe.cfg
 ./lowbit info examples/tiny-moe.cfg
 ./lowbit train examples/tiny-moe.cfg
+# GRPO from that checkpoint with the sampler inside the trainer (doc/rl.md)
+./lowbit rl examples/rl-arith.cfg

@@ -47,6 +47,18 @@ typedef struct lb_backend lb_backend;
 struct lb_qmat;           // a quantized matrix (kernels/quant/quant.h)
 struct lb_quant_args;     // how to quantize it
 
+// One layer's KV cache for sampling: the k and v rows of every (sequence slot, position, kv
+// head). fp8 = 0: k, v are fp32 (slots, cap, hkv, d). fp8 = 1: k, v hold E4M3 codes
+// (slots, cap, hkv, d) one byte each and ks, vs their FP32 scales (slots, cap, hkv, nb),
+// nb = ceil(d / 128): each (token, head) row quantized as fp8-block activations (1x128 blocks,
+// scale amax / 448, doc/formats.md), read back as code * scale.
+typedef struct {
+    int fp8;
+    int slots, cap, hkv, d;
+    void *k, *v;                   // backend memory
+    float *ks, *vs;                // fp8 only, backend memory
+} lb_kv_layer;
+
 struct lb_backend {
     const char *name;   // "cpu", "cuda"
     void *ctx;          // backend-private state
@@ -127,6 +139,21 @@ struct lb_backend {
                           const float *q, const float *k, const float *v, const float *out,
                           const float *lse, int b, int t, int hq, int hkv, int d);
 
+    // --- attention over a KV cache: sampling's prefill and decode in one call ----------------
+    // Writes the k and v rows (n, hkv, d) of n new tokens into the cache at (slot[i], pos[i]).
+    // An fp8 cache copies instead the codes and scales of kq and vq, the row-wise fp8-block
+    // quantizations of k and v viewed as (n * hkv, d) (k and v are then not read).
+    // slot, pos (n) are backend int32 arrays; slot in [0, slots), pos in [0, cap).
+    void (*kv_append)(lb_backend *, const lb_kv_layer *c, const float *k, const float *v,
+                      const struct lb_qmat *kq, const struct lb_qmat *vq, const int32_t *slot,
+                      const int32_t *pos, int n);
+    // out (n, hq, d): query row i of q (n, hq, d) attends to positions 0..pos[i] of slot[i]
+    // (appended earlier, or by this step's kv_append). A row's arithmetic, key order and
+    // roundings are exactly attention_fwd's for query position pos[i] of a sequence with those
+    // keys, so sampling reproduces training bit for bit (batch invariance).
+    void (*attention_cached)(lb_backend *, float *out, const float *q, const lb_kv_layer *c,
+                             const int32_t *slot, const int32_t *pos, int n, int hq);
+
     // --- SwiGLU on a fused gate/up row: out = silu(gate) * up ---------------------------------
     // gu (n, 2f) holds gate in columns [0, f) and up in [f, 2f); out (n, f)
     void (*swiglu_fwd)(lb_backend *, float *out, const float *gu, int n, int f);
@@ -177,6 +204,11 @@ struct lb_backend {
     // dlogits (n, v) = dloss * (softmax(logits) - onehot(target)); may alias logits.
     void (*cross_entropy_bwd)(lb_backend *, float *dlogits, const float *logits,
                               const int32_t *targets, float dloss, int n, int v);
+    // The same with a weight per row: dlogits_i = dloss[i] * (softmax(logits_i) - onehot);
+    // dloss (n) backend memory (GRPO's d loss / d logprob reaches the logits through it).
+    // Row arithmetic identical to cross_entropy_bwd's; may alias logits.
+    void (*cross_entropy_bwd_rows)(lb_backend *, float *dlogits, const float *logits,
+                                   const int32_t *targets, const float *dloss, int n, int v);
 
     // --- optimizer ------------------------------------------------------------------------------
     // AdamW with decoupled weight decay and bias correction; step counts from 1.

@@ -58,6 +58,11 @@ void lb_model_free(lb_model *m)
 {
     if (!m) return;
     acts_release(m);
+    if (m->lp_cap) {
+        m->be->free(m->be, m->lp_loss);
+        m->be->free(m->be, m->lp_w);
+        m->be->free(m->be, m->lp_targets);
+    }
     for (int i = 0; i < m->ntensors; i++) lb_wcache_free(&m->lin, &m->wcache[i]);
     free(m->wcache);
     lb_linear_free(&m->lin);
@@ -76,9 +81,11 @@ void lb_model_init_params(lb_model *m, uint64_t seed)
     for (int i = 0; i < m->ntensors; i++) {
         const lb_tensor *t = &m->tensors[i];
         float *p = host + t->offset;
+        const float std = (float)m->cfg.initializer_range;
+        // Each value depends only on (seed, tensor, element), so threads change nothing.
+        #pragma omp parallel for schedule(static) if (t->numel > 65536)
         for (size_t j = 0; j < t->numel; j++)
-            p[j] = t->is_norm ? 1.0f
-                              : (float)m->cfg.initializer_range * lb_rand_normal(seed, (uint64_t)i, j);
+            p[j] = t->is_norm ? 1.0f : std * lb_rand_normal(seed, (uint64_t)i, j);
     }
     m->be->upload(m->be, m->params, host, m->nparams * sizeof(float));
     free(host);
@@ -169,4 +176,157 @@ double lb_model_flops_per_token(const lb_model_config *cfg, int seq_len)
     double attn = 6.0 * cfg->num_hidden_layers * (double)seq_len * cfg->num_attention_heads *
                   cfg->head_dim;
     return 6.0 * active + attn;
+}
+
+// --- sampling and RL ---------------------------------------------------------------------------
+
+void lb_model_set_kv_fp8(lb_model *m, int on) { m->kv_fp8 = !!on; }
+
+lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows)
+{
+    const lb_model_config *c = &m->cfg;
+    lb_backend *be = m->be;
+    if (slots < 1 || capacity < 1 || max_rows < 1)
+        lb_die("KV cache: slots (%d), capacity (%d) and max_rows (%d) must be positive", slots,
+               capacity, max_rows);
+    if (capacity > c->max_position_embeddings)
+        lb_die("KV cache: capacity %d exceeds max_position_embeddings %d", capacity,
+               c->max_position_embeddings);
+    if (!m->def->forward_cached)
+        lb_die("model %s has no cached forward", c->arch);
+    lb_kvcache *kv = lb_calloc(1, sizeof *kv);
+    kv->slots = slots;
+    kv->capacity = capacity;
+    kv->max_rows = max_rows;
+    kv->fp8 = m->kv_fp8;
+    int L = c->num_hidden_layers, hkv = c->num_key_value_heads, d = c->head_dim;
+    size_t rows = (size_t)slots * capacity * hkv;
+    kv->layer = lb_calloc(L, sizeof *kv->layer);
+    for (int l = 0; l < L; l++) {
+        lb_kv_layer *y = &kv->layer[l];
+        *y = (lb_kv_layer){kv->fp8, slots, capacity, hkv, d, NULL, NULL, NULL, NULL};
+        size_t elem = kv->fp8 ? 1 : sizeof(float);
+        y->k = be->alloc(be, rows * d * elem);
+        y->v = be->alloc(be, rows * d * elem);
+        if (kv->fp8) {
+            size_t nb = ((size_t)d + 127) / 128;
+            y->ks = be->alloc(be, rows * nb * sizeof(float));
+            y->vs = be->alloc(be, rows * nb * sizeof(float));
+        }
+    }
+    kv->logits = be->alloc(be, (size_t)max_rows * c->vocab_size * sizeof(float));
+    kv->tokens = be->alloc(be, (size_t)max_rows * sizeof(int32_t));
+    kv->slot = be->alloc(be, (size_t)max_rows * sizeof(int32_t));
+    kv->pos = be->alloc(be, (size_t)max_rows * sizeof(int32_t));
+    kv->acts = m->def->cached_create(m, max_rows);
+    return kv;
+}
+
+void lb_kvcache_free(lb_model *m, lb_kvcache *kv)
+{
+    if (!kv) return;
+    lb_backend *be = m->be;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        lb_kv_layer *y = &kv->layer[l];
+        be->free(be, y->k);
+        be->free(be, y->v);
+        if (y->ks) be->free(be, y->ks);
+        if (y->vs) be->free(be, y->vs);
+    }
+    free(kv->layer);
+    m->def->cached_free(m, kv->acts);
+    be->free(be, kv->logits);
+    be->free(be, kv->tokens);
+    be->free(be, kv->slot);
+    be->free(be, kv->pos);
+    free(kv);
+}
+
+void lb_model_forward_cached(lb_model *m, lb_kvcache *kv, const int32_t *tokens,
+                             const int32_t *slot, const int32_t *pos, int n)
+{
+    if (n < 1 || n > kv->max_rows)
+        lb_die("cached forward of %d tokens; the cache takes 1..%d per call", n, kv->max_rows);
+    if (kv->fp8 != m->kv_fp8)
+        lb_die("KV cache made with kv_fp8 %d, model now has %d", kv->fp8, m->kv_fp8);
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
+            lb_die("token %d of row %d is outside the vocabulary (%d)", tokens[i], i,
+                   m->cfg.vocab_size);
+        if (slot[i] < 0 || slot[i] >= kv->slots || pos[i] < 0 || pos[i] >= kv->capacity)
+            lb_die("row %d at (slot %d, position %d) is outside the KV cache (%d slots of %d "
+                   "positions)", i, slot[i], pos[i], kv->slots, kv->capacity);
+    }
+    lb_backend *be = m->be;
+    be->upload(be, kv->tokens, tokens, (size_t)n * sizeof(int32_t));
+    be->upload(be, kv->slot, slot, (size_t)n * sizeof(int32_t));
+    be->upload(be, kv->pos, pos, (size_t)n * sizeof(int32_t));
+    lb_model_refresh_weights(m);   // the sampler reads the weights the last step wrote
+    m->def->forward_cached(m, kv, n);
+}
+
+// Grow-only scratch for n rows of log-prob work.
+static void lp_ensure(lb_model *m, int n)
+{
+    if (n <= m->lp_cap) return;
+    lb_backend *be = m->be;
+    if (m->lp_cap) {
+        be->free(be, m->lp_loss);
+        be->free(be, m->lp_w);
+        be->free(be, m->lp_targets);
+    }
+    m->lp_loss = be->alloc(be, (size_t)n * sizeof(float));
+    m->lp_w = be->alloc(be, (size_t)n * sizeof(float));
+    m->lp_targets = be->alloc(be, (size_t)n * sizeof(int32_t));
+    m->lp_cap = n;
+}
+
+void lb_model_temper(lb_model *m, float *logits, int n, float inv_temp)
+{
+    if (inv_temp != 1.0f) m->be->scale(m->be, logits, inv_temp, (size_t)n * m->cfg.vocab_size);
+}
+
+// lp = -cross_entropy_fwd(logits, targets_dev); targets (host) zeroes the ignored rows.
+static void logprobs_dev(lb_model *m, const float *logits, const int32_t *targets_dev,
+                         const int32_t *targets, int n, float *lp)
+{
+    lb_backend *be = m->be;
+    lp_ensure(m, n);
+    be->cross_entropy_fwd(be, m->lp_loss, logits, targets_dev, n, m->cfg.vocab_size);
+    be->download(be, lp, m->lp_loss, (size_t)n * sizeof(float));
+    for (int i = 0; i < n; i++) lp[i] = targets[i] < 0 ? 0.0f : -lp[i];
+}
+
+void lb_model_logprobs(lb_model *m, const float *logits, const int32_t *targets, int n, float *lp)
+{
+    lp_ensure(m, n);
+    m->be->upload(m->be, m->lp_targets, targets, (size_t)n * sizeof(int32_t));
+    logprobs_dev(m, logits, m->lp_targets, targets, n, lp);
+}
+
+void lb_model_forward_logprobs(lb_model *m, const int32_t *tokens, const int32_t *targets,
+                               int b, int t, float inv_temp, float *lp)
+{
+    int n = b * t;
+    lb_model_forward(m, tokens, NULL, b, t);
+    m->be->upload(m->be, m->targets, targets, (size_t)n * sizeof(int32_t));
+    lb_model_temper(m, m->logits, n, inv_temp);
+    m->lp_inv_temp = inv_temp;
+    logprobs_dev(m, m->logits, m->targets, targets, n, lp);
+}
+
+void lb_model_backward_logprobs(lb_model *m, const float *dlp, float aux_scale)
+{
+    if (!m->acts) lb_die("backward called before forward");
+    lb_backend *be = m->be;
+    int n = m->b * m->t;
+    lp_ensure(m, n);
+    // lp = -CE(logits * inv_temp): d/d logits = -dlp * inv_temp * (softmax - onehot)
+    float *w = lb_malloc((size_t)n * sizeof(float));
+    for (int i = 0; i < n; i++) w[i] = -dlp[i] * m->lp_inv_temp;
+    be->upload(be, m->lp_w, w, (size_t)n * sizeof(float));
+    free(w);
+    be->cross_entropy_bwd_rows(be, m->logits, m->logits, m->targets, m->lp_w, n,
+                               m->cfg.vocab_size);
+    m->def->backward_logits(m, aux_scale);
 }

@@ -47,6 +47,16 @@ typedef struct {
 
 typedef struct lb_model lb_model;
 
+// A KV cache for sampling (lb_model_forward_cached): per layer the k and v of `slots`
+// sequences of up to `capacity` positions, and room for max_rows new tokens per call.
+typedef struct {
+    int slots, capacity, max_rows, fp8;
+    lb_kv_layer *layer;            // (num_hidden_layers) host array of backend caches
+    float *logits;                 // (max_rows, vocab) backend memory: the last call's logits
+    int32_t *tokens, *slot, *pos;  // (max_rows) backend copies of the last call's rows
+    void *acts;                    // definition-private activations for max_rows rows
+} lb_kvcache;
+
 typedef struct {
     const char *arch;
     const char *summary;
@@ -65,6 +75,16 @@ typedef struct {
     void (*backward)(lb_model *, float loss_scale);
     // Re-quantizes the weight cache from m->params under m->contract.
     void (*weights_refresh)(lb_model *);
+    // Backward from d loss / d logits already in m->logits (which it overwrites), plus
+    // aux_scale times the load-balancing loss; accumulates into m->grads. Needs a forward.
+    void (*backward_logits)(lb_model *, float aux_scale);
+    // Sampling. Activations for up to max_rows new tokens per cached forward.
+    void *(*cached_create)(lb_model *, int max_rows);
+    void (*cached_free)(lb_model *, void *acts);
+    // n new tokens kv->tokens at (kv->slot, kv->pos): writes their k and v into kv, attends to
+    // positions 0..pos of their slot, and leaves logits (n, vocab) in kv->logits. Every row
+    // goes through the same operations as in forward, so its logits are the same bits.
+    void (*forward_cached)(lb_model *, lb_kvcache *kv, int n);
     // Matmul parameters a token touches (experts counted top-k times), for FLOPs and info.
     int64_t (*active_matmul_params)(const lb_model_config *);
 } lb_model_def;
@@ -92,6 +112,14 @@ struct lb_model {
     lb_linear lin;
     lb_wcache *wcache;             // (ntensors), used for the matrices of linear layers
     int wcache_stale;              // parameters changed since the cache was built
+    // Attention reads k (after RoPE) and v through E4M3 (fp8-block rows, as the fp8 KV cache
+    // stores them; straight-through gradient), so training matches an fp8-cache sampler.
+    int kv_fp8;
+    // Log-probabilities (lb_model_forward_logprobs and the sampler): backend scratch
+    float *lp_loss, *lp_w;         // (lp_cap) per-row losses, per-row backward weights
+    int32_t *lp_targets;           // (lp_cap)
+    int lp_cap;
+    float lp_inv_temp;             // the last forward_logprobs' 1 / temperature
 };
 
 // Registry (models/registry.c).
@@ -117,6 +145,31 @@ void lb_model_params_changed(lb_model *m, uint64_t step);
 // Rebuilds the weight cache now if it is stale (the forward does this itself).
 void lb_model_refresh_weights(lb_model *m);
 const lb_tensor *lb_model_find(const lb_model *m, const char *name);
+
+// --- sampling and RL (doc/rl.md) -------------------------------------------------------------
+// The policy is softmax(logits / temperature). Sampler and trainer compute log-probabilities
+// with the same two operations (lb_model_temper, then cross_entropy_fwd in lb_model_logprobs),
+// on logits that the forward and the cached forward give bitwise alike.
+lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows);
+void lb_kvcache_free(lb_model *m, lb_kvcache *kv);
+// tokens, slot, pos (n <= max_rows) host arrays; see lb_model_def.forward_cached.
+void lb_model_forward_cached(lb_model *m, lb_kvcache *kv, const int32_t *tokens,
+                             const int32_t *slot, const int32_t *pos, int n);
+// logits (n, vocab) backend memory *= inv_temp (nothing when inv_temp is 1).
+void lb_model_temper(lb_model *m, float *logits, int n, float inv_temp);
+// lp (n) host = log softmax(logits_i)[targets[i]] = -cross_entropy_fwd; 0 where targets[i] < 0.
+// targets (n) host.
+void lb_model_logprobs(lb_model *m, const float *logits, const int32_t *targets, int n,
+                       float *lp);
+// Training forward over tokens (b, t) and the log-probs lp (b*t, host) of targets (b*t, host;
+// negative = not a response token) under softmax(logits * inv_temp).
+void lb_model_forward_logprobs(lb_model *m, const int32_t *tokens, const int32_t *targets,
+                               int b, int t, float inv_temp, float *lp);
+// After lb_model_forward_logprobs: accumulates d(sum_i dlp[i] * lp_i + aux_scale * AUX) /
+// d params into m->grads. dlp (b*t) host.
+void lb_model_backward_logprobs(lb_model *m, const float *dlp, float aux_scale);
+// Turns the fp8 KV numerics (m->kv_fp8) on or off for the training forward and new caches.
+void lb_model_set_kv_fp8(lb_model *m, int on);
 int64_t lb_model_active_params(const lb_model *m);
 // Megatron's count: 6 x active matmul parameters + causal attention (6 * layers * t * hq * d).
 double lb_model_flops_per_token(const lb_model_config *cfg, int seq_len);

@@ -318,6 +318,29 @@ static void acts_free(lb_model *m, void *p)
     free(a);
 }
 
+// The fp8 KV cache's quantization of k or v rows x (rows, d): fp8-block activations, 1x128
+// blocks along d (one scale per row when d <= 128), E4M3, scale amax / 448.
+static lb_quant_args kv_quant_args(void)
+{
+    lb_quant_args a;
+    memset(&a, 0, sizeof a);
+    a.fmt = LB_FMT_FP8_BLOCK;
+    a.elem = LB_E4M3;
+    return a;
+}
+
+// x = dequantize(quantize(x)) in place: the values an fp8 cache gives back.
+static void kv_fake_quant(lb_backend *be, float *x, int rows, int d)
+{
+    lb_quant_args a = kv_quant_args();
+    lb_qmat q;
+    memset(&q, 0, sizeof q);
+    be->qmat_alloc(be, &q, rows, d, &a);
+    be->quantize(be, &q, x, rows, d, &a);
+    be->dequantize(be, x, &q);
+    be->qmat_free(be, &q);
+}
+
 static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t)
 {
     const lb_model_config *c = &m->cfg;
@@ -344,6 +367,10 @@ static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, 
         be->rmsnorm_fwd(be, L->kr, L->krstd, L->k, w.kn, n * hkv, D, eps);
         be->rope_fwd(be, L->qr, a->pos, n, hq, D, theta);
         be->rope_fwd(be, L->kr, a->pos, n, hkv, D, theta);
+        if (m->kv_fp8) {   // what an fp8 KV cache would hold (straight-through backward)
+            kv_fake_quant(be, L->kr, n * hkv, D);
+            kv_fake_quant(be, L->v, n * hkv, D);
+        }
         be->attention_fwd(be, L->att, L->lse, L->qr, L->kr, L->v, b, t, hq, hkv, D);
         be->copy(be, L->xmid, L->x, (size_t)n * C * sizeof(float));
         lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, L->xmid, n, C, hq * D, 1.0f);
@@ -400,7 +427,8 @@ static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, 
     m->loss = (float)(m->ce_loss + c->router_aux_loss_coef * aux);
 }
 
-static void backward(lb_model *m, float loss_scale)
+// From d loss / d logits in m->logits; aux_scale weighs the load-balancing loss.
+static void backward_logits(lb_model *m, float aux_scale)
 {
     const lb_model_config *c = &m->cfg;
     lb_backend *be = m->be;
@@ -413,11 +441,9 @@ static void backward(lb_model *m, float loss_scale)
     float *G = m->grads;
     lb_linear *lin = &m->lin;
 
-    // lm head and final norm; the logits buffer becomes d loss / d logits
+    // lm head and final norm
     const lb_tensor *tn = lb_model_find(m, "model.norm.weight");
     const lb_tensor *th = lb_model_find(m, "lm_head.weight");
-    float dce = m->ntokens ? loss_scale / (float)m->ntokens : 0.0f;
-    be->cross_entropy_bwd(be, m->logits, m->logits, m->targets, dce, n, V);
     lb_linear_bwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf, m->params + th->offset,
                   &m->wcache[th - m->tensors], 0, m->logits, a->dln, 0.0f, G + th->offset, n, V,
                   C);
@@ -440,7 +466,7 @@ static void backward(lb_model *m, float loss_scale)
             be->moe_permute_bwd(be, a->dln, a->dxp, L->row, n, K, C);
             // router: through the top-k weights and the load-balancing loss
             be->copy(be, a->daux, L->aux_grad, (size_t)E * sizeof(float));
-            be->scale(be, a->daux, loss_scale * (float)c->router_aux_loss_coef, (size_t)E);
+            be->scale(be, a->daux, aux_scale, (size_t)E);
             be->router_topk_bwd(be, a->drlogits, a->dweight, a->daux, L->probs, L->idx, n, E, K,
                                 c->norm_topk_prob);
             lb_linear_bwd(lin, l, LB_ROLE_ROUTER, L->ln2, w.router, w.crouter, 0, a->drlogits,
@@ -475,6 +501,158 @@ static void backward(lb_model *m, float loss_scale)
     be->embedding_bwd(be, G, a->dres, m->tokens, n, C);   // embed_tokens is tensor 0
 }
 
+static void backward(lb_model *m, float loss_scale)
+{
+    // the logits buffer becomes d loss / d logits
+    float dce = m->ntokens ? loss_scale / (float)m->ntokens : 0.0f;
+    m->be->cross_entropy_bwd(m->be, m->logits, m->logits, m->targets, dce,
+                             ((acts *)m->acts)->n, m->cfg.vocab_size);
+    backward_logits(m, loss_scale * (float)m->cfg.router_aux_loss_coef);
+}
+
+// --- cached forward (sampling) -------------------------------------------------------------------
+
+// One layer's worth of activations for up to `rows` new tokens (layers run one after another).
+typedef struct {
+    int rows;
+    float *x, *xmid, *ln, *rstd;           // (rows, c), (rows, c), (rows, c), (rows)
+    float *q, *qrstd, *qr;                 // (rows, hq*d), (rows*hq), (rows, hq*d)
+    float *k, *krstd, *kr, *v;             // (rows, hkv*d), (rows*hkv), (rows, hkv*d) x2
+    float *att;                            // (rows, hq*d)
+    float *rlogits, *probs, *weight;       // (rows, e) x2, (rows, k)
+    int32_t *idx, *row;                    // (rows, k)
+    int *counts;                           // (e) host
+    float *aux_grad;                       // (e) the router op writes it; unused here
+    float *xp, *yp, *gu, *h;               // (rows*k, c) x2, (rows*k, 2f), (rows*k, f)
+} cached_acts;
+
+static void *cached_create(lb_model *m, int max_rows)
+{
+    const lb_model_config *c = &m->cfg;
+    lb_backend *be = m->be;
+    cached_acts *a = lb_calloc(1, sizeof *a);
+    size_t n = (size_t)max_rows, C = c->hidden_size, D = c->head_dim,
+           hq = c->num_attention_heads, hkv = c->num_key_value_heads, F = ffn_dim(c),
+           E = c->num_experts, K = c->num_experts_per_tok;
+    int moe = is_moe(c);
+    size_t rows = moe ? n * K : n;
+    a->rows = max_rows;
+    a->x = falloc(be, n * C);
+    a->xmid = falloc(be, n * C);
+    a->ln = falloc(be, n * C);
+    a->rstd = falloc(be, n);
+    a->q = falloc(be, n * hq * D);
+    a->qrstd = falloc(be, n * hq);
+    a->qr = falloc(be, n * hq * D);
+    a->k = falloc(be, n * hkv * D);
+    a->krstd = falloc(be, n * hkv);
+    a->kr = falloc(be, n * hkv * D);
+    a->v = falloc(be, n * hkv * D);
+    a->att = falloc(be, n * hq * D);
+    a->gu = falloc(be, rows * 2 * F);
+    a->h = falloc(be, rows * F);
+    if (moe) {
+        a->rlogits = falloc(be, n * E);
+        a->probs = falloc(be, n * E);
+        a->weight = falloc(be, n * K);
+        a->idx = be->alloc(be, n * K * sizeof(int32_t));
+        a->row = be->alloc(be, n * K * sizeof(int32_t));
+        a->counts = lb_calloc(E, sizeof(int));
+        a->aux_grad = falloc(be, E);
+        a->xp = falloc(be, rows * C);
+        a->yp = falloc(be, rows * C);
+    }
+    return a;
+}
+
+static void cached_free(lb_model *m, void *p)
+{
+    cached_acts *a = p;
+    lb_backend *be = m->be;
+    void *bufs[] = {a->x, a->xmid, a->ln, a->rstd, a->q, a->qrstd, a->qr, a->k, a->krstd, a->kr,
+                    a->v, a->att, a->gu, a->h, a->rlogits, a->probs, a->weight, a->idx, a->row,
+                    a->aux_grad, a->xp, a->yp};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(be, bufs[i]);
+    free(a->counts);
+    free(a);
+}
+
+// forward()'s operations in forward()'s order for n new rows; attention goes through the KV
+// cache (kv_append, then attention_cached) instead of attention_fwd. Nothing a row computes
+// depends on the other rows, so each row's logits equal the training forward's.
+static void forward_cached(lb_model *m, lb_kvcache *kv, int n)
+{
+    const lb_model_config *c = &m->cfg;
+    lb_backend *be = m->be;
+    cached_acts *a = kv->acts;
+    int C = c->hidden_size, D = c->head_dim, hq = c->num_attention_heads,
+        hkv = c->num_key_value_heads, F = ffn_dim(c), E = c->num_experts,
+        K = c->num_experts_per_tok, V = c->vocab_size;
+    float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
+    int moe = is_moe(c);
+    lb_linear *lin = &m->lin;
+
+    be->embedding_fwd(be, a->x, kv->tokens, m->params, n, C);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        layer_w w = layer_weights(m, m->params, l);
+        be->rmsnorm_fwd(be, a->ln, a->rstd, a->x, w.ln1, n, C, eps);
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, a->ln, w.q, w.cq, 0, a->q, n, hq * D, C, 0.0f);
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, a->ln, w.k, w.ck, 0, a->k, n, hkv * D, C, 0.0f);
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, a->ln, w.v, w.cv, 0, a->v, n, hkv * D, C, 0.0f);
+        be->rmsnorm_fwd(be, a->qr, a->qrstd, a->q, w.qn, n * hq, D, eps);
+        be->rmsnorm_fwd(be, a->kr, a->krstd, a->k, w.kn, n * hkv, D, eps);
+        be->rope_fwd(be, a->qr, kv->pos, n, hq, D, theta);
+        be->rope_fwd(be, a->kr, kv->pos, n, hkv, D, theta);
+        if (kv->fp8) {
+            lb_quant_args qa = kv_quant_args();
+            lb_qmat kq, vq;
+            memset(&kq, 0, sizeof kq);
+            memset(&vq, 0, sizeof vq);
+            be->qmat_alloc(be, &kq, n * hkv, D, &qa);
+            be->qmat_alloc(be, &vq, n * hkv, D, &qa);
+            be->quantize(be, &kq, a->kr, n * hkv, D, &qa);
+            be->quantize(be, &vq, a->v, n * hkv, D, &qa);
+            be->kv_append(be, &kv->layer[l], NULL, NULL, &kq, &vq, kv->slot, kv->pos, n);
+            be->qmat_free(be, &kq);
+            be->qmat_free(be, &vq);
+        } else {
+            be->kv_append(be, &kv->layer[l], a->kr, a->v, NULL, NULL, kv->slot, kv->pos, n);
+        }
+        be->attention_cached(be, a->att, a->qr, &kv->layer[l], kv->slot, kv->pos, n, hq);
+        be->copy(be, a->xmid, a->x, (size_t)n * C * sizeof(float));
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, a->att, w.o, w.co, 0, a->xmid, n, C, hq * D, 1.0f);
+        // feed-forward block; its output overwrites x (the residual lives in xmid now)
+        be->rmsnorm_fwd(be, a->ln, a->rstd, a->xmid, w.ln2, n, C, eps);
+        if (moe) {
+            lb_linear_fwd(lin, l, LB_ROLE_ROUTER, a->ln, w.router, w.crouter, 0, a->rlogits, n, E,
+                          C, 0.0f);
+            be->router_topk_fwd(be, a->probs, a->idx, a->weight, a->rlogits, n, E, K,
+                                c->norm_topk_prob);
+            be->moe_plan(be, a->row, a->counts, a->idx, n, E, K);
+            be->moe_permute(be, a->xp, a->ln, a->row, n, K, C);
+            lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, a->xp, w.gu, w.cgu, a->counts, E,
+                                  a->gu, 2 * F, C);
+            be->swiglu_fwd(be, a->h, a->gu, n * K, F);
+            lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, a->h, w.down, w.cdown, a->counts, E,
+                                  a->yp, C, F);
+            be->moe_combine(be, a->x, a->yp, a->weight, a->row, n, K, C);
+            be->add(be, a->x, a->xmid, (size_t)n * C);
+        } else {
+            lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, a->ln, w.gu, w.cgu, 0, a->gu, n, 2 * F, C,
+                          0.0f);
+            be->swiglu_fwd(be, a->h, a->gu, n, F);
+            be->copy(be, a->x, a->xmid, (size_t)n * C * sizeof(float));
+            lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, a->h, w.down, w.cdown, 0, a->x, n, C, F, 1.0f);
+        }
+    }
+    const lb_tensor *tn = lb_model_find(m, "model.norm.weight");
+    const lb_tensor *th = lb_model_find(m, "lm_head.weight");
+    be->rmsnorm_fwd(be, a->ln, a->rstd, a->x, m->params + tn->offset, n, C, eps);
+    lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->ln, m->params + th->offset,
+                  &m->wcache[th - m->tensors], 0, kv->logits, n, V, C, 0.0f);
+}
+
 static int64_t active_matmul_params(const lb_model_config *c)
 {
     int64_t C = c->hidden_size, D = c->head_dim;
@@ -496,6 +674,10 @@ const lb_model_def lb_qwen3_moe_def = {
     .forward = forward,
     .backward = backward,
     .weights_refresh = weights_refresh,
+    .backward_logits = backward_logits,
+    .cached_create = cached_create,
+    .cached_free = cached_free,
+    .forward_cached = forward_cached,
     .active_matmul_params = active_matmul_params,
 };
 
@@ -509,5 +691,9 @@ const lb_model_def lb_qwen3_def = {
     .forward = forward,
     .backward = backward,
     .weights_refresh = weights_refresh,
+    .backward_logits = backward_logits,
+    .cached_create = cached_create,
+    .cached_free = cached_free,
+    .forward_cached = forward_cached,
     .active_matmul_params = active_matmul_params,
 };

@@ -9,10 +9,12 @@
 // attention does) and reduces dk/dv per key row, again one thread per row: no atomics.
 #include "kernels/cpu/cpu.h"
 #include "kernels/common.h"
+#include "kernels/quant/quant.h"
 
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 
 static double dot_f64(const float *a, const float *b, int d)
 {
@@ -32,6 +34,30 @@ static void check_heads(const char *what, int b, int t, int hq, int hkv, int d)
 // Row pointers into (b, t, heads, d) tensors; reads the caller's t and d.
 #define ROW(base, bi, ti, h, heads) ((base) + (((size_t)(bi) * t + (ti)) * (heads) + (h)) * d)
 
+// One query row qi (d) against keys and values 0..nk-1, row j at kb + j * stride and
+// vb + j * stride: out (d) and the row's log-sum-exp. Every attention forward (training's and
+// the KV cache's) calls this one function, so a query row gets the same bits whichever path
+// computes it. s (nk) and acc (d) are the caller's scratch.
+static void attn_row(float *oi, float *lse, const float *qi, const float *kb, const float *vb,
+                     size_t stride, int nk, int d, double scale, double *s, double *acc)
+{
+    double m = -INFINITY;
+    for (int j = 0; j < nk; j++) {
+        s[j] = dot_f64(qi, kb + j * stride, d) * scale;
+        if (s[j] > m) m = s[j];
+    }
+    double sum = 0.0;
+    for (int x = 0; x < d; x++) acc[x] = 0.0;
+    for (int j = 0; j < nk; j++) {
+        double p = exp(s[j] - m);
+        sum += p;
+        const float *vj = vb + j * stride;
+        for (int x = 0; x < d; x++) acc[x] += p * vj[x];
+    }
+    for (int x = 0; x < d; x++) oi[x] = (float)(acc[x] / sum);
+    *lse = (float)(m + log(sum));
+}
+
 static void cpu_attention_fwd(lb_backend *be, float *out, float *lse, const float *q,
                               const float *k, const float *v, int b, int t, int hq, int hkv, int d)
 {
@@ -49,23 +75,9 @@ static void cpu_attention_fwd(lb_backend *be, float *out, float *lse, const floa
         for (long r = 0; r < rows; r++) {
             int bi = (int)(r / ((long)hq * t)), h = (int)(r / t % hq), i = (int)(r % t);
             int hk = h / group;
-            const float *qi = ROW(q, bi, i, h, hq);
-            double m = -INFINITY;
-            for (int j = 0; j <= i; j++) {
-                s[j] = dot_f64(qi, ROW(k, bi, j, hk, hkv), d) * scale;
-                if (s[j] > m) m = s[j];
-            }
-            double sum = 0.0;
-            for (int x = 0; x < d; x++) acc[x] = 0.0;
-            for (int j = 0; j <= i; j++) {
-                double p = exp(s[j] - m);
-                sum += p;
-                const float *vj = ROW(v, bi, j, hk, hkv);
-                for (int x = 0; x < d; x++) acc[x] += p * vj[x];
-            }
-            float *oi = ROW(out, bi, i, h, hq);
-            for (int x = 0; x < d; x++) oi[x] = (float)(acc[x] / sum);
-            lse[((size_t)bi * hq + h) * t + i] = (float)(m + log(sum));
+            attn_row(ROW(out, bi, i, h, hq), &lse[((size_t)bi * hq + h) * t + i],
+                     ROW(q, bi, i, h, hq), ROW(k, bi, 0, hk, hkv), ROW(v, bi, 0, hk, hkv),
+                     (size_t)hkv * d, i + 1, d, scale, s, acc);
         }
         free(s);
     }
@@ -147,8 +159,121 @@ static void cpu_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv, c
     free(D);
 }
 
+// --- KV cache ------------------------------------------------------------------------------
+
+static void check_cache_rows(const char *what, const lb_kv_layer *c, const int32_t *slot,
+                             const int32_t *pos, int n)
+{
+    if (n < 0) lb_die("%s: negative row count %d", what, n);
+    for (int i = 0; i < n; i++)
+        if (slot[i] < 0 || slot[i] >= c->slots || pos[i] < 0 || pos[i] >= c->cap)
+            lb_die("%s: row %d at (slot %d, position %d) is outside the cache (%d slots of %d "
+                   "positions)", what, i, slot[i], pos[i], c->slots, c->cap);
+}
+
+static int kv_blocks(int d) { return (d + 127) / 128; }   // fp8-block scales per row
+
+// Element offset of row (slot, pos, head) in (slots, cap, hkv, width) storage.
+static size_t kv_off(const lb_kv_layer *c, int slot, int pos, int h, int width)
+{
+    return (((size_t)slot * c->cap + pos) * c->hkv + h) * width;
+}
+
+static void check_kv_qmat(const char *what, const struct lb_qmat *q, int n, const lb_kv_layer *c)
+{
+    if (!q || q->fmt != LB_FMT_FP8_BLOCK || q->elem != LB_E4M3 || q->brows != 1 ||
+        q->bcols != 128 || q->rows != n * c->hkv || q->cols != c->d)
+        lb_die("%s: an fp8 cache takes row-wise fp8-block (1x128) quantizations of (%d, %d)",
+               what, n * c->hkv, c->d);
+}
+
+static void cpu_kv_append(lb_backend *be, const lb_kv_layer *c, const float *k, const float *v,
+                          const struct lb_qmat *kq, const struct lb_qmat *vq, const int32_t *slot,
+                          const int32_t *pos, int n)
+{
+    check_cache_rows("kv_append", c, slot, pos, n);
+    int d = c->d, hkv = c->hkv;
+    if (c->fp8) {
+        check_kv_qmat("kv_append", kq, n, c);
+        check_kv_qmat("kv_append", vq, n, c);
+        int nb = kv_blocks(d);
+        for (int i = 0; i < n; i++)
+            for (int h = 0; h < hkv; h++) {
+                size_t r = (size_t)i * hkv + h;
+                memcpy((uint8_t *)c->k + kv_off(c, slot[i], pos[i], h, d), kq->data + r * kq->ld,
+                       (size_t)d);
+                memcpy((uint8_t *)c->v + kv_off(c, slot[i], pos[i], h, d), vq->data + r * vq->ld,
+                       (size_t)d);
+                memcpy(c->ks + kv_off(c, slot[i], pos[i], h, nb),
+                       (const float *)kq->scale + r * nb, nb * sizeof(float));
+                memcpy(c->vs + kv_off(c, slot[i], pos[i], h, nb),
+                       (const float *)vq->scale + r * nb, nb * sizeof(float));
+            }
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        size_t row = (size_t)hkv * d;
+        memcpy((float *)c->k + kv_off(c, slot[i], pos[i], 0, d), k + i * row, row * sizeof(float));
+        memcpy((float *)c->v + kv_off(c, slot[i], pos[i], 0, d), v + i * row, row * sizeof(float));
+    }
+}
+
+// fp8 rows back to fp32 with lb_dequantize's expression (E4M3 value times the block scale),
+// so the cache reads exactly what the training forward's quantize + dequantize produced.
+static void kv_dequant_rows(float *y, const uint8_t *codes, const float *scales, int nk,
+                            size_t stride, size_t sstride, int d)
+{
+    for (int j = 0; j < nk; j++)
+        for (int x = 0; x < d; x++)
+            y[(size_t)j * d + x] =
+                lb_decode(LB_E4M3, codes[j * stride + x]) * scales[j * sstride + x / 128];
+}
+
+static void cpu_attention_cached(lb_backend *be, float *out, const float *q, const lb_kv_layer *c,
+                                 const int32_t *slot, const int32_t *pos, int n, int hq)
+{
+    int d = c->d, hkv = c->hkv, cap = c->cap;
+    check_heads("attention_cached", 1, 1, hq, hkv, d);
+    check_cache_rows("attention_cached", c, slot, pos, n);
+    int group = hq / hkv, nb = kv_blocks(d);
+    double scale = 1.0 / sqrt((double)d);
+    long rows = (long)n * hq;
+    size_t stride = (size_t)hkv * d;
+    #pragma omp parallel num_threads(lb_cpu_threads(be)) if (rows > 1)
+    {
+        // scores (cap), acc (d); fp8: the row's keys and values dequantized (cap, d) each
+        double *s = lb_malloc(((size_t)cap + d) * sizeof(double));
+        double *acc = s + cap;
+        float *kd = c->fp8 ? lb_malloc((size_t)2 * cap * d * sizeof(float)) : NULL;
+        float *vd = kd ? kd + (size_t)cap * d : NULL;
+        #pragma omp for schedule(dynamic, 4)
+        for (long r = 0; r < rows; r++) {
+            int i = (int)(r / hq), h = (int)(r % hq), hk = h / group, nk = pos[i] + 1;
+            float lse;
+            const float *qi = q + ((size_t)i * hq + h) * d;
+            float *oi = out + ((size_t)i * hq + h) * d;
+            if (c->fp8) {
+                size_t o = kv_off(c, slot[i], 0, hk, d), so = kv_off(c, slot[i], 0, hk, nb);
+                kv_dequant_rows(kd, (const uint8_t *)c->k + o, c->ks + so, nk, stride,
+                                (size_t)hkv * nb, d);
+                kv_dequant_rows(vd, (const uint8_t *)c->v + o, c->vs + so, nk, stride,
+                                (size_t)hkv * nb, d);
+                attn_row(oi, &lse, qi, kd, vd, (size_t)d, nk, d, scale, s, acc);
+            } else {
+                size_t o = kv_off(c, slot[i], 0, hk, d);
+                attn_row(oi, &lse, qi, (const float *)c->k + o, (const float *)c->v + o, stride,
+                         nk, d, scale, s, acc);
+            }
+        }
+        free(s);
+        free(kd);
+    }
+}
+
 void lb_cpu_init_attention(lb_backend *be)
 {
     be->attention_fwd = cpu_attention_fwd;
     be->attention_bwd = cpu_attention_bwd;
+    be->kv_append = cpu_kv_append;
+    be->attention_cached = cpu_attention_cached;
 }

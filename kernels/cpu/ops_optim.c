@@ -34,27 +34,40 @@ static void cpu_cross_entropy_fwd(lb_backend *be, float *loss, const float *logi
     }
 }
 
-// dlogits (n, v) = dloss * (softmax(logits) - onehot(target)); 0 for ignored rows. Each
-// element is read before it is written, so dlogits may alias logits.
+// One row of the backward: dl (v) = dloss * (softmax(l) - onehot(tgt)); 0 when tgt < 0.
+// Each element is read before it is written, so dl may alias l.
+static void ce_bwd_row(float *dl, const float *l, int tgt, float dloss, int v)
+{
+    if (tgt < 0) {
+        for (int j = 0; j < v; j++) dl[j] = 0.0f;
+        return;
+    }
+    double lse = row_lse(l, v);
+    for (int j = 0; j < v; j++) {
+        double p = exp((double)l[j] - lse);
+        dl[j] = (float)(dloss * (p - (j == tgt)));
+    }
+}
+
+// dlogits (n, v) = dloss * (softmax(logits) - onehot(target)); 0 for ignored rows. May alias
+// logits.
 static void cpu_cross_entropy_bwd(lb_backend *be, float *dlogits, const float *logits,
                                   const int32_t *targets, float dloss, int n, int v)
 {
     check_targets("cross_entropy_bwd", targets, n, v);
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * v >= LB_CPU_PAR_MIN)
-    for (int i = 0; i < n; i++) {
-        const float *l = logits + (size_t)i * v;
-        float *dl = dlogits + (size_t)i * v;
-        int tgt = targets[i];
-        if (tgt < 0) {
-            for (int j = 0; j < v; j++) dl[j] = 0.0f;
-            continue;
-        }
-        double lse = row_lse(l, v);
-        for (int j = 0; j < v; j++) {
-            double p = exp((double)l[j] - lse);
-            dl[j] = (float)(dloss * (p - (j == tgt)));
-        }
-    }
+    for (int i = 0; i < n; i++)
+        ce_bwd_row(dlogits + (size_t)i * v, logits + (size_t)i * v, targets[i], dloss, v);
+}
+
+// The same with one weight per row (GRPO's per-token d loss / d logprob).
+static void cpu_cross_entropy_bwd_rows(lb_backend *be, float *dlogits, const float *logits,
+                                       const int32_t *targets, const float *dloss, int n, int v)
+{
+    check_targets("cross_entropy_bwd_rows", targets, n, v);
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * v >= LB_CPU_PAR_MIN)
+    for (int i = 0; i < n; i++)
+        ce_bwd_row(dlogits + (size_t)i * v, logits + (size_t)i * v, targets[i], dloss[i], v);
 }
 
 // m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p -= lr (mhat / (sqrt(vhat) + eps) + wd p)
@@ -81,5 +94,6 @@ void lb_cpu_init_optim(lb_backend *be)
 {
     be->cross_entropy_fwd = cpu_cross_entropy_fwd;
     be->cross_entropy_bwd = cpu_cross_entropy_bwd;
+    be->cross_entropy_bwd_rows = cpu_cross_entropy_bwd_rows;
     be->adamw = cpu_adamw;
 }

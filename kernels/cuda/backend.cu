@@ -27,6 +27,7 @@ static const char *const cerr_what[LB_CERR_COUNT] = {
     "moe_combine_bwd: plan row out of range",
     "cross_entropy_fwd: target >= vocabulary size",
     "cross_entropy_bwd: target >= vocabulary size",
+    "kv_append / attention_cached: slot or position outside the KV cache",
 };
 
 extern "C" void lb_cuda_wait(lb_cuda_ctx *cx, const char *file, int line)
@@ -143,6 +144,7 @@ static void cuda_destroy(lb_backend *be)
     LB_CUDA_CHECK(cudaSetDevice(cx->device));
     LB_CUDA_WAIT(cx);
     lb_cuda_gemm_destroy(cx);
+    lb_cuda_gemm_q_destroy(cx);
     LB_CUBLAS_CHECK(cublasLtDestroy(cx->lt));
     LB_CUDA_CHECK(cudaFree(cx->workspace));
     LB_CUDA_CHECK(cudaFree(cx->scratch));
@@ -215,6 +217,8 @@ extern "C" lb_backend *lb_backend_cuda_create(int device, char *err, size_t errl
     lb_cuda_init_attention(be);
     lb_cuda_init_moe(be);
     lb_cuda_init_optim(be);
+    lb_cuda_init_quant(be);
+    lb_cuda_init_gemm_q(be);
     LB_CUDA_WAIT(cx);
     return be;
 }

@@ -61,6 +61,7 @@ enum {
     LB_CERR_COMBINE_BWD_ROW,    // moe_combine_bwd: row out of range
     LB_CERR_CE_FWD_TARGET,      // cross_entropy_fwd: target >= v
     LB_CERR_CE_BWD_TARGET,      // cross_entropy_bwd: target >= v
+    LB_CERR_KV_ROW,             // kv_append, attention_cached: slot or position outside the cache
     LB_CERR_COUNT
 };
 
@@ -89,6 +90,7 @@ typedef struct {
     cublasLtMatmulAlgo_t pinned[4];   // deterministic mode: one algorithm per (transa, transb)
     int pinned_ready[4];
     int gemm_log;                  // LB_CUDA_GEMM_LOG=1: print every new plan to stderr
+    void *gemm_q;                  // gemm_q.cu: its plan cache and pinned algorithms
 
     void *scratch;                 // device scratch, grown on demand (lb_cuda_scratch)
     size_t scratch_bytes;
@@ -184,6 +186,15 @@ void lb_cuda_init_attention(lb_backend *be);   // ops_attention.cu
 void lb_cuda_init_moe(lb_backend *be);         // ops_moe.cu
 void lb_cuda_init_optim(lb_backend *be);       // ops_optim.cu
 void lb_cuda_gemm_destroy(lb_cuda_ctx *cx);    // gemm.cu: frees the plan cache
+void lb_cuda_init_quant(lb_backend *be);       // quant.cu: qmat, quantize, dequantize, Hadamard, bf16
+void lb_cuda_init_gemm_q(lb_backend *be);      // gemm_q.cu
+void lb_cuda_gemm_q_destroy(lb_cuda_ctx *cx);  // gemm_q.cu: frees its plan cache
+// quant.cu: y (q rows, ocols >= q cols; row pitch ldy elements) = q dequantized (NVFP4 with
+// its second level when with_s2), zero in the columns beyond q cols; fp32 or bf16. Queued.
+void lb_cuda_dequant_f32(lb_cuda_ctx *cx, float *y, size_t ldy, int ocols,
+                         const struct lb_qmat *q, int with_s2);
+void lb_cuda_dequant_bf16(lb_cuda_ctx *cx, void *y, size_t ldy, int ocols,
+                          const struct lb_qmat *q, int with_s2);
 // Column sums of per-chunk partials, used by the deterministic column reductions
 // (ops_basic.cu): out[j] = sum over ch in a fixed tree of part[ch * c + j], ch < nchunks.
 // If dst is not NULL, dst[j] += (float)out[j] instead of writing out.

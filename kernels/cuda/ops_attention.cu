@@ -23,6 +23,10 @@
 
 #include <math.h>
 
+extern "C" {
+#include "kernels/quant/quant.h"   // lb_qmat: the fp8 KV cache's input
+}
+
 #define ATT_WARPS 4
 #define ATT_ROWS 4
 #define ATT_QB (ATT_WARPS * ATT_ROWS)
@@ -406,8 +410,192 @@ static void cuda_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv,
     else launch_bwd<8>(cx, dq, dk, dv, dout, q, k, v, lse, D, b, t, hq, hkv, d);
 }
 
+// --- KV cache: append and attention over it (sampling) ----------------------------------------
+// attention_cached reproduces attn_fwd_kernel's arithmetic for one query row exactly: key
+// chunks of ATT_KC positions aligned at 0, lane j forming q.k_j over x in order, the same
+// online-softmax updates and warp reductions, values accumulated in key order. Only the
+// staging differs (one warp per row, keys read from the cache instead of shared memory), and
+// that moves no rounding. Keys past pos[i] are skipped where the training kernel adds
+// 0 * v (the same sum unless an accumulator is exactly -0).
+
+// E4M3 code to float, exact (kernels/quant's lb_decode): 0x7f/0xff NaN, no infinities.
+__device__ __forceinline__ float kv_e4m3(uint8_t c)
+{
+    const int e = (c >> 3) & 15, m = c & 7;
+    float v;
+    if (e == 15 && m == 7) v = __int_as_float(0x7fc00000);
+    else if (e == 0) v = (float)m * 0.001953125f;            // subnormal: m * 2^-9
+    else v = __int_as_float(((e + 120) << 23) | (m << 20));  // (1 + m/8) * 2^(e - 7)
+    return (c & 0x80) ? -v : v;
+}
+
+// Element x of cache row `row` (slot, pos, head flattened), fp32 or E4M3 * block scale (the
+// dequantize expression of the training forward's fake quantization).
+__device__ __forceinline__ float kv_load(const lb_kv_layer &c, const void *data,
+                                         const float *scales, size_t row, int x, int nb)
+{
+    if (!c.fp8) return ((const float *)data)[row * c.d + x];
+    const float e = kv_e4m3(((const uint8_t *)data)[row * c.d + x]);
+    return e * scales[row * nb + x / 128];
+}
+
+__device__ __forceinline__ bool kv_row_ok(const lb_kv_layer &c, int sl, int ps)
+{
+    return sl >= 0 && sl < c.slots && ps >= 0 && ps < c.cap;
+}
+
+// One block per (token i, kv head h): copies the row's d elements (fp32) or d codes and nb
+// scales (fp8) to (slot[i], pos[i], h).
+__global__ void kv_append_kernel(lb_kv_layer c, const float *k, const float *v,
+                                 const uint8_t *kcodes, const uint8_t *vcodes, size_t kld,
+                                 size_t vld, const float *kscale, const float *vscale,
+                                 const int32_t *slot, const int32_t *pos,
+                                 unsigned long long *err)
+{
+    const int i = blockIdx.x / c.hkv, h = blockIdx.x % c.hkv, d = c.d, nb = (d + 127) / 128;
+    const int sl = slot[i], ps = pos[i];
+    if (!kv_row_ok(c, sl, ps)) {
+        if (threadIdx.x == 0) lb_report(err, LB_CERR_KV_ROW, sl >= 0 && sl < c.slots ? ps : sl);
+        return;
+    }
+    const size_t dst = ((size_t)sl * c.cap + ps) * c.hkv + h, src = (size_t)i * c.hkv + h;
+    if (!c.fp8) {
+        for (int x = threadIdx.x; x < d; x += blockDim.x) {
+            ((float *)c.k)[dst * d + x] = k[src * d + x];
+            ((float *)c.v)[dst * d + x] = v[src * d + x];
+        }
+        return;
+    }
+    for (int x = threadIdx.x; x < d; x += blockDim.x) {
+        ((uint8_t *)c.k)[dst * d + x] = kcodes[src * kld + x];
+        ((uint8_t *)c.v)[dst * d + x] = vcodes[src * vld + x];
+    }
+    for (int x = threadIdx.x; x < nb; x += blockDim.x) {
+        c.ks[dst * nb + x] = kscale[src * nb + x];
+        c.vs[dst * nb + x] = vscale[src * nb + x];
+    }
+}
+
+static void cuda_kv_append(lb_backend *be, const lb_kv_layer *c, const float *k, const float *v,
+                           const struct lb_qmat *kq, const struct lb_qmat *vq,
+                           const int32_t *slot, const int32_t *pos, int n)
+{
+    if (n < 0) lb_die("kv_append: negative row count %d", n);
+    if (!n || !c->hkv || !c->d) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    const uint8_t *kc = NULL, *vc = NULL;
+    const float *ksc = NULL, *vsc = NULL;
+    size_t kld = 0, vld = 0;
+    if (c->fp8) {
+        const struct lb_qmat *qs[2] = {kq, vq};
+        for (int w = 0; w < 2; w++) {
+            const struct lb_qmat *q = qs[w];
+            if (!q || q->fmt != LB_FMT_FP8_BLOCK || q->brows != 1 || q->bcols != 128 ||
+                q->rows != n * c->hkv || q->cols != c->d)
+                lb_die("kv_append: an fp8 cache takes row-wise fp8-block (1x128) "
+                       "quantizations of (%d, %d)", n * c->hkv, c->d);
+        }
+        kc = kq->data, vc = vq->data, kld = kq->ld, vld = vq->ld;
+        ksc = (const float *)kq->scale, vsc = (const float *)vq->scale;
+    }
+    kv_append_kernel<<<(unsigned)n * c->hkv, 128, 0, cx->stream>>>(
+        *c, k, v, kc, vc, kld, vld, ksc, vsc, slot, pos, cx->err_dev);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// One warp per (token i, query head h); sm holds each warp's query row (ATT_WARPS, d).
+template <int NR>
+__global__ void __launch_bounds__(ATT_THREADS)
+attn_cached_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slot,
+                   const int32_t *pos, int n, int hq, float scale, unsigned long long *err)
+{
+    extern __shared__ float sm[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = c.d;
+    const long r = (long)blockIdx.x * ATT_WARPS + warp;
+    if (r >= (long)n * hq) return;   // whole warps only; no block barrier follows
+    const int i = (int)(r / hq), h = (int)(r % hq), hk = h / (hq / c.hkv);
+    const int sl = slot[i], ps = pos[i], nb = (d + 127) / 128;
+    float *o = out + ((size_t)i * hq + h) * d;
+    if (!kv_row_ok(c, sl, ps)) {
+        if (lane == 0) lb_report(err, LB_CERR_KV_ROW, sl >= 0 && sl < c.slots ? ps : sl);
+        for (int x = lane; x < d; x += 32) o[x] = NAN;
+        return;
+    }
+    float *qs = sm + warp * d;
+    for (int x = lane; x < d; x += 32) qs[x] = q[((size_t)i * hq + h) * d + x];
+    __syncwarp();
+    const size_t row0 = (size_t)sl * c.cap * c.hkv + hk;   // cache row of position 0
+    float m = -INFINITY, l = 0.0f, acc[NR];
+#pragma unroll
+    for (int rr = 0; rr < NR; rr++) acc[rr] = 0.0f;
+    for (int j0 = 0; j0 <= ps; j0 += ATT_KC) {
+        const int j = j0 + lane;
+        float s = -INFINITY;
+        if (j <= ps) {
+            const size_t kr = row0 + (size_t)j * c.hkv;
+            float dot = 0.0f;
+            for (int x = 0; x < d; x++) {
+                const float kx = kv_load(c, c.k, c.ks, kr, x, nb);
+                dot += qs[x] * kx;
+            }
+            s = dot * scale;
+        }
+        const float mn = fmaxf(m, lb_warp_max(s));
+        const float alpha = expf(m - mn);
+        const float p = j <= ps ? expf(s - mn) : 0.0f;
+        l = l * alpha + lb_warp_sum(p);
+#pragma unroll
+        for (int rr = 0; rr < NR; rr++) acc[rr] *= alpha;
+        const int last = min(ATT_KC, ps - j0 + 1);
+        for (int jj = 0; jj < last; jj++) {
+            const float pj = __shfl_sync(0xffffffffu, p, jj);
+            const size_t vr = row0 + (size_t)(j0 + jj) * c.hkv;
+#pragma unroll
+            for (int rr = 0; rr < NR; rr++) {
+                const int x = lane + 32 * rr;
+                if (x < d) acc[rr] += pj * kv_load(c, c.v, c.vs, vr, x, nb);
+            }
+        }
+        m = mn;
+    }
+#pragma unroll
+    for (int rr = 0; rr < NR; rr++) {
+        const int x = lane + 32 * rr;
+        if (x < d) o[x] = acc[rr] / l;
+    }
+}
+
+template <int NR>
+static void launch_cached(lb_cuda_ctx *cx, float *out, const float *q, const lb_kv_layer *c,
+                          const int32_t *slot, const int32_t *pos, int n, int hq)
+{
+    long rows = (long)n * hq;
+    size_t smem = (size_t)ATT_WARPS * c->d * sizeof(float);
+    attn_cached_kernel<NR><<<(unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS), ATT_THREADS, smem,
+                             cx->stream>>>(out, q, *c, slot, pos, n, hq,
+                                           (float)(1.0 / sqrt((double)c->d)), cx->err_dev);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+static void cuda_attention_cached(lb_backend *be, float *out, const float *q,
+                                  const lb_kv_layer *c, const int32_t *slot, const int32_t *pos,
+                                  int n, int hq)
+{
+    check_heads("attention_cached", 1, 1, hq, c->hkv, c->d);
+    if (n < 0) lb_die("attention_cached: negative row count %d", n);
+    if (!n || !hq || !c->d) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    int d = c->d;
+    if (d <= 32) launch_cached<1>(cx, out, q, c, slot, pos, n, hq);
+    else if (d <= 64) launch_cached<2>(cx, out, q, c, slot, pos, n, hq);
+    else if (d <= 128) launch_cached<4>(cx, out, q, c, slot, pos, n, hq);
+    else launch_cached<8>(cx, out, q, c, slot, pos, n, hq);
+}
+
 extern "C" void lb_cuda_init_attention(lb_backend *be)
 {
     be->attention_fwd = cuda_attention_fwd;
     be->attention_bwd = cuda_attention_bwd;
+    be->kv_append = cuda_kv_append;
+    be->attention_cached = cuda_attention_cached;
 }

@@ -51,12 +51,14 @@ ce_fwd_kernel(float *loss, const T *logits, const int32_t *targets, int v,
 // dlogits = dloss (softmax - onehot), p = exp(l - m) / sum. Every element is read, then
 // written, by the same thread after the row statistics are complete (the reductions end with
 // a barrier), so dlogits may alias logits.
+// dloss_rows: one weight per row (cross_entropy_bwd_rows), or NULL for the scalar dloss.
 template <typename T>
 __global__ void __launch_bounds__(CE_THREADS)
-ce_bwd_kernel(T *dlogits, const T *logits, const int32_t *targets, float dloss, int v,
-              unsigned long long *err)
+ce_bwd_kernel(T *dlogits, const T *logits, const int32_t *targets, float dloss,
+              const float *dloss_rows, int v, unsigned long long *err)
 {
     const int i = blockIdx.x, tgt = targets[i];
+    if (dloss_rows) dloss = dloss_rows[i];
     const T *l = logits + (size_t)i * v;
     T *dl = dlogits + (size_t)i * v;
     if (tgt < 0 || tgt >= v) {
@@ -97,8 +99,19 @@ static void cuda_cross_entropy_bwd(lb_backend *be, float *dlogits, const float *
     ce_check("cross_entropy_bwd", n, v);
     if (!n) return;
     lb_cuda_ctx *cx = lb_cuda(be);
-    ce_bwd_kernel<float><<<n, CE_THREADS, 0, cx->stream>>>(dlogits, logits, targets, dloss, v,
-                                                           cx->err_dev);
+    ce_bwd_kernel<float><<<n, CE_THREADS, 0, cx->stream>>>(dlogits, logits, targets, dloss,
+                                                           NULL, v, cx->err_dev);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+static void cuda_cross_entropy_bwd_rows(lb_backend *be, float *dlogits, const float *logits,
+                                        const int32_t *targets, const float *dloss, int n, int v)
+{
+    ce_check("cross_entropy_bwd_rows", n, v);
+    if (!n) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    ce_bwd_kernel<float><<<n, CE_THREADS, 0, cx->stream>>>(dlogits, logits, targets, 0.0f,
+                                                           dloss, v, cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
 
@@ -138,5 +151,6 @@ extern "C" void lb_cuda_init_optim(lb_backend *be)
 {
     be->cross_entropy_fwd = cuda_cross_entropy_fwd;
     be->cross_entropy_bwd = cuda_cross_entropy_bwd;
+    be->cross_entropy_bwd_rows = cuda_cross_entropy_bwd_rows;
     be->adamw = cuda_adamw;
 }

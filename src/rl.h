@@ -1,0 +1,40 @@
+// rl.h: pieces `lowbit rl` (src/rl.c) and `lowbit sample` (src/sample_cmd.c) share: models
+// opened from checkpoints, the sampler's settings, and the arithmetic task's prompts.
+#ifndef LB_RL_H
+#define LB_RL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "src/config.h"
+#include "src/sampler.h"
+
+// "FILE:LINE: " (or "FILE: ") where section.key was set, for messages; "" when not from a file.
+const char *lb_key_where(const lb_config *c, const char *section, const char *key, char *buf,
+                         size_t len);
+
+// Reads the configuration stored in checkpoint `path` and takes its [model] section into
+// c->model, so a sampler or RL run is built like the model it loads. A [model] key that c
+// sets to another value than the checkpoint's is an error naming both.
+int lb_model_config_from_checkpoint(lb_config *c, const char *path, char *err, size_t errlen);
+
+// The backend of run.backend with sample.deterministic applied; NULL after printing why.
+lb_backend *lb_rl_backend(const lb_config *c);
+// A model built from c->model under c->precision and sample.kv_cache, weights (no optimizer
+// state) from checkpoint path. NULL with a message.
+lb_model *lb_rl_model_open(const lb_config *c, lb_backend *be, const char *path, char *err,
+                           size_t errlen);
+
+// The [sample] keys as a sampler configuration (stop tokens parsed). -1 with a message.
+int lb_rl_sampler_config(const lb_config *c, lb_sampler_config *out, char *err, size_t errlen);
+
+// The arithmetic task (gen.seed, gen.max_operand, gen.val_fraction: the corpus `lowbit data`
+// writes). The prompt of problem i is its text up to and including '=' ("17+25="), preceded
+// by a newline as every problem but the first is in the corpus. Returns its length (buf >= 64).
+int lb_arith_prompt(const lb_config *c, uint64_t i, char *buf);
+// Longest prompt the task can produce.
+int lb_arith_prompt_max(const lb_config *c);
+// Index of the k-th (from 0) problem of a split in index order (val = 1: held out). The split
+// must not be empty (val with gen.val_fraction 0 never returns).
+uint64_t lb_arith_nth(const lb_config *c, int val, uint64_t k);
+
+#endif

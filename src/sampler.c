@@ -1,0 +1,278 @@
+// sampler.c: continuous-batching generation over a KV cache (see sampler.h, doc/rl.md).
+#include "src/sampler.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/common.h"
+#include "src/util.h"
+
+struct lb_sampler {
+    lb_model *m;
+    lb_sampler_config cfg;
+    int capacity;
+    float inv_temp;
+    lb_kvcache *kv;
+    // one forward call's rows (max_rows): inputs, owning slot, sampling targets, log-probs
+    int32_t *tok, *slot, *pos, *tgt;
+    int *owner;                    // slot of the row when the row is sampled from, else -1
+    float *lp, *row;               // (max_rows), (vocab): one row of logits on the host
+    // per slot: the request it holds (-1 free) and how many of its tokens are in the cache
+    int *req, *fed;
+    // lb_sample_token's sort buffer (vocab)
+    struct cand { float l; int32_t j; } *cand;
+};
+
+uint64_t lb_sample_stream(uint64_t prompt, uint64_t sample)
+{
+    return lb_hash64(lb_hash64(prompt) + sample);
+}
+
+lb_sampler *lb_sampler_create(lb_model *m, const lb_sampler_config *c, int capacity, char *err,
+                              size_t errlen)
+{
+    if (!(c->temperature > 0.0f) || !isfinite(c->temperature)) {
+        snprintf(err, errlen, "sampler: temperature %g must be positive", (double)c->temperature);
+        return NULL;
+    }
+    if (!(c->top_p > 0.0f && c->top_p <= 1.0f)) {
+        snprintf(err, errlen, "sampler: top_p %g must be in (0, 1]", (double)c->top_p);
+        return NULL;
+    }
+    if (c->top_k < 0 || c->max_new_tokens < 1 || c->slots < 1 || c->nstop < 0 ||
+        c->nstop > LB_SAMPLER_MAX_STOP) {
+        snprintf(err, errlen, "sampler: top_k >= 0, max_new_tokens >= 1, slots >= 1 and at most "
+                              "%d stop tokens", LB_SAMPLER_MAX_STOP);
+        return NULL;
+    }
+    // Every running sequence feeds one token per call, so a call must hold all of them.
+    if (c->max_rows < c->slots) {
+        snprintf(err, errlen, "sampler: max_rows (%d) is smaller than slots (%d)", c->max_rows,
+                 c->slots);
+        return NULL;
+    }
+    if (capacity < c->max_new_tokens || capacity > m->cfg.max_position_embeddings) {
+        snprintf(err, errlen, "sampler: %d positions per sequence do not fit between "
+                 "max_new_tokens (%d) and model.max_position_embeddings (%d)", capacity,
+                 c->max_new_tokens, m->cfg.max_position_embeddings);
+        return NULL;
+    }
+    for (int i = 0; i < c->nstop; i++)
+        if (c->stop[i] < 0 || c->stop[i] >= m->cfg.vocab_size) {
+            snprintf(err, errlen, "sampler: stop token %d is outside the vocabulary (%d)",
+                     c->stop[i], m->cfg.vocab_size);
+            return NULL;
+        }
+    lb_sampler *s = lb_calloc(1, sizeof *s);
+    s->m = m;
+    s->cfg = *c;
+    s->capacity = capacity;
+    s->inv_temp = 1.0f / c->temperature;
+    s->kv = lb_kvcache_create(m, c->slots, capacity, c->max_rows);
+    int R = c->max_rows, V = m->cfg.vocab_size;
+    s->tok = lb_malloc((size_t)R * sizeof(int32_t));
+    s->slot = lb_malloc((size_t)R * sizeof(int32_t));
+    s->pos = lb_malloc((size_t)R * sizeof(int32_t));
+    s->tgt = lb_malloc((size_t)R * sizeof(int32_t));
+    s->owner = lb_malloc((size_t)R * sizeof(int));
+    s->lp = lb_malloc((size_t)R * sizeof(float));
+    s->row = lb_malloc((size_t)V * sizeof(float));
+    s->req = lb_malloc((size_t)c->slots * sizeof(int));
+    s->fed = lb_malloc((size_t)c->slots * sizeof(int));
+    s->cand = lb_malloc((size_t)V * sizeof *s->cand);
+    return s;
+}
+
+void lb_sampler_free(lb_sampler *s)
+{
+    if (!s) return;
+    lb_kvcache_free(s->m, s->kv);
+    free(s->tok);
+    free(s->slot);
+    free(s->pos);
+    free(s->tgt);
+    free(s->owner);
+    free(s->lp);
+    free(s->row);
+    free(s->req);
+    free(s->fed);
+    free(s->cand);
+    free(s);
+}
+
+// Larger logit first; equal logits by token id, so the order is a function of the row alone.
+static int cand_cmp(const void *pa, const void *pb)
+{
+    const struct cand *a = pa, *b = pb;
+    if (a->l != b->l) return a->l > b->l ? -1 : 1;
+    return (a->j > b->j) - (a->j < b->j);
+}
+
+// The draw itself: probabilities exp(l - max) in double, sums in a fixed order.
+static int32_t sample_token(struct cand *cand, const float *l, int vocab, int top_k, float top_p,
+                            float u)
+{
+    float mx = l[0];
+    int32_t arg = 0;
+    for (int j = 1; j < vocab; j++)
+        if (l[j] > mx) mx = l[j], arg = j;   // first maximum: the lower token wins a tie
+    if (top_k == 1) return arg;
+    if ((top_k == 0 || top_k >= vocab) && top_p >= 1.0f) {
+        double total = 0.0;
+        for (int j = 0; j < vocab; j++) total += exp((double)l[j] - mx);
+        double target = (double)u * total, cum = 0.0;
+        int32_t last = arg;
+        for (int j = 0; j < vocab; j++) {
+            double p = exp((double)l[j] - mx);
+            if (p <= 0.0) continue;
+            cum += p;
+            last = j;
+            if (target < cum) return j;
+        }
+        return last;   // u * total rounded up past the last partial sum
+    }
+    for (int j = 0; j < vocab; j++) cand[j] = (struct cand){l[j], j};
+    qsort(cand, (size_t)vocab, sizeof *cand, cand_cmp);
+    int kept = top_k > 0 && top_k < vocab ? top_k : vocab;
+    if (top_p < 1.0f) {
+        double total = 0.0, cum = 0.0;
+        for (int i = 0; i < kept; i++) total += exp((double)cand[i].l - mx);
+        for (int i = 0; i < kept; i++) {
+            cum += exp((double)cand[i].l - mx);
+            if (cum >= (double)top_p * total) {   // the smallest prefix holding top_p
+                kept = i + 1;
+                break;
+            }
+        }
+    }
+    double total = 0.0;
+    for (int i = 0; i < kept; i++) total += exp((double)cand[i].l - mx);
+    double target = (double)u * total, cum = 0.0;
+    for (int i = 0; i < kept; i++) {
+        cum += exp((double)cand[i].l - mx);
+        if (target < cum) return cand[i].j;
+    }
+    return cand[0].j;   // only reached when every kept probability underflowed but the first
+}
+
+int32_t lb_sample_token(const float *logits, int vocab, int top_k, float top_p, float u)
+{
+    struct cand *cand = lb_malloc((size_t)vocab * sizeof *cand);
+    int32_t t = sample_token(cand, logits, vocab, top_k, top_p, u);
+    free(cand);
+    return t;
+}
+
+static int is_stop(const lb_sampler_config *c, int32_t t)
+{
+    for (int i = 0; i < c->nstop; i++)
+        if (c->stop[i] == t) return 1;
+    return 0;
+}
+
+int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *stats,
+                   char *err, size_t errlen)
+{
+    lb_model *m = s->m;
+    lb_backend *be = m->be;
+    const lb_sampler_config *c = &s->cfg;
+    int V = m->cfg.vocab_size, S = c->slots, R = c->max_rows;
+    double t0 = lb_now();
+    lb_sample_stats st = {0};
+    // A sequence feeds its prompt and all its sampled tokens but the last.
+    for (int r = 0; r < n; r++) {
+        const lb_sample_req *q = &reqs[r];
+        if (q->prompt_len < 1 || q->prompt_len + c->max_new_tokens - 1 > s->capacity) {
+            snprintf(err, errlen, "sampler: prompt %d has %d tokens; 1 to %d fit with "
+                     "max_new_tokens %d", r, q->prompt_len, s->capacity - c->max_new_tokens + 1,
+                     c->max_new_tokens);
+            return -1;
+        }
+        for (int i = 0; i < q->prompt_len; i++)
+            if (q->prompt[i] < 0 || q->prompt[i] >= V) {
+                snprintf(err, errlen, "sampler: prompt %d token %d is %d, outside the "
+                         "vocabulary (%d)", r, i, q->prompt[i], V);
+                return -1;
+            }
+    }
+    for (int k = 0; k < S; k++) s->req[k] = -1;
+    int next = 0, done = 0;
+    while (done < n) {
+        // Free slots take the next waiting requests.
+        for (int k = 0; k < S && next < n; k++)
+            if (s->req[k] < 0) {
+                s->req[k] = next;
+                s->fed[k] = 0;
+                reqs[next].len = 0;
+                reqs[next].stopped = 0;
+                next++;
+            }
+        // Decode rows first (one per running sequence, all fit: max_rows >= slots), then
+        // prompt chunks in slot order while rows remain.
+        int rows = 0;
+        for (int k = 0; k < S; k++) {
+            if (s->req[k] < 0) continue;
+            lb_sample_req *q = &reqs[s->req[k]];
+            if (s->fed[k] < q->prompt_len) continue;
+            s->tok[rows] = q->tokens[q->len - 1];
+            s->slot[rows] = k;
+            s->pos[rows] = s->fed[k];
+            s->owner[rows] = k;
+            rows++;
+            s->fed[k]++;
+            st.decode_tokens++;
+        }
+        for (int k = 0; k < S && rows < R; k++) {
+            if (s->req[k] < 0) continue;
+            lb_sample_req *q = &reqs[s->req[k]];
+            if (s->fed[k] >= q->prompt_len) continue;
+            int chunk = q->prompt_len - s->fed[k];
+            if (chunk > R - rows) chunk = R - rows;
+            for (int i = 0; i < chunk; i++) {
+                s->tok[rows] = q->prompt[s->fed[k] + i];
+                s->slot[rows] = k;
+                s->pos[rows] = s->fed[k] + i;
+                s->owner[rows] = -1;
+                rows++;
+            }
+            s->fed[k] += chunk;
+            st.prefill_tokens += chunk;
+            if (s->fed[k] == q->prompt_len) s->owner[rows - 1] = k;   // its first token
+        }
+        // rows >= 1: every unfinished request holds a slot and feeds a decode row or a chunk.
+        lb_model_forward_cached(m, s->kv, s->tok, s->slot, s->pos, rows);
+        st.forwards++;
+        lb_model_temper(m, s->kv->logits, rows, s->inv_temp);
+        for (int r = 0; r < rows; r++) {
+            s->tgt[r] = -1;
+            int k = s->owner[r];
+            if (k < 0) continue;
+            lb_sample_req *q = &reqs[s->req[k]];
+            be->download(be, s->row, s->kv->logits + (size_t)r * V, (size_t)V * sizeof(float));
+            float u = lb_rand_uniform(q->seed, q->stream, (uint64_t)q->len);
+            s->tgt[r] = sample_token(s->cand, s->row, V, c->top_k, c->top_p, u);
+        }
+        // The recorded log-probs: the trainer's operation on the same logits rows.
+        lb_model_logprobs(m, s->kv->logits, s->tgt, rows, s->lp);
+        for (int r = 0; r < rows; r++) {
+            int k = s->owner[r];
+            if (k < 0) continue;
+            lb_sample_req *q = &reqs[s->req[k]];
+            q->tokens[q->len] = s->tgt[r];
+            q->logprobs[q->len] = s->lp[r];
+            q->len++;
+            st.generated++;
+            int stop = is_stop(c, s->tgt[r]);
+            if (stop || q->len >= c->max_new_tokens) {
+                q->stopped = stop;
+                s->req[k] = -1;   // the slot is free for the next request
+                done++;
+            }
+        }
+    }
+    be->sync(be);
+    st.seconds = lb_now() - t0;
+    if (stats) *stats = st;
+    return 0;
+}

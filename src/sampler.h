@@ -1,0 +1,74 @@
+// sampler.h: batched generation on the trainer's model, kernels and weight cache (doc/rl.md).
+//
+// Prefill and decode go through lb_model_forward_cached (a KV cache built from kernel-set
+// operations, bitwise equal per row to the training forward) with continuous batching: up to
+// `slots` sequences decode together; a finished sequence leaves at once and the next waiting
+// request takes its slot, its prompt prefilled in the same forward calls as the others' decode
+// steps. The policy is softmax(logits / temperature); top-k and top-p truncate the draw. The
+// log-probability of every sampled token under the policy (not the truncated draw) is recorded
+// with lb_model_logprobs, the operation the RL trainer recomputes it with.
+//
+// Randomness: the draw for completion position p of a request is
+// lb_rand_uniform(req.seed, req.stream, p), so a completion never depends on which other
+// requests share its batch, on the slot it gets, or on the order requests finish in.
+#ifndef LB_SAMPLER_H
+#define LB_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "models/model.h"
+
+#define LB_SAMPLER_MAX_STOP 16
+
+typedef struct {
+    float temperature;             // > 0
+    float top_p;                   // (0, 1]; 1 = off
+    int top_k;                     // 0 = off; 1 = greedy
+    int max_new_tokens;            // completion length limit (stop token included)
+    int nstop;
+    int32_t stop[LB_SAMPLER_MAX_STOP];   // tokens that end a completion (kept in it)
+    int slots;                     // sequences decoded at once
+    int max_rows;                  // tokens per forward call (decode rows + prefill chunks)
+} lb_sampler_config;
+
+typedef struct {
+    // in
+    const int32_t *prompt;         // (prompt_len) tokens
+    int prompt_len;                // >= 1
+    uint64_t seed, stream;         // the request's random numbers (see above)
+    // out: (max_new_tokens) buffers the caller provides
+    int32_t *tokens;               // completion tokens
+    float *logprobs;               // log pi(token) under softmax(logits / temperature)
+    int len;                       // completion length
+    int stopped;                   // 1: ended by a stop token (the last token); 0: length limit
+} lb_sample_req;
+
+typedef struct {
+    long forwards;                 // cached forward calls
+    long prefill_tokens;           // prompt tokens fed
+    long decode_tokens;            // sampled tokens fed back
+    long generated;                // tokens sampled
+    double seconds;
+} lb_sample_stats;
+
+typedef struct lb_sampler lb_sampler;
+
+// capacity: the longest prompt + max_new_tokens the sampler must hold (<= the model's
+// max_position_embeddings). NULL with a message on a bad configuration.
+lb_sampler *lb_sampler_create(lb_model *m, const lb_sampler_config *c, int capacity, char *err,
+                              size_t errlen);
+void lb_sampler_free(lb_sampler *s);
+// Generates a completion for every request. Returns 0, or -1 with a message (a prompt too long
+// for the capacity, a token outside the vocabulary). stats may be NULL.
+int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *stats,
+                   char *err, size_t errlen);
+
+// Picks a token from one row of tempered logits (vocab floats, host): top-k, then top-p over
+// the renormalised remainder, then the inverse CDF at u in [0, 1). Ties go to the lower token.
+// Exposed for tests.
+int32_t lb_sample_token(const float *logits, int vocab, int top_k, float top_p, float u);
+
+// The stream of sample `sample` of prompt `prompt` (a hash of both).
+uint64_t lb_sample_stream(uint64_t prompt, uint64_t sample);
+
+#endif
