@@ -17,6 +17,16 @@ int lb_cuda_device_count(void)
     return n;
 }
 
+// Peak device memory in use by this process since the first call, from cudaMemGetInfo
+// (sampled: every call updates the peak with the current use).
+size_t lb_cuda_mem_peak(void)
+{
+    static size_t peak;
+    size_t free_b = 0, total = 0;
+    if (cudaMemGetInfo(&free_b, &total) == cudaSuccess && total - free_b > peak) peak = total - free_b;
+    return peak;
+}
+
 // One line describing device i into buf ("NVIDIA H200, sm_90, 139.8 GiB"); -1 on failure.
 int lb_cuda_device_describe(int i, char *buf, size_t len)
 {
