@@ -23,7 +23,7 @@ static lb_backend *be_one;    // one thread
 static lb_backend *be_many;   // at least two threads
 static lb_backend *be_blas;   // all cores, deterministic = 0: the GEMM calls OpenBLAS
 static int many_threads;      // be_many's thread count
-static char *self_exe;        // argv[0], for the test that re-runs this program
+static char *self_exe;        // argv[0]: test_determinism_gemm_haswell re-runs this program
 
 // Sizes that are multiples of nothing in particular.
 enum { N = 37, C = 53, D = 24, T = 19, HQ = 6, HKV = 2, E = 7, K = 3, V = 101, B = 2 };
@@ -1228,19 +1228,29 @@ START_TEST(test_determinism_gemm_haswell)
 
     int fds[2];
     ck_assert_int_eq(pipe(fds), 0);
+    // The child's environment is built before fork: between fork and exec a child of a
+    // threaded process may only make async-signal-safe calls.
+    extern char **environ;
+    size_t ne = 0;
+    while (environ[ne]) ne++;
+    char **env = lb_calloc(ne + 3, sizeof *env), fdvar[64];
+    size_t ke = 0;
+    for (size_t i = 0; i < ne; i++)
+        if (strncmp(environ[i], "OPENBLAS_CORETYPE=", 18) != 0) env[ke++] = environ[i];
+    snprintf(fdvar, sizeof fdvar, "LB_TEST_HASWELL_CHILD_FD=%d", fds[1]);
+    env[ke++] = "OPENBLAS_CORETYPE=Haswell";
+    env[ke++] = fdvar;
+    char *args[] = {self_exe, NULL};
     fflush(stdout);
     pid_t pid = fork();
     ck_assert_msg(pid >= 0, "fork failed");
     if (pid == 0) {
         close(fds[0]);
-        char fd[16];
-        snprintf(fd, sizeof fd, "%d", fds[1]);
-        setenv("OPENBLAS_CORETYPE", "Haswell", 1);
-        setenv("LB_TEST_HASWELL_CHILD_FD", fd, 1);
-        execl("/proc/self/exe", self_exe, (char *)NULL);
-        execl(self_exe, self_exe, (char *)NULL);
+        execve("/proc/self/exe", args, env);
+        execve(self_exe, args, env);
         _exit(127);
     }
+    free(env);
     close(fds[1]);
     size_t got = 0;
     while (got < 2 * mn * 4) {
@@ -1324,7 +1334,8 @@ START_TEST(test_batch_invariance_gemm_trans)
         for (int tb = 0; tb < 2; tb++)
             for (int r = 0; r < 2; r++) {
                 lb_backend *bk = bes[r];
-                float *a = randn((size_t)m * k, 470 + ta, 1), *b = randn((size_t)n * k, 472 + tb, 1);
+                float *a = randn((size_t)m * k, 470 + ta, 1);
+                float *b = randn((size_t)n * k, 472 + tb, 1);
                 float *c0 = randn((size_t)m * n, 474, 1), *c = fdup(c0, (size_t)m * n);
                 lb_gemm(bk, ta, tb, m, n, k, 0.5f, a, b, 1.0f, c);
                 for (size_t x = 0; x < sizeof rows / sizeof rows[0]; x++) {

@@ -29,11 +29,12 @@
 // spread over OpenMP threads; block and tile sizes only decide who computes an element, never
 // how.
 //
-// Builds: GCC vector extensions (8 fp32 lanes). On x86 the tile loop is compiled twice, for
-// the baseline ISA (SSE2: each 8-lane op is two 4-lane ops) and for AVX2 (one 8-lane op),
-// chosen at run time; neither may contract a*b+c into an FMA, so both give the same bits
-// (tested). Compiled with -ffp-contract=off semantics: GCC's default in ISO C mode
-// (-std=c11); the pragma below keeps it so under -std=gnu11 too.
+// Builds: GCC vector extensions (8 fp32 lanes; clang compiles it too). On x86 the tile loop and
+// the packing are compiled twice, for the baseline ISA (SSE2: each 8-lane op is two 4-lane
+// ops) and for AVX2 (one 8-lane op, about 4x faster), chosen at run time. Neither may
+// contract a * b + c into an FMA, so both give the same bits (tested): -ffp-contract=off is
+// GCC's default for -std=c11 and the pragmas below keep it under -std=gnu11, -march=native
+// and clang. The project's -O2 is enough (-O3 gains only on m = 1, about 20%).
 #include "kernels/cpu/cpu.h"
 #include "kernels/common.h"
 
@@ -54,7 +55,6 @@
 #elif defined(__GNUC__)
 #pragma GCC optimize("fp-contract=off")
 #endif
-
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4)));   // unaligned loads
@@ -80,7 +80,7 @@ typedef int v8i __attribute__((vector_size(32)));
         if (regs) __asm__("" : "+x"(v));              \
     } while (0)
 #else
-#define PIN(regs, v) ((void)0)
+#define PIN(regs, v) ((void)(regs))
 #endif
 
 // Lanes of the canonical order, and outputs per micro-tile (one reduction group).
@@ -111,27 +111,32 @@ typedef float v2u __attribute__((vector_size(8), aligned(4)));
 typedef float v4u __attribute__((vector_size(16), aligned(4)));
 #define SV __builtin_shufflevector
 
-AI v8 load_rows(const int NR, const float *c, size_t ldc)
-{
-    if (NR == 8) return *(const v8u *)c;
-    if (NR == 4) return SV(*(const v4u *)c, *(const v4u *)(c + ldc), 0, 1, 2, 3, 4, 5, 6, 7);
-    v4u lo = SV(*(const v2u *)c, *(const v2u *)(c + ldc), 0, 1, 2, 3);
-    v4u hi = SV(*(const v2u *)(c + 2 * ldc), *(const v2u *)(c + 3 * ldc), 0, 1, 2, 3);
-    return SV(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7);
-}
-
-AI void store_rows(const int NR, float *c, size_t ldc, v8 o)
+// (Vectors go by pointer: a 32-byte vector argument would change the baseline ABI.)
+AI void load_rows(const int NR, v8 *o, const float *c, size_t ldc)
 {
     if (NR == 8) {
-        *(v8u *)c = o;
+        *o = *(const v8u *)c;
     } else if (NR == 4) {
-        *(v4u *)c = SV(o, o, 0, 1, 2, 3);
-        *(v4u *)(c + ldc) = SV(o, o, 4, 5, 6, 7);
+        *o = SV(*(const v4u *)c, *(const v4u *)(c + ldc), 0, 1, 2, 3, 4, 5, 6, 7);
     } else {
-        *(v2u *)c = SV(o, o, 0, 1);
-        *(v2u *)(c + ldc) = SV(o, o, 2, 3);
-        *(v2u *)(c + 2 * ldc) = SV(o, o, 4, 5);
-        *(v2u *)(c + 3 * ldc) = SV(o, o, 6, 7);
+        v4u lo = SV(*(const v2u *)c, *(const v2u *)(c + ldc), 0, 1, 2, 3);
+        v4u hi = SV(*(const v2u *)(c + 2 * ldc), *(const v2u *)(c + 3 * ldc), 0, 1, 2, 3);
+        *o = SV(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7);
+    }
+}
+
+AI void store_rows(const int NR, float *c, size_t ldc, const v8 *o)
+{
+    if (NR == 8) {
+        *(v8u *)c = *o;
+    } else if (NR == 4) {
+        *(v4u *)c = SV(*o, *o, 0, 1, 2, 3);
+        *(v4u *)(c + ldc) = SV(*o, *o, 4, 5, 6, 7);
+    } else {
+        *(v2u *)c = SV(*o, *o, 0, 1);
+        *(v2u *)(c + ldc) = SV(*o, *o, 2, 3);
+        *(v2u *)(c + 2 * ldc) = SV(*o, *o, 4, 5);
+        *(v2u *)(c + 3 * ldc) = SV(*o, *o, 6, 7);
     }
 }
 #endif
@@ -154,7 +159,7 @@ AI void tile(const int REGS, const int MR, const int NR, const float *const *ar,
         #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) {
             v8 av = *(const v8u *)(ar[r] + l);
-            PIN(REGS, av);
+            PIN(REGS && NR < 4, av);   // 1x8: GCC keeps the one A row in a register anyway
             #pragma GCC unroll 8
             for (int q = 0; q < NR; q++) acc[r * NR + q] += av * bv[q];
         }
@@ -183,11 +188,14 @@ AI void tile(const int REGS, const int MR, const int NR, const float *const *ar,
     v8 o = s * alpha;
     // Whole tiles move C a row at a time, edge tiles element by element; either way every
     // stored element gets the same two or three operations.
-    const int full = mv == MR && nv == NR;
 #ifdef HAVE_SHUFFLEVECTOR
-    if (full) {
-        if (beta != 0.0f) o = o + load_rows(NR, c, ldc) * beta;
-        store_rows(NR, c, ldc, o);
+    if (mv == MR && nv == NR) {
+        if (beta != 0.0f) {
+            v8 ov;
+            load_rows(NR, &ov, c, ldc);
+            o = o + ov * beta;
+        }
+        store_rows(NR, c, ldc, &o);
         return;
     }
 #endif
@@ -328,6 +336,7 @@ typedef struct {
     const lb_gemm_args *g;
     gemm_isa run;
     int mb, nb, nib, njb, ib_major;
+    int pack_a, pack_b;   // op(A) rows / op(B) columns are strided in memory: transpose them
     size_t ks;   // row stride of packed operands (floats)
 } gemm_plan;
 
@@ -338,8 +347,8 @@ typedef struct {
 
 static void scratch_init(gemm_scratch *sc, const gemm_plan *pl)
 {
-    sc->apack = pl->g->transa ? alloc64((size_t)pl->mb * pl->ks * sizeof(float)) : NULL;
-    sc->bpack = pl->g->transb ? NULL : alloc64((size_t)pl->nb * pl->ks * sizeof(float));
+    sc->apack = pl->pack_a ? alloc64((size_t)pl->mb * pl->ks * sizeof(float)) : NULL;
+    sc->bpack = pl->pack_b ? alloc64((size_t)pl->nb * pl->ks * sizeof(float)) : NULL;
     sc->packed_ib = sc->packed_jb = -1;
 }
 
@@ -363,19 +372,19 @@ static void run_task(const gemm_plan *pl, gemm_scratch *sc, int t)
     p.nb = n - j0 < pl->nb ? n - j0 : pl->nb;
     p.k = k, p.alpha = g->alpha, p.beta = g->beta;
     p.c = g->c + (size_t)i0 * n + j0, p.ldc = (size_t)n;
-    if (g->transa) {   // A (k, m): op(A) rows are A's columns
+    if (pl->pack_a) {   // A (k, m): op(A) rows are A's columns
         if (sc->packed_ib != ib) pl->run.pack(sc->apack, pl->ks, g->a, (size_t)m, i0, p.mb, k);
         sc->packed_ib = ib;
         p.a = sc->apack, p.sa = pl->ks;
-    } else {           // A (m, k)
+    } else {            // A (m, k), or (k, 1) which is its one row already
         p.a = g->a + (size_t)i0 * k, p.sa = (size_t)k;
     }
-    if (g->transb) {   // B (n, k): op(B) columns are B's rows
-        p.b = g->b + (size_t)j0 * k, p.sb = (size_t)k;
-    } else {           // B (k, n)
+    if (pl->pack_b) {   // B (k, n): op(B) columns are B's columns
         if (sc->packed_jb != jb) pl->run.pack(sc->bpack, pl->ks, g->b, (size_t)n, j0, p.nb, k);
         sc->packed_jb = jb;
         p.b = sc->bpack, p.sb = pl->ks;
+    } else {            // B (n, k), or (k, 1) which is its one column already
+        p.b = g->b + (size_t)j0 * k, p.sb = (size_t)k;
     }
     pl->run.block(&p);
 }
@@ -408,10 +417,12 @@ void lb_cpu_gemm_det(const lb_gemm_args *g, int threads, int isa)
     // Packed row stride: k rounded up to 64 bytes, plus 64 when that is a multiple of 1 KiB, so
     // the 8 rows one transposed square writes do not all map to the same L1 sets.
     pl.ks = (size_t)round_up(k, 16) + (round_up(k, 16) % 256 == 0 ? 16 : 0);
+    pl.pack_a = g->transa && m > 1;
+    pl.pack_b = !g->transb && n > 1;
     // Consecutive tasks of a thread share a block row (ib-major) or column (jb-major) and keep
-    // its packing. A is packed when transa, B when !transb; when both are, take the order
-    // that packs fewer elements (ib-major: n k per block row; jb-major: m k per block column).
-    pl.ib_major = g->transa && (g->transb || (long)pl.nib * n < (long)pl.njb * m);
+    // its packing. When both operands are packed, take the order that packs fewer elements
+    // (ib-major: n k per block row; jb-major: m k per block column).
+    pl.ib_major = pl.pack_a && (!pl.pack_b || (long)pl.nib * n < (long)pl.njb * m);
     const int ntask = pl.nib * pl.njb;
 
     // Below ~1 M multiply-adds the thread start-up costs more than it saves.
