@@ -874,6 +874,21 @@ int lb_config_validate(const lb_config *c, char *err, size_t errlen)
         char key[80];
         return fail(c, err, errlen, model_key_in(msg, key, sizeof key), NULL, "%s", msg);
     }
+    // The layout's splits of the model (heads by tp, experts by ep, layers by pp, ...): the
+    // parts that need no world size, so they stop `lowbit` before MPI work (parallel/grid.h).
+    int moe = strstr(m->arch, "moe") != NULL;
+    lb_grid_shapes shapes = {m->num_hidden_layers, m->num_attention_heads, m->num_key_value_heads,
+                             moe ? m->num_experts : 0, moe ? 0 : m->intermediate_size,
+                             moe ? m->moe_intermediate_size : 0, m->vocab_size,
+                             c->train.seq_len};
+    const char *keys[2];
+    if (lb_grid_check_shapes(&c->parallel, &shapes, keys, msg, sizeof msg) != 0)
+        return fail(c, err, errlen, keys[0], keys[1], "%s", msg);
+    if (c->parallel.micro_batches > 0 && c->train.grad_accum % c->parallel.micro_batches != 0)
+        return fail(c, err, errlen, "train.grad_accum", "parallel.micro_batches",
+                    "train.grad_accum (%d) is not a multiple of parallel.micro_batches (%d): "
+                    "grad_accum = micro_batches x dp", c->train.grad_accum,
+                    c->parallel.micro_batches);
     // The contract's lists (roles, layers, overrides) are parsed here so a bad word stops the
     // run before any work; its messages start with the key ("precision.overrides: ...").
     lb_contract k;

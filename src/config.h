@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include "kernels/quant/contract.h"
 #include "models/model.h"
+#include "parallel/grid.h"
 
 #define LB_PATH_MAX 512
 
@@ -27,7 +28,7 @@ typedef struct {
         int steps;                 // optimizer steps
         int micro_batch;           // sequences per micro-batch
         int seq_len;               // tokens per sequence
-        int grad_accum;            // micro-batches per optimizer step
+        int grad_accum;            // micro-batches per optimizer step, all dp ranks together
         double lr, min_lr;
         int warmup_steps;          // linear warm-up, then cosine decay to min_lr at `steps`
         double beta1, beta2, adam_eps, weight_decay;
@@ -61,8 +62,52 @@ typedef struct {
     // this configuration, and per lb_params[] entry the line of that file that set the key
     // (0: default or --set).
     lb_precision_spec precision;   // resolved into the contract (kernels/quant/contract.h)
+    struct {
+        char kind[16];             // gemm | attention | train | all
+        int warmup, iters;         // untimed and timed repetitions
+        int m, n, k;               // dense GEMM C (m, n) = A (m, k) B (n, k)^T
+        int experts, expert_rows;  // grouped GEMM: experts x rows, k -> n
+        char formats[128];         // GEMM formats to time (comma list)
+        int attn_batch, attn_seq;  // attention shape; heads and head_dim from [model]
+    } bench;
+    lb_parallel_config parallel;   // the process grid and data parallelism (parallel/grid.h)
+    struct {                       // the sampler (`sample`, and `rl`'s rollouts): doc/rl.md
+        char checkpoint[LB_PATH_MAX];   // weights `lowbit sample` reads
+        char prompts[LB_PATH_MAX]; // file of prompts, one per line; "" = arithmetic problems
+        int problems;              // arithmetic problems to sample (prompts = "")
+        char split[8];             // train | val: which arithmetic problems
+        int samples;               // completions per prompt
+        double temperature;        // the policy is softmax(logits / temperature)
+        double top_p;              // nucleus truncation of the draw, 1 = off
+        int top_k;                 // top-k truncation of the draw, 0 = off
+        int max_new_tokens;        // completion length limit
+        char stop_tokens[64];      // comma list of token ids that end a completion
+        int slots;                 // sequences decoded at once (continuous batching)
+        int max_rows;              // tokens per forward call
+        char kv_cache[8];          // fp32 | fp8
+        uint64_t seed;             // the draws of every (prompt, sample)
+        int deterministic;         // batch-invariant operations (sampler = trainer bit for bit)
+    } sample;
+    struct {                       // `lowbit rl`: GRPO (doc/rl.md)
+        char init[LB_PATH_MAX];    // checkpoint RL starts from (and the KL reference)
+        int steps;                 // RL steps (rollout + update)
+        int prompts;               // prompts per step
+        int group;                 // completions per prompt (G)
+        int mini_batches;          // optimizer steps per rollout batch
+        int micro_batch;           // sequences per training forward
+        double eps_low, eps_high;  // clip range [1 - eps_low, 1 + eps_high]
+        double kl_coef;            // k3 KL to the reference, 0 = off
+        double tis_cap;            // truncated importance sampling cap, 0 = off
+        double adv_eps;            // added to the group std
+        char rewards[128];         // comma list of reward functions (src/reward.c)
+        double format_reward;      // what arith_format pays
+        char reward_command[LB_PATH_MAX];   // external reward: JSON line in, number out
+        int eval_every;            // offline evaluation every N steps (0 = start and end)
+        int eval_problems;         // held-out problems per evaluation
+        int eval_samples;          // k of pass@k
+    } rl;
     char source_file[LB_PATH_MAX];
-    int source_line[128];
+    int source_line[192];
 } lb_config;
 
 typedef enum { LB_PARAM_INT, LB_PARAM_U64, LB_PARAM_FLOAT, LB_PARAM_BOOL, LB_PARAM_STRING,

@@ -19,6 +19,9 @@ static const command commands[] = {
     {"info", lb_cmd_info, "parameters, FLOPs per token and memory of a configuration"},
     {"data", lb_cmd_data, "write token shards: the arithmetic corpus or a text file"},
     {"convert", lb_cmd_convert, "import a Hugging Face checkpoint, or export one"},
+    {"sample", lb_cmd_sample, "generate completions from a checkpoint (prompts or the task)"},
+    {"rl", lb_cmd_rl, "GRPO on the arithmetic task with the sampler inside the trainer"},
+    {"bench", lb_cmd_bench, "time GEMMs per format, attention and training steps"},
 };
 
 static void usage(FILE *f)

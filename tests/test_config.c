@@ -73,7 +73,8 @@ START_TEST(test_table_covers_struct)
 {
     static const struct { const char *name; size_t off, size, align; } sections[] = {
         SECTION(run), SECTION(model), SECTION(data), SECTION(train), SECTION(checkpoint),
-        SECTION(gen), SECTION(convert), SECTION(precision),
+        SECTION(gen), SECTION(convert), SECTION(precision), SECTION(bench), SECTION(parallel),
+        SECTION(sample), SECTION(rl),
     };
     size_t end = 0;
     int seen = 0;
@@ -322,7 +323,7 @@ static const struct { const char *text, *msg; } parse_errors[] = {
     {"[training]\n", "t.cfg:1: unknown section [training] (did you mean [train]?)"},
     {"# x\n[zzz]\n",
      "t.cfg:2: unknown section [zzz] (sections: run, model, data, train, checkpoint, gen, "
-     "convert, precision)"},
+     "convert, precision, parallel, bench, sample, rl)"},
     {"lr = 0.1\n", "t.cfg:1: key 'lr' is outside any [section] (did you mean '[train] lr'?)"},
     {"\nfrobnicate = 1\n", "t.cfg:2: key 'frobnicate' is outside any [section]"},
     // syntax
@@ -362,7 +363,8 @@ static const struct { const char *text, *msg; } parse_errors[] = {
     // the first error wins, whoever finds it
     {"[train]\nsteps = x\n[bogus]\n", "t.cfg:2: train.steps: 'x' is not an integer"},
     {"[bogus]\n[train]\nsteps = x\n", "t.cfg:1: unknown section [bogus] (sections: run, model, "
-                                     "data, train, checkpoint, gen, convert, precision)"},
+                                     "data, train, checkpoint, gen, convert, precision, parallel, "
+                                     "bench, sample, rl)"},
     {"[train]\nsteps = x\nlr = y\n", "t.cfg:2: train.steps: 'x' is not an integer"},
 };
 
@@ -443,7 +445,7 @@ START_TEST(test_set_errors)
                    "'train.lr'?)"},
         {"trian.lr=0.1", "--set trian.lr: unknown section 'trian' (did you mean 'train.lr'?)"},
         {"zzz.lr=0.1", "--set zzz.lr: unknown section 'zzz' (sections: run, model, data, train, "
-                       "checkpoint, gen, convert, precision)"},
+                       "checkpoint, gen, convert, precision, parallel, bench, sample, rl)"},
         {"train.lerning_rate=0.1",
          "--set train.lerning_rate: unknown key 'lerning_rate' in [train] (did you mean "
          "'train.lr'?)"},
@@ -656,6 +658,25 @@ START_TEST(test_validate)
                                          "num_key_value_heads = 4\n", "h.cfg", err, sizeof err), 0);
     expect_invalid(&c, "h.cfg:2: model.num_attention_heads (6) is not a multiple of "
                        "model.num_key_value_heads (4)");
+    // layouts that cannot split the model stop here, before any rank does work
+    lb_config_defaults(&c);
+    ck_assert_int_eq(lb_config_parse(&c, "[parallel]\nep = 3\n", "p.cfg", err, sizeof err), 0);
+    expect_invalid(&c, "p.cfg:2: model.num_experts (4) is not divisible by parallel.ep (3): every "
+                       "expert-parallel rank holds the same number of experts");
+    lb_config_defaults(&c);
+    ck_assert_int_eq(lb_config_parse(&c, "[model]\nnum_hidden_layers = 3\n[parallel]\npp = 2\n",
+                                     "p.cfg", err, sizeof err), 0);
+    expect_invalid(&c, "p.cfg:2: model.num_hidden_layers (3) is not divisible by parallel.pp (2): "
+                       "every pipeline stage holds the same number of layers");
+    lb_config_defaults(&c);
+    c.parallel.tp = 4;
+    expect_invalid(&c, "model.num_key_value_heads (2) is not divisible by parallel.tp (4): tensor "
+                       "parallelism splits the key/value heads");
+    lb_config_defaults(&c);
+    c.train.grad_accum = 6;
+    c.parallel.micro_batches = 4;
+    expect_invalid(&c, "train.grad_accum (6) is not a multiple of parallel.micro_batches (4): "
+                       "grad_accum = micro_batches x dp");
     lb_config_defaults(&c);
     c.train.beta1 = 1;
     expect_invalid(&c, "train.beta1 must be below 1");
