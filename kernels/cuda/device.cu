@@ -1,4 +1,4 @@
-// device.cu: CUDA device queries (the first piece of the CUDA backend). Every CUDA call is
+// device.cu: CUDA device queries for `lowbit info` and `lowbit bench`. Every CUDA call is
 // checked with file:line.
 #include <cuda_runtime.h>
 #include <stdio.h>
