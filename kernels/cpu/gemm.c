@@ -419,9 +419,10 @@ void lb_cpu_gemm_det(const lb_gemm_args *g, int threads, int isa)
     pl.ks = (size_t)round_up(k, 16) + (round_up(k, 16) % 256 == 0 ? 16 : 0);
     pl.pack_a = g->transa && m > 1;
     pl.pack_b = !g->transb && n > 1;
-    // Consecutive tasks of a thread share a block row (ib-major) or column (jb-major) and keep
-    // its packing. When both operands are packed, take the order that packs fewer elements
-    // (ib-major: n k per block row; jb-major: m k per block column).
+    // Neighbouring tasks share a block row (ib-major) or column (jb-major), and a thread keeps
+    // its last packing, so a packed block is mostly reused. When both operands are packed,
+    // take the order that packs fewer elements (ib-major: n k per block row; jb-major: m k per
+    // block column).
     pl.ib_major = pl.pack_a && (!pl.pack_b || (long)pl.nib * n < (long)pl.njb * m);
     const int ntask = pl.nib * pl.njb;
 
@@ -437,7 +438,9 @@ void lb_cpu_gemm_det(const lb_gemm_args *g, int threads, int isa)
     {
         gemm_scratch sc;
         scratch_init(&sc, &pl);
-        #pragma omp for schedule(static)
+        // Dynamic: a thread slowed down (a busy machine, a partial last block) holds no one
+        // up. Which thread takes a task never changes a result.
+        #pragma omp for schedule(dynamic)
         for (int t = 0; t < ntask; t++) run_task(&pl, &sc, t);
         scratch_free(&sc);
     }
