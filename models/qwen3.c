@@ -664,36 +664,29 @@ static int64_t active_matmul_params(const lb_model_config *c)
     return c->num_hidden_layers * (attn + ffn) + C * c->vocab_size;   // + the LM head
 }
 
+// Both archs share every function; check(), tensors() and the forward branch on the arch.
+#define QWEN3_OPS                                  \
+    .check = check,                                \
+    .tensors = tensors,                            \
+    .acts_create = acts_create,                    \
+    .acts_free = acts_free,                        \
+    .forward = forward,                            \
+    .backward = backward,                          \
+    .weights_refresh = weights_refresh,            \
+    .backward_logits = backward_logits,            \
+    .cached_create = cached_create,                \
+    .cached_free = cached_free,                    \
+    .forward_cached = forward_cached,              \
+    .active_matmul_params = active_matmul_params
+
 const lb_model_def lb_qwen3_moe_def = {
     .arch = "qwen3_moe",
     .summary = "Qwen3-MoE: GQA with q/k RMSNorm and RoPE, top-k softmax router, SwiGLU experts",
-    .check = check,
-    .tensors = tensors,
-    .acts_create = acts_create,
-    .acts_free = acts_free,
-    .forward = forward,
-    .backward = backward,
-    .weights_refresh = weights_refresh,
-    .backward_logits = backward_logits,
-    .cached_create = cached_create,
-    .cached_free = cached_free,
-    .forward_cached = forward_cached,
-    .active_matmul_params = active_matmul_params,
+    QWEN3_OPS,
 };
 
 const lb_model_def lb_qwen3_def = {
     .arch = "qwen3",
     .summary = "Qwen3 (dense): GQA with q/k RMSNorm and RoPE, SwiGLU MLP",
-    .check = check,
-    .tensors = tensors,
-    .acts_create = acts_create,
-    .acts_free = acts_free,
-    .forward = forward,
-    .backward = backward,
-    .weights_refresh = weights_refresh,
-    .backward_logits = backward_logits,
-    .cached_create = cached_create,
-    .cached_free = cached_free,
-    .forward_cached = forward_cached,
-    .active_matmul_params = active_matmul_params,
+    QWEN3_OPS,
 };
