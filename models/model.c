@@ -7,7 +7,149 @@
 #include <string.h>
 #include "kernels/common.h"
 
-lb_model *lb_model_create(const lb_model_config *cfg, lb_backend *be, char *err, size_t errlen)
+// Cuts tensor t (whole, from the definition) into the piece of the rank at par.
+static int cut(lb_tensor *t, const lb_model_parallel *p, char *err, size_t errlen)
+{
+    for (int d = 0; d < 3; d++) {
+        t->gshape[d] = t->shape[d];
+        t->parts[d] = t->groups[d] = 1;
+        t->index[d] = 0;
+    }
+    int d0 = -1, d1 = -1, g = 1;   // the dim cut over ep, the dim cut over tp, its sub-blocks
+    switch (t->split) {
+    case LB_SPLIT_NONE: break;
+    case LB_SPLIT_COL: d1 = 0; break;
+    case LB_SPLIT_COL2: d1 = 0; g = 2; break;
+    case LB_SPLIT_ROW: d1 = 1; break;
+    case LB_SPLIT_EXPERT_COL2: d0 = 0; d1 = 1; g = 2; break;
+    case LB_SPLIT_EXPERT_ROW: d0 = 0; d1 = 2; break;
+    }
+    if (d0 >= 0) {
+        t->parts[d0] = p->ep;
+        t->index[d0] = p->ep_rank;
+    }
+    if (d1 >= 0) {
+        t->parts[d1] = p->tp;
+        t->index[d1] = p->tp_rank;
+        t->groups[d1] = g;
+    }
+    for (int d = 0; d < t->ndim; d++) {
+        int64_t k = (int64_t)t->parts[d] * t->groups[d];
+        if (t->gshape[d] % k != 0) {
+            snprintf(err, errlen, "%s: dimension %d (%lld) does not divide into %lld pieces",
+                     t->name, d, (long long)t->gshape[d], (long long)k);
+            return -1;
+        }
+        t->shape[d] = t->gshape[d] / t->parts[d];
+    }
+    t->expert = t->split == LB_SPLIT_EXPERT_COL2 || t->split == LB_SPLIT_EXPERT_ROW;
+    t->tp_replicated = t->split == LB_SPLIT_NONE;
+    t->tp_sum = p->tp > 1 && (t->tpgrad == LB_TPGRAD_PARTIAL ||
+                              (t->tpgrad == LB_TPGRAD_PARTIAL_SP && p->sp));
+    t->numel = 1;
+    for (int d = 0; d < t->ndim; d++) t->numel *= (size_t)t->shape[d];
+    return 0;
+}
+
+static lb_model_parallel one_rank(void)
+{
+    lb_model_parallel p;
+    memset(&p, 0, sizeof p);
+    p.tp = p.ep = p.pp = 1;
+    return p;
+}
+
+// The decoder layers of stage s: [s L / pp, (s + 1) L / pp).
+static void stage_layers(const lb_model_config *cfg, const lb_model_parallel *p, int *b, int *e)
+{
+    int per = cfg->num_hidden_layers / p->pp;
+    *b = p->pp_rank * per;
+    *e = *b + per;
+}
+
+lb_tensor *lb_model_pieces(const lb_model_config *cfg, const lb_model_parallel *par, int *n,
+                           char *err, size_t errlen)
+{
+    const lb_model_def *def = lb_model_lookup(cfg->arch);
+    lb_model_parallel p = par ? *par : one_rank();
+    if (!def) {
+        snprintf(err, errlen, "unknown model arch '%s'", cfg->arch);
+        return NULL;
+    }
+    if (cfg->num_hidden_layers % p.pp != 0) {
+        snprintf(err, errlen, "%d layers do not divide into %d pipeline stages",
+                 cfg->num_hidden_layers, p.pp);
+        return NULL;
+    }
+    int ng = def->tensors(cfg, NULL), lb, le, L = cfg->num_hidden_layers;
+    lb_tensor *t = lb_calloc(ng, sizeof *t);
+    def->tensors(cfg, t);
+    stage_layers(cfg, &p, &lb, &le);
+    int k = 0;
+    for (int i = 0; i < ng; i++) {
+        int l = t[i].layer;
+        int mine = (l >= lb && l < le) || (l < 0 && p.pp_rank == 0) ||
+                   (l >= L && p.pp_rank == p.pp - 1);
+        if (!mine) continue;
+        lb_tensor x = t[i];
+        x.global = i;
+        if (cut(&x, &p, err, errlen) != 0) {
+            free(t);
+            return NULL;
+        }
+        t[k++] = x;
+    }
+    *n = k;
+    return t;
+}
+
+size_t lb_tensor_global_index(const lb_tensor *t, size_t j)
+{
+    size_t idx[3] = {0, 0, 0}, g = 0;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        idx[d] = j % (size_t)t->shape[d];
+        j /= (size_t)t->shape[d];
+    }
+    for (int d = 0; d < t->ndim; d++) {
+        size_t S = (size_t)t->gshape[d] / t->groups[d];   // a cut sub-block of the whole
+        size_t s = S / t->parts[d];                       // its piece
+        size_t gi = idx[d] / s * S + (size_t)t->index[d] * s + idx[d] % s;
+        g = g * (size_t)t->gshape[d] + gi;
+    }
+    return g;
+}
+
+void lb_tensor_take(const lb_tensor *t, const float *whole, float *piece)
+{
+    for (size_t j = 0; j < t->numel; j++) piece[j] = whole[lb_tensor_global_index(t, j)];
+}
+
+void lb_tensor_put(const lb_tensor *t, const float *piece, float *whole)
+{
+    for (size_t j = 0; j < t->numel; j++) whole[lb_tensor_global_index(t, j)] = piece[j];
+}
+
+// Offsets: region 0 (everything but experts), then region 1 (experts), each padded.
+static void lay_out(lb_model *m, const size_t align[2])
+{
+    size_t off = 0;
+    for (int r = 0; r < 2; r++) {
+        m->region_begin[r] = off;
+        for (int i = 0; i < m->ntensors; i++) {
+            lb_tensor *t = &m->tensors[i];
+            if (t->expert != r) continue;
+            t->offset = off;
+            off += t->numel;
+        }
+        size_t a = align[r] ? align[r] : 1, len = off - m->region_begin[r];
+        m->region_len[r] = (len + a - 1) / a * a;
+        off = m->region_begin[r] + m->region_len[r];
+    }
+    m->nparams = off;
+}
+
+lb_model *lb_model_create_parallel(const lb_model_config *cfg, lb_backend *be,
+                                   const lb_model_parallel *par, char *err, size_t errlen)
 {
     const lb_model_def *def = lb_model_lookup(cfg->arch);
     if (!def) {
@@ -19,20 +161,33 @@ lb_model *lb_model_create(const lb_model_config *cfg, lb_backend *be, char *err,
     m->cfg = *cfg;
     m->def = def;
     m->be = be;
-    m->ntensors = def->tensors(cfg, NULL);
-    m->tensors = lb_calloc(m->ntensors, sizeof *m->tensors);
-    def->tensors(cfg, m->tensors);
-    size_t off = 0;
-    for (int i = 0; i < m->ntensors; i++) {
-        lb_tensor *t = &m->tensors[i];
+    m->par = par ? *par : one_rank();
+    if (m->par.tp == 1) m->par.sp = 0;
+    m->tensors = lb_model_pieces(cfg, &m->par, &m->ntensors, err, errlen);
+    if (!m->tensors) {
+        free(m);
+        return NULL;
+    }
+    stage_layers(cfg, &m->par, &m->layer_begin, &m->layer_end);
+    m->first_stage = m->par.pp_rank == 0;
+    m->last_stage = m->par.pp_rank == m->par.pp - 1;
+    m->nglobal = def->tensors(cfg, NULL);
+    m->gtensors = lb_calloc(m->nglobal, sizeof *m->gtensors);
+    def->tensors(cfg, m->gtensors);
+    size_t goff = 0;
+    for (int i = 0; i < m->nglobal; i++) {
+        lb_tensor *t = &m->gtensors[i];
         t->numel = 1;
         for (int d = 0; d < t->ndim; d++) t->numel *= (size_t)t->shape[d];
-        t->offset = off;
-        off += t->numel;
+        t->global = i;
+        t->offset = goff;
+        goff += t->numel;
     }
-    m->nparams = off;
-    m->params = be->alloc(be, off * sizeof(float));
-    m->grads = be->alloc(be, off * sizeof(float));
+    m->gparams = goff;
+    const size_t one[2] = {1, 1};
+    lay_out(m, one);
+    m->params = be->alloc(be, m->nparams * sizeof(float));   // zero-filled
+    m->grads = be->alloc(be, m->nparams * sizeof(float));
     m->wcache = lb_calloc(m->ntensors, sizeof *m->wcache);
     m->lin.be = be;
     lb_precision_spec fp32;
@@ -42,11 +197,34 @@ lb_model *lb_model_create(const lb_model_config *cfg, lb_backend *be, char *err,
     return m;
 }
 
+lb_model *lb_model_create(const lb_model_config *cfg, lb_backend *be, char *err, size_t errlen)
+{
+    return lb_model_create_parallel(cfg, be, NULL, err, errlen);
+}
+
+void lb_model_align(lb_model *m, const size_t align[2])
+{
+    lb_backend *be = m->be;
+    size_t *old = lb_malloc((size_t)m->ntensors * sizeof *old);
+    for (int i = 0; i < m->ntensors; i++) old[i] = m->tensors[i].offset;
+    lay_out(m, align);
+    float *p = be->alloc(be, m->nparams * sizeof(float));   // zero-filled: the padding
+    for (int i = 0; i < m->ntensors; i++)
+        be->copy(be, p + m->tensors[i].offset, m->params + old[i],
+                 m->tensors[i].numel * sizeof(float));
+    be->free(be, m->params);
+    be->free(be, m->grads);
+    m->params = p;
+    m->grads = be->alloc(be, m->nparams * sizeof(float));
+    free(old);
+    lb_model_params_changed(m, m->lin.step);
+}
+
 static void acts_release(lb_model *m)
 {
     if (!m->acts) return;
     m->def->acts_free(m, m->acts);
-    m->be->free(m->be, m->logits);
+    if (m->logits) m->be->free(m->be, m->logits);
     m->be->free(m->be, m->tokens);
     m->be->free(m->be, m->targets);
     m->acts = NULL;
@@ -54,10 +232,39 @@ static void acts_release(lb_model *m)
     m->tokens = m->targets = NULL;
 }
 
+void lb_model_use_slot(lb_model *m, int s)
+{
+    int n = (int)(sizeof m->slot / sizeof m->slot[0]);
+    if (s < 0 || s >= n) lb_die("activation slot %d: the model keeps 0..%d", s, n - 1);
+    if (s == m->cur_slot) return;
+    struct lb_model_slot *c = &m->slot[m->cur_slot], *x = &m->slot[s];
+    *c = (struct lb_model_slot){m->b, m->t, m->acts, m->logits, m->tokens, m->targets};
+    m->b = x->b;
+    m->t = x->t;
+    m->acts = x->acts;
+    m->logits = x->logits;
+    m->tokens = x->tokens;
+    m->targets = x->targets;
+    m->cur_slot = s;
+}
+
+size_t lb_model_stage_floats(const lb_model *m)
+{
+    size_t n = (size_t)m->b * m->t;
+    return (m->par.sp ? n / m->par.tp : n) * m->cfg.hidden_size;
+}
+
+float *lb_model_stage_input(lb_model *m) { return m->def->stage_input(m); }
+float *lb_model_stage_output(lb_model *m) { return m->def->stage_output(m); }
+float *lb_model_stage_grad(lb_model *m) { return m->def->stage_grad(m); }
+
 void lb_model_free(lb_model *m)
 {
     if (!m) return;
-    acts_release(m);
+    for (int s = 0; s < (int)(sizeof m->slot / sizeof m->slot[0]); s++) {
+        lb_model_use_slot(m, s);
+        acts_release(m);
+    }
     if (m->lp_cap) {
         m->be->free(m->be, m->lp_loss);
         m->be->free(m->be, m->lp_w);
@@ -70,14 +277,15 @@ void lb_model_free(lb_model *m)
     m->be->free(m->be, m->params);
     m->be->free(m->be, m->grads);
     free(m->tensors);
+    free(m->gtensors);
     free(m);
 }
 
 void lb_model_init_params(lb_model *m, uint64_t seed)
 {
-    // Drawn on the host from (seed, tensor index, element index), so every backend and every
-    // later re-sharding starts from the same numbers.
-    float *host = lb_malloc(m->nparams * sizeof(float));
+    // Drawn on the host from (seed, whole tensor's index, element index in the whole tensor),
+    // so every backend and every layout starts from the same numbers.
+    float *host = lb_calloc(m->nparams, sizeof(float));
     for (int i = 0; i < m->ntensors; i++) {
         const lb_tensor *t = &m->tensors[i];
         float *p = host + t->offset;
@@ -85,7 +293,9 @@ void lb_model_init_params(lb_model *m, uint64_t seed)
         // Each value depends only on (seed, tensor, element), so threads change nothing.
         #pragma omp parallel for schedule(static) if (t->numel > 65536)
         for (size_t j = 0; j < t->numel; j++)
-            p[j] = t->is_norm ? 1.0f : std * lb_rand_normal(seed, (uint64_t)i, j);
+            p[j] = t->is_norm ? 1.0f
+                              : std * lb_rand_normal(seed, (uint64_t)t->global,
+                                                     lb_tensor_global_index(t, j));
     }
     m->be->upload(m->be, m->params, host, m->nparams * sizeof(float));
     free(host);
@@ -125,12 +335,16 @@ static void acts_ensure(lb_model *m, int b, int t)
     lb_backend *be = m->be;
     size_t n = (size_t)b * t;
     m->acts = m->def->acts_create(m, b, t);
-    m->logits = be->alloc(be, n * (size_t)m->cfg.vocab_size * sizeof(float));
-    m->tokens = be->alloc(be, n * sizeof(int32_t));
-    m->targets = be->alloc(be, n * sizeof(int32_t));
     m->b = b;
     m->t = t;
+    size_t rows = m->par.sp ? n / m->par.tp : n;   // sequence parallel: this rank's rows
+    m->logits = m->last_stage ? be->alloc(be, rows * (size_t)m->cfg.vocab_size * sizeof(float))
+                              : NULL;
+    m->tokens = be->alloc(be, n * sizeof(int32_t));
+    m->targets = be->alloc(be, n * sizeof(int32_t));
 }
+
+void lb_model_prepare(lb_model *m, int b, int t) { acts_ensure(m, b, t); }
 
 float lb_model_forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t)
 {
@@ -194,12 +408,15 @@ lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows
                c->max_position_embeddings);
     if (!m->def->forward_cached)
         lb_die("model %s has no cached forward", c->arch);
+    if (m->par.pp > 1 || m->par.sp)
+        lb_die("KV cache: sampling runs without pipeline or sequence parallelism");
     lb_kvcache *kv = lb_calloc(1, sizeof *kv);
     kv->slots = slots;
     kv->capacity = capacity;
     kv->max_rows = max_rows;
     kv->fp8 = m->kv_fp8;
-    int L = c->num_hidden_layers, hkv = c->num_key_value_heads, d = c->head_dim;
+    // this rank's kv heads under tensor parallelism
+    int L = c->num_hidden_layers, hkv = c->num_key_value_heads / m->par.tp, d = c->head_dim;
     size_t rows = (size_t)slots * capacity * hkv;
     kv->layer = lb_calloc(L, sizeof *kv->layer);
     for (int l = 0; l < L; l++) {

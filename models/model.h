@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include "kernels/kernels.h"
 #include "kernels/quant/contract.h"
+#include "parallel/comm.h"
+#include "parallel/dispatcher.h"
 #include "parallel/linear.h"
 
 // Field names follow Hugging Face's config.json for Qwen3 / Qwen3-MoE.
@@ -36,14 +38,56 @@ typedef struct {
 
 #define LB_TENSOR_NAME 96
 
+// How a tensor is cut over the model-parallel ranks (doc/parallel.md). Megatron-Core's names:
+// a column-parallel layer splits its output features (dim 0 of an (out, in) weight), a
+// row-parallel layer its input features (dim 1). Fused gate/up weights cut each half alike so
+// every rank keeps matching gate and up rows. Experts are cut over ep along dim 0 and over
+// etp (= tp) like the dense MLP.
+typedef enum {
+    LB_SPLIT_NONE,                 // replicated over tp
+    LB_SPLIT_COL,                  // (out, in): dim 0 over tp
+    LB_SPLIT_COL2,                 // (2f, in): each half of dim 0 over tp
+    LB_SPLIT_ROW,                  // (out, in): dim 1 over tp
+    LB_SPLIT_EXPERT_COL2,          // (experts, 2f, c): dim 0 over ep, each half of dim 1 over tp
+    LB_SPLIT_EXPERT_ROW,           // (experts, c, f): dim 0 over ep, dim 2 over tp
+} lb_split;
+
+// Which gradients of a tensor replicated over tp are partial sums (each tp rank saw part of
+// the work) and must be summed over tp before the optimizer.
+typedef enum {
+    LB_TPGRAD_WHOLE,               // every tp rank computes the whole gradient
+    LB_TPGRAD_PARTIAL,             // partial always (per-head norm weights: heads are split)
+    LB_TPGRAD_PARTIAL_SP,          // partial under sequence parallelism (rows are split)
+} lb_tpgrad;
+
 typedef struct {
     char name[LB_TENSOR_NAME];     // e.g. "model.layers.0.self_attn.q_proj.weight"
     int ndim;
-    int64_t shape[3];
+    int64_t shape[3];              // this rank's piece (the whole tensor without parallelism)
     size_t offset;                 // in floats, into the parameter buffer
     size_t numel;
     int is_norm;                   // initialised to 1, no weight decay
+    // set by the definition
+    lb_split split;
+    lb_tpgrad tpgrad;
+    int layer;                     // decoder layer; -1 embedding (first stage), L final (last)
+    // set by the model: the piece this rank holds
+    int global;                    // index in the definition's table (init seeds, checkpoints)
+    int64_t gshape[3];             // the whole tensor
+    int parts[3], index[3], groups[3];   // per dim: pieces, this rank's piece, cut sub-blocks
+    int expert;                    // experts: gradients over the expert-data-parallel group
+    int tp_sum;                    // gradient summed over tp before the optimizer
+    int tp_replicated;             // the same values on every tp rank (counted once in norms)
 } lb_tensor;
+
+// Where this rank sits in the model-parallel grid, and the backend-memory communicators the
+// forward and backward use (NULL when the size is 1). etp is tp.
+typedef struct {
+    int tp, tp_rank, sp;           // tensor parallel, sequence parallel
+    int ep, ep_rank;               // expert parallel
+    int pp, pp_rank;               // pipeline stage
+    lb_comm *tp_comm, *ep_comm;
+} lb_model_parallel;
 
 typedef struct lb_model lb_model;
 
@@ -87,21 +131,48 @@ typedef struct {
     void (*forward_cached)(lb_model *, lb_kvcache *kv, int n);
     // Matmul parameters a token touches (experts counted top-k times), for FLOPs and info.
     int64_t (*active_matmul_params)(const lb_model_config *);
+    // Pipeline stages: the (rows, hidden) buffers of the current activations that hold the
+    // stage's input hidden states (filled by the caller before forward on a later stage), its
+    // output (after forward on an earlier stage), and d loss / d those (input of backward on
+    // an earlier stage, output of backward on a later one).
+    float *(*stage_input)(lb_model *);
+    float *(*stage_output)(lb_model *);
+    float *(*stage_grad)(lb_model *);
 } lb_model_def;
 
 struct lb_model {
     lb_model_config cfg;
     const lb_model_def *def;
     lb_backend *be;
+    lb_model_parallel par;
+    int layer_begin, layer_end;    // this pipeline stage's decoder layers
+    int first_stage, last_stage;   // holds the embedding / the final norm, LM head and loss
     int ntensors;
-    lb_tensor *tensors;            // host array
-    size_t nparams;
+    lb_tensor *tensors;            // host array: this rank's pieces, in the definition's order
+    int nglobal;
+    lb_tensor *gtensors;           // the definition's whole tensors (offsets into a whole copy)
+    size_t gparams;                // floats of the whole model
+    // The buffer holds two regions, each padded to a multiple of an alignment (lb_model_align):
+    // [0] tensors reduced over the data-parallel group, [1] experts, reduced over the
+    // expert-data-parallel group. Padding stays zero.
+    size_t region_begin[2], region_len[2];
+    size_t nparams;                // region_len[0] + region_len[1]
     float *params;                 // (nparams) backend memory
     float *grads;                  // (nparams) backend memory
     int b, t;                      // shape the activations were made for
     void *acts;                    // definition-private activations
-    float *logits;                 // (b*t, vocab) backend memory, valid after forward
+    float *logits;                 // (rows, vocab) backend memory, valid after forward; rows
+                                   // = b*t, or this rank's b*t / tp under sequence parallelism
     int32_t *tokens, *targets;     // (b*t) backend copies used by forward/backward
+    // Pipeline parallelism keeps several micro-batches in flight: each slot holds one set of
+    // the five fields above (lb_model_use_slot).
+    struct lb_model_slot {
+        int b, t;
+        void *acts;
+        float *logits;
+        int32_t *tokens, *targets;
+    } slot[8];
+    int cur_slot;
     // results of the last forward with targets
     float loss;                    // ce_loss + router_aux_loss_coef * aux_loss
     float ce_loss;                 // mean over counted tokens
@@ -129,6 +200,31 @@ const lb_model_def *lb_model_at(int i);
 
 // Model object (models/model.c).
 lb_model *lb_model_create(const lb_model_config *cfg, lb_backend *be, char *err, size_t errlen);
+// This rank's piece of the model (par NULL: everything). The shapes must divide (the layout
+// checks in parallel/grid.c say so first); -1 with a message otherwise.
+lb_model *lb_model_create_parallel(const lb_model_config *cfg, lb_backend *be,
+                                   const lb_model_parallel *par, char *err, size_t errlen);
+// The tensor table of the rank at `par` (its pieces, offsets unset). malloc'd; *n its length.
+lb_tensor *lb_model_pieces(const lb_model_config *cfg, const lb_model_parallel *par, int *n,
+                           char *err, size_t errlen);
+// Re-lays the buffers so that region r is padded to a multiple of align[r] floats; keeps the
+// parameter values (the gradients are zeroed).
+void lb_model_align(lb_model *m, const size_t align[2]);
+// Element j of piece t is element lb_tensor_global_index(t, j) of the whole tensor.
+size_t lb_tensor_global_index(const lb_tensor *t, size_t j);
+// Copies piece t out of a whole tensor (host), or into one.
+void lb_tensor_take(const lb_tensor *t, const float *whole, float *piece);
+void lb_tensor_put(const lb_tensor *t, const float *piece, float *whole);
+// Makes the current slot's activations for micro-batches (b, t) (forward does it too; a later
+// pipeline stage needs them to receive its input first).
+void lb_model_prepare(lb_model *m, int b, int t);
+// Pipeline parallelism: selects activation slot s (0..7) for the next forward/backward.
+void lb_model_use_slot(lb_model *m, int s);
+// The stage's boundary buffers (rows x hidden floats, backend memory), see lb_model_def.
+size_t lb_model_stage_floats(const lb_model *m);
+float *lb_model_stage_input(lb_model *m);
+float *lb_model_stage_output(lb_model *m);
+float *lb_model_stage_grad(lb_model *m);
 void lb_model_free(lb_model *m);
 // Normal(0, initializer_range) for matrices, ones for norm weights; same on every backend.
 void lb_model_init_params(lb_model *m, uint64_t seed);

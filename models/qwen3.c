@@ -9,43 +9,6 @@
 #include "kernels/common.h"
 #include "models/model.h"
 
-typedef struct {
-    // saved by forward, per layer
-    float *x;              // (n, c) residual entering the layer; x[layers] feeds the final norm
-    float *ln1, *rstd1;    // (n, c), (n)
-    float *q, *qrstd, *qr; // q before norm (n, hq*d), its rstd (n*hq), after norm + RoPE
-    float *k, *krstd, *kr; // same for k, (n, hkv*d)
-    float *v;              // (n, hkv*d)
-    float *att, *lse;      // (n, hq*d), (b, hq, t)
-    float *xmid;           // (n, c) residual after attention
-    float *ln2, *rstd2;    // (n, c), (n)
-    // MoE
-    float *rlogits, *probs, *weight;   // (n, e), (n, e), (n, k)
-    int32_t *idx, *row;                // (n, k)
-    int *counts;                       // (e) host: rows per expert
-    float *aux_grad;                   // (e) d aux / d probs[i][j]
-    float *xp, *yp;                    // (n*k, c)
-    // MLP input of the activation (dense: (n, 2f); MoE: (n*k, 2f)) and its output
-    float *gu, *h;
-} layer_acts;
-
-typedef struct {
-    int b, t, n, rows;     // rows = n for dense, n*k for MoE
-    layer_acts *l;         // (layers + 1): only .x is used in the last
-    float *lnf, *rstdf;    // (n, c), (n)
-    float *loss;           // (n) per-token losses
-    int32_t *pos;          // (n)
-    // backward scratch
-    float *dres, *dln, *dtmp;              // (n, c)
-    float *dq, *dk, *dv, *datt;            // (n, hq*d), (n, hkv*d) x2, (n, hq*d)
-    float *dqr, *dkr;                      // (n, hq*d), (n, hkv*d)
-    float *dgu, *dh;                       // (rows, 2f), (rows, f)
-    float *dxp, *dyp;                      // (n*k, c)
-    float *drlogits, *dweight, *daux;      // (n, e), (n, k), (e)
-    float *host_loss;                      // (n) host
-    int32_t *host_targets;                 // (n) host
-} acts;
-
 static int is_moe(const lb_model_config *c) { return strcmp(c->arch, "qwen3_moe") == 0; }
 static int ffn_dim(const lb_model_config *c)
 {
@@ -82,10 +45,12 @@ static int check(const lb_model_config *c, char *err, size_t errlen)
 #undef REQUIRE
 }
 
-// Tensor order is the parameter buffer's order; names are Hugging Face's (fused experts as in
-// transformers 5; see src/convert.c for the per-expert hub layout).
-static int add(lb_tensor *out, int i, int is_norm, int ndim, int64_t d0, int64_t d1, int64_t d2,
-               const char *fmt, int layer)
+// Tensor order is the definition's (and the checkpoint's) order; names are Hugging Face's (fused
+// experts as in transformers 5; see src/convert.c for the per-expert hub layout). How each is
+// cut for tensor and expert parallelism: q/k/v, gate_up column-parallel, o and down
+// row-parallel; the embedding, norms, router and LM head replicated over tp.
+static int add(lb_tensor *out, int i, int is_norm, lb_split split, lb_tpgrad tpgrad, int ndim,
+               int64_t d0, int64_t d1, int64_t d2, const char *fmt, int layer)
 {
     if (out) {
         lb_tensor *t = &out[i];
@@ -96,6 +61,9 @@ static int add(lb_tensor *out, int i, int is_norm, int ndim, int64_t d0, int64_t
         t->shape[1] = d1;
         t->shape[2] = d2;
         t->is_norm = is_norm;
+        t->split = split;
+        t->tpgrad = tpgrad;
+        t->layer = layer;
     }
     return i + 1;
 }
@@ -104,28 +72,39 @@ static int tensors(const lb_model_config *c, lb_tensor *out)
 {
     int64_t C = c->hidden_size, D = c->head_dim, hq = c->num_attention_heads,
             hkv = c->num_key_value_heads, F = ffn_dim(c), E = c->num_experts;
-    int i = 0;
-    i = add(out, i, 0, 2, c->vocab_size, C, 0, "model.embed_tokens.weight", 0);
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        i = add(out, i, 1, 1, C, 0, 0, "model.layers.%d.input_layernorm.weight", l);
-        i = add(out, i, 0, 2, hq * D, C, 0, "model.layers.%d.self_attn.q_proj.weight", l);
-        i = add(out, i, 0, 2, hkv * D, C, 0, "model.layers.%d.self_attn.k_proj.weight", l);
-        i = add(out, i, 0, 2, hkv * D, C, 0, "model.layers.%d.self_attn.v_proj.weight", l);
-        i = add(out, i, 0, 2, C, hq * D, 0, "model.layers.%d.self_attn.o_proj.weight", l);
-        i = add(out, i, 1, 1, D, 0, 0, "model.layers.%d.self_attn.q_norm.weight", l);
-        i = add(out, i, 1, 1, D, 0, 0, "model.layers.%d.self_attn.k_norm.weight", l);
-        i = add(out, i, 1, 1, C, 0, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+    int i = 0, L = c->num_hidden_layers;
+    // Sequence parallelism splits the rows that norms, the embedding and the LM head see, so
+    // their gradients are partial then; q/k norms see only the rank's heads, so always.
+    const lb_tpgrad sp = LB_TPGRAD_PARTIAL_SP, heads = LB_TPGRAD_PARTIAL, whole = LB_TPGRAD_WHOLE;
+    i = add(out, i, 0, LB_SPLIT_NONE, sp, 2, c->vocab_size, C, 0, "model.embed_tokens.weight", -1);
+    for (int l = 0; l < L; l++) {
+        i = add(out, i, 1, LB_SPLIT_NONE, sp, 1, C, 0, 0, "model.layers.%d.input_layernorm.weight", l);
+        i = add(out, i, 0, LB_SPLIT_COL, whole, 2, hq * D, C, 0,
+                "model.layers.%d.self_attn.q_proj.weight", l);
+        i = add(out, i, 0, LB_SPLIT_COL, whole, 2, hkv * D, C, 0,
+                "model.layers.%d.self_attn.k_proj.weight", l);
+        i = add(out, i, 0, LB_SPLIT_COL, whole, 2, hkv * D, C, 0,
+                "model.layers.%d.self_attn.v_proj.weight", l);
+        i = add(out, i, 0, LB_SPLIT_ROW, whole, 2, C, hq * D, 0,
+                "model.layers.%d.self_attn.o_proj.weight", l);
+        i = add(out, i, 1, LB_SPLIT_NONE, heads, 1, D, 0, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+        i = add(out, i, 1, LB_SPLIT_NONE, heads, 1, D, 0, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+        i = add(out, i, 1, LB_SPLIT_NONE, sp, 1, C, 0, 0,
+                "model.layers.%d.post_attention_layernorm.weight", l);
         if (is_moe(c)) {
-            i = add(out, i, 0, 2, E, C, 0, "model.layers.%d.mlp.gate.weight", l);
-            i = add(out, i, 0, 3, E, 2 * F, C, "model.layers.%d.mlp.experts.gate_up_proj", l);
-            i = add(out, i, 0, 3, E, C, F, "model.layers.%d.mlp.experts.down_proj", l);
+            i = add(out, i, 0, LB_SPLIT_NONE, whole, 2, E, C, 0, "model.layers.%d.mlp.gate.weight", l);
+            i = add(out, i, 0, LB_SPLIT_EXPERT_COL2, whole, 3, E, 2 * F, C,
+                    "model.layers.%d.mlp.experts.gate_up_proj", l);
+            i = add(out, i, 0, LB_SPLIT_EXPERT_ROW, whole, 3, E, C, F,
+                    "model.layers.%d.mlp.experts.down_proj", l);
         } else {
-            i = add(out, i, 0, 2, 2 * F, C, 0, "model.layers.%d.mlp.gate_up_proj.weight", l);
-            i = add(out, i, 0, 2, C, F, 0, "model.layers.%d.mlp.down_proj.weight", l);
+            i = add(out, i, 0, LB_SPLIT_COL2, whole, 2, 2 * F, C, 0,
+                    "model.layers.%d.mlp.gate_up_proj.weight", l);
+            i = add(out, i, 0, LB_SPLIT_ROW, whole, 2, C, F, 0, "model.layers.%d.mlp.down_proj.weight", l);
         }
     }
-    i = add(out, i, 1, 1, C, 0, 0, "model.norm.weight", 0);
-    i = add(out, i, 0, 2, c->vocab_size, C, 0, "lm_head.weight", 0);
+    i = add(out, i, 1, LB_SPLIT_NONE, sp, 1, C, 0, 0, "model.norm.weight", L);
+    i = add(out, i, 0, LB_SPLIT_NONE, sp, 2, c->vocab_size, C, 0, "lm_head.weight", L);
     return i;
 }
 
@@ -187,55 +166,213 @@ static layer_w layer_weights(const lb_model *m, float *base, int l)
     return w;
 }
 
+// The sizes this rank works with: heads and FFN columns are its tensor-parallel share, El its
+// experts; E (router) and V stay whole.
+typedef struct {
+    int C, D, hq, hkv, F, E, El, K, V, tp, ep, sp;
+} dims;
+
+static dims dims_of(const lb_model *m)
+{
+    const lb_model_config *c = &m->cfg;
+    const lb_model_parallel *p = &m->par;
+    dims d = {c->hidden_size, c->head_dim, c->num_attention_heads / p->tp,
+              c->num_key_value_heads / p->tp, ffn_dim(c) / p->tp, c->num_experts,
+              c->num_experts / p->ep, c->num_experts_per_tok, c->vocab_size, p->tp, p->ep, p->sp};
+    return d;
+}
+
 static void weights_refresh(lb_model *m)
 {
     const lb_model_config *c = &m->cfg;
-    int C = c->hidden_size, D = c->head_dim, hq = c->num_attention_heads,
-        hkv = c->num_key_value_heads, F = ffn_dim(c), E = c->num_experts, L = c->num_hidden_layers;
+    dims d = dims_of(m);
     lb_linear *lin = &m->lin;
-    for (int l = 0; l < L; l++) {
+    for (int l = m->layer_begin; l < m->layer_end; l++) {
         layer_w w = layer_weights(m, m->params, l);
-        lb_wcache_build(lin, w.cq, l, LB_ROLE_ATTN_QKV, w.q, 1, hq * D, C);
-        lb_wcache_build(lin, w.ck, l, LB_ROLE_ATTN_QKV, w.k, 1, hkv * D, C);
-        lb_wcache_build(lin, w.cv, l, LB_ROLE_ATTN_QKV, w.v, 1, hkv * D, C);
-        lb_wcache_build(lin, w.co, l, LB_ROLE_ATTN_OUT, w.o, 1, C, hq * D);
+        lb_wcache_build(lin, w.cq, l, LB_ROLE_ATTN_QKV, w.q, 1, d.hq * d.D, d.C);
+        lb_wcache_build(lin, w.ck, l, LB_ROLE_ATTN_QKV, w.k, 1, d.hkv * d.D, d.C);
+        lb_wcache_build(lin, w.cv, l, LB_ROLE_ATTN_QKV, w.v, 1, d.hkv * d.D, d.C);
+        lb_wcache_build(lin, w.co, l, LB_ROLE_ATTN_OUT, w.o, 1, d.C, d.hq * d.D);
         if (is_moe(c)) {
-            lb_wcache_build(lin, w.crouter, l, LB_ROLE_ROUTER, w.router, 1, E, C);
-            lb_wcache_build(lin, w.cgu, l, LB_ROLE_MOE_GATE_UP, w.gu, E, 2 * F, C);
-            lb_wcache_build(lin, w.cdown, l, LB_ROLE_MOE_DOWN, w.down, E, C, F);
+            lb_wcache_build(lin, w.crouter, l, LB_ROLE_ROUTER, w.router, 1, d.E, d.C);
+            lb_wcache_build(lin, w.cgu, l, LB_ROLE_MOE_GATE_UP, w.gu, d.El, 2 * d.F, d.C);
+            lb_wcache_build(lin, w.cdown, l, LB_ROLE_MOE_DOWN, w.down, d.El, d.C, d.F);
         } else {
-            lb_wcache_build(lin, w.cgu, l, LB_ROLE_MLP_GATE_UP, w.gu, 1, 2 * F, C);
-            lb_wcache_build(lin, w.cdown, l, LB_ROLE_MLP_DOWN, w.down, 1, C, F);
+            lb_wcache_build(lin, w.cgu, l, LB_ROLE_MLP_GATE_UP, w.gu, 1, 2 * d.F, d.C);
+            lb_wcache_build(lin, w.cdown, l, LB_ROLE_MLP_DOWN, w.down, 1, d.C, d.F);
         }
     }
-    int h = tensor_index(m, "lm_head.weight", 0);
-    lb_wcache_build(lin, &m->wcache[h], L - 1, LB_ROLE_LM_HEAD, m->params + m->tensors[h].offset,
-                    1, c->vocab_size, C);
+    if (m->last_stage) {
+        int h = tensor_index(m, "lm_head.weight", 0);
+        lb_wcache_build(lin, &m->wcache[h], c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
+                        m->params + m->tensors[h].offset, 1, d.V, d.C);
+    }
 }
 
 static float *falloc(lb_backend *be, size_t n) { return be->alloc(be, n * sizeof(float)); }
 
+// Grow-only backend buffer of at least n floats.
+static float *grow(lb_backend *be, float **p, size_t *cap, size_t n)
+{
+    if (n > *cap) {
+        if (*p) be->free(be, *p);
+        *p = falloc(be, n);
+        *cap = n;
+    }
+    return *p;
+}
+
+// --- tensor parallelism: Megatron's conjugate operators (doc/parallel.md) ----------------------
+
+// out = the sum over tp of part (n, c): an all-reduce, or under sequence parallelism a
+// reduce-scatter that leaves this rank's rows. In place (out = part) without SP. tp = 1: out
+// must be part.
+static void tp_reduce(lb_model *m, float *part, float *out, int n, int C)
+{
+    if (m->par.tp == 1) return;
+    lb_comm *tp = m->par.tp_comm;
+    m->be->sync(m->be);   // the backend's writes are complete before the communicator reads
+    if (m->par.sp) lb_comm_reduce_scatter(tp, part, out, (size_t)n / m->par.tp * C, LB_F32);
+    else lb_comm_all_reduce(tp, part, out, (size_t)n * C, LB_F32);
+    lb_comm_sync(tp);
+}
+
+// Under SP: full (n, c) from each rank's rows `mine` (ns, c). mine may be full + rank * ns * c
+// (in place). Without SP the rows are already whole (full = mine).
+static void tp_gather(lb_model *m, const float *mine, float *full, int n, int C)
+{
+    if (!m->par.sp) return;
+    lb_comm *tp = m->par.tp_comm;
+    m->be->sync(m->be);
+    lb_comm_all_gather(tp, mine, full, (size_t)n / m->par.tp * C, LB_F32);
+    lb_comm_sync(tp);
+}
+
+// Sums a small buffer over tp in place (a result every tp rank needs whole).
+static void tp_sum(lb_model *m, float *x, size_t count)
+{
+    if (m->par.tp == 1) return;
+    m->be->sync(m->be);
+    lb_comm_all_reduce(m->par.tp_comm, x, x, count, LB_F32);
+    lb_comm_sync(m->par.tp_comm);
+}
+
+// --- activations ----------------------------------------------------------------------------------
+
+// A feed-forward block's saved state. MoE rows go through the dispatcher: xp/yp are this
+// rank's token rows in moe_plan order, xe/gu/h the rows its experts received (xe = xp when
+// ep = 1). Dense blocks use gu and h only.
+typedef struct {
+    float *rlogits, *probs, *weight;   // (n, E), (n, E), (n, k)
+    int32_t *idx, *row;                // (n, k)
+    int *counts;                       // (E) host: rows per expert
+    float *aux_grad;                   // (E) d aux / d probs[i][j]
+    float *xp, *yp;                    // (n*k, c)
+    float *xe, *gu, *h;                // (cap, c), (cap, 2f), (cap, f)
+    size_t cap_xe, cap_gu, cap_h;      // grow-only: how many rows arrive varies under ep
+    lb_ep_route route;
+} ffn_acts;
+
+// Exchange and expert scratch shared by a micro-batch's layers (grow-only).
+typedef struct {
+    float *xs, *ye, *dye, *dxe, *dgu, *dh;
+    size_t cap_xs, cap_ye, cap_dye, cap_dxe, cap_dgu, cap_dh;
+} moe_scratch;
+
+static void ffn_create(lb_model *m, ffn_acts *f, int n)
+{
+    lb_backend *be = m->be;
+    dims d = dims_of(m);
+    size_t rows = (size_t)n;
+    if (is_moe(&m->cfg)) {
+        rows = (size_t)n * d.K;
+        f->rlogits = falloc(be, (size_t)n * d.E);
+        f->probs = falloc(be, (size_t)n * d.E);
+        f->weight = falloc(be, (size_t)n * d.K);
+        f->idx = be->alloc(be, (size_t)n * d.K * sizeof(int32_t));
+        f->row = be->alloc(be, (size_t)n * d.K * sizeof(int32_t));
+        f->counts = lb_calloc(d.E, sizeof(int));
+        f->aux_grad = falloc(be, d.E);
+        f->xp = falloc(be, rows * d.C);
+        f->yp = falloc(be, rows * d.C);
+    }
+    grow(be, &f->gu, &f->cap_gu, rows * 2 * d.F);
+    grow(be, &f->h, &f->cap_h, rows * d.F);
+}
+
+static void ffn_free(lb_model *m, ffn_acts *f)
+{
+    lb_backend *be = m->be;
+    void *bufs[] = {f->rlogits, f->probs, f->weight, f->idx, f->row, f->aux_grad, f->xp, f->yp,
+                    f->xe, f->gu, f->h};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(be, bufs[i]);
+    free(f->counts);
+    lb_ep_route_free(&f->route, be);
+}
+
+static void scratch_free(lb_backend *be, moe_scratch *s)
+{
+    void *bufs[] = {s->xs, s->ye, s->dye, s->dxe, s->dgu, s->dh};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(be, bufs[i]);
+}
+
+typedef struct {
+    // saved by forward, per layer. ns rows are this rank's (n / tp under sequence parallelism).
+    float *x;              // (ns, c) residual entering the layer; x[layers] feeds the next stage
+    float *ln1, *rstd1;    // (n, c) all rows (gathered under SP), (ns)
+    float *q, *qrstd, *qr; // q before norm (n, hq*d), its rstd (n*hq), after norm + RoPE
+    float *k, *krstd, *kr; // same for k, (n, hkv*d)
+    float *v;              // (n, hkv*d)
+    float *att, *lse;      // (n, hq*d), (b, hq, t)
+    float *xmid;           // (ns, c) residual after attention
+    float *ln2, *rstd2;    // (n, c), (ns)
+    ffn_acts f;
+} layer_acts;
+
+typedef struct {
+    int b, t, n, ns, nl;   // nl: this stage's layers
+    layer_acts *l;         // (nl + 1): only .x is used in the last
+    float *lnf, *rstdf;    // (ns, c), (ns)
+    float *loss;           // (ns) per-token losses
+    int32_t *pos;          // (n)
+    float *part;           // (n, c) a row-parallel layer's partial output (tp > 1)
+    // backward scratch
+    float *dres;           // (ns, c) d loss / d residual
+    float *dfull;          // (n, c) dres gathered over tp (= dres without SP)
+    float *dln, *dlns;     // (n, c) partial d loss / d norm output; (ns, c) its sum (= dln w/o SP)
+    float *dtmp;           // (ns, c)
+    float *dq, *dk, *dv, *datt;            // (n, hq*d), (n, hkv*d) x2, (n, hq*d)
+    float *dqr, *dkr;                      // (n, hq*d), (n, hkv*d)
+    float *dgu, *dh;                       // dense: (n, 2f), (n, f)
+    float *dxp, *dyp;                      // (n*k, c)
+    float *drlogits, *dweight, *daux;      // (n, E), (n, k), (E)
+    moe_scratch ms;
+    float *host_loss;                      // (ns) host
+    int32_t *host_targets;                 // (ns) host
+} acts;
+
 static void *acts_create(lb_model *m, int b, int t)
 {
-    const lb_model_config *c = &m->cfg;
     lb_backend *be = m->be;
+    dims d = dims_of(m);
     acts *a = lb_calloc(1, sizeof *a);
-    size_t n = (size_t)b * t, C = c->hidden_size, D = c->head_dim, hq = c->num_attention_heads,
-           hkv = c->num_key_value_heads, F = ffn_dim(c), E = c->num_experts,
-           K = c->num_experts_per_tok;
-    int moe = is_moe(c);
+    size_t n = (size_t)b * t, ns = d.sp ? n / d.tp : n, C = d.C, D = d.D, hq = d.hq,
+           hkv = d.hkv, F = d.F, E = d.E, K = d.K;
+    int moe = is_moe(&m->cfg);
     a->b = b;
     a->t = t;
     a->n = (int)n;
-    a->rows = (int)(moe ? n * K : n);
-    size_t rows = a->rows;
-    a->l = lb_calloc(c->num_hidden_layers + 1, sizeof *a->l);
-    for (int l = 0; l <= c->num_hidden_layers; l++) {
+    a->ns = (int)ns;
+    a->nl = m->layer_end - m->layer_begin;
+    a->l = lb_calloc(a->nl + 1, sizeof *a->l);
+    for (int l = 0; l <= a->nl; l++) {
         layer_acts *L = &a->l[l];
-        L->x = falloc(be, n * C);
-        if (l == c->num_hidden_layers) break;
+        L->x = falloc(be, ns * C);
+        if (l == a->nl) break;
         L->ln1 = falloc(be, n * C);
-        L->rstd1 = falloc(be, n);
+        L->rstd1 = falloc(be, ns);
         L->q = falloc(be, n * hq * D);
         L->qrstd = falloc(be, n * hq);
         L->qr = falloc(be, n * hq * D);
@@ -245,51 +382,43 @@ static void *acts_create(lb_model *m, int b, int t)
         L->v = falloc(be, n * hkv * D);
         L->att = falloc(be, n * hq * D);
         L->lse = falloc(be, n * hq);
-        L->xmid = falloc(be, n * C);
+        L->xmid = falloc(be, ns * C);
         L->ln2 = falloc(be, n * C);
-        L->rstd2 = falloc(be, n);
-        L->gu = falloc(be, rows * 2 * F);
-        L->h = falloc(be, rows * F);
-        if (moe) {
-            L->rlogits = falloc(be, n * E);
-            L->probs = falloc(be, n * E);
-            L->weight = falloc(be, n * K);
-            L->idx = be->alloc(be, n * K * sizeof(int32_t));
-            L->row = be->alloc(be, n * K * sizeof(int32_t));
-            L->counts = lb_calloc(E, sizeof(int));
-            L->aux_grad = falloc(be, E);
-            L->xp = falloc(be, rows * C);
-            L->yp = falloc(be, rows * C);
-        }
+        L->rstd2 = falloc(be, ns);
+        ffn_create(m, &L->f, (int)n);
     }
-    a->lnf = falloc(be, n * C);
-    a->rstdf = falloc(be, n);
-    a->loss = falloc(be, n);
+    a->lnf = falloc(be, ns * C);
+    a->rstdf = falloc(be, ns);
+    a->loss = falloc(be, ns);
     a->pos = be->alloc(be, n * sizeof(int32_t));
     int32_t *pos = lb_malloc(n * sizeof(int32_t));
     for (size_t i = 0; i < n; i++) pos[i] = (int32_t)(i % (size_t)t);   // each row starts at 0
     be->upload(be, a->pos, pos, n * sizeof(int32_t));
     free(pos);
-    a->dres = falloc(be, n * C);
+    if (d.tp > 1) a->part = falloc(be, n * C);
+    a->dres = falloc(be, ns * C);
+    a->dfull = d.sp ? falloc(be, n * C) : a->dres;
     a->dln = falloc(be, n * C);
-    a->dtmp = falloc(be, n * C);
+    a->dlns = d.sp ? falloc(be, ns * C) : a->dln;
+    a->dtmp = falloc(be, ns * C);
     a->dq = falloc(be, n * hq * D);
     a->dk = falloc(be, n * hkv * D);
     a->dv = falloc(be, n * hkv * D);
     a->datt = falloc(be, n * hq * D);
     a->dqr = falloc(be, n * hq * D);
     a->dkr = falloc(be, n * hkv * D);
-    a->dgu = falloc(be, rows * 2 * F);
-    a->dh = falloc(be, rows * F);
     if (moe) {
-        a->dxp = falloc(be, rows * C);
-        a->dyp = falloc(be, rows * C);
+        a->dxp = falloc(be, n * K * C);
+        a->dyp = falloc(be, n * K * C);
         a->drlogits = falloc(be, n * E);
         a->dweight = falloc(be, n * K);
         a->daux = falloc(be, E);
+    } else {
+        a->dgu = falloc(be, n * 2 * F);
+        a->dh = falloc(be, n * F);
     }
-    a->host_loss = lb_malloc(n * sizeof(float));
-    a->host_targets = lb_malloc(n * sizeof(int32_t));
+    a->host_loss = lb_malloc(ns * sizeof(float));
+    a->host_targets = lb_malloc(ns * sizeof(int32_t));
     return a;
 }
 
@@ -297,26 +426,35 @@ static void acts_free(lb_model *m, void *p)
 {
     acts *a = p;
     lb_backend *be = m->be;
-    for (int l = 0; l <= m->cfg.num_hidden_layers; l++) {
+    for (int l = 0; l <= a->nl; l++) {
         layer_acts *L = &a->l[l];
         void *bufs[] = {L->x, L->ln1, L->rstd1, L->q, L->qrstd, L->qr, L->k, L->krstd, L->kr,
-                        L->v, L->att, L->lse, L->xmid, L->ln2, L->rstd2, L->gu, L->h,
-                        L->rlogits, L->probs, L->weight, L->idx, L->row, L->aux_grad, L->xp,
-                        L->yp};
+                        L->v, L->att, L->lse, L->xmid, L->ln2, L->rstd2};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) be->free(be, bufs[i]);
-        free(L->counts);
+        if (l < a->nl) ffn_free(m, &L->f);
     }
     free(a->l);
-    void *bufs[] = {a->lnf, a->rstdf, a->loss, a->pos, a->dres, a->dln, a->dtmp, a->dq, a->dk,
-                    a->dv, a->datt, a->dqr, a->dkr, a->dgu, a->dh, a->dxp, a->dyp, a->drlogits,
-                    a->dweight, a->daux};
+    void *bufs[] = {a->lnf, a->rstdf, a->loss, a->pos, a->part, a->dres, a->dln, a->dtmp, a->dq,
+                    a->dk, a->dv, a->datt, a->dqr, a->dkr, a->dgu, a->dh, a->dxp, a->dyp,
+                    a->drlogits, a->dweight, a->daux};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
+    if (a->dfull != a->dres) be->free(be, a->dfull);
+    if (a->dlns != a->dln) be->free(be, a->dlns);
+    scratch_free(be, &a->ms);
     free(a->host_loss);
     free(a->host_targets);
     free(a);
 }
+
+static float *stage_input(lb_model *m) { return ((acts *)m->acts)->l[0].x; }
+static float *stage_output(lb_model *m)
+{
+    acts *a = m->acts;
+    return a->l[a->nl].x;
+}
+static float *stage_grad(lb_model *m) { return ((acts *)m->acts)->dres; }
 
 // The fp8 KV cache's quantization of k or v rows x (rows, d): fp8-block activations, 1x128
 // blocks along d (one scale per row when d <= 128), E4M3, scale amax / 448.
@@ -341,172 +479,258 @@ static void kv_fake_quant(lb_backend *be, float *x, int rows, int d)
     be->qmat_free(be, &q);
 }
 
+// --- the feed-forward blocks, shared by the training and the cached forward ----------------------
+
+// out (n, c) = this rank's share of the block on ln (n, c): the caller sums it over tp. Returns
+// the layer's load-balancing loss (0 for dense blocks or without want_aux).
+static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scratch *s,
+                      const float *ln, int n, float *out, int want_aux)
+{
+    const lb_model_config *c = &m->cfg;
+    lb_backend *be = m->be;
+    lb_linear *lin = &m->lin;
+    dims d = dims_of(m);
+    if (!is_moe(c)) {
+        lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, f->gu, n, 2 * d.F, d.C,
+                      0.0f);
+        be->swiglu_fwd(be, f->h, f->gu, n, d.F);
+        lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, f->h, w->down, w->cdown, 0, out, n, d.C, d.F, 0.0f);
+        return 0.0;
+    }
+    lb_linear_fwd(lin, l, LB_ROLE_ROUTER, ln, w->router, w->crouter, 0, f->rlogits, n, d.E, d.C,
+                  0.0f);
+    be->router_topk_fwd(be, f->probs, f->idx, f->weight, f->rlogits, n, d.E, d.K,
+                        c->norm_topk_prob);
+    float aux = 0.0f;
+    if (want_aux) be->moe_aux_loss(be, &aux, f->aux_grad, f->probs, f->idx, n, d.E, d.K);
+    be->moe_plan(be, f->row, f->counts, f->idx, n, d.E, d.K);
+    be->moe_permute(be, f->xp, ln, f->row, n, d.K, d.C);
+    // the dispatcher: this rank's experts get their rows from every ep rank
+    lb_comm *ep = m->par.ep_comm;
+    lb_ep_route_plan(&f->route, ep, be, f->counts, d.E);
+    size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)n * d.K ? nr : (size_t)n * d.K;
+    float *xe = f->xp, *ye = f->yp;
+    if (d.ep > 1) {
+        xe = grow(be, &f->xe, &f->cap_xe, nr * d.C);
+        ye = grow(be, &s->ye, &s->cap_ye, nr * d.C);
+        lb_ep_dispatch(&f->route, ep, be, f->xp, xe, grow(be, &s->xs, &s->cap_xs, big * d.C), d.C);
+    }
+    grow(be, &f->gu, &f->cap_gu, nr * 2 * d.F);
+    grow(be, &f->h, &f->cap_h, nr * d.F);
+    lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xe, w->gu, w->cgu, f->route.local_counts,
+                          d.El, f->gu, 2 * d.F, d.C);
+    be->swiglu_fwd(be, f->h, f->gu, (int)nr, d.F);
+    lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, f->h, w->down, w->cdown, f->route.local_counts,
+                          d.El, ye, d.C, d.F);
+    if (d.ep > 1) lb_ep_combine(&f->route, ep, be, ye, f->yp, s->xs, d.C);
+    be->moe_combine(be, out, f->yp, f->weight, f->row, n, d.K, d.C);
+    return aux;
+}
+
+// dln (n, c) = this rank's share of d loss / d ln given dout (n, c) = d loss / d out (the same on
+// every tp rank); the caller sums it over tp. Accumulates the block's weight gradients.
+static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn_acts *f,
+                    acts *a, const float *ln, int n, const float *dout, float *dln,
+                    float aux_scale)
+{
+    const lb_model_config *c = &m->cfg;
+    lb_backend *be = m->be;
+    lb_linear *lin = &m->lin;
+    dims d = dims_of(m);
+    moe_scratch *s = &a->ms;
+    if (!is_moe(c)) {
+        lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, f->h, w->down, w->cdown, 0, dout, a->dh, 0.0f,
+                      dw->down, n, d.C, d.F);
+        be->swiglu_bwd(be, a->dgu, a->dh, f->gu, n, d.F);
+        lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, a->dgu, dln, 0.0f, dw->gu,
+                      n, 2 * d.F, d.C);
+        return;
+    }
+    be->moe_combine_bwd(be, a->dyp, a->dweight, dout, f->yp, f->weight, f->row, n, d.K, d.C);
+    tp_sum(m, a->dweight, (size_t)n * d.K);   // yp held this rank's share of every expert output
+    lb_comm *ep = m->par.ep_comm;
+    size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)n * d.K ? nr : (size_t)n * d.K;
+    float *dye = a->dyp, *dxe = a->dxp;
+    if (d.ep > 1) {
+        dye = grow(be, &s->dye, &s->cap_dye, nr * d.C);
+        dxe = grow(be, &s->dxe, &s->cap_dxe, nr * d.C);
+        lb_ep_dispatch(&f->route, ep, be, a->dyp, dye, grow(be, &s->xs, &s->cap_xs, big * d.C), d.C);
+    }
+    float *dgu = grow(be, &s->dgu, &s->cap_dgu, nr * 2 * d.F);
+    float *dh = grow(be, &s->dh, &s->cap_dh, nr * d.F);
+    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_DOWN, f->h, w->down, w->cdown, f->route.local_counts,
+                          d.El, dye, dh, dw->down, d.C, d.F);
+    be->swiglu_bwd(be, dgu, dh, f->gu, (int)nr, d.F);
+    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : f->xp, w->gu, w->cgu,
+                          f->route.local_counts, d.El, dgu, dxe, dw->gu, 2 * d.F, d.C);
+    if (d.ep > 1) lb_ep_combine(&f->route, ep, be, dxe, a->dxp, s->xs, d.C);
+    be->moe_permute_bwd(be, dln, a->dxp, f->row, n, d.K, d.C);
+    // router: through the top-k weights and the load-balancing loss
+    be->copy(be, a->daux, f->aux_grad, (size_t)d.E * sizeof(float));
+    be->scale(be, a->daux, aux_scale, (size_t)d.E);
+    be->router_topk_bwd(be, a->drlogits, a->dweight, a->daux, f->probs, f->idx, n, d.E, d.K,
+                        c->norm_topk_prob);
+    // The router is replicated over tp and its gradient the same on every tp rank: one rank
+    // adds its share to dln so the tp sum counts it once.
+    lb_linear_bwd(lin, l, LB_ROLE_ROUTER, ln, w->router, w->crouter, 0, a->drlogits,
+                  m->par.tp_rank == 0 ? dln : NULL, 1.0f, dw->router, n, d.E, d.C);
+}
+
+static const lb_tensor *find_or_die(const lb_model *m, const char *name)
+{
+    const lb_tensor *t = lb_model_find(m, name);
+    if (!t) lb_die("model has no tensor %s", name);
+    return t;
+}
+
+// Under SP rank r holds rows [r ns, (r + 1) ns) of the residual stream.
+static int row_offset(const lb_model *m, int ns) { return m->par.sp ? m->par.tp_rank * ns : 0; }
+
 static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t)
 {
     const lb_model_config *c = &m->cfg;
     lb_backend *be = m->be;
     acts *a = m->acts;
-    int n = b * t, C = c->hidden_size, D = c->head_dim, hq = c->num_attention_heads,
-        hkv = c->num_key_value_heads, F = ffn_dim(c), E = c->num_experts,
-        K = c->num_experts_per_tok, V = c->vocab_size;
+    dims d = dims_of(m);
+    int n = b * t, ns = a->ns, r0 = row_offset(m, ns), C = d.C, D = d.D;
     float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
-    int moe = is_moe(c);
     double aux = 0.0;
     lb_linear *lin = &m->lin;
 
-    be->embedding_fwd(be, a->l[0].x, tokens, m->params, n, C);
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        layer_acts *L = &a->l[l];
+    if (m->first_stage)
+        be->embedding_fwd(be, a->l[0].x, tokens + r0,
+                          m->params + find_or_die(m, "model.embed_tokens.weight")->offset, ns, C);
+    for (int i = 0; i < a->nl; i++) {
+        int l = m->layer_begin + i;
+        layer_acts *L = &a->l[i];
         layer_w w = layer_weights(m, m->params, l);
-        // attention block
-        be->rmsnorm_fwd(be, L->ln1, L->rstd1, L->x, w.ln1, n, C, eps);
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.q, w.cq, 0, L->q, n, hq * D, C, 0.0f);
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.k, w.ck, 0, L->k, n, hkv * D, C, 0.0f);
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.v, w.cv, 0, L->v, n, hkv * D, C, 0.0f);
-        be->rmsnorm_fwd(be, L->qr, L->qrstd, L->q, w.qn, n * hq, D, eps);
-        be->rmsnorm_fwd(be, L->kr, L->krstd, L->k, w.kn, n * hkv, D, eps);
-        be->rope_fwd(be, L->qr, a->pos, n, hq, D, theta);
-        be->rope_fwd(be, L->kr, a->pos, n, hkv, D, theta);
+        // attention block: heads split over tp, o_proj row-parallel
+        be->rmsnorm_fwd(be, L->ln1 + (size_t)r0 * C, L->rstd1, L->x, w.ln1, ns, C, eps);
+        tp_gather(m, L->ln1 + (size_t)r0 * C, L->ln1, n, C);
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.q, w.cq, 0, L->q, n, d.hq * D, C, 0.0f);
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.k, w.ck, 0, L->k, n, d.hkv * D, C, 0.0f);
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.v, w.cv, 0, L->v, n, d.hkv * D, C, 0.0f);
+        be->rmsnorm_fwd(be, L->qr, L->qrstd, L->q, w.qn, n * d.hq, D, eps);
+        be->rmsnorm_fwd(be, L->kr, L->krstd, L->k, w.kn, n * d.hkv, D, eps);
+        be->rope_fwd(be, L->qr, a->pos, n, d.hq, D, theta);
+        be->rope_fwd(be, L->kr, a->pos, n, d.hkv, D, theta);
         if (m->kv_fp8) {   // what an fp8 KV cache would hold (straight-through backward)
-            kv_fake_quant(be, L->kr, n * hkv, D);
-            kv_fake_quant(be, L->v, n * hkv, D);
+            kv_fake_quant(be, L->kr, n * d.hkv, D);
+            kv_fake_quant(be, L->v, n * d.hkv, D);
         }
-        be->attention_fwd(be, L->att, L->lse, L->qr, L->kr, L->v, b, t, hq, hkv, D);
-        be->copy(be, L->xmid, L->x, (size_t)n * C * sizeof(float));
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, L->xmid, n, C, hq * D, 1.0f);
-        // feed-forward block
-        float *xnext = a->l[l + 1].x;
-        be->rmsnorm_fwd(be, L->ln2, L->rstd2, L->xmid, w.ln2, n, C, eps);
-        if (moe) {
-            lb_linear_fwd(lin, l, LB_ROLE_ROUTER, L->ln2, w.router, w.crouter, 0, L->rlogits, n, E,
-                          C, 0.0f);
-            be->router_topk_fwd(be, L->probs, L->idx, L->weight, L->rlogits, n, E, K,
-                                c->norm_topk_prob);
-            float aux_l;
-            be->moe_aux_loss(be, &aux_l, L->aux_grad, L->probs, L->idx, n, E, K);
-            aux += aux_l;
-            be->moe_plan(be, L->row, L->counts, L->idx, n, E, K);
-            be->moe_permute(be, L->xp, L->ln2, L->row, n, K, C);
-            lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, L->xp, w.gu, w.cgu, L->counts, E,
-                                  L->gu, 2 * F, C);
-            be->swiglu_fwd(be, L->h, L->gu, n * K, F);
-            lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, L->h, w.down, w.cdown, L->counts, E,
-                                  L->yp, C, F);
-            be->moe_combine(be, xnext, L->yp, L->weight, L->row, n, K, C);
-            be->add(be, xnext, L->xmid, (size_t)n * C);
-        } else {
-            lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, L->ln2, w.gu, w.cgu, 0, L->gu, n, 2 * F, C,
-                          0.0f);
-            be->swiglu_fwd(be, L->h, L->gu, n, F);
-            be->copy(be, xnext, L->xmid, (size_t)n * C * sizeof(float));
-            lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, L->h, w.down, w.cdown, 0, xnext, n, C, F, 1.0f);
-        }
+        be->attention_fwd(be, L->att, L->lse, L->qr, L->kr, L->v, b, t, d.hq, d.hkv, D);
+        float *part = d.tp > 1 ? a->part : L->xmid;
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, part, n, C, d.hq * D, 0.0f);
+        tp_reduce(m, part, L->xmid, n, C);
+        be->add(be, L->xmid, L->x, (size_t)ns * C);
+        // feed-forward block: gate_up column-parallel, down row-parallel
+        float *xnext = a->l[i + 1].x;
+        be->rmsnorm_fwd(be, L->ln2 + (size_t)r0 * C, L->rstd2, L->xmid, w.ln2, ns, C, eps);
+        tp_gather(m, L->ln2 + (size_t)r0 * C, L->ln2, n, C);
+        part = d.tp > 1 ? a->part : xnext;
+        aux += ffn_fwd(m, l, &w, &L->f, &a->ms, L->ln2, n, part, 1);
+        tp_reduce(m, part, xnext, n, C);
+        be->add(be, xnext, L->xmid, (size_t)ns * C);
     }
-    const lb_tensor *tn = lb_model_find(m, "model.norm.weight");
-    const lb_tensor *th = lb_model_find(m, "lm_head.weight");
-    be->rmsnorm_fwd(be, a->lnf, a->rstdf, a->l[c->num_hidden_layers].x, m->params + tn->offset,
-                    n, C, eps);
+    m->aux_loss = (float)aux;
+    m->ntokens = 0;
+    m->ce_loss = 0.0f;
+    m->loss = (float)(c->router_aux_loss_coef * aux);
+    if (!m->last_stage) return;   // the next stage continues from stage_output
+    const lb_tensor *tn = find_or_die(m, "model.norm.weight");
+    const lb_tensor *th = find_or_die(m, "lm_head.weight");
+    be->rmsnorm_fwd(be, a->lnf, a->rstdf, a->l[a->nl].x, m->params + tn->offset, ns, C, eps);
     lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf, m->params + th->offset,
-                  &m->wcache[th - m->tensors], 0, m->logits, n, V, C, 0.0f);
+                  &m->wcache[th - m->tensors], 0, m->logits, ns, d.V, C, 0.0f);
     if (!targets) return;
 
-    // Loss: mean cross-entropy over counted targets, summed in token order in double.
-    be->cross_entropy_fwd(be, a->loss, m->logits, targets, n, V);
-    be->download(be, a->host_loss, a->loss, (size_t)n * sizeof(float));
-    be->download(be, a->host_targets, targets, (size_t)n * sizeof(int32_t));
-    double sum = 0.0;
-    int count = 0;
-    for (int i = 0; i < n; i++)
+    // Loss: mean cross-entropy over counted targets, summed in token order in double (each
+    // rank's rows, then the ranks in order under SP).
+    be->cross_entropy_fwd(be, a->loss, m->logits, targets + r0, ns, d.V);
+    be->download(be, a->host_loss, a->loss, (size_t)ns * sizeof(float));
+    be->download(be, a->host_targets, targets + r0, (size_t)ns * sizeof(int32_t));
+    double sum = 0.0, count = 0.0;
+    for (int i = 0; i < ns; i++)
         if (a->host_targets[i] >= 0) {
             sum += a->host_loss[i];
-            count++;
+            count += 1.0;
         }
-    m->ntokens = count;
-    m->ce_loss = count ? (float)(sum / count) : 0.0f;
-    m->aux_loss = (float)aux;
+    if (m->par.sp) {
+        sum = lb_comm_allreduce_sum(m->par.tp_comm, sum);
+        count = lb_comm_allreduce_sum(m->par.tp_comm, count);
+    }
+    m->ntokens = (int)count;
+    m->ce_loss = count > 0 ? (float)(sum / count) : 0.0f;
     m->loss = (float)(m->ce_loss + c->router_aux_loss_coef * aux);
 }
 
-// From d loss / d logits in m->logits; aux_scale weighs the load-balancing loss.
+// From d loss / d logits in m->logits on the last stage, or d loss / d stage output in
+// stage_grad on an earlier one; aux_scale weighs the load-balancing loss. On a later stage
+// stage_grad ends holding d loss / d stage input.
 static void backward_logits(lb_model *m, float aux_scale)
 {
     const lb_model_config *c = &m->cfg;
     lb_backend *be = m->be;
     acts *a = m->acts;
-    int b = a->b, t = a->t, n = a->n, C = c->hidden_size, D = c->head_dim,
-        hq = c->num_attention_heads, hkv = c->num_key_value_heads, F = ffn_dim(c),
-        E = c->num_experts, K = c->num_experts_per_tok, V = c->vocab_size;
+    dims d = dims_of(m);
+    int b = a->b, t = a->t, n = a->n, ns = a->ns, r0 = row_offset(m, ns), C = d.C, D = d.D;
     float theta = (float)c->rope_theta;
-    int moe = is_moe(c);
     float *G = m->grads;
     lb_linear *lin = &m->lin;
 
-    // lm head and final norm
-    const lb_tensor *tn = lb_model_find(m, "model.norm.weight");
-    const lb_tensor *th = lb_model_find(m, "lm_head.weight");
-    lb_linear_bwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf, m->params + th->offset,
-                  &m->wcache[th - m->tensors], 0, m->logits, a->dln, 0.0f, G + th->offset, n, V,
-                  C);
-    be->rmsnorm_bwd(be, a->dres, G + tn->offset, a->dln, a->l[c->num_hidden_layers].x,
-                    m->params + tn->offset, a->rstdf, n, C);
-
-    for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
-        layer_acts *L = &a->l[l];
+    if (m->last_stage) {   // lm head and final norm
+        const lb_tensor *tn = find_or_die(m, "model.norm.weight");
+        const lb_tensor *th = find_or_die(m, "lm_head.weight");
+        lb_linear_bwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf,
+                      m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits, a->dln,
+                      0.0f, G + th->offset, ns, d.V, C);
+        be->rmsnorm_bwd(be, a->dres, G + tn->offset, a->dln, a->l[a->nl].x,
+                        m->params + tn->offset, a->rstdf, ns, C);
+    }
+    for (int i = a->nl - 1; i >= 0; i--) {
+        int l = m->layer_begin + i;
+        layer_acts *L = &a->l[i];
         layer_w w = layer_weights(m, m->params, l);
         layer_w dw = layer_weights(m, G, l);
         // feed-forward block: dres is d loss / d xnext, and passes straight to xmid
-        if (moe) {
-            be->moe_combine_bwd(be, a->dyp, a->dweight, a->dres, L->yp, L->weight, L->row, n, K,
-                                C);
-            lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_DOWN, L->h, w.down, w.cdown, L->counts, E,
-                                  a->dyp, a->dh, dw.down, C, F);
-            be->swiglu_bwd(be, a->dgu, a->dh, L->gu, n * K, F);
-            lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, L->xp, w.gu, w.cgu, L->counts, E,
-                                  a->dgu, a->dxp, dw.gu, 2 * F, C);
-            be->moe_permute_bwd(be, a->dln, a->dxp, L->row, n, K, C);
-            // router: through the top-k weights and the load-balancing loss
-            be->copy(be, a->daux, L->aux_grad, (size_t)E * sizeof(float));
-            be->scale(be, a->daux, aux_scale, (size_t)E);
-            be->router_topk_bwd(be, a->drlogits, a->dweight, a->daux, L->probs, L->idx, n, E, K,
-                                c->norm_topk_prob);
-            lb_linear_bwd(lin, l, LB_ROLE_ROUTER, L->ln2, w.router, w.crouter, 0, a->drlogits,
-                          a->dln, 1.0f, dw.router, n, E, C);
-        } else {
-            lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, L->h, w.down, w.cdown, 0, a->dres, a->dh, 0.0f,
-                          dw.down, n, C, F);
-            be->swiglu_bwd(be, a->dgu, a->dh, L->gu, n, F);
-            lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, L->ln2, w.gu, w.cgu, 0, a->dgu, a->dln, 0.0f,
-                          dw.gu, n, 2 * F, C);
-        }
-        be->rmsnorm_bwd(be, a->dtmp, dw.ln2, a->dln, L->xmid, w.ln2, L->rstd2, n, C);
-        be->add(be, a->dres, a->dtmp, (size_t)n * C);
+        tp_gather(m, a->dres, a->dfull, n, C);
+        ffn_bwd(m, l, &w, &dw, &L->f, a, L->ln2, n, a->dfull, a->dln, aux_scale);
+        tp_reduce(m, a->dln, a->dlns, n, C);
+        be->rmsnorm_bwd(be, a->dtmp, dw.ln2, a->dlns, L->xmid, w.ln2, L->rstd2, ns, C);
+        be->add(be, a->dres, a->dtmp, (size_t)ns * C);
         // attention block: dres is now d loss / d xmid
-        lb_linear_bwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, a->dres, a->datt, 0.0f, dw.o,
-                      n, C, hq * D);
+        tp_gather(m, a->dres, a->dfull, n, C);
+        lb_linear_bwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, a->dfull, a->datt, 0.0f,
+                      dw.o, n, C, d.hq * D);
         be->attention_bwd(be, a->dq, a->dk, a->dv, a->datt, L->qr, L->kr, L->v, L->att, L->lse,
-                          b, t, hq, hkv, D);
-        be->rope_bwd(be, a->dq, a->pos, n, hq, D, theta);
-        be->rope_bwd(be, a->dk, a->pos, n, hkv, D, theta);
-        be->rmsnorm_bwd(be, a->dqr, dw.qn, a->dq, L->q, w.qn, L->qrstd, n * hq, D);
-        be->rmsnorm_bwd(be, a->dkr, dw.kn, a->dk, L->k, w.kn, L->krstd, n * hkv, D);
+                          b, t, d.hq, d.hkv, D);
+        be->rope_bwd(be, a->dq, a->pos, n, d.hq, D, theta);
+        be->rope_bwd(be, a->dk, a->pos, n, d.hkv, D, theta);
+        be->rmsnorm_bwd(be, a->dqr, dw.qn, a->dq, L->q, w.qn, L->qrstd, n * d.hq, D);
+        be->rmsnorm_bwd(be, a->dkr, dw.kn, a->dk, L->k, w.kn, L->krstd, n * d.hkv, D);
         lb_linear_bwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.q, w.cq, 0, a->dqr, a->dln, 0.0f, dw.q, n,
-                      hq * D, C);
+                      d.hq * D, C);
         lb_linear_bwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.k, w.ck, 0, a->dkr, a->dln, 1.0f, dw.k, n,
-                      hkv * D, C);
+                      d.hkv * D, C);
         lb_linear_bwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.v, w.cv, 0, a->dv, a->dln, 1.0f, dw.v, n,
-                      hkv * D, C);
-        be->rmsnorm_bwd(be, a->dtmp, dw.ln1, a->dln, L->x, w.ln1, L->rstd1, n, C);
-        be->add(be, a->dres, a->dtmp, (size_t)n * C);
+                      d.hkv * D, C);
+        tp_reduce(m, a->dln, a->dlns, n, C);
+        be->rmsnorm_bwd(be, a->dtmp, dw.ln1, a->dlns, L->x, w.ln1, L->rstd1, ns, C);
+        be->add(be, a->dres, a->dtmp, (size_t)ns * C);
     }
-    be->embedding_bwd(be, G, a->dres, m->tokens, n, C);   // embed_tokens is tensor 0
+    if (m->first_stage)
+        be->embedding_bwd(be, G + find_or_die(m, "model.embed_tokens.weight")->offset, a->dres,
+                          m->tokens + r0, ns, C);
 }
 
 static void backward(lb_model *m, float loss_scale)
 {
-    // the logits buffer becomes d loss / d logits
-    float dce = m->ntokens ? loss_scale / (float)m->ntokens : 0.0f;
-    m->be->cross_entropy_bwd(m->be, m->logits, m->logits, m->targets, dce,
-                             ((acts *)m->acts)->n, m->cfg.vocab_size);
+    acts *a = m->acts;
+    if (m->last_stage) {   // the logits buffer becomes d loss / d logits
+        float dce = m->ntokens ? loss_scale / (float)m->ntokens : 0.0f;
+        m->be->cross_entropy_bwd(m->be, m->logits, m->logits, m->targets + row_offset(m, a->ns),
+                                 dce, a->ns, m->cfg.vocab_size);
+    }
     backward_logits(m, loss_scale * (float)m->cfg.router_aux_loss_coef);
 }
 
@@ -519,23 +743,17 @@ typedef struct {
     float *q, *qrstd, *qr;                 // (rows, hq*d), (rows*hq), (rows, hq*d)
     float *k, *krstd, *kr, *v;             // (rows, hkv*d), (rows*hkv), (rows, hkv*d) x2
     float *att;                            // (rows, hq*d)
-    float *rlogits, *probs, *weight;       // (rows, e) x2, (rows, k)
-    int32_t *idx, *row;                    // (rows, k)
-    int *counts;                           // (e) host
-    float *aux_grad;                       // (e) the router op writes it; unused here
-    float *xp, *yp, *gu, *h;               // (rows*k, c) x2, (rows*k, 2f), (rows*k, f)
+    float *part;                           // (rows, c) tp > 1
+    ffn_acts f;
+    moe_scratch ms;
 } cached_acts;
 
 static void *cached_create(lb_model *m, int max_rows)
 {
-    const lb_model_config *c = &m->cfg;
     lb_backend *be = m->be;
+    dims d = dims_of(m);
     cached_acts *a = lb_calloc(1, sizeof *a);
-    size_t n = (size_t)max_rows, C = c->hidden_size, D = c->head_dim,
-           hq = c->num_attention_heads, hkv = c->num_key_value_heads, F = ffn_dim(c),
-           E = c->num_experts, K = c->num_experts_per_tok;
-    int moe = is_moe(c);
-    size_t rows = moe ? n * K : n;
+    size_t n = (size_t)max_rows, C = d.C, D = d.D, hq = d.hq, hkv = d.hkv;
     a->rows = max_rows;
     a->x = falloc(be, n * C);
     a->xmid = falloc(be, n * C);
@@ -549,19 +767,8 @@ static void *cached_create(lb_model *m, int max_rows)
     a->kr = falloc(be, n * hkv * D);
     a->v = falloc(be, n * hkv * D);
     a->att = falloc(be, n * hq * D);
-    a->gu = falloc(be, rows * 2 * F);
-    a->h = falloc(be, rows * F);
-    if (moe) {
-        a->rlogits = falloc(be, n * E);
-        a->probs = falloc(be, n * E);
-        a->weight = falloc(be, n * K);
-        a->idx = be->alloc(be, n * K * sizeof(int32_t));
-        a->row = be->alloc(be, n * K * sizeof(int32_t));
-        a->counts = lb_calloc(E, sizeof(int));
-        a->aux_grad = falloc(be, E);
-        a->xp = falloc(be, rows * C);
-        a->yp = falloc(be, rows * C);
-    }
+    if (d.tp > 1) a->part = falloc(be, n * C);
+    ffn_create(m, &a->f, max_rows);
     return a;
 }
 
@@ -570,87 +777,72 @@ static void cached_free(lb_model *m, void *p)
     cached_acts *a = p;
     lb_backend *be = m->be;
     void *bufs[] = {a->x, a->xmid, a->ln, a->rstd, a->q, a->qrstd, a->qr, a->k, a->krstd, a->kr,
-                    a->v, a->att, a->gu, a->h, a->rlogits, a->probs, a->weight, a->idx, a->row,
-                    a->aux_grad, a->xp, a->yp};
+                    a->v, a->att, a->part};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
-    free(a->counts);
+    ffn_free(m, &a->f);
+    scratch_free(be, &a->ms);
     free(a);
 }
 
 // forward()'s operations in forward()'s order for n new rows; attention goes through the KV
 // cache (kv_append, then attention_cached) instead of attention_fwd. Nothing a row computes
-// depends on the other rows, so each row's logits equal the training forward's.
+// depends on the other rows, so each row's logits equal the training forward's. Under tp and
+// ep it is collective like forward (no sequence or pipeline parallelism here).
 static void forward_cached(lb_model *m, lb_kvcache *kv, int n)
 {
     const lb_model_config *c = &m->cfg;
     lb_backend *be = m->be;
     cached_acts *a = kv->acts;
-    int C = c->hidden_size, D = c->head_dim, hq = c->num_attention_heads,
-        hkv = c->num_key_value_heads, F = ffn_dim(c), E = c->num_experts,
-        K = c->num_experts_per_tok, V = c->vocab_size;
+    dims d = dims_of(m);
+    int C = d.C, D = d.D;
     float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
-    int moe = is_moe(c);
     lb_linear *lin = &m->lin;
 
-    be->embedding_fwd(be, a->x, kv->tokens, m->params, n, C);
+    be->embedding_fwd(be, a->x, kv->tokens,
+                      m->params + find_or_die(m, "model.embed_tokens.weight")->offset, n, C);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_w w = layer_weights(m, m->params, l);
         be->rmsnorm_fwd(be, a->ln, a->rstd, a->x, w.ln1, n, C, eps);
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, a->ln, w.q, w.cq, 0, a->q, n, hq * D, C, 0.0f);
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, a->ln, w.k, w.ck, 0, a->k, n, hkv * D, C, 0.0f);
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, a->ln, w.v, w.cv, 0, a->v, n, hkv * D, C, 0.0f);
-        be->rmsnorm_fwd(be, a->qr, a->qrstd, a->q, w.qn, n * hq, D, eps);
-        be->rmsnorm_fwd(be, a->kr, a->krstd, a->k, w.kn, n * hkv, D, eps);
-        be->rope_fwd(be, a->qr, kv->pos, n, hq, D, theta);
-        be->rope_fwd(be, a->kr, kv->pos, n, hkv, D, theta);
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, a->ln, w.q, w.cq, 0, a->q, n, d.hq * D, C, 0.0f);
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, a->ln, w.k, w.ck, 0, a->k, n, d.hkv * D, C, 0.0f);
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, a->ln, w.v, w.cv, 0, a->v, n, d.hkv * D, C, 0.0f);
+        be->rmsnorm_fwd(be, a->qr, a->qrstd, a->q, w.qn, n * d.hq, D, eps);
+        be->rmsnorm_fwd(be, a->kr, a->krstd, a->k, w.kn, n * d.hkv, D, eps);
+        be->rope_fwd(be, a->qr, kv->pos, n, d.hq, D, theta);
+        be->rope_fwd(be, a->kr, kv->pos, n, d.hkv, D, theta);
         if (kv->fp8) {
             lb_quant_args qa = kv_quant_args();
             lb_qmat kq, vq;
             memset(&kq, 0, sizeof kq);
             memset(&vq, 0, sizeof vq);
-            be->qmat_alloc(be, &kq, n * hkv, D, &qa);
-            be->qmat_alloc(be, &vq, n * hkv, D, &qa);
-            be->quantize(be, &kq, a->kr, n * hkv, D, &qa);
-            be->quantize(be, &vq, a->v, n * hkv, D, &qa);
+            be->qmat_alloc(be, &kq, n * d.hkv, D, &qa);
+            be->qmat_alloc(be, &vq, n * d.hkv, D, &qa);
+            be->quantize(be, &kq, a->kr, n * d.hkv, D, &qa);
+            be->quantize(be, &vq, a->v, n * d.hkv, D, &qa);
             be->kv_append(be, &kv->layer[l], NULL, NULL, &kq, &vq, kv->slot, kv->pos, n);
             be->qmat_free(be, &kq);
             be->qmat_free(be, &vq);
         } else {
             be->kv_append(be, &kv->layer[l], a->kr, a->v, NULL, NULL, kv->slot, kv->pos, n);
         }
-        be->attention_cached(be, a->att, a->qr, &kv->layer[l], kv->slot, kv->pos, n, hq);
-        be->copy(be, a->xmid, a->x, (size_t)n * C * sizeof(float));
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, a->att, w.o, w.co, 0, a->xmid, n, C, hq * D, 1.0f);
+        be->attention_cached(be, a->att, a->qr, &kv->layer[l], kv->slot, kv->pos, n, d.hq);
+        float *part = d.tp > 1 ? a->part : a->xmid;
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, a->att, w.o, w.co, 0, part, n, C, d.hq * D, 0.0f);
+        tp_reduce(m, part, a->xmid, n, C);
+        be->add(be, a->xmid, a->x, (size_t)n * C);
         // feed-forward block; its output overwrites x (the residual lives in xmid now)
         be->rmsnorm_fwd(be, a->ln, a->rstd, a->xmid, w.ln2, n, C, eps);
-        if (moe) {
-            lb_linear_fwd(lin, l, LB_ROLE_ROUTER, a->ln, w.router, w.crouter, 0, a->rlogits, n, E,
-                          C, 0.0f);
-            be->router_topk_fwd(be, a->probs, a->idx, a->weight, a->rlogits, n, E, K,
-                                c->norm_topk_prob);
-            be->moe_plan(be, a->row, a->counts, a->idx, n, E, K);
-            be->moe_permute(be, a->xp, a->ln, a->row, n, K, C);
-            lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, a->xp, w.gu, w.cgu, a->counts, E,
-                                  a->gu, 2 * F, C);
-            be->swiglu_fwd(be, a->h, a->gu, n * K, F);
-            lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, a->h, w.down, w.cdown, a->counts, E,
-                                  a->yp, C, F);
-            be->moe_combine(be, a->x, a->yp, a->weight, a->row, n, K, C);
-            be->add(be, a->x, a->xmid, (size_t)n * C);
-        } else {
-            lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, a->ln, w.gu, w.cgu, 0, a->gu, n, 2 * F, C,
-                          0.0f);
-            be->swiglu_fwd(be, a->h, a->gu, n, F);
-            be->copy(be, a->x, a->xmid, (size_t)n * C * sizeof(float));
-            lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, a->h, w.down, w.cdown, 0, a->x, n, C, F, 1.0f);
-        }
+        part = d.tp > 1 ? a->part : a->x;
+        ffn_fwd(m, l, &w, &a->f, &a->ms, a->ln, n, part, 0);
+        tp_reduce(m, part, a->x, n, C);
+        be->add(be, a->x, a->xmid, (size_t)n * C);
     }
-    const lb_tensor *tn = lb_model_find(m, "model.norm.weight");
-    const lb_tensor *th = lb_model_find(m, "lm_head.weight");
+    const lb_tensor *tn = find_or_die(m, "model.norm.weight");
+    const lb_tensor *th = find_or_die(m, "lm_head.weight");
     be->rmsnorm_fwd(be, a->ln, a->rstd, a->x, m->params + tn->offset, n, C, eps);
     lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->ln, m->params + th->offset,
-                  &m->wcache[th - m->tensors], 0, kv->logits, n, V, C, 0.0f);
+                  &m->wcache[th - m->tensors], 0, kv->logits, n, d.V, C, 0.0f);
 }
 
 static int64_t active_matmul_params(const lb_model_config *c)
@@ -677,7 +869,10 @@ static int64_t active_matmul_params(const lb_model_config *c)
     .cached_create = cached_create,                \
     .cached_free = cached_free,                    \
     .forward_cached = forward_cached,              \
-    .active_matmul_params = active_matmul_params
+    .active_matmul_params = active_matmul_params,  \
+    .stage_input = stage_input,                    \
+    .stage_output = stage_output,                  \
+    .stage_grad = stage_grad
 
 const lb_model_def lb_qwen3_moe_def = {
     .arch = "qwen3_moe",

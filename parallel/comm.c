@@ -435,6 +435,13 @@ void lb_comm_bcast(lb_comm *c, void *buf, size_t bytes, int root)
                                lb_comm_mpi(c)));
 }
 
+void lb_comm_host_all_gather(lb_comm *c, const void *send, void *recv, size_t bytes)
+{
+    if (bytes > (size_t)1 << 30) lb_die("host all-gather of %zu bytes: control messages only", bytes);
+    LB_MPI_CHECK(MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE,
+                               lb_comm_mpi(c)));
+}
+
 double lb_comm_allreduce_sum(lb_comm *c, double x)
 {
     if (!c->deterministic) {

@@ -119,6 +119,8 @@ static inline void lb_comm_barrier(lb_comm *c) { c->ops->barrier(c); }
 
 // --- host control messages (always MPI, over c->mpi_comm, whatever c's implementation) -------
 void lb_comm_bcast(lb_comm *c, void *buf, size_t bytes, int root);
+// recv (size * bytes): rank j's send (bytes) at recv + j * bytes (small messages: counts).
+void lb_comm_host_all_gather(lb_comm *c, const void *send, void *recv, size_t bytes);
 // Sum of one double over all ranks (rank order when c->deterministic).
 double lb_comm_allreduce_sum(lb_comm *c, double x);
 

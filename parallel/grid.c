@@ -170,8 +170,6 @@ int lb_grid_check_shapes(const lb_parallel_config *pc, const lb_grid_shapes *s,
                 ": tensor parallelism splits the key/value heads", keys, err, errlen) ||
         divides(s->ffn, "model.intermediate_size", pc->tp, "parallel.tp",
                 ": tensor parallelism splits the MLP", keys, err, errlen) ||
-        divides(s->vocab, "model.vocab_size", pc->tp, "parallel.tp",
-                ": the embedding and LM head are split over the vocabulary", keys, err, errlen) ||
         divides(s->experts, "model.num_experts", pc->ep, "parallel.ep",
                 ": every expert-parallel rank holds the same number of experts", keys, err,
                 errlen) ||
@@ -208,17 +206,11 @@ int lb_grid_check_shapes(const lb_parallel_config *pc, const lb_grid_shapes *s,
 
 int lb_grid_check_built(const lb_parallel_config *pc, char *err, size_t errlen)
 {
-    static const char *names[4] = {"tp", "pp", "ep", "etp"};
-    const int sizes[4] = {pc->tp, pc->pp, pc->ep, pc->etp};
-    char what[160] = "";
-    size_t n = 0;
-    for (int k = 0; k < 4; k++)
-        if (sizes[k] > 1)
-            n += snprintf(what + n, sizeof what - n, "%sparallel.%s = %d", n ? ", " : "",
-                          names[k], sizes[k]);
-    if (!n) return 0;
-    snprintf(err, errlen, "tensor/pipeline/expert parallelism: not built yet (%s); this release "
-             "trains data-parallel layouts only: tp = pp = ep = etp = 1, dp from the world size "
-             "(doc/parallel.md)", what);
-    return -1;
+    if (pc->etp && pc->etp != pc->tp) {
+        snprintf(err, errlen, "parallel.etp = %d: expert tensor parallelism other than "
+                 "parallel.tp (%d) is not built; leave parallel.etp at 0 (experts are cut over "
+                 "the tensor-parallel group)", pc->etp, pc->tp);
+        return -1;
+    }
+    return 0;
 }

@@ -72,7 +72,7 @@ const char *lb_grid_group_name(lb_group which);
 void lb_grid_describe(const lb_grid *g, char *buf, size_t len);
 
 // The shapes a layout splits, checked before any work (no world needed): heads and kv heads
-// and the dense FFN and vocabulary by tp, experts by ep, the expert FFN by etp, layers by pp,
+// and the dense FFN by tp, experts by ep, the expert FFN by etp, layers by pp,
 // the sequence by tp under sequence parallelism. 0 = not used by the model (skipped).
 typedef struct {
     int layers, heads, kv_heads, experts, ffn, moe_ffn, vocab, seq_len;
@@ -82,8 +82,8 @@ typedef struct {
 int lb_grid_check_shapes(const lb_parallel_config *pc, const lb_grid_shapes *s,
                          const char *keys[2], char *err, size_t errlen);
 
-// Whether this release can train the layout: tp = pp = ep = etp = 1 (data parallelism). -1
-// with "tensor/pipeline/expert parallelism: not built yet ..." otherwise.
+// Whether this release can train the layout: every layout whose expert tensor parallelism is
+// the tensor parallelism (etp 0 or = tp). -1 with a message otherwise.
 int lb_grid_check_built(const lb_parallel_config *pc, char *err, size_t errlen);
 
 #endif

@@ -8,6 +8,7 @@
 #include "kernels/common.h"
 #include "src/safetensors.h"
 #include "src/util.h"
+#include "parallel/grid.h"
 
 #define FORMAT "lowbit-checkpoint-1"
 
@@ -32,33 +33,27 @@ static const char *moment_name(char *buf, size_t len, const char *which, const c
     return buf;
 }
 
-int lb_checkpoint_save(const char *path, const lb_model *m, const float *adam_m,
-                       const float *adam_v, const lb_train_state *st, const char *config_ini,
-                       char *err, size_t errlen)
+// Writes tensors t (n; data at host + t->offset, and the moments at adam_m/adam_v + t->offset
+// when not NULL).
+static int save_tables(const char *path, const lb_tensor *t, int n, const float *host,
+                       const float *adam_m, const float *adam_v, const lb_train_state *st,
+                       const char *config_ini, char *err, size_t errlen)
 {
-    lb_backend *be = m->be;
-    size_t bytes = m->nparams * sizeof(float);
-    int nbuf = adam_m ? 3 : 1;
-    float *host = lb_malloc(bytes * nbuf);
-    be->download(be, host, m->params, bytes);
-    if (adam_m) {
-        be->download(be, host + m->nparams, adam_m, bytes);
-        be->download(be, host + 2 * m->nparams, adam_v, bytes);
-    }
     // The data section holds the tensors in the order added, without gaps, so its CRC is the
     // CRC of these buffers in this order.
     lb_st_writer *w = lb_st_writer_new();
     static const char *which[3] = {NULL, "exp_avg", "exp_avg_sq"};
-    char (*names)[LB_TENSOR_NAME + 32] = lb_malloc(sizeof *names * m->ntensors * nbuf);
+    const float *buf[3] = {host, adam_m, adam_v};
+    int nbuf = adam_m ? 3 : 1;
+    char (*names)[LB_TENSOR_NAME + 32] = lb_malloc(sizeof *names * n * nbuf);
     uint32_t crc = 0;
     for (int b = 0; b < nbuf; b++)
-        for (int i = 0; i < m->ntensors; i++) {
-            const lb_tensor *t = &m->tensors[i];
-            const char *name = t->name;
-            if (b) name = moment_name(names[b * m->ntensors + i], sizeof names[0], which[b], name);
-            const float *data = host + (size_t)b * m->nparams + t->offset;
-            lb_st_writer_add(w, name, "F32", t->ndim, t->shape, data);
-            crc = crc32_update(crc, data, t->numel * sizeof(float));
+        for (int i = 0; i < n; i++) {
+            const char *name = t[i].name;
+            if (b) name = moment_name(names[b * n + i], sizeof names[0], which[b], name);
+            const float *data = buf[b] + t[i].offset;
+            lb_st_writer_add(w, name, "F32", t[i].ndim, t[i].shape, data);
+            crc = crc32_update(crc, data, t[i].numel * sizeof(float));
         }
     char num[64];
     lb_st_writer_meta(w, "format", FORMAT);
@@ -74,6 +69,23 @@ int lb_checkpoint_save(const char *path, const lb_model *m, const float *adam_m,
     int rc = lb_st_writer_save(w, path, err, errlen);
     lb_st_writer_free(w);
     free(names);
+    return rc;
+}
+
+int lb_checkpoint_save(const char *path, const lb_model *m, const float *adam_m,
+                       const float *adam_v, const lb_train_state *st, const char *config_ini,
+                       char *err, size_t errlen)
+{
+    lb_backend *be = m->be;
+    size_t bytes = m->nparams * sizeof(float);
+    float *host = lb_malloc(bytes * (adam_m ? 3 : 1));
+    be->download(be, host, m->params, bytes);
+    if (adam_m) {
+        be->download(be, host + m->nparams, adam_m, bytes);
+        be->download(be, host + 2 * m->nparams, adam_v, bytes);
+    }
+    int rc = save_tables(path, m->tensors, m->ntensors, host, adam_m ? host + m->nparams : NULL,
+                         adam_m ? host + 2 * m->nparams : NULL, st, config_ini, err, errlen);
     free(host);
     return rc;
 }
@@ -168,14 +180,14 @@ static int load_tensor(const lb_st_file *f, const lb_tensor *t, const char *name
     return lb_st_read_f32(f, s, host + t->offset, err, errlen);
 }
 
-int lb_checkpoint_load(const char *path, lb_model *m, float *adam_m, float *adam_v,
-                       lb_train_state *st, char *err, size_t errlen)
+// Reads tensors t (n) into host + t->offset, and the moments into adam_m/adam_v + t->offset
+// when those are not NULL (zeros when the file has none).
+static int load_tables(const char *path, const lb_tensor *t, int n, float *host, float *adam_m,
+                       float *adam_v, size_t floats, lb_train_state *st, char *err, size_t errlen)
 {
     lb_st_file f;
     if (open_checkpoint(&f, path, err, errlen) != 0) return -1;
     int rc = -1;
-    size_t bytes = m->nparams * sizeof(float);
-    float *host = lb_malloc(bytes);
     char name[LB_TENSOR_NAME + 32];
     lb_train_state s = {0};
     if (verify_crc(&f, err, errlen) != 0) goto out;
@@ -183,86 +195,253 @@ int lb_checkpoint_load(const char *path, lb_model *m, float *adam_m, float *adam
         meta_i64(&f, "loader_shard", &s.loader_shard, err, errlen) ||
         meta_i64(&f, "loader_pos", &s.loader_pos, err, errlen))
         goto out;
-    for (int i = 0; i < m->ntensors; i++)
-        if (load_tensor(&f, &m->tensors[i], m->tensors[i].name, host, err, errlen)) goto out;
-    if (f.ntensors != m->ntensors && f.ntensors != 3 * m->ntensors) {
+    for (int i = 0; i < n; i++)
+        if (load_tensor(&f, &t[i], t[i].name, host, err, errlen)) goto out;
+    if (f.ntensors != n && f.ntensors != 3 * n) {
         snprintf(err, errlen, "%s: holds %d tensors, the model has %d (checkpoint of another model?)",
-                 path, f.ntensors, m->ntensors);
+                 path, f.ntensors, n);
         goto out;
     }
-    m->be->upload(m->be, m->params, host, bytes);
-    lb_model_params_changed(m, (uint64_t)s.step);
     if (adam_m) {
         static const char *which[2] = {"exp_avg", "exp_avg_sq"};
         float *dst[2] = {adam_m, adam_v};
-        const char *first = moment_name(name, sizeof name, which[0], m->tensors[0].name);
-        int has = lb_st_find(&f, first) != NULL;
+        int has = lb_st_find(&f, moment_name(name, sizeof name, which[0], t[0].name)) != NULL;
         for (int b = 0; b < 2; b++) {
-            if (has) {
-                for (int i = 0; i < m->ntensors; i++)
-                    if (load_tensor(&f, &m->tensors[i],
-                                    moment_name(name, sizeof name, which[b], m->tensors[i].name),
-                                    host, err, errlen))
-                        goto out;
-                m->be->upload(m->be, dst[b], host, bytes);
-            } else {
-                m->be->zero(m->be, dst[b], bytes);   // imported weights: a fresh optimizer
+            if (!has) {   // imported weights: a fresh optimizer
+                memset(dst[b], 0, floats * sizeof(float));
+                continue;
             }
+            for (int i = 0; i < n; i++)
+                if (load_tensor(&f, &t[i], moment_name(name, sizeof name, which[b], t[i].name),
+                                dst[b], err, errlen))
+                    goto out;
         }
     }
     if (st) *st = s;
     rc = 0;
 out:
-    free(host);
     lb_st_close(&f);
     return rc;
+}
+
+int lb_checkpoint_load(const char *path, lb_model *m, float *adam_m, float *adam_v,
+                       lb_train_state *st, char *err, size_t errlen)
+{
+    size_t n = m->nparams, bytes = n * sizeof(float);
+    float *host = lb_calloc(adam_m ? 3 * n : n, sizeof(float));
+    lb_train_state s;
+    int rc = load_tables(path, m->tensors, m->ntensors, host, adam_m ? host + n : NULL,
+                         adam_m ? host + 2 * n : NULL, n, &s, err, errlen);
+    if (rc == 0) {
+        m->be->upload(m->be, m->params, host, bytes);
+        lb_model_params_changed(m, (uint64_t)s.step);
+        if (adam_m) {
+            m->be->upload(m->be, adam_m, host + n, bytes);
+            m->be->upload(m->be, adam_v, host + 2 * n, bytes);
+        }
+        if (st) *st = s;
+    }
+    free(host);
+    return rc;
+}
+
+// --- checkpoints of a parallel job --------------------------------------------------------------
+
+// Rank r's place: its model piece, and its data-parallel coordinates. pc NULL: pure data
+// parallelism over the world (every rank holds everything).
+typedef struct {
+    lb_model_parallel par;
+    int dp_rank, edp_rank;
+    lb_tensor *t;                  // its pieces, in the definition's order
+    int n, next;                   // count, and the next piece to visit
+} rank_place;
+
+static void place_of(rank_place *p, const lb_model *m, const lb_parallel_config *pc, int world,
+                     int r)
+{
+    char err[256];
+    memset(p, 0, sizeof *p);
+    p->par = (lb_model_parallel){1, 0, 0, 1, 0, 1, 0, NULL, NULL};
+    p->dp_rank = p->edp_rank = r;
+    if (pc) {
+        lb_grid g;
+        if (lb_grid_layout(&g, pc, world, r, err, sizeof err) != 0) lb_die("%s", err);
+        p->par = (lb_model_parallel){g.tp, g.tp_rank, g.sequence_parallel && g.tp > 1, g.ep,
+                                     g.ep_rank, g.pp, g.pp_rank, NULL, NULL};
+        p->dp_rank = g.dp_rank;
+        p->edp_rank = g.edp_rank;
+    }
+    p->t = lb_model_pieces(&m->cfg, &p->par, &p->n, err, sizeof err);
+    if (!p->t) lb_die("%s", err);
+}
+
+// Rank p's piece of whole tensor gi, or NULL. Visited in increasing gi.
+static const lb_tensor *piece_of(rank_place *p, int gi)
+{
+    while (p->next < p->n && p->t[p->next].global < gi) p->next++;
+    return p->next < p->n && p->t[p->next].global == gi ? &p->t[p->next] : NULL;
+}
+
+// One copy of every parameter is written: dense pieces by data-parallel rank 0 (tp-replicated
+// ones by tp rank 0 of it), expert pieces by expert-data-parallel rank 0.
+static int writes(const rank_place *p, const lb_tensor *t)
+{
+    if (t->expert) return p->edp_rank == 0;
+    return p->dp_rank == 0 && (!t->tp_replicated || p->par.tp_rank == 0);
+}
+
+// A piece travels as one message: parameters, then the two moments.
+static void pack(const lb_tensor *t, const float *host, size_t floats, float *buf)
+{
+    for (int b = 0; b < 3; b++)
+        memcpy(buf + b * t->numel, host + b * floats + t->offset, t->numel * sizeof(float));
+}
+
+int lb_checkpoint_save_parallel(const char *path, lb_optimizer *o, const lb_train_state *st,
+                                const char *config_ini, lb_comm *world,
+                                const lb_parallel_config *pc, char *err, size_t errlen)
+{
+    lb_model *m = o->m;
+    lb_backend *be = m->be;
+    size_t n = m->nparams;
+    float *am = be->alloc(be, n * sizeof(float));
+    float *av = be->alloc(be, n * sizeof(float));
+    lb_optimizer_state_gather(o, am, av);   // the moments of all this rank's parameters
+    float *host = lb_malloc(3 * n * sizeof(float));
+    be->download(be, host, m->params, n * sizeof(float));
+    be->download(be, host + n, am, n * sizeof(float));
+    be->download(be, host + 2 * n, av, n * sizeof(float));
+    be->free(be, am);
+    be->free(be, av);
+    rank_place me;
+    place_of(&me, m, pc, world->size, world->rank);
+    size_t maxn = 1;
+    for (int i = 0; i < m->nglobal; i++)
+        if (m->gtensors[i].numel > maxn) maxn = m->gtensors[i].numel;
+    float *buf = lb_malloc(3 * maxn * sizeof(float));
+    int rc = 0;
+    if (world->rank != 0) {   // send the pieces this rank writes, in the definition's order
+        for (int i = 0; i < me.n; i++) {
+            if (!writes(&me, &me.t[i])) continue;
+            const lb_tensor *t = &m->tensors[i];
+            pack(t, host, n, buf);
+            lb_comm_send(world, buf, 3 * t->numel, LB_F32, 0);
+        }
+    } else {   // rank 0 puts the whole model together, tensor by tensor, and writes it
+        size_t G = m->gparams;
+        float *whole = lb_malloc(3 * G * sizeof(float));
+        rank_place *all = lb_calloc(world->size, sizeof *all);
+        for (int r = 0; r < world->size; r++) place_of(&all[r], m, pc, world->size, r);
+        for (int gi = 0; gi < m->nglobal; gi++) {
+            const lb_tensor *g = &m->gtensors[gi];
+            for (int r = 0; r < world->size; r++) {
+                const lb_tensor *p = piece_of(&all[r], gi);
+                if (!p || !writes(&all[r], p)) continue;
+                if (r == 0) pack(&m->tensors[p - all[0].t], host, n, buf);
+                else lb_comm_recv(world, buf, 3 * p->numel, LB_F32, r);
+                for (int b = 0; b < 3; b++)
+                    lb_tensor_put(p, buf + b * p->numel, whole + b * G + g->offset);
+            }
+        }
+        rc = save_tables(path, m->gtensors, m->nglobal, whole, whole + G, whole + 2 * G, st,
+                         config_ini, err, errlen);
+        for (int r = 0; r < world->size; r++) free(all[r].t);
+        free(all);
+        free(whole);
+    }
+    lb_comm_bcast(world, &rc, sizeof rc, 0);
+    if (rc != 0 && world->rank != 0) snprintf(err, errlen, "%s: rank 0 could not write it", path);
+    free(buf);
+    free(me.t);
+    free(host);
+    return rc ? -1 : 0;
+}
+
+int lb_checkpoint_load_parallel(const char *path, lb_optimizer *o, lb_train_state *st,
+                                lb_comm *world, const lb_parallel_config *pc, char *err,
+                                size_t errlen)
+{
+    lb_model *m = o->m;
+    lb_backend *be = m->be;
+    size_t n = m->nparams, G = m->gparams;
+    float *whole = NULL;
+    int rc = 0;
+    if (world->rank == 0) {   // rank 0 alone reads and checks the file
+        whole = lb_malloc(3 * G * sizeof(float));
+        rc = load_tables(path, m->gtensors, m->nglobal, whole, whole + G, whole + 2 * G, G, st,
+                         err, errlen);
+    }
+    lb_comm_bcast(world, &rc, sizeof rc, 0);
+    if (rc != 0) {
+        if (world->rank != 0) snprintf(err, errlen, "%s: rank 0 could not load it", path);
+        free(whole);
+        return -1;
+    }
+    lb_comm_bcast(world, st, sizeof *st, 0);
+    float *host = lb_calloc(3 * n, sizeof(float));   // padding stays zero
+    rank_place me;
+    place_of(&me, m, pc, world->size, world->rank);
+    if (world->rank != 0) {   // every piece this rank holds, in the definition's order
+        for (int i = 0; i < m->ntensors; i++) {
+            const lb_tensor *t = &m->tensors[i];
+            float *buf = lb_malloc(3 * t->numel * sizeof(float));
+            lb_comm_recv(world, buf, 3 * t->numel, LB_F32, 0);
+            for (int b = 0; b < 3; b++)
+                memcpy(host + b * n + t->offset, buf + b * t->numel, t->numel * sizeof(float));
+            free(buf);
+        }
+    } else {
+        rank_place *all = lb_calloc(world->size, sizeof *all);
+        for (int r = 0; r < world->size; r++) place_of(&all[r], m, pc, world->size, r);
+        size_t maxn = 1;
+        for (int i = 0; i < m->nglobal; i++)
+            if (m->gtensors[i].numel > maxn) maxn = m->gtensors[i].numel;
+        float *buf = lb_malloc(3 * maxn * sizeof(float));
+        for (int gi = 0; gi < m->nglobal; gi++) {
+            const lb_tensor *g = &m->gtensors[gi];
+            for (int r = 0; r < world->size; r++) {
+                const lb_tensor *p = piece_of(&all[r], gi);
+                if (!p) continue;
+                for (int b = 0; b < 3; b++)
+                    lb_tensor_take(p, whole + b * G + g->offset, buf + b * p->numel);
+                if (r != 0) {
+                    lb_comm_send(world, buf, 3 * p->numel, LB_F32, r);
+                    continue;
+                }
+                const lb_tensor *t = &m->tensors[p - all[0].t];
+                for (int b = 0; b < 3; b++)
+                    memcpy(host + b * n + t->offset, buf + b * t->numel, t->numel * sizeof(float));
+            }
+        }
+        for (int r = 0; r < world->size; r++) free(all[r].t);
+        free(all);
+        free(buf);
+    }
+    be->upload(be, m->params, host, n * sizeof(float));
+    float *am = be->alloc(be, n * sizeof(float));
+    float *av = be->alloc(be, n * sizeof(float));
+    be->upload(be, am, host + n, n * sizeof(float));
+    be->upload(be, av, host + 2 * n, n * sizeof(float));
+    lb_optimizer_state_load(o, am, av);
+    lb_model_params_changed(m, (uint64_t)st->step);
+    be->free(be, am);
+    be->free(be, av);
+    free(me.t);
+    free(host);
+    free(whole);
+    return 0;
 }
 
 int lb_checkpoint_save_dp(const char *path, lb_optimizer *o, const lb_train_state *st,
                           const char *config_ini, lb_comm *world, char *err, size_t errlen)
 {
-    lb_model *m = o->m;
-    lb_backend *be = m->be;
-    // Every rank gathers (all-gather: NCCL has no gather); only rank 0 writes.
-    float *am = be->alloc(be, o->padded * sizeof(float));
-    float *av = be->alloc(be, o->padded * sizeof(float));
-    lb_optimizer_state_gather(o, am, av);
-    int rc = world->rank == 0 ? lb_checkpoint_save(path, m, am, av, st, config_ini, err, errlen) : 0;
-    be->free(be, am);
-    be->free(be, av);
-    return rc;
+    return lb_checkpoint_save_parallel(path, o, st, config_ini, world, NULL, err, errlen);
 }
 
 int lb_checkpoint_load_dp(const char *path, lb_optimizer *o, lb_train_state *st, lb_comm *world,
                           char *err, size_t errlen)
 {
-    lb_model *m = o->m;
-    lb_backend *be = m->be;
-    lb_comm *dp = o->dp;
-    if (world->size > 1 && !dp)
-        lb_die("checkpoint: %d ranks, but the optimizer has no data-parallel communicator",
-               world->size);
-    if (dp && dp->size != world->size)
-        lb_die("checkpoint: the data-parallel group (%d ranks) is not the world (%d): loading "
-               "under model parallelism is not built yet", dp->size, world->size);
-    float *am = be->alloc(be, m->nparams * sizeof(float));
-    float *av = be->alloc(be, m->nparams * sizeof(float));
-    int rc = world->rank == 0 ? lb_checkpoint_load(path, m, am, av, st, err, errlen) : 0;
-    lb_comm_bcast(world, &rc, sizeof rc, 0);
-    if (rc == 0 && world->size > 1) {
-        lb_comm_bcast(world, st, sizeof *st, 0);
-        be->sync(be);
-        lb_comm_broadcast(dp, m->params, m->nparams, LB_F32, 0);
-        lb_comm_broadcast(dp, am, m->nparams, LB_F32, 0);
-        lb_comm_broadcast(dp, av, m->nparams, LB_F32, 0);
-        lb_comm_sync(dp);
-        lb_model_params_changed(m, (uint64_t)st->step);
-    }
-    if (rc == 0) lb_optimizer_state_load(o, am, av);
-    else if (world->rank != 0) snprintf(err, errlen, "%s: rank 0 could not load it", path);
-    be->free(be, am);
-    be->free(be, av);
-    return rc ? -1 : 0;
+    return lb_checkpoint_load_parallel(path, o, st, world, NULL, err, errlen);
 }
 
 int lb_checkpoint_latest(const char *dir, char *out, size_t outlen)

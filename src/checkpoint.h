@@ -11,6 +11,7 @@
 #include "models/model.h"
 #include "parallel/comm.h"
 #include "src/optim.h"
+#include "parallel/grid.h"
 
 typedef struct {
     int64_t step;                  // optimizer steps completed
@@ -27,12 +28,20 @@ char *lb_checkpoint_config(const char *path, char *err, size_t errlen);
 // shape; the moments are loaded when adam_m/adam_v are not NULL (zero when the file has none).
 int lb_checkpoint_load(const char *path, lb_model *m, float *adam_m, float *adam_v,
                        lb_train_state *st, char *err, size_t errlen);
-// Data-parallel checkpoints: one file whatever the layout. Save: the moments are gathered from
-// the optimizer's shards and rank 0 of `world` writes (only it can fail). Load: rank 0 reads and
-// checks the file, then the parameters, moments and state go to every rank over the optimizer's
-// communicator and each keeps its shard, so a checkpoint of any data-parallel size resumes
-// under any other. Collective over world (= the data-parallel group while model parallelism is
-// not built); on -1 every rank returns -1 (rank 0 has the message).
+// Checkpoints of a parallel job: one file whatever the layout. Save: every rank gathers the
+// moments of its parameters from the optimizer's shards, sends the pieces it writes (one copy
+// of each parameter) to rank 0, which puts every tensor together and writes the file. Load:
+// rank 0 reads and checks the file, then sends every rank its pieces, so a checkpoint of any
+// layout resumes under any other. pc: the job's [parallel] section (the layout of every rank
+// follows from it and the world size); NULL: data parallelism over the whole world. Collective
+// over world; on -1 every rank returns -1 (rank 0 has the message).
+int lb_checkpoint_save_parallel(const char *path, lb_optimizer *o, const lb_train_state *st,
+                                const char *config_ini, lb_comm *world,
+                                const lb_parallel_config *pc, char *err, size_t errlen);
+int lb_checkpoint_load_parallel(const char *path, lb_optimizer *o, lb_train_state *st,
+                                lb_comm *world, const lb_parallel_config *pc, char *err,
+                                size_t errlen);
+// The same with pc NULL.
 int lb_checkpoint_save_dp(const char *path, lb_optimizer *o, const lb_train_state *st,
                           const char *config_ini, lb_comm *world, char *err, size_t errlen);
 int lb_checkpoint_load_dp(const char *path, lb_optimizer *o, lb_train_state *st, lb_comm *world,

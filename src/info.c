@@ -48,11 +48,12 @@ static int check_layout(const lb_config *c, int world_size)
 {
     char err[512];
     lb_grid g;
-    if (lb_grid_layout(&g, &c->parallel, layout_world(c, world_size), 0, err, sizeof err) != 0) {
+    if (lb_grid_layout(&g, &c->parallel, layout_world(c, world_size), 0, err, sizeof err) != 0 ||
+        lb_grid_check_built(&c->parallel, err, sizeof err) != 0) {
         fprintf(stderr, "lowbit info: %s\n", err);
         return -1;
     }
-    if (lb_grid_check_built(&c->parallel, err, sizeof err) == 0 && c->train.grad_accum % g.dp) {
+    if (c->train.grad_accum % g.dp) {
         fprintf(stderr, "lowbit info: train.grad_accum (%d) is not divisible by the "
                 "data-parallel size dp = %d\n", c->train.grad_accum, g.dp);
         return -1;
@@ -60,7 +61,49 @@ static int check_layout(const lb_config *c, int world_size)
     return 0;
 }
 
-static void print_layout(const lb_config *c, int world_size, size_t nparams, size_t acts)
+// What rank r of the layout holds: its model piece built on a counting backend.
+typedef struct {
+    size_t weights, opt, acts;     // bytes: parameters (= gradients), optimizer state, activations
+} rank_memory;
+
+static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char *err,
+                    size_t errlen)
+{
+    count_ctx ctx = {0, 0};
+    lb_backend counter = {.name = "count", .ctx = &ctx, .alloc = count_alloc,
+                          .free = count_free, .upload = count_upload};
+    lb_model_parallel par = {g->tp, g->tp_rank, c->parallel.sequence_parallel && g->tp > 1, g->ep,
+                             g->ep_rank, g->pp, g->pp_rank, NULL, NULL};
+    lb_model *m = lb_model_create_parallel(&c->model, &counter, &par, err, errlen);
+    if (!m) return -1;
+    int zero = c->parallel.zero && (g->dp > 1 || g->edp > 1);
+    size_t p[2] = {zero ? (size_t)g->dp : 1, zero ? (size_t)g->edp : 1}, n = 0, shard = 0;
+    for (int r = 0; r < 2; r++) {   // the regions as the distributed optimizer pads them
+        size_t len = (m->region_len[r] + p[r] - 1) / p[r] * p[r];
+        n += len;
+        shard += len / p[r];
+    }
+    out->weights = n * sizeof(float);
+    // AdamW moments of the shard, and under ZeRO-1 the reduce-scatter's gradient shard
+    out->opt = (zero ? 3 * shard : 2 * n) * sizeof(float);
+    size_t before = ctx.now;
+    size_t rows = (size_t)c->train.micro_batch * c->train.seq_len;
+    m->acts = m->def->acts_create(m, c->train.micro_batch, c->train.seq_len);
+    // + logits on the last stage (this rank's rows under SP), tokens and targets; pipeline
+    // stages keep up to pp - stage micro-batches in flight
+    out->acts = ctx.now - before + rows * 2 * sizeof(int32_t) +
+                (m->last_stage ? rows / (par.sp ? g->tp : 1) * (size_t)c->model.vocab_size *
+                                     sizeof(float) : 0);
+    int flight = g->pp - g->pp_rank < c->train.grad_accum / g->dp ? g->pp - g->pp_rank
+                                                                 : c->train.grad_accum / g->dp;
+    out->acts *= (size_t)(flight > 0 ? flight : 1);
+    m->def->acts_free(m, m->acts);
+    m->acts = NULL;
+    lb_model_free(m);
+    return 0;
+}
+
+static void print_layout(const lb_config *c, int world_size)
 {
     const lb_parallel_config *pc = &c->parallel;
     char err[512], desc[256];
@@ -68,39 +111,34 @@ static void print_layout(const lb_config *c, int world_size, size_t nparams, siz
     lb_grid g;
     lb_grid_layout(&g, pc, world, 0, err, sizeof err);   // checked by check_layout
     lb_grid_describe(&g, desc, sizeof desc);
-    printf("layout      %s (%s)\n", desc, pc->dp ? "planned: parallel.dp" : "the ranks of this run");
-    if (lb_grid_check_built(pc, err, sizeof err) != 0) {
-        // Which tensors split how belongs to the model-parallel layers; until they exist the
-        // per-rank sizes of such a layout would be guesses.
-        printf("per rank    %s\n", err);
-        return;
-    }
+    printf("layout      %s%s (%s)\n", desc,
+           pc->sequence_parallel && g.tp > 1 ? ", sequence parallel" : "",
+           pc->dp ? "planned: parallel.dp" : "the ranks of this run");
     int G = c->train.grad_accum;
-    int zero = pc->zero && g.dp > 1;
-    size_t padded = zero ? (nparams + g.dp - 1) / g.dp * g.dp : nparams;
-    size_t shard = padded / g.dp;
-    size_t w = padded * sizeof(float), gr = w;
-    // AdamW moments of the shard, and under ZeRO-1 the reduce-scatter's gradient shard
-    size_t opt = (zero ? 3 : 2) * (zero ? shard : nparams) * sizeof(float);
+    int zero = pc->zero && (g.dp > 1 || g.edp > 1);
     printf("data        %d micro-batch%s of %d x %d per rank and step (train.grad_accum %d over dp "
            "%d); %s\n", G / g.dp, G / g.dp == 1 ? "" : "es", c->train.micro_batch,
            c->train.seq_len, G, g.dp,
-           g.dp == 1 ? "one rank: no gradient communication"
-           : zero ? "ZeRO-1 distributed optimizer: AdamW state sharded over dp"
+           world == 1 ? "one rank: no gradient communication"
+           : zero ? "ZeRO-1 distributed optimizer: AdamW state sharded over dp (experts over edp)"
                   : "gradients all-reduced, AdamW state replicated");
-    printf("per rank    rank  tp dp pp   weights MiB   grads MiB   optimizer MiB   activations MiB"
-           "   total MiB\n");
-    for (int r = 0; r < world && r < 8; r++) {
+    printf("per rank    rank  tp dp pp ep   weights MiB   grads MiB   optimizer MiB   "
+           "activations MiB   total MiB\n");
+    for (int r = 0; r < world && r < 16; r++) {
         lb_grid h;
+        rank_memory mem;
         lb_grid_layout(&h, pc, world, r, err, sizeof err);
-        printf("            %-5d %-2d %-2d %-2d   %-13.3f %-11.3f %-15.3f %-17.3f %.3f\n", r,
-               h.tp_rank, h.dp_rank, h.pp_rank, mib(w), mib(gr), mib(opt), mib(acts),
-               mib(w + gr + opt + acts));
+        if (rank_mem(c, &h, &mem, err, sizeof err) != 0) {
+            printf("            %-5d %s\n", r, err);
+            continue;
+        }
+        printf("            %-5d %-2d %-2d %-2d %-2d   %-13.3f %-11.3f %-15.3f %-17.3f %.3f\n", r,
+               h.tp_rank, h.dp_rank, h.pp_rank, h.ep_rank, mib(mem.weights), mib(mem.weights),
+               mib(mem.opt), mib(mem.acts), mib(2 * mem.weights + mem.opt + mem.acts));
     }
-    if (world > 8) printf("            ... (%d ranks, all alike under data parallelism)\n", world);
-    if (zero)
-        printf("            optimizer = AdamW moments of a %zu-parameter shard + its reduced "
-               "gradient; weights and grads padded to %zu\n", shard, padded);
+    if (world > 16) printf("            ... (%d ranks)\n", world);
+    printf("            weights and grads: this rank's pieces (padded for ZeRO-1); activations: "
+           "balanced routing, micro-batches in flight on its pipeline stage\n");
 }
 
 #ifdef LB_HAVE_CUDA
@@ -151,7 +189,7 @@ int lb_cmd_info(const lb_config *c, lb_comm *comm)
            gib(p), gib(p), gib(2 * p));
     printf("            activations %.3f GiB for micro-batch %d x %d tokens; total %.3f GiB\n",
            gib(acts), c->train.micro_batch, c->train.seq_len, gib(4 * p + acts));
-    print_layout(c, comm->size, m->nparams, acts);
+    print_layout(c, comm->size);
     lb_contract contract;
     if (lb_contract_resolve(&contract, &c->precision, mc->num_hidden_layers, err, sizeof err) == 0) {
         lb_contract_print(&contract, stdout);

@@ -1,4 +1,4 @@
-// optim.c: gradient reduction over data-parallel ranks, clipping, AdamW (on a ZeRO-1 shard or
+// optim.c: gradient reduction over the parallel groups, clipping, AdamW (on a ZeRO-1 shard or
 // on everything) and the schedule (see optim.h and doc/parallel.md).
 #include "src/optim.h"
 
@@ -6,33 +6,47 @@
 #include <stdlib.h>
 #include "kernels/common.h"
 
-static int dp_size(const lb_optimizer *o) { return o->dp ? o->dp->size : 1; }
+static int gsize(const lb_comm *c) { return c ? c->size : 1; }
+static int grank(const lb_comm *c) { return c ? c->rank : 0; }
 
-// Replaces *buf (n floats) by a zero-padded copy of `padded` floats.
-static void pad_buffer(lb_backend *be, float **buf, size_t n, size_t padded)
+static int by_offset(const void *a, const void *b)
 {
-    float *p = be->alloc(be, padded * sizeof(float));   // zero-filled
-    be->copy(be, p, *buf, n * sizeof(float));
-    be->free(be, *buf);
-    *buf = p;
+    const lb_tensor *x = *(const lb_tensor *const *)a, *y = *(const lb_tensor *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-// The weight-decay runs of the shard: each tensor's part of [lo, hi), merged where neighbours
-// decay alike, so the update is a few long AdamW calls that may cut through tensors.
-static void build_segments(lb_optimizer *o, size_t lo, size_t hi)
+// The model's tensors in buffer order (regions are not in table order).
+static const lb_tensor **sorted_tensors(const lb_model *m)
 {
-    const lb_model *m = o->m;
-    o->seg = lb_malloc(((size_t)m->ntensors + 1) * sizeof *o->seg);
-    o->nseg = 0;
-    for (int i = 0; i < m->ntensors; i++) {
-        const lb_tensor *t = &m->tensors[i];
-        size_t b = t->offset > lo ? t->offset : lo;
-        size_t e = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+    const lb_tensor **t = lb_malloc((size_t)m->ntensors * sizeof *t);
+    for (int i = 0; i < m->ntensors; i++) t[i] = &m->tensors[i];
+    qsort(t, m->ntensors, sizeof *t, by_offset);
+    return t;
+}
+
+// Where parameter i sits in the moment arrays (i within an owned range under ZeRO).
+static size_t shard_pos(const lb_optimizer *o, size_t i)
+{
+    if (!o->grad_shard) return i;
+    int r = i >= o->m->region_begin[1];
+    return o->own[r].at + (i - o->own[r].begin);
+}
+
+// The weight-decay runs of [lo, hi): each tensor's part, merged where neighbours decay alike
+// and sit next to each other in the moment arrays, so the update is a few long AdamW calls
+// that may cut through tensors.
+static void add_segments(lb_optimizer *o, const lb_tensor **t, size_t lo, size_t hi)
+{
+    for (int i = 0; i < o->m->ntensors; i++) {
+        size_t b = t[i]->offset > lo ? t[i]->offset : lo;
+        size_t e = t[i]->offset + t[i]->numel < hi ? t[i]->offset + t[i]->numel : hi;
         if (b >= e) continue;
-        float wd = t->is_norm ? 0.0f : (float)o->cfg.weight_decay;   // no decay on norms
+        float wd = t[i]->is_norm ? 0.0f : (float)o->cfg.weight_decay;   // no decay on norms
+        size_t at = shard_pos(o, b);
         lb_optim_segment *prev = o->nseg ? &o->seg[o->nseg - 1] : NULL;
-        if (prev && prev->end == b && prev->wd == wd) prev->end = e;
-        else o->seg[o->nseg++] = (lb_optim_segment){b, e, wd};
+        if (prev && prev->end == b && prev->wd == wd && prev->at + (b - prev->begin) == at)
+            prev->end = e;
+        else o->seg[o->nseg++] = (lb_optim_segment){b, e, at, wd};
     }
 }
 
@@ -44,34 +58,50 @@ void lb_optimizer_init(lb_optimizer *o, lb_model *m, const lb_optim_config *cfg)
 void lb_optimizer_init_dp(lb_optimizer *o, lb_model *m, const lb_optim_config *cfg, lb_comm *dp,
                           int distributed)
 {
+    lb_optim_groups g = {dp, dp, NULL, dp};
+    lb_optimizer_init_groups(o, m, cfg, &g, distributed);
+}
+
+void lb_optimizer_init_groups(lb_optimizer *o, lb_model *m, const lb_optim_config *cfg,
+                              const lb_optim_groups *g, int distributed)
+{
     lb_backend *be = m->be;
     o->cfg = *cfg;
     o->m = m;
-    o->dp = dp;
+    o->g = *g;
+    o->own[0].comm = g->dp;
+    o->own[1].comm = g->edp ? g->edp : g->dp;
+    int zero = distributed && (gsize(o->own[0].comm) > 1 || gsize(o->own[1].comm) > 1);
     o->distributed = distributed;
     o->grad_shard = NULL;
-    int p = dp_size(o);
-    size_t n = m->nparams;
-    if (distributed && p > 1) {
-        // Equal shards (reduce-scatter and all-gather move equal blocks): pad the flat buffers.
-        o->padded = (n + (size_t)p - 1) / (size_t)p * (size_t)p;
-        o->shard_len = o->padded / (size_t)p;
-        o->shard_begin = (size_t)dp->rank * o->shard_len;
-        if (o->padded != n) {
-            pad_buffer(be, &m->params, n, o->padded);
-            pad_buffer(be, &m->grads, n, o->padded);
-            lb_model_params_changed(m, m->lin.step);
-        }
-        o->grad_shard = be->alloc(be, o->shard_len * sizeof(float));
-    } else {
-        o->padded = n;
-        o->shard_begin = 0;
-        o->shard_len = n;
+    if (zero) {   // equal shards: reduce-scatter and all-gather move equal blocks
+        size_t align[2] = {(size_t)gsize(o->own[0].comm), (size_t)gsize(o->own[1].comm)};
+        lb_model_align(m, align);
     }
+    size_t at = 0;
+    for (int r = 0; r < 2; r++) {
+        // owned: the rank's equal share of the region (rounded up without ZeRO's padding)
+        size_t p = (size_t)gsize(o->own[r].comm), len = m->region_len[r];
+        size_t share = (len + p - 1) / p, b = (size_t)grank(o->own[r].comm) * share;
+        if (b > len) b = len;
+        o->own[r].begin = m->region_begin[r] + b;
+        o->own[r].len = b + share < len ? share : len - b;
+        o->own[r].at = zero ? at : o->own[r].begin;
+        at += o->own[r].len;
+    }
+    o->shard_len = zero ? at : m->nparams;
+    if (zero) o->grad_shard = be->alloc(be, o->shard_len * sizeof(float));
     o->adam_m = be->alloc(be, o->shard_len * sizeof(float));
     o->adam_v = be->alloc(be, o->shard_len * sizeof(float));
-    size_t hi = o->shard_begin + o->shard_len < n ? o->shard_begin + o->shard_len : n;
-    build_segments(o, o->shard_begin, hi);
+    const lb_tensor **t = sorted_tensors(m);
+    o->seg = lb_malloc(((size_t)m->ntensors + 2) * sizeof *o->seg);
+    o->nseg = 0;
+    if (zero)
+        for (int r = 0; r < 2; r++)
+            add_segments(o, t, o->own[r].begin, o->own[r].begin + o->own[r].len);
+    else
+        add_segments(o, t, 0, m->nparams);
+    free(t);
 }
 
 void lb_optimizer_free(lb_optimizer *o)
@@ -94,42 +124,87 @@ double lb_optimizer_lr(const lb_optim_config *c, int step)
     return c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(M_PI * p));
 }
 
+// The reduced gradient of parameter i (i owned under ZeRO).
+static float *grad_at(lb_optimizer *o, size_t i)
+{
+    return o->grad_shard ? o->grad_shard + shard_pos(o, i) : o->m->grads + i;
+}
+
+// The squared global norm: every rank adds its owned parameters once (a tp-replicated tensor
+// only on tp rank 0), and the world sums that. Owned ranges split every region over its group,
+// pieces of different tp, ep and pipeline ranks are different parameters.
+static double global_sumsq(lb_optimizer *o)
+{
+    lb_model *m = o->m;
+    lb_backend *be = m->be;
+    int skip_replicated = m->par.tp > 1 && m->par.tp_rank != 0;
+    double sum = 0.0;
+    for (int r = 0; r < 2; r++) {
+        size_t lo = o->own[r].begin, hi = lo + o->own[r].len;
+        if (!skip_replicated) {   // the owned range in one pass (padding is zero)
+            if (hi > lo) sum += be->sumsq(be, grad_at(o, lo), hi - lo);
+            continue;
+        }
+        for (int i = 0; i < m->ntensors; i++) {
+            const lb_tensor *t = &m->tensors[i];
+            size_t b = t->offset > lo ? t->offset : lo;
+            size_t e = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+            if (b < e && !t->tp_replicated) sum += be->sumsq(be, grad_at(o, b), e - b);
+        }
+    }
+    return gsize(o->g.world) > 1 ? lb_comm_allreduce_sum(o->g.world, sum) : sum;
+}
+
 double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
 {
     lb_model *m = o->m;
     lb_backend *be = m->be;
     const lb_optim_config *c = &o->cfg;
-    lb_comm *dp = o->dp;
-    // g: the summed gradient of the shard, g[0] at parameter shard_begin.
-    float *g = m->grads;
-    if (dp_size(o) > 1) {
-        be->sync(be);   // the backward's gradients are complete before the communicator reads
-        if (o->grad_shard) {
-            lb_comm_reduce_scatter(dp, m->grads, o->grad_shard, o->shard_len, LB_F32);
-            g = o->grad_shard;
-        } else {
-            lb_comm_all_reduce(dp, m->grads, m->grads, m->nparams, LB_F32);
+    be->sync(be);   // the backward's gradients are complete before a communicator reads
+    if (gsize(o->g.tp) > 1) {   // partial gradients of tp-replicated tensors
+        for (int i = 0; i < m->ntensors; i++) {
+            const lb_tensor *t = &m->tensors[i];
+            if (t->tp_sum)
+                lb_comm_all_reduce(o->g.tp, m->grads + t->offset, m->grads + t->offset, t->numel,
+                                   LB_F32);
         }
-        lb_comm_sync(dp);
+        lb_comm_sync(o->g.tp);
     }
-    // The global norm: each shard's sum of squares, summed over the ranks (padding is zero).
-    double sumsq = be->sumsq(be, g, o->shard_len);
-    if (o->grad_shard) sumsq = lb_comm_allreduce_sum(dp, sumsq);
-    double norm = sqrt(sumsq);
-    if (c->grad_clip > 0 && norm > c->grad_clip)
-        be->scale(be, g, (float)(c->grad_clip / norm), o->shard_len);
+    for (int r = 0; r < 2; r++) {   // dense over dp, experts over edp
+        lb_comm *g = o->own[r].comm;
+        float *grads = m->grads + m->region_begin[r];
+        if (gsize(g) < 2 && o->grad_shard)   // a group of one under ZeRO: the shard is it all
+            be->copy(be, o->grad_shard + o->own[r].at, grads, o->own[r].len * sizeof(float));
+        if (gsize(g) < 2 || m->region_len[r] == 0) continue;
+        if (o->grad_shard)
+            lb_comm_reduce_scatter(g, grads, o->grad_shard + o->own[r].at, o->own[r].len, LB_F32);
+        else
+            lb_comm_all_reduce(g, grads, grads, m->region_len[r], LB_F32);
+        lb_comm_sync(g);
+    }
+    double norm = sqrt(global_sumsq(o));
+    if (c->grad_clip > 0 && norm > c->grad_clip) {
+        float s = (float)(c->grad_clip / norm);
+        if (o->grad_shard) be->scale(be, o->grad_shard, s, o->shard_len);
+        else be->scale(be, m->grads, s, m->nparams);
+    }
     double lr = lb_optimizer_lr(c, step);
     for (int i = 0; i < o->nseg; i++) {
         const lb_optim_segment *s = &o->seg[i];
-        size_t k = s->begin - o->shard_begin;
-        be->adamw(be, m->params + s->begin, g + k, o->adam_m + k, o->adam_v + k, s->end - s->begin,
-                  (float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps, s->wd, step);
+        be->adamw(be, m->params + s->begin, grad_at(o, s->begin), o->adam_m + s->at,
+                  o->adam_v + s->at, s->end - s->begin, (float)lr, (float)c->beta1,
+                  (float)c->beta2, (float)c->eps, s->wd, step);
     }
     if (o->grad_shard) {
         // Every rank gets every updated shard: the parameters are whole again on every rank.
         be->sync(be);
-        lb_comm_all_gather(dp, m->params + o->shard_begin, m->params, o->shard_len, LB_F32);
-        lb_comm_sync(dp);
+        for (int r = 0; r < 2; r++) {
+            lb_comm *g = o->own[r].comm;
+            if (gsize(g) < 2 || m->region_len[r] == 0) continue;
+            lb_comm_all_gather(g, m->params + o->own[r].begin, m->params + m->region_begin[r],
+                               o->own[r].len, LB_F32);
+            lb_comm_sync(g);
+        }
     }
     lb_model_params_changed(m, (uint64_t)step);   // the next forward re-quantizes once
     if (lr_out) *lr_out = lr;
@@ -138,26 +213,40 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
 
 void lb_optimizer_state_gather(lb_optimizer *o, float *adam_m, float *adam_v)
 {
-    lb_backend *be = o->m->be;
+    lb_model *m = o->m;
+    lb_backend *be = m->be;
     if (!o->grad_shard) {
-        be->copy(be, adam_m, o->adam_m, o->shard_len * sizeof(float));
-        be->copy(be, adam_v, o->adam_v, o->shard_len * sizeof(float));
+        be->copy(be, adam_m, o->adam_m, m->nparams * sizeof(float));
+        be->copy(be, adam_v, o->adam_v, m->nparams * sizeof(float));
         return;
     }
     be->sync(be);
-    lb_comm_all_gather(o->dp, o->adam_m, adam_m, o->shard_len, LB_F32);
-    lb_comm_all_gather(o->dp, o->adam_v, adam_v, o->shard_len, LB_F32);
-    lb_comm_sync(o->dp);
+    for (int r = 0; r < 2; r++) {
+        lb_comm *g = o->own[r].comm;
+        size_t b = m->region_begin[r], at = o->own[r].at, len = o->own[r].len;
+        if (gsize(g) < 2) {
+            be->copy(be, adam_m + b, o->adam_m + at, len * sizeof(float));
+            be->copy(be, adam_v + b, o->adam_v + at, len * sizeof(float));
+            continue;
+        }
+        lb_comm_all_gather(g, o->adam_m + at, adam_m + b, len, LB_F32);
+        lb_comm_all_gather(g, o->adam_v + at, adam_v + b, len, LB_F32);
+        lb_comm_sync(g);
+    }
 }
 
 void lb_optimizer_state_load(lb_optimizer *o, const float *adam_m, const float *adam_v)
 {
-    lb_backend *be = o->m->be;
-    size_t n = o->m->nparams;
-    size_t len = o->shard_begin >= n ? 0
-               : (n - o->shard_begin < o->shard_len ? n - o->shard_begin : o->shard_len);
-    be->zero(be, o->adam_m, o->shard_len * sizeof(float));   // padding: zero, never updated
-    be->zero(be, o->adam_v, o->shard_len * sizeof(float));
-    be->copy(be, o->adam_m, adam_m + o->shard_begin, len * sizeof(float));
-    be->copy(be, o->adam_v, adam_v + o->shard_begin, len * sizeof(float));
+    lb_model *m = o->m;
+    lb_backend *be = m->be;
+    if (!o->grad_shard) {
+        be->copy(be, o->adam_m, adam_m, m->nparams * sizeof(float));
+        be->copy(be, o->adam_v, adam_v, m->nparams * sizeof(float));
+        return;
+    }
+    for (int r = 0; r < 2; r++) {
+        size_t b = o->own[r].begin, at = o->own[r].at, len = o->own[r].len;
+        be->copy(be, o->adam_m + at, adam_m + b, len * sizeof(float));
+        be->copy(be, o->adam_v + at, adam_v + b, len * sizeof(float));
+    }
 }

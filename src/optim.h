@@ -24,47 +24,64 @@ typedef struct {
     double beta1, beta2, eps, weight_decay, grad_clip;
 } lb_optim_config;
 
-// A run of the shard with one weight decay (norm weights get none).
+// A run of parameters with one weight decay (norm weights get none); at: where its first
+// parameter sits in the moment (and ZeRO gradient-shard) arrays.
 typedef struct {
     size_t begin, end;                 // parameter indices, begin inclusive
+    size_t at;
     float wd;
 } lb_optim_segment;
+
+// The groups a step communicates over (NULL: size 1). Megatron's buckets: the dense region of
+// the parameter buffer is reduced over dp, the experts over edp; gradients of tp-replicated
+// tensors that are partial sums (lb_tensor.tp_sum) first over tp; the global norm over all
+// ranks (`world`: every rank of every model-parallel piece).
+typedef struct {
+    lb_comm *dp, *edp, *tp;            // backend memory (MPI for the CPU, NCCL for CUDA)
+    lb_comm *world;                    // host messages (MPI)
+} lb_optim_groups;
 
 typedef struct {
     lb_optim_config cfg;
     lb_model *m;
-    lb_comm *dp;                       // data-parallel group (NULL: one rank)
+    lb_optim_groups g;
     int distributed;                   // ZeRO-1 distributed optimizer (else all-reduce)
-    size_t padded;                     // nparams rounded up to a multiple of the dp size
-    size_t shard_begin, shard_len;     // this rank's shard of [0, padded): all of it without ZeRO
-    float *adam_m, *adam_v;            // (shard_len) backend memory: the shard's moments
+    // Per region (0 dense, 1 experts; lb_model): its group, and the parameters this rank owns
+    // [begin, begin + len) (its ZeRO shard; without ZeRO it updates all but counts only these
+    // in the norm), placed at `at` in the shard arrays.
+    struct { lb_comm *comm; size_t begin, len, at; } own[2];
+    size_t shard_len;                  // floats of the moment arrays
+    float *adam_m, *adam_v;            // (shard_len) backend memory: the moments
     float *grad_shard;                 // (shard_len) ZeRO-1: the reduced gradient of the shard
     int nseg;
-    lb_optim_segment *seg;             // weight-decay runs of [shard_begin, shard_begin + len)
+    lb_optim_segment *seg;             // the AdamW runs
 } lb_optimizer;
 
 // One rank (no communication).
 void lb_optimizer_init(lb_optimizer *o, lb_model *m, const lb_optim_config *cfg);
 // Data parallelism over dp, a communicator over the backend's memory (MPI for the CPU backend,
 // NCCL for CUDA); NULL or one rank is lb_optimizer_init. distributed: ZeRO-1, else all-reduce.
-// With ZeRO-1 over more than one rank, m->params and m->grads are replaced by equal buffers
-// padded to `padded` floats (Megatron's contiguous buffers; the padding stays zero and is never
-// updated), which the model keeps and frees: take pointers into them only after this call.
 void lb_optimizer_init_dp(lb_optimizer *o, lb_model *m, const lb_optim_config *cfg, lb_comm *dp,
                           int distributed);
+// Any layout. With ZeRO-1 the model's regions are re-laid padded to a multiple of their group
+// size (lb_model_align: Megatron's contiguous buffers; the padding stays zero and is never
+// updated): take pointers into m->params and m->grads only after this call.
+void lb_optimizer_init_groups(lb_optimizer *o, lb_model *m, const lb_optim_config *cfg,
+                              const lb_optim_groups *g, int distributed);
 void lb_optimizer_free(lb_optimizer *o);
 double lb_optimizer_lr(const lb_optim_config *c, int step);     // step counts from 1
-// Sums the gradients over dp, clips them to grad_clip (global L2 norm), applies AdamW for
-// optimizer step `step`, and marks the weight cache stale. Collective over dp. Returns the
+// Sums the gradients over tp (partial ones), dp and edp, clips them to grad_clip (global L2
+// norm), applies AdamW for optimizer step `step`, and marks the weight cache stale. Collective
+// over all ranks. Returns the
 // gradient norm before clipping (the same on every rank).
 double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out);
 
-// Checkpoints hold the full moments whatever the layout. Gather: every rank gets them into
-// adam_m and adam_v (backend buffers of o->padded floats; the first nparams are the moments).
-// Collective over dp.
+// Checkpoints hold the full moments whatever the layout. Gather: every rank gets the moments of
+// all its parameters into adam_m and adam_v (backend buffers of m->nparams floats, laid out as
+// m->params). Collective over dp and edp.
 void lb_optimizer_state_gather(lb_optimizer *o, float *adam_m, float *adam_v);
-// Load: keeps this rank's shard of full moments (backend buffers of nparams floats, the same
-// on every rank): any checkpoint loads under any data-parallel size.
+// Load: keeps this rank's shard of the moments of all its parameters (backend buffers of
+// m->nparams floats): any checkpoint loads under any data-parallel size.
 void lb_optimizer_state_load(lb_optimizer *o, const float *adam_m, const float *adam_v);
 
 #endif

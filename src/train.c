@@ -35,25 +35,74 @@ static double max_rss_mib(void)
     return ru.ru_maxrss / 1024.0;
 }
 
+// The parallel pieces of one training run: the grid, the backend-memory communicators of its
+// groups (the grid's MPI ones for the CPU, NCCL over the same ranks for CUDA), the model piece.
+typedef struct {
+    lb_grid grid;
+    lb_comm *world;
+    lb_comm *tp, *dp, *edp, *ep, *pp;   // backend memory
+    lb_comm nccl[5];
+    int nnccl;
+    lb_model *m;
+    int B, T, G, M;                     // micro-batch, sequence, global and per-rank micro-batches
+} run_ctx;
+
+// Forward of one micro-batch through this pipeline stage: the input hidden states come from the
+// previous stage (forward-only chains, as in validation).
+static void stage_recv_input(run_ctx *x)
+{
+    lb_model *m = x->m;
+    if (m->first_stage) return;
+    lb_model_prepare(m, x->B, x->T);
+    lb_comm_recv(x->pp, lb_model_stage_input(m), lb_model_stage_floats(m), LB_F32,
+                 x->grid.pp_rank - 1);
+    lb_comm_sync(x->pp);
+}
+
+static void stage_send_output(run_ctx *x)
+{
+    lb_model *m = x->m;
+    if (m->last_stage) return;
+    m->be->sync(m->be);
+    lb_comm_send(x->pp, lb_model_stage_output(m), lb_model_stage_floats(m), LB_F32,
+                 x->grid.pp_rank + 1);
+    lb_comm_sync(x->pp);
+}
+
 // Mean cross-entropy over the first val_batches batches of the validation shards. Data-parallel
-// rank r evaluates batches r, r + dp, ...; the sums of losses and tokens are added over dp.
-static double validate(const lb_config *c, lb_model *m, lb_loader *val, int32_t *in, int32_t *tg,
-                       lb_comm *dp)
+// rank r evaluates batches r, r + dp, ...; under expert parallelism every rank runs the same
+// number of forwards (the dispatcher is collective), repeating its first batch uncounted where it
+// has none. One rank of each model replica counts (tp rank 0 of the last stage); the sums of
+// losses and tokens are added over all ranks.
+static double validate(const lb_config *c, run_ctx *x, lb_loader *val, int32_t *in, int32_t *tg)
 {
     char err[ERRLEN];
+    lb_model *m = x->m;
+    const lb_grid *g = &x->grid;
     double acc[2] = {0.0, 0.0};   // sum of token losses, tokens
+    int V = c->train.val_batches, rounds = (V + g->dp - 1) / g->dp;
+    int counts = m->last_stage && g->tp_rank == 0;
+    lb_model_use_slot(m, 0);
     lb_loader_reset(val);
-    for (int i = 0; i < c->train.val_batches; i++) {
-        if (i % dp->size != dp->rank) {
-            lb_loader_skip(val, 1);
-            continue;
+    int at = 0;   // the batch the loader returns next
+    for (int k = 0; k < rounds; k++) {
+        int mine = k * g->dp + g->dp_rank;
+        if (mine >= V && g->ep == 1) break;
+        int want = mine < V ? mine : (k == 0 ? 0 : -1);   // -1: run the last batch again
+        if (want >= 0) {
+            lb_loader_skip(val, want - at);
+            if (lb_loader_next(val, in, tg, err, sizeof err) != 0) lb_die("%s", err);
+            at = want + 1;
         }
-        if (lb_loader_next(val, in, tg, err, sizeof err) != 0) lb_die("%s", err);
+        stage_recv_input(x);
         lb_model_forward(m, in, tg, c->train.micro_batch, c->train.seq_len);
-        acc[0] += (double)m->ce_loss * m->ntokens;
-        acc[1] += m->ntokens;
+        stage_send_output(x);
+        if (counts && mine < V) {   // the last stage has the loss
+            acc[0] += (double)m->ce_loss * m->ntokens;
+            acc[1] += m->ntokens;
+        }
     }
-    if (dp->size > 1) lb_comm_all_reduce(dp, acc, acc, 2, LB_F64);
+    if (x->world->size > 1) lb_comm_all_reduce(x->world, acc, acc, 2, LB_F64);
     return acc[1] > 0 ? acc[0] / acc[1] : 0.0;
 }
 
@@ -105,18 +154,23 @@ static int check_data_parallel(const lb_config *c, const lb_grid *g, char *err, 
 // A setup step that may fail on some ranks only (a file one node cannot read): every rank
 // learns whether any failed, so they stop together instead of waiting in a collective. Rank 0
 // prints its message; another rank prints its own when rank 0 did not fail.
-static int any_failed(lb_comm *w, int failed, const char *err)
+int lb_any_failed(lb_comm *w, int failed, const char *who, const char *err)
 {
     if (w->size == 1) {
-        if (failed) fprintf(stderr, "lowbit train: %s\n", err);
+        if (failed) fprintf(stderr, "%s: %s\n", who, err);
         return failed;
     }
     int root_failed = failed;
     lb_comm_bcast(w, &root_failed, sizeof root_failed, 0);
     int n = (int)lb_comm_allreduce_sum(w, failed ? 1.0 : 0.0);
-    if (failed && w->rank == 0) fprintf(stderr, "lowbit train: %s\n", err);
-    else if (failed && !root_failed) fprintf(stderr, "lowbit train: rank %d: %s\n", w->rank, err);
+    if (failed && w->rank == 0) fprintf(stderr, "%s: %s\n", who, err);
+    else if (failed && !root_failed) fprintf(stderr, "%s: rank %d: %s\n", who, w->rank, err);
     return n > 0;
+}
+
+static int any_failed(lb_comm *w, int failed, const char *err)
+{
+    return lb_any_failed(w, failed, "lowbit train", err);
 }
 
 // parallel.fail_rank: this rank stops here the way a real failure would.
@@ -132,15 +186,127 @@ static void fail_on_purpose(const char *mode, int rank, int step)
     _exit(3);
 }
 
+// The backend-memory communicator of a group: the grid's MPI one for the CPU backend, NCCL over
+// the same ranks for CUDA (collective over the world: every rank creates its groups in order).
+static lb_comm *backend_comm(run_ctx *x, lb_comm *mpi, lb_backend *be, int cuda, int *bad,
+                             char *err, size_t errlen)
+{
+    if (!cuda || mpi->size == 1) return mpi;
+    lb_comm *n = &x->nccl[x->nnccl];
+    if (lb_comm_nccl_create(n, mpi, be, NULL, err, errlen) != 0) {
+        *bad = 1;
+        return mpi;
+    }
+    x->nnccl++;
+    return n;
+}
+
+// Per-rank sums of one micro-batch's loss terms: the cross-entropy exists on tp rank 0 of the
+// last stage (one count per model replica), the aux loss of each stage's layers on its tp rank 0.
+static void add_losses(const run_ctx *x, double sums[2])
+{
+    if (x->grid.tp_rank != 0) return;
+    if (x->m->last_stage) sums[0] += x->m->ce_loss;
+    sums[1] += x->m->aux_loss;
+}
+
+// One step's micro-batches on this rank: forward and backward of each in turn, or, across
+// pipeline stages, Megatron's 1F1B schedule: stage s runs min(pp - s - 1, M) warm-up forwards,
+// then alternates one forward and one backward (each exchange pairs a send with a receive, so
+// no stage waits on a stage that waits on it), then drains the remaining backwards. At most
+// pp - s micro-batches are in flight; each has its activation slot.
+static void run_micro_batches(run_ctx *x, int32_t **in, int32_t **tg, double sums[2])
+{
+    lb_model *m = x->m;
+    const int M = x->M, B = x->B, T = x->T, pp = x->grid.pp, s = x->grid.pp_rank;
+    const float scale = 1.0f / x->G;   // the mean over the global batch
+    if (pp == 1) {
+        for (int j = 0; j < M; j++) {
+            lb_model_forward(m, in[j], tg[j], B, T);
+            lb_model_backward(m, scale);
+            add_losses(x, sums);
+        }
+        return;
+    }
+    const int warm = pp - s - 1 < M ? pp - s - 1 : M, slots = warm + 1;
+    const size_t len = (size_t)B * T * m->cfg.hidden_size / (m->par.sp ? m->par.tp : 1);
+    lb_backend *be = m->be;
+#define FWD(j)                                                    \
+    do {                                                          \
+        lb_model_use_slot(m, (j) % slots);                        \
+        lb_model_forward(m, in[j], tg[j], B, T);                  \
+        add_losses(x, sums);                                      \
+    } while (0)
+#define BWD(j)                                                    \
+    do {                                                          \
+        lb_model_use_slot(m, (j) % slots);                        \
+        lb_model_backward(m, scale);                              \
+    } while (0)
+#define PREP(j)                                                   \
+    do {                                                          \
+        lb_model_use_slot(m, (j) % slots);                        \
+        lb_model_prepare(m, B, T);                                \
+    } while (0)
+    for (int j = 0; j < warm; j++) {
+        lb_model_use_slot(m, j % slots);
+        stage_recv_input(x);
+        FWD(j);
+        stage_send_output(x);
+    }
+    if (warm < M) {
+        lb_model_use_slot(m, warm % slots);
+        stage_recv_input(x);
+    }
+    for (int i = 0; i < M - warm; i++) {
+        int f = warm + i;
+        FWD(f);
+        if (!m->last_stage) {   // send this output, receive the gradient of micro-batch i
+            float *y = lb_model_stage_output(m);
+            PREP(i);
+            be->sync(be);
+            lb_comm_send_recv(x->pp, y, len, s + 1, lb_model_stage_grad(m), len, s + 1, LB_F32);
+            lb_comm_sync(x->pp);
+        }
+        BWD(i);
+        if (m->first_stage) continue;
+        float *dx = lb_model_stage_grad(m);
+        be->sync(be);
+        if (i == M - warm - 1) {
+            lb_comm_send(x->pp, dx, len, LB_F32, s - 1);
+        } else {   // send micro-batch i's input gradient, receive the input of the next forward
+            PREP(f + 1);
+            lb_comm_send_recv(x->pp, dx, len, s - 1, lb_model_stage_input(m), len, s - 1, LB_F32);
+        }
+        lb_comm_sync(x->pp);
+    }
+    for (int i = M - warm; i < M; i++) {
+        PREP(i);
+        lb_comm_recv(x->pp, lb_model_stage_grad(m), len, LB_F32, s + 1);
+        lb_comm_sync(x->pp);
+        BWD(i);
+        if (!m->first_stage) {
+            be->sync(be);
+            lb_comm_send(x->pp, lb_model_stage_grad(m), len, LB_F32, s - 1);
+            lb_comm_sync(x->pp);
+        }
+    }
+#undef FWD
+#undef BWD
+#undef PREP
+}
+
 int lb_cmd_train(const lb_config *c, lb_comm *comm)
 {
     char err[ERRLEN], ckdir[LB_PATH_MAX + 32], path[2 * LB_PATH_MAX + 64];
     const int root = comm->rank == 0;
+    run_ctx x;
+    memset(&x, 0, sizeof x);
+    x.world = comm;
+    lb_grid *grid = &x.grid;
     // The layout first: a bad one stops every rank before any work, with one message.
-    lb_grid grid;
-    if (lb_grid_layout(&grid, &c->parallel, comm->size, comm->rank, err, sizeof err) != 0 ||
+    if (lb_grid_layout(grid, &c->parallel, comm->size, comm->rank, err, sizeof err) != 0 ||
         lb_grid_check_built(&c->parallel, err, sizeof err) != 0 ||
-        check_data_parallel(c, &grid, err, sizeof err) != 0) {
+        check_data_parallel(c, grid, err, sizeof err) != 0) {
         if (root) fprintf(stderr, "lowbit train: %s\n", err);
         return 1;
     }
@@ -149,9 +315,12 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
         return 1;
     }
     comm->deterministic = c->parallel.deterministic;
-    if (lb_grid_create(&grid, &c->parallel, comm, err, sizeof err) != 0) lb_die("%s", err);
-    lb_comm *dpc = &grid.dp_comm;   // host messages of the data-parallel group
+    if (lb_grid_create(grid, &c->parallel, comm, err, sizeof err) != 0) lb_die("%s", err);
     const int B = c->train.micro_batch, T = c->train.seq_len, G = c->train.grad_accum;
+    x.B = B;
+    x.T = T;
+    x.G = G;
+    x.M = G / grid->dp;
 
     lb_loader *train = lb_loader_open(c->data.train_files, B, T, c->model.vocab_size, err, sizeof err);
     if (any_failed(comm, !train, err)) return 1;
@@ -162,31 +331,35 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
     }
     // One GPU per rank: rank i of a node takes device run.device + i.
     lb_config local = *c;
-    if (strcmp(c->run.backend, "cuda") == 0 && comm->size > 1)
-        local.run.device += lb_comm_local_rank(comm);
+    const int cuda = strcmp(c->run.backend, "cuda") == 0;
+    if (cuda && comm->size > 1) local.run.device += lb_comm_local_rank(comm);
     lb_backend *be = lb_backend_open(&local);
     snprintf(err, sizeof err, "the %s backend did not open", c->run.backend);
     if (any_failed(comm, !be, err)) return 1;
-    lb_model *m = lb_model_create(&c->model, be, err, sizeof err);
+    // Activations, gradients and parameters travel in the backend's memory.
+    int bad = 0;
+    x.tp = backend_comm(&x, &grid->tp_comm, be, cuda, &bad, err, sizeof err);
+    x.ep = backend_comm(&x, &grid->ep_comm, be, cuda, &bad, err, sizeof err);
+    x.pp = backend_comm(&x, &grid->pp_comm, be, cuda, &bad, err, sizeof err);
+    x.dp = backend_comm(&x, &grid->dp_comm, be, cuda, &bad, err, sizeof err);
+    x.edp = backend_comm(&x, &grid->edp_comm, be, cuda, &bad, err, sizeof err);
+    if (any_failed(comm, bad, err)) return 1;
+    lb_model_parallel par = {grid->tp, grid->tp_rank, c->parallel.sequence_parallel && grid->tp > 1,
+                             grid->ep, grid->ep_rank, grid->pp, grid->pp_rank,
+                             grid->tp > 1 ? x.tp : NULL, grid->ep > 1 ? x.ep : NULL};
+    lb_model *m = x.m = lb_model_create_parallel(&c->model, be, &par, err, sizeof err);
     if (any_failed(comm, !m, err)) return 1;
     if (any_failed(comm, lb_model_set_precision(m, &c->precision, c->run.seed, err, sizeof err) != 0,
                    err))
         return 1;
-    // Gradients and parameters travel in the backend's memory: MPI for the CPU, NCCL for CUDA.
-    lb_comm nccl = {0};
-    lb_comm *dpg = dpc;
-    if (strcmp(c->run.backend, "cuda") == 0 && grid.dp > 1) {
-        int bad = lb_comm_nccl_create(&nccl, dpc, be, NULL, err, sizeof err) != 0;
-        if (any_failed(comm, bad, err)) return 1;
-        dpg = &nccl;
-    }
     lb_optim_config oc = {c->train.lr, c->train.min_lr, c->train.warmup_steps, c->train.steps,
                           c->train.beta1, c->train.beta2, c->train.adam_eps,
                           c->train.weight_decay, c->train.grad_clip};
+    lb_optim_groups og = {x.dp, x.edp, grid->tp > 1 ? x.tp : NULL, comm};
     lb_optimizer opt;
-    lb_optimizer_init_dp(&opt, m, &oc, dpg, c->parallel.zero);
+    lb_optimizer_init_groups(&opt, m, &oc, &og, c->parallel.zero);
     snprintf(ckdir, sizeof ckdir, "%s/checkpoints", c->run.out_dir);
-    int bad = root && lb_mkdirs(ckdir, err, sizeof err) != 0;
+    bad = root && lb_mkdirs(ckdir, err, sizeof err) != 0;
     if (any_failed(comm, bad, err)) return 1;
 
     // Resume or start fresh. Rank 0 picks the checkpoint and reads it; every rank takes its part.
@@ -199,27 +372,30 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
         snprintf(resume, sizeof resume, "%s", c->checkpoint.resume);
     }
     if (resume[0]) {
-        bad = lb_checkpoint_load_dp(resume, &opt, &st, comm, err, sizeof err) != 0 ||
+        bad = lb_checkpoint_load_parallel(resume, &opt, &st, comm, &c->parallel, err,
+                                          sizeof err) != 0 ||
               lb_loader_seek(train, st.loader_shard, st.loader_pos, err, sizeof err) != 0;
         if (any_failed(comm, bad, err)) return 1;
         if (root) printf("resumed from %s at step %" PRId64 "\n", resume, st.step);
     } else {
-        lb_model_init_params(m, c->run.seed);   // counter-based: the same on every rank
+        lb_model_init_params(m, c->run.seed);   // counter-based: the same on every layout
     }
     char *ini = lb_config_to_ini(c);
     char layout[256];
-    lb_grid_describe(&grid, layout, sizeof layout);
+    lb_grid_describe(grid, layout, sizeof layout);
     if (root) {
         printf("# resolved configuration\n%s\n", ini);
-        printf("model %s: %.3fM parameters, %.3fM active matmul parameters per token, %s backend\n",
-               m->cfg.arch, m->nparams / 1e6, lb_model_active_params(m) / 1e6, be->name);
-        char how[128] = "one rank: no gradient communication";
-        if (grid.dp > 1)
-            snprintf(how, sizeof how, "%s over %s%s",
+        printf("model %s: %.3fM parameters (%.3fM on rank 0), %.3fM active matmul parameters per "
+               "token, %s backend\n", m->cfg.arch, m->gparams / 1e6, m->nparams / 1e6,
+               lb_model_active_params(m) / 1e6, be->name);
+        char how[160] = "one rank: no gradient communication";
+        if (comm->size > 1)
+            snprintf(how, sizeof how, "%s over %s%s%s",
                      c->parallel.zero ? "ZeRO-1 distributed optimizer" : "all-reduced gradients",
-                     dpg->ops->name, c->parallel.deterministic ? ", rank-order sums" : "");
-        printf("layout %s; %d micro-batch%s of %d x %d per rank and step; %s\n", layout,
-               G / grid.dp, G / grid.dp == 1 ? "" : "es", B, T, how);
+                     x.dp->ops->name, c->parallel.deterministic ? ", rank-order sums" : "",
+                     grid->pp > 1 ? ", 1F1B pipeline" : "");
+        printf("layout %s%s; %d micro-batch%s of %d x %d per rank and step; %s\n", layout,
+               par.sp ? ", sequence parallel" : "", x.M, x.M == 1 ? "" : "es", B, T, how);
     }
 
     FILE *metrics = NULL;
@@ -228,8 +404,12 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
     snprintf(err, sizeof err, "%.900s: cannot open for writing", path);
     if (any_failed(comm, root && !metrics, err)) return 1;
 
-    int32_t *in = lb_malloc((size_t)B * T * sizeof(int32_t));
-    int32_t *tg = lb_malloc((size_t)B * T * sizeof(int32_t));
+    // The step's micro-batches of this rank, read before the schedule runs.
+    int32_t **in = lb_calloc(x.M, sizeof *in), **tg = lb_calloc(x.M, sizeof *tg);
+    for (int j = 0; j < x.M; j++) {
+        in[j] = lb_malloc((size_t)B * T * sizeof(int32_t));
+        tg[j] = lb_malloc((size_t)B * T * sizeof(int32_t));
+    }
     const double flops_tok = lb_model_flops_per_token(&m->cfg, T);
     const long tokens_step = (long)B * T * G;   // the global batch
     double t0 = lb_now();
@@ -240,23 +420,21 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
         // Micro-batch j of the step's G consecutive batches belongs to data-parallel rank
         // j mod dp: the ranks together see exactly the batches one rank would, and every
         // loader ends the step at the same position.
-        double sums[3] = {0.0, 0.0, 0.0};   // loss, ce, aux over this rank's micro-batches
-        for (int j = 0; j < G; j++) {
-            if (j % grid.dp != grid.dp_rank) {
+        for (int j = 0, k = 0; j < G; j++) {
+            if (j % grid->dp != grid->dp_rank) {
                 lb_loader_skip(train, 1);
                 continue;
             }
-            if (lb_loader_next(train, in, tg, err, sizeof err) != 0) lb_die("%s", err);
-            lb_model_forward(m, in, tg, B, T);
-            lb_model_backward(m, 1.0f / G);   // the mean over the global batch
-            sums[0] += m->loss;
-            sums[1] += m->ce_loss;
-            sums[2] += m->aux_loss;
+            if (lb_loader_next(train, in[k], tg[k], err, sizeof err) != 0) lb_die("%s", err);
+            k++;
         }
+        double sums[2] = {0.0, 0.0};   // cross-entropy, aux over this rank's micro-batches
+        run_micro_batches(&x, in, tg, sums);
         if (step == c->parallel.fail_step && comm->rank == c->parallel.fail_rank)
             fail_on_purpose(c->parallel.fail_mode, comm->rank, step);
-        if (grid.dp > 1) lb_comm_all_reduce(dpc, sums, sums, 3, LB_F64);
-        double loss = sums[0] / G, ce = sums[1] / G, aux = sums[2] / G;
+        if (comm->size > 1) lb_comm_all_reduce(comm, sums, sums, 2, LB_F64);
+        double ce = sums[0] / G, aux = sums[1] / G;
+        double loss = ce + c->model.router_aux_loss_coef * aux;
         if (!isfinite(loss)) lb_die("step %d: loss is %f; stopping before the weights are harmed", step, loss);
 
         double lr;
@@ -281,7 +459,7 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
                     step, loss, ce, aux, lr, norm, (long)step * tokens_step, tok_s, dt);
         if (val && c->train.val_every > 0 &&
             (step % c->train.val_every == 0 || step == c->train.steps)) {
-            double vl = validate(c, m, val, in, tg, dpc);
+            double vl = validate(c, &x, val, in[0], tg[0]);
             if (root) {
                 printf("step %5d/%d | val loss %.4f\n", step, c->train.steps, vl);
                 fprintf(metrics, "{\"step\": %d, \"val_loss\": %.9g}\n", step, vl);
@@ -296,7 +474,8 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
             st.step = step;
             lb_loader_tell(train, &st.loader_shard, &st.loader_pos);   // the same on every rank
             snprintf(path, sizeof path, "%s/step_%08d.safetensors", ckdir, step);
-            if (lb_checkpoint_save_dp(path, &opt, &st, ini, comm, err, sizeof err) != 0)
+            if (lb_checkpoint_save_parallel(path, &opt, &st, ini, comm, &c->parallel, err,
+                                            sizeof err) != 0)
                 lb_die("%s", err);
             if (root) {
                 keep_last(ckdir, c->checkpoint.keep);
@@ -305,13 +484,17 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
         }
     }
     if (metrics) fclose(metrics);
+    for (int j = 0; j < x.M; j++) {
+        free(in[j]);
+        free(tg[j]);
+    }
     free(in);
     free(tg);
     free(ini);
     lb_optimizer_free(&opt);
     lb_model_free(m);
-    if (dpg == &nccl) lb_comm_free(&nccl);
-    lb_grid_free(&grid);
+    for (int i = 0; i < x.nnccl; i++) lb_comm_free(&x.nccl[i]);
+    lb_grid_free(grid);
     lb_loader_close(train);
     if (val) lb_loader_close(val);
     be->destroy(be);

@@ -206,12 +206,10 @@ START_TEST(test_shape_errors)
                        "model.moe_intermediate_size (100) is not divisible by parallel.etp (8): "
                        "expert tensor parallelism splits each expert",
                        "model.moe_intermediate_size", "parallel.etp");
-    lb_grid_shapes v = moe;
+    lb_grid_shapes v = moe;   // the embedding and LM head are replicated over tp
     v.vocab = 255;
-    expect_shape_error(pcfg(2, 1, 1, 0), v,
-                       "model.vocab_size (255) is not divisible by parallel.tp (2): the embedding "
-                       "and LM head are split over the vocabulary",
-                       "model.vocab_size", "parallel.tp");
+    lb_parallel_config t2 = pcfg(2, 1, 1, 0);
+    ck_assert_int_eq(lb_grid_check_shapes(&t2, &v, keys, err, sizeof err), 0);
     lb_parallel_config sp = pcfg(1, 1, 1, 0);
     sp.sequence_parallel = 1;
     expect_shape_error(sp, moe,
@@ -240,14 +238,15 @@ START_TEST(test_not_built)
     ck_assert_int_eq(lb_grid_check_built(&dp, err, sizeof err), 0);
     dp.etp = 1;
     ck_assert_int_eq(lb_grid_check_built(&dp, err, sizeof err), 0);
-    lb_parallel_config mp = pcfg(2, 1, 2, 0);
+    lb_parallel_config mp = pcfg(2, 2, 2, 0);   // tp, pp, ep and etp = tp are built
+    ck_assert_int_eq(lb_grid_check_built(&mp, err, sizeof err), 0);
+    mp.etp = 2;
+    ck_assert_int_eq(lb_grid_check_built(&mp, err, sizeof err), 0);
+    mp.etp = 1;
     ck_assert_int_eq(lb_grid_check_built(&mp, err, sizeof err), -1);
-    ck_assert_str_eq(err, "tensor/pipeline/expert parallelism: not built yet (parallel.tp = 2, "
-                          "parallel.ep = 2); this release trains data-parallel layouts only: tp = "
-                          "pp = ep = etp = 1, dp from the world size (doc/parallel.md)");
-    lb_parallel_config p2 = pcfg(1, 2, 1, 0);
-    ck_assert_int_eq(lb_grid_check_built(&p2, err, sizeof err), -1);
-    ck_assert_ptr_nonnull(strstr(err, "(parallel.pp = 2)"));
+    ck_assert_str_eq(err, "parallel.etp = 1: expert tensor parallelism other than parallel.tp (2) "
+                          "is not built; leave parallel.etp at 0 (experts are cut over the "
+                          "tensor-parallel group)");
 }
 END_TEST
 
@@ -280,66 +279,91 @@ static lb_model *tiny_model(lb_backend *be)
     return m;
 }
 
-// For 1..7 ranks: shards of equal length tile [0, padded) in rank order; the weight-decay runs
-// of each shard tile its part of [0, nparams) and give every element its tensor's decay (none
-// for norm weights) even where a shard starts or ends inside a tensor; the padded parameter
-// buffer keeps the values and zero padding. The communicator is never called by init, so a
-// stand-in of the right size and rank serves.
+// For 1..7 ranks: the model's two regions (dense, experts) are padded to a multiple of the
+// group and keep every tensor's values with zero padding; each rank owns an equal share of
+// each region, in rank order; the weight-decay runs of its shard tile the owned parameters,
+// sit where shard_pos puts them, and give every element its tensor's decay (none for norm
+// weights) even where a shard starts or ends inside a tensor. The communicator is never
+// called by init, so a stand-in of the right size and rank serves.
 START_TEST(test_zero_shards)
 {
     char err[512];
     lb_backend *be = lb_backend_cpu_create(1, err, sizeof err);
     ck_assert_ptr_nonnull(be);
     lb_optim_config oc = {1e-3, 1e-4, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0};
+    lb_model *ref = tiny_model(be);
+    lb_model_init_params(ref, 7);
+    size_t data[2] = {0, 0};   // parameters per region, without padding
+    for (int k = 0; k < ref->ntensors; k++) data[ref->tensors[k].expert] += ref->tensors[k].numel;
+    ck_assert(data[0] > 0 && data[1] > 0);
     int cuts_inside = 0;
     for (int p = 1; p <= 7; p++) {
         size_t covered = 0;
         for (int r = 0; r < p; r++) {
             lb_model *m = tiny_model(be);
             lb_model_init_params(m, 7);
-            size_t n = m->nparams;
-            float *before = lb_malloc(n * sizeof(float));
-            memcpy(before, m->params, n * sizeof(float));
             lb_comm stand_in = {.rank = r, .size = p};
             lb_optimizer o;
             lb_optimizer_init_dp(&o, m, &oc, &stand_in, 1);
-            size_t padded = (n + p - 1) / p * p;
-            ck_assert_uint_eq(o.padded, padded);
-            ck_assert_uint_eq(o.shard_len, padded / p);
-            ck_assert_uint_eq(o.shard_begin, (size_t)r * (padded / p));
-            ck_assert_int_eq(memcmp(before, m->params, n * sizeof(float)), 0);
-            for (size_t i = n; i < padded; i++) ck_assert(m->params[i] == 0.0f && m->grads[i] == 0.0f);
-            size_t end = o.shard_begin + o.shard_len < n ? o.shard_begin + o.shard_len : n;
-            size_t at = o.shard_begin;
-            for (int s = 0; s < o.nseg; s++) {
-                ck_assert_uint_eq(o.seg[s].begin, at);   // no gap, no overlap
-                ck_assert_uint_gt(o.seg[s].end, o.seg[s].begin);
-                if (s) ck_assert(o.seg[s].wd != o.seg[s - 1].wd);   // merged where alike
-                for (size_t i = o.seg[s].begin; i < o.seg[s].end; i++) {
-                    const lb_tensor *t = NULL;
-                    for (int k = 0; k < m->ntensors; k++)
-                        if (i >= m->tensors[k].offset && i < m->tensors[k].offset + m->tensors[k].numel)
-                            t = &m->tensors[k];
-                    ck_assert_ptr_nonnull(t);
-                    ck_assert(o.seg[s].wd == (t->is_norm ? 0.0f : 0.1f));
-                }
-                at = o.seg[s].end;
+            for (int k = 0; k < m->ntensors; k++) {   // values kept, tensors in their region
+                const lb_tensor *t = &m->tensors[k], *u = &ref->tensors[k];
+                ck_assert_int_eq(memcmp(m->params + t->offset, ref->params + u->offset,
+                                        t->numel * sizeof(float)), 0);
+                ck_assert(t->offset >= m->region_begin[t->expert] &&
+                          t->offset + t->numel <= m->region_begin[t->expert] + data[t->expert]);
             }
-            ck_assert_uint_eq(at, o.shard_begin < n ? end : o.shard_begin);
-            covered += at > o.shard_begin ? at - o.shard_begin : 0;
-            for (int k = 0; k < m->ntensors; k++) {
-                size_t b = m->tensors[k].offset;
-                if (o.shard_begin > b && o.shard_begin < b + m->tensors[k].numel) cuts_inside++;
+            size_t at = 0;
+            for (int g = 0; g < 2; g++) {
+                size_t len = m->region_len[g], b0 = m->region_begin[g];
+                ck_assert_uint_eq(len, p > 1 ? (data[g] + p - 1) / p * p : data[g]);
+                for (size_t i = b0 + data[g]; i < b0 + len; i++)
+                    ck_assert(m->params[i] == 0.0f && m->grads[i] == 0.0f);
+                if (p > 1) {
+                    ck_assert_uint_eq(o.own[g].len, len / p);
+                    ck_assert_uint_eq(o.own[g].begin, b0 + (size_t)r * (len / p));
+                    ck_assert_uint_eq(o.own[g].at, at);
+                }
+                at += o.own[g].len;
+            }
+            ck_assert_uint_eq(o.shard_len, p > 1 ? at : m->nparams);
+            // the runs: in order, no gap or overlap within an owned range, merged where alike;
+            // one rank owns the whole buffer as one range
+            int nr = p > 1 ? 2 : 1;
+            for (int g = 0; g < nr; g++) {
+                size_t lo = p > 1 ? o.own[g].begin : 0;
+                size_t hi = p > 1 ? lo + o.own[g].len : m->nparams;
+                size_t end = p > 1 && m->region_begin[g] + data[g] < hi ? m->region_begin[g] + data[g] : hi;
+                size_t pos = lo;
+                for (int s = 0; s < o.nseg; s++) {
+                    if (o.seg[s].begin < lo || o.seg[s].begin >= hi) continue;
+                    ck_assert_uint_eq(o.seg[s].begin, pos);
+                    ck_assert_uint_gt(o.seg[s].end, o.seg[s].begin);
+                    ck_assert_uint_eq(o.seg[s].at, p > 1 ? o.own[g].at + (pos - lo) : pos);
+                    for (size_t i = o.seg[s].begin; i < o.seg[s].end; i++) {
+                        const lb_tensor *t = NULL;
+                        for (int k = 0; k < m->ntensors; k++)
+                            if (i >= m->tensors[k].offset &&
+                                i < m->tensors[k].offset + m->tensors[k].numel)
+                                t = &m->tensors[k];
+                        ck_assert_ptr_nonnull(t);
+                        ck_assert(o.seg[s].wd == (t->is_norm ? 0.0f : 0.1f));
+                    }
+                    pos = o.seg[s].end;
+                }
+                ck_assert_uint_eq(pos, (lo < end ? end : lo));
+                covered += pos - lo;
+                for (int k = 0; k < m->ntensors; k++) {
+                    size_t b = m->tensors[k].offset;
+                    if (lo > b && lo < b + m->tensors[k].numel) cuts_inside++;
+                }
             }
             lb_optimizer_free(&o);
             lb_model_free(m);
-            free(before);
         }
-        lb_model *m = tiny_model(be);
-        ck_assert_uint_eq(covered, m->nparams);   // the shards together: every parameter once
-        lb_model_free(m);
+        ck_assert_uint_eq(covered, data[0] + data[1]);   // the shards together: every parameter once
     }
     ck_assert_int_gt(cuts_inside, 5);   // the test did exercise shards starting inside tensors
+    lb_model_free(ref);
     be->destroy(be);
 }
 END_TEST
@@ -354,8 +378,8 @@ START_TEST(test_one_rank_shard)
     lb_optim_config oc = {1e-3, 1e-4, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0};
     lb_optimizer o;
     lb_optimizer_init(&o, m, &oc);
-    ck_assert_uint_eq(o.padded, m->nparams);
-    ck_assert_uint_eq(o.shard_begin, 0);
+    ck_assert_uint_eq(o.own[0].begin, 0);
+    ck_assert_uint_eq(o.own[0].len + o.own[1].len, m->nparams);
     ck_assert_uint_eq(o.shard_len, m->nparams);
     ck_assert_ptr_null(o.grad_shard);
     lb_optimizer_free(&o);

@@ -1,8 +1,10 @@
 #!/bin/bash
-# Data parallelism end to end on the CPU (mpirun --oversubscribe): every layout trains the same
-# model as one rank (losses and final parameters within 1e-5 relative), checkpoints move
-# between layouts and continue the same curve, bad layouts stop before any work with one clear
-# message, and a failing rank takes the whole job down quickly instead of hanging.
+# Parallelism end to end on the CPU (mpirun --oversubscribe): every layout (data, tensor with
+# and without sequence parallelism, pipeline 1F1B, expert all-to-all, and their products on up
+# to 8 ranks) trains the same model as one rank (losses and final parameters within 1e-5
+# relative), checkpoints move between layouts and continue the same curve, bad layouts stop
+# before any work with one clear message, and a failing rank takes the whole job down quickly
+# instead of hanging.
 set -uo pipefail
 src=${LB_SRCDIR:-.}
 bin=${LB_BUILDDIR:-.}/lowbit
@@ -78,6 +80,51 @@ same_params "dp2 ZeRO-1 vs all-reduce" "$(ck z2 10)" "$(ck a2 10)" 1e-6
 if out=$("$cmp" --moments "$(ck r1 10)" "$(ck z4 10)" 1e-5 2>&1); then ok; else fail "moments: $out"; fi
 echo "1 rank vs z4: parameters and moments: $out"
 
+# 1b. Model parallelism: tp2, sp with tp2, pp2 (4 micro-batches per rank and step), ep2, ep4,
+#     tp2 x ep2, pp2 x dp2 and tp2 x pp2 x ep2 (8 ranks) against one rank, for the MoE and, for
+#     the dense column/row split of the fused gate_up, the dense Qwen3 under tp2 with sp. AdamW's
+#     eps is 1e-6 here: with 1e-8 an element whose gradient is near 1e-8 gets an update that is
+#     a ratio of two rounding-level numbers in the first steps (Adam divides the gradient by its
+#     own size), which leaves differences of up to 2.3e-5 relative in the worst expert tensor
+#     after step 2 that do not grow (doc/parallel.md); the losses agree to 1e-8 either way.
+mp=("${small[@]}" --set train.adam_eps=1e-6)
+dense=(--set model.arch=qwen3 --set model.intermediate_size=96)
+"$bin" train "$cfg" "${mp[@]}" --set run.out_dir="$tmp/m1" > "$tmp/m1.log" 2>&1 ||
+    { cat "$tmp/m1.log"; echo "FAIL: one-rank run (eps 1e-6)"; exit 1; }
+"$bin" train "$cfg" "${mp[@]}" "${dense[@]}" --set run.out_dir="$tmp/d1" > "$tmp/d1.log" 2>&1 ||
+    { cat "$tmp/d1.log"; echo "FAIL: one-rank dense run"; exit 1; }
+for layout in "tp2 2 m1 --set parallel.tp=2" \
+              "sp2 2 m1 --set parallel.tp=2 --set parallel.sequence_parallel=true" \
+              "pp2 2 m1 --set parallel.pp=2" \
+              "ep2 2 m1 --set parallel.ep=2" \
+              "ep4 4 m1 --set parallel.ep=4" \
+              "tp2ep2 4 m1 --set parallel.tp=2 --set parallel.ep=2" \
+              "pp2dp2 4 m1 --set parallel.pp=2" \
+              "tp2pp2ep2 8 m1 --set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2" \
+              "dense-sp2 2 d1 --set parallel.tp=2 --set parallel.sequence_parallel=true ${dense[*]}"; do
+    set -- $layout
+    name=$1 np=$2 ref=$3
+    shift 3
+    mpi "$np" "$bin" train "$cfg" "${mp[@]}" "$@" --set run.out_dir="$tmp/$name" \
+        > "$tmp/$name.log" 2>&1 || { fail "$name run: $(tail -n 3 "$tmp/$name.log")"; continue; }
+    agree "1 rank vs $name" "$tmp/$ref/metrics.jsonl" "$tmp/$name/metrics.jsonl" 1e-5
+    same_params "1 rank vs $name" "$(ck $ref 10)" "$(ck $name 10)" 1e-5
+done
+grep -q "1F1B pipeline" "$tmp/pp2.log" && ok || fail "pp2 does not report the 1F1B schedule"
+grep -q "sequence parallel" "$tmp/sp2.log" && ok || fail "sp2 does not report sequence parallelism"
+# A checkpoint written under tp2 x pp2 resumes under ep2 x dp2 (dp 4 over 4 ranks, experts over
+# 2) and continues the curve of the uninterrupted tp2 x pp2 run.
+mpi 4 "$bin" train "$cfg" "${mp[@]}" --set parallel.tp=2 --set parallel.pp=2 \
+    --set run.out_dir="$tmp/tp2pp2" > "$tmp/tp2pp2.log" 2>&1 || fail "tp2 x pp2 run"
+mpi 4 "$bin" train "$cfg" "${mp[@]}" --set parallel.ep=2 --set checkpoint.resume="$(ck tp2pp2 05)" \
+    --set run.out_dir="$tmp/ep2dp2" > "$tmp/ep2dp2.log" 2>&1 ||
+    fail "tp2 x pp2 -> ep2 x dp2 resume: $(tail -n 3 "$tmp/ep2dp2.log")"
+grep -q "resumed from $(ck tp2pp2 05) at step 5" "$tmp/ep2dp2.log" && ok || fail "ep2 x dp2: not resumed"
+agree "tp2 x pp2 -> ep2 x dp2 from step 5" "$tmp/tp2pp2/metrics.jsonl" "$tmp/ep2dp2/metrics.jsonl" 1e-5 6
+same_params "tp2 x pp2 -> ep2 x dp2" "$(ck tp2pp2 10)" "$(ck ep2dp2 10)" 1e-5
+# The checkpoint is one file with whole tensors: it equals the one-rank run's step-5 file.
+same_params "tp2 x pp2 checkpoint vs 1 rank at step 5" "$(ck m1 05)" "$(ck tp2pp2 05)" 1e-5
+
 # 2. Resume across layouts: dp2's step-5 checkpoint continues under 1 rank, dp4 and dp2, on
 #    the curve of the uninterrupted runs (dp2 on itself: bit for bit).
 c5=$(ck z2 05)
@@ -123,9 +170,8 @@ expect_bad expert-grid 4 "the 4 ranks of a pipeline stage .* not divisible by pa
     --set parallel.ep=8 --set model.num_experts=8
 expect_bad grad-accum 3 "train.grad_accum \(4\) is not divisible by the data-parallel size dp = 3" --set parallel.zero=true
 expect_bad dp 2 "parallel.dp = 4, but 2 ranks with parallel.tp = 1 and parallel.pp = 1 give dp = 2" --set parallel.dp=4
-expect_bad tp-not-built 2 "tensor/pipeline/expert parallelism: not built yet \(parallel.tp = 2\)" --set parallel.tp=2
-expect_bad ep-not-built 2 "tensor/pipeline/expert parallelism: not built yet \(parallel.ep = 2\)" --set parallel.ep=2
-expect_bad pp-not-built 2 "tensor/pipeline/expert parallelism: not built yet \(parallel.pp = 2\)" --set parallel.pp=2
+expect_bad etp 2 "parallel.etp = 1: expert tensor parallelism other than parallel.tp \(2\) is not built" \
+    --set parallel.tp=2 --set parallel.etp=1
 expect_bad sp 2 "parallel.sequence_parallel needs parallel.tp > 1" --set parallel.sequence_parallel=true
 expect_bad fail-rank 2 "parallel.fail_rank \(5\) is not a rank of this 2-rank job" \
     --set parallel.fail_rank=5 --set parallel.fail_step=1
@@ -138,12 +184,18 @@ expect_bad fail-rank 2 "parallel.fail_rank \(5\) is not a rank of this 2-rank jo
 [ "$(grep -Ec '^ +[0-3] +0 +[0-3] +0 ' "$tmp/i4.log")" = 4 ] && ok || fail "info dp4: 4 rank rows"
 grep -q "ZeRO-1 distributed optimizer: AdamW state sharded over dp" "$tmp/i4.log" && ok ||
     fail "info dp4: ZeRO-1 not named"
-o1=$(awk '$1 == "per" {getline; print $7}' "$tmp/i1.log")
-o4=$(awk '$1 == "per" {getline; print $7}' "$tmp/i4.log")
+o1=$(awk '$1 == "per" {getline; print $8}' "$tmp/i1.log")
+o4=$(awk '$1 == "per" {getline; print $8}' "$tmp/i4.log")
 awk -v a="$o1" -v b="$o4" 'BEGIN { r = b / a; exit !(r > 0.37 && r < 0.38) }' && ok ||
     fail "info: ZeRO-1 optimizer state over 4 ranks is $o4 MiB against $o1 MiB on one"
-"$bin" info "$cfg" "${small[@]}" --set parallel.dp=2 --set parallel.tp=2 > "$tmp/i.log" 2>&1 &&
-    grep -q "not built yet (parallel.tp = 2)" "$tmp/i.log" && ok || fail "info tp2: planned note"
+# Under tp2 x ep2 each rank holds its pieces: fewer weights than one rank, and the expert grid.
+"$bin" info "$cfg" "${small[@]}" --set parallel.dp=2 --set parallel.tp=2 --set parallel.ep=2 \
+    > "$tmp/i.log" 2>&1 || fail "info tp2 x ep2"
+[ "$(grep -Ec '^ +[0-3] +[01] +[01] +0 +[01] ' "$tmp/i.log")" = 4 ] && ok || fail "info tp2 x ep2: 4 rank rows"
+w1=$(awk '$1 == "per" {getline; print $6}' "$tmp/i1.log")
+w4=$(awk '$1 == "per" {getline; print $6}' "$tmp/i.log")
+awk -v a="$w1" -v b="$w4" 'BEGIN { exit !(b < 0.6 * a) }' && ok ||
+    fail "info tp2 x ep2: rank 0 holds $w4 MiB of weights against $w1 MiB on one rank"
 "$bin" info "$cfg" "${small[@]}" --set parallel.dp=3 > "$tmp/i.log" 2>&1 && fail "info dp3: exit 0" ||
     { grep -q "train.grad_accum (4) is not divisible by the data-parallel size dp = 3" "$tmp/i.log" &&
       ok || fail "info dp3: message"; }
