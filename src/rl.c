@@ -24,6 +24,7 @@
 #include "src/optim.h"
 #include "src/reward.h"
 #include "src/util.h"
+#include "parallel/grid.h"
 
 #define ERRLEN 2048
 #define LB_RL_PROMPT_STREAM 0x524c50726f6d7074ull   // rollout prompt choice ("RLPrompt")
@@ -197,53 +198,95 @@ static int arith_correct(const char *prompt, const int32_t *tok, int len)
            lb_arith_parse_completion(text, (size_t)len, &got) == 0 && got == want;
 }
 
+// Data parallelism (doc/rl.md): item j of a list (prompt j of a step, evaluation problem j)
+// belongs to data-parallel rank j mod dp.
+static int owns(const lb_comm *dp, int j) { return j % dp->size == dp->rank; }
+
+// v holds n items of `per` doubles in global order, each rank having filled its own; afterwards
+// every rank holds all of them. Values are moved, never summed, so what is computed from them
+// in global order is bit for bit what one rank computes.
+static void share_items(lb_comm *dp, double *v, int n, int per)
+{
+    if (dp->size == 1) return;
+    size_t rows = (size_t)(n + dp->size - 1) / dp->size, w = (size_t)per;   // items per rank
+    double *mine = lb_calloc(rows * w, sizeof *mine);
+    double *all = lb_malloc(rows * w * dp->size * sizeof *all);
+    for (int j = dp->rank, k = 0; j < n; j += dp->size, k++)
+        memcpy(mine + k * w, v + j * w, w * sizeof *v);
+    lb_comm_all_gather(dp, mine, all, rows * w, LB_F64);
+    for (int j = 0; j < n; j++)
+        memcpy(v + j * w, all + ((size_t)(j % dp->size) * rows + (size_t)(j / dp->size)) * w,
+               w * sizeof *v);
+    free(mine);
+    free(all);
+}
+
+// The largest x over dp (comm.h sums only).
+static double max_over(lb_comm *dp, double x)
+{
+    if (dp->size == 1) return x;
+    double *all = lb_malloc((size_t)dp->size * sizeof *all);
+    lb_comm_all_gather(dp, &x, all, 1, LB_F64);
+    for (int r = 0; r < dp->size; r++) x = fmax(x, all[r]);
+    free(all);
+    return x;
+}
+
 // pass@1 (mean share of correct samples), pass@k (share of problems with one correct) over the
 // first eval_problems held-out problems, k = eval_samples draws each; greedy: top-1 decoding.
-static rl_eval evaluate(const lb_config *c, lb_sampler *smp, lb_sampler *greedy, int max_new)
+// Each data-parallel rank samples its own problems; the per-problem counts are shared and the
+// scores summed in problem order, as on one rank.
+static rl_eval evaluate(const lb_config *c, lb_sampler *smp, lb_sampler *greedy, int max_new,
+                        lb_comm *dp)
 {
     rl_eval ev = {0, 0, 0, c->rl.eval_problems};
     int P = c->rl.eval_problems, K = c->rl.eval_samples;
     if (P == 0) return ev;
     char err[ERRLEN];
-    rl_seq *qs = lb_calloc((size_t)P, sizeof *qs);
-    lb_sample_req *reqs = lb_calloc((size_t)P * K, sizeof *reqs);
-    int32_t *tok = lb_malloc((size_t)P * K * max_new * sizeof(int32_t));
-    float *lp = lb_malloc((size_t)P * K * max_new * sizeof(float));
-    for (int i = 0; i < P; i++) {
+    int np = 0;   // this rank's problems
+    for (int i = 0; i < P; i++) np += owns(dp, i);
+    rl_seq *qs = lb_calloc((size_t)np, sizeof *qs);
+    lb_sample_req *reqs = lb_calloc((size_t)np * K, sizeof *reqs);
+    int32_t *tok = lb_malloc((size_t)np * K * max_new * sizeof(int32_t));
+    float *lp = lb_malloc((size_t)np * K * max_new * sizeof(float));
+    double *res = lb_calloc((size_t)P * 2, sizeof *res);   // per problem: correct samples, greedy
+    for (int i = dp->rank, k = 0; i < P; i += dp->size, k++) {
         uint64_t pi = lb_arith_nth(c, 1, (uint64_t)i);
-        qs[i].plen = lb_arith_prompt(c, pi, qs[i].prompt);
-        prompt_tokens(&qs[i]);
+        qs[k].plen = lb_arith_prompt(c, pi, qs[k].prompt);
+        prompt_tokens(&qs[k]);
         for (int s = 0; s < K; s++) {
-            lb_sample_req *r = &reqs[i * K + s];
-            r->prompt = qs[i].ptok;
-            r->prompt_len = qs[i].plen;
+            lb_sample_req *r = &reqs[k * K + s];
+            r->prompt = qs[k].ptok;
+            r->prompt_len = qs[k].plen;
             // the same draws at every evaluation: steps differ only by the weights
             r->seed = lb_hash64(c->sample.seed ^ LB_RL_EVAL_SEED);
             r->stream = lb_sample_stream(pi, (uint64_t)s);
-            r->tokens = tok + (size_t)(i * K + s) * max_new;
-            r->logprobs = lp + (size_t)(i * K + s) * max_new;
+            r->tokens = tok + (size_t)(k * K + s) * max_new;
+            r->logprobs = lp + (size_t)(k * K + s) * max_new;
         }
     }
-    if (lb_sampler_run(smp, reqs, P * K, NULL, err, sizeof err) != 0) lb_die("%s", err);
-    double p1 = 0.0;
-    int pk = 0;
-    for (int i = 0; i < P; i++) {
-        int right = 0;
+    if (np && lb_sampler_run(smp, reqs, np * K, NULL, err, sizeof err) != 0) lb_die("%s", err);
+    for (int i = dp->rank, k = 0; i < P; i += dp->size, k++)
         for (int s = 0; s < K; s++)
-            right += arith_correct(qs[i].prompt, reqs[i * K + s].tokens, reqs[i * K + s].len);
-        p1 += (double)right / K;
-        pk += right > 0;
-    }
+            res[2 * i] += arith_correct(qs[k].prompt, reqs[k * K + s].tokens, reqs[k * K + s].len);
     // greedy: one request per problem (its draws are never used)
-    for (int i = 0; i < P; i++) {
-        reqs[i].prompt = qs[i].ptok;
-        reqs[i].prompt_len = qs[i].plen;
-        reqs[i].tokens = tok + (size_t)i * max_new;
-        reqs[i].logprobs = lp + (size_t)i * max_new;
+    for (int k = 0; k < np; k++) {
+        reqs[k].prompt = qs[k].ptok;
+        reqs[k].prompt_len = qs[k].plen;
+        reqs[k].tokens = tok + (size_t)k * max_new;
+        reqs[k].logprobs = lp + (size_t)k * max_new;
     }
-    if (lb_sampler_run(greedy, reqs, P, NULL, err, sizeof err) != 0) lb_die("%s", err);
-    int g = 0;
-    for (int i = 0; i < P; i++) g += arith_correct(qs[i].prompt, reqs[i].tokens, reqs[i].len);
+    if (np && lb_sampler_run(greedy, reqs, np, NULL, err, sizeof err) != 0) lb_die("%s", err);
+    for (int i = dp->rank, k = 0; i < P; i += dp->size, k++)
+        res[2 * i + 1] = arith_correct(qs[k].prompt, reqs[k].tokens, reqs[k].len);
+    share_items(dp, res, P, 2);
+    double p1 = 0.0;
+    int pk = 0, g = 0;
+    for (int i = 0; i < P; i++) {
+        p1 += res[2 * i] / K;
+        pk += res[2 * i] > 0;
+        g += res[2 * i + 1] > 0;
+    }
     ev.pass1 = p1 / P;
     ev.passk = (double)pk / P;
     ev.greedy = (double)g / P;
@@ -251,6 +294,7 @@ static rl_eval evaluate(const lb_config *c, lb_sampler *smp, lb_sampler *greedy,
     free(reqs);
     free(tok);
     free(lp);
+    free(res);
     return ev;
 }
 
@@ -277,14 +321,14 @@ static void keep_last(const char *dir, int keep)
     lb_glob_free(list, n);
 }
 
-// The trainer's view of sequences [first, first + count): tokens (count, T) = prompt +
-// completion (the last completion token is only a target), targets the next token on response
-// positions and -1 elsewhere. Returns the response tokens.
-static int pack(const rl_seq *qs, int first, int count, int T, int32_t *tok, int32_t *tgt)
+// The trainer's view of sequences idx[0..count): tokens (count, T) = prompt + completion (the
+// last completion token is only a target), targets the next token on response positions and
+// -1 elsewhere. Returns the response tokens.
+static int pack(const rl_seq *qs, const int *idx, int count, int T, int32_t *tok, int32_t *tgt)
 {
     int n = 0;
     for (int b = 0; b < count; b++) {
-        const rl_seq *q = &qs[first + b];
+        const rl_seq *q = &qs[idx[b]];
         int32_t *x = tok + (size_t)b * T, *y = tgt + (size_t)b * T;
         for (int t = 0; t < T; t++) x[t] = 0, y[t] = -1;
         for (int t = 0; t < q->plen; t++) x[t] = q->ptok[t];
@@ -297,139 +341,215 @@ static int pack(const rl_seq *qs, int first, int count, int T, int32_t *tok, int
     return n;
 }
 
-// Response-token values of v (count, T) in sequence order into out.
-static int gather(const rl_seq *qs, int first, int count, int T, const float *v, float *out)
+// Response-token values of v (count, T) of sequences idx[0..count) in order into out.
+static int gather(const rl_seq *qs, const int *idx, int count, int T, const float *v, float *out)
 {
     int n = 0;
     for (int b = 0; b < count; b++) {
-        const rl_seq *q = &qs[first + b];
+        const rl_seq *q = &qs[idx[b]];
         for (int j = 0; j < q->len; j++) out[n++] = v[(size_t)b * T + q->plen - 1 + j];
     }
     return n;
 }
 
+// Layouts RL runs on, checked on every rank alike before any work.
+static int check_rl_layout(const lb_config *c, const lb_grid *g, char *err, size_t errlen)
+{
+    char where[LB_PATH_MAX + 32];
+    if (g->pp > 1) {
+        // the sampler decodes one token at a time through every layer: under pipeline
+        // parallelism each decode step would cross all stages, which RL does not schedule
+        snprintf(err, errlen, "%sparallel.pp = %d: lowbit rl runs without pipeline parallelism "
+                 "(the sampler decodes through every layer on each rank); set parallel.pp = 1",
+                 lb_key_where(c, "parallel", "pp", where, sizeof where), g->pp);
+        return -1;
+    }
+    if (g->tp > 1 || g->ep > 1) {
+        // the model, sampler and optimizer here are whole replicas: tensor and expert parallel
+        // RL needs them built as model pieces over the grid's groups, as lowbit train builds them
+        const char *key = g->tp > 1 ? "tp" : "ep";
+        snprintf(err, errlen, "%sparallel.%s = %d: lowbit rl runs data-parallel layouts only "
+                 "(parallel.tp = parallel.ep = 1); tensor and expert parallel RL are not built yet",
+                 lb_key_where(c, "parallel", key, where, sizeof where), key,
+                 g->tp > 1 ? g->tp : g->ep);
+        return -1;
+    }
+    if (c->rl.prompts < g->dp) {
+        snprintf(err, errlen, "%srl.prompts (%d) is smaller than the data-parallel size %d: each "
+                 "data-parallel rank samples and trains its own prompts",
+                 lb_key_where(c, "rl", "prompts", where, sizeof where), c->rl.prompts, g->dp);
+        return -1;
+    }
+    return 0;
+}
+
 int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
 {
     char err[ERRLEN], where[LB_PATH_MAX + 32], ckdir[LB_PATH_MAX + 32], path[2 * LB_PATH_MAX + 64];
-    if (comm->size > 1) {
-        if (comm->rank == 0)
-            fprintf(stderr, "lowbit rl: %d ranks given, but RL runs on one rank in this release\n",
-                    comm->size);
-        return 1;
-    }
+    const int root = comm->rank == 0;
     lb_config cfg = *c0;
     lb_config *c = &cfg;
     const int P = c->rl.prompts, G = c->rl.group, N = P * G, M = c->rl.mini_batches;
+    // The layout first: a bad one stops every rank before any work, with one message.
+    lb_grid grid;
+    if (lb_grid_layout(&grid, &c->parallel, comm->size, comm->rank, err, sizeof err) != 0 ||
+        check_rl_layout(c, &grid, err, sizeof err) != 0 ||
+        lb_grid_check_built(&c->parallel, err, sizeof err) != 0) {
+        if (root) fprintf(stderr, "lowbit rl: %s\n", err);
+        return 1;
+    }
+    // Checks of the configuration alone: the same verdict on every rank, printed by rank 0.
     if (!c->rl.init[0]) {
-        fprintf(stderr, "%srl.init is empty: name the checkpoint RL starts from\n",
-                lb_key_where(c, "rl", "init", where, sizeof where));
+        if (root) fprintf(stderr, "%srl.init is empty: name the checkpoint RL starts from\n",
+                          lb_key_where(c, "rl", "init", where, sizeof where));
         return 1;
     }
     if (c->rl.eval_problems > 0 && !(c->gen.val_fraction > 0)) {
-        fprintf(stderr, "%sgen.val_fraction is 0: no held-out problems for rl.eval_problems "
-                "(set it to 0 to evaluate nothing)\n",
-                lb_key_where(c, "gen", "val_fraction", where, sizeof where));
+        if (root) fprintf(stderr, "%sgen.val_fraction is 0: no held-out problems for "
+                          "rl.eval_problems (set it to 0 to evaluate nothing)\n",
+                          lb_key_where(c, "gen", "val_fraction", where, sizeof where));
         return 1;
     }
     if (N % M) {
-        fprintf(stderr, "%srl.mini_batches (%d) does not divide rl.prompts x rl.group = %d\n",
-                lb_key_where(c, "rl", "mini_batches", where, sizeof where), M, N);
+        if (root) fprintf(stderr, "%srl.mini_batches (%d) does not divide rl.prompts x rl.group "
+                          "= %d\n", lb_key_where(c, "rl", "mini_batches", where, sizeof where),
+                          M, N);
         return 1;
     }
     lb_rewards rw;
-    lb_sampler_config sc;
     if (lb_rewards_init(&rw, c->rl.rewards, c->rl.format_reward, c->rl.reward_command, err,
                         sizeof err) != 0) {
-        fprintf(stderr, "%s%s\n", lb_key_where(c, "rl", "rewards", where, sizeof where), err);
+        if (root) fprintf(stderr, "%s%s\n", lb_key_where(c, "rl", "rewards", where, sizeof where),
+                          err);
         return 1;
     }
-    if (lb_model_config_from_checkpoint(c, c->rl.init, err, sizeof err) != 0 ||
-        lb_rl_sampler_config(c, &sc, err, sizeof err) != 0) {
-        fprintf(stderr, "lowbit rl: %s\n", err);
-        return 1;
-    }
+    // Every rank reads rl.init (the model section, the weights, the KL reference).
+    lb_sampler_config sc;
+    int bad = lb_model_config_from_checkpoint(c, c->rl.init, err, sizeof err) != 0 ||
+              lb_rl_sampler_config(c, &sc, err, sizeof err) != 0;
+    if (lb_any_failed(comm, bad, "lowbit rl", err)) return 1;
     if (c->model.vocab_size < LB_BYTE_VOCAB) {
-        fprintf(stderr, "lowbit rl: the arithmetic task needs byte tokens; the model has a "
-                        "vocabulary of %d\n", c->model.vocab_size);
+        if (root)
+            fprintf(stderr, "lowbit rl: the arithmetic task needs byte tokens; the model has a "
+                    "vocabulary of %d\n", c->model.vocab_size);
         return 1;
     }
+    comm->deterministic = c->parallel.deterministic;
+    if (lb_grid_create(&grid, &c->parallel, comm, err, sizeof err) != 0) lb_die("%s", err);
+    lb_comm *dpc = &grid.dp_comm;   // host messages of the data-parallel group
     const int max_new = sc.max_new_tokens;
     const int T = lb_arith_prompt_max(c) + max_new;   // every sequence fits (b, T)
     const float inv_temp = 1.0f / sc.temperature;
 
-    lb_backend *be = lb_rl_backend(c);
-    if (!be) return 1;
+    // One GPU per rank: rank i of a node takes device run.device + i.
+    lb_config local = *c;
+    if (!strcmp(c->run.backend, "cuda") && comm->size > 1)
+        local.run.device += lb_comm_local_rank(comm);
+    lb_backend *be = lb_rl_backend(&local);
+    snprintf(err, sizeof err, "the %.32s backend did not open", c->run.backend);
+    if (lb_any_failed(comm, !be, "lowbit rl", err)) return 1;
     lb_model *m = lb_rl_model_open(c, be, c->rl.init, err, sizeof err);
-    lb_model *ref = NULL;
+    lb_model *ref = NULL;   // the KL reference: a frozen copy on every rank
     if (m && c->rl.kl_coef > 0) ref = lb_rl_model_open(c, be, c->rl.init, err, sizeof err);
-    if (!m || (c->rl.kl_coef > 0 && !ref)) {
-        fprintf(stderr, "lowbit rl: %s\n", err);
-        return 1;
+    if (lb_any_failed(comm, !m || (c->rl.kl_coef > 0 && !ref), "lowbit rl", err)) return 1;
+    // Gradients and parameters travel in the backend's memory: MPI for the CPU, NCCL for CUDA.
+    lb_comm nccl = {0};
+    lb_comm *dpg = dpc;
+    if (!strcmp(c->run.backend, "cuda") && grid.dp > 1) {
+        bad = lb_comm_nccl_create(&nccl, dpc, be, NULL, err, sizeof err) != 0;
+        if (lb_any_failed(comm, bad, "lowbit rl", err)) return 1;
+        dpg = &nccl;
     }
     // the schedule runs over optimizer steps: rl.steps x rl.mini_batches
     lb_optim_config oc = {c->train.lr, c->train.min_lr, c->train.warmup_steps, c->rl.steps * M,
                           c->train.beta1, c->train.beta2, c->train.adam_eps,
                           c->train.weight_decay, c->train.grad_clip};
     lb_optimizer opt;
-    lb_optimizer_init(&opt, m, &oc);
+    lb_optimizer_init_dp(&opt, m, &oc, dpg, c->parallel.zero);   // keeps the loaded weights
     snprintf(ckdir, sizeof ckdir, "%.*s/checkpoints", LB_PATH_MAX, c->run.out_dir);
-    if (lb_mkdirs(ckdir, err, sizeof err) != 0) {
-        fprintf(stderr, "lowbit rl: %s\n", err);
-        return 1;
-    }
+    bad = root && lb_mkdirs(ckdir, err, sizeof err) != 0;
+    if (lb_any_failed(comm, bad, "lowbit rl", err)) return 1;
+    // Resume: rank 0 picks the checkpoint and reads it; every rank takes its part.
     lb_train_state st = {0};
     char resume[LB_PATH_MAX + 64] = "";
-    if (!strcmp(c->checkpoint.resume, "auto")) lb_checkpoint_latest(ckdir, resume, sizeof resume);
-    else snprintf(resume, sizeof resume, "%.*s", LB_PATH_MAX, c->checkpoint.resume);
+    if (!strcmp(c->checkpoint.resume, "auto")) {
+        if (root) lb_checkpoint_latest(ckdir, resume, sizeof resume);
+        lb_comm_bcast(comm, resume, sizeof resume, 0);
+    } else {
+        snprintf(resume, sizeof resume, "%.*s", LB_PATH_MAX, c->checkpoint.resume);
+    }
     if (resume[0]) {
-        if (lb_checkpoint_load(resume, m, opt.adam_m, opt.adam_v, &st, err, sizeof err) != 0) {
-            fprintf(stderr, "lowbit rl: %s\n", err);
-            return 1;
-        }
-        printf("resumed from %s at step %" PRId64 "\n", resume, st.step);
+        bad = lb_checkpoint_load_dp(resume, &opt, &st, comm, err, sizeof err) != 0;
+        if (lb_any_failed(comm, bad, "lowbit rl", err)) return 1;
+        if (root) printf("resumed from %s at step %" PRId64 "\n", resume, st.step);
     }
     lb_sampler *smp = lb_sampler_create(m, &sc, T, err, sizeof err);
     lb_sampler_config gc = sc;
     gc.top_k = 1;
     lb_sampler *greedy = smp ? lb_sampler_create(m, &gc, T, err, sizeof err) : NULL;
-    if (!smp || !greedy) {
-        fprintf(stderr, "lowbit rl: %s\n", err);
-        return 1;
-    }
+    if (lb_any_failed(comm, !smp || !greedy, "lowbit rl", err)) return 1;
     char *ini = lb_config_to_ini(c);
-    printf("# resolved configuration\n%s\n", ini);
-    if (be->deterministic && !strcmp(c->precision.nvfp4_scale, "per-tensor"))
-        printf("warning: precision.nvfp4_scale = per-tensor scales NVFP4 activations by the amax "
-               "of the whole call, so a row's result depends on its batch: sampler and trainer "
-               "log-probs will differ where NVFP4 is used (per-token keeps them equal)\n");
-    printf("model %s from %s: %.3fM parameters, %s backend%s, precision %s, KV cache %s; "
-           "%d prompts x %d samples per step, %d mini-batch(es)\n",
-           m->cfg.arch, c->rl.init, m->nparams / 1e6, be->name,
-           be->deterministic ? " (deterministic)" : "", c->precision.recipe, c->sample.kv_cache,
-           P, G, M);
+    if (root) {
+        char layout[256], how[160] = "one rank";
+        lb_grid_describe(&grid, layout, sizeof layout);
+        if (grid.dp > 1)
+            snprintf(how, sizeof how, "prompt j on data-parallel rank j mod %d; %s over %s%s",
+                     grid.dp, c->parallel.zero ? "ZeRO-1 distributed optimizer"
+                                               : "all-reduced gradients",
+                     dpg->ops->name, c->parallel.deterministic ? ", rank-order sums" : "");
+        printf("# resolved configuration\n%s\n", ini);
+        if (be->deterministic && !strcmp(c->precision.nvfp4_scale, "per-tensor"))
+            printf("warning: precision.nvfp4_scale = per-tensor scales NVFP4 activations by the "
+                   "amax of the whole call, so a row's result depends on its batch: sampler and "
+                   "trainer log-probs will differ where NVFP4 is used (per-token keeps them "
+                   "equal)\n");
+        if (grid.dp > 1 && m->cfg.router_aux_loss_coef > 0 &&
+            (G % c->rl.micro_batch || N / M % c->rl.micro_batch))
+            printf("note: rl.micro_batch (%d) does not divide rl.group (%d) and the mini-batch "
+                   "(%d sequences), so the data-parallel ranks group other sequences into a "
+                   "forward than one rank does; the load-balancing loss is a statistic of each "
+                   "forward's tokens, so the run differs from a one-rank run by that term\n",
+                   c->rl.micro_batch, G, N / M);
+        printf("model %s from %s: %.3fM parameters, %s backend%s, precision %s, KV cache %s; "
+               "%d prompts x %d samples per step, %d mini-batch(es)\nlayout %s; %s\n",
+               m->cfg.arch, c->rl.init, m->nparams / 1e6, be->name,
+               be->deterministic ? " (deterministic)" : "", c->precision.recipe,
+               c->sample.kv_cache, P, G, M, layout, how);
+    }
     snprintf(path, sizeof path, "%.*s/%.*s", LB_PATH_MAX, c->run.out_dir, LB_PATH_MAX,
              c->train.metrics_file);
-    FILE *metrics = fopen(path, resume[0] ? "a" : "w");
-    if (!metrics) {
-        fprintf(stderr, "lowbit rl: %s: cannot open for writing\n", path);
-        return 1;
-    }
+    FILE *metrics = root ? fopen(path, resume[0] ? "a" : "w") : NULL;
+    snprintf(err, sizeof err, "%.*s: cannot open for writing", LB_PATH_MAX, path);
+    if (lb_any_failed(comm, root && !metrics, "lowbit rl", err)) return 1;
 
     lb_grpo_config gcfg = {c->rl.eps_low, c->rl.eps_high, c->rl.kl_coef, c->rl.tis_cap,
                            c->rl.adv_eps};
+    // qs holds the step's N sequences in global order; this rank samples and trains own[0..nl),
+    // the sequences of its prompts, and learns everyone's reward, length and correctness.
     rl_seq *qs = lb_calloc((size_t)N, sizeof *qs);
     lb_sample_req *reqs = lb_calloc((size_t)N, sizeof *reqs);
+    int *own = lb_malloc((size_t)N * sizeof *own), nl = 0;
     for (int i = 0; i < N; i++) {
-        qs[i].tok = lb_malloc((size_t)max_new * sizeof(int32_t));
-        qs[i].lp_roll = lb_malloc((size_t)max_new * sizeof(float));
-        qs[i].lp_old = lb_malloc((size_t)max_new * sizeof(float));
+        if (owns(dpc, i / G)) {
+            own[nl++] = i;
+            qs[i].tok = lb_malloc((size_t)max_new * sizeof(int32_t));
+            qs[i].lp_roll = lb_malloc((size_t)max_new * sizeof(float));
+            qs[i].lp_old = lb_malloc((size_t)max_new * sizeof(float));
+        }
     }
     const int MB = c->rl.micro_batch, NS = N / M;   // sequences per micro- and mini-batch
+    // own[mbk[mb] .. mbk[mb + 1]) are this rank's sequences of mini-batch mb
+    int *mbk = lb_malloc((size_t)(M + 1) * sizeof *mbk);
+    for (int mb = 0, k = 0; mb <= M; mb++) {
+        while (k < nl && own[k] < mb * NS) k++;
+        mbk[mb] = k;
+    }
+    double *seqv = lb_malloc((size_t)N * 3 * sizeof *seqv);   // reward, length, correct
     size_t cap = (size_t)MB * T;
     int32_t *tok = lb_malloc(cap * sizeof(int32_t)), *tgt = lb_malloc(cap * sizeof(int32_t));
     float *lp = lb_malloc(cap * sizeof(float)), *lpr = lb_malloc(cap * sizeof(float));
     float *dfull = lb_malloc(cap * sizeof(float));
-    size_t rcap = (size_t)N * max_new;   // response tokens at most
+    size_t rcap = (size_t)MB * max_new;   // response tokens of a micro-batch at most
     float *r_lp = lb_malloc(rcap * sizeof(float)), *r_old = lb_malloc(rcap * sizeof(float));
     float *r_roll = lb_malloc(rcap * sizeof(float)), *r_ref = lb_malloc(rcap * sizeof(float));
     float *r_adv = lb_malloc(rcap * sizeof(float)), *r_d = lb_malloc(rcap * sizeof(float));
@@ -437,15 +557,16 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     float *adv = lb_malloc((size_t)N * sizeof(float));
 
     if (st.step == 0) {
-        rl_eval ev = evaluate(c, smp, greedy, max_new);
-        log_eval(c, metrics, 0, &ev);
+        rl_eval ev = evaluate(c, smp, greedy, max_new, dpc);
+        if (root) log_eval(c, metrics, 0, &ev);
     }
     double t_start = lb_now();
     for (int step = (int)st.step + 1; step <= c->rl.steps; step++) {
-        // ---- rollout: P train problems, G samples each
+        // ---- rollout: P train problems, G samples each; every rank draws all P problems (the
+        // same on every rank) and samples those it owns with the one-rank seeds and streams
         double t0 = lb_now();
         uint64_t draw_seed = lb_hash64(c->sample.seed + (uint64_t)step);
-        for (int p = 0; p < P; p++) {
+        for (int p = 0, k = 0; p < P; p++) {
             uint64_t pi = 0;
             for (uint64_t a = 0;; a++) {   // a random problem of the train split
                 pi = lb_rand_u64(c->sample.seed, LB_RL_PROMPT_STREAM + a,
@@ -456,47 +577,58 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
                 rl_seq *q = &qs[p * G + g];
                 q->plen = lb_arith_prompt(c, pi, q->prompt);
                 prompt_tokens(q);
-                lb_sample_req *r = &reqs[p * G + g];
-                *r = (lb_sample_req){q->ptok, q->plen, draw_seed, lb_sample_stream(pi, (uint64_t)g),
-                                     q->tok, q->lp_roll, 0, 0};
+                if (!owns(dpc, p)) continue;
+                reqs[k++] = (lb_sample_req){q->ptok, q->plen, draw_seed,
+                                            lb_sample_stream(pi, (uint64_t)g), q->tok, q->lp_roll,
+                                            0, 0};
             }
         }
-        lb_sample_stats ss;
-        if (lb_sampler_run(smp, reqs, N, &ss, err, sizeof err) != 0) lb_die("%s", err);
-        double rsum = 0.0, rsq = 0.0, lensum = 0.0;
-        int correct = 0;
-        for (int i = 0; i < N; i++) {
-            rl_seq *q = &qs[i];
-            q->len = reqs[i].len;
+        lb_sample_stats ss = {0};
+        if (nl && lb_sampler_run(smp, reqs, nl, &ss, err, sizeof err) != 0) lb_die("%s", err);
+        for (int k = 0; k < nl; k++) {
+            rl_seq *q = &qs[own[k]];
+            q->len = reqs[k].len;
             char text[256];
             for (int j = 0; j < q->len; j++) text[j] = (char)q->tok[j];
             double r;
             // the task's text: the prompt without its separating newline
             if (lb_rewards_score(&rw, q->prompt + (q->prompt[0] == '\n'), text, (size_t)q->len,
                                  &r, err, sizeof err) != 0) {
+                if (comm->size > 1) lb_die("step %d: %s", step, err);   // the others wait
                 fprintf(stderr, "lowbit rl: step %d: %s\n", step, err);
                 return 1;
             }
-            rewards[i] = (float)r;
-            rsum += r;
-            rsq += r * r;
-            lensum += q->len;
-            q->correct = arith_correct(q->prompt, q->tok, q->len);
-            correct += q->correct;
+            double *v = seqv + (size_t)own[k] * 3;
+            v[0] = r;
+            v[1] = q->len;
+            v[2] = arith_correct(q->prompt, q->tok, q->len);
+        }
+        share_items(dpc, seqv, P, 3 * G);
+        // the step's statistics and advantages from all N sequences, in one-rank order
+        double rsum = 0.0, rsq = 0.0, lensum = 0.0;
+        int correct = 0;
+        for (int i = 0; i < N; i++) {
+            const double *v = seqv + (size_t)i * 3;
+            rewards[i] = (float)v[0];
+            rsum += v[0];
+            rsq += v[0] * v[0];
+            qs[i].len = (int)v[1];
+            lensum += qs[i].len;
+            correct += (int)v[2];
         }
         lb_grpo_advantages(rewards, P, G, c->rl.adv_eps, adv);
-        double t_roll = lb_now() - t0;
+        double t_roll = lb_now() - t0;   // until the slowest rank's rollout (share_items waits)
 
         // ---- lp_old: the trainer's log-probs before any update. Mini-batch 0 gets them from
         // its own training forward (the weights have not moved yet); later mini-batches need
         // this extra pass.
         t0 = lb_now();
-        for (int first = NS; first < N; first += MB) {
-            int cnt = first + MB <= N ? MB : N - first;
-            pack(qs, first, cnt, T, tok, tgt);
+        for (int k = mbk[1]; k < nl; k += MB) {
+            int cnt = k + MB <= nl ? MB : nl - k;
+            pack(qs, own + k, cnt, T, tok, tgt);
             lb_model_forward_logprobs(m, tok, tgt, cnt, T, inv_temp, lp);
             for (int b = 0; b < cnt; b++) {
-                rl_seq *q = &qs[first + b];
+                rl_seq *q = &qs[own[k + b]];
                 for (int j = 0; j < q->len; j++) q->lp_old[j] = lp[(size_t)b * T + q->plen - 1 + j];
             }
         }
@@ -504,27 +636,29 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
         double loss_sum = 0.0, clip = 0.0, tis = 0.0, klref = 0.0, norm = 0.0, lr = 0.0;
         long ntok_all = 0;
         for (int mb = 0; mb < M; mb++) {
+            // the mini-batch's global token count (all lengths are known on every rank), so the
+            // token mean's denominator, and the summed gradients, are one rank's
             int f0 = mb * NS, ntok = 0;
             for (int i = f0; i < f0 + NS; i++) ntok += qs[i].len;
             lb_model_zero_grad(m);
-            for (int first = f0; first < f0 + NS; first += MB) {
-                int cnt = first + MB <= f0 + NS ? MB : f0 + NS - first;
-                int n = pack(qs, first, cnt, T, tok, tgt);
+            for (int k = mbk[mb]; k < mbk[mb + 1]; k += MB) {
+                int cnt = k + MB <= mbk[mb + 1] ? MB : mbk[mb + 1] - k;
+                int n = pack(qs, own + k, cnt, T, tok, tgt);
                 lb_model_forward_logprobs(m, tok, tgt, cnt, T, inv_temp, lp);
-                gather(qs, first, cnt, T, lp, r_lp);
-                int k = 0;
+                gather(qs, own + k, cnt, T, lp, r_lp);
+                int t = 0;
                 for (int b = 0; b < cnt; b++) {
-                    rl_seq *q = &qs[first + b];
-                    for (int j = 0; j < q->len; j++, k++) {
-                        if (mb == 0) q->lp_old[j] = r_lp[k];
-                        r_old[k] = q->lp_old[j];
-                        r_roll[k] = q->lp_roll[j];
-                        r_adv[k] = adv[first + b];
+                    rl_seq *q = &qs[own[k + b]];
+                    for (int j = 0; j < q->len; j++, t++) {
+                        if (mb == 0) q->lp_old[j] = r_lp[t];
+                        r_old[t] = q->lp_old[j];
+                        r_roll[t] = q->lp_roll[j];
+                        r_adv[t] = adv[own[k + b]];
                     }
                 }
                 if (ref) {
                     lb_model_forward_logprobs(ref, tok, tgt, cnt, T, inv_temp, lpr);
-                    gather(qs, first, cnt, T, lpr, r_ref);
+                    gather(qs, own + k, cnt, T, lpr, r_ref);
                 }
                 lb_grpo_stats gs;
                 double l = lb_grpo_loss(&gcfg, r_lp, r_old, r_roll, ref ? r_ref : NULL, r_adv,
@@ -533,11 +667,11 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
                 // mean over the mini-batch
                 double wgt = (double)n / ntok;
                 for (size_t i = 0; i < cap; i++) dfull[i] = 0.0f;
-                k = 0;
+                t = 0;
                 for (int b = 0; b < cnt; b++) {
-                    rl_seq *q = &qs[first + b];
-                    for (int j = 0; j < q->len; j++, k++)
-                        dfull[(size_t)b * T + q->plen - 1 + j] = (float)(r_d[k] * wgt);
+                    rl_seq *q = &qs[own[k + b]];
+                    for (int j = 0; j < q->len; j++, t++)
+                        dfull[(size_t)b * T + q->plen - 1 + j] = (float)(r_d[t] * wgt);
                 }
                 lb_model_backward_logprobs(m, dfull,
                                            (float)(m->cfg.router_aux_loss_coef * cnt / NS));
@@ -554,69 +688,80 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
 
         // ---- agreement of sampler and trainer on the tokens the sampler drew
         double dsum = 0.0, dmax = 0.0, k3 = 0.0;
-        long nresp = 0, ptoks = 0;
-        for (int i = 0; i < N; i++) {
-            const rl_seq *q = &qs[i];
+        long ptoks = 0;
+        for (int k = 0; k < nl; k++) {
+            const rl_seq *q = &qs[own[k]];
             for (int j = 0; j < q->len; j++) {
                 double d = (double)q->lp_old[j] - q->lp_roll[j];
                 dsum += fabs(d);
                 if (fabs(d) > dmax) dmax = fabs(d);
                 k3 += exp(d) - d - 1.0;   // KL(rollout || trainer), sampled from the rollout
             }
-            nresp += q->len;
-            ptoks += q->plen + q->len;
         }
+        for (int i = 0; i < N; i++) ptoks += qs[i].plen + qs[i].len;
+        // this rank's token sums to the global ones (rank order), the maximum over ranks
+        double sums[7] = {loss_sum, clip, tis, klref, dsum, k3, (double)ss.generated};
+        if (grid.dp > 1) lb_comm_all_reduce(dpc, sums, sums, 7, LB_F64);
+        dmax = max_over(dpc, dmax);
+        loss_sum = sums[0], clip = sums[1], tis = sums[2], klref = sums[3];
         double rmean = rsum / N, rstd = sqrt(fmax(rsq / N - rmean * rmean, 0.0));
-        double diff = dsum / nresp, lossm = loss_sum / ntok_all;
-        double roll_tps = ss.generated / t_roll, train_tps = ptoks / t_train;
-        if (c->train.log_every > 0 && (step % c->train.log_every == 0 || step == c->rl.steps))
+        double diff = sums[4] / ntok_all, lossm = loss_sum / ntok_all;
+        double roll_tps = sums[6] / t_roll, train_tps = ptoks / t_train;
+        if (root && c->train.log_every > 0 &&
+            (step % c->train.log_every == 0 || step == c->rl.steps))
             printf("step %5d/%d | reward %.3f +- %.3f | correct %.3f | len %.2f | lp diff %.3g "
                    "| k3 %.3g | tis clip %.3f | clip %.3f | loss %.4f | norm %.3f | rollout "
                    "%.2fs %.0f tok/s | train %.2fs %.0f tok/s\n",
                    step, c->rl.steps, rmean, rstd, (double)correct / N, lensum / N, diff,
-                   k3 / nresp, tis / ntok_all, clip / ntok_all, lossm, norm, t_roll, roll_tps,
-                   t_train, train_tps);
-        fprintf(metrics,
-                "{\"step\": %d, \"reward_mean\": %.9g, \"reward_std\": %.9g, \"correct\": %.9g, "
-                "\"response_len\": %.9g, \"train_rollout_logprob_abs_diff\": %.9g, "
-                "\"train_rollout_logprob_abs_diff_max\": %.9g, \"train_rollout_k3_kl\": %.9g, "
-                "\"tis_clip_frac\": %.9g, \"clip_frac\": %.9g, \"kl_ref\": %.9g, \"loss\": %.9g, "
-                "\"grad_norm\": %.9g, \"lr\": %.9g, \"rollout_s\": %.6f, \"train_s\": %.6f, "
-                "\"rollout_tokens_per_s\": %.1f, \"train_tokens_per_s\": %.1f, "
-                "\"elapsed_s\": %.3f}\n",
-                step, rmean, rstd, (double)correct / N, lensum / N, diff, dmax, k3 / nresp,
-                tis / ntok_all, clip / ntok_all, klref / ntok_all, lossm, norm, lr, t_roll,
-                t_train, roll_tps, train_tps, lb_now() - t_start);
-        fflush(stdout);
-        fflush(metrics);
+                   sums[5] / ntok_all, tis / ntok_all, clip / ntok_all, lossm, norm, t_roll,
+                   roll_tps, t_train, train_tps);
+        if (root) {
+            fprintf(metrics,
+                    "{\"step\": %d, \"reward_mean\": %.9g, \"reward_std\": %.9g, \"correct\": "
+                    "%.9g, \"response_len\": %.9g, \"train_rollout_logprob_abs_diff\": %.9g, "
+                    "\"train_rollout_logprob_abs_diff_max\": %.9g, \"train_rollout_k3_kl\": "
+                    "%.9g, \"tis_clip_frac\": %.9g, \"clip_frac\": %.9g, \"kl_ref\": %.9g, "
+                    "\"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"rollout_s\": %.6f, "
+                    "\"train_s\": %.6f, \"rollout_tokens_per_s\": %.1f, "
+                    "\"train_tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
+                    step, rmean, rstd, (double)correct / N, lensum / N, diff, dmax,
+                    sums[5] / ntok_all, tis / ntok_all, clip / ntok_all, klref / ntok_all, lossm,
+                    norm, lr, t_roll, t_train, roll_tps, train_tps, lb_now() - t_start);
+            fflush(stdout);
+            fflush(metrics);
+        }
         if ((c->rl.eval_every > 0 && step % c->rl.eval_every == 0) || step == c->rl.steps) {
-            rl_eval ev = evaluate(c, smp, greedy, max_new);
-            log_eval(c, metrics, step, &ev);
+            rl_eval ev = evaluate(c, smp, greedy, max_new, dpc);
+            if (root) log_eval(c, metrics, step, &ev);
         }
         if ((c->checkpoint.save_every > 0 && step % c->checkpoint.save_every == 0) ||
             step == c->rl.steps) {
             st.step = step;
             snprintf(path, sizeof path, "%s/step_%08d.safetensors", ckdir, step);
-            if (lb_checkpoint_save(path, m, opt.adam_m, opt.adam_v, &st, ini, err, sizeof err) != 0)
+            if (lb_checkpoint_save_dp(path, &opt, &st, ini, comm, err, sizeof err) != 0)
                 lb_die("%s", err);
-            keep_last(ckdir, c->checkpoint.keep);
-            printf("saved %s\n", path);
+            if (root) {
+                keep_last(ckdir, c->checkpoint.keep);
+                printf("saved %s\n", path);
+            }
         }
     }
-    fclose(metrics);
-    for (int i = 0; i < N; i++) {
-        free(qs[i].tok);
-        free(qs[i].lp_roll);
-        free(qs[i].lp_old);
+    if (metrics) fclose(metrics);
+    for (int k = 0; k < nl; k++) {
+        free(qs[own[k]].tok);
+        free(qs[own[k]].lp_roll);
+        free(qs[own[k]].lp_old);
     }
-    free(qs), free(reqs), free(tok), free(tgt), free(lp), free(lpr), free(dfull);
-    free(r_lp), free(r_old), free(r_roll), free(r_ref), free(r_adv), free(r_d);
-    free(rewards), free(adv), free(ini);
+    free(qs), free(reqs), free(own), free(mbk), free(seqv), free(tok), free(tgt), free(lp);
+    free(lpr), free(dfull), free(r_lp), free(r_old), free(r_roll), free(r_ref), free(r_adv);
+    free(r_d), free(rewards), free(adv), free(ini);
     lb_sampler_free(smp);
     lb_sampler_free(greedy);
     lb_optimizer_free(&opt);
     lb_model_free(ref);
     lb_model_free(m);
+    if (dpg == &nccl) lb_comm_free(&nccl);
+    lb_grid_free(&grid);
     be->destroy(be);
     return 0;
 }

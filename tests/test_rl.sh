@@ -5,7 +5,10 @@
 #   after weight updates too (train_rollout_logprob_abs_diff exactly 0, and its maximum);
 # - a resumed RL run continues bit for bit;
 # - `lowbit sample`: greedy output does not depend on slots or forward size, a seed reproduces;
-# - configuration and reward-command mistakes stop with file:line or the command's name.
+# - configuration and reward-command mistakes stop with file:line or the command's name;
+# - data parallelism (mpirun -np 2, ZeRO-1): the same rollouts as one rank, bit for bit, the
+#   same losses and final weights within 1e-5, a one-rank checkpoint resumed under dp2, and
+#   the layouts RL does not run refused with one message.
 set -euo pipefail
 src=${LB_SRCDIR:-.}
 bin=${LB_BUILDDIR:-.}/lowbit
@@ -13,37 +16,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
-"$bin" data "$src/examples/tiny-moe.cfg" --set gen.output="$tmp/arith" --set gen.problems=3000 \
-    > /dev/null
-"$bin" train "$src/examples/tiny-moe.cfg" --set data.train_files="$tmp/arith_train_*.bin" \
-    --set data.val_files= --set model.hidden_size=32 --set model.num_hidden_layers=2 \
-    --set model.head_dim=16 --set model.moe_intermediate_size=32 --set train.seq_len=32 \
-    --set train.micro_batch=8 --set train.steps=15 --set train.warmup_steps=2 \
-    --set train.log_every=0 --set run.out_dir="$tmp/pre" > /dev/null
-init="$tmp/pre/checkpoints/step_00000015.safetensors"
-[ -f "$init" ] || fail "no pretrained checkpoint"
-
-rl=(--set rl.init="$init" --set rl.steps=3 --set rl.prompts=4 --set rl.group=4
-    --set rl.eval_problems=6 --set rl.eval_samples=2 --set rl.eval_every=2
-    --set sample.max_new_tokens=5 --set train.lr=0.003 --set train.log_every=0
-    --set checkpoint.save_every=2)
-
-# field NAME FILE: the values of "NAME" in the step lines of a metrics file
-field() { grep '"reward_mean"' "$2" | sed "s/.*\"$1\": \([^,}]*\).*/\1/"; }
-
-check_zero() {   # NAME DIR: three steps, every abs_diff and its maximum exactly 0
-    local m="$2/metrics.jsonl"
-    [ "$(field step "$m" | wc -l)" = 3 ] || fail "$1: expected 3 RL steps in $m"
-    for f in train_rollout_logprob_abs_diff train_rollout_logprob_abs_diff_max \
-             train_rollout_k3_kl tis_clip_frac; do
-        bad=$(field $f "$m" | grep -vx 0 || true)
-        [ -z "$bad" ] || fail "$1: $f is $bad, not 0"
-    done
-    # the weights moved between rollouts (so steps 2 and 3 sampled from updated weights)
-    field grad_norm "$m" | awk '$1 <= 0 { exit 1 }' || fail "$1: a zero gradient"
-    grep -q '"eval_pass_at_1"' "$m" || fail "$1: no evaluation"
-    echo "$1: train_rollout_logprob_abs_diff = 0 on every step"
-}
+. "$src/tests/rl_setup.sh"   # pretraining, rl, field, check_zero
 
 for r in fp32 bf16 fp8-block mxfp8 nvfp4-moe mxfp4; do
     "$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" --set precision.recipe=$r \
@@ -111,4 +84,62 @@ chmod +x "$tmp/len.sh"
 "$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" --set rl.steps=1 --set rl.rewards= \
     --set rl.reward_command="$tmp/len.sh" --set rl.eval_problems=0 --set run.out_dir="$tmp/cmd2" > /dev/null ||
     fail "an external reward command run"
+
+# Data parallelism: the same run on 1 rank and on 2 (ZeRO-1). Each prompt keeps its seeds and
+# the sampler is batch-invariant, so the rollouts, hence every reward statistic and the
+# evaluations, are equal exactly; losses, KL and gradient norms and the final weights agree to
+# 1e-5 (sums in another order). rl.micro_batch = 2 divides the group and the mini-batch, so
+# both layouts put the same sequences in each forward (the load-balancing loss is a statistic
+# of a forward's tokens). The reward command (the JSON line's length) gives unequal rewards
+# within groups, so the policy gradient is not zero.
+mpi() { local np=$1; shift; timeout 120 mpirun --oversubscribe -np "$np" "$@"; }
+dp=("$src/examples/rl-arith.cfg" "${rl[@]}" --set train.lr=0.0003 --set rl.mini_batches=2
+    --set rl.micro_batch=2 --set rl.kl_coef=0.05 --set rl.rewards= --set "rl.reward_command=wc -c"
+    --set run.threads=1)
+"$bin" rl "${dp[@]}" --set run.out_dir="$tmp/dp1" > "$tmp/dp1.log"
+mpi 2 "$bin" rl "${dp[@]}" --set run.out_dir="$tmp/dp2" > "$tmp/dp2.log" 2>&1 ||
+    fail "dp2 rl: $(tail -n 3 "$tmp/dp2.log")"
+grep -q "ZeRO-1 distributed optimizer" "$tmp/dp2.log" || fail "dp2 does not report ZeRO-1"
+check_zero "dp2" "$tmp/dp2"
+for f in reward_mean reward_std correct response_len; do
+    diff <(field $f "$tmp/dp1/metrics.jsonl") <(field $f "$tmp/dp2/metrics.jsonl") > /dev/null ||
+        fail "dp2: $f differs from one rank"
+done
+field reward_std "$tmp/dp2/metrics.jsonl" | awk '$1 <= 0 { exit 1 }' || fail "dp2: equal rewards"
+diff <(grep eval_pass "$tmp/dp1/metrics.jsonl") <(grep eval_pass "$tmp/dp2/metrics.jsonl") ||
+    fail "dp2: evaluations differ from one rank"
+# near KEY TOL SCALE: every step's KEY of dp1 and dp2 within TOL x max(|one rank's|, SCALE). The
+# loss is a mean of terms -A ratio whose advantages sum to 0 per group (RMS 1), so it is held to
+# the terms' scale (1), not to its own value near 0.
+near() {
+    paste <(field "$1" "$tmp/dp1/metrics.jsonl") <(field "$1" "$tmp/dp2/metrics.jsonl") |
+        awk -v tol="$2" -v scale="$3" -v key="$1" '
+            { d = $1 - $2; a = $1 < 0 ? -$1 : $1; if (d < 0) d = -d; if (a < scale) a = scale
+              r = d / a; if (r > w) w = r }
+            END { printf "dp2 vs 1 rank: %s %.3g\n", key, w; exit !(NR == 3 && w <= tol) }' ||
+        fail "dp2: $1 differs from one rank"
+}
+near loss 1e-5 1
+near kl_ref 1e-5 0
+near grad_norm 1e-5 0
+last() { echo "$tmp/$1/checkpoints/step_00000003.safetensors"; }
+cmp=${LB_BUILDDIR:-.}/tests/ckpt_compare
+out=$("$cmp" "$(last dp1)" "$(last dp2)" 1e-5) || fail "dp2: parameters: $out"
+echo "dp2 vs 1 rank: parameters: $out"
+# The one-rank checkpoint of step 2 resumes under dp2 (ZeRO-1 re-shards the moments).
+mpi 2 "$bin" rl "${dp[@]}" --set checkpoint.resume="$tmp/dp1/checkpoints/step_00000002.safetensors" \
+    --set run.out_dir="$tmp/dp2r" > "$tmp/dp2r.log" 2>&1 || fail "dp2 resume: $(tail -n 3 "$tmp/dp2r.log")"
+[ "$(field reward_mean "$tmp/dp2r/metrics.jsonl")" = "$(field reward_mean "$tmp/dp1/metrics.jsonl" | tail -n 1)" ] ||
+    fail "dp2 resumed: step 3's rollouts differ"
+out=$("$cmp" "$(last dp1)" "$(last dp2r)" 1e-5) || fail "dp2 resumed: parameters: $out"
+# Layouts RL does not run: one message, before any work.
+for bad in "pp=2:parallel.pp = 2: lowbit rl runs without pipeline parallelism" \
+           "tp=2:parallel.tp = 2: lowbit rl runs data-parallel layouts only" \
+           "ep=2:parallel.ep = 2: lowbit rl runs data-parallel layouts only"; do
+    rm -rf "$tmp/bad"
+    mpi 2 "$bin" rl "${dp[@]}" --set parallel.${bad%%:*} --set run.out_dir="$tmp/bad" \
+        > /dev/null 2> "$tmp/err" && fail "parallel.${bad%%:*}: exit 0"
+    [ "$(grep -Ec -- "${bad#*:}" "$tmp/err")" = 1 ] || { cat "$tmp/err"; fail "parallel.${bad%%:*}: message"; }
+    [ ! -e "$tmp/bad" ] || fail "parallel.${bad%%:*}: work was done"
+done
 echo "PASS"
