@@ -7,14 +7,35 @@
 
 static int is_low(lb_format f) { return f != LB_FMT_FP32 && f != LB_FMT_BF16; }
 
+// Grows one buffer of backend memory to at least n bytes (contents not kept).
+static void *grow(lb_backend *be, void *p, size_t *cap, size_t n)
+{
+    if (*cap >= n) return p;
+    if (p) be->free(be, p);
+    *cap = n;
+    return be->alloc(be, n);
+}
+
 static float *scratch(lb_linear *L, int i, size_t n)
 {
-    if (L->scratch_n[i] < n) {
-        if (L->scratch[i]) L->be->free(L->be, L->scratch[i]);
-        L->scratch[i] = L->be->alloc(L->be, n * sizeof(float));
-        L->scratch_n[i] = n;
+    return L->scratch[i] = grow(L->be, L->scratch[i], &L->scratch_n[i], n * sizeof(float));
+}
+
+void lb_linear_qscratch(lb_linear *L, int i, lb_qmat *q, int rows, int cols,
+                        const lb_quant_args *a)
+{
+    if (i < 0 || i >= LB_LINEAR_QSCRATCH) lb_die("lb_linear_qscratch: no scratch %d", i);
+    lb_qscratch *s = &L->qscratch[i];
+    memset(q, 0, sizeof *q);
+    lb_qmat_layout(q, rows, cols, a);
+    s->data = grow(L->be, s->data, &s->data_n, lb_qmat_data_bytes(q));
+    s->scale = grow(L->be, s->scale, &s->scale_n, lb_qmat_scale_bytes(q));
+    q->data = s->data;
+    q->scale = s->scale;
+    if (q->nscale2) {
+        s->scale2 = grow(L->be, s->scale2, &s->scale2_n, (size_t)q->nscale2 * sizeof(float));
+        q->scale2 = s->scale2;
     }
-    return L->scratch[i];
 }
 
 void lb_linear_free(lb_linear *L)
@@ -23,6 +44,13 @@ void lb_linear_free(lb_linear *L)
         if (L->scratch[i]) L->be->free(L->be, L->scratch[i]);
     memset(L->scratch, 0, sizeof L->scratch);
     memset(L->scratch_n, 0, sizeof L->scratch_n);
+    for (int i = 0; i < LB_LINEAR_QSCRATCH; i++) {
+        lb_qscratch *s = &L->qscratch[i];
+        if (s->data) L->be->free(L->be, s->data);
+        if (s->scale) L->be->free(L->be, s->scale);
+        if (s->scale2) L->be->free(L->be, s->scale2);
+    }
+    memset(L->qscratch, 0, sizeof L->qscratch);
 }
 
 // Stream id of one quantized operand, for stochastic rounding and random Hadamard signs.
@@ -132,11 +160,9 @@ static void gemm_act_q(lb_linear *L, const float *a, int m, int k, const lb_quan
 {
     lb_backend *be = L->be;
     lb_qmat q;
-    memset(&q, 0, sizeof q);
-    be->qmat_alloc(be, &q, m, k, aa);
+    lb_linear_qscratch(L, 0, &q, m, k, aa);
     be->quantize(be, &q, a, m, k, aa);
     be->gemm_q(be, m, n, k, 1.0f, &q, b, beta, c);
-    be->qmat_free(be, &q);
 }
 
 void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
@@ -171,11 +197,9 @@ static float *fprop_dequant(lb_linear *L, int slot, int layer, lb_role role, int
     }
     lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, e, 0));
     lb_qmat q;
-    memset(&q, 0, sizeof q);
-    be->qmat_alloc(be, &q, n, in, &a);
+    lb_linear_qscratch(L, 0, &q, n, in, &a);
     be->quantize(be, &q, x, n, in, &a);
     be->dequantize(be, out, &q);
-    be->qmat_free(be, &q);
     return out;
 }
 
@@ -255,15 +279,11 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
         lb_quant_args ad = act_args(L, G, 1, 1, operand_id(layer, role, LB_PASS_WGRAD, e, 0));
         lb_quant_args ax = act_args(L, G, 1, 0, operand_id(layer, role, LB_PASS_WGRAD, e, 1));
         lb_qmat qd, qx;
-        memset(&qd, 0, sizeof qd);
-        memset(&qx, 0, sizeof qx);
-        be->qmat_alloc(be, &qd, nk, out, &ad);
-        be->qmat_alloc(be, &qx, nk, in, &ax);
+        lb_linear_qscratch(L, 0, &qd, nk, out, &ad);
+        lb_linear_qscratch(L, 1, &qx, nk, in, &ax);
         be->quantize(be, &qd, hdy, nk, out, &ad);
         be->quantize(be, &qx, hx, nk, in, &ax);
         be->gemm_q(be, out, in, nk, 1.0f, &qd, &qx, 1.0f, dw);
-        be->qmat_free(be, &qd);
-        be->qmat_free(be, &qx);
     }
 }
 

@@ -21,13 +21,32 @@ typedef struct {
     float *bf16;                   // (count, out, in) BF16-rounded weights, when a pass is BF16
 } lb_wcache;
 
+// Grow-only buffers for one quantized operand (backend memory): quantize writes every byte of
+// a layout, so reusing them gives the same bits as a fresh lb_qmat, without an allocation (and
+// on CUDA a stream wait in qmat_free) per GEMM.
+typedef struct {
+    uint8_t *data;
+    void *scale;
+    float *scale2;
+    size_t data_n, scale_n, scale2_n;   // capacities in bytes
+} lb_qscratch;
+
+#define LB_LINEAR_QSCRATCH 2   // quantized operands live at once (wgrad's two)
+
 typedef struct {
     lb_backend *be;
     const lb_contract *contract;
     uint64_t seed, step;           // stochastic rounding and random Hadamard signs
     float *scratch[4];             // grow-only fp32 scratch (backend memory)
-    size_t scratch_n[4];
+    size_t scratch_n[4];           // their capacities in bytes
+    lb_qscratch qscratch[LB_LINEAR_QSCRATCH];
 } lb_linear;
+
+// q laid out for x (rows, cols) under a, its buffers those of L's quantized scratch i (grown as
+// needed). Valid until the next call with the same i; work queued earlier that reads the old
+// contents stays ordered before any later write (one stream). Not to be freed by the caller.
+void lb_linear_qscratch(lb_linear *L, int i, lb_qmat *q, int rows, int cols,
+                        const lb_quant_args *a);
 
 // Builds (or rebuilds after an optimizer step) the cache of weight w (count, out, in) used at
 // (layer, role). Cheap when every pass is FP32 (nothing is stored).

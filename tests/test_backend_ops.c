@@ -198,7 +198,8 @@ START_TEST(test_table_and_memory)
         (void (*)(void))gpu->qmat_alloc, (void (*)(void))gpu->qmat_free,
         (void (*)(void))gpu->quantize, (void (*)(void))gpu->dequantize,
         (void (*)(void))gpu->gemm_q, (void (*)(void))gpu->hadamard,
-        (void (*)(void))gpu->round_bf16,
+        (void (*)(void))gpu->round_bf16, (void (*)(void))gpu->kv_append,
+        (void (*)(void))gpu->attention_cached, (void (*)(void))gpu->cross_entropy_bwd_rows,
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
         ck_assert_msg(fns[i] != NULL, "table entry %zu is NULL", i);
@@ -839,19 +840,30 @@ static void ce_case(int n, int v)
     float *l = randn(nv, 3), *loss = lb_malloc((size_t)n * 4), *dl = lb_malloc(nv * 4);
     int32_t *tgt = randint(n, 0, v);
     tgt[n / 3] = -1, tgt[n - 1] = -100;   // ignored rows
+    // bwd_rows: one weight per row, of either sign (GRPO's d loss / d logprob); one row 0.37,
+    // the scalar op's dloss, so that row must equal cross_entropy_bwd's bit for bit
+    float *w = randn((size_t)n, 1), *dlr = lb_malloc(nv * 4);
+    w[n / 2] = 0.37f;
     cpu->cross_entropy_fwd(cpu, loss, l, tgt, n, v);
     cpu->cross_entropy_bwd(cpu, dl, l, tgt, 0.37f, n, v);
+    cpu->cross_entropy_bwd_rows(cpu, dlr, l, tgt, w, n, v);
     float *L = dput(l, nv * 4), *LS = gpu->alloc(gpu, (size_t)n * 4), *DL = gpu->alloc(gpu, nv * 4);
+    float *W = dput(w, (size_t)n * 4), *DR = gpu->alloc(gpu, nv * 4);
     int32_t *T = dput(tgt, (size_t)n * 4);
-    float *keep[2][3];
+    float *keep[2][5];
     for (int r = 0; r < 2; r++) {
-        poison(LS, (size_t)n * 4), poison(DL, nv * 4);
+        poison(LS, (size_t)n * 4), poison(DL, nv * 4), poison(DR, nv * 4);
         gpu->cross_entropy_fwd(gpu, LS, L, T, n, v);
         gpu->cross_entropy_bwd(gpu, DL, L, T, 0.37f, n, v);
+        gpu->cross_entropy_bwd_rows(gpu, DR, L, T, W, n, v);
         keep[r][0] = hget(LS, (size_t)n * 4), keep[r][1] = hget(DL, nv * 4);
+        keep[r][3] = hget(DR, nv * 4);
         float *IN = dput(l, nv * 4);   // dlogits aliasing logits
         gpu->cross_entropy_bwd(gpu, IN, IN, T, 0.37f, n, v);
         keep[r][2] = hget(IN, nv * 4);
+        gpu->upload(gpu, IN, l, nv * 4);
+        gpu->cross_entropy_bwd_rows(gpu, IN, IN, T, W, n, v);
+        keep[r][4] = hget(IN, nv * 4);
         dfree(IN);
     }
     char what[96];
@@ -862,10 +874,20 @@ static void ce_case(int n, int v)
     CHECK_BITS("cross_entropy_bwd in place", keep[0][2], keep[0][1], nv * 4);
     CHECK_BITS("cross_entropy_fwd, run twice", keep[0][0], keep[1][0], (size_t)n * 4);
     CHECK_BITS("cross_entropy_bwd, run twice", keep[0][1], keep[1][1], nv * 4);
+    snprintf(what, sizeof what, "cross_entropy_bwd_rows n %d v %d", n, v);
+    CHECK_NMSE(what, keep[0][3], dlr, nv, B_ROUND);
+    CHECK_BITS("cross_entropy_bwd_rows in place", keep[0][4], keep[0][3], nv * 4);
+    CHECK_BITS("cross_entropy_bwd_rows, run twice", keep[0][3], keep[1][3], nv * 4);
+    CHECK_BITS("cross_entropy_bwd_rows row of weight 0.37 vs bwd",
+               keep[0][3] + (size_t)(n / 2) * v, keep[0][1] + (size_t)(n / 2) * v, (size_t)v * 4);
     ck_assert(keep[0][0][n / 3] == 0.0f && keep[0][0][n - 1] == 0.0f);
-    for (int j = 0; j < v; j++) ck_assert(keep[0][1][(size_t)(n / 3) * v + j] == 0.0f);
-    for (int r = 0; r < 2; r++) free(keep[r][0]), free(keep[r][1]), free(keep[r][2]);
-    dfree(L), dfree(LS), dfree(DL), dfree(T), free(l), free(loss), free(dl), free(tgt);
+    for (int j = 0; j < v; j++)
+        ck_assert(keep[0][1][(size_t)(n / 3) * v + j] == 0.0f &&
+                  keep[0][3][(size_t)(n / 3) * v + j] == 0.0f);
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 5; i++) free(keep[r][i]);
+    dfree(L), dfree(LS), dfree(DL), dfree(T), dfree(W), dfree(DR);
+    free(l), free(loss), free(dl), free(tgt), free(w), free(dlr);
 }
 
 START_TEST(test_cross_entropy)
@@ -1543,6 +1565,215 @@ START_TEST(test_batch_invariance_gemm_q)
 }
 END_TEST
 
+// --- KV cache: kv_append and attention_cached (sampling) --------------------------------------
+//
+// kv_append is a copy: the GPU cache must equal the CPU cache byte for byte after the same calls,
+// positions never appended included (both start as 0xff bytes, so a stray write shows).
+// attention_cached reads both caches (identical bytes) and is compared like attention_fwd: fp32
+// online softmax over up to `cap` keys on the GPU against the CPU's double sums, B_ACCUM.
+
+typedef struct {
+    lb_kv_layer h, d;   // the CPU cache (host memory) and the GPU cache (device memory)
+    size_t rows, nb;    // cache rows (slots * cap * hkv) and fp8 scales per row
+} kv_pair;
+
+static size_t kv_elem_bytes(const kv_pair *p) { return p->h.fp8 ? 1 : 4; }
+
+static void kv_pair_init(kv_pair *p, int fp8, int slots, int cap, int hkv, int d)
+{
+    memset(p, 0, sizeof *p);
+    p->h = (lb_kv_layer){fp8, slots, cap, hkv, d, NULL, NULL, NULL, NULL};
+    p->d = p->h;
+    p->rows = (size_t)slots * cap * hkv;
+    p->nb = ((size_t)d + 127) / 128;
+    size_t kb = p->rows * d * kv_elem_bytes(p), sb = p->rows * p->nb * 4;
+    p->h.k = lb_malloc(kb), p->h.v = lb_malloc(kb);
+    memset(p->h.k, 0xff, kb), memset(p->h.v, 0xff, kb);
+    p->d.k = dpoisoned(kb), p->d.v = dpoisoned(kb);
+    if (fp8) {
+        p->h.ks = lb_malloc(sb), p->h.vs = lb_malloc(sb);
+        memset(p->h.ks, 0xff, sb), memset(p->h.vs, 0xff, sb);
+        p->d.ks = dpoisoned(sb), p->d.vs = dpoisoned(sb);
+    }
+}
+
+static void kv_pair_free(kv_pair *p)
+{
+    free(p->h.k), free(p->h.v), free(p->h.ks), free(p->h.vs);
+    dfree(p->d.k), dfree(p->d.v);
+    if (p->d.ks) dfree(p->d.ks), dfree(p->d.vs);
+}
+
+// The GPU cache's four arrays equal the CPU's, byte for byte.
+static void kv_pair_compare(const kv_pair *p, const char *what)
+{
+    size_t kb = p->rows * p->h.d * kv_elem_bytes(p), sb = p->rows * p->nb * 4;
+    const void *hp[4] = {p->h.k, p->h.v, p->h.ks, p->h.vs};
+    const void *dp[4] = {p->d.k, p->d.v, p->d.ks, p->d.vs};
+    const char *names[4] = {"k", "v", "k scales", "v scales"};
+    for (int a = 0; a < (p->h.fp8 ? 4 : 2); a++) {
+        size_t bytes = a < 2 ? kb : sb;
+        unsigned char *got = hget(dp[a], bytes);
+        char w[160];
+        snprintf(w, sizeof w, "%s: cache %s", what, names[a]);
+        CHECK_BITS(w, got, hp[a], bytes);
+        free(got);
+    }
+}
+
+// Appends n rows at (slot, pos) to both caches: k, v (n, hkv, d) fp32, or for an fp8 cache their
+// row-wise fp8-block quantizations (the CPU's bytes uploaded, so only kv_append is under test).
+static void kv_pair_append(kv_pair *p, const float *k, const float *v, const int32_t *slot,
+                           const int32_t *pos, int n)
+{
+    int hkv = p->h.hkv, d = p->h.d;
+    size_t nk = (size_t)n * hkv * d;
+    int32_t *S = dput(slot, (size_t)n * 4), *P = dput(pos, (size_t)n * 4);
+    if (!p->h.fp8) {
+        cpu->kv_append(cpu, &p->h, k, v, NULL, NULL, slot, pos, n);
+        float *K = dput(k, nk * 4), *V = dput(v, nk * 4);
+        gpu->kv_append(gpu, &p->d, K, V, NULL, NULL, S, P, n);
+        dfree(K), dfree(V);
+    } else {
+        lb_quant_args a;
+        memset(&a, 0, sizeof a);
+        a.fmt = LB_FMT_FP8_BLOCK;
+        a.elem = LB_E4M3;
+        lb_qmat hk, hv, dk, dv;
+        lb_qmat_alloc(&hk, n * hkv, d, &a);
+        lb_qmat_alloc(&hv, n * hkv, d, &a);
+        lb_quantize(&hk, k, n * hkv, d, &a);
+        lb_quantize(&hv, v, n * hkv, d, &a);
+        cpu->kv_append(cpu, &p->h, NULL, NULL, &hk, &hv, slot, pos, n);
+        qmat_put(&dk, &hk, &a, n * hkv, d);
+        qmat_put(&dv, &hv, &a, n * hkv, d);
+        gpu->kv_append(gpu, &p->d, NULL, NULL, &dk, &dv, S, P, n);   // k, v not read
+        gpu->qmat_free(gpu, &dk), gpu->qmat_free(gpu, &dv);
+        lb_qmat_free(&hk), lb_qmat_free(&hv);
+    }
+    dfree(S), dfree(P);
+}
+
+// Slot s holds len[s] positions, appended in calls of up to 13 rows that interleave the slots
+// (position-major, slots in a scrambled order), as the sampler's prefill chunks and decode rows
+// do. Keys and values have per-(token, head) magnitudes exp(N(0, 1)), so fp8 scales differ.
+static void kv_fill(kv_pair *p, const int *len)
+{
+    int slots = p->h.slots, hkv = p->h.hkv, d = p->h.d, maxlen = 0, total = 0;
+    for (int s = 0; s < slots; s++) maxlen = len[s] > maxlen ? len[s] : maxlen, total += len[s];
+    int32_t *slot = lb_malloc((size_t)total * 4), *pos = lb_malloc((size_t)total * 4);
+    int r = 0;
+    for (int t = 0; t < maxlen; t++)
+        for (int s0 = 0; s0 < slots; s0++) {
+            int s = (s0 * 3 + 1) % slots;   // slots coprime to 3 in the cases below
+            if (t < len[s]) slot[r] = s, pos[r] = t, r++;
+        }
+    float *k = scaled_randn(total * hkv, d), *v = scaled_randn(total * hkv, d);
+    enum { CH = 13 };
+    for (int r0 = 0; r0 < total; r0 += CH) {
+        int n = total - r0 < CH ? total - r0 : CH;
+        size_t o = (size_t)r0 * hkv * d;
+        kv_pair_append(p, k + o, v + o, slot + r0, pos + r0, n);
+    }
+    free(k), free(v), free(slot), free(pos);
+}
+
+static void kv_append_case(int fp8, int slots, int cap, int hkv, int d)
+{
+    kv_pair p;
+    kv_pair_init(&p, fp8, slots, cap, hkv, d);
+    int len[8];
+    for (int s = 0; s < slots; s++) len[s] = (int)(lb_rand_u64(seed, next_stream, s) % cap);
+    next_stream++;
+    len[slots - 1] = cap;   // one slot full to the last position; others shorter, maybe empty
+    kv_fill(&p, len);
+    char what[128];
+    snprintf(what, sizeof what, "kv_append fp8 %d slots %d cap %d hkv %d d %d", fp8, slots, cap,
+             hkv, d);
+    kv_pair_compare(&p, what);
+    // Rewriting positions in place (a slot reused by the next request) overwrites them.
+    int32_t slot[3] = {0, slots - 1, slots - 1}, pos[3] = {0, cap - 1, 3};
+    float *k = randn((size_t)3 * hkv * d, 1), *v = randn((size_t)3 * hkv * d, 1);
+    kv_pair_append(&p, k, v, slot, pos, 3);
+    snprintf(what, sizeof what, "kv_append fp8 %d d %d, overwrite", fp8, d);
+    kv_pair_compare(&p, what);
+    free(k), free(v);
+    kv_pair_free(&p);
+}
+
+START_TEST(test_kv_append)
+{
+    kv_append_case(0, 5, 41, 3, 72);
+    kv_append_case(0, 4, 29, 2, 128);
+    kv_append_case(1, 5, 41, 3, 72);    // one partial fp8 block per row
+    kv_append_case(1, 4, 37, 1, 160);   // a full and a partial block per row
+}
+END_TEST
+
+// n query rows at random (slot, position) of the filled caches, hq = group * hkv heads; rows 0..3
+// take position 0, the last position of the fullest slot and the chunk edges 31 and 32.
+static void attention_cached_case(int fp8, int slots, int cap, int hkv, int group, int d, int n)
+{
+    kv_pair p;
+    kv_pair_init(&p, fp8, slots, cap, hkv, d);
+    int len[8];
+    for (int s = 0; s < slots; s++)
+        len[s] = 1 + (int)(lb_rand_u64(seed, next_stream, s) % (uint64_t)cap);
+    next_stream++;
+    len[0] = cap;
+    kv_fill(&p, len);
+    int hq = hkv * group;
+    size_t nq = (size_t)n * hq * d;
+    int32_t *slot = randint(n, 0, slots), *pos = lb_malloc((size_t)n * 4);
+    for (int i = 0; i < n; i++)
+        pos[i] = (int32_t)(lb_rand_u64(seed, next_stream, i) % (uint64_t)len[slot[i]]);
+    next_stream++;
+    const int edge[4] = {0, cap - 1, 31, 32};
+    for (int i = 0; i < 4 && i < n; i++) slot[i] = 0, pos[i] = edge[i] < cap ? edge[i] : 0;
+    float *q = randn(nq, 1), *out = lb_malloc(nq * 4);
+    cpu->attention_cached(cpu, out, q, &p.h, slot, pos, n, hq);
+    float *Q = dput(q, nq * 4), *O = gpu->alloc(gpu, nq * 4);
+    int32_t *S = dput(slot, (size_t)n * 4), *P = dput(pos, (size_t)n * 4);
+    float *keep[2];
+    for (int r = 0; r < 2; r++) {
+        poison(O, nq * 4);
+        gpu->attention_cached(gpu, O, Q, &p.d, S, P, n, hq);
+        keep[r] = hget(O, nq * 4);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "attention_cached fp8 %d n %d hq %d hkv %d d %d cap %d", fp8, n,
+             hq, hkv, d, cap);
+    CHECK_NMSE(what, keep[0], out, nq, B_ACCUM);
+    CHECK_BITS("attention_cached, run twice", keep[0], keep[1], nq * 4);
+    // Row 1 (the longest) alone equals its result among the n rows (batch invariance).
+    float *O1 = dpoisoned((size_t)hq * d * 4);
+    gpu->attention_cached(gpu, O1, Q + (size_t)hq * d, &p.d, S + 1, P + 1, 1, hq);
+    float *one = hget(O1, (size_t)hq * d * 4);
+    CHECK_BITS("attention_cached, a row alone vs among all", one, keep[0] + (size_t)hq * d,
+               (size_t)hq * d * 4);
+    // Position 0 attends to its own key alone: the output is that value row.
+    if (!fp8)
+        for (int h = 0; h < hq; h++)
+            for (int x = 0; x < d; x++)
+                ck_assert(keep[0][(size_t)h * d + x] ==
+                          ((float *)p.h.v)[(size_t)(h / group) * d + x]);
+    free(one), dfree(O1), free(keep[0]), free(keep[1]);
+    dfree(Q), dfree(O), dfree(S), dfree(P);
+    free(q), free(out), free(slot), free(pos);
+    kv_pair_free(&p);
+}
+
+START_TEST(test_attention_cached)
+{
+    attention_cached_case(0, 5, 100, 2, 3, 64, 37);    // GQA 3:1, keys up to 100
+    attention_cached_case(0, 4, 70, 4, 8, 128, 29);    // Qwen3-30B-A3B's heads (32 q, 4 kv)
+    attention_cached_case(0, 7, 41, 3, 1, 24, 53);     // no grouping, head dim below a warp
+    attention_cached_case(0, 2, 45, 1, 2, 256, 11);    // the largest head dim
+    attention_cached_case(1, 5, 100, 2, 3, 64, 37);    // fp8 cache, one partial block
+    attention_cached_case(1, 4, 70, 2, 2, 160, 23);    // fp8, two blocks per row
+}
+END_TEST
+
 int main(void)
 {
     const char *s = getenv("LB_TEST_SEED");
@@ -1591,6 +1822,8 @@ int main(void)
     tcase_add_test(tc, test_hadamard);
     tcase_add_test(tc, test_round_bf16);
     tcase_add_test(tc, test_gemm_q);
+    tcase_add_test(tc, test_kv_append);
+    tcase_add_test(tc, test_attention_cached);
     suite_add_tcase(su, tc);
     tc = tcase_create("invariance");
     tcase_add_test(tc, test_batch_invariance_gemm);

@@ -513,7 +513,7 @@ static int same_results(const req_set *a, const req_set *b)
 // The same seeds give the same completions and bitwise the same log-probs with one slot, with
 // three, with all requests at once and tiny or large forward calls, and with the requests
 // given in reverse order (each request keeps its own stream); another seed changes them.
-START_TEST(test_sampler_batch_composition)
+static void batch_composition_cases(void)
 {
     for (int r = 0; r < NRECIPES; r += 2) {
         lb_model *m = make_model("qwen3_moe", recipes[r], 0, 43);
@@ -550,6 +550,8 @@ START_TEST(test_sampler_batch_composition)
         lb_model_free(m);
     }
 }
+
+START_TEST(test_sampler_batch_composition) { batch_composition_cases(); }
 END_TEST
 
 // lb_sample_token on a fixed row: top-k and top-p keep the allowed tokens only; a grid of u
@@ -726,7 +728,9 @@ int lb_cuda_device_count(void);   // kernels/cuda/device.cu
 static lb_backend *gpu;
 
 // The same checks on the CUDA backend: its cached attention against its own attention_fwd,
-// its cached forward against its training forward, its sampler against its trainer, bitwise.
+// its cached forward against its training forward, its sampler against its trainer, a
+// sequence's log-probs alone and in a batch of 16, and seeded completions whatever the batch
+// composition, bitwise.
 START_TEST(test_gpu)
 {
     lb_backend *cpu = be;
@@ -736,6 +740,7 @@ START_TEST(test_gpu)
     cached_forward_cases();
     logprobs_1_vs_16_cases();
     greedy_cases();
+    batch_composition_cases();
     be = cpu;
 }
 END_TEST

@@ -19,10 +19,7 @@
 set -euo pipefail
 src=${LB_SRCDIR:-.}
 bin=${LB_BUILDDIR:-.}/lowbit
-ndev=$("$bin" info "$src/examples/tiny-moe.cfg" 2>/dev/null | awk '/^CUDA/ {print $2}')
-case "$ndev" in
-    ''|*[!0-9]*|0) echo "SKIP: no CUDA backend or no visible device (lowbit info: CUDA ${ndev:-?})"; exit 77 ;;
-esac
+. "$src/tests/need_cuda.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }

@@ -436,7 +436,7 @@ __device__ __forceinline__ float kv_load(const lb_kv_layer &c, const void *data,
 {
     if (!c.fp8) return ((const float *)data)[row * c.d + x];
     const float e = kv_e4m3(((const uint8_t *)data)[row * c.d + x]);
-    return e * scales[row * nb + x / 128];
+    return __fmul_rn(e, scales[row * nb + x / 128]);   // as quant.cu's dequantize rounds it
 }
 
 __device__ __forceinline__ bool kv_row_ok(const lb_kv_layer &c, int sl, int ps)
@@ -490,7 +490,8 @@ static void cuda_kv_append(lb_backend *be, const lb_kv_layer *c, const float *k,
         const struct lb_qmat *qs[2] = {kq, vq};
         for (int w = 0; w < 2; w++) {
             const struct lb_qmat *q = qs[w];
-            if (!q || q->fmt != LB_FMT_FP8_BLOCK || q->brows != 1 || q->bcols != 128 ||
+            if (!q || q->fmt != LB_FMT_FP8_BLOCK || q->elem != LB_E4M3 || q->brows != 1 ||
+                q->bcols != 128 ||
                 q->rows != n * c->hkv || q->cols != c->d)
                 lb_die("kv_append: an fp8 cache takes row-wise fp8-block (1x128) "
                        "quantizations of (%d, %d)", n * c->hkv, c->d);
