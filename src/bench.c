@@ -14,6 +14,7 @@
 #include "kernels/quant/quant.h"
 #include "src/commands.h"
 #include "src/optim.h"
+#include "src/sampler.h"
 #include "src/util.h"
 
 #ifdef LB_HAVE_CUDA
@@ -41,6 +42,17 @@ static double time_it(lb_backend *be, const lb_config *c, bench_fn fn, void *arg
     for (int i = 0; i < c->bench.iters; i++) fn(be, arg);
     be->sync(be);
     return (lb_now() - t0) / c->bench.iters;
+}
+
+// Peak device memory (CUDA) or peak resident host memory (CPU), GiB.
+static double peak_gib(lb_backend *be)
+{
+#ifdef LB_HAVE_CUDA
+    if (!strcmp(be->name, "cuda")) return lb_cuda_mem_peak() / (1024.0 * 1024.0 * 1024.0);
+#endif
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0 / 1024.0;
 }
 
 typedef struct {
@@ -206,21 +218,36 @@ static int bench_attention(lb_backend *be, const lb_config *c)
     return 0;
 }
 
-static int bench_train(lb_backend *be, const lb_config *c)
+// A model of [model] with random weights under [precision]; NULL (message printed) on error.
+static lb_model *bench_model(lb_backend *be, const lb_config *c)
 {
     char err[1024];
     lb_model *m = lb_model_create(&c->model, be, err, sizeof err);
     if (!m || lb_model_set_precision(m, &c->precision, c->run.seed, err, sizeof err) != 0) {
         fprintf(stderr, "lowbit bench: %s\n", err);
-        return 1;
+        lb_model_free(m);
+        return NULL;
     }
     lb_model_init_params(m, c->run.seed);
+    return m;
+}
+
+// AdamW with [train]'s settings on a schedule too long to end while timing.
+static void bench_optimizer(lb_optimizer *o, lb_model *m, const lb_config *c)
+{
     lb_optim_config oc = {.lr = c->train.lr, .min_lr = c->train.min_lr, .total_steps = 1000000,
                           .beta1 = c->train.beta1, .beta2 = c->train.beta2,
                           .eps = c->train.adam_eps, .weight_decay = c->train.weight_decay,
                           .grad_clip = c->train.grad_clip};
+    lb_optimizer_init(o, m, &oc);
+}
+
+static int bench_train(lb_backend *be, const lb_config *c)
+{
+    lb_model *m = bench_model(be, c);
+    if (!m) return 1;
     lb_optimizer opt;
-    lb_optimizer_init(&opt, m, &oc);
+    bench_optimizer(&opt, m, c);
     int B = c->train.micro_batch, T = c->train.seq_len;
     size_t n = (size_t)B * T;
     int32_t *tok = lb_malloc(n * sizeof(int32_t)), *tgt = lb_malloc(n * sizeof(int32_t));
@@ -244,12 +271,7 @@ static int bench_train(lb_backend *be, const lb_config *c)
     }
     double step = total / c->bench.iters, tps = n / step;
     double flops = lb_model_flops_per_token(&m->cfg, T) * tps;
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    double mem = ru.ru_maxrss / 1024.0 / 1024.0;   // GiB (host)
-#ifdef LB_HAVE_CUDA
-    if (!strcmp(be->name, "cuda")) mem = lb_cuda_mem_peak() / (1024.0 * 1024.0 * 1024.0);
-#endif
+    double mem = peak_gib(be);
     printf("train %s %s: %d x %d tokens, %.4f s/step, %.0f tokens/s, %.1f model TFLOP/s, "
            "MFU %.3f (989 TFLOP/s), peak memory %.1f GiB, loss %.4f\n",
            m->cfg.arch, c->precision.recipe, B, T, step, tps, flops / 1e12, flops / 989e12, mem,
@@ -260,6 +282,195 @@ static int bench_train(lb_backend *be, const lb_config *c)
     free(tok);
     free(tgt);
     return 0;
+}
+
+// --- rollout and RL step ---------------------------------------------------------------------
+// The sampler (src/sampler.c) on the [model] of the file with random weights under [precision]:
+// bench.rollout_batch random prompts of bench.rollout_prompt tokens, each generating exactly
+// bench.rollout_new tokens (no stop token), all in flight at once (slots = batch), with the
+// [sample] policy settings; what ../shared/bench/peer_hf_generate.py measures with generate().
+
+typedef struct {
+    int B, P, N;                   // sequences, prompt and new tokens per sequence
+    int32_t *prompt;               // (B, P)
+    int32_t *out;                  // (B, N) generated tokens
+    float *lp;                     // (B, N) their log-probs
+    lb_sample_req *req;            // (B)
+} rollout_reqs;
+
+static void rollout_reqs_init(rollout_reqs *r, int B, int P, int N, int vocab, uint64_t seed)
+{
+    r->B = B, r->P = P, r->N = N;
+    r->prompt = lb_malloc((size_t)B * P * sizeof(int32_t));
+    r->out = lb_malloc((size_t)B * N * sizeof(int32_t));
+    r->lp = lb_malloc((size_t)B * N * sizeof(float));
+    r->req = lb_calloc((size_t)B, sizeof *r->req);
+    for (size_t i = 0; i < (size_t)B * P; i++)
+        r->prompt[i] = (int32_t)(lb_rand_u64(seed, 3, i) % (uint64_t)vocab);
+    for (int b = 0; b < B; b++)
+        r->req[b] = (lb_sample_req){r->prompt + (size_t)b * P, P, seed, lb_sample_stream(b, 0),
+                                    r->out + (size_t)b * N, r->lp + (size_t)b * N, 0, 0};
+}
+
+static void rollout_reqs_free(rollout_reqs *r)
+{
+    free(r->prompt), free(r->out), free(r->lp), free(r->req);
+}
+
+// A sampler for B sequences of P + N positions; NULL (message printed) on a bad setting.
+static lb_sampler *rollout_sampler(const lb_config *c, lb_model *m, int B, int P, int N)
+{
+    lb_sampler_config sc = {(float)c->sample.temperature, (float)c->sample.top_p,
+                            c->sample.top_k, N, 0, {0}, B,
+                            c->sample.max_rows > B ? c->sample.max_rows : B};
+    char err[512];
+    lb_sampler *s = lb_sampler_create(m, &sc, P + N, err, sizeof err);
+    if (!s) fprintf(stderr, "lowbit bench: %s\n", err);
+    return s;
+}
+
+// Runs the B requests of r (stats, seconds included, in *st). 0, or 1 with a message printed.
+static int rollout_run(lb_sampler *s, rollout_reqs *r, lb_sample_stats *st)
+{
+    char err[512];
+    if (lb_sampler_run(s, r->req, r->B, st, err, sizeof err) != 0) {
+        fprintf(stderr, "lowbit bench: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
+
+// The peer's warm-up: 16-token prompts, 8 new tokens, same batch (plans, scratch, the cache).
+static int rollout_warmup(const lb_config *c, lb_model *m)
+{
+    int B = c->bench.rollout_batch, P = c->bench.rollout_prompt < 16 ? c->bench.rollout_prompt : 16;
+    lb_sampler *s = rollout_sampler(c, m, B, P, 8);
+    if (!s) return 1;
+    rollout_reqs r;
+    rollout_reqs_init(&r, B, P, 8, m->cfg.vocab_size, c->sample.seed + 1);
+    lb_sample_stats st;
+    int rc = rollout_run(s, &r, &st);
+    rollout_reqs_free(&r);
+    lb_sampler_free(s);
+    return rc;
+}
+
+static void print_rollout(const lb_config *c, lb_backend *be, const lb_model *m,
+                          const lb_sample_stats *st)
+{
+    printf("rollout %s %s: batch %d, prompt %d, new %d, KV cache %s, max_rows %d: %.3f s, "
+           "%.0f generated tokens/s (%ld generated, %ld prefill tokens, %ld forward calls), "
+           "peak memory %.1f GiB\n",
+           m->cfg.arch, c->precision.recipe, c->bench.rollout_batch, c->bench.rollout_prompt,
+           c->bench.rollout_new, c->sample.kv_cache,
+           c->sample.max_rows > c->bench.rollout_batch ? c->sample.max_rows : c->bench.rollout_batch,
+           st->seconds, st->generated / st->seconds, st->generated, st->prefill_tokens,
+           st->forwards, peak_gib(be));
+    fflush(stdout);
+}
+
+static int bench_rollout(lb_backend *be, const lb_config *c)
+{
+    lb_model *m = bench_model(be, c);
+    if (!m) return 1;
+    lb_model_set_kv_fp8(m, !strcmp(c->sample.kv_cache, "fp8"));
+    int B = c->bench.rollout_batch, P = c->bench.rollout_prompt, N = c->bench.rollout_new;
+    lb_sampler *s = rollout_sampler(c, m, B, P, N);
+    int rc = !s || (c->bench.warmup > 0 && rollout_warmup(c, m));
+    rollout_reqs r;
+    rollout_reqs_init(&r, B, P, N, m->cfg.vocab_size, c->sample.seed);
+    for (int it = 0; !rc && it < c->bench.iters; it++) {
+        lb_sample_stats st;
+        rc = rollout_run(s, &r, &st);
+        if (!rc) print_rollout(c, be, m, &st);
+    }
+    rollout_reqs_free(&r);
+    lb_sampler_free(s);
+    lb_model_free(m);
+    return rc;
+}
+
+// One GRPO-shaped RL step, timed in its four parts: the weight-cache refresh after the previous
+// update (lb_model_refresh_weights), the rollout, the trainer's log-prob recompute over prompt +
+// completion (rl.micro_batch sequences per forward), and the update (forward, backward through
+// per-token weights, AdamW). The backward's weights are random (the loss is not GRPO's; the
+// work is). bench.warmup untimed steps first, then bench.iters timed ones.
+static int bench_rl(lb_backend *be, const lb_config *c)
+{
+    lb_model *m = bench_model(be, c);
+    if (!m) return 1;
+    lb_model_set_kv_fp8(m, !strcmp(c->sample.kv_cache, "fp8"));
+    int B = c->bench.rollout_batch, P = c->bench.rollout_prompt, N = c->bench.rollout_new;
+    int T = P + N, MB = c->rl.micro_batch < B ? c->rl.micro_batch : B;
+    lb_optimizer opt;
+    bench_optimizer(&opt, m, c);
+    lb_sampler *s = rollout_sampler(c, m, B, P, N);
+    rollout_reqs r;
+    rollout_reqs_init(&r, B, P, N, m->cfg.vocab_size, c->sample.seed);
+    size_t cap = (size_t)MB * T;
+    int32_t *tok = lb_malloc(cap * sizeof(int32_t)), *tgt = lb_malloc(cap * sizeof(int32_t));
+    float *lp = lb_malloc(cap * sizeof(float)), *dlp = lb_malloc(cap * sizeof(float));
+    const float inv_temp = (float)(1.0 / c->sample.temperature);
+    double sum[4] = {0}, t[4];
+    int rc = !s;
+    for (int step = 1; !rc && step <= c->bench.warmup + c->bench.iters; step++) {
+        be->sync(be);
+        double t0 = lb_now();
+        lb_model_refresh_weights(m);   // what the next rollout's first forward would do
+        be->sync(be);
+        t[0] = lb_now() - t0;
+        lb_sample_stats st;
+        if ((rc = rollout_run(s, &r, &st))) break;
+        t[1] = st.seconds;
+        // recompute, then update: micro-batches of MB sequences of prompt + completion, the
+        // targets the completion tokens (prompt positions -1), as src/rl.c packs them
+        for (int pass = 0; pass < 2; pass++) {
+            be->sync(be);
+            t0 = lb_now();
+            if (pass) lb_model_zero_grad(m);
+            for (int b0 = 0; b0 < B; b0 += MB) {
+                int cnt = B - b0 < MB ? B - b0 : MB;
+                for (int b = 0; b < cnt; b++)
+                    for (int i = 0; i < T; i++) {
+                        size_t k = (size_t)b * T + i;
+                        const lb_sample_req *q = &r.req[b0 + b];
+                        tok[k] = i < P ? q->prompt[i] : q->tokens[i - P];
+                        tgt[k] = i >= P - 1 && i + 1 < T ? q->tokens[i + 1 - P] : -1;
+                        dlp[k] = tgt[k] < 0 ? 0.0f
+                                            : lb_rand_normal(step, b0 + b, 0) / (float)(B * N);
+                    }
+                lb_model_forward_logprobs(m, tok, tgt, cnt, T, inv_temp, lp);
+                if (pass) lb_model_backward_logprobs(m, dlp, (float)cnt / B);
+            }
+            if (pass) lb_optimizer_step(&opt, step, NULL);
+            be->sync(be);
+            t[2 + pass] = lb_now() - t0;
+        }
+        double total = t[0] + t[1] + t[2] + t[3];
+        int timed = step > c->bench.warmup;
+        printf("rl step %d%s %s %s: refresh %.3f s, rollout %.3f s (%.0f generated tokens/s), "
+               "recompute %.3f s, train %.3f s (%.0f tokens/s), total %.3f s\n", step,
+               timed ? "" : " (warm-up)", m->cfg.arch, c->precision.recipe, t[0], t[1],
+               st.generated / t[1], t[2], t[3], (double)B * T / t[3], total);
+        fflush(stdout);
+        for (int i = 0; timed && i < 4; i++) sum[i] += t[i];
+    }
+    if (!rc) {
+        double k = c->bench.iters, total = (sum[0] + sum[1] + sum[2] + sum[3]) / k;
+        printf("rl %s %s: batch %d, prompt %d, new %d, micro-batch %d, mean of %d steps: "
+               "%.3f s per step = refresh %.1f%% + rollout %.1f%% + recompute %.1f%% + train "
+               "%.1f%%, peak memory %.1f GiB\n",
+               m->cfg.arch, c->precision.recipe, B, P, N, MB, c->bench.iters, total,
+               100 * sum[0] / k / total, 100 * sum[1] / k / total, 100 * sum[2] / k / total,
+               100 * sum[3] / k / total, peak_gib(be));
+        fflush(stdout);
+    }
+    free(tok), free(tgt), free(lp), free(dlp);
+    rollout_reqs_free(&r);
+    lb_sampler_free(s);
+    lb_optimizer_free(&opt);
+    lb_model_free(m);
+    return rc;
 }
 
 int lb_cmd_bench(const lb_config *c, lb_comm *comm)
@@ -274,6 +485,10 @@ int lb_cmd_bench(const lb_config *c, lb_comm *comm)
     if (!rc && (all || !strcmp(k, "gemm"))) rc = bench_gemm(be, c);
     if (!rc && (all || !strcmp(k, "attention"))) rc = bench_attention(be, c);
     if (!rc && (all || !strcmp(k, "train"))) rc = bench_train(be, c);
+    // sampling runs as `lowbit rl` does: batch-invariant operations when sample.deterministic
+    be->deterministic = c->sample.deterministic;
+    if (!rc && !strcmp(k, "rollout")) rc = bench_rollout(be, c);
+    if (!rc && !strcmp(k, "rl")) rc = bench_rl(be, c);
     be->destroy(be);
     return rc;
 }

@@ -63,12 +63,13 @@ typedef struct {
     // (0: default or --set).
     lb_precision_spec precision;   // resolved into the contract (kernels/quant/contract.h)
     struct {
-        char kind[16];             // gemm | attention | train | all
+        char kind[16];             // gemm | attention | train | rollout | rl | all
         int warmup, iters;         // untimed and timed repetitions
         int m, n, k;               // dense GEMM C (m, n) = A (m, k) B (n, k)^T
         int experts, expert_rows;  // grouped GEMM: experts x rows, k -> n
         char formats[128];         // GEMM formats to time (comma list)
         int attn_batch, attn_seq;  // attention shape; heads and head_dim from [model]
+        int rollout_batch, rollout_prompt, rollout_new;   // sampler: sequences, tokens each
     } bench;
     lb_parallel_config parallel;   // the process grid and data parallelism (parallel/grid.h)
     struct {                       // the sampler (`sample`, and `rl`'s rollouts): doc/rl.md

@@ -155,7 +155,8 @@ const lb_param lb_params[] = {
          "debug: how it fails: error and MPI_Abort, exit without MPI_Finalize, or SIGKILL"),
 
     // [bench] ----------------------------------------------------------------------------------
-    LB_P(bench, kind, E, "all", 0, 0, "gemm|attention|train|all", "what `lowbit bench` measures"),
+    LB_P(bench, kind, E, "all", 0, 0, "gemm|attention|train|rollout|rl|all",
+         "what `lowbit bench` measures (all = gemm, attention and train)"),
     LB_P(bench, warmup, I, "3", 0, 1000, NULL, "untimed repetitions before timing"),
     LB_P(bench, iters, I, "10", 1, 100000, NULL, "timed repetitions"),
     LB_P(bench, m, I, "16384", 1, 1048576, NULL, "dense GEMM rows (tokens)"),
@@ -167,6 +168,12 @@ const lb_param lb_params[] = {
          "GEMM formats to time (comma list)"),
     LB_P(bench, attn_batch, I, "4", 1, 65536, NULL, "attention batch"),
     LB_P(bench, attn_seq, I, "4096", 1, 1048576, NULL, "attention sequence length"),
+    LB_P(bench, rollout_batch, I, "64", 1, 1048576, NULL,
+         "rollout and rl: sequences sampled at once (the [sample] policy, random weights)"),
+    LB_P(bench, rollout_prompt, I, "128", 1, 1048576, NULL,
+         "rollout and rl: random prompt tokens per sequence"),
+    LB_P(bench, rollout_new, I, "256", 1, 1048576, NULL,
+         "rollout and rl: tokens generated per sequence (no stop token)"),
 
     // [sample] (doc/rl.md) ----------------------------------------------------------------------
     LB_P(sample, checkpoint, S, "", 0, 0, NULL, "checkpoint `lowbit sample` generates from"),
