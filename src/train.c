@@ -388,12 +388,12 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
         printf("model %s: %.3fM parameters (%.3fM on rank 0), %.3fM active matmul parameters per "
                "token, %s backend\n", m->cfg.arch, m->gparams / 1e6, m->nparams / 1e6,
                lb_model_active_params(m) / 1e6, be->name);
-        char how[160] = "one rank: no gradient communication";
+        char how[200] = "one rank: no communication";
         if (comm->size > 1)
-            snprintf(how, sizeof how, "%s over %s%s%s",
+            snprintf(how, sizeof how, "%s; collectives over %s%s%s",
                      c->parallel.zero ? "ZeRO-1 distributed optimizer" : "all-reduced gradients",
-                     x.dp->ops->name, c->parallel.deterministic ? ", rank-order sums" : "",
-                     grid->pp > 1 ? ", 1F1B pipeline" : "");
+                     x.nnccl ? "nccl" : "mpi", c->parallel.deterministic ? ", rank-order sums" : "",
+                     grid->pp > 1 ? "; 1F1B pipeline" : "");
         printf("layout %s%s; %d micro-batch%s of %d x %d per rank and step; %s\n", layout,
                par.sp ? ", sequence parallel" : "", x.M, x.M == 1 ? "" : "es", B, T, how);
     }
