@@ -357,19 +357,19 @@ int lb_checkpoint_save_parallel(const char *path, lb_optimizer *o, const lb_trai
     return rc ? -1 : 0;
 }
 
-int lb_checkpoint_load_parallel(const char *path, lb_optimizer *o, lb_train_state *st,
-                                lb_comm *world, const lb_parallel_config *pc, char *err,
-                                size_t errlen)
+// Rank 0 reads path (the moments too when nb is 3) and sends every rank its pieces: host
+// (nb x m->nparams floats, zeroed: padding stays zero) receives this rank's parameters, then the
+// moments, laid out as m->params. Collective over world; on -1 every rank returns -1.
+static int scatter_pieces(const char *path, lb_model *m, int nb, float *host, lb_train_state *st,
+                          lb_comm *world, const lb_parallel_config *pc, char *err, size_t errlen)
 {
-    lb_model *m = o->m;
-    lb_backend *be = m->be;
     size_t n = m->nparams, G = m->gparams;
     float *whole = NULL;
     int rc = 0;
     if (world->rank == 0) {   // rank 0 alone reads and checks the file
-        whole = lb_malloc(3 * G * sizeof(float));
-        rc = load_tables(path, m->gtensors, m->nglobal, whole, whole + G, whole + 2 * G, G, st,
-                         err, errlen);
+        whole = lb_malloc(nb * G * sizeof(float));
+        rc = load_tables(path, m->gtensors, m->nglobal, whole, nb == 3 ? whole + G : NULL,
+                         nb == 3 ? whole + 2 * G : NULL, G, st, err, errlen);
     }
     lb_comm_bcast(world, &rc, sizeof rc, 0);
     if (rc != 0) {
@@ -378,15 +378,14 @@ int lb_checkpoint_load_parallel(const char *path, lb_optimizer *o, lb_train_stat
         return -1;
     }
     lb_comm_bcast(world, st, sizeof *st, 0);
-    float *host = lb_calloc(3 * n, sizeof(float));   // padding stays zero
     rank_place me;
     place_of(&me, m, pc, world->size, world->rank);
     if (world->rank != 0) {   // every piece this rank holds, in the definition's order
         for (int i = 0; i < m->ntensors; i++) {
             const lb_tensor *t = &m->tensors[i];
-            float *buf = lb_malloc(3 * t->numel * sizeof(float));
-            lb_comm_recv(world, buf, 3 * t->numel, LB_F32, 0);
-            for (int b = 0; b < 3; b++)
+            float *buf = lb_malloc(nb * t->numel * sizeof(float));
+            lb_comm_recv(world, buf, nb * t->numel, LB_F32, 0);
+            for (int b = 0; b < nb; b++)
                 memcpy(host + b * n + t->offset, buf + b * t->numel, t->numel * sizeof(float));
             free(buf);
         }
@@ -396,26 +395,43 @@ int lb_checkpoint_load_parallel(const char *path, lb_optimizer *o, lb_train_stat
         size_t maxn = 1;
         for (int i = 0; i < m->nglobal; i++)
             if (m->gtensors[i].numel > maxn) maxn = m->gtensors[i].numel;
-        float *buf = lb_malloc(3 * maxn * sizeof(float));
+        float *buf = lb_malloc(nb * maxn * sizeof(float));
         for (int gi = 0; gi < m->nglobal; gi++) {
             const lb_tensor *g = &m->gtensors[gi];
             for (int r = 0; r < world->size; r++) {
                 const lb_tensor *p = piece_of(&all[r], gi);
                 if (!p) continue;
-                for (int b = 0; b < 3; b++)
+                for (int b = 0; b < nb; b++)
                     lb_tensor_take(p, whole + b * G + g->offset, buf + b * p->numel);
                 if (r != 0) {
-                    lb_comm_send(world, buf, 3 * p->numel, LB_F32, r);
+                    lb_comm_send(world, buf, nb * p->numel, LB_F32, r);
                     continue;
                 }
                 const lb_tensor *t = &m->tensors[p - all[0].t];
-                for (int b = 0; b < 3; b++)
+                for (int b = 0; b < nb; b++)
                     memcpy(host + b * n + t->offset, buf + b * t->numel, t->numel * sizeof(float));
             }
         }
         for (int r = 0; r < world->size; r++) free(all[r].t);
         free(all);
         free(buf);
+    }
+    free(me.t);
+    free(whole);
+    return 0;
+}
+
+int lb_checkpoint_load_parallel(const char *path, lb_optimizer *o, lb_train_state *st,
+                                lb_comm *world, const lb_parallel_config *pc, char *err,
+                                size_t errlen)
+{
+    lb_model *m = o->m;
+    lb_backend *be = m->be;
+    size_t n = m->nparams;
+    float *host = lb_calloc(3 * n, sizeof(float));
+    if (scatter_pieces(path, m, 3, host, st, world, pc, err, errlen) != 0) {
+        free(host);
+        return -1;
     }
     be->upload(be, m->params, host, n * sizeof(float));
     float *am = be->alloc(be, n * sizeof(float));
@@ -426,10 +442,22 @@ int lb_checkpoint_load_parallel(const char *path, lb_optimizer *o, lb_train_stat
     lb_model_params_changed(m, (uint64_t)st->step);
     be->free(be, am);
     be->free(be, av);
-    free(me.t);
     free(host);
-    free(whole);
     return 0;
+}
+
+int lb_checkpoint_load_weights(const char *path, lb_model *m, lb_comm *world,
+                               const lb_parallel_config *pc, char *err, size_t errlen)
+{
+    lb_train_state st;
+    float *host = lb_calloc(m->nparams, sizeof(float));
+    int rc = scatter_pieces(path, m, 1, host, &st, world, pc, err, errlen);
+    if (rc == 0) {
+        m->be->upload(m->be, m->params, host, m->nparams * sizeof(float));
+        lb_model_params_changed(m, (uint64_t)st.step);
+    }
+    free(host);
+    return rc;
 }
 
 int lb_checkpoint_save_dp(const char *path, lb_optimizer *o, const lb_train_state *st,

@@ -41,6 +41,11 @@ int lb_checkpoint_save_parallel(const char *path, lb_optimizer *o, const lb_trai
 int lb_checkpoint_load_parallel(const char *path, lb_optimizer *o, lb_train_state *st,
                                 lb_comm *world, const lb_parallel_config *pc, char *err,
                                 size_t errlen);
+// The parameters of any checkpoint (no moments, no optimizer) into this rank's piece m of the
+// layout pc (NULL: every rank holds everything): rank 0 reads, every rank receives its pieces.
+// The weight cache is marked stale at the file's step. Collective over world, as above.
+int lb_checkpoint_load_weights(const char *path, lb_model *m, lb_comm *world,
+                               const lb_parallel_config *pc, char *err, size_t errlen);
 // The same with pc NULL.
 int lb_checkpoint_save_dp(const char *path, lb_optimizer *o, const lb_train_state *st,
                           const char *config_ini, lb_comm *world, char *err, size_t errlen);

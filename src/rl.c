@@ -6,7 +6,10 @@
 // every response token's log-prob with the training forward (lp_old: the policy that sampled),
 // and M mini-batches each take one optimizer step on GRPO's clipped, token-mean objective
 // (src/grpo.h), the gradient entering at the logits through per-token weights. The optimizer
-// step marks the weight cache stale; the next rollout's first forward re-quantizes it.
+// step marks the weight cache stale; the next rollout's first forward re-quantizes it. Under
+// mpirun the prompts are split over the data-parallel ranks; under tensor and expert
+// parallelism the model, the reference and the optimizer are pieces as in `lowbit train`, and
+// the ranks keep their collective forwards in step (doc/rl.md).
 #include "src/rl.h"
 
 #include <inttypes.h>
@@ -221,15 +224,36 @@ static void share_items(lb_comm *dp, double *v, int n, int per)
     free(all);
 }
 
-// The largest x over dp (comm.h sums only).
-static double max_over(lb_comm *dp, double x)
+// The largest x over a group (comm.h sums only).
+static double max_over(lb_comm *g, double x)
 {
-    if (dp->size == 1) return x;
-    double *all = lb_malloc((size_t)dp->size * sizeof *all);
-    lb_comm_all_gather(dp, &x, all, 1, LB_F64);
-    for (int r = 0; r < dp->size; r++) x = fmax(x, all[r]);
+    if (g->size == 1) return x;
+    double *all = lb_malloc((size_t)g->size * sizeof *all);
+    lb_comm_host_all_gather(g, &x, all, sizeof x);
+    for (int r = 0; r < g->size; r++) x = fmax(x, all[r]);
     free(all);
     return x;
+}
+
+// Expert parallelism: every forward and backward is collective over ep (the token all-to-all),
+// so every rank of an ep group runs as many micro-batches as the busiest one (n: this rank's)
+// and fills the rest with idle ones. The tp ranks of a data-parallel rank hold the same
+// sequences, so they count alike without asking.
+static int rounds_over(lb_comm *ep, int n) { return (int)max_over(ep, (double)n); }
+
+// An idle micro-batch: one sequence of padding with no response token (targets -1) through the
+// collective forwards a real one runs (the policy; when training, the reference too) and, when
+// training, the backward with d loss / d lp = 0 and the load-balancing weight 0. Every gradient
+// it adds, here and on the ep ranks whose experts its rows visit, is 0 times finite values:
+// exactly zero. Its log-probs are discarded.
+static void idle_micro_batch(lb_model *m, lb_model *ref, int T, float inv_temp, int train,
+                             int32_t *tok, int32_t *tgt, float *lp, float *dlp)
+{
+    for (int t = 0; t < T; t++) tok[t] = 0, tgt[t] = -1, dlp[t] = 0.0f;
+    lb_model_forward_logprobs(m, tok, tgt, 1, T, inv_temp, lp);
+    if (!train) return;
+    if (ref) lb_model_forward_logprobs(ref, tok, tgt, 1, T, inv_temp, lp);
+    lb_model_backward_logprobs(m, dlp, 0.0f);
 }
 
 // pass@1 (mean share of correct samples), pass@k (share of problems with one correct) over the
@@ -265,7 +289,8 @@ static rl_eval evaluate(const lb_config *c, lb_sampler *smp, lb_sampler *greedy,
             r->logprobs = lp + (size_t)(k * K + s) * max_new;
         }
     }
-    if (np && lb_sampler_run(smp, reqs, np * K, NULL, err, sizeof err) != 0) lb_die("%s", err);
+    // without problems too: under ep the sampler joins the group's collective forwards
+    if (lb_sampler_run(smp, reqs, np * K, NULL, err, sizeof err) != 0) lb_die("%s", err);
     for (int i = dp->rank, k = 0; i < P; i += dp->size, k++)
         for (int s = 0; s < K; s++)
             res[2 * i] += arith_correct(qs[k].prompt, reqs[k * K + s].tokens, reqs[k * K + s].len);
@@ -276,7 +301,7 @@ static rl_eval evaluate(const lb_config *c, lb_sampler *smp, lb_sampler *greedy,
         reqs[k].tokens = tok + (size_t)k * max_new;
         reqs[k].logprobs = lp + (size_t)k * max_new;
     }
-    if (np && lb_sampler_run(greedy, reqs, np, NULL, err, sizeof err) != 0) lb_die("%s", err);
+    if (lb_sampler_run(greedy, reqs, np, NULL, err, sizeof err) != 0) lb_die("%s", err);
     for (int i = dp->rank, k = 0; i < P; i += dp->size, k++)
         res[2 * i + 1] = arith_correct(qs[k].prompt, reqs[k].tokens, reqs[k].len);
     share_items(dp, res, P, 2);
@@ -364,14 +389,13 @@ static int check_rl_layout(const lb_config *c, const lb_grid *g, char *err, size
                  lb_key_where(c, "parallel", "pp", where, sizeof where), g->pp);
         return -1;
     }
-    if (g->tp > 1 || g->ep > 1) {
-        // the model, sampler and optimizer here are whole replicas: tensor and expert parallel
-        // RL needs them built as model pieces over the grid's groups, as lowbit train builds them
-        const char *key = g->tp > 1 ? "tp" : "ep";
-        snprintf(err, errlen, "%sparallel.%s = %d: lowbit rl runs data-parallel layouts only "
-                 "(parallel.tp = parallel.ep = 1); tensor and expert parallel RL are not built yet",
-                 lb_key_where(c, "parallel", key, where, sizeof where), key,
-                 g->tp > 1 ? g->tp : g->ep);
+    if (c->parallel.sequence_parallel) {
+        // the sampler's forwards feed single decode tokens of many sequences, not sequences
+        // to split over the tensor-parallel ranks
+        snprintf(err, errlen, "%sparallel.sequence_parallel: lowbit rl runs without sequence "
+                 "parallelism (the sampler's forwards hold decode rows, not sequences to split); "
+                 "set parallel.sequence_parallel = false",
+                 lb_key_where(c, "parallel", "sequence_parallel", where, sizeof where));
         return -1;
     }
     if (c->rl.prompts < g->dp) {
@@ -381,6 +405,47 @@ static int check_rl_layout(const lb_config *c, const lb_grid *g, char *err, size
         return -1;
     }
     return 0;
+}
+
+// The backend-memory communicators of the groups the model pieces and the optimizer use: the
+// grid's MPI ones for the CPU, NCCL over the same ranks for CUDA (every rank creates its groups
+// in the same order, going on after a failure so that none waits in another's creation).
+typedef struct {
+    lb_comm *tp, *ep, *dp, *edp;
+    lb_comm nccl[4];
+    int nnccl;
+} rl_comms;
+
+static int rl_comms_open(rl_comms *x, lb_grid *g, lb_backend *be, int cuda, char *err,
+                         size_t errlen)
+{
+    lb_comm *mpi[4] = {&g->tp_comm, &g->ep_comm, &g->dp_comm, &g->edp_comm};
+    lb_comm **out[4] = {&x->tp, &x->ep, &x->dp, &x->edp};
+    int bad = 0;
+    x->nnccl = 0;
+    for (int i = 0; i < 4; i++) {
+        *out[i] = mpi[i];
+        if (!cuda || mpi[i]->size == 1) continue;
+        if (lb_comm_nccl_create(&x->nccl[x->nnccl], mpi[i], be, NULL, err, errlen) != 0) {
+            bad = 1;
+            continue;
+        }
+        *out[i] = &x->nccl[x->nnccl++];
+    }
+    return bad;
+}
+
+// This rank's piece of the model, its weights still to load.
+static lb_model *rl_model_piece(const lb_config *c, lb_backend *be, const lb_model_parallel *par,
+                                char *err, size_t errlen)
+{
+    lb_model *m = lb_model_create_parallel(&c->model, be, par, err, errlen);
+    if (m && lb_model_set_precision(m, &c->precision, c->run.seed, err, errlen) != 0) {
+        lb_model_free(m);
+        return NULL;
+    }
+    if (m) lb_model_set_kv_fp8(m, !strcmp(c->sample.kv_cache, "fp8"));
+    return m;
 }
 
 int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
@@ -423,11 +488,16 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
                           err);
         return 1;
     }
-    // Every rank reads rl.init (the model section, the weights, the KL reference).
+    // Every rank reads rl.init's model section; the layout's splits of that model (heads by tp,
+    // experts by ep) are checked as a file's [model] would be.
     lb_sampler_config sc;
     int bad = lb_model_config_from_checkpoint(c, c->rl.init, err, sizeof err) != 0 ||
               lb_rl_sampler_config(c, &sc, err, sizeof err) != 0;
     if (lb_any_failed(comm, bad, "lowbit rl", err)) return 1;
+    if (lb_config_validate(c, err, sizeof err) != 0) {
+        if (root) fprintf(stderr, "%s (the model of %s)\n", err, c->rl.init);
+        return 1;
+    }
     if (c->model.vocab_size < LB_BYTE_VOCAB) {
         if (root)
             fprintf(stderr, "lowbit rl: the arithmetic task needs byte tokens; the model has a "
@@ -437,6 +507,7 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     comm->deterministic = c->parallel.deterministic;
     if (lb_grid_create(&grid, &c->parallel, comm, err, sizeof err) != 0) lb_die("%s", err);
     lb_comm *dpc = &grid.dp_comm;   // host messages of the data-parallel group
+    lb_comm *epc = &grid.ep_comm;   // and of the expert-parallel group
     const int max_new = sc.max_new_tokens;
     const int T = lb_arith_prompt_max(c) + max_new;   // every sequence fits (b, T)
     const float inv_temp = 1.0f / sc.temperature;
@@ -448,28 +519,29 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     lb_backend *be = lb_rl_backend(&local);
     snprintf(err, sizeof err, "the %.32s backend did not open", c->run.backend);
     if (lb_any_failed(comm, !be, "lowbit rl", err)) return 1;
-    lb_model *m = lb_rl_model_open(c, be, c->rl.init, err, sizeof err);
-    lb_model *ref = NULL;   // the KL reference: a frozen copy on every rank
-    if (m && c->rl.kl_coef > 0) ref = lb_rl_model_open(c, be, c->rl.init, err, sizeof err);
+    // The model pieces, their communicators and the optimizer as lowbit train builds them.
+    rl_comms x;
+    bad = rl_comms_open(&x, &grid, be, !strcmp(c->run.backend, "cuda"), err, sizeof err);
+    if (lb_any_failed(comm, bad, "lowbit rl", err)) return 1;
+    lb_model_parallel par = {grid.tp, grid.tp_rank, 0, grid.ep, grid.ep_rank, 1, 0,
+                             grid.tp > 1 ? x.tp : NULL, grid.ep > 1 ? x.ep : NULL};
+    lb_model *m = rl_model_piece(c, be, &par, err, sizeof err);
+    lb_model *ref = NULL;   // the KL reference: a frozen piece on every rank
+    if (m && c->rl.kl_coef > 0) ref = rl_model_piece(c, be, &par, err, sizeof err);
     if (lb_any_failed(comm, !m || (c->rl.kl_coef > 0 && !ref), "lowbit rl", err)) return 1;
-    // Gradients and parameters travel in the backend's memory: MPI for the CPU, NCCL for CUDA.
-    lb_comm nccl = {0};
-    lb_comm *dpg = dpc;
-    if (!strcmp(c->run.backend, "cuda") && grid.dp > 1) {
-        bad = lb_comm_nccl_create(&nccl, dpc, be, NULL, err, sizeof err) != 0;
-        if (lb_any_failed(comm, bad, "lowbit rl", err)) return 1;
-        dpg = &nccl;
-    }
     // the schedule runs over optimizer steps: rl.steps x rl.mini_batches
     lb_optim_config oc = {c->train.lr, c->train.min_lr, c->train.warmup_steps, c->rl.steps * M,
                           c->train.beta1, c->train.beta2, c->train.adam_eps,
                           c->train.weight_decay, c->train.grad_clip};
     lb_optimizer opt;
-    lb_optimizer_init_dp(&opt, m, &oc, dpg, c->parallel.zero);   // keeps the loaded weights
+    lb_optimizer_init_groups(&opt, m, &oc, &(lb_optim_groups){x.dp, x.edp,
+                                                               grid.tp > 1 ? x.tp : NULL, comm},
+                             c->parallel.zero);
     snprintf(ckdir, sizeof ckdir, "%.*s/checkpoints", LB_PATH_MAX, c->run.out_dir);
     bad = root && lb_mkdirs(ckdir, err, sizeof err) != 0;
     if (lb_any_failed(comm, bad, "lowbit rl", err)) return 1;
-    // Resume: rank 0 picks the checkpoint and reads it; every rank takes its part.
+    // The policy starts from rl.init, or resumes (weights, moments, step) from a checkpoint;
+    // rank 0 reads either and sends every rank its pieces.
     lb_train_state st = {0};
     char resume[LB_PATH_MAX + 64] = "";
     if (!strcmp(c->checkpoint.resume, "auto")) {
@@ -478,11 +550,14 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     } else {
         snprintf(resume, sizeof resume, "%.*s", LB_PATH_MAX, c->checkpoint.resume);
     }
-    if (resume[0]) {
-        bad = lb_checkpoint_load_dp(resume, &opt, &st, comm, err, sizeof err) != 0;
-        if (lb_any_failed(comm, bad, "lowbit rl", err)) return 1;
-        if (root) printf("resumed from %s at step %" PRId64 "\n", resume, st.step);
-    }
+    bad = (resume[0] ? lb_checkpoint_load_parallel(resume, &opt, &st, comm, &c->parallel, err,
+                                                   sizeof err)
+                     : lb_checkpoint_load_weights(c->rl.init, m, comm, &c->parallel, err,
+                                                  sizeof err)) != 0 ||
+          (ref && lb_checkpoint_load_weights(c->rl.init, ref, comm, &c->parallel, err,
+                                             sizeof err) != 0);
+    if (lb_any_failed(comm, bad, "lowbit rl", err)) return 1;
+    if (resume[0] && root) printf("resumed from %s at step %" PRId64 "\n", resume, st.step);
     lb_sampler *smp = lb_sampler_create(m, &sc, T, err, sizeof err);
     lb_sampler_config gc = sc;
     gc.top_k = 1;
@@ -490,13 +565,15 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     if (lb_any_failed(comm, !smp || !greedy, "lowbit rl", err)) return 1;
     char *ini = lb_config_to_ini(c);
     if (root) {
-        char layout[256], how[160] = "one rank";
+        char layout[256], how[320] = "one rank";
         lb_grid_describe(&grid, layout, sizeof layout);
-        if (grid.dp > 1)
-            snprintf(how, sizeof how, "prompt j on data-parallel rank j mod %d; %s over %s%s",
-                     grid.dp, c->parallel.zero ? "ZeRO-1 distributed optimizer"
-                                               : "all-reduced gradients",
-                     dpg->ops->name, c->parallel.deterministic ? ", rank-order sums" : "");
+        if (comm->size > 1)
+            snprintf(how, sizeof how, "prompt j on data-parallel rank j mod %d%s%s; %s over %s%s",
+                     grid.dp, grid.tp > 1 ? "; tensor-parallel ranks sample in lockstep" : "",
+                     grid.ep > 1 ? "; expert-parallel ranks run their busiest rank's number of "
+                                   "forwards (idle rows fill the rest)" : "",
+                     c->parallel.zero ? "ZeRO-1 distributed optimizer" : "all-reduced gradients",
+                     x.dp->ops->name, c->parallel.deterministic ? ", rank-order sums" : "");
         printf("# resolved configuration\n%s\n", ini);
         if (be->deterministic && !strcmp(c->precision.nvfp4_scale, "per-tensor"))
             printf("warning: precision.nvfp4_scale = per-tensor scales NVFP4 activations by the "
@@ -510,9 +587,10 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
                    "forward than one rank does; the load-balancing loss is a statistic of each "
                    "forward's tokens, so the run differs from a one-rank run by that term\n",
                    c->rl.micro_batch, G, N / M);
-        printf("model %s from %s: %.3fM parameters, %s backend%s, precision %s, KV cache %s; "
-               "%d prompts x %d samples per step, %d mini-batch(es)\nlayout %s; %s\n",
-               m->cfg.arch, c->rl.init, m->nparams / 1e6, be->name,
+        printf("model %s from %s: %.3fM parameters (%.3fM on rank 0), %s backend%s, precision "
+               "%s, KV cache %s; %d prompts x %d samples per step, %d mini-batch(es)\nlayout "
+               "%s; %s\n",
+               m->cfg.arch, c->rl.init, m->gparams / 1e6, m->nparams / 1e6, be->name,
                be->deterministic ? " (deterministic)" : "", c->precision.recipe,
                c->sample.kv_cache, P, G, M, layout, how);
     }
@@ -584,8 +662,10 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
             }
         }
         lb_sample_stats ss = {0};
-        if (nl && lb_sampler_run(smp, reqs, nl, &ss, err, sizeof err) != 0) lb_die("%s", err);
-        for (int k = 0; k < nl; k++) {
+        if (lb_sampler_run(smp, reqs, nl, &ss, err, sizeof err) != 0) lb_die("%s", err);
+        // The tp ranks of a data-parallel rank hold the same completions; tp rank 0 scores them
+        // (a reward command runs once) and the column of tp rank 0 shares them below.
+        for (int k = 0; k < nl && grid.tp_rank == 0; k++) {
             rl_seq *q = &qs[own[k]];
             q->len = reqs[k].len;
             char text[256];
@@ -604,6 +684,7 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
             v[2] = arith_correct(q->prompt, q->tok, q->len);
         }
         share_items(dpc, seqv, P, 3 * G);
+        if (grid.tp > 1) lb_comm_bcast(&grid.tp_comm, seqv, (size_t)N * 3 * sizeof *seqv, 0);
         // the step's statistics and advantages from all N sequences, in one-rank order
         double rsum = 0.0, rsq = 0.0, lensum = 0.0;
         int correct = 0;
@@ -623,7 +704,14 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
         // its own training forward (the weights have not moved yet); later mini-batches need
         // this extra pass.
         t0 = lb_now();
-        for (int k = mbk[1]; k < nl; k += MB) {
+        long idle = 0;   // idle micro-batches of this rank (expert parallelism)
+        const int nf = rounds_over(epc, (nl - mbk[1] + MB - 1) / MB);
+        for (int k = mbk[1]; k < mbk[1] + nf * MB; k += MB) {
+            if (k >= nl) {
+                idle_micro_batch(m, ref, T, inv_temp, 0, tok, tgt, lp, dfull);
+                idle++;
+                continue;
+            }
             int cnt = k + MB <= nl ? MB : nl - k;
             pack(qs, own + k, cnt, T, tok, tgt);
             lb_model_forward_logprobs(m, tok, tgt, cnt, T, inv_temp, lp);
@@ -641,7 +729,13 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
             int f0 = mb * NS, ntok = 0;
             for (int i = f0; i < f0 + NS; i++) ntok += qs[i].len;
             lb_model_zero_grad(m);
-            for (int k = mbk[mb]; k < mbk[mb + 1]; k += MB) {
+            const int nb = rounds_over(epc, (mbk[mb + 1] - mbk[mb] + MB - 1) / MB);
+            for (int k = mbk[mb]; k < mbk[mb] + nb * MB; k += MB) {
+                if (k >= mbk[mb + 1]) {
+                    idle_micro_batch(m, ref, T, inv_temp, 1, tok, tgt, lp, dfull);
+                    idle++;
+                    continue;
+                }
                 int cnt = k + MB <= mbk[mb + 1] ? MB : mbk[mb + 1] - k;
                 int n = pack(qs, own + k, cnt, T, tok, tgt);
                 lb_model_forward_logprobs(m, tok, tgt, cnt, T, inv_temp, lp);
@@ -700,8 +794,9 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
         }
         for (int i = 0; i < N; i++) ptoks += qs[i].plen + qs[i].len;
         // this rank's token sums to the global ones (rank order), the maximum over ranks
-        double sums[7] = {loss_sum, clip, tis, klref, dsum, k3, (double)ss.generated};
-        if (grid.dp > 1) lb_comm_all_reduce(dpc, sums, sums, 7, LB_F64);
+        double sums[8] = {loss_sum, clip, tis, klref, dsum, k3, (double)ss.generated,
+                          (double)(ss.idle_forwards + idle)};
+        if (grid.dp > 1) lb_comm_all_reduce(dpc, sums, sums, 8, LB_F64);
         dmax = max_over(dpc, dmax);
         loss_sum = sums[0], clip = sums[1], tis = sums[2], klref = sums[3];
         double rmean = rsum / N, rstd = sqrt(fmax(rsq / N - rmean * rmean, 0.0));
@@ -723,10 +818,11 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
                     "%.9g, \"tis_clip_frac\": %.9g, \"clip_frac\": %.9g, \"kl_ref\": %.9g, "
                     "\"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"rollout_s\": %.6f, "
                     "\"train_s\": %.6f, \"rollout_tokens_per_s\": %.1f, "
-                    "\"train_tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
+                    "\"train_tokens_per_s\": %.1f, \"idle_forwards\": %.0f, \"elapsed_s\": "
+                    "%.3f}\n",
                     step, rmean, rstd, (double)correct / N, lensum / N, diff, dmax,
                     sums[5] / ntok_all, tis / ntok_all, clip / ntok_all, klref / ntok_all, lossm,
-                    norm, lr, t_roll, t_train, roll_tps, train_tps, lb_now() - t_start);
+                    norm, lr, t_roll, t_train, roll_tps, train_tps, sums[7], lb_now() - t_start);
             fflush(stdout);
             fflush(metrics);
         }
@@ -738,7 +834,8 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
             step == c->rl.steps) {
             st.step = step;
             snprintf(path, sizeof path, "%s/step_%08d.safetensors", ckdir, step);
-            if (lb_checkpoint_save_dp(path, &opt, &st, ini, comm, err, sizeof err) != 0)
+            if (lb_checkpoint_save_parallel(path, &opt, &st, ini, comm, &c->parallel, err,
+                                            sizeof err) != 0)
                 lb_die("%s", err);
             if (root) {
                 keep_last(ckdir, c->checkpoint.keep);
@@ -760,7 +857,7 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     lb_optimizer_free(&opt);
     lb_model_free(ref);
     lb_model_free(m);
-    if (dpg == &nccl) lb_comm_free(&nccl);
+    for (int i = 0; i < x.nnccl; i++) lb_comm_free(&x.nccl[i]);
     lb_grid_free(&grid);
     be->destroy(be);
     return 0;

@@ -22,6 +22,7 @@ struct lb_sampler {
     int *req, *fed;
     // lb_sample_token's sort buffer (vocab)
     struct cand { float l; int32_t j; } *cand;
+    int32_t *tp_tgt;               // (tp x max_rows) the tensor-parallel ranks' draws
 };
 
 uint64_t lb_sample_stream(uint64_t prompt, uint64_t sample)
@@ -81,6 +82,7 @@ lb_sampler *lb_sampler_create(lb_model *m, const lb_sampler_config *c, int capac
     s->req = lb_malloc((size_t)c->slots * sizeof(int));
     s->fed = lb_malloc((size_t)c->slots * sizeof(int));
     s->cand = lb_malloc((size_t)V * sizeof *s->cand);
+    s->tp_tgt = lb_malloc((size_t)m->par.tp * R * sizeof(int32_t));
     return s;
 }
 
@@ -98,6 +100,7 @@ void lb_sampler_free(lb_sampler *s)
     free(s->req);
     free(s->fed);
     free(s->cand);
+    free(s->tp_tgt);
     free(s);
 }
 
@@ -164,6 +167,34 @@ int32_t lb_sample_token(const float *logits, int vocab, int top_k, float top_p, 
     return t;
 }
 
+// Expert parallelism: whether any rank of the ep group still has rows to feed (busy on this
+// rank). The cached forward is collective over ep (the token all-to-all), so the group runs as
+// many forwards as its busiest rank needs.
+static int any_busy(lb_comm *ep, int busy)
+{
+    int *all = lb_malloc((size_t)ep->size * sizeof *all), any = 0;
+    lb_comm_host_all_gather(ep, &busy, all, sizeof busy);
+    for (int r = 0; r < ep->size; r++) any |= all[r];
+    free(all);
+    return any;
+}
+
+// Tensor parallelism: the tp ranks hold the same requests and, after the rank-order all-reduces,
+// the same logits bits, so they draw the same tokens and stay in lockstep. Checked here on every
+// call: with deterministic sums a difference is a bug and stops the job; with library-order sums
+// the logits may differ in the last bit, and tp rank 0's draws are taken so no rank runs ahead.
+static void tp_agree(lb_sampler *s, lb_comm *tp, int rows)
+{
+    lb_comm_host_all_gather(tp, s->tgt, s->tp_tgt, (size_t)rows * sizeof(int32_t));
+    for (int j = 1; j < tp->size; j++)
+        for (int r = 0; r < rows; r++)
+            if (s->tp_tgt[(size_t)j * rows + r] != s->tp_tgt[r] && tp->deterministic)
+                lb_die("sampler: tensor-parallel rank %d drew token %d where rank 0 drew %d "
+                       "(row %d): their logits differ under rank-order sums", j,
+                       s->tp_tgt[(size_t)j * rows + r], s->tp_tgt[r], r);
+    memcpy(s->tgt, s->tp_tgt, (size_t)rows * sizeof(int32_t));
+}
+
 static int is_stop(const lb_sampler_config *c, int32_t t)
 {
     for (int i = 0; i < c->nstop; i++)
@@ -197,8 +228,10 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
             }
     }
     for (int k = 0; k < S; k++) s->req[k] = -1;
+    lb_comm *ep = m->par.ep > 1 ? m->par.ep_comm : NULL;
+    lb_comm *tp = m->par.tp > 1 ? m->par.tp_comm : NULL;
     int next = 0, done = 0;
-    while (done < n) {
+    for (;;) {
         // Free slots take the next waiting requests.
         for (int k = 0; k < S && next < n; k++)
             if (s->req[k] < 0) {
@@ -240,7 +273,23 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
             st.prefill_tokens += chunk;
             if (s->fed[k] == q->prompt_len) s->owner[rows - 1] = k;   // its first token
         }
-        // rows >= 1: every unfinished request holds a slot and feeds a decode row or a chunk.
+        // rows >= 1 while requests remain: every unfinished request holds a slot and feeds a
+        // decode row or a chunk. rows = 0: this rank is done.
+        if (ep ? !any_busy(ep, rows > 0) : rows == 0) break;
+        if (rows == 0) {
+            // An idle row keeps this rank in the ep group's collective forward; its logits are
+            // not sampled. It writes k and v at (slot 0, position 0), which no sequence holds:
+            // rows = 0 means every slot is free (a held slot feeds a row) and nothing waits
+            // (free slots take waiting requests first). A sequence reads only positions it wrote
+            // itself, kv_append before attention_cached, so the next owner of slot 0 rewrites
+            // position 0 before reading it.
+            s->tok[0] = 0;
+            s->slot[0] = 0;
+            s->pos[0] = 0;
+            s->owner[0] = -1;
+            rows = 1;
+            st.idle_forwards++;
+        }
         lb_model_forward_cached(m, s->kv, s->tok, s->slot, s->pos, rows);
         st.forwards++;
         lb_model_temper(m, s->kv->logits, rows, s->inv_temp);
@@ -253,6 +302,7 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
             float u = lb_rand_uniform(q->seed, q->stream, (uint64_t)q->len);
             s->tgt[r] = sample_token(s->cand, s->row, V, c->top_k, c->top_p, u);
         }
+        if (tp) tp_agree(s, tp, rows);
         // The recorded log-probs: the trainer's operation on the same logits rows.
         lb_model_logprobs(m, s->kv->logits, s->tgt, rows, s->lp);
         for (int r = 0; r < rows; r++) {

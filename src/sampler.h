@@ -48,6 +48,7 @@ typedef struct {
     long prefill_tokens;           // prompt tokens fed
     long decode_tokens;            // sampled tokens fed back
     long generated;                // tokens sampled
+    long idle_forwards;            // of forwards: idle rows for the ep group's lockstep
     double seconds;
 } lb_sample_stats;
 
@@ -58,8 +59,11 @@ typedef struct lb_sampler lb_sampler;
 lb_sampler *lb_sampler_create(lb_model *m, const lb_sampler_config *c, int capacity, char *err,
                               size_t errlen);
 void lb_sampler_free(lb_sampler *s);
-// Generates a completion for every request. Returns 0, or -1 with a message (a prompt too long
-// for the capacity, a token outside the vocabulary). stats may be NULL.
+// Generates a completion for every request. On a model piece (lb_model.par) the call is
+// collective: the tp ranks pass the same requests and draw the same tokens (checked); the ep
+// ranks may pass different requests (or none) and run as many forwards as the busiest needs.
+// Returns 0, or -1 with a message (a prompt too long for the capacity, a token outside the
+// vocabulary; the same verdict on every tp rank, not on every ep rank). stats may be NULL.
 int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *stats,
                    char *err, size_t errlen);
 

@@ -7,8 +7,11 @@
 # - `lowbit sample`: greedy output does not depend on slots or forward size, a seed reproduces;
 # - configuration and reward-command mistakes stop with file:line or the command's name;
 # - data parallelism (mpirun -np 2, ZeRO-1): the same rollouts as one rank, bit for bit, the
-#   same losses and final weights within 1e-5, a one-rank checkpoint resumed under dp2, and
-#   the layouts RL does not run refused with one message.
+#   same losses and final weights within 1e-5, a one-rank checkpoint resumed under dp2;
+# - tensor and expert parallelism (tp2, ep2, tp2 x ep2): the same against one rank, with ranks
+#   that idle in the expert-parallel lockstep, and a one-rank checkpoint resumed under tp2 x ep2;
+# - the layouts RL does not run (pp, sequence parallelism, heads that tp does not divide)
+#   refused with one file:line message before any work.
 set -euo pipefail
 src=${LB_SRCDIR:-.}
 bin=${LB_BUILDDIR:-.}/lowbit
@@ -100,46 +103,97 @@ dp=("$src/examples/rl-arith.cfg" "${rl[@]}" --set train.lr=0.0003 --set rl.mini_
 mpi 2 "$bin" rl "${dp[@]}" --set run.out_dir="$tmp/dp2" > "$tmp/dp2.log" 2>&1 ||
     fail "dp2 rl: $(tail -n 3 "$tmp/dp2.log")"
 grep -q "ZeRO-1 distributed optimizer" "$tmp/dp2.log" || fail "dp2 does not report ZeRO-1"
-check_zero "dp2" "$tmp/dp2"
-for f in reward_mean reward_std correct response_len; do
-    diff <(field $f "$tmp/dp1/metrics.jsonl") <(field $f "$tmp/dp2/metrics.jsonl") > /dev/null ||
-        fail "dp2: $f differs from one rank"
-done
 field reward_std "$tmp/dp2/metrics.jsonl" | awk '$1 <= 0 { exit 1 }' || fail "dp2: equal rewards"
-diff <(grep eval_pass "$tmp/dp1/metrics.jsonl") <(grep eval_pass "$tmp/dp2/metrics.jsonl") ||
-    fail "dp2: evaluations differ from one rank"
-# near KEY TOL SCALE: every step's KEY of dp1 and dp2 within TOL x max(|one rank's|, SCALE). The
-# loss is a mean of terms -A ratio whose advantages sum to 0 per group (RMS 1), so it is held to
-# the terms' scale (1), not to its own value near 0.
+# near REF RUN KEY TOL SCALE: every step's KEY of runs REF and RUN within TOL x max(|REF's|,
+# SCALE). The loss is a mean of terms -A ratio whose advantages sum to 0 per group (RMS 1), so
+# it is held to the terms' scale (1), not to its own value near 0.
 near() {
-    paste <(field "$1" "$tmp/dp1/metrics.jsonl") <(field "$1" "$tmp/dp2/metrics.jsonl") |
-        awk -v tol="$2" -v scale="$3" -v key="$1" '
+    paste <(field "$3" "$tmp/$1/metrics.jsonl") <(field "$3" "$tmp/$2/metrics.jsonl") |
+        awk -v tol="$4" -v scale="$5" -v key="$3" -v run="$2" '
             { d = $1 - $2; a = $1 < 0 ? -$1 : $1; if (d < 0) d = -d; if (a < scale) a = scale
               r = d / a; if (r > w) w = r }
-            END { printf "dp2 vs 1 rank: %s %.3g\n", key, w; exit !(NR == 3 && w <= tol) }' ||
-        fail "dp2: $1 differs from one rank"
+            END { printf "%s vs 1 rank: %s %.3g\n", run, key, w; exit !(NR == 3 && w <= tol) }' ||
+        fail "$2: $3 differs from one rank"
 }
-near loss 1e-5 1
-near kl_ref 1e-5 0
-near grad_norm 1e-5 0
+# same_run REF RUN [KL_SCALE]: RUN sampled what REF sampled (rewards, lengths, evaluations
+# exactly), its trainer agreed with its sampler bit for bit, and losses, KL (scale KL_SCALE,
+# default 0), gradient norms and the final parameters agree with REF's to 1e-5.
+same_run() {
+    check_zero "$2" "$tmp/$2"
+    for f in reward_mean reward_std correct response_len; do
+        diff <(field $f "$tmp/$1/metrics.jsonl") <(field $f "$tmp/$2/metrics.jsonl") > /dev/null ||
+            fail "$2: $f differs from one rank"
+    done
+    diff <(grep eval_pass "$tmp/$1/metrics.jsonl") <(grep eval_pass "$tmp/$2/metrics.jsonl") ||
+        fail "$2: evaluations differ from one rank"
+    near "$1" "$2" loss 1e-5 1
+    near "$1" "$2" kl_ref 1e-5 "${3:-0}"
+    near "$1" "$2" grad_norm 1e-5 0
+    out=$("$cmp" "$(last "$1")" "$(last "$2")" 1e-5) || fail "$2: parameters: $out"
+    echo "$2 vs 1 rank: parameters: $out"
+}
 last() { echo "$tmp/$1/checkpoints/step_00000003.safetensors"; }
 cmp=${LB_BUILDDIR:-.}/tests/ckpt_compare
-out=$("$cmp" "$(last dp1)" "$(last dp2)" 1e-5) || fail "dp2: parameters: $out"
-echo "dp2 vs 1 rank: parameters: $out"
+same_run dp1 dp2
 # The one-rank checkpoint of step 2 resumes under dp2 (ZeRO-1 re-shards the moments).
 mpi 2 "$bin" rl "${dp[@]}" --set checkpoint.resume="$tmp/dp1/checkpoints/step_00000002.safetensors" \
     --set run.out_dir="$tmp/dp2r" > "$tmp/dp2r.log" 2>&1 || fail "dp2 resume: $(tail -n 3 "$tmp/dp2r.log")"
 [ "$(field reward_mean "$tmp/dp2r/metrics.jsonl")" = "$(field reward_mean "$tmp/dp1/metrics.jsonl" | tail -n 1)" ] ||
     fail "dp2 resumed: step 3's rollouts differ"
 out=$("$cmp" "$(last dp1)" "$(last dp2r)" 1e-5) || fail "dp2 resumed: parameters: $out"
-# Layouts RL does not run: one message, before any work.
-for bad in "pp=2:parallel.pp = 2: lowbit rl runs without pipeline parallelism" \
-           "tp=2:parallel.tp = 2: lowbit rl runs data-parallel layouts only" \
-           "ep=2:parallel.ep = 2: lowbit rl runs data-parallel layouts only"; do
+# Tensor and expert parallelism against one rank. AdamW's eps is 1e-6 for these (as in
+# tests/test_parallel.sh): tp sums each row-parallel output in another order, and with 1e-8 an
+# element whose gradient is a cancelling sum near 1e-8 (an LM-head row of a byte never drawn)
+# gets a first update that is a ratio of two rounding-level numbers (2.6e-5 relative measured).
+# Three prompts over dp2 (ep2) give the ranks 2 and 1 prompts, and two sampler slots make the
+# busier rank decode longer, so ranks run idle forwards and idle micro-batches to keep the ep
+# group's collectives in step; idle_forwards counts them. Under tp the log-probs themselves
+# differ from one rank's by rounding (|lp| near log 256 = 5.5, float32 ulp 4.8e-7), and each k3
+# term of kl_ref takes that difference times |lp_ref - lp| (1e-3 here), so kl_ref (5e-6 at step
+# 1) is held to the scale 1e-4 under tp (1e-9 absolute; measured 5e-10), relatively
+# otherwise: ep moves rows, never changes a sum.
+mp=("${dp[@]}" --set train.adam_eps=1e-6 --set rl.prompts=3 --set sample.slots=2
+    --set rl.eval_problems=5)
+"$bin" rl "${mp[@]}" --set run.out_dir="$tmp/m1" > "$tmp/m1.log"
+for layout in "tp2 2 0 1e-4 parallel.tp=2" "ep2 2 1 0 parallel.ep=2" \
+              "tp2ep2 4 1 1e-4 parallel.tp=2 parallel.ep=2"; do
+    set -- $layout
+    name=$1 np=$2 idles=$3 klscale=$4
+    shift 4
+    sets=()
+    for kv in "$@"; do sets+=(--set "$kv"); done
+    mpi "$np" "$bin" rl "${mp[@]}" "${sets[@]}" --set run.out_dir="$tmp/$name" > "$tmp/$name.log" 2>&1 ||
+        fail "$name rl: $(tail -n 3 "$tmp/$name.log")"
+    same_run m1 "$name" "$klscale"
+    field idle_forwards "$tmp/$name/metrics.jsonl" |
+        awk -v want="$idles" '($1 > 0) != want { exit 1 }' ||
+        fail "$name: idle_forwards $(field idle_forwards "$tmp/$name/metrics.jsonl" | xargs) (want > 0: $idles)"
+done
+# The one-rank checkpoint of step 2 resumes under tp2 x ep2 (rank 0 cuts every tensor).
+mpi 4 "$bin" rl "${mp[@]}" --set parallel.tp=2 --set parallel.ep=2 \
+    --set checkpoint.resume="$tmp/m1/checkpoints/step_00000002.safetensors" \
+    --set run.out_dir="$tmp/mpr" > "$tmp/mpr.log" 2>&1 || fail "tp2 x ep2 resume: $(tail -n 3 "$tmp/mpr.log")"
+[ "$(field reward_mean "$tmp/mpr/metrics.jsonl")" = "$(field reward_mean "$tmp/m1/metrics.jsonl" | tail -n 1)" ] ||
+    fail "tp2 x ep2 resumed: step 3's rollouts differ"
+out=$("$cmp" "$(last m1)" "$(last mpr)" 1e-5) || fail "tp2 x ep2 resumed: parameters: $out"
+# Layouts RL does not run: one file:line message, before any work. The model's heads are
+# checked against tp once its section is read from rl.init (here a model with one KV head).
+"$bin" train "$src/examples/tiny-moe.cfg" --set data.train_files="$tmp/arith_train_*.bin" \
+    --set data.val_files= --set model.hidden_size=32 --set model.num_hidden_layers=1 \
+    --set model.head_dim=16 --set model.moe_intermediate_size=32 --set model.num_key_value_heads=1 \
+    --set train.seq_len=32 --set train.micro_batch=2 --set train.steps=1 --set train.warmup_steps=0 \
+    --set train.log_every=0 --set run.out_dir="$tmp/kv1" > /dev/null
+for bad in "pp:parallel.pp = 2:bad.cfg:2: parallel.pp = 2: lowbit rl runs without pipeline parallelism" \
+           "sp:parallel.tp = 2\nsequence_parallel = true:bad.cfg:3: parallel.sequence_parallel: lowbit rl runs without sequence parallelism" \
+           "kv:parallel.tp = 2:bad.cfg:2: model.num_key_value_heads \(1\) is not divisible by parallel.tp \(2\).*kv1/"; do
+    IFS=: read -r name keys want <<< "$bad"
+    printf "[parallel]\n${keys#parallel.}\n" > "$tmp/bad.cfg"
+    init_of=$init
+    [ "$name" = kv ] && init_of="$tmp/kv1/checkpoints/step_00000001.safetensors"
     rm -rf "$tmp/bad"
-    mpi 2 "$bin" rl "${dp[@]}" --set parallel.${bad%%:*} --set run.out_dir="$tmp/bad" \
-        > /dev/null 2> "$tmp/err" && fail "parallel.${bad%%:*}: exit 0"
-    [ "$(grep -Ec -- "${bad#*:}" "$tmp/err")" = 1 ] || { cat "$tmp/err"; fail "parallel.${bad%%:*}: message"; }
-    [ ! -e "$tmp/bad" ] || fail "parallel.${bad%%:*}: work was done"
+    mpi 2 "$bin" rl "$tmp/bad.cfg" "${rl[@]}" --set rl.init="$init_of" --set run.out_dir="$tmp/bad" \
+        > /dev/null 2> "$tmp/err" && fail "$name: exit 0"
+    [ "$(grep -Ec -- "$want" "$tmp/err")" = 1 ] || { cat "$tmp/err"; fail "$name: message"; }
+    [ ! -e "$tmp/bad" ] || fail "$name: work was done"
 done
 echo "PASS"
