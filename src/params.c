@@ -82,8 +82,8 @@ const lb_param lb_params[] = {
          "JSON-lines metrics, relative to run.out_dir"),
 
     // [checkpoint] -----------------------------------------------------------------------------
-    LB_P(checkpoint, save_every, I, "0", 0, BIG, NULL,
-         "save every N steps, 0 = only at the end"),
+    LB_P(checkpoint, save_every, I, "0", -1, BIG, NULL,
+         "save every N steps, 0 = only at the end, -1 = never (benchmarks)"),
     LB_P(checkpoint, keep, I, "2", 1, 1000000, NULL, "keep the last K checkpoints"),
     LB_P(checkpoint, resume, S, "", 0, 0, NULL,
          "\"\" = start fresh, auto = newest checkpoint in run.out_dir, else a checkpoint path"),

@@ -831,7 +831,7 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
             if (root) log_eval(c, metrics, step, &ev);
         }
         if ((c->checkpoint.save_every > 0 && step % c->checkpoint.save_every == 0) ||
-            step == c->rl.steps) {
+            (step == c->rl.steps && c->checkpoint.save_every >= 0)) {
             st.step = step;
             snprintf(path, sizeof path, "%s/step_%08d.safetensors", ckdir, step);
             if (lb_checkpoint_save_parallel(path, &opt, &st, ini, comm, &c->parallel, err,

@@ -470,7 +470,7 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
             fflush(metrics);
         }
         if ((c->checkpoint.save_every > 0 && step % c->checkpoint.save_every == 0) ||
-            step == c->train.steps) {
+            (step == c->train.steps && c->checkpoint.save_every >= 0)) {
             st.step = step;
             lb_loader_tell(train, &st.loader_shard, &st.loader_pos);   // the same on every rank
             snprintf(path, sizeof path, "%s/step_%08d.safetensors", ckdir, step);
