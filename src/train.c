@@ -210,6 +210,21 @@ static void add_losses(const run_ctx *x, double sums[2])
     sums[1] += x->m->aux_loss;
 }
 
+// Micro-batch j of a pipeline schedule with `warm` warm-up forwards lives in activation slot
+// j mod (warm + 1): at most warm + 1 are in flight, and j's slot is free again by the time
+// j + warm + 1 starts. The slot's activations exist (a later stage receives into them).
+static void use_slot(run_ctx *x, int j, int warm)
+{
+    lb_model_use_slot(x->m, j % (warm + 1));
+    lb_model_prepare(x->m, x->B, x->T);
+}
+
+static void stage_forward(run_ctx *x, const int32_t *in, const int32_t *tg, double sums[2])
+{
+    lb_model_forward(x->m, in, tg, x->B, x->T);
+    add_losses(x, sums);
+}
+
 // One step's micro-batches on this rank: forward and backward of each in turn, or, across
 // pipeline stages, Megatron's 1F1B schedule: stage s runs min(pp - s - 1, M) warm-up forwards,
 // then alternates one forward and one backward (each exchange pairs a send with a receive, so
@@ -222,77 +237,59 @@ static void run_micro_batches(run_ctx *x, int32_t **in, int32_t **tg, double sum
     const float scale = 1.0f / x->G;   // the mean over the global batch
     if (pp == 1) {
         for (int j = 0; j < M; j++) {
-            lb_model_forward(m, in[j], tg[j], B, T);
+            stage_forward(x, in[j], tg[j], sums);
             lb_model_backward(m, scale);
-            add_losses(x, sums);
         }
         return;
     }
-    const int warm = pp - s - 1 < M ? pp - s - 1 : M, slots = warm + 1;
+    const int warm = pp - s - 1 < M ? pp - s - 1 : M;
     const size_t len = (size_t)B * T * m->cfg.hidden_size / (m->par.sp ? m->par.tp : 1);
     lb_backend *be = m->be;
-#define FWD(j)                                                    \
-    do {                                                          \
-        lb_model_use_slot(m, (j) % slots);                        \
-        lb_model_forward(m, in[j], tg[j], B, T);                  \
-        add_losses(x, sums);                                      \
-    } while (0)
-#define BWD(j)                                                    \
-    do {                                                          \
-        lb_model_use_slot(m, (j) % slots);                        \
-        lb_model_backward(m, scale);                              \
-    } while (0)
-#define PREP(j)                                                   \
-    do {                                                          \
-        lb_model_use_slot(m, (j) % slots);                        \
-        lb_model_prepare(m, B, T);                                \
-    } while (0)
     for (int j = 0; j < warm; j++) {
-        lb_model_use_slot(m, j % slots);
+        use_slot(x, j, warm);
         stage_recv_input(x);
-        FWD(j);
+        stage_forward(x, in[j], tg[j], sums);
         stage_send_output(x);
     }
     if (warm < M) {
-        lb_model_use_slot(m, warm % slots);
+        use_slot(x, warm, warm);
         stage_recv_input(x);
     }
     for (int i = 0; i < M - warm; i++) {
         int f = warm + i;
-        FWD(f);
+        use_slot(x, f, warm);
+        stage_forward(x, in[f], tg[f], sums);
         if (!m->last_stage) {   // send this output, receive the gradient of micro-batch i
             float *y = lb_model_stage_output(m);
-            PREP(i);
+            use_slot(x, i, warm);
             be->sync(be);
             lb_comm_send_recv(x->pp, y, len, s + 1, lb_model_stage_grad(m), len, s + 1, LB_F32);
             lb_comm_sync(x->pp);
         }
-        BWD(i);
+        use_slot(x, i, warm);
+        lb_model_backward(m, scale);
         if (m->first_stage) continue;
         float *dx = lb_model_stage_grad(m);
         be->sync(be);
         if (i == M - warm - 1) {
             lb_comm_send(x->pp, dx, len, LB_F32, s - 1);
         } else {   // send micro-batch i's input gradient, receive the input of the next forward
-            PREP(f + 1);
+            use_slot(x, f + 1, warm);
             lb_comm_send_recv(x->pp, dx, len, s - 1, lb_model_stage_input(m), len, s - 1, LB_F32);
         }
         lb_comm_sync(x->pp);
     }
-    for (int i = M - warm; i < M; i++) {
-        PREP(i);
+    for (int i = M - warm; i < M; i++) {   // drain: the last backwards
+        use_slot(x, i, warm);
         lb_comm_recv(x->pp, lb_model_stage_grad(m), len, LB_F32, s + 1);
         lb_comm_sync(x->pp);
-        BWD(i);
+        lb_model_backward(m, scale);
         if (!m->first_stage) {
             be->sync(be);
             lb_comm_send(x->pp, lb_model_stage_grad(m), len, LB_F32, s - 1);
             lb_comm_sync(x->pp);
         }
     }
-#undef FWD
-#undef BWD
-#undef PREP
 }
 
 int lb_cmd_train(const lb_config *c, lb_comm *comm)
