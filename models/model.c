@@ -28,9 +28,9 @@ static int cut(lb_tensor *t, const lb_model_parallel *p, char *err, size_t errle
         t->parts[d0] = p->ep;
         t->index[d0] = p->ep_rank;
     }
-    if (d1 >= 0) {
-        t->parts[d1] = p->tp;
-        t->index[d1] = p->tp_rank;
+    if (d1 >= 0) {   // experts over etp, dense tensors over tp
+        t->parts[d1] = d0 >= 0 ? p->etp : p->tp;
+        t->index[d1] = d0 >= 0 ? p->etp_rank : p->tp_rank;
         t->groups[d1] = g;
     }
     for (int d = 0; d < t->ndim; d++) {
@@ -55,8 +55,31 @@ static lb_model_parallel one_rank(void)
 {
     lb_model_parallel p;
     memset(&p, 0, sizeof p);
-    p.tp = p.ep = p.pp = 1;
+    p.tp = p.ep = p.pp = p.etp = 1;
     return p;
+}
+
+lb_model_parallel lb_model_parallel_of(const lb_grid *g, lb_comm *tp, lb_comm *ep)
+{
+    lb_model_parallel p = {g->tp, g->tp_rank, g->sequence_parallel && g->tp > 1, g->ep,
+                           g->ep_rank, g->pp, g->pp_rank, g->tp > 1 ? tp : NULL,
+                           g->ep > 1 ? ep : NULL, g->etp, g->etp_rank};
+    return p;
+}
+
+// etp 0 stands for tp; etp must divide tp.
+static int complete(lb_model_parallel *p, char *err, size_t errlen)
+{
+    if (p->etp == 0) {
+        p->etp = p->tp;
+        p->etp_rank = p->tp_rank;
+    }
+    if (p->etp < 1 || p->tp % p->etp != 0) {
+        snprintf(err, errlen, "expert tensor parallelism %d does not divide tensor parallelism %d",
+                 p->etp, p->tp);
+        return -1;
+    }
+    return 0;
 }
 
 // The decoder layers of stage s: [s L / pp, (s + 1) L / pp).
@@ -76,6 +99,7 @@ lb_tensor *lb_model_pieces(const lb_model_config *cfg, const lb_model_parallel *
         snprintf(err, errlen, "unknown model arch '%s'", cfg->arch);
         return NULL;
     }
+    if (complete(&p, err, errlen) != 0) return NULL;
     if (cfg->num_hidden_layers % p.pp != 0) {
         snprintf(err, errlen, "%d layers do not divide into %d pipeline stages",
                  cfg->num_hidden_layers, p.pp);
@@ -163,6 +187,10 @@ lb_model *lb_model_create_parallel(const lb_model_config *cfg, lb_backend *be,
     m->be = be;
     m->par = par ? *par : one_rank();
     if (m->par.tp == 1) m->par.sp = 0;
+    if (complete(&m->par, err, errlen) != 0) {
+        free(m);
+        return NULL;
+    }
     m->tensors = lb_model_pieces(cfg, &m->par, &m->ntensors, err, errlen);
     if (!m->tensors) {
         free(m);

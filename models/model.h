@@ -13,6 +13,7 @@
 #include "kernels/quant/contract.h"
 #include "parallel/comm.h"
 #include "parallel/dispatcher.h"
+#include "parallel/grid.h"
 #include "parallel/linear.h"
 
 // Field names follow Hugging Face's config.json for Qwen3 / Qwen3-MoE.
@@ -42,14 +43,14 @@ typedef struct {
 // a column-parallel layer splits its output features (dim 0 of an (out, in) weight), a
 // row-parallel layer its input features (dim 1). Fused gate/up weights cut each half alike so
 // every rank keeps matching gate and up rows. Experts are cut over ep along dim 0 and over
-// etp (= tp) like the dense MLP.
+// etp like the dense MLP.
 typedef enum {
     LB_SPLIT_NONE,                 // replicated over tp
     LB_SPLIT_COL,                  // (out, in): dim 0 over tp
     LB_SPLIT_COL2,                 // (2f, in): each half of dim 0 over tp
     LB_SPLIT_ROW,                  // (out, in): dim 1 over tp
-    LB_SPLIT_EXPERT_COL2,          // (experts, 2f, c): dim 0 over ep, each half of dim 1 over tp
-    LB_SPLIT_EXPERT_ROW,           // (experts, c, f): dim 0 over ep, dim 2 over tp
+    LB_SPLIT_EXPERT_COL2,          // (experts, 2f, c): dim 0 over ep, each half of dim 1 over etp
+    LB_SPLIT_EXPERT_ROW,           // (experts, c, f): dim 0 over ep, dim 2 over etp
 } lb_split;
 
 // Which gradients of a tensor replicated over tp are partial sums (each tp rank saw part of
@@ -81,12 +82,15 @@ typedef struct {
 } lb_tensor;
 
 // Where this rank sits in the model-parallel grid, and the backend-memory communicators the
-// forward and backward use (NULL when the size is 1). etp is tp.
+// forward and backward use (NULL when the size is 1). Experts are cut over etp, which divides
+// tp: the tp group's rows are shared out in tp / etp parts, one per group of etp ranks
+// (doc/parallel.md); etp 0 means etp = tp.
 typedef struct {
     int tp, tp_rank, sp;           // tensor parallel, sequence parallel
-    int ep, ep_rank;               // expert parallel
+    int ep, ep_rank;               // expert parallel (the expert grid's coordinate)
     int pp, pp_rank;               // pipeline stage
     lb_comm *tp_comm, *ep_comm;
+    int etp, etp_rank;             // expert tensor parallel (0: = tp, tp_rank)
 } lb_model_parallel;
 
 typedef struct lb_model lb_model;
@@ -204,6 +208,9 @@ lb_model *lb_model_create(const lb_model_config *cfg, lb_backend *be, char *err,
 // checks in parallel/grid.c say so first); -1 with a message otherwise.
 lb_model *lb_model_create_parallel(const lb_model_config *cfg, lb_backend *be,
                                    const lb_model_parallel *par, char *err, size_t errlen);
+// This rank's place in grid g (parallel/grid.h) with the backend-memory communicators of its
+// tensor- and expert-parallel groups (NULL where the size is 1).
+lb_model_parallel lb_model_parallel_of(const lb_grid *g, lb_comm *tp, lb_comm *ep);
 // The tensor table of the rank at `par` (its pieces, offsets unset). malloc'd; *n its length.
 lb_tensor *lb_model_pieces(const lb_model_config *cfg, const lb_model_parallel *par, int *n,
                            char *err, size_t errlen);

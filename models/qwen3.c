@@ -166,20 +166,30 @@ static layer_w layer_weights(const lb_model *m, float *base, int l)
     return w;
 }
 
-// The sizes this rank works with: heads and FFN columns are its tensor-parallel share, El its
-// experts; E (router) and V stay whole.
+// The sizes this rank works with: heads and FFN columns are its tensor-parallel share (expert
+// columns its etp share), El its experts; E (router) and V stay whole. The tp group's rows go
+// through the experts in tp / etp parts, part `part` on this rank's etp group.
 typedef struct {
-    int C, D, hq, hkv, F, E, El, K, V, tp, ep, sp;
+    int C, D, hq, hkv, F, E, El, K, V, tp, ep, sp, parts, part;
 } dims;
 
 static dims dims_of(const lb_model *m)
 {
     const lb_model_config *c = &m->cfg;
     const lb_model_parallel *p = &m->par;
+    int split = is_moe(c) ? p->etp : p->tp;
     dims d = {c->hidden_size, c->head_dim, c->num_attention_heads / p->tp,
-              c->num_key_value_heads / p->tp, ffn_dim(c) / p->tp, c->num_experts,
-              c->num_experts / p->ep, c->num_experts_per_tok, c->vocab_size, p->tp, p->ep, p->sp};
+              c->num_key_value_heads / p->tp, ffn_dim(c) / split, c->num_experts,
+              c->num_experts / p->ep, c->num_experts_per_tok, c->vocab_size, p->tp, p->ep, p->sp,
+              p->tp / p->etp, p->tp_rank / p->etp};
     return d;
+}
+
+// The rows [*o, *o + return) of n that this rank's part sends through the experts.
+static int part_rows(const dims *d, int n, int *o)
+{
+    *o = (int)((long)d->part * n / d->parts);
+    return (int)((long)(d->part + 1) * n / d->parts) - *o;
 }
 
 static void weights_refresh(lb_model *m)
@@ -503,12 +513,19 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
                         c->norm_topk_prob);
     float aux = 0.0f;
     if (want_aux) be->moe_aux_loss(be, &aux, f->aux_grad, f->probs, f->idx, n, d.E, d.K);
-    be->moe_plan(be, f->row, f->counts, f->idx, n, d.E, d.K);
-    be->moe_permute(be, f->xp, ln, f->row, n, d.K, d.C);
+    // This rank's part of the rows goes to the experts (all of them when etp = tp). The others'
+    // rows of `out` stay zero, so the caller's sum over tp assembles every part.
+    int o, np = part_rows(&d, n, &o);
+    if (np) {
+        be->moe_plan(be, f->row, f->counts, f->idx + (size_t)o * d.K, np, d.E, d.K);
+        be->moe_permute(be, f->xp, ln + (size_t)o * d.C, f->row, np, d.K, d.C);
+    } else {
+        memset(f->counts, 0, (size_t)d.E * sizeof *f->counts);
+    }
     // the dispatcher: this rank's experts get their rows from every ep rank
     lb_comm *ep = m->par.ep_comm;
     lb_ep_route_plan(&f->route, ep, be, f->counts, d.E);
-    size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)n * d.K ? nr : (size_t)n * d.K;
+    size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
     float *xe = f->xp, *ye = f->yp;
     if (d.ep > 1) {
         xe = grow(be, &f->xe, &f->cap_xe, nr * d.C);
@@ -519,11 +536,14 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
     grow(be, &f->h, &f->cap_h, nr * d.F);
     lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xe, w->gu, w->cgu, f->route.local_counts,
                           d.El, f->gu, 2 * d.F, d.C);
-    be->swiglu_fwd(be, f->h, f->gu, (int)nr, d.F);
+    if (nr) be->swiglu_fwd(be, f->h, f->gu, (int)nr, d.F);
     lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, f->h, w->down, w->cdown, f->route.local_counts,
                           d.El, ye, d.C, d.F);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, ye, f->yp, s->xs, d.C);
-    be->moe_combine(be, out, f->yp, f->weight, f->row, n, d.K, d.C);
+    if (d.parts > 1) be->zero(be, out, (size_t)n * d.C * sizeof(float));
+    if (np)
+        be->moe_combine(be, out + (size_t)o * d.C, f->yp, f->weight + (size_t)o * d.K, f->row, np,
+                        d.K, d.C);
     return aux;
 }
 
@@ -546,10 +566,16 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
                       n, 2 * d.F, d.C);
         return;
     }
-    be->moe_combine_bwd(be, a->dyp, a->dweight, dout, f->yp, f->weight, f->row, n, d.K, d.C);
-    tp_sum(m, a->dweight, (size_t)n * d.K);   // yp held this rank's share of every expert output
+    int o, np = part_rows(&d, n, &o);   // the rows this rank sent to the experts
+    if (d.parts > 1) be->zero(be, a->dweight, (size_t)n * d.K * sizeof(float));
+    if (np)
+        be->moe_combine_bwd(be, a->dyp, a->dweight + (size_t)o * d.K, dout + (size_t)o * d.C,
+                            f->yp, f->weight + (size_t)o * d.K, f->row, np, d.K, d.C);
+    // yp held this rank's etp share of its part's expert outputs: the sum over tp gives every
+    // row's combine-weight gradient whole
+    tp_sum(m, a->dweight, (size_t)n * d.K);
     lb_comm *ep = m->par.ep_comm;
-    size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)n * d.K ? nr : (size_t)n * d.K;
+    size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
     float *dye = a->dyp, *dxe = a->dxp;
     if (d.ep > 1) {
         dye = grow(be, &s->dye, &s->cap_dye, nr * d.C);
@@ -560,11 +586,12 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
     float *dh = grow(be, &s->dh, &s->cap_dh, nr * d.F);
     lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_DOWN, f->h, w->down, w->cdown, f->route.local_counts,
                           d.El, dye, dh, dw->down, d.C, d.F);
-    be->swiglu_bwd(be, dgu, dh, f->gu, (int)nr, d.F);
+    if (nr) be->swiglu_bwd(be, dgu, dh, f->gu, (int)nr, d.F);
     lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : f->xp, w->gu, w->cgu,
                           f->route.local_counts, d.El, dgu, dxe, dw->gu, 2 * d.F, d.C);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, dxe, a->dxp, s->xs, d.C);
-    be->moe_permute_bwd(be, dln, a->dxp, f->row, n, d.K, d.C);
+    if (d.parts > 1) be->zero(be, dln, (size_t)n * d.C * sizeof(float));
+    if (np) be->moe_permute_bwd(be, dln + (size_t)o * d.C, a->dxp, f->row, np, d.K, d.C);
     // router: through the top-k weights and the load-balancing loss
     be->copy(be, a->daux, f->aux_grad, (size_t)d.E * sizeof(float));
     be->scale(be, a->daux, aux_scale, (size_t)d.E);

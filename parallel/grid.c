@@ -206,10 +206,10 @@ int lb_grid_check_shapes(const lb_parallel_config *pc, const lb_grid_shapes *s,
 
 int lb_grid_check_built(const lb_parallel_config *pc, char *err, size_t errlen)
 {
-    if (pc->etp && pc->etp != pc->tp) {
-        snprintf(err, errlen, "parallel.etp = %d: expert tensor parallelism other than "
-                 "parallel.tp (%d) is not built; leave parallel.etp at 0 (experts are cut over "
-                 "the tensor-parallel group)", pc->etp, pc->tp);
+    if (pc->etp && pc->tp % pc->etp != 0) {
+        snprintf(err, errlen, "parallel.etp (%d) does not divide parallel.tp (%d): the tensor-"
+                 "parallel group's tokens go to the experts in tp / etp parts, each cut over etp "
+                 "ranks", pc->etp, pc->tp);
         return -1;
     }
     return 0;

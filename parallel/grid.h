@@ -82,8 +82,8 @@ typedef struct {
 int lb_grid_check_shapes(const lb_parallel_config *pc, const lb_grid_shapes *s,
                          const char *keys[2], char *err, size_t errlen);
 
-// Whether this release can train the layout: every layout whose expert tensor parallelism is
-// the tensor parallelism (etp 0 or = tp). -1 with a message otherwise.
+// Whether this release can train the layout: every layout whose expert tensor parallelism
+// divides the tensor parallelism (etp 0 means tp). -1 with a message otherwise.
 int lb_grid_check_built(const lb_parallel_config *pc, char *err, size_t errlen);
 
 #endif

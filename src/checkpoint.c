@@ -261,13 +261,12 @@ static void place_of(rank_place *p, const lb_model *m, const lb_parallel_config 
 {
     char err[256];
     memset(p, 0, sizeof *p);
-    p->par = (lb_model_parallel){1, 0, 0, 1, 0, 1, 0, NULL, NULL};
+    p->par = (lb_model_parallel){1, 0, 0, 1, 0, 1, 0, NULL, NULL, 1, 0};
     p->dp_rank = p->edp_rank = r;
     if (pc) {
         lb_grid g;
         if (lb_grid_layout(&g, pc, world, r, err, sizeof err) != 0) lb_die("%s", err);
-        p->par = (lb_model_parallel){g.tp, g.tp_rank, g.sequence_parallel && g.tp > 1, g.ep,
-                                     g.ep_rank, g.pp, g.pp_rank, NULL, NULL};
+        p->par = lb_model_parallel_of(&g, NULL, NULL);
         p->dp_rank = g.dp_rank;
         p->edp_rank = g.edp_rank;
     }

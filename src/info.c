@@ -72,8 +72,7 @@ static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char
     count_ctx ctx = {0, 0};
     lb_backend counter = {.name = "count", .ctx = &ctx, .alloc = count_alloc,
                           .free = count_free, .upload = count_upload};
-    lb_model_parallel par = {g->tp, g->tp_rank, c->parallel.sequence_parallel && g->tp > 1, g->ep,
-                             g->ep_rank, g->pp, g->pp_rank, NULL, NULL};
+    lb_model_parallel par = lb_model_parallel_of(g, NULL, NULL);
     lb_model *m = lb_model_create_parallel(&c->model, &counter, &par, err, errlen);
     if (!m) return -1;
     int zero = c->parallel.zero && (g->dp > 1 || g->edp > 1);

@@ -238,15 +238,17 @@ START_TEST(test_not_built)
     ck_assert_int_eq(lb_grid_check_built(&dp, err, sizeof err), 0);
     dp.etp = 1;
     ck_assert_int_eq(lb_grid_check_built(&dp, err, sizeof err), 0);
-    lb_parallel_config mp = pcfg(2, 2, 2, 0);   // tp, pp, ep and etp = tp are built
+    lb_parallel_config mp = pcfg(2, 2, 2, 0);   // tp, pp, ep and any etp dividing tp are built
     ck_assert_int_eq(lb_grid_check_built(&mp, err, sizeof err), 0);
     mp.etp = 2;
     ck_assert_int_eq(lb_grid_check_built(&mp, err, sizeof err), 0);
     mp.etp = 1;
+    ck_assert_int_eq(lb_grid_check_built(&mp, err, sizeof err), 0);
+    mp.etp = 4;
     ck_assert_int_eq(lb_grid_check_built(&mp, err, sizeof err), -1);
-    ck_assert_str_eq(err, "parallel.etp = 1: expert tensor parallelism other than parallel.tp (2) "
-                          "is not built; leave parallel.etp at 0 (experts are cut over the "
-                          "tensor-parallel group)");
+    ck_assert_str_eq(err, "parallel.etp (4) does not divide parallel.tp (2): the tensor-parallel "
+                          "group's tokens go to the experts in tp / etp parts, each cut over etp "
+                          "ranks");
 }
 END_TEST
 

@@ -81,7 +81,9 @@ if out=$("$cmp" --moments "$(ck r1 10)" "$(ck z4 10)" 1e-5 2>&1); then ok; else 
 echo "1 rank vs z4: parameters and moments: $out"
 
 # 1b. Model parallelism: tp2, sp with tp2, pp2 (4 micro-batches per rank and step), ep2, ep4,
-#     tp2 x ep2, pp2 x dp2 and tp2 x pp2 x ep2 (8 ranks) against one rank, for the MoE and, for
+#     tp2 x ep2, pp2 x dp2, tp2 x pp2 x ep2 (8 ranks), and experts not cut over tp (etp 1: the
+#     tp group's tokens go to the experts in two parts) with ep2 and with sp, against one rank,
+#     for the MoE and, for
 #     the dense column/row split of the fused gate_up, the dense Qwen3 under tp2 with sp. The
 #     learning rate is 3e-4 here (the RL demo's; 3e-3 above): in Adam's first steps an element
 #     whose gradient is near eps (a sum that cancels) moves by a fraction of lr that depends on
@@ -102,6 +104,8 @@ for layout in "tp2 2 m1 --set parallel.tp=2" \
               "tp2ep2 4 m1 --set parallel.tp=2 --set parallel.ep=2" \
               "pp2dp2 4 m1 --set parallel.pp=2" \
               "tp2pp2ep2 8 m1 --set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2" \
+              "tp2etp1ep2 4 m1 --set parallel.tp=2 --set parallel.etp=1 --set parallel.ep=2" \
+              "sp2etp1 2 m1 --set parallel.tp=2 --set parallel.etp=1 --set parallel.sequence_parallel=true" \
               "dense-sp2 2 d1 --set parallel.tp=2 --set parallel.sequence_parallel=true ${dense[*]}"; do
     set -- $layout
     name=$1 np=$2 ref=$3
@@ -171,8 +175,8 @@ expect_bad expert-grid 4 "the 4 ranks of a pipeline stage .* not divisible by pa
     --set parallel.ep=8 --set model.num_experts=8
 expect_bad grad-accum 3 "train.grad_accum \(4\) is not divisible by the data-parallel size dp = 3" --set parallel.zero=true
 expect_bad dp 2 "parallel.dp = 4, but 2 ranks with parallel.tp = 1 and parallel.pp = 1 give dp = 2" --set parallel.dp=4
-expect_bad etp 2 "parallel.etp = 1: expert tensor parallelism other than parallel.tp \(2\) is not built" \
-    --set parallel.tp=2 --set parallel.etp=1
+expect_bad etp 4 "parallel.etp \(4\) does not divide parallel.tp \(2\)" \
+    --set parallel.tp=2 --set parallel.etp=4
 expect_bad sp 2 "parallel.sequence_parallel needs parallel.tp > 1" --set parallel.sequence_parallel=true
 expect_bad fail-rank 2 "parallel.fail_rank \(5\) is not a rank of this 2-rank job" \
     --set parallel.fail_rank=5 --set parallel.fail_step=1
