@@ -17,8 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <unistd.h>
 #include "kernels/common.h"
 #include "src/checkpoint.h"
 #include "src/commands.h"
@@ -26,6 +24,7 @@
 #include "src/grpo.h"
 #include "src/optim.h"
 #include "src/reward.h"
+#include "src/run.h"
 #include "src/util.h"
 #include "parallel/grid.h"
 
@@ -336,16 +335,6 @@ static void log_eval(const lb_config *c, FILE *metrics, int step, const rl_eval 
     fflush(metrics);
 }
 
-static void keep_last(const char *dir, int keep)
-{
-    char pattern[1024];
-    char **list;
-    snprintf(pattern, sizeof pattern, "%s/step_*.safetensors", dir);
-    int n = lb_glob(pattern, &list);
-    for (int i = 0; i < n - keep; i++) unlink(list[i]);
-    lb_glob_free(list, n);
-}
-
 // The trainer's view of sequences idx[0..count): tokens (count, T) = prompt + completion (the
 // last completion token is only a target), targets the next token on response positions and
 // -1 elsewhere. Returns the response tokens.
@@ -407,34 +396,6 @@ static int check_rl_layout(const lb_config *c, const lb_grid *g, char *err, size
     return 0;
 }
 
-// The backend-memory communicators of the groups the model pieces and the optimizer use: the
-// grid's MPI ones for the CPU, NCCL over the same ranks for CUDA (every rank creates its groups
-// in the same order, going on after a failure so that none waits in another's creation).
-typedef struct {
-    lb_comm *tp, *ep, *dp, *edp;
-    lb_comm nccl[4];
-    int nnccl;
-} rl_comms;
-
-static int rl_comms_open(rl_comms *x, lb_grid *g, lb_backend *be, int cuda, char *err,
-                         size_t errlen)
-{
-    lb_comm *mpi[4] = {&g->tp_comm, &g->ep_comm, &g->dp_comm, &g->edp_comm};
-    lb_comm **out[4] = {&x->tp, &x->ep, &x->dp, &x->edp};
-    int bad = 0;
-    x->nnccl = 0;
-    for (int i = 0; i < 4; i++) {
-        *out[i] = mpi[i];
-        if (!cuda || mpi[i]->size == 1) continue;
-        if (lb_comm_nccl_create(&x->nccl[x->nnccl], mpi[i], be, NULL, err, errlen) != 0) {
-            bad = 1;
-            continue;
-        }
-        *out[i] = &x->nccl[x->nnccl++];
-    }
-    return bad;
-}
-
 // This rank's piece of the model, its weights still to load.
 static lb_model *rl_model_piece(const lb_config *c, lb_backend *be, const lb_model_parallel *par,
                                 char *err, size_t errlen)
@@ -448,17 +409,73 @@ static lb_model *rl_model_piece(const lb_config *c, lb_backend *be, const lb_mod
     return m;
 }
 
-int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
-{
-    char err[ERRLEN], where[LB_PATH_MAX + 32], ckdir[LB_PATH_MAX + 32], path[2 * LB_PATH_MAX + 64];
-    const int root = comm->rank == 0;
-    lb_config cfg = *c0;
-    lb_config *c = &cfg;
-    const int P = c->rl.prompts, G = c->rl.group, N = P * G, M = c->rl.mini_batches;
-    // The layout first: a bad one stops every rank before any work, with one message.
+// One `lowbit rl` run: its configuration (the model section read from rl.init), the parallel
+// pieces, the policy, its reference and optimizer, the samplers, and the step's sequences with
+// the trainer's buffers. Set up once; every step reuses it.
+typedef struct {
+    lb_config cfg;
+    const lb_config *c;            // &cfg
+    lb_comm *world;
+    int root;
     lb_grid grid;
-    if (lb_grid_layout(&grid, &c->parallel, comm->size, comm->rank, err, sizeof err) != 0 ||
-        check_rl_layout(c, &grid, err, sizeof err) != 0 ||
+    lb_run_comms comms;            // backend memory (src/run.h)
+    lb_comm *dpc, *epc;            // host messages of the data- and expert-parallel groups
+    lb_backend *be;
+    lb_model *m, *ref;             // the policy; the KL reference, a frozen piece (or NULL)
+    lb_optimizer opt;
+    lb_sampler_config sc;
+    lb_sampler *smp, *greedy;
+    lb_rewards rw;
+    lb_grpo_config gcfg;
+    lb_train_state st;
+    char ckdir[LB_PATH_MAX + 32], resume[LB_PATH_MAX + 64];
+    char *ini;
+    FILE *metrics;
+    int P, G, N, M;                // prompts, samples each, sequences, mini-batches of a step
+    int MB, NS;                    // sequences per micro- and mini-batch
+    int max_new, T;                // completion tokens at most; every sequence fits (b, T)
+    float inv_temp;
+    // qs holds the step's N sequences in global order; this rank samples and trains own[0..nl),
+    // the sequences of its prompts, and learns everyone's reward, length and correctness.
+    rl_seq *qs;
+    lb_sample_req *reqs;
+    int *own, nl;
+    int *mbk;                      // own[mbk[mb] .. mbk[mb + 1]): this rank's of mini-batch mb
+    double *seqv;                  // (N, 3) reward, length, correct
+    size_t cap;                    // MB x T
+    int32_t *tok, *tgt;            // (MB, T) a micro-batch
+    float *lp, *lpr, *dfull;       // (MB, T) its log-probs, the reference's, d loss / d lp
+    float *r_lp, *r_old, *r_roll, *r_ref, *r_adv, *r_d;   // (MB x max_new) response tokens
+    float *rewards, *adv;          // (N)
+} rl_run;
+
+// What one step measured, for its log line.
+typedef struct {
+    lb_sample_stats ss;
+    double rsum, rsq, lensum;      // rewards, their squares, completion lengths
+    int correct;
+    long idle;                     // idle micro-batches of this rank (expert parallelism)
+    double loss_sum, clip, tis, klref, norm, lr;
+    long ntok_all;                 // response tokens of all mini-batches
+    double t_roll, t_train;
+} rl_step;
+
+static int any_failed(rl_run *x, int failed, const char *err)
+{
+    return lb_any_failed(x->world, failed, "lowbit rl", err);
+}
+
+// The layout and the configuration, checked before any work: the same verdict on every rank,
+// printed once. Reads rl.init's model section into x->cfg. Returns 0 or 1.
+static int rl_check(rl_run *x)
+{
+    char err[ERRLEN], where[LB_PATH_MAX + 32];
+    lb_config *c = &x->cfg;
+    const int root = x->root;
+    // The layout first: a bad one stops every rank before any work, with one message.
+    if (lb_grid_layout(&x->grid, &c->parallel, x->world->size, x->world->rank, err,
+                       sizeof err) != 0 ||
+        check_rl_layout(c, &x->grid, err, sizeof err) != 0 ||
         lb_grid_check_built(&c->parallel, err, sizeof err) != 0) {
         if (root) fprintf(stderr, "lowbit rl: %s\n", err);
         return 1;
@@ -475,14 +492,13 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
                           lb_key_where(c, "gen", "val_fraction", where, sizeof where));
         return 1;
     }
-    if (N % M) {
+    if (x->N % x->M) {
         if (root) fprintf(stderr, "%srl.mini_batches (%d) does not divide rl.prompts x rl.group "
                           "= %d\n", lb_key_where(c, "rl", "mini_batches", where, sizeof where),
-                          M, N);
+                          x->M, x->N);
         return 1;
     }
-    lb_rewards rw;
-    if (lb_rewards_init(&rw, c->rl.rewards, c->rl.format_reward, c->rl.reward_command, err,
+    if (lb_rewards_init(&x->rw, c->rl.rewards, c->rl.format_reward, c->rl.reward_command, err,
                         sizeof err) != 0) {
         if (root) fprintf(stderr, "%s%s\n", lb_key_where(c, "rl", "rewards", where, sizeof where),
                           err);
@@ -490,10 +506,9 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     }
     // Every rank reads rl.init's model section; the layout's splits of that model (heads by tp,
     // experts by ep) are checked as a file's [model] would be.
-    lb_sampler_config sc;
     int bad = lb_model_config_from_checkpoint(c, c->rl.init, err, sizeof err) != 0 ||
-              lb_rl_sampler_config(c, &sc, err, sizeof err) != 0;
-    if (lb_any_failed(comm, bad, "lowbit rl", err)) return 1;
+              lb_rl_sampler_config(c, &x->sc, err, sizeof err) != 0;
+    if (any_failed(x, bad, err)) return 1;
     if (lb_config_validate(c, err, sizeof err) != 0) {
         if (root) fprintf(stderr, "%s (the model of %s)\n", err, c->rl.init);
         return 1;
@@ -504,361 +519,452 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
                     "vocabulary of %d\n", c->model.vocab_size);
         return 1;
     }
+    return 0;
+}
+
+// The grid, the backend, the model pieces, their communicators and the optimizer as lowbit
+// train builds them, and the checkpoint directory. Returns 0 or 1 (on every rank alike).
+static int rl_open(rl_run *x)
+{
+    char err[ERRLEN];
+    const lb_config *c = x->c;
+    lb_comm *comm = x->world;
     comm->deterministic = c->parallel.deterministic;
-    if (lb_grid_create(&grid, &c->parallel, comm, err, sizeof err) != 0) lb_die("%s", err);
-    lb_comm *dpc = &grid.dp_comm;   // host messages of the data-parallel group
-    lb_comm *epc = &grid.ep_comm;   // and of the expert-parallel group
-    const int max_new = sc.max_new_tokens;
-    const int T = lb_arith_prompt_max(c) + max_new;   // every sequence fits (b, T)
-    const float inv_temp = 1.0f / sc.temperature;
+    if (lb_grid_create(&x->grid, &c->parallel, comm, err, sizeof err) != 0) lb_die("%s", err);
+    x->dpc = &x->grid.dp_comm;
+    x->epc = &x->grid.ep_comm;
+    x->max_new = x->sc.max_new_tokens;
+    x->T = lb_arith_prompt_max(c) + x->max_new;
+    x->inv_temp = 1.0f / x->sc.temperature;
 
     // One GPU per rank: rank i of a node takes device run.device + i.
     lb_config local = *c;
     if (!strcmp(c->run.backend, "cuda") && comm->size > 1)
         local.run.device += lb_comm_local_rank(comm);
-    lb_backend *be = lb_rl_backend(&local);
+    lb_backend *be = x->be = lb_rl_backend(&local);
     snprintf(err, sizeof err, "the %.32s backend did not open", c->run.backend);
-    if (lb_any_failed(comm, !be, "lowbit rl", err)) return 1;
-    // The model pieces, their communicators and the optimizer as lowbit train builds them.
-    rl_comms x;
-    bad = rl_comms_open(&x, &grid, be, !strcmp(c->run.backend, "cuda"), err, sizeof err);
-    if (lb_any_failed(comm, bad, "lowbit rl", err)) return 1;
-    lb_model_parallel par = {grid.tp, grid.tp_rank, 0, grid.ep, grid.ep_rank, 1, 0,
-                             grid.tp > 1 ? x.tp : NULL, grid.ep > 1 ? x.ep : NULL};
-    lb_model *m = rl_model_piece(c, be, &par, err, sizeof err);
-    lb_model *ref = NULL;   // the KL reference: a frozen piece on every rank
-    if (m && c->rl.kl_coef > 0) ref = rl_model_piece(c, be, &par, err, sizeof err);
-    if (lb_any_failed(comm, !m || (c->rl.kl_coef > 0 && !ref), "lowbit rl", err)) return 1;
+    if (any_failed(x, !be, err)) return 1;
+    int bad = lb_run_comms_open(&x->comms, &x->grid, be, !strcmp(c->run.backend, "cuda"), err,
+                                sizeof err) != 0;
+    if (any_failed(x, bad, err)) return 1;
+    lb_model_parallel par = lb_run_model_parallel(&x->grid, &x->comms);
+    x->m = rl_model_piece(c, be, &par, err, sizeof err);
+    if (x->m && c->rl.kl_coef > 0) x->ref = rl_model_piece(c, be, &par, err, sizeof err);
+    if (any_failed(x, !x->m || (c->rl.kl_coef > 0 && !x->ref), err)) return 1;
     // the schedule runs over optimizer steps: rl.steps x rl.mini_batches
-    lb_optim_config oc = {c->train.lr, c->train.min_lr, c->train.warmup_steps, c->rl.steps * M,
-                          c->train.beta1, c->train.beta2, c->train.adam_eps,
+    lb_optim_config oc = {c->train.lr, c->train.min_lr, c->train.warmup_steps,
+                          c->rl.steps * x->M, c->train.beta1, c->train.beta2, c->train.adam_eps,
                           c->train.weight_decay, c->train.grad_clip};
-    lb_optimizer opt;
-    lb_optimizer_init_groups(&opt, m, &oc, &(lb_optim_groups){x.dp, x.edp,
-                                                               grid.tp > 1 ? x.tp : NULL, comm},
-                             c->parallel.zero);
-    snprintf(ckdir, sizeof ckdir, "%.*s/checkpoints", LB_PATH_MAX, c->run.out_dir);
-    bad = root && lb_mkdirs(ckdir, err, sizeof err) != 0;
-    if (lb_any_failed(comm, bad, "lowbit rl", err)) return 1;
-    // The policy starts from rl.init, or resumes (weights, moments, step) from a checkpoint;
-    // rank 0 reads either and sends every rank its pieces.
-    lb_train_state st = {0};
-    char resume[LB_PATH_MAX + 64] = "";
-    if (!strcmp(c->checkpoint.resume, "auto")) {
-        if (root) lb_checkpoint_latest(ckdir, resume, sizeof resume);
-        lb_comm_bcast(comm, resume, sizeof resume, 0);
-    } else {
-        snprintf(resume, sizeof resume, "%.*s", LB_PATH_MAX, c->checkpoint.resume);
-    }
-    bad = (resume[0] ? lb_checkpoint_load_parallel(resume, &opt, &st, comm, &c->parallel, err,
-                                                   sizeof err)
-                     : lb_checkpoint_load_weights(c->rl.init, m, comm, &c->parallel, err,
-                                                  sizeof err)) != 0 ||
-          (ref && lb_checkpoint_load_weights(c->rl.init, ref, comm, &c->parallel, err,
-                                             sizeof err) != 0);
-    if (lb_any_failed(comm, bad, "lowbit rl", err)) return 1;
-    if (resume[0] && root) printf("resumed from %s at step %" PRId64 "\n", resume, st.step);
-    lb_sampler *smp = lb_sampler_create(m, &sc, T, err, sizeof err);
-    lb_sampler_config gc = sc;
+    lb_optim_groups og = lb_run_optim_groups(&x->grid, &x->comms, comm);
+    lb_optimizer_init_groups(&x->opt, x->m, &oc, &og, c->parallel.zero);
+    snprintf(x->ckdir, sizeof x->ckdir, "%.*s/checkpoints", LB_PATH_MAX, c->run.out_dir);
+    bad = x->root && lb_mkdirs(x->ckdir, err, sizeof err) != 0;
+    return any_failed(x, bad, err);
+}
+
+// The policy starts from rl.init, or resumes (weights, moments, step) from a checkpoint; rank 0
+// reads either and sends every rank its pieces. The reference is rl.init's. Then the samplers
+// over the policy's weights. Returns 0 or 1.
+static int rl_load(rl_run *x)
+{
+    char err[ERRLEN];
+    const lb_config *c = x->c;
+    lb_comm *comm = x->world;
+    lb_run_resume_path(c, x->ckdir, comm, x->resume, sizeof x->resume);
+    int bad = (x->resume[0] ? lb_checkpoint_load_parallel(x->resume, &x->opt, &x->st, comm,
+                                                          &c->parallel, err, sizeof err)
+                            : lb_checkpoint_load_weights(c->rl.init, x->m, comm, &c->parallel,
+                                                         err, sizeof err)) != 0 ||
+              (x->ref && lb_checkpoint_load_weights(c->rl.init, x->ref, comm, &c->parallel, err,
+                                                    sizeof err) != 0);
+    if (any_failed(x, bad, err)) return 1;
+    if (x->resume[0] && x->root)
+        printf("resumed from %s at step %" PRId64 "\n", x->resume, x->st.step);
+    x->smp = lb_sampler_create(x->m, &x->sc, x->T, err, sizeof err);
+    lb_sampler_config gc = x->sc;
     gc.top_k = 1;
-    lb_sampler *greedy = smp ? lb_sampler_create(m, &gc, T, err, sizeof err) : NULL;
-    if (lb_any_failed(comm, !smp || !greedy, "lowbit rl", err)) return 1;
-    char *ini = lb_config_to_ini(c);
-    if (root) {
-        char layout[256], how[320] = "one rank";
-        lb_grid_describe(&grid, layout, sizeof layout);
-        if (comm->size > 1)
-            snprintf(how, sizeof how, "prompt j on data-parallel rank j mod %d%s%s; %s over %s%s",
-                     grid.dp, grid.tp > 1 ? "; tensor-parallel ranks sample in lockstep" : "",
-                     grid.ep > 1 ? "; expert-parallel ranks run their busiest rank's number of "
-                                   "forwards (idle rows fill the rest)" : "",
-                     c->parallel.zero ? "ZeRO-1 distributed optimizer" : "all-reduced gradients",
-                     x.dp->ops->name, c->parallel.deterministic ? ", rank-order sums" : "");
-        printf("# resolved configuration\n%s\n", ini);
-        if (be->deterministic && !strcmp(c->precision.nvfp4_scale, "per-tensor"))
-            printf("warning: precision.nvfp4_scale = per-tensor scales NVFP4 activations by the "
-                   "amax of the whole call, so a row's result depends on its batch: sampler and "
-                   "trainer log-probs will differ where NVFP4 is used (per-token keeps them "
-                   "equal)\n");
-        if (grid.dp > 1 && m->cfg.router_aux_loss_coef > 0 &&
-            (G % c->rl.micro_batch || N / M % c->rl.micro_batch))
-            printf("note: rl.micro_batch (%d) does not divide rl.group (%d) and the mini-batch "
-                   "(%d sequences), so the data-parallel ranks group other sequences into a "
-                   "forward than one rank does; the load-balancing loss is a statistic of each "
-                   "forward's tokens, so the run differs from a one-rank run by that term\n",
-                   c->rl.micro_batch, G, N / M);
-        printf("model %s from %s: %.3fM parameters (%.3fM on rank 0), %s backend%s, precision "
-               "%s, KV cache %s; %d prompts x %d samples per step, %d mini-batch(es)\nlayout "
-               "%s; %s\n",
-               m->cfg.arch, c->rl.init, m->gparams / 1e6, m->nparams / 1e6, be->name,
-               be->deterministic ? " (deterministic)" : "", c->precision.recipe,
-               c->sample.kv_cache, P, G, M, layout, how);
-    }
-    snprintf(path, sizeof path, "%.*s/%.*s", LB_PATH_MAX, c->run.out_dir, LB_PATH_MAX,
-             c->train.metrics_file);
-    FILE *metrics = root ? fopen(path, resume[0] ? "a" : "w") : NULL;
-    snprintf(err, sizeof err, "%.*s: cannot open for writing", LB_PATH_MAX, path);
-    if (lb_any_failed(comm, root && !metrics, "lowbit rl", err)) return 1;
+    x->greedy = x->smp ? lb_sampler_create(x->m, &gc, x->T, err, sizeof err) : NULL;
+    return any_failed(x, !x->smp || !x->greedy, err);
+}
 
-    lb_grpo_config gcfg = {c->rl.eps_low, c->rl.eps_high, c->rl.kl_coef, c->rl.tis_cap,
-                           c->rl.adv_eps};
-    // qs holds the step's N sequences in global order; this rank samples and trains own[0..nl),
-    // the sequences of its prompts, and learns everyone's reward, length and correctness.
-    rl_seq *qs = lb_calloc((size_t)N, sizeof *qs);
-    lb_sample_req *reqs = lb_calloc((size_t)N, sizeof *reqs);
-    int *own = lb_malloc((size_t)N * sizeof *own), nl = 0;
+// Rank 0's header: the resolved configuration, warnings about the layout, the run's shape.
+static void rl_announce(const rl_run *x)
+{
+    const lb_config *c = x->c;
+    const lb_grid *g = &x->grid;
+    const lb_model *m = x->m;
+    const int G = x->G, N = x->N, M = x->M;
+    char layout[256], how[320] = "one rank";
+    lb_grid_describe(g, layout, sizeof layout);
+    if (x->world->size > 1)
+        snprintf(how, sizeof how, "prompt j on data-parallel rank j mod %d%s%s; %s over %s%s",
+                 g->dp, g->tp > 1 ? "; tensor-parallel ranks sample in lockstep" : "",
+                 g->ep > 1 ? "; expert-parallel ranks run their busiest rank's number of "
+                             "forwards (idle rows fill the rest)" : "",
+                 c->parallel.zero ? "ZeRO-1 distributed optimizer" : "all-reduced gradients",
+                 x->comms.dp->ops->name, c->parallel.deterministic ? ", rank-order sums" : "");
+    printf("# resolved configuration\n%s\n", x->ini);
+    if (x->be->deterministic && !strcmp(c->precision.nvfp4_scale, "per-tensor"))
+        printf("warning: precision.nvfp4_scale = per-tensor scales NVFP4 activations by the "
+               "amax of the whole call, so a row's result depends on its batch: sampler and "
+               "trainer log-probs will differ where NVFP4 is used (per-token keeps them "
+               "equal)\n");
+    if (g->dp > 1 && m->cfg.router_aux_loss_coef > 0 &&
+        (G % c->rl.micro_batch || N / M % c->rl.micro_batch))
+        printf("note: rl.micro_batch (%d) does not divide rl.group (%d) and the mini-batch "
+               "(%d sequences), so the data-parallel ranks group other sequences into a "
+               "forward than one rank does; the load-balancing loss is a statistic of each "
+               "forward's tokens, so the run differs from a one-rank run by that term\n",
+               c->rl.micro_batch, G, N / M);
+    printf("model %s from %s: %.3fM parameters (%.3fM on rank 0), %s backend%s, precision "
+           "%s, KV cache %s; %d prompts x %d samples per step, %d mini-batch(es)\nlayout "
+           "%s; %s\n",
+           m->cfg.arch, c->rl.init, m->gparams / 1e6, m->nparams / 1e6, x->be->name,
+           x->be->deterministic ? " (deterministic)" : "", c->precision.recipe,
+           c->sample.kv_cache, x->P, G, M, layout, how);
+}
+
+// The step's sequences (this rank's with their token and log-prob buffers), its mini-batches'
+// shares of them, and the trainer's micro-batch buffers.
+static void rl_alloc(rl_run *x)
+{
+    const int N = x->N, G = x->G, M = x->M, max_new = x->max_new;
+    x->qs = lb_calloc((size_t)N, sizeof *x->qs);
+    x->reqs = lb_calloc((size_t)N, sizeof *x->reqs);
+    x->own = lb_malloc((size_t)N * sizeof *x->own);
+    x->nl = 0;
     for (int i = 0; i < N; i++) {
-        if (owns(dpc, i / G)) {
-            own[nl++] = i;
-            qs[i].tok = lb_malloc((size_t)max_new * sizeof(int32_t));
-            qs[i].lp_roll = lb_malloc((size_t)max_new * sizeof(float));
-            qs[i].lp_old = lb_malloc((size_t)max_new * sizeof(float));
+        if (owns(x->dpc, i / G)) {
+            x->own[x->nl++] = i;
+            x->qs[i].tok = lb_malloc((size_t)max_new * sizeof(int32_t));
+            x->qs[i].lp_roll = lb_malloc((size_t)max_new * sizeof(float));
+            x->qs[i].lp_old = lb_malloc((size_t)max_new * sizeof(float));
         }
     }
-    const int MB = c->rl.micro_batch, NS = N / M;   // sequences per micro- and mini-batch
-    // own[mbk[mb] .. mbk[mb + 1]) are this rank's sequences of mini-batch mb
-    int *mbk = lb_malloc((size_t)(M + 1) * sizeof *mbk);
+    x->MB = x->c->rl.micro_batch;
+    x->NS = N / M;
+    x->mbk = lb_malloc((size_t)(M + 1) * sizeof *x->mbk);
     for (int mb = 0, k = 0; mb <= M; mb++) {
-        while (k < nl && own[k] < mb * NS) k++;
-        mbk[mb] = k;
+        while (k < x->nl && x->own[k] < mb * x->NS) k++;
+        x->mbk[mb] = k;
     }
-    double *seqv = lb_malloc((size_t)N * 3 * sizeof *seqv);   // reward, length, correct
-    size_t cap = (size_t)MB * T;
-    int32_t *tok = lb_malloc(cap * sizeof(int32_t)), *tgt = lb_malloc(cap * sizeof(int32_t));
-    float *lp = lb_malloc(cap * sizeof(float)), *lpr = lb_malloc(cap * sizeof(float));
-    float *dfull = lb_malloc(cap * sizeof(float));
-    size_t rcap = (size_t)MB * max_new;   // response tokens of a micro-batch at most
-    float *r_lp = lb_malloc(rcap * sizeof(float)), *r_old = lb_malloc(rcap * sizeof(float));
-    float *r_roll = lb_malloc(rcap * sizeof(float)), *r_ref = lb_malloc(rcap * sizeof(float));
-    float *r_adv = lb_malloc(rcap * sizeof(float)), *r_d = lb_malloc(rcap * sizeof(float));
-    float *rewards = lb_malloc((size_t)N * sizeof(float));
-    float *adv = lb_malloc((size_t)N * sizeof(float));
+    x->seqv = lb_malloc((size_t)N * 3 * sizeof *x->seqv);
+    size_t cap = x->cap = (size_t)x->MB * x->T;
+    x->tok = lb_malloc(cap * sizeof(int32_t));
+    x->tgt = lb_malloc(cap * sizeof(int32_t));
+    x->lp = lb_malloc(cap * sizeof(float));
+    x->lpr = lb_malloc(cap * sizeof(float));
+    x->dfull = lb_malloc(cap * sizeof(float));
+    size_t rcap = (size_t)x->MB * max_new;   // response tokens of a micro-batch at most
+    float **r[6] = {&x->r_lp, &x->r_old, &x->r_roll, &x->r_ref, &x->r_adv, &x->r_d};
+    for (int i = 0; i < 6; i++) *r[i] = lb_malloc(rcap * sizeof(float));
+    x->rewards = lb_malloc((size_t)N * sizeof(float));
+    x->adv = lb_malloc((size_t)N * sizeof(float));
+}
 
-    if (st.step == 0) {
-        rl_eval ev = evaluate(c, smp, greedy, max_new, dpc);
-        if (root) log_eval(c, metrics, 0, &ev);
+static void rl_free(rl_run *x)
+{
+    if (x->metrics) fclose(x->metrics);
+    for (int k = 0; k < x->nl; k++) {
+        free(x->qs[x->own[k]].tok);
+        free(x->qs[x->own[k]].lp_roll);
+        free(x->qs[x->own[k]].lp_old);
     }
-    double t_start = lb_now();
-    for (int step = (int)st.step + 1; step <= c->rl.steps; step++) {
-        // ---- rollout: P train problems, G samples each; every rank draws all P problems (the
-        // same on every rank) and samples those it owns with the one-rank seeds and streams
-        double t0 = lb_now();
-        uint64_t draw_seed = lb_hash64(c->sample.seed + (uint64_t)step);
-        for (int p = 0, k = 0; p < P; p++) {
-            uint64_t pi = 0;
-            for (uint64_t a = 0;; a++) {   // a random problem of the train split
-                pi = lb_rand_u64(c->sample.seed, LB_RL_PROMPT_STREAM + a,
-                                 (uint64_t)(step - 1) * P + p) >> 33;
-                if (!lb_arith_is_val(c->gen.seed, pi, c->gen.val_fraction)) break;
-            }
-            for (int g = 0; g < G; g++) {
-                rl_seq *q = &qs[p * G + g];
-                q->plen = lb_arith_prompt(c, pi, q->prompt);
-                prompt_tokens(q);
-                if (!owns(dpc, p)) continue;
-                reqs[k++] = (lb_sample_req){q->ptok, q->plen, draw_seed,
-                                            lb_sample_stream(pi, (uint64_t)g), q->tok, q->lp_roll,
-                                            0, 0};
-            }
-        }
-        lb_sample_stats ss = {0};
-        if (lb_sampler_run(smp, reqs, nl, &ss, err, sizeof err) != 0) lb_die("%s", err);
-        // The tp ranks of a data-parallel rank hold the same completions; tp rank 0 scores them
-        // (a reward command runs once) and the column of tp rank 0 shares them below.
-        for (int k = 0; k < nl && grid.tp_rank == 0; k++) {
-            rl_seq *q = &qs[own[k]];
-            q->len = reqs[k].len;
-            char text[256];
-            for (int j = 0; j < q->len; j++) text[j] = (char)q->tok[j];
-            double r;
-            // the task's text: the prompt without its separating newline
-            if (lb_rewards_score(&rw, q->prompt + (q->prompt[0] == '\n'), text, (size_t)q->len,
-                                 &r, err, sizeof err) != 0) {
-                if (comm->size > 1) lb_die("step %d: %s", step, err);   // the others wait
-                fprintf(stderr, "lowbit rl: step %d: %s\n", step, err);
-                return 1;
-            }
-            double *v = seqv + (size_t)own[k] * 3;
-            v[0] = r;
-            v[1] = q->len;
-            v[2] = arith_correct(q->prompt, q->tok, q->len);
-        }
-        share_items(dpc, seqv, P, 3 * G);
-        if (grid.tp > 1) lb_comm_bcast(&grid.tp_comm, seqv, (size_t)N * 3 * sizeof *seqv, 0);
-        // the step's statistics and advantages from all N sequences, in one-rank order
-        double rsum = 0.0, rsq = 0.0, lensum = 0.0;
-        int correct = 0;
-        for (int i = 0; i < N; i++) {
-            const double *v = seqv + (size_t)i * 3;
-            rewards[i] = (float)v[0];
-            rsum += v[0];
-            rsq += v[0] * v[0];
-            qs[i].len = (int)v[1];
-            lensum += qs[i].len;
-            correct += (int)v[2];
-        }
-        lb_grpo_advantages(rewards, P, G, c->rl.adv_eps, adv);
-        double t_roll = lb_now() - t0;   // until the slowest rank's rollout (share_items waits)
+    free(x->qs), free(x->reqs), free(x->own), free(x->mbk), free(x->seqv), free(x->tok);
+    free(x->tgt), free(x->lp), free(x->lpr), free(x->dfull), free(x->r_lp), free(x->r_old);
+    free(x->r_roll), free(x->r_ref), free(x->r_adv), free(x->r_d), free(x->rewards);
+    free(x->adv), free(x->ini);
+    lb_sampler_free(x->smp);
+    lb_sampler_free(x->greedy);
+    lb_optimizer_free(&x->opt);
+    lb_model_free(x->ref);
+    lb_model_free(x->m);
+    lb_run_comms_free(&x->comms);
+    lb_grid_free(&x->grid);
+    x->be->destroy(x->be);
+}
 
-        // ---- lp_old: the trainer's log-probs before any update. Mini-batch 0 gets them from
-        // its own training forward (the weights have not moved yet); later mini-batches need
-        // this extra pass.
-        t0 = lb_now();
-        long idle = 0;   // idle micro-batches of this rank (expert parallelism)
-        const int nf = rounds_over(epc, (nl - mbk[1] + MB - 1) / MB);
-        for (int k = mbk[1]; k < mbk[1] + nf * MB; k += MB) {
-            if (k >= nl) {
-                idle_micro_batch(m, ref, T, inv_temp, 0, tok, tgt, lp, dfull);
-                idle++;
+// The rollout: P train problems, G samples each; every rank draws all P problems (the same on
+// every rank) and samples those it owns with the one-rank seeds and streams. tp rank 0 scores
+// its completions; every rank learns all rewards, lengths and correctness, and the step's
+// statistics and advantages follow from all N in one-rank order. Returns 0, or 1 when a reward
+// failed on a one-rank run (with more ranks it dies: the others would wait).
+static int rl_rollout(rl_run *x, int step, rl_step *s)
+{
+    char err[ERRLEN];
+    const lb_config *c = x->c;
+    const int P = x->P, G = x->G, N = x->N;
+    rl_seq *qs = x->qs;
+    uint64_t draw_seed = lb_hash64(c->sample.seed + (uint64_t)step);
+    for (int p = 0, k = 0; p < P; p++) {
+        uint64_t pi = 0;
+        for (uint64_t a = 0;; a++) {   // a random problem of the train split
+            pi = lb_rand_u64(c->sample.seed, LB_RL_PROMPT_STREAM + a,
+                             (uint64_t)(step - 1) * P + p) >> 33;
+            if (!lb_arith_is_val(c->gen.seed, pi, c->gen.val_fraction)) break;
+        }
+        for (int g = 0; g < G; g++) {
+            rl_seq *q = &qs[p * G + g];
+            q->plen = lb_arith_prompt(c, pi, q->prompt);
+            prompt_tokens(q);
+            if (!owns(x->dpc, p)) continue;
+            x->reqs[k++] = (lb_sample_req){q->ptok, q->plen, draw_seed,
+                                           lb_sample_stream(pi, (uint64_t)g), q->tok, q->lp_roll,
+                                           0, 0};
+        }
+    }
+    if (lb_sampler_run(x->smp, x->reqs, x->nl, &s->ss, err, sizeof err) != 0) lb_die("%s", err);
+    // The tp ranks of a data-parallel rank hold the same completions; tp rank 0 scores them
+    // (a reward command runs once) and the column of tp rank 0 shares them below.
+    for (int k = 0; k < x->nl && x->grid.tp_rank == 0; k++) {
+        rl_seq *q = &qs[x->own[k]];
+        q->len = x->reqs[k].len;
+        char text[256];
+        for (int j = 0; j < q->len; j++) text[j] = (char)q->tok[j];
+        double r;
+        // the task's text: the prompt without its separating newline
+        if (lb_rewards_score(&x->rw, q->prompt + (q->prompt[0] == '\n'), text, (size_t)q->len,
+                             &r, err, sizeof err) != 0) {
+            if (x->world->size > 1) lb_die("step %d: %s", step, err);   // the others wait
+            fprintf(stderr, "lowbit rl: step %d: %s\n", step, err);
+            return 1;
+        }
+        double *v = x->seqv + (size_t)x->own[k] * 3;
+        v[0] = r;
+        v[1] = q->len;
+        v[2] = arith_correct(q->prompt, q->tok, q->len);
+    }
+    share_items(x->dpc, x->seqv, P, 3 * G);
+    if (x->grid.tp > 1)
+        lb_comm_bcast(&x->grid.tp_comm, x->seqv, (size_t)N * 3 * sizeof *x->seqv, 0);
+    // the step's statistics and advantages from all N sequences, in one-rank order
+    for (int i = 0; i < N; i++) {
+        const double *v = x->seqv + (size_t)i * 3;
+        x->rewards[i] = (float)v[0];
+        s->rsum += v[0];
+        s->rsq += v[0] * v[0];
+        qs[i].len = (int)v[1];
+        s->lensum += qs[i].len;
+        s->correct += (int)v[2];
+    }
+    lb_grpo_advantages(x->rewards, P, G, c->rl.adv_eps, x->adv);
+    return 0;
+}
+
+// lp_old: the trainer's log-probs before any update. Mini-batch 0 gets them from its own
+// training forward (the weights have not moved yet); later mini-batches need this extra pass.
+static void rl_old_logprobs(rl_run *x, rl_step *s)
+{
+    const int MB = x->MB, T = x->T, nl = x->nl, k0 = x->mbk[1];
+    const int nf = rounds_over(x->epc, (nl - k0 + MB - 1) / MB);
+    for (int k = k0; k < k0 + nf * MB; k += MB) {
+        if (k >= nl) {
+            idle_micro_batch(x->m, x->ref, T, x->inv_temp, 0, x->tok, x->tgt, x->lp, x->dfull);
+            s->idle++;
+            continue;
+        }
+        int cnt = k + MB <= nl ? MB : nl - k;
+        pack(x->qs, x->own + k, cnt, T, x->tok, x->tgt);
+        lb_model_forward_logprobs(x->m, x->tok, x->tgt, cnt, T, x->inv_temp, x->lp);
+        for (int b = 0; b < cnt; b++) {
+            rl_seq *q = &x->qs[x->own[k + b]];
+            for (int j = 0; j < q->len; j++)
+                q->lp_old[j] = x->lp[(size_t)b * T + q->plen - 1 + j];
+        }
+    }
+}
+
+// One micro-batch of mini-batch mb: this rank's sequences own[k .. k + cnt) of the mini-batch's
+// ntok response tokens. Forward (and the reference's), GRPO's loss on the response tokens, and
+// the backward with its gradient scaled to the mini-batch's token mean; adds to s's sums.
+static void rl_train_micro_batch(rl_run *x, int mb, int k, int cnt, int ntok, rl_step *s)
+{
+    const int T = x->T;
+    const int *idx = x->own + k;
+    lb_model *m = x->m;
+    rl_seq *qs = x->qs;
+    int n = pack(qs, idx, cnt, T, x->tok, x->tgt);
+    lb_model_forward_logprobs(m, x->tok, x->tgt, cnt, T, x->inv_temp, x->lp);
+    gather(qs, idx, cnt, T, x->lp, x->r_lp);
+    int t = 0;
+    for (int b = 0; b < cnt; b++) {
+        rl_seq *q = &qs[idx[b]];
+        for (int j = 0; j < q->len; j++, t++) {
+            if (mb == 0) q->lp_old[j] = x->r_lp[t];
+            x->r_old[t] = q->lp_old[j];
+            x->r_roll[t] = q->lp_roll[j];
+            x->r_adv[t] = x->adv[idx[b]];
+        }
+    }
+    if (x->ref) {
+        lb_model_forward_logprobs(x->ref, x->tok, x->tgt, cnt, T, x->inv_temp, x->lpr);
+        gather(qs, idx, cnt, T, x->lpr, x->r_ref);
+    }
+    lb_grpo_stats gs;
+    double l = lb_grpo_loss(&x->gcfg, x->r_lp, x->r_old, x->r_roll, x->ref ? x->r_ref : NULL,
+                            x->r_adv, (size_t)n, x->r_d, &gs);
+    // grpo gives d(token mean over this micro-batch); the objective is the token mean over the
+    // mini-batch
+    double wgt = (double)n / ntok;
+    for (size_t i = 0; i < x->cap; i++) x->dfull[i] = 0.0f;
+    t = 0;
+    for (int b = 0; b < cnt; b++) {
+        rl_seq *q = &qs[idx[b]];
+        for (int j = 0; j < q->len; j++, t++)
+            x->dfull[(size_t)b * T + q->plen - 1 + j] = (float)(x->r_d[t] * wgt);
+    }
+    lb_model_backward_logprobs(m, x->dfull, (float)(m->cfg.router_aux_loss_coef * cnt / x->NS));
+    s->loss_sum += l * n;
+    s->clip += gs.clip_frac * n;
+    s->tis += gs.tis_clip_frac * n;
+    s->klref += gs.kl * n;
+}
+
+// The update: M mini-batches, each one optimizer step over its micro-batches (idle ones fill
+// the expert-parallel lockstep).
+static void rl_update(rl_run *x, int step, rl_step *s)
+{
+    const int M = x->M, MB = x->MB, NS = x->NS;
+    const int *mbk = x->mbk;
+    for (int mb = 0; mb < M; mb++) {
+        // the mini-batch's global token count (all lengths are known on every rank), so the
+        // token mean's denominator, and the summed gradients, are one rank's
+        int f0 = mb * NS, ntok = 0;
+        for (int i = f0; i < f0 + NS; i++) ntok += x->qs[i].len;
+        lb_model_zero_grad(x->m);
+        const int nb = rounds_over(x->epc, (mbk[mb + 1] - mbk[mb] + MB - 1) / MB);
+        for (int k = mbk[mb]; k < mbk[mb] + nb * MB; k += MB) {
+            if (k >= mbk[mb + 1]) {
+                idle_micro_batch(x->m, x->ref, x->T, x->inv_temp, 1, x->tok, x->tgt, x->lp,
+                                 x->dfull);
+                s->idle++;
                 continue;
             }
-            int cnt = k + MB <= nl ? MB : nl - k;
-            pack(qs, own + k, cnt, T, tok, tgt);
-            lb_model_forward_logprobs(m, tok, tgt, cnt, T, inv_temp, lp);
-            for (int b = 0; b < cnt; b++) {
-                rl_seq *q = &qs[own[k + b]];
-                for (int j = 0; j < q->len; j++) q->lp_old[j] = lp[(size_t)b * T + q->plen - 1 + j];
-            }
+            int cnt = k + MB <= mbk[mb + 1] ? MB : mbk[mb + 1] - k;
+            rl_train_micro_batch(x, mb, k, cnt, ntok, s);
         }
-        // ---- the update: M mini-batches, each one optimizer step
-        double loss_sum = 0.0, clip = 0.0, tis = 0.0, klref = 0.0, norm = 0.0, lr = 0.0;
-        long ntok_all = 0;
-        for (int mb = 0; mb < M; mb++) {
-            // the mini-batch's global token count (all lengths are known on every rank), so the
-            // token mean's denominator, and the summed gradients, are one rank's
-            int f0 = mb * NS, ntok = 0;
-            for (int i = f0; i < f0 + NS; i++) ntok += qs[i].len;
-            lb_model_zero_grad(m);
-            const int nb = rounds_over(epc, (mbk[mb + 1] - mbk[mb] + MB - 1) / MB);
-            for (int k = mbk[mb]; k < mbk[mb] + nb * MB; k += MB) {
-                if (k >= mbk[mb + 1]) {
-                    idle_micro_batch(m, ref, T, inv_temp, 1, tok, tgt, lp, dfull);
-                    idle++;
-                    continue;
-                }
-                int cnt = k + MB <= mbk[mb + 1] ? MB : mbk[mb + 1] - k;
-                int n = pack(qs, own + k, cnt, T, tok, tgt);
-                lb_model_forward_logprobs(m, tok, tgt, cnt, T, inv_temp, lp);
-                gather(qs, own + k, cnt, T, lp, r_lp);
-                int t = 0;
-                for (int b = 0; b < cnt; b++) {
-                    rl_seq *q = &qs[own[k + b]];
-                    for (int j = 0; j < q->len; j++, t++) {
-                        if (mb == 0) q->lp_old[j] = r_lp[t];
-                        r_old[t] = q->lp_old[j];
-                        r_roll[t] = q->lp_roll[j];
-                        r_adv[t] = adv[own[k + b]];
-                    }
-                }
-                if (ref) {
-                    lb_model_forward_logprobs(ref, tok, tgt, cnt, T, inv_temp, lpr);
-                    gather(qs, own + k, cnt, T, lpr, r_ref);
-                }
-                lb_grpo_stats gs;
-                double l = lb_grpo_loss(&gcfg, r_lp, r_old, r_roll, ref ? r_ref : NULL, r_adv,
-                                        (size_t)n, r_d, &gs);
-                // grpo gives d(token mean over this micro-batch); the objective is the token
-                // mean over the mini-batch
-                double wgt = (double)n / ntok;
-                for (size_t i = 0; i < cap; i++) dfull[i] = 0.0f;
-                t = 0;
-                for (int b = 0; b < cnt; b++) {
-                    rl_seq *q = &qs[own[k + b]];
-                    for (int j = 0; j < q->len; j++, t++)
-                        dfull[(size_t)b * T + q->plen - 1 + j] = (float)(r_d[t] * wgt);
-                }
-                lb_model_backward_logprobs(m, dfull,
-                                           (float)(m->cfg.router_aux_loss_coef * cnt / NS));
-                loss_sum += l * n;
-                clip += gs.clip_frac * n;
-                tis += gs.tis_clip_frac * n;
-                klref += gs.kl * n;
-            }
-            ntok_all += ntok;
-            norm = lb_optimizer_step(&opt, (step - 1) * M + mb + 1, &lr);
-        }
-        be->sync(be);
-        double t_train = lb_now() - t0;
+        s->ntok_all += ntok;
+        s->norm = lb_optimizer_step(&x->opt, (step - 1) * M + mb + 1, &s->lr);
+    }
+}
 
-        // ---- agreement of sampler and trainer on the tokens the sampler drew
-        double dsum = 0.0, dmax = 0.0, k3 = 0.0;
-        long ptoks = 0;
-        for (int k = 0; k < nl; k++) {
-            const rl_seq *q = &qs[own[k]];
-            for (int j = 0; j < q->len; j++) {
-                double d = (double)q->lp_old[j] - q->lp_roll[j];
-                dsum += fabs(d);
-                if (fabs(d) > dmax) dmax = fabs(d);
-                k3 += exp(d) - d - 1.0;   // KL(rollout || trainer), sampled from the rollout
-            }
-        }
-        for (int i = 0; i < N; i++) ptoks += qs[i].plen + qs[i].len;
-        // this rank's token sums to the global ones (rank order), the maximum over ranks
-        double sums[8] = {loss_sum, clip, tis, klref, dsum, k3, (double)ss.generated,
-                          (double)(ss.idle_forwards + idle)};
-        if (grid.dp > 1) lb_comm_all_reduce(dpc, sums, sums, 8, LB_F64);
-        dmax = max_over(dpc, dmax);
-        loss_sum = sums[0], clip = sums[1], tis = sums[2], klref = sums[3];
-        double rmean = rsum / N, rstd = sqrt(fmax(rsq / N - rmean * rmean, 0.0));
-        double diff = sums[4] / ntok_all, lossm = loss_sum / ntok_all;
-        double roll_tps = sums[6] / t_roll, train_tps = ptoks / t_train;
-        if (root && c->train.log_every > 0 &&
-            (step % c->train.log_every == 0 || step == c->rl.steps))
-            printf("step %5d/%d | reward %.3f +- %.3f | correct %.3f | len %.2f | lp diff %.3g "
-                   "| k3 %.3g | tis clip %.3f | clip %.3f | loss %.4f | norm %.3f | rollout "
-                   "%.2fs %.0f tok/s | train %.2fs %.0f tok/s\n",
-                   step, c->rl.steps, rmean, rstd, (double)correct / N, lensum / N, diff,
-                   sums[5] / ntok_all, tis / ntok_all, clip / ntok_all, lossm, norm, t_roll,
-                   roll_tps, t_train, train_tps);
-        if (root) {
-            fprintf(metrics,
-                    "{\"step\": %d, \"reward_mean\": %.9g, \"reward_std\": %.9g, \"correct\": "
-                    "%.9g, \"response_len\": %.9g, \"train_rollout_logprob_abs_diff\": %.9g, "
-                    "\"train_rollout_logprob_abs_diff_max\": %.9g, \"train_rollout_k3_kl\": "
-                    "%.9g, \"tis_clip_frac\": %.9g, \"clip_frac\": %.9g, \"kl_ref\": %.9g, "
-                    "\"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"rollout_s\": %.6f, "
-                    "\"train_s\": %.6f, \"rollout_tokens_per_s\": %.1f, "
-                    "\"train_tokens_per_s\": %.1f, \"idle_forwards\": %.0f, \"elapsed_s\": "
-                    "%.3f}\n",
-                    step, rmean, rstd, (double)correct / N, lensum / N, diff, dmax,
-                    sums[5] / ntok_all, tis / ntok_all, clip / ntok_all, klref / ntok_all, lossm,
-                    norm, lr, t_roll, t_train, roll_tps, train_tps, sums[7], lb_now() - t_start);
-            fflush(stdout);
-            fflush(metrics);
-        }
-        if ((c->rl.eval_every > 0 && step % c->rl.eval_every == 0) || step == c->rl.steps) {
-            rl_eval ev = evaluate(c, smp, greedy, max_new, dpc);
-            if (root) log_eval(c, metrics, step, &ev);
-        }
-        if ((c->checkpoint.save_every > 0 && step % c->checkpoint.save_every == 0) ||
-            (step == c->rl.steps && c->checkpoint.save_every >= 0)) {
-            st.step = step;
-            snprintf(path, sizeof path, "%s/step_%08d.safetensors", ckdir, step);
-            if (lb_checkpoint_save_parallel(path, &opt, &st, ini, comm, &c->parallel, err,
-                                            sizeof err) != 0)
-                lb_die("%s", err);
-            if (root) {
-                keep_last(ckdir, c->checkpoint.keep);
-                printf("saved %s\n", path);
-            }
+// Agreement of sampler and trainer on the tokens the sampler drew, this rank's sums made global
+// (rank order), then the step's progress line and metrics (rank 0).
+static void rl_log_step(rl_run *x, int step, rl_step *s, double t_start)
+{
+    const lb_config *c = x->c;
+    const int N = x->N;
+    const rl_seq *qs = x->qs;
+    double dsum = 0.0, dmax = 0.0, k3 = 0.0;
+    long ptoks = 0;
+    for (int k = 0; k < x->nl; k++) {
+        const rl_seq *q = &qs[x->own[k]];
+        for (int j = 0; j < q->len; j++) {
+            double d = (double)q->lp_old[j] - q->lp_roll[j];
+            dsum += fabs(d);
+            if (fabs(d) > dmax) dmax = fabs(d);
+            k3 += exp(d) - d - 1.0;   // KL(rollout || trainer), sampled from the rollout
         }
     }
-    if (metrics) fclose(metrics);
-    for (int k = 0; k < nl; k++) {
-        free(qs[own[k]].tok);
-        free(qs[own[k]].lp_roll);
-        free(qs[own[k]].lp_old);
+    for (int i = 0; i < N; i++) ptoks += qs[i].plen + qs[i].len;
+    // this rank's token sums to the global ones (rank order), the maximum over ranks
+    double sums[8] = {s->loss_sum, s->clip, s->tis, s->klref, dsum, k3, (double)s->ss.generated,
+                      (double)(s->ss.idle_forwards + s->idle)};
+    if (x->grid.dp > 1) lb_comm_all_reduce(x->dpc, sums, sums, 8, LB_F64);
+    dmax = max_over(x->dpc, dmax);
+    double loss_sum = sums[0], clip = sums[1], tis = sums[2], klref = sums[3];
+    const long ntok_all = s->ntok_all;
+    double rmean = s->rsum / N, rstd = sqrt(fmax(s->rsq / N - rmean * rmean, 0.0));
+    double diff = sums[4] / ntok_all, lossm = loss_sum / ntok_all;
+    double roll_tps = sums[6] / s->t_roll, train_tps = ptoks / s->t_train;
+    if (!x->root) return;
+    if (c->train.log_every > 0 && (step % c->train.log_every == 0 || step == c->rl.steps))
+        printf("step %5d/%d | reward %.3f +- %.3f | correct %.3f | len %.2f | lp diff %.3g "
+               "| k3 %.3g | tis clip %.3f | clip %.3f | loss %.4f | norm %.3f | rollout "
+               "%.2fs %.0f tok/s | train %.2fs %.0f tok/s\n",
+               step, c->rl.steps, rmean, rstd, (double)s->correct / N, s->lensum / N, diff,
+               sums[5] / ntok_all, tis / ntok_all, clip / ntok_all, lossm, s->norm, s->t_roll,
+               roll_tps, s->t_train, train_tps);
+    fprintf(x->metrics,
+            "{\"step\": %d, \"reward_mean\": %.9g, \"reward_std\": %.9g, \"correct\": "
+            "%.9g, \"response_len\": %.9g, \"train_rollout_logprob_abs_diff\": %.9g, "
+            "\"train_rollout_logprob_abs_diff_max\": %.9g, \"train_rollout_k3_kl\": "
+            "%.9g, \"tis_clip_frac\": %.9g, \"clip_frac\": %.9g, \"kl_ref\": %.9g, "
+            "\"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"rollout_s\": %.6f, "
+            "\"train_s\": %.6f, \"rollout_tokens_per_s\": %.1f, "
+            "\"train_tokens_per_s\": %.1f, \"idle_forwards\": %.0f, \"elapsed_s\": "
+            "%.3f}\n",
+            step, rmean, rstd, (double)s->correct / N, s->lensum / N, diff, dmax,
+            sums[5] / ntok_all, tis / ntok_all, clip / ntok_all, klref / ntok_all, lossm,
+            s->norm, s->lr, s->t_roll, s->t_train, roll_tps, train_tps, sums[7],
+            lb_now() - t_start);
+    fflush(stdout);
+    fflush(x->metrics);
+}
+
+// The held-out evaluation (every rl.eval_every steps and at the last) and the checkpoint (as
+// checkpoint.save_every says) after step.
+static void rl_eval_and_save(rl_run *x, int step)
+{
+    const lb_config *c = x->c;
+    if ((c->rl.eval_every > 0 && step % c->rl.eval_every == 0) || step == c->rl.steps) {
+        rl_eval ev = evaluate(c, x->smp, x->greedy, x->max_new, x->dpc);
+        if (x->root) log_eval(c, x->metrics, step, &ev);
     }
-    free(qs), free(reqs), free(own), free(mbk), free(seqv), free(tok), free(tgt), free(lp);
-    free(lpr), free(dfull), free(r_lp), free(r_old), free(r_roll), free(r_ref), free(r_adv);
-    free(r_d), free(rewards), free(adv), free(ini);
-    lb_sampler_free(smp);
-    lb_sampler_free(greedy);
-    lb_optimizer_free(&opt);
-    lb_model_free(ref);
-    lb_model_free(m);
-    for (int i = 0; i < x.nnccl; i++) lb_comm_free(&x.nccl[i]);
-    lb_grid_free(&grid);
-    be->destroy(be);
+    if (lb_run_save_due(c, step, c->rl.steps)) {
+        x->st.step = step;
+        lb_run_save(c, x->ckdir, &x->opt, &x->st, x->ini, x->world);
+    }
+}
+
+// One step: the rollout, lp_old, the update, the log line, evaluation and checkpoint.
+static int rl_step_run(rl_run *x, int step, double t_start)
+{
+    rl_step s = {0};
+    double t0 = lb_now();
+    if (rl_rollout(x, step, &s) != 0) return 1;
+    s.t_roll = lb_now() - t0;   // until the slowest rank's rollout (share_items waits)
+    t0 = lb_now();
+    rl_old_logprobs(x, &s);
+    rl_update(x, step, &s);
+    x->be->sync(x->be);
+    s.t_train = lb_now() - t0;
+    rl_log_step(x, step, &s, t_start);
+    rl_eval_and_save(x, step);
+    return 0;
+}
+
+int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
+{
+    char err[ERRLEN], path[2 * LB_PATH_MAX + 64];
+    rl_run run;
+    rl_run *x = &run;
+    memset(x, 0, sizeof *x);
+    x->cfg = *c0;
+    x->c = &x->cfg;
+    x->world = comm;
+    x->root = comm->rank == 0;
+    const lb_config *c = x->c;
+    x->P = c->rl.prompts, x->G = c->rl.group, x->N = x->P * x->G, x->M = c->rl.mini_batches;
+    if (rl_check(x) != 0 || rl_open(x) != 0 || rl_load(x) != 0) return 1;
+    x->ini = lb_config_to_ini(c);
+    if (x->root) rl_announce(x);
+    snprintf(path, sizeof path, "%.*s/%.*s", LB_PATH_MAX, c->run.out_dir, LB_PATH_MAX,
+             c->train.metrics_file);
+    x->metrics = x->root ? fopen(path, x->resume[0] ? "a" : "w") : NULL;
+    snprintf(err, sizeof err, "%.*s: cannot open for writing", LB_PATH_MAX, path);
+    if (any_failed(x, x->root && !x->metrics, err)) return 1;
+
+    x->gcfg = (lb_grpo_config){c->rl.eps_low, c->rl.eps_high, c->rl.kl_coef, c->rl.tis_cap,
+                               c->rl.adv_eps};
+    rl_alloc(x);
+    if (x->st.step == 0) {
+        rl_eval ev = evaluate(c, x->smp, x->greedy, x->max_new, x->dpc);
+        if (x->root) log_eval(c, x->metrics, 0, &ev);
+    }
+    double t_start = lb_now();
+    for (int step = (int)x->st.step + 1; step <= c->rl.steps; step++)
+        if (rl_step_run(x, step, t_start) != 0) return 1;
+    rl_free(x);
     return 0;
 }

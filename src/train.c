@@ -15,6 +15,7 @@
 #include "src/commands.h"
 #include "src/data.h"
 #include "src/optim.h"
+#include "src/run.h"
 #include "src/util.h"
 #include "parallel/grid.h"
 
@@ -36,13 +37,11 @@ static double max_rss_mib(void)
 }
 
 // The parallel pieces of one training run: the grid, the backend-memory communicators of its
-// groups (the grid's MPI ones for the CPU, NCCL over the same ranks for CUDA), the model piece.
+// groups (src/run.h), the model piece.
 typedef struct {
     lb_grid grid;
     lb_comm *world;
-    lb_comm *tp, *dp, *edp, *ep, *pp;   // backend memory
-    lb_comm nccl[5];
-    int nnccl;
+    lb_run_comms comms;
     lb_model *m;
     int B, T, G, M;                     // micro-batch, sequence, global and per-rank micro-batches
 } run_ctx;
@@ -54,9 +53,9 @@ static void stage_recv_input(run_ctx *x)
     lb_model *m = x->m;
     if (m->first_stage) return;
     lb_model_prepare(m, x->B, x->T);
-    lb_comm_recv(x->pp, lb_model_stage_input(m), lb_model_stage_floats(m), LB_F32,
+    lb_comm_recv(x->comms.pp, lb_model_stage_input(m), lb_model_stage_floats(m), LB_F32,
                  x->grid.pp_rank - 1);
-    lb_comm_sync(x->pp);
+    lb_comm_sync(x->comms.pp);
 }
 
 static void stage_send_output(run_ctx *x)
@@ -64,9 +63,9 @@ static void stage_send_output(run_ctx *x)
     lb_model *m = x->m;
     if (m->last_stage) return;
     m->be->sync(m->be);
-    lb_comm_send(x->pp, lb_model_stage_output(m), lb_model_stage_floats(m), LB_F32,
+    lb_comm_send(x->comms.pp, lb_model_stage_output(m), lb_model_stage_floats(m), LB_F32,
                  x->grid.pp_rank + 1);
-    lb_comm_sync(x->pp);
+    lb_comm_sync(x->comms.pp);
 }
 
 // Mean cross-entropy over the first val_batches batches of the validation shards. Data-parallel
@@ -114,16 +113,6 @@ lb_backend *lb_backend_open(const lb_config *c)
                          : lb_backend_cpu_create(c->run.threads, err, sizeof err);
     if (!be) fprintf(stderr, "lowbit: %s\n", err);
     return be;
-}
-
-static void keep_last(const char *dir, int keep)
-{
-    char pattern[1024];
-    char **list;
-    snprintf(pattern, sizeof pattern, "%s/step_*.safetensors", dir);
-    int n = lb_glob(pattern, &list);
-    for (int i = 0; i < n - keep; i++) unlink(list[i]);
-    lb_glob_free(list, n);
 }
 
 // Layout checks that need the world size and the training keys; the same verdict on every rank.
@@ -186,21 +175,6 @@ static void fail_on_purpose(const char *mode, int rank, int step)
     _exit(3);
 }
 
-// The backend-memory communicator of a group: the grid's MPI one for the CPU backend, NCCL over
-// the same ranks for CUDA (collective over the world: every rank creates its groups in order).
-static lb_comm *backend_comm(run_ctx *x, lb_comm *mpi, lb_backend *be, int cuda, int *bad,
-                             char *err, size_t errlen)
-{
-    if (!cuda || mpi->size == 1) return mpi;
-    lb_comm *n = &x->nccl[x->nnccl];
-    if (lb_comm_nccl_create(n, mpi, be, NULL, err, errlen) != 0) {
-        *bad = 1;
-        return mpi;
-    }
-    x->nnccl++;
-    return n;
-}
-
 // Per-rank sums of one micro-batch's loss terms: the cross-entropy exists on tp rank 0 of the
 // last stage (one count per model replica), the aux loss of each stage's layers on its tp rank 0.
 static void add_losses(const run_ctx *x, double sums[2])
@@ -245,6 +219,7 @@ static void run_micro_batches(run_ctx *x, int32_t **in, int32_t **tg, double sum
     const int warm = pp - s - 1 < M ? pp - s - 1 : M;
     const size_t len = (size_t)B * T * m->cfg.hidden_size / (m->par.sp ? m->par.tp : 1);
     lb_backend *be = m->be;
+    lb_comm *ppc = x->comms.pp;
     for (int j = 0; j < warm; j++) {
         use_slot(x, j, warm);
         stage_recv_input(x);
@@ -263,8 +238,8 @@ static void run_micro_batches(run_ctx *x, int32_t **in, int32_t **tg, double sum
             float *y = lb_model_stage_output(m);
             use_slot(x, i, warm);
             be->sync(be);
-            lb_comm_send_recv(x->pp, y, len, s + 1, lb_model_stage_grad(m), len, s + 1, LB_F32);
-            lb_comm_sync(x->pp);
+            lb_comm_send_recv(ppc, y, len, s + 1, lb_model_stage_grad(m), len, s + 1, LB_F32);
+            lb_comm_sync(ppc);
         }
         use_slot(x, i, warm);
         lb_model_backward(m, scale);
@@ -272,22 +247,22 @@ static void run_micro_batches(run_ctx *x, int32_t **in, int32_t **tg, double sum
         float *dx = lb_model_stage_grad(m);
         be->sync(be);
         if (i == M - warm - 1) {
-            lb_comm_send(x->pp, dx, len, LB_F32, s - 1);
+            lb_comm_send(ppc, dx, len, LB_F32, s - 1);
         } else {   // send micro-batch i's input gradient, receive the input of the next forward
             use_slot(x, f + 1, warm);
-            lb_comm_send_recv(x->pp, dx, len, s - 1, lb_model_stage_input(m), len, s - 1, LB_F32);
+            lb_comm_send_recv(ppc, dx, len, s - 1, lb_model_stage_input(m), len, s - 1, LB_F32);
         }
-        lb_comm_sync(x->pp);
+        lb_comm_sync(ppc);
     }
     for (int i = M - warm; i < M; i++) {   // drain: the last backwards
         use_slot(x, i, warm);
-        lb_comm_recv(x->pp, lb_model_stage_grad(m), len, LB_F32, s + 1);
-        lb_comm_sync(x->pp);
+        lb_comm_recv(ppc, lb_model_stage_grad(m), len, LB_F32, s + 1);
+        lb_comm_sync(ppc);
         lb_model_backward(m, scale);
         if (!m->first_stage) {
             be->sync(be);
-            lb_comm_send(x->pp, lb_model_stage_grad(m), len, LB_F32, s - 1);
-            lb_comm_sync(x->pp);
+            lb_comm_send(ppc, lb_model_stage_grad(m), len, LB_F32, s - 1);
+            lb_comm_sync(ppc);
         }
     }
 }
@@ -334,16 +309,9 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
     snprintf(err, sizeof err, "the %s backend did not open", c->run.backend);
     if (any_failed(comm, !be, err)) return 1;
     // Activations, gradients and parameters travel in the backend's memory.
-    int bad = 0;
-    x.tp = backend_comm(&x, &grid->tp_comm, be, cuda, &bad, err, sizeof err);
-    x.ep = backend_comm(&x, &grid->ep_comm, be, cuda, &bad, err, sizeof err);
-    x.pp = backend_comm(&x, &grid->pp_comm, be, cuda, &bad, err, sizeof err);
-    x.dp = backend_comm(&x, &grid->dp_comm, be, cuda, &bad, err, sizeof err);
-    x.edp = backend_comm(&x, &grid->edp_comm, be, cuda, &bad, err, sizeof err);
+    int bad = lb_run_comms_open(&x.comms, grid, be, cuda, err, sizeof err) != 0;
     if (any_failed(comm, bad, err)) return 1;
-    lb_model_parallel par = {grid->tp, grid->tp_rank, c->parallel.sequence_parallel && grid->tp > 1,
-                             grid->ep, grid->ep_rank, grid->pp, grid->pp_rank,
-                             grid->tp > 1 ? x.tp : NULL, grid->ep > 1 ? x.ep : NULL};
+    lb_model_parallel par = lb_run_model_parallel(grid, &x.comms);
     lb_model *m = x.m = lb_model_create_parallel(&c->model, be, &par, err, sizeof err);
     if (any_failed(comm, !m, err)) return 1;
     if (any_failed(comm, lb_model_set_precision(m, &c->precision, c->run.seed, err, sizeof err) != 0,
@@ -352,7 +320,7 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
     lb_optim_config oc = {c->train.lr, c->train.min_lr, c->train.warmup_steps, c->train.steps,
                           c->train.beta1, c->train.beta2, c->train.adam_eps,
                           c->train.weight_decay, c->train.grad_clip};
-    lb_optim_groups og = {x.dp, x.edp, grid->tp > 1 ? x.tp : NULL, comm};
+    lb_optim_groups og = lb_run_optim_groups(grid, &x.comms, comm);
     lb_optimizer opt;
     lb_optimizer_init_groups(&opt, m, &oc, &og, c->parallel.zero);
     snprintf(ckdir, sizeof ckdir, "%s/checkpoints", c->run.out_dir);
@@ -362,12 +330,7 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
     // Resume or start fresh. Rank 0 picks the checkpoint and reads it; every rank takes its part.
     lb_train_state st = {0};
     char resume[LB_PATH_MAX + 64] = "";
-    if (strcmp(c->checkpoint.resume, "auto") == 0) {
-        if (root) lb_checkpoint_latest(ckdir, resume, sizeof resume);
-        lb_comm_bcast(comm, resume, sizeof resume, 0);
-    } else {
-        snprintf(resume, sizeof resume, "%s", c->checkpoint.resume);
-    }
+    lb_run_resume_path(c, ckdir, comm, resume, sizeof resume);
     if (resume[0]) {
         bad = lb_checkpoint_load_parallel(resume, &opt, &st, comm, &c->parallel, err,
                                           sizeof err) != 0 ||
@@ -389,7 +352,8 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
         if (comm->size > 1)
             snprintf(how, sizeof how, "%s; collectives over %s%s%s",
                      c->parallel.zero ? "ZeRO-1 distributed optimizer" : "all-reduced gradients",
-                     x.nnccl ? "nccl" : "mpi", c->parallel.deterministic ? ", rank-order sums" : "",
+                     x.comms.nnccl ? "nccl" : "mpi",
+                     c->parallel.deterministic ? ", rank-order sums" : "",
                      grid->pp > 1 ? "; 1F1B pipeline" : "");
         printf("layout %s%s; %d micro-batch%s of %d x %d per rank and step; %s\n", layout,
                par.sp ? ", sequence parallel" : "", x.M, x.M == 1 ? "" : "es", B, T, how);
@@ -466,18 +430,10 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
             fflush(stdout);
             fflush(metrics);
         }
-        if ((c->checkpoint.save_every > 0 && step % c->checkpoint.save_every == 0) ||
-            (step == c->train.steps && c->checkpoint.save_every >= 0)) {
+        if (lb_run_save_due(c, step, c->train.steps)) {
             st.step = step;
             lb_loader_tell(train, &st.loader_shard, &st.loader_pos);   // the same on every rank
-            snprintf(path, sizeof path, "%s/step_%08d.safetensors", ckdir, step);
-            if (lb_checkpoint_save_parallel(path, &opt, &st, ini, comm, &c->parallel, err,
-                                            sizeof err) != 0)
-                lb_die("%s", err);
-            if (root) {
-                keep_last(ckdir, c->checkpoint.keep);
-                printf("saved %s\n", path);
-            }
+            lb_run_save(c, ckdir, &opt, &st, ini, comm);
         }
     }
     if (metrics) fclose(metrics);
@@ -490,7 +446,7 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
     free(ini);
     lb_optimizer_free(&opt);
     lb_model_free(m);
-    for (int i = 0; i < x.nnccl; i++) lb_comm_free(&x.nccl[i]);
+    lb_run_comms_free(&x.comms);
     lb_grid_free(grid);
     lb_loader_close(train);
     if (val) lb_loader_close(val);
