@@ -8,8 +8,9 @@
 # - configuration and reward-command mistakes stop with file:line or the command's name;
 # - data parallelism (mpirun -np 2, ZeRO-1): the same rollouts as one rank, bit for bit, the
 #   same losses and final weights within 1e-5, a one-rank checkpoint resumed under dp2;
-# - tensor and expert parallelism (tp2, ep2, tp2 x ep2): the same against one rank, with ranks
-#   that idle in the expert-parallel lockstep, and a one-rank checkpoint resumed under tp2 x ep2;
+# - tensor and expert parallelism (tp2, ep2, tp2 x ep2, tp2 x ep2 with etp 1): the same against
+#   one rank, with ranks that idle in the expert-parallel lockstep, and a one-rank checkpoint
+#   resumed under tp2 x ep2;
 # - the layouts RL does not run (pp, sequence parallelism, heads that tp does not divide)
 #   refused with one file:line message before any work.
 set -euo pipefail
@@ -145,6 +146,7 @@ out=$("$cmp" "$(last dp1)" "$(last dp2r)" 1e-5) || fail "dp2 resumed: parameters
 # tests/test_parallel.sh): tp sums each row-parallel output in another order, and with 1e-8 an
 # element whose gradient is a cancelling sum near 1e-8 (an LM-head row of a byte never drawn)
 # gets a first update that is a ratio of two rounding-level numbers (2.6e-5 relative measured).
+# With etp 1 the ep groups are tp pairs, which hold the same prompts (no idle forwards).
 # Three prompts over dp2 (ep2) give the ranks 2 and 1 prompts, and two sampler slots make the
 # busier rank decode longer, so ranks run idle forwards and idle micro-batches to keep the ep
 # group's collectives in step; idle_forwards counts them. Under tp the log-probs themselves
@@ -156,7 +158,8 @@ mp=("${dp[@]}" --set train.adam_eps=1e-6 --set rl.prompts=3 --set sample.slots=2
     --set rl.eval_problems=5)
 "$bin" rl "${mp[@]}" --set run.out_dir="$tmp/m1" > "$tmp/m1.log"
 for layout in "tp2 2 0 1e-4 parallel.tp=2" "ep2 2 1 0 parallel.ep=2" \
-              "tp2ep2 4 1 1e-4 parallel.tp=2 parallel.ep=2"; do
+              "tp2ep2 4 1 1e-4 parallel.tp=2 parallel.ep=2" \
+              "tp2etp1ep2 4 0 1e-4 parallel.tp=2 parallel.etp=1 parallel.ep=2"; do
     set -- $layout
     name=$1 np=$2 idles=$3 klscale=$4
     shift 4
