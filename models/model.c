@@ -424,6 +424,16 @@ double lb_model_flops_per_token(const lb_model_config *cfg, int seq_len)
 
 void lb_model_set_kv_fp8(lb_model *m, int on) { m->kv_fp8 = !!on; }
 
+int lb_model_set_recompute(lb_model *m, const char *how, char *err, size_t errlen)
+{
+    if (strcmp(how, "none") != 0 && strcmp(how, "full") != 0) {
+        snprintf(err, errlen, "activation recomputation '%s': none or full", how);
+        return -1;
+    }
+    m->recompute = strcmp(how, "full") == 0;
+    return 0;
+}
+
 lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows)
 {
     const lb_model_config *c = &m->cfg;

@@ -343,7 +343,9 @@ typedef struct {
 
 typedef struct {
     int b, t, n, ns, nl;   // nl: this stage's layers
-    layer_acts *l;         // (nl + 1): only .x is used in the last
+    layer_acts *l;         // (nl + 1): only .x is used in the last; only .x of any under recompute
+    int recompute;         // full recomputation: one working layer, re-run before its backward
+    layer_acts work;       // the working layer's buffers (recompute), .x borrowed from l[i]
     float *lnf, *rstdf;    // (ns, c), (ns)
     float *loss;           // (ns) per-token losses
     int32_t *pos;          // (n)
@@ -363,6 +365,39 @@ typedef struct {
     int32_t *host_targets;                 // (ns) host
 } acts;
 
+// A layer's saved activations (all but its input x) for n rows, ns of them this rank's.
+static void layer_create(lb_model *m, layer_acts *L, int n, int ns)
+{
+    lb_backend *be = m->be;
+    dims d = dims_of(m);
+    size_t C = d.C, D = d.D, hq = d.hq, hkv = d.hkv;
+    L->ln1 = falloc(be, (size_t)n * C);
+    L->rstd1 = falloc(be, ns);
+    L->q = falloc(be, n * hq * D);
+    L->qrstd = falloc(be, n * hq);
+    L->qr = falloc(be, n * hq * D);
+    L->k = falloc(be, n * hkv * D);
+    L->krstd = falloc(be, n * hkv);
+    L->kr = falloc(be, n * hkv * D);
+    L->v = falloc(be, n * hkv * D);
+    L->att = falloc(be, n * hq * D);
+    L->lse = falloc(be, n * hq);
+    L->xmid = falloc(be, ns * C);
+    L->ln2 = falloc(be, n * C);
+    L->rstd2 = falloc(be, ns);
+    ffn_create(m, &L->f, n);
+}
+
+static void layer_free(lb_model *m, layer_acts *L)
+{
+    lb_backend *be = m->be;
+    void *bufs[] = {L->ln1, L->rstd1, L->q, L->qrstd, L->qr, L->k, L->krstd, L->kr, L->v,
+                    L->att, L->lse, L->xmid, L->ln2, L->rstd2};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(be, bufs[i]);
+    ffn_free(m, &L->f);
+}
+
 static void *acts_create(lb_model *m, int b, int t)
 {
     lb_backend *be = m->be;
@@ -377,26 +412,12 @@ static void *acts_create(lb_model *m, int b, int t)
     a->ns = (int)ns;
     a->nl = m->layer_end - m->layer_begin;
     a->l = lb_calloc(a->nl + 1, sizeof *a->l);
+    a->recompute = m->recompute;
     for (int l = 0; l <= a->nl; l++) {
-        layer_acts *L = &a->l[l];
-        L->x = falloc(be, ns * C);
-        if (l == a->nl) break;
-        L->ln1 = falloc(be, n * C);
-        L->rstd1 = falloc(be, ns);
-        L->q = falloc(be, n * hq * D);
-        L->qrstd = falloc(be, n * hq);
-        L->qr = falloc(be, n * hq * D);
-        L->k = falloc(be, n * hkv * D);
-        L->krstd = falloc(be, n * hkv);
-        L->kr = falloc(be, n * hkv * D);
-        L->v = falloc(be, n * hkv * D);
-        L->att = falloc(be, n * hq * D);
-        L->lse = falloc(be, n * hq);
-        L->xmid = falloc(be, ns * C);
-        L->ln2 = falloc(be, n * C);
-        L->rstd2 = falloc(be, ns);
-        ffn_create(m, &L->f, (int)n);
+        a->l[l].x = falloc(be, ns * C);
+        if (l < a->nl && !a->recompute) layer_create(m, &a->l[l], (int)n, (int)ns);
     }
+    if (a->recompute) layer_create(m, &a->work, (int)n, (int)ns);
     a->lnf = falloc(be, ns * C);
     a->rstdf = falloc(be, ns);
     a->loss = falloc(be, ns);
@@ -437,13 +458,10 @@ static void acts_free(lb_model *m, void *p)
     acts *a = p;
     lb_backend *be = m->be;
     for (int l = 0; l <= a->nl; l++) {
-        layer_acts *L = &a->l[l];
-        void *bufs[] = {L->x, L->ln1, L->rstd1, L->q, L->qrstd, L->qr, L->k, L->krstd, L->kr,
-                        L->v, L->att, L->lse, L->xmid, L->ln2, L->rstd2};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-            if (bufs[i]) be->free(be, bufs[i]);
-        if (l < a->nl) ffn_free(m, &L->f);
+        be->free(be, a->l[l].x);
+        if (l < a->nl && !a->recompute) layer_free(m, &a->l[l]);
     }
+    if (a->recompute) layer_free(m, &a->work);
     free(a->l);
     void *bufs[] = {a->lnf, a->rstdf, a->loss, a->pos, a->part, a->dres, a->dln, a->dtmp, a->dq,
                     a->dk, a->dv, a->datt, a->dqr, a->dkr, a->dgu, a->dh, a->dxp, a->dyp,
@@ -613,52 +631,72 @@ static const lb_tensor *find_or_die(const lb_model *m, const char *name)
 // Under SP rank r holds rows [r ns, (r + 1) ns) of the residual stream.
 static int row_offset(const lb_model *m, int ns) { return m->par.sp ? m->par.tp_rank * ns : 0; }
 
+// The layer's activations: its own, or under recomputation the working set with the layer's
+// saved input.
+static layer_acts *layer_at(acts *a, int i)
+{
+    if (!a->recompute) return &a->l[i];
+    a->work.x = a->l[i].x;
+    return &a->work;
+}
+
+// Decoder layer i of this stage on L->x, into a->l[i + 1].x; returns its load-balancing loss.
+static double layer_fwd(lb_model *m, acts *a, int i, layer_acts *L)
+{
+    const lb_model_config *c = &m->cfg;
+    lb_backend *be = m->be;
+    dims d = dims_of(m);
+    int b = a->b, t = a->t, n = a->n, ns = a->ns, r0 = row_offset(m, ns), C = d.C, D = d.D;
+    int l = m->layer_begin + i;
+    float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
+    lb_linear *lin = &m->lin;
+    layer_w w = layer_weights(m, m->params, l);
+    // attention block: heads split over tp, o_proj row-parallel
+    be->rmsnorm_fwd(be, L->ln1 + (size_t)r0 * C, L->rstd1, L->x, w.ln1, ns, C, eps);
+    tp_gather(m, L->ln1 + (size_t)r0 * C, L->ln1, n, C);
+    lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.q, w.cq, 0, L->q, n, d.hq * D, C, 0.0f);
+    lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.k, w.ck, 0, L->k, n, d.hkv * D, C, 0.0f);
+    lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.v, w.cv, 0, L->v, n, d.hkv * D, C, 0.0f);
+    be->rmsnorm_fwd(be, L->qr, L->qrstd, L->q, w.qn, n * d.hq, D, eps);
+    be->rmsnorm_fwd(be, L->kr, L->krstd, L->k, w.kn, n * d.hkv, D, eps);
+    be->rope_fwd(be, L->qr, a->pos, n, d.hq, D, theta);
+    be->rope_fwd(be, L->kr, a->pos, n, d.hkv, D, theta);
+    if (m->kv_fp8) {   // what an fp8 KV cache would hold (straight-through backward)
+        kv_fake_quant(be, L->kr, n * d.hkv, D);
+        kv_fake_quant(be, L->v, n * d.hkv, D);
+    }
+    be->attention_fwd(be, L->att, L->lse, L->qr, L->kr, L->v, b, t, d.hq, d.hkv, D);
+    float *part = d.tp > 1 ? a->part : L->xmid;
+    lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, part, n, C, d.hq * D, 0.0f);
+    tp_reduce(m, part, L->xmid, n, C);
+    be->add(be, L->xmid, L->x, (size_t)ns * C);
+    // feed-forward block: gate_up column-parallel, down row-parallel
+    float *xnext = a->l[i + 1].x;
+    be->rmsnorm_fwd(be, L->ln2 + (size_t)r0 * C, L->rstd2, L->xmid, w.ln2, ns, C, eps);
+    tp_gather(m, L->ln2 + (size_t)r0 * C, L->ln2, n, C);
+    part = d.tp > 1 ? a->part : xnext;
+    double aux = ffn_fwd(m, l, &w, &L->f, &a->ms, L->ln2, n, part, 1);
+    tp_reduce(m, part, xnext, n, C);
+    be->add(be, xnext, L->xmid, (size_t)ns * C);
+    return aux;
+}
+
 static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t)
 {
     const lb_model_config *c = &m->cfg;
     lb_backend *be = m->be;
     acts *a = m->acts;
     dims d = dims_of(m);
-    int n = b * t, ns = a->ns, r0 = row_offset(m, ns), C = d.C, D = d.D;
-    float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
+    int ns = a->ns, r0 = row_offset(m, ns), C = d.C;
+    float eps = (float)c->rms_norm_eps;
     double aux = 0.0;
     lb_linear *lin = &m->lin;
+    (void)b, (void)t;   // the activations were made for (b, t)
 
     if (m->first_stage)
         be->embedding_fwd(be, a->l[0].x, tokens + r0,
                           m->params + find_or_die(m, "model.embed_tokens.weight")->offset, ns, C);
-    for (int i = 0; i < a->nl; i++) {
-        int l = m->layer_begin + i;
-        layer_acts *L = &a->l[i];
-        layer_w w = layer_weights(m, m->params, l);
-        // attention block: heads split over tp, o_proj row-parallel
-        be->rmsnorm_fwd(be, L->ln1 + (size_t)r0 * C, L->rstd1, L->x, w.ln1, ns, C, eps);
-        tp_gather(m, L->ln1 + (size_t)r0 * C, L->ln1, n, C);
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.q, w.cq, 0, L->q, n, d.hq * D, C, 0.0f);
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.k, w.ck, 0, L->k, n, d.hkv * D, C, 0.0f);
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.v, w.cv, 0, L->v, n, d.hkv * D, C, 0.0f);
-        be->rmsnorm_fwd(be, L->qr, L->qrstd, L->q, w.qn, n * d.hq, D, eps);
-        be->rmsnorm_fwd(be, L->kr, L->krstd, L->k, w.kn, n * d.hkv, D, eps);
-        be->rope_fwd(be, L->qr, a->pos, n, d.hq, D, theta);
-        be->rope_fwd(be, L->kr, a->pos, n, d.hkv, D, theta);
-        if (m->kv_fp8) {   // what an fp8 KV cache would hold (straight-through backward)
-            kv_fake_quant(be, L->kr, n * d.hkv, D);
-            kv_fake_quant(be, L->v, n * d.hkv, D);
-        }
-        be->attention_fwd(be, L->att, L->lse, L->qr, L->kr, L->v, b, t, d.hq, d.hkv, D);
-        float *part = d.tp > 1 ? a->part : L->xmid;
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, part, n, C, d.hq * D, 0.0f);
-        tp_reduce(m, part, L->xmid, n, C);
-        be->add(be, L->xmid, L->x, (size_t)ns * C);
-        // feed-forward block: gate_up column-parallel, down row-parallel
-        float *xnext = a->l[i + 1].x;
-        be->rmsnorm_fwd(be, L->ln2 + (size_t)r0 * C, L->rstd2, L->xmid, w.ln2, ns, C, eps);
-        tp_gather(m, L->ln2 + (size_t)r0 * C, L->ln2, n, C);
-        part = d.tp > 1 ? a->part : xnext;
-        aux += ffn_fwd(m, l, &w, &L->f, &a->ms, L->ln2, n, part, 1);
-        tp_reduce(m, part, xnext, n, C);
-        be->add(be, xnext, L->xmid, (size_t)ns * C);
-    }
+    for (int i = 0; i < a->nl; i++) aux += layer_fwd(m, a, i, layer_at(a, i));
     m->aux_loss = (float)aux;
     m->ntokens = 0;
     m->ce_loss = 0.0f;
@@ -716,7 +754,11 @@ static void backward_logits(lb_model *m, float aux_scale)
     }
     for (int i = a->nl - 1; i >= 0; i--) {
         int l = m->layer_begin + i;
-        layer_acts *L = &a->l[i];
+        layer_acts *L = layer_at(a, i);
+        // Recomputation: the layer's forward again, on its saved input, the same operations in
+        // the same order, so every activation is the same bits as the first time. Its output
+        // (x of layer i + 1, no longer needed) is rewritten with the same values.
+        if (a->recompute) layer_fwd(m, a, i, L);
         layer_w w = layer_weights(m, m->params, l);
         layer_w dw = layer_weights(m, G, l);
         // feed-forward block: dres is d loss / d xnext, and passes straight to xmid

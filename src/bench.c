@@ -223,7 +223,8 @@ static lb_model *bench_model(lb_backend *be, const lb_config *c)
 {
     char err[1024];
     lb_model *m = lb_model_create(&c->model, be, err, sizeof err);
-    if (!m || lb_model_set_precision(m, &c->precision, c->run.seed, err, sizeof err) != 0) {
+    if (!m || lb_model_set_precision(m, &c->precision, c->run.seed, err, sizeof err) != 0 ||
+        lb_model_set_recompute(m, c->train.recompute, err, sizeof err) != 0) {
         fprintf(stderr, "lowbit bench: %s\n", err);
         lb_model_free(m);
         return NULL;

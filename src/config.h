@@ -36,6 +36,7 @@ typedef struct {
         int val_every, val_batches;
         int log_every;
         char metrics_file[LB_PATH_MAX]; // JSON lines; relative to out_dir
+        char recompute[8];         // activation recomputation: none | full
     } train;
     struct {
         int save_every;            // steps, 0 = only at the end

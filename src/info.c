@@ -75,6 +75,10 @@ static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char
     lb_model_parallel par = lb_model_parallel_of(g, NULL, NULL);
     lb_model *m = lb_model_create_parallel(&c->model, &counter, &par, err, errlen);
     if (!m) return -1;
+    if (lb_model_set_recompute(m, c->train.recompute, err, errlen) != 0) {
+        lb_model_free(m);
+        return -1;
+    }
     int zero = c->parallel.zero && (g->dp > 1 || g->edp > 1);
     size_t p[2] = {zero ? (size_t)g->dp : 1, zero ? (size_t)g->edp : 1}, n = 0, shard = 0;
     for (int r = 0; r < 2; r++) {   // the regions as the distributed optimizer pads them

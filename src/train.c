@@ -314,7 +314,8 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
     lb_model_parallel par = lb_run_model_parallel(grid, &x.comms);
     lb_model *m = x.m = lb_model_create_parallel(&c->model, be, &par, err, sizeof err);
     if (any_failed(comm, !m, err)) return 1;
-    if (any_failed(comm, lb_model_set_precision(m, &c->precision, c->run.seed, err, sizeof err) != 0,
+    if (any_failed(comm, lb_model_set_precision(m, &c->precision, c->run.seed, err, sizeof err) != 0 ||
+                             lb_model_set_recompute(m, c->train.recompute, err, sizeof err) != 0,
                    err))
         return 1;
     lb_optim_config oc = {c->train.lr, c->train.min_lr, c->train.warmup_steps, c->train.steps,

@@ -28,6 +28,7 @@ small=(--set data.train_files="$tmp/arith_train_*.bin" --set data.val_files="$tm
        --set train.val_every=5 --set train.val_batches=3 --set train.log_every=0
        --set checkpoint.save_every=5 --set checkpoint.keep=5 --set run.threads=1)
 ck() { echo "$tmp/$1/checkpoints/step_000000$2.safetensors"; }
+strip() { grep '"loss"' "$1" | sed 's/, "tokens_per_s".*//'; }   # metrics without timings
 
 # max_rel_diff A B KEY [FIRST_STEP]: the largest relative difference of KEY ("loss",
 # "val_loss", "grad_norm") between two metrics files over the steps both logged.
@@ -116,6 +117,13 @@ for layout in "tp2 2 m1 --set parallel.tp=2" \
     same_params "1 rank vs $name" "$(ck $ref 10)" "$(ck $name 10)" 1e-5
 done
 grep -q "1F1B pipeline" "$tmp/pp2.log" && ok || fail "pp2 does not report the 1F1B schedule"
+# Full activation recomputation under tp2 x pp2 x ep2 (its collectives run again in the
+# backward) gives the same bits as without it.
+mpi 8 "$bin" train "$cfg" "${mp[@]}" --set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2 \
+    --set train.recompute=full --set run.out_dir="$tmp/rc8" > "$tmp/rc8.log" 2>&1 || fail "recompute run"
+diff <(strip "$tmp/tp2pp2ep2/metrics.jsonl") <(strip "$tmp/rc8/metrics.jsonl") > /dev/null && ok ||
+    fail "tp2 x pp2 x ep2 with recomputation: metrics differ"
+same_params "tp2 x pp2 x ep2 with recomputation" "$(ck tp2pp2ep2 10)" "$(ck rc8 10)" 0
 grep -q "sequence parallel" "$tmp/sp2.log" && ok || fail "sp2 does not report sequence parallelism"
 # A checkpoint written under tp2 x pp2 resumes under ep2 x dp2 (dp 4 over 4 ranks, experts over
 # 2) and continues the curve of the uninterrupted tp2 x pp2 run.
@@ -142,7 +150,6 @@ for np in 1 4 2; do
     agree "dp2 -> $np rank(s) from step 5" "$tmp/z2/metrics.jsonl" "$tmp/res$np/metrics.jsonl" 1e-5 6
     same_params "dp2 -> $np rank(s)" "$(ck z2 10)" "$(ck res$np 10)" 1e-5
 done
-strip() { grep '"loss"' "$1" | sed 's/, "tokens_per_s".*//'; }
 diff <(strip "$tmp/z2/metrics.jsonl" | tail -n 5) <(strip "$tmp/res2/metrics.jsonl") > /dev/null &&
     ok || fail "dp2 resumed from its own checkpoint is not bit for bit"
 # A one-rank checkpoint resumes under ZeRO-1 too (re-sharding on load).
