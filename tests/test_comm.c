@@ -1,6 +1,7 @@
 // test_comm.c: the collective interface (parallel/comm.h) against serial computations, on any
 // number of ranks: all-reduce, reduce-scatter, all-gather, all-to-all-v with uneven and zero
-// counts, send/recv and send_recv, broadcast, barrier and the host helpers, in deterministic
+// counts, send/recv and send_recv, broadcast, barrier, the host helpers and the token
+// dispatcher built on them (parallel/dispatcher.h), in deterministic
 // mode (results bitwise equal to the serial rank-order sum) and in the library's mode (within
 // rounding), over the world and over sub-communicators from lb_comm_split, and with a tiny
 // piece size so every piecewise path runs.
@@ -23,6 +24,7 @@
 #include "kernels/common.h"
 #include "kernels/kernels.h"
 #include "parallel/comm.h"
+#include "parallel/dispatcher.h"
 
 #ifdef LB_HAVE_CUDA
 int lb_cuda_device_count(void);
@@ -334,6 +336,74 @@ static void test_host(lb_comm *c)
     lb_comm_barrier(c);
 }
 
+// The token dispatcher (parallel/dispatcher.h): rank s holds count(s, e) rows for expert e in
+// moe_plan order (expert-major), some ranks none at all; every row carries (source, expert,
+// index, column) exactly in its values. After dispatch, rank r holds its experts' rows
+// expert-major, source rank next, in each source's order; combine brings rows back to their
+// senders, in their places.
+static int d_count(int s, int e, uint64_t salt)
+{
+    if ((salt & 1) && s == 0) return 0;   // a rank that sends nothing
+    return (int)((s * 5 + e * 3 + salt) % 4) * (int)(1 + salt % 3);
+}
+static float d_value(int s, int e, int i, int col)
+{
+    return (float)((((s * 64 + e) * 64 + i) * 8) + col);   // exact in fp32
+}
+
+static void test_dispatch(ctx *x, int per_rank, uint64_t salt)
+{
+    lb_comm *c = x->c;
+    const int P = c->size, me = c->rank, E = per_rank * P, C = 5;
+    int *counts = lb_malloc((size_t)E * sizeof *counts), nsend = 0, nrecv = 0;
+    for (int e = 0; e < E; e++) nsend += counts[e] = d_count(me, e, salt);
+    for (int s = 0; s < P; s++)
+        for (int e = me * per_rank; e < (me + 1) * per_rank; e++) nrecv += d_count(s, e, salt);
+    float *h = lb_malloc(((size_t)(nsend > nrecv ? nsend : nrecv) + 1) * C * sizeof(float));
+    for (int e = 0, r = 0; e < E; e++)
+        for (int i = 0; i < counts[e]; i++, r++)
+            for (int k = 0; k < C; k++) h[(size_t)r * C + k] = d_value(me, e, i, k);
+    size_t big = (size_t)(nsend > nrecv ? nsend : nrecv) * C * sizeof(float);
+    float *xs = dev(x, (size_t)nsend * C * sizeof(float)), *xe = dev(x, (size_t)nrecv * C * sizeof(float));
+    float *back = dev(x, (size_t)nsend * C * sizeof(float)), *scratch = dev(x, big);
+    up(x, xs, h, (size_t)nsend * C * sizeof(float));
+    lb_ep_route r;
+    memset(&r, 0, sizeof r);
+    lb_ep_route_plan(&r, P > 1 ? c : NULL, x->be, counts, E);
+    CHECK(r.nsend == nsend && r.nrecv == nrecv, "dispatch plan: %d/%d rows out, %d/%d in", r.nsend,
+          nsend, r.nrecv, nrecv);
+    lb_ep_dispatch(&r, P > 1 ? c : NULL, x->be, xs, xe, scratch, C);
+    down(x, h, xe, (size_t)nrecv * C * sizeof(float));
+    size_t row = 0;
+    for (int le = 0; le < per_rank; le++) {
+        int e = me * per_rank + le, want = 0;
+        for (int s = 0; s < P; s++) {
+            want += d_count(s, e, salt);
+            for (int i = 0; i < d_count(s, e, salt); i++, row++)
+                for (int k = 0; k < C; k++)
+                    CHECK(h[row * C + k] == d_value(s, e, i, k),
+                          "dispatch: row %zu column %d is %.1f, expected source %d expert %d row %d",
+                          row, k, h[row * C + k], s, e, i);
+        }
+        CHECK(r.local_counts[le] == want, "dispatch: expert %d has %d rows, expected %d", e,
+              r.local_counts[le], want);
+    }
+    lb_ep_combine(&r, P > 1 ? c : NULL, x->be, xe, back, scratch, C);
+    down(x, h, back, (size_t)nsend * C * sizeof(float));
+    for (int e = 0, q = 0; e < E; e++)
+        for (int i = 0; i < counts[e]; i++, q++)
+            for (int k = 0; k < C; k++)
+                CHECK(h[(size_t)q * C + k] == d_value(me, e, i, k),
+                      "combine: row %d of expert %d came back as %.1f", i, e, h[(size_t)q * C + k]);
+    lb_ep_route_free(&r, x->be);
+    x->be->free(x->be, xs);
+    x->be->free(x->be, xe);
+    x->be->free(x->be, back);
+    x->be->free(x->be, scratch);
+    free(h);
+    free(counts);
+}
+
 static void suite(ctx *x, int nccl)
 {
     lb_comm *c = x->c;
@@ -361,6 +431,7 @@ static void suite(ctx *x, int nccl)
         test_p2p(x, 11, 81);
         test_p2p(x, 3000, 82);
         test_host(c);
+        for (uint64_t salt = 0; salt < 4; salt++) test_dispatch(x, 1 + (int)salt % 3, salt);
     }
     c->deterministic = 1;
 }
