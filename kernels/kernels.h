@@ -220,6 +220,9 @@ struct lb_backend {
 // Backends. Each returns NULL with a message in err (size errlen) when not available here.
 lb_backend *lb_backend_cpu_create(int threads, char *err, size_t errlen);
 lb_backend *lb_backend_cuda_create(int device, char *err, size_t errlen);
+// A backend that forwards every operation to `in` between two syncs and adds up the time per
+// operation (kernels/profile.c); destroying it prints the table to stderr and destroys `in`.
+lb_backend *lb_backend_profiled(lb_backend *in);
 
 // Helpers built on the table.
 static inline void lb_gemm(lb_backend *be, int transa, int transb, int m, int n, int k,

@@ -112,6 +112,9 @@ lb_backend *lb_backend_open(const lb_config *c)
                          ? lb_backend_cuda_create(c->run.device, err, sizeof err)
                          : lb_backend_cpu_create(c->run.threads, err, sizeof err);
     if (!be) fprintf(stderr, "lowbit: %s\n", err);
+    // LB_PROFILE=1: time every backend operation; the table goes to stderr at the end
+    const char *prof = getenv("LB_PROFILE");
+    if (be && prof && *prof && strcmp(prof, "0") != 0) be = lb_backend_profiled(be);
     return be;
 }
 

@@ -77,4 +77,11 @@ act() { "$bin" info "$src/examples/tiny-moe.cfg" "$@" | awk '$1 == "per" {getlin
 a0=$(act) a1=$(act --set train.recompute=full)
 echo "activation MiB per rank: $a0 without recomputation, $a1 with"
 awk -v a="$a0" -v b="$a1" 'BEGIN { exit !(b < 0.5 * a) }' || fail "recompute does not save memory"
+# 6. LB_PROFILE=1 wraps the backend in a timer that only forwards: the same bits, and a table
+#    of the operations on stderr.
+LB_PROFILE=1 "$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set run.out_dir="$tmp/prof" \
+    > "$tmp/prof.log" 2> "$tmp/prof.err"
+diff <(strip "$tmp/a/metrics.jsonl") <(strip "$tmp/prof/metrics.jsonl") || fail "LB_PROFILE changed the run"
+grep -q "^lowbit profile" "$tmp/prof.err" && grep -Eq "^  gemm_grouped +[0-9]+ " "$tmp/prof.err" &&
+    grep -Eq "^  attention_bwd +[0-9]+ " "$tmp/prof.err" || fail "LB_PROFILE printed no table"
 echo "PASS"

@@ -1,0 +1,247 @@
+// profile.c: a backend that times another one, operation by operation (LB_PROFILE=1).
+//
+// Every entry of the table calls the same entry of the wrapped backend between two syncs, so
+// the time of queued device work is charged to the operation that queued it (the device runs
+// one stream in order anyway; the syncs remove only the overlap of host and device). destroy
+// prints the operations by total time to stderr. Results are those of the wrapped backend,
+// bit for bit: the wrapper only forwards.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "kernels/common.h"
+#include "kernels/kernels.h"
+
+#define LB_PROFILE_OPS(X)                                                                     \
+    X(alloc) X(free) X(upload) X(download) X(copy) X(zero) X(gemm) X(gemm_grouped)            \
+    X(qmat_alloc) X(qmat_free) X(quantize) X(dequantize) X(gemm_q) X(hadamard) X(round_bf16)  \
+    X(add) X(scale) X(sumsq) X(embedding_fwd) X(embedding_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd)  \
+    X(rope_fwd) X(rope_bwd) X(attention_fwd) X(attention_bwd) X(kv_append)                   \
+    X(attention_cached) X(swiglu_fwd) X(swiglu_bwd) X(router_topk_fwd) X(router_topk_bwd)     \
+    X(moe_aux_loss) X(moe_plan) X(moe_permute) X(moe_permute_bwd) X(moe_combine)             \
+    X(moe_combine_bwd) X(cross_entropy_fwd) X(cross_entropy_bwd) X(cross_entropy_bwd_rows)   \
+    X(adamw)
+
+enum {
+#define X(name) OP_##name,
+    LB_PROFILE_OPS(X)
+#undef X
+    OP_COUNT
+};
+
+static const char *const op_name[OP_COUNT] = {
+#define X(name) #name,
+    LB_PROFILE_OPS(X)
+#undef X
+};
+
+typedef struct {
+    lb_backend *in;
+    double seconds[OP_COUNT];
+    long calls[OP_COUNT];
+} prof;
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+// The wrapped backend, ready for a call: its queue drained, the caller's mode passed on.
+static lb_backend *inner(lb_backend *be, double *t0)
+{
+    lb_backend *in = ((prof *)be->ctx)->in;
+    in->deterministic = be->deterministic;
+    in->sync(in);
+    *t0 = now();
+    return in;
+}
+
+static void charge(lb_backend *be, int op, double t0)
+{
+    prof *p = be->ctx;
+    p->in->sync(p->in);
+    p->seconds[op] += now() - t0;
+    p->calls[op]++;
+}
+
+// A wrapper for each entry: W(name, (parameters), (arguments after the backend)).
+#define W(name, PARAMS, ARGS)                                                                 \
+    static void w_##name PARAMS                                                               \
+    {                                                                                         \
+        double t0;                                                                            \
+        lb_backend *in = inner(be, &t0);                                                      \
+        in->name ARGS;                                                                        \
+        charge(be, OP_##name, t0);                                                            \
+    }
+
+static void *w_alloc(lb_backend *be, size_t bytes)
+{
+    double t0;
+    lb_backend *in = inner(be, &t0);
+    void *p = in->alloc(in, bytes);
+    charge(be, OP_alloc, t0);
+    return p;
+}
+
+static double w_sumsq(lb_backend *be, const float *x, size_t n)
+{
+    double t0;
+    lb_backend *in = inner(be, &t0);
+    double s = in->sumsq(in, x, n);
+    charge(be, OP_sumsq, t0);
+    return s;
+}
+
+W(free, (lb_backend *be, void *p), (in, p))
+W(upload, (lb_backend *be, void *d, const void *s, size_t n), (in, d, s, n))
+W(download, (lb_backend *be, void *d, const void *s, size_t n), (in, d, s, n))
+W(copy, (lb_backend *be, void *d, const void *s, size_t n), (in, d, s, n))
+W(zero, (lb_backend *be, void *p, size_t n), (in, p, n))
+W(gemm, (lb_backend *be, const lb_gemm_args *g), (in, g))
+W(gemm_grouped, (lb_backend *be, int count, const lb_gemm_args *g), (in, count, g))
+W(qmat_alloc, (lb_backend *be, struct lb_qmat *q, int r, int c, const struct lb_quant_args *a),
+  (in, q, r, c, a))
+W(qmat_free, (lb_backend *be, struct lb_qmat *q), (in, q))
+W(quantize,
+  (lb_backend *be, struct lb_qmat *q, const float *x, int r, int c, const struct lb_quant_args *a),
+  (in, q, x, r, c, a))
+W(dequantize, (lb_backend *be, float *y, const struct lb_qmat *q), (in, y, q))
+W(gemm_q,
+  (lb_backend *be, int m, int n, int k, float alpha, const struct lb_qmat *a,
+   const struct lb_qmat *b, float beta, float *c),
+  (in, m, n, k, alpha, a, b, beta, c))
+W(hadamard,
+  (lb_backend *be, float *y, const float *x, int rows, int cols, int axis, int hn, uint32_t s),
+  (in, y, x, rows, cols, axis, hn, s))
+W(round_bf16, (lb_backend *be, float *y, const float *x, size_t n), (in, y, x, n))
+W(add, (lb_backend *be, float *y, const float *x, size_t n), (in, y, x, n))
+W(scale, (lb_backend *be, float *x, float s, size_t n), (in, x, s, n))
+W(embedding_fwd, (lb_backend *be, float *o, const int32_t *t, const float *w, int n, int c),
+  (in, o, t, w, n, c))
+W(embedding_bwd, (lb_backend *be, float *dw, const float *d, const int32_t *t, int n, int c),
+  (in, dw, d, t, n, c))
+W(rmsnorm_fwd,
+  (lb_backend *be, float *o, float *r, const float *x, const float *w, int n, int c, float e),
+  (in, o, r, x, w, n, c, e))
+W(rmsnorm_bwd,
+  (lb_backend *be, float *dx, float *dw, const float *d, const float *x, const float *w,
+   const float *r, int n, int c),
+  (in, dx, dw, d, x, w, r, n, c))
+W(rope_fwd, (lb_backend *be, float *x, const int32_t *p, int n, int h, int d, float th),
+  (in, x, p, n, h, d, th))
+W(rope_bwd, (lb_backend *be, float *x, const int32_t *p, int n, int h, int d, float th),
+  (in, x, p, n, h, d, th))
+W(attention_fwd,
+  (lb_backend *be, float *o, float *l, const float *q, const float *k, const float *v, int b,
+   int t, int hq, int hkv, int d),
+  (in, o, l, q, k, v, b, t, hq, hkv, d))
+W(attention_bwd,
+  (lb_backend *be, float *dq, float *dk, float *dv, const float *d, const float *q,
+   const float *k, const float *v, const float *o, const float *l, int b, int t, int hq,
+   int hkv, int dd),
+  (in, dq, dk, dv, d, q, k, v, o, l, b, t, hq, hkv, dd))
+W(kv_append,
+  (lb_backend *be, const lb_kv_layer *c, const float *k, const float *v,
+   const struct lb_qmat *kq, const struct lb_qmat *vq, const int32_t *s, const int32_t *p, int n),
+  (in, c, k, v, kq, vq, s, p, n))
+W(attention_cached,
+  (lb_backend *be, float *o, const float *q, const lb_kv_layer *c, const int32_t *s,
+   const int32_t *p, int n, int hq),
+  (in, o, q, c, s, p, n, hq))
+W(swiglu_fwd, (lb_backend *be, float *o, const float *gu, int n, int f), (in, o, gu, n, f))
+W(swiglu_bwd, (lb_backend *be, float *dgu, const float *d, const float *gu, int n, int f),
+  (in, dgu, d, gu, n, f))
+W(router_topk_fwd,
+  (lb_backend *be, float *p, int32_t *i, float *w, const float *l, int n, int e, int k, int r),
+  (in, p, i, w, l, n, e, k, r))
+W(router_topk_bwd,
+  (lb_backend *be, float *dl, const float *dw, const float *dp, const float *p, const int32_t *i,
+   int n, int e, int k, int r),
+  (in, dl, dw, dp, p, i, n, e, k, r))
+W(moe_aux_loss,
+  (lb_backend *be, float *l, float *dp, const float *p, const int32_t *i, int n, int e, int k),
+  (in, l, dp, p, i, n, e, k))
+W(moe_plan, (lb_backend *be, int32_t *r, int *c, const int32_t *i, int n, int e, int k),
+  (in, r, c, i, n, e, k))
+W(moe_permute, (lb_backend *be, float *xp, const float *x, const int32_t *r, int n, int k, int c),
+  (in, xp, x, r, n, k, c))
+W(moe_permute_bwd,
+  (lb_backend *be, float *dx, const float *dxp, const int32_t *r, int n, int k, int c),
+  (in, dx, dxp, r, n, k, c))
+W(moe_combine,
+  (lb_backend *be, float *o, const float *yp, const float *w, const int32_t *r, int n, int k,
+   int c),
+  (in, o, yp, w, r, n, k, c))
+W(moe_combine_bwd,
+  (lb_backend *be, float *dyp, float *dw, const float *d, const float *yp, const float *w,
+   const int32_t *r, int n, int k, int c),
+  (in, dyp, dw, d, yp, w, r, n, k, c))
+W(cross_entropy_fwd,
+  (lb_backend *be, float *l, const float *lg, const int32_t *t, int n, int v),
+  (in, l, lg, t, n, v))
+W(cross_entropy_bwd,
+  (lb_backend *be, float *d, const float *lg, const int32_t *t, float dl, int n, int v),
+  (in, d, lg, t, dl, n, v))
+W(cross_entropy_bwd_rows,
+  (lb_backend *be, float *d, const float *lg, const int32_t *t, const float *dl, int n, int v),
+  (in, d, lg, t, dl, n, v))
+W(adamw,
+  (lb_backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
+   float b2, float eps, float wd, int step),
+  (in, p, g, m, v, n, lr, b1, b2, eps, wd, step))
+#undef W
+
+static void w_sync(lb_backend *be) { ((prof *)be->ctx)->in->sync(((prof *)be->ctx)->in); }
+
+
+static void print_table(lb_backend *be, FILE *f)
+{
+    prof *p = be->ctx;
+    int order[OP_COUNT];
+    double total = 0.0;
+    for (int i = 0; i < OP_COUNT; i++) {
+        order[i] = i;
+        total += p->seconds[i];
+    }
+    for (int i = 1; i < OP_COUNT; i++)   // insertion sort by decreasing time (40 entries)
+        for (int j = i; j > 0 && p->seconds[order[j]] > p->seconds[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    fprintf(f, "lowbit profile (LB_PROFILE, %s backend, a sync around every operation): %.3f s\n"
+               "  %-24s %10s %12s %7s\n", p->in->name, total, "operation", "calls", "ms",
+            "share");
+    for (int i = 0; i < OP_COUNT; i++) {
+        int o = order[i];
+        if (!p->calls[o]) continue;
+        fprintf(f, "  %-24s %10ld %12.3f %6.1f%%\n", op_name[o], p->calls[o],
+                p->seconds[o] * 1e3, total > 0 ? 100.0 * p->seconds[o] / total : 0.0);
+    }
+}
+
+static void w_destroy(lb_backend *be)
+{
+    prof *p = be->ctx;
+    print_table(be, stderr);
+    p->in->destroy(p->in);
+    free(p);
+    free(be);
+}
+
+lb_backend *lb_backend_profiled(lb_backend *in)
+{
+    prof *p = lb_calloc(1, sizeof *p);
+    p->in = in;
+    lb_backend *be = lb_calloc(1, sizeof *be);
+    *be = *in;   // name and mode; every entry is replaced below
+    be->ctx = p;
+#define X(name) be->name = w_##name;
+    LB_PROFILE_OPS(X)
+#undef X
+    be->sync = w_sync;
+    be->destroy = w_destroy;
+    return be;
+}
