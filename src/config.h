@@ -37,6 +37,7 @@ typedef struct {
         int log_every;
         char metrics_file[LB_PATH_MAX]; // JSON lines; relative to out_dir
         char recompute[8];         // activation recomputation: none | full
+        double optimizer_offload;  // share of the optimizer state kept and updated on the host
     } train;
     struct {
         int save_every;            // steps, 0 = only at the end

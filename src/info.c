@@ -64,6 +64,7 @@ static int check_layout(const lb_config *c, int world_size)
 // What rank r of the layout holds: its model piece built on a counting backend.
 typedef struct {
     size_t weights, opt, acts;     // bytes: parameters (= gradients), optimizer state, activations
+    size_t host;                   // bytes of optimizer state offloaded to host memory
 } rank_memory;
 
 static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char *err,
@@ -87,8 +88,11 @@ static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char
         shard += len / p[r];
     }
     out->weights = n * sizeof(float);
-    // AdamW moments of the shard, and under ZeRO-1 the reduce-scatter's gradient shard
-    out->opt = (zero ? 3 * shard : 2 * n) * sizeof(float);
+    // AdamW moments of the shard (the offloaded share in host memory), and under ZeRO-1 the
+    // reduce-scatter's gradient shard
+    size_t moments = 2 * (zero ? shard : n);
+    out->host = (size_t)(c->train.optimizer_offload * (double)moments + 0.5) * sizeof(float);
+    out->opt = (zero ? shard : 0) * sizeof(float) + moments * sizeof(float) - out->host;
     size_t before = ctx.now;
     size_t rows = (size_t)c->train.micro_batch * c->train.seq_len;
     m->acts = m->def->acts_create(m, c->train.micro_batch, c->train.seq_len);
@@ -140,6 +144,13 @@ static void print_layout(const lb_config *c, int world_size)
                mib(mem.opt), mib(mem.acts), mib(2 * mem.weights + mem.opt + mem.acts));
     }
     if (world > 16) printf("            ... (%d ranks)\n", world);
+    if (c->train.optimizer_offload > 0) {
+        rank_memory mem;
+        if (rank_mem(c, &g, &mem, err, sizeof err) == 0)
+            printf("            optimizer offload: rank 0 keeps %.3f MiB of AdamW moments in "
+                   "host memory (train.optimizer_offload = %g)\n", mib(mem.host),
+                   c->train.optimizer_offload);
+    }
     printf("            weights and grads: this rank's pieces (padded for ZeRO-1); activations: "
            "balanced routing, micro-batches in flight on its pipeline stage\n");
 }

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include "kernels/common.h"
 
 static int gsize(const lb_comm *c) { return c ? c->size : 1; }
@@ -46,8 +47,52 @@ static void add_segments(lb_optimizer *o, const lb_tensor **t, size_t lo, size_t
         lb_optim_segment *prev = o->nseg ? &o->seg[o->nseg - 1] : NULL;
         if (prev && prev->end == b && prev->wd == wd && prev->at + (b - prev->begin) == at)
             prev->end = e;
-        else o->seg[o->nseg++] = (lb_optim_segment){b, e, at, wd};
+        else o->seg[o->nseg++] = (lb_optim_segment){b, e, at, 0, wd, 0};
     }
+}
+
+// Offload: the first `offload` of the segments' parameters (in segment order) keep their moments
+// on the host; a segment across the boundary is cut in two. Moments are packed per side.
+static void place_moments(lb_optimizer *o)
+{
+    size_t total = 0, dev = 0, host = 0, longest = 0;
+    for (int i = 0; i < o->nseg; i++) total += o->seg[i].end - o->seg[i].begin;
+    double f = o->cfg.offload < 0 ? 0 : o->cfg.offload > 1 ? 1 : o->cfg.offload;
+    size_t want = (size_t)(f * (double)total + 0.5);
+    for (int i = 0; i < o->nseg; i++) {
+        lb_optim_segment *s = &o->seg[i];
+        size_t len = s->end - s->begin;
+        if (host < want && host + len > want) {   // cut: [begin, begin + k) host, rest device
+            size_t k = want - host;
+            memmove(s + 2, s + 1, (size_t)(o->nseg - i - 1) * sizeof *s);
+            s[1] = *s;
+            s[1].begin += k;
+            s[1].at += k;
+            s->end = s->begin + k;
+            o->nseg++;
+            len = k;
+        }
+        s->host = host < want;
+        if (s->host) {
+            s->mat = host;
+            host += len;
+            if (len > longest) longest = len;
+        } else {
+            s->mat = dev;
+            dev += len;
+        }
+    }
+    o->dev_len = dev;
+    o->host_len = host;
+    o->host = NULL;
+    if (!host) return;
+    char err[256];
+    o->host = lb_backend_cpu_create(o->cfg.offload_threads, err, sizeof err);
+    if (!o->host) lb_die("optimizer offload: %s", err);
+    o->host_m = lb_calloc(host, sizeof(float));
+    o->host_v = lb_calloc(host, sizeof(float));
+    o->host_p = lb_malloc(longest * sizeof(float));
+    o->host_g = lb_malloc(longest * sizeof(float));
 }
 
 void lb_optimizer_init(lb_optimizer *o, lb_model *m, const lb_optim_config *cfg)
@@ -91,10 +136,8 @@ void lb_optimizer_init_groups(lb_optimizer *o, lb_model *m, const lb_optim_confi
     }
     o->shard_len = zero ? at : m->nparams;
     if (zero) o->grad_shard = be->alloc(be, o->shard_len * sizeof(float));
-    o->adam_m = be->alloc(be, o->shard_len * sizeof(float));
-    o->adam_v = be->alloc(be, o->shard_len * sizeof(float));
     const lb_tensor **t = sorted_tensors(m);
-    o->seg = lb_malloc(((size_t)m->ntensors + 2) * sizeof *o->seg);
+    o->seg = lb_malloc(((size_t)m->ntensors + 3) * sizeof *o->seg);
     o->nseg = 0;
     if (zero)
         for (int r = 0; r < 2; r++)
@@ -102,6 +145,9 @@ void lb_optimizer_init_groups(lb_optimizer *o, lb_model *m, const lb_optim_confi
     else
         add_segments(o, t, 0, m->nparams);
     free(t);
+    place_moments(o);
+    o->adam_m = be->alloc(be, (o->dev_len ? o->dev_len : 1) * sizeof(float));
+    o->adam_v = be->alloc(be, (o->dev_len ? o->dev_len : 1) * sizeof(float));
 }
 
 void lb_optimizer_free(lb_optimizer *o)
@@ -110,6 +156,14 @@ void lb_optimizer_free(lb_optimizer *o)
     be->free(be, o->adam_m);
     be->free(be, o->adam_v);
     if (o->grad_shard) be->free(be, o->grad_shard);
+    if (o->host) {
+        o->host->destroy(o->host);
+        free(o->host_m);
+        free(o->host_v);
+        free(o->host_p);
+        free(o->host_g);
+        o->host = NULL;
+    }
     free(o->seg);
     o->seg = NULL;
 }
@@ -191,9 +245,20 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
     double lr = lb_optimizer_lr(c, step);
     for (int i = 0; i < o->nseg; i++) {
         const lb_optim_segment *s = &o->seg[i];
-        be->adamw(be, m->params + s->begin, grad_at(o, s->begin), o->adam_m + s->at,
-                  o->adam_v + s->at, s->end - s->begin, (float)lr, (float)c->beta1,
-                  (float)c->beta2, (float)c->eps, s->wd, step);
+        size_t len = s->end - s->begin;
+        if (!s->host) {
+            be->adamw(be, m->params + s->begin, grad_at(o, s->begin), o->adam_m + s->mat,
+                      o->adam_v + s->mat, len, (float)lr, (float)c->beta1, (float)c->beta2,
+                      (float)c->eps, s->wd, step);
+            continue;
+        }
+        // offloaded: the same AdamW on host copies, by the CPU backend
+        be->download(be, o->host_p, m->params + s->begin, len * sizeof(float));
+        be->download(be, o->host_g, grad_at(o, s->begin), len * sizeof(float));
+        o->host->adamw(o->host, o->host_p, o->host_g, o->host_m + s->mat, o->host_v + s->mat,
+                       len, (float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps, s->wd,
+                       step);
+        be->upload(be, m->params + s->begin, o->host_p, len * sizeof(float));
     }
     if (o->grad_shard) {
         // Every rank gets every updated shard: the parameters are whole again on every rank.
@@ -211,42 +276,66 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
     return norm;
 }
 
+// The moments in the shard's layout (position seg.at), device and host parts together, into
+// backend buffers dm, dv of shard_len floats (zero elsewhere).
+static void moments_to_shard(lb_optimizer *o, float *dm, float *dv)
+{
+    lb_backend *be = o->m->be;
+    be->zero(be, dm, o->shard_len * sizeof(float));
+    be->zero(be, dv, o->shard_len * sizeof(float));
+    for (int i = 0; i < o->nseg; i++) {
+        const lb_optim_segment *s = &o->seg[i];
+        size_t bytes = (s->end - s->begin) * sizeof(float);
+        if (s->host) {
+            be->upload(be, dm + s->at, o->host_m + s->mat, bytes);
+            be->upload(be, dv + s->at, o->host_v + s->mat, bytes);
+        } else {
+            be->copy(be, dm + s->at, o->adam_m + s->mat, bytes);
+            be->copy(be, dv + s->at, o->adam_v + s->mat, bytes);
+        }
+    }
+}
+
 void lb_optimizer_state_gather(lb_optimizer *o, float *adam_m, float *adam_v)
 {
     lb_model *m = o->m;
     lb_backend *be = m->be;
-    if (!o->grad_shard) {
-        be->copy(be, adam_m, o->adam_m, m->nparams * sizeof(float));
-        be->copy(be, adam_v, o->adam_v, m->nparams * sizeof(float));
+    if (!o->grad_shard) {   // the shard is every parameter, at its own index
+        moments_to_shard(o, adam_m, adam_v);
         return;
     }
+    float *sm = be->alloc(be, o->shard_len * sizeof(float));
+    float *sv = be->alloc(be, o->shard_len * sizeof(float));
+    moments_to_shard(o, sm, sv);
     be->sync(be);
     for (int r = 0; r < 2; r++) {
         lb_comm *g = o->own[r].comm;
         size_t b = m->region_begin[r], at = o->own[r].at, len = o->own[r].len;
         if (gsize(g) < 2) {
-            be->copy(be, adam_m + b, o->adam_m + at, len * sizeof(float));
-            be->copy(be, adam_v + b, o->adam_v + at, len * sizeof(float));
+            be->copy(be, adam_m + b, sm + at, len * sizeof(float));
+            be->copy(be, adam_v + b, sv + at, len * sizeof(float));
             continue;
         }
-        lb_comm_all_gather(g, o->adam_m + at, adam_m + b, len, LB_F32);
-        lb_comm_all_gather(g, o->adam_v + at, adam_v + b, len, LB_F32);
+        lb_comm_all_gather(g, sm + at, adam_m + b, len, LB_F32);
+        lb_comm_all_gather(g, sv + at, adam_v + b, len, LB_F32);
         lb_comm_sync(g);
     }
+    be->free(be, sm);
+    be->free(be, sv);
 }
 
 void lb_optimizer_state_load(lb_optimizer *o, const float *adam_m, const float *adam_v)
 {
-    lb_model *m = o->m;
-    lb_backend *be = m->be;
-    if (!o->grad_shard) {
-        be->copy(be, o->adam_m, adam_m, m->nparams * sizeof(float));
-        be->copy(be, o->adam_v, adam_v, m->nparams * sizeof(float));
-        return;
-    }
-    for (int r = 0; r < 2; r++) {
-        size_t b = o->own[r].begin, at = o->own[r].at, len = o->own[r].len;
-        be->copy(be, o->adam_m + at, adam_m + b, len * sizeof(float));
-        be->copy(be, o->adam_v + at, adam_v + b, len * sizeof(float));
+    lb_backend *be = o->m->be;
+    for (int i = 0; i < o->nseg; i++) {   // full moments are laid out as the parameters
+        const lb_optim_segment *s = &o->seg[i];
+        size_t bytes = (s->end - s->begin) * sizeof(float);
+        if (s->host) {
+            be->download(be, o->host_m + s->mat, adam_m + s->begin, bytes);
+            be->download(be, o->host_v + s->mat, adam_v + s->begin, bytes);
+        } else {
+            be->copy(be, o->adam_m + s->mat, adam_m + s->begin, bytes);
+            be->copy(be, o->adam_v + s->mat, adam_v + s->begin, bytes);
+        }
     }
 }

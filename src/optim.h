@@ -22,14 +22,21 @@ typedef struct {
     double lr, min_lr;
     int warmup_steps, total_steps;     // linear warm-up, then cosine to min_lr at total_steps
     double beta1, beta2, eps, weight_decay, grad_clip;
+    // Optimizer offload (DESIGN.md, Memory): this fraction of the rank's parameters keeps its
+    // AdamW moments in host memory and is updated there by the CPU backend (threads: 0 = all
+    // cores): each step downloads those parameters and gradients and uploads the parameters.
+    double offload;
+    int offload_threads;
 } lb_optim_config;
 
 // A run of parameters with one weight decay (norm weights get none); at: where its first
-// parameter sits in the moment (and ZeRO gradient-shard) arrays.
+// parameter sits in the shard (the ZeRO gradient shard; the moments' checkpoint layout); mat:
+// where its moments start, in adam_m/adam_v or, offloaded (host), in host_m/host_v.
 typedef struct {
     size_t begin, end;                 // parameter indices, begin inclusive
-    size_t at;
+    size_t at, mat;
     float wd;
+    int host;
 } lb_optim_segment;
 
 // The groups a step communicates over (NULL: size 1). Megatron's buckets: the dense region of
@@ -50,9 +57,13 @@ typedef struct {
     // [begin, begin + len) (its ZeRO shard; without ZeRO it updates all but counts only these
     // in the norm), placed at `at` in the shard arrays.
     struct { lb_comm *comm; size_t begin, len, at; } own[2];
-    size_t shard_len;                  // floats of the moment arrays
-    float *adam_m, *adam_v;            // (shard_len) backend memory: the moments
+    size_t shard_len;                  // floats of the shard
+    float *adam_m, *adam_v;            // (dev_len) backend memory: the moments on the device
     float *grad_shard;                 // (shard_len) ZeRO-1: the reduced gradient of the shard
+    size_t dev_len, host_len;          // moments on the device and offloaded to the host
+    float *host_m, *host_v;            // (host_len) host memory: the offloaded moments
+    float *host_p, *host_g;            // (longest host segment) host copies for the update
+    lb_backend *host;                  // the CPU backend that updates them (NULL: no offload)
     int nseg;
     lb_optim_segment *seg;             // the AdamW runs
 } lb_optimizer;

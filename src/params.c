@@ -80,6 +80,9 @@ const lb_param lb_params[] = {
     LB_P(train, log_every, I, "1", 0, BIG, NULL, "progress line every N steps, 0 = off"),
     LB_P(train, metrics_file, S, "metrics.jsonl", 0, 0, NULL,
          "JSON-lines metrics, relative to run.out_dir"),
+    LB_P(train, optimizer_offload, F, "0", 0, 1, NULL,
+         "share of this rank's AdamW moments kept in host memory and updated there by the CPU "
+         "backend (parameters and gradients of that share travel each step)"),
     LB_P(train, recompute, E, "none", 0, 0, "none|full",
          "activation recomputation: full keeps each decoder layer's input only and runs the "
          "layer's forward again before its backward (same bits, less memory)"),

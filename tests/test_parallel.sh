@@ -75,6 +75,10 @@ for run in z2 a2 n2 z4; do
     agree "1 rank vs $run" "$tmp/r1/metrics.jsonl" "$tmp/$run/metrics.jsonl" 1e-5
     same_params "1 rank vs $run" "$(ck r1 10)" "$(ck $run 10)" 1e-5
 done
+# Optimizer offload under ZeRO-1 (half of each shard's moments on the host): the same bits.
+mpi 2 "$bin" train "$cfg" "${small[@]}" --set train.optimizer_offload=0.5 --set run.out_dir="$tmp/o2" \
+    > "$tmp/o2.log" 2>&1 || fail "dp2 offload run: $(tail -n 3 "$tmp/o2.log")"
+same_params "dp2 ZeRO-1 vs dp2 ZeRO-1 with optimizer offload" "$(ck z2 10)" "$(ck o2 10)" 0
 # ZeRO-1 and all-reduce sum the same gradients in the same rank order.
 same_params "dp2 ZeRO-1 vs all-reduce" "$(ck z2 10)" "$(ck a2 10)" 1e-6
 # The full optimizer state is in the checkpoint whatever the sharding.

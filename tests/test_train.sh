@@ -84,4 +84,15 @@ LB_PROFILE=1 "$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set run.out
 diff <(strip "$tmp/a/metrics.jsonl") <(strip "$tmp/prof/metrics.jsonl") || fail "LB_PROFILE changed the run"
 grep -q "^lowbit profile" "$tmp/prof.err" && grep -Eq "^  gemm_grouped +[0-9]+ " "$tmp/prof.err" &&
     grep -Eq "^  attention_bwd +[0-9]+ " "$tmp/prof.err" || fail "LB_PROFILE printed no table"
+# 7. Optimizer offload: 37% of the moments live and are updated in host memory (by the CPU
+#    backend): the same bits, also when a checkpoint is resumed with offload.
+"$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set train.optimizer_offload=0.37 \
+    --set run.out_dir="$tmp/off" > "$tmp/off.log"
+diff <(strip "$tmp/a/metrics.jsonl") <(strip "$tmp/off/metrics.jsonl") || fail "offload changed the run"
+"$cmp" --moments "$tmp/a/checkpoints/step_00000008.safetensors" \
+    "$tmp/off/checkpoints/step_00000008.safetensors" 0 || fail "offload: checkpoints differ"
+"$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set train.optimizer_offload=1 \
+    --set checkpoint.resume="$ck" --set run.out_dir="$tmp/offr" > "$tmp/offr.log"
+"$cmp" --moments "$tmp/a/checkpoints/step_00000008.safetensors" \
+    "$tmp/offr/checkpoints/step_00000008.safetensors" 0 || fail "offload resume: checkpoints differ"
 echo "PASS"
