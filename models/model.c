@@ -426,12 +426,14 @@ void lb_model_set_kv_fp8(lb_model *m, int on) { m->kv_fp8 = !!on; }
 
 int lb_model_set_recompute(lb_model *m, const char *how, char *err, size_t errlen)
 {
-    if (strcmp(how, "none") != 0 && strcmp(how, "full") != 0) {
-        snprintf(err, errlen, "activation recomputation '%s': none or full", how);
-        return -1;
-    }
-    m->recompute = strcmp(how, "full") == 0;
-    return 0;
+    static const char *names[] = {"none", "selective", "full"};   // LB_RECOMPUTE_*
+    for (int i = 0; i < 3; i++)
+        if (strcmp(how, names[i]) == 0) {
+            m->recompute = i;
+            return 0;
+        }
+    snprintf(err, errlen, "activation recomputation '%s': none, selective or full", how);
+    return -1;
 }
 
 lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows)

@@ -190,8 +190,9 @@ struct lb_model {
     // Attention reads k (after RoPE) and v through E4M3 (fp8-block rows, as the fp8 KV cache
     // stores them; straight-through gradient), so training matches an fp8-cache sampler.
     int kv_fp8;
-    // Full activation recomputation: a decoder layer keeps only its input; its other
-    // activations are recomputed before its backward (lb_model_set_recompute).
+    // Activation recomputation (lb_model_set_recompute): LB_RECOMPUTE_SELECTIVE recomputes a
+    // layer's norms, core attention and SwiGLU before its backward; LB_RECOMPUTE_FULL keeps
+    // only each layer's input and runs its whole forward again.
     int recompute;
     // Log-probabilities (lb_model_forward_logprobs and the sampler): backend scratch
     float *lp_loss, *lp_w;         // (lp_cap) per-row losses, per-row backward weights
@@ -274,8 +275,9 @@ void lb_model_forward_logprobs(lb_model *m, const int32_t *tokens, const int32_t
 // After lb_model_forward_logprobs: accumulates d(sum_i dlp[i] * lp_i + aux_scale * AUX) /
 // d params into m->grads. dlp (b*t) host.
 void lb_model_backward_logprobs(lb_model *m, const float *dlp, float aux_scale);
-// Activation recomputation: "none" or "full" (every decoder layer). Applies to activations
-// made after the call. -1 with a message for another name.
+enum { LB_RECOMPUTE_NONE = 0, LB_RECOMPUTE_SELECTIVE, LB_RECOMPUTE_FULL };
+// Activation recomputation: "none", "selective" or "full". Applies to activations made after
+// the call. -1 with a message for another name.
 int lb_model_set_recompute(lb_model *m, const char *how, char *err, size_t errlen);
 // Turns the fp8 KV numerics (m->kv_fp8) on or off for the training forward and new caches.
 void lb_model_set_kv_fp8(lb_model *m, int on);

@@ -307,7 +307,7 @@ static void ffn_create(lb_model *m, ffn_acts *f, int n)
         f->yp = falloc(be, rows * d.C);
     }
     grow(be, &f->gu, &f->cap_gu, rows * 2 * d.F);
-    grow(be, &f->h, &f->cap_h, rows * d.F);
+    grow(be, &f->h, &f->cap_h, rows * d.F);   // a shared h is big enough already
 }
 
 static void ffn_free(lb_model *m, ffn_acts *f)
@@ -339,13 +339,15 @@ typedef struct {
     float *xmid;           // (ns, c) residual after attention
     float *ln2, *rstd2;    // (n, c), (ns)
     ffn_acts f;
+    int shared;            // selective recomputation: the recomputed buffers are a->sel's
 } layer_acts;
 
 typedef struct {
     int b, t, n, ns, nl;   // nl: this stage's layers
     layer_acts *l;         // (nl + 1): only .x is used in the last; only .x of any under recompute
-    int recompute;         // full recomputation: one working layer, re-run before its backward
-    layer_acts work;       // the working layer's buffers (recompute), .x borrowed from l[i]
+    int recompute;         // LB_RECOMPUTE_*: none, selective or full
+    layer_acts work;       // full: the working layer's buffers, .x borrowed from l[i]
+    layer_acts sel;        // selective: the recomputed buffers every layer shares
     float *lnf, *rstdf;    // (ns, c), (ns)
     float *loss;           // (ns) per-token losses
     int32_t *pos;          // (n)
@@ -366,36 +368,85 @@ typedef struct {
 } acts;
 
 // A layer's saved activations (all but its input x) for n rows, ns of them this rank's.
-static void layer_create(lb_model *m, layer_acts *L, int n, int ns)
+// What selective recomputation recomputes (DESIGN.md: norms, SwiGLU / expert activation, core
+// attention): the norm outputs and their rstd, q and k after norm and RoPE, the attention
+// output and its lse, the SwiGLU output. One set serves every layer (sel); the expert
+// activation's rows vary under ep, so its buffer holds the most a rank can receive.
+static void shared_create(lb_model *m, layer_acts *S, int n, int ns)
 {
     lb_backend *be = m->be;
     dims d = dims_of(m);
     size_t C = d.C, D = d.D, hq = d.hq, hkv = d.hkv;
-    L->ln1 = falloc(be, (size_t)n * C);
-    L->rstd1 = falloc(be, ns);
+    size_t rows = is_moe(&m->cfg) ? (size_t)d.ep * n * d.K : (size_t)n;
+    S->ln1 = falloc(be, (size_t)n * C);
+    S->rstd1 = falloc(be, ns);
+    S->qrstd = falloc(be, n * hq);
+    S->qr = falloc(be, n * hq * D);
+    S->krstd = falloc(be, n * hkv);
+    S->kr = falloc(be, n * hkv * D);
+    S->att = falloc(be, n * hq * D);
+    S->lse = falloc(be, n * hq);
+    S->ln2 = falloc(be, n * C);
+    S->rstd2 = falloc(be, ns);
+    grow(be, &S->f.h, &S->f.cap_h, rows * d.F);
+}
+
+// A layer's saved activations (all but its input x) for n rows, ns of them this rank's; with
+// S, the recomputed ones are S's.
+static void layer_create(lb_model *m, layer_acts *L, int n, int ns, const layer_acts *S)
+{
+    lb_backend *be = m->be;
+    dims d = dims_of(m);
+    size_t C = d.C, D = d.D, hq = d.hq, hkv = d.hkv;
     L->q = falloc(be, n * hq * D);
-    L->qrstd = falloc(be, n * hq);
-    L->qr = falloc(be, n * hq * D);
     L->k = falloc(be, n * hkv * D);
-    L->krstd = falloc(be, n * hkv);
-    L->kr = falloc(be, n * hkv * D);
     L->v = falloc(be, n * hkv * D);
-    L->att = falloc(be, n * hq * D);
-    L->lse = falloc(be, n * hq);
     L->xmid = falloc(be, ns * C);
-    L->ln2 = falloc(be, n * C);
-    L->rstd2 = falloc(be, ns);
+    if (S) {
+        L->shared = 1;
+        L->ln1 = S->ln1, L->rstd1 = S->rstd1, L->qrstd = S->qrstd, L->qr = S->qr;
+        L->krstd = S->krstd, L->kr = S->kr, L->att = S->att, L->lse = S->lse;
+        L->ln2 = S->ln2, L->rstd2 = S->rstd2;
+        L->f.h = S->f.h, L->f.cap_h = S->f.cap_h;   // big enough: grow never replaces it
+    } else {
+        L->ln1 = falloc(be, (size_t)n * C);
+        L->rstd1 = falloc(be, ns);
+        L->qrstd = falloc(be, n * hq);
+        L->qr = falloc(be, n * hq * D);
+        L->krstd = falloc(be, n * hkv);
+        L->kr = falloc(be, n * hkv * D);
+        L->att = falloc(be, n * hq * D);
+        L->lse = falloc(be, n * hq);
+        L->ln2 = falloc(be, n * C);
+        L->rstd2 = falloc(be, ns);
+    }
     ffn_create(m, &L->f, n);
 }
 
 static void layer_free(lb_model *m, layer_acts *L)
 {
     lb_backend *be = m->be;
-    void *bufs[] = {L->ln1, L->rstd1, L->q, L->qrstd, L->qr, L->k, L->krstd, L->kr, L->v,
-                    L->att, L->lse, L->xmid, L->ln2, L->rstd2};
+    void *own[] = {L->q, L->k, L->v, L->xmid};
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+        if (own[i]) be->free(be, own[i]);
+    if (L->shared) {
+        L->f.h = NULL;   // sel's
+    } else {
+        void *bufs[] = {L->ln1, L->rstd1, L->qrstd, L->qr, L->krstd, L->kr, L->att, L->lse,
+                        L->ln2, L->rstd2};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) be->free(be, bufs[i]);
+    }
+    ffn_free(m, &L->f);
+}
+
+static void shared_free(lb_model *m, layer_acts *S)
+{
+    lb_backend *be = m->be;
+    void *bufs[] = {S->ln1, S->rstd1, S->qrstd, S->qr, S->krstd, S->kr, S->att, S->lse, S->ln2,
+                    S->rstd2, S->f.h};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
-    ffn_free(m, &L->f);
 }
 
 static void *acts_create(lb_model *m, int b, int t)
@@ -413,11 +464,14 @@ static void *acts_create(lb_model *m, int b, int t)
     a->nl = m->layer_end - m->layer_begin;
     a->l = lb_calloc(a->nl + 1, sizeof *a->l);
     a->recompute = m->recompute;
+    if (a->recompute == LB_RECOMPUTE_SELECTIVE) shared_create(m, &a->sel, (int)n, (int)ns);
     for (int l = 0; l <= a->nl; l++) {
         a->l[l].x = falloc(be, ns * C);
-        if (l < a->nl && !a->recompute) layer_create(m, &a->l[l], (int)n, (int)ns);
+        if (l < a->nl && a->recompute != LB_RECOMPUTE_FULL)
+            layer_create(m, &a->l[l], (int)n, (int)ns,
+                         a->recompute == LB_RECOMPUTE_SELECTIVE ? &a->sel : NULL);
     }
-    if (a->recompute) layer_create(m, &a->work, (int)n, (int)ns);
+    if (a->recompute == LB_RECOMPUTE_FULL) layer_create(m, &a->work, (int)n, (int)ns, NULL);
     a->lnf = falloc(be, ns * C);
     a->rstdf = falloc(be, ns);
     a->loss = falloc(be, ns);
@@ -459,9 +513,10 @@ static void acts_free(lb_model *m, void *p)
     lb_backend *be = m->be;
     for (int l = 0; l <= a->nl; l++) {
         be->free(be, a->l[l].x);
-        if (l < a->nl && !a->recompute) layer_free(m, &a->l[l]);
+        if (l < a->nl && a->recompute != LB_RECOMPUTE_FULL) layer_free(m, &a->l[l]);
     }
-    if (a->recompute) layer_free(m, &a->work);
+    if (a->recompute == LB_RECOMPUTE_FULL) layer_free(m, &a->work);
+    if (a->recompute == LB_RECOMPUTE_SELECTIVE) shared_free(m, &a->sel);
     free(a->l);
     void *bufs[] = {a->lnf, a->rstdf, a->loss, a->pos, a->part, a->dres, a->dln, a->dtmp, a->dq,
                     a->dk, a->dv, a->datt, a->dqr, a->dkr, a->dgu, a->dh, a->dxp, a->dyp,
@@ -635,50 +690,83 @@ static int row_offset(const lb_model *m, int ns) { return m->par.sp ? m->par.tp_
 // saved input.
 static layer_acts *layer_at(acts *a, int i)
 {
-    if (!a->recompute) return &a->l[i];
+    if (a->recompute != LB_RECOMPUTE_FULL) return &a->l[i];
     a->work.x = a->l[i].x;
     return &a->work;
 }
 
 // Decoder layer i of this stage on L->x, into a->l[i + 1].x; returns its load-balancing loss.
-static double layer_fwd(lb_model *m, acts *a, int i, layer_acts *L)
+// RMSNorm of this rank's rows of x into norm's rows (all rows gathered under SP).
+static void norm_rows(lb_model *m, acts *a, const float *x, const float *w, float *norm,
+                      float *rstd)
 {
-    const lb_model_config *c = &m->cfg;
+    dims d = dims_of(m);
+    int r0 = row_offset(m, a->ns);
+    m->be->rmsnorm_fwd(m->be, norm + (size_t)r0 * d.C, rstd, x, w, a->ns, d.C,
+                       (float)m->cfg.rms_norm_eps);
+    tp_gather(m, norm + (size_t)r0 * d.C, norm, a->n, d.C);
+}
+
+// Core attention of layer L from its q, k, v projections: q/k norms, RoPE, what an fp8 KV
+// cache would hold (straight-through backward), attention.
+static void core_attention(lb_model *m, acts *a, layer_acts *L, const layer_w *w)
+{
     lb_backend *be = m->be;
     dims d = dims_of(m);
-    int b = a->b, t = a->t, n = a->n, ns = a->ns, r0 = row_offset(m, ns), C = d.C, D = d.D;
-    int l = m->layer_begin + i;
-    float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
-    lb_linear *lin = &m->lin;
-    layer_w w = layer_weights(m, m->params, l);
-    // attention block: heads split over tp, o_proj row-parallel
-    be->rmsnorm_fwd(be, L->ln1 + (size_t)r0 * C, L->rstd1, L->x, w.ln1, ns, C, eps);
-    tp_gather(m, L->ln1 + (size_t)r0 * C, L->ln1, n, C);
-    lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.q, w.cq, 0, L->q, n, d.hq * D, C, 0.0f);
-    lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.k, w.ck, 0, L->k, n, d.hkv * D, C, 0.0f);
-    lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.v, w.cv, 0, L->v, n, d.hkv * D, C, 0.0f);
-    be->rmsnorm_fwd(be, L->qr, L->qrstd, L->q, w.qn, n * d.hq, D, eps);
-    be->rmsnorm_fwd(be, L->kr, L->krstd, L->k, w.kn, n * d.hkv, D, eps);
+    int n = a->n, D = d.D;
+    float eps = (float)m->cfg.rms_norm_eps, theta = (float)m->cfg.rope_theta;
+    be->rmsnorm_fwd(be, L->qr, L->qrstd, L->q, w->qn, n * d.hq, D, eps);
+    be->rmsnorm_fwd(be, L->kr, L->krstd, L->k, w->kn, n * d.hkv, D, eps);
     be->rope_fwd(be, L->qr, a->pos, n, d.hq, D, theta);
     be->rope_fwd(be, L->kr, a->pos, n, d.hkv, D, theta);
-    if (m->kv_fp8) {   // what an fp8 KV cache would hold (straight-through backward)
+    if (m->kv_fp8) {
         kv_fake_quant(be, L->kr, n * d.hkv, D);
         kv_fake_quant(be, L->v, n * d.hkv, D);
     }
-    be->attention_fwd(be, L->att, L->lse, L->qr, L->kr, L->v, b, t, d.hq, d.hkv, D);
+    be->attention_fwd(be, L->att, L->lse, L->qr, L->kr, L->v, a->b, a->t, d.hq, d.hkv, D);
+}
+
+// Decoder layer i of this stage on L->x, into a->l[i + 1].x; returns its load-balancing loss.
+static double layer_fwd(lb_model *m, acts *a, int i, layer_acts *L)
+{
+    lb_backend *be = m->be;
+    dims d = dims_of(m);
+    int n = a->n, ns = a->ns, C = d.C, D = d.D;
+    int l = m->layer_begin + i;
+    lb_linear *lin = &m->lin;
+    layer_w w = layer_weights(m, m->params, l);
+    // attention block: heads split over tp, o_proj row-parallel
+    norm_rows(m, a, L->x, w.ln1, L->ln1, L->rstd1);
+    lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.q, w.cq, 0, L->q, n, d.hq * D, C, 0.0f);
+    lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.k, w.ck, 0, L->k, n, d.hkv * D, C, 0.0f);
+    lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.v, w.cv, 0, L->v, n, d.hkv * D, C, 0.0f);
+    core_attention(m, a, L, &w);
     float *part = d.tp > 1 ? a->part : L->xmid;
     lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, part, n, C, d.hq * D, 0.0f);
     tp_reduce(m, part, L->xmid, n, C);
     be->add(be, L->xmid, L->x, (size_t)ns * C);
     // feed-forward block: gate_up column-parallel, down row-parallel
     float *xnext = a->l[i + 1].x;
-    be->rmsnorm_fwd(be, L->ln2 + (size_t)r0 * C, L->rstd2, L->xmid, w.ln2, ns, C, eps);
-    tp_gather(m, L->ln2 + (size_t)r0 * C, L->ln2, n, C);
+    norm_rows(m, a, L->xmid, w.ln2, L->ln2, L->rstd2);
     part = d.tp > 1 ? a->part : xnext;
     double aux = ffn_fwd(m, l, &w, &L->f, &a->ms, L->ln2, n, part, 1);
     tp_reduce(m, part, xnext, n, C);
     be->add(be, xnext, L->xmid, (size_t)ns * C);
     return aux;
+}
+
+// Selective recomputation before layer i's backward: the forward's norms, core attention and
+// SwiGLU again from what the layer kept (x, xmid, the q/k/v projections, gate_up's output),
+// with the same operations in the same order, so the same bits.
+static void layer_recompute(lb_model *m, acts *a, int i, layer_acts *L)
+{
+    dims d = dims_of(m);
+    layer_w w = layer_weights(m, m->params, m->layer_begin + i);
+    norm_rows(m, a, L->x, w.ln1, L->ln1, L->rstd1);
+    core_attention(m, a, L, &w);
+    norm_rows(m, a, L->xmid, w.ln2, L->ln2, L->rstd2);
+    int rows = is_moe(&m->cfg) ? L->f.route.nrecv : a->n;
+    if (rows) m->be->swiglu_fwd(m->be, L->f.h, L->f.gu, rows, d.F);
 }
 
 static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t)
@@ -758,7 +846,8 @@ static void backward_logits(lb_model *m, float aux_scale)
         // Recomputation: the layer's forward again, on its saved input, the same operations in
         // the same order, so every activation is the same bits as the first time. Its output
         // (x of layer i + 1, no longer needed) is rewritten with the same values.
-        if (a->recompute) layer_fwd(m, a, i, L);
+        if (a->recompute == LB_RECOMPUTE_FULL) layer_fwd(m, a, i, L);
+        else if (a->recompute == LB_RECOMPUTE_SELECTIVE) layer_recompute(m, a, i, L);
         layer_w w = layer_weights(m, m->params, l);
         layer_w dw = layer_weights(m, G, l);
         // feed-forward block: dres is d loss / d xnext, and passes straight to xmid

@@ -83,9 +83,9 @@ const lb_param lb_params[] = {
     LB_P(train, optimizer_offload, F, "0", 0, 1, NULL,
          "share of this rank's AdamW moments kept in host memory and updated there by the CPU "
          "backend (parameters and gradients of that share travel each step)"),
-    LB_P(train, recompute, E, "none", 0, 0, "none|full",
-         "activation recomputation: full keeps each decoder layer's input only and runs the "
-         "layer's forward again before its backward (same bits, less memory)"),
+    LB_P(train, recompute, E, "none", 0, 0, "none|selective|full",
+         "activation recomputation before each decoder layer's backward: selective recomputes "
+         "its norms, core attention and SwiGLU, full its whole forward (same bits, less memory)"),
 
     // [checkpoint] -----------------------------------------------------------------------------
     LB_P(checkpoint, save_every, I, "0", -1, BIG, NULL,

@@ -121,8 +121,13 @@ for layout in "tp2 2 m1 --set parallel.tp=2" \
     same_params "1 rank vs $name" "$(ck $ref 10)" "$(ck $name 10)" 1e-5
 done
 grep -q "1F1B pipeline" "$tmp/pp2.log" && ok || fail "pp2 does not report the 1F1B schedule"
-# Full activation recomputation under tp2 x pp2 x ep2 (its collectives run again in the
-# backward) gives the same bits as without it.
+# Activation recomputation under tp2 x pp2 x ep2 (full: its collectives run again in the
+# backward) and under sequence parallelism (selective: the gathered norms again) gives the
+# same bits as without it.
+mpi 2 "$bin" train "$cfg" "${mp[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true \
+    --set train.recompute=selective --set run.out_dir="$tmp/rcs" > "$tmp/rcs.log" 2>&1 ||
+    fail "selective recompute run"
+same_params "sp2 with selective recomputation" "$(ck sp2 10)" "$(ck rcs 10)" 0
 mpi 8 "$bin" train "$cfg" "${mp[@]}" --set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2 \
     --set train.recompute=full --set run.out_dir="$tmp/rc8" > "$tmp/rc8.log" 2>&1 || fail "recompute run"
 diff <(strip "$tmp/tp2pp2ep2/metrics.jsonl") <(strip "$tmp/rc8/metrics.jsonl") > /dev/null && ok ||

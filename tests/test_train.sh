@@ -56,27 +56,33 @@ for r in bf16 fp8-block mxfp8 nvfp4-moe mxfp4; do
     echo "recipe $r: loss $first -> $last"
     awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || fail "recipe $r does not train"
 done
-# 5. Full activation recomputation runs every layer's forward again before its backward: the
-#    same bits (metrics and every parameter and moment of the final checkpoint), here for fp32
-#    and for NVFP4 with its 4-bit weight-gradient GEMMs, and less activation memory.
+# 5. Activation recomputation runs a layer's norms, core attention and SwiGLU (selective) or
+#    its whole forward (full) again before its backward: the same bits (metrics and every
+#    parameter and moment of the final checkpoint), here for fp32 and for NVFP4 with its 4-bit
+#    weight-gradient GEMMs, and less activation memory.
 cmp=${LB_BUILDDIR:-.}/tests/ckpt_compare
 for r in fp32 nvfp4-moe; do
-    "$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set precision.recipe=$r \
-        --set train.recompute=full --set run.out_dir="$tmp/rc-$r" > "$tmp/rc.log"
-    [ $r = fp32 ] && ref="$tmp/a" || ref="$tmp/rn-$r"
+    ref="$tmp/a"
     if [ $r != fp32 ]; then
+        ref="$tmp/rn-$r"
         "$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set precision.recipe=$r \
             --set run.out_dir="$ref" > "$tmp/rc.log"
     fi
-    diff <(strip "$ref/metrics.jsonl") <(strip "$tmp/rc-$r/metrics.jsonl") ||
-        fail "recompute ($r): the metrics differ from the run without it"
-    "$cmp" --moments "$ref/checkpoints/step_00000008.safetensors" \
-        "$tmp/rc-$r/checkpoints/step_00000008.safetensors" 0 || fail "recompute ($r): checkpoints differ"
+    for how in selective full; do
+        "$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set precision.recipe=$r \
+            --set train.recompute=$how --set run.out_dir="$tmp/rc-$r-$how" > "$tmp/rc.log"
+        diff <(strip "$ref/metrics.jsonl") <(strip "$tmp/rc-$r-$how/metrics.jsonl") ||
+            fail "recompute $how ($r): the metrics differ from the run without it"
+        "$cmp" --moments "$ref/checkpoints/step_00000008.safetensors" \
+            "$tmp/rc-$r-$how/checkpoints/step_00000008.safetensors" 0 ||
+            fail "recompute $how ($r): checkpoints differ"
+    done
 done
 act() { "$bin" info "$src/examples/tiny-moe.cfg" "$@" | awk '$1 == "per" {getline; print $9}'; }
-a0=$(act) a1=$(act --set train.recompute=full)
-echo "activation MiB per rank: $a0 without recomputation, $a1 with"
-awk -v a="$a0" -v b="$a1" 'BEGIN { exit !(b < 0.5 * a) }' || fail "recompute does not save memory"
+a0=$(act) a1=$(act --set train.recompute=selective) a2=$(act --set train.recompute=full)
+echo "activation MiB per rank: $a0 without recomputation, $a1 selective, $a2 full"
+awk -v a="$a0" -v b="$a1" -v c="$a2" 'BEGIN { exit !(c < 0.5 * a && b < 0.9 * a && c < b) }' ||
+    fail "recomputation does not save memory"
 # 6. LB_PROFILE=1 wraps the backend in a timer that only forwards: the same bits, and a table
 #    of the operations on stderr.
 LB_PROFILE=1 "$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set run.out_dir="$tmp/prof" \
