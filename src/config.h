@@ -36,8 +36,8 @@ typedef struct {
         int val_every, val_batches;
         int log_every;
         char metrics_file[LB_PATH_MAX]; // JSON lines; relative to out_dir
-        char recompute[16];        // activation recomputation: none | selective | full
         double optimizer_offload;  // share of the optimizer state kept and updated on the host
+        char recompute[16];        // activation recomputation: none | selective | full
     } train;
     struct {
         int save_every;            // steps, 0 = only at the end
