@@ -41,6 +41,10 @@ typedef struct {
     float alpha, beta;
     const float *a, *b;
     float *c;
+    // 1: every element of a and b is a bf16 value (the linear layer rounded them). A backend
+    // may then multiply them on bf16 tensor cores: the products are exact in fp32, so only the
+    // order of the fp32 accumulation can differ from the fp32 GEMM. The CPU ignores it.
+    int bf16;
 } lb_gemm_args;
 
 typedef struct lb_backend lb_backend;
@@ -228,7 +232,15 @@ lb_backend *lb_backend_profiled(lb_backend *in);
 static inline void lb_gemm(lb_backend *be, int transa, int transb, int m, int n, int k,
                            float alpha, const float *a, const float *b, float beta, float *c)
 {
-    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c};
+    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 0};
+    be->gemm(be, &g);
+}
+
+// lb_gemm on operands whose every element is a bf16 value (lb_gemm_args.bf16).
+static inline void lb_gemm_bf16(lb_backend *be, int transa, int transb, int m, int n, int k,
+                                float alpha, const float *a, const float *b, float beta, float *c)
+{
+    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 1};
     be->gemm(be, &g);
 }
 

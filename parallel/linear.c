@@ -177,7 +177,7 @@ void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const 
     } else if (F->fmt == LB_FMT_BF16) {
         float *xb = scratch(L, 0, (size_t)n * in);
         round_into(L, xb, x, (size_t)n * in);
-        lb_gemm(be, 0, 1, n, out, in, 1.0f, xb, c->bf16 + e * mat, beta, y);
+        lb_gemm_bf16(be, 0, 1, n, out, in, 1.0f, xb, c->bf16 + e * mat, beta, y);
     } else {
         lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, e, 0));
         gemm_act_q(L, x, n, in, &a, &c->row[e], out, beta, y);
@@ -228,9 +228,11 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
             if (D->mode == LB_BWD_DEQUANTIZED && is_low(F->fmt)) {
                 float *wd = scratch(L, 1, mat);
                 be->dequantize(be, wd, &c->row[e]);
-                wb = wd;
+                wb = wd;   // fp8-block values times fp32 scales: not bf16 values in general
+                lb_gemm(be, 0, 0, n, in, out, 1.0f, dyb, wb, dx_beta, dx);
+            } else {
+                lb_gemm_bf16(be, 0, 0, n, in, out, 1.0f, dyb, wb, dx_beta, dx);
             }
-            lb_gemm(be, 0, 0, n, in, out, 1.0f, dyb, wb, dx_beta, dx);
         } else {
             lb_quant_args a = act_args(L, D, 0, 1, operand_id(layer, role, LB_PASS_DGRAD, e, 0));
             gemm_act_q(L, dy, n, out, &a, &c->col[e], in, dx_beta, dx);
@@ -251,7 +253,10 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
             round_into(L, t, x, (size_t)n * in);
             xb = t;
         }
-        lb_gemm(be, 1, 0, out, in, n, 1.0f, dyb, xb, 1.0f, dw);
+        // a quantized fprop's dequantized activations need not be bf16 values
+        int exact = G->mode != LB_BWD_DEQUANTIZED || !is_low(F->fmt);
+        if (exact) lb_gemm_bf16(be, 1, 0, out, in, n, 1.0f, dyb, xb, 1.0f, dw);
+        else lb_gemm(be, 1, 0, out, in, n, 1.0f, dyb, xb, 1.0f, dw);
     } else {
         const float *hdy = dy, *hx = x;
         int nk = n;   // the reduction length, padded for the Hadamard below
@@ -305,7 +310,7 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
         lb_gemm_args g[groups];
         for (int j = 0; j < groups; j++) {
             g[j] = (lb_gemm_args){0, 1, counts[j], out, in, 1.0f, 0.0f, x + off * in, w + j * mat,
-                                  y + off * out};
+                                  y + off * out, 0};
             off += (size_t)counts[j];
         }
         L->be->gemm_grouped(L->be, groups, g);
@@ -328,9 +333,9 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
         for (int j = 0; j < groups; j++) {
             int mj = counts[j];
             g[j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, dy + off * out, w + j * mat,
-                                  dx + off * in};
+                                  dx + off * in, 0};
             g[groups + j] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, 1.0f, dy + off * out,
-                                           x + off * in, dw + j * mat};
+                                           x + off * in, dw + j * mat, 0};
             off += (size_t)mj;
         }
         L->be->gemm_grouped(L->be, groups, g);

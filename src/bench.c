@@ -117,7 +117,7 @@ static void bench_gemm_format(lb_backend *be, const lb_config *c, const char *wh
             g.args = lb_calloc(groups, sizeof *g.args);
             for (int e = 0; e < groups; e++)
                 g.args[e] = (lb_gemm_args){0, 1, m, n, k, 1.0f, 0.0f, a + (size_t)e * m * k,
-                                           b + (size_t)e * n * k, cc + (size_t)e * m * n};
+                                           b + (size_t)e * n * k, cc + (size_t)e * m * n, 0};
             t = time_it(be, c, run_grouped, &g);
             free(g.args);
         }

@@ -289,6 +289,72 @@ START_TEST(test_gemm)
 }
 END_TEST
 
+// GEMMs of bf16-valued operands (lb_gemm_args.bf16) on bf16 tensor cores (LB_CUDA_BF16=1, a
+// backend of its own): against the CPU's fp32 GEMM on the same values, every transpose, sizes
+// that are not multiples of 8 (the padded leading dimensions), beta 0 and 1; run twice alike
+// in deterministic mode, and one row alone equal to the same row among 300.
+START_TEST(test_gemm_bf16)
+{
+    char err[256];
+    setenv("LB_CUDA_BF16", "1", 1);
+    lb_backend *tc = lb_backend_cuda_create(0, err, sizeof err);
+    unsetenv("LB_CUDA_BF16");
+    ck_assert_msg(tc != NULL, "%s", err);
+    const int shapes[][3] = {{37, 29, 53}, {1, 300, 257}, {129, 77, 300}, {300, 53, 1029}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int bi = 0; bi < 2; bi++) {
+                    int m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
+                    float beta = (float)bi;
+                    size_t sa = (size_t)m * k, sb = (size_t)k * n, sc = (size_t)m * n;
+                    float *a = randn(sa, 1), *b = randn(sb, 1), *c0 = randn(sc, 1);
+                    cpu->round_bf16(cpu, a, a, sa);
+                    cpu->round_bf16(cpu, b, b, sb);
+                    float *ref = hdup(c0, sc * 4);
+                    lb_gemm_bf16(cpu, ta, tb, m, n, k, 1.0f, a, b, beta, ref);
+                    float *da = tc->alloc(tc, sa * 4), *db = tc->alloc(tc, sb * 4);
+                    float *dc = tc->alloc(tc, sc * 4);
+                    tc->upload(tc, da, a, sa * 4);
+                    tc->upload(tc, db, b, sb * 4);
+                    float *out[2];
+                    for (int r = 0; r < 2; r++) {
+                        tc->upload(tc, dc, c0, sc * 4);
+                        lb_gemm_bf16(tc, ta, tb, m, n, k, 1.0f, da, db, beta, dc);
+                        out[r] = lb_malloc(sc * 4);
+                        tc->download(tc, out[r], dc, sc * 4);
+                    }
+                    char what[128];
+                    snprintf(what, sizeof what, "gemm bf16 ta %d tb %d m %d n %d k %d b %g", ta,
+                             tb, m, n, k, beta);
+                    CHECK_NMSE(what, out[0], ref, sc, B_ACCUM);
+                    ck_assert_msg(memcmp(out[0], out[1], sc * 4) == 0, "%s: two runs differ", what);
+                    tc->free(tc, da), tc->free(tc, db), tc->free(tc, dc);
+                    free(a), free(b), free(c0), free(ref), free(out[0]), free(out[1]);
+                }
+    // batch invariance of the fprop: row 17 alone against the same row among 300
+    const int m = 300, k = 1029, n = 384, row = 17;
+    float *x = randn((size_t)m * k, 1), *w = randn((size_t)n * k, 1);
+    cpu->round_bf16(cpu, x, x, (size_t)m * k);
+    cpu->round_bf16(cpu, w, w, (size_t)n * k);
+    float *X = tc->alloc(tc, (size_t)m * k * 4), *W = tc->alloc(tc, (size_t)n * k * 4);
+    float *Y = tc->alloc(tc, (size_t)m * n * 4), *Y1 = tc->alloc(tc, (size_t)n * 4);
+    tc->upload(tc, X, x, (size_t)m * k * 4);
+    tc->upload(tc, W, w, (size_t)n * k * 4);
+    lb_gemm_bf16(tc, 0, 1, m, n, k, 1.0f, X, W, 0.0f, Y);
+    lb_gemm_bf16(tc, 0, 1, 1, n, k, 1.0f, X + (size_t)row * k, W, 0.0f, Y1);
+    float *ym = lb_malloc((size_t)m * n * 4), *y1 = lb_malloc((size_t)n * 4);
+    tc->download(tc, ym, Y, (size_t)m * n * 4);
+    tc->download(tc, y1, Y1, (size_t)n * 4);
+    size_t diff = count_bit_diffs(ym + (size_t)row * n, y1, n);
+    ck_assert_msg(diff == 0, "bf16 gemm: row %d alone differs from the same row among %d in %zu "
+                  "of %d outputs", row, m, diff, n);
+    tc->free(tc, X), tc->free(tc, W), tc->free(tc, Y), tc->free(tc, Y1);
+    free(x), free(w), free(ym), free(y1);
+    tc->destroy(tc);
+}
+END_TEST
+
 // No product (k == 0 or alpha == 0): C = beta C, beta 0 overwriting NaN; m == 0 touches nothing.
 START_TEST(test_gemm_edges)
 {
@@ -333,10 +399,10 @@ START_TEST(test_gemm_grouped)
     float *dc0 = dpoisoned((size_t)m0 * n * 4), *dsent = dput(sentinel, sizeof sentinel);
     float *dc2 = dpoisoned((size_t)5 * n * 4), *dc3 = dput(c3_0, (size_t)n * k * 4);
     lb_gemm_args g[4] = {
-        {0, 1, m0, n, k, 1.0f, 0.0f, da0, dw, dc0},       // fprop
-        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, dw, dsent},     // no tokens
-        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, dc2},     // empty inner dimension
-        {1, 0, n, k, m3, 0.5f, 1.0f, da3, db3, dc3},      // wgrad, accumulating
+        {0, 1, m0, n, k, 1.0f, 0.0f, da0, dw, dc0, 0},       // fprop
+        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, dw, dsent, 0},     // no tokens
+        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, dc2, 0},     // empty inner dimension
+        {1, 0, n, k, m3, 0.5f, 1.0f, da3, db3, dc3, 0},      // wgrad, accumulating
     };
     gpu->gemm_grouped(gpu, 4, g);
     gpu->gemm_grouped(gpu, 0, NULL);   // nothing to do
@@ -1804,6 +1870,7 @@ int main(void)
     TCase *tc = tcase_create("cuda vs cpu");
     tcase_add_test(tc, test_table_and_memory);
     tcase_add_test(tc, test_gemm);
+    tcase_add_test(tc, test_gemm_bf16);
     tcase_add_test(tc, test_gemm_edges);
     tcase_add_test(tc, test_gemm_grouped);
     tcase_add_test(tc, test_add_scale_sumsq);

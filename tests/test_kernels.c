@@ -268,10 +268,10 @@ START_TEST(test_gemm_grouped)
     for (int i = 0; i < 5 * n; i++) c2[i] = NAN;
     float *c3_0 = randn((size_t)n * k, 144, 1), *c3 = fdup(c3_0, (size_t)n * k);
     lb_gemm_args g[4] = {
-        {0, 1, m0, n, k, 1.0f, 0.0f, a0, w, c0},          // fprop
-        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, w, sentinel},   // no tokens
-        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, c2},      // empty inner dimension
-        {1, 0, n, k, m3, 0.5f, 1.0f, a3, b3, c3},         // wgrad, accumulating
+        {0, 1, m0, n, k, 1.0f, 0.0f, a0, w, c0, 0},          // fprop
+        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, w, sentinel, 0},   // no tokens
+        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, c2, 0},      // empty inner dimension
+        {1, 0, n, k, m3, 0.5f, 1.0f, a3, b3, c3, 0},         // wgrad, accumulating
     };
     be->gemm_grouped(be, 4, g);
     double *ref0 = dzeros((size_t)m0 * n), *ref3 = dzeros((size_t)n * k);

@@ -87,8 +87,9 @@ typedef struct {
     size_t workspace_bytes;
     lb_gemm_plan **plans;          // open-addressing hash map of GEMM plans (gemm.cu)
     size_t plan_cap, plan_count;
-    cublasLtMatmulAlgo_t pinned[4];   // deterministic mode: one algorithm per (transa, transb)
-    int pinned_ready[4];
+    cublasLtMatmulAlgo_t pinned[8];   // deterministic mode: one algorithm per (bf16, transa, transb)
+    int pinned_ready[8];              // 1 found, -1 none (bf16: the fp32 path then)
+    int bf16_tc;                   // LB_CUDA_BF16=1: bf16-valued GEMMs on bf16 tensor cores
     int gemm_log;                  // LB_CUDA_GEMM_LOG=1: print every new plan to stderr
     void *gemm_q;                  // gemm_q.cu: its plan cache and pinned algorithms
 

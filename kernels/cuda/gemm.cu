@@ -25,6 +25,13 @@
 // restrictions, which still does not depend on m. doc/backends.md records what this does and
 // does not promise; tests/test_backend_ops.c checks one row alone against the same row in a
 // batch. LB_CUDA_GEMM_LOG=1 prints every plan's algorithm configuration.
+//
+// BF16 tensor cores (LB_CUDA_BF16=1; off by default until it has run on a GPU): a GEMM whose
+// operands are bf16 values (lb_gemm_args.bf16: the linear layer rounded them) converts both to
+// bf16 (exactly) in scratch, with leading dimensions padded to 8 elements (16 bytes), and runs
+// cuBLASLt's bf16 x bf16 -> fp32 GEMM (CUBLAS_COMPUTE_32F: products exact, fp32 accumulation).
+// Deterministic mode pins one algorithm per (transa, transb) as above, tensor cores allowed,
+// still without split-K or workspace; a shape no such algorithm accepts takes the fp32 path.
 #include "kernels/cuda/cuda.cuh"
 
 #include <stdio.h>
@@ -34,7 +41,8 @@
 #define LB_PIN_DIM 4096   // reference shape for the pinned algorithm (m = n = k)
 
 struct lb_gemm_plan {
-    int transa, transb, m, n, k, align_a, align_b, align_c, det;   // the key
+    int transa, transb, m, n, k, align_a, align_b, align_c, det, bf16;   // the key
+    int ok;                               // bf16: 0 when no algorithm fits (the fp32 path)
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;   // cuBLASLt's A (our B), B (our A), C = D
     cublasLtMatmulAlgo_t algo;
@@ -54,7 +62,7 @@ static uint64_t plan_hash(const lb_gemm_plan *k)
 {
     uint64_t h = 0x9e3779b97f4a7c15ull;
     const int f[] = {k->transa, k->transb, k->m, k->n, k->k, k->align_a, k->align_b, k->align_c,
-                     k->det};
+                     k->det, k->bf16};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         h = lb_hash64(h ^ (uint64_t)(uint32_t)f[i]);
     return h;
@@ -64,14 +72,23 @@ static int plan_same(const lb_gemm_plan *a, const lb_gemm_plan *b)
 {
     return a->transa == b->transa && a->transb == b->transb && a->m == b->m && a->n == b->n &&
            a->k == b->k && a->align_a == b->align_a && a->align_b == b->align_b &&
-           a->align_c == b->align_c && a->det == b->det;
+           a->align_c == b->align_c && a->det == b->det && a->bf16 == b->bf16;
 }
 
 // Descriptors of one row-major problem in cuBLASLt's column-major terms (see the top).
+static int64_t pad8(int64_t x) { return (x + 7) / 8 * 8; }
+
+// bf16: the operands are bf16 with their contiguous dimension padded to 8 elements.
 static void make_descs(int transa, int transb, int m, int n, int k, cublasLtMatmulDesc_t *op,
                        cublasLtMatrixLayout_t *la, cublasLtMatrixLayout_t *lb,
-                       cublasLtMatrixLayout_t *lc)
+                       cublasLtMatrixLayout_t *lc, int bf16)
 {
+    cudaDataType_t ty = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    int64_t ldb = transb ? k : n, lda = transa ? m : k;
+    if (bf16) {
+        ldb = pad8(ldb);
+        lda = pad8(lda);
+    }
     LB_CUBLAS_CHECK(cublasLtMatmulDescCreate(op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opa = transb ? CUBLAS_OP_T : CUBLAS_OP_N;   // cuBLASLt's A is our B
     cublasOperation_t opb = transa ? CUBLAS_OP_T : CUBLAS_OP_N;   // cuBLASLt's B is our A
@@ -80,11 +97,11 @@ static void make_descs(int transa, int transb, int m, int n, int k, cublasLtMatm
     LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(*op, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
                                                    sizeof opb));
     // Our B: (k, n) row-major = (n, k) column-major, ld n; transposed: (n, k) = (k, n), ld k.
-    if (transb) LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(la, CUDA_R_32F, k, n, k));
-    else        LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(la, CUDA_R_32F, n, k, n));
+    if (transb) LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(la, ty, k, n, ldb));
+    else        LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(la, ty, n, k, ldb));
     // Our A: (m, k) row-major = (k, m) column-major, ld k; transposed: (k, m) = (m, k), ld m.
-    if (transa) LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(lb, CUDA_R_32F, m, k, m));
-    else        LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(lb, CUDA_R_32F, k, m, k));
+    if (transa) LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(lb, ty, m, k, lda));
+    else        LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(lb, ty, k, m, lda));
     // C (m, n) row-major = (n, m) column-major, ld n.
     LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(lc, CUDA_R_32F, n, m, n));
 }
@@ -102,7 +119,7 @@ static void free_descs(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
 // 4-byte alignment, FMA implementations only. Otherwise: the workspace and the given
 // alignments, everything allowed.
 static cublasLtMatmulPreference_t make_pref(lb_cuda_ctx *cx, int det, int al_a, int al_b,
-                                            int al_c)
+                                            int al_c, int bf16)
 {
     cublasLtMatmulPreference_t pref;
     LB_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -122,6 +139,7 @@ static cublasLtMatmulPreference_t make_pref(lb_cuda_ctx *cx, int det, int al_a, 
         uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE;
         LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
             pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red));
+        if (bf16) return pref;   // bf16 inputs: tensor cores are the point
         // An algorithm is kept when its flags lie inside the mask: allow everything but
         // tensor-core instructions and reduced-precision inputs (TF32, fp16, bf16: the
         // emulated-fp32 paths), leaving plain FFMA kernels.
@@ -133,6 +151,17 @@ static cublasLtMatmulPreference_t make_pref(lb_cuda_ctx *cx, int det, int al_a, 
                                                              &impl, sizeof impl));
     }
     return pref;
+}
+
+// The best algorithm the heuristic offers for these descriptors; 0 when there is none.
+static int try_heuristic(lb_cuda_ctx *cx, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+                         cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc,
+                         cublasLtMatmulPreference_t pref, cublasLtMatmulHeuristicResult_t *r)
+{
+    memset(r, 0, sizeof *r);
+    int got = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(cx->lt, op, la, lb, lc, lc, pref, 1, r, &got);
+    return s == CUBLAS_STATUS_SUCCESS && got >= 1 && r->state == CUBLAS_STATUS_SUCCESS;
 }
 
 // The best algorithm the heuristic offers for these descriptors; dies when there is none.
@@ -164,26 +193,31 @@ static void force_no_splitk(cublasLtMatmulAlgo_t *algo)
         algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof none));
 }
 
-// The deterministic algorithm for (transa, transb), chosen at the reference shape.
-static const cublasLtMatmulAlgo_t *pinned_algo(lb_cuda_ctx *cx, int transa, int transb)
+// The deterministic algorithm for (bf16, transa, transb), chosen at the reference shape; NULL
+// when cuBLASLt offers none (bf16 only: fp32 always has one).
+static const cublasLtMatmulAlgo_t *pinned_algo(lb_cuda_ctx *cx, int transa, int transb, int bf16)
 {
-    int slot = transa * 2 + transb;
+    int slot = bf16 * 4 + transa * 2 + transb;
     if (!cx->pinned_ready[slot]) {
         cublasLtMatmulDesc_t op;
         cublasLtMatrixLayout_t la, lb, lc;
-        make_descs(transa, transb, LB_PIN_DIM, LB_PIN_DIM, LB_PIN_DIM, &op, &la, &lb, &lc);
-        cublasLtMatmulPreference_t pref = make_pref(cx, 1, 4, 4, 4);
+        make_descs(transa, transb, LB_PIN_DIM, LB_PIN_DIM, LB_PIN_DIM, &op, &la, &lb, &lc, bf16);
+        cublasLtMatmulPreference_t pref = make_pref(cx, 1, bf16 ? 16 : 4, bf16 ? 16 : 4, 4, bf16);
         char what[96];
         snprintf(what, sizeof what, "the pinned reference shape (transa %d, transb %d)", transa,
                  transb);
-        cublasLtMatmulHeuristicResult_t r = heuristic(cx, op, la, lb, lc, pref, what);
+        cublasLtMatmulHeuristicResult_t r;
+        int found = bf16 ? try_heuristic(cx, op, la, lb, lc, pref, &r)
+                         : (r = heuristic(cx, op, la, lb, lc, pref, what), 1);
         LB_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
         free_descs(op, la, lb, lc);
-        cx->pinned[slot] = r.algo;
-        force_no_splitk(&cx->pinned[slot]);
-        cx->pinned_ready[slot] = 1;
+        cx->pinned_ready[slot] = found ? 1 : -1;
+        if (found) {
+            cx->pinned[slot] = r.algo;
+            force_no_splitk(&cx->pinned[slot]);
+        }
     }
-    return &cx->pinned[slot];
+    return cx->pinned_ready[slot] == 1 ? &cx->pinned[slot] : NULL;
 }
 
 // One line naming an algorithm's configuration (LB_CUDA_GEMM_LOG and doc/backends.md).
@@ -217,47 +251,69 @@ static void log_plan(const lb_gemm_plan *p)
             splitk, red, swz, custom, inner, cluster, (unsigned long long)impl, p->workspace);
 }
 
+// Whether algo runs this plan's problem without workspace (deterministic mode's rule).
+static int algo_fits(lb_cuda_ctx *cx, const lb_gemm_plan *p, const cublasLtMatmulAlgo_t *algo)
+{
+    cublasLtMatmulHeuristicResult_t r;
+    memset(&r, 0, sizeof r);
+    cublasStatus_t s = cublasLtMatmulAlgoCheck(cx->lt, p->op, p->la, p->lb, p->lc, p->lc, algo, &r);
+    return s == CUBLAS_STATUS_SUCCESS && r.workspaceSize == 0;
+}
+
 static lb_gemm_plan *build_plan(lb_cuda_ctx *cx, const lb_gemm_plan *key)
 {
     lb_gemm_plan *p = (lb_gemm_plan *)lb_calloc(1, sizeof *p);
     *p = *key;
-    make_descs(p->transa, p->transb, p->m, p->n, p->k, &p->op, &p->la, &p->lb, &p->lc);
+    p->ok = 1;
+    make_descs(p->transa, p->transb, p->m, p->n, p->k, &p->op, &p->la, &p->lb, &p->lc, p->bf16);
     char what[128];
     snprintf(what, sizeof what, "transa %d transb %d m %d n %d k %d", p->transa, p->transb, p->m,
              p->n, p->k);
+    int al = p->bf16 ? 16 : 4;   // bf16 operands live in our padded, 256-byte aligned scratch
     if (p->det) {
-        p->algo = *pinned_algo(cx, p->transa, p->transb);
-        cublasLtMatmulHeuristicResult_t r;
-        memset(&r, 0, sizeof r);
-        cublasStatus_t s = cublasLtMatmulAlgoCheck(cx->lt, p->op, p->la, p->lb, p->lc, p->lc,
-                                                   &p->algo, &r);
-        if (s != CUBLAS_STATUS_SUCCESS || r.workspaceSize > 0) {
-            // The pinned algorithm refuses this (n, k): ask the heuristic under the same
-            // restrictions about (LB_PIN_DIM, n, k), which still does not depend on m.
+        const cublasLtMatmulAlgo_t *pin = pinned_algo(cx, p->transa, p->transb, p->bf16);
+        if (pin && algo_fits(cx, p, pin)) {
+            p->algo = *pin;
+        } else {
+            // The pinned algorithm refuses this (n, k) (or there is none): ask the heuristic
+            // under the same restrictions about (LB_PIN_DIM, n, k), which still does not
+            // depend on m.
             cublasLtMatmulDesc_t op;
             cublasLtMatrixLayout_t la, lb, lc;
-            make_descs(p->transa, p->transb, LB_PIN_DIM, p->n, p->k, &op, &la, &lb, &lc);
-            cublasLtMatmulPreference_t pref = make_pref(cx, 1, 4, 4, 4);
-            r = heuristic(cx, op, la, lb, lc, pref, what);
+            make_descs(p->transa, p->transb, LB_PIN_DIM, p->n, p->k, &op, &la, &lb, &lc, p->bf16);
+            cublasLtMatmulPreference_t pref = make_pref(cx, 1, al, al, 4, p->bf16);
+            cublasLtMatmulHeuristicResult_t r;
+            int found = try_heuristic(cx, op, la, lb, lc, pref, &r);
             LB_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
             free_descs(op, la, lb, lc);
-            p->algo = r.algo;
-            force_no_splitk(&p->algo);
-            s = cublasLtMatmulAlgoCheck(cx->lt, p->op, p->la, p->lb, p->lc, p->lc, &p->algo, &r);
-            if (s != CUBLAS_STATUS_SUCCESS || r.workspaceSize > 0)
-                lb_die("cuda gemm: no deterministic (no split-K, no workspace) cuBLASLt "
-                       "algorithm accepts %s: %s", what, cublasLtGetStatusString(s));
+            if (found) {
+                p->algo = r.algo;
+                force_no_splitk(&p->algo);
+            }
+            if (!found || !algo_fits(cx, p, &p->algo)) {
+                if (!p->bf16)
+                    lb_die("cuda gemm: no deterministic (no split-K, no workspace) cuBLASLt "
+                           "algorithm accepts %s", what);
+                p->ok = 0;   // the caller takes the fp32 path
+            }
             p->fallback = 1;
         }
         p->workspace = 0;
     } else {
-        cublasLtMatmulPreference_t pref = make_pref(cx, 0, p->align_a, p->align_b, p->align_c);
-        cublasLtMatmulHeuristicResult_t r = heuristic(cx, p->op, p->la, p->lb, p->lc, pref, what);
+        cublasLtMatmulPreference_t pref =
+            make_pref(cx, 0, p->bf16 ? al : p->align_a, p->bf16 ? al : p->align_b, p->align_c,
+                      p->bf16);
+        cublasLtMatmulHeuristicResult_t r;
+        if (p->bf16) {
+            p->ok = try_heuristic(cx, p->op, p->la, p->lb, p->lc, pref, &r);
+        } else {
+            r = heuristic(cx, p->op, p->la, p->lb, p->lc, pref, what);
+        }
         LB_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
         p->algo = r.algo;
         p->workspace = r.workspaceSize;
     }
-    if (cx->gemm_log) log_plan(p);
+    if (cx->gemm_log && p->ok) log_plan(p);
     return p;
 }
 
@@ -316,6 +372,54 @@ __global__ void gemm_scale_kernel(float *c, float beta, size_t n)
         c[i] *= beta;
 }
 
+// dst (rows, ld) bf16 = src (rows, cols) fp32, columns cols..ld zero. The values are bf16
+// values already (lb_gemm_args.bf16), so the conversion is exact.
+__global__ void to_bf16_kernel(__nv_bfloat16 *__restrict__ dst, const float *__restrict__ src,
+                               int rows, int cols, int ld)
+{
+    size_t n = (size_t)rows * ld;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / ld, c = i % ld;
+        dst[i] = c < (size_t)cols ? __float2bfloat16_rn(src[r * cols + c]) : __float2bfloat16_rn(0.0f);
+    }
+}
+
+// The bf16 tensor-core GEMM of g (bf16-valued operands); 0 when no algorithm takes the shape.
+static int gemm_bf16(lb_backend *be, const lb_gemm_args *g)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    lb_gemm_plan key;
+    memset(&key, 0, sizeof key);
+    key.transa = g->transa ? 1 : 0;
+    key.transb = g->transb ? 1 : 0;
+    key.m = g->m, key.n = g->n, key.k = g->k;
+    key.det = be->deterministic ? 1 : 0;
+    key.bf16 = 1;
+    key.align_a = key.align_b = 16;
+    key.align_c = key.det ? 4 : align_of(g->c, g->n);
+    lb_gemm_plan *p = plan_get(cx, &key);
+    if (!p->ok) return 0;
+    // row-major operands: A (rows_a, cols_a), B (rows_b, cols_b), contiguous cols padded to 8
+    int rows_a = key.transa ? g->k : g->m, cols_a = key.transa ? g->m : g->k;
+    int rows_b = key.transb ? g->n : g->k, cols_b = key.transb ? g->k : g->n;
+    size_t lda = (size_t)pad8(cols_a), ldb = (size_t)pad8(cols_b);
+    size_t o_b = lb_align256((size_t)rows_a * lda * 2);
+    char *sc = (char *)lb_cuda_scratch(cx, o_b + (size_t)rows_b * ldb * 2);
+    __nv_bfloat16 *ab = (__nv_bfloat16 *)sc, *bb = (__nv_bfloat16 *)(sc + o_b);
+    to_bf16_kernel<<<lb_grid((size_t)rows_a * lda, 256, cx), 256, 0, cx->stream>>>(
+        ab, g->a, rows_a, cols_a, (int)lda);
+    LB_CUDA_LAUNCHED(cx);
+    to_bf16_kernel<<<lb_grid((size_t)rows_b * ldb, 256, cx), 256, 0, cx->stream>>>(
+        bb, g->b, rows_b, cols_b, (int)ldb);
+    LB_CUDA_LAUNCHED(cx);
+    LB_CUBLAS_CHECK(cublasLtMatmul(cx->lt, p->op, &g->alpha, bb, p->la, ab, p->lb, &g->beta, g->c,
+                                   p->lc, g->c, p->lc, &p->algo,
+                                   p->workspace ? cx->workspace : NULL, p->workspace, cx->stream));
+    if (cx->sync_each) LB_CUDA_WAIT(cx);
+    return 1;
+}
+
 static void cuda_gemm(lb_backend *be, const lb_gemm_args *g)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
@@ -333,6 +437,7 @@ static void cuda_gemm(lb_backend *be, const lb_gemm_args *g)
         }
         return;
     }
+    if (g->bf16 && cx->bf16_tc && gemm_bf16(be, g)) return;
     lb_gemm_plan key;
     memset(&key, 0, sizeof key);
     key.transa = g->transa ? 1 : 0;
@@ -368,6 +473,8 @@ extern "C" void lb_cuda_init_gemm(lb_backend *be)
     lb_cuda_ctx *cx = lb_cuda(be);
     const char *s = getenv("LB_CUDA_GEMM_LOG");
     cx->gemm_log = s && *s && *s != '0';
+    s = getenv("LB_CUDA_BF16");
+    cx->bf16_tc = s && *s && *s != '0';
     be->gemm = cuda_gemm;
     be->gemm_grouped = cuda_gemm_grouped;
 }
