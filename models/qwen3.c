@@ -367,28 +367,49 @@ typedef struct {
     int32_t *host_targets;                 // (ns) host
 } acts;
 
-// A layer's saved activations (all but its input x) for n rows, ns of them this rank's.
 // What selective recomputation recomputes (DESIGN.md: norms, SwiGLU / expert activation, core
 // attention): the norm outputs and their rstd, q and k after norm and RoPE, the attention
-// output and its lse, the SwiGLU output. One set serves every layer (sel); the expert
-// activation's rows vary under ep, so its buffer holds the most a rank can receive.
-static void shared_create(lb_model *m, layer_acts *S, int n, int ns)
+// output and its lse (and the SwiGLU output, ffn_acts.h).
+static void recomputable_create(lb_model *m, layer_acts *L, int n, int ns)
 {
     lb_backend *be = m->be;
     dims d = dims_of(m);
     size_t C = d.C, D = d.D, hq = d.hq, hkv = d.hkv;
+    L->ln1 = falloc(be, (size_t)n * C);
+    L->rstd1 = falloc(be, ns);
+    L->qrstd = falloc(be, n * hq);
+    L->qr = falloc(be, n * hq * D);
+    L->krstd = falloc(be, n * hkv);
+    L->kr = falloc(be, n * hkv * D);
+    L->att = falloc(be, n * hq * D);
+    L->lse = falloc(be, n * hq);
+    L->ln2 = falloc(be, n * C);
+    L->rstd2 = falloc(be, ns);
+}
+
+static void recomputable_free(lb_model *m, layer_acts *L)
+{
+    lb_backend *be = m->be;
+    void *bufs[] = {L->ln1, L->rstd1, L->qrstd, L->qr, L->krstd, L->kr, L->att, L->lse, L->ln2,
+                    L->rstd2};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(be, bufs[i]);
+}
+
+// One set of those serves every layer under selective recomputation (a->sel); the expert
+// activation's rows vary under ep, so its buffer holds the most a rank can receive.
+static void shared_create(lb_model *m, layer_acts *S, int n, int ns)
+{
+    dims d = dims_of(m);
     size_t rows = is_moe(&m->cfg) ? (size_t)d.ep * n * d.K : (size_t)n;
-    S->ln1 = falloc(be, (size_t)n * C);
-    S->rstd1 = falloc(be, ns);
-    S->qrstd = falloc(be, n * hq);
-    S->qr = falloc(be, n * hq * D);
-    S->krstd = falloc(be, n * hkv);
-    S->kr = falloc(be, n * hkv * D);
-    S->att = falloc(be, n * hq * D);
-    S->lse = falloc(be, n * hq);
-    S->ln2 = falloc(be, n * C);
-    S->rstd2 = falloc(be, ns);
-    grow(be, &S->f.h, &S->f.cap_h, rows * d.F);
+    recomputable_create(m, S, n, ns);
+    grow(m->be, &S->f.h, &S->f.cap_h, rows * d.F);
+}
+
+static void shared_free(lb_model *m, layer_acts *S)
+{
+    recomputable_free(m, S);
+    if (S->f.h) m->be->free(m->be, S->f.h);
 }
 
 // A layer's saved activations (all but its input x) for n rows, ns of them this rank's; with
@@ -409,16 +430,7 @@ static void layer_create(lb_model *m, layer_acts *L, int n, int ns, const layer_
         L->ln2 = S->ln2, L->rstd2 = S->rstd2;
         L->f.h = S->f.h, L->f.cap_h = S->f.cap_h;   // big enough: grow never replaces it
     } else {
-        L->ln1 = falloc(be, (size_t)n * C);
-        L->rstd1 = falloc(be, ns);
-        L->qrstd = falloc(be, n * hq);
-        L->qr = falloc(be, n * hq * D);
-        L->krstd = falloc(be, n * hkv);
-        L->kr = falloc(be, n * hkv * D);
-        L->att = falloc(be, n * hq * D);
-        L->lse = falloc(be, n * hq);
-        L->ln2 = falloc(be, n * C);
-        L->rstd2 = falloc(be, ns);
+        recomputable_create(m, L, n, ns);
     }
     ffn_create(m, &L->f, n);
 }
@@ -429,24 +441,9 @@ static void layer_free(lb_model *m, layer_acts *L)
     void *own[] = {L->q, L->k, L->v, L->xmid};
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
         if (own[i]) be->free(be, own[i]);
-    if (L->shared) {
-        L->f.h = NULL;   // sel's
-    } else {
-        void *bufs[] = {L->ln1, L->rstd1, L->qrstd, L->qr, L->krstd, L->kr, L->att, L->lse,
-                        L->ln2, L->rstd2};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-            if (bufs[i]) be->free(be, bufs[i]);
-    }
+    if (L->shared) L->f.h = NULL;   // sel's
+    else recomputable_free(m, L);
     ffn_free(m, &L->f);
-}
-
-static void shared_free(lb_model *m, layer_acts *S)
-{
-    lb_backend *be = m->be;
-    void *bufs[] = {S->ln1, S->rstd1, S->qrstd, S->qr, S->krstd, S->kr, S->att, S->lse, S->ln2,
-                    S->rstd2, S->f.h};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i]) be->free(be, bufs[i]);
 }
 
 static void *acts_create(lb_model *m, int b, int t)
