@@ -34,6 +34,17 @@ check_zero "fp8 KV cache, 2 mini-batches, KL" "$tmp/rl-more"
 field kl_ref "$tmp/rl-more/metrics.jsonl" | tail -n 2 | awk '$1 <= 0 { exit 1 }' ||
     fail "KL to the reference stayed 0 after updates"
 
+# Memory options in the RL loop: recomputation in the trainer's forward and backward and
+# optimizer offload leave the fp32 run above unchanged, bit for bit.
+"$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" --set train.recompute=full \
+    --set train.optimizer_offload=0.5 --set run.out_dir="$tmp/rl-mem" > "$tmp/rl-mem.log"
+rlstrip() { grep '"reward_mean"' "$1" | sed 's/, "rollout_s".*//'; }
+diff <(rlstrip "$tmp/rl-fp32/metrics.jsonl") <(rlstrip "$tmp/rl-mem/metrics.jsonl") > /dev/null ||
+    fail "recompute + offload changed the RL run"
+"${LB_BUILDDIR:-.}/tests/ckpt_compare" --moments "$tmp/rl-fp32/checkpoints/step_00000003.safetensors" \
+    "$tmp/rl-mem/checkpoints/step_00000003.safetensors" 0 > /dev/null ||
+    fail "recompute + offload: the RL checkpoints differ"
+
 # Resume: the 3 fp32 steps above against their step-2 checkpoint and a resumed third.
 "$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" --set checkpoint.resume="$tmp/rl-fp32/checkpoints/step_00000002.safetensors" \
     --set run.out_dir="$tmp/b" > "$tmp/b.log"
