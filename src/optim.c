@@ -3,6 +3,7 @@
 #include "src/optim.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/common.h"
@@ -55,7 +56,7 @@ static void add_segments(lb_optimizer *o, const lb_tensor **t, size_t lo, size_t
 // on the host; a segment across the boundary is cut in two. Moments are packed per side.
 static void place_moments(lb_optimizer *o)
 {
-    size_t total = 0, dev = 0, host = 0, longest = 0;
+    size_t total = 0, dev = 0, host = 0;
     for (int i = 0; i < o->nseg; i++) total += o->seg[i].end - o->seg[i].begin;
     double f = o->cfg.offload < 0 ? 0 : o->cfg.offload > 1 ? 1 : o->cfg.offload;
     size_t want = (size_t)(f * (double)total + 0.5);
@@ -76,7 +77,6 @@ static void place_moments(lb_optimizer *o)
         if (s->host) {
             s->mat = host;
             host += len;
-            if (len > longest) longest = len;
         } else {
             s->mat = dev;
             dev += len;
@@ -91,8 +91,8 @@ static void place_moments(lb_optimizer *o)
     if (!o->host) lb_die("optimizer offload: %s", err);
     o->host_m = lb_calloc(host, sizeof(float));
     o->host_v = lb_calloc(host, sizeof(float));
-    o->host_p = lb_malloc(longest * sizeof(float));
-    o->host_g = lb_malloc(longest * sizeof(float));
+    o->host_p = lb_malloc(host * sizeof(float));
+    o->host_g = lb_malloc(host * sizeof(float));
 }
 
 void lb_optimizer_init(lb_optimizer *o, lb_model *m, const lb_optim_config *cfg)
@@ -184,6 +184,28 @@ static float *grad_at(lb_optimizer *o, size_t i)
     return o->grad_shard ? o->grad_shard + shard_pos(o, i) : o->m->grads + i;
 }
 
+// The offloaded segments' AdamW on their host copies (a thread of its own, see the step).
+typedef struct {
+    lb_optimizer *o;
+    float lr;
+    int step;
+} host_job;
+
+static void *host_update(void *arg)
+{
+    host_job *j = arg;
+    lb_optimizer *o = j->o;
+    const lb_optim_config *c = &o->cfg;
+    for (int i = 0; i < o->nseg; i++) {
+        const lb_optim_segment *s = &o->seg[i];
+        if (!s->host) continue;
+        o->host->adamw(o->host, o->host_p + s->mat, o->host_g + s->mat, o->host_m + s->mat,
+                       o->host_v + s->mat, s->end - s->begin, j->lr, (float)c->beta1,
+                       (float)c->beta2, (float)c->eps, s->wd, j->step);
+    }
+    return NULL;
+}
+
 // The squared global norm: every rank adds its owned parameters once (a tp-replicated tensor
 // only on tp rank 0), and the world sums that. Owned ranges split every region over its group,
 // pieces of different tp, ep and pipeline ranks are different parameters.
@@ -243,22 +265,36 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
         else be->scale(be, m->grads, s, m->nparams);
     }
     double lr = lb_optimizer_lr(c, step);
+    // Offloaded segments: their parameters and gradients to the host, where a thread updates
+    // them with the CPU backend while the backend updates the others.
+    host_job job = {o, (float)lr, step};
+    pthread_t th;
+    if (o->host) {
+        for (int i = 0; i < o->nseg; i++) {
+            const lb_optim_segment *s = &o->seg[i];
+            if (!s->host) continue;
+            size_t bytes = (s->end - s->begin) * sizeof(float);
+            be->download(be, o->host_p + s->mat, m->params + s->begin, bytes);
+            be->download(be, o->host_g + s->mat, grad_at(o, s->begin), bytes);
+        }
+        if (pthread_create(&th, NULL, host_update, &job) != 0)
+            lb_die("optimizer offload: cannot start the host update thread");
+    }
     for (int i = 0; i < o->nseg; i++) {
         const lb_optim_segment *s = &o->seg[i];
-        size_t len = s->end - s->begin;
-        if (!s->host) {
-            be->adamw(be, m->params + s->begin, grad_at(o, s->begin), o->adam_m + s->mat,
-                      o->adam_v + s->mat, len, (float)lr, (float)c->beta1, (float)c->beta2,
-                      (float)c->eps, s->wd, step);
-            continue;
+        if (s->host) continue;
+        be->adamw(be, m->params + s->begin, grad_at(o, s->begin), o->adam_m + s->mat,
+                  o->adam_v + s->mat, s->end - s->begin, (float)lr, (float)c->beta1,
+                  (float)c->beta2, (float)c->eps, s->wd, step);
+    }
+    if (o->host) {
+        if (pthread_join(th, NULL) != 0) lb_die("optimizer offload: the host update thread failed");
+        for (int i = 0; i < o->nseg; i++) {
+            const lb_optim_segment *s = &o->seg[i];
+            if (s->host)
+                be->upload(be, m->params + s->begin, o->host_p + s->mat,
+                           (s->end - s->begin) * sizeof(float));
         }
-        // offloaded: the same AdamW on host copies, by the CPU backend
-        be->download(be, o->host_p, m->params + s->begin, len * sizeof(float));
-        be->download(be, o->host_g, grad_at(o, s->begin), len * sizeof(float));
-        o->host->adamw(o->host, o->host_p, o->host_g, o->host_m + s->mat, o->host_v + s->mat,
-                       len, (float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps, s->wd,
-                       step);
-        be->upload(be, m->params + s->begin, o->host_p, len * sizeof(float));
     }
     if (o->grad_shard) {
         // Every rank gets every updated shard: the parameters are whole again on every rank.

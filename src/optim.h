@@ -24,7 +24,8 @@ typedef struct {
     double beta1, beta2, eps, weight_decay, grad_clip;
     // Optimizer offload (DESIGN.md, Memory): this fraction of the rank's parameters keeps its
     // AdamW moments in host memory and is updated there by the CPU backend (threads: 0 = all
-    // cores): each step downloads those parameters and gradients and uploads the parameters.
+    // cores) on a thread of its own while the backend updates the rest: each step downloads
+    // those parameters and gradients and uploads the parameters.
     double offload;
     int offload_threads;
 } lb_optim_config;
@@ -62,7 +63,7 @@ typedef struct {
     float *grad_shard;                 // (shard_len) ZeRO-1: the reduced gradient of the shard
     size_t dev_len, host_len;          // moments on the device and offloaded to the host
     float *host_m, *host_v;            // (host_len) host memory: the offloaded moments
-    float *host_p, *host_g;            // (longest host segment) host copies for the update
+    float *host_p, *host_g;            // (host_len) host copies of those parameters, gradients
     lb_backend *host;                  // the CPU backend that updates them (NULL: no offload)
     int nseg;
     lb_optim_segment *seg;             // the AdamW runs
