@@ -6,6 +6,7 @@
 #include "kernels/quant/quant.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static void cpu_qmat_alloc(lb_backend *be, lb_qmat *q, int rows, int cols, const lb_quant_args *a)
 {
@@ -61,9 +62,18 @@ static void cpu_hadamard(lb_backend *be, float *y, const float *x, int rows, int
     lb_hadamard(y, x, rows, cols, axis ? LB_AXIS_COLS : LB_AXIS_ROWS, hn, signs);
 }
 
+// lb_round_bf16 inlined (the bf16 recipe rounds every GEMM operand): round to nearest even
+// on the bits, quiet NaN kept. Elementwise, so threads change nothing.
 static void cpu_round_bf16(lb_backend *be, float *y, const float *x, size_t n)
 {
-    for (size_t i = 0; i < n; i++) y[i] = lb_round_bf16(x[i]);
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (n >= LB_CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        if ((u & 0x7fffffffu) > 0x7f800000u) u = (u | 0x400000u) & 0xffff0000u;   // quiet NaN
+        else u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        memcpy(&y[i], &u, 4);
+    }
 }
 
 void lb_cpu_init_quant(lb_backend *be)

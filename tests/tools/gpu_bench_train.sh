@@ -1,0 +1,42 @@
+#!/bin/bash
+# gpu_bench_train.sh: the training-step table of issue 4 in one GPU call: the PyTorch peer
+# (compiled and eager), then lowbit's step on examples/qwen3-30b-a3b-4l.cfg for each recipe,
+# with the bf16 tensor-core GEMMs (LB_CUDA_BF16=1) as an extra row, and where the time goes
+# (LB_PROFILE=1, the top operations). Prints every measurement line; nothing is asserted.
+#   tests/tools/gpu_bench_train.sh [PEER_SCRIPT]      (run from the built source tree)
+# Environment: CFG [examples/qwen3-30b-a3b-4l.cfg], LOWBIT [./lowbit],
+#   RECIPES ["fp32 bf16 fp8-block nvfp4-moe"], ITERS [2], TIMEOUT_S [150],
+#   BUDGET_S [560], PEER_MODES ["--compile" ""], TOP [12] profile lines per run.
+set -uo pipefail
+peer=${1-../shared/bench/peer_torch_moe.py}
+cfg=${CFG:-examples/qwen3-30b-a3b-4l.cfg} lowbit=${LOWBIT:-./lowbit}
+recipes=${RECIPES-fp32 bf16 fp8-block nvfp4-moe} iters=${ITERS:-2} limit=${TIMEOUT_S:-150}
+top=${TOP:-12}
+deadline=$((SECONDS + ${BUDGET_S:-560}))
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+left() { local l=$((deadline - SECONDS - 10)); [ $l -lt $limit ] && echo $l || echo $limit; }
+echo "# gpu_bench_train: $cfg; $(date -u +%FT%TZ)"
+if [ -f "$peer" ]; then
+    for mode in ${PEER_MODES---compile none}; do
+        [ "$mode" = none ] && mode=
+        l=$(left); [ $l -lt 30 ] && { echo "## peer $mode: skipped, the budget is spent"; continue; }
+        echo "## peer --impl grouped $mode"
+        timeout -k 5 $l python3 "$peer" --impl grouped $mode 2>&1 | tail -n 1
+    done
+fi
+run() {   # NAME "VAR=VALUE ..." ARGS...
+    local name=$1 envs=$2; shift 2
+    local l=$(left)
+    [ $l -lt 30 ] && { echo "## $name: skipped, the budget is spent"; return; }
+    echo "## $name ($l s at most)"
+    env LB_PROFILE=1 $envs timeout -k 5 $l "$lowbit" bench "$cfg" --set bench.kind=train \
+        --set bench.warmup=1 --set bench.iters=$iters "$@" > "$out/$name.out" 2> "$out/$name.err"
+    echo "## $name: exit $?"
+    grep '^train ' "$out/$name.out"
+    sed -n '/^lowbit profile/,$p' "$out/$name.err" | head -n $((top + 2))
+}
+for r in $recipes; do
+    run "$r" LB_CUDA_BF16=0 --set precision.recipe=$r
+    [ "$r" = bf16 ] && run "bf16-tensor-cores" LB_CUDA_BF16=1 --set precision.recipe=bf16
+done
