@@ -366,6 +366,7 @@ static void acts_ensure(lb_model *m, int b, int t)
     m->b = b;
     m->t = t;
     size_t rows = m->par.sp ? n / m->par.tp : n;   // sequence parallel: this rank's rows
+    if (m->ce_chunk > 0 && (size_t)m->ce_chunk < rows) rows = (size_t)m->ce_chunk;   // one chunk
     m->logits = m->last_stage ? be->alloc(be, rows * (size_t)m->cfg.vocab_size * sizeof(float))
                               : NULL;
     m->tokens = be->alloc(be, n * sizeof(int32_t));
@@ -423,6 +424,8 @@ double lb_model_flops_per_token(const lb_model_config *cfg, int seq_len)
 // --- sampling and RL ---------------------------------------------------------------------------
 
 void lb_model_set_kv_fp8(lb_model *m, int on) { m->kv_fp8 = !!on; }
+
+void lb_model_set_ce_chunk(lb_model *m, int rows) { m->ce_chunk = rows > 0 ? rows : 0; }
 
 int lb_model_set_recompute(lb_model *m, const char *how, char *err, size_t errlen)
 {

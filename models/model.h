@@ -194,6 +194,9 @@ struct lb_model {
     // layer's norms, core attention and SwiGLU before its backward; LB_RECOMPUTE_FULL keeps
     // only each layer's input and runs its whole forward again.
     int recompute;
+    // Chunked cross-entropy (lb_model_set_ce_chunk): the LM head and the loss this many rows at
+    // a time, the logits of a chunk recomputed in the backward; 0 = all rows at once.
+    int ce_chunk;
     // Log-probabilities (lb_model_forward_logprobs and the sampler): backend scratch
     float *lp_loss, *lp_w;         // (lp_cap) per-row losses, per-row backward weights
     int32_t *lp_targets;           // (lp_cap)
@@ -275,6 +278,9 @@ void lb_model_forward_logprobs(lb_model *m, const int32_t *tokens, const int32_t
 // After lb_model_forward_logprobs: accumulates d(sum_i dlp[i] * lp_i + aux_scale * AUX) /
 // d params into m->grads. dlp (b*t) host.
 void lb_model_backward_logprobs(lb_model *m, const float *dlp, float aux_scale);
+// Chunked cross-entropy: rows per chunk (0 = off). Only training forwards (with targets) and
+// backwards then work: no logits are kept for log-probabilities. Before the first forward.
+void lb_model_set_ce_chunk(lb_model *m, int rows);
 enum { LB_RECOMPUTE_NONE = 0, LB_RECOMPUTE_SELECTIVE, LB_RECOMPUTE_FULL };
 // Activation recomputation: "none", "selective" or "full". Applies to activations made after
 // the call. -1 with a message for another name.

@@ -680,6 +680,12 @@ static const lb_tensor *find_or_die(const lb_model *m, const char *name)
     return t;
 }
 
+// Rows of logits the LM head makes at a time: all ns, or m->ce_chunk (chunked cross-entropy).
+static int ce_rows(const lb_model *m, int ns)
+{
+    return m->ce_chunk > 0 && m->ce_chunk < ns ? m->ce_chunk : ns;
+}
+
 // Under SP rank r holds rows [r ns, (r + 1) ns) of the residual stream.
 static int row_offset(const lb_model *m, int ns) { return m->par.sp ? m->par.tp_rank * ns : 0; }
 
@@ -790,13 +796,20 @@ static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, 
     const lb_tensor *tn = find_or_die(m, "model.norm.weight");
     const lb_tensor *th = find_or_die(m, "lm_head.weight");
     be->rmsnorm_fwd(be, a->lnf, a->rstdf, a->l[a->nl].x, m->params + tn->offset, ns, C, eps);
-    lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf, m->params + th->offset,
-                  &m->wcache[th - m->tensors], 0, m->logits, ns, d.V, C, 0.0f);
-    if (!targets) return;
-
+    int R = ce_rows(m, ns);
+    if (R < ns && !targets) lb_die("chunked cross-entropy keeps no logits: a forward needs targets");
     // Loss: mean cross-entropy over counted targets, summed in token order in double (each
-    // rank's rows, then the ranks in order under SP).
-    be->cross_entropy_fwd(be, a->loss, m->logits, targets + r0, ns, d.V);
+    // rank's rows, then the ranks in order under SP). Chunked: the LM head and the per-token
+    // losses R rows at a time, so the (rows, vocab) logits never exist whole.
+    for (int r = 0; r < ns; r += R) {
+        int nr = ns - r < R ? ns - r : R;
+        lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf + (size_t)r * C,
+                      m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits, nr, d.V,
+                      C, 0.0f);
+        if (targets)
+            be->cross_entropy_fwd(be, a->loss + r, m->logits, targets + r0 + r, nr, d.V);
+    }
+    if (!targets) return;
     be->download(be, a->host_loss, a->loss, (size_t)ns * sizeof(float));
     be->download(be, a->host_targets, targets + r0, (size_t)ns * sizeof(int32_t));
     double sum = 0.0, count = 0.0;
@@ -817,7 +830,7 @@ static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, 
 // From d loss / d logits in m->logits on the last stage, or d loss / d stage output in
 // stage_grad on an earlier one; aux_scale weighs the load-balancing loss. On a later stage
 // stage_grad ends holding d loss / d stage input.
-static void backward_logits(lb_model *m, float aux_scale)
+static void backward_from(lb_model *m, float aux_scale, int head_done)
 {
     const lb_model_config *c = &m->cfg;
     lb_backend *be = m->be;
@@ -828,12 +841,13 @@ static void backward_logits(lb_model *m, float aux_scale)
     float *G = m->grads;
     lb_linear *lin = &m->lin;
 
-    if (m->last_stage) {   // lm head and final norm
+    if (m->last_stage) {   // lm head (unless done chunk by chunk) and final norm
         const lb_tensor *tn = find_or_die(m, "model.norm.weight");
         const lb_tensor *th = find_or_die(m, "lm_head.weight");
-        lb_linear_bwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf,
-                      m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits, a->dln,
-                      0.0f, G + th->offset, ns, d.V, C);
+        if (!head_done)
+            lb_linear_bwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf,
+                          m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits,
+                          a->dln, 0.0f, G + th->offset, ns, d.V, C);
         be->rmsnorm_bwd(be, a->dres, G + tn->offset, a->dln, a->l[a->nl].x,
                         m->params + tn->offset, a->rstdf, ns, C);
     }
@@ -878,15 +892,42 @@ static void backward_logits(lb_model *m, float aux_scale)
                           m->tokens + r0, ns, C);
 }
 
+static void backward_logits(lb_model *m, float aux_scale)
+{
+    if (ce_rows(m, ((acts *)m->acts)->ns) < ((acts *)m->acts)->ns)
+        lb_die("chunked cross-entropy keeps no logits to start a backward from");
+    backward_from(m, aux_scale, 0);
+}
+
 static void backward(lb_model *m, float loss_scale)
 {
     acts *a = m->acts;
-    if (m->last_stage) {   // the logits buffer becomes d loss / d logits
+    int ns = a->ns, R = ce_rows(m, ns);
+    if (m->last_stage && R == ns) {   // the logits buffer becomes d loss / d logits
         float dce = m->ntokens ? loss_scale / (float)m->ntokens : 0.0f;
-        m->be->cross_entropy_bwd(m->be, m->logits, m->logits, m->targets + row_offset(m, a->ns),
-                                 dce, a->ns, m->cfg.vocab_size);
+        m->be->cross_entropy_bwd(m->be, m->logits, m->logits, m->targets + row_offset(m, ns),
+                                 dce, ns, m->cfg.vocab_size);
+    } else if (m->last_stage) {
+        // Chunked: each chunk's logits again, their gradient, and the LM head's backward for
+        // those rows (d lnf rows overwritten, the weight gradient accumulated chunk by chunk).
+        const lb_model_config *c = &m->cfg;
+        dims d = dims_of(m);
+        const lb_tensor *th = find_or_die(m, "lm_head.weight");
+        float dce = m->ntokens ? loss_scale / (float)m->ntokens : 0.0f;
+        for (int r = 0; r < ns; r += R) {
+            int nr = ns - r < R ? ns - r : R;
+            lb_linear_fwd(&m->lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
+                          a->lnf + (size_t)r * d.C, m->params + th->offset,
+                          &m->wcache[th - m->tensors], 0, m->logits, nr, d.V, d.C, 0.0f);
+            m->be->cross_entropy_bwd(m->be, m->logits, m->logits,
+                                     m->targets + row_offset(m, ns) + r, dce, nr, d.V);
+            lb_linear_bwd(&m->lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
+                          a->lnf + (size_t)r * d.C, m->params + th->offset,
+                          &m->wcache[th - m->tensors], 0, m->logits, a->dln + (size_t)r * d.C,
+                          0.0f, m->grads + th->offset, nr, d.V, d.C);
+        }
     }
-    backward_logits(m, loss_scale * (float)m->cfg.router_aux_loss_coef);
+    backward_from(m, loss_scale * (float)m->cfg.router_aux_loss_coef, R < ns);
 }
 
 // --- cached forward (sampling) -------------------------------------------------------------------

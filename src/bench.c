@@ -229,6 +229,7 @@ static lb_model *bench_model(lb_backend *be, const lb_config *c)
         lb_model_free(m);
         return NULL;
     }
+    lb_model_set_ce_chunk(m, c->train.ce_chunk);
     lb_model_init_params(m, c->run.seed);
     return m;
 }

@@ -37,6 +37,7 @@ typedef struct {
         int log_every;
         char metrics_file[LB_PATH_MAX]; // JSON lines; relative to out_dir
         double optimizer_offload;  // share of the optimizer state kept and updated on the host
+        int ce_chunk;              // chunked cross-entropy: rows of logits at a time, 0 = all
         char recompute[16];        // activation recomputation: none | selective | full
     } train;
     struct {

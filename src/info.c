@@ -80,6 +80,7 @@ static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char
         lb_model_free(m);
         return -1;
     }
+    lb_model_set_ce_chunk(m, c->train.ce_chunk);
     int zero = c->parallel.zero && (g->dp > 1 || g->edp > 1);
     size_t p[2] = {zero ? (size_t)g->dp : 1, zero ? (size_t)g->edp : 1}, n = 0, shard = 0;
     for (int r = 0; r < 2; r++) {   // the regions as the distributed optimizer pads them
@@ -98,9 +99,10 @@ static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char
     m->acts = m->def->acts_create(m, c->train.micro_batch, c->train.seq_len);
     // + logits on the last stage (this rank's rows under SP), tokens and targets; pipeline
     // stages keep up to pp - stage micro-batches in flight
+    size_t lrows = rows / (par.sp ? g->tp : 1);   // rows of logits at a time
+    if (c->train.ce_chunk > 0 && (size_t)c->train.ce_chunk < lrows) lrows = c->train.ce_chunk;
     out->acts = ctx.now - before + rows * 2 * sizeof(int32_t) +
-                (m->last_stage ? rows / (par.sp ? g->tp : 1) * (size_t)c->model.vocab_size *
-                                     sizeof(float) : 0);
+                (m->last_stage ? lrows * (size_t)c->model.vocab_size * sizeof(float) : 0);
     int flight = g->pp - g->pp_rank < c->train.grad_accum / g->dp ? g->pp - g->pp_rank
                                                                  : c->train.grad_accum / g->dp;
     out->acts *= (size_t)(flight > 0 ? flight : 1);

@@ -83,6 +83,9 @@ const lb_param lb_params[] = {
     LB_P(train, optimizer_offload, F, "0", 0, 1, NULL,
          "share of this rank's AdamW moments kept in host memory and updated there by the CPU "
          "backend (parameters and gradients of that share travel each step)"),
+    LB_P(train, ce_chunk, I, "0", 0, 1048576, NULL,
+         "chunked cross-entropy: the LM head and the loss this many rows at a time (the logits "
+         "of a chunk are recomputed in the backward), 0 = all rows at once"),
     LB_P(train, recompute, E, "none", 0, 0, "none|selective|full",
          "activation recomputation before each decoder layer's backward: selective recomputes "
          "its norms, core attention and SwiGLU, full its whole forward (same bits, less memory)"),

@@ -321,6 +321,7 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
                              lb_model_set_recompute(m, c->train.recompute, err, sizeof err) != 0,
                    err))
         return 1;
+    lb_model_set_ce_chunk(m, c->train.ce_chunk);
     lb_optim_config oc = {c->train.lr, c->train.min_lr, c->train.warmup_steps, c->train.steps,
                           c->train.beta1, c->train.beta2, c->train.adam_eps,
                           c->train.weight_decay, c->train.grad_clip,

@@ -87,7 +87,8 @@ echo "1 rank vs z4: parameters and moments: $out"
 
 # 1b. Model parallelism: tp2, sp with tp2, pp2 (4 micro-batches per rank and step), ep2, ep4,
 #     tp2 x ep2, pp2 x dp2, tp2 x pp2 x ep2 (8 ranks), and experts not cut over tp (etp 1: the
-#     tp group's tokens go to the experts in two parts) with ep2 and with sp, against one rank,
+#     tp group's tokens go to the experts in two parts) with ep2 and with sp, and chunked
+#     cross-entropy (37 rows of logits at a time, alone and with pp2 x sp2), against one rank,
 #     for the MoE and, for
 #     the dense column/row split of the fused gate_up, the dense Qwen3 under tp2 with sp. The
 #     learning rate is 3e-4 here (the RL demo's; 3e-3 above): in Adam's first steps an element
@@ -110,6 +111,8 @@ for layout in "tp2 2 m1 --set parallel.tp=2" \
               "pp2dp2 4 m1 --set parallel.pp=2" \
               "tp2pp2ep2 8 m1 --set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2" \
               "tp2etp1ep2 4 m1 --set parallel.tp=2 --set parallel.etp=1 --set parallel.ep=2" \
+              "ce37 1 m1 --set train.ce_chunk=37" \
+              "pp2sp2ce37 4 m1 --set parallel.pp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set train.ce_chunk=37" \
               "sp2etp1 2 m1 --set parallel.tp=2 --set parallel.etp=1 --set parallel.sequence_parallel=true" \
               "dense-sp2 2 d1 --set parallel.tp=2 --set parallel.sequence_parallel=true ${dense[*]}"; do
     set -- $layout
