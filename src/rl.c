@@ -90,19 +90,6 @@ lb_backend *lb_rl_backend(const lb_config *c)
     return be;
 }
 
-lb_model *lb_rl_model_open(const lb_config *c, lb_backend *be, const char *path, char *err,
-                           size_t errlen)
-{
-    lb_model *m = lb_model_create(&c->model, be, err, errlen);
-    if (!m) return NULL;
-    if (lb_model_set_precision(m, &c->precision, c->run.seed, err, errlen) != 0 ||
-        lb_checkpoint_load(path, m, NULL, NULL, NULL, err, errlen) != 0) {
-        lb_model_free(m);
-        return NULL;
-    }
-    lb_model_set_kv_fp8(m, !strcmp(c->sample.kv_cache, "fp8"));
-    return m;
-}
 
 int lb_rl_sampler_config(const lb_config *c, lb_sampler_config *o, char *err, size_t errlen)
 {
@@ -408,6 +395,18 @@ static lb_model *rl_model_piece(const lb_config *c, lb_backend *be, const lb_mod
     }
     if (m) lb_model_set_kv_fp8(m, !strcmp(c->sample.kv_cache, "fp8"));
     return m;
+}
+
+lb_model *lb_rl_model_open(const lb_config *c, lb_backend *be, const lb_model_parallel *par,
+                           const char *path, lb_comm *world, char *err, size_t errlen)
+{
+    lb_model *m = rl_model_piece(c, be, par, err, errlen);   // fails alike on every rank
+    if (!m) return NULL;
+    if (lb_checkpoint_load_weights(path, m, world, world->size > 1 ? &c->parallel : NULL, err,
+                                   errlen) == 0)
+        return m;
+    lb_model_free(m);
+    return NULL;
 }
 
 // One `lowbit rl` run: its configuration (the model section read from rl.init), the parallel

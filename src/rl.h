@@ -19,10 +19,12 @@ int lb_model_config_from_checkpoint(lb_config *c, const char *path, char *err, s
 
 // The backend of run.backend with sample.deterministic applied; NULL after printing why.
 lb_backend *lb_rl_backend(const lb_config *c);
-// A model built from c->model under c->precision and sample.kv_cache, weights (no optimizer
-// state) from checkpoint path. NULL with a message.
-lb_model *lb_rl_model_open(const lb_config *c, lb_backend *be, const char *path, char *err,
-                           size_t errlen);
+// This rank's piece (par) of the model in c with the weights (no optimizer state) of the
+// checkpoint at path, under c's precision, recomputation and KV-cache settings. Collective over
+// world (rank 0 reads and sends every rank its pieces); NULL on every rank when it fails, rank
+// 0's err saying why.
+lb_model *lb_rl_model_open(const lb_config *c, lb_backend *be, const lb_model_parallel *par,
+                           const char *path, lb_comm *world, char *err, size_t errlen);
 
 // The [sample] keys as a sampler configuration (stop tokens parsed). -1 with a message.
 int lb_rl_sampler_config(const lb_config *c, lb_sampler_config *out, char *err, size_t errlen);

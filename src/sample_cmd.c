@@ -7,6 +7,7 @@
 #include "src/commands.h"
 #include "src/data.h"
 #include "src/rl.h"
+#include "src/run.h"
 #include "src/util.h"
 
 #define ERRLEN 2048
@@ -24,30 +25,31 @@ static void print_escaped(const int32_t *tok, int n)
     }
 }
 
+// Every rank reads the same configuration and prompts and so reaches the same verdicts: rank 0
+// alone prints them.
+#define SAY(...)                                   \
+    do {                                           \
+        if (comm->rank == 0) fprintf(stderr, __VA_ARGS__); \
+    } while (0)
+
 int lb_cmd_sample(const lb_config *c0, lb_comm *comm)
 {
     char err[ERRLEN], where[LB_PATH_MAX + 32];
-    if (comm->size > 1) {
-        if (comm->rank == 0)
-            fprintf(stderr, "lowbit sample: %d ranks given; sampling runs on one rank\n",
-                    comm->size);
-        return 1;
-    }
     lb_config cfg = *c0;
     lb_config *c = &cfg;
     if (!c->sample.checkpoint[0]) {
-        fprintf(stderr, "%ssample.checkpoint is empty: name the checkpoint to sample from\n",
+        SAY("%ssample.checkpoint is empty: name the checkpoint to sample from\n",
                 lb_key_where(c, "sample", "checkpoint", where, sizeof where));
         return 1;
     }
     lb_sampler_config sc;
     if (lb_model_config_from_checkpoint(c, c->sample.checkpoint, err, sizeof err) != 0 ||
         lb_rl_sampler_config(c, &sc, err, sizeof err) != 0) {
-        fprintf(stderr, "lowbit sample: %s\n", err);
+        SAY("lowbit sample: %s\n", err);
         return 1;
     }
     if (c->model.vocab_size < LB_BYTE_VOCAB) {
-        fprintf(stderr, "lowbit sample: prompts are bytes; the model's vocabulary has only %d "
+        SAY("lowbit sample: prompts are bytes; the model's vocabulary has only %d "
                         "tokens\n", c->model.vocab_size);
         return 1;
     }
@@ -56,7 +58,7 @@ int lb_cmd_sample(const lb_config *c0, lb_comm *comm)
     char **prompt = NULL;
     char *text = NULL;
     if (is_arith && !strcmp(c->sample.split, "val") && !(c->gen.val_fraction > 0)) {
-        fprintf(stderr, "%sgen.val_fraction is 0: the val split is empty\n",
+        SAY("%sgen.val_fraction is 0: the val split is empty\n",
                 lb_key_where(c, "gen", "val_fraction", where, sizeof where));
         return 1;
     }
@@ -72,7 +74,7 @@ int lb_cmd_sample(const lb_config *c0, lb_comm *comm)
         size_t len;
         text = lb_read_file(c->sample.prompts, &len, err, sizeof err);
         if (!text) {
-            fprintf(stderr, "lowbit sample: %s\n", err);
+            SAY("lowbit sample: %s\n", err);
             return 1;
         }
         for (char *p = text; *p;) {   // one prompt per line; a final line without '\n' counts
@@ -88,12 +90,12 @@ int lb_cmd_sample(const lb_config *c0, lb_comm *comm)
         }
         for (int i = 0; i < np; i++)
             if (!prompt[i][0]) {
-                fprintf(stderr, "%s:%d: empty prompt (every line is one prompt)\n",
+                SAY("%s:%d: empty prompt (every line is one prompt)\n",
                         c->sample.prompts, i + 1);
                 return 1;
             }
         if (!np) {
-            fprintf(stderr, "%s: no prompts\n", c->sample.prompts);
+            SAY("%s: no prompts\n", c->sample.prompts);
             return 1;
         }
     }
@@ -105,23 +107,49 @@ int lb_cmd_sample(const lb_config *c0, lb_comm *comm)
         ptok[i] = lb_malloc((size_t)len * sizeof(int32_t));
         for (int j = 0; j < len; j++) ptok[i][j] = (unsigned char)prompt[i][j];
     }
-    lb_backend *be = lb_rl_backend(c);
-    if (!be) return 1;
-    lb_model *m = lb_rl_model_open(c, be, c->sample.checkpoint, err, sizeof err);
+    // The layout: tensor and expert parallelism split the model over the ranks (every rank
+    // samples every prompt, in lockstep; data-parallel ranks repeat the work); no pipeline or
+    // sequence parallelism in the sampler.
+    lb_grid grid;
+    if (lb_grid_layout(&grid, &c->parallel, comm->size, comm->rank, err, sizeof err) != 0 ||
+        lb_grid_check_built(&c->parallel, err, sizeof err) != 0) {
+        SAY("lowbit sample: %s\n", err);
+        return 1;
+    }
+    if (grid.pp > 1 || (c->parallel.sequence_parallel && grid.tp > 1)) {
+        SAY("%s%s: the sampler runs without pipeline or sequence parallelism\n",
+            lb_key_where(c, "parallel", grid.pp > 1 ? "pp" : "sequence_parallel", where,
+                         sizeof where),
+            grid.pp > 1 ? "parallel.pp > 1" : "parallel.sequence_parallel");
+        return 1;
+    }
+    comm->deterministic = c->parallel.deterministic;
+    if (lb_grid_create(&grid, &c->parallel, comm, err, sizeof err) != 0) lb_die("%s", err);
+    lb_config local = *c;   // one GPU per rank: rank i of a node takes device run.device + i
+    const int cuda = !strcmp(c->run.backend, "cuda");
+    if (cuda && comm->size > 1) local.run.device += lb_comm_local_rank(comm);
+    lb_backend *be = lb_rl_backend(&local);
+    snprintf(err, sizeof err, "the %.32s backend did not open", c->run.backend);
+    if (lb_any_failed(comm, !be, "lowbit sample", err)) return 1;
+    lb_run_comms x;
+    int bad = lb_run_comms_open(&x, &grid, be, cuda, err, sizeof err) != 0;
+    if (lb_any_failed(comm, bad, "lowbit sample", err)) return 1;
+    lb_model_parallel par = lb_run_model_parallel(&grid, &x);
+    lb_model *m = lb_rl_model_open(c, be, &par, c->sample.checkpoint, comm, err, sizeof err);
     if (!m) {
-        fprintf(stderr, "lowbit sample: %s\n", err);
+        SAY("lowbit sample: %s\n", err);
         return 1;
     }
     int capacity = longest + sc.max_new_tokens;
     if (capacity > m->cfg.max_position_embeddings) {
-        fprintf(stderr, "lowbit sample: the longest prompt (%d tokens) plus sample.max_new_tokens "
+        SAY("lowbit sample: the longest prompt (%d tokens) plus sample.max_new_tokens "
                 "(%d) exceeds model.max_position_embeddings (%d)\n", longest, sc.max_new_tokens,
                 m->cfg.max_position_embeddings);
         return 1;
     }
     lb_sampler *smp = lb_sampler_create(m, &sc, capacity, err, sizeof err);
     if (!smp) {
-        fprintf(stderr, "lowbit sample: %s\n", err);
+        SAY("lowbit sample: %s\n", err);
         return 1;
     }
     lb_sample_req *reqs = lb_calloc((size_t)n, sizeof *reqs);
@@ -139,12 +167,12 @@ int lb_cmd_sample(const lb_config *c0, lb_comm *comm)
         }
     lb_sample_stats st;
     if (lb_sampler_run(smp, reqs, n, &st, err, sizeof err) != 0) {
-        fprintf(stderr, "lowbit sample: %s\n", err);
+        SAY("lowbit sample: %s\n", err);
         return 1;
     }
     // prompt<TAB>completion<TAB>sum of log-probs[<TAB>correct|wrong], escaped on one line
     int right = 0, any = 0;
-    for (int i = 0; i < np; i++) {
+    for (int i = 0; i < np && comm->rank == 0; i++) {
         int ok_any = 0;
         for (int s = 0; s < S; s++) {
             const lb_sample_req *r = &reqs[i * S + s];
@@ -169,14 +197,17 @@ int lb_cmd_sample(const lb_config *c0, lb_comm *comm)
         }
         any += ok_any;
     }
-    printf("# %d completions of %d prompts: %ld tokens in %.2f s (%.0f tok/s), %ld forward calls\n",
-           n, np, st.generated, st.seconds, st.generated / (st.seconds > 0 ? st.seconds : 1e-9),
-           st.forwards);
-    if (is_arith)
+    if (comm->rank == 0)
+        printf("# %d completions of %d prompts: %ld tokens in %.2f s (%.0f tok/s), %ld forward "
+               "calls\n", n, np, st.generated, st.seconds,
+               st.generated / (st.seconds > 0 ? st.seconds : 1e-9), st.forwards);
+    if (is_arith && comm->rank == 0)
         printf("# arithmetic (%s split): pass@1 %.4f, pass@%d %.4f\n", c->sample.split,
                (double)right / n, S, (double)any / np);
     lb_sampler_free(smp);
     lb_model_free(m);
+    lb_run_comms_free(&x);
+    lb_grid_free(&grid);
     be->destroy(be);
     for (int i = 0; i < np; i++) {
         free(ptok[i]);

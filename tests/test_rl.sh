@@ -108,6 +108,19 @@ chmod +x "$tmp/len.sh"
 # of a forward's tokens). The reward command (the JSON line's length) gives unequal rewards
 # within groups, so the policy gradient is not zero.
 mpi() { local np=$1; shift; timeout 120 mpirun --oversubscribe -np "$np" "$@"; }
+# lowbit sample on model pieces: tp2, ep2 and tp2 x ep2 draw the one-rank completions (the
+# same seeds; logits equal to rounding, which moves no draw here), printed once, by rank 0.
+for layout in "2 parallel.tp=2" "2 parallel.ep=2" "4 parallel.tp=2 parallel.ep=2"; do
+    set -- $layout
+    np=$1
+    shift
+    sets=()
+    for kv in "$@"; do sets+=(--set "$kv"); done
+    mpi "$np" "$bin" sample "${s[@]}" --set sample.samples=3 "${sets[@]}" > "$tmp/sp" 2> "$tmp/sp.err" ||
+        fail "sample under $*: $(tail -n 3 "$tmp/sp.err")"
+    diff <(grep -av '^#' "$tmp/s1") <(grep -av '^#' "$tmp/sp") > /dev/null ||
+        fail "sample under $*: the completions differ from one rank's"
+done
 dp=("$src/examples/rl-arith.cfg" "${rl[@]}" --set train.lr=0.0003 --set rl.mini_batches=2
     --set rl.micro_batch=2 --set rl.kl_coef=0.05 --set rl.rewards= --set "rl.reward_command=wc -c"
     --set run.threads=1)
