@@ -292,7 +292,7 @@ START_TEST(test_zero_shards)
     char err[512];
     lb_backend *be = lb_backend_cpu_create(1, err, sizeof err);
     ck_assert_ptr_nonnull(be);
-    lb_optim_config oc = {1e-3, 1e-4, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0};
+    lb_optim_config oc = {1e-3, 1e-4, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0, 0, 0};
     lb_model *ref = tiny_model(be);
     lb_model_init_params(ref, 7);
     size_t data[2] = {0, 0};   // parameters per region, without padding
@@ -377,7 +377,7 @@ START_TEST(test_one_rank_shard)
     char err[512];
     lb_backend *be = lb_backend_cpu_create(1, err, sizeof err);
     lb_model *m = tiny_model(be);
-    lb_optim_config oc = {1e-3, 1e-4, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0};
+    lb_optim_config oc = {1e-3, 1e-4, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0, 0, 0};
     lb_optimizer o;
     lb_optimizer_init(&o, m, &oc);
     ck_assert_uint_eq(o.own[0].begin, 0);
@@ -387,6 +387,97 @@ START_TEST(test_one_rank_shard)
     lb_optimizer_free(&o);
     lb_model_free(m);
     be->destroy(be);
+}
+END_TEST
+
+// ---------------------------------------------------------------------------------------------
+// Model pieces: for every layout of up to 8 ranks that divides a small MoE and a small dense
+// model, the pieces of all ranks of one data-parallel index cover every element of every whole
+// tensor, each exactly once from the ranks that write it (tp-replicated tensors from tp rank 0,
+// experts from their owners), and lb_tensor_take inverts lb_tensor_put.
+static void check_pieces(const char *arch, int tp, int etp, int ep, int pp)
+{
+    lb_model_config mc;
+    memset(&mc, 0, sizeof mc);
+    snprintf(mc.arch, sizeof mc.arch, "%s", arch);
+    mc.vocab_size = 37, mc.hidden_size = 12, mc.num_hidden_layers = 4;
+    mc.num_attention_heads = 4, mc.num_key_value_heads = 2, mc.head_dim = 6;
+    mc.intermediate_size = 8, mc.num_experts = 4, mc.num_experts_per_tok = 2;
+    mc.moe_intermediate_size = 4, mc.max_position_embeddings = 64;
+    char err[256];
+    int ng;
+    lb_tensor *whole = lb_model_pieces(&mc, NULL, &ng, err, sizeof err);
+    ck_assert_msg(whole != NULL, "%s", err);
+    for (int gi = 0; gi < ng; gi++) {
+        size_t n = whole[gi].numel;
+        int *hits = lb_calloc(n, sizeof *hits);
+        float *w = lb_malloc(n * sizeof(float)), *back = lb_malloc(n * sizeof(float));
+        for (size_t j = 0; j < n; j++) w[j] = (float)j;
+        // the ranks of dp index 0: (tp_rank, pp_rank), experts folded as etp x ep over tp x ...
+        for (int pr = 0; pr < pp; pr++)
+            for (int tr = 0; tr < tp; tr++)
+                for (int er = 0; er < ep; er++) {
+                    lb_model_parallel par = {tp, tr, 0, ep, er, pp, pr, NULL, NULL, etp, tr % etp};
+                    int np;
+                    lb_tensor *t = lb_model_pieces(&mc, &par, &np, err, sizeof err);
+                    ck_assert_msg(t != NULL, "%s", err);
+                    for (int i = 0; i < np; i++) {
+                        if (t[i].global != gi) continue;
+                        // One copy of each element: a dense piece from ep rank 0 (dense tensors
+                        // are the same on every ep rank), a tp-replicated one from tp rank 0;
+                        // an expert piece from the first etp tp ranks (etp_rank = tp_rank mod
+                        // etp repeats beyond them).
+                        int writes = t[i].expert ? tr < etp
+                                                 : er == 0 && (!t[i].tp_replicated || tr == 0);
+                        float *piece = lb_malloc(t[i].numel * sizeof(float));
+                        lb_tensor_take(&t[i], w, piece);
+                        for (size_t j = 0; j < t[i].numel; j++) {
+                            size_t g = lb_tensor_global_index(&t[i], j);
+                            ck_assert_uint_lt(g, n);
+                            ck_assert(piece[j] == (float)g);
+                            if (writes) hits[g]++;
+                        }
+                        if (writes) lb_tensor_put(&t[i], piece, back);
+                        // fused gate_up: local row r is gate row (r of this rank's share) in the
+                        // first half and the matching up row in the second
+                        if (strstr(t[i].name, "gate_up")) {   // (2f, c) or (experts, 2f, c)
+                            int d = t[i].ndim - 2, rows = (int)t[i].shape[d];
+                            int64_t F = t[i].gshape[d] / 2, f = rows / 2;
+                            int part = t[i].index[d];
+                            size_t inner = (size_t)t[i].shape[d + 1];
+                            size_t ginner = (size_t)t[i].gshape[d + 1];
+                            // the rank's first expert (expert pieces) or the tensor itself
+                            size_t base = d ? (size_t)t[i].index[0] * t[i].shape[0] * 2 * F * ginner
+                                            : 0;
+                            for (int r = 0; r < rows; r++) {
+                                int64_t gr = r < f ? part * f + r : F + part * f + (r - f);
+                                ck_assert_uint_eq(lb_tensor_global_index(&t[i], (size_t)r * inner),
+                                                  base + (size_t)gr * ginner);
+                            }
+                        }
+                        free(piece);
+                    }
+                    free(t);
+                }
+        for (size_t j = 0; j < n; j++)
+            ck_assert_msg(hits[j] == 1, "%s tp %d etp %d ep %d pp %d: %s element %zu written %d "
+                          "times", arch, tp, etp, ep, pp, whole[gi].name, j, hits[j]);
+        ck_assert_int_eq(memcmp(w, back, n * sizeof(float)), 0);
+        free(hits), free(w), free(back);
+    }
+    free(whole);
+}
+
+START_TEST(test_model_pieces)
+{
+    const int layouts[][4] = {{1, 1, 1, 1}, {2, 2, 1, 1}, {2, 1, 1, 1}, {2, 2, 2, 1},
+                              {1, 1, 4, 1}, {2, 1, 2, 2}, {4, 2, 1, 1}, {4, 4, 4, 1},
+                              {2, 2, 2, 4}, {1, 1, 2, 2}};
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+        const int *l = layouts[i];
+        check_pieces("qwen3_moe", l[0], l[1], l[2], l[3]);
+        if (l[2] == 1) check_pieces("qwen3", l[0], l[1], 1, l[3]);
+    }
 }
 END_TEST
 
@@ -444,6 +535,7 @@ int main(void)
     tcase_add_test(tc, test_shape_errors);
     tcase_add_test(tc, test_not_built);
     tcase_add_test(tc, test_zero_shards);
+    tcase_add_test(tc, test_model_pieces);
     tcase_add_test(tc, test_one_rank_shard);
     tcase_add_test(tc, test_loader_skip);
     suite_add_tcase(s, tc);
