@@ -83,9 +83,9 @@ int lb_model_config_from_checkpoint(lb_config *c, const char *path, char *err, s
     return 0;
 }
 
-lb_backend *lb_rl_backend(const lb_config *c)
+lb_backend *lb_rl_backend(const lb_config *c, lb_comm *world)
 {
-    lb_backend *be = lb_backend_open(c);
+    lb_backend *be = lb_run_backend_open(c, world);
     if (be) be->deterministic = c->sample.deterministic;
     return be;
 }
@@ -354,26 +354,34 @@ static int gather(const rl_seq *qs, const int *idx, int count, int T, const floa
 }
 
 // Layouts RL runs on, checked on every rank alike before any work.
-static int check_rl_layout(const lb_config *c, const lb_grid *g, char *err, size_t errlen)
+int lb_sampler_check_layout(const lb_config *c, const lb_grid *g, const char *who, char *err,
+                            size_t errlen)
 {
     char where[LB_PATH_MAX + 32];
     if (g->pp > 1) {
         // the sampler decodes one token at a time through every layer: under pipeline
-        // parallelism each decode step would cross all stages, which RL does not schedule
-        snprintf(err, errlen, "%sparallel.pp = %d: lowbit rl runs without pipeline parallelism "
+        // parallelism each decode step would cross all stages, which nothing schedules
+        snprintf(err, errlen, "%sparallel.pp = %d: %s runs without pipeline parallelism "
                  "(the sampler decodes through every layer on each rank); set parallel.pp = 1",
-                 lb_key_where(c, "parallel", "pp", where, sizeof where), g->pp);
+                 lb_key_where(c, "parallel", "pp", where, sizeof where), g->pp, who);
         return -1;
     }
     if (c->parallel.sequence_parallel) {
         // the sampler's forwards feed single decode tokens of many sequences, not sequences
         // to split over the tensor-parallel ranks
-        snprintf(err, errlen, "%sparallel.sequence_parallel: lowbit rl runs without sequence "
+        snprintf(err, errlen, "%sparallel.sequence_parallel: %s runs without sequence "
                  "parallelism (the sampler's forwards hold decode rows, not sequences to split); "
                  "set parallel.sequence_parallel = false",
-                 lb_key_where(c, "parallel", "sequence_parallel", where, sizeof where));
+                 lb_key_where(c, "parallel", "sequence_parallel", where, sizeof where), who);
         return -1;
     }
+    return 0;
+}
+
+static int check_rl_layout(const lb_config *c, const lb_grid *g, char *err, size_t errlen)
+{
+    char where[LB_PATH_MAX + 32];
+    if (lb_sampler_check_layout(c, g, "lowbit rl", err, errlen) != 0) return -1;
     if (c->rl.prompts < g->dp) {
         snprintf(err, errlen, "%srl.prompts (%d) is smaller than the data-parallel size %d: each "
                  "data-parallel rank samples and trains its own prompts",
@@ -537,11 +545,7 @@ static int rl_open(rl_run *x)
     x->T = lb_arith_prompt_max(c) + x->max_new;
     x->inv_temp = 1.0f / x->sc.temperature;
 
-    // One GPU per rank: rank i of a node takes device run.device + i.
-    lb_config local = *c;
-    if (!strcmp(c->run.backend, "cuda") && comm->size > 1)
-        local.run.device += lb_comm_local_rank(comm);
-    lb_backend *be = x->be = lb_rl_backend(&local);
+    lb_backend *be = x->be = lb_rl_backend(c, comm);   // one GPU per rank
     snprintf(err, sizeof err, "the %.32s backend did not open", c->run.backend);
     if (any_failed(x, !be, err)) return 1;
     int bad = lb_run_comms_open(&x->comms, &x->grid, be, !strcmp(c->run.backend, "cuda"), err,

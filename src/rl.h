@@ -18,7 +18,11 @@ const char *lb_key_where(const lb_config *c, const char *section, const char *ke
 int lb_model_config_from_checkpoint(lb_config *c, const char *path, char *err, size_t errlen);
 
 // The backend of run.backend with sample.deterministic applied; NULL after printing why.
-lb_backend *lb_rl_backend(const lb_config *c);
+lb_backend *lb_rl_backend(const lb_config *c, lb_comm *world);
+// The layouts the sampler runs: no pipeline or sequence parallelism. -1 with a file:line
+// message naming `who` (the command) otherwise.
+int lb_sampler_check_layout(const lb_config *c, const lb_grid *g, const char *who, char *err,
+                            size_t errlen);
 // This rank's piece (par) of the model in c with the weights (no optimizer state) of the
 // checkpoint at path, under c's precision, recomputation and KV-cache settings. Collective over
 // world (rank 0 reads and sends every rank its pieces); NULL on every rank when it fails, rank

@@ -1,11 +1,21 @@
 // run.c: the parallel pieces `lowbit train` and `lowbit rl` share (src/run.h).
 #include "src/run.h"
 
+#include "src/commands.h"
+
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 #include "kernels/common.h"
 #include "src/util.h"
+
+lb_backend *lb_run_backend_open(const lb_config *c, lb_comm *world)
+{
+    lb_config local = *c;
+    if (!strcmp(c->run.backend, "cuda") && world->size > 1)
+        local.run.device += lb_comm_local_rank(world);
+    return lb_backend_open(&local);
+}
 
 int lb_run_comms_open(lb_run_comms *x, lb_grid *g, lb_backend *be, int cuda, char *err,
                       size_t errlen)

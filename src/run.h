@@ -20,6 +20,10 @@ typedef struct {
     int nnccl;                     // how many of nccl are open
 } lb_run_comms;
 
+// The backend of this rank: run.backend, one GPU per rank (rank i of a node takes device
+// run.device + i). NULL after printing why.
+lb_backend *lb_run_backend_open(const lb_config *c, lb_comm *world);
+
 // Opens them in a fixed order (tp, ep, pp, dp, edp): creating an NCCL communicator is
 // collective, so every rank creates its groups in that order, going on after a failure so that
 // none waits in another's creation (a failed group keeps its MPI one). Returns 0, or -1 with the

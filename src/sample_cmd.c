@@ -112,23 +112,15 @@ int lb_cmd_sample(const lb_config *c0, lb_comm *comm)
     // sequence parallelism in the sampler.
     lb_grid grid;
     if (lb_grid_layout(&grid, &c->parallel, comm->size, comm->rank, err, sizeof err) != 0 ||
+        lb_sampler_check_layout(c, &grid, "lowbit sample", err, sizeof err) != 0 ||
         lb_grid_check_built(&c->parallel, err, sizeof err) != 0) {
         SAY("lowbit sample: %s\n", err);
         return 1;
     }
-    if (grid.pp > 1 || (c->parallel.sequence_parallel && grid.tp > 1)) {
-        SAY("%s%s: the sampler runs without pipeline or sequence parallelism\n",
-            lb_key_where(c, "parallel", grid.pp > 1 ? "pp" : "sequence_parallel", where,
-                         sizeof where),
-            grid.pp > 1 ? "parallel.pp > 1" : "parallel.sequence_parallel");
-        return 1;
-    }
     comm->deterministic = c->parallel.deterministic;
     if (lb_grid_create(&grid, &c->parallel, comm, err, sizeof err) != 0) lb_die("%s", err);
-    lb_config local = *c;   // one GPU per rank: rank i of a node takes device run.device + i
     const int cuda = !strcmp(c->run.backend, "cuda");
-    if (cuda && comm->size > 1) local.run.device += lb_comm_local_rank(comm);
-    lb_backend *be = lb_rl_backend(&local);
+    lb_backend *be = lb_rl_backend(c, comm);   // one GPU per rank
     snprintf(err, sizeof err, "the %.32s backend did not open", c->run.backend);
     if (lb_any_failed(comm, !be, "lowbit sample", err)) return 1;
     lb_run_comms x;

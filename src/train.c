@@ -304,11 +304,8 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
         val = lb_loader_open(c->data.val_files, B, T, c->model.vocab_size, err, sizeof err);
         if (any_failed(comm, !val, err)) return 1;
     }
-    // One GPU per rank: rank i of a node takes device run.device + i.
-    lb_config local = *c;
     const int cuda = strcmp(c->run.backend, "cuda") == 0;
-    if (cuda && comm->size > 1) local.run.device += lb_comm_local_rank(comm);
-    lb_backend *be = lb_backend_open(&local);
+    lb_backend *be = lb_run_backend_open(c, comm);   // one GPU per rank
     snprintf(err, sizeof err, "the %s backend did not open", c->run.backend);
     if (any_failed(comm, !be, err)) return 1;
     // Activations, gradients and parameters travel in the backend's memory.
