@@ -199,19 +199,12 @@ lb_model *lb_model_create_parallel(const lb_model_config *cfg, lb_backend *be,
     stage_layers(cfg, &m->par, &m->layer_begin, &m->layer_end);
     m->first_stage = m->par.pp_rank == 0;
     m->last_stage = m->par.pp_rank == m->par.pp - 1;
-    m->nglobal = def->tensors(cfg, NULL);
-    m->gtensors = lb_calloc(m->nglobal, sizeof *m->gtensors);
-    def->tensors(cfg, m->gtensors);
-    size_t goff = 0;
-    for (int i = 0; i < m->nglobal; i++) {
-        lb_tensor *t = &m->gtensors[i];
-        t->numel = 1;
-        for (int d = 0; d < t->ndim; d++) t->numel *= (size_t)t->shape[d];
-        t->global = i;
-        t->offset = goff;
-        goff += t->numel;
+    m->gtensors = lb_model_pieces(cfg, NULL, &m->nglobal, err, errlen);   // the whole tensors
+    m->gparams = 0;
+    for (int i = 0; i < m->nglobal; i++) {   // laid out one after another, in table order
+        m->gtensors[i].offset = m->gparams;
+        m->gparams += m->gtensors[i].numel;
     }
-    m->gparams = goff;
     const size_t one[2] = {1, 1};
     lay_out(m, one);
     m->params = be->alloc(be, m->nparams * sizeof(float));   // zero-filled
