@@ -116,8 +116,8 @@ void lb_optimizer_init_groups(lb_optimizer *o, lb_model *m, const lb_optim_confi
     o->g = *g;
     o->own[0].comm = g->dp;
     o->own[1].comm = g->edp ? g->edp : g->dp;
+    // ZeRO-1 (grad_shard set) when asked for and some group has more than one rank
     int zero = distributed && (gsize(o->own[0].comm) > 1 || gsize(o->own[1].comm) > 1);
-    o->distributed = distributed;
     o->grad_shard = NULL;
     if (zero) {   // equal shards: reduce-scatter and all-gather move equal blocks
         size_t align[2] = {(size_t)gsize(o->own[0].comm), (size_t)gsize(o->own[1].comm)};

@@ -3,12 +3,14 @@
 // weights), the learning-rate schedule, and the weight cache refresh that follows every update.
 //
 // Data parallelism (doc/parallel.md). Every rank adds its micro-batches' gradients (each scaled
-// by 1 / the global number of micro-batches) into m->grads; the step then sums them over
-// dp, so the update is the one a single rank computes over the whole global batch:
-//   - distributed (ZeRO-1, Megatron's distributed optimizer): reduce-scatter the flat gradient
-//     (padded to a multiple of dp), take the global norm from the shards' sums of squares,
-//     AdamW on this rank's shard of the fp32 parameters (the master weights: parameters are
-//     fp32 here) with the moments of that shard only, all-gather the parameters;
+// by 1 / the global number of micro-batches) into m->grads; the step then sums them over the
+// data-parallel group (the experts' over the expert-data-parallel group, after the partial
+// sums of tp-replicated tensors over tp), so the update is the one a single rank computes over
+// the whole global batch:
+//   - distributed (ZeRO-1, Megatron's distributed optimizer): reduce-scatter each region of the
+//     flat gradient (padded to a multiple of its group), take the global norm from the shards'
+//     sums of squares, AdamW on this rank's shard of the fp32 parameters (the master weights:
+//     parameters are fp32 here) with the moments of that shard only, all-gather the parameters;
 //   - otherwise: all-reduce the gradient, and every rank updates every parameter.
 // Weight decay follows the tensor table element by element, so a shard that cuts through a
 // tensor still decays its matrix elements and not its norm weights.
@@ -53,7 +55,6 @@ typedef struct {
     lb_optim_config cfg;
     lb_model *m;
     lb_optim_groups g;
-    int distributed;                   // ZeRO-1 distributed optimizer (else all-reduce)
     // Per region (0 dense, 1 experts; lb_model): its group, and the parameters this rank owns
     // [begin, begin + len) (its ZeRO shard; without ZeRO it updates all but counts only these
     // in the norm), placed at `at` in the shard arrays.
