@@ -289,6 +289,15 @@ static int writes(const rank_place *p, const lb_tensor *t)
     return p->dp_rank == 0 && (!t->tp_replicated || p->par.tp_rank == 0);
 }
 
+// Floats in the largest of n tensors: the message buffers.
+static size_t largest(const lb_tensor *t, int n)
+{
+    size_t most = 1;
+    for (int i = 0; i < n; i++)
+        if (t[i].numel > most) most = t[i].numel;
+    return most;
+}
+
 // A piece travels as one message: parameters, then the two moments.
 static void pack(const lb_tensor *t, const float *host, size_t floats, float *buf)
 {
@@ -314,10 +323,7 @@ int lb_checkpoint_save_parallel(const char *path, lb_optimizer *o, const lb_trai
     be->free(be, av);
     rank_place me;
     place_of(&me, m, pc, world->size, world->rank);
-    size_t maxn = 1;
-    for (int i = 0; i < m->nglobal; i++)
-        if (m->gtensors[i].numel > maxn) maxn = m->gtensors[i].numel;
-    float *buf = lb_malloc(3 * maxn * sizeof(float));
+    float *buf = lb_malloc(3 * largest(m->gtensors, m->nglobal) * sizeof(float));
     int rc = 0;
     if (world->rank != 0) {   // send the pieces this rank writes, in the definition's order
         for (int i = 0; i < me.n; i++) {
@@ -377,24 +383,17 @@ static int scatter_pieces(const char *path, lb_model *m, int nb, float *host, lb
         return -1;
     }
     lb_comm_bcast(world, st, sizeof *st, 0);
-    rank_place me;
-    place_of(&me, m, pc, world->size, world->rank);
+    float *buf = lb_malloc(nb * largest(m->gtensors, m->nglobal) * sizeof(float));
     if (world->rank != 0) {   // every piece this rank holds, in the definition's order
         for (int i = 0; i < m->ntensors; i++) {
             const lb_tensor *t = &m->tensors[i];
-            float *buf = lb_malloc(nb * t->numel * sizeof(float));
             lb_comm_recv(world, buf, nb * t->numel, LB_F32, 0);
             for (int b = 0; b < nb; b++)
                 memcpy(host + b * n + t->offset, buf + b * t->numel, t->numel * sizeof(float));
-            free(buf);
         }
     } else {
         rank_place *all = lb_calloc(world->size, sizeof *all);
         for (int r = 0; r < world->size; r++) place_of(&all[r], m, pc, world->size, r);
-        size_t maxn = 1;
-        for (int i = 0; i < m->nglobal; i++)
-            if (m->gtensors[i].numel > maxn) maxn = m->gtensors[i].numel;
-        float *buf = lb_malloc(nb * maxn * sizeof(float));
         for (int gi = 0; gi < m->nglobal; gi++) {
             const lb_tensor *g = &m->gtensors[gi];
             for (int r = 0; r < world->size; r++) {
@@ -413,9 +412,8 @@ static int scatter_pieces(const char *path, lb_model *m, int nb, float *host, lb
         }
         for (int r = 0; r < world->size; r++) free(all[r].t);
         free(all);
-        free(buf);
     }
-    free(me.t);
+    free(buf);
     free(whole);
     return 0;
 }
