@@ -210,7 +210,7 @@ static void stage_forward(run_ctx *x, const int32_t *in, const int32_t *tg, doub
 static void run_micro_batches(run_ctx *x, int32_t **in, int32_t **tg, double sums[2])
 {
     lb_model *m = x->m;
-    const int M = x->M, B = x->B, T = x->T, pp = x->grid.pp, s = x->grid.pp_rank;
+    const int M = x->M, pp = x->grid.pp, s = x->grid.pp_rank;
     const float scale = 1.0f / x->G;   // the mean over the global batch
     if (pp == 1) {
         for (int j = 0; j < M; j++) {
@@ -220,7 +220,6 @@ static void run_micro_batches(run_ctx *x, int32_t **in, int32_t **tg, double sum
         return;
     }
     const int warm = pp - s - 1 < M ? pp - s - 1 : M;
-    const size_t len = (size_t)B * T * m->cfg.hidden_size / (m->par.sp ? m->par.tp : 1);
     lb_backend *be = m->be;
     lb_comm *ppc = x->comms.pp;
     for (int j = 0; j < warm; j++) {
@@ -237,14 +236,14 @@ static void run_micro_batches(run_ctx *x, int32_t **in, int32_t **tg, double sum
         int f = warm + i;
         use_slot(x, f, warm);
         stage_forward(x, in[f], tg[f], sums);
-        if (!m->last_stage) {   // send this output, receive the gradient of micro-batch i
-            float *y = lb_model_stage_output(m);
-            use_slot(x, i, warm);
+        float *y = m->last_stage ? NULL : lb_model_stage_output(m);
+        use_slot(x, i, warm);
+        const size_t len = lb_model_stage_floats(m);   // every slot holds (B, T)
+        if (y) {   // send this output, receive the gradient of micro-batch i
             be->sync(be);
             lb_comm_send_recv(ppc, y, len, s + 1, lb_model_stage_grad(m), len, s + 1, LB_F32);
             lb_comm_sync(ppc);
         }
-        use_slot(x, i, warm);
         lb_model_backward(m, scale);
         if (m->first_stage) continue;
         float *dx = lb_model_stage_grad(m);
@@ -259,6 +258,7 @@ static void run_micro_batches(run_ctx *x, int32_t **in, int32_t **tg, double sum
     }
     for (int i = M - warm; i < M; i++) {   // drain: the last backwards
         use_slot(x, i, warm);
+        const size_t len = lb_model_stage_floats(m);
         lb_comm_recv(ppc, lb_model_stage_grad(m), len, LB_F32, s + 1);
         lb_comm_sync(ppc);
         lb_model_backward(m, scale);
