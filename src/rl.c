@@ -602,12 +602,13 @@ static void rl_announce(const rl_run *x)
     char layout[256], how[320] = "one rank";
     lb_grid_describe(g, layout, sizeof layout);
     if (x->world->size > 1)
-        snprintf(how, sizeof how, "prompt j on data-parallel rank j mod %d%s%s; %s over %s%s",
+        snprintf(how, sizeof how,
+                 "prompt j on data-parallel rank j mod %d%s%s; %s; collectives over %s%s",
                  g->dp, g->tp > 1 ? "; tensor-parallel ranks sample in lockstep" : "",
                  g->ep > 1 ? "; expert-parallel ranks run their busiest rank's number of "
                              "forwards (idle rows fill the rest)" : "",
                  c->parallel.zero ? "ZeRO-1 distributed optimizer" : "all-reduced gradients",
-                 x->comms.dp->ops->name, c->parallel.deterministic ? ", rank-order sums" : "");
+                 x->comms.nnccl ? "nccl" : "mpi", c->parallel.deterministic ? ", rank-order sums" : "");
     printf("# resolved configuration\n%s\n", x->ini);
     if (x->be->deterministic && !strcmp(c->precision.nvfp4_scale, "per-tensor"))
         printf("warning: precision.nvfp4_scale = per-tensor scales NVFP4 activations by the "

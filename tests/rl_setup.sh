@@ -6,6 +6,8 @@
 #   check_zero NAME DIR
 #                   three steps, every train-rollout log-prob difference and its maximum
 #                   exactly 0, the weights moved, an evaluation ran
+#   same_run REF RUN [KL_SCALE]
+#                   RUN (a parallel layout) against REF (one rank): see below
 "$bin" data "$src/examples/tiny-moe.cfg" --set gen.output="$tmp/arith" --set gen.problems=3000 \
     > /dev/null
 "$bin" train "$src/examples/tiny-moe.cfg" --set data.train_files="$tmp/arith_train_*.bin" \
@@ -36,3 +38,34 @@ check_zero() {
     grep -q '"eval_pass_at_1"' "$m" || fail "$1: no evaluation"
     echo "$1: train_rollout_logprob_abs_diff = 0 on every step"
 }
+
+# near REF RUN KEY TOL SCALE: every step's KEY of runs REF and RUN within TOL x max(|REF's|,
+# SCALE). The loss is a mean of terms -A ratio whose advantages sum to 0 per group (RMS 1), so
+# it is held to the terms' scale (1), not to its own value near 0.
+near() {
+    paste <(field "$3" "$tmp/$1/metrics.jsonl") <(field "$3" "$tmp/$2/metrics.jsonl") |
+        awk -v tol="$4" -v scale="$5" -v key="$3" -v run="$2" '
+            { d = $1 - $2; a = $1 < 0 ? -$1 : $1; if (d < 0) d = -d; if (a < scale) a = scale
+              r = d / a; if (r > w) w = r }
+            END { printf "%s vs 1 rank: %s %.3g\n", run, key, w; exit !(NR == 3 && w <= tol) }' ||
+        fail "$2: $3 differs from one rank"
+}
+# same_run REF RUN [KL_SCALE]: RUN sampled what REF sampled (rewards, lengths, evaluations
+# exactly), its trainer agreed with its sampler bit for bit, and losses, KL (scale KL_SCALE,
+# default 0), gradient norms and the final parameters agree with REF's to 1e-5.
+same_run() {
+    check_zero "$2" "$tmp/$2"
+    for f in reward_mean reward_std correct response_len; do
+        diff <(field $f "$tmp/$1/metrics.jsonl") <(field $f "$tmp/$2/metrics.jsonl") > /dev/null ||
+            fail "$2: $f differs from one rank"
+    done
+    diff <(grep eval_pass "$tmp/$1/metrics.jsonl") <(grep eval_pass "$tmp/$2/metrics.jsonl") ||
+        fail "$2: evaluations differ from one rank"
+    near "$1" "$2" loss 1e-5 1
+    near "$1" "$2" kl_ref 1e-5 "${3:-0}"
+    near "$1" "$2" grad_norm 1e-5 0
+    out=$("$cmp" "$(last "$1")" "$(last "$2")" 1e-5) || fail "$2: parameters: $out"
+    echo "$2 vs 1 rank: parameters: $out"
+}
+last() { echo "$tmp/$1/checkpoints/step_00000003.safetensors"; }
+cmp=${LB_BUILDDIR:-.}/tests/ckpt_compare
