@@ -63,6 +63,11 @@ typedef struct {
     float *ks, *vs;                // fp8 only, backend memory
 } lb_kv_layer;
 
+// Keys per chunk of the bf16-mode attention's online softmax (attention_fwd below): chunks are
+// aligned at position 0 whatever the call's size, so a row's arithmetic depends on its
+// position alone (batch invariance; the sampler's attention_cached uses the same chunks).
+#define LB_ATTN_CHUNK 64
+
 struct lb_backend {
     const char *name;   // "cpu", "cuda"
     void *ctx;          // backend-private state
@@ -135,13 +140,32 @@ struct lb_backend {
                      float theta);
 
     // --- causal grouped-query attention, softmax scale 1/sqrt(d) ------------------------------
+    // Two numerics modes, chosen per call by `bf16` (the contract's precision.attention; the
+    // trainer's forward and backward and the sampler pass the same value):
+    // - bf16 = 0 (fp32): scores, softmax and products in fp32 or better (CPU: double sums).
+    // - bf16 = 1: FlashAttention's numerics on tensor cores, mirrored exactly on the CPU. q, k,
+    //   v (and dout) are rounded to bf16 (nearest even) before any product; products are summed
+    //   in fp32 or better (CPU: double, then one rounding to float). With c = (float)(log2(e) /
+    //   sqrt(d)) (formed in double, rounded once) and s_ij = bf16(q_i).bf16(k_j) as a float:
+    //     x_ij = s_ij * c (a float multiply, never fused), keys j <= i only (causal).
+    //   Forward of row i: m = -inf, l = 0, acc = 0; for each chunk of LB_ATTN_CHUNK keys
+    //   aligned at position 0: m' = max(m, max_j x_ij); alpha = exp2f(m - m');
+    //   p_ij = exp2f(x_ij - m'); l = l * alpha + (float)sum_j p_ij;
+    //   acc = acc * alpha + (float)sum_j bf16(p_ij) bf16(v_j); m = m' (float operations, each
+    //   rounded on its own: no fused multiply-add).
+    //   out_i = acc / l; lse_i = (m + log2f(l)) * (float)ln(2) (natural log units).
+    //   Backward: lse2_i = lse_i * (float)log2(e); p_ij = exp2f(x_ij - lse2_i);
+    //   dp_ij = bf16(dout_i).bf16(v_j); D_i = dout_i.out_i (unrounded, as a float);
+    //   ds_ij = p_ij * (dp_ij - D_i) (floats); dv_j = sum bf16(p_ij) bf16(dout_i);
+    //   dk_j = scale sum bf16(ds_ij) bf16(q_i); dq_i = scale sum_j bf16(ds_ij) bf16(k_j).
+    //   The CUDA backend supports d <= 128 in this mode.
     // q, out (b, t, hq, d); k, v (b, t, hkv, d); hq a multiple of hkv; lse (b, hq, t) saved
     void (*attention_fwd)(lb_backend *, float *out, float *lse, const float *q, const float *k,
-                          const float *v, int b, int t, int hq, int hkv, int d);
-    // dq (b, t, hq, d), dk, dv (b, t, hkv, d) overwritten
+                          const float *v, int b, int t, int hq, int hkv, int d, int bf16);
+    // dq (b, t, hq, d), dk, dv (b, t, hkv, d) overwritten; bf16 as the forward's
     void (*attention_bwd)(lb_backend *, float *dq, float *dk, float *dv, const float *dout,
                           const float *q, const float *k, const float *v, const float *out,
-                          const float *lse, int b, int t, int hq, int hkv, int d);
+                          const float *lse, int b, int t, int hq, int hkv, int d, int bf16);
 
     // --- attention over a KV cache: sampling's prefill and decode in one call ----------------
     // Writes the k and v rows (n, hkv, d) of n new tokens into the cache at (slot[i], pos[i]).
@@ -154,9 +178,11 @@ struct lb_backend {
     // out (n, hq, d): query row i of q (n, hq, d) attends to positions 0..pos[i] of slot[i]
     // (appended earlier, or by this step's kv_append). A row's arithmetic, key order and
     // roundings are exactly attention_fwd's for query position pos[i] of a sequence with those
-    // keys, so sampling reproduces training bit for bit (batch invariance).
+    // keys, in the same mode (bf16: cache values, fp32 rows or fp8 codes times their scales,
+    // are rounded to bf16 as attention_fwd rounds k and v), so sampling reproduces training bit
+    // for bit (batch invariance).
     void (*attention_cached)(lb_backend *, float *out, const float *q, const lb_kv_layer *c,
-                             const int32_t *slot, const int32_t *pos, int n, int hq);
+                             const int32_t *slot, const int32_t *pos, int n, int hq, int bf16);
 
     // --- SwiGLU on a fused gate/up row: out = silu(gate) * up ---------------------------------
     // gu (n, 2f) holds gate in columns [0, f) and up in [f, 2f); out (n, f)

@@ -135,21 +135,21 @@ W(rope_bwd, (lb_backend *be, float *x, const int32_t *p, int n, int h, int d, fl
   (in, x, p, n, h, d, th))
 W(attention_fwd,
   (lb_backend *be, float *o, float *l, const float *q, const float *k, const float *v, int b,
-   int t, int hq, int hkv, int d),
-  (in, o, l, q, k, v, b, t, hq, hkv, d))
+   int t, int hq, int hkv, int d, int bf16),
+  (in, o, l, q, k, v, b, t, hq, hkv, d, bf16))
 W(attention_bwd,
   (lb_backend *be, float *dq, float *dk, float *dv, const float *d, const float *q,
    const float *k, const float *v, const float *o, const float *l, int b, int t, int hq,
-   int hkv, int dd),
-  (in, dq, dk, dv, d, q, k, v, o, l, b, t, hq, hkv, dd))
+   int hkv, int dd, int bf16),
+  (in, dq, dk, dv, d, q, k, v, o, l, b, t, hq, hkv, dd, bf16))
 W(kv_append,
   (lb_backend *be, const lb_kv_layer *c, const float *k, const float *v,
    const struct lb_qmat *kq, const struct lb_qmat *vq, const int32_t *s, const int32_t *p, int n),
   (in, c, k, v, kq, vq, s, p, n))
 W(attention_cached,
   (lb_backend *be, float *o, const float *q, const lb_kv_layer *c, const int32_t *s,
-   const int32_t *p, int n, int hq),
-  (in, o, q, c, s, p, n, hq))
+   const int32_t *p, int n, int hq, int bf16),
+  (in, o, q, c, s, p, n, hq, bf16))
 W(swiglu_fwd, (lb_backend *be, float *o, const float *gu, int n, int f), (in, o, gu, n, f))
 W(swiglu_bwd, (lb_backend *be, float *dgu, const float *d, const float *gu, int n, int f),
   (in, dgu, d, gu, n, f))

@@ -726,7 +726,10 @@ static void core_attention(lb_model *m, acts *a, layer_acts *L, const layer_w *w
         kv_fake_quant(be, L->kr, n * d.hkv, D);
         kv_fake_quant(be, L->v, n * d.hkv, D);
     }
-    be->attention_fwd(be, L->att, L->lse, L->qr, L->kr, L->v, a->b, a->t, d.hq, d.hkv, D);
+    // The contract's attention mode; the backward and forward_cached pass the same one, so the
+    // sampler's rows are this forward's bits.
+    be->attention_fwd(be, L->att, L->lse, L->qr, L->kr, L->v, a->b, a->t, d.hq, d.hkv, D,
+                      m->contract.attention_bf16);
 }
 
 // Decoder layer i of this stage on L->x, into a->l[i + 1].x; returns its load-balancing loss.
@@ -872,7 +875,7 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
         lb_linear_bwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, a->dfull, a->datt, 0.0f,
                       dw.o, n, C, d.hq * D);
         be->attention_bwd(be, a->dq, a->dk, a->dv, a->datt, L->qr, L->kr, L->v, L->att, L->lse,
-                          b, t, d.hq, d.hkv, D);
+                          b, t, d.hq, d.hkv, D, m->contract.attention_bf16);
         be->rope_bwd(be, a->dq, a->pos, n, d.hq, D, theta);
         be->rope_bwd(be, a->dk, a->pos, n, d.hkv, D, theta);
         be->rmsnorm_bwd(be, a->dqr, dw.qn, a->dq, L->q, w.qn, L->qrstd, n * d.hq, D);
@@ -1022,7 +1025,8 @@ static void forward_cached(lb_model *m, lb_kvcache *kv, int n)
         } else {
             be->kv_append(be, &kv->layer[l], a->kr, a->v, NULL, NULL, kv->slot, kv->pos, n);
         }
-        be->attention_cached(be, a->att, a->qr, &kv->layer[l], kv->slot, kv->pos, n, d.hq);
+        be->attention_cached(be, a->att, a->qr, &kv->layer[l], kv->slot, kv->pos, n, d.hq,
+                             m->contract.attention_bf16);
         float *part = d.tp > 1 ? a->part : a->xmid;
         lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, a->att, w.o, w.co, 0, part, n, C, d.hq * D, 0.0f);
         tp_reduce(m, part, a->xmid, n, C);

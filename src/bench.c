@@ -170,14 +170,15 @@ static int bench_gemm(lb_backend *be, const lb_config *c)
 }
 
 typedef struct {
-    int b, t, hq, hkv, d;
+    int b, t, hq, hkv, d, bf16;
     float *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
 } attn_case;
 
 static void run_attn_fwd(lb_backend *be, void *p)
 {
     attn_case *a = p;
-    be->attention_fwd(be, a->o, a->lse, a->q, a->k, a->v, a->b, a->t, a->hq, a->hkv, a->d);
+    be->attention_fwd(be, a->o, a->lse, a->q, a->k, a->v, a->b, a->t, a->hq, a->hkv, a->d,
+                      a->bf16);
 }
 
 static void run_attn_fwd_bwd(lb_backend *be, void *p)
@@ -185,7 +186,7 @@ static void run_attn_fwd_bwd(lb_backend *be, void *p)
     attn_case *a = p;
     run_attn_fwd(be, p);
     be->attention_bwd(be, a->dq, a->dk, a->dv, a->dout, a->q, a->k, a->v, a->o, a->lse, a->b,
-                      a->t, a->hq, a->hkv, a->d);
+                      a->t, a->hq, a->hkv, a->d, a->bf16);
 }
 
 static int bench_attention(lb_backend *be, const lb_config *c)
@@ -206,13 +207,22 @@ static int bench_attention(lb_backend *be, const lb_config *c)
     // Causal attention FLOPs as FlashAttention counts them: forward 2 GEMMs over half the
     // square, backward 2.5x the forward.
     double fwd = 4.0 * a.b * a.hq * (double)a.t * a.t * a.d / 2.0;
-    double t1 = time_it(be, c, run_attn_fwd, &a);
-    double t2 = time_it(be, c, run_attn_fwd_bwd, &a);
-    printf("attn  fwd      b%d t%d hq%d hkv%d d%d %14.3f ms  %8.1f TFLOP/s\n", a.b, a.t, a.hq,
-           a.hkv, a.d, t1 * 1e3, fwd / t1 / 1e12);
-    printf("attn  fwd+bwd  b%d t%d hq%d hkv%d d%d %14.3f ms  %8.1f TFLOP/s\n", a.b, a.t, a.hq,
-           a.hkv, a.d, t2 * 1e3, 3.5 * fwd / t2 / 1e12);
-    fflush(stdout);
+    // Both numerics modes (precision.attention picks one for training): fp32 and bf16. The
+    // CUDA bf16 kernels take head dims up to 128.
+    for (a.bf16 = 0; a.bf16 <= 1; a.bf16++) {
+        const char *mode = a.bf16 ? "bf16" : "fp32";
+        if (a.bf16 && a.d > 128 && !strcmp(be->name, "cuda")) {
+            printf("attn  %s  head dim %d > 128: no bf16 kernel, skipped\n", mode, a.d);
+            continue;
+        }
+        double t1 = time_it(be, c, run_attn_fwd, &a);
+        double t2 = time_it(be, c, run_attn_fwd_bwd, &a);
+        printf("attn  %s fwd      b%d t%d hq%d hkv%d d%d %14.3f ms  %8.1f TFLOP/s\n", mode, a.b,
+               a.t, a.hq, a.hkv, a.d, t1 * 1e3, fwd / t1 / 1e12);
+        printf("attn  %s fwd+bwd  b%d t%d hq%d hkv%d d%d %14.3f ms  %8.1f TFLOP/s\n", mode, a.b,
+               a.t, a.hq, a.hkv, a.d, t2 * 1e3, 3.5 * fwd / t2 / 1e12);
+        fflush(stdout);
+    }
     float *bufs[] = {a.q, a.k, a.v, a.dout, a.o, a.dq, a.dk, a.dv, a.lse};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
     return 0;

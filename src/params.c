@@ -138,6 +138,9 @@ const lb_param lb_params[] = {
          "layers kept in BF16, e.g. 0,-1 for the first and last (comma list)"),
     LB_P(precision, overrides, S, "", 0, 0, NULL,
          "per-site formats, e.g. moe.down.wgrad=bf16; attn.qkv.*=mxfp8"),
+    LB_P(precision, attention, E, "auto", 0, 0, "auto|fp32|bf16",
+         "attention numerics: bf16 inputs on tensor cores or fp32; auto = fp32 for recipe fp32, "
+         "else bf16"),
 
     // [parallel] (doc/parallel.md) ---------------------------------------------------------
     LB_P(parallel, tp, I, "1", 1, 4096, NULL,

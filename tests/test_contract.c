@@ -120,12 +120,14 @@ START_TEST(test_errors)
         {"overrides", "moe.down.wgrad=fp6", "precision.overrides: unknown format 'fp6'"},
         {"overrides", "moe.dwn.wgrad=bf16", "precision.overrides: 'moe.dwn.wgrad=bf16' names no site"},
         {"overrides", "moe.down", "precision.overrides: 'moe.down' is not role.pass=format"},
+        {"attention", "fp16", "precision.attention: unknown mode 'fp16' (auto, fp32, bf16)"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         lb_precision_spec s = spec("mxfp8");
         char *dst = !strcmp(bad[i].field, "recipe") ? s.recipe
                     : !strcmp(bad[i].field, "keep_bf16_roles") ? s.keep_bf16_roles
-                    : !strcmp(bad[i].field, "keep_bf16_layers") ? s.keep_bf16_layers : s.overrides;
+                    : !strcmp(bad[i].field, "keep_bf16_layers") ? s.keep_bf16_layers
+                    : !strcmp(bad[i].field, "attention") ? s.attention : s.overrides;
         strcpy(dst, bad[i].value);
         lb_contract c;
         char err[512] = "";
@@ -136,6 +138,33 @@ START_TEST(test_errors)
 }
 END_TEST
 
+// precision.attention: auto is bf16 for every recipe but fp32 (the exact reference); fp32 and
+// bf16 force the mode whatever the recipe; the resolved mode is printed.
+START_TEST(test_attention_mode)
+{
+    static const char *const recipes[] = {"fp32", "bf16", "fp8-block", "mxfp8", "nvfp4-moe",
+                                          "mxfp4"};
+    static const char *const modes[] = {"", "auto", "fp32", "bf16"};
+    for (size_t r = 0; r < sizeof recipes / sizeof recipes[0]; r++)
+        for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+            lb_precision_spec s = spec(recipes[r]);
+            snprintf(s.attention, sizeof s.attention, "%s", modes[m]);
+            lb_contract c = resolve(&s, 2);
+            int want = m < 2 ? strcmp(recipes[r], "fp32") != 0 : !strcmp(modes[m], "bf16");
+            ck_assert_msg(c.attention_bf16 == want, "recipe %s, attention '%s': bf16 %d",
+                          recipes[r], modes[m], c.attention_bf16);
+            char *buf;
+            size_t len;
+            FILE *mf = open_memstream(&buf, &len);
+            lb_contract_print(&c, mf);
+            fclose(mf);
+            ck_assert_msg(strstr(buf, want ? "attention bf16" : "attention fp32"), "%s", buf);
+            free(buf);
+            lb_contract_free(&c);
+        }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("contract");
@@ -143,6 +172,7 @@ int main(void)
     tcase_add_test(tc, test_recipes);
     tcase_add_test(tc, test_keep_and_overrides);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_attention_mode);
     suite_add_tcase(s, tc);
     return lb_test_run(s);
 }

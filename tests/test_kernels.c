@@ -156,6 +156,129 @@ static void ref_attention(double *out, double *lse, const float *q, const float 
     free(s);
 }
 
+// kernels.h's bf16 attention mode written out literally, query row by query row, with the chunk
+// size as a parameter (kernels.h fixes LB_ATTN_CHUNK): bf16 inputs rounded where they are read,
+// masked keys (j > i) of the last chunk taking p = 0. out (b, t, hq, d), lse (b, hq, t).
+static void ref_attention_bf16(float *out, float *lse, const float *q, const float *k,
+                               const float *v, int b, int t, int hq, int hkv, int d, int chunk)
+{
+    const float c = (float)(1.44269504088896340736 / sqrt((double)d));
+    float *x = lb_malloc((size_t)chunk * 4), *acc = lb_malloc((size_t)d * 4);
+    double *sum = dzeros(d);
+    for (int bi = 0; bi < b; bi++)
+        for (int h = 0; h < hq; h++)
+            for (int i = 0; i < t; i++) {
+                int hk = h / (hq / hkv);
+                const float *qi = q + (((size_t)bi * t + i) * hq + h) * d;
+                float m = -INFINITY, l = 0.0f;
+                for (int e = 0; e < d; e++) acc[e] = 0.0f;
+                for (int j0 = 0; j0 <= i; j0 += chunk) {
+                    float mn = m;
+                    for (int j = j0; j < j0 + chunk && j <= i; j++) {
+                        const float *kj = k + (((size_t)bi * t + j) * hkv + hk) * d;
+                        double s = 0.0;
+                        for (int e = 0; e < d; e++)
+                            s += (double)lb_round_bf16(qi[e]) * lb_round_bf16(kj[e]);
+                        x[j - j0] = (float)s * c;
+                        mn = fmaxf(mn, x[j - j0]);
+                    }
+                    float alpha = exp2f(m - mn);
+                    double ps = 0.0;
+                    for (int e = 0; e < d; e++) sum[e] = 0.0;
+                    for (int j = j0; j < j0 + chunk; j++) {
+                        float p = j <= i ? exp2f(x[j - j0] - mn) : 0.0f;
+                        ps += p;
+                        if (j > i) continue;
+                        const float *vj = v + (((size_t)bi * t + j) * hkv + hk) * d;
+                        for (int e = 0; e < d; e++)
+                            sum[e] += (double)lb_round_bf16(p) * lb_round_bf16(vj[e]);
+                    }
+                    l = l * alpha + (float)ps;
+                    for (int e = 0; e < d; e++) acc[e] = acc[e] * alpha + (float)sum[e];
+                    m = mn;
+                }
+                float *oi = out + (((size_t)bi * t + i) * hq + h) * d;
+                for (int e = 0; e < d; e++) oi[e] = acc[e] / l;
+                const float ln2 = (float)0.693147180559945309417;
+                lse[((size_t)bi * hq + h) * t + i] = (m + log2f(l)) * ln2;
+            }
+    free(x), free(acc), free(sum);
+}
+
+static double dot_bf16(const float *a, const float *b, int d)
+{
+    double s = 0.0;
+    for (int e = 0; e < d; e++) s += (double)lb_round_bf16(a[e]) * lb_round_bf16(b[e]);
+    return s;
+}
+
+// p_ij and ds_ij of the bf16 backward for query row qi (dout gi, out oi, saved lse) and key
+// row kj (value vj).
+static void ref_pair_bf16(float *p, float *ds, const float *qi, const float *gi, const float *oi,
+                          float lse, const float *kj, const float *vj, int d)
+{
+    const float c = (float)(1.44269504088896340736 / sqrt((double)d));
+    double D = 0.0;
+    for (int e = 0; e < d; e++) D += (double)gi[e] * oi[e];
+    float lse2 = lse * (float)1.44269504088896340736;
+    *p = exp2f((float)dot_bf16(qi, kj, d) * c - lse2);
+    *ds = *p * ((float)dot_bf16(gi, vj, d) - (float)D);
+}
+
+// The bf16 backward of kernels.h, literally, summing in the CPU's order (dq: keys in order;
+// dk, dv: the group's query heads, then queries, in order), so it must agree bit for bit.
+static void ref_attention_bwd_bf16(float *dq, float *dk, float *dv, const float *g,
+                                   const float *q, const float *k, const float *v,
+                                   const float *out, const float *lse, int b, int t, int hq,
+                                   int hkv, int d)
+{
+    const int group = hq / hkv;
+    const double scale = 1.0 / sqrt((double)d);
+    double *acc = dzeros(2 * (size_t)d);
+#define RQ(a, bi, i, h) ((a) + (((size_t)(bi) * t + (i)) * hq + (h)) * d)
+#define RK(a, bi, j, hk) ((a) + (((size_t)(bi) * t + (j)) * hkv + (hk)) * d)
+    for (int bi = 0; bi < b; bi++)
+        for (int h = 0; h < hq; h++)
+            for (int i = 0; i < t; i++) {
+                for (int e = 0; e < d; e++) acc[e] = 0.0;
+                for (int j = 0; j <= i; j++) {
+                    float p, ds;
+                    ref_pair_bf16(&p, &ds, RQ(q, bi, i, h), RQ(g, bi, i, h), RQ(out, bi, i, h),
+                                  lse[((size_t)bi * hq + h) * t + i], RK(k, bi, j, h / group),
+                                  RK(v, bi, j, h / group), d);
+                    const float *kj = RK(k, bi, j, h / group);
+                    for (int e = 0; e < d; e++)
+                        acc[e] += (double)lb_round_bf16(ds) * lb_round_bf16(kj[e]);
+                }
+                for (int e = 0; e < d; e++) RQ(dq, bi, i, h)[e] = (float)(acc[e] * scale);
+            }
+    for (int bi = 0; bi < b; bi++)
+        for (int hk = 0; hk < hkv; hk++)
+            for (int j = 0; j < t; j++) {
+                for (int e = 0; e < 2 * d; e++) acc[e] = 0.0;
+                for (int h = hk * group; h < (hk + 1) * group; h++)
+                    for (int i = j; i < t; i++) {
+                        float p, ds;
+                        ref_pair_bf16(&p, &ds, RQ(q, bi, i, h), RQ(g, bi, i, h),
+                                      RQ(out, bi, i, h), lse[((size_t)bi * hq + h) * t + i],
+                                      RK(k, bi, j, hk), RK(v, bi, j, hk), d);
+                        const float *qi = RQ(q, bi, i, h), *gi = RQ(g, bi, i, h);
+                        double dsb = lb_round_bf16(ds), pb = lb_round_bf16(p);
+                        for (int e = 0; e < d; e++) {
+                            acc[e] += dsb * lb_round_bf16(qi[e]);
+                            acc[d + e] += pb * lb_round_bf16(gi[e]);
+                        }
+                    }
+                for (int e = 0; e < d; e++) {
+                    RK(dk, bi, j, hk)[e] = (float)(acc[e] * scale);
+                    RK(dv, bi, j, hk)[e] = (float)acc[d + e];
+                }
+            }
+#undef RQ
+#undef RK
+    free(acc);
+}
+
 // --- backend table and memory -----------------------------------------------------------------
 
 START_TEST(test_table_and_memory)
@@ -490,7 +613,7 @@ START_TEST(test_attention_fwd)
     float *q = randn(nq, 190, 1), *k = randn(nk, 191, 1), *v = randn(nk, 192, 1);
     float *out = lb_malloc(nq * 4), *lse = lb_malloc((size_t)B * HQ * T * 4);
     double *ref = dzeros(nq), *lref = dzeros((size_t)B * HQ * T);
-    be->attention_fwd(be, out, lse, q, k, v, B, T, HQ, HKV, D);
+    be->attention_fwd(be, out, lse, q, k, v, B, T, HQ, HKV, D, 0);
     ref_attention(ref, lref, q, k, v, B, T, HQ, HKV, D);
     ASSERT_CLOSE("attention_fwd out", out, ref, nq, 1e-6);
     ASSERT_CLOSE("attention_fwd lse", lse, lref, (size_t)B * HQ * T, 1e-6);
@@ -501,6 +624,109 @@ START_TEST(test_attention_fwd)
                 ck_assert(out[(((size_t)bi * T) * HQ + h) * D + x] ==
                           v[(((size_t)bi * T) * HKV + h / (HQ / HKV)) * D + x]);
     free(q), free(k), free(v), free(out), free(lse), free(ref), free(lref);
+}
+END_TEST
+
+// bf16 mode (kernels.h) against its arithmetic written out in ref_attention_bf16 and
+// ref_attention_bwd_bf16, bit for bit: lengths on both sides of the 64-key chunk edges, head
+// dims 16 and 48, GQA groups 2 and 4. The forward reference with 32-key chunks must differ
+// somewhere (t 130), so the comparison does see the chunking.
+START_TEST(test_attention_bf16_exact)
+{
+    const int ts[] = {1, 63, 64, 65, 130}, ds[] = {16, 48}, groups[] = {2, 4}, b = 2, hkv = 2;
+    for (size_t it = 0; it < sizeof ts / sizeof ts[0]; it++)
+        for (size_t id = 0; id < sizeof ds / sizeof ds[0]; id++)
+            for (size_t ig = 0; ig < sizeof groups / sizeof groups[0]; ig++) {
+                int t = ts[it], d = ds[id], hq = hkv * groups[ig];
+                size_t nq = (size_t)b * t * hq * d, nk = (size_t)b * t * hkv * d;
+                size_t nl = (size_t)b * hq * t;
+                uint64_t sd = 600 + 10 * it + 3 * id + ig;
+                float *q = randn(nq, sd, 1.5f), *k = randn(nk, sd + 1000, 1);
+                float *v = randn(nk, sd + 2000, 1), *g = randn(nq, sd + 3000, 1);
+                float *out = lb_malloc(nq * 4), *lse = lb_malloc(nl * 4);
+                float *rout = lb_malloc(nq * 4), *rlse = lb_malloc(nl * 4);
+                float *dq = lb_malloc(nq * 4), *dk = lb_malloc(nk * 4), *dv = lb_malloc(nk * 4);
+                float *rdq = lb_malloc(nq * 4), *rdk = lb_malloc(nk * 4);
+                float *rdv = lb_malloc(nk * 4);
+                be->attention_fwd(be, out, lse, q, k, v, b, t, hq, hkv, d, 1);
+                ref_attention_bf16(rout, rlse, q, k, v, b, t, hq, hkv, d, LB_ATTN_CHUNK);
+                char what[96];
+                snprintf(what, sizeof what, "bf16 out t %d d %d hq %d: spec", t, d, hq);
+                ASSERT_BITWISE(what, out, rout, nq * 4);
+                snprintf(what, sizeof what, "bf16 lse t %d d %d hq %d: spec", t, d, hq);
+                ASSERT_BITWISE(what, lse, rlse, nl * 4);
+                if (t == 130) {
+                    ref_attention_bf16(rout, rlse, q, k, v, b, t, hq, hkv, d, 32);
+                    ck_assert_msg(memcmp(out, rout, nq * 4) != 0,
+                                  "32-key chunks give the same bits as 64: the test is blind");
+                }
+                // The backward takes the forward's out and lse, as the model does.
+                be->attention_bwd(be, dq, dk, dv, g, q, k, v, out, lse, b, t, hq, hkv, d, 1);
+                ref_attention_bwd_bf16(rdq, rdk, rdv, g, q, k, v, out, lse, b, t, hq, hkv, d);
+                snprintf(what, sizeof what, "bf16 dq t %d d %d hq %d: spec", t, d, hq);
+                ASSERT_BITWISE(what, dq, rdq, nq * 4);
+                snprintf(what, sizeof what, "bf16 dk t %d d %d hq %d: spec", t, d, hq);
+                ASSERT_BITWISE(what, dk, rdk, nk * 4);
+                snprintf(what, sizeof what, "bf16 dv t %d d %d hq %d: spec", t, d, hq);
+                ASSERT_BITWISE(what, dv, rdv, nk * 4);
+                // Causality: the first query sees its own key alone, with p = 1: out = bf16(v).
+                for (int bi = 0; bi < b; bi++)
+                    for (int h = 0; h < hq; h++)
+                        for (int x = 0; x < d; x++)
+                            ck_assert(out[(((size_t)bi * t) * hq + h) * d + x] ==
+                                      lb_round_bf16(v[(((size_t)bi * t) * hkv + h / (hq / hkv))
+                                                      * d + x]));
+                free(q), free(k), free(v), free(g), free(out), free(lse), free(rout);
+                free(rlse), free(dq), free(dk), free(dv), free(rdq), free(rdk), free(rdv);
+            }
+}
+END_TEST
+
+// sum (a - ref)^2 / sum ref^2; infinite when anything is not finite.
+static double nmse_f(const float *a, const float *ref, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(ref[i])) return INFINITY;
+        num += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0.0 ? num / den : num;
+}
+
+// bf16 mode against fp32 mode on the same inputs. bf16 keeps 8 significant bits: one rounding
+// is a relative error of at most 2^-9 (RMS about 2^-9 / sqrt(3) = 1.1e-3, a squared relative
+// error of 1.3e-6). Each output is a sum of products of a few rounded factors (p and v; dp,
+// ds and q or k in the backward), each contributing about 1.3e-6, plus the scores' error
+// inside the exponential, which grows with the scores' size (q is drawn with scale 1.5 here,
+// scores of standard deviation 1.5): expected NMSE about 1e-5, measured 1.0e-7 (lse) to
+// 2.3e-5 (dq). The bound 1e-4 leaves a factor of 4 in MSE (2 in RMS) on fixed inputs and is
+// far below what an arithmetic slip (a missed rescale, a wrong scale or mask) gives: NMSE of
+// order 1e-2 to 1.
+START_TEST(test_attention_bf16_vs_fp32)
+{
+    const int b = 2, t = 130, hq = 8, hkv = 2, d = 48;
+    size_t nq = (size_t)b * t * hq * d, nk = (size_t)b * t * hkv * d, nl = (size_t)b * hq * t;
+    float *q = randn(nq, 660, 1.5f), *k = randn(nk, 661, 1), *v = randn(nk, 662, 1);
+    float *g = randn(nq, 663, 1);
+    float *o[2], *l[2], *dq[2], *dk[2], *dv[2];
+    for (int m = 0; m < 2; m++) {
+        o[m] = lb_malloc(nq * 4), l[m] = lb_malloc(nl * 4);
+        dq[m] = lb_malloc(nq * 4), dk[m] = lb_malloc(nk * 4), dv[m] = lb_malloc(nk * 4);
+        be->attention_fwd(be, o[m], l[m], q, k, v, b, t, hq, hkv, d, m);
+        be->attention_bwd(be, dq[m], dk[m], dv[m], g, q, k, v, o[m], l[m], b, t, hq, hkv, d, m);
+    }
+    const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+    const float *got[5] = {o[1], l[1], dq[1], dk[1], dv[1]}, *ref[5] = {o[0], l[0], dq[0], dk[0],
+                                                                          dv[0]};
+    const size_t n[5] = {nq, nl, nq, nk, nk};
+    for (int i = 0; i < 5; i++) {
+        double e = nmse_f(got[i], ref[i], n[i]);
+        printf("  attention bf16 vs fp32 mode %-4s nmse %.3g (bound 1e-4)\n", names[i], e);
+        ck_assert_msg(e <= 1e-4, "attention bf16 %s: nmse %.3g against fp32 mode", names[i], e);
+    }
+    for (int m = 0; m < 2; m++) free(o[m]), free(l[m]), free(dq[m]), free(dk[m]), free(dv[m]);
+    free(q), free(k), free(v), free(g);
 }
 END_TEST
 
@@ -877,7 +1103,7 @@ typedef struct {
 static double attn_loss(void *p)
 {
     attn_ctx *a = p;
-    be->attention_fwd(be, a->out, a->lse, a->q, a->k, a->v, B, T, HQ, HKV, D);
+    be->attention_fwd(be, a->out, a->lse, a->q, a->k, a->v, B, T, HQ, HKV, D, 0);
     return dot_out(a->out, a->r, (size_t)B * T * HQ * D);
 }
 
@@ -888,7 +1114,7 @@ START_TEST(test_grad_attention)
                   randn(nk, 331, 1), randn(nk, 332, 1), randn(nq, 333, 1)};
     float *dq = lb_malloc(nq * 4), *dk = lb_malloc(nk * 4), *dv = lb_malloc(nk * 4);
     attn_loss(&a);
-    be->attention_bwd(be, dq, dk, dv, a.r, a.q, a.k, a.v, a.out, a.lse, B, T, HQ, HKV, D);
+    be->attention_bwd(be, dq, dk, dv, a.r, a.q, a.k, a.v, a.out, a.lse, B, T, HQ, HKV, D, 0);
     fd_check("attention dq", attn_loss, &a, a.q, dq, nq, 1e-3, 2e-3, 334);
     fd_check("attention dk", attn_loss, &a, a.k, dk, nk, 1e-3, 2e-3, 335);
     fd_check("attention dv", attn_loss, &a, a.v, dv, nk, 1e-3, 2e-3, 336);
@@ -1105,19 +1331,21 @@ START_TEST(test_determinism_threads)
     float *dout = randn(nq, 403, 1);
     float *o[2], *l[2], *dq[2], *dk[2], *dv[2];
     lb_backend *bes[2] = {be_one, be_many};
-    for (int r = 0; r < 2; r++) {
-        o[r] = lb_malloc(nq * 4), l[r] = lb_malloc(nl * 4);
-        dq[r] = lb_malloc(nq * 4), dk[r] = lb_malloc(nk * 4), dv[r] = lb_malloc(nk * 4);
-        bes[r]->attention_fwd(bes[r], o[r], l[r], q, k, v, b, t, hq, hkv, d);
-        bes[r]->attention_bwd(bes[r], dq[r], dk[r], dv[r], dout, q, k, v, o[r], l[r], b, t, hq,
-                              hkv, d);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {   // both numerics modes; t spans two bf16 chunks
+        for (int r = 0; r < 2; r++) {
+            o[r] = lb_malloc(nq * 4), l[r] = lb_malloc(nl * 4);
+            dq[r] = lb_malloc(nq * 4), dk[r] = lb_malloc(nk * 4), dv[r] = lb_malloc(nk * 4);
+            bes[r]->attention_fwd(bes[r], o[r], l[r], q, k, v, b, t, hq, hkv, d, bf16);
+            bes[r]->attention_bwd(bes[r], dq[r], dk[r], dv[r], dout, q, k, v, o[r], l[r], b, t,
+                                  hq, hkv, d, bf16);
+        }
+        ASSERT_BITWISE("attention_fwd out, 1 vs many threads", o[0], o[1], nq * 4);
+        ASSERT_BITWISE("attention_fwd lse, 1 vs many threads", l[0], l[1], nl * 4);
+        ASSERT_BITWISE("attention_bwd dq, 1 vs many threads", dq[0], dq[1], nq * 4);
+        ASSERT_BITWISE("attention_bwd dk, 1 vs many threads", dk[0], dk[1], nk * 4);
+        ASSERT_BITWISE("attention_bwd dv, 1 vs many threads", dv[0], dv[1], nk * 4);
+        for (int r = 0; r < 2; r++) free(o[r]), free(l[r]), free(dq[r]), free(dk[r]), free(dv[r]);
     }
-    ASSERT_BITWISE("attention_fwd out, 1 vs many threads", o[0], o[1], nq * 4);
-    ASSERT_BITWISE("attention_fwd lse, 1 vs many threads", l[0], l[1], nl * 4);
-    ASSERT_BITWISE("attention_bwd dq, 1 vs many threads", dq[0], dq[1], nq * 4);
-    ASSERT_BITWISE("attention_bwd dk, 1 vs many threads", dk[0], dk[1], nk * 4);
-    ASSERT_BITWISE("attention_bwd dv, 1 vs many threads", dv[0], dv[1], nk * 4);
-    for (int r = 0; r < 2; r++) free(o[r]), free(l[r]), free(dq[r]), free(dk[r]), free(dv[r]);
 
     const size_t n = 1000003;
     float *x = randn(n, 404, 1);
@@ -1402,11 +1630,47 @@ START_TEST(test_batch_invariance_attention)
     float *q = randn(b * sq, 440, 1), *k = randn(b * sk, 441, 1), *v = randn(b * sk, 442, 1);
     float *ob = lb_malloc(b * sq * 4), *lb = lb_malloc(b * sl * 4);
     float *o1 = lb_malloc(sq * 4), *l1 = lb_malloc(sl * 4);
-    be->attention_fwd(be, ob, lb, q, k, v, b, T, HQ, HKV, D);
-    be->attention_fwd(be, o1, l1, q + mid * sq, k + mid * sk, v + mid * sk, 1, T, HQ, HKV, D);
+    be->attention_fwd(be, ob, lb, q, k, v, b, T, HQ, HKV, D, 0);
+    be->attention_fwd(be, o1, l1, q + mid * sq, k + mid * sk, v + mid * sk, 1, T, HQ, HKV, D, 0);
     ASSERT_BITWISE("attention out, batch 1 vs 3", ob + mid * sq, o1, sq * 4);
     ASSERT_BITWISE("attention lse, batch 1 vs 3", lb + mid * sl, l1, sl * 4);
     free(q), free(k), free(v), free(ob), free(lb), free(o1), free(l1);
+}
+END_TEST
+
+// The same in bf16 mode, forward and backward, over three chunks of keys (t 130), and a
+// prefix: the first 70 positions as a sequence of their own give the same rows (the chunks are
+// aligned at position 0, not at the end of the call's sequence).
+START_TEST(test_batch_invariance_attention_bf16)
+{
+    const int b = 3, mid = 1, t = 130, hq = 8, hkv = 2, d = 48, tp = 70;
+    size_t sq = (size_t)t * hq * d, sk = (size_t)t * hkv * d, sl = (size_t)hq * t;
+    float *q = randn(b * sq, 445, 1), *k = randn(b * sk, 446, 1), *v = randn(b * sk, 447, 1);
+    float *g = randn(b * sq, 448, 1);
+    float *ob = lb_malloc(b * sq * 4), *lb = lb_malloc(b * sl * 4);
+    float *o1 = lb_malloc(sq * 4), *l1 = lb_malloc(sl * 4);
+    float *dqb = lb_malloc(b * sq * 4), *dkb = lb_malloc(b * sk * 4), *dvb = lb_malloc(b * sk * 4);
+    float *dq1 = lb_malloc(sq * 4), *dk1 = lb_malloc(sk * 4), *dv1 = lb_malloc(sk * 4);
+    be->attention_fwd(be, ob, lb, q, k, v, b, t, hq, hkv, d, 1);
+    be->attention_fwd(be, o1, l1, q + mid * sq, k + mid * sk, v + mid * sk, 1, t, hq, hkv, d, 1);
+    ASSERT_BITWISE("attention bf16 out, batch 1 vs 3", ob + mid * sq, o1, sq * 4);
+    ASSERT_BITWISE("attention bf16 lse, batch 1 vs 3", lb + mid * sl, l1, sl * 4);
+    be->attention_bwd(be, dqb, dkb, dvb, g, q, k, v, ob, lb, b, t, hq, hkv, d, 1);
+    be->attention_bwd(be, dq1, dk1, dv1, g + mid * sq, q + mid * sq, k + mid * sk, v + mid * sk,
+                      o1, l1, 1, t, hq, hkv, d, 1);
+    ASSERT_BITWISE("attention bf16 dq, batch 1 vs 3", dqb + mid * sq, dq1, sq * 4);
+    ASSERT_BITWISE("attention bf16 dk, batch 1 vs 3", dkb + mid * sk, dk1, sk * 4);
+    ASSERT_BITWISE("attention bf16 dv, batch 1 vs 3", dvb + mid * sk, dv1, sk * 4);
+    // (b, t, heads, d) rows are contiguous per position: the prefix is the first tp positions.
+    float *op = lb_malloc((size_t)tp * hq * d * 4), *lp = lb_malloc((size_t)hq * tp * 4);
+    be->attention_fwd(be, op, lp, q + mid * sq, k + mid * sk, v + mid * sk, 1, tp, hq, hkv, d, 1);
+    ASSERT_BITWISE("attention bf16 out, t 70 vs first 70 of t 130", op, o1,
+                   (size_t)tp * hq * d * 4);
+    for (int h = 0; h < hq; h++)
+        ASSERT_BITWISE("attention bf16 lse, t 70 vs first 70 of t 130", lp + (size_t)h * tp,
+                       l1 + (size_t)h * t, (size_t)tp * 4);
+    free(q), free(k), free(v), free(g), free(ob), free(lb), free(o1), free(l1);
+    free(dqb), free(dkb), free(dvb), free(dq1), free(dk1), free(dv1), free(op), free(lp);
 }
 END_TEST
 
@@ -1441,6 +1705,8 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_rmsnorm_fwd);
     tcase_add_test(tc, test_rope_fwd);
     tcase_add_test(tc, test_attention_fwd);
+    tcase_add_test(tc, test_attention_bf16_exact);
+    tcase_add_test(tc, test_attention_bf16_vs_fp32);
     tcase_add_test(tc, test_swiglu_fwd);
     tcase_add_test(tc, test_router_topk_fwd);
     tcase_add_test(tc, test_moe_aux_loss);
@@ -1470,6 +1736,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_batch_invariance_gemm_trans);
     tcase_add_test(tc, test_batch_invariance_rmsnorm);
     tcase_add_test(tc, test_batch_invariance_attention);
+    tcase_add_test(tc, test_batch_invariance_attention_bf16);
     suite_add_tcase(s, tc);
 
     int rc = lb_test_run(s);

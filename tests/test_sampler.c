@@ -105,10 +105,12 @@ static void *host(const void *d, size_t bytes)
 // b sequences of t tokens through attention_fwd, and the same rows appended to a cache in a
 // scrambled order (sequence bi in slot perm[bi]) and read back by attention_cached, one call per
 // chunk of rows in another order. fp8: k and v go through the fp8-block quantization first (the
-// training forward's fake quantization), the cache stores the codes.
-static void cached_attention_case(int d, int fp8)
+// training forward's fake quantization), the cache stores the codes. bf16: both in bf16 mode,
+// over 130 positions (three of its 64-key chunks).
+static void cached_attention_case(int d, int fp8, int bf16)
 {
-    enum { Bq = 3, Tq = 37, HQ = 4, HKV = 2 };
+    enum { Bq = 3, HQ = 4, HKV = 2 };
+    const int Tq = bf16 ? 130 : 37;
     size_t nq = (size_t)Bq * Tq * HQ * d, nk = (size_t)Bq * Tq * HKV * d;
     float *q = randn(nq, 1), *k = randn(nk, 2), *v = randn(nk, 3);
     float *dq = dev(q, nq * 4), *dk = dev(k, nk * 4), *dv = dev(v, nk * 4);
@@ -126,15 +128,15 @@ static void cached_attention_case(int d, int fp8)
         be->quantize(be, &t, dv, Bq * Tq * HKV, d, &qa);
         be->dequantize(be, vq, &t);
         be->qmat_free(be, &t);
-        be->attention_fwd(be, dout, dlse, dq, kq, vq, Bq, Tq, HQ, HKV, d);
+        be->attention_fwd(be, dout, dlse, dq, kq, vq, Bq, Tq, HQ, HKV, d, bf16);
         be->free(be, kq), be->free(be, vq);
     } else {
-        be->attention_fwd(be, dout, dlse, dq, dk, dv, Bq, Tq, HQ, HKV, d);
+        be->attention_fwd(be, dout, dlse, dq, dk, dv, Bq, Tq, HQ, HKV, d, bf16);
     }
     float *out = host(dout, nq * 4);
-    // the cache: 5 slots, capacity 40; sequence bi lives in slot perm[bi]
+    // the cache: 5 slots, capacity Tq + 3; sequence bi lives in slot perm[bi]
     const int perm[Bq] = {4, 0, 2};
-    lb_kv_layer c = {fp8, 5, 40, HKV, d, NULL, NULL, NULL, NULL};
+    lb_kv_layer c = {fp8, 5, Tq + 3, HKV, d, NULL, NULL, NULL, NULL};
     size_t rows = (size_t)c.slots * c.cap * HKV, nb = ((size_t)d + 127) / 128;
     size_t cbytes = rows * d * (fp8 ? 1 : 4);
     unsigned char *poison = lb_malloc(cbytes);
@@ -154,7 +156,7 @@ static void cached_attention_case(int d, int fp8)
     float *dqc = be->alloc(be, CH * qrow), *dkc = be->alloc(be, CH * krow);
     float *dvc = be->alloc(be, CH * krow), *doc = be->alloc(be, CH * qrow);
     int32_t *dslot = be->alloc(be, CH * 4), *dpos = be->alloc(be, CH * 4);
-    int order[Bq * Tq], no = 0;
+    int *order = lb_malloc((size_t)Bq * Tq * sizeof(int)), no = 0;
     for (int t = 0; t < Tq; t++)
         for (int b = Bq - 1; b >= 0; b--) order[no++] = b * Tq + t;
     for (int r0 = 0; r0 < no; r0 += CH) {
@@ -186,7 +188,7 @@ static void cached_attention_case(int d, int fp8)
         } else {
             be->kv_append(be, &c, dkc, dvc, NULL, NULL, dslot, dpos, n);
         }
-        be->attention_cached(be, doc, dqc, &c, dslot, dpos, n, HQ);
+        be->attention_cached(be, doc, dqc, &c, dslot, dpos, n, HQ, bf16);
         float *oc = host(doc, (size_t)n * HQ * d * 4);
         for (int i = 0; i < n; i++)
             memcpy(got + (size_t)order[r0 + i] * HQ * d, oc + (size_t)i * HQ * d,
@@ -195,21 +197,30 @@ static void cached_attention_case(int d, int fp8)
     }
     for (size_t i = 0; i < nq; i++)
         ck_assert_msg(memcmp(&got[i], &out[i], 4) == 0,
-                      "%s d %d fp8 %d: element %zu: cached %.9g, training %.9g", be->name, d,
-                      fp8, i, (double)got[i], (double)out[i]);
+                      "%s d %d fp8 %d bf16 %d: element %zu: cached %.9g, training %.9g",
+                      be->name, d, fp8, bf16, i, (double)got[i], (double)out[i]);
     void *bufs[] = {dq, dk, dv, dout, dlse, c.k, c.v, c.ks, c.vs, dqc, dkc, dvc, doc, dslot, dpos};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
-    free(q), free(k), free(v), free(out), free(got), free(qc), free(kc), free(vc);
+    free(q), free(k), free(v), free(out), free(got), free(qc), free(kc), free(vc), free(order);
 }
 
 static void attention_cached_cases(void)
 {
-    cached_attention_case(8, 0);
-    cached_attention_case(160, 0);
+    // bf16 mode: d 72 is no multiple of the tensor-core kernels' 16-wide tiles; 160 (two fp8
+    // blocks per row) is beyond the CUDA bf16 kernels' 128, so the CPU alone runs it.
+    int cpu = !strcmp(be->name, "cpu");
+    cached_attention_case(8, 0, 0);
+    cached_attention_case(160, 0, 0);
+    cached_attention_case(8, 0, 1);
+    cached_attention_case(72, 0, 1);
+    if (cpu) cached_attention_case(160, 0, 1);
     if (!be->quantize) return;   // a backend without the codecs has no fp8 cache yet
-    cached_attention_case(8, 1);
-    cached_attention_case(160, 1);   // two fp8 blocks per row
+    cached_attention_case(8, 1, 0);
+    cached_attention_case(160, 1, 0);   // two fp8 blocks per row
+    cached_attention_case(8, 1, 1);
+    cached_attention_case(72, 1, 1);
+    if (cpu) cached_attention_case(160, 1, 1);
 }
 
 START_TEST(test_attention_cached) { attention_cached_cases(); }

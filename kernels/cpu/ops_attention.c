@@ -7,6 +7,10 @@
 // in key order, in double, so a row never depends on the thread count or on the other sequences
 // in the batch. The backward recomputes probabilities from the saved log-sum-exp (as flash
 // attention does) and reduces dk/dv per key row, again one thread per row: no atomics.
+//
+// bf16 mode (kernels.h states the arithmetic) mirrors the tensor-core kernels' roundings: the
+// inputs are rounded to bf16 once per call (an elementwise map, so it never changes a row's
+// bits), then the same one-task-per-row structure runs the chunked base-2 online softmax.
 #include "kernels/cpu/cpu.h"
 #include "kernels/common.h"
 #include "kernels/quant/quant.h"
@@ -58,10 +62,199 @@ static void attn_row(float *oi, float *lse, const float *qi, const float *kb, co
     *lse = (float)(m + log(sum));
 }
 
+// --- bf16 mode ------------------------------------------------------------------------------
+
+static const double LOG2E = 1.44269504088896340736, LN2 = 0.693147180559945309417;
+
+// c = log2(e) / sqrt(d), formed in double and rounded once, as the tensor-core kernels take it.
+static float attn_log2_scale(int d) { return (float)(LOG2E / sqrt((double)d)); }
+
+// y (n) = bf16(x), in parallel: elementwise, so the split never changes a value.
+static float *round_copy(lb_backend *be, const float *x, size_t n)
+{
+    float *y = lb_malloc((n ? n : 1) * sizeof(float));
+    #pragma omp parallel for schedule(static) num_threads(lb_cpu_threads(be)) \
+        if (n > LB_CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) y[i] = lb_round_bf16(x[i]);
+    return y;
+}
+
+// Per-thread scratch of attn_row_bf16.
+typedef struct {
+    float x[LB_ATTN_CHUNK];   // one chunk's x_ij
+    float *acc;               // (d) the output accumulator
+    double *sum;              // (d) one chunk's sum of bf16(p) bf16(v)
+} row_scratch;
+
+static row_scratch row_scratch_new(int d)
+{
+    row_scratch r;
+    r.acc = lb_malloc(((size_t)d + 1) * sizeof(float));
+    r.sum = lb_malloc(((size_t)d + 1) * sizeof(double));
+    return r;
+}
+
+static void row_scratch_free(row_scratch *r) { free(r->acc), free(r->sum); }
+
+// attn_row in bf16 mode: qi (d), keys kb + j * stride and values vb + j * stride (j < nk) are
+// already bf16 values. The base-2 online softmax over chunks of LB_ATTN_CHUNK keys aligned at
+// position 0, in kernels.h's float operations. attention_fwd and attention_cached both call it,
+// so a query row gets the same bits on either path.
+static void attn_row_bf16(float *oi, float *lse, const float *qi, const float *kb,
+                          const float *vb, size_t stride, int nk, int d, float c, row_scratch *w)
+{
+    float m = -INFINITY, l = 0.0f;
+    for (int x = 0; x < d; x++) w->acc[x] = 0.0f;
+    for (int j0 = 0; j0 < nk; j0 += LB_ATTN_CHUNK) {
+        int n = nk - j0 < LB_ATTN_CHUNK ? nk - j0 : LB_ATTN_CHUNK;
+        float mn = m;
+        for (int j = 0; j < n; j++) {
+            w->x[j] = (float)dot_f64(qi, kb + (j0 + j) * stride, d) * c;
+            mn = fmaxf(mn, w->x[j]);
+        }
+        float alpha = exp2f(m - mn);   // 0 on the first chunk (m = -inf)
+        double psum = 0.0;
+        for (int x = 0; x < d; x++) w->sum[x] = 0.0;
+        for (int j = 0; j < n; j++) {
+            float p = exp2f(w->x[j] - mn);
+            psum += p;
+            double pb = lb_round_bf16(p);
+            const float *vj = vb + (j0 + j) * stride;
+            for (int x = 0; x < d; x++) w->sum[x] += pb * vj[x];   // exact products
+        }
+        l = l * alpha + (float)psum;   // two roundings, as the GPU's __fmul_rn, __fadd_rn
+        for (int x = 0; x < d; x++) w->acc[x] = w->acc[x] * alpha + (float)w->sum[x];
+        m = mn;
+    }
+    for (int x = 0; x < d; x++) oi[x] = w->acc[x] / l;
+    *lse = (m + log2f(l)) * (float)LN2;
+}
+
+static void attention_fwd_bf16(lb_backend *be, float *out, float *lse, const float *q,
+                               const float *k, const float *v, int b, int t, int hq, int hkv,
+                               int d)
+{
+    int group = hq / hkv;
+    float c = attn_log2_scale(d);
+    long rows = (long)b * hq * t;
+    size_t nq = (size_t)rows * d, nk = (size_t)b * t * hkv * d;
+    float *qb = round_copy(be, q, nq), *kb = round_copy(be, k, nk), *vb = round_copy(be, v, nk);
+    #pragma omp parallel num_threads(lb_cpu_threads(be)) if (rows > 1)
+    {
+        row_scratch w = row_scratch_new(d);
+        #pragma omp for schedule(dynamic, 4)
+        for (long r = 0; r < rows; r++) {
+            int bi = (int)(r / ((long)hq * t)), h = (int)(r / t % hq), i = (int)(r % t);
+            int hk = h / group;
+            attn_row_bf16(ROW(out, bi, i, h, hq), &lse[((size_t)bi * hq + h) * t + i],
+                          ROW(qb, bi, i, h, hq), ROW(kb, bi, 0, hk, hkv), ROW(vb, bi, 0, hk, hkv),
+                          (size_t)hkv * d, i + 1, d, c, &w);
+        }
+        row_scratch_free(&w);
+    }
+    free(qb), free(kb), free(vb);
+}
+
+// One (query i, key j) pair of the bf16 backward from bf16 inputs: p_ij and ds_ij. Both
+// passes call it, so they see the same numbers.
+static inline void bwd_pair_bf16(float *p, float *ds, const float *qi, const float *kj,
+                                 const float *gi, const float *vj, int d, float c, float lse2,
+                                 float D)
+{
+    float x = (float)dot_f64(qi, kj, d) * c;
+    *p = exp2f(x - lse2);
+    float dp = (float)dot_f64(gi, vj, d);
+    *ds = *p * (dp - D);
+}
+
+static void attention_bwd_bf16(lb_backend *be, float *dq, float *dk, float *dv,
+                               const float *dout, const float *q, const float *k, const float *v,
+                               const float *out, const float *lse, int b, int t, int hq, int hkv,
+                               int d)
+{
+    int group = hq / hkv;
+    double scale = 1.0 / sqrt((double)d);
+    float c = attn_log2_scale(d), log2e = (float)LOG2E;
+    int nt = lb_cpu_threads(be);
+    long qrows = (long)b * hq * t, krows = (long)b * hkv * t;
+    size_t nq = (size_t)qrows * d, nk = (size_t)krows * d;
+    float *qb = round_copy(be, q, nq), *kb = round_copy(be, k, nk), *vb = round_copy(be, v, nk);
+    float *gb = round_copy(be, dout, nq);
+    float *D = lb_malloc(((size_t)qrows + 1) * sizeof(float));      // (b, hq, t)
+    float *lse2 = lb_malloc(((size_t)qrows + 1) * sizeof(float));   // (b, hq, t), base 2
+
+    #pragma omp parallel num_threads(nt) if (qrows > 1)
+    {
+        double *acc = lb_malloc(((size_t)d + 1) * sizeof(double));
+        #pragma omp for
+        for (long r = 0; r < qrows; r++) {
+            int bi = (int)(r / ((long)hq * t)), h = (int)(r / t % hq), i = (int)(r % t);
+            D[r] = (float)dot_f64(ROW(dout, bi, i, h, hq), ROW(out, bi, i, h, hq), d);
+            lse2[r] = lse[r] * log2e;
+        }
+        // dq: one query row per task.
+        #pragma omp for schedule(dynamic, 4)
+        for (long r = 0; r < qrows; r++) {
+            int bi = (int)(r / ((long)hq * t)), h = (int)(r / t % hq), i = (int)(r % t);
+            int hk = h / group;
+            const float *qi = ROW(qb, bi, i, h, hq), *gi = ROW(gb, bi, i, h, hq);
+            for (int x = 0; x < d; x++) acc[x] = 0.0;
+            for (int j = 0; j <= i; j++) {
+                const float *kj = ROW(kb, bi, j, hk, hkv);
+                float p, ds;
+                bwd_pair_bf16(&p, &ds, qi, kj, gi, ROW(vb, bi, j, hk, hkv), d, c, lse2[r], D[r]);
+                double dsb = lb_round_bf16(ds);
+                for (int x = 0; x < d; x++) acc[x] += dsb * kj[x];
+            }
+            float *dqi = ROW(dq, bi, i, h, hq);
+            for (int x = 0; x < d; x++) dqi[x] = (float)(acc[x] * scale);
+        }
+        free(acc);
+    }
+
+    #pragma omp parallel num_threads(nt) if (krows > 1)
+    {
+        double *acc = lb_malloc(((size_t)2 * d + 1) * sizeof(double));   // dk (d), dv (d)
+        #pragma omp for schedule(dynamic, 4)
+        for (long r = 0; r < krows; r++) {
+            int bi = (int)(r / ((long)hkv * t)), hk = (int)(r / t % hkv), j = (int)(r % t);
+            const float *kj = ROW(kb, bi, j, hk, hkv), *vj = ROW(vb, bi, j, hk, hkv);
+            for (int x = 0; x < 2 * d; x++) acc[x] = 0.0;
+            for (int h = hk * group; h < (hk + 1) * group; h++) {
+                size_t lrow = ((size_t)bi * hq + h) * t;
+                for (int i = j; i < t; i++) {
+                    const float *qi = ROW(qb, bi, i, h, hq), *gi = ROW(gb, bi, i, h, hq);
+                    float p, ds;
+                    bwd_pair_bf16(&p, &ds, qi, kj, gi, vj, d, c, lse2[lrow + i], D[lrow + i]);
+                    double dsb = lb_round_bf16(ds), pb = lb_round_bf16(p);
+                    for (int x = 0; x < d; x++) {
+                        acc[x] += dsb * qi[x];
+                        acc[d + x] += pb * gi[x];
+                    }
+                }
+            }
+            float *dkj = ROW(dk, bi, j, hk, hkv), *dvj = ROW(dv, bi, j, hk, hkv);
+            for (int x = 0; x < d; x++) {
+                dkj[x] = (float)(acc[x] * scale);
+                dvj[x] = (float)acc[d + x];
+            }
+        }
+        free(acc);
+    }
+    free(qb), free(kb), free(vb), free(gb), free(D), free(lse2);
+}
+
+// --- the table's entries: fp32 mode, or the bf16 functions above ---------------------------
+
 static void cpu_attention_fwd(lb_backend *be, float *out, float *lse, const float *q,
-                              const float *k, const float *v, int b, int t, int hq, int hkv, int d)
+                              const float *k, const float *v, int b, int t, int hq, int hkv, int d,
+                              int bf16)
 {
     check_heads("attention_fwd", b, t, hq, hkv, d);
+    if (bf16) {
+        attention_fwd_bf16(be, out, lse, q, k, v, b, t, hq, hkv, d);
+        return;
+    }
     int group = hq / hkv;
     double scale = 1.0 / sqrt((double)d);
     long rows = (long)b * hq * t;
@@ -91,9 +284,13 @@ static void cpu_attention_fwd(lb_backend *be, float *out, float *lse, const floa
 // the same expression, so both passes see identical probabilities.
 static void cpu_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv, const float *dout,
                               const float *q, const float *k, const float *v, const float *out,
-                              const float *lse, int b, int t, int hq, int hkv, int d)
+                              const float *lse, int b, int t, int hq, int hkv, int d, int bf16)
 {
     check_heads("attention_bwd", b, t, hq, hkv, d);
+    if (bf16) {
+        attention_bwd_bf16(be, dq, dk, dv, dout, q, k, v, out, lse, b, t, hq, hkv, d);
+        return;
+    }
     int group = hq / hkv;
     double scale = 1.0 / sqrt((double)d);
     int nt = lb_cpu_threads(be);
@@ -229,30 +426,60 @@ static void kv_dequant_rows(float *y, const uint8_t *codes, const float *scales,
                 lb_decode(LB_E4M3, codes[j * stride + x]) * scales[j * sstride + x / 128];
 }
 
+// bf16 mode: the row's keys and values (nk, d), fp32 cache rows at stride hkv * d or the
+// fp8 ones already dequantized at stride d, rounded to bf16 in place or into kd, vd.
+static void kv_round_rows(float *kd, float *vd, const float *k, const float *v, int nk,
+                          size_t stride, int d)
+{
+    for (int j = 0; j < nk; j++)
+        for (int x = 0; x < d; x++) {
+            kd[(size_t)j * d + x] = lb_round_bf16(k[j * stride + x]);
+            vd[(size_t)j * d + x] = lb_round_bf16(v[j * stride + x]);
+        }
+}
+
 static void cpu_attention_cached(lb_backend *be, float *out, const float *q, const lb_kv_layer *c,
-                                 const int32_t *slot, const int32_t *pos, int n, int hq)
+                                 const int32_t *slot, const int32_t *pos, int n, int hq, int bf16)
 {
     int d = c->d, hkv = c->hkv, cap = c->cap;
     check_heads("attention_cached", 1, 1, hq, hkv, d);
     check_cache_rows("attention_cached", c, slot, pos, n);
     int group = hq / hkv, nb = kv_blocks(d);
     double scale = 1.0 / sqrt((double)d);
+    float c2 = attn_log2_scale(d);
     long rows = (long)n * hq;
     size_t stride = (size_t)hkv * d;
     #pragma omp parallel num_threads(lb_cpu_threads(be)) if (rows > 1)
     {
-        // scores (cap), acc (d); fp8: the row's keys and values dequantized (cap, d) each
+        // scores (cap), acc (d); fp8 or bf16: the row's keys and values as attn_row reads
+        // them (cap, d) each; bf16: the rounded query row (d) and attn_row_bf16's scratch
         double *s = lb_malloc(((size_t)cap + d) * sizeof(double));
         double *acc = s + cap;
-        float *kd = c->fp8 ? lb_malloc((size_t)2 * cap * d * sizeof(float)) : NULL;
+        float *kd = c->fp8 || bf16 ? lb_malloc((size_t)2 * cap * d * sizeof(float)) : NULL;
         float *vd = kd ? kd + (size_t)cap * d : NULL;
+        float *qb = bf16 ? lb_malloc(((size_t)d + 1) * sizeof(float)) : NULL;
+        row_scratch w = row_scratch_new(d);
         #pragma omp for schedule(dynamic, 4)
         for (long r = 0; r < rows; r++) {
             int i = (int)(r / hq), h = (int)(r % hq), hk = h / group, nk = pos[i] + 1;
             float lse;
             const float *qi = q + ((size_t)i * hq + h) * d;
             float *oi = out + ((size_t)i * hq + h) * d;
-            if (c->fp8) {
+            if (bf16) {
+                size_t o = kv_off(c, slot[i], 0, hk, d), so = kv_off(c, slot[i], 0, hk, nb);
+                if (c->fp8) {   // dequantized as below, then rounded in place
+                    kv_dequant_rows(kd, (const uint8_t *)c->k + o, c->ks + so, nk, stride,
+                                    (size_t)hkv * nb, d);
+                    kv_dequant_rows(vd, (const uint8_t *)c->v + o, c->vs + so, nk, stride,
+                                    (size_t)hkv * nb, d);
+                    kv_round_rows(kd, vd, kd, vd, nk, (size_t)d, d);
+                } else {
+                    kv_round_rows(kd, vd, (const float *)c->k + o, (const float *)c->v + o, nk,
+                                  stride, d);
+                }
+                for (int x = 0; x < d; x++) qb[x] = lb_round_bf16(qi[x]);
+                attn_row_bf16(oi, &lse, qb, kd, vd, (size_t)d, nk, d, c2, &w);
+            } else if (c->fp8) {
                 size_t o = kv_off(c, slot[i], 0, hk, d), so = kv_off(c, slot[i], 0, hk, nb);
                 kv_dequant_rows(kd, (const uint8_t *)c->k + o, c->ks + so, nk, stride,
                                 (size_t)hkv * nb, d);
@@ -267,6 +494,8 @@ static void cpu_attention_cached(lb_backend *be, float *out, const float *q, con
         }
         free(s);
         free(kd);
+        free(qb);
+        row_scratch_free(&w);
     }
 }
 

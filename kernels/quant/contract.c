@@ -164,7 +164,16 @@ int lb_contract_resolve(lb_contract *c, const lb_precision_spec *s, int layers, 
         snprintf(err, errlen, "precision.wgrad_hadamard: unknown transform '%s'", s->wgrad_hadamard);
         return -1;
     }
+    int attn_bf16 = strcmp(s->recipe, "fp32") != 0;   // auto
+    if (!strcmp(s->attention, "fp32")) attn_bf16 = 0;
+    else if (!strcmp(s->attention, "bf16")) attn_bf16 = 1;
+    else if (*s->attention && strcmp(s->attention, "auto")) {
+        snprintf(err, errlen, "precision.attention: unknown mode '%s' (auto, fp32, bf16)",
+                 s->attention);
+        return -1;
+    }
     c->layers = layers;
+    c->attention_bf16 = attn_bf16;
     snprintf(c->recipe, sizeof c->recipe, "%s", s->recipe);
     c->sites = lb_calloc((size_t)layers * LB_NROLES * LB_NPASSES, sizeof *c->sites);
     for (int l = 0; l < layers; l++)
@@ -233,6 +242,8 @@ void lb_contract_print(const lb_contract *c, FILE *f)
 {
     fprintf(f, "precision   recipe %s (role x pass -> format; /deq, /high: backward mode; "
                "+h16: Hadamard; +sr: stochastic rounding)\n", c->recipe);
+    fprintf(f, "  attention %s\n", c->attention_bf16 ? "bf16 (bf16 inputs, tensor-core numerics)"
+                                                    : "fp32");
     for (int l = 0; l < c->layers; l++) {
         if (l > 0 && layer_same(c, l, l - 1)) continue;
         int last = l;

@@ -46,12 +46,17 @@ typedef struct {
     char keep_bf16_roles[256];     // comma list of roles kept in BF16, e.g. "router,lm_head"
     char keep_bf16_layers[256];    // comma list of layer indices, negative from the end
     char overrides[1024];          // "role.pass=format" items separated by ';' or ','
+    char attention[8];             // auto | fp32 | bf16: attention's numerics ("" = auto)
 } lb_precision_spec;
 
 typedef struct {
     int layers;
     char recipe[16];
     lb_site *sites;                // (layers, LB_NROLES, LB_NPASSES)
+    // Attention's numerics mode (kernels.h, attention_*'s bf16 argument): 1 = bf16 inputs on
+    // tensor cores (FlashAttention's numerics). auto: every recipe but fp32, which stays the
+    // exact reference.
+    int attention_bf16;
 } lb_contract;
 
 // Resolves spec for a model of `layers` layers. Returns 0, or -1 with a message naming the
