@@ -26,6 +26,10 @@
 //                   ~3e-7), the bound leaves a factor of 30 in RMS error.
 //   B_DOT    1e-13  a double dot product rounded once to fp32, summed in another order than
 //                   the CPU (moe_combine_bwd's dweight): at most one fp32 rounding apart.
+//   B_ATTN_BF16 1e-6  attention in bf16 mode (kernels.h) against the CPU's bf16 mode: both
+//                   round the same inputs to bf16, but the GPU sums in fp32 in another order
+//                   and its exp2f is approximate, so now and then a bf16 rounding of p or ds
+//                   (2^-9 relative) falls the other way; those flips dominate.
 // Run with LB_TEST_VERBOSE=1 to print every measured error.
 //
 // The suite skips (exit 77) when lowbit was built without CUDA or no CUDA device is visible,
@@ -55,6 +59,7 @@ void lb_cuda_gemm_q_stats(lb_backend *be, long *fp8_native, long *fp8_fallback, 
 #define B_ROUND 1e-12
 #define B_ACCUM 1e-10
 #define B_DOT 1e-13
+#define B_ATTN_BF16 1e-6
 
 static lb_backend *cpu, *gpu;
 static uint64_t seed;
@@ -597,14 +602,23 @@ END_TEST
 
 // --- attention -------------------------------------------------------------------------------
 
-static void attention_case(int b, int t, int hq, int hkv, int d)
+// bf16: both backends in bf16 mode (kernels.h), bound B_ATTN_BF16; else fp32 mode, B_ACCUM.
+static void attention_case(int b, int t, int hq, int hkv, int d, int bf16)
 {
     size_t nq = (size_t)b * t * hq * d, nk = (size_t)b * t * hkv * d, nl = (size_t)b * hq * t;
     float *q = randn(nq, 1), *k = randn(nk, 1), *v = randn(nk, 1), *g = randn(nq, 1);
+    // A one-key row's softmax is constant, so its exact dq is 0, and the computed dS = dP - D
+    // is rounding noise: in bf16 mode dP takes bf16(dout) and D the fp32 dout, and the GPU
+    // accumulates dP on tensor cores, so the two backends' noise differs by more than any
+    // relative bound can state (5.3e-6 against 1e-6 measured on the H200). With dout
+    // bf16-valued, dP and D are the same exact sum and the CPU's dq is exactly 0: the GPU's
+    // dq is then held to the absolute bound (nmse() of a zero reference).
+    if (bf16 && t == 1)
+        for (size_t i = 0; i < nq; i++) g[i] = lb_round_bf16(g[i]);
     float *out = lb_malloc(nq * 4), *lse = lb_malloc(nl * 4);
     float *dq = lb_malloc(nq * 4), *dk = lb_malloc(nk * 4), *dv = lb_malloc(nk * 4);
-    cpu->attention_fwd(cpu, out, lse, q, k, v, b, t, hq, hkv, d);
-    cpu->attention_bwd(cpu, dq, dk, dv, g, q, k, v, out, lse, b, t, hq, hkv, d);
+    cpu->attention_fwd(cpu, out, lse, q, k, v, b, t, hq, hkv, d, bf16);
+    cpu->attention_bwd(cpu, dq, dk, dv, g, q, k, v, out, lse, b, t, hq, hkv, d, bf16);
     float *Q = dput(q, nq * 4), *Kd = dput(k, nk * 4), *Vd = dput(v, nk * 4), *G = dput(g, nq * 4);
     float *O = gpu->alloc(gpu, nq * 4), *L = gpu->alloc(gpu, nl * 4);
     float *Oc = dput(out, nq * 4), *Lc = dput(lse, nl * 4);
@@ -614,9 +628,9 @@ static void attention_case(int b, int t, int hq, int hkv, int d)
     for (int r = 0; r < 2; r++) {
         poison(O, nq * 4), poison(L, nl * 4);
         poison(DQ, nq * 4), poison(DK, nk * 4), poison(DV, nk * 4);
-        gpu->attention_fwd(gpu, O, L, Q, Kd, Vd, b, t, hq, hkv, d);
+        gpu->attention_fwd(gpu, O, L, Q, Kd, Vd, b, t, hq, hkv, d, bf16);
         // The backward takes the CPU's out and lse, so it is compared on identical inputs.
-        gpu->attention_bwd(gpu, DQ, DK, DV, G, Q, Kd, Vd, Oc, Lc, b, t, hq, hkv, d);
+        gpu->attention_bwd(gpu, DQ, DK, DV, G, Q, Kd, Vd, Oc, Lc, b, t, hq, hkv, d, bf16);
         keep[r][0] = hget(O, nq * 4), keep[r][1] = hget(L, nl * 4);
         keep[r][2] = hget(DQ, nq * 4), keep[r][3] = hget(DK, nk * 4);
         keep[r][4] = hget(DV, nk * 4);
@@ -626,18 +640,21 @@ static void attention_case(int b, int t, int hq, int hkv, int d)
     const size_t sizes[5] = {nq, nl, nq, nk, nk};
     for (int i = 0; i < 5; i++) {
         char what[96];
-        snprintf(what, sizeof what, "attention %s b %d t %d hq %d hkv %d d %d", names[i], b, t,
-                 hq, hkv, d);
-        CHECK_NMSE(what, keep[0][i], refs[i], sizes[i], B_ACCUM);
-        snprintf(what, sizeof what, "attention %s, run twice", names[i]);
+        snprintf(what, sizeof what, "attention%s %s b %d t %d hq %d hkv %d d %d",
+                 bf16 ? " bf16" : "", names[i], b, t, hq, hkv, d);
+        CHECK_NMSE(what, keep[0][i], refs[i], sizes[i], bf16 ? B_ATTN_BF16 : B_ACCUM);
+        snprintf(what, sizeof what, "attention%s %s, run twice", bf16 ? " bf16" : "", names[i]);
         CHECK_BITS(what, keep[0][i], keep[1][i], sizes[i] * 4);
     }
-    // Causality: the first query of each sequence and head sees only its own key.
+    // Causality: the first query of each sequence and head sees only its own key (with p = 1:
+    // in bf16 mode the output is that value rounded to bf16).
     for (int bi = 0; bi < b; bi++)
         for (int h = 0; h < hq; h++)
-            for (int x = 0; x < d; x++)
+            for (int x = 0; x < d; x++) {
+                float vx = v[(((size_t)bi * t) * hkv + h / (hq / hkv)) * d + x];
                 ck_assert(keep[0][0][(((size_t)bi * t) * hq + h) * d + x] ==
-                          v[(((size_t)bi * t) * hkv + h / (hq / hkv)) * d + x]);
+                          (bf16 ? lb_round_bf16(vx) : vx));
+            }
     for (int r = 0; r < 2; r++)
         for (int i = 0; i < 5; i++) free(keep[r][i]);
     dfree(Q), dfree(Kd), dfree(Vd), dfree(G), dfree(O), dfree(L), dfree(Oc), dfree(Lc);
@@ -647,10 +664,25 @@ static void attention_case(int b, int t, int hq, int hkv, int d)
 
 START_TEST(test_attention)
 {
-    attention_case(2, 129, 6, 2, 64);
-    attention_case(1, 129, 4, 1, 128);
-    attention_case(2, 37, 3, 3, 24);    // no grouping, a head dim below one warp
-    attention_case(1, 70, 2, 1, 256);   // the largest head dim supported
+    attention_case(2, 129, 6, 2, 64, 0);
+    attention_case(1, 129, 4, 1, 128, 0);
+    attention_case(2, 37, 3, 3, 24, 0);    // no grouping, a head dim below one warp
+    attention_case(1, 70, 2, 1, 256, 0);   // the largest head dim supported
+}
+END_TEST
+
+// bf16 mode (the tensor-core kernels): lengths below, across and beyond the 64-key chunks,
+// head dims 16, 64 and 128 (the largest in this mode), GQA 2:1 and Qwen3-30B-A3B's 32:4, and
+// d 40, which the kernels pad to 48.
+START_TEST(test_attention_bf16)
+{
+    const int ts[] = {1, 77, 200}, ds[] = {16, 64, 128};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+            attention_case(2, ts[i], 4, 2, ds[j], 1);
+            attention_case(1, ts[i], 32, 4, ds[j], 1);
+        }
+    attention_case(2, 77, 4, 2, 40, 1);
 }
 END_TEST
 
@@ -1098,20 +1130,39 @@ START_TEST(test_batch_invariance_rows)
         CHECK_BITS("cross_entropy row alone vs among 300", ls + row, ls1, 4);
         dfree(L), dfree(LS), dfree(LS1), dfree(T), free(l), free(t), free(ls), free(ls1);
     }
-    {   // attention
+    for (int bf16 = 0; bf16 <= 1; bf16++) {   // attention, in both numerics modes
         const int b = 3, mid = 1, t = 129, hq = 6, hkv = 2, d = 64, tp = 70;
         size_t sq = (size_t)t * hq * d, sk = (size_t)t * hkv * d, sl = (size_t)hq * t;
         float *q = randn(b * sq, 1), *k = randn(b * sk, 1), *v = randn(b * sk, 1);
         float *Q = dput(q, b * sq * 4), *Kd = dput(k, b * sk * 4), *Vd = dput(v, b * sk * 4);
         float *O = dpoisoned(b * sq * 4), *L = dpoisoned(b * sl * 4);
         float *O1 = dpoisoned(sq * 4), *L1 = dpoisoned(sl * 4);
-        gpu->attention_fwd(gpu, O, L, Q, Kd, Vd, b, t, hq, hkv, d);
+        gpu->attention_fwd(gpu, O, L, Q, Kd, Vd, b, t, hq, hkv, d, bf16);
         gpu->attention_fwd(gpu, O1, L1, Q + mid * sq, Kd + mid * sk, Vd + mid * sk, 1, t, hq,
-                           hkv, d);
+                           hkv, d, bf16);
         float *o = hget(O, b * sq * 4), *o1 = hget(O1, sq * 4);
         float *lb = hget(L, b * sl * 4), *l1 = hget(L1, sl * 4);
-        CHECK_BITS("attention out, batch 1 vs 3", o + mid * sq, o1, sq * 4);
-        CHECK_BITS("attention lse, batch 1 vs 3", lb + mid * sl, l1, sl * 4);
+        CHECK_BITS(bf16 ? "attention bf16 out, batch 1 vs 3" : "attention out, batch 1 vs 3",
+                   o + mid * sq, o1, sq * 4);
+        CHECK_BITS(bf16 ? "attention bf16 lse, batch 1 vs 3" : "attention lse, batch 1 vs 3",
+                   lb + mid * sl, l1, sl * 4);
+        if (bf16) {   // the tensor-core backward too: no split of a row's sums by batch size
+            float *g = randn(b * sq, 1), *G = dput(g, b * sq * 4);
+            float *DQ = dpoisoned(b * sq * 4), *DK = dpoisoned(b * sk * 4);
+            float *DV = dpoisoned(b * sk * 4), *DQ1 = dpoisoned(sq * 4);
+            float *DK1 = dpoisoned(sk * 4), *DV1 = dpoisoned(sk * 4);
+            gpu->attention_bwd(gpu, DQ, DK, DV, G, Q, Kd, Vd, O, L, b, t, hq, hkv, d, 1);
+            gpu->attention_bwd(gpu, DQ1, DK1, DV1, G + mid * sq, Q + mid * sq, Kd + mid * sk,
+                               Vd + mid * sk, O1, L1, 1, t, hq, hkv, d, 1);
+            float *gb[3] = {hget(DQ, b * sq * 4), hget(DK, b * sk * 4), hget(DV, b * sk * 4)};
+            float *g1[3] = {hget(DQ1, sq * 4), hget(DK1, sk * 4), hget(DV1, sk * 4)};
+            CHECK_BITS("attention bf16 dq, batch 1 vs 3", gb[0] + mid * sq, g1[0], sq * 4);
+            CHECK_BITS("attention bf16 dk, batch 1 vs 3", gb[1] + mid * sk, g1[1], sk * 4);
+            CHECK_BITS("attention bf16 dv, batch 1 vs 3", gb[2] + mid * sk, g1[2], sk * 4);
+            for (int i = 0; i < 3; i++) free(gb[i]), free(g1[i]);
+            dfree(G), dfree(DQ), dfree(DK), dfree(DV), dfree(DQ1), dfree(DK1), dfree(DV1);
+            free(g);
+        }
         // Prefix: sequence 1's first tp tokens as a sequence of their own.
         float *qp = lb_malloc((size_t)tp * hq * d * 4), *kp = lb_malloc((size_t)tp * hkv * d * 4);
         float *vp = lb_malloc((size_t)tp * hkv * d * 4);
@@ -1121,12 +1172,15 @@ START_TEST(test_batch_invariance_rows)
         float *QP = dput(qp, (size_t)tp * hq * d * 4), *KP = dput(kp, (size_t)tp * hkv * d * 4);
         float *VP = dput(vp, (size_t)tp * hkv * d * 4);
         float *OP = dpoisoned((size_t)tp * hq * d * 4), *LP = dpoisoned((size_t)hq * tp * 4);
-        gpu->attention_fwd(gpu, OP, LP, QP, KP, VP, 1, tp, hq, hkv, d);
+        gpu->attention_fwd(gpu, OP, LP, QP, KP, VP, 1, tp, hq, hkv, d, bf16);
         float *op = hget(OP, (size_t)tp * hq * d * 4), *lp = hget(LP, (size_t)hq * tp * 4);
-        CHECK_BITS("attention out, t 70 vs first 70 of t 129", op, o1, (size_t)tp * hq * d * 4);
+        CHECK_BITS(bf16 ? "attention bf16 out, t 70 vs first 70 of t 129"
+                        : "attention out, t 70 vs first 70 of t 129",
+                   op, o1, (size_t)tp * hq * d * 4);
         for (int h = 0; h < hq; h++)
-            CHECK_BITS("attention lse, t 70 vs first 70 of t 129", lp + (size_t)h * tp,
-                       l1 + (size_t)h * t, (size_t)tp * 4);
+            CHECK_BITS(bf16 ? "attention bf16 lse, t 70 vs first 70 of t 129"
+                            : "attention lse, t 70 vs first 70 of t 129",
+                       lp + (size_t)h * tp, l1 + (size_t)h * t, (size_t)tp * 4);
         dfree(Q), dfree(Kd), dfree(Vd), dfree(O), dfree(L), dfree(O1), dfree(L1);
         dfree(QP), dfree(KP), dfree(VP), dfree(OP), dfree(LP);
         free(q), free(k), free(v), free(o), free(o1), free(lb), free(l1);
@@ -1777,8 +1831,10 @@ START_TEST(test_kv_append)
 END_TEST
 
 // n query rows at random (slot, position) of the filled caches, hq = group * hkv heads; rows 0..3
-// take position 0, the last position of the fullest slot and the chunk edges 31 and 32.
-static void attention_cached_case(int fp8, int slots, int cap, int hkv, int group, int d, int n)
+// take position 0, the last position of the fullest slot and the chunk edges 31 and 32 (bf16
+// mode: 63 and 64, its chunk edge). bf16: both backends in bf16 mode, bound B_ATTN_BF16.
+static void attention_cached_case(int fp8, int slots, int cap, int hkv, int group, int d, int n,
+                                  int bf16)
 {
     kv_pair p;
     kv_pair_init(&p, fp8, slots, cap, hkv, d);
@@ -1794,35 +1850,37 @@ static void attention_cached_case(int fp8, int slots, int cap, int hkv, int grou
     for (int i = 0; i < n; i++)
         pos[i] = (int32_t)(lb_rand_u64(seed, next_stream, i) % (uint64_t)len[slot[i]]);
     next_stream++;
-    const int edge[4] = {0, cap - 1, 31, 32};
+    const int edge[4] = {0, cap - 1, bf16 ? 63 : 31, bf16 ? 64 : 32};
     for (int i = 0; i < 4 && i < n; i++) slot[i] = 0, pos[i] = edge[i] < cap ? edge[i] : 0;
     float *q = randn(nq, 1), *out = lb_malloc(nq * 4);
-    cpu->attention_cached(cpu, out, q, &p.h, slot, pos, n, hq);
+    cpu->attention_cached(cpu, out, q, &p.h, slot, pos, n, hq, bf16);
     float *Q = dput(q, nq * 4), *O = gpu->alloc(gpu, nq * 4);
     int32_t *S = dput(slot, (size_t)n * 4), *P = dput(pos, (size_t)n * 4);
     float *keep[2];
     for (int r = 0; r < 2; r++) {
         poison(O, nq * 4);
-        gpu->attention_cached(gpu, O, Q, &p.d, S, P, n, hq);
+        gpu->attention_cached(gpu, O, Q, &p.d, S, P, n, hq, bf16);
         keep[r] = hget(O, nq * 4);
     }
     char what[128];
-    snprintf(what, sizeof what, "attention_cached fp8 %d n %d hq %d hkv %d d %d cap %d", fp8, n,
-             hq, hkv, d, cap);
-    CHECK_NMSE(what, keep[0], out, nq, B_ACCUM);
+    snprintf(what, sizeof what, "attention_cached%s fp8 %d n %d hq %d hkv %d d %d cap %d",
+             bf16 ? " bf16" : "", fp8, n, hq, hkv, d, cap);
+    CHECK_NMSE(what, keep[0], out, nq, bf16 ? B_ATTN_BF16 : B_ACCUM);
     CHECK_BITS("attention_cached, run twice", keep[0], keep[1], nq * 4);
     // Row 1 (the longest) alone equals its result among the n rows (batch invariance).
     float *O1 = dpoisoned((size_t)hq * d * 4);
-    gpu->attention_cached(gpu, O1, Q + (size_t)hq * d, &p.d, S + 1, P + 1, 1, hq);
+    gpu->attention_cached(gpu, O1, Q + (size_t)hq * d, &p.d, S + 1, P + 1, 1, hq, bf16);
     float *one = hget(O1, (size_t)hq * d * 4);
     CHECK_BITS("attention_cached, a row alone vs among all", one, keep[0] + (size_t)hq * d,
                (size_t)hq * d * 4);
-    // Position 0 attends to its own key alone: the output is that value row.
+    // Position 0 attends to its own key alone: the output is that value row (bf16 mode: the
+    // value rounded to bf16).
     if (!fp8)
         for (int h = 0; h < hq; h++)
-            for (int x = 0; x < d; x++)
-                ck_assert(keep[0][(size_t)h * d + x] ==
-                          ((float *)p.h.v)[(size_t)(h / group) * d + x]);
+            for (int x = 0; x < d; x++) {
+                float vx = ((float *)p.h.v)[(size_t)(h / group) * d + x];
+                ck_assert(keep[0][(size_t)h * d + x] == (bf16 ? lb_round_bf16(vx) : vx));
+            }
     free(one), dfree(O1), free(keep[0]), free(keep[1]);
     dfree(Q), dfree(O), dfree(S), dfree(P);
     free(q), free(out), free(slot), free(pos);
@@ -1831,12 +1889,24 @@ static void attention_cached_case(int fp8, int slots, int cap, int hkv, int grou
 
 START_TEST(test_attention_cached)
 {
-    attention_cached_case(0, 5, 100, 2, 3, 64, 37);    // GQA 3:1, keys up to 100
-    attention_cached_case(0, 4, 70, 4, 8, 128, 29);    // Qwen3-30B-A3B's heads (32 q, 4 kv)
-    attention_cached_case(0, 7, 41, 3, 1, 24, 53);     // no grouping, head dim below a warp
-    attention_cached_case(0, 2, 45, 1, 2, 256, 11);    // the largest head dim
-    attention_cached_case(1, 5, 100, 2, 3, 64, 37);    // fp8 cache, one partial block
-    attention_cached_case(1, 4, 70, 2, 2, 160, 23);    // fp8, two blocks per row
+    attention_cached_case(0, 5, 100, 2, 3, 64, 37, 0);    // GQA 3:1, keys up to 100
+    attention_cached_case(0, 4, 70, 4, 8, 128, 29, 0);    // Qwen3-30B-A3B's heads (32 q, 4 kv)
+    attention_cached_case(0, 7, 41, 3, 1, 24, 53, 0);     // no grouping, head dim below a warp
+    attention_cached_case(0, 2, 45, 1, 2, 256, 11, 0);    // the largest head dim
+    attention_cached_case(1, 5, 100, 2, 3, 64, 37, 0);    // fp8 cache, one partial block
+    attention_cached_case(1, 4, 70, 2, 2, 160, 23, 0);    // fp8, two blocks per row
+}
+END_TEST
+
+// bf16 mode (the tensor-core kernels, head dims up to 128), fp32 and fp8 caches.
+START_TEST(test_attention_cached_bf16)
+{
+    attention_cached_case(0, 5, 100, 2, 2, 64, 37, 1);    // GQA 2:1, keys up to 100
+    attention_cached_case(0, 4, 200, 4, 8, 128, 29, 1);   // Qwen3-30B-A3B's heads, 200 keys
+    attention_cached_case(0, 7, 77, 2, 2, 16, 53, 1);     // the smallest tile
+    attention_cached_case(0, 4, 77, 2, 2, 40, 23, 1);     // d 40, padded to 48
+    attention_cached_case(1, 5, 100, 2, 2, 64, 37, 1);    // fp8 cache, one partial block
+    attention_cached_case(1, 4, 200, 4, 8, 128, 23, 1);   // fp8, one full block per row
 }
 END_TEST
 
@@ -1878,6 +1948,7 @@ int main(void)
     tcase_add_test(tc, test_rmsnorm);
     tcase_add_test(tc, test_rope);
     tcase_add_test(tc, test_attention);
+    tcase_add_test(tc, test_attention_bf16);
     tcase_add_test(tc, test_swiglu);
     tcase_add_test(tc, test_router);
     tcase_add_test(tc, test_moe_aux_loss);
@@ -1891,6 +1962,7 @@ int main(void)
     tcase_add_test(tc, test_gemm_q);
     tcase_add_test(tc, test_kv_append);
     tcase_add_test(tc, test_attention_cached);
+    tcase_add_test(tc, test_attention_cached_bf16);
     suite_add_tcase(su, tc);
     tc = tcase_create("invariance");
     tcase_add_test(tc, test_batch_invariance_gemm);

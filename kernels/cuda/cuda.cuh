@@ -201,6 +201,21 @@ void lb_cuda_dequant_bf16(lb_cuda_ctx *cx, void *y, size_t ldy, int ocols,
 // If dst is not NULL, dst[j] += (float)out[j] instead of writing out.
 void lb_cuda_colsum_partials(lb_cuda_ctx *cx, const double *part, int nchunks, int c,
                              double *out, float *dst);
+// attention_tc.cu: the bf16 tensor-core attention (kernels.h, attention_* with bf16 = 1),
+// called by ops_attention.cu after its argument checks; d <= 128. Queued on cx->stream.
+// The forward takes its work memory from lb_cuda_scratch; the backward from `work`, of
+// lb_cuda_attention_tc_work bytes (the caller's scratch also holds D).
+void lb_cuda_attention_tc_fwd(lb_cuda_ctx *cx, float *out, float *lse, const float *q,
+                              const float *k, const float *v, int b, int t, int hq, int hkv,
+                              int d);
+size_t lb_cuda_attention_tc_work(int b, int t, int hq, int hkv, int d);
+void lb_cuda_attention_tc_bwd(lb_cuda_ctx *cx, float *dq, float *dk, float *dv,
+                              const float *dout, const float *q, const float *k, const float *v,
+                              const float *lse, const float *D, void *work, int b, int t, int hq,
+                              int hkv, int d);
+void lb_cuda_attention_tc_cached(lb_cuda_ctx *cx, float *out, const float *q,
+                                 const lb_kv_layer *c, const int32_t *slot,
+                                 const int32_t *pos, int n, int hq);
 }
 
 #endif

@@ -154,11 +154,16 @@ static void launch_fwd(lb_cuda_ctx *cx, float *out, float *lse, const float *q, 
 
 static void cuda_attention_fwd(lb_backend *be, float *out, float *lse, const float *q,
                                const float *k, const float *v, int b, int t, int hq, int hkv,
-                               int d)
+                               int d, int bf16)
 {
     check_heads("attention_fwd", b, t, hq, hkv, d);
     if (!b || !t || !hq || !d) return;
     lb_cuda_ctx *cx = lb_cuda(be);
+    if (bf16) {   // tensor cores (attention_tc.cu)
+        if (d > 128) lb_die("attention_fwd: bf16 mode supports head dim <= 128, not %d", d);
+        lb_cuda_attention_tc_fwd(cx, out, lse, q, k, v, b, t, hq, hkv, d);
+        return;
+    }
     if (d <= 32) launch_fwd<1>(cx, out, lse, q, k, v, b, t, hq, hkv, d);
     else if (d <= 64) launch_fwd<2>(cx, out, lse, q, k, v, b, t, hq, hkv, d);
     else if (d <= 128) launch_fwd<4>(cx, out, lse, q, k, v, b, t, hq, hkv, d);
@@ -388,10 +393,11 @@ static void launch_bwd(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const f
 static void cuda_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv,
                                const float *dout, const float *q, const float *k, const float *v,
                                const float *out, const float *lse, int b, int t, int hq, int hkv,
-                               int d)
+                               int d, int bf16)
 {
     check_heads("attention_bwd", b, t, hq, hkv, d);
     if (!b || !t || !d) return;
+    if (bf16 && d > 128) lb_die("attention_bwd: bf16 mode supports head dim <= 128, not %d", d);
     lb_cuda_ctx *cx = lb_cuda(be);
     if (!hq) {   // no query heads read k or v: their gradients are zero, as on the CPU
         size_t bytes = (size_t)b * t * hkv * d * sizeof(float);
@@ -400,10 +406,18 @@ static void cuda_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv,
         return;
     }
     long rows = (long)b * hq * t;
-    float *D = (float *)lb_cuda_scratch(cx, (size_t)rows * sizeof(float));
+    // D, then (bf16 mode) the tensor-core kernels' bf16 operands
+    size_t dbytes = ((size_t)rows * sizeof(float) + 255) / 256 * 256;
+    size_t work = bf16 ? lb_cuda_attention_tc_work(b, t, hq, hkv, d) : 0;
+    float *D = (float *)lb_cuda_scratch(cx, dbytes + work);
     attn_rowdot_kernel<float><<<(unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS), ATT_THREADS, 0,
                                 cx->stream>>>(D, dout, out, b, t, hq, d);
     LB_CUDA_LAUNCHED(cx);
+    if (bf16) {   // tensor cores (attention_tc.cu), with the same D
+        lb_cuda_attention_tc_bwd(cx, dq, dk, dv, dout, q, k, v, lse, D, (char *)D + dbytes, b,
+                                 t, hq, hkv, d);
+        return;
+    }
     if (d <= 32) launch_bwd<1>(cx, dq, dk, dv, dout, q, k, v, lse, D, b, t, hq, hkv, d);
     else if (d <= 64) launch_bwd<2>(cx, dq, dk, dv, dout, q, k, v, lse, D, b, t, hq, hkv, d);
     else if (d <= 128) launch_bwd<4>(cx, dq, dk, dv, dout, q, k, v, lse, D, b, t, hq, hkv, d);
@@ -580,13 +594,18 @@ static void launch_cached(lb_cuda_ctx *cx, float *out, const float *q, const lb_
 
 static void cuda_attention_cached(lb_backend *be, float *out, const float *q,
                                   const lb_kv_layer *c, const int32_t *slot, const int32_t *pos,
-                                  int n, int hq)
+                                  int n, int hq, int bf16)
 {
     check_heads("attention_cached", 1, 1, hq, c->hkv, c->d);
     if (n < 0) lb_die("attention_cached: negative row count %d", n);
     if (!n || !hq || !c->d) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     int d = c->d;
+    if (bf16) {   // tensor cores (attention_tc.cu)
+        if (d > 128) lb_die("attention_cached: bf16 mode supports head dim <= 128, not %d", d);
+        lb_cuda_attention_tc_cached(cx, out, q, c, slot, pos, n, hq);
+        return;
+    }
     if (d <= 32) launch_cached<1>(cx, out, q, c, slot, pos, n, hq);
     else if (d <= 64) launch_cached<2>(cx, out, q, c, slot, pos, n, hq);
     else if (d <= 128) launch_cached<4>(cx, out, q, c, slot, pos, n, hq);

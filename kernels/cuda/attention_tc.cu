@@ -1,0 +1,807 @@
+// attention_tc.cu: causal grouped-query attention on bf16 tensor cores (kernels.h, the bf16 mode
+// of attention_fwd, attention_bwd and attention_cached), FlashAttention-2 style.
+//
+// Numerics (kernels.h states them; the CPU reference computes the same): q, k, v, dout are
+// rounded to bf16; products run on mma.sync m16n8k16 (bf16 in, fp32 accumulate); the softmax
+// is base 2 and online over key chunks of LB_ATTN_CHUNK = 64 positions aligned at 0;
+// probabilities (and dS in the backward) are rounded to bf16 before they meet v (q, k).
+// Every multiply and add outside the mma is an explicit round-to-nearest intrinsic, so the
+// compiler fuses nothing and a query row's arithmetic is the same in every kernel that
+// computes it.
+//
+// Fragments (PTX ISA, mma m16n8k16): lane = 4 g + tq. A (16 x 16): rows g and g + 8, columns
+// 2 tq, 2 tq + 1 and those + 8. B (16 x 8): k rows 2 tq, 2 tq + 1 (and + 8), column g.
+// C (16 x 8): rows g, g + 8, columns 2 tq, 2 tq + 1. A warp owns 16 rows; head dims are padded
+// with zeros to a multiple of 16 (NK k-steps of 16), so d <= 128 is any size.
+//
+// Batch invariance and sampler = trainer: a query row's result depends only on its q, the keys
+// and values at positions <= its own, and its position, because (1) an mma computes each
+// output element from its own row of A and column of B, (2) the chunks are fixed, processed
+// in order, and a chunk whose keys are all masked for a row leaves that row's state exactly
+// unchanged (its max, scale 1, probabilities 0, products 0), (3) masked keys meet zero-valued
+// or finite values only. attention_cached runs the same chunk function (tc_chunk) on the
+// cache, with one warp holding the query heads of one kv head for one token.
+//
+// Backward (no atomics): one kernel per query tile for dq (keys streamed), one per key tile
+// for dk and dv (query chunks of every head of the group streamed, in order).
+//
+// Staging: k and v (and q, dout for the backward) are first converted once to bf16 copies
+// (rows padded with zeros to 16 NK elements, so every row is whole 16-byte vectors); chunks then
+// stream into shared memory with cp.async, double-buffered: the next chunk loads while the
+// tensor cores work on this one.
+#include "kernels/cuda/cuda.cuh"
+
+#include <math.h>
+
+#define TC_KC 64                       // keys per chunk (LB_ATTN_CHUNK)
+#define TC_FWD_WARPS 8                 // forward: 8 warps x 16 query rows per block
+#define TC_BWD_WARPS 4                 // backward: 4 warps x 16 rows per block
+#define TC_LOG2E 1.4426950408889634
+#define TC_LN2 0.69314718055994531f
+
+static_assert(TC_KC == LB_ATTN_CHUNK, "the CUDA chunk is the kernel set's");
+static_assert(TC_BWD_WARPS * 16 == TC_KC, "a backward key tile is one query chunk wide");
+
+// --- mma helpers -------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t tc_pack(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);   // .x (lo) in the low half
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+__device__ __forceinline__ void tc_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 bf16 tiles, transposed: with lane L giving the address of row L & 7 of tile L >> 3,
+// register i holds tile i's B fragment (k rows 2 tq, 2 tq + 1; column g).
+__device__ __forceinline__ void tc_ldsm_t(uint32_t r[4], const __nv_bfloat16 *p)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+__device__ __forceinline__ uint32_t tc_ld32(const __nv_bfloat16 *p)
+{
+    return *reinterpret_cast<const uint32_t *>(p);
+}
+
+// A fragment of rows r0 (g) and r0 + 8 of a (rows, DP) bf16 tile in shared memory, k-step kk.
+__device__ __forceinline__ void tc_afrag(uint32_t a[4], const __nv_bfloat16 *s, int DP, int g,
+                                         int tq, int kk)
+{
+    const __nv_bfloat16 *p = s + g * DP + kk * 16 + 2 * tq;
+    a[0] = tc_ld32(p);
+    a[1] = tc_ld32(p + 8 * DP);
+    a[2] = tc_ld32(p + 8);
+    a[3] = tc_ld32(p + 8 * DP + 8);
+}
+
+// B fragments for "X^T" where X (n, DP) is row-major with n along the product's columns
+// (keys of K for S = Q K^T): column nt * 8 + g, k-step kk.
+__device__ __forceinline__ void tc_bfrag(uint32_t &b0, uint32_t &b1, const __nv_bfloat16 *s,
+                                         int DP, int g, int tq, int nt, int kk)
+{
+    const __nv_bfloat16 *p = s + (nt * 8 + g) * DP + kk * 16 + 2 * tq;
+    b0 = tc_ld32(p);
+    b1 = tc_ld32(p + 8);
+}
+
+// B fragments for X (k, DP) row-major with k along the reduction (V in P V): k-step ks,
+// columns dt * 8 .. dt * 8 + 15 (two n-tiles): b[0], b[1] tile dt; b[2], b[3] tile dt + 1.
+__device__ __forceinline__ void tc_bfrag_t(uint32_t b[4], const __nv_bfloat16 *s, int DP,
+                                           int lane, int ks, int dt)
+{
+    const int mi = lane >> 3;
+    tc_ldsm_t(b, s + (ks * 16 + (lane & 7) + (mi & 1) * 8) * DP + (dt + (mi >> 1)) * 8);
+}
+
+// --- the chunk step shared by the forward and the cache kernel ----------------------------------
+
+template <int NK> struct tc_state {
+    float m[2], l[2];          // running max (base 2) and sum of rows g and g + 8
+    float o[2 * NK][4];        // output accumulators, n-tiles of 8 head dims
+};
+
+template <int NK> __device__ __forceinline__ void tc_state_init(tc_state<NK> &st)
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) st.m[r] = -INFINITY, st.l[r] = 0.0f;
+#pragma unroll
+    for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) st.o[dt][e] = 0.0f;
+}
+
+// Key chunk at j0 for the warp's 16 rows (query fragments qa); rows g and g + 8 see keys up to
+// positions pos0 and pos1. LD gives the K and V fragments (shared memory or the cache); both
+// give the same register values for the same keys, so the arithmetic is the same.
+template <int NK, class LD>
+__device__ __forceinline__ void tc_chunk(tc_state<NK> &st, const uint32_t (&qa)[NK][4],
+                                         const LD &ld, int j0, int pos0, int pos1, float c,
+                                         int lane)
+{
+    const int tq = lane & 3;
+    float s[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < NK; kk++)
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            uint32_t b0, b1;
+            ld.kfrag(b0, b1, nt, kk);
+            tc_mma(s[nt], qa[kk], b0, b1);
+        }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int j = j0 + nt * 8 + 2 * tq + (e & 1);
+            const float x = j <= (e < 2 ? pos0 : pos1) ? __fmul_rn(s[nt][e], c) : -INFINITY;
+            s[nt][e] = x;
+            mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+    float alpha[2], mn[2], ls[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        mn[r] = fmaxf(st.m[r], mx[r]);            // finite: key 0 of chunk 0 is never masked
+        alpha[r] = exp2f(__fsub_rn(st.m[r], mn[r]));   // 0 on the first chunk
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float p = exp2f(__fsub_rn(s[nt][e], mn[e >> 1]));   // exactly 0 if masked
+            s[nt][e] = p;
+            ls[e >> 1] = __fadd_rn(ls[e >> 1], p);
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        ls[r] = __fadd_rn(ls[r], __shfl_xor_sync(0xffffffffu, ls[r], 1));
+        ls[r] = __fadd_rn(ls[r], __shfl_xor_sync(0xffffffffu, ls[r], 2));
+        st.l[r] = __fadd_rn(__fmul_rn(st.l[r], alpha[r]), ls[r]);
+        st.m[r] = mn[r];
+    }
+#pragma unroll
+    for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) st.o[dt][e] = __fmul_rn(st.o[dt][e], alpha[e >> 1]);
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++) {
+        const uint32_t pa[4] = {tc_pack(s[2 * ks][0], s[2 * ks][1]),
+                                tc_pack(s[2 * ks][2], s[2 * ks][3]),
+                                tc_pack(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                tc_pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+        for (int dt = 0; dt < 2 * NK; dt += 2) {
+            uint32_t b[4];
+            ld.vfrag2(b, ks, dt);
+            tc_mma(st.o[dt], pa, b[0], b[1]);
+            tc_mma(st.o[dt + 1], pa, b[2], b[3]);
+        }
+    }
+}
+
+// --- forward -----------------------------------------------------------------------------------
+
+// (b, t, heads, d) element offset of row (bi, i, h).
+__device__ __forceinline__ size_t tc_row(int bi, int i, int h, int t, int heads, int d)
+{
+    return (((size_t)bi * t + i) * heads + h) * d;
+}
+
+// x (rows, d) fp32 -> y (rows, d16) bf16, zero in columns d .. d16 - 1; a pair per thread.
+__global__ void tc_to_bf16_kernel(__nv_bfloat16 *y, const float *x, long rows, int d, int d16)
+{
+    const long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int half = d16 / 2;
+    if (e >= rows * half) return;
+    const long r = e / half;
+    const int col = (int)(e % half) * 2;
+    const float *p = x + r * d;
+    const float v0 = col < d ? p[col] : 0.0f, v1 = col + 1 < d ? p[col + 1] : 0.0f;
+    *reinterpret_cast<uint32_t *>(y + r * d16 + col) = tc_pack(v0, v1);
+}
+
+__device__ __forceinline__ void tc_cp16(void *dst, const void *src, int bytes)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void tc_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Queues rows [r0, r0 + TC_KC) of one (batch, head) of x (b, t, heads, 16 NK) bf16 into
+// s (TC_KC, DP); rows past t are zero-filled (a 0-byte source).
+template <int NK, int NT>
+__device__ __forceinline__ void tc_load(__nv_bfloat16 *s, const __nv_bfloat16 *x, int bi, int r0,
+                                        int h, int t, int heads)
+{
+    constexpr int D16 = 16 * NK, DP = D16 + 8, V = D16 / 8;
+    for (int e = threadIdx.x; e < TC_KC * V; e += NT) {
+        const int r = e / V, col = (e % V) * 8, i = r0 + r;
+        const __nv_bfloat16 *src = x + (((size_t)bi * t + (i < t ? i : 0)) * heads + h) * D16 + col;
+        tc_cp16(s + r * DP + col, src, i < t ? 16 : 0);
+    }
+}
+
+// Query fragments of rows i and i + 8 (g's) straight from global memory.
+template <int NK>
+__device__ __forceinline__ void tc_qfrag(uint32_t (&qa)[NK][4], const float *q0, const float *q1,
+                                         int d, int tq)
+{
+#pragma unroll
+    for (int kk = 0; kk < NK; kk++) {
+        const int x = kk * 16 + 2 * tq;
+        float v[2][4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int xx = x + (e >> 1) * 8 + (e & 1);
+            v[0][e] = q0 && xx < d ? q0[xx] : 0.0f;
+            v[1][e] = q1 && xx < d ? q1[xx] : 0.0f;
+        }
+        qa[kk][0] = tc_pack(v[0][0], v[0][1]);
+        qa[kk][1] = tc_pack(v[1][0], v[1][1]);
+        qa[kk][2] = tc_pack(v[0][2], v[0][3]);
+        qa[kk][3] = tc_pack(v[1][2], v[1][3]);
+    }
+}
+
+// K and V chunk fragments from shared memory (K, V (TC_KC, DP) row-major).
+struct tc_smem_ld {
+    const __nv_bfloat16 *k, *v;
+    int DP, g, tq, lane;
+    __device__ void kfrag(uint32_t &b0, uint32_t &b1, int nt, int kk) const
+    {
+        tc_bfrag(b0, b1, k, DP, g, tq, nt, kk);
+    }
+    __device__ void vfrag2(uint32_t b[4], int ks, int dt) const
+    {
+        tc_bfrag_t(b, v, DP, lane, ks, dt);
+    }
+};
+
+// Shared memory: two stages of K and V chunks (TC_KC, DP) each.
+template <int NK>
+__global__ void __launch_bounds__(TC_FWD_WARPS * 32)
+tc_fwd_kernel(float *out, float *lse, const float *q, const __nv_bfloat16 *kb,
+              const __nv_bfloat16 *vb, int t, int hq, int hkv, int d, float c)
+{
+    constexpr int DP = 16 * NK + 8, NT = TC_FWD_WARPS * 32, TILE = TC_KC * DP;
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    __nv_bfloat16 *sm = reinterpret_cast<__nv_bfloat16 *>(tc_sm);
+    const int bi = blockIdx.z, h = blockIdx.y, hk = h / (hq / hkv);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const int i0 = blockIdx.x * (TC_FWD_WARPS * 16), iw = i0 + warp * 16;
+    const int r0 = iw + g, r1 = r0 + 8;
+    const int nchunks = (min(i0 + TC_FWD_WARPS * 16, t) - 1) / TC_KC + 1;
+    tc_load<NK, NT>(sm, kb, bi, 0, hk, t, hkv);
+    tc_load<NK, NT>(sm + TILE, vb, bi, 0, hk, t, hkv);
+    tc_cp_commit();
+    uint32_t qa[NK][4];
+    tc_qfrag<NK>(qa, r0 < t ? q + tc_row(bi, r0, h, t, hq, d) : NULL,
+                 r1 < t ? q + tc_row(bi, r1, h, t, hq, d) : NULL, d, tq);
+    tc_state<NK> st;
+    tc_state_init(st);
+    for (int ch = 0; ch < nchunks; ch++) {
+        const int j0 = ch * TC_KC;
+        if (ch + 1 < nchunks) {   // the next chunk into the other stage (free since ch - 1)
+            __nv_bfloat16 *nx = sm + ((ch + 1) & 1) * 2 * TILE;
+            tc_load<NK, NT>(nx, kb, bi, j0 + TC_KC, hk, t, hkv);
+            tc_load<NK, NT>(nx + TILE, vb, bi, j0 + TC_KC, hk, t, hkv);
+            tc_cp_commit();
+            tc_cp_wait<1>();
+        } else {
+            tc_cp_wait<0>();
+        }
+        __syncthreads();   // chunk ch has landed for every thread
+        const __nv_bfloat16 *ks = sm + (ch & 1) * 2 * TILE;
+        const tc_smem_ld ld = {ks, ks + TILE, DP, g, tq, lane};
+        if (iw < t && j0 <= iw + 15) tc_chunk<NK>(st, qa, ld, j0, r0, r1, c, lane);
+        __syncthreads();   // chunk ch is consumed before its stage is refilled
+    }
+    const int rows[2] = {r0, r1};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rows[r] >= t) continue;
+        float *o = out + tc_row(bi, rows[r], h, t, hq, d);
+#pragma unroll
+        for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int x = dt * 8 + 2 * tq + e;
+                if (x < d) o[x] = __fdiv_rn(st.o[dt][2 * r + e], st.l[r]);
+            }
+        if (tq == 0)
+            lse[((size_t)bi * hq + h) * t + rows[r]] =
+                __fmul_rn(__fadd_rn(st.m[r], log2f(st.l[r])), TC_LN2);
+    }
+}
+
+// --- attention over the KV cache ------------------------------------------------------------
+
+// E4M3 code to float, exact (kernels/quant's lb_decode).
+__device__ __forceinline__ float tc_e4m3(uint8_t cd)
+{
+    const int e = (cd >> 3) & 15, m = cd & 7;
+    float v;
+    if (e == 15 && m == 7) v = __int_as_float(0x7fc00000);
+    else if (e == 0) v = (float)m * 0.001953125f;
+    else v = __int_as_float(((e + 120) << 23) | (m << 20));
+    return (cd & 0x80) ? -v : v;
+}
+
+// K and V fragments read from the cache rows of one (slot, kv head), keys after pos zero.
+struct tc_cache_ld {
+    const lb_kv_layer *c;
+    size_t row0;               // cache row of position 0 of this (slot, kv head)
+    int j0, pos, g, tq, nb;
+    __device__ float at(const void *data, const float *sc, int j, int x) const
+    {
+        if (j > pos || x >= c->d) return 0.0f;
+        const size_t r = row0 + (size_t)j * c->hkv;
+        if (!c->fp8) return ((const float *)data)[r * c->d + x];
+        return __fmul_rn(tc_e4m3(((const uint8_t *)data)[r * c->d + x]), sc[r * nb + x / 128]);
+    }
+    __device__ void kfrag(uint32_t &b0, uint32_t &b1, int nt, int kk) const
+    {
+        const int j = j0 + nt * 8 + g, x = kk * 16 + 2 * tq;
+        b0 = tc_pack(at(c->k, c->ks, j, x), at(c->k, c->ks, j, x + 1));
+        b1 = tc_pack(at(c->k, c->ks, j, x + 8), at(c->k, c->ks, j, x + 9));
+    }
+    __device__ void vfrag2(uint32_t b[4], int ks, int dt) const
+    {
+        const int j = j0 + ks * 16 + 2 * tq;
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int x = (dt + u) * 8 + g;
+            b[2 * u] = tc_pack(at(c->v, c->vs, j, x), at(c->v, c->vs, j + 1, x));
+            b[2 * u + 1] = tc_pack(at(c->v, c->vs, j + 8, x), at(c->v, c->vs, j + 9, x));
+        }
+    }
+};
+
+// One warp per (token i, kv head, 16 of the group's query heads): rows are query heads.
+template <int NK>
+__global__ void __launch_bounds__(128)
+tc_cached_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slot,
+                 const int32_t *pos, int n, int hq, float cl, unsigned long long *err)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, d = c.d;
+    const int group = hq / c.hkv, parts = (group + 15) / 16;
+    const long w = (long)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (w >= (long)n * c.hkv * parts) return;   // whole warps; no block barrier follows
+    const int i = (int)(w / ((long)c.hkv * parts)), hk = (int)(w / parts % c.hkv);
+    const int h0 = hk * group + (int)(w % parts) * 16;   // query head of row 0
+    const int hmax = (hk + 1) * group;
+    const int sl = slot[i], ps = pos[i];
+    const int hr[2] = {h0 + g, h0 + g + 8};
+    if (sl < 0 || sl >= c.slots || ps < 0 || ps >= c.cap) {
+        if (lane == 0) lb_report(err, LB_CERR_KV_ROW, sl >= 0 && sl < c.slots ? ps : sl);
+        for (int r = 0; r < 2; r++)
+            if (hr[r] < hmax)
+                for (int x = tq; x < d; x += 4) out[((size_t)i * hq + hr[r]) * d + x] = NAN;
+        return;
+    }
+    uint32_t qa[NK][4];
+    tc_qfrag<NK>(qa, hr[0] < hmax ? q + ((size_t)i * hq + hr[0]) * d : NULL,
+                 hr[1] < hmax ? q + ((size_t)i * hq + hr[1]) * d : NULL, d, tq);
+    tc_state<NK> st;
+    tc_state_init(st);
+    tc_cache_ld ld = {&c, (size_t)sl * c.cap * c.hkv + hk, 0, ps, g, tq, (d + 127) / 128};
+    for (int j0 = 0; j0 <= ps; j0 += TC_KC) {
+        ld.j0 = j0;
+        tc_chunk<NK>(st, qa, ld, j0, ps, ps, cl, lane);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (hr[r] >= hmax) continue;
+        float *o = out + ((size_t)i * hq + hr[r]) * d;
+#pragma unroll
+        for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int x = dt * 8 + 2 * tq + e;
+                if (x < d) o[x] = __fdiv_rn(st.o[dt][2 * r + e], st.l[r]);
+            }
+    }
+}
+
+// --- backward ----------------------------------------------------------------------------------
+// p_ij = exp2(s_ij c - lse_i log2 e), dp_ij = dout_i . v_j, ds_ij = p_ij (dp_ij - D_i);
+// dq_i = scale sum_j bf16(ds_ij) k_j; dk_j = scale sum bf16(ds_ij) q_i; dv_j = sum bf16(p_ij) dout_i.
+
+// Probabilities and dS of a 16 x 64 tile (C layout: s[nt][e] at row g + 8 (e >> 1), column
+// nt * 8 + 2 tq + (e & 1)), from scores s and dout . v products dp, in place:
+// s <- p (0 where masked), dp <- ds. keep(e, nt) says whether the element is unmasked;
+// l2[e >> 1], dd[e >> 1] are the row's lse * log2 e and D (for key-major tiles: per column).
+__device__ __forceinline__ float tc_p(float s, float c, float l2)
+{
+    return exp2f(__fsub_rn(__fmul_rn(s, c), l2));
+}
+
+__device__ __forceinline__ float tc_ds(float p, float dp, float dd)
+{
+    return __fmul_rn(p, __fsub_rn(dp, dd));
+}
+
+// dq: a block is TC_BWD_WARPS x 16 query rows of one (batch, head); key chunks stream through
+// shared memory (two stages of K, V (TC_KC, DP)).
+template <int NK>
+__global__ void __launch_bounds__(TC_BWD_WARPS * 32)
+tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat16 *kb,
+                 const __nv_bfloat16 *vb, const float *lse, const float *D, int t, int hq,
+                 int hkv, int d, float c, float scale)
+{
+    constexpr int DP = 16 * NK + 8, NT = TC_BWD_WARPS * 32, TILE = TC_KC * DP;
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    __nv_bfloat16 *sm = reinterpret_cast<__nv_bfloat16 *>(tc_sm);
+    const int bi = blockIdx.z, h = blockIdx.y, hk = h / (hq / hkv);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const int i0 = blockIdx.x * (TC_BWD_WARPS * 16), iw = i0 + warp * 16;
+    const int rows[2] = {iw + g, iw + g + 8};
+    const size_t lrow = ((size_t)bi * hq + h) * t;
+    const int nchunks = (min(i0 + TC_BWD_WARPS * 16, t) - 1) / TC_KC + 1;
+    tc_load<NK, NT>(sm, kb, bi, 0, hk, t, hkv);
+    tc_load<NK, NT>(sm + TILE, vb, bi, 0, hk, t, hkv);
+    tc_cp_commit();
+    uint32_t qa[NK][4], ga[NK][4];
+    tc_qfrag<NK>(qa, rows[0] < t ? q + tc_row(bi, rows[0], h, t, hq, d) : NULL,
+                 rows[1] < t ? q + tc_row(bi, rows[1], h, t, hq, d) : NULL, d, tq);
+    tc_qfrag<NK>(ga, rows[0] < t ? dout + tc_row(bi, rows[0], h, t, hq, d) : NULL,
+                 rows[1] < t ? dout + tc_row(bi, rows[1], h, t, hq, d) : NULL, d, tq);
+    float l2[2], dd[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l2[r] = rows[r] < t ? __fmul_rn(lse[lrow + rows[r]], (float)TC_LOG2E) : 0.0f;
+        dd[r] = rows[r] < t ? D[lrow + rows[r]] : 0.0f;
+    }
+    float acc[2 * NK][4];
+#pragma unroll
+    for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[dt][e] = 0.0f;
+    for (int ch = 0; ch < nchunks; ch++) {
+        const int j0 = ch * TC_KC;
+        if (ch + 1 < nchunks) {
+            __nv_bfloat16 *nx = sm + ((ch + 1) & 1) * 2 * TILE;
+            tc_load<NK, NT>(nx, kb, bi, j0 + TC_KC, hk, t, hkv);
+            tc_load<NK, NT>(nx + TILE, vb, bi, j0 + TC_KC, hk, t, hkv);
+            tc_cp_commit();
+            tc_cp_wait<1>();
+        } else {
+            tc_cp_wait<0>();
+        }
+        __syncthreads();
+        const __nv_bfloat16 *ks = sm + (ch & 1) * 2 * TILE, *vs = ks + TILE;
+        if (iw < t && j0 <= iw + 15) {
+            float s[8][4], dp[8][4];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < NK; kk++)
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++) {
+                    uint32_t b0, b1;
+                    tc_bfrag(b0, b1, ks, DP, g, tq, nt, kk);
+                    tc_mma(s[nt], qa[kk], b0, b1);
+                    tc_bfrag(b0, b1, vs, DP, g, tq, nt, kk);
+                    tc_mma(dp[nt], ga[kk], b0, b1);
+                }
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int j = j0 + nt * 8 + 2 * tq + (e & 1), r = e >> 1;
+                    const float p = j <= rows[r] ? tc_p(s[nt][e], c, l2[r]) : 0.0f;
+                    dp[nt][e] = tc_ds(p, dp[nt][e], dd[r]);
+                }
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) {
+                const uint32_t da[4] = {tc_pack(dp[2 * kc][0], dp[2 * kc][1]),
+                                        tc_pack(dp[2 * kc][2], dp[2 * kc][3]),
+                                        tc_pack(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                                        tc_pack(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+#pragma unroll
+                for (int dt = 0; dt < 2 * NK; dt += 2) {
+                    uint32_t b[4];
+                    tc_bfrag_t(b, ks, DP, lane, kc, dt);
+                    tc_mma(acc[dt], da, b[0], b[1]);
+                    tc_mma(acc[dt + 1], da, b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rows[r] >= t) continue;
+        float *o = dq + tc_row(bi, rows[r], h, t, hq, d);
+#pragma unroll
+        for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int x = dt * 8 + 2 * tq + e;
+                if (x < d) o[x] = __fmul_rn(acc[dt][2 * r + e], scale);
+            }
+    }
+}
+
+// dk, dv: a block is TC_KC key rows of one (batch, kv head) (16 per warp, kept in shared
+// memory as K, V (TC_KC, DP)); for each query head of the group in order, query chunks of
+// TC_KC stream through shared memory, double-buffered (Q, dO (TC_KC, DP); lse * log2 e and D
+// per query). Tiles are key-major: S^T = K Q^T, dP^T = V dO^T, dv += P^T dO, dk += dS^T Q.
+template <int NK>
+__global__ void __launch_bounds__(TC_BWD_WARPS * 32)
+tc_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfloat16 *gb,
+                   const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, const float *lse,
+                   const float *D, int t, int hq, int hkv, int d, float c, float scale)
+{
+    constexpr int DP = 16 * NK + 8, NT = TC_BWD_WARPS * 32, TILE = TC_KC * DP;
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    // kt, vt; then per stage s: Q at st + 2 s TILE, dO after it; then l2s, dds (2, TC_KC)
+    __nv_bfloat16 *kt = reinterpret_cast<__nv_bfloat16 *>(tc_sm), *vt = kt + TILE;
+    __nv_bfloat16 *st = vt + TILE;
+    float *l2s = reinterpret_cast<float *>(st + 4 * TILE), *dds = l2s + 2 * TC_KC;
+    const int bi = blockIdx.z, hk = blockIdx.y, j0 = blockIdx.x * TC_KC, group = hq / hkv;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const int jw = j0 + warp * 16;
+    const int keys[2] = {jw + g, jw + g + 8};
+    const int cf = j0 / TC_KC, nper = (t + TC_KC - 1) / TC_KC - cf, items = group * nper;
+    // item it: query head hk * group + it / nper, query chunk cf + it % nper
+    auto issue = [&](int it) {
+        const int h = hk * group + it / nper, c0 = (cf + it % nper) * TC_KC, stg = it & 1;
+        tc_load<NK, NT>(st + 2 * stg * TILE, qb, bi, c0, h, t, hq);
+        tc_load<NK, NT>(st + (2 * stg + 1) * TILE, gb, bi, c0, h, t, hq);
+        const size_t lrow = ((size_t)bi * hq + h) * t;
+        for (int e = threadIdx.x; e < TC_KC; e += NT) {
+            const int i = c0 + e;
+            l2s[stg * TC_KC + e] = i < t ? __fmul_rn(lse[lrow + i], (float)TC_LOG2E) : 0.0f;
+            dds[stg * TC_KC + e] = i < t ? D[lrow + i] : 0.0f;
+        }
+    };
+    tc_load<NK, NT>(kt, kb, bi, j0, hk, t, hkv);
+    tc_load<NK, NT>(vt, vb, bi, j0, hk, t, hkv);
+    issue(0);
+    tc_cp_commit();
+    const __nv_bfloat16 *kw = kt + warp * 16 * DP, *vw = vt + warp * 16 * DP;
+    float ak[2 * NK][4], av[2 * NK][4];
+#pragma unroll
+    for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) ak[dt][e] = av[dt][e] = 0.0f;
+    for (int it = 0; it < items; it++) {
+        if (it + 1 < items) {   // the next item into the other stage (free since it - 1)
+            issue(it + 1);
+            tc_cp_commit();
+            tc_cp_wait<1>();
+        } else {
+            tc_cp_wait<0>();
+        }
+        __syncthreads();
+        const int c0 = (cf + it % nper) * TC_KC, stg = it & 1;
+        const __nv_bfloat16 *qs = st + 2 * stg * TILE, *gs = qs + TILE;
+        const float *l2c = l2s + stg * TC_KC, *ddc = dds + stg * TC_KC;
+        if (jw < t) {
+            float s[8][4], dp[8][4];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < NK; kk++) {
+                uint32_t ka[4], va[4];
+                tc_afrag(ka, kw, DP, g, tq, kk);
+                tc_afrag(va, vw, DP, g, tq, kk);
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++) {
+                    uint32_t b0, b1;
+                    tc_bfrag(b0, b1, qs, DP, g, tq, nt, kk);
+                    tc_mma(s[nt], ka, b0, b1);
+                    tc_bfrag(b0, b1, gs, DP, g, tq, nt, kk);
+                    tc_mma(dp[nt], va, b0, b1);
+                }
+            }
+            // s <- p, dp <- ds; query i = c0 + column, key j = keys[row]
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int col = nt * 8 + 2 * tq + (e & 1), i = c0 + col;
+                    const float p = i >= keys[e >> 1] && i < t ? tc_p(s[nt][e], c, l2c[col])
+                                                                : 0.0f;
+                    s[nt][e] = p;
+                    dp[nt][e] = tc_ds(p, dp[nt][e], ddc[col]);
+                }
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) {
+                const uint32_t pa[4] = {tc_pack(s[2 * kc][0], s[2 * kc][1]),
+                                        tc_pack(s[2 * kc][2], s[2 * kc][3]),
+                                        tc_pack(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                        tc_pack(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+                const uint32_t da[4] = {tc_pack(dp[2 * kc][0], dp[2 * kc][1]),
+                                        tc_pack(dp[2 * kc][2], dp[2 * kc][3]),
+                                        tc_pack(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                                        tc_pack(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+#pragma unroll
+                for (int dt = 0; dt < 2 * NK; dt += 2) {
+                    uint32_t b[4];
+                    tc_bfrag_t(b, gs, DP, lane, kc, dt);
+                    tc_mma(av[dt], pa, b[0], b[1]);
+                    tc_mma(av[dt + 1], pa, b[2], b[3]);
+                    tc_bfrag_t(b, qs, DP, lane, kc, dt);
+                    tc_mma(ak[dt], da, b[0], b[1]);
+                    tc_mma(ak[dt + 1], da, b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (keys[r] >= t) continue;
+        float *ok = dk + tc_row(bi, keys[r], hk, t, hkv, d);
+        float *ov = dv + tc_row(bi, keys[r], hk, t, hkv, d);
+#pragma unroll
+        for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int x = dt * 8 + 2 * tq + e;
+                if (x < d) {
+                    ok[x] = __fmul_rn(ak[dt][2 * r + e], scale);
+                    ov[x] = av[dt][2 * r + e];
+                }
+            }
+    }
+}
+
+// --- launchers ---------------------------------------------------------------------------------
+
+static float tc_c(int d) { return (float)(1.0 / sqrt((double)d) * TC_LOG2E); }
+
+static size_t tc_align(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// bf16 copy of x (rows, d) as (rows, 16 ceil(d / 16)) at y; queued.
+static void tc_to_bf16(lb_cuda_ctx *cx, __nv_bfloat16 *y, const float *x, long rows, int d)
+{
+    const int d16 = (d + 15) / 16 * 16;
+    const long pairs = rows * (d16 / 2);
+    if (!pairs) return;
+    tc_to_bf16_kernel<<<(unsigned)((pairs + 255) / 256), 256, 0, cx->stream>>>(y, x, rows, d, d16);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// Raises a kernel's dynamic shared-memory limit to `bytes` (above the default 48 KB).
+template <typename K> static void tc_smem(K kernel, size_t bytes)
+{
+    if (bytes > 48 * 1024)
+        LB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)bytes));
+}
+
+template <int NK>
+static void fwd_nk(lb_cuda_ctx *cx, float *out, float *lse, const float *q, const float *k,
+                   const float *v, int b, int t, int hq, int hkv, int d)
+{
+    const long krows = (long)b * t * hkv;
+    const size_t kbytes = tc_align((size_t)krows * 16 * NK * sizeof(__nv_bfloat16));
+    char *w = (char *)lb_cuda_scratch(cx, 2 * kbytes);
+    __nv_bfloat16 *kb = (__nv_bfloat16 *)w, *vb = (__nv_bfloat16 *)(w + kbytes);
+    tc_to_bf16(cx, kb, k, krows, d);
+    tc_to_bf16(cx, vb, v, krows, d);
+    const size_t smem = (size_t)4 * TC_KC * (16 * NK + 8) * sizeof(__nv_bfloat16);
+    tc_smem(tc_fwd_kernel<NK>, smem);
+    dim3 grid((t + TC_FWD_WARPS * 16 - 1) / (TC_FWD_WARPS * 16), hq, b);
+    tc_fwd_kernel<NK><<<grid, TC_FWD_WARPS * 32, smem, cx->stream>>>(out, lse, q, kb, vb, t, hq,
+                                                                      hkv, d, tc_c(d));
+    LB_CUDA_LAUNCHED(cx);
+}
+
+extern "C" size_t lb_cuda_attention_tc_work(int b, int t, int hq, int hkv, int d)
+{
+    const size_t d16 = (size_t)(d + 15) / 16 * 16, e = sizeof(__nv_bfloat16);
+    return 2 * tc_align((size_t)b * t * hq * d16 * e) + 2 * tc_align((size_t)b * t * hkv * d16 * e);
+}
+
+template <int NK>
+static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float *dout,
+                   const float *q, const float *k, const float *v, const float *lse,
+                   const float *D, void *work, int b, int t, int hq, int hkv, int d)
+{
+    const float c = tc_c(d), scale = (float)(1.0 / sqrt((double)d));
+    const long qrows = (long)b * t * hq, krows = (long)b * t * hkv;
+    const size_t e = 16 * NK * sizeof(__nv_bfloat16);
+    const size_t qbytes = tc_align((size_t)qrows * e), kbytes = tc_align((size_t)krows * e);
+    char *w = (char *)work;
+    __nv_bfloat16 *qb = (__nv_bfloat16 *)w, *gb = (__nv_bfloat16 *)(w + qbytes);
+    __nv_bfloat16 *kb = (__nv_bfloat16 *)(w + 2 * qbytes);
+    __nv_bfloat16 *vb = (__nv_bfloat16 *)(w + 2 * qbytes + kbytes);
+    tc_to_bf16(cx, qb, q, qrows, d);
+    tc_to_bf16(cx, gb, dout, qrows, d);
+    tc_to_bf16(cx, kb, k, krows, d);
+    tc_to_bf16(cx, vb, v, krows, d);
+    constexpr int DP = 16 * NK + 8;
+    const size_t smem_dq = (size_t)4 * TC_KC * DP * sizeof(__nv_bfloat16);
+    tc_smem(tc_bwd_dq_kernel<NK>, smem_dq);
+    dim3 gq((t + TC_BWD_WARPS * 16 - 1) / (TC_BWD_WARPS * 16), hq, b);
+    tc_bwd_dq_kernel<NK><<<gq, TC_BWD_WARPS * 32, smem_dq, cx->stream>>>(
+        dq, dout, q, kb, vb, lse, D, t, hq, hkv, d, c, scale);
+    LB_CUDA_LAUNCHED(cx);
+    const size_t smem_kv =
+        (size_t)6 * TC_KC * DP * sizeof(__nv_bfloat16) + 4 * TC_KC * sizeof(float);
+    tc_smem(tc_bwd_dkdv_kernel<NK>, smem_kv);
+    dim3 gk((t + TC_KC - 1) / TC_KC, hkv, b);
+    tc_bwd_dkdv_kernel<NK><<<gk, TC_BWD_WARPS * 32, smem_kv, cx->stream>>>(
+        dk, dv, qb, gb, kb, vb, lse, D, t, hq, hkv, d, c, scale);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+template <int NK>
+static void cached_nk(lb_cuda_ctx *cx, float *out, const float *q, const lb_kv_layer *c,
+                      const int32_t *slot, const int32_t *pos, int n, int hq)
+{
+    const int parts = (hq / c->hkv + 15) / 16;
+    const long warps = (long)n * c->hkv * parts;
+    tc_cached_kernel<NK><<<(unsigned)((warps + 3) / 4), 128, 0, cx->stream>>>(
+        out, q, *c, slot, pos, n, hq, tc_c(c->d), cx->err_dev);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// d <= 128 (ops_attention.cu checks): NK = ceil(d / 16) k-steps.
+#define TC_DISPATCH(d, CALL)                                                                   \
+    switch ((d + 15) / 16) {                                                                   \
+    case 1: CALL(1); break;                                                                    \
+    case 2: CALL(2); break;                                                                    \
+    case 3: CALL(3); break;                                                                    \
+    case 4: CALL(4); break;                                                                    \
+    case 5: CALL(5); break;                                                                    \
+    case 6: CALL(6); break;                                                                    \
+    case 7: CALL(7); break;                                                                    \
+    default: CALL(8); break;                                                                   \
+    }
+
+extern "C" void lb_cuda_attention_tc_fwd(lb_cuda_ctx *cx, float *out, float *lse, const float *q,
+                                         const float *k, const float *v, int b, int t, int hq,
+                                         int hkv, int d)
+{
+#define CALL(NK) fwd_nk<NK>(cx, out, lse, q, k, v, b, t, hq, hkv, d)
+    TC_DISPATCH(d, CALL)
+#undef CALL
+}
+
+extern "C" void lb_cuda_attention_tc_bwd(lb_cuda_ctx *cx, float *dq, float *dk, float *dv,
+                                         const float *dout, const float *q, const float *k,
+                                         const float *v, const float *lse, const float *D,
+                                         void *work, int b, int t, int hq, int hkv, int d)
+{
+#define CALL(NK) bwd_nk<NK>(cx, dq, dk, dv, dout, q, k, v, lse, D, work, b, t, hq, hkv, d)
+    TC_DISPATCH(d, CALL)
+#undef CALL
+}
+
+extern "C" void lb_cuda_attention_tc_cached(lb_cuda_ctx *cx, float *out, const float *q,
+                                            const lb_kv_layer *c, const int32_t *slot,
+                                            const int32_t *pos, int n, int hq)
+{
+#define CALL(NK) cached_nk<NK>(cx, out, q, c, slot, pos, n, hq)
+    TC_DISPATCH(c->d, CALL)
+#undef CALL
+}
