@@ -26,7 +26,7 @@
 // does not promise; tests/test_backend_ops.c checks one row alone against the same row in a
 // batch. LB_CUDA_GEMM_LOG=1 prints every plan's algorithm configuration.
 //
-// BF16 tensor cores (LB_CUDA_BF16=1; off by default until it has run on a GPU): a GEMM whose
+// BF16 tensor cores (on by default; LB_CUDA_BF16=0 turns them off): a GEMM whose
 // operands are bf16 values (lb_gemm_args.bf16: the linear layer rounded them) converts both to
 // bf16 (exactly) in scratch, with leading dimensions padded to 8 elements (16 bytes), and runs
 // cuBLASLt's bf16 x bf16 -> fp32 GEMM (CUBLAS_COMPUTE_32F: products exact, fp32 accumulation).
@@ -473,8 +473,8 @@ extern "C" void lb_cuda_init_gemm(lb_backend *be)
     lb_cuda_ctx *cx = lb_cuda(be);
     const char *s = getenv("LB_CUDA_GEMM_LOG");
     cx->gemm_log = s && *s && *s != '0';
-    s = getenv("LB_CUDA_BF16");
-    cx->bf16_tc = s && *s && *s != '0';
+    s = getenv("LB_CUDA_BF16");   // on unless "0": test_gemm_bf16 passed on the H200
+    cx->bf16_tc = !(s && *s == '0');
     be->gemm = cuda_gemm;
     be->gemm_grouped = cuda_gemm_grouped;
 }

@@ -1,8 +1,9 @@
 #!/bin/bash
 # gpu_bench_train.sh: the training-step table of issue 4 in one GPU call: the PyTorch peer
 # (compiled and eager), then lowbit's step on examples/qwen3-30b-a3b-4l.cfg for each recipe,
-# with the bf16 tensor-core GEMMs (LB_CUDA_BF16=1) as an extra row, and where the time goes
-# (LB_PROFILE=1, the top operations). Prints every measurement line; nothing is asserted.
+# and where the time goes (LB_PROFILE=1, the top operations). EXTRA="NAME:VAR=VALUE" adds a
+# bf16 row under an environment switch (e.g. "fp32-gemms:LB_CUDA_BF16=0"). Prints every
+# measurement line; nothing is asserted.
 #   tests/tools/gpu_bench_train.sh [PEER_SCRIPT]      (run from the built source tree)
 # Environment: CFG [examples/qwen3-30b-a3b-4l.cfg], LOWBIT [./lowbit],
 #   RECIPES ["fp32 bf16 fp8-block nvfp4-moe"], ITERS [2], TIMEOUT_S [150],
@@ -37,6 +38,8 @@ run() {   # NAME "VAR=VALUE ..." ARGS...
     sed -n '/^lowbit profile/,$p' "$out/$name.err" | head -n $((top + 2))
 }
 for r in $recipes; do
-    run "$r" LB_CUDA_BF16=0 --set precision.recipe=$r
-    [ "$r" = bf16 ] && run "bf16-tensor-cores" LB_CUDA_BF16=1 --set precision.recipe=bf16
+    run "$r" "" --set precision.recipe=$r
+done
+for x in ${EXTRA-}; do
+    run "bf16-${x%%:*}" "${x#*:}" --set precision.recipe=bf16
 done
