@@ -1,13 +1,14 @@
 #!/bin/bash
 # gpu_bench_train.sh: the training-step table of issue 4 in one GPU call: the PyTorch peer
 # (compiled and eager), then lowbit's step on examples/qwen3-30b-a3b-4l.cfg for each recipe,
-# and where the time goes (LB_PROFILE=1, the top operations). EXTRA="NAME:VAR=VALUE" adds a
-# bf16 row under an environment switch (e.g. "fp32-gemms:LB_CUDA_BF16=0"). Prints every
-# measurement line; nothing is asserted.
+# then where the time goes for the recipes in PROFILE (a second run with LB_PROFILE=1, whose
+# sync around every operation slows it: its step time is not a measurement). EXTRA="NAME:VAR=
+# VALUE" adds a bf16 row under an environment switch (e.g. "fp32-gemms:LB_CUDA_BF16=0").
+# Prints every measurement line; nothing is asserted.
 #   tests/tools/gpu_bench_train.sh [PEER_SCRIPT]      (run from the built source tree)
 # Environment: CFG [examples/qwen3-30b-a3b-4l.cfg], LOWBIT [./lowbit],
 #   RECIPES ["fp32 bf16 fp8-block nvfp4-moe"], ITERS [2], TIMEOUT_S [150],
-#   BUDGET_S [560], PEER_MODES ["--compile" ""], TOP [12] profile lines per run.
+#   BUDGET_S [560], PEER_MODES ["--compile" ""], PROFILE [bf16], TOP [12] profile lines.
 set -uo pipefail
 peer=${1-../shared/bench/peer_torch_moe.py}
 cfg=${CFG:-examples/qwen3-30b-a3b-4l.cfg} lowbit=${LOWBIT:-./lowbit}
@@ -31,7 +32,7 @@ run() {   # NAME "VAR=VALUE ..." ARGS...
     local l=$(left)
     [ $l -lt 30 ] && { echo "## $name: skipped, the budget is spent"; return; }
     echo "## $name ($l s at most)"
-    env LB_PROFILE=1 $envs timeout -k 5 $l "$lowbit" bench "$cfg" --set bench.kind=train \
+    env $envs timeout -k 5 $l "$lowbit" bench "$cfg" --set bench.kind=train \
         --set bench.warmup=1 --set bench.iters=$iters "$@" > "$out/$name.out" 2> "$out/$name.err"
     echo "## $name: exit $?"
     grep '^train ' "$out/$name.out"
@@ -42,4 +43,7 @@ for r in $recipes; do
 done
 for x in ${EXTRA-}; do
     run "bf16-${x%%:*}" "${x#*:}" --set precision.recipe=bf16
+done
+for r in ${PROFILE-bf16}; do
+    run "$r-profile" LB_PROFILE=1 --set precision.recipe=$r
 done
