@@ -87,8 +87,9 @@ struct lb_backend {
 
     // --- GEMM -----------------------------------------------------------------------------
     void (*gemm)(lb_backend *, const lb_gemm_args *);
-    // Independent GEMMs in one call (all local experts): the CPU loops, CUDA launches once.
-    // args is a host array. Groups with m, n or k == 0 are skipped (k == 0 with beta 0 zeroes C).
+    // Independent GEMMs in one call (all local experts): the CPU loops; CUDA may run groups at
+    // once, so no group's C may overlap another group's operands or C. args is a host array.
+    // Groups with m, n or k == 0 are skipped (k == 0 with beta 0 zeroes C).
     void (*gemm_grouped)(lb_backend *, int count, const lb_gemm_args *args);
 
     // --- low precision (formats and rules: doc/formats.md) ------------------------------------

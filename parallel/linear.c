@@ -294,10 +294,12 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
 
 // --- experts: one weight matrix per group of consecutive rows ----------------------------------
 
-static int all_fp32(const lb_linear *L, int layer, lb_role role)
+// Whether every pass of the site has format f (the backward mode does not matter then: fp32
+// and bf16 backward GEMMs read the original operands, rounded for bf16).
+static int all_fmt(const lb_linear *L, int layer, lb_role role, lb_format f)
 {
     for (int p = 0; p < LB_NPASSES; p++)
-        if (lb_contract_site(L->contract, layer, role, (lb_pass)p)->fmt != LB_FMT_FP32) return 0;
+        if (lb_contract_site(L->contract, layer, role, (lb_pass)p)->fmt != f) return 0;
     return 1;
 }
 
@@ -306,11 +308,20 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
                            float *y, int out, int in)
 {
     size_t off = 0, mat = (size_t)out * in;
-    if (all_fp32(L, layer, role)) {   // one grouped call: the backend launches once
+    int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
+    if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {   // one grouped call for all experts
+        size_t n = 0;
+        for (int j = 0; j < groups; j++) n += (size_t)counts[j];
+        const float *xa = x, *wa = w;
+        if (bf16) {   // as lb_linear_fwd: rounded activations (once), the cache's bf16 weights
+            float *xb = scratch(L, 0, n * in);
+            round_into(L, xb, x, n * in);
+            xa = xb, wa = c->bf16;
+        }
         lb_gemm_args g[groups];
         for (int j = 0; j < groups; j++) {
-            g[j] = (lb_gemm_args){0, 1, counts[j], out, in, 1.0f, 0.0f, x + off * in, w + j * mat,
-                                  y + off * out, 0};
+            g[j] = (lb_gemm_args){0, 1, counts[j], out, in, 1.0f, 0.0f, xa + off * in,
+                                  wa + j * mat, y + off * out, bf16};
             off += (size_t)counts[j];
         }
         L->be->gemm_grouped(L->be, groups, g);
@@ -328,14 +339,24 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
                            const float *dy, float *dx, float *dw, int out, int in)
 {
     size_t off = 0, mat = (size_t)out * in;
-    if (all_fp32(L, layer, role)) {
+    int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
+    if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {
+        size_t n = 0;
+        for (int j = 0; j < groups; j++) n += (size_t)counts[j];
+        const float *dya = dy, *xa = x, *wa = w;
+        if (bf16) {   // as lb_linear_bwd: rounded dy and x (once), the cache's bf16 weights
+            float *dyb = scratch(L, 0, n * out), *xb = scratch(L, 2, n * in);
+            round_into(L, dyb, dy, n * out);
+            round_into(L, xb, x, n * in);
+            dya = dyb, xa = xb, wa = c->bf16;
+        }
         lb_gemm_args g[2 * groups];
         for (int j = 0; j < groups; j++) {
             int mj = counts[j];
-            g[j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, dy + off * out, w + j * mat,
-                                  dx + off * in, 0};
-            g[groups + j] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, 1.0f, dy + off * out,
-                                           x + off * in, dw + j * mat, 0};
+            g[j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, dya + off * out, wa + j * mat,
+                                  dx + off * in, bf16};
+            g[groups + j] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, 1.0f, dya + off * out,
+                                           xa + off * in, dw + j * mat, bf16};
             off += (size_t)mj;
         }
         L->be->gemm_grouped(L->be, groups, g);
