@@ -424,6 +424,78 @@ START_TEST(test_gemm_grouped)
 }
 END_TEST
 
+// Grouped GEMMs of bf16 values, as an expert layer issues them, on a backend with
+// LB_CUDA_GROUPED_STREAMS=1 (deterministic mode: operands converted once, groups on several
+// streams): the three passes over consecutive slices of one activation and consecutive
+// weights, an expert without tokens among them, against the CPU per group, and bit for bit
+// against one call per group.
+START_TEST(test_gemm_grouped_bf16)
+{
+    char err[256];
+    setenv("LB_CUDA_GROUPED_STREAMS", "1", 1);
+    lb_backend *gs = lb_backend_cuda_create(0, err, sizeof err);
+    unsetenv("LB_CUDA_GROUPED_STREAMS");
+    ck_assert_msg(gs != NULL, "%s", err);
+    enum { G = 6 };
+    const int in = 300, out = 77, counts[G] = {37, 0, 129, 1, 64, 250};
+    int n = 0;
+    for (int j = 0; j < G; j++) n += counts[j];
+    size_t sx = (size_t)n * in, sy = (size_t)n * out, mat = (size_t)out * in, sw = G * mat;
+    float *x = randn(sx, 1), *dy = randn(sy, 1), *w = randn(sw, 1), *dw0 = randn(sw, 1);
+    cpu->round_bf16(cpu, x, x, sx);
+    cpu->round_bf16(cpu, dy, dy, sy);
+    cpu->round_bf16(cpu, w, w, sw);
+    float *X = dput(x, sx * 4), *DY = dput(dy, sy * 4), *W = dput(w, sw * 4);
+    float *out_d[2][3];   // [grouped, per group][y, dx, dw]
+    for (int r = 0; r < 2; r++) {
+        out_d[r][0] = dpoisoned(sy * 4), out_d[r][1] = dpoisoned(sx * 4);
+        out_d[r][2] = dput(dw0, sw * 4);
+    }
+    lb_gemm_args g[3][G];
+    float *yr = lb_calloc(sy, 4), *dxr = lb_calloc(sx, 4), *dwr = hdup(dw0, sw * 4);
+    size_t off = 0;
+    for (int j = 0; j < G; j++) {
+        int m = counts[j];
+        g[0][j] = (lb_gemm_args){0, 1, m, out, in, 1.0f, 0.0f, X + off * in, W + j * mat,
+                                 out_d[0][0] + off * out, 1};
+        g[1][j] = (lb_gemm_args){0, 0, m, in, out, 1.0f, 0.0f, DY + off * out, W + j * mat,
+                                 out_d[0][1] + off * in, 1};
+        g[2][j] = (lb_gemm_args){1, 0, out, in, m, 1.0f, 1.0f, DY + off * out, X + off * in,
+                                 out_d[0][2] + j * mat, 1};
+        for (int p = 0; p < 3; p++) {
+            lb_gemm_args one = g[p][j];
+            one.c = out_d[1][p] + (one.c - out_d[0][p]);
+            gpu->gemm(gpu, &one);
+        }
+        if (m) {
+            lb_gemm(cpu, 0, 1, m, out, in, 1.0f, x + off * in, w + j * mat, 0.0f, yr + off * out);
+            lb_gemm(cpu, 0, 0, m, in, out, 1.0f, dy + off * out, w + j * mat, 0.0f, dxr + off * in);
+            lb_gemm(cpu, 1, 0, out, in, m, 1.0f, dy + off * out, x + off * in, 1.0f, dwr + j * mat);
+        }
+        off += (size_t)m;
+    }
+    gpu->sync(gpu);   // the buffers are the test backend's: its uploads and calls first
+    for (int p = 0; p < 3; p++) gs->gemm_grouped(gs, G, g[p]);
+    gs->sync(gs);
+    const char *names[3] = {"fprop", "dgrad", "wgrad"};
+    const float *refs[3] = {yr, dxr, dwr};
+    const size_t sizes[3] = {sy, sx, sw};
+    for (int p = 0; p < 3; p++) {
+        float *a = hget(out_d[0][p], sizes[p] * 4), *b = hget(out_d[1][p], sizes[p] * 4);
+        char what[96];
+        snprintf(what, sizeof what, "gemm_grouped bf16 %s", names[p]);
+        CHECK_NMSE(what, a, refs[p], sizes[p], B_ACCUM);
+        snprintf(what, sizeof what, "gemm_grouped bf16 %s against one call per group", names[p]);
+        CHECK_BITS(what, a, b, sizes[p] * 4);
+        free(a), free(b);
+        dfree(out_d[0][p]), dfree(out_d[1][p]);
+    }
+    dfree(X), dfree(DY), dfree(W);
+    free(x), free(dy), free(w), free(dw0), free(yr), free(dxr), free(dwr);
+    gs->destroy(gs);
+}
+END_TEST
+
 // --- elementwise and sumsq -------------------------------------------------------------------
 
 START_TEST(test_add_scale_sumsq)
@@ -1943,6 +2015,7 @@ int main(void)
     tcase_add_test(tc, test_gemm_bf16);
     tcase_add_test(tc, test_gemm_edges);
     tcase_add_test(tc, test_gemm_grouped);
+    tcase_add_test(tc, test_gemm_grouped_bf16);
     tcase_add_test(tc, test_add_scale_sumsq);
     tcase_add_test(tc, test_embedding);
     tcase_add_test(tc, test_rmsnorm);

@@ -89,7 +89,11 @@ typedef struct {
     size_t plan_cap, plan_count;
     cublasLtMatmulAlgo_t pinned[8];   // deterministic mode: one algorithm per (bf16, transa, transb)
     int pinned_ready[8];              // 1 found, -1 none (bf16: the fp32 path then)
-    int bf16_tc;                   // LB_CUDA_BF16=1: bf16-valued GEMMs on bf16 tensor cores
+    int bf16_tc;                   // bf16-valued GEMMs on bf16 tensor cores (LB_CUDA_BF16=0: off)
+    int grouped_streams;           // LB_CUDA_GROUPED_STREAMS=1: bf16 groups on side streams
+    cudaStream_t side[4];          // gemm_grouped's concurrent groups (created on first use)
+    cudaEvent_t fork, join[4];
+    int side_ready;
     int gemm_log;                  // LB_CUDA_GEMM_LOG=1: print every new plan to stderr
     void *gemm_q;                  // gemm_q.cu: its plan cache and pinned algorithms
 

@@ -353,6 +353,14 @@ static lb_gemm_plan *plan_get(lb_cuda_ctx *cx, const lb_gemm_plan *key)
 
 extern "C" void lb_cuda_gemm_destroy(lb_cuda_ctx *cx)
 {
+    if (cx->side_ready) {
+        for (int s = 0; s < 4; s++) {
+            LB_CUDA_CHECK(cudaStreamDestroy(cx->side[s]));
+            LB_CUDA_CHECK(cudaEventDestroy(cx->join[s]));
+        }
+        LB_CUDA_CHECK(cudaEventDestroy(cx->fork));
+        cx->side_ready = 0;
+    }
     for (size_t i = 0; i < cx->plan_cap; i++) {
         lb_gemm_plan *p = cx->plans[i];
         if (!p) continue;
@@ -460,11 +468,119 @@ static void cuda_gemm(lb_backend *be, const lb_gemm_args *g)
     if (cx->sync_each) LB_CUDA_WAIT(cx);
 }
 
-// One cuBLASLt call per group, in order (cuBLASLt 13.0 has no grouped mode; a grouped kernel
-// of our own comes with the low-precision expert GEMMs). Each group follows cuda_gemm's rules:
+// bf16 copies of one operand of every group, src[i] (rows[i], cols) row-major fp32, at dst
+// with row pitch ld; out[i] is group i's copy. Groups whose operands follow each other in
+// memory (an expert layer's slices of one activation, its consecutive weight matrices) are
+// converted by one launch. Returns the rows written.
+static size_t grouped_to_bf16(lb_cuda_ctx *cx, const float *const *src, const int *rows,
+                              int cols, int count, __nv_bfloat16 *dst, size_t ld,
+                              __nv_bfloat16 **out)
+{
+    size_t r0 = 0;
+    for (int i = 0; i < count;) {
+        int j = i;
+        size_t rr = (size_t)rows[i];
+        while (j + 1 < count && src[j + 1] == src[j] + (size_t)rows[j] * cols) rr += rows[++j];
+        if (rr) {
+            to_bf16_kernel<<<lb_grid(rr * ld, 256, cx), 256, 0, cx->stream>>>(
+                dst + r0 * ld, src[i], (int)rr, cols, (int)ld);
+            LB_CUDA_LAUNCHED(cx);
+        }
+        for (size_t off = 0; i <= j; off += rows[i], i++) out[i] = dst + (r0 + off) * ld;
+        r0 += rr;
+    }
+    return r0;
+}
+
+// The groups of a grouped call whose operands are all bf16 values, in deterministic mode (no
+// workspace: the groups share nothing): both operands of every group are converted to bf16 up
+// front (one launch per run of consecutive slices), then the groups' GEMMs run on four side
+// streams at once, so experts with a few hundred rows each fill the GPU together. Every group
+// runs its own plan on its own inputs and writes only its own C (kernels.h), so the result is
+// the same bits as one call after the other. 0 when the groups do not fit this path.
+// Off unless LB_CUDA_GROUPED_STREAMS=1: written after this session's last GPU run, it has not
+// run on a GPU yet (test_gemm_grouped_bf16 turns it on).
+static int grouped_bf16(lb_backend *be, int count, const lb_gemm_args *g)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    if (count < 2 || !cx->grouped_streams || !cx->bf16_tc || !be->deterministic) return 0;
+    const int ta = g[0].transa ? 1 : 0, tb = g[0].transb ? 1 : 0;
+    const int cols_a = ta ? g[0].m : g[0].k, cols_b = tb ? g[0].k : g[0].n;
+    for (int i = 0; i < count; i++) {   // one transpose pair and one width per operand
+        const lb_gemm_args *x = &g[i];
+        if (!x->bf16 || (x->transa ? 1 : 0) != ta || (x->transb ? 1 : 0) != tb ||
+            (ta ? x->m : x->k) != cols_a || (tb ? x->k : x->n) != cols_b || x->m < 0 ||
+            x->n < 0 || x->k < 0)
+            return 0;
+    }
+    // per group: operands and their rows (0: not run here), plan, bf16 copies
+    const float **sa = (const float **)lb_malloc((size_t)count * 2 * sizeof *sa), **sb = sa + count;
+    int *ra = (int *)lb_malloc((size_t)count * 2 * sizeof *ra), *rb = ra + count;
+    lb_gemm_plan **plan = (lb_gemm_plan **)lb_calloc((size_t)count, sizeof *plan);
+    __nv_bfloat16 **ab = (__nv_bfloat16 **)lb_malloc((size_t)count * 2 * sizeof *ab);
+    __nv_bfloat16 **bb = ab + count;
+    int nrun = 0;
+    for (int i = 0; i < count; i++) {
+        const lb_gemm_args *x = &g[i];
+        sa[i] = x->a, sb[i] = x->b, ra[i] = rb[i] = 0;
+        if (x->m == 0 || x->n == 0) continue;
+        if (x->k == 0 || x->alpha == 0.0f) {   // no product: cuda_gemm's rule, in order
+            cuda_gemm(be, x);
+            continue;
+        }
+        lb_gemm_plan key;
+        memset(&key, 0, sizeof key);
+        key.transa = ta, key.transb = tb, key.m = x->m, key.n = x->n, key.k = x->k;
+        key.det = 1, key.bf16 = 1, key.align_a = key.align_b = 16, key.align_c = 4;
+        lb_gemm_plan *p = plan_get(cx, &key);
+        if (!p->ok) {   // no tensor-core algorithm takes this shape: the fp32 path
+            cuda_gemm(be, x);
+            continue;
+        }
+        plan[i] = p, nrun++;
+        ra[i] = ta ? x->k : x->m, rb[i] = tb ? x->n : x->k;
+    }
+    if (nrun) {
+        size_t lda = (size_t)pad8(cols_a), ldb = (size_t)pad8(cols_b), rows_a = 0, rows_b = 0;
+        for (int i = 0; i < count; i++) rows_a += ra[i], rows_b += rb[i];
+        size_t o_b = lb_align256(rows_a * lda * 2);
+        char *sc = (char *)lb_cuda_scratch(cx, o_b + rows_b * ldb * 2);
+        grouped_to_bf16(cx, sa, ra, cols_a, count, (__nv_bfloat16 *)sc, lda, ab);
+        grouped_to_bf16(cx, sb, rb, cols_b, count, (__nv_bfloat16 *)(sc + o_b), ldb, bb);
+        if (!cx->side_ready) {
+            for (int s = 0; s < 4; s++) {
+                LB_CUDA_CHECK(cudaStreamCreateWithFlags(&cx->side[s], cudaStreamNonBlocking));
+                LB_CUDA_CHECK(cudaEventCreateWithFlags(&cx->join[s], cudaEventDisableTiming));
+            }
+            LB_CUDA_CHECK(cudaEventCreateWithFlags(&cx->fork, cudaEventDisableTiming));
+            cx->side_ready = 1;
+        }
+        LB_CUDA_CHECK(cudaEventRecord(cx->fork, cx->stream));
+        for (int s = 0; s < 4; s++) LB_CUDA_CHECK(cudaStreamWaitEvent(cx->side[s], cx->fork, 0));
+        for (int i = 0, s = 0; i < count; i++) {
+            const lb_gemm_plan *p = plan[i];
+            if (!p) continue;
+            LB_CUBLAS_CHECK(cublasLtMatmul(cx->lt, p->op, &g[i].alpha, bb[i], p->la, ab[i],
+                                           p->lb, &g[i].beta, g[i].c, p->lc, g[i].c, p->lc,
+                                           &p->algo, NULL, 0, cx->side[s]));
+            s = (s + 1) % 4;
+        }
+        for (int s = 0; s < 4; s++) {
+            LB_CUDA_CHECK(cudaEventRecord(cx->join[s], cx->side[s]));
+            LB_CUDA_CHECK(cudaStreamWaitEvent(cx->stream, cx->join[s], 0));
+        }
+        if (cx->sync_each) LB_CUDA_WAIT(cx);
+    }
+    free(sa), free(ra), free(plan), free(ab);
+    return 1;
+}
+
+// Groups of bf16 values in deterministic mode: grouped_bf16. Otherwise one cuBLASLt call per
+// group, in order (cuBLASLt 13.0 has no grouped mode). Each group follows cuda_gemm's rules:
 // m or n == 0 touches nothing, k == 0 with beta 0 zeroes C.
 static void cuda_gemm_grouped(lb_backend *be, int count, const lb_gemm_args *args)
 {
+    if (grouped_bf16(be, count, args)) return;
     for (int i = 0; i < count; i++) cuda_gemm(be, &args[i]);
 }
 
@@ -475,6 +591,8 @@ extern "C" void lb_cuda_init_gemm(lb_backend *be)
     cx->gemm_log = s && *s && *s != '0';
     s = getenv("LB_CUDA_BF16");   // on unless "0": test_gemm_bf16 passed on the H200
     cx->bf16_tc = !(s && *s == '0');
+    s = getenv("LB_CUDA_GROUPED_STREAMS");
+    cx->grouped_streams = s && *s && *s != '0';
     be->gemm = cuda_gemm;
     be->gemm_grouped = cuda_gemm_grouped;
 }
