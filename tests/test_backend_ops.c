@@ -294,17 +294,24 @@ START_TEST(test_gemm)
 }
 END_TEST
 
+// A CUDA backend of its own, created with the environment switch var=1.
+static lb_backend *cuda_with(const char *var)
+{
+    char err[256];
+    setenv(var, "1", 1);
+    lb_backend *be = lb_backend_cuda_create(0, err, sizeof err);
+    unsetenv(var);
+    ck_assert_msg(be != NULL, "%s", err);
+    return be;
+}
+
 // GEMMs of bf16-valued operands (lb_gemm_args.bf16) on bf16 tensor cores (LB_CUDA_BF16=1, a
 // backend of its own): against the CPU's fp32 GEMM on the same values, every transpose, sizes
 // that are not multiples of 8 (the padded leading dimensions), beta 0 and 1; run twice alike
 // in deterministic mode, and one row alone equal to the same row among 300.
 START_TEST(test_gemm_bf16)
 {
-    char err[256];
-    setenv("LB_CUDA_BF16", "1", 1);
-    lb_backend *tc = lb_backend_cuda_create(0, err, sizeof err);
-    unsetenv("LB_CUDA_BF16");
-    ck_assert_msg(tc != NULL, "%s", err);
+    lb_backend *tc = cuda_with("LB_CUDA_BF16");
     const int shapes[][3] = {{37, 29, 53}, {1, 300, 257}, {129, 77, 300}, {300, 53, 1029}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int ta = 0; ta < 2; ta++)
@@ -431,11 +438,7 @@ END_TEST
 // against one call per group.
 START_TEST(test_gemm_grouped_bf16)
 {
-    char err[256];
-    setenv("LB_CUDA_GROUPED_STREAMS", "1", 1);
-    lb_backend *gs = lb_backend_cuda_create(0, err, sizeof err);
-    unsetenv("LB_CUDA_GROUPED_STREAMS");
-    ck_assert_msg(gs != NULL, "%s", err);
+    lb_backend *gs = cuda_with("LB_CUDA_GROUPED_STREAMS");
     enum { G = 6 };
     const int in = 300, out = 77, counts[G] = {37, 0, 129, 1, 64, 250};
     int n = 0;
