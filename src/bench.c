@@ -62,12 +62,14 @@ typedef struct {
     const lb_qmat *qa, *qb;
     int groups;
     lb_gemm_args *args;
+    int bf16;                  // the operands are bf16 values (lb_gemm_args.bf16)
 } gemm_case;
 
 static void run_gemm(lb_backend *be, void *p)
 {
     gemm_case *g = p;
-    lb_gemm(be, 0, 1, g->m, g->n, g->k, 1.0f, g->a, g->b, 0.0f, g->c);
+    lb_gemm_args a = {0, 1, g->m, g->n, g->k, 1.0f, 0.0f, g->a, g->b, g->c, g->bf16};
+    be->gemm(be, &a);
 }
 
 static void run_gemm_q(lb_backend *be, void *p)
@@ -104,7 +106,7 @@ static void bench_gemm_format(lb_backend *be, const lb_config *c, const char *wh
     size_t an = (size_t)groups * m * k, bn = (size_t)groups * n * k;
     float *a = random_buffer(be, an, 1, 1.0f), *b = random_buffer(be, bn, 2, 0.05f);
     float *cc = be->alloc(be, (size_t)groups * m * n * sizeof(float));
-    gemm_case g = {m, n, k, a, b, cc, NULL, NULL, groups, NULL};
+    gemm_case g = {m, n, k, a, b, cc, NULL, NULL, groups, NULL, f == LB_FMT_BF16};
     double t;
     if (f == LB_FMT_FP32 || f == LB_FMT_BF16) {
         if (f == LB_FMT_BF16) {   // BF16 operands, as the contract's bf16 sites give them
@@ -117,7 +119,8 @@ static void bench_gemm_format(lb_backend *be, const lb_config *c, const char *wh
             g.args = lb_calloc(groups, sizeof *g.args);
             for (int e = 0; e < groups; e++)
                 g.args[e] = (lb_gemm_args){0, 1, m, n, k, 1.0f, 0.0f, a + (size_t)e * m * k,
-                                           b + (size_t)e * n * k, cc + (size_t)e * m * n, 0};
+                                           b + (size_t)e * n * k, cc + (size_t)e * m * n,
+                                           g.bf16};
             t = time_it(be, c, run_grouped, &g);
             free(g.args);
         }
