@@ -40,8 +40,8 @@ for layout in "dp2 1e-4 parallel.zero=true" "tp2 1e-4 parallel.tp=2" "ep2 1e-4 p
     shift 2
     sets=()
     for kv in "$@"; do sets+=(--set "$kv"); done
-    mpi 2 "$bin" rl "${mp[@]}" "${sets[@]}" --set run.out_dir="$tmp/$name" > "$tmp/$name.log" 2>&1 ||
-        fail "$name rl: $(tail -n 3 "$tmp/$name.log")"
+    mpi 2 "$bin" rl "${mp[@]}" "${sets[@]}" --set run.out_dir="$tmp/$name" \
+        > "$tmp/$name.log" 2>&1 || fail "$name rl: $(tail -n 3 "$tmp/$name.log")"
     grep -q "collectives over nccl" "$tmp/$name.log" || fail "$name: not over NCCL"
     same_run m1 "$name" "$klscale"
 done

@@ -336,17 +336,6 @@ tc_fwd_kernel(float *out, float *lse, const float *q, const __nv_bfloat16 *kb,
 
 // --- attention over the KV cache ------------------------------------------------------------
 
-// E4M3 code to float, exact (kernels/quant's lb_decode).
-__device__ __forceinline__ float tc_e4m3(uint8_t cd)
-{
-    const int e = (cd >> 3) & 15, m = cd & 7;
-    float v;
-    if (e == 15 && m == 7) v = __int_as_float(0x7fc00000);
-    else if (e == 0) v = (float)m * 0.001953125f;
-    else v = __int_as_float(((e + 120) << 23) | (m << 20));
-    return (cd & 0x80) ? -v : v;
-}
-
 // K and V fragments read from the cache rows of one (slot, kv head), keys after pos zero.
 struct tc_cache_ld {
     const lb_kv_layer *c;
@@ -357,7 +346,8 @@ struct tc_cache_ld {
         if (j > pos || x >= c->d) return 0.0f;
         const size_t r = row0 + (size_t)j * c->hkv;
         if (!c->fp8) return ((const float *)data)[r * c->d + x];
-        return __fmul_rn(tc_e4m3(((const uint8_t *)data)[r * c->d + x]), sc[r * nb + x / 128]);
+        const float e = lb_e4m3_decode(((const uint8_t *)data)[r * c->d + x]);
+        return __fmul_rn(e, sc[r * nb + x / 128]);
     }
     __device__ void kfrag(uint32_t &b0, uint32_t &b1, int nt, int kk) const
     {
@@ -425,7 +415,8 @@ tc_cached_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slot,
 
 // --- backward ----------------------------------------------------------------------------------
 // p_ij = exp2(s_ij c - lse_i log2 e), dp_ij = dout_i . v_j, ds_ij = p_ij (dp_ij - D_i);
-// dq_i = scale sum_j bf16(ds_ij) k_j; dk_j = scale sum bf16(ds_ij) q_i; dv_j = sum bf16(p_ij) dout_i.
+// dq_i = scale sum_j bf16(ds_ij) k_j; dk_j = scale sum bf16(ds_ij) q_i;
+// dv_j = sum bf16(p_ij) dout_i.
 
 // Probabilities and dS of a 16 x 64 tile (C layout: s[nt][e] at row g + 8 (e >> 1), column
 // nt * 8 + 2 tq + (e & 1)), from scores s and dout . v products dp, in place:
@@ -689,14 +680,6 @@ static void tc_to_bf16(lb_cuda_ctx *cx, __nv_bfloat16 *y, const float *x, long r
     LB_CUDA_LAUNCHED(cx);
 }
 
-// Raises a kernel's dynamic shared-memory limit to `bytes` (above the default 48 KB).
-template <typename K> static void tc_smem(K kernel, size_t bytes)
-{
-    if (bytes > 48 * 1024)
-        LB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)bytes));
-}
-
 template <int NK>
 static void fwd_nk(lb_cuda_ctx *cx, float *out, float *lse, const float *q, const float *k,
                    const float *v, int b, int t, int hq, int hkv, int d)
@@ -708,7 +691,7 @@ static void fwd_nk(lb_cuda_ctx *cx, float *out, float *lse, const float *q, cons
     tc_to_bf16(cx, kb, k, krows, d);
     tc_to_bf16(cx, vb, v, krows, d);
     const size_t smem = (size_t)4 * TC_KC * (16 * NK + 8) * sizeof(__nv_bfloat16);
-    tc_smem(tc_fwd_kernel<NK>, smem);
+    lb_cuda_smem_limit(tc_fwd_kernel<NK>, smem);
     dim3 grid((t + TC_FWD_WARPS * 16 - 1) / (TC_FWD_WARPS * 16), hq, b);
     tc_fwd_kernel<NK><<<grid, TC_FWD_WARPS * 32, smem, cx->stream>>>(out, lse, q, kb, vb, t, hq,
                                                                       hkv, d, tc_c(d));
@@ -740,14 +723,14 @@ static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float
     tc_to_bf16(cx, vb, v, krows, d);
     constexpr int DP = 16 * NK + 8;
     const size_t smem_dq = (size_t)4 * TC_KC * DP * sizeof(__nv_bfloat16);
-    tc_smem(tc_bwd_dq_kernel<NK>, smem_dq);
+    lb_cuda_smem_limit(tc_bwd_dq_kernel<NK>, smem_dq);
     dim3 gq((t + TC_BWD_WARPS * 16 - 1) / (TC_BWD_WARPS * 16), hq, b);
     tc_bwd_dq_kernel<NK><<<gq, TC_BWD_WARPS * 32, smem_dq, cx->stream>>>(
         dq, dout, q, kb, vb, lse, D, t, hq, hkv, d, c, scale);
     LB_CUDA_LAUNCHED(cx);
     const size_t smem_kv =
         (size_t)6 * TC_KC * DP * sizeof(__nv_bfloat16) + 4 * TC_KC * sizeof(float);
-    tc_smem(tc_bwd_dkdv_kernel<NK>, smem_kv);
+    lb_cuda_smem_limit(tc_bwd_dkdv_kernel<NK>, smem_kv);
     dim3 gk((t + TC_KC - 1) / TC_KC, hkv, b);
     tc_bwd_dkdv_kernel<NK><<<gk, TC_BWD_WARPS * 32, smem_kv, cx->stream>>>(
         dk, dv, qb, gb, kb, vb, lse, D, t, hq, hkv, d, c, scale);

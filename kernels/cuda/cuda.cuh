@@ -107,6 +107,26 @@ typedef struct {
 
 static inline lb_cuda_ctx *lb_cuda(lb_backend *be) { return (lb_cuda_ctx *)be->ctx; }
 
+// E4M3 code to float, exact (kernels/quant's lb_decode): 0x7f/0xff NaN, no infinities. The fp8
+// KV cache's reads (ops_attention.cu, attention_tc.cu).
+__device__ __forceinline__ float lb_e4m3_decode(uint8_t c)
+{
+    const int e = (c >> 3) & 15, m = c & 7;
+    float v;
+    if (e == 15 && m == 7) v = __int_as_float(0x7fc00000);
+    else if (e == 0) v = (float)m * 0.001953125f;            // subnormal: m * 2^-9
+    else v = __int_as_float(((e + 120) << 23) | (m << 20));  // (1 + m/8) * 2^(e - 7)
+    return (c & 0x80) ? -v : v;
+}
+
+// Raises a kernel's dynamic shared-memory limit when it needs more than the default 48 KB.
+template <typename K> static inline void lb_cuda_smem_limit(K kernel, size_t bytes)
+{
+    if (bytes > 48 * 1024)
+        LB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)bytes));
+}
+
 // Functions shared between the files of this backend have C linkage like its entry point.
 extern "C" {
 // Waits for the stream and reports any input error the kernels recorded (backend.cu).

@@ -132,20 +132,12 @@ static void check_heads(const char *what, int b, int t, int hq, int hkv, int d)
     if (hq > 65535 || b > 65535) lb_die("%s: %d heads or batch %d exceed the grid", what, hq, b);
 }
 
-// Raises a kernel's dynamic shared-memory limit when it needs more than the default 48 KB.
-template <typename K> static void smem_limit(K kernel, size_t bytes)
-{
-    if (bytes > 48 * 1024)
-        LB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)bytes));
-}
-
 template <int NR>
 static void launch_fwd(lb_cuda_ctx *cx, float *out, float *lse, const float *q, const float *k,
                        const float *v, int b, int t, int hq, int hkv, int d)
 {
     size_t smem = (size_t)(ATT_QB * d + ATT_KC * (d + 1) + ATT_KC * d) * sizeof(float);
-    smem_limit(attn_fwd_kernel<NR, float>, smem);
+    lb_cuda_smem_limit(attn_fwd_kernel<NR, float>, smem);
     dim3 grid((t + ATT_QB - 1) / ATT_QB, hq, b);
     attn_fwd_kernel<NR, float><<<grid, ATT_THREADS, smem, cx->stream>>>(
         out, lse, q, k, v, t, hq, hkv, d, (float)(1.0 / sqrt((double)d)));
@@ -377,13 +369,13 @@ static void launch_bwd(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const f
 {
     float scale = (float)(1.0 / sqrt((double)d));
     size_t smem_dq = (size_t)(2 * ATT_QB * d + 2 * ATT_KC * (d + 1)) * sizeof(float);
-    smem_limit(attn_bwd_dq_kernel<NR, float>, smem_dq);
+    lb_cuda_smem_limit(attn_bwd_dq_kernel<NR, float>, smem_dq);
     dim3 gq((t + ATT_QB - 1) / ATT_QB, hq, b);
     attn_bwd_dq_kernel<NR, float><<<gq, ATT_THREADS, smem_dq, cx->stream>>>(
         dq, dout, q, k, v, lse, D, t, hq, hkv, d, scale);
     LB_CUDA_LAUNCHED(cx);
     size_t smem_kv = (size_t)(2 * ATT_QB * d + 2 * ATT_KC * (d + 1) + 2 * ATT_KC) * sizeof(float);
-    smem_limit(attn_bwd_dkdv_kernel<NR, float>, smem_kv);
+    lb_cuda_smem_limit(attn_bwd_dkdv_kernel<NR, float>, smem_kv);
     dim3 gk((t + ATT_QB - 1) / ATT_QB, hkv, b);
     attn_bwd_dkdv_kernel<NR, float><<<gk, ATT_THREADS, smem_kv, cx->stream>>>(
         dk, dv, dout, q, k, v, lse, D, t, hq, hkv, d, scale);
@@ -432,24 +424,13 @@ static void cuda_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv,
 // that moves no rounding. Keys past pos[i] are skipped where the training kernel adds
 // 0 * v (the same sum unless an accumulator is exactly -0).
 
-// E4M3 code to float, exact (kernels/quant's lb_decode): 0x7f/0xff NaN, no infinities.
-__device__ __forceinline__ float kv_e4m3(uint8_t c)
-{
-    const int e = (c >> 3) & 15, m = c & 7;
-    float v;
-    if (e == 15 && m == 7) v = __int_as_float(0x7fc00000);
-    else if (e == 0) v = (float)m * 0.001953125f;            // subnormal: m * 2^-9
-    else v = __int_as_float(((e + 120) << 23) | (m << 20));  // (1 + m/8) * 2^(e - 7)
-    return (c & 0x80) ? -v : v;
-}
-
 // Element x of cache row `row` (slot, pos, head flattened), fp32 or E4M3 * block scale (the
 // dequantize expression of the training forward's fake quantization).
 __device__ __forceinline__ float kv_load(const lb_kv_layer &c, const void *data,
                                          const float *scales, size_t row, int x, int nb)
 {
     if (!c.fp8) return ((const float *)data)[row * c.d + x];
-    const float e = kv_e4m3(((const uint8_t *)data)[row * c.d + x]);
+    const float e = lb_e4m3_decode(((const uint8_t *)data)[row * c.d + x]);
     return __fmul_rn(e, scales[row * nb + x / 128]);   // as quant.cu's dequantize rounds it
 }
 
