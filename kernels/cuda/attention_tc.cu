@@ -84,6 +84,16 @@ __device__ __forceinline__ void tc_afrag(uint32_t a[4], const __nv_bfloat16 *s, 
     a[3] = tc_ld32(p + 8 * DP + 8);
 }
 
+// The A fragment of k-step kc (columns 16 kc .. 16 kc + 15) of a 16 x 64 tile held in C layout
+// (s[nt][e]: n-tiles of 8 columns), rounded to bf16: C and A layouts match pairwise.
+__device__ __forceinline__ void tc_ctoa(uint32_t a[4], const float (&s)[8][4], int kc)
+{
+    a[0] = tc_pack(s[2 * kc][0], s[2 * kc][1]);
+    a[1] = tc_pack(s[2 * kc][2], s[2 * kc][3]);
+    a[2] = tc_pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+    a[3] = tc_pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+}
+
 // B fragments for "X^T" where X (n, DP) is row-major with n along the product's columns
 // (keys of K for S = Q K^T): column nt * 8 + g, k-step kk.
 __device__ __forceinline__ void tc_bfrag(uint32_t &b0, uint32_t &b1, const __nv_bfloat16 *s,
@@ -181,10 +191,8 @@ __device__ __forceinline__ void tc_chunk(tc_state<NK> &st, const uint32_t (&qa)[
         for (int e = 0; e < 4; e++) st.o[dt][e] = __fmul_rn(st.o[dt][e], alpha[e >> 1]);
 #pragma unroll
     for (int ks = 0; ks < 4; ks++) {
-        const uint32_t pa[4] = {tc_pack(s[2 * ks][0], s[2 * ks][1]),
-                                tc_pack(s[2 * ks][2], s[2 * ks][3]),
-                                tc_pack(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                                tc_pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+        uint32_t pa[4];
+        tc_ctoa(pa, s, ks);
 #pragma unroll
         for (int dt = 0; dt < 2 * NK; dt += 2) {
             uint32_t b[4];
@@ -507,10 +515,8 @@ tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
                 }
 #pragma unroll
             for (int kc = 0; kc < 4; kc++) {
-                const uint32_t da[4] = {tc_pack(dp[2 * kc][0], dp[2 * kc][1]),
-                                        tc_pack(dp[2 * kc][2], dp[2 * kc][3]),
-                                        tc_pack(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
-                                        tc_pack(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+                uint32_t da[4];
+                tc_ctoa(da, dp, kc);
 #pragma unroll
                 for (int dt = 0; dt < 2 * NK; dt += 2) {
                     uint32_t b[4];
@@ -624,14 +630,10 @@ tc_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfl
                 }
 #pragma unroll
             for (int kc = 0; kc < 4; kc++) {
-                const uint32_t pa[4] = {tc_pack(s[2 * kc][0], s[2 * kc][1]),
-                                        tc_pack(s[2 * kc][2], s[2 * kc][3]),
-                                        tc_pack(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                        tc_pack(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-                const uint32_t da[4] = {tc_pack(dp[2 * kc][0], dp[2 * kc][1]),
-                                        tc_pack(dp[2 * kc][2], dp[2 * kc][3]),
-                                        tc_pack(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
-                                        tc_pack(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+                uint32_t pa[4];
+                tc_ctoa(pa, s, kc);
+                uint32_t da[4];
+                tc_ctoa(da, dp, kc);
 #pragma unroll
                 for (int dt = 0; dt < 2 * NK; dt += 2) {
                     uint32_t b[4];
