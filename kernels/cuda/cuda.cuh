@@ -90,6 +90,8 @@ typedef struct {
     cublasLtMatmulAlgo_t pinned[8];   // deterministic mode: one algorithm per (bf16, transa, transb)
     int pinned_ready[8];              // 1 found, -1 none (bf16: the fp32 path then)
     int bf16_tc;                   // bf16-valued GEMMs on bf16 tensor cores (LB_CUDA_BF16=0: off)
+    int grouped_tc;                // bf16 groups in one wgmma launch (gemm_grouped.cu); sm_90
+                                   // only, LB_CUDA_GROUPED=0: off
     int grouped_streams;           // LB_CUDA_GROUPED_STREAMS=1: bf16 groups on side streams
     cudaStream_t side[4];          // gemm_grouped's concurrent groups (created on first use)
     cudaEvent_t fork, join[4];
@@ -237,6 +239,10 @@ void lb_cuda_attention_tc_bwd(lb_cuda_ctx *cx, float *dq, float *dk, float *dv,
                               const float *dout, const float *q, const float *k, const float *v,
                               const float *lse, const float *D, void *work, int b, int t, int hq,
                               int hkv, int d);
+// gemm_grouped.cu: whether the device runs its kernel; the groups g[0 .. count), every one
+// bf16 with m, n, k > 0 and alpha != 0, in one launch (after one packing launch). Queued.
+int lb_cuda_gemm_grouped_tc_ok(int major, int minor);
+void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g);
 void lb_cuda_attention_tc_cached(lb_cuda_ctx *cx, float *out, const float *q,
                                  const lb_kv_layer *c, const int32_t *slot,
                                  const int32_t *pos, int n, int hq);

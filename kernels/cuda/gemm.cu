@@ -26,9 +26,8 @@
 // does not promise; tests/test_backend_ops.c checks one row alone against the same row in a
 // batch. LB_CUDA_GEMM_LOG=1 prints every plan's algorithm configuration.
 //
-// BF16 tensor cores (on by default; LB_CUDA_BF16=0 turns them off): a GEMM whose
-// operands are bf16 values (lb_gemm_args.bf16: the linear layer rounded them) converts both to
-// bf16 (exactly) in scratch, with leading dimensions padded to 8 elements (16 bytes), and runs
+// BF16 tensor cores (on by default; LB_CUDA_BF16=0 turns them off): a GEMM of operands rounded
+// to bf16 (lb_gemm_args.bf16) converts both to bf16 (nearest even) in scratch, with leading dimensions padded to 8 elements (16 bytes), and runs
 // cuBLASLt's bf16 x bf16 -> fp32 GEMM (CUBLAS_COMPUTE_32F: products exact, fp32 accumulation).
 // Deterministic mode pins one algorithm per (transa, transb) as above, tensor cores allowed,
 // still without split-K or workspace; a shape no such algorithm accepts takes the fp32 path.
@@ -446,6 +445,16 @@ static void cuda_gemm(lb_backend *be, const lb_gemm_args *g)
         return;
     }
     if (g->bf16 && cx->bf16_tc && gemm_bf16(be, g)) return;
+    if (g->bf16) {   // the fp32 path on copies of the operands rounded to bf16 (kernels.h)
+        size_t na = (size_t)g->m * g->k, nb = (size_t)g->k * g->n, o_b = lb_align256(na * 4);
+        char *sc = (char *)lb_cuda_scratch(cx, o_b + nb * 4);
+        lb_gemm_args r = *g;
+        r.a = (float *)sc, r.b = (float *)(sc + o_b), r.bf16 = 0;
+        be->round_bf16(be, (float *)r.a, g->a, na);
+        be->round_bf16(be, (float *)r.b, g->b, nb);
+        cuda_gemm(be, &r);
+        return;
+    }
     lb_gemm_plan key;
     memset(&key, 0, sizeof key);
     key.transa = g->transa ? 1 : 0;
@@ -575,11 +584,31 @@ static int grouped_bf16(lb_backend *be, int count, const lb_gemm_args *g)
     return 1;
 }
 
-// Groups of bf16 values in deterministic mode: grouped_bf16. Otherwise one cuBLASLt call per
-// group, in order (cuBLASLt 13.0 has no grouped mode). Each group follows cuda_gemm's rules:
-// m or n == 0 touches nothing, k == 0 with beta 0 zeroes C.
+// Groups of bf16 values: one launch of gemm_grouped.cu's kernel on sm_90, else (deterministic
+// mode, LB_CUDA_GROUPED_STREAMS=1) grouped_bf16. Otherwise one cuBLASLt call per group, in
+// order (cuBLASLt 13.0 has no grouped mode). Each group follows cuda_gemm's rules: m or n == 0
+// touches nothing, k == 0 or alpha == 0 only scales C by beta (beta 0 zeroes it).
 static void cuda_gemm_grouped(lb_backend *be, int count, const lb_gemm_args *args)
 {
+    lb_cuda_ctx *cx = lb_cuda(be);
+    int all_bf16 = count > 0 && cx->grouped_tc && cx->bf16_tc;
+    for (int i = 0; i < count && all_bf16; i++) all_bf16 = args[i].bf16;
+    if (all_bf16) {
+        lb_gemm_args *run = (lb_gemm_args *)lb_malloc((size_t)count * sizeof *run);
+        int nrun = 0;
+        for (int i = 0; i < count; i++) {
+            const lb_gemm_args *x = &args[i];
+            if (x->m < 0 || x->n < 0 || x->k < 0)
+                lb_die("gemm_grouped: negative size (m %d, n %d, k %d)", x->m, x->n, x->k);
+            if (x->m == 0 || x->n == 0) continue;
+            if (x->k == 0 || x->alpha == 0.0f) cuda_gemm(be, x);   // no product
+            else run[nrun++] = *x;
+        }
+        if (nrun) lb_cuda_gemm_grouped_tc(cx, nrun, run);
+        if (cx->sync_each) LB_CUDA_WAIT(cx);
+        free(run);
+        return;
+    }
     if (grouped_bf16(be, count, args)) return;
     for (int i = 0; i < count; i++) cuda_gemm(be, &args[i]);
 }
@@ -591,6 +620,11 @@ extern "C" void lb_cuda_init_gemm(lb_backend *be)
     cx->gemm_log = s && *s && *s != '0';
     s = getenv("LB_CUDA_BF16");   // on unless "0": test_gemm_bf16 passed on the H200
     cx->bf16_tc = !(s && *s == '0');
+    int major = 0, minor = 0;
+    LB_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, cx->device));
+    LB_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, cx->device));
+    s = getenv("LB_CUDA_GROUPED");   // on unless "0" where the device runs the sm_90a kernel
+    cx->grouped_tc = !(s && *s == '0') && lb_cuda_gemm_grouped_tc_ok(major, minor);
     s = getenv("LB_CUDA_GROUPED_STREAMS");
     cx->grouped_streams = s && *s && *s != '0';
     be->gemm = cuda_gemm;

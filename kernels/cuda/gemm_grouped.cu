@@ -1,0 +1,307 @@
+// gemm_grouped.cu: every group of a grouped GEMM of bf16 values (an MoE layer's local experts)
+// in one launch, on Hopper's warpgroup tensor-core instruction (wgmma, sm_90a).
+//
+// cuBLASLt 13.0 has no grouped mode, and one call per expert leaves most of the chip idle: an
+// expert's (1024, 768) output is 48 tiles of 128 x 128 on 132 multiprocessors. Here the tiles
+// of all the groups form one grid, so 128 experts fill the chip as one large GEMM does.
+//
+// Two steps, both queued on the backend's stream:
+// 1. pack: every operand becomes a bf16 copy, k contiguous (the transposed operands of the
+//    dgrad and wgrad passes are transposed on the way), each row padded with zeros to a
+//    multiple of 8 elements (16 bytes). One launch for all operands of all groups. The
+//    conversion is exact: the operands are bf16 values (lb_gemm_args.bf16).
+// 2. gemm: one block per 128 x 128 tile of some group's C (a binary search over the groups'
+//    first tiles finds its group). Two warpgroups, each 64 rows x 128 columns of the tile,
+//    fp32 accumulators in registers. 64-wide slices of k go through a 5-stage ring of shared
+//    memory filled by cp.async (out-of-range rows and k zero-filled), laid out in the 128-byte
+//    swizzle the wgmma descriptors name; one wgmma batch stays in flight while the next
+//    stage is waited for.
+//
+// Exactness and determinism: bf16 x bf16 products are exact in fp32, and every element of C
+// is the sum over k in one fixed order (slices of 64 in k order, each the tensor core's k16
+// steps in order), whatever the group's size, its position in the launch or the other groups.
+// So the result is bitwise reproducible and batch invariant (one row alone gives the same bits
+// as the same row among many), as the deterministic mode asks; it is not the bits of
+// cuBLASLt's GEMM, which sums in its own order (the tests compare each against the CPU).
+//
+// The wgmma code exists only in the sm_90a build; lb_cuda_gemm_grouped_tc_ok says whether the
+// device runs it (compute capability 9.0), and gemm.cu takes its per-group path otherwise.
+#include "kernels/cuda/cuda.cuh"
+
+#include <stdlib.h>
+
+#define GG_BM 128          // tile rows: two warpgroups of 64
+#define GG_BN 128          // tile columns: one wgmma n
+#define GG_BK 64           // 64 bf16 = 128 bytes, one row of the 128-byte swizzle atom
+#define GG_STAGES 5
+#define GG_THREADS 256
+#define GG_TILE_BYTES (GG_BM * GG_BK * 2)             // one operand's slice: 16 KB
+#define GG_SMEM (GG_STAGES * 2 * GG_TILE_BYTES + 1024) // + alignment to the 1024-byte atom
+#define GG_MAX 240         // groups per launch (kernel parameter space)
+#define GG_PACK_MAX 480    // operands per pack launch
+
+typedef struct {
+    const __nv_bfloat16 *a, *b;   // (m, lda), (n, ldb): k contiguous, zero-padded to ld
+    float *c;                     // (m, n), row pitch n
+    int m, n, k, lda, ldb;
+    int tile0, tiles_n;           // the group's first tile in the launch; tiles per tile row
+    float alpha, beta;
+} gg_group;
+
+typedef struct {
+    int count;
+    gg_group g[GG_MAX];
+} gg_params;
+
+// --- the GEMM ----------------------------------------------------------------------------------
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Loads rows [r0, r0 + 128) x k [k0, k0 + 64) of x (rows, ld) into a 16 KB swizzled tile:
+// row r's 16-byte chunk c goes to r * 128 + (c ^ (r % 8)) * 16. 256 threads, 4 chunks each.
+__device__ __forceinline__ void gg_load(uint32_t dst, const __nv_bfloat16 *x, int rows, int k,
+                                        int ld, int r0, int k0, int tid)
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int c = tid + i * GG_THREADS, r = c >> 3, ch = c & 7;
+        const int gr = r0 + r, gk = k0 + ch * 8;
+        const bool ok = gr < rows && gk < k;   // a chunk starting before k ends in the zero pad
+        const __nv_bfloat16 *src = ok ? x + (size_t)gr * ld + gk : x;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                         dst + r * 128 + ((ch ^ (r & 7)) << 4)),
+                     "l"(src), "r"(ok ? 16 : 0));
+    }
+}
+
+// Shared-memory matrix descriptor of a k-contiguous bf16 tile in the 128-byte swizzle: start
+// address, stride 1024 bytes between groups of 8 rows (the leading offset is unused there).
+__device__ __forceinline__ uint64_t gg_desc(uint32_t addr)
+{
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 |
+           (uint64_t)1 << 62;
+}
+
+// d (64 x 128, this warpgroup's fp32 fragment) += A (64 x 16) B (128 x 16)^T.
+__device__ __forceinline__ void gg_wgmma(float *d, uint64_t da, uint64_t db)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"   // scale-d true: d += (not d =)
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
+        "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
+        "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+          "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+          "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+          "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+          "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
+          "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
+          "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db));
+}
+#endif
+
+__global__ void __launch_bounds__(GG_THREADS, 1) gg_kernel(const __grid_constant__ gg_params P)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ uint8_t gg_smem[];
+    // the swizzle atoms must start at 1024-byte boundaries
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(gg_smem) + 1023) & ~1023u;
+    const int tid = threadIdx.x, wg = tid >> 7;
+
+    int lo = 0, hi = P.count - 1;   // the last group whose first tile is <= this block's
+    const int t = blockIdx.x;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (P.g[mid].tile0 <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    const gg_group &G = P.g[lo];
+    const int m0 = (t - G.tile0) / G.tiles_n * GG_BM, n0 = (t - G.tile0) % G.tiles_n * GG_BN;
+    const int nk = (G.k + GG_BK - 1) / GG_BK;
+
+    float d[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) d[i] = 0.0f;
+
+    // stage s: A slice at base + s * 32 KB, B slice 16 KB after it
+    for (int s = 0; s < GG_STAGES - 2; s++) {
+        if (s < nk) {
+            gg_load(base + s * 2 * GG_TILE_BYTES, G.a, G.m, G.k, G.lda, m0, s * GG_BK, tid);
+            gg_load(base + s * 2 * GG_TILE_BYTES + GG_TILE_BYTES, G.b, G.n, G.k, G.ldb, n0,
+                    s * GG_BK, tid);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        // slice kt has landed (GG_STAGES - 3 younger groups may still be in flight); the
+        // fence hands the cp.async writes to the tensor cores' (async) proxy
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(GG_STAGES - 3));
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        // Every warpgroup has finished slice kt - 2 (it waited for all but its newest batch
+        // before this barrier), so that slice's stage takes slice kt + GG_STAGES - 2.
+        const int ks = kt + GG_STAGES - 2;
+        if (ks < nk) {
+            const uint32_t st = base + (ks % GG_STAGES) * 2 * GG_TILE_BYTES;
+            gg_load(st, G.a, G.m, G.k, G.lda, m0, ks * GG_BK, tid);
+            gg_load(st + GG_TILE_BYTES, G.b, G.n, G.k, G.ldb, n0, ks * GG_BK, tid);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+
+        const uint32_t sa = base + (kt % GG_STAGES) * 2 * GG_TILE_BYTES + wg * 64 * 128;
+        const uint32_t sb = base + (kt % GG_STAGES) * 2 * GG_TILE_BYTES + GG_TILE_BYTES;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < GG_BK / 16; kk++)   // k16 steps: 32 bytes further in each row
+            gg_wgmma(d, gg_desc(sa + kk * 32), gg_desc(sb + kk * 32));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+
+    // d[4j + i]: row lane / 4 (+ 8 for i >= 2) of this warp's 16, column 8j + (lane % 4) * 2
+    // (+ 1 for odd i)
+    const int warp = (tid >> 5) & 3, lane = tid & 31;
+    const int r = m0 + wg * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const int col = n0 + j * 8 + (lane & 3) * 2;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int row = r + (i >> 1) * 8, cc = col + (i & 1);
+            if (row < G.m && cc < G.n) {
+                float *p = G.c + (size_t)row * G.n + cc;
+                const float v = G.alpha * d[4 * j + i];
+                *p = G.beta == 0.0f ? v : v + G.beta * *p;   // beta 0 never reads C (NaN)
+            }
+        }
+    }
+#endif
+}
+
+// --- packing the operands -------------------------------------------------------------------------
+
+typedef struct {
+    const float *src;     // (rows, cols) fp32, bf16 values
+    __nv_bfloat16 *dst;   // trans 0: (rows, ld); trans 1: (cols, ld), dst[c][r] = src[r][c]
+    int rows, cols, ld, trans;
+} gg_pack_job;
+
+typedef struct {
+    int count;
+    gg_pack_job j[GG_PACK_MAX];
+} gg_pack_params;
+
+// Block (32, 8); blockIdx.y is the job, blockIdx.x strides over its pieces. Elements beyond
+// the source in a padded row are written as zeros (the GEMM reads whole 16-byte chunks).
+__global__ void gg_pack_kernel(const __grid_constant__ gg_pack_params P)
+{
+    const gg_pack_job &J = P.j[blockIdx.y];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    if (!J.trans) {   // pairs of columns; ld is even
+        const size_t half = (size_t)J.ld / 2, n = (size_t)J.rows * half;
+        for (size_t i = (size_t)blockIdx.x * 256 + ty * 32 + tx; i < n;
+             i += (size_t)gridDim.x * 256) {
+            const size_t r = i / half;
+            const int c = (int)(i % half) * 2;
+            const float *s = J.src + r * J.cols;
+            const float v0 = c < J.cols ? s[c] : 0.0f, v1 = c + 1 < J.cols ? s[c + 1] : 0.0f;
+            *(__nv_bfloat162 *)(J.dst + r * J.ld + c) = __floats2bfloat162_rn(v0, v1);
+        }
+        return;
+    }
+    // 32 x 32 tiles of the source through shared memory (one padding column: no bank conflict)
+    __shared__ float tile[32][33];
+    const int tr = (J.ld + 31) / 32, tc = (J.cols + 31) / 32;   // source rows cover the pad
+    for (int t = blockIdx.x; t < tr * tc; t += gridDim.x) {
+        const int r0 = t / tc * 32, c0 = t % tc * 32;
+        __syncthreads();
+        for (int y = ty; y < 32; y += 8) {
+            const int r = r0 + y, c = c0 + tx;
+            tile[y][tx] = r < J.rows && c < J.cols ? J.src[(size_t)r * J.cols + c] : 0.0f;
+        }
+        __syncthreads();
+        for (int y = ty; y < 32; y += 8) {
+            const int c = c0 + y, r = r0 + tx;   // destination row c, column r
+            if (c < J.cols && r < J.ld) J.dst[(size_t)c * J.ld + r] = __float2bfloat16_rn(tile[tx][y]);
+        }
+    }
+}
+
+// --- host side -----------------------------------------------------------------------------------
+
+static int pad8(int x) { return (x + 7) / 8 * 8; }
+
+static void pack_launch(lb_cuda_ctx *cx, gg_pack_params *pp)
+{
+    if (!pp->count) return;
+    size_t most = 0;   // pieces of the largest job
+    for (int i = 0; i < pp->count; i++) {
+        const gg_pack_job *j = &pp->j[i];
+        size_t pieces = j->trans ? (size_t)((j->ld + 31) / 32) * ((j->cols + 31) / 32)
+                                 : ((size_t)j->rows * j->ld / 2 + 255) / 256;
+        if (pieces > most) most = pieces;
+    }
+    size_t cap = (size_t)cx->num_sms * 32 / pp->count + 1;
+    dim3 grid((unsigned)(most < cap ? most : cap), (unsigned)pp->count);
+    gg_pack_kernel<<<grid, dim3(32, 8), 0, cx->stream>>>(*pp);
+    LB_CUDA_LAUNCHED(cx);
+    pp->count = 0;
+}
+
+extern "C" int lb_cuda_gemm_grouped_tc_ok(int major, int minor) { return major == 9 && minor == 0; }
+
+// Runs the groups g[0 .. count) (each bf16, m, n, k > 0, alpha != 0; gemm.cu filters) as
+// described at the top. Queued on cx->stream.
+extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g)
+{
+    static int smem_set;
+    if (!smem_set) {
+        lb_cuda_smem_limit(gg_kernel, GG_SMEM);
+        smem_set = 1;
+    }
+    for (int g0 = 0; g0 < count; g0 += GG_MAX) {
+        const int cnt = count - g0 < GG_MAX ? count - g0 : GG_MAX;
+        // bf16 copies in scratch: per group A (m, lda) then B (n, ldb)
+        size_t bytes = 0;
+        for (int i = g0; i < g0 + cnt; i++)
+            bytes += lb_align256((size_t)g[i].m * pad8(g[i].k) * 2) +
+                     lb_align256((size_t)g[i].n * pad8(g[i].k) * 2);
+        char *sc = (char *)lb_cuda_scratch(cx, bytes);
+        gg_params *P = (gg_params *)lb_calloc(1, sizeof *P);
+        gg_pack_params *pp = (gg_pack_params *)lb_calloc(1, sizeof *pp);
+        int tiles = 0;
+        for (int i = 0; i < cnt; i++) {
+            const lb_gemm_args *x = &g[g0 + i];
+            gg_group *G = &P->g[i];
+            const int ld = pad8(x->k);
+            __nv_bfloat16 *a = (__nv_bfloat16 *)sc;
+            sc += lb_align256((size_t)x->m * ld * 2);
+            __nv_bfloat16 *b = (__nv_bfloat16 *)sc;
+            sc += lb_align256((size_t)x->n * ld * 2);
+            // A stored (m, k) or, transposed, (k, m); B stored (k, n) or, transposed, (n, k)
+            pp->j[pp->count++] = x->transa ? (gg_pack_job){x->a, a, x->k, x->m, ld, 1}
+                                           : (gg_pack_job){x->a, a, x->m, x->k, ld, 0};
+            pp->j[pp->count++] = x->transb ? (gg_pack_job){x->b, b, x->n, x->k, ld, 0}
+                                           : (gg_pack_job){x->b, b, x->k, x->n, ld, 1};
+            if (pp->count == GG_PACK_MAX) pack_launch(cx, pp);
+            *G = (gg_group){a, b, x->c, x->m, x->n, x->k, ld, ld, tiles,
+                            (x->n + GG_BN - 1) / GG_BN, x->alpha, x->beta};
+            tiles += (x->m + GG_BM - 1) / GG_BM * G->tiles_n;
+        }
+        pack_launch(cx, pp);
+        P->count = cnt;
+        if (tiles) {
+            gg_kernel<<<tiles, GG_THREADS, GG_SMEM, cx->stream>>>(*P);
+            LB_CUDA_LAUNCHED(cx);
+        }
+        free(P);
+        free(pp);
+    }
+}
