@@ -41,9 +41,11 @@ typedef struct {
     float alpha, beta;
     const float *a, *b;
     float *c;
-    // 1: every element of a and b is a bf16 value (the linear layer rounded them). A backend
-    // may then multiply them on bf16 tensor cores: the products are exact in fp32, so only the
-    // order of the fp32 accumulation can differ from the fp32 GEMM. The CPU ignores it.
+    // 1: the product of a and b rounded to bf16 (nearest even, as round_bf16): the backend
+    // rounds them itself (the CPU into copies, CUDA while converting them for its bf16 tensor
+    // cores), so the caller needs no rounding pass. Products of bf16 values are exact in fp32;
+    // only the order of the fp32 accumulation can differ from the fp32 GEMM of the rounded
+    // values. Operands that are bf16 values already are unchanged by the rounding.
     int bf16;
 } lb_gemm_args;
 
@@ -263,7 +265,7 @@ static inline void lb_gemm(lb_backend *be, int transa, int transb, int m, int n,
     be->gemm(be, &g);
 }
 
-// lb_gemm on operands whose every element is a bf16 value (lb_gemm_args.bf16).
+// lb_gemm of the operands rounded to bf16 (lb_gemm_args.bf16).
 static inline void lb_gemm_bf16(lb_backend *be, int transa, int transb, int m, int n, int k,
                                 float alpha, const float *a, const float *b, float beta, float *c)
 {

@@ -174,10 +174,8 @@ void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const 
     if (n == 0) return;
     if (F->fmt == LB_FMT_FP32) {
         lb_gemm(be, 0, 1, n, out, in, 1.0f, x, w + e * mat, beta, y);
-    } else if (F->fmt == LB_FMT_BF16) {
-        float *xb = scratch(L, 0, (size_t)n * in);
-        round_into(L, xb, x, (size_t)n * in);
-        lb_gemm_bf16(be, 0, 1, n, out, in, 1.0f, xb, c->bf16 + e * mat, beta, y);
+    } else if (F->fmt == LB_FMT_BF16) {   // the GEMM rounds x (kernels.h)
+        lb_gemm_bf16(be, 0, 1, n, out, in, 1.0f, x, c->bf16 + e * mat, beta, y);
     } else {
         lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, e, 0));
         gemm_act_q(L, x, n, in, &a, &c->row[e], out, beta, y);
@@ -222,16 +220,14 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
         } else if (!is_low(D->fmt) || D->mode != LB_BWD_QUANTIZED) {
             // BF16 GEMM: on the original weights (bf16, high) or on the fprop's quantized
             // weights dequantized (dequantized)
-            float *dyb = scratch(L, 0, (size_t)n * out);
-            round_into(L, dyb, dy, (size_t)n * out);
-            const float *wb = c->bf16 + e * mat;
             if (D->mode == LB_BWD_DEQUANTIZED && is_low(F->fmt)) {
-                float *wd = scratch(L, 1, mat);
+                float *dyb = scratch(L, 0, (size_t)n * out), *wd = scratch(L, 1, mat);
+                round_into(L, dyb, dy, (size_t)n * out);
                 be->dequantize(be, wd, &c->row[e]);
-                wb = wd;   // fp8-block values times fp32 scales: not bf16 values in general
-                lb_gemm(be, 0, 0, n, in, out, 1.0f, dyb, wb, dx_beta, dx);
-            } else {
-                lb_gemm_bf16(be, 0, 0, n, in, out, 1.0f, dyb, wb, dx_beta, dx);
+                // fp8-block values times fp32 scales: not bf16 values in general
+                lb_gemm(be, 0, 0, n, in, out, 1.0f, dyb, wd, dx_beta, dx);
+            } else {   // the GEMM rounds dy (kernels.h)
+                lb_gemm_bf16(be, 0, 0, n, in, out, 1.0f, dy, c->bf16 + e * mat, dx_beta, dx);
             }
         } else {
             lb_quant_args a = act_args(L, D, 0, 1, operand_id(layer, role, LB_PASS_DGRAD, e, 0));
@@ -243,20 +239,16 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
     if (G->fmt == LB_FMT_FP32) {
         lb_gemm(be, 1, 0, out, in, n, 1.0f, dy, x, 1.0f, dw);
     } else if (!is_low(G->fmt) || G->mode != LB_BWD_QUANTIZED) {
-        float *dyb = scratch(L, 0, (size_t)n * out);
-        round_into(L, dyb, dy, (size_t)n * out);
-        const float *xb;
-        if (G->mode == LB_BWD_DEQUANTIZED) {
-            xb = fprop_dequant(L, 2, layer, role, e, x, n, in);
-        } else {
-            float *t = scratch(L, 2, (size_t)n * in);
-            round_into(L, t, x, (size_t)n * in);
-            xb = t;
+        if (G->mode != LB_BWD_DEQUANTIZED || !is_low(F->fmt)) {
+            // dy and x rounded to bf16 (by the GEMM, kernels.h): what a dequantized fprop of
+            // bf16 or fp32 activations gives too
+            lb_gemm_bf16(be, 1, 0, out, in, n, 1.0f, dy, x, 1.0f, dw);
+        } else {   // a quantized fprop's dequantized activations need not be bf16 values
+            float *dyb = scratch(L, 0, (size_t)n * out);
+            round_into(L, dyb, dy, (size_t)n * out);
+            const float *xb = fprop_dequant(L, 2, layer, role, e, x, n, in);
+            lb_gemm(be, 1, 0, out, in, n, 1.0f, dyb, xb, 1.0f, dw);
         }
-        // a quantized fprop's dequantized activations need not be bf16 values
-        int exact = G->mode != LB_BWD_DEQUANTIZED || !is_low(F->fmt);
-        if (exact) lb_gemm_bf16(be, 1, 0, out, in, n, 1.0f, dyb, xb, 1.0f, dw);
-        else lb_gemm(be, 1, 0, out, in, n, 1.0f, dyb, xb, 1.0f, dw);
     } else {
         const float *hdy = dy, *hx = x;
         int nk = n;   // the reduction length, padded for the Hadamard below
@@ -310,17 +302,10 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
     size_t off = 0, mat = (size_t)out * in;
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {   // one grouped call for all experts
-        size_t n = 0;
-        for (int j = 0; j < groups; j++) n += (size_t)counts[j];
-        const float *xa = x, *wa = w;
-        if (bf16) {   // as lb_linear_fwd: rounded activations (once), the cache's bf16 weights
-            float *xb = scratch(L, 0, n * in);
-            round_into(L, xb, x, n * in);
-            xa = xb, wa = c->bf16;
-        }
+        const float *wa = bf16 ? c->bf16 : w;   // bf16: the GEMM rounds x
         lb_gemm_args g[groups];
         for (int j = 0; j < groups; j++) {
-            g[j] = (lb_gemm_args){0, 1, counts[j], out, in, 1.0f, 0.0f, xa + off * in,
+            g[j] = (lb_gemm_args){0, 1, counts[j], out, in, 1.0f, 0.0f, x + off * in,
                                   wa + j * mat, y + off * out, bf16};
             off += (size_t)counts[j];
         }
@@ -341,22 +326,14 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
     size_t off = 0, mat = (size_t)out * in;
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {
-        size_t n = 0;
-        for (int j = 0; j < groups; j++) n += (size_t)counts[j];
-        const float *dya = dy, *xa = x, *wa = w;
-        if (bf16) {   // as lb_linear_bwd: rounded dy and x (once), the cache's bf16 weights
-            float *dyb = scratch(L, 0, n * out), *xb = scratch(L, 2, n * in);
-            round_into(L, dyb, dy, n * out);
-            round_into(L, xb, x, n * in);
-            dya = dyb, xa = xb, wa = c->bf16;
-        }
+        const float *wa = bf16 ? c->bf16 : w;   // bf16: the GEMM rounds dy and x
         lb_gemm_args g[2 * groups];
         for (int j = 0; j < groups; j++) {
             int mj = counts[j];
-            g[j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, dya + off * out, wa + j * mat,
+            g[j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, dy + off * out, wa + j * mat,
                                   dx + off * in, bf16};
-            g[groups + j] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, 1.0f, dya + off * out,
-                                           xa + off * in, dw + j * mat, bf16};
+            g[groups + j] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, 1.0f, dy + off * out,
+                                           x + off * in, dw + j * mat, bf16};
             off += (size_t)mj;
         }
         L->be->gemm_grouped(L->be, groups, g);

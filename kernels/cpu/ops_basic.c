@@ -20,6 +20,17 @@
 // OpenBLAS, faster but its bits depend on m, the row's position and on some CPUs the threads.
 static void cpu_gemm(lb_backend *be, const lb_gemm_args *g)
 {
+    if (g->bf16 && g->m > 0 && g->n > 0 && g->k > 0) {   // the rounded operands' product
+        size_t na = (size_t)g->m * g->k, nb = (size_t)g->k * g->n;
+        float *ra = lb_malloc((na + nb) * sizeof(float)), *rb = ra + na;
+        be->round_bf16(be, ra, g->a, na);
+        be->round_bf16(be, rb, g->b, nb);
+        lb_gemm_args r = *g;
+        r.a = ra, r.b = rb, r.bf16 = 0;
+        cpu_gemm(be, &r);
+        free(ra);
+        return;
+    }
     int nt = lb_cpu_threads(be);
     if (be->deterministic) {
         lb_cpu_gemm_det(g, nt, LB_CPU_GEMM_AUTO);
