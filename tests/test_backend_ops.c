@@ -294,27 +294,33 @@ START_TEST(test_gemm)
 }
 END_TEST
 
-// A CUDA backend of its own, created with the environment switch var=1 (and var0=0 when not
-// NULL).
-static lb_backend *cuda_with(const char *var, const char *var0)
+// A CUDA backend of its own, created with the environment switches set ("VAR=VALUE", up to
+// two; NULL for none).
+static lb_backend *cuda_with(const char *set1, const char *set2)
 {
-    char err[256];
-    setenv(var, "1", 1);
-    if (var0) setenv(var0, "0", 1);
+    char err[256], var[2][64];
+    const char *set[2] = {set1, set2};
+    for (int i = 0; i < 2; i++) {
+        if (!set[i]) continue;
+        const char *eq = strchr(set[i], '=');
+        snprintf(var[i], sizeof var[i], "%.*s", (int)(eq - set[i]), set[i]);
+        setenv(var[i], eq + 1, 1);
+    }
     lb_backend *be = lb_backend_cuda_create(0, err, sizeof err);
-    unsetenv(var);
-    if (var0) unsetenv(var0);
+    for (int i = 0; i < 2; i++)
+        if (set[i]) unsetenv(var[i]);
     ck_assert_msg(be != NULL, "%s", err);
     return be;
 }
 
-// GEMMs of bf16-valued operands (lb_gemm_args.bf16) on bf16 tensor cores (LB_CUDA_BF16=1, a
-// backend of its own): against the CPU's fp32 GEMM on the same values, every transpose, sizes
-// that are not multiples of 8 (the padded leading dimensions), beta 0 and 1; run twice alike
-// in deterministic mode, and one row alone equal to the same row among 300.
-START_TEST(test_gemm_bf16)
+// GEMMs of operands rounded to bf16 (lb_gemm_args.bf16; fp32 inputs, each backend rounds)
+// on each CUDA path (a backend of its own each): gemm_grouped.cu's wgmma kernel (the default
+// on sm_90), cuBLASLt's bf16 tensor cores (LB_CUDA_DENSE_TC=0), the fp32 GEMM of rounded copies
+// (LB_CUDA_BF16=0): against the CPU, every transpose, sizes that are not multiples of 8 (the
+// padded leading dimensions), beta 0 and 1; run twice alike in deterministic mode, and one
+// row alone equal to the same row among 300.
+static void gemm_bf16_case(lb_backend *tc)
 {
-    lb_backend *tc = cuda_with("LB_CUDA_BF16", NULL);
     const int shapes[][3] = {{37, 29, 53}, {1, 300, 257}, {129, 77, 300}, {300, 53, 1029}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int ta = 0; ta < 2; ta++)
@@ -324,10 +330,14 @@ START_TEST(test_gemm_bf16)
                     float beta = (float)bi;
                     size_t sa = (size_t)m * k, sb = (size_t)k * n, sc = (size_t)m * n;
                     float *a = randn(sa, 1), *b = randn(sb, 1), *c0 = randn(sc, 1);
-                    cpu->round_bf16(cpu, a, a, sa);
-                    cpu->round_bf16(cpu, b, b, sb);
-                    float *ref = hdup(c0, sc * 4);
+                    float *ra = hdup(a, sa * 4), *rb = hdup(b, sb * 4);
+                    cpu->round_bf16(cpu, ra, a, sa);
+                    cpu->round_bf16(cpu, rb, b, sb);
+                    float *ref = hdup(c0, sc * 4), *ref_r = hdup(c0, sc * 4);
                     lb_gemm_bf16(cpu, ta, tb, m, n, k, 1.0f, a, b, beta, ref);
+                    lb_gemm(cpu, ta, tb, m, n, k, 1.0f, ra, rb, beta, ref_r);
+                    ck_assert_msg(memcmp(ref, ref_r, sc * 4) == 0,
+                                  "cpu gemm bf16: not the GEMM of the rounded operands");
                     float *da = tc->alloc(tc, sa * 4), *db = tc->alloc(tc, sb * 4);
                     float *dc = tc->alloc(tc, sc * 4);
                     tc->upload(tc, da, a, sa * 4);
@@ -346,6 +356,7 @@ START_TEST(test_gemm_bf16)
                     ck_assert_msg(memcmp(out[0], out[1], sc * 4) == 0, "%s: two runs differ", what);
                     tc->free(tc, da), tc->free(tc, db), tc->free(tc, dc);
                     free(a), free(b), free(c0), free(ref), free(out[0]), free(out[1]);
+                    free(ra), free(rb), free(ref_r);
                 }
     // batch invariance of the fprop: row 17 alone against the same row among 300
     const int m = 300, k = 1029, n = 384, row = 17;
@@ -367,6 +378,13 @@ START_TEST(test_gemm_bf16)
     tc->free(tc, X), tc->free(tc, W), tc->free(tc, Y), tc->free(tc, Y1);
     free(x), free(w), free(ym), free(y1);
     tc->destroy(tc);
+}
+
+START_TEST(test_gemm_bf16)
+{
+    gemm_bf16_case(cuda_with(NULL, NULL));
+    gemm_bf16_case(cuda_with("LB_CUDA_DENSE_TC=0", NULL));
+    gemm_bf16_case(cuda_with("LB_CUDA_BF16=0", NULL));
 }
 END_TEST
 
@@ -518,7 +536,7 @@ static void grouped_bf16_case(lb_backend *gs, int streams)
 START_TEST(test_gemm_grouped_bf16)
 {
     grouped_bf16_case(gpu, 0);
-    lb_backend *gs = cuda_with("LB_CUDA_GROUPED_STREAMS", "LB_CUDA_GROUPED");
+    lb_backend *gs = cuda_with("LB_CUDA_GROUPED_STREAMS=1", "LB_CUDA_GROUPED=0");
     grouped_bf16_case(gs, 1);
     gs->destroy(gs);
 }

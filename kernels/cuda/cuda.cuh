@@ -92,6 +92,8 @@ typedef struct {
     int bf16_tc;                   // bf16-valued GEMMs on bf16 tensor cores (LB_CUDA_BF16=0: off)
     int grouped_tc;                // bf16 groups in one wgmma launch (gemm_grouped.cu); sm_90
                                    // only, LB_CUDA_GROUPED=0: off
+    int grouped_bn;                // its tile columns, 128 or 256 (LB_CUDA_GROUPED_BN)
+    int dense_tc;                  // dense bf16 GEMMs on that kernel too (LB_CUDA_DENSE_TC=0: off)
     int grouped_streams;           // LB_CUDA_GROUPED_STREAMS=1: bf16 groups on side streams
     cudaStream_t side[4];          // gemm_grouped's concurrent groups (created on first use)
     cudaEvent_t fork, join[4];

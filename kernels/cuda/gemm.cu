@@ -379,17 +379,33 @@ __global__ void gemm_scale_kernel(float *c, float beta, size_t n)
         c[i] *= beta;
 }
 
-// dst (rows, ld) bf16 = src (rows, cols) fp32, columns cols..ld zero. The values are bf16
-// values already (lb_gemm_args.bf16), so the conversion is exact.
+// dst (rows, ld) bf16 = src (rows, cols) fp32 rounded to nearest even (lb_gemm_args.bf16),
+// columns cols..ld zero.
+// Rows strided over blockIdx.y, pairs of columns over the x threads (ld is even; no 64-bit
+// division per element).
 __global__ void to_bf16_kernel(__nv_bfloat16 *__restrict__ dst, const float *__restrict__ src,
                                int rows, int cols, int ld)
 {
-    size_t n = (size_t)rows * ld;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        size_t r = i / ld, c = i % ld;
-        dst[i] = c < (size_t)cols ? __float2bfloat16_rn(src[r * cols + c]) : __float2bfloat16_rn(0.0f);
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float *s = src + (size_t)r * cols;
+        __nv_bfloat162 *d = (__nv_bfloat162 *)(dst + (size_t)r * ld);
+        for (int c = 2 * (blockIdx.x * blockDim.x + threadIdx.x); c < ld;
+             c += 2 * gridDim.x * blockDim.x) {
+            const float v0 = c < cols ? s[c] : 0.0f, v1 = c + 1 < cols ? s[c + 1] : 0.0f;
+            d[c / 2] = __floats2bfloat162_rn(v0, v1);
+        }
     }
+}
+
+// dst (rows, ld) = bf16(src (rows, cols)), zeros beyond cols; queued.
+static void to_bf16(lb_cuda_ctx *cx, __nv_bfloat16 *dst, const float *src, size_t rows, int cols,
+                    int ld)
+{
+    unsigned gx = (unsigned)((ld / 2 + 255) / 256), cap = (unsigned)cx->num_sms * 16 / gx + 1;
+    unsigned gy = (unsigned)(rows < cap ? rows : cap);
+    if (gy > 65535) gy = 65535;
+    to_bf16_kernel<<<dim3(gx, gy), 256, 0, cx->stream>>>(dst, src, (int)rows, cols, ld);
+    LB_CUDA_LAUNCHED(cx);
 }
 
 // The bf16 tensor-core GEMM of g (bf16-valued operands); 0 when no algorithm takes the shape.
@@ -414,12 +430,8 @@ static int gemm_bf16(lb_backend *be, const lb_gemm_args *g)
     size_t o_b = lb_align256((size_t)rows_a * lda * 2);
     char *sc = (char *)lb_cuda_scratch(cx, o_b + (size_t)rows_b * ldb * 2);
     __nv_bfloat16 *ab = (__nv_bfloat16 *)sc, *bb = (__nv_bfloat16 *)(sc + o_b);
-    to_bf16_kernel<<<lb_grid((size_t)rows_a * lda, 256, cx), 256, 0, cx->stream>>>(
-        ab, g->a, rows_a, cols_a, (int)lda);
-    LB_CUDA_LAUNCHED(cx);
-    to_bf16_kernel<<<lb_grid((size_t)rows_b * ldb, 256, cx), 256, 0, cx->stream>>>(
-        bb, g->b, rows_b, cols_b, (int)ldb);
-    LB_CUDA_LAUNCHED(cx);
+    to_bf16(cx, ab, g->a, rows_a, cols_a, (int)lda);
+    to_bf16(cx, bb, g->b, rows_b, cols_b, (int)ldb);
     LB_CUBLAS_CHECK(cublasLtMatmul(cx->lt, p->op, &g->alpha, bb, p->la, ab, p->lb, &g->beta, g->c,
                                    p->lc, g->c, p->lc, &p->algo,
                                    p->workspace ? cx->workspace : NULL, p->workspace, cx->stream));
@@ -442,6 +454,11 @@ static void cuda_gemm(lb_backend *be, const lb_gemm_args *g)
             gemm_scale_kernel<<<lb_grid(mn, 256, cx), 256, 0, cx->stream>>>(g->c, g->beta, mn);
             LB_CUDA_LAUNCHED(cx);
         }
+        return;
+    }
+    if (g->bf16 && cx->bf16_tc && cx->dense_tc && cx->grouped_tc) {   // gemm_grouped.cu's kernel
+        lb_cuda_gemm_grouped_tc(cx, 1, g);
+        if (cx->sync_each) LB_CUDA_WAIT(cx);
         return;
     }
     if (g->bf16 && cx->bf16_tc && gemm_bf16(be, g)) return;
@@ -491,9 +508,7 @@ static size_t grouped_to_bf16(lb_cuda_ctx *cx, const float *const *src, const in
         size_t rr = (size_t)rows[i];
         while (j + 1 < count && src[j + 1] == src[j] + (size_t)rows[j] * cols) rr += rows[++j];
         if (rr) {
-            to_bf16_kernel<<<lb_grid(rr * ld, 256, cx), 256, 0, cx->stream>>>(
-                dst + r0 * ld, src[i], (int)rr, cols, (int)ld);
-            LB_CUDA_LAUNCHED(cx);
+            to_bf16(cx, dst + r0 * ld, src[i], rr, cols, (int)ld);
         }
         for (size_t off = 0; i <= j; off += rows[i], i++) out[i] = dst + (r0 + off) * ld;
         r0 += rr;
@@ -625,6 +640,10 @@ extern "C" void lb_cuda_init_gemm(lb_backend *be)
     LB_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, cx->device));
     s = getenv("LB_CUDA_GROUPED");   // on unless "0" where the device runs the sm_90a kernel
     cx->grouped_tc = !(s && *s == '0') && lb_cuda_gemm_grouped_tc_ok(major, minor);
+    s = getenv("LB_CUDA_DENSE_TC");   // dense bf16 GEMMs on that kernel too (0: cuBLASLt's)
+    cx->dense_tc = !(s && *s == '0');
+    s = getenv("LB_CUDA_GROUPED_BN");
+    cx->grouped_bn = s && atoi(s) == 128 ? 128 : 256;
     s = getenv("LB_CUDA_GROUPED_STREAMS");
     cx->grouped_streams = s && *s && *s != '0';
     be->gemm = cuda_gemm;

@@ -31,12 +31,12 @@
 #include <stdlib.h>
 
 #define GG_BM 128          // tile rows: two warpgroups of 64
-#define GG_BN 128          // tile columns: one wgmma n
 #define GG_BK 64           // 64 bf16 = 128 bytes, one row of the 128-byte swizzle atom
-#define GG_STAGES 5
 #define GG_THREADS 256
-#define GG_TILE_BYTES (GG_BM * GG_BK * 2)             // one operand's slice: 16 KB
-#define GG_SMEM (GG_STAGES * 2 * GG_TILE_BYTES + 1024) // + alignment to the 1024-byte atom
+#define GG_TILE_A (GG_BM * GG_BK * 2)                  // A's slice of a stage: 16 KB
+// Tile columns BN (128 or 256, gg_bn below) and the stages that fit in shared memory
+#define GG_STAGES(BN) ((BN) == 256 ? 4 : 5)
+#define GG_SMEM(BN) (GG_STAGES(BN) * (GG_TILE_A + (BN) * GG_BK * 2) + 1024)   // + alignment
 #define GG_MAX 240         // groups per launch (kernel parameter space)
 #define GG_PACK_MAX 480    // operands per pack launch
 
@@ -56,13 +56,14 @@ typedef struct {
 // --- the GEMM ----------------------------------------------------------------------------------
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Loads rows [r0, r0 + 128) x k [k0, k0 + 64) of x (rows, ld) into a 16 KB swizzled tile:
-// row r's 16-byte chunk c goes to r * 128 + (c ^ (r % 8)) * 16. 256 threads, 4 chunks each.
+// Loads rows [r0, r0 + ROWS) x k [k0, k0 + 64) of x (rows, ld) into a swizzled tile: row r's
+// 16-byte chunk c goes to r * 128 + (c ^ (r % 8)) * 16. 256 threads, ROWS / 32 chunks each.
+template <int ROWS>
 __device__ __forceinline__ void gg_load(uint32_t dst, const __nv_bfloat16 *x, int rows, int k,
                                         int ld, int r0, int k0, int tid)
 {
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < ROWS / 32; i++) {
         const int c = tid + i * GG_THREADS, r = c >> 3, ch = c & 7;
         const int gr = r0 + r, gk = k0 + ch * 8;
         const bool ok = gr < rows && gk < k;   // a chunk starting before k ends in the zero pad
@@ -106,9 +107,13 @@ __device__ __forceinline__ void gg_wgmma(float *d, uint64_t da, uint64_t db)
 }
 #endif
 
+// One block per 128 x BN tile; a warpgroup's 64 x BN share is BN / 128 wgmma accumulators of
+// 64 x 128 (the same k16 steps in the same order for every element whatever BN is).
+template <int BN>
 __global__ void __launch_bounds__(GG_THREADS, 1) gg_kernel(const __grid_constant__ gg_params P)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int S = GG_STAGES(BN), NH = BN / 128, STAGE = GG_TILE_A + BN * GG_BK * 2;
     extern __shared__ uint8_t gg_smem[];
     // the swizzle atoms must start at 1024-byte boundaries
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(gg_smem) + 1023) & ~1023u;
@@ -122,66 +127,71 @@ __global__ void __launch_bounds__(GG_THREADS, 1) gg_kernel(const __grid_constant
         else hi = mid - 1;
     }
     const gg_group &G = P.g[lo];
-    const int m0 = (t - G.tile0) / G.tiles_n * GG_BM, n0 = (t - G.tile0) % G.tiles_n * GG_BN;
+    const int m0 = (t - G.tile0) / G.tiles_n * GG_BM, n0 = (t - G.tile0) % G.tiles_n * BN;
     const int nk = (G.k + GG_BK - 1) / GG_BK;
 
-    float d[64];
+    float d[NH][64];
 #pragma unroll
-    for (int i = 0; i < 64; i++) d[i] = 0.0f;
+    for (int h = 0; h < NH; h++)
+#pragma unroll
+        for (int i = 0; i < 64; i++) d[h][i] = 0.0f;
 
-    // stage s: A slice at base + s * 32 KB, B slice 16 KB after it
-    for (int s = 0; s < GG_STAGES - 2; s++) {
+    // stage s: A slice at base + s * STAGE, B slice 16 KB after it
+    for (int s = 0; s < S - 2; s++) {
         if (s < nk) {
-            gg_load(base + s * 2 * GG_TILE_BYTES, G.a, G.m, G.k, G.lda, m0, s * GG_BK, tid);
-            gg_load(base + s * 2 * GG_TILE_BYTES + GG_TILE_BYTES, G.b, G.n, G.k, G.ldb, n0,
-                    s * GG_BK, tid);
+            gg_load<GG_BM>(base + s * STAGE, G.a, G.m, G.k, G.lda, m0, s * GG_BK, tid);
+            gg_load<BN>(base + s * STAGE + GG_TILE_A, G.b, G.n, G.k, G.ldb, n0, s * GG_BK, tid);
         }
         asm volatile("cp.async.commit_group;\n" ::);
     }
     for (int kt = 0; kt < nk; kt++) {
-        // slice kt has landed (GG_STAGES - 3 younger groups may still be in flight); the
-        // fence hands the cp.async writes to the tensor cores' (async) proxy
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(GG_STAGES - 3));
+        // slice kt has landed (S - 3 younger groups may still be in flight); the fence hands
+        // the cp.async writes to the tensor cores' (async) proxy
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 3));
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
         // Every warpgroup has finished slice kt - 2 (it waited for all but its newest batch
-        // before this barrier), so that slice's stage takes slice kt + GG_STAGES - 2.
-        const int ks = kt + GG_STAGES - 2;
+        // before this barrier), so that slice's stage takes slice kt + S - 2.
+        const int ks = kt + S - 2;
         if (ks < nk) {
-            const uint32_t st = base + (ks % GG_STAGES) * 2 * GG_TILE_BYTES;
-            gg_load(st, G.a, G.m, G.k, G.lda, m0, ks * GG_BK, tid);
-            gg_load(st + GG_TILE_BYTES, G.b, G.n, G.k, G.ldb, n0, ks * GG_BK, tid);
+            const uint32_t st = base + (ks % S) * STAGE;
+            gg_load<GG_BM>(st, G.a, G.m, G.k, G.lda, m0, ks * GG_BK, tid);
+            gg_load<BN>(st + GG_TILE_A, G.b, G.n, G.k, G.ldb, n0, ks * GG_BK, tid);
         }
         asm volatile("cp.async.commit_group;\n" ::);
 
-        const uint32_t sa = base + (kt % GG_STAGES) * 2 * GG_TILE_BYTES + wg * 64 * 128;
-        const uint32_t sb = base + (kt % GG_STAGES) * 2 * GG_TILE_BYTES + GG_TILE_BYTES;
+        const uint32_t sa = base + (kt % S) * STAGE + wg * 64 * 128;
+        const uint32_t sb = base + (kt % S) * STAGE + GG_TILE_A;
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int kk = 0; kk < GG_BK / 16; kk++)   // k16 steps: 32 bytes further in each row
-            gg_wgmma(d, gg_desc(sa + kk * 32), gg_desc(sb + kk * 32));
+#pragma unroll
+            for (int h = 0; h < NH; h++)
+                gg_wgmma(d[h], gg_desc(sa + kk * 32), gg_desc(sb + h * 128 * 128 + kk * 32));
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 
-    // d[4j + i]: row lane / 4 (+ 8 for i >= 2) of this warp's 16, column 8j + (lane % 4) * 2
-    // (+ 1 for odd i)
+    // d[h][4j + i]: row lane / 4 (+ 8 for i >= 2) of this warp's 16, column 128h + 8j +
+    // (lane % 4) * 2 (+ 1 for odd i)
     const int warp = (tid >> 5) & 3, lane = tid & 31;
     const int r = m0 + wg * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const int col = n0 + j * 8 + (lane & 3) * 2;
+    for (int h = 0; h < NH; h++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int row = r + (i >> 1) * 8, cc = col + (i & 1);
-            if (row < G.m && cc < G.n) {
-                float *p = G.c + (size_t)row * G.n + cc;
-                const float v = G.alpha * d[4 * j + i];
-                *p = G.beta == 0.0f ? v : v + G.beta * *p;   // beta 0 never reads C (NaN)
+        for (int j = 0; j < 16; j++) {
+            const int col = n0 + h * 128 + j * 8 + (lane & 3) * 2;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int row = r + (i >> 1) * 8, cc = col + (i & 1);
+                if (row < G.m && cc < G.n) {
+                    float *p = G.c + (size_t)row * G.n + cc;
+                    const float v = G.alpha * d[h][4 * j + i];
+                    *p = G.beta == 0.0f ? v : v + G.beta * *p;   // beta 0 never reads C (NaN)
+                }
             }
         }
-    }
 #endif
 }
 
@@ -198,21 +208,21 @@ typedef struct {
     gg_pack_job j[GG_PACK_MAX];
 } gg_pack_params;
 
-// Block (32, 8); blockIdx.y is the job, blockIdx.x strides over its pieces. Elements beyond
-// the source in a padded row are written as zeros (the GEMM reads whole 16-byte chunks).
+// Block (32, 8); blockIdx.y is the job, blockIdx.x strides over its pieces (rows, or 32 x 32
+// tiles when transposing). Elements beyond the source in a padded row are written as zeros
+// (the GEMM reads whole 16-byte chunks).
 __global__ void gg_pack_kernel(const __grid_constant__ gg_pack_params P)
 {
     const gg_pack_job &J = P.j[blockIdx.y];
     const int tx = threadIdx.x, ty = threadIdx.y;
-    if (!J.trans) {   // pairs of columns; ld is even
-        const size_t half = (size_t)J.ld / 2, n = (size_t)J.rows * half;
-        for (size_t i = (size_t)blockIdx.x * 256 + ty * 32 + tx; i < n;
-             i += (size_t)gridDim.x * 256) {
-            const size_t r = i / half;
-            const int c = (int)(i % half) * 2;
-            const float *s = J.src + r * J.cols;
-            const float v0 = c < J.cols ? s[c] : 0.0f, v1 = c + 1 < J.cols ? s[c + 1] : 0.0f;
-            *(__nv_bfloat162 *)(J.dst + r * J.ld + c) = __floats2bfloat162_rn(v0, v1);
+    if (!J.trans) {   // a row per step, a pair of columns per thread (ld is even)
+        for (int r = blockIdx.x; r < J.rows; r += gridDim.x) {
+            const float *s = J.src + (size_t)r * J.cols;
+            __nv_bfloat162 *d = (__nv_bfloat162 *)(J.dst + (size_t)r * J.ld);
+            for (int c = 2 * (ty * 32 + tx); c < J.ld; c += 512) {
+                const float v0 = c < J.cols ? s[c] : 0.0f, v1 = c + 1 < J.cols ? s[c + 1] : 0.0f;
+                d[c / 2] = __floats2bfloat162_rn(v0, v1);
+            }
         }
         return;
     }
@@ -245,7 +255,7 @@ static void pack_launch(lb_cuda_ctx *cx, gg_pack_params *pp)
     for (int i = 0; i < pp->count; i++) {
         const gg_pack_job *j = &pp->j[i];
         size_t pieces = j->trans ? (size_t)((j->ld + 31) / 32) * ((j->cols + 31) / 32)
-                                 : ((size_t)j->rows * j->ld / 2 + 255) / 256;
+                                 : (size_t)j->rows;
         if (pieces > most) most = pieces;
     }
     size_t cap = (size_t)cx->num_sms * 32 / pp->count + 1;
@@ -257,15 +267,26 @@ static void pack_launch(lb_cuda_ctx *cx, gg_pack_params *pp)
 
 extern "C" int lb_cuda_gemm_grouped_tc_ok(int major, int minor) { return major == 9 && minor == 0; }
 
-// Runs the groups g[0 .. count) (each bf16, m, n, k > 0, alpha != 0; gemm.cu filters) as
-// described at the top. Queued on cx->stream.
-extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g)
+template <int BN> static void gemm_launch(lb_cuda_ctx *cx, int tiles, const gg_params *P)
 {
-    static int smem_set;
+    static int smem_set;   // the limit is the kernel's, set once per process (one device)
     if (!smem_set) {
-        lb_cuda_smem_limit(gg_kernel, GG_SMEM);
+        lb_cuda_smem_limit(gg_kernel<BN>, GG_SMEM(BN));
         smem_set = 1;
     }
+    gg_kernel<BN><<<tiles, GG_THREADS, GG_SMEM(BN), cx->stream>>>(*P);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// Runs the groups g[0 .. count) (each bf16, m, n, k > 0, alpha != 0; gemm.cu filters) as
+// described at the top. Queued on cx->stream. Tiles are 128 x cx->grouped_bn, or 128 x 128
+// when some group's n is at most 128 (n is the weights' size, so the choice never depends on
+// the token count).
+extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g)
+{
+    int bn = cx->grouped_bn;
+    for (int i = 0; i < count; i++)
+        if (g[i].n <= 128) bn = 128;
     for (int g0 = 0; g0 < count; g0 += GG_MAX) {
         const int cnt = count - g0 < GG_MAX ? count - g0 : GG_MAX;
         // bf16 copies in scratch: per group A (m, lda) then B (n, ldb)
@@ -291,16 +312,14 @@ extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gem
             pp->j[pp->count++] = x->transb ? (gg_pack_job){x->b, b, x->n, x->k, ld, 0}
                                            : (gg_pack_job){x->b, b, x->k, x->n, ld, 1};
             if (pp->count == GG_PACK_MAX) pack_launch(cx, pp);
-            *G = (gg_group){a, b, x->c, x->m, x->n, x->k, ld, ld, tiles,
-                            (x->n + GG_BN - 1) / GG_BN, x->alpha, x->beta};
+            *G = (gg_group){a, b, x->c, x->m, x->n, x->k, ld, ld, tiles, (x->n + bn - 1) / bn,
+                            x->alpha, x->beta};
             tiles += (x->m + GG_BM - 1) / GG_BM * G->tiles_n;
         }
         pack_launch(cx, pp);
         P->count = cnt;
-        if (tiles) {
-            gg_kernel<<<tiles, GG_THREADS, GG_SMEM, cx->stream>>>(*P);
-            LB_CUDA_LAUNCHED(cx);
-        }
+        if (tiles && bn == 256) gemm_launch<256>(cx, tiles, P);
+        else if (tiles) gemm_launch<128>(cx, tiles, P);
         free(P);
         free(pp);
     }
