@@ -27,10 +27,13 @@
 // batch. LB_CUDA_GEMM_LOG=1 prints every plan's algorithm configuration.
 //
 // BF16 tensor cores (on by default; LB_CUDA_BF16=0 turns them off): a GEMM of operands rounded
-// to bf16 (lb_gemm_args.bf16) converts both to bf16 (nearest even) in scratch, with leading dimensions padded to 8 elements (16 bytes), and runs
-// cuBLASLt's bf16 x bf16 -> fp32 GEMM (CUBLAS_COMPUTE_32F: products exact, fp32 accumulation).
-// Deterministic mode pins one algorithm per (transa, transb) as above, tensor cores allowed,
-// still without split-K or workspace; a shape no such algorithm accepts takes the fp32 path.
+// to bf16 (lb_gemm_args.bf16) runs on sm_90 as a group of one of gemm_grouped.cu's wgmma kernel
+// (faster than cuBLASLt's pinned algorithm; LB_CUDA_DENSE_TC=0 turns it off). Otherwise it
+// converts both operands to bf16 (nearest even) in scratch, with leading dimensions padded to
+// 8 elements (16 bytes), and runs cuBLASLt's bf16 x bf16 -> fp32 GEMM (CUBLAS_COMPUTE_32F:
+// products exact, fp32 accumulation). Deterministic mode pins one algorithm per (transa,
+// transb) as above, tensor cores allowed, still without split-K or workspace; a shape no such
+// algorithm accepts takes the fp32 path on copies of the operands rounded to bf16.
 #include "kernels/cuda/cuda.cuh"
 
 #include <stdio.h>

@@ -1,21 +1,23 @@
-// gemm_grouped.cu: every group of a grouped GEMM of bf16 values (an MoE layer's local experts)
-// in one launch, on Hopper's warpgroup tensor-core instruction (wgmma, sm_90a).
+// gemm_grouped.cu: every group of a grouped bf16 GEMM (an MoE layer's local experts; a dense
+// GEMM is a group of one) in one launch, on Hopper's warpgroup tensor-core instruction (wgmma,
+// sm_90a).
 //
 // cuBLASLt 13.0 has no grouped mode, and one call per expert leaves most of the chip idle: an
-// expert's (1024, 768) output is 48 tiles of 128 x 128 on 132 multiprocessors. Here the tiles
+// expert's (1024, 1536) output is 48 tiles of 128 x 256 on 132 multiprocessors. Here the tiles
 // of all the groups form one grid, so 128 experts fill the chip as one large GEMM does.
 //
 // Two steps, both queued on the backend's stream:
 // 1. pack: every operand becomes a bf16 copy, k contiguous (the transposed operands of the
 //    dgrad and wgrad passes are transposed on the way), each row padded with zeros to a
 //    multiple of 8 elements (16 bytes). One launch for all operands of all groups. The
-//    conversion is exact: the operands are bf16 values (lb_gemm_args.bf16).
-// 2. gemm: one block per 128 x 128 tile of some group's C (a binary search over the groups'
-//    first tiles finds its group). Two warpgroups, each 64 rows x 128 columns of the tile,
-//    fp32 accumulators in registers. 64-wide slices of k go through a 5-stage ring of shared
-//    memory filled by cp.async (out-of-range rows and k zero-filled), laid out in the 128-byte
-//    swizzle the wgmma descriptors name; one wgmma batch stays in flight while the next
-//    stage is waited for.
+//    conversion rounds to nearest even, which is the rounding lb_gemm_args.bf16 asks for.
+// 2. gemm: one block per 128 x BN tile of some group's C (BN 256, or 128 when some n is at
+//    most 128; a binary search over the groups' first tiles finds the block's group). Two
+//    warpgroups, each 64 rows x BN columns of the tile, fp32 accumulators in registers.
+//    64-wide slices of k go through a ring of 4 (BN 256) or 5 stages of shared memory filled
+//    by cp.async (out-of-range rows and k zero-filled), laid out in the 128-byte swizzle the
+//    wgmma descriptors name; one wgmma batch stays in flight while the next stage is waited
+//    for.
 //
 // Exactness and determinism: bf16 x bf16 products are exact in fp32, and every element of C
 // is the sum over k in one fixed order (slices of 64 in k order, each the tensor core's k16
@@ -23,6 +25,10 @@
 // So the result is bitwise reproducible and batch invariant (one row alone gives the same bits
 // as the same row among many), as the deterministic mode asks; it is not the bits of
 // cuBLASLt's GEMM, which sums in its own order (the tests compare each against the CPU).
+//
+// What limits it (about half of cuBLASLt's dense rate, doc/benchmarks.md): every block loads
+// its own A and B slices through L2 (no TMA multicast across a cluster), the same threads
+// load and multiply (no producer warp), and the pack converts fp32 operands on every call.
 //
 // The wgmma code exists only in the sm_90a build; lb_cuda_gemm_grouped_tc_ok says whether the
 // device runs it (compute capability 9.0), and gemm.cu takes its per-group path otherwise.
