@@ -89,7 +89,7 @@ typedef struct {
     size_t plan_cap, plan_count;
     cublasLtMatmulAlgo_t pinned[8];   // deterministic mode: one algorithm per (bf16, transa, transb)
     int pinned_ready[8];              // 1 found, -1 none (bf16: the fp32 path then)
-    int bf16_tc;                   // bf16-valued GEMMs on bf16 tensor cores (LB_CUDA_BF16=0: off)
+    int bf16_tc;                   // GEMMs marked bf16 on bf16 tensor cores (LB_CUDA_BF16=0: off)
     int grouped_tc;                // bf16 groups in one wgmma launch (gemm_grouped.cu); sm_90
                                    // only, LB_CUDA_GROUPED=0: off
     int grouped_bn;                // its tile columns, 128 or 256 (LB_CUDA_GROUPED_BN)

@@ -383,9 +383,8 @@ __global__ void gemm_scale_kernel(float *c, float beta, size_t n)
 }
 
 // dst (rows, ld) bf16 = src (rows, cols) fp32 rounded to nearest even (lb_gemm_args.bf16),
-// columns cols..ld zero.
-// Rows strided over blockIdx.y, pairs of columns over the x threads (ld is even; no 64-bit
-// division per element).
+// columns cols..ld zero. Rows strided over blockIdx.y, pairs of columns over the x threads (ld
+// is even; no 64-bit division per element).
 __global__ void to_bf16_kernel(__nv_bfloat16 *__restrict__ dst, const float *__restrict__ src,
                                int rows, int cols, int ld)
 {
@@ -411,7 +410,8 @@ static void to_bf16(lb_cuda_ctx *cx, __nv_bfloat16 *dst, const float *src, size_
     LB_CUDA_LAUNCHED(cx);
 }
 
-// The bf16 tensor-core GEMM of g (bf16-valued operands); 0 when no algorithm takes the shape.
+// cuBLASLt's bf16 tensor-core GEMM of g (operands rounded to bf16); 0 when no algorithm takes
+// the shape.
 static int gemm_bf16(lb_backend *be, const lb_gemm_args *g)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
@@ -519,7 +519,7 @@ static size_t grouped_to_bf16(lb_cuda_ctx *cx, const float *const *src, const in
     return r0;
 }
 
-// The groups of a grouped call whose operands are all bf16 values, in deterministic mode (no
+// The groups of a grouped call whose operands are all marked bf16, in deterministic mode (no
 // workspace: the groups share nothing): both operands of every group are converted to bf16 up
 // front (one launch per run of consecutive slices), then the groups' GEMMs run on four side
 // streams at once, so experts with a few hundred rows each fill the GPU together. Every group
@@ -602,7 +602,7 @@ static int grouped_bf16(lb_backend *be, int count, const lb_gemm_args *g)
     return 1;
 }
 
-// Groups of bf16 values: one launch of gemm_grouped.cu's kernel on sm_90, else (deterministic
+// Groups all marked bf16: one launch of gemm_grouped.cu's kernel on sm_90, else (deterministic
 // mode, LB_CUDA_GROUPED_STREAMS=1) grouped_bf16. Otherwise one cuBLASLt call per group, in
 // order (cuBLASLt 13.0 has no grouped mode). Each group follows cuda_gemm's rules: m or n == 0
 // touches nothing, k == 0 or alpha == 0 only scales C by beta (beta 0 zeroes it).

@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(GG_THREADS, 1) gg_kernel(const __grid_constant
 // --- packing the operands -------------------------------------------------------------------------
 
 typedef struct {
-    const float *src;     // (rows, cols) fp32, bf16 values
+    const float *src;     // (rows, cols) fp32, rounded to bf16 here
     __nv_bfloat16 *dst;   // trans 0: (rows, ld); trans 1: (cols, ld), dst[c][r] = src[r][c]
     int rows, cols, ld, trans;
 } gg_pack_job;
