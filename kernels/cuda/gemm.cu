@@ -525,8 +525,8 @@ static size_t grouped_to_bf16(lb_cuda_ctx *cx, const float *const *src, const in
 // streams at once, so experts with a few hundred rows each fill the GPU together. Every group
 // runs its own plan on its own inputs and writes only its own C (kernels.h), so the result is
 // the same bits as one call after the other. 0 when the groups do not fit this path.
-// Off unless LB_CUDA_GROUPED_STREAMS=1: written after this session's last GPU run, it has not
-// run on a GPU yet (test_gemm_grouped_bf16 turns it on).
+// Off unless LB_CUDA_GROUPED_STREAMS=1, and only reached where the one-launch kernel is not
+// (another GPU, or LB_CUDA_GROUPED=0); test_gemm_grouped_bf16 runs it (passed on the H200).
 static int grouped_bf16(lb_backend *be, int count, const lb_gemm_args *g)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
