@@ -107,7 +107,6 @@ void lb_wcache_free(lb_linear *L, lb_wcache *c)
     for (int e = 0; c->col && e < c->count; e++) be->qmat_free(be, &c->col[e]);
     free(c->row);
     free(c->col);
-    if (c->bf16) be->free(be, c->bf16);
     memset(c, 0, sizeof *c);
 }
 
@@ -117,11 +116,8 @@ void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const 
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     const lb_site *D = lb_contract_site(L->contract, layer, role, LB_PASS_DGRAD);
     int need_row = is_low(F->fmt), need_col = is_low(D->fmt) && D->mode == LB_BWD_QUANTIZED;
-    int need_bf16 = F->fmt == LB_FMT_BF16 || D->fmt == LB_FMT_BF16 ||
-                    (D->fmt != LB_FMT_FP32 && D->mode != LB_BWD_QUANTIZED);
     int same = c->count == count && c->out == out && c->in == in && c->ffmt == F->fmt &&
-               c->dfmt == D->fmt && !!c->row == need_row && !!c->col == need_col &&
-               !!c->bf16 == need_bf16;
+               c->dfmt == D->fmt && !!c->row == need_row && !!c->col == need_col;
     if (!same) {
         lb_wcache_free(L, c);
         c->count = count;
@@ -148,10 +144,6 @@ void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const 
             be->quantize(be, &c->col[e], w + e * mat, out, in, &a);
         }
     }
-    if (need_bf16) {
-        if (!c->bf16) c->bf16 = be->alloc(be, count * mat * sizeof(float));
-        round_into(L, c->bf16, w, count * mat);
-    }
 }
 
 // C (m, n) = A (m, k) B (n, k)^T + beta C with A quantized here from fp32 and B from the cache.
@@ -174,8 +166,8 @@ void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const 
     if (n == 0) return;
     if (F->fmt == LB_FMT_FP32) {
         lb_gemm(be, 0, 1, n, out, in, 1.0f, x, w + e * mat, beta, y);
-    } else if (F->fmt == LB_FMT_BF16) {   // the GEMM rounds x (kernels.h)
-        lb_gemm_bf16(be, 0, 1, n, out, in, 1.0f, x, c->bf16 + e * mat, beta, y);
+    } else if (F->fmt == LB_FMT_BF16) {   // the GEMM rounds x and W (kernels.h)
+        lb_gemm_bf16(be, 0, 1, n, out, in, 1.0f, x, w + e * mat, beta, y);
     } else {
         lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, e, 0));
         gemm_act_q(L, x, n, in, &a, &c->row[e], out, beta, y);
@@ -226,8 +218,8 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
                 be->dequantize(be, wd, &c->row[e]);
                 // fp8-block values times fp32 scales: not bf16 values in general
                 lb_gemm(be, 0, 0, n, in, out, 1.0f, dyb, wd, dx_beta, dx);
-            } else {   // the GEMM rounds dy (kernels.h)
-                lb_gemm_bf16(be, 0, 0, n, in, out, 1.0f, dy, c->bf16 + e * mat, dx_beta, dx);
+            } else {   // the GEMM rounds dy and W (kernels.h)
+                lb_gemm_bf16(be, 0, 0, n, in, out, 1.0f, dy, we, dx_beta, dx);
             }
         } else {
             lb_quant_args a = act_args(L, D, 0, 1, operand_id(layer, role, LB_PASS_DGRAD, e, 0));
@@ -302,11 +294,10 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
     size_t off = 0, mat = (size_t)out * in;
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {   // one grouped call for all experts
-        const float *wa = bf16 ? c->bf16 : w;   // bf16: the GEMM rounds x
         lb_gemm_args g[groups];
         for (int j = 0; j < groups; j++) {
             g[j] = (lb_gemm_args){0, 1, counts[j], out, in, 1.0f, 0.0f, x + off * in,
-                                  wa + j * mat, y + off * out, bf16};
+                                  w + j * mat, y + off * out, bf16};
             off += (size_t)counts[j];
         }
         L->be->gemm_grouped(L->be, groups, g);
@@ -326,11 +317,10 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
     size_t off = 0, mat = (size_t)out * in;
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {
-        const float *wa = bf16 ? c->bf16 : w;   // bf16: the GEMM rounds dy and x
         lb_gemm_args g[2 * groups];
         for (int j = 0; j < groups; j++) {
             int mj = counts[j];
-            g[j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, dy + off * out, wa + j * mat,
+            g[j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, dy + off * out, w + j * mat,
                                   dx + off * in, bf16};
             g[groups + j] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, 1.0f, dy + off * out,
                                            x + off * in, dw + j * mat, bf16};

@@ -18,7 +18,7 @@ typedef struct {
     lb_format ffmt, dfmt;          // formats the copies were built for
     lb_qmat *row;                  // (count) fprop: Q(W) row-wise (blocks along in)
     lb_qmat *col;                  // (count) dgrad: Q(W^T) (blocks along out), when quantized
-    float *bf16;                   // (count, out, in) BF16-rounded weights, when a pass is BF16
+    // (BF16 passes need no copy: a GEMM marked bf16 rounds W itself, kernels.h)
 } lb_wcache;
 
 // Grow-only buffers for one quantized operand (backend memory): quantize writes every byte of

@@ -54,6 +54,7 @@ static void cpu_sync(lb_backend *be) {}   // every operation completes before it
 static void cpu_destroy(lb_backend *be)
 {
     if (!be) return;
+    free(((lb_cpu_ctx *)be->ctx)->round);
     free(be->ctx);
     free(be);
 }

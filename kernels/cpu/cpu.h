@@ -10,6 +10,8 @@
 // Backend-private state (lb_backend.ctx).
 typedef struct {
     int threads;    // OpenMP and OpenBLAS threads used by this backend's operations
+    float *round;   // gemm's bf16-rounded operand copies (grow-only, ops_basic.c)
+    size_t round_n;
 } lb_cpu_ctx;
 
 // Thread count for `num_threads(...)` clauses. Each parallel loop names it explicitly so two

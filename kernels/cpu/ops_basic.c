@@ -21,14 +21,19 @@
 static void cpu_gemm(lb_backend *be, const lb_gemm_args *g)
 {
     if (g->bf16 && g->m > 0 && g->n > 0 && g->k > 0) {   // the rounded operands' product
+        lb_cpu_ctx *cx = be->ctx;
         size_t na = (size_t)g->m * g->k, nb = (size_t)g->k * g->n;
-        float *ra = lb_malloc((na + nb) * sizeof(float)), *rb = ra + na;
+        if (cx->round_n < na + nb) {   // grow-only: no allocation per call
+            free(cx->round);
+            cx->round = lb_malloc((na + nb) * sizeof(float));
+            cx->round_n = na + nb;
+        }
+        float *ra = cx->round, *rb = ra + na;
         be->round_bf16(be, ra, g->a, na);
         be->round_bf16(be, rb, g->b, nb);
         lb_gemm_args r = *g;
         r.a = ra, r.b = rb, r.bf16 = 0;
         cpu_gemm(be, &r);
-        free(ra);
         return;
     }
     int nt = lb_cpu_threads(be);
