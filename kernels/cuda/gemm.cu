@@ -410,20 +410,34 @@ static void to_bf16(lb_cuda_ctx *cx, __nv_bfloat16 *dst, const float *src, size_
     LB_CUDA_LAUNCHED(cx);
 }
 
-// cuBLASLt's bf16 tensor-core GEMM of g (operands rounded to bf16); 0 when no algorithm takes
-// the shape.
-static int gemm_bf16(lb_backend *be, const lb_gemm_args *g)
+// The plan key of g's shape and mode; the caller sets the alignments.
+static lb_gemm_plan plan_key(const lb_backend *be, const lb_gemm_args *g, int bf16)
 {
-    lb_cuda_ctx *cx = lb_cuda(be);
     lb_gemm_plan key;
     memset(&key, 0, sizeof key);
     key.transa = g->transa ? 1 : 0;
     key.transb = g->transb ? 1 : 0;
     key.m = g->m, key.n = g->n, key.k = g->k;
     key.det = be->deterministic ? 1 : 0;
-    key.bf16 = 1;
+    key.bf16 = bf16;
+    return key;
+}
+
+// The key of a bf16 plan: the bf16 copies are 16-byte aligned; C any fp32 pointer when pinned.
+static lb_gemm_plan bf16_key(const lb_backend *be, const lb_gemm_args *g)
+{
+    lb_gemm_plan key = plan_key(be, g, 1);
     key.align_a = key.align_b = 16;
     key.align_c = key.det ? 4 : align_of(g->c, g->n);
+    return key;
+}
+
+// cuBLASLt's bf16 tensor-core GEMM of g (operands rounded to bf16); 0 when no algorithm takes
+// the shape.
+static int gemm_bf16(lb_backend *be, const lb_gemm_args *g)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    lb_gemm_plan key = bf16_key(be, g);
     lb_gemm_plan *p = plan_get(cx, &key);
     if (!p->ok) return 0;
     // row-major operands: A (rows_a, cols_a), B (rows_b, cols_b), contiguous cols padded to 8
@@ -475,12 +489,7 @@ static void cuda_gemm(lb_backend *be, const lb_gemm_args *g)
         cuda_gemm(be, &r);
         return;
     }
-    lb_gemm_plan key;
-    memset(&key, 0, sizeof key);
-    key.transa = g->transa ? 1 : 0;
-    key.transb = g->transb ? 1 : 0;
-    key.m = g->m, key.n = g->n, key.k = g->k;
-    key.det = be->deterministic ? 1 : 0;
+    lb_gemm_plan key = plan_key(be, g, 0);
     if (key.det) {
         key.align_a = key.align_b = key.align_c = 4;   // the pinned algorithm accepts any
     } else {
@@ -555,10 +564,7 @@ static int grouped_bf16(lb_backend *be, int count, const lb_gemm_args *g)
             cuda_gemm(be, x);
             continue;
         }
-        lb_gemm_plan key;
-        memset(&key, 0, sizeof key);
-        key.transa = ta, key.transb = tb, key.m = x->m, key.n = x->n, key.k = x->k;
-        key.det = 1, key.bf16 = 1, key.align_a = key.align_b = 16, key.align_c = 4;
+        lb_gemm_plan key = bf16_key(be, x);   // deterministic here: C aligned to 4
         lb_gemm_plan *p = plan_get(cx, &key);
         if (!p->ok) {   // no tensor-core algorithm takes this shape: the fp32 path
             cuda_gemm(be, x);
