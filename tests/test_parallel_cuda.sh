@@ -8,12 +8,8 @@ set -uo pipefail
 src=${LB_SRCDIR:-.}
 bin=${LB_BUILDDIR:-.}/lowbit
 cmp=${LB_BUILDDIR:-.}/tests/ckpt_compare
-gpus=$("$bin" info "$src/examples/tiny-moe.cfg" 2>/dev/null | awk '/^CUDA/ {print $2}')
-case "$gpus" in ''|*[!0-9]*) gpus=0 ;; esac
-if [ "$gpus" -lt 2 ]; then
-    echo "SKIP: $gpus GPU(s) visible, the layouts need 2"
-    exit 77
-fi
+need_gpus=2
+. "$src/tests/need_cuda.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
