@@ -452,7 +452,7 @@ START_TEST(test_gemm_grouped)
 }
 END_TEST
 
-// Grouped GEMMs of bf16 values, as an expert layer issues them: the three passes over
+// Grouped bf16 GEMMs of fp32 inputs, as an expert layer issues them: the three passes over
 // consecutive slices of one activation and consecutive weights, an expert without tokens
 // among them, sizes that are not multiples of any tile and inner sizes longer than the
 // kernel's ring of stages, against the CPU per group. On the default backend (the one-launch
@@ -466,10 +466,8 @@ static void grouped_bf16_case(lb_backend *gs, int streams)
     int n = 0;
     for (int j = 0; j < G; j++) n += counts[j];
     size_t sx = (size_t)n * in, sy = (size_t)n * out, mat = (size_t)out * in, sw = G * mat;
+    // fp32 inputs: the packing (transposing for dgrad and wgrad) must round them to bf16
     float *x = randn(sx, 1), *dy = randn(sy, 1), *w = randn(sw, 1), *dw0 = randn(sw, 1);
-    cpu->round_bf16(cpu, x, x, sx);
-    cpu->round_bf16(cpu, dy, dy, sy);
-    cpu->round_bf16(cpu, w, w, sw);
     float *X = dput(x, sx * 4), *DY = dput(dy, sy * 4), *W = dput(w, sw * 4);
     float *out_d[2][3];   // [grouped, per group][y, dx, dw]
     for (int r = 0; r < 2; r++) {
@@ -488,9 +486,12 @@ static void grouped_bf16_case(lb_backend *gs, int streams)
         g[2][j] = (lb_gemm_args){1, 0, out, in, m, 1.0f, 1.0f, DY + off * out, X + off * in,
                                  out_d[0][2] + j * mat, 1};
         if (m) {
-            lb_gemm(cpu, 0, 1, m, out, in, 1.0f, x + off * in, w + j * mat, 0.0f, yr + off * out);
-            lb_gemm(cpu, 0, 0, m, in, out, 1.0f, dy + off * out, w + j * mat, 0.0f, dxr + off * in);
-            lb_gemm(cpu, 1, 0, out, in, m, 1.0f, dy + off * out, x + off * in, 1.0f, dwr + j * mat);
+            lb_gemm_bf16(cpu, 0, 1, m, out, in, 1.0f, x + off * in, w + j * mat, 0.0f,
+                         yr + off * out);
+            lb_gemm_bf16(cpu, 0, 0, m, in, out, 1.0f, dy + off * out, w + j * mat, 0.0f,
+                         dxr + off * in);
+            lb_gemm_bf16(cpu, 1, 0, out, in, m, 1.0f, dy + off * out, x + off * in, 1.0f,
+                         dwr + j * mat);
         }
         off += (size_t)m;
     }
