@@ -62,7 +62,7 @@ typedef struct {
     const lb_qmat *qa, *qb;
     int groups;
     lb_gemm_args *args;
-    int bf16;                  // the operands are bf16 values (lb_gemm_args.bf16)
+    int bf16;                  // fp32 operands the GEMM rounds to bf16 (lb_gemm_args.bf16)
 } gemm_case;
 
 static void run_gemm(lb_backend *be, void *p)
@@ -86,7 +86,6 @@ static void run_grouped(lb_backend *be, void *p)
     be->gemm_grouped(be, g->groups, g->args);
 }
 
-static void round_inplace(lb_backend *be, float *x, size_t n) { be->round_bf16(be, x, x, n); }
 
 static lb_quant_args qargs(lb_format f, int weight)
 {
@@ -109,10 +108,6 @@ static void bench_gemm_format(lb_backend *be, const lb_config *c, const char *wh
     gemm_case g = {m, n, k, a, b, cc, NULL, NULL, groups, NULL, f == LB_FMT_BF16};
     double t;
     if (f == LB_FMT_FP32 || f == LB_FMT_BF16) {
-        if (f == LB_FMT_BF16) {   // BF16 operands, as the contract's bf16 sites give them
-            round_inplace(be, a, an);
-            round_inplace(be, b, bn);
-        }
         if (groups == 1) {
             t = time_it(be, c, run_gemm, &g);
         } else {
