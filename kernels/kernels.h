@@ -53,6 +53,15 @@ typedef struct lb_backend lb_backend;
 struct lb_qmat;           // a quantized matrix (kernels/quant/quant.h)
 struct lb_quant_args;     // how to quantize it
 
+// One group of gemm_q_grouped: C (m, n) = alpha * A (m, k) * B (n, k)^T + beta * C, with A and
+// B quantized (the qmats' rows and cols must be (m, k) and (n, k)), as gemm_q.
+typedef struct {
+    int m, n, k;
+    float alpha, beta;
+    const struct lb_qmat *a, *b;
+    float *c;
+} lb_gemm_q_args;
+
 // One layer's KV cache for sampling: the k and v rows of every (sequence slot, position, kv
 // head). fp8 = 0: k, v are fp32 (slots, cap, hkv, d). fp8 = 1: k, v hold E4M3 codes
 // (slots, cap, hkv, d) one byte each and ks, vs their FP32 scales (slots, cap, hkv, nb),
@@ -108,6 +117,13 @@ struct lb_backend {
     // both blocked along k. The CPU computes it exactly on the dequantized values.
     void (*gemm_q)(lb_backend *, int m, int n, int k, float alpha, const struct lb_qmat *a,
                    const struct lb_qmat *b, float beta, float *c);
+    // Independent gemm_q's in one call (all local experts; formats may differ between groups).
+    // A group's bits never depend on the other groups or on its own m (batch invariance); they
+    // are gemm_q's up to the order of the sums: the CPU loops over gemm_q, CUDA runs the
+    // fp8-block groups in one launch of its own kernel (doc/backends.md). No group's C may
+    // overlap another's operands or C. args is a host array; groups with m or n == 0 are
+    // skipped.
+    void (*gemm_q_grouped)(lb_backend *, int count, const lb_gemm_q_args *args);
     // Block-diagonal Walsh-Hadamard of size hn along axis (0 rows, 1 cols) of x (rows, cols).
     void (*hadamard)(lb_backend *, float *y, const float *x, int rows, int cols, int axis,
                      int hn, uint32_t signs);

@@ -14,7 +14,8 @@
 
 #define LB_PROFILE_OPS(X)                                                                     \
     X(alloc) X(free) X(upload) X(download) X(copy) X(zero) X(gemm) X(gemm_grouped)            \
-    X(qmat_alloc) X(qmat_free) X(quantize) X(dequantize) X(gemm_q) X(hadamard) X(round_bf16)  \
+    X(qmat_alloc) X(qmat_free) X(quantize) X(dequantize) X(gemm_q) X(gemm_q_grouped)          \
+    X(hadamard) X(round_bf16)                                                                 \
     X(add) X(scale) X(sumsq) X(embedding_fwd) X(embedding_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd)  \
     X(rope_fwd) X(rope_bwd) X(attention_fwd) X(attention_bwd) X(kv_append)                   \
     X(attention_cached) X(swiglu_fwd) X(swiglu_bwd) X(router_topk_fwd) X(router_topk_bwd)     \
@@ -112,6 +113,7 @@ W(gemm_q,
   (lb_backend *be, int m, int n, int k, float alpha, const struct lb_qmat *a,
    const struct lb_qmat *b, float beta, float *c),
   (in, m, n, k, alpha, a, b, beta, c))
+W(gemm_q_grouped, (lb_backend *be, int count, const lb_gemm_q_args *g), (in, count, g))
 W(hadamard,
   (lb_backend *be, float *y, const float *x, int rows, int cols, int axis, int hn, uint32_t s),
   (in, y, x, rows, cols, axis, hn, s))

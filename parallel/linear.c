@@ -287,6 +287,37 @@ static int all_fmt(const lb_linear *L, int layer, lb_role role, lb_format f)
     return 1;
 }
 
+// Row-wise quantization of all the groups' rows in one call gives every group the bytes of its
+// own quantization (1-D blocks lie within a row), unless elements round stochastically (the
+// random stream is the expert's) or NVFP4 takes one second level for the whole tensor.
+static int splits_by_rows(const lb_quant_args *a)
+{
+    return !a->sr && !(a->fmt == LB_FMT_NVFP4 && a->s2_mode == LB_S2_TENSOR);
+}
+
+// C_j (counts[j], n) = A_j (counts[j], k) B_j^T for all groups in one gemm_q_grouped call: A
+// (rows, k) quantized once under aa (splits_by_rows), B_j = b[j], C_j rows of c (rows, n).
+static void grouped_act_q(lb_linear *L, const float *a, const int *counts, int groups, int k,
+                          const lb_quant_args *aa, const lb_qmat *b, int n, float *c)
+{
+    lb_backend *be = L->be;
+    int rows = 0;
+    for (int j = 0; j < groups; j++) rows += counts[j];
+    if (rows == 0) return;
+    lb_qmat q, v[groups];
+    lb_gemm_q_args g[groups];
+    lb_linear_qscratch(L, 0, &q, rows, k, aa);
+    be->quantize(be, &q, a, rows, k, aa);
+    int off = 0;
+    for (int j = 0; j < groups; j++) {
+        if (counts[j]) v[j] = lb_qmat_rows(&q, off, counts[j]);
+        else v[j] = q, v[j].rows = v[j].srows = 0;   // skipped: never read
+        g[j] = (lb_gemm_q_args){counts[j], n, k, 1.0f, 0.0f, &v[j], &b[j], c + (size_t)off * n};
+        off += counts[j];
+    }
+    be->gemm_q_grouped(be, groups, g);
+}
+
 void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x,
                            const float *w, const lb_wcache *c, const int *counts, int groups,
                            float *y, int out, int in)
@@ -302,6 +333,14 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
         }
         L->be->gemm_grouped(L->be, groups, g);
         return;
+    }
+    const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
+    if (is_low(F->fmt)) {
+        lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, 0, 0));
+        if (splits_by_rows(&a)) {   // the same bytes as lb_linear_fwd per expert
+            grouped_act_q(L, x, counts, groups, in, &a, c->row, out, y);
+            return;
+        }
     }
     for (int j = 0; j < groups; j++) {
         lb_linear_fwd(L, layer, role, x + off * in, w, c, j, y + off * out, counts[j], out, in,
@@ -330,9 +369,20 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
         L->be->gemm_grouped(L->be, groups, g + groups);
         return;
     }
+    // A quantized dgrad of all experts in one call when its operand splits by rows, as in
+    // lb_linear_bwd: dx = Q(dy) Q(W^T)^T.
+    const lb_site *D = lb_contract_site(L->contract, layer, role, LB_PASS_DGRAD);
+    int dgrad_done = 0;
+    if (is_low(D->fmt) && D->mode == LB_BWD_QUANTIZED) {
+        lb_quant_args a = act_args(L, D, 0, 1, operand_id(layer, role, LB_PASS_DGRAD, 0, 0));
+        if (splits_by_rows(&a)) {
+            grouped_act_q(L, dy, counts, groups, out, &a, c->col, in, dx);
+            dgrad_done = 1;
+        }
+    }
     for (int j = 0; j < groups; j++) {
-        lb_linear_bwd(L, layer, role, x + off * in, w, c, j, dy + off * out, dx + off * in, 0.0f,
-                      dw + j * mat, counts[j], out, in);
+        lb_linear_bwd(L, layer, role, x + off * in, w, c, j, dy + off * out,
+                      dgrad_done ? NULL : dx + off * in, 0.0f, dw + j * mat, counts[j], out, in);
         off += (size_t)counts[j];
     }
 }

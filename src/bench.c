@@ -72,12 +72,19 @@ static void run_gemm(lb_backend *be, void *p)
     be->gemm(be, &a);
 }
 
+// One gemm_q, or a group per expert in one gemm_q_grouped call.
 static void run_gemm_q(lb_backend *be, void *p)
 {
     gemm_case *g = p;
+    if (g->groups == 1) {
+        be->gemm_q(be, g->m, g->n, g->k, 1.0f, &g->qa[0], &g->qb[0], 0.0f, g->c);
+        return;
+    }
+    lb_gemm_q_args args[g->groups];
     for (int e = 0; e < g->groups; e++)
-        be->gemm_q(be, g->m, g->n, g->k, 1.0f, &g->qa[e], &g->qb[e], 0.0f,
-                   g->c + (size_t)e * g->m * g->n);
+        args[e] = (lb_gemm_q_args){g->m, g->n, g->k, 1.0f, 0.0f, &g->qa[e], &g->qb[e],
+                                   g->c + (size_t)e * g->m * g->n};
+    be->gemm_q_grouped(be, g->groups, args);
 }
 
 static void run_grouped(lb_backend *be, void *p)

@@ -53,7 +53,7 @@
 int lb_cuda_device_count(void);   // kernels/cuda/device.cu
 // kernels/cuda/gemm_q.cu: gemm_q calls per path so far, and the compute capability.
 void lb_cuda_gemm_q_stats(lb_backend *be, long *fp8_native, long *fp8_fallback, long *emulated,
-                          int *cc_major);
+                          long *fp8_grouped, int *cc_major);
 #endif
 
 #define B_ROUND 1e-12
@@ -202,7 +202,8 @@ START_TEST(test_table_and_memory)
         (void (*)(void))gpu->cross_entropy_bwd, (void (*)(void))gpu->adamw,
         (void (*)(void))gpu->qmat_alloc, (void (*)(void))gpu->qmat_free,
         (void (*)(void))gpu->quantize, (void (*)(void))gpu->dequantize,
-        (void (*)(void))gpu->gemm_q, (void (*)(void))gpu->hadamard,
+        (void (*)(void))gpu->gemm_q, (void (*)(void))gpu->gemm_q_grouped,
+        (void (*)(void))gpu->hadamard,
         (void (*)(void))gpu->round_bf16, (void (*)(void))gpu->kv_append,
         (void (*)(void))gpu->attention_cached, (void (*)(void))gpu->cross_entropy_bwd_rows,
     };
@@ -1707,9 +1708,9 @@ static lb_quant_args gq(lb_format fmt, int colwise, int weight, lb_elem elem, lb
 START_TEST(test_gemm_q)
 {
 #ifdef LB_HAVE_CUDA
-    long nat0, fb0, em0;
+    long nat0, fb0, em0, gr0;
     int cc;
-    lb_cuda_gemm_q_stats(gpu, &nat0, &fb0, &em0, &cc);
+    lb_cuda_gemm_q_stats(gpu, &nat0, &fb0, &em0, &gr0, &cc);
 #endif
     const struct { int m, n, k; } sz[] = {
         {37, 29, 53}, {129, 200, 300}, {256, 384, 512}, {1, 64, 128}, {300, 100, 1000},
@@ -1751,8 +1752,8 @@ START_TEST(test_gemm_q)
 #ifdef LB_HAVE_CUDA
     // Each case runs twice: 4 fp8 cases with a 1x128 operand and one 2D x 2D per size, 6
     // emulated cases. On Hopper every 1x128 case must run on cuBLASLt's FP8 block scaling.
-    long nat, fb, em;
-    lb_cuda_gemm_q_stats(gpu, &nat, &fb, &em, &cc);
+    long nat, fb, em, gr;
+    lb_cuda_gemm_q_stats(gpu, &nat, &fb, &em, &gr, &cc);
     nat -= nat0, fb -= fb0, em -= em0;
     if (verbose())
         printf("  gemm_q paths: fp8 block-scaled %ld, fp8 fp32 fallback %ld, emulated %ld (sm_%d)\n",
@@ -1764,6 +1765,124 @@ START_TEST(test_gemm_q)
                       "cuBLASLt block scaling on sm_90", nat, nsz * 4 * 2);
         ck_assert_int_eq(fb, nsz * 2);
     }
+#endif
+}
+END_TEST
+
+// gemm_q_grouped: the groups of an MoE layer. As linear.c does, the activations of all groups
+// are quantized in one call (row-wise blocks are per row) and split by lb_qmat_rows; each group
+// has its own weight matrix. The CPU quantizes, the same bytes go to the GPU. Each group must
+// match the CPU's gemm_q within `bound`, equal bit for bit the same group run alone, and one
+// row alone must equal that row in the group (batch invariance). Returns the groups the GPU
+// ran on its grouped fp8 kernel.
+static long gemm_q_grouped_case(const char *name, int k, int n, const lb_quant_args *qa,
+                                const lb_quant_args *qb, float alpha, float beta, double bound)
+{
+    enum { G = 6 };
+    const int counts[G] = {37, 0, 129, 1, 64, 300};
+    int m = 0;
+    for (int j = 0; j < G; j++) m += counts[j];
+    float *xa = scaled_randn(m, k), *c0 = randn((size_t)m * n, 1.0f);
+    lb_qmat ha, da, hb[G], db[G];
+    lb_qmat_alloc(&ha, m, k, qa);
+    lb_quantize(&ha, xa, m, k, qa);
+    qmat_put(&da, &ha, qa, m, k);
+    int br = qb->colwise ? k : n, bc = qb->colwise ? n : k;
+    for (int j = 0; j < G; j++) {
+        float *xb = scaled_randn(br, bc);
+        lb_qmat_alloc(&hb[j], br, bc, qb);
+        lb_quantize(&hb[j], xb, br, bc, qb);
+        qmat_put(&db[j], &hb[j], qb, br, bc);
+        free(xb);
+    }
+    size_t sc = (size_t)m * n;
+    float *ref = hdup(c0, sc * 4), *dc[2];
+    lb_qmat hv[G], dv[G];
+    lb_gemm_q_args hg[G], dg[2][G];
+    for (int r = 0; r < 2; r++) {
+        dc[r] = gpu->alloc(gpu, sc * 4);
+        if (beta == 0.0f) poison(dc[r], sc * 4);
+        else gpu->upload(gpu, dc[r], c0, sc * 4);
+    }
+    int off = 0;
+    for (int j = 0; j < G; j++) {
+        int mj = counts[j];
+        // an empty group's view is never read: it borrows one row
+        hv[j] = lb_qmat_rows(&ha, mj ? off : 0, mj ? mj : 1);
+        dv[j] = lb_qmat_rows(&da, mj ? off : 0, mj ? mj : 1);
+        hv[j].rows = dv[j].rows = mj;
+        hg[j] = (lb_gemm_q_args){mj, n, k, alpha, beta, &hv[j], &hb[j], ref + (size_t)off * n};
+        for (int r = 0; r < 2; r++)
+            dg[r][j] = (lb_gemm_q_args){mj, n, k, alpha, beta, &dv[j], &db[j],
+                                        dc[r] + (size_t)off * n};
+        off += mj;
+    }
+    cpu->gemm_q_grouped(cpu, G, hg);
+#ifdef LB_HAVE_CUDA
+    long n0, f0, e0, gr0, gr;
+    int cc;
+    lb_cuda_gemm_q_stats(gpu, &n0, &f0, &e0, &gr0, &cc);
+#endif
+    gpu->gemm_q_grouped(gpu, G, dg[0]);
+    for (int j = 0; j < G; j++) gpu->gemm_q_grouped(gpu, 1, &dg[1][j]);
+    // row 200 of the last group (a middle row of its second tile) alone
+    const int row = m - counts[G - 1] + 200;
+    lb_qmat dr = lb_qmat_rows(&da, row, 1);
+    float *d1 = dpoisoned((size_t)n * 4);
+    if (beta != 0.0f) gpu->upload(gpu, d1, c0 + (size_t)row * n, (size_t)n * 4);
+    lb_gemm_q_args one = {1, n, k, alpha, beta, &dr, &db[G - 1], d1};
+    gpu->gemm_q_grouped(gpu, 1, &one);
+#ifdef LB_HAVE_CUDA
+    lb_cuda_gemm_q_stats(gpu, &n0, &f0, &e0, &gr, &cc);
+    gr -= gr0;
+#else
+    long gr = 0;
+#endif
+    float *out0 = hget(dc[0], sc * 4), *out1 = hget(dc[1], sc * 4), *o1 = hget(d1, (size_t)n * 4);
+    char what[160];
+    snprintf(what, sizeof what, "gemm_q_grouped %s k %d n %d a %g b %g", name, k, n, alpha, beta);
+    CHECK_NMSE(what, out0, ref, sc, bound);
+    snprintf(what, sizeof what, "gemm_q_grouped %s against each group alone", name);
+    CHECK_BITS(what, out0, out1, sc * 4);
+    snprintf(what, sizeof what, "gemm_q_grouped %s one row alone", name);
+    CHECK_BITS(what, o1, out0 + (size_t)row * n, (size_t)n * 4);
+    for (int j = 0; j < G; j++) {
+        gpu->qmat_free(gpu, &db[j]);
+        lb_qmat_free(&hb[j]);
+    }
+    gpu->qmat_free(gpu, &da);
+    lb_qmat_free(&ha);
+    dfree(dc[0]), dfree(dc[1]), dfree(d1);
+    free(xa), free(c0), free(ref), free(out0), free(out1), free(o1);
+    return gr;
+}
+
+START_TEST(test_gemm_q_grouped)
+{
+    lb_quant_args a1 = gq(LB_FMT_FP8_BLOCK, 0, 0, LB_E4M3, 0, 0, 0);
+    lb_quant_args w2 = gq(LB_FMT_FP8_BLOCK, 0, 1, LB_E4M3, 0, 0, 0);
+    lb_quant_args w2c = gq(LB_FMT_FP8_BLOCK, 1, 1, LB_E4M3, 0, 0, 0);
+    lb_quant_args nr = gq(LB_FMT_NVFP4, 0, 0, LB_E4M3, 0, LB_S2_ROW, 0);
+    lb_quant_args nw = gq(LB_FMT_NVFP4, 0, 1, LB_E4M3, 0, LB_S2_TENSOR, 0);
+    // k 336: a multiple of 16, not of 128 (a partial last block); n 200: a partial tile
+    long tc = 0;
+    tc += gemm_q_grouped_case("fp8 1x128 x 128x128", 336, 200, &a1, &w2, 1.0f, 0.0f, B_FP8TC);
+    tc += gemm_q_grouped_case("fp8 1x128 x 128x128 col", 336, 200, &a1, &w2c, 0.75f, 1.0f,
+                              B_FP8TC);
+    tc += gemm_q_grouped_case("fp8 1x128 x 1x128", 2048, 136, &a1, &a1, 1.0f, -0.5f, B_FP8TC);
+    long fast = tc;
+    // k 53 (rows not 16-byte multiples): each group through gemm_q
+    tc += gemm_q_grouped_case("fp8 k 53", 53, 70, &a1, &w2, 1.0f, 0.0f, B_FP8TC);
+    tc += gemm_q_grouped_case("nvfp4 per-row x 16x16", 336, 200, &nr, &nw, 1.0f, 0.5f, B_TC);
+    ck_assert_int_eq(tc, fast);
+#ifdef LB_HAVE_CUDA
+    // 5 non-empty groups, each run grouped and alone, and the row alone: 11 per fp8 case
+    int cc = 0;
+    long x0, x1, x2, x3;
+    lb_cuda_gemm_q_stats(gpu, &x0, &x1, &x2, &x3, &cc);
+    if (verbose()) printf("  gemm_q_grouped: %ld groups on the grouped fp8 kernel (sm_%d)\n", tc, cc);
+    if (cc == 9 && !getenv("LB_CUDA_GROUPED"))
+        ck_assert_msg(tc == 3 * 11, "%ld of 33 fp8 groups ran on the grouped kernel on sm_90", tc);
 #endif
 }
 END_TEST
@@ -2085,6 +2204,7 @@ int main(void)
     tcase_add_test(tc, test_hadamard);
     tcase_add_test(tc, test_round_bf16);
     tcase_add_test(tc, test_gemm_q);
+    tcase_add_test(tc, test_gemm_q_grouped);
     tcase_add_test(tc, test_kv_append);
     tcase_add_test(tc, test_attention_cached);
     tcase_add_test(tc, test_attention_cached_bf16);

@@ -56,6 +56,14 @@ static void cpu_gemm_q(lb_backend *be, int m, int n, int k, float alpha, const l
     free(bd);
 }
 
+// One gemm_q per group, in order.
+static void cpu_gemm_q_grouped(lb_backend *be, int count, const lb_gemm_q_args *g)
+{
+    for (int i = 0; i < count; i++)
+        if (g[i].m > 0 && g[i].n > 0)
+            cpu_gemm_q(be, g[i].m, g[i].n, g[i].k, g[i].alpha, g[i].a, g[i].b, g[i].beta, g[i].c);
+}
+
 static void cpu_hadamard(lb_backend *be, float *y, const float *x, int rows, int cols, int axis,
                          int hn, uint32_t signs)
 {
@@ -83,6 +91,7 @@ void lb_cpu_init_quant(lb_backend *be)
     be->quantize = cpu_quantize;
     be->dequantize = cpu_dequantize;
     be->gemm_q = cpu_gemm_q;
+    be->gemm_q_grouped = cpu_gemm_q_grouped;
     be->hadamard = cpu_hadamard;
     be->round_bf16 = cpu_round_bf16;
 }

@@ -245,6 +245,10 @@ void lb_cuda_attention_tc_bwd(lb_cuda_ctx *cx, float *dq, float *dk, float *dv,
 // bf16 with m, n, k > 0 and alpha != 0, in one launch (after one packing launch). Queued.
 int lb_cuda_gemm_grouped_tc_ok(int major, int minor);
 void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g);
+// gemm_grouped.cu, fp8-block: whether its kernel takes a x b (layouts, not m); the groups
+// g[0 .. count), all fitting, m, n, k > 0, alpha != 0, one block shape of b, in one launch.
+int lb_cuda_gemm_q_grouped_fits(const struct lb_qmat *a, const struct lb_qmat *b);
+void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_q_args *g);
 void lb_cuda_attention_tc_cached(lb_cuda_ctx *cx, float *out, const float *q,
                                  const lb_kv_layer *c, const int32_t *slot,
                                  const int32_t *pos, int n, int hq);

@@ -36,6 +36,10 @@
 
 #include <stdlib.h>
 
+extern "C" {
+#include "kernels/quant/quant.h"
+}
+
 #define GG_BM 128          // tile rows: two warpgroups of 64
 #define GG_BK 64           // 64 bf16 = 128 bytes, one row of the 128-byte swizzle atom
 #define GG_THREADS 256
@@ -329,4 +333,219 @@ extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gem
         free(P);
         free(pp);
     }
+}
+
+// --- fp8-block: E4M3 x E4M3 with block scales, promoted to fp32 per 128 of k -------------------
+//
+// gemm_q's fp8-block product of groups (kernels.h gemm_q_grouped): A (m, k) activations with
+// 1x128 scales (m, KB), B (n, k) with 128x128 scales (ceil(n / 128), KB) or 1x128 scales
+// (n, KB), KB = ceil(k / 128). No packing: the quantized operands are already k contiguous
+// bytes, which is what the tensor cores read for FP8.
+//
+// One block per 128 x 128 tile of some group's C, two warpgroups of 64 rows. Each 128-element
+// k block (128 bytes a row: one row of the 128-byte swizzle) is one stage of a 6-stage
+// cp.async ring. Its four k32 products (wgmma m64n128k32 e4m3) go into a fresh fp32 fragment t,
+// which is then added to the accumulator d scaled by sa[row] * sb[col] (DeepSeek-V3's promotion:
+// the tensor cores' FP8 sums keep about 14 bits, so they never run longer than one block).
+// The order of every sum is fixed (blocks in k order, k32 steps in order within one), so the
+// result is bitwise reproducible and batch invariant, as the bf16 kernel above.
+//
+// Needs k a multiple of 16 (16-byte rows for cp.async) and row pitches of k bytes; gemm_q.cu
+// sends other groups through gemm_q.
+#define GQ_BN 128
+#define GQ_BK 128                       // bytes = elements of E4M3; one scale block
+#define GQ_STAGES 6
+#define GQ_STAGE (GG_BM * GQ_BK + GQ_BN * GQ_BK)   // 32 KB
+#define GQ_SMEM (GQ_STAGES * GQ_STAGE + 1024)
+
+typedef struct {
+    const uint8_t *a, *b;       // (m, k), (n, k) E4M3 codes
+    const float *sa, *sb;       // (m, kb); (ceil(n / 128), kb) or, 1x128 blocks, (n, kb)
+    float *c;                   // (m, n)
+    int m, n, k, kb;
+    int tile0, tiles_n;
+    float alpha, beta;
+} gq_group;
+
+typedef struct {
+    int count;
+    gq_group g[GG_MAX];
+} gq_params;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Rows [r0, r0 + 128) x bytes [k0, k0 + 128) of x (rows, k) into a swizzled tile as gg_load
+// (256 threads, 4 chunks of 16 bytes each); out-of-range rows and k are zero-filled.
+__device__ __forceinline__ void gq_load(uint32_t dst, const uint8_t *x, int rows, int k, int r0,
+                                        int k0, int tid)
+{
+#pragma unroll
+    for (int i = 0; i < 128 * 8 / GG_THREADS; i++) {
+        const int c = tid + i * GG_THREADS, r = c >> 3, ch = c & 7;
+        const int gr = r0 + r, gk = k0 + ch * 16;
+        const bool ok = gr < rows && gk < k;   // k is a multiple of 16: whole chunks
+        const uint8_t *src = ok ? x + (size_t)gr * k + gk : x;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                         dst + r * 128 + ((ch ^ (r & 7)) << 4)),
+                     "l"(src), "r"(ok ? 16 : 0));
+    }
+}
+
+// d (64 x 128 fp32) = (acc ? d : 0) + A (64 x 32) B (128 x 32)^T, E4M3 operands.
+__device__ __forceinline__ void gq_wgmma(float *d, uint64_t da, uint64_t db, int acc)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
+        "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
+        "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+          "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+          "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+          "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+          "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
+          "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
+          "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(acc));
+}
+#endif
+
+// VEC 0: B has 128x128 blocks (one scale per tile and k block); 1: 1x128 (one per column).
+template <int VEC>
+__global__ void __launch_bounds__(GG_THREADS, 1) gq_kernel(const __grid_constant__ gq_params P)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int S = GQ_STAGES;
+    extern __shared__ uint8_t gq_smem[];
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(gq_smem) + 1023) & ~1023u;
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+
+    int lo = 0, hi = P.count - 1;
+    const int t = blockIdx.x;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (P.g[mid].tile0 <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    const gq_group &G = P.g[lo];
+    const int m0 = (t - G.tile0) / G.tiles_n * GG_BM, n0 = (t - G.tile0) % G.tiles_n * GQ_BN;
+    const int nk = G.kb;
+    // this thread's rows of C (fragment layout as in gg_kernel) and their scale rows; rows
+    // beyond m read scale 0 (their results are never stored)
+    const int r = m0 + wg * 64 + warp * 16 + (lane >> 2);
+    const float *sa0 = r < G.m ? G.sa + (size_t)r * nk : nullptr;
+    const float *sa1 = r + 8 < G.m ? G.sa + (size_t)(r + 8) * nk : nullptr;
+
+    float d[64], tf[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) d[i] = tf[i] = 0.0f;
+
+    for (int s = 0; s < S - 1; s++) {
+        if (s < nk) {
+            gq_load(base + s * GQ_STAGE, G.a, G.m, G.k, m0, s * GQ_BK, tid);
+            gq_load(base + s * GQ_STAGE + GG_BM * GQ_BK, G.b, G.n, G.k, n0, s * GQ_BK, tid);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2));
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        // Every warpgroup has finished block kt - 1 (it waited for its products before the
+        // promotion), so that block's stage takes block kt + S - 1.
+        __syncthreads();
+        const int ks = kt + S - 1;
+        if (ks < nk) {
+            const uint32_t st = base + (ks % S) * GQ_STAGE;
+            gq_load(st, G.a, G.m, G.k, m0, ks * GQ_BK, tid);
+            gq_load(st + GG_BM * GQ_BK, G.b, G.n, G.k, n0, ks * GQ_BK, tid);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+
+        const uint32_t sa = base + (kt % S) * GQ_STAGE + wg * 64 * 128;
+        const uint32_t sb = base + (kt % S) * GQ_STAGE + GG_BM * GQ_BK;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < GQ_BK / 32; kk++)   // k32 steps: 32 bytes further in each row
+            gq_wgmma(tf, gg_desc(sa + kk * 32), gg_desc(sb + kk * 32), kk);
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        // the scales load while the tensor cores work
+        const float a0 = sa0 ? sa0[kt] : 0.0f, a1 = sa1 ? sa1[kt] : 0.0f;
+        float b2 = 0.0f;
+        if (!VEC) b2 = G.sb[(size_t)(n0 / 128) * nk + kt];
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            float b0 = b2, b1 = b2;
+            if (VEC) {
+                const int col = n0 + j * 8 + (lane & 3) * 2;
+                b0 = col < G.n ? G.sb[(size_t)col * nk + kt] : 0.0f;
+                b1 = col + 1 < G.n ? G.sb[(size_t)(col + 1) * nk + kt] : 0.0f;
+            }
+            d[4 * j + 0] = fmaf(tf[4 * j + 0], a0 * b0, d[4 * j + 0]);
+            d[4 * j + 1] = fmaf(tf[4 * j + 1], a0 * b1, d[4 * j + 1]);
+            d[4 * j + 2] = fmaf(tf[4 * j + 2], a1 * b0, d[4 * j + 2]);
+            d[4 * j + 3] = fmaf(tf[4 * j + 3], a1 * b1, d[4 * j + 3]);
+        }
+    }
+
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const int col = n0 + j * 8 + (lane & 3) * 2;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int row = r + (i >> 1) * 8, cc = col + (i & 1);
+            if (row < G.m && cc < G.n) {
+                float *p = G.c + (size_t)row * G.n + cc;
+                const float v = G.alpha * d[4 * j + i];
+                *p = G.beta == 0.0f ? v : v + G.beta * *p;   // beta 0 never reads C (NaN)
+            }
+        }
+    }
+#endif
+}
+
+// Whether gq_kernel takes the fp8-block GEMM of a (m, k) and b (n, k): 1x128 activations,
+// 128x128 or 1x128 b, k a multiple of 16 with rows k bytes apart, 16-byte aligned data.
+extern "C" int lb_cuda_gemm_q_grouped_fits(const lb_qmat *a, const lb_qmat *b)
+{
+    return a->fmt == LB_FMT_FP8_BLOCK && b->fmt == LB_FMT_FP8_BLOCK && a->brows == 1 &&
+           (b->brows == 1 || b->brows == 128) && a->cols % 16 == 0 && a->cols == b->cols &&
+           a->ld == (size_t)a->cols && b->ld == (size_t)b->cols &&
+           ((uintptr_t)a->data & 15) == 0 && ((uintptr_t)b->data & 15) == 0;
+}
+
+// The groups g[0 .. count): every one fits (above), with m, n, k > 0 and alpha != 0, and all
+// with the same b block shape. One launch per GG_MAX groups. Queued on cx->stream.
+extern "C" void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_q_args *g)
+{
+    static int smem_set[2];
+    const int vec = count > 0 && g[0].b->brows == 1;
+    if (!smem_set[vec]) {
+        if (vec) lb_cuda_smem_limit(gq_kernel<1>, GQ_SMEM);
+        else lb_cuda_smem_limit(gq_kernel<0>, GQ_SMEM);
+        smem_set[vec] = 1;
+    }
+    gq_params *P = (gq_params *)lb_calloc(1, sizeof *P);
+    for (int g0 = 0; g0 < count; g0 += GG_MAX) {
+        const int cnt = count - g0 < GG_MAX ? count - g0 : GG_MAX;
+        int tiles = 0;
+        for (int i = 0; i < cnt; i++) {
+            const lb_gemm_q_args *x = &g[g0 + i];
+            const int tn = (x->n + GQ_BN - 1) / GQ_BN;
+            P->g[i] = (gq_group){x->a->data, x->b->data, (const float *)x->a->scale,
+                                 (const float *)x->b->scale, x->c, x->m, x->n, x->k,
+                                 x->a->scols, tiles, tn, x->alpha, x->beta};
+            tiles += (x->m + GG_BM - 1) / GG_BM * tn;
+        }
+        P->count = cnt;
+        if (vec) gq_kernel<1><<<tiles, GG_THREADS, GQ_SMEM, cx->stream>>>(*P);
+        else gq_kernel<0><<<tiles, GG_THREADS, GQ_SMEM, cx->stream>>>(*P);
+        LB_CUDA_LAUNCHED(cx);
+    }
+    free(P);
 }

@@ -67,6 +67,7 @@ struct qcache {
     int pinned_state[QK_COUNT];    // 0 not asked yet, 1 found, -1 none
     int warned[QK_COUNT];          // the no-algorithm warning was printed
     long fp8_native, fp8_fallback, emulated;   // calls per path (lb_cuda_gemm_q_stats)
+    long fp8_grouped;                          // groups run by gemm_grouped.cu's fp8 kernel
     int cc_major;
 };
 
@@ -554,10 +555,44 @@ static void cuda_gemm_q(lb_backend *be, int m, int n, int k, float alpha, const 
     }
 }
 
+// fp8-block groups that gemm_grouped.cu's kernel takes run in one launch per block shape of B
+// (128x128 weights, 1x128 for the wgrad's operands), the others through cuda_gemm_q one by
+// one. Whether a group fits depends on k, its layouts and the device (never on m), so a row's
+// path, and its bits, never depend on how many rows share its group.
+static void cuda_gemm_q_grouped(lb_backend *be, int count, const lb_gemm_q_args *g)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    lb_gemm_q_args *run = (lb_gemm_q_args *)lb_malloc((size_t)(count > 0 ? count : 1) * sizeof *run);
+    for (int vec = 0; vec < 2; vec++) {
+        int nrun = 0;
+        for (int i = 0; i < count; i++) {
+            const lb_gemm_q_args *x = &g[i];
+            if (x->m < 0 || x->n < 0 || x->k < 0)
+                lb_die("gemm_q_grouped: negative size (m %d, n %d, k %d)", x->m, x->n, x->k);
+            if (x->m == 0 || x->n == 0) continue;
+            if (x->a->cols != x->k || x->b->cols != x->k || x->a->rows != x->m ||
+                x->b->rows != x->n)
+                lb_die("gemm_q_grouped: group %d: operands (%d, %d) and (%d, %d) do not fit "
+                       "(%d, %d, k %d)", i, x->a->rows, x->a->cols, x->b->rows, x->b->cols, x->m,
+                       x->n, x->k);
+            const int tc = cx->grouped_tc && x->k > 0 && x->alpha != 0.0f &&
+                           lb_cuda_gemm_q_grouped_fits(x->a, x->b);
+            if (tc && (x->b->brows == 1) == vec) run[nrun++] = *x;
+            else if (!tc && vec) cuda_gemm_q(be, x->m, x->n, x->k, x->alpha, x->a, x->b, x->beta, x->c);
+        }
+        if (nrun) {
+            lb_cuda_gemm_q_grouped_tc(cx, nrun, run);
+            cache_of(cx)->fp8_grouped += nrun;
+        }
+    }
+    free(run);
+    if (cx->sync_each) LB_CUDA_WAIT(cx);
+}
+
 // For tests/test_backend_ops.c: how many gemm_q calls took each path, and the device's compute
 // capability (the FP8 block-scaled path must be taken on 9.x).
 extern "C" void lb_cuda_gemm_q_stats(lb_backend *be, long *fp8_native, long *fp8_fallback,
-                                     long *emulated, int *cc_major)
+                                     long *emulated, long *fp8_grouped, int *cc_major)
 {
     qcache *qc = cache_of(lb_cuda(be));
     if (!qc->cc_major) {
@@ -568,7 +603,12 @@ extern "C" void lb_cuda_gemm_q_stats(lb_backend *be, long *fp8_native, long *fp8
     *fp8_native = qc->fp8_native;
     *fp8_fallback = qc->fp8_fallback;
     *emulated = qc->emulated;
+    *fp8_grouped = qc->fp8_grouped;
     *cc_major = qc->cc_major;
 }
 
-extern "C" void lb_cuda_init_gemm_q(lb_backend *be) { be->gemm_q = cuda_gemm_q; }
+extern "C" void lb_cuda_init_gemm_q(lb_backend *be)
+{
+    be->gemm_q = cuda_gemm_q;
+    be->gemm_q_grouped = cuda_gemm_q_grouped;
+}

@@ -96,6 +96,11 @@ size_t lb_qmat_data_bytes(const lb_qmat *q);
 size_t lb_qmat_scale_bytes(const lb_qmat *q);
 void lb_qmat_alloc(lb_qmat *q, int rows, int cols, const lb_quant_args *a);   // layout + malloc
 void lb_qmat_free(lb_qmat *q);
+// The view of rows [r0, r0 + n) of q, n >= 1, sharing q's memory (host or backend): its data,
+// block scales and per-row second levels are those rows of q's. Blocks must be one row high.
+// For per-row (1-D) quantization the view holds the bytes that quantizing those rows alone
+// gives, so an MoE layer quantizes all its experts' rows in one call.
+lb_qmat lb_qmat_rows(const lb_qmat *q, int r0, int n);
 
 // Quantizes x (rows, cols) into q, which must have been laid out for (rows, cols, a).
 // Any rows and cols >= 1: a trailing partial block behaves exactly as if padded with zeros.

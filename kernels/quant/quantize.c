@@ -85,6 +85,23 @@ void lb_qmat_alloc(lb_qmat *q, int rows, int cols, const lb_quant_args *a)
     q->scale2 = q->nscale2 ? lb_malloc((size_t)q->nscale2 * sizeof(float)) : NULL;
 }
 
+lb_qmat lb_qmat_rows(const lb_qmat *q, int r0, int n)
+{
+    if (q->brows != 1 || r0 < 0 || n < 1 || r0 + n > q->rows)
+        lb_die("lb_qmat_rows: rows [%d, %d) of a (%d, %d) matrix with %d-row blocks", r0, r0 + n,
+               q->rows, q->cols, q->brows);
+    lb_qmat v = *q;
+    size_t sbytes = q->fmt == LB_FMT_FP8_BLOCK ? 4 : 1;
+    v.rows = v.srows = n;
+    v.data = q->data + (size_t)r0 * q->ld;
+    v.scale = (uint8_t *)q->scale + (size_t)r0 * q->scols * sbytes;
+    if (q->nscale2 > 1) {
+        v.scale2 = q->scale2 + r0;
+        v.nscale2 = n;
+    }
+    return v;
+}
+
 void lb_qmat_free(lb_qmat *q)
 {
     free(q->data);

@@ -65,6 +65,19 @@ try:
            2.0 * a.experts * a.rows * a.hidden * a.ffn2)
 except Exception as e:
     print(json.dumps({"peer": "torch bf16 _grouped_mm", "error": str(e)[:200]}))
+# FP8 grouped with per-row (activation) and per-column (weight) scales: the grouped FP8
+# peer. B is (experts, N, K) viewed as (experts, K, N), the column-major layout it asks for.
+xs8 = xs.to(torch.float8_e4m3fn)
+ws8 = torch.randn(a.experts, a.ffn2, a.hidden, device=dev, dtype=torch.bfloat16).to(torch.float8_e4m3fn)
+sxs = torch.ones(a.experts * a.rows, device=dev, dtype=torch.float32)
+sws = torch.ones(a.experts, a.ffn2, device=dev, dtype=torch.float32)
+try:
+    report(f"torch fp8 rowwise _scaled_grouped_mm {a.experts}x{a.rows} rows, {a.hidden} -> {a.ffn2}",
+           timed(lambda: torch._scaled_grouped_mm(xs8, ws8.transpose(-2, -1), sxs, sws, offs=offs,
+                                                  out_dtype=torch.bfloat16)),
+           2.0 * a.experts * a.rows * a.hidden * a.ffn2)
+except Exception as e:
+    print(json.dumps({"peer": "torch fp8 rowwise _scaled_grouped_mm", "error": str(e)[:200]}))
 
 q = torch.randn(a.batch, a.heads, a.seq, a.head_dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
 k = torch.randn(a.batch, a.kv_heads, a.seq, a.head_dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
