@@ -537,9 +537,17 @@ static void cuda_gemm_q(lb_backend *be, int m, int n, int k, float alpha, const 
         lb_gemm(be, 0, 1, m, n, k, 0.0f, NULL, NULL, beta, c);
         return;
     }
+    lb_cuda_ctx *cx = lb_cuda(be);
     switch (a->fmt) {
     case LB_FMT_FP8_BLOCK:
-        if (!gemm_fp8_block(be, m, n, k, alpha, a, b, beta, c)) {
+        if (cx->grouped_tc && cx->dense_tc && lb_cuda_gemm_q_grouped_fits(a, b)) {
+            // gemm_grouped.cu's fp8 kernel, a group of one: cuBLASLt's pinned algorithms
+            // refuse some shapes (the fp32 fallback, 25x slower), and the choice would then
+            // depend on m
+            lb_gemm_q_args one = {m, n, k, alpha, beta, a, b, c};
+            lb_cuda_gemm_q_grouped_tc(cx, 1, &one);
+            cache_of(cx)->fp8_grouped++;
+        } else if (!gemm_fp8_block(be, m, n, k, alpha, a, b, beta, c)) {
             cache_of(lb_cuda(be))->fp8_fallback++;
             gemm_fp32_dequant(be, m, n, k, alpha, a, b, beta, c);
         }
