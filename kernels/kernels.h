@@ -112,6 +112,15 @@ struct lb_backend {
     // and scales identical to the codecs in kernels/quant on every backend.
     void (*quantize)(lb_backend *, struct lb_qmat *q, const float *x, int rows, int cols,
                      const struct lb_quant_args *a);
+    // Groups of rows quantized each on its own in one call (an MoE layer's experts): x_j, rows
+    // [o_j, o_j + rows[j]) of x (sum of rows, cols) with o_j the rows before it, into q[j] laid
+    // out for (prows[j], cols) under a, prows[j] >= rows[j] (prows NULL: equal): the bytes of
+    // quantize of x_j followed by prows[j] - rows[j] zero rows (column-wise: zero columns,
+    // which add nothing to a GEMM over them; the wgrad pads its tokens so). Groups with
+    // prows[j] == 0 are skipped. With stochastic rounding group j draws as tensor a->tensor + j.
+    void (*quantize_grouped)(lb_backend *, int count, struct lb_qmat *q, const float *x,
+                             const int *rows, const int *prows, int cols,
+                             const struct lb_quant_args *a);
     void (*dequantize)(lb_backend *, float *y, const struct lb_qmat *q);   // y (q rows, q cols)
     // C (m, n) = alpha * A (m, k) * B (n, k)^T + beta * C on quantized operands of one format,
     // both blocked along k. The CPU computes it exactly on the dequantized values.

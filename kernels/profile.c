@@ -14,8 +14,8 @@
 
 #define LB_PROFILE_OPS(X)                                                                     \
     X(alloc) X(free) X(upload) X(download) X(copy) X(zero) X(gemm) X(gemm_grouped)            \
-    X(qmat_alloc) X(qmat_free) X(quantize) X(dequantize) X(gemm_q) X(gemm_q_grouped)          \
-    X(hadamard) X(round_bf16)                                                                 \
+    X(qmat_alloc) X(qmat_free) X(quantize) X(quantize_grouped) X(dequantize) X(gemm_q)         \
+    X(gemm_q_grouped) X(hadamard) X(round_bf16)                                               \
     X(add) X(scale) X(sumsq) X(embedding_fwd) X(embedding_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd)  \
     X(rope_fwd) X(rope_bwd) X(attention_fwd) X(attention_bwd) X(kv_append)                   \
     X(attention_cached) X(swiglu_fwd) X(swiglu_bwd) X(router_topk_fwd) X(router_topk_bwd)     \
@@ -108,6 +108,10 @@ W(qmat_free, (lb_backend *be, struct lb_qmat *q), (in, q))
 W(quantize,
   (lb_backend *be, struct lb_qmat *q, const float *x, int r, int c, const struct lb_quant_args *a),
   (in, q, x, r, c, a))
+W(quantize_grouped,
+  (lb_backend *be, int count, struct lb_qmat *q, const float *x, const int *rows,
+   const int *prows, int cols, const struct lb_quant_args *a),
+  (in, count, q, x, rows, prows, cols, a))
 W(dequantize, (lb_backend *be, float *y, const struct lb_qmat *q), (in, y, q))
 W(gemm_q,
   (lb_backend *be, int m, int n, int k, float alpha, const struct lb_qmat *a,

@@ -16,6 +16,17 @@ static void *grow(lb_backend *be, void *p, size_t *cap, size_t n)
     return be->alloc(be, n);
 }
 
+static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+// The wgrad's reduction (token) axis, padded with zero tokens, which add nothing to dy^T x: to
+// a multiple of 16, so a quantized operand's rows are 16-byte multiples (what FP8 tensor cores
+// load), and of the Hadamard size h when there is one (powers of two: the larger of the two).
+static int wgrad_tokens(int n, int h)
+{
+    int p = h > 16 ? h : 16;
+    return (n + p - 1) / p * p;
+}
+
 static float *scratch(lb_linear *L, int i, size_t n)
 {
     return L->scratch[i] = grow(L->be, L->scratch[i], &L->scratch_n[i], n * sizeof(float));
@@ -35,6 +46,37 @@ void lb_linear_qscratch(lb_linear *L, int i, lb_qmat *q, int rows, int cols,
     if (q->nscale2) {
         s->scale2 = grow(L->be, s->scale2, &s->scale2_n, (size_t)q->nscale2 * sizeof(float));
         q->scale2 = s->scale2;
+    }
+}
+
+void lb_linear_qscratch_groups(lb_linear *L, int i, lb_qmat *q, int count, const int *rows,
+                               int cols, const lb_quant_args *a)
+{
+    if (i < 0 || i >= LB_LINEAR_QSCRATCH) lb_die("lb_linear_qscratch_groups: no scratch %d", i);
+    lb_qscratch *s = &L->qscratch[i];
+    size_t nd = 0, ns = 0, n2 = 0;
+    for (int j = 0; j < count; j++) {
+        memset(&q[j], 0, sizeof q[j]);
+        if (rows[j] == 0) continue;
+        lb_qmat_layout(&q[j], rows[j], cols, a);
+        nd += align256(lb_qmat_data_bytes(&q[j]));
+        ns += align256(lb_qmat_scale_bytes(&q[j]));
+        n2 += align256((size_t)q[j].nscale2 * sizeof(float));
+    }
+    s->data = grow(L->be, s->data, &s->data_n, nd);
+    s->scale = grow(L->be, s->scale, &s->scale_n, ns);
+    if (n2) s->scale2 = grow(L->be, s->scale2, &s->scale2_n, n2);
+    nd = ns = n2 = 0;
+    for (int j = 0; j < count; j++) {
+        if (rows[j] == 0) continue;
+        q[j].data = s->data + nd;
+        q[j].scale = (uint8_t *)s->scale + ns;
+        nd += align256(lb_qmat_data_bytes(&q[j]));
+        ns += align256(lb_qmat_scale_bytes(&q[j]));
+        if (q[j].nscale2) {
+            q[j].scale2 = (float *)((uint8_t *)s->scale2 + n2);
+            n2 += align256((size_t)q[j].nscale2 * sizeof(float));
+        }
     }
 }
 
@@ -127,22 +169,21 @@ void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const 
         c->dfmt = D->fmt;
     }
     lb_backend *be = L->be;
-    size_t mat = (size_t)out * in;
+    int rows[count];   // every matrix of w quantized on its own, in one call
+    for (int e = 0; e < count; e++) rows[e] = out;
     if (need_row) {
         if (!c->row) c->row = lb_calloc(count, sizeof *c->row);
         lb_quant_args a = weight_args(F, 0);
-        for (int e = 0; e < count; e++) {
+        for (int e = 0; e < count; e++)
             if (!c->row[e].data) be->qmat_alloc(be, &c->row[e], out, in, &a);
-            be->quantize(be, &c->row[e], w + e * mat, out, in, &a);
-        }
+        be->quantize_grouped(be, count, c->row, w, rows, NULL, in, &a);
     }
     if (need_col) {
         if (!c->col) c->col = lb_calloc(count, sizeof *c->col);
         lb_quant_args a = weight_args(D, 1);
-        for (int e = 0; e < count; e++) {
+        for (int e = 0; e < count; e++)
             if (!c->col[e].data) be->qmat_alloc(be, &c->col[e], out, in, &a);
-            be->quantize(be, &c->col[e], w + e * mat, out, in, &a);
-        }
+        be->quantize_grouped(be, count, c->col, w, rows, NULL, in, &a);
     }
 }
 
@@ -228,6 +269,7 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
     }
 
     // wgrad: dw (out, in) += dy^T x, reducing over the n tokens
+    if (!dw) return;
     if (G->fmt == LB_FMT_FP32) {
         lb_gemm(be, 1, 0, out, in, n, 1.0f, dy, x, 1.0f, dw);
     } else if (!is_low(G->fmt) || G->mode != LB_BWD_QUANTIZED) {
@@ -243,14 +285,12 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
         }
     } else {
         const float *hdy = dy, *hx = x;
-        int nk = n;   // the reduction length, padded for the Hadamard below
+        int nk = wgrad_tokens(n, (int)G->hadamard), have = n;   // tokens in the operands
         if (G->hadamard) {
             // The same orthogonal H on both operands along the token axis cancels in dy^T x;
-            // it spreads outliers before the 4-bit quantization. Token counts that are not a
-            // multiple of its size (an expert's share of a batch) get zero rows, which add
-            // nothing to dy^T x.
+            // it spreads outliers before the 4-bit quantization. It runs on the operands padded
+            // with zero tokens (an expert's share of a batch is rarely a multiple of its size).
             int h = (int)G->hadamard;
-            nk = (n + h - 1) / h * h;
             uint32_t signs = G->hadamard_random
                                  ? lb_hadamard_signs(h, L->seed, L->step,
                                                      operand_id(layer, role, LB_PASS_WGRAD, e, 2))
@@ -264,14 +304,16 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
             be->hadamard(be, t1, t1, nk, in, LB_AXIS_ROWS, h, signs);
             hdy = t0;
             hx = t1;
+            have = nk;
         }
         lb_quant_args ad = act_args(L, G, 1, 1, operand_id(layer, role, LB_PASS_WGRAD, e, 0));
         lb_quant_args ax = act_args(L, G, 1, 0, operand_id(layer, role, LB_PASS_WGRAD, e, 1));
         lb_qmat qd, qx;
         lb_linear_qscratch(L, 0, &qd, nk, out, &ad);
         lb_linear_qscratch(L, 1, &qx, nk, in, &ax);
-        be->quantize(be, &qd, hdy, nk, out, &ad);
-        be->quantize(be, &qx, hx, nk, in, &ax);
+        // the padding tokens are the quantizer's (zero rows), not copies
+        be->quantize_grouped(be, 1, &qd, hdy, &have, &nk, out, &ad);
+        be->quantize_grouped(be, 1, &qx, hx, &have, &nk, in, &ax);
         be->gemm_q(be, out, in, nk, 1.0f, &qd, &qx, 1.0f, dw);
     }
 }
@@ -380,9 +422,38 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
             dgrad_done = 1;
         }
     }
+    // A quantized wgrad of all experts in one call: each expert's dy_j and x_j quantized
+    // column-wise on its own, its tokens padded as lb_linear_bwd pads them (wgrad_tokens), so
+    // the result is lb_linear_bwd's. Per expert instead with a Hadamard transform, or when
+    // elements round stochastically (the random streams are the experts').
+    const lb_site *G = lb_contract_site(L->contract, layer, role, LB_PASS_WGRAD);
+    int wgrad_done = 0;
+    if (is_low(G->fmt) && G->mode == LB_BWD_QUANTIZED && !G->hadamard) {
+        lb_quant_args ad = act_args(L, G, 1, 1, operand_id(layer, role, LB_PASS_WGRAD, 0, 0));
+        lb_quant_args ax = act_args(L, G, 1, 0, operand_id(layer, role, LB_PASS_WGRAD, 0, 1));
+        if (!ad.sr && !ax.sr) {
+            lb_backend *be = L->be;
+            int kp[groups], ng = 0;
+            lb_qmat qd[groups], qx[groups];
+            lb_gemm_q_args g[groups];
+            for (int j = 0; j < groups; j++) kp[j] = counts[j] ? wgrad_tokens(counts[j], 0) : 0;
+            lb_linear_qscratch_groups(L, 0, qd, groups, kp, out, &ad);
+            lb_linear_qscratch_groups(L, 1, qx, groups, kp, in, &ax);
+            be->quantize_grouped(be, groups, qd, dy, counts, kp, out, &ad);
+            be->quantize_grouped(be, groups, qx, x, counts, kp, in, &ax);
+            for (int j = 0; j < groups; j++)
+                if (counts[j])
+                    g[ng++] = (lb_gemm_q_args){out, in, kp[j], 1.0f, 1.0f, &qd[j], &qx[j],
+                                               dw + j * mat};
+            be->gemm_q_grouped(be, ng, g);
+            wgrad_done = 1;
+        }
+    }
+    if (dgrad_done && wgrad_done) return;
     for (int j = 0; j < groups; j++) {
         lb_linear_bwd(L, layer, role, x + off * in, w, c, j, dy + off * out,
-                      dgrad_done ? NULL : dx + off * in, 0.0f, dw + j * mat, counts[j], out, in);
+                      dgrad_done ? NULL : dx + off * in, 0.0f, wgrad_done ? NULL : dw + j * mat,
+                      counts[j], out, in);
         off += (size_t)counts[j];
     }
 }

@@ -47,6 +47,10 @@ typedef struct {
 // contents stays ordered before any later write (one stream). Not to be freed by the caller.
 void lb_linear_qscratch(lb_linear *L, int i, lb_qmat *q, int rows, int cols,
                         const lb_quant_args *a);
+// The same for count matrices at once, q[j] laid out for (rows[j], cols) under a (rows[j] == 0:
+// q[j] zeroed, no memory), all in scratch i.
+void lb_linear_qscratch_groups(lb_linear *L, int i, lb_qmat *q, int count, const int *rows,
+                               int cols, const lb_quant_args *a);
 
 // Builds (or rebuilds after an optimizer step) the cache of weight w (count, out, in) used at
 // (layer, role). Cheap when every pass is FP32 (nothing is stored).
@@ -58,7 +62,7 @@ void lb_wcache_free(lb_linear *L, lb_wcache *c);
 void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
                    const lb_wcache *c, int e, float *y, int n, int out, int in, float beta);
 // dx (n, in) = dy (n, out) W + dx_beta * dx   (skipped when dx is NULL)
-// dw (out, in) += dy^T x
+// dw (out, in) += dy^T x                        (skipped when dw is NULL)
 void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
                    const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
                    float *dw, int n, int out, int in);

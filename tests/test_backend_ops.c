@@ -201,7 +201,8 @@ START_TEST(test_table_and_memory)
         (void (*)(void))gpu->moe_combine_bwd, (void (*)(void))gpu->cross_entropy_fwd,
         (void (*)(void))gpu->cross_entropy_bwd, (void (*)(void))gpu->adamw,
         (void (*)(void))gpu->qmat_alloc, (void (*)(void))gpu->qmat_free,
-        (void (*)(void))gpu->quantize, (void (*)(void))gpu->dequantize,
+        (void (*)(void))gpu->quantize, (void (*)(void))gpu->quantize_grouped,
+        (void (*)(void))gpu->dequantize,
         (void (*)(void))gpu->gemm_q, (void (*)(void))gpu->gemm_q_grouped,
         (void (*)(void))gpu->hadamard,
         (void (*)(void))gpu->round_bf16, (void (*)(void))gpu->kv_append,
@@ -1705,6 +1706,73 @@ static lb_quant_args gq(lb_format fmt, int colwise, int weight, lb_elem elem, lb
     return a;
 }
 
+// quantize_grouped against the CPU's, byte for byte (data, scales, second levels; the GPU's
+// buffers poisoned first): groups of awkward sizes, one empty and one all padding, padded to
+// 16 rows or not; every direction and block shape of fp8-block (one launch on the GPU) and the
+// per-group path of other formats, stochastic rounding included (a stream per group).
+static void quant_grouped_case(const char *name, const lb_quant_args *a, int cols, int pad)
+{
+    enum { G = 6 };
+    const int rows[G] = {37, 0, 129, 1, 0, 300};
+    int prows[G], n = 0;
+    for (int j = 0; j < G; j++) {
+        prows[j] = pad ? (rows[j] + 15) / 16 * 16 : rows[j];
+        n += rows[j];
+    }
+    if (pad) prows[4] = 16;   // no rows of x: all zeros
+    float *x = qinput(n, cols, 2), *dx = dput(x, (size_t)n * cols * 4);
+    lb_qmat h[G], d[G];
+    memset(h, 0, sizeof h), memset(d, 0, sizeof d);
+    for (int j = 0; j < G; j++) {
+        if (!prows[j]) continue;
+        lb_qmat_alloc(&h[j], prows[j], cols, a);
+        gpu->qmat_alloc(gpu, &d[j], prows[j], cols, a);
+        poison(d[j].data, lb_qmat_data_bytes(&h[j]));
+        poison(d[j].scale, lb_qmat_scale_bytes(&h[j]));
+        if (h[j].nscale2) poison(d[j].scale2, (size_t)h[j].nscale2 * 4);
+    }
+    cpu->quantize_grouped(cpu, G, h, x, rows, prows, cols, a);
+    gpu->quantize_grouped(gpu, G, d, dx, rows, prows, cols, a);
+    for (int j = 0; j < G; j++) {
+        if (!prows[j]) continue;
+        lb_qmat got;
+        qmat_get(&got, &d[j]);
+        char what[160];
+        snprintf(what, sizeof what, "quantize_grouped %s group %d (%d of %d rows)", name, j,
+                 rows[j], prows[j]);
+        CHECK_BITS(what, got.data, h[j].data, lb_qmat_data_bytes(&h[j]));
+        CHECK_BITS(what, got.scale, h[j].scale, lb_qmat_scale_bytes(&h[j]));
+        if (h[j].nscale2) CHECK_BITS(what, got.scale2, h[j].scale2, (size_t)h[j].nscale2 * 4);
+        lb_qmat_free(&got);
+        lb_qmat_free(&h[j]);
+        gpu->qmat_free(gpu, &d[j]);
+    }
+    free(x), dfree(dx);
+}
+
+START_TEST(test_quantize_grouped)
+{
+    lb_quant_args a;
+    a = gq(LB_FMT_FP8_BLOCK, 0, 0, LB_E4M3, 0, 0, 0);
+    quant_grouped_case("fp8 1x128 row", &a, 300, 0);
+    quant_grouped_case("fp8 1x128 row, padded", &a, 300, 1);
+    a = gq(LB_FMT_FP8_BLOCK, 1, 0, LB_E4M3, 0, 0, 0);
+    quant_grouped_case("fp8 1x128 col, padded", &a, 200, 1);
+    a = gq(LB_FMT_FP8_BLOCK, 1, 0, LB_E4M3, 0, 0, 1);
+    quant_grouped_case("fp8 1x128 col sr, padded", &a, 200, 1);
+    a = gq(LB_FMT_FP8_BLOCK, 0, 1, LB_E4M3, 0, 0, 0);
+    quant_grouped_case("fp8 128x128 row", &a, 300, 0);
+    a = gq(LB_FMT_FP8_BLOCK, 1, 1, LB_E4M3, 0, 0, 0);
+    quant_grouped_case("fp8 128x128 col", &a, 200, 0);
+    a = gq(LB_FMT_MXFP8, 1, 0, LB_E4M3, LB_SCALE_CEIL, 0, 0);
+    quant_grouped_case("mxfp8 col, padded", &a, 200, 1);
+    a = gq(LB_FMT_NVFP4, 0, 0, LB_E4M3, 0, LB_S2_ROW, 0);
+    quant_grouped_case("nvfp4 per-row", &a, 200, 0);
+    a = gq(LB_FMT_NVFP4, 1, 0, LB_E4M3, 0, LB_S2_TENSOR, 1);
+    quant_grouped_case("nvfp4 col sr, padded", &a, 200, 1);
+}
+END_TEST
+
 START_TEST(test_gemm_q)
 {
 #ifdef LB_HAVE_CUDA
@@ -2208,6 +2276,7 @@ int main(void)
     tcase_add_test(tc, test_quantize_golden_inputs);
     tcase_add_test(tc, test_hadamard);
     tcase_add_test(tc, test_round_bf16);
+    tcase_add_test(tc, test_quantize_grouped);
     tcase_add_test(tc, test_gemm_q);
     tcase_add_test(tc, test_gemm_q_grouped);
     tcase_add_test(tc, test_kv_append);

@@ -127,8 +127,9 @@ static void check_recipe(const char *recipe, const char *backward, lb_format f, 
     ref_nt(ref, a, b, N, IN, OUT);
     snprintf(what, sizeof what, "%s/%s dgrad", recipe, backward);
     expect_close(dx, ref, N * IN, 1e-5, what);
-    // wgrad: dw = Q_col(H dy)^T-blocks . Q_col(H x), over tokens padded to the Hadamard size
-    int nk = hadamard ? (N + hadamard - 1) / hadamard * hadamard : N;
+    // wgrad: dw = Q_col(H dy)^T-blocks . Q_col(H x), over tokens padded with zeros to a
+    // multiple of 16 and of the Hadamard size
+    int pad = hadamard > 16 ? hadamard : 16, nk = (N + pad - 1) / pad * pad;
     float *pd = calloc((size_t)nk * OUT, sizeof(float)), *px = calloc((size_t)nk * IN, sizeof(float));
     memcpy(pd, dy, sizeof(float) * N * OUT);
     memcpy(px, x, sizeof(float) * N * IN);
@@ -157,6 +158,66 @@ static void check_recipe(const char *recipe, const char *backward, lb_format f, 
     free(x); free(w); free(dy); free(y); free(dx); free(dw); free(a); free(b); free(ref);
     free(wt); free(pd); free(px);
 }
+
+// Experts: lb_linear_grouped_fwd / _bwd (one quantization of all rows, grouped GEMMs, grouped
+// column-wise wgrad quantization) give bit for bit what lb_linear_fwd / _bwd give per expert.
+static void check_grouped(const char *recipe, const char *backward)
+{
+    enum { E = 4 };
+    const int counts[E] = {17, 0, 40, 3};
+    int n = 0;
+    for (int j = 0; j < E; j++) n += counts[j];
+    char err[256];
+    lb_precision_spec s = spec(recipe, backward);
+    lb_contract c;
+    ck_assert_msg(lb_contract_resolve(&c, &s, 1, err, sizeof err) == 0, "%s", err);
+    lb_linear L = {.be = be, .contract = &c, .seed = 5, .step = 3};
+    const lb_role role = LB_ROLE_MOE_GATE_UP;
+    size_t mat = (size_t)OUT * IN;
+    float *x = malloc(sizeof(float) * n * IN), *w = malloc(sizeof(float) * E * mat);
+    float *dy = malloc(sizeof(float) * n * OUT);
+    float *y[2], *dx[2], *dw[2];
+    for (int r = 0; r < 2; r++) {
+        y[r] = malloc(sizeof(float) * n * OUT), dx[r] = malloc(sizeof(float) * n * IN);
+        dw[r] = malloc(sizeof(float) * E * mat);
+        fill(dw[r], E * mat, 4);   // wgrad accumulates
+    }
+    fill(x, (size_t)n * IN, 1);
+    fill(w, E * mat, 2);
+    fill(dy, (size_t)n * OUT, 3);
+    lb_wcache wc;
+    memset(&wc, 0, sizeof wc);
+    lb_wcache_build(&L, &wc, 0, role, w, E, OUT, IN);
+    lb_linear_grouped_fwd(&L, 0, role, x, w, &wc, counts, E, y[0], OUT, IN);
+    lb_linear_grouped_bwd(&L, 0, role, x, w, &wc, counts, E, dy, dx[0], dw[0], OUT, IN);
+    size_t off = 0;
+    for (int j = 0; j < E; j++) {
+        lb_linear_fwd(&L, 0, role, x + off * IN, w, &wc, j, y[1] + off * OUT, counts[j], OUT, IN,
+                      0.0f);
+        lb_linear_bwd(&L, 0, role, x + off * IN, w, &wc, j, dy + off * OUT, dx[1] + off * IN,
+                      0.0f, dw[1] + j * mat, counts[j], OUT, IN);
+        off += (size_t)counts[j];
+    }
+    ck_assert_msg(!memcmp(y[0], y[1], sizeof(float) * n * OUT), "%s/%s: grouped fprop", recipe, backward);
+    ck_assert_msg(!memcmp(dx[0], dx[1], sizeof(float) * n * IN), "%s/%s: grouped dgrad", recipe, backward);
+    ck_assert_msg(!memcmp(dw[0], dw[1], sizeof(float) * E * mat), "%s/%s: grouped wgrad", recipe, backward);
+    lb_wcache_free(&L, &wc);
+    lb_linear_free(&L);
+    lb_contract_free(&c);
+    free(x), free(w), free(dy);
+    for (int r = 0; r < 2; r++) free(y[r]), free(dx[r]), free(dw[r]);
+}
+
+START_TEST(test_grouped)
+{
+    check_grouped("fp8-block", "quantized");
+    check_grouped("mxfp8", "quantized");
+    check_grouped("nvfp4-moe", "quantized");
+    check_grouped("mxfp4", "quantized");
+    check_grouped("mxfp8", "dequantized");
+    check_grouped("bf16", "default");
+}
+END_TEST
 
 START_TEST(test_fp32) { check_recipe("fp32", "default", LB_FMT_FP32, 0); }
 END_TEST
@@ -190,6 +251,7 @@ int main(void)
     tcase_add_test(tc, test_mxfp4_h16);
     tcase_add_test(tc, test_dequantized);
     tcase_add_test(tc, test_high);
+    tcase_add_test(tc, test_grouped);
     suite_add_tcase(s, tc);
     return lb_test_run(s);
 }

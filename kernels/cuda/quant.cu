@@ -433,6 +433,162 @@ extern "C" void lb_cuda_dequant_bf16(lb_cuda_ctx *cx, void *y, size_t ldy, int o
     dequant_launch<__nv_bfloat16>(cx, (__nv_bfloat16 *)y, ldy, ocols, q, with_s2);
 }
 
+// --- fp8-block in one pass, for groups of rows (quantize_grouped, and quantize) --------------
+//
+// fp8-block has no second level and blocks of at most 128 x 128, so one block of 256 threads
+// quantizes one 128 x 128 tile of some group's Q in one pass: the tile (Q = x_j, or x_j^T
+// column-wise; zero beyond x_j's rows, the padding, and beyond Q) goes through shared memory,
+// the block maxima (per row for 1x128 blocks, over the tile for 128x128) are taken there, then
+// the scales and the elements are written with the same roundings as the passes above. One
+// launch for all the groups (an MoE layer's experts) instead of three or four per matrix.
+#define FQ_MAX 240
+#define FQ_PITCH 129   // shared-memory row pitch in floats: column reads free of bank conflicts
+#define FQ_SMEM (128 * FQ_PITCH * 4)
+
+typedef struct {
+    const float *x;          // x_j (rows, cols), row pitch cols
+    uint8_t *data;           // Q_j (R, C), row pitch C
+    float *scale;            // (ceil(R / brows), scols)
+    int rows, R, C, scols;
+    int tile0, tiles_c;      // the group's first tile in the launch; tiles per tile row of Q_j
+    uint64_t rbase;          // stochastic rounding stream
+} fq_group;
+
+typedef struct {
+    int count, cols, colwise, blk2d, sr;
+    fq_group g[FQ_MAX];
+} fq_params;
+
+// The fp8-block scale of a block whose |x| maximum has bits mb (scale_kernel's rule).
+__device__ __forceinline__ float fp8_scale(uint32_t mb)
+{
+    float s = __fdiv_rn(__uint_as_float(mb), 448.0f);
+    if (!(mb < 0x7f800000u)) s = qnan();   // NaN or Inf in the block
+    else if (s == 0.0f) s = 1.0f;
+    return s;
+}
+
+__global__ void __launch_bounds__(256) fq_kernel(const __grid_constant__ fq_params P)
+{
+    extern __shared__ float fq_tile[];   // [128][FQ_PITCH]: Q rows r0.., columns c0..
+    __shared__ uint32_t rmax[128];
+    __shared__ float dv[128];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int lo = 0, hi = P.count - 1;
+    const int t = blockIdx.x;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (P.g[mid].tile0 <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    const fq_group &G = P.g[lo];
+    const int tr = (t - G.tile0) / G.tiles_c, tc = (t - G.tile0) % G.tiles_c;
+    const int r0 = tr * 128, c0 = tc * 128;
+    if (!P.colwise) {   // Q(r, c) = x[r][c]: consecutive threads along c
+        for (int e = tid; e < 128 * 128; e += 256) {
+            const int i = e >> 7, j = e & 127, r = r0 + i, c = c0 + j;
+            fq_tile[i * FQ_PITCH + j] = r < G.rows && c < P.cols ? G.x[(size_t)r * P.cols + c] : 0.0f;
+        }
+    } else {            // Q(r, c) = x[c][r]: consecutive threads along r (x's row)
+        for (int e = tid; e < 128 * 128; e += 256) {
+            const int j = e >> 7, i = e & 127, r = r0 + i, c = c0 + j;
+            fq_tile[i * FQ_PITCH + j] = c < G.rows && r < P.cols ? G.x[(size_t)c * P.cols + r] : 0.0f;
+        }
+    }
+    __syncthreads();
+    for (int i = warp; i < 128; i += 8) {
+        uint32_t m = 0;
+#pragma unroll
+        for (int j = lane; j < 128; j += 32)
+            m = max(m, __float_as_uint(fq_tile[i * FQ_PITCH + j]) & 0x7fffffffu);
+        m = __reduce_max_sync(0xffffffffu, m);
+        if (lane == 0) rmax[i] = m;
+    }
+    __syncthreads();
+    if (P.blk2d) {
+        if (warp == 0) {
+            uint32_t m = max(max(rmax[lane], rmax[lane + 32]), max(rmax[lane + 64], rmax[lane + 96]));
+            m = __reduce_max_sync(0xffffffffu, m);
+            const float s = fp8_scale(m);
+            for (int i = lane; i < 128; i += 32) dv[i] = s;
+            if (lane == 0) G.scale[(size_t)tr * G.scols + tc] = s;
+        }
+    } else if (tid < 128) {
+        const float s = fp8_scale(rmax[tid]);
+        dv[tid] = s;
+        if (r0 + tid < G.R) G.scale[(size_t)(r0 + tid) * G.scols + tc] = s;
+    }
+    __syncthreads();
+    // four adjacent elements of one row per thread: a warp writes 128 bytes of a row
+    for (int e = tid; e < 128 * 32; e += 256) {
+        const int i = e >> 5, j = (e & 31) * 4, r = r0 + i, c = c0 + j;
+        if (r >= G.R || c >= G.C) continue;
+        const float d = dv[i];
+        const size_t at = (size_t)r * G.C + c;
+        uint32_t w = 0;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            unsigned code = 0;
+            if (d == d && c + u < G.C)   // a NaN scale (NaN or Inf in the block): codes 0
+                code = encode<LB_E4M3>(__fdiv_rn(fq_tile[i * FQ_PITCH + j + u], d), P.sr,
+                                       P.sr ? d_rand(G.rbase, at + u) : 0);
+            w |= code << (8 * u);
+        }
+        if (c + 3 < G.C && ((uintptr_t)(G.data + at) & 3) == 0) {
+            *(uint32_t *)(G.data + at) = w;
+        } else {
+            for (int u = 0; u < 4 && c + u < G.C; u++) G.data[at + u] = (uint8_t)(w >> (8 * u));
+        }
+    }
+}
+
+// Groups j with prows[j] > 0 (see kernels.h quantize_grouped), q[j] checked against the layout
+// of (prows[j], cols) under a.
+static void fq_launch(lb_cuda_ctx *cx, int count, lb_qmat *q, const float *x, const int *rows,
+                      const int *prows, int cols, const lb_quant_args *a)
+{
+    static int smem_set;
+    if (!smem_set) {
+        lb_cuda_smem_limit(fq_kernel, FQ_SMEM);
+        smem_set = 1;
+    }
+    fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
+    P->cols = cols, P->colwise = a->colwise ? 1 : 0, P->blk2d = a->weight_blocks ? 1 : 0;
+    P->sr = a->sr ? 1 : 0;
+    size_t off = 0;
+    int tiles = 0;
+    for (int j = 0; j <= count; j++) {
+        if (j == count || P->count == FQ_MAX) {   // launch what is collected
+            if (tiles) {
+                fq_kernel<<<tiles, 256, FQ_SMEM, cx->stream>>>(*P);
+                LB_CUDA_LAUNCHED(cx);
+            }
+            P->count = 0, tiles = 0;
+            if (j == count) break;
+        }
+        const int r = rows[j], pr = prows ? prows[j] : r;
+        const float *xj = x + off * cols;
+        off += (size_t)r;
+        if (r < 0 || pr < r) lb_die("quantize_grouped: group %d has %d rows padded to %d", j, r, pr);
+        if (pr == 0) continue;
+        lb_qmat want;
+        memset(&want, 0, sizeof want);
+        lb_qmat_layout(&want, pr, cols, a);
+        if (want.fmt != q[j].fmt || want.rows != q[j].rows || want.cols != q[j].cols ||
+            want.brows != q[j].brows || want.bcols != q[j].bcols)
+            lb_die("cuda quantize: lb_qmat was laid out for another shape or format");
+        fq_group *G = &P->g[P->count++];
+        const int tcn = (want.cols + 127) / 128;
+        *G = (fq_group){xj, q[j].data, (float *)q[j].scale, r, want.rows, want.cols, want.scols,
+                        tiles, tcn,
+                        a->sr ? lb_hash64(lb_hash64(a->seed) ^
+                                          lb_quant_stream(a->step, a->tensor + (uint64_t)j))
+                              : 0};
+        tiles += (want.rows + 127) / 128 * tcn;
+    }
+    free(P);
+}
+
 // --- table entries -------------------------------------------------------------------------
 
 static void cuda_qmat_alloc(lb_backend *be, lb_qmat *q, int rows, int cols, const lb_quant_args *a)
@@ -474,6 +630,10 @@ static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, 
         } else if (a->s2_mode != LB_S2_TENSOR && a->s2_mode != LB_S2_ROW) {
             lb_die("cuda quantize: unknown scale2 mode %d", (int)a->s2_mode);
         }
+    }
+    if (q->fmt == LB_FMT_FP8_BLOCK) {   // one pass (fq_kernel)
+        fq_launch(cx, 1, q, x, &rows, NULL, cols, a);
+        return;
     }
     const int R = q->rows, C = q->cols;
     const size_t n = (size_t)R * C, nseg = (size_t)R * q->scols,
@@ -539,6 +699,40 @@ static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, 
     }
 #undef EK
     LB_CUDA_LAUNCHED(cx);
+}
+
+// fp8-block: all groups in one fq_kernel launch. Other formats: quantize per group, a padded
+// group from a zero-filled copy in stream-ordered memory.
+static void cuda_quantize_grouped(lb_backend *be, int count, lb_qmat *q, const float *x,
+                                  const int *rows, const int *prows, int cols,
+                                  const lb_quant_args *a)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    if (a->fmt == LB_FMT_FP8_BLOCK) {
+        fq_launch(cx, count, q, x, rows, prows, cols, a);
+        return;
+    }
+    size_t off = 0;
+    for (int j = 0; j < count; j++) {
+        const int r = rows[j], pr = prows ? prows[j] : r;
+        const float *xj = x + off * cols;
+        off += (size_t)r;
+        if (r < 0 || pr < r) lb_die("quantize_grouped: group %d has %d rows padded to %d", j, r, pr);
+        if (pr == 0) continue;
+        lb_quant_args aj = *a;
+        aj.tensor = a->tensor + (uint64_t)j;
+        if (pr == r) {
+            cuda_quantize(be, &q[j], xj, r, cols, &aj);
+            continue;
+        }
+        float *t;
+        const size_t have = (size_t)r * cols * sizeof(float), all = (size_t)pr * cols * sizeof(float);
+        LB_CUDA_CHECK(cudaMallocAsync((void **)&t, all, cx->stream));
+        LB_CUDA_CHECK(cudaMemsetAsync((char *)t + have, 0, all - have, cx->stream));
+        if (have) LB_CUDA_CHECK(cudaMemcpyAsync(t, xj, have, cudaMemcpyDeviceToDevice, cx->stream));
+        cuda_quantize(be, &q[j], t, pr, cols, &aj);
+        LB_CUDA_CHECK(cudaFreeAsync(t, cx->stream));
+    }
 }
 
 static void cuda_dequantize(lb_backend *be, float *y, const lb_qmat *q)
@@ -646,6 +840,7 @@ extern "C" void lb_cuda_init_quant(lb_backend *be)
     be->qmat_alloc = cuda_qmat_alloc;
     be->qmat_free = cuda_qmat_free;
     be->quantize = cuda_quantize;
+    be->quantize_grouped = cuda_quantize_grouped;
     be->dequantize = cuda_dequantize;
     be->hadamard = cuda_hadamard;
     be->round_bf16 = cuda_round_bf16;
