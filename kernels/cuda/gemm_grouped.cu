@@ -1,6 +1,7 @@
-// gemm_grouped.cu: every group of a grouped bf16 GEMM (an MoE layer's local experts; a dense
-// GEMM is a group of one) in one launch, on Hopper's warpgroup tensor-core instruction (wgmma,
-// sm_90a).
+// gemm_grouped.cu: every group of a grouped GEMM (an MoE layer's local experts; a dense GEMM is
+// a group of one) in one launch, on Hopper's warpgroup tensor-core instruction (wgmma, sm_90a):
+// bf16 (gemm_grouped, after a packing launch) and, further down, fp8-block (gemm_q_grouped, on
+// the quantized bytes as they are).
 //
 // cuBLASLt 13.0 has no grouped mode, and one call per expert leaves most of the chip idle: an
 // expert's (1024, 1536) output is 48 tiles of 128 x 256 on 132 multiprocessors. Here the tiles
@@ -26,7 +27,7 @@
 // as the same row among many), as the deterministic mode asks; it is not the bits of
 // cuBLASLt's GEMM, which sums in its own order (the tests compare each against the CPU).
 //
-// What limits it (about half of cuBLASLt's dense rate, doc/benchmarks.md): every block loads
+// What limits the bf16 kernel (about half of cuBLASLt's dense rate, doc/benchmarks.md): every block loads
 // its own A and B slices through L2 (no TMA multicast across a cluster), the same threads
 // load and multiply (no producer warp), and the pack converts fp32 operands on every call.
 //
