@@ -534,6 +534,47 @@ START_TEST(test_partial_and_transpose)
 }
 END_TEST
 
+// Row-wise quantization with 1-D blocks is row-local: the view lb_qmat_rows gives of rows
+// [r0, r0 + n) of a whole matrix's quantization holds the bytes of quantizing those rows alone
+// (what an MoE layer relies on to quantize all experts' rows in one call). Not for NVFP4 with
+// one second level per tensor (the tensor's amax), nor stochastic rounding (its counters are
+// the matrix's indices), nor square blocks (lb_qmat_rows refuses them).
+START_TEST(test_qmat_rows)
+{
+    int rows = 50, cols = 300;
+    const int r0s[] = {0, 1, 17, 49}, ns[] = {1, 16, 33, 1};
+    float *x = randmat(rows, cols, 12);
+    int checked = 0;
+    for (int c = 0; c < NCASES; c++) {
+        const qcase *k = &CASES[c];
+        if (k->weight || k->sr || (k->fmt == LB_FMT_NVFP4 && k->s2 == LB_S2_TENSOR)) continue;
+        lb_quant_args a = case_args(k, 0, 0.01f, 1, 2, 3);
+        lb_qmat q;
+        lb_qmat_alloc(&q, rows, cols, &a);
+        lb_quantize(&q, x, rows, cols, &a);
+        for (int t = 0; t < 4; t++) {
+            lb_qmat v = lb_qmat_rows(&q, r0s[t], ns[t]), one;
+            lb_qmat_alloc(&one, ns[t], cols, &a);
+            lb_quantize(&one, x + (size_t)r0s[t] * cols, ns[t], cols, &a);
+            CHECKM(v.rows == ns[t] && v.srows == ns[t] && v.cols == cols, "%s: view shape", k->name);
+            CHECKM(memcmp(v.data, one.data, lb_qmat_data_bytes(&one)) == 0, "%s: rows %d+%d data",
+                   k->name, r0s[t], ns[t]);
+            CHECKM(memcmp(v.scale, one.scale, lb_qmat_scale_bytes(&one)) == 0,
+                   "%s: rows %d+%d scales", k->name, r0s[t], ns[t]);
+            if (one.nscale2 > 1)
+                CHECKM(v.nscale2 == ns[t] &&
+                           memcmp(v.scale2, one.scale2, (size_t)ns[t] * sizeof(float)) == 0,
+                       "%s: rows %d+%d second levels", k->name, r0s[t], ns[t]);
+            lb_qmat_free(&one);
+            checked++;
+        }
+        lb_qmat_free(&q);
+    }
+    CHECK(checked == 4 * 9);   // fp8, 4 mxfp8, 2 mxfp4, nvfp4 per row and given
+    free(x);
+}
+END_TEST
+
 // Fused gate/up with one shared second level: quantizing [gate | up] (n, 2f) with the given
 // scale equals quantizing gate and up separately with that scale (blocks never straddle).
 START_TEST(test_shared_scale2)
@@ -927,6 +968,7 @@ static Suite *quant_suite(void)
     tcase_add_test(tc, test_mx_idempotent);
     tcase_add_test(tc, test_partial_and_transpose);
     tcase_add_test(tc, test_shared_scale2);
+    tcase_add_test(tc, test_qmat_rows);
     tcase_add_test(tc, test_dequantize_blocks);
     tcase_add_test(tc, test_sr_quantizers);
     tcase_add_test(tc, test_thread_invariance);
