@@ -207,6 +207,19 @@ template <int THREADS> __device__ __forceinline__ float lb_block_max(float v)
     return t;
 }
 
+// The group of a one-launch grouped kernel that block t works for: the last of g[0 .. count)
+// whose first tile (member tile0, ascending) is <= t. A binary search: up to 240 groups.
+template <typename G> __device__ __forceinline__ const G &lb_group_of(const G *g, int count, int t)
+{
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (g[mid].tile0 <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return g[lo];
+}
+
 // Installers, one per file (as the CPU backend's lb_cpu_init_*).
 extern "C" {
 void lb_cuda_init_gemm(lb_backend *be);        // gemm.cu

@@ -85,6 +85,17 @@ __device__ __forceinline__ void gg_load(uint32_t dst, const __nv_bfloat16 *x, in
     }
 }
 
+// A warpgroup's 64 x 128 fp32 wgmma fragment: 64 registers per thread, written in the asm as
+// %0 .. %63 and bound as read-write operands.
+#define GG_D64_ASM                                                                             \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "     \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "      \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "      \
+    "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define GG_D4(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define GG_D16(d, i) GG_D4(d, i), GG_D4(d, i + 4), GG_D4(d, i + 8), GG_D4(d, i + 12)
+#define GG_D64(d) GG_D16(d, 0), GG_D16(d, 16), GG_D16(d, 32), GG_D16(d, 48)
+
 // Shared-memory matrix descriptor of a k-contiguous bf16 tile in the 128-byte swizzle: start
 // address, stride 1024 bytes between groups of 8 rows (the leading offset is unused there).
 __device__ __forceinline__ uint64_t gg_desc(uint32_t addr)
@@ -99,21 +110,8 @@ __device__ __forceinline__ void gg_wgmma(float *d, uint64_t da, uint64_t db)
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"   // scale-d true: d += (not d =)
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
-        "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
-        "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
-          "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
-          "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-          "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
-          "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
-          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
-          "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
-          "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        GG_D64_ASM ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : GG_D64(d)
         : "l"(da), "l"(db));
 }
 #endif
@@ -130,14 +128,8 @@ __global__ void __launch_bounds__(GG_THREADS, 1) gg_kernel(const __grid_constant
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(gg_smem) + 1023) & ~1023u;
     const int tid = threadIdx.x, wg = tid >> 7;
 
-    int lo = 0, hi = P.count - 1;   // the last group whose first tile is <= this block's
     const int t = blockIdx.x;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (P.g[mid].tile0 <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    const gg_group &G = P.g[lo];
+    const gg_group &G = lb_group_of(P.g, P.count, t);
     const int m0 = (t - G.tile0) / G.tiles_n * GG_BM, n0 = (t - G.tile0) % G.tiles_n * BN;
     const int nk = (G.k + GG_BK - 1) / GG_BK;
 
@@ -397,21 +389,8 @@ __device__ __forceinline__ void gq_wgmma(float *d, uint64_t da, uint64_t db, int
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
-        "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
-        "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
-          "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
-          "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-          "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
-          "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
-          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
-          "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
-          "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        GG_D64_ASM ", %64, %65, p, 1, 1;\n}\n"
+        : GG_D64(d)
         : "l"(da), "l"(db), "r"(acc));
 }
 #endif
@@ -426,14 +405,8 @@ __global__ void __launch_bounds__(GG_THREADS, 1) gq_kernel(const __grid_constant
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(gq_smem) + 1023) & ~1023u;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
 
-    int lo = 0, hi = P.count - 1;
     const int t = blockIdx.x;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (P.g[mid].tile0 <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    const gq_group &G = P.g[lo];
+    const gq_group &G = lb_group_of(P.g, P.count, t);
     const int m0 = (t - G.tile0) / G.tiles_n * GG_BM, n0 = (t - G.tile0) % G.tiles_n * GQ_BN;
     const int nk = G.kb;
     // this thread's rows of C (fragment layout as in gg_kernel) and their scale rows; rows

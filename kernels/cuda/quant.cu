@@ -474,14 +474,8 @@ __global__ void __launch_bounds__(256) fq_kernel(const __grid_constant__ fq_para
     __shared__ uint32_t rmax[128];
     __shared__ float dv[128];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int lo = 0, hi = P.count - 1;
     const int t = blockIdx.x;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (P.g[mid].tile0 <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    const fq_group &G = P.g[lo];
+    const fq_group &G = lb_group_of(P.g, P.count, t);
     const int tr = (t - G.tile0) / G.tiles_c, tc = (t - G.tile0) % G.tiles_c;
     const int r0 = tr * 128, c0 = tc * 128;
     if (!P.colwise) {   // Q(r, c) = x[r][c]: consecutive threads along c
