@@ -570,30 +570,30 @@ static void cuda_gemm_q(lb_backend *be, int m, int n, int k, float alpha, const 
 static void cuda_gemm_q_grouped(lb_backend *be, int count, const lb_gemm_q_args *g)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
-    lb_gemm_q_args *run = (lb_gemm_q_args *)lb_malloc((size_t)(count > 0 ? count : 1) * sizeof *run);
-    for (int vec = 0; vec < 2; vec++) {
-        int nrun = 0;
-        for (int i = 0; i < count; i++) {
-            const lb_gemm_q_args *x = &g[i];
-            if (x->m < 0 || x->n < 0 || x->k < 0)
-                lb_die("gemm_q_grouped: negative size (m %d, n %d, k %d)", x->m, x->n, x->k);
-            if (x->m == 0 || x->n == 0) continue;
-            if (x->a->cols != x->k || x->b->cols != x->k || x->a->rows != x->m ||
-                x->b->rows != x->n)
-                lb_die("gemm_q_grouped: group %d: operands (%d, %d) and (%d, %d) do not fit "
-                       "(%d, %d, k %d)", i, x->a->rows, x->a->cols, x->b->rows, x->b->cols, x->m,
-                       x->n, x->k);
-            const int tc = cx->grouped_tc && x->k > 0 && x->alpha != 0.0f &&
-                           lb_cuda_gemm_q_grouped_fits(x->a, x->b);
-            if (tc && (x->b->brows == 1) == vec) run[nrun++] = *x;
-            else if (!tc && vec) cuda_gemm_q(be, x->m, x->n, x->k, x->alpha, x->a, x->b, x->beta, x->c);
-        }
-        if (nrun) {
-            lb_cuda_gemm_q_grouped_tc(cx, nrun, run);
-            cache_of(cx)->fp8_grouped += nrun;
+    const size_t bytes = (size_t)(count > 0 ? count : 1) * sizeof(lb_gemm_q_args);
+    lb_gemm_q_args *run[2] = {(lb_gemm_q_args *)lb_malloc(bytes), (lb_gemm_q_args *)lb_malloc(bytes)};
+    int nrun[2] = {0, 0};   // [0]: B with 128x128 blocks, [1]: with 1x128 blocks
+    for (int i = 0; i < count; i++) {
+        const lb_gemm_q_args *x = &g[i];
+        if (x->m < 0 || x->n < 0 || x->k < 0)
+            lb_die("gemm_q_grouped: negative size (m %d, n %d, k %d)", x->m, x->n, x->k);
+        if (x->m == 0 || x->n == 0) continue;
+        if (x->a->cols != x->k || x->b->cols != x->k || x->a->rows != x->m || x->b->rows != x->n)
+            lb_die("gemm_q_grouped: group %d: operands (%d, %d) and (%d, %d) do not fit "
+                   "(%d, %d, k %d)", i, x->a->rows, x->a->cols, x->b->rows, x->b->cols, x->m,
+                   x->n, x->k);
+        if (cx->grouped_tc && x->alpha != 0.0f && lb_cuda_gemm_q_grouped_fits(x->a, x->b)) {
+            const int v = x->b->brows == 1;
+            run[v][nrun[v]++] = *x;
+        } else {
+            cuda_gemm_q(be, x->m, x->n, x->k, x->alpha, x->a, x->b, x->beta, x->c);
         }
     }
-    free(run);
+    for (int v = 0; v < 2; v++) {
+        if (nrun[v]) lb_cuda_gemm_q_grouped_tc(cx, nrun[v], run[v]);
+        cache_of(cx)->fp8_grouped += nrun[v];
+        free(run[v]);
+    }
     if (cx->sync_each) LB_CUDA_WAIT(cx);
 }
 
