@@ -155,96 +155,7 @@ static void attention_fwd_bf16(lb_backend *be, float *out, float *lse, const flo
     free(qb), free(kb), free(vb);
 }
 
-// One (query i, key j) pair of the bf16 backward from bf16 inputs: p_ij and ds_ij. Both
-// passes call it, so they see the same numbers.
-static inline void bwd_pair_bf16(float *p, float *ds, const float *qi, const float *kj,
-                                 const float *gi, const float *vj, int d, float c, float lse2,
-                                 float D)
-{
-    float x = (float)dot_f64(qi, kj, d) * c;
-    *p = exp2f(x - lse2);
-    float dp = (float)dot_f64(gi, vj, d);
-    *ds = *p * (dp - D);
-}
-
-static void attention_bwd_bf16(lb_backend *be, float *dq, float *dk, float *dv,
-                               const float *dout, const float *q, const float *k, const float *v,
-                               const float *out, const float *lse, int b, int t, int hq, int hkv,
-                               int d)
-{
-    int group = hq / hkv;
-    double scale = 1.0 / sqrt((double)d);
-    float c = attn_log2_scale(d), log2e = (float)LOG2E;
-    int nt = lb_cpu_threads(be);
-    long qrows = (long)b * hq * t, krows = (long)b * hkv * t;
-    size_t nq = (size_t)qrows * d, nk = (size_t)krows * d;
-    float *qb = round_copy(be, q, nq), *kb = round_copy(be, k, nk), *vb = round_copy(be, v, nk);
-    float *gb = round_copy(be, dout, nq);
-    float *D = lb_malloc(((size_t)qrows + 1) * sizeof(float));      // (b, hq, t)
-    float *lse2 = lb_malloc(((size_t)qrows + 1) * sizeof(float));   // (b, hq, t), base 2
-
-    #pragma omp parallel num_threads(nt) if (qrows > 1)
-    {
-        double *acc = lb_malloc(((size_t)d + 1) * sizeof(double));
-        #pragma omp for
-        for (long r = 0; r < qrows; r++) {
-            int bi = (int)(r / ((long)hq * t)), h = (int)(r / t % hq), i = (int)(r % t);
-            D[r] = (float)dot_f64(ROW(dout, bi, i, h, hq), ROW(out, bi, i, h, hq), d);
-            lse2[r] = lse[r] * log2e;
-        }
-        // dq: one query row per task.
-        #pragma omp for schedule(dynamic, 4)
-        for (long r = 0; r < qrows; r++) {
-            int bi = (int)(r / ((long)hq * t)), h = (int)(r / t % hq), i = (int)(r % t);
-            int hk = h / group;
-            const float *qi = ROW(qb, bi, i, h, hq), *gi = ROW(gb, bi, i, h, hq);
-            for (int x = 0; x < d; x++) acc[x] = 0.0;
-            for (int j = 0; j <= i; j++) {
-                const float *kj = ROW(kb, bi, j, hk, hkv);
-                float p, ds;
-                bwd_pair_bf16(&p, &ds, qi, kj, gi, ROW(vb, bi, j, hk, hkv), d, c, lse2[r], D[r]);
-                double dsb = lb_round_bf16(ds);
-                for (int x = 0; x < d; x++) acc[x] += dsb * kj[x];
-            }
-            float *dqi = ROW(dq, bi, i, h, hq);
-            for (int x = 0; x < d; x++) dqi[x] = (float)(acc[x] * scale);
-        }
-        free(acc);
-    }
-
-    #pragma omp parallel num_threads(nt) if (krows > 1)
-    {
-        double *acc = lb_malloc(((size_t)2 * d + 1) * sizeof(double));   // dk (d), dv (d)
-        #pragma omp for schedule(dynamic, 4)
-        for (long r = 0; r < krows; r++) {
-            int bi = (int)(r / ((long)hkv * t)), hk = (int)(r / t % hkv), j = (int)(r % t);
-            const float *kj = ROW(kb, bi, j, hk, hkv), *vj = ROW(vb, bi, j, hk, hkv);
-            for (int x = 0; x < 2 * d; x++) acc[x] = 0.0;
-            for (int h = hk * group; h < (hk + 1) * group; h++) {
-                size_t lrow = ((size_t)bi * hq + h) * t;
-                for (int i = j; i < t; i++) {
-                    const float *qi = ROW(qb, bi, i, h, hq), *gi = ROW(gb, bi, i, h, hq);
-                    float p, ds;
-                    bwd_pair_bf16(&p, &ds, qi, kj, gi, vj, d, c, lse2[lrow + i], D[lrow + i]);
-                    double dsb = lb_round_bf16(ds), pb = lb_round_bf16(p);
-                    for (int x = 0; x < d; x++) {
-                        acc[x] += dsb * qi[x];
-                        acc[d + x] += pb * gi[x];
-                    }
-                }
-            }
-            float *dkj = ROW(dk, bi, j, hk, hkv), *dvj = ROW(dv, bi, j, hk, hkv);
-            for (int x = 0; x < d; x++) {
-                dkj[x] = (float)(acc[x] * scale);
-                dvj[x] = (float)acc[d + x];
-            }
-        }
-        free(acc);
-    }
-    free(qb), free(kb), free(vb), free(gb), free(D), free(lse2);
-}
-
-// --- the table's entries: fp32 mode, or the bf16 functions above ---------------------------
+// --- the table's entries: fp32 mode, or the bf16 functions above (the backward does both) ---------------------------
 
 static void cpu_attention_fwd(lb_backend *be, float *out, float *lse, const float *q,
                               const float *k, const float *v, int b, int t, int hq, int hkv, int d,
@@ -276,25 +187,51 @@ static void cpu_attention_fwd(lb_backend *be, float *out, float *lse, const floa
     }
 }
 
+// p_ij and ds_ij of one (query i, key j) pair, as the backward's products use them. fp32 mode:
+// in double. bf16 mode (kernels.h): float operations on bf16 inputs, and both rounded to bf16,
+// the tensor cores' operands. Both passes call it, so they see the same numbers.
+static inline void bwd_pair(int bf16, double *ds, double *p, const float *qi, const float *kj,
+                            const float *gi, const float *vj, int d, double scale, float c,
+                            float lse, double D)
+{
+    if (!bf16) {
+        *p = exp(dot_f64(qi, kj, d) * scale - (double)lse);
+        *ds = *p * (dot_f64(gi, vj, d) - D);
+        return;
+    }
+    float lse2 = lse * (float)LOG2E;
+    float x = (float)dot_f64(qi, kj, d) * c;
+    float pf = exp2f(x - lse2);
+    float dp = (float)dot_f64(gi, vj, d);
+    float dsf = pf * (dp - (float)D);
+    *p = lb_round_bf16(pf);
+    *ds = lb_round_bf16(dsf);
+}
+
 // With P_ij = exp(S_ij - lse_i), S_ij = scale q_i.k_j (j <= i), D_i = dout_i.out_i:
 //   dP_ij = dout_i.v_j;  dS_ij = P_ij (dP_ij - D_i)
 //   dq_i = scale sum_j dS_ij k_j;  dk_j = scale sum_{h,i} dS_ij q_i;  dv_j = sum_{h,i} P_ij dout_i
 // Two passes: one thread per query row for dq, one thread per key row for dk and dv (summing
 // the group's query heads, then queries, in order). The scores are recomputed in each pass by
-// the same expression, so both passes see identical probabilities.
+// the same expression (bwd_pair), so both passes see identical probabilities. bf16 mode reads
+// q, k, v and dout rounded to bf16 (D from dout as it is, rounded to float).
 static void cpu_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv, const float *dout,
                               const float *q, const float *k, const float *v, const float *out,
                               const float *lse, int b, int t, int hq, int hkv, int d, int bf16)
 {
     check_heads("attention_bwd", b, t, hq, hkv, d);
-    if (bf16) {
-        attention_bwd_bf16(be, dq, dk, dv, dout, q, k, v, out, lse, b, t, hq, hkv, d);
-        return;
-    }
     int group = hq / hkv;
     double scale = 1.0 / sqrt((double)d);
+    float c = attn_log2_scale(d);
     int nt = lb_cpu_threads(be);
     long qrows = (long)b * hq * t, krows = (long)b * hkv * t;
+    size_t nq = (size_t)qrows * d, nk = (size_t)krows * d;
+    float *qr = NULL, *kr = NULL, *vr = NULL, *gr = NULL;
+    const float *qx = q, *kx = k, *vx = v, *gx = dout;   // the products' inputs
+    if (bf16) {
+        qx = qr = round_copy(be, q, nq), kx = kr = round_copy(be, k, nk);
+        vx = vr = round_copy(be, v, nk), gx = gr = round_copy(be, dout, nq);
+    }
     double *D = lb_malloc(((size_t)qrows + 1) * sizeof(double));   // (b, hq, t)
 
     #pragma omp parallel num_threads(nt) if (qrows > 1)
@@ -304,19 +241,20 @@ static void cpu_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv, c
         for (long r = 0; r < qrows; r++) {
             int bi = (int)(r / ((long)hq * t)), h = (int)(r / t % hq), i = (int)(r % t);
             D[r] = dot_f64(ROW(dout, bi, i, h, hq), ROW(out, bi, i, h, hq), d);
+            if (bf16) D[r] = (float)D[r];
         }
         // dq: one query row per task.
         #pragma omp for schedule(dynamic, 4)
         for (long r = 0; r < qrows; r++) {
             int bi = (int)(r / ((long)hq * t)), h = (int)(r / t % hq), i = (int)(r % t);
             int hk = h / group;
-            const float *qi = ROW(q, bi, i, h, hq), *gi = ROW(dout, bi, i, h, hq);
-            double l = lse[r];
+            const float *qi = ROW(qx, bi, i, h, hq), *gi = ROW(gx, bi, i, h, hq);
             for (int x = 0; x < d; x++) acc[x] = 0.0;
             for (int j = 0; j <= i; j++) {
-                const float *kj = ROW(k, bi, j, hk, hkv);
-                double p = exp(dot_f64(qi, kj, d) * scale - l);
-                double ds = p * (dot_f64(gi, ROW(v, bi, j, hk, hkv), d) - D[r]);
+                const float *kj = ROW(kx, bi, j, hk, hkv);
+                double ds, p;
+                bwd_pair(bf16, &ds, &p, qi, kj, gi, ROW(vx, bi, j, hk, hkv), d, scale, c, lse[r],
+                         D[r]);
                 for (int x = 0; x < d; x++) acc[x] += ds * kj[x];
             }
             float *dqi = ROW(dq, bi, i, h, hq);
@@ -331,14 +269,15 @@ static void cpu_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv, c
         #pragma omp for schedule(dynamic, 4)
         for (long r = 0; r < krows; r++) {
             int bi = (int)(r / ((long)hkv * t)), hk = (int)(r / t % hkv), j = (int)(r % t);
-            const float *kj = ROW(k, bi, j, hk, hkv), *vj = ROW(v, bi, j, hk, hkv);
+            const float *kj = ROW(kx, bi, j, hk, hkv), *vj = ROW(vx, bi, j, hk, hkv);
             for (int x = 0; x < 2 * d; x++) acc[x] = 0.0;
             for (int h = hk * group; h < (hk + 1) * group; h++) {
                 size_t lrow = ((size_t)bi * hq + h) * t;
                 for (int i = j; i < t; i++) {
-                    const float *qi = ROW(q, bi, i, h, hq), *gi = ROW(dout, bi, i, h, hq);
-                    double p = exp(dot_f64(qi, kj, d) * scale - (double)lse[lrow + i]);
-                    double ds = p * (dot_f64(gi, vj, d) - D[lrow + i]);
+                    const float *qi = ROW(qx, bi, i, h, hq), *gi = ROW(gx, bi, i, h, hq);
+                    double ds, p;
+                    bwd_pair(bf16, &ds, &p, qi, kj, gi, vj, d, scale, c, lse[lrow + i],
+                             D[lrow + i]);
                     for (int x = 0; x < d; x++) {
                         acc[x] += ds * qi[x];
                         acc[d + x] += p * gi[x];
@@ -353,7 +292,7 @@ static void cpu_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv, c
         }
         free(acc);
     }
-    free(D);
+    free(D), free(qr), free(kr), free(vr), free(gr);
 }
 
 // --- KV cache ------------------------------------------------------------------------------
