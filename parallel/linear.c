@@ -96,10 +96,12 @@ void lb_linear_free(lb_linear *L)
 }
 
 // Stream id of one quantized operand, for stochastic rounding and random Hadamard signs.
+// Expert e's id is expert 0's plus e: quantize_grouped gives group j the stream of tensor
+// a->tensor + j, so one call quantizes every expert with its own stream.
 static uint64_t operand_id(int layer, lb_role role, lb_pass pass, int e, int which)
 {
-    return lb_hash64(((((uint64_t)layer * LB_NROLES + role) * LB_NPASSES + pass) * 65536u + (unsigned)e) * 4u +
-                     (unsigned)which);
+    return lb_hash64((((uint64_t)layer * LB_NROLES + role) * LB_NPASSES + pass) * 4u +
+                     (unsigned)which) + (unsigned)e;
 }
 
 // Activations and gradients: 1-D blocks along K. NVFP4's per-token second level applies when the
@@ -337,8 +339,10 @@ static int splits_by_rows(const lb_quant_args *a)
     return !a->sr && !(a->fmt == LB_FMT_NVFP4 && a->s2_mode == LB_S2_TENSOR);
 }
 
-// C_j (counts[j], n) = A_j (counts[j], k) B_j^T for all groups in one gemm_q_grouped call: A
-// (rows, k) quantized once under aa (splits_by_rows), B_j = b[j], C_j rows of c (rows, n).
+// C_j (counts[j], n) = Q(A_j) (counts[j], k) B_j^T for all groups in one gemm_q_grouped call,
+// B_j = b[j], A_j and C_j rows of a (rows, k) and c (rows, n); aa is expert 0's arguments. The
+// quantization is each expert's own, as lb_linear_fwd/_bwd make it: one call of quantize for
+// all rows when that gives the same bytes (splits_by_rows), else quantize_grouped.
 static void grouped_act_q(lb_linear *L, const float *a, const int *counts, int groups, int k,
                           const lb_quant_args *aa, const lb_qmat *b, int n, float *c)
 {
@@ -348,12 +352,19 @@ static void grouped_act_q(lb_linear *L, const float *a, const int *counts, int g
     if (rows == 0) return;
     lb_qmat q, v[groups];
     lb_gemm_q_args g[groups];
-    lb_linear_qscratch(L, 0, &q, rows, k, aa);
-    be->quantize(be, &q, a, rows, k, aa);
+    if (splits_by_rows(aa)) {
+        lb_linear_qscratch(L, 0, &q, rows, k, aa);
+        be->quantize(be, &q, a, rows, k, aa);
+    } else {
+        lb_linear_qscratch_groups(L, 0, v, groups, counts, k, aa);
+        be->quantize_grouped(be, groups, v, a, counts, NULL, k, aa);
+    }
     int off = 0;
     for (int j = 0; j < groups; j++) {
-        if (counts[j]) v[j] = lb_qmat_rows(&q, off, counts[j]);
-        else v[j] = q, v[j].rows = v[j].srows = 0;   // skipped: never read
+        if (splits_by_rows(aa)) {
+            if (counts[j]) v[j] = lb_qmat_rows(&q, off, counts[j]);
+            else v[j] = q, v[j].rows = v[j].srows = 0;   // skipped: never read
+        }
         g[j] = (lb_gemm_q_args){counts[j], n, k, 1.0f, 0.0f, &v[j], &b[j], c + (size_t)off * n};
         off += counts[j];
     }
@@ -377,14 +388,12 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
         return;
     }
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
-    if (is_low(F->fmt)) {
+    if (is_low(F->fmt)) {   // the bytes and products of lb_linear_fwd per expert
         lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, 0, 0));
-        if (splits_by_rows(&a)) {   // the same bytes as lb_linear_fwd per expert
-            grouped_act_q(L, x, counts, groups, in, &a, c->row, out, y);
-            return;
-        }
+        grouped_act_q(L, x, counts, groups, in, &a, c->row, out, y);
+        return;
     }
-    for (int j = 0; j < groups; j++) {
+    for (int j = 0; j < groups; j++) {   // mixed fp32 and bf16 passes
         lb_linear_fwd(L, layer, role, x + off * in, w, c, j, y + off * out, counts[j], out, in,
                       0.0f);
         off += (size_t)counts[j];
@@ -411,43 +420,38 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
         L->be->gemm_grouped(L->be, groups, g + groups);
         return;
     }
-    // A quantized dgrad of all experts in one call when its operand splits by rows, as in
-    // lb_linear_bwd: dx = Q(dy) Q(W^T)^T.
+    // A quantized dgrad of all experts in one call, as in lb_linear_bwd: dx = Q(dy) Q(W^T)^T.
     const lb_site *D = lb_contract_site(L->contract, layer, role, LB_PASS_DGRAD);
     int dgrad_done = 0;
     if (is_low(D->fmt) && D->mode == LB_BWD_QUANTIZED) {
         lb_quant_args a = act_args(L, D, 0, 1, operand_id(layer, role, LB_PASS_DGRAD, 0, 0));
-        if (splits_by_rows(&a)) {
-            grouped_act_q(L, dy, counts, groups, out, &a, c->col, in, dx);
-            dgrad_done = 1;
-        }
+        grouped_act_q(L, dy, counts, groups, out, &a, c->col, in, dx);
+        dgrad_done = 1;
     }
     // A quantized wgrad of all experts in one call: each expert's dy_j and x_j quantized
-    // column-wise on its own, its tokens padded as lb_linear_bwd pads them (wgrad_tokens), so
-    // the result is lb_linear_bwd's. Per expert instead with a Hadamard transform, or when
-    // elements round stochastically (the random streams are the experts').
+    // column-wise on its own (its own random stream: expert 0's id + j), its tokens padded as
+    // lb_linear_bwd pads them (wgrad_tokens), so the result is lb_linear_bwd's. Per expert
+    // instead with a Hadamard transform (each expert's operands padded and transformed).
     const lb_site *G = lb_contract_site(L->contract, layer, role, LB_PASS_WGRAD);
     int wgrad_done = 0;
     if (is_low(G->fmt) && G->mode == LB_BWD_QUANTIZED && !G->hadamard) {
         lb_quant_args ad = act_args(L, G, 1, 1, operand_id(layer, role, LB_PASS_WGRAD, 0, 0));
         lb_quant_args ax = act_args(L, G, 1, 0, operand_id(layer, role, LB_PASS_WGRAD, 0, 1));
-        if (!ad.sr && !ax.sr) {
-            lb_backend *be = L->be;
-            int kp[groups], ng = 0;
-            lb_qmat qd[groups], qx[groups];
-            lb_gemm_q_args g[groups];
-            for (int j = 0; j < groups; j++) kp[j] = counts[j] ? wgrad_tokens(counts[j], 0) : 0;
-            lb_linear_qscratch_groups(L, 0, qd, groups, kp, out, &ad);
-            lb_linear_qscratch_groups(L, 1, qx, groups, kp, in, &ax);
-            be->quantize_grouped(be, groups, qd, dy, counts, kp, out, &ad);
-            be->quantize_grouped(be, groups, qx, x, counts, kp, in, &ax);
-            for (int j = 0; j < groups; j++)
-                if (counts[j])
-                    g[ng++] = (lb_gemm_q_args){out, in, kp[j], 1.0f, 1.0f, &qd[j], &qx[j],
-                                               dw + j * mat};
-            be->gemm_q_grouped(be, ng, g);
-            wgrad_done = 1;
-        }
+        lb_backend *be = L->be;
+        int kp[groups], ng = 0;
+        lb_qmat qd[groups], qx[groups];
+        lb_gemm_q_args g[groups];
+        for (int j = 0; j < groups; j++) kp[j] = counts[j] ? wgrad_tokens(counts[j], 0) : 0;
+        lb_linear_qscratch_groups(L, 0, qd, groups, kp, out, &ad);
+        lb_linear_qscratch_groups(L, 1, qx, groups, kp, in, &ax);
+        be->quantize_grouped(be, groups, qd, dy, counts, kp, out, &ad);
+        be->quantize_grouped(be, groups, qx, x, counts, kp, in, &ax);
+        for (int j = 0; j < groups; j++)
+            if (counts[j])
+                g[ng++] = (lb_gemm_q_args){out, in, kp[j], 1.0f, 1.0f, &qd[j], &qx[j],
+                                           dw + j * mat};
+        be->gemm_q_grouped(be, ng, g);
+        wgrad_done = 1;
     }
     if (dgrad_done && wgrad_done) return;
     for (int j = 0; j < groups; j++) {

@@ -159,9 +159,11 @@ static void check_recipe(const char *recipe, const char *backward, lb_format f, 
     free(wt); free(pd); free(px);
 }
 
-// Experts: lb_linear_grouped_fwd / _bwd (one quantization of all rows, grouped GEMMs, grouped
-// column-wise wgrad quantization) give bit for bit what lb_linear_fwd / _bwd give per expert.
-static void check_grouped(const char *recipe, const char *backward)
+// Experts: lb_linear_grouped_fwd / _bwd (one quantization of all rows or quantize_grouped,
+// grouped GEMMs, grouped column-wise wgrad quantization) give bit for bit what lb_linear_fwd /
+// _bwd give per expert, with stochastic rounding (each expert's own stream) and NVFP4 with one
+// second level per tensor (each expert's own) too.
+static void check_grouped(const char *recipe, const char *backward, int sr, int per_tensor)
 {
     enum { E = 4 };
     const int counts[E] = {17, 0, 40, 3};
@@ -169,6 +171,8 @@ static void check_grouped(const char *recipe, const char *backward)
     for (int j = 0; j < E; j++) n += counts[j];
     char err[256];
     lb_precision_spec s = spec(recipe, backward);
+    s.stochastic_rounding = sr;
+    if (per_tensor) snprintf(s.nvfp4_scale, sizeof s.nvfp4_scale, "per-tensor");
     lb_contract c;
     ck_assert_msg(lb_contract_resolve(&c, &s, 1, err, sizeof err) == 0, "%s", err);
     lb_linear L = {.be = be, .contract = &c, .seed = 5, .step = 3};
@@ -210,12 +214,15 @@ static void check_grouped(const char *recipe, const char *backward)
 
 START_TEST(test_grouped)
 {
-    check_grouped("fp8-block", "quantized");
-    check_grouped("mxfp8", "quantized");
-    check_grouped("nvfp4-moe", "quantized");
-    check_grouped("mxfp4", "quantized");
-    check_grouped("mxfp8", "dequantized");
-    check_grouped("bf16", "default");
+    check_grouped("fp8-block", "quantized", 0, 0);
+    check_grouped("fp8-block", "quantized", 1, 0);
+    check_grouped("mxfp8", "quantized", 0, 0);
+    check_grouped("mxfp8", "quantized", 1, 0);
+    check_grouped("nvfp4-moe", "quantized", 0, 0);
+    check_grouped("nvfp4-moe", "quantized", 1, 1);
+    check_grouped("mxfp4", "quantized", 0, 0);
+    check_grouped("mxfp8", "dequantized", 0, 0);
+    check_grouped("bf16", "default", 0, 0);
 }
 END_TEST
 
