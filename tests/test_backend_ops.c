@@ -1710,19 +1710,17 @@ static lb_quant_args gq(lb_format fmt, int colwise, int weight, lb_elem elem, lb
 // buffers poisoned first): groups of awkward sizes, one empty and one all padding, padded to
 // 16 rows or not; every direction and block shape of fp8-block (one launch on the GPU) and the
 // per-group path of other formats, stochastic rounding included (a stream per group).
-static void quant_grouped_case(const char *name, const lb_quant_args *a, int cols, int pad)
+static void quant_grouped_case(const char *name, const lb_quant_args *a, int cols, int pad,
+                               int G, const int *rows)
 {
-    enum { G = 6 };
-    const int rows[G] = {37, 0, 129, 1, 0, 300};
-    int prows[G], n = 0;
+    int *prows = lb_calloc(G, sizeof *prows), n = 0;
     for (int j = 0; j < G; j++) {
         prows[j] = pad ? (rows[j] + 15) / 16 * 16 : rows[j];
         n += rows[j];
     }
-    if (pad) prows[4] = 16;   // no rows of x: all zeros
+    if (pad && G > 4 && rows[4] == 0) prows[4] = 16;   // no rows of x: all zeros
     float *x = qinput(n, cols, 2), *dx = dput(x, (size_t)n * cols * 4);
-    lb_qmat h[G], d[G];
-    memset(h, 0, sizeof h), memset(d, 0, sizeof d);
+    lb_qmat *h = lb_calloc(G, sizeof *h), *d = lb_calloc(G, sizeof *d);
     for (int j = 0; j < G; j++) {
         if (!prows[j]) continue;
         lb_qmat_alloc(&h[j], prows[j], cols, a);
@@ -1747,29 +1745,35 @@ static void quant_grouped_case(const char *name, const lb_quant_args *a, int col
         lb_qmat_free(&h[j]);
         gpu->qmat_free(gpu, &d[j]);
     }
-    free(x), dfree(dx);
+    free(x), dfree(dx), free(prows), free(h), free(d);
 }
 
 START_TEST(test_quantize_grouped)
 {
+    const int r6[6] = {37, 0, 129, 1, 0, 300};
     lb_quant_args a;
     a = gq(LB_FMT_FP8_BLOCK, 0, 0, LB_E4M3, 0, 0, 0);
-    quant_grouped_case("fp8 1x128 row", &a, 300, 0);
-    quant_grouped_case("fp8 1x128 row, padded", &a, 300, 1);
+    quant_grouped_case("fp8 1x128 row", &a, 300, 0, 6, r6);
+    quant_grouped_case("fp8 1x128 row, padded", &a, 300, 1, 6, r6);
     a = gq(LB_FMT_FP8_BLOCK, 1, 0, LB_E4M3, 0, 0, 0);
-    quant_grouped_case("fp8 1x128 col, padded", &a, 200, 1);
+    quant_grouped_case("fp8 1x128 col, padded", &a, 200, 1, 6, r6);
     a = gq(LB_FMT_FP8_BLOCK, 1, 0, LB_E4M3, 0, 0, 1);
-    quant_grouped_case("fp8 1x128 col sr, padded", &a, 200, 1);
+    quant_grouped_case("fp8 1x128 col sr, padded", &a, 200, 1, 6, r6);
     a = gq(LB_FMT_FP8_BLOCK, 0, 1, LB_E4M3, 0, 0, 0);
-    quant_grouped_case("fp8 128x128 row", &a, 300, 0);
+    quant_grouped_case("fp8 128x128 row", &a, 300, 0, 6, r6);
     a = gq(LB_FMT_FP8_BLOCK, 1, 1, LB_E4M3, 0, 0, 0);
-    quant_grouped_case("fp8 128x128 col", &a, 200, 0);
+    quant_grouped_case("fp8 128x128 col", &a, 200, 0, 6, r6);
     a = gq(LB_FMT_MXFP8, 1, 0, LB_E4M3, LB_SCALE_CEIL, 0, 0);
-    quant_grouped_case("mxfp8 col, padded", &a, 200, 1);
+    quant_grouped_case("mxfp8 col, padded", &a, 200, 1, 6, r6);
     a = gq(LB_FMT_NVFP4, 0, 0, LB_E4M3, 0, LB_S2_ROW, 0);
-    quant_grouped_case("nvfp4 per-row", &a, 200, 0);
+    quant_grouped_case("nvfp4 per-row", &a, 200, 0, 6, r6);
     a = gq(LB_FMT_NVFP4, 1, 0, LB_E4M3, 0, LB_S2_TENSOR, 1);
-    quant_grouped_case("nvfp4 col sr, padded", &a, 200, 1);
+    quant_grouped_case("nvfp4 col sr, padded", &a, 200, 1, 6, r6);
+    // 250 groups of 0 to 2 rows: more than one launch takes (240)
+    int rm[250];
+    for (int j = 0; j < 250; j++) rm[j] = j % 3;
+    a = gq(LB_FMT_FP8_BLOCK, 1, 0, LB_E4M3, 0, 0, 0);
+    quant_grouped_case("fp8 1x128 col, padded, 250 groups", &a, 130, 1, 250, rm);
 }
 END_TEST
 
@@ -1848,15 +1852,14 @@ END_TEST
 // match the CPU's gemm_q within `bound`, equal bit for bit the same group run alone, and one
 // row alone must equal that row in the group (batch invariance). Returns the groups the GPU
 // ran on its grouped fp8 kernel.
-static long gemm_q_grouped_case(const char *name, int k, int n, const lb_quant_args *qa,
-                                const lb_quant_args *qb, float alpha, float beta, double bound)
+static long gemm_q_grouped_case(const char *name, int G, const int *counts, int k, int n,
+                                const lb_quant_args *qa, const lb_quant_args *qb, float alpha,
+                                float beta, double bound)
 {
-    enum { G = 6 };
-    const int counts[G] = {37, 0, 129, 1, 64, 300};
     int m = 0;
     for (int j = 0; j < G; j++) m += counts[j];
     float *xa = scaled_randn(m, k), *c0 = randn((size_t)m * n, 1.0f);
-    lb_qmat ha, da, hb[G], db[G];
+    lb_qmat ha, da, *hb = lb_calloc(G, sizeof *hb), *db = lb_calloc(G, sizeof *db);
     lb_qmat_alloc(&ha, m, k, qa);
     lb_quantize(&ha, xa, m, k, qa);
     qmat_put(&da, &ha, qa, m, k);
@@ -1870,8 +1873,9 @@ static long gemm_q_grouped_case(const char *name, int k, int n, const lb_quant_a
     }
     size_t sc = (size_t)m * n;
     float *ref = hdup(c0, sc * 4), *dc[2];
-    lb_qmat hv[G], dv[G];
-    lb_gemm_q_args hg[G], dg[2][G];
+    lb_qmat *hv = lb_calloc(G, sizeof *hv), *dv = lb_calloc(G, sizeof *dv);
+    lb_gemm_q_args *hg = lb_calloc(G, sizeof *hg), *dg[2] = {lb_calloc(G, sizeof *hg),
+                                                              lb_calloc(G, sizeof *hg)};
     for (int r = 0; r < 2; r++) {
         dc[r] = gpu->alloc(gpu, sc * 4);
         if (beta == 0.0f) poison(dc[r], sc * 4);
@@ -1898,8 +1902,8 @@ static long gemm_q_grouped_case(const char *name, int k, int n, const lb_quant_a
 #endif
     gpu->gemm_q_grouped(gpu, G, dg[0]);
     for (int j = 0; j < G; j++) gpu->gemm_q_grouped(gpu, 1, &dg[1][j]);
-    // row 200 of the last group (a middle row of its second tile) alone
-    const int row = m - counts[G - 1] + 200;
+    // row 200 of the last group (a middle row of its second tile) alone, or its last row
+    const int row = m - counts[G - 1] + (counts[G - 1] > 200 ? 200 : counts[G - 1] - 1);
     lb_qmat dr = lb_qmat_rows(&da, row, 1);
     float *d1 = dpoisoned((size_t)n * 4);
     if (beta != 0.0f) gpu->upload(gpu, d1, c0 + (size_t)row * n, (size_t)n * 4);
@@ -1927,6 +1931,7 @@ static long gemm_q_grouped_case(const char *name, int k, int n, const lb_quant_a
     lb_qmat_free(&ha);
     dfree(dc[0]), dfree(dc[1]), dfree(d1);
     free(xa), free(c0), free(ref), free(out0), free(out1), free(o1);
+    free(hb), free(db), free(hv), free(dv), free(hg), free(dg[0]), free(dg[1]);
     return gr;
 }
 
@@ -1938,24 +1943,35 @@ START_TEST(test_gemm_q_grouped)
     lb_quant_args nr = gq(LB_FMT_NVFP4, 0, 0, LB_E4M3, 0, LB_S2_ROW, 0);
     lb_quant_args nw = gq(LB_FMT_NVFP4, 0, 1, LB_E4M3, 0, LB_S2_TENSOR, 0);
     // k 336: a multiple of 16, not of 128 (a partial last block); n 200: a partial tile
+    const int c6[6] = {37, 0, 129, 1, 64, 300};
     long tc = 0;
-    tc += gemm_q_grouped_case("fp8 1x128 x 128x128", 336, 200, &a1, &w2, 1.0f, 0.0f, B_FP8TC);
-    tc += gemm_q_grouped_case("fp8 1x128 x 128x128 col", 336, 200, &a1, &w2c, 0.75f, 1.0f,
+    tc += gemm_q_grouped_case("fp8 1x128 x 128x128", 6, c6, 336, 200, &a1, &w2, 1.0f, 0.0f,
                               B_FP8TC);
-    tc += gemm_q_grouped_case("fp8 1x128 x 1x128", 2048, 136, &a1, &a1, 1.0f, -0.5f, B_FP8TC);
+    tc += gemm_q_grouped_case("fp8 1x128 x 128x128 col", 6, c6, 336, 200, &a1, &w2c, 0.75f,
+                              1.0f, B_FP8TC);
+    tc += gemm_q_grouped_case("fp8 1x128 x 1x128", 6, c6, 2048, 136, &a1, &a1, 1.0f, -0.5f,
+                              B_FP8TC);
+    // 250 groups of 0 to 3 rows: more than one launch takes (240)
+    enum { MANY = 250 };
+    int cm[MANY], nonempty = 0;
+    for (int j = 0; j < MANY; j++) nonempty += (cm[j] = j % 4) > 0;
+    tc += gemm_q_grouped_case("fp8 250 groups", MANY, cm, 256, 40, &a1, &w2, 1.0f, 0.0f, B_FP8TC);
     long fast = tc;
     // k 53 (rows not 16-byte multiples): each group through gemm_q
-    tc += gemm_q_grouped_case("fp8 k 53", 53, 70, &a1, &w2, 1.0f, 0.0f, B_FP8TC);
-    tc += gemm_q_grouped_case("nvfp4 per-row x 16x16", 336, 200, &nr, &nw, 1.0f, 0.5f, B_TC);
+    tc += gemm_q_grouped_case("fp8 k 53", 6, c6, 53, 70, &a1, &w2, 1.0f, 0.0f, B_FP8TC);
+    tc += gemm_q_grouped_case("nvfp4 per-row x 16x16", 6, c6, 336, 200, &nr, &nw, 1.0f, 0.5f,
+                              B_TC);
     ck_assert_int_eq(tc, fast);
 #ifdef LB_HAVE_CUDA
-    // 5 non-empty groups, each run grouped and alone, and the row alone: 11 per fp8 case
+    // each non-empty group run grouped and alone, and the row alone: 11 per 6-group fp8 case
+    const long want = 3 * 11 + 2 * nonempty + 1;
     int cc = 0;
     long x0, x1, x2, x3;
     lb_cuda_gemm_q_stats(gpu, &x0, &x1, &x2, &x3, &cc);
     if (verbose()) printf("  gemm_q_grouped: %ld groups on the grouped fp8 kernel (sm_%d)\n", tc, cc);
     if (cc == 9 && !getenv("LB_CUDA_GROUPED"))
-        ck_assert_msg(tc == 3 * 11, "%ld of 33 fp8 groups ran on the grouped kernel on sm_90", tc);
+        ck_assert_msg(tc == want, "%ld of %ld fp8 groups ran on the grouped kernel on sm_90", tc,
+                      want);
 #endif
 }
 END_TEST
