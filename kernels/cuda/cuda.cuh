@@ -90,10 +90,11 @@ typedef struct {
     cublasLtMatmulAlgo_t pinned[8];   // deterministic mode: one algorithm per (bf16, transa, transb)
     int pinned_ready[8];              // 1 found, -1 none (bf16: the fp32 path then)
     int bf16_tc;                   // GEMMs marked bf16 on bf16 tensor cores (LB_CUDA_BF16=0: off)
-    int grouped_tc;                // bf16 groups in one wgmma launch (gemm_grouped.cu); sm_90
-                                   // only, LB_CUDA_GROUPED=0: off
-    int grouped_bn;                // its tile columns, 128 or 256 (LB_CUDA_GROUPED_BN)
-    int dense_tc;                  // dense bf16 GEMMs on that kernel too (LB_CUDA_DENSE_TC=0: off)
+    int grouped_tc;                // bf16 and fp8-block groups in one wgmma launch
+                                   // (gemm_grouped.cu); sm_90 only, LB_CUDA_GROUPED=0: off
+    int grouped_bn;                // the bf16 kernel's tile columns, 128 or 256 (LB_CUDA_GROUPED_BN)
+    int dense_tc;                  // dense bf16 and fp8-block GEMMs on those kernels too
+                                   // (LB_CUDA_DENSE_TC=0: off)
     int grouped_streams;           // LB_CUDA_GROUPED_STREAMS=1: bf16 groups on side streams
     cudaStream_t side[4];          // gemm_grouped's concurrent groups (created on first use)
     cudaEvent_t fork, join[4];
