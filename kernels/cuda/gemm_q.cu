@@ -3,7 +3,10 @@
 // it in fp32 on the exactly dequantized operands; doc/backends.md states each path's numerics.
 //
 // Paths by format:
-// - fp8-block: cuBLASLt's FP8 block scaling on tensor cores (E4M3 x E4M3, fp32 accumulation
+// - fp8-block with 1x128 blocks in A and k a multiple of 16 (every training shape): on sm_90,
+//   gemm_grouped.cu's wgmma kernel as a group of one (LB_CUDA_DENSE_TC=0: the next path);
+//   gemm_q_grouped sends its fp8-block groups there in one launch.
+// - other fp8-block: cuBLASLt's FP8 block scaling on tensor cores (E4M3 x E4M3, fp32 accum.
 //   promoted per 128 of K, fp32 output). A 1x128 operand uses CUBLASLT_MATMUL_MATRIX_SCALE_
 //   VEC128_32F, a 128x128 operand BLK128x128_32F; cuBLASLt accepts 1D x 1D, 1D x 2D and 2D x 1D
 //   (TransformerEngine's rule, which the wgrad's two 1x128 operands need). 2D x 2D, and any

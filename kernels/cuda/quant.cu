@@ -19,7 +19,8 @@
 // - Stochastic rounding draws lb_rand_u64(seed, lb_quant_stream(step, tensor), index) with the
 //   row-major index of the element in the quantized matrix, as the CPU does.
 //
-// Quantization runs in three passes over Q (the quantized matrix, x^T for column-wise; the
+// fp8-block runs in one pass (fq_kernel, below, for quantize and quantize_grouped). The other
+// formats run in three passes over Q (the quantized matrix, x^T for column-wise; the
 // column-wise input is first transposed into scratch, as quantize.c does):
 //   1. amax: one warp per 128 consecutive columns of one row; the block maxima of that row
 //      segment (one per 1-D block) go to scratch; NVFP4 also folds them into the tensor or row
