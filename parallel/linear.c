@@ -35,18 +35,8 @@ static float *scratch(lb_linear *L, int i, size_t n)
 void lb_linear_qscratch(lb_linear *L, int i, lb_qmat *q, int rows, int cols,
                         const lb_quant_args *a)
 {
-    if (i < 0 || i >= LB_LINEAR_QSCRATCH) lb_die("lb_linear_qscratch: no scratch %d", i);
-    lb_qscratch *s = &L->qscratch[i];
-    memset(q, 0, sizeof *q);
-    lb_qmat_layout(q, rows, cols, a);
-    s->data = grow(L->be, s->data, &s->data_n, lb_qmat_data_bytes(q));
-    s->scale = grow(L->be, s->scale, &s->scale_n, lb_qmat_scale_bytes(q));
-    q->data = s->data;
-    q->scale = s->scale;
-    if (q->nscale2) {
-        s->scale2 = grow(L->be, s->scale2, &s->scale2_n, (size_t)q->nscale2 * sizeof(float));
-        q->scale2 = s->scale2;
-    }
+    if (rows < 1) lb_die("lb_linear_qscratch: %d rows", rows);
+    lb_linear_qscratch_groups(L, i, q, 1, &rows, cols, a);
 }
 
 void lb_linear_qscratch_groups(lb_linear *L, int i, lb_qmat *q, int count, const int *rows,
@@ -352,7 +342,8 @@ static void grouped_act_q(lb_linear *L, const float *a, const int *counts, int g
     if (rows == 0) return;
     lb_qmat q, v[groups];
     lb_gemm_q_args g[groups];
-    if (splits_by_rows(aa)) {
+    const int split = splits_by_rows(aa);
+    if (split) {
         lb_linear_qscratch(L, 0, &q, rows, k, aa);
         be->quantize(be, &q, a, rows, k, aa);
     } else {
@@ -361,7 +352,7 @@ static void grouped_act_q(lb_linear *L, const float *a, const int *counts, int g
     }
     int off = 0;
     for (int j = 0; j < groups; j++) {
-        if (splits_by_rows(aa)) {
+        if (split) {
             if (counts[j]) v[j] = lb_qmat_rows(&q, off, counts[j]);
             else v[j] = q, v[j].rows = v[j].srows = 0;   // skipped: never read
         }
