@@ -30,6 +30,8 @@
 //   3. encode: one thread per pair of adjacent elements (one E2M1 byte, or two FP8 bytes).
 #include "kernels/cuda/cuda.cuh"
 
+#include <cuda_fp8.h>
+
 #include <math.h>
 #include <string.h>
 
@@ -437,14 +439,15 @@ extern "C" void lb_cuda_dequant_bf16(lb_cuda_ctx *cx, void *y, size_t ldy, int o
 // --- fp8-block in one pass, for groups of rows (quantize_grouped, and quantize) --------------
 //
 // fp8-block has no second level and blocks of at most 128 x 128, so one block of 256 threads
-// quantizes one 128 x 128 tile of some group's Q in one pass: the tile (Q = x_j, or x_j^T
-// column-wise; zero beyond x_j's rows, the padding, and beyond Q) goes through shared memory,
-// the block maxima (per row for 1x128 blocks, over the tile for 128x128) are taken there, then
-// the scales and the elements are written with the same roundings as the passes above. One
-// launch for all the groups (an MoE layer's experts) instead of three or four per matrix.
+// quantizes one 128 x 128 tile of some group's Q in one pass, from registers: warp w loads 16
+// rows of x (x's rows are Q's rows, or Q's columns column-wise) as one 16-byte load per lane
+// and row, all 16 in flight at once (the kernel is bound by memory; no shared-memory copy of
+// the tile). The block maxima (per Q row for 1x128 blocks, over the tile for 128x128) are
+// taken with warp reductions, across warps through shared memory where a block spans them,
+// then the scales and the elements are written with the same roundings as the passes above.
+// Zero stands for x beyond its rows (the padding). One launch for all the groups (an MoE
+// layer's experts) instead of three or four per matrix.
 #define FQ_MAX 240
-#define FQ_PITCH 129   // shared-memory row pitch in floats: column reads free of bank conflicts
-#define FQ_SMEM (128 * FQ_PITCH * 4)
 
 typedef struct {
     const float *x;          // x_j (rows, cols), row pitch cols
@@ -456,7 +459,8 @@ typedef struct {
 } fq_group;
 
 typedef struct {
-    int count, cols, colwise, blk2d, sr;
+    int count, cols, blk2d, sr;
+    int v4;                  // every row of x starts 16-byte aligned (16-byte loads)
     fq_group g[FQ_MAX];
 } fq_params;
 
@@ -469,70 +473,161 @@ __device__ __forceinline__ float fp8_scale(uint32_t mb)
     return s;
 }
 
-__global__ void __launch_bounds__(256) fq_kernel(const __grid_constant__ fq_params P)
+// x[row][c .. c + 3], zero beyond (rows, cols); c is a multiple of 4.
+__device__ __forceinline__ float4 fq_load(const float *x, int rows, int cols, int row, int c,
+                                          int v4)
 {
-    extern __shared__ float fq_tile[];   // [128][FQ_PITCH]: Q rows r0.., columns c0..
-    __shared__ uint32_t rmax[128];
-    __shared__ float dv[128];
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (row >= rows || c >= cols) return v;
+    const float *p = x + (size_t)row * cols + c;
+    if (v4) return __ldcs((const float4 *)p);   // cols % 4 == 0: all four are in x
+    v.x = p[0];
+    if (c + 1 < cols) v.y = p[1];
+    if (c + 2 < cols) v.z = p[2];
+    if (c + 3 < cols) v.w = p[3];
+    return v;
+}
+
+__device__ __forceinline__ uint32_t fq_abs4(float4 v)
+{
+    return max(max(__float_as_uint(v.x) & 0x7fffffffu, __float_as_uint(v.y) & 0x7fffffffu),
+               max(__float_as_uint(v.z) & 0x7fffffffu, __float_as_uint(v.w) & 0x7fffffffu));
+}
+
+__device__ __forceinline__ float fq_el(float4 v, int u)
+{
+    return u == 0 ? v.x : u == 1 ? v.y : u == 2 ? v.z : v.w;
+}
+
+// The E4M3 codes of x0 / d and x1 / d (Q's element indices at, at + 1) in the low two bytes.
+// Round to nearest even is the hardware conversion (cvt.rn.satfinite: the CPU codec's rounding
+// and saturation for the finite quotients here); stochastic rounding takes the codec. A NaN
+// divisor (NaN or Inf in the block) gives codes 0, as the CPU.
+__device__ __forceinline__ uint32_t fq_pair(float x0, float x1, float d, int sr, uint64_t rbase,
+                                            size_t at)
+{
+    if (d != d) return 0;
+    const float q0 = __fdiv_rn(x0, d), q1 = __fdiv_rn(x1, d);
+    if (!sr) return __nv_cvt_float2_to_fp8x2(make_float2(q0, q1), __NV_SATFINITE, __NV_E4M3);
+    return encode<LB_E4M3>(q0, 1, d_rand(rbase, at)) |
+           encode<LB_E4M3>(q1, 1, d_rand(rbase, at + 1)) << 8;
+}
+
+// The whole tile's maximum (128x128 blocks) from each thread's m; every thread gets it.
+__device__ __forceinline__ uint32_t fq_tile_max(uint32_t m, uint32_t *red, int warp, int lane)
+{
+    m = __reduce_max_sync(0xffffffffu, m);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    m = red[lane & 7];
+    return __reduce_max_sync(0xffffffffu, m);
+}
+
+// COLWISE 0: Q(r, c) = x[r][c]; 1: Q(r, c) = x[c][r].
+template <int COLWISE>
+__global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_params P)
+{
+    __shared__ uint32_t part[8][128];   // column-wise 1x128: each warp's maxima of the Q rows
+    __shared__ float dv[128];           // column-wise 1x128: the divisor of each Q row
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int t = blockIdx.x;
     const fq_group &G = lb_group_of(P.g, P.count, t);
     const int tr = (t - G.tile0) / G.tiles_c, tc = (t - G.tile0) % G.tiles_c;
     const int r0 = tr * 128, c0 = tc * 128;
-    if (!P.colwise) {   // Q(r, c) = x[r][c]: consecutive threads along c
-        for (int e = tid; e < 128 * 128; e += 256) {
-            const int i = e >> 7, j = e & 127, r = r0 + i, c = c0 + j;
-            fq_tile[i * FQ_PITCH + j] = r < G.rows && c < P.cols ? G.x[(size_t)r * P.cols + c] : 0.0f;
+    // v[s] = x[xr + s][xc .. xc + 3]: Q(r0 + 16 warp + s, c0 + 4 lane + u) row-wise,
+    // Q(r0 + 4 lane + u, c0 + 16 warp + s) column-wise
+    const int xr = (COLWISE ? c0 : r0) + 16 * warp, xc = (COLWISE ? r0 : c0) + 4 * lane;
+    float4 v[16];
+#pragma unroll
+    for (int s = 0; s < 16; s++) v[s] = fq_load(G.x, G.rows, P.cols, xr + s, xc, P.v4);
+
+    if (!COLWISE) {
+        float d[16];
+        if (P.blk2d) {
+            uint32_t m = 0;
+#pragma unroll
+            for (int s = 0; s < 16; s++) m = max(m, fq_abs4(v[s]));
+            const float sc = fp8_scale(fq_tile_max(m, part[0], warp, lane));
+            if (tid == 0) G.scale[(size_t)tr * G.scols + tc] = sc;
+#pragma unroll
+            for (int s = 0; s < 16; s++) d[s] = sc;
+        } else {
+#pragma unroll
+            for (int s = 0; s < 16; s++) {
+                d[s] = fp8_scale(__reduce_max_sync(0xffffffffu, fq_abs4(v[s])));
+                const int r = xr + s;
+                if (lane == s && r < G.R) G.scale[(size_t)r * G.scols + tc] = d[s];
+            }
         }
-    } else {            // Q(r, c) = x[c][r]: consecutive threads along r (x's row)
-        for (int e = tid; e < 128 * 128; e += 256) {
-            const int j = e >> 7, i = e & 127, r = r0 + i, c = c0 + j;
-            fq_tile[i * FQ_PITCH + j] = c < G.rows && r < P.cols ? G.x[(size_t)c * P.cols + r] : 0.0f;
+        // one 4-byte word per lane and row: a warp writes 128 bytes of a Q row
+        const int c = xc;
+        if (c >= G.C) return;
+#pragma unroll
+        for (int s = 0; s < 16; s++) {
+            const int r = xr + s;
+            if (r >= G.R) break;
+            const size_t at = (size_t)r * G.C + c;
+            const uint32_t w = fq_pair(v[s].x, v[s].y, d[s], P.sr, G.rbase, at) |
+                               fq_pair(v[s].z, v[s].w, d[s], P.sr, G.rbase, at + 2) << 16;
+            if (c + 3 < G.C && ((uintptr_t)(G.data + at) & 3) == 0) {
+                *(uint32_t *)(G.data + at) = w;
+            } else {
+                for (int u = 0; u < 4 && c + u < G.C; u++) G.data[at + u] = (uint8_t)(w >> (8 * u));
+            }
         }
+        return;
     }
-    __syncthreads();
-    for (int i = warp; i < 128; i += 8) {
+
+    float d[4];
+    if (P.blk2d) {
         uint32_t m = 0;
 #pragma unroll
-        for (int j = lane; j < 128; j += 32)
-            m = max(m, __float_as_uint(fq_tile[i * FQ_PITCH + j]) & 0x7fffffffu);
-        m = __reduce_max_sync(0xffffffffu, m);
-        if (lane == 0) rmax[i] = m;
-    }
-    __syncthreads();
-    if (P.blk2d) {
-        if (warp == 0) {
-            uint32_t m = max(max(rmax[lane], rmax[lane + 32]), max(rmax[lane + 64], rmax[lane + 96]));
-            m = __reduce_max_sync(0xffffffffu, m);
-            const float s = fp8_scale(m);
-            for (int i = lane; i < 128; i += 32) dv[i] = s;
-            if (lane == 0) G.scale[(size_t)tr * G.scols + tc] = s;
-        }
-    } else if (tid < 128) {
-        const float s = fp8_scale(rmax[tid]);
-        dv[tid] = s;
-        if (r0 + tid < G.R) G.scale[(size_t)(r0 + tid) * G.scols + tc] = s;
-    }
-    __syncthreads();
-    // four adjacent elements of one row per thread: a warp writes 128 bytes of a row
-    for (int e = tid; e < 128 * 32; e += 256) {
-        const int i = e >> 5, j = (e & 31) * 4, r = r0 + i, c = c0 + j;
-        if (r >= G.R || c >= G.C) continue;
-        const float d = dv[i];
-        const size_t at = (size_t)r * G.C + c;
-        uint32_t w = 0;
+        for (int s = 0; s < 16; s++) m = max(m, fq_abs4(v[s]));
+        const float sc = fp8_scale(fq_tile_max(m, part[0], warp, lane));
+        if (tid == 0) G.scale[(size_t)tr * G.scols + tc] = sc;
+        d[0] = d[1] = d[2] = d[3] = sc;
+    } else {
+        // Q row 4 lane + u: this lane's 16 values, then the 8 warps' through shared memory
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            unsigned code = 0;
-            if (d == d && c + u < G.C)   // a NaN scale (NaN or Inf in the block): codes 0
-                code = encode<LB_E4M3>(__fdiv_rn(fq_tile[i * FQ_PITCH + j + u], d), P.sr,
-                                       P.sr ? d_rand(G.rbase, at + u) : 0);
-            w |= code << (8 * u);
+            uint32_t m = 0;
+#pragma unroll
+            for (int s = 0; s < 16; s++)
+                m = max(m, __float_as_uint(fq_el(v[s], u)) & 0x7fffffffu);
+            part[warp][4 * lane + u] = m;
         }
-        if (c + 3 < G.C && ((uintptr_t)(G.data + at) & 3) == 0) {
-            *(uint32_t *)(G.data + at) = w;
+        __syncthreads();
+        if (tid < 128) {
+            uint32_t m = 0;
+#pragma unroll
+            for (int w = 0; w < 8; w++) m = max(m, part[w][tid]);
+            const float sc = fp8_scale(m);
+            dv[tid] = sc;
+            if (r0 + tid < G.R) G.scale[(size_t)(r0 + tid) * G.scols + tc] = sc;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < 4; u++) d[u] = dv[4 * lane + u];
+    }
+    // Q row 4 lane + u, columns c0 + 16 warp .. + 15: 16 bytes per lane and row
+    const int c = c0 + 16 * warp;
+    if (c >= G.C) return;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int r = xc + u;
+        if (r >= G.R) break;
+        const size_t at = (size_t)r * G.C + c;
+        uint32_t w[4];
+#pragma unroll
+        for (int s = 0; s < 16; s += 4)
+            w[s / 4] = fq_pair(fq_el(v[s], u), fq_el(v[s + 1], u), d[u], P.sr, G.rbase, at + s) |
+                       fq_pair(fq_el(v[s + 2], u), fq_el(v[s + 3], u), d[u], P.sr, G.rbase,
+                               at + s + 2) << 16;
+        if (c + 15 < G.C && ((uintptr_t)(G.data + at) & 15) == 0) {
+            *(uint4 *)(G.data + at) = make_uint4(w[0], w[1], w[2], w[3]);
         } else {
-            for (int u = 0; u < 4 && c + u < G.C; u++) G.data[at + u] = (uint8_t)(w >> (8 * u));
+            for (int s = 0; s < 16 && c + s < G.C; s++)
+                G.data[at + s] = (uint8_t)(w[s >> 2] >> (8 * (s & 3)));
         }
     }
 }
@@ -542,22 +637,16 @@ __global__ void __launch_bounds__(256) fq_kernel(const __grid_constant__ fq_para
 static void fq_launch(lb_cuda_ctx *cx, int count, lb_qmat *q, const float *x, const int *rows,
                       const int *prows, int cols, const lb_quant_args *a)
 {
-    static int smem_set;
-    if (!smem_set) {
-        lb_cuda_smem_limit(fq_kernel, FQ_SMEM);
-        smem_set = 1;
-    }
     fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
-    P->cols = cols, P->colwise = a->colwise ? 1 : 0, P->blk2d = a->weight_blocks ? 1 : 0;
-    P->sr = a->sr ? 1 : 0;
+    P->cols = cols, P->blk2d = a->weight_blocks ? 1 : 0, P->sr = a->sr ? 1 : 0;
+    P->v4 = cols % 4 == 0 && ((uintptr_t)x & 15) == 0;
     size_t off = 0;
     int tiles = 0;
     for (int j = 0; j <= count; j++) {
         if (j == count || P->count == FQ_MAX) {   // launch what is collected
-            if (tiles) {
-                fq_kernel<<<tiles, 256, FQ_SMEM, cx->stream>>>(*P);
-                LB_CUDA_LAUNCHED(cx);
-            }
+            if (tiles && a->colwise) fq_kernel<1><<<tiles, 256, 0, cx->stream>>>(*P);
+            else if (tiles) fq_kernel<0><<<tiles, 256, 0, cx->stream>>>(*P);
+            if (tiles) LB_CUDA_LAUNCHED(cx);
             P->count = 0, tiles = 0;
             if (j == count) break;
         }
