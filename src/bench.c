@@ -1,4 +1,4 @@
-// bench.c: `lowbit bench`: GEMMs per format, attention forward + backward, and training steps,
+// bench.c: `lowbit bench`: GEMMs and quantization per format, attention forward + backward, and training steps,
 // timed on the configured backend. Figures go to doc/benchmarks.md with the peers measured in
 // the same run (tests/tools/peer_kernels.py, ../shared/bench/peer_torch_moe.py); nothing here
 // is asserted by a test.
@@ -170,6 +170,87 @@ static int bench_gemm(lb_backend *be, const lb_config *c)
         int C = c->model.hidden_size, F = 2 * c->model.moe_intermediate_size;
         snprintf(shape, sizeof shape, "grouped %dx%d rows, %d -> %d", E, rows, C, F);
         bench_gemm_format(be, c, shape, f, E, rows, F, C);
+    }
+    return 0;
+}
+
+typedef struct {
+    int count, cols;
+    lb_qmat *q;
+    const float *x;
+    const int *rows, *prows;
+    lb_quant_args a;
+    void *dst;                 // the copy peer
+    size_t bytes;
+} quant_case;
+
+static void run_quant(lb_backend *be, void *p)
+{
+    quant_case *q = p;
+    be->quantize_grouped(be, q->count, q->q, q->x, q->rows, q->prows, q->cols, &q->a);
+}
+
+static void run_copy(lb_backend *be, void *p)
+{
+    quant_case *q = p;
+    be->copy(be, q->dst, q->x, q->bytes);
+}
+
+// quantize_grouped of E groups of (rows, cols) under a (padded to prows column-wise), against
+// a device copy of the same fp32 input in the same run: GB/s counts bytes read and written.
+static void bench_quant_case(lb_backend *be, const lb_config *c, const char *what, int E,
+                             int rows, int cols, lb_quant_args a)
+{
+    size_t n = (size_t)E * rows * cols;
+    float *x = random_buffer(be, n, 3, 1.0f);
+    int *r = lb_calloc(E, sizeof *r), *pr = lb_calloc(E, sizeof *pr);
+    lb_qmat *q = lb_calloc(E, sizeof *q);
+    size_t out = 0;
+    for (int e = 0; e < E; e++) {
+        r[e] = rows;
+        pr[e] = a.colwise ? (rows + 15) / 16 * 16 : rows;
+        be->qmat_alloc(be, &q[e], pr[e], cols, &a);
+        out += lb_qmat_data_bytes(&q[e]) + lb_qmat_scale_bytes(&q[e]);
+    }
+    quant_case qc = {E, cols, q, x, r, pr, a, be->alloc(be, n * sizeof(float)), n * sizeof(float)};
+    double t = time_it(be, c, run_quant, &qc), tc = time_it(be, c, run_copy, &qc);
+    double gb = (n * sizeof(float) + out) / 1e9, gbc = 2.0 * n * sizeof(float) / 1e9;
+    printf("quant %-9s %-44s %8.3f ms %7.0f GB/s  copy %7.0f GB/s  %.2fx\n",
+           lb_format_name(a.fmt), what, t * 1e3, gb / t, gbc / tc, (gb / t) / (gbc / tc));
+    fflush(stdout);
+    for (int e = 0; e < E; e++) be->qmat_free(be, &q[e]);
+    free(q), free(r), free(pr);
+    be->free(be, x);
+    be->free(be, qc.dst);
+}
+
+// The quantizations of one MoE layer's expert GEMMs, for each of bench.formats (quantized
+// ones): activations row-wise, wgrad operands column-wise, weights in both directions.
+static int bench_quant(lb_backend *be, const lb_config *c)
+{
+    char list[128], what[96];
+    snprintf(list, sizeof list, "%s", c->bench.formats);
+    int E = c->bench.experts, T = c->bench.expert_rows;
+    int C = c->model.hidden_size, F = 2 * c->model.moe_intermediate_size;
+    for (char *tok = strtok(list, ", "); tok; tok = strtok(NULL, ", ")) {
+        lb_format f;
+        if (lb_format_parse(tok, &f) != 0) {
+            fprintf(stderr, "lowbit bench: bench.formats: unknown format '%s'\n", tok);
+            return 1;
+        }
+        if (f == LB_FMT_FP32 || f == LB_FMT_BF16) continue;
+        lb_quant_args a = qargs(f, 0);
+        snprintf(what, sizeof what, "activations %dx(%d, %d), row-wise", E, T, C);
+        bench_quant_case(be, c, what, E, T, C, a);
+        a.colwise = 1;
+        snprintf(what, sizeof what, "activations %dx(%d, %d), column-wise", E, T, C);
+        bench_quant_case(be, c, what, E, T, C, a);
+        a = qargs(f, 1);
+        snprintf(what, sizeof what, "weights %dx(%d, %d), row-wise", E, F, C);
+        bench_quant_case(be, c, what, E, F, C, a);
+        a.colwise = 1;
+        snprintf(what, sizeof what, "weights %dx(%d, %d), column-wise", E, F, C);
+        bench_quant_case(be, c, what, E, F, C, a);
     }
     return 0;
 }
@@ -500,6 +581,7 @@ int lb_cmd_bench(const lb_config *c, lb_comm *comm)
     const char *k = c->bench.kind;
     int all = !strcmp(k, "all"), rc = 0;
     if (!rc && (all || !strcmp(k, "gemm"))) rc = bench_gemm(be, c);
+    if (!rc && !strcmp(k, "quant")) rc = bench_quant(be, c);
     if (!rc && (all || !strcmp(k, "attention"))) rc = bench_attention(be, c);
     if (!rc && (all || !strcmp(k, "train"))) rc = bench_train(be, c);
     // sampling runs as `lowbit rl` does: batch-invariant operations when sample.deterministic

@@ -167,8 +167,9 @@ const lb_param lb_params[] = {
          "debug: how it fails: error and MPI_Abort, exit without MPI_Finalize, or SIGKILL"),
 
     // [bench] ----------------------------------------------------------------------------------
-    LB_P(bench, kind, E, "all", 0, 0, "gemm|attention|train|rollout|rl|all",
-         "what `lowbit bench` measures (all = gemm, attention and train)"),
+    LB_P(bench, kind, E, "all", 0, 0, "gemm|quant|attention|train|rollout|rl|all",
+         "what `lowbit bench` measures (all = gemm, attention and train; quant = one MoE "
+         "layer's quantizations per format, against a device copy)"),
     LB_P(bench, warmup, I, "3", 0, 1000, NULL, "untimed repetitions before timing"),
     LB_P(bench, iters, I, "10", 1, 100000, NULL, "timed repetitions"),
     LB_P(bench, m, I, "16384", 1, 1048576, NULL, "dense GEMM rows (tokens)"),
