@@ -35,6 +35,8 @@
 // device runs it (compute capability 9.0), and gemm.cu takes its per-group path otherwise.
 #include "kernels/cuda/cuda.cuh"
 
+#include <cuda.h>           // CUtensorMap
+#include <cudaTypedefs.h>   // the driver's cuTensorMapEncodeTiled, reached through the runtime
 #include <stdlib.h>
 
 extern "C" {
@@ -198,6 +200,152 @@ __global__ void __launch_bounds__(GG_THREADS, 1) gg_kernel(const __grid_constant
 #endif
 }
 
+// --- the GEMM on TMA loads and a producer warp (sm_90a; LB_CUDA_TMA=0: the kernel above) -------
+//
+// The same tiles, k slices, swizzle and sums as gg_kernel (so the same bits), fed differently:
+// a third warpgroup's first thread loads each stage with two TMA copies (the tensor memory
+// accelerator fetches a whole 128 x 64 or BN x 64 box, swizzles it and zero-fills what lies
+// beyond the operand) and the two math warpgroups only multiply. Stage s has two barriers in
+// shared memory: full[s] (the copies' bytes have landed) and empty[s] (both math warpgroups
+// are done reading it). No block-wide barrier in the loop: a warpgroup waits only for its data.
+// TMA needs a tensor map per operand (cuTensorMapEncodeTiled, on the host); they travel in the
+// kernel parameters, so one launch takes at most GT_MAX groups.
+#define GT_MAX 32
+#define GT_THREADS 384
+#define GT_STAGES(BN) ((BN) == 256 ? 4 : 6)
+#define GT_STAGE(BN) (GG_TILE_A + (BN) * GG_BK * 2)
+#define GT_SMEM(BN) (GT_STAGES(BN) * GT_STAGE(BN) + 1024 + 16 * GT_STAGES(BN))
+
+typedef struct {
+    CUtensorMap ta, tb;   // A (m, k), B (n, k) bf16, k contiguous; boxes 64 x 128 and 64 x BN
+    float *c;
+    int m, n, k;
+    int tile0, tiles_n;
+    float alpha, beta;
+} gt_group;
+
+typedef struct {
+    int count;
+    gt_group g[GT_MAX];
+} gt_params;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void gt_bar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+
+__device__ __forceinline__ void gt_bar_wait(uint32_t bar, int parity)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+__device__ __forceinline__ void gt_bar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Box (k0 .. k0 + 63, r0 .. r0 + rows of the box) of map into dst; completes bytes on bar.
+__device__ __forceinline__ void gt_load(uint32_t dst, const CUtensorMap *map, int k0, int r0,
+                                        uint32_t bar)
+{
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"((uint64_t)map), "r"(k0), "r"(r0), "r"(bar)
+        : "memory");
+}
+#endif
+
+template <int BN>
+__global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant__ gt_params P)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int S = GT_STAGES(BN), NH = BN / 128, STAGE = GT_STAGE(BN);
+    extern __shared__ uint8_t gt_smem[];
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(gt_smem) + 1023) & ~1023u;
+    const uint32_t full = base + S * STAGE, empty = full + 8 * S;   // 8-byte barriers
+    const int tid = threadIdx.x, wg = tid >> 7;
+
+    const int t = blockIdx.x;
+    const gt_group &G = lb_group_of(P.g, P.count, t);
+    const int m0 = (t - G.tile0) / G.tiles_n * GG_BM, n0 = (t - G.tile0) % G.tiles_n * BN;
+    const int nk = (G.k + GG_BK - 1) / GG_BK;
+
+    if (tid == 0) {
+        for (int s = 0; s < S; s++) {
+            gt_bar_init(full + 8 * s, 1);    // the producer's arrival, plus the bytes
+            gt_bar_init(empty + 8 * s, 2);   // one arrival per math warpgroup
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {   // the producer: one thread
+        if (tid == 0) {
+            for (int kt = 0; kt < nk; kt++) {
+                const int s = kt % S;
+                // the stage's previous slice (kt - S) has been read by both warpgroups
+                if (kt >= S) gt_bar_wait(empty + 8 * s, (kt / S - 1) & 1);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                                 full + 8 * s),
+                             "r"(STAGE)
+                             : "memory");
+                gt_load(base + s * STAGE, &G.ta, kt * GG_BK, m0, full + 8 * s);
+                gt_load(base + s * STAGE + GG_TILE_A, &G.tb, kt * GG_BK, n0, full + 8 * s);
+            }
+        }
+        return;
+    }
+
+    const int cw = wg - 1;   // math warpgroup: rows cw * 64 .. + 63 of the tile
+    float d[NH][64];
+#pragma unroll
+    for (int h = 0; h < NH; h++)
+#pragma unroll
+        for (int i = 0; i < 64; i++) d[h][i] = 0.0f;
+    for (int kt = 0; kt < nk; kt++) {
+        const int s = kt % S;
+        gt_bar_wait(full + 8 * s, (kt / S) & 1);
+        const uint32_t sa = base + s * STAGE + cw * 64 * 128, sb = base + s * STAGE + GG_TILE_A;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < GG_BK / 16; kk++)
+#pragma unroll
+            for (int h = 0; h < NH; h++)
+                gg_wgmma(d[h], gg_desc(sa + kk * 32), gg_desc(sb + h * 128 * 128 + kk * 32));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        // slice kt - 1's products are done: its stage may be refilled
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        if (kt > 0 && (tid & 127) == 0) gt_bar_arrive(empty + 8 * ((kt - 1) % S));
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+
+    const int warp = (tid >> 5) & 3, lane = tid & 31;
+    const int r = m0 + cw * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+    for (int h = 0; h < NH; h++)
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int col = n0 + h * 128 + j * 8 + (lane & 3) * 2;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int row = r + (i >> 1) * 8, cc = col + (i & 1);
+                if (row < G.m && cc < G.n) {
+                    float *p = G.c + (size_t)row * G.n + cc;
+                    const float v = G.alpha * d[h][4 * j + i];
+                    *p = G.beta == 0.0f ? v : v + G.beta * *p;   // beta 0 never reads C (NaN)
+                }
+            }
+        }
+#endif
+}
+
 // --- packing the operands -------------------------------------------------------------------------
 
 typedef struct {
@@ -281,6 +429,72 @@ template <int BN> static void gemm_launch(lb_cuda_ctx *cx, int tiles, const gg_p
     LB_CUDA_LAUNCHED(cx);
 }
 
+// The driver's tensor-map encoder, looked up once through the runtime (no -lcuda).
+static PFN_cuTensorMapEncodeTiled_v12000 tma_encoder(void)
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 fn;
+    if (!fn) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q;
+        LB_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                                       cudaEnableDefault, &q));
+        if (q != cudaDriverEntryPointSuccess || !p)
+            lb_die("cuda gemm: the driver has no cuTensorMapEncodeTiled");
+        fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+    }
+    return fn;
+}
+
+// The map of a packed operand x (rows, k) with row pitch ld elements: boxes of 64 k x box_rows
+// rows in the 128-byte swizzle; reads beyond (rows, k) give zeros.
+static void tma_map(CUtensorMap *map, const __nv_bfloat16 *x, int rows, int k, int ld,
+                    int box_rows)
+{
+    const cuuint64_t dim[2] = {(cuuint64_t)k, (cuuint64_t)rows}, pitch[1] = {(cuuint64_t)ld * 2};
+    const cuuint32_t box[2] = {GG_BK, (cuuint32_t)box_rows}, step[2] = {1, 1};
+    CUresult r = tma_encoder()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)x, dim, pitch,
+                               box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        lb_die("cuda gemm: cuTensorMapEncodeTiled refused a (%d, %d) operand, pitch %d (error %d)",
+               rows, k, ld, (int)r);
+}
+
+template <int BN> static void tma_kernel_launch(lb_cuda_ctx *cx, int tiles, const gt_params *T)
+{
+    static int smem_set;
+    if (!smem_set) {
+        lb_cuda_smem_limit(gt_kernel<BN>, GT_SMEM(BN));
+        smem_set = 1;
+    }
+    gt_kernel<BN><<<tiles, GT_THREADS, GT_SMEM(BN), cx->stream>>>(*T);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// The packed groups of P on gt_kernel, GT_MAX groups per launch.
+static void tma_launch(lb_cuda_ctx *cx, int bn, const gg_params *P)
+{
+    gt_params *T = (gt_params *)lb_calloc(1, sizeof *T);
+    for (int g0 = 0; g0 < P->count; g0 += GT_MAX) {
+        const int cnt = P->count - g0 < GT_MAX ? P->count - g0 : GT_MAX;
+        int tiles = 0;
+        for (int i = 0; i < cnt; i++) {
+            const gg_group *G = &P->g[g0 + i];
+            gt_group *X = &T->g[i];
+            tma_map(&X->ta, G->a, G->m, G->k, G->lda, GG_BM);
+            tma_map(&X->tb, G->b, G->n, G->k, G->ldb, bn);
+            X->c = G->c, X->m = G->m, X->n = G->n, X->k = G->k;
+            X->tile0 = tiles, X->tiles_n = G->tiles_n, X->alpha = G->alpha, X->beta = G->beta;
+            tiles += (G->m + GG_BM - 1) / GG_BM * G->tiles_n;
+        }
+        T->count = cnt;
+        if (tiles && bn == 256) tma_kernel_launch<256>(cx, tiles, T);
+        else if (tiles) tma_kernel_launch<128>(cx, tiles, T);
+    }
+    free(T);
+}
+
 // Runs the groups g[0 .. count) (each bf16, m, n, k > 0, alpha != 0; gemm.cu filters) as
 // described at the top. Queued on cx->stream. Tiles are 128 x cx->grouped_bn, or 128 x 128
 // when some group's n is at most 128 (n is the weights' size, so the choice never depends on
@@ -321,7 +535,8 @@ extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gem
         }
         pack_launch(cx, pp);
         P->count = cnt;
-        if (tiles && bn == 256) gemm_launch<256>(cx, tiles, P);
+        if (cx->tma) tma_launch(cx, bn, P);
+        else if (tiles && bn == 256) gemm_launch<256>(cx, tiles, P);
         else if (tiles) gemm_launch<128>(cx, tiles, P);
         free(P);
         free(pp);
@@ -349,7 +564,8 @@ extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gem
 #define GQ_BK 128                       // bytes = elements of E4M3; one scale block
 #define GQ_STAGES 6
 #define GQ_STAGE (GG_BM * GQ_BK + GQ_BN * GQ_BK)   // 32 KB
-#define GQ_SMEM (GQ_STAGES * GQ_STAGE + 1024)
+#define GQ_SCALES (GQ_BN * 4)             // VEC: a stage's B scales, one per column
+#define GQ_SMEM (GQ_STAGES * (GQ_STAGE + GQ_SCALES) + 1024)
 
 typedef struct {
     const uint8_t *a, *b;       // (m, k), (n, k) E4M3 codes
@@ -383,6 +599,24 @@ __device__ __forceinline__ void gq_load(uint32_t dst, const uint8_t *x, int rows
     }
 }
 
+// Block ks of the tile into stage st: A's and B's 128 x 128 bytes and, VEC, B's 128 column
+// scales of that block (zero beyond n) into the scale area after the stages.
+template <int VEC>
+__device__ __forceinline__ void gq_fill(uint32_t base, int st, const gq_group &G, int m0, int n0,
+                                        int ks, int tid)
+{
+    const uint32_t at = base + st * GQ_STAGE;
+    gq_load(at, G.a, G.m, G.k, m0, ks * GQ_BK, tid);
+    gq_load(at + GG_BM * GQ_BK, G.b, G.n, G.k, n0, ks * GQ_BK, tid);
+    if (VEC && tid < GQ_BN) {
+        const int col = n0 + tid;
+        const float *src = col < G.n ? G.sb + (size_t)col * G.kb + ks : G.sb;
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
+                         base + GQ_STAGES * GQ_STAGE + st * GQ_SCALES + tid * 4),
+                     "l"(src), "r"(col < G.n ? 4 : 0));
+    }
+}
+
 // d (64 x 128 fp32) = (acc ? d : 0) + A (64 x 32) B (128 x 32)^T, E4M3 operands.
 __device__ __forceinline__ void gq_wgmma(float *d, uint64_t da, uint64_t db, int acc)
 {
@@ -393,6 +627,72 @@ __device__ __forceinline__ void gq_wgmma(float *d, uint64_t da, uint64_t db, int
         : GG_D64(d)
         : "l"(da), "l"(db), "r"(acc));
 }
+
+// d += t * sa[row] * sb (the promotion of one k block's products; VEC: sb per column).
+// VEC: sbs is the block's column scales in shared memory.
+template <int VEC>
+__device__ __forceinline__ void gq_promote(float (&d)[64], const float (&t)[64], float a0, float a1,
+                                           const gq_group &G, const float *sbs, int n0, int kt,
+                                           int lane)
+{
+    float b2 = 0.0f;
+    if (!VEC) b2 = G.sb[(size_t)(n0 / 128) * G.kb + kt];
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        float b0 = b2, b1 = b2;
+        if (VEC) {
+            const float2 b = *(const float2 *)(sbs + j * 8 + (lane & 3) * 2);
+            b0 = b.x, b1 = b.y;
+        }
+        d[4 * j + 0] = fmaf(t[4 * j + 0], a0 * b0, d[4 * j + 0]);
+        d[4 * j + 1] = fmaf(t[4 * j + 1], a0 * b1, d[4 * j + 1]);
+        d[4 * j + 2] = fmaf(t[4 * j + 2], a1 * b0, d[4 * j + 2]);
+        d[4 * j + 3] = fmaf(t[4 * j + 3], a1 * b1, d[4 * j + 3]);
+    }
+}
+
+// The four k32 products of the k block in stage st into t (fresh: the first overwrites).
+__device__ __forceinline__ void gq_block(float (&t)[64], uint32_t base, int st, int wg)
+{
+    const uint32_t sa = base + st * GQ_STAGE + wg * 64 * 128, sb = base + st * GQ_STAGE + GG_BM * GQ_BK;
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < GQ_BK / 32; kk++)   // k32 steps: 32 bytes further in each row
+        gq_wgmma(t, gg_desc(sa + kk * 32), gg_desc(sb + kk * 32), kk);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+// One step of the main loop: block kt's products are in flight into cur; block kt + 1's are
+// queued into nxt behind them (NEXT: there is a block kt + 1), then block kt is promoted while
+// the tensor cores work on kt + 1 (two fragments, so the promotion never leaves the tensor
+// cores idle). NEXT is a template argument so that no branch merges fragments in flight
+// (ptxas would serialize the wgmma pipeline to copy them).
+template <int VEC, int NEXT>
+__device__ __forceinline__ void gq_step(float (&d)[64], float (&cur)[64], float (&nxt)[64],
+                                        const gq_group &G, uint32_t base, const float *scales,
+                                        int m0, int n0, int kt, const float *sa0,
+                                        const float *sa1, int tid)
+{
+    constexpr int S = GQ_STAGES;
+    const int nk = G.kb, wg = tid >> 7, lane = tid & 31;
+    // Block kt + 1 has landed (its cp.async group is number kt + 1; S - 1 + kt are committed).
+    // Every warpgroup has finished block kt - 1 (the wait below, one step ago), so that
+    // block's stage takes block kt - 1 + S (at kt = 0 the one stage the prologue left empty).
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 3));
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    const int ks = kt - 1 + S;
+    if (ks < nk) gq_fill<VEC>(base, ks % S, G, m0, n0, ks, tid);
+    asm volatile("cp.async.commit_group;\n" ::);
+    const float a0 = sa0 ? sa0[kt] : 0.0f, a1 = sa1 ? sa1[kt] : 0.0f;
+    if (NEXT) {
+        gq_block(nxt, base, (kt + 1) % S, wg);
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    } else {
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    }
+    gq_promote<VEC>(d, cur, a0, a1, G, scales + (kt % S) * GQ_BN, n0, kt, lane);
+}
 #endif
 
 // VEC 0: B has 128x128 blocks (one scale per tile and k block); 1: 1x128 (one per column).
@@ -402,7 +702,8 @@ __global__ void __launch_bounds__(GG_THREADS, 1) gq_kernel(const __grid_constant
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int S = GQ_STAGES;
     extern __shared__ uint8_t gq_smem[];
-    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(gq_smem) + 1023) & ~1023u;
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(gq_smem), base = (raw + 1023) & ~1023u;
+    const float *scales = (const float *)(gq_smem + (base - raw) + S * GQ_STAGE);   // VEC
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
 
     const int t = blockIdx.x;
@@ -415,56 +716,30 @@ __global__ void __launch_bounds__(GG_THREADS, 1) gq_kernel(const __grid_constant
     const float *sa0 = r < G.m ? G.sa + (size_t)r * nk : nullptr;
     const float *sa1 = r + 8 < G.m ? G.sa + (size_t)(r + 8) * nk : nullptr;
 
-    float d[64], tf[64];
+    float d[64], t0[64], t1[64];
 #pragma unroll
-    for (int i = 0; i < 64; i++) d[i] = tf[i] = 0.0f;
+    for (int i = 0; i < 64; i++) d[i] = 0.0f;
 
+    // blocks 0 .. S - 2 into stages 0 .. S - 2 (cp.async group b holds block b), then block
+    // 0's products
     for (int s = 0; s < S - 1; s++) {
-        if (s < nk) {
-            gq_load(base + s * GQ_STAGE, G.a, G.m, G.k, m0, s * GQ_BK, tid);
-            gq_load(base + s * GQ_STAGE + GG_BM * GQ_BK, G.b, G.n, G.k, n0, s * GQ_BK, tid);
-        }
+        if (s < nk) gq_fill<VEC>(base, s, G, m0, n0, s, tid);
         asm volatile("cp.async.commit_group;\n" ::);
     }
-    for (int kt = 0; kt < nk; kt++) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2));
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        // Every warpgroup has finished block kt - 1 (it waited for its products before the
-        // promotion), so that block's stage takes block kt + S - 1.
-        __syncthreads();
-        const int ks = kt + S - 1;
-        if (ks < nk) {
-            const uint32_t st = base + (ks % S) * GQ_STAGE;
-            gq_load(st, G.a, G.m, G.k, m0, ks * GQ_BK, tid);
-            gq_load(st + GG_BM * GQ_BK, G.b, G.n, G.k, n0, ks * GQ_BK, tid);
-        }
-        asm volatile("cp.async.commit_group;\n" ::);
-
-        const uint32_t sa = base + (kt % S) * GQ_STAGE + wg * 64 * 128;
-        const uint32_t sb = base + (kt % S) * GQ_STAGE + GG_BM * GQ_BK;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int kk = 0; kk < GQ_BK / 32; kk++)   // k32 steps: 32 bytes further in each row
-            gq_wgmma(tf, gg_desc(sa + kk * 32), gg_desc(sb + kk * 32), kk);
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        // the scales load while the tensor cores work
-        const float a0 = sa0 ? sa0[kt] : 0.0f, a1 = sa1 ? sa1[kt] : 0.0f;
-        float b2 = 0.0f;
-        if (!VEC) b2 = G.sb[(size_t)(n0 / 128) * nk + kt];
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            float b0 = b2, b1 = b2;
-            if (VEC) {
-                const int col = n0 + j * 8 + (lane & 3) * 2;
-                b0 = col < G.n ? G.sb[(size_t)col * nk + kt] : 0.0f;
-                b1 = col + 1 < G.n ? G.sb[(size_t)(col + 1) * nk + kt] : 0.0f;
-            }
-            d[4 * j + 0] = fmaf(tf[4 * j + 0], a0 * b0, d[4 * j + 0]);
-            d[4 * j + 1] = fmaf(tf[4 * j + 1], a0 * b1, d[4 * j + 1]);
-            d[4 * j + 2] = fmaf(tf[4 * j + 2], a1 * b0, d[4 * j + 2]);
-            d[4 * j + 3] = fmaf(tf[4 * j + 3], a1 * b1, d[4 * j + 3]);
-        }
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2));
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    gq_block(t0, base, 0, wg);
+    int kt = 0;
+    for (; kt + 2 < nk; kt += 2) {   // blocks kt + 1 and kt + 2 exist
+        gq_step<VEC, 1>(d, t0, t1, G, base, scales, m0, n0, kt, sa0, sa1, tid);
+        gq_step<VEC, 1>(d, t1, t0, G, base, scales, m0, n0, kt + 1, sa0, sa1, tid);
+    }
+    if (kt + 1 < nk) {               // the last two blocks
+        gq_step<VEC, 1>(d, t0, t1, G, base, scales, m0, n0, kt, sa0, sa1, tid);
+        gq_step<VEC, 0>(d, t1, t0, G, base, scales, m0, n0, kt + 1, sa0, sa1, tid);
+    } else {                         // the last block
+        gq_step<VEC, 0>(d, t0, t1, G, base, scales, m0, n0, kt, sa0, sa1, tid);
     }
 
 #pragma unroll
