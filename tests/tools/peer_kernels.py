@@ -55,17 +55,18 @@ try:
            2.0 * a.m * a.n * a.k)
 except Exception as e:  # report what the peer cannot do instead of failing the run
     print(json.dumps({"peer": "torch fp8 rowwise _scaled_mm", "error": str(e)[:200]}))
-# FP8 block-scaled as lowbit's fp8-block (DeepSeek-V3): activations 1x128 (scale (m, k/128)),
-# weights 128x128 (scale (k/128, n/128) for the column-major B), through cuBLASLt's block
-# scaling (PyTorch 2.9 and later on sm_90). Unit scales: the timing does not depend on them.
+# FP8 block-scaled as lowbit's fp8-block (DeepSeek-V3): activations 1x128 (scale (m, k/128),
+# stored column-major as PyTorch asks), weights 128x128 (scale (k/128, n/128) for the
+# column-major B), through cuBLASLt's block scaling (PyTorch 2.9 and later on sm_90). Unit
+# scales: the timing does not depend on them.
 try:
-    sxb = torch.ones(a.m, a.k // 128, device=dev, dtype=torch.float32)
+    sxb = torch.ones(a.k // 128, a.m, device=dev, dtype=torch.float32).t()
     swb = torch.ones(a.n // 128, a.k // 128, device=dev, dtype=torch.float32).t()
     report(f"torch fp8 block 1x128 x 128x128 _scaled_mm {a.m}x{a.n}x{a.k}",
            timed(lambda: torch._scaled_mm(x8, w8.t(), scale_a=sxb, scale_b=swb, out_dtype=torch.bfloat16)),
            2.0 * a.m * a.n * a.k)
 except Exception as e:
-    print(json.dumps({"peer": "torch fp8 block _scaled_mm", "error": str(e)[:200]}))
+    print(json.dumps({"peer": "torch fp8 block _scaled_mm", "error": str(e)[:600]}))
 
 xs = torch.randn(a.experts * a.rows, a.hidden, device=dev, dtype=torch.bfloat16)
 ws = torch.randn(a.experts, a.hidden, a.ffn2, device=dev, dtype=torch.bfloat16)
