@@ -653,8 +653,6 @@ extern "C" void lb_cuda_init_gemm(lb_backend *be)
     cx->dense_tc = !(s && *s == '0');
     s = getenv("LB_CUDA_GROUPED_BN");
     cx->grouped_bn = s && atoi(s) == 128 ? 128 : 256;
-    s = getenv("LB_CUDA_TMA");
-    cx->tma = !(s && *s == '0');
     s = getenv("LB_CUDA_GROUPED_STREAMS");
     cx->grouped_streams = s && *s && *s != '0';
     be->gemm = cuda_gemm;

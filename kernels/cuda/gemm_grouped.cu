@@ -1,7 +1,7 @@
-// gemm_grouped.cu: every group of a grouped GEMM (an MoE layer's local experts; a dense GEMM is
-// a group of one) in one launch, on Hopper's warpgroup tensor-core instruction (wgmma, sm_90a):
-// bf16 (gemm_grouped, after a packing launch) and, further down, fp8-block (gemm_q_grouped, on
-// the quantized bytes as they are).
+// gemm_grouped.cu: the groups of a grouped GEMM (an MoE layer's local experts; a dense GEMM is
+// a group of one) in one launch (bf16: one per 32 groups), on Hopper's warpgroup tensor-core
+// instruction (wgmma, sm_90a): bf16 (gemm_grouped, after a packing launch) and, further down,
+// fp8-block (gemm_q_grouped, on the quantized bytes as they are).
 //
 // cuBLASLt 13.0 has no grouped mode, and one call per expert leaves most of the chip idle: an
 // expert's (1024, 1536) output is 48 tiles of 128 x 256 on 132 multiprocessors. Here the tiles
@@ -10,15 +10,19 @@
 // Two steps, both queued on the backend's stream:
 // 1. pack: every operand becomes a bf16 copy, k contiguous (the transposed operands of the
 //    dgrad and wgrad passes are transposed on the way), each row padded with zeros to a
-//    multiple of 8 elements (16 bytes). One launch for all operands of all groups. The
-//    conversion rounds to nearest even, which is the rounding lb_gemm_args.bf16 asks for.
-// 2. gemm: one block per 128 x BN tile of some group's C (BN 256, or 128 when some n is at
-//    most 128; a binary search over the groups' first tiles finds the block's group). Two
-//    warpgroups, each 64 rows x BN columns of the tile, fp32 accumulators in registers.
-//    64-wide slices of k go through a ring of 4 (BN 256) or 5 stages of shared memory filled
-//    by cp.async (out-of-range rows and k zero-filled), laid out in the 128-byte swizzle the
-//    wgmma descriptors name; one wgmma batch stays in flight while the next stage is waited
-//    for.
+//    multiple of 8 elements (16 bytes). One launch per GT_MAX groups. The conversion rounds to
+//    nearest even, which is the rounding lb_gemm_args.bf16 asks for.
+// 2. gemm (gt_kernel): one block per 128 x BN tile of some group's C (BN 256, or 128 when some
+//    n is at most 128; a binary search over the groups' first tiles finds the block's group).
+//    Two math warpgroups, each 64 rows x BN columns of the tile, fp32 accumulators in
+//    registers, and a producer: one thread of a third warpgroup loads 64-wide slices of k with
+//    TMA (the tensor memory accelerator copies a whole box, zero-fills what lies beyond the
+//    operand and writes the 128-byte swizzle the wgmma descriptors name) into a ring of 4
+//    (BN 256) or 6 stages. Each stage has two barriers in shared memory: full (the copies'
+//    bytes have landed) and empty (both math warpgroups are done with it), so a warpgroup only
+//    ever waits for its data; one wgmma batch stays in flight while the next is issued.
+//    TMA needs a tensor map per operand (cuTensorMapEncodeTiled, on the host); they travel in
+//    the kernel parameters, which bounds a launch to GT_MAX groups.
 //
 // Exactness and determinism: bf16 x bf16 products are exact in fp32, and every element of C
 // is the sum over k in one fixed order (slices of 64 in k order, each the tensor core's k16
@@ -27,9 +31,10 @@
 // as the same row among many), as the deterministic mode asks; it is not the bits of
 // cuBLASLt's GEMM, which sums in its own order (the tests compare each against the CPU).
 //
-// What limits the bf16 kernel (about half of cuBLASLt's dense rate, doc/benchmarks.md): every block loads
-// its own A and B slices through L2 (no TMA multicast across a cluster), the same threads
-// load and multiply (no producer warp), and the pack converts fp32 operands on every call.
+// What limits the bf16 kernel (0.6x of cuBLASLt's dense rate, doc/benchmarks.md): every block
+// loads its own A and B slices through L2 (no TMA multicast across a cluster), blocks are not
+// persistent (no epilogue overlapped with the next tile's loads), and the pack converts fp32
+// operands on every call.
 //
 // The wgmma code exists only in the sm_90a build; lb_cuda_gemm_grouped_tc_ok says whether the
 // device runs it (compute capability 9.0), and gemm.cu takes its per-group path otherwise.
@@ -45,48 +50,14 @@ extern "C" {
 
 #define GG_BM 128          // tile rows: two warpgroups of 64
 #define GG_BK 64           // 64 bf16 = 128 bytes, one row of the 128-byte swizzle atom
-#define GG_THREADS 256
+#define GG_THREADS 256     // the fp8 kernel's block: two warpgroups
 #define GG_TILE_A (GG_BM * GG_BK * 2)                  // A's slice of a stage: 16 KB
-// Tile columns BN (128 or 256, gg_bn below) and the stages that fit in shared memory
-#define GG_STAGES(BN) ((BN) == 256 ? 4 : 5)
-#define GG_SMEM(BN) (GG_STAGES(BN) * (GG_TILE_A + (BN) * GG_BK * 2) + 1024)   // + alignment
-#define GG_MAX 240         // groups per launch (kernel parameter space)
-#define GG_PACK_MAX 480    // operands per pack launch
-
-typedef struct {
-    const __nv_bfloat16 *a, *b;   // (m, lda), (n, ldb): k contiguous, zero-padded to ld
-    float *c;                     // (m, n), row pitch n
-    int m, n, k, lda, ldb;
-    int tile0, tiles_n;           // the group's first tile in the launch; tiles per tile row
-    float alpha, beta;
-} gg_group;
-
-typedef struct {
-    int count;
-    gg_group g[GG_MAX];
-} gg_params;
+#define GG_MAX 240         // fp8 groups per launch (kernel parameter space)
+#define GG_PACK_MAX 64     // operands per pack launch: two per group
 
 // --- the GEMM ----------------------------------------------------------------------------------
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Loads rows [r0, r0 + ROWS) x k [k0, k0 + 64) of x (rows, ld) into a swizzled tile: row r's
-// 16-byte chunk c goes to r * 128 + (c ^ (r % 8)) * 16. 256 threads, ROWS / 32 chunks each.
-template <int ROWS>
-__device__ __forceinline__ void gg_load(uint32_t dst, const __nv_bfloat16 *x, int rows, int k,
-                                        int ld, int r0, int k0, int tid)
-{
-#pragma unroll
-    for (int i = 0; i < ROWS / 32; i++) {
-        const int c = tid + i * GG_THREADS, r = c >> 3, ch = c & 7;
-        const int gr = r0 + r, gk = k0 + ch * 8;
-        const bool ok = gr < rows && gk < k;   // a chunk starting before k ends in the zero pad
-        const __nv_bfloat16 *src = ok ? x + (size_t)gr * ld + gk : x;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                         dst + r * 128 + ((ch ^ (r & 7)) << 4)),
-                     "l"(src), "r"(ok ? 16 : 0));
-    }
-}
-
 // A warpgroup's 64 x 128 fp32 wgmma fragment: 64 registers per thread, written in the asm as
 // %0 .. %63 and bound as read-write operands.
 #define GG_D64_ASM                                                                             \
@@ -118,98 +89,8 @@ __device__ __forceinline__ void gg_wgmma(float *d, uint64_t da, uint64_t db)
 }
 #endif
 
-// One block per 128 x BN tile; a warpgroup's 64 x BN share is BN / 128 wgmma accumulators of
-// 64 x 128 (the same k16 steps in the same order for every element whatever BN is).
-template <int BN>
-__global__ void __launch_bounds__(GG_THREADS, 1) gg_kernel(const __grid_constant__ gg_params P)
-{
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int S = GG_STAGES(BN), NH = BN / 128, STAGE = GG_TILE_A + BN * GG_BK * 2;
-    extern __shared__ uint8_t gg_smem[];
-    // the swizzle atoms must start at 1024-byte boundaries
-    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(gg_smem) + 1023) & ~1023u;
-    const int tid = threadIdx.x, wg = tid >> 7;
-
-    const int t = blockIdx.x;
-    const gg_group &G = lb_group_of(P.g, P.count, t);
-    const int m0 = (t - G.tile0) / G.tiles_n * GG_BM, n0 = (t - G.tile0) % G.tiles_n * BN;
-    const int nk = (G.k + GG_BK - 1) / GG_BK;
-
-    float d[NH][64];
-#pragma unroll
-    for (int h = 0; h < NH; h++)
-#pragma unroll
-        for (int i = 0; i < 64; i++) d[h][i] = 0.0f;
-
-    // stage s: A slice at base + s * STAGE, B slice 16 KB after it
-    for (int s = 0; s < S - 2; s++) {
-        if (s < nk) {
-            gg_load<GG_BM>(base + s * STAGE, G.a, G.m, G.k, G.lda, m0, s * GG_BK, tid);
-            gg_load<BN>(base + s * STAGE + GG_TILE_A, G.b, G.n, G.k, G.ldb, n0, s * GG_BK, tid);
-        }
-        asm volatile("cp.async.commit_group;\n" ::);
-    }
-    for (int kt = 0; kt < nk; kt++) {
-        // slice kt has landed (S - 3 younger groups may still be in flight); the fence hands
-        // the cp.async writes to the tensor cores' (async) proxy
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 3));
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        // Every warpgroup has finished slice kt - 2 (it waited for all but its newest batch
-        // before this barrier), so that slice's stage takes slice kt + S - 2.
-        const int ks = kt + S - 2;
-        if (ks < nk) {
-            const uint32_t st = base + (ks % S) * STAGE;
-            gg_load<GG_BM>(st, G.a, G.m, G.k, G.lda, m0, ks * GG_BK, tid);
-            gg_load<BN>(st + GG_TILE_A, G.b, G.n, G.k, G.ldb, n0, ks * GG_BK, tid);
-        }
-        asm volatile("cp.async.commit_group;\n" ::);
-
-        const uint32_t sa = base + (kt % S) * STAGE + wg * 64 * 128;
-        const uint32_t sb = base + (kt % S) * STAGE + GG_TILE_A;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int kk = 0; kk < GG_BK / 16; kk++)   // k16 steps: 32 bytes further in each row
-#pragma unroll
-            for (int h = 0; h < NH; h++)
-                gg_wgmma(d[h], gg_desc(sa + kk * 32), gg_desc(sb + h * 128 * 128 + kk * 32));
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-    }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-
-    // d[h][4j + i]: row lane / 4 (+ 8 for i >= 2) of this warp's 16, column 128h + 8j +
-    // (lane % 4) * 2 (+ 1 for odd i)
-    const int warp = (tid >> 5) & 3, lane = tid & 31;
-    const int r = m0 + wg * 64 + warp * 16 + (lane >> 2);
-#pragma unroll
-    for (int h = 0; h < NH; h++)
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const int col = n0 + h * 128 + j * 8 + (lane & 3) * 2;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int row = r + (i >> 1) * 8, cc = col + (i & 1);
-                if (row < G.m && cc < G.n) {
-                    float *p = G.c + (size_t)row * G.n + cc;
-                    const float v = G.alpha * d[h][4 * j + i];
-                    *p = G.beta == 0.0f ? v : v + G.beta * *p;   // beta 0 never reads C (NaN)
-                }
-            }
-        }
-#endif
-}
-
-// --- the GEMM on TMA loads and a producer warp (sm_90a; LB_CUDA_TMA=0: the kernel above) -------
-//
-// The same tiles, k slices, swizzle and sums as gg_kernel (so the same bits), fed differently:
-// a third warpgroup's first thread loads each stage with two TMA copies (the tensor memory
-// accelerator fetches a whole 128 x 64 or BN x 64 box, swizzles it and zero-fills what lies
-// beyond the operand) and the two math warpgroups only multiply. Stage s has two barriers in
-// shared memory: full[s] (the copies' bytes have landed) and empty[s] (both math warpgroups
-// are done reading it). No block-wide barrier in the loop: a warpgroup waits only for its data.
-// TMA needs a tensor map per operand (cuTensorMapEncodeTiled, on the host); they travel in the
-// kernel parameters, so one launch takes at most GT_MAX groups.
+// One block per 128 x BN tile; a math warpgroup's 64 x BN share is BN / 128 wgmma accumulators
+// of 64 x 128 (the same k16 steps in the same order for every element whatever BN is).
 #define GT_MAX 32
 #define GT_THREADS 384
 #define GT_STAGES(BN) ((BN) == 256 ? 4 : 6)
@@ -418,17 +299,6 @@ static void pack_launch(lb_cuda_ctx *cx, gg_pack_params *pp)
 
 extern "C" int lb_cuda_gemm_grouped_tc_ok(int major, int minor) { return major == 9 && minor == 0; }
 
-template <int BN> static void gemm_launch(lb_cuda_ctx *cx, int tiles, const gg_params *P)
-{
-    static int smem_set;   // the limit is the kernel's, set once per process (one device)
-    if (!smem_set) {
-        lb_cuda_smem_limit(gg_kernel<BN>, GG_SMEM(BN));
-        smem_set = 1;
-    }
-    gg_kernel<BN><<<tiles, GG_THREADS, GG_SMEM(BN), cx->stream>>>(*P);
-    LB_CUDA_LAUNCHED(cx);
-}
-
 // The driver's tensor-map encoder, looked up once through the runtime (no -lcuda).
 static PFN_cuTensorMapEncodeTiled_v12000 tma_encoder(void)
 {
@@ -461,9 +331,9 @@ static void tma_map(CUtensorMap *map, const __nv_bfloat16 *x, int rows, int k, i
                rows, k, ld, (int)r);
 }
 
-template <int BN> static void tma_kernel_launch(lb_cuda_ctx *cx, int tiles, const gt_params *T)
+template <int BN> static void gemm_launch(lb_cuda_ctx *cx, int tiles, const gt_params *T)
 {
-    static int smem_set;
+    static int smem_set;   // the limit is the kernel's, set once per process (one device)
     if (!smem_set) {
         lb_cuda_smem_limit(gt_kernel<BN>, GT_SMEM(BN));
         smem_set = 1;
@@ -472,52 +342,29 @@ template <int BN> static void tma_kernel_launch(lb_cuda_ctx *cx, int tiles, cons
     LB_CUDA_LAUNCHED(cx);
 }
 
-// The packed groups of P on gt_kernel, GT_MAX groups per launch.
-static void tma_launch(lb_cuda_ctx *cx, int bn, const gg_params *P)
-{
-    gt_params *T = (gt_params *)lb_calloc(1, sizeof *T);
-    for (int g0 = 0; g0 < P->count; g0 += GT_MAX) {
-        const int cnt = P->count - g0 < GT_MAX ? P->count - g0 : GT_MAX;
-        int tiles = 0;
-        for (int i = 0; i < cnt; i++) {
-            const gg_group *G = &P->g[g0 + i];
-            gt_group *X = &T->g[i];
-            tma_map(&X->ta, G->a, G->m, G->k, G->lda, GG_BM);
-            tma_map(&X->tb, G->b, G->n, G->k, G->ldb, bn);
-            X->c = G->c, X->m = G->m, X->n = G->n, X->k = G->k;
-            X->tile0 = tiles, X->tiles_n = G->tiles_n, X->alpha = G->alpha, X->beta = G->beta;
-            tiles += (G->m + GG_BM - 1) / GG_BM * G->tiles_n;
-        }
-        T->count = cnt;
-        if (tiles && bn == 256) tma_kernel_launch<256>(cx, tiles, T);
-        else if (tiles) tma_kernel_launch<128>(cx, tiles, T);
-    }
-    free(T);
-}
-
 // Runs the groups g[0 .. count) (each bf16, m, n, k > 0, alpha != 0; gemm.cu filters) as
-// described at the top. Queued on cx->stream. Tiles are 128 x cx->grouped_bn, or 128 x 128
-// when some group's n is at most 128 (n is the weights' size, so the choice never depends on
-// the token count).
+// described at the top, GT_MAX groups per pack and GEMM launch. Queued on cx->stream. Tiles are
+// 128 x cx->grouped_bn, or 128 x 128 when some group's n is at most 128 (n is the weights' size,
+// so the choice never depends on the token count).
 extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g)
 {
     int bn = cx->grouped_bn;
     for (int i = 0; i < count; i++)
         if (g[i].n <= 128) bn = 128;
-    for (int g0 = 0; g0 < count; g0 += GG_MAX) {
-        const int cnt = count - g0 < GG_MAX ? count - g0 : GG_MAX;
-        // bf16 copies in scratch: per group A (m, lda) then B (n, ldb)
+    gt_params *T = (gt_params *)lb_calloc(1, sizeof *T);
+    gg_pack_params *pp = (gg_pack_params *)lb_calloc(1, sizeof *pp);
+    for (int g0 = 0; g0 < count; g0 += GT_MAX) {
+        const int cnt = count - g0 < GT_MAX ? count - g0 : GT_MAX;
+        // bf16 copies in scratch (the previous launch's are done with: one stream): per group
+        // A (m, ld) then B (n, ld)
         size_t bytes = 0;
         for (int i = g0; i < g0 + cnt; i++)
             bytes += lb_align256((size_t)g[i].m * pad8(g[i].k) * 2) +
                      lb_align256((size_t)g[i].n * pad8(g[i].k) * 2);
         char *sc = (char *)lb_cuda_scratch(cx, bytes);
-        gg_params *P = (gg_params *)lb_calloc(1, sizeof *P);
-        gg_pack_params *pp = (gg_pack_params *)lb_calloc(1, sizeof *pp);
         int tiles = 0;
         for (int i = 0; i < cnt; i++) {
             const lb_gemm_args *x = &g[g0 + i];
-            gg_group *G = &P->g[i];
             const int ld = pad8(x->k);
             __nv_bfloat16 *a = (__nv_bfloat16 *)sc;
             sc += lb_align256((size_t)x->m * ld * 2);
@@ -528,19 +375,21 @@ extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gem
                                            : (gg_pack_job){x->a, a, x->m, x->k, ld, 0};
             pp->j[pp->count++] = x->transb ? (gg_pack_job){x->b, b, x->n, x->k, ld, 0}
                                            : (gg_pack_job){x->b, b, x->k, x->n, ld, 1};
-            if (pp->count == GG_PACK_MAX) pack_launch(cx, pp);
-            *G = (gg_group){a, b, x->c, x->m, x->n, x->k, ld, ld, tiles, (x->n + bn - 1) / bn,
-                            x->alpha, x->beta};
+            gt_group *G = &T->g[i];
+            tma_map(&G->ta, a, x->m, x->k, ld, GG_BM);
+            tma_map(&G->tb, b, x->n, x->k, ld, bn);
+            G->c = x->c, G->m = x->m, G->n = x->n, G->k = x->k;
+            G->tile0 = tiles, G->tiles_n = (x->n + bn - 1) / bn;
+            G->alpha = x->alpha, G->beta = x->beta;
             tiles += (x->m + GG_BM - 1) / GG_BM * G->tiles_n;
         }
         pack_launch(cx, pp);
-        P->count = cnt;
-        if (cx->tma) tma_launch(cx, bn, P);
-        else if (tiles && bn == 256) gemm_launch<256>(cx, tiles, P);
-        else if (tiles) gemm_launch<128>(cx, tiles, P);
-        free(P);
-        free(pp);
+        T->count = cnt;
+        if (tiles && bn == 256) gemm_launch<256>(cx, tiles, T);
+        else if (tiles) gemm_launch<128>(cx, tiles, T);
     }
+    free(T);
+    free(pp);
 }
 
 // --- fp8-block: E4M3 x E4M3 with block scales, promoted to fp32 per 128 of k -------------------
@@ -552,14 +401,18 @@ extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gem
 //
 // One block per 128 x 128 tile of some group's C, two warpgroups of 64 rows. Each 128-element
 // k block (128 bytes a row: one row of the 128-byte swizzle) is one stage of a 6-stage
-// cp.async ring. Its four k32 products (wgmma m64n128k32 e4m3) go into a fresh fp32 fragment t,
-// which is then added to the accumulator d scaled by sa[row] * sb[col] (DeepSeek-V3's promotion:
-// the tensor cores' FP8 sums keep about 14 bits, so they never run longer than one block).
-// The order of every sum is fixed (blocks in k order, k32 steps in order within one), so the
-// result is bitwise reproducible and batch invariant, as the bf16 kernel above.
+// cp.async ring (with, for 1x128 B, the block's 128 column scales). Its four k32 products
+// (wgmma m64n128k32 e4m3) go into a fresh fp32 fragment, which is then added to the
+// accumulator d scaled by sa[row] * sb[col] (DeepSeek-V3's promotion: the tensor cores' FP8
+// sums keep about 14 bits, so they never run longer than one block). Two fragments take turns:
+// block kt + 1's products are queued before block kt is promoted, so the tensor cores work
+// while the warps promote. The order of every sum is fixed (blocks in k order, k32 steps in
+// order within one), so the result is bitwise reproducible and batch invariant, as the bf16
+// kernel above.
 //
 // Needs k a multiple of 16 (16-byte rows for cp.async) and row pitches of k bytes; gemm_q.cu
-// sends other groups through gemm_q.
+// sends other groups through gemm_q. (TMA, as for bf16, would need tensor maps per group of
+// quantized operands that the caller allocates separately: not done yet.)
 #define GQ_BN 128
 #define GQ_BK 128                       // bytes = elements of E4M3; one scale block
 #define GQ_STAGES 6
@@ -582,8 +435,9 @@ typedef struct {
 } gq_params;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Rows [r0, r0 + 128) x bytes [k0, k0 + 128) of x (rows, k) into a swizzled tile as gg_load
-// (256 threads, 4 chunks of 16 bytes each); out-of-range rows and k are zero-filled.
+// Rows [r0, r0 + 128) x bytes [k0, k0 + 128) of x (rows, k) into a tile in the 128-byte swizzle
+// (row r's 16-byte chunk c at r * 128 + (c ^ (r % 8)) * 16, as TMA writes it for gt_kernel);
+// 256 threads, 4 chunks of 16 bytes each; out-of-range rows and k are zero-filled.
 __device__ __forceinline__ void gq_load(uint32_t dst, const uint8_t *x, int rows, int k, int r0,
                                         int k0, int tid)
 {
@@ -710,7 +564,7 @@ __global__ void __launch_bounds__(GG_THREADS, 1) gq_kernel(const __grid_constant
     const gq_group &G = lb_group_of(P.g, P.count, t);
     const int m0 = (t - G.tile0) / G.tiles_n * GG_BM, n0 = (t - G.tile0) % G.tiles_n * GQ_BN;
     const int nk = G.kb;
-    // this thread's rows of C (fragment layout as in gg_kernel) and their scale rows; rows
+    // this thread's rows of C (fragment layout as in gt_kernel) and their scale rows; rows
     // beyond m read scale 0 (their results are never stored)
     const int r = m0 + wg * 64 + warp * 16 + (lane >> 2);
     const float *sa0 = r < G.m ? G.sa + (size_t)r * nk : nullptr;

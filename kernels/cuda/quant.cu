@@ -513,14 +513,21 @@ __device__ __forceinline__ uint32_t fq_pair(float x0, float x1, float d, int sr,
            encode<LB_E4M3>(q1, 1, d_rand(rbase, at + 1)) << 8;
 }
 
-// The whole tile's maximum (128x128 blocks) from each thread's m; every thread gets it.
-__device__ __forceinline__ uint32_t fq_tile_max(uint32_t m, uint32_t *red, int warp, int lane)
+// 128x128 blocks: the tile's scale from every thread's values (thread 0 writes it to Q's
+// scales); every thread gets it. red: 8 words of shared memory.
+__device__ __forceinline__ float fq_tile_scale(const float4 (&v)[16], uint32_t *red,
+                                               const fq_group &G, int tr, int tc, int tid)
 {
+    uint32_t m = 0;
+#pragma unroll
+    for (int s = 0; s < 16; s++) m = max(m, fq_abs4(v[s]));
     m = __reduce_max_sync(0xffffffffu, m);
-    if (lane == 0) red[warp] = m;
+    if ((tid & 31) == 0) red[tid >> 5] = m;
     __syncthreads();
-    m = red[lane & 7];
-    return __reduce_max_sync(0xffffffffu, m);
+    m = __reduce_max_sync(0xffffffffu, red[tid & 7]);
+    const float sc = fp8_scale(m);
+    if (tid == 0) G.scale[(size_t)tr * G.scols + tc] = sc;
+    return sc;
 }
 
 // COLWISE 0: Q(r, c) = x[r][c]; 1: Q(r, c) = x[c][r].
@@ -544,11 +551,7 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
     if (!COLWISE) {
         float d[16];
         if (P.blk2d) {
-            uint32_t m = 0;
-#pragma unroll
-            for (int s = 0; s < 16; s++) m = max(m, fq_abs4(v[s]));
-            const float sc = fp8_scale(fq_tile_max(m, part[0], warp, lane));
-            if (tid == 0) G.scale[(size_t)tr * G.scols + tc] = sc;
+            const float sc = fq_tile_scale(v, part[0], G, tr, tc, tid);
 #pragma unroll
             for (int s = 0; s < 16; s++) d[s] = sc;
         } else {
@@ -580,12 +583,7 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
 
     float d[4];
     if (P.blk2d) {
-        uint32_t m = 0;
-#pragma unroll
-        for (int s = 0; s < 16; s++) m = max(m, fq_abs4(v[s]));
-        const float sc = fp8_scale(fq_tile_max(m, part[0], warp, lane));
-        if (tid == 0) G.scale[(size_t)tr * G.scols + tc] = sc;
-        d[0] = d[1] = d[2] = d[3] = sc;
+        d[0] = d[1] = d[2] = d[3] = fq_tile_scale(v, part[0], G, tr, tc, tid);
     } else {
         // Q row 4 lane + u: this lane's 16 values, then the 8 warps' through shared memory
 #pragma unroll
