@@ -461,10 +461,12 @@ END_TEST
 // kernel on sm_90) the result is bit for bit each group computed alone and, for one row, that
 // row alone; on a backend with LB_CUDA_GROUPED=0 LB_CUDA_GROUPED_STREAMS=1 (operands converted
 // once, groups on several streams) it is bit for bit one gemm call per group.
-static void grouped_bf16_case(lb_backend *gs, int streams)
+// The three passes of an expert layer of G groups (counts[j] rows each, in -> out features) on
+// gs, grouped, against the CPU, against each group alone (or one gemm call per group with
+// streams) and one row of the last group alone.
+static void grouped_bf16_case(lb_backend *gs, int streams, int G, const int *counts, int in,
+                              int out)
 {
-    enum { G = 6 };
-    const int in = 700, out = 77, counts[G] = {37, 0, 129, 1, 64, 600};
     int n = 0;
     for (int j = 0; j < G; j++) n += counts[j];
     size_t sx = (size_t)n * in, sy = (size_t)n * out, mat = (size_t)out * in, sw = G * mat;
@@ -476,7 +478,8 @@ static void grouped_bf16_case(lb_backend *gs, int streams)
         out_d[r][0] = dpoisoned(sy * 4), out_d[r][1] = dpoisoned(sx * 4);
         out_d[r][2] = dput(dw0, sw * 4);
     }
-    lb_gemm_args g[3][G];
+    lb_gemm_args *g[3];
+    for (int p = 0; p < 3; p++) g[p] = lb_calloc(G, sizeof *g[p]);
     float *yr = lb_calloc(sy, 4), *dxr = lb_calloc(sx, 4), *dwr = hdup(dw0, sw * 4);
     size_t off = 0;
     for (int j = 0; j < G; j++) {
@@ -506,8 +509,8 @@ static void grouped_bf16_case(lb_backend *gs, int streams)
             if (streams) gs->gemm(gs, &one);
             else gs->gemm_grouped(gs, 1, &one);
         }
-    // fprop of row 333 of the last group (a middle row of a middle tile) alone
-    const size_t row = (size_t)(n - counts[G - 1]) + 333;
+    // fprop of a middle row of the last group alone
+    const size_t row = (size_t)(n - counts[G - 1]) + counts[G - 1] / 2;
     float *y1 = dpoisoned((size_t)out * 4);
     lb_gemm_args one = {0, 1, 1, out, in, 1.0f, 0.0f, X + row * in, W + (G - 1) * mat, y1, 1};
     gs->gemm_grouped(gs, 1, &one);
@@ -519,7 +522,7 @@ static void grouped_bf16_case(lb_backend *gs, int streams)
     for (int p = 0; p < 3; p++) {
         float *a = hget(out_d[0][p], sizes[p] * 4), *b = hget(out_d[1][p], sizes[p] * 4);
         char what[96];
-        snprintf(what, sizeof what, "gemm_grouped bf16 %s (%s)", names[p],
+        snprintf(what, sizeof what, "gemm_grouped bf16 %s (%d groups, %s)", names[p], G,
                  streams ? "streams" : "default");
         CHECK_NMSE(what, a, refs[p], sizes[p], B_ACCUM);
         snprintf(what, sizeof what, "gemm_grouped bf16 %s against %s", names[p],
@@ -534,13 +537,20 @@ static void grouped_bf16_case(lb_backend *gs, int streams)
     CHECK_BITS("gemm_grouped bf16 one row alone", y1h, y_all + row * out, (size_t)out * 4);
     dfree(X), dfree(DY), dfree(W), dfree(y1);
     free(x), free(dy), free(w), free(dw0), free(yr), free(dxr), free(dwr), free(y_all), free(y1h);
+    for (int p = 0; p < 3; p++) free(g[p]);
 }
 
 START_TEST(test_gemm_grouped_bf16)
 {
-    grouped_bf16_case(gpu, 0);
+    const int c6[6] = {37, 0, 129, 1, 64, 600};
+    grouped_bf16_case(gpu, 0, 6, c6, 700, 77);   // 128-column tiles (n <= 128)
+    // 70 groups (three launches of at most 32 on sm_90) of 0 to 4 rows and one of 200, with
+    // 256-column tiles
+    int c70[70];
+    for (int j = 0; j < 70; j++) c70[j] = j == 69 ? 200 : j % 5;
+    grouped_bf16_case(gpu, 0, 70, c70, 136, 300);
     lb_backend *gs = cuda_with("LB_CUDA_GROUPED_STREAMS=1", "LB_CUDA_GROUPED=0");
-    grouped_bf16_case(gs, 1);
+    grouped_bf16_case(gs, 1, 6, c6, 700, 77);
     gs->destroy(gs);
 }
 END_TEST
