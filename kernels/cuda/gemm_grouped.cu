@@ -89,6 +89,55 @@ __device__ __forceinline__ void gg_wgmma(float *d, uint64_t da, uint64_t db)
 }
 #endif
 
+// The origin (m0, n0) of a group's local tile u (bm x bn tiles). Tiles go in bands of GG_BAND
+// tile rows, column by column within a band: the blocks resident at one time then share a
+// few A row blocks and a few B column blocks, which stay in L2, where row-major order would
+// stream a whole tile row's B (the LM head's 151936 x 2048 weight: 0.6 GB per tile row) from
+// memory for every tile row. The order of the tiles changes no sum.
+#define GG_BAND 16
+__device__ __forceinline__ void gg_tile(int u, int m, int tiles_n, int bm, int bn, int *m0,
+                                        int *n0)
+{
+    const int tiles_m = (m + bm - 1) / bm, band = u / (GG_BAND * tiles_n);
+    const int h = min(GG_BAND, tiles_m - band * GG_BAND), v = u - band * GG_BAND * tiles_n;
+    *m0 = (band * GG_BAND + v % h) * bm;
+    *n0 = v / h * bn;
+}
+
+// C = alpha d + beta C for a warpgroup's 64 x 128 fragment d: this thread's d[4j + i] is row
+// r + (i >> 1) * 8, column col0 + 8j + 2 (lane % 4) + (i & 1). A pair of columns is one 8-byte
+// store where C's rows allow it (a warp then writes whole 32-byte sectors). beta 0 never reads
+// C (NaN there is overwritten).
+__device__ __forceinline__ void gg_store(const float (&d)[64], float *c, int m, int n,
+                                         float alpha, float beta, int r, int col0, int lane)
+{
+    const bool pair = (n & 1) == 0 && ((uintptr_t)c & 7) == 0;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const int col = col0 + j * 8 + (lane & 3) * 2;
+        if (col >= n) continue;
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int row = r + half * 8;
+            if (row >= m) continue;
+            float *p = c + (size_t)row * n + col;
+            const float v0 = alpha * d[4 * j + 2 * half], v1 = alpha * d[4 * j + 2 * half + 1];
+            if (pair) {   // col is even, so col + 1 < n
+                float2 o = make_float2(v0, v1);
+                if (beta != 0.0f) {
+                    const float2 old = *(const float2 *)p;
+                    o.x = v0 + beta * old.x;
+                    o.y = v1 + beta * old.y;
+                }
+                *(float2 *)p = o;
+            } else {
+                p[0] = beta == 0.0f ? v0 : v0 + beta * p[0];
+                if (col + 1 < n) p[1] = beta == 0.0f ? v1 : v1 + beta * p[1];
+            }
+        }
+    }
+}
+
 // One block per 128 x BN tile; a math warpgroup's 64 x BN share is BN / 128 wgmma accumulators
 // of 64 x 128 (the same k16 steps in the same order for every element whatever BN is).
 #define GT_MAX 32
@@ -155,7 +204,8 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
 
     const int t = blockIdx.x;
     const gt_group &G = lb_group_of(P.g, P.count, t);
-    const int m0 = (t - G.tile0) / G.tiles_n * GG_BM, n0 = (t - G.tile0) % G.tiles_n * BN;
+    int m0, n0;
+    gg_tile(t - G.tile0, G.m, G.tiles_n, GG_BM, BN, &m0, &n0);
     const int nk = (G.k + GG_BK - 1) / GG_BK;
 
     if (tid == 0) {
@@ -211,19 +261,7 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
     const int r = m0 + cw * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
     for (int h = 0; h < NH; h++)
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const int col = n0 + h * 128 + j * 8 + (lane & 3) * 2;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int row = r + (i >> 1) * 8, cc = col + (i & 1);
-                if (row < G.m && cc < G.n) {
-                    float *p = G.c + (size_t)row * G.n + cc;
-                    const float v = G.alpha * d[h][4 * j + i];
-                    *p = G.beta == 0.0f ? v : v + G.beta * *p;   // beta 0 never reads C (NaN)
-                }
-            }
-        }
+        gg_store(d[h], G.c, G.m, G.n, G.alpha, G.beta, r, n0 + h * 128, lane);
 #endif
 }
 
@@ -562,7 +600,8 @@ __global__ void __launch_bounds__(GG_THREADS, 1) gq_kernel(const __grid_constant
 
     const int t = blockIdx.x;
     const gq_group &G = lb_group_of(P.g, P.count, t);
-    const int m0 = (t - G.tile0) / G.tiles_n * GG_BM, n0 = (t - G.tile0) % G.tiles_n * GQ_BN;
+    int m0, n0;
+    gg_tile(t - G.tile0, G.m, G.tiles_n, GG_BM, GQ_BN, &m0, &n0);
     const int nk = G.kb;
     // this thread's rows of C (fragment layout as in gt_kernel) and their scale rows; rows
     // beyond m read scale 0 (their results are never stored)
@@ -596,19 +635,7 @@ __global__ void __launch_bounds__(GG_THREADS, 1) gq_kernel(const __grid_constant
         gq_step<VEC, 0>(d, t0, t1, G, base, scales, m0, n0, kt, sa0, sa1, tid);
     }
 
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const int col = n0 + j * 8 + (lane & 3) * 2;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int row = r + (i >> 1) * 8, cc = col + (i & 1);
-            if (row < G.m && cc < G.n) {
-                float *p = G.c + (size_t)row * G.n + cc;
-                const float v = G.alpha * d[4 * j + i];
-                *p = G.beta == 0.0f ? v : v + G.beta * *p;   // beta 0 never reads C (NaN)
-            }
-        }
-    }
+    gg_store(d, G.c, G.m, G.n, G.alpha, G.beta, r, n0, lane);
 #endif
 }
 
