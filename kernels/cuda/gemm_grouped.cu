@@ -12,15 +12,17 @@
 //    dgrad and wgrad passes are transposed on the way), each row padded with zeros to a
 //    multiple of 8 elements (16 bytes). One launch per GT_MAX groups. The conversion rounds to
 //    nearest even, which is the rounding lb_gemm_args.bf16 asks for.
-// 2. gemm (gt_kernel): one block per 128 x BN tile of some group's C (BN 256, or 128 when some
-//    n is at most 128; a binary search over the groups' first tiles finds the block's group).
+// 2. gemm (gt_kernel): 128 x BN tiles of the groups' C (BN 256, or 128 when some n is at most
+//    128; a binary search over the groups' first tiles finds a tile's group), taken in turn by
+//    one persistent block per multiprocessor, in bands of 16 tile rows (gg_tile).
 //    Two math warpgroups, each 64 rows x BN columns of the tile, fp32 accumulators in
 //    registers, and a producer: one thread of a third warpgroup loads 64-wide slices of k with
 //    TMA (the tensor memory accelerator copies a whole box, zero-fills what lies beyond the
 //    operand and writes the 128-byte swizzle the wgmma descriptors name) into a ring of 4
 //    (BN 256) or 6 stages. Each stage has two barriers in shared memory: full (the copies'
 //    bytes have landed) and empty (both math warpgroups are done with it), so a warpgroup only
-//    ever waits for its data; one wgmma batch stays in flight while the next is issued.
+//    ever waits for its data; one wgmma batch stays in flight while the next is issued, and
+//    the producer fills the next tile's first stages while the math warps store this one.
 //    TMA needs a tensor map per operand (cuTensorMapEncodeTiled, on the host); they travel in
 //    the kernel parameters, which bounds a launch to GT_MAX groups.
 //
@@ -31,10 +33,10 @@
 // as the same row among many), as the deterministic mode asks; it is not the bits of
 // cuBLASLt's GEMM, which sums in its own order (the tests compare each against the CPU).
 //
-// What limits the bf16 kernel (0.6x of cuBLASLt's dense rate, doc/benchmarks.md): every block
-// loads its own A and B slices through L2 (no TMA multicast across a cluster), blocks are not
-// persistent (no epilogue overlapped with the next tile's loads), and the pack converts fp32
-// operands on every call.
+// What limits the bf16 kernel (0.6x of cuBLASLt's dense rate before the persistent blocks and
+// the bands, doc/benchmarks.md): every block loads its own A and B slices through L2 (no TMA
+// multicast across a cluster), the math warps stop multiplying while they store a tile (no
+// second consumer taking turns), and the pack converts fp32 operands on every call.
 //
 // The wgmma code exists only in the sm_90a build; lb_cuda_gemm_grouped_tc_ok says whether the
 // device runs it (compute capability 9.0), and gemm.cu takes its per-group path otherwise.
@@ -138,8 +140,9 @@ __device__ __forceinline__ void gg_store(const float (&d)[64], float *c, int m, 
     }
 }
 
-// One block per 128 x BN tile; a math warpgroup's 64 x BN share is BN / 128 wgmma accumulators
-// of 64 x 128 (the same k16 steps in the same order for every element whatever BN is).
+// A block computes whole 128 x BN tiles; a math warpgroup's 64 x BN share is BN / 128 wgmma
+// accumulators of 64 x 128 (the same k16 steps in the same order for every element whatever
+// BN is).
 #define GT_MAX 32
 #define GT_THREADS 384
 #define GT_STAGES(BN) ((BN) == 256 ? 4 : 6)
@@ -155,7 +158,7 @@ typedef struct {
 } gt_group;
 
 typedef struct {
-    int count;
+    int count, tiles;
     gt_group g[GT_MAX];
 } gt_params;
 
@@ -202,12 +205,6 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
     const uint32_t full = base + S * STAGE, empty = full + 8 * S;   // 8-byte barriers
     const int tid = threadIdx.x, wg = tid >> 7;
 
-    const int t = blockIdx.x;
-    const gt_group &G = lb_group_of(P.g, P.count, t);
-    int m0, n0;
-    gg_tile(t - G.tile0, G.m, G.tiles_n, GG_BM, BN, &m0, &n0);
-    const int nk = (G.k + GG_BK - 1) / GG_BK;
-
     if (tid == 0) {
         for (int s = 0; s < S; s++) {
             gt_bar_init(full + 8 * s, 1);    // the producer's arrival, plus the bytes
@@ -217,51 +214,68 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
     }
     __syncthreads();
 
+    // Persistent: block b takes tiles b, b + grid, ...; the ring position it counts slices
+    // over all of them, so the producer fills the next tile's first stages while the math
+    // warpgroups write the current one out.
     if (wg == 0) {   // the producer: one thread
         if (tid == 0) {
-            for (int kt = 0; kt < nk; kt++) {
-                const int s = kt % S;
-                // the stage's previous slice (kt - S) has been read by both warpgroups
-                if (kt >= S) gt_bar_wait(empty + 8 * s, (kt / S - 1) & 1);
-                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
-                                 full + 8 * s),
-                             "r"(STAGE)
-                             : "memory");
-                gt_load(base + s * STAGE, &G.ta, kt * GG_BK, m0, full + 8 * s);
-                gt_load(base + s * STAGE + GG_TILE_A, &G.tb, kt * GG_BK, n0, full + 8 * s);
+            int it = 0;
+            for (int t = blockIdx.x; t < P.tiles; t += gridDim.x) {
+                const gt_group &G = lb_group_of(P.g, P.count, t);
+                int m0, n0;
+                gg_tile(t - G.tile0, G.m, G.tiles_n, GG_BM, BN, &m0, &n0);
+                const int nk = (G.k + GG_BK - 1) / GG_BK;
+                for (int kt = 0; kt < nk; kt++, it++) {
+                    const int s = it % S;
+                    // the stage's previous slice (it - S) has been read by both warpgroups
+                    if (it >= S) gt_bar_wait(empty + 8 * s, (it / S - 1) & 1);
+                    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                                     full + 8 * s),
+                                 "r"(STAGE)
+                                 : "memory");
+                    gt_load(base + s * STAGE, &G.ta, kt * GG_BK, m0, full + 8 * s);
+                    gt_load(base + s * STAGE + GG_TILE_A, &G.tb, kt * GG_BK, n0, full + 8 * s);
+                }
             }
         }
         return;
     }
 
     const int cw = wg - 1;   // math warpgroup: rows cw * 64 .. + 63 of the tile
-    float d[NH][64];
+    const int warp = (tid >> 5) & 3, lane = tid & 31, lead = (tid & 127) == 0;
+    int it = 0;
+    for (int t = blockIdx.x; t < P.tiles; t += gridDim.x) {
+        const gt_group &G = lb_group_of(P.g, P.count, t);
+        int m0, n0;
+        gg_tile(t - G.tile0, G.m, G.tiles_n, GG_BM, BN, &m0, &n0);
+        const int nk = (G.k + GG_BK - 1) / GG_BK;
+        float d[NH][64];
 #pragma unroll
-    for (int h = 0; h < NH; h++)
+        for (int h = 0; h < NH; h++)
 #pragma unroll
-        for (int i = 0; i < 64; i++) d[h][i] = 0.0f;
-    for (int kt = 0; kt < nk; kt++) {
-        const int s = kt % S;
-        gt_bar_wait(full + 8 * s, (kt / S) & 1);
-        const uint32_t sa = base + s * STAGE + cw * 64 * 128, sb = base + s * STAGE + GG_TILE_A;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+            for (int i = 0; i < 64; i++) d[h][i] = 0.0f;
+        for (int kt = 0; kt < nk; kt++, it++) {
+            const int s = it % S;
+            gt_bar_wait(full + 8 * s, (it / S) & 1);
+            const uint32_t sa = base + s * STAGE + cw * 64 * 128, sb = base + s * STAGE + GG_TILE_A;
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-        for (int kk = 0; kk < GG_BK / 16; kk++)
+            for (int kk = 0; kk < GG_BK / 16; kk++)
 #pragma unroll
-            for (int h = 0; h < NH; h++)
-                gg_wgmma(d[h], gg_desc(sa + kk * 32), gg_desc(sb + h * 128 * 128 + kk * 32));
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        // slice kt - 1's products are done: its stage may be refilled
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        if (kt > 0 && (tid & 127) == 0) gt_bar_arrive(empty + 8 * ((kt - 1) % S));
+                for (int h = 0; h < NH; h++)
+                    gg_wgmma(d[h], gg_desc(sa + kk * 32), gg_desc(sb + h * 128 * 128 + kk * 32));
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            // the previous slice's products are done: its stage may be refilled
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            if (kt > 0 && lead) gt_bar_arrive(empty + 8 * ((it - 1) % S));
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        if (lead) gt_bar_arrive(empty + 8 * ((it - 1) % S));   // the tile's last slice
+        const int r = m0 + cw * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+        for (int h = 0; h < NH; h++)
+            gg_store(d[h], G.c, G.m, G.n, G.alpha, G.beta, r, n0 + h * 128, lane);
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-
-    const int warp = (tid >> 5) & 3, lane = tid & 31;
-    const int r = m0 + cw * 64 + warp * 16 + (lane >> 2);
-#pragma unroll
-    for (int h = 0; h < NH; h++)
-        gg_store(d[h], G.c, G.m, G.n, G.alpha, G.beta, r, n0 + h * 128, lane);
 #endif
 }
 
@@ -376,7 +390,8 @@ template <int BN> static void gemm_launch(lb_cuda_ctx *cx, int tiles, const gt_p
         lb_cuda_smem_limit(gt_kernel<BN>, GT_SMEM(BN));
         smem_set = 1;
     }
-    gt_kernel<BN><<<tiles, GT_THREADS, GT_SMEM(BN), cx->stream>>>(*T);
+    const int grid = tiles < cx->num_sms ? tiles : cx->num_sms;   // persistent blocks
+    gt_kernel<BN><<<grid, GT_THREADS, GT_SMEM(BN), cx->stream>>>(*T);
     LB_CUDA_LAUNCHED(cx);
 }
 
@@ -422,7 +437,7 @@ extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gem
             tiles += (x->m + GG_BM - 1) / GG_BM * G->tiles_n;
         }
         pack_launch(cx, pp);
-        T->count = cnt;
+        T->count = cnt, T->tiles = tiles;
         if (tiles && bn == 256) gemm_launch<256>(cx, tiles, T);
         else if (tiles) gemm_launch<128>(cx, tiles, T);
     }
