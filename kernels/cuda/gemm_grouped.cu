@@ -52,9 +52,7 @@ extern "C" {
 
 #define GG_BM 128          // tile rows: two warpgroups of 64
 #define GG_BK 64           // 64 bf16 = 128 bytes, one row of the 128-byte swizzle atom
-#define GG_THREADS 256     // the fp8 kernel's block: two warpgroups
 #define GG_TILE_A (GG_BM * GG_BK * 2)                  // A's slice of a stage: 16 KB
-#define GG_MAX 240         // fp8 groups per launch (kernel parameter space)
 #define GG_PACK_MAX 64     // operands per pack launch: two per group
 
 // --- the GEMM ----------------------------------------------------------------------------------
@@ -367,16 +365,18 @@ static PFN_cuTensorMapEncodeTiled_v12000 tma_encoder(void)
     return fn;
 }
 
-// The map of a packed operand x (rows, k) with row pitch ld elements: boxes of 64 k x box_rows
-// rows in the 128-byte swizzle; reads beyond (rows, k) give zeros.
-static void tma_map(CUtensorMap *map, const __nv_bfloat16 *x, int rows, int k, int ld,
-                    int box_rows)
+// The map of an operand x (rows, k elements of type dt, k contiguous) with row pitch ld
+// elements: boxes of box_k x box_rows in the 128-byte swizzle (box_k elements are 128 bytes);
+// reads beyond (rows, k) give zeros.
+static void tma_map(CUtensorMap *map, CUtensorMapDataType dt, const void *x, int rows, int k,
+                    int ld, int box_k, int box_rows)
 {
-    const cuuint64_t dim[2] = {(cuuint64_t)k, (cuuint64_t)rows}, pitch[1] = {(cuuint64_t)ld * 2};
-    const cuuint32_t box[2] = {GG_BK, (cuuint32_t)box_rows}, step[2] = {1, 1};
-    CUresult r = tma_encoder()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)x, dim, pitch,
-                               box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+    const size_t esize = dt == CU_TENSOR_MAP_DATA_TYPE_UINT8 ? 1 : 2;
+    const cuuint64_t dim[2] = {(cuuint64_t)k, (cuuint64_t)rows}, pitch[1] = {(cuuint64_t)ld * esize};
+    const cuuint32_t box[2] = {(cuuint32_t)box_k, (cuuint32_t)box_rows}, step[2] = {1, 1};
+    CUresult r = tma_encoder()(map, dt, 2, (void *)x, dim, pitch, box, step,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         lb_die("cuda gemm: cuTensorMapEncodeTiled refused a (%d, %d) operand, pitch %d (error %d)",
@@ -429,8 +429,8 @@ extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gem
             pp->j[pp->count++] = x->transb ? (gg_pack_job){x->b, b, x->n, x->k, ld, 0}
                                            : (gg_pack_job){x->b, b, x->k, x->n, ld, 1};
             gt_group *G = &T->g[i];
-            tma_map(&G->ta, a, x->m, x->k, ld, GG_BM);
-            tma_map(&G->tb, b, x->n, x->k, ld, bn);
+            tma_map(&G->ta, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a, x->m, x->k, ld, GG_BK, GG_BM);
+            tma_map(&G->tb, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, b, x->n, x->k, ld, GG_BK, bn);
             G->c = x->c, G->m = x->m, G->n = x->n, G->k = x->k;
             G->tile0 = tiles, G->tiles_n = (x->n + bn - 1) / bn;
             G->alpha = x->alpha, G->beta = x->beta;
@@ -452,78 +452,41 @@ extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gem
 // (n, KB), KB = ceil(k / 128). No packing: the quantized operands are already k contiguous
 // bytes, which is what the tensor cores read for FP8.
 //
-// One block per 128 x 128 tile of some group's C, two warpgroups of 64 rows. Each 128-element
-// k block (128 bytes a row: one row of the 128-byte swizzle) is one stage of a 6-stage
-// cp.async ring (with, for 1x128 B, the block's 128 column scales). Its four k32 products
-// (wgmma m64n128k32 e4m3) go into a fresh fp32 fragment, which is then added to the
-// accumulator d scaled by sa[row] * sb[col] (DeepSeek-V3's promotion: the tensor cores' FP8
-// sums keep about 14 bits, so they never run longer than one block). Two fragments take turns:
-// block kt + 1's products are queued before block kt is promoted, so the tensor cores work
-// while the warps promote. The order of every sum is fixed (blocks in k order, k32 steps in
-// order within one), so the result is bitwise reproducible and batch invariant, as the bf16
-// kernel above.
+// gq_kernel has gt_kernel's structure (persistent blocks, bands of tile rows, a TMA producer,
+// full/empty barriers per stage) with 128 x 128 tiles. Each 128-element k block (128 bytes a
+// row: one row of the 128-byte swizzle) is one stage of a 6-stage ring; for 1x128 B the
+// producer warp also puts the block's 128 column scales in shared memory. A math warpgroup
+// puts a block's four k32 products (wgmma m64n128k32 e4m3) into a fresh fp32 fragment and adds
+// it to the accumulator d scaled by sa[row] * sb[col] (DeepSeek-V3's promotion: the tensor
+// cores' FP8 sums keep about 14 bits, so they never run longer than one block). The two math
+// warpgroups wait only for their data, so one promotes while the other's products run. The
+// order of every sum is fixed (blocks in k order, k32 steps in order within one), so the result
+// is bitwise reproducible and batch invariant, as the bf16 kernel above.
 //
-// Needs k a multiple of 16 (16-byte rows for cp.async) and row pitches of k bytes; gemm_q.cu
-// sends other groups through gemm_q. (TMA, as for bf16, would need tensor maps per group of
-// quantized operands that the caller allocates separately: not done yet.)
+// Needs k a multiple of 16 (TMA's 16-byte row pitch) and row pitches of k bytes; gemm_q.cu
+// sends other groups through gemm_q.
 #define GQ_BN 128
 #define GQ_BK 128                       // bytes = elements of E4M3; one scale block
 #define GQ_STAGES 6
 #define GQ_STAGE (GG_BM * GQ_BK + GQ_BN * GQ_BK)   // 32 KB
 #define GQ_SCALES (GQ_BN * 4)             // VEC: a stage's B scales, one per column
-#define GQ_SMEM (GQ_STAGES * (GQ_STAGE + GQ_SCALES) + 1024)
+#define GQ_SMEM (GQ_STAGES * (GQ_STAGE + GQ_SCALES) + 1024 + 16 * GQ_STAGES)
 
 typedef struct {
-    const uint8_t *a, *b;       // (m, k), (n, k) E4M3 codes
+    CUtensorMap ta, tb;         // A (m, k), B (n, k) E4M3 codes; boxes 128 x 128 bytes
     const float *sa, *sb;       // (m, kb); (ceil(n / 128), kb) or, 1x128 blocks, (n, kb)
     float *c;                   // (m, n)
-    int m, n, k, kb;
+    int m, n, kb;
     int tile0, tiles_n;
     float alpha, beta;
 } gq_group;
 
 typedef struct {
-    int count;
-    gq_group g[GG_MAX];
+    int count, tiles;
+    gq_group g[GT_MAX];
 } gq_params;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Rows [r0, r0 + 128) x bytes [k0, k0 + 128) of x (rows, k) into a tile in the 128-byte swizzle
-// (row r's 16-byte chunk c at r * 128 + (c ^ (r % 8)) * 16, as TMA writes it for gt_kernel);
-// 256 threads, 4 chunks of 16 bytes each; out-of-range rows and k are zero-filled.
-__device__ __forceinline__ void gq_load(uint32_t dst, const uint8_t *x, int rows, int k, int r0,
-                                        int k0, int tid)
-{
-#pragma unroll
-    for (int i = 0; i < 128 * 8 / GG_THREADS; i++) {
-        const int c = tid + i * GG_THREADS, r = c >> 3, ch = c & 7;
-        const int gr = r0 + r, gk = k0 + ch * 16;
-        const bool ok = gr < rows && gk < k;   // k is a multiple of 16: whole chunks
-        const uint8_t *src = ok ? x + (size_t)gr * k + gk : x;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                         dst + r * 128 + ((ch ^ (r & 7)) << 4)),
-                     "l"(src), "r"(ok ? 16 : 0));
-    }
-}
-
-// Block ks of the tile into stage st: A's and B's 128 x 128 bytes and, VEC, B's 128 column
-// scales of that block (zero beyond n) into the scale area after the stages.
-template <int VEC>
-__device__ __forceinline__ void gq_fill(uint32_t base, int st, const gq_group &G, int m0, int n0,
-                                        int ks, int tid)
-{
-    const uint32_t at = base + st * GQ_STAGE;
-    gq_load(at, G.a, G.m, G.k, m0, ks * GQ_BK, tid);
-    gq_load(at + GG_BM * GQ_BK, G.b, G.n, G.k, n0, ks * GQ_BK, tid);
-    if (VEC && tid < GQ_BN) {
-        const int col = n0 + tid;
-        const float *src = col < G.n ? G.sb + (size_t)col * G.kb + ks : G.sb;
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
-                         base + GQ_STAGES * GQ_STAGE + st * GQ_SCALES + tid * 4),
-                     "l"(src), "r"(col < G.n ? 4 : 0));
-    }
-}
-
 // d (64 x 128 fp32) = (acc ? d : 0) + A (64 x 32) B (128 x 32)^T, E4M3 operands.
 __device__ __forceinline__ void gq_wgmma(float *d, uint64_t da, uint64_t db, int acc)
 {
@@ -535,15 +498,13 @@ __device__ __forceinline__ void gq_wgmma(float *d, uint64_t da, uint64_t db, int
         : "l"(da), "l"(db), "r"(acc));
 }
 
-// d += t * sa[row] * sb (the promotion of one k block's products; VEC: sb per column).
-// VEC: sbs is the block's column scales in shared memory.
+// d += t * sa[row] * sb (the promotion of one k block's products): a0, a1 the scales of this
+// thread's two rows; sb the tile's one scale b2 (VEC 0) or, VEC 1, one per column (the block's
+// 128 scales in shared memory at sbs).
 template <int VEC>
 __device__ __forceinline__ void gq_promote(float (&d)[64], const float (&t)[64], float a0, float a1,
-                                           const gq_group &G, const float *sbs, int n0, int kt,
-                                           int lane)
+                                           float b2, const float *sbs, int lane)
 {
-    float b2 = 0.0f;
-    if (!VEC) b2 = G.sb[(size_t)(n0 / 128) * G.kb + kt];
 #pragma unroll
     for (int j = 0; j < 16; j++) {
         float b0 = b2, b1 = b2;
@@ -557,100 +518,99 @@ __device__ __forceinline__ void gq_promote(float (&d)[64], const float (&t)[64],
         d[4 * j + 3] = fmaf(t[4 * j + 3], a1 * b1, d[4 * j + 3]);
     }
 }
-
-// The four k32 products of the k block in stage st into t (fresh: the first overwrites).
-__device__ __forceinline__ void gq_block(float (&t)[64], uint32_t base, int st, int wg)
-{
-    const uint32_t sa = base + st * GQ_STAGE + wg * 64 * 128, sb = base + st * GQ_STAGE + GG_BM * GQ_BK;
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < GQ_BK / 32; kk++)   // k32 steps: 32 bytes further in each row
-        gq_wgmma(t, gg_desc(sa + kk * 32), gg_desc(sb + kk * 32), kk);
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-
-// One step of the main loop: block kt's products are in flight into cur; block kt + 1's are
-// queued into nxt behind them (NEXT: there is a block kt + 1), then block kt is promoted while
-// the tensor cores work on kt + 1 (two fragments, so the promotion never leaves the tensor
-// cores idle). NEXT is a template argument so that no branch merges fragments in flight
-// (ptxas would serialize the wgmma pipeline to copy them).
-template <int VEC, int NEXT>
-__device__ __forceinline__ void gq_step(float (&d)[64], float (&cur)[64], float (&nxt)[64],
-                                        const gq_group &G, uint32_t base, const float *scales,
-                                        int m0, int n0, int kt, const float *sa0,
-                                        const float *sa1, int tid)
-{
-    constexpr int S = GQ_STAGES;
-    const int nk = G.kb, wg = tid >> 7, lane = tid & 31;
-    // Block kt + 1 has landed (its cp.async group is number kt + 1; S - 1 + kt are committed).
-    // Every warpgroup has finished block kt - 1 (the wait below, one step ago), so that
-    // block's stage takes block kt - 1 + S (at kt = 0 the one stage the prologue left empty).
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 3));
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
-    const int ks = kt - 1 + S;
-    if (ks < nk) gq_fill<VEC>(base, ks % S, G, m0, n0, ks, tid);
-    asm volatile("cp.async.commit_group;\n" ::);
-    const float a0 = sa0 ? sa0[kt] : 0.0f, a1 = sa1 ? sa1[kt] : 0.0f;
-    if (NEXT) {
-        gq_block(nxt, base, (kt + 1) % S, wg);
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-    } else {
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    }
-    gq_promote<VEC>(d, cur, a0, a1, G, scales + (kt % S) * GQ_BN, n0, kt, lane);
-}
 #endif
 
 // VEC 0: B has 128x128 blocks (one scale per tile and k block); 1: 1x128 (one per column).
 template <int VEC>
-__global__ void __launch_bounds__(GG_THREADS, 1) gq_kernel(const __grid_constant__ gq_params P)
+__global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant__ gq_params P)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int S = GQ_STAGES;
     extern __shared__ uint8_t gq_smem[];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(gq_smem), base = (raw + 1023) & ~1023u;
-    const float *scales = (const float *)(gq_smem + (base - raw) + S * GQ_STAGE);   // VEC
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    float *scales = (float *)(gq_smem + (base - raw) + S * GQ_STAGE);   // VEC: S x 128
+    const uint32_t full = base + S * (GQ_STAGE + GQ_SCALES), empty = full + 8 * S;
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
 
-    const int t = blockIdx.x;
-    const gq_group &G = lb_group_of(P.g, P.count, t);
-    int m0, n0;
-    gg_tile(t - G.tile0, G.m, G.tiles_n, GG_BM, GQ_BN, &m0, &n0);
-    const int nk = G.kb;
-    // this thread's rows of C (fragment layout as in gt_kernel) and their scale rows; rows
-    // beyond m read scale 0 (their results are never stored)
-    const int r = m0 + wg * 64 + warp * 16 + (lane >> 2);
-    const float *sa0 = r < G.m ? G.sa + (size_t)r * nk : nullptr;
-    const float *sa1 = r + 8 < G.m ? G.sa + (size_t)(r + 8) * nk : nullptr;
-
-    float d[64], t0[64], t1[64];
-#pragma unroll
-    for (int i = 0; i < 64; i++) d[i] = 0.0f;
-
-    // blocks 0 .. S - 2 into stages 0 .. S - 2 (cp.async group b holds block b), then block
-    // 0's products
-    for (int s = 0; s < S - 1; s++) {
-        if (s < nk) gq_fill<VEC>(base, s, G, m0, n0, s, tid);
-        asm volatile("cp.async.commit_group;\n" ::);
+    if (tid == 0) {
+        for (int s = 0; s < S; s++) {
+            // the producer's arrival plus the bytes (VEC: every producer lane's, after its
+            // scales); one arrival per math warp once it is done with the stage
+            gt_bar_init(full + 8 * s, VEC ? 32 : 1);
+            gt_bar_init(empty + 8 * s, 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2));
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
-    gq_block(t0, base, 0, wg);
-    int kt = 0;
-    for (; kt + 2 < nk; kt += 2) {   // blocks kt + 1 and kt + 2 exist
-        gq_step<VEC, 1>(d, t0, t1, G, base, scales, m0, n0, kt, sa0, sa1, tid);
-        gq_step<VEC, 1>(d, t1, t0, G, base, scales, m0, n0, kt + 1, sa0, sa1, tid);
-    }
-    if (kt + 1 < nk) {               // the last two blocks
-        gq_step<VEC, 1>(d, t0, t1, G, base, scales, m0, n0, kt, sa0, sa1, tid);
-        gq_step<VEC, 0>(d, t1, t0, G, base, scales, m0, n0, kt + 1, sa0, sa1, tid);
-    } else {                         // the last block
-        gq_step<VEC, 0>(d, t0, t1, G, base, scales, m0, n0, kt, sa0, sa1, tid);
+
+    if (wg == 0) {   // the producer: one warp (lane 0 issues the copies)
+        if (tid < 32) {
+            int it = 0;
+            for (int t = blockIdx.x; t < P.tiles; t += gridDim.x) {
+                const gq_group &G = lb_group_of(P.g, P.count, t);
+                int m0, n0;
+                gg_tile(t - G.tile0, G.m, G.tiles_n, GG_BM, GQ_BN, &m0, &n0);
+                for (int kt = 0; kt < G.kb; kt++, it++) {
+                    const int s = it % S;
+                    if (it >= S) gt_bar_wait(empty + 8 * s, (it / S - 1) & 1);
+                    if (VEC)
+#pragma unroll
+                        for (int i = 0; i < GQ_BN / 32; i++) {
+                            const int col = n0 + lane + 32 * i;
+                            scales[s * GQ_BN + lane + 32 * i] =
+                                col < G.n ? G.sb[(size_t)col * G.kb + kt] : 0.0f;
+                        }
+                    if (lane == 0) {
+                        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                                         full + 8 * s),
+                                     "r"(GQ_STAGE)
+                                     : "memory");
+                        gt_load(base + s * GQ_STAGE, &G.ta, kt * GQ_BK, m0, full + 8 * s);
+                        gt_load(base + s * GQ_STAGE + GG_BM * GQ_BK, &G.tb, kt * GQ_BK, n0,
+                                full + 8 * s);
+                    } else if (VEC) {
+                        gt_bar_arrive(full + 8 * s);   // releases this lane's scales
+                    }
+                }
+            }
+        }
+        return;
     }
 
-    gg_store(d, G.c, G.m, G.n, G.alpha, G.beta, r, n0, lane);
+    const int cw = wg - 1, warp = (tid >> 5) & 3;
+    int it = 0;
+    for (int t = blockIdx.x; t < P.tiles; t += gridDim.x) {
+        const gq_group &G = lb_group_of(P.g, P.count, t);
+        int m0, n0;
+        gg_tile(t - G.tile0, G.m, G.tiles_n, GG_BM, GQ_BN, &m0, &n0);
+        // this thread's rows of C (gg_store's layout) and their scale rows; rows beyond m
+        // read scale 0 (their results are never stored)
+        const int r = m0 + cw * 64 + warp * 16 + (lane >> 2);
+        const float *sa0 = r < G.m ? G.sa + (size_t)r * G.kb : nullptr;
+        const float *sa1 = r + 8 < G.m ? G.sa + (size_t)(r + 8) * G.kb : nullptr;
+        float d[64], tf[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++) d[i] = 0.0f;
+        for (int kt = 0; kt < G.kb; kt++, it++) {
+            const int s = it % S;
+            gt_bar_wait(full + 8 * s, (it / S) & 1);
+            const uint32_t sa = base + s * GQ_STAGE + cw * 64 * 128;
+            const uint32_t sb = base + s * GQ_STAGE + GG_BM * GQ_BK;
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int kk = 0; kk < GQ_BK / 32; kk++)   // k32 steps: 32 bytes further in each row
+                gq_wgmma(tf, gg_desc(sa + kk * 32), gg_desc(sb + kk * 32), kk);
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            // the scales load while the tensor cores work
+            const float a0 = sa0 ? sa0[kt] : 0.0f, a1 = sa1 ? sa1[kt] : 0.0f;
+            const float b2 = VEC ? 0.0f : G.sb[(size_t)(n0 / 128) * G.kb + kt];
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            gq_promote<VEC>(d, tf, a0, a1, b2, scales + s * GQ_BN, lane);
+            __syncwarp();   // the warp's reads of the stage (products, scales) are done
+            if (lane == 0) gt_bar_arrive(empty + 8 * s);
+        }
+        gg_store(d, G.c, G.m, G.n, G.alpha, G.beta, r, n0, lane);
+    }
 #endif
 }
 
@@ -665,7 +625,8 @@ extern "C" int lb_cuda_gemm_q_grouped_fits(const lb_qmat *a, const lb_qmat *b)
 }
 
 // The groups g[0 .. count): every one fits (above), with m, n, k > 0 and alpha != 0, and all
-// with the same b block shape. One launch per GG_MAX groups. Queued on cx->stream.
+// with the same b block shape. One launch per GT_MAX groups (their tensor maps travel in the
+// kernel parameters). Queued on cx->stream.
 extern "C" void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_q_args *g)
 {
     static int smem_set[2];
@@ -676,20 +637,26 @@ extern "C" void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_g
         smem_set[vec] = 1;
     }
     gq_params *P = (gq_params *)lb_calloc(1, sizeof *P);
-    for (int g0 = 0; g0 < count; g0 += GG_MAX) {
-        const int cnt = count - g0 < GG_MAX ? count - g0 : GG_MAX;
+    for (int g0 = 0; g0 < count; g0 += GT_MAX) {
+        const int cnt = count - g0 < GT_MAX ? count - g0 : GT_MAX;
         int tiles = 0;
         for (int i = 0; i < cnt; i++) {
             const lb_gemm_q_args *x = &g[g0 + i];
-            const int tn = (x->n + GQ_BN - 1) / GQ_BN;
-            P->g[i] = (gq_group){x->a->data, x->b->data, (const float *)x->a->scale,
-                                 (const float *)x->b->scale, x->c, x->m, x->n, x->k,
-                                 x->a->scols, tiles, tn, x->alpha, x->beta};
-            tiles += (x->m + GG_BM - 1) / GG_BM * tn;
+            gq_group *G = &P->g[i];
+            tma_map(&G->ta, CU_TENSOR_MAP_DATA_TYPE_UINT8, x->a->data, x->m, x->k, x->k, GQ_BK,
+                    GG_BM);
+            tma_map(&G->tb, CU_TENSOR_MAP_DATA_TYPE_UINT8, x->b->data, x->n, x->k, x->k, GQ_BK,
+                    GQ_BN);
+            G->sa = (const float *)x->a->scale, G->sb = (const float *)x->b->scale;
+            G->c = x->c, G->m = x->m, G->n = x->n, G->kb = x->a->scols;
+            G->tile0 = tiles, G->tiles_n = (x->n + GQ_BN - 1) / GQ_BN;
+            G->alpha = x->alpha, G->beta = x->beta;
+            tiles += (x->m + GG_BM - 1) / GG_BM * G->tiles_n;
         }
-        P->count = cnt;
-        if (vec) gq_kernel<1><<<tiles, GG_THREADS, GQ_SMEM, cx->stream>>>(*P);
-        else gq_kernel<0><<<tiles, GG_THREADS, GQ_SMEM, cx->stream>>>(*P);
+        P->count = cnt, P->tiles = tiles;
+        const int grid = tiles < cx->num_sms ? tiles : cx->num_sms;   // persistent blocks
+        if (vec) gq_kernel<1><<<grid, GT_THREADS, GQ_SMEM, cx->stream>>>(*P);
+        else gq_kernel<0><<<grid, GT_THREADS, GQ_SMEM, cx->stream>>>(*P);
         LB_CUDA_LAUNCHED(cx);
     }
     free(P);
