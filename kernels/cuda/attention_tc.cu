@@ -34,7 +34,8 @@
 #include <math.h>
 
 #define TC_KC 64                       // keys per chunk (LB_ATTN_CHUNK)
-#define TC_FWD_WARPS 8                 // forward: 8 warps x 16 query rows per block
+#define TC_FWD_WARPS 4                 // forward: 4 warps x 32 query rows per block
+#define TC_FWD_ROWS (TC_FWD_WARPS * 32)
 #define TC_BWD_WARPS 4                 // backward: 4 warps x 16 rows per block
 #define TC_LOG2E 1.4426950408889634
 #define TC_LN2 0.69314718055994531f
@@ -68,20 +69,23 @@ __device__ __forceinline__ void tc_ldsm_t(uint32_t r[4], const __nv_bfloat16 *p)
                  : "r"(a));
 }
 
-__device__ __forceinline__ uint32_t tc_ld32(const __nv_bfloat16 *p)
+// Four 8x8 bf16 tiles as they are: register i holds row g, columns 2 tq, 2 tq + 1 of tile i.
+__device__ __forceinline__ void tc_ldsm(uint32_t r[4], const __nv_bfloat16 *p)
 {
-    return *reinterpret_cast<const uint32_t *>(p);
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
 }
 
-// A fragment of rows r0 (g) and r0 + 8 of a (rows, DP) bf16 tile in shared memory, k-step kk.
-__device__ __forceinline__ void tc_afrag(uint32_t a[4], const __nv_bfloat16 *s, int DP, int g,
-                                         int tq, int kk)
+// A fragment of rows 0 .. 15 of a (rows, DP) bf16 tile in shared memory, k-step kk: tiles
+// (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15). Rows are an
+// odd number of 16-byte units apart (DP = 16 NK + 8), so a tile's eight rows hit distinct banks.
+__device__ __forceinline__ void tc_afrag(uint32_t a[4], const __nv_bfloat16 *s, int DP, int lane,
+                                         int kk)
 {
-    const __nv_bfloat16 *p = s + g * DP + kk * 16 + 2 * tq;
-    a[0] = tc_ld32(p);
-    a[1] = tc_ld32(p + 8 * DP);
-    a[2] = tc_ld32(p + 8);
-    a[3] = tc_ld32(p + 8 * DP + 8);
+    const int mi = lane >> 3;
+    tc_ldsm(a, s + ((mi & 1) * 8 + (lane & 7)) * DP + kk * 16 + (mi >> 1) * 8);
 }
 
 // The A fragment of k-step kc (columns 16 kc .. 16 kc + 15) of a 16 x 64 tile held in C layout
@@ -95,13 +99,13 @@ __device__ __forceinline__ void tc_ctoa(uint32_t a[4], const float (&s)[8][4], i
 }
 
 // B fragments for "X^T" where X (n, DP) is row-major with n along the product's columns
-// (keys of K for S = Q K^T): column nt * 8 + g, k-step kk.
-__device__ __forceinline__ void tc_bfrag(uint32_t &b0, uint32_t &b1, const __nv_bfloat16 *s,
-                                         int DP, int g, int tq, int nt, int kk)
+// (keys of K for S = Q K^T), k-step kk, n-tiles nt and nt + 1 (columns nt * 8 + g and
+// nt * 8 + 8 + g) in one ldmatrix: b[0], b[1] tile nt; b[2], b[3] tile nt + 1.
+__device__ __forceinline__ void tc_bfrag2(uint32_t b[4], const __nv_bfloat16 *s, int DP, int lane,
+                                          int nt, int kk)
 {
-    const __nv_bfloat16 *p = s + (nt * 8 + g) * DP + kk * 16 + 2 * tq;
-    b0 = tc_ld32(p);
-    b1 = tc_ld32(p + 8);
+    const int mi = lane >> 3;
+    tc_ldsm(b, s + ((nt + (mi >> 1)) * 8 + (lane & 7)) * DP + kk * 16 + (mi & 1) * 8);
 }
 
 // B fragments for X (k, DP) row-major with k along the reduction (V in P V): k-step ks,
@@ -130,75 +134,114 @@ template <int NK> __device__ __forceinline__ void tc_state_init(tc_state<NK> &st
         for (int e = 0; e < 4; e++) st.o[dt][e] = 0.0f;
 }
 
-// Key chunk at j0 for the warp's 16 rows (query fragments qa); rows g and g + 8 see keys up to
-// positions pos0 and pos1. LD gives the K and V fragments (shared memory or the cache); both
-// give the same register values for the same keys, so the arithmetic is the same.
-template <int NK, class LD>
-__device__ __forceinline__ void tc_chunk(tc_state<NK> &st, const uint32_t (&qa)[NK][4],
-                                         const LD &ld, int j0, int pos0, int pos1, float c,
-                                         int lane)
+// Query fragments of one 16-row tile held in registers (the cache kernel).
+template <int NK> struct tc_qreg {
+    const uint32_t (*qa)[4];
+    __device__ void afrag(uint32_t a[4], int, int kk) const
+    {
+#pragma unroll
+        for (int e = 0; e < 4; e++) a[e] = qa[kk][e];
+    }
+};
+
+// Query fragments of the warp's MT 16-row tiles from a (rows, DP) bf16 tile in shared memory.
+struct tc_qsmem {
+    const __nv_bfloat16 *q;
+    int DP, lane;
+    __device__ void afrag(uint32_t a[4], int mt, int kk) const
+    {
+        tc_afrag(a, q + mt * 16 * DP, DP, lane, kk);
+    }
+};
+
+// Key chunk at j0 for the warp's MT tiles of 16 query rows (fragments from QA); row g (+ 8) of
+// tile mt sees keys up to position pos[mt][0] ([mt][1]). LD gives the K and V fragments (shared
+// memory or the cache); both give the same register values for the same keys, and a K or V
+// fragment serves all MT tiles (which halves the shared-memory reads per product at MT 2), so
+// every element's arithmetic is the same whatever MT and LD are.
+template <int NK, int MT, class QA, class LD>
+__device__ __forceinline__ void tc_chunk(tc_state<NK> (&st)[MT], const QA &qa, const LD &ld,
+                                         int j0, const int (&pos)[MT][2], float c, int lane)
 {
     const int tq = lane & 3;
-    float s[8][4];
+    float s[MT][8][4];
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+        for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-    for (int kk = 0; kk < NK; kk++)
+            for (int e = 0; e < 4; e++) s[mt][nt][e] = 0.0f;
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            uint32_t b0, b1;
-            ld.kfrag(b0, b1, nt, kk);
-            tc_mma(s[nt], qa[kk], b0, b1);
+    for (int kk = 0; kk < NK; kk++) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) qa.afrag(a[mt], mt, kk);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt += 2) {
+            uint32_t b[4];
+            ld.kfrag2(b, nt, kk);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                tc_mma(s[mt][nt], a[mt], b[0], b[1]);
+                tc_mma(s[mt][nt + 1], a[mt], b[2], b[3]);
+            }
         }
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int j = j0 + nt * 8 + 2 * tq + (e & 1);
-            const float x = j <= (e < 2 ? pos0 : pos1) ? __fmul_rn(s[nt][e], c) : -INFINITY;
-            s[nt][e] = x;
-            mx[e >> 1] = fmaxf(mx[e >> 1], x);
-        }
-    float alpha[2], mn[2], ls[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        mn[r] = fmaxf(st.m[r], mx[r]);            // finite: key 0 of chunk 0 is never masked
-        alpha[r] = exp2f(__fsub_rn(st.m[r], mn[r]));   // 0 on the first chunk
     }
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+    for (int mt = 0; mt < MT; mt++) {
+        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const float p = exp2f(__fsub_rn(s[nt][e], mn[e >> 1]));   // exactly 0 if masked
-            s[nt][e] = p;
-            ls[e >> 1] = __fadd_rn(ls[e >> 1], p);
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = j0 + nt * 8 + 2 * tq + (e & 1);
+                const float x = j <= pos[mt][e >> 1] ? __fmul_rn(s[mt][nt][e], c) : -INFINITY;
+                s[mt][nt][e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+        float alpha[2], mn[2], ls[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            mn[r] = fmaxf(st[mt].m[r], mx[r]);   // finite: key 0 of chunk 0 is never masked
+            alpha[r] = exp2f(__fsub_rn(st[mt].m[r], mn[r]));   // 0 on the first chunk
         }
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        ls[r] = __fadd_rn(ls[r], __shfl_xor_sync(0xffffffffu, ls[r], 1));
-        ls[r] = __fadd_rn(ls[r], __shfl_xor_sync(0xffffffffu, ls[r], 2));
-        st.l[r] = __fadd_rn(__fmul_rn(st.l[r], alpha[r]), ls[r]);
-        st.m[r] = mn[r];
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float p = exp2f(__fsub_rn(s[mt][nt][e], mn[e >> 1]));   // 0 if masked
+                s[mt][nt][e] = p;
+                ls[e >> 1] = __fadd_rn(ls[e >> 1], p);
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            ls[r] = __fadd_rn(ls[r], __shfl_xor_sync(0xffffffffu, ls[r], 1));
+            ls[r] = __fadd_rn(ls[r], __shfl_xor_sync(0xffffffffu, ls[r], 2));
+            st[mt].l[r] = __fadd_rn(__fmul_rn(st[mt].l[r], alpha[r]), ls[r]);
+            st[mt].m[r] = mn[r];
+        }
+#pragma unroll
+        for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                st[mt].o[dt][e] = __fmul_rn(st[mt].o[dt][e], alpha[e >> 1]);
     }
-#pragma unroll
-    for (int dt = 0; dt < 2 * NK; dt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) st.o[dt][e] = __fmul_rn(st.o[dt][e], alpha[e >> 1]);
 #pragma unroll
     for (int ks = 0; ks < 4; ks++) {
-        uint32_t pa[4];
-        tc_ctoa(pa, s, ks);
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) tc_ctoa(pa[mt], s[mt], ks);
 #pragma unroll
         for (int dt = 0; dt < 2 * NK; dt += 2) {
             uint32_t b[4];
             ld.vfrag2(b, ks, dt);
-            tc_mma(st.o[dt], pa, b[0], b[1]);
-            tc_mma(st.o[dt + 1], pa, b[2], b[3]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                tc_mma(st[mt].o[dt], pa[mt], b[0], b[1]);
+                tc_mma(st[mt].o[dt + 1], pa[mt], b[2], b[3]);
+            }
         }
     }
 }
@@ -275,9 +318,9 @@ __device__ __forceinline__ void tc_qfrag(uint32_t (&qa)[NK][4], const float *q0,
 struct tc_smem_ld {
     const __nv_bfloat16 *k, *v;
     int DP, g, tq, lane;
-    __device__ void kfrag(uint32_t &b0, uint32_t &b1, int nt, int kk) const
+    __device__ void kfrag2(uint32_t b[4], int nt, int kk) const
     {
-        tc_bfrag(b0, b1, k, DP, g, tq, nt, kk);
+        tc_bfrag2(b, k, DP, lane, nt, kk);
     }
     __device__ void vfrag2(uint32_t b[4], int ks, int dt) const
     {
@@ -285,7 +328,10 @@ struct tc_smem_ld {
     }
 };
 
-// Shared memory: two stages of K and V chunks (TC_KC, DP) each.
+// A block is TC_FWD_ROWS query rows of one (batch, head), 32 per warp (two 16-row tiles that
+// share every K and V fragment). Blocks are taken from the last rows first: causal rows late in
+// the sequence have the most keys, and starting them first leaves short blocks for the tail.
+// Shared memory: Q (TC_FWD_ROWS, DP), then two stages of K and V chunks (TC_KC, DP) each.
 template <int NK>
 __global__ void __launch_bounds__(TC_FWD_WARPS * 32)
 tc_fwd_kernel(float *out, float *lse, const float *q, const __nv_bfloat16 *kb,
@@ -293,20 +339,29 @@ tc_fwd_kernel(float *out, float *lse, const float *q, const __nv_bfloat16 *kb,
 {
     constexpr int DP = 16 * NK + 8, NT = TC_FWD_WARPS * 32, TILE = TC_KC * DP;
     extern __shared__ __align__(16) unsigned char tc_sm[];
-    __nv_bfloat16 *sm = reinterpret_cast<__nv_bfloat16 *>(tc_sm);
+    __nv_bfloat16 *qs = reinterpret_cast<__nv_bfloat16 *>(tc_sm);
+    __nv_bfloat16 *sm = qs + TC_FWD_ROWS * DP;
     const int bi = blockIdx.z, h = blockIdx.y, hk = h / (hq / hkv);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
-    const int i0 = blockIdx.x * (TC_FWD_WARPS * 16), iw = i0 + warp * 16;
-    const int r0 = iw + g, r1 = r0 + 8;
-    const int nchunks = (min(i0 + TC_FWD_WARPS * 16, t) - 1) / TC_KC + 1;
+    const int i0 = (gridDim.x - 1 - blockIdx.x) * TC_FWD_ROWS, iw = i0 + warp * 32;
+    const int nchunks = (min(i0 + TC_FWD_ROWS, t) - 1) / TC_KC + 1;
     tc_load<NK, NT>(sm, kb, bi, 0, hk, t, hkv);
     tc_load<NK, NT>(sm + TILE, vb, bi, 0, hk, t, hkv);
     tc_cp_commit();
-    uint32_t qa[NK][4];
-    tc_qfrag<NK>(qa, r0 < t ? q + tc_row(bi, r0, h, t, hq, d) : NULL,
-                 r1 < t ? q + tc_row(bi, r1, h, t, hq, d) : NULL, d, tq);
-    tc_state<NK> st;
-    tc_state_init(st);
+    // Q rounded to bf16 (zeros past d and past t), a pair per thread; read after the first
+    // chunk's barrier.
+    for (int e = threadIdx.x; e < TC_FWD_ROWS * 8 * NK; e += NT) {
+        const int r = e / (8 * NK), x = e % (8 * NK) * 2, i = i0 + r;
+        const float *src = q + tc_row(bi, i < t ? i : 0, h, t, hq, d);
+        const float v0 = i < t && x < d ? src[x] : 0.0f;
+        const float v1 = i < t && x + 1 < d ? src[x + 1] : 0.0f;
+        *reinterpret_cast<uint32_t *>(qs + r * DP + x) = tc_pack(v0, v1);
+    }
+    const tc_qsmem qa = {qs + warp * 32 * DP, DP, lane};
+    const int pos[2][2] = {{iw + g, iw + g + 8}, {iw + 16 + g, iw + 24 + g}};
+    tc_state<NK> st[2];
+    tc_state_init(st[0]);
+    tc_state_init(st[1]);
     for (int ch = 0; ch < nchunks; ch++) {
         const int j0 = ch * TC_KC;
         if (ch + 1 < nchunks) {   // the next chunk into the other stage (free since ch - 1)
@@ -321,25 +376,28 @@ tc_fwd_kernel(float *out, float *lse, const float *q, const __nv_bfloat16 *kb,
         __syncthreads();   // chunk ch has landed for every thread
         const __nv_bfloat16 *ks = sm + (ch & 1) * 2 * TILE;
         const tc_smem_ld ld = {ks, ks + TILE, DP, g, tq, lane};
-        if (iw < t && j0 <= iw + 15) tc_chunk<NK>(st, qa, ld, j0, r0, r1, c, lane);
+        // A chunk past all of tile 0's rows but not tile 1's leaves tile 0 exactly unchanged.
+        if (iw < t && j0 <= iw + 31) tc_chunk<NK, 2>(st, qa, ld, j0, pos, c, lane);
         __syncthreads();   // chunk ch is consumed before its stage is refilled
     }
-    const int rows[2] = {r0, r1};
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (rows[r] >= t) continue;
-        float *o = out + tc_row(bi, rows[r], h, t, hq, d);
+    for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-        for (int dt = 0; dt < 2 * NK; dt++)
+        for (int r = 0; r < 2; r++) {
+            const int row = pos[mt][r];
+            if (row >= t) continue;
+            float *o = out + tc_row(bi, row, h, t, hq, d);
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int x = dt * 8 + 2 * tq + e;
-                if (x < d) o[x] = __fdiv_rn(st.o[dt][2 * r + e], st.l[r]);
-            }
-        if (tq == 0)
-            lse[((size_t)bi * hq + h) * t + rows[r]] =
-                __fmul_rn(__fadd_rn(st.m[r], log2f(st.l[r])), TC_LN2);
-    }
+            for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int x = dt * 8 + 2 * tq + e;
+                    if (x < d) o[x] = __fdiv_rn(st[mt].o[dt][2 * r + e], st[mt].l[r]);
+                }
+            if (tq == 0)
+                lse[((size_t)bi * hq + h) * t + row] =
+                    __fmul_rn(__fadd_rn(st[mt].m[r], log2f(st[mt].l[r])), TC_LN2);
+        }
 }
 
 // --- attention over the KV cache ------------------------------------------------------------
@@ -362,6 +420,11 @@ struct tc_cache_ld {
         const int j = j0 + nt * 8 + g, x = kk * 16 + 2 * tq;
         b0 = tc_pack(at(c->k, c->ks, j, x), at(c->k, c->ks, j, x + 1));
         b1 = tc_pack(at(c->k, c->ks, j, x + 8), at(c->k, c->ks, j, x + 9));
+    }
+    __device__ void kfrag2(uint32_t b[4], int nt, int kk) const
+    {
+        kfrag(b[0], b[1], nt, kk);
+        kfrag(b[2], b[3], nt + 1, kk);
     }
     __device__ void vfrag2(uint32_t b[4], int ks, int dt) const
     {
@@ -400,12 +463,14 @@ tc_cached_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slot,
     uint32_t qa[NK][4];
     tc_qfrag<NK>(qa, hr[0] < hmax ? q + ((size_t)i * hq + hr[0]) * d : NULL,
                  hr[1] < hmax ? q + ((size_t)i * hq + hr[1]) * d : NULL, d, tq);
-    tc_state<NK> st;
-    tc_state_init(st);
+    const tc_qreg<NK> qr = {qa};
+    const int pos2[1][2] = {{ps, ps}};
+    tc_state<NK> st[1];
+    tc_state_init(st[0]);
     tc_cache_ld ld = {&c, (size_t)sl * c.cap * c.hkv + hk, 0, ps, g, tq, (d + 127) / 128};
     for (int j0 = 0; j0 <= ps; j0 += TC_KC) {
         ld.j0 = j0;
-        tc_chunk<NK>(st, qa, ld, j0, ps, ps, cl, lane);
+        tc_chunk<NK, 1>(st, qr, ld, j0, pos2, cl, lane);
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -416,7 +481,7 @@ tc_cached_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slot,
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int x = dt * 8 + 2 * tq + e;
-                if (x < d) o[x] = __fdiv_rn(st.o[dt][2 * r + e], st.l[r]);
+                if (x < d) o[x] = __fdiv_rn(st[0].o[dt][2 * r + e], st[0].l[r]);
             }
     }
 }
@@ -453,7 +518,7 @@ tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
     __nv_bfloat16 *sm = reinterpret_cast<__nv_bfloat16 *>(tc_sm);
     const int bi = blockIdx.z, h = blockIdx.y, hk = h / (hq / hkv);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
-    const int i0 = blockIdx.x * (TC_BWD_WARPS * 16), iw = i0 + warp * 16;
+    const int i0 = (gridDim.x - 1 - blockIdx.x) * (TC_BWD_WARPS * 16), iw = i0 + warp * 16;
     const int rows[2] = {iw + g, iw + g + 8};
     const size_t lrow = ((size_t)bi * hq + h) * t;
     const int nchunks = (min(i0 + TC_BWD_WARPS * 16, t) - 1) / TC_KC + 1;
@@ -498,12 +563,14 @@ tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
 #pragma unroll
             for (int kk = 0; kk < NK; kk++)
 #pragma unroll
-                for (int nt = 0; nt < 8; nt++) {
-                    uint32_t b0, b1;
-                    tc_bfrag(b0, b1, ks, DP, g, tq, nt, kk);
-                    tc_mma(s[nt], qa[kk], b0, b1);
-                    tc_bfrag(b0, b1, vs, DP, g, tq, nt, kk);
-                    tc_mma(dp[nt], ga[kk], b0, b1);
+                for (int nt = 0; nt < 8; nt += 2) {
+                    uint32_t b[4];
+                    tc_bfrag2(b, ks, DP, lane, nt, kk);
+                    tc_mma(s[nt], qa[kk], b[0], b[1]);
+                    tc_mma(s[nt + 1], qa[kk], b[2], b[3]);
+                    tc_bfrag2(b, vs, DP, lane, nt, kk);
+                    tc_mma(dp[nt], ga[kk], b[0], b[1]);
+                    tc_mma(dp[nt + 1], ga[kk], b[2], b[3]);
                 }
 #pragma unroll
             for (int nt = 0; nt < 8; nt++)
@@ -606,15 +673,17 @@ tc_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfl
 #pragma unroll
             for (int kk = 0; kk < NK; kk++) {
                 uint32_t ka[4], va[4];
-                tc_afrag(ka, kw, DP, g, tq, kk);
-                tc_afrag(va, vw, DP, g, tq, kk);
+                tc_afrag(ka, kw, DP, lane, kk);
+                tc_afrag(va, vw, DP, lane, kk);
 #pragma unroll
-                for (int nt = 0; nt < 8; nt++) {
-                    uint32_t b0, b1;
-                    tc_bfrag(b0, b1, qs, DP, g, tq, nt, kk);
-                    tc_mma(s[nt], ka, b0, b1);
-                    tc_bfrag(b0, b1, gs, DP, g, tq, nt, kk);
-                    tc_mma(dp[nt], va, b0, b1);
+                for (int nt = 0; nt < 8; nt += 2) {
+                    uint32_t b[4];
+                    tc_bfrag2(b, qs, DP, lane, nt, kk);
+                    tc_mma(s[nt], ka, b[0], b[1]);
+                    tc_mma(s[nt + 1], ka, b[2], b[3]);
+                    tc_bfrag2(b, gs, DP, lane, nt, kk);
+                    tc_mma(dp[nt], va, b[0], b[1]);
+                    tc_mma(dp[nt + 1], va, b[2], b[3]);
                 }
             }
             // s <- p, dp <- ds; query i = c0 + column, key j = keys[row]
@@ -692,9 +761,9 @@ static void fwd_nk(lb_cuda_ctx *cx, float *out, float *lse, const float *q, cons
     __nv_bfloat16 *kb = (__nv_bfloat16 *)w, *vb = (__nv_bfloat16 *)(w + kbytes);
     tc_to_bf16(cx, kb, k, krows, d);
     tc_to_bf16(cx, vb, v, krows, d);
-    const size_t smem = (size_t)4 * TC_KC * (16 * NK + 8) * sizeof(__nv_bfloat16);
+    const size_t smem = (size_t)(TC_FWD_ROWS + 4 * TC_KC) * (16 * NK + 8) * sizeof(__nv_bfloat16);
     lb_cuda_smem_limit(tc_fwd_kernel<NK>, smem);
-    dim3 grid((t + TC_FWD_WARPS * 16 - 1) / (TC_FWD_WARPS * 16), hq, b);
+    dim3 grid((t + TC_FWD_ROWS - 1) / TC_FWD_ROWS, hq, b);
     tc_fwd_kernel<NK><<<grid, TC_FWD_WARPS * 32, smem, cx->stream>>>(out, lse, q, kb, vb, t, hq,
                                                                       hkv, d, tc_c(d));
     LB_CUDA_LAUNCHED(cx);
