@@ -270,9 +270,11 @@ struct lb_backend {
 
     // --- optimizer ------------------------------------------------------------------------------
     // AdamW with decoupled weight decay and bias correction; step counts from 1.
-    // p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p)
-    void (*adamw)(lb_backend *, float *p, const float *g, float *m, float *v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float wd, int step);
+    // p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p). The gradient used is g * gscale rounded
+    // to fp32 (gradient clipping's factor, 1 for none: bitwise `scale` then adamw, without
+    // writing g); g is not modified.
+    void (*adamw)(lb_backend *, float *p, const float *g, float gscale, float *m, float *v,
+                  size_t n, float lr, float beta1, float beta2, float eps, float wd, int step);
 };
 
 // Backends. Each returns NULL with a message in err (size errlen) when not available here.

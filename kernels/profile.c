@@ -194,9 +194,9 @@ W(cross_entropy_bwd_rows,
   (lb_backend *be, float *d, const float *lg, const int32_t *t, const float *dl, int n, int v),
   (in, d, lg, t, dl, n, v))
 W(adamw,
-  (lb_backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
-   float b2, float eps, float wd, int step),
-  (in, p, g, m, v, n, lr, b1, b2, eps, wd, step))
+  (lb_backend *be, float *p, const float *g, float gs, float *m, float *v, size_t n, float lr,
+   float b1, float b2, float eps, float wd, int step),
+  (in, p, g, gs, m, v, n, lr, b1, b2, eps, wd, step))
 #undef W
 
 static void w_sync(lb_backend *be) { ((prof *)be->ctx)->in->sync(((prof *)be->ctx)->in); }

@@ -187,7 +187,7 @@ static float *grad_at(lb_optimizer *o, size_t i)
 // The offloaded segments' AdamW on their host copies (a thread of its own, see the step).
 typedef struct {
     lb_optimizer *o;
-    float lr;
+    float lr, gscale;
     int step;
 } host_job;
 
@@ -199,9 +199,9 @@ static void *host_update(void *arg)
     for (int i = 0; i < o->nseg; i++) {
         const lb_optim_segment *s = &o->seg[i];
         if (!s->host) continue;
-        o->host->adamw(o->host, o->host_p + s->mat, o->host_g + s->mat, o->host_m + s->mat,
-                       o->host_v + s->mat, s->end - s->begin, j->lr, (float)c->beta1,
-                       (float)c->beta2, (float)c->eps, s->wd, j->step);
+        o->host->adamw(o->host, o->host_p + s->mat, o->host_g + s->mat, j->gscale,
+                       o->host_m + s->mat, o->host_v + s->mat, s->end - s->begin, j->lr,
+                       (float)c->beta1, (float)c->beta2, (float)c->eps, s->wd, j->step);
     }
     return NULL;
 }
@@ -259,15 +259,12 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
         lb_comm_sync(g);
     }
     double norm = sqrt(global_sumsq(o));
-    if (c->grad_clip > 0 && norm > c->grad_clip) {
-        float s = (float)(c->grad_clip / norm);
-        if (o->grad_shard) be->scale(be, o->grad_shard, s, o->shard_len);
-        else be->scale(be, m->grads, s, m->nparams);
-    }
+    // Clipping scales the gradients inside adamw (one pass over them fewer than scaling first).
+    float gscale = c->grad_clip > 0 && norm > c->grad_clip ? (float)(c->grad_clip / norm) : 1.0f;
     double lr = lb_optimizer_lr(c, step);
     // Offloaded segments: their parameters and gradients to the host, where a thread updates
     // them with the CPU backend while the backend updates the others.
-    host_job job = {o, (float)lr, step};
+    host_job job = {o, (float)lr, gscale, step};
     pthread_t th;
     if (o->host) {
         for (int i = 0; i < o->nseg; i++) {
@@ -283,7 +280,7 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
     for (int i = 0; i < o->nseg; i++) {
         const lb_optim_segment *s = &o->seg[i];
         if (s->host) continue;
-        be->adamw(be, m->params + s->begin, grad_at(o, s->begin), o->adam_m + s->mat,
+        be->adamw(be, m->params + s->begin, grad_at(o, s->begin), gscale, o->adam_m + s->mat,
                   o->adam_v + s->mat, s->end - s->begin, (float)lr, (float)c->beta1,
                   (float)c->beta2, (float)c->eps, s->wd, step);
     }

@@ -1134,14 +1134,18 @@ START_TEST(test_adamw)
     float *p0 = randn(n, 1), *g = randn(n, 1), *m0 = randn(n, 0.1f), *v0 = randn(n, 0.01f);
     for (size_t i = 0; i < n; i++) v0[i] = fabsf(v0[i]);
     float *p = hdup(p0, n * 4), *m = hdup(m0, n * 4), *v = hdup(v0, n * 4);
-    cpu->adamw(cpu, p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+    cpu->adamw(cpu, p, g, 0.37f, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
     float *P = gpu->alloc(gpu, n * 4), *G = dput(g, n * 4), *M = gpu->alloc(gpu, n * 4);
     float *Vd = gpu->alloc(gpu, n * 4);
-    float *keep[2][3];
-    for (int r = 0; r < 2; r++) {
+    float *keep[3][3];
+    // Runs 0 and 1: 16-byte aligned arrays (the float4 path and its 3-element tail); run 2 from
+    // element 1 (the scalar path): every element is computed alike, so all three agree bitwise.
+    for (int r = 0; r < 3; r++) {
+        const size_t o = r == 2;
         gpu->upload(gpu, P, p0, n * 4), gpu->upload(gpu, M, m0, n * 4);
         gpu->upload(gpu, Vd, v0, n * 4);
-        gpu->adamw(gpu, P, G, M, Vd, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+        gpu->adamw(gpu, P + o, G + o, 0.37f, M + o, Vd + o, n - o, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                   0.1f, 3);
         keep[r][0] = hget(P, n * 4), keep[r][1] = hget(M, n * 4), keep[r][2] = hget(Vd, n * 4);
     }
     // p moves by about lr = 1e-3 from p0 ~ 1, so a wrong update of relative size r shows as
@@ -1149,8 +1153,11 @@ START_TEST(test_adamw)
     CHECK_NMSE("adamw p", keep[0][0], p, n, B_ROUND);
     CHECK_NMSE("adamw m", keep[0][1], m, n, B_ROUND);
     CHECK_NMSE("adamw v", keep[0][2], v, n, B_ROUND);
-    for (int i = 0; i < 3; i++) CHECK_BITS("adamw, run twice", keep[0][i], keep[1][i], n * 4);
-    for (int r = 0; r < 2; r++)
+    for (int i = 0; i < 3; i++) {
+        CHECK_BITS("adamw, run twice", keep[0][i], keep[1][i], n * 4);
+        CHECK_BITS("adamw, unaligned", keep[0][i] + 1, keep[2][i] + 1, (n - 1) * 4);
+    }
+    for (int r = 0; r < 3; r++)
         for (int i = 0; i < 3; i++) free(keep[r][i]);
     dfree(P), dfree(G), dfree(M), dfree(Vd);
     free(p0), free(g), free(m0), free(v0), free(p), free(m), free(v);

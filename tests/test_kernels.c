@@ -903,13 +903,13 @@ END_TEST
 START_TEST(test_adamw)
 {
     float p = 1.0f, m = 0.0f, v = 0.0f, g = 0.5f;
-    be->adamw(be, &p, &g, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 1);
+    be->adamw(be, &p, &g, 1.0f, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 1);
     double p1 = 1.0 - 0.1 * (0.5 / (0.5 + 1e-8) + 0.01);
     // m and v to 1e-4 relative: 1 - beta in float is 1 - 0.999f = 0.00099998713.
     ck_assert_msg(fabs(m / 0.05 - 1) < 1e-4 && fabs(v / 0.00025 - 1) < 1e-4, "m %g v %g", m, v);
     ck_assert_msg(fabs(p - p1) < 1e-6 && fabs(p1 - 0.899000002) < 1e-12, "step 1: p %.9g", p);
     g = -0.25f;
-    be->adamw(be, &p, &g, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 2);
+    be->adamw(be, &p, &g, 1.0f, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 2);
     double p2 = p1 - 0.1 * ((0.02 / 0.19) / (sqrt(0.00031225 / 0.001999) + 1e-8) + 0.01 * p1);
     ck_assert_msg(fabs(m / 0.02 - 1) < 1e-4 && fabs(v / 0.00031225 - 1) < 1e-4, "m %g v %g", m,
                   v);
@@ -921,10 +921,12 @@ START_TEST(test_adamw)
     for (size_t i = 0; i < n; i++) pr[i] = pp[i];
     for (int step = 1; step <= 3; step++) {
         float *gg = randn(n, 251 + step, 0.1f);
-        be->adamw(be, pp, gg, mm, vv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+        const float gs = step == 2 ? 0.37f : 1.0f;   // a clipped step
+        be->adamw(be, pp, gg, gs, mm, vv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
         for (size_t i = 0; i < n; i++) {
-            mr[i] = 0.9 * mr[i] + 0.1 * gg[i];
-            vr[i] = 0.95 * vr[i] + 0.05 * (double)gg[i] * gg[i];
+            const double gi = (double)gg[i] * gs;
+            mr[i] = 0.9 * mr[i] + 0.1 * gi;
+            vr[i] = 0.95 * vr[i] + 0.05 * gi * gi;
             double mh = mr[i] / (1 - pow(0.9, step)), vh = vr[i] / (1 - pow(0.95, step));
             pr[i] -= 1e-2 * (mh / (sqrt(vh) + 1e-8) + 0.1 * pr[i]);
         }
@@ -933,6 +935,21 @@ START_TEST(test_adamw)
     ASSERT_CLOSE("adamw p, 3 steps", pp, pr, n, 1e-6);
     ASSERT_CLOSE("adamw m", mm, mr, n, 1e-6);
     ASSERT_CLOSE("adamw v", vv, vr, n, 1e-6);
+    // gscale is `scale` then adamw, bit for bit, and leaves g as it was.
+    float *g1 = randn(n, 260, 0.1f), *g2 = lb_malloc(n * 4), *st[2][3];
+    memcpy(g2, g1, n * 4);
+    for (int r = 0; r < 2; r++) {
+        st[r][0] = randn(n, 261, 1), st[r][1] = randn(n, 262, 0.1f), st[r][2] = lb_calloc(n, 4);
+    }
+    be->scale(be, g2, 0.37f, n);
+    be->adamw(be, st[0][0], g2, 1.0f, st[0][1], st[0][2], n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 2);
+    memcpy(g2, g1, n * 4);
+    be->adamw(be, st[1][0], g1, 0.37f, st[1][1], st[1][2], n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 2);
+    ck_assert_msg(!memcmp(g1, g2, n * 4), "adamw changed g");
+    for (int i = 0; i < 3; i++)
+        ck_assert_msg(!memcmp(st[0][i], st[1][i], n * 4), "adamw gscale != scale + adamw (%d)", i);
+    for (int r = 0; r < 2; r++) free(st[r][0]), free(st[r][1]), free(st[r][2]);
+    free(g1), free(g2);
     free(pp), free(mm), free(vv), free(pr), free(mr), free(vr);
 }
 END_TEST

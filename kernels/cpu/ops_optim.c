@@ -70,17 +70,17 @@ static void cpu_cross_entropy_bwd_rows(lb_backend *be, float *dlogits, const flo
         ce_bwd_row(dlogits + (size_t)i * v, logits + (size_t)i * v, targets[i], dloss[i], v);
 }
 
-// m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p -= lr (mhat / (sqrt(vhat) + eps) + wd p)
+// g = g gscale (rounded); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p -= lr (mhat / (sqrt(vhat) + eps) + wd p)
 // with mhat = m / (1 - b1^step), vhat = v / (1 - b2^step); the decay uses the old p.
-static void cpu_adamw(lb_backend *be, float *p, const float *g, float *m, float *v, size_t n,
-                      float lr, float beta1, float beta2, float eps, float wd, int step)
+static void cpu_adamw(lb_backend *be, float *p, const float *g, float gscale, float *m, float *v,
+                      size_t n, float lr, float beta1, float beta2, float eps, float wd, int step)
 {
     if (step < 1) lb_die("adamw: step %d, steps count from 1", step);
     float bc1 = (float)(1.0 - pow((double)beta1, step));
     float bc2 = (float)(1.0 - pow((double)beta2, step));
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (n >= LB_CPU_PAR_MIN)
     for (size_t i = 0; i < n; i++) {
-        float gi = g[i];
+        float gi = g[i] * gscale;
         float mi = beta1 * m[i] + (1.0f - beta1) * gi;
         float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
         m[i] = mi;

@@ -2,9 +2,9 @@
 //
 // Cross-entropy: one block per row (vocabularies up to 151936 and beyond), CE_THREADS threads
 // striding over the row. The row max is exact in any order; the exponential sum takes each
-// exp(l - max) in fp32 (expf, a few ulp) and adds them in double, thread partials in stride
-// order then the block's fixed tree, so a row's loss depends on that row alone and is bitwise
-// reproducible. The CPU reference takes exp in double; the difference is below fp32 rounding
+// exp(l - running max) in fp32 (expf, a few ulp) and adds them in double, rescaled in double
+// when the max grows, thread partials in stride order then the block's fixed tree, so a row's
+// loss depends on that row alone and is bitwise reproducible. The CPU reference takes exp in double; the difference is below fp32 rounding
 // of the loss (tests/test_backend_ops.c states the bound).
 #include "kernels/cuda/cuda.cuh"
 
@@ -12,16 +12,26 @@
 
 #define CE_THREADS 512
 
-// Row statistics shared by the forward and the backward: max m and sum of exp(l - m).
+// Row statistics shared by the forward and the backward: max m and sum of exp(l - m), in one
+// read of the row (a 151936-wide row of a 16384-row batch is not in L2 on a second read). Each
+// thread keeps its running max mt and sum st of expf(l - mt); when mt grows, st is rescaled by
+// exp(old - new) in double. The block then rescales every thread's sum to the row max before
+// the fixed tree. NaN logits make the sum NaN, as in the two-pass form.
 template <typename T>
 __device__ __forceinline__ void ce_row_stats(const T *l, int v, float *m_out, double *sum_out)
 {
-    float m = -INFINITY;
-    for (int j = threadIdx.x; j < v; j += CE_THREADS) m = fmaxf(m, lb_ld(l + j));
-    m = lb_block_max<CE_THREADS>(m);
-    double s = 0.0;
-    for (int j = threadIdx.x; j < v; j += CE_THREADS) s += (double)expf(lb_ld(l + j) - m);
-    s = lb_block_sum<CE_THREADS>(s);
+    float mt = -INFINITY;
+    double st = 0.0;
+    for (int j = threadIdx.x; j < v; j += CE_THREADS) {
+        const float x = lb_ld(l + j);
+        if (x > mt) {
+            st *= exp((double)mt - (double)x);   // 0 * 0 while mt is -inf
+            mt = x;
+        }
+        st += (double)expf(x - mt);
+    }
+    const float m = lb_block_max<CE_THREADS>(mt);
+    const double s = lb_block_sum<CE_THREADS>(st == 0.0 ? 0.0 : st * exp((double)mt - (double)m));
     *m_out = m;
     *sum_out = s;
 }
@@ -116,34 +126,66 @@ static void cuda_cross_entropy_bwd_rows(lb_backend *be, float *dlogits, const fl
 }
 
 // --- AdamW -----------------------------------------------------------------------------------
-// The CPU reference's expressions, one thread per element; bias corrections computed once on
-// the host in double and rounded to fp32, as the CPU does. Parameters and moments are fp32
-// master copies (never bf16), so this kernel is not templated.
-__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                             float beta1, float beta2, float eps, float wd, float bc1, float bc2)
+// The CPU reference's expressions per element; bias corrections computed once on the host in
+// double and rounded to fp32, as the CPU does. Parameters and moments are fp32 master copies
+// (never bf16), so this kernel is not templated. It streams 28 bytes per element: four float4
+// loads and three stores per thread and step when all four arrays are 16-byte aligned.
+struct adamw_args {
+    float gscale, lr, beta1, beta2, eps, wd, bc1, bc2;
+};
+
+__device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v,
+                                          const adamw_args &a)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float gi = g[i];
-        float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-        float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        float mhat = mi / bc1, vhat = vi / bc2;
-        p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
-    }
+    const float gi = __fmul_rn(g, a.gscale);   // the clipping's scale, rounded alone
+    const float mi = a.beta1 * m + (1.0f - a.beta1) * gi;
+    const float vi = a.beta2 * v + (1.0f - a.beta2) * gi * gi;
+    m = mi;
+    v = vi;
+    const float mhat = mi / a.bc1, vhat = vi / a.bc2;
+    p -= a.lr * (mhat / (sqrtf(vhat) + a.eps) + a.wd * p);
 }
 
-static void cuda_adamw(lb_backend *be, float *p, const float *g, float *m, float *v, size_t n,
-                       float lr, float beta1, float beta2, float eps, float wd, int step)
+template <int VEC>
+__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, size_t n, adamw_args a)
+{
+    const size_t nv = n / VEC, stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nv; i += stride) {
+        if (VEC == 4) {
+            float4 pp = reinterpret_cast<float4 *>(p)[i], mm = reinterpret_cast<float4 *>(m)[i];
+            float4 vv = reinterpret_cast<float4 *>(v)[i];
+            const float4 gg = __ldcs(reinterpret_cast<const float4 *>(g) + i);
+            adamw_one(pp.x, gg.x, mm.x, vv.x, a);
+            adamw_one(pp.y, gg.y, mm.y, vv.y, a);
+            adamw_one(pp.z, gg.z, mm.z, vv.z, a);
+            adamw_one(pp.w, gg.w, mm.w, vv.w, a);
+            reinterpret_cast<float4 *>(p)[i] = pp;
+            reinterpret_cast<float4 *>(m)[i] = mm;
+            reinterpret_cast<float4 *>(v)[i] = vv;
+        } else {
+            adamw_one(p[i], g[i], m[i], v[i], a);
+        }
+    }
+    // The tail past the last whole vector (VEC 4 only): thread i takes element nv * 4 + i.
+    const size_t tail = nv * VEC + blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (VEC > 1 && tail < n) adamw_one(p[tail], g[tail], m[tail], v[tail], a);
+}
+
+static void cuda_adamw(lb_backend *be, float *p, const float *g, float gscale, float *m,
+                       float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                       float wd, int step)
 {
     if (step < 1) lb_die("adamw: step %d, steps count from 1", step);
     if (!n) return;
     lb_cuda_ctx *cx = lb_cuda(be);
-    float bc1 = (float)(1.0 - pow((double)beta1, step));
-    float bc2 = (float)(1.0 - pow((double)beta2, step));
-    adamw_kernel<<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(p, g, m, v, n, lr, beta1, beta2,
-                                                              eps, wd, bc1, bc2);
+    const adamw_args a = {gscale, lr, beta1, beta2, eps, wd,
+                          (float)(1.0 - pow((double)beta1, step)),
+                          (float)(1.0 - pow((double)beta2, step))};
+    const uintptr_t al = (uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v;
+    if (al % 16 == 0 && n >= 4)
+        adamw_kernel<4><<<lb_grid(n / 4, 256, cx), 256, 0, cx->stream>>>(p, g, m, v, n, a);
+    else
+        adamw_kernel<1><<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(p, g, m, v, n, a);
     LB_CUDA_LAUNCHED(cx);
 }
 
