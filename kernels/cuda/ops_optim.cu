@@ -1,34 +1,86 @@
 // ops_optim.cu: cross-entropy over fp32 logits and the AdamW update for the CUDA backend.
 //
 // Cross-entropy: one block per row (vocabularies up to 151936 and beyond), CE_THREADS threads
-// striding over the row. The row max is exact in any order; the exponential sum takes each
-// exp(l - running max) in fp32 (expf, a few ulp) and adds them in double, rescaled in double
-// when the max grows, thread partials in stride order then the block's fixed tree, so a row's
-// loss depends on that row alone and is bitwise reproducible. The CPU reference takes exp in double; the difference is below fp32 rounding
-// of the loss (tests/test_backend_ops.c states the bound).
+// striding over the row in groups of four elements (group q = elements 4q .. 4q + 3 of the
+// row, thread q % CE_THREADS; then the v % 4 last elements one per thread). The loads are
+// 16-byte vectors where the row is 16-byte aligned, four scalars otherwise: the arithmetic,
+// and so every bit, is the same either way, and a row's results depend on that row alone.
+// The row max is exact in any order; the exponential sum takes each exp(l - running max) in
+// fp32 (expf, a few ulp) and adds them in double, rescaled in double when the max grows,
+// thread partials in order then the block's fixed tree: bitwise reproducible. The CPU
+// reference takes exp in double; the difference is below fp32 rounding of the loss
+// (tests/test_backend_ops.c states the bound).
 #include "kernels/cuda/cuda.cuh"
 
 #include <math.h>
 
 #define CE_THREADS 512
 
+// Group q of row l (4 values), by one 16-byte load when vec.
+template <typename T>
+__device__ __forceinline__ void ce_ld4(float x[4], const T *l, int q, bool vec)
+{
+#pragma unroll
+    for (int e = 0; e < 4; e++) x[e] = lb_ld(l + 4 * q + e);
+}
+template <>
+__device__ __forceinline__ void ce_ld4<float>(float x[4], const float *l, int q, bool vec)
+{
+    if (vec) {
+        const float4 f = reinterpret_cast<const float4 *>(l)[q];
+        x[0] = f.x, x[1] = f.y, x[2] = f.z, x[3] = f.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; e++) x[e] = l[4 * q + e];
+    }
+}
+
+template <typename T> __device__ __forceinline__ bool ce_vec(const T *p)
+{
+    return sizeof(T) == 4 && (uintptr_t)p % 16 == 0;
+}
+
+// Adds n values x to a thread's running (max mt, sum st of expf(x - mt)).
+__device__ __forceinline__ void ce_add(float &mt, double &st, const float *x, int n)
+{
+    float mx = x[0];
+    for (int e = 1; e < n; e++) mx = fmaxf(mx, x[e]);
+    if (mx > mt) {
+        st *= exp((double)mt - (double)mx);   // 0 * 0 while mt is -inf
+        mt = mx;
+    }
+    for (int e = 0; e < n; e++) st += (double)expf(x[e] - mt);
+}
+
 // Row statistics shared by the forward and the backward: max m and sum of exp(l - m), in one
 // read of the row (a 151936-wide row of a 16384-row batch is not in L2 on a second read). Each
-// thread keeps its running max mt and sum st of expf(l - mt); when mt grows, st is rescaled by
-// exp(old - new) in double. The block then rescales every thread's sum to the row max before
-// the fixed tree. NaN logits make the sum NaN, as in the two-pass form.
+// thread keeps a running max and sum; the block rescales every thread's sum to the row max
+// before the fixed tree. NaN logits make the sum NaN, as in a two-pass form. Two groups are
+// loaded before either is used, so more loads are in flight.
 template <typename T>
 __device__ __forceinline__ void ce_row_stats(const T *l, int v, float *m_out, double *sum_out)
 {
+    const bool vec = ce_vec(l);
+    const int v4 = v / 4;
     float mt = -INFINITY;
     double st = 0.0;
-    for (int j = threadIdx.x; j < v; j += CE_THREADS) {
+    int q = threadIdx.x;
+    for (; q + CE_THREADS < v4; q += 2 * CE_THREADS) {
+        float x[8];
+        ce_ld4(x, l, q, vec);
+        ce_ld4(x + 4, l, q + CE_THREADS, vec);
+        ce_add(mt, st, x, 4);
+        ce_add(mt, st, x + 4, 4);
+    }
+    if (q < v4) {
+        float x[4];
+        ce_ld4(x, l, q, vec);
+        ce_add(mt, st, x, 4);
+    }
+    const int j = 4 * v4 + threadIdx.x;
+    if (j < v) {
         const float x = lb_ld(l + j);
-        if (x > mt) {
-            st *= exp((double)mt - (double)x);   // 0 * 0 while mt is -inf
-            mt = x;
-        }
-        st += (double)expf(x - mt);
+        ce_add(mt, st, &x, 1);
     }
     const float m = lb_block_max<CE_THREADS>(mt);
     const double s = lb_block_sum<CE_THREADS>(st == 0.0 ? 0.0 : st * exp((double)mt - (double)m));
@@ -58,6 +110,13 @@ ce_fwd_kernel(float *loss, const T *logits, const int32_t *targets, int v,
     if (threadIdx.x == 0) loss[i] = (float)((double)m + log(s) - (double)lb_ld(l + tgt));
 }
 
+// d loss / d logit x of a row with max m and 1 / sum inv.
+__device__ __forceinline__ float ce_grad(float x, float m, double inv, float dloss, bool target)
+{
+    const double p = (double)expf(x - m) * inv;
+    return (float)((double)dloss * (p - (target ? 1.0 : 0.0)));
+}
+
 // dlogits = dloss (softmax - onehot), p = exp(l - m) / sum. Every element is read, then
 // written, by the same thread after the row statistics are complete (the reductions end with
 // a barrier), so dlogits may alias logits.
@@ -81,10 +140,21 @@ ce_bwd_kernel(T *dlogits, const T *logits, const int32_t *targets, float dloss,
     double s;
     ce_row_stats(l, v, &m, &s);
     const double inv = 1.0 / s;
-    for (int j = threadIdx.x; j < v; j += CE_THREADS) {
-        double p = (double)expf(lb_ld(l + j) - m) * inv;
-        lb_st(dl + j, (float)((double)dloss * (p - (j == tgt ? 1.0 : 0.0))));
+    const bool vec = ce_vec(l) && ce_vec(dl);
+    const int v4 = v / 4;
+    for (int q = threadIdx.x; q < v4; q += CE_THREADS) {
+        float x[4];
+        ce_ld4(x, l, q, vec);
+#pragma unroll
+        for (int e = 0; e < 4; e++) x[e] = ce_grad(x[e], m, inv, dloss, 4 * q + e == tgt);
+        if (vec)
+            reinterpret_cast<float4 *>(dl)[q] = make_float4(x[0], x[1], x[2], x[3]);
+        else
+#pragma unroll
+            for (int e = 0; e < 4; e++) lb_st(dl + 4 * q + e, x[e]);
     }
+    const int j = 4 * v4 + threadIdx.x;
+    if (j < v) lb_st(dl + j, ce_grad(lb_ld(l + j), m, inv, dloss, j == tgt));
 }
 
 static void ce_check(const char *what, int n, int v)
@@ -126,7 +196,9 @@ static void cuda_cross_entropy_bwd_rows(lb_backend *be, float *dlogits, const fl
 }
 
 // --- AdamW -----------------------------------------------------------------------------------
-// The CPU reference's expressions per element; bias corrections computed once on the host in
+// The CPU reference's expressions per element, each operation rounded alone in the CPU's order
+// (intrinsics, so nvcc fuses nothing into an FMA): the update is the CPU's bit for bit, and
+// the same in the vector and scalar paths. Bias corrections computed once on the host in
 // double and rounded to fp32, as the CPU does. Parameters and moments are fp32 master copies
 // (never bf16), so this kernel is not templated. It streams 28 bytes per element: four float4
 // loads and three stores per thread and step when all four arrays are 16-byte aligned.
@@ -137,13 +209,16 @@ struct adamw_args {
 __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v,
                                           const adamw_args &a)
 {
-    const float gi = __fmul_rn(g, a.gscale);   // the clipping's scale, rounded alone
-    const float mi = a.beta1 * m + (1.0f - a.beta1) * gi;
-    const float vi = a.beta2 * v + (1.0f - a.beta2) * gi * gi;
+    const float gi = __fmul_rn(g, a.gscale);   // the clipping's scale
+    const float mi = __fadd_rn(__fmul_rn(a.beta1, m), __fmul_rn(__fsub_rn(1.0f, a.beta1), gi));
+    const float vi = __fadd_rn(__fmul_rn(a.beta2, v),
+                               __fmul_rn(__fmul_rn(__fsub_rn(1.0f, a.beta2), gi), gi));
     m = mi;
     v = vi;
-    const float mhat = mi / a.bc1, vhat = vi / a.bc2;
-    p -= a.lr * (mhat / (sqrtf(vhat) + a.eps) + a.wd * p);
+    const float mhat = __fdiv_rn(mi, a.bc1), vhat = __fdiv_rn(vi, a.bc2);
+    const float u = __fadd_rn(__fdiv_rn(mhat, __fadd_rn(__fsqrt_rn(vhat), a.eps)),
+                              __fmul_rn(a.wd, p));
+    p = __fsub_rn(p, __fmul_rn(a.lr, u));
 }
 
 template <int VEC>
