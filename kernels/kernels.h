@@ -18,8 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// Element formats of GEMM operands. Only LB_FMT_FP32 is computed until the precision contract
-// lands (kernels/quant); the others are named here so the table's shape does not change then.
+// Element formats of GEMM operands (doc/formats.md).
 typedef enum {
     LB_FMT_FP32 = 0,
     LB_FMT_BF16,
@@ -27,6 +26,10 @@ typedef enum {
     LB_FMT_MXFP8,
     LB_FMT_MXFP4,
     LB_FMT_NVFP4,
+    // E4M3 with one FP32 scale for the whole tensor: a GEMM format (quantize, gemm_q,
+    // lowbit bench), never a training one: the scale depends on every row, so a token's
+    // result would depend on its batch (the precision contract refuses it).
+    LB_FMT_FP8_TENSOR,
 } lb_format;
 
 // One GEMM: C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C.

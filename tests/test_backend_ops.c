@@ -1445,6 +1445,7 @@ static const qcfg QCFG[] = {
     {"nvfp4 given", LB_FMT_NVFP4, 0, LB_E4M3, 0, LB_S2_GIVEN},
     {"nvfp4 16x16 tensor", LB_FMT_NVFP4, 1, LB_E4M3, 0, LB_S2_TENSOR},
     {"nvfp4 16x16 given", LB_FMT_NVFP4, 1, LB_E4M3, 0, LB_S2_GIVEN},
+    {"fp8 tensor", LB_FMT_FP8_TENSOR, 0, LB_E4M3, 0, 0},
 };
 #define NQCFG ((int)(sizeof QCFG / sizeof QCFG[0]))
 
@@ -1785,6 +1786,8 @@ START_TEST(test_quantize_grouped)
     quant_grouped_case("nvfp4 per-row", &a, 200, 0, 6, r6);
     a = gq(LB_FMT_NVFP4, 1, 0, LB_E4M3, 0, LB_S2_TENSOR, 1);
     quant_grouped_case("nvfp4 col sr, padded", &a, 200, 1, 6, r6);
+    a = gq(LB_FMT_FP8_TENSOR, 1, 0, LB_E4M3, 0, 0, 0);   // a scale per group (expert)
+    quant_grouped_case("fp8 tensor col, padded", &a, 200, 1, 6, r6);
     // 250 groups of 0 to 2 rows: more than one launch takes (240)
     int rm[250];
     for (int j = 0; j < 250; j++) rm[j] = j % 3;
@@ -1822,6 +1825,11 @@ START_TEST(test_gemm_q)
         gemm_q_case("fp8 1x128 col sr x 1x128 col", m, n, k, &g1, &g1, al, be, B_FP8TC);
         gemm_q_case("fp8 128x128 x 1x128", m, n, k, &w2, &a1, al, be, B_FP8TC);
         gemm_q_case("fp8 128x128 x 128x128 (fp32 fallback)", m, n, k, &w2, &w2c, al, be, B_ACCUM);
+        // fp8-tensor: cuBLASLt's per-tensor scaling, the same FP8 tensor-core accumulation.
+        lb_quant_args t1 = gq(LB_FMT_FP8_TENSOR, 0, 0, LB_E4M3, 0, 0, 0);
+        lb_quant_args t1c = gq(LB_FMT_FP8_TENSOR, 1, 0, LB_E4M3, 0, 0, 1);
+        gemm_q_case("fp8 tensor x tensor", m, n, k, &t1, &t1, al, be, B_FP8TC);
+        gemm_q_case("fp8 tensor col sr x tensor", m, n, k, &t1c, &t1, al, be, B_FP8TC);
         // MXFP8, MXFP4, NVFP4: bf16 tensor cores on exact operands.
         lb_quant_args x4 = gq(LB_FMT_MXFP8, 0, 0, LB_E4M3, LB_SCALE_CEIL, 0, 0);
         lb_quant_args x5 = gq(LB_FMT_MXFP8, 1, 0, LB_E5M2, LB_SCALE_FLOOR, 0, 1);
@@ -1841,19 +1849,20 @@ START_TEST(test_gemm_q)
     lb_quant_args a1 = gq(LB_FMT_FP8_BLOCK, 0, 0, LB_E4M3, 0, 0, 0);
     gemm_q_case("fp8 alpha 0", 20, 30, 40, &a1, &a1, 0.0f, 0.5f, 0.0);
 #ifdef LB_HAVE_CUDA
-    // Each case runs twice: 4 fp8 cases with a 1x128 operand and one 2D x 2D per size, 6
-    // emulated cases. On Hopper every 1x128 case must run on cuBLASLt's FP8 block scaling.
+    // Each case runs twice: 4 fp8 cases with a 1x128 operand, one 2D x 2D and two per-tensor
+    // ones per size, 6 emulated cases. On Hopper every 1x128 and per-tensor case must run on
+    // FP8 tensor cores (cuBLASLt's scaling modes or gemm_grouped.cu's kernel).
     long nat, fb, em, gr;
     lb_cuda_gemm_q_stats(gpu, &nat, &fb, &em, &gr, &cc);
     nat -= nat0, fb -= fb0, em -= em0, gr -= gr0;
     if (verbose())
-        printf("  gemm_q paths: fp8 cuBLASLt block-scaled %ld, fp8 wgmma kernel %ld, fp8 fp32 "
+        printf("  gemm_q paths: fp8 cuBLASLt (block or tensor scales) %ld, fp8 wgmma kernel %ld, fp8 fp32 "
                "fallback %ld, emulated %ld (sm_%d)\n", nat, gr, fb, em, cc);
     ck_assert_int_eq(em, nsz * 6 * 2);
-    ck_assert_int_eq(nat + gr + fb, nsz * 5 * 2);
+    ck_assert_int_eq(nat + gr + fb, nsz * 7 * 2);
     if (cc == 9) {
-        ck_assert_msg(nat + gr == nsz * 4 * 2, "fp8-block: %ld of %d GEMMs with a 1x128 operand ran "
-                      "on FP8 tensor cores on sm_90", nat + gr, nsz * 4 * 2);
+        ck_assert_msg(nat + gr == nsz * 6 * 2, "fp8: %ld of %d GEMMs with a 1x128 or per-tensor "
+                      "operand ran on FP8 tensor cores on sm_90", nat + gr, nsz * 6 * 2);
         ck_assert_int_eq(fb, nsz * 2);
         if (!getenv("LB_CUDA_GROUPED") && !getenv("LB_CUDA_DENSE_TC"))
             ck_assert_int_eq(gr, k16 * 3 * 2);

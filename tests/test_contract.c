@@ -120,6 +120,9 @@ START_TEST(test_errors)
         {"overrides", "moe.down.wgrad=fp6", "precision.overrides: unknown format 'fp6'"},
         {"overrides", "moe.dwn.wgrad=bf16", "precision.overrides: 'moe.dwn.wgrad=bf16' names no site"},
         {"overrides", "moe.down", "precision.overrides: 'moe.down' is not role.pass=format"},
+        {"overrides", "attn.qkv.fprop=fp8-tensor",
+         "precision.overrides: 'attn.qkv.fprop=fp8-tensor': fp8-tensor is a GEMM format, not a "
+         "training one"},
         {"attention", "fp16", "precision.attention: unknown mode 'fp16' (auto, fp32, bf16)"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

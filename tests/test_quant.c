@@ -534,6 +534,78 @@ START_TEST(test_partial_and_transpose)
 }
 END_TEST
 
+// fp8-tensor: fp8-block's rules with one block of the whole matrix. Its codes are checked
+// against the definition on the golden-tested element encoder: s = amax / 448 (1 for an
+// all-zero tensor, NaN with zero codes for a non-finite one), code = E4M3(x / s) saturating,
+// or stochastically rounded with the matrix's counters; the column-wise copy is the transpose
+// with the same scale.
+static void fp8_tensor_case(const char *what, const float *x, int rows, int cols, int sr,
+                            float want_scale)
+{
+    lb_quant_args a;
+    memset(&a, 0, sizeof a);
+    a.fmt = LB_FMT_FP8_TENSOR;
+    a.sr = sr, a.seed = 41, a.step = 3, a.tensor = 9;
+    lb_qmat q, qc;
+    lb_qmat_alloc(&q, rows, cols, &a);
+    CHECK(q.brows == rows && q.bcols == cols && q.srows == 1 && q.scols == 1);
+    CHECK(q.elem == LB_E4M3 && lb_qmat_scale_bytes(&q) == 4 && q.nscale2 == 0);
+    lb_quantize(&q, x, rows, cols, &a);
+    const float s = ((const float *)q.scale)[0];
+    CHECKM(same(s, want_scale), "%s: scale %g, want %g", what, (double)s, (double)want_scale);
+    const uint64_t stream = lb_quant_stream(a.step, a.tensor);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            size_t i = (size_t)r * cols + c;
+            uint8_t want = s != s ? 0
+                         : sr ? lb_encode_sr(LB_E4M3, x[i] / s, lb_rand_u64(a.seed, stream, i))
+                              : lb_encode(LB_E4M3, x[i] / s, 1);
+            CHECKM(q.data[i] == want, "%s: (%d, %d) code %#x, want %#x", what, r, c, q.data[i],
+                   want);
+        }
+    if (!sr) {   // column-wise: the transpose (SR counters follow the quantized layout)
+        a.colwise = 1;
+        lb_qmat_alloc(&qc, rows, cols, &a);
+        lb_quantize(&qc, x, rows, cols, &a);
+        CHECK(qc.rows == cols && qc.cols == rows && same(((const float *)qc.scale)[0], s));
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) CHECK(lb_qmat_code(&q, r, c) == lb_qmat_code(&qc, c, r));
+        lb_qmat_free(&qc);
+    }
+    lb_qmat_free(&q);
+}
+
+START_TEST(test_fp8_tensor)
+{
+    // By hand: amax 896 gives s = 2 and every x / s below is an E4M3 value, so dequantizing
+    // gives x back exactly.
+    const float hand[6] = {896.0f, -1.0f, 0.5f, 3.0f, -0.015625f, 0.0f};
+    fp8_tensor_case("by hand", hand, 2, 3, 0, 2.0f);
+    lb_quant_args a;
+    memset(&a, 0, sizeof a);
+    a.fmt = LB_FMT_FP8_TENSOR;
+    lb_qmat q;
+    lb_qmat_alloc(&q, 2, 3, &a);
+    lb_quantize(&q, hand, 2, 3, &a);
+    float y[6];
+    lb_dequantize(y, &q);
+    for (int i = 0; i < 6; i++) CHECKM(y[i] == hand[i], "by hand: %d: %g", i, (double)y[i]);
+    lb_qmat_free(&q);
+
+    float *x = randmat(37, 300, 12);   // rows of unlike magnitude: small rows go subnormal
+    const float amax = lb_amax(x, (size_t)37 * 300);
+    fp8_tensor_case("random", x, 37, 300, 0, amax / 448.0f);
+    fp8_tensor_case("random sr", x, 37, 300, 1, amax / 448.0f);
+    float zero[4] = {0};
+    fp8_tensor_case("all zero", zero, 2, 2, 0, 1.0f);
+    x[5] = NAN;
+    fp8_tensor_case("a NaN", x, 37, 300, 0, NAN);
+    x[5] = -INFINITY;
+    fp8_tensor_case("an Inf", x, 37, 300, 0, NAN);
+    free(x);
+}
+END_TEST
+
 // Row-wise quantization with 1-D blocks is row-local: the view lb_qmat_rows gives of rows
 // [r0, r0 + n) of a whole matrix's quantization holds the bytes of quantizing those rows alone
 // (what an MoE layer relies on to quantize all experts' rows in one call). Not for NVFP4 with
@@ -970,6 +1042,7 @@ static Suite *quant_suite(void)
     tcase_add_test(tc, test_shared_scale2);
     tcase_add_test(tc, test_qmat_rows);
     tcase_add_test(tc, test_dequantize_blocks);
+    tcase_add_test(tc, test_fp8_tensor);
     tcase_add_test(tc, test_sr_quantizers);
     tcase_add_test(tc, test_thread_invariance);
     tcase_add_test(tc, test_hadamard_golden);

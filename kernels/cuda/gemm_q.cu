@@ -13,6 +13,9 @@
 //   combination for which cuBLASLt offers no algorithm (no block scaling before sm_90, none of
 //   these modes on sm_100 and later), fall back to dequantizing both operands to fp32 on the
 //   device and the fp32 GEMM of gemm.cu, which is what the CPU computes.
+// - fp8-tensor: cuBLASLt's FP8 GEMM with one fp32 scale per operand (the default scalar scale
+//   mode, the qmat's scale as the scale pointer), fp32 accumulation (no fast accumulation)
+//   and output; the same fp32 fallback when it offers no algorithm.
 // - MXFP8, MXFP4, NVFP4: no tensor-core path on Hopper. Both operands are dequantized without
 //   NVFP4's second level into bf16, which is exact (E4M3, E5M2 and E2M1 elements times a power
 //   of two keep at most 4 significant bits, E2M1 x UE4M3 at most 6; bf16 holds 8 and fp32's
@@ -49,9 +52,10 @@ extern "C" {
 
 #define LB_PIN_DIM 4096
 
-enum { QK_BF16 = 0, QK_FP8_VV, QK_FP8_BV, QK_FP8_VB, QK_COUNT };   // A' x B' scale modes
+enum { QK_BF16 = 0, QK_FP8_VV, QK_FP8_BV, QK_FP8_VB, QK_FP8_TT, QK_COUNT };   // A' x B' scales
 static const char *const qk_name[QK_COUNT] = {"bf16", "fp8 vec128 x vec128",
-                                              "fp8 blk128x128 x vec128", "fp8 vec128 x blk128x128"};
+                                              "fp8 blk128x128 x vec128", "fp8 vec128 x blk128x128",
+                                              "fp8 tensor x tensor"};
 
 struct qplan {
     int kind, m, n, k, ldd, det;   // the key, in cuBLASLt's terms (m = our n, n = our m)
@@ -95,9 +99,12 @@ static void make_descs(int kind, int m, int n, int k, int ldd, const void *scale
     cudaDataType_t ty = CUDA_R_16BF;
     if (kind != QK_BF16) {
         ty = CUDA_R_8F_E4M3;
+        // Per tensor: the default scale mode, one fp32 scalar per operand on the device.
         cublasLtMatmulMatrixScale_t ma = kind == QK_FP8_BV ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                       : kind == QK_FP8_TT ? CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
                                                            : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
         cublasLtMatmulMatrixScale_t mb = kind == QK_FP8_VB ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                       : kind == QK_FP8_TT ? CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
                                                            : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
         LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(*op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma,
                                                        sizeof ma));
@@ -388,16 +395,18 @@ __global__ void epilogue_kernel(float *__restrict__ c, int m, int n, const float
 
 // --- paths -------------------------------------------------------------------------------------
 
-// fp8-block through cuBLASLt block scaling; 0 when cuBLASLt has no algorithm (2D x 2D, or the
-// device has none of these modes): the caller falls back.
-static int gemm_fp8_block(lb_backend *be, int m, int n, int k, float alpha, const lb_qmat *a,
-                          const lb_qmat *b, float beta, float *c)
+// fp8-block through cuBLASLt block scaling, fp8-tensor through its per-tensor scaling (the
+// scalars as they are); 0 when cuBLASLt has no algorithm (2D x 2D blocks, or the device has
+// none of these modes): the caller falls back.
+static int gemm_fp8_lt(lb_backend *be, int m, int n, int k, float alpha, const lb_qmat *a,
+                       const lb_qmat *b, float beta, float *c)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
-    int a2d = a->brows == 128, b2d = b->brows == 128;
+    const int pt = a->fmt == LB_FMT_FP8_TENSOR;
+    int a2d = !pt && a->brows == 128, b2d = !pt && b->brows == 128;
     if (a2d && b2d) return 0;   // cuBLASLt has no 2D x 2D block scaling
     // cuBLASLt's A is our B.
-    int kind = b2d ? QK_FP8_BV : a2d ? QK_FP8_VB : QK_FP8_VV;
+    int kind = pt ? QK_FP8_TT : b2d ? QK_FP8_BV : a2d ? QK_FP8_VB : QK_FP8_VV;
     const int Mp = (int)round_up((size_t)n, 16), Np = (int)round_up((size_t)m, 16);
     const int kp = (int)round_up((size_t)k, 16), KB = (k + 127) / 128;
     const int direct = m % 16 == 0 && n % 16 == 0 && ((uintptr_t)c & 15) == 0;
@@ -412,8 +421,8 @@ static int gemm_fp8_block(lb_backend *be, int m, int n, int k, float alpha, cons
     int pad_b = n % 16 || k % 16 || ((uintptr_t)b->data & 15);
     int pad_a = m % 16 || k % 16 || ((uintptr_t)a->data & 15);
     const int SRb = (Mp + 127) / 128, SRa = (Np + 127) / 128, KB4 = (int)round_up((size_t)KB, 4);
-    size_t sz_sb = b2d ? (size_t)SRb * KB4 : (size_t)KB * Mp;   // floats
-    size_t sz_sa = a2d ? (size_t)SRa * KB4 : (size_t)KB * Np;
+    size_t sz_sb = pt ? 0 : b2d ? (size_t)SRb * KB4 : (size_t)KB * Mp;   // floats
+    size_t sz_sa = pt ? 0 : a2d ? (size_t)SRa * KB4 : (size_t)KB * Np;
     size_t off = 0, o_db = 0, o_da = 0, o_sb, o_sa, o_t = 0;
     if (pad_b) { o_db = off; off += lb_align256((size_t)Mp * kp); }
     if (pad_a) { o_da = off; off += lb_align256((size_t)Np * kp); }
@@ -436,20 +445,25 @@ static int gemm_fp8_block(lb_backend *be, int m, int n, int k, float alpha, cons
         da = sc + o_da;
     }
     float *sb = (float *)(sc + o_sb), *sa = (float *)(sc + o_sa);
-    if (b2d)
-        scale_blk_kernel<<<lb_grid(sz_sb, 256, cx), 256, 0, cx->stream>>>(sb, SRb, KB4,
-                                                                          (const float *)b->scale, KB);
-    else
-        scale_vec_kernel<<<lb_grid(sz_sb, 256, cx), 256, 0, cx->stream>>>(sb, Mp, KB,
-                                                                          (const float *)b->scale, n);
-    LB_CUDA_LAUNCHED(cx);
-    if (a2d)
-        scale_blk_kernel<<<lb_grid(sz_sa, 256, cx), 256, 0, cx->stream>>>(sa, SRa, KB4,
-                                                                          (const float *)a->scale, KB);
-    else
-        scale_vec_kernel<<<lb_grid(sz_sa, 256, cx), 256, 0, cx->stream>>>(sa, Np, KB,
-                                                                          (const float *)a->scale, m);
-    LB_CUDA_LAUNCHED(cx);
+    if (pt) {   // zero padding needs no scale of its own
+        sb = (float *)b->scale;
+        sa = (float *)a->scale;
+    } else {
+        if (b2d)
+            scale_blk_kernel<<<lb_grid(sz_sb, 256, cx), 256, 0, cx->stream>>>(
+                sb, SRb, KB4, (const float *)b->scale, KB);
+        else
+            scale_vec_kernel<<<lb_grid(sz_sb, 256, cx), 256, 0, cx->stream>>>(
+                sb, Mp, KB, (const float *)b->scale, n);
+        LB_CUDA_LAUNCHED(cx);
+        if (a2d)
+            scale_blk_kernel<<<lb_grid(sz_sa, 256, cx), 256, 0, cx->stream>>>(
+                sa, SRa, KB4, (const float *)a->scale, KB);
+        else
+            scale_vec_kernel<<<lb_grid(sz_sa, 256, cx), 256, 0, cx->stream>>>(
+                sa, Np, KB, (const float *)a->scale, m);
+        LB_CUDA_LAUNCHED(cx);
+    }
 
     LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb,
                                                    sizeof sb));
@@ -469,7 +483,7 @@ static int gemm_fp8_block(lb_backend *be, int m, int n, int k, float alpha, cons
     return 1;
 }
 
-// The fp32 fallback for fp8-block: both operands dequantized to fp32 (e * s, one rounding, as
+// The fp32 fallback for fp8-block and fp8-tensor: both operands dequantized to fp32 (e * s, one rounding, as
 // lb_dequantize_blocks) and gemm.cu's fp32 GEMM: the CPU's own computation.
 static void gemm_fp32_dequant(lb_backend *be, int m, int n, int k, float alpha, const lb_qmat *a,
                               const lb_qmat *b, float beta, float *c)
@@ -550,7 +564,13 @@ static void cuda_gemm_q(lb_backend *be, int m, int n, int k, float alpha, const 
             lb_gemm_q_args one = {m, n, k, alpha, beta, a, b, c};
             lb_cuda_gemm_q_grouped_tc(cx, 1, &one);
             cache_of(cx)->fp8_grouped++;
-        } else if (!gemm_fp8_block(be, m, n, k, alpha, a, b, beta, c)) {
+        } else if (!gemm_fp8_lt(be, m, n, k, alpha, a, b, beta, c)) {
+            cache_of(lb_cuda(be))->fp8_fallback++;
+            gemm_fp32_dequant(be, m, n, k, alpha, a, b, beta, c);
+        }
+        break;
+    case LB_FMT_FP8_TENSOR:
+        if (!gemm_fp8_lt(be, m, n, k, alpha, a, b, beta, c)) {
             cache_of(lb_cuda(be))->fp8_fallback++;
             gemm_fp32_dequant(be, m, n, k, alpha, a, b, beta, c);
         }

@@ -387,7 +387,7 @@ __global__ void dequant_kernel(O *__restrict__ y, size_t ldy, int ocols, int fmt
             unsigned code = ELEM == LB_E2M1 ? (row[c >> 1] >> ((c & 1) * 4)) & 0xfu : row[c];
             float e = decode<ELEM>(code);
             size_t si = (size_t)(r / brows) * scols + c / bc;
-            if (fmt == LB_FMT_FP8_BLOCK) {
+            if (fmt == LB_FMT_FP8_BLOCK || fmt == LB_FMT_FP8_TENSOR) {
                 v = __fmul_rn(e, ((const float *)scale)[si]);
             } else {
                 unsigned sc = ((const uint8_t *)scale)[si];
@@ -717,16 +717,21 @@ static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, 
         fq_launch(cx, 1, q, x, &rows, NULL, cols, a);
         return;
     }
+    // fp8-tensor: the passes below with one block. The tensor's maximum is the atomic maximum
+    // of amax_kernel's second-level word (an order-free maximum of |x| bits: NaN above Inf
+    // above every finite value), its scale fp8-block's rule on that one amax.
+    const int pt = q->fmt == LB_FMT_FP8_TENSOR;
     const int R = q->rows, C = q->cols;
-    const size_t n = (size_t)R * C, nseg = (size_t)R * q->scols,
+    const size_t n = (size_t)R * C, nseg = (size_t)R * (pt ? (C + 127) / 128 : q->scols),
                  nblk = (size_t)q->srows * q->scols;
-    const int need_s2word = nv && a->s2_mode != LB_S2_GIVEN;
+    const int need_s2word = (nv && a->s2_mode != LB_S2_GIVEN) || pt;
 
     // Scratch: [x^T] [amax1] [dv] [s2 words]
     size_t o_amax = a->colwise ? lb_align256(n * sizeof(float)) : 0;
     size_t o_dv = o_amax + lb_align256(nseg * sizeof(uint32_t));
     size_t o_s2 = o_dv + lb_align256(nblk * sizeof(float));
-    size_t total = o_s2 + (need_s2word ? lb_align256((size_t)q->nscale2 * sizeof(uint32_t)) : 0);
+    const int nword = pt ? 1 : q->nscale2;
+    size_t total = o_s2 + (need_s2word ? lb_align256((size_t)nword * sizeof(uint32_t)) : 0);
     char *sc = (char *)lb_cuda_scratch(cx, total);
     uint32_t *amax1 = (uint32_t *)(sc + o_amax), *s2word = need_s2word ? (uint32_t *)(sc + o_s2) : NULL;
     float *dv = (float *)(sc + o_dv);
@@ -741,12 +746,27 @@ static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, 
         src = xt;
     }
     if (need_s2word)
-        LB_CUDA_CHECK(cudaMemsetAsync(s2word, 0, (size_t)q->nscale2 * sizeof(uint32_t), cx->stream));
+        LB_CUDA_CHECK(cudaMemsetAsync(s2word, 0, (size_t)nword * sizeof(uint32_t), cx->stream));
 
+    // Segment maxima of 128 columns (fp8-tensor: written, then unused beside the word).
+    const int bc1 = pt ? 128 : q->bcols, scols1 = pt ? (C + 127) / 128 : q->scols;
     size_t warps = (size_t)R * ((C + 127) / 128);
     amax_kernel<<<lb_grid(warps * 32, 256, cx), 256, 0, cx->stream>>>(
-        src, R, C, q->bcols, q->scols, amax1, s2word, a->s2_mode == LB_S2_ROW);
+        src, R, C, bc1, scols1, amax1, s2word, !pt && a->s2_mode == LB_S2_ROW);
     LB_CUDA_LAUNCHED(cx);
+    uint64_t rbase = a->sr ? lb_hash64(lb_hash64(a->seed) ^ lb_quant_stream(a->step, a->tensor)) : 0;
+    if (pt) {
+        // The scale from the one word (fp8-block's branch of scale_kernel, one block of one
+        // row), then the elements against dv[0].
+        scale_kernel<LB_E4M3><<<1, 32, 0, cx->stream>>>(LB_FMT_FP8_BLOCK, 1, 1, 1, 1, s2word,
+                                                          q->scale, NULL, 0, 0, dv);
+        LB_CUDA_LAUNCHED(cx);
+        size_t pairs = (size_t)R * ((C + 1) / 2);
+        encode_kernel<LB_E4M3><<<lb_grid(pairs, 256, cx), 256, 0, cx->stream>>>(
+            src, R, C, R, C, 1, dv, q->data, q->ld, a->sr ? 1 : 0, rbase);
+        LB_CUDA_LAUNCHED(cx);
+        return;
+    }
     if (nv) {
         scale2_kernel<<<lb_grid((size_t)q->nscale2, 256, cx), 256, 0, cx->stream>>>(
             q->scale2, s2word, q->nscale2, a->s2_mode == LB_S2_GIVEN, a->s2);
@@ -767,7 +787,6 @@ static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, 
 #undef SK
     LB_CUDA_LAUNCHED(cx);
 
-    uint64_t rbase = a->sr ? lb_hash64(lb_hash64(a->seed) ^ lb_quant_stream(a->step, a->tensor)) : 0;
     size_t pairs = (size_t)R * ((C + 1) / 2);
     unsigned ge = lb_grid(pairs, 256, cx);
 #define EK(E)                                                                                  \

@@ -10,7 +10,8 @@ static const char *const role_names[LB_NROLES] = {
     "attn.qkv", "attn.out", "moe.gate_up", "moe.down", "mlp.gate_up", "mlp.down", "router",
     "lm_head"};
 static const char *const pass_names[LB_NPASSES] = {"fprop", "dgrad", "wgrad"};
-static const char *const format_names[] = {"fp32", "bf16", "fp8-block", "mxfp8", "mxfp4", "nvfp4"};
+static const char *const format_names[] = {"fp32",  "bf16",  "fp8-block", "mxfp8",
+                                            "mxfp4", "nvfp4", "fp8-tensor"};
 
 const char *lb_role_name(lb_role r) { return r < LB_NROLES ? role_names[r] : "?"; }
 const char *lb_pass_name(lb_pass p) { return p < LB_NPASSES ? pass_names[p] : "?"; }
@@ -109,6 +110,12 @@ static int override(const char *w, void *user)
     if (lb_format_parse(fmt, &f) != 0) {
         snprintf(x->err, x->errlen, "precision.overrides: unknown format '%s' in '%s' (formats: "
                  "fp32, bf16, fp8-block, mxfp8, mxfp4, nvfp4)", fmt, w);
+        return -1;
+    }
+    if (f == LB_FMT_FP8_TENSOR) {
+        snprintf(x->err, x->errlen, "precision.overrides: '%s': fp8-tensor is a GEMM format, "
+                 "not a training one (its one scale depends on every token of the batch, so "
+                 "a token's result would depend on the others; doc/formats.md)", w);
         return -1;
     }
     int any = 0;

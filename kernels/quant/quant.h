@@ -60,7 +60,8 @@ typedef enum {
 } lb_scale2_mode;
 
 typedef struct lb_quant_args {
-    lb_format fmt;            // LB_FMT_FP8_BLOCK, LB_FMT_MXFP8, LB_FMT_MXFP4, LB_FMT_NVFP4
+    lb_format fmt;            // LB_FMT_FP8_BLOCK, LB_FMT_MXFP8, LB_FMT_MXFP4, LB_FMT_NVFP4,
+                              // LB_FMT_FP8_TENSOR
     int colwise;              // 0: row-wise, blocks along cols of x (rows, cols);
                               // 1: column-wise: the quantization of x^T (cols, rows), blocks
                               //    along rows of x, computed from x itself (never re-quantized)
@@ -80,11 +81,13 @@ typedef struct lb_qmat {
     lb_elem elem;             // element type of data
     lb_elem scale_elem;       // E8M0 (MX), UE4M3 (NVFP4); fp8-block scales are FP32
     int rows, cols;
-    int brows, bcols;         // block shape: 1x128, 128x128, 1x32, 1x16, 16x16
+    int brows, bcols;         // block shape: 1x128, 128x128, 1x32, 1x16, 16x16; the whole
+                              // (rows, cols) for fp8-tensor
     int srows, scols;         // scale shape: ceil(rows / brows), ceil(cols / bcols)
     size_t ld;                // bytes per row of data: cols, or ceil(cols / 2) for E2M1
     uint8_t *data;            // (rows, ld); E2M1: element 2i in the low nibble of byte i
-    void *scale;              // (srows, scols) row-major: float (fp8-block) or one byte each
+    void *scale;              // (srows, scols) row-major: float (fp8-block, fp8-tensor) or one
+                              // byte each
     float *scale2;            // NVFP4: nscale2 floats (1, or rows with LB_S2_ROW); else NULL
     int nscale2;
 } lb_qmat;

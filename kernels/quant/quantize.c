@@ -1,4 +1,5 @@
-// quantize.c: block quantizers and dequantizers (fp8-block, MXFP8, MXFP4, NVFP4).
+// quantize.c: block quantizers and dequantizers (fp8-block, MXFP8, MXFP4, NVFP4, and
+// fp8-tensor: fp8-block's rules with one block the size of the tensor).
 //
 // Every quantizer works on a row-major (R, C) source with blocks along C. Column-wise
 // quantization first transposes the fp32 input and then runs the same row-wise code, so the
@@ -18,6 +19,9 @@
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// Formats whose scales are FP32 (amax / 448), one per block.
+static int fp32_scales(lb_format f) { return f == LB_FMT_FP8_BLOCK || f == LB_FMT_FP8_TENSOR; }
+
 void lb_qmat_layout(lb_qmat *q, int rows, int cols, const lb_quant_args *a)
 {
     if (rows < 1 || cols < 1) lb_die("kernels/quant: bad shape (%d, %d)", rows, cols);
@@ -31,6 +35,12 @@ void lb_qmat_layout(lb_qmat *q, int rows, int cols, const lb_quant_args *a)
         q->scale_elem = LB_E4M3;                 // unused: FP32 scales
         q->bcols = 128;
         if (a->weight_blocks) q->brows = 128;
+        break;
+    case LB_FMT_FP8_TENSOR:                      // one block: the whole (quantized) matrix
+        q->elem = LB_E4M3;
+        q->scale_elem = LB_E4M3;                 // unused: an FP32 scale
+        q->brows = q->rows;
+        q->bcols = q->cols;
         break;
     case LB_FMT_MXFP8:
         if (a->elem != LB_E4M3 && a->elem != LB_E5M2)
@@ -73,7 +83,7 @@ size_t lb_qmat_data_bytes(const lb_qmat *q) { return (size_t)q->rows * q->ld; }
 
 size_t lb_qmat_scale_bytes(const lb_qmat *q)
 {
-    return (size_t)q->srows * q->scols * (q->fmt == LB_FMT_FP8_BLOCK ? 4 : 1);
+    return (size_t)q->srows * q->scols * (fp32_scales(q->fmt) ? 4 : 1);
 }
 
 void lb_qmat_alloc(lb_qmat *q, int rows, int cols, const lb_quant_args *a)
@@ -91,7 +101,7 @@ lb_qmat lb_qmat_rows(const lb_qmat *q, int r0, int n)
         lb_die("lb_qmat_rows: rows [%d, %d) of a (%d, %d) matrix with %d-row blocks", r0, r0 + n,
                q->rows, q->cols, q->brows);
     lb_qmat v = *q;
-    size_t sbytes = q->fmt == LB_FMT_FP8_BLOCK ? 4 : 1;
+    size_t sbytes = fp32_scales(q->fmt) ? 4 : 1;
     v.rows = v.srows = n;
     v.data = q->data + (size_t)r0 * q->ld;
     v.scale = (uint8_t *)q->scale + (size_t)r0 * q->scols * sbytes;
@@ -229,7 +239,7 @@ static void quantize_rows(lb_qmat *q, const float *x, const lb_quant_args *a)
             int finite = amax < INFINITY;        // false for NaN and Inf
             size_t si = (size_t)br * q->scols + bc;
             float d;                             // the divisor of the elements
-            if (q->fmt == LB_FMT_FP8_BLOCK) {
+            if (fp32_scales(q->fmt)) {
                 float s = amax / 448.0f;
                 if (!finite) s = NAN;
                 else if (s == 0.0f) s = 1.0f;    // all-zero block (or amax below 448 * 2^-150)
@@ -285,7 +295,7 @@ static void dequantize(float *y, const lb_qmat *q, int with_s2)
             float e = lb_decode(q->elem, lb_qmat_code(q, r, c));
             size_t si = srow + c / q->bcols;
             float v;
-            if (q->fmt == LB_FMT_FP8_BLOCK) {
+            if (fp32_scales(q->fmt)) {
                 v = e * ((const float *)q->scale)[si];
             } else {
                 v = e * lb_decode(q->scale_elem, ((const uint8_t *)q->scale)[si]);

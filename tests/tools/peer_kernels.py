@@ -55,6 +55,14 @@ try:
            2.0 * a.m * a.n * a.k)
 except Exception as e:  # report what the peer cannot do instead of failing the run
     print(json.dumps({"peer": "torch fp8 rowwise _scaled_mm", "error": str(e)[:200]}))
+# FP8 per tensor as lowbit's fp8-tensor: one scalar scale per operand, fp32 output as lowbit's.
+try:
+    st = torch.ones((), device=dev, dtype=torch.float32)
+    report(f"torch fp8 per-tensor _scaled_mm {a.m}x{a.n}x{a.k} (fp32 out)",
+           timed(lambda: torch._scaled_mm(x8, w8.t(), scale_a=st, scale_b=st, out_dtype=torch.float32)),
+           2.0 * a.m * a.n * a.k)
+except Exception as e:
+    print(json.dumps({"peer": "torch fp8 per-tensor _scaled_mm", "error": str(e)[:200]}))
 # FP8 block-scaled as lowbit's fp8-block (DeepSeek-V3): activations 1x128 (scale (m, k/128),
 # stored column-major as PyTorch asks), weights 128x128 (scale (k/128, n/128) for the
 # column-major B), through cuBLASLt's block scaling (PyTorch 2.9 and later on sm_90). Unit
