@@ -159,20 +159,19 @@ static cublasLtMatmulPreference_t make_pref(lb_cuda_ctx *cx, int det)
     return pref;
 }
 
-// The heuristic's first `want` answers into r[0 ..), their count returned (0 when it has none).
-// cuBLASLt answers an unsupported combination with NOT_SUPPORTED or INVALID_VALUE (block
-// scaling on a device without it); that is not an error here: the caller falls back, and
-// *status says why. Any other failure is.
-static int heuristics(lb_cuda_ctx *cx, int kind, int m, int n, int k, int ldd, int det, int want,
-                      cublasLtMatmulHeuristicResult_t *r, cublasStatus_t *status)
+// The heuristic's first answer; 0 when it has none. cuBLASLt answers an unsupported
+// combination with NOT_SUPPORTED or INVALID_VALUE (block scaling on a device without it); that
+// is not an error here: the caller falls back, and *status says why. Any other failure is.
+static int heuristic(lb_cuda_ctx *cx, int kind, int m, int n, int k, int ldd, int det,
+                     cublasLtMatmulHeuristicResult_t *r, cublasStatus_t *status)
 {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     make_descs(kind, m, n, k, ldd, cx->workspace, &op, &la, &lb, &lc);
     cublasLtMatmulPreference_t pref = make_pref(cx, det);
-    memset(r, 0, (size_t)want * sizeof *r);
+    memset(r, 0, sizeof *r);
     int got = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(cx->lt, op, la, lb, lc, lc, pref, want, r, &got);
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(cx->lt, op, la, lb, lc, lc, pref, 1, r, &got);
     if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED &&
         s != CUBLAS_STATUS_INVALID_VALUE)
         LB_CUBLAS_CHECK(s);
@@ -181,13 +180,7 @@ static int heuristics(lb_cuda_ctx *cx, int kind, int m, int n, int k, int ldd, i
     if (s == CUBLAS_STATUS_SUCCESS && (got < 1 || r->state != CUBLAS_STATUS_SUCCESS))
         s = CUBLAS_STATUS_NOT_SUPPORTED;
     if (status) *status = s;
-    return s == CUBLAS_STATUS_SUCCESS ? got : 0;
-}
-
-static int heuristic(lb_cuda_ctx *cx, int kind, int m, int n, int k, int ldd, int det,
-                     cublasLtMatmulHeuristicResult_t *r, cublasStatus_t *status)
-{
-    return heuristics(cx, kind, m, n, k, ldd, det, 1, r, status) > 0;
+    return s == CUBLAS_STATUS_SUCCESS;
 }
 
 static void force_no_splitk(cublasLtMatmulAlgo_t *algo)
@@ -251,17 +244,11 @@ static qplan *build_plan(lb_cuda_ctx *cx, const qplan *key)
         if (qc->pinned_state[kd] == 1 && algo_fits(cx, p, &qc->pinned[kd])) {
             p->algo = qc->pinned[kd];
             p->ok = 1;
-        } else {
-            // Chosen at (our n, LB_PIN_DIM rows of ours, k): still independent of our m. The
-            // first of the heuristic's answers that takes this shape without split-K (its
-            // first alone was refused at 16384 x 4096 x 2048 for fp8 per tensor).
-            cublasLtMatmulHeuristicResult_t rs[8];
-            int got = heuristics(cx, kd, p->m, LB_PIN_DIM, p->k, p->m, 1, 8, rs, &st);
-            for (int i = 0; i < got && !p->ok; i++) {
-                p->algo = rs[i].algo;
-                force_no_splitk(&p->algo);
-                p->ok = algo_fits(cx, p, &p->algo);
-            }
+        } else if (heuristic(cx, kd, p->m, LB_PIN_DIM, p->k, p->m, 1, &r, &st)) {
+            // Chosen at (our n, LB_PIN_DIM rows of ours, k): still independent of our m.
+            p->algo = r.algo;
+            force_no_splitk(&p->algo);
+            p->ok = algo_fits(cx, p, &p->algo);
             p->fallback = 1;
         }
         p->ws = 0;
