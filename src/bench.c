@@ -114,9 +114,10 @@ static lb_quant_args qargs(lb_format f, int weight)
     return a;
 }
 
-// One format at one shape: groups GEMMs of (m, n, k); prints TFLOP/s.
+// One format at one shape: groups GEMMs of (m, n, k); prints TFLOP/s. A quantized B has
+// weight blocks (128x128 for fp8-block) when b_weight, else 1-D blocks (a wgrad operand).
 static void bench_gemm_format(lb_backend *be, const lb_config *c, const char *what, lb_format f,
-                              int groups, int m, int n, int k)
+                              int groups, int m, int n, int k, int b_weight)
 {
     size_t an = (size_t)groups * m * k, bn = (size_t)groups * n * k;
     float *a = random_buffer(be, an, 1, 1.0f), *b = random_buffer(be, bn, 2, 0.05f);
@@ -137,7 +138,7 @@ static void bench_gemm_format(lb_backend *be, const lb_config *c, const char *wh
         }
     } else {
         lb_qmat *qa = lb_calloc(groups, sizeof *qa), *qb = lb_calloc(groups, sizeof *qb);
-        lb_quant_args aa = qargs(f, 0), ab = qargs(f, 1);
+        lb_quant_args aa = qargs(f, 0), ab = qargs(f, b_weight);
         for (int e = 0; e < groups; e++) {
             be->qmat_alloc(be, &qa[e], m, k, &aa);
             be->qmat_alloc(be, &qb[e], n, k, &ab);
@@ -174,11 +175,26 @@ static int bench_gemm(lb_backend *be, const lb_config *c)
             return 1;
         }
         snprintf(shape, sizeof shape, "dense %dx%dx%d", c->bench.m, c->bench.n, c->bench.k);
-        bench_gemm_format(be, c, shape, f, 1, c->bench.m, c->bench.n, c->bench.k);
+        bench_gemm_format(be, c, shape, f, 1, c->bench.m, c->bench.n, c->bench.k, 1);
         int E = c->bench.experts, rows = c->bench.expert_rows;
-        int C = c->model.hidden_size, F = 2 * c->model.moe_intermediate_size;
+        int C = c->model.hidden_size, I = c->model.moe_intermediate_size, F = 2 * I;
         snprintf(shape, sizeof shape, "grouped %dx%d rows, %d -> %d", E, rows, C, F);
-        bench_gemm_format(be, c, shape, f, E, rows, F, C);
+        bench_gemm_format(be, c, shape, f, E, rows, F, C, 1);
+        if (!c->bench.moe_passes || f == LB_FMT_FP32 || f == LB_FMT_BF16) continue;
+        // The rest of the layer as parallel/linear.c issues it (the row above is the gate/up
+        // fprop): (m, n, k) per expert and whether B is a weight.
+        const struct { const char *name; int m, n, k, w; } pass[] = {
+            {"fprop down", rows, C, I, 1},      // H (rows, I) x W_down (C, I)
+            {"dgrad down", rows, I, C, 1},      // dY (rows, C) x W_down^T (I, C)
+            {"dgrad gate/up", rows, C, F, 1},   // dGU (rows, F) x W_gu^T (C, F)
+            {"wgrad down", C, I, rows, 0},      // dY^T (C, rows) x H^T (I, rows)
+            {"wgrad gate/up", F, C, rows, 0},   // dGU^T (F, rows) x X^T (C, rows)
+        };
+        for (size_t i = 0; i < sizeof pass / sizeof pass[0]; i++) {
+            snprintf(shape, sizeof shape, "moe %s %dx(%d, %d, k %d)", pass[i].name, E, pass[i].m,
+                     pass[i].n, pass[i].k);
+            bench_gemm_format(be, c, shape, f, E, pass[i].m, pass[i].n, pass[i].k, pass[i].w);
+        }
     }
     return 0;
 }

@@ -71,6 +71,7 @@ typedef struct {
         int m, n, k;               // dense GEMM C (m, n) = A (m, k) B (n, k)^T
         int experts, expert_rows;  // grouped GEMM: experts x rows, k -> n
         char formats[128];         // GEMM formats to time (comma list)
+        int moe_passes;            // also the other five expert GEMMs of a training step's layer
         int attn_batch, attn_seq;  // attention shape; heads and head_dim from [model]
         int rollout_batch, rollout_prompt, rollout_new;   // sampler: sequences, tokens each
     } bench;

@@ -179,6 +179,9 @@ const lb_param lb_params[] = {
     LB_P(bench, expert_rows, I, "1024", 1, 1048576, NULL, "grouped GEMM: rows per expert"),
     LB_P(bench, formats, S, "fp32,bf16,fp8-block,mxfp8,mxfp4,nvfp4", 0, 0, NULL,
          "GEMM formats to time (comma list; also fp8-tensor)"),
+    LB_P(bench, moe_passes, B, "false", 0, 0, NULL,
+         "gemm, quantized formats: also the other five expert GEMMs of one MoE layer's training "
+         "step (fprop down, dgrad, wgrad), with their block shapes"),
     LB_P(bench, attn_batch, I, "4", 1, 65536, NULL, "attention batch"),
     LB_P(bench, attn_seq, I, "4096", 1, 1048576, NULL, "attention sequence length"),
     LB_P(bench, rollout_batch, I, "64", 1, 1048576, NULL,
