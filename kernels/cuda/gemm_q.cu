@@ -483,8 +483,8 @@ static int gemm_fp8_lt(lb_backend *be, int m, int n, int k, float alpha, const l
     return 1;
 }
 
-// The fp32 fallback for fp8-block and fp8-tensor: both operands dequantized to fp32 (e * s, one rounding, as
-// lb_dequantize_blocks) and gemm.cu's fp32 GEMM: the CPU's own computation.
+// The fp32 fallback for fp8-block and fp8-tensor: both operands dequantized to fp32 (e * s,
+// one rounding, as lb_dequantize_blocks) and gemm.cu's fp32 GEMM: the CPU's own computation.
 static void gemm_fp32_dequant(lb_backend *be, int m, int n, int k, float alpha, const lb_qmat *a,
                               const lb_qmat *b, float beta, float *c)
 {
