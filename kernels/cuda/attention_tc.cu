@@ -735,6 +735,318 @@ tc_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfl
     }
 }
 
+// --- backward with wgmma for S and dP (sm_90a; head dims of 64 or 128) -------------------------
+//
+// The same two kernels, with the products that read a 64-row tile of keys (dq: S = Q K^T,
+// dP = dO V^T) or of queries (dk/dv: S^T = K Q^T, dP^T = V dO^T) issued by the four warps as
+// one warpgroup (wgmma m64n64k16, B read by the tensor cores straight from shared memory)
+// instead of per-warp mma.sync with ldmatrix fragments. The tiles are stored in the 128-byte
+// swizzle the wgmma descriptors name: rows of 64 elements (128 bytes), 8-row groups 1024 bytes
+// apart, the 16-byte chunk c of row r at chunk c ^ (r % 8); a head dim of 128 is two such
+// tiles side by side. The warpgroup's fp32 result has, per warp, the C layout of mma.sync
+// (rows 16 w + g, g + 8), so the rest (p, dS, and the products with a transposed operand: dq
+// += dS K, dv += P^T dO, dk += dS^T Q) is the mma.sync code above, its B fragments read from
+// the swizzled tiles. Sums run in a fixed order (k16 steps in order), so the results are
+// deterministic and batch invariant; they are not the mma.sync kernels' bits (the backward
+// has no bitwise partner: only the forward is matched by the cache kernel).
+#define TW_ROWS 64                      // rows of a swizzled tile (keys or queries)
+#define TW_ATOM (TW_ROWS * 128)         // bytes of one 64-element-wide part of a tile
+
+// Byte offset of 16-byte chunk cc (8 elements) of row r in a swizzled (TW_ROWS, 16 NK) tile.
+__device__ __forceinline__ uint32_t tw_off(int r, int cc)
+{
+    return (uint32_t)((cc >> 3) * TW_ATOM + r * 128 + (((cc & 7) ^ (r & 7)) << 4));
+}
+
+// Queues rows [r0, r0 + TW_ROWS) of one (batch, head) of x (b, t, heads, 16 NK) bf16 into the
+// swizzled tile at shared address s; rows past t are zero-filled.
+template <int NK, int NT>
+__device__ __forceinline__ void tw_load(uint32_t s, const __nv_bfloat16 *x, int bi, int r0, int h,
+                                        int t, int heads)
+{
+    constexpr int D16 = 16 * NK, V = D16 / 8;
+    for (int e = threadIdx.x; e < TW_ROWS * V; e += NT) {
+        const int r = e / V, cc = e % V, i = r0 + r;
+        const __nv_bfloat16 *src = x + (((size_t)bi * t + (i < t ? i : 0)) * heads + h) * D16 + cc * 8;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s + tw_off(r, cc)),
+                     "l"(src), "r"(i < t ? 16 : 0));
+    }
+}
+
+// B fragments of a transposed-operand product (as tc_bfrag_t) from a swizzled tile: k rows
+// ks * 16 .., columns (dt, dt + 1) * 8 ...
+__device__ __forceinline__ void tw_bfrag_t(uint32_t b[4], uint32_t s, int lane, int ks, int dt)
+{
+    const int mi = lane >> 3, r = ks * 16 + (lane & 7) + (mi & 1) * 8;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(s + tw_off(r, dt + (mi >> 1))));
+}
+
+// Every thread's cp.async writes are complete and visible to the tensor cores' reads (the
+// async proxy) after this and a barrier.
+__device__ __forceinline__ void tw_landed()
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Descriptor of the k16 step kk of a swizzled tile at shared address s (as gg_desc).
+__device__ __forceinline__ uint64_t tw_desc(uint32_t s, int kk)
+{
+    const uint32_t a = s + (kk >> 2) * TW_ATOM + (kk & 3) * 32;
+    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 |
+           (uint64_t)1 << 62;
+}
+
+#define TW_D32_ASM                                                                             \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "     \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define TW_D4(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define TW_D32(d)                                                                              \
+    TW_D4(d, 0), TW_D4(d, 4), TW_D4(d, 8), TW_D4(d, 12), TW_D4(d, 16), TW_D4(d, 20),           \
+        TW_D4(d, 24), TW_D4(d, 28)
+
+// d (64 x 64) = (acc ? d : 0) + A (64 x 16) B (64 x 16)^T; A and B from shared memory.
+__device__ __forceinline__ void tw_wgmma_ss(float (&d)[32], uint64_t da, uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " TW_D32_ASM
+                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : TW_D32(d)
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
+// The same with A in registers: each warp's 16 rows as an mma.sync A fragment.
+__device__ __forceinline__ void tw_wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db,
+                                            int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " TW_D32_ASM
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : TW_D32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+// The (8, 4) C-layout fragment as the 32 registers of a 64-column wgmma result (the same order).
+__device__ __forceinline__ float (&tw_flat(float (&s)[8][4]))[32]
+{
+    return *reinterpret_cast<float(*)[32]>(&s[0][0]);
+}
+
+__device__ __forceinline__ void tw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void tw_commit_wait()
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+#endif
+
+// dq as tc_bwd_dq_kernel, 64 query rows per block (one warpgroup); K and V chunks swizzled in
+// two stages. NK is 4 or 8.
+template <int NK>
+__global__ void __launch_bounds__(128)
+tw_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat16 *kb,
+                 const __nv_bfloat16 *vb, const float *lse, const float *D, int t, int hq,
+                 int hkv, int d, float c, float scale)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int TILE = TW_ROWS * 32 * NK;   // bytes of a (64, 16 NK) bf16 tile
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(tc_sm) + 1023) & ~1023u;
+    const int bi = blockIdx.z, h = blockIdx.y, hk = h / (hq / hkv);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const int i0 = (gridDim.x - 1 - blockIdx.x) * TW_ROWS, iw = i0 + warp * 16;
+    const int rows[2] = {iw + g, iw + g + 8};
+    const size_t lrow = ((size_t)bi * hq + h) * t;
+    const int nchunks = (min(i0 + TW_ROWS, t) - 1) / TC_KC + 1;
+    tw_load<NK, 128>(base, kb, bi, 0, hk, t, hkv);
+    tw_load<NK, 128>(base + TILE, vb, bi, 0, hk, t, hkv);
+    tc_cp_commit();
+    uint32_t qa[NK][4], ga[NK][4];
+    tc_qfrag<NK>(qa, rows[0] < t ? q + tc_row(bi, rows[0], h, t, hq, d) : NULL,
+                 rows[1] < t ? q + tc_row(bi, rows[1], h, t, hq, d) : NULL, d, tq);
+    tc_qfrag<NK>(ga, rows[0] < t ? dout + tc_row(bi, rows[0], h, t, hq, d) : NULL,
+                 rows[1] < t ? dout + tc_row(bi, rows[1], h, t, hq, d) : NULL, d, tq);
+    float l2[2], dd[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l2[r] = rows[r] < t ? __fmul_rn(lse[lrow + rows[r]], (float)TC_LOG2E) : 0.0f;
+        dd[r] = rows[r] < t ? D[lrow + rows[r]] : 0.0f;
+    }
+    float acc[2 * NK][4];
+#pragma unroll
+    for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[dt][e] = 0.0f;
+    for (int ch = 0; ch < nchunks; ch++) {
+        const int j0 = ch * TC_KC;
+        if (ch + 1 < nchunks) {
+            const uint32_t nx = base + ((ch + 1) & 1) * 2 * TILE;
+            tw_load<NK, 128>(nx, kb, bi, j0 + TC_KC, hk, t, hkv);
+            tw_load<NK, 128>(nx + TILE, vb, bi, j0 + TC_KC, hk, t, hkv);
+            tc_cp_commit();
+            tc_cp_wait<1>();
+        } else {
+            tc_cp_wait<0>();
+        }
+        tw_landed();
+        __syncthreads();
+        const uint32_t ks = base + (ch & 1) * 2 * TILE, vs = ks + TILE;
+        // S and dP in C layout (column = key j0 + nt * 8 + 2 tq + (e & 1)), then dS in place
+        float s[8][4], dp[8][4];
+        tw_fence();
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) {
+            tw_wgmma_rs(tw_flat(s), qa[kk], tw_desc(ks, kk), kk);
+            tw_wgmma_rs(tw_flat(dp), ga[kk], tw_desc(vs, kk), kk);
+        }
+        tw_commit_wait();
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = j0 + nt * 8 + 2 * tq + (e & 1), r = e >> 1;
+                const float p = j <= rows[r] ? tc_p(s[nt][e], c, l2[r]) : 0.0f;
+                dp[nt][e] = tc_ds(p, dp[nt][e], dd[r]);
+            }
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) {
+            uint32_t da[4];
+            tc_ctoa(da, dp, kc);
+#pragma unroll
+            for (int dt = 0; dt < 2 * NK; dt += 2) {
+                uint32_t b[4];
+                tw_bfrag_t(b, ks, lane, kc, dt);
+                tc_mma(acc[dt], da, b[0], b[1]);
+                tc_mma(acc[dt + 1], da, b[2], b[3]);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rows[r] >= t) continue;
+        float *o = dq + tc_row(bi, rows[r], h, t, hq, d);
+#pragma unroll
+        for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int x = dt * 8 + 2 * tq + e;
+                if (x < d) o[x] = __fmul_rn(acc[dt][2 * r + e], scale);
+            }
+    }
+#endif
+}
+
+// dk, dv as tc_bwd_dkdv_kernel: 64 keys per block (K, V swizzled, kept), query chunks of every
+// head of the group streamed (Q, dO swizzled, two stages). NK is 4 or 8.
+template <int NK>
+__global__ void __launch_bounds__(128)
+tw_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfloat16 *gb,
+                   const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, const float *lse,
+                   const float *D, int t, int hq, int hkv, int d, float c, float scale)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int TILE = TW_ROWS * 32 * NK;
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(tc_sm), base = (raw + 1023) & ~1023u;
+    // kt, vt, then per stage Q and dO; then l2s, dds (2, TC_KC) floats
+    const uint32_t kt = base, vt = base + TILE, st = base + 2 * TILE;
+    float *l2s = reinterpret_cast<float *>(tc_sm + (base - raw) + 6 * TILE), *dds = l2s + 2 * TC_KC;
+    const int bi = blockIdx.z, hk = blockIdx.y, j0 = blockIdx.x * TC_KC, group = hq / hkv;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const int jw = j0 + warp * 16;
+    const int keys[2] = {jw + g, jw + g + 8};
+    const int cf = j0 / TC_KC, nper = (t + TC_KC - 1) / TC_KC - cf, items = group * nper;
+    auto issue = [&](int it) {
+        const int h = hk * group + it / nper, c0 = (cf + it % nper) * TC_KC, stg = it & 1;
+        tw_load<NK, 128>(st + 2 * stg * TILE, qb, bi, c0, h, t, hq);
+        tw_load<NK, 128>(st + (2 * stg + 1) * TILE, gb, bi, c0, h, t, hq);
+        const size_t lrow = ((size_t)bi * hq + h) * t;
+        for (int e = threadIdx.x; e < TC_KC; e += 128) {
+            const int i = c0 + e;
+            l2s[stg * TC_KC + e] = i < t ? __fmul_rn(lse[lrow + i], (float)TC_LOG2E) : 0.0f;
+            dds[stg * TC_KC + e] = i < t ? D[lrow + i] : 0.0f;
+        }
+    };
+    tw_load<NK, 128>(kt, kb, bi, j0, hk, t, hkv);
+    tw_load<NK, 128>(vt, vb, bi, j0, hk, t, hkv);
+    issue(0);
+    tc_cp_commit();
+    float ak[2 * NK][4], av[2 * NK][4];
+#pragma unroll
+    for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) ak[dt][e] = av[dt][e] = 0.0f;
+    for (int it = 0; it < items; it++) {
+        if (it + 1 < items) {
+            issue(it + 1);
+            tc_cp_commit();
+            tc_cp_wait<1>();
+        } else {
+            tc_cp_wait<0>();
+        }
+        tw_landed();
+        __syncthreads();
+        const int c0 = (cf + it % nper) * TC_KC, stg = it & 1;
+        const uint32_t qs = st + 2 * stg * TILE, gs = qs + TILE;
+        const float *l2c = l2s + stg * TC_KC, *ddc = dds + stg * TC_KC;
+        // S^T and dP^T in C layout (row = key, column = query), then in place P^T and dS^T
+        float s[8][4], dp[8][4];
+        tw_fence();
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) {
+            tw_wgmma_ss(tw_flat(s), tw_desc(kt, kk), tw_desc(qs, kk), kk);
+            tw_wgmma_ss(tw_flat(dp), tw_desc(vt, kk), tw_desc(gs, kk), kk);
+        }
+        tw_commit_wait();
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = nt * 8 + 2 * tq + (e & 1), i = c0 + col;
+                const float p = i >= keys[e >> 1] && i < t ? tc_p(s[nt][e], c, l2c[col]) : 0.0f;
+                s[nt][e] = p;
+                dp[nt][e] = tc_ds(p, dp[nt][e], ddc[col]);
+            }
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) {
+            uint32_t pa[4], da[4];
+            tc_ctoa(pa, s, kc);
+            tc_ctoa(da, dp, kc);
+#pragma unroll
+            for (int dt = 0; dt < 2 * NK; dt += 2) {
+                uint32_t b[4];
+                tw_bfrag_t(b, gs, lane, kc, dt);
+                tc_mma(av[dt], pa, b[0], b[1]);
+                tc_mma(av[dt + 1], pa, b[2], b[3]);
+                tw_bfrag_t(b, qs, lane, kc, dt);
+                tc_mma(ak[dt], da, b[0], b[1]);
+                tc_mma(ak[dt + 1], da, b[2], b[3]);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (keys[r] >= t) continue;
+        float *ok = dk + tc_row(bi, keys[r], hk, t, hkv, d);
+        float *ov = dv + tc_row(bi, keys[r], hk, t, hkv, d);
+#pragma unroll
+        for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int x = dt * 8 + 2 * tq + e;
+                if (x < d) {
+                    ok[x] = __fmul_rn(ak[dt][2 * r + e], scale);
+                    ov[x] = av[dt][2 * r + e];
+                }
+            }
+    }
+#endif
+}
+
 // --- launchers ---------------------------------------------------------------------------------
 
 static float tc_c(int d) { return (float)(1.0 / sqrt((double)d) * TC_LOG2E); }
@@ -792,6 +1104,22 @@ static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float
     tc_to_bf16(cx, gb, dout, qrows, d);
     tc_to_bf16(cx, kb, k, krows, d);
     tc_to_bf16(cx, vb, v, krows, d);
+    if constexpr (NK == 4 || NK == 8) if (cx->attn_wg) {   // wgmma for S and dP (sm_90a)
+        const size_t tile = (size_t)TW_ROWS * 32 * NK;
+        const size_t smem_dq = 4 * tile + 1024;
+        lb_cuda_smem_limit(tw_bwd_dq_kernel<NK>, smem_dq);
+        dim3 gq((t + TW_ROWS - 1) / TW_ROWS, hq, b);
+        tw_bwd_dq_kernel<NK><<<gq, 128, smem_dq, cx->stream>>>(dq, dout, q, kb, vb, lse, D, t, hq,
+                                                                hkv, d, c, scale);
+        LB_CUDA_LAUNCHED(cx);
+        const size_t smem_kv = 6 * tile + 4 * TC_KC * sizeof(float) + 1024;
+        lb_cuda_smem_limit(tw_bwd_dkdv_kernel<NK>, smem_kv);
+        dim3 gk((t + TC_KC - 1) / TC_KC, hkv, b);
+        tw_bwd_dkdv_kernel<NK><<<gk, 128, smem_kv, cx->stream>>>(dk, dv, qb, gb, kb, vb, lse, D, t,
+                                                                  hq, hkv, d, c, scale);
+        LB_CUDA_LAUNCHED(cx);
+        return;
+    }
     constexpr int DP = 16 * NK + 8;
     const size_t smem_dq = (size_t)4 * TC_KC * DP * sizeof(__nv_bfloat16);
     lb_cuda_smem_limit(tc_bwd_dq_kernel<NK>, smem_dq);
