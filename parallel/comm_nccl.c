@@ -44,6 +44,16 @@ typedef struct {
 
 static nccl_state *S(lb_comm *c) { return c->impl; }
 
+// The state of an operation about to touch device memory. The backend's queued work finishes
+// first: it may still be writing a send buffer, zero-filling a fresh receive buffer, or (its
+// allocator being stream-ordered) reusing freed memory that NCCL is given.
+static nccl_state *enter(lb_comm *c)
+{
+    nccl_state *s = S(c);
+    s->be->sync(s->be);
+    return s;
+}
+
 static ncclDataType_t nccl_type(lb_dtype t)
 {
     switch (t) {
@@ -92,7 +102,7 @@ static void sum_in_rank_order(lb_comm *c, float *dst, const float *st, size_t le
 
 static void nccl_all_reduce(lb_comm *c, const void *send, void *recv, size_t count, lb_dtype t)
 {
-    nccl_state *s = S(c);
+    nccl_state *s = enter(c);
     if (!det_float(c, t, "all_reduce")) {
         if (t == LB_BYTE) lb_die("all_reduce: bytes cannot be summed");
         NCCL_CHECK(ncclAllReduce(send, recv, count, nccl_type(t), ncclSum, s->comm, s->stream));
@@ -137,7 +147,7 @@ static void nccl_all_reduce(lb_comm *c, const void *send, void *recv, size_t cou
 static void nccl_reduce_scatter(lb_comm *c, const void *send, void *recv, size_t count,
                                 lb_dtype t)
 {
-    nccl_state *s = S(c);
+    nccl_state *s = enter(c);
     if (!det_float(c, t, "reduce_scatter")) {
         if (t == LB_BYTE) lb_die("reduce_scatter: bytes cannot be summed");
         NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, s->comm,
@@ -167,7 +177,7 @@ static void nccl_reduce_scatter(lb_comm *c, const void *send, void *recv, size_t
 
 static void nccl_all_gather(lb_comm *c, const void *send, void *recv, size_t count, lb_dtype t)
 {
-    nccl_state *s = S(c);
+    nccl_state *s = enter(c);
     NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(t), s->comm, s->stream));
 }
 
@@ -175,7 +185,7 @@ static void nccl_all_to_all_v(lb_comm *c, const void *send, const size_t *send_c
                               const size_t *send_displs, void *recv, const size_t *recv_counts,
                               const size_t *recv_displs, lb_dtype t)
 {
-    nccl_state *s = S(c);
+    nccl_state *s = enter(c);
     int p = c->size, r = c->rank;
     size_t es = lb_dtype_size(t);
     if (send_counts[r] != recv_counts[r])
@@ -200,12 +210,16 @@ static void nccl_all_to_all_v(lb_comm *c, const void *send, const size_t *send_c
 
 static void nccl_send(lb_comm *c, const void *buf, size_t count, lb_dtype t, int peer)
 {
-    if (count) NCCL_CHECK(ncclSend(buf, count, nccl_type(t), peer, S(c)->comm, S(c)->stream));
+    if (!count) return;
+    nccl_state *s = enter(c);
+    NCCL_CHECK(ncclSend(buf, count, nccl_type(t), peer, s->comm, s->stream));
 }
 
 static void nccl_recv(lb_comm *c, void *buf, size_t count, lb_dtype t, int peer)
 {
-    if (count) NCCL_CHECK(ncclRecv(buf, count, nccl_type(t), peer, S(c)->comm, S(c)->stream));
+    if (!count) return;
+    nccl_state *s = enter(c);
+    NCCL_CHECK(ncclRecv(buf, count, nccl_type(t), peer, s->comm, s->stream));
 }
 
 static void nccl_send_recv(lb_comm *c, const void *send, size_t send_count, int dest, void *recv,
@@ -219,7 +233,8 @@ static void nccl_send_recv(lb_comm *c, const void *send, size_t send_count, int 
 
 static void nccl_broadcast(lb_comm *c, void *buf, size_t count, lb_dtype t, int root)
 {
-    NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(t), root, S(c)->comm, S(c)->stream));
+    nccl_state *s = enter(c);
+    NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(t), root, s->comm, s->stream));
 }
 
 static void nccl_sync(lb_comm *c) { CUDA_CHECK(cudaStreamSynchronize(S(c)->stream)); }

@@ -80,6 +80,7 @@ typedef struct {
     int device;
     int num_sms;
     int sync_each;                 // LB_CUDA_SYNC=1: wait and check after every launch
+    int pool;                      // alloc/free on the stream-ordered pool (LB_CUDA_POOL=0: off)
     cudaStream_t stream;           // every operation and copy is queued here
 
     cublasLtHandle_t lt;
@@ -93,8 +94,9 @@ typedef struct {
     int grouped_tc;                // bf16 and fp8-block groups in one wgmma launch
                                    // (gemm_grouped.cu); sm_90 only, LB_CUDA_GROUPED=0: off
     int grouped_bn;                // the bf16 kernel's tile columns, 128 or 256 (LB_CUDA_GROUPED_BN)
-    int attn_wg;                   // bf16 attention backward's S and dP on wgmma (head dims 64
-                                   // and 128; sm_90 only; LB_CUDA_ATTN_WG=0: mma.sync)
+    int attn_wg;                   // bf16 attention backward on wgmma (head dims 64 and 128;
+                                   // sm_90 only): 2 all products, LB_CUDA_ATTN_WG=1 S and dP
+                                   // only, 0 none (mma.sync)
     int dense_tc;                  // dense bf16 and fp8-block GEMMs on those kernels too
                                    // (LB_CUDA_DENSE_TC=0: off)
     int grouped_streams;           // LB_CUDA_GROUPED_STREAMS=1: bf16 groups on side streams
