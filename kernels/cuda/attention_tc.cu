@@ -744,9 +744,10 @@ tc_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfl
 // swizzle the wgmma descriptors name: rows of 64 elements (128 bytes), 8-row groups 1024 bytes
 // apart, the 16-byte chunk c of row r at chunk c ^ (r % 8); a head dim of 128 is two such
 // tiles side by side. The warpgroup's fp32 result has, per warp, the C layout of mma.sync
-// (rows 16 w + g, g + 8), so the rest (p, dS, and the products with a transposed operand: dq
-// += dS K, dv += P^T dO, dk += dS^T Q) is the mma.sync code above, its B fragments read from
-// the swizzled tiles. Sums run in a fixed order (k16 steps in order), so the results are
+// (rows 16 w + g, g + 8), so p and dS are the code above, and they become the A fragments (in
+// registers) of the products with a transposed operand (dq += dS K, dv += P^T dO, dk += dS^T
+// Q): with WO 1 on wgmma too, the same tiles read N-major; with WO 0 on mma.sync, B fragments
+// read from the tiles by ldmatrix.trans. Sums run in a fixed order (k16 steps in order), so the results are
 // deterministic and batch invariant; they are not the mma.sync kernels' bits (the backward
 // has no bitwise partner: only the forward is matched by the cache kernel).
 #define TW_ROWS 64                      // rows of a swizzled tile (keys or queries)
@@ -799,6 +800,18 @@ __device__ __forceinline__ uint64_t tw_desc(uint32_t s, int kk)
            (uint64_t)1 << 62;
 }
 
+// Descriptor of k16 step kk of a product whose B is a swizzled tile read N-major (the tile's
+// rows are k, its columns n; a transposed operand such as K in dS K): 16 rows, 64 columns from
+// part `part` of the tile. For the 128-byte swizzle the 8-row groups are SBO = 1024 bytes
+// apart along k and the 64-column parts LBO = TW_ATOM bytes apart along n (PTX ISA, canonical
+// MN-major layout ((8,8,m),(8,k)) : ((1,8,LBO),(64,SBO)) in elements).
+__device__ __forceinline__ uint64_t tw_desc_n(uint32_t s, int kk, int part)
+{
+    const uint32_t a = s + part * TW_ATOM + kk * 2048;
+    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)(TW_ATOM >> 4) << 16 |
+           (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+
 #define TW_D32_ASM                                                                             \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "     \
     "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -828,10 +841,26 @@ __device__ __forceinline__ void tw_wgmma_rs(float (&d)[32], const uint32_t (&a)[
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
 
+// d (64 x 64) += A (64 x 16, registers) B (16 x 64), B N-major in shared memory (tw_desc_n).
+__device__ __forceinline__ void tw_wgmma_rs_n(float (&d)[32], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " TW_D32_ASM
+                 ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                 : TW_D32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
 // The (8, 4) C-layout fragment as the 32 registers of a 64-column wgmma result (the same order).
 __device__ __forceinline__ float (&tw_flat(float (&s)[8][4]))[32]
 {
     return *reinterpret_cast<float(*)[32]>(&s[0][0]);
+}
+
+// Columns [64 part, 64 part + 64) of a (2 NK, 4) C-layout accumulator, as tw_flat.
+template <int NK>
+__device__ __forceinline__ float (&tw_part(float (&s)[2 * NK][4], int part))[32]
+{
+    return *reinterpret_cast<float(*)[32]>(&s[8 * part][0]);
 }
 
 __device__ __forceinline__ void tw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -844,7 +873,7 @@ __device__ __forceinline__ void tw_commit_wait()
 
 // dq as tc_bwd_dq_kernel, 64 query rows per block (one warpgroup); K and V chunks swizzled in
 // two stages. NK is 4 or 8.
-template <int NK>
+template <int NK, int WO>
 __global__ void __launch_bounds__(128)
 tw_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat16 *kb,
                  const __nv_bfloat16 *vb, const float *lse, const float *D, int t, int hq,
@@ -910,16 +939,29 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
                 const float p = j <= rows[r] ? tc_p(s[nt][e], c, l2[r]) : 0.0f;
                 dp[nt][e] = tc_ds(p, dp[nt][e], dd[r]);
             }
+        if constexpr (WO) {   // dq += dS K on wgmma, K read N-major
+            uint32_t da[4][4];
 #pragma unroll
-        for (int kc = 0; kc < 4; kc++) {
-            uint32_t da[4];
-            tc_ctoa(da, dp, kc);
+            for (int kc = 0; kc < 4; kc++) tc_ctoa(da[kc], dp, kc);
+            tw_fence();
 #pragma unroll
-            for (int dt = 0; dt < 2 * NK; dt += 2) {
-                uint32_t b[4];
-                tw_bfrag_t(b, ks, lane, kc, dt);
-                tc_mma(acc[dt], da, b[0], b[1]);
-                tc_mma(acc[dt + 1], da, b[2], b[3]);
+            for (int kc = 0; kc < 4; kc++)
+#pragma unroll
+                for (int part = 0; part < NK / 4; part++)
+                    tw_wgmma_rs_n(tw_part<NK>(acc, part), da[kc], tw_desc_n(ks, kc, part));
+            tw_commit_wait();
+        } else {
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) {
+                uint32_t da[4];
+                tc_ctoa(da, dp, kc);
+#pragma unroll
+                for (int dt = 0; dt < 2 * NK; dt += 2) {
+                    uint32_t b[4];
+                    tw_bfrag_t(b, ks, lane, kc, dt);
+                    tc_mma(acc[dt], da, b[0], b[1]);
+                    tc_mma(acc[dt + 1], da, b[2], b[3]);
+                }
             }
         }
         __syncthreads();
@@ -941,7 +983,7 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
 
 // dk, dv as tc_bwd_dkdv_kernel: 64 keys per block (K, V swizzled, kept), query chunks of every
 // head of the group streamed (Q, dO swizzled, two stages). NK is 4 or 8.
-template <int NK>
+template <int NK, int WO>
 __global__ void __launch_bounds__(128)
 tw_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfloat16 *gb,
                    const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, const float *lse,
@@ -1010,20 +1052,38 @@ tw_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfl
                 s[nt][e] = p;
                 dp[nt][e] = tc_ds(p, dp[nt][e], ddc[col]);
             }
+        if constexpr (WO) {   // dv += P^T dO, dk += dS^T Q on wgmma, dO and Q read N-major
+            uint32_t pa[4][4], da[4][4];
 #pragma unroll
-        for (int kc = 0; kc < 4; kc++) {
-            uint32_t pa[4], da[4];
-            tc_ctoa(pa, s, kc);
-            tc_ctoa(da, dp, kc);
+            for (int kc = 0; kc < 4; kc++) {
+                tc_ctoa(pa[kc], s, kc);
+                tc_ctoa(da[kc], dp, kc);
+            }
+            tw_fence();
 #pragma unroll
-            for (int dt = 0; dt < 2 * NK; dt += 2) {
-                uint32_t b[4];
-                tw_bfrag_t(b, gs, lane, kc, dt);
-                tc_mma(av[dt], pa, b[0], b[1]);
-                tc_mma(av[dt + 1], pa, b[2], b[3]);
-                tw_bfrag_t(b, qs, lane, kc, dt);
-                tc_mma(ak[dt], da, b[0], b[1]);
-                tc_mma(ak[dt + 1], da, b[2], b[3]);
+            for (int kc = 0; kc < 4; kc++)
+#pragma unroll
+                for (int part = 0; part < NK / 4; part++) {
+                    tw_wgmma_rs_n(tw_part<NK>(av, part), pa[kc], tw_desc_n(gs, kc, part));
+                    tw_wgmma_rs_n(tw_part<NK>(ak, part), da[kc], tw_desc_n(qs, kc, part));
+                }
+            tw_commit_wait();
+        } else {
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) {
+                uint32_t pa[4], da[4];
+                tc_ctoa(pa, s, kc);
+                tc_ctoa(da, dp, kc);
+#pragma unroll
+                for (int dt = 0; dt < 2 * NK; dt += 2) {
+                    uint32_t b[4];
+                    tw_bfrag_t(b, gs, lane, kc, dt);
+                    tc_mma(av[dt], pa, b[0], b[1]);
+                    tc_mma(av[dt + 1], pa, b[2], b[3]);
+                    tw_bfrag_t(b, qs, lane, kc, dt);
+                    tc_mma(ak[dt], da, b[0], b[1]);
+                    tc_mma(ak[dt + 1], da, b[2], b[3]);
+                }
             }
         }
         __syncthreads();
@@ -1087,6 +1147,28 @@ extern "C" size_t lb_cuda_attention_tc_work(int b, int t, int hq, int hkv, int d
     return 2 * tc_align((size_t)b * t * hq * d16 * e) + 2 * tc_align((size_t)b * t * hkv * d16 * e);
 }
 
+// The wgmma kernels: WO 0 for S and dP only, 1 for the output products too.
+template <int NK, int WO>
+static void tw_bwd(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float *dout,
+                   const float *q, const __nv_bfloat16 *qb, const __nv_bfloat16 *gb,
+                   const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, const float *lse,
+                   const float *D, int b, int t, int hq, int hkv, int d, float c, float scale)
+{
+    const size_t tile = (size_t)TW_ROWS * 32 * NK;
+    const size_t smem_dq = 4 * tile + 1024;
+    lb_cuda_smem_limit(tw_bwd_dq_kernel<NK, WO>, smem_dq);
+    dim3 gq((t + TW_ROWS - 1) / TW_ROWS, hq, b);
+    tw_bwd_dq_kernel<NK, WO><<<gq, 128, smem_dq, cx->stream>>>(dq, dout, q, kb, vb, lse, D, t, hq,
+                                                                hkv, d, c, scale);
+    LB_CUDA_LAUNCHED(cx);
+    const size_t smem_kv = 6 * tile + 4 * TC_KC * sizeof(float) + 1024;
+    lb_cuda_smem_limit(tw_bwd_dkdv_kernel<NK, WO>, smem_kv);
+    dim3 gk((t + TC_KC - 1) / TC_KC, hkv, b);
+    tw_bwd_dkdv_kernel<NK, WO><<<gk, 128, smem_kv, cx->stream>>>(dk, dv, qb, gb, kb, vb, lse, D, t,
+                                                                  hq, hkv, d, c, scale);
+    LB_CUDA_LAUNCHED(cx);
+}
+
 template <int NK>
 static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float *dout,
                    const float *q, const float *k, const float *v, const float *lse,
@@ -1104,20 +1186,11 @@ static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float
     tc_to_bf16(cx, gb, dout, qrows, d);
     tc_to_bf16(cx, kb, k, krows, d);
     tc_to_bf16(cx, vb, v, krows, d);
-    if constexpr (NK == 4 || NK == 8) if (cx->attn_wg) {   // wgmma for S and dP (sm_90a)
-        const size_t tile = (size_t)TW_ROWS * 32 * NK;
-        const size_t smem_dq = 4 * tile + 1024;
-        lb_cuda_smem_limit(tw_bwd_dq_kernel<NK>, smem_dq);
-        dim3 gq((t + TW_ROWS - 1) / TW_ROWS, hq, b);
-        tw_bwd_dq_kernel<NK><<<gq, 128, smem_dq, cx->stream>>>(dq, dout, q, kb, vb, lse, D, t, hq,
-                                                                hkv, d, c, scale);
-        LB_CUDA_LAUNCHED(cx);
-        const size_t smem_kv = 6 * tile + 4 * TC_KC * sizeof(float) + 1024;
-        lb_cuda_smem_limit(tw_bwd_dkdv_kernel<NK>, smem_kv);
-        dim3 gk((t + TC_KC - 1) / TC_KC, hkv, b);
-        tw_bwd_dkdv_kernel<NK><<<gk, 128, smem_kv, cx->stream>>>(dk, dv, qb, gb, kb, vb, lse, D, t,
-                                                                  hq, hkv, d, c, scale);
-        LB_CUDA_LAUNCHED(cx);
+    if constexpr (NK == 4 || NK == 8) if (cx->attn_wg) {   // wgmma (sm_90a)
+        if (cx->attn_wg == 1) tw_bwd<NK, 0>(cx, dq, dk, dv, dout, q, qb, gb, kb, vb, lse, D, b, t,
+                                            hq, hkv, d, c, scale);
+        else tw_bwd<NK, 1>(cx, dq, dk, dv, dout, q, qb, gb, kb, vb, lse, D, b, t, hq, hkv, d, c,
+                           scale);
         return;
     }
     constexpr int DP = 16 * NK + 8;
