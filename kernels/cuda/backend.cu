@@ -6,7 +6,6 @@
 // (they wait for the stream); copy and zero do not wait.
 #include "kernels/cuda/cuda.cuh"
 
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,19 +74,13 @@ extern "C" void *lb_cuda_host_stage(lb_cuda_ctx *cx, size_t bytes)
 // --- memory functions ------------------------------------------------------------------------
 
 // Zero-filled, as the table promises; a zero-byte request still gets a distinct, freeable
-// pointer (the CPU backend's behaviour). Memory comes from the device's stream-ordered pool,
-// which keeps what is freed: a training step allocates and frees thousands of quantized
-// operands, and cudaMalloc/cudaFree (with the stream wait a plain free needs) would stall the
-// host between kernels each time. All work runs on cx->stream, or on streams joined back to it
-// (the grouped GEMM's side streams) or waited for by the host (the NCCL communicator syncs the
-// backend before it starts), so a free ordered on cx->stream is safe. LB_CUDA_POOL=0:
-// cudaMalloc and a synchronizing cudaFree.
+// pointer (the CPU backend's behaviour).
 static void *cuda_alloc(lb_backend *be, size_t bytes)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
     size_t n = bytes ? bytes : 256;
     void *p = NULL;
-    cudaError_t e = cx->pool ? cudaMallocAsync(&p, n, cx->stream) : cudaMalloc(&p, n);
+    cudaError_t e = cudaMalloc(&p, n);
     if (e != cudaSuccess || !p)
         lb_die("cuda alloc: %zu bytes on device %d: %s", bytes, cx->device,
                cudaGetErrorString(e));
@@ -98,13 +91,8 @@ static void *cuda_alloc(lb_backend *be, size_t bytes)
 static void cuda_free(lb_backend *be, void *p)
 {
     if (!p) return;
-    lb_cuda_ctx *cx = lb_cuda(be);
-    if (cx->pool) {
-        LB_CUDA_CHECK(cudaFreeAsync(p, cx->stream));
-        return;
-    }
     // Work queued on the stream may still use p.
-    LB_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    LB_CUDA_CHECK(cudaStreamSynchronize(lb_cuda(be)->stream));
     LB_CUDA_CHECK(cudaFree(p));
 }
 
@@ -164,11 +152,6 @@ static void cuda_destroy(lb_backend *be)
     LB_CUDA_CHECK(cudaFreeHost(cx->err_host));
     LB_CUDA_CHECK(cudaFreeHost(cx->host_stage));
     LB_CUDA_CHECK(cudaStreamDestroy(cx->stream));
-    if (cx->pool) {   // give the pool's memory back (another backend may follow in this process)
-        cudaMemPool_t mp;
-        LB_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&mp, cx->device));
-        LB_CUDA_CHECK(cudaMemPoolTrimTo(mp, 0));
-    }
     free(cx);
     free(be);
 }
@@ -209,15 +192,6 @@ extern "C" lb_backend *lb_backend_cuda_create(int device, char *err, size_t errl
     const char *s = getenv("LB_CUDA_SYNC");
     cx->sync_each = s && *s && *s != '0';
     LB_CUDA_CHECK(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
-    s = getenv("LB_CUDA_POOL");
-    cx->pool = !(s && *s == '0');
-    if (cx->pool) {   // the pool keeps freed memory for the next allocation instead of
-                      // returning it to the driver at every synchronization
-        cudaMemPool_t mp;
-        uint64_t keep = UINT64_MAX;
-        LB_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&mp, device));
-        LB_CUDA_CHECK(cudaMemPoolSetAttribute(mp, cudaMemPoolAttrReleaseThreshold, &keep));
-    }
     LB_CUBLAS_CHECK(cublasLtCreate(&cx->lt));
     cx->workspace_bytes = LB_CUDA_WORKSPACE;
     LB_CUDA_CHECK(cudaMalloc(&cx->workspace, cx->workspace_bytes));

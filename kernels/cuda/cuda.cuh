@@ -80,7 +80,6 @@ typedef struct {
     int device;
     int num_sms;
     int sync_each;                 // LB_CUDA_SYNC=1: wait and check after every launch
-    int pool;                      // alloc/free on the stream-ordered pool (LB_CUDA_POOL=0: off)
     cudaStream_t stream;           // every operation and copy is queued here
 
     cublasLtHandle_t lt;
