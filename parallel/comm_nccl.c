@@ -45,8 +45,8 @@ typedef struct {
 static nccl_state *S(lb_comm *c) { return c->impl; }
 
 // The state of an operation about to touch device memory. The backend's queued work finishes
-// first: it may still be writing a send buffer, zero-filling a fresh receive buffer, or (its
-// allocator being stream-ordered) reusing freed memory that NCCL is given.
+// first: it may still be writing a send buffer or zero-filling a fresh receive buffer (NCCL
+// runs on its own stream, unordered with the backend's).
 static nccl_state *enter(lb_comm *c)
 {
     nccl_state *s = S(c);
