@@ -11,6 +11,7 @@
 #include <time.h>
 #include "kernels/common.h"
 #include "kernels/kernels.h"
+#include "kernels/quant/quant.h"
 
 #define LB_PROFILE_OPS(X)                                                                     \
     X(alloc) X(free) X(upload) X(download) X(copy) X(zero) X(gemm) X(gemm_grouped)            \
@@ -36,10 +37,22 @@ static const char *const op_name[OP_COUNT] = {
 #undef X
 };
 
+// The GEMMs and quantizations are also charged by shape (the same operation serves several
+// passes of a layer, at very different speeds): up to LB_PROFILE_SHAPES keys, the rest as one.
+#define LB_PROFILE_SHAPES 64
+
+typedef struct {
+    char key[80];
+    double seconds;
+    long calls;
+} shape_row;
+
 typedef struct {
     lb_backend *in;
     double seconds[OP_COUNT];
     long calls[OP_COUNT];
+    shape_row shape[LB_PROFILE_SHAPES + 1];   // the last: every key that found no room
+    int nshape;
 } prof;
 
 static double now(void)
@@ -65,6 +78,38 @@ static void charge(lb_backend *be, int op, double t0)
     p->in->sync(p->in);
     p->seconds[op] += now() - t0;
     p->calls[op]++;
+}
+
+static void charge_shape(lb_backend *be, const char *key, double seconds)
+{
+    prof *p = be->ctx;
+    int i = 0;
+    while (i < p->nshape && strcmp(p->shape[i].key, key)) i++;
+    if (i == p->nshape) {
+        if (p->nshape == LB_PROFILE_SHAPES) {
+            i = LB_PROFILE_SHAPES;
+            snprintf(p->shape[i].key, sizeof p->shape[i].key, "(other shapes)");
+        } else {
+            snprintf(p->shape[i].key, sizeof p->shape[i].key, "%s", key);
+            p->nshape++;
+        }
+    }
+    p->shape[i].seconds += seconds;
+    p->shape[i].calls++;
+}
+
+// k of groups g[0 .. count) as "k N", or "k ~N" (their mean) where they differ (the wgrad's
+// tokens per expert).
+static void group_k(char *out, size_t len, int count, const int *k, size_t stride)
+{
+    long sum = 0;
+    int same = 1;
+    for (int i = 0; i < count; i++) {
+        int ki = *(const int *)((const char *)k + i * stride);
+        sum += ki;
+        same &= ki == *k;
+    }
+    snprintf(out, len, "k %s%ld", same ? "" : "~", count ? sum / count : 0);
 }
 
 // A wrapper for each entry: W(name, (parameters), (arguments after the backend)).
@@ -100,24 +145,48 @@ W(upload, (lb_backend *be, void *d, const void *s, size_t n), (in, d, s, n))
 W(download, (lb_backend *be, void *d, const void *s, size_t n), (in, d, s, n))
 W(copy, (lb_backend *be, void *d, const void *s, size_t n), (in, d, s, n))
 W(zero, (lb_backend *be, void *p, size_t n), (in, p, n))
-W(gemm, (lb_backend *be, const lb_gemm_args *g), (in, g))
-W(gemm_grouped, (lb_backend *be, int count, const lb_gemm_args *g), (in, count, g))
+// The same, also charging the shape that KEY (statements filling `char key[80]`) names.
+#define WS(name, PARAMS, ARGS, KEY)                                                           \
+    static void w_##name PARAMS                                                               \
+    {                                                                                         \
+        double t0;                                                                            \
+        lb_backend *in = inner(be, &t0);                                                      \
+        in->name ARGS;                                                                        \
+        charge(be, OP_##name, t0);                                                            \
+        char key[80];                                                                         \
+        KEY;                                                                                  \
+        charge_shape(be, key, now() - t0);                                                    \
+    }
+
+WS(gemm, (lb_backend *be, const lb_gemm_args *g), (in, g),
+   snprintf(key, sizeof key, "gemm %dx%dx%d%s", g->m, g->n, g->k, g->bf16 ? " bf16" : ""))
+WS(gemm_grouped, (lb_backend *be, int count, const lb_gemm_args *g), (in, count, g),
+   char k[32]; group_k(k, sizeof k, count, &g->k, sizeof *g);
+   snprintf(key, sizeof key, "gemm_grouped %d x (n %d, %s)%s", count, count ? g->n : 0, k,
+            count && g->bf16 ? " bf16" : ""))
 W(qmat_alloc, (lb_backend *be, struct lb_qmat *q, int r, int c, const struct lb_quant_args *a),
   (in, q, r, c, a))
 W(qmat_free, (lb_backend *be, struct lb_qmat *q), (in, q))
-W(quantize,
-  (lb_backend *be, struct lb_qmat *q, const float *x, int r, int c, const struct lb_quant_args *a),
-  (in, q, x, r, c, a))
-W(quantize_grouped,
-  (lb_backend *be, int count, struct lb_qmat *q, const float *x, const int *rows,
-   const int *prows, int cols, const struct lb_quant_args *a),
-  (in, count, q, x, rows, prows, cols, a))
+WS(quantize,
+   (lb_backend *be, struct lb_qmat *q, const float *x, int r, int c, const struct lb_quant_args *a),
+   (in, q, x, r, c, a),
+   snprintf(key, sizeof key, "quantize (%d, %d) %s", r, c, q->brows == 1 ? "1x" : "blocks"))
+WS(quantize_grouped,
+   (lb_backend *be, int count, struct lb_qmat *q, const float *x, const int *rows,
+    const int *prows, int cols, const struct lb_quant_args *a),
+   (in, count, q, x, rows, prows, cols, a),
+   char k[32]; group_k(k, sizeof k, count, rows, sizeof *rows);
+   snprintf(key, sizeof key, "quantize_grouped %d x (rows %s, %d) %s", count, k + 2, cols,
+            count && q[0].brows == 1 ? "1x" : "blocks"))
 W(dequantize, (lb_backend *be, float *y, const struct lb_qmat *q), (in, y, q))
-W(gemm_q,
-  (lb_backend *be, int m, int n, int k, float alpha, const struct lb_qmat *a,
-   const struct lb_qmat *b, float beta, float *c),
-  (in, m, n, k, alpha, a, b, beta, c))
-W(gemm_q_grouped, (lb_backend *be, int count, const lb_gemm_q_args *g), (in, count, g))
+WS(gemm_q,
+   (lb_backend *be, int m, int n, int k, float alpha, const struct lb_qmat *a,
+    const struct lb_qmat *b, float beta, float *c),
+   (in, m, n, k, alpha, a, b, beta, c), snprintf(key, sizeof key, "gemm_q %dx%dx%d", m, n, k))
+WS(gemm_q_grouped, (lb_backend *be, int count, const lb_gemm_q_args *g), (in, count, g),
+   char k[32]; group_k(k, sizeof k, count, &g->k, sizeof *g);
+   snprintf(key, sizeof key, "gemm_q_grouped %d x (n %d, %s) B %s", count, count ? g->n : 0,
+            k, count && g->b->brows == 1 ? "1x" : "blocks"))
 W(hadamard,
   (lb_backend *be, float *y, const float *x, int rows, int cols, int axis, int hn, uint32_t s),
   (in, y, x, rows, cols, axis, hn, s))
@@ -198,6 +267,7 @@ W(adamw,
    float b1, float b2, float eps, float wd, int step),
   (in, p, g, gs, m, v, n, lr, b1, b2, eps, wd, step))
 #undef W
+#undef WS
 
 static void w_sync(lb_backend *be) { ((prof *)be->ctx)->in->sync(((prof *)be->ctx)->in); }
 
@@ -226,6 +296,23 @@ static void print_table(lb_backend *be, FILE *f)
         fprintf(f, "  %-24s %10ld %12.3f %6.1f%%\n", op_name[o], p->calls[o],
                 p->seconds[o] * 1e3, total > 0 ? 100.0 * p->seconds[o] / total : 0.0);
     }
+    const int n = p->nshape + (p->shape[LB_PROFILE_SHAPES].calls > 0);
+    if (!n) return;
+    int *by = lb_malloc((size_t)(LB_PROFILE_SHAPES + 1) * sizeof *by);
+    for (int i = 0, j = 0; i <= LB_PROFILE_SHAPES; i++)
+        if (i < p->nshape || (i == LB_PROFILE_SHAPES && p->shape[i].calls)) by[j++] = i;
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && p->shape[by[j]].seconds > p->shape[by[j - 1]].seconds; j--) {
+            int t = by[j];
+            by[j] = by[j - 1];
+            by[j - 1] = t;
+        }
+    fprintf(f, "  by shape (GEMMs and quantizations; m is the sum over groups):\n");
+    for (int i = 0; i < n; i++) {
+        const shape_row *r = &p->shape[by[i]];
+        fprintf(f, "    %-62s %6ld %10.3f\n", r->key, r->calls, r->seconds * 1e3);
+    }
+    free(by);
 }
 
 static void w_destroy(lb_backend *be)

@@ -84,12 +84,14 @@ echo "activation MiB per rank: $a0 without recomputation, $a1 selective, $a2 ful
 awk -v a="$a0" -v b="$a1" -v c="$a2" 'BEGIN { exit !(c < 0.5 * a && b < 0.9 * a && c < b) }' ||
     fail "recomputation does not save memory"
 # 6. LB_PROFILE=1 wraps the backend in a timer that only forwards: the same bits, and a table
-#    of the operations on stderr.
+#    of the operations on stderr, then the GEMMs by shape (the expert layers' grouped call).
 LB_PROFILE=1 "$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set run.out_dir="$tmp/prof" \
     > "$tmp/prof.log" 2> "$tmp/prof.err"
 diff <(strip "$tmp/a/metrics.jsonl") <(strip "$tmp/prof/metrics.jsonl") || fail "LB_PROFILE changed the run"
 grep -q "^lowbit profile" "$tmp/prof.err" && grep -Eq "^  gemm_grouped +[0-9]+ " "$tmp/prof.err" &&
-    grep -Eq "^  attention_bwd +[0-9]+ " "$tmp/prof.err" || fail "LB_PROFILE printed no table"
+    grep -Eq "^  attention_bwd +[0-9]+ " "$tmp/prof.err" &&
+    grep -Eq "^    gemm_grouped [0-9]+ x \(n [0-9]+, k ~?[0-9]+\)( bf16)? +[0-9]+ +[0-9.]+$" "$tmp/prof.err" ||
+    fail "LB_PROFILE printed no table"
 # 7. Optimizer offload: 37% of the moments live and are updated in host memory (by the CPU
 #    backend): the same bits, also when a checkpoint is resumed with offload.
 "$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set train.optimizer_offload=0.37 \
