@@ -107,32 +107,49 @@ __device__ __forceinline__ void gg_tile(int u, int m, int tiles_n, int bm, int b
 // C = alpha d + beta C for a warpgroup's 64 x 128 fragment d: this thread's d[4j + i] is row
 // r + (i >> 1) * 8, column col0 + 8j + 2 (lane % 4) + (i & 1). A pair of columns is one 8-byte
 // store where C's rows allow it (a warp then writes whole 32-byte sectors). beta 0 never reads
-// C (NaN there is overwritten).
+// C (NaN there is overwritten). Otherwise C is read CH column groups at a time, all loads
+// before any store: a store may alias a later load as far as the compiler knows, so a load
+// after it waits a full memory round trip (an accumulating wgrad's epilogue took 32 of them
+// per tile). CH trades those round trips for registers (16: one).
+template <int CH>
 __device__ __forceinline__ void gg_store(const float (&d)[64], float *c, int m, int n,
                                          float alpha, float beta, int r, int col0, int lane)
 {
     const bool pair = (n & 1) == 0 && ((uintptr_t)c & 7) == 0;
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const int col = col0 + j * 8 + (lane & 3) * 2;
-        if (col >= n) continue;
+    for (int j0 = 0; j0 < 16; j0 += CH) {
+        float2 old[CH][2];
 #pragma unroll
-        for (int half = 0; half < 2; half++) {
-            const int row = r + half * 8;
-            if (row >= m) continue;
-            float *p = c + (size_t)row * n + col;
-            const float v0 = alpha * d[4 * j + 2 * half], v1 = alpha * d[4 * j + 2 * half + 1];
-            if (pair) {   // col is even, so col + 1 < n
-                float2 o = make_float2(v0, v1);
+        for (int jj = 0; jj < CH; jj++)
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int col = col0 + (j0 + jj) * 8 + (lane & 3) * 2, row = r + half * 8;
+                old[jj][half] = make_float2(0.0f, 0.0f);
+                if (beta == 0.0f || col >= n || row >= m) continue;
+                const float *p = c + (size_t)row * n + col;
+                if (pair) old[jj][half] = *(const float2 *)p;
+                else old[jj][half] = make_float2(p[0], col + 1 < n ? p[1] : 0.0f);
+            }
+#pragma unroll
+        for (int jj = 0; jj < CH; jj++) {
+            const int j = j0 + jj, col = col0 + j * 8 + (lane & 3) * 2;
+            if (col >= n) continue;
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int row = r + half * 8;
+                if (row >= m) continue;
+                float *p = c + (size_t)row * n + col;
+                float v0 = alpha * d[4 * j + 2 * half], v1 = alpha * d[4 * j + 2 * half + 1];
                 if (beta != 0.0f) {
-                    const float2 old = *(const float2 *)p;
-                    o.x = v0 + beta * old.x;
-                    o.y = v1 + beta * old.y;
+                    v0 = v0 + beta * old[jj][half].x;
+                    v1 = v1 + beta * old[jj][half].y;
                 }
-                *(float2 *)p = o;
-            } else {
-                p[0] = beta == 0.0f ? v0 : v0 + beta * p[0];
-                if (col + 1 < n) p[1] = beta == 0.0f ? v1 : v1 + beta * p[1];
+                if (pair) {   // col is even, so col + 1 < n
+                    *(float2 *)p = make_float2(v0, v1);
+                } else {
+                    p[0] = v0;
+                    if (col + 1 < n) p[1] = v1;
+                }
             }
         }
     }
@@ -272,7 +289,8 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
         const int r = m0 + cw * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
         for (int h = 0; h < NH; h++)
-            gg_store(d[h], G.c, G.m, G.n, G.alpha, G.beta, r, n0 + h * 128, lane);
+            gg_store<BN == 256 ? 4 : 16>(d[h], G.c, G.m, G.n, G.alpha, G.beta, r, n0 + h * 128,
+                                          lane);
     }
 #endif
 }
@@ -609,7 +627,7 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
             __syncwarp();   // the warp's reads of the stage (products, scales) are done
             if (lane == 0) gt_bar_arrive(empty + 8 * s);
         }
-        gg_store(d, G.c, G.m, G.n, G.alpha, G.beta, r, n0, lane);
+        gg_store<16>(d, G.c, G.m, G.n, G.alpha, G.beta, r, n0, lane);
     }
 #endif
 }
