@@ -208,16 +208,6 @@ __device__ __forceinline__ void gt_load(uint32_t dst, const CUtensorMap *map, in
         "l"((uint64_t)map), "r"(k0), "r"(r0), "r"(bar)
         : "memory");
 }
-
-// bytes (a multiple of 16) from global src to shared dst, both 16-byte aligned, completing on
-// the mbarrier bar as a TMA load does.
-__device__ __forceinline__ void gt_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
 #endif
 
 template <int BN>
@@ -483,8 +473,7 @@ extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gem
 // gq_kernel has gt_kernel's structure (persistent blocks, bands of tile rows, a TMA producer,
 // full/empty barriers per stage) with 128 x 128 tiles. Each 128-element k block (128 bytes a
 // row: one row of the 128-byte swizzle) is one stage of a 6-stage ring; for 1x128 B the
-// producer also copies the block's 128 column scales into shared memory (one bulk copy from a
-// transposed copy of B's scales that gq_sbt_kernel writes before). A math warpgroup
+// producer warp also puts the block's 128 column scales in shared memory. A math warpgroup
 // puts a block's four k32 products (wgmma m64n128k32 e4m3) into a fresh fp32 fragment and adds
 // it to the accumulator d scaled by sa[row] * sb[col] (DeepSeek-V3's promotion: the tensor
 // cores' FP8 sums keep about 14 bits, so they never run longer than one block). The two math
@@ -503,8 +492,7 @@ extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gem
 
 typedef struct {
     CUtensorMap ta, tb;         // A (m, k), B (n, k) E4M3 codes; boxes 128 x 128 bytes
-    const float *sa, *sb;       // (m, kb); (ceil(n / 128), kb) or, 1x128 blocks, transposed:
-                                // (kb, 128 tiles_n), zeros beyond n (gq_sbt_kernel)
+    const float *sa, *sb;       // (m, kb); (ceil(n / 128), kb) or, 1x128 blocks, (n, kb)
     float *c;                   // (m, n)
     int m, n, kb;
     int tile0, tiles_n;
@@ -564,9 +552,9 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
 
     if (tid == 0) {
         for (int s = 0; s < S; s++) {
-            // the producer's arrival plus the bytes; one arrival per math warp once it is
-            // done with the stage
-            gt_bar_init(full + 8 * s, 1);
+            // the producer's arrival plus the bytes (VEC: every producer lane's, after its
+            // scales); one arrival per math warp once it is done with the stage
+            gt_bar_init(full + 8 * s, VEC ? 32 : 1);
             gt_bar_init(empty + 8 * s, 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -583,22 +571,23 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
                 for (int kt = 0; kt < G.kb; kt++, it++) {
                     const int s = it % S;
                     if (it >= S) gt_bar_wait(empty + 8 * s, (it / S - 1) & 1);
+                    if (VEC)
+#pragma unroll
+                        for (int i = 0; i < GQ_BN / 32; i++) {
+                            const int col = n0 + lane + 32 * i;
+                            scales[s * GQ_BN + lane + 32 * i] =
+                                col < G.n ? G.sb[(size_t)col * G.kb + kt] : 0.0f;
+                        }
                     if (lane == 0) {
-                        // VEC: the block's 128 column scales are one contiguous row of the
-                        // transposed copy, so they travel as a bulk copy on the same barrier
-                        // (loading them through registers made the producer wait a memory
-                        // round trip per stage)
                         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
                                          full + 8 * s),
-                                     "r"(GQ_STAGE + (VEC ? GQ_SCALES : 0))
+                                     "r"(GQ_STAGE)
                                      : "memory");
                         gt_load(base + s * GQ_STAGE, &G.ta, kt * GQ_BK, m0, full + 8 * s);
                         gt_load(base + s * GQ_STAGE + GG_BM * GQ_BK, &G.tb, kt * GQ_BK, n0,
                                 full + 8 * s);
-                        if (VEC)
-                            gt_copy(base + S * GQ_STAGE + s * GQ_SCALES,
-                                    G.sb + ((size_t)kt * G.tiles_n * GQ_BN + n0), GQ_SCALES,
-                                    full + 8 * s);
+                    } else if (VEC) {
+                        gt_bar_arrive(full + 8 * s);   // releases this lane's scales
                     }
                 }
             }
@@ -643,29 +632,6 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
 #endif
 }
 
-// The 1x128 B scales of up to GT_MAX groups transposed for gq_kernel<1>: dst (kb, npad) from
-// src (n, kb), zeros in columns n .. npad.
-typedef struct {
-    const float *src;
-    float *dst;
-    int n, kb, npad;
-} gq_sbt_job;
-
-typedef struct {
-    int count;
-    gq_sbt_job j[GT_MAX];
-} gq_sbt_params;
-
-__global__ void gq_sbt_kernel(const __grid_constant__ gq_sbt_params P)
-{
-    const gq_sbt_job &J = P.j[blockIdx.y];
-    const int total = J.kb * J.npad;   // at most (k / 128) x n of one group
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        const int kt = i / J.npad, col = i - kt * J.npad;
-        J.dst[i] = col < J.n ? J.src[(size_t)col * J.kb + kt] : 0.0f;
-    }
-}
-
 // Whether gq_kernel takes the fp8-block GEMM of a (m, k) and b (n, k): 1x128 activations,
 // 128x128 or 1x128 b, k a multiple of 16 with rows k bytes apart, 16-byte aligned data.
 extern "C" int lb_cuda_gemm_q_grouped_fits(const lb_qmat *a, const lb_qmat *b)
@@ -689,18 +655,8 @@ extern "C" void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_g
         smem_set[vec] = 1;
     }
     gq_params *P = (gq_params *)lb_calloc(1, sizeof *P);
-    gq_sbt_params *sp = (gq_sbt_params *)lb_calloc(1, sizeof *sp);
     for (int g0 = 0; g0 < count; g0 += GT_MAX) {
         const int cnt = count - g0 < GT_MAX ? count - g0 : GT_MAX;
-        char *sc = NULL;   // VEC: the transposed scales in scratch (the previous launch is done
-                           // with them: one stream)
-        if (vec) {
-            size_t bytes = 0;
-            for (int i = g0; i < g0 + cnt; i++)
-                bytes += lb_align256((size_t)g[i].a->scols * ((g[i].n + GQ_BN - 1) / GQ_BN) *
-                                     GQ_BN * sizeof(float));
-            sc = (char *)lb_cuda_scratch(cx, bytes);
-        }
         int tiles = 0;
         for (int i = 0; i < cnt; i++) {
             const lb_gemm_q_args *x = &g[g0 + i];
@@ -714,21 +670,6 @@ extern "C" void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_g
             G->tile0 = tiles, G->tiles_n = (x->n + GQ_BN - 1) / GQ_BN;
             G->alpha = x->alpha, G->beta = x->beta;
             tiles += (x->m + GG_BM - 1) / GG_BM * G->tiles_n;
-            if (vec) {
-                const int npad = G->tiles_n * GQ_BN;
-                sp->j[sp->count++] = (gq_sbt_job){G->sb, (float *)sc, x->n, G->kb, npad};
-                G->sb = (const float *)sc;
-                sc += lb_align256((size_t)G->kb * npad * sizeof(float));
-            }
-        }
-        if (sp->count) {
-            int most = 0;
-            for (int i = 0; i < sp->count; i++)
-                if (sp->j[i].kb * sp->j[i].npad > most) most = sp->j[i].kb * sp->j[i].npad;
-            gq_sbt_kernel<<<dim3((unsigned)((most + 255) / 256), (unsigned)sp->count), 256, 0,
-                            cx->stream>>>(*sp);
-            LB_CUDA_LAUNCHED(cx);
-            sp->count = 0;
         }
         P->count = cnt, P->tiles = tiles;
         const int grid = tiles < cx->num_sms ? tiles : cx->num_sms;   // persistent blocks
@@ -737,5 +678,4 @@ extern "C" void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_g
         LB_CUDA_LAUNCHED(cx);
     }
     free(P);
-    free(sp);
 }
