@@ -1725,17 +1725,18 @@ static lb_quant_args gq(lb_format fmt, int colwise, int weight, lb_elem elem, lb
 
 // quantize_grouped against the CPU's, byte for byte (data, scales, second levels; the GPU's
 // buffers poisoned first): groups of awkward sizes, one empty and one all padding, padded to
-// 16 rows or not; every direction and block shape of fp8-block (one launch on the GPU) and the
-// per-group path of other formats, stochastic rounding included (a stream per group).
+// a multiple of pad rows (0: not padded); every direction and block shape of fp8-block (one
+// launch on the GPU) and the per-group path of other formats, stochastic rounding included (a
+// stream per group), and the wgrad's Hadamard transform fused into column-wise quantization.
 static void quant_grouped_case(const char *name, const lb_quant_args *a, int cols, int pad,
                                int G, const int *rows)
 {
     int *prows = lb_calloc(G, sizeof *prows), n = 0;
     for (int j = 0; j < G; j++) {
-        prows[j] = pad ? (rows[j] + 15) / 16 * 16 : rows[j];
+        prows[j] = pad ? (rows[j] + pad - 1) / pad * pad : rows[j];
         n += rows[j];
     }
-    if (pad && G > 4 && rows[4] == 0) prows[4] = 16;   // no rows of x: all zeros
+    if (pad && G > 4 && rows[4] == 0) prows[4] = pad;   // no rows of x: all zeros
     float *x = qinput(n, cols, 2), *dx = dput(x, (size_t)n * cols * 4);
     lb_qmat *h = lb_calloc(G, sizeof *h), *d = lb_calloc(G, sizeof *d);
     for (int j = 0; j < G; j++) {
@@ -1771,28 +1772,41 @@ START_TEST(test_quantize_grouped)
     lb_quant_args a;
     a = gq(LB_FMT_FP8_BLOCK, 0, 0, LB_E4M3, 0, 0, 0);
     quant_grouped_case("fp8 1x128 row", &a, 300, 0, 6, r6);
-    quant_grouped_case("fp8 1x128 row, padded", &a, 300, 1, 6, r6);
+    quant_grouped_case("fp8 1x128 row, padded", &a, 300, 16, 6, r6);
     a = gq(LB_FMT_FP8_BLOCK, 1, 0, LB_E4M3, 0, 0, 0);
-    quant_grouped_case("fp8 1x128 col, padded", &a, 200, 1, 6, r6);
+    quant_grouped_case("fp8 1x128 col, padded", &a, 200, 16, 6, r6);
     a = gq(LB_FMT_FP8_BLOCK, 1, 0, LB_E4M3, 0, 0, 1);
-    quant_grouped_case("fp8 1x128 col sr, padded", &a, 200, 1, 6, r6);
+    quant_grouped_case("fp8 1x128 col sr, padded", &a, 200, 16, 6, r6);
     a = gq(LB_FMT_FP8_BLOCK, 0, 1, LB_E4M3, 0, 0, 0);
     quant_grouped_case("fp8 128x128 row", &a, 300, 0, 6, r6);
     a = gq(LB_FMT_FP8_BLOCK, 1, 1, LB_E4M3, 0, 0, 0);
     quant_grouped_case("fp8 128x128 col", &a, 200, 0, 6, r6);
     a = gq(LB_FMT_MXFP8, 1, 0, LB_E4M3, LB_SCALE_CEIL, 0, 0);
-    quant_grouped_case("mxfp8 col, padded", &a, 200, 1, 6, r6);
+    quant_grouped_case("mxfp8 col, padded", &a, 200, 16, 6, r6);
     a = gq(LB_FMT_NVFP4, 0, 0, LB_E4M3, 0, LB_S2_ROW, 0);
     quant_grouped_case("nvfp4 per-row", &a, 200, 0, 6, r6);
     a = gq(LB_FMT_NVFP4, 1, 0, LB_E4M3, 0, LB_S2_TENSOR, 1);
-    quant_grouped_case("nvfp4 col sr, padded", &a, 200, 1, 6, r6);
+    quant_grouped_case("nvfp4 col sr, padded", &a, 200, 16, 6, r6);
     a = gq(LB_FMT_FP8_TENSOR, 1, 0, LB_E4M3, 0, 0, 0);   // a scale per group (expert)
-    quant_grouped_case("fp8 tensor col, padded", &a, 200, 1, 6, r6);
+    quant_grouped_case("fp8 tensor col, padded", &a, 200, 16, 6, r6);
     // 250 groups of 0 to 2 rows: more than one launch takes (240)
     int rm[250];
     for (int j = 0; j < 250; j++) rm[j] = j % 3;
     a = gq(LB_FMT_FP8_BLOCK, 1, 0, LB_E4M3, 0, 0, 0);
-    quant_grouped_case("fp8 1x128 col, padded, 250 groups", &a, 130, 1, 250, rm);
+    quant_grouped_case("fp8 1x128 col, padded, 250 groups", &a, 130, 16, 250, rm);
+    // the wgrad's Hadamard transform fused in (rows padded to a multiple of its size)
+    a = gq(LB_FMT_NVFP4, 1, 0, LB_E4M3, 0, LB_S2_TENSOR, 1);
+    a.hadamard = 16, a.hsigns = lb_hadamard_signs(16, seed, 5, 9);
+    quant_grouped_case("nvfp4 col sr, Hadamard 16 random", &a, 200, 16, 6, r6);
+    a = gq(LB_FMT_MXFP4, 1, 0, LB_E4M3, LB_SCALE_CEIL, 0, 0);
+    a.hadamard = 32;
+    quant_grouped_case("mxfp4 col, Hadamard 32", &a, 70, 32, 6, r6);
+    a = gq(LB_FMT_FP8_BLOCK, 1, 0, LB_E4M3, 0, 0, 0);
+    a.hadamard = 16, a.hsigns = 0x5a5au;
+    quant_grouped_case("fp8 1x128 col, Hadamard 16", &a, 200, 16, 6, r6);
+    a = gq(LB_FMT_MXFP8, 1, 0, LB_E4M3, LB_SCALE_CEIL, 0, 1);
+    a.hadamard = 32, a.hsigns = lb_hadamard_signs(32, seed, 5, 10);
+    quant_grouped_case("mxfp8 col sr, Hadamard 32 random", &a, 130, 32, 6, r6);
 }
 END_TEST
 

@@ -338,9 +338,13 @@ __global__ void encode_kernel(const float *__restrict__ x, int R, int C, int bro
 // --- transpose (column-wise quantization reads x^T) ------------------------------------------
 
 // xt (cols, rows) = x (rows, cols)^T in 32x32 tiles through shared memory; tiles indexed along
-// blockIdx.x (no grid-dimension limit on rows).
+// blockIdx.x (no grid-dimension limit on rows). H > 0: the Hadamard transform of size H along
+// x's rows (lb_quant_args.hadamard, hadamard_kernel's butterflies and roundings, hence the
+// CPU's bits) is applied to the tile in shared memory: rows is a multiple of H, which divides
+// 32, so every block of H rows lies in one tile.
+template <int H>
 __global__ void transpose_kernel(float *__restrict__ xt, const float *__restrict__ x, int rows,
-                                 int cols)
+                                 int cols, uint32_t signs, float hc)
 {
     __shared__ float tile[32][33];
     const int tc = (cols + 31) / 32;
@@ -352,6 +356,32 @@ __global__ void transpose_kernel(float *__restrict__ xt, const float *__restrict
             if (r < rows && c < cols) tile[k][threadIdx.x] = x[(size_t)r * cols + c];
         }
         __syncthreads();
+        if (H) {   // (column, block of H rows) items over the 256 threads
+            for (int i = threadIdx.y * 32 + threadIdx.x; i < 32 * (32 / (H ? H : 1)); i += 256) {
+                const int col = i % 32, k0 = i / 32 * H;
+                if (r0 + k0 >= rows || c0 + col >= cols) continue;
+                float v[H ? H : 1];
+#pragma unroll
+                for (int j = 0; j < H; j++) {
+                    const float u = tile[k0 + j][col];
+                    v[j] = (signs >> j & 1) ? -u : u;
+                }
+                // stage h: pairs (j, j + h), j with bit h clear, in increasing j (the CPU's
+                // order; written as one loop of H / 2 so that it unrolls into registers)
+#pragma unroll
+                for (int h = 1; h < H; h *= 2)
+#pragma unroll
+                    for (int p = 0; p < H / 2; p++) {
+                        const int j = (p / h) * 2 * h + p % h;
+                        const float a = v[j], bb = v[j + h];
+                        v[j] = __fadd_rn(a, bb);
+                        v[j + h] = __fsub_rn(a, bb);
+                    }
+#pragma unroll
+                for (int j = 0; j < H; j++) tile[k0 + j][col] = __fmul_rn(v[j], hc);
+            }
+            __syncthreads();
+        }
         for (int k = threadIdx.y; k < 32; k += 8) {
             int c = c0 + k, r = r0 + threadIdx.x;
             if (r < rows && c < cols) xt[(size_t)c * rows + r] = tile[threadIdx.x][k];
@@ -713,7 +743,7 @@ static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, 
             lb_die("cuda quantize: unknown scale2 mode %d", (int)a->s2_mode);
         }
     }
-    if (q->fmt == LB_FMT_FP8_BLOCK) {   // one pass (fq_kernel)
+    if (q->fmt == LB_FMT_FP8_BLOCK && !a->hadamard) {   // one pass (fq_kernel)
         fq_launch(cx, 1, q, x, &rows, NULL, cols, a);
         return;
     }
@@ -741,7 +771,19 @@ static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, 
         float *xt = (float *)sc;
         size_t ntiles = (size_t)((cols + 31) / 32) * ((rows + 31) / 32);
         unsigned g = ntiles < (size_t)cx->num_sms * 32 ? (unsigned)ntiles : (unsigned)cx->num_sms * 32;
-        transpose_kernel<<<g, dim3(32, 8), 0, cx->stream>>>(xt, x, rows, cols);
+        // with the wgrad's Hadamard transform fused in (lb_qmat_layout checked its size)
+        const int h = a->hadamard;
+        const uint32_t hs = h && h < 32 ? a->hsigns & ((1u << h) - 1) : a->hsigns;
+        const float hc = h ? (float)(1.0 / sqrt((double)h)) : 0.0f;   // hadamard.c's norm_const
+        const dim3 tb(32, 8);
+        switch (h) {
+        case 0: transpose_kernel<0><<<g, tb, 0, cx->stream>>>(xt, x, rows, cols, 0, 0.0f); break;
+        case 2: transpose_kernel<2><<<g, tb, 0, cx->stream>>>(xt, x, rows, cols, hs, hc); break;
+        case 4: transpose_kernel<4><<<g, tb, 0, cx->stream>>>(xt, x, rows, cols, hs, hc); break;
+        case 8: transpose_kernel<8><<<g, tb, 0, cx->stream>>>(xt, x, rows, cols, hs, hc); break;
+        case 16: transpose_kernel<16><<<g, tb, 0, cx->stream>>>(xt, x, rows, cols, hs, hc); break;
+        default: transpose_kernel<32><<<g, tb, 0, cx->stream>>>(xt, x, rows, cols, hs, hc); break;
+        }
         LB_CUDA_LAUNCHED(cx);
         src = xt;
     }
@@ -802,14 +844,15 @@ static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, 
     LB_CUDA_LAUNCHED(cx);
 }
 
-// fp8-block: all groups in one fq_kernel launch. Other formats: quantize per group, a padded
-// group from a zero-filled copy in stream-ordered memory.
+// fp8-block without a Hadamard transform: all groups in one fq_kernel launch. Otherwise:
+// quantize per group (a transform fused into its transpose), a padded group from a zero-filled
+// copy in stream-ordered memory.
 static void cuda_quantize_grouped(lb_backend *be, int count, lb_qmat *q, const float *x,
                                   const int *rows, const int *prows, int cols,
                                   const lb_quant_args *a)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
-    if (a->fmt == LB_FMT_FP8_BLOCK) {
+    if (a->fmt == LB_FMT_FP8_BLOCK && !a->hadamard) {
         fq_launch(cx, count, q, x, rows, prows, cols, a);
         return;
     }

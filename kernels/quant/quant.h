@@ -72,7 +72,13 @@ typedef struct lb_quant_args {
     float s2;                 // NVFP4 with LB_S2_GIVEN: > 0 (NaN allowed: poisons the tensor)
     int sr;                   // stochastic rounding of the elements (scales are always exact)
     uint64_t seed, step, tensor;
-} lb_quant_args;              // zero-initialised: row-wise, 1-D blocks, E4M3, ceil, per tensor
+    int hadamard;             // column-wise only, 0 or a power of two in [2, 32]: quantize
+                              // lb_hadamard(x, LB_AXIS_ROWS, hadamard, hsigns) instead of x
+                              // (the wgrad's transform along its token axis, fused into the
+                              // quantization; rows, or padded rows, a multiple of hadamard)
+    uint32_t hsigns;
+} lb_quant_args;              // zero-initialised: row-wise, 1-D blocks, E4M3, ceil, per tensor,
+                              // no transform
 
 // A quantized matrix. rows, cols are the shape of the QUANTIZED matrix: (x rows, x cols)
 // row-wise, (x cols, x rows) column-wise; cols is always the blocked (K) axis.

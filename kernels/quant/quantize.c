@@ -25,6 +25,11 @@ static int fp32_scales(lb_format f) { return f == LB_FMT_FP8_BLOCK || f == LB_FM
 void lb_qmat_layout(lb_qmat *q, int rows, int cols, const lb_quant_args *a)
 {
     if (rows < 1 || cols < 1) lb_die("kernels/quant: bad shape (%d, %d)", rows, cols);
+    const int h = a->hadamard;
+    if (h && (!a->colwise || h < 2 || h > 32 || (h & (h - 1)) || rows % h))
+        lb_die("kernels/quant: a fused Hadamard transform needs column-wise quantization, a "
+               "power of two in [2, 32] and rows a multiple of it (size %d, %s, %d rows)", h,
+               a->colwise ? "column-wise" : "row-wise", rows);
     q->fmt = a->fmt;
     q->rows = a->colwise ? cols : rows;
     q->cols = a->colwise ? rows : cols;
@@ -281,6 +286,8 @@ void lb_quantize(lb_qmat *q, const float *x, int rows, int cols, const lb_quant_
             for (int c = c0; c < c0 + 32 && c < cols; c++)
                 for (int r = r0; r < r0 + 32 && r < rows; r++)
                     xt[(size_t)c * rows + r] = x[(size_t)r * cols + c];
+    // x's rows are xt's columns: the transform along them (it checks the size and the length)
+    if (a->hadamard) lb_hadamard(xt, xt, cols, rows, LB_AXIS_COLS, a->hadamard, a->hsigns);
     quantize_rows(q, xt, a);
     free(xt);
 }
