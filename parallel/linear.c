@@ -191,7 +191,14 @@ void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const 
         lb_quant_args a = weight_args(D, 1);
         for (int e = 0; e < count; e++)
             if (!c->col[e].data) be->qmat_alloc(be, &c->col[e], out, in, &a);
-        be->quantize_grouped(be, count, c->col, w, rows, NULL, in, &a);
+        // Square blocks in both copies: a block's scale is the same either way, so the
+        // column-wise copy is the row-wise one transposed (the same bytes, no second pass
+        // over the fp32 weights).
+        lb_quant_args r = weight_args(F, 0);
+        if (need_row && r.fmt == a.fmt && r.weight_blocks && a.weight_blocks)
+            be->qmat_transpose(be, count, c->col, c->row);
+        else
+            be->quantize_grouped(be, count, c->col, w, rows, NULL, in, &a);
     }
 }
 

@@ -202,7 +202,7 @@ START_TEST(test_table_and_memory)
         (void (*)(void))gpu->cross_entropy_bwd, (void (*)(void))gpu->adamw,
         (void (*)(void))gpu->qmat_alloc, (void (*)(void))gpu->qmat_free,
         (void (*)(void))gpu->quantize, (void (*)(void))gpu->quantize_grouped,
-        (void (*)(void))gpu->dequantize,
+        (void (*)(void))gpu->qmat_transpose, (void (*)(void))gpu->dequantize,
         (void (*)(void))gpu->gemm_q, (void (*)(void))gpu->gemm_q_grouped,
         (void (*)(void))gpu->hadamard,
         (void (*)(void))gpu->round_bf16, (void (*)(void))gpu->kv_append,
@@ -1810,6 +1810,60 @@ START_TEST(test_quantize_grouped)
 }
 END_TEST
 
+// qmat_transpose against the CPU's, byte for byte: square blocks (fp8-block 128x128, NVFP4
+// 16x16 with one second level), matrices of awkward shapes (odd rows for E2M1's nibble pairs)
+// in one call, row-wise to column-wise and back; the CPU's result is itself checked against a
+// direct quantization in test_quant.
+static void qmat_transpose_case(const char *name, lb_format fmt, int colwise)
+{
+    enum { G = 4 };
+    const int rows[G] = {300, 37, 129, 1}, cols[G] = {200, 50, 17, 260};
+    lb_quant_args a = gq(fmt, colwise, 1, LB_E4M3, 0, LB_S2_TENSOR, 0), b = a;
+    b.colwise = !colwise;
+    lb_qmat hs[G], hd[G], ds[G], dd[G];
+    for (int j = 0; j < G; j++) {
+        float *x = qinput(rows[j], cols[j], j % 3);
+        lb_qmat_alloc(&hs[j], rows[j], cols[j], &a);
+        lb_qmat_alloc(&hd[j], rows[j], cols[j], &b);
+        lb_quantize(&hs[j], x, rows[j], cols[j], &a);
+        gpu->qmat_alloc(gpu, &ds[j], rows[j], cols[j], &a);
+        gpu->qmat_alloc(gpu, &dd[j], rows[j], cols[j], &b);
+        gpu->upload(gpu, ds[j].data, hs[j].data, lb_qmat_data_bytes(&hs[j]));
+        gpu->upload(gpu, ds[j].scale, hs[j].scale, lb_qmat_scale_bytes(&hs[j]));
+        if (hs[j].nscale2) gpu->upload(gpu, ds[j].scale2, hs[j].scale2, (size_t)hs[j].nscale2 * 4);
+        poison(dd[j].data, lb_qmat_data_bytes(&hd[j]));
+        poison(dd[j].scale, lb_qmat_scale_bytes(&hd[j]));
+        if (hd[j].nscale2) poison(dd[j].scale2, (size_t)hd[j].nscale2 * 4);
+        free(x);
+    }
+    cpu->qmat_transpose(cpu, G, hd, hs);
+    gpu->qmat_transpose(gpu, G, dd, ds);
+    for (int j = 0; j < G; j++) {
+        lb_qmat got;
+        qmat_get(&got, &dd[j]);
+        char what[160];
+        snprintf(what, sizeof what, "qmat_transpose %s matrix %d (%d, %d)", name, j, rows[j],
+                 cols[j]);
+        CHECK_BITS(what, got.data, hd[j].data, lb_qmat_data_bytes(&hd[j]));
+        CHECK_BITS(what, got.scale, hd[j].scale, lb_qmat_scale_bytes(&hd[j]));
+        if (hd[j].nscale2) CHECK_BITS(what, got.scale2, hd[j].scale2, (size_t)hd[j].nscale2 * 4);
+        lb_qmat_free(&got);
+        lb_qmat_free(&hs[j]);
+        lb_qmat_free(&hd[j]);
+        gpu->qmat_free(gpu, &ds[j]);
+        gpu->qmat_free(gpu, &dd[j]);
+    }
+}
+
+START_TEST(test_qmat_transpose)
+{
+    qmat_transpose_case("fp8 128x128, row to col", LB_FMT_FP8_BLOCK, 0);
+    qmat_transpose_case("fp8 128x128, col to row", LB_FMT_FP8_BLOCK, 1);
+    qmat_transpose_case("nvfp4 16x16, row to col", LB_FMT_NVFP4, 0);
+    qmat_transpose_case("nvfp4 16x16, col to row", LB_FMT_NVFP4, 1);
+}
+END_TEST
+
 START_TEST(test_gemm_q)
 {
 #ifdef LB_HAVE_CUDA
@@ -2332,6 +2386,7 @@ int main(void)
     tcase_add_test(tc, test_hadamard);
     tcase_add_test(tc, test_round_bf16);
     tcase_add_test(tc, test_quantize_grouped);
+    tcase_add_test(tc, test_qmat_transpose);
     tcase_add_test(tc, test_gemm_q);
     tcase_add_test(tc, test_gemm_q_grouped);
     tcase_add_test(tc, test_kv_append);

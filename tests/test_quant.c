@@ -1089,6 +1089,54 @@ START_TEST(test_hadamard_fused_errors)
 }
 END_TEST
 
+// A transposed copy (square blocks) holds the bytes of quantizing x in the other direction.
+START_TEST(test_qmat_transpose)
+{
+    const int shapes[][2] = {{300, 200}, {129, 257}, {37, 50}, {33, 17}, {1, 1}};
+    for (int fi = 0; fi < 2; fi++)
+        for (int si = 0; si < 5; si++)
+            for (int colwise = 0; colwise < 2; colwise++) {
+                const int R = shapes[si][0], C = shapes[si][1];
+                float *x = randmat(R, C, 90 + si);
+                if (si == 1) x[5 * C + 7] = NAN;   // a NaN block: its scale and zero codes
+                lb_quant_args a = {0};
+                a.fmt = fi ? LB_FMT_NVFP4 : LB_FMT_FP8_BLOCK, a.weight_blocks = 1;
+                a.s2_mode = LB_S2_TENSOR, a.colwise = colwise;
+                lb_quant_args b = a;
+                b.colwise = !colwise;
+                lb_qmat src, want, got;
+                lb_qmat_alloc(&src, R, C, &a);
+                lb_qmat_alloc(&want, R, C, &b);
+                lb_qmat_alloc(&got, R, C, &b);
+                lb_quantize(&src, x, R, C, &a);
+                lb_quantize(&want, x, R, C, &b);
+                memset(got.data, 0xff, lb_qmat_data_bytes(&got));
+                lb_qmat_transpose(&got, &src);
+                CHECKM(!memcmp(want.data, got.data, lb_qmat_data_bytes(&want)) &&
+                           !memcmp(want.scale, got.scale, lb_qmat_scale_bytes(&want)) &&
+                           (!want.nscale2 || !memcmp(want.scale2, got.scale2, 4)),
+                       "format %d, (%d, %d), from %s: transposed bytes differ", fi, R, C,
+                       colwise ? "column-wise" : "row-wise");
+                lb_qmat_free(&src);
+                lb_qmat_free(&want);
+                lb_qmat_free(&got);
+                free(x);
+            }
+    // 1x128 blocks have no transposed copy: an error (the abort hook jumps back here)
+    lb_quant_args a = {0};
+    a.fmt = LB_FMT_FP8_BLOCK;
+    lb_qmat s1, d1;
+    lb_qmat_layout(&s1, 256, 128, &a);
+    a.colwise = 1;
+    lb_qmat_layout(&d1, 256, 128, &a);
+    lb_set_abort_hook(die_jump);
+    int died = setjmp(die_jmp);
+    if (!died) lb_qmat_transpose_check(&d1, &s1);
+    lb_set_abort_hook(NULL);
+    CHECKM(died, "a transposed copy of 1x128 blocks must fail");
+}
+END_TEST
+
 static Suite *quant_suite(void)
 {
     Suite *s = suite_create("quant");
@@ -1114,6 +1162,7 @@ static Suite *quant_suite(void)
     tcase_add_test(tc, test_hadamard_gemm_invariance);
     tcase_add_test(tc, test_hadamard_fused);
     tcase_add_test(tc, test_hadamard_fused_errors);
+    tcase_add_test(tc, test_qmat_transpose);
     suite_add_tcase(s, tc);
     return s;
 }

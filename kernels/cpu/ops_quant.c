@@ -46,6 +46,11 @@ static void cpu_quantize_grouped(lb_backend *be, int count, lb_qmat *q, const fl
     }
 }
 
+static void cpu_qmat_transpose(lb_backend *be, int count, lb_qmat *dst, const lb_qmat *src)
+{
+    for (int j = 0; j < count; j++) lb_qmat_transpose(&dst[j], &src[j]);
+}
+
 static void cpu_dequantize(lb_backend *be, float *y, const lb_qmat *q) { lb_dequantize(y, q); }
 
 // NVFP4's second-level scales are per tensor or per row of an operand, so they factor out of
@@ -115,6 +120,7 @@ void lb_cpu_init_quant(lb_backend *be)
     be->qmat_free = cpu_qmat_free;
     be->quantize = cpu_quantize;
     be->quantize_grouped = cpu_quantize_grouped;
+    be->qmat_transpose = cpu_qmat_transpose;
     be->dequantize = cpu_dequantize;
     be->gemm_q = cpu_gemm_q;
     be->gemm_q_grouped = cpu_gemm_q_grouped;

@@ -884,6 +884,112 @@ static void cuda_dequantize(lb_backend *be, float *y, const lb_qmat *q)
     dequant_launch<float>(lb_cuda(be), y, (size_t)q->cols, q->cols, q, 1);
 }
 
+// --- transposed copies (qmat_transpose, kernels/quant lb_qmat_transpose) ------------------------
+
+// One launch for up to QT_MAX matrices of one format: qt_kernel moves the codes in 32 x 32
+// tiles through shared memory (one code per byte there; E2M1 pairs split and rejoined), then
+// qs_kernel transposes the small scale grids and copies the second level.
+#define QT_MAX 128
+
+typedef struct {
+    const uint8_t *sd;
+    uint8_t *dd;           // codes: src (rows, cols), dst (cols, rows)
+    const void *ss;
+    void *ds;              // block scales: src (srows, scols), dst (scols, srows)
+    const float *s2s;
+    float *s2d;            // NVFP4's one second level, else NULL
+    int rows, cols, srows, scols;
+    size_t sld, dld;       // bytes per row
+    int tile0, tiles_c;    // the group's first tile; tiles per tile row of src
+} qt_group;
+
+typedef struct {
+    int count, e2m1, es;   // es: bytes per scale (4 fp8-block, 1 NVFP4)
+    qt_group g[QT_MAX];
+} qt_params;
+
+__global__ void qt_kernel(const __grid_constant__ qt_params P)
+{
+    __shared__ uint8_t tile[32][33];
+    const int t = blockIdx.x, tx = threadIdx.x, ty = threadIdx.y;
+    const qt_group &G = lb_group_of(P.g, P.count, t);
+    const int u = t - G.tile0, r0 = u / G.tiles_c * 32, c0 = u % G.tiles_c * 32;
+    for (int k = ty; k < 32; k += 8) {
+        const int r = r0 + k, c = c0 + tx;
+        uint8_t v = 0;   // beyond src: zero (an odd row count's last high nibble)
+        if (r < G.rows && c < G.cols) {
+            const uint8_t b = G.sd[(size_t)r * G.sld + (P.e2m1 ? c >> 1 : c)];
+            v = P.e2m1 ? (uint8_t)(b >> ((c & 1) * 4) & 15u) : b;
+        }
+        tile[k][tx] = v;
+    }
+    __syncthreads();
+    for (int k = ty; k < 32; k += 8) {   // dst row c0 + k: src rows r0 .. r0 + 31
+        const int c = c0 + k;
+        if (c >= G.cols) continue;
+        uint8_t *drow = G.dd + (size_t)c * G.dld;
+        if (P.e2m1) {   // r0 is even: byte (r0 + 2 tx) / 2 holds rows r0 + 2 tx and + 1
+            const int r = r0 + 2 * tx;
+            if (tx < 16 && r < G.rows)
+                drow[r >> 1] = (uint8_t)(tile[2 * tx][k] | tile[2 * tx + 1][k] << 4);
+        } else if (r0 + tx < G.rows) {
+            drow[r0 + tx] = tile[tx][k];
+        }
+    }
+}
+
+__global__ void qs_kernel(const __grid_constant__ qt_params P)
+{
+    const qt_group &G = P.g[blockIdx.y];
+    const int n = G.srows * G.scols;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const int a = i / G.scols, b = i - a * G.scols;
+        const size_t from = (size_t)i * P.es, to = ((size_t)b * G.srows + a) * P.es;
+        for (int e = 0; e < P.es; e++)
+            ((uint8_t *)G.ds)[to + e] = ((const uint8_t *)G.ss)[from + e];
+        if (i == 0 && G.s2d) *G.s2d = *G.s2s;
+    }
+}
+
+static void qt_launch(lb_cuda_ctx *cx, qt_params *P, int tiles)
+{
+    if (!P->count) return;
+    qt_kernel<<<tiles, dim3(32, 8), 0, cx->stream>>>(*P);
+    LB_CUDA_LAUNCHED(cx);
+    int most = 1;
+    for (int j = 0; j < P->count; j++)
+        if (P->g[j].srows * P->g[j].scols > most) most = P->g[j].srows * P->g[j].scols;
+    qs_kernel<<<dim3((unsigned)((most + 255) / 256), (unsigned)P->count), 256, 0, cx->stream>>>(*P);
+    LB_CUDA_LAUNCHED(cx);
+    P->count = 0;
+}
+
+static void cuda_qmat_transpose(lb_backend *be, int count, lb_qmat *dst, const lb_qmat *src)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    qt_params *P = (qt_params *)lb_calloc(1, sizeof *P);
+    int tiles = 0;
+    for (int j = 0; j < count; j++) {
+        lb_qmat_transpose_check(&dst[j], &src[j]);
+        const int e2m1 = src[j].elem == LB_E2M1, es = src[j].fmt == LB_FMT_FP8_BLOCK ? 4 : 1;
+        if (P->count == QT_MAX || (P->count && (P->e2m1 != e2m1 || P->es != es))) {
+            qt_launch(cx, P, tiles);
+            tiles = 0;
+        }
+        P->e2m1 = e2m1, P->es = es;
+        const lb_qmat *a = &src[j];
+        const int tc = (a->cols + 31) / 32;
+        P->g[P->count++] = (qt_group){a->data, dst[j].data, a->scale, dst[j].scale,
+                                      a->nscale2 ? a->scale2 : NULL,
+                                      a->nscale2 ? dst[j].scale2 : NULL,
+                                      a->rows, a->cols, a->srows, a->scols, a->ld, dst[j].ld,
+                                      tiles, tc};
+        tiles += (a->rows + 31) / 32 * tc;
+    }
+    qt_launch(cx, P, tiles);
+    free(P);
+}
+
 // --- Hadamard (hadamard.c) ------------------------------------------------------------------
 
 // One thread per block of n elements (a line l, block b): the same butterflies in the same order
@@ -985,6 +1091,7 @@ extern "C" void lb_cuda_init_quant(lb_backend *be)
     be->qmat_free = cuda_qmat_free;
     be->quantize = cuda_quantize;
     be->quantize_grouped = cuda_quantize_grouped;
+    be->qmat_transpose = cuda_qmat_transpose;
     be->dequantize = cuda_dequantize;
     be->hadamard = cuda_hadamard;
     be->round_bf16 = cuda_round_bf16;

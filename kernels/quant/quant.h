@@ -111,6 +111,15 @@ void lb_qmat_free(lb_qmat *q);
 // gives, so an MoE layer quantizes all its experts' rows in one call.
 lb_qmat lb_qmat_rows(const lb_qmat *q, int r0, int n);
 
+// dst = the quantization of the same x in the other direction as src (row-wise <-> column-wise),
+// from src's bytes: for square blocks (fp8-block 128x128, NVFP4 16x16 with one second level)
+// a block's scale is the same either way, so the codes and the scale grid are transposed. The
+// bytes equal lb_quantize's in that direction without stochastic rounding (a weight cache's
+// second copy). dst laid out for it; anything else stops with an error
+// (lb_qmat_transpose_check).
+void lb_qmat_transpose(lb_qmat *dst, const lb_qmat *src);
+void lb_qmat_transpose_check(const lb_qmat *dst, const lb_qmat *src);
+
 // Quantizes x (rows, cols) into q, which must have been laid out for (rows, cols, a).
 // Any rows and cols >= 1: a trailing partial block behaves exactly as if padded with zeros.
 void lb_quantize(lb_qmat *q, const float *x, int rows, int cols, const lb_quant_args *a);

@@ -266,6 +266,41 @@ static void quantize_rows(lb_qmat *q, const float *x, const lb_quant_args *a)
     }
 }
 
+void lb_qmat_transpose_check(const lb_qmat *dst, const lb_qmat *src)
+{
+    if ((src->fmt != LB_FMT_FP8_BLOCK && src->fmt != LB_FMT_NVFP4) || src->brows != src->bcols ||
+        src->brows < 2 || (src->fmt == LB_FMT_NVFP4 && src->nscale2 != 1))
+        lb_die("kernels/quant: a transposed copy needs square blocks and at most one second "
+               "level (format %d, %dx%d blocks, %d second levels)", (int)src->fmt, src->brows,
+               src->bcols, src->nscale2);
+    if (dst->fmt != src->fmt || dst->elem != src->elem || dst->rows != src->cols ||
+        dst->cols != src->rows || dst->brows != src->brows || dst->bcols != src->bcols ||
+        dst->nscale2 != src->nscale2)
+        lb_die("kernels/quant: the transposed copy of a (%d, %d) matrix was laid out as (%d, %d)",
+               src->rows, src->cols, dst->rows, dst->cols);
+}
+
+// The element code of (r, c).
+static uint8_t get(const lb_qmat *q, int r, int c)
+{
+    const uint8_t *row = q->data + (size_t)r * q->ld;
+    return q->elem == LB_E2M1 ? (uint8_t)(row[c >> 1] >> ((c & 1) * 4) & 15u) : row[c];
+}
+
+void lb_qmat_transpose(lb_qmat *dst, const lb_qmat *src)
+{
+    lb_qmat_transpose_check(dst, src);
+    if (dst->elem == LB_E2M1) memset(dst->data, 0, lb_qmat_data_bytes(dst));
+    for (int r = 0; r < src->rows; r++)
+        for (int c = 0; c < src->cols; c++) put(dst, c, r, get(src, r, c));
+    const size_t es = fp32_scales(src->fmt) ? 4 : 1;
+    for (int i = 0; i < src->srows; i++)
+        for (int j = 0; j < src->scols; j++)
+            memcpy((uint8_t *)dst->scale + ((size_t)j * dst->scols + i) * es,
+                   (const uint8_t *)src->scale + ((size_t)i * src->scols + j) * es, es);
+    if (src->nscale2) dst->scale2[0] = src->scale2[0];
+}
+
 void lb_quantize(lb_qmat *q, const float *x, int rows, int cols, const lb_quant_args *a)
 {
     lb_qmat want;
