@@ -5,6 +5,7 @@
 // one stream in order anyway; the syncs remove only the overlap of host and device). destroy
 // prints the operations by total time to stderr. Results are those of the wrapped backend,
 // bit for bit: the wrapper only forwards.
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,8 +81,15 @@ static void charge(lb_backend *be, int op, double t0)
     p->calls[op]++;
 }
 
-static void charge_shape(lb_backend *be, const char *key, double seconds)
+// Charges the time since t0 to the shape the format names (see LB_PROFILE_SHAPES).
+static void charge_shapef(lb_backend *be, double t0, const char *fmt, ...)
 {
+    const double seconds = now() - t0;
+    char key[80];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(key, sizeof key, fmt, ap);
+    va_end(ap);
     prof *p = be->ctx;
     int i = 0;
     while (i < p->nshape && strcmp(p->shape[i].key, key)) i++;
@@ -98,9 +106,9 @@ static void charge_shape(lb_backend *be, const char *key, double seconds)
     p->shape[i].calls++;
 }
 
-// k of groups g[0 .. count) as "k N", or "k ~N" (their mean) where they differ (the wgrad's
-// tokens per expert).
-static void group_k(char *out, size_t len, int count, const int *k, size_t stride)
+// k of groups g[0 .. count) into buf (32 bytes) as "k N", or "k ~N" (their mean) where they
+// differ (the wgrad's tokens per expert); returns buf.
+static char *group_k(char *buf, int count, const int *k, size_t stride)
 {
     long sum = 0;
     int same = 1;
@@ -109,18 +117,22 @@ static void group_k(char *out, size_t len, int count, const int *k, size_t strid
         sum += ki;
         same &= ki == *k;
     }
-    snprintf(out, len, "k %s%ld", same ? "" : "~", count ? sum / count : 0);
+    snprintf(buf, 32, "k %s%ld", same ? "" : "~", count ? sum / count : 0);
+    return buf;
 }
 
-// A wrapper for each entry: W(name, (parameters), (arguments after the backend)).
-#define W(name, PARAMS, ARGS)                                                                 \
+// A wrapper for each entry: W(name, (parameters), (arguments after the backend)); WS also
+// charges the shape that SHAPE, a parenthesised charge_shapef call, names.
+#define WS(name, PARAMS, ARGS, SHAPE)                                                         \
     static void w_##name PARAMS                                                               \
     {                                                                                         \
         double t0;                                                                            \
         lb_backend *in = inner(be, &t0);                                                      \
         in->name ARGS;                                                                        \
         charge(be, OP_##name, t0);                                                            \
+        SHAPE;                                                                                \
     }
+#define W(name, PARAMS, ARGS) WS(name, PARAMS, ARGS, (void)0)
 
 static void *w_alloc(lb_backend *be, size_t bytes)
 {
@@ -145,50 +157,37 @@ W(upload, (lb_backend *be, void *d, const void *s, size_t n), (in, d, s, n))
 W(download, (lb_backend *be, void *d, const void *s, size_t n), (in, d, s, n))
 W(copy, (lb_backend *be, void *d, const void *s, size_t n), (in, d, s, n))
 W(zero, (lb_backend *be, void *p, size_t n), (in, p, n))
-// The same, also charging the shape that KEY (statements filling `char key[80]`) names.
-#define WS(name, PARAMS, ARGS, KEY)                                                           \
-    static void w_##name PARAMS                                                               \
-    {                                                                                         \
-        double t0;                                                                            \
-        lb_backend *in = inner(be, &t0);                                                      \
-        in->name ARGS;                                                                        \
-        charge(be, OP_##name, t0);                                                            \
-        char key[80];                                                                         \
-        KEY;                                                                                  \
-        charge_shape(be, key, now() - t0);                                                    \
-    }
-
 WS(gemm, (lb_backend *be, const lb_gemm_args *g), (in, g),
-   snprintf(key, sizeof key, "gemm %dx%dx%d%s", g->m, g->n, g->k, g->bf16 ? " bf16" : ""))
+   (charge_shapef(be, t0, "gemm %dx%dx%d%s", g->m, g->n, g->k, g->bf16 ? " bf16" : "")))
 WS(gemm_grouped, (lb_backend *be, int count, const lb_gemm_args *g), (in, count, g),
-   char k[32]; group_k(k, sizeof k, count, &g->k, sizeof *g);
-   snprintf(key, sizeof key, "gemm_grouped %d x (n %d, %s)%s", count, count ? g->n : 0, k,
-            count && g->bf16 ? " bf16" : ""))
+   (charge_shapef(be, t0, "gemm_grouped %d x (n %d, %s)%s", count, count ? g->n : 0,
+                  group_k((char[32]){0}, count, &g->k, sizeof *g),
+                  count && g->bf16 ? " bf16" : "")))
 W(qmat_alloc, (lb_backend *be, struct lb_qmat *q, int r, int c, const struct lb_quant_args *a),
   (in, q, r, c, a))
 W(qmat_free, (lb_backend *be, struct lb_qmat *q), (in, q))
 WS(quantize,
    (lb_backend *be, struct lb_qmat *q, const float *x, int r, int c, const struct lb_quant_args *a),
    (in, q, x, r, c, a),
-   snprintf(key, sizeof key, "quantize (%d, %d) %s", r, c, q->brows == 1 ? "1x" : "blocks"))
+   (charge_shapef(be, t0, "quantize (%d, %d) %s", r, c, q->brows == 1 ? "1x" : "blocks")))
 WS(quantize_grouped,
    (lb_backend *be, int count, struct lb_qmat *q, const float *x, const int *rows,
     const int *prows, int cols, const struct lb_quant_args *a),
    (in, count, q, x, rows, prows, cols, a),
-   char k[32]; group_k(k, sizeof k, count, rows, sizeof *rows);
-   snprintf(key, sizeof key, "quantize_grouped %d x (rows %s, %d) %s", count, k + 2, cols,
-            count && q[0].brows == 1 ? "1x" : "blocks"))
+   (charge_shapef(be, t0, "quantize_grouped %d x (rows %s, %d) %s", count,
+                  group_k((char[32]){0}, count, rows, sizeof *rows) + 2, cols,
+                  count && q[0].brows == 1 ? "1x" : "blocks")))
 W(qmat_transpose, (lb_backend *be, int count, struct lb_qmat *d, const struct lb_qmat *s),
   (in, count, d, s))
 W(dequantize, (lb_backend *be, float *y, const struct lb_qmat *q), (in, y, q))
 WS(gemm_q,
    (lb_backend *be, int m, int n, int k, float alpha, const struct lb_qmat *a,
     const struct lb_qmat *b, float beta, float *c),
-   (in, m, n, k, alpha, a, b, beta, c), snprintf(key, sizeof key, "gemm_q %dx%dx%d", m, n, k))
+   (in, m, n, k, alpha, a, b, beta, c), (charge_shapef(be, t0, "gemm_q %dx%dx%d", m, n, k)))
 WS(gemm_q_grouped, (lb_backend *be, int count, const lb_gemm_q_args *g), (in, count, g),
-   char k[32]; group_k(k, sizeof k, count, &g->k, sizeof *g);
-   snprintf(key, sizeof key, "gemm_q_grouped %d x (n %d, %s) B %s", count, count ? g->n : 0,
-            k, count && g->b->brows == 1 ? "1x" : "blocks"))
+   (charge_shapef(be, t0, "gemm_q_grouped %d x (n %d, %s) B %s", count, count ? g->n : 0,
+                  group_k((char[32]){0}, count, &g->k, sizeof *g),
+                  count && g->b->brows == 1 ? "1x" : "blocks")))
 W(hadamard,
   (lb_backend *be, float *y, const float *x, int rows, int cols, int axis, int hn, uint32_t s),
   (in, y, x, rows, cols, axis, hn, s))
@@ -309,7 +308,7 @@ static void print_table(lb_backend *be, FILE *f)
             by[j] = by[j - 1];
             by[j - 1] = t;
         }
-    fprintf(f, "  by shape (GEMMs and quantizations; m is the sum over groups):\n");
+    fprintf(f, "  by shape (GEMMs and quantizations; groups x (n, k), ~ a mean over them):\n");
     for (int i = 0; i < n; i++) {
         const shape_row *r = &p->shape[by[i]];
         fprintf(f, "    %-62s %6ld %10.3f\n", r->key, r->calls, r->seconds * 1e3);
