@@ -871,6 +871,41 @@ __device__ __forceinline__ void tw_commit_wait()
 }
 #endif
 
+// acc (the warp's 16 rows x 16 NK, C layout) += bf16(c) (the warp's 16 x 64 C-layout fragment,
+// the A operand) times the swizzled tile at s read N-major (64 k rows, 16 NK columns): the
+// products with a transposed operand (dq += dS K, dv += P^T dO, dk += dS^T Q). WO 1: on wgmma,
+// only issued (the caller ends the batch with tw_commit_wait); WO 0: on mma.sync with
+// ldmatrix.trans fragments, done on return.
+template <int NK, int WO>
+__device__ __forceinline__ void tw_product_n(float (&acc)[2 * NK][4], const float (&c)[8][4],
+                                             uint32_t s, int lane)
+{
+    uint32_t a[4][4];
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++) tc_ctoa(a[kc], c, kc);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (WO) {
+        tw_fence();   // a was written by other instructions
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++)
+#pragma unroll
+            for (int part = 0; part < NK / 4; part++)
+                tw_wgmma_rs_n(tw_part<NK>(acc, part), a[kc], tw_desc_n(s, kc, part));
+    } else
+#endif
+    {
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++)
+#pragma unroll
+            for (int dt = 0; dt < 2 * NK; dt += 2) {
+                uint32_t b[4];
+                tw_bfrag_t(b, s, lane, kc, dt);
+                tc_mma(acc[dt], a[kc], b[0], b[1]);
+                tc_mma(acc[dt + 1], a[kc], b[2], b[3]);
+            }
+    }
+}
+
 // dq as tc_bwd_dq_kernel, 64 query rows per block (one warpgroup); K and V chunks swizzled in
 // two stages. NK is 4 or 8.
 template <int NK, int WO>
@@ -939,31 +974,8 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
                 const float p = j <= rows[r] ? tc_p(s[nt][e], c, l2[r]) : 0.0f;
                 dp[nt][e] = tc_ds(p, dp[nt][e], dd[r]);
             }
-        if constexpr (WO) {   // dq += dS K on wgmma, K read N-major
-            uint32_t da[4][4];
-#pragma unroll
-            for (int kc = 0; kc < 4; kc++) tc_ctoa(da[kc], dp, kc);
-            tw_fence();
-#pragma unroll
-            for (int kc = 0; kc < 4; kc++)
-#pragma unroll
-                for (int part = 0; part < NK / 4; part++)
-                    tw_wgmma_rs_n(tw_part<NK>(acc, part), da[kc], tw_desc_n(ks, kc, part));
-            tw_commit_wait();
-        } else {
-#pragma unroll
-            for (int kc = 0; kc < 4; kc++) {
-                uint32_t da[4];
-                tc_ctoa(da, dp, kc);
-#pragma unroll
-                for (int dt = 0; dt < 2 * NK; dt += 2) {
-                    uint32_t b[4];
-                    tw_bfrag_t(b, ks, lane, kc, dt);
-                    tc_mma(acc[dt], da, b[0], b[1]);
-                    tc_mma(acc[dt + 1], da, b[2], b[3]);
-                }
-            }
-        }
+        tw_product_n<NK, WO>(acc, dp, ks, lane);   // dq += dS K
+        if constexpr (WO) tw_commit_wait();
         __syncthreads();
     }
 #pragma unroll
@@ -1052,40 +1064,9 @@ tw_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfl
                 s[nt][e] = p;
                 dp[nt][e] = tc_ds(p, dp[nt][e], ddc[col]);
             }
-        if constexpr (WO) {   // dv += P^T dO, dk += dS^T Q on wgmma, dO and Q read N-major
-            uint32_t pa[4][4], da[4][4];
-#pragma unroll
-            for (int kc = 0; kc < 4; kc++) {
-                tc_ctoa(pa[kc], s, kc);
-                tc_ctoa(da[kc], dp, kc);
-            }
-            tw_fence();
-#pragma unroll
-            for (int kc = 0; kc < 4; kc++)
-#pragma unroll
-                for (int part = 0; part < NK / 4; part++) {
-                    tw_wgmma_rs_n(tw_part<NK>(av, part), pa[kc], tw_desc_n(gs, kc, part));
-                    tw_wgmma_rs_n(tw_part<NK>(ak, part), da[kc], tw_desc_n(qs, kc, part));
-                }
-            tw_commit_wait();
-        } else {
-#pragma unroll
-            for (int kc = 0; kc < 4; kc++) {
-                uint32_t pa[4], da[4];
-                tc_ctoa(pa, s, kc);
-                tc_ctoa(da, dp, kc);
-#pragma unroll
-                for (int dt = 0; dt < 2 * NK; dt += 2) {
-                    uint32_t b[4];
-                    tw_bfrag_t(b, gs, lane, kc, dt);
-                    tc_mma(av[dt], pa, b[0], b[1]);
-                    tc_mma(av[dt + 1], pa, b[2], b[3]);
-                    tw_bfrag_t(b, qs, lane, kc, dt);
-                    tc_mma(ak[dt], da, b[0], b[1]);
-                    tc_mma(ak[dt + 1], da, b[2], b[3]);
-                }
-            }
-        }
+        tw_product_n<NK, WO>(av, s, gs, lane);    // dv += P^T dO
+        tw_product_n<NK, WO>(ak, dp, qs, lane);   // dk += dS^T Q
+        if constexpr (WO) tw_commit_wait();
         __syncthreads();
     }
 #pragma unroll
