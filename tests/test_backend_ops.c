@@ -1804,6 +1804,8 @@ START_TEST(test_quantize_grouped)
     a = gq(LB_FMT_FP8_BLOCK, 1, 0, LB_E4M3, 0, 0, 0);
     a.hadamard = 16, a.hsigns = 0x5a5au;
     quant_grouped_case("fp8 1x128 col, Hadamard 16", &a, 200, 16, 6, r6);
+    a.sr = 1;   // fp8-block with a transform takes the per-group passes, not fq_kernel
+    quant_grouped_case("fp8 1x128 col sr, Hadamard 16", &a, 200, 16, 6, r6);
     a = gq(LB_FMT_MXFP8, 1, 0, LB_E4M3, LB_SCALE_CEIL, 0, 1);
     a.hadamard = 32, a.hsigns = lb_hadamard_signs(32, seed, 5, 10);
     quant_grouped_case("mxfp8 col sr, Hadamard 32 random", &a, 130, 32, 6, r6);
