@@ -660,48 +660,54 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
     }
 }
 
+// An fq_kernel launch being collected, group by group.
+typedef struct {
+    lb_cuda_ctx *cx;
+    lb_qmat *q;
+    int cols, colwise, tiles;
+    fq_params *P;
+} fq_collect;
+
+static void fq_flush(fq_collect *c)
+{
+    if (c->tiles && c->colwise) fq_kernel<1><<<c->tiles, 256, 0, c->cx->stream>>>(*c->P);
+    else if (c->tiles) fq_kernel<0><<<c->tiles, 256, 0, c->cx->stream>>>(*c->P);
+    if (c->tiles) LB_CUDA_LAUNCHED(c->cx);
+    c->P->count = 0, c->tiles = 0;
+}
+
+// Adds group j to the launch being collected (launching it when full).
+static void fq_group_add(void *ctx, int j, const float *xj, int r, int pr, const lb_quant_args *aj)
+{
+    fq_collect *c = (fq_collect *)ctx;
+    if (c->P->count == FQ_MAX) fq_flush(c);
+    lb_qmat want;
+    memset(&want, 0, sizeof want);
+    lb_qmat_layout(&want, pr, c->cols, aj);
+    const lb_qmat *q = &c->q[j];
+    if (want.fmt != q->fmt || want.rows != q->rows || want.cols != q->cols ||
+        want.brows != q->brows || want.bcols != q->bcols)
+        lb_die("cuda quantize: lb_qmat was laid out for another shape or format");
+    const int tcn = (want.cols + 127) / 128;
+    c->P->g[c->P->count++] = (fq_group){
+        xj, q->data, (float *)q->scale, r, want.rows, want.cols, want.scols, c->tiles, tcn,
+        aj->sr ? lb_hash64(lb_hash64(aj->seed) ^ lb_quant_stream(aj->step, aj->tensor)) : 0};
+    c->tiles += (want.rows + 127) / 128 * tcn;
+}
+
 // Groups j with prows[j] > 0 (see kernels.h quantize_grouped), q[j] checked against the layout
-// of (prows[j], cols) under a.
+// of (prows[j], cols) under a: as many fq_kernel launches as FQ_MAX groups need.
 static void fq_launch(lb_cuda_ctx *cx, int count, lb_qmat *q, const float *x, const int *rows,
                       const int *prows, int cols, const lb_quant_args *a)
 {
     fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
     P->cols = cols, P->blk2d = a->weight_blocks ? 1 : 0, P->sr = a->sr ? 1 : 0;
     P->v4 = cols % 4 == 0 && ((uintptr_t)x & 15) == 0;
-    size_t off = 0;
-    int tiles = 0;
-    for (int j = 0; j <= count; j++) {
-        if (j == count || P->count == FQ_MAX) {   // launch what is collected
-            if (tiles && a->colwise) fq_kernel<1><<<tiles, 256, 0, cx->stream>>>(*P);
-            else if (tiles) fq_kernel<0><<<tiles, 256, 0, cx->stream>>>(*P);
-            if (tiles) LB_CUDA_LAUNCHED(cx);
-            P->count = 0, tiles = 0;
-            if (j == count) break;
-        }
-        const int r = rows[j], pr = prows ? prows[j] : r;
-        const float *xj = x + off * cols;
-        off += (size_t)r;
-        if (r < 0 || pr < r) lb_die("quantize_grouped: group %d has %d rows padded to %d", j, r, pr);
-        if (pr == 0) continue;
-        lb_qmat want;
-        memset(&want, 0, sizeof want);
-        lb_qmat_layout(&want, pr, cols, a);
-        if (want.fmt != q[j].fmt || want.rows != q[j].rows || want.cols != q[j].cols ||
-            want.brows != q[j].brows || want.bcols != q[j].bcols)
-            lb_die("cuda quantize: lb_qmat was laid out for another shape or format");
-        fq_group *G = &P->g[P->count++];
-        const int tcn = (want.cols + 127) / 128;
-        *G = (fq_group){xj, q[j].data, (float *)q[j].scale, r, want.rows, want.cols, want.scols,
-                        tiles, tcn,
-                        a->sr ? lb_hash64(lb_hash64(a->seed) ^
-                                          lb_quant_stream(a->step, a->tensor + (uint64_t)j))
-                              : 0};
-        tiles += (want.rows + 127) / 128 * tcn;
-    }
+    fq_collect c = {cx, q, cols, a->colwise ? 1 : 0, 0, P};
+    lb_quant_groups(count, x, rows, prows, cols, a, fq_group_add, &c);
+    fq_flush(&c);
     free(P);
 }
-
-// --- table entries -------------------------------------------------------------------------
 
 static void cuda_qmat_alloc(lb_backend *be, lb_qmat *q, int rows, int cols, const lb_quant_args *a)
 {
@@ -844,6 +850,30 @@ static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, 
     LB_CUDA_LAUNCHED(cx);
 }
 
+typedef struct {
+    lb_backend *be;
+    lb_qmat *q;
+    int cols;
+} cuda_groups;
+
+// One group quantized on its own; a padded one from a zero-filled copy in stream-ordered memory.
+static void cuda_group(void *ctx, int j, const float *xj, int r, int pr, const lb_quant_args *aj)
+{
+    const cuda_groups *g = (const cuda_groups *)ctx;
+    if (pr == r) {
+        cuda_quantize(g->be, &g->q[j], xj, r, g->cols, aj);
+        return;
+    }
+    lb_cuda_ctx *cx = lb_cuda(g->be);
+    float *t;
+    const size_t row = (size_t)g->cols * sizeof(float), have = r * row, all = pr * row;
+    LB_CUDA_CHECK(cudaMallocAsync((void **)&t, all, cx->stream));
+    LB_CUDA_CHECK(cudaMemsetAsync((char *)t + have, 0, all - have, cx->stream));
+    if (have) LB_CUDA_CHECK(cudaMemcpyAsync(t, xj, have, cudaMemcpyDeviceToDevice, cx->stream));
+    cuda_quantize(g->be, &g->q[j], t, pr, g->cols, aj);
+    LB_CUDA_CHECK(cudaFreeAsync(t, cx->stream));
+}
+
 // fp8-block without a Hadamard transform: all groups in one fq_kernel launch. Otherwise:
 // quantize per group (a transform fused into its transpose), a padded group from a zero-filled
 // copy in stream-ordered memory.
@@ -856,27 +886,8 @@ static void cuda_quantize_grouped(lb_backend *be, int count, lb_qmat *q, const f
         fq_launch(cx, count, q, x, rows, prows, cols, a);
         return;
     }
-    size_t off = 0;
-    for (int j = 0; j < count; j++) {
-        const int r = rows[j], pr = prows ? prows[j] : r;
-        const float *xj = x + off * cols;
-        off += (size_t)r;
-        if (r < 0 || pr < r) lb_die("quantize_grouped: group %d has %d rows padded to %d", j, r, pr);
-        if (pr == 0) continue;
-        lb_quant_args aj = *a;
-        aj.tensor = a->tensor + (uint64_t)j;
-        if (pr == r) {
-            cuda_quantize(be, &q[j], xj, r, cols, &aj);
-            continue;
-        }
-        float *t;
-        const size_t have = (size_t)r * cols * sizeof(float), all = (size_t)pr * cols * sizeof(float);
-        LB_CUDA_CHECK(cudaMallocAsync((void **)&t, all, cx->stream));
-        LB_CUDA_CHECK(cudaMemsetAsync((char *)t + have, 0, all - have, cx->stream));
-        if (have) LB_CUDA_CHECK(cudaMemcpyAsync(t, xj, have, cudaMemcpyDeviceToDevice, cx->stream));
-        cuda_quantize(be, &q[j], t, pr, cols, &aj);
-        LB_CUDA_CHECK(cudaFreeAsync(t, cx->stream));
-    }
+    cuda_groups g = {be, q, cols};
+    lb_quant_groups(count, x, rows, prows, cols, a, cuda_group, &g);
 }
 
 static void cuda_dequantize(lb_backend *be, float *y, const lb_qmat *q)

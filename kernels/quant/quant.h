@@ -120,6 +120,15 @@ lb_qmat lb_qmat_rows(const lb_qmat *q, int r0, int n);
 void lb_qmat_transpose(lb_qmat *dst, const lb_qmat *src);
 void lb_qmat_transpose_check(const lb_qmat *dst, const lb_qmat *src);
 
+// The groups of a backend's quantize_grouped (kernels.h): for each j with prows[j] > 0 (prows
+// NULL: rows), fn(ctx, j, x_j, rows[j], prows[j], &a_j), x_j the rows of x after the earlier
+// groups' and a_j = *a drawing as tensor a->tensor + j; stops with an error on rows[j] < 0 or
+// prows[j] < rows[j].
+typedef void (*lb_quant_group_fn)(void *ctx, int j, const float *xj, int rows, int prows,
+                                  const lb_quant_args *aj);
+void lb_quant_groups(int count, const float *x, const int *rows, const int *prows, int cols,
+                     const lb_quant_args *a, lb_quant_group_fn fn, void *ctx);
+
 // Quantizes x (rows, cols) into q, which must have been laid out for (rows, cols, a).
 // Any rows and cols >= 1: a trailing partial block behaves exactly as if padded with zeros.
 void lb_quantize(lb_qmat *q, const float *x, int rows, int cols, const lb_quant_args *a);

@@ -301,6 +301,23 @@ void lb_qmat_transpose(lb_qmat *dst, const lb_qmat *src)
     if (src->nscale2) dst->scale2[0] = src->scale2[0];
 }
 
+void lb_quant_groups(int count, const float *x, const int *rows, const int *prows, int cols,
+                     const lb_quant_args *a, lb_quant_group_fn fn, void *ctx)
+{
+    size_t off = 0;
+    for (int j = 0; j < count; j++) {
+        const int r = rows[j], pr = prows ? prows[j] : r;
+        if (r < 0 || pr < r)
+            lb_die("quantize_grouped: group %d has %d rows padded to %d", j, r, pr);
+        const float *xj = x + off * cols;
+        off += (size_t)r;
+        if (pr == 0) continue;
+        lb_quant_args aj = *a;
+        aj.tensor = a->tensor + (uint64_t)j;
+        fn(ctx, j, xj, r, pr, &aj);
+    }
+}
+
 void lb_quantize(lb_qmat *q, const float *x, int rows, int cols, const lb_quant_args *a)
 {
     lb_qmat want;
