@@ -746,8 +746,7 @@ tc_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfl
 // tiles side by side. The warpgroup's fp32 result has, per warp, the C layout of mma.sync
 // (rows 16 w + g, g + 8), so p and dS are the code above, and they become the A fragments (in
 // registers) of the products with a transposed operand (dq += dS K, dv += P^T dO, dk += dS^T
-// Q): with WO 1 on wgmma too, the same tiles read N-major; with WO 0 on mma.sync, B fragments
-// read from the tiles by ldmatrix.trans. Sums run in a fixed order (k16 steps in order), so the results are
+// Q), on wgmma too, the same tiles read N-major. Sums run in a fixed order (k16 steps in order), so the results are
 // deterministic and batch invariant; they are not the mma.sync kernels' bits (the backward
 // has no bitwise partner: only the forward is matched by the cache kernel).
 #define TW_ROWS 64                      // rows of a swizzled tile (keys or queries)
@@ -772,16 +771,6 @@ __device__ __forceinline__ void tw_load(uint32_t s, const __nv_bfloat16 *x, int 
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s + tw_off(r, cc)),
                      "l"(src), "r"(i < t ? 16 : 0));
     }
-}
-
-// B fragments of a transposed-operand product (as tc_bfrag_t) from a swizzled tile: k rows
-// ks * 16 .., columns (dt, dt + 1) * 8 ...
-__device__ __forceinline__ void tw_bfrag_t(uint32_t b[4], uint32_t s, int lane, int ks, int dt)
-{
-    const int mi = lane >> 3, r = ks * 16 + (lane & 7) + (mi & 1) * 8;
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                 : "r"(s + tw_off(r, dt + (mi >> 1))));
 }
 
 // Every thread's cp.async writes are complete and visible to the tensor cores' reads (the
@@ -871,44 +860,9 @@ __device__ __forceinline__ void tw_commit_wait()
 }
 #endif
 
-// acc (the warp's 16 rows x 16 NK, C layout) += bf16(c) (the warp's 16 x 64 C-layout fragment,
-// the A operand) times the swizzled tile at s read N-major (64 k rows, 16 NK columns): the
-// products with a transposed operand (dq += dS K, dv += P^T dO, dk += dS^T Q). WO 1: on wgmma,
-// only issued (the caller ends the batch with tw_commit_wait); WO 0: on mma.sync with
-// ldmatrix.trans fragments, done on return.
-template <int NK, int WO>
-__device__ __forceinline__ void tw_product_n(float (&acc)[2 * NK][4], const float (&c)[8][4],
-                                             uint32_t s, int lane)
-{
-    uint32_t a[4][4];
-#pragma unroll
-    for (int kc = 0; kc < 4; kc++) tc_ctoa(a[kc], c, kc);
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    if constexpr (WO) {
-        tw_fence();   // a was written by other instructions
-#pragma unroll
-        for (int kc = 0; kc < 4; kc++)
-#pragma unroll
-            for (int part = 0; part < NK / 4; part++)
-                tw_wgmma_rs_n(tw_part<NK>(acc, part), a[kc], tw_desc_n(s, kc, part));
-    } else
-#endif
-    {
-#pragma unroll
-        for (int kc = 0; kc < 4; kc++)
-#pragma unroll
-            for (int dt = 0; dt < 2 * NK; dt += 2) {
-                uint32_t b[4];
-                tw_bfrag_t(b, s, lane, kc, dt);
-                tc_mma(acc[dt], a[kc], b[0], b[1]);
-                tc_mma(acc[dt + 1], a[kc], b[2], b[3]);
-            }
-    }
-}
-
 // dq as tc_bwd_dq_kernel, 64 query rows per block (one warpgroup); K and V chunks swizzled in
 // two stages. NK is 4 or 8.
-template <int NK, int WO>
+template <int NK>
 __global__ void __launch_bounds__(128)
 tw_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat16 *kb,
                  const __nv_bfloat16 *vb, const float *lse, const float *D, int t, int hq,
@@ -974,8 +928,17 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
                 const float p = j <= rows[r] ? tc_p(s[nt][e], c, l2[r]) : 0.0f;
                 dp[nt][e] = tc_ds(p, dp[nt][e], dd[r]);
             }
-        tw_product_n<NK, WO>(acc, dp, ks, lane);   // dq += dS K
-        if constexpr (WO) tw_commit_wait();
+        // dq += dS K, K read N-major
+        uint32_t da[4][4];
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) tc_ctoa(da[kc], dp, kc);
+        tw_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++)
+#pragma unroll
+            for (int part = 0; part < NK / 4; part++)
+                tw_wgmma_rs_n(tw_part<NK>(acc, part), da[kc], tw_desc_n(ks, kc, part));
+        tw_commit_wait();
         __syncthreads();
     }
 #pragma unroll
@@ -995,7 +958,7 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
 
 // dk, dv as tc_bwd_dkdv_kernel: 64 keys per block (K, V swizzled, kept), query chunks of every
 // head of the group streamed (Q, dO swizzled, two stages). NK is 4 or 8.
-template <int NK, int WO>
+template <int NK>
 __global__ void __launch_bounds__(128)
 tw_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfloat16 *gb,
                    const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, const float *lse,
@@ -1064,9 +1027,22 @@ tw_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfl
                 s[nt][e] = p;
                 dp[nt][e] = tc_ds(p, dp[nt][e], ddc[col]);
             }
-        tw_product_n<NK, WO>(av, s, gs, lane);    // dv += P^T dO
-        tw_product_n<NK, WO>(ak, dp, qs, lane);   // dk += dS^T Q
-        if constexpr (WO) tw_commit_wait();
+        // dv += P^T dO, dk += dS^T Q, dO and Q read N-major
+        uint32_t pa[4][4], da[4][4];
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) {
+            tc_ctoa(pa[kc], s, kc);
+            tc_ctoa(da[kc], dp, kc);
+        }
+        tw_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++)
+#pragma unroll
+            for (int part = 0; part < NK / 4; part++) {
+                tw_wgmma_rs_n(tw_part<NK>(av, part), pa[kc], tw_desc_n(gs, kc, part));
+                tw_wgmma_rs_n(tw_part<NK>(ak, part), da[kc], tw_desc_n(qs, kc, part));
+            }
+        tw_commit_wait();
         __syncthreads();
     }
 #pragma unroll
@@ -1128,28 +1104,6 @@ extern "C" size_t lb_cuda_attention_tc_work(int b, int t, int hq, int hkv, int d
     return 2 * tc_align((size_t)b * t * hq * d16 * e) + 2 * tc_align((size_t)b * t * hkv * d16 * e);
 }
 
-// The wgmma kernels: WO 0 for S and dP only, 1 for the output products too.
-template <int NK, int WO>
-static void tw_bwd(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float *dout,
-                   const float *q, const __nv_bfloat16 *qb, const __nv_bfloat16 *gb,
-                   const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, const float *lse,
-                   const float *D, int b, int t, int hq, int hkv, int d, float c, float scale)
-{
-    const size_t tile = (size_t)TW_ROWS * 32 * NK;
-    const size_t smem_dq = 4 * tile + 1024;
-    lb_cuda_smem_limit(tw_bwd_dq_kernel<NK, WO>, smem_dq);
-    dim3 gq((t + TW_ROWS - 1) / TW_ROWS, hq, b);
-    tw_bwd_dq_kernel<NK, WO><<<gq, 128, smem_dq, cx->stream>>>(dq, dout, q, kb, vb, lse, D, t, hq,
-                                                                hkv, d, c, scale);
-    LB_CUDA_LAUNCHED(cx);
-    const size_t smem_kv = 6 * tile + 4 * TC_KC * sizeof(float) + 1024;
-    lb_cuda_smem_limit(tw_bwd_dkdv_kernel<NK, WO>, smem_kv);
-    dim3 gk((t + TC_KC - 1) / TC_KC, hkv, b);
-    tw_bwd_dkdv_kernel<NK, WO><<<gk, 128, smem_kv, cx->stream>>>(dk, dv, qb, gb, kb, vb, lse, D, t,
-                                                                  hq, hkv, d, c, scale);
-    LB_CUDA_LAUNCHED(cx);
-}
-
 template <int NK>
 static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float *dout,
                    const float *q, const float *k, const float *v, const float *lse,
@@ -1168,10 +1122,19 @@ static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float
     tc_to_bf16(cx, kb, k, krows, d);
     tc_to_bf16(cx, vb, v, krows, d);
     if constexpr (NK == 4 || NK == 8) if (cx->attn_wg) {   // wgmma (sm_90a)
-        if (cx->attn_wg == 1) tw_bwd<NK, 0>(cx, dq, dk, dv, dout, q, qb, gb, kb, vb, lse, D, b, t,
-                                            hq, hkv, d, c, scale);
-        else tw_bwd<NK, 1>(cx, dq, dk, dv, dout, q, qb, gb, kb, vb, lse, D, b, t, hq, hkv, d, c,
-                           scale);
+        const size_t tile = (size_t)TW_ROWS * 32 * NK;
+        const size_t smem_dq = 4 * tile + 1024;
+        lb_cuda_smem_limit(tw_bwd_dq_kernel<NK>, smem_dq);
+        dim3 gq((t + TW_ROWS - 1) / TW_ROWS, hq, b);
+        tw_bwd_dq_kernel<NK><<<gq, 128, smem_dq, cx->stream>>>(dq, dout, q, kb, vb, lse, D, t, hq,
+                                                                hkv, d, c, scale);
+        LB_CUDA_LAUNCHED(cx);
+        const size_t smem_kv = 6 * tile + 4 * TC_KC * sizeof(float) + 1024;
+        lb_cuda_smem_limit(tw_bwd_dkdv_kernel<NK>, smem_kv);
+        dim3 gk((t + TC_KC - 1) / TC_KC, hkv, b);
+        tw_bwd_dkdv_kernel<NK><<<gk, 128, smem_kv, cx->stream>>>(dk, dv, qb, gb, kb, vb, lse, D, t,
+                                                                  hq, hkv, d, c, scale);
+        LB_CUDA_LAUNCHED(cx);
         return;
     }
     constexpr int DP = 16 * NK + 8;

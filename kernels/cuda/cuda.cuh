@@ -94,8 +94,7 @@ typedef struct {
                                    // (gemm_grouped.cu); sm_90 only, LB_CUDA_GROUPED=0: off
     int grouped_bn;                // the bf16 kernel's tile columns, 128 or 256 (LB_CUDA_GROUPED_BN)
     int attn_wg;                   // bf16 attention backward on wgmma (head dims 64 and 128;
-                                   // sm_90 only): 2 all products, LB_CUDA_ATTN_WG=1 S and dP
-                                   // only, 0 none (mma.sync)
+                                   // sm_90 only; LB_CUDA_ATTN_WG=0: mma.sync)
     int dense_tc;                  // dense bf16 and fp8-block GEMMs on those kernels too
                                    // (LB_CUDA_DENSE_TC=0: off)
     int grouped_streams;           // LB_CUDA_GROUPED_STREAMS=1: bf16 groups on side streams

@@ -654,8 +654,7 @@ extern "C" void lb_cuda_init_gemm(lb_backend *be)
     s = getenv("LB_CUDA_GROUPED_BN");
     cx->grouped_bn = s && atoi(s) == 128 ? 128 : 256;
     s = getenv("LB_CUDA_ATTN_WG");   // attention_tc.cu: the same sm_90a condition
-    cx->attn_wg = !lb_cuda_gemm_grouped_tc_ok(major, minor) ? 0 : s && *s == '0' ? 0
-                  : s && *s == '1' ? 1 : 2;
+    cx->attn_wg = !(s && *s == '0') && lb_cuda_gemm_grouped_tc_ok(major, minor);
     s = getenv("LB_CUDA_GROUPED_STREAMS");
     cx->grouped_streams = s && *s && *s != '0';
     be->gemm = cuda_gemm;
