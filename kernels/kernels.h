@@ -124,6 +124,11 @@ struct lb_backend {
     void (*quantize_grouped)(lb_backend *, int count, struct lb_qmat *q, const float *x,
                              const int *rows, const int *prows, int cols,
                              const struct lb_quant_args *a);
+    // dst[j] = the other direction's quantization of the x that src[j] quantizes, from src[j]'s
+    // bytes (lb_qmat_transpose: square blocks, one second level; bytes equal to quantize's).
+    // A weight cache's column-wise copy without a second pass over the fp32 weights.
+    void (*qmat_transpose)(lb_backend *, int count, struct lb_qmat *dst,
+                           const struct lb_qmat *src);
     void (*dequantize)(lb_backend *, float *y, const struct lb_qmat *q);   // y (q rows, q cols)
     // C (m, n) = alpha * A (m, k) * B (n, k)^T + beta * C on quantized operands of one format,
     // both blocked along k. The CPU computes it exactly on the dequantized values.

@@ -114,6 +114,22 @@ static lb_quant_args act_args(const lb_linear *L, const lb_site *s, int colwise,
     return a;
 }
 
+// The wgrad's Hadamard transform, fused into the quantization of both operands (dy and x,
+// column-wise): the same orthogonal H along the token axis cancels in dy^T x, and it spreads
+// outliers before a 4-bit quantization. Its random signs are drawn per expert e.
+static void wgrad_hadamard(const lb_linear *L, const lb_site *G, int layer, lb_role role, int e,
+                           lb_quant_args *ad, lb_quant_args *ax)
+{
+    if (!G->hadamard) return;
+    const int h = (int)G->hadamard;
+    const uint32_t signs =
+        G->hadamard_random
+            ? lb_hadamard_signs(h, L->seed, L->step, operand_id(layer, role, LB_PASS_WGRAD, e, 2))
+            : 0;
+    ad->hadamard = ax->hadamard = h;
+    ad->hsigns = ax->hsigns = signs;
+}
+
 // Weights: 128x128 blocks for fp8-block and 16x16 for NVFP4 (when asked), so the row-wise and
 // column-wise copies share their scales.
 static lb_quant_args weight_args(const lb_site *s, int colwise)
@@ -175,7 +191,14 @@ void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const 
         lb_quant_args a = weight_args(D, 1);
         for (int e = 0; e < count; e++)
             if (!c->col[e].data) be->qmat_alloc(be, &c->col[e], out, in, &a);
-        be->quantize_grouped(be, count, c->col, w, rows, NULL, in, &a);
+        // Square blocks in both copies: a block's scale is the same either way, so the
+        // column-wise copy is the row-wise one transposed (the same bytes, no second pass
+        // over the fp32 weights).
+        lb_quant_args r = weight_args(F, 0);
+        if (need_row && r.fmt == a.fmt && r.weight_blocks && a.weight_blocks)
+            be->qmat_transpose(be, count, c->col, c->row);
+        else
+            be->quantize_grouped(be, count, c->col, w, rows, NULL, in, &a);
     }
 }
 
@@ -276,36 +299,17 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
             lb_gemm(be, 1, 0, out, in, n, 1.0f, dyb, xb, 1.0f, dw);
         }
     } else {
-        const float *hdy = dy, *hx = x;
         int nk = wgrad_tokens(n, (int)G->hadamard), have = n;   // tokens in the operands
-        if (G->hadamard) {
-            // The same orthogonal H on both operands along the token axis cancels in dy^T x;
-            // it spreads outliers before the 4-bit quantization. It runs on the operands padded
-            // with zero tokens (an expert's share of a batch is rarely a multiple of its size).
-            int h = (int)G->hadamard;
-            uint32_t signs = G->hadamard_random
-                                 ? lb_hadamard_signs(h, L->seed, L->step,
-                                                     operand_id(layer, role, LB_PASS_WGRAD, e, 2))
-                                 : 0;
-            float *t0 = scratch(L, 0, (size_t)nk * out), *t1 = scratch(L, 2, (size_t)nk * in);
-            be->copy(be, t0, dy, (size_t)n * out * sizeof(float));
-            be->copy(be, t1, x, (size_t)n * in * sizeof(float));
-            be->zero(be, t0 + (size_t)n * out, (size_t)(nk - n) * out * sizeof(float));
-            be->zero(be, t1 + (size_t)n * in, (size_t)(nk - n) * in * sizeof(float));
-            be->hadamard(be, t0, t0, nk, out, LB_AXIS_ROWS, h, signs);
-            be->hadamard(be, t1, t1, nk, in, LB_AXIS_ROWS, h, signs);
-            hdy = t0;
-            hx = t1;
-            have = nk;
-        }
         lb_quant_args ad = act_args(L, G, 1, 1, operand_id(layer, role, LB_PASS_WGRAD, e, 0));
         lb_quant_args ax = act_args(L, G, 1, 0, operand_id(layer, role, LB_PASS_WGRAD, e, 1));
+        wgrad_hadamard(L, G, layer, role, e, &ad, &ax);
         lb_qmat qd, qx;
         lb_linear_qscratch(L, 0, &qd, nk, out, &ad);
         lb_linear_qscratch(L, 1, &qx, nk, in, &ax);
-        // the padding tokens are the quantizer's (zero rows), not copies
-        be->quantize_grouped(be, 1, &qd, hdy, &have, &nk, out, &ad);
-        be->quantize_grouped(be, 1, &qx, hx, &have, &nk, in, &ax);
+        // the padding tokens are the quantizer's (zero rows, transformed with the rest), not
+        // copies
+        be->quantize_grouped(be, 1, &qd, dy, &have, &nk, out, &ad);
+        be->quantize_grouped(be, 1, &qx, x, &have, &nk, in, &ax);
         be->gemm_q(be, out, in, nk, 1.0f, &qd, &qx, 1.0f, dw);
     }
 }
@@ -421,18 +425,21 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
     }
     // A quantized wgrad of all experts in one call: each expert's dy_j and x_j quantized
     // column-wise on its own (its own random stream: expert 0's id + j), its tokens padded as
-    // lb_linear_bwd pads them (wgrad_tokens), so the result is lb_linear_bwd's. Per expert
-    // instead with a Hadamard transform (each expert's operands padded and transformed).
+    // lb_linear_bwd pads them (wgrad_tokens), so the result is lb_linear_bwd's; a Hadamard
+    // transform is fused into those quantizations. Per expert instead when its signs are
+    // random (drawn per expert).
     const lb_site *G = lb_contract_site(L->contract, layer, role, LB_PASS_WGRAD);
     int wgrad_done = 0;
-    if (is_low(G->fmt) && G->mode == LB_BWD_QUANTIZED && !G->hadamard) {
+    if (is_low(G->fmt) && G->mode == LB_BWD_QUANTIZED && !(G->hadamard && G->hadamard_random)) {
         lb_quant_args ad = act_args(L, G, 1, 1, operand_id(layer, role, LB_PASS_WGRAD, 0, 0));
         lb_quant_args ax = act_args(L, G, 1, 0, operand_id(layer, role, LB_PASS_WGRAD, 0, 1));
+        wgrad_hadamard(L, G, layer, role, 0, &ad, &ax);
         lb_backend *be = L->be;
         int kp[groups], ng = 0;
         lb_qmat qd[groups], qx[groups];
         lb_gemm_q_args g[groups];
-        for (int j = 0; j < groups; j++) kp[j] = counts[j] ? wgrad_tokens(counts[j], 0) : 0;
+        for (int j = 0; j < groups; j++)
+            kp[j] = counts[j] ? wgrad_tokens(counts[j], (int)G->hadamard) : 0;
         lb_linear_qscratch_groups(L, 0, qd, groups, kp, out, &ad);
         lb_linear_qscratch_groups(L, 1, qx, groups, kp, in, &ax);
         be->quantize_grouped(be, groups, qd, dy, counts, kp, out, &ad);

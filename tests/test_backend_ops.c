@@ -202,7 +202,7 @@ START_TEST(test_table_and_memory)
         (void (*)(void))gpu->cross_entropy_bwd, (void (*)(void))gpu->adamw,
         (void (*)(void))gpu->qmat_alloc, (void (*)(void))gpu->qmat_free,
         (void (*)(void))gpu->quantize, (void (*)(void))gpu->quantize_grouped,
-        (void (*)(void))gpu->dequantize,
+        (void (*)(void))gpu->qmat_transpose, (void (*)(void))gpu->dequantize,
         (void (*)(void))gpu->gemm_q, (void (*)(void))gpu->gemm_q_grouped,
         (void (*)(void))gpu->hadamard,
         (void (*)(void))gpu->round_bf16, (void (*)(void))gpu->kv_append,
@@ -1725,17 +1725,18 @@ static lb_quant_args gq(lb_format fmt, int colwise, int weight, lb_elem elem, lb
 
 // quantize_grouped against the CPU's, byte for byte (data, scales, second levels; the GPU's
 // buffers poisoned first): groups of awkward sizes, one empty and one all padding, padded to
-// 16 rows or not; every direction and block shape of fp8-block (one launch on the GPU) and the
-// per-group path of other formats, stochastic rounding included (a stream per group).
+// a multiple of pad rows (0: not padded); every direction and block shape of fp8-block (one
+// launch on the GPU) and the per-group path of other formats, stochastic rounding included (a
+// stream per group), and the wgrad's Hadamard transform fused into column-wise quantization.
 static void quant_grouped_case(const char *name, const lb_quant_args *a, int cols, int pad,
                                int G, const int *rows)
 {
     int *prows = lb_calloc(G, sizeof *prows), n = 0;
     for (int j = 0; j < G; j++) {
-        prows[j] = pad ? (rows[j] + 15) / 16 * 16 : rows[j];
+        prows[j] = pad ? (rows[j] + pad - 1) / pad * pad : rows[j];
         n += rows[j];
     }
-    if (pad && G > 4 && rows[4] == 0) prows[4] = 16;   // no rows of x: all zeros
+    if (pad && G > 4 && rows[4] == 0) prows[4] = pad;   // no rows of x: all zeros
     float *x = qinput(n, cols, 2), *dx = dput(x, (size_t)n * cols * 4);
     lb_qmat *h = lb_calloc(G, sizeof *h), *d = lb_calloc(G, sizeof *d);
     for (int j = 0; j < G; j++) {
@@ -1771,28 +1772,97 @@ START_TEST(test_quantize_grouped)
     lb_quant_args a;
     a = gq(LB_FMT_FP8_BLOCK, 0, 0, LB_E4M3, 0, 0, 0);
     quant_grouped_case("fp8 1x128 row", &a, 300, 0, 6, r6);
-    quant_grouped_case("fp8 1x128 row, padded", &a, 300, 1, 6, r6);
+    quant_grouped_case("fp8 1x128 row, padded", &a, 300, 16, 6, r6);
     a = gq(LB_FMT_FP8_BLOCK, 1, 0, LB_E4M3, 0, 0, 0);
-    quant_grouped_case("fp8 1x128 col, padded", &a, 200, 1, 6, r6);
+    quant_grouped_case("fp8 1x128 col, padded", &a, 200, 16, 6, r6);
     a = gq(LB_FMT_FP8_BLOCK, 1, 0, LB_E4M3, 0, 0, 1);
-    quant_grouped_case("fp8 1x128 col sr, padded", &a, 200, 1, 6, r6);
+    quant_grouped_case("fp8 1x128 col sr, padded", &a, 200, 16, 6, r6);
     a = gq(LB_FMT_FP8_BLOCK, 0, 1, LB_E4M3, 0, 0, 0);
     quant_grouped_case("fp8 128x128 row", &a, 300, 0, 6, r6);
     a = gq(LB_FMT_FP8_BLOCK, 1, 1, LB_E4M3, 0, 0, 0);
     quant_grouped_case("fp8 128x128 col", &a, 200, 0, 6, r6);
     a = gq(LB_FMT_MXFP8, 1, 0, LB_E4M3, LB_SCALE_CEIL, 0, 0);
-    quant_grouped_case("mxfp8 col, padded", &a, 200, 1, 6, r6);
+    quant_grouped_case("mxfp8 col, padded", &a, 200, 16, 6, r6);
     a = gq(LB_FMT_NVFP4, 0, 0, LB_E4M3, 0, LB_S2_ROW, 0);
     quant_grouped_case("nvfp4 per-row", &a, 200, 0, 6, r6);
     a = gq(LB_FMT_NVFP4, 1, 0, LB_E4M3, 0, LB_S2_TENSOR, 1);
-    quant_grouped_case("nvfp4 col sr, padded", &a, 200, 1, 6, r6);
+    quant_grouped_case("nvfp4 col sr, padded", &a, 200, 16, 6, r6);
     a = gq(LB_FMT_FP8_TENSOR, 1, 0, LB_E4M3, 0, 0, 0);   // a scale per group (expert)
-    quant_grouped_case("fp8 tensor col, padded", &a, 200, 1, 6, r6);
+    quant_grouped_case("fp8 tensor col, padded", &a, 200, 16, 6, r6);
     // 250 groups of 0 to 2 rows: more than one launch takes (240)
     int rm[250];
     for (int j = 0; j < 250; j++) rm[j] = j % 3;
     a = gq(LB_FMT_FP8_BLOCK, 1, 0, LB_E4M3, 0, 0, 0);
-    quant_grouped_case("fp8 1x128 col, padded, 250 groups", &a, 130, 1, 250, rm);
+    quant_grouped_case("fp8 1x128 col, padded, 250 groups", &a, 130, 16, 250, rm);
+    // the wgrad's Hadamard transform fused in (rows padded to a multiple of its size)
+    a = gq(LB_FMT_NVFP4, 1, 0, LB_E4M3, 0, LB_S2_TENSOR, 1);
+    a.hadamard = 16, a.hsigns = lb_hadamard_signs(16, seed, 5, 9);
+    quant_grouped_case("nvfp4 col sr, Hadamard 16 random", &a, 200, 16, 6, r6);
+    a = gq(LB_FMT_MXFP4, 1, 0, LB_E4M3, LB_SCALE_CEIL, 0, 0);
+    a.hadamard = 32;
+    quant_grouped_case("mxfp4 col, Hadamard 32", &a, 70, 32, 6, r6);
+    a = gq(LB_FMT_FP8_BLOCK, 1, 0, LB_E4M3, 0, 0, 0);
+    a.hadamard = 16, a.hsigns = 0x5a5au;
+    quant_grouped_case("fp8 1x128 col, Hadamard 16", &a, 200, 16, 6, r6);
+    a.sr = 1;   // fp8-block with a transform takes the per-group passes, not fq_kernel
+    quant_grouped_case("fp8 1x128 col sr, Hadamard 16", &a, 200, 16, 6, r6);
+    a = gq(LB_FMT_MXFP8, 1, 0, LB_E4M3, LB_SCALE_CEIL, 0, 1);
+    a.hadamard = 32, a.hsigns = lb_hadamard_signs(32, seed, 5, 10);
+    quant_grouped_case("mxfp8 col sr, Hadamard 32 random", &a, 130, 32, 6, r6);
+}
+END_TEST
+
+// qmat_transpose against the CPU's, byte for byte: square blocks (fp8-block 128x128, NVFP4
+// 16x16 with one second level), matrices of awkward shapes (odd rows for E2M1's nibble pairs)
+// in one call, row-wise to column-wise and back; the CPU's result is itself checked against a
+// direct quantization in test_quant.
+static void qmat_transpose_case(const char *name, lb_format fmt, int colwise)
+{
+    enum { G = 4 };
+    const int rows[G] = {300, 37, 129, 1}, cols[G] = {200, 50, 17, 260};
+    lb_quant_args a = gq(fmt, colwise, 1, LB_E4M3, 0, LB_S2_TENSOR, 0), b = a;
+    b.colwise = !colwise;
+    lb_qmat hs[G], hd[G], ds[G], dd[G];
+    for (int j = 0; j < G; j++) {
+        float *x = qinput(rows[j], cols[j], j % 3);
+        lb_qmat_alloc(&hs[j], rows[j], cols[j], &a);
+        lb_qmat_alloc(&hd[j], rows[j], cols[j], &b);
+        lb_quantize(&hs[j], x, rows[j], cols[j], &a);
+        gpu->qmat_alloc(gpu, &ds[j], rows[j], cols[j], &a);
+        gpu->qmat_alloc(gpu, &dd[j], rows[j], cols[j], &b);
+        gpu->upload(gpu, ds[j].data, hs[j].data, lb_qmat_data_bytes(&hs[j]));
+        gpu->upload(gpu, ds[j].scale, hs[j].scale, lb_qmat_scale_bytes(&hs[j]));
+        if (hs[j].nscale2) gpu->upload(gpu, ds[j].scale2, hs[j].scale2, (size_t)hs[j].nscale2 * 4);
+        poison(dd[j].data, lb_qmat_data_bytes(&hd[j]));
+        poison(dd[j].scale, lb_qmat_scale_bytes(&hd[j]));
+        if (hd[j].nscale2) poison(dd[j].scale2, (size_t)hd[j].nscale2 * 4);
+        free(x);
+    }
+    cpu->qmat_transpose(cpu, G, hd, hs);
+    gpu->qmat_transpose(gpu, G, dd, ds);
+    for (int j = 0; j < G; j++) {
+        lb_qmat got;
+        qmat_get(&got, &dd[j]);
+        char what[160];
+        snprintf(what, sizeof what, "qmat_transpose %s matrix %d (%d, %d)", name, j, rows[j],
+                 cols[j]);
+        CHECK_BITS(what, got.data, hd[j].data, lb_qmat_data_bytes(&hd[j]));
+        CHECK_BITS(what, got.scale, hd[j].scale, lb_qmat_scale_bytes(&hd[j]));
+        if (hd[j].nscale2) CHECK_BITS(what, got.scale2, hd[j].scale2, (size_t)hd[j].nscale2 * 4);
+        lb_qmat_free(&got);
+        lb_qmat_free(&hs[j]);
+        lb_qmat_free(&hd[j]);
+        gpu->qmat_free(gpu, &ds[j]);
+        gpu->qmat_free(gpu, &dd[j]);
+    }
+}
+
+START_TEST(test_qmat_transpose)
+{
+    qmat_transpose_case("fp8 128x128, row to col", LB_FMT_FP8_BLOCK, 0);
+    qmat_transpose_case("fp8 128x128, col to row", LB_FMT_FP8_BLOCK, 1);
+    qmat_transpose_case("nvfp4 16x16, row to col", LB_FMT_NVFP4, 0);
+    qmat_transpose_case("nvfp4 16x16, col to row", LB_FMT_NVFP4, 1);
 }
 END_TEST
 
@@ -2318,6 +2388,7 @@ int main(void)
     tcase_add_test(tc, test_hadamard);
     tcase_add_test(tc, test_round_bf16);
     tcase_add_test(tc, test_quantize_grouped);
+    tcase_add_test(tc, test_qmat_transpose);
     tcase_add_test(tc, test_gemm_q);
     tcase_add_test(tc, test_gemm_q_grouped);
     tcase_add_test(tc, test_kv_append);

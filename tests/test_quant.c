@@ -8,6 +8,7 @@
 // Hadamard transform orthogonal and invisible to a GEMM.
 #include <math.h>
 #include <omp.h>
+#include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1025,6 +1026,117 @@ START_TEST(test_hadamard_gemm_invariance)
 }
 END_TEST
 
+// The transform fused into column-wise quantization (lb_quant_args.hadamard) gives the bytes of
+// lb_hadamard along x's rows followed by plain column-wise quantization, for every format (also
+// with stochastic rounding and the per-row NVFP4 second level).
+START_TEST(test_hadamard_fused)
+{
+    const int T = 96, C = 40;
+    float *x = randmat(T, C, 71), *t = lb_malloc(sizeof(float) * T * C);
+    struct { lb_format f; lb_scale2_mode s2; } fmts[] = {
+        {LB_FMT_FP8_BLOCK, 0}, {LB_FMT_MXFP8, 0}, {LB_FMT_MXFP4, 0},
+        {LB_FMT_NVFP4, LB_S2_TENSOR}, {LB_FMT_NVFP4, LB_S2_ROW}};
+    for (int fi = 0; fi < 5; fi++)
+        for (int hs = 16; hs <= 32; hs *= 2)
+            for (int var = 0; var < 2; var++) {   // var 1: random signs and stochastic rounding
+                lb_quant_args a = {0};
+                a.fmt = fmts[fi].f, a.s2_mode = fmts[fi].s2, a.colwise = 1;
+                a.sr = var, a.seed = 5, a.step = 6, a.tensor = 7;
+                uint32_t signs = var ? lb_hadamard_signs(hs, 1, 2, 3) : 0;
+                lb_hadamard(t, x, T, C, LB_AXIS_ROWS, hs, signs);
+                lb_qmat want, got;
+                lb_qmat_alloc(&want, T, C, &a);
+                lb_quantize(&want, t, T, C, &a);
+                a.hadamard = hs, a.hsigns = signs;
+                lb_qmat_alloc(&got, T, C, &a);
+                lb_quantize(&got, x, T, C, &a);
+                CHECKM(!memcmp(want.data, got.data, lb_qmat_data_bytes(&want)) &&
+                           !memcmp(want.scale, got.scale, lb_qmat_scale_bytes(&want)) &&
+                           (!want.nscale2 || !memcmp(want.scale2, got.scale2,
+                                                     (size_t)want.nscale2 * sizeof(float))),
+                       "format %d, Hadamard %d, variant %d: fused bytes differ", fi, hs, var);
+                lb_qmat_free(&want);
+                lb_qmat_free(&got);
+            }
+    free(x);
+    free(t);
+}
+END_TEST
+
+// A fused transform needs column-wise quantization and rows a multiple of its size: lb_die
+// (its abort hook jumps back here; the suite runs without fork).
+static jmp_buf die_jmp;
+static void die_jump(int code) { longjmp(die_jmp, code ? code : 1); }
+
+static int layout_dies(int colwise, int rows, int h)
+{
+    lb_quant_args a = {0};
+    a.fmt = LB_FMT_NVFP4, a.colwise = colwise, a.hadamard = h;
+    lb_qmat q;
+    lb_set_abort_hook(die_jump);
+    int died = setjmp(die_jmp);
+    if (!died) lb_qmat_layout(&q, rows, 16, &a);
+    lb_set_abort_hook(NULL);
+    return died != 0;
+}
+
+START_TEST(test_hadamard_fused_errors)
+{
+    CHECKM(!layout_dies(1, 32, 16), "column-wise, 32 rows, size 16 is valid");
+    CHECKM(layout_dies(0, 32, 16), "row-wise quantization with a transform must fail");
+    CHECKM(layout_dies(1, 40, 16), "40 rows are not a multiple of 16");
+    CHECKM(layout_dies(1, 48, 12), "12 is not a power of two");
+}
+END_TEST
+
+// A transposed copy (square blocks) holds the bytes of quantizing x in the other direction.
+START_TEST(test_qmat_transpose)
+{
+    const int shapes[][2] = {{300, 200}, {129, 257}, {37, 50}, {33, 17}, {1, 1}};
+    for (int fi = 0; fi < 2; fi++)
+        for (int si = 0; si < 5; si++)
+            for (int colwise = 0; colwise < 2; colwise++) {
+                const int R = shapes[si][0], C = shapes[si][1];
+                float *x = randmat(R, C, 90 + si);
+                if (si == 1) x[5 * C + 7] = NAN;   // a NaN block: its scale and zero codes
+                lb_quant_args a = {0};
+                a.fmt = fi ? LB_FMT_NVFP4 : LB_FMT_FP8_BLOCK, a.weight_blocks = 1;
+                a.s2_mode = LB_S2_TENSOR, a.colwise = colwise;
+                lb_quant_args b = a;
+                b.colwise = !colwise;
+                lb_qmat src, want, got;
+                lb_qmat_alloc(&src, R, C, &a);
+                lb_qmat_alloc(&want, R, C, &b);
+                lb_qmat_alloc(&got, R, C, &b);
+                lb_quantize(&src, x, R, C, &a);
+                lb_quantize(&want, x, R, C, &b);
+                memset(got.data, 0xff, lb_qmat_data_bytes(&got));
+                lb_qmat_transpose(&got, &src);
+                CHECKM(!memcmp(want.data, got.data, lb_qmat_data_bytes(&want)) &&
+                           !memcmp(want.scale, got.scale, lb_qmat_scale_bytes(&want)) &&
+                           (!want.nscale2 || !memcmp(want.scale2, got.scale2, 4)),
+                       "format %d, (%d, %d), from %s: transposed bytes differ", fi, R, C,
+                       colwise ? "column-wise" : "row-wise");
+                lb_qmat_free(&src);
+                lb_qmat_free(&want);
+                lb_qmat_free(&got);
+                free(x);
+            }
+    // 1x128 blocks have no transposed copy: an error (the abort hook jumps back here)
+    lb_quant_args a = {0};
+    a.fmt = LB_FMT_FP8_BLOCK;
+    lb_qmat s1, d1;
+    lb_qmat_layout(&s1, 256, 128, &a);
+    a.colwise = 1;
+    lb_qmat_layout(&d1, 256, 128, &a);
+    lb_set_abort_hook(die_jump);
+    int died = setjmp(die_jmp);
+    if (!died) lb_qmat_transpose_check(&d1, &s1);
+    lb_set_abort_hook(NULL);
+    CHECKM(died, "a transposed copy of 1x128 blocks must fail");
+}
+END_TEST
+
 static Suite *quant_suite(void)
 {
     Suite *s = suite_create("quant");
@@ -1048,6 +1160,9 @@ static Suite *quant_suite(void)
     tcase_add_test(tc, test_hadamard_golden);
     tcase_add_test(tc, test_hadamard_orthogonal);
     tcase_add_test(tc, test_hadamard_gemm_invariance);
+    tcase_add_test(tc, test_hadamard_fused);
+    tcase_add_test(tc, test_hadamard_fused_errors);
+    tcase_add_test(tc, test_qmat_transpose);
     suite_add_tcase(s, tc);
     return s;
 }

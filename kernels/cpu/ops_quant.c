@@ -21,29 +21,36 @@ static void cpu_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, i
     lb_quantize(q, x, rows, cols, a);
 }
 
-// Each group quantized on its own: padded groups from a zero-filled copy.
+typedef struct {
+    lb_qmat *q;
+    int cols;
+} cpu_groups;
+
+// One group quantized on its own; a padded one from a zero-filled copy.
+static void cpu_group(void *ctx, int j, const float *xj, int r, int pr, const lb_quant_args *aj)
+{
+    const cpu_groups *g = ctx;
+    if (pr == r) {
+        lb_quantize(&g->q[j], xj, r, g->cols, aj);
+        return;
+    }
+    float *t = lb_calloc((size_t)pr * g->cols, sizeof(float));
+    memcpy(t, xj, (size_t)r * g->cols * sizeof(float));
+    lb_quantize(&g->q[j], t, pr, g->cols, aj);
+    free(t);
+}
+
 static void cpu_quantize_grouped(lb_backend *be, int count, lb_qmat *q, const float *x,
                                  const int *rows, const int *prows, int cols,
                                  const lb_quant_args *a)
 {
-    size_t off = 0;
-    for (int j = 0; j < count; j++) {
-        int r = rows[j], pr = prows ? prows[j] : r;
-        const float *xj = x + off * cols;
-        off += (size_t)r;
-        if (r < 0 || pr < r) lb_die("quantize_grouped: group %d has %d rows padded to %d", j, r, pr);
-        if (pr == 0) continue;
-        lb_quant_args aj = *a;
-        aj.tensor = a->tensor + (uint64_t)j;
-        if (pr == r) {
-            lb_quantize(&q[j], xj, r, cols, &aj);
-            continue;
-        }
-        float *t = lb_calloc((size_t)pr * cols, sizeof(float));
-        memcpy(t, xj, (size_t)r * cols * sizeof(float));
-        lb_quantize(&q[j], t, pr, cols, &aj);
-        free(t);
-    }
+    cpu_groups g = {q, cols};
+    lb_quant_groups(count, x, rows, prows, cols, a, cpu_group, &g);
+}
+
+static void cpu_qmat_transpose(lb_backend *be, int count, lb_qmat *dst, const lb_qmat *src)
+{
+    for (int j = 0; j < count; j++) lb_qmat_transpose(&dst[j], &src[j]);
 }
 
 static void cpu_dequantize(lb_backend *be, float *y, const lb_qmat *q) { lb_dequantize(y, q); }
@@ -115,6 +122,7 @@ void lb_cpu_init_quant(lb_backend *be)
     be->qmat_free = cpu_qmat_free;
     be->quantize = cpu_quantize;
     be->quantize_grouped = cpu_quantize_grouped;
+    be->qmat_transpose = cpu_qmat_transpose;
     be->dequantize = cpu_dequantize;
     be->gemm_q = cpu_gemm_q;
     be->gemm_q_grouped = cpu_gemm_q_grouped;

@@ -338,9 +338,13 @@ __global__ void encode_kernel(const float *__restrict__ x, int R, int C, int bro
 // --- transpose (column-wise quantization reads x^T) ------------------------------------------
 
 // xt (cols, rows) = x (rows, cols)^T in 32x32 tiles through shared memory; tiles indexed along
-// blockIdx.x (no grid-dimension limit on rows).
+// blockIdx.x (no grid-dimension limit on rows). H > 0: the Hadamard transform of size H along
+// x's rows (lb_quant_args.hadamard, hadamard_kernel's butterflies and roundings, hence the
+// CPU's bits) is applied to the tile in shared memory: rows is a multiple of H, which divides
+// 32, so every block of H rows lies in one tile.
+template <int H>
 __global__ void transpose_kernel(float *__restrict__ xt, const float *__restrict__ x, int rows,
-                                 int cols)
+                                 int cols, uint32_t signs, float hc)
 {
     __shared__ float tile[32][33];
     const int tc = (cols + 31) / 32;
@@ -352,6 +356,32 @@ __global__ void transpose_kernel(float *__restrict__ xt, const float *__restrict
             if (r < rows && c < cols) tile[k][threadIdx.x] = x[(size_t)r * cols + c];
         }
         __syncthreads();
+        if (H) {   // (column, block of H rows) items over the 256 threads
+            for (int i = threadIdx.y * 32 + threadIdx.x; i < 32 * (32 / (H ? H : 1)); i += 256) {
+                const int col = i % 32, k0 = i / 32 * H;
+                if (r0 + k0 >= rows || c0 + col >= cols) continue;
+                float v[H ? H : 1];
+#pragma unroll
+                for (int j = 0; j < H; j++) {
+                    const float u = tile[k0 + j][col];
+                    v[j] = (signs >> j & 1) ? -u : u;
+                }
+                // stage h: pairs (j, j + h), j with bit h clear, in increasing j (the CPU's
+                // order; written as one loop of H / 2 so that it unrolls into registers)
+#pragma unroll
+                for (int h = 1; h < H; h *= 2)
+#pragma unroll
+                    for (int p = 0; p < H / 2; p++) {
+                        const int j = (p / h) * 2 * h + p % h;
+                        const float a = v[j], bb = v[j + h];
+                        v[j] = __fadd_rn(a, bb);
+                        v[j + h] = __fsub_rn(a, bb);
+                    }
+#pragma unroll
+                for (int j = 0; j < H; j++) tile[k0 + j][col] = __fmul_rn(v[j], hc);
+            }
+            __syncthreads();
+        }
         for (int k = threadIdx.y; k < 32; k += 8) {
             int c = c0 + k, r = r0 + threadIdx.x;
             if (r < rows && c < cols) xt[(size_t)c * rows + r] = tile[threadIdx.x][k];
@@ -630,48 +660,54 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
     }
 }
 
+// An fq_kernel launch being collected, group by group.
+typedef struct {
+    lb_cuda_ctx *cx;
+    lb_qmat *q;
+    int cols, colwise, tiles;
+    fq_params *P;
+} fq_collect;
+
+static void fq_flush(fq_collect *c)
+{
+    if (c->tiles && c->colwise) fq_kernel<1><<<c->tiles, 256, 0, c->cx->stream>>>(*c->P);
+    else if (c->tiles) fq_kernel<0><<<c->tiles, 256, 0, c->cx->stream>>>(*c->P);
+    if (c->tiles) LB_CUDA_LAUNCHED(c->cx);
+    c->P->count = 0, c->tiles = 0;
+}
+
+// Adds group j to the launch being collected (launching it when full).
+static void fq_group_add(void *ctx, int j, const float *xj, int r, int pr, const lb_quant_args *aj)
+{
+    fq_collect *c = (fq_collect *)ctx;
+    if (c->P->count == FQ_MAX) fq_flush(c);
+    lb_qmat want;
+    memset(&want, 0, sizeof want);
+    lb_qmat_layout(&want, pr, c->cols, aj);
+    const lb_qmat *q = &c->q[j];
+    if (want.fmt != q->fmt || want.rows != q->rows || want.cols != q->cols ||
+        want.brows != q->brows || want.bcols != q->bcols)
+        lb_die("cuda quantize: lb_qmat was laid out for another shape or format");
+    const int tcn = (want.cols + 127) / 128;
+    c->P->g[c->P->count++] = (fq_group){
+        xj, q->data, (float *)q->scale, r, want.rows, want.cols, want.scols, c->tiles, tcn,
+        aj->sr ? lb_hash64(lb_hash64(aj->seed) ^ lb_quant_stream(aj->step, aj->tensor)) : 0};
+    c->tiles += (want.rows + 127) / 128 * tcn;
+}
+
 // Groups j with prows[j] > 0 (see kernels.h quantize_grouped), q[j] checked against the layout
-// of (prows[j], cols) under a.
+// of (prows[j], cols) under a: as many fq_kernel launches as FQ_MAX groups need.
 static void fq_launch(lb_cuda_ctx *cx, int count, lb_qmat *q, const float *x, const int *rows,
                       const int *prows, int cols, const lb_quant_args *a)
 {
     fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
     P->cols = cols, P->blk2d = a->weight_blocks ? 1 : 0, P->sr = a->sr ? 1 : 0;
     P->v4 = cols % 4 == 0 && ((uintptr_t)x & 15) == 0;
-    size_t off = 0;
-    int tiles = 0;
-    for (int j = 0; j <= count; j++) {
-        if (j == count || P->count == FQ_MAX) {   // launch what is collected
-            if (tiles && a->colwise) fq_kernel<1><<<tiles, 256, 0, cx->stream>>>(*P);
-            else if (tiles) fq_kernel<0><<<tiles, 256, 0, cx->stream>>>(*P);
-            if (tiles) LB_CUDA_LAUNCHED(cx);
-            P->count = 0, tiles = 0;
-            if (j == count) break;
-        }
-        const int r = rows[j], pr = prows ? prows[j] : r;
-        const float *xj = x + off * cols;
-        off += (size_t)r;
-        if (r < 0 || pr < r) lb_die("quantize_grouped: group %d has %d rows padded to %d", j, r, pr);
-        if (pr == 0) continue;
-        lb_qmat want;
-        memset(&want, 0, sizeof want);
-        lb_qmat_layout(&want, pr, cols, a);
-        if (want.fmt != q[j].fmt || want.rows != q[j].rows || want.cols != q[j].cols ||
-            want.brows != q[j].brows || want.bcols != q[j].bcols)
-            lb_die("cuda quantize: lb_qmat was laid out for another shape or format");
-        fq_group *G = &P->g[P->count++];
-        const int tcn = (want.cols + 127) / 128;
-        *G = (fq_group){xj, q[j].data, (float *)q[j].scale, r, want.rows, want.cols, want.scols,
-                        tiles, tcn,
-                        a->sr ? lb_hash64(lb_hash64(a->seed) ^
-                                          lb_quant_stream(a->step, a->tensor + (uint64_t)j))
-                              : 0};
-        tiles += (want.rows + 127) / 128 * tcn;
-    }
+    fq_collect c = {cx, q, cols, a->colwise ? 1 : 0, 0, P};
+    lb_quant_groups(count, x, rows, prows, cols, a, fq_group_add, &c);
+    fq_flush(&c);
     free(P);
 }
-
-// --- table entries -------------------------------------------------------------------------
 
 static void cuda_qmat_alloc(lb_backend *be, lb_qmat *q, int rows, int cols, const lb_quant_args *a)
 {
@@ -713,7 +749,7 @@ static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, 
             lb_die("cuda quantize: unknown scale2 mode %d", (int)a->s2_mode);
         }
     }
-    if (q->fmt == LB_FMT_FP8_BLOCK) {   // one pass (fq_kernel)
+    if (q->fmt == LB_FMT_FP8_BLOCK && !a->hadamard) {   // one pass (fq_kernel)
         fq_launch(cx, 1, q, x, &rows, NULL, cols, a);
         return;
     }
@@ -741,7 +777,19 @@ static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, 
         float *xt = (float *)sc;
         size_t ntiles = (size_t)((cols + 31) / 32) * ((rows + 31) / 32);
         unsigned g = ntiles < (size_t)cx->num_sms * 32 ? (unsigned)ntiles : (unsigned)cx->num_sms * 32;
-        transpose_kernel<<<g, dim3(32, 8), 0, cx->stream>>>(xt, x, rows, cols);
+        // with the wgrad's Hadamard transform fused in (lb_qmat_layout checked its size)
+        const int h = a->hadamard;
+        const uint32_t hs = h && h < 32 ? a->hsigns & ((1u << h) - 1) : a->hsigns;
+        const float hc = h ? (float)(1.0 / sqrt((double)h)) : 0.0f;   // hadamard.c's norm_const
+        const dim3 tb(32, 8);
+        switch (h) {
+        case 0: transpose_kernel<0><<<g, tb, 0, cx->stream>>>(xt, x, rows, cols, 0, 0.0f); break;
+        case 2: transpose_kernel<2><<<g, tb, 0, cx->stream>>>(xt, x, rows, cols, hs, hc); break;
+        case 4: transpose_kernel<4><<<g, tb, 0, cx->stream>>>(xt, x, rows, cols, hs, hc); break;
+        case 8: transpose_kernel<8><<<g, tb, 0, cx->stream>>>(xt, x, rows, cols, hs, hc); break;
+        case 16: transpose_kernel<16><<<g, tb, 0, cx->stream>>>(xt, x, rows, cols, hs, hc); break;
+        default: transpose_kernel<32><<<g, tb, 0, cx->stream>>>(xt, x, rows, cols, hs, hc); break;
+        }
         LB_CUDA_LAUNCHED(cx);
         src = xt;
     }
@@ -802,43 +850,155 @@ static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, 
     LB_CUDA_LAUNCHED(cx);
 }
 
-// fp8-block: all groups in one fq_kernel launch. Other formats: quantize per group, a padded
-// group from a zero-filled copy in stream-ordered memory.
+typedef struct {
+    lb_backend *be;
+    lb_qmat *q;
+    int cols;
+} cuda_groups;
+
+// One group quantized on its own; a padded one from a zero-filled copy in stream-ordered memory.
+static void cuda_group(void *ctx, int j, const float *xj, int r, int pr, const lb_quant_args *aj)
+{
+    const cuda_groups *g = (const cuda_groups *)ctx;
+    if (pr == r) {
+        cuda_quantize(g->be, &g->q[j], xj, r, g->cols, aj);
+        return;
+    }
+    lb_cuda_ctx *cx = lb_cuda(g->be);
+    float *t;
+    const size_t row = (size_t)g->cols * sizeof(float), have = r * row, all = pr * row;
+    LB_CUDA_CHECK(cudaMallocAsync((void **)&t, all, cx->stream));
+    LB_CUDA_CHECK(cudaMemsetAsync((char *)t + have, 0, all - have, cx->stream));
+    if (have) LB_CUDA_CHECK(cudaMemcpyAsync(t, xj, have, cudaMemcpyDeviceToDevice, cx->stream));
+    cuda_quantize(g->be, &g->q[j], t, pr, g->cols, aj);
+    LB_CUDA_CHECK(cudaFreeAsync(t, cx->stream));
+}
+
+// fp8-block without a Hadamard transform: all groups in one fq_kernel launch. Otherwise:
+// quantize per group (a transform fused into its transpose), a padded group from a zero-filled
+// copy in stream-ordered memory.
 static void cuda_quantize_grouped(lb_backend *be, int count, lb_qmat *q, const float *x,
                                   const int *rows, const int *prows, int cols,
                                   const lb_quant_args *a)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
-    if (a->fmt == LB_FMT_FP8_BLOCK) {
+    if (a->fmt == LB_FMT_FP8_BLOCK && !a->hadamard) {
         fq_launch(cx, count, q, x, rows, prows, cols, a);
         return;
     }
-    size_t off = 0;
-    for (int j = 0; j < count; j++) {
-        const int r = rows[j], pr = prows ? prows[j] : r;
-        const float *xj = x + off * cols;
-        off += (size_t)r;
-        if (r < 0 || pr < r) lb_die("quantize_grouped: group %d has %d rows padded to %d", j, r, pr);
-        if (pr == 0) continue;
-        lb_quant_args aj = *a;
-        aj.tensor = a->tensor + (uint64_t)j;
-        if (pr == r) {
-            cuda_quantize(be, &q[j], xj, r, cols, &aj);
-            continue;
-        }
-        float *t;
-        const size_t have = (size_t)r * cols * sizeof(float), all = (size_t)pr * cols * sizeof(float);
-        LB_CUDA_CHECK(cudaMallocAsync((void **)&t, all, cx->stream));
-        LB_CUDA_CHECK(cudaMemsetAsync((char *)t + have, 0, all - have, cx->stream));
-        if (have) LB_CUDA_CHECK(cudaMemcpyAsync(t, xj, have, cudaMemcpyDeviceToDevice, cx->stream));
-        cuda_quantize(be, &q[j], t, pr, cols, &aj);
-        LB_CUDA_CHECK(cudaFreeAsync(t, cx->stream));
-    }
+    cuda_groups g = {be, q, cols};
+    lb_quant_groups(count, x, rows, prows, cols, a, cuda_group, &g);
 }
 
 static void cuda_dequantize(lb_backend *be, float *y, const lb_qmat *q)
 {
     dequant_launch<float>(lb_cuda(be), y, (size_t)q->cols, q->cols, q, 1);
+}
+
+// --- transposed copies (qmat_transpose, kernels/quant lb_qmat_transpose) ------------------------
+
+// One launch for up to QT_MAX matrices of one format: qt_kernel moves the codes in 32 x 32
+// tiles through shared memory (one code per byte there; E2M1 pairs split and rejoined), then
+// qs_kernel transposes the small scale grids and copies the second level.
+#define QT_MAX 128
+
+typedef struct {
+    const uint8_t *sd;
+    uint8_t *dd;           // codes: src (rows, cols), dst (cols, rows)
+    const void *ss;
+    void *ds;              // block scales: src (srows, scols), dst (scols, srows)
+    const float *s2s;
+    float *s2d;            // NVFP4's one second level, else NULL
+    int rows, cols, srows, scols;
+    size_t sld, dld;       // bytes per row
+    int tile0, tiles_c;    // the group's first tile; tiles per tile row of src
+} qt_group;
+
+typedef struct {
+    int count, e2m1, es;   // es: bytes per scale (4 fp8-block, 1 NVFP4)
+    qt_group g[QT_MAX];
+} qt_params;
+
+__global__ void qt_kernel(const __grid_constant__ qt_params P)
+{
+    __shared__ uint8_t tile[32][33];
+    const int t = blockIdx.x, tx = threadIdx.x, ty = threadIdx.y;
+    const qt_group &G = lb_group_of(P.g, P.count, t);
+    const int u = t - G.tile0, r0 = u / G.tiles_c * 32, c0 = u % G.tiles_c * 32;
+    for (int k = ty; k < 32; k += 8) {
+        const int r = r0 + k, c = c0 + tx;
+        uint8_t v = 0;   // beyond src: zero (an odd row count's last high nibble)
+        if (r < G.rows && c < G.cols) {
+            const uint8_t b = G.sd[(size_t)r * G.sld + (P.e2m1 ? c >> 1 : c)];
+            v = P.e2m1 ? (uint8_t)(b >> ((c & 1) * 4) & 15u) : b;
+        }
+        tile[k][tx] = v;
+    }
+    __syncthreads();
+    for (int k = ty; k < 32; k += 8) {   // dst row c0 + k: src rows r0 .. r0 + 31
+        const int c = c0 + k;
+        if (c >= G.cols) continue;
+        uint8_t *drow = G.dd + (size_t)c * G.dld;
+        if (P.e2m1) {   // r0 is even: byte (r0 + 2 tx) / 2 holds rows r0 + 2 tx and + 1
+            const int r = r0 + 2 * tx;
+            if (tx < 16 && r < G.rows)
+                drow[r >> 1] = (uint8_t)(tile[2 * tx][k] | tile[2 * tx + 1][k] << 4);
+        } else if (r0 + tx < G.rows) {
+            drow[r0 + tx] = tile[tx][k];
+        }
+    }
+}
+
+__global__ void qs_kernel(const __grid_constant__ qt_params P)
+{
+    const qt_group &G = P.g[blockIdx.y];
+    const int n = G.srows * G.scols;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const int a = i / G.scols, b = i - a * G.scols;
+        const size_t from = (size_t)i * P.es, to = ((size_t)b * G.srows + a) * P.es;
+        for (int e = 0; e < P.es; e++)
+            ((uint8_t *)G.ds)[to + e] = ((const uint8_t *)G.ss)[from + e];
+        if (i == 0 && G.s2d) *G.s2d = *G.s2s;
+    }
+}
+
+static void qt_launch(lb_cuda_ctx *cx, qt_params *P, int tiles)
+{
+    if (!P->count) return;
+    qt_kernel<<<tiles, dim3(32, 8), 0, cx->stream>>>(*P);
+    LB_CUDA_LAUNCHED(cx);
+    int most = 1;
+    for (int j = 0; j < P->count; j++)
+        if (P->g[j].srows * P->g[j].scols > most) most = P->g[j].srows * P->g[j].scols;
+    qs_kernel<<<dim3((unsigned)((most + 255) / 256), (unsigned)P->count), 256, 0, cx->stream>>>(*P);
+    LB_CUDA_LAUNCHED(cx);
+    P->count = 0;
+}
+
+static void cuda_qmat_transpose(lb_backend *be, int count, lb_qmat *dst, const lb_qmat *src)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    qt_params *P = (qt_params *)lb_calloc(1, sizeof *P);
+    int tiles = 0;
+    for (int j = 0; j < count; j++) {
+        lb_qmat_transpose_check(&dst[j], &src[j]);
+        const int e2m1 = src[j].elem == LB_E2M1, es = src[j].fmt == LB_FMT_FP8_BLOCK ? 4 : 1;
+        if (P->count == QT_MAX || (P->count && (P->e2m1 != e2m1 || P->es != es))) {
+            qt_launch(cx, P, tiles);
+            tiles = 0;
+        }
+        P->e2m1 = e2m1, P->es = es;
+        const lb_qmat *a = &src[j];
+        const int tc = (a->cols + 31) / 32;
+        P->g[P->count++] = (qt_group){a->data, dst[j].data, a->scale, dst[j].scale,
+                                      a->nscale2 ? a->scale2 : NULL,
+                                      a->nscale2 ? dst[j].scale2 : NULL,
+                                      a->rows, a->cols, a->srows, a->scols, a->ld, dst[j].ld,
+                                      tiles, tc};
+        tiles += (a->rows + 31) / 32 * tc;
+    }
+    qt_launch(cx, P, tiles);
+    free(P);
 }
 
 // --- Hadamard (hadamard.c) ------------------------------------------------------------------
@@ -942,6 +1102,7 @@ extern "C" void lb_cuda_init_quant(lb_backend *be)
     be->qmat_free = cuda_qmat_free;
     be->quantize = cuda_quantize;
     be->quantize_grouped = cuda_quantize_grouped;
+    be->qmat_transpose = cuda_qmat_transpose;
     be->dequantize = cuda_dequantize;
     be->hadamard = cuda_hadamard;
     be->round_bf16 = cuda_round_bf16;

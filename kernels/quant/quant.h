@@ -72,7 +72,13 @@ typedef struct lb_quant_args {
     float s2;                 // NVFP4 with LB_S2_GIVEN: > 0 (NaN allowed: poisons the tensor)
     int sr;                   // stochastic rounding of the elements (scales are always exact)
     uint64_t seed, step, tensor;
-} lb_quant_args;              // zero-initialised: row-wise, 1-D blocks, E4M3, ceil, per tensor
+    int hadamard;             // column-wise only, 0 or a power of two in [2, 32]: quantize
+                              // lb_hadamard(x, LB_AXIS_ROWS, hadamard, hsigns) instead of x
+                              // (the wgrad's transform along its token axis, fused into the
+                              // quantization; rows, or padded rows, a multiple of hadamard)
+    uint32_t hsigns;
+} lb_quant_args;              // zero-initialised: row-wise, 1-D blocks, E4M3, ceil, per tensor,
+                              // no transform
 
 // A quantized matrix. rows, cols are the shape of the QUANTIZED matrix: (x rows, x cols)
 // row-wise, (x cols, x rows) column-wise; cols is always the blocked (K) axis.
@@ -104,6 +110,24 @@ void lb_qmat_free(lb_qmat *q);
 // For per-row (1-D) quantization the view holds the bytes that quantizing those rows alone
 // gives, so an MoE layer quantizes all its experts' rows in one call.
 lb_qmat lb_qmat_rows(const lb_qmat *q, int r0, int n);
+
+// dst = the quantization of the same x in the other direction as src (row-wise <-> column-wise),
+// from src's bytes: for square blocks (fp8-block 128x128, NVFP4 16x16 with one second level)
+// a block's scale is the same either way, so the codes and the scale grid are transposed. The
+// bytes equal lb_quantize's in that direction without stochastic rounding (a weight cache's
+// second copy). dst laid out for it; anything else stops with an error
+// (lb_qmat_transpose_check).
+void lb_qmat_transpose(lb_qmat *dst, const lb_qmat *src);
+void lb_qmat_transpose_check(const lb_qmat *dst, const lb_qmat *src);
+
+// The groups of a backend's quantize_grouped (kernels.h): for each j with prows[j] > 0 (prows
+// NULL: rows), fn(ctx, j, x_j, rows[j], prows[j], &a_j), x_j the rows of x after the earlier
+// groups' and a_j = *a drawing as tensor a->tensor + j; stops with an error on rows[j] < 0 or
+// prows[j] < rows[j].
+typedef void (*lb_quant_group_fn)(void *ctx, int j, const float *xj, int rows, int prows,
+                                  const lb_quant_args *aj);
+void lb_quant_groups(int count, const float *x, const int *rows, const int *prows, int cols,
+                     const lb_quant_args *a, lb_quant_group_fn fn, void *ctx);
 
 // Quantizes x (rows, cols) into q, which must have been laid out for (rows, cols, a).
 // Any rows and cols >= 1: a trailing partial block behaves exactly as if padded with zeros.

@@ -25,6 +25,11 @@ static int fp32_scales(lb_format f) { return f == LB_FMT_FP8_BLOCK || f == LB_FM
 void lb_qmat_layout(lb_qmat *q, int rows, int cols, const lb_quant_args *a)
 {
     if (rows < 1 || cols < 1) lb_die("kernels/quant: bad shape (%d, %d)", rows, cols);
+    const int h = a->hadamard;
+    if (h && (!a->colwise || h < 2 || h > 32 || (h & (h - 1)) || rows % h))
+        lb_die("kernels/quant: a fused Hadamard transform needs column-wise quantization, a "
+               "power of two in [2, 32] and rows a multiple of it (size %d, %s, %d rows)", h,
+               a->colwise ? "column-wise" : "row-wise", rows);
     q->fmt = a->fmt;
     q->rows = a->colwise ? cols : rows;
     q->cols = a->colwise ? rows : cols;
@@ -261,6 +266,58 @@ static void quantize_rows(lb_qmat *q, const float *x, const lb_quant_args *a)
     }
 }
 
+void lb_qmat_transpose_check(const lb_qmat *dst, const lb_qmat *src)
+{
+    if ((src->fmt != LB_FMT_FP8_BLOCK && src->fmt != LB_FMT_NVFP4) || src->brows != src->bcols ||
+        src->brows < 2 || (src->fmt == LB_FMT_NVFP4 && src->nscale2 != 1))
+        lb_die("kernels/quant: a transposed copy needs square blocks and at most one second "
+               "level (format %d, %dx%d blocks, %d second levels)", (int)src->fmt, src->brows,
+               src->bcols, src->nscale2);
+    if (dst->fmt != src->fmt || dst->elem != src->elem || dst->rows != src->cols ||
+        dst->cols != src->rows || dst->brows != src->brows || dst->bcols != src->bcols ||
+        dst->nscale2 != src->nscale2)
+        lb_die("kernels/quant: the transposed copy of a (%d, %d) matrix was laid out as (%d, %d)",
+               src->rows, src->cols, dst->rows, dst->cols);
+}
+
+// The element code of (r, c).
+static uint8_t get(const lb_qmat *q, int r, int c)
+{
+    const uint8_t *row = q->data + (size_t)r * q->ld;
+    return q->elem == LB_E2M1 ? (uint8_t)(row[c >> 1] >> ((c & 1) * 4) & 15u) : row[c];
+}
+
+void lb_qmat_transpose(lb_qmat *dst, const lb_qmat *src)
+{
+    lb_qmat_transpose_check(dst, src);
+    if (dst->elem == LB_E2M1) memset(dst->data, 0, lb_qmat_data_bytes(dst));
+    for (int r = 0; r < src->rows; r++)
+        for (int c = 0; c < src->cols; c++) put(dst, c, r, get(src, r, c));
+    const size_t es = fp32_scales(src->fmt) ? 4 : 1;
+    for (int i = 0; i < src->srows; i++)
+        for (int j = 0; j < src->scols; j++)
+            memcpy((uint8_t *)dst->scale + ((size_t)j * dst->scols + i) * es,
+                   (const uint8_t *)src->scale + ((size_t)i * src->scols + j) * es, es);
+    if (src->nscale2) dst->scale2[0] = src->scale2[0];
+}
+
+void lb_quant_groups(int count, const float *x, const int *rows, const int *prows, int cols,
+                     const lb_quant_args *a, lb_quant_group_fn fn, void *ctx)
+{
+    size_t off = 0;
+    for (int j = 0; j < count; j++) {
+        const int r = rows[j], pr = prows ? prows[j] : r;
+        if (r < 0 || pr < r)
+            lb_die("quantize_grouped: group %d has %d rows padded to %d", j, r, pr);
+        const float *xj = x + off * cols;
+        off += (size_t)r;
+        if (pr == 0) continue;
+        lb_quant_args aj = *a;
+        aj.tensor = a->tensor + (uint64_t)j;
+        fn(ctx, j, xj, r, pr, &aj);
+    }
+}
+
 void lb_quantize(lb_qmat *q, const float *x, int rows, int cols, const lb_quant_args *a)
 {
     lb_qmat want;
@@ -281,6 +338,8 @@ void lb_quantize(lb_qmat *q, const float *x, int rows, int cols, const lb_quant_
             for (int c = c0; c < c0 + 32 && c < cols; c++)
                 for (int r = r0; r < r0 + 32 && r < rows; r++)
                     xt[(size_t)c * rows + r] = x[(size_t)r * cols + c];
+    // x's rows are xt's columns: the transform along them (it checks the size and the length)
+    if (a->hadamard) lb_hadamard(xt, xt, cols, rows, LB_AXIS_COLS, a->hadamard, a->hsigns);
     quantize_rows(q, xt, a);
     free(xt);
 }
