@@ -1412,6 +1412,9 @@ static float *qinput(int rows, int cols, int special)
     AT(4, 7) = 1e30f, AT(4, 8) = 1e-30f;                                 // outlier over tiny
     for (int c = 0; c < 8; c++) AT(5, 64 + c) = 448.0f * (c + 1);       // saturation region
     AT(6, 33) = 2688.0f * 8;                                             // the tensor amax
+    if (rows > 10)   // a row of tiny values only: blocks whose fp8 divisor is below 2^-90
+        for (int c = 0; c < cols; c++)
+            AT(10, c) = ldexpf((c & 1 ? -1.0f : 1.0f) * (1.0f + 0.37f * (c % 7)), -100 - c % 50);
     if (special == 2) {
         AT(7, 1) = NAN;
         AT(8, 40) = INFINITY;
@@ -1814,12 +1817,13 @@ END_TEST
 
 // qmat_transpose against the CPU's, byte for byte: square blocks (fp8-block 128x128, NVFP4
 // 16x16 with one second level), matrices of awkward shapes (odd rows for E2M1's nibble pairs)
-// in one call, row-wise to column-wise and back; the CPU's result is itself checked against a
-// direct quantization in test_quant.
+// in one call, row-wise to column-wise and back, and one whose rows are all 16-byte aligned
+// (the kernel's 16-byte path); the CPU's result is itself checked against a direct quantization
+// in test_quant.
 static void qmat_transpose_case(const char *name, lb_format fmt, int colwise)
 {
-    enum { G = 4 };
-    const int rows[G] = {300, 37, 129, 1}, cols[G] = {200, 50, 17, 260};
+    enum { G = 5 };
+    const int rows[G] = {300, 37, 129, 1, 256}, cols[G] = {200, 50, 17, 260, 192};
     lb_quant_args a = gq(fmt, colwise, 1, LB_E4M3, 0, LB_S2_TENSOR, 0), b = a;
     b.colwise = !colwise;
     lb_qmat hs[G], hd[G], ds[G], dd[G];

@@ -529,18 +529,49 @@ __device__ __forceinline__ float fq_el(float4 v, int u)
     return u == 0 ? v.x : u == 1 ? v.y : u == 2 ? v.z : v.w;
 }
 
+// x / d for one block's divisor d: __fdiv_rn's result from one reciprocal per block instead of
+// a division per element (which also costs a range check and a slow-path branch). r = RN(1/d);
+// q = RN(x r) is within an ulp of x / d, and Markstein's correction RN(q + (x - d q) r), with
+// the remainder exact in an FMA, rounds to RN(x / d) while no intermediate is subnormal. With
+// d >= 2^-90 that holds wherever E4M3 tells quotients apart (|x / d| >= 2^-12 needs |x| >=
+// 2^-102); below, both round to a zero of x's sign (the sign is kept for x = -0). A smaller d
+// (a block of tiny values) has x and d scaled by 2^64 first, which is exact and leaves the
+// quotient as it is. Checked against IEEE division on 9e8 pairs with d >= 2^-90 (random, and
+// around d times every E4M3 value and midpoint). Stochastic rounding keeps __fdiv_rn: there
+// even a tiny quotient's last bit can move the draw's outcome.
+struct fq_div {
+    float d, r, k;   // d scaled by k; r = RN(1 / d)
+};
+
+__device__ __forceinline__ fq_div fq_div_of(float d)
+{
+    const float k = d < 0x1p-90f ? 0x1p64f : 1.0f;
+    d = __fmul_rn(d, k);
+    return fq_div{d, __frcp_rn(d), k};
+}
+
+template <int SR> __device__ __forceinline__ float fq_quot(float x, const fq_div &v)
+{
+    x = __fmul_rn(x, v.k);
+    if (SR) return __fdiv_rn(x, v.d);
+    const float q = __fmul_rn(x, v.r);
+    return copysignf(__fmaf_rn(__fmaf_rn(-v.d, q, x), v.r, q), x);
+}
+
 // The E4M3 codes of x0 / d and x1 / d (Q's element indices at, at + 1) in the low two bytes.
 // Round to nearest even is the hardware conversion (cvt.rn.satfinite: the CPU codec's rounding
 // and saturation for the finite quotients here); stochastic rounding takes the codec. A NaN
 // divisor (NaN or Inf in the block) gives codes 0, as the CPU.
-__device__ __forceinline__ uint32_t fq_pair(float x0, float x1, float d, int sr, uint64_t rbase,
+template <int SR>
+__device__ __forceinline__ uint32_t fq_pair(float x0, float x1, const fq_div &v, uint64_t rbase,
                                             size_t at)
 {
-    if (d != d) return 0;
-    const float q0 = __fdiv_rn(x0, d), q1 = __fdiv_rn(x1, d);
-    if (!sr) return __nv_cvt_float2_to_fp8x2(make_float2(q0, q1), __NV_SATFINITE, __NV_E4M3);
-    return encode<LB_E4M3>(q0, 1, d_rand(rbase, at)) |
-           encode<LB_E4M3>(q1, 1, d_rand(rbase, at + 1)) << 8;
+    const float q0 = fq_quot<SR>(x0, v), q1 = fq_quot<SR>(x1, v);
+    uint32_t w;
+    if (!SR) w = __nv_cvt_float2_to_fp8x2(make_float2(q0, q1), __NV_SATFINITE, __NV_E4M3);
+    else w = encode<LB_E4M3>(q0, 1, d_rand(rbase, at)) |
+             encode<LB_E4M3>(q1, 1, d_rand(rbase, at + 1)) << 8;
+    return v.d != v.d ? 0u : w;
 }
 
 // 128x128 blocks: the tile's scale from every thread's values (thread 0 writes it to Q's
@@ -560,8 +591,9 @@ __device__ __forceinline__ float fq_tile_scale(const float4 (&v)[16], uint32_t *
     return sc;
 }
 
-// COLWISE 0: Q(r, c) = x[r][c]; 1: Q(r, c) = x[c][r].
-template <int COLWISE>
+// COLWISE 0: Q(r, c) = x[r][c]; 1: Q(r, c) = x[c][r]. SR: stochastic rounding (a kernel of its
+// own, so the common one carries none of the random stream's code).
+template <int COLWISE, int SR>
 __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_params P)
 {
     __shared__ uint32_t part[8][128];   // column-wise 1x128: each warp's maxima of the Q rows
@@ -579,29 +611,23 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
     for (int s = 0; s < 16; s++) v[s] = fq_load(G.x, G.rows, P.cols, xr + s, xc, P.v4);
 
     if (!COLWISE) {
-        float d[16];
-        if (P.blk2d) {
-            const float sc = fq_tile_scale(v, part[0], G, tr, tc, tid);
-#pragma unroll
-            for (int s = 0; s < 16; s++) d[s] = sc;
-        } else {
-#pragma unroll
-            for (int s = 0; s < 16; s++) {
-                d[s] = fp8_scale(__reduce_max_sync(0xffffffffu, fq_abs4(v[s])));
-                const int r = xr + s;
-                if (lane == s && r < G.R) G.scale[(size_t)r * G.scols + tc] = d[s];
-            }
-        }
+        fq_div tile = {1.0f, 1.0f, 1.0f};
+        if (P.blk2d) tile = fq_div_of(fq_tile_scale(v, part[0], G, tr, tc, tid));
         // one 4-byte word per lane and row: a warp writes 128 bytes of a Q row
         const int c = xc;
-        if (c >= G.C) return;
 #pragma unroll
         for (int s = 0; s < 16; s++) {
             const int r = xr + s;
-            if (r >= G.R) break;
+            fq_div dr = tile;
+            if (!P.blk2d) {   // 1x128: row r's scale (the whole warp holds the row)
+                const float sc = fp8_scale(__reduce_max_sync(0xffffffffu, fq_abs4(v[s])));
+                if (lane == 0 && r < G.R) G.scale[(size_t)r * G.scols + tc] = sc;
+                dr = fq_div_of(sc);
+            }
+            if (r >= G.R || c >= G.C) continue;
             const size_t at = (size_t)r * G.C + c;
-            const uint32_t w = fq_pair(v[s].x, v[s].y, d[s], P.sr, G.rbase, at) |
-                               fq_pair(v[s].z, v[s].w, d[s], P.sr, G.rbase, at + 2) << 16;
+            const uint32_t w = fq_pair<SR>(v[s].x, v[s].y, dr, G.rbase, at) |
+                               fq_pair<SR>(v[s].z, v[s].w, dr, G.rbase, at + 2) << 16;
             if (c + 3 < G.C && ((uintptr_t)(G.data + at) & 3) == 0) {
                 *(uint32_t *)(G.data + at) = w;
             } else {
@@ -611,9 +637,9 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
         return;
     }
 
-    float d[4];
+    fq_div d[4];
     if (P.blk2d) {
-        d[0] = d[1] = d[2] = d[3] = fq_tile_scale(v, part[0], G, tr, tc, tid);
+        d[0] = d[1] = d[2] = d[3] = fq_div_of(fq_tile_scale(v, part[0], G, tr, tc, tid));
     } else {
         // Q row 4 lane + u: this lane's 16 values, then the 8 warps' through shared memory
 #pragma unroll
@@ -635,7 +661,7 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
         }
         __syncthreads();
 #pragma unroll
-        for (int u = 0; u < 4; u++) d[u] = dv[4 * lane + u];
+        for (int u = 0; u < 4; u++) d[u] = fq_div_of(dv[4 * lane + u]);
     }
     // Q row 4 lane + u, columns c0 + 16 warp .. + 15: 16 bytes per lane and row
     const int c = c0 + 16 * warp;
@@ -648,9 +674,9 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
         uint32_t w[4];
 #pragma unroll
         for (int s = 0; s < 16; s += 4)
-            w[s / 4] = fq_pair(fq_el(v[s], u), fq_el(v[s + 1], u), d[u], P.sr, G.rbase, at + s) |
-                       fq_pair(fq_el(v[s + 2], u), fq_el(v[s + 3], u), d[u], P.sr, G.rbase,
-                               at + s + 2) << 16;
+            w[s / 4] = fq_pair<SR>(fq_el(v[s], u), fq_el(v[s + 1], u), d[u], G.rbase, at + s) |
+                       fq_pair<SR>(fq_el(v[s + 2], u), fq_el(v[s + 3], u), d[u], G.rbase,
+                                   at + s + 2) << 16;
         if (c + 15 < G.C && ((uintptr_t)(G.data + at) & 15) == 0) {
             *(uint4 *)(G.data + at) = make_uint4(w[0], w[1], w[2], w[3]);
         } else {
@@ -670,8 +696,12 @@ typedef struct {
 
 static void fq_flush(fq_collect *c)
 {
-    if (c->tiles && c->colwise) fq_kernel<1><<<c->tiles, 256, 0, c->cx->stream>>>(*c->P);
-    else if (c->tiles) fq_kernel<0><<<c->tiles, 256, 0, c->cx->stream>>>(*c->P);
+    const dim3 g(c->tiles), b(256);
+    cudaStream_t st = c->cx->stream;
+    if (c->tiles && c->P->sr && c->colwise) fq_kernel<1, 1><<<g, b, 0, st>>>(*c->P);
+    else if (c->tiles && c->P->sr) fq_kernel<0, 1><<<g, b, 0, st>>>(*c->P);
+    else if (c->tiles && c->colwise) fq_kernel<1, 0><<<g, b, 0, st>>>(*c->P);
+    else if (c->tiles) fq_kernel<0, 0><<<g, b, 0, st>>>(*c->P);
     if (c->tiles) LB_CUDA_LAUNCHED(c->cx);
     c->P->count = 0, c->tiles = 0;
 }
@@ -897,9 +927,10 @@ static void cuda_dequantize(lb_backend *be, float *y, const lb_qmat *q)
 
 // --- transposed copies (qmat_transpose, kernels/quant lb_qmat_transpose) ------------------------
 
-// One launch for up to QT_MAX matrices of one format: qt_kernel moves the codes in 32 x 32
-// tiles through shared memory (one code per byte there; E2M1 pairs split and rejoined), then
-// qs_kernel transposes the small scale grids and copies the second level.
+// One launch for up to QT_MAX matrices of one format: qt8_kernel moves byte codes (E4M3) in 64 x
+// 64 tiles through shared memory, 16 bytes per thread in and out; qt4_kernel moves E2M1 codes in
+// 32 x 32 tiles (one code per byte there; pairs split and rejoined); then qs_kernel transposes
+// the small scale grids and copies the second level.
 #define QT_MAX 128
 
 typedef struct {
@@ -919,7 +950,47 @@ typedef struct {
     qt_group g[QT_MAX];
 } qt_params;
 
-__global__ void qt_kernel(const __grid_constant__ qt_params P)
+__global__ void qt8_kernel(const __grid_constant__ qt_params P)
+{
+    // Loads: thread (row tid / 4, bytes 16 (tid % 4) ..); stores: dst row c0 + tid % 64 (a
+    // column of the tile), src rows 16 (tid / 64) ..: each warp reads 32 consecutive bytes of a
+    // tile row at a time, so neither phase has bank conflicts without padding.
+    __shared__ __align__(16) uint8_t tile[64][64];
+    const int t = blockIdx.x, tid = threadIdx.x;
+    const qt_group &G = lb_group_of(P.g, P.count, t);
+    const int u = t - G.tile0, r0 = u / G.tiles_c * 64, c0 = u % G.tiles_c * 64;
+    {
+        const int i = tid >> 2, j = 16 * (tid & 3), r = r0 + i, c = c0 + j;
+        uint4 w = make_uint4(0, 0, 0, 0);   // beyond src: zero (never stored)
+        if (r < G.rows && c < G.cols) {
+            const uint8_t *p = G.sd + (size_t)r * G.sld + c;
+            if (c + 15 < G.cols && ((uintptr_t)p & 15) == 0) {
+                w = *(const uint4 *)p;
+            } else {
+                uint32_t b[4] = {0, 0, 0, 0};
+                for (int k = 0; k < 16 && c + k < G.cols; k++) b[k >> 2] |= (uint32_t)p[k] << 8 * (k & 3);
+                w = make_uint4(b[0], b[1], b[2], b[3]);
+            }
+        }
+        *(uint4 *)&tile[i][j] = w;
+    }
+    __syncthreads();
+    const int i = tid & 63, j = 16 * (tid >> 6), c = c0 + i, r = r0 + j;
+    if (c >= G.cols || r >= G.rows) return;
+    uint32_t b[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        b[q] = tile[j + 4 * q][i] | tile[j + 4 * q + 1][i] << 8 | tile[j + 4 * q + 2][i] << 16 |
+               (uint32_t)tile[j + 4 * q + 3][i] << 24;
+    uint8_t *p = G.dd + (size_t)c * G.dld + r;
+    if (r + 15 < G.rows && ((uintptr_t)p & 15) == 0) {
+        *(uint4 *)p = make_uint4(b[0], b[1], b[2], b[3]);
+    } else {
+        for (int k = 0; k < 16 && r + k < G.rows; k++) p[k] = (uint8_t)(b[k >> 2] >> 8 * (k & 3));
+    }
+}
+
+__global__ void qt4_kernel(const __grid_constant__ qt_params P)
 {
     __shared__ uint8_t tile[32][33];
     const int t = blockIdx.x, tx = threadIdx.x, ty = threadIdx.y;
@@ -929,8 +1000,8 @@ __global__ void qt_kernel(const __grid_constant__ qt_params P)
         const int r = r0 + k, c = c0 + tx;
         uint8_t v = 0;   // beyond src: zero (an odd row count's last high nibble)
         if (r < G.rows && c < G.cols) {
-            const uint8_t b = G.sd[(size_t)r * G.sld + (P.e2m1 ? c >> 1 : c)];
-            v = P.e2m1 ? (uint8_t)(b >> ((c & 1) * 4) & 15u) : b;
+            const uint8_t b = G.sd[(size_t)r * G.sld + (c >> 1)];
+            v = (uint8_t)(b >> ((c & 1) * 4) & 15u);
         }
         tile[k][tx] = v;
     }
@@ -938,14 +1009,10 @@ __global__ void qt_kernel(const __grid_constant__ qt_params P)
     for (int k = ty; k < 32; k += 8) {   // dst row c0 + k: src rows r0 .. r0 + 31
         const int c = c0 + k;
         if (c >= G.cols) continue;
-        uint8_t *drow = G.dd + (size_t)c * G.dld;
-        if (P.e2m1) {   // r0 is even: byte (r0 + 2 tx) / 2 holds rows r0 + 2 tx and + 1
-            const int r = r0 + 2 * tx;
-            if (tx < 16 && r < G.rows)
-                drow[r >> 1] = (uint8_t)(tile[2 * tx][k] | tile[2 * tx + 1][k] << 4);
-        } else if (r0 + tx < G.rows) {
-            drow[r0 + tx] = tile[tx][k];
-        }
+        // r0 is even: byte (r0 + 2 tx) / 2 holds rows r0 + 2 tx and + 1
+        const int r = r0 + 2 * tx;
+        if (tx < 16 && r < G.rows)
+            G.dd[(size_t)c * G.dld + (r >> 1)] = (uint8_t)(tile[2 * tx][k] | tile[2 * tx + 1][k] << 4);
     }
 }
 
@@ -965,7 +1032,8 @@ __global__ void qs_kernel(const __grid_constant__ qt_params P)
 static void qt_launch(lb_cuda_ctx *cx, qt_params *P, int tiles)
 {
     if (!P->count) return;
-    qt_kernel<<<tiles, dim3(32, 8), 0, cx->stream>>>(*P);
+    if (P->e2m1) qt4_kernel<<<tiles, dim3(32, 8), 0, cx->stream>>>(*P);
+    else qt8_kernel<<<tiles, 256, 0, cx->stream>>>(*P);
     LB_CUDA_LAUNCHED(cx);
     int most = 1;
     for (int j = 0; j < P->count; j++)
@@ -989,13 +1057,13 @@ static void cuda_qmat_transpose(lb_backend *be, int count, lb_qmat *dst, const l
         }
         P->e2m1 = e2m1, P->es = es;
         const lb_qmat *a = &src[j];
-        const int tc = (a->cols + 31) / 32;
+        const int T = e2m1 ? 32 : 64, tc = (a->cols + T - 1) / T;   // the kernel's tile
         P->g[P->count++] = (qt_group){a->data, dst[j].data, a->scale, dst[j].scale,
                                       a->nscale2 ? a->scale2 : NULL,
                                       a->nscale2 ? dst[j].scale2 : NULL,
                                       a->rows, a->cols, a->srows, a->scols, a->ld, dst[j].ld,
                                       tiles, tc};
-        tiles += (a->rows + 31) / 32 * tc;
+        tiles += (a->rows + T - 1) / T * tc;
     }
     qt_launch(cx, P, tiles);
     free(P);
