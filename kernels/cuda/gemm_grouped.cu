@@ -308,13 +308,29 @@ typedef struct {
     gg_pack_job j[GG_PACK_MAX];
 } gg_pack_params;
 
-// Block (32, 8); blockIdx.y is the job, blockIdx.x strides over its pieces (rows, or 32 x 32
+// Block (32, 8); blockIdx.y is the job, blockIdx.x strides over its pieces (rows, or 64 x 64
 // tiles when transposing). Elements beyond the source in a padded row are written as zeros
 // (the GEMM reads whole 16-byte chunks).
 __global__ void gg_pack_kernel(const __grid_constant__ gg_pack_params P)
 {
     const gg_pack_job &J = P.j[blockIdx.y];
     const int tx = threadIdx.x, ty = threadIdx.y;
+    if (!J.trans && J.cols % 4 == 0 && ((uintptr_t)J.src & 15) == 0) {
+        // a row per step, four columns per thread and load (ld is a multiple of 8)
+        for (int r = blockIdx.x; r < J.rows; r += gridDim.x) {
+            const float *s = J.src + (size_t)r * J.cols;
+            uint2 *d = (uint2 *)(J.dst + (size_t)r * J.ld);
+#pragma unroll 4
+            for (int c = 4 * (ty * 32 + tx); c < J.ld; c += 1024) {
+                const float4 v = c < J.cols ? __ldcs((const float4 *)(s + c))
+                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                __nv_bfloat162 o[2] = {__floats2bfloat162_rn(v.x, v.y),
+                                       __floats2bfloat162_rn(v.z, v.w)};
+                d[c / 4] = *(const uint2 *)o;
+            }
+        }
+        return;
+    }
     if (!J.trans) {   // a row per step, a pair of columns per thread (ld is even)
         for (int r = blockIdx.x; r < J.rows; r += gridDim.x) {
             const float *s = J.src + (size_t)r * J.cols;
@@ -326,20 +342,52 @@ __global__ void gg_pack_kernel(const __grid_constant__ gg_pack_params P)
         }
         return;
     }
-    // 32 x 32 tiles of the source through shared memory (one padding column: no bank conflict)
-    __shared__ float tile[32][33];
-    const int tr = (J.ld + 31) / 32, tc = (J.cols + 31) / 32;   // source rows cover the pad
+    // 64 x 64 tiles of the source through shared memory (one padding column). Loads: 16 bytes
+    // per thread and row where the rows allow (4 rows each, all in flight at once); stores: 8
+    // bf16 (16 bytes) of a destination row per thread, twice. Destination rows are source
+    // columns; source rows up to ld (the destination's padding) read as zeros.
+    __shared__ float tile[64][65];
+    const int tid = ty * 32 + tx;
+    const int tr = (J.ld + 63) / 64, tc = (J.cols + 63) / 64;
+    const bool v4 = J.cols % 4 == 0 && ((uintptr_t)J.src & 15) == 0;
     for (int t = blockIdx.x; t < tr * tc; t += gridDim.x) {
-        const int r0 = t / tc * 32, c0 = t % tc * 32;
+        const int r0 = t / tc * 64, c0 = t % tc * 64;
         __syncthreads();
-        for (int y = ty; y < 32; y += 8) {
-            const int r = r0 + y, c = c0 + tx;
-            tile[y][tx] = r < J.rows && c < J.cols ? J.src[(size_t)r * J.cols + c] : 0.0f;
+        const int lc = 4 * (tid & 15), c = c0 + lc;   // this thread's 4 source columns
+        float4 v[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = r0 + (tid >> 4) + 16 * i;
+            const float *p = J.src + (size_t)r * J.cols + c;
+            v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (r >= J.rows || c >= J.cols) continue;
+            if (v4) {
+                v[i] = __ldcs((const float4 *)p);
+            } else {
+                v[i].x = p[0];
+                if (c + 1 < J.cols) v[i].y = p[1];
+                if (c + 2 < J.cols) v[i].z = p[2];
+                if (c + 3 < J.cols) v[i].w = p[3];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float *row = tile[(tid >> 4) + 16 * i];
+            row[lc] = v[i].x, row[lc + 1] = v[i].y, row[lc + 2] = v[i].z, row[lc + 3] = v[i].w;
         }
         __syncthreads();
-        for (int y = ty; y < 32; y += 8) {
-            const int c = c0 + y, r = r0 + tx;   // destination row c, column r
-            if (c < J.cols && r < J.ld) J.dst[(size_t)c * J.ld + r] = __float2bfloat16_rn(tile[tx][y]);
+        const int dc = c0 + (tid & 63);   // destination row
+        if (dc >= J.cols) continue;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int k = (tid >> 6) + 4 * h, r = r0 + 8 * k;   // destination columns r .. r + 7
+            if (r >= J.ld) continue;   // ld is a multiple of 8: a chunk is all in or all out
+            __nv_bfloat162 o[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                o[q] = __floats2bfloat162_rn(tile[8 * k + 2 * q][tid & 63],
+                                             tile[8 * k + 2 * q + 1][tid & 63]);
+            *(uint4 *)(J.dst + (size_t)dc * J.ld + r) = *(const uint4 *)o;
         }
     }
 }
@@ -354,7 +402,7 @@ static void pack_launch(lb_cuda_ctx *cx, gg_pack_params *pp)
     size_t most = 0;   // pieces of the largest job
     for (int i = 0; i < pp->count; i++) {
         const gg_pack_job *j = &pp->j[i];
-        size_t pieces = j->trans ? (size_t)((j->ld + 31) / 32) * ((j->cols + 31) / 32)
+        size_t pieces = j->trans ? (size_t)((j->ld + 63) / 64) * ((j->cols + 63) / 64)
                                  : (size_t)j->rows;
         if (pieces > most) most = pieces;
     }
