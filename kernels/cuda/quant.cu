@@ -536,9 +536,9 @@ __device__ __forceinline__ float fq_el(float4 v, int u)
 // d >= 2^-90 that holds wherever E4M3 tells quotients apart (|x / d| >= 2^-12 needs |x| >=
 // 2^-102); below, both round to a zero of x's sign (the sign is kept for x = -0). A smaller d
 // (a block of tiny values) has x and d scaled by 2^64 first, which is exact and leaves the
-// quotient as it is. Checked against IEEE division on 9e8 pairs with d >= 2^-90 (random, and
-// around d times every E4M3 value and midpoint). Stochastic rounding keeps __fdiv_rn: there
-// even a tiny quotient's last bit can move the draw's outcome.
+// quotient as it is. tests/tools/fp8_quotient_check.c checks this against IEEE division
+// (random pairs, and around d times every E4M3 value and midpoint). Stochastic rounding keeps
+// __fdiv_rn: there even a tiny quotient's last bit can move the draw's outcome.
 struct fq_div {
     float d, r, k;   // d scaled by k; r = RN(1 / d)
 };
@@ -611,19 +611,33 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
     for (int s = 0; s < 16; s++) v[s] = fq_load(G.x, G.rows, P.cols, xr + s, xc, P.v4);
 
     if (!COLWISE) {
-        fq_div tile = {1.0f, 1.0f, 1.0f};
-        if (P.blk2d) tile = fq_div_of(fq_tile_scale(v, part[0], G, tr, tc, tid));
+        // 128x128: one divisor for the tile. 1x128: the warp holds rows xr .. xr + 15 whole;
+        // lane s takes row xr + s's maximum, computes its scale and divisor once, and the row's
+        // divisor is handed to every lane by shuffles (not computed by all 32 lanes 16 times).
+        fq_div mine;
+        if (P.blk2d) {
+            mine = fq_div_of(fq_tile_scale(v, part[0], G, tr, tc, tid));
+        } else {
+            uint32_t m = 0;
+#pragma unroll
+            for (int s = 0; s < 16; s++) {
+                const uint32_t ms = __reduce_max_sync(0xffffffffu, fq_abs4(v[s]));
+                if (lane == s) m = ms;
+            }
+            const float sc = fp8_scale(m);
+            if (lane < 16 && xr + lane < G.R) G.scale[(size_t)(xr + lane) * G.scols + tc] = sc;
+            mine = fq_div_of(sc);
+        }
         // one 4-byte word per lane and row: a warp writes 128 bytes of a Q row
         const int c = xc;
 #pragma unroll
         for (int s = 0; s < 16; s++) {
             const int r = xr + s;
-            fq_div dr = tile;
-            if (!P.blk2d) {   // 1x128: row r's scale (the whole warp holds the row)
-                const float sc = fp8_scale(__reduce_max_sync(0xffffffffu, fq_abs4(v[s])));
-                if (lane == 0 && r < G.R) G.scale[(size_t)r * G.scols + tc] = sc;
-                dr = fq_div_of(sc);
-            }
+            fq_div dr = mine;
+            if (!P.blk2d)
+                dr = fq_div{__shfl_sync(0xffffffffu, mine.d, s),
+                            __shfl_sync(0xffffffffu, mine.r, s),
+                            __shfl_sync(0xffffffffu, mine.k, s)};
             if (r >= G.R || c >= G.C) continue;
             const size_t at = (size_t)r * G.C + c;
             const uint32_t w = fq_pair<SR>(v[s].x, v[s].y, dr, G.rbase, at) |
@@ -968,7 +982,8 @@ __global__ void qt8_kernel(const __grid_constant__ qt_params P)
                 w = *(const uint4 *)p;
             } else {
                 uint32_t b[4] = {0, 0, 0, 0};
-                for (int k = 0; k < 16 && c + k < G.cols; k++) b[k >> 2] |= (uint32_t)p[k] << 8 * (k & 3);
+                for (int k = 0; k < 16 && c + k < G.cols; k++)
+                    b[k >> 2] |= (uint32_t)p[k] << 8 * (k & 3);
                 w = make_uint4(b[0], b[1], b[2], b[3]);
             }
         }
@@ -1012,7 +1027,8 @@ __global__ void qt4_kernel(const __grid_constant__ qt_params P)
         // r0 is even: byte (r0 + 2 tx) / 2 holds rows r0 + 2 tx and + 1
         const int r = r0 + 2 * tx;
         if (tx < 16 && r < G.rows)
-            G.dd[(size_t)c * G.dld + (r >> 1)] = (uint8_t)(tile[2 * tx][k] | tile[2 * tx + 1][k] << 4);
+            G.dd[(size_t)c * G.dld + (r >> 1)] =
+                (uint8_t)(tile[2 * tx][k] | tile[2 * tx + 1][k] << 4);
     }
 }
 
