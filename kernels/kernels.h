@@ -264,17 +264,23 @@ struct lb_backend {
 
     // --- cross-entropy over fp32 logits ---------------------------------------------------------
     // logits (n, v); targets (n), a negative target is ignored (loss 0, gradient 0).
-    // loss (n) per-token losses.
-    void (*cross_entropy_fwd)(lb_backend *, float *loss, const float *logits,
+    // loss (n) per-token losses. stats (n, 2), or NULL: row i's max and sum_j exp(l_ij - max)
+    // (in double), the softmax statistics the backward would compute again (rows with a
+    // negative target are left unset).
+    void (*cross_entropy_fwd)(lb_backend *, float *loss, double *stats, const float *logits,
                               const int32_t *targets, int n, int v);
-    // dlogits (n, v) = dloss * (softmax(logits) - onehot(target)); may alias logits.
+    // dlogits (n, v) = dloss * (softmax(logits) - onehot(target)); may alias logits. stats:
+    // the forward's for these same logits (the backward then reads each row once, not twice;
+    // the result is the same bits), or NULL.
     void (*cross_entropy_bwd)(lb_backend *, float *dlogits, const float *logits,
-                              const int32_t *targets, float dloss, int n, int v);
+                              const double *stats, const int32_t *targets, float dloss, int n,
+                              int v);
     // The same with a weight per row: dlogits_i = dloss[i] * (softmax(logits_i) - onehot);
     // dloss (n) backend memory (GRPO's d loss / d logprob reaches the logits through it).
     // Row arithmetic identical to cross_entropy_bwd's; may alias logits.
     void (*cross_entropy_bwd_rows)(lb_backend *, float *dlogits, const float *logits,
-                                   const int32_t *targets, const float *dloss, int n, int v);
+                                   const double *stats, const int32_t *targets,
+                                   const float *dloss, int n, int v);
 
     // --- optimizer ------------------------------------------------------------------------------
     // AdamW with decoupled weight decay and bias correction; step counts from 1.

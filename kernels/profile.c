@@ -255,14 +255,16 @@ W(moe_combine_bwd,
    const int32_t *r, int n, int k, int c),
   (in, dyp, dw, d, yp, w, r, n, k, c))
 W(cross_entropy_fwd,
-  (lb_backend *be, float *l, const float *lg, const int32_t *t, int n, int v),
-  (in, l, lg, t, n, v))
+  (lb_backend *be, float *l, double *st, const float *lg, const int32_t *t, int n, int v),
+  (in, l, st, lg, t, n, v))
 W(cross_entropy_bwd,
-  (lb_backend *be, float *d, const float *lg, const int32_t *t, float dl, int n, int v),
-  (in, d, lg, t, dl, n, v))
+  (lb_backend *be, float *d, const float *lg, const double *st, const int32_t *t, float dl,
+   int n, int v),
+  (in, d, lg, st, t, dl, n, v))
 W(cross_entropy_bwd_rows,
-  (lb_backend *be, float *d, const float *lg, const int32_t *t, const float *dl, int n, int v),
-  (in, d, lg, t, dl, n, v))
+  (lb_backend *be, float *d, const float *lg, const double *st, const int32_t *t,
+   const float *dl, int n, int v),
+  (in, d, lg, st, t, dl, n, v))
 W(adamw,
   (lb_backend *be, float *p, const float *g, float gs, float *m, float *v, size_t n, float lr,
    float b1, float b2, float eps, float wd, int step),

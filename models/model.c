@@ -545,7 +545,7 @@ static void logprobs_dev(lb_model *m, const float *logits, const int32_t *target
 {
     lb_backend *be = m->be;
     lp_ensure(m, n);
-    be->cross_entropy_fwd(be, m->lp_loss, logits, targets_dev, n, m->cfg.vocab_size);
+    be->cross_entropy_fwd(be, m->lp_loss, NULL, logits, targets_dev, n, m->cfg.vocab_size);
     be->download(be, lp, m->lp_loss, (size_t)n * sizeof(float));
     for (int i = 0; i < n; i++) lp[i] = targets[i] < 0 ? 0.0f : -lp[i];
 }
@@ -579,7 +579,7 @@ void lb_model_backward_logprobs(lb_model *m, const float *dlp, float aux_scale)
     for (int i = 0; i < n; i++) w[i] = -dlp[i] * m->lp_inv_temp;
     be->upload(be, m->lp_w, w, (size_t)n * sizeof(float));
     free(w);
-    be->cross_entropy_bwd_rows(be, m->logits, m->logits, m->targets, m->lp_w, n,
+    be->cross_entropy_bwd_rows(be, m->logits, m->logits, NULL, m->targets, m->lp_w, n,
                                m->cfg.vocab_size);
     m->def->backward_logits(m, aux_scale);
 }

@@ -350,6 +350,8 @@ typedef struct {
     layer_acts sel;        // selective: the recomputed buffers every layer shares
     float *lnf, *rstdf;    // (ns, c), (ns)
     float *loss;           // (ns) per-token losses
+    double *ce_stats;      // (ns, 2) the cross-entropy's row statistics (max, exp sum)
+    int ce_stats_ok;       // ce_stats are those of the logits buffer, all ns rows
     int32_t *pos;          // (n)
     float *part;           // (n, c) a row-parallel layer's partial output (tp > 1)
     // backward scratch
@@ -472,6 +474,7 @@ static void *acts_create(lb_model *m, int b, int t)
     a->lnf = falloc(be, ns * C);
     a->rstdf = falloc(be, ns);
     a->loss = falloc(be, ns);
+    a->ce_stats = be->alloc(be, (size_t)ns * 2 * sizeof(double));
     a->pos = be->alloc(be, n * sizeof(int32_t));
     int32_t *pos = lb_malloc(n * sizeof(int32_t));
     for (size_t i = 0; i < n; i++) pos[i] = (int32_t)(i % (size_t)t);   // each row starts at 0
@@ -515,9 +518,9 @@ static void acts_free(lb_model *m, void *p)
     if (a->recompute == LB_RECOMPUTE_FULL) layer_free(m, &a->work);
     if (a->recompute == LB_RECOMPUTE_SELECTIVE) shared_free(m, &a->sel);
     free(a->l);
-    void *bufs[] = {a->lnf, a->rstdf, a->loss, a->pos, a->part, a->dres, a->dln, a->dtmp, a->dq,
-                    a->dk, a->dv, a->datt, a->dqr, a->dkr, a->dgu, a->dh, a->dxp, a->dyp,
-                    a->drlogits, a->dweight, a->daux};
+    void *bufs[] = {a->lnf, a->rstdf, a->loss, a->ce_stats, a->pos, a->part, a->dres, a->dln,
+                    a->dtmp, a->dq, a->dk, a->dv, a->datt, a->dqr, a->dkr, a->dgu, a->dh, a->dxp,
+                    a->dyp, a->drlogits, a->dweight, a->daux};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     if (a->dfull != a->dres) be->free(be, a->dfull);
@@ -795,6 +798,7 @@ static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, 
     m->ntokens = 0;
     m->ce_loss = 0.0f;
     m->loss = (float)(c->router_aux_loss_coef * aux);
+    a->ce_stats_ok = 0;
     if (!m->last_stage) return;   // the next stage continues from stage_output
     const lb_tensor *tn = find_or_die(m, "model.norm.weight");
     const lb_tensor *th = find_or_die(m, "lm_head.weight");
@@ -809,10 +813,13 @@ static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, 
         lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf + (size_t)r * C,
                       m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits, nr, d.V,
                       C, 0.0f);
+        // Unchunked, the statistics save the backward a second read of every row.
         if (targets)
-            be->cross_entropy_fwd(be, a->loss + r, m->logits, targets + r0 + r, nr, d.V);
+            be->cross_entropy_fwd(be, a->loss + r, R == ns ? a->ce_stats : NULL, m->logits,
+                                  targets + r0 + r, nr, d.V);
     }
     if (!targets) return;
+    a->ce_stats_ok = R == ns;
     be->download(be, a->host_loss, a->loss, (size_t)ns * sizeof(float));
     be->download(be, a->host_targets, targets + r0, (size_t)ns * sizeof(int32_t));
     double sum = 0.0, count = 0.0;
@@ -908,8 +915,10 @@ static void backward(lb_model *m, float loss_scale)
     int ns = a->ns, R = ce_rows(m, ns);
     if (m->last_stage && R == ns) {   // the logits buffer becomes d loss / d logits
         float dce = m->ntokens ? loss_scale / (float)m->ntokens : 0.0f;
-        m->be->cross_entropy_bwd(m->be, m->logits, m->logits, m->targets + row_offset(m, ns),
+        const double *st = a->ce_stats_ok ? a->ce_stats : NULL;   // the forward's, if any
+        m->be->cross_entropy_bwd(m->be, m->logits, m->logits, st, m->targets + row_offset(m, ns),
                                  dce, ns, m->cfg.vocab_size);
+        a->ce_stats_ok = 0;   // the buffer now holds d loss / d logits
     } else if (m->last_stage) {
         // Chunked: each chunk's logits again, their gradient, and the LM head's backward for
         // those rows (d lnf rows overwritten, the weight gradient accumulated chunk by chunk).
@@ -922,7 +931,7 @@ static void backward(lb_model *m, float loss_scale)
             lb_linear_fwd(&m->lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
                           a->lnf + (size_t)r * d.C, m->params + th->offset,
                           &m->wcache[th - m->tensors], 0, m->logits, nr, d.V, d.C, 0.0f);
-            m->be->cross_entropy_bwd(m->be, m->logits, m->logits,
+            m->be->cross_entropy_bwd(m->be, m->logits, m->logits, NULL,
                                      m->targets + row_offset(m, ns) + r, dce, nr, d.V);
             lb_linear_bwd(&m->lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
                           a->lnf + (size_t)r * d.C, m->params + th->offset,

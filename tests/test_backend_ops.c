@@ -819,9 +819,9 @@ END_TEST
 
 // --- SwiGLU ----------------------------------------------------------------------------------
 
-START_TEST(test_swiglu)
+// f 257: one element per lane; f 256: 16-byte rows (the kernels' vector path).
+static void swiglu_case(int n, int f)
 {
-    const int n = 300, f = 257;
     size_t s2 = (size_t)n * 2 * f, s1 = (size_t)n * f;
     float *gu = randn(s2, 3), *g = randn(s1, 1);
     float *out = lb_malloc(s1 * 4), *dgu = lb_malloc(s2 * 4);
@@ -836,12 +836,21 @@ START_TEST(test_swiglu)
         gpu->swiglu_bwd(gpu, DGU, G, GU, n, f);
         keep[r][0] = hget(O, s1 * 4), keep[r][1] = hget(DGU, s2 * 4);
     }
-    CHECK_NMSE("swiglu_fwd n 300 f 257", keep[0][0], out, s1, B_ROUND);
-    CHECK_NMSE("swiglu_bwd n 300 f 257", keep[0][1], dgu, s2, B_ROUND);
+    char what[64];
+    snprintf(what, sizeof what, "swiglu_fwd n %d f %d", n, f);
+    CHECK_NMSE(what, keep[0][0], out, s1, B_ROUND);
+    snprintf(what, sizeof what, "swiglu_bwd n %d f %d", n, f);
+    CHECK_NMSE(what, keep[0][1], dgu, s2, B_ROUND);
     CHECK_BITS("swiglu_fwd, run twice", keep[0][0], keep[1][0], s1 * 4);
     CHECK_BITS("swiglu_bwd, run twice", keep[0][1], keep[1][1], s2 * 4);
     for (int r = 0; r < 2; r++) free(keep[r][0]), free(keep[r][1]);
     dfree(GU), dfree(G), dfree(O), dfree(DGU), free(gu), free(g), free(out), free(dgu);
+}
+
+START_TEST(test_swiglu)
+{
+    swiglu_case(300, 257);
+    swiglu_case(300, 256);
 }
 END_TEST
 
@@ -1073,27 +1082,43 @@ static void ce_case(int n, int v)
     // the scalar op's dloss, so that row must equal cross_entropy_bwd's bit for bit
     float *w = randn((size_t)n, 1), *dlr = lb_malloc(nv * 4);
     w[n / 2] = 0.37f;
-    cpu->cross_entropy_fwd(cpu, loss, l, tgt, n, v);
-    cpu->cross_entropy_bwd(cpu, dl, l, tgt, 0.37f, n, v);
-    cpu->cross_entropy_bwd_rows(cpu, dlr, l, tgt, w, n, v);
+    cpu->cross_entropy_fwd(cpu, loss, NULL, l, tgt, n, v);
+    cpu->cross_entropy_bwd(cpu, dl, l, NULL, tgt, 0.37f, n, v);
+    cpu->cross_entropy_bwd_rows(cpu, dlr, l, NULL, tgt, w, n, v);
     float *L = dput(l, nv * 4), *LS = gpu->alloc(gpu, (size_t)n * 4), *DL = gpu->alloc(gpu, nv * 4);
     float *W = dput(w, (size_t)n * 4), *DR = gpu->alloc(gpu, nv * 4);
     int32_t *T = dput(tgt, (size_t)n * 4);
+    double *ST = gpu->alloc(gpu, (size_t)n * 2 * sizeof(double));
     float *keep[2][5];
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < 2; r++) {   // the second run's forward also writes the statistics
         poison(LS, (size_t)n * 4), poison(DL, nv * 4), poison(DR, nv * 4);
-        gpu->cross_entropy_fwd(gpu, LS, L, T, n, v);
-        gpu->cross_entropy_bwd(gpu, DL, L, T, 0.37f, n, v);
-        gpu->cross_entropy_bwd_rows(gpu, DR, L, T, W, n, v);
+        gpu->cross_entropy_fwd(gpu, LS, r ? ST : NULL, L, T, n, v);
+        gpu->cross_entropy_bwd(gpu, DL, L, NULL, T, 0.37f, n, v);
+        gpu->cross_entropy_bwd_rows(gpu, DR, L, NULL, T, W, n, v);
         keep[r][0] = hget(LS, (size_t)n * 4), keep[r][1] = hget(DL, nv * 4);
         keep[r][3] = hget(DR, nv * 4);
         float *IN = dput(l, nv * 4);   // dlogits aliasing logits
-        gpu->cross_entropy_bwd(gpu, IN, IN, T, 0.37f, n, v);
+        gpu->cross_entropy_bwd(gpu, IN, IN, NULL, T, 0.37f, n, v);
         keep[r][2] = hget(IN, nv * 4);
         gpu->upload(gpu, IN, l, nv * 4);
-        gpu->cross_entropy_bwd_rows(gpu, IN, IN, T, W, n, v);
+        gpu->cross_entropy_bwd_rows(gpu, IN, IN, NULL, T, W, n, v);
         keep[r][4] = hget(IN, nv * 4);
         dfree(IN);
+    }
+    {   // the backward from the forward's statistics, in place as the model runs it: the same
+        // bits as the backward that computes them
+        float *IN = dput(l, nv * 4);
+        gpu->cross_entropy_bwd(gpu, IN, IN, ST, T, 0.37f, n, v);
+        float *got = hget(IN, nv * 4);
+        CHECK_BITS("cross_entropy_bwd with the forward's statistics", got, keep[0][1], nv * 4);
+        free(got);
+        gpu->upload(gpu, IN, l, nv * 4);
+        gpu->cross_entropy_bwd_rows(gpu, IN, IN, ST, T, W, n, v);
+        got = hget(IN, nv * 4);
+        CHECK_BITS("cross_entropy_bwd_rows with the forward's statistics", got, keep[0][3],
+                   nv * 4);
+        free(got);
+        dfree(IN), dfree(ST);
     }
     char what[96];
     snprintf(what, sizeof what, "cross_entropy_fwd n %d v %d", n, v);
@@ -1101,7 +1126,8 @@ static void ce_case(int n, int v)
     snprintf(what, sizeof what, "cross_entropy_bwd n %d v %d", n, v);
     CHECK_NMSE(what, keep[0][1], dl, nv, B_ROUND);
     CHECK_BITS("cross_entropy_bwd in place", keep[0][2], keep[0][1], nv * 4);
-    CHECK_BITS("cross_entropy_fwd, run twice", keep[0][0], keep[1][0], (size_t)n * 4);
+    CHECK_BITS("cross_entropy_fwd, run twice (with and without statistics)", keep[0][0],
+               keep[1][0], (size_t)n * 4);
     CHECK_BITS("cross_entropy_bwd, run twice", keep[0][1], keep[1][1], nv * 4);
     snprintf(what, sizeof what, "cross_entropy_bwd_rows n %d v %d", n, v);
     CHECK_NMSE(what, keep[0][3], dlr, nv, B_ROUND);
@@ -1261,8 +1287,8 @@ START_TEST(test_batch_invariance_rows)
         int32_t *t = randint(n, 0, v);
         float *L = dput(l, (size_t)n * v * 4), *LS = dpoisoned((size_t)n * 4), *LS1 = dpoisoned(4);
         int32_t *T = dput(t, (size_t)n * 4);
-        gpu->cross_entropy_fwd(gpu, LS, L, T, n, v);
-        gpu->cross_entropy_fwd(gpu, LS1, L + (size_t)row * v, T + row, 1, v);
+        gpu->cross_entropy_fwd(gpu, LS, NULL, L, T, n, v);
+        gpu->cross_entropy_fwd(gpu, LS1, NULL, L + (size_t)row * v, T + row, 1, v);
         float *ls = hget(LS, (size_t)n * 4), *ls1 = hget(LS1, 4);
         CHECK_BITS("cross_entropy row alone vs among 300", ls + row, ls1, 4);
         dfree(L), dfree(LS), dfree(LS1), dfree(T), free(l), free(t), free(ls), free(ls1);

@@ -874,15 +874,25 @@ START_TEST(test_cross_entropy)
         for (int j = 0; j < V; j++) sum += exp(logits[i * V + j] - m);
         ref[i] = m + log(sum) - logits[i * V + tgt[i]];
     }
-    be->cross_entropy_fwd(be, loss, logits, tgt, N, V);
+    double *stats = lb_malloc((size_t)N * 2 * sizeof(double));
+    be->cross_entropy_fwd(be, loss, stats, logits, tgt, N, V);
     ASSERT_CLOSE("cross_entropy_fwd", loss, ref, N, 1e-6);
     ck_assert(loss[3] == 0.0f && loss[17] == 0.0f);
+    float *l2 = lb_malloc(N * 4);
+    be->cross_entropy_fwd(be, l2, NULL, logits, tgt, N, V);
+    ASSERT_BITWISE("cross_entropy_fwd without statistics", l2, loss, N * sizeof(float));
 
     float *dl = lb_malloc((size_t)N * V * 4), *inplace = fdup(logits, (size_t)N * V);
-    be->cross_entropy_bwd(be, dl, logits, tgt, 0.25f, N, V);
+    float *dls = lb_malloc((size_t)N * V * 4);
+    be->cross_entropy_bwd(be, dl, logits, NULL, tgt, 0.25f, N, V);
     for (int j = 0; j < V; j++) ck_assert(dl[3 * V + j] == 0.0f && dl[17 * V + j] == 0.0f);
-    be->cross_entropy_bwd(be, inplace, inplace, tgt, 0.25f, N, V);   // dlogits aliasing logits
+    be->cross_entropy_bwd(be, inplace, inplace, NULL, tgt, 0.25f, N, V);   // aliasing logits
     ASSERT_BITWISE("cross_entropy_bwd in place", inplace, dl, (size_t)N * V * sizeof(float));
+    // with the forward's statistics: the same bits (the backward skips its own pass)
+    be->cross_entropy_bwd(be, dls, logits, stats, tgt, 0.25f, N, V);
+    ASSERT_BITWISE("cross_entropy_bwd with the forward's statistics", dls, dl,
+                   (size_t)N * V * sizeof(float));
+    free(stats), free(l2), free(dls);
     for (int i = 0; i < N; i++) {   // each kept row of the gradient sums to zero
         double s = 0.0;
         for (int j = 0; j < V; j++) s += dl[i * V + j];
@@ -1290,7 +1300,7 @@ typedef struct {
 static double ce_loss(void *p)
 {
     ce_ctx *q = p;
-    be->cross_entropy_fwd(be, q->loss, q->logits, q->tgt, N, V);
+    be->cross_entropy_fwd(be, q->loss, NULL, q->logits, q->tgt, N, V);
     double s = 0.0;
     for (int i = 0; i < N; i++) s += (double)q->dloss * q->loss[i];
     return s;
@@ -1301,7 +1311,7 @@ START_TEST(test_grad_cross_entropy)
     ce_ctx q = {randn((size_t)N * V, 380, 2), lb_malloc(N * 4), randint(N, 381, V), 0.3f};
     q.tgt[0] = -1, q.tgt[20] = -1;
     float *dl = lb_malloc((size_t)N * V * 4);
-    be->cross_entropy_bwd(be, dl, q.logits, q.tgt, q.dloss, N, V);
+    be->cross_entropy_bwd(be, dl, q.logits, NULL, q.tgt, q.dloss, N, V);
     // h 1e-2: a per-token loss near 5 carries float rounding of ~5e-7, which a smaller step
     // would turn into gradient noise near the bound.
     fd_check("cross_entropy dlogits", ce_loss, &q, q.logits, dl, (size_t)N * V, 1e-2, 2e-3, 382);

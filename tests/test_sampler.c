@@ -240,10 +240,10 @@ static void ce_rows_case(void)
     float *dl = dev(l, bytes), *dw = dev(w, sizeof w), *drows = be->alloc(be, bytes);
     float *done = be->alloc(be, bytes);
     int32_t *dtg = dev(tg, sizeof tg);
-    be->cross_entropy_bwd_rows(be, drows, dl, dtg, dw, N, V);
+    be->cross_entropy_bwd_rows(be, drows, dl, NULL, dtg, dw, N, V);
     float *rows = host(drows, bytes);
     for (int i = 0; i < N; i++) {   // row i equals the scalar op with dloss = w[i]
-        be->cross_entropy_bwd(be, done, dl, dtg, w[i], N, V);
+        be->cross_entropy_bwd(be, done, dl, NULL, dtg, w[i], N, V);
         float *one = host(done, bytes);
         ck_assert_msg(memcmp(rows + i * V, one + i * V, V * sizeof(float)) == 0, "%s: row %d",
                       be->name, i);
@@ -251,7 +251,7 @@ static void ce_rows_case(void)
     }
     for (int j = 0; j < V; j++) ck_assert(rows[4 * V + j] == 0.0f);   // ignored target
     // aliasing the logits, as the model does
-    be->cross_entropy_bwd_rows(be, dl, dl, dtg, dw, N, V);
+    be->cross_entropy_bwd_rows(be, dl, dl, NULL, dtg, dw, N, V);
     float *alias = host(dl, bytes);
     ck_assert(memcmp(alias, rows, bytes) == 0);
     be->free(be, dl), be->free(be, dw), be->free(be, drows), be->free(be, done), be->free(be, dtg);

@@ -11,38 +11,49 @@ static void check_targets(const char *what, const int32_t *targets, int n, int v
         if (targets[i] >= v) lb_die("%s: target %d at %d outside [0, %d)", what, targets[i], i, v);
 }
 
-// Log-sum-exp of one row of logits (v >= 1: only rows with a target in [0, v) get here); the
-// exponential sum in double.
-static double row_lse(const float *l, int v)
+// The softmax statistics of one row of logits (v >= 1: only rows with a target in [0, v) get
+// here): st[0] its max, st[1] the exponential sum in double; the log-sum-exp is their
+// st[0] + log(st[1]).
+static void row_stats(const float *l, int v, double st[2])
 {
     float m = l[0];
     for (int j = 1; j < v; j++) m = l[j] > m ? l[j] : m;
     double sum = 0.0;
     for (int j = 0; j < v; j++) sum += exp((double)l[j] - m);
-    return m + log(sum);
+    st[0] = m, st[1] = sum;
 }
 
 // loss (n): loss_i = logsumexp(logits_i) - logits_i[target_i]; 0 where the target is negative.
-static void cpu_cross_entropy_fwd(lb_backend *be, float *loss, const float *logits,
-                                  const int32_t *targets, int n, int v)
+static void cpu_cross_entropy_fwd(lb_backend *be, float *loss, double *stats,
+                                  const float *logits, const int32_t *targets, int n, int v)
 {
     check_targets("cross_entropy_fwd", targets, n, v);
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * v >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *l = logits + (size_t)i * v;
-        loss[i] = targets[i] < 0 ? 0.0f : (float)(row_lse(l, v) - l[targets[i]]);
+        if (targets[i] < 0) {
+            loss[i] = 0.0f;
+            continue;
+        }
+        double st[2];
+        row_stats(l, v, st);
+        if (stats) stats[2 * i] = st[0], stats[2 * i + 1] = st[1];
+        loss[i] = (float)(st[0] + log(st[1]) - l[targets[i]]);
     }
 }
 
 // One row of the backward: dl (v) = dloss * (softmax(l) - onehot(tgt)); 0 when tgt < 0.
-// Each element is read before it is written, so dl may alias l.
-static void ce_bwd_row(float *dl, const float *l, int tgt, float dloss, int v)
+// st: the row's statistics from the forward, or NULL. Each element is read before it is
+// written, so dl may alias l.
+static void ce_bwd_row(float *dl, const float *l, const double *st, int tgt, float dloss, int v)
 {
     if (tgt < 0) {
         for (int j = 0; j < v; j++) dl[j] = 0.0f;
         return;
     }
-    double lse = row_lse(l, v);
+    double mine[2];
+    if (!st) row_stats(l, v, mine), st = mine;
+    double lse = st[0] + log(st[1]);
     for (int j = 0; j < v; j++) {
         double p = exp((double)l[j] - lse);
         dl[j] = (float)(dloss * (p - (j == tgt)));
@@ -52,22 +63,26 @@ static void ce_bwd_row(float *dl, const float *l, int tgt, float dloss, int v)
 // dlogits (n, v) = dloss * (softmax(logits) - onehot(target)); 0 for ignored rows. May alias
 // logits.
 static void cpu_cross_entropy_bwd(lb_backend *be, float *dlogits, const float *logits,
-                                  const int32_t *targets, float dloss, int n, int v)
+                                  const double *stats, const int32_t *targets, float dloss,
+                                  int n, int v)
 {
     check_targets("cross_entropy_bwd", targets, n, v);
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * v >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++)
-        ce_bwd_row(dlogits + (size_t)i * v, logits + (size_t)i * v, targets[i], dloss, v);
+        ce_bwd_row(dlogits + (size_t)i * v, logits + (size_t)i * v, stats ? stats + 2 * i : NULL,
+                   targets[i], dloss, v);
 }
 
 // The same with one weight per row (GRPO's per-token d loss / d logprob).
 static void cpu_cross_entropy_bwd_rows(lb_backend *be, float *dlogits, const float *logits,
-                                       const int32_t *targets, const float *dloss, int n, int v)
+                                       const double *stats, const int32_t *targets,
+                                       const float *dloss, int n, int v)
 {
     check_targets("cross_entropy_bwd_rows", targets, n, v);
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * v >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++)
-        ce_bwd_row(dlogits + (size_t)i * v, logits + (size_t)i * v, targets[i], dloss[i], v);
+        ce_bwd_row(dlogits + (size_t)i * v, logits + (size_t)i * v, stats ? stats + 2 * i : NULL,
+                   targets[i], dloss[i], v);
 }
 
 // g = g gscale (rounded); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p -= lr (mhat / (sqrt(vhat) + eps) + wd p)

@@ -365,43 +365,78 @@ static void cuda_rope_bwd(lb_backend *be, float *dx, const int32_t *pos, int n, 
 }
 
 // --- SwiGLU ----------------------------------------------------------------------------------
-// gu (n, 2f) = [gate | up]; one thread per output element, the CPU reference's expressions.
+// gu (n, 2f) = [gate | up]; the CPU reference's expressions per element. One warp per row, four
+// elements per lane step (16-byte loads and stores) when f % 4 == 0 and the buffers are
+// 16-byte aligned, else one. (A thread per element with a 64-bit division each ran at 2.4
+// TB/s.)
 
-template <typename T> __global__ void swiglu_fwd_kernel(T *out, const T *gu, int n, int f)
+__device__ __forceinline__ float swiglu_one(float g, float u)
 {
-    size_t total = (size_t)n * f;
-    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total;
-         t += (size_t)gridDim.x * blockDim.x) {
-        size_t i = t / f, j = t % f;
-        float g = lb_ld(gu + i * 2 * f + j), u = lb_ld(gu + i * 2 * f + f + j);
-        float sig = 1.0f / (1.0f + expf(-g));
-        lb_st(out + t, g * sig * u);
+    float sig = 1.0f / (1.0f + expf(-g));
+    return g * sig * u;
+}
+
+// d gate and d up of one element
+__device__ __forceinline__ float2 swiglu_grad(float g, float u, float dy)
+{
+    float sig = 1.0f / (1.0f + expf(-g));
+    float silu = g * sig;
+    return make_float2(dy * u * (sig * (1.0f + g * (1.0f - sig))), dy * silu);
+}
+
+__global__ void swiglu_fwd_kernel(float *out, const float *gu, int n, int f, int vec)
+{
+    const int i = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (i >= n) return;
+    const float *g = gu + (size_t)i * 2 * f, *u = g + f;
+    float *o = out + (size_t)i * f;
+    if (vec) {
+        for (int j = lane; j < f / 4; j += 32) {
+            const float4 a = ((const float4 *)g)[j], b = ((const float4 *)u)[j];
+            ((float4 *)o)[j] = make_float4(swiglu_one(a.x, b.x), swiglu_one(a.y, b.y),
+                                           swiglu_one(a.z, b.z), swiglu_one(a.w, b.w));
+        }
+    } else {
+        for (int j = lane; j < f; j += 32) o[j] = swiglu_one(g[j], u[j]);
     }
 }
 
-template <typename T>
-__global__ void swiglu_bwd_kernel(T *dgu, const T *dout, const T *gu, int n, int f)
+__global__ void swiglu_bwd_kernel(float *dgu, const float *dout, const float *gu, int n, int f,
+                                  int vec)
 {
-    size_t total = (size_t)n * f;
-    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total;
-         t += (size_t)gridDim.x * blockDim.x) {
-        size_t i = t / f, j = t % f;
-        float g = lb_ld(gu + i * 2 * f + j), u = lb_ld(gu + i * 2 * f + f + j);
-        float dy = lb_ld(dout + t);
-        float sig = 1.0f / (1.0f + expf(-g));
-        float silu = g * sig;
-        lb_st(dgu + i * 2 * f + j, dy * u * (sig * (1.0f + g * (1.0f - sig))));
-        lb_st(dgu + i * 2 * f + f + j, dy * silu);
+    const int i = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (i >= n) return;
+    const float *g = gu + (size_t)i * 2 * f, *u = g + f, *dy = dout + (size_t)i * f;
+    float *dg = dgu + (size_t)i * 2 * f, *du = dg + f;
+    if (vec) {
+        for (int j = lane; j < f / 4; j += 32) {
+            const float4 a = ((const float4 *)g)[j], b = ((const float4 *)u)[j];
+            const float4 d = ((const float4 *)dy)[j];
+            const float2 r0 = swiglu_grad(a.x, b.x, d.x), r1 = swiglu_grad(a.y, b.y, d.y);
+            const float2 r2 = swiglu_grad(a.z, b.z, d.z), r3 = swiglu_grad(a.w, b.w, d.w);
+            ((float4 *)dg)[j] = make_float4(r0.x, r1.x, r2.x, r3.x);
+            ((float4 *)du)[j] = make_float4(r0.y, r1.y, r2.y, r3.y);
+        }
+    } else {
+        for (int j = lane; j < f; j += 32) {
+            const float2 r = swiglu_grad(g[j], u[j], dy[j]);
+            dg[j] = r.x, du[j] = r.y;
+        }
     }
+}
+
+static int swiglu_vec(int f, const void *p0, const void *p1, const void *p2)
+{
+    return f % 4 == 0 && (((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2) & 15) == 0;
 }
 
 static void cuda_swiglu_fwd(lb_backend *be, float *out, const float *gu, int n, int f)
 {
     if (n < 0 || f < 0) lb_die("swiglu_fwd: negative size (n %d, f %d)", n, f);
-    size_t total = (size_t)n * f;
-    if (!total) return;
+    if (!n || !f) return;
     lb_cuda_ctx *cx = lb_cuda(be);
-    swiglu_fwd_kernel<float><<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(out, gu, n, f);
+    swiglu_fwd_kernel<<<(n + ROW_WARPS - 1) / ROW_WARPS, ROW_WARPS * 32, 0, cx->stream>>>(
+        out, gu, n, f, swiglu_vec(f, out, gu, gu));
     LB_CUDA_LAUNCHED(cx);
 }
 
@@ -409,11 +444,10 @@ static void cuda_swiglu_bwd(lb_backend *be, float *dgu, const float *dout, const
                             int n, int f)
 {
     if (n < 0 || f < 0) lb_die("swiglu_bwd: negative size (n %d, f %d)", n, f);
-    size_t total = (size_t)n * f;
-    if (!total) return;
+    if (!n || !f) return;
     lb_cuda_ctx *cx = lb_cuda(be);
-    swiglu_bwd_kernel<float><<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(dgu, dout, gu, n,
-                                                                               f);
+    swiglu_bwd_kernel<<<(n + ROW_WARPS - 1) / ROW_WARPS, ROW_WARPS * 32, 0, cx->stream>>>(
+        dgu, dout, gu, n, f, swiglu_vec(f, dgu, dout, gu));
     LB_CUDA_LAUNCHED(cx);
 }
 

@@ -89,10 +89,10 @@ __device__ __forceinline__ void ce_row_stats(const T *l, int v, float *m_out, do
 }
 
 // loss_i = m + log(sum) - l[target]; 0 where the target is negative; NaN (and a reported
-// error) where it is >= v.
+// error) where it is >= v. stats (n, 2), or NULL: m and sum.
 template <typename T>
 __global__ void __launch_bounds__(CE_THREADS)
-ce_fwd_kernel(float *loss, const T *logits, const int32_t *targets, int v,
+ce_fwd_kernel(float *loss, double *stats, const T *logits, const int32_t *targets, int v,
               unsigned long long *err)
 {
     const int i = blockIdx.x, tgt = targets[i];
@@ -107,7 +107,10 @@ ce_fwd_kernel(float *loss, const T *logits, const int32_t *targets, int v,
     float m;
     double s;
     ce_row_stats(l, v, &m, &s);
-    if (threadIdx.x == 0) loss[i] = (float)((double)m + log(s) - (double)lb_ld(l + tgt));
+    if (threadIdx.x == 0) {
+        loss[i] = (float)((double)m + log(s) - (double)lb_ld(l + tgt));
+        if (stats) stats[2 * i] = m, stats[2 * i + 1] = s;
+    }
 }
 
 // d loss / d logit x of a row with max m and 1 / sum inv.
@@ -121,10 +124,11 @@ __device__ __forceinline__ float ce_grad(float x, float m, double inv, float dlo
 // written, by the same thread after the row statistics are complete (the reductions end with
 // a barrier), so dlogits may alias logits.
 // dloss_rows: one weight per row (cross_entropy_bwd_rows), or NULL for the scalar dloss.
+// stats: the forward's m and sum of each row (then the row is read once, not twice), or NULL.
 template <typename T>
 __global__ void __launch_bounds__(CE_THREADS)
-ce_bwd_kernel(T *dlogits, const T *logits, const int32_t *targets, float dloss,
-              const float *dloss_rows, int v, unsigned long long *err)
+ce_bwd_kernel(T *dlogits, const T *logits, const double *stats, const int32_t *targets,
+              float dloss, const float *dloss_rows, int v, unsigned long long *err)
 {
     const int i = blockIdx.x, tgt = targets[i];
     if (dloss_rows) dloss = dloss_rows[i];
@@ -138,7 +142,8 @@ ce_bwd_kernel(T *dlogits, const T *logits, const int32_t *targets, float dloss,
     }
     float m;
     double s;
-    ce_row_stats(l, v, &m, &s);
+    if (stats) m = (float)stats[2 * i], s = stats[2 * i + 1];
+    else ce_row_stats(l, v, &m, &s);
     const double inv = 1.0 / s;
     const bool vec = ce_vec(l) && ce_vec(dl);
     const int v4 = v / 4;
@@ -162,36 +167,38 @@ static void ce_check(const char *what, int n, int v)
     if (n < 0 || v < 0) lb_die("%s: negative size (n %d, v %d)", what, n, v);
 }
 
-static void cuda_cross_entropy_fwd(lb_backend *be, float *loss, const float *logits,
-                                   const int32_t *targets, int n, int v)
+static void cuda_cross_entropy_fwd(lb_backend *be, float *loss, double *stats,
+                                   const float *logits, const int32_t *targets, int n, int v)
 {
     ce_check("cross_entropy_fwd", n, v);
     if (!n) return;
     lb_cuda_ctx *cx = lb_cuda(be);
-    ce_fwd_kernel<float><<<n, CE_THREADS, 0, cx->stream>>>(loss, logits, targets, v,
+    ce_fwd_kernel<float><<<n, CE_THREADS, 0, cx->stream>>>(loss, stats, logits, targets, v,
                                                            cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
 
 static void cuda_cross_entropy_bwd(lb_backend *be, float *dlogits, const float *logits,
-                                   const int32_t *targets, float dloss, int n, int v)
+                                   const double *stats, const int32_t *targets, float dloss,
+                                   int n, int v)
 {
     ce_check("cross_entropy_bwd", n, v);
     if (!n) return;
     lb_cuda_ctx *cx = lb_cuda(be);
-    ce_bwd_kernel<float><<<n, CE_THREADS, 0, cx->stream>>>(dlogits, logits, targets, dloss,
-                                                           NULL, v, cx->err_dev);
+    ce_bwd_kernel<float><<<n, CE_THREADS, 0, cx->stream>>>(dlogits, logits, stats, targets,
+                                                           dloss, NULL, v, cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
 
 static void cuda_cross_entropy_bwd_rows(lb_backend *be, float *dlogits, const float *logits,
-                                        const int32_t *targets, const float *dloss, int n, int v)
+                                        const double *stats, const int32_t *targets,
+                                        const float *dloss, int n, int v)
 {
     ce_check("cross_entropy_bwd_rows", n, v);
     if (!n) return;
     lb_cuda_ctx *cx = lb_cuda(be);
-    ce_bwd_kernel<float><<<n, CE_THREADS, 0, cx->stream>>>(dlogits, logits, targets, 0.0f,
-                                                           dloss, v, cx->err_dev);
+    ce_bwd_kernel<float><<<n, CE_THREADS, 0, cx->stream>>>(dlogits, logits, stats, targets,
+                                                           0.0f, dloss, v, cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
 
