@@ -89,19 +89,24 @@ __device__ __forceinline__ void gg_wgmma(float *d, uint64_t da, uint64_t db)
 }
 #endif
 
-// The origin (m0, n0) of a group's local tile u (bm x bn tiles). Tiles go in bands of GG_BAND
+// Launch tile t's group (found among the groups' first tiles), and the origin (m0, n0) of its
+// tile within the group (GG_BM x bn tiles). Tiles go in bands of GG_BAND
 // tile rows, column by column within a band: the blocks resident at one time then share a
 // few A row blocks and a few B column blocks, which stay in L2, where row-major order would
 // stream a whole tile row's B (the LM head's 151936 x 2048 weight: 0.6 GB per tile row) from
 // memory for every tile row. The order of the tiles changes no sum.
 #define GG_BAND 16
-__device__ __forceinline__ void gg_tile(int u, int m, int tiles_n, int bm, int bn, int *m0,
-                                        int *n0)
+template <typename Group>
+__device__ __forceinline__ const Group &gg_tile(const Group *g, int count, int t, int bn, int *m0,
+                                                int *n0)
 {
-    const int tiles_m = (m + bm - 1) / bm, band = u / (GG_BAND * tiles_n);
+    const Group &G = lb_group_of(g, count, t);
+    const int u = t - G.tile0, tiles_n = G.tiles_n;
+    const int tiles_m = (G.m + GG_BM - 1) / GG_BM, band = u / (GG_BAND * tiles_n);
     const int h = min(GG_BAND, tiles_m - band * GG_BAND), v = u - band * GG_BAND * tiles_n;
-    *m0 = (band * GG_BAND + v % h) * bm;
+    *m0 = (band * GG_BAND + v % h) * GG_BM;
     *n0 = v / h * bn;
+    return G;
 }
 
 // C = alpha d + beta C for a warpgroup's 64 x 128 fragment d: this thread's d[4j + i] is row
@@ -236,9 +241,8 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
         if (tid == 0) {
             int it = 0;
             for (int t = blockIdx.x; t < P.tiles; t += gridDim.x) {
-                const gt_group &G = lb_group_of(P.g, P.count, t);
                 int m0, n0;
-                gg_tile(t - G.tile0, G.m, G.tiles_n, GG_BM, BN, &m0, &n0);
+                const gt_group &G = gg_tile(P.g, P.count, t, BN, &m0, &n0);
                 const int nk = (G.k + GG_BK - 1) / GG_BK;
                 for (int kt = 0; kt < nk; kt++, it++) {
                     const int s = it % S;
@@ -260,9 +264,8 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
     const int warp = (tid >> 5) & 3, lane = tid & 31, lead = (tid & 127) == 0;
     int it = 0;
     for (int t = blockIdx.x; t < P.tiles; t += gridDim.x) {
-        const gt_group &G = lb_group_of(P.g, P.count, t);
         int m0, n0;
-        gg_tile(t - G.tile0, G.m, G.tiles_n, GG_BM, BN, &m0, &n0);
+        const gt_group &G = gg_tile(P.g, P.count, t, BN, &m0, &n0);
         const int nk = (G.k + GG_BK - 1) / GG_BK;
         float d[NH][64];
 #pragma unroll
@@ -613,9 +616,8 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
         if (tid < 32) {
             int it = 0;
             for (int t = blockIdx.x; t < P.tiles; t += gridDim.x) {
-                const gq_group &G = lb_group_of(P.g, P.count, t);
                 int m0, n0;
-                gg_tile(t - G.tile0, G.m, G.tiles_n, GG_BM, GQ_BN, &m0, &n0);
+                const gq_group &G = gg_tile(P.g, P.count, t, GQ_BN, &m0, &n0);
                 for (int kt = 0; kt < G.kb; kt++, it++) {
                     const int s = it % S;
                     if (it >= S) gt_bar_wait(empty + 8 * s, (it / S - 1) & 1);
@@ -646,9 +648,8 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
     const int cw = wg - 1, warp = (tid >> 5) & 3;
     int it = 0;
     for (int t = blockIdx.x; t < P.tiles; t += gridDim.x) {
-        const gq_group &G = lb_group_of(P.g, P.count, t);
         int m0, n0;
-        gg_tile(t - G.tile0, G.m, G.tiles_n, GG_BM, GQ_BN, &m0, &n0);
+        const gq_group &G = gg_tile(P.g, P.count, t, GQ_BN, &m0, &n0);
         // this thread's rows of C (gg_store's layout) and their scale rows; rows beyond m
         // read scale 0 (their results are never stored)
         const int r = m0 + cw * 64 + warp * 16 + (lane >> 2);
