@@ -424,16 +424,20 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
         dgrad_done = 1;
     }
     // A quantized wgrad of all experts in one call: each expert's dy_j and x_j quantized
-    // column-wise on its own (its own random stream: expert 0's id + j), its tokens padded as
-    // lb_linear_bwd pads them (wgrad_tokens), so the result is lb_linear_bwd's; a Hadamard
-    // transform is fused into those quantizations. Per expert instead when its signs are
-    // random (drawn per expert).
+    // column-wise on its own (its own random stream: expert 0's id + j; its own random
+    // Hadamard signs), its tokens padded as lb_linear_bwd pads them (wgrad_tokens), so the
+    // result is lb_linear_bwd's; a Hadamard transform is fused into those quantizations.
     const lb_site *G = lb_contract_site(L->contract, layer, role, LB_PASS_WGRAD);
     int wgrad_done = 0;
-    if (is_low(G->fmt) && G->mode == LB_BWD_QUANTIZED && !(G->hadamard && G->hadamard_random)) {
+    if (is_low(G->fmt) && G->mode == LB_BWD_QUANTIZED) {
         lb_quant_args ad = act_args(L, G, 1, 1, operand_id(layer, role, LB_PASS_WGRAD, 0, 0));
         lb_quant_args ax = act_args(L, G, 1, 0, operand_id(layer, role, LB_PASS_WGRAD, 0, 1));
-        wgrad_hadamard(L, G, layer, role, 0, &ad, &ax);
+        uint32_t signs[groups];
+        for (int j = 0; j < groups; j++) {   // expert j's, as lb_linear_bwd draws them
+            wgrad_hadamard(L, G, layer, role, j, &ad, &ax);
+            signs[j] = ad.hsigns;
+        }
+        ad.hsigns_groups = ax.hsigns_groups = signs;
         lb_backend *be = L->be;
         int kp[groups], ng = 0;
         lb_qmat qd[groups], qx[groups];

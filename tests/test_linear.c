@@ -161,8 +161,9 @@ static void check_recipe(const char *recipe, const char *backward, lb_format f, 
 
 // Experts: lb_linear_grouped_fwd / _bwd (one quantization of all rows or quantize_grouped,
 // grouped GEMMs, grouped column-wise wgrad quantization) give bit for bit what lb_linear_fwd /
-// _bwd give per expert, with stochastic rounding (each expert's own stream) and NVFP4 with one
-// second level per tensor (each expert's own) too.
+// _bwd give per expert, with stochastic rounding (each expert's own stream), NVFP4 with one
+// second level per tensor (each expert's own) and nvfp4-moe's random Hadamard signs (each
+// expert's own, in one quantize_grouped call) too.
 static void check_grouped(const char *recipe, const char *backward, int sr, int per_tensor)
 {
     enum { E = 4 };

@@ -77,6 +77,8 @@ typedef struct lb_quant_args {
                               // (the wgrad's transform along its token axis, fused into the
                               // quantization; rows, or padded rows, a multiple of hadamard)
     uint32_t hsigns;
+    const uint32_t *hsigns_groups;   // quantize_grouped: group j's signs (random signs drawn
+                                     // per expert); NULL: hsigns for every group
 } lb_quant_args;              // zero-initialised: row-wise, 1-D blocks, E4M3, ceil, per tensor,
                               // no transform
 

@@ -314,6 +314,7 @@ void lb_quant_groups(int count, const float *x, const int *rows, const int *prow
         if (pr == 0) continue;
         lb_quant_args aj = *a;
         aj.tensor = a->tensor + (uint64_t)j;
+        if (a->hsigns_groups) aj.hsigns = a->hsigns_groups[j];
         fn(ctx, j, xj, r, pr, &aj);
     }
 }
