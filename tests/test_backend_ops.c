@@ -1838,6 +1838,15 @@ START_TEST(test_quantize_grouped)
     a = gq(LB_FMT_MXFP8, 1, 0, LB_E4M3, LB_SCALE_CEIL, 0, 1);
     a.hadamard = 32, a.hsigns = lb_hadamard_signs(32, seed, 5, 10);
     quant_grouped_case("mxfp8 col sr, Hadamard 32 random", &a, 130, 32, 6, r6);
+    // random signs of each group's own (nvfp4-moe's wgrad draws them per expert)
+    uint32_t signs[6];
+    for (int j = 0; j < 6; j++) signs[j] = lb_hadamard_signs(16, seed, 5, 20 + (uint64_t)j);
+    a = gq(LB_FMT_NVFP4, 1, 0, LB_E4M3, 0, LB_S2_TENSOR, 1);
+    a.hadamard = 16, a.hsigns_groups = signs;
+    quant_grouped_case("nvfp4 col sr, Hadamard 16, signs per group", &a, 200, 16, 6, r6);
+    a = gq(LB_FMT_MXFP4, 1, 0, LB_E4M3, LB_SCALE_CEIL, 0, 0);
+    a.hadamard = 16, a.hsigns_groups = signs;
+    quant_grouped_case("mxfp4 col, Hadamard 16, signs per group", &a, 130, 16, 6, r6);
 }
 END_TEST
 

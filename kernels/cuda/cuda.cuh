@@ -240,6 +240,16 @@ void lb_cuda_dequant_f32(lb_cuda_ctx *cx, float *y, size_t ldy, int ocols,
                          const struct lb_qmat *q, int with_s2);
 void lb_cuda_dequant_bf16(lb_cuda_ctx *cx, void *y, size_t ldy, int ocols,
                           const struct lb_qmat *q, int with_s2);
+// quant.cu: matrices dequantized to bf16 (y as above, 16-byte aligned, ocols and ldy multiples
+// of 8), without NVFP4's second level: one launch per run of up to 64 consecutive jobs of one
+// format and element type. Queued.
+typedef struct {
+    const struct lb_qmat *q;
+    void *y;
+    size_t ldy;
+    int ocols;
+} lb_cuda_dq_job;
+void lb_cuda_dequant_bf16_groups(lb_cuda_ctx *cx, int count, const lb_cuda_dq_job *jobs);
 // Column sums of per-chunk partials, used by the deterministic column reductions
 // (ops_basic.cu): out[j] = sum over ch in a fixed tree of part[ch * c + j], ch < nchunks.
 // If dst is not NULL, dst[j] += (float)out[j] instead of writing out.
@@ -265,6 +275,10 @@ void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g);
 // g[0 .. count), all fitting, m, n, k > 0, alpha != 0, one block shape of b, in one launch.
 int lb_cuda_gemm_q_grouped_fits(const struct lb_qmat *a, const struct lb_qmat *b);
 void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_q_args *g);
+// gemm_grouped.cu, MXFP8, MXFP4, NVFP4: the groups g[0 .. count) (m, n, k > 0, each a's and
+// b's formats equal) dequantized to bf16 and run on the bf16 kernel, NVFP4's second levels in
+// its epilogue. Queued.
+void lb_cuda_gemm_q_grouped_bf16(lb_cuda_ctx *cx, int count, const lb_gemm_q_args *g);
 void lb_cuda_attention_tc_cached(lb_cuda_ctx *cx, float *out, const float *q,
                                  const lb_kv_layer *c, const int32_t *slot,
                                  const int32_t *pos, int n, int hq);

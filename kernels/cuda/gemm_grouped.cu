@@ -45,6 +45,7 @@
 #include <cuda.h>           // CUtensorMap
 #include <cudaTypedefs.h>   // the driver's cuTensorMapEncodeTiled, reached through the runtime
 #include <stdlib.h>
+#include <string.h>
 
 extern "C" {
 #include "kernels/quant/quant.h"
@@ -117,8 +118,12 @@ __device__ __forceinline__ const Group &gg_tile(const Group *g, int count, int t
 // after it waits a full memory round trip (an accumulating wgrad's epilogue took 32 of them
 // per tile). CH trades those round trips for registers (16: one).
 template <int CH>
+// s2a (NULL: none): NVFP4's second levels of A (per row of C when s2a_row, else one) and of B
+// (per column when s2b_row), applied as gemm_q.cu's epilogue does: alpha (s2a s2b d) + beta c.
 __device__ __forceinline__ void gg_store(const float (&d)[64], float *c, int m, int n,
-                                         float alpha, float beta, int r, int col0, int lane)
+                                         float alpha, float beta, int r, int col0, int lane,
+                                         const float *s2a = NULL, int s2a_row = 0,
+                                         const float *s2b = NULL, int s2b_row = 0)
 {
     const bool pair = (n & 1) == 0 && ((uintptr_t)c & 7) == 0;
 #pragma unroll
@@ -145,7 +150,17 @@ __device__ __forceinline__ void gg_store(const float (&d)[64], float *c, int m, 
                 if (row >= m) continue;
                 float *p = c + (size_t)row * n + col;
                 float v0 = alpha * d[4 * j + 2 * half], v1 = alpha * d[4 * j + 2 * half + 1];
-                if (beta != 0.0f) {
+                if (s2a) {
+                    const float sa = s2a[s2a_row ? row : 0];
+                    const float s0 = __fmul_rn(sa, s2b[s2b_row ? col : 0]);
+                    const float s1 = __fmul_rn(sa, s2b[s2b_row && col + 1 < n ? col + 1 : 0]);
+                    v0 = __fmul_rn(alpha, __fmul_rn(s0, d[4 * j + 2 * half]));
+                    v1 = __fmul_rn(alpha, __fmul_rn(s1, d[4 * j + 2 * half + 1]));
+                    if (beta != 0.0f) {
+                        v0 = __fadd_rn(v0, __fmul_rn(beta, old[jj][half].x));
+                        v1 = __fadd_rn(v1, __fmul_rn(beta, old[jj][half].y));
+                    }
+                } else if (beta != 0.0f) {
                     v0 = v0 + beta * old[jj][half].x;
                     v1 = v1 + beta * old[jj][half].y;
                 }
@@ -172,6 +187,8 @@ __device__ __forceinline__ void gg_store(const float (&d)[64], float *c, int m, 
 typedef struct {
     CUtensorMap ta, tb;   // A (m, k), B (n, k) bf16, k contiguous; boxes 64 x 128 and 64 x BN
     float *c;
+    const float *s2a, *s2b;   // NVFP4's second levels (gg_store), or NULL
+    int s2a_row, s2b_row;
     int m, n, k;
     int tile0, tiles_n;
     float alpha, beta;
@@ -293,7 +310,7 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
 #pragma unroll
         for (int h = 0; h < NH; h++)
             gg_store<BN == 256 ? 4 : 16>(d[h], G.c, G.m, G.n, G.alpha, G.beta, r, n0 + h * 128,
-                                          lane);
+                                          lane, G.s2a, G.s2a_row, G.s2b, G.s2b_row);
     }
 #endif
 }
@@ -464,54 +481,120 @@ template <int BN> static void gemm_launch(lb_cuda_ctx *cx, int tiles, const gt_p
     LB_CUDA_LAUNCHED(cx);
 }
 
-// Runs the groups g[0 .. count) (each bf16, m, n, k > 0, alpha != 0; gemm.cu filters) as
-// described at the top, GT_MAX groups per pack and GEMM launch. Queued on cx->stream. Tiles are
-// 128 x cx->grouped_bn, or 128 x 128 when some group's n is at most 128 (n is the weights' size,
-// so the choice never depends on the token count).
-extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g)
+// Group G of a launch on bf16 operands a (m, pad8(k)) and b (n, pad8(k)), k contiguous, after
+// the tiles before it (*tiles, advanced past its own).
+static void gt_group_set(gt_group *G, const void *a, const void *b, int m, int n, int k, int bn,
+                         float *c, float alpha, float beta, int *tiles)
+{
+    memset(G, 0, sizeof *G);
+    tma_map(&G->ta, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a, m, k, pad8(k), GG_BK, GG_BM);
+    tma_map(&G->tb, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, b, n, k, pad8(k), GG_BK, bn);
+    G->c = c, G->m = m, G->n = n, G->k = k;
+    G->tile0 = *tiles, G->tiles_n = (n + bn - 1) / bn;
+    G->alpha = alpha, G->beta = beta;
+    *tiles += (m + GG_BM - 1) / GG_BM * G->tiles_n;
+}
+
+// The tile width for these groups: cx->grouped_bn, or 128 when some group's n is at most 128
+// (n is the weights' size, so the choice never depends on the token count).
+template <typename A> static int gt_bn(const lb_cuda_ctx *cx, const A *g, int count)
 {
     int bn = cx->grouped_bn;
     for (int i = 0; i < count; i++)
         if (g[i].n <= 128) bn = 128;
+    return bn;
+}
+
+// bf16 copies of the groups' operands in scratch (the previous launch's are done with: one
+// stream): ab[i] = A_i (m, pad8(k)), ab[cnt + i] = B_i (n, pad8(k)).
+template <typename A> static void gt_operands(lb_cuda_ctx *cx, const A *g, int cnt, void **ab)
+{
+    size_t bytes = 0;
+    for (int i = 0; i < cnt; i++)
+        bytes += lb_align256((size_t)g[i].m * pad8(g[i].k) * 2) +
+                 lb_align256((size_t)g[i].n * pad8(g[i].k) * 2);
+    char *sc = (char *)lb_cuda_scratch(cx, bytes);
+    for (int i = 0; i < cnt; i++) {
+        ab[i] = sc;
+        sc += lb_align256((size_t)g[i].m * pad8(g[i].k) * 2);
+        ab[cnt + i] = sc;
+        sc += lb_align256((size_t)g[i].n * pad8(g[i].k) * 2);
+    }
+}
+
+// The groups g[0 .. count) in launches of GT_MAX: for each, the bf16 operand space
+// (gt_operands) and the groups' tiles, then fill(groups, cnt, ab, T) queues what writes the
+// copies (and sets what else its groups need), then the GEMM.
+template <typename A, typename F>
+static void gt_batches(lb_cuda_ctx *cx, const A *g, int count, F fill)
+{
+    const int bn = gt_bn(cx, g, count);
     gt_params *T = (gt_params *)lb_calloc(1, sizeof *T);
-    gg_pack_params *pp = (gg_pack_params *)lb_calloc(1, sizeof *pp);
     for (int g0 = 0; g0 < count; g0 += GT_MAX) {
         const int cnt = count - g0 < GT_MAX ? count - g0 : GT_MAX;
-        // bf16 copies in scratch (the previous launch's are done with: one stream): per group
-        // A (m, ld) then B (n, ld)
-        size_t bytes = 0;
-        for (int i = g0; i < g0 + cnt; i++)
-            bytes += lb_align256((size_t)g[i].m * pad8(g[i].k) * 2) +
-                     lb_align256((size_t)g[i].n * pad8(g[i].k) * 2);
-        char *sc = (char *)lb_cuda_scratch(cx, bytes);
+        void *ab[2 * GT_MAX];
+        gt_operands(cx, g + g0, cnt, ab);
         int tiles = 0;
         for (int i = 0; i < cnt; i++) {
-            const lb_gemm_args *x = &g[g0 + i];
-            const int ld = pad8(x->k);
-            __nv_bfloat16 *a = (__nv_bfloat16 *)sc;
-            sc += lb_align256((size_t)x->m * ld * 2);
-            __nv_bfloat16 *b = (__nv_bfloat16 *)sc;
-            sc += lb_align256((size_t)x->n * ld * 2);
-            // A stored (m, k) or, transposed, (k, m); B stored (k, n) or, transposed, (n, k)
-            pp->j[pp->count++] = x->transa ? (gg_pack_job){x->a, a, x->k, x->m, ld, 1}
-                                           : (gg_pack_job){x->a, a, x->m, x->k, ld, 0};
-            pp->j[pp->count++] = x->transb ? (gg_pack_job){x->b, b, x->n, x->k, ld, 0}
-                                           : (gg_pack_job){x->b, b, x->k, x->n, ld, 1};
-            gt_group *G = &T->g[i];
-            tma_map(&G->ta, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a, x->m, x->k, ld, GG_BK, GG_BM);
-            tma_map(&G->tb, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, b, x->n, x->k, ld, GG_BK, bn);
-            G->c = x->c, G->m = x->m, G->n = x->n, G->k = x->k;
-            G->tile0 = tiles, G->tiles_n = (x->n + bn - 1) / bn;
-            G->alpha = x->alpha, G->beta = x->beta;
-            tiles += (x->m + GG_BM - 1) / GG_BM * G->tiles_n;
+            const A *x = &g[g0 + i];
+            gt_group_set(&T->g[i], ab[i], ab[cnt + i], x->m, x->n, x->k, bn, x->c, x->alpha,
+                         x->beta, &tiles);
         }
-        pack_launch(cx, pp);
+        fill(g + g0, cnt, (void *const *)ab, T);
         T->count = cnt, T->tiles = tiles;
         if (tiles && bn == 256) gemm_launch<256>(cx, tiles, T);
         else if (tiles) gemm_launch<128>(cx, tiles, T);
     }
     free(T);
+}
+
+// Runs the groups g[0 .. count) (each bf16, m, n, k > 0, alpha != 0; gemm.cu filters) as
+// described at the top, GT_MAX groups per pack and GEMM launch. Queued on cx->stream. Tiles are
+// 128 x gt_bn.
+extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g)
+{
+    gg_pack_params *pp = (gg_pack_params *)lb_calloc(1, sizeof *pp);
+    auto pack = [&](const lb_gemm_args *gb, int cnt, void *const *ab, gt_params *) {
+        for (int i = 0; i < cnt; i++) {
+            const lb_gemm_args *x = &gb[i];
+            const int ld = pad8(x->k);
+            __nv_bfloat16 *a = (__nv_bfloat16 *)ab[i], *b = (__nv_bfloat16 *)ab[cnt + i];
+            // A stored (m, k) or, transposed, (k, m); B stored (k, n) or, transposed, (n, k)
+            pp->j[pp->count++] = x->transa ? (gg_pack_job){x->a, a, x->k, x->m, ld, 1}
+                                           : (gg_pack_job){x->a, a, x->m, x->k, ld, 0};
+            pp->j[pp->count++] = x->transb ? (gg_pack_job){x->b, b, x->n, x->k, ld, 0}
+                                           : (gg_pack_job){x->b, b, x->k, x->n, ld, 1};
+        }
+        pack_launch(cx, pp);
+    };
+    gt_batches(cx, g, count, pack);
     free(pp);
+}
+
+// MXFP8, MXFP4, NVFP4 (gemm_q.cu): every operand dequantized to bf16 in scratch (an element
+// times its block scale has at most 6 significant bits: exact in bf16 within its exponent
+// range; NVFP4's second level stays out) with the pack's layout, one dequantization and one
+// GEMM launch per GT_MAX groups; gg_store applies the second levels. The sums are the bf16
+// kernel's, in its fixed order: reproducible and batch invariant.
+extern "C" void lb_cuda_gemm_q_grouped_bf16(lb_cuda_ctx *cx, int count, const lb_gemm_q_args *g)
+{
+    lb_cuda_dq_job *jobs = (lb_cuda_dq_job *)lb_calloc(2 * GT_MAX, sizeof *jobs);
+    auto dequant = [&](const lb_gemm_q_args *gb, int cnt, void *const *ab, gt_params *T) {
+        for (int i = 0; i < cnt; i++) {
+            const lb_gemm_q_args *x = &gb[i];
+            const size_t ld = (size_t)pad8(x->k);
+            jobs[i] = (lb_cuda_dq_job){x->a, ab[i], ld, (int)ld};   // the A's, then the B's:
+            jobs[cnt + i] = (lb_cuda_dq_job){x->b, ab[cnt + i], ld, (int)ld};   // runs of a type
+            if (x->a->fmt == LB_FMT_NVFP4) {
+                gt_group *G = &T->g[i];
+                G->s2a = x->a->scale2, G->s2a_row = x->a->nscale2 > 1;
+                G->s2b = x->b->scale2, G->s2b_row = x->b->nscale2 > 1;
+            }
+        }
+        lb_cuda_dequant_bf16_groups(cx, 2 * cnt, jobs);
+    };
+    gt_batches(cx, g, count, dequant);
+    free(jobs);
 }
 
 // --- fp8-block: E4M3 x E4M3 with block scales, promoted to fp32 per 128 of k -------------------

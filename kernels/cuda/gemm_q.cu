@@ -578,8 +578,15 @@ static void cuda_gemm_q(lb_backend *be, int m, int n, int k, float alpha, const 
     case LB_FMT_MXFP8:
     case LB_FMT_MXFP4:
     case LB_FMT_NVFP4:
-        cache_of(lb_cuda(be))->emulated++;
-        gemm_emulated(be, m, n, k, alpha, a, b, beta, c);
+        cache_of(cx)->emulated++;
+        if (cx->grouped_tc && cx->dense_tc) {
+            // gemm_grouped.cu's bf16 kernel, a group of one, as gemm_q_grouped runs them: the
+            // same bits alone or among groups, whatever m
+            lb_gemm_q_args one = {m, n, k, alpha, beta, a, b, c};
+            lb_cuda_gemm_q_grouped_bf16(cx, 1, &one);
+        } else {
+            gemm_emulated(be, m, n, k, alpha, a, b, beta, c);
+        }
         break;
     default:
         lb_die("gemm_q: format %d has no quantized GEMM", (int)a->fmt);
@@ -587,15 +594,17 @@ static void cuda_gemm_q(lb_backend *be, int m, int n, int k, float alpha, const 
 }
 
 // fp8-block groups that gemm_grouped.cu's kernel takes run in one launch per block shape of B
-// (128x128 weights, 1x128 for the wgrad's operands), the others through cuda_gemm_q one by
-// one. Whether a group fits depends on k, its layouts and the device (never on m), so a row's
-// path, and its bits, never depend on how many rows share its group.
+// (128x128 weights, 1x128 for the wgrad's operands); MXFP8, MXFP4 and NVFP4 groups on its bf16
+// kernel in one launch (the path cuda_gemm_q takes for them); the others through cuda_gemm_q
+// one by one. Whether a group fits depends on k, its layouts and the device (never on m), so a
+// row's path, and its bits, never depend on how many rows share its group.
 static void cuda_gemm_q_grouped(lb_backend *be, int count, const lb_gemm_q_args *g)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
     const size_t bytes = (size_t)(count > 0 ? count : 1) * sizeof(lb_gemm_q_args);
-    lb_gemm_q_args *run[2] = {(lb_gemm_q_args *)lb_malloc(bytes), (lb_gemm_q_args *)lb_malloc(bytes)};
-    int nrun[2] = {0, 0};   // [0]: B with 128x128 blocks, [1]: with 1x128 blocks
+    lb_gemm_q_args *run[3];
+    for (int v = 0; v < 3; v++) run[v] = (lb_gemm_q_args *)lb_malloc(bytes);
+    int nrun[3] = {0, 0, 0};   // [0]: B with 128x128 blocks, [1]: with 1x128 blocks, [2]: MX/NV
     for (int i = 0; i < count; i++) {
         const lb_gemm_q_args *x = &g[i];
         if (x->m < 0 || x->n < 0 || x->k < 0)
@@ -605,7 +614,13 @@ static void cuda_gemm_q_grouped(lb_backend *be, int count, const lb_gemm_q_args 
             lb_die("gemm_q_grouped: group %d: operands (%d, %d) and (%d, %d) do not fit "
                    "(%d, %d, k %d)", i, x->a->rows, x->a->cols, x->b->rows, x->b->cols, x->m,
                    x->n, x->k);
-        if (cx->grouped_tc && x->alpha != 0.0f && lb_cuda_gemm_q_grouped_fits(x->a, x->b)) {
+        const lb_format f = x->a->fmt;
+        const int mxnv = f == LB_FMT_MXFP8 || f == LB_FMT_MXFP4 || f == LB_FMT_NVFP4;
+        if (mxnv && x->b->fmt == f && cx->grouped_tc && cx->dense_tc &&
+            (x->alpha != 0.0f || f == LB_FMT_NVFP4)) {   // as cuda_gemm_q
+            run[2][nrun[2]++] = *x;
+            cache_of(cx)->emulated++;
+        } else if (cx->grouped_tc && x->alpha != 0.0f && lb_cuda_gemm_q_grouped_fits(x->a, x->b)) {
             const int v = x->b->brows == 1;
             run[v][nrun[v]++] = *x;
         } else {
@@ -617,6 +632,8 @@ static void cuda_gemm_q_grouped(lb_backend *be, int count, const lb_gemm_q_args 
         cache_of(cx)->fp8_grouped += nrun[v];
         free(run[v]);
     }
+    if (nrun[2]) lb_cuda_gemm_q_grouped_bf16(cx, nrun[2], run[2]);
+    free(run[2]);
     if (cx->sync_each) LB_CUDA_WAIT(cx);
 }
 

@@ -19,9 +19,11 @@
 // - Stochastic rounding draws lb_rand_u64(seed, lb_quant_stream(step, tensor), index) with the
 //   row-major index of the element in the quantized matrix, as the CPU does.
 //
-// fp8-block runs in one pass (fq_kernel, below, for quantize and quantize_grouped). The other
-// formats run in three passes over Q (the quantized matrix, x^T for column-wise; the
-// column-wise input is first transposed into scratch, as quantize.c does):
+// fp8-block runs in one pass (fq_kernel, below, for quantize and quantize_grouped), MXFP8,
+// MXFP4 and NVFP4 in one or two (mq_kernel: the NVFP4 tensor or row maxima first) unless a
+// Hadamard transform of a size other than 16 is fused in. Those, and fp8-tensor, run in three
+// passes over Q (the quantized matrix, x^T for column-wise; the column-wise input is first
+// transposed into scratch, as quantize.c does):
 //   1. amax: one warp per 128 consecutive columns of one row; the block maxima of that row
 //      segment (one per 1-D block) go to scratch; NVFP4 also folds them into the tensor or row
 //      maximum for the second level.
@@ -204,6 +206,22 @@ __device__ __forceinline__ float nvfp4_scale2(float amax)
     return s == 0.0f ? 1.0f : s;
 }
 
+// The byte scale sc of an MX (NV 0) or NVFP4 (NV 1, second level t) block whose |x| maximum
+// has bits mb, and the divisor of its elements (quantize.c's quantize_rows).
+template <int ELEM, int NV>
+__device__ __forceinline__ float byte_scale(uint32_t mb, float t, int floor_rule, unsigned &sc)
+{
+    const float amax = __uint_as_float(mb);
+    const int finite = mb < 0x7f800000u;   // amax < INFINITY: false for NaN and Inf
+    if (NV) {
+        const float v = finite ? __fdiv_rn(__fdiv_rn(amax, 6.0f), t) : qnan();
+        sc = encode<LB_UE4M3>(v, 0, 0);
+        return __fmul_rn(decode<LB_UE4M3>(sc), t);
+    }
+    sc = !finite ? 0xffu : mb == 0 ? 127u : (unsigned)(mx_exponent<ELEM>(amax, floor_rule) + 127);
+    return decode<LB_E8M0>(sc);
+}
+
 // --- pass 1: maxima of 1-D block segments ----------------------------------------------------
 
 // One warp per (row r, chunk of 128 columns); lane l holds columns 128 ch + l + 32 t, t < 4.
@@ -286,17 +304,11 @@ __global__ void scale_kernel(int fmt, int R, int brows, int srows, int scols,
             else if (s == 0.0f) s = 1.0f;          // all-zero block (or amax < 448 * 2^-150)
             ((float *)scale)[b] = s;
             d = s;
-        } else if (fmt == LB_FMT_NVFP4) {
-            float t = s2[s2row ? r0 : 0];
-            float v = finite ? __fdiv_rn(__fdiv_rn(amax, 6.0f), t) : qnan();
-            unsigned sc = encode<LB_UE4M3>(v, 0, 0);
+        } else {
+            unsigned sc;
+            d = fmt == LB_FMT_NVFP4 ? byte_scale<ELEM, 1>(mb, s2[s2row ? r0 : 0], 0, sc)
+                                    : byte_scale<ELEM, 0>(mb, 0.0f, floor_rule, sc);
             ((uint8_t *)scale)[b] = (uint8_t)sc;
-            d = __fmul_rn(decode<LB_UE4M3>(sc), t);
-        } else {                                   // MXFP8, MXFP4
-            unsigned sc = !finite ? 0xffu : mb == 0 ? 127u
-                        : (unsigned)(mx_exponent<ELEM>(amax, floor_rule) + 127);
-            ((uint8_t *)scale)[b] = (uint8_t)sc;
-            d = decode<LB_E8M0>(sc);
         }
         dv[b] = d;
     }
@@ -399,8 +411,31 @@ template <> __device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float
     return __float2bfloat16_rn(v);
 }
 
+// Element (r, c) of Q dequantized: element * block scale (* s2 when with_s2, NVFP4), 0 for
+// c >= C. quantize.c's dequantize.
+template <int ELEM>
+__device__ __forceinline__ float dq_value(int r, int c, int fmt, int C, const uint8_t *data,
+                                          size_t ld, int brows, int bc, int scols,
+                                          const void *scale, int scale_e8m0, const float *s2,
+                                          int s2row, int with_s2)
+{
+    if (c >= C) return 0.0f;
+    const uint8_t *row = data + (size_t)r * ld;
+    unsigned code = ELEM == LB_E2M1 ? (row[c >> 1] >> ((c & 1) * 4)) & 0xfu : row[c];
+    float e = decode<ELEM>(code), v;
+    size_t si = (size_t)(r / brows) * scols + c / bc;
+    if (fmt == LB_FMT_FP8_BLOCK || fmt == LB_FMT_FP8_TENSOR) {
+        v = __fmul_rn(e, ((const float *)scale)[si]);
+    } else {
+        unsigned sc = ((const uint8_t *)scale)[si];
+        v = __fmul_rn(e, scale_e8m0 ? decode<LB_E8M0>(sc) : decode<LB_UE4M3>(sc));
+        if (fmt == LB_FMT_NVFP4 && with_s2) v = __fmul_rn(v, s2[s2row ? r : 0]);
+    }
+    return v;
+}
+
 // y (R, ocols) with row pitch ldy: columns < C get element * block scale (* s2 when with_s2,
-// NVFP4), columns >= C get 0 (padding for the GEMM paths). quantize.c's dequantize.
+// NVFP4), columns >= C get 0 (padding for the GEMM paths).
 template <int ELEM, typename O>
 __global__ void dequant_kernel(O *__restrict__ y, size_t ldy, int ocols, int fmt, int R, int C,
                                const uint8_t *__restrict__ data, size_t ld, int brows, int bc,
@@ -411,21 +446,8 @@ __global__ void dequant_kernel(O *__restrict__ y, size_t ldy, int ocols, int fmt
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n;
          t += (size_t)gridDim.x * blockDim.x) {
         int r = (int)(t / ocols), c = (int)(t % ocols);
-        float v = 0.0f;
-        if (c < C) {
-            const uint8_t *row = data + (size_t)r * ld;
-            unsigned code = ELEM == LB_E2M1 ? (row[c >> 1] >> ((c & 1) * 4)) & 0xfu : row[c];
-            float e = decode<ELEM>(code);
-            size_t si = (size_t)(r / brows) * scols + c / bc;
-            if (fmt == LB_FMT_FP8_BLOCK || fmt == LB_FMT_FP8_TENSOR) {
-                v = __fmul_rn(e, ((const float *)scale)[si]);
-            } else {
-                unsigned sc = ((const uint8_t *)scale)[si];
-                v = __fmul_rn(e, scale_e8m0 ? decode<LB_E8M0>(sc) : decode<LB_UE4M3>(sc));
-                if (fmt == LB_FMT_NVFP4 && with_s2) v = __fmul_rn(v, s2[s2row ? r : 0]);
-            }
-        }
-        y[(size_t)r * ldy + c] = to_out<O>(v);
+        y[(size_t)r * ldy + c] = to_out<O>(dq_value<ELEM>(r, c, fmt, C, data, ld, brows, bc, scols,
+                                                          scale, scale_e8m0, s2, s2row, with_s2));
     }
 }
 
@@ -466,6 +488,105 @@ extern "C" void lb_cuda_dequant_bf16(lb_cuda_ctx *cx, void *y, size_t ldy, int o
     dequant_launch<__nv_bfloat16>(cx, (__nv_bfloat16 *)y, ldy, ocols, q, with_s2);
 }
 
+// Groups of matrices dequantized to bf16 in one launch (blockIdx.y: the matrix), without
+// NVFP4's second level. A thread writes 8 columns (16 bytes; ocols and ldy are multiples of
+// 8), which lie in one scale block (blocks are at least 16 wide and start at multiples of
+// their width), from one load of their codes where the row allows.
+#define DQ_MAX 64
+
+typedef struct {
+    const uint8_t *data;
+    const void *scale;
+    __nv_bfloat16 *y;
+    size_t ld, ldy;
+    int R, C, ocols, brows, bc, scols;
+} dq_job;
+
+typedef struct {
+    int count, fmt, e8m0;
+    dq_job j[DQ_MAX];
+} dq_params;
+
+template <int ELEM> __global__ void dequant_groups_kernel(const __grid_constant__ dq_params P)
+{
+    const dq_job &J = P.j[blockIdx.y];
+    const int n8 = J.ocols / 8;
+    const size_t n = (size_t)J.R * n8;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n;
+         t += (size_t)gridDim.x * blockDim.x) {
+        const int r = (int)(t / n8), c = 8 * (int)(t % n8);
+        float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (c < J.C) {
+            const uint8_t *row = J.data + (size_t)r * J.ld;
+            uint64_t codes = 0;   // code i in bits 4i (E2M1) or 8i (fp8)
+            const int nb = ELEM == LB_E2M1 ? 4 : 8;
+            const uint8_t *p = row + (ELEM == LB_E2M1 ? c / 2 : c);
+            if (c + 7 < J.C && ((uintptr_t)p & (nb - 1)) == 0) {
+                codes = nb == 4 ? *(const uint32_t *)p : *(const uint64_t *)p;
+            } else {
+                const int have = ELEM == LB_E2M1 ? (min(J.C - c, 8) + 1) / 2 : min(J.C - c, 8);
+                for (int i = 0; i < have; i++) codes |= (uint64_t)p[i] << (8 * i);
+            }
+            const size_t si = (size_t)(r / J.brows) * J.scols + c / J.bc;
+            float s;
+            if (P.fmt == LB_FMT_FP8_BLOCK || P.fmt == LB_FMT_FP8_TENSOR) {
+                s = ((const float *)J.scale)[si];
+            } else {
+                const unsigned sc = ((const uint8_t *)J.scale)[si];
+                s = P.e8m0 ? decode<LB_E8M0>(sc) : decode<LB_UE4M3>(sc);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) {   // dq_value's product
+                const unsigned code = (unsigned)(codes >> (ELEM == LB_E2M1 ? 4 * i : 8 * i)) &
+                                      (ELEM == LB_E2M1 ? 0xfu : 0xffu);
+                if (c + i < J.C) v[i] = __fmul_rn(decode<ELEM>(code), s);
+            }
+        }
+        __nv_bfloat162 o[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+        *(uint4 *)(J.y + (size_t)r * J.ldy + c) = *(const uint4 *)o;
+    }
+}
+
+// Runs of jobs of one format and element type, DQ_MAX at most, one launch each.
+extern "C" void lb_cuda_dequant_bf16_groups(lb_cuda_ctx *cx, int count,
+                                            const lb_cuda_dq_job *jobs)
+{
+    dq_params *P = (dq_params *)lb_calloc(1, sizeof *P);
+    for (int i0 = 0; i0 < count;) {
+        const lb_qmat *q0 = jobs[i0].q;
+        int cnt = 0;
+        size_t most = 0;
+        P->fmt = (int)q0->fmt, P->e8m0 = q0->scale_elem == LB_E8M0;
+        for (; i0 + cnt < count && cnt < DQ_MAX; cnt++) {
+            const lb_cuda_dq_job *x = &jobs[i0 + cnt];
+            const lb_qmat *q = x->q;
+            if (q->fmt != q0->fmt || q->elem != q0->elem) break;
+            if (x->ocols % 8 || x->ldy % 8 || x->ocols < q->cols || ((uintptr_t)x->y & 15) ||
+                (q->fmt != LB_FMT_FP8_TENSOR && q->bcols % 8))
+                lb_die("cuda dequantize: an output row not a multiple of 8 or short, or "
+                       "misaligned");
+            P->j[cnt] = (dq_job){q->data, q->scale, (__nv_bfloat16 *)x->y, q->ld, x->ldy,
+                                 q->rows, q->cols, x->ocols, q->brows, q->bcols, q->scols};
+            const size_t n = (size_t)q->rows * (x->ocols / 8);
+            if (n > most) most = n;
+        }
+        P->count = cnt;
+        const size_t cap = (size_t)cx->num_sms * 16 / cnt + 1, blocks = (most + 255) / 256;
+        const dim3 grid((unsigned)(blocks < cap ? blocks : cap), (unsigned)cnt);
+        switch (q0->elem) {
+        case LB_E4M3: dequant_groups_kernel<LB_E4M3><<<grid, 256, 0, cx->stream>>>(*P); break;
+        case LB_E5M2: dequant_groups_kernel<LB_E5M2><<<grid, 256, 0, cx->stream>>>(*P); break;
+        case LB_E2M1: dequant_groups_kernel<LB_E2M1><<<grid, 256, 0, cx->stream>>>(*P); break;
+        default: lb_die("cuda dequantize: element type %d", (int)q0->elem);
+        }
+        LB_CUDA_LAUNCHED(cx);
+        i0 += cnt;
+    }
+    free(P);
+}
+
 // --- fp8-block in one pass, for groups of rows (quantize_grouped, and quantize) --------------
 //
 // fp8-block has no second level and blocks of at most 128 x 128, so one block of 256 threads
@@ -481,16 +602,24 @@ extern "C" void lb_cuda_dequant_bf16(lb_cuda_ctx *cx, void *y, size_t ldy, int o
 
 typedef struct {
     const float *x;          // x_j (rows, cols), row pitch cols
-    uint8_t *data;           // Q_j (R, C), row pitch C
-    float *scale;            // (ceil(R / brows), scols)
+    uint8_t *data;           // Q_j (R, C), row pitch ld (C for fp8)
+    void *scale;             // (ceil(R / brows), scols): fp32 (fp8-block) or bytes
+    float *scale2;           // NVFP4's second level (mq_kernel)
+    uint32_t *s2w;           // NVFP4: |x| maxima of the tensor (1) or of Q's rows (R), scratch
+    size_t ld;
     int rows, R, C, scols;
     int tile0, tiles_c;      // the group's first tile in the launch; tiles per tile row of Q_j
     uint64_t rbase;          // stochastic rounding stream
+    uint32_t hsigns;         // Hadamard signs (mq_kernel)
 } fq_group;
 
 typedef struct {
     int count, cols, blk2d, sr;
     int v4;                  // every row of x starts 16-byte aligned (16-byte loads)
+    int floor_rule;          // MX scale rule (mq_kernel)
+    int s2mode;              // NVFP4 second level: lb_scale2_mode (mq_kernel)
+    float s2given;
+    float hc;                // Hadamard normalisation (mq_kernel)
     fq_group g[FQ_MAX];
 } fq_params;
 
@@ -587,8 +716,52 @@ __device__ __forceinline__ float fq_tile_scale(const float4 (&v)[16], uint32_t *
     __syncthreads();
     m = __reduce_max_sync(0xffffffffu, red[tid & 7]);
     const float sc = fp8_scale(m);
-    if (tid == 0) G.scale[(size_t)tr * G.scols + tc] = sc;
+    if (tid == 0) ((float *)G.scale)[(size_t)tr * G.scols + tc] = sc;
     return sc;
+}
+
+// Column-wise tiles (v[s] holds Q rows 4 lane + u, columns 16 warp + s): for tid < 128, the
+// |x| maximum of Q row tid of the tile (this thread's 16 values of each of its rows, then the
+// 8 warps' through part). Every thread of the block calls it (a barrier).
+__device__ __forceinline__ uint32_t colwise_row_max(const float4 (&v)[16], uint32_t (*part)[128],
+                                                    int tid)
+{
+    const int lane = tid & 31, warp = tid >> 5;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        uint32_t m = 0;
+#pragma unroll
+        for (int s = 0; s < 16; s++) m = max(m, __float_as_uint(fq_el(v[s], u)) & 0x7fffffffu);
+        part[warp][4 * lane + u] = m;
+    }
+    __syncthreads();
+    uint32_t m = 0;
+    if (tid < 128)
+#pragma unroll
+        for (int w = 0; w < 8; w++) m = max(m, part[w][tid]);
+    return m;
+}
+
+// Block blockIdx.x's tile: its group, its row and column (tr, tc) among the group's tiles, and
+// v[s] = x[xr + s][xc .. xc + 3] (zero beyond x): Q(r0 + 16 warp + s, c0 + 4 lane + u)
+// row-wise, Q(r0 + 4 lane + u, c0 + 16 warp + s) column-wise, with (r0, c0) = 128 (tr, tc).
+struct fq_tile {
+    const fq_group *G;
+    int tr, tc, r0, c0, xr, xc;
+};
+
+template <int COLWISE>
+__device__ __forceinline__ fq_tile fq_tile_load(const fq_params &P, float4 (&v)[16])
+{
+    const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    fq_tile T;
+    T.G = &lb_group_of(P.g, P.count, t);
+    T.tr = (t - T.G->tile0) / T.G->tiles_c, T.tc = (t - T.G->tile0) % T.G->tiles_c;
+    T.r0 = T.tr * 128, T.c0 = T.tc * 128;
+    T.xr = (COLWISE ? T.c0 : T.r0) + 16 * warp, T.xc = (COLWISE ? T.r0 : T.c0) + 4 * lane;
+#pragma unroll
+    for (int s = 0; s < 16; s++) v[s] = fq_load(T.G->x, T.G->rows, P.cols, T.xr + s, T.xc, P.v4);
+    return T;
 }
 
 // COLWISE 0: Q(r, c) = x[r][c]; 1: Q(r, c) = x[c][r]. SR: stochastic rounding (a kernel of its
@@ -599,16 +772,10 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
     __shared__ uint32_t part[8][128];   // column-wise 1x128: each warp's maxima of the Q rows
     __shared__ float dv[128];           // column-wise 1x128: the divisor of each Q row
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int t = blockIdx.x;
-    const fq_group &G = lb_group_of(P.g, P.count, t);
-    const int tr = (t - G.tile0) / G.tiles_c, tc = (t - G.tile0) % G.tiles_c;
-    const int r0 = tr * 128, c0 = tc * 128;
-    // v[s] = x[xr + s][xc .. xc + 3]: Q(r0 + 16 warp + s, c0 + 4 lane + u) row-wise,
-    // Q(r0 + 4 lane + u, c0 + 16 warp + s) column-wise
-    const int xr = (COLWISE ? c0 : r0) + 16 * warp, xc = (COLWISE ? r0 : c0) + 4 * lane;
     float4 v[16];
-#pragma unroll
-    for (int s = 0; s < 16; s++) v[s] = fq_load(G.x, G.rows, P.cols, xr + s, xc, P.v4);
+    const fq_tile T = fq_tile_load<COLWISE>(P, v);
+    const fq_group &G = *T.G;
+    const int tr = T.tr, tc = T.tc, r0 = T.r0, c0 = T.c0, xr = T.xr, xc = T.xc;
 
     if (!COLWISE) {
         // 128x128: one divisor for the tile. 1x128: the warp holds rows xr .. xr + 15 whole;
@@ -625,7 +792,8 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
                 if (lane == s) m = ms;
             }
             const float sc = fp8_scale(m);
-            if (lane < 16 && xr + lane < G.R) G.scale[(size_t)(xr + lane) * G.scols + tc] = sc;
+            if (lane < 16 && xr + lane < G.R)
+                ((float *)G.scale)[(size_t)(xr + lane) * G.scols + tc] = sc;
             mine = fq_div_of(sc);
         }
         // one 4-byte word per lane and row: a warp writes 128 bytes of a Q row
@@ -655,23 +823,11 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
     if (P.blk2d) {
         d[0] = d[1] = d[2] = d[3] = fq_div_of(fq_tile_scale(v, part[0], G, tr, tc, tid));
     } else {
-        // Q row 4 lane + u: this lane's 16 values, then the 8 warps' through shared memory
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            uint32_t m = 0;
-#pragma unroll
-            for (int s = 0; s < 16; s++)
-                m = max(m, __float_as_uint(fq_el(v[s], u)) & 0x7fffffffu);
-            part[warp][4 * lane + u] = m;
-        }
-        __syncthreads();
+        const uint32_t m = colwise_row_max(v, part, tid);
         if (tid < 128) {
-            uint32_t m = 0;
-#pragma unroll
-            for (int w = 0; w < 8; w++) m = max(m, part[w][tid]);
             const float sc = fp8_scale(m);
             dv[tid] = sc;
-            if (r0 + tid < G.R) G.scale[(size_t)(r0 + tid) * G.scols + tc] = sc;
+            if (r0 + tid < G.R) ((float *)G.scale)[(size_t)(r0 + tid) * G.scols + tc] = sc;
         }
         __syncthreads();
 #pragma unroll
@@ -700,24 +856,385 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
     }
 }
 
-// An fq_kernel launch being collected, group by group.
+// --- MXFP8, MXFP4 and NVFP4 in one pass (two for an NVFP4 tensor or row maximum) ------------
+//
+// mq_kernel walks the tiles as fq_kernel does (one 128 x 128 tile of some group's Q per block
+// of 256 threads, held in registers, one launch for all the groups) for the formats with byte
+// scales. Their blocks fall inside the tile's layout: row-wise, a 1x32 (1x16) block of a Q
+// row is 8 (4) adjacent lanes and a 16x16 block is 4 lanes over the warp's 16 rows;
+// column-wise, a thread holds 16 consecutive columns of 4 Q rows, so a 1x16 block is its own,
+// a 16x16 block 4 lanes and a 1x32 block two warps (through shared memory). NVFP4's second
+// level from the tensor's or a Q row's maximum needs that maximum before any block scale: a
+// first launch of the same kernel (AMAX) takes it over the same tiles (atomicMax of the |x|
+// bits, as amax_kernel), the second quantizes. The wgrad's Hadamard transform of size 16 runs
+// on the registers (column-wise, a warp's 16 rows of x are one thread's 16 values); other
+// sizes take the passes above.
+
+// 2^(127 - sc) = 1 / decode<LB_E8M0>(sc) exactly, sc < 255 (2^-127 is an fp32 subnormal).
+__device__ __forceinline__ float e8m0_recip(unsigned sc)
+{
+    return sc == 254u ? __uint_as_float(0x00400000u) : __uint_as_float((254u - sc) << 23);
+}
+
+struct mq_div {
+    fq_div v;
+    int zero;   // the divisor is NaN or 0: every code is 0 (encode_kernel's rule)
+};
+
+// MX: d = 2^k, and x * 2^-k (one rounding of the exact x / d, subnormal or overflowing
+// results included) is __fdiv_rn(x, d). NVFP4: fq_div's reciprocal and correction.
+template <int NV> __device__ __forceinline__ mq_div mq_div_of(float d, unsigned sc)
+{
+    mq_div m;
+    m.zero = d != d || d == 0.0f;
+    m.v = NV ? fq_div_of(d) : fq_div{d, e8m0_recip(sc), 1.0f};
+    return m;
+}
+
+// x / d rounded to nearest even (see fq_div). An overflowing quotient returns x r's infinity
+// before the correction (which would make it NaN); the codecs saturate either.
+template <int NV> __device__ __forceinline__ float mq_quot(float x, const fq_div &v, int sr)
+{
+    if (!NV) return __fmul_rn(x, v.r);
+    if (sr) return fq_quot<1>(x, v);
+    x = __fmul_rn(x, v.k);
+    const float q = __fmul_rn(x, v.r);
+    if (fabsf(q) == INFINITY) return q;
+    return copysignf(__fmaf_rn(__fmaf_rn(-v.d, q, x), v.r, q), x);
+}
+
+// lb_encode(E2M1, q) rounding to nearest even, for q not NaN: the magnitudes are 0, 0.5, 1,
+// 1.5, 2, 3, 4, 6 (codes 0 .. 7), so the code counts the midpoints below |q|; a tie (0.25,
+// 0.75, ..., 5) goes to the even code, and everything above 5 (Inf too) saturates to 6. The
+// sign bit is q's (-0 included), as the codec's.
+__device__ __forceinline__ unsigned e2m1_rn(float q)
+{
+    const float a = fabsf(q);
+    const unsigned m = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
+                       (a >= 3.5f) + (a > 5.0f);
+    return (__float_as_uint(q) >> 28 & 8u) | m;
+}
+
+// The codes of x0 / d and x1 / d (Q's element indices at, at + 1), one per byte.
+template <int ELEM>
+__device__ __forceinline__ uint32_t mq_code2(float q0, float q1, int sr, uint64_t rb, size_t at)
+{
+    if (ELEM == LB_E4M3 && !sr)   // the hardware conversion: see fq_pair
+        return __nv_cvt_float2_to_fp8x2(make_float2(q0, q1), __NV_SATFINITE, __NV_E4M3);
+    if (ELEM == LB_E2M1 && !sr) return e2m1_rn(q0) | e2m1_rn(q1) << 8;
+    return encode<ELEM>(q0, sr, sr ? d_rand(rb, at) : 0) |
+           encode<ELEM>(q1, sr, sr ? d_rand(rb, at + 1) : 0) << 8;
+}
+
+// Four consecutive elements of a Q row (index at of the first), one code per byte.
+template <int ELEM, int NV>
+__device__ __forceinline__ uint32_t mq_codes4(float4 x, const mq_div &m, int sr, uint64_t rb,
+                                              size_t at)
+{
+    if (m.zero) return 0u;
+    const float q0 = mq_quot<NV>(x.x, m.v, sr), q1 = mq_quot<NV>(x.y, m.v, sr);
+    const float q2 = mq_quot<NV>(x.z, m.v, sr), q3 = mq_quot<NV>(x.w, m.v, sr);
+    return mq_code2<ELEM>(q0, q1, sr, rb, at) | mq_code2<ELEM>(q2, q3, sr, rb, at + 2) << 16;
+}
+
+// Four E2M1 codes, one per byte, as two bytes of nibbles (the first element low).
+__device__ __forceinline__ uint32_t nibbles4(uint32_t w)
+{
+    return (w & 0xfu) | (w >> 4 & 0xf0u) | (w >> 8 & 0xf00u) | (w >> 12 & 0xf000u);
+}
+
+// Row r of Q, columns c .. c + 4n - 1 (c a multiple of 4n): the codes w[i] (four per word, one
+// per byte), as one store where the run is whole and aligned, else byte by byte.
+template <int ELEM, int N>
+__device__ __forceinline__ void mq_store(const fq_group &G, int r, int c, const uint32_t (&w)[N])
+{
+    if (ELEM == LB_E2M1) {
+        uint8_t *p = G.data + (size_t)r * G.ld + c / 2;
+        uint32_t h[(N + 1) / 2];
+#pragma unroll
+        for (int i = 0; i < (N + 1) / 2; i++)
+            h[i] = nibbles4(w[2 * i]) | (2 * i + 1 < N ? nibbles4(w[2 * i + 1]) << 16 : 0u);
+        if (c + 4 * N - 1 < G.C && ((uintptr_t)p & (2 * N - 1)) == 0) {
+            if (N == 1) *(uint16_t *)p = (uint16_t)h[0];
+            else if (N == 2) *(uint32_t *)p = h[0];
+            else *(uint2 *)p = make_uint2(h[0], h[1]);
+            return;
+        }
+        // a missing last element of an odd row is the zero nibble of its byte
+        for (int b = 0; b < 2 * N && c + 2 * b < G.C; b++) {
+            uint32_t v = h[b / 4] >> (8 * (b % 4)) & 0xffu;
+            if (c + 2 * b + 1 >= G.C) v &= 0xfu;
+            p[b] = (uint8_t)v;
+        }
+        return;
+    }
+    uint8_t *p = G.data + (size_t)r * G.ld + c;
+    if (c + 4 * N - 1 < G.C && ((uintptr_t)p & (4 * N - 1)) == 0) {
+        if (N == 1) *(uint32_t *)p = w[0];
+        else if (N == 2) *(uint2 *)p = make_uint2(w[0], w[1]);
+        else *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
+        return;
+    }
+    for (int b = 0; b < 4 * N && c + b < G.C; b++) p[b] = (uint8_t)(w[b / 4] >> (8 * (b % 4)));
+}
+
+__device__ __forceinline__ float4 f4_neg(float4 a) { return make_float4(-a.x, -a.y, -a.z, -a.w); }
+
+// hadamard.c's transform of size H along v[0 .. 15] (x's rows), component by component: the
+// signs, the butterflies of transpose_kernel (same pairs, same roundings), the normalisation.
+template <int H>
+__device__ __forceinline__ void mq_hadamard(float4 (&v)[16], uint32_t signs, float hc)
+{
+#pragma unroll
+    for (int s = 0; s < 16; s++)
+        if (signs >> (s % H) & 1) v[s] = f4_neg(v[s]);
+#pragma unroll
+    for (int h = 1; h < H; h *= 2)
+#pragma unroll
+        for (int b = 0; b < 16; b += H)
+#pragma unroll
+            for (int p = 0; p < H / 2; p++) {
+                const int j = b + (p / h) * 2 * h + p % h;
+                const float4 a = v[j], c = v[j + h];
+                v[j] = make_float4(__fadd_rn(a.x, c.x), __fadd_rn(a.y, c.y), __fadd_rn(a.z, c.z),
+                                   __fadd_rn(a.w, c.w));
+                v[j + h] = make_float4(__fsub_rn(a.x, c.x), __fsub_rn(a.y, c.y),
+                                       __fsub_rn(a.z, c.z), __fsub_rn(a.w, c.w));
+            }
+#pragma unroll
+    for (int s = 0; s < 16; s++)
+        v[s] = make_float4(__fmul_rn(v[s].x, hc), __fmul_rn(v[s].y, hc), __fmul_rn(v[s].z, hc),
+                           __fmul_rn(v[s].w, hc));
+}
+
+// The maximum of m over groups of N adjacent lanes (N a power of two), in every lane.
+template <int N> __device__ __forceinline__ uint32_t lanes_max(uint32_t m)
+{
+#pragma unroll
+    for (int o = 1; o < N; o *= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+}
+
+// The NVFP4 second level of Q row r (row mode) or of the tensor.
+__device__ __forceinline__ float mq_s2(const fq_params &P, const fq_group &G, int r)
+{
+    if (P.s2mode == LB_S2_GIVEN) return P.s2given;
+    return nvfp4_scale2(__uint_as_float(G.s2w[P.s2mode == LB_S2_ROW ? r : 0]));
+}
+
+// ELEM: element type; BR x BC: block (1x32 MX, 1x16 or 16x16 NVFP4); COLWISE as fq_kernel;
+// H: Hadamard size (0 or 16, column-wise); AMAX: the NVFP4 maxima pass.
+template <int ELEM, int BR, int BC, int COLWISE, int H, int AMAX>
+__global__ void __launch_bounds__(256, 2) mq_kernel(const __grid_constant__ fq_params P)
+{
+    constexpr int NV = BC == 16;
+    __shared__ uint32_t part[8][128];   // column-wise: each warp's maxima of the Q rows
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = blockIdx.x;
+    float4 v[16];
+    const fq_tile T = fq_tile_load<COLWISE>(P, v);
+    const fq_group &G = *T.G;
+    const int tc = T.tc, r0 = T.r0, c0 = T.c0, xr = T.xr, xc = T.xc;
+    if (H) mq_hadamard<H ? H : 1>(v, G.hsigns, P.hc);
+
+    if (AMAX) {   // NVFP4: the maxima of Q's rows, or of the tensor, into G.s2w
+        if (P.s2mode == LB_S2_ROW && !COLWISE) {
+#pragma unroll
+            for (int s = 0; s < 16; s++) {
+                const uint32_t m = __reduce_max_sync(0xffffffffu, fq_abs4(v[s]));
+                if (lane == 0 && m && xr + s < G.R) atomicMax(G.s2w + xr + s, m);
+            }
+        } else if (P.s2mode == LB_S2_ROW) {
+            const uint32_t m = colwise_row_max(v, part, tid);
+            if (tid < 128 && m && r0 + tid < G.R) atomicMax(G.s2w + r0 + tid, m);
+        } else {
+            uint32_t m = 0;
+#pragma unroll
+            for (int s = 0; s < 16; s++) m = max(m, fq_abs4(v[s]));
+            m = __reduce_max_sync(0xffffffffu, m);
+            if (lane == 0) part[0][warp] = m;
+            __syncthreads();
+            m = __reduce_max_sync(0xffffffffu, part[0][lane & 7]);
+            if (tid == 0 && m) atomicMax(G.s2w, m);
+        }
+        return;
+    }
+
+    float t_all = 0.0f;   // NVFP4 second level of the tensor (or given)
+    if (NV) {
+        if (P.s2mode != LB_S2_ROW) {
+            t_all = mq_s2(P, G, 0);
+            if (t == G.tile0 && tid == 0) G.scale2[0] = t_all;
+        } else if (tc == 0 && tid < 128 && r0 + tid < G.R) {
+            G.scale2[r0 + tid] = mq_s2(P, G, r0 + tid);
+        }
+    }
+    uint8_t *scale = (uint8_t *)G.scale;
+
+    if (!COLWISE) {   // lanes beyond Q's columns take part in the shuffles, store nothing
+        const int in = xc < G.C;
+        if constexpr (BR == 16) {   // the warp's 16 rows, 4 lanes' 16 columns
+            uint32_t m = 0;
+#pragma unroll
+            for (int s = 0; s < 16; s++) m = max(m, fq_abs4(v[s]));
+            m = lanes_max<4>(m);
+            unsigned sc;
+            const mq_div d = mq_div_of<NV>(byte_scale<ELEM, NV>(m, t_all, 0, sc), sc);
+            if ((lane & 3) == 0 && in && xr < G.R)
+                scale[(size_t)(xr / 16) * G.scols + xc / 16] = sc;
+#pragma unroll
+            for (int s = 0; s < 16; s++) {
+                const int r = xr + s;
+                if (r >= G.R) break;
+                const uint32_t w[1] = {mq_codes4<ELEM, NV>(v[s], d, P.sr, G.rbase,
+                                                           (size_t)r * G.C + xc)};
+                mq_store<ELEM, 1>(G, r, xc, w);
+            }
+        } else {
+            // A block of row xr + s is BC / 4 = LG lanes. Its scale and divisor are computed by
+            // one of them (lane k of the group takes rows s = LG i + k), and shuffled to the
+            // others: the NVFP4 scale (two divisions and an encoding) is not done LG times.
+            constexpr int LG = BC / 4, PER = 16 / LG;
+            const int k = lane & (LG - 1);
+            uint32_t m[16];
+#pragma unroll
+            for (int s = 0; s < 16; s++) m[s] = lanes_max<LG>(fq_abs4(v[s]));
+            fq_div mine[PER];
+#pragma unroll
+            for (int i = 0; i < PER; i++) {
+                uint32_t mm = m[LG * i];
+#pragma unroll
+                for (int j = 1; j < LG; j++)
+                    if (k == j) mm = m[LG * i + j];
+                const int r = xr + LG * i + k;
+                const float t2 =
+                    NV && P.s2mode == LB_S2_ROW ? (r < G.R ? mq_s2(P, G, r) : 1.0f) : t_all;
+                unsigned sc;
+                const float d = byte_scale<ELEM, NV>(mm, t2, P.floor_rule, sc);
+                if (in && r < G.R) scale[(size_t)r * G.scols + xc / BC] = sc;
+                mine[i] = mq_div_of<NV>(d, sc).v;
+            }
+#pragma unroll
+            for (int s = 0; s < 16; s++) {
+                const int r = xr + s, src = (lane & ~(LG - 1)) | (s % LG);
+                if (r >= G.R) break;   // the same for the whole warp
+                mq_div d;
+                d.v.d = __shfl_sync(0xffffffffu, mine[s / LG].d, src);
+                d.v.r = __shfl_sync(0xffffffffu, mine[s / LG].r, src);
+                d.v.k = NV ? __shfl_sync(0xffffffffu, mine[s / LG].k, src) : 1.0f;
+                d.zero = d.v.d != d.v.d || d.v.d == 0.0f;   // d scaled by k: still NaN or 0
+                const uint32_t w[1] = {mq_codes4<ELEM, NV>(v[s], d, P.sr, G.rbase,
+                                                           (size_t)r * G.C + xc)};
+                mq_store<ELEM, 1>(G, r, xc, w);
+            }
+        }
+        return;
+    }
+
+    // Column-wise: Q rows xc + u (u < 4), columns c = c0 + 16 warp .. + 15.
+    const int c = c0 + 16 * warp;
+    uint32_t m[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        m[u] = 0;
+#pragma unroll
+        for (int s = 0; s < 16; s++)
+            m[u] = max(m[u], __float_as_uint(fq_el(v[s], u)) & 0x7fffffffu);
+    }
+    if (BC == 32) {   // with the other warp of the pair
+#pragma unroll
+        for (int u = 0; u < 4; u++) part[warp][4 * lane + u] = m[u];
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < 4; u++) m[u] = max(m[u], part[warp ^ 1][4 * lane + u]);
+    } else if (BR == 16) {   // 16 Q rows: 4 lanes' 4
+        const uint32_t a = lanes_max<4>(max(max(m[0], m[1]), max(m[2], m[3])));
+        m[0] = m[1] = m[2] = m[3] = a;
+    }
+    if (c >= G.C) return;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int r = xc + u;
+        if (r >= G.R) break;
+        const float t2 = NV && P.s2mode == LB_S2_ROW ? mq_s2(P, G, r) : t_all;
+        unsigned sc;
+        const mq_div d = mq_div_of<NV>(byte_scale<ELEM, NV>(m[u], t2, P.floor_rule, sc), sc);
+        const int writer = BR == 16 ? u == 0 && (lane & 3) == 0 : BC == 32 ? (warp & 1) == 0 : 1;
+        if (writer) scale[(size_t)(r / BR) * G.scols + c / BC] = sc;
+        const size_t at = (size_t)r * G.C + c;
+        uint32_t w[4];
+#pragma unroll
+        for (int s = 0; s < 16; s += 4)
+            w[s / 4] = mq_codes4<ELEM, NV>(make_float4(fq_el(v[s], u), fq_el(v[s + 1], u),
+                                                       fq_el(v[s + 2], u), fq_el(v[s + 3], u)),
+                                           d, P.sr, G.rbase, at + s);
+        mq_store<ELEM, 4>(G, r, c, w);
+    }
+}
+
+typedef void (*mq_fn)(fq_params);
+
+// mq_kernel's quantizing and maxima kernels for a's format, direction and transform.
+template <int E, int BR, int BC> static void mq_pick(int colwise, int h, mq_fn *q, mq_fn *amax)
+{
+    *amax = NULL;
+    if (!colwise) {
+        *q = mq_kernel<E, BR, BC, 0, 0, 0>;
+        if constexpr (BC == 16) *amax = mq_kernel<E, BR, BC, 0, 0, 1>;
+    } else if (h) {
+        *q = mq_kernel<E, BR, BC, 1, 16, 0>;
+        if constexpr (BC == 16) *amax = mq_kernel<E, BR, BC, 1, 16, 1>;
+    } else {
+        *q = mq_kernel<E, BR, BC, 1, 0, 0>;
+        if constexpr (BC == 16) *amax = mq_kernel<E, BR, BC, 1, 0, 1>;
+    }
+}
+
+// Whether mq_kernel quantizes under a (else the passes; fp8-block is fq_kernel's).
+static int mq_takes(const lb_quant_args *a)
+{
+    return (a->fmt == LB_FMT_MXFP8 || a->fmt == LB_FMT_MXFP4 || a->fmt == LB_FMT_NVFP4) &&
+           (a->hadamard == 0 || a->hadamard == 16);
+}
+
+// A launch of fq_kernel or mq_kernel being collected, group by group.
 typedef struct {
     lb_cuda_ctx *cx;
     lb_qmat *q;
     int cols, colwise, tiles;
     fq_params *P;
+    mq_fn mq, mq_amax;       // mq_kernel's (NULL: fq_kernel); the NVFP4 maxima pass or NULL
+    uint32_t *words;         // the maxima words of the groups not yet added (zeroed)
 } fq_collect;
 
 static void fq_flush(fq_collect *c)
 {
     const dim3 g(c->tiles), b(256);
     cudaStream_t st = c->cx->stream;
-    if (c->tiles && c->P->sr && c->colwise) fq_kernel<1, 1><<<g, b, 0, st>>>(*c->P);
-    else if (c->tiles && c->P->sr) fq_kernel<0, 1><<<g, b, 0, st>>>(*c->P);
-    else if (c->tiles && c->colwise) fq_kernel<1, 0><<<g, b, 0, st>>>(*c->P);
-    else if (c->tiles) fq_kernel<0, 0><<<g, b, 0, st>>>(*c->P);
+    if (!c->tiles) {
+    } else if (c->mq) {
+        if (c->mq_amax) {
+            c->mq_amax<<<g, b, 0, st>>>(*c->P);
+            LB_CUDA_LAUNCHED(c->cx);
+        }
+        c->mq<<<g, b, 0, st>>>(*c->P);
+    } else if (c->P->sr && c->colwise) {
+        fq_kernel<1, 1><<<g, b, 0, st>>>(*c->P);
+    } else if (c->P->sr) {
+        fq_kernel<0, 1><<<g, b, 0, st>>>(*c->P);
+    } else if (c->colwise) {
+        fq_kernel<1, 0><<<g, b, 0, st>>>(*c->P);
+    } else {
+        fq_kernel<0, 0><<<g, b, 0, st>>>(*c->P);
+    }
     if (c->tiles) LB_CUDA_LAUNCHED(c->cx);
     c->P->count = 0, c->tiles = 0;
+}
+
+// The NVFP4 maxima words a group of pr rows needs (tensor: 1, row: one per Q row).
+static size_t mq_words(const lb_quant_args *a, int pr, int cols)
+{
+    if (a->fmt != LB_FMT_NVFP4 || a->s2_mode == LB_S2_GIVEN) return 0;
+    return a->s2_mode == LB_S2_ROW ? (size_t)(a->colwise ? cols : pr) : 1;
 }
 
 // Adds group j to the launch being collected (launching it when full).
@@ -730,27 +1247,65 @@ static void fq_group_add(void *ctx, int j, const float *xj, int r, int pr, const
     lb_qmat_layout(&want, pr, c->cols, aj);
     const lb_qmat *q = &c->q[j];
     if (want.fmt != q->fmt || want.rows != q->rows || want.cols != q->cols ||
-        want.brows != q->brows || want.bcols != q->bcols)
+        want.brows != q->brows || want.bcols != q->bcols || want.elem != q->elem ||
+        want.nscale2 != q->nscale2)
         lb_die("cuda quantize: lb_qmat was laid out for another shape or format");
     const int tcn = (want.cols + 127) / 128;
+    uint32_t *w = c->words;
+    c->words += mq_words(aj, pr, c->cols);
     c->P->g[c->P->count++] = (fq_group){
-        xj, q->data, (float *)q->scale, r, want.rows, want.cols, want.scols, c->tiles, tcn,
-        aj->sr ? lb_hash64(lb_hash64(aj->seed) ^ lb_quant_stream(aj->step, aj->tensor)) : 0};
+        xj, q->data, q->scale, q->scale2, w, q->ld, r, want.rows, want.cols, want.scols,
+        c->tiles, tcn,
+        aj->sr ? lb_hash64(lb_hash64(aj->seed) ^ lb_quant_stream(aj->step, aj->tensor)) : 0,
+        aj->hadamard && aj->hadamard < 32 ? aj->hsigns & ((1u << aj->hadamard) - 1) : aj->hsigns};
     c->tiles += (want.rows + 127) / 128 * tcn;
 }
 
 // Groups j with prows[j] > 0 (see kernels.h quantize_grouped), q[j] checked against the layout
-// of (prows[j], cols) under a: as many fq_kernel launches as FQ_MAX groups need.
+// of (prows[j], cols) under a: fp8-block (fq_kernel) or a format mq_takes (mq_kernel), in as
+// many launches as FQ_MAX groups need.
 static void fq_launch(lb_cuda_ctx *cx, int count, lb_qmat *q, const float *x, const int *rows,
                       const int *prows, int cols, const lb_quant_args *a)
 {
     fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
     P->cols = cols, P->blk2d = a->weight_blocks ? 1 : 0, P->sr = a->sr ? 1 : 0;
     P->v4 = cols % 4 == 0 && ((uintptr_t)x & 15) == 0;
-    fq_collect c = {cx, q, cols, a->colwise ? 1 : 0, 0, P};
+    fq_collect c = {cx, q, cols, a->colwise ? 1 : 0, 0, P, NULL, NULL, NULL};
+    if (a->fmt != LB_FMT_FP8_BLOCK) {
+        const int h = a->hadamard;
+        P->floor_rule = a->rule == LB_SCALE_FLOOR, P->s2mode = (int)a->s2_mode, P->s2given = a->s2;
+        P->hc = h ? (float)(1.0 / sqrt((double)h)) : 0.0f;   // hadamard.c's norm_const
+        if (a->fmt == LB_FMT_MXFP4) mq_pick<LB_E2M1, 1, 32>(c.colwise, h, &c.mq, &c.mq_amax);
+        else if (a->fmt == LB_FMT_NVFP4 && a->weight_blocks)
+            mq_pick<LB_E2M1, 16, 16>(c.colwise, h, &c.mq, &c.mq_amax);
+        else if (a->fmt == LB_FMT_NVFP4) mq_pick<LB_E2M1, 1, 16>(c.colwise, h, &c.mq, &c.mq_amax);
+        else if (a->elem == LB_E5M2) mq_pick<LB_E5M2, 1, 32>(c.colwise, h, &c.mq, &c.mq_amax);
+        else mq_pick<LB_E4M3, 1, 32>(c.colwise, h, &c.mq, &c.mq_amax);
+        size_t nw = 0;
+        for (int j = 0; j < count; j++) nw += mq_words(a, prows ? prows[j] : rows[j], cols);
+        if (nw) {   // the maxima words of every group, zeroed once
+            c.words = (uint32_t *)lb_cuda_scratch(cx, nw * sizeof(uint32_t));
+            LB_CUDA_CHECK(cudaMemsetAsync(c.words, 0, nw * sizeof(uint32_t), cx->stream));
+        } else {
+            c.mq_amax = NULL;   // a given second level
+        }
+    }
     lb_quant_groups(count, x, rows, prows, cols, a, fq_group_add, &c);
     fq_flush(&c);
     free(P);
+}
+
+// NVFP4's second-level mode and given value, checked as the CPU checks them.
+static void nv_check(const lb_quant_args *a)
+{
+    if (a->fmt != LB_FMT_NVFP4) return;
+    if (a->s2_mode == LB_S2_GIVEN) {
+        if (!(a->s2 > 0.0f && a->s2 < INFINITY) && a->s2 == a->s2)
+            lb_die("cuda quantize: NVFP4 given scale2 %g is not positive and finite",
+                   (double)a->s2);
+    } else if (a->s2_mode != LB_S2_TENSOR && a->s2_mode != LB_S2_ROW) {
+        lb_die("cuda quantize: unknown scale2 mode %d", (int)a->s2_mode);
+    }
 }
 
 static void cuda_qmat_alloc(lb_backend *be, lb_qmat *q, int rows, int cols, const lb_quant_args *a)
@@ -783,17 +1338,9 @@ static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, 
         want.brows != q->brows || want.bcols != q->bcols || want.elem != q->elem ||
         want.nscale2 != q->nscale2)
         lb_die("cuda quantize: lb_qmat was laid out for another shape or format");
-    int nv = q->fmt == LB_FMT_NVFP4;
-    if (nv) {
-        if (a->s2_mode == LB_S2_GIVEN) {
-            if (!(a->s2 > 0.0f && a->s2 < INFINITY) && a->s2 == a->s2)
-                lb_die("cuda quantize: NVFP4 given scale2 %g is not positive and finite",
-                       (double)a->s2);
-        } else if (a->s2_mode != LB_S2_TENSOR && a->s2_mode != LB_S2_ROW) {
-            lb_die("cuda quantize: unknown scale2 mode %d", (int)a->s2_mode);
-        }
-    }
-    if (q->fmt == LB_FMT_FP8_BLOCK && !a->hadamard) {   // one pass (fq_kernel)
+    const int nv = q->fmt == LB_FMT_NVFP4;
+    nv_check(a);
+    if ((q->fmt == LB_FMT_FP8_BLOCK && !a->hadamard) || mq_takes(a)) {   // fq_ or mq_kernel
         fq_launch(cx, 1, q, x, &rows, NULL, cols, a);
         return;
     }
@@ -918,7 +1465,8 @@ static void cuda_group(void *ctx, int j, const float *xj, int r, int pr, const l
     LB_CUDA_CHECK(cudaFreeAsync(t, cx->stream));
 }
 
-// fp8-block without a Hadamard transform: all groups in one fq_kernel launch. Otherwise:
+// fp8-block without a Hadamard transform: all groups in one fq_kernel launch; MX and NVFP4
+// without one or with size 16: one mq_kernel launch (two for NVFP4's maxima). Otherwise:
 // quantize per group (a transform fused into its transpose), a padded group from a zero-filled
 // copy in stream-ordered memory.
 static void cuda_quantize_grouped(lb_backend *be, int count, lb_qmat *q, const float *x,
@@ -926,7 +1474,8 @@ static void cuda_quantize_grouped(lb_backend *be, int count, lb_qmat *q, const f
                                   const lb_quant_args *a)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
-    if (a->fmt == LB_FMT_FP8_BLOCK && !a->hadamard) {
+    nv_check(a);
+    if ((a->fmt == LB_FMT_FP8_BLOCK && !a->hadamard) || mq_takes(a)) {
         fq_launch(cx, count, q, x, rows, prows, cols, a);
         return;
     }
