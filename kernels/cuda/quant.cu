@@ -215,7 +215,9 @@ __device__ __forceinline__ float byte_scale(uint32_t mb, float t, int floor_rule
     const int finite = mb < 0x7f800000u;   // amax < INFINITY: false for NaN and Inf
     if (NV) {
         const float v = finite ? __fdiv_rn(__fdiv_rn(amax, 6.0f), t) : qnan();
-        sc = encode<LB_UE4M3>(v, 0, 0);
+        // encode<LB_UE4M3>(v, 0, 0): v >= 0 or NaN, so the hardware's E4M3 conversion (nearest
+        // even, +Inf and beyond 448 saturated; see fq_pair) with the codec's NaN code
+        sc = v != v ? 0x7fu : (unsigned)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
         return __fmul_rn(decode<LB_UE4M3>(sc), t);
     }
     sc = !finite ? 0xffu : mb == 0 ? 127u : (unsigned)(mx_exponent<ELEM>(amax, floor_rule) + 127);
@@ -1110,7 +1112,8 @@ __global__ void __launch_bounds__(256, 2) mq_kernel(const __grid_constant__ fq_p
                     NV && P.s2mode == LB_S2_ROW ? (r < G.R ? mq_s2(P, G, r) : 1.0f) : t_all;
                 unsigned sc;
                 const float d = byte_scale<ELEM, NV>(mm, t2, P.floor_rule, sc);
-                if (in && r < G.R) scale[(size_t)r * G.scols + xc / BC] = sc;
+                // the block's first lane is within Q's columns (this one need not be)
+                if (xc - 4 * k < G.C && r < G.R) scale[(size_t)r * G.scols + xc / BC] = sc;
                 mine[i] = mq_div_of<NV>(d, sc).v;
             }
 #pragma unroll
