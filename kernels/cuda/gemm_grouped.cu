@@ -117,9 +117,10 @@ __device__ __forceinline__ const Group &gg_tile(const Group *g, int count, int t
 // before any store: a store may alias a later load as far as the compiler knows, so a load
 // after it waits a full memory round trip (an accumulating wgrad's epilogue took 32 of them
 // per tile). CH trades those round trips for registers (16: one).
-template <int CH>
-// s2a (NULL: none): NVFP4's second levels of A (per row of C when s2a_row, else one) and of B
-// (per column when s2b_row), applied as gemm_q.cu's epilogue does: alpha (s2a s2b d) + beta c.
+// S2: NVFP4's second levels s2a of A (per row of C when s2a_row, else one) and s2b of B (per
+// column when s2b_row), applied as gemm_q.cu's epilogue does: alpha (s2a s2b d) + beta c. A
+// template parameter, so that the other kernels carry none of it (in registers either).
+template <int CH, int S2 = 0>
 __device__ __forceinline__ void gg_store(const float (&d)[64], float *c, int m, int n,
                                          float alpha, float beta, int r, int col0, int lane,
                                          const float *s2a = NULL, int s2a_row = 0,
@@ -150,7 +151,7 @@ __device__ __forceinline__ void gg_store(const float (&d)[64], float *c, int m, 
                 if (row >= m) continue;
                 float *p = c + (size_t)row * n + col;
                 float v0 = alpha * d[4 * j + 2 * half], v1 = alpha * d[4 * j + 2 * half + 1];
-                if (s2a) {
+                if (S2) {
                     const float sa = s2a[s2a_row ? row : 0];
                     const float s0 = __fmul_rn(sa, s2b[s2b_row ? col : 0]);
                     const float s1 = __fmul_rn(sa, s2b[s2b_row && col + 1 < n ? col + 1 : 0]);
@@ -232,7 +233,8 @@ __device__ __forceinline__ void gt_load(uint32_t dst, const CUtensorMap *map, in
 }
 #endif
 
-template <int BN>
+// S2: NVFP4 groups (gg_store), every group of the launch with its second levels.
+template <int BN, int S2>
 __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant__ gt_params P)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -309,8 +311,9 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
         const int r = m0 + cw * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
         for (int h = 0; h < NH; h++)
-            gg_store<BN == 256 ? 4 : 16>(d[h], G.c, G.m, G.n, G.alpha, G.beta, r, n0 + h * 128,
-                                          lane, G.s2a, G.s2a_row, G.s2b, G.s2b_row);
+            gg_store<BN == 256 ? 4 : 16, S2>(d[h], G.c, G.m, G.n, G.alpha, G.beta, r,
+                                              n0 + h * 128, lane, G.s2a, G.s2a_row, G.s2b,
+                                              G.s2b_row);
     }
 #endif
 }
@@ -469,15 +472,15 @@ static void tma_map(CUtensorMap *map, CUtensorMapDataType dt, const void *x, int
                rows, k, ld, (int)r);
 }
 
-template <int BN> static void gemm_launch(lb_cuda_ctx *cx, int tiles, const gt_params *T)
+template <int BN, int S2> static void gemm_launch(lb_cuda_ctx *cx, int tiles, const gt_params *T)
 {
     static int smem_set;   // the limit is the kernel's, set once per process (one device)
     if (!smem_set) {
-        lb_cuda_smem_limit(gt_kernel<BN>, GT_SMEM(BN));
+        lb_cuda_smem_limit(gt_kernel<BN, S2>, GT_SMEM(BN));
         smem_set = 1;
     }
     const int grid = tiles < cx->num_sms ? tiles : cx->num_sms;   // persistent blocks
-    gt_kernel<BN><<<grid, GT_THREADS, GT_SMEM(BN), cx->stream>>>(*T);
+    gt_kernel<BN, S2><<<grid, GT_THREADS, GT_SMEM(BN), cx->stream>>>(*T);
     LB_CUDA_LAUNCHED(cx);
 }
 
@@ -542,8 +545,12 @@ static void gt_batches(lb_cuda_ctx *cx, const A *g, int count, F fill)
         }
         fill(g + g0, cnt, (void *const *)ab, T);
         T->count = cnt, T->tiles = tiles;
-        if (tiles && bn == 256) gemm_launch<256>(cx, tiles, T);
-        else if (tiles) gemm_launch<128>(cx, tiles, T);
+        int s2 = 0;   // NVFP4: fill set every group's second levels
+        for (int i = 0; i < cnt; i++) s2 |= T->g[i].s2a != NULL;
+        if (tiles && bn == 256 && s2) gemm_launch<256, 1>(cx, tiles, T);
+        else if (tiles && bn == 256) gemm_launch<256, 0>(cx, tiles, T);
+        else if (tiles && s2) gemm_launch<128, 1>(cx, tiles, T);
+        else if (tiles) gemm_launch<128, 0>(cx, tiles, T);
     }
     free(T);
 }
