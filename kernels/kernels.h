@@ -120,7 +120,8 @@ struct lb_backend {
     // out for (prows[j], cols) under a, prows[j] >= rows[j] (prows NULL: equal): the bytes of
     // quantize of x_j followed by prows[j] - rows[j] zero rows (column-wise: zero columns,
     // which add nothing to a GEMM over them; the wgrad pads its tokens so). Groups with
-    // prows[j] == 0 are skipped. With stochastic rounding group j draws as tensor a->tensor + j.
+    // prows[j] == 0 are skipped. With stochastic rounding group j draws as tensor a->tensor + j;
+    // with a->hsigns_groups its Hadamard signs are a->hsigns_groups[j].
     void (*quantize_grouped)(lb_backend *, int count, struct lb_qmat *q, const float *x,
                              const int *rows, const int *prows, int cols,
                              const struct lb_quant_args *a);
