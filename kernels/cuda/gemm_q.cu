@@ -395,6 +395,31 @@ __global__ void epilogue_kernel(float *__restrict__ c, int m, int n, const float
 
 // --- paths -------------------------------------------------------------------------------------
 
+// q's codes (rows, k) copied into dst (rows_pad, kp), zeros around them (cuBLASLt's FP8
+// operands need rows and k in multiples of 16 and 16-byte aligned rows). Returns dst.
+static const void *pad_operand(lb_cuda_ctx *cx, uint8_t *dst, int rows_pad, int kp,
+                               const lb_qmat *q, int rows, int k)
+{
+    pad_bytes_kernel<<<lb_grid((size_t)rows_pad * kp, 256, cx), 256, 0, cx->stream>>>(
+        dst, rows_pad, kp, q->data, rows, k, q->ld);
+    LB_CUDA_LAUNCHED(cx);
+    return dst;
+}
+
+// q's fp32 block scales in cuBLASLt's layout (n floats at dst): BLK128x128_32F (ceil(rows_pad /
+// 128), KB4) for 128x128 blocks (blk), else VEC128_32F (KB, rows_pad).
+static void scale_operand(lb_cuda_ctx *cx, float *dst, int blk, size_t n, int rows_pad, int KB,
+                          int KB4, const lb_qmat *q, int rows)
+{
+    if (blk)
+        scale_blk_kernel<<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(
+            dst, (rows_pad + 127) / 128, KB4, (const float *)q->scale, KB);
+    else
+        scale_vec_kernel<<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(
+            dst, rows_pad, KB, (const float *)q->scale, rows);
+    LB_CUDA_LAUNCHED(cx);
+}
+
 // fp8-block through cuBLASLt block scaling, fp8-tensor through its per-tensor scaling (the
 // scalars as they are); 0 when cuBLASLt has no algorithm (2D x 2D blocks, or the device has
 // none of these modes): the caller falls back.
@@ -431,38 +456,15 @@ static int gemm_fp8_lt(lb_backend *be, int m, int n, int k, float alpha, const l
     if (!direct) { o_t = off; off += lb_align256((size_t)Np * Mp * sizeof(float)); }
     char *sc = (char *)lb_cuda_scratch(cx, off);
 
-    const void *db = b->data, *da = a->data;
-    if (pad_b) {
-        pad_bytes_kernel<<<lb_grid((size_t)Mp * kp, 256, cx), 256, 0, cx->stream>>>(
-            (uint8_t *)(sc + o_db), Mp, kp, b->data, n, k, b->ld);
-        LB_CUDA_LAUNCHED(cx);
-        db = sc + o_db;
-    }
-    if (pad_a) {
-        pad_bytes_kernel<<<lb_grid((size_t)Np * kp, 256, cx), 256, 0, cx->stream>>>(
-            (uint8_t *)(sc + o_da), Np, kp, a->data, m, k, a->ld);
-        LB_CUDA_LAUNCHED(cx);
-        da = sc + o_da;
-    }
+    const void *db = pad_b ? pad_operand(cx, (uint8_t *)(sc + o_db), Mp, kp, b, n, k) : b->data;
+    const void *da = pad_a ? pad_operand(cx, (uint8_t *)(sc + o_da), Np, kp, a, m, k) : a->data;
     float *sb = (float *)(sc + o_sb), *sa = (float *)(sc + o_sa);
     if (pt) {   // zero padding needs no scale of its own
         sb = (float *)b->scale;
         sa = (float *)a->scale;
     } else {
-        if (b2d)
-            scale_blk_kernel<<<lb_grid(sz_sb, 256, cx), 256, 0, cx->stream>>>(
-                sb, SRb, KB4, (const float *)b->scale, KB);
-        else
-            scale_vec_kernel<<<lb_grid(sz_sb, 256, cx), 256, 0, cx->stream>>>(
-                sb, Mp, KB, (const float *)b->scale, n);
-        LB_CUDA_LAUNCHED(cx);
-        if (a2d)
-            scale_blk_kernel<<<lb_grid(sz_sa, 256, cx), 256, 0, cx->stream>>>(
-                sa, SRa, KB4, (const float *)a->scale, KB);
-        else
-            scale_vec_kernel<<<lb_grid(sz_sa, 256, cx), 256, 0, cx->stream>>>(
-                sa, Np, KB, (const float *)a->scale, m);
-        LB_CUDA_LAUNCHED(cx);
+        scale_operand(cx, sb, b2d, sz_sb, Mp, KB, KB4, b, n);
+        scale_operand(cx, sa, a2d, sz_sa, Np, KB, KB4, a, m);
     }
 
     LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb,
