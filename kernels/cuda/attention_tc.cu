@@ -505,6 +505,35 @@ __device__ __forceinline__ float tc_ds(float p, float dp, float dd)
     return __fmul_rn(p, __fsub_rn(dp, dd));
 }
 
+// Row r (0 or 1) of this thread's dq fragment acc, times scale, into o (the row's d columns).
+template <int NK>
+__device__ __forceinline__ void tc_dq_store(float *o, const float (&acc)[2 * NK][4], int r, int tq,
+                                            int d, float scale)
+{
+#pragma unroll
+    for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int x = dt * 8 + 2 * tq + e;
+            if (x < d) o[x] = __fmul_rn(acc[dt][2 * r + e], scale);
+        }
+}
+
+// The dk/dv kernels' staging of a query chunk's rows c0 .. c0 + TC_KC - 1 of head h: lse * log2 e
+// into l2, D into dd (zero beyond t), by the block's NT threads.
+template <int NT>
+__device__ __forceinline__ void tc_stage_rows(float *l2, float *dd, const float *lse,
+                                              const float *D, int bi, int h, int c0, int t,
+                                              int hq)
+{
+    const size_t lrow = ((size_t)bi * hq + h) * t;
+    for (int e = threadIdx.x; e < TC_KC; e += NT) {
+        const int i = c0 + e;
+        l2[e] = i < t ? __fmul_rn(lse[lrow + i], (float)TC_LOG2E) : 0.0f;
+        dd[e] = i < t ? D[lrow + i] : 0.0f;
+    }
+}
+
 // dq: a block is TC_BWD_WARPS x 16 query rows of one (batch, head); key chunks stream through
 // shared memory (two stages of K, V (TC_KC, DP)).
 template <int NK>
@@ -596,17 +625,9 @@ tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
         __syncthreads();
     }
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (rows[r] >= t) continue;
-        float *o = dq + tc_row(bi, rows[r], h, t, hq, d);
-#pragma unroll
-        for (int dt = 0; dt < 2 * NK; dt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int x = dt * 8 + 2 * tq + e;
-                if (x < d) o[x] = __fmul_rn(acc[dt][2 * r + e], scale);
-            }
-    }
+    for (int r = 0; r < 2; r++)
+        if (rows[r] < t)
+            tc_dq_store<NK>(dq + tc_row(bi, rows[r], h, t, hq, d), acc, r, tq, d, scale);
 }
 
 // dk, dv: a block is TC_KC key rows of one (batch, kv head) (16 per warp, kept in shared
@@ -635,12 +656,7 @@ tc_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfl
         const int h = hk * group + it / nper, c0 = (cf + it % nper) * TC_KC, stg = it & 1;
         tc_load<NK, NT>(st + 2 * stg * TILE, qb, bi, c0, h, t, hq);
         tc_load<NK, NT>(st + (2 * stg + 1) * TILE, gb, bi, c0, h, t, hq);
-        const size_t lrow = ((size_t)bi * hq + h) * t;
-        for (int e = threadIdx.x; e < TC_KC; e += NT) {
-            const int i = c0 + e;
-            l2s[stg * TC_KC + e] = i < t ? __fmul_rn(lse[lrow + i], (float)TC_LOG2E) : 0.0f;
-            dds[stg * TC_KC + e] = i < t ? D[lrow + i] : 0.0f;
-        }
+        tc_stage_rows<NT>(l2s + stg * TC_KC, dds + stg * TC_KC, lse, D, bi, h, c0, t, hq);
     };
     tc_load<NK, NT>(kt, kb, bi, j0, hk, t, hkv);
     tc_load<NK, NT>(vt, vb, bi, j0, hk, t, hkv);
@@ -942,17 +958,9 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
         __syncthreads();
     }
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (rows[r] >= t) continue;
-        float *o = dq + tc_row(bi, rows[r], h, t, hq, d);
-#pragma unroll
-        for (int dt = 0; dt < 2 * NK; dt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int x = dt * 8 + 2 * tq + e;
-                if (x < d) o[x] = __fmul_rn(acc[dt][2 * r + e], scale);
-            }
-    }
+    for (int r = 0; r < 2; r++)
+        if (rows[r] < t)
+            tc_dq_store<NK>(dq + tc_row(bi, rows[r], h, t, hq, d), acc, r, tq, d, scale);
 #endif
 }
 
@@ -980,12 +988,7 @@ tw_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfl
         const int h = hk * group + it / nper, c0 = (cf + it % nper) * TC_KC, stg = it & 1;
         tw_load<NK, 128>(st + 2 * stg * TILE, qb, bi, c0, h, t, hq);
         tw_load<NK, 128>(st + (2 * stg + 1) * TILE, gb, bi, c0, h, t, hq);
-        const size_t lrow = ((size_t)bi * hq + h) * t;
-        for (int e = threadIdx.x; e < TC_KC; e += 128) {
-            const int i = c0 + e;
-            l2s[stg * TC_KC + e] = i < t ? __fmul_rn(lse[lrow + i], (float)TC_LOG2E) : 0.0f;
-            dds[stg * TC_KC + e] = i < t ? D[lrow + i] : 0.0f;
-        }
+        tc_stage_rows<128>(l2s + stg * TC_KC, dds + stg * TC_KC, lse, D, bi, h, c0, t, hq);
     };
     tw_load<NK, 128>(kt, kb, bi, j0, hk, t, hkv);
     tw_load<NK, 128>(vt, vb, bi, j0, hk, t, hkv);
