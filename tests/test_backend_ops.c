@@ -1838,7 +1838,7 @@ START_TEST(test_quantize_grouped)
     a = gq(LB_FMT_MXFP8, 1, 0, LB_E4M3, LB_SCALE_CEIL, 0, 1);
     a.hadamard = 32, a.hsigns = lb_hadamard_signs(32, seed, 5, 10);
     quant_grouped_case("mxfp8 col sr, Hadamard 32 random", &a, 130, 32, 6, r6);
-    // random signs of each group's own (nvfp4-moe's wgrad draws them per expert)
+    // random signs of each group's own (the wgrad draws them per expert under random16)
     uint32_t signs[6];
     for (int j = 0; j < 6; j++) signs[j] = lb_hadamard_signs(16, seed, 5, 20 + (uint64_t)j);
     a = gq(LB_FMT_NVFP4, 1, 0, LB_E4M3, 0, LB_S2_TENSOR, 1);

@@ -162,9 +162,10 @@ static void check_recipe(const char *recipe, const char *backward, lb_format f, 
 // Experts: lb_linear_grouped_fwd / _bwd (one quantization of all rows or quantize_grouped,
 // grouped GEMMs, grouped column-wise wgrad quantization) give bit for bit what lb_linear_fwd /
 // _bwd give per expert, with stochastic rounding (each expert's own stream), NVFP4 with one
-// second level per tensor (each expert's own) and nvfp4-moe's random Hadamard signs (each
+// second level per tensor (each expert's own) and random Hadamard signs (random16: each
 // expert's own, in one quantize_grouped call) too.
-static void check_grouped(const char *recipe, const char *backward, int sr, int per_tensor)
+static void check_grouped_h(const char *recipe, const char *backward, int sr, int per_tensor,
+                            const char *hadamard)
 {
     enum { E = 4 };
     const int counts[E] = {17, 0, 40, 3};
@@ -174,6 +175,7 @@ static void check_grouped(const char *recipe, const char *backward, int sr, int 
     lb_precision_spec s = spec(recipe, backward);
     s.stochastic_rounding = sr;
     if (per_tensor) snprintf(s.nvfp4_scale, sizeof s.nvfp4_scale, "per-tensor");
+    if (hadamard) snprintf(s.wgrad_hadamard, sizeof s.wgrad_hadamard, "%s", hadamard);
     lb_contract c;
     ck_assert_msg(lb_contract_resolve(&c, &s, 1, err, sizeof err) == 0, "%s", err);
     lb_linear L = {.be = be, .contract = &c, .seed = 5, .step = 3};
@@ -213,6 +215,11 @@ static void check_grouped(const char *recipe, const char *backward, int sr, int 
     for (int r = 0; r < 2; r++) free(y[r]), free(dx[r]), free(dw[r]);
 }
 
+static void check_grouped(const char *recipe, const char *backward, int sr, int per_tensor)
+{
+    check_grouped_h(recipe, backward, sr, per_tensor, NULL);
+}
+
 START_TEST(test_grouped)
 {
     check_grouped("fp8-block", "quantized", 0, 0);
@@ -222,6 +229,8 @@ START_TEST(test_grouped)
     check_grouped("nvfp4-moe", "quantized", 0, 0);
     check_grouped("nvfp4-moe", "quantized", 1, 1);
     check_grouped("mxfp4", "quantized", 0, 0);
+    check_grouped_h("nvfp4-moe", "quantized", 0, 0, "random16");
+    check_grouped_h("mxfp4", "quantized", 1, 0, "random16");
     check_grouped("mxfp8", "dequantized", 0, 0);
     check_grouped("bf16", "default", 0, 0);
 }

@@ -1063,6 +1063,63 @@ START_TEST(test_hadamard_fused)
 }
 END_TEST
 
+// lb_quant_groups gives group j the stream of tensor a->tensor + j and, with hsigns_groups,
+// the signs hsigns_groups[j] (random16: the wgrad draws them per expert): each group's bytes are
+// those of lb_quantize of that group alone with its own stream and signs.
+typedef struct {
+    lb_qmat *q;
+    int cols;
+} groups_ctx;
+
+static void quantize_group(void *ctx, int j, const float *xj, int r, int pr,
+                           const lb_quant_args *aj)
+{
+    groups_ctx *g = ctx;
+    ck_assert_int_eq(r, pr);
+    lb_qmat_alloc(&g->q[j], r, g->cols, aj);
+    lb_quantize(&g->q[j], xj, r, g->cols, aj);
+}
+
+START_TEST(test_hadamard_signs_per_group)
+{
+    enum { G = 3, C = 24 };
+    const int rows[G] = {32, 16, 48};
+    float *x = randmat(32 + 16 + 48, C, 73);
+    uint32_t signs[G];
+    for (int j = 0; j < G; j++) signs[j] = lb_hadamard_signs(16, 9, 4, 100 + (uint64_t)j);
+    lb_quant_args a = {0};
+    a.fmt = LB_FMT_NVFP4, a.s2_mode = LB_S2_TENSOR, a.colwise = 1, a.sr = 1;
+    a.seed = 3, a.step = 4, a.tensor = 50, a.hadamard = 16, a.hsigns_groups = signs;
+    lb_qmat got[G];
+    groups_ctx g = {got, C};
+    lb_quant_groups(G, x, rows, NULL, C, &a, quantize_group, &g);
+    int off = 0, differ = 0;
+    for (int j = 0; j < G; j++) {
+        lb_quant_args aj = a;
+        aj.hsigns_groups = NULL, aj.hsigns = signs[j], aj.tensor = a.tensor + (uint64_t)j;
+        lb_qmat want;
+        lb_qmat_alloc(&want, rows[j], C, &aj);
+        lb_quantize(&want, x + (size_t)off * C, rows[j], C, &aj);
+        CHECKM(!memcmp(want.data, got[j].data, lb_qmat_data_bytes(&want)) &&
+                   !memcmp(want.scale, got[j].scale, lb_qmat_scale_bytes(&want)) &&
+                   !memcmp(want.scale2, got[j].scale2, sizeof(float)),
+               "group %d: bytes differ from its own quantization", j);
+        // and the signs matter: group 0's signs on group j give other bytes
+        aj.hsigns = signs[(j + 1) % G];
+        lb_qmat other;
+        lb_qmat_alloc(&other, rows[j], C, &aj);
+        lb_quantize(&other, x + (size_t)off * C, rows[j], C, &aj);
+        differ += memcmp(other.data, got[j].data, lb_qmat_data_bytes(&other)) != 0;
+        lb_qmat_free(&want);
+        lb_qmat_free(&other);
+        lb_qmat_free(&got[j]);
+        off += rows[j];
+    }
+    CHECKM(differ == G, "only %d of %d groups changed under another group's signs", differ, G);
+    free(x);
+}
+END_TEST
+
 // A fused transform needs column-wise quantization and rows a multiple of its size: lb_die
 // (its abort hook jumps back here; the suite runs without fork).
 static jmp_buf die_jmp;
@@ -1161,6 +1218,7 @@ static Suite *quant_suite(void)
     tcase_add_test(tc, test_hadamard_orthogonal);
     tcase_add_test(tc, test_hadamard_gemm_invariance);
     tcase_add_test(tc, test_hadamard_fused);
+    tcase_add_test(tc, test_hadamard_signs_per_group);
     tcase_add_test(tc, test_hadamard_fused_errors);
     tcase_add_test(tc, test_qmat_transpose);
     suite_add_tcase(s, tc);
