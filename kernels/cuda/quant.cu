@@ -1213,23 +1213,18 @@ static void fq_flush(fq_collect *c)
 {
     const dim3 g(c->tiles), b(256);
     cudaStream_t st = c->cx->stream;
-    if (!c->tiles) {
-    } else if (c->mq) {
+    if (c->tiles) {
         if (c->mq_amax) {
             c->mq_amax<<<g, b, 0, st>>>(*c->P);
             LB_CUDA_LAUNCHED(c->cx);
         }
-        c->mq<<<g, b, 0, st>>>(*c->P);
-    } else if (c->P->sr && c->colwise) {
-        fq_kernel<1, 1><<<g, b, 0, st>>>(*c->P);
-    } else if (c->P->sr) {
-        fq_kernel<0, 1><<<g, b, 0, st>>>(*c->P);
-    } else if (c->colwise) {
-        fq_kernel<1, 0><<<g, b, 0, st>>>(*c->P);
-    } else {
-        fq_kernel<0, 0><<<g, b, 0, st>>>(*c->P);
+        if (c->mq) c->mq<<<g, b, 0, st>>>(*c->P);
+        else if (c->P->sr && c->colwise) fq_kernel<1, 1><<<g, b, 0, st>>>(*c->P);
+        else if (c->P->sr) fq_kernel<0, 1><<<g, b, 0, st>>>(*c->P);
+        else if (c->colwise) fq_kernel<1, 0><<<g, b, 0, st>>>(*c->P);
+        else fq_kernel<0, 0><<<g, b, 0, st>>>(*c->P);
+        LB_CUDA_LAUNCHED(c->cx);
     }
-    if (c->tiles) LB_CUDA_LAUNCHED(c->cx);
     c->P->count = 0, c->tiles = 0;
 }
 
