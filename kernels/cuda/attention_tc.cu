@@ -248,6 +248,13 @@ __device__ __forceinline__ void tc_chunk(tc_state<NK> (&st)[MT], const QA &qa, c
 
 // --- forward -----------------------------------------------------------------------------------
 
+// Grids are (heads, batch, tiles): blocks start in linear order (x fastest), so the tile index,
+// slowest, decides which tiles start first, across all heads and batches. The longest blocks
+// go first (causal query tiles late in the sequence, key tiles early in it) and short ones fill
+// the tail; with the tile fastest, every (head, batch) would hold long blocks, and the last
+// ones would start when most of the work is done.
+__device__ __forceinline__ int tc_tile_last_first() { return gridDim.z - 1 - blockIdx.z; }
+
 // (b, t, heads, d) element offset of row (bi, i, h).
 __device__ __forceinline__ size_t tc_row(int bi, int i, int h, int t, int heads, int d)
 {
@@ -329,8 +336,7 @@ struct tc_smem_ld {
 };
 
 // A block is TC_FWD_ROWS query rows of one (batch, head), 32 per warp (two 16-row tiles that
-// share every K and V fragment). Blocks are taken from the last rows first: causal rows late in
-// the sequence have the most keys, and starting them first leaves short blocks for the tail.
+// share every K and V fragment), the last rows first (tc_tile_last_first).
 // Shared memory: Q (TC_FWD_ROWS, DP), then two stages of K and V chunks (TC_KC, DP) each.
 template <int NK>
 __global__ void __launch_bounds__(TC_FWD_WARPS * 32)
@@ -341,9 +347,9 @@ tc_fwd_kernel(float *out, float *lse, const float *q, const __nv_bfloat16 *kb,
     extern __shared__ __align__(16) unsigned char tc_sm[];
     __nv_bfloat16 *qs = reinterpret_cast<__nv_bfloat16 *>(tc_sm);
     __nv_bfloat16 *sm = qs + TC_FWD_ROWS * DP;
-    const int bi = blockIdx.z, h = blockIdx.y, hk = h / (hq / hkv);
+    const int bi = blockIdx.y, h = blockIdx.x, hk = h / (hq / hkv);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
-    const int i0 = (gridDim.x - 1 - blockIdx.x) * TC_FWD_ROWS, iw = i0 + warp * 32;
+    const int i0 = tc_tile_last_first() * TC_FWD_ROWS, iw = i0 + warp * 32;
     const int nchunks = (min(i0 + TC_FWD_ROWS, t) - 1) / TC_KC + 1;
     tc_load<NK, NT>(sm, kb, bi, 0, hk, t, hkv);
     tc_load<NK, NT>(sm + TILE, vb, bi, 0, hk, t, hkv);
@@ -545,9 +551,9 @@ tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
     constexpr int DP = 16 * NK + 8, NT = TC_BWD_WARPS * 32, TILE = TC_KC * DP;
     extern __shared__ __align__(16) unsigned char tc_sm[];
     __nv_bfloat16 *sm = reinterpret_cast<__nv_bfloat16 *>(tc_sm);
-    const int bi = blockIdx.z, h = blockIdx.y, hk = h / (hq / hkv);
+    const int bi = blockIdx.y, h = blockIdx.x, hk = h / (hq / hkv);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
-    const int i0 = (gridDim.x - 1 - blockIdx.x) * (TC_BWD_WARPS * 16), iw = i0 + warp * 16;
+    const int i0 = tc_tile_last_first() * (TC_BWD_WARPS * 16), iw = i0 + warp * 16;
     const int rows[2] = {iw + g, iw + g + 8};
     const size_t lrow = ((size_t)bi * hq + h) * t;
     const int nchunks = (min(i0 + TC_BWD_WARPS * 16, t) - 1) / TC_KC + 1;
@@ -634,6 +640,7 @@ tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
 // memory as K, V (TC_KC, DP)); for each query head of the group in order, query chunks of
 // TC_KC stream through shared memory, double-buffered (Q, dO (TC_KC, DP); lse * log2 e and D
 // per query). Tiles are key-major: S^T = K Q^T, dP^T = V dO^T, dv += P^T dO, dk += dS^T Q.
+// Key tiles start in order (blockIdx.z): tile 0 sees every query and is the longest.
 template <int NK>
 __global__ void __launch_bounds__(TC_BWD_WARPS * 32)
 tc_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfloat16 *gb,
@@ -646,7 +653,7 @@ tc_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfl
     __nv_bfloat16 *kt = reinterpret_cast<__nv_bfloat16 *>(tc_sm), *vt = kt + TILE;
     __nv_bfloat16 *st = vt + TILE;
     float *l2s = reinterpret_cast<float *>(st + 4 * TILE), *dds = l2s + 2 * TC_KC;
-    const int bi = blockIdx.z, hk = blockIdx.y, j0 = blockIdx.x * TC_KC, group = hq / hkv;
+    const int bi = blockIdx.y, hk = blockIdx.x, j0 = blockIdx.z * TC_KC, group = hq / hkv;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
     const int jw = j0 + warp * 16;
     const int keys[2] = {jw + g, jw + g + 8};
@@ -888,9 +895,9 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
     constexpr int TILE = TW_ROWS * 32 * NK;   // bytes of a (64, 16 NK) bf16 tile
     extern __shared__ __align__(16) unsigned char tc_sm[];
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(tc_sm) + 1023) & ~1023u;
-    const int bi = blockIdx.z, h = blockIdx.y, hk = h / (hq / hkv);
+    const int bi = blockIdx.y, h = blockIdx.x, hk = h / (hq / hkv);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
-    const int i0 = (gridDim.x - 1 - blockIdx.x) * TW_ROWS, iw = i0 + warp * 16;
+    const int i0 = tc_tile_last_first() * TW_ROWS, iw = i0 + warp * 16;
     const int rows[2] = {iw + g, iw + g + 8};
     const size_t lrow = ((size_t)bi * hq + h) * t;
     const int nchunks = (min(i0 + TW_ROWS, t) - 1) / TC_KC + 1;
@@ -979,7 +986,7 @@ tw_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfl
     // kt, vt, then per stage Q and dO; then l2s, dds (2, TC_KC) floats
     const uint32_t kt = base, vt = base + TILE, st = base + 2 * TILE;
     float *l2s = reinterpret_cast<float *>(tc_sm + (base - raw) + 6 * TILE), *dds = l2s + 2 * TC_KC;
-    const int bi = blockIdx.z, hk = blockIdx.y, j0 = blockIdx.x * TC_KC, group = hq / hkv;
+    const int bi = blockIdx.y, hk = blockIdx.x, j0 = blockIdx.z * TC_KC, group = hq / hkv;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
     const int jw = j0 + warp * 16;
     const int keys[2] = {jw + g, jw + g + 8};
@@ -1095,7 +1102,7 @@ static void fwd_nk(lb_cuda_ctx *cx, float *out, float *lse, const float *q, cons
     tc_to_bf16(cx, vb, v, krows, d);
     const size_t smem = (size_t)(TC_FWD_ROWS + 4 * TC_KC) * (16 * NK + 8) * sizeof(__nv_bfloat16);
     lb_cuda_smem_limit(tc_fwd_kernel<NK>, smem);
-    dim3 grid((t + TC_FWD_ROWS - 1) / TC_FWD_ROWS, hq, b);
+    dim3 grid(hq, b, (t + TC_FWD_ROWS - 1) / TC_FWD_ROWS);
     tc_fwd_kernel<NK><<<grid, TC_FWD_WARPS * 32, smem, cx->stream>>>(out, lse, q, kb, vb, t, hq,
                                                                       hkv, d, tc_c(d));
     LB_CUDA_LAUNCHED(cx);
@@ -1128,13 +1135,13 @@ static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float
         const size_t tile = (size_t)TW_ROWS * 32 * NK;
         const size_t smem_dq = 4 * tile + 1024;
         lb_cuda_smem_limit(tw_bwd_dq_kernel<NK>, smem_dq);
-        dim3 gq((t + TW_ROWS - 1) / TW_ROWS, hq, b);
+        dim3 gq(hq, b, (t + TW_ROWS - 1) / TW_ROWS);
         tw_bwd_dq_kernel<NK><<<gq, 128, smem_dq, cx->stream>>>(dq, dout, q, kb, vb, lse, D, t, hq,
                                                                 hkv, d, c, scale);
         LB_CUDA_LAUNCHED(cx);
         const size_t smem_kv = 6 * tile + 4 * TC_KC * sizeof(float) + 1024;
         lb_cuda_smem_limit(tw_bwd_dkdv_kernel<NK>, smem_kv);
-        dim3 gk((t + TC_KC - 1) / TC_KC, hkv, b);
+        dim3 gk(hkv, b, (t + TC_KC - 1) / TC_KC);
         tw_bwd_dkdv_kernel<NK><<<gk, 128, smem_kv, cx->stream>>>(dk, dv, qb, gb, kb, vb, lse, D, t,
                                                                   hq, hkv, d, c, scale);
         LB_CUDA_LAUNCHED(cx);
@@ -1143,14 +1150,14 @@ static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float
     constexpr int DP = 16 * NK + 8;
     const size_t smem_dq = (size_t)4 * TC_KC * DP * sizeof(__nv_bfloat16);
     lb_cuda_smem_limit(tc_bwd_dq_kernel<NK>, smem_dq);
-    dim3 gq((t + TC_BWD_WARPS * 16 - 1) / (TC_BWD_WARPS * 16), hq, b);
+    dim3 gq(hq, b, (t + TC_BWD_WARPS * 16 - 1) / (TC_BWD_WARPS * 16));
     tc_bwd_dq_kernel<NK><<<gq, TC_BWD_WARPS * 32, smem_dq, cx->stream>>>(
         dq, dout, q, kb, vb, lse, D, t, hq, hkv, d, c, scale);
     LB_CUDA_LAUNCHED(cx);
     const size_t smem_kv =
         (size_t)6 * TC_KC * DP * sizeof(__nv_bfloat16) + 4 * TC_KC * sizeof(float);
     lb_cuda_smem_limit(tc_bwd_dkdv_kernel<NK>, smem_kv);
-    dim3 gk((t + TC_KC - 1) / TC_KC, hkv, b);
+    dim3 gk(hkv, b, (t + TC_KC - 1) / TC_KC);
     tc_bwd_dkdv_kernel<NK><<<gk, TC_BWD_WARPS * 32, smem_kv, cx->stream>>>(
         dk, dv, qb, gb, kb, vb, lse, D, t, hq, hkv, d, c, scale);
     LB_CUDA_LAUNCHED(cx);
