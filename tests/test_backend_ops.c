@@ -2376,6 +2376,41 @@ START_TEST(test_attention_cached_bf16)
 }
 END_TEST
 
+// Sampler = trainer at the operation level: in bf16 mode attention_cached over a cache holding
+// exactly attention_fwd's keys and values (a fp32 cache of `cap` t has their (b, t, hkv, d)
+// layout, slot = sequence) gives every row attention_fwd's output bit for bit. The forward
+// kernels (wgmma for head dims 64 and 128, mma.sync otherwise) and the cache kernel (mma.sync)
+// share the softmax step, so only the products' bits could part them.
+static void attention_fwd_vs_cached_case(int b, int t, int hq, int hkv, int d)
+{
+    size_t nq = (size_t)b * t * hq * d, nk = (size_t)b * t * hkv * d;
+    float *q = randn(nq, 1), *k = randn(nk, 1), *v = randn(nk, 1);
+    float *Q = dput(q, nq * 4), *Kd = dput(k, nk * 4), *Vd = dput(v, nk * 4);
+    float *O = dpoisoned(nq * 4), *L = dpoisoned((size_t)b * hq * t * 4), *OC = dpoisoned(nq * 4);
+    const int n = b * t;
+    int32_t *slot = lb_malloc((size_t)n * 4), *pos = lb_malloc((size_t)n * 4);
+    for (int i = 0; i < n; i++) slot[i] = i / t, pos[i] = i % t;
+    int32_t *S = dput(slot, (size_t)n * 4), *P = dput(pos, (size_t)n * 4);
+    lb_kv_layer c = {0, b, t, hkv, d, Kd, Vd, NULL, NULL};
+    gpu->attention_fwd(gpu, O, L, Q, Kd, Vd, b, t, hq, hkv, d, 1);
+    gpu->attention_cached(gpu, OC, Q, &c, S, P, n, hq, 1);
+    float *o = hget(O, nq * 4), *oc = hget(OC, nq * 4);
+    char what[96];
+    snprintf(what, sizeof what, "attention bf16 fwd vs cached b %d t %d hq %d hkv %d d %d", b, t,
+             hq, hkv, d);
+    CHECK_BITS(what, o, oc, nq * 4);
+    free(o), free(oc), free(q), free(k), free(v), free(slot), free(pos);
+    dfree(Q), dfree(Kd), dfree(Vd), dfree(O), dfree(L), dfree(OC), dfree(S), dfree(P);
+}
+
+START_TEST(test_attention_fwd_vs_cached)
+{
+    attention_fwd_vs_cached_case(2, 200, 32, 4, 128);   // Qwen3-30B-A3B's heads
+    attention_fwd_vs_cached_case(1, 129, 4, 2, 64);
+    attention_fwd_vs_cached_case(2, 77, 4, 2, 40);      // the mma.sync forward
+}
+END_TEST
+
 int main(void)
 {
     const char *s = getenv("LB_TEST_SEED");
@@ -2433,6 +2468,7 @@ int main(void)
     tcase_add_test(tc, test_kv_append);
     tcase_add_test(tc, test_attention_cached);
     tcase_add_test(tc, test_attention_cached_bf16);
+    tcase_add_test(tc, test_attention_fwd_vs_cached);
     suite_add_tcase(su, tc);
     tc = tcase_create("invariance");
     tcase_add_test(tc, test_batch_invariance_gemm);

@@ -134,6 +134,69 @@ template <int NK> __device__ __forceinline__ void tc_state_init(tc_state<NK> &st
         for (int e = 0; e < 4; e++) st.o[dt][e] = 0.0f;
 }
 
+// The online-softmax step of one 16-row tile on a chunk's scores s (C layout, keys j0 + column;
+// row g (+ 8) sees keys up to pos[0] ([1])): s becomes the probabilities, the state's max and
+// sum advance, and its output accumulators are rescaled for the chunk's P V. Every kernel that
+// computes a query row (tc_chunk, tw_fwd_kernel) runs this, so their bits agree.
+template <int NK>
+__device__ __forceinline__ void tc_online(tc_state<NK> &st, float (&s)[8][4], int j0,
+                                          const int (&pos)[2], float c, int tq)
+{
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int j = j0 + nt * 8 + 2 * tq + (e & 1);
+            const float x = j <= pos[e >> 1] ? __fmul_rn(s[nt][e], c) : -INFINITY;
+            s[nt][e] = x;
+            mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+    float alpha[2], mn[2], ls[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        mn[r] = fmaxf(st.m[r], mx[r]);   // finite: key 0 of chunk 0 is never masked
+        alpha[r] = exp2f(__fsub_rn(st.m[r], mn[r]));   // 0 on the first chunk
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float p = exp2f(__fsub_rn(s[nt][e], mn[e >> 1]));   // 0 if masked
+            s[nt][e] = p;
+            ls[e >> 1] = __fadd_rn(ls[e >> 1], p);
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        ls[r] = __fadd_rn(ls[r], __shfl_xor_sync(0xffffffffu, ls[r], 1));
+        ls[r] = __fadd_rn(ls[r], __shfl_xor_sync(0xffffffffu, ls[r], 2));
+        st.l[r] = __fadd_rn(__fmul_rn(st.l[r], alpha[r]), ls[r]);
+        st.m[r] = mn[r];
+    }
+#pragma unroll
+    for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) st.o[dt][e] = __fmul_rn(st.o[dt][e], alpha[e >> 1]);
+}
+
+// Row r (0: g, 1: g + 8) of a finished state: its d outputs o / l into o and, when lse is not
+// NULL, its log-sum-exp (natural log) by lane tq 0.
+template <int NK>
+__device__ __forceinline__ void tc_out_store(float *o, float *lse, const tc_state<NK> &st, int r,
+                                             int tq, int d)
+{
+#pragma unroll
+    for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int x = dt * 8 + 2 * tq + e;
+            if (x < d) o[x] = __fdiv_rn(st.o[dt][2 * r + e], st.l[r]);
+        }
+    if (lse && tq == 0) *lse = __fmul_rn(__fadd_rn(st.m[r], log2f(st.l[r])), TC_LN2);
+}
+
 // Query fragments of one 16-row tile held in registers (the cache kernel).
 template <int NK> struct tc_qreg {
     const uint32_t (*qa)[4];
@@ -188,46 +251,7 @@ __device__ __forceinline__ void tc_chunk(tc_state<NK> (&st)[MT], const QA &qa, c
         }
     }
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int j = j0 + nt * 8 + 2 * tq + (e & 1);
-                const float x = j <= pos[mt][e >> 1] ? __fmul_rn(s[mt][nt][e], c) : -INFINITY;
-                s[mt][nt][e] = x;
-                mx[e >> 1] = fmaxf(mx[e >> 1], x);
-            }
-        float alpha[2], mn[2], ls[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            mn[r] = fmaxf(st[mt].m[r], mx[r]);   // finite: key 0 of chunk 0 is never masked
-            alpha[r] = exp2f(__fsub_rn(st[mt].m[r], mn[r]));   // 0 on the first chunk
-        }
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float p = exp2f(__fsub_rn(s[mt][nt][e], mn[e >> 1]));   // 0 if masked
-                s[mt][nt][e] = p;
-                ls[e >> 1] = __fadd_rn(ls[e >> 1], p);
-            }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            ls[r] = __fadd_rn(ls[r], __shfl_xor_sync(0xffffffffu, ls[r], 1));
-            ls[r] = __fadd_rn(ls[r], __shfl_xor_sync(0xffffffffu, ls[r], 2));
-            st[mt].l[r] = __fadd_rn(__fmul_rn(st[mt].l[r], alpha[r]), ls[r]);
-            st[mt].m[r] = mn[r];
-        }
-#pragma unroll
-        for (int dt = 0; dt < 2 * NK; dt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                st[mt].o[dt][e] = __fmul_rn(st[mt].o[dt][e], alpha[e >> 1]);
-    }
+    for (int mt = 0; mt < MT; mt++) tc_online<NK>(st[mt], s[mt], j0, pos[mt], c, tq);
 #pragma unroll
     for (int ks = 0; ks < 4; ks++) {
         uint32_t pa[MT][4];
@@ -389,21 +413,10 @@ tc_fwd_kernel(float *out, float *lse, const float *q, const __nv_bfloat16 *kb,
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int row = pos[mt][r];
-            if (row >= t) continue;
-            float *o = out + tc_row(bi, row, h, t, hq, d);
-#pragma unroll
-            for (int dt = 0; dt < 2 * NK; dt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int x = dt * 8 + 2 * tq + e;
-                    if (x < d) o[x] = __fdiv_rn(st[mt].o[dt][2 * r + e], st[mt].l[r]);
-                }
-            if (tq == 0)
-                lse[((size_t)bi * hq + h) * t + row] =
-                    __fmul_rn(__fadd_rn(st[mt].m[r], log2f(st[mt].l[r])), TC_LN2);
-        }
+        for (int r = 0; r < 2; r++)
+            if (pos[mt][r] < t)
+                tc_out_store<NK>(out + tc_row(bi, pos[mt][r], h, t, hq, d),
+                                 lse + ((size_t)bi * hq + h) * t + pos[mt][r], st[mt], r, tq, d);
 }
 
 // --- attention over the KV cache ------------------------------------------------------------
@@ -479,17 +492,8 @@ tc_cached_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slot,
         tc_chunk<NK, 1>(st, qr, ld, j0, pos2, cl, lane);
     }
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (hr[r] >= hmax) continue;
-        float *o = out + ((size_t)i * hq + hr[r]) * d;
-#pragma unroll
-        for (int dt = 0; dt < 2 * NK; dt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int x = dt * 8 + 2 * tq + e;
-                if (x < d) o[x] = __fdiv_rn(st[0].o[dt][2 * r + e], st[0].l[r]);
-            }
-    }
+    for (int r = 0; r < 2; r++)
+        if (hr[r] < hmax) tc_out_store<NK>(out + ((size_t)i * hq + hr[r]) * d, NULL, st[0], r, tq, d);
 }
 
 // --- backward ----------------------------------------------------------------------------------
@@ -883,6 +887,80 @@ __device__ __forceinline__ void tw_commit_wait()
 }
 #endif
 
+// The forward as tc_fwd_kernel, 64 query rows per block (one warpgroup: warp w holds rows
+// 16 w + g and + 8, the C layout of mma.sync), Q as A fragments in registers, K and V chunks
+// swizzled in two stages. S = Q K^T and O += P V run on wgmma with their k16 steps in
+// tc_chunk's order, and the softmax step is tc_online: wgmma and mma.sync give the same bits
+// for the same k16 steps (measured on the H200: doc/backends.md), so every row equals the cache
+// kernel's bit for bit, as test_backend_ops checks. With 64-row tiles on 64-key chunks every
+// row of a block needs every chunk up to the diagonal one. NK is 4 or 8.
+template <int NK>
+__global__ void __launch_bounds__(128)
+tw_fwd_kernel(float *out, float *lse, const float *q, const __nv_bfloat16 *kb,
+              const __nv_bfloat16 *vb, int t, int hq, int hkv, int d, float c)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int TILE = TW_ROWS * 32 * NK;   // bytes of a (64, 16 NK) bf16 tile
+    static_assert(TW_ROWS == TC_KC, "a query tile is one key chunk");
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(tc_sm) + 1023) & ~1023u;
+    const int bi = blockIdx.y, h = blockIdx.x, hk = h / (hq / hkv);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const int i0 = tc_tile_last_first() * TW_ROWS, iw = i0 + warp * 16;
+    const int pos[2] = {iw + g, iw + g + 8};
+    const int nchunks = (min(i0 + TW_ROWS, t) - 1) / TC_KC + 1;
+    tw_load<NK, 128>(base, kb, bi, 0, hk, t, hkv);
+    tw_load<NK, 128>(base + TILE, vb, bi, 0, hk, t, hkv);
+    tc_cp_commit();
+    uint32_t qa[NK][4];
+    tc_qfrag<NK>(qa, pos[0] < t ? q + tc_row(bi, pos[0], h, t, hq, d) : NULL,
+                 pos[1] < t ? q + tc_row(bi, pos[1], h, t, hq, d) : NULL, d, tq);
+    tc_state<NK> st;
+    tc_state_init(st);
+    for (int ch = 0; ch < nchunks; ch++) {
+        const int j0 = ch * TC_KC;
+        if (ch + 1 < nchunks) {   // the next chunk into the other stage (free since ch - 1)
+            const uint32_t nx = base + ((ch + 1) & 1) * 2 * TILE;
+            tw_load<NK, 128>(nx, kb, bi, j0 + TC_KC, hk, t, hkv);
+            tw_load<NK, 128>(nx + TILE, vb, bi, j0 + TC_KC, hk, t, hkv);
+            tc_cp_commit();
+            tc_cp_wait<1>();
+        } else {
+            tc_cp_wait<0>();
+        }
+        tw_landed();
+        __syncthreads();
+        const uint32_t ks = base + (ch & 1) * 2 * TILE, vs = ks + TILE;
+        float s[8][4];   // from 0, accumulated k16 step by step as tc_chunk does
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+        tw_fence();
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) tw_wgmma_rs(tw_flat(s), qa[kk], tw_desc(ks, kk), 1);
+        tw_commit_wait();
+        tc_online<NK>(st, s, j0, pos, c, tq);
+        uint32_t pa[4][4];
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) tc_ctoa(pa[kc], s, kc);
+        tw_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++)
+#pragma unroll
+            for (int part = 0; part < NK / 4; part++)
+                tw_wgmma_rs_n(tw_part<NK>(st.o, part), pa[kc], tw_desc_n(vs, kc, part));
+        tw_commit_wait();
+        __syncthreads();   // chunk ch is consumed before its stage is refilled
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+        if (pos[r] < t)
+            tc_out_store<NK>(out + tc_row(bi, pos[r], h, t, hq, d),
+                             lse + ((size_t)bi * hq + h) * t + pos[r], st, r, tq, d);
+#endif
+}
+
 // dq as tc_bwd_dq_kernel, 64 query rows per block (one warpgroup); K and V chunks swizzled in
 // two stages. NK is 4 or 8.
 template <int NK>
@@ -1100,6 +1178,15 @@ static void fwd_nk(lb_cuda_ctx *cx, float *out, float *lse, const float *q, cons
     __nv_bfloat16 *kb = (__nv_bfloat16 *)w, *vb = (__nv_bfloat16 *)(w + kbytes);
     tc_to_bf16(cx, kb, k, krows, d);
     tc_to_bf16(cx, vb, v, krows, d);
+    if constexpr (NK == 4 || NK == 8) if (cx->attn_wg) {   // wgmma (sm_90a)
+        const size_t smem = 4 * (size_t)TW_ROWS * 32 * NK + 1024;
+        lb_cuda_smem_limit(tw_fwd_kernel<NK>, smem);
+        dim3 grid(hq, b, (t + TW_ROWS - 1) / TW_ROWS);
+        tw_fwd_kernel<NK><<<grid, 128, smem, cx->stream>>>(out, lse, q, kb, vb, t, hq, hkv, d,
+                                                            tc_c(d));
+        LB_CUDA_LAUNCHED(cx);
+        return;
+    }
     const size_t smem = (size_t)(TC_FWD_ROWS + 4 * TC_KC) * (16 * NK + 8) * sizeof(__nv_bfloat16);
     lb_cuda_smem_limit(tc_fwd_kernel<NK>, smem);
     dim3 grid(hq, b, (t + TC_FWD_ROWS - 1) / TC_FWD_ROWS);
