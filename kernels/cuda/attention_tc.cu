@@ -779,35 +779,44 @@ tc_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfl
 #define TW_ROWS 64                      // rows of a swizzled tile (keys or queries)
 #define TW_ATOM (TW_ROWS * 128)         // bytes of one 64-element-wide part of a tile
 
-// Byte offset of 16-byte chunk cc (8 elements) of row r in a swizzled (TW_ROWS, 16 NK) tile.
-__device__ __forceinline__ uint32_t tw_off(int r, int cc)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Rows [r0, r0 + TW_ROWS) of head h of batch bi of the tensor behind map (x (b, t, heads, 16 NK)
+// bf16: tw_map) into the swizzled tile at shared address s, by the tensor-memory accelerator:
+// the swizzle is the map's, rows past t arrive as zeros, and the bytes complete on mbarrier
+// bar. One thread issues.
+template <int NK>
+__device__ __forceinline__ void tw_tma(uint32_t s, const CUtensorMap *map, int bi, int r0, int h,
+                                       uint32_t bar)
 {
-    return (uint32_t)((cc >> 3) * TW_ATOM + r * 128 + (((cc & 7) ^ (r & 7)) << 4));
+#pragma unroll
+    for (int part = 0; part < NK / 4; part++)
+        asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                     " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(s + part * TW_ATOM),
+                     "l"((uint64_t)map), "r"(part * 64), "r"(h), "r"(r0), "r"(bi), "r"(bar)
+                     : "memory");
 }
 
-// Queues rows [r0, r0 + TW_ROWS) of one (batch, head) of x (b, t, heads, 16 NK) bf16 into the
-// swizzled tile at shared address s; rows past t are zero-filled.
-template <int NK, int NT>
-__device__ __forceinline__ void tw_load(uint32_t s, const __nv_bfloat16 *x, int bi, int r0, int h,
-                                        int t, int heads)
+// Two tiles (of maps a and b, the same rows) into s and s + one tile, announced on bar.
+template <int NK>
+__device__ __forceinline__ void tw_tma2(uint32_t s, const CUtensorMap *a, const CUtensorMap *b,
+                                        int bi, int r0, int h, uint32_t bar)
 {
-    constexpr int D16 = 16 * NK, V = D16 / 8;
-    for (int e = threadIdx.x; e < TW_ROWS * V; e += NT) {
-        const int r = e / V, cc = e % V, i = r0 + r;
-        const __nv_bfloat16 *src = x + (((size_t)bi * t + (i < t ? i : 0)) * heads + h) * D16 + cc * 8;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s + tw_off(r, cc)),
-                     "l"(src), "r"(i < t ? 16 : 0));
+    constexpr uint32_t TILE = TW_ROWS * 32 * NK;
+    lb_mbar_expect(bar, 2 * TILE);
+    tw_tma<NK>(s, a, bi, r0, h, bar);
+    tw_tma<NK>(s + TILE, b, bi, r0, h, bar);
+}
+
+// Thread 0 sets up n mbarriers at bar, 8 bytes apart, each completed by one arrival and its
+// bytes; a block barrier must follow before anyone else waits on them.
+__device__ __forceinline__ void tw_bars_init(uint32_t bar, int n)
+{
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < n; i++) lb_mbar_init(bar + 8 * i, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
 }
 
-// Every thread's cp.async writes are complete and visible to the tensor cores' reads (the
-// async proxy) after this and a barrier.
-__device__ __forceinline__ void tw_landed()
-{
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Descriptor of the k16 step kk of a swizzled tile at shared address s (as gg_desc).
 __device__ __forceinline__ uint64_t tw_desc(uint32_t s, int kk)
 {
@@ -896,8 +905,8 @@ __device__ __forceinline__ void tw_commit_wait()
 // row of a block needs every chunk up to the diagonal one. NK is 4 or 8.
 template <int NK>
 __global__ void __launch_bounds__(128)
-tw_fwd_kernel(float *out, float *lse, const float *q, const __nv_bfloat16 *kb,
-              const __nv_bfloat16 *vb, int t, int hq, int hkv, int d, float c)
+tw_fwd_kernel(float *out, float *lse, const float *q, const __grid_constant__ CUtensorMap tk,
+              const __grid_constant__ CUtensorMap tv, int t, int hq, int hkv, int d, float c)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int TILE = TW_ROWS * 32 * NK;   // bytes of a (64, 16 NK) bf16 tile
@@ -909,27 +918,22 @@ tw_fwd_kernel(float *out, float *lse, const float *q, const __nv_bfloat16 *kb,
     const int i0 = tc_tile_last_first() * TW_ROWS, iw = i0 + warp * 16;
     const int pos[2] = {iw + g, iw + g + 8};
     const int nchunks = (min(i0 + TW_ROWS, t) - 1) / TC_KC + 1;
-    tw_load<NK, 128>(base, kb, bi, 0, hk, t, hkv);
-    tw_load<NK, 128>(base + TILE, vb, bi, 0, hk, t, hkv);
-    tc_cp_commit();
+    const uint32_t full = base + 4 * TILE;   // the stages' mbarriers
+    tw_bars_init(full, 2);
+    if (threadIdx.x == 0) tw_tma2<NK>(base, &tk, &tv, bi, 0, hk, full);
     uint32_t qa[NK][4];
     tc_qfrag<NK>(qa, pos[0] < t ? q + tc_row(bi, pos[0], h, t, hq, d) : NULL,
                  pos[1] < t ? q + tc_row(bi, pos[1], h, t, hq, d) : NULL, d, tq);
     tc_state<NK> st;
     tc_state_init(st);
+    __syncthreads();   // the mbarriers are set up
     for (int ch = 0; ch < nchunks; ch++) {
         const int j0 = ch * TC_KC;
-        if (ch + 1 < nchunks) {   // the next chunk into the other stage (free since ch - 1)
-            const uint32_t nx = base + ((ch + 1) & 1) * 2 * TILE;
-            tw_load<NK, 128>(nx, kb, bi, j0 + TC_KC, hk, t, hkv);
-            tw_load<NK, 128>(nx + TILE, vb, bi, j0 + TC_KC, hk, t, hkv);
-            tc_cp_commit();
-            tc_cp_wait<1>();
-        } else {
-            tc_cp_wait<0>();
+        if (threadIdx.x == 0 && ch + 1 < nchunks) {   // the next chunk into the other stage
+            const int sn = (ch + 1) & 1;               // (free since ch - 1's last barrier)
+            tw_tma2<NK>(base + sn * 2 * TILE, &tk, &tv, bi, j0 + TC_KC, hk, full + 8 * sn);
         }
-        tw_landed();
-        __syncthreads();
+        lb_mbar_wait(full + 8 * (ch & 1), (ch >> 1) & 1);   // chunk ch has landed
         const uint32_t ks = base + (ch & 1) * 2 * TILE, vs = ks + TILE;
         float s[8][4];   // from 0, accumulated k16 step by step as tc_chunk does
 #pragma unroll
@@ -965,9 +969,10 @@ tw_fwd_kernel(float *out, float *lse, const float *q, const __nv_bfloat16 *kb,
 // two stages. NK is 4 or 8.
 template <int NK>
 __global__ void __launch_bounds__(128)
-tw_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat16 *kb,
-                 const __nv_bfloat16 *vb, const float *lse, const float *D, int t, int hq,
-                 int hkv, int d, float c, float scale)
+tw_bwd_dq_kernel(float *dq, const float *dout, const float *q,
+                 const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                 const float *lse, const float *D, int t, int hq, int hkv, int d, float c,
+                 float scale)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int TILE = TW_ROWS * 32 * NK;   // bytes of a (64, 16 NK) bf16 tile
@@ -979,9 +984,9 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
     const int rows[2] = {iw + g, iw + g + 8};
     const size_t lrow = ((size_t)bi * hq + h) * t;
     const int nchunks = (min(i0 + TW_ROWS, t) - 1) / TC_KC + 1;
-    tw_load<NK, 128>(base, kb, bi, 0, hk, t, hkv);
-    tw_load<NK, 128>(base + TILE, vb, bi, 0, hk, t, hkv);
-    tc_cp_commit();
+    const uint32_t full = base + 4 * TILE;   // the stages' mbarriers
+    tw_bars_init(full, 2);
+    if (threadIdx.x == 0) tw_tma2<NK>(base, &tk, &tv, bi, 0, hk, full);
     uint32_t qa[NK][4], ga[NK][4];
     tc_qfrag<NK>(qa, rows[0] < t ? q + tc_row(bi, rows[0], h, t, hq, d) : NULL,
                  rows[1] < t ? q + tc_row(bi, rows[1], h, t, hq, d) : NULL, d, tq);
@@ -998,19 +1003,14 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
     for (int dt = 0; dt < 2 * NK; dt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[dt][e] = 0.0f;
+    __syncthreads();   // the mbarriers are set up
     for (int ch = 0; ch < nchunks; ch++) {
         const int j0 = ch * TC_KC;
-        if (ch + 1 < nchunks) {
-            const uint32_t nx = base + ((ch + 1) & 1) * 2 * TILE;
-            tw_load<NK, 128>(nx, kb, bi, j0 + TC_KC, hk, t, hkv);
-            tw_load<NK, 128>(nx + TILE, vb, bi, j0 + TC_KC, hk, t, hkv);
-            tc_cp_commit();
-            tc_cp_wait<1>();
-        } else {
-            tc_cp_wait<0>();
+        if (threadIdx.x == 0 && ch + 1 < nchunks) {
+            const int sn = (ch + 1) & 1;
+            tw_tma2<NK>(base + sn * 2 * TILE, &tk, &tv, bi, j0 + TC_KC, hk, full + 8 * sn);
         }
-        tw_landed();
-        __syncthreads();
+        lb_mbar_wait(full + 8 * (ch & 1), (ch >> 1) & 1);
         const uint32_t ks = base + (ch & 1) * 2 * TILE, vs = ks + TILE;
         // S and dP in C layout (column = key j0 + nt * 8 + 2 tq + (e & 1)), then dS in place
         float s[8][4], dp[8][4];
@@ -1053,17 +1053,20 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
 // head of the group streamed (Q, dO swizzled, two stages). NK is 4 or 8.
 template <int NK>
 __global__ void __launch_bounds__(128)
-tw_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfloat16 *gb,
-                   const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, const float *lse,
-                   const float *D, int t, int hq, int hkv, int d, float c, float scale)
+tw_bwd_dkdv_kernel(float *dk, float *dv, const __grid_constant__ CUtensorMap tq_,
+                   const __grid_constant__ CUtensorMap tg, const __grid_constant__ CUtensorMap tk,
+                   const __grid_constant__ CUtensorMap tv, const float *lse, const float *D, int t,
+                   int hq, int hkv, int d, float c, float scale)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int TILE = TW_ROWS * 32 * NK;
     extern __shared__ __align__(16) unsigned char tc_sm[];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(tc_sm), base = (raw + 1023) & ~1023u;
-    // kt, vt, then per stage Q and dO; then l2s, dds (2, TC_KC) floats
+    // kt, vt, then per stage Q and dO; then l2s, dds (2, TC_KC) floats; then the mbarriers of
+    // the two stages and of K, V
     const uint32_t kt = base, vt = base + TILE, st = base + 2 * TILE;
     float *l2s = reinterpret_cast<float *>(tc_sm + (base - raw) + 6 * TILE), *dds = l2s + 2 * TC_KC;
+    const uint32_t full = base + 6 * TILE + 4 * TC_KC * sizeof(float);
     const int bi = blockIdx.y, hk = blockIdx.x, j0 = blockIdx.z * TC_KC, group = hq / hkv;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
     const int jw = j0 + warp * 16;
@@ -1071,29 +1074,24 @@ tw_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfl
     const int cf = j0 / TC_KC, nper = (t + TC_KC - 1) / TC_KC - cf, items = group * nper;
     auto issue = [&](int it) {
         const int h = hk * group + it / nper, c0 = (cf + it % nper) * TC_KC, stg = it & 1;
-        tw_load<NK, 128>(st + 2 * stg * TILE, qb, bi, c0, h, t, hq);
-        tw_load<NK, 128>(st + (2 * stg + 1) * TILE, gb, bi, c0, h, t, hq);
+        if (threadIdx.x == 0) tw_tma2<NK>(st + 2 * stg * TILE, &tq_, &tg, bi, c0, h, full + 8 * stg);
         tc_stage_rows<128>(l2s + stg * TC_KC, dds + stg * TC_KC, lse, D, bi, h, c0, t, hq);
     };
-    tw_load<NK, 128>(kt, kb, bi, j0, hk, t, hkv);
-    tw_load<NK, 128>(vt, vb, bi, j0, hk, t, hkv);
+    tw_bars_init(full, 3);
+    if (threadIdx.x == 0) tw_tma2<NK>(kt, &tk, &tv, bi, j0, hk, full + 16);
     issue(0);
-    tc_cp_commit();
     float ak[2 * NK][4], av[2 * NK][4];
 #pragma unroll
     for (int dt = 0; dt < 2 * NK; dt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) ak[dt][e] = av[dt][e] = 0.0f;
+    __syncthreads();   // the mbarriers are set up, item 0's lse and D staged
+    lb_mbar_wait(full + 16, 0);   // K and V
     for (int it = 0; it < items; it++) {
-        if (it + 1 < items) {
-            issue(it + 1);
-            tc_cp_commit();
-            tc_cp_wait<1>();
-        } else {
-            tc_cp_wait<0>();
-        }
-        tw_landed();
-        __syncthreads();
+        // the next item into the other stage (free since it - 1's last barrier; its lse and D
+        // are read after this item's last barrier)
+        if (it + 1 < items) issue(it + 1);
+        lb_mbar_wait(full + 8 * (it & 1), (it >> 1) & 1);
         const int c0 = (cf + it % nper) * TC_KC, stg = it & 1;
         const uint32_t qs = st + 2 * stg * TILE, gs = qs + TILE;
         const float *l2c = l2s + stg * TC_KC, *ddc = dds + stg * TC_KC;
@@ -1168,6 +1166,19 @@ static void tc_to_bf16(lb_cuda_ctx *cx, __nv_bfloat16 *y, const float *x, long r
     LB_CUDA_LAUNCHED(cx);
 }
 
+#define TW_SMEM_EXTRA (1024 + 64)   // the tiles' 1024-byte alignment, then the mbarriers
+
+// The map of x (b, t, heads, d16) bf16 for tw_tma: boxes of 64 head dims x one head x TW_ROWS
+// rows, rows past t (dimension 2) read as zeros.
+static void tw_map(CUtensorMap *map, const __nv_bfloat16 *x, int b, int t, int heads, int d16)
+{
+    const uint64_t row = (uint64_t)d16 * sizeof(__nv_bfloat16);
+    const uint64_t dims[4] = {(uint64_t)d16, (uint64_t)heads, (uint64_t)t, (uint64_t)b};
+    const uint64_t pitch[3] = {row, row * heads, row * heads * t};
+    const uint32_t box[4] = {64, 1, TW_ROWS, 1};
+    lb_cuda_tma_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x, 4, dims, pitch, box);
+}
+
 template <int NK>
 static void fwd_nk(lb_cuda_ctx *cx, float *out, float *lse, const float *q, const float *k,
                    const float *v, int b, int t, int hq, int hkv, int d)
@@ -1179,10 +1190,13 @@ static void fwd_nk(lb_cuda_ctx *cx, float *out, float *lse, const float *q, cons
     tc_to_bf16(cx, kb, k, krows, d);
     tc_to_bf16(cx, vb, v, krows, d);
     if constexpr (NK == 4 || NK == 8) if (cx->attn_wg) {   // wgmma (sm_90a)
-        const size_t smem = 4 * (size_t)TW_ROWS * 32 * NK + 1024;
+        const size_t smem = 4 * (size_t)TW_ROWS * 32 * NK + TW_SMEM_EXTRA;
         lb_cuda_smem_limit(tw_fwd_kernel<NK>, smem);
+        CUtensorMap tk, tv;
+        tw_map(&tk, kb, b, t, hkv, 16 * NK);
+        tw_map(&tv, vb, b, t, hkv, 16 * NK);
         dim3 grid(hq, b, (t + TW_ROWS - 1) / TW_ROWS);
-        tw_fwd_kernel<NK><<<grid, 128, smem, cx->stream>>>(out, lse, q, kb, vb, t, hq, hkv, d,
+        tw_fwd_kernel<NK><<<grid, 128, smem, cx->stream>>>(out, lse, q, tk, tv, t, hq, hkv, d,
                                                             tc_c(d));
         LB_CUDA_LAUNCHED(cx);
         return;
@@ -1220,16 +1234,21 @@ static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float
     tc_to_bf16(cx, vb, v, krows, d);
     if constexpr (NK == 4 || NK == 8) if (cx->attn_wg) {   // wgmma (sm_90a)
         const size_t tile = (size_t)TW_ROWS * 32 * NK;
-        const size_t smem_dq = 4 * tile + 1024;
+        CUtensorMap tq, tg, tk, tv;
+        tw_map(&tq, qb, b, t, hq, 16 * NK);
+        tw_map(&tg, gb, b, t, hq, 16 * NK);
+        tw_map(&tk, kb, b, t, hkv, 16 * NK);
+        tw_map(&tv, vb, b, t, hkv, 16 * NK);
+        const size_t smem_dq = 4 * tile + TW_SMEM_EXTRA;
         lb_cuda_smem_limit(tw_bwd_dq_kernel<NK>, smem_dq);
         dim3 gq(hq, b, (t + TW_ROWS - 1) / TW_ROWS);
-        tw_bwd_dq_kernel<NK><<<gq, 128, smem_dq, cx->stream>>>(dq, dout, q, kb, vb, lse, D, t, hq,
+        tw_bwd_dq_kernel<NK><<<gq, 128, smem_dq, cx->stream>>>(dq, dout, q, tk, tv, lse, D, t, hq,
                                                                 hkv, d, c, scale);
         LB_CUDA_LAUNCHED(cx);
-        const size_t smem_kv = 6 * tile + 4 * TC_KC * sizeof(float) + 1024;
+        const size_t smem_kv = 6 * tile + 4 * TC_KC * sizeof(float) + TW_SMEM_EXTRA;
         lb_cuda_smem_limit(tw_bwd_dkdv_kernel<NK>, smem_kv);
         dim3 gk(hkv, b, (t + TC_KC - 1) / TC_KC);
-        tw_bwd_dkdv_kernel<NK><<<gk, 128, smem_kv, cx->stream>>>(dk, dv, qb, gb, kb, vb, lse, D, t,
+        tw_bwd_dkdv_kernel<NK><<<gk, 128, smem_kv, cx->stream>>>(dk, dv, tq, tg, tk, tv, lse, D, t,
                                                                   hq, hkv, d, c, scale);
         LB_CUDA_LAUNCHED(cx);
         return;

@@ -11,6 +11,7 @@
 #define LB_CUDA_CUH
 
 #include <cublasLt.h>
+#include <cuda.h>   // CUtensorMap
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -223,6 +224,37 @@ template <typename G> __device__ __forceinline__ const G &lb_group_of(const G *g
     return g[lo];
 }
 
+// --- Hopper's asynchronous copies: mbarriers and the tensor-memory accelerator (TMA). A TMA copy
+// completes its bytes on an mbarrier; waiters spin on the barrier's phase parity.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void lb_mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+
+__device__ __forceinline__ void lb_mbar_wait(uint32_t bar, int parity)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+__device__ __forceinline__ void lb_mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// One arrival that also announces `bytes` of copies to complete on bar.
+__device__ __forceinline__ void lb_mbar_expect(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+#endif
+
 // Installers, one per file (as the CPU backend's lb_cpu_init_*).
 extern "C" {
 void lb_cuda_init_gemm(lb_backend *be);        // gemm.cu
@@ -267,6 +299,12 @@ void lb_cuda_attention_tc_bwd(lb_cuda_ctx *cx, float *dq, float *dk, float *dv,
                               const float *dout, const float *q, const float *k, const float *v,
                               const float *lse, const float *D, void *work, int b, int t, int hq,
                               int hkv, int d);
+// gemm_grouped.cu: the tensor map of a rank-dimensional tensor of dt elements at x (16-byte
+// aligned): dims[0] elements contiguous, pitch[i] bytes between steps of dimension i + 1, boxes
+// of box[] (box[0] elements are 128 bytes) in the 128-byte swizzle; reads outside dims give
+// zeros. Dies if the driver refuses it.
+void lb_cuda_tma_map(CUtensorMap *map, CUtensorMapDataType dt, const void *x, int rank,
+                     const uint64_t *dims, const uint64_t *pitch, const uint32_t *box);
 // gemm_grouped.cu: whether the device runs its kernel; the groups g[0 .. count), every one
 // bf16 with m, n, k > 0 and alpha != 0, in one launch (after one packing launch). Queued.
 int lb_cuda_gemm_grouped_tc_ok(int major, int minor);

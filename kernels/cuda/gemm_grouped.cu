@@ -201,26 +201,6 @@ typedef struct {
 } gt_params;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void gt_bar_init(uint32_t bar, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-
-__device__ __forceinline__ void gt_bar_wait(uint32_t bar, int parity)
-{
-    asm volatile(
-        "{\n.reg .pred p;\nWAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        "@!p bra WAIT;\n}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
-
-__device__ __forceinline__ void gt_bar_arrive(uint32_t bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
 // Box (k0 .. k0 + 63, r0 .. r0 + rows of the box) of map into dst; completes bytes on bar.
 __device__ __forceinline__ void gt_load(uint32_t dst, const CUtensorMap *map, int k0, int r0,
                                         uint32_t bar)
@@ -246,8 +226,8 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
 
     if (tid == 0) {
         for (int s = 0; s < S; s++) {
-            gt_bar_init(full + 8 * s, 1);    // the producer's arrival, plus the bytes
-            gt_bar_init(empty + 8 * s, 2);   // one arrival per math warpgroup
+            lb_mbar_init(full + 8 * s, 1);    // the producer's arrival, plus the bytes
+            lb_mbar_init(empty + 8 * s, 2);   // one arrival per math warpgroup
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -266,11 +246,8 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
                 for (int kt = 0; kt < nk; kt++, it++) {
                     const int s = it % S;
                     // the stage's previous slice (it - S) has been read by both warpgroups
-                    if (it >= S) gt_bar_wait(empty + 8 * s, (it / S - 1) & 1);
-                    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
-                                     full + 8 * s),
-                                 "r"(STAGE)
-                                 : "memory");
+                    if (it >= S) lb_mbar_wait(empty + 8 * s, (it / S - 1) & 1);
+                    lb_mbar_expect(full + 8 * s, STAGE);
                     gt_load(base + s * STAGE, &G.ta, kt * GG_BK, m0, full + 8 * s);
                     gt_load(base + s * STAGE + GG_TILE_A, &G.tb, kt * GG_BK, n0, full + 8 * s);
                 }
@@ -293,7 +270,7 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
             for (int i = 0; i < 64; i++) d[h][i] = 0.0f;
         for (int kt = 0; kt < nk; kt++, it++) {
             const int s = it % S;
-            gt_bar_wait(full + 8 * s, (it / S) & 1);
+            lb_mbar_wait(full + 8 * s, (it / S) & 1);
             const uint32_t sa = base + s * STAGE + cw * 64 * 128, sb = base + s * STAGE + GG_TILE_A;
             asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
@@ -304,10 +281,10 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             // the previous slice's products are done: its stage may be refilled
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-            if (kt > 0 && lead) gt_bar_arrive(empty + 8 * ((it - 1) % S));
+            if (kt > 0 && lead) lb_mbar_arrive(empty + 8 * ((it - 1) % S));
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        if (lead) gt_bar_arrive(empty + 8 * ((it - 1) % S));   // the tile's last slice
+        if (lead) lb_mbar_arrive(empty + 8 * ((it - 1) % S));   // the tile's last slice
         const int r = m0 + cw * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
         for (int h = 0; h < NH; h++)
@@ -448,28 +425,35 @@ static PFN_cuTensorMapEncodeTiled_v12000 tma_encoder(void)
         LB_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
                                                        cudaEnableDefault, &q));
         if (q != cudaDriverEntryPointSuccess || !p)
-            lb_die("cuda gemm: the driver has no cuTensorMapEncodeTiled");
+            lb_die("cuda: the driver has no cuTensorMapEncodeTiled");
         fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
     }
     return fn;
 }
 
-// The map of an operand x (rows, k elements of type dt, k contiguous) with row pitch ld
-// elements: boxes of box_k x box_rows in the 128-byte swizzle (box_k elements are 128 bytes);
-// reads beyond (rows, k) give zeros.
-static void tma_map(CUtensorMap *map, CUtensorMapDataType dt, const void *x, int rows, int k,
-                    int ld, int box_k, int box_rows)
+extern "C" void lb_cuda_tma_map(CUtensorMap *map, CUtensorMapDataType dt, const void *x, int rank,
+                                const uint64_t *dims, const uint64_t *pitch, const uint32_t *box)
 {
-    const size_t esize = dt == CU_TENSOR_MAP_DATA_TYPE_UINT8 ? 1 : 2;
-    const cuuint64_t dim[2] = {(cuuint64_t)k, (cuuint64_t)rows}, pitch[1] = {(cuuint64_t)ld * esize};
-    const cuuint32_t box[2] = {(cuuint32_t)box_k, (cuuint32_t)box_rows}, step[2] = {1, 1};
-    CUresult r = tma_encoder()(map, dt, 2, (void *)x, dim, pitch, box, step,
+    const cuuint32_t step[5] = {1, 1, 1, 1, 1};
+    CUresult r = tma_encoder()(map, dt, (cuuint32_t)rank, (void *)x, (const cuuint64_t *)dims,
+                               (const cuuint64_t *)pitch, (const cuuint32_t *)box, step,
                                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
-        lb_die("cuda gemm: cuTensorMapEncodeTiled refused a (%d, %d) operand, pitch %d (error %d)",
-               rows, k, ld, (int)r);
+        lb_die("cuda: cuTensorMapEncodeTiled refused a rank %d tensor (%llu x %llu ...), error %d",
+               rank, (unsigned long long)dims[0], (unsigned long long)dims[1], (int)r);
+}
+
+// The map of an operand x (rows, k elements of type dt, k contiguous) with row pitch ld
+// elements: boxes of box_k x box_rows.
+static void tma_map(CUtensorMap *map, CUtensorMapDataType dt, const void *x, int rows, int k,
+                    int ld, int box_k, int box_rows)
+{
+    const size_t esize = dt == CU_TENSOR_MAP_DATA_TYPE_UINT8 ? 1 : 2;
+    const uint64_t dim[2] = {(uint64_t)k, (uint64_t)rows}, pitch[1] = {(uint64_t)ld * esize};
+    const uint32_t box[2] = {(uint32_t)box_k, (uint32_t)box_rows};
+    lb_cuda_tma_map(map, dt, x, 2, dim, pitch, box);
 }
 
 template <int BN, int S2> static void gemm_launch(lb_cuda_ctx *cx, int tiles, const gt_params *T)
@@ -695,8 +679,8 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
         for (int s = 0; s < S; s++) {
             // the producer's arrival plus the bytes (VEC: every producer lane's, after its
             // scales); one arrival per math warp once it is done with the stage
-            gt_bar_init(full + 8 * s, VEC ? 32 : 1);
-            gt_bar_init(empty + 8 * s, 8);
+            lb_mbar_init(full + 8 * s, VEC ? 32 : 1);
+            lb_mbar_init(empty + 8 * s, 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -710,7 +694,7 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
                 const gq_group &G = gg_tile(P.g, P.count, t, GQ_BN, &m0, &n0);
                 for (int kt = 0; kt < G.kb; kt++, it++) {
                     const int s = it % S;
-                    if (it >= S) gt_bar_wait(empty + 8 * s, (it / S - 1) & 1);
+                    if (it >= S) lb_mbar_wait(empty + 8 * s, (it / S - 1) & 1);
                     if (VEC)
 #pragma unroll
                         for (int i = 0; i < GQ_BN / 32; i++) {
@@ -719,15 +703,12 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
                                 col < G.n ? G.sb[(size_t)col * G.kb + kt] : 0.0f;
                         }
                     if (lane == 0) {
-                        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
-                                         full + 8 * s),
-                                     "r"(GQ_STAGE)
-                                     : "memory");
+                        lb_mbar_expect(full + 8 * s, GQ_STAGE);
                         gt_load(base + s * GQ_STAGE, &G.ta, kt * GQ_BK, m0, full + 8 * s);
                         gt_load(base + s * GQ_STAGE + GG_BM * GQ_BK, &G.tb, kt * GQ_BK, n0,
                                 full + 8 * s);
                     } else if (VEC) {
-                        gt_bar_arrive(full + 8 * s);   // releases this lane's scales
+                        lb_mbar_arrive(full + 8 * s);   // releases this lane's scales
                     }
                 }
             }
@@ -750,7 +731,7 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
         for (int i = 0; i < 64; i++) d[i] = 0.0f;
         for (int kt = 0; kt < G.kb; kt++, it++) {
             const int s = it % S;
-            gt_bar_wait(full + 8 * s, (it / S) & 1);
+            lb_mbar_wait(full + 8 * s, (it / S) & 1);
             const uint32_t sa = base + s * GQ_STAGE + cw * 64 * 128;
             const uint32_t sb = base + s * GQ_STAGE + GG_BM * GQ_BK;
             asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -764,7 +745,7 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             gq_promote<VEC>(d, tf, a0, a1, b2, scales + s * GQ_BN, lane);
             __syncwarp();   // the warp's reads of the stage (products, scales) are done
-            if (lane == 0) gt_bar_arrive(empty + 8 * s);
+            if (lane == 0) lb_mbar_arrive(empty + 8 * s);
         }
         gg_store<16>(d, G.c, G.m, G.n, G.alpha, G.beta, r, n0, lane);
     }
