@@ -889,10 +889,15 @@ __device__ __forceinline__ float (&tw_part(float (&s)[2 * NK][4], int part))[32]
 }
 
 __device__ __forceinline__ void tw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void tw_commit_wait()
+__device__ __forceinline__ void tw_commit()
 {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void tw_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void tw_commit_wait()
+{
+    tw_commit();
+    tw_wait();
 }
 #endif
 
@@ -984,9 +989,12 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q,
     const int rows[2] = {iw + g, iw + g + 8};
     const size_t lrow = ((size_t)bi * hq + h) * t;
     const int nchunks = (min(i0 + TW_ROWS, t) - 1) / TC_KC + 1;
-    const uint32_t full = base + 4 * TILE;   // the stages' mbarriers
-    tw_bars_init(full, 2);
-    if (threadIdx.x == 0) tw_tma2<NK>(base, &tk, &tv, bi, 0, hk, full);
+    const uint32_t full = base + 6 * TILE;   // the three stages' mbarriers
+    tw_bars_init(full, 3);
+    if (threadIdx.x == 0) {
+        tw_tma2<NK>(base, &tk, &tv, bi, 0, hk, full);
+        if (nchunks > 1) tw_tma2<NK>(base + 2 * TILE, &tk, &tv, bi, TC_KC, hk, full + 8);
+    }
     uint32_t qa[NK][4], ga[NK][4];
     tc_qfrag<NK>(qa, rows[0] < t ? q + tc_row(bi, rows[0], h, t, hq, d) : NULL,
                  rows[1] < t ? q + tc_row(bi, rows[1], h, t, hq, d) : NULL, d, tq);
@@ -1004,14 +1012,12 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q,
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[dt][e] = 0.0f;
     __syncthreads();   // the mbarriers are set up
+    // Chunk ch's dq += dS K runs on while chunk ch + 1's S and dP are issued; one wait covers
+    // both. Three stages, so that chunk ch + 2 loads while ch and ch + 1 are in use.
     for (int ch = 0; ch < nchunks; ch++) {
-        const int j0 = ch * TC_KC;
-        if (threadIdx.x == 0 && ch + 1 < nchunks) {
-            const int sn = (ch + 1) & 1;
-            tw_tma2<NK>(base + sn * 2 * TILE, &tk, &tv, bi, j0 + TC_KC, hk, full + 8 * sn);
-        }
-        lb_mbar_wait(full + 8 * (ch & 1), (ch >> 1) & 1);
-        const uint32_t ks = base + (ch & 1) * 2 * TILE, vs = ks + TILE;
+        const int j0 = ch * TC_KC, sc = ch % 3;
+        lb_mbar_wait(full + 8 * sc, (ch / 3) & 1);
+        const uint32_t ks = base + sc * 2 * TILE, vs = ks + TILE;
         // S and dP in C layout (column = key j0 + nt * 8 + 2 tq + (e & 1)), then dS in place
         float s[8][4], dp[8][4];
         tw_fence();
@@ -1021,6 +1027,11 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q,
             tw_wgmma_rs(tw_flat(dp), ga[kk], tw_desc(vs, kk), kk);
         }
         tw_commit_wait();
+        __syncthreads();   // every warp is past chunk ch - 1's dq product: its stage is free
+        if (threadIdx.x == 0 && ch + 2 < nchunks) {
+            const int sn = (ch + 2) % 3;
+            tw_tma2<NK>(base + sn * 2 * TILE, &tk, &tv, bi, j0 + 2 * TC_KC, hk, full + 8 * sn);
+        }
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
@@ -1039,9 +1050,9 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q,
 #pragma unroll
             for (int part = 0; part < NK / 4; part++)
                 tw_wgmma_rs_n(tw_part<NK>(acc, part), da[kc], tw_desc_n(ks, kc, part));
-        tw_commit_wait();
-        __syncthreads();
+        tw_commit();
     }
+    tw_wait();
 #pragma unroll
     for (int r = 0; r < 2; r++)
         if (rows[r] < t)
@@ -1087,10 +1098,9 @@ tw_bwd_dkdv_kernel(float *dk, float *dv, const __grid_constant__ CUtensorMap tq_
         for (int e = 0; e < 4; e++) ak[dt][e] = av[dt][e] = 0.0f;
     __syncthreads();   // the mbarriers are set up, item 0's lse and D staged
     lb_mbar_wait(full + 16, 0);   // K and V
+    // As in the dq kernel, item it's dv and dk products run on while item it + 1's S^T and dP^T
+    // are issued.
     for (int it = 0; it < items; it++) {
-        // the next item into the other stage (free since it - 1's last barrier; its lse and D
-        // are read after this item's last barrier)
-        if (it + 1 < items) issue(it + 1);
         lb_mbar_wait(full + 8 * (it & 1), (it >> 1) & 1);
         const int c0 = (cf + it % nper) * TC_KC, stg = it & 1;
         const uint32_t qs = st + 2 * stg * TILE, gs = qs + TILE;
@@ -1104,6 +1114,10 @@ tw_bwd_dkdv_kernel(float *dk, float *dv, const __grid_constant__ CUtensorMap tq_
             tw_wgmma_ss(tw_flat(dp), tw_desc(vt, kk), tw_desc(gs, kk), kk);
         }
         tw_commit_wait();
+        // Every warp is past item it - 1's products and its lse and D: the next item into
+        // that stage (its lse and D are read after the next item's first barrier).
+        __syncthreads();
+        if (it + 1 < items) issue(it + 1);
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
@@ -1128,9 +1142,9 @@ tw_bwd_dkdv_kernel(float *dk, float *dv, const __grid_constant__ CUtensorMap tq_
                 tw_wgmma_rs_n(tw_part<NK>(av, part), pa[kc], tw_desc_n(gs, kc, part));
                 tw_wgmma_rs_n(tw_part<NK>(ak, part), da[kc], tw_desc_n(qs, kc, part));
             }
-        tw_commit_wait();
-        __syncthreads();
+        tw_commit();
     }
+    tw_wait();
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (keys[r] >= t) continue;
@@ -1239,7 +1253,7 @@ static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float
         tw_map(&tg, gb, b, t, hq, 16 * NK);
         tw_map(&tk, kb, b, t, hkv, 16 * NK);
         tw_map(&tv, vb, b, t, hkv, 16 * NK);
-        const size_t smem_dq = 4 * tile + TW_SMEM_EXTRA;
+        const size_t smem_dq = 6 * tile + TW_SMEM_EXTRA;
         lb_cuda_smem_limit(tw_bwd_dq_kernel<NK>, smem_dq);
         dim3 gq(hq, b, (t + TW_ROWS - 1) / TW_ROWS);
         tw_bwd_dq_kernel<NK><<<gq, 128, smem_dq, cx->stream>>>(dq, dout, q, tk, tv, lse, D, t, hq,
