@@ -907,6 +907,24 @@ __device__ __forceinline__ void tw_commit_wait()
     tw_commit();
     tw_wait();
 }
+
+// acc (64 x 16 NK, C layout) += bf16(p) (64 x 64 in C layout, which becomes the register A
+// fragments) times the swizzled tile at shared address `tile` read N-major (64 k rows, 16 NK
+// columns): issued after a wgmma fence; the caller commits and waits.
+template <int NK>
+__device__ __forceinline__ void tw_mma_pn(float (&acc)[2 * NK][4], const float (&p)[8][4],
+                                          uint32_t tile)
+{
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++) tc_ctoa(pa[kc], p, kc);
+    tw_fence();
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++)
+#pragma unroll
+        for (int part = 0; part < NK / 4; part++)
+            tw_wgmma_rs_n(tw_part<NK>(acc, part), pa[kc], tw_desc_n(tile, kc, part));
+}
 #endif
 
 // The forward as tc_fwd_kernel, 64 query rows per block (one warpgroup: warp w holds rows
@@ -958,15 +976,7 @@ tw_fwd_kernel(float *out, float *lse, const float *q, const __grid_constant__ CU
         for (int kk = 0; kk < NK; kk++) tw_wgmma_rs(tw_flat(s), qa[kk], tw_desc(ks, kk), 1);
         tw_commit_wait();
         tc_online<NK>(st, s, j0, pos, c, tq);
-        uint32_t pa[4][4];
-#pragma unroll
-        for (int kc = 0; kc < 4; kc++) tc_ctoa(pa[kc], s, kc);
-        tw_fence();
-#pragma unroll
-        for (int kc = 0; kc < 4; kc++)
-#pragma unroll
-            for (int part = 0; part < NK / 4; part++)
-                tw_wgmma_rs_n(tw_part<NK>(st.o, part), pa[kc], tw_desc_n(vs, kc, part));
+        tw_mma_pn<NK>(st.o, s, vs);   // O += P V
         tw_commit_wait();
         __syncthreads();   // chunk ch is consumed before its stage is refilled
     }
@@ -1048,16 +1058,7 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q,
                 const float p = j <= rows[r] ? tc_p(s[nt][e], c, l2[r]) : 0.0f;
                 dp[nt][e] = tc_ds(p, dp[nt][e], dd[r]);
             }
-        // dq += dS K, K read N-major
-        uint32_t da[4][4];
-#pragma unroll
-        for (int kc = 0; kc < 4; kc++) tc_ctoa(da[kc], dp, kc);
-        tw_fence();
-#pragma unroll
-        for (int kc = 0; kc < 4; kc++)
-#pragma unroll
-            for (int part = 0; part < NK / 4; part++)
-                tw_wgmma_rs_n(tw_part<NK>(acc, part), da[kc], tw_desc_n(ks, kc, part));
+        tw_mma_pn<NK>(acc, dp, ks);   // dq += dS K
         tw_commit();
     }
     tw_wait();
