@@ -210,6 +210,7 @@ lb_model *lb_model_create_parallel(const lb_model_config *cfg, lb_backend *be,
     m->params = be->alloc(be, m->nparams * sizeof(float));   // zero-filled
     m->grads = be->alloc(be, m->nparams * sizeof(float));
     m->wcache = lb_calloc(m->ntensors, sizeof *m->wcache);
+    m->grad_fresh = lb_calloc(m->ntensors, 1);
     m->lin.be = be;
     lb_precision_spec fp32;
     memset(&fp32, 0, sizeof fp32);
@@ -236,7 +237,8 @@ void lb_model_align(lb_model *m, const size_t align[2])
     be->free(be, m->params);
     be->free(be, m->grads);
     m->params = p;
-    m->grads = be->alloc(be, m->nparams * sizeof(float));
+    m->grads = be->alloc(be, m->nparams * sizeof(float));   // zero-filled: nothing fresh
+    memset(m->grad_fresh, 0, (size_t)m->ntensors);
     free(old);
     lb_model_params_changed(m, m->lin.step);
 }
@@ -293,6 +295,7 @@ void lb_model_free(lb_model *m)
     }
     for (int i = 0; i < m->ntensors; i++) lb_wcache_free(&m->lin, &m->wcache[i]);
     free(m->wcache);
+    free(m->grad_fresh);
     lb_linear_free(&m->lin);
     lb_contract_free(&m->contract);
     m->be->free(m->be, m->params);
@@ -390,9 +393,50 @@ void lb_model_backward(lb_model *m, float loss_scale)
 {
     if (!m->acts) lb_die("backward called before forward");
     m->def->backward(m, loss_scale);
+    lb_model_grad_settle(m);
 }
 
-void lb_model_zero_grad(lb_model *m) { m->be->zero(m->be, m->grads, m->nparams * sizeof(float)); }
+// Zeroes everything but the wgrad_gemm tensors, in runs of neighbours (lay_out's order: region
+// by region, tensors in table order; the padding is in the runs and stays zero), and marks
+// those fresh.
+void lb_model_zero_grad(lb_model *m)
+{
+    size_t from = 0;   // start of the run of floats to zero
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < m->ntensors; i++) {
+            const lb_tensor *t = &m->tensors[i];
+            if (t->expert != r || !t->wgrad_gemm) continue;
+            if (t->offset > from)
+                m->be->zero(m->be, m->grads + from, (t->offset - from) * sizeof(float));
+            from = t->offset + t->numel;
+            m->grad_fresh[i] = 1;
+        }
+    if (m->nparams > from) m->be->zero(m->be, m->grads + from, (m->nparams - from) * sizeof(float));
+}
+
+float lb_model_grad_beta(lb_model *m, const float *dw)
+{
+    for (int i = 0; i < m->ntensors; i++) {
+        const lb_tensor *t = &m->tensors[i];
+        if (dw < m->grads + t->offset || dw >= m->grads + t->offset + t->numel) continue;
+        if (!t->wgrad_gemm)
+            lb_die("lb_model_grad_beta: %s is not written by wgrads alone", t->name);
+        if (!m->grad_fresh[i]) return 1.0f;
+        m->grad_fresh[i] = 0;
+        return 0.0f;
+    }
+    lb_die("lb_model_grad_beta: %p is not in a tensor's gradient", (const void *)dw);
+}
+
+void lb_model_grad_settle(lb_model *m)
+{
+    for (int i = 0; i < m->ntensors; i++)
+        if (m->grad_fresh[i]) {
+            const lb_tensor *t = &m->tensors[i];
+            m->be->zero(m->be, m->grads + t->offset, t->numel * sizeof(float));
+            m->grad_fresh[i] = 0;
+        }
+}
 
 const lb_tensor *lb_model_find(const lb_model *m, const char *name)
 {
@@ -582,4 +626,5 @@ void lb_model_backward_logprobs(lb_model *m, const float *dlp, float aux_scale)
     be->cross_entropy_bwd_rows(be, m->logits, m->logits, NULL, m->targets, m->lp_w, n,
                                m->cfg.vocab_size);
     m->def->backward_logits(m, aux_scale);
+    lb_model_grad_settle(m);
 }

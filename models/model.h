@@ -72,6 +72,8 @@ typedef struct {
     lb_split split;
     lb_tpgrad tpgrad;
     int layer;                     // decoder layer; -1 embedding (first stage), L final (last)
+    int wgrad_gemm;                // its gradient comes from linear wgrads alone, each writing
+                                   // all of it (lb_model_grad_beta)
     // set by the model: the piece this rank holds
     int global;                    // index in the definition's table (init seeds, checkpoints)
     int64_t gshape[3];             // the whole tensor
@@ -163,6 +165,9 @@ struct lb_model {
     size_t nparams;                // region_len[0] + region_len[1]
     float *params;                 // (nparams) backend memory
     float *grads;                  // (nparams) backend memory
+    // Per tensor: lb_model_zero_grad left this wgrad_gemm tensor's gradient unzeroed, so its
+    // first write must overwrite (lb_model_grad_beta).
+    uint8_t *grad_fresh;           // (ntensors) host
     int b, t;                      // shape the activations were made for
     void *acts;                    // definition-private activations
     float *logits;                 // (rows, vocab) backend memory, valid after forward; rows
@@ -245,7 +250,16 @@ void lb_model_init_params(lb_model *m, uint64_t seed);
 // tokens/targets are HOST arrays (b*t); targets may be NULL. Returns m->loss.
 float lb_model_forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t);
 void lb_model_backward(lb_model *m, float loss_scale);
+// Starts accumulating a new set of gradients. The gradients of wgrad_gemm tensors are not
+// zeroed but marked fresh: their first GEMM of the next backward overwrites them (beta 0), which
+// saves a pass of zeros and the GEMM epilogues' reads of them. Every backward ends with the
+// gradients whole (lb_model_grad_settle), so readers of m->grads need not care.
 void lb_model_zero_grad(lb_model *m);
+// The beta for a wgrad GEMM writing all of the gradient of the tensor holding dw (a pointer into
+// m->grads): 0 for its first write since lb_model_zero_grad, 1 after (accumulate).
+float lb_model_grad_beta(lb_model *m, const float *dw);
+// Zeroes the gradients still fresh (no backward wrote them); the backward entry points call it.
+void lb_model_grad_settle(lb_model *m);
 // Sets the precision contract (the default is fp32, the exact reference). -1 with a message.
 int lb_model_set_precision(lb_model *m, const lb_precision_spec *spec, uint64_t seed,
                            char *err, size_t errlen);

@@ -68,6 +68,14 @@ static int add(lb_tensor *out, int i, int is_norm, lb_split split, lb_tpgrad tpg
     return i + 1;
 }
 
+// Marks the tensor just added as a linear layer's weight: its gradient comes from that layer's
+// wgrads alone, each writing all of it (lb_model_grad_beta).
+static int linear(lb_tensor *out, int i)
+{
+    if (out) out[i - 1].wgrad_gemm = 1;
+    return i;
+}
+
 static int tensors(const lb_model_config *c, lb_tensor *out)
 {
     int64_t C = c->hidden_size, D = c->head_dim, hq = c->num_attention_heads,
@@ -79,32 +87,35 @@ static int tensors(const lb_model_config *c, lb_tensor *out)
     i = add(out, i, 0, LB_SPLIT_NONE, sp, 2, c->vocab_size, C, 0, "model.embed_tokens.weight", -1);
     for (int l = 0; l < L; l++) {
         i = add(out, i, 1, LB_SPLIT_NONE, sp, 1, C, 0, 0, "model.layers.%d.input_layernorm.weight", l);
-        i = add(out, i, 0, LB_SPLIT_COL, whole, 2, hq * D, C, 0,
-                "model.layers.%d.self_attn.q_proj.weight", l);
-        i = add(out, i, 0, LB_SPLIT_COL, whole, 2, hkv * D, C, 0,
-                "model.layers.%d.self_attn.k_proj.weight", l);
-        i = add(out, i, 0, LB_SPLIT_COL, whole, 2, hkv * D, C, 0,
-                "model.layers.%d.self_attn.v_proj.weight", l);
-        i = add(out, i, 0, LB_SPLIT_ROW, whole, 2, C, hq * D, 0,
-                "model.layers.%d.self_attn.o_proj.weight", l);
+        i = linear(out, add(out, i, 0, LB_SPLIT_COL, whole, 2, hq * D, C, 0,
+                            "model.layers.%d.self_attn.q_proj.weight", l));
+        i = linear(out, add(out, i, 0, LB_SPLIT_COL, whole, 2, hkv * D, C, 0,
+                            "model.layers.%d.self_attn.k_proj.weight", l));
+        i = linear(out, add(out, i, 0, LB_SPLIT_COL, whole, 2, hkv * D, C, 0,
+                            "model.layers.%d.self_attn.v_proj.weight", l));
+        i = linear(out, add(out, i, 0, LB_SPLIT_ROW, whole, 2, C, hq * D, 0,
+                            "model.layers.%d.self_attn.o_proj.weight", l));
         i = add(out, i, 1, LB_SPLIT_NONE, heads, 1, D, 0, 0, "model.layers.%d.self_attn.q_norm.weight", l);
         i = add(out, i, 1, LB_SPLIT_NONE, heads, 1, D, 0, 0, "model.layers.%d.self_attn.k_norm.weight", l);
         i = add(out, i, 1, LB_SPLIT_NONE, sp, 1, C, 0, 0,
                 "model.layers.%d.post_attention_layernorm.weight", l);
         if (is_moe(c)) {
-            i = add(out, i, 0, LB_SPLIT_NONE, whole, 2, E, C, 0, "model.layers.%d.mlp.gate.weight", l);
-            i = add(out, i, 0, LB_SPLIT_EXPERT_COL2, whole, 3, E, 2 * F, C,
-                    "model.layers.%d.mlp.experts.gate_up_proj", l);
-            i = add(out, i, 0, LB_SPLIT_EXPERT_ROW, whole, 3, E, C, F,
-                    "model.layers.%d.mlp.experts.down_proj", l);
+            i = linear(out, add(out, i, 0, LB_SPLIT_NONE, whole, 2, E, C, 0,
+                                "model.layers.%d.mlp.gate.weight", l));
+            i = linear(out, add(out, i, 0, LB_SPLIT_EXPERT_COL2, whole, 3, E, 2 * F, C,
+                                "model.layers.%d.mlp.experts.gate_up_proj", l));
+            i = linear(out, add(out, i, 0, LB_SPLIT_EXPERT_ROW, whole, 3, E, C, F,
+                                "model.layers.%d.mlp.experts.down_proj", l));
         } else {
-            i = add(out, i, 0, LB_SPLIT_COL2, whole, 2, 2 * F, C, 0,
-                    "model.layers.%d.mlp.gate_up_proj.weight", l);
-            i = add(out, i, 0, LB_SPLIT_ROW, whole, 2, C, F, 0, "model.layers.%d.mlp.down_proj.weight", l);
+            i = linear(out, add(out, i, 0, LB_SPLIT_COL2, whole, 2, 2 * F, C, 0,
+                                "model.layers.%d.mlp.gate_up_proj.weight", l));
+            i = linear(out, add(out, i, 0, LB_SPLIT_ROW, whole, 2, C, F, 0,
+                                "model.layers.%d.mlp.down_proj.weight", l));
         }
     }
     i = add(out, i, 1, LB_SPLIT_NONE, sp, 1, C, 0, 0, "model.norm.weight", L);
-    i = add(out, i, 0, LB_SPLIT_NONE, sp, 2, c->vocab_size, C, 0, "lm_head.weight", L);
+    i = linear(out, add(out, i, 0, LB_SPLIT_NONE, sp, 2, c->vocab_size, C, 0, "lm_head.weight",
+                        L));
     return i;
 }
 
@@ -633,10 +644,10 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
     moe_scratch *s = &a->ms;
     if (!is_moe(c)) {
         lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, f->h, w->down, w->cdown, 0, dout, a->dh, 0.0f,
-                      dw->down, n, d.C, d.F);
+                      dw->down, lb_model_grad_beta(m, dw->down), n, d.C, d.F);
         be->swiglu_bwd(be, a->dgu, a->dh, f->gu, n, d.F);
         lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, a->dgu, dln, 0.0f, dw->gu,
-                      n, 2 * d.F, d.C);
+                      lb_model_grad_beta(m, dw->gu), n, 2 * d.F, d.C);
         return;
     }
     int o, np = part_rows(&d, n, &o);   // the rows this rank sent to the experts
@@ -658,10 +669,11 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
     float *dgu = grow(be, &s->dgu, &s->cap_dgu, nr * 2 * d.F);
     float *dh = grow(be, &s->dh, &s->cap_dh, nr * d.F);
     lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_DOWN, f->h, w->down, w->cdown, f->route.local_counts,
-                          d.El, dye, dh, dw->down, d.C, d.F);
+                          d.El, dye, dh, dw->down, lb_model_grad_beta(m, dw->down), d.C, d.F);
     if (nr) be->swiglu_bwd(be, dgu, dh, f->gu, (int)nr, d.F);
     lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : f->xp, w->gu, w->cgu,
-                          f->route.local_counts, d.El, dgu, dxe, dw->gu, 2 * d.F, d.C);
+                          f->route.local_counts, d.El, dgu, dxe, dw->gu,
+                          lb_model_grad_beta(m, dw->gu), 2 * d.F, d.C);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, dxe, a->dxp, s->xs, d.C);
     if (d.parts > 1) be->zero(be, dln, (size_t)n * d.C * sizeof(float));
     if (np) be->moe_permute_bwd(be, dln + (size_t)o * d.C, a->dxp, f->row, np, d.K, d.C);
@@ -673,7 +685,8 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
     // The router is replicated over tp and its gradient the same on every tp rank: one rank
     // adds its share to dln so the tp sum counts it once.
     lb_linear_bwd(lin, l, LB_ROLE_ROUTER, ln, w->router, w->crouter, 0, a->drlogits,
-                  m->par.tp_rank == 0 ? dln : NULL, 1.0f, dw->router, n, d.E, d.C);
+                  m->par.tp_rank == 0 ? dln : NULL, 1.0f, dw->router,
+                  lb_model_grad_beta(m, dw->router), n, d.E, d.C);
 }
 
 static const lb_tensor *find_or_die(const lb_model *m, const char *name)
@@ -857,7 +870,8 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
         if (!head_done)
             lb_linear_bwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf,
                           m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits,
-                          a->dln, 0.0f, G + th->offset, ns, d.V, C);
+                          a->dln, 0.0f, G + th->offset, lb_model_grad_beta(m, G + th->offset),
+                          ns, d.V, C);
         be->rmsnorm_bwd(be, a->dres, G + tn->offset, a->dln, a->l[a->nl].x,
                         m->params + tn->offset, a->rstdf, ns, C);
     }
@@ -880,19 +894,19 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
         // attention block: dres is now d loss / d xmid
         tp_gather(m, a->dres, a->dfull, n, C);
         lb_linear_bwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, a->dfull, a->datt, 0.0f,
-                      dw.o, n, C, d.hq * D);
+                      dw.o, lb_model_grad_beta(m, dw.o), n, C, d.hq * D);
         be->attention_bwd(be, a->dq, a->dk, a->dv, a->datt, L->qr, L->kr, L->v, L->att, L->lse,
                           b, t, d.hq, d.hkv, D, m->contract.attention_bf16);
         be->rope_bwd(be, a->dq, a->pos, n, d.hq, D, theta);
         be->rope_bwd(be, a->dk, a->pos, n, d.hkv, D, theta);
         be->rmsnorm_bwd(be, a->dqr, dw.qn, a->dq, L->q, w.qn, L->qrstd, n * d.hq, D);
         be->rmsnorm_bwd(be, a->dkr, dw.kn, a->dk, L->k, w.kn, L->krstd, n * d.hkv, D);
-        lb_linear_bwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.q, w.cq, 0, a->dqr, a->dln, 0.0f, dw.q, n,
-                      d.hq * D, C);
-        lb_linear_bwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.k, w.ck, 0, a->dkr, a->dln, 1.0f, dw.k, n,
-                      d.hkv * D, C);
-        lb_linear_bwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.v, w.cv, 0, a->dv, a->dln, 1.0f, dw.v, n,
-                      d.hkv * D, C);
+        lb_linear_bwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.q, w.cq, 0, a->dqr, a->dln, 0.0f, dw.q,
+                      lb_model_grad_beta(m, dw.q), n, d.hq * D, C);
+        lb_linear_bwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.k, w.ck, 0, a->dkr, a->dln, 1.0f, dw.k,
+                      lb_model_grad_beta(m, dw.k), n, d.hkv * D, C);
+        lb_linear_bwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.v, w.cv, 0, a->dv, a->dln, 1.0f, dw.v,
+                      lb_model_grad_beta(m, dw.v), n, d.hkv * D, C);
         tp_reduce(m, a->dln, a->dlns, n, C);
         be->rmsnorm_bwd(be, a->dtmp, dw.ln1, a->dlns, L->x, w.ln1, L->rstd1, ns, C);
         be->add(be, a->dres, a->dtmp, (size_t)ns * C);
@@ -926,6 +940,7 @@ static void backward(lb_model *m, float loss_scale)
         dims d = dims_of(m);
         const lb_tensor *th = find_or_die(m, "lm_head.weight");
         float dce = m->ntokens ? loss_scale / (float)m->ntokens : 0.0f;
+        float *dwh = m->grads + th->offset;
         for (int r = 0; r < ns; r += R) {
             int nr = ns - r < R ? ns - r : R;
             lb_linear_fwd(&m->lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
@@ -936,7 +951,7 @@ static void backward(lb_model *m, float loss_scale)
             lb_linear_bwd(&m->lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
                           a->lnf + (size_t)r * d.C, m->params + th->offset,
                           &m->wcache[th - m->tensors], 0, m->logits, a->dln + (size_t)r * d.C,
-                          0.0f, m->grads + th->offset, nr, d.V, d.C);
+                          0.0f, dwh, lb_model_grad_beta(m, dwh), nr, d.V, d.C);
         }
     }
     backward_from(m, loss_scale * (float)m->cfg.router_aux_loss_coef, R < ns);

@@ -251,7 +251,7 @@ static float *fprop_dequant(lb_linear *L, int slot, int layer, lb_role role, int
 
 void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
                    const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
-                   float *dw, int n, int out, int in)
+                   float *dw, float dw_beta, int n, int out, int in)
 {
     lb_backend *be = L->be;
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
@@ -259,7 +259,11 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
     const lb_site *G = lb_contract_site(L->contract, layer, role, LB_PASS_WGRAD);
     size_t mat = (size_t)out * in;
     const float *we = w + e * mat;
-    if (n == 0) return;
+    if (dw_beta != 0.0f && dw_beta != 1.0f) lb_die("lb_linear_bwd: dw_beta %g", dw_beta);
+    if (n == 0) {   // no tokens: no product; a first write still owes dw its zeros
+        if (dw && dw_beta == 0.0f) be->zero(be, dw, mat * sizeof(float));
+        return;
+    }
 
     // dgrad: dx (n, in) = dy (n, out) W
     if (dx) {
@@ -283,20 +287,20 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
         }
     }
 
-    // wgrad: dw (out, in) += dy^T x, reducing over the n tokens
+    // wgrad: dw (out, in) = dy^T x + dw_beta dw, reducing over the n tokens
     if (!dw) return;
     if (G->fmt == LB_FMT_FP32) {
-        lb_gemm(be, 1, 0, out, in, n, 1.0f, dy, x, 1.0f, dw);
+        lb_gemm(be, 1, 0, out, in, n, 1.0f, dy, x, dw_beta, dw);
     } else if (!is_low(G->fmt) || G->mode != LB_BWD_QUANTIZED) {
         if (G->mode != LB_BWD_DEQUANTIZED || !is_low(F->fmt)) {
             // dy and x rounded to bf16 (by the GEMM, kernels.h): what a dequantized fprop of
             // bf16 or fp32 activations gives too
-            lb_gemm_bf16(be, 1, 0, out, in, n, 1.0f, dy, x, 1.0f, dw);
+            lb_gemm_bf16(be, 1, 0, out, in, n, 1.0f, dy, x, dw_beta, dw);
         } else {   // a quantized fprop's dequantized activations need not be bf16 values
             float *dyb = scratch(L, 0, (size_t)n * out);
             round_into(L, dyb, dy, (size_t)n * out);
             const float *xb = fprop_dequant(L, 2, layer, role, e, x, n, in);
-            lb_gemm(be, 1, 0, out, in, n, 1.0f, dyb, xb, 1.0f, dw);
+            lb_gemm(be, 1, 0, out, in, n, 1.0f, dyb, xb, dw_beta, dw);
         }
     } else {
         int nk = wgrad_tokens(n, (int)G->hadamard), have = n;   // tokens in the operands
@@ -310,7 +314,7 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
         // copies
         be->quantize_grouped(be, 1, &qd, dy, &have, &nk, out, &ad);
         be->quantize_grouped(be, 1, &qx, x, &have, &nk, in, &ax);
-        be->gemm_q(be, out, in, nk, 1.0f, &qd, &qx, 1.0f, dw);
+        be->gemm_q(be, out, in, nk, 1.0f, &qd, &qx, dw_beta, dw);
     }
 }
 
@@ -397,9 +401,10 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
 
 void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x,
                            const float *w, const lb_wcache *c, const int *counts, int groups,
-                           const float *dy, float *dx, float *dw, int out, int in)
+                           const float *dy, float *dx, float *dw, float dw_beta, int out, int in)
 {
     size_t off = 0, mat = (size_t)out * in;
+    if (dw_beta != 0.0f && dw_beta != 1.0f) lb_die("lb_linear_grouped_bwd: dw_beta %g", dw_beta);
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {
         lb_gemm_args g[2 * groups];
@@ -407,7 +412,8 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
             int mj = counts[j];
             g[j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, dy + off * out, w + j * mat,
                                   dx + off * in, bf16};
-            g[groups + j] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, 1.0f, dy + off * out,
+            // mj 0: no product, and beta 0 zeroes the matrix (kernels.h)
+            g[groups + j] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, dw_beta, dy + off * out,
                                            x + off * in, dw + j * mat, bf16};
             off += (size_t)mj;
         }
@@ -450,8 +456,10 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
         be->quantize_grouped(be, groups, qx, x, counts, kp, in, &ax);
         for (int j = 0; j < groups; j++)
             if (counts[j])
-                g[ng++] = (lb_gemm_q_args){out, in, kp[j], 1.0f, 1.0f, &qd[j], &qx[j],
+                g[ng++] = (lb_gemm_q_args){out, in, kp[j], 1.0f, dw_beta, &qd[j], &qx[j],
                                            dw + j * mat};
+            else if (dw_beta == 0.0f)   // a first write owes an expert without rows its zeros
+                be->zero(be, dw + j * mat, mat * sizeof(float));
         be->gemm_q_grouped(be, ng, g);
         wgrad_done = 1;
     }
@@ -459,7 +467,7 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
     for (int j = 0; j < groups; j++) {
         lb_linear_bwd(L, layer, role, x + off * in, w, c, j, dy + off * out,
                       dgrad_done ? NULL : dx + off * in, 0.0f, wgrad_done ? NULL : dw + j * mat,
-                      counts[j], out, in);
+                      dw_beta, counts[j], out, in);
         off += (size_t)counts[j];
     }
 }

@@ -62,19 +62,21 @@ void lb_wcache_free(lb_linear *L, lb_wcache *c);
 void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
                    const lb_wcache *c, int e, float *y, int n, int out, int in, float beta);
 // dx (n, in) = dy (n, out) W + dx_beta * dx   (skipped when dx is NULL)
-// dw (out, in) += dy^T x                        (skipped when dw is NULL)
+// dw (out, in) = dy^T x + dw_beta * dw         (skipped when dw is NULL; dw_beta 0 or 1, and
+//                                               0 overwrites dw even when n is 0)
 void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
                    const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
-                   float *dw, int n, int out, int in);
+                   float *dw, float dw_beta, int n, int out, int in);
 
 // Experts: rows [off_j, off_j + counts[j]) of x use matrix j (counts is a host array).
 void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x,
                            const float *w, const lb_wcache *c, const int *counts, int groups,
                            float *y, int out, int in);
-// dx (rows, in) overwritten; dw (groups, out, in) accumulated.
+// dx (rows, in) overwritten; dw (groups, out, in) = the wgrads + dw_beta * dw (0 or 1; 0
+// overwrites the matrices of groups without rows with zeros).
 void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x,
                            const float *w, const lb_wcache *c, const int *counts, int groups,
-                           const float *dy, float *dx, float *dw, int out, int in);
+                           const float *dy, float *dx, float *dw, float dw_beta, int out, int in);
 
 void lb_linear_free(lb_linear *L);
 

@@ -236,6 +236,7 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
     lb_model *m = o->m;
     lb_backend *be = m->be;
     const lb_optim_config *c = &o->cfg;
+    lb_model_grad_settle(m);   // a step with no backward since zero_grad still sees zeros
     be->sync(be);   // the backward's gradients are complete before a communicator reads
     if (gsize(o->g.tp) > 1) {   // partial gradients of tp-replicated tensors
         for (int i = 0; i < m->ntensors; i++) {

@@ -4,20 +4,6 @@
 #include "kernels/quant/contract.h"
 #include "tests/testutil.h"
 
-static lb_precision_spec spec(const char *recipe)
-{
-    lb_precision_spec s;
-    memset(&s, 0, sizeof s);
-    snprintf(s.recipe, sizeof s.recipe, "%s", recipe);
-    snprintf(s.backward, sizeof s.backward, "default");
-    snprintf(s.wgrad_hadamard, sizeof s.wgrad_hadamard, "default");
-    snprintf(s.scale_rule, sizeof s.scale_rule, "ceil");
-    snprintf(s.nvfp4_scale, sizeof s.nvfp4_scale, "per-token");
-    snprintf(s.nvfp4_weight_blocks, sizeof s.nvfp4_weight_blocks, "16x16");
-    snprintf(s.keep_bf16_roles, sizeof s.keep_bf16_roles, "router,lm_head");
-    return s;
-}
-
 static lb_contract resolve(const lb_precision_spec *s, int layers)
 {
     lb_contract c;
@@ -46,7 +32,7 @@ START_TEST(test_recipes)
         {"mxfp4", LB_FMT_MXFP4, LB_FMT_MXFP4, LB_FMT_BF16, LB_HAD_16},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        lb_precision_spec s = spec(want[i].recipe);
+        lb_precision_spec s = lb_test_spec(want[i].recipe);
         lb_contract c = resolve(&s, 3);
         for (int l = 0; l < 3; l++)
             for (int p = 0; p < LB_NPASSES; p++) {
@@ -68,7 +54,7 @@ END_TEST
 
 START_TEST(test_keep_and_overrides)
 {
-    lb_precision_spec s = spec("mxfp4");
+    lb_precision_spec s = lb_test_spec("mxfp4");
     snprintf(s.keep_bf16_layers, sizeof s.keep_bf16_layers, "0, -1");
     snprintf(s.overrides, sizeof s.overrides, "moe.down.wgrad=bf16; attn.qkv.*=mxfp8");
     snprintf(s.backward, sizeof s.backward, "dequantized");
@@ -126,7 +112,7 @@ START_TEST(test_errors)
         {"attention", "fp16", "precision.attention: unknown mode 'fp16' (auto, fp32, bf16)"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        lb_precision_spec s = spec("mxfp8");
+        lb_precision_spec s = lb_test_spec("mxfp8");
         char *dst = !strcmp(bad[i].field, "recipe") ? s.recipe
                     : !strcmp(bad[i].field, "keep_bf16_roles") ? s.keep_bf16_roles
                     : !strcmp(bad[i].field, "keep_bf16_layers") ? s.keep_bf16_layers
@@ -150,7 +136,7 @@ START_TEST(test_attention_mode)
     static const char *const modes[] = {"", "auto", "fp32", "bf16"};
     for (size_t r = 0; r < sizeof recipes / sizeof recipes[0]; r++)
         for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
-            lb_precision_spec s = spec(recipes[r]);
+            lb_precision_spec s = lb_test_spec(recipes[r]);
             snprintf(s.attention, sizeof s.attention, "%s", modes[m]);
             lb_contract c = resolve(&s, 2);
             int want = m < 2 ? strcmp(recipes[r], "fp32") != 0 : !strcmp(modes[m], "bf16");

@@ -101,7 +101,7 @@ static void check_recipe(const char *recipe, const char *backward, lb_format f, 
     memset(&wc, 0, sizeof wc);
     lb_wcache_build(&L, &wc, 0, role, w, 1, OUT, IN);
     lb_linear_fwd(&L, 0, role, x, w, &wc, 0, y, N, OUT, IN, 0.0f);
-    lb_linear_bwd(&L, 0, role, x, w, &wc, 0, dy, dx, 0.0f, dw, N, OUT, IN);
+    lb_linear_bwd(&L, 0, role, x, w, &wc, 0, dy, dx, 0.0f, dw, 1.0f, N, OUT, IN);
 
     int quantized = strcmp(backward, "quantized") == 0;
     int low = f != LB_FMT_FP32 && f != LB_FMT_BF16;
@@ -196,18 +196,26 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
     memset(&wc, 0, sizeof wc);
     lb_wcache_build(&L, &wc, 0, role, w, E, OUT, IN);
     lb_linear_grouped_fwd(&L, 0, role, x, w, &wc, counts, E, y[0], OUT, IN);
-    lb_linear_grouped_bwd(&L, 0, role, x, w, &wc, counts, E, dy, dx[0], dw[0], OUT, IN);
+    lb_linear_grouped_bwd(&L, 0, role, x, w, &wc, counts, E, dy, dx[0], dw[0], 1.0f, OUT, IN);
     size_t off = 0;
     for (int j = 0; j < E; j++) {
         lb_linear_fwd(&L, 0, role, x + off * IN, w, &wc, j, y[1] + off * OUT, counts[j], OUT, IN,
                       0.0f);
         lb_linear_bwd(&L, 0, role, x + off * IN, w, &wc, j, dy + off * OUT, dx[1] + off * IN,
-                      0.0f, dw[1] + j * mat, counts[j], OUT, IN);
+                      0.0f, dw[1] + j * mat, 1.0f, counts[j], OUT, IN);
         off += (size_t)counts[j];
     }
     ck_assert_msg(!memcmp(y[0], y[1], sizeof(float) * n * OUT), "%s/%s: grouped fprop", recipe, backward);
     ck_assert_msg(!memcmp(dx[0], dx[1], sizeof(float) * n * IN), "%s/%s: grouped dgrad", recipe, backward);
     ck_assert_msg(!memcmp(dw[0], dw[1], sizeof(float) * E * mat), "%s/%s: grouped wgrad", recipe, backward);
+    // dw_beta 0 overwrites: NaN before, the products after, and zeros for expert 1 (no rows),
+    // equal (up to the sign of zero) to adding to zeros
+    for (size_t i = 0; i < E * mat; i++) dw[0][i] = NAN, dw[1][i] = 0.0f;
+    lb_linear_grouped_bwd(&L, 0, role, x, w, &wc, counts, E, dy, dx[0], dw[0], 0.0f, OUT, IN);
+    lb_linear_grouped_bwd(&L, 0, role, x, w, &wc, counts, E, dy, dx[1], dw[1], 1.0f, OUT, IN);
+    for (size_t i = 0; i < E * mat; i++)
+        ck_assert_msg(dw[0][i] == dw[1][i], "%s/%s: grouped wgrad, beta 0: [%zu] %g, not %g",
+                      recipe, backward, i, dw[0][i], dw[1][i]);
     lb_wcache_free(&L, &wc);
     lb_linear_free(&L);
     lb_contract_free(&c);
