@@ -249,6 +249,13 @@ static float *fprop_dequant(lb_linear *L, int slot, int layer, lb_role role, int
     return out;
 }
 
+// Whether a backward pass of site S runs as a bf16 GEMM on its original operands (rounded by
+// the GEMM): bf16, and not the dequantized fprop operands of a low-precision forward F.
+static int plain_bf16(const lb_site *S, const lb_site *F)
+{
+    return S->fmt == LB_FMT_BF16 && !(S->mode == LB_BWD_DEQUANTIZED && is_low(F->fmt));
+}
+
 void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
                    const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
                    float *dw, float dw_beta, int n, int out, int in)
@@ -262,6 +269,15 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
     if (dw_beta != 0.0f && dw_beta != 1.0f) lb_die("lb_linear_bwd: dw_beta %g", dw_beta);
     if (n == 0) {   // no tokens: no product; a first write still owes dw its zeros
         if (dw && dw_beta == 0.0f) be->zero(be, dw, mat * sizeof(float));
+        return;
+    }
+
+    // Both products plain bf16: one grouped call, in which a backend may convert dy once for
+    // both (the CUDA pack writes dy and dy^T from one read); the same sums as two calls.
+    if (dx && dw && plain_bf16(D, F) && plain_bf16(G, F)) {
+        lb_gemm_args g[2] = {{0, 0, n, in, out, 1.0f, dx_beta, dy, we, dx, 1},
+                             {1, 0, out, in, n, 1.0f, dw_beta, dy, x, dw, 1}};
+        be->gemm_grouped(be, 2, g);
         return;
     }
 
@@ -407,18 +423,19 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
     if (dw_beta != 0.0f && dw_beta != 1.0f) lb_die("lb_linear_grouped_bwd: dw_beta %g", dw_beta);
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {
+        // Each expert's dgrad and wgrad side by side in one call: a backend may convert its dy
+        // once for both (see lb_linear_bwd).
         lb_gemm_args g[2 * groups];
         for (int j = 0; j < groups; j++) {
             int mj = counts[j];
-            g[j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, dy + off * out, w + j * mat,
-                                  dx + off * in, bf16};
+            g[2 * j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, dy + off * out, w + j * mat,
+                                      dx + off * in, bf16};
             // mj 0: no product, and beta 0 zeroes the matrix (kernels.h)
-            g[groups + j] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, dw_beta, dy + off * out,
-                                           x + off * in, dw + j * mat, bf16};
+            g[2 * j + 1] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, dw_beta, dy + off * out,
+                                          x + off * in, dw + j * mat, bf16};
             off += (size_t)mj;
         }
-        L->be->gemm_grouped(L->be, groups, g);
-        L->be->gemm_grouped(L->be, groups, g + groups);
+        L->be->gemm_grouped(L->be, 2 * groups, g);
         return;
     }
     // A quantized dgrad of all experts in one call, as in lb_linear_bwd: dx = Q(dy) Q(W^T)^T.

@@ -502,6 +502,17 @@ static void grouped_bf16_case(lb_backend *gs, int streams, int G, const int *cou
     }
     gpu->sync(gpu);   // the buffers are the test backend's: its uploads and calls first
     for (int p = 0; p < 3; p++) gs->gemm_grouped(gs, G, g[p]);
+    // dgrad and wgrad of each group side by side in one call, as lb_linear_grouped_bwd issues
+    // them (the pack then writes dy and dy^T from one read): the bits of the separate calls
+    float *pair_dx = dpoisoned(sx * 4), *pair_dw = dput(dw0, sw * 4);
+    lb_gemm_args *gp = lb_calloc(2 * G, sizeof *gp);
+    for (int j = 0; j < G; j++) {
+        gp[2 * j] = g[1][j], gp[2 * j + 1] = g[2][j];
+        gp[2 * j].c = pair_dx + (g[1][j].c - out_d[0][1]);
+        gp[2 * j + 1].c = pair_dw + (g[2][j].c - out_d[0][2]);
+    }
+    gs->gemm_grouped(gs, 2 * G, gp);
+    free(gp);
     for (int j = 0; j < G; j++)
         for (int p = 0; p < 3; p++) {
             lb_gemm_args one = g[p][j];
@@ -518,7 +529,8 @@ static void grouped_bf16_case(lb_backend *gs, int streams, int G, const int *cou
     const char *names[3] = {"fprop", "dgrad", "wgrad"};
     const float *refs[3] = {yr, dxr, dwr};
     const size_t sizes[3] = {sy, sx, sw};
-    float *y_all = NULL;
+    float *y_all = NULL, *pair[3] = {NULL, hget(pair_dx, sx * 4), hget(pair_dw, sw * 4)};
+    dfree(pair_dx), dfree(pair_dw);
     for (int p = 0; p < 3; p++) {
         float *a = hget(out_d[0][p], sizes[p] * 4), *b = hget(out_d[1][p], sizes[p] * 4);
         char what[96];
@@ -528,6 +540,12 @@ static void grouped_bf16_case(lb_backend *gs, int streams, int G, const int *cou
         snprintf(what, sizeof what, "gemm_grouped bf16 %s against %s", names[p],
                  streams ? "one gemm call per group" : "each group alone");
         CHECK_BITS(what, a, b, sizes[p] * 4);
+        if (p > 0) {
+            snprintf(what, sizeof what, "gemm_grouped bf16 %s, dgrad and wgrad in one call",
+                     names[p]);
+            CHECK_BITS(what, pair[p], a, sizes[p] * 4);
+            free(pair[p]);
+        }
         if (p == 0) y_all = a;
         else free(a);
         free(b);

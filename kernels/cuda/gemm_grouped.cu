@@ -11,7 +11,9 @@
 // 1. pack: every operand becomes a bf16 copy, k contiguous (the transposed operands of the
 //    dgrad and wgrad passes are transposed on the way), each row padded with zeros to a
 //    multiple of 8 elements (16 bytes). One launch per GT_MAX groups. The conversion rounds to
-//    nearest even, which is the rounding lb_gemm_args.bf16 asks for.
+//    nearest even, which is the rounding lb_gemm_args.bf16 asks for. An operand read both ways
+//    in one launch (a dgrad's dy and the wgrad's dy^T, which linear.c passes side by side) is
+//    read once for both copies (pack_pair).
 // 2. gemm (gt_kernel): 128 x BN tiles of the groups' C (BN 256, or 128 when some n is at most
 //    128; a binary search over the groups' first tiles finds a tile's group), taken in turn by
 //    one persistent block per multiprocessor, in bands of 16 tile rows (gg_tile).
@@ -301,6 +303,8 @@ typedef struct {
     const float *src;     // (rows, cols) fp32, rounded to bf16 here
     __nv_bfloat16 *dst;   // trans 0: (rows, ld); trans 1: (cols, ld), dst[c][r] = src[r][c]
     int rows, cols, ld, trans;
+    __nv_bfloat16 *dst2;  // trans 1 only, or NULL: the plain copy too, (rows, ld2) (pack_pair)
+    int ld2;
 } gg_pack_job;
 
 typedef struct {
@@ -345,7 +349,9 @@ __global__ void gg_pack_kernel(const __grid_constant__ gg_pack_params P)
     // 64 x 64 tiles of the source through shared memory (one padding column). Loads: 16 bytes
     // per thread and row where the rows allow (4 rows each, all in flight at once); stores: 8
     // bf16 (16 bytes) of a destination row per thread, twice. Destination rows are source
-    // columns; source rows up to ld (the destination's padding) read as zeros.
+    // columns; source rows up to ld (the destination's padding) read as zeros. With dst2 the
+    // loaded rows also go out as they are, 4 bf16 per thread and row (the plain copy's padding
+    // columns are in the tiles, as zeros), so one read of the source makes both copies.
     __shared__ float tile[64][65];
     const int tid = ty * 32 + tx;
     const int tr = (J.ld + 63) / 64, tc = (J.cols + 63) / 64;
@@ -374,6 +380,12 @@ __global__ void gg_pack_kernel(const __grid_constant__ gg_pack_params P)
         for (int i = 0; i < 4; i++) {
             float *row = tile[(tid >> 4) + 16 * i];
             row[lc] = v[i].x, row[lc + 1] = v[i].y, row[lc + 2] = v[i].z, row[lc + 3] = v[i].w;
+            const int r = r0 + (tid >> 4) + 16 * i;
+            if (J.dst2 && r < J.rows && c < J.ld2) {   // ld2 % 8 == 0: all 4 in or all out
+                __nv_bfloat162 o[2] = {__floats2bfloat162_rn(v[i].x, v[i].y),
+                                       __floats2bfloat162_rn(v[i].z, v[i].w)};
+                *(uint2 *)(J.dst2 + (size_t)r * J.ld2 + c) = *(const uint2 *)o;
+            }
         }
         __syncthreads();
         const int dc = c0 + (tid & 63);   // destination row
@@ -396,9 +408,34 @@ __global__ void gg_pack_kernel(const __grid_constant__ gg_pack_params P)
 
 static int pad8(int x) { return (x + 7) / 8 * 8; }
 
+// A plain job whose source a transposing job of the same launch also reads (a dgrad's dy and
+// the wgrad's dy^T in one gemm_grouped call) becomes that job's dst2: one read for both copies.
+static void pack_pair(gg_pack_params *pp)
+{
+    int n = 0;
+    for (int i = 0; i < pp->count; i++) {
+        const gg_pack_job *p = &pp->j[i];
+        int t = 0;
+        if (!p->trans)
+            for (t = 0; t < pp->count; t++) {
+                gg_pack_job *q = &pp->j[t];
+                if (q->trans && !q->dst2 && q->src == p->src && q->rows == p->rows &&
+                    q->cols == p->cols)
+                    break;
+            }
+        if (!p->trans && t < pp->count) {
+            pp->j[t].dst2 = p->dst, pp->j[t].ld2 = p->ld;
+            continue;   // dropped: its transposing partner writes it
+        }
+        pp->j[n++] = *p;   // (n <= i: a kept job only moves down)
+    }
+    pp->count = n;
+}
+
 static void pack_launch(lb_cuda_ctx *cx, gg_pack_params *pp)
 {
     if (!pp->count) return;
+    pack_pair(pp);
     size_t most = 0;   // pieces of the largest job
     for (int i = 0; i < pp->count; i++) {
         const gg_pack_job *j = &pp->j[i];
@@ -551,10 +588,10 @@ extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gem
             const int ld = pad8(x->k);
             __nv_bfloat16 *a = (__nv_bfloat16 *)ab[i], *b = (__nv_bfloat16 *)ab[cnt + i];
             // A stored (m, k) or, transposed, (k, m); B stored (k, n) or, transposed, (n, k)
-            pp->j[pp->count++] = x->transa ? (gg_pack_job){x->a, a, x->k, x->m, ld, 1}
-                                           : (gg_pack_job){x->a, a, x->m, x->k, ld, 0};
-            pp->j[pp->count++] = x->transb ? (gg_pack_job){x->b, b, x->n, x->k, ld, 0}
-                                           : (gg_pack_job){x->b, b, x->k, x->n, ld, 1};
+            pp->j[pp->count++] = x->transa ? (gg_pack_job){x->a, a, x->k, x->m, ld, 1, NULL, 0}
+                                           : (gg_pack_job){x->a, a, x->m, x->k, ld, 0, NULL, 0};
+            pp->j[pp->count++] = x->transb ? (gg_pack_job){x->b, b, x->n, x->k, ld, 0, NULL, 0}
+                                           : (gg_pack_job){x->b, b, x->k, x->n, ld, 1, NULL, 0};
         }
         pack_launch(cx, pp);
     };
