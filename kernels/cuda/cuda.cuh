@@ -94,6 +94,7 @@ typedef struct {
     int grouped_tc;                // bf16 and fp8-block groups in one wgmma launch
                                    // (gemm_grouped.cu); sm_90 only, LB_CUDA_GROUPED=0: off
     int grouped_bn;                // the bf16 kernel's tile columns, 128 or 256 (LB_CUDA_GROUPED_BN)
+    int gg_tma_store;              // its beta-0 epilogue by TMA (LB_CUDA_GG_TMA_STORE=0: off)
     int attn_wg;                   // bf16 attention forward and backward on wgmma (head dims 64, 128;
                                    // sm_90 only; LB_CUDA_ATTN_WG=0: mma.sync)
     int dense_tc;                  // dense bf16 and fp8-block GEMMs on those kernels too

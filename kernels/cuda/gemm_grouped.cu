@@ -185,10 +185,13 @@ __device__ __forceinline__ void gg_store(const float (&d)[64], float *c, int m, 
 #define GT_THREADS 384
 #define GT_STAGES(BN) ((BN) == 256 ? 4 : 6)
 #define GT_STAGE(BN) (GG_TILE_A + (BN) * GG_BK * 2)
-#define GT_SMEM(BN) (GT_STAGES(BN) * GT_STAGE(BN) + 1024 + 16 * GT_STAGES(BN))
+#define GT_CHUNK 8192   // TS epilogue: 64 rows x 32 fp32 columns of C, two per math warpgroup
+#define GT_SMEM(BN, TS) \
+    (GT_STAGES(BN) * GT_STAGE(BN) + ((TS) ? 4 * GT_CHUNK : 0) + 1024 + 16 * GT_STAGES(BN))
 
 typedef struct {
     CUtensorMap ta, tb;   // A (m, k), B (n, k) bf16, k contiguous; boxes 64 x 128 and 64 x BN
+    CUtensorMap tc;       // TS launches: C (m, n) fp32, boxes 32 x 64 (gt_store_tma)
     float *c;
     const float *s2a, *s2b;   // NVFP4's second levels (gg_store), or NULL
     int s2a_row, s2b_row;
@@ -215,15 +218,61 @@ __device__ __forceinline__ void gt_load(uint32_t dst, const CUtensorMap *map, in
 }
 #endif
 
-// S2: NVFP4 groups (gg_store), every group of the launch with its second levels.
-template <int BN, int S2>
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The TS epilogue (beta 0): a math warpgroup's 64 x BN share of the tile, times alpha, goes out
+// through shared memory by TMA, 64 x 32 columns at a time, alternating between the warpgroup's
+// two chunk buffers at stg. The copies run on while the warpgroup starts its next tile: it
+// waits only until the store that last used a buffer has read it (at most one in flight
+// besides). The rows and columns of a box beyond C are not written. The chunk is laid out in
+// the 128-byte swizzle the map names (16-byte unit u of row r at u ^ (r % 8)), so the
+// fragment's stores spread over the banks; the values are gg_store's (alpha d, rounded once).
+template <int NH>
+__device__ __forceinline__ void gt_store_tma(const float (&d)[NH][64], const CUtensorMap *map,
+                                             float alpha, int m0, int n0, uint32_t stg, int cw,
+                                             int warp, int lane, int lead)
+{
+    const int r0 = warp * 16 + (lane >> 2);   // this thread's first row of the 64
+#pragma unroll
+    for (int q = 0; q < NH * 4; q++) {   // chunk q: columns 32 q .. 32 q + 31 of the share
+        const uint32_t buf = stg + (q & 1) * GT_CHUNK;
+        if (lead) asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++)
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int row = r0 + 8 * half, col = 8 * jj + 2 * (lane & 3);
+                const int i = 4 * ((q & 3) * 4 + jj) + 2 * half;
+                const uint32_t at =
+                    buf + row * 128 + ((((col >> 2) ^ row) & 7) << 4) + (col & 3) * 4;
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at),
+                             "f"(alpha * d[q >> 2][i]), "f"(alpha * d[q >> 2][i + 1])
+                             : "memory");
+            }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
+        if (lead) {
+            asm volatile(
+                "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+                ::"l"((uint64_t)map), "r"(n0 + 32 * q), "r"(m0 + cw * 64), "r"(buf)
+                : "memory");
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }
+    }
+}
+#endif
+
+// S2: NVFP4 groups (gg_store), every group of the launch with its second levels. TS: every
+// group has beta 0 and a C map (gt_store_tma) instead of gg_store.
+template <int BN, int S2, int TS>
 __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant__ gt_params P)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int S = GT_STAGES(BN), NH = BN / 128, STAGE = GT_STAGE(BN);
     extern __shared__ uint8_t gt_smem[];
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(gt_smem) + 1023) & ~1023u;
-    const uint32_t full = base + S * STAGE, empty = full + 8 * S;   // 8-byte barriers
+    const uint32_t stg = base + S * STAGE;   // TS: the chunk buffers, 1024-aligned
+    const uint32_t full = stg + (TS ? 4 * GT_CHUNK : 0), empty = full + 8 * S;   // 8-byte barriers
     const int tid = threadIdx.x, wg = tid >> 7;
 
     if (tid == 0) {
@@ -287,6 +336,11 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         if (lead) lb_mbar_arrive(empty + 8 * ((it - 1) % S));   // the tile's last slice
+        if (TS) {
+            gt_store_tma<NH>(d, &G.tc, G.alpha, m0, n0, stg + cw * 2 * GT_CHUNK, cw, warp, lane,
+                             lead);
+            continue;
+        }
         const int r = m0 + cw * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
         for (int h = 0; h < NH; h++)
@@ -294,6 +348,8 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
                                               n0 + h * 128, lane, G.s2a, G.s2a_row, G.s2b,
                                               G.s2b_row);
     }
+    // the stores are complete before the block's shared memory goes
+    if (TS && lead) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 #endif
 }
 
@@ -493,15 +549,16 @@ static void tma_map(CUtensorMap *map, CUtensorMapDataType dt, const void *x, int
     lb_cuda_tma_map(map, dt, x, 2, dim, pitch, box);
 }
 
-template <int BN, int S2> static void gemm_launch(lb_cuda_ctx *cx, int tiles, const gt_params *T)
+template <int BN, int S2, int TS>
+static void gemm_launch(lb_cuda_ctx *cx, int tiles, const gt_params *T)
 {
     static int smem_set;   // the limit is the kernel's, set once per process (one device)
     if (!smem_set) {
-        lb_cuda_smem_limit(gt_kernel<BN, S2>, GT_SMEM(BN));
+        lb_cuda_smem_limit(gt_kernel<BN, S2, TS>, GT_SMEM(BN, TS));
         smem_set = 1;
     }
     const int grid = tiles < cx->num_sms ? tiles : cx->num_sms;   // persistent blocks
-    gt_kernel<BN, S2><<<grid, GT_THREADS, GT_SMEM(BN), cx->stream>>>(*T);
+    gt_kernel<BN, S2, TS><<<grid, GT_THREADS, GT_SMEM(BN, TS), cx->stream>>>(*T);
     LB_CUDA_LAUNCHED(cx);
 }
 
@@ -568,10 +625,27 @@ static void gt_batches(lb_cuda_ctx *cx, const A *g, int count, F fill)
         T->count = cnt, T->tiles = tiles;
         int s2 = 0;   // NVFP4: fill set every group's second levels
         for (int i = 0; i < cnt; i++) s2 |= T->g[i].s2a != NULL;
-        if (tiles && bn == 256 && s2) gemm_launch<256, 1>(cx, tiles, T);
-        else if (tiles && bn == 256) gemm_launch<256, 0>(cx, tiles, T);
-        else if (tiles && s2) gemm_launch<128, 1>(cx, tiles, T);
-        else if (tiles) gemm_launch<128, 0>(cx, tiles, T);
+        // The TS epilogue where every C of the launch is written, not added to, and TMA can
+        // address it: rows 16-byte multiples apart from a 16-byte aligned start.
+        int ts = cx->gg_tma_store && !s2;
+        for (int i = 0; i < cnt && ts; i++) {
+            const gt_group *G = &T->g[i];
+            ts = G->beta == 0.0f && G->n % 4 == 0 && ((uintptr_t)G->c & 15) == 0;
+        }
+        for (int i = 0; i < cnt && ts; i++) {
+            gt_group *G = &T->g[i];
+            const uint64_t dim[2] = {(uint64_t)G->n, (uint64_t)G->m};
+            const uint64_t pitch[1] = {(uint64_t)G->n * 4};
+            const uint32_t box[2] = {32, 64};
+            lb_cuda_tma_map(&G->tc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, G->c, 2, dim, pitch, box);
+        }
+        if (!tiles) continue;
+        if (bn == 256 && s2) gemm_launch<256, 1, 0>(cx, tiles, T);
+        else if (bn == 256 && ts) gemm_launch<256, 0, 1>(cx, tiles, T);
+        else if (bn == 256) gemm_launch<256, 0, 0>(cx, tiles, T);
+        else if (s2) gemm_launch<128, 1, 0>(cx, tiles, T);
+        else if (ts) gemm_launch<128, 0, 1>(cx, tiles, T);
+        else gemm_launch<128, 0, 0>(cx, tiles, T);
     }
     free(T);
 }
