@@ -219,14 +219,14 @@ __device__ __forceinline__ void gt_load(uint32_t dst, const CUtensorMap *map, in
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// The TS epilogue (beta 0): a math warpgroup's 64 x BN share of the tile, times alpha, goes out
-// through shared memory by TMA, 64 x 32 columns at a time, alternating between the warpgroup's
-// two chunk buffers at stg. The copies run on while the warpgroup starts its next tile: it
-// waits only until the store that last used a buffer has read it (at most one in flight
-// besides). The rows and columns of a box beyond C are not written. The chunk is laid out in
-// the 128-byte swizzle the map names (16-byte unit u of row r at u ^ (r % 8)), so the
+// The TS epilogue (beta 0): a math warpgroup's 64 x (128 NH) share of the tile, times alpha,
+// goes out through shared memory by TMA, 64 x 32 columns at a time, in turn through the
+// warpgroup's NB chunk buffers at stg. The copies run on while the warpgroup starts its next
+// tile: it waits only until the store that last used a buffer has read it (at most NB - 1 in
+// flight besides). The rows and columns of a box beyond C are not written. The chunk is laid
+// out in the 128-byte swizzle the map names (16-byte unit u of row r at u ^ (r % 8)), so the
 // fragment's stores spread over the banks; the values are gg_store's (alpha d, rounded once).
-template <int NH>
+template <int NH, int NB>
 __device__ __forceinline__ void gt_store_tma(const float (&d)[NH][64], const CUtensorMap *map,
                                              float alpha, int m0, int n0, uint32_t stg, int cw,
                                              int warp, int lane, int lead)
@@ -234,8 +234,8 @@ __device__ __forceinline__ void gt_store_tma(const float (&d)[NH][64], const CUt
     const int r0 = warp * 16 + (lane >> 2);   // this thread's first row of the 64
 #pragma unroll
     for (int q = 0; q < NH * 4; q++) {   // chunk q: columns 32 q .. 32 q + 31 of the share
-        const uint32_t buf = stg + (q & 1) * GT_CHUNK;
-        if (lead) asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+        const uint32_t buf = stg + (q % NB) * GT_CHUNK;
+        if (lead) asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(NB - 1) : "memory");
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
 #pragma unroll
         for (int jj = 0; jj < 4; jj++)
@@ -337,8 +337,8 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         if (lead) lb_mbar_arrive(empty + 8 * ((it - 1) % S));   // the tile's last slice
         if (TS) {
-            gt_store_tma<NH>(d, &G.tc, G.alpha, m0, n0, stg + cw * 2 * GT_CHUNK, cw, warp, lane,
-                             lead);
+            gt_store_tma<NH, 2>(d, &G.tc, G.alpha, m0, n0, stg + cw * 2 * GT_CHUNK, cw, warp,
+                                lane, lead);
             continue;
         }
         const int r = m0 + cw * 64 + warp * 16 + (lane >> 2);
@@ -724,10 +724,13 @@ extern "C" void lb_cuda_gemm_q_grouped_bf16(lb_cuda_ctx *cx, int count, const lb
 #define GQ_STAGES 6
 #define GQ_STAGE (GG_BM * GQ_BK + GQ_BN * GQ_BK)   // 32 KB
 #define GQ_SCALES (GQ_BN * 4)             // VEC: a stage's B scales, one per column
-#define GQ_SMEM (GQ_STAGES * (GQ_STAGE + GQ_SCALES) + 1024 + 16 * GQ_STAGES)
+// TS: one gt_store_tma chunk buffer per math warpgroup (two do not fit beside six stages)
+#define GQ_SMEM(TS) \
+    (GQ_STAGES * (GQ_STAGE + GQ_SCALES) + ((TS) ? 2 * GT_CHUNK : 0) + 1024 + 16 * GQ_STAGES)
 
 typedef struct {
     CUtensorMap ta, tb;         // A (m, k), B (n, k) E4M3 codes; boxes 128 x 128 bytes
+    CUtensorMap tc;             // TS launches: C (m, n) fp32, boxes 32 x 64 (gt_store_tma)
     const float *sa, *sb;       // (m, kb); (ceil(n / 128), kb) or, 1x128 blocks, (n, kb)
     float *c;                   // (m, n)
     int m, n, kb;
@@ -775,7 +778,8 @@ __device__ __forceinline__ void gq_promote(float (&d)[64], const float (&t)[64],
 #endif
 
 // VEC 0: B has 128x128 blocks (one scale per tile and k block); 1: 1x128 (one per column).
-template <int VEC>
+// TS: every group has beta 0 and a C map: gt_store_tma instead of gg_store.
+template <int VEC, int TS>
 __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant__ gq_params P)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -783,7 +787,8 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
     extern __shared__ uint8_t gq_smem[];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(gq_smem), base = (raw + 1023) & ~1023u;
     float *scales = (float *)(gq_smem + (base - raw) + S * GQ_STAGE);   // VEC: S x 128
-    const uint32_t full = base + S * (GQ_STAGE + GQ_SCALES), empty = full + 8 * S;
+    const uint32_t stg = base + S * (GQ_STAGE + GQ_SCALES);   // TS: 1024-aligned (3 KB scales)
+    const uint32_t full = stg + (TS ? 2 * GT_CHUNK : 0), empty = full + 8 * S;
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
 
     if (tid == 0) {
@@ -858,8 +863,15 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
             __syncwarp();   // the warp's reads of the stage (products, scales) are done
             if (lane == 0) lb_mbar_arrive(empty + 8 * s);
         }
+        if (TS) {
+            gt_store_tma<1, 1>(reinterpret_cast<const float(&)[1][64]>(d), &G.tc, G.alpha, m0, n0,
+                               stg + cw * GT_CHUNK, cw, warp, lane, (tid & 127) == 0);
+            continue;
+        }
         gg_store<16>(d, G.c, G.m, G.n, G.alpha, G.beta, r, n0, lane);
     }
+    // the stores are complete before the block's shared memory goes
+    if (TS && (tid & 127) == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 #endif
 }
 
@@ -878,13 +890,8 @@ extern "C" int lb_cuda_gemm_q_grouped_fits(const lb_qmat *a, const lb_qmat *b)
 // kernel parameters). Queued on cx->stream.
 extern "C" void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_q_args *g)
 {
-    static int smem_set[2];
+    static int smem_set[4];
     const int vec = count > 0 && g[0].b->brows == 1;
-    if (!smem_set[vec]) {
-        if (vec) lb_cuda_smem_limit(gq_kernel<1>, GQ_SMEM);
-        else lb_cuda_smem_limit(gq_kernel<0>, GQ_SMEM);
-        smem_set[vec] = 1;
-    }
     gq_params *P = (gq_params *)lb_calloc(1, sizeof *P);
     for (int g0 = 0; g0 < count; g0 += GT_MAX) {
         const int cnt = count - g0 < GT_MAX ? count - g0 : GT_MAX;
@@ -903,9 +910,30 @@ extern "C" void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_g
             tiles += (x->m + GG_BM - 1) / GG_BM * G->tiles_n;
         }
         P->count = cnt, P->tiles = tiles;
+        // the TS epilogue under gt_batches' conditions
+        int ts = cx->gg_tma_store;
+        for (int i = 0; i < cnt && ts; i++) {
+            const gq_group *G = &P->g[i];
+            ts = G->beta == 0.0f && G->n % 4 == 0 && ((uintptr_t)G->c & 15) == 0;
+        }
+        for (int i = 0; i < cnt && ts; i++) {
+            gq_group *G = &P->g[i];
+            const uint64_t dim[2] = {(uint64_t)G->n, (uint64_t)G->m};
+            const uint64_t pitch[1] = {(uint64_t)G->n * 4};
+            const uint32_t box[2] = {32, 64};
+            lb_cuda_tma_map(&G->tc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, G->c, 2, dim, pitch, box);
+        }
         const int grid = tiles < cx->num_sms ? tiles : cx->num_sms;   // persistent blocks
-        if (vec) gq_kernel<1><<<grid, GT_THREADS, GQ_SMEM, cx->stream>>>(*P);
-        else gq_kernel<0><<<grid, GT_THREADS, GQ_SMEM, cx->stream>>>(*P);
+        const int v = 2 * ts + vec;
+        void (*kern)(const gq_params) = v == 3 ? gq_kernel<1, 1>
+                                        : v == 2 ? gq_kernel<0, 1>
+                                        : v == 1 ? gq_kernel<1, 0>
+                                                 : gq_kernel<0, 0>;
+        if (!smem_set[v]) {   // the limit is the kernel's, set once per process (one device)
+            lb_cuda_smem_limit(kern, GQ_SMEM(ts));
+            smem_set[v] = 1;
+        }
+        kern<<<grid, GT_THREADS, GQ_SMEM(ts), cx->stream>>>(*P);
         LB_CUDA_LAUNCHED(cx);
     }
     free(P);
