@@ -37,8 +37,9 @@
 //
 // What limits the bf16 kernel (0.6x of cuBLASLt's dense rate before the persistent blocks and
 // the bands, doc/benchmarks.md): every block loads its own A and B slices through L2 (no TMA
-// multicast across a cluster), the math warps stop multiplying while they store a tile (no
-// second consumer taking turns), and the pack converts fp32 operands on every call.
+// multicast across a cluster), the math warps stop multiplying while they store a tile unless
+// the launch takes the TMA-store epilogue (beta 0: gt_store_tma), and the pack converts fp32
+// operands on every call.
 //
 // The wgmma code exists only in the sm_90a build; lb_cuda_gemm_grouped_tc_ok says whether the
 // device runs it (compute capability 9.0), and gemm.cu takes its per-group path otherwise.
