@@ -536,6 +536,31 @@ __device__ __forceinline__ void tc_dq_store(float *o, const float (&acc)[2 * NK]
         }
 }
 
+// A dq kernel's inputs for this thread's two query rows (zeros for rows >= t): the q and dO
+// fragments, lse * log2 e and D (lse and D: the (batch, head)'s rows); and its accumulator,
+// zeroed.
+template <int NK>
+__device__ __forceinline__ void tc_dq_rows(uint32_t (&qa)[NK][4], uint32_t (&ga)[NK][4],
+                                           float (&l2)[2], float (&dd)[2], float (&acc)[2 * NK][4],
+                                           const float *q, const float *dout, const float *lse,
+                                           const float *D, const int (&rows)[2], int bi, int h,
+                                           int t, int hq, int d, int tq)
+{
+    tc_qfrag<NK>(qa, rows[0] < t ? q + tc_row(bi, rows[0], h, t, hq, d) : NULL,
+                 rows[1] < t ? q + tc_row(bi, rows[1], h, t, hq, d) : NULL, d, tq);
+    tc_qfrag<NK>(ga, rows[0] < t ? dout + tc_row(bi, rows[0], h, t, hq, d) : NULL,
+                 rows[1] < t ? dout + tc_row(bi, rows[1], h, t, hq, d) : NULL, d, tq);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l2[r] = rows[r] < t ? __fmul_rn(lse[rows[r]], (float)TC_LOG2E) : 0.0f;
+        dd[r] = rows[r] < t ? D[rows[r]] : 0.0f;
+    }
+#pragma unroll
+    for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[dt][e] = 0.0f;
+}
+
 // The dk/dv kernels' staging of a query chunk's rows c0 .. c0 + TC_KC - 1 of head h: lse * log2 e
 // into l2, D into dd (zero beyond t), by the block's NT threads.
 template <int NT>
@@ -572,21 +597,9 @@ tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
     tc_load<NK, NT>(sm + TILE, vb, bi, 0, hk, t, hkv);
     tc_cp_commit();
     uint32_t qa[NK][4], ga[NK][4];
-    tc_qfrag<NK>(qa, rows[0] < t ? q + tc_row(bi, rows[0], h, t, hq, d) : NULL,
-                 rows[1] < t ? q + tc_row(bi, rows[1], h, t, hq, d) : NULL, d, tq);
-    tc_qfrag<NK>(ga, rows[0] < t ? dout + tc_row(bi, rows[0], h, t, hq, d) : NULL,
-                 rows[1] < t ? dout + tc_row(bi, rows[1], h, t, hq, d) : NULL, d, tq);
-    float l2[2], dd[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l2[r] = rows[r] < t ? __fmul_rn(lse[lrow + rows[r]], (float)TC_LOG2E) : 0.0f;
-        dd[r] = rows[r] < t ? D[lrow + rows[r]] : 0.0f;
-    }
-    float acc[2 * NK][4];
-#pragma unroll
-    for (int dt = 0; dt < 2 * NK; dt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[dt][e] = 0.0f;
+    float l2[2], dd[2], acc[2 * NK][4];
+    tc_dq_rows<NK>(qa, ga, l2, dd, acc, q, dout, lse + lrow, D + lrow, rows, bi, h, t, hq, d,
+                   tq);
     for (int ch = 0; ch < nchunks; ch++) {
         const int j0 = ch * TC_KC;
         if (ch + 1 < nchunks) {
@@ -1014,21 +1027,9 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q,
         if (nchunks > 1) tw_tma2<NK>(base + 2 * TILE, &tk, &tv, bi, TC_KC, hk, full + 8);
     }
     uint32_t qa[NK][4], ga[NK][4];
-    tc_qfrag<NK>(qa, rows[0] < t ? q + tc_row(bi, rows[0], h, t, hq, d) : NULL,
-                 rows[1] < t ? q + tc_row(bi, rows[1], h, t, hq, d) : NULL, d, tq);
-    tc_qfrag<NK>(ga, rows[0] < t ? dout + tc_row(bi, rows[0], h, t, hq, d) : NULL,
-                 rows[1] < t ? dout + tc_row(bi, rows[1], h, t, hq, d) : NULL, d, tq);
-    float l2[2], dd[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l2[r] = rows[r] < t ? __fmul_rn(lse[lrow + rows[r]], (float)TC_LOG2E) : 0.0f;
-        dd[r] = rows[r] < t ? D[lrow + rows[r]] : 0.0f;
-    }
-    float acc[2 * NK][4];
-#pragma unroll
-    for (int dt = 0; dt < 2 * NK; dt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[dt][e] = 0.0f;
+    float l2[2], dd[2], acc[2 * NK][4];
+    tc_dq_rows<NK>(qa, ga, l2, dd, acc, q, dout, lse + lrow, D + lrow, rows, bi, h, t, hq, d,
+                   tq);
     __syncthreads();   // the mbarriers are set up
     // Chunk ch's dq += dS K runs on while chunk ch + 1's S and dP are issued; one wait covers
     // both. Three stages, so that chunk ch + 2 loads while ch and ch + 1 are in use.
