@@ -561,6 +561,32 @@ __device__ __forceinline__ void tc_dq_rows(uint32_t (&qa)[NK][4], uint32_t (&ga)
         for (int e = 0; e < 4; e++) acc[dt][e] = 0.0f;
 }
 
+// A dk/dv kernel's results for this thread's two key rows (none beyond t): dk = ak times scale,
+// dv = av.
+template <int NK>
+__device__ __forceinline__ void tc_dkdv_store(float *dk, float *dv, const float (&ak)[2 * NK][4],
+                                              const float (&av)[2 * NK][4], const int (&keys)[2],
+                                              int bi, int hk, int t, int hkv, int d, int tq,
+                                              float scale)
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (keys[r] >= t) continue;
+        float *ok = dk + tc_row(bi, keys[r], hk, t, hkv, d);
+        float *ov = dv + tc_row(bi, keys[r], hk, t, hkv, d);
+#pragma unroll
+        for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int x = dt * 8 + 2 * tq + e;
+                if (x < d) {
+                    ok[x] = __fmul_rn(ak[dt][2 * r + e], scale);
+                    ov[x] = av[dt][2 * r + e];
+                }
+            }
+    }
+}
+
 // The dk/dv kernels' staging of a query chunk's rows c0 .. c0 + TC_KC - 1 of head h: lse * log2 e
 // into l2, D into dd (zero beyond t), by the block's NT threads.
 template <int NT>
@@ -764,22 +790,7 @@ tc_bwd_dkdv_kernel(float *dk, float *dv, const __nv_bfloat16 *qb, const __nv_bfl
         }
         __syncthreads();
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (keys[r] >= t) continue;
-        float *ok = dk + tc_row(bi, keys[r], hk, t, hkv, d);
-        float *ov = dv + tc_row(bi, keys[r], hk, t, hkv, d);
-#pragma unroll
-        for (int dt = 0; dt < 2 * NK; dt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int x = dt * 8 + 2 * tq + e;
-                if (x < d) {
-                    ok[x] = __fmul_rn(ak[dt][2 * r + e], scale);
-                    ov[x] = av[dt][2 * r + e];
-                }
-            }
-    }
+    tc_dkdv_store<NK>(dk, dv, ak, av, keys, bi, hk, t, hkv, d, tq, scale);
 }
 
 // --- forward and backward on wgmma (sm_90a; head dims of 64 or 128) ------------------------------
@@ -1155,22 +1166,7 @@ tw_bwd_dkdv_kernel(float *dk, float *dv, const __grid_constant__ CUtensorMap tq_
         tw_commit();
     }
     tw_wait();
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (keys[r] >= t) continue;
-        float *ok = dk + tc_row(bi, keys[r], hk, t, hkv, d);
-        float *ov = dv + tc_row(bi, keys[r], hk, t, hkv, d);
-#pragma unroll
-        for (int dt = 0; dt < 2 * NK; dt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int x = dt * 8 + 2 * tq + e;
-                if (x < d) {
-                    ok[x] = __fmul_rn(ak[dt][2 * r + e], scale);
-                    ov[x] = av[dt][2 * r + e];
-                }
-            }
-    }
+    tc_dkdv_store<NK>(dk, dv, ak, av, keys, bi, hk, t, hkv, d, tq, scale);
 #endif
 }
 
