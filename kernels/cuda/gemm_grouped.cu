@@ -550,6 +550,23 @@ static void tma_map(CUtensorMap *map, CUtensorMapDataType dt, const void *x, int
     lb_cuda_tma_map(map, dt, x, 2, dim, pitch, box);
 }
 
+// Whether a launch of these cnt groups (gt_group or gq_group) takes the TS epilogue
+// (gt_store_tma): on, and every C written, not added to (beta 0), and addressable by TMA (rows
+// 16-byte multiples apart from a 16-byte aligned start). If so, each group's C map.
+template <typename G> static int ts_maps(G *g, int cnt, int on)
+{
+    int ts = on;
+    for (int i = 0; i < cnt && ts; i++)
+        ts = g[i].beta == 0.0f && g[i].n % 4 == 0 && ((uintptr_t)g[i].c & 15) == 0;
+    for (int i = 0; i < cnt && ts; i++) {
+        const uint64_t dim[2] = {(uint64_t)g[i].n, (uint64_t)g[i].m};
+        const uint64_t pitch[1] = {(uint64_t)g[i].n * 4};
+        const uint32_t box[2] = {32, 64};
+        lb_cuda_tma_map(&g[i].tc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, g[i].c, 2, dim, pitch, box);
+    }
+    return ts;
+}
+
 template <int BN, int S2, int TS>
 static void gemm_launch(lb_cuda_ctx *cx, int tiles, const gt_params *T)
 {
@@ -626,20 +643,7 @@ static void gt_batches(lb_cuda_ctx *cx, const A *g, int count, F fill)
         T->count = cnt, T->tiles = tiles;
         int s2 = 0;   // NVFP4: fill set every group's second levels
         for (int i = 0; i < cnt; i++) s2 |= T->g[i].s2a != NULL;
-        // The TS epilogue where every C of the launch is written, not added to, and TMA can
-        // address it: rows 16-byte multiples apart from a 16-byte aligned start.
-        int ts = cx->gg_tma_store && !s2;
-        for (int i = 0; i < cnt && ts; i++) {
-            const gt_group *G = &T->g[i];
-            ts = G->beta == 0.0f && G->n % 4 == 0 && ((uintptr_t)G->c & 15) == 0;
-        }
-        for (int i = 0; i < cnt && ts; i++) {
-            gt_group *G = &T->g[i];
-            const uint64_t dim[2] = {(uint64_t)G->n, (uint64_t)G->m};
-            const uint64_t pitch[1] = {(uint64_t)G->n * 4};
-            const uint32_t box[2] = {32, 64};
-            lb_cuda_tma_map(&G->tc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, G->c, 2, dim, pitch, box);
-        }
+        const int ts = ts_maps(T->g, cnt, cx->gg_tma_store && !s2);
         if (!tiles) continue;
         if (bn == 256 && s2) gemm_launch<256, 1, 0>(cx, tiles, T);
         else if (bn == 256 && ts) gemm_launch<256, 0, 1>(cx, tiles, T);
@@ -911,19 +915,7 @@ extern "C" void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_g
             tiles += (x->m + GG_BM - 1) / GG_BM * G->tiles_n;
         }
         P->count = cnt, P->tiles = tiles;
-        // the TS epilogue under gt_batches' conditions
-        int ts = cx->gg_tma_store;
-        for (int i = 0; i < cnt && ts; i++) {
-            const gq_group *G = &P->g[i];
-            ts = G->beta == 0.0f && G->n % 4 == 0 && ((uintptr_t)G->c & 15) == 0;
-        }
-        for (int i = 0; i < cnt && ts; i++) {
-            gq_group *G = &P->g[i];
-            const uint64_t dim[2] = {(uint64_t)G->n, (uint64_t)G->m};
-            const uint64_t pitch[1] = {(uint64_t)G->n * 4};
-            const uint32_t box[2] = {32, 64};
-            lb_cuda_tma_map(&G->tc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, G->c, 2, dim, pitch, box);
-        }
+        const int ts = ts_maps(P->g, cnt, cx->gg_tma_store);
         const int grid = tiles < cx->num_sms ? tiles : cx->num_sms;   // persistent blocks
         const int v = 2 * ts + vec;
         void (*kern)(const gq_params) = v == 3 ? gq_kernel<1, 1>
