@@ -167,8 +167,8 @@ static void check_recipe(const char *recipe, const char *backward, lb_format f, 
 static void check_grouped_h(const char *recipe, const char *backward, int sr, int per_tensor,
                             const char *hadamard)
 {
-    enum { E = 4 };
-    const int counts[E] = {17, 0, 40, 3};
+    enum { E = 7 };
+    const int counts[E] = {0, 17, 0, 0, 40, 3, 0};   // empty experts first, in a run and last
     int n = 0;
     for (int j = 0; j < E; j++) n += counts[j];
     char err[256];
@@ -208,8 +208,8 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
     ck_assert_msg(!memcmp(y[0], y[1], sizeof(float) * n * OUT), "%s/%s: grouped fprop", recipe, backward);
     ck_assert_msg(!memcmp(dx[0], dx[1], sizeof(float) * n * IN), "%s/%s: grouped dgrad", recipe, backward);
     ck_assert_msg(!memcmp(dw[0], dw[1], sizeof(float) * E * mat), "%s/%s: grouped wgrad", recipe, backward);
-    // dw_beta 0 overwrites: NaN before, the products after, and zeros for expert 1 (no rows),
-    // equal (up to the sign of zero) to adding to zeros
+    // dw_beta 0 overwrites: NaN before, the products after, and zeros for the experts without
+    // rows, equal (up to the sign of zero) to adding to zeros
     for (size_t i = 0; i < E * mat; i++) dw[0][i] = NAN, dw[1][i] = 0.0f;
     lb_linear_grouped_bwd(&L, 0, role, x, w, &wc, counts, E, dy, dx[0], dw[0], 0.0f, OUT, IN);
     lb_linear_grouped_bwd(&L, 0, role, x, w, &wc, counts, E, dy, dx[1], dw[1], 1.0f, OUT, IN);
