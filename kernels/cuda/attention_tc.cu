@@ -188,19 +188,29 @@ __device__ __forceinline__ void tc_online(tc_state<NK> &st, float (&s)[8][4], in
         for (int e = 0; e < 4; e++) st.o[dt][e] = __fmul_rn(st.o[dt][e], alpha[e >> 1]);
 }
 
-// Row r (0: g, 1: g + 8) of a finished state: its d outputs o / l into o and, when lse is not
-// NULL, its log-sum-exp (natural log) by lane tq 0.
-template <int NK>
-__device__ __forceinline__ void tc_out_store(float *o, float *lse, const tc_state<NK> &st, int r,
-                                             int tq, int d)
+// Row r (0: g, 1: g + 8) of this thread's fragment a (the C layout: n-tiles of 8 columns), each
+// value through f, into o (the row's first d columns).
+template <int NK, typename F>
+__device__ __forceinline__ void tc_row_out(float *o, const float (&a)[2 * NK][4], int r, int tq,
+                                           int d, F f)
 {
 #pragma unroll
     for (int dt = 0; dt < 2 * NK; dt++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const int x = dt * 8 + 2 * tq + e;
-            if (x < d) o[x] = __fdiv_rn(st.o[dt][2 * r + e], st.l[r]);
+            if (x < d) o[x] = f(a[dt][2 * r + e]);
         }
+}
+
+// Row r (0: g, 1: g + 8) of a finished state: its d outputs o / l into o and, when lse is not
+// NULL, its log-sum-exp (natural log) by lane tq 0.
+template <int NK>
+__device__ __forceinline__ void tc_out_store(float *o, float *lse, const tc_state<NK> &st, int r,
+                                             int tq, int d)
+{
+    const float l = st.l[r];
+    tc_row_out<NK>(o, st.o, r, tq, d, [l](float v) { return __fdiv_rn(v, l); });
     if (lse && tq == 0) *lse = __fmul_rn(__fadd_rn(st.m[r], log2f(st.l[r])), TC_LN2);
 }
 
@@ -527,13 +537,7 @@ template <int NK>
 __device__ __forceinline__ void tc_dq_store(float *o, const float (&acc)[2 * NK][4], int r, int tq,
                                             int d, float scale)
 {
-#pragma unroll
-    for (int dt = 0; dt < 2 * NK; dt++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int x = dt * 8 + 2 * tq + e;
-            if (x < d) o[x] = __fmul_rn(acc[dt][2 * r + e], scale);
-        }
+    tc_row_out<NK>(o, acc, r, tq, d, [scale](float v) { return __fmul_rn(v, scale); });
 }
 
 // A dq kernel's inputs for this thread's two query rows (zeros for rows >= t): the q and dO
