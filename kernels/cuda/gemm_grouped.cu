@@ -717,8 +717,10 @@ extern "C" void lb_cuda_gemm_q_grouped_bf16(lb_cuda_ctx *cx, int count, const lb
 // producer warp also puts the block's 128 column scales in shared memory. A math warpgroup
 // puts a block's four k32 products (wgmma m64n128k32 e4m3) into a fresh fp32 fragment and adds
 // it to the accumulator d scaled by sa[row] * sb[col] (DeepSeek-V3's promotion: the tensor
-// cores' FP8 sums keep about 14 bits, so they never run longer than one block). The two math
-// warpgroups wait only for their data, so one promotes while the other's products run. The
+// cores' FP8 sums keep about 14 bits, so they never run longer than one block). It has two
+// such fragments and promotes block kt - 1 while block kt's products run, so its tensor work
+// never waits for a promotion; the registers for three 64 x 128 fragments come from the
+// producer warpgroup (setmaxnreg: 40 there, 232 in the math warpgroups). The
 // order of every sum is fixed (blocks in k order, k32 steps in order within one), so the result
 // is bitwise reproducible and batch invariant, as the bf16 kernel above.
 //
@@ -729,6 +731,9 @@ extern "C" void lb_cuda_gemm_q_grouped_bf16(lb_cuda_ctx *cx, int count, const lb
 #define GQ_STAGES 6
 #define GQ_STAGE (GG_BM * GQ_BK + GQ_BN * GQ_BK)   // 32 KB
 #define GQ_SCALES (GQ_BN * 4)             // VEC: a stage's B scales, one per column
+// Registers per thread after setmaxnreg: 128 x 40 + 256 x 232 fit the 64K of a multiprocessor
+#define GQ_LOAD_REGS 40
+#define GQ_MATH_REGS 232
 // TS: one gt_store_tma chunk buffer per math warpgroup (two do not fit beside six stages)
 #define GQ_SMEM(TS) \
     (GQ_STAGES * (GQ_STAGE + GQ_SCALES) + ((TS) ? 2 * GT_CHUNK : 0) + 1024 + 16 * GQ_STAGES)
@@ -780,6 +785,34 @@ __device__ __forceinline__ void gq_promote(float (&d)[64], const float (&t)[64],
         d[4 * j + 3] = fmaf(t[4 * j + 3], a1 * b1, d[4 * j + 3]);
     }
 }
+
+// Waits for ring position it's stage and queues its four k32 products into t (as one group).
+__device__ __forceinline__ void gq_issue(float (&t)[64], uint32_t base, uint32_t full, int it,
+                                         int cw)
+{
+    const int s = it % GQ_STAGES;
+    lb_mbar_wait(full + 8 * s, (it / GQ_STAGES) & 1);
+    const uint32_t sa = base + s * GQ_STAGE + cw * 64 * 128;
+    const uint32_t sb = base + s * GQ_STAGE + GG_BM * GQ_BK;
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < GQ_BK / 32; kk++)   // k32 steps: 32 bytes further in each row
+        gq_wgmma(t, gg_desc(sa + kk * 32), gg_desc(sb + kk * 32), kk);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+// Promotes ring position it's finished products t into d (scales a0, a1, b2 as gq_promote),
+// then gives its stage back to the producer.
+template <int VEC>
+__device__ __forceinline__ void gq_retire(float (&d)[64], const float (&t)[64], uint32_t empty,
+                                          const float *scales, int it, float a0, float a1,
+                                          float b2, int lane)
+{
+    const int s = it % GQ_STAGES;
+    gq_promote<VEC>(d, t, a0, a1, b2, scales + s * GQ_BN, lane);
+    __syncwarp();   // the warp's reads of the stage (products, scales) are done
+    if (lane == 0) lb_mbar_arrive(empty + 8 * s);
+}
 #endif
 
 // VEC 0: B has 128x128 blocks (one scale per tile and k block); 1: 1x128 (one per column).
@@ -808,6 +841,8 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
     __syncthreads();
 
     if (wg == 0) {   // the producer: one warp (lane 0 issues the copies)
+        // its registers go to the math warpgroups (three fragments of 64 each)
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(GQ_LOAD_REGS));
         if (tid < 32) {
             int it = 0;
             for (int t = blockIdx.x; t < P.tiles; t += gridDim.x) {
@@ -837,6 +872,7 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
         return;
     }
 
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(GQ_MATH_REGS));
     const int cw = wg - 1, warp = (tid >> 5) & 3;
     int it = 0;
     for (int t = blockIdx.x; t < P.tiles; t += gridDim.x) {
@@ -847,27 +883,43 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
         const int r = m0 + cw * 64 + warp * 16 + (lane >> 2);
         const float *sa0 = r < G.m ? G.sa + (size_t)r * G.kb : nullptr;
         const float *sa1 = r + 8 < G.m ? G.sa + (size_t)(r + 8) * G.kb : nullptr;
-        float d[64], tf[64];
+        const float *sb2 = G.sb + (size_t)(n0 / 128) * G.kb;   // VEC 0: the tile's scales
+        // Block kt's products go to one fragment while block kt - 1's, in the other, are
+        // promoted: the tensor cores do not wait for a promotion. The same sums in the same
+        // order as promoting each block before issuing the next.
+        float d[64], t0[64], t1[64];
 #pragma unroll
         for (int i = 0; i < 64; i++) d[i] = 0.0f;
-        for (int kt = 0; kt < G.kb; kt++, it++) {
-            const int s = it % S;
-            lb_mbar_wait(full + 8 * s, (it / S) & 1);
-            const uint32_t sa = base + s * GQ_STAGE + cw * 64 * 128;
-            const uint32_t sb = base + s * GQ_STAGE + GG_BM * GQ_BK;
-            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-            for (int kk = 0; kk < GQ_BK / 32; kk++)   // k32 steps: 32 bytes further in each row
-                gq_wgmma(tf, gg_desc(sa + kk * 32), gg_desc(sb + kk * 32), kk);
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            // the scales load while the tensor cores work
-            const float a0 = sa0 ? sa0[kt] : 0.0f, a1 = sa1 ? sa1[kt] : 0.0f;
-            const float b2 = VEC ? 0.0f : G.sb[(size_t)(n0 / 128) * G.kb + kt];
-            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            gq_promote<VEC>(d, tf, a0, a1, b2, scales + s * GQ_BN, lane);
-            __syncwarp();   // the warp's reads of the stage (products, scales) are done
-            if (lane == 0) lb_mbar_arrive(empty + 8 * s);
+        // block kt's scales, loaded while the tensor cores work on it
+        auto sc = [&](int kt, float &a0, float &a1, float &b2) {
+            a0 = sa0 ? sa0[kt] : 0.0f, a1 = sa1 ? sa1[kt] : 0.0f, b2 = VEC ? 0.0f : sb2[kt];
+        };
+        float a0, a1, b2, c0, c1, c2;
+        gq_issue(t0, base, full, it, cw);
+        sc(0, a0, a1, b2);
+        int kt = 1;
+        for (; kt + 1 < G.kb; kt += 2) {   // t0 holds block kt - 1's products, in flight
+            gq_issue(t1, base, full, it + kt, cw);
+            sc(kt, c0, c1, c2);
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            gq_retire<VEC>(d, t0, empty, scales, it + kt - 1, a0, a1, b2, lane);
+            gq_issue(t0, base, full, it + kt + 1, cw);
+            sc(kt + 1, a0, a1, b2);
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            gq_retire<VEC>(d, t1, empty, scales, it + kt, c0, c1, c2, lane);
         }
+        if (kt < G.kb) {   // an even number of blocks: the last goes to t1
+            gq_issue(t1, base, full, it + kt, cw);
+            sc(kt, c0, c1, c2);
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            gq_retire<VEC>(d, t0, empty, scales, it + kt - 1, a0, a1, b2, lane);
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            gq_retire<VEC>(d, t1, empty, scales, it + kt, c0, c1, c2, lane);
+        } else {
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            gq_retire<VEC>(d, t0, empty, scales, it + kt - 1, a0, a1, b2, lane);
+        }
+        it += G.kb;
         if (TS) {
             gt_store_tma<1, 1>(reinterpret_cast<const float(&)[1][64]>(d), &G.tc, G.alpha, m0, n0,
                                stg + cw * GT_CHUNK, cw, warp, lane, (tid & 127) == 0);
