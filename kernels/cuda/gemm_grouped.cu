@@ -728,15 +728,19 @@ extern "C" void lb_cuda_gemm_q_grouped_bf16(lb_cuda_ctx *cx, int count, const lb
 // sends other groups through gemm_q.
 #define GQ_BN 128
 #define GQ_BK 128                       // bytes = elements of E4M3; one scale block
-#define GQ_STAGES 6
 #define GQ_STAGE (GG_BM * GQ_BK + GQ_BN * GQ_BK)   // 32 KB
 #define GQ_SCALES (GQ_BN * 4)             // VEC: a stage's B scales, one per column
+// Shared memory: the ring (its stages, then VEC's scales), 1024-aligned for the chunk buffers
+// of the TS epilogue (two per math warpgroup, so one goes out while the next is written),
+// then the barriers. Six stages, but five beside a 1x128 B's scales and the chunk buffers.
+#define GQ_STAGES(VEC, TS) ((VEC) && (TS) ? 5 : 6)
+#define GQ_RING(VEC, TS) \
+    ((GQ_STAGES(VEC, TS) * (GQ_STAGE + ((VEC) ? GQ_SCALES : 0)) + 1023) & ~1023)
+#define GQ_SMEM(VEC, TS) \
+    (1024 + GQ_RING(VEC, TS) + ((TS) ? 4 * GT_CHUNK : 0) + 16 * GQ_STAGES(VEC, TS))
 // Registers per thread after setmaxnreg: 128 x 40 + 256 x 232 fit the 64K of a multiprocessor
 #define GQ_LOAD_REGS 40
 #define GQ_MATH_REGS 232
-// TS: one gt_store_tma chunk buffer per math warpgroup (two do not fit beside six stages)
-#define GQ_SMEM(TS) \
-    (GQ_STAGES * (GQ_STAGE + GQ_SCALES) + ((TS) ? 2 * GT_CHUNK : 0) + 1024 + 16 * GQ_STAGES)
 
 typedef struct {
     CUtensorMap ta, tb;         // A (m, k), B (n, k) E4M3 codes; boxes 128 x 128 bytes
@@ -786,12 +790,14 @@ __device__ __forceinline__ void gq_promote(float (&d)[64], const float (&t)[64],
     }
 }
 
-// Waits for ring position it's stage and queues its four k32 products into t (as one group).
+// Waits for ring position it's stage (S stages) and queues its four k32 products into t (as
+// one group).
+template <int S>
 __device__ __forceinline__ void gq_issue(float (&t)[64], uint32_t base, uint32_t full, int it,
                                          int cw)
 {
-    const int s = it % GQ_STAGES;
-    lb_mbar_wait(full + 8 * s, (it / GQ_STAGES) & 1);
+    const int s = it % S;
+    lb_mbar_wait(full + 8 * s, (it / S) & 1);
     const uint32_t sa = base + s * GQ_STAGE + cw * 64 * 128;
     const uint32_t sb = base + s * GQ_STAGE + GG_BM * GQ_BK;
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -803,12 +809,12 @@ __device__ __forceinline__ void gq_issue(float (&t)[64], uint32_t base, uint32_t
 
 // Promotes ring position it's finished products t into d (scales a0, a1, b2 as gq_promote),
 // then gives its stage back to the producer.
-template <int VEC>
+template <int VEC, int S>
 __device__ __forceinline__ void gq_retire(float (&d)[64], const float (&t)[64], uint32_t empty,
                                           const float *scales, int it, float a0, float a1,
                                           float b2, int lane)
 {
-    const int s = it % GQ_STAGES;
+    const int s = it % S;
     gq_promote<VEC>(d, t, a0, a1, b2, scales + s * GQ_BN, lane);
     __syncwarp();   // the warp's reads of the stage (products, scales) are done
     if (lane == 0) lb_mbar_arrive(empty + 8 * s);
@@ -821,12 +827,12 @@ template <int VEC, int TS>
 __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant__ gq_params P)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int S = GQ_STAGES;
+    constexpr int S = GQ_STAGES(VEC, TS);
     extern __shared__ uint8_t gq_smem[];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(gq_smem), base = (raw + 1023) & ~1023u;
     float *scales = (float *)(gq_smem + (base - raw) + S * GQ_STAGE);   // VEC: S x 128
-    const uint32_t stg = base + S * (GQ_STAGE + GQ_SCALES);   // TS: 1024-aligned (3 KB scales)
-    const uint32_t full = stg + (TS ? 2 * GT_CHUNK : 0), empty = full + 8 * S;
+    const uint32_t stg = base + GQ_RING(VEC, TS);   // TS: the chunk buffers
+    const uint32_t full = stg + (TS ? 4 * GT_CHUNK : 0), empty = full + 8 * S;
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
 
     if (tid == 0) {
@@ -895,34 +901,34 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
             a0 = sa0 ? sa0[kt] : 0.0f, a1 = sa1 ? sa1[kt] : 0.0f, b2 = VEC ? 0.0f : sb2[kt];
         };
         float a0, a1, b2, c0, c1, c2;
-        gq_issue(t0, base, full, it, cw);
+        gq_issue<S>(t0, base, full, it, cw);
         sc(0, a0, a1, b2);
         int kt = 1;
         for (; kt + 1 < G.kb; kt += 2) {   // t0 holds block kt - 1's products, in flight
-            gq_issue(t1, base, full, it + kt, cw);
+            gq_issue<S>(t1, base, full, it + kt, cw);
             sc(kt, c0, c1, c2);
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-            gq_retire<VEC>(d, t0, empty, scales, it + kt - 1, a0, a1, b2, lane);
-            gq_issue(t0, base, full, it + kt + 1, cw);
+            gq_retire<VEC, S>(d, t0, empty, scales, it + kt - 1, a0, a1, b2, lane);
+            gq_issue<S>(t0, base, full, it + kt + 1, cw);
             sc(kt + 1, a0, a1, b2);
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-            gq_retire<VEC>(d, t1, empty, scales, it + kt, c0, c1, c2, lane);
+            gq_retire<VEC, S>(d, t1, empty, scales, it + kt, c0, c1, c2, lane);
         }
         if (kt < G.kb) {   // an even number of blocks: the last goes to t1
-            gq_issue(t1, base, full, it + kt, cw);
+            gq_issue<S>(t1, base, full, it + kt, cw);
             sc(kt, c0, c1, c2);
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-            gq_retire<VEC>(d, t0, empty, scales, it + kt - 1, a0, a1, b2, lane);
+            gq_retire<VEC, S>(d, t0, empty, scales, it + kt - 1, a0, a1, b2, lane);
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            gq_retire<VEC>(d, t1, empty, scales, it + kt, c0, c1, c2, lane);
+            gq_retire<VEC, S>(d, t1, empty, scales, it + kt, c0, c1, c2, lane);
         } else {
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            gq_retire<VEC>(d, t0, empty, scales, it + kt - 1, a0, a1, b2, lane);
+            gq_retire<VEC, S>(d, t0, empty, scales, it + kt - 1, a0, a1, b2, lane);
         }
         it += G.kb;
         if (TS) {
-            gt_store_tma<1, 1>(reinterpret_cast<const float(&)[1][64]>(d), &G.tc, G.alpha, m0, n0,
-                               stg + cw * GT_CHUNK, cw, warp, lane, (tid & 127) == 0);
+            gt_store_tma<1, 2>(reinterpret_cast<const float(&)[1][64]>(d), &G.tc, G.alpha, m0, n0,
+                               stg + cw * 2 * GT_CHUNK, cw, warp, lane, (tid & 127) == 0);
             continue;
         }
         gg_store<16>(d, G.c, G.m, G.n, G.alpha, G.beta, r, n0, lane);
@@ -975,10 +981,10 @@ extern "C" void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_g
                                         : v == 1 ? gq_kernel<1, 0>
                                                  : gq_kernel<0, 0>;
         if (!smem_set[v]) {   // the limit is the kernel's, set once per process (one device)
-            lb_cuda_smem_limit(kern, GQ_SMEM(ts));
+            lb_cuda_smem_limit(kern, GQ_SMEM(vec, ts));
             smem_set[v] = 1;
         }
-        kern<<<grid, GT_THREADS, GQ_SMEM(ts), cx->stream>>>(*P);
+        kern<<<grid, GT_THREADS, GQ_SMEM(vec, ts), cx->stream>>>(*P);
         LB_CUDA_LAUNCHED(cx);
     }
     free(P);
