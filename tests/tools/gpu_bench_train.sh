@@ -8,7 +8,8 @@
 #   tests/tools/gpu_bench_train.sh [PEER_SCRIPT]      (run from the built source tree)
 # Environment: CFG [examples/qwen3-30b-a3b-4l.cfg], LOWBIT [./lowbit],
 #   RECIPES ["fp32 bf16 fp8-block nvfp4-moe"], ITERS [2], TIMEOUT_S [150],
-#   BUDGET_S [560], PEER_MODES ["--compile" ""], PROFILE [bf16], TOP [12] profile lines.
+#   BUDGET_S [560], PEER_MODES ["--compile" ""], PROFILE [bf16], TOP [12] lines of each of
+#   the profile's two tables (operations, shapes).
 set -uo pipefail
 peer=${1-../shared/bench/peer_torch_moe.py}
 cfg=${CFG:-examples/qwen3-30b-a3b-4l.cfg} lowbit=${LOWBIT:-./lowbit}
@@ -36,7 +37,10 @@ run() {   # NAME "VAR=VALUE ..." ARGS...
         --set bench.warmup=1 --set bench.iters=$iters "$@" > "$out/$name.out" 2> "$out/$name.err"
     echo "## $name: exit $?"
     grep '^train ' "$out/$name.out"
-    sed -n '/^lowbit profile/,$p' "$out/$name.err" | head -n $((top + 2))
+    # the TOP longest operations, then the TOP longest shapes (the table's second part)
+    sed -n '/^lowbit profile/,/^  by shape/p' "$out/$name.err" | grep -v '^  by shape' |
+        head -n $((top + 2))
+    sed -n '/^  by shape/,$p' "$out/$name.err" | head -n $((top + 1))
 }
 for r in $recipes; do
     run "$r" "" --set precision.recipe=$r
