@@ -525,18 +525,25 @@ static PFN_cuTensorMapEncodeTiled_v12000 tma_encoder(void)
     return fn;
 }
 
-extern "C" void lb_cuda_tma_map(CUtensorMap *map, CUtensorMapDataType dt, const void *x, int rank,
-                                const uint64_t *dims, const uint64_t *pitch, const uint32_t *box)
+static void tma_encode(CUtensorMap *map, CUtensorMapDataType dt, const void *x, int rank,
+                       const uint64_t *dims, const uint64_t *pitch, const uint32_t *box,
+                       CUtensorMapSwizzle swizzle)
 {
     const cuuint32_t step[5] = {1, 1, 1, 1, 1};
     CUresult r = tma_encoder()(map, dt, (cuuint32_t)rank, (void *)x, (const cuuint64_t *)dims,
                                (const cuuint64_t *)pitch, (const cuuint32_t *)box, step,
-                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         lb_die("cuda: cuTensorMapEncodeTiled refused a rank %d tensor (%llu x %llu ...), error %d",
                rank, (unsigned long long)dims[0], (unsigned long long)dims[1], (int)r);
+}
+
+extern "C" void lb_cuda_tma_map(CUtensorMap *map, CUtensorMapDataType dt, const void *x, int rank,
+                                const uint64_t *dims, const uint64_t *pitch, const uint32_t *box)
+{
+    tma_encode(map, dt, x, rank, dims, pitch, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // The map of an operand x (rows, k elements of type dt, k contiguous) with row pitch ld
@@ -713,9 +720,12 @@ extern "C" void lb_cuda_gemm_q_grouped_bf16(lb_cuda_ctx *cx, int count, const lb
 //
 // gq_kernel has gt_kernel's structure (persistent blocks, bands of tile rows, a TMA producer,
 // full/empty barriers per stage) with 128 x 128 tiles. Each 128-element k block (128 bytes a
-// row: one row of the 128-byte swizzle) is one stage of a 6-stage ring; for 1x128 B the
-// producer warp also puts the block's 128 column scales in shared memory. A math warpgroup
-// puts a block's four k32 products (wgmma m64n128k32 e4m3) into a fresh fp32 fragment and adds
+// row: one row of the 128-byte swizzle) is one stage of a 5- or 6-stage ring, together with
+// the scales of the tile's 128 rows of A (and, for a 1x128 B, of its 128 columns), copied by
+// TMA from transposed copies that a small kernel writes first (gq_scales_t_kernel: a k block's
+// scales of consecutive rows are then one 512-byte box). A 128x128 B's one scale per tile and
+// k block the math threads read from global memory (one address for the whole tile, so L1
+// serves it). A math warpgroup puts a block's four k32 products (wgmma m64n128k32 e4m3) into a fresh fp32 fragment and adds
 // it to the accumulator d scaled by sa[row] * sb[col] (DeepSeek-V3's promotion: the tensor
 // cores' FP8 sums keep about 14 bits, so they never run longer than one block). It has two
 // such fragments and promotes block kt - 1 while block kt's products run, so its tensor work
@@ -729,15 +739,13 @@ extern "C" void lb_cuda_gemm_q_grouped_bf16(lb_cuda_ctx *cx, int count, const lb
 #define GQ_BN 128
 #define GQ_BK 128                       // bytes = elements of E4M3; one scale block
 #define GQ_STAGE (GG_BM * GQ_BK + GQ_BN * GQ_BK)   // 32 KB
-#define GQ_SCALES (GQ_BN * 4)             // VEC: a stage's B scales, one per column
-// Shared memory: the ring (its stages, then VEC's scales), 1024-aligned for the chunk buffers
-// of the TS epilogue (two per math warpgroup, so one goes out while the next is written),
-// then the barriers. Six stages, but five beside a 1x128 B's scales and the chunk buffers.
-#define GQ_STAGES(VEC, TS) ((VEC) && (TS) ? 5 : 6)
-#define GQ_RING(VEC, TS) \
-    ((GQ_STAGES(VEC, TS) * (GQ_STAGE + ((VEC) ? GQ_SCALES : 0)) + 1023) & ~1023)
-#define GQ_SMEM(VEC, TS) \
-    (1024 + GQ_RING(VEC, TS) + ((TS) ? 4 * GT_CHUNK : 0) + 16 * GQ_STAGES(VEC, TS))
+#define GQ_SCALES (2 * GQ_BN * 4)   // a stage's scales: A's 128 rows, then a 1x128 B's 128
+// Shared memory: the ring's stages, their scales, the chunk buffers of the TS epilogue (two
+// per math warpgroup, so one goes out while the next is written; 1024-aligned), the barriers.
+// Six stages; five beside the chunk buffers.
+#define GQ_STAGES(TS) ((TS) ? 5 : 6)
+#define GQ_RING(TS) ((GQ_STAGES(TS) * (GQ_STAGE + GQ_SCALES) + 1023) & ~1023)
+#define GQ_SMEM(TS) (1024 + GQ_RING(TS) + ((TS) ? 4 * GT_CHUNK : 0) + 16 * GQ_STAGES(TS))
 // Registers per thread after setmaxnreg: 128 x 40 + 256 x 232 fit the 64K of a multiprocessor
 #define GQ_LOAD_REGS 40
 #define GQ_MATH_REGS 232
@@ -745,7 +753,10 @@ extern "C" void lb_cuda_gemm_q_grouped_bf16(lb_cuda_ctx *cx, int count, const lb
 typedef struct {
     CUtensorMap ta, tb;         // A (m, k), B (n, k) E4M3 codes; boxes 128 x 128 bytes
     CUtensorMap tc;             // TS launches: C (m, n) fp32, boxes 32 x 64 (gt_store_tma)
-    const float *sa, *sb;       // (m, kb); (ceil(n / 128), kb) or, 1x128 blocks, (n, kb)
+    // The scales, transposed (gq_scales_t): A's (kb, m), boxes 128 x 1; a 1x128 B's (kb, n),
+    // boxes 128 x 1. A 128x128 B's (ceil(n / 128), kb) are read as they are (sb).
+    CUtensorMap tsa, tsb;
+    const float *sb;
     float *c;                   // (m, n)
     int m, n, kb;
     int tile0, tiles_n;
@@ -807,17 +818,28 @@ __device__ __forceinline__ void gq_issue(float (&t)[64], uint32_t base, uint32_t
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
-// Promotes ring position it's finished products t into d (scales a0, a1, b2 as gq_promote),
-// then gives its stage back to the producer.
+// Promotes ring position it's finished products t into d with the stage's scales (row ra of
+// the tile's A and ra + 8), then gives the stage back to the producer.
 template <int VEC, int S>
 __device__ __forceinline__ void gq_retire(float (&d)[64], const float (&t)[64], uint32_t empty,
-                                          const float *scales, int it, float a0, float a1,
-                                          float b2, int lane)
+                                          const float *scales, int it, int ra, float b2, int lane)
 {
     const int s = it % S;
-    gq_promote<VEC>(d, t, a0, a1, b2, scales + s * GQ_BN, lane);
+    const float *sc = scales + s * (GQ_SCALES / 4);
+    gq_promote<VEC>(d, t, sc[ra], sc[ra + 8], b2, sc + GQ_BN, lane);
     __syncwarp();   // the warp's reads of the stage (products, scales) are done
     if (lane == 0) lb_mbar_arrive(empty + 8 * s);
+}
+
+// Box (c0, c1) of a scale map (no swizzle) into dst; completes its bytes on bar.
+__device__ __forceinline__ void gq_load_scales(uint32_t dst, const CUtensorMap *map, int c0,
+                                               int c1, uint32_t bar)
+{
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
 }
 #endif
 
@@ -827,29 +849,33 @@ template <int VEC, int TS>
 __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant__ gq_params P)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int S = GQ_STAGES(VEC, TS);
+    constexpr int S = GQ_STAGES(TS);
     extern __shared__ uint8_t gq_smem[];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(gq_smem), base = (raw + 1023) & ~1023u;
-    float *scales = (float *)(gq_smem + (base - raw) + S * GQ_STAGE);   // VEC: S x 128
-    const uint32_t stg = base + GQ_RING(VEC, TS);   // TS: the chunk buffers
+    const float *scales = (const float *)(gq_smem + (base - raw) + S * GQ_STAGE);   // S x 256
+    const uint32_t sbase = base + S * GQ_STAGE;
+    const uint32_t stg = base + GQ_RING(TS);   // TS: the chunk buffers
     const uint32_t full = stg + (TS ? 4 * GT_CHUNK : 0), empty = full + 8 * S;
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
 
     if (tid == 0) {
         for (int s = 0; s < S; s++) {
-            // the producer's arrival plus the bytes (VEC: every producer lane's, after its
-            // scales); one arrival per math warp once it is done with the stage
-            lb_mbar_init(full + 8 * s, VEC ? 32 : 1);
+            // the producer's arrival plus the bytes; one arrival per math warp once it is
+            // done with the stage
+            lb_mbar_init(full + 8 * s, 1);
             lb_mbar_init(empty + 8 * s, 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
-    if (wg == 0) {   // the producer: one warp (lane 0 issues the copies)
+    if (wg == 0) {   // the producer: one thread issues the copies
         // its registers go to the math warpgroups (three fragments of 64 each)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(GQ_LOAD_REGS));
-        if (tid < 32) {
+        if (tid == 0) {
+            // each stage: the k block of A and B and their scales, all by TMA (loaded by
+            // the math threads as they promoted, the scales' latency held the promotion up)
+            constexpr int SB = VEC ? GQ_BN * 4 : 0;   // B's scale bytes
             int it = 0;
             for (int t = blockIdx.x; t < P.tiles; t += gridDim.x) {
                 int m0, n0;
@@ -857,21 +883,12 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
                 for (int kt = 0; kt < G.kb; kt++, it++) {
                     const int s = it % S;
                     if (it >= S) lb_mbar_wait(empty + 8 * s, (it / S - 1) & 1);
-                    if (VEC)
-#pragma unroll
-                        for (int i = 0; i < GQ_BN / 32; i++) {
-                            const int col = n0 + lane + 32 * i;
-                            scales[s * GQ_BN + lane + 32 * i] =
-                                col < G.n ? G.sb[(size_t)col * G.kb + kt] : 0.0f;
-                        }
-                    if (lane == 0) {
-                        lb_mbar_expect(full + 8 * s, GQ_STAGE);
-                        gt_load(base + s * GQ_STAGE, &G.ta, kt * GQ_BK, m0, full + 8 * s);
-                        gt_load(base + s * GQ_STAGE + GG_BM * GQ_BK, &G.tb, kt * GQ_BK, n0,
-                                full + 8 * s);
-                    } else if (VEC) {
-                        lb_mbar_arrive(full + 8 * s);   // releases this lane's scales
-                    }
+                    const uint32_t f = full + 8 * s, sc = sbase + s * GQ_SCALES;
+                    lb_mbar_expect(f, GQ_STAGE + GQ_BN * 4 + SB);
+                    gt_load(base + s * GQ_STAGE, &G.ta, kt * GQ_BK, m0, f);
+                    gt_load(base + s * GQ_STAGE + GG_BM * GQ_BK, &G.tb, kt * GQ_BK, n0, f);
+                    gq_load_scales(sc, &G.tsa, m0, kt, f);
+                    if (VEC) gq_load_scales(sc + GQ_BN * 4, &G.tsb, n0, kt, f);
                 }
             }
         }
@@ -884,46 +901,40 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
     for (int t = blockIdx.x; t < P.tiles; t += gridDim.x) {
         int m0, n0;
         const gq_group &G = gg_tile(P.g, P.count, t, GQ_BN, &m0, &n0);
-        // this thread's rows of C (gg_store's layout) and their scale rows; rows beyond m
-        // read scale 0 (their results are never stored)
-        const int r = m0 + cw * 64 + warp * 16 + (lane >> 2);
-        const float *sa0 = r < G.m ? G.sa + (size_t)r * G.kb : nullptr;
-        const float *sa1 = r + 8 < G.m ? G.sa + (size_t)(r + 8) * G.kb : nullptr;
-        const float *sb2 = G.sb + (size_t)(n0 / 128) * G.kb;   // VEC 0: the tile's scales
+        // this thread's rows of C (gg_store's layout): ra and ra + 8 of the tile
+        const int ra = cw * 64 + warp * 16 + (lane >> 2), r = m0 + ra;
         // Block kt's products go to one fragment while block kt - 1's, in the other, are
         // promoted: the tensor cores do not wait for a promotion. The same sums in the same
         // order as promoting each block before issuing the next.
         float d[64], t0[64], t1[64];
 #pragma unroll
         for (int i = 0; i < 64; i++) d[i] = 0.0f;
-        // block kt's scales, loaded while the tensor cores work on it
-        auto sc = [&](int kt, float &a0, float &a1, float &b2) {
-            a0 = sa0 ? sa0[kt] : 0.0f, a1 = sa1 ? sa1[kt] : 0.0f, b2 = VEC ? 0.0f : sb2[kt];
-        };
-        float a0, a1, b2, c0, c1, c2;
+        // a 128x128 B's scale of block kt (one address for the whole tile: L1 serves it)
+        const float *sb2 = G.sb + (size_t)(n0 / GQ_BN) * G.kb;
+        float b0 = 0.0f, b1 = 0.0f;
         gq_issue<S>(t0, base, full, it, cw);
-        sc(0, a0, a1, b2);
+        if (!VEC) b0 = sb2[0];
         int kt = 1;
         for (; kt + 1 < G.kb; kt += 2) {   // t0 holds block kt - 1's products, in flight
             gq_issue<S>(t1, base, full, it + kt, cw);
-            sc(kt, c0, c1, c2);
+            if (!VEC) b1 = sb2[kt];
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-            gq_retire<VEC, S>(d, t0, empty, scales, it + kt - 1, a0, a1, b2, lane);
+            gq_retire<VEC, S>(d, t0, empty, scales, it + kt - 1, ra, b0, lane);
             gq_issue<S>(t0, base, full, it + kt + 1, cw);
-            sc(kt + 1, a0, a1, b2);
+            if (!VEC) b0 = sb2[kt + 1];
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-            gq_retire<VEC, S>(d, t1, empty, scales, it + kt, c0, c1, c2, lane);
+            gq_retire<VEC, S>(d, t1, empty, scales, it + kt, ra, b1, lane);
         }
         if (kt < G.kb) {   // an even number of blocks: the last goes to t1
             gq_issue<S>(t1, base, full, it + kt, cw);
-            sc(kt, c0, c1, c2);
+            if (!VEC) b1 = sb2[kt];
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-            gq_retire<VEC, S>(d, t0, empty, scales, it + kt - 1, a0, a1, b2, lane);
+            gq_retire<VEC, S>(d, t0, empty, scales, it + kt - 1, ra, b0, lane);
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            gq_retire<VEC, S>(d, t1, empty, scales, it + kt, c0, c1, c2, lane);
+            gq_retire<VEC, S>(d, t1, empty, scales, it + kt, ra, b1, lane);
         } else {
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            gq_retire<VEC, S>(d, t0, empty, scales, it + kt - 1, a0, a1, b2, lane);
+            gq_retire<VEC, S>(d, t0, empty, scales, it + kt - 1, ra, b0, lane);
         }
         it += G.kb;
         if (TS) {
@@ -936,6 +947,92 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
     // the stores are complete before the block's shared memory goes
     if (TS && (tid & 127) == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 #endif
+}
+
+// Block scales transposed for the producer's TMA: src (rows, kb) -> dst (kb, ld), ld = rows
+// rounded up to a multiple of 128 (the map's box: no box reaches beyond the tensor), zeros in
+// the padding. A k block's scales of 128 consecutive rows are then one box.
+typedef struct {
+    const float *src;
+    float *dst;
+    int rows, kb, ld;
+} gq_st_job;
+
+#define GQ_ST_MAX 64
+typedef struct {
+    int count;
+    gq_st_job j[GQ_ST_MAX];
+} gq_st_params;
+
+// Block (32, 8); blockIdx.y the job; 32 x 32 tiles through shared memory, so that reads and
+// writes are both row by row.
+__global__ void gq_scales_t_kernel(const __grid_constant__ gq_st_params P)
+{
+    __shared__ float tile[32][33];
+    const gq_st_job &J = P.j[blockIdx.y];
+    const int tr = (J.ld + 31) / 32, tk = (J.kb + 31) / 32;
+    for (int b = blockIdx.x; b < tr * tk; b += gridDim.x) {
+        const int r0 = b % tr * 32, k0 = b / tr * 32;
+        for (int i = threadIdx.y; i < 32; i += 8) {
+            const int r = r0 + i, k = k0 + threadIdx.x;
+            tile[i][threadIdx.x] = r < J.rows && k < J.kb ? J.src[(size_t)r * J.kb + k] : 0.0f;
+        }
+        __syncthreads();
+        for (int i = threadIdx.y; i < 32; i += 8) {
+            const int k = k0 + i, r = r0 + threadIdx.x;
+            if (k < J.kb && r < J.ld) J.dst[(size_t)k * J.ld + r] = tile[threadIdx.x][i];
+        }
+        __syncthreads();
+    }
+}
+
+// The map of transposed scales (kb, ld) (no swizzle: boxes of box x 1 floats).
+static void scale_map(CUtensorMap *map, const float *x, int ld, int kb, int box)
+{
+    const uint64_t dim[2] = {(uint64_t)ld, (uint64_t)kb}, pitch[1] = {(uint64_t)ld * 4};
+    const uint32_t bx[2] = {(uint32_t)box, 1};
+    tma_encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, x, 2, dim, pitch, bx,
+               CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
+static void gq_scales_t_launch(lb_cuda_ctx *cx, const gq_st_params *T, int tiles)
+{
+    const dim3 grid(tiles < cx->num_sms ? tiles : cx->num_sms, T->count);
+    gq_scales_t_kernel<<<grid, dim3(32, 8), 0, cx->stream>>>(*T);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// Every group's A scales, and a 1x128 B's, transposed into scratch: job[2i] A's of group i,
+// job[2i + 1] its B's (left empty for a 128x128 B, whose scales are read as they are). One
+// launch per GQ_ST_MAX jobs.
+static void gq_scales_t(lb_cuda_ctx *cx, int count, const lb_gemm_q_args *g, int vec,
+                        gq_st_job *job)
+{
+    size_t bytes = 0;
+    for (int i = 0; i < 2 * count; i++) {
+        if (i & 1 && !vec) continue;
+        const lb_qmat *q = i & 1 ? g[i / 2].b : g[i / 2].a;
+        job[i].src = (const float *)q->scale, job[i].rows = q->srows, job[i].kb = q->scols;
+        job[i].ld = (q->srows + 127) / 128 * 128;
+        bytes += lb_align256((size_t)job[i].ld * job[i].kb * sizeof(float));
+    }
+    char *sc = (char *)lb_cuda_scratch(cx, bytes);
+    gq_st_params T;
+    T.count = 0;
+    int most = 0;   // the largest job's 32 x 32 tiles
+    for (int i = 0; i < 2 * count; i++) {
+        if (!job[i].src) continue;
+        job[i].dst = (float *)sc;
+        sc += lb_align256((size_t)job[i].ld * job[i].kb * sizeof(float));
+        T.j[T.count++] = job[i];
+        const int tiles = job[i].ld / 32 * ((job[i].kb + 31) / 32);
+        most = tiles > most ? tiles : most;
+        if (T.count == GQ_ST_MAX) {
+            gq_scales_t_launch(cx, &T, most);
+            T.count = 0, most = 0;
+        }
+    }
+    if (T.count) gq_scales_t_launch(cx, &T, most);
 }
 
 // Whether gq_kernel takes the fp8-block GEMM of a (m, k) and b (n, k): 1x128 activations,
@@ -955,18 +1052,23 @@ extern "C" void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_g
 {
     static int smem_set[4];
     const int vec = count > 0 && g[0].b->brows == 1;
+    gq_st_job *job = (gq_st_job *)lb_calloc(2 * (size_t)count, sizeof *job);
+    gq_scales_t(cx, count, g, vec, job);
     gq_params *P = (gq_params *)lb_calloc(1, sizeof *P);
     for (int g0 = 0; g0 < count; g0 += GT_MAX) {
         const int cnt = count - g0 < GT_MAX ? count - g0 : GT_MAX;
         int tiles = 0;
         for (int i = 0; i < cnt; i++) {
             const lb_gemm_q_args *x = &g[g0 + i];
+            const gq_st_job *ja = &job[2 * (g0 + i)], *jb = ja + 1;
             gq_group *G = &P->g[i];
             tma_map(&G->ta, CU_TENSOR_MAP_DATA_TYPE_UINT8, x->a->data, x->m, x->k, x->k, GQ_BK,
                     GG_BM);
             tma_map(&G->tb, CU_TENSOR_MAP_DATA_TYPE_UINT8, x->b->data, x->n, x->k, x->k, GQ_BK,
                     GQ_BN);
-            G->sa = (const float *)x->a->scale, G->sb = (const float *)x->b->scale;
+            scale_map(&G->tsa, ja->dst, ja->ld, ja->kb, GG_BM);
+            if (vec) scale_map(&G->tsb, jb->dst, jb->ld, jb->kb, GQ_BN);
+            G->sb = (const float *)x->b->scale;
             G->c = x->c, G->m = x->m, G->n = x->n, G->kb = x->a->scols;
             G->tile0 = tiles, G->tiles_n = (x->n + GQ_BN - 1) / GQ_BN;
             G->alpha = x->alpha, G->beta = x->beta;
@@ -981,11 +1083,12 @@ extern "C" void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_g
                                         : v == 1 ? gq_kernel<1, 0>
                                                  : gq_kernel<0, 0>;
         if (!smem_set[v]) {   // the limit is the kernel's, set once per process (one device)
-            lb_cuda_smem_limit(kern, GQ_SMEM(vec, ts));
+            lb_cuda_smem_limit(kern, GQ_SMEM(ts));
             smem_set[v] = 1;
         }
-        kern<<<grid, GT_THREADS, GQ_SMEM(vec, ts), cx->stream>>>(*P);
+        kern<<<grid, GT_THREADS, GQ_SMEM(ts), cx->stream>>>(*P);
         LB_CUDA_LAUNCHED(cx);
     }
     free(P);
+    free(job);
 }
