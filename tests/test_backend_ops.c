@@ -2103,11 +2103,21 @@ START_TEST(test_gemm_q_grouped)
                               1.0f, B_FP8TC);
     tc += gemm_q_grouped_case("fp8 1x128 x 1x128", 6, c6, 2048, 136, &a1, &a1, 1.0f, -0.5f,
                               B_FP8TC);
+    // beta 0: the wgrad's launches (the TMA-store epilogue beside a 1x128 B's scales)
+    tc += gemm_q_grouped_case("fp8 1x128 x 1x128 beta 0", 6, c6, 2048, 136, &a1, &a1, 1.0f, 0.0f,
+                              B_FP8TC);
     // 250 groups of 0 to 3 rows: more than one launch takes (32 on sm_90)
     enum { MANY = 250 };
     int cm[MANY], nonempty = 0;
     for (int j = 0; j < MANY; j++) nonempty += (cm[j] = j % 4) > 0;
     tc += gemm_q_grouped_case("fp8 250 groups", MANY, cm, 256, 40, &a1, &w2, 1.0f, 0.0f, B_FP8TC);
+    // 70 groups of 1x128 B (as an MoE layer's wgrads), 0 to 130 rows: three launches, every
+    // group slot of a full one
+    enum { WG = 70 };
+    int cw[WG];
+    for (int j = 0; j < WG; j++) nonempty += (cw[j] = j * 37 % 131) > 0;
+    tc += gemm_q_grouped_case("fp8 1x128 70 groups", WG, cw, 384, 136, &a1, &a1, 1.0f, 0.0f,
+                              B_FP8TC);
     long fast = tc;
     // k 53 (rows not 16-byte multiples): each group through gemm_q
     tc += gemm_q_grouped_case("fp8 k 53", 6, c6, 53, 70, &a1, &w2, 1.0f, 0.0f, B_FP8TC);
@@ -2115,8 +2125,9 @@ START_TEST(test_gemm_q_grouped)
                               B_TC);
     ck_assert_int_eq(tc, fast);
 #ifdef LB_HAVE_CUDA
-    // each non-empty group run grouped and alone, and the row alone: 11 per 6-group fp8 case
-    const long want = 3 * 11 + 2 * nonempty + 1;
+    // each non-empty group run grouped and alone, and the row alone: 11 per 6-group fp8 case,
+    // and 2 per non-empty group and 1 for the row in each of the two many-group cases
+    const long want = 4 * 11 + 2 * nonempty + 2;
     int cc = 0;
     long x0, x1, x2, x3;
     lb_cuda_gemm_q_stats(gpu, &x0, &x1, &x2, &x3, &cc);

@@ -827,6 +827,11 @@ __device__ __forceinline__ void gq_retire(float (&d)[64], const float (&t)[64], 
     const int s = it % S;
     const float *sc = scales + s * (GQ_SCALES / 4);
     gq_promote<VEC>(d, t, sc[ra], sc[ra + 8], b2, sc + GQ_BN, lane);
+    // The scales are read by the generic proxy and rewritten by TMA (the async proxy) once the
+    // stage is released. Without this fence the loads could still be in flight at the
+    // arrival (ptxas issued it right after them), and a load could return the next block's
+    // scale: run-to-run differences in training, never in small tests.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncwarp();   // the warp's reads of the stage (products, scales) are done
     if (lane == 0) lb_mbar_arrive(empty + 8 * s);
 }
