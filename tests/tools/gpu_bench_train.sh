@@ -9,7 +9,9 @@
 # Environment: CFG [examples/qwen3-30b-a3b-4l.cfg], LOWBIT [./lowbit],
 #   RECIPES ["fp32 bf16 fp8-block nvfp4-moe"], ITERS [2], TIMEOUT_S [150],
 #   BUDGET_S [560], PEER_MODES ["--compile" ""], PROFILE [bf16], TOP [12] lines of each of
-#   the profile's two tables (operations, shapes).
+#   the profile's two tables (operations, shapes), REPEAT [1] runs of each recipe: with more
+#   than one, whether their losses (7 decimals) are the same, since deterministic mode
+#   promises the same bits run after run (a kernel race showed first as such a difference).
 set -uo pipefail
 peer=${1-../shared/bench/peer_torch_moe.py}
 cfg=${CFG:-examples/qwen3-30b-a3b-4l.cfg} lowbit=${LOWBIT:-./lowbit}
@@ -28,26 +30,39 @@ if [ -f "$peer" ]; then
         timeout -k 5 $l python3 "$peer" --impl grouped $mode 2>&1 | tail -n 1
     done
 fi
-run() {   # NAME "VAR=VALUE ..." ARGS...
-    local name=$1 envs=$2; shift 2
-    local l=$(left)
-    [ $l -lt 30 ] && { echo "## $name: skipped, the budget is spent"; return; }
-    echo "## $name ($l s at most)"
-    env $envs timeout -k 5 $l "$lowbit" bench "$cfg" --set bench.kind=train \
-        --set bench.warmup=1 --set bench.iters=$iters "$@" > "$out/$name.out" 2> "$out/$name.err"
-    echo "## $name: exit $?"
-    grep '^train ' "$out/$name.out"
-    # the TOP longest operations, then the TOP longest shapes (the table's second part)
-    sed -n '/^lowbit profile/,/^  by shape/p' "$out/$name.err" | grep -v '^  by shape' |
-        head -n $((top + 2))
-    sed -n '/^  by shape/,$p' "$out/$name.err" | head -n $((top + 1))
+run() {   # NAME "VAR=VALUE ..." RUNS ARGS...
+    local name=$1 envs=$2 runs=$3 losses="" i l
+    shift 3
+    for i in $(seq "$runs"); do
+        l=$(left)
+        [ $l -lt 30 ] && { echo "## $name: skipped, the budget is spent"; return; }
+        echo "## $name ($l s at most)"
+        env $envs timeout -k 5 $l "$lowbit" bench "$cfg" --set bench.kind=train \
+            --set bench.warmup=1 --set bench.iters=$iters "$@" > "$out/$name.out" \
+            2> "$out/$name.err"
+        echo "## $name: exit $?"
+        grep '^train ' "$out/$name.out"
+        losses="$losses $(sed -n 's/^train .*, loss \([^ ]*\)$/\1/p' "$out/$name.out")"
+        # the TOP longest operations, then the TOP longest shapes (the table's second part)
+        sed -n '/^lowbit profile/,/^  by shape/p' "$out/$name.err" | grep -v '^  by shape' |
+            head -n $((top + 2))
+        sed -n '/^  by shape/,$p' "$out/$name.err" | head -n $((top + 1))
+    done
+    [ "$runs" -gt 1 ] || return 0
+    set -- $losses
+    local first=${1-none} x
+    for x; do
+        [ "$x" = "$first" ] || { echo "## $name: LOSSES DIFFER between runs:$losses"; return; }
+    done
+    [ $# -eq "$runs" ] && echo "## $name: the same loss in all $runs runs ($first)" ||
+        echo "## $name: only $# of $runs runs reported a loss:$losses"
 }
 for r in $recipes; do
-    run "$r" "" --set precision.recipe=$r
+    run "$r" "" "${REPEAT:-1}" --set precision.recipe=$r
 done
 for x in ${EXTRA-}; do
-    run "bf16-${x%%:*}" "${x#*:}" --set precision.recipe=bf16
+    run "bf16-${x%%:*}" "${x#*:}" 1 --set precision.recipe=bf16
 done
 for r in ${PROFILE-bf16}; do
-    run "$r-profile" LB_PROFILE=1 --set precision.recipe=$r
+    run "$r-profile" LB_PROFILE=1 1 --set precision.recipe=$r
 done
