@@ -282,6 +282,15 @@ struct lb_backend {
     void (*cross_entropy_bwd_rows)(lb_backend *, float *dlogits, const float *logits,
                                    const double *stats, const int32_t *targets,
                                    const float *dloss, int n, int v);
+    // The backward of logits (n, v) = x (n, c) w (v, c)^T, a bf16 linear layer (an LM head),
+    // followed by the cross-entropy: g = cross_entropy_bwd(logits, stats, targets, dloss) with
+    // the forward's stats (not NULL), then one gemm_grouped call of two bf16 groups,
+    // dx (n, c) = g w + dx_beta dx and dw (v, c) = g^T x + dw_beta dw: the same bits as those
+    // two calls. logits are left undefined (the CPU writes g over them; CUDA rounds g to bf16
+    // for the GEMMs as it computes it, never storing it in fp32).
+    void (*linear_ce_bwd)(lb_backend *, float *dx, float dx_beta, float *dw, float dw_beta,
+                          float *logits, const double *stats, const int32_t *targets,
+                          float dloss, const float *x, const float *w, int n, int v, int c);
 
     // --- optimizer ------------------------------------------------------------------------------
     // AdamW with decoupled weight decay and bias correction; step counts from 1.

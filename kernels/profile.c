@@ -23,7 +23,7 @@
     X(attention_cached) X(swiglu_fwd) X(swiglu_bwd) X(router_topk_fwd) X(router_topk_bwd)     \
     X(moe_aux_loss) X(moe_plan) X(moe_permute) X(moe_permute_bwd) X(moe_combine)             \
     X(moe_combine_bwd) X(cross_entropy_fwd) X(cross_entropy_bwd) X(cross_entropy_bwd_rows)   \
-    X(adamw)
+    X(linear_ce_bwd) X(adamw)
 
 enum {
 #define X(name) OP_##name,
@@ -265,6 +265,11 @@ W(cross_entropy_bwd_rows,
   (lb_backend *be, float *d, const float *lg, const double *st, const int32_t *t,
    const float *dl, int n, int v),
   (in, d, lg, st, t, dl, n, v))
+WS(linear_ce_bwd,
+   (lb_backend *be, float *dx, float dxb, float *dw, float dwb, float *lg, const double *st,
+    const int32_t *t, float dl, const float *x, const float *w, int n, int v, int c),
+   (in, dx, dxb, dw, dwb, lg, st, t, dl, x, w, n, v, c),
+   (charge_shapef(be, t0, "linear_ce_bwd %dx%dx%d bf16", n, v, c)))
 W(adamw,
   (lb_backend *be, float *p, const float *g, float gs, float *m, float *v, size_t n, float lr,
    float b1, float b2, float eps, float wd, int step),

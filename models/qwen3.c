@@ -926,35 +926,46 @@ static void backward_logits(lb_model *m, float aux_scale)
 static void backward(lb_model *m, float loss_scale)
 {
     acts *a = m->acts;
-    int ns = a->ns, R = ce_rows(m, ns);
-    if (m->last_stage && R == ns) {   // the logits buffer becomes d loss / d logits
-        float dce = m->ntokens ? loss_scale / (float)m->ntokens : 0.0f;
-        const double *st = a->ce_stats_ok ? a->ce_stats : NULL;   // the forward's, if any
-        m->be->cross_entropy_bwd(m->be, m->logits, m->logits, st, m->targets + row_offset(m, ns),
-                                 dce, ns, m->cfg.vocab_size);
-        a->ce_stats_ok = 0;   // the buffer now holds d loss / d logits
-    } else if (m->last_stage) {
-        // Chunked: each chunk's logits again, their gradient, and the LM head's backward for
-        // those rows (d lnf rows overwritten, the weight gradient accumulated chunk by chunk).
+    int ns = a->ns, R = ce_rows(m, ns), head_done = 0;
+    if (m->last_stage) {
         const lb_model_config *c = &m->cfg;
         dims d = dims_of(m);
         const lb_tensor *th = find_or_die(m, "lm_head.weight");
+        const int32_t *tg = m->targets + row_offset(m, ns);
         float dce = m->ntokens ? loss_scale / (float)m->ntokens : 0.0f;
-        float *dwh = m->grads + th->offset;
-        for (int r = 0; r < ns; r += R) {
-            int nr = ns - r < R ? ns - r : R;
-            lb_linear_fwd(&m->lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
-                          a->lnf + (size_t)r * d.C, m->params + th->offset,
-                          &m->wcache[th - m->tensors], 0, m->logits, nr, d.V, d.C, 0.0f);
-            m->be->cross_entropy_bwd(m->be, m->logits, m->logits, NULL,
-                                     m->targets + row_offset(m, ns) + r, dce, nr, d.V);
-            lb_linear_bwd(&m->lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
-                          a->lnf + (size_t)r * d.C, m->params + th->offset,
-                          &m->wcache[th - m->tensors], 0, m->logits, a->dln + (size_t)r * d.C,
-                          0.0f, dwh, lb_model_grad_beta(m, dwh), nr, d.V, d.C);
+        float *wh = m->params + th->offset, *dwh = m->grads + th->offset;
+        if (R == ns) {
+            const double *st = a->ce_stats_ok ? a->ce_stats : NULL;   // the forward's, if any
+            const int l = c->num_hidden_layers - 1;
+            // The cross-entropy's gradient and the LM head's backward in one call (the
+            // backend need not store the gradient); else the logits buffer becomes d loss /
+            // d logits, and backward_from runs the LM head's backward
+            head_done = st && lb_linear_ce_fusable(&m->lin, l, LB_ROLE_LM_HEAD);
+            if (head_done)
+                lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, a->lnf, wh, m->logits, st, tg, dce,
+                                 a->dln, dwh, lb_model_grad_beta(m, dwh), ns, d.V, d.C);
+            else
+                m->be->cross_entropy_bwd(m->be, m->logits, m->logits, st, tg, dce, ns, d.V);
+            a->ce_stats_ok = 0;   // the buffer no longer holds the logits
+        } else {
+            // Chunked: each chunk's logits again, their gradient, and the LM head's backward
+            // for those rows (d lnf rows overwritten, the weight gradient accumulated chunk by
+            // chunk).
+            for (int r = 0; r < ns; r += R) {
+                int nr = ns - r < R ? ns - r : R;
+                lb_linear_fwd(&m->lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
+                              a->lnf + (size_t)r * d.C, wh, &m->wcache[th - m->tensors], 0,
+                              m->logits, nr, d.V, d.C, 0.0f);
+                m->be->cross_entropy_bwd(m->be, m->logits, m->logits, NULL, tg + r, dce, nr, d.V);
+                lb_linear_bwd(&m->lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
+                              a->lnf + (size_t)r * d.C, wh, &m->wcache[th - m->tensors], 0,
+                              m->logits, a->dln + (size_t)r * d.C, 0.0f, dwh,
+                              lb_model_grad_beta(m, dwh), nr, d.V, d.C);
+            }
+            head_done = 1;
         }
     }
-    backward_from(m, loss_scale * (float)m->cfg.router_aux_loss_coef, R < ns);
+    backward_from(m, loss_scale * (float)m->cfg.router_aux_loss_coef, head_done);
 }
 
 // --- cached forward (sampling) -------------------------------------------------------------------

@@ -334,6 +334,32 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
     }
 }
 
+int lb_linear_ce_fusable(lb_linear *L, int layer, lb_role role)
+{
+    const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
+    const lb_site *D = lb_contract_site(L->contract, layer, role, LB_PASS_DGRAD);
+    const lb_site *G = lb_contract_site(L->contract, layer, role, LB_PASS_WGRAD);
+    return plain_bf16(D, F) && plain_bf16(G, F);
+}
+
+void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
+                      float *logits, const double *stats, const int32_t *targets, float dloss,
+                      float *dx, float *dw, float dw_beta, int n, int out, int in)
+{
+    if (!lb_linear_ce_fusable(L, layer, role))
+        lb_die("lb_linear_ce_bwd: layer %d %s has a backward pass that is not a plain bf16 GEMM",
+               layer, lb_role_name(role));
+    if (!stats) lb_die("lb_linear_ce_bwd: needs the forward's row statistics");
+    if (dw_beta != 0.0f && dw_beta != 1.0f) lb_die("lb_linear_ce_bwd: dw_beta %g", dw_beta);
+    if (n == 0) {   // as lb_linear_bwd: a first write still owes dw its zeros
+        if (dw_beta == 0.0f) L->be->zero(L->be, dw, (size_t)out * in * sizeof(float));
+        return;
+    }
+    // lb_linear_bwd's grouped call for both products, dy made inside it
+    L->be->linear_ce_bwd(L->be, dx, 0.0f, dw, dw_beta, logits, stats, targets, dloss, x, w, n,
+                         out, in);
+}
+
 // --- experts: one weight matrix per group of consecutive rows ----------------------------------
 
 // Whether every pass of the site has format f (the backward mode does not matter then: fp32

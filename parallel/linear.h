@@ -67,6 +67,15 @@ void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const 
 void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
                    const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
                    float *dw, float dw_beta, int n, int out, int in);
+// The same for an LM head whose logits (n, out) met cross_entropy: dy = dloss (softmax(logits)
+// - onehot(targets)) from the forward's row statistics (not NULL), then dx (overwritten) and
+// dw, in one backend call that need not store dy (linear_ce_bwd). Only where
+// lb_linear_ce_fusable: both backward passes are plain bf16 GEMMs. The same bits as
+// cross_entropy_bwd and then lb_linear_bwd; the logits are left undefined.
+int lb_linear_ce_fusable(lb_linear *L, int layer, lb_role role);
+void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
+                      float *logits, const double *stats, const int32_t *targets, float dloss,
+                      float *dx, float *dw, float dw_beta, int n, int out, int in);
 
 // Experts: rows [off_j, off_j + counts[j]) of x use matrix j (counts is a host array).
 void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x,

@@ -85,6 +85,18 @@ static void cpu_cross_entropy_bwd_rows(lb_backend *be, float *dlogits, const flo
                    targets[i], dloss[i], v);
 }
 
+// The definition itself: cross_entropy_bwd in place, then both GEMMs in one grouped call.
+static void cpu_linear_ce_bwd(lb_backend *be, float *dx, float dx_beta, float *dw, float dw_beta,
+                              float *logits, const double *stats, const int32_t *targets,
+                              float dloss, const float *x, const float *w, int n, int v, int c)
+{
+    if (!stats) lb_die("linear_ce_bwd: needs the forward's row statistics");
+    be->cross_entropy_bwd(be, logits, logits, stats, targets, dloss, n, v);
+    lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1},
+                         {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1}};
+    be->gemm_grouped(be, 2, g);
+}
+
 // g = g gscale (rounded); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p -= lr (mhat / (sqrt(vhat) + eps) + wd p)
 // with mhat = m / (1 - b1^step), vhat = v / (1 - b2^step); the decay uses the old p.
 static void cpu_adamw(lb_backend *be, float *p, const float *g, float gscale, float *m, float *v,
@@ -110,5 +122,6 @@ void lb_cpu_init_optim(lb_backend *be)
     be->cross_entropy_fwd = cpu_cross_entropy_fwd;
     be->cross_entropy_bwd = cpu_cross_entropy_bwd;
     be->cross_entropy_bwd_rows = cpu_cross_entropy_bwd_rows;
+    be->linear_ce_bwd = cpu_linear_ce_bwd;
     be->adamw = cpu_adamw;
 }

@@ -74,6 +74,14 @@ __device__ __forceinline__ void lb_report(unsigned long long *err, int code, int
     atomicCAS(err, 0ull, w);
 }
 
+// Cross-entropy's d loss / d logit x in a row with max m and 1 / sum inv (ops_optim.cu's
+// backward, and the LM head's fused one in gemm_grouped.cu: the same bits).
+__device__ __forceinline__ float lb_ce_grad(float x, float m, double inv, float dloss, bool target)
+{
+    const double p = (double)expf(x - m) * inv;
+    return (float)((double)dloss * (p - (target ? 1.0 : 0.0)));
+}
+
 typedef struct lb_gemm_plan lb_gemm_plan;
 
 // Backend-private state (lb_backend.ctx).
@@ -310,6 +318,12 @@ void lb_cuda_tma_map(CUtensorMap *map, CUtensorMapDataType dt, const void *x, in
 // bf16 with m, n, k > 0 and alpha != 0, in one launch (after one packing launch). Queued.
 int lb_cuda_gemm_grouped_tc_ok(int major, int minor);
 void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g);
+// gemm_grouped.cu: linear_ce_bwd (kernels.h) on that kernel, n, v, c > 0, the gradient
+// computed by the pack from the logits and the forward's stats. Queued.
+void lb_cuda_linear_ce_bwd_tc(lb_cuda_ctx *cx, float *dx, float dx_beta, float *dw,
+                              float dw_beta, const float *logits, const double *stats,
+                              const int32_t *targets, float dloss, const float *x,
+                              const float *w, int n, int v, int c);
 // gemm_grouped.cu, fp8-block: whether its kernel takes a x b (layouts, not m); the groups
 // g[0 .. count), all fitting, m, n, k > 0, alpha != 0, one block shape of b, in one launch.
 int lb_cuda_gemm_q_grouped_fits(const struct lb_qmat *a, const struct lb_qmat *b);

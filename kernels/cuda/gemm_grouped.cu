@@ -362,12 +362,41 @@ typedef struct {
     int rows, cols, ld, trans;
     __nv_bfloat16 *dst2;  // trans 1 only, or NULL: the plain copy too, (rows, ld2) (pack_pair)
     int ld2;
+    // trans 1 only: src holds logits and the copies get cross-entropy's gradient instead
+    // (lb_ce_grad with the forward's row statistics; linear_ce_bwd), or NULL
+    const double *ce_stats;
+    const int32_t *ce_targets;
+    float ce_dloss;
 } gg_pack_job;
 
 typedef struct {
     int count;
+    unsigned long long *err;   // the backend's input-error word (a target >= the vocabulary)
     gg_pack_job j[GG_PACK_MAX];
 } gg_pack_params;
+
+// Four loaded logits of row r, columns c .. c + 3 (those < cols), become cross_entropy_bwd's
+// values: 0 for an ignored row (a negative target), NaN and a reported error for a target
+// beyond the vocabulary.
+__device__ __forceinline__ void gg_ce_grad4(float4 &v, const gg_pack_job &J, int r, int c,
+                                            unsigned long long *err)
+{
+    const int tgt = J.ce_targets[r];
+    float x[4] = {v.x, v.y, v.z, v.w};
+    if (tgt < 0 || tgt >= J.cols) {
+        if (tgt >= J.cols && c == 0) lb_report(err, LB_CERR_CE_BWD_TARGET, tgt);
+        const float fill = tgt < 0 ? 0.0f : NAN;
+        x[0] = x[1] = x[2] = x[3] = fill;
+    } else {
+        const float m = (float)J.ce_stats[2 * r];
+        const double inv = 1.0 / J.ce_stats[2 * r + 1];
+#pragma unroll
+        for (int e = 0; e < 4; e++) x[e] = lb_ce_grad(x[e], m, inv, J.ce_dloss, c + e == tgt);
+    }
+    // columns past the source stay the padding's zeros
+    v = make_float4(x[0], c + 1 < J.cols ? x[1] : 0.0f, c + 2 < J.cols ? x[2] : 0.0f,
+                    c + 3 < J.cols ? x[3] : 0.0f);
+}
 
 // Block (32, 8); blockIdx.y is the job, blockIdx.x strides over its pieces (rows, or 64 x 64
 // tiles when transposing). Elements beyond the source in a padded row are written as zeros
@@ -432,6 +461,7 @@ __global__ void gg_pack_kernel(const __grid_constant__ gg_pack_params P)
                 if (c + 2 < J.cols) v[i].z = p[2];
                 if (c + 3 < J.cols) v[i].w = p[3];
             }
+            if (J.ce_stats) gg_ce_grad4(v[i], J, r, c, P.err);
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -502,6 +532,7 @@ static void pack_launch(lb_cuda_ctx *cx, gg_pack_params *pp)
     }
     size_t cap = (size_t)cx->num_sms * 32 / pp->count + 1;
     dim3 grid((unsigned)(most < cap ? most : cap), (unsigned)pp->count);
+    pp->err = cx->err_dev;
     gg_pack_kernel<<<grid, dim3(32, 8), 0, cx->stream>>>(*pp);
     LB_CUDA_LAUNCHED(cx);
     pp->count = 0;
@@ -682,6 +713,35 @@ extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gem
         pack_launch(cx, pp);
     };
     gt_batches(cx, g, count, pack);
+    free(pp);
+}
+
+// linear_ce_bwd (kernels.h) on this kernel: the groups gemm_grouped would get (dgrad, wgrad),
+// and the pack jobs it would make, except that the job reading the gradient both ways reads
+// the logits and computes it (gg_ce_grad4). The same bf16 copies as cross_entropy_bwd and
+// then the pack, so the same bits, without the gradient's fp32 write and read (two passes of
+// n v 4 bytes: 10 GB each for the 4-layer bench's LM head). Queued on cx->stream.
+extern "C" void lb_cuda_linear_ce_bwd_tc(lb_cuda_ctx *cx, float *dx, float dx_beta, float *dw,
+                                         float dw_beta, const float *logits,
+                                         const double *stats, const int32_t *targets,
+                                         float dloss, const float *x, const float *w, int n,
+                                         int v, int c)
+{
+    const lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1},
+                               {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1}};
+    gg_pack_params *pp = (gg_pack_params *)lb_calloc(1, sizeof *pp);
+    auto pack = [&](const lb_gemm_args *, int cnt, void *const *ab, gt_params *) {
+        // ab: the groups' A (dy (n, v), dy^T (v, n)), then their B (w^T (c, v), x^T (c, n))
+        gg_pack_job dy = {logits, (__nv_bfloat16 *)ab[1], n, v, pad8(n), 1,
+                          (__nv_bfloat16 *)ab[0], pad8(v)};
+        dy.ce_stats = stats, dy.ce_targets = targets, dy.ce_dloss = dloss;
+        pp->j[pp->count++] = dy;
+        pp->j[pp->count++] = (gg_pack_job){w, (__nv_bfloat16 *)ab[cnt], v, c, pad8(v), 1, NULL, 0};
+        pp->j[pp->count++] =
+            (gg_pack_job){x, (__nv_bfloat16 *)ab[cnt + 1], n, c, pad8(n), 1, NULL, 0};
+        pack_launch(cx, pp);
+    };
+    gt_batches(cx, g, 2, pack);
     free(pp);
 }
 

@@ -113,13 +113,6 @@ ce_fwd_kernel(float *loss, double *stats, const T *logits, const int32_t *target
     }
 }
 
-// d loss / d logit x of a row with max m and 1 / sum inv.
-__device__ __forceinline__ float ce_grad(float x, float m, double inv, float dloss, bool target)
-{
-    const double p = (double)expf(x - m) * inv;
-    return (float)((double)dloss * (p - (target ? 1.0 : 0.0)));
-}
-
 // dlogits = dloss (softmax - onehot), p = exp(l - m) / sum. Every element is read, then
 // written, by the same thread after the row statistics are complete (the reductions end with
 // a barrier), so dlogits may alias logits.
@@ -151,7 +144,7 @@ ce_bwd_kernel(T *dlogits, const T *logits, const double *stats, const int32_t *t
         float x[4];
         ce_ld4(x, l, q, vec);
 #pragma unroll
-        for (int e = 0; e < 4; e++) x[e] = ce_grad(x[e], m, inv, dloss, 4 * q + e == tgt);
+        for (int e = 0; e < 4; e++) x[e] = lb_ce_grad(x[e], m, inv, dloss, 4 * q + e == tgt);
         if (vec)
             reinterpret_cast<float4 *>(dl)[q] = make_float4(x[0], x[1], x[2], x[3]);
         else
@@ -159,7 +152,7 @@ ce_bwd_kernel(T *dlogits, const T *logits, const double *stats, const int32_t *t
             for (int e = 0; e < 4; e++) lb_st(dl + 4 * q + e, x[e]);
     }
     const int j = 4 * v4 + threadIdx.x;
-    if (j < v) lb_st(dl + j, ce_grad(lb_ld(l + j), m, inv, dloss, j == tgt));
+    if (j < v) lb_st(dl + j, lb_ce_grad(lb_ld(l + j), m, inv, dloss, j == tgt));
 }
 
 static void ce_check(const char *what, int n, int v)
@@ -200,6 +193,28 @@ static void cuda_cross_entropy_bwd_rows(lb_backend *be, float *dlogits, const fl
     ce_bwd_kernel<float><<<n, CE_THREADS, 0, cx->stream>>>(dlogits, logits, stats, targets,
                                                            0.0f, dloss, v, cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
+}
+
+// On gemm_grouped.cu's bf16 kernel where the device runs it (the gradient never stored in
+// fp32); otherwise the definition: cross_entropy_bwd in place, then one gemm_grouped call.
+static void cuda_linear_ce_bwd(lb_backend *be, float *dx, float dx_beta, float *dw,
+                               float dw_beta, float *logits, const double *stats,
+                               const int32_t *targets, float dloss, const float *x,
+                               const float *w, int n, int v, int c)
+{
+    if (!stats) lb_die("linear_ce_bwd: needs the forward's row statistics");
+    if (n < 0 || v < 0 || c < 0) lb_die("linear_ce_bwd: negative size (n %d, v %d, c %d)", n, v, c);
+    lb_cuda_ctx *cx = lb_cuda(be);
+    if (cx->grouped_tc && cx->bf16_tc && n > 0 && v > 0 && c > 0) {
+        lb_cuda_linear_ce_bwd_tc(cx, dx, dx_beta, dw, dw_beta, logits, stats, targets, dloss, x,
+                                 w, n, v, c);
+        if (cx->sync_each) LB_CUDA_WAIT(cx);
+        return;
+    }
+    be->cross_entropy_bwd(be, logits, logits, stats, targets, dloss, n, v);
+    lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1},
+                         {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1}};
+    be->gemm_grouped(be, 2, g);
 }
 
 // --- AdamW -----------------------------------------------------------------------------------
@@ -276,5 +291,6 @@ extern "C" void lb_cuda_init_optim(lb_backend *be)
     be->cross_entropy_fwd = cuda_cross_entropy_fwd;
     be->cross_entropy_bwd = cuda_cross_entropy_bwd;
     be->cross_entropy_bwd_rows = cuda_cross_entropy_bwd_rows;
+    be->linear_ce_bwd = cuda_linear_ce_bwd;
     be->adamw = cuda_adamw;
 }
