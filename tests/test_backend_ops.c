@@ -836,6 +836,53 @@ START_TEST(test_attention_bf16)
 }
 END_TEST
 
+// The bf16 backward's two ways to dq on sm_90 (attention_tc.cu): from the dS tiles the dk/dv
+// kernel stores (the default), and by the dq kernel that recomputes S and dP
+// (LB_CUDA_ATTN_DS=0, a backend of its own). Both form the same bf16 dS and meet it with K in
+// the same k16 steps, chunks in order, so dq (and dk, dv: the same kernel) must agree bit for
+// bit; lengths below, across and beyond the chunks, head dims 64 and 128 (the wgmma kernels'),
+// GQA 2:1 and 32:4.
+START_TEST(test_attention_bf16_ds)
+{
+    lb_backend *rc = cuda_with("LB_CUDA_ATTN_DS=0", NULL);
+    const int shapes[][5] = {{2, 77, 4, 2, 64}, {1, 200, 32, 4, 128}, {2, 1, 4, 2, 128},
+                             {1, 129, 4, 1, 64}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int b = shapes[si][0], t = shapes[si][1], hq = shapes[si][2], hkv = shapes[si][3];
+        const int d = shapes[si][4];
+        size_t nq = (size_t)b * t * hq * d, nk = (size_t)b * t * hkv * d, nl = (size_t)b * hq * t;
+        float *q = randn(nq, 1), *k = randn(nk, 1), *v = randn(nk, 1), *g = randn(nq, 1);
+        float *out = lb_malloc(nq * 4), *lse = lb_malloc(nl * 4);
+        cpu->attention_fwd(cpu, out, lse, q, k, v, b, t, hq, hkv, d, 1);
+        // device memory of one device serves both backends; rc's stream is synced before reads
+        float *Q = dput(q, nq * 4), *K = dput(k, nk * 4), *V = dput(v, nk * 4);
+        float *G = dput(g, nq * 4), *O = dput(out, nq * 4), *L = dput(lse, nl * 4);
+        float *got[2][3];
+        lb_backend *be[2] = {gpu, rc};
+        for (int w = 0; w < 2; w++) {
+            float *DQ = dpoisoned(nq * 4), *DK = dpoisoned(nk * 4), *DV = dpoisoned(nk * 4);
+            be[w]->attention_bwd(be[w], DQ, DK, DV, G, Q, K, V, O, L, b, t, hq, hkv, d, 1);
+            be[w]->sync(be[w]);
+            got[w][0] = hget(DQ, nq * 4), got[w][1] = hget(DK, nk * 4), got[w][2] = hget(DV, nk * 4);
+            dfree(DQ), dfree(DK), dfree(DV);
+        }
+        dfree(Q), dfree(K), dfree(V), dfree(G), dfree(O), dfree(L);
+        const char *names[3] = {"dq", "dk", "dv"};
+        const size_t sizes[3] = {nq, nk, nk};
+        for (int i = 0; i < 3; i++) {
+            char what[96];
+            snprintf(what, sizeof what, "attention bf16 %s from dS, b %d t %d hq %d hkv %d d %d",
+                     names[i], b, t, hq, hkv, d);
+            CHECK_NMSE(what, got[0][i], got[1][i], sizes[i], B_ATTN_BF16);
+            CHECK_BITS(what, got[0][i], got[1][i], sizes[i] * 4);
+            free(got[0][i]), free(got[1][i]);
+        }
+        free(q), free(k), free(v), free(g), free(out), free(lse);
+    }
+    rc->destroy(rc);
+}
+END_TEST
+
 // --- SwiGLU ----------------------------------------------------------------------------------
 
 // f 257: one element per lane; f 256: 16-byte rows (the kernels' vector path).
@@ -2610,6 +2657,7 @@ int main(void)
     tcase_add_test(tc, test_rope);
     tcase_add_test(tc, test_attention);
     tcase_add_test(tc, test_attention_bf16);
+    tcase_add_test(tc, test_attention_bf16_ds);
     tcase_add_test(tc, test_swiglu);
     tcase_add_test(tc, test_router);
     tcase_add_test(tc, test_moe_aux_loss);

@@ -911,6 +911,43 @@ __device__ __forceinline__ void tw_wgmma_rs_n(float (&d)[32], const uint32_t (&a
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
+// d (64 x 64) += A (64 x 16) B (16 x 64), both from shared memory and both MN-major (tw_desc_n):
+// dq += dS K with the dS tile stored key-major (tw_ds_store).
+__device__ __forceinline__ void tw_wgmma_ss_nn(float (&d)[32], uint64_t da, uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " TW_D32_ASM
+                 ", %32, %33, 1, 1, 1, 1, 1;\n"
+                 : TW_D32(d)
+                 : "l"(da), "l"(db));
+}
+
+// bytes (a multiple of 16) from global src into shared dst, completing on mbarrier bar.
+__device__ __forceinline__ void tw_bulk(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+// dS^T of one dk/dv item (64 keys x 64 queries) from this thread's bf16 A fragments da (rows 16
+// warp + g and + 8, tc_ctoa's layout) into its 8 KB tile: key rows of 128 bytes, the 16-byte
+// chunk c of row r at chunk c ^ (r % 8). That is the 128-byte swizzle of the shared-memory
+// tiles, so the dq kernel copies a tile as it is and reads it as an MN-major wgmma operand.
+__device__ __forceinline__ void tw_ds_store(__nv_bfloat16 *tile, const uint32_t (&da)[4][4],
+                                            int warp, int g, int tq)
+{
+    char *row = reinterpret_cast<char *>(tile) + (16 * warp + g) * 128 + 4 * tq;
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++)
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+            const int off = ((2 * kc + hi) ^ g) * 16;   // (g + 8) % 8 == g
+            *reinterpret_cast<uint32_t *>(row + off) = da[kc][2 * hi];
+            *reinterpret_cast<uint32_t *>(row + 8 * 128 + off) = da[kc][2 * hi + 1];
+        }
+}
+
 // The (8, 4) C-layout fragment as the 32 registers of a 64-column wgmma result (the same order).
 __device__ __forceinline__ float (&tw_flat(float (&s)[8][4]))[32]
 {
@@ -930,6 +967,7 @@ __device__ __forceinline__ void tw_commit()
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 __device__ __forceinline__ void tw_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void tw_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 __device__ __forceinline__ void tw_commit_wait()
 {
     tw_commit();
@@ -1016,6 +1054,79 @@ tw_fwd_kernel(float *out, float *lse, const float *q, const __grid_constant__ CU
 #endif
 }
 
+// Element offset of the dS tile of (batch bi, query head h, query chunk ci, key chunk kj <= ci):
+// per (batch, head) the T (T + 1) / 2 tiles of the causal triangle, row by row, 64 x 64 each.
+__device__ __forceinline__ size_t tw_ds_tile(int bi, int h, int ci, int kj, int t, int hq)
+{
+    const size_t T = (t + TW_ROWS - 1) / TW_ROWS;
+    return (((size_t)bi * hq + h) * (T * (T + 1) / 2) + (size_t)ci * (ci + 1) / 2 + kj) *
+           (TW_ROWS * TW_ROWS);
+}
+
+// dq = scale sum_j bf16(dS_ij) k_j from the dS tiles the dk/dv kernel stored: 64 query rows per
+// block (one warpgroup), each key chunk's dS tile and K tile copied into one of three stages
+// (dS by a bulk copy, K by TMA), dq += dS K on wgmma with both operands read MN-major. Only
+// the dq kernel's third product is left, not its recomputation of S and dP; the sums are the
+// dq kernel's (the same bf16 dS values met in the same k16 steps, chunks in order), so a row's
+// dq still depends only on the keys up to it. NK is 4 or 8.
+template <int NK>
+__global__ void __launch_bounds__(128)
+tw_bwd_dq_ds_kernel(float *dq, const __nv_bfloat16 *ds, const __grid_constant__ CUtensorMap tk,
+                    int t, int hq, int hkv, int d, float scale)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int TILE = TW_ROWS * 32 * NK, DS = TW_ROWS * TW_ROWS * 2, STAGE = TILE + DS;
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(tc_sm) + 1023) & ~1023u;
+    const int bi = blockIdx.y, h = blockIdx.x, hk = h / (hq / hkv);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const int ci = tc_tile_last_first(), iw = ci * TW_ROWS + warp * 16;
+    const int rows[2] = {iw + g, iw + g + 8};
+    const __nv_bfloat16 *dst = ds + tw_ds_tile(bi, h, ci, 0, t, hq);   // key chunk kj at kj tiles
+    const int nchunks = ci + 1;
+    const uint32_t full = base + 3 * STAGE;
+    tw_bars_init(full, 3);
+    auto load = [&](int ch) {   // thread 0: key chunk ch (K, then its dS tile) into stage ch % 3
+        const uint32_t s = base + (ch % 3) * STAGE, bar = full + 8 * (ch % 3);
+        lb_mbar_expect(bar, STAGE);
+        tw_tma<NK>(s, &tk, bi, ch * TC_KC, hk, bar);
+        tw_bulk(s + TILE, dst + (size_t)ch * (TW_ROWS * TW_ROWS), DS, bar);
+    };
+    if (threadIdx.x == 0) {
+        load(0);
+        if (nchunks > 1) load(1);
+    }
+    float acc[2 * NK][4];
+#pragma unroll
+    for (int dt = 0; dt < 2 * NK; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[dt][e] = 0.0f;
+    __syncthreads();   // the mbarriers are set up
+    // Chunk ch's products run on while the block waits for chunk ch - 1's to finish, then its
+    // stage is refilled with chunk ch + 2.
+    for (int ch = 0; ch < nchunks; ch++) {
+        const uint32_t s = base + (ch % 3) * STAGE;
+        lb_mbar_wait(full + 8 * (ch % 3), (ch / 3) & 1);
+        tw_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++)
+#pragma unroll
+            for (int part = 0; part < NK / 4; part++)
+                tw_wgmma_ss_nn(tw_part<NK>(acc, part), tw_desc_n(s + TILE, kc, 0),
+                               tw_desc_n(s, kc, part));
+        tw_commit();
+        tw_wait1();        // chunk ch - 1's products are done
+        __syncthreads();   // in every warp: its stage may be refilled
+        if (threadIdx.x == 0 && ch + 2 < nchunks) load(ch + 2);
+    }
+    tw_wait();
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+        if (rows[r] < t)
+            tc_dq_store<NK>(dq + tc_row(bi, rows[r], h, t, hq, d), acc, r, tq, d, scale);
+#endif
+}
+
 // dq as tc_bwd_dq_kernel, 64 query rows per block (one warpgroup); K and V chunks swizzled in
 // two stages. NK is 4 or 8.
 template <int NK>
@@ -1086,10 +1197,11 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q,
 }
 
 // dk, dv as tc_bwd_dkdv_kernel: 64 keys per block (K, V swizzled, kept), query chunks of every
-// head of the group streamed (Q, dO swizzled, two stages). NK is 4 or 8.
+// head of the group streamed (Q, dO swizzled, two stages). NK is 4 or 8. With ds not NULL, every
+// item's dS^T also goes to its tile there (tw_ds_tile), for tw_bwd_dq_ds_kernel.
 template <int NK>
 __global__ void __launch_bounds__(128)
-tw_bwd_dkdv_kernel(float *dk, float *dv, const __grid_constant__ CUtensorMap tq_,
+tw_bwd_dkdv_kernel(float *dk, float *dv, __nv_bfloat16 *ds, const __grid_constant__ CUtensorMap tq_,
                    const __grid_constant__ CUtensorMap tg, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const float *lse, const float *D, int t,
                    int hq, int hkv, int d, float c, float scale)
@@ -1159,6 +1271,8 @@ tw_bwd_dkdv_kernel(float *dk, float *dv, const __grid_constant__ CUtensorMap tq_
             tc_ctoa(pa[kc], s, kc);
             tc_ctoa(da[kc], dp, kc);
         }
+        if (ds) tw_ds_store(ds + tw_ds_tile(bi, hk * group + it / nper, c0 / TC_KC, cf, t, hq),
+                            da, warp, g, tq);
         tw_fence();
 #pragma unroll
         for (int kc = 0; kc < 4; kc++)
@@ -1233,10 +1347,26 @@ static void fwd_nk(lb_cuda_ctx *cx, float *out, float *lse, const float *q, cons
     LB_CUDA_LAUNCHED(cx);
 }
 
-extern "C" size_t lb_cuda_attention_tc_work(int b, int t, int hq, int hkv, int d)
+// Whether the backward takes dq from stored dS tiles (the wgmma kernels, head dims 64 and 128).
+static bool tw_ds_on(const lb_cuda_ctx *cx, int d)
+{
+    const int nk = (d + 15) / 16;
+    return cx->attn_wg && cx->attn_ds && (nk == 4 || nk == 8);
+}
+
+// The dS tiles of the causal triangle, bf16 (tw_ds_tile).
+static size_t tw_ds_bytes(int b, int t, int hq)
+{
+    const size_t T = (t + TW_ROWS - 1) / TW_ROWS;
+    return (size_t)b * hq * (T * (T + 1) / 2) * TW_ROWS * TW_ROWS * sizeof(__nv_bfloat16);
+}
+
+extern "C" size_t lb_cuda_attention_tc_work(const lb_cuda_ctx *cx, int b, int t, int hq, int hkv,
+                                            int d)
 {
     const size_t d16 = (size_t)(d + 15) / 16 * 16, e = sizeof(__nv_bfloat16);
-    return 2 * tc_align((size_t)b * t * hq * d16 * e) + 2 * tc_align((size_t)b * t * hkv * d16 * e);
+    return 2 * tc_align((size_t)b * t * hq * d16 * e) + 2 * tc_align((size_t)b * t * hkv * d16 * e) +
+           (tw_ds_on(cx, d) ? tw_ds_bytes(b, t, hq) : 0);
 }
 
 template <int NK>
@@ -1263,17 +1393,28 @@ static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float
         tw_map(&tg, gb, b, t, hq, 16 * NK);
         tw_map(&tk, kb, b, t, hkv, 16 * NK);
         tw_map(&tv, vb, b, t, hkv, 16 * NK);
+        const size_t smem_kv = 6 * tile + 4 * TC_KC * sizeof(float) + TW_SMEM_EXTRA;
+        lb_cuda_smem_limit(tw_bwd_dkdv_kernel<NK>, smem_kv);
+        dim3 gk(hkv, b, (t + TC_KC - 1) / TC_KC), gq(hq, b, (t + TW_ROWS - 1) / TW_ROWS);
+        if (tw_ds_on(cx, d)) {   // dk, dv and the dS tiles, then dq from them
+            __nv_bfloat16 *ds = (__nv_bfloat16 *)(w + 2 * qbytes + 2 * kbytes);
+            tw_bwd_dkdv_kernel<NK><<<gk, 128, smem_kv, cx->stream>>>(
+                dk, dv, ds, tq, tg, tk, tv, lse, D, t, hq, hkv, d, c, scale);
+            LB_CUDA_LAUNCHED(cx);
+            const size_t smem_ds = 3 * (tile + TW_ROWS * TW_ROWS * 2) + TW_SMEM_EXTRA;
+            lb_cuda_smem_limit(tw_bwd_dq_ds_kernel<NK>, smem_ds);
+            tw_bwd_dq_ds_kernel<NK><<<gq, 128, smem_ds, cx->stream>>>(dq, ds, tk, t, hq, hkv, d,
+                                                                      scale);
+            LB_CUDA_LAUNCHED(cx);
+            return;
+        }
         const size_t smem_dq = 6 * tile + TW_SMEM_EXTRA;
         lb_cuda_smem_limit(tw_bwd_dq_kernel<NK>, smem_dq);
-        dim3 gq(hq, b, (t + TW_ROWS - 1) / TW_ROWS);
         tw_bwd_dq_kernel<NK><<<gq, 128, smem_dq, cx->stream>>>(dq, dout, q, tk, tv, lse, D, t, hq,
                                                                 hkv, d, c, scale);
         LB_CUDA_LAUNCHED(cx);
-        const size_t smem_kv = 6 * tile + 4 * TC_KC * sizeof(float) + TW_SMEM_EXTRA;
-        lb_cuda_smem_limit(tw_bwd_dkdv_kernel<NK>, smem_kv);
-        dim3 gk(hkv, b, (t + TC_KC - 1) / TC_KC);
-        tw_bwd_dkdv_kernel<NK><<<gk, 128, smem_kv, cx->stream>>>(dk, dv, tq, tg, tk, tv, lse, D, t,
-                                                                  hq, hkv, d, c, scale);
+        tw_bwd_dkdv_kernel<NK><<<gk, 128, smem_kv, cx->stream>>>(
+            dk, dv, nullptr, tq, tg, tk, tv, lse, D, t, hq, hkv, d, c, scale);
         LB_CUDA_LAUNCHED(cx);
         return;
     }

@@ -105,6 +105,8 @@ typedef struct {
     int gg_tma_store;              // its beta-0 epilogue by TMA (LB_CUDA_GG_TMA_STORE=0: off)
     int attn_wg;                   // bf16 attention forward and backward on wgmma (head dims 64, 128;
                                    // sm_90 only; LB_CUDA_ATTN_WG=0: mma.sync)
+    int attn_ds;                   // their backward's dq from the dS the dk/dv kernel stores
+                                   // (LB_CUDA_ATTN_DS=0: the dq kernel recomputes it)
     int dense_tc;                  // dense bf16 and fp8-block GEMMs on those kernels too
                                    // (LB_CUDA_DENSE_TC=0: off)
     int grouped_streams;           // LB_CUDA_GROUPED_STREAMS=1: bf16 groups on side streams
@@ -303,7 +305,7 @@ void lb_cuda_colsum_partials(lb_cuda_ctx *cx, const double *part, int nchunks, i
 void lb_cuda_attention_tc_fwd(lb_cuda_ctx *cx, float *out, float *lse, const float *q,
                               const float *k, const float *v, int b, int t, int hq, int hkv,
                               int d);
-size_t lb_cuda_attention_tc_work(int b, int t, int hq, int hkv, int d);
+size_t lb_cuda_attention_tc_work(const lb_cuda_ctx *cx, int b, int t, int hq, int hkv, int d);
 void lb_cuda_attention_tc_bwd(lb_cuda_ctx *cx, float *dq, float *dk, float *dv,
                               const float *dout, const float *q, const float *k, const float *v,
                               const float *lse, const float *D, void *work, int b, int t, int hq,

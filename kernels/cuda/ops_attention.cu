@@ -400,7 +400,7 @@ static void cuda_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv,
     long rows = (long)b * hq * t;
     // D, then (bf16 mode) the tensor-core kernels' bf16 operands
     size_t dbytes = ((size_t)rows * sizeof(float) + 255) / 256 * 256;
-    size_t work = bf16 ? lb_cuda_attention_tc_work(b, t, hq, hkv, d) : 0;
+    size_t work = bf16 ? lb_cuda_attention_tc_work(cx, b, t, hq, hkv, d) : 0;
     float *D = (float *)lb_cuda_scratch(cx, dbytes + work);
     attn_rowdot_kernel<float><<<(unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS), ATT_THREADS, 0,
                                 cx->stream>>>(D, dout, out, b, t, hq, d);
