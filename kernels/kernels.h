@@ -125,6 +125,13 @@ struct lb_backend {
     void (*quantize_grouped)(lb_backend *, int count, struct lb_qmat *q, const float *x,
                              const int *rows, const int *prows, int cols,
                              const struct lb_quant_args *a);
+    // quantize (qr, x, sum of rows, cols, ar: row-wise) and quantize_grouped (count, qc, x,
+    // rows, prows, cols, ac: column-wise) of the same x in one call, with those calls' bytes: a
+    // layer's dy feeds its dgrad row-wise and its wgrad column-wise, and a backend may read x
+    // once for both.
+    void (*quantize_rc)(lb_backend *, struct lb_qmat *qr, const struct lb_quant_args *ar,
+                        int count, struct lb_qmat *qc, const float *x, const int *rows,
+                        const int *prows, int cols, const struct lb_quant_args *ac);
     // dst[j] = the other direction's quantization of the x that src[j] quantizes, from src[j]'s
     // bytes (lb_qmat_transpose: square blocks, one second level; bytes equal to quantize's).
     // A weight cache's column-wise copy without a second pass over the fp32 weights.

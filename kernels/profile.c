@@ -16,13 +16,13 @@
 
 #define LB_PROFILE_OPS(X)                                                                     \
     X(alloc) X(free) X(upload) X(download) X(copy) X(zero) X(gemm) X(gemm_grouped)            \
-    X(qmat_alloc) X(qmat_free) X(quantize) X(quantize_grouped) X(qmat_transpose)              \
-    X(dequantize) X(gemm_q) X(gemm_q_grouped) X(hadamard) X(round_bf16)                       \
+    X(qmat_alloc) X(qmat_free) X(quantize) X(quantize_grouped) X(quantize_rc)                 \
+    X(qmat_transpose) X(dequantize) X(gemm_q) X(gemm_q_grouped) X(hadamard) X(round_bf16)     \
     X(add) X(scale) X(sumsq) X(embedding_fwd) X(embedding_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd)  \
-    X(rope_fwd) X(rope_bwd) X(attention_fwd) X(attention_bwd) X(kv_append)                   \
+    X(rope_fwd) X(rope_bwd) X(attention_fwd) X(attention_bwd) X(kv_append)                    \
     X(attention_cached) X(swiglu_fwd) X(swiglu_bwd) X(router_topk_fwd) X(router_topk_bwd)     \
-    X(moe_aux_loss) X(moe_plan) X(moe_permute) X(moe_permute_bwd) X(moe_combine)             \
-    X(moe_combine_bwd) X(cross_entropy_fwd) X(cross_entropy_bwd) X(cross_entropy_bwd_rows)   \
+    X(moe_aux_loss) X(moe_plan) X(moe_permute) X(moe_permute_bwd) X(moe_combine)              \
+    X(moe_combine_bwd) X(cross_entropy_fwd) X(cross_entropy_bwd) X(cross_entropy_bwd_rows)    \
     X(linear_ce_bwd) X(adamw)
 
 enum {
@@ -177,6 +177,13 @@ WS(quantize_grouped,
    (charge_shapef(be, t0, "quantize_grouped %d x (rows %s, %d) %s", count,
                   group_k((char[32]){0}, count, rows, sizeof *rows) + 2, cols,
                   count && q[0].brows == 1 ? "1x" : "blocks")))
+WS(quantize_rc,
+   (lb_backend *be, struct lb_qmat *qr, const struct lb_quant_args *ar, int count,
+    struct lb_qmat *qc, const float *x, const int *rows, const int *prows, int cols,
+    const struct lb_quant_args *ac),
+   (in, qr, ar, count, qc, x, rows, prows, cols, ac),
+   (charge_shapef(be, t0, "quantize_rc %d x (rows %s, %d)", count,
+                  group_k((char[32]){0}, count, rows, sizeof *rows) + 2, cols)))
 W(qmat_transpose, (lb_backend *be, int count, struct lb_qmat *d, const struct lb_qmat *s),
   (in, count, d, s))
 W(dequantize, (lb_backend *be, float *y, const struct lb_qmat *q), (in, y, q))

@@ -281,8 +281,13 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
         return;
     }
 
+    // Both products quantized: dy row-wise for the dgrad and column-wise for the wgrad from one
+    // quantize_rc (in the wgrad below; the same bytes as two calls).
+    const int rc = dx && dw && is_low(D->fmt) && D->mode == LB_BWD_QUANTIZED && is_low(G->fmt) &&
+                   G->mode == LB_BWD_QUANTIZED;
+
     // dgrad: dx (n, in) = dy (n, out) W
-    if (dx) {
+    if (dx && !rc) {
         if (D->fmt == LB_FMT_FP32) {
             lb_gemm(be, 0, 0, n, in, out, 1.0f, dy, we, dx_beta, dx);
         } else if (!is_low(D->fmt) || D->mode != LB_BWD_QUANTIZED) {
@@ -328,7 +333,15 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
         lb_linear_qscratch(L, 1, &qx, nk, in, &ax);
         // the padding tokens are the quantizer's (zero rows, transformed with the rest), not
         // copies
-        be->quantize_grouped(be, 1, &qd, dy, &have, &nk, out, &ad);
+        if (rc) {   // and the dgrad's dy, then the dgrad
+            lb_quant_args a = act_args(L, D, 0, 1, operand_id(layer, role, LB_PASS_DGRAD, e, 0));
+            lb_qmat qr;
+            lb_linear_qscratch(L, 2, &qr, n, out, &a);
+            be->quantize_rc(be, &qr, &a, 1, &qd, dy, &have, &nk, out, &ad);
+            be->gemm_q(be, n, in, out, 1.0f, &qr, &c->col[e], dx_beta, dx);
+        } else {
+            be->quantize_grouped(be, 1, &qd, dy, &have, &nk, out, &ad);
+        }
         be->quantize_grouped(be, 1, &qx, x, &have, &nk, in, &ax);
         be->gemm_q(be, out, in, nk, 1.0f, &qd, &qx, dw_beta, dw);
     }
@@ -382,9 +395,11 @@ static int splits_by_rows(const lb_quant_args *a)
 // C_j (counts[j], n) = Q(A_j) (counts[j], k) B_j^T for all groups in one gemm_q_grouped call,
 // B_j = b[j], A_j and C_j rows of a (rows, k) and c (rows, n); aa is expert 0's arguments. The
 // quantization is each expert's own, as lb_linear_fwd/_bwd make it: one call of quantize for
-// all rows when that gives the same bytes (splits_by_rows), else quantize_grouped.
+// all rows when that gives the same bytes (splits_by_rows), else quantize_grouped. pre, if not
+// NULL, is that one call's result, made by the caller.
 static void grouped_act_q(lb_linear *L, const float *a, const int *counts, int groups, int k,
-                          const lb_quant_args *aa, const lb_qmat *b, int n, float *c)
+                          const lb_quant_args *aa, const lb_qmat *pre, const lb_qmat *b, int n,
+                          float *c)
 {
     lb_backend *be = L->be;
     int rows = 0;
@@ -392,8 +407,10 @@ static void grouped_act_q(lb_linear *L, const float *a, const int *counts, int g
     if (rows == 0) return;
     lb_qmat q, v[groups];
     lb_gemm_q_args g[groups];
-    const int split = splits_by_rows(aa);
-    if (split) {
+    const int split = pre || splits_by_rows(aa);
+    if (pre) {
+        q = *pre;
+    } else if (split) {
         lb_linear_qscratch(L, 0, &q, rows, k, aa);
         be->quantize(be, &q, a, rows, k, aa);
     } else {
@@ -431,7 +448,7 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     if (is_low(F->fmt)) {   // the bytes and products of lb_linear_fwd per expert
         lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, 0, 0));
-        grouped_act_q(L, x, counts, groups, in, &a, c->row, out, y);
+        grouped_act_q(L, x, counts, groups, in, &a, NULL, c->row, out, y);
         return;
     }
     for (int j = 0; j < groups; j++) {   // mixed fp32 and bf16 passes
@@ -465,20 +482,26 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
         return;
     }
     // A quantized dgrad of all experts in one call, as in lb_linear_bwd: dx = Q(dy) Q(W^T)^T.
+    // With a quantized wgrad too and dy quantized row-wise in one call (splits_by_rows), that
+    // call and the wgrad's are one quantize_rc (below).
     const lb_site *D = lb_contract_site(L->contract, layer, role, LB_PASS_DGRAD);
+    const lb_site *G = lb_contract_site(L->contract, layer, role, LB_PASS_WGRAD);
+    const int dq = is_low(D->fmt) && D->mode == LB_BWD_QUANTIZED;
+    const int wq = is_low(G->fmt) && G->mode == LB_BWD_QUANTIZED;
+    lb_quant_args a = dq ? act_args(L, D, 0, 1, operand_id(layer, role, LB_PASS_DGRAD, 0, 0))
+                         : (lb_quant_args){0};
+    const int rc = dq && wq && splits_by_rows(&a);
     int dgrad_done = 0;
-    if (is_low(D->fmt) && D->mode == LB_BWD_QUANTIZED) {
-        lb_quant_args a = act_args(L, D, 0, 1, operand_id(layer, role, LB_PASS_DGRAD, 0, 0));
-        grouped_act_q(L, dy, counts, groups, out, &a, c->col, in, dx);
+    if (dq && !rc) {
+        grouped_act_q(L, dy, counts, groups, out, &a, NULL, c->col, in, dx);
         dgrad_done = 1;
     }
     // A quantized wgrad of all experts in one call: each expert's dy_j and x_j quantized
     // column-wise on its own (its own random stream: expert 0's id + j; its own random
     // Hadamard signs), its tokens padded as lb_linear_bwd pads them (wgrad_tokens), so the
     // result is lb_linear_bwd's; a Hadamard transform is fused into those quantizations.
-    const lb_site *G = lb_contract_site(L->contract, layer, role, LB_PASS_WGRAD);
     int wgrad_done = 0;
-    if (is_low(G->fmt) && G->mode == LB_BWD_QUANTIZED) {
+    if (wq) {
         lb_quant_args ad = act_args(L, G, 1, 1, operand_id(layer, role, LB_PASS_WGRAD, 0, 0));
         lb_quant_args ax = act_args(L, G, 1, 0, operand_id(layer, role, LB_PASS_WGRAD, 0, 1));
         uint32_t signs[groups];
@@ -495,7 +518,19 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
             kp[j] = counts[j] ? wgrad_tokens(counts[j], (int)G->hadamard) : 0;
         lb_linear_qscratch_groups(L, 0, qd, groups, kp, out, &ad);
         lb_linear_qscratch_groups(L, 1, qx, groups, kp, in, &ax);
-        be->quantize_grouped(be, groups, qd, dy, counts, kp, out, &ad);
+        if (rc) {   // dy both ways, then the dgrad
+            int rows = 0;
+            for (int j = 0; j < groups; j++) rows += counts[j];
+            if (rows) {
+                lb_qmat qr;
+                lb_linear_qscratch(L, 2, &qr, rows, out, &a);
+                be->quantize_rc(be, &qr, &a, groups, qd, dy, counts, kp, out, &ad);
+                grouped_act_q(L, dy, counts, groups, out, &a, &qr, c->col, in, dx);
+            }
+            dgrad_done = 1;
+        } else {
+            be->quantize_grouped(be, groups, qd, dy, counts, kp, out, &ad);
+        }
         be->quantize_grouped(be, groups, qx, x, counts, kp, in, &ax);
         for (int j = 0, z = 0; j <= groups; j++) {
             // a first write owes the experts without rows their zeros: one call per run of them

@@ -31,7 +31,7 @@ typedef struct {
     size_t data_n, scale_n, scale2_n;   // capacities in bytes
 } lb_qscratch;
 
-#define LB_LINEAR_QSCRATCH 2   // quantized operands live at once (wgrad's two)
+#define LB_LINEAR_QSCRATCH 3   // quantized operands live at once (wgrad's two, dgrad's dy)
 
 typedef struct {
     lb_backend *be;

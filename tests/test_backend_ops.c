@@ -202,6 +202,7 @@ START_TEST(test_table_and_memory)
         (void (*)(void))gpu->cross_entropy_bwd, (void (*)(void))gpu->adamw,
         (void (*)(void))gpu->qmat_alloc, (void (*)(void))gpu->qmat_free,
         (void (*)(void))gpu->quantize, (void (*)(void))gpu->quantize_grouped,
+        (void (*)(void))gpu->quantize_rc,
         (void (*)(void))gpu->qmat_transpose, (void (*)(void))gpu->dequantize,
         (void (*)(void))gpu->gemm_q, (void (*)(void))gpu->gemm_q_grouped,
         (void (*)(void))gpu->hadamard,
@@ -1979,6 +1980,79 @@ START_TEST(test_quantize_grouped)
 }
 END_TEST
 
+// quantize_rc against the CPU's (quantize row-wise of all rows, then quantize_grouped
+// column-wise), byte for byte, the GPU's buffers poisoned first: fp8-block 1x128 both ways (one
+// pass on CUDA: the column-wise tiles also written row-wise) with groups of awkward sizes, one
+// empty and one all padding, rows of x 16-byte aligned or not (cols 200, 130), more groups than
+// one launch takes; and pairs that CUDA runs as the two calls (MXFP8, stochastic rounding).
+static void quant_rc_case(const char *name, const lb_quant_args *ar, const lb_quant_args *ac,
+                          int cols, int pad, int G, const int *rows)
+{
+    int *prows = lb_calloc(G, sizeof *prows), n = 0;
+    for (int j = 0; j < G; j++) {
+        prows[j] = pad ? (rows[j] + pad - 1) / pad * pad : rows[j];
+        n += rows[j];
+    }
+    if (pad && G > 4 && rows[4] == 0) prows[4] = pad;   // no rows of x: all zeros
+    float *x = qinput(n, cols, 2), *dx = dput(x, (size_t)n * cols * 4);
+    lb_qmat hr, dr, *h = lb_calloc(G, sizeof *h), *d = lb_calloc(G, sizeof *d);
+    lb_qmat_alloc(&hr, n, cols, ar);
+    gpu->qmat_alloc(gpu, &dr, n, cols, ar);
+    poison(dr.data, lb_qmat_data_bytes(&hr)), poison(dr.scale, lb_qmat_scale_bytes(&hr));
+    for (int j = 0; j < G; j++) {
+        if (!prows[j]) continue;
+        lb_qmat_alloc(&h[j], prows[j], cols, ac);
+        gpu->qmat_alloc(gpu, &d[j], prows[j], cols, ac);
+        poison(d[j].data, lb_qmat_data_bytes(&h[j]));
+        poison(d[j].scale, lb_qmat_scale_bytes(&h[j]));
+    }
+    cpu->quantize_rc(cpu, &hr, ar, G, h, x, rows, prows, cols, ac);
+    gpu->quantize_rc(gpu, &dr, ar, G, d, dx, rows, prows, cols, ac);
+    char what[160];
+    lb_qmat got;
+    qmat_get(&got, &dr);
+    snprintf(what, sizeof what, "quantize_rc %s, row-wise (%d, %d)", name, n, cols);
+    CHECK_BITS(what, got.data, hr.data, lb_qmat_data_bytes(&hr));
+    CHECK_BITS(what, got.scale, hr.scale, lb_qmat_scale_bytes(&hr));
+    lb_qmat_free(&got), lb_qmat_free(&hr), gpu->qmat_free(gpu, &dr);
+    int differ = 0;
+    for (int j = 0; j < G; j++) {
+        if (!prows[j]) continue;
+        qmat_get(&got, &d[j]);
+        differ += memcmp(got.data, h[j].data, lb_qmat_data_bytes(&h[j])) != 0;
+        differ += memcmp(got.scale, h[j].scale, lb_qmat_scale_bytes(&h[j])) != 0;
+        lb_qmat_free(&got), lb_qmat_free(&h[j]), gpu->qmat_free(gpu, &d[j]);
+    }
+    if (verbose())
+        printf("  quantize_rc %s, column-wise, %d groups: %d differ\n", name, G, differ);
+    ck_assert_msg(differ == 0, "quantize_rc %s: %d column-wise groups differ (seed %llu)", name,
+                  differ, (unsigned long long)seed);
+    free(x), dfree(dx), free(prows), free(h), free(d);
+}
+
+START_TEST(test_quantize_rc)
+{
+    const int r6[6] = {37, 0, 129, 1, 0, 300};
+    lb_quant_args ar = gq(LB_FMT_FP8_BLOCK, 0, 0, LB_E4M3, 0, 0, 0);
+    lb_quant_args ac = gq(LB_FMT_FP8_BLOCK, 1, 0, LB_E4M3, 0, 0, 0);
+    quant_rc_case("fp8 1x128", &ar, &ac, 200, 16, 6, r6);
+    quant_rc_case("fp8 1x128, cols 130", &ar, &ac, 130, 16, 6, r6);
+    quant_rc_case("fp8 1x128, not padded", &ar, &ac, 200, 0, 6, r6);
+    int rm[250];   // more than one launch takes (240)
+    for (int j = 0; j < 250; j++) rm[j] = j % 3;
+    quant_rc_case("fp8 1x128, 250 groups", &ar, &ac, 130, 16, 250, rm);
+    int r128[128];   // an MoE layer's dy, smaller: 128 experts, 0 to 200 tokens each
+    for (int j = 0; j < 128; j++) r128[j] = (j * 37) % 201;
+    quant_rc_case("fp8 1x128, 128 groups", &ar, &ac, 512, 128, 128, r128);
+    lb_quant_args sr = ac;
+    sr.sr = 1;
+    quant_rc_case("fp8 1x128, column-wise sr", &ar, &sr, 200, 16, 6, r6);
+    lb_quant_args mr = gq(LB_FMT_MXFP8, 0, 0, LB_E4M3, LB_SCALE_CEIL, 0, 0);
+    lb_quant_args mc = gq(LB_FMT_MXFP8, 1, 0, LB_E4M3, LB_SCALE_CEIL, 0, 0);
+    quant_rc_case("mxfp8", &mr, &mc, 200, 16, 6, r6);
+}
+END_TEST
+
 // qmat_transpose against the CPU's, byte for byte: square blocks (fp8-block 128x128, NVFP4
 // 16x16 with one second level), matrices of awkward shapes (odd rows for E2M1's nibble pairs)
 // in one call, row-wise to column-wise and back, and one whose rows are all 16-byte aligned
@@ -2670,6 +2744,7 @@ int main(void)
     tcase_add_test(tc, test_hadamard);
     tcase_add_test(tc, test_round_bf16);
     tcase_add_test(tc, test_quantize_grouped);
+    tcase_add_test(tc, test_quantize_rc);
     tcase_add_test(tc, test_qmat_transpose);
     tcase_add_test(tc, test_gemm_q);
     tcase_add_test(tc, test_gemm_q_grouped);

@@ -48,6 +48,16 @@ static void cpu_quantize_grouped(lb_backend *be, int count, lb_qmat *q, const fl
     lb_quant_groups(count, x, rows, prows, cols, a, cpu_group, &g);
 }
 
+static void cpu_quantize_rc(lb_backend *be, lb_qmat *qr, const lb_quant_args *ar, int count,
+                            lb_qmat *qc, const float *x, const int *rows, const int *prows,
+                            int cols, const lb_quant_args *ac)
+{
+    int total = 0;
+    for (int j = 0; j < count; j++) total += rows[j];
+    lb_quantize(qr, x, total, cols, ar);
+    cpu_quantize_grouped(be, count, qc, x, rows, prows, cols, ac);
+}
+
 static void cpu_qmat_transpose(lb_backend *be, int count, lb_qmat *dst, const lb_qmat *src)
 {
     for (int j = 0; j < count; j++) lb_qmat_transpose(&dst[j], &src[j]);
@@ -122,6 +132,7 @@ void lb_cpu_init_quant(lb_backend *be)
     be->qmat_free = cpu_qmat_free;
     be->quantize = cpu_quantize;
     be->quantize_grouped = cpu_quantize_grouped;
+    be->quantize_rc = cpu_quantize_rc;
     be->qmat_transpose = cpu_qmat_transpose;
     be->dequantize = cpu_dequantize;
     be->gemm_q = cpu_gemm_q;

@@ -613,6 +613,7 @@ typedef struct {
     int tile0, tiles_c;      // the group's first tile in the launch; tiles per tile row of Q_j
     uint64_t rbase;          // stochastic rounding stream
     uint32_t hsigns;         // Hadamard signs (mq_kernel)
+    int roff;                // quantize_rc: x_j's first row in x (its row in the row-wise Q)
 } fq_group;
 
 typedef struct {
@@ -622,6 +623,9 @@ typedef struct {
     int s2mode;              // NVFP4 second level: lb_scale2_mode (mq_kernel)
     float s2given;
     float hc;                // Hadamard normalisation (mq_kernel)
+    uint8_t *rdata;          // quantize_rc: the row-wise Q of all of x (fp8-block 1x128)
+    float *rscale;
+    int rscols;
     fq_group g[FQ_MAX];
 } fq_params;
 
@@ -744,6 +748,50 @@ __device__ __forceinline__ uint32_t colwise_row_max(const float4 (&v)[16], uint3
     return m;
 }
 
+// Q row r, columns c .. c + 3 (Q has C columns, row pitch C): the codes of x / d, one 4-byte
+// store where the word is whole and aligned; nothing for r >= R or c >= C.
+template <int SR>
+__device__ __forceinline__ void fq_store4(uint8_t *data, int R, int C, int r, int c, float4 x,
+                                          const fq_div &d, uint64_t rbase)
+{
+    if (r >= R || c >= C) return;
+    const size_t at = (size_t)r * C + c;
+    const uint32_t w = fq_pair<SR>(x.x, x.y, d, rbase, at) | fq_pair<SR>(x.z, x.w, d, rbase, at + 2)
+                                                                << 16;
+    if (c + 3 < C && ((uintptr_t)(data + at) & 3) == 0) {
+        *(uint32_t *)(data + at) = w;
+    } else {
+        for (int u = 0; u < 4 && c + u < C; u++) data[at + u] = (uint8_t)(w >> (8 * u));
+    }
+}
+
+// 1x128 blocks of the 16 rows a warp holds whole (v[s]: Q row r0 + s, this lane's columns c ..
+// c + 3, all in the 128-column block bc): lane s takes row r0 + s's maximum, computes its scale
+// (written for rows below R) and divisor once, and the divisor reaches every lane by shuffles
+// (not computed by all 32 lanes 16 times); then a 4-byte word of codes per lane and row, so a
+// warp writes 128 bytes of a Q row.
+template <int SR>
+__device__ __forceinline__ void fq_rows(const float4 (&v)[16], uint8_t *data, float *scale,
+                                        int scols, int R, int C, int r0, int c, int bc,
+                                        uint64_t rbase, int lane)
+{
+    uint32_t m = 0;
+#pragma unroll
+    for (int s = 0; s < 16; s++) {
+        const uint32_t ms = __reduce_max_sync(0xffffffffu, fq_abs4(v[s]));
+        if (lane == s) m = ms;
+    }
+    const float sc = fp8_scale(m);
+    if (lane < 16 && r0 + lane < R) scale[(size_t)(r0 + lane) * scols + bc] = sc;
+    const fq_div mine = fq_div_of(sc);
+#pragma unroll
+    for (int s = 0; s < 16; s++) {
+        const fq_div dr = {__shfl_sync(0xffffffffu, mine.d, s), __shfl_sync(0xffffffffu, mine.r, s),
+                           __shfl_sync(0xffffffffu, mine.k, s)};
+        fq_store4<SR>(data, R, C, r0 + s, c, v[s], dr, rbase);
+    }
+}
+
 // Block blockIdx.x's tile: its group, its row and column (tr, tc) among the group's tiles, and
 // v[s] = x[xr + s][xc .. xc + 3] (zero beyond x): Q(r0 + 16 warp + s, c0 + 4 lane + u)
 // row-wise, Q(r0 + 4 lane + u, c0 + 16 warp + s) column-wise, with (r0, c0) = 128 (tr, tc).
@@ -767,8 +815,10 @@ __device__ __forceinline__ fq_tile fq_tile_load(const fq_params &P, float4 (&v)[
 }
 
 // COLWISE 0: Q(r, c) = x[r][c]; 1: Q(r, c) = x[c][r]. SR: stochastic rounding (a kernel of its
-// own, so the common one carries none of the random stream's code).
-template <int COLWISE, int SR>
+// own, so the common one carries none of the random stream's code). ROWS (quantize_rc, with
+// COLWISE 1, 1x128 blocks, no SR): the tile's values also go to the row-wise Q of all of x
+// (P.rdata): x_j's row xr + s is its row roff + xr + s, the tile's columns its block tr.
+template <int COLWISE, int SR, int ROWS = 0>
 __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_params P)
 {
     __shared__ uint32_t part[8][128];   // column-wise 1x128: each warp's maxima of the Q rows
@@ -780,46 +830,18 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
     const int tr = T.tr, tc = T.tc, r0 = T.r0, c0 = T.c0, xr = T.xr, xc = T.xc;
 
     if (!COLWISE) {
-        // 128x128: one divisor for the tile. 1x128: the warp holds rows xr .. xr + 15 whole;
-        // lane s takes row xr + s's maximum, computes its scale and divisor once, and the row's
-        // divisor is handed to every lane by shuffles (not computed by all 32 lanes 16 times).
-        fq_div mine;
-        if (P.blk2d) {
-            mine = fq_div_of(fq_tile_scale(v, part[0], G, tr, tc, tid));
-        } else {
-            uint32_t m = 0;
-#pragma unroll
-            for (int s = 0; s < 16; s++) {
-                const uint32_t ms = __reduce_max_sync(0xffffffffu, fq_abs4(v[s]));
-                if (lane == s) m = ms;
-            }
-            const float sc = fp8_scale(m);
-            if (lane < 16 && xr + lane < G.R)
-                ((float *)G.scale)[(size_t)(xr + lane) * G.scols + tc] = sc;
-            mine = fq_div_of(sc);
+        if (!P.blk2d) {   // 1x128: the warp holds rows xr .. xr + 15 whole
+            fq_rows<SR>(v, G.data, (float *)G.scale, G.scols, G.R, G.C, xr, xc, tc, G.rbase, lane);
+            return;
         }
-        // one 4-byte word per lane and row: a warp writes 128 bytes of a Q row
-        const int c = xc;
+        const fq_div d = fq_div_of(fq_tile_scale(v, part[0], G, tr, tc, tid));   // 128x128
 #pragma unroll
-        for (int s = 0; s < 16; s++) {
-            const int r = xr + s;
-            fq_div dr = mine;
-            if (!P.blk2d)
-                dr = fq_div{__shfl_sync(0xffffffffu, mine.d, s),
-                            __shfl_sync(0xffffffffu, mine.r, s),
-                            __shfl_sync(0xffffffffu, mine.k, s)};
-            if (r >= G.R || c >= G.C) continue;
-            const size_t at = (size_t)r * G.C + c;
-            const uint32_t w = fq_pair<SR>(v[s].x, v[s].y, dr, G.rbase, at) |
-                               fq_pair<SR>(v[s].z, v[s].w, dr, G.rbase, at + 2) << 16;
-            if (c + 3 < G.C && ((uintptr_t)(G.data + at) & 3) == 0) {
-                *(uint32_t *)(G.data + at) = w;
-            } else {
-                for (int u = 0; u < 4 && c + u < G.C; u++) G.data[at + u] = (uint8_t)(w >> (8 * u));
-            }
-        }
+        for (int s = 0; s < 16; s++) fq_store4<SR>(G.data, G.R, G.C, xr + s, xc, v[s], d, G.rbase);
         return;
     }
+    if (ROWS)   // padding rows (xr + s >= G.rows) are the next group's: not written
+        fq_rows<0>(v, P.rdata, P.rscale, P.rscols, G.roff + G.rows, P.cols, G.roff + xr, xc, tr,
+                   0, lane);
 
     fq_div d[4];
     if (P.blk2d) {
@@ -1207,6 +1229,8 @@ typedef struct {
     fq_params *P;
     mq_fn mq, mq_amax;       // mq_kernel's (NULL: fq_kernel); the NVFP4 maxima pass or NULL
     uint32_t *words;         // the maxima words of the groups not yet added (zeroed)
+    const float *x0;         // quantize_rc: x, of which each group's rows are a part
+    int rows;                // quantize_rc: fq_kernel<1, 0, 1> (P->rdata: the row-wise Q)
 } fq_collect;
 
 static void fq_flush(fq_collect *c)
@@ -1219,6 +1243,7 @@ static void fq_flush(fq_collect *c)
             LB_CUDA_LAUNCHED(c->cx);
         }
         if (c->mq) c->mq<<<g, b, 0, st>>>(*c->P);
+        else if (c->rows) fq_kernel<1, 0, 1><<<g, b, 0, st>>>(*c->P);
         else if (c->P->sr && c->colwise) fq_kernel<1, 1><<<g, b, 0, st>>>(*c->P);
         else if (c->P->sr) fq_kernel<0, 1><<<g, b, 0, st>>>(*c->P);
         else if (c->colwise) fq_kernel<1, 0><<<g, b, 0, st>>>(*c->P);
@@ -1255,7 +1280,8 @@ static void fq_group_add(void *ctx, int j, const float *xj, int r, int pr, const
         xj, q->data, q->scale, q->scale2, w, q->ld, r, want.rows, want.cols, want.scols,
         c->tiles, tcn,
         aj->sr ? lb_hash64(lb_hash64(aj->seed) ^ lb_quant_stream(aj->step, aj->tensor)) : 0,
-        aj->hadamard && aj->hadamard < 32 ? aj->hsigns & ((1u << aj->hadamard) - 1) : aj->hsigns};
+        aj->hadamard && aj->hadamard < 32 ? aj->hsigns & ((1u << aj->hadamard) - 1) : aj->hsigns,
+        c->rows ? (int)((xj - c->x0) / c->cols) : 0};
     c->tiles += (want.rows + 127) / 128 * tcn;
 }
 
@@ -1479,6 +1505,40 @@ static void cuda_quantize_grouped(lb_backend *be, int count, lb_qmat *q, const f
     }
     cuda_groups g = {be, q, cols};
     lb_quant_groups(count, x, rows, prows, cols, a, cuda_group, &g);
+}
+
+// fp8-block 1x128 both ways, rounding to nearest, no transform (a layer's dy under the fp8-block
+// recipe): the column-wise tiles of fq_kernel, each also written row-wise, one launch per FQ_MAX
+// groups, so x is read once. Otherwise the two calls.
+static void cuda_quantize_rc(lb_backend *be, lb_qmat *qr, const lb_quant_args *ar, int count,
+                             lb_qmat *qc, const float *x, const int *rows, const int *prows,
+                             int cols, const lb_quant_args *ac)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    int total = 0;
+    for (int j = 0; j < count; j++) total += rows[j];
+    const int one = ar->fmt == LB_FMT_FP8_BLOCK && ac->fmt == LB_FMT_FP8_BLOCK && !ar->colwise &&
+                    ac->colwise && !ar->weight_blocks && !ac->weight_blocks && !ar->sr &&
+                    !ac->sr && !ar->hadamard && !ac->hadamard && total > 0;
+    if (!one) {
+        cuda_quantize(be, qr, x, total, cols, ar);
+        cuda_quantize_grouped(be, count, qc, x, rows, prows, cols, ac);
+        return;
+    }
+    lb_qmat want;
+    memset(&want, 0, sizeof want);
+    lb_qmat_layout(&want, total, cols, ar);
+    if (want.fmt != qr->fmt || want.rows != qr->rows || want.cols != qr->cols ||
+        want.brows != qr->brows || want.bcols != qr->bcols || want.elem != qr->elem)
+        lb_die("cuda quantize_rc: the row-wise lb_qmat was laid out for another shape or format");
+    fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
+    P->cols = cols;
+    P->v4 = cols % 4 == 0 && ((uintptr_t)x & 15) == 0;
+    P->rdata = qr->data, P->rscale = (float *)qr->scale, P->rscols = qr->scols;
+    fq_collect c = {cx, qc, cols, 1, 0, P, NULL, NULL, NULL, x, 1};
+    lb_quant_groups(count, x, rows, prows, cols, ac, fq_group_add, &c);
+    fq_flush(&c);
+    free(P);
 }
 
 static void cuda_dequantize(lb_backend *be, float *y, const lb_qmat *q)
@@ -1733,6 +1793,7 @@ extern "C" void lb_cuda_init_quant(lb_backend *be)
     be->qmat_free = cuda_qmat_free;
     be->quantize = cuda_quantize;
     be->quantize_grouped = cuda_quantize_grouped;
+    be->quantize_rc = cuda_quantize_rc;
     be->qmat_transpose = cuda_qmat_transpose;
     be->dequantize = cuda_dequantize;
     be->hadamard = cuda_hadamard;
