@@ -196,6 +196,18 @@ static dims dims_of(const lb_model *m)
     return d;
 }
 
+// q, k, v (n, heads x D) = ln (n, C) times their weights: one call, so a low-precision ln is
+// quantized once for the three (lb_linear_fwd_shared).
+static void qkv_fwd(lb_linear *lin, int l, const layer_w *w, const float *ln, float *q, float *k,
+                    float *v, int n, dims d)
+{
+    const float *ws[3] = {w->q, w->k, w->v};
+    const lb_wcache *cs[3] = {w->cq, w->ck, w->cv};
+    float *ys[3] = {q, k, v};
+    const int outs[3] = {d.hq * d.D, d.hkv * d.D, d.hkv * d.D};
+    lb_linear_fwd_shared(lin, l, LB_ROLE_ATTN_QKV, ln, 3, ws, cs, ys, outs, n, d.C);
+}
+
 // The rows [*o, *o + return) of n that this rank's part sends through the experts.
 static int part_rows(const dims *d, int n, int *o)
 {
@@ -759,9 +771,7 @@ static double layer_fwd(lb_model *m, acts *a, int i, layer_acts *L)
     layer_w w = layer_weights(m, m->params, l);
     // attention block: heads split over tp, o_proj row-parallel
     norm_rows(m, a, L->x, w.ln1, L->ln1, L->rstd1);
-    lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.q, w.cq, 0, L->q, n, d.hq * D, C, 0.0f);
-    lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.k, w.ck, 0, L->k, n, d.hkv * D, C, 0.0f);
-    lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.v, w.cv, 0, L->v, n, d.hkv * D, C, 0.0f);
+    qkv_fwd(lin, l, &w, L->ln1, L->q, L->k, L->v, n, d);
     core_attention(m, a, L, &w);
     float *part = d.tp > 1 ? a->part : L->xmid;
     lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, part, n, C, d.hq * D, 0.0f);
@@ -901,12 +911,16 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
         be->rope_bwd(be, a->dk, a->pos, n, d.hkv, D, theta);
         be->rmsnorm_bwd(be, a->dqr, dw.qn, a->dq, L->q, w.qn, L->qrstd, n * d.hq, D);
         be->rmsnorm_bwd(be, a->dkr, dw.kn, a->dk, L->k, w.kn, L->krstd, n * d.hkv, D);
-        lb_linear_bwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.q, w.cq, 0, a->dqr, a->dln, 0.0f, dw.q,
-                      lb_model_grad_beta(m, dw.q), n, d.hq * D, C);
-        lb_linear_bwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.k, w.ck, 0, a->dkr, a->dln, 1.0f, dw.k,
-                      lb_model_grad_beta(m, dw.k), n, d.hkv * D, C);
-        lb_linear_bwd(lin, l, LB_ROLE_ATTN_QKV, L->ln1, w.v, w.cv, 0, a->dv, a->dln, 1.0f, dw.v,
-                      lb_model_grad_beta(m, dw.v), n, d.hkv * D, C);
+        {   // dln = dq W_q + dk W_k + dv W_v, the wgrads' column-wise ln1 made once
+            const float *ws[3] = {w.q, w.k, w.v}, *dys[3] = {a->dqr, a->dkr, a->dv};
+            const lb_wcache *cs[3] = {w.cq, w.ck, w.cv};
+            float *dws[3] = {dw.q, dw.k, dw.v};
+            const float betas[3] = {lb_model_grad_beta(m, dw.q), lb_model_grad_beta(m, dw.k),
+                                    lb_model_grad_beta(m, dw.v)};
+            const int outs[3] = {d.hq * D, d.hkv * D, d.hkv * D};
+            lb_linear_bwd_shared(lin, l, LB_ROLE_ATTN_QKV, L->ln1, 3, ws, cs, dys, a->dln, dws,
+                                 betas, outs, n, C);
+        }
         tp_reduce(m, a->dln, a->dlns, n, C);
         be->rmsnorm_bwd(be, a->dtmp, dw.ln1, a->dlns, L->x, w.ln1, L->rstd1, ns, C);
         be->add(be, a->dres, a->dtmp, (size_t)ns * C);
@@ -1038,9 +1052,7 @@ static void forward_cached(lb_model *m, lb_kvcache *kv, int n)
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_w w = layer_weights(m, m->params, l);
         be->rmsnorm_fwd(be, a->ln, a->rstd, a->x, w.ln1, n, C, eps);
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, a->ln, w.q, w.cq, 0, a->q, n, d.hq * D, C, 0.0f);
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, a->ln, w.k, w.ck, 0, a->k, n, d.hkv * D, C, 0.0f);
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_QKV, a->ln, w.v, w.cv, 0, a->v, n, d.hkv * D, C, 0.0f);
+        qkv_fwd(lin, l, &w, a->ln, a->q, a->k, a->v, n, d);
         be->rmsnorm_fwd(be, a->qr, a->qrstd, a->q, w.qn, n * d.hq, D, eps);
         be->rmsnorm_fwd(be, a->kr, a->krstd, a->k, w.kn, n * d.hkv, D, eps);
         be->rope_fwd(be, a->qr, kv->pos, n, d.hq, D, theta);

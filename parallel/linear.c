@@ -230,6 +230,25 @@ void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const 
     }
 }
 
+void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, const float *x, int count,
+                          const float *const *w, const lb_wcache *const *c, float *const *y,
+                          const int *out, int n, int in)
+{
+    const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
+    if (n == 0) return;
+    if (!is_low(F->fmt)) {
+        for (int i = 0; i < count; i++)
+            lb_linear_fwd(L, layer, role, x, w[i], c[i], 0, y[i], n, out[i], in, 0.0f);
+        return;
+    }
+    lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, 0, 0));
+    lb_qmat q;
+    lb_linear_qscratch(L, 0, &q, n, in, &a);
+    L->be->quantize(L->be, &q, x, n, in, &a);
+    for (int i = 0; i < count; i++)
+        L->be->gemm_q(L->be, n, out[i], in, 1.0f, &q, &c[i]->row[0], 0.0f, y[i]);
+}
+
 // fp32 copy of the fprop's quantized activation x (n, in): what "dequantized" backward reads.
 static float *fprop_dequant(lb_linear *L, int slot, int layer, lb_role role, int e,
                             const float *x, int n, int in)
@@ -256,9 +275,38 @@ static int plain_bf16(const lb_site *S, const lb_site *F)
     return S->fmt == LB_FMT_BF16 && !(S->mode == LB_BWD_DEQUANTIZED && is_low(F->fmt));
 }
 
+// A quantized wgrad's column-wise x, made by the first of the weights that share x
+// (lb_linear_bwd_shared) and read by the others.
+typedef struct {
+    lb_qmat q;
+    int ready;
+} shared_x;
+
+static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
+                       const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
+                       float *dw, float dw_beta, int n, int out, int in, shared_x *sx);
+
 void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
                    const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
                    float *dw, float dw_beta, int n, int out, int in)
+{
+    linear_bwd(L, layer, role, x, w, c, e, dy, dx, dx_beta, dw, dw_beta, n, out, in, NULL);
+}
+
+void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x, int count,
+                          const float *const *w, const lb_wcache *const *c,
+                          const float *const *dy, float *dx, float *const *dw,
+                          const float *dw_beta, const int *out, int n, int in)
+{
+    shared_x sx = {.ready = 0};
+    for (int i = 0; i < count; i++)
+        linear_bwd(L, layer, role, x, w[i], c[i], 0, dy[i], dx, i ? 1.0f : 0.0f, dw[i],
+                   dw_beta[i], n, out[i], in, &sx);
+}
+
+static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
+                       const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
+                       float *dw, float dw_beta, int n, int out, int in, shared_x *sx)
 {
     lb_backend *be = L->be;
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
@@ -330,7 +378,9 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
         wgrad_hadamard(L, G, layer, role, e, &ad, &ax);
         lb_qmat qd, qx;
         lb_linear_qscratch(L, 0, &qd, nk, out, &ad);
-        lb_linear_qscratch(L, 1, &qx, nk, in, &ax);
+        const int have_x = sx && sx->ready;   // x's bytes from an earlier weight sharing it
+        if (have_x) qx = sx->q;
+        else lb_linear_qscratch(L, 1, &qx, nk, in, &ax);
         // the padding tokens are the quantizer's (zero rows, transformed with the rest), not
         // copies
         if (rc) {   // and the dgrad's dy, then the dgrad
@@ -342,7 +392,8 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
         } else {
             be->quantize_grouped(be, 1, &qd, dy, &have, &nk, out, &ad);
         }
-        be->quantize_grouped(be, 1, &qx, x, &have, &nk, in, &ax);
+        if (!have_x) be->quantize_grouped(be, 1, &qx, x, &have, &nk, in, &ax);
+        if (sx) sx->q = qx, sx->ready = 1;
         be->gemm_q(be, out, in, nk, 1.0f, &qd, &qx, dw_beta, dw);
     }
 }

@@ -67,6 +67,19 @@ void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const 
 void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
                    const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
                    float *dw, float dw_beta, int n, int out, int in);
+// lb_linear_fwd and lb_linear_bwd for count weights (matrix 0 of each cache) that read the
+// same x at one site, the q, k and v projections: y_i (n, out[i]) = x W_i^T; dx (n, in) =
+// sum_i dy_i W_i (overwritten, i in order), dw_i = dy_i^T x + dw_beta[i] dw_i. A low-precision
+// x is quantized once for all the fprops, and a quantized wgrad's column-wise x once for all
+// the wgrads: the site and the operand ids are the same for every i, so are the bytes, and the
+// results are those of the separate calls.
+void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, const float *x, int count,
+                          const float *const *w, const lb_wcache *const *c, float *const *y,
+                          const int *out, int n, int in);
+void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x, int count,
+                          const float *const *w, const lb_wcache *const *c,
+                          const float *const *dy, float *dx, float *const *dw,
+                          const float *dw_beta, const int *out, int n, int in);
 // The same for an LM head whose logits (n, out) met cross_entropy: dy = dloss (softmax(logits)
 // - onehot(targets)) from the forward's row statistics (not NULL), then dx (overwritten) and
 // dw, in one backend call that need not store dy (linear_ce_bwd). Only where
