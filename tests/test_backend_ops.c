@@ -1882,6 +1882,32 @@ static lb_quant_args gq(lb_format fmt, int colwise, int weight, lb_elem elem, lb
     return a;
 }
 
+// The groups' padded row counts (a multiple of pad; 0: not padded; group 4, when empty, all
+// padding) and their sum of rows *n; then x (n, cols) on the host and the device, and each
+// group's qmat under a on the host and on the device, the device's poisoned.
+static int *grouped_setup(const lb_quant_args *a, int cols, int pad, int G, const int *rows,
+                          int *n, float **x, float **dx, lb_qmat **h, lb_qmat **d)
+{
+    int *prows = lb_calloc(G, sizeof *prows);
+    *n = 0;
+    for (int j = 0; j < G; j++) {
+        prows[j] = pad ? (rows[j] + pad - 1) / pad * pad : rows[j];
+        *n += rows[j];
+    }
+    if (pad && G > 4 && rows[4] == 0) prows[4] = pad;   // no rows of x: all zeros
+    *x = qinput(*n, cols, 2), *dx = dput(*x, (size_t)*n * cols * 4);
+    *h = lb_calloc(G, sizeof **h), *d = lb_calloc(G, sizeof **d);
+    for (int j = 0; j < G; j++) {
+        if (!prows[j]) continue;
+        lb_qmat_alloc(&(*h)[j], prows[j], cols, a);
+        gpu->qmat_alloc(gpu, &(*d)[j], prows[j], cols, a);
+        poison((*d)[j].data, lb_qmat_data_bytes(&(*h)[j]));
+        poison((*d)[j].scale, lb_qmat_scale_bytes(&(*h)[j]));
+        if ((*h)[j].nscale2) poison((*d)[j].scale2, (size_t)(*h)[j].nscale2 * 4);
+    }
+    return prows;
+}
+
 // quantize_grouped against the CPU's, byte for byte (data, scales, second levels; the GPU's
 // buffers poisoned first): groups of awkward sizes, one empty and one all padding, padded to
 // a multiple of pad rows (0: not padded); every direction and block shape of fp8-block (one
@@ -1890,22 +1916,10 @@ static lb_quant_args gq(lb_format fmt, int colwise, int weight, lb_elem elem, lb
 static void quant_grouped_case(const char *name, const lb_quant_args *a, int cols, int pad,
                                int G, const int *rows)
 {
-    int *prows = lb_calloc(G, sizeof *prows), n = 0;
-    for (int j = 0; j < G; j++) {
-        prows[j] = pad ? (rows[j] + pad - 1) / pad * pad : rows[j];
-        n += rows[j];
-    }
-    if (pad && G > 4 && rows[4] == 0) prows[4] = pad;   // no rows of x: all zeros
-    float *x = qinput(n, cols, 2), *dx = dput(x, (size_t)n * cols * 4);
-    lb_qmat *h = lb_calloc(G, sizeof *h), *d = lb_calloc(G, sizeof *d);
-    for (int j = 0; j < G; j++) {
-        if (!prows[j]) continue;
-        lb_qmat_alloc(&h[j], prows[j], cols, a);
-        gpu->qmat_alloc(gpu, &d[j], prows[j], cols, a);
-        poison(d[j].data, lb_qmat_data_bytes(&h[j]));
-        poison(d[j].scale, lb_qmat_scale_bytes(&h[j]));
-        if (h[j].nscale2) poison(d[j].scale2, (size_t)h[j].nscale2 * 4);
-    }
+    int n;
+    float *x, *dx;
+    lb_qmat *h, *d;
+    int *prows = grouped_setup(a, cols, pad, G, rows, &n, &x, &dx, &h, &d);
     cpu->quantize_grouped(cpu, G, h, x, rows, prows, cols, a);
     gpu->quantize_grouped(gpu, G, d, dx, rows, prows, cols, a);
     for (int j = 0; j < G; j++) {
@@ -1988,24 +2002,13 @@ END_TEST
 static void quant_rc_case(const char *name, const lb_quant_args *ar, const lb_quant_args *ac,
                           int cols, int pad, int G, const int *rows)
 {
-    int *prows = lb_calloc(G, sizeof *prows), n = 0;
-    for (int j = 0; j < G; j++) {
-        prows[j] = pad ? (rows[j] + pad - 1) / pad * pad : rows[j];
-        n += rows[j];
-    }
-    if (pad && G > 4 && rows[4] == 0) prows[4] = pad;   // no rows of x: all zeros
-    float *x = qinput(n, cols, 2), *dx = dput(x, (size_t)n * cols * 4);
-    lb_qmat hr, dr, *h = lb_calloc(G, sizeof *h), *d = lb_calloc(G, sizeof *d);
+    int n;
+    float *x, *dx;
+    lb_qmat hr, dr, *h, *d;
+    int *prows = grouped_setup(ac, cols, pad, G, rows, &n, &x, &dx, &h, &d);
     lb_qmat_alloc(&hr, n, cols, ar);
     gpu->qmat_alloc(gpu, &dr, n, cols, ar);
     poison(dr.data, lb_qmat_data_bytes(&hr)), poison(dr.scale, lb_qmat_scale_bytes(&hr));
-    for (int j = 0; j < G; j++) {
-        if (!prows[j]) continue;
-        lb_qmat_alloc(&h[j], prows[j], cols, ac);
-        gpu->qmat_alloc(gpu, &d[j], prows[j], cols, ac);
-        poison(d[j].data, lb_qmat_data_bytes(&h[j]));
-        poison(d[j].scale, lb_qmat_scale_bytes(&h[j]));
-    }
     cpu->quantize_rc(cpu, &hr, ar, G, h, x, rows, prows, cols, ac);
     gpu->quantize_rc(gpu, &dr, ar, G, d, dx, rows, prows, cols, ac);
     char what[160];
