@@ -244,6 +244,78 @@ START_TEST(test_grouped)
 }
 END_TEST
 
+// Weights that read one x (q, k, v): lb_linear_fwd_shared / _bwd_shared give bit for bit what
+// separate lb_linear_fwd / _bwd calls give (x quantized once for the fprops and once for the
+// wgrads, dx summed over the weights in order), with stochastic rounding and random Hadamard
+// signs too, and dw_beta 0 and 1 side by side.
+static void check_shared(const char *recipe, const char *backward, int sr, const char *hadamard)
+{
+    enum { W = 3 };
+    const int out[W] = {OUT, 8, 16};
+    char err[256];
+    lb_precision_spec s = spec(recipe, backward);
+    s.stochastic_rounding = sr;
+    if (hadamard) snprintf(s.wgrad_hadamard, sizeof s.wgrad_hadamard, "%s", hadamard);
+    lb_contract c;
+    ck_assert_msg(lb_contract_resolve(&c, &s, 1, err, sizeof err) == 0, "%s", err);
+    lb_linear L = {.be = be, .contract = &c, .seed = 5, .step = 3};
+    const lb_role role = LB_ROLE_ATTN_QKV;
+    float *x = malloc(sizeof(float) * N * IN), *dx[2], *w[W], *dy[W], *y[2][W], *dw[2][W];
+    lb_wcache wc[W];
+    const float betas[W] = {1.0f, 0.0f, 1.0f};
+    fill(x, (size_t)N * IN, 1);
+    for (int i = 0; i < W; i++) {
+        w[i] = malloc(sizeof(float) * out[i] * IN), dy[i] = malloc(sizeof(float) * N * out[i]);
+        fill(w[i], (size_t)out[i] * IN, 2 + (uint64_t)i);
+        fill(dy[i], (size_t)N * out[i], 5 + (uint64_t)i);
+        memset(&wc[i], 0, sizeof wc[i]);
+        lb_wcache_build(&L, &wc[i], 0, role, w[i], 1, out[i], IN);
+        for (int r = 0; r < 2; r++) {
+            y[r][i] = malloc(sizeof(float) * N * out[i]);
+            dw[r][i] = malloc(sizeof(float) * out[i] * IN);
+            fill(dw[r][i], (size_t)out[i] * IN, 9);   // beta 1 accumulates, beta 0 overwrites
+        }
+    }
+    for (int r = 0; r < 2; r++) dx[r] = malloc(sizeof(float) * N * IN);
+    const float *ws[W] = {w[0], w[1], w[2]}, *dys[W] = {dy[0], dy[1], dy[2]};
+    const lb_wcache *cs[W] = {&wc[0], &wc[1], &wc[2]};
+    lb_linear_fwd_shared(&L, 0, role, x, W, ws, cs, y[0], out, N, IN);
+    lb_linear_bwd_shared(&L, 0, role, x, W, ws, cs, dys, dx[0], dw[0], betas, out, N, IN);
+    for (int i = 0; i < W; i++) {
+        lb_linear_fwd(&L, 0, role, x, w[i], &wc[i], 0, y[1][i], N, out[i], IN, 0.0f);
+        lb_linear_bwd(&L, 0, role, x, w[i], &wc[i], 0, dy[i], dx[1], i ? 1.0f : 0.0f, dw[1][i],
+                      betas[i], N, out[i], IN);
+    }
+    for (int i = 0; i < W; i++) {
+        ck_assert_msg(!memcmp(y[0][i], y[1][i], sizeof(float) * N * out[i]),
+                      "%s/%s sr %d: shared fprop %d", recipe, backward, sr, i);
+        ck_assert_msg(!memcmp(dw[0][i], dw[1][i], sizeof(float) * out[i] * IN),
+                      "%s/%s sr %d: shared wgrad %d", recipe, backward, sr, i);
+    }
+    ck_assert_msg(!memcmp(dx[0], dx[1], sizeof(float) * N * IN), "%s/%s sr %d: shared dgrad",
+                  recipe, backward, sr);
+    for (int i = 0; i < W; i++) {
+        lb_wcache_free(&L, &wc[i]);
+        free(w[i]), free(dy[i]);
+        for (int r = 0; r < 2; r++) free(y[r][i]), free(dw[r][i]);
+    }
+    lb_linear_free(&L);
+    lb_contract_free(&c);
+    free(x), free(dx[0]), free(dx[1]);
+}
+
+START_TEST(test_shared)
+{
+    check_shared("fp8-block", "quantized", 0, NULL);
+    check_shared("fp8-block", "quantized", 1, NULL);
+    check_shared("mxfp8", "quantized", 1, NULL);
+    check_shared("nvfp4-moe", "quantized", 1, "random16");
+    check_shared("mxfp8", "dequantized", 0, NULL);
+    check_shared("bf16", "default", 0, NULL);
+    check_shared("fp32", "default", 0, NULL);
+}
+END_TEST
+
 START_TEST(test_fp32) { check_recipe("fp32", "default", LB_FMT_FP32, 0); }
 END_TEST
 START_TEST(test_bf16) { check_recipe("bf16", "default", LB_FMT_BF16, 0); }
@@ -277,6 +349,7 @@ int main(void)
     tcase_add_test(tc, test_dequantized);
     tcase_add_test(tc, test_high);
     tcase_add_test(tc, test_grouped);
+    tcase_add_test(tc, test_shared);
     suite_add_tcase(s, tc);
     return lb_test_run(s);
 }
