@@ -1347,13 +1347,6 @@ static void fwd_nk(lb_cuda_ctx *cx, float *out, float *lse, const float *q, cons
     LB_CUDA_LAUNCHED(cx);
 }
 
-// Whether the backward takes dq from stored dS tiles (the wgmma kernels, head dims 64 and 128).
-static bool tw_ds_on(const lb_cuda_ctx *cx, int d)
-{
-    const int nk = (d + 15) / 16;
-    return cx->attn_wg && cx->attn_ds && (nk == 4 || nk == 8);
-}
-
 // The dS tiles of the causal triangle, bf16 (tw_ds_tile).
 static size_t tw_ds_bytes(int b, int t, int hq)
 {
@@ -1361,12 +1354,25 @@ static size_t tw_ds_bytes(int b, int t, int hq)
     return (size_t)b * hq * (T * (T + 1) / 2) * TW_ROWS * TW_ROWS * sizeof(__nv_bfloat16);
 }
 
+// The most scratch the dS tiles may take: they grow with t^2 (2.2 GB at b 4, t 4096, 32 heads;
+// 34 GB for one sequence of 32768), so longer sequences take the dq kernel that recomputes S
+// and dP instead, whose results are the same bits.
+#define TW_DS_MAX ((size_t)4 << 30)
+
+// Whether the backward takes dq from stored dS tiles (the wgmma kernels, head dims 64 and 128).
+static bool tw_ds_on(const lb_cuda_ctx *cx, int b, int t, int hq, int d)
+{
+    const int nk = (d + 15) / 16;
+    return cx->attn_wg && cx->attn_ds && (nk == 4 || nk == 8) &&
+           tw_ds_bytes(b, t, hq) <= TW_DS_MAX;
+}
+
 extern "C" size_t lb_cuda_attention_tc_work(const lb_cuda_ctx *cx, int b, int t, int hq, int hkv,
                                             int d)
 {
     const size_t d16 = (size_t)(d + 15) / 16 * 16, e = sizeof(__nv_bfloat16);
     return 2 * tc_align((size_t)b * t * hq * d16 * e) + 2 * tc_align((size_t)b * t * hkv * d16 * e) +
-           (tw_ds_on(cx, d) ? tw_ds_bytes(b, t, hq) : 0);
+           (tw_ds_on(cx, b, t, hq, d) ? tw_ds_bytes(b, t, hq) : 0);
 }
 
 template <int NK>
@@ -1396,7 +1402,7 @@ static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float
         const size_t smem_kv = 6 * tile + 4 * TC_KC * sizeof(float) + TW_SMEM_EXTRA;
         lb_cuda_smem_limit(tw_bwd_dkdv_kernel<NK>, smem_kv);
         dim3 gk(hkv, b, (t + TC_KC - 1) / TC_KC), gq(hq, b, (t + TW_ROWS - 1) / TW_ROWS);
-        if (tw_ds_on(cx, d)) {   // dk, dv and the dS tiles, then dq from them
+        if (tw_ds_on(cx, b, t, hq, d)) {   // dk, dv and the dS tiles, then dq from them
             __nv_bfloat16 *ds = (__nv_bfloat16 *)(w + 2 * qbytes + 2 * kbytes);
             tw_bwd_dkdv_kernel<NK><<<gk, 128, smem_kv, cx->stream>>>(
                 dk, dv, ds, tq, tg, tk, tv, lse, D, t, hq, hkv, d, c, scale);
