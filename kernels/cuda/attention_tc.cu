@@ -1196,6 +1196,29 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q,
 #endif
 }
 
+// A dk/dv item's S^T and dP^T (C layout: row = key, column = query c0 + col) into P^T and dS^T,
+// in place; lse * log2 e and D of the item's queries from shared memory, a pair of adjacent
+// columns per load. MASK: keys after a query, and queries from t on, give p = 0.
+template <bool MASK>
+__device__ __forceinline__ void tw_p_ds(float (&s)[8][4], float (&dp)[8][4], const float *l2c,
+                                        const float *ddc, int c0, const int (&keys)[2], int t,
+                                        float c, int tq)
+{
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+        const float2 l2 = *reinterpret_cast<const float2 *>(l2c + nt * 8 + 2 * tq);
+        const float2 dd = *reinterpret_cast<const float2 *>(ddc + nt * 8 + 2 * tq);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = c0 + nt * 8 + 2 * tq + (e & 1);
+            const bool keep = !MASK || (i >= keys[e >> 1] && i < t);
+            const float p = keep ? tc_p(s[nt][e], c, e & 1 ? l2.y : l2.x) : 0.0f;
+            s[nt][e] = p;
+            dp[nt][e] = tc_ds(p, dp[nt][e], e & 1 ? dd.y : dd.x);
+        }
+    }
+}
+
 // dk, dv as tc_bwd_dkdv_kernel: 64 keys per block (K, V swizzled, kept), query chunks of every
 // head of the group streamed (Q, dO swizzled, two stages). NK is 4 or 8. With ds not NULL, every
 // item's dS^T also goes to its tile there (tw_ds_tile), for tw_bwd_dq_ds_kernel.
@@ -1255,15 +1278,12 @@ tw_bwd_dkdv_kernel(float *dk, float *dv, __nv_bfloat16 *ds, const __grid_constan
         // that stage (its lse and D are read after the next item's first barrier).
         __syncthreads();
         if (it + 1 < items) issue(it + 1);
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int col = nt * 8 + 2 * tq + (e & 1), i = c0 + col;
-                const float p = i >= keys[e >> 1] && i < t ? tc_p(s[nt][e], c, l2c[col]) : 0.0f;
-                s[nt][e] = p;
-                dp[nt][e] = tc_ds(p, dp[nt][e], ddc[col]);
-            }
+        // P^T and dS^T in place; an item whose queries all come after the block's keys and
+        // before t (most of them) skips the mask: the same values, fewer instructions.
+        if (c0 >= j0 + TC_KC && c0 + TC_KC <= t)
+            tw_p_ds<false>(s, dp, l2c, ddc, c0, keys, t, c, tq);
+        else
+            tw_p_ds<true>(s, dp, l2c, ddc, c0, keys, t, c, tq);
         // dv += P^T dO, dk += dS^T Q, dO and Q read N-major
         uint32_t pa[4][4], da[4][4];
 #pragma unroll
