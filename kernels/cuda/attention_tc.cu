@@ -532,12 +532,18 @@ __device__ __forceinline__ float tc_ds(float p, float dp, float dd)
     return __fmul_rn(p, __fsub_rn(dp, dd));
 }
 
-// Row r (0 or 1) of this thread's dq fragment acc, times scale, into o (the row's d columns).
+// This thread's dq fragment acc, times scale, into its two query rows of dq (rows >= t are
+// skipped): the end of every dq kernel.
 template <int NK>
-__device__ __forceinline__ void tc_dq_store(float *o, const float (&acc)[2 * NK][4], int r, int tq,
-                                            int d, float scale)
+__device__ __forceinline__ void tc_dq_store(float *dq, const float (&acc)[2 * NK][4],
+                                            const int (&rows)[2], int bi, int h, int t, int hq,
+                                            int d, int tq, float scale)
 {
-    tc_row_out<NK>(o, acc, r, tq, d, [scale](float v) { return __fmul_rn(v, scale); });
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+        if (rows[r] < t)
+            tc_row_out<NK>(dq + tc_row(bi, rows[r], h, t, hq, d), acc, r, tq, d,
+                           [scale](float v) { return __fmul_rn(v, scale); });
 }
 
 // A dq kernel's inputs for this thread's two query rows (zeros for rows >= t): the q and dO
@@ -684,10 +690,7 @@ tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
         }
         __syncthreads();
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++)
-        if (rows[r] < t)
-            tc_dq_store<NK>(dq + tc_row(bi, rows[r], h, t, hq, d), acc, r, tq, d, scale);
+    tc_dq_store<NK>(dq, acc, rows, bi, h, t, hq, d, tq, scale);
 }
 
 // dk, dv: a block is TC_KC key rows of one (batch, kv head) (16 per warp, kept in shared
@@ -1120,10 +1123,7 @@ tw_bwd_dq_ds_kernel(float *dq, const __nv_bfloat16 *ds, const __grid_constant__ 
         if (threadIdx.x == 0 && ch + 2 < nchunks) load(ch + 2);
     }
     tw_wait();
-#pragma unroll
-    for (int r = 0; r < 2; r++)
-        if (rows[r] < t)
-            tc_dq_store<NK>(dq + tc_row(bi, rows[r], h, t, hq, d), acc, r, tq, d, scale);
+    tc_dq_store<NK>(dq, acc, rows, bi, h, t, hq, d, tq, scale);
 #endif
 }
 
@@ -1189,10 +1189,7 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q,
         tw_commit();
     }
     tw_wait();
-#pragma unroll
-    for (int r = 0; r < 2; r++)
-        if (rows[r] < t)
-            tc_dq_store<NK>(dq + tc_row(bi, rows[r], h, t, hq, d), acc, r, tq, d, scale);
+    tc_dq_store<NK>(dq, acc, rows, bi, h, t, hq, d, tq, scale);
 #endif
 }
 
