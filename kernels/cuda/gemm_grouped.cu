@@ -81,15 +81,26 @@ __device__ __forceinline__ uint64_t gg_desc(uint32_t addr)
            (uint64_t)1 << 62;
 }
 
-// d (64 x 128, this warpgroup's fp32 fragment) += A (64 x 16) B (128 x 16)^T.
+// The same for an MN-major tile (gt_kernel's GT_A_MN / GT_B_MN operands): 64-element rows of
+// m or n (128 bytes), one row per k, swizzled alike; 8-row groups (of k) 1024 bytes apart, and
+// the 64-wide blocks of m or n (one TMA box each: 64 rows of k) 8 KB apart.
+__device__ __forceinline__ uint64_t gg_desc_mn(uint32_t addr)
+{
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(8192 >> 4) << 16 |
+           (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+// d (64 x 128, this warpgroup's fp32 fragment) += A (64 x 16) B (128 x 16)^T; MN's bits say
+// which operand's tile is MN-major (the instruction's transpose flags).
+template <int MN>
 __device__ __forceinline__ void gg_wgmma(float *d, uint64_t da, uint64_t db)
 {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"   // scale-d true: d += (not d =)
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        GG_D64_ASM ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+        GG_D64_ASM ", %64, %65, p, 1, 1, %66, %67;\n}\n"
         : GG_D64(d)
-        : "l"(da), "l"(db));
+        : "l"(da), "l"(db), "n"(MN & 1), "n"(MN >> 1));
 }
 #endif
 
@@ -190,8 +201,15 @@ __device__ __forceinline__ void gg_store(const float (&d)[64], float *c, int m, 
 #define GT_SMEM(BN, TS) \
     (GT_STAGES(BN) * GT_STAGE(BN) + ((TS) ? 4 * GT_CHUNK : 0) + 1024 + 16 * GT_STAGES(BN))
 
+// Operand layouts of a launch (gt_kernel's MN): by default A (m, k) and B (n, k), k contiguous;
+// GT_A_MN: A stored (k, m), GT_B_MN: B stored (k, n), m or n contiguous (MN-major: the
+// transposed operands of a dgrad or wgrad read as they are, no transposed copy).
+#define GT_A_MN 1
+#define GT_B_MN 2
+
 typedef struct {
-    CUtensorMap ta, tb;   // A (m, k), B (n, k) bf16, k contiguous; boxes 64 x 128 and 64 x BN
+    CUtensorMap ta, tb;   // A, B bf16: k-major boxes 64 (k) x 128 and 64 x BN, or MN-major
+                          // boxes 64 (m or n) x 64 (k)
     CUtensorMap tc;       // TS launches: C (m, n) fp32, boxes 32 x 64 (gt_store_tma)
     float *c;
     const float *s2a, *s2b;   // NVFP4's second levels (gg_store), or NULL
@@ -207,14 +225,15 @@ typedef struct {
 } gt_params;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Box (k0 .. k0 + 63, r0 .. r0 + rows of the box) of map into dst; completes bytes on bar.
-__device__ __forceinline__ void gt_load(uint32_t dst, const CUtensorMap *map, int k0, int r0,
+// The box of map at (x0, y0) into dst (x the contiguous dimension: k of a k-major operand, m
+// or n of an MN-major one); completes bytes on bar.
+__device__ __forceinline__ void gt_load(uint32_t dst, const CUtensorMap *map, int x0, int y0,
                                         uint32_t bar)
 {
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
         " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-        "l"((uint64_t)map), "r"(k0), "r"(r0), "r"(bar)
+        "l"((uint64_t)map), "r"(x0), "r"(y0), "r"(bar)
         : "memory");
 }
 #endif
@@ -264,8 +283,11 @@ __device__ __forceinline__ void gt_store_tma(const float (&d)[NH][64], const CUt
 #endif
 
 // S2: NVFP4 groups (gg_store), every group of the launch with its second levels. TS: every
-// group has beta 0 and a C map (gt_store_tma) instead of gg_store.
-template <int BN, int S2, int TS>
+// group has beta 0 and a C map (gt_store_tma) instead of gg_store. MN: the operand layouts
+// (GT_A_MN, GT_B_MN): an MN-major operand's slice of 64 k arrives as 64-wide boxes of m or n,
+// which fill its stage bytes in the same places as the k-major box (the warpgroup's 64 rows
+// of A, B's 128-column halves), so only the descriptors and the transpose flags differ.
+template <int BN, int S2, int TS, int MN>
 __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant__ gt_params P)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -300,8 +322,17 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
                     // the stage's previous slice (it - S) has been read by both warpgroups
                     if (it >= S) lb_mbar_wait(empty + 8 * s, (it / S - 1) & 1);
                     lb_mbar_expect(full + 8 * s, STAGE);
-                    gt_load(base + s * STAGE, &G.ta, kt * GG_BK, m0, full + 8 * s);
-                    gt_load(base + s * STAGE + GG_TILE_A, &G.tb, kt * GG_BK, n0, full + 8 * s);
+                    const uint32_t st = base + s * STAGE, bar = full + 8 * s, k0 = kt * GG_BK;
+                    if (MN & GT_A_MN)
+                        for (int j = 0; j < GG_BM / 64; j++)
+                            gt_load(st + j * 8192, &G.ta, m0 + 64 * j, k0, bar);
+                    else
+                        gt_load(st, &G.ta, k0, m0, bar);
+                    if (MN & GT_B_MN)
+                        for (int j = 0; j < BN / 64; j++)
+                            gt_load(st + GG_TILE_A + j * 8192, &G.tb, n0 + 64 * j, k0, bar);
+                    else
+                        gt_load(st + GG_TILE_A, &G.tb, k0, n0, bar);
                 }
             }
         }
@@ -329,7 +360,10 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
             for (int kk = 0; kk < GG_BK / 16; kk++)
 #pragma unroll
                 for (int h = 0; h < NH; h++)
-                    gg_wgmma(d[h], gg_desc(sa + kk * 32), gg_desc(sb + h * 128 * 128 + kk * 32));
+                    gg_wgmma<MN>(d[h],
+                                 MN & GT_A_MN ? gg_desc_mn(sa + kk * 2048) : gg_desc(sa + kk * 32),
+                                 MN & GT_B_MN ? gg_desc_mn(sb + h * 128 * 128 + kk * 2048)
+                                              : gg_desc(sb + h * 128 * 128 + kk * 32));
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             // the previous slice's products are done: its stage may be refilled
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -362,8 +396,8 @@ typedef struct {
     int rows, cols, ld, trans;
     __nv_bfloat16 *dst2;  // trans 1 only, or NULL: the plain copy too, (rows, ld2) (pack_pair)
     int ld2;
-    // trans 1 only: src holds logits and the copies get cross-entropy's gradient instead
-    // (lb_ce_grad with the forward's row statistics; linear_ce_bwd), or NULL
+    // src holds logits and the copies get cross-entropy's gradient instead (lb_ce_grad with
+    // the forward's row statistics; linear_ce_bwd), or NULL
     const double *ce_stats;
     const int32_t *ce_targets;
     float ce_dloss;
@@ -412,8 +446,9 @@ __global__ void gg_pack_kernel(const __grid_constant__ gg_pack_params P)
             uint2 *d = (uint2 *)(J.dst + (size_t)r * J.ld);
 #pragma unroll 4
             for (int c = 4 * (ty * 32 + tx); c < J.ld; c += 1024) {
-                const float4 v = c < J.cols ? __ldcs((const float4 *)(s + c))
-                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                float4 v = c < J.cols ? __ldcs((const float4 *)(s + c))
+                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (J.ce_stats && c < J.cols) gg_ce_grad4(v, J, r, c, P.err);
                 __nv_bfloat162 o[2] = {__floats2bfloat162_rn(v.x, v.y),
                                        __floats2bfloat162_rn(v.z, v.w)};
                 d[c / 4] = *(const uint2 *)o;
@@ -426,8 +461,10 @@ __global__ void gg_pack_kernel(const __grid_constant__ gg_pack_params P)
             const float *s = J.src + (size_t)r * J.cols;
             __nv_bfloat162 *d = (__nv_bfloat162 *)(J.dst + (size_t)r * J.ld);
             for (int c = 2 * (ty * 32 + tx); c < J.ld; c += 512) {
-                const float v0 = c < J.cols ? s[c] : 0.0f, v1 = c + 1 < J.cols ? s[c + 1] : 0.0f;
-                d[c / 2] = __floats2bfloat162_rn(v0, v1);
+                float4 v = make_float4(c < J.cols ? s[c] : 0.0f, c + 1 < J.cols ? s[c + 1] : 0.0f,
+                                       0.0f, 0.0f);
+                if (J.ce_stats && c < J.cols) gg_ce_grad4(v, J, r, c, P.err);
+                d[c / 2] = __floats2bfloat162_rn(v.x, v.y);
             }
         }
         return;
@@ -605,27 +642,30 @@ template <typename G> static int ts_maps(G *g, int cnt, int on)
     return ts;
 }
 
-template <int BN, int S2, int TS>
+template <int BN, int S2, int TS, int MN = 0>
 static void gemm_launch(lb_cuda_ctx *cx, int tiles, const gt_params *T)
 {
     static int smem_set;   // the limit is the kernel's, set once per process (one device)
     if (!smem_set) {
-        lb_cuda_smem_limit(gt_kernel<BN, S2, TS>, GT_SMEM(BN, TS));
+        lb_cuda_smem_limit(gt_kernel<BN, S2, TS, MN>, GT_SMEM(BN, TS));
         smem_set = 1;
     }
     const int grid = tiles < cx->num_sms ? tiles : cx->num_sms;   // persistent blocks
-    gt_kernel<BN, S2, TS><<<grid, GT_THREADS, GT_SMEM(BN, TS), cx->stream>>>(*T);
+    gt_kernel<BN, S2, TS, MN><<<grid, GT_THREADS, GT_SMEM(BN, TS), cx->stream>>>(*T);
     LB_CUDA_LAUNCHED(cx);
 }
 
-// Group G of a launch on bf16 operands a (m, pad8(k)) and b (n, pad8(k)), k contiguous, after
-// the tiles before it (*tiles, advanced past its own).
+// Group G of a launch on bf16 operands a and b, after the tiles before it (*tiles, advanced
+// past its own). Layouts as mn says (GT_A_MN, GT_B_MN): a (m, pad8(k)) or (k, pad8(m)), b
+// (n, pad8(k)) or (k, pad8(n)).
 static void gt_group_set(gt_group *G, const void *a, const void *b, int m, int n, int k, int bn,
-                         float *c, float alpha, float beta, int *tiles)
+                         float *c, float alpha, float beta, int *tiles, int mn = 0)
 {
     memset(G, 0, sizeof *G);
-    tma_map(&G->ta, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a, m, k, pad8(k), GG_BK, GG_BM);
-    tma_map(&G->tb, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, b, n, k, pad8(k), GG_BK, bn);
+    if (mn & GT_A_MN) tma_map(&G->ta, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a, k, m, pad8(m), 64, 64);
+    else tma_map(&G->ta, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a, m, k, pad8(k), GG_BK, GG_BM);
+    if (mn & GT_B_MN) tma_map(&G->tb, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, b, k, n, pad8(n), 64, 64);
+    else tma_map(&G->tb, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, b, n, k, pad8(k), GG_BK, bn);
     G->c = c, G->m = m, G->n = n, G->k = k;
     G->tile0 = *tiles, G->tiles_n = (n + bn - 1) / bn;
     G->alpha = alpha, G->beta = beta;
@@ -659,6 +699,43 @@ template <typename A> static void gt_operands(lb_cuda_ctx *cx, const A *g, int c
     }
 }
 
+// The GEMM launch of T's first cnt groups (tiles in all, columns bn, layouts mn: GT_A_MN,
+// GT_B_MN; NVFP4's second levels only with the default layouts).
+static void gt_launch(lb_cuda_ctx *cx, gt_params *T, int cnt, int tiles, int bn, int mn)
+{
+    T->count = cnt, T->tiles = tiles;
+    int s2 = 0;   // NVFP4: every group has its second levels
+    for (int i = 0; i < cnt; i++) s2 |= T->g[i].s2a != NULL;
+    if (s2 && mn) lb_die("cuda gemm: NVFP4 second levels with MN-major operands");
+    const int ts = ts_maps(T->g, cnt, cx->gg_tma_store && !s2);
+    if (!tiles) return;
+    if (mn == GT_B_MN) {
+        if (bn == 256 && ts) gemm_launch<256, 0, 1, GT_B_MN>(cx, tiles, T);
+        else if (bn == 256) gemm_launch<256, 0, 0, GT_B_MN>(cx, tiles, T);
+        else if (ts) gemm_launch<128, 0, 1, GT_B_MN>(cx, tiles, T);
+        else gemm_launch<128, 0, 0, GT_B_MN>(cx, tiles, T);
+    } else if (mn == (GT_A_MN | GT_B_MN)) {
+        if (bn == 256 && ts) gemm_launch<256, 0, 1, GT_A_MN | GT_B_MN>(cx, tiles, T);
+        else if (bn == 256) gemm_launch<256, 0, 0, GT_A_MN | GT_B_MN>(cx, tiles, T);
+        else if (ts) gemm_launch<128, 0, 1, GT_A_MN | GT_B_MN>(cx, tiles, T);
+        else gemm_launch<128, 0, 0, GT_A_MN | GT_B_MN>(cx, tiles, T);
+    } else if (mn) {
+        lb_die("cuda gemm: operand layouts %d have no kernel", mn);
+    } else if (bn == 256 && s2) {
+        gemm_launch<256, 1, 0>(cx, tiles, T);
+    } else if (bn == 256 && ts) {
+        gemm_launch<256, 0, 1>(cx, tiles, T);
+    } else if (bn == 256) {
+        gemm_launch<256, 0, 0>(cx, tiles, T);
+    } else if (s2) {
+        gemm_launch<128, 1, 0>(cx, tiles, T);
+    } else if (ts) {
+        gemm_launch<128, 0, 1>(cx, tiles, T);
+    } else {
+        gemm_launch<128, 0, 0>(cx, tiles, T);
+    }
+}
+
 // The groups g[0 .. count) in launches of GT_MAX: for each, the bf16 operand space
 // (gt_operands) and the groups' tiles, then fill(groups, cnt, ab, T) queues what writes the
 // copies (and sets what else its groups need), then the GEMM.
@@ -678,17 +755,7 @@ static void gt_batches(lb_cuda_ctx *cx, const A *g, int count, F fill)
                          x->beta, &tiles);
         }
         fill(g + g0, cnt, (void *const *)ab, T);
-        T->count = cnt, T->tiles = tiles;
-        int s2 = 0;   // NVFP4: fill set every group's second levels
-        for (int i = 0; i < cnt; i++) s2 |= T->g[i].s2a != NULL;
-        const int ts = ts_maps(T->g, cnt, cx->gg_tma_store && !s2);
-        if (!tiles) continue;
-        if (bn == 256 && s2) gemm_launch<256, 1, 0>(cx, tiles, T);
-        else if (bn == 256 && ts) gemm_launch<256, 0, 1>(cx, tiles, T);
-        else if (bn == 256) gemm_launch<256, 0, 0>(cx, tiles, T);
-        else if (s2) gemm_launch<128, 1, 0>(cx, tiles, T);
-        else if (ts) gemm_launch<128, 0, 1>(cx, tiles, T);
-        else gemm_launch<128, 0, 0>(cx, tiles, T);
+        gt_launch(cx, T, cnt, tiles, bn, 0);
     }
     free(T);
 }
@@ -716,33 +783,42 @@ extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gem
     free(pp);
 }
 
-// linear_ce_bwd (kernels.h) on this kernel: the groups gemm_grouped would get (dgrad, wgrad),
-// and the pack jobs it would make, except that the job reading the gradient both ways reads
-// the logits and computes it (gg_ce_grad4). The same bf16 copies as cross_entropy_bwd and
-// then the pack, so the same bits, without the gradient's fp32 write and read (two passes of
-// n v 4 bytes: 10 GB each for the 4-layer bench's LM head). Queued on cx->stream.
+// linear_ce_bwd (kernels.h) on this kernel: one pack launch writes three bf16 copies as they
+// are laid out, dy (n, v) (cross-entropy's gradient, computed from the logits as it is read:
+// gg_ce_grad4), w (v, c) and x (n, c); then the dgrad dx (n, c) = dy w reads dy k-major and w
+// MN-major, and the wgrad dw (v, c) = dy^T x reads dy and x MN-major (GT_A_MN, GT_B_MN). The
+// gradient is never stored in fp32 (two passes of n v 4 bytes: 10 GB each for the 4-layer
+// bench's LM head), and no transposed copy is written (dy^T: n v 2 bytes). The same bf16
+// values meet in the same k order as in cross_entropy_bwd and gemm_grouped, so the same bits
+// (test_linear_ce_bwd). Queued on cx->stream.
 extern "C" void lb_cuda_linear_ce_bwd_tc(lb_cuda_ctx *cx, float *dx, float dx_beta, float *dw,
                                          float dw_beta, const float *logits,
                                          const double *stats, const int32_t *targets,
                                          float dloss, const float *x, const float *w, int n,
                                          int v, int c)
 {
-    const lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1},
-                               {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1}};
+    const size_t ndy = lb_align256((size_t)n * pad8(v) * 2), nw = lb_align256((size_t)v * pad8(c) * 2);
+    char *sc = (char *)lb_cuda_scratch(cx, ndy + nw + (size_t)n * pad8(c) * 2);
+    __nv_bfloat16 *dyb = (__nv_bfloat16 *)sc, *wb = (__nv_bfloat16 *)(sc + ndy);
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)(sc + ndy + nw);
     gg_pack_params *pp = (gg_pack_params *)lb_calloc(1, sizeof *pp);
-    auto pack = [&](const lb_gemm_args *, int cnt, void *const *ab, gt_params *) {
-        // ab: the groups' A (dy (n, v), dy^T (v, n)), then their B (w^T (c, v), x^T (c, n))
-        gg_pack_job dy = {logits, (__nv_bfloat16 *)ab[1], n, v, pad8(n), 1,
-                          (__nv_bfloat16 *)ab[0], pad8(v)};
-        dy.ce_stats = stats, dy.ce_targets = targets, dy.ce_dloss = dloss;
-        pp->j[pp->count++] = dy;
-        pp->j[pp->count++] = (gg_pack_job){w, (__nv_bfloat16 *)ab[cnt], v, c, pad8(v), 1, NULL, 0};
-        pp->j[pp->count++] =
-            (gg_pack_job){x, (__nv_bfloat16 *)ab[cnt + 1], n, c, pad8(n), 1, NULL, 0};
-        pack_launch(cx, pp);
-    };
-    gt_batches(cx, g, 2, pack);
+    gg_pack_job dy = {logits, dyb, n, v, pad8(v), 0, NULL, 0};
+    dy.ce_stats = stats, dy.ce_targets = targets, dy.ce_dloss = dloss;
+    pp->j[0] = dy;
+    pp->j[1] = (gg_pack_job){w, wb, v, c, pad8(c), 0, NULL, 0};
+    pp->j[2] = (gg_pack_job){x, xb, n, c, pad8(c), 0, NULL, 0};
+    pp->count = 3;
+    pack_launch(cx, pp);
     free(pp);
+    const int bn = c <= 128 ? 128 : cx->grouped_bn;   // gt_bn: n is c in both
+    gt_params *T = (gt_params *)lb_calloc(1, sizeof *T);
+    int tiles = 0;
+    gt_group_set(&T->g[0], dyb, wb, n, c, v, bn, dx, 1.0f, dx_beta, &tiles, GT_B_MN);
+    gt_launch(cx, T, 1, tiles, bn, GT_B_MN);
+    tiles = 0;
+    gt_group_set(&T->g[0], dyb, xb, v, c, n, bn, dw, 1.0f, dw_beta, &tiles, GT_A_MN | GT_B_MN);
+    gt_launch(cx, T, 1, tiles, bn, GT_A_MN | GT_B_MN);
+    free(T);
 }
 
 // MXFP8, MXFP4, NVFP4 (gemm_q.cu): every operand dequantized to bf16 in scratch (an element
