@@ -8,12 +8,14 @@
 // of all the groups form one grid, so 128 experts fill the chip as one large GEMM does.
 //
 // Two steps, both queued on the backend's stream:
-// 1. pack: every operand becomes a bf16 copy, k contiguous (the transposed operands of the
-//    dgrad and wgrad passes are transposed on the way), each row padded with zeros to a
-//    multiple of 8 elements (16 bytes). One launch per GT_MAX groups. The conversion rounds to
-//    nearest even, which is the rounding lb_gemm_args.bf16 asks for. An operand read both ways
-//    in one launch (a dgrad's dy and the wgrad's dy^T, which linear.c passes side by side) is
-//    read once for both copies (pack_pair).
+// 1. pack: every operand becomes a bf16 copy as it is laid out, each row padded with zeros to
+//    a multiple of 8 elements (16 bytes), one copy per source that several groups read alike
+//    (a dgrad's dy and the wgrad's, which linear.c passes side by side); the transposed
+//    operands of the dgrad and wgrad passes are read MN-major by the GEMM (gt_grouped_mn).
+//    The conversion rounds to nearest even, which is the rounding lb_gemm_args.bf16 asks for.
+//    (LB_CUDA_GG_MN=0: the earlier way, k-contiguous copies with the transposed operands
+//    transposed on the way, one pack launch per GT_MAX groups; an operand read both ways in
+//    one launch read once for both copies, pack_pair.)
 // 2. gemm (gt_kernel): 128 x BN tiles of the groups' C (BN 256, or 128 when some n is at most
 //    128; a binary search over the groups' first tiles finds a tile's group), taken in turn by
 //    one persistent block per multiprocessor, in bands of 16 tile rows (gg_tile).
@@ -714,13 +716,16 @@ static void gt_launch(lb_cuda_ctx *cx, gt_params *T, int cnt, int tiles, int bn,
         else if (bn == 256) gemm_launch<256, 0, 0, GT_B_MN>(cx, tiles, T);
         else if (ts) gemm_launch<128, 0, 1, GT_B_MN>(cx, tiles, T);
         else gemm_launch<128, 0, 0, GT_B_MN>(cx, tiles, T);
+    } else if (mn == GT_A_MN) {
+        if (bn == 256 && ts) gemm_launch<256, 0, 1, GT_A_MN>(cx, tiles, T);
+        else if (bn == 256) gemm_launch<256, 0, 0, GT_A_MN>(cx, tiles, T);
+        else if (ts) gemm_launch<128, 0, 1, GT_A_MN>(cx, tiles, T);
+        else gemm_launch<128, 0, 0, GT_A_MN>(cx, tiles, T);
     } else if (mn == (GT_A_MN | GT_B_MN)) {
         if (bn == 256 && ts) gemm_launch<256, 0, 1, GT_A_MN | GT_B_MN>(cx, tiles, T);
         else if (bn == 256) gemm_launch<256, 0, 0, GT_A_MN | GT_B_MN>(cx, tiles, T);
         else if (ts) gemm_launch<128, 0, 1, GT_A_MN | GT_B_MN>(cx, tiles, T);
         else gemm_launch<128, 0, 0, GT_A_MN | GT_B_MN>(cx, tiles, T);
-    } else if (mn) {
-        lb_die("cuda gemm: operand layouts %d have no kernel", mn);
     } else if (bn == 256 && s2) {
         gemm_launch<256, 1, 0>(cx, tiles, T);
     } else if (bn == 256 && ts) {
@@ -760,11 +765,73 @@ static void gt_batches(lb_cuda_ctx *cx, const A *g, int count, F fill)
     free(T);
 }
 
+// The groups as they are laid out (cx->gg_mn): every operand becomes one plain bf16 copy (no
+// transposing; a source that several groups read with the same shape, such as a layer's dy in
+// its dgrad and its wgrad, once), all of them first, in pack launches of GG_PACK_MAX; then
+// the groups of each layout (A (m, k) or (k, m), B (n, k) or (k, n): GT_A_MN, GT_B_MN) in
+// GEMM launches of GT_MAX, the transposed operands read MN-major. The scratch holds every
+// copy of the call at once.
+static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g)
+{
+    typedef struct {
+        const float *src;
+        int rows, cols;
+        size_t off;   // in the scratch
+    } gt_copy;
+    gt_copy *cp = (gt_copy *)lb_calloc(2 * (size_t)count, sizeof *cp);
+    int *ic = (int *)lb_calloc(2 * (size_t)count, sizeof *ic);   // group i: A ic[2i], B ic[2i+1]
+    int nc = 0;
+    size_t bytes = 0;
+    for (int i = 0; i < 2 * count; i++) {
+        const lb_gemm_args *x = &g[i / 2];
+        gt_copy c = i % 2 ? (gt_copy){x->b, x->transb ? x->n : x->k, x->transb ? x->k : x->n, 0}
+                          : (gt_copy){x->a, x->transa ? x->k : x->m, x->transa ? x->m : x->k, 0};
+        int j = 0;
+        while (j < nc && !(cp[j].src == c.src && cp[j].rows == c.rows && cp[j].cols == c.cols)) j++;
+        if (j == nc) {
+            c.off = bytes;
+            bytes += lb_align256((size_t)c.rows * pad8(c.cols) * 2);
+            cp[nc++] = c;
+        }
+        ic[i] = j;
+    }
+    char *sc = (char *)lb_cuda_scratch(cx, bytes);
+    gg_pack_params *pp = (gg_pack_params *)lb_calloc(1, sizeof *pp);
+    for (int j = 0; j < nc; j++) {
+        pp->j[pp->count++] = (gg_pack_job){cp[j].src, (__nv_bfloat16 *)(sc + cp[j].off),
+                                           cp[j].rows, cp[j].cols, pad8(cp[j].cols), 0, NULL, 0};
+        if (pp->count == GG_PACK_MAX) pack_launch(cx, pp);
+    }
+    pack_launch(cx, pp);
+    free(pp);
+    const int bn = gt_bn(cx, g, count);
+    gt_params *T = (gt_params *)lb_calloc(1, sizeof *T);
+    for (int mn = 0; mn < 4; mn++) {
+        int cnt = 0, tiles = 0;
+        for (int i = 0; i <= count; i++) {
+            if (i < count && ((g[i].transa ? GT_A_MN : 0) | (g[i].transb ? 0 : GT_B_MN)) == mn) {
+                const lb_gemm_args *x = &g[i];
+                gt_group_set(&T->g[cnt++], sc + cp[ic[2 * i]].off, sc + cp[ic[2 * i + 1]].off,
+                             x->m, x->n, x->k, bn, x->c, x->alpha, x->beta, &tiles, mn);
+            }
+            if (cnt && (cnt == GT_MAX || i == count)) {
+                gt_launch(cx, T, cnt, tiles, bn, mn);
+                cnt = 0, tiles = 0;
+            }
+        }
+    }
+    free(T), free(cp), free(ic);
+}
+
 // Runs the groups g[0 .. count) (each bf16, m, n, k > 0, alpha != 0; gemm.cu filters) as
 // described at the top, GT_MAX groups per pack and GEMM launch. Queued on cx->stream. Tiles are
 // 128 x gt_bn.
 extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g)
 {
+    if (cx->gg_mn) {
+        gt_grouped_mn(cx, count, g);
+        return;
+    }
     gg_pack_params *pp = (gg_pack_params *)lb_calloc(1, sizeof *pp);
     auto pack = [&](const lb_gemm_args *gb, int cnt, void *const *ab, gt_params *) {
         for (int i = 0; i < cnt; i++) {
