@@ -398,8 +398,8 @@ typedef struct {
     int rows, cols, ld, trans;
     __nv_bfloat16 *dst2;  // trans 1 only, or NULL: the plain copy too, (rows, ld2) (pack_pair)
     int ld2;
-    // src holds logits and the copies get cross-entropy's gradient instead (lb_ce_grad with
-    // the forward's row statistics; linear_ce_bwd), or NULL
+    // trans 0 only: src holds logits and the copy gets cross-entropy's gradient instead
+    // (lb_ce_grad with the forward's row statistics; linear_ce_bwd), or NULL
     const double *ce_stats;
     const int32_t *ce_targets;
     float ce_dloss;
@@ -500,7 +500,6 @@ __global__ void gg_pack_kernel(const __grid_constant__ gg_pack_params P)
                 if (c + 2 < J.cols) v[i].z = p[2];
                 if (c + 3 < J.cols) v[i].w = p[3];
             }
-            if (J.ce_stats) gg_ce_grad4(v[i], J, r, c, P.err);
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
