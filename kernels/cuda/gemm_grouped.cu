@@ -769,8 +769,10 @@ static void gt_batches(lb_cuda_ctx *cx, const A *g, int count, F fill)
 // its dgrad and its wgrad, once), all of them first, in pack launches of GG_PACK_MAX; then
 // the groups of each layout (A (m, k) or (k, m), B (n, k) or (k, n): GT_A_MN, GT_B_MN) in
 // GEMM launches of GT_MAX, the transposed operands read MN-major. The scratch holds every
-// copy of the call at once.
-static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g)
+// copy of the call at once. ce, or NULL: the copy of the source ce->src gets cross-entropy's
+// gradient of those logits instead (ce's ce_ fields; linear_ce_bwd).
+static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g,
+                          const gg_pack_job *ce = NULL)
 {
     typedef struct {
         const float *src;
@@ -797,8 +799,11 @@ static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g)
     char *sc = (char *)lb_cuda_scratch(cx, bytes);
     gg_pack_params *pp = (gg_pack_params *)lb_calloc(1, sizeof *pp);
     for (int j = 0; j < nc; j++) {
-        pp->j[pp->count++] = (gg_pack_job){cp[j].src, (__nv_bfloat16 *)(sc + cp[j].off),
-                                           cp[j].rows, cp[j].cols, pad8(cp[j].cols), 0, NULL, 0};
+        gg_pack_job J = {cp[j].src, (__nv_bfloat16 *)(sc + cp[j].off), cp[j].rows, cp[j].cols,
+                         pad8(cp[j].cols), 0, NULL, 0};
+        if (ce && cp[j].src == ce->src)
+            J.ce_stats = ce->ce_stats, J.ce_targets = ce->ce_targets, J.ce_dloss = ce->ce_dloss;
+        pp->j[pp->count++] = J;
         if (pp->count == GG_PACK_MAX) pack_launch(cx, pp);
     }
     pack_launch(cx, pp);
@@ -849,10 +854,10 @@ extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gem
     free(pp);
 }
 
-// linear_ce_bwd (kernels.h) on this kernel: one pack launch writes three bf16 copies as they
-// are laid out, dy (n, v) (cross-entropy's gradient, computed from the logits as it is read:
-// gg_ce_grad4), w (v, c) and x (n, c); then the dgrad dx (n, c) = dy w reads dy k-major and w
-// MN-major, and the wgrad dw (v, c) = dy^T x reads dy and x MN-major (GT_A_MN, GT_B_MN). The
+// linear_ce_bwd (kernels.h) on this kernel: the dgrad dx (n, c) = dy w and the wgrad dw (v, c)
+// = dy^T x as gemm_grouped's groups on operands as they are laid out (gt_grouped_mn), whose
+// copy of dy (n, v) is cross-entropy's gradient computed from the logits as they are read
+// (gg_ce_grad4); the dgrad reads dy k-major and w MN-major, the wgrad dy and x MN-major. The
 // gradient is never stored in fp32 (two passes of n v 4 bytes: 10 GB each for the 4-layer
 // bench's LM head), and no transposed copy is written (dy^T: n v 2 bytes). The same bf16
 // values meet in the same k order as in cross_entropy_bwd and gemm_grouped, so the same bits
@@ -863,28 +868,11 @@ extern "C" void lb_cuda_linear_ce_bwd_tc(lb_cuda_ctx *cx, float *dx, float dx_be
                                          float dloss, const float *x, const float *w, int n,
                                          int v, int c)
 {
-    const size_t ndy = lb_align256((size_t)n * pad8(v) * 2), nw = lb_align256((size_t)v * pad8(c) * 2);
-    char *sc = (char *)lb_cuda_scratch(cx, ndy + nw + (size_t)n * pad8(c) * 2);
-    __nv_bfloat16 *dyb = (__nv_bfloat16 *)sc, *wb = (__nv_bfloat16 *)(sc + ndy);
-    __nv_bfloat16 *xb = (__nv_bfloat16 *)(sc + ndy + nw);
-    gg_pack_params *pp = (gg_pack_params *)lb_calloc(1, sizeof *pp);
-    gg_pack_job dy = {logits, dyb, n, v, pad8(v), 0, NULL, 0};
-    dy.ce_stats = stats, dy.ce_targets = targets, dy.ce_dloss = dloss;
-    pp->j[0] = dy;
-    pp->j[1] = (gg_pack_job){w, wb, v, c, pad8(c), 0, NULL, 0};
-    pp->j[2] = (gg_pack_job){x, xb, n, c, pad8(c), 0, NULL, 0};
-    pp->count = 3;
-    pack_launch(cx, pp);
-    free(pp);
-    const int bn = c <= 128 ? 128 : cx->grouped_bn;   // gt_bn: n is c in both
-    gt_params *T = (gt_params *)lb_calloc(1, sizeof *T);
-    int tiles = 0;
-    gt_group_set(&T->g[0], dyb, wb, n, c, v, bn, dx, 1.0f, dx_beta, &tiles, GT_B_MN);
-    gt_launch(cx, T, 1, tiles, bn, GT_B_MN);
-    tiles = 0;
-    gt_group_set(&T->g[0], dyb, xb, v, c, n, bn, dw, 1.0f, dw_beta, &tiles, GT_A_MN | GT_B_MN);
-    gt_launch(cx, T, 1, tiles, bn, GT_A_MN | GT_B_MN);
-    free(T);
+    const lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1},
+                               {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1}};
+    gg_pack_job ce = {logits, NULL, n, v, 0, 0, NULL, 0};
+    ce.ce_stats = stats, ce.ce_targets = targets, ce.ce_dloss = dloss;
+    gt_grouped_mn(cx, 2, g, &ce);
 }
 
 // MXFP8, MXFP4, NVFP4 (gemm_q.cu): every operand dequantized to bf16 in scratch (an element
