@@ -321,7 +321,7 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, co
     }
 
     // Both products plain bf16: one grouped call, in which a backend may convert dy once for
-    // both (the CUDA pack writes dy and dy^T from one read); the same sums as two calls.
+    // both (CUDA packs one bf16 copy of dy that both read); the same sums as two calls.
     if (dx && dw && plain_bf16(D, F) && plain_bf16(G, F)) {
         lb_gemm_args g[2] = {{0, 0, n, in, out, 1.0f, dx_beta, dy, we, dx, 1},
                              {1, 0, out, in, n, 1.0f, dw_beta, dy, x, dw, 1}};

@@ -507,7 +507,8 @@ static void grouped_bf16_case(lb_backend *gs, int streams, int G, const int *cou
     gpu->sync(gpu);   // the buffers are the test backend's: its uploads and calls first
     for (int p = 0; p < 3; p++) gs->gemm_grouped(gs, G, g[p]);
     // dgrad and wgrad of each group side by side in one call, as lb_linear_grouped_bwd issues
-    // them (the pack then writes dy and dy^T from one read): the bits of the separate calls
+    // them (one bf16 copy of dy serves both, or dy and dy^T from one read with
+    // LB_CUDA_GG_MN=0): the bits of the separate calls
     float *pair_dx = dpoisoned(sx * 4), *pair_dw = dput(dw0, sw * 4);
     lb_gemm_args *gp = lb_calloc(2 * G, sizeof *gp);
     for (int j = 0; j < G; j++) {
