@@ -50,6 +50,11 @@ typedef struct {
     // only the order of the fp32 accumulation can differ from the fp32 GEMM of the rounded
     // values. Operands that are bf16 values already are unchanged by the rounding.
     int bf16;
+    // NULL, or (bf16 1 only) b rounded to bf16 already: its bits in b's storage layout, each
+    // stored row padded to a multiple of 8 elements (to_bf16). It holds exactly what rounding
+    // b gives, so a backend reads it instead of rounding b (a weight cache fills it once a
+    // step); b stays valid and means the same.
+    const uint16_t *b16;
 } lb_gemm_args;
 
 typedef struct lb_backend lb_backend;
@@ -153,6 +158,9 @@ struct lb_backend {
     void (*hadamard)(lb_backend *, float *y, const float *x, int rows, int cols, int axis,
                      int hn, uint32_t signs);
     void (*round_bf16)(lb_backend *, float *y, const float *x, size_t n);  // y = bf16(x), RNE
+    // y (rows, ld) = the bf16 bits of x (rows, cols), rounded as round_bf16, zeros in columns
+    // cols .. ld - 1 (ld a multiple of 8, >= cols): lb_gemm_args.b16's layout.
+    void (*to_bf16)(lb_backend *, uint16_t *y, const float *x, size_t rows, int cols, int ld);
 
     // --- elementwise and reductions ---------------------------------------------------------
     void   (*add)(lb_backend *, float *y, const float *x, size_t n);        // y += x
@@ -319,7 +327,7 @@ lb_backend *lb_backend_profiled(lb_backend *in);
 static inline void lb_gemm(lb_backend *be, int transa, int transb, int m, int n, int k,
                            float alpha, const float *a, const float *b, float beta, float *c)
 {
-    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 0};
+    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 0, NULL};
     be->gemm(be, &g);
 }
 
@@ -327,7 +335,16 @@ static inline void lb_gemm(lb_backend *be, int transa, int transb, int m, int n,
 static inline void lb_gemm_bf16(lb_backend *be, int transa, int transb, int m, int n, int k,
                                 float alpha, const float *a, const float *b, float beta, float *c)
 {
-    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 1};
+    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 1, NULL};
+    be->gemm(be, &g);
+}
+
+// The same with b's bf16 copy (lb_gemm_args.b16; NULL: none).
+static inline void lb_gemm_bf16_b16(lb_backend *be, int transa, int transb, int m, int n, int k,
+                                    float alpha, const float *a, const float *b,
+                                    const uint16_t *b16, float beta, float *c)
+{
+    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 1, b16};
     be->gemm(be, &g);
 }
 

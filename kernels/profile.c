@@ -18,6 +18,7 @@
     X(alloc) X(free) X(upload) X(download) X(copy) X(zero) X(gemm) X(gemm_grouped)            \
     X(qmat_alloc) X(qmat_free) X(quantize) X(quantize_grouped) X(quantize_rc)                 \
     X(qmat_transpose) X(dequantize) X(gemm_q) X(gemm_q_grouped) X(hadamard) X(round_bf16)     \
+    X(to_bf16)                                                                                \
     X(add) X(scale) X(sumsq) X(embedding_fwd) X(embedding_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd)  \
     X(rope_fwd) X(rope_bwd) X(attention_fwd) X(attention_bwd) X(kv_append)                    \
     X(attention_cached) X(swiglu_fwd) X(swiglu_bwd) X(router_topk_fwd) X(router_topk_bwd)     \
@@ -199,6 +200,8 @@ W(hadamard,
   (lb_backend *be, float *y, const float *x, int rows, int cols, int axis, int hn, uint32_t s),
   (in, y, x, rows, cols, axis, hn, s))
 W(round_bf16, (lb_backend *be, float *y, const float *x, size_t n), (in, y, x, n))
+W(to_bf16, (lb_backend *be, uint16_t *y, const float *x, size_t rows, int cols, int ld),
+  (in, y, x, rows, cols, ld))
 W(add, (lb_backend *be, float *y, const float *x, size_t n), (in, y, x, n))
 W(scale, (lb_backend *be, float *x, float s, size_t n), (in, x, s, n))
 W(embedding_fwd, (lb_backend *be, float *o, const int32_t *t, const float *w, int n, int c),

@@ -150,15 +150,26 @@ static void round_into(lb_linear *L, float *dst, const float *src, size_t n)
     L->be->round_bf16(L->be, dst, src, n);
 }
 
+static int pad8(int x) { return (x + 7) / 8 * 8; }
+
+// Expert e's matrix in the cache's bf16 copy of W, or NULL (none; c may be NULL).
+static const uint16_t *cache_b16(const lb_wcache *c, int e)
+{
+    return c && c->b16 ? c->b16 + (size_t)e * c->out * pad8(c->in) : NULL;
+}
+
 void lb_wcache_free(lb_linear *L, lb_wcache *c)
 {
     lb_backend *be = L->be;
     for (int e = 0; c->row && e < c->count; e++) be->qmat_free(be, &c->row[e]);
     for (int e = 0; c->col && e < c->count; e++) be->qmat_free(be, &c->col[e]);
+    if (c->b16) be->free(be, c->b16);
     free(c->row);
     free(c->col);
     memset(c, 0, sizeof *c);
 }
+
+static int plain_bf16(const lb_site *S, const lb_site *F);
 
 void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const float *w,
                      int count, int out, int in)
@@ -166,8 +177,10 @@ void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const 
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     const lb_site *D = lb_contract_site(L->contract, layer, role, LB_PASS_DGRAD);
     int need_row = is_low(F->fmt), need_col = is_low(D->fmt) && D->mode == LB_BWD_QUANTIZED;
+    int need_b16 = F->fmt == LB_FMT_BF16 || plain_bf16(D, F);
     int same = c->count == count && c->out == out && c->in == in && c->ffmt == F->fmt &&
-               c->dfmt == D->fmt && !!c->row == need_row && !!c->col == need_col;
+               c->dfmt == D->fmt && !!c->row == need_row && !!c->col == need_col &&
+               !!c->b16 == need_b16;
     if (!same) {
         lb_wcache_free(L, c);
         c->count = count;
@@ -177,6 +190,10 @@ void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const 
         c->dfmt = D->fmt;
     }
     lb_backend *be = L->be;
+    if (need_b16) {   // the count matrices are (count out) rows of in
+        if (!c->b16) c->b16 = be->alloc(be, (size_t)count * out * pad8(in) * sizeof(uint16_t));
+        be->to_bf16(be, c->b16, w, (size_t)count * out, in, pad8(in));
+    }
     int rows[count];   // every matrix of w quantized on its own, in one call
     for (int e = 0; e < count; e++) rows[e] = out;
     if (need_row) {
@@ -222,8 +239,8 @@ void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const 
     if (n == 0) return;
     if (F->fmt == LB_FMT_FP32) {
         lb_gemm(be, 0, 1, n, out, in, 1.0f, x, w + e * mat, beta, y);
-    } else if (F->fmt == LB_FMT_BF16) {   // the GEMM rounds x and W (kernels.h)
-        lb_gemm_bf16(be, 0, 1, n, out, in, 1.0f, x, w + e * mat, beta, y);
+    } else if (F->fmt == LB_FMT_BF16) {   // the GEMM rounds x (W: the cache's copy, kernels.h)
+        lb_gemm_bf16_b16(be, 0, 1, n, out, in, 1.0f, x, w + e * mat, cache_b16(c, e), beta, y);
     } else {
         lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, e, 0));
         gemm_act_q(L, x, n, in, &a, &c->row[e], out, beta, y);
@@ -323,8 +340,8 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, co
     // Both products plain bf16: one grouped call, in which a backend may convert dy once for
     // both (CUDA packs one bf16 copy of dy that both read); the same sums as two calls.
     if (dx && dw && plain_bf16(D, F) && plain_bf16(G, F)) {
-        lb_gemm_args g[2] = {{0, 0, n, in, out, 1.0f, dx_beta, dy, we, dx, 1},
-                             {1, 0, out, in, n, 1.0f, dw_beta, dy, x, dw, 1}};
+        lb_gemm_args g[2] = {{0, 0, n, in, out, 1.0f, dx_beta, dy, we, dx, 1, cache_b16(c, e)},
+                             {1, 0, out, in, n, 1.0f, dw_beta, dy, x, dw, 1, NULL}};
         be->gemm_grouped(be, 2, g);
         return;
     }
@@ -347,8 +364,9 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, co
                 be->dequantize(be, wd, &c->row[e]);
                 // fp8-block values times fp32 scales: not bf16 values in general
                 lb_gemm(be, 0, 0, n, in, out, 1.0f, dyb, wd, dx_beta, dx);
-            } else {   // the GEMM rounds dy and W (kernels.h)
-                lb_gemm_bf16(be, 0, 0, n, in, out, 1.0f, dy, we, dx_beta, dx);
+            } else {   // the GEMM rounds dy (W: the cache's copy, kernels.h)
+                lb_gemm_bf16_b16(be, 0, 0, n, in, out, 1.0f, dy, we, cache_b16(c, e), dx_beta,
+                                 dx);
             }
         } else {
             lb_quant_args a = act_args(L, D, 0, 1, operand_id(layer, role, LB_PASS_DGRAD, e, 0));
@@ -490,7 +508,8 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
         lb_gemm_args g[groups];
         for (int j = 0; j < groups; j++) {
             g[j] = (lb_gemm_args){0, 1, counts[j], out, in, 1.0f, 0.0f, x + off * in,
-                                  w + j * mat, y + off * out, bf16};
+                                  w + j * mat, y + off * out, bf16,
+                                  bf16 ? cache_b16(c, j) : NULL};
             off += (size_t)counts[j];
         }
         L->be->gemm_grouped(L->be, groups, g);
@@ -523,10 +542,10 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
         for (int j = 0; j < groups; j++) {
             int mj = counts[j];
             g[2 * j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, dy + off * out, w + j * mat,
-                                      dx + off * in, bf16};
+                                      dx + off * in, bf16, bf16 ? cache_b16(c, j) : NULL};
             // mj 0: no product, and beta 0 zeroes the matrix (kernels.h)
             g[2 * j + 1] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, dw_beta, dy + off * out,
-                                          x + off * in, dw + j * mat, bf16};
+                                          x + off * in, dw + j * mat, bf16, NULL};
             off += (size_t)mj;
         }
         L->be->gemm_grouped(L->be, 2 * groups, g);

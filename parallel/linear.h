@@ -18,7 +18,10 @@ typedef struct {
     lb_format ffmt, dfmt;          // formats the copies were built for
     lb_qmat *row;                  // (count) fprop: Q(W) row-wise (blocks along in)
     lb_qmat *col;                  // (count) dgrad: Q(W^T) (blocks along out), when quantized
-    // (BF16 passes need no copy: a GEMM marked bf16 rounds W itself, kernels.h)
+    // (count, out, pad8(in)) W rounded to bf16, when the fprop or the dgrad is a bf16 GEMM on
+    // it: lb_gemm_args.b16 of both (W is B (n, k) in the fprop, (k, n) in the dgrad), so the
+    // GEMMs do not round W again on every call
+    uint16_t *b16;
 } lb_wcache;
 
 // Grow-only buffers for one quantized operand (backend memory): quantize writes every byte of

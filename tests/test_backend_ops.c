@@ -206,7 +206,8 @@ START_TEST(test_table_and_memory)
         (void (*)(void))gpu->qmat_transpose, (void (*)(void))gpu->dequantize,
         (void (*)(void))gpu->gemm_q, (void (*)(void))gpu->gemm_q_grouped,
         (void (*)(void))gpu->hadamard,
-        (void (*)(void))gpu->round_bf16, (void (*)(void))gpu->kv_append,
+        (void (*)(void))gpu->round_bf16, (void (*)(void))gpu->to_bf16,
+        (void (*)(void))gpu->kv_append,
         (void (*)(void))gpu->attention_cached, (void (*)(void))gpu->cross_entropy_bwd_rows,
         (void (*)(void))gpu->linear_ce_bwd,
     };
@@ -437,10 +438,10 @@ START_TEST(test_gemm_grouped)
     float *dc0 = dpoisoned((size_t)m0 * n * 4), *dsent = dput(sentinel, sizeof sentinel);
     float *dc2 = dpoisoned((size_t)5 * n * 4), *dc3 = dput(c3_0, (size_t)n * k * 4);
     lb_gemm_args g[4] = {
-        {0, 1, m0, n, k, 1.0f, 0.0f, da0, dw, dc0, 0},       // fprop
-        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, dw, dsent, 0},     // no tokens
-        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, dc2, 0},     // empty inner dimension
-        {1, 0, n, k, m3, 0.5f, 1.0f, da3, db3, dc3, 0},      // wgrad, accumulating
+        {0, 1, m0, n, k, 1.0f, 0.0f, da0, dw, dc0, 0, NULL},       // fprop
+        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, dw, dsent, 0, NULL},     // no tokens
+        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, dc2, 0, NULL},     // empty inner dimension
+        {1, 0, n, k, m3, 0.5f, 1.0f, da3, db3, dc3, 0, NULL},      // wgrad, accumulating
     };
     gpu->gemm_grouped(gpu, 4, g);
     gpu->gemm_grouped(gpu, 0, NULL);   // nothing to do
@@ -489,11 +490,11 @@ static void grouped_bf16_case(lb_backend *gs, int streams, int G, const int *cou
     for (int j = 0; j < G; j++) {
         int m = counts[j];
         g[0][j] = (lb_gemm_args){0, 1, m, out, in, 1.0f, 0.0f, X + off * in, W + j * mat,
-                                 out_d[0][0] + off * out, 1};
+                                 out_d[0][0] + off * out, 1, NULL};
         g[1][j] = (lb_gemm_args){0, 0, m, in, out, 1.0f, 0.0f, DY + off * out, W + j * mat,
-                                 out_d[0][1] + off * in, 1};
+                                 out_d[0][1] + off * in, 1, NULL};
         g[2][j] = (lb_gemm_args){1, 0, out, in, m, 1.0f, 1.0f, DY + off * out, X + off * in,
-                                 out_d[0][2] + j * mat, 1};
+                                 out_d[0][2] + j * mat, 1, NULL};
         if (m) {
             lb_gemm_bf16(cpu, 0, 1, m, out, in, 1.0f, x + off * in, w + j * mat, 0.0f,
                          yr + off * out);
@@ -528,7 +529,7 @@ static void grouped_bf16_case(lb_backend *gs, int streams, int G, const int *cou
     // fprop of a middle row of the last group alone
     const size_t row = (size_t)(n - counts[G - 1]) + counts[G - 1] / 2;
     float *y1 = dpoisoned((size_t)out * 4);
-    lb_gemm_args one = {0, 1, 1, out, in, 1.0f, 0.0f, X + row * in, W + (G - 1) * mat, y1, 1};
+    lb_gemm_args one = {0, 1, 1, out, in, 1.0f, 0.0f, X + row * in, W + (G - 1) * mat, y1, 1, NULL};
     gs->gemm_grouped(gs, 1, &one);
     gs->sync(gs);
     const char *names[3] = {"fprop", "dgrad", "wgrad"};
@@ -1261,8 +1262,8 @@ static void linear_ce_case(int n, int v, int c, float dw_beta)
     gpu->linear_ce_bwd(gpu, DX[0], 0.0f, DW[0], dw_beta, L, ST, T, 0.37f, X, W, n, v, c);
     gpu->upload(gpu, L, l, nv * 4);   // linear_ce_bwd leaves the logits undefined
     gpu->cross_entropy_bwd(gpu, L, L, ST, T, 0.37f, n, v);
-    lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, 0.0f, L, W, DX[1], 1},
-                         {1, 0, v, c, n, 1.0f, dw_beta, L, X, DW[1], 1}};
+    lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, 0.0f, L, W, DX[1], 1, NULL},
+                         {1, 0, v, c, n, 1.0f, dw_beta, L, X, DW[1], 1, NULL}};
     gpu->gemm_grouped(gpu, 2, g);
     float *gx[2], *gw[2];
     for (int r = 0; r < 2; r++) gx[r] = hget(DX[r], nc * 4), gw[r] = hget(DW[r], vc * 4);
@@ -1838,6 +1839,59 @@ START_TEST(test_round_bf16)
     y = hget(dx, n * 4);
     CHECK_BITS("round_bf16 in place", y, want, n * 4);
     free(x), free(want), free(y), dfree(dx), dfree(dy);
+}
+END_TEST
+
+// to_bf16 against the CPU bit for bit (the special values of test_round_bf16, rows of 37
+// columns padded to 40), and bf16 GEMMs given b's copy (lb_gemm_args.b16) against the same
+// GEMMs rounding b themselves, bit for bit: fprop (B (n, k)) and dgrad (B (k, n)) of one
+// weight's copy, as the weight cache serves them, alone and as groups beside a wgrad.
+START_TEST(test_to_bf16)
+{
+    const int rows = 301, cols = 37, ld = 40;
+    float *x = randn((size_t)rows * cols, 10.0f);
+    const uint32_t sp[] = {0x3f808000u, 0x7f7fffffu, 0x7f800000u, 0x7fc00001u, 0xffa00000u,
+                           0x00000001u, 0x80008000u, 0x80000000u};
+    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) memcpy(&x[i], &sp[i], 4);
+    uint16_t *want = lb_malloc((size_t)rows * ld * 2);
+    cpu->to_bf16(cpu, want, x, rows, cols, ld);
+    float *dx = dput(x, (size_t)rows * cols * 4);
+    uint16_t *dy = dpoisoned((size_t)rows * ld * 2);
+    gpu->to_bf16(gpu, dy, dx, rows, cols, ld);
+    uint16_t *got = hget(dy, (size_t)rows * ld * 2);
+    CHECK_BITS("to_bf16 (padded rows, special values)", got, want, (size_t)rows * ld * 2);
+    free(got), dfree(dy), dfree(dx), free(x), free(want);
+
+    const int m = 77, n = 300, k = 136;   // W (n, k): fprop C (m, n), dgrad C (m, k)
+    float *w = randn((size_t)n * k, 1), *a = randn((size_t)m * k, 1), *g = randn((size_t)m * n, 1);
+    float *W = dput(w, (size_t)n * k * 4), *A = dput(a, (size_t)m * k * 4);
+    float *G = dput(g, (size_t)m * n * 4);
+    uint16_t *W16 = gpu->alloc(gpu, (size_t)n * 136 * 2);   // pad8(136) = 136
+    gpu->to_bf16(gpu, W16, W, n, k, 136);
+    float *c[2][4];
+    for (int r = 0; r < 2; r++) {
+        const uint16_t *b16 = r ? W16 : NULL;
+        for (int i = 0; i < 4; i++) c[r][i] = dpoisoned((size_t)m * (i % 2 ? k : n) * 4);
+        lb_gemm_bf16_b16(gpu, 0, 1, m, n, k, 1.0f, A, W, b16, 0.0f, c[r][0]);   // fprop
+        lb_gemm_bf16_b16(gpu, 0, 0, m, k, n, 1.0f, G, W, b16, 0.0f, c[r][1]);   // dgrad
+        float *dw = dpoisoned((size_t)n * k * 4);
+        lb_gemm_args gr[3] = {{0, 1, m, n, k, 1.0f, 0.0f, A, W, c[r][2], 1, b16},
+                              {0, 0, m, k, n, 1.0f, 0.0f, G, W, c[r][3], 1, b16},
+                              {1, 0, n, k, m, 1.0f, 0.0f, G, A, dw, 1, NULL}};
+        gpu->gemm_grouped(gpu, 3, gr);
+        dfree(dw);
+    }
+    gpu->sync(gpu);
+    const char *names[4] = {"fprop", "dgrad", "grouped fprop", "grouped dgrad"};
+    for (int i = 0; i < 4; i++) {
+        const size_t bytes = (size_t)m * (i % 2 ? k : n) * 4;
+        float *x0 = hget(c[0][i], bytes), *x1 = hget(c[1][i], bytes);
+        char what[96];
+        snprintf(what, sizeof what, "bf16 gemm %s with b16 against rounding b", names[i]);
+        CHECK_BITS(what, x1, x0, bytes);
+        free(x0), free(x1), dfree(c[0][i]), dfree(c[1][i]);
+    }
+    dfree(W16), dfree(W), dfree(A), dfree(G), free(w), free(a), free(g);
 }
 END_TEST
 
@@ -2754,6 +2808,7 @@ int main(void)
     tcase_add_test(tc, test_quantize_golden_inputs);
     tcase_add_test(tc, test_hadamard);
     tcase_add_test(tc, test_round_bf16);
+    tcase_add_test(tc, test_to_bf16);
     tcase_add_test(tc, test_quantize_grouped);
     tcase_add_test(tc, test_quantize_rc);
     tcase_add_test(tc, test_qmat_transpose);

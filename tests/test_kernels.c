@@ -378,6 +378,34 @@ START_TEST(test_gemm_accumulate_and_edges)
 }
 END_TEST
 
+// to_bf16: each element's bf16 bits (lb_f32_to_bf16, which round_bf16 widens), zeros in the
+// padding; and a bf16 GEMM given b's copy (lb_gemm_args.b16) equals the GEMM rounding b, bit
+// for bit, with B (n, k) (fprop) and (k, n) (dgrad) from the same copy of W (n, k).
+START_TEST(test_to_bf16_gemm_b16)
+{
+    const int n = 37, k = 53, m = 9, ld = 56;
+    float *w = randn((size_t)n * k, 11, 3.0f), *a = randn((size_t)m * k, 12, 1.0f);
+    float *g = randn((size_t)m * n, 13, 1.0f);
+    uint16_t *w16 = lb_malloc((size_t)n * ld * 2);
+    memset(w16, 0xff, (size_t)n * ld * 2);
+    be->to_bf16(be, w16, w, n, k, ld);
+    for (int r = 0; r < n; r++)
+        for (int c = 0; c < ld; c++)
+            ck_assert_uint_eq(w16[r * ld + c], c < k ? lb_f32_to_bf16(w[r * k + c]) : 0);
+    const size_t cb = (size_t)m * (n > k ? n : k) * 4;
+    float *c0 = lb_malloc(cb), *c1 = lb_malloc(cb);
+    for (int pass = 0; pass < 2; pass++) {   // fprop C (m, n) = A W^T; dgrad C (m, k) = G W
+        const int nn = pass ? k : n, kk = pass ? n : k;
+        const float *x = pass ? g : a;
+        lb_gemm_bf16_b16(be, 0, !pass, m, nn, kk, 1.0f, x, w, NULL, 0.0f, c0);
+        lb_gemm_bf16_b16(be, 0, !pass, m, nn, kk, 1.0f, x, w, w16, 0.0f, c1);
+        ck_assert_msg(memcmp(c0, c1, (size_t)m * nn * 4) == 0, "%s with b16 differs",
+                      pass ? "dgrad" : "fprop");
+    }
+    free(w), free(a), free(g), free(w16), free(c0), free(c1);
+}
+END_TEST
+
 // One call for several experts: an ordinary group, an expert with no tokens (m == 0, its C
 // untouched), one whose inner size is 0 (C zeroed, NaN included) and a transposed wgrad group.
 START_TEST(test_gemm_grouped)
@@ -391,10 +419,10 @@ START_TEST(test_gemm_grouped)
     for (int i = 0; i < 5 * n; i++) c2[i] = NAN;
     float *c3_0 = randn((size_t)n * k, 144, 1), *c3 = fdup(c3_0, (size_t)n * k);
     lb_gemm_args g[4] = {
-        {0, 1, m0, n, k, 1.0f, 0.0f, a0, w, c0, 0},          // fprop
-        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, w, sentinel, 0},   // no tokens
-        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, c2, 0},      // empty inner dimension
-        {1, 0, n, k, m3, 0.5f, 1.0f, a3, b3, c3, 0},         // wgrad, accumulating
+        {0, 1, m0, n, k, 1.0f, 0.0f, a0, w, c0, 0, NULL},          // fprop
+        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, w, sentinel, 0, NULL},   // no tokens
+        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, c2, 0, NULL},      // empty inner dimension
+        {1, 0, n, k, m3, 0.5f, 1.0f, a3, b3, c3, 0, NULL},         // wgrad, accumulating
     };
     be->gemm_grouped(be, 4, g);
     double *ref0 = dzeros((size_t)m0 * n), *ref3 = dzeros((size_t)n * k);
@@ -475,7 +503,7 @@ START_TEST(test_gemm_det_canonical)
                     for (int r = 0; r < 2; r++)
                         for (int isa = 0; isa < 2; isa++) {
                             memcpy(c, c0, mn * sizeof(float));
-                            lb_gemm_args g = {ta, tb, m, n, k, alpha, beta, a, b, c};
+                            lb_gemm_args g = {ta, tb, m, n, k, alpha, beta, a, b, c, 0, NULL};
                             lb_cpu_gemm_det(&g, lb_cpu_threads(bes[r]),
                                             isa ? LB_CPU_GEMM_BASE : LB_CPU_GEMM_AUTO);
                             snprintf(what, sizeof what,
@@ -1725,6 +1753,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_gemm_fwd);
     tcase_add_test(tc, test_gemm_accumulate_and_edges);
     tcase_add_test(tc, test_gemm_grouped);
+    tcase_add_test(tc, test_to_bf16_gemm_b16);
     tcase_add_test(tc, test_gemm_det_canonical);
     tcase_add_test(tc, test_gemm_openblas_path);
     tcase_add_test(tc, test_elementwise_and_sumsq);

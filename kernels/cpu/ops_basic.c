@@ -30,9 +30,20 @@ static void cpu_gemm(lb_backend *be, const lb_gemm_args *g)
         }
         float *ra = cx->round, *rb = ra + na;
         be->round_bf16(be, ra, g->a, na);
-        be->round_bf16(be, rb, g->b, nb);
+        if (g->b16) {   // the same values, widened from b's bf16 copy
+            const int len = g->transb ? g->k : g->n, ld = (len + 7) / 8 * 8;
+            const size_t rows = nb / (size_t)len;
+            #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (nb >= LB_CPU_PAR_MIN)
+            for (size_t r = 0; r < rows; r++)
+                for (int c = 0; c < len; c++) {
+                    const uint32_t u = (uint32_t)g->b16[r * ld + c] << 16;
+                    memcpy(&rb[r * len + c], &u, 4);
+                }
+        } else {
+            be->round_bf16(be, rb, g->b, nb);
+        }
         lb_gemm_args r = *g;
-        r.a = ra, r.b = rb, r.bf16 = 0;
+        r.a = ra, r.b = rb, r.bf16 = 0, r.b16 = NULL;
         cpu_gemm(be, &r);
         return;
     }

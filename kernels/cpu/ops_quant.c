@@ -113,17 +113,35 @@ static void cpu_hadamard(lb_backend *be, float *y, const float *x, int rows, int
 }
 
 // lb_round_bf16 inlined (the bf16 recipe rounds every GEMM operand): round to nearest even
-// on the bits, quiet NaN kept. Elementwise, so threads change nothing.
+// on the bits, quiet NaN kept; the bf16 value's fp32 bits.
+static inline uint32_t round_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u | 0x400000u) & 0xffff0000u;   // quiet NaN
+    return (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+}
+
+// Elementwise, so threads change nothing.
 static void cpu_round_bf16(lb_backend *be, float *y, const float *x, size_t n)
 {
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (n >= LB_CPU_PAR_MIN)
     for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &x[i], 4);
-        if ((u & 0x7fffffffu) > 0x7f800000u) u = (u | 0x400000u) & 0xffff0000u;   // quiet NaN
-        else u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        const uint32_t u = round_bits(x[i]);
         memcpy(&y[i], &u, 4);
     }
+}
+
+static void cpu_to_bf16(lb_backend *be, uint16_t *y, const float *x, size_t rows, int cols,
+                        int ld)
+{
+    if (cols < 0 || ld < cols || ld % 8)
+        lb_die("to_bf16: row pitch %d for %d columns (a multiple of 8, at least the columns)", ld,
+               cols);
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (rows * cols >= LB_CPU_PAR_MIN)
+    for (size_t r = 0; r < rows; r++)
+        for (int c = 0; c < ld; c++)
+            y[r * ld + c] = c < cols ? (uint16_t)(round_bits(x[r * cols + c]) >> 16) : 0;
 }
 
 void lb_cpu_init_quant(lb_backend *be)
@@ -139,4 +157,5 @@ void lb_cpu_init_quant(lb_backend *be)
     be->gemm_q_grouped = cpu_gemm_q_grouped;
     be->hadamard = cpu_hadamard;
     be->round_bf16 = cpu_round_bf16;
+    be->to_bf16 = cpu_to_bf16;
 }

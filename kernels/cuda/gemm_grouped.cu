@@ -769,8 +769,10 @@ static void gt_batches(lb_cuda_ctx *cx, const A *g, int count, F fill)
 // its dgrad and its wgrad, once), all of them first, in pack launches of GG_PACK_MAX; then
 // the groups of each layout (A (m, k) or (k, m), B (n, k) or (k, n): GT_A_MN, GT_B_MN) in
 // GEMM launches of GT_MAX, the transposed operands read MN-major. The scratch holds every
-// copy of the call at once. ce, or NULL: the copy of the source ce->src gets cross-entropy's
-// gradient of those logits instead (ce's ce_ fields; linear_ce_bwd).
+// copy of the call at once. A B given in bf16 already (lb_gemm_args.b16: a weight cache's copy,
+// in the layout these copies have) is read as it is. ce, or NULL: the copy of the source
+// ce->src gets cross-entropy's gradient of those logits instead (ce's ce_ fields;
+// linear_ce_bwd).
 static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g,
                           const gg_pack_job *ce = NULL)
 {
@@ -785,6 +787,10 @@ static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g,
     size_t bytes = 0;
     for (int i = 0; i < 2 * count; i++) {
         const lb_gemm_args *x = &g[i / 2];
+        if (i % 2 && x->b16) {
+            ic[i] = -1;
+            continue;
+        }
         gt_copy c = i % 2 ? (gt_copy){x->b, x->transb ? x->n : x->k, x->transb ? x->k : x->n, 0}
                           : (gt_copy){x->a, x->transa ? x->k : x->m, x->transa ? x->m : x->k, 0};
         int j = 0;
@@ -815,8 +821,10 @@ static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g,
         for (int i = 0; i <= count; i++) {
             if (i < count && ((g[i].transa ? GT_A_MN : 0) | (g[i].transb ? 0 : GT_B_MN)) == mn) {
                 const lb_gemm_args *x = &g[i];
-                gt_group_set(&T->g[cnt++], sc + cp[ic[2 * i]].off, sc + cp[ic[2 * i + 1]].off,
-                             x->m, x->n, x->k, bn, x->c, x->alpha, x->beta, &tiles, mn);
+                const void *b = ic[2 * i + 1] < 0 ? (const void *)x->b16
+                                                  : sc + cp[ic[2 * i + 1]].off;
+                gt_group_set(&T->g[cnt++], sc + cp[ic[2 * i]].off, b, x->m, x->n, x->k, bn, x->c,
+                             x->alpha, x->beta, &tiles, mn);
             }
             if (cnt && (cnt == GT_MAX || i == count)) {
                 gt_launch(cx, T, cnt, tiles, bn, mn);

@@ -1768,15 +1768,19 @@ static void cuda_hadamard(lb_backend *be, float *y, const float *x, int rows, in
 
 // --- bf16 rounding (kernels/common.c lb_f32_to_bf16, on the bits) -----------------------------
 
+// The bf16 bits of x, nearest even, quiet NaN kept (the CPU's bits).
+__device__ __forceinline__ uint32_t round_bf16_bits(float x)
+{
+    const uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return u >> 16 | 0x40u;   // quiet NaN
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
 __global__ void round_bf16_kernel(float *y, const float *x, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t u = __float_as_uint(x[i]);
-        if ((u & 0x7fffffffu) > 0x7f800000u) u = (u >> 16 | 0x40u) << 16;   // quiet NaN
-        else u = ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16;
-        y[i] = __uint_as_float(u);
-    }
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __uint_as_float(round_bf16_bits(x[i]) << 16);
 }
 
 static void cuda_round_bf16(lb_backend *be, float *y, const float *x, size_t n)
@@ -1784,6 +1788,35 @@ static void cuda_round_bf16(lb_backend *be, float *y, const float *x, size_t n)
     if (!n) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     round_bf16_kernel<<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(y, x, n);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// y (rows, ld) bf16 bits of x (rows, cols), zeros past cols: a pair of columns per thread
+// (ld is even).
+__global__ void to_bf16_kernel(uint16_t *y, const float *x, size_t rows, int cols, int ld)
+{
+    const size_t pairs = rows * (size_t)(ld / 2);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < pairs;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / (ld / 2);
+        const int c = (int)(i % (ld / 2)) * 2;
+        const float *xr = x + r * cols;
+        const uint32_t lo = c < cols ? round_bf16_bits(xr[c]) : 0;
+        const uint32_t hi = c + 1 < cols ? round_bf16_bits(xr[c + 1]) : 0;
+        reinterpret_cast<uint32_t *>(y + r * ld)[c / 2] = lo | hi << 16;
+    }
+}
+
+static void cuda_to_bf16(lb_backend *be, uint16_t *y, const float *x, size_t rows, int cols,
+                         int ld)
+{
+    if (cols < 0 || ld < cols || ld % 8)
+        lb_die("to_bf16: row pitch %d for %d columns (a multiple of 8, at least the columns)", ld,
+               cols);
+    if (!rows || !ld) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    const size_t pairs = rows * (size_t)(ld / 2);
+    to_bf16_kernel<<<lb_grid(pairs, 256, cx), 256, 0, cx->stream>>>(y, x, rows, cols, ld);
     LB_CUDA_LAUNCHED(cx);
 }
 
@@ -1798,4 +1831,5 @@ extern "C" void lb_cuda_init_quant(lb_backend *be)
     be->dequantize = cuda_dequantize;
     be->hadamard = cuda_hadamard;
     be->round_bf16 = cuda_round_bf16;
+    be->to_bf16 = cuda_to_bf16;
 }
