@@ -302,10 +302,12 @@ struct lb_backend {
     // the forward's stats (not NULL), then one gemm_grouped call of two bf16 groups,
     // dx (n, c) = g w + dx_beta dx and dw (v, c) = g^T x + dw_beta dw: the same bits as those
     // two calls. logits are left undefined (the CPU writes g over them; CUDA rounds g to bf16
-    // for the GEMMs as it computes it, never storing it in fp32).
+    // for the GEMMs as it computes it, never storing it in fp32). w16: NULL, or w rounded to
+    // bf16 in to_bf16's layout (v, pad8(c)), the dgrad's lb_gemm_args.b16.
     void (*linear_ce_bwd)(lb_backend *, float *dx, float dx_beta, float *dw, float dw_beta,
                           float *logits, const double *stats, const int32_t *targets,
-                          float dloss, const float *x, const float *w, int n, int v, int c);
+                          float dloss, const float *x, const float *w, const uint16_t *w16,
+                          int n, int v, int c);
 
     // --- optimizer ------------------------------------------------------------------------------
     // AdamW with decoupled weight decay and bias correction; step counts from 1.

@@ -277,8 +277,9 @@ W(cross_entropy_bwd_rows,
   (in, d, lg, st, t, dl, n, v))
 WS(linear_ce_bwd,
    (lb_backend *be, float *dx, float dxb, float *dw, float dwb, float *lg, const double *st,
-    const int32_t *t, float dl, const float *x, const float *w, int n, int v, int c),
-   (in, dx, dxb, dw, dwb, lg, st, t, dl, x, w, n, v, c),
+    const int32_t *t, float dl, const float *x, const float *w, const uint16_t *w16, int n,
+    int v, int c),
+   (in, dx, dxb, dw, dwb, lg, st, t, dl, x, w, w16, n, v, c),
    (charge_shapef(be, t0, "linear_ce_bwd %dx%dx%d bf16", n, v, c)))
 W(adamw,
   (lb_backend *be, float *p, const float *g, float gs, float *m, float *v, size_t n, float lr,

@@ -956,8 +956,9 @@ static void backward(lb_model *m, float loss_scale)
             // d logits, and backward_from runs the LM head's backward
             head_done = st && lb_linear_ce_fusable(&m->lin, l, LB_ROLE_LM_HEAD);
             if (head_done)
-                lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, a->lnf, wh, m->logits, st, tg, dce,
-                                 a->dln, dwh, lb_model_grad_beta(m, dwh), ns, d.V, d.C);
+                lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, a->lnf, wh,
+                                 &m->wcache[th - m->tensors], m->logits, st, tg, dce, a->dln,
+                                 dwh, lb_model_grad_beta(m, dwh), ns, d.V, d.C);
             else
                 m->be->cross_entropy_bwd(m->be, m->logits, m->logits, st, tg, dce, ns, d.V);
             a->ce_stats_ok = 0;   // the buffer no longer holds the logits

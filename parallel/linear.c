@@ -425,8 +425,9 @@ int lb_linear_ce_fusable(lb_linear *L, int layer, lb_role role)
 }
 
 void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
-                      float *logits, const double *stats, const int32_t *targets, float dloss,
-                      float *dx, float *dw, float dw_beta, int n, int out, int in)
+                      const lb_wcache *c, float *logits, const double *stats,
+                      const int32_t *targets, float dloss, float *dx, float *dw, float dw_beta,
+                      int n, int out, int in)
 {
     if (!lb_linear_ce_fusable(L, layer, role))
         lb_die("lb_linear_ce_bwd: layer %d %s has a backward pass that is not a plain bf16 GEMM",
@@ -438,8 +439,8 @@ void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, con
         return;
     }
     // lb_linear_bwd's grouped call for both products, dy made inside it
-    L->be->linear_ce_bwd(L->be, dx, 0.0f, dw, dw_beta, logits, stats, targets, dloss, x, w, n,
-                         out, in);
+    L->be->linear_ce_bwd(L->be, dx, 0.0f, dw, dw_beta, logits, stats, targets, dloss, x, w,
+                         cache_b16(c, 0), n, out, in);
 }
 
 // --- experts: one weight matrix per group of consecutive rows ----------------------------------

@@ -87,11 +87,13 @@ void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
 // - onehot(targets)) from the forward's row statistics (not NULL), then dx (overwritten) and
 // dw, in one backend call that need not store dy (linear_ce_bwd). Only where
 // lb_linear_ce_fusable: both backward passes are plain bf16 GEMMs. The same bits as
-// cross_entropy_bwd and then lb_linear_bwd; the logits are left undefined.
+// cross_entropy_bwd and then lb_linear_bwd; the logits are left undefined. c: W's cache (its
+// bf16 copy for the dgrad), or NULL.
 int lb_linear_ce_fusable(lb_linear *L, int layer, lb_role role);
 void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
-                      float *logits, const double *stats, const int32_t *targets, float dloss,
-                      float *dx, float *dw, float dw_beta, int n, int out, int in);
+                      const lb_wcache *c, float *logits, const double *stats,
+                      const int32_t *targets, float dloss, float *dx, float *dw, float dw_beta,
+                      int n, int out, int in);
 
 // Experts: rows [off_j, off_j + counts[j]) of x use matrix j (counts is a host array).
 void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x,

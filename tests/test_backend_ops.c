@@ -1236,7 +1236,8 @@ END_TEST
 
 // The LM head's backward from its logits (linear_ce_bwd), n rows of v logits over c features,
 // against the CPU, and bit for bit against the GPU's own cross_entropy_bwd and gemm_grouped,
-// the two calls it replaces (from the same forward statistics).
+// the two calls it replaces (from the same forward statistics), which round w where
+// linear_ce_bwd reads its bf16 copy (to_bf16).
 static void linear_ce_case(int n, int v, int c, float dw_beta)
 {
     const size_t nv = (size_t)n * v, nc = (size_t)n * c, vc = (size_t)v * c;
@@ -1247,7 +1248,7 @@ static void linear_ce_case(int n, int v, int c, float dw_beta)
     float *loss = lb_malloc((size_t)n * 4), *lc = hdup(l, nv * 4), *dx = lb_malloc(nc * 4);
     float *dw = hdup(dw0, vc * 4);
     cpu->cross_entropy_fwd(cpu, loss, st, l, tgt, n, v);
-    cpu->linear_ce_bwd(cpu, dx, 0.0f, dw, dw_beta, lc, st, tgt, 0.37f, x, w, n, v, c);
+    cpu->linear_ce_bwd(cpu, dx, 0.0f, dw, dw_beta, lc, st, tgt, 0.37f, x, w, NULL, n, v, c);
 
     float *L = dput(l, nv * 4), *X = dput(x, nc * 4), *W = dput(w, vc * 4);
     float *LS = gpu->alloc(gpu, (size_t)n * 4);
@@ -1259,7 +1260,11 @@ static void linear_ce_case(int n, int v, int c, float dw_beta)
         DX[r] = dpoisoned(nc * 4);
         DW[r] = dw_beta == 0.0f ? dpoisoned(vc * 4) : dput(dw0, vc * 4);
     }
-    gpu->linear_ce_bwd(gpu, DX[0], 0.0f, DW[0], dw_beta, L, ST, T, 0.37f, X, W, n, v, c);
+    // w's bf16 copy (a weight cache's) for the dgrad; the calls below round w themselves
+    const int ldw = (c + 7) / 8 * 8;
+    uint16_t *W16 = gpu->alloc(gpu, (size_t)v * ldw * 2);
+    gpu->to_bf16(gpu, W16, W, v, c, ldw);
+    gpu->linear_ce_bwd(gpu, DX[0], 0.0f, DW[0], dw_beta, L, ST, T, 0.37f, X, W, W16, n, v, c);
     gpu->upload(gpu, L, l, nv * 4);   // linear_ce_bwd leaves the logits undefined
     gpu->cross_entropy_bwd(gpu, L, L, ST, T, 0.37f, n, v);
     lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, 0.0f, L, W, DX[1], 1, NULL},
@@ -1277,7 +1282,7 @@ static void linear_ce_case(int n, int v, int c, float dw_beta)
     CHECK_BITS("linear_ce_bwd dw against cross_entropy_bwd and gemm_grouped", gw[0], gw[1],
                vc * 4);
     for (int r = 0; r < 2; r++) free(gx[r]), free(gw[r]), dfree(DX[r]), dfree(DW[r]);
-    dfree(L), dfree(X), dfree(W), dfree(LS), dfree(T), dfree(ST);
+    dfree(L), dfree(X), dfree(W), dfree(W16), dfree(LS), dfree(T), dfree(ST);
     free(l), free(x), free(w), free(dw0), free(tgt), free(st), free(loss), free(lc), free(dx);
     free(dw);
 }

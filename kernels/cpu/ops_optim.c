@@ -88,11 +88,12 @@ static void cpu_cross_entropy_bwd_rows(lb_backend *be, float *dlogits, const flo
 // The definition itself: cross_entropy_bwd in place, then both GEMMs in one grouped call.
 static void cpu_linear_ce_bwd(lb_backend *be, float *dx, float dx_beta, float *dw, float dw_beta,
                               float *logits, const double *stats, const int32_t *targets,
-                              float dloss, const float *x, const float *w, int n, int v, int c)
+                              float dloss, const float *x, const float *w, const uint16_t *w16,
+                              int n, int v, int c)
 {
     if (!stats) lb_die("linear_ce_bwd: needs the forward's row statistics");
     be->cross_entropy_bwd(be, logits, logits, stats, targets, dloss, n, v);
-    lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1, NULL},
+    lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1, w16},
                          {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1, NULL}};
     be->gemm_grouped(be, 2, g);
 }

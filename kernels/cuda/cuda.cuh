@@ -327,7 +327,7 @@ void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g);
 void lb_cuda_linear_ce_bwd_tc(lb_cuda_ctx *cx, float *dx, float dx_beta, float *dw,
                               float dw_beta, const float *logits, const double *stats,
                               const int32_t *targets, float dloss, const float *x,
-                              const float *w, int n, int v, int c);
+                              const float *w, const uint16_t *w16, int n, int v, int c);
 // gemm_grouped.cu, fp8-block: whether its kernel takes a x b (layouts, not m); the groups
 // g[0 .. count), all fitting, m, n, k > 0, alpha != 0, one block shape of b, in one launch.
 int lb_cuda_gemm_q_grouped_fits(const struct lb_qmat *a, const struct lb_qmat *b);

@@ -873,11 +873,11 @@ extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gem
 extern "C" void lb_cuda_linear_ce_bwd_tc(lb_cuda_ctx *cx, float *dx, float dx_beta, float *dw,
                                          float dw_beta, const float *logits,
                                          const double *stats, const int32_t *targets,
-                                         float dloss, const float *x, const float *w, int n,
-                                         int v, int c)
+                                         float dloss, const float *x, const float *w,
+                                         const uint16_t *w16, int n, int v, int c)
 {
-    const lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1},
-                               {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1}};
+    const lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1, w16},
+                               {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1, NULL}};
     gg_pack_job ce = {logits, NULL, n, v, 0, 0, NULL, 0};
     ce.ce_stats = stats, ce.ce_targets = targets, ce.ce_dloss = dloss;
     gt_grouped_mn(cx, 2, g, &ce);

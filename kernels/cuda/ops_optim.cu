@@ -200,20 +200,20 @@ static void cuda_cross_entropy_bwd_rows(lb_backend *be, float *dlogits, const fl
 static void cuda_linear_ce_bwd(lb_backend *be, float *dx, float dx_beta, float *dw,
                                float dw_beta, float *logits, const double *stats,
                                const int32_t *targets, float dloss, const float *x,
-                               const float *w, int n, int v, int c)
+                               const float *w, const uint16_t *w16, int n, int v, int c)
 {
     if (!stats) lb_die("linear_ce_bwd: needs the forward's row statistics");
     if (n < 0 || v < 0 || c < 0) lb_die("linear_ce_bwd: negative size (n %d, v %d, c %d)", n, v, c);
     lb_cuda_ctx *cx = lb_cuda(be);
     if (cx->grouped_tc && cx->bf16_tc && n > 0 && v > 0 && c > 0) {
         lb_cuda_linear_ce_bwd_tc(cx, dx, dx_beta, dw, dw_beta, logits, stats, targets, dloss, x,
-                                 w, n, v, c);
+                                 w, w16, n, v, c);
         if (cx->sync_each) LB_CUDA_WAIT(cx);
         return;
     }
     be->cross_entropy_bwd(be, logits, logits, stats, targets, dloss, n, v);
-    lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1},
-                         {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1}};
+    lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1, w16},
+                         {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1, NULL}};
     be->gemm_grouped(be, 2, g);
 }
 
