@@ -1853,19 +1853,24 @@ END_TEST
 // weight's copy, as the weight cache serves them, alone and as groups beside a wgrad.
 START_TEST(test_to_bf16)
 {
-    const int rows = 301, cols = 37, ld = 40;
-    float *x = randn((size_t)rows * cols, 10.0f);
-    const uint32_t sp[] = {0x3f808000u, 0x7f7fffffu, 0x7f800000u, 0x7fc00001u, 0xffa00000u,
-                           0x00000001u, 0x80008000u, 0x80000000u};
-    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) memcpy(&x[i], &sp[i], 4);
-    uint16_t *want = lb_malloc((size_t)rows * ld * 2);
-    cpu->to_bf16(cpu, want, x, rows, cols, ld);
-    float *dx = dput(x, (size_t)rows * cols * 4);
-    uint16_t *dy = dpoisoned((size_t)rows * ld * 2);
-    gpu->to_bf16(gpu, dy, dx, rows, cols, ld);
-    uint16_t *got = hget(dy, (size_t)rows * ld * 2);
-    CHECK_BITS("to_bf16 (padded rows, special values)", got, want, (size_t)rows * ld * 2);
-    free(got), dfree(dy), dfree(dx), free(x), free(want);
+    // A padded pitch (the row kernel) and ld == cols (the 16-byte kernel).
+    for (int pass = 0; pass < 2; pass++) {
+        const int rows = 301, cols = pass ? 40 : 37, ld = 40;
+        float *x = randn((size_t)rows * cols, 10.0f);
+        const uint32_t sp[] = {0x3f808000u, 0x7f7fffffu, 0x7f800000u, 0x7fc00001u,
+                               0xffa00000u, 0x00000001u, 0x80008000u, 0x80000000u};
+        for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) memcpy(&x[3 * i], &sp[i], 4);
+        uint16_t *want = lb_malloc((size_t)rows * ld * 2);
+        cpu->to_bf16(cpu, want, x, rows, cols, ld);
+        float *dx = dput(x, (size_t)rows * cols * 4);
+        uint16_t *dy = dpoisoned((size_t)rows * ld * 2);
+        gpu->to_bf16(gpu, dy, dx, rows, cols, ld);
+        uint16_t *got = hget(dy, (size_t)rows * ld * 2);
+        CHECK_BITS(pass ? "to_bf16 (ld = cols, special values)"
+                        : "to_bf16 (padded rows, special values)",
+                   got, want, (size_t)rows * ld * 2);
+        free(got), dfree(dy), dfree(dx), free(x), free(want);
+    }
 
     const int m = 77, n = 300, k = 136;   // W (n, k): fprop C (m, n), dgrad C (m, k)
     float *w = randn((size_t)n * k, 1), *a = randn((size_t)m * k, 1), *g = randn((size_t)m * n, 1);

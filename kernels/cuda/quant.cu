@@ -1807,6 +1807,20 @@ __global__ void to_bf16_kernel(uint16_t *y, const float *x, size_t rows, int col
     }
 }
 
+// The same when ld == cols: the matrix is one run of n8 groups of 8 values (two 16-byte
+// loads, one 16-byte store a thread), the layout of every weight whose in is a multiple of 8.
+__global__ void to_bf16_flat_kernel(uint4 *y, const float4 *x, size_t n8)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float4 a = x[2 * i], b = x[2 * i + 1];
+        y[i] = make_uint4(round_bf16_bits(a.x) | round_bf16_bits(a.y) << 16,
+                          round_bf16_bits(a.z) | round_bf16_bits(a.w) << 16,
+                          round_bf16_bits(b.x) | round_bf16_bits(b.y) << 16,
+                          round_bf16_bits(b.z) | round_bf16_bits(b.w) << 16);
+    }
+}
+
 static void cuda_to_bf16(lb_backend *be, uint16_t *y, const float *x, size_t rows, int cols,
                          int ld)
 {
@@ -1815,6 +1829,13 @@ static void cuda_to_bf16(lb_backend *be, uint16_t *y, const float *x, size_t row
                cols);
     if (!rows || !ld) return;
     lb_cuda_ctx *cx = lb_cuda(be);
+    if (ld == cols && !((uintptr_t)x % 16) && !((uintptr_t)y % 16)) {
+        const size_t n8 = rows * (size_t)cols / 8;
+        to_bf16_flat_kernel<<<lb_grid(n8, 256, cx), 256, 0, cx->stream>>>(
+            reinterpret_cast<uint4 *>(y), reinterpret_cast<const float4 *>(x), n8);
+        LB_CUDA_LAUNCHED(cx);
+        return;
+    }
     const size_t pairs = rows * (size_t)(ld / 2);
     to_bf16_kernel<<<lb_grid(pairs, 256, cx), 256, 0, cx->stream>>>(y, x, rows, cols, ld);
     LB_CUDA_LAUNCHED(cx);
