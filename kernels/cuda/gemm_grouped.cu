@@ -225,6 +225,9 @@ typedef struct {
     int count, tiles;
     gt_group g[GT_MAX];
 } gt_params;
+// A kernel's parameters may take 32764 bytes (sm_70 and later, CUDA 12.1 and later); a group
+// takes 512 (three 128-byte aligned tensor maps), so 64 groups do not fit.
+static_assert(sizeof(gt_params) <= 32764, "gt_params exceeds the kernel parameter space");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // The box of map at (x0, y0) into dst (x the contiguous dimension: k of a k-major operand, m
@@ -410,6 +413,7 @@ typedef struct {
     unsigned long long *err;   // the backend's input-error word (a target >= the vocabulary)
     gg_pack_job j[GG_PACK_MAX];
 } gg_pack_params;
+static_assert(sizeof(gg_pack_params) <= 32764, "gg_pack_params exceeds the parameter space");
 
 // Four loaded logits of row r, columns c .. c + 3 (those < cols), become cross_entropy_bwd's
 // values: 0 for an ignored row (a negative target), NaN and a reported error for a target
@@ -965,6 +969,7 @@ typedef struct {
     int count, tiles;
     gq_group g[GT_MAX];
 } gq_params;
+static_assert(sizeof(gq_params) <= 32764, "gq_params exceeds the kernel parameter space");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // d (64 x 128 fp32) = (acc ? d : 0) + A (64 x 32) B (128 x 32)^T, E4M3 operands.
