@@ -35,10 +35,7 @@ static void cpu_gemm(lb_backend *be, const lb_gemm_args *g)
             const size_t rows = nb / (size_t)len;
             #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (nb >= LB_CPU_PAR_MIN)
             for (size_t r = 0; r < rows; r++)
-                for (int c = 0; c < len; c++) {
-                    const uint32_t u = (uint32_t)g->b16[r * ld + c] << 16;
-                    memcpy(&rb[r * len + c], &u, 4);
-                }
+                for (int c = 0; c < len; c++) rb[r * len + c] = lb_bf16_to_f32(g->b16[r * ld + c]);
         } else {
             be->round_bf16(be, rb, g->b, nb);
         }
