@@ -313,9 +313,12 @@ struct lb_backend {
     // AdamW with decoupled weight decay and bias correction; step counts from 1.
     // p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p). The gradient used is g * gscale rounded
     // to fp32 (gradient clipping's factor, 1 for none: bitwise `scale` then adamw, without
-    // writing g); g is not modified.
+    // writing g); g is not modified. p16: NULL, or n bf16 values that get the updated p
+    // rounded as to_bf16 does (a weight cache's copy, written in the same pass: the cache then
+    // need not read p again).
     void (*adamw)(lb_backend *, float *p, const float *g, float gscale, float *m, float *v,
-                  size_t n, float lr, float beta1, float beta2, float eps, float wd, int step);
+                  uint16_t *p16, size_t n, float lr, float beta1, float beta2, float eps,
+                  float wd, int step);
 };
 
 // Backends. Each returns NULL with a message in err (size errlen) when not available here.

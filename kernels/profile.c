@@ -282,9 +282,9 @@ WS(linear_ce_bwd,
    (in, dx, dxb, dw, dwb, lg, st, t, dl, x, w, w16, n, v, c),
    (charge_shapef(be, t0, "linear_ce_bwd %dx%dx%d bf16", n, v, c)))
 W(adamw,
-  (lb_backend *be, float *p, const float *g, float gs, float *m, float *v, size_t n, float lr,
-   float b1, float b2, float eps, float wd, int step),
-  (in, p, g, gs, m, v, n, lr, b1, b2, eps, wd, step))
+  (lb_backend *be, float *p, const float *g, float gs, float *m, float *v, uint16_t *p16,
+   size_t n, float lr, float b1, float b2, float eps, float wd, int step),
+  (in, p, g, gs, m, v, p16, n, lr, b1, b2, eps, wd, step))
 #undef W
 #undef WS
 

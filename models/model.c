@@ -343,6 +343,39 @@ void lb_model_params_changed(lb_model *m, uint64_t step)
 {
     m->lin.step = step;
     m->wcache_stale = 1;
+    for (int i = 0; i < m->ntensors; i++) m->wcache[i].b16_fresh = 0;
+}
+
+// Tensor i's cache holds a bf16 copy laid out as the tensor is (count x out rows of in, no
+// padding), so the optimizer can write it element for element.
+static int b16_flat(const lb_model *m, int i)
+{
+    const lb_wcache *c = &m->wcache[i];
+    return c->b16 && c->in % 8 == 0 && (size_t)c->count * c->out * c->in == m->tensors[i].numel;
+}
+
+uint16_t *lb_model_b16_run(lb_model *m, size_t begin, size_t end, size_t *run_end)
+{
+    size_t e = end;
+    for (int i = 0; i < m->ntensors; i++) {
+        const lb_tensor *t = &m->tensors[i];
+        if (!b16_flat(m, i)) continue;
+        if (t->offset == begin && t->offset + t->numel <= end) {
+            *run_end = t->offset + t->numel;
+            return m->wcache[i].b16;
+        }
+        if (t->offset > begin && t->offset < e) e = t->offset;   // the next copy starts there
+    }
+    *run_end = e;
+    return NULL;
+}
+
+void lb_model_b16_written(lb_model *m, size_t begin, size_t end)
+{
+    for (int i = 0; i < m->ntensors; i++)
+        if (b16_flat(m, i) && m->tensors[i].offset == begin &&
+            m->tensors[i].offset + m->tensors[i].numel == end)
+            m->wcache[i].b16_fresh = 1;
 }
 
 void lb_model_refresh_weights(lb_model *m)

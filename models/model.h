@@ -268,6 +268,14 @@ int lb_model_set_precision(lb_model *m, const lb_precision_spec *spec, uint64_t 
 void lb_model_params_changed(lb_model *m, uint64_t step);
 // Rebuilds the weight cache now if it is stale (the forward does this itself).
 void lb_model_refresh_weights(lb_model *m);
+// The optimizer's way to write the weight cache's bf16 copies as it updates (AdamW's p16).
+// lb_model_b16_run: the run of parameters from begin (before end) that ends at *run_end and
+// has one bf16 destination: a whole tensor whose cache keeps its bf16 copy in the parameters'
+// own layout (rows that need no padding), returned; or a stretch with none, NULL.
+// lb_model_b16_written, after lb_model_params_changed: that run's copy holds the new values,
+// so the next refresh does not round the tensor again.
+uint16_t *lb_model_b16_run(lb_model *m, size_t begin, size_t end, size_t *run_end);
+void lb_model_b16_written(lb_model *m, size_t begin, size_t end);
 const lb_tensor *lb_model_find(const lb_model *m, const char *name);
 
 // --- sampling and RL (doc/rl.md) -------------------------------------------------------------

@@ -192,8 +192,9 @@ void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const 
     lb_backend *be = L->be;
     if (need_b16) {   // the count matrices are (count out) rows of in
         if (!c->b16) c->b16 = be->alloc(be, (size_t)count * out * pad8(in) * sizeof(uint16_t));
-        be->to_bf16(be, c->b16, w, (size_t)count * out, in, pad8(in));
+        if (!c->b16_fresh) be->to_bf16(be, c->b16, w, (size_t)count * out, in, pad8(in));
     }
+    c->b16_fresh = 0;
     int rows[count];   // every matrix of w quantized on its own, in one call
     for (int e = 0; e < count; e++) rows[e] = out;
     if (need_row) {

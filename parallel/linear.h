@@ -22,6 +22,9 @@ typedef struct {
     // it: lb_gemm_args.b16 of both (W is B (n, k) in the fprop, (k, n) in the dgrad), so the
     // GEMMs do not round W again on every call
     uint16_t *b16;
+    // b16 already holds W's present values: written by the optimizer with the update (AdamW's
+    // p16, lb_model_b16_written), so the next build skips the rounding pass; the build clears it
+    int b16_fresh;
 } lb_wcache;
 
 // Grow-only buffers for one quantized operand (backend memory): quantize writes every byte of

@@ -200,7 +200,7 @@ static void *host_update(void *arg)
         const lb_optim_segment *s = &o->seg[i];
         if (!s->host) continue;
         o->host->adamw(o->host, o->host_p + s->mat, o->host_g + s->mat, j->gscale,
-                       o->host_m + s->mat, o->host_v + s->mat, s->end - s->begin, j->lr,
+                       o->host_m + s->mat, o->host_v + s->mat, NULL, s->end - s->begin, j->lr,
                        (float)c->beta1, (float)c->beta2, (float)c->eps, s->wd, j->step);
     }
     return NULL;
@@ -278,12 +278,18 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
         if (pthread_create(&th, NULL, host_update, &job) != 0)
             lb_die("optimizer offload: cannot start the host update thread");
     }
+    // A segment in runs: a tensor whose weight cache keeps a bf16 copy in its own layout gets
+    // the rounded update written there in the same pass (the cache then skips reading it).
     for (int i = 0; i < o->nseg; i++) {
         const lb_optim_segment *s = &o->seg[i];
         if (s->host) continue;
-        be->adamw(be, m->params + s->begin, grad_at(o, s->begin), gscale, o->adam_m + s->mat,
-                  o->adam_v + s->mat, s->end - s->begin, (float)lr, (float)c->beta1,
-                  (float)c->beta2, (float)c->eps, s->wd, step);
+        for (size_t b = s->begin, e; b < s->end; b = e) {
+            uint16_t *p16 = lb_model_b16_run(m, b, s->end, &e);
+            size_t k = s->mat + (b - s->begin);
+            be->adamw(be, m->params + b, grad_at(o, b), gscale, o->adam_m + k, o->adam_v + k,
+                      p16, e - b, (float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps,
+                      s->wd, step);
+        }
     }
     if (o->host) {
         if (pthread_join(th, NULL) != 0) lb_die("optimizer offload: the host update thread failed");
@@ -306,6 +312,13 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
         }
     }
     lb_model_params_changed(m, (uint64_t)step);   // the next forward re-quantizes once
+    // the copies written above hold the new values (an all-gather leaves this rank's own
+    // shard as it was)
+    for (int i = 0; i < o->nseg; i++) {
+        const lb_optim_segment *s = &o->seg[i];
+        for (size_t b = s->begin, e; b < s->end && !s->host; b = e)
+            if (lb_model_b16_run(m, b, s->end, &e)) lb_model_b16_written(m, b, e);
+    }
     if (lr_out) *lr_out = lr;
     return norm;
 }

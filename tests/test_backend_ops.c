@@ -1304,20 +1304,27 @@ START_TEST(test_adamw)
     float *p0 = randn(n, 1), *g = randn(n, 1), *m0 = randn(n, 0.1f), *v0 = randn(n, 0.01f);
     for (size_t i = 0; i < n; i++) v0[i] = fabsf(v0[i]);
     float *p = hdup(p0, n * 4), *m = hdup(m0, n * 4), *v = hdup(v0, n * 4);
-    cpu->adamw(cpu, p, g, 0.37f, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+    uint16_t *p16 = lb_malloc(n * 2);
+    cpu->adamw(cpu, p, g, 0.37f, m, v, p16, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
     float *P = gpu->alloc(gpu, n * 4), *G = dput(g, n * 4), *M = gpu->alloc(gpu, n * 4);
     float *Vd = gpu->alloc(gpu, n * 4);
+    uint16_t *P16 = dpoisoned(n * 2), *got16[2];
     float *keep[3][3];
     // Runs 0 and 1: 16-byte aligned arrays (the float4 path and its 3-element tail); run 2 from
     // element 1 (the scalar path): every element is computed alike, so all three agree bitwise.
+    // Runs 1 and 2 write the bf16 copy too (p16).
     for (int r = 0; r < 3; r++) {
         const size_t o = r == 2;
         gpu->upload(gpu, P, p0, n * 4), gpu->upload(gpu, M, m0, n * 4);
         gpu->upload(gpu, Vd, v0, n * 4);
-        gpu->adamw(gpu, P + o, G + o, 0.37f, M + o, Vd + o, n - o, 1e-3f, 0.9f, 0.95f, 1e-8f,
-                   0.1f, 3);
+        gpu->adamw(gpu, P + o, G + o, 0.37f, M + o, Vd + o, r ? P16 + o : NULL, n - o, 1e-3f,
+                   0.9f, 0.95f, 1e-8f, 0.1f, 3);
         keep[r][0] = hget(P, n * 4), keep[r][1] = hget(M, n * 4), keep[r][2] = hget(Vd, n * 4);
+        if (r) got16[r - 1] = hget(P16, n * 2);
     }
+    CHECK_BITS("adamw p16", got16[0], p16, n * 2);
+    CHECK_BITS("adamw p16, unaligned", got16[1] + 1, p16 + 1, (n - 1) * 2);
+    free(got16[0]), free(got16[1]), free(p16), dfree(P16);
     // The CUDA kernel rounds every operation alone in the CPU's order: equal bit for bit.
     CHECK_BITS("adamw p", keep[0][0], p, n * 4);
     CHECK_BITS("adamw m", keep[0][1], m, n * 4);

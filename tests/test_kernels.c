@@ -941,13 +941,13 @@ END_TEST
 START_TEST(test_adamw)
 {
     float p = 1.0f, m = 0.0f, v = 0.0f, g = 0.5f;
-    be->adamw(be, &p, &g, 1.0f, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 1);
+    be->adamw(be, &p, &g, 1.0f, &m, &v, NULL, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 1);
     double p1 = 1.0 - 0.1 * (0.5 / (0.5 + 1e-8) + 0.01);
     // m and v to 1e-4 relative: 1 - beta in float is 1 - 0.999f = 0.00099998713.
     ck_assert_msg(fabs(m / 0.05 - 1) < 1e-4 && fabs(v / 0.00025 - 1) < 1e-4, "m %g v %g", m, v);
     ck_assert_msg(fabs(p - p1) < 1e-6 && fabs(p1 - 0.899000002) < 1e-12, "step 1: p %.9g", p);
     g = -0.25f;
-    be->adamw(be, &p, &g, 1.0f, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 2);
+    be->adamw(be, &p, &g, 1.0f, &m, &v, NULL, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 2);
     double p2 = p1 - 0.1 * ((0.02 / 0.19) / (sqrt(0.00031225 / 0.001999) + 1e-8) + 0.01 * p1);
     ck_assert_msg(fabs(m / 0.02 - 1) < 1e-4 && fabs(v / 0.00031225 - 1) < 1e-4, "m %g v %g", m,
                   v);
@@ -960,7 +960,7 @@ START_TEST(test_adamw)
     for (int step = 1; step <= 3; step++) {
         float *gg = randn(n, 251 + step, 0.1f);
         const float gs = step == 2 ? 0.37f : 1.0f;   // a clipped step
-        be->adamw(be, pp, gg, gs, mm, vv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+        be->adamw(be, pp, gg, gs, mm, vv, NULL, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
         for (size_t i = 0; i < n; i++) {
             const double gi = (double)gg[i] * gs;
             mr[i] = 0.9 * mr[i] + 0.1 * gi;
@@ -973,21 +973,32 @@ START_TEST(test_adamw)
     ASSERT_CLOSE("adamw p, 3 steps", pp, pr, n, 1e-6);
     ASSERT_CLOSE("adamw m", mm, mr, n, 1e-6);
     ASSERT_CLOSE("adamw v", vv, vr, n, 1e-6);
-    // gscale is `scale` then adamw, bit for bit, and leaves g as it was.
-    float *g1 = randn(n, 260, 0.1f), *g2 = lb_malloc(n * 4), *st[2][3];
+    // gscale is `scale` then adamw, bit for bit, and leaves g as it was; p16 changes nothing
+    // else and gets the new p's bf16 bits.
+    float *g1 = randn(n, 260, 0.1f), *g2 = lb_malloc(n * 4), *st[3][3];
+    uint16_t *p16 = lb_malloc(n * 2);
     memcpy(g2, g1, n * 4);
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < 3; r++) {
         st[r][0] = randn(n, 261, 1), st[r][1] = randn(n, 262, 0.1f), st[r][2] = lb_calloc(n, 4);
     }
     be->scale(be, g2, 0.37f, n);
-    be->adamw(be, st[0][0], g2, 1.0f, st[0][1], st[0][2], n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 2);
+    be->adamw(be, st[0][0], g2, 1.0f, st[0][1], st[0][2], NULL, n, 1e-2f, 0.9f, 0.95f, 1e-8f,
+              0.1f, 2);
     memcpy(g2, g1, n * 4);
-    be->adamw(be, st[1][0], g1, 0.37f, st[1][1], st[1][2], n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 2);
+    be->adamw(be, st[1][0], g1, 0.37f, st[1][1], st[1][2], NULL, n, 1e-2f, 0.9f, 0.95f, 1e-8f,
+              0.1f, 2);
+    be->adamw(be, st[2][0], g1, 0.37f, st[2][1], st[2][2], p16, n, 1e-2f, 0.9f, 0.95f, 1e-8f,
+              0.1f, 2);
     ck_assert_msg(!memcmp(g1, g2, n * 4), "adamw changed g");
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 3; i++) {
         ck_assert_msg(!memcmp(st[0][i], st[1][i], n * 4), "adamw gscale != scale + adamw (%d)", i);
-    for (int r = 0; r < 2; r++) free(st[r][0]), free(st[r][1]), free(st[r][2]);
-    free(g1), free(g2);
+        ck_assert_msg(!memcmp(st[1][i], st[2][i], n * 4), "adamw with p16 differs (%d)", i);
+    }
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(p16[i] == lb_f32_to_bf16(st[2][0][i]), "adamw p16[%zu] %04x, not %04x", i,
+                      p16[i], lb_f32_to_bf16(st[2][0][i]));
+    for (int r = 0; r < 3; r++) free(st[r][0]), free(st[r][1]), free(st[r][2]);
+    free(g1), free(g2), free(p16);
     free(pp), free(mm), free(vv), free(pr), free(mr), free(vr);
 }
 END_TEST

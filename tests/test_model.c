@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include "kernels/common.h"
 #include "src/checkpoint.h"
+#include "src/optim.h"
 #include "src/util.h"
 #include "tests/testutil.h"
 
@@ -188,6 +189,63 @@ START_TEST(test_zero_grad_lazy)
 }
 END_TEST
 
+// The optimizer writes a weight cache's bf16 copy with the update (AdamW's p16) where the copy
+// has the tensor's layout, and the refresh rounds only the others (down_proj's rows of 12 are
+// padded; offloaded parameters are updated on the host). After every step each copy must hold
+// its parameters rounded, bit for bit, whichever wrote it. offload: the host's fraction.
+static void check_adamw_b16(double offload)
+{
+    char err[512];
+    lb_model_config cfg = tiny_config("qwen3_moe");
+    lb_precision_spec spec = lb_test_spec("bf16");
+    lb_model *m = lb_model_create(&cfg, be, err, sizeof err);
+    ck_assert_msg(m != NULL, "%s", err);
+    ck_assert_msg(lb_model_set_precision(m, &spec, 1, err, sizeof err) == 0, "%s", err);
+    lb_model_init_params(m, 3);
+    lb_optim_config oc = {1e-2, 1e-3, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0, offload, 1};
+    lb_optimizer o;
+    lb_optimizer_init(&o, m, &oc);
+    int32_t tok[B * T], tgt[B * T];
+    batch(tok, tgt, cfg.vocab_size);
+    for (int step = 1; step <= 2; step++) {
+        lb_model_zero_grad(m);
+        lb_model_forward(m, tok, tgt, B, T);
+        lb_model_backward(m, 1.0f);
+        lb_optimizer_step(&o, step, NULL);
+        int written = 0, copies = 0;
+        for (int i = 0; i < m->ntensors; i++) written += m->wcache[i].b16_fresh;
+        lb_model_refresh_weights(m);
+        for (int i = 0; i < m->ntensors; i++) {
+            const lb_wcache *c = &m->wcache[i];
+            if (!c->b16) continue;
+            const lb_tensor *t = &m->tensors[i];
+            const int ld = (c->in + 7) / 8 * 8;
+            const size_t rows = (size_t)c->count * c->out;
+            uint16_t *want = lb_malloc(rows * ld * 2);
+            be->to_bf16(be, want, m->params + t->offset, rows, c->in, ld);
+            ck_assert_msg(!memcmp(want, c->b16, rows * ld * 2),
+                          "offload %g, step %d: %s's bf16 copy is not its parameters rounded",
+                          offload, step, t->name);
+            ck_assert_msg(!c->b16_fresh, "%s: the refresh left its copy marked fresh", t->name);
+            free(want);
+            copies++;
+        }
+        ck_assert_int_gt(copies, written);   // down_proj's copies are rounded by the refresh
+        if (offload == 0.0) ck_assert_int_gt(written, 0);
+        if (offload == 1.0) ck_assert_int_eq(written, 0);
+    }
+    lb_optimizer_free(&o);
+    lb_model_free(m);
+}
+
+START_TEST(test_adamw_writes_b16)
+{
+    check_adamw_b16(0.0);
+    check_adamw_b16(0.5);
+    check_adamw_b16(1.0);
+}
+END_TEST
+
 static lb_model *trained_model(const char *arch, float **am, float **av)
 {
     char err[512];
@@ -325,6 +383,7 @@ int main(void)
     tcase_add_test(tc, test_grad_dense);
     tcase_add_test(tc, test_loss_independent_of_batch);
     tcase_add_test(tc, test_zero_grad_lazy);
+    tcase_add_test(tc, test_adamw_writes_b16);
     tcase_add_test(tc, test_checkpoint_roundtrip);
     tcase_add_test(tc, test_checkpoint_bad);
     tcase_add_test(tc, test_checkpoint_other_shape);

@@ -99,9 +99,11 @@ static void cpu_linear_ce_bwd(lb_backend *be, float *dx, float dx_beta, float *d
 }
 
 // g = g gscale (rounded); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p -= lr (mhat / (sqrt(vhat) + eps) + wd p)
-// with mhat = m / (1 - b1^step), vhat = v / (1 - b2^step); the decay uses the old p.
+// with mhat = m / (1 - b1^step), vhat = v / (1 - b2^step); the decay uses the old p. p16: the
+// new p in bf16 too.
 static void cpu_adamw(lb_backend *be, float *p, const float *g, float gscale, float *m, float *v,
-                      size_t n, float lr, float beta1, float beta2, float eps, float wd, int step)
+                      uint16_t *p16, size_t n, float lr, float beta1, float beta2, float eps,
+                      float wd, int step)
 {
     if (step < 1) lb_die("adamw: step %d, steps count from 1", step);
     float bc1 = (float)(1.0 - pow((double)beta1, step));
@@ -115,6 +117,7 @@ static void cpu_adamw(lb_backend *be, float *p, const float *g, float gscale, fl
         v[i] = vi;
         float mhat = mi / bc1, vhat = vi / bc2;
         p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+        if (p16) p16[i] = lb_f32_to_bf16(p[i]);
     }
 }
 

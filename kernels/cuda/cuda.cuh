@@ -82,6 +82,14 @@ __device__ __forceinline__ float lb_ce_grad(float x, float m, double inv, float 
     return (float)((double)dloss * (p - (target ? 1.0 : 0.0)));
 }
 
+// The bf16 bits of x, nearest even, quiet NaN kept (kernels/common.c lb_f32_to_bf16's bits).
+__device__ __forceinline__ uint32_t round_bf16_bits(float x)
+{
+    const uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return u >> 16 | 0x40u;   // quiet NaN
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
 typedef struct lb_gemm_plan lb_gemm_plan;
 
 // Backend-private state (lb_backend.ctx).

@@ -223,7 +223,8 @@ static void cuda_linear_ce_bwd(lb_backend *be, float *dx, float dx_beta, float *
 // the same in the vector and scalar paths. Bias corrections computed once on the host in
 // double and rounded to fp32, as the CPU does. Parameters and moments are fp32 master copies
 // (never bf16), so this kernel is not templated. It streams 28 bytes per element: four float4
-// loads and three stores per thread and step when all four arrays are 16-byte aligned.
+// loads and three stores per thread and step when all four arrays are 16-byte aligned; with
+// p16 (a weight cache's bf16 copy) 2 more, an 8-byte store of the four rounded values.
 struct adamw_args {
     float gscale, lr, beta1, beta2, eps, wd, bc1, bc2;
 };
@@ -244,7 +245,8 @@ __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v,
 }
 
 template <int VEC>
-__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, size_t n, adamw_args a)
+__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, uint16_t *p16,
+                             size_t n, adamw_args a)
 {
     const size_t nv = n / VEC, stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nv; i += stride) {
@@ -259,18 +261,26 @@ __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, size_
             reinterpret_cast<float4 *>(p)[i] = pp;
             reinterpret_cast<float4 *>(m)[i] = mm;
             reinterpret_cast<float4 *>(v)[i] = vv;
+            if (p16)
+                reinterpret_cast<uint2 *>(p16)[i] =
+                    make_uint2(round_bf16_bits(pp.x) | round_bf16_bits(pp.y) << 16,
+                               round_bf16_bits(pp.z) | round_bf16_bits(pp.w) << 16);
         } else {
             adamw_one(p[i], g[i], m[i], v[i], a);
+            if (p16) p16[i] = (uint16_t)round_bf16_bits(p[i]);
         }
     }
     // The tail past the last whole vector (VEC 4 only): thread i takes element nv * 4 + i.
     const size_t tail = nv * VEC + blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (VEC > 1 && tail < n) adamw_one(p[tail], g[tail], m[tail], v[tail], a);
+    if (VEC > 1 && tail < n) {
+        adamw_one(p[tail], g[tail], m[tail], v[tail], a);
+        if (p16) p16[tail] = (uint16_t)round_bf16_bits(p[tail]);
+    }
 }
 
 static void cuda_adamw(lb_backend *be, float *p, const float *g, float gscale, float *m,
-                       float *v, size_t n, float lr, float beta1, float beta2, float eps,
-                       float wd, int step)
+                       float *v, uint16_t *p16, size_t n, float lr, float beta1, float beta2,
+                       float eps, float wd, int step)
 {
     if (step < 1) lb_die("adamw: step %d, steps count from 1", step);
     if (!n) return;
@@ -279,10 +289,10 @@ static void cuda_adamw(lb_backend *be, float *p, const float *g, float gscale, f
                           (float)(1.0 - pow((double)beta1, step)),
                           (float)(1.0 - pow((double)beta2, step))};
     const uintptr_t al = (uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v;
-    if (al % 16 == 0 && n >= 4)
-        adamw_kernel<4><<<lb_grid(n / 4, 256, cx), 256, 0, cx->stream>>>(p, g, m, v, n, a);
+    if (al % 16 == 0 && (uintptr_t)p16 % 8 == 0 && n >= 4)
+        adamw_kernel<4><<<lb_grid(n / 4, 256, cx), 256, 0, cx->stream>>>(p, g, m, v, p16, n, a);
     else
-        adamw_kernel<1><<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(p, g, m, v, n, a);
+        adamw_kernel<1><<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(p, g, m, v, p16, n, a);
     LB_CUDA_LAUNCHED(cx);
 }
 

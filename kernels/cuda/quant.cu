@@ -1768,14 +1768,6 @@ static void cuda_hadamard(lb_backend *be, float *y, const float *x, int rows, in
 
 // --- bf16 rounding (kernels/common.c lb_f32_to_bf16, on the bits) -----------------------------
 
-// The bf16 bits of x, nearest even, quiet NaN kept (the CPU's bits).
-__device__ __forceinline__ uint32_t round_bf16_bits(float x)
-{
-    const uint32_t u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return u >> 16 | 0x40u;   // quiet NaN
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-
 __global__ void round_bf16_kernel(float *y, const float *x, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
