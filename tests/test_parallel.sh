@@ -79,6 +79,15 @@ done
 mpi 2 "$bin" train "$cfg" "${small[@]}" --set train.optimizer_offload=0.5 --set run.out_dir="$tmp/o2" \
     > "$tmp/o2.log" 2>&1 || fail "dp2 offload run: $(tail -n 3 "$tmp/o2.log")"
 same_params "dp2 ZeRO-1 vs dp2 ZeRO-1 with optimizer offload" "$(ck z2 10)" "$(ck o2 10)" 0
+# In bf16 AdamW writes the weight caches' bf16 copies in its own pass where it updates on the
+# device, and the cache refresh rounds them where the moments are on the host: under ZeRO-1
+# (the all-gather brings the other rank's shard) both ways give the same bits.
+for f in 0 1; do
+    mpi 2 "$bin" train "$cfg" "${small[@]}" --set precision.recipe=bf16 \
+        --set train.optimizer_offload=$f --set run.out_dir="$tmp/b2o$f" > "$tmp/b2o$f.log" 2>&1 ||
+        fail "dp2 bf16 offload $f run: $(tail -n 3 "$tmp/b2o$f.log")"
+done
+same_params "dp2 ZeRO-1 bf16, copies from AdamW vs from the refresh" "$(ck b2o0 10)" "$(ck b2o1 10)" 0
 # ZeRO-1 and all-reduce sum the same gradients in the same rank order.
 same_params "dp2 ZeRO-1 vs all-reduce" "$(ck z2 10)" "$(ck a2 10)" 1e-6
 # The full optimizer state is in the checkpoint whatever the sharding.
