@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 // Prints "file:line: message" to stderr and ends the process (the whole MPI job when one is
 // running: see lb_set_abort_hook).
@@ -29,6 +30,19 @@ float lb_rand_normal(uint64_t seed, uint64_t stream, uint64_t counter);    // N(
 uint16_t lb_f32_to_bf16(float x);
 float lb_bf16_to_f32(uint16_t b);
 static inline float lb_round_bf16(float x) { return lb_bf16_to_f32(lb_f32_to_bf16(x)); }
+// dst (ld) = src (cols) rounded to bf16 (lb_f32_to_bf16's bits, inlined: the CPU's expert ops
+// round every activation they write in the bf16 recipe), then zeros to ld: a row of to_bf16's
+// layout.
+static inline void lb_bf16_row(uint16_t *dst, const float *src, int cols, int ld)
+{
+    for (int c = 0; c < cols; c++) {
+        uint32_t u;
+        memcpy(&u, &src[c], 4);
+        if ((u & 0x7fffffffu) > 0x7f800000u) dst[c] = (uint16_t)((u >> 16) | 0x40);   // quiet NaN
+        else dst[c] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    for (int c = cols; c < ld; c++) dst[c] = 0;
+}
 uint16_t lb_f32_to_f16(float x);
 float lb_f16_to_f32(uint16_t h);
 

@@ -55,6 +55,9 @@ typedef struct {
     // b gives, so a backend reads it instead of rounding b (a weight cache fills it once a
     // step); b stays valid and means the same.
     const uint16_t *b16;
+    // NULL, or (bf16 1 only) a rounded to bf16 already, in the same layout: what the op that
+    // wrote a wrote beside it (swiglu_fwd's out16, moe_permute's xp16, ...).
+    const uint16_t *a16;
 } lb_gemm_args;
 
 typedef struct lb_backend lb_backend;
@@ -237,10 +240,14 @@ struct lb_backend {
                              const int32_t *slot, const int32_t *pos, int n, int hq, int bf16);
 
     // --- SwiGLU on a fused gate/up row: out = silu(gate) * up ---------------------------------
-    // gu (n, 2f) holds gate in columns [0, f) and up in [f, 2f); out (n, f)
-    void (*swiglu_fwd)(lb_backend *, float *out, const float *gu, int n, int f);
-    // dgu (n, 2f) overwritten
-    void (*swiglu_bwd)(lb_backend *, float *dgu, const float *dout, const float *gu, int n, int f);
+    // An output named ..16 is NULL, or gets the output rounded to bf16 as to_bf16 writes it
+    // (rows padded to a multiple of 8 elements with zeros): the next GEMM's operand, written
+    // while the value is at hand (lb_gemm_args.a16, .b16) instead of by a pass of its own.
+    // gu (n, 2f) holds gate in columns [0, f) and up in [f, 2f); out (n, f), out16 (n, pad8(f))
+    void (*swiglu_fwd)(lb_backend *, float *out, uint16_t *out16, const float *gu, int n, int f);
+    // dgu (n, 2f) overwritten; dgu16 (n, pad8(2f))
+    void (*swiglu_bwd)(lb_backend *, float *dgu, uint16_t *dgu16, const float *dout,
+                       const float *gu, int n, int f);
 
     // --- MoE router: fp32 softmax over experts, top-k, optional renormalisation -------------
     // logits, probs (n, e); idx, weight (n, k). Ties go to the lower expert index; the k
@@ -263,20 +270,20 @@ struct lb_backend {
     // assignment (i, s) in the permuted buffer; counts (e), a HOST array, rows per expert.
     void (*moe_plan)(lb_backend *, int32_t *row, int *counts_host, const int32_t *idx, int n,
                      int e, int k);
-    // xp (n*k, c): xp[row[i][s]] = x[i]
-    void (*moe_permute)(lb_backend *, float *xp, const float *x, const int32_t *row, int n,
-                        int k, int c);
+    // xp (n*k, c): xp[row[i][s]] = x[i]; xp16 (n*k, pad8(c)) as swiglu_fwd's out16
+    void (*moe_permute)(lb_backend *, float *xp, uint16_t *xp16, const float *x,
+                        const int32_t *row, int n, int k, int c);
     // dx (n, c) = sum over s of dxp[row[i][s]], s in order
     void (*moe_permute_bwd)(lb_backend *, float *dx, const float *dxp, const int32_t *row,
                             int n, int k, int c);
     // out (n, c) = sum over s in order of weight[i][s] * yp[row[i][s]]
     void (*moe_combine)(lb_backend *, float *out, const float *yp, const float *weight,
                         const int32_t *row, int n, int k, int c);
-    // dyp (n*k, c) overwritten: dyp[row[i][s]] = weight[i][s] * dout[i];
-    // dweight (n, k) overwritten: dot(dout[i], yp[row[i][s]])
-    void (*moe_combine_bwd)(lb_backend *, float *dyp, float *dweight, const float *dout,
-                            const float *yp, const float *weight, const int32_t *row, int n,
-                            int k, int c);
+    // dyp (n*k, c) overwritten: dyp[row[i][s]] = weight[i][s] * dout[i]; dyp16 (n*k, pad8(c))
+    // as swiglu_fwd's out16; dweight (n, k) overwritten: dot(dout[i], yp[row[i][s]])
+    void (*moe_combine_bwd)(lb_backend *, float *dyp, uint16_t *dyp16, float *dweight,
+                            const float *dout, const float *yp, const float *weight,
+                            const int32_t *row, int n, int k, int c);
 
     // --- cross-entropy over fp32 logits ---------------------------------------------------------
     // logits (n, v); targets (n), a negative target is ignored (loss 0, gradient 0).
@@ -332,7 +339,7 @@ lb_backend *lb_backend_profiled(lb_backend *in);
 static inline void lb_gemm(lb_backend *be, int transa, int transb, int m, int n, int k,
                            float alpha, const float *a, const float *b, float beta, float *c)
 {
-    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 0, NULL};
+    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 0, NULL, NULL};
     be->gemm(be, &g);
 }
 
@@ -340,7 +347,7 @@ static inline void lb_gemm(lb_backend *be, int transa, int transb, int m, int n,
 static inline void lb_gemm_bf16(lb_backend *be, int transa, int transb, int m, int n, int k,
                                 float alpha, const float *a, const float *b, float beta, float *c)
 {
-    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 1, NULL};
+    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 1, NULL, NULL};
     be->gemm(be, &g);
 }
 
@@ -349,7 +356,7 @@ static inline void lb_gemm_bf16_b16(lb_backend *be, int transa, int transb, int 
                                     float alpha, const float *a, const float *b,
                                     const uint16_t *b16, float beta, float *c)
 {
-    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 1, b16};
+    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 1, b16, NULL};
     be->gemm(be, &g);
 }
 

@@ -236,9 +236,11 @@ W(attention_cached,
   (lb_backend *be, float *o, const float *q, const lb_kv_layer *c, const int32_t *s,
    const int32_t *p, int n, int hq, int bf16),
   (in, o, q, c, s, p, n, hq, bf16))
-W(swiglu_fwd, (lb_backend *be, float *o, const float *gu, int n, int f), (in, o, gu, n, f))
-W(swiglu_bwd, (lb_backend *be, float *dgu, const float *d, const float *gu, int n, int f),
-  (in, dgu, d, gu, n, f))
+W(swiglu_fwd, (lb_backend *be, float *o, uint16_t *o16, const float *gu, int n, int f),
+  (in, o, o16, gu, n, f))
+W(swiglu_bwd,
+  (lb_backend *be, float *dgu, uint16_t *dgu16, const float *d, const float *gu, int n, int f),
+  (in, dgu, dgu16, d, gu, n, f))
 W(router_topk_fwd,
   (lb_backend *be, float *p, int32_t *i, float *w, const float *l, int n, int e, int k, int r),
   (in, p, i, w, l, n, e, k, r))
@@ -251,8 +253,10 @@ W(moe_aux_loss,
   (in, l, dp, p, i, n, e, k))
 W(moe_plan, (lb_backend *be, int32_t *r, int *c, const int32_t *i, int n, int e, int k),
   (in, r, c, i, n, e, k))
-W(moe_permute, (lb_backend *be, float *xp, const float *x, const int32_t *r, int n, int k, int c),
-  (in, xp, x, r, n, k, c))
+W(moe_permute,
+  (lb_backend *be, float *xp, uint16_t *xp16, const float *x, const int32_t *r, int n, int k,
+   int c),
+  (in, xp, xp16, x, r, n, k, c))
 W(moe_permute_bwd,
   (lb_backend *be, float *dx, const float *dxp, const int32_t *r, int n, int k, int c),
   (in, dx, dxp, r, n, k, c))
@@ -261,9 +265,9 @@ W(moe_combine,
    int c),
   (in, o, yp, w, r, n, k, c))
 W(moe_combine_bwd,
-  (lb_backend *be, float *dyp, float *dw, const float *d, const float *yp, const float *w,
-   const int32_t *r, int n, int k, int c),
-  (in, dyp, dw, d, yp, w, r, n, k, c))
+  (lb_backend *be, float *dyp, uint16_t *dyp16, float *dw, const float *d, const float *yp,
+   const float *w, const int32_t *r, int n, int k, int c),
+  (in, dyp, dyp16, dw, d, yp, w, r, n, k, c))
 W(cross_entropy_fwd,
   (lb_backend *be, float *l, double *st, const float *lg, const int32_t *t, int n, int v),
   (in, l, st, lg, t, n, v))

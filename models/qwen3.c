@@ -255,6 +255,27 @@ static float *grow(lb_backend *be, float **p, size_t *cap, size_t n)
     return *p;
 }
 
+// The same for n bf16 values.
+static uint16_t *grow16(lb_backend *be, uint16_t **p, size_t *cap, size_t n)
+{
+    if (n > *cap) {
+        if (*p) be->free(be, *p);
+        *p = be->alloc(be, n * sizeof(uint16_t));
+        *cap = n;
+    }
+    return *p;
+}
+
+// Elements of a bf16 copy of (rows, cols) values (to_bf16's layout: rows padded to 8).
+static size_t n16(size_t rows, int cols) { return rows * (size_t)((cols + 7) / 8 * 8); }
+
+// Whether role's expert GEMMs of layer l take bf16 copies of their activations, written by
+// the ops that make those activations (lb_linear_grouped_fwd's x16): they are bf16 GEMMs.
+static int takes16(const lb_model *m, int l, lb_role role)
+{
+    return lb_linear_grouped_bf16(&m->lin, l, role);
+}
+
 // --- tensor parallelism: Megatron's conjugate operators (doc/parallel.md) ----------------------
 
 // out = the sum over tp of part (n, c): an all-reduce, or under sequence parallelism a
@@ -294,7 +315,10 @@ static void tp_sum(lb_model *m, float *x, size_t count)
 
 // A feed-forward block's saved state. MoE rows go through the dispatcher: xp/yp are this
 // rank's token rows in moe_plan order, xe/gu/h the rows its experts received (xe = xp when
-// ep = 1). Dense blocks use gu and h only.
+// ep = 1). Dense blocks use gu and h only. xp16 and h16: bf16 copies of xp and h where the
+// expert GEMMs that read them are bf16 (takes16; xp16 only with ep = 1: the dispatcher moves
+// fp32 rows), written by moe_permute and swiglu_fwd and read by the forward's GEMMs and the
+// backward's wgrads.
 typedef struct {
     float *rlogits, *probs, *weight;   // (n, E), (n, E), (n, k)
     int32_t *idx, *row;                // (n, k)
@@ -303,6 +327,8 @@ typedef struct {
     float *xp, *yp;                    // (n*k, c)
     float *xe, *gu, *h;                // (cap, c), (cap, 2f), (cap, f)
     size_t cap_xe, cap_gu, cap_h;      // grow-only: how many rows arrive varies under ep
+    uint16_t *xp16, *h16;              // (n*k, pad8(c)), (cap, pad8(f)), or NULL
+    size_t cap_xp16, cap_h16;
     lb_ep_route route;
 } ffn_acts;
 
@@ -310,6 +336,8 @@ typedef struct {
 typedef struct {
     float *xs, *ye, *dye, *dxe, *dgu, *dh;
     size_t cap_xs, cap_ye, cap_dye, cap_dxe, cap_dgu, cap_dh;
+    uint16_t *dyp16, *dgu16;   // bf16 copies of dyp and dgu, as ffn_acts' (takes16)
+    size_t cap_dyp16, cap_dgu16;
 } moe_scratch;
 
 static void ffn_create(lb_model *m, ffn_acts *f, int n)
@@ -337,7 +365,7 @@ static void ffn_free(lb_model *m, ffn_acts *f)
 {
     lb_backend *be = m->be;
     void *bufs[] = {f->rlogits, f->probs, f->weight, f->idx, f->row, f->aux_grad, f->xp, f->yp,
-                    f->xe, f->gu, f->h};
+                    f->xe, f->gu, f->h, f->xp16, f->h16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     free(f->counts);
@@ -346,7 +374,7 @@ static void ffn_free(lb_model *m, ffn_acts *f)
 
 static void scratch_free(lb_backend *be, moe_scratch *s)
 {
-    void *bufs[] = {s->xs, s->ye, s->dye, s->dxe, s->dgu, s->dh};
+    void *bufs[] = {s->xs, s->ye, s->dye, s->dxe, s->dgu, s->dh, s->dyp16, s->dgu16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
 }
@@ -429,12 +457,17 @@ static void shared_create(lb_model *m, layer_acts *S, int n, int ns)
     size_t rows = is_moe(&m->cfg) ? (size_t)d.ep * n * d.K : (size_t)n;
     recomputable_create(m, S, n, ns);
     grow(m->be, &S->f.h, &S->f.cap_h, rows * d.F);
+    int want16 = 0;   // h's bf16 copy is recomputed with h where some layer's GEMMs take it
+    for (int l = m->layer_begin; l < m->layer_end; l++)
+        want16 |= is_moe(&m->cfg) && takes16(m, l, LB_ROLE_MOE_DOWN);
+    if (want16) grow16(m->be, &S->f.h16, &S->f.cap_h16, n16(rows, d.F));
 }
 
 static void shared_free(lb_model *m, layer_acts *S)
 {
     recomputable_free(m, S);
     if (S->f.h) m->be->free(m->be, S->f.h);
+    if (S->f.h16) m->be->free(m->be, S->f.h16);
 }
 
 // A layer's saved activations (all but its input x) for n rows, ns of them this rank's; with
@@ -454,6 +487,7 @@ static void layer_create(lb_model *m, layer_acts *L, int n, int ns, const layer_
         L->krstd = S->krstd, L->kr = S->kr, L->att = S->att, L->lse = S->lse;
         L->ln2 = S->ln2, L->rstd2 = S->rstd2;
         L->f.h = S->f.h, L->f.cap_h = S->f.cap_h;   // big enough: grow never replaces it
+        L->f.h16 = S->f.h16, L->f.cap_h16 = S->f.cap_h16;
     } else {
         recomputable_create(m, L, n, ns);
     }
@@ -466,7 +500,7 @@ static void layer_free(lb_model *m, layer_acts *L)
     void *own[] = {L->q, L->k, L->v, L->xmid};
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
         if (own[i]) be->free(be, own[i]);
-    if (L->shared) L->f.h = NULL;   // sel's
+    if (L->shared) L->f.h = NULL, L->f.h16 = NULL;   // sel's
     else recomputable_free(m, L);
     ffn_free(m, &L->f);
 }
@@ -599,7 +633,7 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
     if (!is_moe(c)) {
         lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, f->gu, n, 2 * d.F, d.C,
                       0.0f);
-        be->swiglu_fwd(be, f->h, f->gu, n, d.F);
+        be->swiglu_fwd(be, f->h, NULL, f->gu, n, d.F);
         lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, f->h, w->down, w->cdown, 0, out, n, d.C, d.F, 0.0f);
         return 0.0;
     }
@@ -612,9 +646,12 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
     // This rank's part of the rows goes to the experts (all of them when etp = tp). The others'
     // rows of `out` stay zero, so the caller's sum over tp assembles every part.
     int o, np = part_rows(&d, n, &o);
+    const int gu16 = d.ep == 1 && takes16(m, l, LB_ROLE_MOE_GATE_UP);
+    const int down16 = takes16(m, l, LB_ROLE_MOE_DOWN);
+    uint16_t *xp16 = gu16 ? grow16(be, &f->xp16, &f->cap_xp16, n16((size_t)n * d.K, d.C)) : NULL;
     if (np) {
         be->moe_plan(be, f->row, f->counts, f->idx + (size_t)o * d.K, np, d.E, d.K);
-        be->moe_permute(be, f->xp, ln + (size_t)o * d.C, f->row, np, d.K, d.C);
+        be->moe_permute(be, f->xp, xp16, ln + (size_t)o * d.C, f->row, np, d.K, d.C);
     } else {
         memset(f->counts, 0, (size_t)d.E * sizeof *f->counts);
     }
@@ -630,11 +667,12 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
     }
     grow(be, &f->gu, &f->cap_gu, nr * 2 * d.F);
     grow(be, &f->h, &f->cap_h, nr * d.F);
-    lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xe, w->gu, w->cgu, f->route.local_counts,
-                          d.El, f->gu, 2 * d.F, d.C);
-    if (nr) be->swiglu_fwd(be, f->h, f->gu, (int)nr, d.F);
-    lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, f->h, w->down, w->cdown, f->route.local_counts,
-                          d.El, ye, d.C, d.F);
+    uint16_t *h16 = down16 ? grow16(be, &f->h16, &f->cap_h16, n16(nr, d.F)) : NULL;
+    lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xe, xp16, w->gu, w->cgu,
+                          f->route.local_counts, d.El, f->gu, 2 * d.F, d.C);
+    if (nr) be->swiglu_fwd(be, f->h, h16, f->gu, (int)nr, d.F);
+    lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, f->h, h16, w->down, w->cdown,
+                          f->route.local_counts, d.El, ye, d.C, d.F);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, ye, f->yp, s->xs, d.C);
     if (d.parts > 1) be->zero(be, out, (size_t)n * d.C * sizeof(float));
     if (np)
@@ -657,21 +695,29 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
     if (!is_moe(c)) {
         lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, f->h, w->down, w->cdown, 0, dout, a->dh, 0.0f,
                       dw->down, lb_model_grad_beta(m, dw->down), n, d.C, d.F);
-        be->swiglu_bwd(be, a->dgu, a->dh, f->gu, n, d.F);
+        be->swiglu_bwd(be, a->dgu, NULL, a->dh, f->gu, n, d.F);
         lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, a->dgu, dln, 0.0f, dw->gu,
                       lb_model_grad_beta(m, dw->gu), n, 2 * d.F, d.C);
         return;
     }
     int o, np = part_rows(&d, n, &o);   // the rows this rank sent to the experts
+    // the copies the forward wrote (ffn_acts), and those of dyp and dgu to write here
+    const int gu16 = d.ep == 1 && takes16(m, l, LB_ROLE_MOE_GATE_UP);
+    const int down16 = takes16(m, l, LB_ROLE_MOE_DOWN);
+    size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
+    uint16_t *dyp16 = d.ep == 1 && down16
+                          ? grow16(be, &s->dyp16, &s->cap_dyp16, n16((size_t)np * d.K, d.C))
+                          : NULL;
+    uint16_t *dgu16 = gu16 ? grow16(be, &s->dgu16, &s->cap_dgu16, n16(nr, 2 * d.F)) : NULL;
     if (d.parts > 1) be->zero(be, a->dweight, (size_t)n * d.K * sizeof(float));
     if (np)
-        be->moe_combine_bwd(be, a->dyp, a->dweight + (size_t)o * d.K, dout + (size_t)o * d.C,
-                            f->yp, f->weight + (size_t)o * d.K, f->row, np, d.K, d.C);
+        be->moe_combine_bwd(be, a->dyp, dyp16, a->dweight + (size_t)o * d.K,
+                            dout + (size_t)o * d.C, f->yp, f->weight + (size_t)o * d.K, f->row,
+                            np, d.K, d.C);
     // yp held this rank's etp share of its part's expert outputs: the sum over tp gives every
     // row's combine-weight gradient whole
     tp_sum(m, a->dweight, (size_t)n * d.K);
     lb_comm *ep = m->par.ep_comm;
-    size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
     float *dye = a->dyp, *dxe = a->dxp;
     if (d.ep > 1) {
         dye = grow(be, &s->dye, &s->cap_dye, nr * d.C);
@@ -680,12 +726,13 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
     }
     float *dgu = grow(be, &s->dgu, &s->cap_dgu, nr * 2 * d.F);
     float *dh = grow(be, &s->dh, &s->cap_dh, nr * d.F);
-    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_DOWN, f->h, w->down, w->cdown, f->route.local_counts,
-                          d.El, dye, dh, dw->down, lb_model_grad_beta(m, dw->down), d.C, d.F);
-    if (nr) be->swiglu_bwd(be, dgu, dh, f->gu, (int)nr, d.F);
-    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : f->xp, w->gu, w->cgu,
-                          f->route.local_counts, d.El, dgu, dxe, dw->gu,
-                          lb_model_grad_beta(m, dw->gu), 2 * d.F, d.C);
+    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_DOWN, f->h, down16 ? f->h16 : NULL, w->down,
+                          w->cdown, f->route.local_counts, d.El, dye, dyp16, dh, dw->down,
+                          lb_model_grad_beta(m, dw->down), d.C, d.F);
+    if (nr) be->swiglu_bwd(be, dgu, dgu16, dh, f->gu, (int)nr, d.F);
+    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : f->xp,
+                          gu16 ? f->xp16 : NULL, w->gu, w->cgu, f->route.local_counts, d.El, dgu,
+                          dgu16, dxe, dw->gu, lb_model_grad_beta(m, dw->gu), 2 * d.F, d.C);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, dxe, a->dxp, s->xs, d.C);
     if (d.parts > 1) be->zero(be, dln, (size_t)n * d.C * sizeof(float));
     if (np) be->moe_permute_bwd(be, dln + (size_t)o * d.C, a->dxp, f->row, np, d.K, d.C);
@@ -798,7 +845,9 @@ static void layer_recompute(lb_model *m, acts *a, int i, layer_acts *L)
     core_attention(m, a, L, &w);
     norm_rows(m, a, L->xmid, w.ln2, L->ln2, L->rstd2);
     int rows = is_moe(&m->cfg) ? L->f.route.nrecv : a->n;
-    if (rows) m->be->swiglu_fwd(m->be, L->f.h, L->f.gu, rows, d.F);
+    uint16_t *h16 = is_moe(&m->cfg) && takes16(m, m->layer_begin + i, LB_ROLE_MOE_DOWN)
+                        ? L->f.h16 : NULL;
+    if (rows) m->be->swiglu_fwd(m->be, L->f.h, h16, L->f.gu, rows, d.F);
 }
 
 static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t)

@@ -107,7 +107,8 @@ void lb_ep_dispatch(const lb_ep_route *r, lb_comm *ep, lb_backend *be, const flo
         return;
     }
     exchange(r, ep, be, x, r->send, r->sdispl, scratch, r->recv, r->rdispl, c);
-    if (r->nrecv) be->moe_permute(be, xe, scratch, r->perm, r->nrecv, 1, c);   // xe[perm[i]] = s[i]
+    // xe[perm[i]] = s[i]
+    if (r->nrecv) be->moe_permute(be, xe, NULL, scratch, r->perm, r->nrecv, 1, c);
 }
 
 void lb_ep_combine(const lb_ep_route *r, lb_comm *ep, lb_backend *be, const float *ye,

@@ -341,8 +341,9 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, co
     // Both products plain bf16: one grouped call, in which a backend may convert dy once for
     // both (CUDA packs one bf16 copy of dy that both read); the same sums as two calls.
     if (dx && dw && plain_bf16(D, F) && plain_bf16(G, F)) {
-        lb_gemm_args g[2] = {{0, 0, n, in, out, 1.0f, dx_beta, dy, we, dx, 1, cache_b16(c, e)},
-                             {1, 0, out, in, n, 1.0f, dw_beta, dy, x, dw, 1, NULL}};
+        lb_gemm_args g[2] = {{0, 0, n, in, out, 1.0f, dx_beta, dy, we, dx, 1, cache_b16(c, e),
+                              NULL},
+                             {1, 0, out, in, n, 1.0f, dw_beta, dy, x, dw, 1, NULL, NULL}};
         be->gemm_grouped(be, 2, g);
         return;
     }
@@ -500,18 +501,30 @@ static void grouped_act_q(lb_linear *L, const float *a, const int *counts, int g
     be->gemm_q_grouped(be, groups, g);
 }
 
+int lb_linear_grouped_bf16(const lb_linear *L, int layer, lb_role role)
+{
+    return all_fmt(L, layer, role, LB_FMT_BF16);
+}
+
+// Row off of a bf16 copy of (rows, cols) values in to_bf16's layout, or NULL.
+static const uint16_t *copy_row(const uint16_t *x16, size_t off, int cols)
+{
+    return x16 ? x16 + off * (size_t)((cols + 7) / 8 * 8) : NULL;
+}
+
 void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x,
-                           const float *w, const lb_wcache *c, const int *counts, int groups,
-                           float *y, int out, int in)
+                           const uint16_t *x16, const float *w, const lb_wcache *c,
+                           const int *counts, int groups, float *y, int out, int in)
 {
     size_t off = 0, mat = (size_t)out * in;
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
+    if (x16 && !bf16) lb_die("lb_linear_grouped_fwd: a bf16 copy of x for a GEMM not in bf16");
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {   // one grouped call for all experts
         lb_gemm_args g[groups];
         for (int j = 0; j < groups; j++) {
             g[j] = (lb_gemm_args){0, 1, counts[j], out, in, 1.0f, 0.0f, x + off * in,
                                   w + j * mat, y + off * out, bf16,
-                                  bf16 ? cache_b16(c, j) : NULL};
+                                  bf16 ? cache_b16(c, j) : NULL, copy_row(x16, off, in)};
             off += (size_t)counts[j];
         }
         L->be->gemm_grouped(L->be, groups, g);
@@ -531,12 +544,15 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
 }
 
 void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x,
-                           const float *w, const lb_wcache *c, const int *counts, int groups,
-                           const float *dy, float *dx, float *dw, float dw_beta, int out, int in)
+                           const uint16_t *x16, const float *w, const lb_wcache *c,
+                           const int *counts, int groups, const float *dy, const uint16_t *dy16,
+                           float *dx, float *dw, float dw_beta, int out, int in)
 {
     size_t off = 0, mat = (size_t)out * in;
     if (dw_beta != 0.0f && dw_beta != 1.0f) lb_die("lb_linear_grouped_bwd: dw_beta %g", dw_beta);
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
+    if ((x16 || dy16) && !bf16)
+        lb_die("lb_linear_grouped_bwd: a bf16 copy of x or dy for GEMMs not in bf16");
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {
         // Each expert's dgrad and wgrad side by side in one call: a backend may convert its dy
         // once for both (see lb_linear_bwd).
@@ -544,10 +560,12 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
         for (int j = 0; j < groups; j++) {
             int mj = counts[j];
             g[2 * j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, dy + off * out, w + j * mat,
-                                      dx + off * in, bf16, bf16 ? cache_b16(c, j) : NULL};
+                                      dx + off * in, bf16, bf16 ? cache_b16(c, j) : NULL,
+                                      copy_row(dy16, off, out)};
             // mj 0: no product, and beta 0 zeroes the matrix (kernels.h)
             g[2 * j + 1] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, dw_beta, dy + off * out,
-                                          x + off * in, dw + j * mat, bf16, NULL};
+                                          x + off * in, dw + j * mat, bf16,
+                                          copy_row(x16, off, in), copy_row(dy16, off, out)};
             off += (size_t)mj;
         }
         L->be->gemm_grouped(L->be, 2 * groups, g);

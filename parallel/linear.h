@@ -99,14 +99,19 @@ void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, con
                       int n, int out, int in);
 
 // Experts: rows [off_j, off_j + counts[j]) of x use matrix j (counts is a host array).
+// x16, dy16: NULL, or x and dy rounded to bf16 in to_bf16's layout (rows, pad8(cols)), written
+// by the ops that made x and dy (swiglu_fwd's out16, ...); the bf16 GEMMs read them instead of
+// rounding x and dy again. Only where lb_linear_grouped_bf16 says those GEMMs are bf16.
+int lb_linear_grouped_bf16(const lb_linear *L, int layer, lb_role role);
 void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x,
-                           const float *w, const lb_wcache *c, const int *counts, int groups,
-                           float *y, int out, int in);
+                           const uint16_t *x16, const float *w, const lb_wcache *c,
+                           const int *counts, int groups, float *y, int out, int in);
 // dx (rows, in) overwritten; dw (groups, out, in) = the wgrads + dw_beta * dw (0 or 1; 0
 // overwrites the matrices of groups without rows with zeros).
 void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x,
-                           const float *w, const lb_wcache *c, const int *counts, int groups,
-                           const float *dy, float *dx, float *dw, float dw_beta, int out, int in);
+                           const uint16_t *x16, const float *w, const lb_wcache *c,
+                           const int *counts, int groups, const float *dy, const uint16_t *dy16,
+                           float *dx, float *dw, float dw_beta, int out, int in);
 
 void lb_linear_free(lb_linear *L);
 

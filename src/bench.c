@@ -77,7 +77,7 @@ typedef struct {
 static void run_gemm(lb_backend *be, void *p)
 {
     gemm_case *g = p;
-    lb_gemm_args a = {0, 1, g->m, g->n, g->k, 1.0f, 0.0f, g->a, g->b, g->c, g->bf16, NULL};
+    lb_gemm_args a = {0, 1, g->m, g->n, g->k, 1.0f, 0.0f, g->a, g->b, g->c, g->bf16, NULL, NULL};
     be->gemm(be, &a);
 }
 
@@ -132,7 +132,7 @@ static void bench_gemm_format(lb_backend *be, const lb_config *c, const char *wh
             for (int e = 0; e < groups; e++)
                 g.args[e] = (lb_gemm_args){0, 1, m, n, k, 1.0f, 0.0f, a + (size_t)e * m * k,
                                            b + (size_t)e * n * k, cc + (size_t)e * m * n,
-                                           g.bf16, NULL};
+                                           g.bf16, NULL, NULL};
             t = time_it(be, c, run_grouped, &g);
             free(g.args);
         }

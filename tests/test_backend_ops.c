@@ -131,6 +131,9 @@ static void *hget(const void *d, size_t bytes)
 
 static void dfree(void *d) { gpu->free(gpu, d); }
 
+// Bytes of a bf16 copy of (rows, cols) values in to_bf16's layout (rows padded to 8).
+static size_t bytes16(size_t rows, int cols) { return rows * (size_t)((cols + 7) / 8 * 8) * 2; }
+
 // sum (a - ref)^2 / sum ref^2; infinite when anything is not finite (NaN never passes).
 static double nmse(const float *a, const float *ref, size_t n)
 {
@@ -177,6 +180,17 @@ static size_t count_bit_diffs(const void *a, const void *b, size_t n4)
                           (what), i_, (int)(a)[i_], (int)(b)[i_], (unsigned long long)seed);  \
         if (verbose()) printf("  %-44s equal\n", (what));                                    \
     } while (0)
+
+// Checks an op's bf16 copy c16 (device) of its own fp32 output x (host, rows x cols): to_bf16's
+// bits (lb_f32_to_bf16), the padding zeros.
+static void check_copy16(const char *what, const void *c16, const float *x, size_t rows, int cols)
+{
+    const int ld = (cols + 7) / 8 * 8;
+    uint16_t *got = hget(c16, bytes16(rows, cols)), *want = lb_malloc(bytes16(rows, cols));
+    for (size_t r = 0; r < rows; r++) lb_bf16_row(want + r * ld, x + r * cols, cols, ld);
+    CHECK_BITS(what, got, want, bytes16(rows, cols));
+    free(got), free(want);
+}
 
 // --- table and memory ------------------------------------------------------------------------
 
@@ -438,10 +452,10 @@ START_TEST(test_gemm_grouped)
     float *dc0 = dpoisoned((size_t)m0 * n * 4), *dsent = dput(sentinel, sizeof sentinel);
     float *dc2 = dpoisoned((size_t)5 * n * 4), *dc3 = dput(c3_0, (size_t)n * k * 4);
     lb_gemm_args g[4] = {
-        {0, 1, m0, n, k, 1.0f, 0.0f, da0, dw, dc0, 0, NULL},       // fprop
-        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, dw, dsent, 0, NULL},     // no tokens
-        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, dc2, 0, NULL},     // empty inner dimension
-        {1, 0, n, k, m3, 0.5f, 1.0f, da3, db3, dc3, 0, NULL},      // wgrad, accumulating
+        {0, 1, m0, n, k, 1.0f, 0.0f, da0, dw, dc0, 0, NULL, NULL},       // fprop
+        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, dw, dsent, 0, NULL, NULL},     // no tokens
+        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, dc2, 0, NULL, NULL},     // empty inner dimension
+        {1, 0, n, k, m3, 0.5f, 1.0f, da3, db3, dc3, 0, NULL, NULL},      // wgrad, accumulating
     };
     gpu->gemm_grouped(gpu, 4, g);
     gpu->gemm_grouped(gpu, 0, NULL);   // nothing to do
@@ -490,11 +504,11 @@ static void grouped_bf16_case(lb_backend *gs, int streams, int G, const int *cou
     for (int j = 0; j < G; j++) {
         int m = counts[j];
         g[0][j] = (lb_gemm_args){0, 1, m, out, in, 1.0f, 0.0f, X + off * in, W + j * mat,
-                                 out_d[0][0] + off * out, 1, NULL};
+                                 out_d[0][0] + off * out, 1, NULL, NULL};
         g[1][j] = (lb_gemm_args){0, 0, m, in, out, 1.0f, 0.0f, DY + off * out, W + j * mat,
-                                 out_d[0][1] + off * in, 1, NULL};
+                                 out_d[0][1] + off * in, 1, NULL, NULL};
         g[2][j] = (lb_gemm_args){1, 0, out, in, m, 1.0f, 1.0f, DY + off * out, X + off * in,
-                                 out_d[0][2] + j * mat, 1, NULL};
+                                 out_d[0][2] + j * mat, 1, NULL, NULL};
         if (m) {
             lb_gemm_bf16(cpu, 0, 1, m, out, in, 1.0f, x + off * in, w + j * mat, 0.0f,
                          yr + off * out);
@@ -529,7 +543,8 @@ static void grouped_bf16_case(lb_backend *gs, int streams, int G, const int *cou
     // fprop of a middle row of the last group alone
     const size_t row = (size_t)(n - counts[G - 1]) + counts[G - 1] / 2;
     float *y1 = dpoisoned((size_t)out * 4);
-    lb_gemm_args one = {0, 1, 1, out, in, 1.0f, 0.0f, X + row * in, W + (G - 1) * mat, y1, 1, NULL};
+    lb_gemm_args one = {0, 1, 1, out, in, 1.0f, 0.0f, X + row * in, W + (G - 1) * mat, y1, 1,
+                        NULL, NULL};
     gs->gemm_grouped(gs, 1, &one);
     gs->sync(gs);
     const char *names[3] = {"fprop", "dgrad", "wgrad"};
@@ -895,23 +910,28 @@ END_TEST
 
 // --- SwiGLU ----------------------------------------------------------------------------------
 
-// f 257: one element per lane; f 256: 16-byte rows (the kernels' vector path).
+// f 257: one element per lane; f 256: 16-byte rows (the kernels' vector path); f 36: 16-byte
+// rows, and out16's padded. The second run writes the bf16 copies too (the same fp32 bits).
 static void swiglu_case(int n, int f)
 {
     size_t s2 = (size_t)n * 2 * f, s1 = (size_t)n * f;
     float *gu = randn(s2, 3), *g = randn(s1, 1);
     float *out = lb_malloc(s1 * 4), *dgu = lb_malloc(s2 * 4);
-    cpu->swiglu_fwd(cpu, out, gu, n, f);
-    cpu->swiglu_bwd(cpu, dgu, g, gu, n, f);
+    cpu->swiglu_fwd(cpu, out, NULL, gu, n, f);
+    cpu->swiglu_bwd(cpu, dgu, NULL, g, gu, n, f);
     float *GU = dput(gu, s2 * 4), *G = dput(g, s1 * 4);
     float *O = gpu->alloc(gpu, s1 * 4), *DGU = gpu->alloc(gpu, s2 * 4);
+    void *O16 = dpoisoned(bytes16(n, f)), *DGU16 = dpoisoned(bytes16(n, 2 * f));
     float *keep[2][2];
     for (int r = 0; r < 2; r++) {
         poison(O, s1 * 4), poison(DGU, s2 * 4);
-        gpu->swiglu_fwd(gpu, O, GU, n, f);
-        gpu->swiglu_bwd(gpu, DGU, G, GU, n, f);
+        gpu->swiglu_fwd(gpu, O, r ? O16 : NULL, GU, n, f);
+        gpu->swiglu_bwd(gpu, DGU, r ? DGU16 : NULL, G, GU, n, f);
         keep[r][0] = hget(O, s1 * 4), keep[r][1] = hget(DGU, s2 * 4);
     }
+    check_copy16("swiglu_fwd out16", O16, keep[1][0], n, f);
+    check_copy16("swiglu_bwd dgu16", DGU16, keep[1][1], n, 2 * f);
+    dfree(O16), dfree(DGU16);
     char what[64];
     snprintf(what, sizeof what, "swiglu_fwd n %d f %d", n, f);
     CHECK_NMSE(what, keep[0][0], out, s1, B_ROUND);
@@ -927,6 +947,7 @@ START_TEST(test_swiglu)
 {
     swiglu_case(300, 257);
     swiglu_case(300, 256);
+    swiglu_case(300, 36);
 }
 END_TEST
 
@@ -1101,24 +1122,26 @@ static void dispatch_case(int n, int e, int k, int c)
     float *g = randn(nc, 1);
     float *xp = lb_malloc(kc * 4), *dx = lb_malloc(nc * 4), *out = lb_malloc(nc * 4);
     float *dyp = lb_malloc(kc * 4), *dw = lb_malloc(nk * 4);
-    cpu->moe_permute(cpu, xp, x, row, n, k, c);
+    cpu->moe_permute(cpu, xp, NULL, x, row, n, k, c);
     cpu->moe_permute_bwd(cpu, dx, dxp, row, n, k, c);
     cpu->moe_combine(cpu, out, yp, w, row, n, k, c);
-    cpu->moe_combine_bwd(cpu, dyp, dw, g, yp, w, row, n, k, c);
+    cpu->moe_combine_bwd(cpu, dyp, NULL, dw, g, yp, w, row, n, k, c);
     float *X = dput(x, nc * 4), *DXP = dput(dxp, kc * 4), *YP = dput(yp, kc * 4);
     float *W = dput(w, nk * 4), *G = dput(g, nc * 4);
     float *XP = gpu->alloc(gpu, kc * 4), *DX = gpu->alloc(gpu, nc * 4);
     float *O = gpu->alloc(gpu, nc * 4), *DYP = gpu->alloc(gpu, kc * 4);
     float *DW = gpu->alloc(gpu, nk * 4);
     int32_t *Rc = dput(row, nk * 4);
+    // the second run writes the bf16 copies too (the same fp32 bits)
+    void *XP16 = dpoisoned(bytes16(nk, c)), *DYP16 = dpoisoned(bytes16(nk, c));
     float *keep[2][5];
     for (int r = 0; r < 2; r++) {
         poison(XP, kc * 4), poison(DX, nc * 4), poison(O, nc * 4), poison(DYP, kc * 4);
         poison(DW, nk * 4);
-        gpu->moe_permute(gpu, XP, X, Rc, n, k, c);
+        gpu->moe_permute(gpu, XP, r ? XP16 : NULL, X, Rc, n, k, c);
         gpu->moe_permute_bwd(gpu, DX, DXP, Rc, n, k, c);
         gpu->moe_combine(gpu, O, YP, W, Rc, n, k, c);
-        gpu->moe_combine_bwd(gpu, DYP, DW, G, YP, W, Rc, n, k, c);
+        gpu->moe_combine_bwd(gpu, DYP, r ? DYP16 : NULL, DW, G, YP, W, Rc, n, k, c);
         keep[r][0] = hget(XP, kc * 4), keep[r][1] = hget(DX, nc * 4);
         keep[r][2] = hget(O, nc * 4), keep[r][3] = hget(DYP, kc * 4);
         keep[r][4] = hget(DW, nk * 4);
@@ -1130,6 +1153,9 @@ static void dispatch_case(int n, int e, int k, int c)
     CHECK_NMSE("moe_combine_bwd dweight", keep[0][4], dw, nk, B_DOT);
     for (int i = 0; i < 5; i++) CHECK_BITS("moe dispatch op, run twice", keep[0][i], keep[1][i],
                                            (i == 1 || i == 2 ? nc : i == 4 ? nk : kc) * 4);
+    check_copy16("moe_permute xp16", XP16, keep[1][0], nk, c);
+    check_copy16("moe_combine_bwd dyp16", DYP16, keep[1][3], nk, c);
+    dfree(XP16), dfree(DYP16);
     for (int r = 0; r < 2; r++)
         for (int i = 0; i < 5; i++) free(keep[r][i]);
     dfree(I), dfree(R), dfree(X), dfree(DXP), dfree(YP), dfree(W), dfree(G), dfree(XP);
@@ -1142,6 +1168,7 @@ START_TEST(test_moe_dispatch)
 {
     dispatch_case(300, 53, 3, 53);
     dispatch_case(257, 128, 8, 64);
+    dispatch_case(100, 16, 4, 60);   // 16-byte rows, the copies' rows padded
     dispatch_case(37, 7, 1, 129);
 }
 END_TEST
@@ -1267,8 +1294,8 @@ static void linear_ce_case(int n, int v, int c, float dw_beta)
     gpu->linear_ce_bwd(gpu, DX[0], 0.0f, DW[0], dw_beta, L, ST, T, 0.37f, X, W, W16, n, v, c);
     gpu->upload(gpu, L, l, nv * 4);   // linear_ce_bwd leaves the logits undefined
     gpu->cross_entropy_bwd(gpu, L, L, ST, T, 0.37f, n, v);
-    lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, 0.0f, L, W, DX[1], 1, NULL},
-                         {1, 0, v, c, n, 1.0f, dw_beta, L, X, DW[1], 1, NULL}};
+    lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, 0.0f, L, W, DX[1], 1, NULL, NULL},
+                         {1, 0, v, c, n, 1.0f, dw_beta, L, X, DW[1], 1, NULL, NULL}};
     gpu->gemm_grouped(gpu, 2, g);
     float *gx[2], *gw[2];
     for (int r = 0; r < 2; r++) gx[r] = hget(DX[r], nc * 4), gw[r] = hget(DW[r], vc * 4);
@@ -1857,7 +1884,9 @@ END_TEST
 // to_bf16 against the CPU bit for bit (the special values of test_round_bf16, rows of 37
 // columns padded to 40), and bf16 GEMMs given b's copy (lb_gemm_args.b16) against the same
 // GEMMs rounding b themselves, bit for bit: fprop (B (n, k)) and dgrad (B (k, n)) of one
-// weight's copy, as the weight cache serves them, alone and as groups beside a wgrad.
+// weight's copy, as the weight cache serves them, alone and as groups beside a wgrad; the
+// groups given the activations' copies too (lb_gemm_args.a16: A (m, k) and, in the wgrad,
+// (k, m); G's rows padded), as an expert layer's ops write them.
 START_TEST(test_to_bf16)
 {
     // A padded pitch (the row kernel) and ld == cols (the 16-byte kernel).
@@ -1884,31 +1913,34 @@ START_TEST(test_to_bf16)
     float *W = dput(w, (size_t)n * k * 4), *A = dput(a, (size_t)m * k * 4);
     float *G = dput(g, (size_t)m * n * 4);
     uint16_t *W16 = gpu->alloc(gpu, (size_t)n * 136 * 2);   // pad8(136) = 136
+    uint16_t *A16 = gpu->alloc(gpu, (size_t)m * 136 * 2), *G16 = dpoisoned((size_t)m * 304 * 2);
     gpu->to_bf16(gpu, W16, W, n, k, 136);
-    float *c[2][4];
+    gpu->to_bf16(gpu, A16, A, m, k, 136);
+    gpu->to_bf16(gpu, G16, G, m, n, 304);
+    float *c[2][5];
     for (int r = 0; r < 2; r++) {
-        const uint16_t *b16 = r ? W16 : NULL;
+        const uint16_t *b16 = r ? W16 : NULL, *a16 = r ? A16 : NULL, *g16 = r ? G16 : NULL;
         for (int i = 0; i < 4; i++) c[r][i] = dpoisoned((size_t)m * (i % 2 ? k : n) * 4);
+        c[r][4] = dpoisoned((size_t)n * k * 4);
         lb_gemm_bf16_b16(gpu, 0, 1, m, n, k, 1.0f, A, W, b16, 0.0f, c[r][0]);   // fprop
         lb_gemm_bf16_b16(gpu, 0, 0, m, k, n, 1.0f, G, W, b16, 0.0f, c[r][1]);   // dgrad
-        float *dw = dpoisoned((size_t)n * k * 4);
-        lb_gemm_args gr[3] = {{0, 1, m, n, k, 1.0f, 0.0f, A, W, c[r][2], 1, b16},
-                              {0, 0, m, k, n, 1.0f, 0.0f, G, W, c[r][3], 1, b16},
-                              {1, 0, n, k, m, 1.0f, 0.0f, G, A, dw, 1, NULL}};
+        lb_gemm_args gr[3] = {{0, 1, m, n, k, 1.0f, 0.0f, A, W, c[r][2], 1, b16, a16},
+                              {0, 0, m, k, n, 1.0f, 0.0f, G, W, c[r][3], 1, b16, g16},
+                              {1, 0, n, k, m, 1.0f, 0.0f, G, A, c[r][4], 1, a16, g16}};
         gpu->gemm_grouped(gpu, 3, gr);
-        dfree(dw);
     }
     gpu->sync(gpu);
-    const char *names[4] = {"fprop", "dgrad", "grouped fprop", "grouped dgrad"};
-    for (int i = 0; i < 4; i++) {
-        const size_t bytes = (size_t)m * (i % 2 ? k : n) * 4;
+    const char *names[5] = {"fprop, b16", "dgrad, b16", "grouped fprop, a16 b16",
+                            "grouped dgrad, a16 b16", "grouped wgrad, a16 b16"};
+    for (int i = 0; i < 5; i++) {
+        const size_t bytes = (i == 4 ? (size_t)n * k : (size_t)m * (i % 2 ? k : n)) * 4;
         float *x0 = hget(c[0][i], bytes), *x1 = hget(c[1][i], bytes);
         char what[96];
-        snprintf(what, sizeof what, "bf16 gemm %s with b16 against rounding b", names[i]);
+        snprintf(what, sizeof what, "bf16 gemm %s against rounding", names[i]);
         CHECK_BITS(what, x1, x0, bytes);
         free(x0), free(x1), dfree(c[0][i]), dfree(c[1][i]);
     }
-    dfree(W16), dfree(W), dfree(A), dfree(G), free(w), free(a), free(g);
+    dfree(W16), dfree(A16), dfree(G16), dfree(W), dfree(A), dfree(G), free(w), free(a), free(g);
 }
 END_TEST
 

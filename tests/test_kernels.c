@@ -83,6 +83,18 @@ static double nerr(const float *a, const double *ref, size_t n)
 #define ASSERT_BITWISE(what, a, b, bytes) \
     ck_assert_msg(memcmp((a), (b), (bytes)) == 0, "%s: results differ bitwise", (what))
 
+// An op's bf16 copy c16 of x (rows, cols) (kernels.h: swiglu_fwd's out16) holds to_bf16's bits
+// of x, padding included: to_bf16 writes the reference.
+static void check_copy16(const char *what, const uint16_t *c16, const float *x, size_t rows,
+                         int cols)
+{
+    const int ld = (cols + 7) / 8 * 8;
+    uint16_t *want = lb_malloc(rows * ld * sizeof *want);
+    be->to_bf16(be, want, x, rows, cols, ld);
+    ASSERT_BITWISE(what, c16, want, rows * ld * sizeof *want);
+    free(want);
+}
+
 // --- naive double-precision references ----------------------------------------------------------
 
 // C (m, n) = alpha op(A) op(B) + beta C0, as documented in kernels.h.
@@ -380,7 +392,8 @@ END_TEST
 
 // to_bf16: each element's bf16 bits (lb_f32_to_bf16, which round_bf16 widens), zeros in the
 // padding; and a bf16 GEMM given b's copy (lb_gemm_args.b16) equals the GEMM rounding b, bit
-// for bit, with B (n, k) (fprop) and (k, n) (dgrad) from the same copy of W (n, k).
+// for bit, with B (n, k) (fprop) and (k, n) (dgrad) from the same copy of W (n, k); so do
+// GEMMs given copies of A (lb_gemm_args.a16), stored (m, k) (fprop) and (k, m) (wgrad).
 START_TEST(test_to_bf16_gemm_b16)
 {
     const int n = 37, k = 53, m = 9, ld = 56;
@@ -402,7 +415,21 @@ START_TEST(test_to_bf16_gemm_b16)
         ck_assert_msg(memcmp(c0, c1, (size_t)m * nn * 4) == 0, "%s with b16 differs",
                       pass ? "dgrad" : "fprop");
     }
-    free(w), free(a), free(g), free(w16), free(c0), free(c1);
+    // a16: the fprop with A's copy (m, pad8(k)), the wgrad dW (n, k) = G^T A with G's (m,
+    // pad8(n)) as a16 and A's as b16
+    uint16_t *a16 = lb_malloc((size_t)m * 56 * 2), *g16 = lb_malloc((size_t)m * 40 * 2);
+    be->to_bf16(be, a16, a, m, k, 56);
+    be->to_bf16(be, g16, g, m, n, 40);
+    float *d0 = lb_malloc((size_t)n * k * 4), *d1 = lb_malloc((size_t)n * k * 4);
+    lb_gemm_args f0 = {0, 1, m, n, k, 1.0f, 0.0f, a, w, c0, 1, NULL, NULL};
+    lb_gemm_args f1 = {0, 1, m, n, k, 1.0f, 0.0f, a, w, c1, 1, w16, a16};
+    lb_gemm_args w0 = {1, 0, n, k, m, 1.0f, 0.0f, g, a, d0, 1, NULL, NULL};
+    lb_gemm_args w1 = {1, 0, n, k, m, 1.0f, 0.0f, g, a, d1, 1, a16, g16};
+    be->gemm(be, &f0), be->gemm(be, &f1), be->gemm(be, &w0), be->gemm(be, &w1);
+    ck_assert_msg(memcmp(c0, c1, (size_t)m * n * 4) == 0, "fprop with a16 differs");
+    ck_assert_msg(memcmp(d0, d1, (size_t)n * k * 4) == 0, "wgrad with a16, b16 differs");
+    free(w), free(a), free(g), free(w16), free(c0), free(c1), free(a16), free(g16), free(d0);
+    free(d1);
 }
 END_TEST
 
@@ -419,10 +446,10 @@ START_TEST(test_gemm_grouped)
     for (int i = 0; i < 5 * n; i++) c2[i] = NAN;
     float *c3_0 = randn((size_t)n * k, 144, 1), *c3 = fdup(c3_0, (size_t)n * k);
     lb_gemm_args g[4] = {
-        {0, 1, m0, n, k, 1.0f, 0.0f, a0, w, c0, 0, NULL},          // fprop
-        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, w, sentinel, 0, NULL},   // no tokens
-        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, c2, 0, NULL},      // empty inner dimension
-        {1, 0, n, k, m3, 0.5f, 1.0f, a3, b3, c3, 0, NULL},         // wgrad, accumulating
+        {0, 1, m0, n, k, 1.0f, 0.0f, a0, w, c0, 0, NULL, NULL},          // fprop
+        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, w, sentinel, 0, NULL, NULL},   // no tokens
+        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, c2, 0, NULL, NULL},      // empty inner dimension
+        {1, 0, n, k, m3, 0.5f, 1.0f, a3, b3, c3, 0, NULL, NULL},         // wgrad, accumulating
     };
     be->gemm_grouped(be, 4, g);
     double *ref0 = dzeros((size_t)m0 * n), *ref3 = dzeros((size_t)n * k);
@@ -503,7 +530,7 @@ START_TEST(test_gemm_det_canonical)
                     for (int r = 0; r < 2; r++)
                         for (int isa = 0; isa < 2; isa++) {
                             memcpy(c, c0, mn * sizeof(float));
-                            lb_gemm_args g = {ta, tb, m, n, k, alpha, beta, a, b, c, 0, NULL};
+                            lb_gemm_args g = {ta, tb, m, n, k, alpha, beta, a, b, c, 0, NULL, NULL};
                             lb_cpu_gemm_det(&g, lb_cpu_threads(bes[r]),
                                             isa ? LB_CPU_GEMM_BASE : LB_CPU_GEMM_AUTO);
                             snprintf(what, sizeof what,
@@ -762,15 +789,21 @@ START_TEST(test_swiglu_fwd)
 {
     const int f = 41;
     float *gu = randn((size_t)N * 2 * f, 200, 3), *out = lb_malloc((size_t)N * f * 4);
+    float *out2 = lb_malloc((size_t)N * f * 4);
+    uint16_t *out16 = lb_malloc((size_t)N * 48 * 2);   // (N, pad8(f))
     double *ref = dzeros((size_t)N * f);
-    be->swiglu_fwd(be, out, gu, N, f);
+    be->swiglu_fwd(be, out, NULL, gu, N, f);
     for (int i = 0; i < N; i++)
         for (int j = 0; j < f; j++) {
             double g = gu[(size_t)i * 2 * f + j], u = gu[(size_t)i * 2 * f + f + j];
             ref[(size_t)i * f + j] = g / (1.0 + exp(-g)) * u;
         }
     ASSERT_CLOSE("swiglu_fwd", out, ref, (size_t)N * f, 1e-6);
-    free(gu), free(out), free(ref);
+    memset(out16, 0xff, (size_t)N * 48 * 2);   // the padding must be written
+    be->swiglu_fwd(be, out2, out16, gu, N, f);
+    ASSERT_BITWISE("swiglu_fwd with a copy", out2, out, (size_t)N * f * 4);
+    check_copy16("swiglu_fwd out16", out16, out, N, f);
+    free(gu), free(out), free(out2), free(out16), free(ref);
 }
 END_TEST
 
@@ -871,10 +904,14 @@ START_TEST(test_moe_dispatch_fwd)
     ck_assert_int_eq(counts[6], 0);
 
     float *x = randn((size_t)N * C, 231, 1), *xp = lb_malloc((size_t)N * K * C * 4);
-    be->moe_permute(be, xp, x, row, N, K, C);
+    uint16_t *xp16 = lb_malloc((size_t)N * K * 56 * 2);   // (N K, pad8(C))
+    memset(xp16, 0xff, (size_t)N * K * 56 * 2);
+    be->moe_permute(be, xp, xp16, x, row, N, K, C);
     for (int a = 0; a < N * K; a++)
         ASSERT_BITWISE("moe_permute row", xp + (size_t)row[a] * C, x + (size_t)(a / K) * C,
                        C * sizeof(float));
+    check_copy16("moe_permute xp16", xp16, xp, (size_t)N * K, C);
+    free(xp16);
 
     float *yp = randn((size_t)N * K * C, 232, 1), *w = randn((size_t)N * K, 233, 1);
     float *out = lb_malloc((size_t)N * C * 4);
@@ -1197,7 +1234,7 @@ typedef struct {
 static double swiglu_loss(void *p)
 {
     swiglu_ctx *q = p;
-    be->swiglu_fwd(be, q->out, q->gu, q->n, q->f);
+    be->swiglu_fwd(be, q->out, NULL, q->gu, q->n, q->f);
     return dot_out(q->out, q->r, (size_t)q->n * q->f);
 }
 
@@ -1206,10 +1243,15 @@ START_TEST(test_grad_swiglu)
     const int n = 9, f = 41;
     swiglu_ctx q = {lb_malloc((size_t)n * f * 4), randn((size_t)n * 2 * f, 340, 2),
                     randn((size_t)n * f, 341, 1), n, f};
-    float *dgu = lb_malloc((size_t)n * 2 * f * 4);
-    be->swiglu_bwd(be, dgu, q.r, q.gu, n, f);
+    float *dgu = lb_malloc((size_t)n * 2 * f * 4), *dgu2 = lb_malloc((size_t)n * 2 * f * 4);
+    uint16_t *dgu16 = lb_malloc((size_t)n * 88 * 2);   // (n, pad8(2 f))
+    be->swiglu_bwd(be, dgu, NULL, q.r, q.gu, n, f);
     fd_check("swiglu dgate", swiglu_loss, &q, q.gu, dgu, (size_t)n * 2 * f, 1e-3, 2e-3, 342);
-    free(q.out), free(q.gu), free(q.r), free(dgu);
+    memset(dgu16, 0xff, (size_t)n * 88 * 2);
+    be->swiglu_bwd(be, dgu2, dgu16, q.r, q.gu, n, f);
+    ASSERT_BITWISE("swiglu_bwd with a copy", dgu2, dgu, (size_t)n * 2 * f * 4);
+    check_copy16("swiglu_bwd dgu16", dgu16, dgu, n, 2 * f);
+    free(q.out), free(q.gu), free(q.r), free(dgu), free(dgu2), free(dgu16);
 }
 END_TEST
 
@@ -1283,7 +1325,7 @@ typedef struct {
 static double permute_loss(void *p)
 {
     moe_ctx *q = p;
-    be->moe_permute(be, q->xp, q->x, q->row, N, K, C);
+    be->moe_permute(be, q->xp, NULL, q->x, q->row, N, K, C);
     return dot_out(q->xp, q->r, (size_t)N * K * C);
 }
 
@@ -1323,10 +1365,18 @@ START_TEST(test_grad_moe_combine)
                  .out = lb_malloc((size_t)N * C * 4), .r = randn((size_t)N * C, 372, 1),
                  .row = make_plan(373)};
     float *dyp = lb_malloc((size_t)N * K * C * 4), *dw = lb_malloc((size_t)N * K * 4);
-    be->moe_combine_bwd(be, dyp, dw, q.r, q.yp, q.w, q.row, N, K, C);
+    float *dyp2 = lb_malloc((size_t)N * K * C * 4), *dw2 = lb_malloc((size_t)N * K * 4);
+    uint16_t *dyp16 = lb_malloc((size_t)N * K * 56 * 2);   // (N K, pad8(C))
+    be->moe_combine_bwd(be, dyp, NULL, dw, q.r, q.yp, q.w, q.row, N, K, C);
     fd_check("moe_combine dyp", combine_loss, &q, q.yp, dyp, (size_t)N * K * C, 1e-2, 1e-3, 374);
     fd_check("moe_combine dweight", combine_loss, &q, q.w, dw, (size_t)N * K, 1e-2, 1e-3, 375);
+    memset(dyp16, 0xff, (size_t)N * K * 56 * 2);
+    be->moe_combine_bwd(be, dyp2, dyp16, dw2, q.r, q.yp, q.w, q.row, N, K, C);
+    ASSERT_BITWISE("moe_combine_bwd dyp with a copy", dyp2, dyp, (size_t)N * K * C * 4);
+    ASSERT_BITWISE("moe_combine_bwd dweight with a copy", dw2, dw, (size_t)N * K * 4);
+    check_copy16("moe_combine_bwd dyp16", dyp16, dyp, (size_t)N * K, C);
     free(q.yp), free(q.w), free(q.out), free(q.r), free(q.row), free(dyp), free(dw);
+    free(dyp2), free(dw2), free(dyp16);
 }
 END_TEST
 

@@ -195,8 +195,9 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
     lb_wcache wc;
     memset(&wc, 0, sizeof wc);
     lb_wcache_build(&L, &wc, 0, role, w, E, OUT, IN);
-    lb_linear_grouped_fwd(&L, 0, role, x, w, &wc, counts, E, y[0], OUT, IN);
-    lb_linear_grouped_bwd(&L, 0, role, x, w, &wc, counts, E, dy, dx[0], dw[0], 1.0f, OUT, IN);
+    lb_linear_grouped_fwd(&L, 0, role, x, NULL, w, &wc, counts, E, y[0], OUT, IN);
+    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx[0], dw[0], 1.0f,
+                          OUT, IN);
     size_t off = 0;
     for (int j = 0; j < E; j++) {
         lb_linear_fwd(&L, 0, role, x + off * IN, w, &wc, j, y[1] + off * OUT, counts[j], OUT, IN,
@@ -208,11 +209,31 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
     ck_assert_msg(!memcmp(y[0], y[1], sizeof(float) * n * OUT), "%s/%s: grouped fprop", recipe, backward);
     ck_assert_msg(!memcmp(dx[0], dx[1], sizeof(float) * n * IN), "%s/%s: grouped dgrad", recipe, backward);
     ck_assert_msg(!memcmp(dw[0], dw[1], sizeof(float) * E * mat), "%s/%s: grouped wgrad", recipe, backward);
+    if (lb_linear_grouped_bf16(&L, 0, role)) {
+        // bf16 GEMMs given x and dy's bf16 copies (to_bf16's layout, as the ops that made them
+        // write them) give the same bits
+        enum { IN8 = (IN + 7) / 8 * 8, OUT8 = (OUT + 7) / 8 * 8 };
+        uint16_t *x16 = malloc(2 * (size_t)n * IN8), *dy16 = malloc(2 * (size_t)n * OUT8);
+        be->to_bf16(be, x16, x, n, IN, IN8);
+        be->to_bf16(be, dy16, dy, n, OUT, OUT8);
+        float *y2 = malloc(sizeof(float) * n * OUT), *dx2 = malloc(sizeof(float) * n * IN);
+        float *dw2 = malloc(sizeof(float) * E * mat);
+        fill(dw2, E * mat, 4);
+        lb_linear_grouped_fwd(&L, 0, role, x, x16, w, &wc, counts, E, y2, OUT, IN);
+        lb_linear_grouped_bwd(&L, 0, role, x, x16, w, &wc, counts, E, dy, dy16, dx2, dw2, 1.0f,
+                              OUT, IN);
+        ck_assert_msg(!memcmp(y[0], y2, sizeof(float) * n * OUT), "%s: fprop, x16", recipe);
+        ck_assert_msg(!memcmp(dx[0], dx2, sizeof(float) * n * IN), "%s: dgrad, dy16", recipe);
+        ck_assert_msg(!memcmp(dw[0], dw2, sizeof(float) * E * mat), "%s: wgrad, x16 dy16", recipe);
+        free(x16), free(dy16), free(y2), free(dx2), free(dw2);
+    }
     // dw_beta 0 overwrites: NaN before, the products after, and zeros for the experts without
     // rows, equal (up to the sign of zero) to adding to zeros
     for (size_t i = 0; i < E * mat; i++) dw[0][i] = NAN, dw[1][i] = 0.0f;
-    lb_linear_grouped_bwd(&L, 0, role, x, w, &wc, counts, E, dy, dx[0], dw[0], 0.0f, OUT, IN);
-    lb_linear_grouped_bwd(&L, 0, role, x, w, &wc, counts, E, dy, dx[1], dw[1], 1.0f, OUT, IN);
+    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx[0], dw[0], 0.0f,
+                          OUT, IN);
+    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx[1], dw[1], 1.0f,
+                          OUT, IN);
     for (size_t i = 0; i < E * mat; i++)
         ck_assert_msg(dw[0][i] == dw[1][i], "%s/%s: grouped wgrad, beta 0: [%zu] %g, not %g",
                       recipe, backward, i, dw[0][i], dw[1][i]);

@@ -17,6 +17,16 @@
 
 // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, all row-major and contiguous.
 // be->deterministic: gemm.c's kernel (one fixed order per element, batch invariant); otherwise
+// dst (n / len, len) = src16 (n / len, pad8(len)) widened (to_bf16's layout).
+static void widen_bf16(lb_backend *be, float *dst, const uint16_t *src16, size_t n, int len)
+{
+    const int ld = (len + 7) / 8 * 8;
+    const size_t rows = n / (size_t)len;
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (n >= LB_CPU_PAR_MIN)
+    for (size_t r = 0; r < rows; r++)
+        for (int c = 0; c < len; c++) dst[r * len + c] = lb_bf16_to_f32(src16[r * ld + c]);
+}
+
 // OpenBLAS, faster but its bits depend on m, the row's position and on some CPUs the threads.
 static void cpu_gemm(lb_backend *be, const lb_gemm_args *g)
 {
@@ -29,18 +39,13 @@ static void cpu_gemm(lb_backend *be, const lb_gemm_args *g)
             cx->round_n = na + nb;
         }
         float *ra = cx->round, *rb = ra + na;
-        be->round_bf16(be, ra, g->a, na);
-        if (g->b16) {   // the same values, widened from b's bf16 copy
-            const int len = g->transb ? g->k : g->n, ld = (len + 7) / 8 * 8;
-            const size_t rows = nb / (size_t)len;
-            #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (nb >= LB_CPU_PAR_MIN)
-            for (size_t r = 0; r < rows; r++)
-                for (int c = 0; c < len; c++) rb[r * len + c] = lb_bf16_to_f32(g->b16[r * ld + c]);
-        } else {
-            be->round_bf16(be, rb, g->b, nb);
-        }
+        // the same values, widened from a bf16 copy where there is one
+        if (g->a16) widen_bf16(be, ra, g->a16, na, g->transa ? g->m : g->k);
+        else be->round_bf16(be, ra, g->a, na);
+        if (g->b16) widen_bf16(be, rb, g->b16, nb, g->transb ? g->k : g->n);
+        else be->round_bf16(be, rb, g->b, nb);
         lb_gemm_args r = *g;
-        r.a = ra, r.b = rb, r.bf16 = 0, r.b16 = NULL;
+        r.a = ra, r.b = rb, r.bf16 = 0, r.b16 = r.a16 = NULL;
         cpu_gemm(be, &r);
         return;
     }
@@ -238,8 +243,10 @@ static void cpu_rope_bwd(lb_backend *be, float *dx, const int32_t *pos, int n, i
 // --- SwiGLU -------------------------------------------------------------------------------------
 
 // gu (n, 2f) = [gate | up]; out (n, f) = silu(gate) * up, silu(g) = g * sigmoid(g).
-static void cpu_swiglu_fwd(lb_backend *be, float *out, const float *gu, int n, int f)
+static void cpu_swiglu_fwd(lb_backend *be, float *out, uint16_t *out16, const float *gu, int n,
+                           int f)
 {
+    const int ld = (f + 7) / 8 * 8;
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * f >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *g = gu + (size_t)i * 2 * f, *u = g + f;
@@ -248,13 +255,15 @@ static void cpu_swiglu_fwd(lb_backend *be, float *out, const float *gu, int n, i
             float sig = 1.0f / (1.0f + expf(-g[j]));
             o[j] = g[j] * sig * u[j];
         }
+        if (out16) lb_bf16_row(out16 + (size_t)i * ld, o, f, ld);
     }
 }
 
 // d silu(g)/dg = sig * (1 + g * (1 - sig)); dgu (n, 2f) overwritten.
-static void cpu_swiglu_bwd(lb_backend *be, float *dgu, const float *dout, const float *gu, int n,
-                           int f)
+static void cpu_swiglu_bwd(lb_backend *be, float *dgu, uint16_t *dgu16, const float *dout,
+                           const float *gu, int n, int f)
 {
+    const int ld = (2 * f + 7) / 8 * 8;
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * f >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *g = gu + (size_t)i * 2 * f, *u = g + f, *dy = dout + (size_t)i * f;
@@ -265,6 +274,7 @@ static void cpu_swiglu_bwd(lb_backend *be, float *dgu, const float *dout, const 
             dg[j] = dy[j] * u[j] * (sig * (1.0f + g[j] * (1.0f - sig)));
             du[j] = dy[j] * silu;
         }
+        if (dgu16) lb_bf16_row(dgu16 + (size_t)i * ld, dg, 2 * f, ld);
     }
 }
 

@@ -156,16 +156,19 @@ static void cpu_moe_plan(lb_backend *be, int32_t *row, int *counts_host, const i
 }
 
 // xp (n*k, c): xp[row[i][s]] = x[i]. Rows of a plan are distinct, so tasks never collide.
-static void cpu_moe_permute(lb_backend *be, float *xp, const float *x, const int32_t *row, int n,
-                            int k, int c)
+static void cpu_moe_permute(lb_backend *be, float *xp, uint16_t *xp16, const float *x,
+                            const int32_t *row, int n, int k, int c)
 {
     check_rows("moe_permute", row, n, k);
+    const int ld = (c + 7) / 8 * 8;
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
         if ((size_t)n * k * c >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++)
-        for (int s = 0; s < k; s++)
-            memcpy(xp + (size_t)row[(size_t)i * k + s] * c, x + (size_t)i * c,
-                   (size_t)c * sizeof(float));
+        for (int s = 0; s < k; s++) {
+            const size_t r = (size_t)row[(size_t)i * k + s];
+            memcpy(xp + r * c, x + (size_t)i * c, (size_t)c * sizeof(float));
+            if (xp16) lb_bf16_row(xp16 + r * ld, x + (size_t)i * c, c, ld);
+        }
 }
 
 // dx (n, c) = sum over s in order of dxp[row[i][s]].
@@ -205,11 +208,12 @@ static void cpu_moe_combine(lb_backend *be, float *out, const float *yp, const f
 }
 
 // dyp[row[i][s]] = weight[i][s] * dout[i]; dweight[i][s] = dot(dout[i], yp[row[i][s]]).
-static void cpu_moe_combine_bwd(lb_backend *be, float *dyp, float *dweight, const float *dout,
-                                const float *yp, const float *weight, const int32_t *row, int n,
-                                int k, int c)
+static void cpu_moe_combine_bwd(lb_backend *be, float *dyp, uint16_t *dyp16, float *dweight,
+                                const float *dout, const float *yp, const float *weight,
+                                const int32_t *row, int n, int k, int c)
 {
     check_rows("moe_combine_bwd", row, n, k);
+    const int ld = (c + 7) / 8 * 8;
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
         if ((size_t)n * k * c >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
@@ -225,6 +229,7 @@ static void cpu_moe_combine_bwd(lb_backend *be, float *dyp, float *dweight, cons
                 dot += (double)gi[x] * y[x];
             }
             dweight[(size_t)i * k + s] = (float)dot;
+            if (dyp16) lb_bf16_row(dyp16 + r * ld, dy, c, ld);
         }
     }
 }

@@ -90,6 +90,19 @@ __device__ __forceinline__ uint32_t round_bf16_bits(float x)
     return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
+// Four values' bf16 bits in 8 bytes, in order (a 16-byte fp32 load's copy).
+__device__ __forceinline__ uint2 bf16x4_bits(float4 v)
+{
+    return make_uint2(round_bf16_bits(v.x) | round_bf16_bits(v.y) << 16,
+                      round_bf16_bits(v.z) | round_bf16_bits(v.w) << 16);
+}
+
+// The zeros after a row's c values in to_bf16's layout (pitch pad8(c)), by the warp's lanes.
+__device__ __forceinline__ void bf16_row_pad(uint16_t *row16, int c, int lane)
+{
+    for (int j = c + lane; j < ((c + 7) & ~7); j += 32) row16[j] = 0;
+}
+
 typedef struct lb_gemm_plan lb_gemm_plan;
 
 // Backend-private state (lb_backend.ctx).

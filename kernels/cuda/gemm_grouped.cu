@@ -773,10 +773,10 @@ static void gt_batches(lb_cuda_ctx *cx, const A *g, int count, F fill)
 // its dgrad and its wgrad, once), all of them first, in pack launches of GG_PACK_MAX; then
 // the groups of each layout (A (m, k) or (k, m), B (n, k) or (k, n): GT_A_MN, GT_B_MN) in
 // GEMM launches of GT_MAX, the transposed operands read MN-major. The scratch holds every
-// copy of the call at once. A B given in bf16 already (lb_gemm_args.b16: a weight cache's copy,
-// in the layout these copies have) is read as it is. ce, or NULL: the copy of the source
-// ce->src gets cross-entropy's gradient of those logits instead (ce's ce_ fields;
-// linear_ce_bwd).
+// copy of the call at once. An operand given in bf16 already (lb_gemm_args.a16, .b16: a weight
+// cache's copy, or one its producer wrote, in the layout these copies have) is read as it is.
+// ce, or NULL: the copy of the source ce->src gets cross-entropy's gradient of those logits
+// instead (ce's ce_ fields; linear_ce_bwd).
 static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g,
                           const gg_pack_job *ce = NULL)
 {
@@ -791,7 +791,7 @@ static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g,
     size_t bytes = 0;
     for (int i = 0; i < 2 * count; i++) {
         const lb_gemm_args *x = &g[i / 2];
-        if (i % 2 && x->b16) {
+        if (i % 2 ? x->b16 != NULL : x->a16 != NULL) {   // read as it is
             ic[i] = -1;
             continue;
         }
@@ -825,10 +825,11 @@ static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g,
         for (int i = 0; i <= count; i++) {
             if (i < count && ((g[i].transa ? GT_A_MN : 0) | (g[i].transb ? 0 : GT_B_MN)) == mn) {
                 const lb_gemm_args *x = &g[i];
+                const void *a = ic[2 * i] < 0 ? (const void *)x->a16 : sc + cp[ic[2 * i]].off;
                 const void *b = ic[2 * i + 1] < 0 ? (const void *)x->b16
                                                   : sc + cp[ic[2 * i + 1]].off;
-                gt_group_set(&T->g[cnt++], sc + cp[ic[2 * i]].off, b, x->m, x->n, x->k, bn, x->c,
-                             x->alpha, x->beta, &tiles, mn);
+                gt_group_set(&T->g[cnt++], a, b, x->m, x->n, x->k, bn, x->c, x->alpha, x->beta,
+                             &tiles, mn);
             }
             if (cnt && (cnt == GT_MAX || i == count)) {
                 gt_launch(cx, T, cnt, tiles, bn, mn);
@@ -880,8 +881,8 @@ extern "C" void lb_cuda_linear_ce_bwd_tc(lb_cuda_ctx *cx, float *dx, float dx_be
                                          float dloss, const float *x, const float *w,
                                          const uint16_t *w16, int n, int v, int c)
 {
-    const lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1, w16},
-                               {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1, NULL}};
+    const lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1, w16, NULL},
+                               {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1, NULL, NULL}};
     gg_pack_job ce = {logits, NULL, n, v, 0, 0, NULL, 0};
     ce.ce_stats = stats, ce.ce_targets = targets, ce.ce_dloss = dloss;
     gt_grouped_mn(cx, 2, g, &ce);

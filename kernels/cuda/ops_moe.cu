@@ -332,8 +332,9 @@ static void cuda_moe_plan(lb_backend *be, int32_t *row, int *counts_host, const 
 #define MOE_WARPS 8
 
 // xp (n*k, c): warp a copies x[a / k] to xp[row[a]]. Rows of a plan are distinct.
-__global__ void permute_kernel(float *xp, const float *x, const int32_t *row, int k, int c,
-                               int total, int vec, unsigned long long *err)
+// xp16: NULL, or its bf16 copy (kernels.h).
+__global__ void permute_kernel(float *xp, uint16_t *xp16, const float *x, const int32_t *row,
+                               int k, int c, int total, int vec, unsigned long long *err)
 {
     const int a = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (a >= total) return;
@@ -344,10 +345,20 @@ __global__ void permute_kernel(float *xp, const float *x, const int32_t *row, in
     }
     const float *src = x + (size_t)(a / k) * c;
     float *dst = xp + (size_t)r * c;
-    if (vec)
-        for (int j = lane; j < c / 4; j += 32) ((float4 *)dst)[j] = ((const float4 *)src)[j];
-    else
-        for (int j = lane; j < c; j += 32) dst[j] = src[j];
+    uint16_t *d16 = xp16 ? xp16 + (size_t)r * ((c + 7) & ~7) : NULL;
+    if (vec) {
+        for (int j = lane; j < c / 4; j += 32) {
+            const float4 v = ((const float4 *)src)[j];
+            ((float4 *)dst)[j] = v;
+            if (d16) ((uint2 *)d16)[j] = bf16x4_bits(v);
+        }
+    } else {
+        for (int j = lane; j < c; j += 32) {
+            dst[j] = src[j];
+            if (d16) d16[j] = (uint16_t)round_bf16_bits(src[j]);
+        }
+    }
+    if (d16) bf16_row_pad(d16, c, lane);
 }
 
 // out (n, c): row i = sum over s in order of weight[i][s] * src[row[i][s]] (weight NULL: 1), in
@@ -391,9 +402,10 @@ __global__ void slot_sum_kernel(float *out, const float *src, const float *weigh
 
 // Warp a = (i, s): dyp[row] = weight * dout[i] and dweight[a] = dot(dout[i], yp[row]) (double:
 // each lane's columns in order, then the warp's fixed butterfly).
-__global__ void combine_bwd_kernel(float *dyp, float *dweight, const float *dout,
-                                   const float *yp, const float *weight, const int32_t *row,
-                                   int k, int c, int total, int vec, unsigned long long *err)
+__global__ void combine_bwd_kernel(float *dyp, uint16_t *dyp16, float *dweight,
+                                   const float *dout, const float *yp, const float *weight,
+                                   const int32_t *row, int k, int c, int total, int vec,
+                                   unsigned long long *err)
 {
     const int a = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (a >= total) return;
@@ -407,12 +419,15 @@ __global__ void combine_bwd_kernel(float *dyp, float *dweight, const float *dout
     }
     const float *g = dout + (size_t)(a / k) * c, *y = yp + (size_t)r * c;
     float *dy = dyp + (size_t)r * c;
+    uint16_t *d16 = dyp16 ? dyp16 + (size_t)r * ((c + 7) & ~7) : NULL;
     const float w = weight[a];
     double dot = 0.0;
     if (vec) {
         for (int j = lane; j < c / 4; j += 32) {
             const float4 gx = ((const float4 *)g)[j], yx = ((const float4 *)y)[j];
-            ((float4 *)dy)[j] = make_float4(w * gx.x, w * gx.y, w * gx.z, w * gx.w);
+            const float4 v = make_float4(w * gx.x, w * gx.y, w * gx.z, w * gx.w);
+            ((float4 *)dy)[j] = v;
+            if (d16) ((uint2 *)d16)[j] = bf16x4_bits(v);
             dot += (double)gx.x * yx.x;
             dot += (double)gx.y * yx.y;
             dot += (double)gx.z * yx.z;
@@ -422,18 +437,22 @@ __global__ void combine_bwd_kernel(float *dyp, float *dweight, const float *dout
         for (int j = lane; j < c; j += 32) {
             const float gx = g[j];
             dy[j] = w * gx;
+            if (d16) d16[j] = (uint16_t)round_bf16_bits(dy[j]);
             dot += (double)gx * y[j];
         }
     }
+    if (d16) bf16_row_pad(d16, c, lane);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     if (lane == 0) dweight[a] = (float)dot;
 }
 
-// 16-byte rows: c a multiple of 4 and every buffer 16-byte aligned.
-static int moe_vec(int c, const void *p0, const void *p1, const void *p2)
+// 16-byte rows: c a multiple of 4 and every buffer 16-byte aligned (a bf16 copy, whose pitch
+// is a multiple of 8 elements, 8-byte aligned).
+static int moe_vec(int c, const void *p0, const void *p1, const void *p2, const void *p16 = NULL)
 {
-    return c % 4 == 0 && (((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2) & 15) == 0;
+    return c % 4 == 0 && (((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2) & 15) == 0 &&
+           ((uintptr_t)p16 & 7) == 0;
 }
 
 static unsigned moe_blocks(int rows) { return (unsigned)((rows + MOE_WARPS - 1) / MOE_WARPS); }
@@ -445,14 +464,14 @@ static int dispatch_total(const char *what, int n, int k, int c)
     return n * k;
 }
 
-static void cuda_moe_permute(lb_backend *be, float *xp, const float *x, const int32_t *row,
-                             int n, int k, int c)
+static void cuda_moe_permute(lb_backend *be, float *xp, uint16_t *xp16, const float *x,
+                             const int32_t *row, int n, int k, int c)
 {
     int total = dispatch_total("moe_permute", n, k, c);
     if (!total || !c) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     permute_kernel<<<moe_blocks(total), 32 * MOE_WARPS, 0, cx->stream>>>(
-        xp, x, row, k, c, total, moe_vec(c, xp, x, x), cx->err_dev);
+        xp, xp16, x, row, k, c, total, moe_vec(c, xp, x, x, xp16), cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
 
@@ -482,15 +501,16 @@ static void cuda_moe_combine(lb_backend *be, float *out, const float *yp, const 
     LB_CUDA_LAUNCHED(cx);
 }
 
-static void cuda_moe_combine_bwd(lb_backend *be, float *dyp, float *dweight, const float *dout,
-                                 const float *yp, const float *weight, const int32_t *row, int n,
-                                 int k, int c)
+static void cuda_moe_combine_bwd(lb_backend *be, float *dyp, uint16_t *dyp16, float *dweight,
+                                 const float *dout, const float *yp, const float *weight,
+                                 const int32_t *row, int n, int k, int c)
 {
     int total = dispatch_total("moe_combine_bwd", n, k, c);
     if (!total) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     combine_bwd_kernel<<<moe_blocks(total), 32 * MOE_WARPS, 0, cx->stream>>>(
-        dyp, dweight, dout, yp, weight, row, k, c, total, moe_vec(c, dyp, dout, yp), cx->err_dev);
+        dyp, dyp16, dweight, dout, yp, weight, row, k, c, total, moe_vec(c, dyp, dout, yp, dyp16),
+        cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
 

@@ -212,8 +212,8 @@ static void cuda_linear_ce_bwd(lb_backend *be, float *dx, float dx_beta, float *
         return;
     }
     be->cross_entropy_bwd(be, logits, logits, stats, targets, dloss, n, v);
-    lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1, w16},
-                         {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1, NULL}};
+    lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1, w16, NULL},
+                         {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1, NULL, NULL}};
     be->gemm_grouped(be, 2, g);
 }
 
