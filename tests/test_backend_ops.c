@@ -335,12 +335,15 @@ static lb_backend *cuda_with(const char *set1, const char *set2)
 // GEMMs of operands rounded to bf16 (lb_gemm_args.bf16; fp32 inputs, each backend rounds)
 // on each CUDA path (a backend of its own each): gemm_grouped.cu's wgmma kernel (the default
 // on sm_90; LB_CUDA_GG_MN=0: on transposed copies), cuBLASLt's bf16 tensor cores
-// (LB_CUDA_DENSE_TC=0), the fp32 GEMM of rounded copies (LB_CUDA_BF16=0): against the CPU, every transpose, sizes that are not multiples of 8 (the
-// padded leading dimensions), beta 0 and 1; run twice alike in deterministic mode, and one
-// row alone equal to the same row among 300.
+// (LB_CUDA_DENSE_TC=0), the fp32 GEMM of rounded copies (LB_CUDA_BF16=0): against the CPU,
+// every transpose, sizes that are not multiples of 8 (the padded leading dimensions), beta 0
+// and 1; run twice alike in deterministic mode, and one row alone equal to the same row among
+// 300. The last shape's wgrad (ta 1, tb 0: 4 tiles, k 2200) is split in two slices of k on the
+// wgmma kernel (gt_split).
 static void gemm_bf16_case(lb_backend *tc)
 {
-    const int shapes[][3] = {{37, 29, 53}, {1, 300, 257}, {129, 77, 300}, {300, 53, 1029}};
+    const int shapes[][3] = {{37, 29, 53}, {1, 300, 257}, {129, 77, 300}, {300, 53, 1029},
+                             {129, 300, 2200}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++)

@@ -768,6 +768,43 @@ static void gt_batches(lb_cuda_ctx *cx, const A *g, int count, F fill)
     free(T);
 }
 
+// Split-k for a wgrad of few tiles (C (m, n) = A^T B, both read MN-major, k the tokens: a
+// router's 128 x 2048 is 8 tiles, a k or v projection's 512 x 2048 32, on 132
+// multiprocessors): the k range is cut into s slices at multiples of GG_BK, each a group of its
+// own writing an fp32 partial, and gt_split_sum adds the partials in slice order. s depends on
+// the shape alone (never on the device), so the sums stay reproducible; they are not the
+// unsplit kernel's bits. 1: no split.
+#define GT_SPLIT_TILES 128   // the tiles a split aims at
+#define GT_SPLIT_MIN_K 1024  // the least k of a slice
+static int gt_split(const lb_gemm_args *x, int bn)
+{
+    if (!x->transa || x->transb) return 1;
+    const int tiles = (x->m + GG_BM - 1) / GG_BM * ((x->n + bn - 1) / bn);
+    int s = GT_SPLIT_TILES / tiles;
+    if (s > x->k / GT_SPLIT_MIN_K) s = x->k / GT_SPLIT_MIN_K;
+    if (s > GT_MAX) s = GT_MAX;
+    return s < 2 ? 1 : s;
+}
+
+// Slice j of s of k: [gt_slice(k, s, j), gt_slice(k, s, j + 1)).
+static int gt_slice(int k, int s, int j)
+{
+    return j == s ? k : (int)((long long)k * j / s) / GG_BK * GG_BK;
+}
+
+// C (mn) = alpha (partial 0 + partial 1 + ... + partial s-1) + beta C, the partials ld apart.
+__global__ void gt_split_sum_kernel(float *c, const float *part, size_t ld, size_t mn, int s,
+                                    float alpha, float beta)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < mn;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float t = part[i];
+        for (int j = 1; j < s; j++) t = __fadd_rn(t, part[j * ld + i]);
+        t = __fmul_rn(alpha, t);
+        c[i] = beta == 0.0f ? t : __fadd_rn(t, __fmul_rn(beta, c[i]));
+    }
+}
+
 // The groups as they are laid out (cx->gg_mn): every operand becomes one plain bf16 copy (no
 // transposing; a source that several groups read with the same shape, such as a layer's dy in
 // its dgrad and its wgrad, once), all of them first, in pack launches of GG_PACK_MAX; then
@@ -806,6 +843,14 @@ static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g,
         }
         ic[i] = j;
     }
+    const int bn = gt_bn(cx, g, count);
+    int *split = (int *)lb_calloc((size_t)count, sizeof *split);
+    size_t *part_off = (size_t *)lb_calloc((size_t)count, sizeof *part_off);
+    for (int i = 0; i < count; i++) {   // the partials of split groups, after the copies
+        split[i] = gt_split(&g[i], bn);
+        part_off[i] = bytes;
+        if (split[i] > 1) bytes += split[i] * lb_align256((size_t)g[i].m * g[i].n * 4);
+    }
     char *sc = (char *)lb_cuda_scratch(cx, bytes);
     gg_pack_params *pp = (gg_pack_params *)lb_calloc(1, sizeof *pp);
     for (int j = 0; j < nc; j++) {
@@ -818,26 +863,42 @@ static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g,
     }
     pack_launch(cx, pp);
     free(pp);
-    const int bn = gt_bn(cx, g, count);
     gt_params *T = (gt_params *)lb_calloc(1, sizeof *T);
     for (int mn = 0; mn < 4; mn++) {
         int cnt = 0, tiles = 0;
-        for (int i = 0; i <= count; i++) {
-            if (i < count && ((g[i].transa ? GT_A_MN : 0) | (g[i].transb ? 0 : GT_B_MN)) == mn) {
-                const lb_gemm_args *x = &g[i];
-                const void *a = ic[2 * i] < 0 ? (const void *)x->a16 : sc + cp[ic[2 * i]].off;
-                const void *b = ic[2 * i + 1] < 0 ? (const void *)x->b16
-                                                  : sc + cp[ic[2 * i + 1]].off;
-                gt_group_set(&T->g[cnt++], a, b, x->m, x->n, x->k, bn, x->c, x->alpha, x->beta,
-                             &tiles, mn);
-            }
-            if (cnt && (cnt == GT_MAX || i == count)) {
-                gt_launch(cx, T, cnt, tiles, bn, mn);
-                cnt = 0, tiles = 0;
+        for (int i = 0; i < count; i++) {
+            if (((g[i].transa ? GT_A_MN : 0) | (g[i].transb ? 0 : GT_B_MN)) != mn) continue;
+            const lb_gemm_args *x = &g[i];
+            const char *a = ic[2 * i] < 0 ? (const char *)x->a16 : sc + cp[ic[2 * i]].off;
+            const char *b = ic[2 * i + 1] < 0 ? (const char *)x->b16
+                                              : sc + cp[ic[2 * i + 1]].off;
+            const int s = split[i];
+            for (int j = 0; j < s; j++) {   // s 1: the group as it is
+                // split: A (k, m) and B (k, n) from row k0 on, C a partial, beta 0
+                const int k0 = gt_slice(x->k, s, j), k1 = gt_slice(x->k, s, j + 1);
+                float *c = s > 1 ? (float *)(sc + part_off[i] +
+                                             j * lb_align256((size_t)x->m * x->n * 4))
+                                 : x->c;
+                gt_group_set(&T->g[cnt++], a + (size_t)k0 * pad8(x->m) * 2,
+                             b + (size_t)k0 * pad8(x->n) * 2, x->m, x->n, k1 - k0, bn, c,
+                             s > 1 ? 1.0f : x->alpha, s > 1 ? 0.0f : x->beta, &tiles, mn);
+                if (cnt == GT_MAX) {
+                    gt_launch(cx, T, cnt, tiles, bn, mn);
+                    cnt = 0, tiles = 0;
+                }
             }
         }
+        if (cnt) gt_launch(cx, T, cnt, tiles, bn, mn);
     }
-    free(T), free(cp), free(ic);
+    for (int i = 0; i < count; i++) {   // after every launch: one stream
+        if (split[i] < 2) continue;
+        const size_t mnn = (size_t)g[i].m * g[i].n;
+        gt_split_sum_kernel<<<lb_grid(mnn, 256, cx), 256, 0, cx->stream>>>(
+            g[i].c, (const float *)(sc + part_off[i]), lb_align256(mnn * 4) / 4, mnn, split[i],
+            g[i].alpha, g[i].beta);
+        LB_CUDA_LAUNCHED(cx);
+    }
+    free(T), free(cp), free(ic), free(split), free(part_off);
 }
 
 // Runs the groups g[0 .. count) (each bf16, m, n, k > 0, alpha != 0; gemm.cu filters) as
