@@ -733,6 +733,7 @@ START_TEST(test_rmsnorm)
     rmsnorm_case(300, 53);
     rmsnorm_case(1000, 128);   // per-head q/k norm shape: 8 row chunks for dw
     rmsnorm_case(37, 2048);    // hidden size
+    rmsnorm_case(40000, 128);  // 313 row chunks: dw's partials summed in groups first
 }
 END_TEST
 

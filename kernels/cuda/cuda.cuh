@@ -318,9 +318,11 @@ typedef struct {
 void lb_cuda_dequant_bf16_groups(lb_cuda_ctx *cx, int count, const lb_cuda_dq_job *jobs);
 // Column sums of per-chunk partials, used by the deterministic column reductions
 // (ops_basic.cu): out[j] = sum over ch in a fixed tree of part[ch * c + j], ch < nchunks.
-// If dst is not NULL, dst[j] += (float)out[j] instead of writing out.
+// If dst is not NULL, dst[j] += (float)out[j] instead of writing out. work: device memory of
+// lb_cuda_colsum_work(nchunks, c) bytes (none for a few hundred chunks or fewer).
+size_t lb_cuda_colsum_work(int nchunks, int c);
 void lb_cuda_colsum_partials(lb_cuda_ctx *cx, const double *part, int nchunks, int c,
-                             double *out, float *dst);
+                             double *work, double *out, float *dst);
 // attention_tc.cu: the bf16 tensor-core attention (kernels.h, attention_* with bf16 = 1),
 // called by ops_attention.cu after its argument checks; d <= 128. Queued on cx->stream.
 // The forward takes its work memory from lb_cuda_scratch; the backward from `work`, of

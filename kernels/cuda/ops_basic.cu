@@ -95,33 +95,56 @@ static double cuda_sumsq(lb_backend *be, const float *x, size_t n)
 // kernels of fixed shape: rows are cut into chunks of COL_CHUNK, each (chunk, 32 columns)
 // block writes one double partial per column, then lb_cuda_colsum_partials sums the partials
 // of each column over chunks. Block (32, 8): x picks the column, y strides over rows (or
-// chunks) in order, and the 8 y partials are added in y order.
+// chunks) in order, and the 8 y partials are added in y order. Over more than
+// COLSUM_FLAT chunks (a per-head norm's dw: 4096 chunks of the bench's q rows), one block per
+// 32 columns would loop over them all with a handful of blocks on the GPU, so groups of
+// COLSUM_GROUP chunks are summed first, each by its own blocks, the same way.
 
 #define COL_CHUNK 128
+#define COLSUM_FLAT 256
+#define COLSUM_GROUP 64
 
-__global__ void colsum_partials_kernel(const double *part, int nchunks, int c, double *out,
-                                       float *dst)
+// Block (g, column block): column j's sum of part rows [g group, min((g + 1) group, nchunks)).
+__global__ void colsum_partials_kernel(const double *part, int nchunks, int group, int c,
+                                       double *out, float *dst)
 {
     __shared__ double sh[8][33];
-    int j = blockIdx.x * 32 + threadIdx.x;
+    int j = blockIdx.y * 32 + threadIdx.x, lo = blockIdx.x * group;
+    int hi = lo + group < nchunks ? lo + group : nchunks;
     double s = 0.0;
     if (j < c)
-        for (int ch = threadIdx.y; ch < nchunks; ch += 8) s += part[(size_t)ch * c + j];
+#pragma unroll 4
+        for (int ch = lo + threadIdx.y; ch < hi; ch += 8) s += part[(size_t)ch * c + j];
     sh[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && j < c) {
         double t = 0.0;
         for (int y = 0; y < 8; y++) t += sh[y][threadIdx.x];
         if (dst) dst[j] += (float)t;
-        else out[j] = t;
+        else out[(size_t)blockIdx.x * c + j] = t;
     }
 }
 
-extern "C" void lb_cuda_colsum_partials(lb_cuda_ctx *cx, const double *part, int nchunks, int c,
-                                        double *out, float *dst)
+extern "C" size_t lb_cuda_colsum_work(int nchunks, int c)
 {
-    dim3 grid((c + 31) / 32), block(32, 8);
-    colsum_partials_kernel<<<grid, block, 0, cx->stream>>>(part, nchunks, c, out, dst);
+    return nchunks > COLSUM_FLAT
+               ? (size_t)((nchunks + COLSUM_GROUP - 1) / COLSUM_GROUP) * c * sizeof(double)
+               : 0;
+}
+
+extern "C" void lb_cuda_colsum_partials(lb_cuda_ctx *cx, const double *part, int nchunks, int c,
+                                        double *work, double *out, float *dst)
+{
+    dim3 block(32, 8);
+    if (nchunks > COLSUM_FLAT) {   // the groups' sums into work, then those
+        const int ng = (nchunks + COLSUM_GROUP - 1) / COLSUM_GROUP;
+        colsum_partials_kernel<<<dim3(ng, (c + 31) / 32), block, 0, cx->stream>>>(
+            part, nchunks, COLSUM_GROUP, c, work, NULL);
+        LB_CUDA_LAUNCHED(cx);
+        part = work, nchunks = ng;
+    }
+    colsum_partials_kernel<<<dim3(1, (c + 31) / 32), block, 0, cx->stream>>>(part, nchunks,
+                                                                           nchunks, c, out, dst);
     LB_CUDA_LAUNCHED(cx);
 }
 
@@ -304,11 +327,13 @@ static void cuda_rmsnorm_bwd(lb_backend *be, float *dx, float *dw, const float *
     LB_CUDA_LAUNCHED(cx);
     int nch = (n + COL_CHUNK - 1) / COL_CHUNK;
     if ((c + 31) / 32 > 65535) lb_die("rmsnorm_bwd: %d columns is too many for one call", c);
-    double *part = (double *)lb_cuda_scratch(cx, (size_t)nch * c * sizeof(double));
+    const size_t b_part = lb_align256((size_t)nch * c * sizeof(double));
+    char *s = (char *)lb_cuda_scratch(cx, b_part + lb_cuda_colsum_work(nch, c));
+    double *part = (double *)s;
     dim3 grid(nch, (c + 31) / 32), block(32, 8);
     rmsnorm_bwd_dw_kernel<float><<<grid, block, 0, cx->stream>>>(part, dout, x, rstd, n, c);
     LB_CUDA_LAUNCHED(cx);
-    lb_cuda_colsum_partials(cx, part, nch, c, NULL, dw);
+    lb_cuda_colsum_partials(cx, part, nch, c, (double *)(s + b_part), NULL, dw);
 }
 
 // --- RoPE ------------------------------------------------------------------------------------

@@ -225,7 +225,8 @@ static void cuda_moe_aux_loss(lb_backend *be, float *loss, float *dprobs_expert,
     size_t b_counts = lb_align256((size_t)e * sizeof(int));
     size_t b_psum = lb_align256((size_t)e * sizeof(double));
     size_t b_part = lb_align256((size_t)nch * e * sizeof(double));
-    char *s = (char *)lb_cuda_scratch(cx, b_counts + b_psum + b_part + 256);
+    size_t b_work = lb_align256(lb_cuda_colsum_work(nch, e));
+    char *s = (char *)lb_cuda_scratch(cx, b_counts + b_psum + b_part + 256 + b_work);
     int *counts = (int *)s;
     double *psum = (double *)(s + b_counts), *part = (double *)(s + b_counts + b_psum);
     float *dloss = (float *)(s + b_counts + b_psum + b_part);
@@ -235,7 +236,8 @@ static void cuda_moe_aux_loss(lb_backend *be, float *loss, float *dprobs_expert,
     dim3 grid(nch, (e + 31) / 32), block(32, 8);
     colsum_rows_kernel<<<grid, block, 0, cx->stream>>>(part, probs, n, e);
     LB_CUDA_LAUNCHED(cx);
-    lb_cuda_colsum_partials(cx, part, nch, e, psum, NULL);
+    lb_cuda_colsum_partials(cx, part, nch, e, (double *)(s + b_counts + b_psum + b_part + 256),
+                            psum, NULL);
     aux_loss_final_kernel<<<1, 32, 0, cx->stream>>>(dloss, dprobs_expert, counts, psum, n, e, k);
     LB_CUDA_LAUNCHED(cx);
     float *h = (float *)lb_cuda_host_stage(cx, sizeof(float));
