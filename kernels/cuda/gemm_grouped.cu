@@ -35,13 +35,16 @@
 // steps in order), whatever the group's size, its position in the launch or the other groups.
 // So the result is bitwise reproducible and batch invariant (one row alone gives the same bits
 // as the same row among many), as the deterministic mode asks; it is not the bits of
-// cuBLASLt's GEMM, which sums in its own order (the tests compare each against the CPU).
+// cuBLASLt's GEMM, which sums in its own order (the tests compare each against the CPU). The
+// one exception to the single order: a wgrad of few tiles is summed in slices of k, then the
+// slices in order (gt_split), an order fixed by its shape, so still reproducible.
 //
 // What limits the bf16 kernel (0.6x of cuBLASLt's dense rate before the persistent blocks and
 // the bands, doc/benchmarks.md): every block loads its own A and B slices through L2 (no TMA
 // multicast across a cluster), the math warps stop multiplying while they store a tile unless
 // the launch takes the TMA-store epilogue (beta 0: gt_store_tma), and the pack converts fp32
-// operands on every call.
+// operands on every call unless the caller gives their bf16 copies (lb_gemm_args.a16, .b16:
+// the weight caches', the expert ops').
 //
 // The wgmma code exists only in the sm_90a build; lb_cuda_gemm_grouped_tc_ok says whether the
 // device runs it (compute capability 9.0), and gemm.cu takes its per-group path otherwise.
