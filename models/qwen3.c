@@ -701,8 +701,9 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
         return;
     }
     int o, np = part_rows(&d, n, &o);   // the rows this rank sent to the experts
-    // the copies the forward wrote (ffn_acts), and those of dyp and dgu to write here
-    const int gu16 = d.ep == 1 && takes16(m, l, LB_ROLE_MOE_GATE_UP);
+    // the copies the forward wrote (ffn_acts), and those of dyp and dgu to write here (dgu's
+    // under expert parallelism too: the experts' rows are local by then)
+    const int gu16 = takes16(m, l, LB_ROLE_MOE_GATE_UP);
     const int down16 = takes16(m, l, LB_ROLE_MOE_DOWN);
     size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
     uint16_t *dyp16 = d.ep == 1 && down16
@@ -731,8 +732,9 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
                           lb_model_grad_beta(m, dw->down), d.C, d.F);
     if (nr) be->swiglu_bwd(be, dgu, dgu16, dh, f->gu, (int)nr, d.F);
     lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : f->xp,
-                          gu16 ? f->xp16 : NULL, w->gu, w->cgu, f->route.local_counts, d.El, dgu,
-                          dgu16, dxe, dw->gu, lb_model_grad_beta(m, dw->gu), 2 * d.F, d.C);
+                          d.ep == 1 && gu16 ? f->xp16 : NULL, w->gu, w->cgu,
+                          f->route.local_counts, d.El, dgu, dgu16, dxe, dw->gu,
+                          lb_model_grad_beta(m, dw->gu), 2 * d.F, d.C);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, dxe, a->dxp, s->xs, d.C);
     if (d.parts > 1) be->zero(be, dln, (size_t)n * d.C * sizeof(float));
     if (np) be->moe_permute_bwd(be, dln + (size_t)o * d.C, a->dxp, f->row, np, d.K, d.C);
