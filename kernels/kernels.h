@@ -56,7 +56,8 @@ typedef struct {
     // step); b stays valid and means the same.
     const uint16_t *b16;
     // NULL, or (bf16 1 only) a rounded to bf16 already, in the same layout: what the op that
-    // wrote a wrote beside it (swiglu_fwd's out16, moe_permute's xp16, ...).
+    // wrote a wrote beside it (swiglu_fwd's out16, moe_permute's xp16, ...). Where a16 (b16) is
+    // given, a (b) may be NULL: the op that made the copy need not have written fp32 at all.
     const uint16_t *a16;
 } lb_gemm_args;
 
@@ -243,6 +244,7 @@ struct lb_backend {
     // An output named ..16 is NULL, or gets the output rounded to bf16 as to_bf16 writes it
     // (rows padded to a multiple of 8 elements with zeros): the next GEMM's operand, written
     // while the value is at hand (lb_gemm_args.a16, .b16) instead of by a pass of its own.
+    // With a copy, the fp32 output may be NULL (not written) where only GEMMs read it.
     // gu (n, 2f) holds gate in columns [0, f) and up in [f, 2f); out (n, f), out16 (n, pad8(f))
     void (*swiglu_fwd)(lb_backend *, float *out, uint16_t *out16, const float *gu, int n, int f);
     // dgu (n, 2f) overwritten; dgu16 (n, pad8(2f))

@@ -318,7 +318,8 @@ static void tp_sum(lb_model *m, float *x, size_t count)
 // ep = 1). Dense blocks use gu and h only. xp16 and h16: bf16 copies of xp and h where the
 // expert GEMMs that read them are bf16 (takes16; xp16 only with ep = 1: the dispatcher moves
 // fp32 rows), written by moe_permute and swiglu_fwd and read by the forward's GEMMs and the
-// backward's wgrads.
+// backward's wgrads; only GEMMs read xp and h, so where there are copies the fp32 values are
+// not written (xp is then not even allocated: it grows on first use).
 typedef struct {
     float *rlogits, *probs, *weight;   // (n, E), (n, E), (n, k)
     int32_t *idx, *row;                // (n, k)
@@ -326,7 +327,7 @@ typedef struct {
     float *aux_grad;                   // (E) d aux / d probs[i][j]
     float *xp, *yp;                    // (n*k, c)
     float *xe, *gu, *h;                // (cap, c), (cap, 2f), (cap, f)
-    size_t cap_xe, cap_gu, cap_h;      // grow-only: how many rows arrive varies under ep
+    size_t cap_xp, cap_xe, cap_gu, cap_h;   // grow-only: how many rows arrive varies under ep
     uint16_t *xp16, *h16;              // (n*k, pad8(c)), (cap, pad8(f)), or NULL
     size_t cap_xp16, cap_h16;
     lb_ep_route route;
@@ -354,7 +355,6 @@ static void ffn_create(lb_model *m, ffn_acts *f, int n)
         f->row = be->alloc(be, (size_t)n * d.K * sizeof(int32_t));
         f->counts = lb_calloc(d.E, sizeof(int));
         f->aux_grad = falloc(be, d.E);
-        f->xp = falloc(be, rows * d.C);
         f->yp = falloc(be, rows * d.C);
     }
     grow(be, &f->gu, &f->cap_gu, rows * 2 * d.F);
@@ -649,9 +649,10 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
     const int gu16 = d.ep == 1 && takes16(m, l, LB_ROLE_MOE_GATE_UP);
     const int down16 = takes16(m, l, LB_ROLE_MOE_DOWN);
     uint16_t *xp16 = gu16 ? grow16(be, &f->xp16, &f->cap_xp16, n16((size_t)n * d.K, d.C)) : NULL;
+    float *xp = gu16 ? NULL : grow(be, &f->xp, &f->cap_xp, (size_t)n * d.K * d.C);
     if (np) {
         be->moe_plan(be, f->row, f->counts, f->idx + (size_t)o * d.K, np, d.E, d.K);
-        be->moe_permute(be, f->xp, xp16, ln + (size_t)o * d.C, f->row, np, d.K, d.C);
+        be->moe_permute(be, xp, xp16, ln + (size_t)o * d.C, f->row, np, d.K, d.C);
     } else {
         memset(f->counts, 0, (size_t)d.E * sizeof *f->counts);
     }
@@ -659,19 +660,20 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
     lb_comm *ep = m->par.ep_comm;
     lb_ep_route_plan(&f->route, ep, be, f->counts, d.E);
     size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
-    float *xe = f->xp, *ye = f->yp;
+    float *xe = xp, *ye = f->yp;
     if (d.ep > 1) {
         xe = grow(be, &f->xe, &f->cap_xe, nr * d.C);
         ye = grow(be, &s->ye, &s->cap_ye, nr * d.C);
-        lb_ep_dispatch(&f->route, ep, be, f->xp, xe, grow(be, &s->xs, &s->cap_xs, big * d.C), d.C);
+        lb_ep_dispatch(&f->route, ep, be, xp, xe, grow(be, &s->xs, &s->cap_xs, big * d.C), d.C);
     }
     grow(be, &f->gu, &f->cap_gu, nr * 2 * d.F);
     grow(be, &f->h, &f->cap_h, nr * d.F);
     uint16_t *h16 = down16 ? grow16(be, &f->h16, &f->cap_h16, n16(nr, d.F)) : NULL;
     lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xe, xp16, w->gu, w->cgu,
                           f->route.local_counts, d.El, f->gu, 2 * d.F, d.C);
-    if (nr) be->swiglu_fwd(be, f->h, h16, f->gu, (int)nr, d.F);
-    lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, f->h, h16, w->down, w->cdown,
+    float *h = h16 ? NULL : f->h;
+    if (nr) be->swiglu_fwd(be, h, h16, f->gu, (int)nr, d.F);
+    lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, h, h16, w->down, w->cdown,
                           f->route.local_counts, d.El, ye, d.C, d.F);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, ye, f->yp, s->xs, d.C);
     if (d.parts > 1) be->zero(be, out, (size_t)n * d.C * sizeof(float));
@@ -711,28 +713,30 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
                           : NULL;
     uint16_t *dgu16 = gu16 ? grow16(be, &s->dgu16, &s->cap_dgu16, n16(nr, 2 * d.F)) : NULL;
     if (d.parts > 1) be->zero(be, a->dweight, (size_t)n * d.K * sizeof(float));
+    float *dyp = dyp16 ? NULL : a->dyp;   // where there is a copy, only GEMMs would read it
     if (np)
-        be->moe_combine_bwd(be, a->dyp, dyp16, a->dweight + (size_t)o * d.K,
+        be->moe_combine_bwd(be, dyp, dyp16, a->dweight + (size_t)o * d.K,
                             dout + (size_t)o * d.C, f->yp, f->weight + (size_t)o * d.K, f->row,
                             np, d.K, d.C);
     // yp held this rank's etp share of its part's expert outputs: the sum over tp gives every
     // row's combine-weight gradient whole
     tp_sum(m, a->dweight, (size_t)n * d.K);
     lb_comm *ep = m->par.ep_comm;
-    float *dye = a->dyp, *dxe = a->dxp;
+    float *dye = dyp, *dxe = a->dxp;
     if (d.ep > 1) {
         dye = grow(be, &s->dye, &s->cap_dye, nr * d.C);
         dxe = grow(be, &s->dxe, &s->cap_dxe, nr * d.C);
         lb_ep_dispatch(&f->route, ep, be, a->dyp, dye, grow(be, &s->xs, &s->cap_xs, big * d.C), d.C);
     }
-    float *dgu = grow(be, &s->dgu, &s->cap_dgu, nr * 2 * d.F);
+    float *dgu = dgu16 ? NULL : grow(be, &s->dgu, &s->cap_dgu, nr * 2 * d.F);
     float *dh = grow(be, &s->dh, &s->cap_dh, nr * d.F);
-    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_DOWN, f->h, down16 ? f->h16 : NULL, w->down,
-                          w->cdown, f->route.local_counts, d.El, dye, dyp16, dh, dw->down,
-                          lb_model_grad_beta(m, dw->down), d.C, d.F);
+    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_DOWN, down16 ? NULL : f->h, down16 ? f->h16 : NULL,
+                          w->down, w->cdown, f->route.local_counts, d.El, dye, dyp16, dh,
+                          dw->down, lb_model_grad_beta(m, dw->down), d.C, d.F);
     if (nr) be->swiglu_bwd(be, dgu, dgu16, dh, f->gu, (int)nr, d.F);
-    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : f->xp,
-                          d.ep == 1 && gu16 ? f->xp16 : NULL, w->gu, w->cgu,
+    const int x16 = d.ep == 1 && gu16;   // the forward wrote xp16 and not xp
+    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : x16 ? NULL : f->xp,
+                          x16 ? f->xp16 : NULL, w->gu, w->cgu,
                           f->route.local_counts, d.El, dgu, dgu16, dxe, dw->gu,
                           lb_model_grad_beta(m, dw->gu), 2 * d.F, d.C);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, dxe, a->dxp, s->xs, d.C);
@@ -849,7 +853,7 @@ static void layer_recompute(lb_model *m, acts *a, int i, layer_acts *L)
     int rows = is_moe(&m->cfg) ? L->f.route.nrecv : a->n;
     uint16_t *h16 = is_moe(&m->cfg) && takes16(m, m->layer_begin + i, LB_ROLE_MOE_DOWN)
                         ? L->f.h16 : NULL;
-    if (rows) m->be->swiglu_fwd(m->be, L->f.h, h16, L->f.gu, rows, d.F);
+    if (rows) m->be->swiglu_fwd(m->be, h16 ? NULL : L->f.h, h16, L->f.gu, rows, d.F);
 }
 
 static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t)

@@ -512,6 +512,12 @@ static const uint16_t *copy_row(const uint16_t *x16, size_t off, int cols)
     return x16 ? x16 + off * (size_t)((cols + 7) / 8 * 8) : NULL;
 }
 
+// Row off of x (rows, cols), or NULL where x is (its bf16 copy stands in for it).
+static const float *row_of(const float *x, size_t off, int cols)
+{
+    return x ? x + off * (size_t)cols : NULL;
+}
+
 void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x,
                            const uint16_t *x16, const float *w, const lb_wcache *c,
                            const int *counts, int groups, float *y, int out, int in)
@@ -519,10 +525,11 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
     size_t off = 0, mat = (size_t)out * in;
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
     if (x16 && !bf16) lb_die("lb_linear_grouped_fwd: a bf16 copy of x for a GEMM not in bf16");
+    if (!x && !x16) lb_die("lb_linear_grouped_fwd: neither x nor its bf16 copy");
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {   // one grouped call for all experts
         lb_gemm_args g[groups];
         for (int j = 0; j < groups; j++) {
-            g[j] = (lb_gemm_args){0, 1, counts[j], out, in, 1.0f, 0.0f, x + off * in,
+            g[j] = (lb_gemm_args){0, 1, counts[j], out, in, 1.0f, 0.0f, row_of(x, off, in),
                                   w + j * mat, y + off * out, bf16,
                                   bf16 ? cache_b16(c, j) : NULL, copy_row(x16, off, in)};
             off += (size_t)counts[j];
@@ -553,18 +560,20 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
     if ((x16 || dy16) && !bf16)
         lb_die("lb_linear_grouped_bwd: a bf16 copy of x or dy for GEMMs not in bf16");
+    if ((!x && !x16) || (!dy && !dy16))
+        lb_die("lb_linear_grouped_bwd: neither x nor its bf16 copy, or dy");
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {
         // Each expert's dgrad and wgrad side by side in one call: a backend may convert its dy
         // once for both (see lb_linear_bwd).
         lb_gemm_args g[2 * groups];
         for (int j = 0; j < groups; j++) {
             int mj = counts[j];
-            g[2 * j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, dy + off * out, w + j * mat,
-                                      dx + off * in, bf16, bf16 ? cache_b16(c, j) : NULL,
-                                      copy_row(dy16, off, out)};
+            g[2 * j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, row_of(dy, off, out),
+                                      w + j * mat, dx + off * in, bf16,
+                                      bf16 ? cache_b16(c, j) : NULL, copy_row(dy16, off, out)};
             // mj 0: no product, and beta 0 zeroes the matrix (kernels.h)
-            g[2 * j + 1] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, dw_beta, dy + off * out,
-                                          x + off * in, dw + j * mat, bf16,
+            g[2 * j + 1] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, dw_beta, row_of(dy, off, out),
+                                          row_of(x, off, in), dw + j * mat, bf16,
                                           copy_row(x16, off, in), copy_row(dy16, off, out)};
             off += (size_t)mj;
         }

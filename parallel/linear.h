@@ -101,7 +101,8 @@ void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, con
 // Experts: rows [off_j, off_j + counts[j]) of x use matrix j (counts is a host array).
 // x16, dy16: NULL, or x and dy rounded to bf16 in to_bf16's layout (rows, pad8(cols)), written
 // by the ops that made x and dy (swiglu_fwd's out16, ...); the bf16 GEMMs read them instead of
-// rounding x and dy again. Only where lb_linear_grouped_bf16 says those GEMMs are bf16.
+// rounding x and dy again. Only where lb_linear_grouped_bf16 says those GEMMs are bf16; then x
+// (dy) may be NULL where x16 (dy16) is given.
 int lb_linear_grouped_bf16(const lb_linear *L, int layer, lb_role role);
 void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x,
                            const uint16_t *x16, const float *w, const lb_wcache *c,

@@ -339,7 +339,8 @@ static lb_backend *cuda_with(const char *set1, const char *set2)
 // every transpose, sizes that are not multiples of 8 (the padded leading dimensions), beta 0
 // and 1; run twice alike in deterministic mode, and one row alone equal to the same row among
 // 300. The last shape's wgrad (ta 1, tb 0: 4 tiles, k 2200) is split in two slices of k on the
-// wgmma kernel (gt_split).
+// wgmma kernel (gt_split). Each GEMM once more from the operands' bf16 copies alone (a and b
+// NULL: lb_gemm_args.a16, .b16), as an expert layer's ops leave them.
 static void gemm_bf16_case(lb_backend *tc)
 {
     const int shapes[][3] = {{37, 29, 53}, {1, 300, 257}, {129, 77, 300}, {300, 53, 1029},
@@ -376,6 +377,19 @@ static void gemm_bf16_case(lb_backend *tc)
                              tb, m, n, k, beta);
                     CHECK_NMSE(what, out[0], ref, sc, B_ACCUM);
                     ck_assert_msg(memcmp(out[0], out[1], sc * 4) == 0, "%s: two runs differ", what);
+                    // A stored (m, k) or (k, m), B (k, n) or (n, k): copies in to_bf16's layout
+                    const int ra_ = ta ? k : m, ca = ta ? m : k, rb_ = tb ? n : k, cb = tb ? k : n;
+                    uint16_t *a16 = tc->alloc(tc, (size_t)ra_ * ((ca + 7) / 8 * 8) * 2);
+                    uint16_t *b16 = tc->alloc(tc, (size_t)rb_ * ((cb + 7) / 8 * 8) * 2);
+                    tc->to_bf16(tc, a16, da, ra_, ca, (ca + 7) / 8 * 8);
+                    tc->to_bf16(tc, b16, db, rb_, cb, (cb + 7) / 8 * 8);
+                    tc->upload(tc, dc, c0, sc * 4);
+                    lb_gemm_args gc = {ta, tb, m, n, k, 1.0f, beta, NULL, NULL, dc, 1, b16, a16};
+                    tc->gemm(tc, &gc);
+                    tc->download(tc, out[1], dc, sc * 4);
+                    strncat(what, ", copies alone", sizeof what - strlen(what) - 1);
+                    CHECK_NMSE(what, out[1], ref, sc, B_ACCUM);
+                    tc->free(tc, a16), tc->free(tc, b16);
                     tc->free(tc, da), tc->free(tc, db), tc->free(tc, dc);
                     free(a), free(b), free(c0), free(ref), free(out[0]), free(out[1]);
                     free(ra), free(rb), free(ref_r);
@@ -935,6 +949,11 @@ static void swiglu_case(int n, int f)
     }
     check_copy16("swiglu_fwd out16", O16, keep[1][0], n, f);
     check_copy16("swiglu_bwd dgu16", DGU16, keep[1][1], n, 2 * f);
+    poison(O16, bytes16(n, f)), poison(DGU16, bytes16(n, 2 * f));   // the copies alone
+    gpu->swiglu_fwd(gpu, NULL, O16, GU, n, f);
+    gpu->swiglu_bwd(gpu, NULL, DGU16, G, GU, n, f);
+    check_copy16("swiglu_fwd out16 alone", O16, keep[1][0], n, f);
+    check_copy16("swiglu_bwd dgu16 alone", DGU16, keep[1][1], n, 2 * f);
     dfree(O16), dfree(DGU16);
     char what[64];
     snprintf(what, sizeof what, "swiglu_fwd n %d f %d", n, f);
@@ -1159,7 +1178,14 @@ static void dispatch_case(int n, int e, int k, int c)
                                            (i == 1 || i == 2 ? nc : i == 4 ? nk : kc) * 4);
     check_copy16("moe_permute xp16", XP16, keep[1][0], nk, c);
     check_copy16("moe_combine_bwd dyp16", DYP16, keep[1][3], nk, c);
-    dfree(XP16), dfree(DYP16);
+    poison(XP16, bytes16(nk, c)), poison(DYP16, bytes16(nk, c)), poison(DW, nk * 4);
+    gpu->moe_permute(gpu, NULL, XP16, X, Rc, n, k, c);   // the copies alone
+    gpu->moe_combine_bwd(gpu, NULL, DYP16, DW, G, YP, W, Rc, n, k, c);
+    check_copy16("moe_permute xp16 alone", XP16, keep[1][0], nk, c);
+    check_copy16("moe_combine_bwd dyp16 alone", DYP16, keep[1][3], nk, c);
+    float *dw16 = hget(DW, nk * 4);
+    CHECK_BITS("moe_combine_bwd dweight, dyp16 alone", dw16, keep[1][4], nk * 4);
+    free(dw16), dfree(XP16), dfree(DYP16);
     for (int r = 0; r < 2; r++)
         for (int i = 0; i < 5; i++) free(keep[r][i]);
     dfree(I), dfree(R), dfree(X), dfree(DXP), dfree(YP), dfree(W), dfree(G), dfree(XP);

@@ -803,6 +803,9 @@ START_TEST(test_swiglu_fwd)
     be->swiglu_fwd(be, out2, out16, gu, N, f);
     ASSERT_BITWISE("swiglu_fwd with a copy", out2, out, (size_t)N * f * 4);
     check_copy16("swiglu_fwd out16", out16, out, N, f);
+    memset(out16, 0xff, (size_t)N * 48 * 2);   // the copy alone, out not written
+    be->swiglu_fwd(be, NULL, out16, gu, N, f);
+    check_copy16("swiglu_fwd out16 alone", out16, out, N, f);
     free(gu), free(out), free(out2), free(out16), free(ref);
 }
 END_TEST
@@ -911,6 +914,9 @@ START_TEST(test_moe_dispatch_fwd)
         ASSERT_BITWISE("moe_permute row", xp + (size_t)row[a] * C, x + (size_t)(a / K) * C,
                        C * sizeof(float));
     check_copy16("moe_permute xp16", xp16, xp, (size_t)N * K, C);
+    memset(xp16, 0xff, (size_t)N * K * 56 * 2);   // the copy alone
+    be->moe_permute(be, NULL, xp16, x, row, N, K, C);
+    check_copy16("moe_permute xp16 alone", xp16, xp, (size_t)N * K, C);
     free(xp16);
 
     float *yp = randn((size_t)N * K * C, 232, 1), *w = randn((size_t)N * K, 233, 1);
@@ -1251,6 +1257,9 @@ START_TEST(test_grad_swiglu)
     be->swiglu_bwd(be, dgu2, dgu16, q.r, q.gu, n, f);
     ASSERT_BITWISE("swiglu_bwd with a copy", dgu2, dgu, (size_t)n * 2 * f * 4);
     check_copy16("swiglu_bwd dgu16", dgu16, dgu, n, 2 * f);
+    memset(dgu16, 0xff, (size_t)n * 88 * 2);   // the copy alone
+    be->swiglu_bwd(be, NULL, dgu16, q.r, q.gu, n, f);
+    check_copy16("swiglu_bwd dgu16 alone", dgu16, dgu, n, 2 * f);
     free(q.out), free(q.gu), free(q.r), free(dgu), free(dgu2), free(dgu16);
 }
 END_TEST
@@ -1375,6 +1384,10 @@ START_TEST(test_grad_moe_combine)
     ASSERT_BITWISE("moe_combine_bwd dyp with a copy", dyp2, dyp, (size_t)N * K * C * 4);
     ASSERT_BITWISE("moe_combine_bwd dweight with a copy", dw2, dw, (size_t)N * K * 4);
     check_copy16("moe_combine_bwd dyp16", dyp16, dyp, (size_t)N * K, C);
+    memset(dyp16, 0xff, (size_t)N * K * 56 * 2);   // the copy alone; dweight all the same
+    be->moe_combine_bwd(be, NULL, dyp16, dw2, q.r, q.yp, q.w, q.row, N, K, C);
+    check_copy16("moe_combine_bwd dyp16 alone", dyp16, dyp, (size_t)N * K, C);
+    ASSERT_BITWISE("moe_combine_bwd dweight, dyp16 alone", dw2, dw, (size_t)N * K * 4);
     free(q.yp), free(q.w), free(q.out), free(q.r), free(q.row), free(dyp), free(dw);
     free(dyp2), free(dw2), free(dyp16);
 }

@@ -225,6 +225,15 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         ck_assert_msg(!memcmp(y[0], y2, sizeof(float) * n * OUT), "%s: fprop, x16", recipe);
         ck_assert_msg(!memcmp(dx[0], dx2, sizeof(float) * n * IN), "%s: dgrad, dy16", recipe);
         ck_assert_msg(!memcmp(dw[0], dw2, sizeof(float) * E * mat), "%s: wgrad, x16 dy16", recipe);
+        // the copies alone (x and dy NULL: their ops wrote no fp32)
+        fill(dw2, E * mat, 4);
+        lb_linear_grouped_fwd(&L, 0, role, NULL, x16, w, &wc, counts, E, y2, OUT, IN);
+        lb_linear_grouped_bwd(&L, 0, role, NULL, x16, w, &wc, counts, E, NULL, dy16, dx2, dw2,
+                              1.0f, OUT, IN);
+        ck_assert_msg(!memcmp(y[0], y2, sizeof(float) * n * OUT), "%s: fprop, x16 alone", recipe);
+        ck_assert_msg(!memcmp(dx[0], dx2, sizeof(float) * n * IN), "%s: dgrad, dy16 alone", recipe);
+        ck_assert_msg(!memcmp(dw[0], dw2, sizeof(float) * E * mat), "%s: wgrad, copies alone",
+                      recipe);
         free(x16), free(dy16), free(y2), free(dx2), free(dw2);
     }
     // dw_beta 0 overwrites: NaN before, the products after, and zeros for the experts without

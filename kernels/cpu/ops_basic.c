@@ -247,10 +247,12 @@ static void cpu_swiglu_fwd(lb_backend *be, float *out, uint16_t *out16, const fl
                            int f)
 {
     const int ld = (f + 7) / 8 * 8;
+    if (!out && !out16) lb_die("swiglu_fwd: neither out nor out16");
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * f >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *g = gu + (size_t)i * 2 * f, *u = g + f;
-        float *o = out + (size_t)i * f;
+        float row[out ? 1 : f];   // the row, where out is not written
+        float *o = out ? out + (size_t)i * f : row;
         for (int j = 0; j < f; j++) {
             float sig = 1.0f / (1.0f + expf(-g[j]));
             o[j] = g[j] * sig * u[j];
@@ -264,10 +266,12 @@ static void cpu_swiglu_bwd(lb_backend *be, float *dgu, uint16_t *dgu16, const fl
                            const float *gu, int n, int f)
 {
     const int ld = (2 * f + 7) / 8 * 8;
+    if (!dgu && !dgu16) lb_die("swiglu_bwd: neither dgu nor dgu16");
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * f >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *g = gu + (size_t)i * 2 * f, *u = g + f, *dy = dout + (size_t)i * f;
-        float *dg = dgu + (size_t)i * 2 * f, *du = dg + f;
+        float row[dgu ? 1 : 2 * f];   // the row, where dgu is not written
+        float *dg = dgu ? dgu + (size_t)i * 2 * f : row, *du = dg + f;
         for (int j = 0; j < f; j++) {
             float sig = 1.0f / (1.0f + expf(-g[j]));
             float silu = g[j] * sig;

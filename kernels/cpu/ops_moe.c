@@ -160,13 +160,14 @@ static void cpu_moe_permute(lb_backend *be, float *xp, uint16_t *xp16, const flo
                             const int32_t *row, int n, int k, int c)
 {
     check_rows("moe_permute", row, n, k);
+    if (!xp && !xp16) lb_die("moe_permute: neither xp nor xp16");
     const int ld = (c + 7) / 8 * 8;
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
         if ((size_t)n * k * c >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++)
         for (int s = 0; s < k; s++) {
             const size_t r = (size_t)row[(size_t)i * k + s];
-            memcpy(xp + r * c, x + (size_t)i * c, (size_t)c * sizeof(float));
+            if (xp) memcpy(xp + r * c, x + (size_t)i * c, (size_t)c * sizeof(float));
             if (xp16) lb_bf16_row(xp16 + r * ld, x + (size_t)i * c, c, ld);
         }
 }
@@ -213,16 +214,18 @@ static void cpu_moe_combine_bwd(lb_backend *be, float *dyp, uint16_t *dyp16, flo
                                 const int32_t *row, int n, int k, int c)
 {
     check_rows("moe_combine_bwd", row, n, k);
+    if (!dyp && !dyp16) lb_die("moe_combine_bwd: neither dyp nor dyp16");
     const int ld = (c + 7) / 8 * 8;
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
         if ((size_t)n * k * c >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *gi = dout + (size_t)i * c;
+        float buf[dyp ? 1 : c];   // the row, where dyp is not written
         for (int s = 0; s < k; s++) {
             size_t r = (size_t)row[(size_t)i * k + s];
             float w = weight[(size_t)i * k + s];
             const float *y = yp + r * c;
-            float *dy = dyp + r * c;
+            float *dy = dyp ? dyp + r * c : buf;
             double dot = 0.0;
             for (int x = 0; x < c; x++) {
                 dy[x] = w * gi[x];

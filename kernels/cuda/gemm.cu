@@ -410,6 +410,24 @@ static void to_bf16(lb_cuda_ctx *cx, __nv_bfloat16 *dst, const float *src, size_
     LB_CUDA_LAUNCHED(cx);
 }
 
+// dst (rows, cols) fp32 = src (rows, ld) bf16 widened (a copy in to_bf16's layout back to fp32,
+// exactly); queued.
+__global__ void widen_bf16_kernel(float *__restrict__ dst, const __nv_bfloat16 *__restrict__ src,
+                                  size_t rows, int cols, int ld)
+{
+    const size_t n = rows * cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i / cols * ld + i % cols]);
+}
+
+static void widen_bf16(lb_cuda_ctx *cx, float *dst, const uint16_t *src, size_t rows, int cols)
+{
+    widen_bf16_kernel<<<lb_grid(rows * cols, 256, cx), 256, 0, cx->stream>>>(
+        dst, (const __nv_bfloat16 *)src, rows, cols, pad8(cols));
+    LB_CUDA_LAUNCHED(cx);
+}
+
 // The plan key of g's shape and mode; the caller sets the alignments.
 static lb_gemm_plan plan_key(const lb_backend *be, const lb_gemm_args *g, int bf16)
 {
@@ -446,9 +464,12 @@ static int gemm_bf16(lb_backend *be, const lb_gemm_args *g)
     size_t lda = (size_t)pad8(cols_a), ldb = (size_t)pad8(cols_b);
     size_t o_b = lb_align256((size_t)rows_a * lda * 2);
     char *sc = (char *)lb_cuda_scratch(cx, o_b + (size_t)rows_b * ldb * 2);
+    // a copy the caller gave is read as it is: the layout made here
     __nv_bfloat16 *ab = (__nv_bfloat16 *)sc, *bb = (__nv_bfloat16 *)(sc + o_b);
-    to_bf16(cx, ab, g->a, rows_a, cols_a, (int)lda);
-    to_bf16(cx, bb, g->b, rows_b, cols_b, (int)ldb);
+    if (g->a16) ab = (__nv_bfloat16 *)g->a16;
+    else to_bf16(cx, ab, g->a, rows_a, cols_a, (int)lda);
+    if (g->b16) bb = (__nv_bfloat16 *)g->b16;
+    else to_bf16(cx, bb, g->b, rows_b, cols_b, (int)ldb);
     LB_CUBLAS_CHECK(cublasLtMatmul(cx->lt, p->op, &g->alpha, bb, p->la, ab, p->lb, &g->beta, g->c,
                                    p->lc, g->c, p->lc, &p->algo,
                                    p->workspace ? cx->workspace : NULL, p->workspace, cx->stream));
@@ -483,9 +504,14 @@ static void cuda_gemm(lb_backend *be, const lb_gemm_args *g)
         size_t na = (size_t)g->m * g->k, nb = (size_t)g->k * g->n, o_b = lb_align256(na * 4);
         char *sc = (char *)lb_cuda_scratch(cx, o_b + nb * 4);
         lb_gemm_args r = *g;
-        r.a = (float *)sc, r.b = (float *)(sc + o_b), r.bf16 = 0;
-        be->round_bf16(be, (float *)r.a, g->a, na);
-        be->round_bf16(be, (float *)r.b, g->b, nb);
+        r.a = (float *)sc, r.b = (float *)(sc + o_b), r.bf16 = 0, r.a16 = r.b16 = NULL;
+        // A stored (m, k) or (k, m), B (k, n) or (n, k); a copy widened gives the rounded values
+        if (g->a16) widen_bf16(cx, (float *)r.a, g->a16, na / (g->transa ? g->m : g->k),
+                               g->transa ? g->m : g->k);
+        else be->round_bf16(be, (float *)r.a, g->a, na);
+        if (g->b16) widen_bf16(cx, (float *)r.b, g->b16, nb / (g->transb ? g->k : g->n),
+                               g->transb ? g->k : g->n);
+        else be->round_bf16(be, (float *)r.b, g->b, nb);
         cuda_gemm(be, &r);
         return;
     }
@@ -540,6 +566,8 @@ static int grouped_bf16(lb_backend *be, int count, const lb_gemm_args *g)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
     if (count < 2 || !cx->grouped_streams || !cx->bf16_tc || !be->deterministic) return 0;
+    for (int i = 0; i < count; i++)   // converts fp32 operands only: cuda_gemm takes copies
+        if (g[i].a16 || g[i].b16) return 0;
     const int ta = g[0].transa ? 1 : 0, tb = g[0].transb ? 1 : 0;
     const int cols_a = ta ? g[0].m : g[0].k, cols_b = tb ? g[0].k : g[0].n;
     for (int i = 0; i < count; i++) {   // one transpose pair and one width per operand

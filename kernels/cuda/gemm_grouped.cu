@@ -905,11 +905,14 @@ static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g,
 }
 
 // Runs the groups g[0 .. count) (each bf16, m, n, k > 0, alpha != 0; gemm.cu filters) as
-// described at the top: gt_grouped_mn, or with LB_CUDA_GG_MN=0 transposed copies, GT_MAX groups
-// per pack and GEMM launch. Queued on cx->stream. Tiles are 128 x gt_bn.
+// described at the top: gt_grouped_mn, or with LB_CUDA_GG_MN=0 (and no operand given in bf16)
+// transposed copies, GT_MAX groups per pack and GEMM launch. Queued on cx->stream. Tiles are
+// 128 x gt_bn.
 extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g)
 {
-    if (cx->gg_mn) {
+    int copies = 0;   // the transposing packs read fp32 only
+    for (int i = 0; i < count; i++) copies |= g[i].a16 || g[i].b16;
+    if (cx->gg_mn || copies) {
         gt_grouped_mn(cx, count, g);
         return;
     }

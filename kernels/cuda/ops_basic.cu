@@ -409,27 +409,29 @@ __device__ __forceinline__ float2 swiglu_grad(float g, float u, float dy)
     return make_float2(dy * u * (sig * (1.0f + g * (1.0f - sig))), dy * silu);
 }
 
-// A ..16 copy (NULL or none) gets the values' bf16 bits beside the fp32 stores (kernels.h).
+// A ..16 copy (NULL: none) gets the values' bf16 bits beside the fp32 stores, which are
+// skipped where the fp32 output is NULL (kernels.h).
 __global__ void swiglu_fwd_kernel(float *out, uint16_t *out16, const float *gu, int n, int f,
                                   int vec)
 {
     const int i = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (i >= n) return;
     const float *g = gu + (size_t)i * 2 * f, *u = g + f;
-    float *o = out + (size_t)i * f;
+    float *o = out ? out + (size_t)i * f : NULL;
     uint16_t *o16 = out16 ? out16 + (size_t)i * ((f + 7) & ~7) : NULL;
     if (vec) {
         for (int j = lane; j < f / 4; j += 32) {
             const float4 a = ((const float4 *)g)[j], b = ((const float4 *)u)[j];
             const float4 r = make_float4(swiglu_one(a.x, b.x), swiglu_one(a.y, b.y),
                                          swiglu_one(a.z, b.z), swiglu_one(a.w, b.w));
-            ((float4 *)o)[j] = r;
+            if (o) ((float4 *)o)[j] = r;
             if (o16) ((uint2 *)o16)[j] = bf16x4_bits(r);
         }
     } else {
         for (int j = lane; j < f; j += 32) {
-            o[j] = swiglu_one(g[j], u[j]);
-            if (o16) o16[j] = (uint16_t)round_bf16_bits(o[j]);
+            const float r = swiglu_one(g[j], u[j]);
+            if (o) o[j] = r;
+            if (o16) o16[j] = (uint16_t)round_bf16_bits(r);
         }
     }
     if (o16) bf16_row_pad(o16, f, lane);
@@ -441,7 +443,7 @@ __global__ void swiglu_bwd_kernel(float *dgu, uint16_t *dgu16, const float *dout
     const int i = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (i >= n) return;
     const float *g = gu + (size_t)i * 2 * f, *u = g + f, *dy = dout + (size_t)i * f;
-    float *dg = dgu + (size_t)i * 2 * f, *du = dg + f;
+    float *dg = dgu ? dgu + (size_t)i * 2 * f : NULL, *du = dgu ? dg + f : NULL;
     uint16_t *dg16 = dgu16 ? dgu16 + (size_t)i * ((2 * f + 7) & ~7) : NULL;
     uint16_t *du16 = dg16 ? dg16 + f : NULL;
     if (vec) {
@@ -452,8 +454,10 @@ __global__ void swiglu_bwd_kernel(float *dgu, uint16_t *dgu16, const float *dout
             const float2 r2 = swiglu_grad(a.z, b.z, d.z), r3 = swiglu_grad(a.w, b.w, d.w);
             const float4 rg = make_float4(r0.x, r1.x, r2.x, r3.x);
             const float4 ru = make_float4(r0.y, r1.y, r2.y, r3.y);
-            ((float4 *)dg)[j] = rg;
-            ((float4 *)du)[j] = ru;
+            if (dg) {
+                ((float4 *)dg)[j] = rg;
+                ((float4 *)du)[j] = ru;
+            }
             if (dg16) {
                 ((uint2 *)dg16)[j] = bf16x4_bits(rg);
                 ((uint2 *)du16)[j] = bf16x4_bits(ru);
@@ -462,7 +466,7 @@ __global__ void swiglu_bwd_kernel(float *dgu, uint16_t *dgu16, const float *dout
     } else {
         for (int j = lane; j < f; j += 32) {
             const float2 r = swiglu_grad(g[j], u[j], dy[j]);
-            dg[j] = r.x, du[j] = r.y;
+            if (dg) dg[j] = r.x, du[j] = r.y;
             if (dg16) {
                 dg16[j] = (uint16_t)round_bf16_bits(r.x);
                 du16[j] = (uint16_t)round_bf16_bits(r.y);
@@ -484,6 +488,7 @@ static void cuda_swiglu_fwd(lb_backend *be, float *out, uint16_t *out16, const f
                             int f)
 {
     if (n < 0 || f < 0) lb_die("swiglu_fwd: negative size (n %d, f %d)", n, f);
+    if (!out && !out16) lb_die("swiglu_fwd: neither out nor out16");
     if (!n || !f) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     swiglu_fwd_kernel<<<(n + ROW_WARPS - 1) / ROW_WARPS, ROW_WARPS * 32, 0, cx->stream>>>(
@@ -495,6 +500,7 @@ static void cuda_swiglu_bwd(lb_backend *be, float *dgu, uint16_t *dgu16, const f
                             const float *gu, int n, int f)
 {
     if (n < 0 || f < 0) lb_die("swiglu_bwd: negative size (n %d, f %d)", n, f);
+    if (!dgu && !dgu16) lb_die("swiglu_bwd: neither dgu nor dgu16");
     if (!n || !f) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     // the up half of a copy's row starts f elements in: 8-byte aligned when f % 4 == 0

@@ -346,17 +346,17 @@ __global__ void permute_kernel(float *xp, uint16_t *xp16, const float *x, const 
         return;
     }
     const float *src = x + (size_t)(a / k) * c;
-    float *dst = xp + (size_t)r * c;
+    float *dst = xp ? xp + (size_t)r * c : NULL;
     uint16_t *d16 = xp16 ? xp16 + (size_t)r * ((c + 7) & ~7) : NULL;
     if (vec) {
         for (int j = lane; j < c / 4; j += 32) {
             const float4 v = ((const float4 *)src)[j];
-            ((float4 *)dst)[j] = v;
+            if (dst) ((float4 *)dst)[j] = v;
             if (d16) ((uint2 *)d16)[j] = bf16x4_bits(v);
         }
     } else {
         for (int j = lane; j < c; j += 32) {
-            dst[j] = src[j];
+            if (dst) dst[j] = src[j];
             if (d16) d16[j] = (uint16_t)round_bf16_bits(src[j]);
         }
     }
@@ -420,7 +420,7 @@ __global__ void combine_bwd_kernel(float *dyp, uint16_t *dyp16, float *dweight,
         return;
     }
     const float *g = dout + (size_t)(a / k) * c, *y = yp + (size_t)r * c;
-    float *dy = dyp + (size_t)r * c;
+    float *dy = dyp ? dyp + (size_t)r * c : NULL;
     uint16_t *d16 = dyp16 ? dyp16 + (size_t)r * ((c + 7) & ~7) : NULL;
     const float w = weight[a];
     double dot = 0.0;
@@ -428,7 +428,7 @@ __global__ void combine_bwd_kernel(float *dyp, uint16_t *dyp16, float *dweight,
         for (int j = lane; j < c / 4; j += 32) {
             const float4 gx = ((const float4 *)g)[j], yx = ((const float4 *)y)[j];
             const float4 v = make_float4(w * gx.x, w * gx.y, w * gx.z, w * gx.w);
-            ((float4 *)dy)[j] = v;
+            if (dy) ((float4 *)dy)[j] = v;
             if (d16) ((uint2 *)d16)[j] = bf16x4_bits(v);
             dot += (double)gx.x * yx.x;
             dot += (double)gx.y * yx.y;
@@ -437,9 +437,9 @@ __global__ void combine_bwd_kernel(float *dyp, uint16_t *dyp16, float *dweight,
         }
     } else {
         for (int j = lane; j < c; j += 32) {
-            const float gx = g[j];
-            dy[j] = w * gx;
-            if (d16) d16[j] = (uint16_t)round_bf16_bits(dy[j]);
+            const float gx = g[j], v = w * gx;
+            if (dy) dy[j] = v;
+            if (d16) d16[j] = (uint16_t)round_bf16_bits(v);
             dot += (double)gx * y[j];
         }
     }
@@ -470,6 +470,7 @@ static void cuda_moe_permute(lb_backend *be, float *xp, uint16_t *xp16, const fl
                              const int32_t *row, int n, int k, int c)
 {
     int total = dispatch_total("moe_permute", n, k, c);
+    if (!xp && !xp16) lb_die("moe_permute: neither xp nor xp16");
     if (!total || !c) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     permute_kernel<<<moe_blocks(total), 32 * MOE_WARPS, 0, cx->stream>>>(
@@ -508,6 +509,7 @@ static void cuda_moe_combine_bwd(lb_backend *be, float *dyp, uint16_t *dyp16, fl
                                  const int32_t *row, int n, int k, int c)
 {
     int total = dispatch_total("moe_combine_bwd", n, k, c);
+    if (!dyp && !dyp16) lb_die("moe_combine_bwd: neither dyp nor dyp16");
     if (!total) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     combine_bwd_kernel<<<moe_blocks(total), 32 * MOE_WARPS, 0, cx->stream>>>(
