@@ -276,6 +276,14 @@ static int takes16(const lb_model *m, int l, lb_role role)
     return lb_linear_grouped_bf16(&m->lin, l, role);
 }
 
+// Over this stage's layers: 1 if some layer's role takes them (every 0), or if all do (1).
+static int takes16_layers(const lb_model *m, lb_role role, int every)
+{
+    for (int l = m->layer_begin; l < m->layer_end; l++)
+        if (takes16(m, l, role) != every) return !every;
+    return every;
+}
+
 // --- tensor parallelism: Megatron's conjugate operators (doc/parallel.md) ----------------------
 
 // out = the sum over tp of part (n, c): an all-reduce, or under sequence parallelism a
@@ -356,6 +364,14 @@ static void ffn_create(lb_model *m, ffn_acts *f, int n)
         f->counts = lb_calloc(d.E, sizeof(int));
         f->aux_grad = falloc(be, d.E);
         f->yp = falloc(be, rows * d.C);
+        // xp, or its copy where the layers' GEMMs take it (so `lowbit info` counts what a
+        // step holds; ffn_fwd grows either on first use where the layers differ); h16 as h
+        const int gu16 = d.ep == 1 && takes16_layers(m, LB_ROLE_MOE_GATE_UP, 0);
+        if (gu16) grow16(be, &f->xp16, &f->cap_xp16, n16(rows, d.C));
+        if (!gu16 || !takes16_layers(m, LB_ROLE_MOE_GATE_UP, 1))
+            grow(be, &f->xp, &f->cap_xp, rows * d.C);
+        if (takes16_layers(m, LB_ROLE_MOE_DOWN, 0))
+            grow16(be, &f->h16, &f->cap_h16, n16(rows, d.F));   // a shared one is big enough
     }
     grow(be, &f->gu, &f->cap_gu, rows * 2 * d.F);
     grow(be, &f->h, &f->cap_h, rows * d.F);   // a shared h is big enough already
@@ -457,10 +473,9 @@ static void shared_create(lb_model *m, layer_acts *S, int n, int ns)
     size_t rows = is_moe(&m->cfg) ? (size_t)d.ep * n * d.K : (size_t)n;
     recomputable_create(m, S, n, ns);
     grow(m->be, &S->f.h, &S->f.cap_h, rows * d.F);
-    int want16 = 0;   // h's bf16 copy is recomputed with h where some layer's GEMMs take it
-    for (int l = m->layer_begin; l < m->layer_end; l++)
-        want16 |= is_moe(&m->cfg) && takes16(m, l, LB_ROLE_MOE_DOWN);
-    if (want16) grow16(m->be, &S->f.h16, &S->f.cap_h16, n16(rows, d.F));
+    // h's bf16 copy is recomputed with h where some layer's GEMMs take it
+    if (is_moe(&m->cfg) && takes16_layers(m, LB_ROLE_MOE_DOWN, 0))
+        grow16(m->be, &S->f.h16, &S->f.cap_h16, n16(rows, d.F));
 }
 
 static void shared_free(lb_model *m, layer_acts *S)
