@@ -512,6 +512,14 @@ static const uint16_t *copy_row(const uint16_t *x16, size_t off, int cols)
     return x16 ? x16 + off * (size_t)((cols + 7) / 8 * 8) : NULL;
 }
 
+// The rows of the groups: with none, the operands may all be NULL.
+static size_t rows_of(const int *counts, int groups)
+{
+    size_t r = 0;
+    for (int j = 0; j < groups; j++) r += (size_t)counts[j];
+    return r;
+}
+
 // Row off of x (rows, cols), or NULL where x is (its bf16 copy stands in for it).
 static const float *row_of(const float *x, size_t off, int cols)
 {
@@ -525,7 +533,8 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
     size_t off = 0, mat = (size_t)out * in;
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
     if (x16 && !bf16) lb_die("lb_linear_grouped_fwd: a bf16 copy of x for a GEMM not in bf16");
-    if (!x && !x16) lb_die("lb_linear_grouped_fwd: neither x nor its bf16 copy");
+    if (!x && !x16 && rows_of(counts, groups))
+        lb_die("lb_linear_grouped_fwd: neither x nor its bf16 copy");
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {   // one grouped call for all experts
         lb_gemm_args g[groups];
         for (int j = 0; j < groups; j++) {
@@ -560,7 +569,7 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
     if ((x16 || dy16) && !bf16)
         lb_die("lb_linear_grouped_bwd: a bf16 copy of x or dy for GEMMs not in bf16");
-    if ((!x && !x16) || (!dy && !dy16))
+    if (((!x && !x16) || (!dy && !dy16)) && rows_of(counts, groups))
         lb_die("lb_linear_grouped_bwd: neither x nor its bf16 copy, or dy");
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {
         // Each expert's dgrad and wgrad side by side in one call: a backend may convert its dy

@@ -234,6 +234,15 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         ck_assert_msg(!memcmp(dx[0], dx2, sizeof(float) * n * IN), "%s: dgrad, dy16 alone", recipe);
         ck_assert_msg(!memcmp(dw[0], dw2, sizeof(float) * E * mat), "%s: wgrad, copies alone",
                       recipe);
+        // no rows at all (an expert-parallel rank that received none): no operand, no error,
+        // and dw_beta 0 still zeroes the matrices
+        const int none[E] = {0};
+        lb_linear_grouped_fwd(&L, 0, role, NULL, NULL, w, &wc, none, E, y2, OUT, IN);
+        for (size_t i = 0; i < E * mat; i++) dw2[i] = NAN;
+        lb_linear_grouped_bwd(&L, 0, role, NULL, NULL, w, &wc, none, E, NULL, NULL, dx2, dw2,
+                              0.0f, OUT, IN);
+        for (size_t i = 0; i < E * mat; i++)
+            ck_assert_msg(dw2[i] == 0.0f, "%s: no rows, dw[%zu] %g", recipe, i, dw2[i]);
         free(x16), free(dy16), free(y2), free(dx2), free(dw2);
     }
     // dw_beta 0 overwrites: NaN before, the products after, and zeros for the experts without

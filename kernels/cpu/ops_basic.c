@@ -247,7 +247,7 @@ static void cpu_swiglu_fwd(lb_backend *be, float *out, uint16_t *out16, const fl
                            int f)
 {
     const int ld = (f + 7) / 8 * 8;
-    if (!out && !out16) lb_die("swiglu_fwd: neither out nor out16");
+    if (n > 0 && f > 0 && !out && !out16) lb_die("swiglu_fwd: neither out nor out16");
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * f >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *g = gu + (size_t)i * 2 * f, *u = g + f;
@@ -266,7 +266,7 @@ static void cpu_swiglu_bwd(lb_backend *be, float *dgu, uint16_t *dgu16, const fl
                            const float *gu, int n, int f)
 {
     const int ld = (2 * f + 7) / 8 * 8;
-    if (!dgu && !dgu16) lb_die("swiglu_bwd: neither dgu nor dgu16");
+    if (n > 0 && f > 0 && !dgu && !dgu16) lb_die("swiglu_bwd: neither dgu nor dgu16");
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * f >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *g = gu + (size_t)i * 2 * f, *u = g + f, *dy = dout + (size_t)i * f;

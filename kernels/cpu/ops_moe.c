@@ -160,7 +160,7 @@ static void cpu_moe_permute(lb_backend *be, float *xp, uint16_t *xp16, const flo
                             const int32_t *row, int n, int k, int c)
 {
     check_rows("moe_permute", row, n, k);
-    if (!xp && !xp16) lb_die("moe_permute: neither xp nor xp16");
+    if (n > 0 && k > 0 && c > 0 && !xp && !xp16) lb_die("moe_permute: neither xp nor xp16");
     const int ld = (c + 7) / 8 * 8;
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
         if ((size_t)n * k * c >= LB_CPU_PAR_MIN)
@@ -214,7 +214,8 @@ static void cpu_moe_combine_bwd(lb_backend *be, float *dyp, uint16_t *dyp16, flo
                                 const int32_t *row, int n, int k, int c)
 {
     check_rows("moe_combine_bwd", row, n, k);
-    if (!dyp && !dyp16) lb_die("moe_combine_bwd: neither dyp nor dyp16");
+    if (n > 0 && k > 0 && c > 0 && !dyp && !dyp16)
+        lb_die("moe_combine_bwd: neither dyp nor dyp16");
     const int ld = (c + 7) / 8 * 8;
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
         if ((size_t)n * k * c >= LB_CPU_PAR_MIN)

@@ -488,8 +488,8 @@ static void cuda_swiglu_fwd(lb_backend *be, float *out, uint16_t *out16, const f
                             int f)
 {
     if (n < 0 || f < 0) lb_die("swiglu_fwd: negative size (n %d, f %d)", n, f);
-    if (!out && !out16) lb_die("swiglu_fwd: neither out nor out16");
     if (!n || !f) return;
+    if (!out && !out16) lb_die("swiglu_fwd: neither out nor out16");
     lb_cuda_ctx *cx = lb_cuda(be);
     swiglu_fwd_kernel<<<(n + ROW_WARPS - 1) / ROW_WARPS, ROW_WARPS * 32, 0, cx->stream>>>(
         out, out16, gu, n, f, swiglu_vec(f, out, gu, gu, out16));
@@ -500,8 +500,8 @@ static void cuda_swiglu_bwd(lb_backend *be, float *dgu, uint16_t *dgu16, const f
                             const float *gu, int n, int f)
 {
     if (n < 0 || f < 0) lb_die("swiglu_bwd: negative size (n %d, f %d)", n, f);
-    if (!dgu && !dgu16) lb_die("swiglu_bwd: neither dgu nor dgu16");
     if (!n || !f) return;
+    if (!dgu && !dgu16) lb_die("swiglu_bwd: neither dgu nor dgu16");
     lb_cuda_ctx *cx = lb_cuda(be);
     // the up half of a copy's row starts f elements in: 8-byte aligned when f % 4 == 0
     swiglu_bwd_kernel<<<(n + ROW_WARPS - 1) / ROW_WARPS, ROW_WARPS * 32, 0, cx->stream>>>(

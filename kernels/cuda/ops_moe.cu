@@ -470,8 +470,8 @@ static void cuda_moe_permute(lb_backend *be, float *xp, uint16_t *xp16, const fl
                              const int32_t *row, int n, int k, int c)
 {
     int total = dispatch_total("moe_permute", n, k, c);
-    if (!xp && !xp16) lb_die("moe_permute: neither xp nor xp16");
     if (!total || !c) return;
+    if (!xp && !xp16) lb_die("moe_permute: neither xp nor xp16");
     lb_cuda_ctx *cx = lb_cuda(be);
     permute_kernel<<<moe_blocks(total), 32 * MOE_WARPS, 0, cx->stream>>>(
         xp, xp16, x, row, k, c, total, moe_vec(c, xp, x, x, xp16), cx->err_dev);
@@ -509,8 +509,8 @@ static void cuda_moe_combine_bwd(lb_backend *be, float *dyp, uint16_t *dyp16, fl
                                  const int32_t *row, int n, int k, int c)
 {
     int total = dispatch_total("moe_combine_bwd", n, k, c);
-    if (!dyp && !dyp16) lb_die("moe_combine_bwd: neither dyp nor dyp16");
     if (!total) return;
+    if (c && !dyp && !dyp16) lb_die("moe_combine_bwd: neither dyp nor dyp16");
     lb_cuda_ctx *cx = lb_cuda(be);
     combine_bwd_kernel<<<moe_blocks(total), 32 * MOE_WARPS, 0, cx->stream>>>(
         dyp, dyp16, dweight, dout, yp, weight, row, k, c, total, moe_vec(c, dyp, dout, yp, dyp16),
