@@ -76,7 +76,9 @@ static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char
     lb_model_parallel par = lb_model_parallel_of(g, NULL, NULL);
     lb_model *m = lb_model_create_parallel(&c->model, &counter, &par, err, errlen);
     if (!m) return -1;
-    if (lb_model_set_recompute(m, c->train.recompute, err, errlen) != 0) {
+    // the contract too: where expert GEMMs are bf16 the activations include their bf16 copies
+    if (lb_model_set_recompute(m, c->train.recompute, err, errlen) != 0 ||
+        lb_model_set_precision(m, &c->precision, c->run.seed, err, errlen) != 0) {
         lb_model_free(m);
         return -1;
     }
