@@ -254,6 +254,14 @@ void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
 {
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     if (n == 0) return;
+    if (F->fmt == LB_FMT_BF16) {   // one grouped call: a backend converts x once for all
+        lb_gemm_args g[count];
+        for (int i = 0; i < count; i++)
+            g[i] = (lb_gemm_args){0, 1, n, out[i], in, 1.0f, 0.0f, x, w[i], y[i], 1,
+                                  cache_b16(c[i], 0), NULL};
+        L->be->gemm_grouped(L->be, count, g);
+        return;
+    }
     if (!is_low(F->fmt)) {
         for (int i = 0; i < count; i++)
             lb_linear_fwd(L, layer, role, x, w[i], c[i], 0, y[i], n, out[i], in, 0.0f);
