@@ -324,6 +324,28 @@ void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
                           const float *const *dy, float *dx, float *const *dw,
                           const float *dw_beta, const int *out, int n, int in)
 {
+    const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
+    const lb_site *D = lb_contract_site(L->contract, layer, role, LB_PASS_DGRAD);
+    const lb_site *G = lb_contract_site(L->contract, layer, role, LB_PASS_WGRAD);
+    int plain = n > 0 && dx && plain_bf16(D, F) && plain_bf16(G, F);
+    for (int i = 0; i < count && plain; i++)
+        plain = dw[i] && (dw_beta[i] == 0.0f || dw_beta[i] == 1.0f);
+    if (plain) {
+        // bf16: the first dgrad and every wgrad in one grouped call (x converted once for the
+        // wgrads, each dy once for its dgrad and wgrad), then the other dgrads adding into dx
+        // in order (groups of one call must not write the same C): the sums of separate calls
+        lb_gemm_args g[count + 1];
+        g[0] = (lb_gemm_args){0, 0, n, in, out[0], 1.0f, 0.0f, dy[0], w[0], dx, 1,
+                              cache_b16(c[0], 0), NULL};
+        for (int i = 0; i < count; i++)
+            g[1 + i] = (lb_gemm_args){1, 0, out[i], in, n, 1.0f, dw_beta[i], dy[i], x, dw[i], 1,
+                                      NULL, NULL};
+        L->be->gemm_grouped(L->be, count + 1, g);
+        for (int i = 1; i < count; i++)
+            lb_gemm_bf16_b16(L->be, 0, 0, n, in, out[i], 1.0f, dy[i], w[i], cache_b16(c[i], 0),
+                             1.0f, dx);
+        return;
+    }
     shared_x sx = {.ready = 0};
     for (int i = 0; i < count; i++)
         linear_bwd(L, layer, role, x, w[i], c[i], 0, dy[i], dx, i ? 1.0f : 0.0f, dw[i],
