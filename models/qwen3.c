@@ -327,7 +327,7 @@ static void tp_sum(lb_model *m, float *x, size_t count)
 // expert GEMMs that read them are bf16 (takes16; xp16 only with ep = 1: the dispatcher moves
 // fp32 rows), written by moe_permute and swiglu_fwd and read by the forward's GEMMs and the
 // backward's wgrads; only GEMMs read xp and h, so where there are copies the fp32 values are
-// not written (xp is then not even allocated: it grows on first use).
+// neither written nor, where every layer takes copies, allocated.
 typedef struct {
     float *rlogits, *probs, *weight;   // (n, E), (n, E), (n, k)
     int32_t *idx, *row;                // (n, k)
@@ -374,7 +374,8 @@ static void ffn_create(lb_model *m, ffn_acts *f, int n)
             grow16(be, &f->h16, &f->cap_h16, n16(rows, d.F));   // a shared one is big enough
     }
     grow(be, &f->gu, &f->cap_gu, rows * 2 * d.F);
-    grow(be, &f->h, &f->cap_h, rows * d.F);   // a shared h is big enough already
+    if (!is_moe(&m->cfg) || !takes16_layers(m, LB_ROLE_MOE_DOWN, 1))
+        grow(be, &f->h, &f->cap_h, rows * d.F);   // a shared h is big enough already
 }
 
 static void ffn_free(lb_model *m, ffn_acts *f)
@@ -472,8 +473,9 @@ static void shared_create(lb_model *m, layer_acts *S, int n, int ns)
     dims d = dims_of(m);
     size_t rows = is_moe(&m->cfg) ? (size_t)d.ep * n * d.K : (size_t)n;
     recomputable_create(m, S, n, ns);
-    grow(m->be, &S->f.h, &S->f.cap_h, rows * d.F);
-    // h's bf16 copy is recomputed with h where some layer's GEMMs take it
+    if (!is_moe(&m->cfg) || !takes16_layers(m, LB_ROLE_MOE_DOWN, 1))
+        grow(m->be, &S->f.h, &S->f.cap_h, rows * d.F);
+    // h's bf16 copy is recomputed in h's place where some layer's GEMMs take it
     if (is_moe(&m->cfg) && takes16_layers(m, LB_ROLE_MOE_DOWN, 0))
         grow16(m->be, &S->f.h16, &S->f.cap_h16, n16(rows, d.F));
 }
@@ -566,7 +568,8 @@ static void *acts_create(lb_model *m, int b, int t)
     a->dkr = falloc(be, n * hkv * D);
     if (moe) {
         a->dxp = falloc(be, n * K * C);
-        a->dyp = falloc(be, n * K * C);
+        // dyp's fp32 rows only where some layer's down GEMMs take no copy of them (ffn_bwd)
+        if (d.ep > 1 || !takes16_layers(m, LB_ROLE_MOE_DOWN, 1)) a->dyp = falloc(be, n * K * C);
         a->drlogits = falloc(be, n * E);
         a->dweight = falloc(be, n * K);
         a->daux = falloc(be, E);
@@ -682,8 +685,8 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
         lb_ep_dispatch(&f->route, ep, be, xp, xe, grow(be, &s->xs, &s->cap_xs, big * d.C), d.C);
     }
     grow(be, &f->gu, &f->cap_gu, nr * 2 * d.F);
-    grow(be, &f->h, &f->cap_h, nr * d.F);
     uint16_t *h16 = down16 ? grow16(be, &f->h16, &f->cap_h16, n16(nr, d.F)) : NULL;
+    if (!down16) grow(be, &f->h, &f->cap_h, nr * d.F);
     lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xe, xp16, w->gu, w->cgu,
                           f->route.local_counts, d.El, f->gu, 2 * d.F, d.C);
     float *h = h16 ? NULL : f->h;
