@@ -26,21 +26,28 @@ uint64_t lb_rand_u64(uint64_t seed, uint64_t stream, uint64_t counter);
 float lb_rand_uniform(uint64_t seed, uint64_t stream, uint64_t counter);   // [0, 1)
 float lb_rand_normal(uint64_t seed, uint64_t stream, uint64_t counter);    // N(0, 1)
 
-// bf16 round to nearest even (NaN stays NaN).
-uint16_t lb_f32_to_bf16(float x);
-float lb_bf16_to_f32(uint16_t b);
+// bf16 round to nearest even (NaN stays NaN). Inline: the CPU's expert ops round every
+// activation they write in the bf16 recipe (lb_bf16_row).
+static inline uint16_t lb_f32_to_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);   // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static inline float lb_bf16_to_f32(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
 static inline float lb_round_bf16(float x) { return lb_bf16_to_f32(lb_f32_to_bf16(x)); }
-// dst (ld) = src (cols) rounded to bf16 (lb_f32_to_bf16's bits, inlined: the CPU's expert ops
-// round every activation they write in the bf16 recipe), then zeros to ld: a row of to_bf16's
-// layout.
+// dst (ld) = src (cols) rounded to bf16, then zeros to ld: a row of to_bf16's layout.
 static inline void lb_bf16_row(uint16_t *dst, const float *src, int cols, int ld)
 {
-    for (int c = 0; c < cols; c++) {
-        uint32_t u;
-        memcpy(&u, &src[c], 4);
-        if ((u & 0x7fffffffu) > 0x7f800000u) dst[c] = (uint16_t)((u >> 16) | 0x40);   // quiet NaN
-        else dst[c] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    }
+    for (int c = 0; c < cols; c++) dst[c] = lb_f32_to_bf16(src[c]);
     for (int c = cols; c < ld; c++) dst[c] = 0;
 }
 uint16_t lb_f32_to_f16(float x);
