@@ -144,8 +144,10 @@ template <int NK> __device__ __forceinline__ void tc_state_init(tc_state<NK> &st
 // The online-softmax step of one 16-row tile on a chunk's scores s (C layout, keys j0 + column;
 // row g (+ 8) sees keys up to pos[0] ([1])): s becomes the probabilities, the state's max and
 // sum advance, and its output accumulators are rescaled for the chunk's P V. Every kernel that
-// computes a query row (tc_chunk, tw_fwd_kernel) runs this, so their bits agree.
-template <int NK>
+// computes a query row (tc_chunk, tw_fwd_kernel) runs this, so their bits agree. MASK false:
+// the caller knows no key of the chunk lies after either row (the same values, fewer
+// instructions).
+template <int NK, bool MASK = true>
 __device__ __forceinline__ void tc_online(tc_state<NK> &st, float (&s)[8][4], int j0,
                                           const int (&pos)[2], float c, int tq)
 {
@@ -155,7 +157,7 @@ __device__ __forceinline__ void tc_online(tc_state<NK> &st, float (&s)[8][4], in
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int j = j0 + nt * 8 + 2 * tq + (e & 1);
-            const float x = j <= pos[e >> 1] ? __fmul_rn(s[nt][e], c) : -INFINITY;
+            const float x = !MASK || j <= pos[e >> 1] ? __fmul_rn(s[nt][e], c) : -INFINITY;
             s[nt][e] = x;
             mx[e >> 1] = fmaxf(mx[e >> 1], x);
         }
@@ -1044,7 +1046,9 @@ tw_fwd_kernel(float *out, float *lse, const float *q, const __grid_constant__ CU
 #pragma unroll
         for (int kk = 0; kk < NK; kk++) tw_wgmma_rs(tw_flat(s), qa[kk], tw_desc(ks, kk), 1);
         tw_commit_wait();
-        tc_online<NK>(st, s, j0, pos, c, tq);
+        // only the last chunk (the diagonal one) has keys after some of the block's rows
+        if (ch + 1 < nchunks) tc_online<NK, false>(st, s, j0, pos, c, tq);
+        else tc_online<NK, true>(st, s, j0, pos, c, tq);
         tw_mma_pn<NK>(st.o, s, vs);   // O += P V
         tw_commit_wait();
         __syncthreads();   // chunk ch is consumed before its stage is refilled
