@@ -334,7 +334,7 @@ static lb_backend *cuda_with(const char *set1, const char *set2)
 
 // GEMMs of operands rounded to bf16 (lb_gemm_args.bf16; fp32 inputs, each backend rounds)
 // on each CUDA path (a backend of its own each): gemm_grouped.cu's wgmma kernel (the default
-// on sm_90; LB_CUDA_GG_MN=0: on transposed copies), cuBLASLt's bf16 tensor cores
+// on sm_90), cuBLASLt's bf16 tensor cores
 // (LB_CUDA_DENSE_TC=0), the fp32 GEMM of rounded copies (LB_CUDA_BF16=0): against the CPU,
 // every transpose, sizes that are not multiples of 8 (the padded leading dimensions), beta 0
 // and 1; run twice alike in deterministic mode, and one row alone equal to the same row among
@@ -421,7 +421,6 @@ START_TEST(test_gemm_bf16)
     gemm_bf16_case(cuda_with(NULL, NULL));
     gemm_bf16_case(cuda_with("LB_CUDA_DENSE_TC=0", NULL));
     gemm_bf16_case(cuda_with("LB_CUDA_BF16=0", NULL));
-    gemm_bf16_case(cuda_with("LB_CUDA_GG_MN=0", NULL));
 }
 END_TEST
 
@@ -494,8 +493,7 @@ END_TEST
 // among them, sizes that are not multiples of any tile and inner sizes longer than the
 // kernel's ring of stages, against the CPU per group. On the default backend (the one-launch
 // kernel on sm_90) the result is bit for bit each group computed alone and, for one row, that
-// row alone; the same with LB_CUDA_GG_MN=0 (the kernel on transposed copies instead of
-// MN-major operands); on a backend with LB_CUDA_GROUPED=0 LB_CUDA_GROUPED_STREAMS=1 (operands
+// row alone; on a backend with LB_CUDA_GROUPED=0 LB_CUDA_GROUPED_STREAMS=1 (operands
 // converted once, groups on several streams) it is bit for bit one gemm call per group.
 // The three passes of an expert layer of G groups (counts[j] rows each, in -> out features) on
 // gs, grouped, against the CPU, against each group alone (or one gemm call per group with
@@ -539,8 +537,7 @@ static void grouped_bf16_case(lb_backend *gs, int streams, int G, const int *cou
     gpu->sync(gpu);   // the buffers are the test backend's: its uploads and calls first
     for (int p = 0; p < 3; p++) gs->gemm_grouped(gs, G, g[p]);
     // dgrad and wgrad of each group side by side in one call, as lb_linear_grouped_bwd issues
-    // them (one bf16 copy of dy serves both, or dy and dy^T from one read with
-    // LB_CUDA_GG_MN=0): the bits of the separate calls
+    // them (one bf16 copy of dy serves both): the bits of the separate calls
     float *pair_dx = dpoisoned(sx * 4), *pair_dw = dput(dw0, sw * 4);
     lb_gemm_args *gp = lb_calloc(2 * G, sizeof *gp);
     for (int j = 0; j < G; j++) {
@@ -608,11 +605,6 @@ START_TEST(test_gemm_grouped_bf16)
     lb_backend *gs = cuda_with("LB_CUDA_GROUPED_STREAMS=1", "LB_CUDA_GROUPED=0");
     grouped_bf16_case(gs, 1, 6, c6, 700, 77);
     gs->destroy(gs);
-    // transposed copies instead of MN-major operands (the kernel's k-major path)
-    lb_backend *kt = cuda_with("LB_CUDA_GG_MN=0", NULL);
-    grouped_bf16_case(kt, 0, 6, c6, 700, 77);
-    grouped_bf16_case(kt, 0, 70, c70, 136, 300);
-    kt->destroy(kt);
 }
 END_TEST
 

@@ -124,8 +124,6 @@ typedef struct {
                                    // (gemm_grouped.cu); sm_90 only, LB_CUDA_GROUPED=0: off
     int grouped_bn;                // the bf16 kernel's tile columns, 128 or 256 (LB_CUDA_GROUPED_BN)
     int gg_tma_store;              // its beta-0 epilogue by TMA (LB_CUDA_GG_TMA_STORE=0: off)
-    int gg_mn;                     // its operands packed as they are and the transposed ones read
-                                   // MN-major (LB_CUDA_GG_MN=0: transposed copies)
     int attn_wg;                   // bf16 attention forward and backward on wgmma (head dims 64, 128;
                                    // sm_90 only; LB_CUDA_ATTN_WG=0: mma.sync)
     int attn_ds;                   // their backward's dq from the dS the dk/dv kernel stores

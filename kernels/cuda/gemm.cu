@@ -683,8 +683,6 @@ extern "C" void lb_cuda_init_gemm(lb_backend *be)
     cx->grouped_bn = s && atoi(s) == 128 ? 128 : 256;
     s = getenv("LB_CUDA_GG_TMA_STORE");   // on unless "0"
     cx->gg_tma_store = !(s && *s == '0');
-    s = getenv("LB_CUDA_GG_MN");   // on unless "0"
-    cx->gg_mn = !(s && *s == '0');
     s = getenv("LB_CUDA_ATTN_WG");   // attention_tc.cu: the same sm_90a condition
     cx->attn_wg = !(s && *s == '0') && lb_cuda_gemm_grouped_tc_ok(major, minor);
     s = getenv("LB_CUDA_ATTN_DS");   // on unless "0"

@@ -13,9 +13,6 @@
 //    (a dgrad's dy and the wgrad's, which linear.c passes side by side); the transposed
 //    operands of the dgrad and wgrad passes are read MN-major by the GEMM (gt_grouped_mn).
 //    The conversion rounds to nearest even, which is the rounding lb_gemm_args.bf16 asks for.
-//    (LB_CUDA_GG_MN=0: the earlier way, k-contiguous copies with the transposed operands
-//    transposed on the way, one pack launch per GT_MAX groups; an operand read both ways in
-//    one launch read once for both copies, pack_pair.)
 // 2. gemm (gt_kernel): 128 x BN tiles of the groups' C (BN 256, or 128 when some n is at most
 //    128; a binary search over the groups' first tiles finds a tile's group), taken in turn by
 //    one persistent block per multiprocessor, in bands of 16 tile rows (gg_tile).
@@ -400,12 +397,10 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
 
 typedef struct {
     const float *src;     // (rows, cols) fp32, rounded to bf16 here
-    __nv_bfloat16 *dst;   // trans 0: (rows, ld); trans 1: (cols, ld), dst[c][r] = src[r][c]
-    int rows, cols, ld, trans;
-    __nv_bfloat16 *dst2;  // trans 1 only, or NULL: the plain copy too, (rows, ld2) (pack_pair)
-    int ld2;
-    // trans 0 only: src holds logits and the copy gets cross-entropy's gradient instead
-    // (lb_ce_grad with the forward's row statistics; linear_ce_bwd), or NULL
+    __nv_bfloat16 *dst;   // (rows, ld)
+    int rows, cols, ld;
+    // src holds logits and the copy gets cross-entropy's gradient instead (lb_ce_grad with the
+    // forward's row statistics; linear_ce_bwd), or NULL
     const double *ce_stats;
     const int32_t *ce_targets;
     float ce_dloss;
@@ -441,14 +436,13 @@ __device__ __forceinline__ void gg_ce_grad4(float4 &v, const gg_pack_job &J, int
                     c + 3 < J.cols ? x[3] : 0.0f);
 }
 
-// Block (32, 8); blockIdx.y is the job, blockIdx.x strides over its pieces (rows, or 64 x 64
-// tiles when transposing). Elements beyond the source in a padded row are written as zeros
-// (the GEMM reads whole 16-byte chunks).
+// Block (32, 8); blockIdx.y is the job, blockIdx.x strides over its rows. Elements beyond the
+// source in a padded row are written as zeros (the GEMM reads whole 16-byte chunks).
 __global__ void gg_pack_kernel(const __grid_constant__ gg_pack_params P)
 {
     const gg_pack_job &J = P.j[blockIdx.y];
     const int tx = threadIdx.x, ty = threadIdx.y;
-    if (!J.trans && J.cols % 4 == 0 && ((uintptr_t)J.src & 15) == 0) {
+    if (J.cols % 4 == 0 && ((uintptr_t)J.src & 15) == 0) {
         // a row per step, four columns per thread and load (ld is a multiple of 8)
         for (int r = blockIdx.x; r < J.rows; r += gridDim.x) {
             const float *s = J.src + (size_t)r * J.cols;
@@ -465,73 +459,15 @@ __global__ void gg_pack_kernel(const __grid_constant__ gg_pack_params P)
         }
         return;
     }
-    if (!J.trans) {   // a row per step, a pair of columns per thread (ld is even)
-        for (int r = blockIdx.x; r < J.rows; r += gridDim.x) {
-            const float *s = J.src + (size_t)r * J.cols;
-            __nv_bfloat162 *d = (__nv_bfloat162 *)(J.dst + (size_t)r * J.ld);
-            for (int c = 2 * (ty * 32 + tx); c < J.ld; c += 512) {
-                float4 v = make_float4(c < J.cols ? s[c] : 0.0f, c + 1 < J.cols ? s[c + 1] : 0.0f,
-                                       0.0f, 0.0f);
-                if (J.ce_stats && c < J.cols) gg_ce_grad4(v, J, r, c, P.err);
-                d[c / 2] = __floats2bfloat162_rn(v.x, v.y);
-            }
-        }
-        return;
-    }
-    // 64 x 64 tiles of the source through shared memory (one padding column). Loads: 16 bytes
-    // per thread and row where the rows allow (4 rows each, all in flight at once); stores: 8
-    // bf16 (16 bytes) of a destination row per thread, twice. Destination rows are source
-    // columns; source rows up to ld (the destination's padding) read as zeros. With dst2 the
-    // loaded rows also go out as they are, 4 bf16 per thread and row (the plain copy's padding
-    // columns are in the tiles, as zeros), so one read of the source makes both copies.
-    __shared__ float tile[64][65];
-    const int tid = ty * 32 + tx;
-    const int tr = (J.ld + 63) / 64, tc = (J.cols + 63) / 64;
-    const bool v4 = J.cols % 4 == 0 && ((uintptr_t)J.src & 15) == 0;
-    for (int t = blockIdx.x; t < tr * tc; t += gridDim.x) {
-        const int r0 = t / tc * 64, c0 = t % tc * 64;
-        __syncthreads();
-        const int lc = 4 * (tid & 15), c = c0 + lc;   // this thread's 4 source columns
-        float4 v[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = r0 + (tid >> 4) + 16 * i;
-            const float *p = J.src + (size_t)r * J.cols + c;
-            v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (r >= J.rows || c >= J.cols) continue;
-            if (v4) {
-                v[i] = __ldcs((const float4 *)p);
-            } else {
-                v[i].x = p[0];
-                if (c + 1 < J.cols) v[i].y = p[1];
-                if (c + 2 < J.cols) v[i].z = p[2];
-                if (c + 3 < J.cols) v[i].w = p[3];
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float *row = tile[(tid >> 4) + 16 * i];
-            row[lc] = v[i].x, row[lc + 1] = v[i].y, row[lc + 2] = v[i].z, row[lc + 3] = v[i].w;
-            const int r = r0 + (tid >> 4) + 16 * i;
-            if (J.dst2 && r < J.rows && c < J.ld2) {   // ld2 % 8 == 0: all 4 in or all out
-                __nv_bfloat162 o[2] = {__floats2bfloat162_rn(v[i].x, v[i].y),
-                                       __floats2bfloat162_rn(v[i].z, v[i].w)};
-                *(uint2 *)(J.dst2 + (size_t)r * J.ld2 + c) = *(const uint2 *)o;
-            }
-        }
-        __syncthreads();
-        const int dc = c0 + (tid & 63);   // destination row
-        if (dc >= J.cols) continue;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int k = (tid >> 6) + 4 * h, r = r0 + 8 * k;   // destination columns r .. r + 7
-            if (r >= J.ld) continue;   // ld is a multiple of 8: a chunk is all in or all out
-            __nv_bfloat162 o[4];
-#pragma unroll
-            for (int q = 0; q < 4; q++)
-                o[q] = __floats2bfloat162_rn(tile[8 * k + 2 * q][tid & 63],
-                                             tile[8 * k + 2 * q + 1][tid & 63]);
-            *(uint4 *)(J.dst + (size_t)dc * J.ld + r) = *(const uint4 *)o;
+    // a row per step, a pair of columns per thread (ld is even)
+    for (int r = blockIdx.x; r < J.rows; r += gridDim.x) {
+        const float *s = J.src + (size_t)r * J.cols;
+        __nv_bfloat162 *d = (__nv_bfloat162 *)(J.dst + (size_t)r * J.ld);
+        for (int c = 2 * (ty * 32 + tx); c < J.ld; c += 512) {
+            float4 v = make_float4(c < J.cols ? s[c] : 0.0f, c + 1 < J.cols ? s[c + 1] : 0.0f,
+                                   0.0f, 0.0f);
+            if (J.ce_stats && c < J.cols) gg_ce_grad4(v, J, r, c, P.err);
+            d[c / 2] = __floats2bfloat162_rn(v.x, v.y);
         }
     }
 }
@@ -540,41 +476,12 @@ __global__ void gg_pack_kernel(const __grid_constant__ gg_pack_params P)
 
 static int pad8(int x) { return (x + 7) / 8 * 8; }
 
-// A plain job whose source a transposing job of the same launch also reads (a dgrad's dy and
-// the wgrad's dy^T in one gemm_grouped call) becomes that job's dst2: one read for both copies.
-static void pack_pair(gg_pack_params *pp)
-{
-    int n = 0;
-    for (int i = 0; i < pp->count; i++) {
-        const gg_pack_job *p = &pp->j[i];
-        int t = 0;
-        if (!p->trans)
-            for (t = 0; t < pp->count; t++) {
-                gg_pack_job *q = &pp->j[t];
-                if (q->trans && !q->dst2 && q->src == p->src && q->rows == p->rows &&
-                    q->cols == p->cols)
-                    break;
-            }
-        if (!p->trans && t < pp->count) {
-            pp->j[t].dst2 = p->dst, pp->j[t].ld2 = p->ld;
-            continue;   // dropped: its transposing partner writes it
-        }
-        pp->j[n++] = *p;   // (n <= i: a kept job only moves down)
-    }
-    pp->count = n;
-}
-
 static void pack_launch(lb_cuda_ctx *cx, gg_pack_params *pp)
 {
     if (!pp->count) return;
-    pack_pair(pp);
-    size_t most = 0;   // pieces of the largest job
-    for (int i = 0; i < pp->count; i++) {
-        const gg_pack_job *j = &pp->j[i];
-        size_t pieces = j->trans ? (size_t)((j->ld + 63) / 64) * ((j->cols + 63) / 64)
-                                 : (size_t)j->rows;
-        if (pieces > most) most = pieces;
-    }
+    size_t most = 0;   // rows of the largest job
+    for (int i = 0; i < pp->count; i++)
+        if ((size_t)pp->j[i].rows > most) most = (size_t)pp->j[i].rows;
     size_t cap = (size_t)cx->num_sms * 32 / pp->count + 1;
     dim3 grid((unsigned)(most < cap ? most : cap), (unsigned)pp->count);
     pp->err = cx->err_dev;
@@ -808,7 +715,7 @@ __global__ void gt_split_sum_kernel(float *c, const float *part, size_t ld, size
     }
 }
 
-// The groups as they are laid out (cx->gg_mn): every operand becomes one plain bf16 copy (no
+// The groups as they are laid out: every operand becomes one plain bf16 copy (no
 // transposing; a source that several groups read with the same shape, such as a layer's dy in
 // its dgrad and its wgrad, once), all of them first, in pack launches of GG_PACK_MAX; then
 // the groups of each layout (A (m, k) or (k, m), B (n, k) or (k, n): GT_A_MN, GT_B_MN) in
@@ -858,7 +765,7 @@ static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g,
     gg_pack_params *pp = (gg_pack_params *)lb_calloc(1, sizeof *pp);
     for (int j = 0; j < nc; j++) {
         gg_pack_job J = {cp[j].src, (__nv_bfloat16 *)(sc + cp[j].off), cp[j].rows, cp[j].cols,
-                         pad8(cp[j].cols), 0, NULL, 0};
+                         pad8(cp[j].cols), NULL, NULL, 0.0f};
         if (ce && cp[j].src == ce->src)
             J.ce_stats = ce->ce_stats, J.ce_targets = ce->ce_targets, J.ce_dloss = ce->ce_dloss;
         pp->j[pp->count++] = J;
@@ -905,33 +812,10 @@ static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g,
 }
 
 // Runs the groups g[0 .. count) (each bf16, m, n, k > 0, alpha != 0; gemm.cu filters) as
-// described at the top: gt_grouped_mn, or with LB_CUDA_GG_MN=0 (and no operand given in bf16)
-// transposed copies, GT_MAX groups per pack and GEMM launch. Queued on cx->stream. Tiles are
-// 128 x gt_bn.
+// described at the top (gt_grouped_mn). Queued on cx->stream. Tiles are 128 x gt_bn.
 extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g)
 {
-    int copies = 0;   // the transposing packs read fp32 only
-    for (int i = 0; i < count; i++) copies |= g[i].a16 || g[i].b16;
-    if (cx->gg_mn || copies) {
-        gt_grouped_mn(cx, count, g);
-        return;
-    }
-    gg_pack_params *pp = (gg_pack_params *)lb_calloc(1, sizeof *pp);
-    auto pack = [&](const lb_gemm_args *gb, int cnt, void *const *ab, gt_params *) {
-        for (int i = 0; i < cnt; i++) {
-            const lb_gemm_args *x = &gb[i];
-            const int ld = pad8(x->k);
-            __nv_bfloat16 *a = (__nv_bfloat16 *)ab[i], *b = (__nv_bfloat16 *)ab[cnt + i];
-            // A stored (m, k) or, transposed, (k, m); B stored (k, n) or, transposed, (n, k)
-            pp->j[pp->count++] = x->transa ? (gg_pack_job){x->a, a, x->k, x->m, ld, 1, NULL, 0}
-                                           : (gg_pack_job){x->a, a, x->m, x->k, ld, 0, NULL, 0};
-            pp->j[pp->count++] = x->transb ? (gg_pack_job){x->b, b, x->n, x->k, ld, 0, NULL, 0}
-                                           : (gg_pack_job){x->b, b, x->k, x->n, ld, 1, NULL, 0};
-        }
-        pack_launch(cx, pp);
-    };
-    gt_batches(cx, g, count, pack);
-    free(pp);
+    gt_grouped_mn(cx, count, g);
 }
 
 // linear_ce_bwd (kernels.h) on this kernel: the dgrad dx (n, c) = dy w and the wgrad dw (v, c)
@@ -950,8 +834,7 @@ extern "C" void lb_cuda_linear_ce_bwd_tc(lb_cuda_ctx *cx, float *dx, float dx_be
 {
     const lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1, w16, NULL},
                                {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1, NULL, NULL}};
-    gg_pack_job ce = {logits, NULL, n, v, 0, 0, NULL, 0};
-    ce.ce_stats = stats, ce.ce_targets = targets, ce.ce_dloss = dloss;
+    const gg_pack_job ce = {logits, NULL, n, v, 0, stats, targets, dloss};
     gt_grouped_mn(cx, 2, g, &ce);
 }
 
