@@ -146,8 +146,12 @@ template <int NK> __device__ __forceinline__ void tc_state_init(tc_state<NK> &st
 // sum advance, and its output accumulators are rescaled for the chunk's P V. Every kernel that
 // computes a query row (tc_chunk, tw_fwd_kernel) runs this, so their bits agree. MASK false:
 // the caller knows no key of the chunk lies after either row (the same values, fewer
-// instructions).
-template <int NK, bool MASK = true>
+// instructions). The output rescale is skipped when no row's maximum moved (alpha 1 multiplies
+// exactly, so the bits are the same); BLOCK decides that for the whole block
+// (__syncthreads_or, every thread of the block must call), otherwise per warp. A per-warp
+// branch in tw_fwd_kernel<4> made ptxas (nvcc 13.0) reuse the loop-invariant Q fragment
+// registers inside the loop, a miscompile read in its SASS (doc/backends.md).
+template <int NK, bool MASK = true, bool BLOCK = false>
 __device__ __forceinline__ void tc_online(tc_state<NK> &st, float (&s)[8][4], int j0,
                                           const int (&pos)[2], float c, int tq)
 {
@@ -184,10 +188,12 @@ __device__ __forceinline__ void tc_online(tc_state<NK> &st, float (&s)[8][4], in
         st.l[r] = __fadd_rn(__fmul_rn(st.l[r], alpha[r]), ls[r]);
         st.m[r] = mn[r];
     }
+    const int moved = alpha[0] != 1.0f || alpha[1] != 1.0f;
+    if (BLOCK ? __syncthreads_or(moved) : __any_sync(0xffffffffu, moved))
 #pragma unroll
-    for (int dt = 0; dt < 2 * NK; dt++)
+        for (int dt = 0; dt < 2 * NK; dt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) st.o[dt][e] = __fmul_rn(st.o[dt][e], alpha[e >> 1]);
+            for (int e = 0; e < 4; e++) st.o[dt][e] = __fmul_rn(st.o[dt][e], alpha[e >> 1]);
 }
 
 // Row r (0: g, 1: g + 8) of this thread's fragment a (the C layout: n-tiles of 8 columns), each
@@ -1047,8 +1053,8 @@ tw_fwd_kernel(float *out, float *lse, const float *q, const __grid_constant__ CU
         for (int kk = 0; kk < NK; kk++) tw_wgmma_rs(tw_flat(s), qa[kk], tw_desc(ks, kk), 1);
         tw_commit_wait();
         // only the last chunk (the diagonal one) has keys after some of the block's rows
-        if (ch + 1 < nchunks) tc_online<NK, false>(st, s, j0, pos, c, tq);
-        else tc_online<NK, true>(st, s, j0, pos, c, tq);
+        if (ch + 1 < nchunks) tc_online<NK, false, true>(st, s, j0, pos, c, tq);
+        else tc_online<NK, true, true>(st, s, j0, pos, c, tq);
         tw_mma_pn<NK>(st.o, s, vs);   // O += P V
         tw_commit_wait();
         __syncthreads();   // chunk ch is consumed before its stage is refilled
