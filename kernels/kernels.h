@@ -214,6 +214,8 @@ struct lb_backend {
     //   dp_ij = bf16(dout_i).bf16(v_j); D_i = dout_i.out_i (unrounded, as a float);
     //   ds_ij = p_ij * (dp_ij - D_i) (floats); dv_j = sum bf16(p_ij) bf16(dout_i);
     //   dk_j = scale sum bf16(ds_ij) bf16(q_i); dq_i = scale sum_j bf16(ds_ij) bf16(k_j).
+    //   exp2f is each backend's own 2^x (glibc's on the CPU; the CUDA kernels' hardware
+    //   unit, results below 2^-126 flushed to 0), so backends agree within rounding, not bits.
     //   The CUDA backend supports d <= 128 in this mode.
     // q, out (b, t, hq, d); k, v (b, t, hkv, d); hq a multiple of hkv; lse (b, hq, t) saved
     void (*attention_fwd)(lb_backend *, float *out, float *lse, const float *q, const float *k,

@@ -126,6 +126,16 @@ __device__ __forceinline__ void tc_bfrag_t(uint32_t b[4], const __nv_bfloat16 *s
 
 // --- the chunk step shared by the forward and the cache kernel ----------------------------------
 
+// 2^x as the MUFU instruction alone. exp2f adds a compare and two multiplies per value so that
+// results below 2^-126 come out subnormal; here they flush to 0 (a probability under 2^-126
+// adds nothing a float sum of terms near 1 can hold). Above 2^-126 the bits are exp2f's.
+__device__ __forceinline__ float tc_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 template <int NK> struct tc_state {
     float m[2], l[2];          // running max (base 2) and sum of rows g and g + 8
     float o[2 * NK][4];        // output accumulators, n-tiles of 8 head dims
@@ -171,13 +181,13 @@ __device__ __forceinline__ void tc_online(tc_state<NK> &st, float (&s)[8][4], in
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         mn[r] = fmaxf(st.m[r], mx[r]);   // finite: key 0 of chunk 0 is never masked
-        alpha[r] = exp2f(__fsub_rn(st.m[r], mn[r]));   // 0 on the first chunk
+        alpha[r] = tc_exp2(__fsub_rn(st.m[r], mn[r]));   // 0 on the first chunk
     }
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const float p = exp2f(__fsub_rn(s[nt][e], mn[e >> 1]));   // 0 if masked
+            const float p = tc_exp2(__fsub_rn(s[nt][e], mn[e >> 1]));   // 0 if masked
             s[nt][e] = p;
             ls[e >> 1] = __fadd_rn(ls[e >> 1], p);
         }
@@ -532,7 +542,7 @@ tc_cached_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slot,
 // l2[e >> 1], dd[e >> 1] are the row's lse * log2 e and D (for key-major tiles: per column).
 __device__ __forceinline__ float tc_p(float s, float c, float l2)
 {
-    return exp2f(__fsub_rn(__fmul_rn(s, c), l2));
+    return tc_exp2(__fsub_rn(__fmul_rn(s, c), l2));
 }
 
 __device__ __forceinline__ float tc_ds(float p, float dp, float dd)
