@@ -683,13 +683,19 @@ static void gt_batches(lb_cuda_ctx *cx, const A *g, int count, F fill)
 // multiprocessors): the k range is cut into s slices at multiples of GG_BK, each a group of its
 // own writing an fp32 partial, and gt_split_sum adds the partials in slice order. s depends on
 // the shape alone (never on the device), so the sums stay reproducible; they are not the
-// unsplit kernel's bits. 1: no split.
-#define GT_SPLIT_TILES 128   // the tiles a split aims at
-#define GT_SPLIT_MIN_K 1024  // the least k of a slice
+// unsplit kernel's bits. 1: no split. Groups of more than GT_SPLIT_MAX_TILES are never split:
+// such wgrads come many to a call (an expert down projection's 2048 x 768 is 48 tiles; 128 of
+// them share a launch, which they fill), and a split one costs its partials' traffic and a
+// summing launch of its own (an expert that drew 2048 tokens or more: 26 a layer in the
+// 4-layer bench step, doc/benchmarks.md, twenty-first session).
+#define GT_SPLIT_TILES 128     // the tiles a split aims at
+#define GT_SPLIT_MAX_TILES 32  // the most tiles of a group that is split
+#define GT_SPLIT_MIN_K 1024    // the least k of a slice
 static int gt_split(const lb_gemm_args *x, int bn)
 {
     if (!x->transa || x->transb) return 1;
     const int tiles = (x->m + GG_BM - 1) / GG_BM * ((x->n + bn - 1) / bn);
+    if (tiles > GT_SPLIT_MAX_TILES) return 1;
     int s = GT_SPLIT_TILES / tiles;
     if (s > x->k / GT_SPLIT_MIN_K) s = x->k / GT_SPLIT_MIN_K;
     if (s > GT_MAX) s = GT_MAX;
