@@ -164,6 +164,86 @@ static void bench_gemm_format(lb_backend *be, const lb_config *c, const char *wh
     be->free(be, cc);
 }
 
+// A bf16 copy of x (rows, cols) in to_bf16's layout (rows padded to 8 elements).
+static uint16_t *bf16_copy(lb_backend *be, const float *x, size_t rows, int cols)
+{
+    const int ld = (cols + 7) / 8 * 8;
+    uint16_t *y = be->alloc(be, rows * ld * sizeof(uint16_t));
+    be->to_bf16(be, y, x, rows, cols, ld);
+    return y;
+}
+
+// One bf16 MoE layer's four expert GEMM calls as parallel/linear.c issues them where every
+// operand has its bf16 copy (the weight caches', the expert ops'): gate/up and down fprop,
+// then each backward as one call of every expert's dgrad and wgrad side by side; and, to see
+// which half costs what, each backward's dgrads and wgrads alone.
+typedef struct {
+    int count;
+    lb_gemm_args *args;
+} grouped_case;
+
+static void run_grouped_case(lb_backend *be, void *p)
+{
+    grouped_case *g = p;
+    be->gemm_grouped(be, g->count, g->args);
+}
+
+static void bench_moe_bf16(lb_backend *be, const lb_config *c)
+{
+    const int E = c->bench.experts, T = c->bench.expert_rows;
+    const int C = c->model.hidden_size, I = c->model.moe_intermediate_size, F = 2 * I;
+    const size_t R = (size_t)E * T;
+    float *x = random_buffer(be, R * C, 1, 1.0f), *h = random_buffer(be, R * I, 2, 1.0f);
+    float *dy = random_buffer(be, R * C, 3, 1.0f), *dgu = random_buffer(be, R * F, 4, 1.0f);
+    float *wgu = random_buffer(be, (size_t)E * F * C, 5, 0.05f);
+    float *wd = random_buffer(be, (size_t)E * C * I, 6, 0.05f);
+    uint16_t *x16 = bf16_copy(be, x, R, C), *h16 = bf16_copy(be, h, R, I);
+    uint16_t *dy16 = bf16_copy(be, dy, R, C), *dgu16 = bf16_copy(be, dgu, R, F);
+    uint16_t *wgu16 = bf16_copy(be, wgu, (size_t)E * F, C), *wd16 = bf16_copy(be, wd, (size_t)E * C, I);
+    float *yb = be->alloc(be, R * (C > F ? C : F) * sizeof(float));   // (rows, out or in)
+    float *dw = be->alloc(be, (size_t)E * F * C * sizeof(float));
+    lb_gemm_args *g = lb_calloc(2 * (size_t)E, sizeof *g);
+    // (the layer's role: in, out features; x16/w16 its input copy and weight copy, dy16 the
+    // output gradient's copy) in linear.c's order
+    const struct {
+        const char *name;
+        int in, out;
+        const uint16_t *x16, *w16, *dy16;
+    } role[] = {{"gate/up", C, F, x16, wgu16, dgu16}, {"down", I, C, h16, wd16, dy16}};
+    for (int r = 0; r < 2; r++) {
+        const int in = role[r].in, out = role[r].out, lx = (in + 7) / 8 * 8, ly = (out + 7) / 8 * 8;
+        for (int pass = 0; pass < 4; pass++) {   // fprop, dgrad + wgrad, dgrad, wgrad
+            int n = 0;
+            for (int j = 0; j < E; j++) {
+                const size_t o = (size_t)j * T;
+                const uint16_t *w16 = role[r].w16 + (size_t)j * out * lx;
+                if (pass == 0)
+                    g[n++] = (lb_gemm_args){0, 1, T, out, in, 1.0f, 0.0f, NULL, NULL, yb + o * out,
+                                            1, w16, role[r].x16 + o * lx};
+                if (pass == 1 || pass == 2)
+                    g[n++] = (lb_gemm_args){0, 0, T, in, out, 1.0f, 0.0f, NULL, NULL,
+                                            yb + o * in, 1, w16, role[r].dy16 + o * ly};
+                if (pass == 1 || pass == 3)
+                    g[n++] = (lb_gemm_args){1, 0, out, in, T, 1.0f, 0.0f, NULL, NULL,
+                                            dw + (size_t)j * out * in, 1, role[r].x16 + o * lx,
+                                            role[r].dy16 + o * ly};
+            }
+            static const char *pname[] = {"fprop", "dgrad + wgrad", "dgrad", "wgrad"};
+            grouped_case gc = {n, g};
+            double t = time_it(be, c, run_grouped_case, &gc);
+            double flops = 2.0 * R * in * out * (pass == 1 ? 2 : 1);
+            char what[96];
+            snprintf(what, sizeof what, "moe %s %s %dx%d rows", role[r].name, pname[pass], E, T);
+            printf("gemm  bf16      %-40s %9.3f ms  %8.1f TFLOP/s\n", what, t * 1e3,
+                   flops / t / 1e12);
+            fflush(stdout);
+        }
+    }
+    free(g);
+    void *bufs[] = {x, h, dy, dgu, wgu, wd, x16, h16, dy16, dgu16, wgu16, wd16, yb, dw};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+}
+
 static int bench_gemm(lb_backend *be, const lb_config *c)
 {
     char list[128], shape[96];
@@ -180,6 +260,7 @@ static int bench_gemm(lb_backend *be, const lb_config *c)
         int C = c->model.hidden_size, I = c->model.moe_intermediate_size, F = 2 * I;
         snprintf(shape, sizeof shape, "grouped %dx%d rows, %d -> %d", E, rows, C, F);
         bench_gemm_format(be, c, shape, f, E, rows, F, C, 1);
+        if (c->bench.moe_passes && f == LB_FMT_BF16) bench_moe_bf16(be, c);
         if (!c->bench.moe_passes || f == LB_FMT_FP32 || f == LB_FMT_BF16) continue;
         // The rest of the layer as parallel/linear.c issues it (the row above is the gate/up
         // fprop): (m, n, k) per expert and whether B is a weight.

@@ -180,8 +180,9 @@ const lb_param lb_params[] = {
     LB_P(bench, formats, S, "fp32,bf16,fp8-block,mxfp8,mxfp4,nvfp4", 0, 0, NULL,
          "GEMM formats to time (comma list; also fp8-tensor)"),
     LB_P(bench, moe_passes, B, "false", 0, 0, NULL,
-         "gemm, quantized formats: also the other five expert GEMMs of one MoE layer's training "
-         "step (fprop down, dgrad, wgrad), with their block shapes"),
+         "gemm: also the other expert GEMMs of one MoE layer's training step (fprop down, "
+         "dgrad, wgrad; quantized formats with their block shapes, bf16 as the layer's calls "
+         "on bf16 copies, each backward also as dgrads and wgrads alone)"),
     LB_P(bench, attn_batch, I, "4", 1, 65536, NULL, "attention batch"),
     LB_P(bench, attn_seq, I, "4096", 1, 1048576, NULL, "attention sequence length"),
     LB_P(bench, rollout_batch, I, "64", 1, 1048576, NULL,

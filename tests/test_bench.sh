@@ -1,0 +1,51 @@
+#!/bin/bash
+# `lowbit bench` on the CPU at tiny shapes: every kind prints its rows in the documented form
+# (times and rates positive), the bf16 MoE layer's expert calls appear with bench.moe_passes,
+# a training step's loss is finite and the same bits twice, and a bad format is refused.
+set -uo pipefail
+src=${LB_SRCDIR:-.}
+bin=${LB_BUILDDIR:-.}/lowbit
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failed=0
+fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+cfg="$src/examples/tiny-moe.cfg"
+quick=(--set bench.warmup=0 --set bench.iters=1)
+
+# GEMMs: bf16 (dense, grouped, the layer's 8 expert calls) and fp8-block (dense, grouped, the
+# other 5 expert GEMMs): 17 rows, each "gemm  FORMAT  SHAPE  T ms  R TFLOP/s" with T > 0.
+"$bin" bench "$cfg" --set bench.kind=gemm --set bench.formats=bf16,fp8-block \
+    --set bench.moe_passes=true --set bench.m=64 --set bench.n=72 --set bench.k=80 \
+    --set bench.experts=4 --set bench.expert_rows=40 "${quick[@]}" > "$tmp/gemm" 2>&1 ||
+    fail "bench gemm: exit $?"
+rows=$(grep -c "^gemm " "$tmp/gemm")
+[ "$rows" -eq 17 ] || fail "bench gemm: $rows rows, not 17"
+awk '/^gemm / && !($(NF - 2) == "ms" && $(NF - 3) > 0 && $NF == "TFLOP/s") { bad = 1 }
+     END { exit bad }' "$tmp/gemm" || fail "bench gemm: a row without a positive time"
+for pass in "gate/up fprop" "gate/up dgrad + wgrad" "gate/up dgrad" "gate/up wgrad" \
+            "down fprop" "down dgrad + wgrad" "down dgrad" "down wgrad"; do
+    grep -q "^gemm  bf16 *moe $pass 4x40 rows " "$tmp/gemm" || fail "bench gemm: no bf16 '$pass' row"
+done
+
+# Attention: fp32 and bf16, forward and forward + backward.
+"$bin" bench "$cfg" --set bench.kind=attention --set bench.attn_batch=1 --set bench.attn_seq=40 \
+    "${quick[@]}" > "$tmp/attn" 2>&1 || fail "bench attention: exit $?"
+[ "$(grep -c "^attn  " "$tmp/attn")" -eq 4 ] || fail "bench attention: not 4 rows"
+
+# Training steps: a finite loss, the same bits in a second run (the bench is deterministic).
+for r in 1 2; do
+    "$bin" bench "$cfg" --set bench.kind=train "${quick[@]}" > "$tmp/train$r" 2>&1 ||
+        fail "bench train: exit $?"
+done
+l1=$(sed -n 's/^train .*, loss \([0-9.]*\)$/\1/p' "$tmp/train1")
+l2=$(sed -n 's/^train .*, loss \([0-9.]*\)$/\1/p' "$tmp/train2")
+[ -n "$l1" ] && awk -v l="$l1" 'BEGIN { exit !(l > 0 && l < 100) }' || fail "bench train: loss '$l1'"
+[ "$l1" = "$l2" ] || fail "bench train: loss $l1 then $l2"
+
+# Bad input: one clear line, non-zero exit.
+if "$bin" bench "$cfg" --set bench.kind=gemm --set bench.formats=bf17 > "$tmp/bad" 2>&1; then
+    fail "bench gemm with format bf17: exit 0"
+fi
+grep -q "unknown format 'bf17'" "$tmp/bad" || fail "bench gemm with format bf17: no message"
+
+[ "$failed" -eq 0 ] && echo "PASS" || exit 1
