@@ -2,8 +2,11 @@
 //
 // Every entry of the table calls the same entry of the wrapped backend between two syncs, so
 // the time of queued device work is charged to the operation that queued it (the device runs
-// one stream in order anyway; the syncs remove only the overlap of host and device). destroy
-// prints the operations by total time to stderr. Results are those of the wrapped backend,
+// one stream in order anyway; the syncs remove only the overlap of host and device). The
+// "host" column is the part spent before the entry returned, the device idle until its first
+// launch: in an unprofiled run that part overlaps earlier device work wherever the host runs
+// ahead (a grouped GEMM's tensor maps, cuBLASLt's plans), so an operation's device time is at
+// least its total minus its host part. destroy prints the operations by total time to stderr. Results are those of the wrapped backend,
 // bit for bit: the wrapper only forwards.
 #include <stdarg.h>
 #include <stdio.h>
@@ -45,14 +48,15 @@ static const char *const op_name[OP_COUNT] = {
 
 typedef struct {
     char key[80];
-    double seconds;
+    double seconds, host;
     long calls;
 } shape_row;
 
 typedef struct {
     lb_backend *in;
-    double seconds[OP_COUNT];
+    double seconds[OP_COUNT], host[OP_COUNT];
     long calls[OP_COUNT];
+    double last_host;   // the host part of the latest charge, for its shape
     shape_row shape[LB_PROFILE_SHAPES + 1];   // the last: every key that found no room
     int nshape;
 } prof;
@@ -77,6 +81,8 @@ static lb_backend *inner(lb_backend *be, double *t0)
 static void charge(lb_backend *be, int op, double t0)
 {
     prof *p = be->ctx;
+    p->last_host = now() - t0;
+    p->host[op] += p->last_host;
     p->in->sync(p->in);
     p->seconds[op] += now() - t0;
     p->calls[op]++;
@@ -104,6 +110,7 @@ static void charge_shapef(lb_backend *be, double t0, const char *fmt, ...)
         }
     }
     p->shape[i].seconds += seconds;
+    p->shape[i].host += p->last_host;
     p->shape[i].calls++;
 }
 
@@ -311,13 +318,14 @@ static void print_table(lb_backend *be, FILE *f)
             order[j - 1] = t;
         }
     fprintf(f, "lowbit profile (LB_PROFILE, %s backend, a sync around every operation): %.3f s\n"
-               "  %-24s %10s %12s %7s\n", p->in->name, total, "operation", "calls", "ms",
-            "share");
+               "  %-24s %10s %12s %7s %10s\n", p->in->name, total, "operation", "calls", "ms",
+            "share", "host ms");
     for (int i = 0; i < OP_COUNT; i++) {
         int o = order[i];
         if (!p->calls[o]) continue;
-        fprintf(f, "  %-24s %10ld %12.3f %6.1f%%\n", op_name[o], p->calls[o],
-                p->seconds[o] * 1e3, total > 0 ? 100.0 * p->seconds[o] / total : 0.0);
+        fprintf(f, "  %-24s %10ld %12.3f %6.1f%% %10.3f\n", op_name[o], p->calls[o],
+                p->seconds[o] * 1e3, total > 0 ? 100.0 * p->seconds[o] / total : 0.0,
+                p->host[o] * 1e3);
     }
     const int n = p->nshape + (p->shape[LB_PROFILE_SHAPES].calls > 0);
     if (!n) return;
@@ -330,10 +338,12 @@ static void print_table(lb_backend *be, FILE *f)
             by[j] = by[j - 1];
             by[j - 1] = t;
         }
-    fprintf(f, "  by shape (GEMMs and quantizations; groups x (n, k), ~ a mean over them):\n");
+    fprintf(f, "  by shape (GEMMs and quantizations; groups x (n, k), ~ a mean over them; "
+               "calls, ms, host ms):\n");
     for (int i = 0; i < n; i++) {
         const shape_row *r = &p->shape[by[i]];
-        fprintf(f, "    %-62s %6ld %10.3f\n", r->key, r->calls, r->seconds * 1e3);
+        fprintf(f, "    %-62s %6ld %10.3f %10.3f\n", r->key, r->calls, r->seconds * 1e3,
+                r->host * 1e3);
     }
     free(by);
 }

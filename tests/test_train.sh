@@ -90,7 +90,7 @@ LB_PROFILE=1 "$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set run.out
 diff <(strip "$tmp/a/metrics.jsonl") <(strip "$tmp/prof/metrics.jsonl") || fail "LB_PROFILE changed the run"
 grep -q "^lowbit profile" "$tmp/prof.err" && grep -Eq "^  gemm_grouped +[0-9]+ " "$tmp/prof.err" &&
     grep -Eq "^  attention_bwd +[0-9]+ " "$tmp/prof.err" &&
-    grep -Eq "^    gemm_grouped [0-9]+ x \(n [0-9]+, k ~?[0-9]+\)( bf16)? +[0-9]+ +[0-9.]+$" "$tmp/prof.err" ||
+    grep -Eq "^    gemm_grouped [0-9]+ x \(n [0-9]+, k ~?[0-9]+\)( bf16)? +[0-9]+ +[0-9.]+ +[0-9.]+$" "$tmp/prof.err" ||
     fail "LB_PROFILE printed no table"
 # 7. Optimizer offload: 37% of the moments live and are updated in host memory (by the CPU
 #    backend): the same bits, also when a checkpoint is resumed with offload.
