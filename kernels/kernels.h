@@ -330,6 +330,14 @@ struct lb_backend {
     void (*adamw)(lb_backend *, float *p, const float *g, float gscale, float *m, float *v,
                   uint16_t *p16, size_t n, float lr, float beta1, float beta2, float eps,
                   float wd, int step);
+    // adamw with the moments stored in bf16 (DeepSeek-V3's optimizer state: 4 bytes a
+    // parameter fewer to read and write each step): m16 and v16 are widened to fp32, updated
+    // as adamw updates m and v, and stored rounded to nearest even; the parameter's update uses
+    // the fp32 values before that rounding. So p (and p16) get exactly what adamw gives for
+    // moments equal to the widened ones, and m16, v16 the rounding of adamw's m and v.
+    void (*adamw16)(lb_backend *, float *p, const float *g, float gscale, uint16_t *m16,
+                    uint16_t *v16, uint16_t *p16, size_t n, float lr, float beta1, float beta2,
+                    float eps, float wd, int step);
 };
 
 // Backends. Each returns NULL with a message in err (size errlen) when not available here.

@@ -214,6 +214,7 @@ START_TEST(test_table_and_memory)
         (void (*)(void))gpu->moe_permute_bwd, (void (*)(void))gpu->moe_combine,
         (void (*)(void))gpu->moe_combine_bwd, (void (*)(void))gpu->cross_entropy_fwd,
         (void (*)(void))gpu->cross_entropy_bwd, (void (*)(void))gpu->adamw,
+        (void (*)(void))gpu->adamw16,
         (void (*)(void))gpu->qmat_alloc, (void (*)(void))gpu->qmat_free,
         (void (*)(void))gpu->quantize, (void (*)(void))gpu->quantize_grouped,
         (void (*)(void))gpu->quantize_rc,
@@ -1390,6 +1391,38 @@ START_TEST(test_adamw)
         for (int i = 0; i < 3; i++) free(keep[r][i]);
     dfree(P), dfree(G), dfree(M), dfree(Vd);
     free(p0), free(g), free(m0), free(v0), free(p), free(m), free(v);
+}
+END_TEST
+
+// adamw16 (bf16 moments): the CUDA kernel's p, p16 and moments bit for bit the CPU's, on the
+// 8-byte vector path and the scalar one.
+START_TEST(test_adamw16)
+{
+    const size_t n = 100003;
+    float *p0 = randn(n, 1), *g = randn(n, 1), *mf = randn(n, 0.1f), *vf = randn(n, 0.01f);
+    uint16_t *m0 = lb_malloc(n * 2), *v0 = lb_malloc(n * 2);
+    for (size_t i = 0; i < n; i++) m0[i] = lb_f32_to_bf16(mf[i]), v0[i] = lb_f32_to_bf16(fabsf(vf[i]));
+    float *p = hdup(p0, n * 4);
+    uint16_t *m = hdup(m0, n * 2), *v = hdup(v0, n * 2), *p16 = lb_malloc(n * 2);
+    cpu->adamw16(cpu, p, g, 0.37f, m, v, p16, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+    float *P = gpu->alloc(gpu, n * 4), *G = dput(g, n * 4);
+    uint16_t *M = gpu->alloc(gpu, n * 2), *V = gpu->alloc(gpu, n * 2), *P16 = dpoisoned(n * 2);
+    for (int r = 0; r < 2; r++) {   // run 1 from element 1: the scalar path
+        const size_t o = r;
+        gpu->upload(gpu, P, p0, n * 4), gpu->upload(gpu, M, m0, n * 2);
+        gpu->upload(gpu, V, v0, n * 2);
+        gpu->adamw16(gpu, P + o, G + o, 0.37f, M + o, V + o, P16 + o, n - o, 1e-3f, 0.9f, 0.95f,
+                     1e-8f, 0.1f, 3);
+        float *hp = hget(P, n * 4);
+        uint16_t *hm = hget(M, n * 2), *hv = hget(V, n * 2), *h16 = hget(P16, n * 2);
+        CHECK_BITS(r ? "adamw16 p, unaligned" : "adamw16 p", hp + o, p + o, (n - o) * 4);
+        CHECK_BITS(r ? "adamw16 m, unaligned" : "adamw16 m", hm + o, m + o, (n - o) * 2);
+        CHECK_BITS(r ? "adamw16 v, unaligned" : "adamw16 v", hv + o, v + o, (n - o) * 2);
+        CHECK_BITS(r ? "adamw16 p16, unaligned" : "adamw16 p16", h16 + o, p16 + o, (n - o) * 2);
+        free(hp), free(hm), free(hv), free(h16);
+    }
+    dfree(P), dfree(G), dfree(M), dfree(V), dfree(P16);
+    free(p0), free(g), free(mf), free(vf), free(m0), free(v0), free(p), free(m), free(v), free(p16);
 }
 END_TEST
 
@@ -2879,6 +2912,7 @@ int main(void)
     tcase_add_test(tc, test_cross_entropy);
     tcase_add_test(tc, test_linear_ce_bwd);
     tcase_add_test(tc, test_adamw);
+    tcase_add_test(tc, test_adamw16);
     tcase_add_test(tc, test_quantize_random);
     tcase_add_test(tc, test_quantize_golden_inputs);
     tcase_add_test(tc, test_hadamard);

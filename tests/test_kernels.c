@@ -312,6 +312,7 @@ START_TEST(test_table_and_memory)
         (void (*)(void))be->moe_permute_bwd, (void (*)(void))be->moe_combine,
         (void (*)(void))be->moe_combine_bwd, (void (*)(void))be->cross_entropy_fwd,
         (void (*)(void))be->cross_entropy_bwd, (void (*)(void))be->adamw,
+        (void (*)(void))be->adamw16,
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
         ck_assert_msg(fns[i] != NULL, "table entry %zu is NULL", i);
@@ -1043,6 +1044,39 @@ START_TEST(test_adamw)
     for (int r = 0; r < 3; r++) free(st[r][0]), free(st[r][1]), free(st[r][2]);
     free(g1), free(g2), free(p16);
     free(pp), free(mm), free(vv), free(pr), free(mr), free(vr);
+}
+END_TEST
+
+// adamw16 is adamw on the widened bf16 moments: p and p16 bit for bit, the moments stored as
+// the rounding of adamw's; a second step on those stored moments again so. Moments that came
+// out of a bf16 step are widened exactly, so they also round-trip through fp32 (checkpoints).
+START_TEST(test_adamw16)
+{
+    const size_t n = 1013;
+    float *p32 = randn(n, 270, 1), *p = lb_malloc(n * 4), *m = randn(n, 271, 0.1f);
+    float *v = randn(n, 272, 0.01f);
+    uint16_t *m16 = lb_malloc(n * 2), *v16 = lb_malloc(n * 2), *a16 = lb_malloc(n * 2);
+    uint16_t *b16 = lb_malloc(n * 2);
+    for (size_t i = 0; i < n; i++) {
+        m16[i] = lb_f32_to_bf16(m[i]), v16[i] = lb_f32_to_bf16(fabsf(v[i]));
+        m[i] = lb_bf16_to_f32(m16[i]), v[i] = lb_bf16_to_f32(v16[i]);
+    }
+    memcpy(p, p32, n * 4);
+    for (int step = 1; step <= 2; step++) {
+        float *g = randn(n, 273 + step, 0.1f);
+        be->adamw(be, p32, g, 0.37f, m, v, a16, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+        be->adamw16(be, p, g, 0.37f, m16, v16, b16, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+        ck_assert_msg(!memcmp(p, p32, n * 4), "adamw16 p differs from adamw's (step %d)", step);
+        ck_assert_msg(!memcmp(a16, b16, n * 2), "adamw16 p16 differs (step %d)", step);
+        for (size_t i = 0; i < n; i++) {
+            ck_assert_msg(m16[i] == lb_f32_to_bf16(m[i]) && v16[i] == lb_f32_to_bf16(v[i]),
+                          "adamw16 moments[%zu] %04x %04x, not the rounding of %g %g", i,
+                          m16[i], v16[i], m[i], v[i]);
+            m[i] = lb_bf16_to_f32(m16[i]), v[i] = lb_bf16_to_f32(v16[i]);   // step 2 from these
+        }
+        free(g);
+    }
+    free(p32), free(p), free(m), free(v), free(m16), free(v16), free(a16), free(b16);
 }
 END_TEST
 
@@ -1843,6 +1877,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_moe_dispatch_fwd);
     tcase_add_test(tc, test_cross_entropy);
     tcase_add_test(tc, test_adamw);
+    tcase_add_test(tc, test_adamw16);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("gradients");

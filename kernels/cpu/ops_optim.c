@@ -121,6 +121,26 @@ static void cpu_adamw(lb_backend *be, float *p, const float *g, float gscale, fl
     }
 }
 
+static void cpu_adamw16(lb_backend *be, float *p, const float *g, float gscale, uint16_t *m16,
+                        uint16_t *v16, uint16_t *p16, size_t n, float lr, float beta1,
+                        float beta2, float eps, float wd, int step)
+{
+    if (step < 1) lb_die("adamw16: step %d, steps count from 1", step);
+    float bc1 = (float)(1.0 - pow((double)beta1, step));
+    float bc2 = (float)(1.0 - pow((double)beta2, step));
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (n >= LB_CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {   // cpu_adamw's expressions, on the widened moments
+        float gi = g[i] * gscale;
+        float mi = beta1 * lb_bf16_to_f32(m16[i]) + (1.0f - beta1) * gi;
+        float vi = beta2 * lb_bf16_to_f32(v16[i]) + (1.0f - beta2) * gi * gi;
+        m16[i] = lb_f32_to_bf16(mi);
+        v16[i] = lb_f32_to_bf16(vi);
+        float mhat = mi / bc1, vhat = vi / bc2;
+        p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+        if (p16) p16[i] = lb_f32_to_bf16(p[i]);
+    }
+}
+
 void lb_cpu_init_optim(lb_backend *be)
 {
     be->cross_entropy_fwd = cpu_cross_entropy_fwd;
@@ -128,4 +148,5 @@ void lb_cpu_init_optim(lb_backend *be)
     be->cross_entropy_bwd_rows = cpu_cross_entropy_bwd_rows;
     be->linear_ce_bwd = cpu_linear_ce_bwd;
     be->adamw = cpu_adamw;
+    be->adamw16 = cpu_adamw16;
 }

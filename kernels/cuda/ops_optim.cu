@@ -296,6 +296,81 @@ static void cuda_adamw(lb_backend *be, float *p, const float *g, float gscale, f
     LB_CUDA_LAUNCHED(cx);
 }
 
+// adamw16 (kernels.h): adamw_one on the widened bf16 moments, which are stored rounded to
+// nearest even as round_bf16_bits does on the CPU (lb_f32_to_bf16); p gets adamw's bits. 22
+// bytes an element with p16 (two float4 and two 8-byte loads, a float4 and three 8-byte stores
+// a thread when aligned), against adamw's 30.
+__device__ __forceinline__ float bf16_widen(uint32_t b) { return __uint_as_float(b << 16); }
+
+__device__ __forceinline__ void adamw16_one(float &p, float g, uint32_t &m16, uint32_t &v16,
+                                            const adamw_args &a)
+{
+    float m = bf16_widen(m16), v = bf16_widen(v16);
+    adamw_one(p, g, m, v, a);
+    m16 = round_bf16_bits(m);
+    v16 = round_bf16_bits(v);
+}
+
+template <int VEC>
+__global__ void adamw16_kernel(float *p, const float *g, uint16_t *m16, uint16_t *v16,
+                               uint16_t *p16, size_t n, adamw_args a)
+{
+    const size_t nv = n / VEC, stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nv; i += stride) {
+        if (VEC == 4) {
+            float4 pp = reinterpret_cast<float4 *>(p)[i];
+            const float4 gg = __ldcs(reinterpret_cast<const float4 *>(g) + i);
+            const uint2 mm = reinterpret_cast<uint2 *>(m16)[i], vv = reinterpret_cast<uint2 *>(v16)[i];
+            uint32_t m[4] = {mm.x & 0xffffu, mm.x >> 16, mm.y & 0xffffu, mm.y >> 16};
+            uint32_t v[4] = {vv.x & 0xffffu, vv.x >> 16, vv.y & 0xffffu, vv.y >> 16};
+            adamw16_one(pp.x, gg.x, m[0], v[0], a);
+            adamw16_one(pp.y, gg.y, m[1], v[1], a);
+            adamw16_one(pp.z, gg.z, m[2], v[2], a);
+            adamw16_one(pp.w, gg.w, m[3], v[3], a);
+            reinterpret_cast<float4 *>(p)[i] = pp;
+            reinterpret_cast<uint2 *>(m16)[i] = make_uint2(m[0] | m[1] << 16, m[2] | m[3] << 16);
+            reinterpret_cast<uint2 *>(v16)[i] = make_uint2(v[0] | v[1] << 16, v[2] | v[3] << 16);
+            if (p16)
+                reinterpret_cast<uint2 *>(p16)[i] =
+                    make_uint2(round_bf16_bits(pp.x) | round_bf16_bits(pp.y) << 16,
+                               round_bf16_bits(pp.z) | round_bf16_bits(pp.w) << 16);
+        } else {
+            uint32_t m = m16[i], v = v16[i];
+            adamw16_one(p[i], g[i], m, v, a);
+            m16[i] = (uint16_t)m, v16[i] = (uint16_t)v;
+            if (p16) p16[i] = (uint16_t)round_bf16_bits(p[i]);
+        }
+    }
+    // The tail past the last whole vector (VEC 4 only): thread i takes element nv * 4 + i.
+    const size_t t = nv * VEC + blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (VEC > 1 && t < n) {
+        uint32_t m = m16[t], v = v16[t];
+        adamw16_one(p[t], g[t], m, v, a);
+        m16[t] = (uint16_t)m, v16[t] = (uint16_t)v;
+        if (p16) p16[t] = (uint16_t)round_bf16_bits(p[t]);
+    }
+}
+
+static void cuda_adamw16(lb_backend *be, float *p, const float *g, float gscale, uint16_t *m16,
+                         uint16_t *v16, uint16_t *p16, size_t n, float lr, float beta1,
+                         float beta2, float eps, float wd, int step)
+{
+    if (step < 1) lb_die("adamw16: step %d, steps count from 1", step);
+    if (!n) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    const adamw_args a = {gscale, lr, beta1, beta2, eps, wd,
+                          (float)(1.0 - pow((double)beta1, step)),
+                          (float)(1.0 - pow((double)beta2, step))};
+    const uintptr_t al16 = (uintptr_t)p | (uintptr_t)g, al8 = (uintptr_t)m16 | (uintptr_t)v16 |
+                                                              (uintptr_t)p16;
+    if (al16 % 16 == 0 && al8 % 8 == 0 && n >= 4)
+        adamw16_kernel<4><<<lb_grid(n / 4, 256, cx), 256, 0, cx->stream>>>(p, g, m16, v16, p16, n,
+                                                                           a);
+    else
+        adamw16_kernel<1><<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(p, g, m16, v16, p16, n, a);
+    LB_CUDA_LAUNCHED(cx);
+}
+
 extern "C" void lb_cuda_init_optim(lb_backend *be)
 {
     be->cross_entropy_fwd = cuda_cross_entropy_fwd;
@@ -303,4 +378,5 @@ extern "C" void lb_cuda_init_optim(lb_backend *be)
     be->cross_entropy_bwd_rows = cuda_cross_entropy_bwd_rows;
     be->linear_ce_bwd = cuda_linear_ce_bwd;
     be->adamw = cuda_adamw;
+    be->adamw16 = cuda_adamw16;
 }
