@@ -442,7 +442,8 @@ static void bench_optimizer(lb_optimizer *o, lb_model *m, const lb_config *c)
     lb_optim_config oc = {.lr = c->train.lr, .min_lr = c->train.min_lr, .total_steps = 1000000,
                           .beta1 = c->train.beta1, .beta2 = c->train.beta2,
                           .eps = c->train.adam_eps, .weight_decay = c->train.weight_decay,
-                          .grad_clip = c->train.grad_clip};
+                          .grad_clip = c->train.grad_clip,
+                          .moments16 = !strcmp(c->train.adam_moments, "bf16")};
     lb_optimizer_init(o, m, &oc);
 }
 

@@ -36,6 +36,7 @@ typedef struct {
         int val_every, val_batches;
         int log_every;
         char metrics_file[LB_PATH_MAX]; // JSON lines; relative to out_dir
+        char adam_moments[8];      // fp32 | bf16: storage of AdamW's moments
         double optimizer_offload;  // share of the optimizer state kept and updated on the host
         int ce_chunk;              // chunked cross-entropy: rows of logits at a time, 0 = all
         char recompute[16];        // activation recomputation: none | selective | full

@@ -13,6 +13,13 @@ typedef struct {
 } count_ctx;
 
 // Every allocation gets a distinct dummy pointer carrying its size, so free can subtract it.
+
+// Bytes of one stored AdamW moment (train.adam_moments).
+static size_t moment_size(const lb_config *c)
+{
+    return strcmp(c->train.adam_moments, "bf16") ? sizeof(float) : sizeof(uint16_t);
+}
+
 static void *count_alloc(lb_backend *be, size_t bytes)
 {
     count_ctx *c = be->ctx;
@@ -93,9 +100,9 @@ static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char
     out->weights = n * sizeof(float);
     // AdamW moments of the shard (the offloaded share in host memory), and under ZeRO-1 the
     // reduce-scatter's gradient shard
-    size_t moments = 2 * (zero ? shard : n);
-    out->host = (size_t)(c->train.optimizer_offload * (double)moments + 0.5) * sizeof(float);
-    out->opt = (zero ? shard : 0) * sizeof(float) + moments * sizeof(float) - out->host;
+    size_t moments = 2 * (zero ? shard : n), msize = moment_size(c);
+    out->host = (size_t)(c->train.optimizer_offload * (double)moments + 0.5) * msize;
+    out->opt = (zero ? shard : 0) * sizeof(float) + moments * msize - out->host;
     size_t before = ctx.now;
     size_t rows = (size_t)c->train.micro_batch * c->train.seq_len;
     m->acts = m->def->acts_create(m, c->train.micro_batch, c->train.seq_len);
@@ -202,11 +209,11 @@ int lb_cmd_info(const lb_config *c, lb_comm *comm)
            active / 1e6);
     printf("FLOPs       %.4g per token for training at seq_len %d (6 x active + attention)\n",
            fpt, c->train.seq_len);
-    size_t p = m->nparams * sizeof(float);
-    printf("memory      weights %.3f GiB, gradients %.3f GiB, AdamW moments %.3f GiB (fp32)\n",
-           gib(p), gib(p), gib(2 * p));
+    size_t p = m->nparams * sizeof(float), pm = m->nparams * moment_size(c);
+    printf("memory      weights %.3f GiB, gradients %.3f GiB, AdamW moments %.3f GiB (%s)\n",
+           gib(p), gib(p), gib(2 * pm), c->train.adam_moments);
     printf("            activations %.3f GiB for micro-batch %d x %d tokens; total %.3f GiB\n",
-           gib(acts), c->train.micro_batch, c->train.seq_len, gib(4 * p + acts));
+           gib(acts), c->train.micro_batch, c->train.seq_len, gib(2 * p + 2 * pm + acts));
     print_layout(c, comm->size);
     lb_contract contract;
     if (lb_contract_resolve(&contract, &c->precision, mc->num_hidden_layers, err, sizeof err) == 0) {

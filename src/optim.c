@@ -89,10 +89,15 @@ static void place_moments(lb_optimizer *o)
     char err[256];
     o->host = lb_backend_cpu_create(o->cfg.offload_threads, err, sizeof err);
     if (!o->host) lb_die("optimizer offload: %s", err);
-    o->host_m = lb_calloc(host, sizeof(float));
-    o->host_v = lb_calloc(host, sizeof(float));
+    o->host_m = lb_calloc(host, lb_optimizer_moment_size(o));
+    o->host_v = lb_calloc(host, lb_optimizer_moment_size(o));
     o->host_p = lb_malloc(host * sizeof(float));
     o->host_g = lb_malloc(host * sizeof(float));
+}
+
+size_t lb_optimizer_moment_size(const lb_optimizer *o)
+{
+    return o->cfg.moments16 ? sizeof(uint16_t) : sizeof(float);
 }
 
 void lb_optimizer_init(lb_optimizer *o, lb_model *m, const lb_optim_config *cfg)
@@ -146,8 +151,8 @@ void lb_optimizer_init_groups(lb_optimizer *o, lb_model *m, const lb_optim_confi
         add_segments(o, t, 0, m->nparams);
     free(t);
     place_moments(o);
-    o->adam_m = be->alloc(be, (o->dev_len ? o->dev_len : 1) * sizeof(float));
-    o->adam_v = be->alloc(be, (o->dev_len ? o->dev_len : 1) * sizeof(float));
+    o->adam_m = be->alloc(be, (o->dev_len ? o->dev_len : 1) * lb_optimizer_moment_size(o));
+    o->adam_v = be->alloc(be, (o->dev_len ? o->dev_len : 1) * lb_optimizer_moment_size(o));
 }
 
 void lb_optimizer_free(lb_optimizer *o)
@@ -199,9 +204,16 @@ static void *host_update(void *arg)
     for (int i = 0; i < o->nseg; i++) {
         const lb_optim_segment *s = &o->seg[i];
         if (!s->host) continue;
-        o->host->adamw(o->host, o->host_p + s->mat, o->host_g + s->mat, j->gscale,
-                       o->host_m + s->mat, o->host_v + s->mat, NULL, s->end - s->begin, j->lr,
-                       (float)c->beta1, (float)c->beta2, (float)c->eps, s->wd, j->step);
+        if (c->moments16)
+            o->host->adamw16(o->host, o->host_p + s->mat, o->host_g + s->mat, j->gscale,
+                             (uint16_t *)o->host_m + s->mat, (uint16_t *)o->host_v + s->mat,
+                             NULL, s->end - s->begin, j->lr, (float)c->beta1, (float)c->beta2,
+                             (float)c->eps, s->wd, j->step);
+        else
+            o->host->adamw(o->host, o->host_p + s->mat, o->host_g + s->mat, j->gscale,
+                           (float *)o->host_m + s->mat, (float *)o->host_v + s->mat, NULL,
+                           s->end - s->begin, j->lr, (float)c->beta1, (float)c->beta2,
+                           (float)c->eps, s->wd, j->step);
     }
     return NULL;
 }
@@ -286,9 +298,14 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
         for (size_t b = s->begin, e; b < s->end; b = e) {
             uint16_t *p16 = lb_model_b16_run(m, b, s->end, &e);
             size_t k = s->mat + (b - s->begin);
-            be->adamw(be, m->params + b, grad_at(o, b), gscale, o->adam_m + k, o->adam_v + k,
-                      p16, e - b, (float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps,
-                      s->wd, step);
+            if (c->moments16)
+                be->adamw16(be, m->params + b, grad_at(o, b), gscale, (uint16_t *)o->adam_m + k,
+                            (uint16_t *)o->adam_v + k, p16, e - b, (float)lr, (float)c->beta1,
+                            (float)c->beta2, (float)c->eps, s->wd, step);
+            else
+                be->adamw(be, m->params + b, grad_at(o, b), gscale, (float *)o->adam_m + k,
+                          (float *)o->adam_v + k, p16, e - b, (float)lr, (float)c->beta1,
+                          (float)c->beta2, (float)c->eps, s->wd, step);
         }
     }
     if (o->host) {
@@ -323,6 +340,41 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
     return norm;
 }
 
+// bf16 moments to and from fp32 backend buffers, through the host in pieces (checkpoints
+// only): n moments at src (backend memory, or host memory where src_host) widened into dst.
+#define MOMENT_PIECE ((size_t)1 << 20)
+static void moments_widen(lb_backend *be, float *dst, const uint16_t *src, int src_host, size_t n)
+{
+    float *f = lb_malloc(MOMENT_PIECE * sizeof *f);
+    uint16_t *h = src_host ? NULL : lb_malloc(MOMENT_PIECE * sizeof *h);
+    for (size_t o = 0; o < n; o += MOMENT_PIECE) {
+        size_t len = n - o < MOMENT_PIECE ? n - o : MOMENT_PIECE;
+        const uint16_t *b = src + o;
+        if (!src_host) be->download(be, h, b, len * sizeof *h), b = h;
+        for (size_t i = 0; i < len; i++) f[i] = lb_bf16_to_f32(b[i]);
+        be->upload(be, dst + o, f, len * sizeof *f);
+    }
+    free(f);
+    free(h);
+}
+
+// n fp32 moments at src (backend memory) rounded to bf16 into dst (backend memory, or host
+// memory where dst_host).
+static void moments_round(lb_backend *be, uint16_t *dst, int dst_host, const float *src, size_t n)
+{
+    float *f = lb_malloc(MOMENT_PIECE * sizeof *f);
+    uint16_t *h = lb_malloc(MOMENT_PIECE * sizeof *h);
+    for (size_t o = 0; o < n; o += MOMENT_PIECE) {
+        size_t len = n - o < MOMENT_PIECE ? n - o : MOMENT_PIECE;
+        be->download(be, f, src + o, len * sizeof *f);
+        uint16_t *b = dst_host ? dst + o : h;
+        for (size_t i = 0; i < len; i++) b[i] = lb_f32_to_bf16(f[i]);
+        if (!dst_host) be->upload(be, dst + o, h, len * sizeof *h);
+    }
+    free(f);
+    free(h);
+}
+
 // The moments in the shard's layout (position seg.at), device and host parts together, into
 // backend buffers dm, dv of shard_len floats (zero elsewhere).
 static void moments_to_shard(lb_optimizer *o, float *dm, float *dv)
@@ -332,13 +384,18 @@ static void moments_to_shard(lb_optimizer *o, float *dm, float *dv)
     be->zero(be, dv, o->shard_len * sizeof(float));
     for (int i = 0; i < o->nseg; i++) {
         const lb_optim_segment *s = &o->seg[i];
-        size_t bytes = (s->end - s->begin) * sizeof(float);
-        if (s->host) {
-            be->upload(be, dm + s->at, o->host_m + s->mat, bytes);
-            be->upload(be, dv + s->at, o->host_v + s->mat, bytes);
+        size_t n = s->end - s->begin, bytes = n * sizeof(float);
+        if (o->cfg.moments16) {
+            const uint16_t *m16 = s->host ? o->host_m : o->adam_m;
+            const uint16_t *v16 = s->host ? o->host_v : o->adam_v;
+            moments_widen(be, dm + s->at, m16 + s->mat, s->host, n);
+            moments_widen(be, dv + s->at, v16 + s->mat, s->host, n);
+        } else if (s->host) {
+            be->upload(be, dm + s->at, (float *)o->host_m + s->mat, bytes);
+            be->upload(be, dv + s->at, (float *)o->host_v + s->mat, bytes);
         } else {
-            be->copy(be, dm + s->at, o->adam_m + s->mat, bytes);
-            be->copy(be, dv + s->at, o->adam_v + s->mat, bytes);
+            be->copy(be, dm + s->at, (float *)o->adam_m + s->mat, bytes);
+            be->copy(be, dv + s->at, (float *)o->adam_v + s->mat, bytes);
         }
     }
 }
@@ -376,13 +433,18 @@ void lb_optimizer_state_load(lb_optimizer *o, const float *adam_m, const float *
     lb_backend *be = o->m->be;
     for (int i = 0; i < o->nseg; i++) {   // full moments are laid out as the parameters
         const lb_optim_segment *s = &o->seg[i];
-        size_t bytes = (s->end - s->begin) * sizeof(float);
-        if (s->host) {
-            be->download(be, o->host_m + s->mat, adam_m + s->begin, bytes);
-            be->download(be, o->host_v + s->mat, adam_v + s->begin, bytes);
+        size_t n = s->end - s->begin, bytes = n * sizeof(float);
+        if (o->cfg.moments16) {
+            uint16_t *m16 = s->host ? o->host_m : o->adam_m;
+            uint16_t *v16 = s->host ? o->host_v : o->adam_v;
+            moments_round(be, m16 + s->mat, s->host, adam_m + s->begin, n);
+            moments_round(be, v16 + s->mat, s->host, adam_v + s->begin, n);
+        } else if (s->host) {
+            be->download(be, (float *)o->host_m + s->mat, adam_m + s->begin, bytes);
+            be->download(be, (float *)o->host_v + s->mat, adam_v + s->begin, bytes);
         } else {
-            be->copy(be, o->adam_m + s->mat, adam_m + s->begin, bytes);
-            be->copy(be, o->adam_v + s->mat, adam_v + s->begin, bytes);
+            be->copy(be, (float *)o->adam_m + s->mat, adam_m + s->begin, bytes);
+            be->copy(be, (float *)o->adam_v + s->mat, adam_v + s->begin, bytes);
         }
     }
 }

@@ -30,6 +30,9 @@ typedef struct {
     // those parameters and gradients and uploads the parameters.
     double offload;
     int offload_threads;
+    // 1: the moments are stored in bf16 (adamw16, train.adam_moments = bf16), on the device
+    // and offloaded alike; the parameters, gradients and checkpoints stay fp32.
+    int moments16;
 } lb_optim_config;
 
 // A run of parameters with one weight decay (norm weights get none); at: where its first
@@ -60,10 +63,11 @@ typedef struct {
     // in the norm), placed at `at` in the shard arrays.
     struct { lb_comm *comm; size_t begin, len, at; } own[2];
     size_t shard_len;                  // floats of the shard
-    float *adam_m, *adam_v;            // (dev_len) backend memory: the moments on the device
+    // The moments: float, or uint16_t bf16 bits where cfg.moments16 (lb_optimizer_moment_size)
+    void *adam_m, *adam_v;             // (dev_len) backend memory: the moments on the device
     float *grad_shard;                 // (shard_len) ZeRO-1: the reduced gradient of the shard
     size_t dev_len, host_len;          // moments on the device and offloaded to the host
-    float *host_m, *host_v;            // (host_len) host memory: the offloaded moments
+    void *host_m, *host_v;             // (host_len) host memory: the offloaded moments
     float *host_p, *host_g;            // (host_len) host copies of those parameters, gradients
     lb_backend *host;                  // the CPU backend that updates them (NULL: no offload)
     int nseg;
@@ -89,7 +93,11 @@ double lb_optimizer_lr(const lb_optim_config *c, int step);     // step counts f
 // gradient norm before clipping (the same on every rank).
 double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out);
 
-// Checkpoints hold the full moments whatever the layout. Gather: every rank gets the moments of
+// Bytes of one stored moment: 4 (fp32) or 2 (bf16).
+size_t lb_optimizer_moment_size(const lb_optimizer *o);
+
+// Checkpoints hold the full moments in fp32 whatever the layout (bf16 moments widen exactly;
+// loading rounds fp32 ones to nearest even, the identity on moments that were bf16). Gather: every rank gets the moments of
 // all its parameters into adam_m and adam_v (backend buffers of m->nparams floats, laid out as
 // m->params). Collective over dp and edp.
 void lb_optimizer_state_gather(lb_optimizer *o, float *adam_m, float *adam_v);

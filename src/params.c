@@ -80,6 +80,11 @@ const lb_param lb_params[] = {
     LB_P(train, log_every, I, "1", 0, BIG, NULL, "progress line every N steps, 0 = off"),
     LB_P(train, metrics_file, S, "metrics.jsonl", 0, 0, NULL,
          "JSON-lines metrics, relative to run.out_dir"),
+    LB_P(train, adam_moments, E, "fp32", 0, 0, "fp32|bf16",
+         "storage of AdamW's moments: bf16 (DeepSeek-V3's) rounds them to nearest even after "
+         "each update, which uses their fp32 values; 4 bytes a parameter less to keep and to "
+         "move each step. Parameters and gradients stay fp32; checkpoints hold the moments in "
+         "fp32 (exact)"),
     LB_P(train, optimizer_offload, F, "0", 0, 1, NULL,
          "share of this rank's AdamW moments kept in host memory and updated there by the CPU "
          "backend (parameters and gradients of that share travel each step)"),

@@ -559,7 +559,8 @@ static int rl_open(rl_run *x)
     lb_optim_config oc = {c->train.lr, c->train.min_lr, c->train.warmup_steps,
                           c->rl.steps * x->M, c->train.beta1, c->train.beta2, c->train.adam_eps,
                           c->train.weight_decay, c->train.grad_clip,
-                          c->train.optimizer_offload, c->run.threads};
+                          c->train.optimizer_offload, c->run.threads,
+                          !strcmp(c->train.adam_moments, "bf16")};
     lb_optim_groups og = lb_run_optim_groups(&x->grid, &x->comms, comm);
     lb_optimizer_init_groups(&x->opt, x->m, &oc, &og, c->parallel.zero);
     snprintf(x->ckdir, sizeof x->ckdir, "%.*s/checkpoints", LB_PATH_MAX, c->run.out_dir);

@@ -322,7 +322,8 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
     lb_optim_config oc = {c->train.lr, c->train.min_lr, c->train.warmup_steps, c->train.steps,
                           c->train.beta1, c->train.beta2, c->train.adam_eps,
                           c->train.weight_decay, c->train.grad_clip,
-                          c->train.optimizer_offload, c->run.threads};
+                          c->train.optimizer_offload, c->run.threads,
+                          !strcmp(c->train.adam_moments, "bf16")};
     lb_optim_groups og = lb_run_optim_groups(grid, &x.comms, comm);
     lb_optimizer opt;
     lb_optimizer_init_groups(&opt, m, &oc, &og, c->parallel.zero);

@@ -79,15 +79,23 @@ done
 mpi 2 "$bin" train "$cfg" "${small[@]}" --set train.optimizer_offload=0.5 --set run.out_dir="$tmp/o2" \
     > "$tmp/o2.log" 2>&1 || fail "dp2 offload run: $(tail -n 3 "$tmp/o2.log")"
 same_params "dp2 ZeRO-1 vs dp2 ZeRO-1 with optimizer offload" "$(ck z2 10)" "$(ck o2 10)" 0
+# dp2 OUT ARGS...: a two-rank ZeRO-1 run of the small model into $tmp/OUT.
+dp2() {
+    local out=$1
+    shift
+    mpi 2 "$bin" train "$cfg" "${small[@]}" "$@" --set run.out_dir="$tmp/$out" > "$tmp/$out.log" 2>&1 ||
+        fail "dp2 run $out ($*): $(tail -n 3 "$tmp/$out.log")"
+}
 # In bf16 AdamW writes the weight caches' bf16 copies in its own pass where it updates on the
 # device, and the cache refresh rounds them where the moments are on the host: under ZeRO-1
 # (the all-gather brings the other rank's shard) both ways give the same bits.
-for f in 0 1; do
-    mpi 2 "$bin" train "$cfg" "${small[@]}" --set precision.recipe=bf16 \
-        --set train.optimizer_offload=$f --set run.out_dir="$tmp/b2o$f" > "$tmp/b2o$f.log" 2>&1 ||
-        fail "dp2 bf16 offload $f run: $(tail -n 3 "$tmp/b2o$f.log")"
-done
+for f in 0 1; do dp2 b2o$f --set precision.recipe=bf16 --set train.optimizer_offload=$f; done
 same_params "dp2 ZeRO-1 bf16, copies from AdamW vs from the refresh" "$(ck b2o0 10)" "$(ck b2o1 10)" 0
+# AdamW's moments in bf16 under ZeRO-1, on the device or half offloaded: the same bits; and
+# close to the fp32 moments' run.
+for f in 0 0.5; do dp2 m2o$f --set train.adam_moments=bf16 --set train.optimizer_offload=$f; done
+same_params "dp2 ZeRO-1 bf16 moments, offload 0 vs 0.5" "$(ck m2o0 10)" "$(ck m2o0.5 10)" 0
+agree "dp2 ZeRO-1, fp32 vs bf16 moments" "$tmp/z2/metrics.jsonl" "$tmp/m2o0/metrics.jsonl" 1e-3
 # ZeRO-1 and all-reduce sum the same gradients in the same rank order.
 same_params "dp2 ZeRO-1 vs all-reduce" "$(ck z2 10)" "$(ck a2 10)" 1e-6
 # The full optimizer state is in the checkpoint whatever the sharding.

@@ -103,4 +103,31 @@ diff <(strip "$tmp/a/metrics.jsonl") <(strip "$tmp/off/metrics.jsonl") || fail "
     --set checkpoint.resume="$ck" --set run.out_dir="$tmp/offr" > "$tmp/offr.log"
 "$cmp" --moments "$tmp/a/checkpoints/step_00000008.safetensors" \
     "$tmp/offr/checkpoints/step_00000008.safetensors" 0 || fail "offload resume: checkpoints differ"
+# 8. AdamW's moments in bf16 (train.adam_moments): the first loss is the fp32 run's (no update
+#    yet) and the others close to it but not all equal; it trains; a resumed run and offload
+#    give the same bits (the checkpoint holds the bf16 moments exactly, in fp32).
+m16=("${run[@]}" --set train.adam_moments=bf16)
+"$bin" train "$src/examples/tiny-moe.cfg" "${m16[@]}" --set run.out_dir="$tmp/m16" > "$tmp/m16.log"
+losses() { grep '"loss"' "$1" | sed 's/.*"loss": \([^,]*\),.*/\1/'; }
+paste <(losses "$tmp/a/metrics.jsonl") <(losses "$tmp/m16/metrics.jsonl") |
+    awk 'NR == 1 && $1 != $2 { bad = 1 } $1 != $2 { differ = 1 }
+         { d = $1 - $2; if (d < 0) d = -d; if (d > 0.01 * $1) bad = 1 }
+         END { exit bad || !differ }' ||
+    fail "bf16 moments: losses not close to the fp32 moments' run (or all equal)"
+"$bin" train "$src/examples/tiny-moe.cfg" "${m16[@]}" --set run.out_dir="$tmp/m16r" \
+    --set checkpoint.resume="$tmp/m16/checkpoints/step_00000004.safetensors" > "$tmp/m16r.log"
+diff <(strip "$tmp/m16/metrics.jsonl" | tail -n 4) <(strip "$tmp/m16r/metrics.jsonl") ||
+    fail "bf16 moments: the resumed run differs"
+"$bin" train "$src/examples/tiny-moe.cfg" "${m16[@]}" --set train.optimizer_offload=0.37 \
+    --set run.out_dir="$tmp/m16o" > "$tmp/m16o.log"
+for d in m16r m16o; do
+    "$cmp" --moments "$tmp/m16/checkpoints/step_00000008.safetensors" \
+        "$tmp/$d/checkpoints/step_00000008.safetensors" 0 || fail "bf16 moments ($d): checkpoints differ"
+done
+"$bin" train "$src/examples/tiny-moe.cfg" "${small[@]}" --set train.steps=20 \
+    --set train.warmup_steps=2 --set train.adam_moments=bf16 --set run.out_dir="$tmp/m16t" > "$tmp/p.log"
+first=$(losses "$tmp/m16t/metrics.jsonl" | head -n 3 | awk '{s += $1} END {print s / NR}')
+last=$(losses "$tmp/m16t/metrics.jsonl" | tail -n 3 | awk '{s += $1} END {print s / NR}')
+echo "bf16 moments: loss $first -> $last"
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || fail "bf16 moments do not train"
 echo "PASS"

@@ -19,6 +19,8 @@
 #    of the parameters from host memory while the device updates the rest): the fp32 curve
 #    within a relative 1e-5 of the same run without offload at every step (the host AdamW's
 #    roundings may differ from the CUDA kernel's in the last bit, doc/architecture.md).
+# 4. AdamW's moments in bf16 (train.adam_moments=bf16, adamw16) on the GPU against the CPU:
+#    the fp32 recipe's curves within the same 1e-5.
 # It skips (exit 77) when lowbit has no CUDA backend or no device is visible.
 set -euo pipefail
 src=${LB_SRCDIR:-.}
@@ -73,4 +75,15 @@ read -r rel at < <(maxrel "$tmp/fp32-cuda" "$tmp/fp32-offload") ||
 echo "fp32 on cuda with optimizer offload 0.37: largest relative difference to the run without $rel (step $at)"
 awk -v x="$rel" 'BEGIN { exit !(x <= 1e-5) }' ||
     { paste <(losses "$tmp/fp32-cuda") <(losses "$tmp/fp32-offload"); fail "offload changed the cuda run by $rel > 1e-5"; }
+
+for be in cpu cuda; do
+    "$bin" train "$src/examples/tiny-moe.cfg" "${small[@]}" --set run.backend=$be \
+        --set precision.recipe=fp32 --set train.adam_moments=bf16 \
+        --set run.out_dir="$tmp/m16-$be" > "$tmp/m16-$be.log" 2>&1 ||
+        { cat "$tmp/m16-$be.log"; fail "bf16 moments on $be"; }
+done
+read -r rel at < <(maxrel "$tmp/m16-cpu" "$tmp/m16-cuda") || fail "bf16 moments: a curve is not 20 steps"
+echo "fp32 with bf16 moments: largest relative difference, cuda to cpu, $rel (step $at)"
+awk -v x="$rel" 'BEGIN { exit !(x <= 1e-5) }' ||
+    { paste <(losses "$tmp/m16-cpu") <(losses "$tmp/m16-cuda"); fail "bf16 moments: cuda and cpu curves differ by $rel > 1e-5"; }
 echo "PASS"
