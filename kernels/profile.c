@@ -6,8 +6,8 @@
 // "host" column is the part spent before the entry returned, the device idle until its first
 // launch: in an unprofiled run that part overlaps earlier device work wherever the host runs
 // ahead (a grouped GEMM's tensor maps, cuBLASLt's plans), so an operation's device time is at
-// least its total minus its host part. destroy prints the operations by total time to stderr. Results are those of the wrapped backend,
-// bit for bit: the wrapper only forwards.
+// least its total minus its host part. destroy prints the operations by total time to
+// stderr. Results are those of the wrapped backend, bit for bit: the wrapper only forwards.
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>

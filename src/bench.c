@@ -199,7 +199,8 @@ static void bench_moe_bf16(lb_backend *be, const lb_config *c)
     float *wd = random_buffer(be, (size_t)E * C * I, 6, 0.05f);
     uint16_t *x16 = bf16_copy(be, x, R, C), *h16 = bf16_copy(be, h, R, I);
     uint16_t *dy16 = bf16_copy(be, dy, R, C), *dgu16 = bf16_copy(be, dgu, R, F);
-    uint16_t *wgu16 = bf16_copy(be, wgu, (size_t)E * F, C), *wd16 = bf16_copy(be, wd, (size_t)E * C, I);
+    uint16_t *wgu16 = bf16_copy(be, wgu, (size_t)E * F, C);
+    uint16_t *wd16 = bf16_copy(be, wd, (size_t)E * C, I);
     float *yb = be->alloc(be, R * (C > F ? C : F) * sizeof(float));   // (rows, out or in)
     float *dw = be->alloc(be, (size_t)E * F * C * sizeof(float));
     lb_gemm_args *g = lb_calloc(2 * (size_t)E, sizeof *g);

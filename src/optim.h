@@ -97,9 +97,9 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out);
 size_t lb_optimizer_moment_size(const lb_optimizer *o);
 
 // Checkpoints hold the full moments in fp32 whatever the layout (bf16 moments widen exactly;
-// loading rounds fp32 ones to nearest even, the identity on moments that were bf16). Gather: every rank gets the moments of
-// all its parameters into adam_m and adam_v (backend buffers of m->nparams floats, laid out as
-// m->params). Collective over dp and edp.
+// loading rounds fp32 ones to nearest even, the identity on moments that were bf16). Gather:
+// every rank gets the moments of all its parameters into adam_m and adam_v (backend buffers of
+// m->nparams floats, laid out as m->params). Collective over dp and edp.
 void lb_optimizer_state_gather(lb_optimizer *o, float *adam_m, float *adam_v);
 // Load: keeps this rank's shard of the moments of all its parameters (backend buffers of
 // m->nparams floats): any checkpoint loads under any data-parallel size.

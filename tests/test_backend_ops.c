@@ -1401,7 +1401,8 @@ START_TEST(test_adamw16)
     const size_t n = 100003;
     float *p0 = randn(n, 1), *g = randn(n, 1), *mf = randn(n, 0.1f), *vf = randn(n, 0.01f);
     uint16_t *m0 = lb_malloc(n * 2), *v0 = lb_malloc(n * 2);
-    for (size_t i = 0; i < n; i++) m0[i] = lb_f32_to_bf16(mf[i]), v0[i] = lb_f32_to_bf16(fabsf(vf[i]));
+    for (size_t i = 0; i < n; i++)
+        m0[i] = lb_f32_to_bf16(mf[i]), v0[i] = lb_f32_to_bf16(fabsf(vf[i]));
     float *p = hdup(p0, n * 4);
     uint16_t *m = hdup(m0, n * 2), *v = hdup(v0, n * 2), *p16 = lb_malloc(n * 2);
     cpu->adamw16(cpu, p, g, 0.37f, m, v, p16, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);

@@ -320,7 +320,8 @@ __global__ void adamw16_kernel(float *p, const float *g, uint16_t *m16, uint16_t
         if (VEC == 4) {
             float4 pp = reinterpret_cast<float4 *>(p)[i];
             const float4 gg = __ldcs(reinterpret_cast<const float4 *>(g) + i);
-            const uint2 mm = reinterpret_cast<uint2 *>(m16)[i], vv = reinterpret_cast<uint2 *>(v16)[i];
+            const uint2 mm = reinterpret_cast<uint2 *>(m16)[i];
+            const uint2 vv = reinterpret_cast<uint2 *>(v16)[i];
             uint32_t m[4] = {mm.x & 0xffffu, mm.x >> 16, mm.y & 0xffffu, mm.y >> 16};
             uint32_t v[4] = {vv.x & 0xffffu, vv.x >> 16, vv.y & 0xffffu, vv.y >> 16};
             adamw16_one(pp.x, gg.x, m[0], v[0], a);
