@@ -189,6 +189,21 @@ static float *grad_at(lb_optimizer *o, size_t i)
     return o->grad_shard ? o->grad_shard + shard_pos(o, i) : o->m->grads + i;
 }
 
+// AdamW on be for n parameters p whose moments start at element k of m and v (fp32, or bf16
+// with cfg.moments16).
+static void adamw_run(const lb_optimizer *o, lb_backend *be, float *p, const float *g,
+                      float gscale, void *m, void *v, size_t k, uint16_t *p16, size_t n, float lr,
+                      float wd, int step)
+{
+    const lb_optim_config *c = &o->cfg;
+    if (c->moments16)
+        be->adamw16(be, p, g, gscale, (uint16_t *)m + k, (uint16_t *)v + k, p16, n, lr,
+                    (float)c->beta1, (float)c->beta2, (float)c->eps, wd, step);
+    else
+        be->adamw(be, p, g, gscale, (float *)m + k, (float *)v + k, p16, n, lr, (float)c->beta1,
+                  (float)c->beta2, (float)c->eps, wd, step);
+}
+
 // The offloaded segments' AdamW on their host copies (a thread of its own, see the step).
 typedef struct {
     lb_optimizer *o;
@@ -200,20 +215,11 @@ static void *host_update(void *arg)
 {
     host_job *j = arg;
     lb_optimizer *o = j->o;
-    const lb_optim_config *c = &o->cfg;
     for (int i = 0; i < o->nseg; i++) {
         const lb_optim_segment *s = &o->seg[i];
         if (!s->host) continue;
-        if (c->moments16)
-            o->host->adamw16(o->host, o->host_p + s->mat, o->host_g + s->mat, j->gscale,
-                             (uint16_t *)o->host_m + s->mat, (uint16_t *)o->host_v + s->mat,
-                             NULL, s->end - s->begin, j->lr, (float)c->beta1, (float)c->beta2,
-                             (float)c->eps, s->wd, j->step);
-        else
-            o->host->adamw(o->host, o->host_p + s->mat, o->host_g + s->mat, j->gscale,
-                           (float *)o->host_m + s->mat, (float *)o->host_v + s->mat, NULL,
-                           s->end - s->begin, j->lr, (float)c->beta1, (float)c->beta2,
-                           (float)c->eps, s->wd, j->step);
+        adamw_run(o, o->host, o->host_p + s->mat, o->host_g + s->mat, j->gscale, o->host_m,
+                  o->host_v, s->mat, NULL, s->end - s->begin, j->lr, s->wd, j->step);
     }
     return NULL;
 }
@@ -298,14 +304,8 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
         for (size_t b = s->begin, e; b < s->end; b = e) {
             uint16_t *p16 = lb_model_b16_run(m, b, s->end, &e);
             size_t k = s->mat + (b - s->begin);
-            if (c->moments16)
-                be->adamw16(be, m->params + b, grad_at(o, b), gscale, (uint16_t *)o->adam_m + k,
-                            (uint16_t *)o->adam_v + k, p16, e - b, (float)lr, (float)c->beta1,
-                            (float)c->beta2, (float)c->eps, s->wd, step);
-            else
-                be->adamw(be, m->params + b, grad_at(o, b), gscale, (float *)o->adam_m + k,
-                          (float *)o->adam_v + k, p16, e - b, (float)lr, (float)c->beta1,
-                          (float)c->beta2, (float)c->eps, s->wd, step);
+            adamw_run(o, be, m->params + b, grad_at(o, b), gscale, o->adam_m, o->adam_v, k,
+                      p16, e - b, (float)lr, s->wd, step);
         }
     }
     if (o->host) {
