@@ -478,10 +478,11 @@ static int bench_train(lb_backend *be, const lb_config *c)
     double step = total / c->bench.iters, tps = n / step;
     double flops = lb_model_flops_per_token(&m->cfg, T) * tps;
     double mem = peak_gib(be);
-    printf("train %s %s: %d x %d tokens, %.4f s/step, %.0f tokens/s, %.1f model TFLOP/s, "
+    printf("train %s %s%s: %d x %d tokens, %.4f s/step, %.0f tokens/s, %.1f model TFLOP/s, "
            "MFU %.3f (989 TFLOP/s), peak memory %.1f GiB, loss %.7f\n",
-           m->cfg.arch, c->precision.recipe, B, T, step, tps, flops / 1e12, flops / 989e12, mem,
-           m->loss);
+           m->cfg.arch, c->precision.recipe,
+           strcmp(c->train.adam_moments, "fp32") ? ", bf16 moments" : "", B, T, step, tps,
+           flops / 1e12, flops / 989e12, mem, m->loss);
     fflush(stdout);
     lb_optimizer_free(&opt);
     lb_model_free(m);

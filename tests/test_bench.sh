@@ -41,6 +41,11 @@ l1=$(sed -n 's/^train .*, loss \([0-9.]*\)$/\1/p' "$tmp/train1")
 l2=$(sed -n 's/^train .*, loss \([0-9.]*\)$/\1/p' "$tmp/train2")
 [ -n "$l1" ] && awk -v l="$l1" 'BEGIN { exit !(l > 0 && l < 100) }' || fail "bench train: loss '$l1'"
 [ "$l1" = "$l2" ] || fail "bench train: loss $l1 then $l2"
+# with bf16 AdamW moments the row says so (the loss after one step is still the first one's)
+"$bin" bench "$cfg" --set bench.kind=train --set train.adam_moments=bf16 "${quick[@]}" \
+    > "$tmp/train16" 2>&1 || fail "bench train, bf16 moments: exit $?"
+grep -q "^train [a-z0-9_]* fp32, bf16 moments: .*, loss $l1$" "$tmp/train16" ||
+    fail "bench train, bf16 moments: $(grep '^train' "$tmp/train16")"
 
 # Bad input: one clear line, non-zero exit.
 if "$bin" bench "$cfg" --set bench.kind=gemm --set bench.formats=bf17 > "$tmp/bad" 2>&1; then

@@ -11,7 +11,8 @@
 #   BUDGET_S [560], PEER_MODES ["--compile" ""], PROFILE [bf16], TOP [12] lines of each of
 #   the profile's two tables (operations, shapes), REPEAT [1] runs of each recipe: with more
 #   than one, whether their losses (7 decimals) are the same, since deterministic mode
-#   promises the same bits run after run (a kernel race showed first as such a difference).
+#   promises the same bits run after run (a kernel race showed first as such a difference),
+#   MOMENTS [""]: "bf16" runs each recipe once more with train.adam_moments = bf16.
 set -uo pipefail
 peer=${1-../shared/bench/peer_torch_moe.py}
 cfg=${CFG:-examples/qwen3-30b-a3b-4l.cfg} lowbit=${LOWBIT:-./lowbit}
@@ -59,6 +60,8 @@ run() {   # NAME "VAR=VALUE ..." RUNS ARGS...
 }
 for r in $recipes; do
     run "$r" "" "${REPEAT:-1}" --set precision.recipe=$r
+    [ -n "${MOMENTS-}" ] && run "$r-moments-$MOMENTS" "" 1 --set precision.recipe=$r \
+        --set train.adam_moments="$MOMENTS"
 done
 for x in ${EXTRA-}; do
     run "bf16-${x%%:*}" "${x#*:}" 1 --set precision.recipe=bf16
