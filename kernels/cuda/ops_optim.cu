@@ -221,10 +221,12 @@ static void cuda_linear_ce_bwd(lb_backend *be, float *dx, float dx_beta, float *
 // The CPU reference's expressions per element, each operation rounded alone in the CPU's order
 // (intrinsics, so nvcc fuses nothing into an FMA): the update is the CPU's bit for bit, and
 // the same in the vector and scalar paths. Bias corrections computed once on the host in
-// double and rounded to fp32, as the CPU does. Parameters and moments are fp32 master copies
-// (never bf16), so this kernel is not templated. It streams 28 bytes per element: four float4
-// loads and three stores per thread and step when all four arrays are 16-byte aligned; with
-// p16 (a weight cache's bf16 copy) 2 more, an 8-byte store of the four rounded values.
+// double and rounded to fp32, as the CPU does. Parameters are fp32 master copies; the moments
+// fp32 (adamw: 28 bytes an element, four float4 loads and three stores a thread when aligned)
+// or bf16 (adamw16: each widened, updated by the same operations, stored rounded to nearest
+// even as lb_f32_to_bf16 does, the parameter moved with the fp32 values; 8-byte vectors of
+// four beside the float4s, 20 bytes). With p16 (a weight cache's bf16 copy) 2 bytes more, an
+// 8-byte store of the four rounded parameters.
 struct adamw_args {
     float gscale, lr, beta1, beta2, eps, wd, bc1, bc2;
 };
@@ -244,132 +246,111 @@ __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v,
     p = __fsub_rn(p, __fmul_rn(a.lr, u));
 }
 
-template <int VEC>
-__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, uint16_t *p16,
-                             size_t n, adamw_args a)
+// A moment's storage: fp32 as is, bf16 widened on load and rounded on store; one element or
+// four (vector i: elements 4i .. 4i + 3, 16 or 8 bytes).
+__device__ __forceinline__ float mom_ld(const float *m, size_t i) { return m[i]; }
+__device__ __forceinline__ float mom_ld(const uint16_t *m, size_t i)
+{
+    return __uint_as_float((uint32_t)m[i] << 16);
+}
+__device__ __forceinline__ void mom_st(float *m, size_t i, float x) { m[i] = x; }
+__device__ __forceinline__ void mom_st(uint16_t *m, size_t i, float x)
+{
+    m[i] = (uint16_t)round_bf16_bits(x);
+}
+__device__ __forceinline__ float4 mom_ld4(const float *m, size_t i)
+{
+    return reinterpret_cast<const float4 *>(m)[i];
+}
+__device__ __forceinline__ float4 mom_ld4(const uint16_t *m, size_t i)
+{
+    const uint2 b = reinterpret_cast<const uint2 *>(m)[i];
+    return make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xffff0000u),
+                       __uint_as_float(b.y << 16), __uint_as_float(b.y & 0xffff0000u));
+}
+__device__ __forceinline__ void mom_st4(float *m, size_t i, float4 x)
+{
+    reinterpret_cast<float4 *>(m)[i] = x;
+}
+__device__ __forceinline__ void mom_st4(uint16_t *m, size_t i, float4 x)
+{
+    reinterpret_cast<uint2 *>(m)[i] = bf16x4_bits(x);
+}
+
+template <typename M>
+__device__ __forceinline__ void adamw_at(float *p, const float *g, M *m, M *v, uint16_t *p16,
+                                         size_t i, const adamw_args &a)
+{
+    float pi = p[i], mi = mom_ld(m, i), vi = mom_ld(v, i);
+    adamw_one(pi, g[i], mi, vi, a);
+    p[i] = pi;
+    mom_st(m, i, mi);
+    mom_st(v, i, vi);
+    if (p16) p16[i] = (uint16_t)round_bf16_bits(pi);
+}
+
+// M: the moments' storage (float or uint16_t bf16 bits).
+template <int VEC, typename M>
+__global__ void adamw_kernel(float *p, const float *g, M *m, M *v, uint16_t *p16, size_t n,
+                             adamw_args a)
 {
     const size_t nv = n / VEC, stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nv; i += stride) {
         if (VEC == 4) {
-            float4 pp = reinterpret_cast<float4 *>(p)[i], mm = reinterpret_cast<float4 *>(m)[i];
-            float4 vv = reinterpret_cast<float4 *>(v)[i];
+            float4 pp = reinterpret_cast<float4 *>(p)[i], mm = mom_ld4(m, i), vv = mom_ld4(v, i);
             const float4 gg = __ldcs(reinterpret_cast<const float4 *>(g) + i);
             adamw_one(pp.x, gg.x, mm.x, vv.x, a);
             adamw_one(pp.y, gg.y, mm.y, vv.y, a);
             adamw_one(pp.z, gg.z, mm.z, vv.z, a);
             adamw_one(pp.w, gg.w, mm.w, vv.w, a);
             reinterpret_cast<float4 *>(p)[i] = pp;
-            reinterpret_cast<float4 *>(m)[i] = mm;
-            reinterpret_cast<float4 *>(v)[i] = vv;
-            if (p16)
-                reinterpret_cast<uint2 *>(p16)[i] =
-                    make_uint2(round_bf16_bits(pp.x) | round_bf16_bits(pp.y) << 16,
-                               round_bf16_bits(pp.z) | round_bf16_bits(pp.w) << 16);
+            mom_st4(m, i, mm);
+            mom_st4(v, i, vv);
+            if (p16) reinterpret_cast<uint2 *>(p16)[i] = bf16x4_bits(pp);
         } else {
-            adamw_one(p[i], g[i], m[i], v[i], a);
-            if (p16) p16[i] = (uint16_t)round_bf16_bits(p[i]);
+            adamw_at(p, g, m, v, p16, i, a);
         }
     }
     // The tail past the last whole vector (VEC 4 only): thread i takes element nv * 4 + i.
     const size_t tail = nv * VEC + blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (VEC > 1 && tail < n) {
-        adamw_one(p[tail], g[tail], m[tail], v[tail], a);
-        if (p16) p16[tail] = (uint16_t)round_bf16_bits(p[tail]);
-    }
+    if (VEC > 1 && tail < n) adamw_at(p, g, m, v, p16, tail, a);
+}
+
+// The vector path when p and g are 16-byte aligned, the moments 16 (fp32) or 8 (bf16), p16 8.
+template <typename M>
+static void adamw_launch(lb_backend *be, const char *op, float *p, const float *g, float gscale,
+                         M *m, M *v, uint16_t *p16, size_t n, float lr, float beta1,
+                         float beta2, float eps, float wd, int step)
+{
+    if (step < 1) lb_die("%s: step %d, steps count from 1", op, step);
+    if (!n) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    const adamw_args a = {gscale, lr, beta1, beta2, eps, wd,
+                          (float)(1.0 - pow((double)beta1, step)),
+                          (float)(1.0 - pow((double)beta2, step))};
+    const uintptr_t mal = 4 * sizeof(M);
+    const int vec = ((uintptr_t)p | (uintptr_t)g) % 16 == 0 &&
+                    ((uintptr_t)m | (uintptr_t)v) % mal == 0 && (uintptr_t)p16 % 8 == 0 &&
+                    n >= 4;
+    if (vec)
+        adamw_kernel<4, M><<<lb_grid(n / 4, 256, cx), 256, 0, cx->stream>>>(p, g, m, v, p16, n, a);
+    else
+        adamw_kernel<1, M><<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(p, g, m, v, p16, n, a);
+    LB_CUDA_LAUNCHED(cx);
 }
 
 static void cuda_adamw(lb_backend *be, float *p, const float *g, float gscale, float *m,
                        float *v, uint16_t *p16, size_t n, float lr, float beta1, float beta2,
                        float eps, float wd, int step)
 {
-    if (step < 1) lb_die("adamw: step %d, steps count from 1", step);
-    if (!n) return;
-    lb_cuda_ctx *cx = lb_cuda(be);
-    const adamw_args a = {gscale, lr, beta1, beta2, eps, wd,
-                          (float)(1.0 - pow((double)beta1, step)),
-                          (float)(1.0 - pow((double)beta2, step))};
-    const uintptr_t al = (uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v;
-    if (al % 16 == 0 && (uintptr_t)p16 % 8 == 0 && n >= 4)
-        adamw_kernel<4><<<lb_grid(n / 4, 256, cx), 256, 0, cx->stream>>>(p, g, m, v, p16, n, a);
-    else
-        adamw_kernel<1><<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(p, g, m, v, p16, n, a);
-    LB_CUDA_LAUNCHED(cx);
-}
-
-// adamw16 (kernels.h): adamw_one on the widened bf16 moments, which are stored rounded to
-// nearest even as round_bf16_bits does on the CPU (lb_f32_to_bf16); p gets adamw's bits. 22
-// bytes an element with p16 (two float4 and two 8-byte loads, a float4 and three 8-byte stores
-// a thread when aligned), against adamw's 30.
-__device__ __forceinline__ float bf16_widen(uint32_t b) { return __uint_as_float(b << 16); }
-
-__device__ __forceinline__ void adamw16_one(float &p, float g, uint32_t &m16, uint32_t &v16,
-                                            const adamw_args &a)
-{
-    float m = bf16_widen(m16), v = bf16_widen(v16);
-    adamw_one(p, g, m, v, a);
-    m16 = round_bf16_bits(m);
-    v16 = round_bf16_bits(v);
-}
-
-template <int VEC>
-__global__ void adamw16_kernel(float *p, const float *g, uint16_t *m16, uint16_t *v16,
-                               uint16_t *p16, size_t n, adamw_args a)
-{
-    const size_t nv = n / VEC, stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nv; i += stride) {
-        if (VEC == 4) {
-            float4 pp = reinterpret_cast<float4 *>(p)[i];
-            const float4 gg = __ldcs(reinterpret_cast<const float4 *>(g) + i);
-            const uint2 mm = reinterpret_cast<uint2 *>(m16)[i];
-            const uint2 vv = reinterpret_cast<uint2 *>(v16)[i];
-            uint32_t m[4] = {mm.x & 0xffffu, mm.x >> 16, mm.y & 0xffffu, mm.y >> 16};
-            uint32_t v[4] = {vv.x & 0xffffu, vv.x >> 16, vv.y & 0xffffu, vv.y >> 16};
-            adamw16_one(pp.x, gg.x, m[0], v[0], a);
-            adamw16_one(pp.y, gg.y, m[1], v[1], a);
-            adamw16_one(pp.z, gg.z, m[2], v[2], a);
-            adamw16_one(pp.w, gg.w, m[3], v[3], a);
-            reinterpret_cast<float4 *>(p)[i] = pp;
-            reinterpret_cast<uint2 *>(m16)[i] = make_uint2(m[0] | m[1] << 16, m[2] | m[3] << 16);
-            reinterpret_cast<uint2 *>(v16)[i] = make_uint2(v[0] | v[1] << 16, v[2] | v[3] << 16);
-            if (p16)
-                reinterpret_cast<uint2 *>(p16)[i] =
-                    make_uint2(round_bf16_bits(pp.x) | round_bf16_bits(pp.y) << 16,
-                               round_bf16_bits(pp.z) | round_bf16_bits(pp.w) << 16);
-        } else {
-            uint32_t m = m16[i], v = v16[i];
-            adamw16_one(p[i], g[i], m, v, a);
-            m16[i] = (uint16_t)m, v16[i] = (uint16_t)v;
-            if (p16) p16[i] = (uint16_t)round_bf16_bits(p[i]);
-        }
-    }
-    // The tail past the last whole vector (VEC 4 only): thread i takes element nv * 4 + i.
-    const size_t t = nv * VEC + blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (VEC > 1 && t < n) {
-        uint32_t m = m16[t], v = v16[t];
-        adamw16_one(p[t], g[t], m, v, a);
-        m16[t] = (uint16_t)m, v16[t] = (uint16_t)v;
-        if (p16) p16[t] = (uint16_t)round_bf16_bits(p[t]);
-    }
+    adamw_launch(be, "adamw", p, g, gscale, m, v, p16, n, lr, beta1, beta2, eps, wd, step);
 }
 
 static void cuda_adamw16(lb_backend *be, float *p, const float *g, float gscale, uint16_t *m16,
                          uint16_t *v16, uint16_t *p16, size_t n, float lr, float beta1,
                          float beta2, float eps, float wd, int step)
 {
-    if (step < 1) lb_die("adamw16: step %d, steps count from 1", step);
-    if (!n) return;
-    lb_cuda_ctx *cx = lb_cuda(be);
-    const adamw_args a = {gscale, lr, beta1, beta2, eps, wd,
-                          (float)(1.0 - pow((double)beta1, step)),
-                          (float)(1.0 - pow((double)beta2, step))};
-    const uintptr_t al16 = (uintptr_t)p | (uintptr_t)g, al8 = (uintptr_t)m16 | (uintptr_t)v16 |
-                                                              (uintptr_t)p16;
-    if (al16 % 16 == 0 && al8 % 8 == 0 && n >= 4)
-        adamw16_kernel<4><<<lb_grid(n / 4, 256, cx), 256, 0, cx->stream>>>(p, g, m16, v16, p16, n,
-                                                                           a);
-    else
-        adamw16_kernel<1><<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(p, g, m16, v16, p16, n, a);
-    LB_CUDA_LAUNCHED(cx);
+    adamw_launch(be, "adamw16", p, g, gscale, m16, v16, p16, n, lr, beta1, beta2, eps, wd, step);
 }
 
 extern "C" void lb_cuda_init_optim(lb_backend *be)
