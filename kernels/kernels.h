@@ -183,9 +183,11 @@ struct lb_backend {
     // x, out (n, c); w (c); rstd (n) saved for backward
     void (*rmsnorm_fwd)(lb_backend *, float *out, float *rstd, const float *x, const float *w,
                         int n, int c, float eps);
-    // dx (n, c) overwritten; dw (c) accumulated
-    void (*rmsnorm_bwd)(lb_backend *, float *dx, float *dw, const float *dout, const float *x,
-                        const float *w, const float *rstd, int n, int c);
+    // dx (n, c) = the gradient (rounded to fp32) + dx_beta dx, dx not read when dx_beta is 0
+    // (1: a residual's gradient added in place, the same bits as add() after it); dw (c)
+    // accumulated
+    void (*rmsnorm_bwd)(lb_backend *, float *dx, float dx_beta, float *dw, const float *dout,
+                        const float *x, const float *w, const float *rstd, int n, int c);
 
     // --- RoPE (rotate-half form, as Hugging Face Llama/Qwen), in place --------------------------
     // x (n, heads, d); pos (n) token positions; frequency i = theta^(-2i/d), i < d/2

@@ -219,9 +219,9 @@ W(rmsnorm_fwd,
   (lb_backend *be, float *o, float *r, const float *x, const float *w, int n, int c, float e),
   (in, o, r, x, w, n, c, e))
 W(rmsnorm_bwd,
-  (lb_backend *be, float *dx, float *dw, const float *d, const float *x, const float *w,
-   const float *r, int n, int c),
-  (in, dx, dw, d, x, w, r, n, c))
+  (lb_backend *be, float *dx, float b, float *dw, const float *d, const float *x,
+   const float *w, const float *r, int n, int c),
+  (in, dx, b, dw, d, x, w, r, n, c))
 W(rope_fwd, (lb_backend *be, float *x, const int32_t *p, int n, int h, int d, float th),
   (in, x, p, n, h, d, th))
 W(rope_bwd, (lb_backend *be, float *x, const int32_t *p, int n, int h, int d, float th),

@@ -426,7 +426,6 @@ typedef struct {
     float *dres;           // (ns, c) d loss / d residual
     float *dfull;          // (n, c) dres gathered over tp (= dres without SP)
     float *dln, *dlns;     // (n, c) partial d loss / d norm output; (ns, c) its sum (= dln w/o SP)
-    float *dtmp;           // (ns, c)
     float *dq, *dk, *dv, *datt;            // (n, hq*d), (n, hkv*d) x2, (n, hq*d)
     float *dqr, *dkr;                      // (n, hq*d), (n, hkv*d)
     float *dgu, *dh;                       // dense: (n, 2f), (n, f)
@@ -559,7 +558,6 @@ static void *acts_create(lb_model *m, int b, int t)
     a->dfull = d.sp ? falloc(be, n * C) : a->dres;
     a->dln = falloc(be, n * C);
     a->dlns = d.sp ? falloc(be, ns * C) : a->dln;
-    a->dtmp = falloc(be, ns * C);
     a->dq = falloc(be, n * hq * D);
     a->dk = falloc(be, n * hkv * D);
     a->dv = falloc(be, n * hkv * D);
@@ -594,7 +592,7 @@ static void acts_free(lb_model *m, void *p)
     if (a->recompute == LB_RECOMPUTE_SELECTIVE) shared_free(m, &a->sel);
     free(a->l);
     void *bufs[] = {a->lnf, a->rstdf, a->loss, a->ce_stats, a->pos, a->part, a->dres, a->dln,
-                    a->dtmp, a->dq, a->dk, a->dv, a->datt, a->dqr, a->dkr, a->dgu, a->dh, a->dxp,
+                    a->dq, a->dk, a->dv, a->datt, a->dqr, a->dkr, a->dgu, a->dh, a->dxp,
                     a->dyp, a->drlogits, a->dweight, a->daux};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
@@ -955,7 +953,7 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
                           m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits,
                           a->dln, 0.0f, G + th->offset, lb_model_grad_beta(m, G + th->offset),
                           ns, d.V, C);
-        be->rmsnorm_bwd(be, a->dres, G + tn->offset, a->dln, a->l[a->nl].x,
+        be->rmsnorm_bwd(be, a->dres, 0.0f, G + tn->offset, a->dln, a->l[a->nl].x,
                         m->params + tn->offset, a->rstdf, ns, C);
     }
     for (int i = a->nl - 1; i >= 0; i--) {
@@ -972,8 +970,7 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
         tp_gather(m, a->dres, a->dfull, n, C);
         ffn_bwd(m, l, &w, &dw, &L->f, a, L->ln2, n, a->dfull, a->dln, aux_scale);
         tp_reduce(m, a->dln, a->dlns, n, C);
-        be->rmsnorm_bwd(be, a->dtmp, dw.ln2, a->dlns, L->xmid, w.ln2, L->rstd2, ns, C);
-        be->add(be, a->dres, a->dtmp, (size_t)ns * C);
+        be->rmsnorm_bwd(be, a->dres, 1.0f, dw.ln2, a->dlns, L->xmid, w.ln2, L->rstd2, ns, C);
         // attention block: dres is now d loss / d xmid
         tp_gather(m, a->dres, a->dfull, n, C);
         lb_linear_bwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, a->dfull, a->datt, 0.0f,
@@ -982,8 +979,8 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
                           b, t, d.hq, d.hkv, D, m->contract.attention_bf16);
         be->rope_bwd(be, a->dq, a->pos, n, d.hq, D, theta);
         be->rope_bwd(be, a->dk, a->pos, n, d.hkv, D, theta);
-        be->rmsnorm_bwd(be, a->dqr, dw.qn, a->dq, L->q, w.qn, L->qrstd, n * d.hq, D);
-        be->rmsnorm_bwd(be, a->dkr, dw.kn, a->dk, L->k, w.kn, L->krstd, n * d.hkv, D);
+        be->rmsnorm_bwd(be, a->dqr, 0.0f, dw.qn, a->dq, L->q, w.qn, L->qrstd, n * d.hq, D);
+        be->rmsnorm_bwd(be, a->dkr, 0.0f, dw.kn, a->dk, L->k, w.kn, L->krstd, n * d.hkv, D);
         {   // dln = dq W_q + dk W_k + dv W_v, the wgrads' column-wise ln1 made once
             const float *ws[3] = {w.q, w.k, w.v}, *dys[3] = {a->dqr, a->dkr, a->dv};
             const lb_wcache *cs[3] = {w.cq, w.ck, w.cv};
@@ -995,8 +992,7 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
                                  betas, outs, n, C);
         }
         tp_reduce(m, a->dln, a->dlns, n, C);
-        be->rmsnorm_bwd(be, a->dtmp, dw.ln1, a->dlns, L->x, w.ln1, L->rstd1, ns, C);
-        be->add(be, a->dres, a->dtmp, (size_t)ns * C);
+        be->rmsnorm_bwd(be, a->dres, 1.0f, dw.ln1, a->dlns, L->x, w.ln1, L->rstd1, ns, C);
     }
     if (m->first_stage)
         be->embedding_bwd(be, G + find_or_die(m, "model.embed_tokens.weight")->offset, a->dres,

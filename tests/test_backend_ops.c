@@ -704,7 +704,7 @@ static void rmsnorm_case(int n, int c)
     float *out = lb_malloc(sz * 4), *rstd = lb_malloc((size_t)n * 4);
     float *dx = lb_malloc(sz * 4), *dw = hdup(dw0, (size_t)c * 4);
     cpu->rmsnorm_fwd(cpu, out, rstd, x, w, n, c, 1e-6f);
-    cpu->rmsnorm_bwd(cpu, dx, dw, g, x, w, rstd, n, c);
+    cpu->rmsnorm_bwd(cpu, dx, 0.0f, dw, g, x, w, rstd, n, c);
     float *dxx = dput(x, sz * 4), *dww = dput(w, (size_t)c * 4), *dg = dput(g, sz * 4);
     float *dout = gpu->alloc(gpu, sz * 4), *drstd = gpu->alloc(gpu, (size_t)n * 4);
     float *ddx = gpu->alloc(gpu, sz * 4), *ddw = gpu->alloc(gpu, (size_t)c * 4);
@@ -716,10 +716,20 @@ static void rmsnorm_case(int n, int c)
         gpu->rmsnorm_fwd(gpu, dout, drstd, dxx, dww, n, c, 1e-6f);
         // The backward reads the CPU's rstd so it is compared on identical inputs.
         float *drc = dput(rstd, (size_t)n * 4);
-        gpu->rmsnorm_bwd(gpu, ddx, ddw, dg, dxx, dww, drc, n, c);
+        gpu->rmsnorm_bwd(gpu, ddx, 0.0f, ddw, dg, dxx, dww, drc, n, c);
         keep[r][0] = hget(dout, sz * 4), keep[r][1] = hget(drstd, (size_t)n * 4);
         keep[r][2] = hget(ddx, sz * 4), keep[r][3] = hget(ddw, (size_t)c * 4);
         dfree(drc);
+    }
+    {   // dx_beta 1: the GPU's own dx added to a residual's gradient, one fp32 add each
+        float *res = randn(sz, 3), *want = lb_malloc(sz * 4);
+        for (size_t i = 0; i < sz; i++) want[i] = res[i] + keep[0][2][i];
+        float *dres = dput(res, sz * 4), *drc = dput(rstd, (size_t)n * 4);
+        gpu->rmsnorm_bwd(gpu, dres, 1.0f, ddw, dg, dxx, dww, drc, n, c);
+        float *got = hget(dres, sz * 4);
+        snprintf(what, sizeof what, "rmsnorm_bwd dx_beta 1 n %d c %d", n, c);
+        CHECK_BITS(what, got, want, sz * 4);
+        free(res), free(want), free(got), dfree(dres), dfree(drc);
     }
     snprintf(what, sizeof what, "rmsnorm_fwd out n %d c %d", n, c);
     CHECK_NMSE(what, keep[0][0], out, sz, B_ROUND);
@@ -741,10 +751,16 @@ static void rmsnorm_case(int n, int c)
 
 START_TEST(test_rmsnorm)
 {
+    // CUDA's rmsnorm_bwd takes a row with 32 to 1024 threads by c; dw's partials are per block
+    // of 16 to 1024 rows (by n)
     rmsnorm_case(300, 53);
-    rmsnorm_case(1000, 128);   // per-head q/k norm shape: 8 row chunks for dw
+    rmsnorm_case(1000, 128);   // per-head q/k norm shape
+    rmsnorm_case(37, 600);
     rmsnorm_case(37, 2048);    // hidden size
-    rmsnorm_case(40000, 128);  // 313 row chunks: dw's partials summed in groups first
+    rmsnorm_case(21, 3000);
+    rmsnorm_case(19, 5000);
+    rmsnorm_case(9, 10000);
+    rmsnorm_case(40000, 128);  // 625 blocks: dw's partials summed in groups first
 }
 END_TEST
 

@@ -1202,12 +1202,17 @@ START_TEST(test_grad_rmsnorm)
                  randn(C, 311, 1), randn((size_t)n * C, 312, 1), n, C};
     float *dx = lb_malloc((size_t)n * C * 4), *d0 = randn(C, 313, 1), *dw = fdup(d0, C);
     rms_loss(&q);
-    be->rmsnorm_bwd(be, dx, dw, q.r, q.x, q.w, q.rstd, n, C);
+    be->rmsnorm_bwd(be, dx, 0.0f, dw, q.r, q.x, q.w, q.rstd, n, C);
     float *gw = fdiff(dw, d0, C);
     fd_check("rmsnorm dx", rms_loss, &q, q.x, dx, (size_t)n * C, 1e-3, 2e-3, 314);
     fd_check("rmsnorm dw", rms_loss, &q, q.w, gw, C, 1e-3, 2e-3, 315);
+    // dx_beta 1 adds into a residual's gradient: the bits of add() after the overwrite
+    float *res = randn((size_t)n * C, 316, 1), *want = fdup(res, (size_t)n * C);
+    be->add(be, want, dx, (size_t)n * C);
+    be->rmsnorm_bwd(be, res, 1.0f, dw, q.r, q.x, q.w, q.rstd, n, C);
+    ASSERT_BITWISE("rmsnorm_bwd dx_beta 1 vs add", res, want, (size_t)n * C * 4);
     free(q.out), free(q.rstd), free(q.x), free(q.w), free(q.r), free(dx), free(d0), free(dw);
-    free(gw);
+    free(gw), free(res), free(want);
 }
 END_TEST
 
@@ -1529,8 +1534,8 @@ START_TEST(test_determinism_threads)
     float *dx1 = lb_malloc((size_t)ntok * c * 4), *dx2 = lb_malloc((size_t)ntok * c * 4);
     float *dw1 = lb_calloc(c, 4), *dw2 = lb_calloc(c, 4);
     be->rmsnorm_fwd(be, outr, rstd, xr, wr, ntok, c, 1e-6f);
-    be_one->rmsnorm_bwd(be_one, dx1, dw1, g, xr, wr, rstd, ntok, c);
-    be_many->rmsnorm_bwd(be_many, dx2, dw2, g, xr, wr, rstd, ntok, c);
+    be_one->rmsnorm_bwd(be_one, dx1, 0.0f, dw1, g, xr, wr, rstd, ntok, c);
+    be_many->rmsnorm_bwd(be_many, dx2, 0.0f, dw2, g, xr, wr, rstd, ntok, c);
     ASSERT_BITWISE("rmsnorm_bwd dx, 1 vs many threads", dx1, dx2, (size_t)ntok * c * 4);
     ASSERT_BITWISE("rmsnorm_bwd dw, 1 vs many threads", dw1, dw2, (size_t)c * 4);
     free(q), free(k), free(v), free(dout), free(tok), free(g), free(w1), free(w2), free(xr);

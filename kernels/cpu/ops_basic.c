@@ -166,10 +166,11 @@ static void cpu_rmsnorm_fwd(lb_backend *be, float *out, float *rstd, const float
 // With y = x r w and r = (mean(x^2) + eps)^(-1/2):
 //   dx_j = r (w_j dy_j) - x_j r^3 / c * sum_k (w_k dy_k x_k)
 //   dw_j += sum_i dy_ij x_ij r_i
-// dx (n, c) overwritten (parallel over rows); dw (c) accumulated (parallel over columns, rows
-// summed in order in double).
-static void cpu_rmsnorm_bwd(lb_backend *be, float *dx, float *dw, const float *dout,
-                            const float *x, const float *w, const float *rstd, int n, int c)
+// dx (n, c) = that + dx_beta dx (parallel over rows); dw (c) accumulated (parallel over
+// columns, rows summed in order in double).
+static void cpu_rmsnorm_bwd(lb_backend *be, float *dx, float dx_beta, float *dw,
+                            const float *dout, const float *x, const float *w,
+                            const float *rstd, int n, int c)
 {
     int nt = lb_cpu_threads(be);
     int par = (size_t)n * c >= LB_CPU_PAR_MIN;
@@ -180,7 +181,14 @@ static void cpu_rmsnorm_bwd(lb_backend *be, float *dx, float *dw, const float *d
         double r = rstd[i], dot = 0.0;
         for (int j = 0; j < c; j++) dot += (double)gi[j] * w[j] * xi[j];
         double coef = dot * r * r * r / c;
-        for (int j = 0; j < c; j++) dxi[j] = (float)(r * ((double)w[j] * gi[j]) - coef * xi[j]);
+        for (int j = 0; j < c; j++) {
+            float v = (float)(r * ((double)w[j] * gi[j]) - coef * xi[j]);
+            if (dx_beta != 0.0f) {   // rounded apart, as add() after an overwrite
+                float old = dx_beta * dxi[j];
+                v = old + v;
+            }
+            dxi[j] = v;
+        }
     }
     int nblk = (c + COL_BLOCK - 1) / COL_BLOCK;
     #pragma omp parallel for num_threads(nt) if (par)

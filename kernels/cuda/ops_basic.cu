@@ -273,67 +273,124 @@ static void cuda_rmsnorm_fwd(lb_backend *be, float *out, float *rstd, const floa
     LB_CUDA_LAUNCHED(cx);
 }
 
-// dx_j = r (w_j dy_j) - x_j r^3 / c * sum_k (w_k dy_k x_k), one warp per row, in double like
-// the CPU reference.
-template <typename T>
-__global__ void rmsnorm_bwd_dx_kernel(T *dx, const T *dout, const T *x, const float *w,
-                                      const float *rstd, int n, int c)
+// dx_j = r (w_j dy_j) - x_j r^3 / c * sum_k (w_k dy_k x_k) (+ beta dx_j), in double like the
+// CPU reference; and dw's partials in the same pass over dy and x (reading them is the cost).
+// A group of G threads takes a row, thread t of it the K columns t, t + G, ..., held in
+// registers between the row's dot product and its dx; a block of 256 (or G) threads holds
+// 256 / G groups. Block b takes rows [b rb, (b + 1) rb), group i of its ng the rows b rb + i,
+// + ng, ...; each thread adds dy_ij x_ij r_i (rounded to fp32) for its columns over its rows,
+// in order, in fp32 registers; the block then sums its groups' in double, in group order,
+// into part (nblocks, c). G, K and rb depend on n and c alone, so the sums' order is a
+// function of the shape. The dot product: lanes' partials, the warp's xor tree, then (G > 32)
+// the group's warps in order.
+template <int G, int K>
+__global__ void __launch_bounds__(G > 256 ? G : 256, K > 8 || G > 256 ? 1 : 3)
+rmsnorm_bwd_kernel(float *dx, float beta, double *part, const float *dout, const float *x,
+                   const float *w, const float *rstd, int n, int c, int rb)
 {
-    int lane = threadIdx.x & 31;
-    int row = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
-    if (row >= n) return;
-    const T *xi = x + (size_t)row * c, *gi = dout + (size_t)row * c;
-    T *dxi = dx + (size_t)row * c;
-    double r = rstd[row], dot = 0.0;
-    for (int j = lane; j < c; j += 32) dot += (double)lb_ld(gi + j) * w[j] * lb_ld(xi + j);
-    dot = lb_warp_sum(dot);
-    double coef = dot * r * r * r / c;
-    for (int j = lane; j < c; j += 32)
-        lb_st(dxi + j, (float)(r * ((double)w[j] * lb_ld(gi + j)) - coef * lb_ld(xi + j)));
-}
-
-// dw partials: block (row chunk, column block) of (32, 8) threads; column j's partial for
-// rows [ch COL_CHUNK, (ch + 1) COL_CHUNK) is summed by y-strided rows in order, then the 8
-// y partials in y order.
-template <typename T>
-__global__ void rmsnorm_bwd_dw_kernel(double *part, const T *dout, const T *x,
-                                      const float *rstd, int n, int c)
-{
-    __shared__ double sh[8][33];
-    int j = blockIdx.y * 32 + threadIdx.x, ch = blockIdx.x;
-    int lo = ch * COL_CHUNK, hi = lo + COL_CHUNK < n ? lo + COL_CHUNK : n;
-    double s = 0.0;
-    if (j < c)
-        for (int i = lo + threadIdx.y; i < hi; i += 8)
-            s += (double)lb_ld(dout + (size_t)i * c + j) * lb_ld(x + (size_t)i * c + j) *
-                 (double)rstd[i];
-    sh[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && j < c) {
-        double t = 0.0;
-        for (int y = 0; y < 8; y++) t += sh[y][threadIdx.x];
-        part[(size_t)ch * c + j] = t;
+    constexpr int NG = G > 256 ? 1 : 256 / G, WG = G / 32;
+    __shared__ double red[NG][WG];
+    extern __shared__ float rms_sh[];   // NG > 1: (NG, c), the groups' partials
+    const int gi = threadIdx.x / G, li = threadIdx.x % G, warp = li >> 5, lane = li & 31;
+    float wv[K], acc[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int j = li + G * k;
+        wv[k] = j < c ? w[j] : 0.0f;
+        acc[k] = 0.0f;
+    }
+    const int lo = blockIdx.x * rb, hi = lo + rb < n ? lo + rb : n;
+    for (int row0 = lo; row0 < hi; row0 += NG) {   // every group's threads run every round
+        const int row = row0 + gi;
+        const bool on = row < hi;
+        const float *xi = x + (size_t)row * c, *gr = dout + (size_t)row * c;
+        float xv[K], gv[K], old[K];
+        double dot = 0.0;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int j = li + G * k;
+            const bool in = on && j < c;
+            xv[k] = in ? xi[j] : 0.0f;
+            gv[k] = in ? gr[j] : 0.0f;
+            old[k] = in && beta != 0.0f ? dx[(size_t)row * c + j] : 0.0f;
+            dot += (double)gv[k] * wv[k] * xv[k];
+        }
+        dot = lb_warp_sum(dot);
+        if constexpr (WG > 1) {
+            if (lane == 0) red[gi][warp] = dot;
+            __syncthreads();
+            dot = 0.0;
+#pragma unroll
+            for (int q = 0; q < WG; q++) dot += red[gi][q];
+            __syncthreads();   // red is rewritten by the next round
+        }
+        if (!on) continue;
+        const double r = rstd[row], coef = dot * r * r * r / c;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int j = li + G * k;
+            if (j >= c) continue;
+            float v = (float)(r * ((double)wv[k] * gv[k]) - coef * xv[k]);
+            if (beta != 0.0f) v = __fadd_rn(__fmul_rn(beta, old[k]), v);
+            dx[(size_t)row * c + j] = v;
+            acc[k] = __fadd_rn(acc[k], (float)((double)gv[k] * xv[k] * r));
+        }
+    }
+    if constexpr (NG == 1) {
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            if (li + G * k < c) part[(size_t)blockIdx.x * c + li + G * k] = acc[k];
+    } else {
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            if (li + G * k < c) rms_sh[(size_t)gi * c + li + G * k] = acc[k];
+        __syncthreads();
+        for (int j = threadIdx.x; j < c; j += blockDim.x) {
+            double t = 0.0;
+            for (int q = 0; q < NG; q++) t += rms_sh[(size_t)q * c + j];
+            part[(size_t)blockIdx.x * c + j] = t;
+        }
     }
 }
 
-static void cuda_rmsnorm_bwd(lb_backend *be, float *dx, float *dw, const float *dout,
-                             const float *x, const float *w, const float *rstd, int n, int c)
+template <int G, int K>
+static void rmsnorm_bwd_launch(lb_cuda_ctx *cx, float *dx, float beta, double *part,
+                               const float *dout, const float *x, const float *w,
+                               const float *rstd, int n, int c, int rb, int nb)
+{
+    const int ng = G > 256 ? 1 : 256 / G;
+    const size_t smem = ng > 1 ? (size_t)ng * c * sizeof(float) : 0;   // 16 KB at most
+    rmsnorm_bwd_kernel<G, K><<<nb, ng * G, smem, cx->stream>>>(dx, beta, part, dout, x, w, rstd,
+                                                               n, c, rb);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+static void cuda_rmsnorm_bwd(lb_backend *be, float *dx, float dx_beta, float *dw,
+                             const float *dout, const float *x, const float *w,
+                             const float *rstd, int n, int c)
 {
     if (n < 0 || c <= 0) lb_die("rmsnorm_bwd: bad size (n %d, c %d)", n, c);
+    if (c > 16384) lb_die("rmsnorm_bwd: %d columns is more than 16384", c);
     if (!n) return;
     lb_cuda_ctx *cx = lb_cuda(be);
-    rmsnorm_bwd_dx_kernel<float><<<(n + ROW_WARPS - 1) / ROW_WARPS, ROW_WARPS * 32, 0,
-                                   cx->stream>>>(dx, dout, x, w, rstd, n, c);
-    LB_CUDA_LAUNCHED(cx);
-    int nch = (n + COL_CHUNK - 1) / COL_CHUNK;
-    if ((c + 31) / 32 > 65535) lb_die("rmsnorm_bwd: %d columns is too many for one call", c);
-    const size_t b_part = lb_align256((size_t)nch * c * sizeof(double));
-    char *s = (char *)lb_cuda_scratch(cx, b_part + lb_cuda_colsum_work(nch, c));
+    // Blocks of 16 rows or more, about 1024 of them on long inputs (the partials are then 4%
+    // of the bytes read at c 2048).
+    int rb = 16;
+    while (rb < 1024 && (size_t)rb * 1024 < (size_t)n) rb *= 2;
+    const int nb = (n + rb - 1) / rb;
+    const size_t b_part = lb_align256((size_t)nb * c * sizeof(double));
+    char *s = (char *)lb_cuda_scratch(cx, b_part + lb_cuda_colsum_work(nb, c));
     double *part = (double *)s;
-    dim3 grid(nch, (c + 31) / 32), block(32, 8);
-    rmsnorm_bwd_dw_kernel<float><<<grid, block, 0, cx->stream>>>(part, dout, x, rstd, n, c);
-    LB_CUDA_LAUNCHED(cx);
-    lb_cuda_colsum_partials(cx, part, nch, c, (double *)(s + b_part), NULL, dw);
+#define RMS_BWD(G, K) \
+    rmsnorm_bwd_launch<G, K>(cx, dx, dx_beta, part, dout, x, w, rstd, n, c, rb, nb)
+    if (c <= 128) RMS_BWD(32, 4);
+    else if (c <= 512) RMS_BWD(64, 8);
+    else if (c <= 2048) RMS_BWD(256, 8);
+    else if (c <= 4096) RMS_BWD(512, 8);
+    else if (c <= 8192) RMS_BWD(1024, 8);
+    else RMS_BWD(1024, 16);   // registers spill: correct, not tuned
+#undef RMS_BWD
+    lb_cuda_colsum_partials(cx, part, nb, c, (double *)(s + b_part), NULL, dw);
 }
 
 // --- RoPE ------------------------------------------------------------------------------------
