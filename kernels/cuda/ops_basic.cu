@@ -236,62 +236,102 @@ static void cuda_embedding_bwd(lb_backend *be, float *dwte, const float *dout,
 }
 
 // --- RMSNorm ---------------------------------------------------------------------------------
-// One warp per row, lanes strided over columns; the row's sum of squares in double (lane
-// partials, then the warp's xor tree), as the CPU reference sums in double. A row's result
-// depends on that row alone. Block: ROW_WARPS warps = ROW_WARPS rows.
+// A row is taken by a group of G threads (32 to 1024, by its width c: rms_launch), thread t
+// of it the K columns t, t + G, ..., held in registers, so the row is read once; a block of
+// 256 (or G) threads holds 256 / G groups. The row's sums in double, as the CPU reference
+// sums: the threads' partials, the warp's xor tree, then (G > 32) the group's warps in order.
+// A row's result depends on that row alone.
 
-#define ROW_WARPS 8
-
-template <typename T>
-__global__ void rmsnorm_fwd_kernel(T *out, float *rstd, const T *x, const float *w, int n, int c,
-                                   float eps)
+// The group's sum of v (every thread of the block calls it: it may synchronise the block).
+template <int G>
+__device__ __forceinline__ double rms_group_sum(double v, double (*red)[G / 32], int gi, int li)
 {
-    int lane = threadIdx.x & 31;
-    int row = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
-    if (row >= n) return;
-    const T *xi = x + (size_t)row * c;
-    T *oi = out + (size_t)row * c;
-    double ss = 0.0;
-    for (int j = lane; j < c; j += 32) {
-        double v = lb_ld(xi + j);
-        ss += v * v;
+    v = lb_warp_sum(v);
+    if constexpr (G > 32) {
+        if ((li & 31) == 0) red[gi][li >> 5] = v;
+        __syncthreads();
+        v = 0.0;
+#pragma unroll
+        for (int q = 0; q < G / 32; q++) v += red[gi][q];
+        __syncthreads();   // red is rewritten by the next call
     }
-    ss = lb_warp_sum(ss);
-    float r = (float)(1.0 / sqrt(ss / c + (double)eps));
-    if (lane == 0) rstd[row] = r;
-    for (int j = lane; j < c; j += 32) lb_st(oi + j, (lb_ld(xi + j) * r) * w[j]);   // as HF
+    return v;
 }
+
+#define RMS_NG(G) ((G) > 256 ? 1 : 256 / (G))   // groups (rows at a time) a block
+#define ROW_WARPS 8   // the one-warp-a-row kernels (SwiGLU): rows a block
+
+template <int G, int K>
+__global__ void __launch_bounds__(G > 256 ? G : 256)
+rmsnorm_fwd_kernel(float *out, float *rstd, const float *x, const float *w, int n, int c,
+                   float eps)
+{
+    __shared__ double red[RMS_NG(G)][G / 32];
+    const int gi = threadIdx.x / G, li = threadIdx.x % G;
+    const int row = blockIdx.x * RMS_NG(G) + gi;
+    const bool on = row < n;
+    const float *xi = x + (size_t)row * c;
+    float xv[K];
+    double ss = 0.0;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int j = li + G * k;
+        xv[k] = on && j < c ? xi[j] : 0.0f;
+        ss += (double)xv[k] * xv[k];
+    }
+    ss = rms_group_sum<G>(ss, red, gi, li);
+    if (!on) return;
+    const float r = (float)(1.0 / sqrt(ss / c + (double)eps));
+    if (li == 0) rstd[row] = r;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int j = li + G * k;
+        if (j < c) out[(size_t)row * c + j] = (xv[k] * r) * w[j];   // as HF
+    }
+}
+
+// Launches CALL(G, K) with the row shape for c (c <= 16384).
+#define RMS_DISPATCH(c, CALL)                                                                 \
+    do {                                                                                      \
+        if ((c) <= 128) CALL(32, 4);                                                          \
+        else if ((c) <= 512) CALL(64, 8);                                                     \
+        else if ((c) <= 2048) CALL(256, 8);                                                   \
+        else if ((c) <= 4096) CALL(512, 8);                                                   \
+        else if ((c) <= 8192) CALL(1024, 8);                                                  \
+        else CALL(1024, 16);   /* registers spill: correct, not tuned */                      \
+    } while (0)
 
 static void cuda_rmsnorm_fwd(lb_backend *be, float *out, float *rstd, const float *x,
                              const float *w, int n, int c, float eps)
 {
     if (n < 0 || c <= 0) lb_die("rmsnorm_fwd: bad size (n %d, c %d)", n, c);
+    if (c > 16384) lb_die("rmsnorm_fwd: %d columns is more than 16384", c);
     if (!n) return;
     lb_cuda_ctx *cx = lb_cuda(be);
-    rmsnorm_fwd_kernel<float><<<(n + ROW_WARPS - 1) / ROW_WARPS, ROW_WARPS * 32, 0, cx->stream>>>(
-        out, rstd, x, w, n, c, eps);
+#define RMS_FWD(G, K)                                                                     \
+    rmsnorm_fwd_kernel<G, K><<<(n + RMS_NG(G) - 1) / RMS_NG(G), RMS_NG(G) * (G), 0,        \
+                               cx->stream>>>(out, rstd, x, w, n, c, eps)
+    RMS_DISPATCH(c, RMS_FWD);
+#undef RMS_FWD
     LB_CUDA_LAUNCHED(cx);
 }
 
 // dx_j = r (w_j dy_j) - x_j r^3 / c * sum_k (w_k dy_k x_k) (+ beta dx_j), in double like the
-// CPU reference; and dw's partials in the same pass over dy and x (reading them is the cost).
-// A group of G threads takes a row, thread t of it the K columns t, t + G, ..., held in
-// registers between the row's dot product and its dx; a block of 256 (or G) threads holds
-// 256 / G groups. Block b takes rows [b rb, (b + 1) rb), group i of its ng the rows b rb + i,
-// + ng, ...; each thread adds dy_ij x_ij r_i (rounded to fp32) for its columns over its rows,
-// in order, in fp32 registers; the block then sums its groups' in double, in group order,
-// into part (nblocks, c). G, K and rb depend on n and c alone, so the sums' order is a
-// function of the shape. The dot product: lanes' partials, the warp's xor tree, then (G > 32)
-// the group's warps in order.
+// CPU reference; and dw's partials in the same pass over dy and x (reading them is the cost),
+// rows taken as the forward takes them. Block b takes rows [b rb, (b + 1) rb), group i of its
+// ng the rows b rb + i, + ng, ...; each thread adds dy_ij x_ij r_i (rounded to fp32) for its
+// columns over its rows, in order, in fp32 registers; the block then sums its groups' in
+// double, in group order, into part (nblocks, c). G, K and rb depend on n and c alone, so the
+// sums' order is a function of the shape.
 template <int G, int K>
 __global__ void __launch_bounds__(G > 256 ? G : 256, K > 8 || G > 256 ? 1 : 3)
 rmsnorm_bwd_kernel(float *dx, float beta, double *part, const float *dout, const float *x,
                    const float *w, const float *rstd, int n, int c, int rb)
 {
-    constexpr int NG = G > 256 ? 1 : 256 / G, WG = G / 32;
-    __shared__ double red[NG][WG];
+    constexpr int NG = RMS_NG(G);
+    __shared__ double red[NG][G / 32];
     extern __shared__ float rms_sh[];   // NG > 1: (NG, c), the groups' partials
-    const int gi = threadIdx.x / G, li = threadIdx.x % G, warp = li >> 5, lane = li & 31;
+    const int gi = threadIdx.x / G, li = threadIdx.x % G;
     float wv[K], acc[K];
 #pragma unroll
     for (int k = 0; k < K; k++) {
@@ -315,15 +355,7 @@ rmsnorm_bwd_kernel(float *dx, float beta, double *part, const float *dout, const
             old[k] = in && beta != 0.0f ? dx[(size_t)row * c + j] : 0.0f;
             dot += (double)gv[k] * wv[k] * xv[k];
         }
-        dot = lb_warp_sum(dot);
-        if constexpr (WG > 1) {
-            if (lane == 0) red[gi][warp] = dot;
-            __syncthreads();
-            dot = 0.0;
-#pragma unroll
-            for (int q = 0; q < WG; q++) dot += red[gi][q];
-            __syncthreads();   // red is rewritten by the next round
-        }
+        dot = rms_group_sum<G>(dot, red, gi, li);
         if (!on) continue;
         const double r = rstd[row], coef = dot * r * r * r / c;
 #pragma unroll
@@ -353,18 +385,6 @@ rmsnorm_bwd_kernel(float *dx, float beta, double *part, const float *dout, const
     }
 }
 
-template <int G, int K>
-static void rmsnorm_bwd_launch(lb_cuda_ctx *cx, float *dx, float beta, double *part,
-                               const float *dout, const float *x, const float *w,
-                               const float *rstd, int n, int c, int rb, int nb)
-{
-    const int ng = G > 256 ? 1 : 256 / G;
-    const size_t smem = ng > 1 ? (size_t)ng * c * sizeof(float) : 0;   // 16 KB at most
-    rmsnorm_bwd_kernel<G, K><<<nb, ng * G, smem, cx->stream>>>(dx, beta, part, dout, x, w, rstd,
-                                                               n, c, rb);
-    LB_CUDA_LAUNCHED(cx);
-}
-
 static void cuda_rmsnorm_bwd(lb_backend *be, float *dx, float dx_beta, float *dw,
                              const float *dout, const float *x, const float *w,
                              const float *rstd, int n, int c)
@@ -381,15 +401,14 @@ static void cuda_rmsnorm_bwd(lb_backend *be, float *dx, float dx_beta, float *dw
     const size_t b_part = lb_align256((size_t)nb * c * sizeof(double));
     char *s = (char *)lb_cuda_scratch(cx, b_part + lb_cuda_colsum_work(nb, c));
     double *part = (double *)s;
-#define RMS_BWD(G, K) \
-    rmsnorm_bwd_launch<G, K>(cx, dx, dx_beta, part, dout, x, w, rstd, n, c, rb, nb)
-    if (c <= 128) RMS_BWD(32, 4);
-    else if (c <= 512) RMS_BWD(64, 8);
-    else if (c <= 2048) RMS_BWD(256, 8);
-    else if (c <= 4096) RMS_BWD(512, 8);
-    else if (c <= 8192) RMS_BWD(1024, 8);
-    else RMS_BWD(1024, 16);   // registers spill: correct, not tuned
+    // the groups' partials in shared memory where a block has several: 16 KB at most
+#define RMS_BWD(G, K)                                                                     \
+    rmsnorm_bwd_kernel<G, K><<<nb, RMS_NG(G) * (G),                                       \
+                               RMS_NG(G) > 1 ? (size_t)RMS_NG(G) * c * sizeof(float) : 0, \
+                               cx->stream>>>(dx, dx_beta, part, dout, x, w, rstd, n, c, rb)
+    RMS_DISPATCH(c, RMS_BWD);
 #undef RMS_BWD
+    LB_CUDA_LAUNCHED(cx);
     lb_cuda_colsum_partials(cx, part, nb, c, (double *)(s + b_part), NULL, dw);
 }
 
