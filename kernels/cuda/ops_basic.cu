@@ -236,7 +236,7 @@ static void cuda_embedding_bwd(lb_backend *be, float *dwte, const float *dout,
 }
 
 // --- RMSNorm ---------------------------------------------------------------------------------
-// A row is taken by a group of G threads (32 to 1024, by its width c: rms_launch), thread t
+// A row is taken by a group of G threads (32 to 1024, by its width c: RMS_DISPATCH), thread t
 // of it the K columns t, t + G, ..., held in registers, so the row is read once; a block of
 // 256 (or G) threads holds 256 / G groups. The row's sums in double, as the CPU reference
 // sums: the threads' partials, the warp's xor tree, then (G > 32) the group's warps in order.
@@ -401,7 +401,7 @@ static void cuda_rmsnorm_bwd(lb_backend *be, float *dx, float dx_beta, float *dw
     const size_t b_part = lb_align256((size_t)nb * c * sizeof(double));
     char *s = (char *)lb_cuda_scratch(cx, b_part + lb_cuda_colsum_work(nb, c));
     double *part = (double *)s;
-    // the groups' partials in shared memory where a block has several: 16 KB at most
+    // the groups' partials in shared memory where a block has several: 8 KB at most
 #define RMS_BWD(G, K)                                                                     \
     rmsnorm_bwd_kernel<G, K><<<nb, RMS_NG(G) * (G),                                       \
                                RMS_NG(G) > 1 ? (size_t)RMS_NG(G) * c * sizeof(float) : 0, \
