@@ -54,6 +54,18 @@ maxrel() {
         END { if (n != 20) { print "steps " n; exit 1 } printf "%.3g %d\n", m, s }'
 }
 
+# Prints what run $1 (a label) did on cuda (run dir $3) against the cpu ($2), and fails unless
+# its loss fell by more than 0.5 nats (the first three steps' mean against the last three's);
+# leaves the largest relative difference in rel.
+trains() {
+    local at first last
+    read -r rel at < <(maxrel "$2" "$3") || fail "$1: a curve is not 20 steps"
+    first=$(losses "$3" | head -n 3 | awk '{s += $1} END {print s / NR}')
+    last=$(losses "$3" | tail -n 3 | awk '{s += $1} END {print s / NR}')
+    echo "$1 on cuda: loss $first -> $last; largest relative difference to the cpu curve $rel (step $at)"
+    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || fail "$1 does not train on cuda"
+}
+
 for r in fp32 bf16 fp8-block mxfp8 nvfp4-moe mxfp4; do
     for be in cpu cuda; do
         "$bin" train "$src/examples/tiny-moe.cfg" "${small[@]}" --set run.backend=$be \
@@ -61,12 +73,7 @@ for r in fp32 bf16 fp8-block mxfp8 nvfp4-moe mxfp4; do
             { cat "$tmp/$r-$be.log"; fail "recipe $r on $be"; }
     done
     grep -q "cuda backend" "$tmp/$r-cuda.log" || fail "recipe $r: the run did not use the cuda backend"
-    read -r rel at < <(maxrel "$tmp/$r-cpu" "$tmp/$r-cuda") || fail "recipe $r: a curve is not 20 steps"
-    first=$(losses "$tmp/$r-cuda" | head -n 3 | awk '{s += $1} END {print s / NR}')
-    last=$(losses "$tmp/$r-cuda" | tail -n 3 | awk '{s += $1} END {print s / NR}')
-    echo "recipe $r on cuda: loss $first -> $last; largest relative difference to the cpu curve $rel (step $at)"
-    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' ||
-        fail "recipe $r does not train on cuda"
+    trains "recipe $r" "$tmp/$r-cpu" "$tmp/$r-cuda"
     if [ $r = fp32 ]; then
         awk -v x="$rel" 'BEGIN { exit !(x <= 1e-5) }' ||
             { paste <(losses "$tmp/$r-cpu") <(losses "$tmp/$r-cuda"); fail "fp32: cuda and cpu curves differ by $rel > 1e-5"; }
@@ -96,10 +103,5 @@ cmp -s <(losses "$tmp/m16-cuda-0") <(losses "$tmp/m16-cuda-0.37") ||
     { paste <(losses "$tmp/m16-cuda-0") <(losses "$tmp/m16-cuda-0.37")
       fail "bf16 moments on cuda: offloading 37% of the update changed the loss curve"; }
 echo "fp32 with bf16 moments on cuda: the same loss curve with 37% of the update offloaded"
-read -r rel at < <(maxrel "$tmp/m16-cpu-0" "$tmp/m16-cuda-0") || fail "bf16 moments: a curve is not 20 steps"
-first=$(losses "$tmp/m16-cuda-0" | head -n 3 | awk '{s += $1} END {print s / NR}')
-last=$(losses "$tmp/m16-cuda-0" | tail -n 3 | awk '{s += $1} END {print s / NR}')
-echo "fp32 with bf16 moments on cuda: loss $first -> $last; largest relative difference to the cpu curve $rel (step $at)"
-awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' ||
-    fail "fp32 with bf16 moments does not train on cuda"
+trains "fp32 with bf16 moments" "$tmp/m16-cpu-0" "$tmp/m16-cuda-0"
 echo "PASS"
