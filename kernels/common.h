@@ -50,6 +50,12 @@ static inline void lb_bf16_row(uint16_t *dst, const float *src, int cols, int ld
     for (int c = 0; c < cols; c++) dst[c] = lb_f32_to_bf16(src[c]);
     for (int c = cols; c < ld; c++) dst[c] = 0;
 }
+// Element j of row r of an op's input: fp32 rows of cols, or (x16 not NULL) its bf16 copy in
+// to_bf16's layout, read instead (kernels.h: the ops' ..16 inputs).
+static inline float lb_in_at(const float *x, const uint16_t *x16, size_t r, int cols, int j)
+{
+    return x16 ? lb_bf16_to_f32(x16[r * (size_t)((cols + 7) / 8 * 8) + j]) : x[r * cols + j];
+}
 uint16_t lb_f32_to_f16(float x);
 float lb_f16_to_f32(uint16_t h);
 

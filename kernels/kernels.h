@@ -59,6 +59,13 @@ typedef struct {
     // wrote a wrote beside it (swiglu_fwd's out16, moe_permute's xp16, ...). Where a16 (b16) is
     // given, a (b) may be NULL: the op that made the copy need not have written fp32 at all.
     const uint16_t *a16;
+    // NULL, or (bf16 1 and beta 0 only) where C goes instead of c, rounded to bf16 (nearest
+    // even) in to_bf16's layout, rows pad8(n) elements apart (c is then not written and may be
+    // NULL; the pad columns n .. pad8(n) - 1 are not written either). The output of a GEMM
+    // whose readers take bf16 (an expert layer's gate/up and down outputs): half the bytes of
+    // fp32 to write and to read again, as stored activations are (DESIGN.md). The value is
+    // C's fp32 result rounded once, so the CPU rounds where the GPU stores.
+    uint16_t *c16;
 } lb_gemm_args;
 
 typedef struct lb_backend lb_backend;
@@ -249,11 +256,16 @@ struct lb_backend {
     // (rows padded to a multiple of 8 elements with zeros): the next GEMM's operand, written
     // while the value is at hand (lb_gemm_args.a16, .b16) instead of by a pass of its own.
     // With a copy, the fp32 output may be NULL (not written) where only GEMMs read it.
-    // gu (n, 2f) holds gate in columns [0, f) and up in [f, 2f); out (n, f), out16 (n, pad8(f))
-    void (*swiglu_fwd)(lb_backend *, float *out, uint16_t *out16, const float *gu, int n, int f);
-    // dgu (n, 2f) overwritten; dgu16 (n, pad8(2f))
+    // An input named ..16 is NULL, or the input in bf16 in that layout (a GEMM's c16: an
+    // expert GEMM's output stored in bf16), read instead of the fp32 one, which may be NULL.
+    // gu (n, 2f) holds gate in columns [0, f) and up in [f, 2f); out (n, f), out16 (n, pad8(f)),
+    // gu16 (n, pad8(2f))
+    void (*swiglu_fwd)(lb_backend *, float *out, uint16_t *out16, const float *gu,
+                       const uint16_t *gu16, int n, int f);
+    // dgu (n, 2f) overwritten; dgu16 (n, pad8(2f)); dout16 (n, pad8(f))
     void (*swiglu_bwd)(lb_backend *, float *dgu, uint16_t *dgu16, const float *dout,
-                       const float *gu, int n, int f);
+                       const uint16_t *dout16, const float *gu, const uint16_t *gu16, int n,
+                       int f);
 
     // --- MoE router: fp32 softmax over experts, top-k, optional renormalisation -------------
     // logits, probs (n, e); idx, weight (n, k). Ties go to the lower expert index; the k
@@ -279,17 +291,18 @@ struct lb_backend {
     // xp (n*k, c): xp[row[i][s]] = x[i]; xp16 (n*k, pad8(c)) as swiglu_fwd's out16
     void (*moe_permute)(lb_backend *, float *xp, uint16_t *xp16, const float *x,
                         const int32_t *row, int n, int k, int c);
-    // dx (n, c) = sum over s of dxp[row[i][s]], s in order
-    void (*moe_permute_bwd)(lb_backend *, float *dx, const float *dxp, const int32_t *row,
-                            int n, int k, int c);
+    // dx (n, c) = sum over s of dxp[row[i][s]], s in order. dxp16 (n*k, pad8(c)), yp16
+    // below: NULL, or the input in bf16, read instead (as swiglu_fwd's gu16).
+    void (*moe_permute_bwd)(lb_backend *, float *dx, const float *dxp, const uint16_t *dxp16,
+                            const int32_t *row, int n, int k, int c);
     // out (n, c) = sum over s in order of weight[i][s] * yp[row[i][s]]
-    void (*moe_combine)(lb_backend *, float *out, const float *yp, const float *weight,
-                        const int32_t *row, int n, int k, int c);
+    void (*moe_combine)(lb_backend *, float *out, const float *yp, const uint16_t *yp16,
+                        const float *weight, const int32_t *row, int n, int k, int c);
     // dyp (n*k, c) overwritten: dyp[row[i][s]] = weight[i][s] * dout[i]; dyp16 (n*k, pad8(c))
     // as swiglu_fwd's out16; dweight (n, k) overwritten: dot(dout[i], yp[row[i][s]])
     void (*moe_combine_bwd)(lb_backend *, float *dyp, uint16_t *dyp16, float *dweight,
-                            const float *dout, const float *yp, const float *weight,
-                            const int32_t *row, int n, int k, int c);
+                            const float *dout, const float *yp, const uint16_t *yp16,
+                            const float *weight, const int32_t *row, int n, int k, int c);
 
     // --- cross-entropy over fp32 logits ---------------------------------------------------------
     // logits (n, v); targets (n), a negative target is ignored (loss 0, gradient 0).
@@ -353,7 +366,7 @@ lb_backend *lb_backend_profiled(lb_backend *in);
 static inline void lb_gemm(lb_backend *be, int transa, int transb, int m, int n, int k,
                            float alpha, const float *a, const float *b, float beta, float *c)
 {
-    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 0, NULL, NULL};
+    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 0, NULL, NULL, NULL};
     be->gemm(be, &g);
 }
 
@@ -361,7 +374,7 @@ static inline void lb_gemm(lb_backend *be, int transa, int transb, int m, int n,
 static inline void lb_gemm_bf16(lb_backend *be, int transa, int transb, int m, int n, int k,
                                 float alpha, const float *a, const float *b, float beta, float *c)
 {
-    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 1, NULL, NULL};
+    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 1, NULL, NULL, NULL};
     be->gemm(be, &g);
 }
 
@@ -370,7 +383,7 @@ static inline void lb_gemm_bf16_b16(lb_backend *be, int transa, int transb, int 
                                     float alpha, const float *a, const float *b,
                                     const uint16_t *b16, float beta, float *c)
 {
-    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 1, b16, NULL};
+    lb_gemm_args g = {transa, transb, m, n, k, alpha, beta, a, b, c, 1, b16, NULL, NULL};
     be->gemm(be, &g);
 }
 

@@ -243,11 +243,13 @@ W(attention_cached,
   (lb_backend *be, float *o, const float *q, const lb_kv_layer *c, const int32_t *s,
    const int32_t *p, int n, int hq, int bf16),
   (in, o, q, c, s, p, n, hq, bf16))
-W(swiglu_fwd, (lb_backend *be, float *o, uint16_t *o16, const float *gu, int n, int f),
-  (in, o, o16, gu, n, f))
+W(swiglu_fwd,
+  (lb_backend *be, float *o, uint16_t *o16, const float *gu, const uint16_t *gu16, int n, int f),
+  (in, o, o16, gu, gu16, n, f))
 W(swiglu_bwd,
-  (lb_backend *be, float *dgu, uint16_t *dgu16, const float *d, const float *gu, int n, int f),
-  (in, dgu, dgu16, d, gu, n, f))
+  (lb_backend *be, float *dgu, uint16_t *dgu16, const float *d, const uint16_t *d16,
+   const float *gu, const uint16_t *gu16, int n, int f),
+  (in, dgu, dgu16, d, d16, gu, gu16, n, f))
 W(router_topk_fwd,
   (lb_backend *be, float *p, int32_t *i, float *w, const float *l, int n, int e, int k, int r),
   (in, p, i, w, l, n, e, k, r))
@@ -265,16 +267,17 @@ W(moe_permute,
    int c),
   (in, xp, xp16, x, r, n, k, c))
 W(moe_permute_bwd,
-  (lb_backend *be, float *dx, const float *dxp, const int32_t *r, int n, int k, int c),
-  (in, dx, dxp, r, n, k, c))
+  (lb_backend *be, float *dx, const float *dxp, const uint16_t *dxp16, const int32_t *r, int n,
+   int k, int c),
+  (in, dx, dxp, dxp16, r, n, k, c))
 W(moe_combine,
-  (lb_backend *be, float *o, const float *yp, const float *w, const int32_t *r, int n, int k,
-   int c),
-  (in, o, yp, w, r, n, k, c))
+  (lb_backend *be, float *o, const float *yp, const uint16_t *yp16, const float *w,
+   const int32_t *r, int n, int k, int c),
+  (in, o, yp, yp16, w, r, n, k, c))
 W(moe_combine_bwd,
   (lb_backend *be, float *dyp, uint16_t *dyp16, float *dw, const float *d, const float *yp,
-   const float *w, const int32_t *r, int n, int k, int c),
-  (in, dyp, dyp16, dw, d, yp, w, r, n, k, c))
+   const uint16_t *yp16, const float *w, const int32_t *r, int n, int k, int c),
+  (in, dyp, dyp16, dw, d, yp, yp16, w, r, n, k, c))
 W(cross_entropy_fwd,
   (lb_backend *be, float *l, double *st, const float *lg, const int32_t *t, int n, int v),
   (in, l, st, lg, t, n, v))

@@ -284,6 +284,26 @@ static int takes16_layers(const lb_model *m, lb_role role, int every)
     return every;
 }
 
+// Whether layer l's expert GEMMs store an output in bf16 (lb_gemm_args.c16) for the ops that
+// read it: gate/up's gu (the SwiGLUs) and down's dh (swiglu_bwd) wherever those GEMMs are bf16;
+// down's yp (the combine and its backward) and gate/up's dxp (moe_permute_bwd) only without
+// ep (the dispatcher moves fp32 rows) and etp (an etp rank's yp and dxp are partial sums over
+// etp, summed by the caller in fp32).
+static int out16(const lb_model *m, int l, lb_role role, int routed)
+{
+    const lb_model_parallel *p = &m->par;
+    const int etp = p->etp ? p->etp : p->tp;
+    return takes16(m, l, role) && (!routed || (p->ep == 1 && etp == 1));
+}
+
+// out16 over this stage's layers, as takes16_layers.
+static int out16_layers(const lb_model *m, lb_role role, int routed, int every)
+{
+    for (int l = m->layer_begin; l < m->layer_end; l++)
+        if (out16(m, l, role, routed) != every) return !every;
+    return every;
+}
+
 // --- tensor parallelism: Megatron's conjugate operators (doc/parallel.md) ----------------------
 
 // out = the sum over tp of part (n, c): an all-reduce, or under sequence parallelism a
@@ -327,7 +347,8 @@ static void tp_sum(lb_model *m, float *x, size_t count)
 // expert GEMMs that read them are bf16 (takes16; xp16 only with ep = 1: the dispatcher moves
 // fp32 rows), written by moe_permute and swiglu_fwd and read by the forward's GEMMs and the
 // backward's wgrads; only GEMMs read xp and h, so where there are copies the fp32 values are
-// neither written nor, where every layer takes copies, allocated.
+// neither written nor, where every layer takes copies, allocated. gu16 and yp16: gu and yp
+// as the expert GEMMs stored them in bf16 (out16), held instead of gu and yp.
 typedef struct {
     float *rlogits, *probs, *weight;   // (n, E), (n, E), (n, k)
     int32_t *idx, *row;                // (n, k)
@@ -335,9 +356,10 @@ typedef struct {
     float *aux_grad;                   // (E) d aux / d probs[i][j]
     float *xp, *yp;                    // (n*k, c)
     float *xe, *gu, *h;                // (cap, c), (cap, 2f), (cap, f)
-    size_t cap_xp, cap_xe, cap_gu, cap_h;   // grow-only: how many rows arrive varies under ep
-    uint16_t *xp16, *h16;              // (n*k, pad8(c)), (cap, pad8(f)), or NULL
-    size_t cap_xp16, cap_h16;
+    size_t cap_xp, cap_yp, cap_xe, cap_gu, cap_h;   // grow-only: rows vary under ep
+    uint16_t *xp16, *h16, *gu16, *yp16;   // (n*k, pad8(c)), (cap, pad8(f)), (cap, pad8(2f)),
+                                          // (n*k, pad8(c)), or NULL
+    size_t cap_xp16, cap_h16, cap_gu16, cap_yp16;
     lb_ep_route route;
 } ffn_acts;
 
@@ -346,7 +368,8 @@ typedef struct {
     float *xs, *ye, *dye, *dxe, *dgu, *dh;
     size_t cap_xs, cap_ye, cap_dye, cap_dxe, cap_dgu, cap_dh;
     uint16_t *dyp16, *dgu16;   // bf16 copies of dyp and dgu, as ffn_acts' (takes16)
-    size_t cap_dyp16, cap_dgu16;
+    uint16_t *dh16;            // dh as the down dgrad stored it in bf16 (out16)
+    size_t cap_dyp16, cap_dgu16, cap_dh16;
 } moe_scratch;
 
 static void ffn_create(lb_model *m, ffn_acts *f, int n)
@@ -363,7 +386,11 @@ static void ffn_create(lb_model *m, ffn_acts *f, int n)
         f->row = be->alloc(be, (size_t)n * d.K * sizeof(int32_t));
         f->counts = lb_calloc(d.E, sizeof(int));
         f->aux_grad = falloc(be, d.E);
-        f->yp = falloc(be, rows * d.C);
+        if (out16_layers(m, LB_ROLE_MOE_DOWN, 1, 0))
+            grow16(be, &f->yp16, &f->cap_yp16, n16(rows, d.C));
+        if (!out16_layers(m, LB_ROLE_MOE_DOWN, 1, 1)) grow(be, &f->yp, &f->cap_yp, rows * d.C);
+        if (out16_layers(m, LB_ROLE_MOE_GATE_UP, 0, 0))
+            grow16(be, &f->gu16, &f->cap_gu16, n16(rows, 2 * d.F));
         // xp, or its copy where the layers' GEMMs take it (so `lowbit info` counts what a
         // step holds; ffn_fwd grows either on first use where the layers differ); h16 as h
         const int gu16 = d.ep == 1 && takes16_layers(m, LB_ROLE_MOE_GATE_UP, 0);
@@ -373,7 +400,8 @@ static void ffn_create(lb_model *m, ffn_acts *f, int n)
         if (takes16_layers(m, LB_ROLE_MOE_DOWN, 0))
             grow16(be, &f->h16, &f->cap_h16, n16(rows, d.F));   // a shared one is big enough
     }
-    grow(be, &f->gu, &f->cap_gu, rows * 2 * d.F);
+    if (!is_moe(&m->cfg) || !out16_layers(m, LB_ROLE_MOE_GATE_UP, 0, 1))
+        grow(be, &f->gu, &f->cap_gu, rows * 2 * d.F);
     if (!is_moe(&m->cfg) || !takes16_layers(m, LB_ROLE_MOE_DOWN, 1))
         grow(be, &f->h, &f->cap_h, rows * d.F);   // a shared h is big enough already
 }
@@ -382,7 +410,7 @@ static void ffn_free(lb_model *m, ffn_acts *f)
 {
     lb_backend *be = m->be;
     void *bufs[] = {f->rlogits, f->probs, f->weight, f->idx, f->row, f->aux_grad, f->xp, f->yp,
-                    f->xe, f->gu, f->h, f->xp16, f->h16};
+                    f->xe, f->gu, f->h, f->xp16, f->h16, f->gu16, f->yp16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     free(f->counts);
@@ -391,7 +419,7 @@ static void ffn_free(lb_model *m, ffn_acts *f)
 
 static void scratch_free(lb_backend *be, moe_scratch *s)
 {
-    void *bufs[] = {s->xs, s->ye, s->dye, s->dxe, s->dgu, s->dh, s->dyp16, s->dgu16};
+    void *bufs[] = {s->xs, s->ye, s->dye, s->dxe, s->dgu, s->dh, s->dyp16, s->dgu16, s->dh16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
 }
@@ -430,6 +458,7 @@ typedef struct {
     float *dqr, *dkr;                      // (n, hq*d), (n, hkv*d)
     float *dgu, *dh;                       // dense: (n, 2f), (n, f)
     float *dxp, *dyp;                      // (n*k, c)
+    uint16_t *dxp16;                       // (n*k, pad8(c)): dxp in bf16 (out16), or NULL
     float *drlogits, *dweight, *daux;      // (n, E), (n, k), (E)
     moe_scratch ms;
     float *host_loss;                      // (ns) host
@@ -565,7 +594,9 @@ static void *acts_create(lb_model *m, int b, int t)
     a->dqr = falloc(be, n * hq * D);
     a->dkr = falloc(be, n * hkv * D);
     if (moe) {
-        a->dxp = falloc(be, n * K * C);
+        if (!out16_layers(m, LB_ROLE_MOE_GATE_UP, 1, 1)) a->dxp = falloc(be, n * K * C);
+        if (out16_layers(m, LB_ROLE_MOE_GATE_UP, 1, 0))
+            a->dxp16 = be->alloc(be, n16(n * K, (int)C) * sizeof(uint16_t));
         // dyp's fp32 rows only where some layer's down GEMMs take no copy of them (ffn_bwd)
         if (d.ep > 1 || !takes16_layers(m, LB_ROLE_MOE_DOWN, 1)) a->dyp = falloc(be, n * K * C);
         a->drlogits = falloc(be, n * E);
@@ -593,7 +624,7 @@ static void acts_free(lb_model *m, void *p)
     free(a->l);
     void *bufs[] = {a->lnf, a->rstdf, a->loss, a->ce_stats, a->pos, a->part, a->dres, a->dln,
                     a->dq, a->dk, a->dv, a->datt, a->dqr, a->dkr, a->dgu, a->dh, a->dxp,
-                    a->dyp, a->drlogits, a->dweight, a->daux};
+                    a->dyp, a->drlogits, a->dweight, a->daux, a->dxp16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     if (a->dfull != a->dres) be->free(be, a->dfull);
@@ -649,7 +680,7 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
     if (!is_moe(c)) {
         lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, f->gu, n, 2 * d.F, d.C,
                       0.0f);
-        be->swiglu_fwd(be, f->h, NULL, f->gu, n, d.F);
+        be->swiglu_fwd(be, f->h, NULL, f->gu, NULL, n, d.F);
         lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, f->h, w->down, w->cdown, 0, out, n, d.C, d.F, 0.0f);
         return 0.0;
     }
@@ -662,10 +693,10 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
     // This rank's part of the rows goes to the experts (all of them when etp = tp). The others'
     // rows of `out` stay zero, so the caller's sum over tp assembles every part.
     int o, np = part_rows(&d, n, &o);
-    const int gu16 = d.ep == 1 && takes16(m, l, LB_ROLE_MOE_GATE_UP);
+    const int x16 = d.ep == 1 && takes16(m, l, LB_ROLE_MOE_GATE_UP);
     const int down16 = takes16(m, l, LB_ROLE_MOE_DOWN);
-    uint16_t *xp16 = gu16 ? grow16(be, &f->xp16, &f->cap_xp16, n16((size_t)n * d.K, d.C)) : NULL;
-    float *xp = gu16 ? NULL : grow(be, &f->xp, &f->cap_xp, (size_t)n * d.K * d.C);
+    uint16_t *xp16 = x16 ? grow16(be, &f->xp16, &f->cap_xp16, n16((size_t)n * d.K, d.C)) : NULL;
+    float *xp = x16 ? NULL : grow(be, &f->xp, &f->cap_xp, (size_t)n * d.K * d.C);
     if (np) {
         be->moe_plan(be, f->row, f->counts, f->idx + (size_t)o * d.K, np, d.E, d.K);
         be->moe_permute(be, xp, xp16, ln + (size_t)o * d.C, f->row, np, d.K, d.C);
@@ -676,26 +707,31 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
     lb_comm *ep = m->par.ep_comm;
     lb_ep_route_plan(&f->route, ep, be, f->counts, d.E);
     size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
-    float *xe = xp, *ye = f->yp;
+    // the expert GEMMs' outputs, in bf16 where their readers take it (out16)
+    const int y16 = out16(m, l, LB_ROLE_MOE_DOWN, 1), g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, 0);
+    uint16_t *yp16 = y16 ? grow16(be, &f->yp16, &f->cap_yp16, n16((size_t)n * d.K, d.C)) : NULL;
+    float *yp = y16 ? NULL : grow(be, &f->yp, &f->cap_yp, (size_t)n * d.K * d.C);
+    float *xe = xp, *ye = yp;
     if (d.ep > 1) {
         xe = grow(be, &f->xe, &f->cap_xe, nr * d.C);
         ye = grow(be, &s->ye, &s->cap_ye, nr * d.C);
         lb_ep_dispatch(&f->route, ep, be, xp, xe, grow(be, &s->xs, &s->cap_xs, big * d.C), d.C);
     }
-    grow(be, &f->gu, &f->cap_gu, nr * 2 * d.F);
+    uint16_t *gu16 = g16 ? grow16(be, &f->gu16, &f->cap_gu16, n16(nr, 2 * d.F)) : NULL;
+    float *gu = g16 ? NULL : grow(be, &f->gu, &f->cap_gu, nr * 2 * d.F);
     uint16_t *h16 = down16 ? grow16(be, &f->h16, &f->cap_h16, n16(nr, d.F)) : NULL;
     if (!down16) grow(be, &f->h, &f->cap_h, nr * d.F);
     lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xe, xp16, w->gu, w->cgu,
-                          f->route.local_counts, d.El, f->gu, 2 * d.F, d.C);
+                          f->route.local_counts, d.El, gu, gu16, 2 * d.F, d.C);
     float *h = h16 ? NULL : f->h;
-    if (nr) be->swiglu_fwd(be, h, h16, f->gu, (int)nr, d.F);
+    if (nr) be->swiglu_fwd(be, h, h16, gu, gu16, (int)nr, d.F);
     lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, h, h16, w->down, w->cdown,
-                          f->route.local_counts, d.El, ye, d.C, d.F);
-    if (d.ep > 1) lb_ep_combine(&f->route, ep, be, ye, f->yp, s->xs, d.C);
+                          f->route.local_counts, d.El, ye, yp16, d.C, d.F);
+    if (d.ep > 1) lb_ep_combine(&f->route, ep, be, ye, yp, s->xs, d.C);
     if (d.parts > 1) be->zero(be, out, (size_t)n * d.C * sizeof(float));
     if (np)
-        be->moe_combine(be, out + (size_t)o * d.C, f->yp, f->weight + (size_t)o * d.K, f->row, np,
-                        d.K, d.C);
+        be->moe_combine(be, out + (size_t)o * d.C, yp, yp16, f->weight + (size_t)o * d.K, f->row,
+                        np, d.K, d.C);
     return aux;
 }
 
@@ -713,7 +749,7 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
     if (!is_moe(c)) {
         lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, f->h, w->down, w->cdown, 0, dout, a->dh, 0.0f,
                       dw->down, lb_model_grad_beta(m, dw->down), n, d.C, d.F);
-        be->swiglu_bwd(be, a->dgu, NULL, a->dh, f->gu, n, d.F);
+        be->swiglu_bwd(be, a->dgu, NULL, a->dh, NULL, f->gu, NULL, n, d.F);
         lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, a->dgu, dln, 0.0f, dw->gu,
                       lb_model_grad_beta(m, dw->gu), n, 2 * d.F, d.C);
         return;
@@ -730,10 +766,13 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
     uint16_t *dgu16 = gu16 ? grow16(be, &s->dgu16, &s->cap_dgu16, n16(nr, 2 * d.F)) : NULL;
     if (d.parts > 1) be->zero(be, a->dweight, (size_t)n * d.K * sizeof(float));
     float *dyp = dyp16 ? NULL : a->dyp;   // where there is a copy, only GEMMs would read it
+    // the forward's outputs as it stored them, and the backward's to store alike (out16)
+    const int y16 = out16(m, l, LB_ROLE_MOE_DOWN, 1), g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, 0);
+    const int dx16 = out16(m, l, LB_ROLE_MOE_GATE_UP, 1), dh16 = out16(m, l, LB_ROLE_MOE_DOWN, 0);
     if (np)
         be->moe_combine_bwd(be, dyp, dyp16, a->dweight + (size_t)o * d.K,
-                            dout + (size_t)o * d.C, f->yp, f->weight + (size_t)o * d.K, f->row,
-                            np, d.K, d.C);
+                            dout + (size_t)o * d.C, y16 ? NULL : f->yp, y16 ? f->yp16 : NULL,
+                            f->weight + (size_t)o * d.K, f->row, np, d.K, d.C);
     // yp held this rank's etp share of its part's expert outputs: the sum over tp gives every
     // row's combine-weight gradient whole
     tp_sum(m, a->dweight, (size_t)n * d.K);
@@ -745,19 +784,25 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
         lb_ep_dispatch(&f->route, ep, be, a->dyp, dye, grow(be, &s->xs, &s->cap_xs, big * d.C), d.C);
     }
     float *dgu = dgu16 ? NULL : grow(be, &s->dgu, &s->cap_dgu, nr * 2 * d.F);
-    float *dh = grow(be, &s->dh, &s->cap_dh, nr * d.F);
+    uint16_t *dh16p = dh16 ? grow16(be, &s->dh16, &s->cap_dh16, n16(nr, d.F)) : NULL;
+    float *dh = dh16 ? NULL : grow(be, &s->dh, &s->cap_dh, nr * d.F);
     lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_DOWN, down16 ? NULL : f->h, down16 ? f->h16 : NULL,
-                          w->down, w->cdown, f->route.local_counts, d.El, dye, dyp16, dh,
+                          w->down, w->cdown, f->route.local_counts, d.El, dye, dyp16, dh, dh16p,
                           dw->down, lb_model_grad_beta(m, dw->down), d.C, d.F);
-    if (nr) be->swiglu_bwd(be, dgu, dgu16, dh, f->gu, (int)nr, d.F);
+    if (nr)
+        be->swiglu_bwd(be, dgu, dgu16, dh, dh16p, g16 ? NULL : f->gu, g16 ? f->gu16 : NULL,
+                       (int)nr, d.F);
     const int x16 = d.ep == 1 && gu16;   // the forward wrote xp16 and not xp
+    uint16_t *dxp16 = dx16 ? a->dxp16 : NULL;
     lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : x16 ? NULL : f->xp,
                           x16 ? f->xp16 : NULL, w->gu, w->cgu,
-                          f->route.local_counts, d.El, dgu, dgu16, dxe, dw->gu,
-                          lb_model_grad_beta(m, dw->gu), 2 * d.F, d.C);
+                          f->route.local_counts, d.El, dgu, dgu16, dx16 ? NULL : dxe, dxp16,
+                          dw->gu, lb_model_grad_beta(m, dw->gu), 2 * d.F, d.C);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, dxe, a->dxp, s->xs, d.C);
     if (d.parts > 1) be->zero(be, dln, (size_t)n * d.C * sizeof(float));
-    if (np) be->moe_permute_bwd(be, dln + (size_t)o * d.C, a->dxp, f->row, np, d.K, d.C);
+    if (np)
+        be->moe_permute_bwd(be, dln + (size_t)o * d.C, dx16 ? NULL : a->dxp, dxp16, f->row, np,
+                            d.K, d.C);
     // router: through the top-k weights and the load-balancing loss
     be->copy(be, a->daux, f->aux_grad, (size_t)d.E * sizeof(float));
     be->scale(be, a->daux, aux_scale, (size_t)d.E);
@@ -867,9 +912,11 @@ static void layer_recompute(lb_model *m, acts *a, int i, layer_acts *L)
     core_attention(m, a, L, &w);
     norm_rows(m, a, L->xmid, w.ln2, L->ln2, L->rstd2);
     int rows = is_moe(&m->cfg) ? L->f.route.nrecv : a->n;
-    uint16_t *h16 = is_moe(&m->cfg) && takes16(m, m->layer_begin + i, LB_ROLE_MOE_DOWN)
-                        ? L->f.h16 : NULL;
-    if (rows) m->be->swiglu_fwd(m->be, h16 ? NULL : L->f.h, h16, L->f.gu, rows, d.F);
+    const int l = m->layer_begin + i, moe = is_moe(&m->cfg);
+    uint16_t *h16 = moe && takes16(m, l, LB_ROLE_MOE_DOWN) ? L->f.h16 : NULL;
+    uint16_t *gu16 = moe && out16(m, l, LB_ROLE_MOE_GATE_UP, 0) ? L->f.gu16 : NULL;
+    if (rows)
+        m->be->swiglu_fwd(m->be, h16 ? NULL : L->f.h, h16, gu16 ? NULL : L->f.gu, gu16, rows, d.F);
 }
 
 static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t)

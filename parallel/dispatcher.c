@@ -118,6 +118,7 @@ void lb_ep_combine(const lb_ep_route *r, lb_comm *ep, lb_backend *be, const floa
         be->copy(be, y, ye, (size_t)r->nsend * c * sizeof(float));
         return;
     }
-    if (r->nrecv) be->moe_permute_bwd(be, scratch, ye, r->perm, r->nrecv, 1, c);   // s[i] = ye[perm[i]]
+    // s[i] = ye[perm[i]]
+    if (r->nrecv) be->moe_permute_bwd(be, scratch, ye, NULL, r->perm, r->nrecv, 1, c);
     exchange(r, ep, be, scratch, r->recv, r->rdispl, y, r->send, r->sdispl, c);
 }

@@ -258,7 +258,7 @@ void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
         lb_gemm_args g[count];
         for (int i = 0; i < count; i++)
             g[i] = (lb_gemm_args){0, 1, n, out[i], in, 1.0f, 0.0f, x, w[i], y[i], 1,
-                                  cache_b16(c[i], 0), NULL};
+                                  cache_b16(c[i], 0), NULL, NULL};
         L->be->gemm_grouped(L->be, count, g);
         return;
     }
@@ -336,10 +336,10 @@ void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
         // in order (groups of one call must not write the same C): the sums of separate calls
         lb_gemm_args g[count + 1];
         g[0] = (lb_gemm_args){0, 0, n, in, out[0], 1.0f, 0.0f, dy[0], w[0], dx, 1,
-                              cache_b16(c[0], 0), NULL};
+                              cache_b16(c[0], 0), NULL, NULL};
         for (int i = 0; i < count; i++)
             g[1 + i] = (lb_gemm_args){1, 0, out[i], in, n, 1.0f, dw_beta[i], dy[i], x, dw[i], 1,
-                                      NULL, NULL};
+                                      NULL, NULL, NULL};
         L->be->gemm_grouped(L->be, count + 1, g);
         for (int i = 1; i < count; i++)
             lb_gemm_bf16_b16(L->be, 0, 0, n, in, out[i], 1.0f, dy[i], w[i], cache_b16(c[i], 0),
@@ -372,8 +372,8 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, co
     // both (CUDA packs one bf16 copy of dy that both read); the same sums as two calls.
     if (dx && dw && plain_bf16(D, F) && plain_bf16(G, F)) {
         lb_gemm_args g[2] = {{0, 0, n, in, out, 1.0f, dx_beta, dy, we, dx, 1, cache_b16(c, e),
-                              NULL},
-                             {1, 0, out, in, n, 1.0f, dw_beta, dy, x, dw, 1, NULL, NULL}};
+                              NULL, NULL},
+                             {1, 0, out, in, n, 1.0f, dw_beta, dy, x, dw, 1, NULL, NULL, NULL}};
         be->gemm_grouped(be, 2, g);
         return;
     }
@@ -558,19 +558,22 @@ static const float *row_of(const float *x, size_t off, int cols)
 
 void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x,
                            const uint16_t *x16, const float *w, const lb_wcache *c,
-                           const int *counts, int groups, float *y, int out, int in)
+                           const int *counts, int groups, float *y, uint16_t *y16, int out,
+                           int in)
 {
     size_t off = 0, mat = (size_t)out * in;
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
-    if (x16 && !bf16) lb_die("lb_linear_grouped_fwd: a bf16 copy of x for a GEMM not in bf16");
+    if ((x16 || y16) && !bf16)
+        lb_die("lb_linear_grouped_fwd: a bf16 x or y for a GEMM not in bf16");
     if (!x && !x16 && rows_of(counts, groups))
         lb_die("lb_linear_grouped_fwd: neither x nor its bf16 copy");
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {   // one grouped call for all experts
         lb_gemm_args g[groups];
         for (int j = 0; j < groups; j++) {
             g[j] = (lb_gemm_args){0, 1, counts[j], out, in, 1.0f, 0.0f, row_of(x, off, in),
-                                  w + j * mat, y + off * out, bf16,
-                                  bf16 ? cache_b16(c, j) : NULL, copy_row(x16, off, in)};
+                                  w + j * mat, y16 ? NULL : y + off * out, bf16,
+                                  bf16 ? cache_b16(c, j) : NULL, copy_row(x16, off, in),
+                                  (uint16_t *)copy_row(y16, off, out)};
             off += (size_t)counts[j];
         }
         L->be->gemm_grouped(L->be, groups, g);
@@ -592,13 +595,13 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
 void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x,
                            const uint16_t *x16, const float *w, const lb_wcache *c,
                            const int *counts, int groups, const float *dy, const uint16_t *dy16,
-                           float *dx, float *dw, float dw_beta, int out, int in)
+                           float *dx, uint16_t *dx16, float *dw, float dw_beta, int out, int in)
 {
     size_t off = 0, mat = (size_t)out * in;
     if (dw_beta != 0.0f && dw_beta != 1.0f) lb_die("lb_linear_grouped_bwd: dw_beta %g", dw_beta);
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
-    if ((x16 || dy16) && !bf16)
-        lb_die("lb_linear_grouped_bwd: a bf16 copy of x or dy for GEMMs not in bf16");
+    if ((x16 || dy16 || dx16) && !bf16)
+        lb_die("lb_linear_grouped_bwd: a bf16 x, dy or dx for GEMMs not in bf16");
     if (((!x && !x16) || (!dy && !dy16)) && rows_of(counts, groups))
         lb_die("lb_linear_grouped_bwd: neither x nor its bf16 copy, or dy");
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {
@@ -608,12 +611,14 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
         for (int j = 0; j < groups; j++) {
             int mj = counts[j];
             g[2 * j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, row_of(dy, off, out),
-                                      w + j * mat, dx + off * in, bf16,
-                                      bf16 ? cache_b16(c, j) : NULL, copy_row(dy16, off, out)};
+                                      w + j * mat, dx16 ? NULL : dx + off * in, bf16,
+                                      bf16 ? cache_b16(c, j) : NULL, copy_row(dy16, off, out),
+                                      (uint16_t *)copy_row(dx16, off, in)};
             // mj 0: no product, and beta 0 zeroes the matrix (kernels.h)
             g[2 * j + 1] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, dw_beta, row_of(dy, off, out),
                                           row_of(x, off, in), dw + j * mat, bf16,
-                                          copy_row(x16, off, in), copy_row(dy16, off, out)};
+                                          copy_row(x16, off, in), copy_row(dy16, off, out),
+                                          NULL};
             off += (size_t)mj;
         }
         L->be->gemm_grouped(L->be, 2 * groups, g);

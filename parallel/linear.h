@@ -102,17 +102,20 @@ void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, con
 // x16, dy16: NULL, or x and dy rounded to bf16 in to_bf16's layout (rows, pad8(cols)), written
 // by the ops that made x and dy (swiglu_fwd's out16, ...); the bf16 GEMMs read them instead of
 // rounding x and dy again. Only where lb_linear_grouped_bf16 says those GEMMs are bf16; then x
-// (dy) may be NULL where x16 (dy16) is given.
+// (dy) may be NULL where x16 (dy16) is given. Likewise y16 (dx16), or NULL: the output stored
+// in bf16 in that layout (lb_gemm_args.c16) instead of y (dx), which is then not written.
 int lb_linear_grouped_bf16(const lb_linear *L, int layer, lb_role role);
 void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x,
                            const uint16_t *x16, const float *w, const lb_wcache *c,
-                           const int *counts, int groups, float *y, int out, int in);
+                           const int *counts, int groups, float *y, uint16_t *y16, int out,
+                           int in);
 // dx (rows, in) overwritten; dw (groups, out, in) = the wgrads + dw_beta * dw (0 or 1; 0
 // overwrites the matrices of groups without rows with zeros).
 void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x,
                            const uint16_t *x16, const float *w, const lb_wcache *c,
                            const int *counts, int groups, const float *dy, const uint16_t *dy16,
-                           float *dx, float *dw, float dw_beta, int out, int in);
+                           float *dx, uint16_t *dx16, float *dw, float dw_beta, int out,
+                           int in);
 
 void lb_linear_free(lb_linear *L);
 

@@ -77,7 +77,8 @@ typedef struct {
 static void run_gemm(lb_backend *be, void *p)
 {
     gemm_case *g = p;
-    lb_gemm_args a = {0, 1, g->m, g->n, g->k, 1.0f, 0.0f, g->a, g->b, g->c, g->bf16, NULL, NULL};
+    lb_gemm_args a = {0, 1, g->m, g->n, g->k, 1.0f, 0.0f, g->a, g->b, g->c, g->bf16,
+                      NULL, NULL, NULL};
     be->gemm(be, &a);
 }
 
@@ -132,7 +133,7 @@ static void bench_gemm_format(lb_backend *be, const lb_config *c, const char *wh
             for (int e = 0; e < groups; e++)
                 g.args[e] = (lb_gemm_args){0, 1, m, n, k, 1.0f, 0.0f, a + (size_t)e * m * k,
                                            b + (size_t)e * n * k, cc + (size_t)e * m * n,
-                                           g.bf16, NULL, NULL};
+                                           g.bf16, NULL, NULL, NULL};
             t = time_it(be, c, run_grouped, &g);
             free(g.args);
         }
@@ -202,6 +203,7 @@ static void bench_moe_bf16(lb_backend *be, const lb_config *c)
     uint16_t *wgu16 = bf16_copy(be, wgu, (size_t)E * F, C);
     uint16_t *wd16 = bf16_copy(be, wd, (size_t)E * C, I);
     float *yb = be->alloc(be, R * (C > F ? C : F) * sizeof(float));   // (rows, out or in)
+    uint16_t *yb16 = be->alloc(be, R * (size_t)(((C > F ? C : F) + 7) / 8 * 8) * 2);   // as yb
     float *dw = be->alloc(be, (size_t)E * F * C * sizeof(float));
     lb_gemm_args *g = lb_calloc(2 * (size_t)E, sizeof *g);
     // (the layer's role: in, out features; x16/w16 its input copy and weight copy, dy16 the
@@ -213,23 +215,29 @@ static void bench_moe_bf16(lb_backend *be, const lb_config *c)
     } role[] = {{"gate/up", C, F, x16, wgu16, dgu16}, {"down", I, C, h16, wd16, dy16}};
     for (int r = 0; r < 2; r++) {
         const int in = role[r].in, out = role[r].out, lx = (in + 7) / 8 * 8, ly = (out + 7) / 8 * 8;
-        for (int pass = 0; pass < 4; pass++) {   // fprop, dgrad + wgrad, dgrad, wgrad
+        // fprop, dgrad + wgrad, dgrad, wgrad; then fprop and dgrad storing bf16 (c16), as the
+        // training step's layer calls them where the expert ops read bf16
+        for (int pass = 0; pass < 6; pass++) {
             int n = 0;
             for (int j = 0; j < E; j++) {
                 const size_t o = (size_t)j * T;
                 const uint16_t *w16 = role[r].w16 + (size_t)j * out * lx;
-                if (pass == 0)
-                    g[n++] = (lb_gemm_args){0, 1, T, out, in, 1.0f, 0.0f, NULL, NULL, yb + o * out,
-                                            1, w16, role[r].x16 + o * lx};
-                if (pass == 1 || pass == 2)
+                if (pass == 0 || pass == 4)
+                    g[n++] = (lb_gemm_args){0, 1, T, out, in, 1.0f, 0.0f, NULL, NULL,
+                                            pass ? NULL : yb + o * out, 1, w16,
+                                            role[r].x16 + o * lx, pass ? yb16 + o * ly : NULL};
+                if (pass == 1 || pass == 2 || pass == 5)
                     g[n++] = (lb_gemm_args){0, 0, T, in, out, 1.0f, 0.0f, NULL, NULL,
-                                            yb + o * in, 1, w16, role[r].dy16 + o * ly};
+                                            pass == 5 ? NULL : yb + o * in, 1, w16,
+                                            role[r].dy16 + o * ly,
+                                            pass == 5 ? yb16 + o * lx : NULL};
                 if (pass == 1 || pass == 3)
                     g[n++] = (lb_gemm_args){1, 0, out, in, T, 1.0f, 0.0f, NULL, NULL,
                                             dw + (size_t)j * out * in, 1, role[r].x16 + o * lx,
-                                            role[r].dy16 + o * ly};
+                                            role[r].dy16 + o * ly, NULL};
             }
-            static const char *pname[] = {"fprop", "dgrad + wgrad", "dgrad", "wgrad"};
+            static const char *pname[] = {"fprop",        "dgrad + wgrad", "dgrad",
+                                          "wgrad",        "fprop -> bf16", "dgrad -> bf16"};
             grouped_case gc = {n, g};
             double t = time_it(be, c, run_grouped_case, &gc);
             double flops = 2.0 * R * in * out * (pass == 1 ? 2 : 1);
@@ -241,7 +249,7 @@ static void bench_moe_bf16(lb_backend *be, const lb_config *c)
         }
     }
     free(g);
-    void *bufs[] = {x, h, dy, dgu, wgu, wd, x16, h16, dy16, dgu16, wgu16, wd16, yb, dw};
+    void *bufs[] = {x, h, dy, dgu, wgu, wd, x16, h16, dy16, dgu16, wgu16, wd16, yb, yb16, dw};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
 }
 

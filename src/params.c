@@ -187,7 +187,8 @@ const lb_param lb_params[] = {
     LB_P(bench, moe_passes, B, "false", 0, 0, NULL,
          "gemm: also the other expert GEMMs of one MoE layer's training step (fprop down, "
          "dgrad, wgrad; quantized formats with their block shapes, bf16 as the layer's calls "
-         "on bf16 copies, each backward also as dgrads and wgrads alone)"),
+         "on bf16 copies, each backward also as dgrads and wgrads alone, and fprop and dgrad "
+         "storing bf16 outputs)"),
     LB_P(bench, attn_batch, I, "4", 1, 65536, NULL, "attention batch"),
     LB_P(bench, attn_seq, I, "4096", 1, 1048576, NULL, "attention sequence length"),
     LB_P(bench, rollout_batch, I, "64", 1, 1048576, NULL,

@@ -134,6 +134,16 @@ static void dfree(void *d) { gpu->free(gpu, d); }
 // Bytes of a bf16 copy of (rows, cols) values in to_bf16's layout (rows padded to 8).
 static size_t bytes16(size_t rows, int cols) { return rows * (size_t)((cols + 7) / 8 * 8) * 2; }
 
+// x (rows, cols) rounded to bf16 in to_bf16's layout (host memory): an op's bf16 input, as an
+// expert GEMM's c16 holds it.
+static uint16_t *host16(const float *x, size_t rows, int cols)
+{
+    const int ld = (cols + 7) / 8 * 8;
+    uint16_t *h = lb_malloc(bytes16(rows, cols));
+    for (size_t r = 0; r < rows; r++) lb_bf16_row(h + r * ld, x + r * cols, cols, ld);
+    return h;
+}
+
 // sum (a - ref)^2 / sum ref^2; infinite when anything is not finite (NaN never passes).
 static double nmse(const float *a, const float *ref, size_t n)
 {
@@ -385,7 +395,8 @@ static void gemm_bf16_case(lb_backend *tc)
                     tc->to_bf16(tc, a16, da, ra_, ca, (ca + 7) / 8 * 8);
                     tc->to_bf16(tc, b16, db, rb_, cb, (cb + 7) / 8 * 8);
                     tc->upload(tc, dc, c0, sc * 4);
-                    lb_gemm_args gc = {ta, tb, m, n, k, 1.0f, beta, NULL, NULL, dc, 1, b16, a16};
+                    lb_gemm_args gc = {ta, tb, m, n, k, 1.0f, beta,
+                                       NULL, NULL, dc, 1, b16, a16, NULL};
                     tc->gemm(tc, &gc);
                     tc->download(tc, out[1], dc, sc * 4);
                     strncat(what, ", copies alone", sizeof what - strlen(what) - 1);
@@ -469,10 +480,10 @@ START_TEST(test_gemm_grouped)
     float *dc0 = dpoisoned((size_t)m0 * n * 4), *dsent = dput(sentinel, sizeof sentinel);
     float *dc2 = dpoisoned((size_t)5 * n * 4), *dc3 = dput(c3_0, (size_t)n * k * 4);
     lb_gemm_args g[4] = {
-        {0, 1, m0, n, k, 1.0f, 0.0f, da0, dw, dc0, 0, NULL, NULL},       // fprop
-        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, dw, dsent, 0, NULL, NULL},     // no tokens
-        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, dc2, 0, NULL, NULL},     // empty inner dimension
-        {1, 0, n, k, m3, 0.5f, 1.0f, da3, db3, dc3, 0, NULL, NULL},      // wgrad, accumulating
+        {0, 1, m0, n, k, 1.0f, 0.0f, da0, dw, dc0, 0, NULL, NULL, NULL},       // fprop
+        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, dw, dsent, 0, NULL, NULL, NULL},     // no tokens
+        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, dc2, 0, NULL, NULL, NULL},     // empty inner dim
+        {1, 0, n, k, m3, 0.5f, 1.0f, da3, db3, dc3, 0, NULL, NULL, NULL},      // wgrad, adding
     };
     gpu->gemm_grouped(gpu, 4, g);
     gpu->gemm_grouped(gpu, 0, NULL);   // nothing to do
@@ -520,11 +531,11 @@ static void grouped_bf16_case(lb_backend *gs, int streams, int G, const int *cou
     for (int j = 0; j < G; j++) {
         int m = counts[j];
         g[0][j] = (lb_gemm_args){0, 1, m, out, in, 1.0f, 0.0f, X + off * in, W + j * mat,
-                                 out_d[0][0] + off * out, 1, NULL, NULL};
+                                 out_d[0][0] + off * out, 1, NULL, NULL, NULL};
         g[1][j] = (lb_gemm_args){0, 0, m, in, out, 1.0f, 0.0f, DY + off * out, W + j * mat,
-                                 out_d[0][1] + off * in, 1, NULL, NULL};
+                                 out_d[0][1] + off * in, 1, NULL, NULL, NULL};
         g[2][j] = (lb_gemm_args){1, 0, out, in, m, 1.0f, 1.0f, DY + off * out, X + off * in,
-                                 out_d[0][2] + j * mat, 1, NULL, NULL};
+                                 out_d[0][2] + j * mat, 1, NULL, NULL, NULL};
         if (m) {
             lb_gemm_bf16(cpu, 0, 1, m, out, in, 1.0f, x + off * in, w + j * mat, 0.0f,
                          yr + off * out);
@@ -559,7 +570,7 @@ static void grouped_bf16_case(lb_backend *gs, int streams, int G, const int *cou
     const size_t row = (size_t)(n - counts[G - 1]) + counts[G - 1] / 2;
     float *y1 = dpoisoned((size_t)out * 4);
     lb_gemm_args one = {0, 1, 1, out, in, 1.0f, 0.0f, X + row * in, W + (G - 1) * mat, y1, 1,
-                        NULL, NULL};
+                        NULL, NULL, NULL};
     gs->gemm_grouped(gs, 1, &one);
     gs->sync(gs);
     const char *names[3] = {"fprop", "dgrad", "wgrad"};
@@ -610,6 +621,140 @@ START_TEST(test_gemm_grouped_bf16)
     lb_backend *gs = cuda_with("LB_CUDA_GROUPED_STREAMS=1", "LB_CUDA_GROUPED=0");
     grouped_bf16_case(gs, 1, 6, c6, 700, 77);
     gs->destroy(gs);
+}
+END_TEST
+
+// Expert GEMMs with a bf16 output (lb_gemm_args.c16) on each CUDA path: the wgmma kernel with
+// its TMA-store epilogue (the default) and with gg_store16 (LB_CUDA_GG_TMA_STORE=0), cuBLASLt
+// per group (LB_CUDA_GROUPED=0) and the fp32 GEMM of rounded copies (LB_CUDA_BF16=0), the last
+// two rounding an fp32 C of their own. Groups fprop-like (transa 0, transb 1) and dgrad-like
+// (0, 0: B read MN-major) of m 0, 1, 37, 1031, 200 and 5 (k 0), n 1536, 2048, 768, 1536, 101
+// (odd: pad columns, a last column alone) and 13: all six in one call (128-column tiles; n 101
+// keeps the launch off the TMA store: gg_store16), then the first four (256, TMA store). c16
+// is bit for bit to_bf16's rounding of the same backend's fp32 C of the same call (c16 NULL),
+// with c NULL, the pad columns and an empty group's c16 untouched; so is a call mixing c16 and
+// fp32 groups (the TS kernel's branch per group, the C16 kernel's fp32 groups); and near the
+// CPU's c16. One dense gemm (a group of one) alike: n 101 (gg_store16) and 1536 (TMA store).
+START_TEST(test_gemm_grouped_c16)
+{
+    enum { NG = 6 };   // groups; index NG is the dense gemm
+    // bf16 roundings of fp32 values B_ACCUM apart: now and then one falls the other way, one
+    // bf16 ulp (2^-8 relative), and those flips dominate
+    const double b_c16 = 1e-6;
+    lb_backend *bes[4] = {gpu, cuda_with("LB_CUDA_GG_TMA_STORE=0", NULL),
+                          cuda_with("LB_CUDA_GROUPED=0", NULL), cuda_with("LB_CUDA_BF16=0", NULL)};
+    const char *bname[4] = {"default", "gg_store16", "cuBLASLt", "fp32 of rounded copies"};
+    for (int tb = 1; tb >= 0; tb--) {
+        const int gm[NG + 1] = {0, 1, 37, 1031, 200, 5, tb ? 300 : 129};
+        const int gn[NG + 1] = {1536, 2048, 768, 1536, 101, 13, tb ? 101 : 1536};
+        const int gk[NG + 1] = {520, 520, 520, 520, 520, 0, tb ? 1029 : 520};
+        const float ga[NG + 1] = {1.0f, 0.7f, 1.0f, 1.0f, -1.5f, 1.0f, 0.7f};
+        float *a[NG + 1], *b[NG + 1], *da[NG + 1], *db[NG + 1], *ref[NG + 1];
+        uint16_t *ref16[NG + 1];
+        lb_gemm_args g[NG + 1];
+        for (int j = 0; j <= NG; j++) {   // the inputs, the CPU's fp32 C and c16
+            const size_t m = gm[j], n = gn[j], k = gk[j];
+            a[j] = randn(m * k, 1), b[j] = randn(k * n, 1);
+            da[j] = dput(a[j], m * k * 4), db[j] = dput(b[j], k * n * 4);
+            ref[j] = lb_malloc(m * n * 4), ref16[j] = lb_malloc(bytes16(m, (int)n));
+            g[j] = (lb_gemm_args){0, tb, (int)m, (int)n, (int)k, ga[j], 0.0f, a[j], b[j], ref[j],
+                                  1, NULL, NULL, NULL};
+        }
+        cpu->gemm_grouped(cpu, NG, g);
+        cpu->gemm(cpu, &g[NG]);
+        for (int j = 0; j <= NG; j++) g[j].c = NULL, g[j].c16 = ref16[j];
+        cpu->gemm_grouped(cpu, NG, g);
+        cpu->gemm(cpu, &g[NG]);
+        for (int j = 0; j <= NG; j++) {
+            uint16_t *want = host16(ref[j], gm[j], gn[j]);
+            for (size_t r = 0; r < (size_t)gm[j]; r++)   // the CPU leaves the pads: compare cols
+                for (int c = 0; c < gn[j]; c++)
+                    ck_assert_msg(ref16[j][r * ((gn[j] + 7) / 8 * 8) + c] ==
+                                      want[r * ((gn[j] + 7) / 8 * 8) + c],
+                                  "cpu c16: not to_bf16 of the fp32 C (group %d)", j);
+            free(want);
+        }
+        for (int bi = 0; bi < 4; bi++)
+            for (int set = 0; set < 2; set++) {
+                lb_backend *be = bes[bi];
+                const int cnt = set ? 4 : NG;   // 4: no n <= 128, so 256-column tiles
+                // per group: fp32 C, c16 (16 bytes beyond: an empty group's is only those), and
+                // the mixed call's (odd groups c16, even ones fp32)
+                float *dc[NG + 1], *dxc[NG + 1];
+                uint16_t *d16[NG + 1], *dx16[NG + 1];
+                lb_gemm_args gd[3][NG + 1];
+                for (int j = 0; j <= NG; j++) {
+                    const size_t mn = (size_t)gm[j] * gn[j], b16 = bytes16(gm[j], gn[j]) + 16;
+                    dc[j] = dpoisoned(mn * 4), dxc[j] = dpoisoned(mn * 4);
+                    d16[j] = dpoisoned(b16), dx16[j] = dpoisoned(b16);
+                    gd[0][j] = (lb_gemm_args){0, tb, gm[j], gn[j], gk[j], ga[j], 0.0f, da[j],
+                                              db[j], dc[j], 1, NULL, NULL, NULL};
+                    gd[1][j] = gd[0][j], gd[2][j] = gd[0][j];
+                    gd[1][j].c = NULL, gd[1][j].c16 = d16[j];
+                    if (j % 2) gd[2][j].c = NULL, gd[2][j].c16 = dx16[j];
+                    else gd[2][j].c = dxc[j];
+                }
+                gpu->sync(gpu);   // the buffers are the test backend's: its uploads first
+                for (int r = 0; r < 3; r++) {
+                    be->gemm_grouped(be, cnt, gd[r]);
+                    if (r < 2) be->gemm(be, &gd[r][NG]);
+                }
+                be->sync(be);
+                for (int j = 0; j <= NG; j++) {
+                    if (set && j >= cnt && j < NG) continue;
+                    const int m = gm[j], n = gn[j], ld = (n + 7) / 8 * 8;
+                    const size_t mn = (size_t)m * n, b16 = bytes16(m, n) + 16;
+                    float *f = hget(dc[j], mn * 4);
+                    uint16_t *h16 = hget(d16[j], b16), *want = lb_malloc(b16);
+                    memset(want, 0xff, b16);   // the poison: pads and the 16 bytes beyond
+                    for (size_t r = 0; r < (size_t)m; r++)
+                        for (int c = 0; c < n; c++) want[r * ld + c] = lb_f32_to_bf16(f[r * n + c]);
+                    char what[128];
+                    snprintf(what, sizeof what, "c16 %s %s %d/%d (m %d n %d k %d) fp32", bname[bi],
+                             tb ? "fprop" : "dgrad", j, cnt, m, n, gk[j]);
+                    CHECK_NMSE(what, f, ref[j], mn, B_ACCUM);
+                    snprintf(what, sizeof what, "c16 %s %s %d/%d (m %d n %d) to_bf16 of fp32",
+                             bname[bi], tb ? "fprop" : "dgrad", j, cnt, m, n);
+                    for (size_t e = 0; e < b16 / 2; e++)   // where, if anywhere
+                        if (h16[e] != want[e]) {
+                            printf("  %s: row %zu col %zu is 0x%04x, want 0x%04x\n", what,
+                                   e / ld, e % ld, h16[e], want[e]);
+                            break;
+                        }
+                    CHECK_BITS(what, h16, want, b16);
+                    float *w16 = lb_malloc(mn * 4), *wref = lb_malloc(mn * 4);
+                    for (size_t r = 0; r < (size_t)m; r++)
+                        for (int c = 0; c < n; c++) {
+                            w16[r * n + c] = lb_bf16_to_f32(h16[r * ld + c]);
+                            wref[r * n + c] = lb_bf16_to_f32(ref16[j][r * ld + c]);
+                        }
+                    snprintf(what, sizeof what, "c16 %s %s %d/%d (m %d n %d) vs cpu c16",
+                             bname[bi], tb ? "fprop" : "dgrad", j, cnt, m, n);
+                    CHECK_NMSE(what, w16, wref, mn, b_c16);
+                    if (j < NG) {   // the mixed call
+                        snprintf(what, sizeof what, "c16 %s %s %d/%d (m %d n %d) mixed call",
+                                 bname[bi], tb ? "fprop" : "dgrad", j, cnt, m, n);
+                        if (j % 2) {
+                            uint16_t *x16 = hget(dx16[j], b16);
+                            CHECK_BITS(what, x16, want, b16);
+                            free(x16);
+                        } else {
+                            float *xf = hget(dxc[j], mn * 4);
+                            CHECK_BITS(what, xf, f, mn * 4);
+                            free(xf);
+                        }
+                    }
+                    free(f), free(h16), free(want), free(w16), free(wref);
+                }
+                for (int j = 0; j <= NG; j++)
+                    dfree(dc[j]), dfree(dxc[j]), dfree(d16[j]), dfree(dx16[j]);
+            }
+        for (int j = 0; j <= NG; j++) {
+            dfree(da[j]), dfree(db[j]);
+            free(a[j]), free(b[j]), free(ref[j]), free(ref16[j]);
+        }
+    }
+    for (int bi = 1; bi < 4; bi++) bes[bi]->destroy(bes[bi]);
 }
 END_TEST
 
@@ -948,23 +1093,23 @@ static void swiglu_case(int n, int f)
     size_t s2 = (size_t)n * 2 * f, s1 = (size_t)n * f;
     float *gu = randn(s2, 3), *g = randn(s1, 1);
     float *out = lb_malloc(s1 * 4), *dgu = lb_malloc(s2 * 4);
-    cpu->swiglu_fwd(cpu, out, NULL, gu, n, f);
-    cpu->swiglu_bwd(cpu, dgu, NULL, g, gu, n, f);
+    cpu->swiglu_fwd(cpu, out, NULL, gu, NULL, n, f);
+    cpu->swiglu_bwd(cpu, dgu, NULL, g, NULL, gu, NULL, n, f);
     float *GU = dput(gu, s2 * 4), *G = dput(g, s1 * 4);
     float *O = gpu->alloc(gpu, s1 * 4), *DGU = gpu->alloc(gpu, s2 * 4);
     void *O16 = dpoisoned(bytes16(n, f)), *DGU16 = dpoisoned(bytes16(n, 2 * f));
     float *keep[2][2];
     for (int r = 0; r < 2; r++) {
         poison(O, s1 * 4), poison(DGU, s2 * 4);
-        gpu->swiglu_fwd(gpu, O, r ? O16 : NULL, GU, n, f);
-        gpu->swiglu_bwd(gpu, DGU, r ? DGU16 : NULL, G, GU, n, f);
+        gpu->swiglu_fwd(gpu, O, r ? O16 : NULL, GU, NULL, n, f);
+        gpu->swiglu_bwd(gpu, DGU, r ? DGU16 : NULL, G, NULL, GU, NULL, n, f);
         keep[r][0] = hget(O, s1 * 4), keep[r][1] = hget(DGU, s2 * 4);
     }
     check_copy16("swiglu_fwd out16", O16, keep[1][0], n, f);
     check_copy16("swiglu_bwd dgu16", DGU16, keep[1][1], n, 2 * f);
     poison(O16, bytes16(n, f)), poison(DGU16, bytes16(n, 2 * f));   // the copies alone
-    gpu->swiglu_fwd(gpu, NULL, O16, GU, n, f);
-    gpu->swiglu_bwd(gpu, NULL, DGU16, G, GU, n, f);
+    gpu->swiglu_fwd(gpu, NULL, O16, GU, NULL, n, f);
+    gpu->swiglu_bwd(gpu, NULL, DGU16, G, NULL, GU, NULL, n, f);
     check_copy16("swiglu_fwd out16 alone", O16, keep[1][0], n, f);
     check_copy16("swiglu_bwd dgu16 alone", DGU16, keep[1][1], n, 2 * f);
     dfree(O16), dfree(DGU16);
@@ -975,6 +1120,30 @@ static void swiglu_case(int n, int f)
     CHECK_NMSE(what, keep[0][1], dgu, s2, B_ROUND);
     CHECK_BITS("swiglu_fwd, run twice", keep[0][0], keep[1][0], s1 * 4);
     CHECK_BITS("swiglu_bwd, run twice", keep[0][1], keep[1][1], s2 * 4);
+    // bf16 inputs (gu16, dout16; the fp32 ones NULL): against the CPU on the same inputs, and
+    // bitwise the GPU's results on those values widened to fp32 (the fp32 inputs above)
+    uint16_t *gu16 = host16(gu, n, 2 * f), *g16 = host16(g, n, f);
+    for (size_t i = 0; i < s2; i++) gu[i] = lb_round_bf16(gu[i]);
+    for (size_t i = 0; i < s1; i++) g[i] = lb_round_bf16(g[i]);
+    cpu->swiglu_fwd(cpu, out, NULL, NULL, gu16, n, f);
+    cpu->swiglu_bwd(cpu, dgu, NULL, NULL, g16, NULL, gu16, n, f);
+    void *GU16 = dput(gu16, bytes16(n, 2 * f)), *G16 = dput(g16, bytes16(n, f));
+    float *GUW = dput(gu, s2 * 4), *GW = dput(g, s1 * 4), *in16[2][2];
+    for (int r = 0; r < 2; r++) {   // r 0: the bf16 inputs, 1: widened
+        poison(O, s1 * 4), poison(DGU, s2 * 4);
+        gpu->swiglu_fwd(gpu, O, NULL, r ? GUW : NULL, r ? NULL : GU16, n, f);
+        gpu->swiglu_bwd(gpu, DGU, NULL, r ? GW : NULL, r ? NULL : G16, r ? GUW : NULL,
+                        r ? NULL : GU16, n, f);
+        in16[r][0] = hget(O, s1 * 4), in16[r][1] = hget(DGU, s2 * 4);
+    }
+    snprintf(what, sizeof what, "swiglu_fwd gu16 n %d f %d", n, f);
+    CHECK_NMSE(what, in16[0][0], out, s1, B_ROUND);
+    CHECK_BITS(what, in16[0][0], in16[1][0], s1 * 4);
+    snprintf(what, sizeof what, "swiglu_bwd gu16 dout16 n %d f %d", n, f);
+    CHECK_NMSE(what, in16[0][1], dgu, s2, B_ROUND);
+    CHECK_BITS(what, in16[0][1], in16[1][1], s2 * 4);
+    for (int r = 0; r < 2; r++) free(in16[r][0]), free(in16[r][1]);
+    dfree(GU16), dfree(G16), dfree(GUW), dfree(GW), free(gu16), free(g16);
     for (int r = 0; r < 2; r++) free(keep[r][0]), free(keep[r][1]);
     dfree(GU), dfree(G), dfree(O), dfree(DGU), free(gu), free(g), free(out), free(dgu);
 }
@@ -1159,9 +1328,9 @@ static void dispatch_case(int n, int e, int k, int c)
     float *xp = lb_malloc(kc * 4), *dx = lb_malloc(nc * 4), *out = lb_malloc(nc * 4);
     float *dyp = lb_malloc(kc * 4), *dw = lb_malloc(nk * 4);
     cpu->moe_permute(cpu, xp, NULL, x, row, n, k, c);
-    cpu->moe_permute_bwd(cpu, dx, dxp, row, n, k, c);
-    cpu->moe_combine(cpu, out, yp, w, row, n, k, c);
-    cpu->moe_combine_bwd(cpu, dyp, NULL, dw, g, yp, w, row, n, k, c);
+    cpu->moe_permute_bwd(cpu, dx, dxp, NULL, row, n, k, c);
+    cpu->moe_combine(cpu, out, yp, NULL, w, row, n, k, c);
+    cpu->moe_combine_bwd(cpu, dyp, NULL, dw, g, yp, NULL, w, row, n, k, c);
     float *X = dput(x, nc * 4), *DXP = dput(dxp, kc * 4), *YP = dput(yp, kc * 4);
     float *W = dput(w, nk * 4), *G = dput(g, nc * 4);
     float *XP = gpu->alloc(gpu, kc * 4), *DX = gpu->alloc(gpu, nc * 4);
@@ -1175,9 +1344,9 @@ static void dispatch_case(int n, int e, int k, int c)
         poison(XP, kc * 4), poison(DX, nc * 4), poison(O, nc * 4), poison(DYP, kc * 4);
         poison(DW, nk * 4);
         gpu->moe_permute(gpu, XP, r ? XP16 : NULL, X, Rc, n, k, c);
-        gpu->moe_permute_bwd(gpu, DX, DXP, Rc, n, k, c);
-        gpu->moe_combine(gpu, O, YP, W, Rc, n, k, c);
-        gpu->moe_combine_bwd(gpu, DYP, r ? DYP16 : NULL, DW, G, YP, W, Rc, n, k, c);
+        gpu->moe_permute_bwd(gpu, DX, DXP, NULL, Rc, n, k, c);
+        gpu->moe_combine(gpu, O, YP, NULL, W, Rc, n, k, c);
+        gpu->moe_combine_bwd(gpu, DYP, r ? DYP16 : NULL, DW, G, YP, NULL, W, Rc, n, k, c);
         keep[r][0] = hget(XP, kc * 4), keep[r][1] = hget(DX, nc * 4);
         keep[r][2] = hget(O, nc * 4), keep[r][3] = hget(DYP, kc * 4);
         keep[r][4] = hget(DW, nk * 4);
@@ -1193,12 +1362,30 @@ static void dispatch_case(int n, int e, int k, int c)
     check_copy16("moe_combine_bwd dyp16", DYP16, keep[1][3], nk, c);
     poison(XP16, bytes16(nk, c)), poison(DYP16, bytes16(nk, c)), poison(DW, nk * 4);
     gpu->moe_permute(gpu, NULL, XP16, X, Rc, n, k, c);   // the copies alone
-    gpu->moe_combine_bwd(gpu, NULL, DYP16, DW, G, YP, W, Rc, n, k, c);
+    gpu->moe_combine_bwd(gpu, NULL, DYP16, DW, G, YP, NULL, W, Rc, n, k, c);
     check_copy16("moe_permute xp16 alone", XP16, keep[1][0], nk, c);
     check_copy16("moe_combine_bwd dyp16 alone", DYP16, keep[1][3], nk, c);
     float *dw16 = hget(DW, nk * 4);
     CHECK_BITS("moe_combine_bwd dweight, dyp16 alone", dw16, keep[1][4], nk * 4);
     free(dw16), dfree(XP16), dfree(DYP16);
+    // bf16 inputs (dxp16, yp16: the expert GEMMs' c16; the fp32 ones NULL): the same bits as
+    // the CPU on them (the double slot sums and one multiply), dweight within B_DOT
+    uint16_t *dxp16 = host16(dxp, nk, c), *yp16 = host16(yp, nk, c);
+    cpu->moe_permute_bwd(cpu, dx, NULL, dxp16, row, n, k, c);
+    cpu->moe_combine(cpu, out, NULL, yp16, w, row, n, k, c);
+    cpu->moe_combine_bwd(cpu, dyp, NULL, dw, g, NULL, yp16, w, row, n, k, c);
+    void *DXP16 = dput(dxp16, bytes16(nk, c)), *YP16 = dput(yp16, bytes16(nk, c));
+    poison(DX, nc * 4), poison(O, nc * 4), poison(DYP, kc * 4), poison(DW, nk * 4);
+    gpu->moe_permute_bwd(gpu, DX, NULL, DXP16, Rc, n, k, c);
+    gpu->moe_combine(gpu, O, NULL, YP16, W, Rc, n, k, c);
+    gpu->moe_combine_bwd(gpu, DYP, NULL, DW, G, NULL, YP16, W, Rc, n, k, c);
+    float *got[4] = {hget(DX, nc * 4), hget(O, nc * 4), hget(DYP, kc * 4), hget(DW, nk * 4)};
+    CHECK_BITS("moe_permute_bwd dxp16", got[0], dx, nc * 4);
+    CHECK_BITS("moe_combine yp16", got[1], out, nc * 4);
+    CHECK_BITS("moe_combine_bwd dyp, yp16", got[2], dyp, kc * 4);
+    CHECK_NMSE("moe_combine_bwd dweight, yp16", got[3], dw, nk, B_DOT);
+    for (int i = 0; i < 4; i++) free(got[i]);
+    dfree(DXP16), dfree(YP16), free(dxp16), free(yp16);
     for (int r = 0; r < 2; r++)
         for (int i = 0; i < 5; i++) free(keep[r][i]);
     dfree(I), dfree(R), dfree(X), dfree(DXP), dfree(YP), dfree(W), dfree(G), dfree(XP);
@@ -1337,8 +1524,8 @@ static void linear_ce_case(int n, int v, int c, float dw_beta)
     gpu->linear_ce_bwd(gpu, DX[0], 0.0f, DW[0], dw_beta, L, ST, T, 0.37f, X, W, W16, n, v, c);
     gpu->upload(gpu, L, l, nv * 4);   // linear_ce_bwd leaves the logits undefined
     gpu->cross_entropy_bwd(gpu, L, L, ST, T, 0.37f, n, v);
-    lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, 0.0f, L, W, DX[1], 1, NULL, NULL},
-                         {1, 0, v, c, n, 1.0f, dw_beta, L, X, DW[1], 1, NULL, NULL}};
+    lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, 0.0f, L, W, DX[1], 1, NULL, NULL, NULL},
+                         {1, 0, v, c, n, 1.0f, dw_beta, L, X, DW[1], 1, NULL, NULL, NULL}};
     gpu->gemm_grouped(gpu, 2, g);
     float *gx[2], *gw[2];
     for (int r = 0; r < 2; r++) gx[r] = hget(DX[r], nc * 4), gw[r] = hget(DW[r], vc * 4);
@@ -2000,9 +2187,9 @@ START_TEST(test_to_bf16)
         c[r][4] = dpoisoned((size_t)n * k * 4);
         lb_gemm_bf16_b16(gpu, 0, 1, m, n, k, 1.0f, A, W, b16, 0.0f, c[r][0]);   // fprop
         lb_gemm_bf16_b16(gpu, 0, 0, m, k, n, 1.0f, G, W, b16, 0.0f, c[r][1]);   // dgrad
-        lb_gemm_args gr[3] = {{0, 1, m, n, k, 1.0f, 0.0f, A, W, c[r][2], 1, b16, a16},
-                              {0, 0, m, k, n, 1.0f, 0.0f, G, W, c[r][3], 1, b16, g16},
-                              {1, 0, n, k, m, 1.0f, 0.0f, G, A, c[r][4], 1, a16, g16}};
+        lb_gemm_args gr[3] = {{0, 1, m, n, k, 1.0f, 0.0f, A, W, c[r][2], 1, b16, a16, NULL},
+                              {0, 0, m, k, n, 1.0f, 0.0f, G, W, c[r][3], 1, b16, g16, NULL},
+                              {1, 0, n, k, m, 1.0f, 0.0f, G, A, c[r][4], 1, a16, g16, NULL}};
         gpu->gemm_grouped(gpu, 3, gr);
     }
     gpu->sync(gpu);
@@ -2915,6 +3102,7 @@ int main(void)
     tcase_add_test(tc, test_gemm_edges);
     tcase_add_test(tc, test_gemm_grouped);
     tcase_add_test(tc, test_gemm_grouped_bf16);
+    tcase_add_test(tc, test_gemm_grouped_c16);
     tcase_add_test(tc, test_add_scale_sumsq);
     tcase_add_test(tc, test_embedding);
     tcase_add_test(tc, test_rmsnorm);

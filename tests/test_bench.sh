@@ -12,18 +12,20 @@ fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
 cfg="$src/examples/tiny-moe.cfg"
 quick=(--set bench.warmup=0 --set bench.iters=1)
 
-# GEMMs: bf16 (dense, grouped, the layer's 8 expert calls) and fp8-block (dense, grouped, the
-# other 5 expert GEMMs): 17 rows, each "gemm  FORMAT  SHAPE  T ms  R TFLOP/s" with T > 0.
+# GEMMs: bf16 (dense, grouped, the layer's 12 expert calls) and fp8-block (dense, grouped, the
+# other 5 expert GEMMs): 21 rows, each "gemm  FORMAT  SHAPE  T ms  R TFLOP/s" with T > 0.
 "$bin" bench "$cfg" --set bench.kind=gemm --set bench.formats=bf16,fp8-block \
     --set bench.moe_passes=true --set bench.m=64 --set bench.n=72 --set bench.k=80 \
     --set bench.experts=4 --set bench.expert_rows=40 "${quick[@]}" > "$tmp/gemm" 2>&1 ||
     fail "bench gemm: exit $?"
 rows=$(grep -c "^gemm " "$tmp/gemm")
-[ "$rows" -eq 17 ] || fail "bench gemm: $rows rows, not 17"
+[ "$rows" -eq 21 ] || fail "bench gemm: $rows rows, not 21"
 awk '/^gemm / && !($(NF - 2) == "ms" && $(NF - 3) > 0 && $NF == "TFLOP/s") { bad = 1 }
      END { exit bad }' "$tmp/gemm" || fail "bench gemm: a row without a positive time"
 for pass in "gate/up fprop" "gate/up dgrad + wgrad" "gate/up dgrad" "gate/up wgrad" \
-            "down fprop" "down dgrad + wgrad" "down dgrad" "down wgrad"; do
+            "down fprop" "down dgrad + wgrad" "down dgrad" "down wgrad" \
+            "gate/up fprop -> bf16" "gate/up dgrad -> bf16" "down fprop -> bf16" \
+            "down dgrad -> bf16"; do
     grep -q "^gemm  bf16 *moe $pass 4x40 rows " "$tmp/gemm" || fail "bench gemm: no bf16 '$pass' row"
 done
 

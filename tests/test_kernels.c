@@ -422,10 +422,10 @@ START_TEST(test_to_bf16_gemm_b16)
     be->to_bf16(be, a16, a, m, k, 56);
     be->to_bf16(be, g16, g, m, n, 40);
     float *d0 = lb_malloc((size_t)n * k * 4), *d1 = lb_malloc((size_t)n * k * 4);
-    lb_gemm_args f0 = {0, 1, m, n, k, 1.0f, 0.0f, a, w, c0, 1, NULL, NULL};
-    lb_gemm_args f1 = {0, 1, m, n, k, 1.0f, 0.0f, a, w, c1, 1, w16, a16};
-    lb_gemm_args w0 = {1, 0, n, k, m, 1.0f, 0.0f, g, a, d0, 1, NULL, NULL};
-    lb_gemm_args w1 = {1, 0, n, k, m, 1.0f, 0.0f, g, a, d1, 1, a16, g16};
+    lb_gemm_args f0 = {0, 1, m, n, k, 1.0f, 0.0f, a, w, c0, 1, NULL, NULL, NULL};
+    lb_gemm_args f1 = {0, 1, m, n, k, 1.0f, 0.0f, a, w, c1, 1, w16, a16, NULL};
+    lb_gemm_args w0 = {1, 0, n, k, m, 1.0f, 0.0f, g, a, d0, 1, NULL, NULL, NULL};
+    lb_gemm_args w1 = {1, 0, n, k, m, 1.0f, 0.0f, g, a, d1, 1, a16, g16, NULL};
     be->gemm(be, &f0), be->gemm(be, &f1), be->gemm(be, &w0), be->gemm(be, &w1);
     ck_assert_msg(memcmp(c0, c1, (size_t)m * n * 4) == 0, "fprop with a16 differs");
     ck_assert_msg(memcmp(d0, d1, (size_t)n * k * 4) == 0, "wgrad with a16, b16 differs");
@@ -447,10 +447,10 @@ START_TEST(test_gemm_grouped)
     for (int i = 0; i < 5 * n; i++) c2[i] = NAN;
     float *c3_0 = randn((size_t)n * k, 144, 1), *c3 = fdup(c3_0, (size_t)n * k);
     lb_gemm_args g[4] = {
-        {0, 1, m0, n, k, 1.0f, 0.0f, a0, w, c0, 0, NULL, NULL},          // fprop
-        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, w, sentinel, 0, NULL, NULL},   // no tokens
-        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, c2, 0, NULL, NULL},      // empty inner dimension
-        {1, 0, n, k, m3, 0.5f, 1.0f, a3, b3, c3, 0, NULL, NULL},         // wgrad, accumulating
+        {0, 1, m0, n, k, 1.0f, 0.0f, a0, w, c0, 0, NULL, NULL, NULL},          // fprop
+        {0, 1, 0, n, k, 1.0f, 0.0f, NULL, w, sentinel, 0, NULL, NULL, NULL},   // no tokens
+        {0, 1, 5, n, 0, 1.0f, 0.0f, NULL, NULL, c2, 0, NULL, NULL, NULL},      // empty inner dim
+        {1, 0, n, k, m3, 0.5f, 1.0f, a3, b3, c3, 0, NULL, NULL, NULL},         // wgrad, adding
     };
     be->gemm_grouped(be, 4, g);
     double *ref0 = dzeros((size_t)m0 * n), *ref3 = dzeros((size_t)n * k);
@@ -463,6 +463,77 @@ START_TEST(test_gemm_grouped)
     be->gemm_grouped(be, 0, NULL);   // nothing to do
     free(a0), free(w), free(a3), free(b3), free(c0), free(c2), free(c3_0), free(c3);
     free(ref0), free(ref3);
+}
+END_TEST
+
+// A bf16 output (lb_gemm_args.c16): exactly lb_f32_to_bf16 of the fp32 bf16 GEMM's C, rows
+// pad8(n) apart, with neither c (NaN stays) nor the pad columns (a pattern stays) written. Every
+// trans case, n not a multiple of 8, k 0 (bf16 zeros), m 1, alpha not 1; one call through
+// gemm_grouped with an empty group (m 0: its c16 untouched).
+START_TEST(test_gemm_c16)
+{
+    static const struct { int ta, tb, m, n, k; float alpha; } sh[] = {
+        {0, 1, 37, 13, 53, 0.7f}, {0, 0, 9, 40, 27, 1.0f}, {1, 0, 23, 29, 45, 1.0f},
+        {1, 1, 6, 8, 19, -2.0f},  {0, 1, 5, 13, 0, 1.0f},  {0, 1, 1, 1, 7, 1.0f},
+    };
+    const int ns = (int)(sizeof sh / sizeof sh[0]);
+    const uint16_t POISON = 0xdead;
+    lb_gemm_args g[8], gg[8];
+    float *ref[8];
+    for (int i = 0; i < ns; i++) {
+        const int m = sh[i].m, n = sh[i].n, k = sh[i].k, ld = (n + 7) / 8 * 8;
+        float *a = k ? randn((size_t)m * k, 150 + i, 1) : NULL;
+        float *b = k ? randn((size_t)k * n, 160 + i, 1) : NULL;
+        ref[i] = lb_malloc((size_t)m * n * sizeof(float));
+        for (size_t e = 0; e < (size_t)m * n; e++) ref[i][e] = NAN;
+        g[i] = (lb_gemm_args){sh[i].ta, sh[i].tb, m, n, k, sh[i].alpha, 0.0f, a, b, ref[i], 1,
+                              NULL, NULL, NULL};
+        be->gemm(be, &g[i]);   // the fp32 C
+        gg[i] = g[i];
+        gg[i].c = lb_malloc((size_t)m * n * sizeof(float));
+        gg[i].c16 = lb_malloc((size_t)m * ld * sizeof(uint16_t));
+        for (int pass = 0; pass < 2; pass++) {   // gemm, then the same through gemm_grouped
+            for (size_t e = 0; e < (size_t)m * n; e++) gg[i].c[e] = NAN;
+            for (size_t e = 0; e < (size_t)m * ld; e++) gg[i].c16[e] = POISON;
+            if (pass == 0) be->gemm(be, &gg[i]);
+            else be->gemm_grouped(be, 1, &gg[i]);
+            for (int r = 0; r < m; r++)
+                for (int c = 0; c < ld; c++) {
+                    const uint16_t got = gg[i].c16[(size_t)r * ld + c];
+                    const uint16_t want =
+                        c < n ? lb_f32_to_bf16(ref[i][(size_t)r * n + c]) : POISON;
+                    ck_assert_msg(got == want,
+                                  "gemm c16 (%s) shape %d row %d col %d: 0x%04x, want 0x%04x",
+                                  pass ? "grouped" : "dense", i, r, c, got, want);
+                }
+            for (size_t e = 0; e < (size_t)m * n; e++)
+                ck_assert_msg(isnan(gg[i].c[e]), "gemm c16 shape %d wrote c", i);
+        }
+        if (k == 0)
+            for (size_t e = 0; e < (size_t)m * n; e++) ck_assert(ref[i][e] == 0.0f);
+    }
+    // all the shapes in one grouped call, with an empty group (m 0) between them
+    uint16_t sentinel[8];
+    for (int e = 0; e < 8; e++) sentinel[e] = POISON;
+    gg[ns] = gg[0];
+    gg[ns].m = 0, gg[ns].c = NULL, gg[ns].c16 = sentinel;
+    for (int i = 0; i < ns; i++) {
+        const size_t ld = (size_t)(sh[i].n + 7) / 8 * 8;
+        for (size_t e = 0; e < (size_t)sh[i].m * ld; e++) gg[i].c16[e] = POISON;
+    }
+    be->gemm_grouped(be, ns + 1, gg);
+    for (int i = 0; i < ns; i++) {
+        const int n = sh[i].n, ld = (n + 7) / 8 * 8;
+        for (int r = 0; r < sh[i].m; r++)
+            for (int c = 0; c < ld; c++)
+                ck_assert_uint_eq(gg[i].c16[(size_t)r * ld + c],
+                                  c < n ? lb_f32_to_bf16(ref[i][(size_t)r * n + c]) : POISON);
+    }
+    for (int e = 0; e < 8; e++) ck_assert_uint_eq(sentinel[e], POISON);
+    for (int i = 0; i < ns; i++) {
+        free((void *)g[i].a), free((void *)g[i].b), free(ref[i]), free(gg[i].c);
+        free(gg[i].c16);
+    }
 }
 END_TEST
 
@@ -531,7 +602,8 @@ START_TEST(test_gemm_det_canonical)
                     for (int r = 0; r < 2; r++)
                         for (int isa = 0; isa < 2; isa++) {
                             memcpy(c, c0, mn * sizeof(float));
-                            lb_gemm_args g = {ta, tb, m, n, k, alpha, beta, a, b, c, 0, NULL, NULL};
+                            lb_gemm_args g = {ta, tb, m, n, k, alpha,
+                                              beta, a, b, c, 0, NULL, NULL, NULL};
                             lb_cpu_gemm_det(&g, lb_cpu_threads(bes[r]),
                                             isa ? LB_CPU_GEMM_BASE : LB_CPU_GEMM_AUTO);
                             snprintf(what, sizeof what,
@@ -793,7 +865,7 @@ START_TEST(test_swiglu_fwd)
     float *out2 = lb_malloc((size_t)N * f * 4);
     uint16_t *out16 = lb_malloc((size_t)N * 48 * 2);   // (N, pad8(f))
     double *ref = dzeros((size_t)N * f);
-    be->swiglu_fwd(be, out, NULL, gu, N, f);
+    be->swiglu_fwd(be, out, NULL, gu, NULL, N, f);
     for (int i = 0; i < N; i++)
         for (int j = 0; j < f; j++) {
             double g = gu[(size_t)i * 2 * f + j], u = gu[(size_t)i * 2 * f + f + j];
@@ -801,12 +873,21 @@ START_TEST(test_swiglu_fwd)
         }
     ASSERT_CLOSE("swiglu_fwd", out, ref, (size_t)N * f, 1e-6);
     memset(out16, 0xff, (size_t)N * 48 * 2);   // the padding must be written
-    be->swiglu_fwd(be, out2, out16, gu, N, f);
+    be->swiglu_fwd(be, out2, out16, gu, NULL, N, f);
     ASSERT_BITWISE("swiglu_fwd with a copy", out2, out, (size_t)N * f * 4);
     check_copy16("swiglu_fwd out16", out16, out, N, f);
     memset(out16, 0xff, (size_t)N * 48 * 2);   // the copy alone, out not written
-    be->swiglu_fwd(be, NULL, out16, gu, N, f);
+    be->swiglu_fwd(be, NULL, out16, gu, NULL, N, f);
     check_copy16("swiglu_fwd out16 alone", out16, out, N, f);
+    // a bf16 input (gu16, the gate/up GEMM's c16) reads as its values widened to fp32
+    uint16_t *gu16 = lb_malloc((size_t)N * 88 * 2);   // (N, pad8(2f))
+    for (int i = 0; i < N; i++)
+        lb_bf16_row(gu16 + (size_t)i * 88, gu + (size_t)i * 2 * f, 2 * f, 88);
+    for (size_t i = 0; i < (size_t)N * 2 * f; i++) gu[i] = lb_round_bf16(gu[i]);
+    be->swiglu_fwd(be, out, NULL, gu, NULL, N, f);
+    be->swiglu_fwd(be, out2, NULL, NULL, gu16, N, f);
+    ASSERT_BITWISE("swiglu_fwd gu16", out2, out, (size_t)N * f * 4);
+    free(gu16);
     free(gu), free(out), free(out2), free(out16), free(ref);
 }
 END_TEST
@@ -927,8 +1008,18 @@ START_TEST(test_moe_dispatch_fwd)
         for (int s = 0; s < K; s++)
             for (int c = 0; c < C; c++)
                 ref[i * C + c] += (double)w[i * K + s] * yp[(size_t)row[i * K + s] * C + c];
-    be->moe_combine(be, out, yp, w, row, N, K, C);
+    be->moe_combine(be, out, yp, NULL, w, row, N, K, C);
     ASSERT_CLOSE("moe_combine", out, ref, (size_t)N * C, 1e-6);
+    // a bf16 input (yp16, the down GEMM's c16) reads as its values widened to fp32
+    const int ld = (C + 7) / 8 * 8;
+    uint16_t *yp16 = lb_malloc((size_t)N * K * ld * 2);
+    float *out2 = lb_malloc((size_t)N * C * 4);
+    for (int r = 0; r < N * K; r++) lb_bf16_row(yp16 + (size_t)r * ld, yp + (size_t)r * C, C, ld);
+    for (size_t i = 0; i < (size_t)N * K * C; i++) yp[i] = lb_round_bf16(yp[i]);
+    be->moe_combine(be, out, yp, NULL, w, row, N, K, C);
+    be->moe_combine(be, out2, NULL, yp16, w, row, N, K, C);
+    ASSERT_BITWISE("moe_combine yp16", out2, out, (size_t)N * C * 4);
+    free(yp16), free(out2);
     free(idx), free(row), free(x), free(xp), free(yp), free(w), free(out), free(ref);
 }
 END_TEST
@@ -1279,7 +1370,7 @@ typedef struct {
 static double swiglu_loss(void *p)
 {
     swiglu_ctx *q = p;
-    be->swiglu_fwd(be, q->out, NULL, q->gu, q->n, q->f);
+    be->swiglu_fwd(be, q->out, NULL, q->gu, NULL, q->n, q->f);
     return dot_out(q->out, q->r, (size_t)q->n * q->f);
 }
 
@@ -1290,14 +1381,14 @@ START_TEST(test_grad_swiglu)
                     randn((size_t)n * f, 341, 1), n, f};
     float *dgu = lb_malloc((size_t)n * 2 * f * 4), *dgu2 = lb_malloc((size_t)n * 2 * f * 4);
     uint16_t *dgu16 = lb_malloc((size_t)n * 88 * 2);   // (n, pad8(2 f))
-    be->swiglu_bwd(be, dgu, NULL, q.r, q.gu, n, f);
+    be->swiglu_bwd(be, dgu, NULL, q.r, NULL, q.gu, NULL, n, f);
     fd_check("swiglu dgate", swiglu_loss, &q, q.gu, dgu, (size_t)n * 2 * f, 1e-3, 2e-3, 342);
     memset(dgu16, 0xff, (size_t)n * 88 * 2);
-    be->swiglu_bwd(be, dgu2, dgu16, q.r, q.gu, n, f);
+    be->swiglu_bwd(be, dgu2, dgu16, q.r, NULL, q.gu, NULL, n, f);
     ASSERT_BITWISE("swiglu_bwd with a copy", dgu2, dgu, (size_t)n * 2 * f * 4);
     check_copy16("swiglu_bwd dgu16", dgu16, dgu, n, 2 * f);
     memset(dgu16, 0xff, (size_t)n * 88 * 2);   // the copy alone
-    be->swiglu_bwd(be, NULL, dgu16, q.r, q.gu, n, f);
+    be->swiglu_bwd(be, NULL, dgu16, q.r, NULL, q.gu, NULL, n, f);
     check_copy16("swiglu_bwd dgu16 alone", dgu16, dgu, n, 2 * f);
     free(q.out), free(q.gu), free(q.r), free(dgu), free(dgu2), free(dgu16);
 }
@@ -1380,7 +1471,7 @@ static double permute_loss(void *p)
 static double combine_loss(void *p)
 {
     moe_ctx *q = p;
-    be->moe_combine(be, q->out, q->yp, q->w, q->row, N, K, C);
+    be->moe_combine(be, q->out, q->yp, NULL, q->w, q->row, N, K, C);
     return dot_out(q->out, q->r, (size_t)N * C);
 }
 
@@ -1401,7 +1492,7 @@ START_TEST(test_grad_moe_permute)
     moe_ctx q = {.x = randn((size_t)N * C, 360, 1), .xp = lb_malloc((size_t)N * K * C * 4),
                  .r = randn((size_t)N * K * C, 361, 1), .row = make_plan(362)};
     float *dx = lb_malloc((size_t)N * C * 4);
-    be->moe_permute_bwd(be, dx, q.r, q.row, N, K, C);
+    be->moe_permute_bwd(be, dx, q.r, NULL, q.row, N, K, C);
     fd_check("moe_permute dx", permute_loss, &q, q.x, dx, (size_t)N * C, 1e-2, 1e-3, 363);
     free(q.x), free(q.xp), free(q.r), free(q.row), free(dx);
 }
@@ -1415,16 +1506,16 @@ START_TEST(test_grad_moe_combine)
     float *dyp = lb_malloc((size_t)N * K * C * 4), *dw = lb_malloc((size_t)N * K * 4);
     float *dyp2 = lb_malloc((size_t)N * K * C * 4), *dw2 = lb_malloc((size_t)N * K * 4);
     uint16_t *dyp16 = lb_malloc((size_t)N * K * 56 * 2);   // (N K, pad8(C))
-    be->moe_combine_bwd(be, dyp, NULL, dw, q.r, q.yp, q.w, q.row, N, K, C);
+    be->moe_combine_bwd(be, dyp, NULL, dw, q.r, q.yp, NULL, q.w, q.row, N, K, C);
     fd_check("moe_combine dyp", combine_loss, &q, q.yp, dyp, (size_t)N * K * C, 1e-2, 1e-3, 374);
     fd_check("moe_combine dweight", combine_loss, &q, q.w, dw, (size_t)N * K, 1e-2, 1e-3, 375);
     memset(dyp16, 0xff, (size_t)N * K * 56 * 2);
-    be->moe_combine_bwd(be, dyp2, dyp16, dw2, q.r, q.yp, q.w, q.row, N, K, C);
+    be->moe_combine_bwd(be, dyp2, dyp16, dw2, q.r, q.yp, NULL, q.w, q.row, N, K, C);
     ASSERT_BITWISE("moe_combine_bwd dyp with a copy", dyp2, dyp, (size_t)N * K * C * 4);
     ASSERT_BITWISE("moe_combine_bwd dweight with a copy", dw2, dw, (size_t)N * K * 4);
     check_copy16("moe_combine_bwd dyp16", dyp16, dyp, (size_t)N * K, C);
     memset(dyp16, 0xff, (size_t)N * K * 56 * 2);   // the copy alone; dweight all the same
-    be->moe_combine_bwd(be, NULL, dyp16, dw2, q.r, q.yp, q.w, q.row, N, K, C);
+    be->moe_combine_bwd(be, NULL, dyp16, dw2, q.r, q.yp, NULL, q.w, q.row, N, K, C);
     check_copy16("moe_combine_bwd dyp16 alone", dyp16, dyp, (size_t)N * K, C);
     ASSERT_BITWISE("moe_combine_bwd dweight, dyp16 alone", dw2, dw, (size_t)N * K * 4);
     free(q.yp), free(q.w), free(q.out), free(q.r), free(q.row), free(dyp), free(dw);
@@ -1866,6 +1957,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_gemm_fwd);
     tcase_add_test(tc, test_gemm_accumulate_and_edges);
     tcase_add_test(tc, test_gemm_grouped);
+    tcase_add_test(tc, test_gemm_c16);
     tcase_add_test(tc, test_to_bf16_gemm_b16);
     tcase_add_test(tc, test_gemm_det_canonical);
     tcase_add_test(tc, test_gemm_openblas_path);

@@ -195,9 +195,9 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
     lb_wcache wc;
     memset(&wc, 0, sizeof wc);
     lb_wcache_build(&L, &wc, 0, role, w, E, OUT, IN);
-    lb_linear_grouped_fwd(&L, 0, role, x, NULL, w, &wc, counts, E, y[0], OUT, IN);
-    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx[0], dw[0], 1.0f,
-                          OUT, IN);
+    lb_linear_grouped_fwd(&L, 0, role, x, NULL, w, &wc, counts, E, y[0], NULL, OUT, IN);
+    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx[0], NULL, dw[0],
+                          1.0f, OUT, IN);
     size_t off = 0;
     for (int j = 0; j < E; j++) {
         lb_linear_fwd(&L, 0, role, x + off * IN, w, &wc, j, y[1] + off * OUT, counts[j], OUT, IN,
@@ -219,27 +219,56 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         float *y2 = malloc(sizeof(float) * n * OUT), *dx2 = malloc(sizeof(float) * n * IN);
         float *dw2 = malloc(sizeof(float) * E * mat);
         fill(dw2, E * mat, 4);
-        lb_linear_grouped_fwd(&L, 0, role, x, x16, w, &wc, counts, E, y2, OUT, IN);
-        lb_linear_grouped_bwd(&L, 0, role, x, x16, w, &wc, counts, E, dy, dy16, dx2, dw2, 1.0f,
-                              OUT, IN);
+        lb_linear_grouped_fwd(&L, 0, role, x, x16, w, &wc, counts, E, y2, NULL, OUT, IN);
+        lb_linear_grouped_bwd(&L, 0, role, x, x16, w, &wc, counts, E, dy, dy16, dx2, NULL, dw2,
+                              1.0f, OUT, IN);
         ck_assert_msg(!memcmp(y[0], y2, sizeof(float) * n * OUT), "%s: fprop, x16", recipe);
         ck_assert_msg(!memcmp(dx[0], dx2, sizeof(float) * n * IN), "%s: dgrad, dy16", recipe);
         ck_assert_msg(!memcmp(dw[0], dw2, sizeof(float) * E * mat), "%s: wgrad, x16 dy16", recipe);
         // the copies alone (x and dy NULL: their ops wrote no fp32)
         fill(dw2, E * mat, 4);
-        lb_linear_grouped_fwd(&L, 0, role, NULL, x16, w, &wc, counts, E, y2, OUT, IN);
-        lb_linear_grouped_bwd(&L, 0, role, NULL, x16, w, &wc, counts, E, NULL, dy16, dx2, dw2,
+        lb_linear_grouped_fwd(&L, 0, role, NULL, x16, w, &wc, counts, E, y2, NULL, OUT, IN);
+        lb_linear_grouped_bwd(&L, 0, role, NULL, x16, w, &wc, counts, E, NULL, dy16, dx2, NULL, dw2,
                               1.0f, OUT, IN);
         ck_assert_msg(!memcmp(y[0], y2, sizeof(float) * n * OUT), "%s: fprop, x16 alone", recipe);
         ck_assert_msg(!memcmp(dx[0], dx2, sizeof(float) * n * IN), "%s: dgrad, dy16 alone", recipe);
         ck_assert_msg(!memcmp(dw[0], dw2, sizeof(float) * E * mat), "%s: wgrad, copies alone",
                       recipe);
+        // the outputs stored in bf16 instead (y16, dx16: lb_gemm_args.c16): the fp32 results
+        // rounded once, the fp32 outputs and the pad columns untouched
+        uint16_t *y16 = malloc(2 * (size_t)n * OUT8), *dx16 = malloc(2 * (size_t)n * IN8);
+        for (size_t i = 0; i < (size_t)n * OUT8; i++) y16[i] = 0x7fc1;
+        for (size_t i = 0; i < (size_t)n * IN8; i++) dx16[i] = 0x7fc1;
+        for (size_t i = 0; i < (size_t)n * OUT; i++) y2[i] = NAN;
+        for (size_t i = 0; i < (size_t)n * IN; i++) dx2[i] = NAN;
+        fill(dw2, E * mat, 4);
+        lb_linear_grouped_fwd(&L, 0, role, NULL, x16, w, &wc, counts, E, y2, y16, OUT, IN);
+        lb_linear_grouped_bwd(&L, 0, role, NULL, x16, w, &wc, counts, E, NULL, dy16, dx2, dx16,
+                              dw2, 1.0f, OUT, IN);
+        for (int i = 0; i < n; i++) {
+            for (int j = 0; j < OUT8; j++) {
+                uint16_t want = j < OUT ? lb_f32_to_bf16(y[0][(size_t)i * OUT + j]) : 0x7fc1;
+                ck_assert_msg(y16[(size_t)i * OUT8 + j] == want, "%s: y16 [%d][%d]", recipe, i, j);
+            }
+            for (int j = 0; j < IN8; j++) {
+                uint16_t want = j < IN ? lb_f32_to_bf16(dx[0][(size_t)i * IN + j]) : 0x7fc1;
+                ck_assert_msg(dx16[(size_t)i * IN8 + j] == want, "%s: dx16 [%d][%d]", recipe, i,
+                              j);
+            }
+        }
+        for (size_t i = 0; i < (size_t)n * OUT; i++)
+            ck_assert_msg(isnan(y2[i]), "%s: y written", recipe);
+        for (size_t i = 0; i < (size_t)n * IN; i++)
+            ck_assert_msg(isnan(dx2[i]), "%s: dx written", recipe);
+        ck_assert_msg(!memcmp(dw[0], dw2, sizeof(float) * E * mat), "%s: wgrad beside dx16",
+                      recipe);
+        free(y16), free(dx16);
         // no rows at all (an expert-parallel rank that received none): no operand, no error,
         // and dw_beta 0 still zeroes the matrices
         const int none[E] = {0};
-        lb_linear_grouped_fwd(&L, 0, role, NULL, NULL, w, &wc, none, E, y2, OUT, IN);
+        lb_linear_grouped_fwd(&L, 0, role, NULL, NULL, w, &wc, none, E, y2, NULL, OUT, IN);
         for (size_t i = 0; i < E * mat; i++) dw2[i] = NAN;
-        lb_linear_grouped_bwd(&L, 0, role, NULL, NULL, w, &wc, none, E, NULL, NULL, dx2, dw2,
+        lb_linear_grouped_bwd(&L, 0, role, NULL, NULL, w, &wc, none, E, NULL, NULL, dx2, NULL, dw2,
                               0.0f, OUT, IN);
         for (size_t i = 0; i < E * mat; i++)
             ck_assert_msg(dw2[i] == 0.0f, "%s: no rows, dw[%zu] %g", recipe, i, dw2[i]);
@@ -248,10 +277,10 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
     // dw_beta 0 overwrites: NaN before, the products after, and zeros for the experts without
     // rows, equal (up to the sign of zero) to adding to zeros
     for (size_t i = 0; i < E * mat; i++) dw[0][i] = NAN, dw[1][i] = 0.0f;
-    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx[0], dw[0], 0.0f,
-                          OUT, IN);
-    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx[1], dw[1], 1.0f,
-                          OUT, IN);
+    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx[0], NULL, dw[0],
+                          0.0f, OUT, IN);
+    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx[1], NULL, dw[1],
+                          1.0f, OUT, IN);
     for (size_t i = 0; i < E * mat; i++)
         ck_assert_msg(dw[0][i] == dw[1][i], "%s/%s: grouped wgrad, beta 0: [%zu] %g, not %g",
                       recipe, backward, i, dw[0][i], dw[1][i]);

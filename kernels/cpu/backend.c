@@ -55,6 +55,7 @@ static void cpu_destroy(lb_backend *be)
 {
     if (!be) return;
     free(((lb_cpu_ctx *)be->ctx)->round);
+    free(((lb_cpu_ctx *)be->ctx)->c32);
     free(be->ctx);
     free(be);
 }

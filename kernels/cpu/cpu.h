@@ -12,6 +12,8 @@ typedef struct {
     int threads;    // OpenMP and OpenBLAS threads used by this backend's operations
     float *round;   // gemm's bf16-rounded operand copies (grow-only, ops_basic.c)
     size_t round_n;
+    float *c32;     // gemm's fp32 C of a call with a bf16 output (c16; grow-only, ops_basic.c)
+    size_t c32_n;
 } lb_cpu_ctx;
 
 // Thread count for `num_threads(...)` clauses. Each parallel loop names it explicitly so two

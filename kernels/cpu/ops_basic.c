@@ -15,8 +15,6 @@
 
 // --- GEMM -------------------------------------------------------------------------------------
 
-// C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, all row-major and contiguous.
-// be->deterministic: gemm.c's kernel (one fixed order per element, batch invariant); otherwise
 // dst (n / len, len) = src16 (n / len, pad8(len)) widened (to_bf16's layout).
 static void widen_bf16(lb_backend *be, float *dst, const uint16_t *src16, size_t n, int len)
 {
@@ -27,9 +25,39 @@ static void widen_bf16(lb_backend *be, float *dst, const uint16_t *src16, size_t
         for (int c = 0; c < len; c++) dst[r * len + c] = lb_bf16_to_f32(src16[r * ld + c]);
 }
 
+// C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, all row-major and contiguous.
+// be->deterministic: gemm.c's kernel (one fixed order per element, batch invariant); otherwise
 // OpenBLAS, faster but its bits depend on m, the row's position and on some CPUs the threads.
+// c16 (kernels.h): C is computed in fp32 as without it, into scratch, and each element rounded
+// once into c16: the GPU's bits, which round the same fp32 value where they store it.
 static void cpu_gemm(lb_backend *be, const lb_gemm_args *g)
 {
+    if (g->c16) {
+        if (!g->bf16 || g->beta != 0.0f)
+            lb_die("gemm: a bf16 output (c16) needs bf16 operands and beta 0 (bf16 %d, beta %g)",
+                   g->bf16, (double)g->beta);
+        if (g->m < 0 || g->n < 0 || g->k < 0)
+            lb_die("gemm: negative size (m %d, n %d, k %d)", g->m, g->n, g->k);
+        if (g->m == 0 || g->n == 0) return;
+        lb_cpu_ctx *cx = be->ctx;
+        const size_t mn = (size_t)g->m * g->n;
+        if (cx->c32_n < mn) {   // grow-only, as round
+            free(cx->c32);
+            cx->c32 = lb_malloc(mn * sizeof(float));
+            cx->c32_n = mn;
+        }
+        lb_gemm_args r = *g;
+        r.c = cx->c32, r.c16 = NULL;
+        cpu_gemm(be, &r);   // k 0: zeros, so c16 gets bf16 zeros
+        const int n = g->n, ld = (n + 7) / 8 * 8;   // the pad columns are not written
+        const float *c = cx->c32;
+        uint16_t *c16 = g->c16;
+        #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (mn >= LB_CPU_PAR_MIN)
+        for (int i = 0; i < g->m; i++)
+            for (int j = 0; j < n; j++)
+                c16[(size_t)i * ld + j] = lb_f32_to_bf16(c[(size_t)i * n + j]);
+        return;
+    }
     if (g->bf16 && g->m > 0 && g->n > 0 && g->k > 0) {   // the rounded operands' product
         lb_cpu_ctx *cx = be->ctx;
         size_t na = (size_t)g->m * g->k, nb = (size_t)g->k * g->n;
@@ -250,15 +278,18 @@ static void cpu_rope_bwd(lb_backend *be, float *dx, const int32_t *pos, int n, i
 
 // --- SwiGLU -------------------------------------------------------------------------------------
 
-// gu (n, 2f) = [gate | up]; out (n, f) = silu(gate) * up, silu(g) = g * sigmoid(g).
-static void cpu_swiglu_fwd(lb_backend *be, float *out, uint16_t *out16, const float *gu, int n,
-                           int f)
+// gu (n, 2f) = [gate | up]; out (n, f) = silu(gate) * up, silu(g) = g * sigmoid(g). A bf16
+// input (gu16, dout16) is widened a row at a time.
+static void cpu_swiglu_fwd(lb_backend *be, float *out, uint16_t *out16, const float *gu,
+                           const uint16_t *gu16, int n, int f)
 {
     const int ld = (f + 7) / 8 * 8;
     if (n > 0 && f > 0 && !out && !out16) lb_die("swiglu_fwd: neither out nor out16");
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * f >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
-        const float *g = gu + (size_t)i * 2 * f, *u = g + f;
+        float in[gu16 ? 2 * f : 1];   // the row, widened from gu16
+        for (int j = 0; gu16 && j < 2 * f; j++) in[j] = lb_in_at(NULL, gu16, i, 2 * f, j);
+        const float *g = gu16 ? in : gu + (size_t)i * 2 * f, *u = g + f;
         float row[out ? 1 : f];   // the row, where out is not written
         float *o = out ? out + (size_t)i * f : row;
         for (int j = 0; j < f; j++) {
@@ -271,13 +302,18 @@ static void cpu_swiglu_fwd(lb_backend *be, float *out, uint16_t *out16, const fl
 
 // d silu(g)/dg = sig * (1 + g * (1 - sig)); dgu (n, 2f) overwritten.
 static void cpu_swiglu_bwd(lb_backend *be, float *dgu, uint16_t *dgu16, const float *dout,
-                           const float *gu, int n, int f)
+                           const uint16_t *dout16, const float *gu, const uint16_t *gu16, int n,
+                           int f)
 {
     const int ld = (2 * f + 7) / 8 * 8;
     if (n > 0 && f > 0 && !dgu && !dgu16) lb_die("swiglu_bwd: neither dgu nor dgu16");
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * f >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
-        const float *g = gu + (size_t)i * 2 * f, *u = g + f, *dy = dout + (size_t)i * f;
+        float in[gu16 ? 2 * f : 1], din[dout16 ? f : 1];   // rows widened from the copies
+        for (int j = 0; gu16 && j < 2 * f; j++) in[j] = lb_in_at(NULL, gu16, i, 2 * f, j);
+        for (int j = 0; dout16 && j < f; j++) din[j] = lb_in_at(NULL, dout16, i, f, j);
+        const float *g = gu16 ? in : gu + (size_t)i * 2 * f, *u = g + f;
+        const float *dy = dout16 ? din : dout + (size_t)i * f;
         float row[dgu ? 1 : 2 * f];   // the row, where dgu is not written
         float *dg = dgu ? dgu + (size_t)i * 2 * f : row, *du = dg + f;
         for (int j = 0; j < f; j++) {

@@ -173,8 +173,8 @@ static void cpu_moe_permute(lb_backend *be, float *xp, uint16_t *xp16, const flo
 }
 
 // dx (n, c) = sum over s in order of dxp[row[i][s]].
-static void cpu_moe_permute_bwd(lb_backend *be, float *dx, const float *dxp, const int32_t *row,
-                                int n, int k, int c)
+static void cpu_moe_permute_bwd(lb_backend *be, float *dx, const float *dxp,
+                                const uint16_t *dxp16, const int32_t *row, int n, int k, int c)
 {
     check_rows("moe_permute_bwd", row, n, k);
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
@@ -183,15 +183,15 @@ static void cpu_moe_permute_bwd(lb_backend *be, float *dx, const float *dxp, con
         float *dxi = dx + (size_t)i * c;
         for (int x = 0; x < c; x++) {
             double acc = 0.0;
-            for (int s = 0; s < k; s++) acc += dxp[(size_t)row[(size_t)i * k + s] * c + x];
+            for (int s = 0; s < k; s++) acc += lb_in_at(dxp, dxp16, row[(size_t)i * k + s], c, x);
             dxi[x] = (float)acc;
         }
     }
 }
 
 // out (n, c) = sum over s in order of weight[i][s] * yp[row[i][s]].
-static void cpu_moe_combine(lb_backend *be, float *out, const float *yp, const float *weight,
-                            const int32_t *row, int n, int k, int c)
+static void cpu_moe_combine(lb_backend *be, float *out, const float *yp, const uint16_t *yp16,
+                            const float *weight, const int32_t *row, int n, int k, int c)
 {
     check_rows("moe_combine", row, n, k);
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
@@ -202,7 +202,7 @@ static void cpu_moe_combine(lb_backend *be, float *out, const float *yp, const f
         float *oi = out + (size_t)i * c;
         for (int x = 0; x < c; x++) {
             double acc = 0.0;
-            for (int s = 0; s < k; s++) acc += (double)w[s] * yp[(size_t)r[s] * c + x];
+            for (int s = 0; s < k; s++) acc += (double)w[s] * lb_in_at(yp, yp16, r[s], c, x);
             oi[x] = (float)acc;
         }
     }
@@ -210,8 +210,8 @@ static void cpu_moe_combine(lb_backend *be, float *out, const float *yp, const f
 
 // dyp[row[i][s]] = weight[i][s] * dout[i]; dweight[i][s] = dot(dout[i], yp[row[i][s]]).
 static void cpu_moe_combine_bwd(lb_backend *be, float *dyp, uint16_t *dyp16, float *dweight,
-                                const float *dout, const float *yp, const float *weight,
-                                const int32_t *row, int n, int k, int c)
+                                const float *dout, const float *yp, const uint16_t *yp16,
+                                const float *weight, const int32_t *row, int n, int k, int c)
 {
     check_rows("moe_combine_bwd", row, n, k);
     if (n > 0 && k > 0 && c > 0 && !dyp && !dyp16)
@@ -225,12 +225,11 @@ static void cpu_moe_combine_bwd(lb_backend *be, float *dyp, uint16_t *dyp16, flo
         for (int s = 0; s < k; s++) {
             size_t r = (size_t)row[(size_t)i * k + s];
             float w = weight[(size_t)i * k + s];
-            const float *y = yp + r * c;
             float *dy = dyp ? dyp + r * c : buf;
             double dot = 0.0;
             for (int x = 0; x < c; x++) {
                 dy[x] = w * gi[x];
-                dot += (double)gi[x] * y[x];
+                dot += (double)gi[x] * lb_in_at(yp, yp16, r, c, x);
             }
             dweight[(size_t)i * k + s] = (float)dot;
             if (dyp16) lb_bf16_row(dyp16 + r * ld, dy, c, ld);

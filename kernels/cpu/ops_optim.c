@@ -93,8 +93,8 @@ static void cpu_linear_ce_bwd(lb_backend *be, float *dx, float dx_beta, float *d
 {
     if (!stats) lb_die("linear_ce_bwd: needs the forward's row statistics");
     be->cross_entropy_bwd(be, logits, logits, stats, targets, dloss, n, v);
-    lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1, w16, NULL},
-                         {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1, NULL, NULL}};
+    lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1, w16, NULL, NULL},
+                         {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1, NULL, NULL, NULL}};
     be->gemm_grouped(be, 2, g);
 }
 

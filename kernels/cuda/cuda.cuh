@@ -103,6 +103,26 @@ __device__ __forceinline__ void bf16_row_pad(uint16_t *row16, int c, int lane)
     for (int j = c + lane; j < ((c + 7) & ~7); j += 32) row16[j] = 0;
 }
 
+// An op's input row r (kernels.h: the ..16 inputs): fp32 of pitch cols, or, where x16 is
+// not NULL, its bf16 copy of pitch pad8(cols), widened (exact). One value at column j, or four
+// at columns 4 j .. 4 j + 3 (16-byte fp32 loads, 8-byte bf16 ones).
+__device__ __forceinline__ float lb_in_ld(const float *x, const uint16_t *x16, size_t r,
+                                          int cols, int j)
+{
+    if (x16) return __uint_as_float((uint32_t)x16[r * ((cols + 7) & ~7) + j] << 16);
+    return x[r * cols + j];
+}
+__device__ __forceinline__ float4 lb_in_ld4(const float *x, const uint16_t *x16, size_t r,
+                                            int cols, int j)
+{
+    if (x16) {
+        const uint2 u = ((const uint2 *)(x16 + r * ((cols + 7) & ~7)))[j];
+        return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                           __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+    }
+    return ((const float4 *)(x + r * cols))[j];
+}
+
 typedef struct lb_gemm_plan lb_gemm_plan;
 
 // Backend-private state (lb_backend.ctx).
@@ -136,6 +156,9 @@ typedef struct {
     int side_ready;
     int gemm_log;                  // LB_CUDA_GEMM_LOG=1: print every new plan to stderr
     void *gemm_q;                  // gemm_q.cu: its plan cache and pinned algorithms
+    float *gemm_c32;               // gemm.cu: the fp32 C of a bf16-output (c16) GEMM off the
+    size_t gemm_c32_bytes;         // wgmma kernel, before its rounding (grow-only; not scratch,
+                                   // which the GEMM's operand copies take)
 
     void *scratch;                 // device scratch, grown on demand (lb_cuda_scratch)
     size_t scratch_bytes;

@@ -34,6 +34,9 @@
 // products exact, fp32 accumulation). Deterministic mode pins one algorithm per (transa,
 // transb) as above, tensor cores allowed, still without split-K or workspace; a shape no such
 // algorithm accepts takes the fp32 path on copies of the operands rounded to bf16.
+//
+// A bf16 output (lb_gemm_args.c16): the wgmma kernel stores it directly; every other path
+// computes C in fp32 into a buffer of its own (cx->gemm_c32) and rounds it into c16 after.
 #include "kernels/cuda/cuda.cuh"
 
 #include <stdio.h>
@@ -372,6 +375,9 @@ extern "C" void lb_cuda_gemm_destroy(lb_cuda_ctx *cx)
     free(cx->plans);
     cx->plans = NULL;
     cx->plan_cap = cx->plan_count = 0;
+    LB_CUDA_CHECK(cudaFree(cx->gemm_c32));
+    cx->gemm_c32 = NULL;
+    cx->gemm_c32_bytes = 0;
 }
 
 // C *= beta over (m, n) contiguous elements (the no-product case with beta not 0 or 1).
@@ -408,6 +414,57 @@ static void to_bf16(lb_cuda_ctx *cx, __nv_bfloat16 *dst, const float *src, size_
     if (gy > 65535) gy = 65535;
     to_bf16_kernel<<<dim3(gx, gy), 256, 0, cx->stream>>>(dst, src, (int)rows, cols, ld);
     LB_CUDA_LAUNCHED(cx);
+}
+
+// dst (rows, pad8(cols)) bf16 = src (rows, cols) fp32 rounded to nearest even, the pad columns
+// not written (lb_gemm_args.c16: to_bf16_kernel's values without its zeros). Queued.
+__global__ void gemm_c16_kernel(__nv_bfloat16 *__restrict__ dst, const float *__restrict__ src,
+                                int rows, int cols)
+{
+    const int ld = (cols + 7) & ~7;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float *s = src + (size_t)r * cols;
+        __nv_bfloat16 *d = dst + (size_t)r * ld;
+        for (int c = 2 * (blockIdx.x * blockDim.x + threadIdx.x); c < cols;
+             c += 2 * gridDim.x * blockDim.x) {
+            if (c + 1 < cols) *(__nv_bfloat162 *)(d + c) = __floats2bfloat162_rn(s[c], s[c + 1]);
+            else d[c] = __float2bfloat16_rn(s[c]);   // an odd cols: the last column alone
+        }
+    }
+}
+
+static void gemm_c16(lb_cuda_ctx *cx, uint16_t *dst, const float *src, int rows, int cols)
+{
+    unsigned gx = (unsigned)(((cols + 1) / 2 + 255) / 256);   // pairs of columns over x
+    unsigned cap = (unsigned)cx->num_sms * 16 / gx + 1;
+    unsigned gy = (unsigned)rows < cap ? (unsigned)rows : cap;
+    if (gy > 65535) gy = 65535;
+    gemm_c16_kernel<<<dim3(gx, gy), 256, 0, cx->stream>>>((__nv_bfloat16 *)dst, src, rows, cols);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// The fp32 C of a c16 call (at least n floats). Its own buffer, not lb_cuda_scratch: the
+// GEMM that writes it takes its operand copies from the scratch, which may be reallocated.
+static float *gemm_c32(lb_cuda_ctx *cx, size_t n)
+{
+    if (n * sizeof(float) <= cx->gemm_c32_bytes) return cx->gemm_c32;
+    // queued work may still read the old buffer (an earlier call's rounding): wait first
+    LB_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    LB_CUDA_CHECK(cudaFree(cx->gemm_c32));
+    size_t want = n * sizeof(float);
+    want += want / 4;   // headroom, as lb_cuda_scratch
+    LB_CUDA_CHECK(cudaMalloc((void **)&cx->gemm_c32, want));
+    cx->gemm_c32_bytes = want;
+    return cx->gemm_c32;
+}
+
+// kernels.h's rule for c16: bf16 operands and beta 0; 4-byte aligned, as to_bf16's layout is
+// (its kernels store column pairs).
+static void c16_check(const lb_gemm_args *g, const char *op)
+{
+    if (g->c16 && (!g->bf16 || g->beta != 0.0f || ((uintptr_t)g->c16 & 3)))
+        lb_die("%s: a bf16 output (c16) needs bf16 operands, beta 0 and a 4-byte aligned c16 "
+               "(bf16 %d, beta %g, c16 %p)", op, g->bf16, (double)g->beta, (void *)g->c16);
 }
 
 // dst (rows, cols) fp32 = src (rows, ld) bf16 widened (a copy in to_bf16's layout back to fp32,
@@ -480,13 +537,17 @@ static int gemm_bf16(lb_backend *be, const lb_gemm_args *g)
 static void cuda_gemm(lb_backend *be, const lb_gemm_args *g)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
+    c16_check(g, "gemm");
     if (g->m < 0 || g->n < 0 || g->k < 0)
         lb_die("gemm: negative size (m %d, n %d, k %d)", g->m, g->n, g->k);
     if (g->m == 0 || g->n == 0) return;
     size_t mn = (size_t)g->m * g->n;
     if (g->k == 0 || g->alpha == 0.0f) {
         // No product: C = beta C; beta 0 overwrites (NaN in C must not survive), as the CPU.
-        if (g->beta == 0.0f) {
+        if (g->c16) {   // beta 0: bf16 zeros, the pad columns untouched
+            LB_CUDA_CHECK(cudaMemset2DAsync(g->c16, (size_t)pad8(g->n) * 2, 0, (size_t)g->n * 2,
+                                            (size_t)g->m, cx->stream));
+        } else if (g->beta == 0.0f) {
             LB_CUDA_CHECK(cudaMemsetAsync(g->c, 0, mn * sizeof(float), cx->stream));
         } else if (g->beta != 1.0f) {
             gemm_scale_kernel<<<lb_grid(mn, 256, cx), 256, 0, cx->stream>>>(g->c, g->beta, mn);
@@ -497,6 +558,13 @@ static void cuda_gemm(lb_backend *be, const lb_gemm_args *g)
     if (g->bf16 && cx->bf16_tc && cx->dense_tc && cx->grouped_tc) {   // gemm_grouped.cu's kernel
         lb_cuda_gemm_grouped_tc(cx, 1, g);
         if (cx->sync_each) LB_CUDA_WAIT(cx);
+        return;
+    }
+    if (g->c16) {   // cuBLASLt or the fp32 path below into gemm_c32, then rounded into c16
+        lb_gemm_args r = *g;
+        r.c = gemm_c32(cx, mn), r.c16 = NULL;
+        cuda_gemm(be, &r);
+        gemm_c16(cx, g->c16, r.c, g->m, g->n);
         return;
     }
     if (g->bf16 && cx->bf16_tc && gemm_bf16(be, g)) return;
@@ -566,8 +634,10 @@ static int grouped_bf16(lb_backend *be, int count, const lb_gemm_args *g)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
     if (count < 2 || !cx->grouped_streams || !cx->bf16_tc || !be->deterministic) return 0;
-    for (int i = 0; i < count; i++)   // converts fp32 operands only: cuda_gemm takes copies
-        if (g[i].a16 || g[i].b16) return 0;
+    // converts fp32 operands only (cuda_gemm takes copies) and writes fp32 C only (c16: the
+    // rounding's buffer is one)
+    for (int i = 0; i < count; i++)
+        if (g[i].a16 || g[i].b16 || g[i].c16) return 0;
     const int ta = g[0].transa ? 1 : 0, tb = g[0].transb ? 1 : 0;
     const int cols_a = ta ? g[0].m : g[0].k, cols_b = tb ? g[0].k : g[0].n;
     for (int i = 0; i < count; i++) {   // one transpose pair and one width per operand
@@ -650,6 +720,7 @@ static void cuda_gemm_grouped(lb_backend *be, int count, const lb_gemm_args *arg
         int nrun = 0;
         for (int i = 0; i < count; i++) {
             const lb_gemm_args *x = &args[i];
+            c16_check(x, "gemm_grouped");
             if (x->m < 0 || x->n < 0 || x->k < 0)
                 lb_die("gemm_grouped: negative size (m %d, n %d, k %d)", x->m, x->n, x->k);
             if (x->m == 0 || x->n == 0) continue;

@@ -36,6 +36,10 @@
 // one exception to the single order: a wgrad of few tiles is summed in slices of k, then the
 // slices in order (gt_split), an order fixed by its shape, so still reproducible.
 //
+// A group with a bf16 output (lb_gemm_args.c16, beta 0) has its C stored as bf16: alpha d is
+// rounded to fp32 once as for fp32 C, then to bf16 (nearest even) where it is stored (by TMA
+// in 64 x 64 bf16 chunks, or gg_store16), so c16 is to_bf16 of the fp32 C bit for bit.
+//
 // What limits the bf16 kernel (0.6x of cuBLASLt's dense rate before the persistent blocks and
 // the bands, doc/benchmarks.md): every block loads its own A and B slices through L2 (no TMA
 // multicast across a cluster), the math warps stop multiplying while they store a tile unless
@@ -192,6 +196,30 @@ __device__ __forceinline__ void gg_store(const float (&d)[64], float *c, int m, 
     }
 }
 
+// gg_store's beta-0 values (alpha d, rounded once) rounded to bf16, nearest even, into c16
+// (m, pad8(n)) (lb_gemm_args.c16; 4-byte aligned): a column pair is one 4-byte store (col is
+// even and the pitch a multiple of 8), an odd n's last column a 2-byte one; the pad columns
+// are not written. Apart from gg_store, whose code the other kernels keep as it is.
+__device__ __forceinline__ void gg_store16(const float (&d)[64], __nv_bfloat16 *c16, int m,
+                                           int n, float alpha, int r, int col0, int lane)
+{
+    const size_t ld = (size_t)((n + 7) & ~7);
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const int col = col0 + j * 8 + (lane & 3) * 2;
+        if (col >= n) continue;
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int row = r + half * 8;
+            if (row >= m) continue;
+            const float v0 = alpha * d[4 * j + 2 * half], v1 = alpha * d[4 * j + 2 * half + 1];
+            __nv_bfloat16 *p = c16 + row * ld + col;
+            if (col + 1 < n) *(__nv_bfloat162 *)p = __floats2bfloat162_rn(v0, v1);
+            else *p = __float2bfloat16_rn(v0);
+        }
+    }
+}
+
 // A block computes whole 128 x BN tiles; a math warpgroup's 64 x BN share is BN / 128 wgmma
 // accumulators of 64 x 128 (the same k16 steps in the same order for every element whatever
 // BN is).
@@ -212,8 +240,10 @@ __device__ __forceinline__ void gg_store(const float (&d)[64], float *c, int m, 
 typedef struct {
     CUtensorMap ta, tb;   // A, B bf16: k-major boxes 64 (k) x 128 and 64 x BN, or MN-major
                           // boxes 64 (m or n) x 64 (k)
-    CUtensorMap tc;       // TS launches: C (m, n) fp32, boxes 32 x 64 (gt_store_tma)
+    CUtensorMap tc;       // TS launches: C (m, n) fp32, boxes 32 x 64, or c16's (m, n) bf16
+                          // of pitch pad8(n), boxes 64 x 64 (gt_store_tma)
     float *c;
+    __nv_bfloat16 *c16;   // NULL, or (beta 0) where C goes instead, rounded to bf16
     const float *s2a, *s2b;   // NVFP4's second levels (gg_store), or NULL
     int s2a_row, s2b_row;
     int m, n, k;
@@ -227,6 +257,7 @@ typedef struct {
 } gt_params;
 // A kernel's parameters may take 32764 bytes (sm_70 and later, CUDA 12.1 and later); a group
 // takes 512 (three 128-byte aligned tensor maps), so 64 groups do not fit.
+static_assert(sizeof(gt_group) == 512, "gt_group is no longer 512 bytes");
 static_assert(sizeof(gt_params) <= 32764, "gt_params exceeds the kernel parameter space");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -251,35 +282,56 @@ __device__ __forceinline__ void gt_load(uint32_t dst, const CUtensorMap *map, in
 // flight besides). The rows and columns of a box beyond C are not written. The chunk is laid
 // out in the 128-byte swizzle the map names (16-byte unit u of row r at u ^ (r % 8)), so the
 // fragment's stores spread over the banks; the values are gg_store's (alpha d, rounded once).
-template <int NH, int NB>
+// C16: a bf16 C (gt_group.c16), 64 x 64 columns a chunk (the same 8 KB); a column pair is
+// 4 bytes, the pair of alpha d rounded to bf16 (nearest even; the lower column in the low
+// half), so the values are to_bf16's of the fp32 chunk's.
+template <int NH, int NB, int C16 = 0>
 __device__ __forceinline__ void gt_store_tma(const float (&d)[NH][64], const CUtensorMap *map,
                                              float alpha, int m0, int n0, uint32_t stg, int cw,
                                              int warp, int lane, int lead)
 {
+    constexpr int W = C16 ? 64 : 32;          // columns of a chunk
     const int r0 = warp * 16 + (lane >> 2);   // this thread's first row of the 64
 #pragma unroll
-    for (int q = 0; q < NH * 4; q++) {   // chunk q: columns 32 q .. 32 q + 31 of the share
+    for (int q = 0; q < NH * 128 / W; q++) {   // chunk q: columns W q .. W q + W - 1 of the share
         const uint32_t buf = stg + (q % NB) * GT_CHUNK;
         if (lead) asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(NB - 1) : "memory");
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
+        if (C16) {
+            // the fragment's 8-column block j = (q & 1) * 8 + jj of accumulator q >> 1: this
+            // thread's pair is 4 bytes at 16-byte unit jj of its row, 4 (lane & 3) into it
 #pragma unroll
-        for (int jj = 0; jj < 4; jj++)
+            for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int row = r0 + 8 * half, col = 8 * jj + 2 * (lane & 3);
-                const int i = 4 * ((q & 3) * 4 + jj) + 2 * half;
-                const uint32_t at =
-                    buf + row * 128 + ((((col >> 2) ^ row) & 7) << 4) + (col & 3) * 4;
-                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at),
-                             "f"(alpha * d[q >> 2][i]), "f"(alpha * d[q >> 2][i + 1])
-                             : "memory");
-            }
+                for (int half = 0; half < 2; half++) {
+                    const int row = r0 + 8 * half, i = 4 * ((q & 1) * 8 + jj) + 2 * half;
+                    const uint32_t at = buf + row * 128 + (((jj ^ row) & 7) << 4) + 4 * (lane & 3);
+                    const __nv_bfloat162 v =
+                        __floats2bfloat162_rn(alpha * d[q >> 1][i], alpha * d[q >> 1][i + 1]);
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at),
+                                 "r"(*reinterpret_cast<const uint32_t *>(&v))
+                                 : "memory");
+                }
+        } else {
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++)
+#pragma unroll
+                for (int half = 0; half < 2; half++) {
+                    const int row = r0 + 8 * half, col = 8 * jj + 2 * (lane & 3);
+                    const int i = 4 * ((q & 3) * 4 + jj) + 2 * half;
+                    const uint32_t at =
+                        buf + row * 128 + ((((col >> 2) ^ row) & 7) << 4) + (col & 3) * 4;
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at),
+                                 "f"(alpha * d[q >> 2][i]), "f"(alpha * d[q >> 2][i + 1])
+                                 : "memory");
+                }
+        }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
         if (lead) {
             asm volatile(
                 "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
-                ::"l"((uint64_t)map), "r"(n0 + 32 * q), "r"(m0 + cw * 64), "r"(buf)
+                ::"l"((uint64_t)map), "r"(n0 + W * q), "r"(m0 + cw * 64), "r"(buf)
                 : "memory");
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
         }
@@ -292,7 +344,10 @@ __device__ __forceinline__ void gt_store_tma(const float (&d)[NH][64], const CUt
 // (GT_A_MN, GT_B_MN): an MN-major operand's slice of 64 k arrives as 64-wide boxes of m or n,
 // which fill its stage bytes in the same places as the k-major box (the warpgroup's 64 rows
 // of A, B's 128-column halves), so only the descriptors and the transpose flags differ.
-template <int BN, int S2, int TS, int MN>
+// C16 (not TS): some group has a bf16 C (gt_group.c16, gg_store16). A template parameter, as
+// the branch to it takes 2 registers more in the other kernels' epilogue (165 -> 167 at BN
+// 128); the TS kernels branch per group at no cost, so C16 is 0 there.
+template <int BN, int S2, int TS, int MN, int C16 = 0>
 __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant__ gt_params P)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -376,12 +431,25 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         if (lead) lb_mbar_arrive(empty + 8 * ((it - 1) % S));   // the tile's last slice
+        // a bf16 C (G.c16): a branch uniform over the block, taken per group (a launch may
+        // mix them); never with NVFP4's second levels (gemm_q_grouped has no c16)
+        static_assert(!(TS && C16) && !(S2 && C16), "C16 is the non-TS bf16 kernels'");
         if (TS) {
-            gt_store_tma<NH, 2>(d, &G.tc, G.alpha, m0, n0, stg + cw * 2 * GT_CHUNK, cw, warp,
-                                lane, lead);
+            if (!S2 && G.c16)
+                gt_store_tma<NH, 2, 1>(d, &G.tc, G.alpha, m0, n0, stg + cw * 2 * GT_CHUNK, cw,
+                                       warp, lane, lead);
+            else
+                gt_store_tma<NH, 2>(d, &G.tc, G.alpha, m0, n0, stg + cw * 2 * GT_CHUNK, cw,
+                                    warp, lane, lead);
             continue;
         }
         const int r = m0 + cw * 64 + warp * 16 + (lane >> 2);
+        if (C16 && G.c16) {
+#pragma unroll
+            for (int h = 0; h < NH; h++)
+                gg_store16(d[h], G.c16, G.m, G.n, G.alpha, r, n0 + h * 128, lane);
+            continue;
+        }
 #pragma unroll
         for (int h = 0; h < NH; h++)
             gg_store<BN == 256 ? 4 : 16, S2>(d[h], G.c, G.m, G.n, G.alpha, G.beta, r,
@@ -540,48 +608,77 @@ static void tma_map(CUtensorMap *map, CUtensorMapDataType dt, const void *x, int
     lb_cuda_tma_map(map, dt, x, 2, dim, pitch, box);
 }
 
+// A group's bf16 C (gt_group.c16); gq_group has none (the fp8 path never gets one).
+template <typename G> static const void *group_c16(const G &) { return NULL; }
+static const void *group_c16(const gt_group &g) { return g.c16; }
+
 // Whether a launch of these cnt groups (gt_group or gq_group) takes the TS epilogue
 // (gt_store_tma): on, and every C written, not added to (beta 0), and addressable by TMA (rows
-// 16-byte multiples apart from a 16-byte aligned start). If so, each group's C map.
+// 16-byte multiples apart from a 16-byte aligned start). If so, each group's C map: fp32, or
+// a c16 group's bf16 (its pitch pad8(n) elements; the dims stop at n). A c16 group needs n a
+// multiple of 8 as well: the store writes a row's last 16 bytes whole, so for other n it
+// wrote pad columns (seen on the H200: column 101 of n 101), which kernels.h leaves alone.
 template <typename G> static int ts_maps(G *g, int cnt, int on)
 {
     int ts = on;
-    for (int i = 0; i < cnt && ts; i++)
-        ts = g[i].beta == 0.0f && g[i].n % 4 == 0 && ((uintptr_t)g[i].c & 15) == 0;
     for (int i = 0; i < cnt && ts; i++) {
+        const void *c16 = group_c16(g[i]);
+        ts = g[i].beta == 0.0f &&
+             (c16 ? g[i].n % 8 == 0 && ((uintptr_t)c16 & 15) == 0
+                  : g[i].n % 4 == 0 && ((uintptr_t)g[i].c & 15) == 0);
+    }
+    for (int i = 0; i < cnt && ts; i++) {
+        const void *c16 = group_c16(g[i]);
         const uint64_t dim[2] = {(uint64_t)g[i].n, (uint64_t)g[i].m};
-        const uint64_t pitch[1] = {(uint64_t)g[i].n * 4};
-        const uint32_t box[2] = {32, 64};
-        lb_cuda_tma_map(&g[i].tc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, g[i].c, 2, dim, pitch, box);
+        const uint64_t pitch[1] = {c16 ? (uint64_t)pad8(g[i].n) * 2 : (uint64_t)g[i].n * 4};
+        const uint32_t box[2] = {c16 ? 64u : 32u, 64};   // 128 bytes a row either way
+        lb_cuda_tma_map(&g[i].tc,
+                        c16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+                        c16 ? c16 : (const void *)g[i].c, 2, dim, pitch, box);
     }
     return ts;
 }
 
-template <int BN, int S2, int TS, int MN = 0>
+template <int BN, int S2, int TS, int MN = 0, int C16 = 0>
 static void gemm_launch(lb_cuda_ctx *cx, int tiles, const gt_params *T)
 {
     static int smem_set;   // the limit is the kernel's, set once per process (one device)
     if (!smem_set) {
-        lb_cuda_smem_limit(gt_kernel<BN, S2, TS, MN>, GT_SMEM(BN, TS));
+        lb_cuda_smem_limit(gt_kernel<BN, S2, TS, MN, C16>, GT_SMEM(BN, TS));
         smem_set = 1;
     }
     const int grid = tiles < cx->num_sms ? tiles : cx->num_sms;   // persistent blocks
-    gt_kernel<BN, S2, TS, MN><<<grid, GT_THREADS, GT_SMEM(BN, TS), cx->stream>>>(*T);
+    gt_kernel<BN, S2, TS, MN, C16><<<grid, GT_THREADS, GT_SMEM(BN, TS), cx->stream>>>(*T);
     LB_CUDA_LAUNCHED(cx);
+}
+
+// The launch of a layout MN without second levels: the TS kernel, or gg_store's (C16 where
+// some group has a bf16 C).
+template <int MN>
+static void gemm_launch_mn(lb_cuda_ctx *cx, int tiles, const gt_params *T, int bn, int ts,
+                           int c16)
+{
+    if (bn == 256 && ts) gemm_launch<256, 0, 1, MN>(cx, tiles, T);
+    else if (bn == 256 && c16) gemm_launch<256, 0, 0, MN, 1>(cx, tiles, T);
+    else if (bn == 256) gemm_launch<256, 0, 0, MN>(cx, tiles, T);
+    else if (ts) gemm_launch<128, 0, 1, MN>(cx, tiles, T);
+    else if (c16) gemm_launch<128, 0, 0, MN, 1>(cx, tiles, T);
+    else gemm_launch<128, 0, 0, MN>(cx, tiles, T);
 }
 
 // Group G of a launch on bf16 operands a and b, after the tiles before it (*tiles, advanced
 // past its own). Layouts as mn says (GT_A_MN, GT_B_MN): a (m, pad8(k)) or (k, pad8(m)), b
-// (n, pad8(k)) or (k, pad8(n)).
+// (n, pad8(k)) or (k, pad8(n)). c16: NULL, or (beta 0) C's bf16 home instead of c.
 static void gt_group_set(gt_group *G, const void *a, const void *b, int m, int n, int k, int bn,
-                         float *c, float alpha, float beta, int *tiles, int mn = 0)
+                         float *c, uint16_t *c16, float alpha, float beta, int *tiles,
+                         int mn = 0)
 {
     memset(G, 0, sizeof *G);
     if (mn & GT_A_MN) tma_map(&G->ta, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a, k, m, pad8(m), 64, 64);
     else tma_map(&G->ta, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a, m, k, pad8(k), GG_BK, GG_BM);
     if (mn & GT_B_MN) tma_map(&G->tb, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, b, k, n, pad8(n), 64, 64);
     else tma_map(&G->tb, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, b, n, k, pad8(k), GG_BK, bn);
-    G->c = c, G->m = m, G->n = n, G->k = k;
+    G->c = c, G->c16 = (__nv_bfloat16 *)c16, G->m = m, G->n = n, G->k = k;
     G->tile0 = *tiles, G->tiles_n = (n + bn - 1) / bn;
     G->alpha = alpha, G->beta = beta;
     *tiles += (m + GG_BM - 1) / GG_BM * G->tiles_n;
@@ -622,36 +719,18 @@ static void gt_launch(lb_cuda_ctx *cx, gt_params *T, int cnt, int tiles, int bn,
     int s2 = 0;   // NVFP4: every group has its second levels
     for (int i = 0; i < cnt; i++) s2 |= T->g[i].s2a != NULL;
     if (s2 && mn) lb_die("cuda gemm: NVFP4 second levels with MN-major operands");
+    int c16 = 0;   // some group's C is bf16 (gemm_q_grouped's never are: no c16 with s2)
+    for (int i = 0; i < cnt; i++) c16 |= T->g[i].c16 != NULL;
+    if (s2 && c16) lb_die("cuda gemm: NVFP4 second levels with a bf16 C");
     const int ts = ts_maps(T->g, cnt, cx->gg_tma_store && !s2);
     if (!tiles) return;
-    if (mn == GT_B_MN) {
-        if (bn == 256 && ts) gemm_launch<256, 0, 1, GT_B_MN>(cx, tiles, T);
-        else if (bn == 256) gemm_launch<256, 0, 0, GT_B_MN>(cx, tiles, T);
-        else if (ts) gemm_launch<128, 0, 1, GT_B_MN>(cx, tiles, T);
-        else gemm_launch<128, 0, 0, GT_B_MN>(cx, tiles, T);
-    } else if (mn == GT_A_MN) {
-        if (bn == 256 && ts) gemm_launch<256, 0, 1, GT_A_MN>(cx, tiles, T);
-        else if (bn == 256) gemm_launch<256, 0, 0, GT_A_MN>(cx, tiles, T);
-        else if (ts) gemm_launch<128, 0, 1, GT_A_MN>(cx, tiles, T);
-        else gemm_launch<128, 0, 0, GT_A_MN>(cx, tiles, T);
-    } else if (mn == (GT_A_MN | GT_B_MN)) {
-        if (bn == 256 && ts) gemm_launch<256, 0, 1, GT_A_MN | GT_B_MN>(cx, tiles, T);
-        else if (bn == 256) gemm_launch<256, 0, 0, GT_A_MN | GT_B_MN>(cx, tiles, T);
-        else if (ts) gemm_launch<128, 0, 1, GT_A_MN | GT_B_MN>(cx, tiles, T);
-        else gemm_launch<128, 0, 0, GT_A_MN | GT_B_MN>(cx, tiles, T);
-    } else if (bn == 256 && s2) {
-        gemm_launch<256, 1, 0>(cx, tiles, T);
-    } else if (bn == 256 && ts) {
-        gemm_launch<256, 0, 1>(cx, tiles, T);
-    } else if (bn == 256) {
-        gemm_launch<256, 0, 0>(cx, tiles, T);
-    } else if (s2) {
-        gemm_launch<128, 1, 0>(cx, tiles, T);
-    } else if (ts) {
-        gemm_launch<128, 0, 1>(cx, tiles, T);
-    } else {
-        gemm_launch<128, 0, 0>(cx, tiles, T);
-    }
+    if (mn == GT_B_MN) gemm_launch_mn<GT_B_MN>(cx, tiles, T, bn, ts, c16);
+    else if (mn == GT_A_MN) gemm_launch_mn<GT_A_MN>(cx, tiles, T, bn, ts, c16);
+    else if (mn == (GT_A_MN | GT_B_MN))
+        gemm_launch_mn<GT_A_MN | GT_B_MN>(cx, tiles, T, bn, ts, c16);
+    else if (bn == 256 && s2) gemm_launch<256, 1, 0>(cx, tiles, T);
+    else if (s2) gemm_launch<128, 1, 0>(cx, tiles, T);
+    else gemm_launch_mn<0>(cx, tiles, T, bn, ts, c16);
 }
 
 // The groups g[0 .. count) in launches of GT_MAX: for each, the bf16 operand space
@@ -669,8 +748,8 @@ static void gt_batches(lb_cuda_ctx *cx, const A *g, int count, F fill)
         int tiles = 0;
         for (int i = 0; i < cnt; i++) {
             const A *x = &g[g0 + i];
-            gt_group_set(&T->g[i], ab[i], ab[cnt + i], x->m, x->n, x->k, bn, x->c, x->alpha,
-                         x->beta, &tiles);
+            gt_group_set(&T->g[i], ab[i], ab[cnt + i], x->m, x->n, x->k, bn, x->c, NULL,
+                         x->alpha, x->beta, &tiles);
         }
         fill(g + g0, cnt, (void *const *)ab, T);
         gt_launch(cx, T, cnt, tiles, bn, 0);
@@ -693,7 +772,7 @@ static void gt_batches(lb_cuda_ctx *cx, const A *g, int count, F fill)
 #define GT_SPLIT_MIN_K 1024    // the least k of a slice
 static int gt_split(const lb_gemm_args *x, int bn)
 {
-    if (!x->transa || x->transb) return 1;
+    if (!x->transa || x->transb || x->c16) return 1;   // c16: its C is stored, never summed
     const int tiles = (x->m + GG_BM - 1) / GG_BM * ((x->n + bn - 1) / bn);
     if (tiles > GT_SPLIT_MAX_TILES) return 1;
     int s = GT_SPLIT_TILES / tiles;
@@ -797,7 +876,8 @@ static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g,
                                  : x->c;
                 gt_group_set(&T->g[cnt++], a + (size_t)k0 * pad8(x->m) * 2,
                              b + (size_t)k0 * pad8(x->n) * 2, x->m, x->n, k1 - k0, bn, c,
-                             s > 1 ? 1.0f : x->alpha, s > 1 ? 0.0f : x->beta, &tiles, mn);
+                             s > 1 ? NULL : x->c16, s > 1 ? 1.0f : x->alpha,
+                             s > 1 ? 0.0f : x->beta, &tiles, mn);
                 if (cnt == GT_MAX) {
                     gt_launch(cx, T, cnt, tiles, bn, mn);
                     cnt = 0, tiles = 0;
@@ -838,8 +918,8 @@ extern "C" void lb_cuda_linear_ce_bwd_tc(lb_cuda_ctx *cx, float *dx, float dx_be
                                          float dloss, const float *x, const float *w,
                                          const uint16_t *w16, int n, int v, int c)
 {
-    const lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1, w16, NULL},
-                               {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1, NULL, NULL}};
+    const lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1, w16, NULL, NULL},
+                               {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1, NULL, NULL, NULL}};
     const gg_pack_job ce = {logits, NULL, n, v, 0, stats, targets, dloss};
     gt_grouped_mn(cx, 2, g, &ce);
 }

@@ -486,18 +486,19 @@ __device__ __forceinline__ float2 swiglu_grad(float g, float u, float dy)
 }
 
 // A ..16 copy (NULL: none) gets the values' bf16 bits beside the fp32 stores, which are
-// skipped where the fp32 output is NULL (kernels.h).
-__global__ void swiglu_fwd_kernel(float *out, uint16_t *out16, const float *gu, int n, int f,
-                                  int vec)
+// skipped where the fp32 output is NULL (kernels.h); a ..16 input is read instead of the fp32
+// one (lb_in_ld: gate and up are columns [0, f) and [f, 2f) of a row of 2f either way).
+__global__ void swiglu_fwd_kernel(float *out, uint16_t *out16, const float *gu,
+                                  const uint16_t *gu16, int n, int f, int vec)
 {
     const int i = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (i >= n) return;
-    const float *g = gu + (size_t)i * 2 * f, *u = g + f;
     float *o = out ? out + (size_t)i * f : NULL;
     uint16_t *o16 = out16 ? out16 + (size_t)i * ((f + 7) & ~7) : NULL;
     if (vec) {
         for (int j = lane; j < f / 4; j += 32) {
-            const float4 a = ((const float4 *)g)[j], b = ((const float4 *)u)[j];
+            const float4 a = lb_in_ld4(gu, gu16, i, 2 * f, j);
+            const float4 b = lb_in_ld4(gu, gu16, i, 2 * f, f / 4 + j);
             const float4 r = make_float4(swiglu_one(a.x, b.x), swiglu_one(a.y, b.y),
                                          swiglu_one(a.z, b.z), swiglu_one(a.w, b.w));
             if (o) ((float4 *)o)[j] = r;
@@ -505,7 +506,8 @@ __global__ void swiglu_fwd_kernel(float *out, uint16_t *out16, const float *gu, 
         }
     } else {
         for (int j = lane; j < f; j += 32) {
-            const float r = swiglu_one(g[j], u[j]);
+            const float r =
+                swiglu_one(lb_in_ld(gu, gu16, i, 2 * f, j), lb_in_ld(gu, gu16, i, 2 * f, f + j));
             if (o) o[j] = r;
             if (o16) o16[j] = (uint16_t)round_bf16_bits(r);
         }
@@ -514,18 +516,19 @@ __global__ void swiglu_fwd_kernel(float *out, uint16_t *out16, const float *gu, 
 }
 
 __global__ void swiglu_bwd_kernel(float *dgu, uint16_t *dgu16, const float *dout,
-                                  const float *gu, int n, int f, int vec)
+                                  const uint16_t *dout16, const float *gu, const uint16_t *gu16,
+                                  int n, int f, int vec)
 {
     const int i = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (i >= n) return;
-    const float *g = gu + (size_t)i * 2 * f, *u = g + f, *dy = dout + (size_t)i * f;
     float *dg = dgu ? dgu + (size_t)i * 2 * f : NULL, *du = dgu ? dg + f : NULL;
     uint16_t *dg16 = dgu16 ? dgu16 + (size_t)i * ((2 * f + 7) & ~7) : NULL;
     uint16_t *du16 = dg16 ? dg16 + f : NULL;
     if (vec) {
         for (int j = lane; j < f / 4; j += 32) {
-            const float4 a = ((const float4 *)g)[j], b = ((const float4 *)u)[j];
-            const float4 d = ((const float4 *)dy)[j];
+            const float4 a = lb_in_ld4(gu, gu16, i, 2 * f, j);
+            const float4 b = lb_in_ld4(gu, gu16, i, 2 * f, f / 4 + j);
+            const float4 d = lb_in_ld4(dout, dout16, i, f, j);
             const float2 r0 = swiglu_grad(a.x, b.x, d.x), r1 = swiglu_grad(a.y, b.y, d.y);
             const float2 r2 = swiglu_grad(a.z, b.z, d.z), r3 = swiglu_grad(a.w, b.w, d.w);
             const float4 rg = make_float4(r0.x, r1.x, r2.x, r3.x);
@@ -541,7 +544,9 @@ __global__ void swiglu_bwd_kernel(float *dgu, uint16_t *dgu16, const float *dout
         }
     } else {
         for (int j = lane; j < f; j += 32) {
-            const float2 r = swiglu_grad(g[j], u[j], dy[j]);
+            const float2 r = swiglu_grad(lb_in_ld(gu, gu16, i, 2 * f, j),
+                                         lb_in_ld(gu, gu16, i, 2 * f, f + j),
+                                         lb_in_ld(dout, dout16, i, f, j));
             if (dg) dg[j] = r.x, du[j] = r.y;
             if (dg16) {
                 dg16[j] = (uint16_t)round_bf16_bits(r.x);
@@ -552,36 +557,41 @@ __global__ void swiglu_bwd_kernel(float *dgu, uint16_t *dgu16, const float *dout
     if (dg16) bf16_row_pad(dg16, 2 * f, lane);
 }
 
-// 16-byte fp32 rows, and 8-byte bf16 ones where there is a copy (its pitch is a multiple of 8
-// elements, so every row starts where the first does).
-static int swiglu_vec(int f, const void *p0, const void *p1, const void *p2, const void *p16)
+// 16-byte fp32 rows, and 8-byte bf16 ones (copies and inputs: a pitch of a multiple of 8
+// elements, so every row starts where the first does, and the up half of a gate/up row f
+// elements in, 8-byte aligned when f % 4 == 0).
+static int swiglu_vec(int f, const void *p0, const void *p1, const void *p2, const void *q0,
+                      const void *q1 = NULL, const void *q2 = NULL)
 {
     return f % 4 == 0 && (((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2) & 15) == 0 &&
-           ((uintptr_t)p16 & 7) == 0;
+           (((uintptr_t)q0 | (uintptr_t)q1 | (uintptr_t)q2) & 7) == 0;
 }
 
-static void cuda_swiglu_fwd(lb_backend *be, float *out, uint16_t *out16, const float *gu, int n,
-                            int f)
+static void cuda_swiglu_fwd(lb_backend *be, float *out, uint16_t *out16, const float *gu,
+                            const uint16_t *gu16, int n, int f)
 {
     if (n < 0 || f < 0) lb_die("swiglu_fwd: negative size (n %d, f %d)", n, f);
     if (!n || !f) return;
     if (!out && !out16) lb_die("swiglu_fwd: neither out nor out16");
+    if (!gu && !gu16) lb_die("swiglu_fwd: neither gu nor gu16");
     lb_cuda_ctx *cx = lb_cuda(be);
     swiglu_fwd_kernel<<<(n + ROW_WARPS - 1) / ROW_WARPS, ROW_WARPS * 32, 0, cx->stream>>>(
-        out, out16, gu, n, f, swiglu_vec(f, out, gu, gu, out16));
+        out, out16, gu, gu16, n, f, swiglu_vec(f, out, gu, gu, out16, gu16));
     LB_CUDA_LAUNCHED(cx);
 }
 
 static void cuda_swiglu_bwd(lb_backend *be, float *dgu, uint16_t *dgu16, const float *dout,
-                            const float *gu, int n, int f)
+                            const uint16_t *dout16, const float *gu, const uint16_t *gu16, int n,
+                            int f)
 {
     if (n < 0 || f < 0) lb_die("swiglu_bwd: negative size (n %d, f %d)", n, f);
     if (!n || !f) return;
     if (!dgu && !dgu16) lb_die("swiglu_bwd: neither dgu nor dgu16");
+    if ((!gu && !gu16) || (!dout && !dout16)) lb_die("swiglu_bwd: an input missing");
     lb_cuda_ctx *cx = lb_cuda(be);
-    // the up half of a copy's row starts f elements in: 8-byte aligned when f % 4 == 0
     swiglu_bwd_kernel<<<(n + ROW_WARPS - 1) / ROW_WARPS, ROW_WARPS * 32, 0, cx->stream>>>(
-        dgu, dgu16, dout, gu, n, f, swiglu_vec(f, dgu, dout, gu, dgu16));
+        dgu, dgu16, dout, dout16, gu, gu16, n, f,
+        swiglu_vec(f, dgu, dout, gu, dgu16, dout16, gu16));
     LB_CUDA_LAUNCHED(cx);
 }
 

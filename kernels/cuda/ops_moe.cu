@@ -365,10 +365,11 @@ __global__ void permute_kernel(float *xp, uint16_t *xp16, const float *x, const 
 
 // out (n, c): row i = sum over s in order of weight[i][s] * src[row[i][s]] (weight NULL: 1), in
 // double (a product of two fp32 values is exact there, so 1 * y adds y itself): moe_combine, and
-// moe_permute_bwd without weights. A row naming an assignment out of range is NaN (reported).
-__global__ void slot_sum_kernel(float *out, const float *src, const float *weight,
-                                const int32_t *row, int n, int k, int c, int total, int vec,
-                                int code, unsigned long long *err)
+// moe_permute_bwd without weights; src16, where not NULL, is read instead of src (lb_in_ld).
+// A row naming an assignment out of range is NaN (reported).
+__global__ void slot_sum_kernel(float *out, const float *src, const uint16_t *src16,
+                                const float *weight, const int32_t *row, int n, int k, int c,
+                                int total, int vec, int code, unsigned long long *err)
 {
     const int i = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (i >= n) return;
@@ -387,7 +388,7 @@ __global__ void slot_sum_kernel(float *out, const float *src, const float *weigh
 #pragma unroll 8
             for (int s = 0; s < k; s++) {
                 const double w = wi ? (double)wi[s] : 1.0;
-                const float4 y = ((const float4 *)(src + (size_t)ri[s] * c))[j];
+                const float4 y = lb_in_ld4(src, src16, ri[s], c, j);
                 a0 += w * y.x, a1 += w * y.y, a2 += w * y.z, a3 += w * y.w;
             }
             ((float4 *)o)[j] = make_float4((float)a0, (float)a1, (float)a2, (float)a3);
@@ -397,7 +398,8 @@ __global__ void slot_sum_kernel(float *out, const float *src, const float *weigh
     for (int j = lane; j < c; j += 32) {
         double acc = 0.0;
 #pragma unroll 8
-        for (int s = 0; s < k; s++) acc += (wi ? (double)wi[s] : 1.0) * src[(size_t)ri[s] * c + j];
+        for (int s = 0; s < k; s++)
+            acc += (wi ? (double)wi[s] : 1.0) * lb_in_ld(src, src16, ri[s], c, j);
         o[j] = (float)acc;
     }
 }
@@ -405,9 +407,9 @@ __global__ void slot_sum_kernel(float *out, const float *src, const float *weigh
 // Warp a = (i, s): dyp[row] = weight * dout[i] and dweight[a] = dot(dout[i], yp[row]) (double:
 // each lane's columns in order, then the warp's fixed butterfly).
 __global__ void combine_bwd_kernel(float *dyp, uint16_t *dyp16, float *dweight,
-                                   const float *dout, const float *yp, const float *weight,
-                                   const int32_t *row, int k, int c, int total, int vec,
-                                   unsigned long long *err)
+                                   const float *dout, const float *yp, const uint16_t *yp16,
+                                   const float *weight, const int32_t *row, int k, int c,
+                                   int total, int vec, unsigned long long *err)
 {
     const int a = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (a >= total) return;
@@ -419,14 +421,14 @@ __global__ void combine_bwd_kernel(float *dyp, uint16_t *dyp16, float *dweight,
         }
         return;
     }
-    const float *g = dout + (size_t)(a / k) * c, *y = yp + (size_t)r * c;
+    const float *g = dout + (size_t)(a / k) * c;
     float *dy = dyp ? dyp + (size_t)r * c : NULL;
     uint16_t *d16 = dyp16 ? dyp16 + (size_t)r * ((c + 7) & ~7) : NULL;
     const float w = weight[a];
     double dot = 0.0;
     if (vec) {
         for (int j = lane; j < c / 4; j += 32) {
-            const float4 gx = ((const float4 *)g)[j], yx = ((const float4 *)y)[j];
+            const float4 gx = ((const float4 *)g)[j], yx = lb_in_ld4(yp, yp16, r, c, j);
             const float4 v = make_float4(w * gx.x, w * gx.y, w * gx.z, w * gx.w);
             if (dy) ((float4 *)dy)[j] = v;
             if (d16) ((uint2 *)d16)[j] = bf16x4_bits(v);
@@ -440,7 +442,7 @@ __global__ void combine_bwd_kernel(float *dyp, uint16_t *dyp16, float *dweight,
             const float gx = g[j], v = w * gx;
             if (dy) dy[j] = v;
             if (d16) d16[j] = (uint16_t)round_bf16_bits(v);
-            dot += (double)gx * y[j];
+            dot += (double)gx * lb_in_ld(yp, yp16, r, c, j);
         }
     }
     if (d16) bf16_row_pad(d16, c, lane);
@@ -449,12 +451,13 @@ __global__ void combine_bwd_kernel(float *dyp, uint16_t *dyp16, float *dweight,
     if (lane == 0) dweight[a] = (float)dot;
 }
 
-// 16-byte rows: c a multiple of 4 and every buffer 16-byte aligned (a bf16 copy, whose pitch
-// is a multiple of 8 elements, 8-byte aligned).
-static int moe_vec(int c, const void *p0, const void *p1, const void *p2, const void *p16 = NULL)
+// 16-byte rows: c a multiple of 4 and every buffer 16-byte aligned (a bf16 copy or input,
+// whose pitch is a multiple of 8 elements, 8-byte aligned).
+static int moe_vec(int c, const void *p0, const void *p1, const void *p2, const void *p16 = NULL,
+                   const void *q16 = NULL)
 {
     return c % 4 == 0 && (((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2) & 15) == 0 &&
-           ((uintptr_t)p16 & 7) == 0;
+           (((uintptr_t)p16 | (uintptr_t)q16) & 7) == 0;
 }
 
 static unsigned moe_blocks(int rows) { return (unsigned)((rows + MOE_WARPS - 1) / MOE_WARPS); }
@@ -478,43 +481,43 @@ static void cuda_moe_permute(lb_backend *be, float *xp, uint16_t *xp16, const fl
     LB_CUDA_LAUNCHED(cx);
 }
 
-static void cuda_moe_permute_bwd(lb_backend *be, float *dx, const float *dxp, const int32_t *row,
-                                 int n, int k, int c)
+static void cuda_moe_permute_bwd(lb_backend *be, float *dx, const float *dxp,
+                                 const uint16_t *dxp16, const int32_t *row, int n, int k, int c)
 {
     int total = dispatch_total("moe_permute_bwd", n, k, c);
     size_t all = (size_t)n * c;
     if (!all) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     slot_sum_kernel<<<moe_blocks(n), 32 * MOE_WARPS, 0, cx->stream>>>(
-        dx, dxp, NULL, row, n, k, c, total, moe_vec(c, dx, dxp, dxp), LB_CERR_PERMUTE_BWD_ROW,
-        cx->err_dev);
+        dx, dxp, dxp16, NULL, row, n, k, c, total, moe_vec(c, dx, dxp, dxp, dxp16),
+        LB_CERR_PERMUTE_BWD_ROW, cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
 
-static void cuda_moe_combine(lb_backend *be, float *out, const float *yp, const float *weight,
-                             const int32_t *row, int n, int k, int c)
+static void cuda_moe_combine(lb_backend *be, float *out, const float *yp, const uint16_t *yp16,
+                             const float *weight, const int32_t *row, int n, int k, int c)
 {
     int total = dispatch_total("moe_combine", n, k, c);
     size_t all = (size_t)n * c;
     if (!all) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     slot_sum_kernel<<<moe_blocks(n), 32 * MOE_WARPS, 0, cx->stream>>>(
-        out, yp, weight, row, n, k, c, total, moe_vec(c, out, yp, yp), LB_CERR_COMBINE_ROW,
-        cx->err_dev);
+        out, yp, yp16, weight, row, n, k, c, total, moe_vec(c, out, yp, yp, yp16),
+        LB_CERR_COMBINE_ROW, cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
 
 static void cuda_moe_combine_bwd(lb_backend *be, float *dyp, uint16_t *dyp16, float *dweight,
-                                 const float *dout, const float *yp, const float *weight,
-                                 const int32_t *row, int n, int k, int c)
+                                 const float *dout, const float *yp, const uint16_t *yp16,
+                                 const float *weight, const int32_t *row, int n, int k, int c)
 {
     int total = dispatch_total("moe_combine_bwd", n, k, c);
     if (!total) return;
     if (c && !dyp && !dyp16) lb_die("moe_combine_bwd: neither dyp nor dyp16");
     lb_cuda_ctx *cx = lb_cuda(be);
     combine_bwd_kernel<<<moe_blocks(total), 32 * MOE_WARPS, 0, cx->stream>>>(
-        dyp, dyp16, dweight, dout, yp, weight, row, k, c, total, moe_vec(c, dyp, dout, yp, dyp16),
-        cx->err_dev);
+        dyp, dyp16, dweight, dout, yp, yp16, weight, row, k, c, total,
+        moe_vec(c, dyp, dout, yp, dyp16, yp16), cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
 
