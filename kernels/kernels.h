@@ -59,12 +59,13 @@ typedef struct {
     // wrote a wrote beside it (swiglu_fwd's out16, moe_permute's xp16, ...). Where a16 (b16) is
     // given, a (b) may be NULL: the op that made the copy need not have written fp32 at all.
     const uint16_t *a16;
-    // NULL, or (bf16 1 and beta 0 only) where C goes instead of c, rounded to bf16 (nearest
-    // even) in to_bf16's layout, rows pad8(n) elements apart (c is then not written and may be
-    // NULL; the pad columns n .. pad8(n) - 1 are not written either). The output of a GEMM
-    // whose readers take bf16 (an expert layer's gate/up and down outputs): half the bytes of
-    // fp32 to write and to read again, as stored activations are (DESIGN.md). The value is
-    // C's fp32 result rounded once, so the CPU rounds where the GPU stores.
+    // NULL, or (bf16 1 and beta 0 only; 4-byte aligned, as every row of a to_bf16 copy is)
+    // where C goes instead of c, rounded to bf16 (nearest even) in to_bf16's layout, rows
+    // pad8(n) elements apart (c is then not written and may be NULL; the pad columns n ..
+    // pad8(n) - 1 are not written either). The output of a GEMM whose readers take bf16 (an
+    // expert layer's gate/up and down outputs): half the bytes of fp32 to write and to read
+    // again, as stored activations are (DESIGN.md). The value is C's fp32 result rounded
+    // once, so the CPU rounds where the GPU stores.
     uint16_t *c16;
 } lb_gemm_args;
 
