@@ -123,38 +123,6 @@ __device__ __forceinline__ float4 lb_in_ld4(const float *x, const uint16_t *x16,
     return ((const float4 *)(x + r * cols))[j];
 }
 
-// Eight values at columns 8 j .. 8 j + 7 of row r, 16 bytes a load either way (a bf16 row's
-// 8-byte loads ran the expert ops at 3.3 TB/s, twenty-third session): cols a multiple of 8
-// and x 16-byte aligned (a bf16 copy's rows are, its pitch being a multiple of 8).
-__device__ __forceinline__ void lb_in_ld8(const float *x, const uint16_t *x16, size_t r, int cols,
-                                          int j, float (&v)[8])
-{
-    if (x16) {
-        const uint4 u = ((const uint4 *)(x16 + r * ((cols + 7) & ~7)))[j];
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            v[2 * e] = __uint_as_float(w[e] << 16),
-                  v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
-        return;
-    }
-    const float4 *x4 = (const float4 *)(x + r * cols), a = x4[2 * j], b = x4[2 * j + 1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-
-// Eight fp32 values to columns 8 j .. of row p (two 16-byte stores), or their bf16 bits (one).
-__device__ __forceinline__ void lb_st8(float *p, int j, const float (&v)[8])
-{
-    ((float4 *)p)[2 * j] = make_float4(v[0], v[1], v[2], v[3]);
-    ((float4 *)p)[2 * j + 1] = make_float4(v[4], v[5], v[6], v[7]);
-}
-__device__ __forceinline__ void lb_st8(uint16_t *p, int j, const float (&v)[8])
-{
-    const uint2 a = bf16x4_bits(make_float4(v[0], v[1], v[2], v[3]));
-    const uint2 b = bf16x4_bits(make_float4(v[4], v[5], v[6], v[7]));
-    ((uint4 *)p)[j] = make_uint4(a.x, a.y, b.x, b.y);
-}
-
 typedef struct lb_gemm_plan lb_gemm_plan;
 
 // Backend-private state (lb_backend.ctx).

@@ -495,17 +495,7 @@ __global__ void swiglu_fwd_kernel(float *out, uint16_t *out16, const float *gu,
     if (i >= n) return;
     float *o = out ? out + (size_t)i * f : NULL;
     uint16_t *o16 = out16 ? out16 + (size_t)i * ((f + 7) & ~7) : NULL;
-    if (vec == 2) {   // a bf16 gu: 8 columns a lane, 16-byte loads (lb_in_ld8)
-        for (int j = lane; j < f / 8; j += 32) {
-            float a[8], b[8], r[8];
-            lb_in_ld8(gu, gu16, i, 2 * f, j, a);
-            lb_in_ld8(gu, gu16, i, 2 * f, f / 8 + j, b);
-#pragma unroll
-            for (int e = 0; e < 8; e++) r[e] = swiglu_one(a[e], b[e]);
-            if (o) lb_st8(o, j, r);
-            if (o16) lb_st8(o16, j, r);
-        }
-    } else if (vec) {
+    if (vec) {
         for (int j = lane; j < f / 4; j += 32) {
             const float4 a = lb_in_ld4(gu, gu16, i, 2 * f, j);
             const float4 b = lb_in_ld4(gu, gu16, i, 2 * f, f / 4 + j);
@@ -534,21 +524,7 @@ __global__ void swiglu_bwd_kernel(float *dgu, uint16_t *dgu16, const float *dout
     float *dg = dgu ? dgu + (size_t)i * 2 * f : NULL, *du = dgu ? dg + f : NULL;
     uint16_t *dg16 = dgu16 ? dgu16 + (size_t)i * ((2 * f + 7) & ~7) : NULL;
     uint16_t *du16 = dg16 ? dg16 + f : NULL;
-    if (vec == 2) {   // a bf16 input: 8 columns a lane, 16-byte loads (lb_in_ld8)
-        for (int j = lane; j < f / 8; j += 32) {
-            float a[8], b[8], d[8], rg[8], ru[8];
-            lb_in_ld8(gu, gu16, i, 2 * f, j, a);
-            lb_in_ld8(gu, gu16, i, 2 * f, f / 8 + j, b);
-            lb_in_ld8(dout, dout16, i, f, j, d);
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const float2 r = swiglu_grad(a[e], b[e], d[e]);
-                rg[e] = r.x, ru[e] = r.y;
-            }
-            if (dg) lb_st8(dg, j, rg), lb_st8(du, j, ru);
-            if (dg16) lb_st8(dg16, j, rg), lb_st8(du16, j, ru);
-        }
-    } else if (vec) {
+    if (vec) {
         for (int j = lane; j < f / 4; j += 32) {
             const float4 a = lb_in_ld4(gu, gu16, i, 2 * f, j);
             const float4 b = lb_in_ld4(gu, gu16, i, 2 * f, f / 4 + j);
@@ -583,15 +559,12 @@ __global__ void swiglu_bwd_kernel(float *dgu, uint16_t *dgu16, const float *dout
 
 // 16-byte fp32 rows, and 8-byte bf16 ones (copies and inputs: a pitch of a multiple of 8
 // elements, so every row starts where the first does, and the up half of a gate/up row f
-// elements in, 8-byte aligned when f % 4 == 0): 1. With a bf16 input (q1, q2), f a multiple
-// of 8 and every buffer 16-byte aligned: 2, 8 columns a lane (lb_in_ld8).
+// elements in, 8-byte aligned when f % 4 == 0).
 static int swiglu_vec(int f, const void *p0, const void *p1, const void *p2, const void *q0,
                       const void *q1 = NULL, const void *q2 = NULL)
 {
-    const uintptr_t a = (uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2;
-    const uintptr_t b = (uintptr_t)q0 | (uintptr_t)q1 | (uintptr_t)q2;
-    if ((q1 || q2) && f % 8 == 0 && ((a | b) & 15) == 0) return 2;
-    return f % 4 == 0 && (a & 15) == 0 && (b & 7) == 0;
+    return f % 4 == 0 && (((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2) & 15) == 0 &&
+           (((uintptr_t)q0 | (uintptr_t)q1 | (uintptr_t)q2) & 7) == 0;
 }
 
 static void cuda_swiglu_fwd(lb_backend *be, float *out, uint16_t *out16, const float *gu,

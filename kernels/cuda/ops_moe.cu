@@ -382,24 +382,6 @@ __global__ void slot_sum_kernel(float *out, const float *src, const uint16_t *sr
             for (int j = lane; j < c; j += 32) o[j] = NAN;
             return;
         }
-    if (vec == 2) {   // a bf16 src: 8 columns a lane, 16-byte loads (lb_in_ld8)
-        for (int j = lane; j < c / 8; j += 32) {
-            double a[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-#pragma unroll 4
-            for (int s = 0; s < k; s++) {
-                const double w = wi ? (double)wi[s] : 1.0;
-                float y[8];
-                lb_in_ld8(src, src16, ri[s], c, j, y);
-#pragma unroll
-                for (int e = 0; e < 8; e++) a[e] += w * y[e];
-            }
-            float v[8];
-#pragma unroll
-            for (int e = 0; e < 8; e++) v[e] = (float)a[e];
-            lb_st8(o, j, v);
-        }
-        return;
-    }
     if (vec) {
         for (int j = lane; j < c / 4; j += 32) {
             double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
@@ -444,19 +426,7 @@ __global__ void combine_bwd_kernel(float *dyp, uint16_t *dyp16, float *dweight,
     uint16_t *d16 = dyp16 ? dyp16 + (size_t)r * ((c + 7) & ~7) : NULL;
     const float w = weight[a];
     double dot = 0.0;
-    if (vec == 2) {   // a bf16 yp: 8 columns a lane, 16-byte loads (lb_in_ld8)
-        for (int j = lane; j < c / 8; j += 32) {
-            float gx[8], y[8], v[8];
-            lb_in_ld8(g, NULL, 0, c, j, gx);
-            lb_in_ld8(yp, yp16, r, c, j, y);
-#pragma unroll
-            for (int e = 0; e < 8; e++) v[e] = w * gx[e];
-            if (dy) lb_st8(dy, j, v);
-            if (d16) lb_st8(d16, j, v);
-#pragma unroll
-            for (int e = 0; e < 8; e++) dot += (double)gx[e] * y[e];
-        }
-    } else if (vec) {
+    if (vec) {
         for (int j = lane; j < c / 4; j += 32) {
             const float4 gx = ((const float4 *)g)[j], yx = lb_in_ld4(yp, yp16, r, c, j);
             const float4 v = make_float4(w * gx.x, w * gx.y, w * gx.z, w * gx.w);
@@ -482,14 +452,12 @@ __global__ void combine_bwd_kernel(float *dyp, uint16_t *dyp16, float *dweight,
 }
 
 // 16-byte rows: c a multiple of 4 and every buffer 16-byte aligned (a bf16 copy or input,
-// whose pitch is a multiple of 8 elements, 8-byte aligned): 1. With a bf16 input q16, c a
-// multiple of 8 and every buffer 16-byte aligned: 2, 8 columns a lane (lb_in_ld8).
+// whose pitch is a multiple of 8 elements, 8-byte aligned).
 static int moe_vec(int c, const void *p0, const void *p1, const void *p2, const void *p16 = NULL,
                    const void *q16 = NULL)
 {
-    const uintptr_t f = (uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2;
-    if (q16 && c % 8 == 0 && ((f | (uintptr_t)p16 | (uintptr_t)q16) & 15) == 0) return 2;
-    return c % 4 == 0 && (f & 15) == 0 && (((uintptr_t)p16 | (uintptr_t)q16) & 7) == 0;
+    return c % 4 == 0 && (((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2) & 15) == 0 &&
+           (((uintptr_t)p16 | (uintptr_t)q16) & 7) == 0;
 }
 
 static unsigned moe_blocks(int rows) { return (unsigned)((rows + MOE_WARPS - 1) / MOE_WARPS); }
@@ -521,7 +489,7 @@ static void cuda_moe_permute_bwd(lb_backend *be, float *dx, const float *dxp,
     if (!all) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     slot_sum_kernel<<<moe_blocks(n), 32 * MOE_WARPS, 0, cx->stream>>>(
-        dx, dxp, dxp16, NULL, row, n, k, c, total, moe_vec(c, dx, dxp, dxp, NULL, dxp16),
+        dx, dxp, dxp16, NULL, row, n, k, c, total, moe_vec(c, dx, dxp, dxp, dxp16),
         LB_CERR_PERMUTE_BWD_ROW, cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
@@ -534,7 +502,7 @@ static void cuda_moe_combine(lb_backend *be, float *out, const float *yp, const 
     if (!all) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     slot_sum_kernel<<<moe_blocks(n), 32 * MOE_WARPS, 0, cx->stream>>>(
-        out, yp, yp16, weight, row, n, k, c, total, moe_vec(c, out, yp, yp, NULL, yp16),
+        out, yp, yp16, weight, row, n, k, c, total, moe_vec(c, out, yp, yp, yp16),
         LB_CERR_COMBINE_ROW, cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
