@@ -80,6 +80,7 @@ typedef struct {
     float alpha, beta;
     const struct lb_qmat *a, *b;
     float *c;
+    uint16_t *c16;   // NULL, or (beta 0) C stored in bf16 instead, as lb_gemm_args.c16
 } lb_gemm_q_args;
 
 // One layer's KV cache for sampling: the k and v rows of every (sequence slot, position, kv

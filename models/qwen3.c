@@ -284,23 +284,25 @@ static int takes16_layers(const lb_model *m, lb_role role, int every)
     return every;
 }
 
-// Whether layer l's expert GEMMs store an output in bf16 (lb_gemm_args.c16) for the ops that
-// read it: gate/up's gu (the SwiGLUs) and down's dh (swiglu_bwd) wherever those GEMMs are bf16;
-// down's yp (the combine and its backward) and gate/up's dxp (moe_permute_bwd) only without
-// ep (the dispatcher moves fp32 rows) and etp (an etp rank's yp and dxp are partial sums over
-// etp, summed by the caller in fp32).
-static int out16(const lb_model *m, int l, lb_role role, int routed)
+// Whether layer l's expert GEMMs store the output of pass (fprop or dgrad) in bf16
+// (lb_gemm_args.c16) for the ops that read it, wherever their grouped call can
+// (lb_linear_grouped_c16: bf16, or a quantized fprop or dgrad): gate/up's gu (the SwiGLUs) and
+// down's dh (swiglu_bwd); down's yp (the combine and its backward) and gate/up's dxp
+// (moe_permute_bwd) only without ep (the dispatcher moves fp32 rows) and etp (an etp rank's
+// yp and dxp are partial sums over etp, summed by the caller in fp32).
+static int out16(const lb_model *m, int l, lb_role role, lb_pass pass, int routed)
 {
     const lb_model_parallel *p = &m->par;
     const int etp = p->etp ? p->etp : p->tp;
-    return takes16(m, l, role) && (!routed || (p->ep == 1 && etp == 1));
+    return lb_linear_grouped_c16(&m->lin, l, role, pass) &&
+           (!routed || (p->ep == 1 && etp == 1));
 }
 
 // out16 over this stage's layers, as takes16_layers.
-static int out16_layers(const lb_model *m, lb_role role, int routed, int every)
+static int out16_layers(const lb_model *m, lb_role role, lb_pass pass, int routed, int every)
 {
     for (int l = m->layer_begin; l < m->layer_end; l++)
-        if (out16(m, l, role, routed) != every) return !every;
+        if (out16(m, l, role, pass, routed) != every) return !every;
     return every;
 }
 
@@ -386,10 +388,11 @@ static void ffn_create(lb_model *m, ffn_acts *f, int n)
         f->row = be->alloc(be, (size_t)n * d.K * sizeof(int32_t));
         f->counts = lb_calloc(d.E, sizeof(int));
         f->aux_grad = falloc(be, d.E);
-        if (out16_layers(m, LB_ROLE_MOE_DOWN, 1, 0))
+        if (out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1, 0))
             grow16(be, &f->yp16, &f->cap_yp16, n16(rows, d.C));
-        if (!out16_layers(m, LB_ROLE_MOE_DOWN, 1, 1)) grow(be, &f->yp, &f->cap_yp, rows * d.C);
-        if (out16_layers(m, LB_ROLE_MOE_GATE_UP, 0, 0))
+        if (!out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1, 1))
+            grow(be, &f->yp, &f->cap_yp, rows * d.C);
+        if (out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0, 0))
             grow16(be, &f->gu16, &f->cap_gu16, n16(rows, 2 * d.F));
         // xp, or its copy where the layers' GEMMs take it (so `lowbit info` counts what a
         // step holds; ffn_fwd grows either on first use where the layers differ); h16 as h
@@ -400,7 +403,7 @@ static void ffn_create(lb_model *m, ffn_acts *f, int n)
         if (takes16_layers(m, LB_ROLE_MOE_DOWN, 0))
             grow16(be, &f->h16, &f->cap_h16, n16(rows, d.F));   // a shared one is big enough
     }
-    if (!is_moe(&m->cfg) || !out16_layers(m, LB_ROLE_MOE_GATE_UP, 0, 1))
+    if (!is_moe(&m->cfg) || !out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0, 1))
         grow(be, &f->gu, &f->cap_gu, rows * 2 * d.F);
     if (!is_moe(&m->cfg) || !takes16_layers(m, LB_ROLE_MOE_DOWN, 1))
         grow(be, &f->h, &f->cap_h, rows * d.F);   // a shared h is big enough already
@@ -594,8 +597,9 @@ static void *acts_create(lb_model *m, int b, int t)
     a->dqr = falloc(be, n * hq * D);
     a->dkr = falloc(be, n * hkv * D);
     if (moe) {
-        if (!out16_layers(m, LB_ROLE_MOE_GATE_UP, 1, 1)) a->dxp = falloc(be, n * K * C);
-        if (out16_layers(m, LB_ROLE_MOE_GATE_UP, 1, 0))
+        if (!out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_DGRAD, 1, 1))
+            a->dxp = falloc(be, n * K * C);
+        if (out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_DGRAD, 1, 0))
             a->dxp16 = be->alloc(be, n16(n * K, (int)C) * sizeof(uint16_t));
         // dyp's fp32 rows only where some layer's down GEMMs take no copy of them (ffn_bwd)
         if (d.ep > 1 || !takes16_layers(m, LB_ROLE_MOE_DOWN, 1)) a->dyp = falloc(be, n * K * C);
@@ -708,7 +712,8 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
     lb_ep_route_plan(&f->route, ep, be, f->counts, d.E);
     size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
     // the expert GEMMs' outputs, in bf16 where their readers take it (out16)
-    const int y16 = out16(m, l, LB_ROLE_MOE_DOWN, 1), g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, 0);
+    const int y16 = out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1);
+    const int g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0);
     uint16_t *yp16 = y16 ? grow16(be, &f->yp16, &f->cap_yp16, n16((size_t)n * d.K, d.C)) : NULL;
     float *yp = y16 ? NULL : grow(be, &f->yp, &f->cap_yp, (size_t)n * d.K * d.C);
     float *xe = xp, *ye = yp;
@@ -767,8 +772,10 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
     if (d.parts > 1) be->zero(be, a->dweight, (size_t)n * d.K * sizeof(float));
     float *dyp = dyp16 ? NULL : a->dyp;   // where there is a copy, only GEMMs would read it
     // the forward's outputs as it stored them, and the backward's to store alike (out16)
-    const int y16 = out16(m, l, LB_ROLE_MOE_DOWN, 1), g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, 0);
-    const int dx16 = out16(m, l, LB_ROLE_MOE_GATE_UP, 1), dh16 = out16(m, l, LB_ROLE_MOE_DOWN, 0);
+    const int y16 = out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1);
+    const int g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0);
+    const int dx16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_DGRAD, 1);
+    const int dh16 = out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD, 0);
     if (np)
         be->moe_combine_bwd(be, dyp, dyp16, a->dweight + (size_t)o * d.K,
                             dout + (size_t)o * d.C, y16 ? NULL : f->yp, y16 ? f->yp16 : NULL,
@@ -914,7 +921,8 @@ static void layer_recompute(lb_model *m, acts *a, int i, layer_acts *L)
     int rows = is_moe(&m->cfg) ? L->f.route.nrecv : a->n;
     const int l = m->layer_begin + i, moe = is_moe(&m->cfg);
     uint16_t *h16 = moe && takes16(m, l, LB_ROLE_MOE_DOWN) ? L->f.h16 : NULL;
-    uint16_t *gu16 = moe && out16(m, l, LB_ROLE_MOE_GATE_UP, 0) ? L->f.gu16 : NULL;
+    uint16_t *gu16 =
+        moe && out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0) ? L->f.gu16 : NULL;
     if (rows)
         m->be->swiglu_fwd(m->be, h16 ? NULL : L->f.h, h16, gu16 ? NULL : L->f.gu, gu16, rows, d.F);
 }

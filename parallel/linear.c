@@ -498,10 +498,11 @@ static int splits_by_rows(const lb_quant_args *a)
 // B_j = b[j], A_j and C_j rows of a (rows, k) and c (rows, n); aa is expert 0's arguments. The
 // quantization is each expert's own, as lb_linear_fwd/_bwd make it: one call of quantize for
 // all rows when that gives the same bytes (splits_by_rows), else quantize_grouped. pre, if not
-// NULL, is that one call's result, made by the caller.
+// NULL, is that one call's result, made by the caller. c16, if not NULL, gets C in bf16
+// instead of c (lb_gemm_q_args.c16).
 static void grouped_act_q(lb_linear *L, const float *a, const int *counts, int groups, int k,
                           const lb_quant_args *aa, const lb_qmat *pre, const lb_qmat *b, int n,
-                          float *c)
+                          float *c, uint16_t *c16)
 {
     lb_backend *be = L->be;
     int rows = 0;
@@ -525,7 +526,9 @@ static void grouped_act_q(lb_linear *L, const float *a, const int *counts, int g
             if (counts[j]) v[j] = lb_qmat_rows(&q, off, counts[j]);
             else v[j] = q, v[j].rows = v[j].srows = 0;   // skipped: never read
         }
-        g[j] = (lb_gemm_q_args){counts[j], n, k, 1.0f, 0.0f, &v[j], &b[j], c + (size_t)off * n};
+        g[j] = (lb_gemm_q_args){counts[j], n, k, 1.0f, 0.0f, &v[j], &b[j],
+                                c16 ? NULL : c + (size_t)off * n,
+                                c16 ? c16 + (size_t)off * ((n + 7) / 8 * 8) : NULL};
         off += counts[j];
     }
     be->gemm_q_grouped(be, groups, g);
@@ -534,6 +537,15 @@ static void grouped_act_q(lb_linear *L, const float *a, const int *counts, int g
 int lb_linear_grouped_bf16(const lb_linear *L, int layer, lb_role role)
 {
     return all_fmt(L, layer, role, LB_FMT_BF16);
+}
+
+int lb_linear_grouped_c16(const lb_linear *L, int layer, lb_role role, lb_pass pass)
+{
+    if (all_fmt(L, layer, role, LB_FMT_BF16)) return pass != LB_PASS_WGRAD;
+    const lb_site *s = lb_contract_site(L->contract, layer, role, pass);
+    if (pass == LB_PASS_FPROP) return is_low(s->fmt);   // grouped_act_q
+    if (pass == LB_PASS_DGRAD) return is_low(s->fmt) && s->mode == LB_BWD_QUANTIZED;
+    return 0;
 }
 
 // Row off of a bf16 copy of (rows, cols) values in to_bf16's layout, or NULL.
@@ -563,8 +575,9 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
 {
     size_t off = 0, mat = (size_t)out * in;
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
-    if ((x16 || y16) && !bf16)
-        lb_die("lb_linear_grouped_fwd: a bf16 x or y for a GEMM not in bf16");
+    if (x16 && !bf16) lb_die("lb_linear_grouped_fwd: a bf16 x for a GEMM not in bf16");
+    if (y16 && !lb_linear_grouped_c16(L, layer, role, LB_PASS_FPROP))
+        lb_die("lb_linear_grouped_fwd: a bf16 y where the GEMMs store fp32");
     if (!x && !x16 && rows_of(counts, groups))
         lb_die("lb_linear_grouped_fwd: neither x nor its bf16 copy");
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {   // one grouped call for all experts
@@ -582,7 +595,7 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     if (is_low(F->fmt)) {   // the bytes and products of lb_linear_fwd per expert
         lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, 0, 0));
-        grouped_act_q(L, x, counts, groups, in, &a, NULL, c->row, out, y);
+        grouped_act_q(L, x, counts, groups, in, &a, NULL, c->row, out, y, y16);
         return;
     }
     for (int j = 0; j < groups; j++) {   // mixed fp32 and bf16 passes
@@ -600,8 +613,10 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
     size_t off = 0, mat = (size_t)out * in;
     if (dw_beta != 0.0f && dw_beta != 1.0f) lb_die("lb_linear_grouped_bwd: dw_beta %g", dw_beta);
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
-    if ((x16 || dy16 || dx16) && !bf16)
-        lb_die("lb_linear_grouped_bwd: a bf16 x, dy or dx for GEMMs not in bf16");
+    if ((x16 || dy16) && !bf16)
+        lb_die("lb_linear_grouped_bwd: a bf16 x or dy for GEMMs not in bf16");
+    if (dx16 && !lb_linear_grouped_c16(L, layer, role, LB_PASS_DGRAD))
+        lb_die("lb_linear_grouped_bwd: a bf16 dx where the dgrad stores fp32");
     if (((!x && !x16) || (!dy && !dy16)) && rows_of(counts, groups))
         lb_die("lb_linear_grouped_bwd: neither x nor its bf16 copy, or dy");
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {
@@ -636,7 +651,7 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
     const int rc = dq && wq && splits_by_rows(&a);
     int dgrad_done = 0;
     if (dq && !rc) {
-        grouped_act_q(L, dy, counts, groups, out, &a, NULL, c->col, in, dx);
+        grouped_act_q(L, dy, counts, groups, out, &a, NULL, c->col, in, dx, dx16);
         dgrad_done = 1;
     }
     // A quantized wgrad of all experts in one call: each expert's dy_j and x_j quantized
@@ -668,7 +683,7 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
                 lb_qmat qr;
                 lb_linear_qscratch(L, 2, &qr, rows, out, &a);
                 be->quantize_rc(be, &qr, &a, groups, qd, dy, counts, kp, out, &ad);
-                grouped_act_q(L, dy, counts, groups, out, &a, &qr, c->col, in, dx);
+                grouped_act_q(L, dy, counts, groups, out, &a, &qr, c->col, in, dx, dx16);
             }
             dgrad_done = 1;
         } else {
@@ -683,7 +698,7 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
             z = j + 1;
             if (j < groups)
                 g[ng++] = (lb_gemm_q_args){out, in, kp[j], 1.0f, dw_beta, &qd[j], &qx[j],
-                                           dw + j * mat};
+                                           dw + j * mat, NULL};
         }
         be->gemm_q_grouped(be, ng, g);
         wgrad_done = 1;

@@ -103,8 +103,11 @@ void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, con
 // by the ops that made x and dy (swiglu_fwd's out16, ...); the bf16 GEMMs read them instead of
 // rounding x and dy again. Only where lb_linear_grouped_bf16 says those GEMMs are bf16; then x
 // (dy) may be NULL where x16 (dy16) is given. Likewise y16 (dx16), or NULL: the output stored
-// in bf16 in that layout (lb_gemm_args.c16) instead of y (dx), which is then not written.
+// in bf16 in that layout (lb_gemm_args.c16, lb_gemm_q_args.c16) instead of y (dx), which is
+// then not written; only where lb_linear_grouped_c16 says the pass's grouped call stores it
+// (bf16 GEMMs, and the quantized fprop and dgrad of the low-precision formats).
 int lb_linear_grouped_bf16(const lb_linear *L, int layer, lb_role role);
+int lb_linear_grouped_c16(const lb_linear *L, int layer, lb_role role, lb_pass pass);
 void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x,
                            const uint16_t *x16, const float *w, const lb_wcache *c,
                            const int *counts, int groups, float *y, uint16_t *y16, int out,

@@ -93,7 +93,7 @@ static void run_gemm_q(lb_backend *be, void *p)
     lb_gemm_q_args args[g->groups];
     for (int e = 0; e < g->groups; e++)
         args[e] = (lb_gemm_q_args){g->m, g->n, g->k, 1.0f, 0.0f, &g->qa[e], &g->qb[e],
-                                   g->c + (size_t)e * g->m * g->n};
+                                   g->c + (size_t)e * g->m * g->n, NULL};
     be->gemm_q_grouped(be, g->groups, args);
 }
 

@@ -2602,10 +2602,11 @@ static long gemm_q_grouped_case(const char *name, int G, const int *counts, int 
         hv[j] = lb_qmat_rows(&ha, mj ? off : 0, mj ? mj : 1);
         dv[j] = lb_qmat_rows(&da, mj ? off : 0, mj ? mj : 1);
         hv[j].rows = dv[j].rows = mj;
-        hg[j] = (lb_gemm_q_args){mj, n, k, alpha, beta, &hv[j], &hb[j], ref + (size_t)off * n};
+        hg[j] = (lb_gemm_q_args){mj, n, k, alpha, beta, &hv[j], &hb[j],
+                                 ref + (size_t)off * n, NULL};
         for (int r = 0; r < 2; r++)
             dg[r][j] = (lb_gemm_q_args){mj, n, k, alpha, beta, &dv[j], &db[j],
-                                        dc[r] + (size_t)off * n};
+                                        dc[r] + (size_t)off * n, NULL};
         off += mj;
     }
     cpu->gemm_q_grouped(cpu, G, hg);
@@ -2621,7 +2622,7 @@ static long gemm_q_grouped_case(const char *name, int G, const int *counts, int 
     lb_qmat dr = lb_qmat_rows(&da, row, 1);
     float *d1 = dpoisoned((size_t)n * 4);
     if (beta != 0.0f) gpu->upload(gpu, d1, c0 + (size_t)row * n, (size_t)n * 4);
-    lb_gemm_q_args one = {1, n, k, alpha, beta, &dr, &db[G - 1], d1};
+    lb_gemm_q_args one = {1, n, k, alpha, beta, &dr, &db[G - 1], d1, NULL};
     gpu->gemm_q_grouped(gpu, 1, &one);
 #ifdef LB_HAVE_CUDA
     lb_cuda_gemm_q_stats(gpu, &n0, &f0, &e0, &gr, &cc);
@@ -2637,6 +2638,36 @@ static long gemm_q_grouped_case(const char *name, int G, const int *counts, int 
     CHECK_BITS(what, out0, out1, sc * 4);
     snprintf(what, sizeof what, "gemm_q_grouped %s one row alone", name);
     CHECK_BITS(what, o1, out0 + (size_t)row * n, (size_t)n * 4);
+    if (beta == 0.0f) {
+        // a bf16 output (c16): the same fp32 C rounded once, the pad columns untouched, from the
+        // fp8 kernel's TMA store (n a multiple of 8) or through an fp32 C of the backend's own
+        // (n 200 is one, 100 is not; and with the TMA store off: LB_CUDA_GG_TMA_STORE=0)
+        lb_backend *bes[2] = {gpu, cuda_with("LB_CUDA_GG_TMA_STORE=0", NULL)};
+        const int ld = (n + 7) / 8 * 8;
+        const size_t b16 = (size_t)m * ld * 2;
+        uint16_t *want = lb_malloc(b16);
+        memset(want, 0xff, b16);   // the poison
+        for (size_t r = 0; r < (size_t)m; r++)
+            for (int c = 0; c < n; c++) want[r * ld + c] = lb_f32_to_bf16(out0[r * n + c]);
+        lb_gemm_q_args *g16 = lb_calloc(G, sizeof *g16);
+        for (int bi = 0; bi < 2; bi++) {
+            uint16_t *d16 = dpoisoned(b16);
+            for (int j = 0, o = 0; j < G; o += counts[j], j++) {
+                g16[j] = dg[0][j];
+                g16[j].c = NULL, g16[j].c16 = d16 + (size_t)o * ld;
+            }
+            gpu->sync(gpu);   // the buffers are gpu's: its uploads first
+            bes[bi]->gemm_q_grouped(bes[bi], G, g16);
+            bes[bi]->sync(bes[bi]);
+            uint16_t *h = hget(d16, b16);
+            snprintf(what, sizeof what, "gemm_q_grouped %s n %d c16 (%s)", name, n,
+                     bi ? "TMA stores off" : "default");
+            CHECK_BITS(what, h, want, b16);
+            free(h), dfree(d16);
+        }
+        bes[1]->destroy(bes[1]);
+        free(want), free(g16);
+    }
     for (int j = 0; j < G; j++) {
         gpu->qmat_free(gpu, &db[j]);
         lb_qmat_free(&hb[j]);
@@ -2737,7 +2768,7 @@ static void repeat_case(const char *name, int G, const int *m, int n, int k,
         size_t off = 0, co = 0;
         for (int j = 0; j < G; j++) {
             av[j] = lb_qmat_rows(&a, (int)off, m[j]);
-            g[j] = (lb_gemm_q_args){m[j], n, k, 1.0f, 0.0f, &av[j], &b, C[r] + co};
+            g[j] = (lb_gemm_q_args){m[j], n, k, 1.0f, 0.0f, &av[j], &b, C[r] + co, NULL};
             off += (size_t)m[j], co += (size_t)m[j] * n;
         }
         gpu->gemm_q_grouped(gpu, G, g);

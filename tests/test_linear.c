@@ -234,35 +234,6 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         ck_assert_msg(!memcmp(dx[0], dx2, sizeof(float) * n * IN), "%s: dgrad, dy16 alone", recipe);
         ck_assert_msg(!memcmp(dw[0], dw2, sizeof(float) * E * mat), "%s: wgrad, copies alone",
                       recipe);
-        // the outputs stored in bf16 instead (y16, dx16: lb_gemm_args.c16): the fp32 results
-        // rounded once, the fp32 outputs and the pad columns untouched
-        uint16_t *y16 = malloc(2 * (size_t)n * OUT8), *dx16 = malloc(2 * (size_t)n * IN8);
-        for (size_t i = 0; i < (size_t)n * OUT8; i++) y16[i] = 0x7fc1;
-        for (size_t i = 0; i < (size_t)n * IN8; i++) dx16[i] = 0x7fc1;
-        for (size_t i = 0; i < (size_t)n * OUT; i++) y2[i] = NAN;
-        for (size_t i = 0; i < (size_t)n * IN; i++) dx2[i] = NAN;
-        fill(dw2, E * mat, 4);
-        lb_linear_grouped_fwd(&L, 0, role, NULL, x16, w, &wc, counts, E, y2, y16, OUT, IN);
-        lb_linear_grouped_bwd(&L, 0, role, NULL, x16, w, &wc, counts, E, NULL, dy16, dx2, dx16,
-                              dw2, 1.0f, OUT, IN);
-        for (int i = 0; i < n; i++) {
-            for (int j = 0; j < OUT8; j++) {
-                uint16_t want = j < OUT ? lb_f32_to_bf16(y[0][(size_t)i * OUT + j]) : 0x7fc1;
-                ck_assert_msg(y16[(size_t)i * OUT8 + j] == want, "%s: y16 [%d][%d]", recipe, i, j);
-            }
-            for (int j = 0; j < IN8; j++) {
-                uint16_t want = j < IN ? lb_f32_to_bf16(dx[0][(size_t)i * IN + j]) : 0x7fc1;
-                ck_assert_msg(dx16[(size_t)i * IN8 + j] == want, "%s: dx16 [%d][%d]", recipe, i,
-                              j);
-            }
-        }
-        for (size_t i = 0; i < (size_t)n * OUT; i++)
-            ck_assert_msg(isnan(y2[i]), "%s: y written", recipe);
-        for (size_t i = 0; i < (size_t)n * IN; i++)
-            ck_assert_msg(isnan(dx2[i]), "%s: dx written", recipe);
-        ck_assert_msg(!memcmp(dw[0], dw2, sizeof(float) * E * mat), "%s: wgrad beside dx16",
-                      recipe);
-        free(y16), free(dx16);
         // no rows at all (an expert-parallel rank that received none): no operand, no error,
         // and dw_beta 0 still zeroes the matrices
         const int none[E] = {0};
@@ -273,6 +244,48 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         for (size_t i = 0; i < E * mat; i++)
             ck_assert_msg(dw2[i] == 0.0f, "%s: no rows, dw[%zu] %g", recipe, i, dw2[i]);
         free(x16), free(dy16), free(y2), free(dx2), free(dw2);
+    }
+    // the outputs stored in bf16 instead (y16, dx16: lb_gemm_args.c16, lb_gemm_q_args.c16)
+    // where the grouped calls store them: the fp32 results rounded once, the fp32 outputs and
+    // the pad columns untouched, the wgrad beside them unchanged
+    const int f16 = lb_linear_grouped_c16(&L, 0, role, LB_PASS_FPROP);
+    const int d16 = lb_linear_grouped_c16(&L, 0, role, LB_PASS_DGRAD);
+    ck_assert_msg(f16, "%s: every recipe here has a bf16 or quantized fprop", recipe);
+    if (f16 || d16) {
+        enum { IN8 = (IN + 7) / 8 * 8, OUT8 = (OUT + 7) / 8 * 8 };
+        uint16_t *y16 = malloc(2 * (size_t)n * OUT8), *dx16 = malloc(2 * (size_t)n * IN8);
+        float *y2 = malloc(sizeof(float) * n * OUT), *dx2 = malloc(sizeof(float) * n * IN);
+        float *dw2 = malloc(sizeof(float) * E * mat);
+        for (size_t i = 0; i < (size_t)n * OUT8; i++) y16[i] = 0x7fc1;
+        for (size_t i = 0; i < (size_t)n * IN8; i++) dx16[i] = 0x7fc1;
+        for (size_t i = 0; i < (size_t)n * OUT; i++) y2[i] = NAN;
+        for (size_t i = 0; i < (size_t)n * IN; i++) dx2[i] = NAN;
+        fill(dw2, E * mat, 4);
+        lb_linear_grouped_fwd(&L, 0, role, x, NULL, w, &wc, counts, E, y2, f16 ? y16 : NULL, OUT,
+                              IN);
+        lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx2,
+                              d16 ? dx16 : NULL, dw2, 1.0f, OUT, IN);
+        for (int i = 0; i < n; i++) {
+            for (int j = 0; f16 && j < OUT8; j++) {
+                uint16_t want = j < OUT ? lb_f32_to_bf16(y[0][(size_t)i * OUT + j]) : 0x7fc1;
+                ck_assert_msg(y16[(size_t)i * OUT8 + j] == want, "%s/%s: y16 [%d][%d]", recipe,
+                              backward, i, j);
+            }
+            for (int j = 0; d16 && j < IN8; j++) {
+                uint16_t want = j < IN ? lb_f32_to_bf16(dx[0][(size_t)i * IN + j]) : 0x7fc1;
+                ck_assert_msg(dx16[(size_t)i * IN8 + j] == want, "%s/%s: dx16 [%d][%d]", recipe,
+                              backward, i, j);
+            }
+        }
+        for (size_t i = 0; f16 && i < (size_t)n * OUT; i++)
+            ck_assert_msg(isnan(y2[i]), "%s/%s: y written", recipe, backward);
+        for (size_t i = 0; d16 && i < (size_t)n * IN; i++)
+            ck_assert_msg(isnan(dx2[i]), "%s/%s: dx written", recipe, backward);
+        if (!f16) ck_assert_msg(!memcmp(y[0], y2, sizeof(float) * n * OUT), "%s: y", recipe);
+        if (!d16) ck_assert_msg(!memcmp(dx[0], dx2, sizeof(float) * n * IN), "%s: dx", recipe);
+        ck_assert_msg(!memcmp(dw[0], dw2, sizeof(float) * E * mat), "%s/%s: wgrad beside them",
+                      recipe, backward);
+        free(y16), free(dx16), free(y2), free(dx2), free(dw2);
     }
     // dw_beta 0 overwrites: NaN before, the products after, and zeros for the experts without
     // rows, equal (up to the sign of zero) to adding to zeros

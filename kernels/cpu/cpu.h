@@ -23,6 +23,12 @@ static inline int lb_cpu_threads(const lb_backend *be)
     return ((const lb_cpu_ctx *)be->ctx)->threads;
 }
 
+// A bf16 output (lb_gemm_args.c16, lb_gemm_q_args.c16): the call's C is computed in fp32 into
+// lb_cpu_c32 (grow-only, at least n floats), then lb_cpu_store_c16 rounds each element once
+// into c16 (m, pad8(n)), the pad columns not written (ops_basic.c).
+float *lb_cpu_c32(lb_backend *be, size_t n);
+void lb_cpu_store_c16(lb_backend *be, uint16_t *c16, const float *c, int m, int n);
+
 // Below this many elements an elementwise loop runs on one thread (start-up would dominate).
 // Elementwise results do not depend on the split, so this never changes a number.
 #define LB_CPU_PAR_MIN 32768

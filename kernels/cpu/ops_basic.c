@@ -25,6 +25,26 @@ static void widen_bf16(lb_backend *be, float *dst, const uint16_t *src16, size_t
         for (int c = 0; c < len; c++) dst[r * len + c] = lb_bf16_to_f32(src16[r * ld + c]);
 }
 
+float *lb_cpu_c32(lb_backend *be, size_t n)
+{
+    lb_cpu_ctx *cx = be->ctx;
+    if (cx->c32_n < n) {   // grow-only, as round
+        free(cx->c32);
+        cx->c32 = lb_malloc(n * sizeof(float));
+        cx->c32_n = n;
+    }
+    return cx->c32;
+}
+
+void lb_cpu_store_c16(lb_backend *be, uint16_t *c16, const float *c, int m, int n)
+{
+    const int ld = (n + 7) / 8 * 8;   // the pad columns are not written
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
+        if ((size_t)m * n >= LB_CPU_PAR_MIN)
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) c16[(size_t)i * ld + j] = lb_f32_to_bf16(c[(size_t)i * n + j]);
+}
+
 // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, all row-major and contiguous.
 // be->deterministic: gemm.c's kernel (one fixed order per element, batch invariant); otherwise
 // OpenBLAS, faster but its bits depend on m, the row's position and on some CPUs the threads.
@@ -39,23 +59,10 @@ static void cpu_gemm(lb_backend *be, const lb_gemm_args *g)
         if (g->m < 0 || g->n < 0 || g->k < 0)
             lb_die("gemm: negative size (m %d, n %d, k %d)", g->m, g->n, g->k);
         if (g->m == 0 || g->n == 0) return;
-        lb_cpu_ctx *cx = be->ctx;
-        const size_t mn = (size_t)g->m * g->n;
-        if (cx->c32_n < mn) {   // grow-only, as round
-            free(cx->c32);
-            cx->c32 = lb_malloc(mn * sizeof(float));
-            cx->c32_n = mn;
-        }
         lb_gemm_args r = *g;
-        r.c = cx->c32, r.c16 = NULL;
+        r.c = lb_cpu_c32(be, (size_t)g->m * g->n), r.c16 = NULL;
         cpu_gemm(be, &r);   // k 0: zeros, so c16 gets bf16 zeros
-        const int n = g->n, ld = (n + 7) / 8 * 8;   // the pad columns are not written
-        const float *c = cx->c32;
-        uint16_t *c16 = g->c16;
-        #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (mn >= LB_CPU_PAR_MIN)
-        for (int i = 0; i < g->m; i++)
-            for (int j = 0; j < n; j++)
-                c16[(size_t)i * ld + j] = lb_f32_to_bf16(c[(size_t)i * n + j]);
+        lb_cpu_store_c16(be, g->c16, r.c, g->m, g->n);
         return;
     }
     if (g->bf16 && g->m > 0 && g->n > 0 && g->k > 0) {   // the rounded operands' product

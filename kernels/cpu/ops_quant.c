@@ -98,12 +98,19 @@ static void cpu_gemm_q(lb_backend *be, int m, int n, int k, float alpha, const l
     free(bd);
 }
 
-// One gemm_q per group, in order.
+// One gemm_q per group, in order; a bf16 output (c16) as cpu_gemm makes it.
 static void cpu_gemm_q_grouped(lb_backend *be, int count, const lb_gemm_q_args *g)
 {
-    for (int i = 0; i < count; i++)
-        if (g[i].m > 0 && g[i].n > 0)
-            cpu_gemm_q(be, g[i].m, g[i].n, g[i].k, g[i].alpha, g[i].a, g[i].b, g[i].beta, g[i].c);
+    for (int i = 0; i < count; i++) {
+        const lb_gemm_q_args *x = &g[i];
+        if (x->c16 && x->beta != 0.0f)
+            lb_die("gemm_q_grouped: group %d: a bf16 output (c16) needs beta 0 (beta %g)", i,
+                   (double)x->beta);
+        if (x->m <= 0 || x->n <= 0) continue;
+        float *c = x->c16 ? lb_cpu_c32(be, (size_t)x->m * x->n) : x->c;
+        cpu_gemm_q(be, x->m, x->n, x->k, x->alpha, x->a, x->b, x->beta, c);
+        if (x->c16) lb_cpu_store_c16(be, x->c16, c, x->m, x->n);
+    }
 }
 
 static void cpu_hadamard(lb_backend *be, float *y, const float *x, int rows, int cols, int axis,

@@ -376,6 +376,13 @@ void lb_cuda_linear_ce_bwd_tc(lb_cuda_ctx *cx, float *dx, float dx_beta, float *
 // g[0 .. count), all fitting, m, n, k > 0, alpha != 0, one block shape of b, in one launch.
 int lb_cuda_gemm_q_grouped_fits(const struct lb_qmat *a, const struct lb_qmat *b);
 void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_q_args *g);
+// Whether a launch of those groups stores C by TMA (its c16 groups then bf16 natively).
+int lb_cuda_gemm_q_grouped_ts(const lb_cuda_ctx *cx, int count, const lb_gemm_q_args *g);
+// gemm.cu: the grow-only fp32 C of calls with a bf16 output that their path cannot store in
+// bf16 (at least n floats; waits for queued work before it grows), and the rounding of such
+// a C (rows, cols) into c16 (pitch pad8(cols), pads not written). Queued.
+float *lb_cuda_c32(lb_cuda_ctx *cx, size_t n);
+void lb_cuda_store_c16(lb_cuda_ctx *cx, uint16_t *c16, const float *c, int rows, int cols);
 // gemm_grouped.cu, MXFP8, MXFP4, NVFP4: the groups g[0 .. count) (m, n, k > 0, each a's and
 // b's formats equal) dequantized to bf16 and run on the bf16 kernel, NVFP4's second levels in
 // its epilogue. Queued.

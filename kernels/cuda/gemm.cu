@@ -458,6 +458,13 @@ static float *gemm_c32(lb_cuda_ctx *cx, size_t n)
     return cx->gemm_c32;
 }
 
+extern "C" float *lb_cuda_c32(lb_cuda_ctx *cx, size_t n) { return gemm_c32(cx, n); }
+extern "C" void lb_cuda_store_c16(lb_cuda_ctx *cx, uint16_t *c16, const float *c, int rows,
+                                  int cols)
+{
+    gemm_c16(cx, c16, c, rows, cols);
+}
+
 // kernels.h's rule for c16: bf16 operands and beta 0; 4-byte aligned, as to_bf16's layout is
 // (its kernels store column pairs).
 static void c16_check(const lb_gemm_args *g, const char *op)

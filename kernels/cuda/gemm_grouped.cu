@@ -608,9 +608,8 @@ static void tma_map(CUtensorMap *map, CUtensorMapDataType dt, const void *x, int
     lb_cuda_tma_map(map, dt, x, 2, dim, pitch, box);
 }
 
-// A group's bf16 C (gt_group.c16); gq_group has none (the fp8 path never gets one).
-template <typename G> static const void *group_c16(const G &) { return NULL; }
-static const void *group_c16(const gt_group &g) { return g.c16; }
+// A group's bf16 C (gt_group.c16, gq_group.c16), or NULL.
+template <typename G> static const void *group_c16(const G &g) { return g.c16; }
 
 // Whether a launch of these cnt groups (gt_group or gq_group) takes the TS epilogue
 // (gt_store_tma): on, and every C written, not added to (beta 0), and addressable by TMA (rows
@@ -997,6 +996,7 @@ typedef struct {
     CUtensorMap tsa, tsb;
     const float *sb;
     float *c;                   // (m, n)
+    __nv_bfloat16 *c16;         // NULL, or (TS launches) C stored in bf16 instead
     int m, n, kb;
     int tile0, tiles_n;
     float alpha, beta;
@@ -1182,9 +1182,15 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
             gq_retire<VEC, S>(d, t0, empty, scales, it + kt - 1, ra, b0, lane);
         }
         it += G.kb;
-        if (TS) {
-            gt_store_tma<1, 2>(reinterpret_cast<const float(&)[1][64]>(d), &G.tc, G.alpha, m0, n0,
-                               stg + cw * 2 * GT_CHUNK, cw, warp, lane, (tid & 127) == 0);
+        if (TS) {   // a bf16 C (G.c16) only here: a branch uniform over the block
+            if (G.c16)
+                gt_store_tma<1, 2, 1>(reinterpret_cast<const float(&)[1][64]>(d), &G.tc, G.alpha,
+                                      m0, n0, stg + cw * 2 * GT_CHUNK, cw, warp, lane,
+                                      (tid & 127) == 0);
+            else
+                gt_store_tma<1, 2>(reinterpret_cast<const float(&)[1][64]>(d), &G.tc, G.alpha,
+                                   m0, n0, stg + cw * 2 * GT_CHUNK, cw, warp, lane,
+                                   (tid & 127) == 0);
             continue;
         }
         gg_store<16>(d, G.c, G.m, G.n, G.alpha, G.beta, r, n0, lane);
@@ -1290,6 +1296,19 @@ extern "C" int lb_cuda_gemm_q_grouped_fits(const lb_qmat *a, const lb_qmat *b)
            ((uintptr_t)a->data & 15) == 0 && ((uintptr_t)b->data & 15) == 0;
 }
 
+// ts_maps' rule for the fp8 groups g[0 .. count), whatever launches they are cut into.
+extern "C" int lb_cuda_gemm_q_grouped_ts(const lb_cuda_ctx *cx, int count,
+                                         const lb_gemm_q_args *g)
+{
+    int ts = cx->gg_tma_store;
+    for (int i = 0; i < count && ts; i++) {
+        const lb_gemm_q_args *x = &g[i];
+        ts = x->beta == 0.0f && (x->c16 ? x->n % 8 == 0 && ((uintptr_t)x->c16 & 15) == 0
+                                        : x->n % 4 == 0 && ((uintptr_t)x->c & 15) == 0);
+    }
+    return ts;
+}
+
 // The groups g[0 .. count): every one fits (above), with m, n, k > 0 and alpha != 0, and all
 // with the same b block shape. One launch per GT_MAX groups (their tensor maps travel in the
 // kernel parameters). Queued on cx->stream.
@@ -1314,13 +1333,16 @@ extern "C" void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_g
             scale_map(&G->tsa, ja->dst, ja->ld, ja->kb, GG_BM);
             if (vec) scale_map(&G->tsb, jb->dst, jb->ld, jb->kb, GQ_BN);
             G->sb = (const float *)x->b->scale;
-            G->c = x->c, G->m = x->m, G->n = x->n, G->kb = x->a->scols;
+            G->c = x->c, G->c16 = (__nv_bfloat16 *)x->c16, G->m = x->m, G->n = x->n;
+            G->kb = x->a->scols;
             G->tile0 = tiles, G->tiles_n = (x->n + GQ_BN - 1) / GQ_BN;
             G->alpha = x->alpha, G->beta = x->beta;
             tiles += (x->m + GG_BM - 1) / GG_BM * G->tiles_n;
         }
         P->count = cnt, P->tiles = tiles;
         const int ts = ts_maps(P->g, cnt, cx->gg_tma_store);
+        for (int i = 0; i < cnt && !ts; i++)   // gemm_q.cu asked lb_cuda_gemm_q_grouped_ts
+            if (P->g[i].c16) lb_die("gemm_q_grouped: a bf16 C in a launch without TMA stores");
         const int grid = tiles < cx->num_sms ? tiles : cx->num_sms;   // persistent blocks
         const int v = 2 * ts + vec;
         void (*kern)(const gq_params) = v == 3 ? gq_kernel<1, 1>

@@ -563,7 +563,7 @@ static void cuda_gemm_q(lb_backend *be, int m, int n, int k, float alpha, const 
             // gemm_grouped.cu's fp8 kernel, a group of one: cuBLASLt's pinned algorithms
             // refuse some shapes (the fp32 fallback, 25x slower), and the choice would then
             // depend on m
-            lb_gemm_q_args one = {m, n, k, alpha, beta, a, b, c};
+            lb_gemm_q_args one = {m, n, k, alpha, beta, a, b, c, NULL};
             lb_cuda_gemm_q_grouped_tc(cx, 1, &one);
             cache_of(cx)->fp8_grouped++;
         } else if (!gemm_fp8_lt(be, m, n, k, alpha, a, b, beta, c)) {
@@ -584,7 +584,7 @@ static void cuda_gemm_q(lb_backend *be, int m, int n, int k, float alpha, const 
         if (cx->grouped_tc && cx->dense_tc) {
             // gemm_grouped.cu's bf16 kernel, a group of one, as gemm_q_grouped runs them: the
             // same bits alone or among groups, whatever m
-            lb_gemm_q_args one = {m, n, k, alpha, beta, a, b, c};
+            lb_gemm_q_args one = {m, n, k, alpha, beta, a, b, c, NULL};
             lb_cuda_gemm_q_grouped_bf16(cx, 1, &one);
         } else {
             gemm_emulated(be, m, n, k, alpha, a, b, beta, c);
@@ -600,17 +600,26 @@ static void cuda_gemm_q(lb_backend *be, int m, int n, int k, float alpha, const 
 // kernel in one launch (the path cuda_gemm_q takes for them); the others through cuda_gemm_q
 // one by one. Whether a group fits depends on k, its layouts and the device (never on m), so a
 // row's path, and its bits, never depend on how many rows share its group.
+// A bf16 C (c16): the fp8 kernel stores it where its launches store by TMA; every other group
+// with one writes an fp32 C into lb_cuda_c32, rounded into c16 after the launches (the same
+// bits: c16 is the fp32 C rounded once either way).
 static void cuda_gemm_q_grouped(lb_backend *be, int count, const lb_gemm_q_args *g)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
     const size_t bytes = (size_t)(count > 0 ? count : 1) * sizeof(lb_gemm_q_args);
-    lb_gemm_q_args *run[3];
+    lb_gemm_q_args *run[3], *all = (lb_gemm_q_args *)lb_malloc(bytes);
     for (int v = 0; v < 3; v++) run[v] = (lb_gemm_q_args *)lb_malloc(bytes);
     int nrun[3] = {0, 0, 0};   // [0]: B with 128x128 blocks, [1]: with 1x128 blocks, [2]: MX/NV
+    // each group's path: -1 none (m or n 0), 0 and 1 as run's, 2 MX/NV, 3 cuda_gemm_q alone
+    int *path = (int *)lb_malloc((size_t)(count > 0 ? count : 1) * sizeof(int));
     for (int i = 0; i < count; i++) {
         const lb_gemm_q_args *x = &g[i];
+        all[i] = *x, path[i] = -1;
         if (x->m < 0 || x->n < 0 || x->k < 0)
             lb_die("gemm_q_grouped: negative size (m %d, n %d, k %d)", x->m, x->n, x->k);
+        if (x->c16 && (x->beta != 0.0f || ((uintptr_t)x->c16 & 3)))
+            lb_die("gemm_q_grouped: group %d: a bf16 output (c16) needs beta 0 and 4-byte "
+                   "alignment (beta %g, c16 %p)", i, (double)x->beta, (void *)x->c16);
         if (x->m == 0 || x->n == 0) continue;
         if (x->a->cols != x->k || x->b->cols != x->k || x->a->rows != x->m || x->b->rows != x->n)
             lb_die("gemm_q_grouped: group %d: operands (%d, %d) and (%d, %d) do not fit "
@@ -619,23 +628,52 @@ static void cuda_gemm_q_grouped(lb_backend *be, int count, const lb_gemm_q_args 
         const lb_format f = x->a->fmt;
         const int mxnv = f == LB_FMT_MXFP8 || f == LB_FMT_MXFP4 || f == LB_FMT_NVFP4;
         if (mxnv && x->b->fmt == f && cx->grouped_tc && cx->dense_tc &&
-            (x->alpha != 0.0f || f == LB_FMT_NVFP4)) {   // as cuda_gemm_q
-            run[2][nrun[2]++] = *x;
-            cache_of(cx)->emulated++;
-        } else if (cx->grouped_tc && x->alpha != 0.0f && lb_cuda_gemm_q_grouped_fits(x->a, x->b)) {
-            const int v = x->b->brows == 1;
-            run[v][nrun[v]++] = *x;
-        } else {
+            (x->alpha != 0.0f || f == LB_FMT_NVFP4))   // as cuda_gemm_q
+            path[i] = 2;
+        else if (cx->grouped_tc && x->alpha != 0.0f && lb_cuda_gemm_q_grouped_fits(x->a, x->b))
+            path[i] = x->b->brows == 1;
+        else
+            path[i] = 3;
+    }
+    // which c16 groups go through lb_cuda_c32: all but those of an fp8 launch set that stores by
+    // TMA (a launch set is the groups of one block shape; ts is decided over all of it)
+    int ts[2];
+    for (int v = 0; v < 2; v++) {
+        int n = 0;
+        for (int i = 0; i < count; i++)
+            if (path[i] == v) run[v][n++] = all[i];
+        ts[v] = lb_cuda_gemm_q_grouped_ts(cx, n, run[v]);
+    }
+    size_t c32n = 0;
+    for (int i = 0; i < count; i++)
+        if (path[i] >= 0 && all[i].c16 && !(path[i] < 2 && ts[path[i]]))
+            c32n += (size_t)all[i].m * all[i].n;
+    float *c32 = c32n ? lb_cuda_c32(cx, c32n) : NULL;   // before any launch: it may wait
+    size_t off = 0;
+    for (int i = 0; i < count; i++) {
+        lb_gemm_q_args *x = &all[i];
+        if (path[i] < 0) continue;
+        if (x->c16 && !(path[i] < 2 && ts[path[i]])) {
+            x->c = c32 + off, off += (size_t)x->m * x->n;
+            x->c16 = NULL;   // rounded into g[i].c16 below
+        }
+        if (path[i] == 3) {
             cuda_gemm_q(be, x->m, x->n, x->k, x->alpha, x->a, x->b, x->beta, x->c);
+        } else {
+            run[path[i]][nrun[path[i]]++] = *x;
+            if (path[i] == 2) cache_of(cx)->emulated++;
         }
     }
     for (int v = 0; v < 2; v++) {
         if (nrun[v]) lb_cuda_gemm_q_grouped_tc(cx, nrun[v], run[v]);
         cache_of(cx)->fp8_grouped += nrun[v];
-        free(run[v]);
     }
     if (nrun[2]) lb_cuda_gemm_q_grouped_bf16(cx, nrun[2], run[2]);
-    free(run[2]);
+    for (int i = 0; i < count; i++)   // after every launch: one stream
+        if (path[i] >= 0 && g[i].c16 && !all[i].c16)
+            lb_cuda_store_c16(cx, g[i].c16, all[i].c, g[i].m, g[i].n);
+    for (int v = 0; v < 3; v++) free(run[v]);
+    free(all), free(path);
     if (cx->sync_each) LB_CUDA_WAIT(cx);
 }
 
