@@ -155,6 +155,13 @@ struct lb_backend {
     // A weight cache's column-wise copy without a second pass over the fp32 weights.
     void (*qmat_transpose)(lb_backend *, int count, struct lb_qmat *dst,
                            const struct lb_qmat *src);
+    // quantize_grouped (count, qr, x, rows, NULL, cols, a) and then qmat_transpose (count, qc,
+    // qr) in one call, with those calls' bytes (groups with rows[j] == 0 skipped in both): a
+    // weight cache's two copies, and a backend may write the transposed one from the same pass
+    // over the fp32 weights.
+    void (*quantize_rt)(lb_backend *, int count, struct lb_qmat *qr, struct lb_qmat *qc,
+                        const float *x, const int *rows, int cols,
+                        const struct lb_quant_args *a);
     void (*dequantize)(lb_backend *, float *y, const struct lb_qmat *q);   // y (q rows, q cols)
     // C (m, n) = alpha * A (m, k) * B (n, k)^T + beta * C on quantized operands of one format,
     // both blocked along k. The CPU computes it exactly on the dequantized values.

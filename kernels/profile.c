@@ -20,8 +20,8 @@
 #define LB_PROFILE_OPS(X)                                                                     \
     X(alloc) X(free) X(upload) X(download) X(copy) X(zero) X(gemm) X(gemm_grouped)            \
     X(qmat_alloc) X(qmat_free) X(quantize) X(quantize_grouped) X(quantize_rc)                 \
-    X(qmat_transpose) X(dequantize) X(gemm_q) X(gemm_q_grouped) X(hadamard) X(round_bf16)     \
-    X(to_bf16)                                                                                \
+    X(qmat_transpose) X(quantize_rt) X(dequantize) X(gemm_q) X(gemm_q_grouped) X(hadamard)    \
+    X(round_bf16) X(to_bf16)                                                                  \
     X(add) X(scale) X(sumsq) X(embedding_fwd) X(embedding_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd)  \
     X(rope_fwd) X(rope_bwd) X(attention_fwd) X(attention_bwd) X(kv_append)                    \
     X(attention_cached) X(swiglu_fwd) X(swiglu_bwd) X(router_topk_fwd) X(router_topk_bwd)     \
@@ -194,6 +194,12 @@ WS(quantize_rc,
                   group_k((char[32]){0}, count, rows, sizeof *rows) + 2, cols)))
 W(qmat_transpose, (lb_backend *be, int count, struct lb_qmat *d, const struct lb_qmat *s),
   (in, count, d, s))
+WS(quantize_rt,
+   (lb_backend *be, int count, struct lb_qmat *qr, struct lb_qmat *qc, const float *x,
+    const int *rows, int cols, const struct lb_quant_args *a),
+   (in, count, qr, qc, x, rows, cols, a),
+   (charge_shapef(be, t0, "quantize_rt %d x (rows %s, %d)", count,
+                  group_k((char[32]){0}, count, rows, sizeof *rows) + 2, cols)))
 W(dequantize, (lb_backend *be, float *y, const struct lb_qmat *q), (in, y, q))
 WS(gemm_q,
    (lb_backend *be, int m, int n, int k, float alpha, const struct lb_qmat *a,

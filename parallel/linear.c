@@ -197,27 +197,27 @@ void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const 
     c->b16_fresh = 0;
     int rows[count];   // every matrix of w quantized on its own, in one call
     for (int e = 0; e < count; e++) rows[e] = out;
+    lb_quant_args ra = need_row ? weight_args(F, 0) : (lb_quant_args){0};
+    lb_quant_args ca = need_col ? weight_args(D, 1) : (lb_quant_args){0};
     if (need_row) {
         if (!c->row) c->row = lb_calloc(count, sizeof *c->row);
-        lb_quant_args a = weight_args(F, 0);
         for (int e = 0; e < count; e++)
-            if (!c->row[e].data) be->qmat_alloc(be, &c->row[e], out, in, &a);
-        be->quantize_grouped(be, count, c->row, w, rows, NULL, in, &a);
+            if (!c->row[e].data) be->qmat_alloc(be, &c->row[e], out, in, &ra);
     }
     if (need_col) {
         if (!c->col) c->col = lb_calloc(count, sizeof *c->col);
-        lb_quant_args a = weight_args(D, 1);
         for (int e = 0; e < count; e++)
-            if (!c->col[e].data) be->qmat_alloc(be, &c->col[e], out, in, &a);
-        // Square blocks in both copies: a block's scale is the same either way, so the
-        // column-wise copy is the row-wise one transposed (the same bytes, no second pass
-        // over the fp32 weights).
-        lb_quant_args r = weight_args(F, 0);
-        if (need_row && r.fmt == a.fmt && r.weight_blocks && a.weight_blocks)
-            be->qmat_transpose(be, count, c->col, c->row);
-        else
-            be->quantize_grouped(be, count, c->col, w, rows, NULL, in, &a);
+            if (!c->col[e].data) be->qmat_alloc(be, &c->col[e], out, in, &ca);
     }
+    // Square blocks in both copies: a block's scale is the same either way, so the
+    // column-wise copy is the row-wise one transposed (the same bytes), written by quantize_rt
+    // from the same pass over the fp32 weights.
+    if (need_row && need_col && ra.fmt == ca.fmt && ra.weight_blocks && ca.weight_blocks) {
+        be->quantize_rt(be, count, c->row, c->col, w, rows, in, &ra);
+        return;
+    }
+    if (need_row) be->quantize_grouped(be, count, c->row, w, rows, NULL, in, &ra);
+    if (need_col) be->quantize_grouped(be, count, c->col, w, rows, NULL, in, &ca);
 }
 
 // C (m, n) = A (m, k) B (n, k)^T + beta C with A quantized here from fp32 and B from the cache.

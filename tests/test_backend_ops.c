@@ -227,7 +227,7 @@ START_TEST(test_table_and_memory)
         (void (*)(void))gpu->adamw16,
         (void (*)(void))gpu->qmat_alloc, (void (*)(void))gpu->qmat_free,
         (void (*)(void))gpu->quantize, (void (*)(void))gpu->quantize_grouped,
-        (void (*)(void))gpu->quantize_rc,
+        (void (*)(void))gpu->quantize_rc, (void (*)(void))gpu->quantize_rt,
         (void (*)(void))gpu->qmat_transpose, (void (*)(void))gpu->dequantize,
         (void (*)(void))gpu->gemm_q, (void (*)(void))gpu->gemm_q_grouped,
         (void (*)(void))gpu->hadamard,
@@ -2485,6 +2485,77 @@ START_TEST(test_qmat_transpose)
 }
 END_TEST
 
+// quantize_rt against the CPU's (quantize_grouped, then qmat_transpose), byte for byte, both
+// copies poisoned first: fp8-block 128x128 (one pass on CUDA, each tile also stored
+// transposed) with groups of awkward row counts, one empty, the transposed rows 16-byte
+// aligned or not (rows 256 or 300), the rows of x aligned or not (cols 200, 130), more groups
+// than one launch takes, stochastic rounding; and NVFP4 16x16, which CUDA runs as the two calls.
+static void quant_rt_case(const char *name, lb_format fmt, int sr, int cols, int G,
+                          const int *rows)
+{
+    lb_quant_args a = gq(fmt, 0, 1, LB_E4M3, 0, LB_S2_TENSOR, sr), b = a;
+    b.colwise = 1;
+    int n = 0;
+    for (int j = 0; j < G; j++) n += rows[j];
+    float *x = qinput(n, cols, 2), *dx = dput(x, (size_t)n * cols * 4);
+    lb_qmat *hr = lb_calloc(G, sizeof *hr), *hc = lb_calloc(G, sizeof *hc);
+    lb_qmat *dr = lb_calloc(G, sizeof *dr), *dc = lb_calloc(G, sizeof *dc);
+    for (int j = 0; j < G; j++) {
+        if (!rows[j]) continue;
+        lb_qmat_alloc(&hr[j], rows[j], cols, &a), lb_qmat_alloc(&hc[j], rows[j], cols, &b);
+        gpu->qmat_alloc(gpu, &dr[j], rows[j], cols, &a);
+        gpu->qmat_alloc(gpu, &dc[j], rows[j], cols, &b);
+        const lb_qmat *q[2] = {&dr[j], &dc[j]};
+        for (int i = 0; i < 2; i++) {
+            poison(q[i]->data, lb_qmat_data_bytes(q[i]));
+            poison(q[i]->scale, lb_qmat_scale_bytes(q[i]));
+            if (q[i]->nscale2) poison(q[i]->scale2, (size_t)q[i]->nscale2 * 4);
+        }
+    }
+    cpu->quantize_rt(cpu, G, hr, hc, x, rows, cols, &a);
+    gpu->quantize_rt(gpu, G, dr, dc, dx, rows, cols, &a);
+    int differ = 0, groups = 0;
+    for (int j = 0; j < G; j++) {
+        if (!rows[j]) continue;
+        groups++;
+        const lb_qmat *h[2] = {&hr[j], &hc[j]}, *d[2] = {&dr[j], &dc[j]};
+        for (int i = 0; i < 2; i++) {
+            lb_qmat got;
+            qmat_get(&got, d[i]);
+            int bad = memcmp(got.data, h[i]->data, lb_qmat_data_bytes(h[i])) != 0 ||
+                      memcmp(got.scale, h[i]->scale, lb_qmat_scale_bytes(h[i])) != 0 ||
+                      (h[i]->nscale2 && memcmp(got.scale2, h[i]->scale2, h[i]->nscale2 * 4));
+            if (bad && differ < 3)
+                printf("  quantize_rt %s: group %d (%d, %d) %s copy differs\n", name, j, rows[j],
+                       cols, i ? "transposed" : "row-wise");
+            differ += bad;
+            lb_qmat_free(&got);
+        }
+        lb_qmat_free(&hr[j]), lb_qmat_free(&hc[j]);
+        gpu->qmat_free(gpu, &dr[j]), gpu->qmat_free(gpu, &dc[j]);
+    }
+    if (verbose())
+        printf("  quantize_rt %s, %d groups, cols %d: %d copies differ\n", name, groups, cols,
+               differ);
+    ck_assert_msg(differ == 0, "quantize_rt %s: %d copies differ (seed %llu)", name, differ,
+                  (unsigned long long)seed);
+    free(x), dfree(dx), free(hr), free(hc), free(dr), free(dc);
+}
+
+START_TEST(test_quantize_rt)
+{
+    const int r5[5] = {300, 37, 0, 129, 1}, r2[2] = {256, 256};
+    quant_rt_case("fp8 128x128", LB_FMT_FP8_BLOCK, 0, 200, 5, r5);
+    quant_rt_case("fp8 128x128, cols 130", LB_FMT_FP8_BLOCK, 0, 130, 5, r5);
+    quant_rt_case("fp8 128x128, rows 256", LB_FMT_FP8_BLOCK, 0, 192, 2, r2);
+    int rm[250];   // more than one launch takes (240)
+    for (int j = 0; j < 250; j++) rm[j] = 1 + j % 20;
+    quant_rt_case("fp8 128x128, 250 groups", LB_FMT_FP8_BLOCK, 0, 48, 250, rm);
+    quant_rt_case("fp8 128x128 sr", LB_FMT_FP8_BLOCK, 1, 200, 5, r5);
+    quant_rt_case("nvfp4 16x16", LB_FMT_NVFP4, 0, 200, 5, r5);
+}
+END_TEST
+
 START_TEST(test_gemm_q)
 {
 #ifdef LB_HAVE_CUDA
@@ -3157,6 +3228,7 @@ int main(void)
     tcase_add_test(tc, test_quantize_grouped);
     tcase_add_test(tc, test_quantize_rc);
     tcase_add_test(tc, test_qmat_transpose);
+    tcase_add_test(tc, test_quantize_rt);
     tcase_add_test(tc, test_gemm_q);
     tcase_add_test(tc, test_gemm_q_grouped);
     tcase_add_test(tc, test_kv_append);

@@ -63,6 +63,14 @@ static void cpu_qmat_transpose(lb_backend *be, int count, lb_qmat *dst, const lb
     for (int j = 0; j < count; j++) lb_qmat_transpose(&dst[j], &src[j]);
 }
 
+static void cpu_quantize_rt(lb_backend *be, int count, lb_qmat *qr, lb_qmat *qc,
+                            const float *x, const int *rows, int cols, const lb_quant_args *a)
+{
+    cpu_quantize_grouped(be, count, qr, x, rows, NULL, cols, a);
+    for (int j = 0; j < count; j++)
+        if (rows[j]) lb_qmat_transpose(&qc[j], &qr[j]);
+}
+
 static void cpu_dequantize(lb_backend *be, float *y, const lb_qmat *q) { lb_dequantize(y, q); }
 
 // NVFP4's second-level scales are per tensor or per row of an operand, so they factor out of
@@ -159,6 +167,7 @@ void lb_cpu_init_quant(lb_backend *be)
     be->quantize_grouped = cpu_quantize_grouped;
     be->quantize_rc = cpu_quantize_rc;
     be->qmat_transpose = cpu_qmat_transpose;
+    be->quantize_rt = cpu_quantize_rt;
     be->dequantize = cpu_dequantize;
     be->gemm_q = cpu_gemm_q;
     be->gemm_q_grouped = cpu_gemm_q_grouped;

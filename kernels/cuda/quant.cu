@@ -614,6 +614,12 @@ typedef struct {
     uint64_t rbase;          // stochastic rounding stream
     uint32_t hsigns;         // Hadamard signs (mq_kernel)
     int roff;                // quantize_rc: x_j's first row in x (its row in the row-wise Q)
+    // quantize_rt (128x128 blocks, row-wise): Q_j^T (C, R), row pitch tld, and its scales
+    // (ceil(C / 128), tscols), written with Q_j; else tdata NULL
+    uint8_t *tdata;
+    float *tscale;
+    size_t tld;
+    int tscols;
 } fq_group;
 
 typedef struct {
@@ -628,6 +634,7 @@ typedef struct {
     int rscols;
     fq_group g[FQ_MAX];
 } fq_params;
+static_assert(sizeof(fq_params) <= 32764, "fq_params exceeds a kernel's parameter space");
 
 // The fp8-block scale of a block whose |x| maximum has bits mb (scale_kernel's rule).
 __device__ __forceinline__ float fp8_scale(uint32_t mb)
@@ -748,6 +755,15 @@ __device__ __forceinline__ uint32_t colwise_row_max(const float4 (&v)[16], uint3
     return m;
 }
 
+// The codes of x / d for Q row r, columns c .. c + 3 (Q has C columns), in a word's bytes.
+template <int SR>
+__device__ __forceinline__ uint32_t fq_word4(int C, int r, int c, float4 x, const fq_div &d,
+                                             uint64_t rbase)
+{
+    const size_t at = (size_t)r * C + c;
+    return fq_pair<SR>(x.x, x.y, d, rbase, at) | fq_pair<SR>(x.z, x.w, d, rbase, at + 2) << 16;
+}
+
 // Q row r, columns c .. c + 3 (Q has C columns, row pitch C): the codes of x / d, one 4-byte
 // store where the word is whole and aligned; nothing for r >= R or c >= C.
 template <int SR>
@@ -756,8 +772,7 @@ __device__ __forceinline__ void fq_store4(uint8_t *data, int R, int C, int r, in
 {
     if (r >= R || c >= C) return;
     const size_t at = (size_t)r * C + c;
-    const uint32_t w = fq_pair<SR>(x.x, x.y, d, rbase, at) | fq_pair<SR>(x.z, x.w, d, rbase, at + 2)
-                                                                << 16;
+    const uint32_t w = fq_word4<SR>(C, r, c, x, d, rbase);
     if (c + 3 < C && ((uintptr_t)(data + at) & 3) == 0) {
         *(uint32_t *)(data + at) = w;
     } else {
@@ -789,6 +804,44 @@ __device__ __forceinline__ void fq_rows(const float4 (&v)[16], uint8_t *data, fl
         const fq_div dr = {__shfl_sync(0xffffffffu, mine.d, s), __shfl_sync(0xffffffffu, mine.r, s),
                            __shfl_sync(0xffffffffu, mine.k, s)};
         fq_store4<SR>(data, R, C, r0 + s, c, v[s], dr, rbase);
+    }
+}
+
+// A 128x128 tile's codes (v[s]: Q row xr + s, columns xc .. xc + 3) into Q and into Q^T
+// (quantize_rt): the thread's 16 rows of one column are 16 consecutive bytes of a Q^T row, so
+// each of its four columns is one 16-byte store there, with no pass through shared memory.
+template <int SR>
+__device__ __forceinline__ void fq_store_rt(const fq_group &G, const float4 (&v)[16],
+                                            const fq_div &d, int xr, int xc)
+{
+    uint32_t w[16];
+#pragma unroll
+    for (int s = 0; s < 16; s++) {
+        w[s] = fq_word4<SR>(G.C, xr + s, xc, v[s], d, G.rbase);
+        const int r = xr + s;
+        if (r >= G.R || xc >= G.C) continue;
+        uint8_t *p = G.data + (size_t)r * G.C + xc;
+        if (xc + 3 < G.C && ((uintptr_t)p & 3) == 0) {
+            *(uint32_t *)p = w[s];
+        } else {
+            for (int u = 0; u < 4 && xc + u < G.C; u++) p[u] = (uint8_t)(w[s] >> (8 * u));
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int c = xc + u;   // Q^T row c, columns xr .. xr + 15
+        if (c >= G.C || xr >= G.R) break;
+        uint32_t t[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            t[q] = (w[4 * q] >> 8 * u & 255u) | (w[4 * q + 1] >> 8 * u & 255u) << 8 |
+                   (w[4 * q + 2] >> 8 * u & 255u) << 16 | (w[4 * q + 3] >> 8 * u & 255u) << 24;
+        uint8_t *p = G.tdata + (size_t)c * G.tld + xr;
+        if (xr + 15 < G.R && ((uintptr_t)p & 15) == 0) {
+            *(uint4 *)p = make_uint4(t[0], t[1], t[2], t[3]);
+        } else {
+            for (int k = 0; k < 16 && xr + k < G.R; k++) p[k] = (uint8_t)(t[k >> 2] >> 8 * (k & 3));
+        }
     }
 }
 
@@ -834,7 +887,13 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
             fq_rows<SR>(v, G.data, (float *)G.scale, G.scols, G.R, G.C, xr, xc, tc, G.rbase, lane);
             return;
         }
-        const fq_div d = fq_div_of(fq_tile_scale(v, part[0], G, tr, tc, tid));   // 128x128
+        const float sc = fq_tile_scale(v, part[0], G, tr, tc, tid);   // 128x128
+        const fq_div d = fq_div_of(sc);
+        if (G.tdata) {
+            if (tid == 0) G.tscale[(size_t)tc * G.tscols + tr] = sc;
+            fq_store_rt<SR>(G, v, d, xr, xc);
+            return;
+        }
 #pragma unroll
         for (int s = 0; s < 16; s++) fq_store4<SR>(G.data, G.R, G.C, xr + s, xc, v[s], d, G.rbase);
         return;
@@ -1231,6 +1290,7 @@ typedef struct {
     uint32_t *words;         // the maxima words of the groups not yet added (zeroed)
     const float *x0;         // quantize_rc: x, of which each group's rows are a part
     int rows;                // quantize_rc: fq_kernel<1, 0, 1> (P->rdata: the row-wise Q)
+    lb_qmat *qt;             // quantize_rt: the transposed copies, or NULL
 } fq_collect;
 
 static void fq_flush(fq_collect *c)
@@ -1281,7 +1341,16 @@ static void fq_group_add(void *ctx, int j, const float *xj, int r, int pr, const
         c->tiles, tcn,
         aj->sr ? lb_hash64(lb_hash64(aj->seed) ^ lb_quant_stream(aj->step, aj->tensor)) : 0,
         aj->hadamard && aj->hadamard < 32 ? aj->hsigns & ((1u << aj->hadamard) - 1) : aj->hsigns,
-        c->rows ? (int)((xj - c->x0) / c->cols) : 0};
+        c->rows ? (int)((xj - c->x0) / c->cols) : 0, NULL, NULL, 0, 0};
+    if (c->qt) {
+        lb_qmat *t = &c->qt[j];
+        lb_qmat_transpose_check(t, q);
+        if (t->ld != (size_t)t->cols)
+            lb_die("cuda quantize_rt: a transposed copy of row pitch %zu for %d columns", t->ld,
+                   t->cols);
+        fq_group &g = c->P->g[c->P->count - 1];
+        g.tdata = t->data, g.tscale = (float *)t->scale, g.tld = t->ld, g.tscols = t->scols;
+    }
     c->tiles += (want.rows + 127) / 128 * tcn;
 }
 
@@ -1294,7 +1363,7 @@ static void fq_launch(lb_cuda_ctx *cx, int count, lb_qmat *q, const float *x, co
     fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
     P->cols = cols, P->blk2d = a->weight_blocks ? 1 : 0, P->sr = a->sr ? 1 : 0;
     P->v4 = cols % 4 == 0 && ((uintptr_t)x & 15) == 0;
-    fq_collect c = {cx, q, cols, a->colwise ? 1 : 0, 0, P, NULL, NULL, NULL};
+    fq_collect c = {cx, q, cols, a->colwise ? 1 : 0, 0, P, NULL, NULL, NULL, NULL, 0, NULL};
     if (a->fmt != LB_FMT_FP8_BLOCK) {
         const int h = a->hadamard;
         P->floor_rule = a->rule == LB_SCALE_FLOOR, P->s2mode = (int)a->s2_mode, P->s2given = a->s2;
@@ -1535,7 +1604,7 @@ static void cuda_quantize_rc(lb_backend *be, lb_qmat *qr, const lb_quant_args *a
     P->cols = cols;
     P->v4 = cols % 4 == 0 && ((uintptr_t)x & 15) == 0;
     P->rdata = qr->data, P->rscale = (float *)qr->scale, P->rscols = qr->scols;
-    fq_collect c = {cx, qc, cols, 1, 0, P, NULL, NULL, NULL, x, 1};
+    fq_collect c = {cx, qc, cols, 1, 0, P, NULL, NULL, NULL, x, 1, NULL};
     lb_quant_groups(count, x, rows, prows, cols, ac, fq_group_add, &c);
     fq_flush(&c);
     free(P);
@@ -1692,6 +1761,31 @@ static void cuda_qmat_transpose(lb_backend *be, int count, lb_qmat *dst, const l
     free(P);
 }
 
+// fp8-block 128x128 row-wise (a weight cache): each tile written to Q and, transposed, to Q^T
+// by fq_kernel, one launch per FQ_MAX groups; the pass of qmat_transpose over Q's bytes and
+// its launches saved. Otherwise the two calls.
+static void cuda_quantize_rt(lb_backend *be, int count, lb_qmat *qr, lb_qmat *qc,
+                             const float *x, const int *rows, int cols, const lb_quant_args *a)
+{
+    if (a->fmt != LB_FMT_FP8_BLOCK || !a->weight_blocks || a->colwise || a->hadamard) {
+        cuda_quantize_grouped(be, count, qr, x, rows, NULL, cols, a);
+        lb_qmat *s = (lb_qmat *)lb_calloc(2 * (size_t)count + 1, sizeof *s), *d = s + count;
+        int n = 0;
+        for (int j = 0; j < count; j++)
+            if (rows[j]) s[n] = qr[j], d[n++] = qc[j];   // the same buffers
+        cuda_qmat_transpose(be, n, d, s);
+        free(s);
+        return;
+    }
+    fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
+    P->cols = cols, P->blk2d = 1, P->sr = a->sr ? 1 : 0;
+    P->v4 = cols % 4 == 0 && ((uintptr_t)x & 15) == 0;
+    fq_collect c = {lb_cuda(be), qr, cols, 0, 0, P, NULL, NULL, NULL, NULL, 0, qc};
+    lb_quant_groups(count, x, rows, NULL, cols, a, fq_group_add, &c);
+    fq_flush(&c);
+    free(P);
+}
+
 // --- Hadamard (hadamard.c) ------------------------------------------------------------------
 
 // One thread per block of n elements (a line l, block b): the same butterflies in the same order
@@ -1841,6 +1935,7 @@ extern "C" void lb_cuda_init_quant(lb_backend *be)
     be->quantize_grouped = cuda_quantize_grouped;
     be->quantize_rc = cuda_quantize_rc;
     be->qmat_transpose = cuda_qmat_transpose;
+    be->quantize_rt = cuda_quantize_rt;
     be->dequantize = cuda_dequantize;
     be->hadamard = cuda_hadamard;
     be->round_bf16 = cuda_round_bf16;
