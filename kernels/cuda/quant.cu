@@ -764,20 +764,26 @@ __device__ __forceinline__ uint32_t fq_word4(int C, int r, int c, float4 x, cons
     return fq_pair<SR>(x.x, x.y, d, rbase, at) | fq_pair<SR>(x.z, x.w, d, rbase, at + 2) << 16;
 }
 
-// Q row r, columns c .. c + 3 (Q has C columns, row pitch C): the codes of x / d, one 4-byte
-// store where the word is whole and aligned; nothing for r >= R or c >= C.
+// Codes w (fq_word4) into Q row r, columns c .. c + 3 (Q has C columns, row pitch C): one
+// 4-byte store where the word is whole and aligned; nothing for r >= R or c >= C.
+__device__ __forceinline__ void fq_put4(uint8_t *data, int R, int C, int r, int c, uint32_t w)
+{
+    if (r >= R || c >= C) return;
+    uint8_t *p = data + (size_t)r * C + c;
+    if (c + 3 < C && ((uintptr_t)p & 3) == 0) {
+        *(uint32_t *)p = w;
+    } else {
+        for (int u = 0; u < 4 && c + u < C; u++) p[u] = (uint8_t)(w >> (8 * u));
+    }
+}
+
+// Q row r, columns c .. c + 3: the codes of x / d (nothing for r >= R or c >= C).
 template <int SR>
 __device__ __forceinline__ void fq_store4(uint8_t *data, int R, int C, int r, int c, float4 x,
                                           const fq_div &d, uint64_t rbase)
 {
     if (r >= R || c >= C) return;
-    const size_t at = (size_t)r * C + c;
-    const uint32_t w = fq_word4<SR>(C, r, c, x, d, rbase);
-    if (c + 3 < C && ((uintptr_t)(data + at) & 3) == 0) {
-        *(uint32_t *)(data + at) = w;
-    } else {
-        for (int u = 0; u < 4 && c + u < C; u++) data[at + u] = (uint8_t)(w >> (8 * u));
-    }
+    fq_put4(data, R, C, r, c, fq_word4<SR>(C, r, c, x, d, rbase));
 }
 
 // 1x128 blocks of the 16 rows a warp holds whole (v[s]: Q row r0 + s, this lane's columns c ..
@@ -818,14 +824,7 @@ __device__ __forceinline__ void fq_store_rt(const fq_group &G, const float4 (&v)
 #pragma unroll
     for (int s = 0; s < 16; s++) {
         w[s] = fq_word4<SR>(G.C, xr + s, xc, v[s], d, G.rbase);
-        const int r = xr + s;
-        if (r >= G.R || xc >= G.C) continue;
-        uint8_t *p = G.data + (size_t)r * G.C + xc;
-        if (xc + 3 < G.C && ((uintptr_t)p & 3) == 0) {
-            *(uint32_t *)p = w[s];
-        } else {
-            for (int u = 0; u < 4 && xc + u < G.C; u++) p[u] = (uint8_t)(w[s] >> (8 * u));
-        }
+        fq_put4(G.data, G.R, G.C, xr + s, xc, w[s]);
     }
 #pragma unroll
     for (int u = 0; u < 4; u++) {
