@@ -69,6 +69,46 @@ typedef struct {
     uint16_t *c16;
 } lb_gemm_args;
 
+// The sample operation (the sampler's decode step): one token per row of logits, drawn on the
+// device from counter-based random numbers, with the stop test, so that only the tokens and
+// done flags need to reach the host.
+#define LB_SAMPLE_MAX_STOP 16
+
+// Row i's random number is lb_rand_uniform(seed, stream, counter) (the completion position it
+// samples); counter < 0: the row is not sampled (a prompt row): token -1, done 0.
+typedef struct {
+    uint64_t seed, stream;
+    int64_t counter;
+} lb_sample_row;
+
+// The draw of row i (kernels/sample.h states the arithmetic; every backend gives its bits):
+// - mx = the largest non-NaN logit (-inf if none); greedy (top_k 1): the lowest token with
+//   logit mx (0 if none), no random number used.
+// - Weights w_j = lb_sample_weight(l_j, mx), integers ~ 2^39 exp(l_j - mx).
+// - The sorted order is logit descending, ties by token id. top_k > 0 keeps its first top_k
+//   tokens (all when top_k >= v); top_p < 1 keeps, of those, the shortest prefix whose weight
+//   reaches lb_sample_top_p_need(top_p, their weight).
+// - The token: the first kept token in token-id order whose running sum of kept weights
+//   exceeds lb_sample_target(u, the kept weight); a row of zero weight gives the greedy token.
+typedef struct {
+    const float *logits;           // (n, v) the policy's logits (tempered already)
+    const lb_sample_row *rows;     // (n) backend memory
+    int32_t *token;                // (n) out
+    int32_t *done;                 // (n) out, or NULL: 2 where the token is a stop token, else
+                                   // 1 where counter + 1 >= max_len (the last one), else 0
+    int n, v;                      // v <= LB_SAMPLE_MAX_V (kernels/sample.h)
+    int top_k;                     // 0 = off, 1 = greedy
+    float top_p;                   // (0, 1]; 1 = off
+    int max_len;                   // 0: no length limit
+    int nstop;
+    int32_t stop[LB_SAMPLE_MAX_STOP];
+} lb_sample_args;
+// Dies with a message where a's sizes or settings are out of range (both backends call it).
+void lb_sample_check(const lb_sample_args *a);
+// The CPU reference's draw of one row of logits (v) at the uniform u in [0, 1) (u unused for
+// greedy): what `sample` gives for a row whose random number is u. For tests.
+int32_t lb_sample_draw(const float *logits, int v, int top_k, float top_p, float u);
+
 typedef struct lb_backend lb_backend;
 struct lb_qmat;           // a quantized matrix (kernels/quant/quant.h)
 struct lb_quant_args;     // how to quantize it
@@ -343,6 +383,10 @@ struct lb_backend {
                           float *logits, const double *stats, const int32_t *targets,
                           float dloss, const float *x, const float *w, const uint16_t *w16,
                           int n, int v, int c);
+
+    // --- sampling ---------------------------------------------------------------------------
+    // token (n) and done (n) of the rows of a->logits, drawn as lb_sample_args says.
+    void (*sample)(lb_backend *, const lb_sample_args *a);
 
     // --- optimizer ------------------------------------------------------------------------------
     // AdamW with decoupled weight decay and bias correction; step counts from 1.

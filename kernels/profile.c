@@ -27,7 +27,7 @@
     X(attention_cached) X(swiglu_fwd) X(swiglu_bwd) X(router_topk_fwd) X(router_topk_bwd)     \
     X(moe_aux_loss) X(moe_plan) X(moe_permute) X(moe_permute_bwd) X(moe_combine)              \
     X(moe_combine_bwd) X(cross_entropy_fwd) X(cross_entropy_bwd) X(cross_entropy_bwd_rows)    \
-    X(linear_ce_bwd) X(adamw) X(adamw16)
+    X(linear_ce_bwd) X(adamw) X(adamw16) X(sample)
 
 enum {
 #define X(name) OP_##name,
@@ -309,6 +309,7 @@ W(adamw16,
   (lb_backend *be, float *p, const float *g, float gs, uint16_t *m, uint16_t *v, uint16_t *p16,
    size_t n, float lr, float b1, float b2, float eps, float wd, int step),
   (in, p, g, gs, m, v, p16, n, lr, b1, b2, eps, wd, step))
+W(sample, (lb_backend *be, const lb_sample_args *a), (in, a))
 #undef W
 #undef WS
 

@@ -202,6 +202,62 @@ static void check_copy16(const char *what, const void *c16, const float *x, size
     free(got), free(want);
 }
 
+// --- sample -----------------------------------------------------------------------------------
+
+// n rows of v logits of several kinds (kind 1: many ties; 2: -inf entries; 3: NaN and -0;
+// 4: a wide range, -inf and one +inf), the random rows' counters some negative (prompt rows),
+// under every top-k / top-p pair given: the GPU's tokens and done flags equal the CPU's.
+static void sample_case(int n, int v, int kind, const int *ks, int nk, const float *ps, int np)
+{
+    float *l = randn((size_t)n * v, 3.0f);
+    for (size_t i = 0; i < (size_t)n * v; i++) {
+        size_t j = i % (size_t)v;
+        if (kind == 1) l[i] = floorf(l[i]);
+        if (kind == 2 && j % 7 == 3) l[i] = -INFINITY;
+        if (kind == 3 && j % 5 == 1) l[i] = NAN;
+        if (kind == 3 && j % 11 == 2) l[i] = -0.0f;
+        if (kind == 4) l[i] = j % 3 ? -INFINITY : 20.0f * l[i];
+    }
+    if (kind == 4) l[(size_t)(n / 2) * v + v / 2] = INFINITY;
+    lb_sample_row *rows = lb_malloc((size_t)n * sizeof *rows);
+    for (int i = 0; i < n; i++)
+        rows[i] = (lb_sample_row){seed, lb_rand_u64(seed, 77, i), i % 9 == 4 ? -1 : i % 13};
+    float *L = dput(l, (size_t)n * v * 4);
+    lb_sample_row *R = dput(rows, (size_t)n * sizeof *rows);
+    int32_t *want = lb_malloc((size_t)n * 8), *T = dpoisoned((size_t)n * 8);
+    for (int a = 0; a < nk; a++)
+        for (int b = 0; b < np; b++) {
+            lb_sample_args sa = {NULL, NULL, NULL, NULL, n, v, ks[a], ps[b], 7, 2, {0}};
+            sa.stop[0] = 3, sa.stop[1] = v - 1;
+            sa.logits = l, sa.rows = rows, sa.token = want, sa.done = want + n;
+            cpu->sample(cpu, &sa);
+            sa.logits = L, sa.rows = R, sa.token = T, sa.done = T + n;
+            gpu->sample(gpu, &sa);
+            int32_t *got = hget(T, (size_t)n * 8);
+            char what[96];
+            snprintf(what, sizeof what, "sample n %d v %d kind %d top_k %d top_p %g", n, v, kind,
+                     ks[a], (double)ps[b]);
+            CHECK_INTS(what, got, want, 2 * (size_t)n);
+            free(got);
+        }
+    dfree(L), dfree(R), dfree(T);
+    free(l), free(rows), free(want);
+}
+
+START_TEST(test_sample)
+{
+    const int ks[] = {0, 1, 2, 50, 1000, 1001};
+    const float ps[] = {1.0f, 0.95f, 0.5f, 1e-9f};
+    for (int kind = 0; kind < 5; kind++) {
+        sample_case(23, 1001, kind, ks, 6, ps, 4);
+        sample_case(5, 3, kind, ks, 3, ps, 4);
+    }
+    const int kq[] = {0, 1, 20};
+    sample_case(9, 151936, 0, kq, 3, ps, 4);   // the Qwen3 vocabulary
+    sample_case(3, 151936, 1, kq, 3, ps, 2);
+}
+END_TEST
+
 // --- table and memory ------------------------------------------------------------------------
 
 START_TEST(test_table_and_memory)
@@ -234,7 +290,7 @@ START_TEST(test_table_and_memory)
         (void (*)(void))gpu->round_bf16, (void (*)(void))gpu->to_bf16,
         (void (*)(void))gpu->kv_append,
         (void (*)(void))gpu->attention_cached, (void (*)(void))gpu->cross_entropy_bwd_rows,
-        (void (*)(void))gpu->linear_ce_bwd,
+        (void (*)(void))gpu->linear_ce_bwd, (void (*)(void))gpu->sample,
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
         ck_assert_msg(fns[i] != NULL, "table entry %zu is NULL", i);
@@ -3235,6 +3291,7 @@ int main(void)
     tcase_add_test(tc, test_attention_cached);
     tcase_add_test(tc, test_attention_cached_bf16);
     tcase_add_test(tc, test_attention_fwd_vs_cached);
+    tcase_add_test(tc, test_sample);
     suite_add_tcase(su, tc);
     tc = tcase_create("invariance");
     tcase_add_test(tc, test_batch_invariance_gemm);

@@ -92,6 +92,7 @@ lb_backend *lb_backend_cpu_create(int threads, char *err, size_t errlen)
     lb_cpu_init_moe(be);
     lb_cpu_init_optim(be);
     lb_cpu_init_quant(be);
+    lb_cpu_init_sample(be);
 
     // Process-wide defaults for code outside the table; the operations themselves name the
     // backend's count on every parallel loop and BLAS call (see lb_cpu_threads).

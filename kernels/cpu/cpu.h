@@ -50,5 +50,6 @@ void lb_cpu_init_attention(lb_backend *be);   // ops_attention.c
 void lb_cpu_init_moe(lb_backend *be);         // ops_moe.c
 void lb_cpu_init_optim(lb_backend *be);       // ops_optim.c
 void lb_cpu_init_quant(lb_backend *be);       // ops_quant.c
+void lb_cpu_init_sample(lb_backend *be);      // ops_sample.c
 
 #endif

@@ -219,6 +219,7 @@ extern "C" lb_backend *lb_backend_cuda_create(int device, char *err, size_t errl
     lb_cuda_init_optim(be);
     lb_cuda_init_quant(be);
     lb_cuda_init_gemm_q(be);
+    lb_cuda_init_sample(be);
     LB_CUDA_WAIT(cx);
     return be;
 }

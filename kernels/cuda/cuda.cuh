@@ -320,6 +320,7 @@ void lb_cuda_init_optim(lb_backend *be);       // ops_optim.cu
 void lb_cuda_gemm_destroy(lb_cuda_ctx *cx);    // gemm.cu: frees the plan cache
 void lb_cuda_init_quant(lb_backend *be);       // quant.cu: qmat, quantize, dequantize, Hadamard, bf16
 void lb_cuda_init_gemm_q(lb_backend *be);      // gemm_q.cu
+void lb_cuda_init_sample(lb_backend *be);      // ops_sample.cu
 void lb_cuda_gemm_q_destroy(lb_cuda_ctx *cx);  // gemm_q.cu: frees its plan cache
 // quant.cu: y (q rows, ocols >= q cols; row pitch ldy elements) = q dequantized (NVFP4 with
 // its second level when with_s2), zero in the columns beyond q cols; fp32 or bf16. Queued.
