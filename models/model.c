@@ -545,9 +545,8 @@ lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows
         }
     }
     kv->logits = be->alloc(be, (size_t)max_rows * c->vocab_size * sizeof(float));
-    kv->tokens = be->alloc(be, (size_t)max_rows * sizeof(int32_t));
-    kv->slot = be->alloc(be, (size_t)max_rows * sizeof(int32_t));
-    kv->pos = be->alloc(be, (size_t)max_rows * sizeof(int32_t));
+    kv->rows_dev = be->alloc(be, 3 * (size_t)max_rows * sizeof(int32_t));
+    kv->rows_host = lb_malloc(3 * (size_t)max_rows * sizeof(int32_t));
     kv->acts = m->def->cached_create(m, max_rows);
     return kv;
 }
@@ -566,9 +565,8 @@ void lb_kvcache_free(lb_model *m, lb_kvcache *kv)
     free(kv->layer);
     m->def->cached_free(m, kv->acts);
     be->free(be, kv->logits);
-    be->free(be, kv->tokens);
-    be->free(be, kv->slot);
-    be->free(be, kv->pos);
+    be->free(be, kv->rows_dev);
+    free(kv->rows_host);
     free(kv);
 }
 
@@ -587,10 +585,15 @@ void lb_model_forward_cached(lb_model *m, lb_kvcache *kv, const int32_t *tokens,
             lb_die("row %d at (slot %d, position %d) is outside the KV cache (%d slots of %d "
                    "positions)", i, slot[i], pos[i], kv->slots, kv->capacity);
     }
+    // one upload: (tokens, slot, pos) side by side, n each
     lb_backend *be = m->be;
-    be->upload(be, kv->tokens, tokens, (size_t)n * sizeof(int32_t));
-    be->upload(be, kv->slot, slot, (size_t)n * sizeof(int32_t));
-    be->upload(be, kv->pos, pos, (size_t)n * sizeof(int32_t));
+    memcpy(kv->rows_host, tokens, (size_t)n * sizeof(int32_t));
+    memcpy(kv->rows_host + n, slot, (size_t)n * sizeof(int32_t));
+    memcpy(kv->rows_host + 2 * (size_t)n, pos, (size_t)n * sizeof(int32_t));
+    be->upload(be, kv->rows_dev, kv->rows_host, 3 * (size_t)n * sizeof(int32_t));
+    kv->tokens = kv->rows_dev;
+    kv->slot = kv->rows_dev + n;
+    kv->pos = kv->rows_dev + 2 * (size_t)n;
     lb_model_refresh_weights(m);   // the sampler reads the weights the last step wrote
     m->def->forward_cached(m, kv, n);
 }
@@ -627,11 +630,10 @@ static void logprobs_dev(lb_model *m, const float *logits, const int32_t *target
     for (int i = 0; i < n; i++) lp[i] = targets[i] < 0 ? 0.0f : -lp[i];
 }
 
-void lb_model_logprobs(lb_model *m, const float *logits, const int32_t *targets, int n, float *lp)
+void lb_model_nll_dev(lb_model *m, const float *logits, const int32_t *targets, int n,
+                      float *nll)
 {
-    lp_ensure(m, n);
-    m->be->upload(m->be, m->lp_targets, targets, (size_t)n * sizeof(int32_t));
-    logprobs_dev(m, logits, m->lp_targets, targets, n, lp);
+    m->be->cross_entropy_fwd(m->be, nll, NULL, logits, targets, n, m->cfg.vocab_size);
 }
 
 void lb_model_forward_logprobs(lb_model *m, const int32_t *tokens, const int32_t *targets,

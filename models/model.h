@@ -103,7 +103,8 @@ typedef struct {
     int slots, capacity, max_rows, fp8;
     lb_kv_layer *layer;            // (num_hidden_layers) host array of backend caches
     float *logits;                 // (max_rows, vocab) backend memory: the last call's logits
-    int32_t *tokens, *slot, *pos;  // (max_rows) backend copies of the last call's rows
+    int32_t *tokens, *slot, *pos;  // (n) backend copies of the last call's rows, in rows_dev
+    int32_t *rows_dev, *rows_host; // (3 max_rows) backend and host: one upload a call
     void *acts;                    // definition-private activations for max_rows rows
 } lb_kvcache;
 
@@ -280,7 +281,7 @@ const lb_tensor *lb_model_find(const lb_model *m, const char *name);
 
 // --- sampling and RL (doc/rl.md) -------------------------------------------------------------
 // The policy is softmax(logits / temperature). Sampler and trainer compute log-probabilities
-// with the same two operations (lb_model_temper, then cross_entropy_fwd in lb_model_logprobs),
+// with the same two operations (lb_model_temper, then cross_entropy_fwd in lb_model_nll_dev),
 // on logits that the forward and the cached forward give bitwise alike.
 lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows);
 void lb_kvcache_free(lb_model *m, lb_kvcache *kv);
@@ -289,10 +290,10 @@ void lb_model_forward_cached(lb_model *m, lb_kvcache *kv, const int32_t *tokens,
                              const int32_t *slot, const int32_t *pos, int n);
 // logits (n, vocab) backend memory *= inv_temp (nothing when inv_temp is 1).
 void lb_model_temper(lb_model *m, float *logits, int n, float inv_temp);
-// lp (n) host = log softmax(logits_i)[targets[i]] = -cross_entropy_fwd; 0 where targets[i] < 0.
-// targets (n) host.
-void lb_model_logprobs(lb_model *m, const float *logits, const int32_t *targets, int n,
-                       float *lp);
+// nll (n) backend memory = cross_entropy_fwd = -log softmax(logits_i)[targets[i]], 0 where
+// targets[i] < 0; targets (n) backend memory (the sampler's drawn tokens, still on the device).
+void lb_model_nll_dev(lb_model *m, const float *logits, const int32_t *targets, int n,
+                      float *nll);
 // Training forward over tokens (b, t) and the log-probs lp (b*t, host) of targets (b*t, host;
 // negative = not a response token) under softmax(logits * inv_temp).
 void lb_model_forward_logprobs(lb_model *m, const int32_t *tokens, const int32_t *targets,

@@ -14,14 +14,15 @@ struct lb_sampler {
     int capacity;
     float inv_temp;
     lb_kvcache *kv;
-    // one forward call's rows (max_rows): inputs, owning slot, sampling targets, log-probs
-    int32_t *tok, *slot, *pos, *tgt;
+    // one forward call's rows (max_rows): inputs, owning slot
+    int32_t *tok, *slot, *pos;
     int *owner;                    // slot of the row when the row is sampled from, else -1
-    float *lp, *row;               // (max_rows), (vocab): one row of logits on the host
+    lb_sample_row *rng, *rng_dev;  // (max_rows) host, backend: the rows' random numbers
+    // the step's results, backend and host: tokens, done flags (lb_sample_args), then the
+    // tokens' negative log-probs as floats (3 x rows)
+    int32_t *out_dev, *out;
     // per slot: the request it holds (-1 free) and how many of its tokens are in the cache
     int *req, *fed;
-    // lb_sample_token's sort buffer (vocab)
-    struct cand { float l; int32_t j; } *cand;
     int32_t *tp_tgt;               // (tp x max_rows) the tensor-parallel ranks' draws
 };
 
@@ -71,17 +72,17 @@ lb_sampler *lb_sampler_create(lb_model *m, const lb_sampler_config *c, int capac
     s->capacity = capacity;
     s->inv_temp = 1.0f / c->temperature;
     s->kv = lb_kvcache_create(m, c->slots, capacity, c->max_rows);
-    int R = c->max_rows, V = m->cfg.vocab_size;
+    int R = c->max_rows;
     s->tok = lb_malloc((size_t)R * sizeof(int32_t));
     s->slot = lb_malloc((size_t)R * sizeof(int32_t));
     s->pos = lb_malloc((size_t)R * sizeof(int32_t));
-    s->tgt = lb_malloc((size_t)R * sizeof(int32_t));
     s->owner = lb_malloc((size_t)R * sizeof(int));
-    s->lp = lb_malloc((size_t)R * sizeof(float));
-    s->row = lb_malloc((size_t)V * sizeof(float));
+    s->rng = lb_malloc((size_t)R * sizeof *s->rng);
+    s->rng_dev = m->be->alloc(m->be, (size_t)R * sizeof *s->rng);
+    s->out = lb_malloc(3 * (size_t)R * sizeof(int32_t));
+    s->out_dev = m->be->alloc(m->be, 3 * (size_t)R * sizeof(int32_t));
     s->req = lb_malloc((size_t)c->slots * sizeof(int));
     s->fed = lb_malloc((size_t)c->slots * sizeof(int));
-    s->cand = lb_malloc((size_t)V * sizeof *s->cand);
     s->tp_tgt = lb_malloc((size_t)m->par.tp * R * sizeof(int32_t));
     return s;
 }
@@ -89,82 +90,20 @@ lb_sampler *lb_sampler_create(lb_model *m, const lb_sampler_config *c, int capac
 void lb_sampler_free(lb_sampler *s)
 {
     if (!s) return;
+    lb_backend *be = s->m->be;
     lb_kvcache_free(s->m, s->kv);
     free(s->tok);
     free(s->slot);
     free(s->pos);
-    free(s->tgt);
     free(s->owner);
-    free(s->lp);
-    free(s->row);
+    free(s->rng);
+    be->free(be, s->rng_dev);
+    free(s->out);
+    be->free(be, s->out_dev);
     free(s->req);
     free(s->fed);
-    free(s->cand);
     free(s->tp_tgt);
     free(s);
-}
-
-// Larger logit first; equal logits by token id, so the order is a function of the row alone.
-static int cand_cmp(const void *pa, const void *pb)
-{
-    const struct cand *a = pa, *b = pb;
-    if (a->l != b->l) return a->l > b->l ? -1 : 1;
-    return (a->j > b->j) - (a->j < b->j);
-}
-
-// The draw itself: probabilities exp(l - max) in double, sums in a fixed order.
-static int32_t sample_token(struct cand *cand, const float *l, int vocab, int top_k, float top_p,
-                            float u)
-{
-    float mx = l[0];
-    int32_t arg = 0;
-    for (int j = 1; j < vocab; j++)
-        if (l[j] > mx) mx = l[j], arg = j;   // first maximum: the lower token wins a tie
-    if (top_k == 1) return arg;
-    if ((top_k == 0 || top_k >= vocab) && top_p >= 1.0f) {
-        double total = 0.0;
-        for (int j = 0; j < vocab; j++) total += exp((double)l[j] - mx);
-        double target = (double)u * total, cum = 0.0;
-        int32_t last = arg;
-        for (int j = 0; j < vocab; j++) {
-            double p = exp((double)l[j] - mx);
-            if (p <= 0.0) continue;
-            cum += p;
-            last = j;
-            if (target < cum) return j;
-        }
-        return last;   // u * total rounded up past the last partial sum
-    }
-    for (int j = 0; j < vocab; j++) cand[j] = (struct cand){l[j], j};
-    qsort(cand, (size_t)vocab, sizeof *cand, cand_cmp);
-    int kept = top_k > 0 && top_k < vocab ? top_k : vocab;
-    if (top_p < 1.0f) {
-        double total = 0.0, cum = 0.0;
-        for (int i = 0; i < kept; i++) total += exp((double)cand[i].l - mx);
-        for (int i = 0; i < kept; i++) {
-            cum += exp((double)cand[i].l - mx);
-            if (cum >= (double)top_p * total) {   // the smallest prefix holding top_p
-                kept = i + 1;
-                break;
-            }
-        }
-    }
-    double total = 0.0;
-    for (int i = 0; i < kept; i++) total += exp((double)cand[i].l - mx);
-    double target = (double)u * total, cum = 0.0;
-    for (int i = 0; i < kept; i++) {
-        cum += exp((double)cand[i].l - mx);
-        if (target < cum) return cand[i].j;
-    }
-    return cand[0].j;   // only reached when every kept probability underflowed but the first
-}
-
-int32_t lb_sample_token(const float *logits, int vocab, int top_k, float top_p, float u)
-{
-    struct cand *cand = lb_malloc((size_t)vocab * sizeof *cand);
-    int32_t t = sample_token(cand, logits, vocab, top_k, top_p, u);
-    free(cand);
-    return t;
 }
 
 // Expert parallelism: whether any rank of the ep group still has rows to feed (busy on this
@@ -183,23 +122,21 @@ static int any_busy(lb_comm *ep, int busy)
 // the same logits bits, so they draw the same tokens and stay in lockstep. Checked here on every
 // call: with deterministic sums a difference is a bug and stops the job; with library-order sums
 // the logits may differ in the last bit, and tp rank 0's draws are taken so no rank runs ahead.
-static void tp_agree(lb_sampler *s, lb_comm *tp, int rows)
+static int tp_agree(lb_sampler *s, lb_comm *tp, int32_t *tgt, int rows)
 {
-    lb_comm_host_all_gather(tp, s->tgt, s->tp_tgt, (size_t)rows * sizeof(int32_t));
+    lb_comm_host_all_gather(tp, tgt, s->tp_tgt, (size_t)rows * sizeof(int32_t));
+    int differ = 0;
     for (int j = 1; j < tp->size; j++)
         for (int r = 0; r < rows; r++)
-            if (s->tp_tgt[(size_t)j * rows + r] != s->tp_tgt[r] && tp->deterministic)
-                lb_die("sampler: tensor-parallel rank %d drew token %d where rank 0 drew %d "
-                       "(row %d): their logits differ under rank-order sums", j,
-                       s->tp_tgt[(size_t)j * rows + r], s->tp_tgt[r], r);
-    memcpy(s->tgt, s->tp_tgt, (size_t)rows * sizeof(int32_t));
-}
-
-static int is_stop(const lb_sampler_config *c, int32_t t)
-{
-    for (int i = 0; i < c->nstop; i++)
-        if (c->stop[i] == t) return 1;
-    return 0;
+            if (s->tp_tgt[(size_t)j * rows + r] != s->tp_tgt[r]) {
+                if (tp->deterministic)
+                    lb_die("sampler: tensor-parallel rank %d drew token %d where rank 0 drew %d "
+                           "(row %d): their logits differ under rank-order sums", j,
+                           s->tp_tgt[(size_t)j * rows + r], s->tp_tgt[r], r);
+                differ |= tgt[r] != s->tp_tgt[r];
+            }
+    memcpy(tgt, s->tp_tgt, (size_t)rows * sizeof(int32_t));
+    return differ;
 }
 
 int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *stats,
@@ -230,7 +167,7 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
     for (int k = 0; k < S; k++) s->req[k] = -1;
     lb_comm *ep = m->par.ep > 1 ? m->par.ep_comm : NULL;
     lb_comm *tp = m->par.tp > 1 ? m->par.tp_comm : NULL;
-    int next = 0, done = 0;
+    int next = 0;
     for (;;) {
         // Free slots take the next waiting requests.
         for (int k = 0; k < S && next < n; k++)
@@ -292,32 +229,48 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
         }
         lb_model_forward_cached(m, s->kv, s->tok, s->slot, s->pos, rows);
         st.forwards++;
+        // The draw, the stop test and the recorded log-probs (the trainer's operation on the
+        // same logits rows) on the device; 3 x rows words come back.
         lb_model_temper(m, s->kv->logits, rows, s->inv_temp);
         for (int r = 0; r < rows; r++) {
-            s->tgt[r] = -1;
             int k = s->owner[r];
-            if (k < 0) continue;
-            lb_sample_req *q = &reqs[s->req[k]];
-            be->download(be, s->row, s->kv->logits + (size_t)r * V, (size_t)V * sizeof(float));
-            float u = lb_rand_uniform(q->seed, q->stream, (uint64_t)q->len);
-            s->tgt[r] = sample_token(s->cand, s->row, V, c->top_k, c->top_p, u);
+            const lb_sample_req *q = k < 0 ? NULL : &reqs[s->req[k]];
+            s->rng[r] = q ? (lb_sample_row){q->seed, q->stream, q->len}
+                          : (lb_sample_row){0, 0, -1};
         }
-        if (tp) tp_agree(s, tp, rows);
-        // The recorded log-probs: the trainer's operation on the same logits rows.
-        lb_model_logprobs(m, s->kv->logits, s->tgt, rows, s->lp);
+        be->upload(be, s->rng_dev, s->rng, (size_t)rows * sizeof *s->rng);
+        lb_sample_args sa = {s->kv->logits, s->rng_dev, s->out_dev, s->out_dev + rows, rows, V,
+                             c->top_k, c->top_p, c->max_new_tokens, c->nstop, {0}};
+        memcpy(sa.stop, c->stop, sizeof sa.stop);
+        be->sample(be, &sa);
+        float *nll_dev = (float *)(s->out_dev + 2 * (size_t)rows);
+        lb_model_nll_dev(m, s->kv->logits, s->out_dev, rows, nll_dev);
+        be->download(be, s->out, s->out_dev, 3 * (size_t)rows * sizeof(int32_t));
+        int32_t *tgt = s->out, *stop = s->out + rows;
+        const float *nll = (const float *)(s->out + 2 * (size_t)rows);
+        if (tp && tp_agree(s, tp, tgt, rows)) {
+            // library-order sums only: rank 0's draws, and their log-probs on this rank
+            be->upload(be, s->out_dev, tgt, (size_t)rows * sizeof(int32_t));
+            lb_model_nll_dev(m, s->kv->logits, s->out_dev, rows, nll_dev);
+            be->download(be, s->out + 2 * (size_t)rows, nll_dev, (size_t)rows * sizeof(float));
+            for (int r = 0; r < rows; r++) {   // and their done flags
+                if (s->owner[r] < 0) continue;
+                stop[r] = s->rng[r].counter + 1 >= c->max_new_tokens;
+                for (int i = 0; i < c->nstop; i++)
+                    if (c->stop[i] == tgt[r]) stop[r] = 2;
+            }
+        }
         for (int r = 0; r < rows; r++) {
             int k = s->owner[r];
             if (k < 0) continue;
             lb_sample_req *q = &reqs[s->req[k]];
-            q->tokens[q->len] = s->tgt[r];
-            q->logprobs[q->len] = s->lp[r];
+            q->tokens[q->len] = tgt[r];
+            q->logprobs[q->len] = -nll[r];
             q->len++;
             st.generated++;
-            int stop = is_stop(c, s->tgt[r]);
-            if (stop || q->len >= c->max_new_tokens) {
-                q->stopped = stop;
+            if (stop[r]) {   // 2: a stop token, 1: the length limit
+                q->stopped = stop[r] == 2;
                 s->req[k] = -1;   // the slot is free for the next request
-                done++;
             }
         }
     }

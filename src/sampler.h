@@ -4,11 +4,13 @@
 // operations, bitwise equal per row to the training forward) with continuous batching: up to
 // `slots` sequences decode together; a finished sequence leaves at once and the next waiting
 // request takes its slot, its prompt prefilled in the same forward calls as the others' decode
-// steps. The policy is softmax(logits / temperature); top-k and top-p truncate the draw. The
-// log-probability of every sampled token under the policy (not the truncated draw) is recorded
-// with lb_model_logprobs, the operation the RL trainer recomputes it with.
+// steps. The policy is softmax(logits / temperature); top-k and top-p truncate the draw. Each
+// step's draw, stop test and recorded log-probability run on the device (the kernel set's
+// `sample`, then cross_entropy_fwd through lb_model_nll_dev, the operation the RL trainer
+// recomputes log-probs with: the log-probability under the policy, not the truncated draw);
+// only the tokens, done flags and log-probs of the step's rows come back to the host.
 //
-// Randomness: the draw for completion position p of a request is
+// Randomness: the draw for completion position p of a request uses
 // lb_rand_uniform(req.seed, req.stream, p), so a completion never depends on which other
 // requests share its batch, on the slot it gets, or on the order requests finish in.
 #ifndef LB_SAMPLER_H
@@ -18,7 +20,7 @@
 #include <stdint.h>
 #include "models/model.h"
 
-#define LB_SAMPLER_MAX_STOP 16
+#define LB_SAMPLER_MAX_STOP LB_SAMPLE_MAX_STOP
 
 typedef struct {
     float temperature;             // > 0
@@ -66,11 +68,6 @@ void lb_sampler_free(lb_sampler *s);
 // vocabulary; the same verdict on every tp rank, not on every ep rank). stats may be NULL.
 int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *stats,
                    char *err, size_t errlen);
-
-// Picks a token from one row of tempered logits (vocab floats, host): top-k, then top-p over
-// the renormalised remainder, then the inverse CDF at u in [0, 1). Ties go to the lower token.
-// Exposed for tests.
-int32_t lb_sample_token(const float *logits, int vocab, int top_k, float top_p, float u);
 
 // The stream of sample `sample` of prompt `prompt` (a hash of both).
 uint64_t lb_sample_stream(uint64_t prompt, uint64_t sample);

@@ -20,6 +20,7 @@
 #include <string.h>
 #include "kernels/common.h"
 #include "kernels/quant/quant.h"
+#include "kernels/sample.h"
 #include "models/model.h"
 #include "src/reward.h"
 #include "src/sampler.h"
@@ -575,9 +576,9 @@ START_TEST(test_sample_token)
     double p[V], sum = 0.0;
     for (int j = 0; j < V; j++) sum += p[j] = exp(l[j] - 3.0);
     for (int j = 0; j < V; j++) p[j] /= sum;
-    ck_assert_int_eq(lb_sample_token(l, V, 1, 1.0f, 0.99f), 1);   // tie 1/3: the lower
+    ck_assert_int_eq(lb_sample_draw(l, V, 1, 1.0f, 0.99f), 1);   // tie 1/3: the lower
     int count[V] = {0};
-    for (int i = 0; i < U; i++) count[lb_sample_token(l, V, 0, 1.0f, (i + 0.5f) / U)]++;
+    for (int i = 0; i < U; i++) count[lb_sample_draw(l, V, 0, 1.0f, (i + 0.5f) / U)]++;
     for (int j = 0; j < V; j++)
         ck_assert_msg(fabs((double)count[j] / U - p[j]) < 2.0 / U, "token %d: %d of %d, p %.6f",
                       j, count[j], U, p[j]);
@@ -586,8 +587,8 @@ START_TEST(test_sample_token)
     int k3[V] = {0}, pp[V] = {0};
     for (int i = 0; i < U; i++) {
         float u = (i + 0.5f) / U;
-        k3[lb_sample_token(l, V, 3, 1.0f, u)]++;
-        pp[lb_sample_token(l, V, 0, 0.5f, u)]++;
+        k3[lb_sample_draw(l, V, 3, 1.0f, u)]++;
+        pp[lb_sample_draw(l, V, 0, 0.5f, u)]++;
     }
     double s3 = p[1] + p[3] + p[2];
     for (int j = 0; j < V; j++) {
@@ -597,7 +598,94 @@ START_TEST(test_sample_token)
         ck_assert_msg(fabs((double)pp[j] / U - wantp) < 2.0 / U, "top-p token %d", j);
     }
     // tiny top-p: only the first of the sorted order (the lower of the tied maxima)
-    for (int i = 0; i < 100; i++) ck_assert_int_eq(lb_sample_token(l, V, 0, 0.01f, i / 100.0f), 1);
+    for (int i = 0; i < 100; i++) ck_assert_int_eq(lb_sample_draw(l, V, 0, 0.01f, i / 100.0f), 1);
+}
+END_TEST
+
+// lb_sample_draw against a brute-force reading of kernels.h's rule: the vocabulary sorted by
+// (logit descending, id), weights lb_sample_weight summed along it to find the top-k / top-p
+// prefix, then the first kept token in id order whose running weight passes the target. Rows
+// with many ties, -inf, NaN and +inf, and top-k / top-p at and past their edges.
+struct bf_cand { uint32_t key; int32_t j; };
+static int bf_cmp(const void *pa, const void *pb)
+{
+    const struct bf_cand *a = pa, *b = pb;
+    if (a->key != b->key) return a->key > b->key ? -1 : 1;
+    return (a->j > b->j) - (a->j < b->j);
+}
+
+static int32_t brute_draw(const float *l, int v, int top_k, float top_p, float u)
+{
+    float mx = -INFINITY;
+    for (int j = 0; j < v; j++) mx = l[j] > mx ? l[j] : mx;
+    int32_t arg = 0;
+    for (int j = v - 1; j >= 0; j--) arg = l[j] == mx ? j : arg;
+    if (top_k == 1) return arg;
+    struct bf_cand *c = lb_malloc((size_t)v * sizeof *c);
+    for (int j = 0; j < v; j++) c[j] = (struct bf_cand){lb_sample_key(l[j]), j};
+    qsort(c, (size_t)v, sizeof *c, bf_cmp);
+    int kept = top_k > 0 && top_k < v ? top_k : v;
+    uint64_t mass = 0;
+    for (int i = 0; i < kept; i++) mass += lb_sample_weight(l[c[i].j], mx);
+    if (top_p < 1.0f) {
+        uint64_t need = lb_sample_top_p_need(top_p, mass), cum = 0;
+        for (int i = 0; i < kept; i++)
+            if ((cum += lb_sample_weight(l[c[i].j], mx)) >= need) {
+                kept = i + 1;
+                mass = cum;
+                break;
+            }
+    }
+    char *in = lb_calloc((size_t)v, 1);
+    for (int i = 0; i < kept; i++) in[c[i].j] = 1;
+    int32_t t = arg;
+    if (mass) {
+        uint64_t target = lb_sample_target(u, mass), cum = 0;
+        for (int j = 0; j < v; j++)
+            if (in[j] && (cum += lb_sample_weight(l[j], mx)) > target) {
+                t = j;
+                break;
+            }
+    }
+    free(c), free(in);
+    return t;
+}
+
+START_TEST(test_sample_draw_brute)
+{
+    const int vs[] = {1, 2, 9, 300, 2049};
+    const int ks[] = {0, 1, 2, 5, 299, 300, 301};
+    const float ps[] = {1.0f, 0.999f, 0.9f, 0.5f, 1e-9f};
+    long checked = 0;
+    for (size_t a = 0; a < sizeof vs / sizeof *vs; a++) {
+        int v = vs[a];
+        float *l = lb_malloc((size_t)v * sizeof *l);
+        for (int kind = 0; kind < 5; kind++) {
+            for (int j = 0; j < v; j++) {
+                float x = 3.0f * lb_rand_normal(kind, v, j);
+                if (kind == 1) x = floorf(x);                    // many ties
+                if (kind == 2 && j % 7 == 3) x = -INFINITY;
+                if (kind == 3 && j % 5 == 1) x = NAN;
+                if (kind == 3 && j % 11 == 2) x = -0.0f;
+                if (kind == 4) x = j % 3 ? -INFINITY : x * 20.0f;   // wide range
+                l[j] = x;
+            }
+            if (kind == 4 && v > 3) l[v / 2] = INFINITY;
+            for (size_t b = 0; b < sizeof ks / sizeof *ks; b++)
+                for (size_t p = 0; p < sizeof ps / sizeof *ps; p++)
+                    for (int i = 0; i < 40; i++) {
+                        float u = lb_rand_uniform(a * 7 + b, kind * 5 + p, i);
+                        int32_t got = lb_sample_draw(l, v, ks[b], ps[p], u);
+                        int32_t want = brute_draw(l, v, ks[b], ps[p], u);
+                        ck_assert_msg(got == want, "v %d kind %d top_k %d top_p %g u %.7f: drew "
+                                      "%d, the sorted rule %d", v, kind, ks[b], (double)ps[p],
+                                      (double)u, got, want);
+                        checked++;
+                    }
+        }
+        free(l);
+    }
+    ck_assert_int_gt(checked, 1000);
 }
 END_TEST
 
@@ -776,6 +864,7 @@ int main(void)
     tcase_add_test(tc, test_sampler_greedy_and_logprobs);
     tcase_add_test(tc, test_sampler_batch_composition);
     tcase_add_test(tc, test_sample_token);
+    tcase_add_test(tc, test_sample_draw_brute);
     tcase_add_test(tc, test_sampler_limits_and_errors);
     tcase_add_test(tc, test_rewards_registry);
     tcase_add_test(tc, test_reward_command);
