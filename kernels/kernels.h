@@ -155,6 +155,7 @@ struct lb_backend {
     void  (*copy)(lb_backend *, void *dst, const void *src, size_t bytes);
     void  (*zero)(lb_backend *, void *p, size_t bytes);
     void  (*sync)(lb_backend *);                               // wait for queued work
+    size_t (*mem_free)(lb_backend *);   // bytes alloc can still hand out (about; for messages)
     void  (*destroy)(lb_backend *);
 
     // --- GEMM -----------------------------------------------------------------------------

@@ -314,6 +314,10 @@ W(sample, (lb_backend *be, const lb_sample_args *a), (in, a))
 #undef WS
 
 static void w_sync(lb_backend *be) { ((prof *)be->ctx)->in->sync(((prof *)be->ctx)->in); }
+static size_t w_mem_free(lb_backend *be)
+{
+    return ((prof *)be->ctx)->in->mem_free(((prof *)be->ctx)->in);
+}
 
 
 static void print_table(lb_backend *be, FILE *f)
@@ -382,6 +386,7 @@ lb_backend *lb_backend_profiled(lb_backend *in)
     LB_PROFILE_OPS(X)
 #undef X
     be->sync = w_sync;
+    be->mem_free = w_mem_free;
     be->destroy = w_destroy;
     return be;
 }

@@ -509,6 +509,15 @@ int lb_model_set_recompute(lb_model *m, const char *how, char *err, size_t errle
     return -1;
 }
 
+size_t lb_kvcache_bytes(const lb_model *m, int slots, int capacity, int max_rows)
+{
+    const lb_model_config *c = &m->cfg;
+    size_t hkv = (size_t)(c->num_key_value_heads / m->par.tp), d = (size_t)c->head_dim;
+    size_t row = m->kv_fp8 ? d + (d + 127) / 128 * sizeof(float) : d * sizeof(float);
+    return 2 * (size_t)c->num_hidden_layers * slots * capacity * hkv * row +
+           (size_t)max_rows * c->vocab_size * sizeof(float);
+}
+
 lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows)
 {
     const lb_model_config *c = &m->cfg;

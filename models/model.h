@@ -138,6 +138,9 @@ typedef struct {
     void (*forward_cached)(lb_model *, lb_kvcache *kv, int n);
     // Matmul parameters a token touches (experts counted top-k times), for FLOPs and info.
     int64_t (*active_matmul_params)(const lb_model_config *);
+    // Experts each token's router picks in every layer (0: no routed layers): the width of
+    // lb_model.route_log's rows.
+    int (*route_k)(const lb_model_config *);
     // Pipeline stages: the (rows, hidden) buffers of the current activations that hold the
     // stage's input hidden states (filled by the caller before forward on a later stage), its
     // output (after forward on an earlier stage), and d loss / d those (input of backward on
@@ -208,6 +211,11 @@ struct lb_model {
     int32_t *lp_targets;           // (lp_cap)
     int lp_cap;
     float lp_inv_temp;             // the last forward_logprobs' 1 / temperature
+    // NULL, or host memory (layers of this stage, rows, route_k) where the next forwards (the
+    // training forward and the cached one) write each routed layer's top-k choices of their
+    // rows, as router_topk_fwd orders them: the sampler's and the trainer's routes, compared
+    // by lowbit rl (routing_agreement). One download a layer while it is set.
+    int32_t *route_log;
 };
 
 // Registry (models/registry.c).
@@ -284,6 +292,9 @@ const lb_tensor *lb_model_find(const lb_model *m, const char *name);
 // with the same two operations (lb_model_temper, then cross_entropy_fwd in lb_model_nll_dev),
 // on logits that the forward and the cached forward give bitwise alike.
 lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows);
+// The bytes of such a cache's k and v (every layer, this rank's kv heads, at the model's
+// kv_fp8) and its logits rows: the bulk of lb_kvcache_create's allocations.
+size_t lb_kvcache_bytes(const lb_model *m, int slots, int capacity, int max_rows);
 void lb_kvcache_free(lb_model *m, lb_kvcache *kv);
 // tokens, slot, pos (n <= max_rows) host arrays; see lb_model_def.forward_cached.
 void lb_model_forward_cached(lb_model *m, lb_kvcache *kv, const int32_t *tokens,

@@ -692,6 +692,9 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
                   0.0f);
     be->router_topk_fwd(be, f->probs, f->idx, f->weight, f->rlogits, n, d.E, d.K,
                         c->norm_topk_prob);
+    if (m->route_log)
+        be->download(be, m->route_log + (size_t)(l - m->layer_begin) * n * d.K, f->idx,
+                     (size_t)n * d.K * sizeof(int32_t));
     float aux = 0.0f;
     if (want_aux) be->moe_aux_loss(be, &aux, f->aux_grad, f->probs, f->idx, n, d.E, d.K);
     // This rank's part of the rows goes to the experts (all of them when etp = tp). The others'
@@ -1217,6 +1220,8 @@ static void forward_cached(lb_model *m, lb_kvcache *kv, int n)
                   &m->wcache[th - m->tensors], 0, kv->logits, n, d.V, C, 0.0f);
 }
 
+static int route_k(const lb_model_config *c) { return is_moe(c) ? c->num_experts_per_tok : 0; }
+
 static int64_t active_matmul_params(const lb_model_config *c)
 {
     int64_t C = c->hidden_size, D = c->head_dim;
@@ -1242,6 +1247,7 @@ static int64_t active_matmul_params(const lb_model_config *c)
     .cached_free = cached_free,                    \
     .forward_cached = forward_cached,              \
     .active_matmul_params = active_matmul_params,  \
+    .route_k = route_k,                            \
     .stage_input = stage_input,                    \
     .stage_output = stage_output,                  \
     .stage_grad = stage_grad

@@ -524,7 +524,7 @@ static void rollout_reqs_init(rollout_reqs *r, int B, int P, int N, int vocab, u
         r->prompt[i] = (int32_t)(lb_rand_u64(seed, 3, i) % (uint64_t)vocab);
     for (int b = 0; b < B; b++)
         r->req[b] = (lb_sample_req){r->prompt + (size_t)b * P, P, seed, lb_sample_stream(b, 0),
-                                    r->out + (size_t)b * N, r->lp + (size_t)b * N, 0, 0};
+                                    r->out + (size_t)b * N, r->lp + (size_t)b * N, 0, 0, NULL};
 }
 
 static void rollout_reqs_free(rollout_reqs *r)

@@ -165,6 +165,7 @@ typedef struct {
     float *lp_old;                 // (max_new_tokens) trainer log-probs before the update
     int len;
     int correct;                   // the answer is right (the task's own check, for metrics)
+    uint16_t *routes;              // (T, layers, route_k) the sampler's routes, or NULL
 } rl_seq;
 
 typedef struct {
@@ -455,6 +456,8 @@ typedef struct {
     float *lp, *lpr, *dfull;       // (MB, T) its log-probs, the reference's, d loss / d lp
     float *r_lp, *r_old, *r_roll, *r_ref, *r_adv, *r_d;   // (MB x max_new) response tokens
     float *rewards, *adv;          // (N)
+    int route_k;                   // the model's experts per token (0: no routed layers)
+    int32_t *route_log;            // (layers, MB x T, route_k) the trainer's routes
 } rl_run;
 
 // What one step measured, for its log line.
@@ -464,6 +467,7 @@ typedef struct {
     int correct;
     long idle;                     // idle micro-batches of this rank (expert parallelism)
     double loss_sum, clip, tis, klref, norm, lr;
+    double route_same, route_all;  // (token, layer) pairs: the same experts as the sampler's
     long ntok_all;                 // response tokens of all mini-batches
     double t_roll, t_train;
 } rl_step;
@@ -555,6 +559,7 @@ static int rl_open(rl_run *x)
     x->m = rl_model_piece(c, be, &par, err, sizeof err);
     if (x->m && c->rl.kl_coef > 0) x->ref = rl_model_piece(c, be, &par, err, sizeof err);
     if (any_failed(x, !x->m || (c->rl.kl_coef > 0 && !x->ref), err)) return 1;
+    x->route_k = x->m->def->route_k ? x->m->def->route_k(&x->m->cfg) : 0;
     // the schedule runs over optimizer steps: rl.steps x rl.mini_batches
     lb_optim_config oc = {c->train.lr, c->train.min_lr, c->train.warmup_steps,
                           c->rl.steps * x->M, c->train.beta1, c->train.beta2, c->train.adam_eps,
@@ -646,6 +651,9 @@ static void rl_alloc(rl_run *x)
             x->qs[i].tok = lb_malloc((size_t)max_new * sizeof(int32_t));
             x->qs[i].lp_roll = lb_malloc((size_t)max_new * sizeof(float));
             x->qs[i].lp_old = lb_malloc((size_t)max_new * sizeof(float));
+            if (x->route_k)
+                x->qs[i].routes = lb_malloc((size_t)x->T * x->m->cfg.num_hidden_layers *
+                                            x->route_k * sizeof(uint16_t));
         }
     }
     x->MB = x->c->rl.micro_batch;
@@ -657,6 +665,9 @@ static void rl_alloc(rl_run *x)
     }
     x->seqv = lb_malloc((size_t)N * 3 * sizeof *x->seqv);
     size_t cap = x->cap = (size_t)x->MB * x->T;
+    if (x->route_k)
+        x->route_log = lb_malloc(cap * x->m->cfg.num_hidden_layers * x->route_k *
+                                 sizeof(int32_t));
     x->tok = lb_malloc(cap * sizeof(int32_t));
     x->tgt = lb_malloc(cap * sizeof(int32_t));
     x->lp = lb_malloc(cap * sizeof(float));
@@ -676,11 +687,12 @@ static void rl_free(rl_run *x)
         free(x->qs[x->own[k]].tok);
         free(x->qs[x->own[k]].lp_roll);
         free(x->qs[x->own[k]].lp_old);
+        free(x->qs[x->own[k]].routes);
     }
     free(x->qs), free(x->reqs), free(x->own), free(x->mbk), free(x->seqv), free(x->tok);
     free(x->tgt), free(x->lp), free(x->lpr), free(x->dfull), free(x->r_lp), free(x->r_old);
     free(x->r_roll), free(x->r_ref), free(x->r_adv), free(x->r_d), free(x->rewards);
-    free(x->adv), free(x->ini);
+    free(x->adv), free(x->ini), free(x->route_log);
     lb_sampler_free(x->smp);
     lb_sampler_free(x->greedy);
     lb_optimizer_free(&x->opt);
@@ -717,7 +729,7 @@ static int rl_rollout(rl_run *x, int step, rl_step *s)
             if (!owns(x->dpc, p)) continue;
             x->reqs[k++] = (lb_sample_req){q->ptok, q->plen, draw_seed,
                                            lb_sample_stream(pi, (uint64_t)g), q->tok, q->lp_roll,
-                                           0, 0};
+                                           0, 0, q->routes};
         }
     }
     if (lb_sampler_run(x->smp, x->reqs, x->nl, &s->ss, err, sizeof err) != 0) lb_die("%s", err);
@@ -758,6 +770,33 @@ static int rl_rollout(rl_run *x, int step, rl_step *s)
     return 0;
 }
 
+// The trainer's forward of the cnt sequences idx (packed, T positions each) with the
+// log-probs lp, and its routes compared with the sampler's: s counts the (token, layer) pairs,
+// over every token the sampler fed, where both picked the same set of experts.
+static void forward_routed(rl_run *x, const int *idx, int cnt, rl_step *s)
+{
+    lb_model *m = x->m;
+    const int T = x->T, L = m->cfg.num_hidden_layers, K = x->route_k;
+    m->route_log = x->route_log;
+    lb_model_forward_logprobs(m, x->tok, x->tgt, cnt, T, x->inv_temp, x->lp);
+    m->route_log = NULL;
+    for (int b = 0; b < cnt && K; b++) {
+        const rl_seq *q = &x->qs[idx[b]];
+        for (int i = 0; i < q->plen + q->len - 1; i++)
+            for (int l = 0; l < L; l++) {
+                const uint16_t *a = q->routes + ((size_t)i * L + l) * K;
+                const int32_t *t = x->route_log + ((size_t)l * cnt * T + (size_t)b * T + i) * K;
+                int same = 1;
+                for (int j = 0; j < K && same; j++) {
+                    same = 0;
+                    for (int u = 0; u < K; u++) same |= a[u] == t[j];
+                }
+                s->route_same += same;
+                s->route_all += 1;
+            }
+    }
+}
+
 // lp_old: the trainer's log-probs before any update. Mini-batch 0 gets them from its own
 // training forward (the weights have not moved yet); later mini-batches need this extra pass.
 static void rl_old_logprobs(rl_run *x, rl_step *s)
@@ -772,7 +811,7 @@ static void rl_old_logprobs(rl_run *x, rl_step *s)
         }
         int cnt = k + MB <= nl ? MB : nl - k;
         pack(x->qs, x->own + k, cnt, T, x->tok, x->tgt);
-        lb_model_forward_logprobs(x->m, x->tok, x->tgt, cnt, T, x->inv_temp, x->lp);
+        forward_routed(x, x->own + k, cnt, s);
         for (int b = 0; b < cnt; b++) {
             rl_seq *q = &x->qs[x->own[k + b]];
             for (int j = 0; j < q->len; j++)
@@ -791,7 +830,8 @@ static void rl_train_micro_batch(rl_run *x, int mb, int k, int cnt, int ntok, rl
     lb_model *m = x->m;
     rl_seq *qs = x->qs;
     int n = pack(qs, idx, cnt, T, x->tok, x->tgt);
-    lb_model_forward_logprobs(m, x->tok, x->tgt, cnt, T, x->inv_temp, x->lp);
+    if (mb == 0) forward_routed(x, idx, cnt, s);   // the weights the sampler drew with
+    else lb_model_forward_logprobs(m, x->tok, x->tgt, cnt, T, x->inv_temp, x->lp);
     gather(qs, idx, cnt, T, x->lp, x->r_lp);
     int t = 0;
     for (int b = 0; b < cnt; b++) {
@@ -875,9 +915,10 @@ static void rl_log_step(rl_run *x, int step, rl_step *s, double t_start)
     }
     for (int i = 0; i < N; i++) ptoks += qs[i].plen + qs[i].len;
     // this rank's token sums to the global ones (rank order), the maximum over ranks
-    double sums[8] = {s->loss_sum, s->clip, s->tis, s->klref, dsum, k3, (double)s->ss.generated,
-                      (double)(s->ss.idle_forwards + s->idle)};
-    if (x->grid.dp > 1) lb_comm_all_reduce(x->dpc, sums, sums, 8, LB_F64);
+    double sums[10] = {s->loss_sum, s->clip, s->tis, s->klref, dsum, k3,
+                       (double)s->ss.generated, (double)(s->ss.idle_forwards + s->idle),
+                       s->route_same, s->route_all};
+    if (x->grid.dp > 1) lb_comm_all_reduce(x->dpc, sums, sums, 10, LB_F64);
     dmax = max_over(x->dpc, dmax);
     double loss_sum = sums[0], clip = sums[1], tis = sums[2], klref = sums[3];
     const long ntok_all = s->ntok_all;
@@ -885,6 +926,13 @@ static void rl_log_step(rl_run *x, int step, rl_step *s, double t_start)
     double diff = sums[4] / ntok_all, lossm = loss_sum / ntok_all;
     double roll_tps = sums[6] / s->t_roll, train_tps = ptoks / s->t_train;
     if (!x->root) return;
+    // the share of (token, layer) router choices the trainer's recompute made as the sampler
+    // did (routed models only)
+    char routes[64] = "";
+    if (x->route_k)
+        snprintf(routes, sizeof routes, sums[9] > 0 ? ", \"routing_agreement\": %.9g"
+                                                   : ", \"routing_agreement\": null",
+                 sums[8] / sums[9]);
     if (c->train.log_every > 0 && (step % c->train.log_every == 0 || step == c->rl.steps))
         printf("step %5d/%d | reward %.3f +- %.3f | correct %.3f | len %.2f | lp diff %.3g "
                "| k3 %.3g | tis clip %.3f | clip %.3f | loss %.4f | norm %.3f | rollout "
@@ -900,11 +948,11 @@ static void rl_log_step(rl_run *x, int step, rl_step *s, double t_start)
             "\"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"rollout_s\": %.6f, "
             "\"train_s\": %.6f, \"rollout_tokens_per_s\": %.1f, "
             "\"train_tokens_per_s\": %.1f, \"idle_forwards\": %.0f, \"elapsed_s\": "
-            "%.3f}\n",
+            "%.3f%s}\n",
             step, rmean, rstd, (double)s->correct / N, s->lensum / N, diff, dmax,
             sums[5] / ntok_all, tis / ntok_all, clip / ntok_all, klref / ntok_all, lossm,
             s->norm, s->lr, s->t_roll, s->t_train, roll_tps, train_tps, sums[7],
-            lb_now() - t_start);
+            lb_now() - t_start, routes);
     fflush(stdout);
     fflush(x->metrics);
 }

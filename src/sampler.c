@@ -24,6 +24,8 @@ struct lb_sampler {
     // per slot: the request it holds (-1 free) and how many of its tokens are in the cache
     int *req, *fed;
     int32_t *tp_tgt;               // (tp x max_rows) the tensor-parallel ranks' draws
+    int *row_req;                  // (max_rows) the request a row feeds, -1 for an idle row
+    int32_t *route_log;            // (layers, max_rows, route_k) lb_model.route_log, or NULL
 };
 
 uint64_t lb_sample_stream(uint64_t prompt, uint64_t sample)
@@ -66,6 +68,20 @@ lb_sampler *lb_sampler_create(lb_model *m, const lb_sampler_config *c, int capac
                      c->stop[i], m->cfg.vocab_size);
             return NULL;
         }
+    // Say how many sequences fit rather than fail inside an allocation.
+    const size_t need = lb_kvcache_bytes(m, c->slots, capacity, c->max_rows);
+    const size_t have = m->be->mem_free(m->be);
+    if (need > have) {
+        // a slot's cache and logits row; the rows a call holds beyond the slots stay
+        const size_t per = lb_kvcache_bytes(m, 1, capacity, 1);
+        const size_t extra = lb_kvcache_bytes(m, 0, 0, c->max_rows - c->slots);
+        snprintf(err, errlen, "sampler: %d slots of %d positions need %.2f GiB for the KV cache "
+                 "and %d logits rows; the %s backend has %.2f GiB free, which holds %zu slots "
+                 "(sample.slots, with sample.max_rows that many plus %d)", c->slots, capacity,
+                 (double)need / (1 << 30), c->max_rows, m->be->name, (double)have / (1 << 30),
+                 have > extra ? (have - extra) / per : 0, c->max_rows - c->slots);
+        return NULL;
+    }
     lb_sampler *s = lb_calloc(1, sizeof *s);
     s->m = m;
     s->cfg = *c;
@@ -84,6 +100,10 @@ lb_sampler *lb_sampler_create(lb_model *m, const lb_sampler_config *c, int capac
     s->req = lb_malloc((size_t)c->slots * sizeof(int));
     s->fed = lb_malloc((size_t)c->slots * sizeof(int));
     s->tp_tgt = lb_malloc((size_t)m->par.tp * R * sizeof(int32_t));
+    s->row_req = lb_malloc((size_t)R * sizeof(int));
+    const int rk = m->def->route_k ? m->def->route_k(&m->cfg) : 0;
+    if (rk)
+        s->route_log = lb_malloc((size_t)m->cfg.num_hidden_layers * R * rk * sizeof(int32_t));
     return s;
 }
 
@@ -103,6 +123,8 @@ void lb_sampler_free(lb_sampler *s)
     free(s->req);
     free(s->fed);
     free(s->tp_tgt);
+    free(s->row_req);
+    free(s->route_log);
     free(s);
 }
 
@@ -137,6 +159,21 @@ static int tp_agree(lb_sampler *s, lb_comm *tp, int32_t *tgt, int rows)
             }
     memcpy(tgt, s->tp_tgt, (size_t)rows * sizeof(int32_t));
     return differ;
+}
+
+// Each fed row's router choices (lb_model.route_log: layer, row, k) into its request's
+// routes at the row's position (position, layer, k).
+static void keep_routes(lb_sampler *s, lb_sample_req *reqs, int rows)
+{
+    const lb_model *m = s->m;
+    const int L = m->cfg.num_hidden_layers, K = m->def->route_k(&m->cfg);
+    for (int r = 0; r < rows; r++) {
+        if (s->row_req[r] < 0 || !reqs[s->row_req[r]].routes) continue;
+        uint16_t *dst = reqs[s->row_req[r]].routes + (size_t)s->pos[r] * L * K;
+        for (int l = 0; l < L; l++)
+            for (int j = 0; j < K; j++)
+                dst[l * K + j] = (uint16_t)s->route_log[((size_t)l * rows + r) * K + j];
+    }
 }
 
 int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *stats,
@@ -189,6 +226,7 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
             s->slot[rows] = k;
             s->pos[rows] = s->fed[k];
             s->owner[rows] = k;
+            s->row_req[rows] = s->req[k];
             rows++;
             s->fed[k]++;
             st.decode_tokens++;
@@ -204,6 +242,7 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
                 s->slot[rows] = k;
                 s->pos[rows] = s->fed[k] + i;
                 s->owner[rows] = -1;
+                s->row_req[rows] = s->req[k];
                 rows++;
             }
             s->fed[k] += chunk;
@@ -224,10 +263,17 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
             s->slot[0] = 0;
             s->pos[0] = 0;
             s->owner[0] = -1;
+            s->row_req[0] = -1;
             rows = 1;
             st.idle_forwards++;
         }
+        int want_routes = 0;
+        for (int r = 0; r < rows && s->route_log; r++)
+            want_routes |= s->row_req[r] >= 0 && reqs[s->row_req[r]].routes;
+        m->route_log = want_routes ? s->route_log : NULL;
         lb_model_forward_cached(m, s->kv, s->tok, s->slot, s->pos, rows);
+        m->route_log = NULL;
+        if (want_routes) keep_routes(s, reqs, rows);
         st.forwards++;
         // The draw, the stop test and the recorded log-probs (the trainer's operation on the
         // same logits rows) on the device; 3 x rows words come back.

@@ -43,6 +43,10 @@ typedef struct {
     float *logprobs;               // log pi(token) under softmax(logits / temperature)
     int len;                       // completion length
     int stopped;                   // 1: ended by a stop token (the last token); 0: length limit
+    // NULL, or (prompt_len + max_new_tokens - 1, routed layers, route_k) the caller provides:
+    // the router's choices for every token the sampler fed (the prompt, then the completion
+    // but its last token), by position (lb_model.route_log's rows)
+    uint16_t *routes;
 } lb_sample_req;
 
 typedef struct {

@@ -5,7 +5,8 @@
 #   field NAME FILE the values of "NAME" in the step lines of a metrics file
 #   check_zero NAME DIR
 #                   three steps, every train-rollout log-prob difference and its maximum
-#                   exactly 0, the weights moved, an evaluation ran
+#                   exactly 0, every router choice the same (routing_agreement 1), the weights
+#                   moved, an evaluation ran
 #   same_run REF RUN [KL_SCALE]
 #                   RUN (a parallel layout) against REF (one rank): see below
 "$bin" data "$src/examples/tiny-moe.cfg" --set gen.output="$tmp/arith" --set gen.problems=3000 \
@@ -33,6 +34,9 @@ check_zero() {
         bad=$(field $f "$m" | grep -vx 0 || true)
         [ -z "$bad" ] || fail "$1: $f is $bad, not 0"
     done
+    # the trainer's recompute routed every token the sampler fed to the same experts
+    bad=$(field routing_agreement "$m" | grep -vx 1 || true)
+    [ -z "$bad" ] || fail "$1: routing_agreement is $bad, not 1"
     # the weights moved between rollouts (so steps 2 and 3 sampled from updated weights)
     field grad_norm "$m" | awk '$1 <= 0 { exit 1 }' || fail "$1: a zero gradient"
     grep -q '"eval_pass_at_1"' "$m" || fail "$1: no evaluation"

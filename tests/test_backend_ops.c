@@ -291,6 +291,7 @@ START_TEST(test_table_and_memory)
         (void (*)(void))gpu->kv_append,
         (void (*)(void))gpu->attention_cached, (void (*)(void))gpu->cross_entropy_bwd_rows,
         (void (*)(void))gpu->linear_ce_bwd, (void (*)(void))gpu->sample,
+        (void (*)(void))gpu->mem_free,
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
         ck_assert_msg(fns[i] != NULL, "table entry %zu is NULL", i);

@@ -413,6 +413,7 @@ typedef struct {
     int plen[NREQ];
     int32_t tok[NREQ][MAXNEW];
     float lp[NREQ][MAXNEW];
+    uint16_t routes[NREQ][(8 + MAXNEW) * 8];   // (position, layer, k): layers x k <= 8
     lb_sample_req req[NREQ];
 } req_set;
 
@@ -424,7 +425,7 @@ static void make_reqs(req_set *r, int vocab, uint64_t seed)
         for (int j = 0; j < r->plen[i]; j++)
             r->prompt[i][j] = (int32_t)(lb_rand_u64(9, i, j) % vocab);
         r->req[i] = (lb_sample_req){r->prompt[i], r->plen[i], seed, lb_sample_stream(i, 0),
-                                    r->tok[i], r->lp[i], 0, 0};
+                                    r->tok[i], r->lp[i], 0, 0, r->routes[i]};
     }
 }
 
@@ -522,6 +523,30 @@ static int same_results(const req_set *a, const req_set *b)
     return 1;
 }
 
+// The routes the sampler recorded for request q (every token it fed: prompt, then the
+// completion but its last token) against the training forward's over the same tokens, bitwise.
+static void check_routes(lb_model *m, const lb_sample_req *q, const char *what)
+{
+    const int L = m->cfg.num_hidden_layers, K = m->def->route_k(&m->cfg);
+    const int T = q->prompt_len + q->len - 1;
+    ck_assert(K > 0 && L * K <= 8 && T >= 1 && T <= 32);
+    int32_t tok[32], tgt[32], log[32 * 8];
+    float lp[32];
+    for (int i = 0; i < T; i++) {
+        tok[i] = i < q->prompt_len ? q->prompt[i] : q->tokens[i - q->prompt_len];
+        tgt[i] = -1;
+    }
+    m->route_log = log;
+    lb_model_forward_logprobs(m, tok, tgt, 1, T, 1.0f, lp);
+    m->route_log = NULL;
+    for (int i = 0; i < T; i++)
+        for (int l = 0; l < L; l++)
+            for (int j = 0; j < K; j++)
+                ck_assert_msg(q->routes[(i * L + l) * K + j] == log[(l * T + i) * K + j],
+                              "%s: position %d layer %d choice %d: sampler %d, trainer %d", what,
+                              i, l, j, q->routes[(i * L + l) * K + j], log[(l * T + i) * K + j]);
+}
+
 // The same seeds give the same completions and bitwise the same log-probs with one slot, with
 // three, with all requests at once and tiny or large forward calls, and with the requests
 // given in reverse order (each request keeps its own stream); another seed changes them.
@@ -555,6 +580,8 @@ static void batch_composition_cases(void)
         for (int i = 0; i < NREQ; i++) {
             trainer_logprobs(m, &base.req[i], 1.3f, lp, NULL);
             ck_assert(memcmp(lp, base.lp[i], base.req[i].len * 4) == 0);
+            check_routes(m, &base.req[i], recipes[r]);
+            check_routes(m, &rev[NREQ - 1 - i], recipes[r]);   // 2 slots, 5 rows a call
         }
         make_reqs(&other, V, 78);
         run_sampler(m, &c, other.req, NREQ);
@@ -715,6 +742,20 @@ START_TEST(test_sampler_limits_and_errors)
     c = scfg(1.0f, 0, 1.0f, 4, 3);
     ck_assert_ptr_null(lb_sampler_create(m, &c, 16, err, sizeof err));
     ck_assert_msg(strstr(err, "max_rows (3) is smaller than slots (4)"), "%s", err);
+    // more sequences than the backend's memory holds: how many fit, before any allocation
+    c = scfg(1.0f, 0, 1.0f, 1 << 28, 1 << 28);
+    ck_assert_ptr_null(lb_sampler_create(m, &c, 16, err, sizeof err));
+    size_t fit = 0;
+    double gib = 0.0;
+    const char *h = strstr(err, "backend has ");
+    ck_assert_msg(strstr(err, "268435456 slots of 16 positions need") && h &&
+                  sscanf(h, "backend has %lf GiB free, which holds %zu slots", &gib, &fit) == 2,
+                  "%s", err);
+    // the free bytes, to the message's two decimals: fit slots do, one more does not
+    const double lo = (gib - 0.005) * (1 << 30), hi = (gib + 0.005) * (1 << 30);
+    ck_assert_msg(fit > 0 && fit < (1u << 28) &&
+                  (double)lb_kvcache_bytes(m, (int)fit, 16, (int)fit) <= hi &&
+                  (double)lb_kvcache_bytes(m, (int)fit + 1, 16, (int)fit + 1) > lo, "%s", err);
     c = scfg(1.0f, 0, 1.0f, 4, 8);
     ck_assert_ptr_null(lb_sampler_create(m, &c, 65, err, sizeof err));
     lb_sampler *s = lb_sampler_create(m, &c, 12, err, sizeof err);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 // 64-byte alignment: a cache line and an AVX-512 vector, so OpenBLAS and the compiler's
 // vectorised loops never straddle lines at the start of a buffer.
@@ -51,6 +52,13 @@ static void cpu_zero(lb_backend *be, void *p, size_t bytes)
 
 static void cpu_sync(lb_backend *be) {}   // every operation completes before it returns
 
+// The host's available physical memory.
+static size_t cpu_mem_free(lb_backend *be)
+{
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (size_t)pages * (size_t)size : 0;
+}
+
 static void cpu_destroy(lb_backend *be)
 {
     if (!be) return;
@@ -85,6 +93,7 @@ lb_backend *lb_backend_cpu_create(int threads, char *err, size_t errlen)
     be->copy = cpu_copy;
     be->zero = cpu_zero;
     be->sync = cpu_sync;
+    be->mem_free = cpu_mem_free;
     be->destroy = cpu_destroy;
 
     lb_cpu_init_basic(be);

@@ -137,6 +137,14 @@ static void cuda_zero(lb_backend *be, void *p, size_t bytes)
 
 static void cuda_sync(lb_backend *be) { LB_CUDA_WAIT(lb_cuda(be)); }
 
+static size_t cuda_mem_free(lb_backend *be)
+{
+    size_t free_b = 0, total = 0;
+    LB_CUDA_CHECK(cudaSetDevice(lb_cuda(be)->device));
+    LB_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+    return free_b;
+}
+
 static void cuda_destroy(lb_backend *be)
 {
     if (!be) return;
@@ -211,6 +219,7 @@ extern "C" lb_backend *lb_backend_cuda_create(int device, char *err, size_t errl
     be->copy = cuda_copy;
     be->zero = cuda_zero;
     be->sync = cuda_sync;
+    be->mem_free = cuda_mem_free;
     be->destroy = cuda_destroy;
     lb_cuda_init_gemm(be);
     lb_cuda_init_basic(be);
