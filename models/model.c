@@ -584,8 +584,6 @@ void lb_model_forward_cached(lb_model *m, lb_kvcache *kv, const int32_t *tokens,
 {
     if (n < 1 || n > kv->max_rows)
         lb_die("cached forward of %d tokens; the cache takes 1..%d per call", n, kv->max_rows);
-    if (kv->fp8 != m->kv_fp8)
-        lb_die("KV cache made with kv_fp8 %d, model now has %d", kv->fp8, m->kv_fp8);
     for (int i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
             lb_die("token %d of row %d is outside the vocabulary (%d)", tokens[i], i,
@@ -600,9 +598,18 @@ void lb_model_forward_cached(lb_model *m, lb_kvcache *kv, const int32_t *tokens,
     memcpy(kv->rows_host + n, slot, (size_t)n * sizeof(int32_t));
     memcpy(kv->rows_host + 2 * (size_t)n, pos, (size_t)n * sizeof(int32_t));
     be->upload(be, kv->rows_dev, kv->rows_host, 3 * (size_t)n * sizeof(int32_t));
-    kv->tokens = kv->rows_dev;
-    kv->slot = kv->rows_dev + n;
-    kv->pos = kv->rows_dev + 2 * (size_t)n;
+    lb_model_forward_cached_dev(m, kv, kv->rows_dev, n);
+}
+
+void lb_model_forward_cached_dev(lb_model *m, lb_kvcache *kv, const int32_t *rows, int n)
+{
+    if (n < 1 || n > kv->max_rows)
+        lb_die("cached forward of %d tokens; the cache takes 1..%d per call", n, kv->max_rows);
+    if (kv->fp8 != m->kv_fp8)
+        lb_die("KV cache made with kv_fp8 %d, model now has %d", kv->fp8, m->kv_fp8);
+    kv->tokens = rows;
+    kv->slot = rows + n;
+    kv->pos = rows + 2 * (size_t)n;
     lb_model_refresh_weights(m);   // the sampler reads the weights the last step wrote
     m->def->forward_cached(m, kv, n);
 }

@@ -103,7 +103,7 @@ typedef struct {
     int slots, capacity, max_rows, fp8;
     lb_kv_layer *layer;            // (num_hidden_layers) host array of backend caches
     float *logits;                 // (max_rows, vocab) backend memory: the last call's logits
-    int32_t *tokens, *slot, *pos;  // (n) backend copies of the last call's rows, in rows_dev
+    const int32_t *tokens, *slot, *pos;   // (n) backend: the last call's rows
     int32_t *rows_dev, *rows_host; // (3 max_rows) backend and host: one upload a call
     void *acts;                    // definition-private activations for max_rows rows
 } lb_kvcache;
@@ -296,9 +296,12 @@ lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows
 // kv_fp8) and its logits rows: the bulk of lb_kvcache_create's allocations.
 size_t lb_kvcache_bytes(const lb_model *m, int slots, int capacity, int max_rows);
 void lb_kvcache_free(lb_model *m, lb_kvcache *kv);
-// tokens, slot, pos (n <= max_rows) host arrays; see lb_model_def.forward_cached.
+// tokens, slot, pos (n <= max_rows) host arrays, checked; see lb_model_def.forward_cached.
 void lb_model_forward_cached(lb_model *m, lb_kvcache *kv, const int32_t *tokens,
                              const int32_t *slot, const int32_t *pos, int n);
+// The same from rows (3 n) in backend memory: the tokens, then their slots, then their
+// positions, valid already (the sampler uploads them with its random numbers in one copy).
+void lb_model_forward_cached_dev(lb_model *m, lb_kvcache *kv, const int32_t *rows, int n);
 // logits (n, vocab) backend memory *= inv_temp (nothing when inv_temp is 1).
 void lb_model_temper(lb_model *m, float *logits, int n, float inv_temp);
 // nll (n) backend memory = cross_entropy_fwd = -log softmax(logits_i)[targets[i]], 0 where

@@ -1120,6 +1120,7 @@ typedef struct {
     float *k, *krstd, *kr, *v;             // (rows, hkv*d), (rows*hkv), (rows, hkv*d) x2
     float *att;                            // (rows, hq*d)
     float *part;                           // (rows, c) tp > 1
+    lb_qmat kq, vq;                        // fp8 cache: k and v quantized, (rows * hkv, d)
     ffn_acts f;
     moe_scratch ms;
 } cached_acts;
@@ -1144,6 +1145,11 @@ static void *cached_create(lb_model *m, int max_rows)
     a->v = falloc(be, n * hkv * D);
     a->att = falloc(be, n * hq * D);
     if (d.tp > 1) a->part = falloc(be, n * C);
+    if (m->kv_fp8) {   // made once: a step allocates nothing
+        lb_quant_args qa = kv_quant_args();
+        be->qmat_alloc(be, &a->kq, max_rows * d.hkv, D, &qa);
+        be->qmat_alloc(be, &a->vq, max_rows * d.hkv, D, &qa);
+    }
     ffn_create(m, &a->f, max_rows);
     return a;
 }
@@ -1156,6 +1162,8 @@ static void cached_free(lb_model *m, void *p)
                     a->v, a->att, a->part};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
+    if (a->kq.data) be->qmat_free(be, &a->kq);
+    if (a->vq.data) be->qmat_free(be, &a->vq);
     ffn_free(m, &a->f);
     scratch_free(be, &a->ms);
     free(a);
@@ -1185,18 +1193,13 @@ static void forward_cached(lb_model *m, lb_kvcache *kv, int n)
         be->rmsnorm_fwd(be, a->kr, a->krstd, a->k, w.kn, n * d.hkv, D, eps);
         be->rope_fwd(be, a->qr, kv->pos, n, d.hq, D, theta);
         be->rope_fwd(be, a->kr, kv->pos, n, d.hkv, D, theta);
-        if (kv->fp8) {
+        if (kv->fp8) {   // the first n * hkv rows of the call's quantized k and v
             lb_quant_args qa = kv_quant_args();
-            lb_qmat kq, vq;
-            memset(&kq, 0, sizeof kq);
-            memset(&vq, 0, sizeof vq);
-            be->qmat_alloc(be, &kq, n * d.hkv, D, &qa);
-            be->qmat_alloc(be, &vq, n * d.hkv, D, &qa);
+            lb_qmat kq = lb_qmat_rows(&a->kq, 0, n * d.hkv);
+            lb_qmat vq = lb_qmat_rows(&a->vq, 0, n * d.hkv);
             be->quantize(be, &kq, a->kr, n * d.hkv, D, &qa);
             be->quantize(be, &vq, a->v, n * d.hkv, D, &qa);
             be->kv_append(be, &kv->layer[l], NULL, NULL, &kq, &vq, kv->slot, kv->pos, n);
-            be->qmat_free(be, &kq);
-            be->qmat_free(be, &vq);
         } else {
             be->kv_append(be, &kv->layer[l], a->kr, a->v, NULL, NULL, kv->slot, kv->pos, n);
         }

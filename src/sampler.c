@@ -17,7 +17,9 @@ struct lb_sampler {
     // one forward call's rows (max_rows): inputs, owning slot
     int32_t *tok, *slot, *pos;
     int *owner;                    // slot of the row when the row is sampled from, else -1
-    lb_sample_row *rng, *rng_dev;  // (max_rows) host, backend: the rows' random numbers
+    // a step's one upload, host and backend: tokens, slots, positions (rows each), then from an
+    // even word on the rows' random numbers (lb_sample_row, 6 words each)
+    int32_t *up, *up_dev;
     // the step's results, backend and host: tokens, done flags (lb_sample_args), then the
     // tokens' negative log-probs as floats (3 x rows)
     int32_t *out_dev, *out;
@@ -93,8 +95,9 @@ lb_sampler *lb_sampler_create(lb_model *m, const lb_sampler_config *c, int capac
     s->slot = lb_malloc((size_t)R * sizeof(int32_t));
     s->pos = lb_malloc((size_t)R * sizeof(int32_t));
     s->owner = lb_malloc((size_t)R * sizeof(int));
-    s->rng = lb_malloc((size_t)R * sizeof *s->rng);
-    s->rng_dev = m->be->alloc(m->be, (size_t)R * sizeof *s->rng);
+    const size_t up_words = 3 * (size_t)R + 1 + (size_t)R * sizeof(lb_sample_row) / 4;
+    s->up = lb_malloc(up_words * sizeof(int32_t));
+    s->up_dev = m->be->alloc(m->be, up_words * sizeof(int32_t));
     s->out = lb_malloc(3 * (size_t)R * sizeof(int32_t));
     s->out_dev = m->be->alloc(m->be, 3 * (size_t)R * sizeof(int32_t));
     s->req = lb_malloc((size_t)c->slots * sizeof(int));
@@ -116,8 +119,8 @@ void lb_sampler_free(lb_sampler *s)
     free(s->slot);
     free(s->pos);
     free(s->owner);
-    free(s->rng);
-    be->free(be, s->rng_dev);
+    free(s->up);
+    be->free(be, s->up_dev);
     free(s->out);
     be->free(be, s->out_dev);
     free(s->req);
@@ -270,23 +273,30 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
         int want_routes = 0;
         for (int r = 0; r < rows && s->route_log; r++)
             want_routes |= s->row_req[r] >= 0 && reqs[s->row_req[r]].routes;
+        // One upload: the rows (valid by construction: prompts checked above, drawn tokens in
+        // the vocabulary, positions below the capacity) and their random numbers.
+        const size_t off = (3 * (size_t)rows + 1) & ~(size_t)1;   // 8-byte aligned rows
+        memcpy(s->up, s->tok, (size_t)rows * sizeof(int32_t));
+        memcpy(s->up + rows, s->slot, (size_t)rows * sizeof(int32_t));
+        memcpy(s->up + 2 * (size_t)rows, s->pos, (size_t)rows * sizeof(int32_t));
+        lb_sample_row *rng = (lb_sample_row *)(s->up + off);
+        for (int r = 0; r < rows; r++) {
+            int k = s->owner[r];
+            const lb_sample_req *q = k < 0 ? NULL : &reqs[s->req[k]];
+            rng[r] = q ? (lb_sample_row){q->seed, q->stream, q->len} : (lb_sample_row){0, 0, -1};
+        }
+        be->upload(be, s->up_dev, s->up, off * sizeof(int32_t) + (size_t)rows * sizeof *rng);
         m->route_log = want_routes ? s->route_log : NULL;
-        lb_model_forward_cached(m, s->kv, s->tok, s->slot, s->pos, rows);
+        lb_model_forward_cached_dev(m, s->kv, s->up_dev, rows);
         m->route_log = NULL;
         if (want_routes) keep_routes(s, reqs, rows);
         st.forwards++;
         // The draw, the stop test and the recorded log-probs (the trainer's operation on the
         // same logits rows) on the device; 3 x rows words come back.
         lb_model_temper(m, s->kv->logits, rows, s->inv_temp);
-        for (int r = 0; r < rows; r++) {
-            int k = s->owner[r];
-            const lb_sample_req *q = k < 0 ? NULL : &reqs[s->req[k]];
-            s->rng[r] = q ? (lb_sample_row){q->seed, q->stream, q->len}
-                          : (lb_sample_row){0, 0, -1};
-        }
-        be->upload(be, s->rng_dev, s->rng, (size_t)rows * sizeof *s->rng);
-        lb_sample_args sa = {s->kv->logits, s->rng_dev, s->out_dev, s->out_dev + rows, rows, V,
-                             c->top_k, c->top_p, c->max_new_tokens, c->nstop, {0}};
+        lb_sample_args sa = {s->kv->logits, (const lb_sample_row *)(s->up_dev + off), s->out_dev,
+                             s->out_dev + rows, rows, V, c->top_k, c->top_p, c->max_new_tokens,
+                             c->nstop, {0}};
         memcpy(sa.stop, c->stop, sizeof sa.stop);
         be->sample(be, &sa);
         float *nll_dev = (float *)(s->out_dev + 2 * (size_t)rows);
@@ -301,7 +311,7 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
             be->download(be, s->out + 2 * (size_t)rows, nll_dev, (size_t)rows * sizeof(float));
             for (int r = 0; r < rows; r++) {   // and their done flags
                 if (s->owner[r] < 0) continue;
-                stop[r] = s->rng[r].counter + 1 >= c->max_new_tokens;
+                stop[r] = reqs[s->req[s->owner[r]]].len + 1 >= c->max_new_tokens;
                 for (int i = 0; i < c->nstop; i++)
                     if (c->stop[i] == tgt[r]) stop[r] = 2;
             }
