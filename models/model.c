@@ -302,6 +302,7 @@ void lb_model_free(lb_model *m)
     m->be->free(m->be, m->grads);
     free(m->tensors);
     free(m->gtensors);
+    free(m->layer_tensors);
     free(m);
 }
 

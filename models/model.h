@@ -216,6 +216,9 @@ struct lb_model {
     // rows, as router_topk_fwd orders them: the sampler's and the trainer's routes, compared
     // by lowbit rl (routing_agreement). One download a layer while it is set.
     int32_t *route_log;
+    // Definition-private: the tensor indices of each layer of this stage by role, built by the
+    // definition on first use (a fixed-place lookup); freed with the model.
+    int *layer_tensors;
 };
 
 // Registry (models/registry.c).

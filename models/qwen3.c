@@ -135,45 +135,48 @@ static int tensor_index(const lb_model *m, const char *fmt, int layer)
     return (int)(t - m->tensors);
 }
 
-static float *tensor_ptr(const lb_model *m, float *base, const char *fmt, int layer)
-{
-    return base + m->tensors[tensor_index(m, fmt, layer)].offset;
-}
+// A layer's tensors by role, found by name once per model (m->layer_tensors): every forward
+// and backward then reads them at fixed places, as llm.c does, instead of formatting 17 names
+// and comparing them with every tensor's for each layer of each pass (decode steps included).
+enum { R_LN1, R_Q, R_K, R_V, R_O, R_QN, R_KN, R_LN2, R_ROUTER, R_GU, R_DOWN, R_COUNT };
 
-static lb_wcache *tensor_cache(const lb_model *m, const char *fmt, int layer)
+static const int *layer_tensors(lb_model *m, int l)
 {
-    return &m->wcache[tensor_index(m, fmt, layer)];
-}
-
-static layer_w layer_weights(const lb_model *m, float *base, int l)
-{
-    layer_w w;
-    w.ln1 = tensor_ptr(m, base, "model.layers.%d.input_layernorm.weight", l);
-    w.q = tensor_ptr(m, base, "model.layers.%d.self_attn.q_proj.weight", l);
-    w.k = tensor_ptr(m, base, "model.layers.%d.self_attn.k_proj.weight", l);
-    w.v = tensor_ptr(m, base, "model.layers.%d.self_attn.v_proj.weight", l);
-    w.o = tensor_ptr(m, base, "model.layers.%d.self_attn.o_proj.weight", l);
-    w.qn = tensor_ptr(m, base, "model.layers.%d.self_attn.q_norm.weight", l);
-    w.kn = tensor_ptr(m, base, "model.layers.%d.self_attn.k_norm.weight", l);
-    w.ln2 = tensor_ptr(m, base, "model.layers.%d.post_attention_layernorm.weight", l);
-    w.cq = tensor_cache(m, "model.layers.%d.self_attn.q_proj.weight", l);
-    w.ck = tensor_cache(m, "model.layers.%d.self_attn.k_proj.weight", l);
-    w.cv = tensor_cache(m, "model.layers.%d.self_attn.v_proj.weight", l);
-    w.co = tensor_cache(m, "model.layers.%d.self_attn.o_proj.weight", l);
-    const char *gu = "model.layers.%d.mlp.gate_up_proj.weight";
-    const char *down = "model.layers.%d.mlp.down_proj.weight";
-    w.router = NULL;
-    w.crouter = NULL;
-    if (is_moe(&m->cfg)) {
-        w.router = tensor_ptr(m, base, "model.layers.%d.mlp.gate.weight", l);
-        w.crouter = tensor_cache(m, "model.layers.%d.mlp.gate.weight", l);
-        gu = "model.layers.%d.mlp.experts.gate_up_proj";
-        down = "model.layers.%d.mlp.experts.down_proj";
+    if (!m->layer_tensors) {
+        const int moe = is_moe(&m->cfg), n = m->layer_end - m->layer_begin;
+        const char *const names[R_COUNT] = {
+            "model.layers.%d.input_layernorm.weight", "model.layers.%d.self_attn.q_proj.weight",
+            "model.layers.%d.self_attn.k_proj.weight", "model.layers.%d.self_attn.v_proj.weight",
+            "model.layers.%d.self_attn.o_proj.weight", "model.layers.%d.self_attn.q_norm.weight",
+            "model.layers.%d.self_attn.k_norm.weight",
+            "model.layers.%d.post_attention_layernorm.weight",
+            moe ? "model.layers.%d.mlp.gate.weight" : NULL,
+            moe ? "model.layers.%d.mlp.experts.gate_up_proj"
+                : "model.layers.%d.mlp.gate_up_proj.weight",
+            moe ? "model.layers.%d.mlp.experts.down_proj" : "model.layers.%d.mlp.down_proj.weight"};
+        int *ix = lb_malloc((size_t)(n > 0 ? n : 1) * R_COUNT * sizeof *ix);
+        for (int i = 0; i < n; i++)
+            for (int r = 0; r < R_COUNT; r++)
+                ix[i * R_COUNT + r] =
+                    names[r] ? tensor_index(m, names[r], m->layer_begin + i) : -1;
+        m->layer_tensors = ix;
     }
-    w.gu = tensor_ptr(m, base, gu, l);
-    w.down = tensor_ptr(m, base, down, l);
-    w.cgu = tensor_cache(m, gu, l);
-    w.cdown = tensor_cache(m, down, l);
+    if (l < m->layer_begin || l >= m->layer_end)
+        lb_die("layer %d is not on this stage (layers %d..%d)", l, m->layer_begin,
+               m->layer_end - 1);
+    return m->layer_tensors + (size_t)(l - m->layer_begin) * R_COUNT;
+}
+
+static layer_w layer_weights(lb_model *m, float *base, int l)
+{
+    const int *ix = layer_tensors(m, l);
+#define P(r) (ix[r] < 0 ? NULL : base + m->tensors[ix[r]].offset)
+#define WC(r) (ix[r] < 0 ? NULL : &m->wcache[ix[r]])
+    layer_w w = {P(R_LN1), P(R_Q), P(R_K), P(R_V), P(R_O), P(R_QN), P(R_KN), P(R_LN2),
+                 P(R_ROUTER), P(R_GU), P(R_DOWN), WC(R_Q), WC(R_K), WC(R_V), WC(R_O),
+                 WC(R_ROUTER), WC(R_GU), WC(R_DOWN)};
+#undef P
+#undef WC
     return w;
 }
 
