@@ -217,7 +217,12 @@ int lb_cmd_info(const lb_config *c, lb_comm *comm)
     print_layout(c, comm->size);
     lb_contract contract;
     if (lb_contract_resolve(&contract, &c->precision, mc->num_hidden_layers, err, sizeof err) == 0) {
-        lb_contract_print(&contract, stdout);
+        // the roles of this architecture's GEMMs: experts and a router, or a dense MLP
+        const int moe = strcmp(mc->arch, "qwen3_moe") == 0;
+        unsigned roles = 1u << LB_ROLE_ATTN_QKV | 1u << LB_ROLE_ATTN_OUT | 1u << LB_ROLE_LM_HEAD;
+        roles |= moe ? 1u << LB_ROLE_MOE_GATE_UP | 1u << LB_ROLE_MOE_DOWN | 1u << LB_ROLE_ROUTER
+                     : 1u << LB_ROLE_MLP_GATE_UP | 1u << LB_ROLE_MLP_DOWN;
+        lb_contract_print(&contract, roles, stdout);
         lb_contract_free(&contract);
     }
 #ifdef LB_HAVE_CUDA

@@ -245,7 +245,7 @@ static int layer_same(const lb_contract *c, int a, int b)
                    sizeof(lb_site) * LB_NROLES * LB_NPASSES);
 }
 
-void lb_contract_print(const lb_contract *c, FILE *f)
+void lb_contract_print(const lb_contract *c, unsigned roles, FILE *f)
 {
     fprintf(f, "precision   recipe %s (role x pass -> format; /deq, /high: backward mode; "
                "+h16: Hadamard; +sr: stochastic rounding)\n", c->recipe);
@@ -258,6 +258,7 @@ void lb_contract_print(const lb_contract *c, FILE *f)
         fprintf(f, "  layers %d-%d\n", l, last);
         fprintf(f, "    %-12s %-14s %-14s %-14s\n", "role", "fprop", "dgrad", "wgrad");
         for (int r = 0; r < LB_NROLES; r++) {
+            if (!(roles >> r & 1)) continue;   // a role the model has not
             char b[3][48];
             for (int p = 0; p < LB_NPASSES; p++)
                 site_str(lb_contract_site(c, l, r, p), p, b[p], sizeof b[p]);

@@ -66,7 +66,7 @@ int lb_contract_resolve(lb_contract *c, const lb_precision_spec *spec, int layer
 void lb_contract_free(lb_contract *c);
 const lb_site *lb_contract_site(const lb_contract *c, int layer, lb_role role, lb_pass pass);
 // The resolved table, role x pass -> format (layers that differ are listed separately).
-void lb_contract_print(const lb_contract *c, FILE *f);
+void lb_contract_print(const lb_contract *c, unsigned roles, FILE *f);
 
 const char *lb_role_name(lb_role r);      // "attn.qkv", ...
 const char *lb_pass_name(lb_pass p);      // "fprop", ...
