@@ -4,9 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
+# Another apt-get (an unattended upgrade on a fresh machine) may hold the dpkg lock: wait for it.
+apt_get() { apt-get -o DPkg::Lock::Timeout=600 "$@"; }
 if ! dpkg -s $(cat .ci/packages) >/dev/null 2>&1; then
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends $(cat .ci/packages) >/dev/null
+    apt_get update -qq
+    apt_get install -y -qq --no-install-recommends $(cat .ci/packages) >/dev/null
 fi
 [ -x configure ] || ./bootstrap
 [ -f Makefile ] || ./configure

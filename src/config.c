@@ -862,7 +862,8 @@ int lb_config_validate(const lb_config *c, char *err, size_t errlen)
     }
     if (c->train.warmup_steps > c->train.steps)
         return fail(c, err, errlen, "train.warmup_steps", "train.steps",
-                    "train.warmup_steps (%d) exceeds train.steps (%d)", c->train.warmup_steps,
+                    "train.warmup_steps (%d) exceeds train.steps (%d): add --set "
+                    "train.warmup_steps=%d or fewer", c->train.warmup_steps, c->train.steps,
                     c->train.steps);
     // AdamW's bias correction divides by 1 - beta^t
     if (c->train.beta1 >= 1)

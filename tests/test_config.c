@@ -647,7 +647,8 @@ START_TEST(test_validate)
     expect_invalid(&c, "train.min_lr (0.01) exceeds train.lr (0.001)");
     lb_config_defaults(&c);
     c.train.warmup_steps = 200;
-    expect_invalid(&c, "train.warmup_steps (200) exceeds train.steps (100)");
+    expect_invalid(&c, "train.warmup_steps (200) exceeds train.steps (100): add --set "
+                       "train.warmup_steps=100 or fewer");
     lb_config_defaults(&c);
     c.train.micro_batch = 1048576;
     c.train.seq_len = 4096;
