@@ -1006,8 +1006,9 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     if (x->root) rl_announce(x);
     snprintf(path, sizeof path, "%.*s/%.*s", LB_PATH_MAX, c->run.out_dir, LB_PATH_MAX,
              c->train.metrics_file);
-    x->metrics = x->root ? fopen(path, x->resume[0] ? "a" : "w") : NULL;
-    snprintf(err, sizeof err, "%.*s: cannot open for writing", LB_PATH_MAX, path);
+    x->metrics = x->root ? lb_metrics_open(path, x->resume[0] ? (long)x->st.step : -1, err,
+                                           sizeof err)
+                         : NULL;
     if (any_failed(x, x->root && !x->metrics, err)) return 1;
 
     x->gcfg = (lb_grpo_config){c->rl.eps_low, c->rl.eps_high, c->rl.kl_coef, c->rl.tis_cap,

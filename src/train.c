@@ -365,8 +365,7 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
 
     FILE *metrics = NULL;
     snprintf(path, sizeof path, "%s/%s", c->run.out_dir, c->train.metrics_file);
-    if (root) metrics = fopen(path, resume[0] ? "a" : "w");
-    snprintf(err, sizeof err, "%.900s: cannot open for writing", path);
+    if (root) metrics = lb_metrics_open(path, resume[0] ? (long)st.step : -1, err, sizeof err);
     if (any_failed(comm, root && !metrics, err)) return 1;
 
     // The step's micro-batches of this rank, read before the schedule runs.

@@ -40,6 +40,13 @@ strip() { grep '"loss"' "$1" | sed 's/, "tokens_per_s".*//'; }   # drop timings
 diff <(strip "$tmp/a/metrics.jsonl" | tail -n 4) <(strip "$tmp/b/metrics.jsonl") ||
     fail "resumed run differs from the uninterrupted one"
 [ "$(strip "$tmp/b/metrics.jsonl" | wc -l)" = 4 ] || fail "resumed run should log steps 5-8 only"
+# 2b. Resumed in its own directory from step 4 after it ran to 8 (a run that went past its last
+#     checkpoint): metrics.jsonl keeps one row a step, the uninterrupted run's rows.
+cp -r "$tmp/a" "$tmp/c"
+"$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set run.out_dir="$tmp/c" \
+    --set checkpoint.resume="$tmp/c/checkpoints/step_00000004.safetensors" > "$tmp/c.log"
+diff <(strip "$tmp/a/metrics.jsonl") <(strip "$tmp/c/metrics.jsonl") ||
+    fail "resumed in place: metrics.jsonl does not hold one row a step (steps 5-8 repeated?)"
 
 # 3. resume = auto picks the newest checkpoint in out_dir: nothing left to do at step 8.
 "$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set run.out_dir="$tmp/a" \
