@@ -163,6 +163,8 @@ int lb_cmd_sample(const lb_config *c0, lb_comm *comm)
         return 1;
     }
     // prompt<TAB>completion<TAB>sum of log-probs[<TAB>correct|wrong], escaped on one line
+    if (comm->rank == 0)
+        printf("# prompt\tcompletion\tsum of log-probs%s\n", is_arith ? "\tanswer" : "");
     int right = 0, any = 0;
     for (int i = 0; i < np && comm->rank == 0; i++) {
         int ok_any = 0;
@@ -193,9 +195,11 @@ int lb_cmd_sample(const lb_config *c0, lb_comm *comm)
         printf("# %d completions of %d prompts: %ld tokens in %.2f s (%.0f tok/s), %ld forward "
                "calls\n", n, np, st.generated, st.seconds,
                st.generated / (st.seconds > 0 ? st.seconds : 1e-9), st.forwards);
-    if (is_arith && comm->rank == 0)
-        printf("# arithmetic (%s split): pass@1 %.4f, pass@%d %.4f\n", c->sample.split,
-               (double)right / n, S, (double)any / np);
+    if (is_arith && comm->rank == 0) {   // pass@S only where it says more than pass@1
+        printf("# arithmetic (%s split): pass@1 %.4f", c->sample.split, (double)right / n);
+        if (S > 1) printf(", pass@%d %.4f", S, (double)any / np);
+        printf("\n");
+    }
     lb_sampler_free(smp);
     lb_model_free(m);
     lb_run_comms_free(&x);

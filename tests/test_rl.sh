@@ -63,7 +63,10 @@ diff <(grep -av '^#' "$tmp/g1") <(grep -av '^#' "$tmp/g8") || fail "greedy outpu
 "$bin" sample "${s[@]}" --set sample.samples=3 --set sample.slots=2 --set sample.max_rows=7 > "$tmp/s1"
 "$bin" sample "${s[@]}" --set sample.samples=3 --set sample.slots=36 > "$tmp/s2"
 diff <(grep -av '^#' "$tmp/s1") <(grep -av '^#' "$tmp/s2") || fail "seeded samples depend on the batch"
-grep -q "^# arithmetic (val split): pass@1 " "$tmp/s1" || fail "no pass@1 summary"
+grep -q "^# arithmetic (val split): pass@1 [0-9.]*, pass@3 [0-9.]*$" "$tmp/s1" ||
+    fail "no pass@1 and pass@3 summary"
+grep -q "^# arithmetic (val split): pass@1 [0-9.]*$" "$tmp/g1" ||
+    fail "one sample a prompt: the summary should be pass@1 alone"
 printf '12+3=\n\n' > "$tmp/empty.txt"
 printf '12+3=\n7-7=' > "$tmp/prompts.txt"
 "$bin" sample "${s[@]}" --set sample.prompts="$tmp/prompts.txt" > "$tmp/p"
