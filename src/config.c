@@ -987,6 +987,92 @@ static const char *type_name(lb_param_type t)
     return "?";
 }
 
+// A key's range or choices as plain text ("" when it has none).
+static void range_or_choices(char *out, size_t n, const lb_param *p)
+{
+    out[0] = 0;
+    if (p->type == LB_PARAM_ENUM) snprintf(out, n, "%s", p->choices);
+    else if (p->type == LB_PARAM_BOOL) snprintf(out, n, "true|false");
+    else if (p->type != LB_PARAM_STRING && p->min < p->max) range_text(out, n, p);
+}
+
+static int in_sections(const char *sections, const char *sec)
+{
+    if (!sections[0]) return 1;
+    size_t n = strlen(sec);
+    for (const char *s = sections; (s = strstr(s, sec)); s += n)
+        if ((s == sections || s[-1] == ' ') && (s[n] == ' ' || !s[n])) return 1;
+    return 0;
+}
+
+void lb_params_text(FILE *f, const char *sections)
+{
+    for (int i = 0; i < lb_nparams; i++) {
+        const lb_param *p = &lb_params[i];
+        if (!in_sections(sections, p->section)) continue;
+        if (i == 0 || strcmp(p->section, lb_params[i - 1].section)) fprintf(f, "[%s]\n", p->section);
+        char key[96], range[200];
+        snprintf(key, sizeof key, "%s.%s", p->section, p->key);
+        range_or_choices(range, sizeof range, p);
+        fprintf(f, "  %-34s %-6s %-14s %s%s%s\n", key, type_name(p->type),
+                p->def[0] ? p->def : "\"\"", p->help, range[0] ? "; " : "", range);
+    }
+}
+
+// Text for roff: a leading dot or quote escaped, backslashes doubled.
+static void roff(FILE *f, const char *s)
+{
+    if (*s == '.' || *s == '\'') fputs("\\&", f);
+    for (; *s; s++) {
+        if (*s == '\\') fputs("\\e", f);
+        else if (*s == '-') fputs("\\-", f);
+        else fputc(*s, f);
+    }
+}
+
+void lb_params_man(FILE *f, const lb_command_doc *cmds, int ncmds)
+{
+    fprintf(f, ".TH LOWBIT 1 \"\" \"lowbit\" \"User Commands\"\n.SH NAME\n"
+               "lowbit \\- low-precision training and RL for mixture-of-experts transformers\n"
+               ".SH SYNOPSIS\n.B lowbit\n.I command\n[\\fIFILE.cfg\\fR] "
+               "[\\fB\\-\\-set\\fR \\fIsection.key=value\\fR ...]\n.br\n"
+               ".B mpirun \\-np\n.I N\n.B lowbit\n.I command FILE.cfg ...\n"
+               ".SH DESCRIPTION\nOne MPI program: it pretrains Qwen3\\-MoE models with FP8, MXFP8, "
+               "MXFP4 and NVFP4 GEMMs under a precision contract, splits work by tensor, "
+               "pipeline, expert and data parallelism, and runs GRPO with the sampler inside "
+               "the trainer. Parameter files are INI text; every key below may also be given "
+               "as \\fB\\-\\-set\\fR section.key=value. \\fBlowbit\\fR \\fIcommand\\fR "
+               "\\fB\\-\\-help\\fR lists a command's keys.\n.SH COMMANDS\n");
+    for (int i = 0; i < ncmds; i++) {
+        fprintf(f, ".TP\n.B %s\n", cmds[i].name);
+        roff(f, cmds[i].purpose);
+        fputs(".\n.br\nExample: ", f);
+        roff(f, cmds[i].example);
+        fputc('\n', f);
+    }
+    fputs(".SH PARAMETERS\n", f);
+    for (int i = 0; i < lb_nparams; i++) {
+        const lb_param *p = &lb_params[i];
+        if (i == 0 || strcmp(p->section, lb_params[i - 1].section))
+            fprintf(f, ".SS [%s]\n", p->section);
+        char range[200];
+        range_or_choices(range, sizeof range, p);
+        fprintf(f, ".TP\n.B %s.%s\n", p->section, p->key);
+        fprintf(f, "%s, default ", type_name(p->type));
+        roff(f, p->def[0] ? p->def : "\"\"");
+        if (range[0]) {
+            fputs(", ", f);
+            roff(f, range);
+        }
+        fputs(": ", f);
+        roff(f, p->help);
+        fputc('\n', f);
+    }
+    fputs(".SH FILES\nOUT_DIR/metrics.jsonl, OUT_DIR/checkpoints/step_*.safetensors\n"
+          ".SH SEE ALSO\nThe README and doc/ of the source tree (installed under the "
+          "package's doc directory): doc/parameters.md, doc/rl.md, doc/benchmarks.md.\n", f);
+}
+
 void lb_params_markdown(FILE *f)
 {
     fprintf(f, "# Parameters\n\n"

@@ -145,5 +145,13 @@ int lb_config_validate(const lb_config *c, char *err, size_t errlen);
 char *lb_config_to_ini(const lb_config *c);
 // doc/parameters.md, generated from the table.
 void lb_params_markdown(FILE *f);
+// The keys of the named sections (space-separated, "" for all), one line each: key, type,
+// default, range or choices, description (a command's --help).
+void lb_params_text(FILE *f, const char *sections);
+// The manual page lowbit(1) in roff: the commands (name, purpose, example) and every key.
+typedef struct {
+    const char *name, *purpose, *example;
+} lb_command_doc;
+void lb_params_man(FILE *f, const lb_command_doc *cmds, int ncmds);
 
 #endif

@@ -12,17 +12,43 @@ typedef struct {
     const char *name;
     int (*run)(const lb_config *, lb_comm *);
     const char *help;
+    const char *sections;          // the parameter sections it reads (its --help lists them)
+    const char *example;
 } command;
 
 static const command commands[] = {
-    {"train", lb_cmd_train, "pretrain a model on token shards"},
-    {"info", lb_cmd_info, "parameters, FLOPs per token and memory of a configuration"},
-    {"data", lb_cmd_data, "write token shards: the arithmetic corpus or a text file"},
-    {"convert", lb_cmd_convert, "import a Hugging Face checkpoint, or export one"},
-    {"sample", lb_cmd_sample, "generate completions from a checkpoint (prompts or the task)"},
-    {"rl", lb_cmd_rl, "GRPO on the arithmetic task with the sampler inside the trainer"},
-    {"bench", lb_cmd_bench, "time GEMMs per format, attention and training steps"},
+    {"train", lb_cmd_train, "pretrain a model on token shards",
+     "run model data train checkpoint precision parallel",
+     "lowbit train examples/tiny-moe.cfg --set train.steps=100 --set run.out_dir=runs/short"},
+    {"info", lb_cmd_info, "parameters, FLOPs per token and memory of a configuration",
+     "run model train precision parallel", "lowbit info examples/tiny-moe.cfg"},
+    {"data", lb_cmd_data, "write token shards: the arithmetic corpus or a text file",
+     "gen data",
+     "lowbit data examples/tiny-moe.cfg --set gen.problems=50000 --set gen.output=data/arith50k"},
+    {"convert", lb_cmd_convert, "import a Hugging Face checkpoint, or export one",
+     "convert model precision",
+     "lowbit convert --set convert.input=path/to/hf_model --set convert.output=model.safetensors"},
+    {"sample", lb_cmd_sample, "generate completions from a checkpoint (prompts or the task)",
+     "run model sample gen precision parallel",
+     "lowbit sample --set sample.checkpoint=runs/tiny-moe/checkpoints/step_00000300.safetensors"},
+    {"rl", lb_cmd_rl, "GRPO on the arithmetic task with the sampler inside the trainer",
+     "run model rl sample gen train checkpoint precision parallel",
+     "lowbit rl examples/rl-arith.cfg"},
+    {"bench", lb_cmd_bench, "time GEMMs per format, attention and training steps",
+     "run model bench train sample rl precision",
+     "lowbit bench examples/qwen3-30b-a3b-4l.cfg --set run.backend=cuda --set bench.kind=rollout"},
 };
+#define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
+
+// lowbit COMMAND --help: what it does, an example, and the keys it reads with their defaults.
+static void command_help(const command *c)
+{
+    printf("lowbit %s: %s\n\nusage: lowbit %s [FILE.cfg] [--set section.key=value ...]\n"
+           "       mpirun -np N lowbit %s FILE.cfg ...\n\nexample:\n  %s\n\n"
+           "keys (section.key, type, default, description; doc/parameters.md has them all):\n",
+           c->name, c->help, c->name, c->name, c->example);
+    lb_params_text(stdout, c->sections);
+}
 
 static void usage(FILE *f)
 {
@@ -30,7 +56,9 @@ static void usage(FILE *f)
                "       mpirun -np N lowbit <command> FILE.cfg ...\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
-    fprintf(f, "  %-8s %s\n", "params", "print the parameter reference (doc/parameters.md)");
+    fprintf(f, "  %-8s %s\n", "params", "print the parameter reference (doc/parameters.md; "
+               "--man: the manual page)");
+    fprintf(f, "\n'lowbit COMMAND --help' lists a command's keys and defaults.\n");
     fprintf(f, "\nParameter files: INI sections, '#' comments, key = value; see doc/parameters.md.\n");
 }
 
@@ -67,8 +95,15 @@ int main(int argc, char **argv)
         rc = 0;
         goto out;
     }
-    if (!strcmp(argv[1], "params")) {
-        if (comm.rank == 0) lb_params_markdown(stdout);
+    if (!strcmp(argv[1], "params")) {   // doc/parameters.md, or (--man) lowbit.1
+        if (comm.rank == 0 && argc > 2 && !strcmp(argv[2], "--man")) {
+            lb_command_doc docs[NCOMMANDS];
+            for (int i = 0; i < NCOMMANDS; i++)
+                docs[i] = (lb_command_doc){commands[i].name, commands[i].help, commands[i].example};
+            lb_params_man(stdout, docs, NCOMMANDS);
+        } else if (comm.rank == 0) {
+            lb_params_markdown(stdout);
+        }
         rc = 0;
         goto out;
     }
@@ -83,6 +118,12 @@ int main(int argc, char **argv)
         rc = 2;
         goto out;
     }
+    for (int a = 2; a < argc; a++)
+        if (!strcmp(argv[a], "--help") || !strcmp(argv[a], "-h")) {
+            if (comm.rank == 0) command_help(cmd);
+            rc = 0;
+            goto out;
+        }
 
     lb_config cfg;
     lb_config_defaults(&cfg);

@@ -24,6 +24,21 @@ expect_error() {
     ok
 }
 
+# every command's --help: its purpose, an example, and the keys of its sections with defaults
+for c in train:train.steps info:model.hidden_size data:gen.problems convert:convert.input \
+         sample:sample.checkpoint rl:rl.group bench:bench.kind; do
+    name=${c%%:*} key=${c#*:}
+    if "$bin" "$name" --help > "$tmp/help" 2>&1 && grep -q "^lowbit $name: " "$tmp/help" &&
+       grep -q "^example:" "$tmp/help" && grep -Eq "^  $key +[a-z0-9]+ " "$tmp/help"; then ok; else
+        fail "lowbit $name --help lacks its purpose, example or $key:"; sed 's/^/    /' "$tmp/help"; fi
+done
+# the manual page, from the same table: every key and every command
+"$bin" params --man > "$tmp/man"
+if grep -q '^\.TH LOWBIT 1' "$tmp/man" && grep -q '^\.B train\.steps$' "$tmp/man" &&
+   grep -q '^\.B rl$' "$tmp/man" &&
+   [ "$(grep -c '^\.B [a-z_]*\.[a-z0-9_]*$' "$tmp/man")" = "$(grep -c '^| `' "$src/doc/parameters.md")" ]
+then ok; else fail "lowbit params --man: no manual page, or not every key in it"; fi
+
 # doc/parameters.md is generated from the parameter table
 if "$bin" params | diff -q - "$src/doc/parameters.md" >/dev/null; then ok; else
     fail "doc/parameters.md is stale: run 'make doc-params'"; fi
