@@ -18,6 +18,7 @@ typedef struct {
         int device;                // CUDA device ordinal
         uint64_t seed;             // model init and anything random
         char out_dir[LB_PATH_MAX]; // metrics and checkpoints go here
+        int verbose;               // print the resolved configuration, not just its file
     } run;
     lb_model_config model;
     struct {

@@ -52,7 +52,7 @@ static void command_help(const command *c)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: lowbit <command> [FILE.cfg] [--set section.key=value ...]\n"
+    fprintf(f, "usage: lowbit <command> [FILE.cfg] [--set section.key=value ...] [-v]\n"
                "       mpirun -np N lowbit <command> FILE.cfg ...\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
@@ -140,7 +140,8 @@ int main(int argc, char **argv)
     }
     for (; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--set") && i + 1 < argc) a = argv[++i];
+        if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) a = "run.verbose=true";
+        else if (!strcmp(a, "--set") && i + 1 < argc) a = argv[++i];
         else if (!strncmp(a, "--set=", 6)) a += 6;
         else {
             if (comm.rank == 0)

@@ -26,6 +26,9 @@ const lb_param lb_params[] = {
     LB_P(run, device, I, "0", 0, 1023, NULL, "CUDA device ordinal (first device of this rank)"),
     LB_P(run, seed, U, "1234", 0, 0, NULL, "seed of model initialisation and anything random"),
     LB_P(run, out_dir, S, "runs/default", 0, 0, NULL, "directory for metrics and checkpoints"),
+    LB_P(run, verbose, B, "false", 0, 0, NULL,
+         "print the whole resolved configuration at the start (`-v`); it is always written to "
+         "OUT_DIR/config.ini"),
 
     // [model] ----------------------------------------------------------------------------------
     LB_P(model, arch, E, "qwen3_moe", 0, 0, "qwen3_moe|qwen3", "model family (models/registry.c)"),

@@ -598,7 +598,7 @@ static int rl_load(rl_run *x)
     return any_failed(x, !x->smp || !x->greedy, err);
 }
 
-// Rank 0's header: the resolved configuration, warnings about the layout, the run's shape.
+// Rank 0's header: warnings about the layout, the run's shape.
 static void rl_announce(const rl_run *x)
 {
     const lb_config *c = x->c;
@@ -615,7 +615,6 @@ static void rl_announce(const rl_run *x)
                              "forwards (idle rows fill the rest)" : "",
                  c->parallel.zero ? "ZeRO-1 distributed optimizer" : "all-reduced gradients",
                  x->comms.nnccl ? "nccl" : "mpi", c->parallel.deterministic ? ", rank-order sums" : "");
-    printf("# resolved configuration\n%s\n", x->ini);
     if (x->be->deterministic && !strcmp(c->precision.nvfp4_scale, "per-tensor"))
         printf("warning: precision.nvfp4_scale = per-tensor scales NVFP4 activations by the "
                "amax of the whole call, so a row's result depends on its batch: sampler and "
@@ -1003,6 +1002,8 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     x->P = c->rl.prompts, x->G = c->rl.group, x->N = x->P * x->G, x->M = c->rl.mini_batches;
     if (rl_check(x) != 0 || rl_open(x) != 0 || rl_load(x) != 0) return 1;
     x->ini = lb_config_to_ini(c);
+    if (any_failed(x, x->root && lb_run_config_write(c, x->ini, err, sizeof err) != 0, err))
+        return 1;
     if (x->root) rl_announce(x);
     snprintf(path, sizeof path, "%.*s/%.*s", LB_PATH_MAX, c->run.out_dir, LB_PATH_MAX,
              c->train.metrics_file);

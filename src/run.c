@@ -64,6 +64,19 @@ void lb_run_resume_path(const lb_config *c, const char *ckdir, lb_comm *world, c
     }
 }
 
+int lb_run_config_write(const lb_config *c, const char *ini, char *err, size_t errlen)
+{
+    char path[LB_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/config.ini", c->run.out_dir);
+    lb_atomic_file a;
+    if (lb_atomic_open(&a, path, err, errlen) != 0) return -1;
+    fputs(ini, a.f);
+    if (lb_atomic_commit(&a, err, errlen) != 0) return -1;
+    if (c->run.verbose) printf("# resolved configuration\n%s\n", ini);
+    else printf("configuration: %s (every key, resolved; -v prints it here)\n", path);
+    return 0;
+}
+
 int lb_run_save_due(const lb_config *c, int step, int last)
 {
     int every = c->checkpoint.save_every;

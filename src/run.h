@@ -41,6 +41,9 @@ lb_optim_groups lb_run_optim_groups(const lb_grid *g, const lb_run_comms *x, lb_
 // ckdir (rank 0 looks, every rank learns it); "" to start fresh. Collective over world.
 void lb_run_resume_path(const lb_config *c, const char *ckdir, lb_comm *world, char *out,
                         size_t outlen);
+// Rank 0 of a run: the resolved configuration ini into OUT_DIR/config.ini (atomic) and one
+// line that names it, or with run.verbose the whole text. 0, or -1 with a message.
+int lb_run_config_write(const lb_config *c, const char *ini, char *err, size_t errlen);
 // Whether step is due a checkpoint: every checkpoint.save_every steps and the last one
 // (save_every -1: never).
 int lb_run_save_due(const lb_config *c, int step, int last);

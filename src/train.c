@@ -347,8 +347,9 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
     char *ini = lb_config_to_ini(c);
     char layout[256];
     lb_grid_describe(grid, layout, sizeof layout);
+    bad = root && lb_run_config_write(c, ini, err, sizeof err) != 0;
+    if (any_failed(comm, bad, err)) return 1;
     if (root) {
-        printf("# resolved configuration\n%s\n", ini);
         printf("model %s: %.3fM parameters (%.3fM on rank 0), %.3fM active matmul parameters per "
                "token, %s backend\n", m->cfg.arch, m->gparams / 1e6, m->nparams / 1e6,
                lb_model_active_params(m) / 1e6, be->name);

@@ -25,6 +25,15 @@ final=$(grep '"loss"' "$tmp/learn/metrics.jsonl" | tail -n 1 | sed 's/.*"loss": 
 echo "loss after 120 steps: $final"
 awk -v l="$final" -v h="$entropy" 'BEGIN { exit !(l < h - 0.5) }' ||
     fail "loss $final is not well below the unigram entropy $entropy"
+# the resolved configuration goes to OUT_DIR/config.ini (a parameter file of the same run), not
+# to stdout, unless -v
+[ -f "$tmp/learn/config.ini" ] || fail "no config.ini in the run directory"
+grep -q "^configuration: $tmp/learn/config.ini " "$tmp/learn.log" || fail "config.ini not named"
+! grep -q "resolved configuration" "$tmp/learn.log" || fail "the configuration dump without -v"
+"$bin" info "$tmp/learn/config.ini" | grep -q "^model  *qwen3_moe" || fail "config.ini does not load"
+"$bin" train "$src/examples/tiny-moe.cfg" "${small[@]}" --set train.steps=1 --set train.warmup_steps=0 \
+    --set run.out_dir="$tmp/verbose" -v > "$tmp/verbose.log"
+grep -q "^# resolved configuration" "$tmp/verbose.log" || fail "-v prints no configuration"
 
 # 2. Resume: 8 steps straight, and the same run restarted from its step-4 checkpoint.
 run=("${small[@]}" --set train.steps=8 --set train.warmup_steps=2 --set checkpoint.save_every=4
