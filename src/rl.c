@@ -625,7 +625,8 @@ static void rl_announce(const rl_run *x)
         printf("note: rl.micro_batch (%d) does not divide rl.group (%d) and the mini-batch "
                "(%d sequences), so the data-parallel ranks group other sequences into a "
                "forward than one rank does; the load-balancing loss is a statistic of each "
-               "forward's tokens, so the run differs from a one-rank run by that term\n",
+               "forward's tokens, so its gradient can differ from a one-rank run's (with "
+               "model.router_aux_loss_coef = 0 the runs are the same)\n",
                c->rl.micro_batch, G, N / M);
     printf("model %s from %s: %.3fM parameters (%.3fM on rank 0), %s backend%s, precision "
            "%s, KV cache %s; %d prompts x %d samples per step, %d mini-batch(es)\nlayout "
