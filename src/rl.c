@@ -25,6 +25,7 @@
 #include "src/optim.h"
 #include "src/reward.h"
 #include "src/run.h"
+#include "src/metrics.h"
 #include "src/util.h"
 #include "parallel/grid.h"
 
@@ -310,17 +311,16 @@ static rl_eval evaluate(const lb_config *c, lb_sampler *smp, lb_sampler *greedy,
     return ev;
 }
 
-static void log_eval(const lb_config *c, FILE *metrics, int step, const rl_eval *ev)
+static void log_eval(const lb_config *c, lb_metrics *metrics, int step, const rl_eval *ev)
 {
     if (!ev->problems) return;
     printf("step %5d/%d | eval on %d held-out problems: pass@1 %.4f | pass@%d %.4f | greedy "
            "%.4f\n", step, c->rl.steps, ev->problems, ev->pass1, c->rl.eval_samples, ev->passk,
            ev->greedy);
-    fprintf(metrics, "{\"step\": %d, \"eval_pass_at_1\": %.9g, \"eval_pass_at_k\": %.9g, "
-                     "\"eval_k\": %d, \"eval_greedy\": %.9g, \"eval_problems\": %d}\n",
-            step, ev->pass1, ev->passk, c->rl.eval_samples, ev->greedy, ev->problems);
+    lb_metrics_printf(metrics, "{\"step\": %d, \"eval_pass_at_1\": %.9g, \"eval_pass_at_k\": "
+                      "%.9g, \"eval_k\": %d, \"eval_greedy\": %.9g, \"eval_problems\": %d}",
+                      step, ev->pass1, ev->passk, c->rl.eval_samples, ev->greedy, ev->problems);
     fflush(stdout);
-    fflush(metrics);
 }
 
 // The trainer's view of sequences idx[0..count): tokens (count, T) = prompt + completion (the
@@ -439,7 +439,7 @@ typedef struct {
     lb_train_state st;
     char ckdir[LB_PATH_MAX + 32], resume[LB_PATH_MAX + 64];
     char *ini;
-    FILE *metrics;
+    lb_metrics *metrics;
     int P, G, N, M;                // prompts, samples each, sequences, mini-batches of a step
     int MB, NS;                    // sequences per micro- and mini-batch
     int max_new, T;                // completion tokens at most; every sequence fits (b, T)
@@ -682,7 +682,7 @@ static void rl_alloc(rl_run *x)
 
 static void rl_free(rl_run *x)
 {
-    if (x->metrics) fclose(x->metrics);
+    lb_metrics_close(x->metrics);
     for (int k = 0; k < x->nl; k++) {
         free(x->qs[x->own[k]].tok);
         free(x->qs[x->own[k]].lp_roll);
@@ -940,7 +940,7 @@ static void rl_log_step(rl_run *x, int step, rl_step *s, double t_start)
                step, c->rl.steps, rmean, rstd, (double)s->correct / N, s->lensum / N, diff,
                sums[5] / ntok_all, tis / ntok_all, clip / ntok_all, lossm, s->norm, s->t_roll,
                roll_tps, s->t_train, train_tps);
-    fprintf(x->metrics,
+    lb_metrics_printf(x->metrics,
             "{\"step\": %d, \"reward_mean\": %.9g, \"reward_std\": %.9g, \"correct\": "
             "%.9g, \"response_len\": %.9g, \"train_rollout_logprob_abs_diff\": %.9g, "
             "\"train_rollout_logprob_abs_diff_max\": %.9g, \"train_rollout_k3_kl\": "
@@ -948,13 +948,12 @@ static void rl_log_step(rl_run *x, int step, rl_step *s, double t_start)
             "\"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"rollout_s\": %.6f, "
             "\"train_s\": %.6f, \"rollout_tokens_per_s\": %.1f, "
             "\"train_tokens_per_s\": %.1f, \"idle_forwards\": %.0f, \"elapsed_s\": "
-            "%.3f%s}\n",
+            "%.3f%s}",
             step, rmean, rstd, (double)s->correct / N, s->lensum / N, diff, dmax,
             sums[5] / ntok_all, tis / ntok_all, clip / ntok_all, klref / ntok_all, lossm,
             s->norm, s->lr, s->t_roll, s->t_train, roll_tps, train_tps, sums[7],
             lb_now() - t_start, routes);
     fflush(stdout);
-    fflush(x->metrics);
 }
 
 // The held-out evaluation (every rl.eval_every steps and at the last) and the checkpoint (as
@@ -991,7 +990,7 @@ static int rl_step_run(rl_run *x, int step, double t_start)
 
 int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
 {
-    char err[ERRLEN], path[2 * LB_PATH_MAX + 64];
+    char err[ERRLEN];
     rl_run run;
     rl_run *x = &run;
     memset(x, 0, sizeof *x);
@@ -1006,10 +1005,8 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     if (any_failed(x, x->root && lb_run_config_write(c, x->ini, err, sizeof err) != 0, err))
         return 1;
     if (x->root) rl_announce(x);
-    snprintf(path, sizeof path, "%.*s/%.*s", LB_PATH_MAX, c->run.out_dir, LB_PATH_MAX,
-             c->train.metrics_file);
-    x->metrics = x->root ? lb_metrics_open(path, x->resume[0] ? (long)x->st.step : -1, err,
-                                           sizeof err)
+    x->metrics = x->root ? lb_metrics_open(c->run.out_dir, c->train.metrics_file, "rl",
+                                           x->resume[0] ? (long)x->st.step : -1, err, sizeof err)
                          : NULL;
     if (any_failed(x, x->root && !x->metrics, err)) return 1;
 

@@ -16,6 +16,7 @@
 #include "src/data.h"
 #include "src/optim.h"
 #include "src/run.h"
+#include "src/metrics.h"
 #include "src/util.h"
 #include "parallel/grid.h"
 
@@ -272,7 +273,7 @@ static void run_micro_batches(run_ctx *x, int32_t **in, int32_t **tg, double sum
 
 int lb_cmd_train(const lb_config *c, lb_comm *comm)
 {
-    char err[ERRLEN], ckdir[LB_PATH_MAX + 32], path[2 * LB_PATH_MAX + 64];
+    char err[ERRLEN], ckdir[LB_PATH_MAX + 32];
     const int root = comm->rank == 0;
     run_ctx x;
     memset(&x, 0, sizeof x);
@@ -364,9 +365,10 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
                par.sp ? ", sequence parallel" : "", x.M, x.M == 1 ? "" : "es", B, T, how);
     }
 
-    FILE *metrics = NULL;
-    snprintf(path, sizeof path, "%s/%s", c->run.out_dir, c->train.metrics_file);
-    if (root) metrics = lb_metrics_open(path, resume[0] ? (long)st.step : -1, err, sizeof err);
+    lb_metrics *metrics = NULL;
+    if (root)
+        metrics = lb_metrics_open(c->run.out_dir, c->train.metrics_file, "train",
+                                  resume[0] ? (long)st.step : -1, err, sizeof err);
     if (any_failed(comm, root && !metrics, err)) return 1;
 
     // The step's micro-batches of this rank, read before the schedule runs.
@@ -417,30 +419,28 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
                    step, c->train.steps, loss, lr, norm, tok_s, tok_s * flops_tok / 1e12,
                    max_rss_mib(), eta);
         if (root)
-            fprintf(metrics,
-                    "{\"step\": %d, \"loss\": %.9g, \"ce_loss\": %.9g, \"aux_loss\": %.9g, "
-                    "\"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %ld, \"tokens_per_s\": %.1f, "
-                    "\"step_s\": %.6f}\n",
-                    step, loss, ce, aux, lr, norm, (long)step * tokens_step, tok_s, dt);
+            lb_metrics_printf(metrics,
+                              "{\"step\": %d, \"loss\": %.9g, \"ce_loss\": %.9g, \"aux_loss\": "
+                              "%.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %ld, "
+                              "\"tokens_per_s\": %.1f, \"step_s\": %.6f, \"mem_mib\": %.0f}",
+                              step, loss, ce, aux, lr, norm, (long)step * tokens_step, tok_s, dt,
+                              max_rss_mib());
         if (val && c->train.val_every > 0 &&
             (step % c->train.val_every == 0 || step == c->train.steps)) {
             double vl = validate(c, &x, val, in[0], tg[0]);
             if (root) {
                 printf("step %5d/%d | val loss %.4f\n", step, c->train.steps, vl);
-                fprintf(metrics, "{\"step\": %d, \"val_loss\": %.9g}\n", step, vl);
+                lb_metrics_printf(metrics, "{\"step\": %d, \"val_loss\": %.9g}", step, vl);
             }
         }
-        if (root) {
-            fflush(stdout);
-            fflush(metrics);
-        }
+        if (root) fflush(stdout);
         if (lb_run_save_due(c, step, c->train.steps)) {
             st.step = step;
             lb_loader_tell(train, &st.loader_shard, &st.loader_pos);   // the same on every rank
             lb_run_save(c, ckdir, &opt, &st, ini, comm);
         }
     }
-    if (metrics) fclose(metrics);
+    lb_metrics_close(metrics);
     for (int j = 0; j < x.M; j++) {
         free(in[j]);
         free(tg[j]);

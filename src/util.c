@@ -10,33 +10,6 @@
 #include <time.h>
 #include <unistd.h>
 
-FILE *lb_metrics_open(const char *path, long resume_step, char *err, size_t errlen)
-{
-    FILE *f = NULL;
-    if (resume_step >= 0 && access(path, F_OK) == 0) {
-        char *text = lb_read_file(path, NULL, err, errlen);
-        if (!text) return NULL;
-        lb_atomic_file a;
-        if (lb_atomic_open(&a, path, err, errlen) != 0) {
-            free(text);
-            return NULL;
-        }
-        for (char *line = text; *line;) {
-            char *end = strchr(line, '\n');
-            size_t len = end ? (size_t)(end - line + 1) : strlen(line);
-            long step;
-            if (sscanf(line, "{\"step\": %ld", &step) != 1 || step <= resume_step)
-                fwrite(line, 1, len, a.f);
-            line += len;
-        }
-        free(text);
-        if (lb_atomic_commit(&a, err, errlen) != 0) return NULL;
-    }
-    f = fopen(path, resume_step >= 0 ? "a" : "w");
-    if (!f) snprintf(err, errlen, "%s: cannot open for writing: %s", path, strerror(errno));
-    return f;
-}
-
 char *lb_read_file(const char *path, size_t *len, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");

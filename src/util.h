@@ -20,12 +20,6 @@ int lb_atomic_open(lb_atomic_file *a, const char *path, char *err, size_t errlen
 int lb_atomic_commit(lb_atomic_file *a, char *err, size_t errlen);
 void lb_atomic_abort(lb_atomic_file *a);
 
-// A run's metrics file (JSON lines, each starting {"step": N) opened to append. resume_step
-// < 0: a new run, the file emptied. Otherwise the rows of steps after resume_step are dropped
-// first (the run went past its last checkpoint before it stopped and repeats those steps), so
-// every step keeps one row; the kept rows are written atomically. NULL with a message in err.
-FILE *lb_metrics_open(const char *path, long resume_step, char *err, size_t errlen);
-
 int lb_mkdirs(const char *dir, char *err, size_t errlen);      // mkdir -p
 // Sorted matches of a glob pattern; *out is malloc'd (free with lb_glob_free). Returns count.
 int lb_glob(const char *pattern, char ***out);

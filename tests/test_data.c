@@ -2,6 +2,7 @@
 #include "src/data.h"
 
 #include "kernels/common.h"
+#include "src/metrics.h"
 #include "src/util.h"
 #include "tests/testutil.h"
 
@@ -719,6 +720,74 @@ START_TEST(text_corpus)
 }
 END_TEST
 
+// ---- metrics: JSON lines and TensorBoard event files ----------------------------------------
+
+static uint32_t le32(const unsigned char *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
+
+// CRC-32C against its check value; an event file's records framed as TFRecords (lengths and
+// masked CRCs checked), the version record first, then one record a metrics line with its tags
+// and values; a reopened run's rows after the resumed step dropped. tests/tools/read_tfevents.py
+// reads the same files with the tensorboard package.
+START_TEST(metrics_tfevents)
+{
+    ck_assert_uint_eq(lb_crc32c("123456789", 9), 0xE3069283u);   // the CRC-32C check value
+    const char *dir = scratch();
+    lb_metrics *m = lb_metrics_open(dir, "metrics.jsonl", "train", -1, err, sizeof err);
+    ck_assert_msg(m != NULL, "%s", err);
+    for (int s = 1; s <= 4; s++)
+        lb_metrics_printf(m, "{\"step\": %d, \"loss\": %.9g, \"lr\": 0.001, \"note\": null}", s,
+                          5.0 - s);
+    lb_metrics_close(m);
+    DIR *d = opendir(dir);
+    char ev[1100] = "";
+    for (struct dirent *e; (e = readdir(d));)
+        if (!strncmp(e->d_name, "events.out.tfevents.", 20))
+            snprintf(ev, sizeof ev, "%s/%s", dir, e->d_name);
+    closedir(d);
+    ck_assert_msg(ev[0], "no event file in %s", dir);
+    size_t n;
+    unsigned char *b = (unsigned char *)lb_read_file(ev, &n, err, sizeof err);
+    ck_assert_msg(b != NULL, "%s", err);
+    int records = 0;
+    for (size_t o = 0; o < n; records++) {
+        ck_assert(o + 12 <= n);
+        uint64_t len = le32(b + o) | (uint64_t)le32(b + o + 4) << 32;
+        ck_assert_uint_eq(le32(b + o + 8), lb_crc32c_masked(b + o, 8));
+        ck_assert(o + 12 + len + 4 <= n);
+        const unsigned char *data = b + o + 12;
+        ck_assert_uint_eq(le32(data + len), lb_crc32c_masked(data, len));
+        if (records == 0) {
+            ck_assert(memmem(data, len, "brain.Event:2", 13) != NULL);
+        } else {
+            // step (field 2) records - 0 .. 3 + 1, the tags, loss's float bits (5 - step)
+            ck_assert(memmem(data, len, "train/loss", 10) && memmem(data, len, "train/lr", 8));
+            ck_assert(!memmem(data, len, "train/note", 10) && !memmem(data, len, "train/step", 10));
+            const unsigned char step_field[2] = {0x10, (unsigned char)records};
+            ck_assert(memmem(data, len, step_field, 2) != NULL);
+            float v = (float)(5 - records);
+            unsigned char bits[5] = {0x15};
+            memcpy(bits + 1, &v, 4);
+            ck_assert(memmem(data, len, bits, 5) != NULL);
+        }
+        o += 12 + len + 4;
+    }
+    ck_assert_int_eq(records, 5);
+    free(b);
+    // resumed at step 2 in the same directory: steps 3 and 4 will run again
+    char path[1100];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    m = lb_metrics_open(dir, "metrics.jsonl", "train", 2, err, sizeof err);
+    ck_assert_msg(m != NULL, "%s", err);
+    lb_metrics_printf(m, "{\"step\": 3, \"loss\": 2}");
+    lb_metrics_close(m);
+    char *text = lb_read_file(path, NULL, err, sizeof err);
+    ck_assert_str_eq(text, "{\"step\": 1, \"loss\": 4, \"lr\": 0.001, \"note\": null}\n"
+                           "{\"step\": 2, \"loss\": 3, \"lr\": 0.001, \"note\": null}\n"
+                           "{\"step\": 3, \"loss\": 2}\n");
+    free(text);
+}
+END_TEST
+
 static Suite *data_suite(void)
 {
     Suite *s = suite_create("data");
@@ -736,6 +805,7 @@ static Suite *data_suite(void)
     tcase_add_test(tc, arith_corpus_split);
     tcase_add_test(tc, arith_corpus_errors);
     tcase_add_test(tc, text_corpus);
+    tcase_add_test(tc, metrics_tfevents);
     suite_add_tcase(s, tc);
     return s;
 }

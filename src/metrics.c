@@ -1,0 +1,238 @@
+// metrics.c: metrics.jsonl and TensorBoard event files (see metrics.h).
+#include "src/metrics.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+#include "src/util.h"
+
+struct lb_metrics {
+    FILE *f;                       // the JSON lines
+    FILE *tb;                      // the event file
+    char prefix[32];
+};
+
+uint32_t lb_crc32c(const void *data, size_t n)
+{
+    static uint32_t table[256];
+    static int ready;
+    if (!ready) {   // reflected polynomial 0x1EDC6F41
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int k = 0; k < 8; k++) c = c & 1 ? 0x82F63B78u ^ (c >> 1) : c >> 1;
+            table[i] = c;
+        }
+        ready = 1;
+    }
+    const unsigned char *p = data;
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < n; i++) c = table[(c ^ p[i]) & 255] ^ (c >> 8);
+    return c ^ 0xffffffffu;
+}
+
+uint32_t lb_crc32c_masked(const void *data, size_t n)
+{
+    uint32_t c = lb_crc32c(data, n);
+    return ((c >> 15) | (c << 17)) + 0xa282ead8u;
+}
+
+// --- protobuf, the few wire forms an Event needs ----------------------------------------------
+
+typedef struct {
+    unsigned char *b;
+    size_t n, cap;
+} buf;
+
+static void put(buf *o, const void *p, size_t n)
+{
+    if (o->n + n > o->cap) {
+        o->cap = (o->n + n) * 2 + 64;
+        o->b = realloc(o->b, o->cap);
+        if (!o->b) {
+            fprintf(stderr, "lowbit: out of memory\n");
+            exit(1);
+        }
+    }
+    memcpy(o->b + o->n, p, n);
+    o->n += n;
+}
+
+static void put_varint(buf *o, uint64_t v)
+{
+    unsigned char c[10];
+    int n = 0;
+    do {
+        c[n] = (unsigned char)(v & 0x7f);
+        v >>= 7;
+        if (v) c[n] |= 0x80;
+        n++;
+    } while (v);
+    put(o, c, (size_t)n);
+}
+
+static void put_le(buf *o, uint64_t v, int bytes)
+{
+    unsigned char c[8];
+    for (int i = 0; i < bytes; i++) c[i] = (unsigned char)(v >> (8 * i));
+    put(o, c, (size_t)bytes);
+}
+
+// field (wire type 2): bytes
+static void put_bytes(buf *o, int field, const void *p, size_t n)
+{
+    put_varint(o, (uint64_t)field << 3 | 2);
+    put_varint(o, n);
+    put(o, p, n);
+}
+
+// An Event: wall_time (1, double), step (2, int64), then one of file_version (3, string) or
+// summary (5, a Summary message).
+static void put_event(buf *o, double wall, int64_t step, const char *version, const buf *summary)
+{
+    uint64_t w;
+    memcpy(&w, &wall, 8);
+    put_varint(o, 1 << 3 | 1);
+    put_le(o, w, 8);
+    put_varint(o, 2 << 3 | 0);
+    put_varint(o, (uint64_t)step);
+    if (version) put_bytes(o, 3, version, strlen(version));
+    else put_bytes(o, 5, summary->b, summary->n);
+}
+
+// Summary.value (1): a Value of tag (1, string) and simple_value (2, float).
+static void put_scalar(buf *summary, const char *tag, float v)
+{
+    buf val = {0};
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    put_bytes(&val, 1, tag, strlen(tag));
+    put_varint(&val, 2 << 3 | 5);
+    put_le(&val, u, 4);
+    put_bytes(summary, 1, val.b, val.n);
+    free(val.b);
+}
+
+// One TFRecord around the event bytes.
+static void write_record(FILE *f, const buf *e)
+{
+    unsigned char len[8];
+    for (int i = 0; i < 8; i++) len[i] = (unsigned char)((uint64_t)e->n >> (8 * i));
+    uint32_t lc = lb_crc32c_masked(len, 8), dc = lb_crc32c_masked(e->b, e->n);
+    unsigned char c[4];
+    fwrite(len, 1, 8, f);
+    for (int i = 0; i < 4; i++) c[i] = (unsigned char)(lc >> (8 * i));
+    fwrite(c, 1, 4, f);
+    fwrite(e->b, 1, e->n, f);
+    for (int i = 0; i < 4; i++) c[i] = (unsigned char)(dc >> (8 * i));
+    fwrite(c, 1, 4, f);
+}
+
+static double wall_now(void)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (double)tv.tv_sec + 1e-6 * (double)tv.tv_usec;
+}
+
+// --- the sink -----------------------------------------------------------------------------------
+
+// FILE's rows of steps after resume_step dropped, atomically (see metrics.h).
+static int drop_later_rows(const char *path, long resume_step, char *err, size_t errlen)
+{
+    char *text = lb_read_file(path, NULL, err, errlen);
+    if (!text) return -1;
+    lb_atomic_file a;
+    if (lb_atomic_open(&a, path, err, errlen) != 0) {
+        free(text);
+        return -1;
+    }
+    for (char *line = text; *line;) {
+        char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line + 1) : strlen(line);
+        long step;
+        if (sscanf(line, "{\"step\": %ld", &step) != 1 || step <= resume_step)
+            fwrite(line, 1, len, a.f);
+        line += len;
+    }
+    free(text);
+    return lb_atomic_commit(&a, err, errlen);
+}
+
+lb_metrics *lb_metrics_open(const char *out_dir, const char *file, const char *prefix,
+                            long resume_step, char *err, size_t errlen)
+{
+    char path[1100], tb[1200], host[64] = "host";
+    snprintf(path, sizeof path, "%s/%s", out_dir, file);
+    if (resume_step >= 0 && access(path, F_OK) == 0 &&
+        drop_later_rows(path, resume_step, err, errlen) != 0)
+        return NULL;
+    lb_metrics *m = calloc(1, sizeof *m);
+    snprintf(m->prefix, sizeof m->prefix, "%s", prefix);
+    m->f = fopen(path, resume_step >= 0 ? "a" : "w");
+    if (!m->f) {
+        snprintf(err, errlen, "%s: cannot open for writing: %s", path, strerror(errno));
+        free(m);
+        return NULL;
+    }
+    gethostname(host, sizeof host - 1);
+    snprintf(tb, sizeof tb, "%s/events.out.tfevents.%ld.%s.%ld", out_dir, (long)time(NULL), host,
+             (long)getpid());
+    m->tb = fopen(tb, "wb");
+    if (!m->tb) {
+        snprintf(err, errlen, "%s: cannot open for writing: %s", tb, strerror(errno));
+        fclose(m->f);
+        free(m);
+        return NULL;
+    }
+    buf e = {0};
+    put_event(&e, wall_now(), 0, "brain.Event:2", NULL);
+    write_record(m->tb, &e);
+    free(e.b);
+    fflush(m->tb);
+    return m;
+}
+
+void lb_metrics_printf(lb_metrics *m, const char *fmt, ...)
+{
+    char line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(m->f, "%s\n", line);
+    fflush(m->f);
+    // every number but the step, as PREFIX/KEY at that step
+    cJSON *j = cJSON_Parse(line);
+    const cJSON *step = j ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL;
+    if (cJSON_IsNumber(step)) {
+        buf summary = {0}, e = {0};
+        for (const cJSON *it = j->child; it; it = it->next) {
+            if (it == step || !cJSON_IsNumber(it)) continue;
+            char tag[160];
+            snprintf(tag, sizeof tag, "%s/%s", m->prefix, it->string);
+            put_scalar(&summary, tag, (float)it->valuedouble);
+        }
+        if (summary.n) {
+            put_event(&e, wall_now(), (int64_t)step->valuedouble, NULL, &summary);
+            write_record(m->tb, &e);
+            fflush(m->tb);
+        }
+        free(summary.b);
+        free(e.b);
+    }
+    cJSON_Delete(j);
+}
+
+void lb_metrics_close(lb_metrics *m)
+{
+    if (!m) return;
+    fclose(m->f);
+    fclose(m->tb);
+    free(m);
+}
