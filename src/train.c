@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 #include "kernels/common.h"
@@ -28,6 +29,22 @@ static void fmt_duration(char *buf, size_t len, double s)
     long t = (long)(s + 0.5);
     if (t >= 3600) snprintf(buf, len, "%ldh%02ldm", t / 3600, t / 60 % 60);
     else snprintf(buf, len, "%ldm%02lds", t / 60, t % 60);
+}
+
+// The terminal's width when stdout is one (progress is then refreshed in place between the
+// logged steps), else 0 (files and pipes get the logged lines only).
+static int tty_columns(void)
+{
+    struct winsize ws;
+    if (!isatty(STDOUT_FILENO)) return 0;
+    return ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0 ? ws.ws_col : 80;
+}
+
+// Ends a line refreshed in place (*pending) before other output.
+static void tty_clear(int *pending)
+{
+    if (*pending) printf("\r\033[K");
+    *pending = 0;
 }
 
 static double max_rss_mib(void)
@@ -380,6 +397,8 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
     const double flops_tok = lb_model_flops_per_token(&m->cfg, T);
     const long tokens_step = (long)B * T * G;   // the global batch
     double t0 = lb_now();
+    const int tty = root && c->train.log_every > 0 ? tty_columns() : 0;
+    int pending = 0;   // an in-place line is on the terminal
     int first = (int)st.step + 1;
     for (int step = first; step <= c->train.steps; step++) {
         double ts = lb_now();
@@ -412,12 +431,24 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
         int done = step - first + 1, left = c->train.steps - step;
         char eta[32];
         fmt_duration(eta, sizeof eta, (now - t0) / done * left);
-        if (root && c->train.log_every > 0 &&
-            (step % c->train.log_every == 0 || step == c->train.steps))
+        const int logged = c->train.log_every > 0 &&
+                           (step % c->train.log_every == 0 || step == c->train.steps);
+        if (root && logged) {
+            tty_clear(&pending);
             printf("step %5d/%d | loss %.4f | lr %.2e | norm %.4f | %.0f tok/s | %.2f TFLOP/s | "
                    "mem %.0f MiB | ETA %s\n",
                    step, c->train.steps, loss, lr, norm, tok_s, tok_s * flops_tok / 1e12,
                    max_rss_mib(), eta);
+        } else if (root && tty) {
+            // between logged steps, on a terminal: one short line rewritten in place
+            char line[160];
+            int w = snprintf(line, sizeof line, "step %d/%d | loss %.4f | %.0f tok/s | ETA %s",
+                             step, c->train.steps, loss, tok_s, eta);
+            if (w > tty - 1) line[tty > 1 ? tty - 1 : 0] = 0;
+            printf("\r\033[K%s", line);
+            fflush(stdout);
+            pending = 1;
+        }
         if (root)
             lb_metrics_printf(metrics,
                               "{\"step\": %d, \"loss\": %.9g, \"ce_loss\": %.9g, \"aux_loss\": "
@@ -429,12 +460,14 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
             (step % c->train.val_every == 0 || step == c->train.steps)) {
             double vl = validate(c, &x, val, in[0], tg[0]);
             if (root) {
+                tty_clear(&pending);
                 printf("step %5d/%d | val loss %.4f\n", step, c->train.steps, vl);
                 lb_metrics_printf(metrics, "{\"step\": %d, \"val_loss\": %.9g}", step, vl);
             }
         }
         if (root) fflush(stdout);
         if (lb_run_save_due(c, step, c->train.steps)) {
+            if (root) tty_clear(&pending);
             st.step = step;
             lb_loader_tell(train, &st.loader_shard, &st.loader_pos);   // the same on every rank
             lb_run_save(c, ckdir, &opt, &st, ini, comm);

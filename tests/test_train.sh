@@ -34,6 +34,18 @@ grep -q "^configuration: $tmp/learn/config.ini " "$tmp/learn.log" || fail "confi
 "$bin" train "$src/examples/tiny-moe.cfg" "${small[@]}" --set train.steps=1 --set train.warmup_steps=0 \
     --set run.out_dir="$tmp/verbose" -v > "$tmp/verbose.log"
 grep -q "^# resolved configuration" "$tmp/verbose.log" || fail "-v prints no configuration"
+# progress: in a file the logged steps only; on a terminal (script's pty) the steps between them
+# too, each rewritten in place
+printf '%q ' "$bin" train "$src/examples/tiny-moe.cfg" "${small[@]}" --set train.steps=6 \
+    --set train.warmup_steps=1 --set train.log_every=3 --set run.out_dir="$tmp/tty" > "$tmp/tty.sh"
+bash "$tmp/tty.sh" > "$tmp/file.out"
+[ "$(grep -c '^step     [36]/6 | loss ' "$tmp/file.out")" = 2 ] && ! grep -q $'\r' "$tmp/file.out" ||
+    fail "a log file should hold the logged steps, each on a line of its own"
+if command -v script > /dev/null; then
+    script -qec "bash $tmp/tty.sh" "$tmp/tty.out" > /dev/null
+    grep -q $'\r\033\[Kstep 2/6 | loss ' "$tmp/tty.out" || fail "no in-place progress on a terminal"
+    grep -q $'\r\033\[Kstep     3/6 | loss ' "$tmp/tty.out" || fail "no logged step on a terminal"
+fi
 
 # 2. Resume: 8 steps straight, and the same run restarted from its step-4 checkpoint.
 run=("${small[@]}" --set train.steps=8 --set train.warmup_steps=2 --set checkpoint.save_every=4
