@@ -701,11 +701,36 @@ static int part(const lb_backend *be, const char *what)
     return 1;
 }
 
-int lb_cmd_bench(const lb_config *c, lb_comm *comm)
+// The bench.* sizes default to the GPU benchmark's shapes, which the CPU would take many
+// minutes over: on the CPU each size left at its default is cut to a CPU-sized one (said in
+// one line); sizes given in the file or with --set are kept.
+static void cpu_sizes(lb_config *c)
+{
+    lb_config d;
+    lb_config_defaults(&d);
+    int cut = 0;
+#define CUT(field, small)                                                                     \
+    if (c->bench.field == d.bench.field && c->bench.field != (small)) c->bench.field = (small), cut = 1
+    CUT(m, 1024); CUT(n, 1024); CUT(k, 1024); CUT(experts, 8); CUT(expert_rows, 256);
+    CUT(attn_batch, 1); CUT(attn_seq, 512); CUT(rollout_batch, 8); CUT(rollout_prompt, 32);
+    CUT(rollout_new, 32);
+#undef CUT
+    if (cut)
+        printf("# bench sizes left at their (GPU) defaults are cut for the CPU: gemm %d x %d x %d, "
+               "grouped %d x %d rows, attention %d x %d, rollout %d x (%d + %d)\n", c->bench.m,
+               c->bench.n, c->bench.k, c->bench.experts, c->bench.expert_rows,
+               c->bench.attn_batch, c->bench.attn_seq, c->bench.rollout_batch,
+               c->bench.rollout_prompt, c->bench.rollout_new);
+}
+
+int lb_cmd_bench(const lb_config *cfg, lb_comm *comm)
 {
     if (comm->rank != 0) return 0;
-    lb_backend *be = lb_backend_open(c);
+    lb_backend *be = lb_backend_open(cfg);
     if (!be) return 1;
+    lb_config cc = *cfg;
+    if (!strcmp(be->name, "cpu")) cpu_sizes(&cc);
+    const lb_config *c = &cc;
     printf("lowbit bench on %s (deterministic %d, %d timed iterations after %d)\n", be->name,
            be->deterministic, c->bench.iters, c->bench.warmup);
     const char *k = c->bench.kind;
