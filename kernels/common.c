@@ -1,4 +1,5 @@
 #include "kernels/common.h"
+#include "kernels/sample.h"   // the generator, one source for host and device
 
 #include <math.h>
 #include <stdarg.h>
@@ -43,13 +44,7 @@ void *lb_calloc(size_t n, size_t size)
     return p;
 }
 
-uint64_t lb_hash64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
+uint64_t lb_hash64(uint64_t x) { return lb_sample_hash(x); }
 
 uint64_t lb_rand_u64(uint64_t seed, uint64_t stream, uint64_t counter)
 {
@@ -58,7 +53,7 @@ uint64_t lb_rand_u64(uint64_t seed, uint64_t stream, uint64_t counter)
 
 float lb_rand_uniform(uint64_t seed, uint64_t stream, uint64_t counter)
 {
-    return (float)(lb_rand_u64(seed, stream, counter) >> 40) * (1.0f / 16777216.0f);
+    return lb_sample_uniform(seed, stream, counter);
 }
 
 float lb_rand_normal(uint64_t seed, uint64_t stream, uint64_t counter)

@@ -29,7 +29,8 @@
 #define LB_SAMPLE_MAX_V (1 << 23)
 #define LB_SAMPLE_ONE ((uint64_t)1 << 39)   // the weight of the maximum
 
-// lb_rand_uniform (kernels/common.c), for the device too: the same integer hash.
+// The counter-based generator (kernels/common.c's lb_hash64 and lb_rand_uniform call these),
+// for the device too.
 LB_HD uint64_t lb_sample_hash(uint64_t x)
 {
     x += 0x9e3779b97f4a7c15ull;
