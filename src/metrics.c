@@ -200,10 +200,13 @@ lb_metrics *lb_metrics_open(const char *out_dir, const char *file, const char *p
 
 void lb_metrics_printf(lb_metrics *m, const char *fmt, ...)
 {
-    char line[4096];
+    char *line = NULL;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
+    if (vasprintf(&line, fmt, ap) < 0) {
+        fprintf(stderr, "lowbit: out of memory\n");
+        exit(1);
+    }
     va_end(ap);
     fprintf(m->f, "%s\n", line);
     fflush(m->f);
@@ -227,6 +230,7 @@ void lb_metrics_printf(lb_metrics *m, const char *fmt, ...)
         free(e.b);
     }
     cJSON_Delete(j);
+    free(line);
 }
 
 void lb_metrics_close(lb_metrics *m)
