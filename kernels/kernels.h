@@ -123,9 +123,13 @@ typedef struct {
     uint16_t *c16;   // NULL, or (beta 0) C stored in bf16 instead, as lb_gemm_args.c16
 } lb_gemm_q_args;
 
-// One layer's KV cache for sampling: the k and v rows of every (sequence slot, position, kv
-// head). fp8 = 0: k, v are fp32 (slots, cap, hkv, d). fp8 = 1: k, v hold E4M3 codes
-// (slots, cap, hkv, d) one byte each and ks, vs their FP32 scales (slots, cap, hkv, nb),
+// One layer's KV cache for sampling: the k and v rows of every (sequence slot, kv head,
+// position), (slots, hkv, cap, ...) in that order, so the keys one decode query reads are
+// contiguous. fp8 = 0, bf16 = 0: k, v are fp32 rows of d. bf16 = 1: bf16 rows of
+// lb_kv_ld(c) = d rounded up to 16, zero past d (the bf16-mode attention rounds k and v to
+// bf16 before any product, so the cache holds exactly the values it reads, in half the
+// bytes; attention_cached takes such a cache in bf16 mode only). fp8 = 1: k, v hold E4M3
+// codes, rows of d bytes, and ks, vs their FP32 scales (slots, hkv, cap, nb),
 // nb = ceil(d / 128): each (token, head) row quantized as fp8-block activations (1x128 blocks,
 // scale amax / 448, doc/formats.md), read back as code * scale.
 typedef struct {
@@ -133,7 +137,15 @@ typedef struct {
     int slots, cap, hkv, d;
     void *k, *v;                   // backend memory
     float *ks, *vs;                // fp8 only, backend memory
+    int bf16;                      // bf16 rows (fp8 = 0 only)
 } lb_kv_layer;
+
+// Elements per cache row (see lb_kv_layer) and the row index of (slot, kv head, position).
+static inline int lb_kv_ld(const lb_kv_layer *c) { return c->bf16 ? (c->d + 15) / 16 * 16 : c->d; }
+static inline size_t lb_kv_row(const lb_kv_layer *c, int slot, int h, int pos)
+{
+    return ((size_t)slot * c->hkv + h) * c->cap + pos;
+}
 
 // Keys per chunk of the bf16-mode attention's online softmax (attention_fwd below): chunks are
 // aligned at position 0 whatever the call's size, so a row's arithmetic depends on its
@@ -287,7 +299,8 @@ struct lb_backend {
     // --- attention over a KV cache: sampling's prefill and decode in one call ----------------
     // Writes the k and v rows (n, hkv, d) of n new tokens into the cache at (slot[i], pos[i]).
     // An fp8 cache copies instead the codes and scales of kq and vq, the row-wise fp8-block
-    // quantizations of k and v viewed as (n * hkv, d) (k and v are then not read).
+    // quantizations of k and v viewed as (n * hkv, d) (k and v are then not read); a bf16
+    // cache stores k and v rounded to bf16 (to nearest even, as to_bf16), zeros past d.
     // slot, pos (n) are backend int32 arrays; slot in [0, slots), pos in [0, cap).
     void (*kv_append)(lb_backend *, const lb_kv_layer *c, const float *k, const float *v,
                       const struct lb_qmat *kq, const struct lb_qmat *vq, const int32_t *slot,

@@ -496,6 +496,28 @@ double lb_model_flops_per_token(const lb_model_config *cfg, int seq_len)
 
 void lb_model_set_kv_fp8(lb_model *m, int on) { m->kv_fp8 = !!on; }
 
+int lb_model_set_kv_cache(lb_model *m, const char *kind, char *err, size_t errlen)
+{
+    int fp8 = !strcmp(kind, "fp8"), fp32 = !strcmp(kind, "fp32");
+    if (!fp8 && !fp32 && strcmp(kind, "auto") && strcmp(kind, "bf16")) {
+        snprintf(err, errlen, "KV cache '%s': auto, fp32, bf16 or fp8", kind);
+        return -1;
+    }
+    if (!strcmp(kind, "bf16") && !m->contract.attention_bf16) {
+        snprintf(err, errlen, "KV cache bf16 needs bf16 attention (precision.attention), "
+                 "which this recipe runs in fp32");
+        return -1;
+    }
+    lb_model_set_kv_fp8(m, fp8);
+    m->kv_fp32 = fp32;
+    return 0;
+}
+
+int lb_model_kv_bf16(const lb_model *m)
+{
+    return !m->kv_fp8 && !m->kv_fp32 && m->contract.attention_bf16;
+}
+
 void lb_model_set_ce_chunk(lb_model *m, int rows) { m->ce_chunk = rows > 0 ? rows : 0; }
 
 int lb_model_set_recompute(lb_model *m, const char *how, char *err, size_t errlen)
@@ -514,7 +536,8 @@ size_t lb_kvcache_bytes(const lb_model *m, int slots, int capacity, int max_rows
 {
     const lb_model_config *c = &m->cfg;
     size_t hkv = (size_t)(c->num_key_value_heads / m->par.tp), d = (size_t)c->head_dim;
-    size_t row = m->kv_fp8 ? d + (d + 127) / 128 * sizeof(float) : d * sizeof(float);
+    size_t row = m->kv_fp8 ? d + (d + 127) / 128 * sizeof(float)
+                 : lb_model_kv_bf16(m) ? (d + 15) / 16 * 16 * sizeof(uint16_t) : d * sizeof(float);
     return 2 * (size_t)c->num_hidden_layers * slots * capacity * hkv * row +
            (size_t)max_rows * c->vocab_size * sizeof(float);
 }
@@ -538,16 +561,18 @@ lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows
     kv->capacity = capacity;
     kv->max_rows = max_rows;
     kv->fp8 = m->kv_fp8;
+    kv->bf16 = lb_model_kv_bf16(m);
     // this rank's kv heads under tensor parallelism
     int L = c->num_hidden_layers, hkv = c->num_key_value_heads / m->par.tp, d = c->head_dim;
     size_t rows = (size_t)slots * capacity * hkv;
     kv->layer = lb_calloc(L, sizeof *kv->layer);
     for (int l = 0; l < L; l++) {
         lb_kv_layer *y = &kv->layer[l];
-        *y = (lb_kv_layer){kv->fp8, slots, capacity, hkv, d, NULL, NULL, NULL, NULL};
-        size_t elem = kv->fp8 ? 1 : sizeof(float);
-        y->k = be->alloc(be, rows * d * elem);
-        y->v = be->alloc(be, rows * d * elem);
+        *y = (lb_kv_layer){.fp8 = kv->fp8, .slots = slots, .cap = capacity, .hkv = hkv,
+                           .d = d, .bf16 = kv->bf16};
+        size_t elem = kv->fp8 ? 1 : kv->bf16 ? sizeof(uint16_t) : sizeof(float);
+        y->k = be->alloc(be, rows * lb_kv_ld(y) * elem);   // zero-filled: bf16 pads are 0
+        y->v = be->alloc(be, rows * lb_kv_ld(y) * elem);
         if (kv->fp8) {
             size_t nb = ((size_t)d + 127) / 128;
             y->ks = be->alloc(be, rows * nb * sizeof(float));
@@ -608,6 +633,8 @@ void lb_model_forward_cached_dev(lb_model *m, lb_kvcache *kv, const int32_t *row
         lb_die("cached forward of %d tokens; the cache takes 1..%d per call", n, kv->max_rows);
     if (kv->fp8 != m->kv_fp8)
         lb_die("KV cache made with kv_fp8 %d, model now has %d", kv->fp8, m->kv_fp8);
+    if (kv->bf16 && !m->contract.attention_bf16)
+        lb_die("KV cache of bf16 rows, but the model's attention now runs in fp32");
     kv->tokens = rows;
     kv->slot = rows + n;
     kv->pos = rows + 2 * (size_t)n;

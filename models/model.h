@@ -100,7 +100,7 @@ typedef struct lb_model lb_model;
 // A KV cache for sampling (lb_model_forward_cached): per layer the k and v of `slots`
 // sequences of up to `capacity` positions, and room for max_rows new tokens per call.
 typedef struct {
-    int slots, capacity, max_rows, fp8;
+    int slots, capacity, max_rows, fp8, bf16;   // bf16: rows of bf16 (lb_kv_layer)
     lb_kv_layer *layer;            // (num_hidden_layers) host array of backend caches
     float *logits;                 // (max_rows, vocab) backend memory: the last call's logits
     const int32_t *tokens, *slot, *pos;   // (n) backend: the last call's rows
@@ -199,6 +199,8 @@ struct lb_model {
     // Attention reads k (after RoPE) and v through E4M3 (fp8-block rows, as the fp8 KV cache
     // stores them; straight-through gradient), so training matches an fp8-cache sampler.
     int kv_fp8;
+    // New caches keep fp32 rows even where bf16 ones would serve (sample.kv_cache = fp32).
+    int kv_fp32;
     // Activation recomputation (lb_model_set_recompute): LB_RECOMPUTE_SELECTIVE recomputes a
     // layer's norms, core attention and SwiGLU before its backward; LB_RECOMPUTE_FULL keeps
     // only each layer's input and runs its whole forward again.
@@ -295,8 +297,8 @@ const lb_tensor *lb_model_find(const lb_model *m, const char *name);
 // with the same two operations (lb_model_temper, then cross_entropy_fwd in lb_model_nll_dev),
 // on logits that the forward and the cached forward give bitwise alike.
 lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows);
-// The bytes of such a cache's k and v (every layer, this rank's kv heads, at the model's
-// kv_fp8) and its logits rows: the bulk of lb_kvcache_create's allocations.
+// The bytes of such a cache's k and v (every layer, this rank's kv heads, in the elements
+// lb_model_set_kv_cache chose) and its logits rows: the bulk of lb_kvcache_create's allocations.
 size_t lb_kvcache_bytes(const lb_model *m, int slots, int capacity, int max_rows);
 void lb_kvcache_free(lb_model *m, lb_kvcache *kv);
 // tokens, slot, pos (n <= max_rows) host arrays, checked; see lb_model_def.forward_cached.
@@ -327,6 +329,13 @@ enum { LB_RECOMPUTE_NONE = 0, LB_RECOMPUTE_SELECTIVE, LB_RECOMPUTE_FULL };
 int lb_model_set_recompute(lb_model *m, const char *how, char *err, size_t errlen);
 // Turns the fp8 KV numerics (m->kv_fp8) on or off for the training forward and new caches.
 void lb_model_set_kv_fp8(lb_model *m, int on);
+// The KV cache's elements (sample.kv_cache): "auto" (bf16 rows when the contract's attention
+// runs in bf16, which rounds k and v to bf16 anyway, else fp32), "fp32", "bf16" (bf16
+// attention only) or "fp8" (lb_model_set_kv_fp8). After lb_model_set_precision. -1 with a
+// message for another name or a bf16 cache under fp32 attention.
+int lb_model_set_kv_cache(lb_model *m, const char *kind, char *err, size_t errlen);
+// Whether a cache made now stores bf16 rows (see lb_kv_layer).
+int lb_model_kv_bf16(const lb_model *m);
 int64_t lb_model_active_params(const lb_model *m);
 // Megatron's count: 6 x active matmul parameters + causal attention (6 * layers * t * hq * d).
 double lb_model_flops_per_token(const lb_model_config *cfg, int seq_len);

@@ -445,6 +445,19 @@ static lb_model *bench_model(lb_backend *be, const lb_config *c)
     return m;
 }
 
+// bench_model with the KV cache of [sample] (the rollout and RL kinds).
+static lb_model *bench_kv_model(lb_backend *be, const lb_config *c)
+{
+    lb_model *m = bench_model(be, c);
+    char err[256];
+    if (m && lb_model_set_kv_cache(m, c->sample.kv_cache, err, sizeof err) != 0) {
+        fprintf(stderr, "lowbit bench: sample.kv_cache: %s\n", err);
+        lb_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
 // AdamW with [train]'s settings on a schedule too long to end while timing.
 static void bench_optimizer(lb_optimizer *o, lb_model *m, const lb_config *c)
 {
@@ -590,9 +603,8 @@ static void print_rollout(const lb_config *c, lb_backend *be, const lb_model *m,
 
 static int bench_rollout(lb_backend *be, const lb_config *c)
 {
-    lb_model *m = bench_model(be, c);
+    lb_model *m = bench_kv_model(be, c);
     if (!m) return 1;
-    lb_model_set_kv_fp8(m, !strcmp(c->sample.kv_cache, "fp8"));
     int B = c->bench.rollout_batch, P = c->bench.rollout_prompt, N = c->bench.rollout_new;
     lb_sampler *s = rollout_sampler(c, m, B, P, N);
     int rc = !s || (c->bench.warmup > 0 && rollout_warmup(c, m));
@@ -616,9 +628,8 @@ static int bench_rollout(lb_backend *be, const lb_config *c)
 // work is). bench.warmup untimed steps first, then bench.iters timed ones.
 static int bench_rl(lb_backend *be, const lb_config *c)
 {
-    lb_model *m = bench_model(be, c);
+    lb_model *m = bench_kv_model(be, c);
     if (!m) return 1;
-    lb_model_set_kv_fp8(m, !strcmp(c->sample.kv_cache, "fp8"));
     int B = c->bench.rollout_batch, P = c->bench.rollout_prompt, N = c->bench.rollout_new;
     int T = P + N, MB = c->rl.micro_batch < B ? c->rl.micro_batch : B;
     lb_optimizer opt;

@@ -91,7 +91,7 @@ typedef struct {
         char stop_tokens[64];      // comma list of token ids that end a completion
         int slots;                 // sequences decoded at once (continuous batching)
         int max_rows;              // tokens per forward call
-        char kv_cache[8];          // fp32 | fp8
+        char kv_cache[8];          // auto | fp32 | bf16 | fp8
         uint64_t seed;             // the draws of every (prompt, sample)
         int deterministic;         // batch-invariant operations (sampler = trainer bit for bit)
     } sample;

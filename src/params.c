@@ -222,8 +222,9 @@ const lb_param lb_params[] = {
          "sequences decoded at once (continuous batching)"),
     LB_P(sample, max_rows, I, "512", 1, 16777216, NULL,
          "tokens per forward call: decode steps plus prompt chunks (>= slots)"),
-    LB_P(sample, kv_cache, E, "fp32", 0, 0, "fp32|fp8",
-         "KV cache elements; fp8 = E4M3 rows with FP32 scales, and training attends alike"),
+    LB_P(sample, kv_cache, E, "auto", 0, 0, "auto|fp32|bf16|fp8",
+         "KV cache elements; auto = bf16 under bf16 attention, else fp32; fp8 = E4M3 rows "
+         "with FP32 scales, and training attends alike"),
     LB_P(sample, seed, U, "1", 0, 0, NULL, "seed of the draws of every (prompt, sample)"),
     LB_P(sample, deterministic, B, "true", 0, 0, NULL,
          "batch-invariant operations: sampler and trainer log-probs bitwise equal"),

@@ -398,11 +398,11 @@ static lb_model *rl_model_piece(const lb_config *c, lb_backend *be, const lb_mod
 {
     lb_model *m = lb_model_create_parallel(&c->model, be, par, err, errlen);
     if (m && (lb_model_set_precision(m, &c->precision, c->run.seed, err, errlen) != 0 ||
-              lb_model_set_recompute(m, c->train.recompute, err, errlen) != 0)) {
+              lb_model_set_recompute(m, c->train.recompute, err, errlen) != 0 ||
+              lb_model_set_kv_cache(m, c->sample.kv_cache, err, errlen) != 0)) {
         lb_model_free(m);
         return NULL;
     }
-    if (m) lb_model_set_kv_fp8(m, !strcmp(c->sample.kv_cache, "fp8"));
     return m;
 }
 

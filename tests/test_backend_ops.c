@@ -2979,16 +2979,22 @@ typedef struct {
     size_t rows, nb;    // cache rows (slots * cap * hkv) and fp8 scales per row
 } kv_pair;
 
-static size_t kv_elem_bytes(const kv_pair *p) { return p->h.fp8 ? 1 : 4; }
+enum { KV_F32, KV_FP8, KV_BF16 };   // the cache's elements (lb_kv_layer)
 
-static void kv_pair_init(kv_pair *p, int fp8, int slots, int cap, int hkv, int d)
+static size_t kv_elem_bytes(const kv_pair *p) { return p->h.fp8 ? 1 : p->h.bf16 ? 2 : 4; }
+
+static size_t kv_bytes(const kv_pair *p) { return p->rows * lb_kv_ld(&p->h) * kv_elem_bytes(p); }
+
+static void kv_pair_init(kv_pair *p, int kind, int slots, int cap, int hkv, int d)
 {
     memset(p, 0, sizeof *p);
-    p->h = (lb_kv_layer){fp8, slots, cap, hkv, d, NULL, NULL, NULL, NULL};
+    int fp8 = kind == KV_FP8;
+    p->h = (lb_kv_layer){.fp8 = fp8, .slots = slots, .cap = cap, .hkv = hkv, .d = d,
+                         .bf16 = kind == KV_BF16};
     p->d = p->h;
     p->rows = (size_t)slots * cap * hkv;
     p->nb = ((size_t)d + 127) / 128;
-    size_t kb = p->rows * d * kv_elem_bytes(p), sb = p->rows * p->nb * 4;
+    size_t kb = kv_bytes(p), sb = p->rows * p->nb * 4;
     p->h.k = lb_malloc(kb), p->h.v = lb_malloc(kb);
     memset(p->h.k, 0xff, kb), memset(p->h.v, 0xff, kb);
     p->d.k = dpoisoned(kb), p->d.v = dpoisoned(kb);
@@ -3009,7 +3015,7 @@ static void kv_pair_free(kv_pair *p)
 // The GPU cache's four arrays equal the CPU's, byte for byte.
 static void kv_pair_compare(const kv_pair *p, const char *what)
 {
-    size_t kb = p->rows * p->h.d * kv_elem_bytes(p), sb = p->rows * p->nb * 4;
+    size_t kb = kv_bytes(p), sb = p->rows * p->nb * 4;
     const void *hp[4] = {p->h.k, p->h.v, p->h.ks, p->h.vs};
     const void *dp[4] = {p->d.k, p->d.v, p->d.ks, p->d.vs};
     const char *names[4] = {"k", "v", "k scales", "v scales"};
@@ -3062,6 +3068,7 @@ static void kv_pair_append(kv_pair *p, const float *k, const float *v, const int
 static void kv_fill(kv_pair *p, const int *len)
 {
     int slots = p->h.slots, hkv = p->h.hkv, d = p->h.d, maxlen = 0, total = 0;
+    ck_assert_msg(slots % 3 != 0, "kv_fill scrambles the slots by 3: %d slots", slots);
     for (int s = 0; s < slots; s++) maxlen = len[s] > maxlen ? len[s] : maxlen, total += len[s];
     int32_t *slot = lb_malloc((size_t)total * 4), *pos = lb_malloc((size_t)total * 4);
     int r = 0;
@@ -3080,24 +3087,24 @@ static void kv_fill(kv_pair *p, const int *len)
     free(k), free(v), free(slot), free(pos);
 }
 
-static void kv_append_case(int fp8, int slots, int cap, int hkv, int d)
+static void kv_append_case(int kind, int slots, int cap, int hkv, int d)
 {
     kv_pair p;
-    kv_pair_init(&p, fp8, slots, cap, hkv, d);
+    kv_pair_init(&p, kind, slots, cap, hkv, d);
     int len[8];
     for (int s = 0; s < slots; s++) len[s] = (int)(lb_rand_u64(seed, next_stream, s) % cap);
     next_stream++;
     len[slots - 1] = cap;   // one slot full to the last position; others shorter, maybe empty
     kv_fill(&p, len);
     char what[128];
-    snprintf(what, sizeof what, "kv_append fp8 %d slots %d cap %d hkv %d d %d", fp8, slots, cap,
-             hkv, d);
+    snprintf(what, sizeof what, "kv_append kind %d slots %d cap %d hkv %d d %d", kind, slots,
+             cap, hkv, d);
     kv_pair_compare(&p, what);
     // Rewriting positions in place (a slot reused by the next request) overwrites them.
     int32_t slot[3] = {0, slots - 1, slots - 1}, pos[3] = {0, cap - 1, 3};
     float *k = randn((size_t)3 * hkv * d, 1), *v = randn((size_t)3 * hkv * d, 1);
     kv_pair_append(&p, k, v, slot, pos, 3);
-    snprintf(what, sizeof what, "kv_append fp8 %d d %d, overwrite", fp8, d);
+    snprintf(what, sizeof what, "kv_append kind %d d %d, overwrite", kind, d);
     kv_pair_compare(&p, what);
     free(k), free(v);
     kv_pair_free(&p);
@@ -3105,21 +3112,23 @@ static void kv_append_case(int fp8, int slots, int cap, int hkv, int d)
 
 START_TEST(test_kv_append)
 {
-    kv_append_case(0, 5, 41, 3, 72);
-    kv_append_case(0, 4, 29, 2, 128);
-    kv_append_case(1, 5, 41, 3, 72);    // one partial fp8 block per row
-    kv_append_case(1, 4, 37, 1, 160);   // a full and a partial block per row
+    kv_append_case(KV_F32, 5, 41, 3, 72);
+    kv_append_case(KV_F32, 4, 29, 2, 128);
+    kv_append_case(KV_FP8, 5, 41, 3, 72);    // one partial fp8 block per row
+    kv_append_case(KV_FP8, 4, 37, 1, 160);   // a full and a partial block per row
+    kv_append_case(KV_BF16, 5, 41, 3, 72);   // rows padded to 80 with zeros
+    kv_append_case(KV_BF16, 4, 29, 2, 128);
 }
 END_TEST
 
 // n query rows at random (slot, position) of the filled caches, hq = group * hkv heads; rows 0..3
 // take position 0, the last position of the fullest slot and the chunk edges 31 and 32 (bf16
 // mode: 63 and 64, its chunk edge). bf16: both backends in bf16 mode, bound B_ATTN_BF16.
-static void attention_cached_case(int fp8, int slots, int cap, int hkv, int group, int d, int n,
+static void attention_cached_case(int kind, int slots, int cap, int hkv, int group, int d, int n,
                                   int bf16)
 {
     kv_pair p;
-    kv_pair_init(&p, fp8, slots, cap, hkv, d);
+    kv_pair_init(&p, kind, slots, cap, hkv, d);
     int len[8];
     for (int s = 0; s < slots; s++)
         len[s] = 1 + (int)(lb_rand_u64(seed, next_stream, s) % (uint64_t)cap);
@@ -3145,8 +3154,8 @@ static void attention_cached_case(int fp8, int slots, int cap, int hkv, int grou
         keep[r] = hget(O, nq * 4);
     }
     char what[128];
-    snprintf(what, sizeof what, "attention_cached%s fp8 %d n %d hq %d hkv %d d %d cap %d",
-             bf16 ? " bf16" : "", fp8, n, hq, hkv, d, cap);
+    snprintf(what, sizeof what, "attention_cached%s kind %d n %d hq %d hkv %d d %d cap %d",
+             bf16 ? " bf16" : "", kind, n, hq, hkv, d, cap);
     CHECK_NMSE(what, keep[0], out, nq, bf16 ? B_ATTN_BF16 : B_ACCUM);
     CHECK_BITS("attention_cached, run twice", keep[0], keep[1], nq * 4);
     // Row 1 (the longest) alone equals its result among the n rows (batch invariance).
@@ -3157,10 +3166,12 @@ static void attention_cached_case(int fp8, int slots, int cap, int hkv, int grou
                (size_t)hq * d * 4);
     // Position 0 attends to its own key alone: the output is that value row (bf16 mode: the
     // value rounded to bf16).
-    if (!fp8)
+    if (kind != KV_FP8)
         for (int h = 0; h < hq; h++)
             for (int x = 0; x < d; x++) {
-                float vx = ((float *)p.h.v)[(size_t)(h / group) * d + x];
+                size_t e = lb_kv_row(&p.h, 0, h / group, 0) * lb_kv_ld(&p.h) + x;
+                float vx = kind == KV_BF16 ? lb_bf16_to_f32(((uint16_t *)p.h.v)[e])
+                                           : ((float *)p.h.v)[e];
                 ck_assert(keep[0][(size_t)h * d + x] == (bf16 ? lb_round_bf16(vx) : vx));
             }
     free(one), dfree(O1), free(keep[0]), free(keep[1]);
@@ -3175,28 +3186,36 @@ START_TEST(test_attention_cached)
     attention_cached_case(0, 4, 70, 4, 8, 128, 29, 0);    // Qwen3-30B-A3B's heads (32 q, 4 kv)
     attention_cached_case(0, 7, 41, 3, 1, 24, 53, 0);     // no grouping, head dim below a warp
     attention_cached_case(0, 2, 45, 1, 2, 256, 11, 0);    // the largest head dim
-    attention_cached_case(1, 5, 100, 2, 3, 64, 37, 0);    // fp8 cache, one partial block
-    attention_cached_case(1, 4, 70, 2, 2, 160, 23, 0);    // fp8, two blocks per row
+    attention_cached_case(KV_FP8, 5, 100, 2, 3, 64, 37, 0);    // fp8 cache, one partial block
+    attention_cached_case(KV_FP8, 4, 70, 2, 2, 160, 23, 0);    // fp8, two blocks per row
 }
 END_TEST
 
-// bf16 mode (the tensor-core kernels, head dims up to 128), fp32 and fp8 caches.
+// bf16 mode (the tensor-core kernels, head dims up to 128), fp32, fp8 and bf16 caches (the last
+// through the decode kernel that stages chunks in shared memory).
 START_TEST(test_attention_cached_bf16)
 {
     attention_cached_case(0, 5, 100, 2, 2, 64, 37, 1);    // GQA 2:1, keys up to 100
     attention_cached_case(0, 4, 200, 4, 8, 128, 29, 1);   // Qwen3-30B-A3B's heads, 200 keys
     attention_cached_case(0, 7, 77, 2, 2, 16, 53, 1);     // the smallest tile
     attention_cached_case(0, 4, 77, 2, 2, 40, 23, 1);     // d 40, padded to 48
-    attention_cached_case(1, 5, 100, 2, 2, 64, 37, 1);    // fp8 cache, one partial block
-    attention_cached_case(1, 4, 200, 4, 8, 128, 23, 1);   // fp8, one full block per row
+    attention_cached_case(KV_FP8, 5, 100, 2, 2, 64, 37, 1);    // fp8 cache, one partial block
+    attention_cached_case(KV_FP8, 4, 200, 4, 8, 128, 23, 1);   // fp8, one full block per row
+    attention_cached_case(KV_BF16, 5, 100, 2, 2, 64, 37, 1);
+    attention_cached_case(KV_BF16, 4, 200, 4, 8, 128, 29, 1);  // Qwen3-30B-A3B's heads
+    attention_cached_case(KV_BF16, 4, 330, 4, 16, 128, 9, 1);  // group 16, 6 chunks
+    attention_cached_case(KV_BF16, 5, 150, 1, 40, 128, 7, 1);  // group 40: three warps a block
+    attention_cached_case(KV_BF16, 7, 77, 2, 2, 16, 53, 1);    // the smallest tile
+    attention_cached_case(KV_BF16, 4, 77, 2, 2, 40, 23, 1);    // d 40, rows padded to 48
 }
 END_TEST
 
-// Sampler = trainer at the operation level: in bf16 mode attention_cached over a cache holding
-// exactly attention_fwd's keys and values (a fp32 cache of `cap` t has their (b, t, hkv, d)
-// layout, slot = sequence) gives every row attention_fwd's output bit for bit. The forward
-// kernels (wgmma for head dims 64 and 128, mma.sync otherwise) and the cache kernel (mma.sync)
-// share the softmax step, so only the products' bits could part them.
+// Sampler = trainer at the operation level: in bf16 mode attention_cached over a cache that
+// kv_append filled with exactly attention_fwd's keys and values (slot = sequence), fp32 or
+// bf16 rows, gives every row attention_fwd's output bit for bit. The forward kernels (wgmma for
+// head dims 64 and 128, mma.sync otherwise) and the cache kernels (mma.sync; fragments from the
+// cache or from shared memory) share the softmax step, so only the products' bits could part
+// them.
 static void attention_fwd_vs_cached_case(int b, int t, int hq, int hkv, int d)
 {
     size_t nq = (size_t)b * t * hq * d, nk = (size_t)b * t * hkv * d;
@@ -3207,15 +3226,25 @@ static void attention_fwd_vs_cached_case(int b, int t, int hq, int hkv, int d)
     int32_t *slot = lb_malloc((size_t)n * 4), *pos = lb_malloc((size_t)n * 4);
     for (int i = 0; i < n; i++) slot[i] = i / t, pos[i] = i % t;
     int32_t *S = dput(slot, (size_t)n * 4), *P = dput(pos, (size_t)n * 4);
-    lb_kv_layer c = {0, b, t, hkv, d, Kd, Vd, NULL, NULL};
     gpu->attention_fwd(gpu, O, L, Q, Kd, Vd, b, t, hq, hkv, d, 1);
-    gpu->attention_cached(gpu, OC, Q, &c, S, P, n, hq, 1);
-    float *o = hget(O, nq * 4), *oc = hget(OC, nq * 4);
-    char what[96];
-    snprintf(what, sizeof what, "attention bf16 fwd vs cached b %d t %d hq %d hkv %d d %d", b, t,
-             hq, hkv, d);
-    CHECK_BITS(what, o, oc, nq * 4);
-    free(o), free(oc), free(q), free(k), free(v), free(slot), free(pos);
+    float *o = hget(O, nq * 4);
+    const int kinds[2] = {KV_F32, KV_BF16};
+    for (int u = 0; u < 2; u++) {
+        int kind = kinds[u];
+        kv_pair p;   // only the GPU cache is used
+        kv_pair_init(&p, kind, b, t, hkv, d);
+        gpu->kv_append(gpu, &p.d, Kd, Vd, NULL, NULL, S, P, n);   // (n, hkv, d) = (b, t, hkv, d)
+        poison(OC, nq * 4);
+        gpu->attention_cached(gpu, OC, Q, &p.d, S, P, n, hq, 1);
+        float *oc = hget(OC, nq * 4);
+        char what[112];
+        snprintf(what, sizeof what, "attention bf16 fwd vs cached (kind %d) b %d t %d hq %d hkv %d "
+                 "d %d", kind, b, t, hq, hkv, d);
+        CHECK_BITS(what, o, oc, nq * 4);
+        free(oc);
+        kv_pair_free(&p);
+    }
+    free(o), free(q), free(k), free(v), free(slot), free(pos);
     dfree(Q), dfree(Kd), dfree(Vd), dfree(O), dfree(L), dfree(OC), dfree(S), dfree(P);
 }
 

@@ -107,8 +107,9 @@ static void *host(const void *d, size_t bytes)
 // scrambled order (sequence bi in slot perm[bi]) and read back by attention_cached, one call per
 // chunk of rows in another order. fp8: k and v go through the fp8-block quantization first (the
 // training forward's fake quantization), the cache stores the codes. bf16: both in bf16 mode,
-// over 130 positions (three of its 64-key chunks).
-static void cached_attention_case(int d, int fp8, int bf16)
+// over 130 positions (three of its 64-key chunks). store16: the cache holds bf16 rows (bf16
+// mode only).
+static void cached_attention_case(int d, int fp8, int bf16, int store16)
 {
     enum { Bq = 3, HQ = 4, HKV = 2 };
     const int Tq = bf16 ? 130 : 37;
@@ -137,9 +138,9 @@ static void cached_attention_case(int d, int fp8, int bf16)
     float *out = host(dout, nq * 4);
     // the cache: 5 slots, capacity Tq + 3; sequence bi lives in slot perm[bi]
     const int perm[Bq] = {4, 0, 2};
-    lb_kv_layer c = {fp8, 5, Tq + 3, HKV, d, NULL, NULL, NULL, NULL};
+    lb_kv_layer c = {.fp8 = fp8, .slots = 5, .cap = Tq + 3, .hkv = HKV, .d = d, .bf16 = store16};
     size_t rows = (size_t)c.slots * c.cap * HKV, nb = ((size_t)d + 127) / 128;
-    size_t cbytes = rows * d * (fp8 ? 1 : 4);
+    size_t cbytes = rows * lb_kv_ld(&c) * (fp8 ? 1 : store16 ? 2 : 4);
     unsigned char *poison = lb_malloc(cbytes);
     memset(poison, 0xff, cbytes);   // NaN: an unwritten position must not be read
     c.k = dev(poison, cbytes);
@@ -198,8 +199,8 @@ static void cached_attention_case(int d, int fp8, int bf16)
     }
     for (size_t i = 0; i < nq; i++)
         ck_assert_msg(memcmp(&got[i], &out[i], 4) == 0,
-                      "%s d %d fp8 %d bf16 %d: element %zu: cached %.9g, training %.9g",
-                      be->name, d, fp8, bf16, i, (double)got[i], (double)out[i]);
+                      "%s d %d fp8 %d bf16 %d store16 %d: element %zu: cached %.9g, training "
+                      "%.9g", be->name, d, fp8, bf16, store16, i, (double)got[i], (double)out[i]);
     void *bufs[] = {dq, dk, dv, dout, dlse, c.k, c.v, c.ks, c.vs, dqc, dkc, dvc, doc, dslot, dpos};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
@@ -211,17 +212,19 @@ static void attention_cached_cases(void)
     // bf16 mode: d 72 is no multiple of the tensor-core kernels' 16-wide tiles; 160 (two fp8
     // blocks per row) is beyond the CUDA bf16 kernels' 128, so the CPU alone runs it.
     int cpu = !strcmp(be->name, "cpu");
-    cached_attention_case(8, 0, 0);
-    cached_attention_case(160, 0, 0);
-    cached_attention_case(8, 0, 1);
-    cached_attention_case(72, 0, 1);
-    if (cpu) cached_attention_case(160, 0, 1);
+    cached_attention_case(8, 0, 0, 0);
+    cached_attention_case(160, 0, 0, 0);
+    for (int s16 = 0; s16 < 2; s16++) {   // fp32 rows, then bf16 rows (the same logits)
+        cached_attention_case(8, 0, 1, s16);
+        cached_attention_case(72, 0, 1, s16);
+        if (cpu) cached_attention_case(160, 0, 1, s16);
+    }
     if (!be->quantize) return;   // a backend without the codecs has no fp8 cache yet
-    cached_attention_case(8, 1, 0);
-    cached_attention_case(160, 1, 0);   // two fp8 blocks per row
-    cached_attention_case(8, 1, 1);
-    cached_attention_case(72, 1, 1);
-    if (cpu) cached_attention_case(160, 1, 1);
+    cached_attention_case(8, 1, 0, 0);
+    cached_attention_case(160, 1, 0, 0);   // two fp8 blocks per row
+    cached_attention_case(8, 1, 1, 0);
+    cached_attention_case(72, 1, 1, 0);
+    if (cpu) cached_attention_case(160, 1, 1, 0);
 }
 
 START_TEST(test_attention_cached) { attention_cached_cases(); }

@@ -309,10 +309,10 @@ static void check_cache_rows(const char *what, const lb_kv_layer *c, const int32
 
 static int kv_blocks(int d) { return (d + 127) / 128; }   // fp8-block scales per row
 
-// Element offset of row (slot, pos, head) in (slots, cap, hkv, width) storage.
+// Element offset of row (slot, head, pos) in (slots, hkv, cap, width) storage.
 static size_t kv_off(const lb_kv_layer *c, int slot, int pos, int h, int width)
 {
-    return (((size_t)slot * c->cap + pos) * c->hkv + h) * width;
+    return lb_kv_row(c, slot, h, pos) * width;
 }
 
 static void check_kv_qmat(const char *what, const struct lb_qmat *q, int n, const lb_kv_layer *c)
@@ -347,11 +347,22 @@ static void cpu_kv_append(lb_backend *be, const lb_kv_layer *c, const float *k, 
             }
         return;
     }
-    for (int i = 0; i < n; i++) {
-        size_t row = (size_t)hkv * d;
-        memcpy((float *)c->k + kv_off(c, slot[i], pos[i], 0, d), k + i * row, row * sizeof(float));
-        memcpy((float *)c->v + kv_off(c, slot[i], pos[i], 0, d), v + i * row, row * sizeof(float));
-    }
+    int ld = lb_kv_ld(c);
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < hkv; h++) {
+            const float *ki = k + ((size_t)i * hkv + h) * d, *vi = v + ((size_t)i * hkv + h) * d;
+            size_t o = kv_off(c, slot[i], pos[i], h, ld);
+            if (c->bf16) {   // rounded once here, as the bf16-mode attention would round them
+                uint16_t *kr = (uint16_t *)c->k + o, *vr = (uint16_t *)c->v + o;
+                for (int x = 0; x < ld; x++) {
+                    kr[x] = x < d ? lb_f32_to_bf16(ki[x]) : 0;
+                    vr[x] = x < d ? lb_f32_to_bf16(vi[x]) : 0;
+                }
+            } else {
+                memcpy((float *)c->k + o, ki, (size_t)d * sizeof(float));
+                memcpy((float *)c->v + o, vi, (size_t)d * sizeof(float));
+            }
+        }
 }
 
 // fp8 rows back to fp32 with lb_dequantize's expression (E4M3 value times the block scale),
@@ -365,29 +376,34 @@ static void kv_dequant_rows(float *y, const uint8_t *codes, const float *scales,
                 lb_decode(LB_E4M3, codes[j * stride + x]) * scales[j * sstride + x / 128];
 }
 
-// bf16 mode: the row's keys and values (nk, d), fp32 cache rows at stride hkv * d or the
-// fp8 ones already dequantized at stride d, rounded to bf16 in place or into kd, vd.
-static void kv_round_rows(float *kd, float *vd, const float *k, const float *v, int nk,
-                          size_t stride, int d)
+// bf16 mode: the row's keys and values (nk, d), fp32 cache rows or the fp8 ones already
+// dequantized (both at stride d), rounded to bf16 in place or into kd, vd.
+static void kv_round_rows(float *kd, float *vd, const float *k, const float *v, int nk, int d)
+{
+    for (size_t e = 0; e < (size_t)nk * d; e++) {
+        kd[e] = lb_round_bf16(k[e]);
+        vd[e] = lb_round_bf16(v[e]);
+    }
+}
+
+// A bf16 cache's rows (nk, ld) as floats (nk, d): exact.
+static void kv_widen_rows(float *y, const uint16_t *x, int nk, int ld, int d)
 {
     for (int j = 0; j < nk; j++)
-        for (int x = 0; x < d; x++) {
-            kd[(size_t)j * d + x] = lb_round_bf16(k[j * stride + x]);
-            vd[(size_t)j * d + x] = lb_round_bf16(v[j * stride + x]);
-        }
+        for (int e = 0; e < d; e++) y[(size_t)j * d + e] = lb_bf16_to_f32(x[(size_t)j * ld + e]);
 }
 
 static void cpu_attention_cached(lb_backend *be, float *out, const float *q, const lb_kv_layer *c,
                                  const int32_t *slot, const int32_t *pos, int n, int hq, int bf16)
 {
-    int d = c->d, hkv = c->hkv, cap = c->cap;
+    int d = c->d, hkv = c->hkv, cap = c->cap, ld = lb_kv_ld(c);
     check_heads("attention_cached", 1, 1, hq, hkv, d);
     check_cache_rows("attention_cached", c, slot, pos, n);
+    if (c->bf16 && !bf16) lb_die("attention_cached: a bf16 cache is read in bf16 mode only");
     int group = hq / hkv, nb = kv_blocks(d);
     double scale = 1.0 / sqrt((double)d);
     float c2 = attn_log2_scale(d);
     long rows = (long)n * hq;
-    size_t stride = (size_t)hkv * d;
     #pragma omp parallel num_threads(lb_cpu_threads(be)) if (rows > 1)
     {
         // scores (cap), acc (d); fp8 or bf16: the row's keys and values as attn_row reads
@@ -404,32 +420,25 @@ static void cpu_attention_cached(lb_backend *be, float *out, const float *q, con
             float lse;
             const float *qi = q + ((size_t)i * hq + h) * d;
             float *oi = out + ((size_t)i * hq + h) * d;
-            if (bf16) {
-                size_t o = kv_off(c, slot[i], 0, hk, d), so = kv_off(c, slot[i], 0, hk, nb);
-                if (c->fp8) {   // dequantized as below, then rounded in place
-                    kv_dequant_rows(kd, (const uint8_t *)c->k + o, c->ks + so, nk, stride,
-                                    (size_t)hkv * nb, d);
-                    kv_dequant_rows(vd, (const uint8_t *)c->v + o, c->vs + so, nk, stride,
-                                    (size_t)hkv * nb, d);
-                    kv_round_rows(kd, vd, kd, vd, nk, (size_t)d, d);
-                } else {
-                    kv_round_rows(kd, vd, (const float *)c->k + o, (const float *)c->v + o, nk,
-                                  stride, d);
-                }
-                for (int x = 0; x < d; x++) qb[x] = lb_round_bf16(qi[x]);
-                attn_row_bf16(oi, &lse, qb, kd, vd, (size_t)d, nk, d, c2, &w);
-            } else if (c->fp8) {
-                size_t o = kv_off(c, slot[i], 0, hk, d), so = kv_off(c, slot[i], 0, hk, nb);
-                kv_dequant_rows(kd, (const uint8_t *)c->k + o, c->ks + so, nk, stride,
-                                (size_t)hkv * nb, d);
-                kv_dequant_rows(vd, (const uint8_t *)c->v + o, c->vs + so, nk, stride,
-                                (size_t)hkv * nb, d);
-                attn_row(oi, &lse, qi, kd, vd, (size_t)d, nk, d, scale, s, acc);
-            } else {
-                size_t o = kv_off(c, slot[i], 0, hk, d);
-                attn_row(oi, &lse, qi, (const float *)c->k + o, (const float *)c->v + o, stride,
-                         nk, d, scale, s, acc);
+            size_t o = kv_off(c, slot[i], 0, hk, ld), so = kv_off(c, slot[i], 0, hk, nb);
+            const float *kf = (const float *)c->k + o, *vf = (const float *)c->v + o;
+            if (c->fp8) {   // dequantized as the training forward's fake quantization
+                kv_dequant_rows(kd, (const uint8_t *)c->k + o, c->ks + so, nk, (size_t)d, nb, d);
+                kv_dequant_rows(vd, (const uint8_t *)c->v + o, c->vs + so, nk, (size_t)d, nb, d);
+                kf = kd, vf = vd;
             }
+            if (!bf16) {
+                attn_row(oi, &lse, qi, kf, vf, (size_t)d, nk, d, scale, s, acc);
+                continue;
+            }
+            if (c->bf16) {   // already rounded
+                kv_widen_rows(kd, (const uint16_t *)c->k + o, nk, ld, d);
+                kv_widen_rows(vd, (const uint16_t *)c->v + o, nk, ld, d);
+            } else {
+                kv_round_rows(kd, vd, kf, vf, nk, d);
+            }
+            for (int x = 0; x < d; x++) qb[x] = lb_round_bf16(qi[x]);
+            attn_row_bf16(oi, &lse, qb, kd, vd, (size_t)d, nk, d, c2, &w);
         }
         free(s);
         free(kd);

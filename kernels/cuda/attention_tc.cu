@@ -21,7 +21,9 @@
 // in order, and a chunk whose keys are all masked for a row leaves that row's state exactly
 // unchanged (its max, scale 1, probabilities 0, products 0), (3) masked keys meet zero-valued
 // or finite values only. attention_cached runs the same chunk function (tc_chunk) on the
-// cache, with one warp holding the query heads of one kv head for one token; the wgmma forward
+// cache, with one warp holding 16 query heads of one kv head for one token (fragments from a
+// bf16 cache's chunks staged in shared memory, or straight from an fp32 or fp8 cache's rows);
+// the wgmma forward
 // runs its softmax step (tc_online), and wgmma and mma.sync give the same bits for the same
 // k16 steps (measured on the H200 over 24.6M products; test_backend_ops compares the forward
 // with the cache kernel bitwise).
@@ -456,15 +458,16 @@ tc_fwd_kernel(float *out, float *lse, const float *q, const __nv_bfloat16 *kb,
 
 // --- attention over the KV cache ------------------------------------------------------------
 
-// K and V fragments read from the cache rows of one (slot, kv head), keys after pos zero.
+// K and V fragments read from the fp32 or fp8 cache rows of one (slot, kv head), keys after
+// pos zero.
 struct tc_cache_ld {
     const lb_kv_layer *c;
-    size_t row0;               // cache row of position 0 of this (slot, kv head)
+    size_t row0;               // cache row of position 0 of this (slot, kv head); rows follow
     int j0, pos, g, tq, nb;
     __device__ float at(const void *data, const float *sc, int j, int x) const
     {
         if (j > pos || x >= c->d) return 0.0f;
-        const size_t r = row0 + (size_t)j * c->hkv;
+        const size_t r = row0 + j;
         if (!c->fp8) return ((const float *)data)[r * c->d + x];
         const float e = lb_e4m3_decode(((const uint8_t *)data)[r * c->d + x]);
         return __fmul_rn(e, sc[r * nb + x / 128]);
@@ -521,10 +524,87 @@ tc_cached_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slot,
     const int pos2[1][2] = {{ps, ps}};
     tc_state<NK> st[1];
     tc_state_init(st[0]);
-    tc_cache_ld ld = {&c, (size_t)sl * c.cap * c.hkv + hk, 0, ps, g, tq, (d + 127) / 128};
+    tc_cache_ld ld = {&c, ((size_t)sl * c.hkv + hk) * c.cap, 0, ps, g, tq, (d + 127) / 128};
     for (int j0 = 0; j0 <= ps; j0 += TC_KC) {
         ld.j0 = j0;
         tc_chunk<NK, 1>(st, qr, ld, j0, pos2, cl, lane);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+        if (hr[r] < hmax) tc_out_store<NK>(out + ((size_t)i * hq + hr[r]) * d, NULL, st[0], r, tq, d);
+}
+
+// Rows [j0, j0 + TC_KC) of one (slot, kv head)'s bf16 cache rows x (cap, 16 NK) into
+// s (TC_KC, DP) by every thread of the block; rows past pos are zero-filled (a 0-byte source),
+// so masked keys meet zeros, as tc_cache_ld gives them.
+template <int NK>
+__device__ __forceinline__ void tc_cache_load(__nv_bfloat16 *s, const __nv_bfloat16 *x, int j0,
+                                              int pos)
+{
+    constexpr int D16 = 16 * NK, DP = D16 + 8, V = D16 / 8;
+    for (int e = threadIdx.x; e < TC_KC * V; e += blockDim.x) {
+        const int r = e / V, col = (e % V) * 8, j = j0 + r;
+        tc_cp16(s + r * DP + col, x + (size_t)(j <= pos ? j : 0) * D16 + col, j <= pos ? 16 : 0);
+    }
+}
+
+// The decode kernel over a bf16 cache: a block per (token i, kv head), a warp per 16 of the
+// group's query heads. The cache rows of one (slot, kv head) are contiguous, so each chunk
+// streams into shared memory by cp.async, double-buffered (the next chunk loads while this one
+// is in the tensor cores), and the warps read the forward's fragments from it (tc_smem_ld):
+// the same values as tc_cache_ld's, the same tc_chunk, so the same bits.
+// Shared memory: two stages of K and V chunks (TC_KC, DP) each.
+template <int NK>
+__global__ void __launch_bounds__(128)
+tc_cached16_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slot,
+                   const int32_t *pos, int hq, float cl, unsigned long long *err)
+{
+    constexpr int D16 = 16 * NK, DP = D16 + 8, TILE = TC_KC * DP;
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    __nv_bfloat16 *sm = reinterpret_cast<__nv_bfloat16 *>(tc_sm);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const int d = c.d, group = hq / c.hkv;
+    const int i = blockIdx.x / c.hkv, hk = blockIdx.x % c.hkv;
+    const int h0 = hk * group + warp * 16, hmax = (hk + 1) * group;   // query head of row 0
+    const int sl = slot[i], ps = pos[i];
+    const int hr[2] = {h0 + g, h0 + g + 8};
+    if (sl < 0 || sl >= c.slots || ps < 0 || ps >= c.cap) {   // the whole block returns
+        if (threadIdx.x == 0) lb_report(err, LB_CERR_KV_ROW, sl >= 0 && sl < c.slots ? ps : sl);
+        for (int r = 0; r < 2; r++)
+            if (hr[r] < hmax)
+                for (int x = tq; x < d; x += 4) out[((size_t)i * hq + hr[r]) * d + x] = NAN;
+        return;
+    }
+    const size_t row0 = ((size_t)sl * c.hkv + hk) * c.cap;
+    const __nv_bfloat16 *kx = (const __nv_bfloat16 *)c.k + row0 * D16;
+    const __nv_bfloat16 *vx = (const __nv_bfloat16 *)c.v + row0 * D16;
+    tc_cache_load<NK>(sm, kx, 0, ps);
+    tc_cache_load<NK>(sm + TILE, vx, 0, ps);
+    tc_cp_commit();
+    uint32_t qa[NK][4];   // while the first chunk loads
+    tc_qfrag<NK>(qa, hr[0] < hmax ? q + ((size_t)i * hq + hr[0]) * d : NULL,
+                 hr[1] < hmax ? q + ((size_t)i * hq + hr[1]) * d : NULL, d, tq);
+    const tc_qreg<NK> qr = {qa};
+    const int pos2[1][2] = {{ps, ps}};
+    tc_state<NK> st[1];
+    tc_state_init(st[0]);
+    const int nchunks = ps / TC_KC + 1;
+    for (int ch = 0; ch < nchunks; ch++) {
+        const int j0 = ch * TC_KC;
+        if (ch + 1 < nchunks) {   // the next chunk into the other stage (free since ch - 1)
+            __nv_bfloat16 *nx = sm + ((ch + 1) & 1) * 2 * TILE;
+            tc_cache_load<NK>(nx, kx, j0 + TC_KC, ps);
+            tc_cache_load<NK>(nx + TILE, vx, j0 + TC_KC, ps);
+            tc_cp_commit();
+            tc_cp_wait<1>();
+        } else {
+            tc_cp_wait<0>();
+        }
+        __syncthreads();   // chunk ch has landed for every thread
+        const __nv_bfloat16 *ks = sm + (ch & 1) * 2 * TILE;
+        const tc_smem_ld ld = {ks, ks + TILE, DP, g, tq, lane};
+        tc_chunk<NK, 1>(st, qr, ld, j0, pos2, cl, lane);
+        __syncthreads();   // chunk ch is consumed before its stage is refilled
     }
 #pragma unroll
     for (int r = 0; r < 2; r++)
@@ -1482,6 +1562,16 @@ static void cached_nk(lb_cuda_ctx *cx, float *out, const float *q, const lb_kv_l
                       const int32_t *slot, const int32_t *pos, int n, int hq)
 {
     const int parts = (hq / c->hkv + 15) / 16;
+    if (c->bf16) {
+        if (parts > 4) lb_die("attention_cached: %d query heads per kv head; at most 64", hq / c->hkv);
+        constexpr int DP = 16 * NK + 8;
+        const size_t smem = (size_t)4 * TC_KC * DP * sizeof(__nv_bfloat16);
+        lb_cuda_smem_limit(tc_cached16_kernel<NK>, smem);
+        tc_cached16_kernel<NK><<<(unsigned)n * c->hkv, 32 * parts, smem, cx->stream>>>(
+            out, q, *c, slot, pos, hq, tc_c(c->d), cx->err_dev);
+        LB_CUDA_LAUNCHED(cx);
+        return;
+    }
     const long warps = (long)n * c->hkv * parts;
     tc_cached_kernel<NK><<<(unsigned)((warps + 3) / 4), 128, 0, cx->stream>>>(
         out, q, *c, slot, pos, n, hq, tc_c(c->d), cx->err_dev);

@@ -424,7 +424,7 @@ static void cuda_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv,
 // that moves no rounding. Keys past pos[i] are skipped where the training kernel adds
 // 0 * v (the same sum unless an accumulator is exactly -0).
 
-// Element x of cache row `row` (slot, pos, head flattened), fp32 or E4M3 * block scale (the
+// Element x of cache row `row` (slot, head, pos flattened), fp32 or E4M3 * block scale (the
 // dequantize expression of the training forward's fake quantization).
 __device__ __forceinline__ float kv_load(const lb_kv_layer &c, const void *data,
                                          const float *scales, size_t row, int x, int nb)
@@ -439,8 +439,9 @@ __device__ __forceinline__ bool kv_row_ok(const lb_kv_layer &c, int sl, int ps)
     return sl >= 0 && sl < c.slots && ps >= 0 && ps < c.cap;
 }
 
-// One block per (token i, kv head h): copies the row's d elements (fp32) or d codes and nb
-// scales (fp8) to (slot[i], pos[i], h).
+// One block per (token i, kv head h): copies the row's d elements (fp32), rounds them to bf16
+// (zeros to the row's end, lb_kv_ld), or copies d codes and nb scales (fp8) to (slot[i], h,
+// pos[i]).
 __global__ void kv_append_kernel(lb_kv_layer c, const float *k, const float *v,
                                  const uint8_t *kcodes, const uint8_t *vcodes, size_t kld,
                                  size_t vld, const float *kscale, const float *vscale,
@@ -453,7 +454,15 @@ __global__ void kv_append_kernel(lb_kv_layer c, const float *k, const float *v,
         if (threadIdx.x == 0) lb_report(err, LB_CERR_KV_ROW, sl >= 0 && sl < c.slots ? ps : sl);
         return;
     }
-    const size_t dst = ((size_t)sl * c.cap + ps) * c.hkv + h, src = (size_t)i * c.hkv + h;
+    const size_t dst = ((size_t)sl * c.hkv + h) * c.cap + ps, src = (size_t)i * c.hkv + h;
+    if (c.bf16) {
+        const int ld = (d + 15) / 16 * 16;
+        for (int x = threadIdx.x; x < ld; x += blockDim.x) {
+            ((__nv_bfloat16 *)c.k)[dst * ld + x] = __float2bfloat16_rn(x < d ? k[src * d + x] : 0.0f);
+            ((__nv_bfloat16 *)c.v)[dst * ld + x] = __float2bfloat16_rn(x < d ? v[src * d + x] : 0.0f);
+        }
+        return;
+    }
     if (!c.fp8) {
         for (int x = threadIdx.x; x < d; x += blockDim.x) {
             ((float *)c.k)[dst * d + x] = k[src * d + x];
@@ -520,7 +529,7 @@ attn_cached_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slo
     float *qs = sm + warp * d;
     for (int x = lane; x < d; x += 32) qs[x] = q[((size_t)i * hq + h) * d + x];
     __syncwarp();
-    const size_t row0 = (size_t)sl * c.cap * c.hkv + hk;   // cache row of position 0
+    const size_t row0 = ((size_t)sl * c.hkv + hk) * c.cap;   // cache row of position 0
     float m = -INFINITY, l = 0.0f, acc[NR];
 #pragma unroll
     for (int rr = 0; rr < NR; rr++) acc[rr] = 0.0f;
@@ -528,7 +537,7 @@ attn_cached_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slo
         const int j = j0 + lane;
         float s = -INFINITY;
         if (j <= ps) {
-            const size_t kr = row0 + (size_t)j * c.hkv;
+            const size_t kr = row0 + j;
             float dot = 0.0f;
             for (int x = 0; x < d; x++) {
                 const float kx = kv_load(c, c.k, c.ks, kr, x, nb);
@@ -545,7 +554,7 @@ attn_cached_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slo
         const int last = min(ATT_KC, ps - j0 + 1);
         for (int jj = 0; jj < last; jj++) {
             const float pj = __shfl_sync(0xffffffffu, p, jj);
-            const size_t vr = row0 + (size_t)(j0 + jj) * c.hkv;
+            const size_t vr = row0 + j0 + jj;
 #pragma unroll
             for (int rr = 0; rr < NR; rr++) {
                 const int x = lane + 32 * rr;
@@ -582,6 +591,7 @@ static void cuda_attention_cached(lb_backend *be, float *out, const float *q,
     if (!n || !hq || !c->d) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     int d = c->d;
+    if (c->bf16 && !bf16) lb_die("attention_cached: a bf16 cache is read in bf16 mode only");
     if (bf16) {   // tensor cores (attention_tc.cu)
         if (d > 128) lb_die("attention_cached: bf16 mode supports head dim <= 128, not %d", d);
         lb_cuda_attention_tc_cached(cx, out, q, c, slot, pos, n, hq);

@@ -11,7 +11,7 @@
 #   LAYERS [4]  BATCH [64]  PROMPT [128]  NEW [256]   both sides (peer_hf_generate.py's defaults)
 #   RECIPES ["bf16 fp8-block nvfp4-moe"]   lowbit precision recipes
 #   MAX_ROWS [2048]   lowbit tokens per forward call (prefill chunks; >= BATCH)
-#   KV [fp32]         lowbit KV cache (fp32 | fp8)
+#   KV [auto]         lowbit KV cache (auto | fp32 | bf16 | fp8)
 #   CACHES [dynamic]  peer KV caches (dynamic static)
 #   RL_RECIPES [bf16]  recipes of the RL-step split (bench.kind=rl; "" = none); RL_MICRO [16]
 #   RL_WARMUP [1] RL_ITERS [1]   untimed and timed RL steps
@@ -25,7 +25,7 @@ peer=${1-../shared/bench/peer_hf_generate.py}
 cfg=${CFG:-examples/qwen3-30b-a3b-4l.cfg}
 layers=${LAYERS:-4} batch=${BATCH:-64} prompt=${PROMPT:-128} new=${NEW:-256}
 recipes=${RECIPES-bf16 fp8-block nvfp4-moe}
-max_rows=${MAX_ROWS:-2048} kv=${KV:-fp32} caches=${CACHES:-dynamic}
+max_rows=${MAX_ROWS:-2048} kv=${KV:-auto} caches=${CACHES:-dynamic}
 rl_recipes=${RL_RECIPES-bf16} rl_micro=${RL_MICRO:-16}
 rl_warmup=${RL_WARMUP:-1} rl_iters=${RL_ITERS:-1}
 limit=${TIMEOUT_S:-180} bin=${LOWBIT:-./lowbit} backend=${BACKEND:-cuda}
