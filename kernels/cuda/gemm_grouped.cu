@@ -119,13 +119,13 @@ __device__ __forceinline__ void gg_wgmma(float *d, uint64_t da, uint64_t db)
 #define GG_BAND 16
 template <typename Group>
 __device__ __forceinline__ const Group &gg_tile(const Group *g, int count, int t, int bn, int *m0,
-                                                int *n0)
+                                                int *n0, int bm = GG_BM)
 {
     const Group &G = lb_group_of(g, count, t);
     const int u = t - G.tile0, tiles_n = G.tiles_n;
-    const int tiles_m = (G.m + GG_BM - 1) / GG_BM, band = u / (GG_BAND * tiles_n);
+    const int tiles_m = (G.m + bm - 1) / bm, band = u / (GG_BAND * tiles_n);
     const int h = min(GG_BAND, tiles_m - band * GG_BAND), v = u - band * GG_BAND * tiles_n;
-    *m0 = (band * GG_BAND + v % h) * GG_BM;
+    *m0 = (band * GG_BAND + v % h) * bm;
     *n0 = v / h * bn;
     return G;
 }
@@ -222,9 +222,14 @@ __device__ __forceinline__ void gg_store16(const float (&d)[64], __nv_bfloat16 *
 
 // A block computes whole 128 x BN tiles; a math warpgroup's 64 x BN share is BN / 128 wgmma
 // accumulators of 64 x 128 (the same k16 steps in the same order for every element whatever
-// BN is).
+// BN is). Decode-shaped launches (gt_shape: fewer tiles than two rounds of the chip) take
+// 64 x BN tiles and one math warpgroup (BM 64): the same instructions on the same k16 steps, so
+// the same bits, with half the tensor-core work on rows that are mostly zero fill (about 16
+// tokens an expert at 256 decode rows) and, for a dense GEMM of a few hundred rows, twice the
+// tiles to spread over the multiprocessors.
 #define GT_MAX 32
 #define GT_THREADS 384
+#define GT_THREADS_BM(BM) ((BM) == 64 ? 256 : 384)
 #define GT_STAGES(BN) ((BN) == 256 ? 4 : 6)
 #define GT_STAGE(BN) (GG_TILE_A + (BN) * GG_BK * 2)
 #define GT_CHUNK 8192   // TS epilogue: 64 rows x 32 fp32 columns of C, two per math warpgroup
@@ -347,11 +352,14 @@ __device__ __forceinline__ void gt_store_tma(const float (&d)[NH][64], const CUt
 // C16 (not TS): some group has a bf16 C (gt_group.c16, gg_store16). A template parameter, as
 // the branch to it takes 2 registers more in the other kernels' epilogue (165 -> 167 at BN
 // 128); the TS kernels branch per group at no cost, so C16 is 0 there.
-template <int BN, int S2, int TS, int MN, int C16 = 0>
-__global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant__ gt_params P)
+template <int BN, int S2, int TS, int MN, int C16 = 0, int BM = 128>
+__global__ void __launch_bounds__(GT_THREADS_BM(BM), 1)
+gt_kernel(const __grid_constant__ gt_params P)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int S = GT_STAGES(BN), NH = BN / 128, STAGE = GT_STAGE(BN);
+    constexpr int TX = (BM + BN) * GG_BK * 2;   // a stage's bytes (BM 64: half its A space)
+    static_assert(BM == 128 || (BM == 64 && MN == 0), "BM 64 is the k-major launch's");
     extern __shared__ uint8_t gt_smem[];
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(gt_smem) + 1023) & ~1023u;
     const uint32_t stg = base + S * STAGE;   // TS: the chunk buffers, 1024-aligned
@@ -361,7 +369,7 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
     if (tid == 0) {
         for (int s = 0; s < S; s++) {
             lb_mbar_init(full + 8 * s, 1);    // the producer's arrival, plus the bytes
-            lb_mbar_init(empty + 8 * s, 2);   // one arrival per math warpgroup
+            lb_mbar_init(empty + 8 * s, BM / 64);   // one arrival per math warpgroup
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -375,13 +383,13 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
             int it = 0;
             for (int t = blockIdx.x; t < P.tiles; t += gridDim.x) {
                 int m0, n0;
-                const gt_group &G = gg_tile(P.g, P.count, t, BN, &m0, &n0);
+                const gt_group &G = gg_tile(P.g, P.count, t, BN, &m0, &n0, BM);
                 const int nk = (G.k + GG_BK - 1) / GG_BK;
                 for (int kt = 0; kt < nk; kt++, it++) {
                     const int s = it % S;
                     // the stage's previous slice (it - S) has been read by both warpgroups
                     if (it >= S) lb_mbar_wait(empty + 8 * s, (it / S - 1) & 1);
-                    lb_mbar_expect(full + 8 * s, STAGE);
+                    lb_mbar_expect(full + 8 * s, TX);
                     const uint32_t st = base + s * STAGE, bar = full + 8 * s, k0 = kt * GG_BK;
                     if (MN & GT_A_MN)
                         for (int j = 0; j < GG_BM / 64; j++)
@@ -404,7 +412,7 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gt_kernel(const __grid_constant
     int it = 0;
     for (int t = blockIdx.x; t < P.tiles; t += gridDim.x) {
         int m0, n0;
-        const gt_group &G = gg_tile(P.g, P.count, t, BN, &m0, &n0);
+        const gt_group &G = gg_tile(P.g, P.count, t, BN, &m0, &n0, BM);
         const int nk = (G.k + GG_BK - 1) / GG_BK;
         float d[NH][64];
 #pragma unroll
@@ -638,49 +646,51 @@ template <typename G> static int ts_maps(G *g, int cnt, int on)
     return ts;
 }
 
-template <int BN, int S2, int TS, int MN = 0, int C16 = 0>
+template <int BN, int S2, int TS, int MN = 0, int C16 = 0, int BM = 128>
 static void gemm_launch(lb_cuda_ctx *cx, int tiles, const gt_params *T)
 {
     static int smem_set;   // the limit is the kernel's, set once per process (one device)
     if (!smem_set) {
-        lb_cuda_smem_limit(gt_kernel<BN, S2, TS, MN, C16>, GT_SMEM(BN, TS));
+        lb_cuda_smem_limit(gt_kernel<BN, S2, TS, MN, C16, BM>, GT_SMEM(BN, TS));
         smem_set = 1;
     }
     const int grid = tiles < cx->num_sms ? tiles : cx->num_sms;   // persistent blocks
-    gt_kernel<BN, S2, TS, MN, C16><<<grid, GT_THREADS, GT_SMEM(BN, TS), cx->stream>>>(*T);
+    gt_kernel<BN, S2, TS, MN, C16, BM>
+        <<<grid, GT_THREADS_BM(BM), GT_SMEM(BN, TS), cx->stream>>>(*T);
     LB_CUDA_LAUNCHED(cx);
 }
 
 // The launch of a layout MN without second levels: the TS kernel, or gg_store's (C16 where
 // some group has a bf16 C).
-template <int MN>
+template <int MN, int BM = 128>
 static void gemm_launch_mn(lb_cuda_ctx *cx, int tiles, const gt_params *T, int bn, int ts,
                            int c16)
 {
-    if (bn == 256 && ts) gemm_launch<256, 0, 1, MN>(cx, tiles, T);
-    else if (bn == 256 && c16) gemm_launch<256, 0, 0, MN, 1>(cx, tiles, T);
-    else if (bn == 256) gemm_launch<256, 0, 0, MN>(cx, tiles, T);
-    else if (ts) gemm_launch<128, 0, 1, MN>(cx, tiles, T);
-    else if (c16) gemm_launch<128, 0, 0, MN, 1>(cx, tiles, T);
-    else gemm_launch<128, 0, 0, MN>(cx, tiles, T);
+    if (bn == 256 && ts) gemm_launch<256, 0, 1, MN, 0, BM>(cx, tiles, T);
+    else if (bn == 256 && c16) gemm_launch<256, 0, 0, MN, 1, BM>(cx, tiles, T);
+    else if (bn == 256) gemm_launch<256, 0, 0, MN, 0, BM>(cx, tiles, T);
+    else if (ts) gemm_launch<128, 0, 1, MN, 0, BM>(cx, tiles, T);
+    else if (c16) gemm_launch<128, 0, 0, MN, 1, BM>(cx, tiles, T);
+    else gemm_launch<128, 0, 0, MN, 0, BM>(cx, tiles, T);
 }
 
 // Group G of a launch on bf16 operands a and b, after the tiles before it (*tiles, advanced
 // past its own). Layouts as mn says (GT_A_MN, GT_B_MN): a (m, pad8(k)) or (k, pad8(m)), b
-// (n, pad8(k)) or (k, pad8(n)). c16: NULL, or (beta 0) C's bf16 home instead of c.
+// (n, pad8(k)) or (k, pad8(n)). c16: NULL, or (beta 0) C's bf16 home instead of c. Tiles of
+// bm (128, or 64 for a k-major A) x bn.
 static void gt_group_set(gt_group *G, const void *a, const void *b, int m, int n, int k, int bn,
                          float *c, uint16_t *c16, float alpha, float beta, int *tiles,
-                         int mn = 0)
+                         int mn = 0, int bm = GG_BM)
 {
     memset(G, 0, sizeof *G);
     if (mn & GT_A_MN) tma_map(&G->ta, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a, k, m, pad8(m), 64, 64);
-    else tma_map(&G->ta, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a, m, k, pad8(k), GG_BK, GG_BM);
+    else tma_map(&G->ta, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a, m, k, pad8(k), GG_BK, bm);
     if (mn & GT_B_MN) tma_map(&G->tb, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, b, k, n, pad8(n), 64, 64);
     else tma_map(&G->tb, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, b, n, k, pad8(k), GG_BK, bn);
     G->c = c, G->c16 = (__nv_bfloat16 *)c16, G->m = m, G->n = n, G->k = k;
     G->tile0 = *tiles, G->tiles_n = (n + bn - 1) / bn;
     G->alpha = alpha, G->beta = beta;
-    *tiles += (m + GG_BM - 1) / GG_BM * G->tiles_n;
+    *tiles += (m + bm - 1) / bm * G->tiles_n;
 }
 
 // The tile width for these groups: cx->grouped_bn, or 128 when some group's n is at most 128
@@ -710,9 +720,11 @@ template <typename A> static void gt_operands(lb_cuda_ctx *cx, const A *g, int c
     }
 }
 
-// The GEMM launch of T's first cnt groups (tiles in all, columns bn, layouts mn: GT_A_MN,
-// GT_B_MN; NVFP4's second levels only with the default layouts).
-static void gt_launch(lb_cuda_ctx *cx, gt_params *T, int cnt, int tiles, int bn, int mn)
+// The GEMM launch of T's first cnt groups (tiles in all, columns bn, rows bm, layouts mn:
+// GT_A_MN, GT_B_MN; NVFP4's second levels only with the default layouts, bm 64 only there
+// and without them).
+static void gt_launch(lb_cuda_ctx *cx, gt_params *T, int cnt, int tiles, int bn, int mn,
+                      int bm = GG_BM)
 {
     T->count = cnt, T->tiles = tiles;
     int s2 = 0;   // NVFP4: every group has its second levels
@@ -723,7 +735,9 @@ static void gt_launch(lb_cuda_ctx *cx, gt_params *T, int cnt, int tiles, int bn,
     if (s2 && c16) lb_die("cuda gemm: NVFP4 second levels with a bf16 C");
     const int ts = ts_maps(T->g, cnt, cx->gg_tma_store && !s2);
     if (!tiles) return;
-    if (mn == GT_B_MN) gemm_launch_mn<GT_B_MN>(cx, tiles, T, bn, ts, c16);
+    if (bm == 64 && (mn || s2)) lb_die("cuda gemm: 64-row tiles with MN-major operands or NVFP4");
+    if (bm == 64) gemm_launch_mn<0, 64>(cx, tiles, T, bn, ts, c16);
+    else if (mn == GT_B_MN) gemm_launch_mn<GT_B_MN>(cx, tiles, T, bn, ts, c16);
     else if (mn == GT_A_MN) gemm_launch_mn<GT_A_MN>(cx, tiles, T, bn, ts, c16);
     else if (mn == (GT_A_MN | GT_B_MN))
         gemm_launch_mn<GT_A_MN | GT_B_MN>(cx, tiles, T, bn, ts, c16);
@@ -799,6 +813,33 @@ __global__ void gt_split_sum_kernel(float *c, const float *part, size_t ld, size
     }
 }
 
+// The tile shape of the k-major groups of g (A (m, k), B (n, k): no transpose of A, B
+// transposed), *bm x *bn, 128 x bn on entry. A launch of them that would not fill two rounds
+// of the multiprocessors (decode: ~16 rows an expert, a dense GEMM of a few hundred rows)
+// takes 64-row tiles; if that still leaves multiprocessors idle, 128 columns. The shape
+// changes no sum (gt_kernel), only how the work spreads. LB_CUDA_GROUPED_BM=128 keeps 128.
+static void gt_shape(const lb_cuda_ctx *cx, const lb_gemm_args *g, int count, int *bm, int *bn)
+{
+    static int forced = -1;
+    if (forced < 0) {
+        const char *e = getenv("LB_CUDA_GROUPED_BM");
+        forced = e && atoi(e) == 128;
+    }
+    long t128 = 0, t64 = 0;
+    int cnt = 0;
+    for (int i = 0; i < count; i++) {
+        if (g[i].transa || !g[i].transb) continue;
+        t128 += (long)(g[i].m + 127) / 128 * ((g[i].n + *bn - 1) / *bn);
+        t64 += (long)(g[i].m + 63) / 64 * ((g[i].n + *bn - 1) / *bn);
+        cnt++;
+    }
+    if (!cnt || forced) return;
+    const long launches = (cnt + GT_MAX - 1) / GT_MAX;   // tiles a launch, about
+    if (t128 / launches >= 2L * cx->num_sms) return;
+    *bm = 64;
+    if (*bn == 256 && t64 / launches < cx->num_sms) *bn = 128;
+}
+
 // The groups as they are laid out: every operand becomes one plain bf16 copy (no
 // transposing; a source that several groups read with the same shape, such as a layer's dy in
 // its dgrad and its wgrad, once), all of them first, in pack launches of GG_PACK_MAX; then
@@ -859,7 +900,8 @@ static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g,
     free(pp);
     gt_params *T = (gt_params *)lb_calloc(1, sizeof *T);
     for (int mn = 0; mn < 4; mn++) {
-        int cnt = 0, tiles = 0;
+        int cnt = 0, tiles = 0, bm = GG_BM, bnm = bn;
+        if (mn == 0) gt_shape(cx, g, count, &bm, &bnm);
         for (int i = 0; i < count; i++) {
             if (((g[i].transa ? GT_A_MN : 0) | (g[i].transb ? 0 : GT_B_MN)) != mn) continue;
             const lb_gemm_args *x = &g[i];
@@ -874,16 +916,16 @@ static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g,
                                              j * lb_align256((size_t)x->m * x->n * 4))
                                  : x->c;
                 gt_group_set(&T->g[cnt++], a + (size_t)k0 * pad8(x->m) * 2,
-                             b + (size_t)k0 * pad8(x->n) * 2, x->m, x->n, k1 - k0, bn, c,
+                             b + (size_t)k0 * pad8(x->n) * 2, x->m, x->n, k1 - k0, bnm, c,
                              s > 1 ? NULL : x->c16, s > 1 ? 1.0f : x->alpha,
-                             s > 1 ? 0.0f : x->beta, &tiles, mn);
+                             s > 1 ? 0.0f : x->beta, &tiles, mn, bm);
                 if (cnt == GT_MAX) {
-                    gt_launch(cx, T, cnt, tiles, bn, mn);
+                    gt_launch(cx, T, cnt, tiles, bnm, mn, bm);
                     cnt = 0, tiles = 0;
                 }
             }
         }
-        if (cnt) gt_launch(cx, T, cnt, tiles, bn, mn);
+        if (cnt) gt_launch(cx, T, cnt, tiles, bnm, mn, bm);
     }
     for (int i = 0; i < count; i++) {   // after every launch: one stream
         if (split[i] < 2) continue;
