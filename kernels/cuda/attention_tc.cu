@@ -346,6 +346,25 @@ template <int N> __device__ __forceinline__ void tc_cp_wait()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// The double-buffered chunk loop's step: queues chunk ch + 1 (if any) into the other of two
+// stages of K and V (each 2 TILE elements at sm) with load(stage), which is free since chunk
+// ch - 1 was consumed, waits until chunk ch has landed for every thread of the block, and
+// returns its stage.
+template <typename LOAD>
+__device__ __forceinline__ const __nv_bfloat16 *tc_stage_next(__nv_bfloat16 *sm, int TILE, int ch,
+                                                               int nchunks, LOAD load)
+{
+    if (ch + 1 < nchunks) {
+        load(sm + ((ch + 1) & 1) * 2 * TILE);
+        tc_cp_commit();
+        tc_cp_wait<1>();
+    } else {
+        tc_cp_wait<0>();
+    }
+    __syncthreads();
+    return sm + (ch & 1) * 2 * TILE;
+}
+
 // Queues rows [r0, r0 + TC_KC) of one (batch, head) of x (b, t, heads, 16 NK) bf16 into
 // s (TC_KC, DP); rows past t are zero-filled (a 0-byte source).
 template <int NK, int NT>
@@ -380,6 +399,16 @@ __device__ __forceinline__ void tc_qfrag(uint32_t (&qa)[NK][4], const float *q0,
         qa[kk][2] = tc_pack(v[0][2], v[0][3]);
         qa[kk][3] = tc_pack(v[1][2], v[1][3]);
     }
+}
+
+// The cache kernels' query fragments: query heads hr[0] and hr[1] (rows g and g + 8; none at
+// or past hmax, the group's end) of token i of q (n, hq, d).
+template <int NK>
+__device__ __forceinline__ void tc_qfrag_heads(uint32_t (&qa)[NK][4], const float *q, int i,
+                                               int hq, const int (&hr)[2], int hmax, int d, int tq)
+{
+    tc_qfrag<NK>(qa, hr[0] < hmax ? q + ((size_t)i * hq + hr[0]) * d : NULL,
+                 hr[1] < hmax ? q + ((size_t)i * hq + hr[1]) * d : NULL, d, tq);
 }
 
 // K and V chunk fragments from shared memory (K, V (TC_KC, DP) row-major).
@@ -431,17 +460,10 @@ tc_fwd_kernel(float *out, float *lse, const float *q, const __nv_bfloat16 *kb,
     tc_state_init(st[1]);
     for (int ch = 0; ch < nchunks; ch++) {
         const int j0 = ch * TC_KC;
-        if (ch + 1 < nchunks) {   // the next chunk into the other stage (free since ch - 1)
-            __nv_bfloat16 *nx = sm + ((ch + 1) & 1) * 2 * TILE;
+        const __nv_bfloat16 *ks = tc_stage_next(sm, TILE, ch, nchunks, [&](__nv_bfloat16 *nx) {
             tc_load<NK, NT>(nx, kb, bi, j0 + TC_KC, hk, t, hkv);
             tc_load<NK, NT>(nx + TILE, vb, bi, j0 + TC_KC, hk, t, hkv);
-            tc_cp_commit();
-            tc_cp_wait<1>();
-        } else {
-            tc_cp_wait<0>();
-        }
-        __syncthreads();   // chunk ch has landed for every thread
-        const __nv_bfloat16 *ks = sm + (ch & 1) * 2 * TILE;
+        });
         const tc_smem_ld ld = {ks, ks + TILE, DP, g, tq, lane};
         // A chunk past all of tile 0's rows but not tile 1's leaves tile 0 exactly unchanged.
         if (iw < t && j0 <= iw + 31) tc_chunk<NK, 2>(st, qa, ld, j0, pos, c, lane);
@@ -518,8 +540,7 @@ tc_cached_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slot,
         return;
     }
     uint32_t qa[NK][4];
-    tc_qfrag<NK>(qa, hr[0] < hmax ? q + ((size_t)i * hq + hr[0]) * d : NULL,
-                 hr[1] < hmax ? q + ((size_t)i * hq + hr[1]) * d : NULL, d, tq);
+    tc_qfrag_heads<NK>(qa, q, i, hq, hr, hmax, d, tq);
     const tc_qreg<NK> qr = {qa};
     const int pos2[1][2] = {{ps, ps}};
     tc_state<NK> st[1];
@@ -582,8 +603,7 @@ tc_cached16_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slo
     tc_cache_load<NK>(sm + TILE, vx, 0, ps);
     tc_cp_commit();
     uint32_t qa[NK][4];   // while the first chunk loads
-    tc_qfrag<NK>(qa, hr[0] < hmax ? q + ((size_t)i * hq + hr[0]) * d : NULL,
-                 hr[1] < hmax ? q + ((size_t)i * hq + hr[1]) * d : NULL, d, tq);
+    tc_qfrag_heads<NK>(qa, q, i, hq, hr, hmax, d, tq);
     const tc_qreg<NK> qr = {qa};
     const int pos2[1][2] = {{ps, ps}};
     tc_state<NK> st[1];
@@ -591,17 +611,10 @@ tc_cached16_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slo
     const int nchunks = ps / TC_KC + 1;
     for (int ch = 0; ch < nchunks; ch++) {
         const int j0 = ch * TC_KC;
-        if (ch + 1 < nchunks) {   // the next chunk into the other stage (free since ch - 1)
-            __nv_bfloat16 *nx = sm + ((ch + 1) & 1) * 2 * TILE;
+        const __nv_bfloat16 *ks = tc_stage_next(sm, TILE, ch, nchunks, [&](__nv_bfloat16 *nx) {
             tc_cache_load<NK>(nx, kx, j0 + TC_KC, ps);
             tc_cache_load<NK>(nx + TILE, vx, j0 + TC_KC, ps);
-            tc_cp_commit();
-            tc_cp_wait<1>();
-        } else {
-            tc_cp_wait<0>();
-        }
-        __syncthreads();   // chunk ch has landed for every thread
-        const __nv_bfloat16 *ks = sm + (ch & 1) * 2 * TILE;
+        });
         const tc_smem_ld ld = {ks, ks + TILE, DP, g, tq, lane};
         tc_chunk<NK, 1>(st, qr, ld, j0, pos2, cl, lane);
         __syncthreads();   // chunk ch is consumed before its stage is refilled
