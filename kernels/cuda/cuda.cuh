@@ -170,6 +170,37 @@ typedef struct {
 
 static inline lb_cuda_ctx *lb_cuda(lb_backend *be) { return (lb_cuda_ctx *)be->ctx; }
 
+// --- lt.cu: the cuBLASLt pieces of gemm.cu and gemm_q.cu. A problem's descriptors: the
+// operation and cuBLASLt's A, B and C layouts (D is laid out as C).
+typedef struct {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+} lb_lt_descs;
+#define LB_LT_IMPL_ALL (~(uint64_t)0)   // lb_lt_pref: every numerical implementation
+extern "C" {
+// fp32 compute and scale, cuBLASLt's A and B transposed where trans_a, trans_b; A (a_rows,
+// a_cols, lda) and B of element type ty, C fp32, all column-major as cuBLASLt stores them.
+void lb_lt_descs_init(lb_lt_descs *d, int trans_a, int trans_b, cudaDataType_t ty,
+                      uint64_t a_rows, uint64_t a_cols, int64_t lda, uint64_t b_rows,
+                      uint64_t b_cols, int64_t ldb, uint64_t c_rows, uint64_t c_cols, int64_t ldc);
+void lb_lt_descs_free(const lb_lt_descs *d);
+// The heuristic's preferences: operands aligned to al_a, al_b bytes, C and D to al_c; the
+// workspace, or with det none and no split-K reduction of any scheme; only the numerical
+// implementations in impl (LB_LT_IMPL_ALL: no restriction).
+cublasLtMatmulPreference_t lb_lt_pref(const lb_cuda_ctx *cx, int det, uint32_t al_a,
+                                      uint32_t al_b, uint32_t al_c, uint64_t impl);
+// The heuristic's first answer for d under pref in *r: 1 when it offers one. *status (where
+// not NULL) is the call's own status, for the caller to judge.
+int lb_lt_heuristic(const lb_cuda_ctx *cx, const lb_lt_descs *d, cublasLtMatmulPreference_t pref,
+                    cublasLtMatmulHeuristicResult_t *r, cublasStatus_t *status);
+// Whether algo runs d's problem without workspace (deterministic mode's rule); *status as above.
+int lb_lt_fits(const lb_cuda_ctx *cx, const lb_lt_descs *d, const cublasLtMatmulAlgo_t *algo,
+               cublasStatus_t *status);
+// Pins split-K to 1 and the reduction scheme to NONE on an algorithm (the heuristic already
+// chose so under deterministic preferences; this makes the rule explicit).
+void lb_lt_no_splitk(cublasLtMatmulAlgo_t *algo);
+}
+
 // E4M3 code to float, exact (kernels/quant's lb_decode): 0x7f/0xff NaN, no infinities. The fp8
 // KV cache's reads (ops_attention.cu, attention_tc.cu).
 __device__ __forceinline__ float lb_e4m3_decode(uint8_t c)

@@ -48,8 +48,7 @@
 struct lb_gemm_plan {
     int transa, transb, m, n, k, align_a, align_b, align_c, det, bf16;   // the key
     int ok;                               // bf16: 0 when no algorithm fits (the fp32 path)
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t la, lb, lc;   // cuBLASLt's A (our B), B (our A), C = D
+    lb_lt_descs d;                        // cuBLASLt's A (our B), B (our A), C = D
     cublasLtMatmulAlgo_t algo;
     size_t workspace;                     // bytes the algorithm needs (0 when pinned)
     int fallback;                         // deterministic, but chosen at (LB_PIN_DIM, n, k)
@@ -84,40 +83,18 @@ static int plan_same(const lb_gemm_plan *a, const lb_gemm_plan *b)
 static int64_t pad8(int64_t x) { return (x + 7) / 8 * 8; }
 
 // bf16: the operands are bf16 with their contiguous dimension padded to 8 elements.
-static void make_descs(int transa, int transb, int m, int n, int k, cublasLtMatmulDesc_t *op,
-                       cublasLtMatrixLayout_t *la, cublasLtMatrixLayout_t *lb,
-                       cublasLtMatrixLayout_t *lc, int bf16)
+static void make_descs(int transa, int transb, int m, int n, int k, lb_lt_descs *d, int bf16)
 {
-    cudaDataType_t ty = bf16 ? CUDA_R_16BF : CUDA_R_32F;
     int64_t ldb = transb ? k : n, lda = transa ? m : k;
     if (bf16) {
         ldb = pad8(ldb);
         lda = pad8(lda);
     }
-    LB_CUBLAS_CHECK(cublasLtMatmulDescCreate(op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t opa = transb ? CUBLAS_OP_T : CUBLAS_OP_N;   // cuBLASLt's A is our B
-    cublasOperation_t opb = transa ? CUBLAS_OP_T : CUBLAS_OP_N;   // cuBLASLt's B is our A
-    LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(*op, CUBLASLT_MATMUL_DESC_TRANSA, &opa,
-                                                   sizeof opa));
-    LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(*op, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
-                                                   sizeof opb));
-    // Our B: (k, n) row-major = (n, k) column-major, ld n; transposed: (n, k) = (k, n), ld k.
-    if (transb) LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(la, ty, k, n, ldb));
-    else        LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(la, ty, n, k, ldb));
-    // Our A: (m, k) row-major = (k, m) column-major, ld k; transposed: (k, m) = (m, k), ld m.
-    if (transa) LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(lb, ty, m, k, lda));
-    else        LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(lb, ty, k, m, lda));
-    // C (m, n) row-major = (n, m) column-major, ld n.
-    LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(lc, CUDA_R_32F, n, m, n));
-}
-
-static void free_descs(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
-                       cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc)
-{
-    LB_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
-    LB_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
-    LB_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lc));
-    LB_CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+    // cuBLASLt's A is our B: (k, n) row-major = (n, k) column-major, ld n; transposed: (n, k) =
+    // (k, n), ld k. Its B is our A: (m, k) row-major = (k, m) column-major, ld k; transposed:
+    // (k, m) = (m, k), ld m. C (m, n) row-major = (n, m) column-major, ld n.
+    lb_lt_descs_init(d, transb, transa, bf16 ? CUDA_R_16BF : CUDA_R_32F, transb ? k : n,
+                     transb ? n : k, ldb, transa ? m : k, transa ? k : m, lda, n, m, n);
 }
 
 // Heuristic preferences. Deterministic: no workspace, no split-K reduction of any scheme, any
@@ -126,76 +103,28 @@ static void free_descs(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
 static cublasLtMatmulPreference_t make_pref(lb_cuda_ctx *cx, int det, int al_a, int al_b,
                                             int al_c, int bf16)
 {
-    cublasLtMatmulPreference_t pref;
-    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t ws = det ? 0 : cx->workspace_bytes;
-    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    uint32_t a = (uint32_t)al_a, b = (uint32_t)al_b, c = (uint32_t)al_c;
-    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a, sizeof a));
-    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b, sizeof b));
-    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c, sizeof c));
-    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c, sizeof c));
-    if (det) {
-        uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE;
-        LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-            pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red));
-        if (bf16) return pref;   // bf16 inputs: tensor cores are the point
-        // An algorithm is kept when its flags lie inside the mask: allow everything but
-        // tensor-core instructions and reduced-precision inputs (TF32, fp16, bf16: the
-        // emulated-fp32 paths), leaving plain FFMA kernels.
-        uint64_t impl = ~(uint64_t)(CUBLASLT_NUMERICAL_IMPL_FLAGS_TENSOR_OP_MASK |
-                                    CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_TF32 |
-                                    CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_16F |
-                                    CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_16BF);
-        LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_IMPL_MASK,
-                                                             &impl, sizeof impl));
-    }
-    return pref;
-}
-
-// The best algorithm the heuristic offers for these descriptors; 0 when there is none.
-static int try_heuristic(lb_cuda_ctx *cx, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
-                         cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc,
-                         cublasLtMatmulPreference_t pref, cublasLtMatmulHeuristicResult_t *r)
-{
-    memset(r, 0, sizeof *r);
-    int got = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(cx->lt, op, la, lb, lc, lc, pref, 1, r, &got);
-    return s == CUBLAS_STATUS_SUCCESS && got >= 1 && r->state == CUBLAS_STATUS_SUCCESS;
+    // An algorithm is kept when its flags lie inside the mask: allow everything but
+    // tensor-core instructions and reduced-precision inputs (TF32, fp16, bf16: the
+    // emulated-fp32 paths), leaving plain FFMA kernels. bf16 inputs: tensor cores are the point.
+    const uint64_t ffma = ~(uint64_t)(CUBLASLT_NUMERICAL_IMPL_FLAGS_TENSOR_OP_MASK |
+                                      CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_TF32 |
+                                      CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_16F |
+                                      CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_16BF);
+    return lb_lt_pref(cx, det, (uint32_t)al_a, (uint32_t)al_b, (uint32_t)al_c,
+                      det && !bf16 ? ffma : LB_LT_IMPL_ALL);
 }
 
 // The best algorithm the heuristic offers for these descriptors; dies when there is none.
-static cublasLtMatmulHeuristicResult_t heuristic(lb_cuda_ctx *cx, cublasLtMatmulDesc_t op,
-                                                 cublasLtMatrixLayout_t la,
-                                                 cublasLtMatrixLayout_t lb,
-                                                 cublasLtMatrixLayout_t lc,
+static cublasLtMatmulHeuristicResult_t heuristic(lb_cuda_ctx *cx, const lb_lt_descs *d,
                                                  cublasLtMatmulPreference_t pref,
                                                  const char *what)
 {
     cublasLtMatmulHeuristicResult_t r;
-    memset(&r, 0, sizeof r);
-    int got = 0;
-    LB_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cx->lt, op, la, lb, lc, lc, pref, 1, &r, &got));
-    if (got < 1 || r.state != CUBLAS_STATUS_SUCCESS)
-        lb_die("cuda gemm: cuBLASLt offers no fp32 algorithm for %s", what);
+    cublasStatus_t s;
+    int found = lb_lt_heuristic(cx, d, pref, &r, &s);
+    LB_CUBLAS_CHECK(s);   // cublasLtMatmulAlgoGetHeuristic
+    if (!found) lb_die("cuda gemm: cuBLASLt offers no fp32 algorithm for %s", what);
     return r;
-}
-
-// Pins split-K to 1 and the reduction scheme to NONE on an algorithm (the heuristic already
-// chose so under the deterministic preferences; this makes the rule explicit).
-static void force_no_splitk(cublasLtMatmulAlgo_t *algo)
-{
-    int32_t one = 1;
-    uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
-    LB_CUBLAS_CHECK(cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                                                         &one, sizeof one));
-    LB_CUBLAS_CHECK(cublasLtMatmulAlgoConfigSetAttribute(
-        algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof none));
 }
 
 // The deterministic algorithm for (bf16, transa, transb), chosen at the reference shape; NULL
@@ -204,22 +133,21 @@ static const cublasLtMatmulAlgo_t *pinned_algo(lb_cuda_ctx *cx, int transa, int 
 {
     int slot = bf16 * 4 + transa * 2 + transb;
     if (!cx->pinned_ready[slot]) {
-        cublasLtMatmulDesc_t op;
-        cublasLtMatrixLayout_t la, lb, lc;
-        make_descs(transa, transb, LB_PIN_DIM, LB_PIN_DIM, LB_PIN_DIM, &op, &la, &lb, &lc, bf16);
+        lb_lt_descs d;
+        make_descs(transa, transb, LB_PIN_DIM, LB_PIN_DIM, LB_PIN_DIM, &d, bf16);
         cublasLtMatmulPreference_t pref = make_pref(cx, 1, bf16 ? 16 : 4, bf16 ? 16 : 4, 4, bf16);
         char what[96];
         snprintf(what, sizeof what, "the pinned reference shape (transa %d, transb %d)", transa,
                  transb);
         cublasLtMatmulHeuristicResult_t r;
-        int found = bf16 ? try_heuristic(cx, op, la, lb, lc, pref, &r)
-                         : (r = heuristic(cx, op, la, lb, lc, pref, what), 1);
+        int found = bf16 ? lb_lt_heuristic(cx, &d, pref, &r, NULL)
+                         : (r = heuristic(cx, &d, pref, what), 1);
         LB_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-        free_descs(op, la, lb, lc);
+        lb_lt_descs_free(&d);
         cx->pinned_ready[slot] = found ? 1 : -1;
         if (found) {
             cx->pinned[slot] = r.algo;
-            force_no_splitk(&cx->pinned[slot]);
+            lb_lt_no_splitk(&cx->pinned[slot]);
         }
     }
     return cx->pinned_ready[slot] == 1 ? &cx->pinned[slot] : NULL;
@@ -256,46 +184,36 @@ static void log_plan(const lb_gemm_plan *p)
             splitk, red, swz, custom, inner, cluster, (unsigned long long)impl, p->workspace);
 }
 
-// Whether algo runs this plan's problem without workspace (deterministic mode's rule).
-static int algo_fits(lb_cuda_ctx *cx, const lb_gemm_plan *p, const cublasLtMatmulAlgo_t *algo)
-{
-    cublasLtMatmulHeuristicResult_t r;
-    memset(&r, 0, sizeof r);
-    cublasStatus_t s = cublasLtMatmulAlgoCheck(cx->lt, p->op, p->la, p->lb, p->lc, p->lc, algo, &r);
-    return s == CUBLAS_STATUS_SUCCESS && r.workspaceSize == 0;
-}
-
 static lb_gemm_plan *build_plan(lb_cuda_ctx *cx, const lb_gemm_plan *key)
 {
     lb_gemm_plan *p = (lb_gemm_plan *)lb_calloc(1, sizeof *p);
     *p = *key;
     p->ok = 1;
-    make_descs(p->transa, p->transb, p->m, p->n, p->k, &p->op, &p->la, &p->lb, &p->lc, p->bf16);
+    make_descs(p->transa, p->transb, p->m, p->n, p->k, &p->d, p->bf16);
     char what[128];
     snprintf(what, sizeof what, "transa %d transb %d m %d n %d k %d", p->transa, p->transb, p->m,
              p->n, p->k);
     int al = p->bf16 ? 16 : 4;   // bf16 operands live in our padded, 256-byte aligned scratch
     if (p->det) {
         const cublasLtMatmulAlgo_t *pin = pinned_algo(cx, p->transa, p->transb, p->bf16);
-        if (pin && algo_fits(cx, p, pin)) {
+        if (pin && lb_lt_fits(cx, &p->d, pin, NULL)) {
             p->algo = *pin;
         } else {
             // The pinned algorithm refuses this (n, k) (or there is none): ask the heuristic
             // under the same restrictions about (LB_PIN_DIM, n, k), which still does not
             // depend on m.
-            cublasLtMatmulDesc_t op;
-            cublasLtMatrixLayout_t la, lb, lc;
-            make_descs(p->transa, p->transb, LB_PIN_DIM, p->n, p->k, &op, &la, &lb, &lc, p->bf16);
+            lb_lt_descs d;
+            make_descs(p->transa, p->transb, LB_PIN_DIM, p->n, p->k, &d, p->bf16);
             cublasLtMatmulPreference_t pref = make_pref(cx, 1, al, al, 4, p->bf16);
             cublasLtMatmulHeuristicResult_t r;
-            int found = try_heuristic(cx, op, la, lb, lc, pref, &r);
+            int found = lb_lt_heuristic(cx, &d, pref, &r, NULL);
             LB_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-            free_descs(op, la, lb, lc);
+            lb_lt_descs_free(&d);
             if (found) {
                 p->algo = r.algo;
-                force_no_splitk(&p->algo);
+                lb_lt_no_splitk(&p->algo);
             }
-            if (!found || !algo_fits(cx, p, &p->algo)) {
+            if (!found || !lb_lt_fits(cx, &p->d, &p->algo, NULL)) {
                 if (!p->bf16)
                     lb_die("cuda gemm: no deterministic (no split-K, no workspace) cuBLASLt "
                            "algorithm accepts %s", what);
@@ -310,9 +228,9 @@ static lb_gemm_plan *build_plan(lb_cuda_ctx *cx, const lb_gemm_plan *key)
                       p->bf16);
         cublasLtMatmulHeuristicResult_t r;
         if (p->bf16) {
-            p->ok = try_heuristic(cx, p->op, p->la, p->lb, p->lc, pref, &r);
+            p->ok = lb_lt_heuristic(cx, &p->d, pref, &r, NULL);
         } else {
-            r = heuristic(cx, p->op, p->la, p->lb, p->lc, pref, what);
+            r = heuristic(cx, &p->d, pref, what);
         }
         LB_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
         p->algo = r.algo;
@@ -369,7 +287,7 @@ extern "C" void lb_cuda_gemm_destroy(lb_cuda_ctx *cx)
     for (size_t i = 0; i < cx->plan_cap; i++) {
         lb_gemm_plan *p = cx->plans[i];
         if (!p) continue;
-        free_descs(p->op, p->la, p->lb, p->lc);
+        lb_lt_descs_free(&p->d);
         free(p);
     }
     free(cx->plans);
@@ -534,8 +452,8 @@ static int gemm_bf16(lb_backend *be, const lb_gemm_args *g)
     else to_bf16(cx, ab, g->a, rows_a, cols_a, (int)lda);
     if (g->b16) bb = (__nv_bfloat16 *)g->b16;
     else to_bf16(cx, bb, g->b, rows_b, cols_b, (int)ldb);
-    LB_CUBLAS_CHECK(cublasLtMatmul(cx->lt, p->op, &g->alpha, bb, p->la, ab, p->lb, &g->beta, g->c,
-                                   p->lc, g->c, p->lc, &p->algo,
+    LB_CUBLAS_CHECK(cublasLtMatmul(cx->lt, p->d.op, &g->alpha, bb, p->d.a, ab, p->d.b, &g->beta,
+                                   g->c, p->d.c, g->c, p->d.c, &p->algo,
                                    p->workspace ? cx->workspace : NULL, p->workspace, cx->stream));
     if (cx->sync_each) LB_CUDA_WAIT(cx);
     return 1;
@@ -600,8 +518,8 @@ static void cuda_gemm(lb_backend *be, const lb_gemm_args *g)
     }
     lb_gemm_plan *p = plan_get(cx, &key);
     // beta 0: cuBLASLt does not read C (BLAS convention), so NaN in C is overwritten.
-    LB_CUBLAS_CHECK(cublasLtMatmul(cx->lt, p->op, &g->alpha, g->b, p->la, g->a, p->lb, &g->beta,
-                                   g->c, p->lc, g->c, p->lc, &p->algo,
+    LB_CUBLAS_CHECK(cublasLtMatmul(cx->lt, p->d.op, &g->alpha, g->b, p->d.a, g->a, p->d.b, &g->beta,
+                                   g->c, p->d.c, g->c, p->d.c, &p->algo,
                                    p->workspace ? cx->workspace : NULL, p->workspace,
                                    cx->stream));
     if (cx->sync_each) LB_CUDA_WAIT(cx);
@@ -698,8 +616,8 @@ static int grouped_bf16(lb_backend *be, int count, const lb_gemm_args *g)
         for (int i = 0, s = 0; i < count; i++) {
             const lb_gemm_plan *p = plan[i];
             if (!p) continue;
-            LB_CUBLAS_CHECK(cublasLtMatmul(cx->lt, p->op, &g[i].alpha, bb[i], p->la, ab[i],
-                                           p->lb, &g[i].beta, g[i].c, p->lc, g[i].c, p->lc,
+            LB_CUBLAS_CHECK(cublasLtMatmul(cx->lt, p->d.op, &g[i].alpha, bb[i], p->d.a, ab[i],
+                                           p->d.b, &g[i].beta, g[i].c, p->d.c, g[i].c, p->d.c,
                                            &p->algo, NULL, 0, cx->side[s]));
             s = (s + 1) % 4;
         }

@@ -61,8 +61,7 @@ struct qplan {
     int kind, m, n, k, ldd, det;   // the key, in cuBLASLt's terms (m = our n, n = our m)
     int ok;                        // 0: no algorithm; the caller falls back
     int fallback;                  // deterministic, chosen at (m, LB_PIN_DIM, k)
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t la, lb, lc;
+    lb_lt_descs d;
     cublasLtMatmulAlgo_t algo;
     size_t ws;
 };
@@ -89,119 +88,65 @@ static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 // scale_dummy: a device address for the FP8 scale pointers until a call sets the real ones
 // (cuBLASLt answers CUBLAS_STATUS_INVALID_VALUE to block scaling without scale pointers).
 static void make_descs(int kind, int m, int n, int k, int ldd, const void *scale_dummy,
-                       cublasLtMatmulDesc_t *op, cublasLtMatrixLayout_t *la,
-                       cublasLtMatrixLayout_t *lb, cublasLtMatrixLayout_t *lc)
+                       lb_lt_descs *d)
 {
-    LB_CUBLAS_CHECK(cublasLtMatmulDescCreate(op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
-    LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(*op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
-    LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(*op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof nn));
-    cudaDataType_t ty = CUDA_R_16BF;
-    if (kind != QK_BF16) {
-        ty = CUDA_R_8F_E4M3;
-        // Per tensor: the default scale mode, one fp32 scalar per operand on the device.
-        cublasLtMatmulMatrixScale_t ma = kind == QK_FP8_BV ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
-                                       : kind == QK_FP8_TT ? CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
-                                                           : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-        cublasLtMatmulMatrixScale_t mb = kind == QK_FP8_VB ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
-                                       : kind == QK_FP8_TT ? CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
-                                                           : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-        LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(*op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma,
-                                                       sizeof ma));
-        LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(*op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb,
-                                                       sizeof mb));
-        LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(*op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                                       &scale_dummy, sizeof scale_dummy));
-        LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(*op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                       &scale_dummy, sizeof scale_dummy));
-        int8_t fast = 0;   // promote to fp32 (the default, stated: block scaling requires it)
-        LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(*op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
-                                                       sizeof fast));
-    }
-    // A' = our B (n rows of K contiguous) stored (k, m) column-major; B' = our A, (k, n).
-    LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(la, ty, k, m, k));
-    LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(lb, ty, k, n, k));
-    LB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(lc, CUDA_R_32F, m, n, ldd));
+    // A' = our B (n rows of K contiguous) stored (k, m) column-major, transposed; B' = our A,
+    // (k, n).
+    lb_lt_descs_init(d, 1, 0, kind == QK_BF16 ? CUDA_R_16BF : CUDA_R_8F_E4M3, k, m, k, k, n, k,
+                     m, n, ldd);
+    if (kind == QK_BF16) return;
+    // Per tensor: the default scale mode, one fp32 scalar per operand on the device.
+    cublasLtMatmulMatrixScale_t ma = kind == QK_FP8_BV ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                   : kind == QK_FP8_TT ? CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
+                                                       : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    cublasLtMatmulMatrixScale_t mb = kind == QK_FP8_VB ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                   : kind == QK_FP8_TT ? CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
+                                                       : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma,
+                                                   sizeof ma));
+    LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb,
+                                                   sizeof mb));
+    LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                   &scale_dummy, sizeof scale_dummy));
+    LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                   &scale_dummy, sizeof scale_dummy));
+    int8_t fast = 0;   // promote to fp32 (the default, stated: block scaling requires it)
+    LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                                   sizeof fast));
 }
 
-static void free_descs(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
-                       cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc)
+// cuBLASLt answers an unsupported combination with NOT_SUPPORTED or INVALID_VALUE (block
+// scaling on a device without it); that is not an error here: the caller falls back. Any
+// other failure is.
+static int unsupported(cublasStatus_t s)
 {
-    LB_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
-    LB_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
-    LB_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lc));
-    LB_CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+    return s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE;
 }
 
-// Preferences: every buffer is 16-byte aligned with 16-byte leading dimensions (we pad);
-// deterministic: no workspace and no split-K reduction of any scheme.
-static cublasLtMatmulPreference_t make_pref(lb_cuda_ctx *cx, int det)
-{
-    cublasLtMatmulPreference_t pref;
-    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t ws = det ? 0 : cx->workspace_bytes;
-    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    uint32_t al = 16;
-    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al));
-    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al));
-    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
-    LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
-    if (det) {
-        uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE;
-        LB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-            pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red));
-    }
-    return pref;
-}
-
-// The heuristic's first answer; 0 when it has none. cuBLASLt answers an unsupported
-// combination with NOT_SUPPORTED or INVALID_VALUE (block scaling on a device without it); that
-// is not an error here: the caller falls back, and *status says why. Any other failure is.
+// The heuristic's first answer; 0 when it has none, and *status says why. Preferences: every
+// buffer is 16-byte aligned with 16-byte leading dimensions (we pad); deterministic: no
+// workspace and no split-K reduction of any scheme.
 static int heuristic(lb_cuda_ctx *cx, int kind, int m, int n, int k, int ldd, int det,
                      cublasLtMatmulHeuristicResult_t *r, cublasStatus_t *status)
 {
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t la, lb, lc;
-    make_descs(kind, m, n, k, ldd, cx->workspace, &op, &la, &lb, &lc);
-    cublasLtMatmulPreference_t pref = make_pref(cx, det);
-    memset(r, 0, sizeof *r);
-    int got = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(cx->lt, op, la, lb, lc, lc, pref, 1, r, &got);
-    if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED &&
-        s != CUBLAS_STATUS_INVALID_VALUE)
-        LB_CUBLAS_CHECK(s);
+    lb_lt_descs d;
+    make_descs(kind, m, n, k, ldd, cx->workspace, &d);
+    cublasLtMatmulPreference_t pref = lb_lt_pref(cx, det, 16, 16, 16, LB_LT_IMPL_ALL);
+    cublasStatus_t s;
+    int found = lb_lt_heuristic(cx, &d, pref, r, &s);
+    if (!unsupported(s)) LB_CUBLAS_CHECK(s);   // cublasLtMatmulAlgoGetHeuristic
     LB_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    free_descs(op, la, lb, lc);
-    if (s == CUBLAS_STATUS_SUCCESS && (got < 1 || r->state != CUBLAS_STATUS_SUCCESS))
-        s = CUBLAS_STATUS_NOT_SUPPORTED;
-    if (status) *status = s;
-    return s == CUBLAS_STATUS_SUCCESS;
-}
-
-static void force_no_splitk(cublasLtMatmulAlgo_t *algo)
-{
-    int32_t one = 1;
-    uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
-    LB_CUBLAS_CHECK(cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                                                         &one, sizeof one));
-    LB_CUBLAS_CHECK(cublasLtMatmulAlgoConfigSetAttribute(
-        algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof none));
+    lb_lt_descs_free(&d);
+    if (status) *status = s == CUBLAS_STATUS_SUCCESS && !found ? CUBLAS_STATUS_NOT_SUPPORTED : s;
+    return found;
 }
 
 static int algo_fits(lb_cuda_ctx *cx, const qplan *p, const cublasLtMatmulAlgo_t *algo)
 {
-    cublasLtMatmulHeuristicResult_t r;
-    memset(&r, 0, sizeof r);
-    cublasStatus_t s = cublasLtMatmulAlgoCheck(cx->lt, p->op, p->la, p->lb, p->lc, p->lc, algo, &r);
-    if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED &&
-        s != CUBLAS_STATUS_INVALID_VALUE)
-        LB_CUBLAS_CHECK(s);
-    return s == CUBLAS_STATUS_SUCCESS && r.workspaceSize == 0;
+    cublasStatus_t s;
+    int fits = lb_lt_fits(cx, &p->d, algo, &s);
+    if (!unsupported(s)) LB_CUBLAS_CHECK(s);   // cublasLtMatmulAlgoCheck
+    return fits;
 }
 
 static void log_plan(const qplan *p)
@@ -227,7 +172,7 @@ static qplan *build_plan(lb_cuda_ctx *cx, const qplan *key)
     qcache *qc = cache_of(cx);
     qplan *p = (qplan *)lb_calloc(1, sizeof *p);
     *p = *key;
-    make_descs(p->kind, p->m, p->n, p->k, p->ldd, cx->workspace, &p->op, &p->la, &p->lb, &p->lc);
+    make_descs(p->kind, p->m, p->n, p->k, p->ldd, cx->workspace, &p->d);
     cublasLtMatmulHeuristicResult_t r;
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     if (p->det) {
@@ -235,7 +180,7 @@ static qplan *build_plan(lb_cuda_ctx *cx, const qplan *key)
         if (!qc->pinned_state[kd]) {
             if (heuristic(cx, kd, LB_PIN_DIM, LB_PIN_DIM, LB_PIN_DIM, LB_PIN_DIM, 1, &r, &st)) {
                 qc->pinned[kd] = r.algo;
-                force_no_splitk(&qc->pinned[kd]);
+                lb_lt_no_splitk(&qc->pinned[kd]);
                 qc->pinned_state[kd] = 1;
             } else {
                 qc->pinned_state[kd] = -1;
@@ -247,7 +192,7 @@ static qplan *build_plan(lb_cuda_ctx *cx, const qplan *key)
         } else if (heuristic(cx, kd, p->m, LB_PIN_DIM, p->k, p->m, 1, &r, &st)) {
             // Chosen at (our n, LB_PIN_DIM rows of ours, k): still independent of our m.
             p->algo = r.algo;
-            force_no_splitk(&p->algo);
+            lb_lt_no_splitk(&p->algo);
             p->ok = algo_fits(cx, p, &p->algo);
             p->fallback = 1;
         }
@@ -320,7 +265,7 @@ extern "C" void lb_cuda_gemm_q_destroy(lb_cuda_ctx *cx)
     for (size_t i = 0; i < qc->cap; i++) {
         qplan *p = qc->slot[i];
         if (!p) continue;
-        free_descs(p->op, p->la, p->lb, p->lc);
+        lb_lt_descs_free(&p->d);
         free(p);
     }
     free(qc->slot);
@@ -467,14 +412,14 @@ static int gemm_fp8_lt(lb_backend *be, int m, int n, int k, float alpha, const l
         scale_operand(cx, sa, a2d, sz_sa, Np, KB, KB4, a, m);
     }
 
-    LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb,
-                                                   sizeof sb));
-    LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa,
-                                                   sizeof sa));
+    LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                   &sb, sizeof sb));
+    LB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                   &sa, sizeof sa));
     float zero = 0.0f;
     float *d = direct ? c : (float *)(sc + o_t);
-    LB_CUBLAS_CHECK(cublasLtMatmul(cx->lt, p->op, &alpha, db, p->la, da, p->lb,
-                                   direct ? &beta : &zero, d, p->lc, d, p->lc, &p->algo,
+    LB_CUBLAS_CHECK(cublasLtMatmul(cx->lt, p->d.op, &alpha, db, p->d.a, da, p->d.b,
+                                   direct ? &beta : &zero, d, p->d.c, d, p->d.c, &p->algo,
                                    p->ws ? cx->workspace : NULL, p->ws, cx->stream));
     if (cx->sync_each) LB_CUDA_WAIT(cx);
     if (!direct) {   // d = alpha A B^T (m_pad, n_pad): c = d + beta c
@@ -521,9 +466,9 @@ static void gemm_emulated(lb_backend *be, int m, int n, int k, float alpha, cons
         lb_cuda_dequant_bf16(cx, abf, (size_t)kp, kp, a, 0);
         lb_cuda_dequant_bf16(cx, bbf, (size_t)kp, kp, b, 0);
         float one = 1.0f, zero = 0.0f;
-        LB_CUBLAS_CHECK(cublasLtMatmul(cx->lt, p->op, &one, bbf, p->la, abf, p->lb, &zero, tt, p->lc,
-                                       tt, p->lc, &p->algo, p->ws ? cx->workspace : NULL, p->ws,
-                                       cx->stream));
+        LB_CUBLAS_CHECK(cublasLtMatmul(cx->lt, p->d.op, &one, bbf, p->d.a, abf, p->d.b, &zero, tt,
+                                       p->d.c, tt, p->d.c, &p->algo,
+                                       p->ws ? cx->workspace : NULL, p->ws, cx->stream));
         if (cx->sync_each) LB_CUDA_WAIT(cx);
         t = tt;
         ldt = (size_t)n4;

@@ -5,8 +5,8 @@
 // The contract is doc/formats.md and the oracle is kernels/quant (codecs.c, quantize.c,
 // hadamard.c): every byte of data, every scale and every second level equals the CPU's, bit for
 // bit (tests/test_backend_ops.c checks them all). To get there:
-// - Element rounding is codecs.c's integer routine, ported line for line (it works on the fp32
-//   bits, so it is exact for every input, fp32 subnormals included).
+// - Element rounding is the CPU's integer routine itself, kernels/quant/elem.h (it works on the
+//   fp32 bits, so it is exact for every input, fp32 subnormals included).
 // - Every floating-point operation the CPU performs is written as an explicit IEEE intrinsic
 //   (__fdiv_rn, __fmul_rn, __fadd_rn, __fsub_rn), which nvcc never contracts into an FMA or
 //   replaces by an approximation, whatever -fmad / --use_fast_math say. The CPU side is built
@@ -40,6 +40,8 @@
 extern "C" {
 #include "kernels/quant/quant.h"
 }
+#include "kernels/quant/elem.h"
+#include "kernels/sample.h"   // lb_sample_hash
 
 #define QNAN_BITS 0x7fc00000u   // the C NAN constant the CPU writes
 
@@ -47,106 +49,26 @@ __device__ __forceinline__ float qnan() { return __uint_as_float(QNAN_BITS); }
 
 // --- counter-based RNG (kernels/common.c), on the device ------------------------------------
 
-__device__ __forceinline__ uint64_t d_hash64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 // lb_rand_u64(seed, stream, counter) = hash(hash(hash(seed) ^ stream) ^ counter); the host
-// passes base = hash(hash(seed) ^ stream) (same function, kernels/common.c).
+// passes base = hash(hash(seed) ^ stream) (the same hash, sample.h's).
 __device__ __forceinline__ uint64_t d_rand(uint64_t base, uint64_t counter)
 {
-    return d_hash64(base ^ counter);
+    return lb_sample_hash(base ^ counter);
 }
 
 // --- element codecs (codecs.c) -------------------------------------------------------------
 
-struct qdesc {
-    int mbits, emin, bias;
-    unsigned maxmag, sign, nan;
-    int ties_away;
-};
-
-template <int T> __device__ __forceinline__ qdesc qd()
-{
-    if (T == LB_E4M3) return {3, -6, 7, 0x7eu, 0x80u, 0x7fu, 0};
-    if (T == LB_E5M2) return {2, -14, 15, 0x7bu, 0x80u, 0x7eu, 0};
-    if (T == LB_E2M1) return {1, 0, 1, 0x7u, 0x08u, 0u, 0};
-    if (T == LB_E8M0) return {0, -127, 127, 0xfeu, 0u, 0xffu, 1};
-    return {3, -6, 7, 0x7eu, 0u, 0x7fu, 0};   // UE4M3
-}
-
-// codecs.c round_mag: the magnitude code of the finite, non-zero fp32 magnitude abits, or
-// maxmag + 1 on overflow. sr: round up iff r * 2^-64 < the fraction.
-template <int T> __device__ __forceinline__ unsigned round_mag(uint32_t abits, int sr, uint64_t r)
-{
-    const qdesc f = qd<T>();
-    uint64_t s = abits & 0x7fffffu;
-    int e = (int)(abits >> 23) - 127;
-    if ((abits >> 23) == 0) {                    // fp32 subnormal: normalise
-        int sh = __clz((unsigned)s) - 8;         // s != 0: leading 1 moved to bit 23
-        s <<= sh;
-        e = -126 - sh;
-    } else {
-        s |= 0x800000u;
-    }
-    int ee = e < f.emin ? f.emin : e;
-    int shift = 23 - f.mbits + (ee - e);         // >= 20
-    uint64_t n, rem;
-    if (shift >= 64) {
-        n = 0;
-        rem = s;
-    } else {
-        n = s >> shift;
-        rem = s & ((1ull << shift) - 1);
-    }
-    int up;
-    if (sr) {
-        if (shift <= 64) {
-            up = r < (rem << (64 - shift));
-        } else {
-            int k = shift - 64;
-            uint64_t thr = k >= 25 ? (uint64_t)(rem != 0) : (rem + (1ull << k) - 1) >> k;
-            up = r < thr;
-        }
-    } else if (shift >= 64) {
-        up = 0;
-    } else {
-        uint64_t half = 1ull << (shift - 1);
-        up = rem > half || (rem == half && (f.ties_away || (n & 1)));
-    }
-    n += (uint64_t)up;
-    if (n >> (f.mbits + 1)) {
-        n >>= 1;
-        ee++;
-    }
-    if (n < (1u << f.mbits)) return (unsigned)n;
-    long long code = ((long long)(ee + f.bias) << f.mbits) | (long long)(n - (1u << f.mbits));
-    return code > (long long)f.maxmag ? f.maxmag + 1 : (unsigned)code;
-}
-
-// lb_encode(T, x, 1) (sr = 0) or lb_encode_sr(T, x, r) (sr = 1): both saturate.
+// lb_encode(T, x, 1) (sr = 0) or lb_encode_sr(T, x, r) (sr = 1): both saturate. elem.h's,
+// shared with the CPU; T a compile-time type, so its descriptor folds away.
 template <int T> __device__ __forceinline__ unsigned encode(float x, int sr, uint64_t r)
 {
-    const qdesc f = qd<T>();
-    uint32_t u = __float_as_uint(x);
-    uint32_t a = u & 0x7fffffffu;
-    unsigned sign = (u >> 31) ? f.sign : 0u;
-    if (a > 0x7f800000u) return T == LB_E2M1 ? 0x7u : (sign | f.nan);   // NaN
-    if (!f.sign && (u >> 31) && a) return f.nan;                        // unsigned, negative
-    if (a == 0) return T == LB_E8M0 ? 0xffu : sign;
-    unsigned m = a == 0x7f800000u ? f.maxmag + 1 : round_mag<T>(a, sr, r);
-    if (m <= f.maxmag) return sign | m;
-    return sign | f.maxmag;   // overflow or Inf: saturate (sat = 1, and SR always saturates)
+    return lb_elem_encode(T, x, 1, sr, r);
 }
 
 // lb_decode, exact: values are built from their bits.
 template <int T> __device__ __forceinline__ float decode(unsigned code)
 {
-    const qdesc f = qd<T>();
+    const lb_elem_fmt f = lb_elem_fmt_of(T);
     if (T == LB_E8M0) {
         if (code == 0xffu) return qnan();
         return code ? __uint_as_float(code << 23) : __uint_as_float(0x00400000u);   // 2^-127
