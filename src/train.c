@@ -20,6 +20,7 @@
 #include "src/metrics.h"
 #include "src/util.h"
 #include "parallel/grid.h"
+#include "parallel/pipeline_schedule.h"
 
 #define ERRLEN 1024
 
@@ -55,36 +56,17 @@ static double max_rss_mib(void)
 }
 
 // The parallel pieces of one training run: the grid, the backend-memory communicators of its
-// groups (src/run.h), the model piece.
+// groups (src/run.h), the model piece, and the model as a pipeline stage.
 typedef struct {
     lb_grid grid;
     lb_comm *world;
     lb_run_comms comms;
     lb_model *m;
     int B, T, G, M;                     // micro-batch, sequence, global and per-rank micro-batches
+    lb_pipeline_stage stage;
+    int32_t **in, **tg;                 // (M) the step's micro-batches of this rank
+    double *sums;                       // the step's loss sums (add_losses)
 } run_ctx;
-
-// Forward of one micro-batch through this pipeline stage: the input hidden states come from the
-// previous stage (forward-only chains, as in validation).
-static void stage_recv_input(run_ctx *x)
-{
-    lb_model *m = x->m;
-    if (m->first_stage) return;
-    lb_model_prepare(m, x->B, x->T);
-    lb_comm_recv(x->comms.pp, lb_model_stage_input(m), lb_model_stage_floats(m), LB_F32,
-                 x->grid.pp_rank - 1);
-    lb_comm_sync(x->comms.pp);
-}
-
-static void stage_send_output(run_ctx *x)
-{
-    lb_model *m = x->m;
-    if (m->last_stage) return;
-    m->be->sync(m->be);
-    lb_comm_send(x->comms.pp, lb_model_stage_output(m), lb_model_stage_floats(m), LB_F32,
-                 x->grid.pp_rank + 1);
-    lb_comm_sync(x->comms.pp);
-}
 
 // Mean cross-entropy over the first val_batches batches of the validation shards. Data-parallel
 // rank r evaluates batches r, r + dp, ...; under expert parallelism every rank runs the same
@@ -111,9 +93,9 @@ static double validate(const lb_config *c, run_ctx *x, lb_loader *val, int32_t *
             if (lb_loader_next(val, in, tg, err, sizeof err) != 0) lb_die("%s", err);
             at = want + 1;
         }
-        stage_recv_input(x);
+        lb_pipeline_recv_forward(&x->stage);
         lb_model_forward(m, in, tg, c->train.micro_batch, c->train.seq_len);
-        stage_send_output(x);
+        lb_pipeline_send_forward(&x->stage);
         if (counts && mine < V) {   // the last stage has the loss
             acc[0] += (double)m->ce_loss * m->ntokens;
             acc[1] += m->ntokens;
@@ -205,87 +187,44 @@ static void add_losses(const run_ctx *x, double sums[2])
     sums[1] += x->m->aux_loss;
 }
 
-// Micro-batch j of a pipeline schedule with `warm` warm-up forwards lives in activation slot
-// j mod (warm + 1): at most warm + 1 are in flight, and j's slot is free again by the time
-// j + warm + 1 starts. The slot's activations exist (a later stage receives into them).
-static void use_slot(run_ctx *x, int j, int warm)
+// The model piece as the pipeline schedule drives it (parallel/pipeline_schedule.h).
+static void stage_use_slot(void *p, int slot)
 {
-    lb_model_use_slot(x->m, j % (warm + 1));
+    run_ctx *x = p;
+    lb_model_use_slot(x->m, slot);
     lb_model_prepare(x->m, x->B, x->T);
 }
 
-static void stage_forward(run_ctx *x, const int32_t *in, const int32_t *tg, double sums[2])
+static void stage_prepare(void *p)
 {
-    lb_model_forward(x->m, in, tg, x->B, x->T);
-    add_losses(x, sums);
+    run_ctx *x = p;
+    lb_model_prepare(x->m, x->B, x->T);
 }
 
-// One step's micro-batches on this rank: forward and backward of each in turn, or, across
-// pipeline stages, Megatron's 1F1B schedule: stage s runs min(pp - s - 1, M) warm-up forwards,
-// then alternates one forward and one backward (each exchange pairs a send with a receive, so
-// no stage waits on a stage that waits on it), then drains the remaining backwards. At most
-// pp - s micro-batches are in flight; each has its activation slot.
-static void run_micro_batches(run_ctx *x, int32_t **in, int32_t **tg, double sums[2])
+static void stage_forward(void *p, int j)
 {
-    lb_model *m = x->m;
-    const int M = x->M, pp = x->grid.pp, s = x->grid.pp_rank;
-    const float scale = 1.0f / x->G;   // the mean over the global batch
-    if (pp == 1) {
-        for (int j = 0; j < M; j++) {
-            stage_forward(x, in[j], tg[j], sums);
-            lb_model_backward(m, scale);
-        }
-        return;
-    }
-    const int warm = pp - s - 1 < M ? pp - s - 1 : M;
-    lb_backend *be = m->be;
-    lb_comm *ppc = x->comms.pp;
-    for (int j = 0; j < warm; j++) {
-        use_slot(x, j, warm);
-        stage_recv_input(x);
-        stage_forward(x, in[j], tg[j], sums);
-        stage_send_output(x);
-    }
-    if (warm < M) {
-        use_slot(x, warm, warm);
-        stage_recv_input(x);
-    }
-    for (int i = 0; i < M - warm; i++) {
-        int f = warm + i;
-        use_slot(x, f, warm);
-        stage_forward(x, in[f], tg[f], sums);
-        float *y = m->last_stage ? NULL : lb_model_stage_output(m);
-        use_slot(x, i, warm);
-        const size_t len = lb_model_stage_floats(m);   // every slot holds (B, T)
-        if (y) {   // send this output, receive the gradient of micro-batch i
-            be->sync(be);
-            lb_comm_send_recv(ppc, y, len, s + 1, lb_model_stage_grad(m), len, s + 1, LB_F32);
-            lb_comm_sync(ppc);
-        }
-        lb_model_backward(m, scale);
-        if (m->first_stage) continue;
-        float *dx = lb_model_stage_grad(m);
-        be->sync(be);
-        if (i == M - warm - 1) {
-            lb_comm_send(ppc, dx, len, LB_F32, s - 1);
-        } else {   // send micro-batch i's input gradient, receive the input of the next forward
-            use_slot(x, f + 1, warm);
-            lb_comm_send_recv(ppc, dx, len, s - 1, lb_model_stage_input(m), len, s - 1, LB_F32);
-        }
-        lb_comm_sync(ppc);
-    }
-    for (int i = M - warm; i < M; i++) {   // drain: the last backwards
-        use_slot(x, i, warm);
-        const size_t len = lb_model_stage_floats(m);
-        lb_comm_recv(ppc, lb_model_stage_grad(m), len, LB_F32, s + 1);
-        lb_comm_sync(ppc);
-        lb_model_backward(m, scale);
-        if (!m->first_stage) {
-            be->sync(be);
-            lb_comm_send(ppc, lb_model_stage_grad(m), len, LB_F32, s - 1);
-            lb_comm_sync(ppc);
-        }
-    }
+    run_ctx *x = p;
+    lb_model_forward(x->m, x->in[j], x->tg[j], x->B, x->T);
+    add_losses(x, x->sums);
+}
+
+static void stage_backward(void *p)
+{
+    run_ctx *x = p;
+    lb_model_backward(x->m, 1.0f / x->G);   // the mean over the global batch
+}
+
+static float *stage_input(void *p) { return lb_model_stage_input(((run_ctx *)p)->m); }
+static float *stage_output(void *p) { return lb_model_stage_output(((run_ctx *)p)->m); }
+static float *stage_grad(void *p) { return lb_model_stage_grad(((run_ctx *)p)->m); }
+static size_t stage_floats(void *p) { return lb_model_stage_floats(((run_ctx *)p)->m); }
+
+static lb_pipeline_stage pipeline_stage(run_ctx *x)
+{
+    return (lb_pipeline_stage){x->comms.pp, x->m->be, x->grid.pp_rank, x->grid.pp,
+                               x->m->first_stage, x->m->last_stage, x,
+                               stage_use_slot, stage_prepare, stage_forward, stage_backward,
+                               stage_input, stage_output, stage_grad, stage_floats};
 }
 
 int lb_cmd_train(const lb_config *c, lb_comm *comm)
@@ -394,6 +333,9 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
         in[j] = lb_malloc((size_t)B * T * sizeof(int32_t));
         tg[j] = lb_malloc((size_t)B * T * sizeof(int32_t));
     }
+    x.in = in;
+    x.tg = tg;
+    x.stage = pipeline_stage(&x);
     const double flops_tok = lb_model_flops_per_token(&m->cfg, T);
     const long tokens_step = (long)B * T * G;   // the global batch
     double t0 = lb_now();
@@ -415,7 +357,8 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
             k++;
         }
         double sums[2] = {0.0, 0.0};   // cross-entropy, aux over this rank's micro-batches
-        run_micro_batches(&x, in, tg, sums);
+        x.sums = sums;
+        lb_pipeline_forward_backward(&x.stage, x.M);
         if (step == c->parallel.fail_step && comm->rank == c->parallel.fail_rank)
             fail_on_purpose(c->parallel.fail_mode, comm->rank, step);
         if (comm->size > 1) lb_comm_all_reduce(comm, sums, sums, 2, LB_F64);
