@@ -98,7 +98,8 @@ void lb_dist_optimizer_gather(lb_dist_optimizer *d, int n, float *const *shard,
         lb_comm *g = d->region[r].comm;
         size_t b = d->region[r].begin, at = d->own[r].at, len = d->own[r].len;
         if (gsize(g) < 2) {
-            for (int k = 0; k < n; k++) be->copy(be, full[k] + b, shard[k] + at, len * sizeof(float));
+            for (int k = 0; k < n; k++)
+                be->copy(be, full[k] + b, shard[k] + at, len * sizeof(float));
             continue;
         }
         for (int k = 0; k < n; k++) lb_comm_all_gather(g, shard[k] + at, full[k] + b, len, LB_F32);
