@@ -45,12 +45,34 @@ int lb_run_layout(lb_run *r, const lb_config *c, lb_comm *world, const char *who
     return 0;
 }
 
-// Opens them in a fixed order (tp, ep, pp, dp, edp): creating an NCCL communicator is
-// collective, so every rank creates its groups in that order, going on after a failure so that
-// none waits in another's creation (a failed group keeps its MPI one). Returns 0, or -1 with the
-// last message.
+// The grid's groups over the backend's memory, opened in a fixed order (tp, ep, pp, dp, edp):
+// creating an NCCL communicator is collective, so every rank creates its groups in that order,
+// going on after a failure so that none waits in another's creation (a failed group keeps its
+// MPI one). Returns 0, or -1 with the last message.
 static int comms_open(lb_run_comms *x, lb_grid *g, lb_backend *be, int cuda, char *err,
-                      size_t errlen);
+                      size_t errlen)
+{
+    lb_comm *mpi[5] = {&g->tp_comm, &g->ep_comm, &g->pp_comm, &g->dp_comm, &g->edp_comm};
+    lb_comm **out[5] = {&x->tp, &x->ep, &x->pp, &x->dp, &x->edp};
+    int bad = 0;
+    x->nnccl = 0;
+    for (int i = 0; i < 5; i++) {
+        *out[i] = mpi[i];
+        if (!cuda || mpi[i]->size == 1) continue;
+        if (lb_comm_nccl_create(&x->nccl[x->nnccl], mpi[i], be, NULL, err, errlen) != 0) {
+            bad = 1;
+            continue;
+        }
+        *out[i] = &x->nccl[x->nnccl++];
+    }
+    return bad ? -1 : 0;
+}
+
+static void comms_free(lb_run_comms *x)
+{
+    for (int i = 0; i < x->nnccl; i++) lb_comm_free(&x->nccl[i]);
+    x->nnccl = 0;
+}
 
 int lb_run_setup(lb_run *r, int sampling)
 {
@@ -84,12 +106,6 @@ int lb_run_checkpoint_dir(lb_run *r)
     char err[ERRLEN];
     snprintf(r->ckdir, sizeof r->ckdir, "%.*s/checkpoints", LB_PATH_MAX, r->c->run.out_dir);
     return lb_run_failed(r, r->root && lb_mkdirs(r->ckdir, err, sizeof err) != 0, err);
-}
-
-static void comms_free(lb_run_comms *x)
-{
-    for (int i = 0; i < x->nnccl; i++) lb_comm_free(&x->nccl[i]);
-    x->nnccl = 0;
 }
 
 void lb_run_teardown(lb_run *r)
@@ -140,25 +156,6 @@ lb_optim_config lb_run_optim_config(const lb_config *c, int total_steps)
                              c->train.weight_decay, c->train.grad_clip,
                              c->train.optimizer_offload, c->run.threads,
                              !strcmp(c->train.adam_moments, "bf16")};
-}
-
-static int comms_open(lb_run_comms *x, lb_grid *g, lb_backend *be, int cuda, char *err,
-                      size_t errlen)
-{
-    lb_comm *mpi[5] = {&g->tp_comm, &g->ep_comm, &g->pp_comm, &g->dp_comm, &g->edp_comm};
-    lb_comm **out[5] = {&x->tp, &x->ep, &x->pp, &x->dp, &x->edp};
-    int bad = 0;
-    x->nnccl = 0;
-    for (int i = 0; i < 5; i++) {
-        *out[i] = mpi[i];
-        if (!cuda || mpi[i]->size == 1) continue;
-        if (lb_comm_nccl_create(&x->nccl[x->nnccl], mpi[i], be, NULL, err, errlen) != 0) {
-            bad = 1;
-            continue;
-        }
-        *out[i] = &x->nccl[x->nnccl++];
-    }
-    return bad ? -1 : 0;
 }
 
 void lb_run_resume_path(const lb_run *r, char *out, size_t outlen)
