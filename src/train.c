@@ -81,9 +81,12 @@ typedef struct {
 // number of forwards (the dispatcher is collective), repeating its first batch uncounted where it
 // has none. One rank of each model replica counts (tp rank 0 of the last stage); the sums of
 // losses and tokens are added over all ranks.
-static double validate(const lb_config *c, train_run *x, lb_loader *val, int32_t *in, int32_t *tg)
+static double validate(train_run *x)
 {
     char err[ERRLEN];
+    const lb_config *c = x->c;
+    lb_loader *val = x->val;
+    int32_t *in = x->in[0], *tg = x->tg[0];   // the step's buffers, free by now
     lb_model *m = x->m;
     const lb_grid *g = &x->run.grid;
     double acc[2] = {0.0, 0.0};   // sum of token losses, tokens
@@ -367,7 +370,7 @@ static void train_validate(train_run *x, int step)
     if (!x->val || c->train.val_every <= 0 ||
         (step % c->train.val_every != 0 && step != c->train.steps))
         return;
-    double vl = validate(c, x, x->val, x->in[0], x->tg[0]);
+    double vl = validate(x);
     if (x->run.root) {
         tty_clear(&x->pending);
         printf("step %5d/%d | val loss %.4f\n", step, c->train.steps, vl);
