@@ -443,11 +443,12 @@ static lb_model *bench_model(lb_backend *be, const lb_config *c)
     return m;
 }
 
-// AdamW with [train]'s settings on a schedule too long to end while timing, all of it on the
-// backend (no optimizer offload).
+// AdamW with [train]'s settings on a schedule too long to end while timing, without warm-up,
+// all of it on the backend (no optimizer offload).
 static void bench_optimizer(lb_optimizer *o, lb_model *m, const lb_config *c)
 {
     lb_optim_config oc = lb_run_optim_config(c, 1000000);
+    oc.warmup_steps = 0;
     oc.offload = 0;
     oc.offload_threads = 0;
     lb_optimizer_init(o, m, &oc);
