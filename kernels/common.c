@@ -86,20 +86,3 @@ float lb_f16_to_f32(uint16_t h)
     memcpy(&x, &u, 4);
     return x;
 }
-
-uint16_t lb_f32_to_f16(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return sign | 0x7e00;            // NaN
-    if (a >= 0x477ff000u) return sign | 0x7c00;           // overflow (incl. rounding) -> Inf
-    if (a < 0x38800000u) {                                // subnormal or zero in f16
-        float f;
-        memcpy(&f, &a, 4);
-        return sign | (uint16_t)lrintf(f * 16777216.0f);  // 2^24 = 1/ulp of f16 subnormals
-    }
-    uint32_t r = a + 0xfffu + ((a >> 13) & 1u);           // round to nearest even at bit 13
-    return sign | (uint16_t)(((r >> 13) - ((127 - 15) << 10)) & 0x7fff);
-}

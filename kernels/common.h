@@ -56,7 +56,6 @@ static inline float lb_in_at(const float *x, const uint16_t *x16, size_t r, int 
 {
     return x16 ? lb_bf16_to_f32(x16[r * (size_t)((cols + 7) / 8 * 8) + j]) : x[r * cols + j];
 }
-uint16_t lb_f32_to_f16(float x);
 float lb_f16_to_f32(uint16_t h);
 
 #endif

@@ -226,7 +226,6 @@ struct lb_model {
 // Registry (models/registry.c).
 const lb_model_def *lb_model_lookup(const char *arch);
 int lb_model_count(void);
-const lb_model_def *lb_model_at(int i);
 
 // Model object (models/model.c).
 lb_model *lb_model_create(const lb_model_config *cfg, lb_backend *be, char *err, size_t errlen);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include "kernels/common.h"
 #include "models/model.h"
+#include "parallel/tensor_parallel.h"
 
 static int is_moe(const lb_model_config *c) { return strcmp(c->arch, "qwen3_moe") == 0; }
 static int ffn_dim(const lb_model_config *c)
@@ -309,39 +310,23 @@ static int out16_layers(const lb_model *m, lb_role role, lb_pass pass, int route
     return every;
 }
 
-// --- tensor parallelism: Megatron's conjugate operators (doc/parallel.md) ----------------------
+// --- tensor parallelism: Megatron's conjugate operators (parallel/tensor_parallel.h) ---------
+// over this model piece's tp group and backend; (n, C) are whole rows, this rank's n / tp of
+// them under sequence parallelism.
 
-// out = the sum over tp of part (n, c): an all-reduce, or under sequence parallelism a
-// reduce-scatter that leaves this rank's rows. In place (out = part) without SP. tp = 1: out
-// must be part.
 static void tp_reduce(lb_model *m, float *part, float *out, int n, int C)
 {
-    if (m->par.tp == 1) return;
-    lb_comm *tp = m->par.tp_comm;
-    m->be->sync(m->be);   // the backend's writes are complete before the communicator reads
-    if (m->par.sp) lb_comm_reduce_scatter(tp, part, out, (size_t)n / m->par.tp * C, LB_F32);
-    else lb_comm_all_reduce(tp, part, out, (size_t)n * C, LB_F32);
-    lb_comm_sync(tp);
+    lb_tp_reduce(m->be, m->par.tp_comm, m->par.sp, part, out, n, C);
 }
 
-// Under SP: full (n, c) from each rank's rows `mine` (ns, c). mine may be full + rank * ns * c
-// (in place). Without SP the rows are already whole (full = mine).
 static void tp_gather(lb_model *m, const float *mine, float *full, int n, int C)
 {
-    if (!m->par.sp) return;
-    lb_comm *tp = m->par.tp_comm;
-    m->be->sync(m->be);
-    lb_comm_all_gather(tp, mine, full, (size_t)n / m->par.tp * C, LB_F32);
-    lb_comm_sync(tp);
+    lb_tp_gather(m->be, m->par.tp_comm, m->par.sp, mine, full, n, C);
 }
 
-// Sums a small buffer over tp in place (a result every tp rank needs whole).
 static void tp_sum(lb_model *m, float *x, size_t count)
 {
-    if (m->par.tp == 1) return;
-    m->be->sync(m->be);
-    lb_comm_all_reduce(m->par.tp_comm, x, x, count, LB_F32);
-    lb_comm_sync(m->par.tp_comm);
+    lb_tp_all_reduce(m->be, m->par.tp_comm, x, count);
 }
 
 // --- activations ----------------------------------------------------------------------------------

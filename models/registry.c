@@ -12,8 +12,6 @@ static const lb_model_def *const registry[] = {
 
 int lb_model_count(void) { return (int)(sizeof registry / sizeof registry[0]); }
 
-const lb_model_def *lb_model_at(int i) { return i >= 0 && i < lb_model_count() ? registry[i] : NULL; }
-
 const lb_model_def *lb_model_lookup(const char *arch)
 {
     for (int i = 0; i < lb_model_count(); i++)

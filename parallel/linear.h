@@ -2,7 +2,10 @@
 // dgrad, wgrad) asks the contract for its site and runs in that format: FP32, BF16, or a
 // block-scaled format through the backend's quantize and gemm_q. Weights are quantized once per
 // optimizer step into a weight cache (lb_wcache) that the trainer's forward and the sampler
-// both read. (Tensor-parallel column/row splitting will live here too.)
+// both read. A layer computes on the piece of the weight its rank holds: a column- or
+// row-parallel layer (Megatron's ColumnParallelLinear, RowParallelLinear) is this layer on the
+// piece the model definition cut (lb_split), joined to the other ranks' pieces by the
+// collectives of parallel/tensor_parallel.h.
 #ifndef LB_LINEAR_H
 #define LB_LINEAR_H
 

@@ -14,6 +14,7 @@
 #include "kernels/quant/quant.h"
 #include "src/commands.h"
 #include "src/optim.h"
+#include "src/run.h"
 #include "src/sampler.h"
 #include "src/util.h"
 
@@ -433,14 +434,11 @@ static int bench_attention(lb_backend *be, const lb_config *c)
 static lb_model *bench_model(lb_backend *be, const lb_config *c)
 {
     char err[1024];
-    lb_model *m = lb_model_create(&c->model, be, err, sizeof err);
-    if (!m || lb_model_set_precision(m, &c->precision, c->run.seed, err, sizeof err) != 0 ||
-        lb_model_set_recompute(m, c->train.recompute, err, sizeof err) != 0) {
+    lb_model *m = lb_run_model(c, be, NULL, 0, err, sizeof err);
+    if (!m) {
         fprintf(stderr, "lowbit bench: %s\n", err);
-        lb_model_free(m);
         return NULL;
     }
-    lb_model_set_ce_chunk(m, c->train.ce_chunk);
     lb_model_init_params(m, c->run.seed);
     return m;
 }
@@ -458,14 +456,14 @@ static lb_model *bench_kv_model(lb_backend *be, const lb_config *c)
     return m;
 }
 
-// AdamW with [train]'s settings on a schedule too long to end while timing.
+// AdamW with [train]'s settings on a schedule too long to end while timing, without warm-up,
+// all of it on the backend (no optimizer offload).
 static void bench_optimizer(lb_optimizer *o, lb_model *m, const lb_config *c)
 {
-    lb_optim_config oc = {.lr = c->train.lr, .min_lr = c->train.min_lr, .total_steps = 1000000,
-                          .beta1 = c->train.beta1, .beta2 = c->train.beta2,
-                          .eps = c->train.adam_eps, .weight_decay = c->train.weight_decay,
-                          .grad_clip = c->train.grad_clip,
-                          .moments16 = !strcmp(c->train.adam_moments, "bf16")};
+    lb_optim_config oc = lb_run_optim_config(c, 1000000);
+    oc.warmup_steps = 0;
+    oc.offload = 0;
+    oc.offload_threads = 0;
     lb_optimizer_init(o, m, &oc);
 }
 
@@ -737,7 +735,7 @@ static void cpu_sizes(lb_config *c)
 int lb_cmd_bench(const lb_config *cfg, lb_comm *comm)
 {
     if (comm->rank != 0) return 0;
-    lb_backend *be = lb_backend_open(cfg);
+    lb_backend *be = lb_run_backend_open(cfg, NULL);
     if (!be) return 1;
     lb_config cc = *cfg;
     if (!strcmp(be->name, "cpu")) cpu_sizes(&cc);

@@ -457,18 +457,6 @@ int lb_checkpoint_load_weights(const char *path, lb_model *m, lb_comm *world,
     return rc;
 }
 
-int lb_checkpoint_save_dp(const char *path, lb_optimizer *o, const lb_train_state *st,
-                          const char *config_ini, lb_comm *world, char *err, size_t errlen)
-{
-    return lb_checkpoint_save_parallel(path, o, st, config_ini, world, NULL, err, errlen);
-}
-
-int lb_checkpoint_load_dp(const char *path, lb_optimizer *o, lb_train_state *st, lb_comm *world,
-                          char *err, size_t errlen)
-{
-    return lb_checkpoint_load_parallel(path, o, st, world, NULL, err, errlen);
-}
-
 int lb_checkpoint_latest(const char *dir, char *out, size_t outlen)
 {
     char pattern[1024];

@@ -46,11 +46,6 @@ int lb_checkpoint_load_parallel(const char *path, lb_optimizer *o, lb_train_stat
 // The weight cache is marked stale at the file's step. Collective over world, as above.
 int lb_checkpoint_load_weights(const char *path, lb_model *m, lb_comm *world,
                                const lb_parallel_config *pc, char *err, size_t errlen);
-// The same with pc NULL.
-int lb_checkpoint_save_dp(const char *path, lb_optimizer *o, const lb_train_state *st,
-                          const char *config_ini, lb_comm *world, char *err, size_t errlen);
-int lb_checkpoint_load_dp(const char *path, lb_optimizer *o, lb_train_state *st, lb_comm *world,
-                          char *err, size_t errlen);
 // Newest "step_NNNNNNNN.safetensors" in dir, or "" when none. Returns 0 or -1.
 int lb_checkpoint_latest(const char *dir, char *out, size_t outlen);
 

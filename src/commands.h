@@ -5,13 +5,6 @@
 #include "parallel/comm.h"
 #include "src/config.h"
 
-// The backend named by run.backend; NULL after printing why.
-lb_backend *lb_backend_open(const lb_config *c);
-// A setup step that may fail on some ranks only (src/train.c): every rank learns whether any
-// failed, so all stop together with one message ("WHO: err", from rank 0 when it failed).
-// Collective over w. Returns whether any rank failed.
-int lb_any_failed(lb_comm *w, int failed, const char *who, const char *err);
-
 int lb_cmd_train(const lb_config *c, lb_comm *comm);
 int lb_cmd_info(const lb_config *c, lb_comm *comm);
 int lb_cmd_data(const lb_config *c, lb_comm *comm);

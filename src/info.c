@@ -7,6 +7,7 @@
 #include "kernels/common.h"
 #include "parallel/grid.h"
 #include "src/commands.h"
+#include "src/run.h"
 
 typedef struct {
     size_t now, peak;
@@ -81,15 +82,9 @@ static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char
     lb_backend counter = {.name = "count", .ctx = &ctx, .alloc = count_alloc,
                           .free = count_free, .upload = count_upload};
     lb_model_parallel par = lb_model_parallel_of(g, NULL, NULL);
-    lb_model *m = lb_model_create_parallel(&c->model, &counter, &par, err, errlen);
-    if (!m) return -1;
     // the contract too: where expert GEMMs are bf16 the activations include their bf16 copies
-    if (lb_model_set_recompute(m, c->train.recompute, err, errlen) != 0 ||
-        lb_model_set_precision(m, &c->precision, c->run.seed, err, errlen) != 0) {
-        lb_model_free(m);
-        return -1;
-    }
-    lb_model_set_ce_chunk(m, c->train.ce_chunk);
+    lb_model *m = lb_run_model(c, &counter, &par, 0, err, errlen);
+    if (!m) return -1;
     int zero = c->parallel.zero && (g->dp > 1 || g->edp > 1);
     size_t p[2] = {zero ? (size_t)g->dp : 1, zero ? (size_t)g->edp : 1}, n = 0, shard = 0;
     for (int r = 0; r < 2; r++) {   // the regions as the distributed optimizer pads them

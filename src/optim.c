@@ -9,7 +9,6 @@
 #include "kernels/common.h"
 
 static int gsize(const lb_comm *c) { return c ? c->size : 1; }
-static int grank(const lb_comm *c) { return c ? c->rank : 0; }
 
 static int by_offset(const void *a, const void *b)
 {
@@ -26,14 +25,6 @@ static const lb_tensor **sorted_tensors(const lb_model *m)
     return t;
 }
 
-// Where parameter i sits in the moment arrays (i within an owned range under ZeRO).
-static size_t shard_pos(const lb_optimizer *o, size_t i)
-{
-    if (!o->grad_shard) return i;
-    int r = i >= o->m->region_begin[1];
-    return o->own[r].at + (i - o->own[r].begin);
-}
-
 // The weight-decay runs of [lo, hi): each tensor's part, merged where neighbours decay alike
 // and sit next to each other in the moment arrays, so the update is a few long AdamW calls
 // that may cut through tensors.
@@ -44,7 +35,7 @@ static void add_segments(lb_optimizer *o, const lb_tensor **t, size_t lo, size_t
         size_t e = t[i]->offset + t[i]->numel < hi ? t[i]->offset + t[i]->numel : hi;
         if (b >= e) continue;
         float wd = t[i]->is_norm ? 0.0f : (float)o->cfg.weight_decay;   // no decay on norms
-        size_t at = shard_pos(o, b);
+        size_t at = lb_dist_optimizer_shard_pos(&o->dist, b);
         lb_optim_segment *prev = o->nseg ? &o->seg[o->nseg - 1] : NULL;
         if (prev && prev->end == b && prev->wd == wd && prev->at + (b - prev->begin) == at)
             prev->end = e;
@@ -119,34 +110,18 @@ void lb_optimizer_init_groups(lb_optimizer *o, lb_model *m, const lb_optim_confi
     o->cfg = *cfg;
     o->m = m;
     o->g = *g;
-    o->own[0].comm = g->dp;
-    o->own[1].comm = g->edp ? g->edp : g->dp;
-    // ZeRO-1 (grad_shard set) when asked for and some group has more than one rank
-    int zero = distributed && (gsize(o->own[0].comm) > 1 || gsize(o->own[1].comm) > 1);
-    o->grad_shard = NULL;
-    if (zero) {   // equal shards: reduce-scatter and all-gather move equal blocks
-        size_t align[2] = {(size_t)gsize(o->own[0].comm), (size_t)gsize(o->own[1].comm)};
-        lb_model_align(m, align);
-    }
-    size_t at = 0;
-    for (int r = 0; r < 2; r++) {
-        // owned: the rank's equal share of the region (rounded up without ZeRO's padding)
-        size_t p = (size_t)gsize(o->own[r].comm), len = m->region_len[r];
-        size_t share = (len + p - 1) / p, b = (size_t)grank(o->own[r].comm) * share;
-        if (b > len) b = len;
-        o->own[r].begin = m->region_begin[r] + b;
-        o->own[r].len = b + share < len ? share : len - b;
-        o->own[r].at = zero ? at : o->own[r].begin;
-        at += o->own[r].len;
-    }
-    o->shard_len = zero ? at : m->nparams;
-    if (zero) o->grad_shard = be->alloc(be, o->shard_len * sizeof(float));
+    // dense over dp, experts over edp; ZeRO-1 re-lays the regions padded for equal shards
+    lb_comm *comm[LB_DIST_REGIONS] = {g->dp, g->edp ? g->edp : g->dp};
+    size_t align[LB_DIST_REGIONS];
+    int zero = lb_dist_optimizer_sharded(comm, distributed, align);
+    if (zero) lb_model_align(m, align);
+    lb_dist_optimizer_init(&o->dist, be, comm, m->region_begin, m->region_len, m->nparams, zero);
     const lb_tensor **t = sorted_tensors(m);
     o->seg = lb_malloc(((size_t)m->ntensors + 3) * sizeof *o->seg);
     o->nseg = 0;
     if (zero)
-        for (int r = 0; r < 2; r++)
-            add_segments(o, t, o->own[r].begin, o->own[r].begin + o->own[r].len);
+        for (int r = 0; r < LB_DIST_REGIONS; r++)
+            add_segments(o, t, o->dist.own[r].begin, o->dist.own[r].begin + o->dist.own[r].len);
     else
         add_segments(o, t, 0, m->nparams);
     free(t);
@@ -160,7 +135,7 @@ void lb_optimizer_free(lb_optimizer *o)
     lb_backend *be = o->m->be;
     be->free(be, o->adam_m);
     be->free(be, o->adam_v);
-    if (o->grad_shard) be->free(be, o->grad_shard);
+    lb_dist_optimizer_free(&o->dist);
     if (o->host) {
         o->host->destroy(o->host);
         free(o->host_m);
@@ -186,7 +161,7 @@ double lb_optimizer_lr(const lb_optim_config *c, int step)
 // The reduced gradient of parameter i (i owned under ZeRO).
 static float *grad_at(lb_optimizer *o, size_t i)
 {
-    return o->grad_shard ? o->grad_shard + shard_pos(o, i) : o->m->grads + i;
+    return lb_dist_optimizer_grad(&o->dist, o->m->grads, i);
 }
 
 // AdamW on be for n parameters p whose moments start at element k of m and v (fp32, or bf16
@@ -234,7 +209,7 @@ static double global_sumsq(lb_optimizer *o)
     int skip_replicated = m->par.tp > 1 && m->par.tp_rank != 0;
     double sum = 0.0;
     for (int r = 0; r < 2; r++) {
-        size_t lo = o->own[r].begin, hi = lo + o->own[r].len;
+        size_t lo = o->dist.own[r].begin, hi = lo + o->dist.own[r].len;
         if (!skip_replicated) {   // the owned range in one pass (padding is zero)
             if (hi > lo) sum += be->sumsq(be, grad_at(o, lo), hi - lo);
             continue;
@@ -265,18 +240,7 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
         }
         lb_comm_sync(o->g.tp);
     }
-    for (int r = 0; r < 2; r++) {   // dense over dp, experts over edp
-        lb_comm *g = o->own[r].comm;
-        float *grads = m->grads + m->region_begin[r];
-        if (gsize(g) < 2 && o->grad_shard)   // a group of one under ZeRO: the shard is it all
-            be->copy(be, o->grad_shard + o->own[r].at, grads, o->own[r].len * sizeof(float));
-        if (gsize(g) < 2 || m->region_len[r] == 0) continue;
-        if (o->grad_shard)
-            lb_comm_reduce_scatter(g, grads, o->grad_shard + o->own[r].at, o->own[r].len, LB_F32);
-        else
-            lb_comm_all_reduce(g, grads, grads, m->region_len[r], LB_F32);
-        lb_comm_sync(g);
-    }
+    lb_dist_optimizer_reduce_grads(&o->dist, m->grads);   // dense over dp, experts over edp
     double norm = sqrt(global_sumsq(o));
     // Clipping scales the gradients inside adamw (one pass over them fewer than scaling first).
     float gscale = c->grad_clip > 0 && norm > c->grad_clip ? (float)(c->grad_clip / norm) : 1.0f;
@@ -317,17 +281,8 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
                            (s->end - s->begin) * sizeof(float));
         }
     }
-    if (o->grad_shard) {
-        // Every rank gets every updated shard: the parameters are whole again on every rank.
-        be->sync(be);
-        for (int r = 0; r < 2; r++) {
-            lb_comm *g = o->own[r].comm;
-            if (gsize(g) < 2 || m->region_len[r] == 0) continue;
-            lb_comm_all_gather(g, m->params + o->own[r].begin, m->params + m->region_begin[r],
-                               o->own[r].len, LB_F32);
-            lb_comm_sync(g);
-        }
-    }
+    // ZeRO-1: every rank gets every updated shard; the parameters are whole again everywhere
+    lb_dist_optimizer_gather_params(&o->dist, m->params);
     lb_model_params_changed(m, (uint64_t)step);   // the next forward re-quantizes once
     // the copies written above hold the new values (an all-gather leaves this rank's own
     // shard as it was)
@@ -380,8 +335,8 @@ static void moments_round(lb_backend *be, uint16_t *dst, int dst_host, const flo
 static void moments_to_shard(lb_optimizer *o, float *dm, float *dv)
 {
     lb_backend *be = o->m->be;
-    be->zero(be, dm, o->shard_len * sizeof(float));
-    be->zero(be, dv, o->shard_len * sizeof(float));
+    be->zero(be, dm, o->dist.shard_len * sizeof(float));
+    be->zero(be, dv, o->dist.shard_len * sizeof(float));
     for (int i = 0; i < o->nseg; i++) {
         const lb_optim_segment *s = &o->seg[i];
         size_t n = s->end - s->begin, bytes = n * sizeof(float);
@@ -404,26 +359,15 @@ void lb_optimizer_state_gather(lb_optimizer *o, float *adam_m, float *adam_v)
 {
     lb_model *m = o->m;
     lb_backend *be = m->be;
-    if (!o->grad_shard) {   // the shard is every parameter, at its own index
+    if (!o->dist.grad_shard) {   // the shard is every parameter, at its own index
         moments_to_shard(o, adam_m, adam_v);
         return;
     }
-    float *sm = be->alloc(be, o->shard_len * sizeof(float));
-    float *sv = be->alloc(be, o->shard_len * sizeof(float));
+    float *sm = be->alloc(be, o->dist.shard_len * sizeof(float));
+    float *sv = be->alloc(be, o->dist.shard_len * sizeof(float));
     moments_to_shard(o, sm, sv);
-    be->sync(be);
-    for (int r = 0; r < 2; r++) {
-        lb_comm *g = o->own[r].comm;
-        size_t b = m->region_begin[r], at = o->own[r].at, len = o->own[r].len;
-        if (gsize(g) < 2) {
-            be->copy(be, adam_m + b, sm + at, len * sizeof(float));
-            be->copy(be, adam_v + b, sv + at, len * sizeof(float));
-            continue;
-        }
-        lb_comm_all_gather(g, sm + at, adam_m + b, len, LB_F32);
-        lb_comm_all_gather(g, sv + at, adam_v + b, len, LB_F32);
-        lb_comm_sync(g);
-    }
+    float *shard[2] = {sm, sv}, *full[2] = {adam_m, adam_v};
+    lb_dist_optimizer_gather(&o->dist, 2, shard, full);
     be->free(be, sm);
     be->free(be, sv);
 }

@@ -6,7 +6,7 @@
 // by 1 / the global number of micro-batches) into m->grads; the step then sums them over the
 // data-parallel group (the experts' over the expert-data-parallel group, after the partial
 // sums of tp-replicated tensors over tp), so the update is the one a single rank computes over
-// the whole global batch:
+// the whole global batch (the sharding and its communication: parallel/distributed_optimizer.h):
 //   - distributed (ZeRO-1, Megatron's distributed optimizer): reduce-scatter each region of the
 //     flat gradient (padded to a multiple of its group), take the global norm from the shards'
 //     sums of squares, AdamW on this rank's shard of the fp32 parameters (the master weights:
@@ -19,6 +19,7 @@
 
 #include "models/model.h"
 #include "parallel/comm.h"
+#include "parallel/distributed_optimizer.h"
 
 typedef struct {
     double lr, min_lr;
@@ -58,14 +59,11 @@ typedef struct {
     lb_optim_config cfg;
     lb_model *m;
     lb_optim_groups g;
-    // Per region (0 dense, 1 experts; lb_model): its group, and the parameters this rank owns
-    // [begin, begin + len) (its ZeRO shard; without ZeRO it updates all but counts only these
-    // in the norm), placed at `at` in the shard arrays.
-    struct { lb_comm *comm; size_t begin, len, at; } own[2];
-    size_t shard_len;                  // floats of the shard
+    // The regions (0 dense, 1 experts; lb_model) over their groups, and the parameters this
+    // rank owns (its ZeRO shard; without ZeRO it updates all but counts only these in the norm)
+    lb_dist_optimizer dist;
     // The moments: float, or uint16_t bf16 bits where cfg.moments16 (lb_optimizer_moment_size)
     void *adam_m, *adam_v;             // (dev_len) backend memory: the moments on the device
-    float *grad_shard;                 // (shard_len) ZeRO-1: the reduced gradient of the shard
     size_t dev_len, host_len;          // moments on the device and offloaded to the host
     void *host_m, *host_v;             // (host_len) host memory: the offloaded moments
     float *host_p, *host_g;            // (host_len) host copies of those parameters, gradients

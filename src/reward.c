@@ -60,7 +60,6 @@ static const lb_reward_def registry[] = {
 };
 
 int lb_reward_count(void) { return (int)(sizeof registry / sizeof registry[0]); }
-const lb_reward_def *lb_reward_at(int i) { return &registry[i]; }
 
 const lb_reward_def *lb_reward_lookup(const char *name)
 {

@@ -25,7 +25,6 @@ typedef struct {
 
 const lb_reward_def *lb_reward_lookup(const char *name);
 int lb_reward_count(void);
-const lb_reward_def *lb_reward_at(int i);
 
 #define LB_REWARD_MAX 16
 

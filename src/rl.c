@@ -84,13 +84,6 @@ int lb_model_config_from_checkpoint(lb_config *c, const char *path, char *err, s
     return 0;
 }
 
-lb_backend *lb_rl_backend(const lb_config *c, lb_comm *world)
-{
-    lb_backend *be = lb_run_backend_open(c, world);
-    if (be) be->deterministic = c->sample.deterministic;
-    return be;
-}
-
 
 int lb_rl_sampler_config(const lb_config *c, lb_sampler_config *o, char *err, size_t errlen)
 {
@@ -392,52 +385,24 @@ static int check_rl_layout(const lb_config *c, const lb_grid *g, char *err, size
     return 0;
 }
 
-// This rank's piece of the model, its weights still to load.
-static lb_model *rl_model_piece(const lb_config *c, lb_backend *be, const lb_model_parallel *par,
-                                char *err, size_t errlen)
-{
-    lb_model *m = lb_model_create_parallel(&c->model, be, par, err, errlen);
-    if (m && (lb_model_set_precision(m, &c->precision, c->run.seed, err, errlen) != 0 ||
-              lb_model_set_recompute(m, c->train.recompute, err, errlen) != 0 ||
-              lb_model_set_kv_cache(m, c->sample.kv_cache, err, errlen) != 0)) {
-        lb_model_free(m);
-        return NULL;
-    }
-    return m;
-}
-
-lb_model *lb_rl_model_open(const lb_config *c, lb_backend *be, const lb_model_parallel *par,
-                           const char *path, lb_comm *world, char *err, size_t errlen)
-{
-    lb_model *m = rl_model_piece(c, be, par, err, errlen);   // fails alike on every rank
-    if (!m) return NULL;
-    if (lb_checkpoint_load_weights(path, m, world, world->size > 1 ? &c->parallel : NULL, err,
-                                   errlen) == 0)
-        return m;
-    lb_model_free(m);
-    return NULL;
-}
-
 // One `lowbit rl` run: its configuration (the model section read from rl.init), the parallel
 // pieces, the policy, its reference and optimizer, the samplers, and the step's sequences with
 // the trainer's buffers. Set up once; every step reuses it.
 typedef struct {
     lb_config cfg;
     const lb_config *c;            // &cfg
-    lb_comm *world;
-    int root;
-    lb_grid grid;
-    lb_run_comms comms;            // backend memory (src/run.h)
+    lb_run run;                    // grid, communicators, backend, policy, optimizer (src/run.h)
+    lb_comm *world;                // run.world
+    int root;                      // run.root
     lb_comm *dpc, *epc;            // host messages of the data- and expert-parallel groups
-    lb_backend *be;
-    lb_model *m, *ref;             // the policy; the KL reference, a frozen piece (or NULL)
-    lb_optimizer opt;
+    lb_backend *be;                // run.be
+    lb_model *m, *ref;             // the policy (run.m); the KL reference, a frozen piece (or NULL)
     lb_sampler_config sc;
     lb_sampler *smp, *greedy;
     lb_rewards rw;
     lb_grpo_config gcfg;
     lb_train_state st;
-    char ckdir[LB_PATH_MAX + 32], resume[LB_PATH_MAX + 64];
+    char resume[LB_PATH_MAX + 64];
     char *ini;
     lb_metrics *metrics;
     int P, G, N, M;                // prompts, samples each, sequences, mini-batches of a step
@@ -472,11 +437,6 @@ typedef struct {
     double t_roll, t_train;
 } rl_step;
 
-static int any_failed(rl_run *x, int failed, const char *err)
-{
-    return lb_any_failed(x->world, failed, "lowbit rl", err);
-}
-
 // The layout and the configuration, checked before any work: the same verdict on every rank,
 // printed once. Reads rl.init's model section into x->cfg. Returns 0 or 1.
 static int rl_check(rl_run *x)
@@ -485,13 +445,7 @@ static int rl_check(rl_run *x)
     lb_config *c = &x->cfg;
     const int root = x->root;
     // The layout first: a bad one stops every rank before any work, with one message.
-    if (lb_grid_layout(&x->grid, &c->parallel, x->world->size, x->world->rank, err,
-                       sizeof err) != 0 ||
-        check_rl_layout(c, &x->grid, err, sizeof err) != 0 ||
-        lb_grid_check_built(&c->parallel, err, sizeof err) != 0) {
-        if (root) fprintf(stderr, "lowbit rl: %s\n", err);
-        return 1;
-    }
+    if (lb_run_layout(&x->run, c, x->world, "lowbit rl", check_rl_layout) != 0) return 1;
     // Checks of the configuration alone: the same verdict on every rank, printed by rank 0.
     if (!c->rl.init[0]) {
         if (root) fprintf(stderr, "%srl.init is empty: name the checkpoint RL starts from\n",
@@ -520,7 +474,7 @@ static int rl_check(rl_run *x)
     // experts by ep) are checked as a file's [model] would be.
     int bad = lb_model_config_from_checkpoint(c, c->rl.init, err, sizeof err) != 0 ||
               lb_rl_sampler_config(c, &x->sc, err, sizeof err) != 0;
-    if (any_failed(x, bad, err)) return 1;
+    if (lb_run_failed(&x->run, bad, err)) return 1;
     if (lb_config_validate(c, err, sizeof err) != 0) {
         if (root) fprintf(stderr, "%s (the model of %s)\n", err, c->rl.init);
         return 1;
@@ -534,43 +488,26 @@ static int rl_check(rl_run *x)
     return 0;
 }
 
-// The grid, the backend, the model pieces, their communicators and the optimizer as lowbit
+// The backend, the communicators, the policy (and its reference) and the optimizer as lowbit
 // train builds them, and the checkpoint directory. Returns 0 or 1 (on every rank alike).
 static int rl_open(rl_run *x)
 {
     char err[ERRLEN];
     const lb_config *c = x->c;
-    lb_comm *comm = x->world;
-    comm->deterministic = c->parallel.deterministic;
-    if (lb_grid_create(&x->grid, &c->parallel, comm, err, sizeof err) != 0) lb_die("%s", err);
-    x->dpc = &x->grid.dp_comm;
-    x->epc = &x->grid.ep_comm;
+    x->dpc = &x->run.grid.dp_comm;
+    x->epc = &x->run.grid.ep_comm;
     x->max_new = x->sc.max_new_tokens;
     x->T = lb_arith_prompt_max(c) + x->max_new;
     x->inv_temp = 1.0f / x->sc.temperature;
-
-    lb_backend *be = x->be = lb_rl_backend(c, comm);   // one GPU per rank
-    snprintf(err, sizeof err, "the %.32s backend did not open", c->run.backend);
-    if (any_failed(x, !be, err)) return 1;
-    int bad = lb_run_comms_open(&x->comms, &x->grid, be, !strcmp(c->run.backend, "cuda"), err,
-                                sizeof err) != 0;
-    if (any_failed(x, bad, err)) return 1;
-    lb_model_parallel par = lb_run_model_parallel(&x->grid, &x->comms);
-    x->m = rl_model_piece(c, be, &par, err, sizeof err);
-    if (x->m && c->rl.kl_coef > 0) x->ref = rl_model_piece(c, be, &par, err, sizeof err);
-    if (any_failed(x, !x->m || (c->rl.kl_coef > 0 && !x->ref), err)) return 1;
+    if (lb_run_setup(&x->run, 1) != 0) return 1;
+    x->be = x->run.be;
+    x->m = x->run.m;
+    if (c->rl.kl_coef > 0) x->ref = lb_run_model(c, x->be, &x->run.par, 1, err, sizeof err);
+    if (lb_run_failed(&x->run, c->rl.kl_coef > 0 && !x->ref, err)) return 1;
     x->route_k = x->m->def->route_k ? x->m->def->route_k(&x->m->cfg) : 0;
     // the schedule runs over optimizer steps: rl.steps x rl.mini_batches
-    lb_optim_config oc = {c->train.lr, c->train.min_lr, c->train.warmup_steps,
-                          c->rl.steps * x->M, c->train.beta1, c->train.beta2, c->train.adam_eps,
-                          c->train.weight_decay, c->train.grad_clip,
-                          c->train.optimizer_offload, c->run.threads,
-                          !strcmp(c->train.adam_moments, "bf16")};
-    lb_optim_groups og = lb_run_optim_groups(&x->grid, &x->comms, comm);
-    lb_optimizer_init_groups(&x->opt, x->m, &oc, &og, c->parallel.zero);
-    snprintf(x->ckdir, sizeof x->ckdir, "%.*s/checkpoints", LB_PATH_MAX, c->run.out_dir);
-    bad = x->root && lb_mkdirs(x->ckdir, err, sizeof err) != 0;
-    return any_failed(x, bad, err);
+    lb_run_optimizer(&x->run, c->rl.steps * x->M);
+    return lb_run_checkpoint_dir(&x->run);
 }
 
 // The policy starts from rl.init, or resumes (weights, moments, step) from a checkpoint; rank 0
@@ -581,28 +518,28 @@ static int rl_load(rl_run *x)
     char err[ERRLEN];
     const lb_config *c = x->c;
     lb_comm *comm = x->world;
-    lb_run_resume_path(c, x->ckdir, comm, x->resume, sizeof x->resume);
-    int bad = (x->resume[0] ? lb_checkpoint_load_parallel(x->resume, &x->opt, &x->st, comm,
+    lb_run_resume_path(&x->run, x->resume, sizeof x->resume);
+    int bad = (x->resume[0] ? lb_checkpoint_load_parallel(x->resume, &x->run.opt, &x->st, comm,
                                                           &c->parallel, err, sizeof err)
                             : lb_checkpoint_load_weights(c->rl.init, x->m, comm, &c->parallel,
                                                          err, sizeof err)) != 0 ||
               (x->ref && lb_checkpoint_load_weights(c->rl.init, x->ref, comm, &c->parallel, err,
                                                     sizeof err) != 0);
-    if (any_failed(x, bad, err)) return 1;
+    if (lb_run_failed(&x->run, bad, err)) return 1;
     if (x->resume[0] && x->root)
         printf("resumed from %s at step %" PRId64 "\n", x->resume, x->st.step);
     x->smp = lb_sampler_create(x->m, &x->sc, x->T, err, sizeof err);
     lb_sampler_config gc = x->sc;
     gc.top_k = 1;
     x->greedy = x->smp ? lb_sampler_create(x->m, &gc, x->T, err, sizeof err) : NULL;
-    return any_failed(x, !x->smp || !x->greedy, err);
+    return lb_run_failed(&x->run, !x->smp || !x->greedy, err);
 }
 
 // Rank 0's header: warnings about the layout, the run's shape.
 static void rl_announce(const rl_run *x)
 {
     const lb_config *c = x->c;
-    const lb_grid *g = &x->grid;
+    const lb_grid *g = &x->run.grid;
     const lb_model *m = x->m;
     const int G = x->G, N = x->N, M = x->M;
     char layout[256], how[320] = "one rank";
@@ -614,7 +551,8 @@ static void rl_announce(const rl_run *x)
                  g->ep > 1 ? "; expert-parallel ranks run their busiest rank's number of "
                              "forwards (idle rows fill the rest)" : "",
                  c->parallel.zero ? "ZeRO-1 distributed optimizer" : "all-reduced gradients",
-                 x->comms.nnccl ? "nccl" : "mpi", c->parallel.deterministic ? ", rank-order sums" : "");
+                 x->run.comms.nnccl ? "nccl" : "mpi",
+                 c->parallel.deterministic ? ", rank-order sums" : "");
     if (x->be->deterministic && !strcmp(c->precision.nvfp4_scale, "per-tensor"))
         printf("warning: precision.nvfp4_scale = per-tensor scales NVFP4 activations by the "
                "amax of the whole call, so a row's result depends on its batch: sampler and "
@@ -695,12 +633,8 @@ static void rl_free(rl_run *x)
     free(x->adv), free(x->ini), free(x->route_log);
     lb_sampler_free(x->smp);
     lb_sampler_free(x->greedy);
-    lb_optimizer_free(&x->opt);
     lb_model_free(x->ref);
-    lb_model_free(x->m);
-    lb_run_comms_free(&x->comms);
-    lb_grid_free(&x->grid);
-    x->be->destroy(x->be);
+    lb_run_teardown(&x->run);
 }
 
 // The rollout: P train problems, G samples each; every rank draws all P problems (the same on
@@ -735,7 +669,7 @@ static int rl_rollout(rl_run *x, int step, rl_step *s)
     if (lb_sampler_run(x->smp, x->reqs, x->nl, &s->ss, err, sizeof err) != 0) lb_die("%s", err);
     // The tp ranks of a data-parallel rank hold the same completions; tp rank 0 scores them
     // (a reward command runs once) and the column of tp rank 0 shares them below.
-    for (int k = 0; k < x->nl && x->grid.tp_rank == 0; k++) {
+    for (int k = 0; k < x->nl && x->run.grid.tp_rank == 0; k++) {
         rl_seq *q = &qs[x->own[k]];
         q->len = x->reqs[k].len;
         char text[256];
@@ -754,8 +688,8 @@ static int rl_rollout(rl_run *x, int step, rl_step *s)
         v[2] = arith_correct(q->prompt, q->tok, q->len);
     }
     share_items(x->dpc, x->seqv, P, 3 * G);
-    if (x->grid.tp > 1)
-        lb_comm_bcast(&x->grid.tp_comm, x->seqv, (size_t)N * 3 * sizeof *x->seqv, 0);
+    if (x->run.grid.tp > 1)
+        lb_comm_bcast(&x->run.grid.tp_comm, x->seqv, (size_t)N * 3 * sizeof *x->seqv, 0);
     // the step's statistics and advantages from all N sequences, in one-rank order
     for (int i = 0; i < N; i++) {
         const double *v = x->seqv + (size_t)i * 3;
@@ -891,7 +825,7 @@ static void rl_update(rl_run *x, int step, rl_step *s)
             rl_train_micro_batch(x, mb, k, cnt, ntok, s);
         }
         s->ntok_all += ntok;
-        s->norm = lb_optimizer_step(&x->opt, (step - 1) * M + mb + 1, &s->lr);
+        s->norm = lb_optimizer_step(&x->run.opt, (step - 1) * M + mb + 1, &s->lr);
     }
 }
 
@@ -918,7 +852,7 @@ static void rl_log_step(rl_run *x, int step, rl_step *s, double t_start)
     double sums[10] = {s->loss_sum, s->clip, s->tis, s->klref, dsum, k3,
                        (double)s->ss.generated, (double)(s->ss.idle_forwards + s->idle),
                        s->route_same, s->route_all};
-    if (x->grid.dp > 1) lb_comm_all_reduce(x->dpc, sums, sums, 10, LB_F64);
+    if (x->run.grid.dp > 1) lb_comm_all_reduce(x->dpc, sums, sums, 10, LB_F64);
     dmax = max_over(x->dpc, dmax);
     double loss_sum = sums[0], clip = sums[1], tis = sums[2], klref = sums[3];
     const long ntok_all = s->ntok_all;
@@ -967,7 +901,7 @@ static void rl_eval_and_save(rl_run *x, int step)
     }
     if (lb_run_save_due(c, step, c->rl.steps)) {
         x->st.step = step;
-        lb_run_save(c, x->ckdir, &x->opt, &x->st, x->ini, x->world);
+        lb_run_save(&x->run, &x->st, x->ini);
     }
 }
 
@@ -1002,13 +936,13 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     x->P = c->rl.prompts, x->G = c->rl.group, x->N = x->P * x->G, x->M = c->rl.mini_batches;
     if (rl_check(x) != 0 || rl_open(x) != 0 || rl_load(x) != 0) return 1;
     x->ini = lb_config_to_ini(c);
-    if (any_failed(x, x->root && lb_run_config_write(c, x->ini, err, sizeof err) != 0, err))
-        return 1;
+    int bad = x->root && lb_run_config_write(c, x->ini, err, sizeof err) != 0;
+    if (lb_run_failed(&x->run, bad, err)) return 1;
     if (x->root) rl_announce(x);
     x->metrics = x->root ? lb_metrics_open(c->run.out_dir, c->train.metrics_file, "rl",
                                            x->resume[0] ? (long)x->st.step : -1, err, sizeof err)
                          : NULL;
-    if (any_failed(x, x->root && !x->metrics, err)) return 1;
+    if (lb_run_failed(&x->run, x->root && !x->metrics, err)) return 1;
 
     x->gcfg = (lb_grpo_config){c->rl.eps_low, c->rl.eps_high, c->rl.kl_coef, c->rl.tis_cap,
                                c->rl.adv_eps};

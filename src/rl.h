@@ -1,5 +1,6 @@
-// rl.h: pieces `lowbit rl` (src/rl.c) and `lowbit sample` (src/sample_cmd.c) share: models
-// opened from checkpoints, the sampler's settings, and the arithmetic task's prompts.
+// rl.h: pieces `lowbit rl` (src/rl.c) and `lowbit sample` (src/sample_cmd.c) share: the model
+// configuration of a checkpoint, the sampler's settings and layouts, and the arithmetic task's
+// prompts.
 #ifndef LB_RL_H
 #define LB_RL_H
 
@@ -17,18 +18,10 @@ const char *lb_key_where(const lb_config *c, const char *section, const char *ke
 // sets to another value than the checkpoint's is an error naming both.
 int lb_model_config_from_checkpoint(lb_config *c, const char *path, char *err, size_t errlen);
 
-// The backend of run.backend with sample.deterministic applied; NULL after printing why.
-lb_backend *lb_rl_backend(const lb_config *c, lb_comm *world);
 // The layouts the sampler runs: no pipeline or sequence parallelism. -1 with a file:line
 // message naming `who` (the command) otherwise.
 int lb_sampler_check_layout(const lb_config *c, const lb_grid *g, const char *who, char *err,
                             size_t errlen);
-// This rank's piece (par) of the model in c with the weights (no optimizer state) of the
-// checkpoint at path, under c's precision, recomputation and KV-cache settings. Collective over
-// world (rank 0 reads and sends every rank its pieces); NULL on every rank when it fails, rank
-// 0's err saying why.
-lb_model *lb_rl_model_open(const lb_config *c, lb_backend *be, const lb_model_parallel *par,
-                           const char *path, lb_comm *world, char *err, size_t errlen);
 
 // The [sample] keys as a sampler configuration (stop tokens parsed). -1 with a message.
 int lb_rl_sampler_config(const lb_config *c, lb_sampler_config *out, char *err, size_t errlen);

@@ -1,23 +1,55 @@
-// run.c: the parallel pieces `lowbit train` and `lowbit rl` share (src/run.h).
+// run.c: one run's setup, shared by the commands (src/run.h).
 #include "src/run.h"
 
-#include "src/commands.h"
-
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "kernels/common.h"
 #include "src/util.h"
 
-lb_backend *lb_run_backend_open(const lb_config *c, lb_comm *world)
+#define ERRLEN 1024
+
+int lb_run_failed(const lb_run *r, int failed, const char *err)
 {
-    lb_config local = *c;
-    if (!strcmp(c->run.backend, "cuda") && world->size > 1)
-        local.run.device += lb_comm_local_rank(world);
-    return lb_backend_open(&local);
+    lb_comm *w = r->world;
+    if (w->size == 1) {
+        if (failed) fprintf(stderr, "%s: %s\n", r->who, err);
+        return failed;
+    }
+    int root_failed = failed;
+    lb_comm_bcast(w, &root_failed, sizeof root_failed, 0);
+    int n = (int)lb_comm_allreduce_sum(w, failed ? 1.0 : 0.0);
+    if (failed && w->rank == 0) fprintf(stderr, "%s: %s\n", r->who, err);
+    else if (failed && !root_failed) fprintf(stderr, "%s: rank %d: %s\n", r->who, w->rank, err);
+    return n > 0;
 }
 
-int lb_run_comms_open(lb_run_comms *x, lb_grid *g, lb_backend *be, int cuda, char *err,
+int lb_run_layout(lb_run *r, const lb_config *c, lb_comm *world, const char *who,
+                  lb_run_check check)
+{
+    char err[ERRLEN];
+    memset(r, 0, sizeof *r);
+    r->c = c;
+    r->world = world;
+    r->who = who;
+    r->root = world->rank == 0;
+    if (lb_grid_layout(&r->grid, &c->parallel, world->size, world->rank, err, sizeof err) != 0 ||
+        lb_grid_check_built(&c->parallel, err, sizeof err) != 0 ||
+        (check && check(c, &r->grid, err, sizeof err) != 0)) {
+        if (r->root) fprintf(stderr, "%s: %s\n", who, err);
+        return 1;
+    }
+    world->deterministic = c->parallel.deterministic;
+    if (lb_grid_create(&r->grid, &c->parallel, world, err, sizeof err) != 0) lb_die("%s", err);
+    return 0;
+}
+
+// The grid's groups over the backend's memory, opened in a fixed order (tp, ep, pp, dp, edp):
+// creating an NCCL communicator is collective, so every rank creates its groups in that order,
+// going on after a failure so that none waits in another's creation (a failed group keeps its
+// MPI one). Returns 0, or -1 with the last message.
+static int comms_open(lb_run_comms *x, lb_grid *g, lb_backend *be, int cuda, char *err,
                       size_t errlen)
 {
     lb_comm *mpi[5] = {&g->tp_comm, &g->ep_comm, &g->pp_comm, &g->dp_comm, &g->edp_comm};
@@ -36,31 +68,104 @@ int lb_run_comms_open(lb_run_comms *x, lb_grid *g, lb_backend *be, int cuda, cha
     return bad ? -1 : 0;
 }
 
-void lb_run_comms_free(lb_run_comms *x)
+static void comms_free(lb_run_comms *x)
 {
     for (int i = 0; i < x->nnccl; i++) lb_comm_free(&x->nccl[i]);
     x->nnccl = 0;
 }
 
-lb_model_parallel lb_run_model_parallel(const lb_grid *g, const lb_run_comms *x)
+int lb_run_setup(lb_run *r, int sampling)
 {
-    return lb_model_parallel_of(g, x->tp, x->ep);
+    char err[ERRLEN];
+    const lb_config *c = r->c;
+    lb_backend *be = r->be = lb_run_backend_open(c, r->world);   // one GPU per rank
+    if (be && sampling) be->deterministic = c->sample.deterministic;
+    snprintf(err, sizeof err, "the %.32s backend did not open", c->run.backend);
+    if (lb_run_failed(r, !be, err)) return 1;
+    // Activations, gradients and parameters travel in the backend's memory.
+    int bad = comms_open(&r->comms, &r->grid, be, !strcmp(c->run.backend, "cuda"), err,
+                         sizeof err) != 0;
+    if (lb_run_failed(r, bad, err)) return 1;
+    r->par = lb_model_parallel_of(&r->grid, r->comms.tp, r->comms.ep);
+    r->m = lb_run_model(c, be, &r->par, sampling, err, sizeof err);
+    return lb_run_failed(r, !r->m, err);
 }
 
-lb_optim_groups lb_run_optim_groups(const lb_grid *g, const lb_run_comms *x, lb_comm *world)
+void lb_run_optimizer(lb_run *r, int total_steps)
 {
-    return (lb_optim_groups){x->dp, x->edp, g->tp > 1 ? x->tp : NULL, world};
+    lb_optim_config oc = lb_run_optim_config(r->c, total_steps);
+    // the dense region over dp, the experts over edp, partial sums over tp, the norm over all
+    lb_optim_groups og = {r->comms.dp, r->comms.edp, r->grid.tp > 1 ? r->comms.tp : NULL,
+                          r->world};
+    lb_optimizer_init_groups(&r->opt, r->m, &oc, &og, r->c->parallel.zero);
+    r->has_opt = 1;
 }
 
-void lb_run_resume_path(const lb_config *c, const char *ckdir, lb_comm *world, char *out,
-                        size_t outlen)
+int lb_run_checkpoint_dir(lb_run *r)
+{
+    char err[ERRLEN];
+    snprintf(r->ckdir, sizeof r->ckdir, "%.*s/checkpoints", LB_PATH_MAX, r->c->run.out_dir);
+    return lb_run_failed(r, r->root && lb_mkdirs(r->ckdir, err, sizeof err) != 0, err);
+}
+
+void lb_run_teardown(lb_run *r)
+{
+    if (r->has_opt) lb_optimizer_free(&r->opt);
+    r->has_opt = 0;
+    lb_model_free(r->m);
+    r->m = NULL;
+    comms_free(&r->comms);
+    lb_grid_free(&r->grid);
+    if (r->be) r->be->destroy(r->be);
+    r->be = NULL;
+}
+
+lb_backend *lb_run_backend_open(const lb_config *c, lb_comm *world)
+{
+    char err[ERRLEN];
+    int device = c->run.device;
+    if (!strcmp(c->run.backend, "cuda") && world && world->size > 1)
+        device += lb_comm_local_rank(world);
+    lb_backend *be = strcmp(c->run.backend, "cuda") == 0
+                         ? lb_backend_cuda_create(device, err, sizeof err)
+                         : lb_backend_cpu_create(c->run.threads, err, sizeof err);
+    if (!be) fprintf(stderr, "lowbit: %s\n", err);
+    const char *prof = getenv("LB_PROFILE");
+    if (be && prof && *prof && strcmp(prof, "0") != 0) be = lb_backend_profiled(be);
+    return be;
+}
+
+lb_model *lb_run_model(const lb_config *c, lb_backend *be, const lb_model_parallel *par,
+                       int sampling, char *err, size_t errlen)
+{
+    lb_model *m = lb_model_create_parallel(&c->model, be, par, err, errlen);
+    if (m && (lb_model_set_precision(m, &c->precision, c->run.seed, err, errlen) != 0 ||
+              lb_model_set_recompute(m, c->train.recompute, err, errlen) != 0 ||
+              (sampling && lb_model_set_kv_cache(m, c->sample.kv_cache, err, errlen) != 0))) {
+        lb_model_free(m);
+        return NULL;
+    }
+    if (m && !sampling) lb_model_set_ce_chunk(m, c->train.ce_chunk);
+    return m;
+}
+
+lb_optim_config lb_run_optim_config(const lb_config *c, int total_steps)
+{
+    return (lb_optim_config){c->train.lr, c->train.min_lr, c->train.warmup_steps, total_steps,
+                             c->train.beta1, c->train.beta2, c->train.adam_eps,
+                             c->train.weight_decay, c->train.grad_clip,
+                             c->train.optimizer_offload, c->run.threads,
+                             !strcmp(c->train.adam_moments, "bf16")};
+}
+
+void lb_run_resume_path(const lb_run *r, char *out, size_t outlen)
 {
     out[0] = '\0';
-    if (strcmp(c->checkpoint.resume, "auto") == 0) {
-        if (world->rank == 0) lb_checkpoint_latest(ckdir, out, outlen);
-        lb_comm_bcast(world, out, outlen, 0);
+    if (strcmp(r->c->checkpoint.resume, "auto") == 0) {
+        if (r->root) lb_checkpoint_latest(r->ckdir, out, outlen);
+        lb_comm_bcast(r->world, out, outlen, 0);
     } else {
-        snprintf(out, outlen, "%.*s", LB_PATH_MAX, c->checkpoint.resume);
+        snprintf(out, outlen, "%.*s", LB_PATH_MAX, r->c->checkpoint.resume);
     }
 }
 
@@ -94,15 +199,15 @@ static void keep_last(const char *dir, int keep)
     lb_glob_free(list, n);
 }
 
-void lb_run_save(const lb_config *c, const char *ckdir, lb_optimizer *o, const lb_train_state *st,
-                 const char *ini, lb_comm *world)
+void lb_run_save(lb_run *r, const lb_train_state *st, const char *ini)
 {
     char path[2 * LB_PATH_MAX + 64], err[2048];
-    snprintf(path, sizeof path, "%s/step_%08d.safetensors", ckdir, (int)st->step);
-    if (lb_checkpoint_save_parallel(path, o, st, ini, world, &c->parallel, err, sizeof err) != 0)
+    snprintf(path, sizeof path, "%s/step_%08d.safetensors", r->ckdir, (int)st->step);
+    if (lb_checkpoint_save_parallel(path, &r->opt, st, ini, r->world, &r->c->parallel, err,
+                                    sizeof err) != 0)
         lb_die("%s", err);
-    if (world->rank == 0) {
-        keep_last(ckdir, c->checkpoint.keep);
+    if (r->root) {
+        keep_last(r->ckdir, r->c->checkpoint.keep);
         printf("saved %s\n", path);
     }
 }

@@ -1,6 +1,8 @@
-// run.h: the parallel pieces of a run that `lowbit train` (src/train.c) and `lowbit rl`
-// (src/rl.c) build alike: the grid's groups as communicators over the backend's memory, the
-// model piece and optimizer groups they give, the checkpoint to resume from, and the saves.
+// run.h: one run's setup, shared by the commands: the layout checks and the process grid, the
+// backend, the grid's groups as communicators over the backend's memory, the model piece under
+// the configuration's precision, the optimizer over its groups (train, rl, sample; bench and
+// info take the backend, the model and the optimizer settings); then the checkpoint to resume
+// from, the resolved configuration and the saves.
 #ifndef LB_RUN_H
 #define LB_RUN_H
 
@@ -20,36 +22,72 @@ typedef struct {
     int nnccl;                     // how many of nccl are open
 } lb_run_comms;
 
-// The backend of this rank: run.backend, one GPU per rank (rank i of a node takes device
-// run.device + i). NULL after printing why.
+// One run of a command on this rank. Set up in steps (lb_run_layout, lb_run_setup,
+// lb_run_optimizer, lb_run_checkpoint_dir), each returning 0, or 1 on every rank alike after one
+// message; lb_run_teardown frees what they made.
+typedef struct {
+    const lb_config *c;
+    lb_comm *world;
+    const char *who;               // the command, "lowbit train": what messages start with
+    int root;                      // world rank 0
+    lb_grid grid;
+    lb_run_comms comms;
+    lb_model_parallel par;         // this rank's place in the model-parallel grid
+    lb_backend *be;
+    lb_model *m;                   // this rank's piece of the model
+    lb_optimizer opt;              // with has_opt
+    int has_opt;
+    char ckdir[LB_PATH_MAX + 32];  // OUT_DIR/checkpoints
+} lb_run;
+
+// A command's own layout checks, after the grid's: 0, or -1 with a message.
+typedef int (*lb_run_check)(const lb_config *c, const lb_grid *g, char *err, size_t errlen);
+
+// A setup step that may fail on some ranks only (a file one node cannot read): every rank
+// learns whether any failed, so they stop together instead of waiting in a collective. Rank 0
+// prints "WHO: err" when it failed; another rank prints its own when rank 0 did not.
+// Collective over the world. Returns whether any rank failed.
+int lb_run_failed(const lb_run *r, int failed, const char *err);
+
+// The layout first: a bad one stops every rank before any work, with one message from rank 0
+// (the grid's checks, then check's, which may be NULL). Then the grid's communicators (MPI,
+// with parallel.deterministic sums).
+int lb_run_layout(lb_run *r, const lb_config *c, lb_comm *world, const char *who,
+                  lb_run_check check);
+// The backend (one GPU per rank), the communicators of the grid's groups over its memory, and
+// this rank's model piece (lb_run_model), its parameters not yet set. sampling: the sampler's
+// numerics (lowbit rl, sample): batch-invariant operations per sample.deterministic.
+int lb_run_setup(lb_run *r, int sampling);
+// The optimizer of r's model over the grid's groups (ZeRO-1 per parallel.zero), its schedule
+// ending at total_steps.
+void lb_run_optimizer(lb_run *r, int total_steps);
+// Makes OUT_DIR/checkpoints (rank 0).
+int lb_run_checkpoint_dir(lb_run *r);
+void lb_run_teardown(lb_run *r);
+
+// The backend of run.backend; with a world of several ranks on CUDA, rank i of a node takes
+// device run.device + i (collective over world; NULL: this process alone). LB_PROFILE=1 times
+// every backend operation (the table goes to stderr at the end). NULL after printing why.
 lb_backend *lb_run_backend_open(const lb_config *c, lb_comm *world);
-
-// Opens them in a fixed order (tp, ep, pp, dp, edp): creating an NCCL communicator is
-// collective, so every rank creates its groups in that order, going on after a failure so that
-// none waits in another's creation (a failed group keeps its MPI one). Returns 0, or -1 with the
-// last message; the caller learns whether any rank failed (lb_any_failed).
-int lb_run_comms_open(lb_run_comms *x, lb_grid *g, lb_backend *be, int cuda, char *err,
-                      size_t errlen);
-void lb_run_comms_free(lb_run_comms *x);
-
-// This rank's place in the model-parallel grid, with x's tp and ep groups (NULL at size 1).
-lb_model_parallel lb_run_model_parallel(const lb_grid *g, const lb_run_comms *x);
-// The optimizer's groups: x's dp and edp, its tp when tp > 1, the norm over the world.
-lb_optim_groups lb_run_optim_groups(const lb_grid *g, const lb_run_comms *x, lb_comm *world);
+// A model piece (par; NULL: the whole model) of c's model under c's precision and
+// recomputation; for training (sampling 0) with train.ce_chunk, for sampling with
+// sample.kv_cache. NULL with a message.
+lb_model *lb_run_model(const lb_config *c, lb_backend *be, const lb_model_parallel *par,
+                       int sampling, char *err, size_t errlen);
+// The optimizer settings of [train], the schedule ending at total_steps.
+lb_optim_config lb_run_optim_config(const lb_config *c, int total_steps);
 
 // The checkpoint a run resumes from into out: checkpoint.resume, or under "auto" the newest in
-// ckdir (rank 0 looks, every rank learns it); "" to start fresh. Collective over world.
-void lb_run_resume_path(const lb_config *c, const char *ckdir, lb_comm *world, char *out,
-                        size_t outlen);
+// r->ckdir (rank 0 looks, every rank learns it); "" to start fresh. Collective.
+void lb_run_resume_path(const lb_run *r, char *out, size_t outlen);
 // Rank 0 of a run: the resolved configuration ini into OUT_DIR/config.ini (atomic) and one
 // line that names it, or with run.verbose the whole text. 0, or -1 with a message.
 int lb_run_config_write(const lb_config *c, const char *ini, char *err, size_t errlen);
 // Whether step is due a checkpoint: every checkpoint.save_every steps and the last one
 // (save_every -1: never).
 int lb_run_save_due(const lb_config *c, int step, int last);
-// Saves st's step into ckdir/step_NNNNNNNN.safetensors (collective over world; dies on
+// Saves st's step of r's optimizer into ckdir/step_NNNNNNNN.safetensors (collective; dies on
 // failure), then rank 0 keeps the newest checkpoint.keep and names the file.
-void lb_run_save(const lb_config *c, const char *ckdir, lb_optimizer *o, const lb_train_state *st,
-                 const char *ini, lb_comm *world);
+void lb_run_save(lb_run *r, const lb_train_state *st, const char *ini);
 
 #endif

@@ -27,149 +27,198 @@ static void print_escaped(const int32_t *tok, int n)
 
 // Every rank reads the same configuration and prompts and so reaches the same verdicts: rank 0
 // alone prints them.
-#define SAY(...)                                   \
-    do {                                           \
-        if (comm->rank == 0) fprintf(stderr, __VA_ARGS__); \
+#define SAY(...)                                           \
+    do {                                                   \
+        if (x->world->rank == 0) fprintf(stderr, __VA_ARGS__); \
     } while (0)
 
-int lb_cmd_sample(const lb_config *c0, lb_comm *comm)
+// One `lowbit sample` run: its configuration (the model section read from the checkpoint), the
+// prompts and their samples' requests, and the parallel pieces (src/run.h).
+typedef struct {
+    lb_config cfg;
+    const lb_config *c;            // &cfg
+    lb_comm *world;
+    lb_sampler_config sc;
+    int np, is_arith;              // prompts; arithmetic problems (their answers are checked)
+    char **prompt;                 // (np) the prompts' text
+    char *text;                    // the prompt file, cut into prompt's lines
+    int32_t **ptok;                // (np) their tokens
+    int longest;                   // tokens of the longest prompt
+    int S, n;                      // samples of each prompt; requests (np x S)
+    lb_run run;
+    lb_sampler *smp;
+    lb_sample_req *reqs;           // (n)
+    int32_t *tok;                  // (n, max_new_tokens)
+    float *lp;                     // (n, max_new_tokens)
+    lb_sample_stats st;
+} sample_run;
+
+// The checkpoint named, its model section and the sampler's settings. 0 or 1.
+static int sample_config(sample_run *x)
 {
     char err[ERRLEN], where[LB_PATH_MAX + 32];
-    lb_config cfg = *c0;
-    lb_config *c = &cfg;
+    lb_config *c = &x->cfg;
     if (!c->sample.checkpoint[0]) {
         SAY("%ssample.checkpoint is empty: name the checkpoint to sample from\n",
-                lb_key_where(c, "sample", "checkpoint", where, sizeof where));
+            lb_key_where(c, "sample", "checkpoint", where, sizeof where));
         return 1;
     }
-    lb_sampler_config sc;
     if (lb_model_config_from_checkpoint(c, c->sample.checkpoint, err, sizeof err) != 0 ||
-        lb_rl_sampler_config(c, &sc, err, sizeof err) != 0) {
+        lb_rl_sampler_config(c, &x->sc, err, sizeof err) != 0) {
         SAY("lowbit sample: %s\n", err);
         return 1;
     }
     if (c->model.vocab_size < LB_BYTE_VOCAB) {
-        SAY("lowbit sample: prompts are bytes; the model's vocabulary has only %d "
-                        "tokens\n", c->model.vocab_size);
+        SAY("lowbit sample: prompts are bytes; the model's vocabulary has only %d tokens\n",
+            c->model.vocab_size);
         return 1;
     }
-    // Prompts: lines of a file, or arithmetic problems (is_arith: their answers are checked).
-    int np = 0, is_arith = !c->sample.prompts[0];
-    char **prompt = NULL;
-    char *text = NULL;
-    if (is_arith && !strcmp(c->sample.split, "val") && !(c->gen.val_fraction > 0)) {
+    return 0;
+}
+
+// The prompts file's lines, one prompt each (a final line without '\n' counts). 0 or 1.
+static int read_prompts(sample_run *x)
+{
+    char err[ERRLEN];
+    const lb_config *c = x->c;
+    size_t len;
+    x->text = lb_read_file(c->sample.prompts, &len, err, sizeof err);
+    if (!x->text) {
+        SAY("lowbit sample: %s\n", err);
+        return 1;
+    }
+    for (char *p = x->text; *p;) {
+        char *e = strchr(p, '\n');
+        size_t w = e ? (size_t)(e - p) : strlen(p);
+        if (w && p[w - 1] == '\r') p[w - 1] = 0;
+        p[w] = 0;
+        x->prompt = realloc(x->prompt, (size_t)(x->np + 1) * sizeof *x->prompt);
+        if (!x->prompt) lb_die("out of memory");
+        x->prompt[x->np++] = p;
+        if (!e) break;
+        p = e + 1;
+    }
+    for (int i = 0; i < x->np; i++)
+        if (!x->prompt[i][0]) {
+            SAY("%s:%d: empty prompt (every line is one prompt)\n", c->sample.prompts, i + 1);
+            return 1;
+        }
+    if (!x->np) {
+        SAY("%s: no prompts\n", c->sample.prompts);
+        return 1;
+    }
+    return 0;
+}
+
+// Prompts: lines of a file, or problems of the arithmetic task's sample.split; their tokens.
+// 0 or 1.
+static int sample_prompts(sample_run *x)
+{
+    char where[LB_PATH_MAX + 32];
+    const lb_config *c = x->c;
+    x->is_arith = !c->sample.prompts[0];
+    if (x->is_arith && !strcmp(c->sample.split, "val") && !(c->gen.val_fraction > 0)) {
         SAY("%sgen.val_fraction is 0: the val split is empty\n",
-                lb_key_where(c, "gen", "val_fraction", where, sizeof where));
+            lb_key_where(c, "gen", "val_fraction", where, sizeof where));
         return 1;
     }
-    if (is_arith) {
-        np = c->sample.problems;
-        prompt = lb_calloc((size_t)np, sizeof *prompt);
-        for (int i = 0; i < np; i++) {
-            prompt[i] = lb_malloc(64);
+    if (x->is_arith) {
+        x->np = c->sample.problems;
+        x->prompt = lb_calloc((size_t)x->np, sizeof *x->prompt);
+        for (int i = 0; i < x->np; i++) {
+            x->prompt[i] = lb_malloc(64);
             lb_arith_prompt(c, lb_arith_nth(c, !strcmp(c->sample.split, "val"), (uint64_t)i),
-                            prompt[i]);
+                            x->prompt[i]);
         }
-    } else {
-        size_t len;
-        text = lb_read_file(c->sample.prompts, &len, err, sizeof err);
-        if (!text) {
-            SAY("lowbit sample: %s\n", err);
-            return 1;
-        }
-        for (char *p = text; *p;) {   // one prompt per line; a final line without '\n' counts
-            char *e = strchr(p, '\n');
-            size_t w = e ? (size_t)(e - p) : strlen(p);
-            if (w && p[w - 1] == '\r') p[w - 1] = 0;
-            p[w] = 0;
-            prompt = realloc(prompt, (size_t)(np + 1) * sizeof *prompt);
-            if (!prompt) lb_die("out of memory");
-            prompt[np++] = p;
-            if (!e) break;
-            p = e + 1;
-        }
-        for (int i = 0; i < np; i++)
-            if (!prompt[i][0]) {
-                SAY("%s:%d: empty prompt (every line is one prompt)\n",
-                        c->sample.prompts, i + 1);
-                return 1;
-            }
-        if (!np) {
-            SAY("%s: no prompts\n", c->sample.prompts);
-            return 1;
-        }
+    } else if (read_prompts(x) != 0) {
+        return 1;
     }
-    int S = c->sample.samples, n = np * S, longest = 0;
-    int32_t **ptok = lb_calloc((size_t)np, sizeof *ptok);
-    for (int i = 0; i < np; i++) {
-        int len = (int)strlen(prompt[i]);
-        if (len > longest) longest = len;
-        ptok[i] = lb_malloc((size_t)len * sizeof(int32_t));
-        for (int j = 0; j < len; j++) ptok[i][j] = (unsigned char)prompt[i][j];
+    x->S = c->sample.samples;
+    x->n = x->np * x->S;
+    x->ptok = lb_calloc((size_t)x->np, sizeof *x->ptok);
+    for (int i = 0; i < x->np; i++) {
+        int len = (int)strlen(x->prompt[i]);
+        if (len > x->longest) x->longest = len;
+        x->ptok[i] = lb_malloc((size_t)len * sizeof(int32_t));
+        for (int j = 0; j < len; j++) x->ptok[i][j] = (unsigned char)x->prompt[i][j];
     }
-    // The layout: tensor and expert parallelism split the model over the ranks (every rank
-    // samples every prompt, in lockstep; data-parallel ranks repeat the work); no pipeline or
-    // sequence parallelism in the sampler.
-    lb_grid grid;
-    if (lb_grid_layout(&grid, &c->parallel, comm->size, comm->rank, err, sizeof err) != 0 ||
-        lb_sampler_check_layout(c, &grid, "lowbit sample", err, sizeof err) != 0 ||
-        lb_grid_check_built(&c->parallel, err, sizeof err) != 0) {
+    return 0;
+}
+
+static int check_sample_layout(const lb_config *c, const lb_grid *g, char *err, size_t errlen)
+{
+    return lb_sampler_check_layout(c, g, "lowbit sample", err, errlen);
+}
+
+// The layout: tensor and expert parallelism split the model over the ranks (every rank samples
+// every prompt, in lockstep; data-parallel ranks repeat the work); no pipeline or sequence
+// parallelism in the sampler. Then the backend, the model piece with the checkpoint's weights
+// (rank 0 reads, every rank gets its pieces) and the sampler. 0 or 1.
+static int sample_open(sample_run *x)
+{
+    char err[ERRLEN];
+    const lb_config *c = x->c;
+    lb_run *r = &x->run;
+    if (lb_run_layout(r, c, x->world, "lowbit sample", check_sample_layout) != 0 ||
+        lb_run_setup(r, 1) != 0)
+        return 1;
+    int bad = lb_checkpoint_load_weights(c->sample.checkpoint, r->m, x->world,
+                                         x->world->size > 1 ? &c->parallel : NULL, err,
+                                         sizeof err) != 0;
+    if (lb_run_failed(r, bad, err)) return 1;
+    int capacity = x->longest + x->sc.max_new_tokens;
+    if (capacity > r->m->cfg.max_position_embeddings) {
+        SAY("lowbit sample: the longest prompt (%d tokens) plus sample.max_new_tokens (%d) "
+            "exceeds model.max_position_embeddings (%d)\n", x->longest, x->sc.max_new_tokens,
+            r->m->cfg.max_position_embeddings);
+        return 1;
+    }
+    x->smp = lb_sampler_create(r->m, &x->sc, capacity, err, sizeof err);
+    if (!x->smp) {
         SAY("lowbit sample: %s\n", err);
         return 1;
     }
-    comm->deterministic = c->parallel.deterministic;
-    if (lb_grid_create(&grid, &c->parallel, comm, err, sizeof err) != 0) lb_die("%s", err);
-    const int cuda = !strcmp(c->run.backend, "cuda");
-    lb_backend *be = lb_rl_backend(c, comm);   // one GPU per rank
-    snprintf(err, sizeof err, "the %.32s backend did not open", c->run.backend);
-    if (lb_any_failed(comm, !be, "lowbit sample", err)) return 1;
-    lb_run_comms x;
-    int bad = lb_run_comms_open(&x, &grid, be, cuda, err, sizeof err) != 0;
-    if (lb_any_failed(comm, bad, "lowbit sample", err)) return 1;
-    lb_model_parallel par = lb_run_model_parallel(&grid, &x);
-    lb_model *m = lb_rl_model_open(c, be, &par, c->sample.checkpoint, comm, err, sizeof err);
-    if (!m) {
-        SAY("lowbit sample: %s\n", err);
-        return 1;
-    }
-    int capacity = longest + sc.max_new_tokens;
-    if (capacity > m->cfg.max_position_embeddings) {
-        SAY("lowbit sample: the longest prompt (%d tokens) plus sample.max_new_tokens "
-                "(%d) exceeds model.max_position_embeddings (%d)\n", longest, sc.max_new_tokens,
-                m->cfg.max_position_embeddings);
-        return 1;
-    }
-    lb_sampler *smp = lb_sampler_create(m, &sc, capacity, err, sizeof err);
-    if (!smp) {
-        SAY("lowbit sample: %s\n", err);
-        return 1;
-    }
-    lb_sample_req *reqs = lb_calloc((size_t)n, sizeof *reqs);
-    int32_t *tok = lb_malloc((size_t)n * sc.max_new_tokens * sizeof(int32_t));
-    float *lp = lb_malloc((size_t)n * sc.max_new_tokens * sizeof(float));
-    for (int i = 0; i < np; i++)
+    return 0;
+}
+
+// S samples of every prompt: sample s of prompt i draws from stream (i, s) of sample.seed.
+// 0 or 1.
+static int sample_generate(sample_run *x)
+{
+    char err[ERRLEN];
+    const int S = x->S, max_new = x->sc.max_new_tokens;
+    x->reqs = lb_calloc((size_t)x->n, sizeof *x->reqs);
+    x->tok = lb_malloc((size_t)x->n * max_new * sizeof(int32_t));
+    x->lp = lb_malloc((size_t)x->n * max_new * sizeof(float));
+    for (int i = 0; i < x->np; i++)
         for (int s = 0; s < S; s++) {
-            lb_sample_req *r = &reqs[i * S + s];
-            r->prompt = ptok[i];
-            r->prompt_len = (int)strlen(prompt[i]);
-            r->seed = c->sample.seed;
-            r->stream = lb_sample_stream((uint64_t)i, (uint64_t)s);
-            r->tokens = tok + (size_t)(i * S + s) * sc.max_new_tokens;
-            r->logprobs = lp + (size_t)(i * S + s) * sc.max_new_tokens;
+            lb_sample_req *q = &x->reqs[i * S + s];
+            q->prompt = x->ptok[i];
+            q->prompt_len = (int)strlen(x->prompt[i]);
+            q->seed = x->c->sample.seed;
+            q->stream = lb_sample_stream((uint64_t)i, (uint64_t)s);
+            q->tokens = x->tok + (size_t)(i * S + s) * max_new;
+            q->logprobs = x->lp + (size_t)(i * S + s) * max_new;
         }
-    lb_sample_stats st;
-    if (lb_sampler_run(smp, reqs, n, &st, err, sizeof err) != 0) {
+    if (lb_sampler_run(x->smp, x->reqs, x->n, &x->st, err, sizeof err) != 0) {
         SAY("lowbit sample: %s\n", err);
         return 1;
     }
-    // prompt<TAB>completion<TAB>sum of log-probs[<TAB>correct|wrong], escaped on one line
-    if (comm->rank == 0)
-        printf("# prompt\tcompletion\tsum of log-probs%s\n", is_arith ? "\tanswer" : "");
+    return 0;
+}
+
+// Rank 0: prompt<TAB>completion<TAB>sum of log-probs[<TAB>correct|wrong], escaped on one line
+// each, then the totals (and pass@1, pass@S for the arithmetic task).
+static void sample_print(const sample_run *x)
+{
+    const lb_config *c = x->c;
+    const int np = x->np, S = x->S, n = x->n, is_arith = x->is_arith;
+    printf("# prompt\tcompletion\tsum of log-probs%s\n", is_arith ? "\tanswer" : "");
     int right = 0, any = 0;
-    for (int i = 0; i < np && comm->rank == 0; i++) {
+    for (int i = 0; i < np; i++) {
         int ok_any = 0;
         for (int s = 0; s < S; s++) {
-            const lb_sample_req *r = &reqs[i * S + s];
+            const lb_sample_req *r = &x->reqs[i * S + s];
             double sum = 0.0;
             for (int j = 0; j < r->len; j++) sum += r->logprobs[j];
             print_escaped(r->prompt, r->prompt_len);
@@ -181,7 +230,8 @@ int lb_cmd_sample(const lb_config *c0, lb_comm *comm)
                 long want, got;
                 int len = r->len < (int)sizeof ctext ? r->len : (int)sizeof ctext;
                 for (int j = 0; j < len; j++) ctext[j] = (char)r->tokens[j];
-                int ok = lb_arith_answer(prompt[i] + (prompt[i][0] == '\n'), &want) == 0 &&
+                const char *p = x->prompt[i];
+                int ok = lb_arith_answer(p + (p[0] == '\n'), &want) == 0 &&
                          lb_arith_parse_completion(ctext, (size_t)len, &got) == 0 && got == want;
                 printf("\t%s", ok ? "correct" : "wrong");
                 right += ok;
@@ -191,24 +241,39 @@ int lb_cmd_sample(const lb_config *c0, lb_comm *comm)
         }
         any += ok_any;
     }
-    if (comm->rank == 0)
-        printf("# %d completions of %d prompts: %ld tokens in %.2f s (%.0f tok/s), %ld forward "
-               "calls\n", n, np, st.generated, st.seconds,
-               st.generated / (st.seconds > 0 ? st.seconds : 1e-9), st.forwards);
-    if (is_arith && comm->rank == 0) {   // pass@S only where it says more than pass@1
+    const lb_sample_stats *st = &x->st;
+    printf("# %d completions of %d prompts: %ld tokens in %.2f s (%.0f tok/s), %ld forward "
+           "calls\n", n, np, st->generated, st->seconds,
+           st->generated / (st->seconds > 0 ? st->seconds : 1e-9), st->forwards);
+    if (is_arith) {   // pass@S only where it says more than pass@1
         printf("# arithmetic (%s split): pass@1 %.4f", c->sample.split, (double)right / n);
         if (S > 1) printf(", pass@%d %.4f", S, (double)any / np);
         printf("\n");
     }
-    lb_sampler_free(smp);
-    lb_model_free(m);
-    lb_run_comms_free(&x);
-    lb_grid_free(&grid);
-    be->destroy(be);
-    for (int i = 0; i < np; i++) {
-        free(ptok[i]);
-        if (is_arith) free(prompt[i]);
+}
+
+static void sample_free(sample_run *x)
+{
+    lb_sampler_free(x->smp);
+    lb_run_teardown(&x->run);
+    for (int i = 0; i < x->np; i++) {
+        free(x->ptok[i]);
+        if (x->is_arith) free(x->prompt[i]);
     }
-    free(ptok), free(prompt), free(text), free(reqs), free(tok), free(lp);
+    free(x->ptok), free(x->prompt), free(x->text), free(x->reqs), free(x->tok), free(x->lp);
+}
+
+int lb_cmd_sample(const lb_config *c0, lb_comm *comm)
+{
+    sample_run run, *x = &run;
+    memset(x, 0, sizeof *x);
+    x->cfg = *c0;
+    x->c = &x->cfg;
+    x->world = comm;
+    if (sample_config(x) != 0 || sample_prompts(x) != 0 || sample_open(x) != 0 ||
+        sample_generate(x) != 0)
+        return 1;
+    if (comm->rank == 0) sample_print(x);
+    sample_free(x);
     return 0;
 }

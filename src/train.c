@@ -20,6 +20,7 @@
 #include "src/metrics.h"
 #include "src/util.h"
 #include "parallel/grid.h"
+#include "parallel/pipeline_schedule.h"
 
 #define ERRLEN 1024
 
@@ -54,48 +55,40 @@ static double max_rss_mib(void)
     return ru.ru_maxrss / 1024.0;
 }
 
-// The parallel pieces of one training run: the grid, the backend-memory communicators of its
-// groups (src/run.h), the model piece.
+// One `lowbit train` run: its parallel pieces (src/run.h), the data, the state a checkpoint
+// keeps, the model as a pipeline stage and the step's micro-batches. Set up once; every step
+// reuses it.
 typedef struct {
-    lb_grid grid;
-    lb_comm *world;
-    lb_run_comms comms;
-    lb_model *m;
+    lb_run run;                         // grid, communicators, backend, model, optimizer
+    const lb_config *c;
+    lb_model *m;                        // run.m
     int B, T, G, M;                     // micro-batch, sequence, global and per-rank micro-batches
-} run_ctx;
-
-// Forward of one micro-batch through this pipeline stage: the input hidden states come from the
-// previous stage (forward-only chains, as in validation).
-static void stage_recv_input(run_ctx *x)
-{
-    lb_model *m = x->m;
-    if (m->first_stage) return;
-    lb_model_prepare(m, x->B, x->T);
-    lb_comm_recv(x->comms.pp, lb_model_stage_input(m), lb_model_stage_floats(m), LB_F32,
-                 x->grid.pp_rank - 1);
-    lb_comm_sync(x->comms.pp);
-}
-
-static void stage_send_output(run_ctx *x)
-{
-    lb_model *m = x->m;
-    if (m->last_stage) return;
-    m->be->sync(m->be);
-    lb_comm_send(x->comms.pp, lb_model_stage_output(m), lb_model_stage_floats(m), LB_F32,
-                 x->grid.pp_rank + 1);
-    lb_comm_sync(x->comms.pp);
-}
+    lb_loader *train, *val;
+    lb_train_state st;
+    char resume[LB_PATH_MAX + 64];      // the checkpoint resumed from, or ""
+    char *ini;                          // the resolved configuration
+    lb_metrics *metrics;                // rank 0
+    lb_pipeline_stage stage;
+    int32_t **in, **tg;                 // (M) the step's micro-batches of this rank
+    double *sums;                       // the step's loss sums (add_losses)
+    double t0;                          // when the first step started
+    int first;                          // the first step of this run
+    int tty, pending;                   // progress on a terminal (tty_columns); a line is on it
+} train_run;
 
 // Mean cross-entropy over the first val_batches batches of the validation shards. Data-parallel
 // rank r evaluates batches r, r + dp, ...; under expert parallelism every rank runs the same
 // number of forwards (the dispatcher is collective), repeating its first batch uncounted where it
 // has none. One rank of each model replica counts (tp rank 0 of the last stage); the sums of
 // losses and tokens are added over all ranks.
-static double validate(const lb_config *c, run_ctx *x, lb_loader *val, int32_t *in, int32_t *tg)
+static double validate(train_run *x)
 {
     char err[ERRLEN];
+    const lb_config *c = x->c;
+    lb_loader *val = x->val;
+    int32_t *in = x->in[0], *tg = x->tg[0];   // the step's buffers, free by now
     lb_model *m = x->m;
-    const lb_grid *g = &x->grid;
+    const lb_grid *g = &x->run.grid;
     double acc[2] = {0.0, 0.0};   // sum of token losses, tokens
     int V = c->train.val_batches, rounds = (V + g->dp - 1) / g->dp;
     int counts = m->last_stage && g->tp_rank == 0;
@@ -111,33 +104,21 @@ static double validate(const lb_config *c, run_ctx *x, lb_loader *val, int32_t *
             if (lb_loader_next(val, in, tg, err, sizeof err) != 0) lb_die("%s", err);
             at = want + 1;
         }
-        stage_recv_input(x);
+        lb_pipeline_recv_forward(&x->stage);
         lb_model_forward(m, in, tg, c->train.micro_batch, c->train.seq_len);
-        stage_send_output(x);
+        lb_pipeline_send_forward(&x->stage);
         if (counts && mine < V) {   // the last stage has the loss
             acc[0] += (double)m->ce_loss * m->ntokens;
             acc[1] += m->ntokens;
         }
     }
-    if (x->world->size > 1) lb_comm_all_reduce(x->world, acc, acc, 2, LB_F64);
+    if (x->run.world->size > 1) lb_comm_all_reduce(x->run.world, acc, acc, 2, LB_F64);
     return acc[1] > 0 ? acc[0] / acc[1] : 0.0;
 }
 
-lb_backend *lb_backend_open(const lb_config *c)
-{
-    char err[ERRLEN];
-    lb_backend *be = strcmp(c->run.backend, "cuda") == 0
-                         ? lb_backend_cuda_create(c->run.device, err, sizeof err)
-                         : lb_backend_cpu_create(c->run.threads, err, sizeof err);
-    if (!be) fprintf(stderr, "lowbit: %s\n", err);
-    // LB_PROFILE=1: time every backend operation; the table goes to stderr at the end
-    const char *prof = getenv("LB_PROFILE");
-    if (be && prof && *prof && strcmp(prof, "0") != 0) be = lb_backend_profiled(be);
-    return be;
-}
-
-// Layout checks that need the world size and the training keys; the same verdict on every rank.
-static int check_data_parallel(const lb_config *c, const lb_grid *g, char *err, size_t errlen)
+// Layout checks that need the world size and the training keys, and the data named; the same
+// verdict on every rank.
+static int check_train(const lb_config *c, const lb_grid *g, char *err, size_t errlen)
 {
     const lb_parallel_config *pc = &c->parallel;
     if (c->train.grad_accum % g->dp != 0) {
@@ -158,29 +139,11 @@ static int check_data_parallel(const lb_config *c, const lb_grid *g, char *err, 
                  pc->fail_rank, g->world);
         return -1;
     }
-    return 0;
-}
-
-// A setup step that may fail on some ranks only (a file one node cannot read): every rank
-// learns whether any failed, so they stop together instead of waiting in a collective. Rank 0
-// prints its message; another rank prints its own when rank 0 did not fail.
-int lb_any_failed(lb_comm *w, int failed, const char *who, const char *err)
-{
-    if (w->size == 1) {
-        if (failed) fprintf(stderr, "%s: %s\n", who, err);
-        return failed;
+    if (!c->data.train_files[0]) {
+        snprintf(err, errlen, "data.train_files is empty: name the token shards");
+        return -1;
     }
-    int root_failed = failed;
-    lb_comm_bcast(w, &root_failed, sizeof root_failed, 0);
-    int n = (int)lb_comm_allreduce_sum(w, failed ? 1.0 : 0.0);
-    if (failed && w->rank == 0) fprintf(stderr, "%s: %s\n", who, err);
-    else if (failed && !root_failed) fprintf(stderr, "%s: rank %d: %s\n", who, w->rank, err);
-    return n > 0;
-}
-
-static int any_failed(lb_comm *w, int failed, const char *err)
-{
-    return lb_any_failed(w, failed, "lowbit train", err);
+    return 0;
 }
 
 // parallel.fail_rank: this rank stops here the way a real failure would.
@@ -198,295 +161,283 @@ static void fail_on_purpose(const char *mode, int rank, int step)
 
 // Per-rank sums of one micro-batch's loss terms: the cross-entropy exists on tp rank 0 of the
 // last stage (one count per model replica), the aux loss of each stage's layers on its tp rank 0.
-static void add_losses(const run_ctx *x, double sums[2])
+static void add_losses(const train_run *x, double sums[2])
 {
-    if (x->grid.tp_rank != 0) return;
+    if (x->run.grid.tp_rank != 0) return;
     if (x->m->last_stage) sums[0] += x->m->ce_loss;
     sums[1] += x->m->aux_loss;
 }
 
-// Micro-batch j of a pipeline schedule with `warm` warm-up forwards lives in activation slot
-// j mod (warm + 1): at most warm + 1 are in flight, and j's slot is free again by the time
-// j + warm + 1 starts. The slot's activations exist (a later stage receives into them).
-static void use_slot(run_ctx *x, int j, int warm)
+// The model piece as the pipeline schedule drives it (parallel/pipeline_schedule.h).
+static void stage_use_slot(void *p, int slot)
 {
-    lb_model_use_slot(x->m, j % (warm + 1));
+    train_run *x = p;
+    lb_model_use_slot(x->m, slot);
     lb_model_prepare(x->m, x->B, x->T);
 }
 
-static void stage_forward(run_ctx *x, const int32_t *in, const int32_t *tg, double sums[2])
+static void stage_prepare(void *p)
 {
-    lb_model_forward(x->m, in, tg, x->B, x->T);
-    add_losses(x, sums);
+    train_run *x = p;
+    lb_model_prepare(x->m, x->B, x->T);
 }
 
-// One step's micro-batches on this rank: forward and backward of each in turn, or, across
-// pipeline stages, Megatron's 1F1B schedule: stage s runs min(pp - s - 1, M) warm-up forwards,
-// then alternates one forward and one backward (each exchange pairs a send with a receive, so
-// no stage waits on a stage that waits on it), then drains the remaining backwards. At most
-// pp - s micro-batches are in flight; each has its activation slot.
-static void run_micro_batches(run_ctx *x, int32_t **in, int32_t **tg, double sums[2])
+static void stage_forward(void *p, int j)
 {
-    lb_model *m = x->m;
-    const int M = x->M, pp = x->grid.pp, s = x->grid.pp_rank;
-    const float scale = 1.0f / x->G;   // the mean over the global batch
-    if (pp == 1) {
-        for (int j = 0; j < M; j++) {
-            stage_forward(x, in[j], tg[j], sums);
-            lb_model_backward(m, scale);
+    train_run *x = p;
+    lb_model_forward(x->m, x->in[j], x->tg[j], x->B, x->T);
+    add_losses(x, x->sums);
+}
+
+static void stage_backward(void *p)
+{
+    train_run *x = p;
+    lb_model_backward(x->m, 1.0f / x->G);   // the mean over the global batch
+}
+
+static float *stage_input(void *p) { return lb_model_stage_input(((train_run *)p)->m); }
+static float *stage_output(void *p) { return lb_model_stage_output(((train_run *)p)->m); }
+static float *stage_grad(void *p) { return lb_model_stage_grad(((train_run *)p)->m); }
+static size_t stage_floats(void *p) { return lb_model_stage_floats(((train_run *)p)->m); }
+
+static lb_pipeline_stage pipeline_stage(train_run *x)
+{
+    return (lb_pipeline_stage){x->run.comms.pp, x->m->be, x->run.grid.pp_rank, x->run.grid.pp,
+                               x->m->first_stage, x->m->last_stage, x,
+                               stage_use_slot, stage_prepare, stage_forward, stage_backward,
+                               stage_input, stage_output, stage_grad, stage_floats};
+}
+
+// The layout and the data named, checked before any work; then the grid.
+static int train_layout(train_run *x, const lb_config *c, lb_comm *comm)
+{
+    x->c = c;
+    if (lb_run_layout(&x->run, c, comm, "lowbit train", check_train) != 0) return 1;
+    x->B = c->train.micro_batch;
+    x->T = c->train.seq_len;
+    x->G = c->train.grad_accum;
+    x->M = x->G / x->run.grid.dp;
+    return 0;
+}
+
+// The token shards, then the backend, the communicators, the model piece, its optimizer and
+// the checkpoint directory.
+static int train_open(train_run *x)
+{
+    char err[ERRLEN];
+    const lb_config *c = x->c;
+    lb_run *r = &x->run;
+    x->train = lb_loader_open(c->data.train_files, x->B, x->T, c->model.vocab_size, err,
+                              sizeof err);
+    if (lb_run_failed(r, !x->train, err)) return 1;
+    if (c->data.val_files[0]) {
+        x->val = lb_loader_open(c->data.val_files, x->B, x->T, c->model.vocab_size, err,
+                                sizeof err);
+        if (lb_run_failed(r, !x->val, err)) return 1;
+    }
+    if (lb_run_setup(r, 0) != 0) return 1;
+    x->m = r->m;
+    lb_run_optimizer(r, c->train.steps);
+    return lb_run_checkpoint_dir(r);
+}
+
+// Resume or start fresh. Rank 0 picks the checkpoint and reads it; every rank takes its part.
+static int train_load(train_run *x)
+{
+    char err[ERRLEN];
+    lb_run *r = &x->run;
+    lb_run_resume_path(r, x->resume, sizeof x->resume);
+    if (!x->resume[0]) {
+        lb_model_init_params(x->m, x->c->run.seed);   // counter-based: the same on every layout
+        return 0;
+    }
+    int bad = lb_checkpoint_load_parallel(x->resume, &r->opt, &x->st, r->world,
+                                          &x->c->parallel, err, sizeof err) != 0 ||
+              lb_loader_seek(x->train, x->st.loader_shard, x->st.loader_pos, err,
+                             sizeof err) != 0;
+    if (lb_run_failed(r, bad, err)) return 1;
+    if (r->root) printf("resumed from %s at step %" PRId64 "\n", x->resume, x->st.step);
+    return 0;
+}
+
+// The resolved configuration into OUT_DIR, rank 0's header (the model, the layout, the
+// step's shape) and the metrics file.
+static int train_announce(train_run *x)
+{
+    char err[ERRLEN];
+    const lb_config *c = x->c;
+    lb_run *r = &x->run;
+    const lb_model *m = x->m;
+    x->ini = lb_config_to_ini(c);
+    char layout[256];
+    lb_grid_describe(&r->grid, layout, sizeof layout);
+    if (lb_run_failed(r, r->root && lb_run_config_write(c, x->ini, err, sizeof err) != 0, err))
+        return 1;
+    if (r->root) {
+        printf("model %s: %.3fM parameters (%.3fM on rank 0), %.3fM active matmul parameters per "
+               "token, %s backend\n", m->cfg.arch, m->gparams / 1e6, m->nparams / 1e6,
+               lb_model_active_params(m) / 1e6, r->be->name);
+        char how[200] = "one rank: no communication";
+        if (r->world->size > 1)
+            snprintf(how, sizeof how, "%s; collectives over %s%s%s",
+                     c->parallel.zero ? "ZeRO-1 distributed optimizer" : "all-reduced gradients",
+                     r->comms.nnccl ? "nccl" : "mpi",
+                     c->parallel.deterministic ? ", rank-order sums" : "",
+                     r->grid.pp > 1 ? "; 1F1B pipeline" : "");
+        printf("layout %s%s; %d micro-batch%s of %d x %d per rank and step; %s\n", layout,
+               r->par.sp ? ", sequence parallel" : "", x->M, x->M == 1 ? "" : "es", x->B, x->T,
+               how);
+    }
+    if (r->root)
+        x->metrics = lb_metrics_open(c->run.out_dir, c->train.metrics_file, "train",
+                                     x->resume[0] ? (long)x->st.step : -1, err, sizeof err);
+    return lb_run_failed(r, r->root && !x->metrics, err);
+}
+
+// The step's micro-batches of this rank (read before the schedule runs), the model as a
+// pipeline stage, and the clock.
+static void train_alloc(train_run *x)
+{
+    x->in = lb_calloc(x->M, sizeof *x->in);
+    x->tg = lb_calloc(x->M, sizeof *x->tg);
+    for (int j = 0; j < x->M; j++) {
+        x->in[j] = lb_malloc((size_t)x->B * x->T * sizeof(int32_t));
+        x->tg[j] = lb_malloc((size_t)x->B * x->T * sizeof(int32_t));
+    }
+    x->stage = pipeline_stage(x);
+    x->t0 = lb_now();
+    x->tty = x->run.root && x->c->train.log_every > 0 ? tty_columns() : 0;
+    x->first = (int)x->st.step + 1;
+}
+
+// Micro-batch j of the step's G consecutive batches belongs to data-parallel rank j mod dp:
+// the ranks together see exactly the batches one rank would, and every loader ends the step at
+// the same position.
+static void read_micro_batches(train_run *x)
+{
+    char err[ERRLEN];
+    const lb_grid *g = &x->run.grid;
+    for (int j = 0, k = 0; j < x->G; j++) {
+        if (j % g->dp != g->dp_rank) {
+            lb_loader_skip(x->train, 1);
+            continue;
         }
+        if (lb_loader_next(x->train, x->in[k], x->tg[k], err, sizeof err) != 0) lb_die("%s", err);
+        k++;
+    }
+}
+
+// Rank 0's progress: the logged step's line, or between logged steps on a terminal one short
+// line rewritten in place; and the step's metrics.
+static void log_step(train_run *x, int step, double loss, const double sums[2], double lr,
+                     double norm, double now, double dt)
+{
+    const lb_config *c = x->c;
+    const long tokens_step = (long)x->B * x->T * x->G;   // the global batch
+    double tok_s = tokens_step / dt;
+    int done = step - x->first + 1, left = c->train.steps - step;
+    char eta[32];
+    fmt_duration(eta, sizeof eta, (now - x->t0) / done * left);
+    const int logged = c->train.log_every > 0 &&
+                       (step % c->train.log_every == 0 || step == c->train.steps);
+    if (logged) {
+        tty_clear(&x->pending);
+        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.4f | %.0f tok/s | %.2f TFLOP/s | "
+               "mem %.0f MiB | ETA %s\n",
+               step, c->train.steps, loss, lr, norm, tok_s,
+               tok_s * lb_model_flops_per_token(&x->m->cfg, x->T) / 1e12, max_rss_mib(), eta);
+    } else if (x->tty) {
+        char line[160];
+        int w = snprintf(line, sizeof line, "step %d/%d | loss %.4f | %.0f tok/s | ETA %s",
+                         step, c->train.steps, loss, tok_s, eta);
+        if (w > x->tty - 1) line[x->tty > 1 ? x->tty - 1 : 0] = 0;
+        printf("\r\033[K%s", line);
+        fflush(stdout);
+        x->pending = 1;
+    }
+    lb_metrics_printf(x->metrics,
+                      "{\"step\": %d, \"loss\": %.9g, \"ce_loss\": %.9g, \"aux_loss\": "
+                      "%.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %ld, "
+                      "\"tokens_per_s\": %.1f, \"step_s\": %.6f, \"mem_mib\": %.0f}",
+                      step, loss, sums[0], sums[1], lr, norm, (long)step * tokens_step, tok_s,
+                      dt, max_rss_mib());
+}
+
+// Validation when due: the loss on every rank, logged by rank 0.
+static void train_validate(train_run *x, int step)
+{
+    const lb_config *c = x->c;
+    if (!x->val || c->train.val_every <= 0 ||
+        (step % c->train.val_every != 0 && step != c->train.steps))
         return;
+    double vl = validate(x);
+    if (x->run.root) {
+        tty_clear(&x->pending);
+        printf("step %5d/%d | val loss %.4f\n", step, c->train.steps, vl);
+        lb_metrics_printf(x->metrics, "{\"step\": %d, \"val_loss\": %.9g}", step, vl);
     }
-    const int warm = pp - s - 1 < M ? pp - s - 1 : M;
-    lb_backend *be = m->be;
-    lb_comm *ppc = x->comms.pp;
-    for (int j = 0; j < warm; j++) {
-        use_slot(x, j, warm);
-        stage_recv_input(x);
-        stage_forward(x, in[j], tg[j], sums);
-        stage_send_output(x);
+}
+
+// One optimizer step: the micro-batches through the pipeline schedule, the loss over all
+// ranks, the update, the log, validation and the checkpoint when due.
+static void train_step(train_run *x, int step)
+{
+    const lb_config *c = x->c;
+    lb_run *r = &x->run;
+    lb_comm *comm = r->world;
+    double ts = lb_now();
+    lb_model_zero_grad(x->m);
+    read_micro_batches(x);
+    double sums[2] = {0.0, 0.0};   // cross-entropy, aux over this rank's micro-batches
+    x->sums = sums;
+    lb_pipeline_forward_backward(&x->stage, x->M);
+    if (step == c->parallel.fail_step && comm->rank == c->parallel.fail_rank)
+        fail_on_purpose(c->parallel.fail_mode, comm->rank, step);
+    if (comm->size > 1) lb_comm_all_reduce(comm, sums, sums, 2, LB_F64);
+    sums[0] /= x->G;   // the means over the global batch
+    sums[1] /= x->G;
+    double loss = sums[0] + c->model.router_aux_loss_coef * sums[1];
+    if (!isfinite(loss))
+        lb_die("step %d: loss is %f; stopping before the weights are harmed", step, loss);
+    double lr;
+    double norm = lb_optimizer_step(&r->opt, step, &lr);
+    r->be->sync(r->be);
+    double now = lb_now();
+    if (r->root) log_step(x, step, loss, sums, lr, norm, now, now - ts);
+    train_validate(x, step);
+    if (r->root) fflush(stdout);
+    if (lb_run_save_due(c, step, c->train.steps)) {
+        if (r->root) tty_clear(&x->pending);
+        x->st.step = step;
+        lb_loader_tell(x->train, &x->st.loader_shard, &x->st.loader_pos);   // the same everywhere
+        lb_run_save(r, &x->st, x->ini);
     }
-    if (warm < M) {
-        use_slot(x, warm, warm);
-        stage_recv_input(x);
+}
+
+static void train_free(train_run *x)
+{
+    lb_metrics_close(x->metrics);
+    for (int j = 0; j < x->M; j++) {
+        free(x->in[j]);
+        free(x->tg[j]);
     }
-    for (int i = 0; i < M - warm; i++) {
-        int f = warm + i;
-        use_slot(x, f, warm);
-        stage_forward(x, in[f], tg[f], sums);
-        float *y = m->last_stage ? NULL : lb_model_stage_output(m);
-        use_slot(x, i, warm);
-        const size_t len = lb_model_stage_floats(m);   // every slot holds (B, T)
-        if (y) {   // send this output, receive the gradient of micro-batch i
-            be->sync(be);
-            lb_comm_send_recv(ppc, y, len, s + 1, lb_model_stage_grad(m), len, s + 1, LB_F32);
-            lb_comm_sync(ppc);
-        }
-        lb_model_backward(m, scale);
-        if (m->first_stage) continue;
-        float *dx = lb_model_stage_grad(m);
-        be->sync(be);
-        if (i == M - warm - 1) {
-            lb_comm_send(ppc, dx, len, LB_F32, s - 1);
-        } else {   // send micro-batch i's input gradient, receive the input of the next forward
-            use_slot(x, f + 1, warm);
-            lb_comm_send_recv(ppc, dx, len, s - 1, lb_model_stage_input(m), len, s - 1, LB_F32);
-        }
-        lb_comm_sync(ppc);
-    }
-    for (int i = M - warm; i < M; i++) {   // drain: the last backwards
-        use_slot(x, i, warm);
-        const size_t len = lb_model_stage_floats(m);
-        lb_comm_recv(ppc, lb_model_stage_grad(m), len, LB_F32, s + 1);
-        lb_comm_sync(ppc);
-        lb_model_backward(m, scale);
-        if (!m->first_stage) {
-            be->sync(be);
-            lb_comm_send(ppc, lb_model_stage_grad(m), len, LB_F32, s - 1);
-            lb_comm_sync(ppc);
-        }
-    }
+    free(x->in);
+    free(x->tg);
+    free(x->ini);
+    lb_run_teardown(&x->run);
+    lb_loader_close(x->train);
+    if (x->val) lb_loader_close(x->val);
 }
 
 int lb_cmd_train(const lb_config *c, lb_comm *comm)
 {
-    char err[ERRLEN], ckdir[LB_PATH_MAX + 32];
-    const int root = comm->rank == 0;
-    run_ctx x;
-    memset(&x, 0, sizeof x);
-    x.world = comm;
-    lb_grid *grid = &x.grid;
-    // The layout first: a bad one stops every rank before any work, with one message.
-    if (lb_grid_layout(grid, &c->parallel, comm->size, comm->rank, err, sizeof err) != 0 ||
-        lb_grid_check_built(&c->parallel, err, sizeof err) != 0 ||
-        check_data_parallel(c, grid, err, sizeof err) != 0) {
-        if (root) fprintf(stderr, "lowbit train: %s\n", err);
+    train_run run, *x = &run;
+    memset(x, 0, sizeof *x);
+    if (train_layout(x, c, comm) != 0 || train_open(x) != 0 || train_load(x) != 0 ||
+        train_announce(x) != 0)
         return 1;
-    }
-    if (!c->data.train_files[0]) {
-        if (root) fprintf(stderr, "lowbit train: data.train_files is empty: name the token shards\n");
-        return 1;
-    }
-    comm->deterministic = c->parallel.deterministic;
-    if (lb_grid_create(grid, &c->parallel, comm, err, sizeof err) != 0) lb_die("%s", err);
-    const int B = c->train.micro_batch, T = c->train.seq_len, G = c->train.grad_accum;
-    x.B = B;
-    x.T = T;
-    x.G = G;
-    x.M = G / grid->dp;
-
-    lb_loader *train = lb_loader_open(c->data.train_files, B, T, c->model.vocab_size, err, sizeof err);
-    if (any_failed(comm, !train, err)) return 1;
-    lb_loader *val = NULL;
-    if (c->data.val_files[0]) {
-        val = lb_loader_open(c->data.val_files, B, T, c->model.vocab_size, err, sizeof err);
-        if (any_failed(comm, !val, err)) return 1;
-    }
-    const int cuda = strcmp(c->run.backend, "cuda") == 0;
-    lb_backend *be = lb_run_backend_open(c, comm);   // one GPU per rank
-    snprintf(err, sizeof err, "the %s backend did not open", c->run.backend);
-    if (any_failed(comm, !be, err)) return 1;
-    // Activations, gradients and parameters travel in the backend's memory.
-    int bad = lb_run_comms_open(&x.comms, grid, be, cuda, err, sizeof err) != 0;
-    if (any_failed(comm, bad, err)) return 1;
-    lb_model_parallel par = lb_run_model_parallel(grid, &x.comms);
-    lb_model *m = x.m = lb_model_create_parallel(&c->model, be, &par, err, sizeof err);
-    if (any_failed(comm, !m, err)) return 1;
-    if (any_failed(comm, lb_model_set_precision(m, &c->precision, c->run.seed, err, sizeof err) != 0 ||
-                             lb_model_set_recompute(m, c->train.recompute, err, sizeof err) != 0,
-                   err))
-        return 1;
-    lb_model_set_ce_chunk(m, c->train.ce_chunk);
-    lb_optim_config oc = {c->train.lr, c->train.min_lr, c->train.warmup_steps, c->train.steps,
-                          c->train.beta1, c->train.beta2, c->train.adam_eps,
-                          c->train.weight_decay, c->train.grad_clip,
-                          c->train.optimizer_offload, c->run.threads,
-                          !strcmp(c->train.adam_moments, "bf16")};
-    lb_optim_groups og = lb_run_optim_groups(grid, &x.comms, comm);
-    lb_optimizer opt;
-    lb_optimizer_init_groups(&opt, m, &oc, &og, c->parallel.zero);
-    snprintf(ckdir, sizeof ckdir, "%s/checkpoints", c->run.out_dir);
-    bad = root && lb_mkdirs(ckdir, err, sizeof err) != 0;
-    if (any_failed(comm, bad, err)) return 1;
-
-    // Resume or start fresh. Rank 0 picks the checkpoint and reads it; every rank takes its part.
-    lb_train_state st = {0};
-    char resume[LB_PATH_MAX + 64] = "";
-    lb_run_resume_path(c, ckdir, comm, resume, sizeof resume);
-    if (resume[0]) {
-        bad = lb_checkpoint_load_parallel(resume, &opt, &st, comm, &c->parallel, err,
-                                          sizeof err) != 0 ||
-              lb_loader_seek(train, st.loader_shard, st.loader_pos, err, sizeof err) != 0;
-        if (any_failed(comm, bad, err)) return 1;
-        if (root) printf("resumed from %s at step %" PRId64 "\n", resume, st.step);
-    } else {
-        lb_model_init_params(m, c->run.seed);   // counter-based: the same on every layout
-    }
-    char *ini = lb_config_to_ini(c);
-    char layout[256];
-    lb_grid_describe(grid, layout, sizeof layout);
-    bad = root && lb_run_config_write(c, ini, err, sizeof err) != 0;
-    if (any_failed(comm, bad, err)) return 1;
-    if (root) {
-        printf("model %s: %.3fM parameters (%.3fM on rank 0), %.3fM active matmul parameters per "
-               "token, %s backend\n", m->cfg.arch, m->gparams / 1e6, m->nparams / 1e6,
-               lb_model_active_params(m) / 1e6, be->name);
-        char how[200] = "one rank: no communication";
-        if (comm->size > 1)
-            snprintf(how, sizeof how, "%s; collectives over %s%s%s",
-                     c->parallel.zero ? "ZeRO-1 distributed optimizer" : "all-reduced gradients",
-                     x.comms.nnccl ? "nccl" : "mpi",
-                     c->parallel.deterministic ? ", rank-order sums" : "",
-                     grid->pp > 1 ? "; 1F1B pipeline" : "");
-        printf("layout %s%s; %d micro-batch%s of %d x %d per rank and step; %s\n", layout,
-               par.sp ? ", sequence parallel" : "", x.M, x.M == 1 ? "" : "es", B, T, how);
-    }
-
-    lb_metrics *metrics = NULL;
-    if (root)
-        metrics = lb_metrics_open(c->run.out_dir, c->train.metrics_file, "train",
-                                  resume[0] ? (long)st.step : -1, err, sizeof err);
-    if (any_failed(comm, root && !metrics, err)) return 1;
-
-    // The step's micro-batches of this rank, read before the schedule runs.
-    int32_t **in = lb_calloc(x.M, sizeof *in), **tg = lb_calloc(x.M, sizeof *tg);
-    for (int j = 0; j < x.M; j++) {
-        in[j] = lb_malloc((size_t)B * T * sizeof(int32_t));
-        tg[j] = lb_malloc((size_t)B * T * sizeof(int32_t));
-    }
-    const double flops_tok = lb_model_flops_per_token(&m->cfg, T);
-    const long tokens_step = (long)B * T * G;   // the global batch
-    double t0 = lb_now();
-    const int tty = root && c->train.log_every > 0 ? tty_columns() : 0;
-    int pending = 0;   // an in-place line is on the terminal
-    int first = (int)st.step + 1;
-    for (int step = first; step <= c->train.steps; step++) {
-        double ts = lb_now();
-        lb_model_zero_grad(m);
-        // Micro-batch j of the step's G consecutive batches belongs to data-parallel rank
-        // j mod dp: the ranks together see exactly the batches one rank would, and every
-        // loader ends the step at the same position.
-        for (int j = 0, k = 0; j < G; j++) {
-            if (j % grid->dp != grid->dp_rank) {
-                lb_loader_skip(train, 1);
-                continue;
-            }
-            if (lb_loader_next(train, in[k], tg[k], err, sizeof err) != 0) lb_die("%s", err);
-            k++;
-        }
-        double sums[2] = {0.0, 0.0};   // cross-entropy, aux over this rank's micro-batches
-        run_micro_batches(&x, in, tg, sums);
-        if (step == c->parallel.fail_step && comm->rank == c->parallel.fail_rank)
-            fail_on_purpose(c->parallel.fail_mode, comm->rank, step);
-        if (comm->size > 1) lb_comm_all_reduce(comm, sums, sums, 2, LB_F64);
-        double ce = sums[0] / G, aux = sums[1] / G;
-        double loss = ce + c->model.router_aux_loss_coef * aux;
-        if (!isfinite(loss)) lb_die("step %d: loss is %f; stopping before the weights are harmed", step, loss);
-
-        double lr;
-        double norm = lb_optimizer_step(&opt, step, &lr);
-        be->sync(be);
-        double now = lb_now(), dt = now - ts;
-        double tok_s = tokens_step / dt;
-        int done = step - first + 1, left = c->train.steps - step;
-        char eta[32];
-        fmt_duration(eta, sizeof eta, (now - t0) / done * left);
-        const int logged = c->train.log_every > 0 &&
-                           (step % c->train.log_every == 0 || step == c->train.steps);
-        if (root && logged) {
-            tty_clear(&pending);
-            printf("step %5d/%d | loss %.4f | lr %.2e | norm %.4f | %.0f tok/s | %.2f TFLOP/s | "
-                   "mem %.0f MiB | ETA %s\n",
-                   step, c->train.steps, loss, lr, norm, tok_s, tok_s * flops_tok / 1e12,
-                   max_rss_mib(), eta);
-        } else if (root && tty) {
-            // between logged steps, on a terminal: one short line rewritten in place
-            char line[160];
-            int w = snprintf(line, sizeof line, "step %d/%d | loss %.4f | %.0f tok/s | ETA %s",
-                             step, c->train.steps, loss, tok_s, eta);
-            if (w > tty - 1) line[tty > 1 ? tty - 1 : 0] = 0;
-            printf("\r\033[K%s", line);
-            fflush(stdout);
-            pending = 1;
-        }
-        if (root)
-            lb_metrics_printf(metrics,
-                              "{\"step\": %d, \"loss\": %.9g, \"ce_loss\": %.9g, \"aux_loss\": "
-                              "%.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %ld, "
-                              "\"tokens_per_s\": %.1f, \"step_s\": %.6f, \"mem_mib\": %.0f}",
-                              step, loss, ce, aux, lr, norm, (long)step * tokens_step, tok_s, dt,
-                              max_rss_mib());
-        if (val && c->train.val_every > 0 &&
-            (step % c->train.val_every == 0 || step == c->train.steps)) {
-            double vl = validate(c, &x, val, in[0], tg[0]);
-            if (root) {
-                tty_clear(&pending);
-                printf("step %5d/%d | val loss %.4f\n", step, c->train.steps, vl);
-                lb_metrics_printf(metrics, "{\"step\": %d, \"val_loss\": %.9g}", step, vl);
-            }
-        }
-        if (root) fflush(stdout);
-        if (lb_run_save_due(c, step, c->train.steps)) {
-            if (root) tty_clear(&pending);
-            st.step = step;
-            lb_loader_tell(train, &st.loader_shard, &st.loader_pos);   // the same on every rank
-            lb_run_save(c, ckdir, &opt, &st, ini, comm);
-        }
-    }
-    lb_metrics_close(metrics);
-    for (int j = 0; j < x.M; j++) {
-        free(in[j]);
-        free(tg[j]);
-    }
-    free(in);
-    free(tg);
-    free(ini);
-    lb_optimizer_free(&opt);
-    lb_model_free(m);
-    lb_run_comms_free(&x.comms);
-    lb_grid_free(grid);
-    lb_loader_close(train);
-    if (val) lb_loader_close(val);
-    be->destroy(be);
+    train_alloc(x);
+    for (int step = x->first; step <= c->train.steps; step++) train_step(x, step);
+    train_free(x);
     return 0;
 }

@@ -321,26 +321,26 @@ START_TEST(test_zero_shards)
                 for (size_t i = b0 + data[g]; i < b0 + len; i++)
                     ck_assert(m->params[i] == 0.0f && m->grads[i] == 0.0f);
                 if (p > 1) {
-                    ck_assert_uint_eq(o.own[g].len, len / p);
-                    ck_assert_uint_eq(o.own[g].begin, b0 + (size_t)r * (len / p));
-                    ck_assert_uint_eq(o.own[g].at, at);
+                    ck_assert_uint_eq(o.dist.own[g].len, len / p);
+                    ck_assert_uint_eq(o.dist.own[g].begin, b0 + (size_t)r * (len / p));
+                    ck_assert_uint_eq(o.dist.own[g].at, at);
                 }
-                at += o.own[g].len;
+                at += o.dist.own[g].len;
             }
-            ck_assert_uint_eq(o.shard_len, p > 1 ? at : m->nparams);
+            ck_assert_uint_eq(o.dist.shard_len, p > 1 ? at : m->nparams);
             // the runs: in order, no gap or overlap within an owned range, merged where alike;
             // one rank owns the whole buffer as one range
             int nr = p > 1 ? 2 : 1;
             for (int g = 0; g < nr; g++) {
-                size_t lo = p > 1 ? o.own[g].begin : 0;
-                size_t hi = p > 1 ? lo + o.own[g].len : m->nparams;
+                size_t lo = p > 1 ? o.dist.own[g].begin : 0;
+                size_t hi = p > 1 ? lo + o.dist.own[g].len : m->nparams;
                 size_t end = p > 1 && m->region_begin[g] + data[g] < hi ? m->region_begin[g] + data[g] : hi;
                 size_t pos = lo;
                 for (int s = 0; s < o.nseg; s++) {
                     if (o.seg[s].begin < lo || o.seg[s].begin >= hi) continue;
                     ck_assert_uint_eq(o.seg[s].begin, pos);
                     ck_assert_uint_gt(o.seg[s].end, o.seg[s].begin);
-                    ck_assert_uint_eq(o.seg[s].at, p > 1 ? o.own[g].at + (pos - lo) : pos);
+                    ck_assert_uint_eq(o.seg[s].at, p > 1 ? o.dist.own[g].at + (pos - lo) : pos);
                     for (size_t i = o.seg[s].begin; i < o.seg[s].end; i++) {
                         const lb_tensor *t = NULL;
                         for (int k = 0; k < m->ntensors; k++)
@@ -380,10 +380,10 @@ START_TEST(test_one_rank_shard)
     lb_optim_config oc = {1e-3, 1e-4, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0, 0, 0};
     lb_optimizer o;
     lb_optimizer_init(&o, m, &oc);
-    ck_assert_uint_eq(o.own[0].begin, 0);
-    ck_assert_uint_eq(o.own[0].len + o.own[1].len, m->nparams);
-    ck_assert_uint_eq(o.shard_len, m->nparams);
-    ck_assert_ptr_null(o.grad_shard);
+    ck_assert_uint_eq(o.dist.own[0].begin, 0);
+    ck_assert_uint_eq(o.dist.own[0].len + o.dist.own[1].len, m->nparams);
+    ck_assert_uint_eq(o.dist.shard_len, m->nparams);
+    ck_assert_ptr_null(o.dist.grad_shard);
     lb_optimizer_free(&o);
     lb_model_free(m);
     be->destroy(be);

@@ -14,7 +14,6 @@ static const char *const format_names[] = {"fp32",  "bf16",  "fp8-block", "mxfp8
                                             "mxfp4", "nvfp4", "fp8-tensor"};
 
 const char *lb_role_name(lb_role r) { return r < LB_NROLES ? role_names[r] : "?"; }
-const char *lb_pass_name(lb_pass p) { return p < LB_NPASSES ? pass_names[p] : "?"; }
 const char *lb_format_name(lb_format f)
 {
     return (unsigned)f < sizeof format_names / sizeof format_names[0] ? format_names[f] : "?";
