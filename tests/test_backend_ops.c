@@ -264,37 +264,8 @@ START_TEST(test_table_and_memory)
 {
     ck_assert_str_eq(gpu->name, "cuda");
     ck_assert_int_eq(gpu->deterministic, 1);   // the table's default
-    void (*const fns[])(void) = {
-        (void (*)(void))gpu->alloc, (void (*)(void))gpu->free, (void (*)(void))gpu->upload,
-        (void (*)(void))gpu->download, (void (*)(void))gpu->copy, (void (*)(void))gpu->zero,
-        (void (*)(void))gpu->sync, (void (*)(void))gpu->destroy, (void (*)(void))gpu->gemm,
-        (void (*)(void))gpu->gemm_grouped, (void (*)(void))gpu->add, (void (*)(void))gpu->scale,
-        (void (*)(void))gpu->sumsq, (void (*)(void))gpu->embedding_fwd,
-        (void (*)(void))gpu->embedding_bwd, (void (*)(void))gpu->rmsnorm_fwd,
-        (void (*)(void))gpu->rmsnorm_bwd, (void (*)(void))gpu->rope_fwd,
-        (void (*)(void))gpu->rope_bwd, (void (*)(void))gpu->attention_fwd,
-        (void (*)(void))gpu->attention_bwd, (void (*)(void))gpu->swiglu_fwd,
-        (void (*)(void))gpu->swiglu_bwd, (void (*)(void))gpu->router_topk_fwd,
-        (void (*)(void))gpu->router_topk_bwd, (void (*)(void))gpu->moe_aux_loss,
-        (void (*)(void))gpu->moe_plan, (void (*)(void))gpu->moe_permute,
-        (void (*)(void))gpu->moe_permute_bwd, (void (*)(void))gpu->moe_combine,
-        (void (*)(void))gpu->moe_combine_bwd, (void (*)(void))gpu->cross_entropy_fwd,
-        (void (*)(void))gpu->cross_entropy_bwd, (void (*)(void))gpu->adamw,
-        (void (*)(void))gpu->adamw16,
-        (void (*)(void))gpu->qmat_alloc, (void (*)(void))gpu->qmat_free,
-        (void (*)(void))gpu->quantize, (void (*)(void))gpu->quantize_grouped,
-        (void (*)(void))gpu->quantize_rc, (void (*)(void))gpu->quantize_rt,
-        (void (*)(void))gpu->qmat_transpose, (void (*)(void))gpu->dequantize,
-        (void (*)(void))gpu->gemm_q, (void (*)(void))gpu->gemm_q_grouped,
-        (void (*)(void))gpu->hadamard,
-        (void (*)(void))gpu->round_bf16, (void (*)(void))gpu->to_bf16,
-        (void (*)(void))gpu->kv_append,
-        (void (*)(void))gpu->attention_cached, (void (*)(void))gpu->cross_entropy_bwd_rows,
-        (void (*)(void))gpu->linear_ce_bwd, (void (*)(void))gpu->sample,
-        (void (*)(void))gpu->mem_free,
-    };
-    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
-        ck_assert_msg(fns[i] != NULL, "table entry %zu is NULL", i);
+    for (int op = 0; op < LB_OP_COUNT; op++)
+        ck_assert_msg(lb_backend_supports(gpu, op), "cuda lacks op %s", lb_op_name(op));
 
     enum { BYTES = 1001 };
     unsigned char host[BYTES], back[BYTES];
@@ -905,8 +876,10 @@ static void rmsnorm_case(int n, int c)
     float *x = randn(sz, 2), *w = randn(c, 1), *g = randn(sz, 1), *dw0 = randn(c, 1);
     float *out = lb_malloc(sz * 4), *rstd = lb_malloc((size_t)n * 4);
     float *dx = lb_malloc(sz * 4), *dw = hdup(dw0, (size_t)c * 4);
-    cpu->rmsnorm_fwd(cpu, out, rstd, x, w, n, c, 1e-6f);
-    cpu->rmsnorm_bwd(cpu, dx, 0.0f, dw, g, x, w, rstd, n, c);
+    cpu->rmsnorm_fwd(cpu, &(lb_rmsnorm_args){.out = out, .rstd = rstd, .x = x, .w = w, .n = n,
+            .c = c, .eps = 1e-6f});
+    cpu->rmsnorm_bwd(cpu, &(lb_rmsnorm_args){.dx = dx, .dx_beta = 0.0f, .dw = dw, .dout = g,
+            .x = x, .w = w, .rstd = rstd, .n = n, .c = c});
     float *dxx = dput(x, sz * 4), *dww = dput(w, (size_t)c * 4), *dg = dput(g, sz * 4);
     float *dout = gpu->alloc(gpu, sz * 4), *drstd = gpu->alloc(gpu, (size_t)n * 4);
     float *ddx = gpu->alloc(gpu, sz * 4), *ddw = gpu->alloc(gpu, (size_t)c * 4);
@@ -915,10 +888,12 @@ static void rmsnorm_case(int n, int c)
     for (int r = 0; r < 2; r++) {
         poison(dout, sz * 4), poison(drstd, (size_t)n * 4), poison(ddx, sz * 4);
         gpu->upload(gpu, ddw, dw0, (size_t)c * 4);
-        gpu->rmsnorm_fwd(gpu, dout, drstd, dxx, dww, n, c, 1e-6f);
+        gpu->rmsnorm_fwd(gpu, &(lb_rmsnorm_args){.out = dout, .rstd = drstd, .x = dxx, .w = dww,
+                .n = n, .c = c, .eps = 1e-6f});
         // The backward reads the CPU's rstd so it is compared on identical inputs.
         float *drc = dput(rstd, (size_t)n * 4);
-        gpu->rmsnorm_bwd(gpu, ddx, 0.0f, ddw, dg, dxx, dww, drc, n, c);
+        gpu->rmsnorm_bwd(gpu, &(lb_rmsnorm_args){.dx = ddx, .dx_beta = 0.0f, .dw = ddw, .dout = dg,
+                .x = dxx, .w = dww, .rstd = drc, .n = n, .c = c});
         keep[r][0] = hget(dout, sz * 4), keep[r][1] = hget(drstd, (size_t)n * 4);
         keep[r][2] = hget(ddx, sz * 4), keep[r][3] = hget(ddw, (size_t)c * 4);
         dfree(drc);
@@ -927,7 +902,8 @@ static void rmsnorm_case(int n, int c)
         float *res = randn(sz, 3), *want = lb_malloc(sz * 4);
         for (size_t i = 0; i < sz; i++) want[i] = res[i] + keep[0][2][i];
         float *dres = dput(res, sz * 4), *drc = dput(rstd, (size_t)n * 4);
-        gpu->rmsnorm_bwd(gpu, dres, 1.0f, ddw, dg, dxx, dww, drc, n, c);
+        gpu->rmsnorm_bwd(gpu, &(lb_rmsnorm_args){.dx = dres, .dx_beta = 1.0f, .dw = ddw,
+                .dout = dg, .x = dxx, .w = dww, .rstd = drc, .n = n, .c = c});
         float *got = hget(dres, sz * 4);
         snprintf(what, sizeof what, "rmsnorm_bwd dx_beta 1 n %d c %d", n, c);
         CHECK_BITS(what, got, want, sz * 4);
@@ -974,18 +950,22 @@ static void rope_case(int n, int heads, int d)
     float *x = randn(sz, 1), *ref = hdup(x, sz * 4);
     int32_t *pos = randint(n, 0, 40000);
     pos[0] = 0;
-    cpu->rope_fwd(cpu, ref, pos, n, heads, d, 1e6f);
+    cpu->rope(cpu, &(lb_rope_args){.x = ref, .pos = pos, .n = n, .heads = heads, .d = d,
+            .theta = 1e6f});
     float *back = hdup(ref, sz * 4);
-    cpu->rope_bwd(cpu, back, pos, n, heads, d, 1e6f);
+    cpu->rope(cpu, &(lb_rope_args){.x = back, .pos = pos, .n = n, .heads = heads, .d = d,
+            .theta = 1e6f, .inverse = 1});
     int32_t *dpos = dput(pos, (size_t)n * 4);
     float *dxx = gpu->alloc(gpu, sz * 4);
     float *keep[2][2];
     for (int r = 0; r < 2; r++) {
         gpu->upload(gpu, dxx, x, sz * 4);
-        gpu->rope_fwd(gpu, dxx, dpos, n, heads, d, 1e6f);
+        gpu->rope(gpu, &(lb_rope_args){.x = dxx, .pos = dpos, .n = n, .heads = heads, .d = d,
+                .theta = 1e6f});
         keep[r][0] = hget(dxx, sz * 4);
         gpu->upload(gpu, dxx, ref, sz * 4);   // the backward from the CPU's forward output
-        gpu->rope_bwd(gpu, dxx, dpos, n, heads, d, 1e6f);
+        gpu->rope(gpu, &(lb_rope_args){.x = dxx, .pos = dpos, .n = n, .heads = heads, .d = d,
+                .theta = 1e6f, .inverse = 1});
         keep[r][1] = hget(dxx, sz * 4);
     }
     char what[96];
@@ -1025,8 +1005,11 @@ static void attention_case(int b, int t, int hq, int hkv, int d, int bf16)
         for (size_t i = 0; i < nq; i++) g[i] = lb_round_bf16(g[i]);
     float *out = lb_malloc(nq * 4), *lse = lb_malloc(nl * 4);
     float *dq = lb_malloc(nq * 4), *dk = lb_malloc(nk * 4), *dv = lb_malloc(nk * 4);
-    cpu->attention_fwd(cpu, out, lse, q, k, v, b, t, hq, hkv, d, bf16);
-    cpu->attention_bwd(cpu, dq, dk, dv, g, q, k, v, out, lse, b, t, hq, hkv, d, bf16);
+    cpu->attention_fwd(cpu, &(lb_attention_args){.out = out, .lse = lse, .q = q, .k = k, .v = v,
+            .b = b, .t = t, .hq = hq, .hkv = hkv, .d = d, .bf16 = bf16});
+    cpu->attention_bwd(cpu, &(lb_attention_args){.dq = dq, .dk = dk, .dv = dv, .dout = g, .q = q,
+            .k = k, .v = v, .out = out, .lse = lse, .b = b, .t = t, .hq = hq, .hkv = hkv, .d = d,
+            .bf16 = bf16});
     float *Q = dput(q, nq * 4), *Kd = dput(k, nk * 4), *Vd = dput(v, nk * 4), *G = dput(g, nq * 4);
     float *O = gpu->alloc(gpu, nq * 4), *L = gpu->alloc(gpu, nl * 4);
     float *Oc = dput(out, nq * 4), *Lc = dput(lse, nl * 4);
@@ -1036,9 +1019,12 @@ static void attention_case(int b, int t, int hq, int hkv, int d, int bf16)
     for (int r = 0; r < 2; r++) {
         poison(O, nq * 4), poison(L, nl * 4);
         poison(DQ, nq * 4), poison(DK, nk * 4), poison(DV, nk * 4);
-        gpu->attention_fwd(gpu, O, L, Q, Kd, Vd, b, t, hq, hkv, d, bf16);
+        gpu->attention_fwd(gpu, &(lb_attention_args){.out = O, .lse = L, .q = Q, .k = Kd, .v = Vd,
+                .b = b, .t = t, .hq = hq, .hkv = hkv, .d = d, .bf16 = bf16});
         // The backward takes the CPU's out and lse, so it is compared on identical inputs.
-        gpu->attention_bwd(gpu, DQ, DK, DV, G, Q, Kd, Vd, Oc, Lc, b, t, hq, hkv, d, bf16);
+        gpu->attention_bwd(gpu, &(lb_attention_args){.dq = DQ, .dk = DK, .dv = DV, .dout = G,
+                .q = Q, .k = Kd, .v = Vd, .out = Oc, .lse = Lc, .b = b, .t = t, .hq = hq,
+                .hkv = hkv, .d = d, .bf16 = bf16});
         keep[r][0] = hget(O, nq * 4), keep[r][1] = hget(L, nl * 4);
         keep[r][2] = hget(DQ, nq * 4), keep[r][3] = hget(DK, nk * 4);
         keep[r][4] = hget(DV, nk * 4);
@@ -1111,7 +1097,8 @@ START_TEST(test_attention_bf16_ds)
         size_t nq = (size_t)b * t * hq * d, nk = (size_t)b * t * hkv * d, nl = (size_t)b * hq * t;
         float *q = randn(nq, 1), *k = randn(nk, 1), *v = randn(nk, 1), *g = randn(nq, 1);
         float *out = lb_malloc(nq * 4), *lse = lb_malloc(nl * 4);
-        cpu->attention_fwd(cpu, out, lse, q, k, v, b, t, hq, hkv, d, 1);
+        cpu->attention_fwd(cpu, &(lb_attention_args){.out = out, .lse = lse, .q = q, .k = k,
+                .v = v, .b = b, .t = t, .hq = hq, .hkv = hkv, .d = d, .bf16 = 1});
         // device memory of one device serves both backends; rc's stream is synced before reads
         float *Q = dput(q, nq * 4), *K = dput(k, nk * 4), *V = dput(v, nk * 4);
         float *G = dput(g, nq * 4), *O = dput(out, nq * 4), *L = dput(lse, nl * 4);
@@ -1119,7 +1106,9 @@ START_TEST(test_attention_bf16_ds)
         lb_backend *be[2] = {gpu, rc};
         for (int w = 0; w < 2; w++) {
             float *DQ = dpoisoned(nq * 4), *DK = dpoisoned(nk * 4), *DV = dpoisoned(nk * 4);
-            be[w]->attention_bwd(be[w], DQ, DK, DV, G, Q, K, V, O, L, b, t, hq, hkv, d, 1);
+            be[w]->attention_bwd(be[w], &(lb_attention_args){.dq = DQ, .dk = DK, .dv = DV,
+                    .dout = G, .q = Q, .k = K, .v = V, .out = O, .lse = L, .b = b, .t = t,
+                    .hq = hq, .hkv = hkv, .d = d, .bf16 = 1});
             be[w]->sync(be[w]);
             got[w][0] = hget(DQ, nq * 4), got[w][1] = hget(DK, nk * 4), got[w][2] = hget(DV, nk * 4);
             dfree(DQ), dfree(DK), dfree(DV);
@@ -1150,23 +1139,25 @@ static void swiglu_case(int n, int f)
     size_t s2 = (size_t)n * 2 * f, s1 = (size_t)n * f;
     float *gu = randn(s2, 3), *g = randn(s1, 1);
     float *out = lb_malloc(s1 * 4), *dgu = lb_malloc(s2 * 4);
-    cpu->swiglu_fwd(cpu, out, NULL, gu, NULL, n, f);
-    cpu->swiglu_bwd(cpu, dgu, NULL, g, NULL, gu, NULL, n, f);
+    cpu->swiglu_fwd(cpu, &(lb_swiglu_args){.out = out, .gu = gu, .n = n, .f = f});
+    cpu->swiglu_bwd(cpu, &(lb_swiglu_args){.dgu = dgu, .dout = g, .gu = gu, .n = n, .f = f});
     float *GU = dput(gu, s2 * 4), *G = dput(g, s1 * 4);
     float *O = gpu->alloc(gpu, s1 * 4), *DGU = gpu->alloc(gpu, s2 * 4);
     void *O16 = dpoisoned(bytes16(n, f)), *DGU16 = dpoisoned(bytes16(n, 2 * f));
     float *keep[2][2];
     for (int r = 0; r < 2; r++) {
         poison(O, s1 * 4), poison(DGU, s2 * 4);
-        gpu->swiglu_fwd(gpu, O, r ? O16 : NULL, GU, NULL, n, f);
-        gpu->swiglu_bwd(gpu, DGU, r ? DGU16 : NULL, G, NULL, GU, NULL, n, f);
+        gpu->swiglu_fwd(gpu, &(lb_swiglu_args){.out = O, .out16 = r ? O16 : NULL, .gu = GU, .n = n,
+                .f = f});
+        gpu->swiglu_bwd(gpu, &(lb_swiglu_args){.dgu = DGU, .dgu16 = r ? DGU16 : NULL, .dout = G,
+                .gu = GU, .n = n, .f = f});
         keep[r][0] = hget(O, s1 * 4), keep[r][1] = hget(DGU, s2 * 4);
     }
     check_copy16("swiglu_fwd out16", O16, keep[1][0], n, f);
     check_copy16("swiglu_bwd dgu16", DGU16, keep[1][1], n, 2 * f);
     poison(O16, bytes16(n, f)), poison(DGU16, bytes16(n, 2 * f));   // the copies alone
-    gpu->swiglu_fwd(gpu, NULL, O16, GU, NULL, n, f);
-    gpu->swiglu_bwd(gpu, NULL, DGU16, G, NULL, GU, NULL, n, f);
+    gpu->swiglu_fwd(gpu, &(lb_swiglu_args){.out16 = O16, .gu = GU, .n = n, .f = f});
+    gpu->swiglu_bwd(gpu, &(lb_swiglu_args){.dgu16 = DGU16, .dout = G, .gu = GU, .n = n, .f = f});
     check_copy16("swiglu_fwd out16 alone", O16, keep[1][0], n, f);
     check_copy16("swiglu_bwd dgu16 alone", DGU16, keep[1][1], n, 2 * f);
     dfree(O16), dfree(DGU16);
@@ -1182,15 +1173,18 @@ static void swiglu_case(int n, int f)
     uint16_t *gu16 = host16(gu, n, 2 * f), *g16 = host16(g, n, f);
     for (size_t i = 0; i < s2; i++) gu[i] = lb_round_bf16(gu[i]);
     for (size_t i = 0; i < s1; i++) g[i] = lb_round_bf16(g[i]);
-    cpu->swiglu_fwd(cpu, out, NULL, NULL, gu16, n, f);
-    cpu->swiglu_bwd(cpu, dgu, NULL, NULL, g16, NULL, gu16, n, f);
+    cpu->swiglu_fwd(cpu, &(lb_swiglu_args){.out = out, .gu16 = gu16, .n = n, .f = f});
+    cpu->swiglu_bwd(cpu, &(lb_swiglu_args){.dgu = dgu, .dout16 = g16, .gu16 = gu16, .n = n,
+            .f = f});
     void *GU16 = dput(gu16, bytes16(n, 2 * f)), *G16 = dput(g16, bytes16(n, f));
     float *GUW = dput(gu, s2 * 4), *GW = dput(g, s1 * 4), *in16[2][2];
     for (int r = 0; r < 2; r++) {   // r 0: the bf16 inputs, 1: widened
         poison(O, s1 * 4), poison(DGU, s2 * 4);
-        gpu->swiglu_fwd(gpu, O, NULL, r ? GUW : NULL, r ? NULL : GU16, n, f);
-        gpu->swiglu_bwd(gpu, DGU, NULL, r ? GW : NULL, r ? NULL : G16, r ? GUW : NULL,
-                        r ? NULL : GU16, n, f);
+        gpu->swiglu_fwd(gpu, &(lb_swiglu_args){.out = O, .gu = r ? GUW : NULL,
+                .gu16 = r ? NULL : GU16, .n = n, .f = f});
+        gpu->swiglu_bwd(gpu, &(lb_swiglu_args){.dgu = DGU, .dout = r ? GW : NULL,
+                .dout16 = r ? NULL : G16, .gu = r ? GUW : NULL, .gu16 = r ? NULL : GU16, .n = n,
+                .f = f});
         in16[r][0] = hget(O, s1 * 4), in16[r][1] = hget(DGU, s2 * 4);
     }
     snprintf(what, sizeof what, "swiglu_fwd gu16 n %d f %d", n, f);
@@ -1255,8 +1249,11 @@ static void router_case(int n, int e, int k, int renorm, int with_dpe)
     float *probs = lb_malloc(ne * 4), *w = lb_malloc(nk * 4), *dl = lb_malloc(ne * 4);
     int32_t *idx = lb_malloc(nk * 4);
     float *dw = randn(nk, 1), *dpe = randn(e, 0.1f);
-    cpu->router_topk_fwd(cpu, probs, idx, w, l, n, e, k, renorm);
-    cpu->router_topk_bwd(cpu, dl, dw, with_dpe ? dpe : NULL, probs, idx, n, e, k, renorm);
+    cpu->router_topk_fwd(cpu, &(lb_router_args){.probs = probs, .idx = idx, .weight = w,
+            .logits = l, .n = n, .e = e, .k = k, .renorm = renorm});
+    cpu->router_topk_bwd(cpu, &(lb_router_args){.dlogits = dl, .dweight = dw,
+            .dprobs_expert = with_dpe ? dpe : NULL, .probs = probs, .idx = idx, .n = n, .e = e,
+            .k = k, .renorm = renorm});
     float *L = dput(l, ne * 4), *DW = dput(dw, nk * 4), *DPE = dput(dpe, (size_t)e * 4);
     float *P = gpu->alloc(gpu, ne * 4), *W = gpu->alloc(gpu, nk * 4), *DL = gpu->alloc(gpu, ne * 4);
     int32_t *I = gpu->alloc(gpu, nk * 4);
@@ -1266,9 +1263,12 @@ static void router_case(int n, int e, int k, int renorm, int with_dpe)
     int32_t *ikeep[2];
     for (int r = 0; r < 2; r++) {
         poison(P, ne * 4), poison(W, nk * 4), poison(I, nk * 4), poison(DL, ne * 4);
-        gpu->router_topk_fwd(gpu, P, I, W, L, n, e, k, renorm);
+        gpu->router_topk_fwd(gpu, &(lb_router_args){.probs = P, .idx = I, .weight = W, .logits = L,
+                .n = n, .e = e, .k = k, .renorm = renorm});
         // The backward reads the CPU's probs and idx: compared on identical inputs.
-        gpu->router_topk_bwd(gpu, DL, DW, with_dpe ? DPE : NULL, Pc, Ic, n, e, k, renorm);
+        gpu->router_topk_bwd(gpu, &(lb_router_args){.dlogits = DL, .dweight = DW,
+                .dprobs_expert = with_dpe ? DPE : NULL, .probs = Pc, .idx = Ic, .n = n, .e = e,
+                .k = k, .renorm = renorm});
         keep[r][0] = hget(P, ne * 4), keep[r][1] = hget(W, nk * 4), keep[r][2] = hget(DL, ne * 4);
         ikeep[r] = hget(I, nk * 4);
     }
@@ -1308,7 +1308,8 @@ START_TEST(test_moe_aux_loss)
     float *l = router_logits(n, e), *probs = lb_malloc((size_t)n * e * 4);
     float *w = lb_malloc((size_t)n * k * 4), dref[53], loss_c = NAN;
     int32_t *idx = lb_malloc((size_t)n * k * 4);
-    cpu->router_topk_fwd(cpu, probs, idx, w, l, n, e, k, 1);
+    cpu->router_topk_fwd(cpu, &(lb_router_args){.probs = probs, .idx = idx, .weight = w,
+            .logits = l, .n = n, .e = e, .k = k, .renorm = 1});
     cpu->moe_aux_loss(cpu, &loss_c, dref, probs, idx, n, e, k);
     float *P = dput(probs, (size_t)n * e * 4), *D = gpu->alloc(gpu, (size_t)e * 4);
     int32_t *I = dput(idx, (size_t)n * k * 4);
@@ -1386,8 +1387,10 @@ static void dispatch_case(int n, int e, int k, int c)
     float *dyp = lb_malloc(kc * 4), *dw = lb_malloc(nk * 4);
     cpu->moe_permute(cpu, xp, NULL, x, row, n, k, c);
     cpu->moe_permute_bwd(cpu, dx, dxp, NULL, row, n, k, c);
-    cpu->moe_combine(cpu, out, yp, NULL, w, row, n, k, c);
-    cpu->moe_combine_bwd(cpu, dyp, NULL, dw, g, yp, NULL, w, row, n, k, c);
+    cpu->moe_combine(cpu, &(lb_moe_combine_args){.out = out, .yp = yp, .weight = w, .row = row,
+            .n = n, .k = k, .c = c});
+    cpu->moe_combine_bwd(cpu, &(lb_moe_combine_args){.dyp = dyp, .dweight = dw, .dout = g,
+            .yp = yp, .weight = w, .row = row, .n = n, .k = k, .c = c});
     float *X = dput(x, nc * 4), *DXP = dput(dxp, kc * 4), *YP = dput(yp, kc * 4);
     float *W = dput(w, nk * 4), *G = dput(g, nc * 4);
     float *XP = gpu->alloc(gpu, kc * 4), *DX = gpu->alloc(gpu, nc * 4);
@@ -1402,8 +1405,11 @@ static void dispatch_case(int n, int e, int k, int c)
         poison(DW, nk * 4);
         gpu->moe_permute(gpu, XP, r ? XP16 : NULL, X, Rc, n, k, c);
         gpu->moe_permute_bwd(gpu, DX, DXP, NULL, Rc, n, k, c);
-        gpu->moe_combine(gpu, O, YP, NULL, W, Rc, n, k, c);
-        gpu->moe_combine_bwd(gpu, DYP, r ? DYP16 : NULL, DW, G, YP, NULL, W, Rc, n, k, c);
+        gpu->moe_combine(gpu, &(lb_moe_combine_args){.out = O, .yp = YP, .weight = W, .row = Rc,
+                .n = n, .k = k, .c = c});
+        gpu->moe_combine_bwd(gpu, &(lb_moe_combine_args){.dyp = DYP, .dyp16 = r ? DYP16 : NULL,
+                .dweight = DW, .dout = G, .yp = YP, .weight = W, .row = Rc, .n = n, .k = k,
+                .c = c});
         keep[r][0] = hget(XP, kc * 4), keep[r][1] = hget(DX, nc * 4);
         keep[r][2] = hget(O, nc * 4), keep[r][3] = hget(DYP, kc * 4);
         keep[r][4] = hget(DW, nk * 4);
@@ -1419,7 +1425,8 @@ static void dispatch_case(int n, int e, int k, int c)
     check_copy16("moe_combine_bwd dyp16", DYP16, keep[1][3], nk, c);
     poison(XP16, bytes16(nk, c)), poison(DYP16, bytes16(nk, c)), poison(DW, nk * 4);
     gpu->moe_permute(gpu, NULL, XP16, X, Rc, n, k, c);   // the copies alone
-    gpu->moe_combine_bwd(gpu, NULL, DYP16, DW, G, YP, NULL, W, Rc, n, k, c);
+    gpu->moe_combine_bwd(gpu, &(lb_moe_combine_args){.dyp16 = DYP16, .dweight = DW, .dout = G,
+            .yp = YP, .weight = W, .row = Rc, .n = n, .k = k, .c = c});
     check_copy16("moe_permute xp16 alone", XP16, keep[1][0], nk, c);
     check_copy16("moe_combine_bwd dyp16 alone", DYP16, keep[1][3], nk, c);
     float *dw16 = hget(DW, nk * 4);
@@ -1429,13 +1436,17 @@ static void dispatch_case(int n, int e, int k, int c)
     // the CPU on them (the double slot sums and one multiply), dweight within B_DOT
     uint16_t *dxp16 = host16(dxp, nk, c), *yp16 = host16(yp, nk, c);
     cpu->moe_permute_bwd(cpu, dx, NULL, dxp16, row, n, k, c);
-    cpu->moe_combine(cpu, out, NULL, yp16, w, row, n, k, c);
-    cpu->moe_combine_bwd(cpu, dyp, NULL, dw, g, NULL, yp16, w, row, n, k, c);
+    cpu->moe_combine(cpu, &(lb_moe_combine_args){.out = out, .yp16 = yp16, .weight = w, .row = row,
+            .n = n, .k = k, .c = c});
+    cpu->moe_combine_bwd(cpu, &(lb_moe_combine_args){.dyp = dyp, .dweight = dw, .dout = g,
+            .yp16 = yp16, .weight = w, .row = row, .n = n, .k = k, .c = c});
     void *DXP16 = dput(dxp16, bytes16(nk, c)), *YP16 = dput(yp16, bytes16(nk, c));
     poison(DX, nc * 4), poison(O, nc * 4), poison(DYP, kc * 4), poison(DW, nk * 4);
     gpu->moe_permute_bwd(gpu, DX, NULL, DXP16, Rc, n, k, c);
-    gpu->moe_combine(gpu, O, NULL, YP16, W, Rc, n, k, c);
-    gpu->moe_combine_bwd(gpu, DYP, NULL, DW, G, NULL, YP16, W, Rc, n, k, c);
+    gpu->moe_combine(gpu, &(lb_moe_combine_args){.out = O, .yp16 = YP16, .weight = W, .row = Rc,
+            .n = n, .k = k, .c = c});
+    gpu->moe_combine_bwd(gpu, &(lb_moe_combine_args){.dyp = DYP, .dweight = DW, .dout = G,
+            .yp16 = YP16, .weight = W, .row = Rc, .n = n, .k = k, .c = c});
     float *got[4] = {hget(DX, nc * 4), hget(O, nc * 4), hget(DYP, kc * 4), hget(DW, nk * 4)};
     CHECK_BITS("moe_permute_bwd dxp16", got[0], dx, nc * 4);
     CHECK_BITS("moe_combine yp16", got[1], out, nc * 4);
@@ -1562,7 +1573,9 @@ static void linear_ce_case(int n, int v, int c, float dw_beta)
     float *loss = lb_malloc((size_t)n * 4), *lc = hdup(l, nv * 4), *dx = lb_malloc(nc * 4);
     float *dw = hdup(dw0, vc * 4);
     cpu->cross_entropy_fwd(cpu, loss, st, l, tgt, n, v);
-    cpu->linear_ce_bwd(cpu, dx, 0.0f, dw, dw_beta, lc, st, tgt, 0.37f, x, w, NULL, n, v, c);
+    cpu->linear_ce_bwd(cpu, &(lb_linear_ce_args){.dx = dx, .dx_beta = 0.0f, .dw = dw,
+            .dw_beta = dw_beta, .logits = lc, .stats = st, .targets = tgt, .dloss = 0.37f, .x = x,
+            .w = w, .n = n, .v = v, .c = c});
 
     float *L = dput(l, nv * 4), *X = dput(x, nc * 4), *W = dput(w, vc * 4);
     float *LS = gpu->alloc(gpu, (size_t)n * 4);
@@ -1578,7 +1591,9 @@ static void linear_ce_case(int n, int v, int c, float dw_beta)
     const int ldw = (c + 7) / 8 * 8;
     uint16_t *W16 = gpu->alloc(gpu, (size_t)v * ldw * 2);
     gpu->to_bf16(gpu, W16, W, v, c, ldw);
-    gpu->linear_ce_bwd(gpu, DX[0], 0.0f, DW[0], dw_beta, L, ST, T, 0.37f, X, W, W16, n, v, c);
+    gpu->linear_ce_bwd(gpu, &(lb_linear_ce_args){.dx = DX[0], .dx_beta = 0.0f, .dw = DW[0],
+            .dw_beta = dw_beta, .logits = L, .stats = ST, .targets = T, .dloss = 0.37f, .x = X,
+            .w = W, .w16 = W16, .n = n, .v = v, .c = c});
     gpu->upload(gpu, L, l, nv * 4);   // linear_ce_bwd leaves the logits undefined
     gpu->cross_entropy_bwd(gpu, L, L, ST, T, 0.37f, n, v);
     lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, 0.0f, L, W, DX[1], 1, NULL, NULL, NULL},
@@ -1619,7 +1634,9 @@ START_TEST(test_adamw)
     for (size_t i = 0; i < n; i++) v0[i] = fabsf(v0[i]);
     float *p = hdup(p0, n * 4), *m = hdup(m0, n * 4), *v = hdup(v0, n * 4);
     uint16_t *p16 = lb_malloc(n * 2);
-    cpu->adamw(cpu, p, g, 0.37f, m, v, p16, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+    cpu->adamw(cpu, &(lb_adamw_args){.p = p, .g = g, .gscale = 0.37f, .m = m, .v = v, .p16 = p16,
+            .n = n, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .wd = 0.1f,
+            .step = 3});
     float *P = gpu->alloc(gpu, n * 4), *G = dput(g, n * 4), *M = gpu->alloc(gpu, n * 4);
     float *Vd = gpu->alloc(gpu, n * 4);
     uint16_t *P16 = dpoisoned(n * 2), *got16[2];
@@ -1631,8 +1648,9 @@ START_TEST(test_adamw)
         const size_t o = r == 2;
         gpu->upload(gpu, P, p0, n * 4), gpu->upload(gpu, M, m0, n * 4);
         gpu->upload(gpu, Vd, v0, n * 4);
-        gpu->adamw(gpu, P + o, G + o, 0.37f, M + o, Vd + o, r ? P16 + o : NULL, n - o, 1e-3f,
-                   0.9f, 0.95f, 1e-8f, 0.1f, 3);
+        gpu->adamw(gpu, &(lb_adamw_args){.p = P + o, .g = G + o, .gscale = 0.37f, .m = M + o,
+                .v = Vd + o, .p16 = r ? P16 + o : NULL, .n = n - o, .lr = 1e-3f, .beta1 = 0.9f,
+                .beta2 = 0.95f, .eps = 1e-8f, .wd = 0.1f, .step = 3});
         keep[r][0] = hget(P, n * 4), keep[r][1] = hget(M, n * 4), keep[r][2] = hget(Vd, n * 4);
         if (r) got16[r - 1] = hget(P16, n * 2);
     }
@@ -1665,15 +1683,18 @@ START_TEST(test_adamw16)
         m0[i] = lb_f32_to_bf16(mf[i]), v0[i] = lb_f32_to_bf16(fabsf(vf[i]));
     float *p = hdup(p0, n * 4);
     uint16_t *m = hdup(m0, n * 2), *v = hdup(v0, n * 2), *p16 = lb_malloc(n * 2);
-    cpu->adamw16(cpu, p, g, 0.37f, m, v, p16, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+    cpu->adamw16(cpu, &(lb_adamw_args){.p = p, .g = g, .gscale = 0.37f, .m16 = m, .v16 = v,
+            .p16 = p16, .n = n, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+            .wd = 0.1f, .step = 3});
     float *P = gpu->alloc(gpu, n * 4), *G = dput(g, n * 4);
     uint16_t *M = gpu->alloc(gpu, n * 2), *V = gpu->alloc(gpu, n * 2), *P16 = dpoisoned(n * 2);
     for (int r = 0; r < 2; r++) {   // run 1 from element 1: the scalar path
         const size_t o = r;
         gpu->upload(gpu, P, p0, n * 4), gpu->upload(gpu, M, m0, n * 2);
         gpu->upload(gpu, V, v0, n * 2);
-        gpu->adamw16(gpu, P + o, G + o, 0.37f, M + o, V + o, P16 + o, n - o, 1e-3f, 0.9f, 0.95f,
-                     1e-8f, 0.1f, 3);
+        gpu->adamw16(gpu, &(lb_adamw_args){.p = P + o, .g = G + o, .gscale = 0.37f, .m16 = M + o,
+                .v16 = V + o, .p16 = P16 + o, .n = n - o, .lr = 1e-3f, .beta1 = 0.9f,
+                .beta2 = 0.95f, .eps = 1e-8f, .wd = 0.1f, .step = 3});
         float *hp = hget(P, n * 4);
         uint16_t *hm = hget(M, n * 2), *hv = hget(V, n * 2), *h16 = hget(P16, n * 2);
         CHECK_BITS(r ? "adamw16 p, unaligned" : "adamw16 p", hp + o, p + o, (n - o) * 4);
@@ -1757,8 +1778,10 @@ START_TEST(test_batch_invariance_rows)
         float *X = dput(x, (size_t)n * c * 4), *Wd = dput(w, (size_t)c * 4);
         float *O = dpoisoned((size_t)n * c * 4), *R = dpoisoned((size_t)n * 4);
         float *O1 = dpoisoned((size_t)c * 4), *R1 = dpoisoned(4);
-        gpu->rmsnorm_fwd(gpu, O, R, X, Wd, n, c, 1e-6f);
-        gpu->rmsnorm_fwd(gpu, O1, R1, X + (size_t)row * c, Wd, 1, c, 1e-6f);
+        gpu->rmsnorm_fwd(gpu, &(lb_rmsnorm_args){.out = O, .rstd = R, .x = X, .w = Wd, .n = n,
+                .c = c, .eps = 1e-6f});
+        gpu->rmsnorm_fwd(gpu, &(lb_rmsnorm_args){.out = O1, .rstd = R1, .x = X + (size_t)row * c,
+                .w = Wd, .n = 1, .c = c, .eps = 1e-6f});
         float *o = hget(O, (size_t)n * c * 4), *o1 = hget(O1, (size_t)c * 4);
         CHECK_BITS("rmsnorm row alone vs among 300", o + (size_t)row * c, o1, (size_t)c * 4);
         dfree(X), dfree(Wd), dfree(O), dfree(R), dfree(O1), dfree(R1);
@@ -1771,8 +1794,10 @@ START_TEST(test_batch_invariance_rows)
         float *W = dpoisoned((size_t)n * k * 4), *P1 = dpoisoned((size_t)e * 4);
         float *W1 = dpoisoned((size_t)k * 4);
         int32_t *I = dpoisoned((size_t)n * k * 4), *I1 = dpoisoned((size_t)k * 4);
-        gpu->router_topk_fwd(gpu, P, I, W, L, n, e, k, 1);
-        gpu->router_topk_fwd(gpu, P1, I1, W1, L + (size_t)row * e, 1, e, k, 1);
+        gpu->router_topk_fwd(gpu, &(lb_router_args){.probs = P, .idx = I, .weight = W, .logits = L,
+                .n = n, .e = e, .k = k, .renorm = 1});
+        gpu->router_topk_fwd(gpu, &(lb_router_args){.probs = P1, .idx = I1, .weight = W1,
+                .logits = L + (size_t)row * e, .n = 1, .e = e, .k = k, .renorm = 1});
         float *w = hget(W, (size_t)n * k * 4), *w1 = hget(W1, (size_t)k * 4);
         CHECK_BITS("router weights row alone vs among 300", w + (size_t)row * k, w1,
                    (size_t)k * 4);
@@ -1798,9 +1823,11 @@ START_TEST(test_batch_invariance_rows)
         float *Q = dput(q, b * sq * 4), *Kd = dput(k, b * sk * 4), *Vd = dput(v, b * sk * 4);
         float *O = dpoisoned(b * sq * 4), *L = dpoisoned(b * sl * 4);
         float *O1 = dpoisoned(sq * 4), *L1 = dpoisoned(sl * 4);
-        gpu->attention_fwd(gpu, O, L, Q, Kd, Vd, b, t, hq, hkv, d, bf16);
-        gpu->attention_fwd(gpu, O1, L1, Q + mid * sq, Kd + mid * sk, Vd + mid * sk, 1, t, hq,
-                           hkv, d, bf16);
+        gpu->attention_fwd(gpu, &(lb_attention_args){.out = O, .lse = L, .q = Q, .k = Kd, .v = Vd,
+                .b = b, .t = t, .hq = hq, .hkv = hkv, .d = d, .bf16 = bf16});
+        gpu->attention_fwd(gpu, &(lb_attention_args){.out = O1, .lse = L1, .q = Q + mid * sq,
+                .k = Kd + mid * sk, .v = Vd + mid * sk, .b = 1, .t = t, .hq = hq, .hkv = hkv,
+                .d = d, .bf16 = bf16});
         float *o = hget(O, b * sq * 4), *o1 = hget(O1, sq * 4);
         float *lb = hget(L, b * sl * 4), *l1 = hget(L1, sl * 4);
         CHECK_BITS(bf16 ? "attention bf16 out, batch 1 vs 3" : "attention out, batch 1 vs 3",
@@ -1812,9 +1839,13 @@ START_TEST(test_batch_invariance_rows)
             float *DQ = dpoisoned(b * sq * 4), *DK = dpoisoned(b * sk * 4);
             float *DV = dpoisoned(b * sk * 4), *DQ1 = dpoisoned(sq * 4);
             float *DK1 = dpoisoned(sk * 4), *DV1 = dpoisoned(sk * 4);
-            gpu->attention_bwd(gpu, DQ, DK, DV, G, Q, Kd, Vd, O, L, b, t, hq, hkv, d, 1);
-            gpu->attention_bwd(gpu, DQ1, DK1, DV1, G + mid * sq, Q + mid * sq, Kd + mid * sk,
-                               Vd + mid * sk, O1, L1, 1, t, hq, hkv, d, 1);
+            gpu->attention_bwd(gpu, &(lb_attention_args){.dq = DQ, .dk = DK, .dv = DV, .dout = G,
+                    .q = Q, .k = Kd, .v = Vd, .out = O, .lse = L, .b = b, .t = t, .hq = hq,
+                    .hkv = hkv, .d = d, .bf16 = 1});
+            gpu->attention_bwd(gpu, &(lb_attention_args){.dq = DQ1, .dk = DK1, .dv = DV1,
+                    .dout = G + mid * sq, .q = Q + mid * sq, .k = Kd + mid * sk,
+                    .v = Vd + mid * sk, .out = O1, .lse = L1, .b = 1, .t = t, .hq = hq, .hkv = hkv,
+                    .d = d, .bf16 = 1});
             float *gb[3] = {hget(DQ, b * sq * 4), hget(DK, b * sk * 4), hget(DV, b * sk * 4)};
             float *g1[3] = {hget(DQ1, sq * 4), hget(DK1, sk * 4), hget(DV1, sk * 4)};
             CHECK_BITS("attention bf16 dq, batch 1 vs 3", gb[0] + mid * sq, g1[0], sq * 4);
@@ -1833,7 +1864,8 @@ START_TEST(test_batch_invariance_rows)
         float *QP = dput(qp, (size_t)tp * hq * d * 4), *KP = dput(kp, (size_t)tp * hkv * d * 4);
         float *VP = dput(vp, (size_t)tp * hkv * d * 4);
         float *OP = dpoisoned((size_t)tp * hq * d * 4), *LP = dpoisoned((size_t)hq * tp * 4);
-        gpu->attention_fwd(gpu, OP, LP, QP, KP, VP, 1, tp, hq, hkv, d, bf16);
+        gpu->attention_fwd(gpu, &(lb_attention_args){.out = OP, .lse = LP, .q = QP, .k = KP,
+                .v = VP, .b = 1, .t = tp, .hq = hq, .hkv = hkv, .d = d, .bf16 = bf16});
         float *op = hget(OP, (size_t)tp * hq * d * 4), *lp = hget(LP, (size_t)hq * tp * 4);
         CHECK_BITS(bf16 ? "attention bf16 out, t 70 vs first 70 of t 129"
                         : "attention out, t 70 vs first 70 of t 129",
@@ -3208,7 +3240,8 @@ static void attention_fwd_vs_cached_case(int b, int t, int hq, int hkv, int d)
     for (int i = 0; i < n; i++) slot[i] = i / t, pos[i] = i % t;
     int32_t *S = dput(slot, (size_t)n * 4), *P = dput(pos, (size_t)n * 4);
     lb_kv_layer c = {0, b, t, hkv, d, Kd, Vd, NULL, NULL};
-    gpu->attention_fwd(gpu, O, L, Q, Kd, Vd, b, t, hq, hkv, d, 1);
+    gpu->attention_fwd(gpu, &(lb_attention_args){.out = O, .lse = L, .q = Q, .k = Kd, .v = Vd,
+            .b = b, .t = t, .hq = hq, .hkv = hkv, .d = d, .bf16 = 1});
     gpu->attention_cached(gpu, OC, Q, &c, S, P, n, hq, 1);
     float *o = hget(O, nq * 4), *oc = hget(OC, nq * 4);
     char what[96];

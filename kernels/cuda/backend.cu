@@ -208,19 +208,11 @@ extern "C" lb_backend *lb_backend_cuda_create(int device, char *err, size_t errl
     LB_CUDA_CHECK(cudaHostAlloc(&cx->err_host, sizeof *cx->err_host, cudaHostAllocDefault));
     *cx->err_host = 0;
 
-    lb_backend *be = (lb_backend *)lb_calloc(1, sizeof *be);
-    be->name = "cuda";
-    be->ctx = cx;
-    be->deterministic = 1;   // the table's default; 0 lets the GEMM take cuBLASLt's heuristic
-    be->alloc = cuda_alloc;
-    be->free = cuda_free;
-    be->upload = cuda_upload;
-    be->download = cuda_download;
-    be->copy = cuda_copy;
-    be->zero = cuda_zero;
-    be->sync = cuda_sync;
-    be->mem_free = cuda_mem_free;
-    be->destroy = cuda_destroy;
+    // deterministic 1, the table's default; 0 lets the GEMM take cuBLASLt's heuristic
+    lb_backend *be = lb_backend_new("cuda", cx);
+#define X(ret, name, params, args) be->name = cuda_##name;
+    LB_OPS_MEMORY(X) LB_OPS_CONTROL(X)
+#undef X
     lb_cuda_init_gemm(be);
     lb_cuda_init_basic(be);
     lb_cuda_init_attention(be);
@@ -229,6 +221,7 @@ extern "C" lb_backend *lb_backend_cuda_create(int device, char *err, size_t errl
     lb_cuda_init_quant(be);
     lb_cuda_init_gemm_q(be);
     lb_cuda_init_sample(be);
+    lb_backend_finish(be);
     LB_CUDA_WAIT(cx);
     return be;
 }
