@@ -18,15 +18,6 @@ const char *lb_op_name(lb_op op)
     return (int)op >= 0 && op < LB_OP_COUNT ? op_names[op] : NULL;
 }
 
-lb_backend *lb_backend_new(const char *name, void *ctx)
-{
-    lb_backend *be = lb_calloc(1, sizeof *be);
-    be->name = name;
-    be->ctx = ctx;
-    be->deterministic = 1;
-    return be;
-}
-
 // What stands in an entry the backend left empty: one function per operation, with the
 // operation's own signature, that names the backend and the operation.
 static void lacks(const lb_backend *be, const char *op)
@@ -40,12 +31,19 @@ static void lacks(const lb_backend *be, const char *op)
 LB_OPS(X)
 #undef X
 
-void lb_backend_finish(lb_backend *be)
+lb_backend *lb_backend_new(const char *name, void *ctx, void (*const *init)(lb_backend *),
+                           int n)
 {
+    lb_backend *be = lb_calloc(1, sizeof *be);
+    be->name = name;
+    be->ctx = ctx;
+    be->deterministic = 1;
+    for (int i = 0; i < n; i++) init[i](be);
 #define X(ret, name, params, args) \
     if (!be->name) be->name = lacks_##name;
     LB_OPS(X)
 #undef X
+    return be;
 }
 
 int lb_backend_supports(const lb_backend *be, lb_op op)

@@ -283,8 +283,8 @@ typedef struct {
 //
 // LB_OPS_MEMORY and LB_OPS_CONTROL are each backend's own, filled by its constructor; the
 // operations in LB_OPS_COMPUTE are installed by the backend's files. A backend may lack an
-// operation: lb_backend_finish puts in its place one that stops the program with "backend
-// NAME lacks op OP", and lb_backend_supports says so beforehand.
+// operation: lb_backend_new puts in its place one that stops the program with "backend NAME
+// lacks op OP", and lb_backend_supports says so beforehand.
 // (Comments in the lists are /* */: each line ends in a backslash.)
 #define LB_OPS_MEMORY(X)                                                                      \
     X(void *, alloc, (lb_backend *be, size_t bytes), (be, bytes))                             \
@@ -541,13 +541,12 @@ struct lb_backend {
 
 // The operation's name ("gemm"); NULL outside [0, LB_OP_COUNT).
 const char *lb_op_name(lb_op op);
-// A new backend (name, ctx, deterministic 1), its table empty: its constructor fills the
-// entries and then calls lb_backend_finish.
-lb_backend *lb_backend_new(const char *name, void *ctx);
-// Puts in every entry the backend left NULL an operation that stops the program with "backend
-// NAME lacks op OP" (instead of a crash on a NULL pointer).
-void lb_backend_finish(lb_backend *be);
-// 1 when the backend implements op; 0 when it lacks it (the entry lb_backend_finish filled).
+// A new backend (name, ctx, deterministic 1) for a backend's constructor: init[0 .. n) fill
+// the table, in order; in every entry they leave empty goes an operation that stops the
+// program with "backend NAME lacks op OP" (instead of a crash on a NULL pointer).
+lb_backend *lb_backend_new(const char *name, void *ctx, void (*const *init)(lb_backend *),
+                           int n);
+// 1 when the backend implements op; 0 when it lacks it (the entry lb_backend_new filled).
 int lb_backend_supports(const lb_backend *be, lb_op op);
 
 // Backends. Each returns NULL with a message in err (size errlen) when not available here.

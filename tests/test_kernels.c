@@ -12,6 +12,7 @@
 #include <cblas.h>   // openblas_get_corename: GEMM findings name the kernel set in use
 #include <math.h>
 #include <omp.h>
+#include <setjmp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,6 +294,13 @@ static void ref_attention_bwd_bf16(float *dq, float *dk, float *dv, const float 
 
 // --- backend table and memory -----------------------------------------------------------------
 
+// A backend of one entry (lb_backend_new fills the rest); lb_die jumps back through the abort
+// hook (the suite runs without fork).
+static void lacking_sync(lb_backend *be) {}
+static void lacking_init(lb_backend *be) { be->sync = lacking_sync; }
+static jmp_buf lacking_jmp;
+static void lacking_jump(int code) { longjmp(lacking_jmp, code ? code : 1); }
+
 START_TEST(test_table_and_memory)
 {
     ck_assert_str_eq(be->name, "cpu");
@@ -303,6 +311,17 @@ START_TEST(test_table_and_memory)
     }
     ck_assert_ptr_null(lb_op_name(LB_OP_COUNT));
     ck_assert_str_eq(lb_op_name(LB_OP_gemm), "gemm");
+    // A backend that lacks an op says so: the entry stops the program by name, no NULL.
+    static void (*const only_sync[])(lb_backend *) = {lacking_init};
+    lb_backend *part = lb_backend_new("partial", NULL, only_sync, 1);
+    ck_assert(lb_backend_supports(part, LB_OP_sync) && !lb_backend_supports(part, LB_OP_gemm));
+    ck_assert_ptr_nonnull(part->gemm);
+    lb_set_abort_hook(lacking_jump);
+    int died = setjmp(lacking_jmp);
+    if (!died) lb_gemm(part, 0, 0, 1, 1, 1, 1.0f, NULL, NULL, 0.0f, NULL);   // prints the name
+    lb_set_abort_hook(NULL);
+    ck_assert_msg(died, "a missing op returned");
+    free(part);
 
     size_t bytes = 1001;
     unsigned char *p = be->alloc(be, bytes), *q = be->alloc(be, bytes);
