@@ -152,275 +152,417 @@ static inline size_t lb_kv_row(const lb_kv_layer *c, int slot, int h, int pos)
 // position alone (batch invariance; the sampler's attention_cached uses the same chunks).
 #define LB_ATTN_CHUNK 64
 
+// --- argument structs ---------------------------------------------------------------------------
+// The operations of many parameters take one struct, shared by an operation's forward and
+// backward (lb_gemm_args, lb_sample_args likewise): a caller names each field (designated
+// initializers), and the fields an operation does not read are left zero. Shapes as (rows, cols).
+
+// rmsnorm_fwd, rmsnorm_bwd: out = x / sqrt(mean(x^2) + eps) * w, row by row.
+typedef struct {
+    int n, c;
+    const float *x, *w;    // x (n, c); w (c)
+    float *rstd;           // (n): written by the forward, read by the backward
+    float *out;            // forward: (n, c)
+    float eps;             // forward
+    // backward: dx (n, c) = the gradient (rounded to fp32) + dx_beta dx, dx not read when
+    // dx_beta is 0 (1: a residual's gradient added in place, the same bits as add() after it);
+    // dw (c) accumulated
+    const float *dout;     // (n, c)
+    float *dx, *dw;
+    float dx_beta;
+} lb_rmsnorm_args;
+
+// rope: RoPE in the rotate-half form (as Hugging Face Llama/Qwen), in place on x (n, heads, d).
+// pos (n) token positions; frequency i = theta^(-2i/d), i < d/2. inverse 1: the inverse
+// rotation (the transpose of the forward map), which is the backward of the forward on dx.
+typedef struct {
+    float *x;
+    const int32_t *pos;
+    int n, heads, d;
+    float theta;
+    int inverse;
+} lb_rope_args;
+
+// attention_fwd, attention_bwd (the numerics: the struct's entries below).
+// q, out (b, t, hq, d); k, v (b, t, hkv, d); hq a multiple of hkv; lse (b, hq, t) written by the
+// forward and read by the backward; the backward overwrites dq (b, t, hq, d), dk, dv
+// (b, t, hkv, d) from dout (b, t, hq, d) and reads out. bf16: the numerics mode (0 fp32, 1 bf16).
+typedef struct {
+    int b, t, hq, hkv, d;
+    int bf16;
+    const float *q, *k, *v;
+    float *out, *lse;
+    const float *dout;     // backward
+    float *dq, *dk, *dv;   // backward
+} lb_attention_args;
+
+// swiglu_fwd, swiglu_bwd on a fused gate/up row: out = silu(gate) * up.
+// An output named ..16 is NULL, or gets the output rounded to bf16 as to_bf16 writes it (rows
+// padded to a multiple of 8 elements with zeros): the next GEMM's operand, written while the
+// value is at hand (lb_gemm_args.a16, .b16) instead of by a pass of its own. With a copy, the
+// fp32 output may be NULL (not written) where only GEMMs read it. An input named ..16 is NULL,
+// or the input in bf16 in that layout (a GEMM's c16: an expert GEMM's output stored in bf16),
+// read instead of the fp32 one, which may be NULL.
+typedef struct {
+    int n, f;
+    const float *gu;          // (n, 2f): gate in columns [0, f), up in [f, 2f)
+    const uint16_t *gu16;     // (n, pad8(2f))
+    float *out;               // forward: (n, f)
+    uint16_t *out16;          // forward: (n, pad8(f))
+    const float *dout;        // backward: (n, f)
+    const uint16_t *dout16;   // backward: (n, pad8(f))
+    float *dgu;               // backward: (n, 2f) overwritten
+    uint16_t *dgu16;          // backward: (n, pad8(2f))
+} lb_swiglu_args;
+
+// router_topk_fwd, router_topk_bwd: the MoE router, fp32 softmax over e experts, top-k,
+// renormalised over the k choices when renorm is 1. logits, probs (n, e); idx, weight (n, k).
+// Ties go to the lower expert index; the k choices are ordered by decreasing probability.
+typedef struct {
+    int n, e, k, renorm;
+    const float *logits;         // forward
+    float *probs;                // written by the forward, read by the backward
+    int32_t *idx;                // written by the forward, read by the backward
+    float *weight;               // forward
+    // backward: dlogits (n, e) overwritten, from dweight (n, k) and, if dprobs_expert is not
+    // NULL, an extra gradient on every probs[i][j] of dprobs_expert[j] (the load-balancing loss)
+    const float *dweight, *dprobs_expert;
+    float *dlogits;
+} lb_router_args;
+
+// moe_combine, moe_combine_bwd: out (n, c) = sum over s in order of weight[i][s] *
+// yp[row[i][s]], with row (n, k) moe_plan's and yp (n*k, c) the experts' outputs. yp16: NULL,
+// or yp in bf16 (n*k, pad8(c)), read instead (as lb_swiglu_args.gu16).
+typedef struct {
+    int n, k, c;
+    const int32_t *row;
+    const float *weight;
+    const float *yp;
+    const uint16_t *yp16;
+    float *out;              // forward
+    // backward: dyp (n*k, c) overwritten, dyp[row[i][s]] = weight[i][s] * dout[i]; dyp16
+    // (n*k, pad8(c)) as lb_swiglu_args.out16; dweight (n, k) overwritten: dot(dout[i],
+    // yp[row[i][s]])
+    const float *dout;
+    float *dyp;
+    uint16_t *dyp16;
+    float *dweight;
+} lb_moe_combine_args;
+
+// linear_ce_bwd: the backward of logits (n, v) = x (n, c) w (v, c)^T, a bf16 linear layer (an
+// LM head), followed by the cross-entropy: g = cross_entropy_bwd(logits, stats, targets, dloss)
+// with the forward's stats (not NULL), then one gemm_grouped call of two bf16 groups,
+// dx (n, c) = g w + dx_beta dx and dw (v, c) = g^T x + dw_beta dw: the same bits as those two
+// calls. logits are left undefined (the CPU writes g over them; CUDA rounds g to bf16 for the
+// GEMMs as it computes it, never storing it in fp32). w16: NULL, or w rounded to bf16 in
+// to_bf16's layout (v, pad8(c)), the dgrad's lb_gemm_args.b16.
+typedef struct {
+    int n, v, c;
+    const float *x, *w;
+    const uint16_t *w16;
+    float *logits;
+    const double *stats;
+    const int32_t *targets;
+    float dloss;
+    float *dx, *dw;
+    float dx_beta, dw_beta;
+} lb_linear_ce_args;
+
+// adamw, adamw16: AdamW with decoupled weight decay and bias correction; step counts from 1.
+// p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p) over n parameters. The gradient used is
+// g * gscale rounded to fp32 (gradient clipping's factor, 1 for none: bitwise `scale` then
+// adamw, without writing g); g is not modified. p16: NULL, or n bf16 values that get the updated
+// p rounded as to_bf16 does (a weight cache's copy, written in the same pass: the cache then need
+// not read p again). adamw keeps the moments in m, v (fp32); adamw16 in m16, v16 (bf16).
+typedef struct {
+    float *p;
+    const float *g;
+    float gscale;
+    float *m, *v;            // adamw
+    uint16_t *m16, *v16;     // adamw16
+    uint16_t *p16;
+    size_t n;
+    float lr, beta1, beta2, eps, wd;
+    int step;
+} lb_adamw_args;
+
+// --- the operations -----------------------------------------------------------------------------
+// One list, X(return type, name, parameters, arguments), from which the table (struct
+// lb_backend), the op enum (lb_op), the names, the check that a backend fills every entry
+// (lb_backend_supports), kernels/profile.c's timing wrappers and the test registry
+// (tests/test_backend_ops.c) are all generated. A new operation is one line here, one
+// implementation per backend and its cases in the test table.
+//
+// LB_OPS_MEMORY and LB_OPS_CONTROL are each backend's own, filled by its constructor; the
+// operations in LB_OPS_COMPUTE are installed by the backend's files. A backend may lack an
+// operation: lb_backend_new puts in its place one that stops the program with "backend NAME
+// lacks op OP", and lb_backend_supports says so beforehand.
+// (Comments in the lists are /* */: each line ends in a backslash.)
+#define LB_OPS_MEMORY(X)                                                                      \
+    X(void *, alloc, (lb_backend *be, size_t bytes), (be, bytes))                             \
+    /* zero-filled; never NULL (exits) */                                                     \
+    X(void, free, (lb_backend *be, void *p), (be, p))                                         \
+    X(void, upload, (lb_backend *be, void *dst, const void *src_host, size_t bytes),          \
+      (be, dst, src_host, bytes))                                                             \
+    X(void, download, (lb_backend *be, void *dst_host, const void *src, size_t bytes),        \
+      (be, dst_host, src, bytes))                                                             \
+    X(void, copy, (lb_backend *be, void *dst, const void *src, size_t bytes),                 \
+      (be, dst, src, bytes))                                                                  \
+    X(void, zero, (lb_backend *be, void *p, size_t bytes), (be, p, bytes))
+
+#define LB_OPS_CONTROL(X)                                                                     \
+    X(void, sync, (lb_backend *be), (be))   /* wait for queued work */                        \
+    /* bytes alloc can still hand out (about; for messages) */                                \
+    X(size_t, mem_free, (lb_backend *be), (be))                                               \
+    X(void, destroy, (lb_backend *be), (be))
+
+#define LB_OPS_COMPUTE(X)                                                                     \
+    /* --- GEMM ---------------------------------------------------------------------------- */\
+    X(void, gemm, (lb_backend *be, const lb_gemm_args *a), (be, a))                           \
+    /* Independent GEMMs in one call (all local experts): the CPU loops; CUDA may run groups  \
+       at once, so no group's C may overlap another group's operands or C. args is a host     \
+       array. Groups with m, n or k == 0 are skipped (k == 0 with beta 0 zeroes C). */        \
+    X(void, gemm_grouped, (lb_backend *be, int count, const lb_gemm_args *args),              \
+      (be, count, args))                                                                      \
+                                                                                              \
+    /* --- low precision (formats and rules: doc/formats.md) ------------------------------ */\
+    /* Lays out q for x (rows, cols) under a and allocates its buffers in backend memory. */  \
+    X(void, qmat_alloc, (lb_backend *be, struct lb_qmat *q, int rows, int cols,               \
+                         const struct lb_quant_args *a), (be, q, rows, cols, a))              \
+    X(void, qmat_free, (lb_backend *be, struct lb_qmat *q), (be, q))                          \
+    /* q = the quantization of x (rows, cols), row-wise or column-wise (of x^T) as a says;    \
+       bytes and scales identical to the codecs in kernels/quant on every backend. */         \
+    X(void, quantize, (lb_backend *be, struct lb_qmat *q, const float *x, int rows, int cols, \
+                       const struct lb_quant_args *a), (be, q, x, rows, cols, a))             \
+    /* Groups of rows quantized each on its own in one call (an MoE layer's experts): x_j,    \
+       rows [o_j, o_j + rows[j]) of x (sum of rows, cols) with o_j the rows before it, into   \
+       q[j] laid out for (prows[j], cols) under a, prows[j] >= rows[j] (prows NULL: equal):   \
+       the bytes of quantize of x_j followed by prows[j] - rows[j] zero rows (column-wise:    \
+       zero columns, which add nothing to a GEMM over them; the wgrad pads its tokens so).    \
+       Groups with prows[j] == 0 are skipped. With stochastic rounding group j draws as       \
+       tensor a->tensor + j; with a->hsigns_groups its Hadamard signs are                     \
+       a->hsigns_groups[j]. */                                                                \
+    X(void, quantize_grouped, (lb_backend *be, int count, struct lb_qmat *q, const float *x,  \
+                               const int *rows, const int *prows, int cols,                   \
+                               const struct lb_quant_args *a),                                \
+      (be, count, q, x, rows, prows, cols, a))                                                \
+    /* quantize (qr, x, sum of rows, cols, ar: row-wise) and quantize_grouped (count, qc, x,  \
+       rows, prows, cols, ac: column-wise) of the same x in one call, with those calls'       \
+       bytes: a layer's dy feeds its dgrad row-wise and its wgrad column-wise, and a backend  \
+       may read x once for both. */                                                           \
+    X(void, quantize_rc, (lb_backend *be, struct lb_qmat *qr, const struct lb_quant_args *ar, \
+                          int count, struct lb_qmat *qc, const float *x, const int *rows,     \
+                          const int *prows, int cols, const struct lb_quant_args *ac),        \
+      (be, qr, ar, count, qc, x, rows, prows, cols, ac))                                      \
+    /* dst[j] = the other direction's quantization of the x that src[j] quantizes, from       \
+       src[j]'s bytes (lb_qmat_transpose: square blocks, one second level; bytes equal to     \
+       quantize's). A weight cache's column-wise copy without a second pass over the fp32     \
+       weights. */                                                                            \
+    X(void, qmat_transpose, (lb_backend *be, int count, struct lb_qmat *dst,                  \
+                             const struct lb_qmat *src), (be, count, dst, src))               \
+    /* quantize_grouped (count, qr, x, rows, NULL, cols, a) and then qmat_transpose (count,   \
+       qc, qr) in one call, with those calls' bytes (groups with rows[j] == 0 skipped in      \
+       both): a weight cache's two copies, and a backend may write the transposed one from    \
+       the same pass over the fp32 weights. */                                                \
+    X(void, quantize_rt, (lb_backend *be, int count, struct lb_qmat *qr, struct lb_qmat *qc,  \
+                          const float *x, const int *rows, int cols,                          \
+                          const struct lb_quant_args *a), (be, count, qr, qc, x, rows, cols, a))\
+    /* y (q rows, q cols) */                                                                  \
+    X(void, dequantize, (lb_backend *be, float *y, const struct lb_qmat *q), (be, y, q))      \
+    /* C (m, n) = alpha * A (m, k) * B (n, k)^T + beta * C on quantized operands of one       \
+       format, both blocked along k. The CPU computes it exactly on the dequantized values. */\
+    X(void, gemm_q, (lb_backend *be, int m, int n, int k, float alpha, const struct lb_qmat *a,\
+                     const struct lb_qmat *b, float beta, float *c),                          \
+      (be, m, n, k, alpha, a, b, beta, c))                                                    \
+    /* Independent gemm_q's in one call (all local experts; formats may differ between        \
+       groups). A group's bits never depend on the other groups or on its own m (batch        \
+       invariance); they are gemm_q's up to the order of the sums: the CPU loops over gemm_q, \
+       CUDA runs the fp8-block groups in one launch of its own kernel (doc/backends.md). No   \
+       group's C may overlap another's operands or C. args is a host array; groups with m or  \
+       n == 0 are skipped. */                                                                 \
+    X(void, gemm_q_grouped, (lb_backend *be, int count, const lb_gemm_q_args *args),          \
+      (be, count, args))                                                                      \
+    /* Block-diagonal Walsh-Hadamard of size hn along axis (0 rows, 1 cols) of x (rows,       \
+       cols). */                                                                              \
+    X(void, hadamard, (lb_backend *be, float *y, const float *x, int rows, int cols, int axis,\
+                       int hn, uint32_t signs), (be, y, x, rows, cols, axis, hn, signs))      \
+    /* y = bf16(x), nearest even */                                                           \
+    X(void, round_bf16, (lb_backend *be, float *y, const float *x, size_t n), (be, y, x, n))  \
+    /* y (rows, ld) = the bf16 bits of x (rows, cols), rounded as round_bf16, zeros in        \
+       columns cols .. ld - 1 (ld a multiple of 8, >= cols): lb_gemm_args.b16's layout. */    \
+    X(void, to_bf16, (lb_backend *be, uint16_t *y, const float *x, size_t rows, int cols,     \
+                      int ld), (be, y, x, rows, cols, ld))                                    \
+                                                                                              \
+    /* --- elementwise and reductions ----------------------------------------------------- */\
+    X(void, add, (lb_backend *be, float *y, const float *x, size_t n), (be, y, x, n))         \
+    /* y += x */                                                                              \
+    X(void, scale, (lb_backend *be, float *x, float s, size_t n), (be, x, s, n)) /* x *= s */ \
+    /* sum x^2, in a fixed order */                                                           \
+    X(double, sumsq, (lb_backend *be, const float *x, size_t n), (be, x, n))                  \
+                                                                                              \
+    /* --- embedding ---------------------------------------------------------------------- */\
+    /* out (n, c) = wte[tokens[i]] ; wte (vocab, c) */                                        \
+    X(void, embedding_fwd, (lb_backend *be, float *out, const int32_t *tokens,                \
+                            const float *wte, int n, int c), (be, out, tokens, wte, n, c))    \
+    /* dwte (vocab, c) += scatter of dout (n, c) by tokens, tokens summed in index order */   \
+    X(void, embedding_bwd, (lb_backend *be, float *dwte, const float *dout,                   \
+                            const int32_t *tokens, int n, int c),                             \
+      (be, dwte, dout, tokens, n, c))                                                         \
+                                                                                              \
+    /* --- RMSNorm, RoPE (lb_rmsnorm_args, lb_rope_args) ---------------------------------- */\
+    X(void, rmsnorm_fwd, (lb_backend *be, const lb_rmsnorm_args *a), (be, a))                 \
+    X(void, rmsnorm_bwd, (lb_backend *be, const lb_rmsnorm_args *a), (be, a))                 \
+    X(void, rope, (lb_backend *be, const lb_rope_args *a), (be, a))                           \
+                                                                                              \
+    /* --- causal grouped-query attention, softmax scale 1/sqrt(d) ------------------------ */\
+    /* Two numerics modes, chosen per call by `bf16` (the contract's precision.attention; the \
+       trainer's forward and backward and the sampler pass the same value):                   \
+       - bf16 = 0 (fp32): scores, softmax and products in fp32 or better (CPU: double sums).  \
+       - bf16 = 1: FlashAttention's numerics on tensor cores, mirrored exactly on the CPU.    \
+         q, k, v (and dout) are rounded to bf16 (nearest even) before any product; products  \
+         are summed in fp32 or better (CPU: double, then one rounding to float). With         \
+         c = (float)(log2(e) / sqrt(d)) (formed in double, rounded once) and                  \
+         s_ij = bf16(q_i).bf16(k_j) as a float:                                               \
+           x_ij = s_ij * c (a float multiply, never fused), keys j <= i only (causal).        \
+         Forward of row i: m = -inf, l = 0, acc = 0; for each chunk of LB_ATTN_CHUNK keys     \
+         aligned at position 0: m' = max(m, max_j x_ij); alpha = exp2f(m - m');               \
+         p_ij = exp2f(x_ij - m'); l = l * alpha + (float)sum_j p_ij;                          \
+         acc = acc * alpha + (float)sum_j bf16(p_ij) bf16(v_j); m = m' (float operations,     \
+         each rounded on its own: no fused multiply-add).                                     \
+         out_i = acc / l; lse_i = (m + log2f(l)) * (float)ln(2) (natural log units).          \
+         Backward: lse2_i = lse_i * (float)log2(e); p_ij = exp2f(x_ij - lse2_i);              \
+         dp_ij = bf16(dout_i).bf16(v_j); D_i = dout_i.out_i (unrounded, as a float);          \
+         ds_ij = p_ij * (dp_ij - D_i) (floats); dv_j = sum bf16(p_ij) bf16(dout_i);           \
+         dk_j = scale sum bf16(ds_ij) bf16(q_i); dq_i = scale sum_j bf16(ds_ij) bf16(k_j).    \
+         exp2f is each backend's own 2^x (glibc's on the CPU; the CUDA kernels' hardware      \
+         unit, results below 2^-126 flushed to 0), so backends agree within rounding, not     \
+         bits. The CUDA backend supports d <= 128 in this mode.                               \
+       Shapes: lb_attention_args. */                                                          \
+    X(void, attention_fwd, (lb_backend *be, const lb_attention_args *a), (be, a))             \
+    X(void, attention_bwd, (lb_backend *be, const lb_attention_args *a), (be, a))             \
+                                                                                              \
+    /* --- attention over a KV cache: sampling's prefill and decode in one call ----------- */\
+    /* Writes the k and v rows (n, hkv, d) of n new tokens into the cache at (slot[i],        \
+       pos[i]). An fp8 cache copies instead the codes and scales of kq and vq, the row-wise   \
+       fp8-block quantizations of k and v viewed as (n * hkv, d) (k and v are then not        \
+       read); a bf16 cache stores k and v rounded to bf16 (to nearest even, as to_bf16),      \
+       zeros past d. slot, pos (n) are backend int32 arrays; slot in [0, slots), pos in       \
+       [0, cap). */                                                                           \
+    X(void, kv_append, (lb_backend *be, const lb_kv_layer *c, const float *k, const float *v, \
+                        const struct lb_qmat *kq, const struct lb_qmat *vq,                   \
+                        const int32_t *slot, const int32_t *pos, int n),                      \
+      (be, c, k, v, kq, vq, slot, pos, n))                                                    \
+    /* out (n, hq, d): query row i of q (n, hq, d) attends to positions 0..pos[i] of slot[i]  \
+       (appended earlier, or by this step's kv_append). A row's arithmetic, key order and     \
+       roundings are exactly attention_fwd's for query position pos[i] of a sequence with     \
+       those keys, in the same mode (bf16: cache values, fp32 rows or fp8 codes times their   \
+       scales, are rounded to bf16 as attention_fwd rounds k and v; bf16 rows are read as    \
+       they are, in this mode only), so sampling reproduces training bit for bit (batch       \
+       invariance). */                                                                        \
+    X(void, attention_cached, (lb_backend *be, float *out, const float *q,                    \
+                               const lb_kv_layer *c, const int32_t *slot, const int32_t *pos, \
+                               int n, int hq, int bf16), (be, out, q, c, slot, pos, n, hq, bf16))\
+                                                                                              \
+    /* --- SwiGLU (lb_swiglu_args) -------------------------------------------------------- */\
+    X(void, swiglu_fwd, (lb_backend *be, const lb_swiglu_args *a), (be, a))                   \
+    X(void, swiglu_bwd, (lb_backend *be, const lb_swiglu_args *a), (be, a))                   \
+                                                                                              \
+    /* --- MoE router (lb_router_args) ---------------------------------------------------- */\
+    X(void, router_topk_fwd, (lb_backend *be, const lb_router_args *a), (be, a))              \
+    X(void, router_topk_bwd, (lb_backend *be, const lb_router_args *a), (be, a))              \
+    /* Switch load-balancing loss of one layer: loss = e * sum_j f_j * P_j, with f_j the      \
+       share of the n*k assignments that chose expert j and P_j the mean of probs[:, j].      \
+       Writes the loss to *loss (host) and d loss / d probs[i][j] = e * f_j / n to            \
+       dprobs_expert (e). */                                                                  \
+    X(void, moe_aux_loss, (lb_backend *be, float *loss, float *dprobs_expert,                 \
+                           const float *probs, const int32_t *idx, int n, int e, int k),      \
+      (be, loss, dprobs_expert, probs, idx, n, e, k))                                         \
+                                                                                              \
+    /* --- MoE token dispatch on one rank ------------------------------------------------- */\
+    /* Plan: rows sorted by expert, then by token, then by slot. row (n, k) gets the row of   \
+       assignment (i, s) in the permuted buffer; counts (e), a HOST array, rows per expert. */\
+    X(void, moe_plan, (lb_backend *be, int32_t *row, int *counts_host, const int32_t *idx,    \
+                       int n, int e, int k), (be, row, counts_host, idx, n, e, k))            \
+    /* xp (n*k, c): xp[row[i][s]] = x[i]; xp16 (n*k, pad8(c)) as lb_swiglu_args.out16 */      \
+    X(void, moe_permute, (lb_backend *be, float *xp, uint16_t *xp16, const float *x,          \
+                          const int32_t *row, int n, int k, int c),                           \
+      (be, xp, xp16, x, row, n, k, c))                                                        \
+    /* dx (n, c) = sum over s of dxp[row[i][s]], s in order. dxp16 (n*k, pad8(c)): NULL, or   \
+       the input in bf16, read instead (as lb_swiglu_args.gu16). */                           \
+    X(void, moe_permute_bwd, (lb_backend *be, float *dx, const float *dxp,                    \
+                              const uint16_t *dxp16, const int32_t *row, int n, int k, int c),\
+      (be, dx, dxp, dxp16, row, n, k, c))                                                     \
+    X(void, moe_combine, (lb_backend *be, const lb_moe_combine_args *a), (be, a))             \
+    X(void, moe_combine_bwd, (lb_backend *be, const lb_moe_combine_args *a), (be, a))         \
+                                                                                              \
+    /* --- cross-entropy over fp32 logits ------------------------------------------------- */\
+    /* logits (n, v); targets (n), a negative target is ignored (loss 0, gradient 0).         \
+       loss (n) per-token losses. stats (n, 2), or NULL: row i's max and                      \
+       sum_j exp(l_ij - max) (in double), the softmax statistics the backward would compute   \
+       again (rows with a negative target are left unset). */                                 \
+    X(void, cross_entropy_fwd, (lb_backend *be, float *loss, double *stats,                   \
+                                const float *logits, const int32_t *targets, int n, int v),   \
+      (be, loss, stats, logits, targets, n, v))                                               \
+    /* dlogits (n, v) = dloss * (softmax(logits) - onehot(target)); may alias logits. stats:  \
+       the forward's for these same logits (the backward then reads each row once, not        \
+       twice; the result is the same bits), or NULL. */                                       \
+    X(void, cross_entropy_bwd, (lb_backend *be, float *dlogits, const float *logits,          \
+                                const double *stats, const int32_t *targets, float dloss,     \
+                                int n, int v), (be, dlogits, logits, stats, targets, dloss, n, v))\
+    /* The same with a weight per row: dlogits_i = dloss[i] * (softmax(logits_i) - onehot);   \
+       dloss (n) backend memory (GRPO's d loss / d logprob reaches the logits through it).    \
+       Row arithmetic identical to cross_entropy_bwd's; may alias logits. */                  \
+    X(void, cross_entropy_bwd_rows, (lb_backend *be, float *dlogits, const float *logits,     \
+                                     const double *stats, const int32_t *targets,             \
+                                     const float *dloss, int n, int v),                       \
+      (be, dlogits, logits, stats, targets, dloss, n, v))                                     \
+    X(void, linear_ce_bwd, (lb_backend *be, const lb_linear_ce_args *a), (be, a))             \
+                                                                                              \
+    /* --- sampling ----------------------------------------------------------------------- */\
+    /* token (n) and done (n) of the rows of a->logits, drawn as lb_sample_args says. */      \
+    X(void, sample, (lb_backend *be, const lb_sample_args *a), (be, a))                       \
+                                                                                              \
+    /* --- optimizer (lb_adamw_args) ------------------------------------------------------ */\
+    X(void, adamw, (lb_backend *be, const lb_adamw_args *a), (be, a))                         \
+    /* adamw with the moments stored in bf16 (DeepSeek-V3's optimizer state: 4 bytes a       \
+       parameter fewer to read and write each step): m16 and v16 are widened to fp32,         \
+       updated as adamw updates m and v, and stored rounded to nearest even; the parameter's  \
+       update uses the fp32 values before that rounding. So p (and p16) get exactly what      \
+       adamw gives for moments equal to the widened ones, and m16, v16 the rounding of        \
+       adamw's m and v. */                                                                    \
+    X(void, adamw16, (lb_backend *be, const lb_adamw_args *a), (be, a))
+
+#define LB_OPS(X) LB_OPS_MEMORY(X) LB_OPS_CONTROL(X) LB_OPS_COMPUTE(X)
+
+// LB_OP_gemm, ...: an operation's number, in the list's order.
+typedef enum {
+#define LB_OP_ENUM(ret, name, params, args) LB_OP_##name,
+    LB_OPS(LB_OP_ENUM)
+#undef LB_OP_ENUM
+    LB_OP_COUNT
+} lb_op;
+
 struct lb_backend {
     const char *name;   // "cpu", "cuda"
     void *ctx;          // backend-private state
     // 1 = every operation bitwise reproducible and batch invariant (the default); 0 lets a
     // backend use faster library paths that are not (the CPU's GEMM then calls OpenBLAS).
     int deterministic;
-
-    // --- memory ---------------------------------------------------------------------------
-    void *(*alloc)(lb_backend *, size_t bytes);               // zero-filled; never NULL (exits)
-    void  (*free)(lb_backend *, void *p);
-    void  (*upload)(lb_backend *, void *dst, const void *src_host, size_t bytes);
-    void  (*download)(lb_backend *, void *dst_host, const void *src, size_t bytes);
-    void  (*copy)(lb_backend *, void *dst, const void *src, size_t bytes);
-    void  (*zero)(lb_backend *, void *p, size_t bytes);
-    void  (*sync)(lb_backend *);                               // wait for queued work
-    size_t (*mem_free)(lb_backend *);   // bytes alloc can still hand out (about; for messages)
-    void  (*destroy)(lb_backend *);
-
-    // --- GEMM -----------------------------------------------------------------------------
-    void (*gemm)(lb_backend *, const lb_gemm_args *);
-    // Independent GEMMs in one call (all local experts): the CPU loops; CUDA may run groups at
-    // once, so no group's C may overlap another group's operands or C. args is a host array.
-    // Groups with m, n or k == 0 are skipped (k == 0 with beta 0 zeroes C).
-    void (*gemm_grouped)(lb_backend *, int count, const lb_gemm_args *args);
-
-    // --- low precision (formats and rules: doc/formats.md) ------------------------------------
-    // Lays out q for x (rows, cols) under a and allocates its buffers in backend memory.
-    void (*qmat_alloc)(lb_backend *, struct lb_qmat *q, int rows, int cols,
-                       const struct lb_quant_args *a);
-    void (*qmat_free)(lb_backend *, struct lb_qmat *q);
-    // q = the quantization of x (rows, cols), row-wise or column-wise (of x^T) as a says; bytes
-    // and scales identical to the codecs in kernels/quant on every backend.
-    void (*quantize)(lb_backend *, struct lb_qmat *q, const float *x, int rows, int cols,
-                     const struct lb_quant_args *a);
-    // Groups of rows quantized each on its own in one call (an MoE layer's experts): x_j, rows
-    // [o_j, o_j + rows[j]) of x (sum of rows, cols) with o_j the rows before it, into q[j] laid
-    // out for (prows[j], cols) under a, prows[j] >= rows[j] (prows NULL: equal): the bytes of
-    // quantize of x_j followed by prows[j] - rows[j] zero rows (column-wise: zero columns,
-    // which add nothing to a GEMM over them; the wgrad pads its tokens so). Groups with
-    // prows[j] == 0 are skipped. With stochastic rounding group j draws as tensor a->tensor + j;
-    // with a->hsigns_groups its Hadamard signs are a->hsigns_groups[j].
-    void (*quantize_grouped)(lb_backend *, int count, struct lb_qmat *q, const float *x,
-                             const int *rows, const int *prows, int cols,
-                             const struct lb_quant_args *a);
-    // quantize (qr, x, sum of rows, cols, ar: row-wise) and quantize_grouped (count, qc, x,
-    // rows, prows, cols, ac: column-wise) of the same x in one call, with those calls' bytes: a
-    // layer's dy feeds its dgrad row-wise and its wgrad column-wise, and a backend may read x
-    // once for both.
-    void (*quantize_rc)(lb_backend *, struct lb_qmat *qr, const struct lb_quant_args *ar,
-                        int count, struct lb_qmat *qc, const float *x, const int *rows,
-                        const int *prows, int cols, const struct lb_quant_args *ac);
-    // dst[j] = the other direction's quantization of the x that src[j] quantizes, from src[j]'s
-    // bytes (lb_qmat_transpose: square blocks, one second level; bytes equal to quantize's).
-    // A weight cache's column-wise copy without a second pass over the fp32 weights.
-    void (*qmat_transpose)(lb_backend *, int count, struct lb_qmat *dst,
-                           const struct lb_qmat *src);
-    // quantize_grouped (count, qr, x, rows, NULL, cols, a) and then qmat_transpose (count, qc,
-    // qr) in one call, with those calls' bytes (groups with rows[j] == 0 skipped in both): a
-    // weight cache's two copies, and a backend may write the transposed one from the same pass
-    // over the fp32 weights.
-    void (*quantize_rt)(lb_backend *, int count, struct lb_qmat *qr, struct lb_qmat *qc,
-                        const float *x, const int *rows, int cols,
-                        const struct lb_quant_args *a);
-    void (*dequantize)(lb_backend *, float *y, const struct lb_qmat *q);   // y (q rows, q cols)
-    // C (m, n) = alpha * A (m, k) * B (n, k)^T + beta * C on quantized operands of one format,
-    // both blocked along k. The CPU computes it exactly on the dequantized values.
-    void (*gemm_q)(lb_backend *, int m, int n, int k, float alpha, const struct lb_qmat *a,
-                   const struct lb_qmat *b, float beta, float *c);
-    // Independent gemm_q's in one call (all local experts; formats may differ between groups).
-    // A group's bits never depend on the other groups or on its own m (batch invariance); they
-    // are gemm_q's up to the order of the sums: the CPU loops over gemm_q, CUDA runs the
-    // fp8-block groups in one launch of its own kernel (doc/backends.md). No group's C may
-    // overlap another's operands or C. args is a host array; groups with m or n == 0 are
-    // skipped.
-    void (*gemm_q_grouped)(lb_backend *, int count, const lb_gemm_q_args *args);
-    // Block-diagonal Walsh-Hadamard of size hn along axis (0 rows, 1 cols) of x (rows, cols).
-    void (*hadamard)(lb_backend *, float *y, const float *x, int rows, int cols, int axis,
-                     int hn, uint32_t signs);
-    void (*round_bf16)(lb_backend *, float *y, const float *x, size_t n);  // y = bf16(x), RNE
-    // y (rows, ld) = the bf16 bits of x (rows, cols), rounded as round_bf16, zeros in columns
-    // cols .. ld - 1 (ld a multiple of 8, >= cols): lb_gemm_args.b16's layout.
-    void (*to_bf16)(lb_backend *, uint16_t *y, const float *x, size_t rows, int cols, int ld);
-
-    // --- elementwise and reductions ---------------------------------------------------------
-    void   (*add)(lb_backend *, float *y, const float *x, size_t n);        // y += x
-    void   (*scale)(lb_backend *, float *x, float s, size_t n);            // x *= s
-    double (*sumsq)(lb_backend *, const float *x, size_t n);               // sum x^2, fixed order
-
-    // --- embedding ---------------------------------------------------------------------------
-    // out (n, c) = wte[tokens[i]] ; wte (vocab, c)
-    void (*embedding_fwd)(lb_backend *, float *out, const int32_t *tokens, const float *wte,
-                          int n, int c);
-    // dwte (vocab, c) += scatter of dout (n, c) by tokens, tokens summed in index order
-    void (*embedding_bwd)(lb_backend *, float *dwte, const float *dout, const int32_t *tokens,
-                          int n, int c);
-
-    // --- RMSNorm: out = x / sqrt(mean(x^2) + eps) * w -----------------------------------------
-    // x, out (n, c); w (c); rstd (n) saved for backward
-    void (*rmsnorm_fwd)(lb_backend *, float *out, float *rstd, const float *x, const float *w,
-                        int n, int c, float eps);
-    // dx (n, c) = the gradient (rounded to fp32) + dx_beta dx, dx not read when dx_beta is 0
-    // (1: a residual's gradient added in place, the same bits as add() after it); dw (c)
-    // accumulated
-    void (*rmsnorm_bwd)(lb_backend *, float *dx, float dx_beta, float *dw, const float *dout,
-                        const float *x, const float *w, const float *rstd, int n, int c);
-
-    // --- RoPE (rotate-half form, as Hugging Face Llama/Qwen), in place --------------------------
-    // x (n, heads, d); pos (n) token positions; frequency i = theta^(-2i/d), i < d/2
-    void (*rope_fwd)(lb_backend *, float *x, const int32_t *pos, int n, int heads, int d,
-                     float theta);
-    // dx in place: the inverse rotation (the transpose of the forward map)
-    void (*rope_bwd)(lb_backend *, float *dx, const int32_t *pos, int n, int heads, int d,
-                     float theta);
-
-    // --- causal grouped-query attention, softmax scale 1/sqrt(d) ------------------------------
-    // Two numerics modes, chosen per call by `bf16` (the contract's precision.attention; the
-    // trainer's forward and backward and the sampler pass the same value):
-    // - bf16 = 0 (fp32): scores, softmax and products in fp32 or better (CPU: double sums).
-    // - bf16 = 1: FlashAttention's numerics on tensor cores, mirrored exactly on the CPU. q, k,
-    //   v (and dout) are rounded to bf16 (nearest even) before any product; products are summed
-    //   in fp32 or better (CPU: double, then one rounding to float). With c = (float)(log2(e) /
-    //   sqrt(d)) (formed in double, rounded once) and s_ij = bf16(q_i).bf16(k_j) as a float:
-    //     x_ij = s_ij * c (a float multiply, never fused), keys j <= i only (causal).
-    //   Forward of row i: m = -inf, l = 0, acc = 0; for each chunk of LB_ATTN_CHUNK keys
-    //   aligned at position 0: m' = max(m, max_j x_ij); alpha = exp2f(m - m');
-    //   p_ij = exp2f(x_ij - m'); l = l * alpha + (float)sum_j p_ij;
-    //   acc = acc * alpha + (float)sum_j bf16(p_ij) bf16(v_j); m = m' (float operations, each
-    //   rounded on its own: no fused multiply-add).
-    //   out_i = acc / l; lse_i = (m + log2f(l)) * (float)ln(2) (natural log units).
-    //   Backward: lse2_i = lse_i * (float)log2(e); p_ij = exp2f(x_ij - lse2_i);
-    //   dp_ij = bf16(dout_i).bf16(v_j); D_i = dout_i.out_i (unrounded, as a float);
-    //   ds_ij = p_ij * (dp_ij - D_i) (floats); dv_j = sum bf16(p_ij) bf16(dout_i);
-    //   dk_j = scale sum bf16(ds_ij) bf16(q_i); dq_i = scale sum_j bf16(ds_ij) bf16(k_j).
-    //   exp2f is each backend's own 2^x (glibc's on the CPU; the CUDA kernels' hardware
-    //   unit, results below 2^-126 flushed to 0), so backends agree within rounding, not bits.
-    //   The CUDA backend supports d <= 128 in this mode.
-    // q, out (b, t, hq, d); k, v (b, t, hkv, d); hq a multiple of hkv; lse (b, hq, t) saved
-    void (*attention_fwd)(lb_backend *, float *out, float *lse, const float *q, const float *k,
-                          const float *v, int b, int t, int hq, int hkv, int d, int bf16);
-    // dq (b, t, hq, d), dk, dv (b, t, hkv, d) overwritten; bf16 as the forward's
-    void (*attention_bwd)(lb_backend *, float *dq, float *dk, float *dv, const float *dout,
-                          const float *q, const float *k, const float *v, const float *out,
-                          const float *lse, int b, int t, int hq, int hkv, int d, int bf16);
-
-    // --- attention over a KV cache: sampling's prefill and decode in one call ----------------
-    // Writes the k and v rows (n, hkv, d) of n new tokens into the cache at (slot[i], pos[i]).
-    // An fp8 cache copies instead the codes and scales of kq and vq, the row-wise fp8-block
-    // quantizations of k and v viewed as (n * hkv, d) (k and v are then not read); a bf16
-    // cache stores k and v rounded to bf16 (to nearest even, as to_bf16), zeros past d.
-    // slot, pos (n) are backend int32 arrays; slot in [0, slots), pos in [0, cap).
-    void (*kv_append)(lb_backend *, const lb_kv_layer *c, const float *k, const float *v,
-                      const struct lb_qmat *kq, const struct lb_qmat *vq, const int32_t *slot,
-                      const int32_t *pos, int n);
-    // out (n, hq, d): query row i of q (n, hq, d) attends to positions 0..pos[i] of slot[i]
-    // (appended earlier, or by this step's kv_append). A row's arithmetic, key order and
-    // roundings are exactly attention_fwd's for query position pos[i] of a sequence with those
-    // keys, in the same mode (bf16: cache values, fp32 rows or fp8 codes times their scales,
-    // are rounded to bf16 as attention_fwd rounds k and v), so sampling reproduces training bit
-    // for bit (batch invariance).
-    void (*attention_cached)(lb_backend *, float *out, const float *q, const lb_kv_layer *c,
-                             const int32_t *slot, const int32_t *pos, int n, int hq, int bf16);
-
-    // --- SwiGLU on a fused gate/up row: out = silu(gate) * up ---------------------------------
-    // An output named ..16 is NULL, or gets the output rounded to bf16 as to_bf16 writes it
-    // (rows padded to a multiple of 8 elements with zeros): the next GEMM's operand, written
-    // while the value is at hand (lb_gemm_args.a16, .b16) instead of by a pass of its own.
-    // With a copy, the fp32 output may be NULL (not written) where only GEMMs read it.
-    // An input named ..16 is NULL, or the input in bf16 in that layout (a GEMM's c16: an
-    // expert GEMM's output stored in bf16), read instead of the fp32 one, which may be NULL.
-    // gu (n, 2f) holds gate in columns [0, f) and up in [f, 2f); out (n, f), out16 (n, pad8(f)),
-    // gu16 (n, pad8(2f))
-    void (*swiglu_fwd)(lb_backend *, float *out, uint16_t *out16, const float *gu,
-                       const uint16_t *gu16, int n, int f);
-    // dgu (n, 2f) overwritten; dgu16 (n, pad8(2f)); dout16 (n, pad8(f))
-    void (*swiglu_bwd)(lb_backend *, float *dgu, uint16_t *dgu16, const float *dout,
-                       const uint16_t *dout16, const float *gu, const uint16_t *gu16, int n,
-                       int f);
-
-    // --- MoE router: fp32 softmax over experts, top-k, optional renormalisation -------------
-    // logits, probs (n, e); idx, weight (n, k). Ties go to the lower expert index; the k
-    // choices are ordered by decreasing probability.
-    void (*router_topk_fwd)(lb_backend *, float *probs, int32_t *idx, float *weight,
-                            const float *logits, int n, int e, int k, int renorm);
-    // dlogits (n, e) overwritten, from dweight (n, k) and, if dprobs_expert is not NULL, an
-    // extra gradient on every probs[i][j] of dprobs_expert[j] (the load-balancing loss).
-    void (*router_topk_bwd)(lb_backend *, float *dlogits, const float *dweight,
-                            const float *dprobs_expert, const float *probs, const int32_t *idx,
-                            int n, int e, int k, int renorm);
-    // Switch load-balancing loss of one layer: loss = e * sum_j f_j * P_j, with f_j the share of
-    // the n*k assignments that chose expert j and P_j the mean of probs[:, j].
-    // Writes the loss to *loss (host) and d loss / d probs[i][j] = e * f_j / n to dprobs_expert (e).
-    void (*moe_aux_loss)(lb_backend *, float *loss, float *dprobs_expert, const float *probs,
-                         const int32_t *idx, int n, int e, int k);
-
-    // --- MoE token dispatch on one rank --------------------------------------------------------
-    // Plan: rows sorted by expert, then by token, then by slot. row (n, k) gets the row of
-    // assignment (i, s) in the permuted buffer; counts (e), a HOST array, rows per expert.
-    void (*moe_plan)(lb_backend *, int32_t *row, int *counts_host, const int32_t *idx, int n,
-                     int e, int k);
-    // xp (n*k, c): xp[row[i][s]] = x[i]; xp16 (n*k, pad8(c)) as swiglu_fwd's out16
-    void (*moe_permute)(lb_backend *, float *xp, uint16_t *xp16, const float *x,
-                        const int32_t *row, int n, int k, int c);
-    // dx (n, c) = sum over s of dxp[row[i][s]], s in order. dxp16 (n*k, pad8(c)), yp16
-    // below: NULL, or the input in bf16, read instead (as swiglu_fwd's gu16).
-    void (*moe_permute_bwd)(lb_backend *, float *dx, const float *dxp, const uint16_t *dxp16,
-                            const int32_t *row, int n, int k, int c);
-    // out (n, c) = sum over s in order of weight[i][s] * yp[row[i][s]]
-    void (*moe_combine)(lb_backend *, float *out, const float *yp, const uint16_t *yp16,
-                        const float *weight, const int32_t *row, int n, int k, int c);
-    // dyp (n*k, c) overwritten: dyp[row[i][s]] = weight[i][s] * dout[i]; dyp16 (n*k, pad8(c))
-    // as swiglu_fwd's out16; dweight (n, k) overwritten: dot(dout[i], yp[row[i][s]])
-    void (*moe_combine_bwd)(lb_backend *, float *dyp, uint16_t *dyp16, float *dweight,
-                            const float *dout, const float *yp, const uint16_t *yp16,
-                            const float *weight, const int32_t *row, int n, int k, int c);
-
-    // --- cross-entropy over fp32 logits ---------------------------------------------------------
-    // logits (n, v); targets (n), a negative target is ignored (loss 0, gradient 0).
-    // loss (n) per-token losses. stats (n, 2), or NULL: row i's max and sum_j exp(l_ij - max)
-    // (in double), the softmax statistics the backward would compute again (rows with a
-    // negative target are left unset).
-    void (*cross_entropy_fwd)(lb_backend *, float *loss, double *stats, const float *logits,
-                              const int32_t *targets, int n, int v);
-    // dlogits (n, v) = dloss * (softmax(logits) - onehot(target)); may alias logits. stats:
-    // the forward's for these same logits (the backward then reads each row once, not twice;
-    // the result is the same bits), or NULL.
-    void (*cross_entropy_bwd)(lb_backend *, float *dlogits, const float *logits,
-                              const double *stats, const int32_t *targets, float dloss, int n,
-                              int v);
-    // The same with a weight per row: dlogits_i = dloss[i] * (softmax(logits_i) - onehot);
-    // dloss (n) backend memory (GRPO's d loss / d logprob reaches the logits through it).
-    // Row arithmetic identical to cross_entropy_bwd's; may alias logits.
-    void (*cross_entropy_bwd_rows)(lb_backend *, float *dlogits, const float *logits,
-                                   const double *stats, const int32_t *targets,
-                                   const float *dloss, int n, int v);
-    // The backward of logits (n, v) = x (n, c) w (v, c)^T, a bf16 linear layer (an LM head),
-    // followed by the cross-entropy: g = cross_entropy_bwd(logits, stats, targets, dloss) with
-    // the forward's stats (not NULL), then one gemm_grouped call of two bf16 groups,
-    // dx (n, c) = g w + dx_beta dx and dw (v, c) = g^T x + dw_beta dw: the same bits as those
-    // two calls. logits are left undefined (the CPU writes g over them; CUDA rounds g to bf16
-    // for the GEMMs as it computes it, never storing it in fp32). w16: NULL, or w rounded to
-    // bf16 in to_bf16's layout (v, pad8(c)), the dgrad's lb_gemm_args.b16.
-    void (*linear_ce_bwd)(lb_backend *, float *dx, float dx_beta, float *dw, float dw_beta,
-                          float *logits, const double *stats, const int32_t *targets,
-                          float dloss, const float *x, const float *w, const uint16_t *w16,
-                          int n, int v, int c);
-
-    // --- sampling ---------------------------------------------------------------------------
-    // token (n) and done (n) of the rows of a->logits, drawn as lb_sample_args says.
-    void (*sample)(lb_backend *, const lb_sample_args *a);
-
-    // --- optimizer ------------------------------------------------------------------------------
-    // AdamW with decoupled weight decay and bias correction; step counts from 1.
-    // p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p). The gradient used is g * gscale rounded
-    // to fp32 (gradient clipping's factor, 1 for none: bitwise `scale` then adamw, without
-    // writing g); g is not modified. p16: NULL, or n bf16 values that get the updated p
-    // rounded as to_bf16 does (a weight cache's copy, written in the same pass: the cache then
-    // need not read p again).
-    void (*adamw)(lb_backend *, float *p, const float *g, float gscale, float *m, float *v,
-                  uint16_t *p16, size_t n, float lr, float beta1, float beta2, float eps,
-                  float wd, int step);
-    // adamw with the moments stored in bf16 (DeepSeek-V3's optimizer state: 4 bytes a
-    // parameter fewer to read and write each step): m16 and v16 are widened to fp32, updated
-    // as adamw updates m and v, and stored rounded to nearest even; the parameter's update uses
-    // the fp32 values before that rounding. So p (and p16) get exactly what adamw gives for
-    // moments equal to the widened ones, and m16, v16 the rounding of adamw's m and v.
-    void (*adamw16)(lb_backend *, float *p, const float *g, float gscale, uint16_t *m16,
-                    uint16_t *v16, uint16_t *p16, size_t n, float lr, float beta1, float beta2,
-                    float eps, float wd, int step);
+    // The table: one function pointer per operation of LB_OPS.
+#define LB_OP_ENTRY(ret, name, params, args) ret (*name) params;
+    LB_OPS(LB_OP_ENTRY)
+#undef LB_OP_ENTRY
 };
+
+// The operation's name ("gemm"); NULL outside [0, LB_OP_COUNT).
+const char *lb_op_name(lb_op op);
+// A new backend (name, ctx, deterministic 1) for a backend's constructor: init[0 .. n) fill
+// the table, in order; in every entry they leave empty goes an operation that stops the
+// program with "backend NAME lacks op OP" (instead of a crash on a NULL pointer).
+lb_backend *lb_backend_new(const char *name, void *ctx, void (*const *init)(lb_backend *),
+                           int n);
+// 1 when the backend implements op; 0 when it lacks it (the entry lb_backend_new filled).
+int lb_backend_supports(const lb_backend *be, lb_op op);
 
 // Backends. Each returns NULL with a message in err (size errlen) when not available here.
 lb_backend *lb_backend_cpu_create(int threads, char *err, size_t errlen);

@@ -17,31 +17,6 @@
 #include "kernels/kernels.h"
 #include "kernels/quant/quant.h"
 
-#define LB_PROFILE_OPS(X)                                                                     \
-    X(alloc) X(free) X(upload) X(download) X(copy) X(zero) X(gemm) X(gemm_grouped)            \
-    X(qmat_alloc) X(qmat_free) X(quantize) X(quantize_grouped) X(quantize_rc)                 \
-    X(qmat_transpose) X(quantize_rt) X(dequantize) X(gemm_q) X(gemm_q_grouped) X(hadamard)    \
-    X(round_bf16) X(to_bf16)                                                                  \
-    X(add) X(scale) X(sumsq) X(embedding_fwd) X(embedding_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd)  \
-    X(rope_fwd) X(rope_bwd) X(attention_fwd) X(attention_bwd) X(kv_append)                    \
-    X(attention_cached) X(swiglu_fwd) X(swiglu_bwd) X(router_topk_fwd) X(router_topk_bwd)     \
-    X(moe_aux_loss) X(moe_plan) X(moe_permute) X(moe_permute_bwd) X(moe_combine)              \
-    X(moe_combine_bwd) X(cross_entropy_fwd) X(cross_entropy_bwd) X(cross_entropy_bwd_rows)    \
-    X(linear_ce_bwd) X(adamw) X(adamw16) X(sample)
-
-enum {
-#define X(name) OP_##name,
-    LB_PROFILE_OPS(X)
-#undef X
-    OP_COUNT
-};
-
-static const char *const op_name[OP_COUNT] = {
-#define X(name) #name,
-    LB_PROFILE_OPS(X)
-#undef X
-};
-
 // The GEMMs and quantizations are also charged by shape (the same operation serves several
 // passes of a layer, at very different speeds): up to LB_PROFILE_SHAPES keys, the rest as one.
 #define LB_PROFILE_SHAPES 64
@@ -54,8 +29,8 @@ typedef struct {
 
 typedef struct {
     lb_backend *in;
-    double seconds[OP_COUNT], host[OP_COUNT];
-    long calls[OP_COUNT];
+    double seconds[LB_OP_COUNT], host[LB_OP_COUNT];
+    long calls[LB_OP_COUNT];
     double last_host;   // the host part of the latest charge, for its shape
     shape_row shape[LB_PROFILE_SHAPES + 1];   // the last: every key that found no room
     int nshape;
@@ -78,6 +53,15 @@ static lb_backend *inner(lb_backend *be, double *t0)
     return in;
 }
 
+// A wrapper's start: *be, the profiled backend, becomes the wrapped one, ready for the call;
+// returns the profiled one.
+static lb_backend *enter(lb_backend **be, double *t0)
+{
+    lb_backend *outer = *be;
+    *be = inner(outer, t0);
+    return outer;
+}
+
 static void charge(lb_backend *be, int op, double t0)
 {
     prof *p = be->ctx;
@@ -88,15 +72,10 @@ static void charge(lb_backend *be, int op, double t0)
     p->calls[op]++;
 }
 
-// Charges the time since t0 to the shape the format names (see LB_PROFILE_SHAPES).
-static void charge_shapef(lb_backend *be, double t0, const char *fmt, ...)
+// Charges the time since t0 to the shape key names (see LB_PROFILE_SHAPES).
+static void charge_shape(lb_backend *be, double t0, const char *key)
 {
     const double seconds = now() - t0;
-    char key[80];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(key, sizeof key, fmt, ap);
-    va_end(ap);
     prof *p = be->ctx;
     int i = 0;
     while (i < p->nshape && strcmp(p->shape[i].key, key)) i++;
@@ -114,6 +93,22 @@ static void charge_shapef(lb_backend *be, double t0, const char *fmt, ...)
     p->shape[i].calls++;
 }
 
+// A shape key, made by shape_<op> from the operation's arguments.
+typedef struct {
+    char s[80];
+} shape_key;
+
+static shape_key keyf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static shape_key keyf(const char *fmt, ...)
+{
+    shape_key k;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(k.s, sizeof k.s, fmt, ap);
+    va_end(ap);
+    return k;
+}
+
 // k of groups g[0 .. count) into buf (32 bytes) as "k N", or "k ~N" (their mean) where they
 // differ (the wgrad's tokens per expert); returns buf.
 static char *group_k(char *buf, int count, const int *k, size_t stride)
@@ -129,189 +124,116 @@ static char *group_k(char *buf, int count, const int *k, size_t stride)
     return buf;
 }
 
-// A wrapper for each entry: W(name, (parameters), (arguments after the backend)); WS also
-// charges the shape that SHAPE, a parenthesised charge_shapef call, names.
-#define WS(name, PARAMS, ARGS, SHAPE)                                                         \
-    static void w_##name PARAMS                                                               \
+// Per-operation variations, chosen by name while the wrappers are generated: IS(KIND, op) is
+// 1 where KIND_op is defined as "~, 1" below, else 0 (the preprocessor's detection idiom).
+#define IS(kind, op) SECOND_(kind##_##op, 0, ~)
+#define SECOND_(...) SECOND(__VA_ARGS__)
+#define SECOND(a, b, ...) b
+#define CAT(a, b) CAT_(a, b)
+#define CAT_(a, b) a##b
+
+// The entries that return a value.
+#define RETURNS_alloc ~, 1
+#define RETURNS_sumsq ~, 1
+
+// The GEMMs and quantizations, charged by shape too: shape_<op> has the operation's
+// parameters (their types as LB_OPS gives them: the declarations below check it).
+#define SHAPED_gemm ~, 1
+#define SHAPED_gemm_grouped ~, 1
+#define SHAPED_quantize ~, 1
+#define SHAPED_quantize_grouped ~, 1
+#define SHAPED_quantize_rc ~, 1
+#define SHAPED_quantize_rt ~, 1
+#define SHAPED_gemm_q ~, 1
+#define SHAPED_gemm_q_grouped ~, 1
+#define SHAPED_linear_ce_bwd ~, 1
+
+#define DECLARE_SHAPE0(name, params)
+#define DECLARE_SHAPE1(name, params) static shape_key shape_##name params;
+#define X(ret, name, params, args) CAT(DECLARE_SHAPE, IS(SHAPED, name))(name, params)
+LB_OPS_MEMORY(X) LB_OPS_COMPUTE(X)
+#undef X
+
+static shape_key shape_gemm(lb_backend *be, const lb_gemm_args *g)
+{
+    return keyf("gemm %dx%dx%d%s", g->m, g->n, g->k, g->bf16 ? " bf16" : "");
+}
+static shape_key shape_gemm_grouped(lb_backend *be, int count, const lb_gemm_args *g)
+{
+    return keyf("gemm_grouped %d x (n %d, %s)%s", count, count ? g->n : 0,
+                group_k((char[32]){0}, count, &g->k, sizeof *g),
+                count && g->bf16 ? " bf16" : "");
+}
+static shape_key shape_quantize(lb_backend *be, struct lb_qmat *q, const float *x, int r, int c,
+                                const struct lb_quant_args *a)
+{
+    return keyf("quantize (%d, %d) %s", r, c, q->brows == 1 ? "1x" : "blocks");
+}
+static shape_key shape_quantize_grouped(lb_backend *be, int count, struct lb_qmat *q,
+                                        const float *x, const int *rows, const int *prows,
+                                        int cols, const struct lb_quant_args *a)
+{
+    return keyf("quantize_grouped %d x (rows %s, %d) %s", count,
+                group_k((char[32]){0}, count, rows, sizeof *rows) + 2, cols,
+                count && q[0].brows == 1 ? "1x" : "blocks");
+}
+static shape_key shape_quantize_rc(lb_backend *be, struct lb_qmat *qr,
+                                   const struct lb_quant_args *ar, int count, struct lb_qmat *qc,
+                                   const float *x, const int *rows, const int *prows, int cols,
+                                   const struct lb_quant_args *ac)
+{
+    return keyf("quantize_rc %d x (rows %s, %d)", count,
+                group_k((char[32]){0}, count, rows, sizeof *rows) + 2, cols);
+}
+static shape_key shape_quantize_rt(lb_backend *be, int count, struct lb_qmat *qr,
+                                   struct lb_qmat *qc, const float *x, const int *rows, int cols,
+                                   const struct lb_quant_args *a)
+{
+    return keyf("quantize_rt %d x (rows %s, %d)", count,
+                group_k((char[32]){0}, count, rows, sizeof *rows) + 2, cols);
+}
+static shape_key shape_gemm_q(lb_backend *be, int m, int n, int k, float alpha,
+                              const struct lb_qmat *a, const struct lb_qmat *b, float beta,
+                              float *c)
+{
+    return keyf("gemm_q %dx%dx%d", m, n, k);
+}
+static shape_key shape_gemm_q_grouped(lb_backend *be, int count, const lb_gemm_q_args *g)
+{
+    return keyf("gemm_q_grouped %d x (n %d, %s) B %s", count, count ? g->n : 0,
+                group_k((char[32]){0}, count, &g->k, sizeof *g),
+                count && g->b->brows == 1 ? "1x" : "blocks");
+}
+static shape_key shape_linear_ce_bwd(lb_backend *be, const lb_linear_ce_args *a)
+{
+    return keyf("linear_ce_bwd %dx%dx%d bf16", a->n, a->v, a->c);
+}
+
+// The wrapper of each entry: the wrapped backend's entry between two syncs (be, the
+// parameter the call's arguments name, becomes the wrapped backend: enter), its time charged
+// to the operation and, for the SHAPED, to the call's shape.
+#define CHARGE_SHAPE0(name, args)
+#define CHARGE_SHAPE1(name, args) charge_shape(outer, t0, shape_##name args.s);
+#define WRAP0(ret, name, params, args)                                                        \
+    static ret w_##name params                                                                \
     {                                                                                         \
         double t0;                                                                            \
-        lb_backend *in = inner(be, &t0);                                                      \
-        in->name ARGS;                                                                        \
-        charge(be, OP_##name, t0);                                                            \
-        SHAPE;                                                                                \
+        lb_backend *outer = enter(&be, &t0);                                                  \
+        be->name args;                                                                        \
+        charge(outer, LB_OP_##name, t0);                                                      \
+        CAT(CHARGE_SHAPE, IS(SHAPED, name))(name, args)                                       \
     }
-#define W(name, PARAMS, ARGS) WS(name, PARAMS, ARGS, (void)0)
-
-static void *w_alloc(lb_backend *be, size_t bytes)
-{
-    double t0;
-    lb_backend *in = inner(be, &t0);
-    void *p = in->alloc(in, bytes);
-    charge(be, OP_alloc, t0);
-    return p;
-}
-
-static double w_sumsq(lb_backend *be, const float *x, size_t n)
-{
-    double t0;
-    lb_backend *in = inner(be, &t0);
-    double s = in->sumsq(in, x, n);
-    charge(be, OP_sumsq, t0);
-    return s;
-}
-
-W(free, (lb_backend *be, void *p), (in, p))
-W(upload, (lb_backend *be, void *d, const void *s, size_t n), (in, d, s, n))
-W(download, (lb_backend *be, void *d, const void *s, size_t n), (in, d, s, n))
-W(copy, (lb_backend *be, void *d, const void *s, size_t n), (in, d, s, n))
-W(zero, (lb_backend *be, void *p, size_t n), (in, p, n))
-WS(gemm, (lb_backend *be, const lb_gemm_args *g), (in, g),
-   (charge_shapef(be, t0, "gemm %dx%dx%d%s", g->m, g->n, g->k, g->bf16 ? " bf16" : "")))
-WS(gemm_grouped, (lb_backend *be, int count, const lb_gemm_args *g), (in, count, g),
-   (charge_shapef(be, t0, "gemm_grouped %d x (n %d, %s)%s", count, count ? g->n : 0,
-                  group_k((char[32]){0}, count, &g->k, sizeof *g),
-                  count && g->bf16 ? " bf16" : "")))
-W(qmat_alloc, (lb_backend *be, struct lb_qmat *q, int r, int c, const struct lb_quant_args *a),
-  (in, q, r, c, a))
-W(qmat_free, (lb_backend *be, struct lb_qmat *q), (in, q))
-WS(quantize,
-   (lb_backend *be, struct lb_qmat *q, const float *x, int r, int c, const struct lb_quant_args *a),
-   (in, q, x, r, c, a),
-   (charge_shapef(be, t0, "quantize (%d, %d) %s", r, c, q->brows == 1 ? "1x" : "blocks")))
-WS(quantize_grouped,
-   (lb_backend *be, int count, struct lb_qmat *q, const float *x, const int *rows,
-    const int *prows, int cols, const struct lb_quant_args *a),
-   (in, count, q, x, rows, prows, cols, a),
-   (charge_shapef(be, t0, "quantize_grouped %d x (rows %s, %d) %s", count,
-                  group_k((char[32]){0}, count, rows, sizeof *rows) + 2, cols,
-                  count && q[0].brows == 1 ? "1x" : "blocks")))
-WS(quantize_rc,
-   (lb_backend *be, struct lb_qmat *qr, const struct lb_quant_args *ar, int count,
-    struct lb_qmat *qc, const float *x, const int *rows, const int *prows, int cols,
-    const struct lb_quant_args *ac),
-   (in, qr, ar, count, qc, x, rows, prows, cols, ac),
-   (charge_shapef(be, t0, "quantize_rc %d x (rows %s, %d)", count,
-                  group_k((char[32]){0}, count, rows, sizeof *rows) + 2, cols)))
-W(qmat_transpose, (lb_backend *be, int count, struct lb_qmat *d, const struct lb_qmat *s),
-  (in, count, d, s))
-WS(quantize_rt,
-   (lb_backend *be, int count, struct lb_qmat *qr, struct lb_qmat *qc, const float *x,
-    const int *rows, int cols, const struct lb_quant_args *a),
-   (in, count, qr, qc, x, rows, cols, a),
-   (charge_shapef(be, t0, "quantize_rt %d x (rows %s, %d)", count,
-                  group_k((char[32]){0}, count, rows, sizeof *rows) + 2, cols)))
-W(dequantize, (lb_backend *be, float *y, const struct lb_qmat *q), (in, y, q))
-WS(gemm_q,
-   (lb_backend *be, int m, int n, int k, float alpha, const struct lb_qmat *a,
-    const struct lb_qmat *b, float beta, float *c),
-   (in, m, n, k, alpha, a, b, beta, c), (charge_shapef(be, t0, "gemm_q %dx%dx%d", m, n, k)))
-WS(gemm_q_grouped, (lb_backend *be, int count, const lb_gemm_q_args *g), (in, count, g),
-   (charge_shapef(be, t0, "gemm_q_grouped %d x (n %d, %s) B %s", count, count ? g->n : 0,
-                  group_k((char[32]){0}, count, &g->k, sizeof *g),
-                  count && g->b->brows == 1 ? "1x" : "blocks")))
-W(hadamard,
-  (lb_backend *be, float *y, const float *x, int rows, int cols, int axis, int hn, uint32_t s),
-  (in, y, x, rows, cols, axis, hn, s))
-W(round_bf16, (lb_backend *be, float *y, const float *x, size_t n), (in, y, x, n))
-W(to_bf16, (lb_backend *be, uint16_t *y, const float *x, size_t rows, int cols, int ld),
-  (in, y, x, rows, cols, ld))
-W(add, (lb_backend *be, float *y, const float *x, size_t n), (in, y, x, n))
-W(scale, (lb_backend *be, float *x, float s, size_t n), (in, x, s, n))
-W(embedding_fwd, (lb_backend *be, float *o, const int32_t *t, const float *w, int n, int c),
-  (in, o, t, w, n, c))
-W(embedding_bwd, (lb_backend *be, float *dw, const float *d, const int32_t *t, int n, int c),
-  (in, dw, d, t, n, c))
-W(rmsnorm_fwd,
-  (lb_backend *be, float *o, float *r, const float *x, const float *w, int n, int c, float e),
-  (in, o, r, x, w, n, c, e))
-W(rmsnorm_bwd,
-  (lb_backend *be, float *dx, float b, float *dw, const float *d, const float *x,
-   const float *w, const float *r, int n, int c),
-  (in, dx, b, dw, d, x, w, r, n, c))
-W(rope_fwd, (lb_backend *be, float *x, const int32_t *p, int n, int h, int d, float th),
-  (in, x, p, n, h, d, th))
-W(rope_bwd, (lb_backend *be, float *x, const int32_t *p, int n, int h, int d, float th),
-  (in, x, p, n, h, d, th))
-W(attention_fwd,
-  (lb_backend *be, float *o, float *l, const float *q, const float *k, const float *v, int b,
-   int t, int hq, int hkv, int d, int bf16),
-  (in, o, l, q, k, v, b, t, hq, hkv, d, bf16))
-W(attention_bwd,
-  (lb_backend *be, float *dq, float *dk, float *dv, const float *d, const float *q,
-   const float *k, const float *v, const float *o, const float *l, int b, int t, int hq,
-   int hkv, int dd, int bf16),
-  (in, dq, dk, dv, d, q, k, v, o, l, b, t, hq, hkv, dd, bf16))
-W(kv_append,
-  (lb_backend *be, const lb_kv_layer *c, const float *k, const float *v,
-   const struct lb_qmat *kq, const struct lb_qmat *vq, const int32_t *s, const int32_t *p, int n),
-  (in, c, k, v, kq, vq, s, p, n))
-W(attention_cached,
-  (lb_backend *be, float *o, const float *q, const lb_kv_layer *c, const int32_t *s,
-   const int32_t *p, int n, int hq, int bf16),
-  (in, o, q, c, s, p, n, hq, bf16))
-W(swiglu_fwd,
-  (lb_backend *be, float *o, uint16_t *o16, const float *gu, const uint16_t *gu16, int n, int f),
-  (in, o, o16, gu, gu16, n, f))
-W(swiglu_bwd,
-  (lb_backend *be, float *dgu, uint16_t *dgu16, const float *d, const uint16_t *d16,
-   const float *gu, const uint16_t *gu16, int n, int f),
-  (in, dgu, dgu16, d, d16, gu, gu16, n, f))
-W(router_topk_fwd,
-  (lb_backend *be, float *p, int32_t *i, float *w, const float *l, int n, int e, int k, int r),
-  (in, p, i, w, l, n, e, k, r))
-W(router_topk_bwd,
-  (lb_backend *be, float *dl, const float *dw, const float *dp, const float *p, const int32_t *i,
-   int n, int e, int k, int r),
-  (in, dl, dw, dp, p, i, n, e, k, r))
-W(moe_aux_loss,
-  (lb_backend *be, float *l, float *dp, const float *p, const int32_t *i, int n, int e, int k),
-  (in, l, dp, p, i, n, e, k))
-W(moe_plan, (lb_backend *be, int32_t *r, int *c, const int32_t *i, int n, int e, int k),
-  (in, r, c, i, n, e, k))
-W(moe_permute,
-  (lb_backend *be, float *xp, uint16_t *xp16, const float *x, const int32_t *r, int n, int k,
-   int c),
-  (in, xp, xp16, x, r, n, k, c))
-W(moe_permute_bwd,
-  (lb_backend *be, float *dx, const float *dxp, const uint16_t *dxp16, const int32_t *r, int n,
-   int k, int c),
-  (in, dx, dxp, dxp16, r, n, k, c))
-W(moe_combine,
-  (lb_backend *be, float *o, const float *yp, const uint16_t *yp16, const float *w,
-   const int32_t *r, int n, int k, int c),
-  (in, o, yp, yp16, w, r, n, k, c))
-W(moe_combine_bwd,
-  (lb_backend *be, float *dyp, uint16_t *dyp16, float *dw, const float *d, const float *yp,
-   const uint16_t *yp16, const float *w, const int32_t *r, int n, int k, int c),
-  (in, dyp, dyp16, dw, d, yp, yp16, w, r, n, k, c))
-W(cross_entropy_fwd,
-  (lb_backend *be, float *l, double *st, const float *lg, const int32_t *t, int n, int v),
-  (in, l, st, lg, t, n, v))
-W(cross_entropy_bwd,
-  (lb_backend *be, float *d, const float *lg, const double *st, const int32_t *t, float dl,
-   int n, int v),
-  (in, d, lg, st, t, dl, n, v))
-W(cross_entropy_bwd_rows,
-  (lb_backend *be, float *d, const float *lg, const double *st, const int32_t *t,
-   const float *dl, int n, int v),
-  (in, d, lg, st, t, dl, n, v))
-WS(linear_ce_bwd,
-   (lb_backend *be, float *dx, float dxb, float *dw, float dwb, float *lg, const double *st,
-    const int32_t *t, float dl, const float *x, const float *w, const uint16_t *w16, int n,
-    int v, int c),
-   (in, dx, dxb, dw, dwb, lg, st, t, dl, x, w, w16, n, v, c),
-   (charge_shapef(be, t0, "linear_ce_bwd %dx%dx%d bf16", n, v, c)))
-W(adamw,
-  (lb_backend *be, float *p, const float *g, float gs, float *m, float *v, uint16_t *p16,
-   size_t n, float lr, float b1, float b2, float eps, float wd, int step),
-  (in, p, g, gs, m, v, p16, n, lr, b1, b2, eps, wd, step))
-W(adamw16,
-  (lb_backend *be, float *p, const float *g, float gs, uint16_t *m, uint16_t *v, uint16_t *p16,
-   size_t n, float lr, float b1, float b2, float eps, float wd, int step),
-  (in, p, g, gs, m, v, p16, n, lr, b1, b2, eps, wd, step))
-W(sample, (lb_backend *be, const lb_sample_args *a), (in, a))
-#undef W
-#undef WS
+#define WRAP1(ret, name, params, args)                                                        \
+    static ret w_##name params                                                                \
+    {                                                                                         \
+        double t0;                                                                            \
+        lb_backend *outer = enter(&be, &t0);                                                  \
+        ret r = be->name args;                                                                \
+        return charge(outer, LB_OP_##name, t0), r;                                            \
+    }
+#define X(ret, name, params, args) CAT(WRAP, IS(RETURNS, name))(ret, name, params, args)
+LB_OPS_MEMORY(X) LB_OPS_COMPUTE(X)
+#undef X
 
 static void w_sync(lb_backend *be) { ((prof *)be->ctx)->in->sync(((prof *)be->ctx)->in); }
 static size_t w_mem_free(lb_backend *be)
@@ -323,13 +245,13 @@ static size_t w_mem_free(lb_backend *be)
 static void print_table(lb_backend *be, FILE *f)
 {
     prof *p = be->ctx;
-    int order[OP_COUNT];
+    int order[LB_OP_COUNT];
     double total = 0.0;
-    for (int i = 0; i < OP_COUNT; i++) {
+    for (int i = 0; i < LB_OP_COUNT; i++) {
         order[i] = i;
         total += p->seconds[i];
     }
-    for (int i = 1; i < OP_COUNT; i++)   // insertion sort by decreasing time (40 entries)
+    for (int i = 1; i < LB_OP_COUNT; i++)   // insertion sort by decreasing time (60 entries)
         for (int j = i; j > 0 && p->seconds[order[j]] > p->seconds[order[j - 1]]; j--) {
             int t = order[j];
             order[j] = order[j - 1];
@@ -338,10 +260,10 @@ static void print_table(lb_backend *be, FILE *f)
     fprintf(f, "lowbit profile (LB_PROFILE, %s backend, a sync around every operation): %.3f s\n"
                "  %-24s %10s %12s %7s %10s\n", p->in->name, total, "operation", "calls", "ms",
             "share", "host ms");
-    for (int i = 0; i < OP_COUNT; i++) {
+    for (int i = 0; i < LB_OP_COUNT; i++) {
         int o = order[i];
         if (!p->calls[o]) continue;
-        fprintf(f, "  %-24s %10ld %12.3f %6.1f%% %10.3f\n", op_name[o], p->calls[o],
+        fprintf(f, "  %-24s %10ld %12.3f %6.1f%% %10.3f\n", lb_op_name(o), p->calls[o],
                 p->seconds[o] * 1e3, total > 0 ? 100.0 * p->seconds[o] / total : 0.0,
                 p->host[o] * 1e3);
     }
@@ -382,8 +304,10 @@ lb_backend *lb_backend_profiled(lb_backend *in)
     lb_backend *be = lb_calloc(1, sizeof *be);
     *be = *in;   // name and mode; every entry is replaced below
     be->ctx = p;
-#define X(name) be->name = w_##name;
-    LB_PROFILE_OPS(X)
+    // Only the entries the wrapped backend has: the others still say what it lacks.
+#define X(ret, name, params, args) \
+    if (lb_backend_supports(in, LB_OP_##name)) be->name = w_##name;
+    LB_OPS_MEMORY(X) LB_OPS_COMPUTE(X)
 #undef X
     be->sync = w_sync;
     be->mem_free = w_mem_free;

@@ -672,14 +672,15 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
     if (!is_moe(c)) {
         lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, f->gu, n, 2 * d.F, d.C,
                       0.0f);
-        be->swiglu_fwd(be, f->h, NULL, f->gu, NULL, n, d.F);
+        be->swiglu_fwd(be, &(lb_swiglu_args){.out = f->h, .gu = f->gu, .n = n, .f = d.F});
         lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, f->h, w->down, w->cdown, 0, out, n, d.C, d.F, 0.0f);
         return 0.0;
     }
     lb_linear_fwd(lin, l, LB_ROLE_ROUTER, ln, w->router, w->crouter, 0, f->rlogits, n, d.E, d.C,
                   0.0f);
-    be->router_topk_fwd(be, f->probs, f->idx, f->weight, f->rlogits, n, d.E, d.K,
-                        c->norm_topk_prob);
+    be->router_topk_fwd(be, &(lb_router_args){.probs = f->probs, .idx = f->idx,
+            .weight = f->weight, .logits = f->rlogits, .n = n, .e = d.E, .k = d.K,
+            .renorm = c->norm_topk_prob});
     if (m->route_log)
         be->download(be, m->route_log + (size_t)(l - m->layer_begin) * n * d.K, f->idx,
                      (size_t)n * d.K * sizeof(int32_t));
@@ -720,14 +721,16 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
     lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xe, xp16, w->gu, w->cgu,
                           f->route.local_counts, d.El, gu, gu16, 2 * d.F, d.C);
     float *h = h16 ? NULL : f->h;
-    if (nr) be->swiglu_fwd(be, h, h16, gu, gu16, (int)nr, d.F);
+    if (nr) be->swiglu_fwd(be, &(lb_swiglu_args){.out = h, .out16 = h16, .gu = gu, .gu16 = gu16,
+            .n = (int)nr, .f = d.F});
     lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, h, h16, w->down, w->cdown,
                           f->route.local_counts, d.El, ye, yp16, d.C, d.F);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, ye, yp, s->xs, d.C);
     if (d.parts > 1) be->zero(be, out, (size_t)n * d.C * sizeof(float));
     if (np)
-        be->moe_combine(be, out + (size_t)o * d.C, yp, yp16, f->weight + (size_t)o * d.K, f->row,
-                        np, d.K, d.C);
+        be->moe_combine(be, &(lb_moe_combine_args){.out = out + (size_t)o * d.C, .yp = yp,
+                .yp16 = yp16, .weight = f->weight + (size_t)o * d.K, .row = f->row, .n = np,
+                .k = d.K, .c = d.C});
     return aux;
 }
 
@@ -745,7 +748,8 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
     if (!is_moe(c)) {
         lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, f->h, w->down, w->cdown, 0, dout, a->dh, 0.0f,
                       dw->down, lb_model_grad_beta(m, dw->down), n, d.C, d.F);
-        be->swiglu_bwd(be, a->dgu, NULL, a->dh, NULL, f->gu, NULL, n, d.F);
+        be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = a->dgu, .dout = a->dh, .gu = f->gu, .n = n,
+                .f = d.F});
         lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, a->dgu, dln, 0.0f, dw->gu,
                       lb_model_grad_beta(m, dw->gu), n, 2 * d.F, d.C);
         return;
@@ -768,9 +772,10 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
     const int dx16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_DGRAD, 1);
     const int dh16 = out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD, 0);
     if (np)
-        be->moe_combine_bwd(be, dyp, dyp16, a->dweight + (size_t)o * d.K,
-                            dout + (size_t)o * d.C, y16 ? NULL : f->yp, y16 ? f->yp16 : NULL,
-                            f->weight + (size_t)o * d.K, f->row, np, d.K, d.C);
+        be->moe_combine_bwd(be, &(lb_moe_combine_args){.dyp = dyp, .dyp16 = dyp16,
+                .dweight = a->dweight + (size_t)o * d.K, .dout = dout + (size_t)o * d.C,
+                .yp = y16 ? NULL : f->yp, .yp16 = y16 ? f->yp16 : NULL,
+                .weight = f->weight + (size_t)o * d.K, .row = f->row, .n = np, .k = d.K, .c = d.C});
     // yp held this rank's etp share of its part's expert outputs: the sum over tp gives every
     // row's combine-weight gradient whole
     tp_sum(m, a->dweight, (size_t)n * d.K);
@@ -788,8 +793,9 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
                           w->down, w->cdown, f->route.local_counts, d.El, dye, dyp16, dh, dh16p,
                           dw->down, lb_model_grad_beta(m, dw->down), d.C, d.F);
     if (nr)
-        be->swiglu_bwd(be, dgu, dgu16, dh, dh16p, g16 ? NULL : f->gu, g16 ? f->gu16 : NULL,
-                       (int)nr, d.F);
+        be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = dgu, .dgu16 = dgu16, .dout = dh,
+                .dout16 = dh16p, .gu = g16 ? NULL : f->gu, .gu16 = g16 ? f->gu16 : NULL,
+                .n = (int)nr, .f = d.F});
     const int x16 = d.ep == 1 && gu16;   // the forward wrote xp16 and not xp
     uint16_t *dxp16 = dx16 ? a->dxp16 : NULL;
     lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : x16 ? NULL : f->xp,
@@ -804,8 +810,9 @@ static void ffn_bwd(lb_model *m, int l, const layer_w *w, const layer_w *dw, ffn
     // router: through the top-k weights and the load-balancing loss
     be->copy(be, a->daux, f->aux_grad, (size_t)d.E * sizeof(float));
     be->scale(be, a->daux, aux_scale, (size_t)d.E);
-    be->router_topk_bwd(be, a->drlogits, a->dweight, a->daux, f->probs, f->idx, n, d.E, d.K,
-                        c->norm_topk_prob);
+    be->router_topk_bwd(be, &(lb_router_args){.dlogits = a->drlogits, .dweight = a->dweight,
+            .dprobs_expert = a->daux, .probs = f->probs, .idx = f->idx, .n = n, .e = d.E, .k = d.K,
+            .renorm = c->norm_topk_prob});
     // The router is replicated over tp and its gradient the same on every tp rank: one rank
     // adds its share to dln so the tp sum counts it once.
     lb_linear_bwd(lin, l, LB_ROLE_ROUTER, ln, w->router, w->crouter, 0, a->drlogits,
@@ -845,8 +852,8 @@ static void norm_rows(lb_model *m, acts *a, const float *x, const float *w, floa
 {
     dims d = dims_of(m);
     int r0 = row_offset(m, a->ns);
-    m->be->rmsnorm_fwd(m->be, norm + (size_t)r0 * d.C, rstd, x, w, a->ns, d.C,
-                       (float)m->cfg.rms_norm_eps);
+    m->be->rmsnorm_fwd(m->be, &(lb_rmsnorm_args){.out = norm + (size_t)r0 * d.C, .rstd = rstd,
+            .x = x, .w = w, .n = a->ns, .c = d.C, .eps = (float)m->cfg.rms_norm_eps});
     tp_gather(m, norm + (size_t)r0 * d.C, norm, a->n, d.C);
 }
 
@@ -858,18 +865,23 @@ static void core_attention(lb_model *m, acts *a, layer_acts *L, const layer_w *w
     dims d = dims_of(m);
     int n = a->n, D = d.D;
     float eps = (float)m->cfg.rms_norm_eps, theta = (float)m->cfg.rope_theta;
-    be->rmsnorm_fwd(be, L->qr, L->qrstd, L->q, w->qn, n * d.hq, D, eps);
-    be->rmsnorm_fwd(be, L->kr, L->krstd, L->k, w->kn, n * d.hkv, D, eps);
-    be->rope_fwd(be, L->qr, a->pos, n, d.hq, D, theta);
-    be->rope_fwd(be, L->kr, a->pos, n, d.hkv, D, theta);
+    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = L->qr, .rstd = L->qrstd, .x = L->q, .w = w->qn,
+            .n = n * d.hq, .c = D, .eps = eps});
+    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = L->kr, .rstd = L->krstd, .x = L->k, .w = w->kn,
+            .n = n * d.hkv, .c = D, .eps = eps});
+    be->rope(be, &(lb_rope_args){.x = L->qr, .pos = a->pos, .n = n, .heads = d.hq, .d = D,
+            .theta = theta});
+    be->rope(be, &(lb_rope_args){.x = L->kr, .pos = a->pos, .n = n, .heads = d.hkv, .d = D,
+            .theta = theta});
     if (m->kv_fp8) {
         kv_fake_quant(be, L->kr, n * d.hkv, D);
         kv_fake_quant(be, L->v, n * d.hkv, D);
     }
     // The contract's attention mode; the backward and forward_cached pass the same one, so the
     // sampler's rows are this forward's bits.
-    be->attention_fwd(be, L->att, L->lse, L->qr, L->kr, L->v, a->b, a->t, d.hq, d.hkv, D,
-                      m->contract.attention_bf16);
+    be->attention_fwd(be, &(lb_attention_args){.out = L->att, .lse = L->lse, .q = L->qr,
+            .k = L->kr, .v = L->v, .b = a->b, .t = a->t, .hq = d.hq, .hkv = d.hkv, .d = D,
+            .bf16 = m->contract.attention_bf16});
 }
 
 // Decoder layer i of this stage on L->x, into a->l[i + 1].x; returns its load-balancing loss.
@@ -915,7 +927,8 @@ static void layer_recompute(lb_model *m, acts *a, int i, layer_acts *L)
     uint16_t *gu16 =
         moe && out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0) ? L->f.gu16 : NULL;
     if (rows)
-        m->be->swiglu_fwd(m->be, h16 ? NULL : L->f.h, h16, gu16 ? NULL : L->f.gu, gu16, rows, d.F);
+        m->be->swiglu_fwd(m->be, &(lb_swiglu_args){.out = h16 ? NULL : L->f.h, .out16 = h16,
+                .gu = gu16 ? NULL : L->f.gu, .gu16 = gu16, .n = rows, .f = d.F});
 }
 
 static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t)
@@ -942,7 +955,8 @@ static void forward(lb_model *m, const int32_t *tokens, const int32_t *targets, 
     if (!m->last_stage) return;   // the next stage continues from stage_output
     const lb_tensor *tn = find_or_die(m, "model.norm.weight");
     const lb_tensor *th = find_or_die(m, "lm_head.weight");
-    be->rmsnorm_fwd(be, a->lnf, a->rstdf, a->l[a->nl].x, m->params + tn->offset, ns, C, eps);
+    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->lnf, .rstd = a->rstdf, .x = a->l[a->nl].x,
+            .w = m->params + tn->offset, .n = ns, .c = C, .eps = eps});
     int R = ce_rows(m, ns);
     if (R < ns && !targets) lb_die("chunked cross-entropy keeps no logits: a forward needs targets");
     // Loss: mean cross-entropy over counted targets, summed in token order in double (each
@@ -999,8 +1013,9 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
                           m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits,
                           a->dln, 0.0f, G + th->offset, lb_model_grad_beta(m, G + th->offset),
                           ns, d.V, C);
-        be->rmsnorm_bwd(be, a->dres, 0.0f, G + tn->offset, a->dln, a->l[a->nl].x,
-                        m->params + tn->offset, a->rstdf, ns, C);
+        be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dres, .dx_beta = 0.0f,
+                .dw = G + tn->offset, .dout = a->dln, .x = a->l[a->nl].x,
+                .w = m->params + tn->offset, .rstd = a->rstdf, .n = ns, .c = C});
     }
     for (int i = a->nl - 1; i >= 0; i--) {
         int l = m->layer_begin + i;
@@ -1016,17 +1031,24 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
         tp_gather(m, a->dres, a->dfull, n, C);
         ffn_bwd(m, l, &w, &dw, &L->f, a, L->ln2, n, a->dfull, a->dln, aux_scale);
         tp_reduce(m, a->dln, a->dlns, n, C);
-        be->rmsnorm_bwd(be, a->dres, 1.0f, dw.ln2, a->dlns, L->xmid, w.ln2, L->rstd2, ns, C);
+        be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dres, .dx_beta = 1.0f, .dw = dw.ln2,
+                .dout = a->dlns, .x = L->xmid, .w = w.ln2, .rstd = L->rstd2, .n = ns, .c = C});
         // attention block: dres is now d loss / d xmid
         tp_gather(m, a->dres, a->dfull, n, C);
         lb_linear_bwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, a->dfull, a->datt, 0.0f,
                       dw.o, lb_model_grad_beta(m, dw.o), n, C, d.hq * D);
-        be->attention_bwd(be, a->dq, a->dk, a->dv, a->datt, L->qr, L->kr, L->v, L->att, L->lse,
-                          b, t, d.hq, d.hkv, D, m->contract.attention_bf16);
-        be->rope_bwd(be, a->dq, a->pos, n, d.hq, D, theta);
-        be->rope_bwd(be, a->dk, a->pos, n, d.hkv, D, theta);
-        be->rmsnorm_bwd(be, a->dqr, 0.0f, dw.qn, a->dq, L->q, w.qn, L->qrstd, n * d.hq, D);
-        be->rmsnorm_bwd(be, a->dkr, 0.0f, dw.kn, a->dk, L->k, w.kn, L->krstd, n * d.hkv, D);
+        be->attention_bwd(be, &(lb_attention_args){.dq = a->dq, .dk = a->dk, .dv = a->dv,
+                .dout = a->datt, .q = L->qr, .k = L->kr, .v = L->v, .out = L->att, .lse = L->lse,
+                .b = b, .t = t, .hq = d.hq, .hkv = d.hkv, .d = D,
+                .bf16 = m->contract.attention_bf16});
+        be->rope(be, &(lb_rope_args){.x = a->dq, .pos = a->pos, .n = n, .heads = d.hq, .d = D,
+                .theta = theta, .inverse = 1});
+        be->rope(be, &(lb_rope_args){.x = a->dk, .pos = a->pos, .n = n, .heads = d.hkv, .d = D,
+                .theta = theta, .inverse = 1});
+        be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dqr, .dx_beta = 0.0f, .dw = dw.qn,
+                .dout = a->dq, .x = L->q, .w = w.qn, .rstd = L->qrstd, .n = n * d.hq, .c = D});
+        be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dkr, .dx_beta = 0.0f, .dw = dw.kn,
+                .dout = a->dk, .x = L->k, .w = w.kn, .rstd = L->krstd, .n = n * d.hkv, .c = D});
         {   // dln = dq W_q + dk W_k + dv W_v, the wgrads' column-wise ln1 made once
             const float *ws[3] = {w.q, w.k, w.v}, *dys[3] = {a->dqr, a->dkr, a->dv};
             const lb_wcache *cs[3] = {w.cq, w.ck, w.cv};
@@ -1038,7 +1060,8 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
                                  betas, outs, n, C);
         }
         tp_reduce(m, a->dln, a->dlns, n, C);
-        be->rmsnorm_bwd(be, a->dres, 1.0f, dw.ln1, a->dlns, L->x, w.ln1, L->rstd1, ns, C);
+        be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dres, .dx_beta = 1.0f, .dw = dw.ln1,
+                .dout = a->dlns, .x = L->x, .w = w.ln1, .rstd = L->rstd1, .n = ns, .c = C});
     }
     if (m->first_stage)
         be->embedding_bwd(be, G + find_or_die(m, "model.embed_tokens.weight")->offset, a->dres,
@@ -1175,12 +1198,17 @@ static void forward_cached(lb_model *m, lb_kvcache *kv, int n)
                       m->params + find_or_die(m, "model.embed_tokens.weight")->offset, n, C);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_w w = layer_weights(m, m->params, l);
-        be->rmsnorm_fwd(be, a->ln, a->rstd, a->x, w.ln1, n, C, eps);
+        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->x,
+                .w = w.ln1, .n = n, .c = C, .eps = eps});
         qkv_fwd(lin, l, &w, a->ln, a->q, a->k, a->v, n, d);
-        be->rmsnorm_fwd(be, a->qr, a->qrstd, a->q, w.qn, n * d.hq, D, eps);
-        be->rmsnorm_fwd(be, a->kr, a->krstd, a->k, w.kn, n * d.hkv, D, eps);
-        be->rope_fwd(be, a->qr, kv->pos, n, d.hq, D, theta);
-        be->rope_fwd(be, a->kr, kv->pos, n, d.hkv, D, theta);
+        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->qr, .rstd = a->qrstd, .x = a->q,
+                .w = w.qn, .n = n * d.hq, .c = D, .eps = eps});
+        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->kr, .rstd = a->krstd, .x = a->k,
+                .w = w.kn, .n = n * d.hkv, .c = D, .eps = eps});
+        be->rope(be, &(lb_rope_args){.x = a->qr, .pos = kv->pos, .n = n, .heads = d.hq, .d = D,
+                .theta = theta});
+        be->rope(be, &(lb_rope_args){.x = a->kr, .pos = kv->pos, .n = n, .heads = d.hkv, .d = D,
+                .theta = theta});
         if (kv->fp8) {   // the first n * hkv rows of the call's quantized k and v
             lb_quant_args qa = kv_quant_args();
             lb_qmat kq = lb_qmat_rows(&a->kq, 0, n * d.hkv);
@@ -1198,7 +1226,8 @@ static void forward_cached(lb_model *m, lb_kvcache *kv, int n)
         tp_reduce(m, part, a->xmid, n, C);
         be->add(be, a->xmid, a->x, (size_t)n * C);
         // feed-forward block; its output overwrites x (the residual lives in xmid now)
-        be->rmsnorm_fwd(be, a->ln, a->rstd, a->xmid, w.ln2, n, C, eps);
+        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->xmid,
+                .w = w.ln2, .n = n, .c = C, .eps = eps});
         part = d.tp > 1 ? a->part : a->x;
         ffn_fwd(m, l, &w, &a->f, &a->ms, a->ln, n, part, 0);
         tp_reduce(m, part, a->x, n, C);
@@ -1206,7 +1235,8 @@ static void forward_cached(lb_model *m, lb_kvcache *kv, int n)
     }
     const lb_tensor *tn = find_or_die(m, "model.norm.weight");
     const lb_tensor *th = find_or_die(m, "lm_head.weight");
-    be->rmsnorm_fwd(be, a->ln, a->rstd, a->x, m->params + tn->offset, n, C, eps);
+    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->x,
+            .w = m->params + tn->offset, .n = n, .c = C, .eps = eps});
     lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->ln, m->params + th->offset,
                   &m->wcache[th - m->tensors], 0, kv->logits, n, d.V, C, 0.0f);
 }

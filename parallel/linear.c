@@ -471,8 +471,9 @@ void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, con
         return;
     }
     // lb_linear_bwd's grouped call for both products, dy made inside it
-    L->be->linear_ce_bwd(L->be, dx, 0.0f, dw, dw_beta, logits, stats, targets, dloss, x, w,
-                         cache_b16(c, 0), n, out, in);
+    L->be->linear_ce_bwd(L->be, &(lb_linear_ce_args){.dx = dx, .dx_beta = 0.0f, .dw = dw,
+            .dw_beta = dw_beta, .logits = logits, .stats = stats, .targets = targets,
+            .dloss = dloss, .x = x, .w = w, .w16 = cache_b16(c, 0), .n = n, .v = out, .c = in});
 }
 
 // --- experts: one weight matrix per group of consecutive rows ----------------------------------

@@ -379,16 +379,18 @@ typedef struct {
 static void run_attn_fwd(lb_backend *be, void *p)
 {
     attn_case *a = p;
-    be->attention_fwd(be, a->o, a->lse, a->q, a->k, a->v, a->b, a->t, a->hq, a->hkv, a->d,
-                      a->bf16);
+    be->attention_fwd(be, &(lb_attention_args){.out = a->o, .lse = a->lse, .q = a->q, .k = a->k,
+            .v = a->v, .b = a->b, .t = a->t, .hq = a->hq, .hkv = a->hkv, .d = a->d,
+            .bf16 = a->bf16});
 }
 
 static void run_attn_fwd_bwd(lb_backend *be, void *p)
 {
     attn_case *a = p;
     run_attn_fwd(be, p);
-    be->attention_bwd(be, a->dq, a->dk, a->dv, a->dout, a->q, a->k, a->v, a->o, a->lse, a->b,
-                      a->t, a->hq, a->hkv, a->d, a->bf16);
+    be->attention_bwd(be, &(lb_attention_args){.dq = a->dq, .dk = a->dk, .dv = a->dv,
+            .dout = a->dout, .q = a->q, .k = a->k, .v = a->v, .out = a->o, .lse = a->lse,
+            .b = a->b, .t = a->t, .hq = a->hq, .hkv = a->hkv, .d = a->d, .bf16 = a->bf16});
 }
 
 static int bench_attention(lb_backend *be, const lb_config *c)

@@ -172,11 +172,14 @@ static void adamw_run(const lb_optimizer *o, lb_backend *be, float *p, const flo
 {
     const lb_optim_config *c = &o->cfg;
     if (c->moments16)
-        be->adamw16(be, p, g, gscale, (uint16_t *)m + k, (uint16_t *)v + k, p16, n, lr,
-                    (float)c->beta1, (float)c->beta2, (float)c->eps, wd, step);
+        be->adamw16(be, &(lb_adamw_args){.p = p, .g = g, .gscale = gscale,
+                .m16 = (uint16_t *)m + k, .v16 = (uint16_t *)v + k, .p16 = p16, .n = n, .lr = lr,
+                .beta1 = (float)c->beta1, .beta2 = (float)c->beta2, .eps = (float)c->eps, .wd = wd,
+                .step = step});
     else
-        be->adamw(be, p, g, gscale, (float *)m + k, (float *)v + k, p16, n, lr, (float)c->beta1,
-                  (float)c->beta2, (float)c->eps, wd, step);
+        be->adamw(be, &(lb_adamw_args){.p = p, .g = g, .gscale = gscale, .m = (float *)m + k,
+                .v = (float *)v + k, .p16 = p16, .n = n, .lr = lr, .beta1 = (float)c->beta1,
+                .beta2 = (float)c->beta2, .eps = (float)c->eps, .wd = wd, .step = step});
 }
 
 // The offloaded segments' AdamW on their host copies (a thread of its own, see the step).

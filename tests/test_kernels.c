@@ -12,6 +12,7 @@
 #include <cblas.h>   // openblas_get_corename: GEMM findings name the kernel set in use
 #include <math.h>
 #include <omp.h>
+#include <setjmp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,29 +294,34 @@ static void ref_attention_bwd_bf16(float *dq, float *dk, float *dv, const float 
 
 // --- backend table and memory -----------------------------------------------------------------
 
+// A backend of one entry (lb_backend_new fills the rest); lb_die jumps back through the abort
+// hook (the suite runs without fork).
+static void lacking_sync(lb_backend *be) {}
+static void lacking_init(lb_backend *be) { be->sync = lacking_sync; }
+static jmp_buf lacking_jmp;
+static void lacking_jump(int code) { longjmp(lacking_jmp, code ? code : 1); }
+
 START_TEST(test_table_and_memory)
 {
     ck_assert_str_eq(be->name, "cpu");
-    void (*const fns[])(void) = {
-        (void (*)(void))be->alloc, (void (*)(void))be->free, (void (*)(void))be->upload,
-        (void (*)(void))be->download, (void (*)(void))be->copy, (void (*)(void))be->zero,
-        (void (*)(void))be->sync, (void (*)(void))be->destroy, (void (*)(void))be->gemm,
-        (void (*)(void))be->gemm_grouped, (void (*)(void))be->add, (void (*)(void))be->scale,
-        (void (*)(void))be->sumsq, (void (*)(void))be->embedding_fwd,
-        (void (*)(void))be->embedding_bwd, (void (*)(void))be->rmsnorm_fwd,
-        (void (*)(void))be->rmsnorm_bwd, (void (*)(void))be->rope_fwd,
-        (void (*)(void))be->rope_bwd, (void (*)(void))be->attention_fwd,
-        (void (*)(void))be->attention_bwd, (void (*)(void))be->swiglu_fwd,
-        (void (*)(void))be->swiglu_bwd, (void (*)(void))be->router_topk_fwd,
-        (void (*)(void))be->router_topk_bwd, (void (*)(void))be->moe_aux_loss,
-        (void (*)(void))be->moe_plan, (void (*)(void))be->moe_permute,
-        (void (*)(void))be->moe_permute_bwd, (void (*)(void))be->moe_combine,
-        (void (*)(void))be->moe_combine_bwd, (void (*)(void))be->cross_entropy_fwd,
-        (void (*)(void))be->cross_entropy_bwd, (void (*)(void))be->adamw,
-        (void (*)(void))be->adamw16,
-    };
-    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
-        ck_assert_msg(fns[i] != NULL, "table entry %zu is NULL", i);
+    // Every entry of the op list filled, each name distinct and known.
+    for (int op = 0; op < LB_OP_COUNT; op++) {
+        ck_assert_msg(lb_backend_supports(be, op), "cpu lacks op %s", lb_op_name(op));
+        ck_assert_ptr_nonnull(lb_op_name(op));
+    }
+    ck_assert_ptr_null(lb_op_name(LB_OP_COUNT));
+    ck_assert_str_eq(lb_op_name(LB_OP_gemm), "gemm");
+    // A backend that lacks an op says so: the entry stops the program by name, no NULL.
+    static void (*const only_sync[])(lb_backend *) = {lacking_init};
+    lb_backend *part = lb_backend_new("partial", NULL, only_sync, 1);
+    ck_assert(lb_backend_supports(part, LB_OP_sync) && !lb_backend_supports(part, LB_OP_gemm));
+    ck_assert_ptr_nonnull(part->gemm);
+    lb_set_abort_hook(lacking_jump);
+    int died = setjmp(lacking_jmp);
+    if (!died) lb_gemm(part, 0, 0, 1, 1, 1, 1.0f, NULL, NULL, 0.0f, NULL);   // prints the name
+    lb_set_abort_hook(NULL);
+    ck_assert_msg(died, "a missing op returned");
+    free(part);
 
     size_t bytes = 1001;
     unsigned char *p = be->alloc(be, bytes), *q = be->alloc(be, bytes);
@@ -707,7 +713,8 @@ START_TEST(test_rmsnorm_fwd)
     float *x = randn((size_t)N * C, 170, 2), *w = randn(C, 171, 1);
     float *out = lb_malloc((size_t)N * C * 4), *rstd = lb_malloc(N * 4);
     double *ref = dzeros((size_t)N * C), *rref = dzeros(N);
-    be->rmsnorm_fwd(be, out, rstd, x, w, N, C, 1e-6f);
+    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = out, .rstd = rstd, .x = x, .w = w, .n = N,
+            .c = C, .eps = 1e-6f});
     ref_rmsnorm(ref, rref, x, w, N, C, 1e-6f);
     ASSERT_CLOSE("rmsnorm_fwd out", out, ref, (size_t)N * C, 1e-6);
     ASSERT_CLOSE("rmsnorm_fwd rstd", rstd, rref, N, 1e-6);
@@ -723,12 +730,14 @@ START_TEST(test_rope_fwd)
     int32_t *pos = randint(N, 181, 40000);
     pos[0] = 0;
     double *ref = dzeros(sz);
-    be->rope_fwd(be, y, pos, N, heads, D, 1e6f);
+    be->rope(be, &(lb_rope_args){.x = y, .pos = pos, .n = N, .heads = heads, .d = D,
+            .theta = 1e6f});
     ref_rope(ref, x, pos, N, heads, D, 1e6);
     ASSERT_CLOSE("rope_fwd", y, ref, sz, 1e-6);
     for (int j = 0; j < heads * D; j++) ck_assert(y[j] == x[j]);   // position 0: identity
     // The backward map is the inverse rotation.
-    be->rope_bwd(be, y, pos, N, heads, D, 1e6f);
+    be->rope(be, &(lb_rope_args){.x = y, .pos = pos, .n = N, .heads = heads, .d = D, .theta = 1e6f,
+            .inverse = 1});
     for (size_t i = 0; i < sz; i++) ref[i] = x[i];
     ASSERT_CLOSE("rope_bwd(rope_fwd(x)) == x", y, ref, sz, 1e-6);
     free(x), free(y), free(pos), free(ref);
@@ -741,7 +750,8 @@ START_TEST(test_attention_fwd)
     float *q = randn(nq, 190, 1), *k = randn(nk, 191, 1), *v = randn(nk, 192, 1);
     float *out = lb_malloc(nq * 4), *lse = lb_malloc((size_t)B * HQ * T * 4);
     double *ref = dzeros(nq), *lref = dzeros((size_t)B * HQ * T);
-    be->attention_fwd(be, out, lse, q, k, v, B, T, HQ, HKV, D, 0);
+    be->attention_fwd(be, &(lb_attention_args){.out = out, .lse = lse, .q = q, .k = k, .v = v,
+            .b = B, .t = T, .hq = HQ, .hkv = HKV, .d = D, .bf16 = 0});
     ref_attention(ref, lref, q, k, v, B, T, HQ, HKV, D);
     ASSERT_CLOSE("attention_fwd out", out, ref, nq, 1e-6);
     ASSERT_CLOSE("attention_fwd lse", lse, lref, (size_t)B * HQ * T, 1e-6);
@@ -776,7 +786,8 @@ START_TEST(test_attention_bf16_exact)
                 float *dq = lb_malloc(nq * 4), *dk = lb_malloc(nk * 4), *dv = lb_malloc(nk * 4);
                 float *rdq = lb_malloc(nq * 4), *rdk = lb_malloc(nk * 4);
                 float *rdv = lb_malloc(nk * 4);
-                be->attention_fwd(be, out, lse, q, k, v, b, t, hq, hkv, d, 1);
+                be->attention_fwd(be, &(lb_attention_args){.out = out, .lse = lse, .q = q, .k = k,
+                        .v = v, .b = b, .t = t, .hq = hq, .hkv = hkv, .d = d, .bf16 = 1});
                 ref_attention_bf16(rout, rlse, q, k, v, b, t, hq, hkv, d, LB_ATTN_CHUNK);
                 char what[96];
                 snprintf(what, sizeof what, "bf16 out t %d d %d hq %d: spec", t, d, hq);
@@ -789,7 +800,9 @@ START_TEST(test_attention_bf16_exact)
                                   "32-key chunks give the same bits as 64: the test is blind");
                 }
                 // The backward takes the forward's out and lse, as the model does.
-                be->attention_bwd(be, dq, dk, dv, g, q, k, v, out, lse, b, t, hq, hkv, d, 1);
+                be->attention_bwd(be, &(lb_attention_args){.dq = dq, .dk = dk, .dv = dv, .dout = g,
+                        .q = q, .k = k, .v = v, .out = out, .lse = lse, .b = b, .t = t, .hq = hq,
+                        .hkv = hkv, .d = d, .bf16 = 1});
                 ref_attention_bwd_bf16(rdq, rdk, rdv, g, q, k, v, out, lse, b, t, hq, hkv, d);
                 snprintf(what, sizeof what, "bf16 dq t %d d %d hq %d: spec", t, d, hq);
                 ASSERT_BITWISE(what, dq, rdq, nq * 4);
@@ -841,8 +854,11 @@ START_TEST(test_attention_bf16_vs_fp32)
     for (int m = 0; m < 2; m++) {
         o[m] = lb_malloc(nq * 4), l[m] = lb_malloc(nl * 4);
         dq[m] = lb_malloc(nq * 4), dk[m] = lb_malloc(nk * 4), dv[m] = lb_malloc(nk * 4);
-        be->attention_fwd(be, o[m], l[m], q, k, v, b, t, hq, hkv, d, m);
-        be->attention_bwd(be, dq[m], dk[m], dv[m], g, q, k, v, o[m], l[m], b, t, hq, hkv, d, m);
+        be->attention_fwd(be, &(lb_attention_args){.out = o[m], .lse = l[m], .q = q, .k = k,
+                .v = v, .b = b, .t = t, .hq = hq, .hkv = hkv, .d = d, .bf16 = m});
+        be->attention_bwd(be, &(lb_attention_args){.dq = dq[m], .dk = dk[m], .dv = dv[m],
+                .dout = g, .q = q, .k = k, .v = v, .out = o[m], .lse = l[m], .b = b, .t = t,
+                .hq = hq, .hkv = hkv, .d = d, .bf16 = m});
     }
     const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
     const float *got[5] = {o[1], l[1], dq[1], dk[1], dv[1]}, *ref[5] = {o[0], l[0], dq[0], dk[0],
@@ -865,7 +881,7 @@ START_TEST(test_swiglu_fwd)
     float *out2 = lb_malloc((size_t)N * f * 4);
     uint16_t *out16 = lb_malloc((size_t)N * 48 * 2);   // (N, pad8(f))
     double *ref = dzeros((size_t)N * f);
-    be->swiglu_fwd(be, out, NULL, gu, NULL, N, f);
+    be->swiglu_fwd(be, &(lb_swiglu_args){.out = out, .gu = gu, .n = N, .f = f});
     for (int i = 0; i < N; i++)
         for (int j = 0; j < f; j++) {
             double g = gu[(size_t)i * 2 * f + j], u = gu[(size_t)i * 2 * f + f + j];
@@ -873,19 +889,19 @@ START_TEST(test_swiglu_fwd)
         }
     ASSERT_CLOSE("swiglu_fwd", out, ref, (size_t)N * f, 1e-6);
     memset(out16, 0xff, (size_t)N * 48 * 2);   // the padding must be written
-    be->swiglu_fwd(be, out2, out16, gu, NULL, N, f);
+    be->swiglu_fwd(be, &(lb_swiglu_args){.out = out2, .out16 = out16, .gu = gu, .n = N, .f = f});
     ASSERT_BITWISE("swiglu_fwd with a copy", out2, out, (size_t)N * f * 4);
     check_copy16("swiglu_fwd out16", out16, out, N, f);
     memset(out16, 0xff, (size_t)N * 48 * 2);   // the copy alone, out not written
-    be->swiglu_fwd(be, NULL, out16, gu, NULL, N, f);
+    be->swiglu_fwd(be, &(lb_swiglu_args){.out16 = out16, .gu = gu, .n = N, .f = f});
     check_copy16("swiglu_fwd out16 alone", out16, out, N, f);
     // a bf16 input (gu16, the gate/up GEMM's c16) reads as its values widened to fp32
     uint16_t *gu16 = lb_malloc((size_t)N * 88 * 2);   // (N, pad8(2f))
     for (int i = 0; i < N; i++)
         lb_bf16_row(gu16 + (size_t)i * 88, gu + (size_t)i * 2 * f, 2 * f, 88);
     for (size_t i = 0; i < (size_t)N * 2 * f; i++) gu[i] = lb_round_bf16(gu[i]);
-    be->swiglu_fwd(be, out, NULL, gu, NULL, N, f);
-    be->swiglu_fwd(be, out2, NULL, NULL, gu16, N, f);
+    be->swiglu_fwd(be, &(lb_swiglu_args){.out = out, .gu = gu, .n = N, .f = f});
+    be->swiglu_fwd(be, &(lb_swiglu_args){.out = out2, .gu16 = gu16, .n = N, .f = f});
     ASSERT_BITWISE("swiglu_fwd gu16", out2, out, (size_t)N * f * 4);
     free(gu16);
     free(gu), free(out), free(out2), free(out16), free(ref);
@@ -911,7 +927,8 @@ START_TEST(test_router_topk_fwd)
         for (int j = 0; j < E; j++) pref[i * E + j] = exp(logits[i * E + j] - m) / sum;
     }
     for (int renorm = 0; renorm < 2; renorm++) {
-        be->router_topk_fwd(be, probs, idx, w, logits, N, E, K, renorm);
+        be->router_topk_fwd(be, &(lb_router_args){.probs = probs, .idx = idx, .weight = w,
+                .logits = logits, .n = N, .e = E, .k = K, .renorm = renorm});
         ASSERT_CLOSE("router_topk_fwd probs", probs, pref, (size_t)N * E, 1e-6);
         for (int i = 0; i < N; i++) {
             int chosen[E] = {0};
@@ -943,7 +960,8 @@ START_TEST(test_moe_aux_loss)
     float *logits = randn((size_t)N * E, 220, 1), *probs = lb_malloc((size_t)N * E * 4);
     float *w = lb_malloc((size_t)N * K * 4), *dpe = lb_malloc(E * 4), loss = NAN;
     int32_t *idx = lb_malloc((size_t)N * K * 4);
-    be->router_topk_fwd(be, probs, idx, w, logits, N, E, K, 1);
+    be->router_topk_fwd(be, &(lb_router_args){.probs = probs, .idx = idx, .weight = w,
+            .logits = logits, .n = N, .e = E, .k = K, .renorm = 1});
     be->moe_aux_loss(be, &loss, dpe, probs, idx, N, E, K);
     double f[E] = {0}, P[E] = {0}, lref = 0.0, dref[E];
     for (int a = 0; a < N * K; a++) f[idx[a]] += 1.0 / (N * K);
@@ -1008,7 +1026,8 @@ START_TEST(test_moe_dispatch_fwd)
         for (int s = 0; s < K; s++)
             for (int c = 0; c < C; c++)
                 ref[i * C + c] += (double)w[i * K + s] * yp[(size_t)row[i * K + s] * C + c];
-    be->moe_combine(be, out, yp, NULL, w, row, N, K, C);
+    be->moe_combine(be, &(lb_moe_combine_args){.out = out, .yp = yp, .weight = w, .row = row,
+            .n = N, .k = K, .c = C});
     ASSERT_CLOSE("moe_combine", out, ref, (size_t)N * C, 1e-6);
     // a bf16 input (yp16, the down GEMM's c16) reads as its values widened to fp32
     const int ld = (C + 7) / 8 * 8;
@@ -1016,8 +1035,10 @@ START_TEST(test_moe_dispatch_fwd)
     float *out2 = lb_malloc((size_t)N * C * 4);
     for (int r = 0; r < N * K; r++) lb_bf16_row(yp16 + (size_t)r * ld, yp + (size_t)r * C, C, ld);
     for (size_t i = 0; i < (size_t)N * K * C; i++) yp[i] = lb_round_bf16(yp[i]);
-    be->moe_combine(be, out, yp, NULL, w, row, N, K, C);
-    be->moe_combine(be, out2, NULL, yp16, w, row, N, K, C);
+    be->moe_combine(be, &(lb_moe_combine_args){.out = out, .yp = yp, .weight = w, .row = row,
+            .n = N, .k = K, .c = C});
+    be->moe_combine(be, &(lb_moe_combine_args){.out = out2, .yp16 = yp16, .weight = w, .row = row,
+            .n = N, .k = K, .c = C});
     ASSERT_BITWISE("moe_combine yp16", out2, out, (size_t)N * C * 4);
     free(yp16), free(out2);
     free(idx), free(row), free(x), free(xp), free(yp), free(w), free(out), free(ref);
@@ -1076,13 +1097,15 @@ END_TEST
 START_TEST(test_adamw)
 {
     float p = 1.0f, m = 0.0f, v = 0.0f, g = 0.5f;
-    be->adamw(be, &p, &g, 1.0f, &m, &v, NULL, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 1);
+    be->adamw(be, &(lb_adamw_args){.p = &p, .g = &g, .gscale = 1.0f, .m = &m, .v = &v, .n = 1,
+            .lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .wd = 0.01f, .step = 1});
     double p1 = 1.0 - 0.1 * (0.5 / (0.5 + 1e-8) + 0.01);
     // m and v to 1e-4 relative: 1 - beta in float is 1 - 0.999f = 0.00099998713.
     ck_assert_msg(fabs(m / 0.05 - 1) < 1e-4 && fabs(v / 0.00025 - 1) < 1e-4, "m %g v %g", m, v);
     ck_assert_msg(fabs(p - p1) < 1e-6 && fabs(p1 - 0.899000002) < 1e-12, "step 1: p %.9g", p);
     g = -0.25f;
-    be->adamw(be, &p, &g, 1.0f, &m, &v, NULL, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 2);
+    be->adamw(be, &(lb_adamw_args){.p = &p, .g = &g, .gscale = 1.0f, .m = &m, .v = &v, .n = 1,
+            .lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .wd = 0.01f, .step = 2});
     double p2 = p1 - 0.1 * ((0.02 / 0.19) / (sqrt(0.00031225 / 0.001999) + 1e-8) + 0.01 * p1);
     ck_assert_msg(fabs(m / 0.02 - 1) < 1e-4 && fabs(v / 0.00031225 - 1) < 1e-4, "m %g v %g", m,
                   v);
@@ -1095,7 +1118,9 @@ START_TEST(test_adamw)
     for (int step = 1; step <= 3; step++) {
         float *gg = randn(n, 251 + step, 0.1f);
         const float gs = step == 2 ? 0.37f : 1.0f;   // a clipped step
-        be->adamw(be, pp, gg, gs, mm, vv, NULL, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+        be->adamw(be, &(lb_adamw_args){.p = pp, .g = gg, .gscale = gs, .m = mm, .v = vv, .n = n,
+                .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .wd = 0.1f,
+                .step = step});
         for (size_t i = 0; i < n; i++) {
             const double gi = (double)gg[i] * gs;
             mr[i] = 0.9 * mr[i] + 0.1 * gi;
@@ -1117,13 +1142,16 @@ START_TEST(test_adamw)
         st[r][0] = randn(n, 261, 1), st[r][1] = randn(n, 262, 0.1f), st[r][2] = lb_calloc(n, 4);
     }
     be->scale(be, g2, 0.37f, n);
-    be->adamw(be, st[0][0], g2, 1.0f, st[0][1], st[0][2], NULL, n, 1e-2f, 0.9f, 0.95f, 1e-8f,
-              0.1f, 2);
+    be->adamw(be, &(lb_adamw_args){.p = st[0][0], .g = g2, .gscale = 1.0f, .m = st[0][1],
+            .v = st[0][2], .n = n, .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+            .wd = 0.1f, .step = 2});
     memcpy(g2, g1, n * 4);
-    be->adamw(be, st[1][0], g1, 0.37f, st[1][1], st[1][2], NULL, n, 1e-2f, 0.9f, 0.95f, 1e-8f,
-              0.1f, 2);
-    be->adamw(be, st[2][0], g1, 0.37f, st[2][1], st[2][2], p16, n, 1e-2f, 0.9f, 0.95f, 1e-8f,
-              0.1f, 2);
+    be->adamw(be, &(lb_adamw_args){.p = st[1][0], .g = g1, .gscale = 0.37f, .m = st[1][1],
+            .v = st[1][2], .n = n, .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+            .wd = 0.1f, .step = 2});
+    be->adamw(be, &(lb_adamw_args){.p = st[2][0], .g = g1, .gscale = 0.37f, .m = st[2][1],
+            .v = st[2][2], .p16 = p16, .n = n, .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f,
+            .eps = 1e-8f, .wd = 0.1f, .step = 2});
     ck_assert_msg(!memcmp(g1, g2, n * 4), "adamw changed g");
     for (int i = 0; i < 3; i++) {
         ck_assert_msg(!memcmp(st[0][i], st[1][i], n * 4), "adamw gscale != scale + adamw (%d)", i);
@@ -1155,8 +1183,12 @@ START_TEST(test_adamw16)
     memcpy(p, p32, n * 4);
     for (int step = 1; step <= 2; step++) {
         float *g = randn(n, 273 + step, 0.1f);
-        be->adamw(be, p32, g, 0.37f, m, v, a16, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
-        be->adamw16(be, p, g, 0.37f, m16, v16, b16, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+        be->adamw(be, &(lb_adamw_args){.p = p32, .g = g, .gscale = 0.37f, .m = m, .v = v,
+                .p16 = a16, .n = n, .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                .wd = 0.1f, .step = step});
+        be->adamw16(be, &(lb_adamw_args){.p = p, .g = g, .gscale = 0.37f, .m16 = m16, .v16 = v16,
+                .p16 = b16, .n = n, .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                .wd = 0.1f, .step = step});
         ck_assert_msg(!memcmp(p, p32, n * 4), "adamw16 p differs from adamw's (step %d)", step);
         ck_assert_msg(!memcmp(a16, b16, n * 2), "adamw16 p16 differs (step %d)", step);
         for (size_t i = 0; i < n; i++) {
@@ -1282,7 +1314,8 @@ typedef struct {
 static double rms_loss(void *p)
 {
     rms_ctx *q = p;
-    be->rmsnorm_fwd(be, q->out, q->rstd, q->x, q->w, q->n, q->c, 1e-6f);
+    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = q->out, .rstd = q->rstd, .x = q->x, .w = q->w,
+            .n = q->n, .c = q->c, .eps = 1e-6f});
     return dot_out(q->out, q->r, (size_t)q->n * q->c);
 }
 
@@ -1293,14 +1326,16 @@ START_TEST(test_grad_rmsnorm)
                  randn(C, 311, 1), randn((size_t)n * C, 312, 1), n, C};
     float *dx = lb_malloc((size_t)n * C * 4), *d0 = randn(C, 313, 1), *dw = fdup(d0, C);
     rms_loss(&q);
-    be->rmsnorm_bwd(be, dx, 0.0f, dw, q.r, q.x, q.w, q.rstd, n, C);
+    be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = dx, .dx_beta = 0.0f, .dw = dw, .dout = q.r,
+            .x = q.x, .w = q.w, .rstd = q.rstd, .n = n, .c = C});
     float *gw = fdiff(dw, d0, C);
     fd_check("rmsnorm dx", rms_loss, &q, q.x, dx, (size_t)n * C, 1e-3, 2e-3, 314);
     fd_check("rmsnorm dw", rms_loss, &q, q.w, gw, C, 1e-3, 2e-3, 315);
     // dx_beta 1 adds into a residual's gradient: the bits of add() after the overwrite
     float *res = randn((size_t)n * C, 316, 1), *want = fdup(res, (size_t)n * C);
     be->add(be, want, dx, (size_t)n * C);
-    be->rmsnorm_bwd(be, res, 1.0f, dw, q.r, q.x, q.w, q.rstd, n, C);
+    be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = res, .dx_beta = 1.0f, .dw = dw, .dout = q.r,
+            .x = q.x, .w = q.w, .rstd = q.rstd, .n = n, .c = C});
     ASSERT_BITWISE("rmsnorm_bwd dx_beta 1 vs add", res, want, (size_t)n * C * 4);
     free(q.out), free(q.rstd), free(q.x), free(q.w), free(q.r), free(dx), free(d0), free(dw);
     free(gw), free(res), free(want);
@@ -1318,7 +1353,8 @@ static double rope_loss(void *p)
     rope_ctx *q = p;
     size_t sz = (size_t)q->n * q->heads * q->d;
     memcpy(q->out, q->x, sz * sizeof(float));
-    be->rope_fwd(be, q->out, q->pos, q->n, q->heads, q->d, 1e4f);
+    be->rope(be, &(lb_rope_args){.x = q->out, .pos = q->pos, .n = q->n, .heads = q->heads,
+            .d = q->d, .theta = 1e4f});
     return dot_out(q->out, q->r, sz);
 }
 
@@ -1329,7 +1365,8 @@ START_TEST(test_grad_rope)
     rope_ctx q = {lb_malloc(sz * 4), randn(sz, 320, 1), randn(sz, 321, 1), randint(n, 322, 500),
                   n, heads, D};
     float *dx = fdup(q.r, sz);
-    be->rope_bwd(be, dx, q.pos, n, heads, D, 1e4f);
+    be->rope(be, &(lb_rope_args){.x = dx, .pos = q.pos, .n = n, .heads = heads, .d = D,
+            .theta = 1e4f, .inverse = 1});
     fd_check("rope dx", rope_loss, &q, q.x, dx, sz, 1e-2, 1e-3, 323);
     free(q.out), free(q.x), free(q.r), free(q.pos), free(dx);
 }
@@ -1342,7 +1379,8 @@ typedef struct {
 static double attn_loss(void *p)
 {
     attn_ctx *a = p;
-    be->attention_fwd(be, a->out, a->lse, a->q, a->k, a->v, B, T, HQ, HKV, D, 0);
+    be->attention_fwd(be, &(lb_attention_args){.out = a->out, .lse = a->lse, .q = a->q, .k = a->k,
+            .v = a->v, .b = B, .t = T, .hq = HQ, .hkv = HKV, .d = D, .bf16 = 0});
     return dot_out(a->out, a->r, (size_t)B * T * HQ * D);
 }
 
@@ -1353,7 +1391,9 @@ START_TEST(test_grad_attention)
                   randn(nk, 331, 1), randn(nk, 332, 1), randn(nq, 333, 1)};
     float *dq = lb_malloc(nq * 4), *dk = lb_malloc(nk * 4), *dv = lb_malloc(nk * 4);
     attn_loss(&a);
-    be->attention_bwd(be, dq, dk, dv, a.r, a.q, a.k, a.v, a.out, a.lse, B, T, HQ, HKV, D, 0);
+    be->attention_bwd(be, &(lb_attention_args){.dq = dq, .dk = dk, .dv = dv, .dout = a.r, .q = a.q,
+            .k = a.k, .v = a.v, .out = a.out, .lse = a.lse, .b = B, .t = T, .hq = HQ, .hkv = HKV,
+            .d = D, .bf16 = 0});
     fd_check("attention dq", attn_loss, &a, a.q, dq, nq, 1e-3, 2e-3, 334);
     fd_check("attention dk", attn_loss, &a, a.k, dk, nk, 1e-3, 2e-3, 335);
     fd_check("attention dv", attn_loss, &a, a.v, dv, nk, 1e-3, 2e-3, 336);
@@ -1370,7 +1410,7 @@ typedef struct {
 static double swiglu_loss(void *p)
 {
     swiglu_ctx *q = p;
-    be->swiglu_fwd(be, q->out, NULL, q->gu, NULL, q->n, q->f);
+    be->swiglu_fwd(be, &(lb_swiglu_args){.out = q->out, .gu = q->gu, .n = q->n, .f = q->f});
     return dot_out(q->out, q->r, (size_t)q->n * q->f);
 }
 
@@ -1381,14 +1421,15 @@ START_TEST(test_grad_swiglu)
                     randn((size_t)n * f, 341, 1), n, f};
     float *dgu = lb_malloc((size_t)n * 2 * f * 4), *dgu2 = lb_malloc((size_t)n * 2 * f * 4);
     uint16_t *dgu16 = lb_malloc((size_t)n * 88 * 2);   // (n, pad8(2 f))
-    be->swiglu_bwd(be, dgu, NULL, q.r, NULL, q.gu, NULL, n, f);
+    be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = dgu, .dout = q.r, .gu = q.gu, .n = n, .f = f});
     fd_check("swiglu dgate", swiglu_loss, &q, q.gu, dgu, (size_t)n * 2 * f, 1e-3, 2e-3, 342);
     memset(dgu16, 0xff, (size_t)n * 88 * 2);
-    be->swiglu_bwd(be, dgu2, dgu16, q.r, NULL, q.gu, NULL, n, f);
+    be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = dgu2, .dgu16 = dgu16, .dout = q.r, .gu = q.gu,
+            .n = n, .f = f});
     ASSERT_BITWISE("swiglu_bwd with a copy", dgu2, dgu, (size_t)n * 2 * f * 4);
     check_copy16("swiglu_bwd dgu16", dgu16, dgu, n, 2 * f);
     memset(dgu16, 0xff, (size_t)n * 88 * 2);   // the copy alone
-    be->swiglu_bwd(be, NULL, dgu16, q.r, NULL, q.gu, NULL, n, f);
+    be->swiglu_bwd(be, &(lb_swiglu_args){.dgu16 = dgu16, .dout = q.r, .gu = q.gu, .n = n, .f = f});
     check_copy16("swiglu_bwd dgu16 alone", dgu16, dgu, n, 2 * f);
     free(q.out), free(q.gu), free(q.r), free(dgu), free(dgu2), free(dgu16);
 }
@@ -1408,7 +1449,9 @@ typedef struct {
 static double router_loss(void *p)
 {
     router_ctx *q = p;
-    be->router_topk_fwd(be, q->probs, q->idx, q->weight, q->logits, q->n, E, K, q->renorm);
+    be->router_topk_fwd(be, &(lb_router_args){.probs = q->probs, .idx = q->idx,
+            .weight = q->weight, .logits = q->logits, .n = q->n, .e = E, .k = K,
+            .renorm = q->renorm});
     ck_assert_msg(memcmp(q->idx, q->idx0, (size_t)q->n * K * 4) == 0,
                   "router: a perturbation changed the top-k choice; the check is invalid");
     double l = dot_out(q->weight, q->r, (size_t)q->n * K);
@@ -1434,14 +1477,16 @@ static void router_case(int renorm, float aux_coef, const char *what, uint64_t s
             q.logits[i * E + j] = 0.6f * rank - 1.5f + jitter;
         }
     // The base point: probs and the top-k choice every perturbed evaluation must reproduce.
-    be->router_topk_fwd(be, q.probs, q.idx, q.weight, q.logits, n, E, K, renorm);
+    be->router_topk_fwd(be, &(lb_router_args){.probs = q.probs, .idx = q.idx, .weight = q.weight,
+            .logits = q.logits, .n = n, .e = E, .k = K, .renorm = renorm});
     memcpy(q.idx0, q.idx, (size_t)n * K * 4);
     float dpe[E], aux;
     be->moe_aux_loss(be, &aux, dpe, q.probs, q.idx, n, E, K);
     for (int j = 0; j < E; j++) dpe[j] *= aux_coef;
     float *dl = lb_malloc((size_t)n * E * 4);
-    be->router_topk_bwd(be, dl, q.r, aux_coef != 0.0f ? dpe : NULL, q.probs, q.idx, n, E, K,
-                        renorm);
+    be->router_topk_bwd(be, &(lb_router_args){.dlogits = dl, .dweight = q.r,
+            .dprobs_expert = aux_coef != 0.0f ? dpe : NULL, .probs = q.probs, .idx = q.idx, .n = n,
+            .e = E, .k = K, .renorm = renorm});
     fd_check(what, router_loss, &q, q.logits, dl, (size_t)n * E, 3e-3, 2e-3, seed + 1);
     free(q.logits), free(q.probs), free(q.weight), free(q.r), free(q.idx), free(q.idx0);
     free(dl);
@@ -1471,7 +1516,8 @@ static double permute_loss(void *p)
 static double combine_loss(void *p)
 {
     moe_ctx *q = p;
-    be->moe_combine(be, q->out, q->yp, NULL, q->w, q->row, N, K, C);
+    be->moe_combine(be, &(lb_moe_combine_args){.out = q->out, .yp = q->yp, .weight = q->w,
+            .row = q->row, .n = N, .k = K, .c = C});
     return dot_out(q->out, q->r, (size_t)N * C);
 }
 
@@ -1506,16 +1552,19 @@ START_TEST(test_grad_moe_combine)
     float *dyp = lb_malloc((size_t)N * K * C * 4), *dw = lb_malloc((size_t)N * K * 4);
     float *dyp2 = lb_malloc((size_t)N * K * C * 4), *dw2 = lb_malloc((size_t)N * K * 4);
     uint16_t *dyp16 = lb_malloc((size_t)N * K * 56 * 2);   // (N K, pad8(C))
-    be->moe_combine_bwd(be, dyp, NULL, dw, q.r, q.yp, NULL, q.w, q.row, N, K, C);
+    be->moe_combine_bwd(be, &(lb_moe_combine_args){.dyp = dyp, .dweight = dw, .dout = q.r,
+            .yp = q.yp, .weight = q.w, .row = q.row, .n = N, .k = K, .c = C});
     fd_check("moe_combine dyp", combine_loss, &q, q.yp, dyp, (size_t)N * K * C, 1e-2, 1e-3, 374);
     fd_check("moe_combine dweight", combine_loss, &q, q.w, dw, (size_t)N * K, 1e-2, 1e-3, 375);
     memset(dyp16, 0xff, (size_t)N * K * 56 * 2);
-    be->moe_combine_bwd(be, dyp2, dyp16, dw2, q.r, q.yp, NULL, q.w, q.row, N, K, C);
+    be->moe_combine_bwd(be, &(lb_moe_combine_args){.dyp = dyp2, .dyp16 = dyp16, .dweight = dw2,
+            .dout = q.r, .yp = q.yp, .weight = q.w, .row = q.row, .n = N, .k = K, .c = C});
     ASSERT_BITWISE("moe_combine_bwd dyp with a copy", dyp2, dyp, (size_t)N * K * C * 4);
     ASSERT_BITWISE("moe_combine_bwd dweight with a copy", dw2, dw, (size_t)N * K * 4);
     check_copy16("moe_combine_bwd dyp16", dyp16, dyp, (size_t)N * K, C);
     memset(dyp16, 0xff, (size_t)N * K * 56 * 2);   // the copy alone; dweight all the same
-    be->moe_combine_bwd(be, NULL, dyp16, dw2, q.r, q.yp, NULL, q.w, q.row, N, K, C);
+    be->moe_combine_bwd(be, &(lb_moe_combine_args){.dyp16 = dyp16, .dweight = dw2, .dout = q.r,
+            .yp = q.yp, .weight = q.w, .row = q.row, .n = N, .k = K, .c = C});
     check_copy16("moe_combine_bwd dyp16 alone", dyp16, dyp, (size_t)N * K, C);
     ASSERT_BITWISE("moe_combine_bwd dweight, dyp16 alone", dw2, dw, (size_t)N * K * 4);
     free(q.yp), free(q.w), free(q.out), free(q.r), free(q.row), free(dyp), free(dw);
@@ -1594,9 +1643,11 @@ START_TEST(test_determinism_threads)
         for (int r = 0; r < 2; r++) {
             o[r] = lb_malloc(nq * 4), l[r] = lb_malloc(nl * 4);
             dq[r] = lb_malloc(nq * 4), dk[r] = lb_malloc(nk * 4), dv[r] = lb_malloc(nk * 4);
-            bes[r]->attention_fwd(bes[r], o[r], l[r], q, k, v, b, t, hq, hkv, d, bf16);
-            bes[r]->attention_bwd(bes[r], dq[r], dk[r], dv[r], dout, q, k, v, o[r], l[r], b, t,
-                                  hq, hkv, d, bf16);
+            bes[r]->attention_fwd(bes[r], &(lb_attention_args){.out = o[r], .lse = l[r], .q = q,
+                    .k = k, .v = v, .b = b, .t = t, .hq = hq, .hkv = hkv, .d = d, .bf16 = bf16});
+            bes[r]->attention_bwd(bes[r], &(lb_attention_args){.dq = dq[r], .dk = dk[r],
+                    .dv = dv[r], .dout = dout, .q = q, .k = k, .v = v, .out = o[r], .lse = l[r],
+                    .b = b, .t = t, .hq = hq, .hkv = hkv, .d = d, .bf16 = bf16});
         }
         ASSERT_BITWISE("attention_fwd out, 1 vs many threads", o[0], o[1], nq * 4);
         ASSERT_BITWISE("attention_fwd lse, 1 vs many threads", l[0], l[1], nl * 4);
@@ -1624,9 +1675,12 @@ START_TEST(test_determinism_threads)
     float *outr = lb_malloc((size_t)ntok * c * 4), *rstd = lb_malloc(ntok * 4);
     float *dx1 = lb_malloc((size_t)ntok * c * 4), *dx2 = lb_malloc((size_t)ntok * c * 4);
     float *dw1 = lb_calloc(c, 4), *dw2 = lb_calloc(c, 4);
-    be->rmsnorm_fwd(be, outr, rstd, xr, wr, ntok, c, 1e-6f);
-    be_one->rmsnorm_bwd(be_one, dx1, 0.0f, dw1, g, xr, wr, rstd, ntok, c);
-    be_many->rmsnorm_bwd(be_many, dx2, 0.0f, dw2, g, xr, wr, rstd, ntok, c);
+    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = outr, .rstd = rstd, .x = xr, .w = wr, .n = ntok,
+            .c = c, .eps = 1e-6f});
+    be_one->rmsnorm_bwd(be_one, &(lb_rmsnorm_args){.dx = dx1, .dx_beta = 0.0f, .dw = dw1,
+            .dout = g, .x = xr, .w = wr, .rstd = rstd, .n = ntok, .c = c});
+    be_many->rmsnorm_bwd(be_many, &(lb_rmsnorm_args){.dx = dx2, .dx_beta = 0.0f, .dw = dw2,
+            .dout = g, .x = xr, .w = wr, .rstd = rstd, .n = ntok, .c = c});
     ASSERT_BITWISE("rmsnorm_bwd dx, 1 vs many threads", dx1, dx2, (size_t)ntok * c * 4);
     ASSERT_BITWISE("rmsnorm_bwd dw, 1 vs many threads", dw1, dw2, (size_t)c * 4);
     free(q), free(k), free(v), free(dout), free(tok), free(g), free(w1), free(w2), free(xr);
@@ -1872,8 +1926,10 @@ START_TEST(test_batch_invariance_rmsnorm)
     float *x = randn((size_t)m * C, 430, 1), *w = randn(C, 431, 1);
     float *om = lb_malloc((size_t)m * C * 4), *rm = lb_malloc(m * 4);
     float *o1 = lb_malloc(C * 4), r1;
-    be->rmsnorm_fwd(be, om, rm, x, w, m, C, 1e-6f);
-    be->rmsnorm_fwd(be, o1, &r1, x + (size_t)row * C, w, 1, C, 1e-6f);
+    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = om, .rstd = rm, .x = x, .w = w, .n = m, .c = C,
+            .eps = 1e-6f});
+    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = o1, .rstd = &r1, .x = x + (size_t)row * C,
+            .w = w, .n = 1, .c = C, .eps = 1e-6f});
     ASSERT_BITWISE("rmsnorm row alone vs among 33", om + (size_t)row * C, o1, C * 4);
     ASSERT_BITWISE("rmsnorm rstd alone vs among 33", rm + row, &r1, 4);
     free(x), free(w), free(om), free(rm), free(o1);
@@ -1889,8 +1945,11 @@ START_TEST(test_batch_invariance_attention)
     float *q = randn(b * sq, 440, 1), *k = randn(b * sk, 441, 1), *v = randn(b * sk, 442, 1);
     float *ob = lb_malloc(b * sq * 4), *lb = lb_malloc(b * sl * 4);
     float *o1 = lb_malloc(sq * 4), *l1 = lb_malloc(sl * 4);
-    be->attention_fwd(be, ob, lb, q, k, v, b, T, HQ, HKV, D, 0);
-    be->attention_fwd(be, o1, l1, q + mid * sq, k + mid * sk, v + mid * sk, 1, T, HQ, HKV, D, 0);
+    be->attention_fwd(be, &(lb_attention_args){.out = ob, .lse = lb, .q = q, .k = k, .v = v,
+            .b = b, .t = T, .hq = HQ, .hkv = HKV, .d = D, .bf16 = 0});
+    be->attention_fwd(be, &(lb_attention_args){.out = o1, .lse = l1, .q = q + mid * sq,
+            .k = k + mid * sk, .v = v + mid * sk, .b = 1, .t = T, .hq = HQ, .hkv = HKV, .d = D,
+            .bf16 = 0});
     ASSERT_BITWISE("attention out, batch 1 vs 3", ob + mid * sq, o1, sq * 4);
     ASSERT_BITWISE("attention lse, batch 1 vs 3", lb + mid * sl, l1, sl * 4);
     free(q), free(k), free(v), free(ob), free(lb), free(o1), free(l1);
@@ -1910,19 +1969,27 @@ START_TEST(test_batch_invariance_attention_bf16)
     float *o1 = lb_malloc(sq * 4), *l1 = lb_malloc(sl * 4);
     float *dqb = lb_malloc(b * sq * 4), *dkb = lb_malloc(b * sk * 4), *dvb = lb_malloc(b * sk * 4);
     float *dq1 = lb_malloc(sq * 4), *dk1 = lb_malloc(sk * 4), *dv1 = lb_malloc(sk * 4);
-    be->attention_fwd(be, ob, lb, q, k, v, b, t, hq, hkv, d, 1);
-    be->attention_fwd(be, o1, l1, q + mid * sq, k + mid * sk, v + mid * sk, 1, t, hq, hkv, d, 1);
+    be->attention_fwd(be, &(lb_attention_args){.out = ob, .lse = lb, .q = q, .k = k, .v = v,
+            .b = b, .t = t, .hq = hq, .hkv = hkv, .d = d, .bf16 = 1});
+    be->attention_fwd(be, &(lb_attention_args){.out = o1, .lse = l1, .q = q + mid * sq,
+            .k = k + mid * sk, .v = v + mid * sk, .b = 1, .t = t, .hq = hq, .hkv = hkv, .d = d,
+            .bf16 = 1});
     ASSERT_BITWISE("attention bf16 out, batch 1 vs 3", ob + mid * sq, o1, sq * 4);
     ASSERT_BITWISE("attention bf16 lse, batch 1 vs 3", lb + mid * sl, l1, sl * 4);
-    be->attention_bwd(be, dqb, dkb, dvb, g, q, k, v, ob, lb, b, t, hq, hkv, d, 1);
-    be->attention_bwd(be, dq1, dk1, dv1, g + mid * sq, q + mid * sq, k + mid * sk, v + mid * sk,
-                      o1, l1, 1, t, hq, hkv, d, 1);
+    be->attention_bwd(be, &(lb_attention_args){.dq = dqb, .dk = dkb, .dv = dvb, .dout = g, .q = q,
+            .k = k, .v = v, .out = ob, .lse = lb, .b = b, .t = t, .hq = hq, .hkv = hkv, .d = d,
+            .bf16 = 1});
+    be->attention_bwd(be, &(lb_attention_args){.dq = dq1, .dk = dk1, .dv = dv1,
+            .dout = g + mid * sq, .q = q + mid * sq, .k = k + mid * sk, .v = v + mid * sk,
+            .out = o1, .lse = l1, .b = 1, .t = t, .hq = hq, .hkv = hkv, .d = d, .bf16 = 1});
     ASSERT_BITWISE("attention bf16 dq, batch 1 vs 3", dqb + mid * sq, dq1, sq * 4);
     ASSERT_BITWISE("attention bf16 dk, batch 1 vs 3", dkb + mid * sk, dk1, sk * 4);
     ASSERT_BITWISE("attention bf16 dv, batch 1 vs 3", dvb + mid * sk, dv1, sk * 4);
     // (b, t, heads, d) rows are contiguous per position: the prefix is the first tp positions.
     float *op = lb_malloc((size_t)tp * hq * d * 4), *lp = lb_malloc((size_t)hq * tp * 4);
-    be->attention_fwd(be, op, lp, q + mid * sq, k + mid * sk, v + mid * sk, 1, tp, hq, hkv, d, 1);
+    be->attention_fwd(be, &(lb_attention_args){.out = op, .lse = lp, .q = q + mid * sq,
+            .k = k + mid * sk, .v = v + mid * sk, .b = 1, .t = tp, .hq = hq, .hkv = hkv, .d = d,
+            .bf16 = 1});
     ASSERT_BITWISE("attention bf16 out, t 70 vs first 70 of t 130", op, o1,
                    (size_t)tp * hq * d * 4);
     for (int h = 0; h < hq; h++)

@@ -130,10 +130,12 @@ static void cached_attention_case(int d, int fp8, int bf16, int store16)
         be->quantize(be, &t, dv, Bq * Tq * HKV, d, &qa);
         be->dequantize(be, vq, &t);
         be->qmat_free(be, &t);
-        be->attention_fwd(be, dout, dlse, dq, kq, vq, Bq, Tq, HQ, HKV, d, bf16);
+        be->attention_fwd(be, &(lb_attention_args){.out = dout, .lse = dlse, .q = dq, .k = kq,
+                .v = vq, .b = Bq, .t = Tq, .hq = HQ, .hkv = HKV, .d = d, .bf16 = bf16});
         be->free(be, kq), be->free(be, vq);
     } else {
-        be->attention_fwd(be, dout, dlse, dq, dk, dv, Bq, Tq, HQ, HKV, d, bf16);
+        be->attention_fwd(be, &(lb_attention_args){.out = dout, .lse = dlse, .q = dq, .k = dk,
+                .v = dv, .b = Bq, .t = Tq, .hq = HQ, .hkv = HKV, .d = d, .bf16 = bf16});
     }
     float *out = host(dout, nq * 4);
     // the cache: 5 slots, capacity Tq + 3; sequence bi lives in slot perm[bi]

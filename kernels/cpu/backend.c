@@ -68,6 +68,14 @@ static void cpu_destroy(lb_backend *be)
     free(be);
 }
 
+// The memory and control entries, this file's.
+static void cpu_init_memory(lb_backend *be)
+{
+#define X(ret, name, params, args) be->name = cpu_##name;
+    LB_OPS_MEMORY(X) LB_OPS_CONTROL(X)
+#undef X
+}
+
 lb_backend *lb_backend_cpu_create(int threads, char *err, size_t errlen)
 {
     if (err && errlen) err[0] = '\0';
@@ -81,27 +89,11 @@ lb_backend *lb_backend_cpu_create(int threads, char *err, size_t errlen)
 
     lb_cpu_ctx *ctx = lb_calloc(1, sizeof *ctx);
     ctx->threads = threads;
-    lb_backend *be = lb_calloc(1, sizeof *be);
-    be->name = "cpu";
-    be->ctx = ctx;
-    be->deterministic = 1;
-
-    be->alloc = cpu_alloc;
-    be->free = cpu_free;
-    be->upload = cpu_upload;
-    be->download = cpu_download;
-    be->copy = cpu_copy;
-    be->zero = cpu_zero;
-    be->sync = cpu_sync;
-    be->mem_free = cpu_mem_free;
-    be->destroy = cpu_destroy;
-
-    lb_cpu_init_basic(be);
-    lb_cpu_init_attention(be);
-    lb_cpu_init_moe(be);
-    lb_cpu_init_optim(be);
-    lb_cpu_init_quant(be);
-    lb_cpu_init_sample(be);
+    static void (*const init[])(lb_backend *) = {
+        cpu_init_memory, lb_cpu_init_basic, lb_cpu_init_attention, lb_cpu_init_moe,
+        lb_cpu_init_optim, lb_cpu_init_quant, lb_cpu_init_sample,
+    };
+    lb_backend *be = lb_backend_new("cpu", ctx, init, (int)(sizeof init / sizeof *init));
 
     // Process-wide defaults for code outside the table; the operations themselves name the
     // backend's count on every parallel loop and BLAS call (see lb_cpu_threads).

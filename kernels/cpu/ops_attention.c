@@ -157,10 +157,11 @@ static void attention_fwd_bf16(lb_backend *be, float *out, float *lse, const flo
 
 // --- the table's entries: fp32 mode, or the bf16 functions above (the backward does both) ---------------------------
 
-static void cpu_attention_fwd(lb_backend *be, float *out, float *lse, const float *q,
-                              const float *k, const float *v, int b, int t, int hq, int hkv, int d,
-                              int bf16)
+static void cpu_attention_fwd(lb_backend *be, const lb_attention_args *args)
 {
+    float *out = args->out, *lse = args->lse;
+    const float *q = args->q, *k = args->k, *v = args->v;
+    int b = args->b, t = args->t, hq = args->hq, hkv = args->hkv, d = args->d, bf16 = args->bf16;
     check_heads("attention_fwd", b, t, hq, hkv, d);
     if (bf16) {
         attention_fwd_bf16(be, out, lse, q, k, v, b, t, hq, hkv, d);
@@ -215,10 +216,12 @@ static inline void bwd_pair(int bf16, double *ds, double *p, const float *qi, co
 // the group's query heads, then queries, in order). The scores are recomputed in each pass by
 // the same expression (bwd_pair), so both passes see identical probabilities. bf16 mode reads
 // q, k, v and dout rounded to bf16 (D from dout as it is, rounded to float).
-static void cpu_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv, const float *dout,
-                              const float *q, const float *k, const float *v, const float *out,
-                              const float *lse, int b, int t, int hq, int hkv, int d, int bf16)
+static void cpu_attention_bwd(lb_backend *be, const lb_attention_args *args)
 {
+    float *dq = args->dq, *dk = args->dk, *dv = args->dv;
+    const float *dout = args->dout, *q = args->q, *k = args->k, *v = args->v, *out = args->out,
+                *lse = args->lse;
+    int b = args->b, t = args->t, hq = args->hq, hkv = args->hkv, d = args->d, bf16 = args->bf16;
     check_heads("attention_bwd", b, t, hq, hkv, d);
     int group = hq / hkv;
     double scale = 1.0 / sqrt((double)d);

@@ -183,9 +183,12 @@ static void cpu_embedding_bwd(lb_backend *be, float *dwte, const float *dout,
 // --- RMSNorm ----------------------------------------------------------------------------------
 
 // out (n, c) = x / sqrt(mean(x^2) + eps) * w; rstd (n) saved for backward.
-static void cpu_rmsnorm_fwd(lb_backend *be, float *out, float *rstd, const float *x,
-                            const float *w, int n, int c, float eps)
+static void cpu_rmsnorm_fwd(lb_backend *be, const lb_rmsnorm_args *args)
 {
+    float *out = args->out, *rstd = args->rstd;
+    const float *x = args->x, *w = args->w;
+    int n = args->n, c = args->c;
+    float eps = args->eps;
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * c >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * c;
@@ -203,10 +206,13 @@ static void cpu_rmsnorm_fwd(lb_backend *be, float *out, float *rstd, const float
 //   dw_j += sum_i dy_ij x_ij r_i
 // dx (n, c) = that + dx_beta dx (parallel over rows); dw (c) accumulated (parallel over
 // columns, rows summed in order in double).
-static void cpu_rmsnorm_bwd(lb_backend *be, float *dx, float dx_beta, float *dw,
-                            const float *dout, const float *x, const float *w,
-                            const float *rstd, int n, int c)
+static void cpu_rmsnorm_bwd(lb_backend *be, const lb_rmsnorm_args *args)
 {
+    float *dx = args->dx;
+    float dx_beta = args->dx_beta;
+    float *dw = args->dw;
+    const float *dout = args->dout, *x = args->x, *w = args->w, *rstd = args->rstd;
+    int n = args->n, c = args->c;
     int nt = lb_cpu_threads(be);
     int par = (size_t)n * c >= LB_CPU_PAR_MIN;
     #pragma omp parallel for num_threads(nt) if (par)
@@ -241,18 +247,21 @@ static void cpu_rmsnorm_bwd(lb_backend *be, float *dx, float dx_beta, float *dw,
 
 // --- RoPE (Hugging Face rotate_half form) --------------------------------------------------------
 
-// Rotates every head of every row by its position. sign = +1 applies the rotation, -1 its
-// inverse (the transpose), which is the backward map. x (n, heads, d); pos (n).
+// Rotates every head of every row of a->x (n, heads, d) by its position pos (n); a->inverse
+// applies the inverse rotation (the transpose), which is the backward map.
 // Angles are computed in double and cos/sin rounded once to float, so the result does not
 // depend on how the compiler evaluates pos * freq.
-static void rope_apply(lb_backend *be, float *x, const int32_t *pos, int n, int heads, int d,
-                       float theta, double sign, const char *what)
+static void cpu_rope(lb_backend *be, const lb_rope_args *a)
 {
-    if (d % 2) lb_die("%s: head dim %d is odd", what, d);
+    float *x = a->x;
+    const int32_t *pos = a->pos;
+    const int n = a->n, heads = a->heads, d = a->d;
+    const double sign = a->inverse ? -1.0 : 1.0;
+    if (d % 2) lb_die("rope: head dim %d is odd", d);
     int half = d / 2;
     if (half == 0 || n == 0 || heads == 0) return;
     double *inv_freq = lb_malloc((size_t)half * sizeof(double));
-    for (int f = 0; f < half; f++) inv_freq[f] = pow((double)theta, -2.0 * f / d);
+    for (int f = 0; f < half; f++) inv_freq[f] = pow((double)a->theta, -2.0 * f / d);
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
         if ((size_t)n * heads * d >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
@@ -271,25 +280,17 @@ static void rope_apply(lb_backend *be, float *x, const int32_t *pos, int n, int 
     free(inv_freq);
 }
 
-static void cpu_rope_fwd(lb_backend *be, float *x, const int32_t *pos, int n, int heads, int d,
-                         float theta)
-{
-    rope_apply(be, x, pos, n, heads, d, theta, 1.0, "rope_fwd");
-}
-
-static void cpu_rope_bwd(lb_backend *be, float *dx, const int32_t *pos, int n, int heads, int d,
-                         float theta)
-{
-    rope_apply(be, dx, pos, n, heads, d, theta, -1.0, "rope_bwd");
-}
-
 // --- SwiGLU -------------------------------------------------------------------------------------
 
 // gu (n, 2f) = [gate | up]; out (n, f) = silu(gate) * up, silu(g) = g * sigmoid(g). A bf16
 // input (gu16, dout16) is widened a row at a time.
-static void cpu_swiglu_fwd(lb_backend *be, float *out, uint16_t *out16, const float *gu,
-                           const uint16_t *gu16, int n, int f)
+static void cpu_swiglu_fwd(lb_backend *be, const lb_swiglu_args *args)
 {
+    float *out = args->out;
+    uint16_t *out16 = args->out16;
+    const float *gu = args->gu;
+    const uint16_t *gu16 = args->gu16;
+    int n = args->n, f = args->f;
     const int ld = (f + 7) / 8 * 8;
     if (n > 0 && f > 0 && !out && !out16) lb_die("swiglu_fwd: neither out nor out16");
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * f >= LB_CPU_PAR_MIN)
@@ -308,10 +309,15 @@ static void cpu_swiglu_fwd(lb_backend *be, float *out, uint16_t *out16, const fl
 }
 
 // d silu(g)/dg = sig * (1 + g * (1 - sig)); dgu (n, 2f) overwritten.
-static void cpu_swiglu_bwd(lb_backend *be, float *dgu, uint16_t *dgu16, const float *dout,
-                           const uint16_t *dout16, const float *gu, const uint16_t *gu16, int n,
-                           int f)
+static void cpu_swiglu_bwd(lb_backend *be, const lb_swiglu_args *args)
 {
+    float *dgu = args->dgu;
+    uint16_t *dgu16 = args->dgu16;
+    const float *dout = args->dout;
+    const uint16_t *dout16 = args->dout16;
+    const float *gu = args->gu;
+    const uint16_t *gu16 = args->gu16;
+    int n = args->n, f = args->f;
     const int ld = (2 * f + 7) / 8 * 8;
     if (n > 0 && f > 0 && !dgu && !dgu16) lb_die("swiglu_bwd: neither dgu nor dgu16");
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * f >= LB_CPU_PAR_MIN)
@@ -344,8 +350,7 @@ void lb_cpu_init_basic(lb_backend *be)
     be->embedding_bwd = cpu_embedding_bwd;
     be->rmsnorm_fwd = cpu_rmsnorm_fwd;
     be->rmsnorm_bwd = cpu_rmsnorm_bwd;
-    be->rope_fwd = cpu_rope_fwd;
-    be->rope_bwd = cpu_rope_bwd;
+    be->rope = cpu_rope;
     be->swiglu_fwd = cpu_swiglu_fwd;
     be->swiglu_bwd = cpu_swiglu_bwd;
 }

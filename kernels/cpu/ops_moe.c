@@ -37,9 +37,13 @@ static int ranks_before(float pa, int a, float pb, int b)
     return pa > pb || (pa == pb && a < b);
 }
 
-static void cpu_router_topk_fwd(lb_backend *be, float *probs, int32_t *idx, float *weight,
-                                const float *logits, int n, int e, int k, int renorm)
+static void cpu_router_topk_fwd(lb_backend *be, const lb_router_args *args)
 {
+    float *probs = args->probs;
+    int32_t *idx = args->idx;
+    float *weight = args->weight;
+    const float *logits = args->logits;
+    int n = args->n, e = args->e, k = args->k, renorm = args->renorm;
     if (k < 0 || k > e || (n > 0 && e < 1))
         lb_die("router_topk_fwd: k %d outside [0, %d] or no experts", k, e);
     // Non-finite logits would make the ranking undefined; stop here rather than mid-loop.
@@ -82,10 +86,13 @@ static void cpu_router_topk_fwd(lb_backend *be, float *probs, int32_t *idx, floa
 //   dp_{idx_s} = (dw_s - sum_t dw_t w_t) / S           (renorm)
 // plus dprobs_expert[j] on every p_j, then the softmax backward dl = p (dp - sum_j p_j dp_j).
 // dlogits (n, e) overwritten; it holds dp while a row is worked on.
-static void cpu_router_topk_bwd(lb_backend *be, float *dlogits, const float *dweight,
-                                const float *dprobs_expert, const float *probs,
-                                const int32_t *idx, int n, int e, int k, int renorm)
+static void cpu_router_topk_bwd(lb_backend *be, const lb_router_args *args)
 {
+    float *dlogits = args->dlogits;
+    const float *dweight = args->dweight, *dprobs_expert = args->dprobs_expert,
+                *probs = args->probs;
+    const int32_t *idx = args->idx;
+    int n = args->n, e = args->e, k = args->k, renorm = args->renorm;
     check_idx("router_topk_bwd", idx, n, e, k);
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * e >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
@@ -190,9 +197,14 @@ static void cpu_moe_permute_bwd(lb_backend *be, float *dx, const float *dxp,
 }
 
 // out (n, c) = sum over s in order of weight[i][s] * yp[row[i][s]].
-static void cpu_moe_combine(lb_backend *be, float *out, const float *yp, const uint16_t *yp16,
-                            const float *weight, const int32_t *row, int n, int k, int c)
+static void cpu_moe_combine(lb_backend *be, const lb_moe_combine_args *args)
 {
+    float *out = args->out;
+    const float *yp = args->yp;
+    const uint16_t *yp16 = args->yp16;
+    const float *weight = args->weight;
+    const int32_t *row = args->row;
+    int n = args->n, k = args->k, c = args->c;
     check_rows("moe_combine", row, n, k);
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
         if ((size_t)n * k * c >= LB_CPU_PAR_MIN)
@@ -209,10 +221,16 @@ static void cpu_moe_combine(lb_backend *be, float *out, const float *yp, const u
 }
 
 // dyp[row[i][s]] = weight[i][s] * dout[i]; dweight[i][s] = dot(dout[i], yp[row[i][s]]).
-static void cpu_moe_combine_bwd(lb_backend *be, float *dyp, uint16_t *dyp16, float *dweight,
-                                const float *dout, const float *yp, const uint16_t *yp16,
-                                const float *weight, const int32_t *row, int n, int k, int c)
+static void cpu_moe_combine_bwd(lb_backend *be, const lb_moe_combine_args *args)
 {
+    float *dyp = args->dyp;
+    uint16_t *dyp16 = args->dyp16;
+    float *dweight = args->dweight;
+    const float *dout = args->dout, *yp = args->yp;
+    const uint16_t *yp16 = args->yp16;
+    const float *weight = args->weight;
+    const int32_t *row = args->row;
+    int n = args->n, k = args->k, c = args->c;
     check_rows("moe_combine_bwd", row, n, k);
     if (n > 0 && k > 0 && c > 0 && !dyp && !dyp16)
         lb_die("moe_combine_bwd: neither dyp nor dyp16");

@@ -86,11 +86,19 @@ static void cpu_cross_entropy_bwd_rows(lb_backend *be, float *dlogits, const flo
 }
 
 // The definition itself: cross_entropy_bwd in place, then both GEMMs in one grouped call.
-static void cpu_linear_ce_bwd(lb_backend *be, float *dx, float dx_beta, float *dw, float dw_beta,
-                              float *logits, const double *stats, const int32_t *targets,
-                              float dloss, const float *x, const float *w, const uint16_t *w16,
-                              int n, int v, int c)
+static void cpu_linear_ce_bwd(lb_backend *be, const lb_linear_ce_args *args)
 {
+    float *dx = args->dx;
+    float dx_beta = args->dx_beta;
+    float *dw = args->dw;
+    float dw_beta = args->dw_beta;
+    float *logits = args->logits;
+    const double *stats = args->stats;
+    const int32_t *targets = args->targets;
+    float dloss = args->dloss;
+    const float *x = args->x, *w = args->w;
+    const uint16_t *w16 = args->w16;
+    int n = args->n, v = args->v, c = args->c;
     if (!stats) lb_die("linear_ce_bwd: needs the forward's row statistics");
     be->cross_entropy_bwd(be, logits, logits, stats, targets, dloss, n, v);
     lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1, w16, NULL, NULL},
@@ -101,10 +109,16 @@ static void cpu_linear_ce_bwd(lb_backend *be, float *dx, float dx_beta, float *d
 // g = g gscale (rounded); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p -= lr (mhat / (sqrt(vhat) + eps) + wd p)
 // with mhat = m / (1 - b1^step), vhat = v / (1 - b2^step); the decay uses the old p. p16: the
 // new p in bf16 too.
-static void cpu_adamw(lb_backend *be, float *p, const float *g, float gscale, float *m, float *v,
-                      uint16_t *p16, size_t n, float lr, float beta1, float beta2, float eps,
-                      float wd, int step)
+static void cpu_adamw(lb_backend *be, const lb_adamw_args *args)
 {
+    float *p = args->p;
+    const float *g = args->g;
+    float gscale = args->gscale;
+    float *m = args->m, *v = args->v;
+    uint16_t *p16 = args->p16;
+    size_t n = args->n;
+    float lr = args->lr, beta1 = args->beta1, beta2 = args->beta2, eps = args->eps, wd = args->wd;
+    int step = args->step;
     if (step < 1) lb_die("adamw: step %d, steps count from 1", step);
     float bc1 = (float)(1.0 - pow((double)beta1, step));
     float bc2 = (float)(1.0 - pow((double)beta2, step));
@@ -121,10 +135,15 @@ static void cpu_adamw(lb_backend *be, float *p, const float *g, float gscale, fl
     }
 }
 
-static void cpu_adamw16(lb_backend *be, float *p, const float *g, float gscale, uint16_t *m16,
-                        uint16_t *v16, uint16_t *p16, size_t n, float lr, float beta1,
-                        float beta2, float eps, float wd, int step)
+static void cpu_adamw16(lb_backend *be, const lb_adamw_args *args)
 {
+    float *p = args->p;
+    const float *g = args->g;
+    float gscale = args->gscale;
+    uint16_t *m16 = args->m16, *v16 = args->v16, *p16 = args->p16;
+    size_t n = args->n;
+    float lr = args->lr, beta1 = args->beta1, beta2 = args->beta2, eps = args->eps, wd = args->wd;
+    int step = args->step;
     if (step < 1) lb_die("adamw16: step %d, steps count from 1", step);
     float bc1 = (float)(1.0 - pow((double)beta1, step));
     float bc2 = (float)(1.0 - pow((double)beta2, step));

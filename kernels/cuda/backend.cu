@@ -164,6 +164,14 @@ static void cuda_destroy(lb_backend *be)
     free(be);
 }
 
+// The memory and control entries, this file's.
+static void cuda_init_memory(lb_backend *be)
+{
+#define X(ret, name, params, args) be->name = cuda_##name;
+    LB_OPS_MEMORY(X) LB_OPS_CONTROL(X)
+#undef X
+}
+
 // cuBLASLt's recommended workspace on Hopper (cuBLAS documentation: 32 MiB for sm_90).
 #define LB_CUDA_WORKSPACE ((size_t)32 << 20)
 
@@ -208,27 +216,13 @@ extern "C" lb_backend *lb_backend_cuda_create(int device, char *err, size_t errl
     LB_CUDA_CHECK(cudaHostAlloc(&cx->err_host, sizeof *cx->err_host, cudaHostAllocDefault));
     *cx->err_host = 0;
 
-    lb_backend *be = (lb_backend *)lb_calloc(1, sizeof *be);
-    be->name = "cuda";
-    be->ctx = cx;
-    be->deterministic = 1;   // the table's default; 0 lets the GEMM take cuBLASLt's heuristic
-    be->alloc = cuda_alloc;
-    be->free = cuda_free;
-    be->upload = cuda_upload;
-    be->download = cuda_download;
-    be->copy = cuda_copy;
-    be->zero = cuda_zero;
-    be->sync = cuda_sync;
-    be->mem_free = cuda_mem_free;
-    be->destroy = cuda_destroy;
-    lb_cuda_init_gemm(be);
-    lb_cuda_init_basic(be);
-    lb_cuda_init_attention(be);
-    lb_cuda_init_moe(be);
-    lb_cuda_init_optim(be);
-    lb_cuda_init_quant(be);
-    lb_cuda_init_gemm_q(be);
-    lb_cuda_init_sample(be);
+    // deterministic 1, the table's default; 0 lets the GEMM take cuBLASLt's heuristic
+    static void (*const init[])(lb_backend *) = {
+        cuda_init_memory, lb_cuda_init_gemm, lb_cuda_init_basic, lb_cuda_init_attention,
+        lb_cuda_init_moe, lb_cuda_init_optim, lb_cuda_init_quant, lb_cuda_init_gemm_q,
+        lb_cuda_init_sample,
+    };
+    lb_backend *be = lb_backend_new("cuda", cx, init, (int)(sizeof init / sizeof *init));
     LB_CUDA_WAIT(cx);
     return be;
 }

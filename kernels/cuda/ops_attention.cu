@@ -603,10 +603,25 @@ static void cuda_attention_cached(lb_backend *be, float *out, const float *q,
     else launch_cached<8>(cx, out, q, c, slot, pos, n, hq);
 }
 
+// The table's entries take argument structs (kernels.h); the kernels' hosts above take
+// the fields.
+
+static void cuda_attention_fwd_op(lb_backend *be, const lb_attention_args *a)
+{
+    cuda_attention_fwd(be, a->out, a->lse, a->q, a->k, a->v, a->b, a->t, a->hq, a->hkv, a->d,
+                       a->bf16);
+}
+
+static void cuda_attention_bwd_op(lb_backend *be, const lb_attention_args *a)
+{
+    cuda_attention_bwd(be, a->dq, a->dk, a->dv, a->dout, a->q, a->k, a->v, a->out, a->lse, a->b,
+                       a->t, a->hq, a->hkv, a->d, a->bf16);
+}
+
 extern "C" void lb_cuda_init_attention(lb_backend *be)
 {
-    be->attention_fwd = cuda_attention_fwd;
-    be->attention_bwd = cuda_attention_bwd;
+    be->attention_fwd = cuda_attention_fwd_op;
+    be->attention_bwd = cuda_attention_bwd_op;
     be->kv_append = cuda_kv_append;
     be->attention_cached = cuda_attention_cached;
 }

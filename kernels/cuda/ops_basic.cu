@@ -440,29 +440,17 @@ __global__ void rope_kernel(T *x, const int32_t *pos, int n, int heads, int d, d
     }
 }
 
-static void rope_apply(lb_backend *be, float *x, const int32_t *pos, int n, int heads, int d,
-                       float theta, double sign, const char *what)
+static void cuda_rope(lb_backend *be, const lb_rope_args *a)
 {
-    if (n < 0 || heads < 0 || d < 0) lb_die("%s: negative size", what);
-    if (d % 2) lb_die("%s: head dim %d is odd", what, d);
+    const int n = a->n, heads = a->heads, d = a->d;
+    if (n < 0 || heads < 0 || d < 0) lb_die("rope: negative size");
+    if (d % 2) lb_die("rope: head dim %d is odd", d);
     size_t total = (size_t)n * (d / 2);
     if (!total || !heads) return;
     lb_cuda_ctx *cx = lb_cuda(be);
-    rope_kernel<float><<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(x, pos, n, heads, d,
-                                                                        (double)theta, sign);
+    rope_kernel<float><<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(
+        a->x, a->pos, n, heads, d, (double)a->theta, a->inverse ? -1.0 : 1.0);
     LB_CUDA_LAUNCHED(cx);
-}
-
-static void cuda_rope_fwd(lb_backend *be, float *x, const int32_t *pos, int n, int heads, int d,
-                          float theta)
-{
-    rope_apply(be, x, pos, n, heads, d, theta, 1.0, "rope_fwd");
-}
-
-static void cuda_rope_bwd(lb_backend *be, float *dx, const int32_t *pos, int n, int heads, int d,
-                          float theta)
-{
-    rope_apply(be, dx, pos, n, heads, d, theta, -1.0, "rope_bwd");
 }
 
 // --- SwiGLU ----------------------------------------------------------------------------------
@@ -595,6 +583,29 @@ static void cuda_swiglu_bwd(lb_backend *be, float *dgu, uint16_t *dgu16, const f
     LB_CUDA_LAUNCHED(cx);
 }
 
+// The table's entries take argument structs (kernels.h); the kernels' hosts above take
+// the fields.
+
+static void cuda_rmsnorm_fwd_op(lb_backend *be, const lb_rmsnorm_args *a)
+{
+    cuda_rmsnorm_fwd(be, a->out, a->rstd, a->x, a->w, a->n, a->c, a->eps);
+}
+
+static void cuda_rmsnorm_bwd_op(lb_backend *be, const lb_rmsnorm_args *a)
+{
+    cuda_rmsnorm_bwd(be, a->dx, a->dx_beta, a->dw, a->dout, a->x, a->w, a->rstd, a->n, a->c);
+}
+
+static void cuda_swiglu_fwd_op(lb_backend *be, const lb_swiglu_args *a)
+{
+    cuda_swiglu_fwd(be, a->out, a->out16, a->gu, a->gu16, a->n, a->f);
+}
+
+static void cuda_swiglu_bwd_op(lb_backend *be, const lb_swiglu_args *a)
+{
+    cuda_swiglu_bwd(be, a->dgu, a->dgu16, a->dout, a->dout16, a->gu, a->gu16, a->n, a->f);
+}
+
 extern "C" void lb_cuda_init_basic(lb_backend *be)
 {
     be->add = cuda_add;
@@ -602,10 +613,9 @@ extern "C" void lb_cuda_init_basic(lb_backend *be)
     be->sumsq = cuda_sumsq;
     be->embedding_fwd = cuda_embedding_fwd;
     be->embedding_bwd = cuda_embedding_bwd;
-    be->rmsnorm_fwd = cuda_rmsnorm_fwd;
-    be->rmsnorm_bwd = cuda_rmsnorm_bwd;
-    be->rope_fwd = cuda_rope_fwd;
-    be->rope_bwd = cuda_rope_bwd;
-    be->swiglu_fwd = cuda_swiglu_fwd;
-    be->swiglu_bwd = cuda_swiglu_bwd;
+    be->rmsnorm_fwd = cuda_rmsnorm_fwd_op;
+    be->rmsnorm_bwd = cuda_rmsnorm_bwd_op;
+    be->rope = cuda_rope;
+    be->swiglu_fwd = cuda_swiglu_fwd_op;
+    be->swiglu_bwd = cuda_swiglu_bwd_op;
 }

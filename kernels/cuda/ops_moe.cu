@@ -521,14 +521,39 @@ static void cuda_moe_combine_bwd(lb_backend *be, float *dyp, uint16_t *dyp16, fl
     LB_CUDA_LAUNCHED(cx);
 }
 
+// The table's entries take argument structs (kernels.h); the kernels' hosts above take
+// the fields.
+
+static void cuda_router_topk_fwd_op(lb_backend *be, const lb_router_args *a)
+{
+    cuda_router_topk_fwd(be, a->probs, a->idx, a->weight, a->logits, a->n, a->e, a->k, a->renorm);
+}
+
+static void cuda_router_topk_bwd_op(lb_backend *be, const lb_router_args *a)
+{
+    cuda_router_topk_bwd(be, a->dlogits, a->dweight, a->dprobs_expert, a->probs, a->idx, a->n,
+                         a->e, a->k, a->renorm);
+}
+
+static void cuda_moe_combine_op(lb_backend *be, const lb_moe_combine_args *a)
+{
+    cuda_moe_combine(be, a->out, a->yp, a->yp16, a->weight, a->row, a->n, a->k, a->c);
+}
+
+static void cuda_moe_combine_bwd_op(lb_backend *be, const lb_moe_combine_args *a)
+{
+    cuda_moe_combine_bwd(be, a->dyp, a->dyp16, a->dweight, a->dout, a->yp, a->yp16, a->weight,
+                         a->row, a->n, a->k, a->c);
+}
+
 extern "C" void lb_cuda_init_moe(lb_backend *be)
 {
-    be->router_topk_fwd = cuda_router_topk_fwd;
-    be->router_topk_bwd = cuda_router_topk_bwd;
+    be->router_topk_fwd = cuda_router_topk_fwd_op;
+    be->router_topk_bwd = cuda_router_topk_bwd_op;
     be->moe_aux_loss = cuda_moe_aux_loss;
     be->moe_plan = cuda_moe_plan;
     be->moe_permute = cuda_moe_permute;
     be->moe_permute_bwd = cuda_moe_permute_bwd;
-    be->moe_combine = cuda_moe_combine;
-    be->moe_combine_bwd = cuda_moe_combine_bwd;
+    be->moe_combine = cuda_moe_combine_op;
+    be->moe_combine_bwd = cuda_moe_combine_bwd_op;
 }

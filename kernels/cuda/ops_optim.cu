@@ -339,18 +339,25 @@ static void adamw_launch(lb_backend *be, const char *op, float *p, const float *
     LB_CUDA_LAUNCHED(cx);
 }
 
-static void cuda_adamw(lb_backend *be, float *p, const float *g, float gscale, float *m,
-                       float *v, uint16_t *p16, size_t n, float lr, float beta1, float beta2,
-                       float eps, float wd, int step)
+// The table's entries take argument structs (kernels.h); the kernels' hosts above take
+// the fields.
+
+static void cuda_linear_ce_bwd_op(lb_backend *be, const lb_linear_ce_args *a)
 {
-    adamw_launch(be, "adamw", p, g, gscale, m, v, p16, n, lr, beta1, beta2, eps, wd, step);
+    cuda_linear_ce_bwd(be, a->dx, a->dx_beta, a->dw, a->dw_beta, a->logits, a->stats, a->targets,
+                       a->dloss, a->x, a->w, a->w16, a->n, a->v, a->c);
 }
 
-static void cuda_adamw16(lb_backend *be, float *p, const float *g, float gscale, uint16_t *m16,
-                         uint16_t *v16, uint16_t *p16, size_t n, float lr, float beta1,
-                         float beta2, float eps, float wd, int step)
+static void cuda_adamw(lb_backend *be, const lb_adamw_args *a)
 {
-    adamw_launch(be, "adamw16", p, g, gscale, m16, v16, p16, n, lr, beta1, beta2, eps, wd, step);
+    adamw_launch(be, "adamw", a->p, a->g, a->gscale, a->m, a->v, a->p16, a->n, a->lr, a->beta1,
+                 a->beta2, a->eps, a->wd, a->step);
+}
+
+static void cuda_adamw16(lb_backend *be, const lb_adamw_args *a)
+{
+    adamw_launch(be, "adamw16", a->p, a->g, a->gscale, a->m16, a->v16, a->p16, a->n, a->lr,
+                 a->beta1, a->beta2, a->eps, a->wd, a->step);
 }
 
 extern "C" void lb_cuda_init_optim(lb_backend *be)
@@ -358,7 +365,7 @@ extern "C" void lb_cuda_init_optim(lb_backend *be)
     be->cross_entropy_fwd = cuda_cross_entropy_fwd;
     be->cross_entropy_bwd = cuda_cross_entropy_bwd;
     be->cross_entropy_bwd_rows = cuda_cross_entropy_bwd_rows;
-    be->linear_ce_bwd = cuda_linear_ce_bwd;
+    be->linear_ce_bwd = cuda_linear_ce_bwd_op;
     be->adamw = cuda_adamw;
     be->adamw16 = cuda_adamw16;
 }
