@@ -47,7 +47,7 @@ static int check(const lb_model_config *c, char *err, size_t errlen)
 }
 
 // Tensor order is the definition's (and the checkpoint's) order; names are Hugging Face's (fused
-// experts as in transformers 5; see src/convert.c for the per-expert hub layout). How each is
+// experts as in transformers 5; see src/io/convert.c for the per-expert hub layout). How each is
 // cut for tensor and expert parallelism: q/k/v, gate_up column-parallel, o and down
 // row-parallel; the embedding, norms, router and LM head replicated over tp.
 static int add(lb_tensor *out, int i, int is_norm, lb_split split, lb_tpgrad tpgrad, int ndim,

@@ -10,7 +10,7 @@
 //     all-gathered whole again;
 //   - otherwise: the gradient is all-reduced and every rank updates every parameter; each still
 //     owns an equal share of each region, for what must be counted once (the gradient norm).
-// The optimizer itself (clipping, AdamW, the schedule) is the caller's (src/optim.c).
+// The optimizer itself (clipping, AdamW, the schedule) is the caller's (src/train/optim.c).
 #ifndef LB_DISTRIBUTED_OPTIMIZER_H
 #define LB_DISTRIBUTED_OPTIMIZER_H
 

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include "parallel/comm.h"
 
-// The [parallel] section of a parameter file (src/params.c documents each key).
+// The [parallel] section of a parameter file (src/cli/params.c documents each key).
 typedef struct {
     int tp;                        // tensor-parallel size
     int pp;                        // pipeline-parallel size

@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "src/safetensors.h"
+#include "src/io/safetensors.h"
 
 // The largest per-tensor relative difference, or -1 with a message when the files do not
 // match in names or shapes.

@@ -43,7 +43,7 @@
 #include "kernels/common.h"
 #include "kernels/kernels.h"
 #include "kernels/quant/quant.h"
-#include "src/safetensors.h"
+#include "src/io/safetensors.h"
 #include "tests/testutil.h"
 
 #include <math.h>

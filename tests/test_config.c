@@ -1,7 +1,7 @@
-// test_config.c: parameter files (src/config.c, src/params.c): the table, defaults, parsing and
+// test_config.c: parameter files (src/cli/config.c, src/cli/params.c): the table, defaults, parsing and
 // its error messages, --set, cross-key checks, the INI round trip and doc/parameters.md.
 #include "tests/testutil.h"
-#include "src/config.h"
+#include "src/cli/config.h"
 
 #include <math.h>
 #include <stdint.h>

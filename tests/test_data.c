@@ -1,9 +1,9 @@
 // test_data.c: token shards, the batch loader, and the arithmetic and text generators.
-#include "src/data.h"
+#include "src/io/data.h"
 
 #include "kernels/common.h"
-#include "src/metrics.h"
-#include "src/util.h"
+#include "src/io/metrics.h"
+#include "src/cli/util.h"
 #include "tests/testutil.h"
 
 #include <dirent.h>

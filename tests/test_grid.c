@@ -1,7 +1,7 @@
 // test_grid.c: the process grid (parallel/grid.c) without MPI: every rank's coordinates and
 // groups for many layouts, the layout and shape errors; the distributed optimizer's shards
-// (src/optim.c): padding, shard bounds and weight-decay runs that cut through tensors; and the
-// data split's loader skip (src/data.c). The communicators themselves run in test_comm and
+// (src/train/optim.c): padding, shard bounds and weight-decay runs that cut through tensors; and the
+// data split's loader skip (src/io/data.c). The communicators themselves run in test_comm and
 // test_parallel.sh.
 #include "tests/testutil.h"
 
@@ -10,8 +10,8 @@
 #include "kernels/common.h"
 #include "models/model.h"
 #include "parallel/grid.h"
-#include "src/data.h"
-#include "src/optim.h"
+#include "src/io/data.h"
+#include "src/train/optim.h"
 
 static lb_parallel_config pcfg(int tp, int pp, int ep, int etp)
 {

@@ -1,6 +1,6 @@
 // test_grpo.c: GRPO's advantages, clipped objective, TIS and k3 KL against cases worked by hand.
 #include <math.h>
-#include "src/grpo.h"
+#include "src/rl/grpo.h"
 #include "tests/testutil.h"
 
 START_TEST(test_advantages)

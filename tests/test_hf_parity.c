@@ -12,12 +12,12 @@
 #include <ftw.h>
 
 #include "kernels/common.h"
-#include "src/checkpoint.h"
-#include "src/commands.h"
-#include "src/config.h"
-#include "src/convert.h"
-#include "src/safetensors.h"
-#include "src/util.h"
+#include "src/io/checkpoint.h"
+#include "src/cli/commands.h"
+#include "src/cli/config.h"
+#include "src/io/convert.h"
+#include "src/io/safetensors.h"
+#include "src/cli/util.h"
 #include "tests/testutil.h"
 
 static lb_backend *be;

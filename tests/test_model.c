@@ -7,9 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "kernels/common.h"
-#include "src/checkpoint.h"
-#include "src/optim.h"
-#include "src/util.h"
+#include "src/io/checkpoint.h"
+#include "src/train/optim.h"
+#include "src/cli/util.h"
 #include "tests/testutil.h"
 
 static lb_backend *be;

@@ -16,7 +16,7 @@
 
 #include "kernels/common.h"
 #include "kernels/quant/quant.h"
-#include "src/safetensors.h"
+#include "src/io/safetensors.h"
 #include "tests/testutil.h"
 
 // Check records every assertion it evaluates (a write per call); these only reach Check when

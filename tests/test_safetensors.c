@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "kernels/common.h"
-#include "src/safetensors.h"
+#include "src/io/safetensors.h"
 #include "tests/testutil.h"
 
 static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)

@@ -22,8 +22,8 @@
 #include "kernels/quant/quant.h"
 #include "kernels/sample.h"
 #include "models/model.h"
-#include "src/reward.h"
-#include "src/sampler.h"
+#include "src/rl/reward.h"
+#include "src/rl/sampler.h"
 #include "tests/testutil.h"
 
 static lb_backend *be;

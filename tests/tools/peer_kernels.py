@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Kernel-level peers for `lowbit bench`, measured with PyTorch on the same GPU in the same run:
 bf16 and FP8 dense GEMM, grouped bf16 expert GEMM, SDPA attention forward and forward+backward.
-Prints one JSON line per measurement (TFLOP/s by the same FLOP counts as src/bench.c)."""
+Prints one JSON line per measurement (TFLOP/s by the same FLOP counts as src/bench/bench.c)."""
 import argparse
 import json
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reads the TensorBoard event files lowbit writes (src/metrics.c) with the tensorboard package
+"""Reads the TensorBoard event files lowbit writes (src/io/metrics.c) with the tensorboard package
 and compares every scalar with OUT_DIR/metrics.jsonl: each number of each line must appear as
 PREFIX/KEY at that step, to float32 precision. Exits non-zero on a mismatch.
 

@@ -3,7 +3,7 @@
 // The header maps each tensor name to {dtype, shape, data_offsets: [begin, end]} relative to
 // the data section, plus an optional "__metadata__" object of string pairs. As the format
 // requires, the tensors cover the data section exactly: no overlaps, no holes.
-#include "src/safetensors.h"
+#include "src/io/safetensors.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -15,7 +15,7 @@
 #include <sys/types.h>
 
 #include "kernels/common.h"
-#include "src/util.h"
+#include "src/cli/util.h"
 
 // The header is read whole into memory; the reference implementation refuses above 100 MB.
 #define LB_ST_MAX_HEADER (100u << 20)

@@ -1,9 +1,9 @@
 // params.c: the one table of parameter-file keys. Everything else (parsing, --set, defaults,
-// the resolved configuration, doc/parameters.md) is driven by it from src/config.c.
+// the resolved configuration, doc/parameters.md) is driven by it from src/cli/config.c.
 //
-// To add a key: add the field to lb_config (src/config.h), add one LB_P line here, in the
+// To add a key: add the field to lb_config (src/cli/config.h), add one LB_P line here, in the
 // section's block, and run `make doc-params`.
-#include "src/config.h"
+#include "src/cli/config.h"
 
 
 // The section and key are the lb_config member names, so a key cannot name the wrong field.

@@ -1,6 +1,6 @@
 // optim.c: gradient reduction over the parallel groups, clipping, AdamW (on a ZeRO-1 shard or
 // on everything) and the schedule (see optim.h and doc/parallel.md).
-#include "src/optim.h"
+#include "src/train/optim.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -1,13 +1,13 @@
 // checkpoint.c: lowbit checkpoints as safetensors files (see checkpoint.h, doc/checkpoints.md).
-#include "src/checkpoint.h"
+#include "src/io/checkpoint.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/common.h"
-#include "src/safetensors.h"
-#include "src/util.h"
+#include "src/io/safetensors.h"
+#include "src/cli/util.h"
 #include "parallel/grid.h"
 
 #define FORMAT "lowbit-checkpoint-1"

@@ -6,8 +6,8 @@
 #include <string.h>
 #include "kernels/common.h"
 #include "parallel/grid.h"
-#include "src/commands.h"
-#include "src/run.h"
+#include "src/cli/commands.h"
+#include "src/cli/run.h"
 
 typedef struct {
     size_t now, peak;

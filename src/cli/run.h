@@ -10,9 +10,9 @@
 #include "models/model.h"
 #include "parallel/comm.h"
 #include "parallel/grid.h"
-#include "src/checkpoint.h"
-#include "src/config.h"
-#include "src/optim.h"
+#include "src/io/checkpoint.h"
+#include "src/cli/config.h"
+#include "src/train/optim.h"
 
 // The backend-memory communicators of the grid's groups: the grid's MPI ones for the CPU
 // backend, NCCL over the same ranks for CUDA (a group of one rank keeps its MPI one).

@@ -1,4 +1,4 @@
-// rl.h: pieces `lowbit rl` (src/rl.c) and `lowbit sample` (src/sample_cmd.c) share: the model
+// rl.h: pieces `lowbit rl` (src/rl/rl.c) and `lowbit sample` (src/rl/sample_cmd.c) share: the model
 // configuration of a checkpoint, the sampler's settings and layouts, and the arithmetic task's
 // prompts.
 #ifndef LB_RL_H
@@ -6,8 +6,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "src/config.h"
-#include "src/sampler.h"
+#include "src/cli/config.h"
+#include "src/rl/sampler.h"
 
 // "FILE:LINE: " (or "FILE: ") where section.key was set, for messages; "" when not from a file.
 const char *lb_key_where(const lb_config *c, const char *section, const char *key, char *buf,

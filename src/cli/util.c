@@ -1,4 +1,4 @@
-#include "src/util.h"
+#include "src/cli/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -12,11 +12,11 @@
 #include "kernels/common.h"
 #include "kernels/quant/contract.h"
 #include "kernels/quant/quant.h"
-#include "src/commands.h"
-#include "src/optim.h"
-#include "src/run.h"
-#include "src/sampler.h"
-#include "src/util.h"
+#include "src/cli/commands.h"
+#include "src/train/optim.h"
+#include "src/cli/run.h"
+#include "src/rl/sampler.h"
+#include "src/cli/util.h"
 
 #ifdef LB_HAVE_CUDA
 size_t lb_cuda_mem_peak(void);
@@ -517,7 +517,7 @@ static int bench_train(lb_backend *be, const lb_config *c)
 }
 
 // --- rollout and RL step ---------------------------------------------------------------------
-// The sampler (src/sampler.c) on the [model] of the file with random weights under [precision]:
+// The sampler (src/rl/sampler.c) on the [model] of the file with random weights under [precision]:
 // bench.rollout_batch random prompts of bench.rollout_prompt tokens, each generating exactly
 // bench.rollout_new tokens (no stop token), all in flight at once (slots = batch), with the
 // [sample] policy settings; what ../shared/bench/peer_hf_generate.py measures with generate().
@@ -653,7 +653,7 @@ static int bench_rl(lb_backend *be, const lb_config *c)
         if ((rc = rollout_run(s, &r, &st))) break;
         t[1] = st.seconds;
         // recompute, then update: micro-batches of MB sequences of prompt + completion, the
-        // targets the completion tokens (prompt positions -1), as src/rl.c packs them
+        // targets the completion tokens (prompt positions -1), as src/rl/rl.c packs them
         for (int pass = 0; pass < 2; pass++) {
             be->sync(be);
             t0 = lb_now();

@@ -1,4 +1,4 @@
-// config.h: parameter files. One table (src/params.c) defines every key: section, name, type,
+// config.h: parameter files. One table (src/cli/params.c) defines every key: section, name, type,
 // default, range or choices, and help; doc/parameters.md is generated from it.
 #ifndef LB_CONFIG_H
 #define LB_CONFIG_H
@@ -106,7 +106,7 @@ typedef struct {
         double kl_coef;            // k3 KL to the reference, 0 = off
         double tis_cap;            // truncated importance sampling cap, 0 = off
         double adv_eps;            // added to the group std
-        char rewards[128];         // comma list of reward functions (src/reward.c)
+        char rewards[128];         // comma list of reward functions (src/rl/reward.c)
         double format_reward;      // what arith_format pays
         char reward_command[LB_PATH_MAX];   // external reward: JSON line in, number out
         int eval_every;            // offline evaluation every N steps (0 = start and end)

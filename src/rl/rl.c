@@ -5,12 +5,12 @@
 // registry and the optional command, group-normalised advantages, then the trainer recomputes
 // every response token's log-prob with the training forward (lp_old: the policy that sampled),
 // and M mini-batches each take one optimizer step on GRPO's clipped, token-mean objective
-// (src/grpo.h), the gradient entering at the logits through per-token weights. The optimizer
+// (src/rl/grpo.h), the gradient entering at the logits through per-token weights. The optimizer
 // step marks the weight cache stale; the next rollout's first forward re-quantizes it. Under
 // mpirun the prompts are split over the data-parallel ranks; under tensor and expert
 // parallelism the model, the reference and the optimizer are pieces as in `lowbit train`, and
 // the ranks keep their collective forwards in step (doc/rl.md).
-#include "src/rl.h"
+#include "src/rl/rl.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -18,15 +18,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/common.h"
-#include "src/checkpoint.h"
-#include "src/commands.h"
-#include "src/data.h"
-#include "src/grpo.h"
-#include "src/optim.h"
-#include "src/reward.h"
-#include "src/run.h"
-#include "src/metrics.h"
-#include "src/util.h"
+#include "src/io/checkpoint.h"
+#include "src/cli/commands.h"
+#include "src/io/data.h"
+#include "src/rl/grpo.h"
+#include "src/train/optim.h"
+#include "src/rl/reward.h"
+#include "src/cli/run.h"
+#include "src/io/metrics.h"
+#include "src/cli/util.h"
 #include "parallel/grid.h"
 
 #define ERRLEN 2048
@@ -391,7 +391,7 @@ static int check_rl_layout(const lb_config *c, const lb_grid *g, char *err, size
 typedef struct {
     lb_config cfg;
     const lb_config *c;            // &cfg
-    lb_run run;                    // grid, communicators, backend, policy, optimizer (src/run.h)
+    lb_run run;                    // grid, communicators, backend, policy, optimizer (src/cli/run.h)
     lb_comm *world;                // run.world
     int root;                      // run.root
     lb_comm *dpc, *epc;            // host messages of the data- and expert-parallel groups

@@ -1,5 +1,5 @@
 // convert.c: Hugging Face import and export, and `lowbit convert` (see convert.h).
-#include "src/convert.h"
+#include "src/io/convert.h"
 
 #include <cJSON.h>
 #include <math.h>
@@ -11,10 +11,10 @@
 #include <unistd.h>
 
 #include "kernels/common.h"
-#include "src/checkpoint.h"
-#include "src/commands.h"
-#include "src/safetensors.h"
-#include "src/util.h"
+#include "src/io/checkpoint.h"
+#include "src/cli/commands.h"
+#include "src/io/safetensors.h"
+#include "src/cli/util.h"
 
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -11,10 +11,10 @@
 // A file must be exactly 1024 + count * (2 or 4) bytes: anything shorter is truncated and
 // anything longer has trailing bytes, and both are errors, so a half-copied shard never trains.
 // The writer picks version 1 whenever every token is below 65536 to stay llm.c-compatible.
-#include "src/data.h"
+#include "src/io/data.h"
 
 #include "kernels/common.h"
-#include "src/util.h"
+#include "src/cli/util.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include "models/model.h"
 #include "parallel/comm.h"
-#include "src/optim.h"
+#include "src/train/optim.h"
 #include "parallel/grid.h"
 
 typedef struct {

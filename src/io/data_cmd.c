@@ -4,9 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "src/commands.h"
-#include "src/data.h"
-#include "src/util.h"
+#include "src/cli/commands.h"
+#include "src/io/data.h"
+#include "src/cli/util.h"
 
 // Tokens and unigram entropy (nats) over the shards matching pattern.
 static int shard_stats(const char *pattern, int *nfiles, size_t *ntok, double *entropy,

@@ -4,11 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/common.h"
-#include "src/commands.h"
-#include "src/data.h"
-#include "src/rl.h"
-#include "src/run.h"
-#include "src/util.h"
+#include "src/cli/commands.h"
+#include "src/io/data.h"
+#include "src/rl/rl.h"
+#include "src/cli/run.h"
+#include "src/cli/util.h"
 
 #define ERRLEN 2048
 
@@ -33,7 +33,7 @@ static void print_escaped(const int32_t *tok, int n)
     } while (0)
 
 // One `lowbit sample` run: its configuration (the model section read from the checkpoint), the
-// prompts and their samples' requests, and the parallel pieces (src/run.h).
+// prompts and their samples' requests, and the parallel pieces (src/cli/run.h).
 typedef struct {
     lb_config cfg;
     const lb_config *c;            // &cfg

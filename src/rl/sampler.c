@@ -1,12 +1,12 @@
 // sampler.c: continuous-batching generation over a KV cache (see sampler.h, doc/rl.md).
-#include "src/sampler.h"
+#include "src/rl/sampler.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/common.h"
-#include "src/util.h"
+#include "src/cli/util.h"
 
 struct lb_sampler {
     lb_model *m;

@@ -1,5 +1,5 @@
 // reward.h: RL rewards. A registry of reward functions in C (name -> function; add one by
-// writing the function and one table line in src/reward.c) and an external reward command for
+// writing the function and one table line in src/rl/reward.c) and an external reward command for
 // user tasks: run once per completion with one JSON line on stdin,
 // {"prompt": "...", "completion": "..."}, it prints one number. A completion's reward is the
 // sum of the named functions and the command's number (doc/rl.md).

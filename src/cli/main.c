@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "lb_autoconf.h"
-#include "src/commands.h"
-#include "src/util.h"
+#include "src/cli/commands.h"
+#include "src/cli/util.h"
 
 typedef struct {
     const char *name;

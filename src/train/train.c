@@ -12,13 +12,13 @@
 #include <sys/resource.h>
 #include <unistd.h>
 #include "kernels/common.h"
-#include "src/checkpoint.h"
-#include "src/commands.h"
-#include "src/data.h"
-#include "src/optim.h"
-#include "src/run.h"
-#include "src/metrics.h"
-#include "src/util.h"
+#include "src/io/checkpoint.h"
+#include "src/cli/commands.h"
+#include "src/io/data.h"
+#include "src/train/optim.h"
+#include "src/cli/run.h"
+#include "src/io/metrics.h"
+#include "src/cli/util.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline_schedule.h"
 
@@ -55,7 +55,7 @@ static double max_rss_mib(void)
     return ru.ru_maxrss / 1024.0;
 }
 
-// One `lowbit train` run: its parallel pieces (src/run.h), the data, the state a checkpoint
+// One `lowbit train` run: its parallel pieces (src/cli/run.h), the data, the state a checkpoint
 // keeps, the model as a pipeline stage and the step's micro-batches. Set up once; every step
 // reuses it.
 typedef struct {

@@ -1,12 +1,12 @@
-// run.c: one run's setup, shared by the commands (src/run.h).
-#include "src/run.h"
+// run.c: one run's setup, shared by the commands (src/cli/run.h).
+#include "src/cli/run.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "kernels/common.h"
-#include "src/util.h"
+#include "src/cli/util.h"
 
 #define ERRLEN 1024
 

@@ -1,5 +1,5 @@
 // reward.c: the reward registry and the external reward command (see reward.h).
-#include "src/reward.h"
+#include "src/rl/reward.h"
 
 #include <errno.h>
 #include <math.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include "src/data.h"
+#include "src/io/data.h"
 
 extern char **environ;
 

@@ -1,5 +1,5 @@
 // metrics.c: metrics.jsonl and TensorBoard event files (see metrics.h).
-#include "src/metrics.h"
+#include "src/io/metrics.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -10,7 +10,7 @@
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
-#include "src/util.h"
+#include "src/cli/util.h"
 
 struct lb_metrics {
     FILE *f;                       // the JSON lines

@@ -1,5 +1,5 @@
 // grpo.c: GRPO's objective; see grpo.h for the exact formulas.
-#include "src/grpo.h"
+#include "src/rl/grpo.h"
 
 #include <math.h>
 
