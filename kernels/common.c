@@ -19,10 +19,20 @@ void lb_abort(int code)
     exit(code);
 }
 
+const char *lb_source_path(const char *file)
+{
+    static const char *const top[] = {"/src/", "/models/", "/parallel/", "/kernels/", "/tests/"};
+    const char *best = NULL;   // the last top directory in the name: the tree's own
+    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+        for (const char *p = strstr(file, top[i]); p; p = strstr(p + 1, top[i]))
+            if (!best || p > best) best = p;
+    return best ? best + 1 : file;
+}
+
 void lb_die_at(const char *file, int line, const char *fmt, ...)
 {
     va_list ap;
-    fprintf(stderr, "%s:%d: ", file, line);
+    fprintf(stderr, "%s:%d: ", lb_source_path(file), line);
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
     va_end(ap);

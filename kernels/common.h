@@ -12,6 +12,10 @@
 void lb_die_at(const char *file, int line, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 3, 4)));
 #define lb_die(...) lb_die_at(__FILE__, __LINE__, __VA_ARGS__)
+// A source file's name as messages show it: from the tree's top directory on (src/, models/,
+// parallel/, kernels/, tests/), whatever directory the build ran in ("../lowbit/src/x.c" ->
+// "src/x.c"); other names as they are.
+const char *lb_source_path(const char *file);
 // parallel/ installs MPI_Abort here so one failing rank takes the whole job down.
 void lb_set_abort_hook(void (*hook)(int code));
 void lb_abort(int code) __attribute__((noreturn));

@@ -56,6 +56,14 @@ a32=$(act) a16=$(act --set precision.recipe=bf16)
 printf '[train]\nsteps = 10\nlerning_rate = 0.1\n' > "$tmp/typo.cfg"
 expect_error typo "typo.cfg:3: unknown key 'lerning_rate' in \[train\] \(did you mean 'lr'\?\)" \
     "$bin" train "$tmp/typo.cfg"
+# a NUL byte ends a C string: the rest of the file must not be dropped unseen
+printf '[train]\nsteps = 3\n\0[run]\nseed = 2\n' > "$tmp/nul.cfg"
+expect_error nul "nul.cfg:3: a NUL byte \(offset 18\): this is not a text file" \
+    "$bin" train "$tmp/nul.cfg"
+# bytes that are not text are quoted escaped, never raw
+printf '[train]\n\xff\xfe = 1\n' > "$tmp/garbage.cfg"
+expect_error garbage "garbage.cfg:2: unknown key '\\\\xff\\\\xfe'" "$bin" train "$tmp/garbage.cfg"
+if LC_ALL=C grep -q $'[\x80-\xff]' "$tmp/err"; then fail "garbage: raw high bytes on stderr"; else ok; fi
 printf '[train]\nsteps = ten\n' > "$tmp/type.cfg"
 expect_error type "type.cfg:2: train.steps: 'ten' is not an integer" "$bin" train "$tmp/type.cfg"
 expect_error missing-cfg "nothere.cfg: No such file or directory" "$bin" train "$tmp/nothere.cfg"

@@ -301,6 +301,18 @@ static void lacking_init(lb_backend *be) { be->sync = lacking_sync; }
 static jmp_buf lacking_jmp;
 static void lacking_jump(int code) { longjmp(lacking_jmp, code ? code : 1); }
 
+// Messages name source files from the tree's top on, whatever directory the build ran in.
+START_TEST(test_source_path)
+{
+    ck_assert_str_eq(lb_source_path("../lowbit/src/train/train.c"), "src/train/train.c");
+    ck_assert_str_eq(lb_source_path("/build/x/lowbit/kernels/cuda/gemm.cu"),
+                     "kernels/cuda/gemm.cu");
+    ck_assert_str_eq(lb_source_path("/home/u/src/lowbit/models/qwen3.c"), "models/qwen3.c");
+    ck_assert_str_eq(lb_source_path("parallel/comm.c"), "parallel/comm.c");
+    ck_assert_str_eq(lb_source_path("main.c"), "main.c");
+}
+END_TEST
+
 START_TEST(test_table_and_memory)
 {
     ck_assert_str_eq(be->name, "cpu");
@@ -2020,6 +2032,7 @@ int main(int argc, char **argv)
 
     Suite *s = suite_create("kernels");
     TCase *tc = tcase_create("forward");
+    tcase_add_test(tc, test_source_path);
     tcase_add_test(tc, test_table_and_memory);
     tcase_add_test(tc, test_gemm_fwd);
     tcase_add_test(tc, test_gemm_accumulate_and_edges);

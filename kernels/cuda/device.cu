@@ -5,6 +5,7 @@
 #include <string.h>
 
 extern "C" {
+#include "kernels/common.h"   // lb_source_path
 
 // Number of visible devices; 0 when the driver is missing or no GPU is present.
 int lb_cuda_device_count(void)
@@ -33,8 +34,8 @@ int lb_cuda_device_describe(int i, char *buf, size_t len)
     cudaDeviceProp p;
     cudaError_t rc = cudaGetDeviceProperties(&p, i);
     if (rc != cudaSuccess) {
-        snprintf(buf, len, "%s:%d: cudaGetDeviceProperties: %s", __FILE__, __LINE__,
-                 cudaGetErrorString(rc));
+        snprintf(buf, len, "%s:%d: cudaGetDeviceProperties: %s", lb_source_path(__FILE__),
+                 __LINE__, cudaGetErrorString(rc));
         return -1;
     }
     snprintf(buf, len, "%s, sm_%d%d, %.1f GiB", p.name, p.major, p.minor,

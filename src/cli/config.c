@@ -8,6 +8,7 @@
 // comments and surrounding blanks removed, over-long lines, bad section headers and lines
 // without '=' reported by us. inih then splits the remaining key = value lines.
 #include "src/cli/config.h"
+#include "src/cli/util.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -561,7 +562,19 @@ static int check_line(const char *line, size_t len, char *msg, size_t n)
     return 0;
 }
 
+static int config_parse(lb_config *c, const char *text, const char *fname, char *err,
+                        size_t errlen);
+
+// The message quotes the input, which may be any bytes: it is escaped to print as it reads.
 int lb_config_parse(lb_config *c, const char *text, const char *fname, char *err, size_t errlen)
+{
+    int rc = config_parse(c, text, fname, err, errlen);
+    if (rc != 0) lb_escape_bytes(err, errlen);
+    return rc;
+}
+
+static int config_parse(lb_config *c, const char *text, const char *fname, char *err,
+                        size_t errlen)
 {
     if (!fname) fname = "(string)";
     size_t tlen = strlen(text);

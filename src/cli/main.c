@@ -70,6 +70,10 @@ static char *read_everywhere(lb_comm *comm, const char *path, char *err, size_t 
     if (comm->rank == 0) {
         size_t n;
         text = lb_read_file(path, &n, err, errlen);
+        if (text && lb_text_check(text, n, path, err, errlen) != 0) {
+            free(text);
+            text = NULL;
+        }
         len = text ? (long long)n : -1;
     }
     lb_comm_bcast(comm, &len, sizeof len, 0);

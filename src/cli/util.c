@@ -37,6 +37,49 @@ char *lb_read_file(const char *path, size_t *len, char *err, size_t errlen)
     return buf;
 }
 
+int lb_text_check(const char *text, size_t len, const char *path, char *err, size_t errlen)
+{
+    const char *nul = memchr(text, 0, len);
+    if (!nul) return 0;
+    int line = 1;
+    for (const char *p = text; p < nul; p++) line += *p == '\n';
+    snprintf(err, errlen, "%s:%d: a NUL byte (offset %zu): this is not a text file", path, line,
+             (size_t)(nul - text));
+    return -1;
+}
+
+// Bytes of the UTF-8 sequence at s (1 to 4), or 0 when none starts there.
+static int utf8_len(const unsigned char *s)
+{
+    int n = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
+    if (s[0] < 0x80) return 1;
+    if (s[0] >= 0xf5) return 0;
+    for (int i = 1; i < n; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    return n;
+}
+
+void lb_escape_bytes(char *s, size_t cap)
+{
+    size_t n = strlen(s);
+    char *t = malloc(4 * n + 1), *o = t;
+    if (!t) return;
+    for (size_t i = 0; i < n;) {
+        const unsigned char *c = (const unsigned char *)s + i;
+        int k = utf8_len(c);
+        if (k > 1 || (k == 1 && (*c >= 0x20 || *c == '\n' || *c == '\t') && *c != 0x7f)) {
+            memcpy(o, c, (size_t)k);
+            o += k, i += (size_t)k;
+        } else {
+            o += sprintf(o, "\\x%02x", *c);
+            i++;
+        }
+    }
+    *o = 0;
+    snprintf(s, cap, "%s", t);
+    free(t);
+}
+
 int lb_atomic_open(lb_atomic_file *a, const char *path, char *err, size_t errlen)
 {
     snprintf(a->path, sizeof a->path, "%s", path);

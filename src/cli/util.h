@@ -8,6 +8,14 @@
 // Reads a whole file, NUL-terminated. Returns NULL with "path: reason" in err.
 char *lb_read_file(const char *path, size_t *len, char *err, size_t errlen);
 
+// 0 when text (len bytes) holds no NUL byte; else -1 with "path:line: ..." in err (a text
+// read by lb_read_file would end there, and the rest would be dropped unseen).
+int lb_text_check(const char *text, size_t len, const char *path, char *err, size_t errlen);
+
+// Rewrites s (NUL-terminated, in a buffer of cap bytes) so that it prints as it reads: control
+// bytes and bytes that are not UTF-8 become \xNN (a message quoting a garbage input).
+void lb_escape_bytes(char *s, size_t cap);
+
 // Atomic replacement: open PATH.tmp.PID for writing; commit fsyncs, closes, renames over PATH
 // and fsyncs the directory; abort closes and removes the temporary. A crash at any point leaves
 // either the old PATH or the new one, never a partial file.
