@@ -106,6 +106,7 @@ expect_error shape-ckpt "step_00000002.safetensors: tensor '.*' has shape \[.*\]
 expect_error missing-ckpt "gone.safetensors: No such file or directory" "$bin" train "$cfg" \
     "${good[@]}" --set run.out_dir="$tmp/r5" --set checkpoint.resume="$tmp/gone.safetensors"
 [ ! -e "$tmp/r5/checkpoints/step_00000002.safetensors" ] && ok || fail "output after a bad resume"
+[ ! -e "$tmp/r5/checkpoints" ] && ok || fail "an empty checkpoints directory after a bad resume"
 
 # Hugging Face conversion mistakes
 expect_error hf-missing "nodir/config.json: No such file or directory" "$bin" convert \

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "kernels/common.h"
 #include "src/cli/util.h"
@@ -105,7 +106,16 @@ int lb_run_checkpoint_dir(lb_run *r)
 {
     char err[ERRLEN];
     snprintf(r->ckdir, sizeof r->ckdir, "%.*s/checkpoints", LB_PATH_MAX, r->c->run.out_dir);
+    struct stat st;
+    r->ckdir_made = r->root && stat(r->ckdir, &st) != 0;   // made here: early, so that a
+    // directory that cannot be made stops the run before any work
     return lb_run_failed(r, r->root && lb_mkdirs(r->ckdir, err, sizeof err) != 0, err);
+}
+
+void lb_run_abandon(lb_run *r)
+{
+    if (r->ckdir_made) rmdir(r->ckdir);   // fails, harmlessly, unless it is empty
+    r->ckdir_made = 0;
 }
 
 void lb_run_teardown(lb_run *r)

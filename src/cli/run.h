@@ -38,6 +38,7 @@ typedef struct {
     lb_optimizer opt;              // with has_opt
     int has_opt;
     char ckdir[LB_PATH_MAX + 32];  // OUT_DIR/checkpoints
+    int ckdir_made;                // rank 0 created ckdir in this run (lb_run_abandon)
 } lb_run;
 
 // A command's own layout checks, after the grid's: 0, or -1 with a message.
@@ -61,9 +62,13 @@ int lb_run_setup(lb_run *r, int sampling);
 // The optimizer of r's model over the grid's groups (ZeRO-1 per parallel.zero), its schedule
 // ending at total_steps.
 void lb_run_optimizer(lb_run *r, int total_steps);
-// Makes OUT_DIR/checkpoints (rank 0).
+// Makes OUT_DIR/checkpoints (rank 0), remembering whether it was there (lb_run_abandon).
 int lb_run_checkpoint_dir(lb_run *r);
 void lb_run_teardown(lb_run *r);
+// After a command failed before its first save (a bad resume, a bad shard): removes the
+// checkpoints directory lb_run_checkpoint_dir created, if it is still empty, so the failure
+// leaves no litter. Rank 0's; a no-op elsewhere.
+void lb_run_abandon(lb_run *r);
 
 // The backend of run.backend; with a world of several ranks on CUDA, rank i of a node takes
 // device run.device + i (collective over world; NULL: this process alone). LB_PROFILE=1 times

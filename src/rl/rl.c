@@ -934,7 +934,10 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     x->root = comm->rank == 0;
     const lb_config *c = x->c;
     x->P = c->rl.prompts, x->G = c->rl.group, x->N = x->P * x->G, x->M = c->rl.mini_batches;
-    if (rl_check(x) != 0 || rl_open(x) != 0 || rl_load(x) != 0) return 1;
+    if (rl_check(x) != 0 || rl_open(x) != 0 || rl_load(x) != 0) {
+        lb_run_abandon(&x->run);   // a bad resume leaves no empty checkpoints directory
+        return 1;
+    }
     x->ini = lb_config_to_ini(c);
     int bad = x->root && lb_run_config_write(c, x->ini, err, sizeof err) != 0;
     if (lb_run_failed(&x->run, bad, err)) return 1;

@@ -434,8 +434,10 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
     train_run run, *x = &run;
     memset(x, 0, sizeof *x);
     if (train_layout(x, c, comm) != 0 || train_open(x) != 0 || train_load(x) != 0 ||
-        train_announce(x) != 0)
+        train_announce(x) != 0) {
+        lb_run_abandon(&x->run);
         return 1;
+    }
     train_alloc(x);
     for (int step = x->first; step <= c->train.steps; step++) train_step(x, step);
     train_free(x);
