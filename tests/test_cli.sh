@@ -97,6 +97,16 @@ good=(--set data.train_files="$tmp/d/arith_train_*.bin" "${run[@]}")
 "$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/ok" >/dev/null 2>&1 || fail "train"
 ck="$tmp/ok/checkpoints/step_00000002.safetensors"
 [ -f "$ck" ] && ok || fail "no checkpoint written"
+# the temporaries a killed save leaves go with the next run in the directory, unless their
+# process still lives (another save in progress)
+mkdir -p "$tmp/sw/checkpoints"
+dead=$(sh -c 'echo $$')   # a process that has ended
+touch "$tmp/sw/checkpoints/step_00000001.safetensors.tmp.$dead" \
+      "$tmp/sw/checkpoints/step_00000001.safetensors.tmp.$$"
+"$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/sw" >/dev/null 2>&1 || fail "train (sweep)"
+[ ! -e "$tmp/sw/checkpoints/step_00000001.safetensors.tmp.$dead" ] &&
+    [ -e "$tmp/sw/checkpoints/step_00000001.safetensors.tmp.$$" ] && ok ||
+    fail "temporaries of killed saves: $(ls "$tmp/sw/checkpoints")"
 head -c 5000 "$ck" > "$tmp/trunc.safetensors"
 expect_error trunc-ckpt "trunc.safetensors: " "$bin" train "$cfg" "${good[@]}" \
     --set run.out_dir="$tmp/r3" --set checkpoint.resume="$tmp/trunc.safetensors"

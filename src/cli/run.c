@@ -1,6 +1,8 @@
 // run.c: one run's setup, shared by the commands (src/cli/run.h).
 #include "src/cli/run.h"
 
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,6 +104,26 @@ void lb_run_optimizer(lb_run *r, int total_steps)
     r->has_opt = 1;
 }
 
+// Removes the temporaries (step_N.safetensors.tmp.PID, lb_atomic_open) that a save killed
+// midway left in dir: those whose process is gone. A live one is another process's save in
+// progress (this one's are committed or removed before it sweeps).
+static void sweep_temps(const char *dir)
+{
+    char pattern[1024];
+    char **list;
+    snprintf(pattern, sizeof pattern, "%s/step_*.safetensors.tmp.*", dir);
+    int n = lb_glob(pattern, &list);
+    for (int i = 0; i < n; i++) {
+        const char *tail = strrchr(list[i], '.') + 1;
+        char *end;
+        long pid = strtol(tail, &end, 10);
+        if (*end || pid <= 0) continue;   // not a temporary of lb_atomic_open's
+        int alive = pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno != ESRCH);
+        if (!alive) unlink(list[i]);
+    }
+    lb_glob_free(list, n);
+}
+
 int lb_run_checkpoint_dir(lb_run *r)
 {
     char err[ERRLEN];
@@ -109,6 +131,7 @@ int lb_run_checkpoint_dir(lb_run *r)
     struct stat st;
     r->ckdir_made = r->root && stat(r->ckdir, &st) != 0;   // made here: early, so that a
     // directory that cannot be made stops the run before any work
+    if (r->root && !r->ckdir_made) sweep_temps(r->ckdir);   // before a resume reads it
     return lb_run_failed(r, r->root && lb_mkdirs(r->ckdir, err, sizeof err) != 0, err);
 }
 
@@ -198,9 +221,11 @@ int lb_run_save_due(const lb_config *c, int step, int last)
     return (every > 0 && step % every == 0) || (step == last && every >= 0);
 }
 
-// Removes all but the newest `keep` checkpoints of dir (their names sort by step).
+// Removes all but the newest `keep` checkpoints of dir (their names sort by step), and the
+// temporaries of killed saves.
 static void keep_last(const char *dir, int keep)
 {
+    sweep_temps(dir);
     char pattern[1024];
     char **list;
     snprintf(pattern, sizeof pattern, "%s/step_*.safetensors", dir);
