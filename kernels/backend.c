@@ -46,6 +46,27 @@ lb_backend *lb_backend_new(const char *name, void *ctx, void (*const *init)(lb_b
     return be;
 }
 
+lb_gemm_args *lb_experts_groups(const lb_gemm_experts_args *x, const int *counts_host)
+{
+    if (x->e < 0 || x->rows < 0 || x->n < 0 || x->k < 0)
+        lb_die("gemm_experts: negative size (e %d, rows %d, n %d, k %d)", x->e, x->rows, x->n,
+               x->k);
+    const size_t lda = ((size_t)x->k + 7) / 8 * 8, ldc = ((size_t)x->n + 7) / 8 * 8;
+    lb_gemm_args *g = lb_calloc(x->e ? (size_t)x->e : 1, sizeof *g);
+    size_t off = 0;
+    for (int j = 0; j < x->e; j++) {
+        const int m = counts_host[j];
+        if (m < 0 || off + (size_t)m > (size_t)x->rows)
+            lb_die("gemm_experts: expert %d's %d rows pass the %d rows given", j, m, x->rows);
+        g[j] = (lb_gemm_args){0, 1, m, x->n, x->k, 1.0f, 0.0f, NULL, NULL,
+                              x->c ? x->c + off * x->n : NULL, 1,
+                              x->b16 + (size_t)j * x->n * lda, x->a16 + off * lda,
+                              x->c16 ? x->c16 + off * ldc : NULL};
+        off += (size_t)m;
+    }
+    return g;
+}
+
 int lb_backend_supports(const lb_backend *be, lb_op op)
 {
     switch (op) {

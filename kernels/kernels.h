@@ -69,6 +69,24 @@ typedef struct {
     uint16_t *c16;
 } lb_gemm_args;
 
+// gemm_experts: an MoE layer's fprop over all its experts, with the rows per expert in backend
+// memory (moe_plan's counts), so the host never needs them: expert j's rows of C are its rows
+// of A times its weight B_j^T, the experts' rows one after another in expert order (moe_plan's
+// permuted buffer). Operands in bf16 (the bf16 fprop: lb_gemm_args with bf16 1, transa 0,
+// transb 1, alpha 1, beta 0, a16 and b16 given): the same bits as gemm_grouped over the same
+// groups. counts must sum to rows (CUDA reports a larger sum and clips it).
+typedef struct {
+    const uint16_t *a16;   // (rows, pad8(k)) the experts' rows, expert 0's first
+    const uint16_t *b16;   // (e, n, pad8(k)) every expert's weight, stacked (a weight cache's)
+    float *c;              // (rows, n), or NULL where c16 is given
+    uint16_t *c16;         // (rows, pad8(n)) C rounded to bf16 as lb_gemm_args.c16, or NULL
+    const int *counts;     // (e) backend memory: expert j's rows
+    int e, rows, n, k;
+} lb_gemm_experts_args;
+// Its groups for gemm_grouped (a calloc'd array of a->e), counts_host the host's copy of
+// a->counts; dies where the counts pass a->rows.
+lb_gemm_args *lb_experts_groups(const lb_gemm_experts_args *a, const int *counts_host);
+
 // The sample operation (the sampler's decode step): one token per row of logits, drawn on the
 // device from counter-based random numbers, with the stop test, so that only the tokens and
 // done flags need to reach the host.
@@ -324,6 +342,9 @@ typedef struct {
        array. Groups with m, n or k == 0 are skipped (k == 0 with beta 0 zeroes C). */        \
     X(void, gemm_grouped, (lb_backend *be, int count, const lb_gemm_args *args),              \
       (be, count, args))                                                                      \
+    /* The bf16 fprop of an MoE layer's experts, their rows per expert in backend memory     \
+       (lb_gemm_experts_args): no host round trip for the counts (the sampler's decode). */  \
+    X(void, gemm_experts, (lb_backend *be, const lb_gemm_experts_args *a), (be, a))           \
                                                                                               \
     /* --- low precision (formats and rules: doc/formats.md) ------------------------------ */\
     /* Lays out q for x (rows, cols) under a and allocates its buffers in backend memory. */  \
@@ -480,9 +501,12 @@ typedef struct {
                                                                                               \
     /* --- MoE token dispatch on one rank ------------------------------------------------- */\
     /* Plan: rows sorted by expert, then by token, then by slot. row (n, k) gets the row of   \
-       assignment (i, s) in the permuted buffer; counts (e), a HOST array, rows per expert. */\
-    X(void, moe_plan, (lb_backend *be, int32_t *row, int *counts_host, const int32_t *idx,    \
-                       int n, int e, int k), (be, row, counts_host, idx, n, e, k))            \
+       assignment (i, s) in the permuted buffer; counts_host (e), a HOST array, and counts    \
+       (e), backend memory, the rows per expert; either may be NULL (without counts_host the \
+       call need not wait for the device: gemm_experts reads counts). */                    \
+    X(void, moe_plan, (lb_backend *be, int32_t *row, int *counts_host, int *counts,          \
+                       const int32_t *idx, int n, int e, int k),                              \
+      (be, row, counts_host, counts, idx, n, e, k))                                           \
     /* xp (n*k, c): xp[row[i][s]] = x[i]; xp16 (n*k, pad8(c)) as lb_swiglu_args.out16 */      \
     X(void, moe_permute, (lb_backend *be, float *xp, uint16_t *xp16, const float *x,          \
                           const int32_t *row, int n, int k, int c),                           \

@@ -343,6 +343,7 @@ typedef struct {
     float *rlogits, *probs, *weight;   // (n, E), (n, E), (n, k)
     int32_t *idx, *row;                // (n, k)
     int *counts;                       // (E) host: rows per expert
+    int *counts_dev;                   // (E) backend memory: the same (the cached forward's)
     float *aux_grad;                   // (E) d aux / d probs[i][j]
     float *xp, *yp;                    // (n*k, c)
     float *xe, *gu, *h;                // (cap, c), (cap, 2f), (cap, f)
@@ -375,6 +376,7 @@ static void ffn_create(lb_model *m, ffn_acts *f, int n)
         f->idx = be->alloc(be, (size_t)n * d.K * sizeof(int32_t));
         f->row = be->alloc(be, (size_t)n * d.K * sizeof(int32_t));
         f->counts = lb_calloc(d.E, sizeof(int));
+        f->counts_dev = be->alloc(be, (size_t)d.E * sizeof(int));
         f->aux_grad = falloc(be, d.E);
         if (out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1, 0))
             grow16(be, &f->yp16, &f->cap_yp16, n16(rows, d.C));
@@ -401,7 +403,7 @@ static void ffn_free(lb_model *m, ffn_acts *f)
 {
     lb_backend *be = m->be;
     void *bufs[] = {f->rlogits, f->probs, f->weight, f->idx, f->row, f->aux_grad, f->xp, f->yp,
-                    f->xe, f->gu, f->h, f->xp16, f->h16, f->gu16, f->yp16};
+                    f->xe, f->gu, f->h, f->xp16, f->h16, f->gu16, f->yp16, f->counts_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     free(f->counts);
@@ -661,9 +663,12 @@ static void kv_fake_quant(lb_backend *be, float *x, int rows, int d)
 // --- the feed-forward blocks, shared by the training and the cached forward ----------------------
 
 // out (n, c) = this rank's share of the block on ln (n, c): the caller sums it over tp. Returns
-// the layer's load-balancing loss (0 for dense blocks or without want_aux).
+// the layer's load-balancing loss (0 for dense blocks or without want_aux). cached: the cached
+// forward, which no backward follows, so that under ep 1 with bf16 expert GEMMs the rows per
+// expert need not come to the host (moe_plan's device counts, gemm_experts): the host queues
+// the whole layer without waiting, and the bits are the same.
 static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scratch *s,
-                      const float *ln, int n, float *out, int want_aux)
+                      const float *ln, int n, float *out, int want_aux, int cached)
 {
     const lb_model_config *c = &m->cfg;
     lb_backend *be = m->be;
@@ -693,16 +698,22 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
     const int down16 = takes16(m, l, LB_ROLE_MOE_DOWN);
     uint16_t *xp16 = x16 ? grow16(be, &f->xp16, &f->cap_xp16, n16((size_t)n * d.K, d.C)) : NULL;
     float *xp = x16 ? NULL : grow(be, &f->xp, &f->cap_xp, (size_t)n * d.K * d.C);
+    const int dev = cached && x16 && down16 &&
+                    lb_linear_experts_ok(lin, l, LB_ROLE_MOE_GATE_UP, w->cgu) &&
+                    lb_linear_experts_ok(lin, l, LB_ROLE_MOE_DOWN, w->cdown);
     if (np) {
-        be->moe_plan(be, f->row, f->counts, f->idx + (size_t)o * d.K, np, d.E, d.K);
+        be->moe_plan(be, f->row, dev ? NULL : f->counts, dev ? f->counts_dev : NULL,
+                     f->idx + (size_t)o * d.K, np, d.E, d.K);
         be->moe_permute(be, xp, xp16, ln + (size_t)o * d.C, f->row, np, d.K, d.C);
     } else {
         memset(f->counts, 0, (size_t)d.E * sizeof *f->counts);
+        if (dev) be->zero(be, f->counts_dev, (size_t)d.E * sizeof(int));
     }
-    // the dispatcher: this rank's experts get their rows from every ep rank
+    // the dispatcher: this rank's experts get their rows from every ep rank (x16: ep 1)
     lb_comm *ep = m->par.ep_comm;
-    lb_ep_route_plan(&f->route, ep, be, f->counts, d.E);
-    size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
+    if (!dev) lb_ep_route_plan(&f->route, ep, be, f->counts, d.E);
+    size_t nr = dev ? (size_t)np * d.K : (size_t)f->route.nrecv;
+    size_t big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
     // the expert GEMMs' outputs, in bf16 where their readers take it (out16)
     const int y16 = out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1);
     const int g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0);
@@ -718,13 +729,21 @@ static double ffn_fwd(lb_model *m, int l, const layer_w *w, ffn_acts *f, moe_scr
     float *gu = g16 ? NULL : grow(be, &f->gu, &f->cap_gu, nr * 2 * d.F);
     uint16_t *h16 = down16 ? grow16(be, &f->h16, &f->cap_h16, n16(nr, d.F)) : NULL;
     if (!down16) grow(be, &f->h, &f->cap_h, nr * d.F);
-    lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xe, xp16, w->gu, w->cgu,
-                          f->route.local_counts, d.El, gu, gu16, 2 * d.F, d.C);
+    if (dev)
+        lb_linear_experts_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xp16, w->cgu, f->counts_dev, d.El,
+                              (int)nr, gu, gu16, 2 * d.F, d.C);
+    else
+        lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xe, xp16, w->gu, w->cgu,
+                              f->route.local_counts, d.El, gu, gu16, 2 * d.F, d.C);
     float *h = h16 ? NULL : f->h;
     if (nr) be->swiglu_fwd(be, &(lb_swiglu_args){.out = h, .out16 = h16, .gu = gu, .gu16 = gu16,
             .n = (int)nr, .f = d.F});
-    lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, h, h16, w->down, w->cdown,
-                          f->route.local_counts, d.El, ye, yp16, d.C, d.F);
+    if (dev)
+        lb_linear_experts_fwd(lin, l, LB_ROLE_MOE_DOWN, h16, w->cdown, f->counts_dev, d.El,
+                              (int)nr, ye, yp16, d.C, d.F);
+    else
+        lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, h, h16, w->down, w->cdown,
+                              f->route.local_counts, d.El, ye, yp16, d.C, d.F);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, ye, yp, s->xs, d.C);
     if (d.parts > 1) be->zero(be, out, (size_t)n * d.C * sizeof(float));
     if (np)
@@ -905,7 +924,7 @@ static double layer_fwd(lb_model *m, acts *a, int i, layer_acts *L)
     float *xnext = a->l[i + 1].x;
     norm_rows(m, a, L->xmid, w.ln2, L->ln2, L->rstd2);
     part = d.tp > 1 ? a->part : xnext;
-    double aux = ffn_fwd(m, l, &w, &L->f, &a->ms, L->ln2, n, part, 1);
+    double aux = ffn_fwd(m, l, &w, &L->f, &a->ms, L->ln2, n, part, 1, 0);
     tp_reduce(m, part, xnext, n, C);
     be->add(be, xnext, L->xmid, (size_t)ns * C);
     return aux;
@@ -1229,7 +1248,7 @@ static void forward_cached(lb_model *m, lb_kvcache *kv, int n)
         be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->xmid,
                 .w = w.ln2, .n = n, .c = C, .eps = eps});
         part = d.tp > 1 ? a->part : a->x;
-        ffn_fwd(m, l, &w, &a->f, &a->ms, a->ln, n, part, 0);
+        ffn_fwd(m, l, &w, &a->f, &a->ms, a->ln, n, part, 0, 1);
         tp_reduce(m, part, a->x, n, C);
         be->add(be, a->x, a->xmid, (size_t)n * C);
     }

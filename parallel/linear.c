@@ -606,6 +606,23 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
     }
 }
 
+int lb_linear_experts_ok(const lb_linear *L, int layer, lb_role role, const lb_wcache *c)
+{
+    return all_fmt(L, layer, role, LB_FMT_BF16) && c && c->b16 &&
+           lb_backend_supports(L->be, LB_OP_gemm_experts);
+}
+
+void lb_linear_experts_fwd(lb_linear *L, int layer, lb_role role, const uint16_t *x16,
+                           const lb_wcache *c, const int *counts, int groups, int rows, float *y,
+                           uint16_t *y16, int out, int in)
+{
+    if (!lb_linear_experts_ok(L, layer, role, c) || !x16)
+        lb_die("lb_linear_experts_fwd: not bf16 GEMMs on a bf16 weight cache and a bf16 x");
+    L->be->gemm_experts(L->be, &(lb_gemm_experts_args){.a16 = x16, .b16 = cache_b16(c, 0),
+            .c = y16 ? NULL : y, .c16 = y16, .counts = counts, .e = groups, .rows = rows,
+            .n = out, .k = in});
+}
+
 void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x,
                            const uint16_t *x16, const float *w, const lb_wcache *c,
                            const int *counts, int groups, const float *dy, const uint16_t *dy16,

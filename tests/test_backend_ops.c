@@ -576,6 +576,65 @@ static void gemm_grouped_case(const test_case *tst)
     free(c0), free(c2), free(c3), free(sent);
 }
 
+// gemm_experts: an MoE layer's bf16 fprop with the rows per expert in backend memory, p: e,
+// n, k, c16 (a bf16 C), mean rows an expert. The counts hold empty experts, experts of one row
+// and one of more than two 128-row tiles. Against the CPU (the same groups through
+// gemm_grouped), and bit for bit against the device's own gemm_grouped on those groups, run
+// twice, with C16 or fp32 C.
+static void gemm_experts_case(const test_case *tst)
+{
+    const int e = tst->p[0], n = tst->p[1], k = tst->p[2], c16 = tst->p[3], mean = tst->p[4];
+    int *counts = lb_malloc((size_t)e * sizeof(int)), rows = 0;
+    for (int j = 0; j < e; j++) {
+        counts[j] = j % 5 == 2 ? 0 : j % 7 == 3 ? 1 : (int)(lb_rand_u64(7, 1, j) % (2 * mean));
+        if (j == 1) counts[j] = 300;
+        rows += counts[j];
+    }
+    const int ln = (n + 7) / 8 * 8;
+    float *a = randn((size_t)rows * k, 1), *b = randn((size_t)e * n * k, 1);
+    uint16_t *a16 = host16(a, rows, k), *b16 = host16(b, (size_t)e * n, k);
+    size_t cbytes = c16 ? bytes16(rows, n) : (size_t)rows * n * 4;
+    lb_gemm_experts_args x = {a16, b16, NULL, NULL, counts, e, rows, n, k};
+    float *ref = lb_malloc((size_t)rows * n * 4);
+    x.c = ref;
+    cpu->gemm_experts(cpu, &x);   // fp32 C: the reference either way
+    uint16_t *A = dput(a16, bytes16(rows, k)), *B = dput(b16, bytes16((size_t)e * n, k));
+    int *C = dput(counts, (size_t)e * sizeof(int));
+    void *out[3];
+    for (int r = 0; r < 3; r++) {   // gemm_experts twice, then gemm_grouped on its groups
+        out[r] = dpoisoned(cbytes);
+        lb_gemm_experts_args xd = {A, B, c16 ? NULL : out[r], c16 ? out[r] : NULL, C, e, rows, n,
+                                   k};
+        if (r < 2) {
+            dev->gemm_experts(dev, &xd);
+        } else {
+            lb_gemm_args *g = lb_experts_groups(&xd, counts);
+            dev->gemm_grouped(dev, e, g);
+            free(g);
+        }
+    }
+    void *h[3];
+    for (int r = 0; r < 3; r++) h[r] = hget(out[r], cbytes);
+    char what[96];
+    snprintf(what, sizeof what, "gemm_experts e %d n %d k %d %s: run twice", e, n, k,
+             c16 ? "c16" : "fp32");
+    CHECK_BITS(what, h[0], h[1], cbytes);
+    snprintf(what, sizeof what, "gemm_experts e %d n %d k %d %s = gemm_grouped", e, n, k,
+             c16 ? "c16" : "fp32");
+    CHECK_BITS(what, h[0], h[2], cbytes);
+    float *got = lb_malloc((size_t)rows * n * 4);
+    for (size_t i = 0; i < (size_t)rows; i++)
+        for (int c = 0; c < n; c++)
+            got[i * n + c] = c16 ? lb_bf16_to_f32(((uint16_t *)h[0])[i * ln + c])
+                                 : ((float *)h[0])[i * n + c];
+    snprintf(what, sizeof what, "gemm_experts e %d n %d k %d %s vs cpu", e, n, k,
+             c16 ? "c16" : "fp32");
+    CHECK_NMSE(what, got, ref, (size_t)rows * n, c16 ? 1e-5 : tst->bound);
+    for (int r = 0; r < 3; r++) dfree(out[r]), free(h[r]);
+    dfree(A), dfree(B), dfree(C);
+    free(counts), free(a), free(b), free(a16), free(b16), free(ref), free(got);
+}
+
 // Grouped bf16 GEMMs of fp32 inputs, as an expert layer issues them: the three passes over
 // consecutive slices of one activation and consecutive weights, an expert without tokens
 // among them, sizes that are not multiples of any tile and inner sizes longer than the
@@ -1336,21 +1395,33 @@ static void dispatch_case(const test_case *tst)
     size_t nk = (size_t)n * k, nc = (size_t)n * c, kc = nk * c;
     int32_t *idx = skewed_idx(n, e, k), *row = lb_malloc(nk * 4);
     int *counts = lb_malloc((size_t)e * sizeof(int));
-    cpu->moe_plan(cpu, row, counts, idx, n, e, k);
+    cpu->moe_plan(cpu, row, counts, NULL, idx, n, e, k);
     int32_t *I = dput(idx, nk * 4), *R = dev->alloc(dev, nk * 4);
+    int *C = dev->alloc(dev, (size_t)e * sizeof(int));
     char what[96];
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < 3; r++) {   // host counts, device counts, both
         poison(R, nk * 4);
+        poison(C, (size_t)e * sizeof(int));
         int *cg = lb_malloc((size_t)e * sizeof(int));
         memset(cg, 0xff, (size_t)e * sizeof(int));
-        dev->moe_plan(dev, R, cg, I, n, e, k);
+        dev->moe_plan(dev, R, r == 1 ? NULL : cg, r ? C : NULL, I, n, e, k);
         int32_t *rg = hget(R, nk * 4);
         snprintf(what, sizeof what, "moe_plan row n %d e %d k %d", n, e, k);
         CHECK_INTS(what, rg, row, nk);
-        snprintf(what, sizeof what, "moe_plan counts n %d e %d k %d", n, e, k);
-        CHECK_INTS(what, cg, counts, e);
+        if (r != 1) {
+            snprintf(what, sizeof what, "moe_plan counts n %d e %d k %d", n, e, k);
+            CHECK_INTS(what, cg, counts, e);
+        }
+        if (r) {
+            int *cd = hget(C, (size_t)e * sizeof(int));
+            snprintf(what, sizeof what, "moe_plan device counts n %d e %d k %d (pass %d)", n, e,
+                     k, r);
+            CHECK_INTS(what, cd, counts, e);
+            free(cd);
+        }
         free(rg), free(cg);
     }
+    dev->free(dev, C);
     ck_assert_int_eq(counts[e - 1], 0);
 
     // permute / permute_bwd / combine / combine_bwd on the plan's rows. The slot sums run in
@@ -3163,6 +3234,12 @@ static const test_case CASES[] = {
     CASE(OP(gemm_grouped), grouped_bf16_case, {1, 700, 77}, .bound = B_ACCUM, .g = {6, C6},
          .cuda = 1),
     CASE(OP(gemm_grouped) | OP(gemm), gemm_grouped_c16_case, .cuda = 1),
+    CASE(OP(gemm_experts) | OP(gemm_grouped), gemm_experts_case, {128, 300, 136, 1, 16},
+         .bound = B_ACCUM, .label = "decode shape, bf16 C"),
+    CASE(OP(gemm_experts) | OP(gemm_grouped), gemm_experts_case, {128, 256, 200, 0, 8},
+         .bound = B_ACCUM, .label = "decode shape, fp32 C"),
+    CASE(OP(gemm_experts) | OP(gemm_grouped), gemm_experts_case, {9, 101, 77, 1, 150},
+         .bound = B_ACCUM, .label = "odd sizes, 128-row tiles"),
 
     CASE(OP(add) | OP(scale) | OP(sumsq), add_scale_sumsq_case),
 

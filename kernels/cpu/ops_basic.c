@@ -106,6 +106,14 @@ static void cpu_gemm_grouped(lb_backend *be, int count, const lb_gemm_args *args
     for (int i = 0; i < count; i++) cpu_gemm(be, &args[i]);
 }
 
+// gemm_experts as the groups of gemm_grouped (backend memory is host memory here).
+static void cpu_gemm_experts(lb_backend *be, const lb_gemm_experts_args *x)
+{
+    lb_gemm_args *g = lb_experts_groups(x, x->counts);
+    cpu_gemm_grouped(be, x->e, g);
+    free(g);
+}
+
 // --- elementwise and reductions -----------------------------------------------------------------
 
 static void cpu_add(lb_backend *be, float *y, const float *x, size_t n)
@@ -343,6 +351,7 @@ void lb_cpu_init_basic(lb_backend *be)
 {
     be->gemm = cpu_gemm;
     be->gemm_grouped = cpu_gemm_grouped;
+    be->gemm_experts = cpu_gemm_experts;
     be->add = cpu_add;
     be->scale = cpu_scale;
     be->sumsq = cpu_sumsq;

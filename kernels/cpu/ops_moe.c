@@ -145,18 +145,23 @@ static void cpu_moe_aux_loss(lb_backend *be, float *loss, float *dprobs_expert,
 
 // A counting sort: expert offsets are the exclusive prefix sum of counts, and walking the
 // assignments in (token, slot) order hands out rows within each expert in that same order.
-static void cpu_moe_plan(lb_backend *be, int32_t *row, int *counts_host, const int32_t *idx,
-                         int n, int e, int k)
+static void cpu_moe_plan(lb_backend *be, int32_t *row, int *counts_host, int *counts,
+                         const int32_t *idx, int n, int e, int k)
 {
     check_idx("moe_plan", idx, n, e, k);
     if ((size_t)n * k > INT32_MAX) lb_die("moe_plan: %d x %d assignments overflow int32", n, k);
-    for (int j = 0; j < e; j++) counts_host[j] = 0;
-    for (size_t a = 0; a < (size_t)n * k; a++) counts_host[idx[a]]++;
     int32_t *next = lb_malloc(((size_t)e + 1) * sizeof(int32_t));
+    for (int j = 0; j < e; j++) next[j] = 0;
+    for (size_t a = 0; a < (size_t)n * k; a++) next[idx[a]]++;
+    for (int j = 0; j < e; j++) {   // backend memory is host memory here
+        if (counts_host) counts_host[j] = next[j];
+        if (counts) counts[j] = next[j];
+    }
     int32_t off = 0;
     for (int j = 0; j < e; j++) {
+        int32_t cj = next[j];
         next[j] = off;
-        off += counts_host[j];
+        off += cj;
     }
     for (size_t a = 0; a < (size_t)n * k; a++) row[a] = next[idx[a]]++;
     free(next);

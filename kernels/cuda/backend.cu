@@ -28,6 +28,7 @@ static const char *const cerr_what[LB_CERR_COUNT] = {
     "cross_entropy_fwd: target >= vocabulary size",
     "cross_entropy_bwd: target >= vocabulary size",
     "kv_append / attention_cached: slot or position outside the KV cache",
+    "gemm_experts: the experts' counts pass the rows given (expert)",
 };
 
 extern "C" void lb_cuda_wait(lb_cuda_ctx *cx, const char *file, int line)

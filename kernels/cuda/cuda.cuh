@@ -63,6 +63,7 @@ enum {
     LB_CERR_CE_FWD_TARGET,      // cross_entropy_fwd: target >= v
     LB_CERR_CE_BWD_TARGET,      // cross_entropy_bwd: target >= v
     LB_CERR_KV_ROW,             // kv_append, attention_cached: slot or position outside the cache
+    LB_CERR_EXPERTS_ROWS,       // gemm_experts: the counts pass the rows given
     LB_CERR_COUNT
 };
 
@@ -398,6 +399,8 @@ void lb_cuda_tma_map(CUtensorMap *map, CUtensorMapDataType dt, const void *x, in
 // bf16 with m, n, k > 0 and alpha != 0, in one launch (after one packing launch). Queued.
 int lb_cuda_gemm_grouped_tc_ok(int major, int minor);
 void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g);
+// gemm_experts on the same kernel's steps, the counts read on the device (sm_90a)
+void lb_cuda_gemm_experts_tc(lb_cuda_ctx *cx, const lb_gemm_experts_args *x);
 // gemm_grouped.cu: linear_ce_bwd (kernels.h) on that kernel, n, v, c > 0, the gradient
 // computed by the pack from the logits and the forward's stats. Queued.
 void lb_cuda_linear_ce_bwd_tc(lb_cuda_ctx *cx, float *dx, float dx_beta, float *dw,

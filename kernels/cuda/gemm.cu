@@ -661,6 +661,32 @@ static void cuda_gemm_grouped(lb_backend *be, int count, const lb_gemm_args *arg
     for (int i = 0; i < count; i++) cuda_gemm(be, &args[i]);
 }
 
+// gemm_experts: gx_kernel where gemm_grouped takes its wgmma kernel (the same bits), else the
+// counts come to the host (a wait) and gemm_grouped runs the groups.
+static void cuda_gemm_experts(lb_backend *be, const lb_gemm_experts_args *x)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    if (x->e < 0 || x->rows < 0 || x->n <= 0 || x->k <= 0 || !x->a16 || !x->b16 || !x->counts ||
+        (!x->c && !x->c16))
+        lb_die("gemm_experts: e %d, rows %d, n %d, k %d, or an operand missing", x->e, x->rows,
+               x->n, x->k);
+    if (((uintptr_t)x->a16 | (uintptr_t)x->b16) & 15 || ((uintptr_t)x->c16 & 3) ||
+        ((uintptr_t)x->c & 7))
+        lb_die("gemm_experts: misaligned operands (a16 %p, b16 %p, c16 %p, c %p)",
+               (const void *)x->a16, (const void *)x->b16, (void *)x->c16, (void *)x->c);
+    if (x->e == 0 || x->rows == 0) return;
+    if (cx->grouped_tc && cx->bf16_tc) {
+        lb_cuda_gemm_experts_tc(cx, x);
+        if (cx->sync_each) LB_CUDA_WAIT(cx);
+        return;
+    }
+    int *h = (int *)lb_malloc((size_t)x->e * sizeof(int));
+    be->download(be, h, x->counts, (size_t)x->e * sizeof(int));
+    lb_gemm_args *g = lb_experts_groups(x, h);
+    cuda_gemm_grouped(be, x->e, g);
+    free(g), free(h);
+}
+
 extern "C" void lb_cuda_init_gemm(lb_backend *be)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
@@ -687,4 +713,5 @@ extern "C" void lb_cuda_init_gemm(lb_backend *be)
     cx->grouped_streams = s && *s && *s != '0';
     be->gemm = cuda_gemm;
     be->gemm_grouped = cuda_gemm_grouped;
+    be->gemm_experts = cuda_gemm_experts;
 }

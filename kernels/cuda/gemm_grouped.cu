@@ -344,6 +344,52 @@ __device__ __forceinline__ void gt_store_tma(const float (&d)[NH][64], const CUt
 }
 #endif
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The ring's barriers (one thread): full (the producer's arrival, plus the bytes) and empty
+// (one arrival per math warpgroup, consumers of them) for each of the S stages.
+__device__ __forceinline__ void gt_bars_init(uint32_t full, uint32_t empty, int S, int consumers)
+{
+    for (int s = 0; s < S; s++) {
+        lb_mbar_init(full + 8 * s, 1);
+        lb_mbar_init(empty + 8 * s, consumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Math warpgroup cw's 64 x (128 NH) share of one tile into d: nk slices of 64 k from the ring
+// of S stages (STAGE bytes each, from base), slice counter it (over the block's tiles, as the
+// producer counts), each stage released to the producer once its products are done.
+template <int NH, int MN, int S, int STAGE>
+__device__ __forceinline__ void gt_mma_tile(float (&d)[NH][64], uint32_t base, uint32_t full,
+                                            uint32_t empty, int cw, int nk, int &it, int lead)
+{
+#pragma unroll
+    for (int h = 0; h < NH; h++)
+#pragma unroll
+        for (int i = 0; i < 64; i++) d[h][i] = 0.0f;
+    for (int kt = 0; kt < nk; kt++, it++) {
+        const int s = it % S;
+        lb_mbar_wait(full + 8 * s, (it / S) & 1);
+        const uint32_t sa = base + s * STAGE + cw * 64 * 128, sb = base + s * STAGE + GG_TILE_A;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < GG_BK / 16; kk++)
+#pragma unroll
+            for (int h = 0; h < NH; h++)
+                gg_wgmma<MN>(d[h],
+                             MN & GT_A_MN ? gg_desc_mn(sa + kk * 2048) : gg_desc(sa + kk * 32),
+                             MN & GT_B_MN ? gg_desc_mn(sb + h * 128 * 128 + kk * 2048)
+                                          : gg_desc(sb + h * 128 * 128 + kk * 32));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        // the previous slice's products are done: its stage may be refilled
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        if (kt > 0 && lead) lb_mbar_arrive(empty + 8 * ((it - 1) % S));
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    if (lead) lb_mbar_arrive(empty + 8 * ((it - 1) % S));   // the tile's last slice
+}
+#endif
+
 // S2: NVFP4 groups (gg_store), every group of the launch with its second levels. TS: every
 // group has beta 0 and a C map (gt_store_tma) instead of gg_store. MN: the operand layouts
 // (GT_A_MN, GT_B_MN): an MN-major operand's slice of 64 k arrives as 64-wide boxes of m or n,
@@ -366,13 +412,7 @@ gt_kernel(const __grid_constant__ gt_params P)
     const uint32_t full = stg + (TS ? 4 * GT_CHUNK : 0), empty = full + 8 * S;   // 8-byte barriers
     const int tid = threadIdx.x, wg = tid >> 7;
 
-    if (tid == 0) {
-        for (int s = 0; s < S; s++) {
-            lb_mbar_init(full + 8 * s, 1);    // the producer's arrival, plus the bytes
-            lb_mbar_init(empty + 8 * s, BM / 64);   // one arrival per math warpgroup
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    if (tid == 0) gt_bars_init(full, empty, S, BM / 64);
     __syncthreads();
 
     // Persistent: block b takes tiles b, b + grid, ...; the ring position it counts slices
@@ -413,32 +453,9 @@ gt_kernel(const __grid_constant__ gt_params P)
     for (int t = blockIdx.x; t < P.tiles; t += gridDim.x) {
         int m0, n0;
         const gt_group &G = gg_tile(P.g, P.count, t, BN, &m0, &n0, BM);
-        const int nk = (G.k + GG_BK - 1) / GG_BK;
         float d[NH][64];
-#pragma unroll
-        for (int h = 0; h < NH; h++)
-#pragma unroll
-            for (int i = 0; i < 64; i++) d[h][i] = 0.0f;
-        for (int kt = 0; kt < nk; kt++, it++) {
-            const int s = it % S;
-            lb_mbar_wait(full + 8 * s, (it / S) & 1);
-            const uint32_t sa = base + s * STAGE + cw * 64 * 128, sb = base + s * STAGE + GG_TILE_A;
-            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-            for (int kk = 0; kk < GG_BK / 16; kk++)
-#pragma unroll
-                for (int h = 0; h < NH; h++)
-                    gg_wgmma<MN>(d[h],
-                                 MN & GT_A_MN ? gg_desc_mn(sa + kk * 2048) : gg_desc(sa + kk * 32),
-                                 MN & GT_B_MN ? gg_desc_mn(sb + h * 128 * 128 + kk * 2048)
-                                              : gg_desc(sb + h * 128 * 128 + kk * 32));
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            // the previous slice's products are done: its stage may be refilled
-            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-            if (kt > 0 && lead) lb_mbar_arrive(empty + 8 * ((it - 1) % S));
-        }
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        if (lead) lb_mbar_arrive(empty + 8 * ((it - 1) % S));   // the tile's last slice
+        gt_mma_tile<NH, MN, S, STAGE>(d, base, full, empty, cw, (G.k + GG_BK - 1) / GG_BK, it,
+                                      lead);
         // a bf16 C (G.c16): a branch uniform over the block, taken per group (a launch may
         // mix them); never with NVFP4's second levels (gemm_q_grouped has no c16)
         static_assert(!(TS && C16) && !(S2 && C16), "C16 is the non-TS bf16 kernels'");
@@ -466,6 +483,132 @@ gt_kernel(const __grid_constant__ gt_params P)
     }
     // the stores are complete before the block's shared memory goes
     if (TS && lead) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// --- gemm_experts: the groups' sizes on the device ---------------------------------------------
+//
+// An MoE layer's bf16 fprop (kernels.h gemm_experts) whose rows per expert stay in device
+// memory (moe_plan's counts), so the host launches it without waiting for them: the sampler's
+// decode step then queues a whole forward without a round trip. One map covers every expert's
+// rows of A (the permuted buffer), one the stacked weights (e n rows), and each block derives
+// the tiles from the counts itself (gx_plan). A tile's A box may run into the next expert's
+// rows and its B box into the next expert's weight: those products land in rows and columns
+// the store leaves out (gg_store's and gg_store16's bounds, so no TMA store). The slices, the
+// wgmma steps and the store are gt_kernel's, so the bits are gemm_grouped's on those groups.
+#define GX_MAX_E 512   // experts of a layer
+
+typedef struct {
+    int tile0, tiles_n, m, row0;   // gg_tile's fields, and the expert's first row of A and C
+} gx_group;
+
+typedef struct {
+    CUtensorMap ta, tb;        // A (rows, k): boxes 64 (k) x BM; B (e n, k): boxes 64 x BN
+    float *c;                  // (rows, n), or NULL
+    __nv_bfloat16 *c16;        // (rows, pad8(n)), or NULL
+    const int *counts;         // (e) device memory
+    unsigned long long *err;   // the backend's input-error word
+    int e, rows, n, k;
+} gx_params;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The launch's tiles from the counts (warp 0; the caller syncs the block): g[j] for each expert,
+// *tiles in all. Each lane sums a run of experts, the runs' totals are scanned across the warp,
+// then each lane writes its run. Counts passing the rows are clipped there and reported.
+template <int BN, int BM>
+__device__ __forceinline__ void gx_plan(const gx_params &P, gx_group *g, int *tiles, int lane)
+{
+    const int per = (P.e + 31) / 32, j0 = min(P.e, lane * per), j1 = min(P.e, j0 + per);
+    const int tn = (P.n + BN - 1) / BN;
+    int rows = 0;
+    for (int j = j0; j < j1; j++) rows += P.counts[j];
+    int r0 = rows;   // the exclusive prefix of the runs' rows
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, r0, o);
+        if (lane >= o) r0 += v;
+    }
+    r0 -= rows;
+    int t = 0;   // this run's tiles (with the clipped counts), then their prefix likewise
+    for (int j = j0, r = r0; j < j1; j++) {
+        const int m = max(0, min(P.counts[j], P.rows - r));
+        if (m < P.counts[j]) lb_report(P.err, LB_CERR_EXPERTS_ROWS, j);
+        r += P.counts[j];
+        t += (m + BM - 1) / BM * tn;
+    }
+    int t0 = t;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, t0, o);
+        if (lane >= o) t0 += v;
+    }
+    if (lane == 31) *tiles = t0;
+    t0 -= t;
+    for (int j = j0, r = r0; j < j1; j++) {
+        const int m = max(0, min(P.counts[j], P.rows - r));
+        g[j] = (gx_group){t0, tn, m, r};
+        r += P.counts[j];
+        t0 += (m + BM - 1) / BM * tn;
+    }
+}
+#endif
+
+// gt_kernel's k-major launch (no second levels, no TMA store) on gx_params: C16 a bf16 C.
+template <int BN, int C16, int BM>
+__global__ void __launch_bounds__(GT_THREADS_BM(BM), 1)
+gx_kernel(const __grid_constant__ gx_params P)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int S = GT_STAGES(BN), NH = BN / 128, STAGE = GT_STAGE(BN);
+    constexpr int TX = (BM + BN) * GG_BK * 2;
+    extern __shared__ uint8_t gt_smem[];
+    __shared__ gx_group grp[GX_MAX_E];
+    __shared__ int ntiles;
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(gt_smem) + 1023) & ~1023u;
+    const uint32_t full = base + S * STAGE, empty = full + 8 * S;
+    const int tid = threadIdx.x, wg = tid >> 7;
+    if (tid == 0) gt_bars_init(full, empty, S, BM / 64);
+    if (tid < 32) gx_plan<BN, BM>(P, grp, &ntiles, tid);
+    __syncthreads();
+    const int tiles = ntiles, nk = (P.k + GG_BK - 1) / GG_BK;
+    if (wg == 0) {   // the producer: one thread
+        if (tid == 0) {
+            int it = 0;
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+                int m0, n0;
+                const gx_group &G = gg_tile(grp, P.e, t, BN, &m0, &n0, BM);
+                const int e = (int)(&G - grp);
+                for (int kt = 0; kt < nk; kt++, it++) {
+                    const int s = it % S;
+                    if (it >= S) lb_mbar_wait(empty + 8 * s, (it / S - 1) & 1);
+                    lb_mbar_expect(full + 8 * s, TX);
+                    const uint32_t st = base + s * STAGE, bar = full + 8 * s;
+                    gt_load(st, &P.ta, kt * GG_BK, G.row0 + m0, bar);
+                    gt_load(st + GG_TILE_A, &P.tb, kt * GG_BK, e * P.n + n0, bar);
+                }
+            }
+        }
+        return;
+    }
+    const int cw = wg - 1;
+    const int warp = (tid >> 5) & 3, lane = tid & 31, lead = (tid & 127) == 0;
+    int it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int m0, n0;
+        const gx_group &G = gg_tile(grp, P.e, t, BN, &m0, &n0, BM);
+        float d[NH][64];
+        gt_mma_tile<NH, 0, S, STAGE>(d, base, full, empty, cw, nk, it, lead);
+        const int r = m0 + cw * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+        for (int h = 0; h < NH; h++) {
+            if (C16)
+                gg_store16(d[h], P.c16 + (size_t)G.row0 * ((P.n + 7) & ~7), G.m, P.n, 1.0f, r,
+                           n0 + h * 128, lane);
+            else
+                gg_store<BN == 256 ? 4 : 16>(d[h], P.c + (size_t)G.row0 * P.n, G.m, P.n, 1.0f,
+                                             0.0f, r, n0 + h * 128, lane);
+        }
+    }
 #endif
 }
 
@@ -943,6 +1086,43 @@ static void gt_grouped_mn(lb_cuda_ctx *cx, int count, const lb_gemm_args *g,
 extern "C" void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g)
 {
     gt_grouped_mn(cx, count, g);
+}
+
+template <int BN, int C16, int BM>
+static void gx_launch(lb_cuda_ctx *cx, int grid, const gx_params *P)
+{
+    static int smem_set;
+    if (!smem_set) {
+        lb_cuda_smem_limit(gx_kernel<BN, C16, BM>, GT_SMEM(BN, 0));
+        smem_set = 1;
+    }
+    gx_kernel<BN, C16, BM><<<grid, GT_THREADS_BM(BM), GT_SMEM(BN, 0), cx->stream>>>(*P);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// gemm_experts (kernels.h) on gx_kernel: queued on cx->stream, no wait. The tile shape comes
+// from the sizes the host knows (rows, e, n), never from the counts: 64 rows where the mean
+// expert has fewer than 64 (decode), 128 columns where n is at most 128 (gt_bn).
+extern "C" void lb_cuda_gemm_experts_tc(lb_cuda_ctx *cx, const lb_gemm_experts_args *x)
+{
+    if (x->e > GX_MAX_E) lb_die("gemm_experts: %d experts (at most %d)", x->e, GX_MAX_E);
+    gx_params P;
+    memset(&P, 0, sizeof P);
+    const int bn = x->n <= 128 ? 128 : cx->grouped_bn, bm = x->rows < 64 * x->e ? 64 : 128;
+    tma_map(&P.ta, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x->a16, x->rows, x->k, pad8(x->k), GG_BK,
+            bm);
+    tma_map(&P.tb, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x->b16, x->e * x->n, x->k, pad8(x->k), GG_BK,
+            bn);
+    P.c = x->c, P.c16 = (__nv_bfloat16 *)x->c16, P.counts = x->counts, P.err = cx->err_dev;
+    P.e = x->e, P.rows = x->rows, P.n = x->n, P.k = x->k;
+    // at most rows / bm + e tile rows, each (n / bn) tiles
+    const long most = ((long)x->rows / bm + x->e) * ((x->n + bn - 1) / bn);
+    const int grid = most < cx->num_sms ? (int)most : cx->num_sms;
+    const int c16 = x->c16 != NULL;
+    if (bm == 64 && bn == 256) c16 ? gx_launch<256, 1, 64>(cx, grid, &P) : gx_launch<256, 0, 64>(cx, grid, &P);
+    else if (bm == 64) c16 ? gx_launch<128, 1, 64>(cx, grid, &P) : gx_launch<128, 0, 64>(cx, grid, &P);
+    else if (bn == 256) c16 ? gx_launch<256, 1, 128>(cx, grid, &P) : gx_launch<256, 0, 128>(cx, grid, &P);
+    else c16 ? gx_launch<128, 1, 128>(cx, grid, &P) : gx_launch<128, 0, 128>(cx, grid, &P);
 }
 
 // linear_ce_bwd (kernels.h) on this kernel: the dgrad dx (n, c) = dy w and the wgrad dw (v, c)

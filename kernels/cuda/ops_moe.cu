@@ -286,15 +286,17 @@ __global__ void plan_counts_kernel(int *counts, const int32_t *keys, int total, 
     counts[j] = lo - a;
 }
 
-static void cuda_moe_plan(lb_backend *be, int32_t *row, int *counts_host, const int32_t *idx,
-                          int n, int e, int k)
+static void cuda_moe_plan(lb_backend *be, int32_t *row, int *counts_host, int *counts_out,
+                          const int32_t *idx, int n, int e, int k)
 {
     if (n < 0 || e < 0 || k < 0) lb_die("moe_plan: negative size");
     if ((size_t)n * k > INT32_MAX) lb_die("moe_plan: %d x %d assignments overflow int32", n, k);
     lb_cuda_ctx *cx = lb_cuda(be);
     int total = n * k;
     if (total == 0) {
-        if (e) memset(counts_host, 0, (size_t)e * sizeof(int));
+        if (e && counts_host) memset(counts_host, 0, (size_t)e * sizeof(int));
+        if (e && counts_out) LB_CUDA_CHECK(cudaMemsetAsync(counts_out, 0, (size_t)e * sizeof(int),
+                                                           cx->stream));
         return;
     }
     size_t tmp_bytes = 0;
@@ -305,7 +307,7 @@ static void cuda_moe_plan(lb_backend *be, int32_t *row, int *counts_host, const 
     size_t b_counts = lb_align256((size_t)(e ? e : 1) * sizeof(int));
     char *s = (char *)lb_cuda_scratch(cx, 3 * arr + b_counts + lb_align256(tmp_bytes));
     int32_t *iota = (int32_t *)s, *keys = (int32_t *)(s + arr), *order = (int32_t *)(s + 2 * arr);
-    int *counts = (int *)(s + 3 * arr);
+    int *counts = counts_out ? counts_out : (int *)(s + 3 * arr);
     void *tmp = s + 3 * arr + b_counts;
     iota_kernel_moe<<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(iota, total);
     LB_CUDA_LAUNCHED(cx);
@@ -316,6 +318,7 @@ static void cuda_moe_plan(lb_backend *be, int32_t *row, int *counts_host, const 
     plan_counts_kernel<<<(e + 255) / 256 > 0 ? (e + 255) / 256 : 1, 256, 0, cx->stream>>>(
         counts, keys, total, e, cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
+    if (!counts_host) return;   // gemm_experts reads counts on the device: no wait
     if (e) {
         int *h = (int *)lb_cuda_host_stage(cx, (size_t)e * sizeof(int));
         LB_CUDA_CHECK(cudaMemcpyAsync(h, counts, (size_t)e * sizeof(int), cudaMemcpyDeviceToHost,
