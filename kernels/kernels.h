@@ -173,14 +173,20 @@ typedef struct {
 } lb_rmsnorm_args;
 
 // rope: RoPE in the rotate-half form (as Hugging Face Llama/Qwen), in place on x (n, heads, d).
-// pos (n) token positions; frequency i = theta^(-2i/d), i < d/2. inverse 1: the inverse
-// rotation (the transpose of the forward map), which is the backward of the forward on dx.
+// pos (n) token positions. The first rot values of each head rotate (rot 0: all d; partial
+// rotary, as GLM-4 and NeoX, rotates fewer), pairs (i, i + rot/2), and the others pass through.
+// Frequency i < rot/2: inv_freq[i] (rot/2 doubles in backend memory, e.g. llama3-scaled ones
+// from lb_rope_inv_freq_llama3), or theta^(-2i/rot) where inv_freq is NULL. inverse 1: the
+// inverse rotation (the transpose of the forward map), which is the backward of the forward on
+// dx.
 typedef struct {
     float *x;
     const int32_t *pos;
     int n, heads, d;
     float theta;
     int inverse;
+    int rot;
+    const double *inv_freq;
 } lb_rope_args;
 
 // attention_fwd, attention_bwd (the numerics: the struct's entries below).

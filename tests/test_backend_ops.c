@@ -958,42 +958,81 @@ static void rmsnorm_case(const test_case *tst)
 
 // --- RoPE ------------------------------------------------------------------------------------
 
-// p: n, heads, d
+// p: n, heads, d, rot (0: all d; partial rotary), llama3 (1: frequencies from
+// lb_rope_inv_freq_llama3, a table in backend memory; Llama 3.1's numbers, original context 64
+// so positions up to 40000 cross every band). The CPU's rows are also checked against an
+// independent double rotation: the rotated pairs, and that values past rot pass unchanged.
 static void rope_case(const test_case *tst)
 {
-    const int n = tst->p[0], heads = tst->p[1], d = tst->p[2];
+    const int n = tst->p[0], heads = tst->p[1], d = tst->p[2], rot = tst->p[3] ? tst->p[3] : d;
+    const int llama3 = tst->p[4], half = rot / 2;
     size_t sz = (size_t)n * heads * d;
     float *x = randn(sz, 1), *ref = hdup(x, sz * 4);
     int32_t *pos = randint(n, 0, 40000);
     pos[0] = 0;
+    double *freq = NULL, *dfreq = NULL;
+    if (llama3) {
+        freq = lb_malloc((size_t)half * sizeof(double));
+        lb_rope_inv_freq_llama3(freq, rot, 5e5, 8.0, 1.0, 4.0, 64.0);
+        dfreq = dput(freq, (size_t)half * sizeof(double));
+        // the three bands are all there: scaled by 1/8, kept, and blended between
+        int scaled = 0, kept = 0, mid = 0;
+        for (int f = 0; f < half; f++) {
+            double r = freq[f] / pow(5e5, -2.0 * f / rot);
+            scaled += fabs(r - 0.125) < 1e-15, kept += r == 1.0, mid += r > 0.125 + 1e-9 && r < 1;
+        }
+        ck_assert_msg(scaled && kept && mid, "llama3 bands %d %d %d", scaled, kept, mid);
+    }
     cpu->rope(cpu, &(lb_rope_args){.x = ref, .pos = pos, .n = n, .heads = heads, .d = d,
-            .theta = 1e6f});
+            .theta = 5e5f, .rot = tst->p[3], .inv_freq = freq});
+    for (int i = 0; i < n; i++)   // an independent evaluation of the rotation
+        for (int h = 0; h < heads; h++)
+            for (int j = 0; j < d; j++) {
+                size_t o = ((size_t)i * heads + h) * d;
+                double want = x[o + j];
+                if (j < rot) {
+                    int f = j % half;
+                    double fr = freq ? freq[f] : pow(5e5f, -2.0 * f / rot), a = pos[i] * fr;
+                    double x1 = x[o + f], x2 = x[o + f + half];
+                    want = j < half ? x1 * cos(a) - x2 * sin(a) : x2 * cos(a) + x1 * sin(a);
+                }
+                ck_assert_msg(fabs(ref[o + j] - want) <= 1e-5 * (1 + fabs(want)),
+                              "rope row %d head %d elem %d: %g, want %g", i, h, j, ref[o + j],
+                              want);
+                if (j >= rot) ck_assert(ref[o + j] == x[o + j]);
+            }
     float *back = hdup(ref, sz * 4);
     cpu->rope(cpu, &(lb_rope_args){.x = back, .pos = pos, .n = n, .heads = heads, .d = d,
-            .theta = 1e6f, .inverse = 1});
+            .theta = 5e5f, .inverse = 1, .rot = tst->p[3], .inv_freq = freq});
     int32_t *dpos = dput(pos, (size_t)n * 4);
     float *dxx = dev->alloc(dev, sz * 4);
     float *keep[2][2];
     for (int r = 0; r < 2; r++) {
         dev->upload(dev, dxx, x, sz * 4);
         dev->rope(dev, &(lb_rope_args){.x = dxx, .pos = dpos, .n = n, .heads = heads, .d = d,
-                .theta = 1e6f});
+                .theta = 5e5f, .rot = tst->p[3], .inv_freq = dfreq});
         keep[r][0] = hget(dxx, sz * 4);
         dev->upload(dev, dxx, ref, sz * 4);   // the backward from the CPU's forward output
         dev->rope(dev, &(lb_rope_args){.x = dxx, .pos = dpos, .n = n, .heads = heads, .d = d,
-                .theta = 1e6f, .inverse = 1});
+                .theta = 5e5f, .inverse = 1, .rot = tst->p[3], .inv_freq = dfreq});
         keep[r][1] = hget(dxx, sz * 4);
     }
-    char what[96];
-    snprintf(what, sizeof what, "rope_fwd n %d heads %d d %d", n, heads, d);
+    char what[128];
+    snprintf(what, sizeof what, "rope_fwd n %d heads %d d %d rot %d llama3 %d", n, heads, d, rot,
+             llama3);
     CHECK_NMSE(what, keep[0][0], ref, sz, tst->bound);
-    snprintf(what, sizeof what, "rope_bwd n %d heads %d d %d", n, heads, d);
+    snprintf(what, sizeof what, "rope_bwd n %d heads %d d %d rot %d llama3 %d", n, heads, d, rot,
+             llama3);
     CHECK_NMSE(what, keep[0][1], back, sz, tst->bound);
     CHECK_BITS("rope_fwd, run twice", keep[0][0], keep[1][0], sz * 4);
     CHECK_BITS("rope_bwd, run twice", keep[0][1], keep[1][1], sz * 4);
     for (int j = 0; j < heads * d; j++) ck_assert(keep[0][0][j] == x[j]);   // position 0
+    double e = 0;   // the backward undoes the forward
+    for (size_t j = 0; j < sz; j++) e = fmax(e, fabs(back[j] - x[j]));
+    ck_assert_msg(e < 1e-5, "rope: inverse(forward(x)) differs from x by %g", e);
     for (int r = 0; r < 2; r++) free(keep[r][0]), free(keep[r][1]);
-    dfree(dpos), dfree(dxx), free(x), free(ref), free(pos), free(back);
+    if (dfreq) dfree(dfreq);
+    dfree(dpos), dfree(dxx), free(x), free(ref), free(pos), free(back), free(freq);
 }
 
 // --- attention -------------------------------------------------------------------------------
@@ -3187,6 +3226,10 @@ static const test_case CASES[] = {
     CASE(OP(rope), rope_case, {129, 3, 64}, .bound = B_ROUND),
     CASE(OP(rope), rope_case, {129, 5, 128}, .bound = B_ROUND),
     CASE(OP(rope), rope_case, {37, 2, 24}, .bound = B_ROUND),
+    CASE(OP(rope), rope_case, {129, 3, 64, 0, 1}, .bound = B_ROUND),    // llama3 scaling
+    CASE(OP(rope), rope_case, {37, 2, 128, 0, 1}, .bound = B_ROUND),
+    CASE(OP(rope), rope_case, {129, 3, 64, 32}, .bound = B_ROUND),      // partial rotary
+    CASE(OP(rope), rope_case, {37, 4, 128, 64, 1}, .bound = B_ROUND),   // both
 
     // --- attention, p (b, t, hq, hkv, d, bf16). fp32 mode: no grouping with a head dim below
     // one warp, the largest head dim supported
