@@ -402,7 +402,7 @@ START_TEST(test_bad_inputs)
         {dense, "\"rope_type\": \"default\"", "\"rope_type\": \"linear\"", "rope_parameters"},
         {dense, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act"},
         {dense, "\"full_attention\"", "\"sliding_attention\"", "layer_types"},
-        {moe, "\"model_type\": \"qwen3_moe\"", "\"model_type\": \"llama\"", "model_type 'llama'"},
+        {moe, "\"model_type\": \"qwen3_moe\"", "\"model_type\": \"gpt2\"", "model_type 'gpt2'"},
         {moe, "\"hidden_size\": 64", "\"hidden_size\": -64", "'hidden_size' must be an integer"},
         {moe, "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9", "num_experts_per_tok"},
         {dense, "\"intermediate_size\": 96,", "", "missing 'intermediate_size'"},
