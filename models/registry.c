@@ -7,10 +7,12 @@
 
 extern const lb_model_def lb_qwen3_moe_def;
 extern const lb_model_def lb_qwen3_def;
+extern const lb_model_def lb_llama_def;
 
 static const lb_model_def *const registry[] = {
     &lb_qwen3_moe_def,
     &lb_qwen3_def,
+    &lb_llama_def,
 };
 
 int lb_model_count(void) { return (int)(sizeof registry / sizeof registry[0]); }

@@ -1,5 +1,6 @@
-// test_hf_parity.c: Hugging Face parity and conversion. The tiny random Qwen3-MoE and Qwen3
-// models in tests/data (made by tests/tools/make_hf_golden.py with transformers) are imported
+// test_hf_parity.c: Hugging Face parity and conversion. The tiny random Qwen3-MoE, Qwen3 and
+// Llama (llama3 RoPE scaling) models in tests/data (made by tests/tools/make_hf_golden.py with
+// transformers) are imported
 // and must give transformers' logits, loss (cross-entropy + per-layer Switch loss) and
 // gradients; export and re-import are exact; both expert layouts, sharded checkpoints and
 // tied embeddings import; bad inputs fail with messages naming the file.
@@ -189,6 +190,9 @@ END_TEST
 START_TEST(test_parity_dense) { parity("tests/data/hf_qwen3", 0, 10); }
 END_TEST
 
+START_TEST(test_parity_llama) { parity("tests/data/hf_llama", 0, 12); }
+END_TEST
+
 // Export then import gives the same parameters bit for bit (F32), the hub's per-expert layout,
 // and for BF16 exactly the parameters rounded to nearest even.
 static void export_roundtrip(const char *sub)
@@ -212,6 +216,12 @@ static void export_roundtrip(const char *sub)
     ck_assert(r->cfg.rms_norm_eps == m->cfg.rms_norm_eps);
     ck_assert(r->cfg.router_aux_loss_coef == m->cfg.router_aux_loss_coef);
     ck_assert(r->cfg.initializer_range == m->cfg.initializer_range);
+    ck_assert_str_eq(r->cfg.rope_type, m->cfg.rope_type);
+    ck_assert(r->cfg.rope_factor == m->cfg.rope_factor);
+    ck_assert(r->cfg.rope_low_freq_factor == m->cfg.rope_low_freq_factor);
+    ck_assert(r->cfg.rope_high_freq_factor == m->cfg.rope_high_freq_factor);
+    ck_assert_int_eq(r->cfg.rope_original_max_position_embeddings,
+                     m->cfg.rope_original_max_position_embeddings);
     lb_model_free(r);
 
     snprintf(path, sizeof path, "%s/model.safetensors", out);
@@ -249,6 +259,9 @@ START_TEST(test_export_roundtrip_moe) { export_roundtrip("tests/data/hf_qwen3_mo
 END_TEST
 
 START_TEST(test_export_roundtrip_dense) { export_roundtrip("tests/data/hf_qwen3"); }
+END_TEST
+
+START_TEST(test_export_roundtrip_llama) { export_roundtrip("tests/data/hf_llama"); }
 END_TEST
 
 // tests/data/hf_qwen3_moe_fused holds the same model as transformers keeps it in memory:
@@ -377,11 +390,62 @@ static void expect_import_error(const char *src, const craft *k, const char *fil
     rm_rf(dst);
 }
 
+// The golden Llama's RoPE scaling is in force: read from rope_parameters (transformers 5) or
+// rope_scaling (transformers 4) alike, and the same model with plain RoPE gives other logits.
+START_TEST(test_llama_rope_scaling)
+{
+    const char *src = lb_test_src("tests/data/hf_llama");
+    lb_model *m = import(src);
+    ck_assert_str_eq(m->cfg.rope_type, "llama3");
+    ck_assert(m->cfg.rope_factor == 8.0 && m->cfg.rope_low_freq_factor == 1.0 &&
+              m->cfg.rope_high_freq_factor == 4.0);
+    ck_assert_int_eq(m->cfg.rope_original_max_position_embeddings, 32);
+    ck_assert_ptr_null(lb_model_find(m, "model.layers.0.self_attn.q_norm.weight"));
+    int32_t tok[12];
+    for (int i = 0; i < 12; i++) tok[i] = (i * 37 + 5) % m->cfg.vocab_size;
+    size_t nl = (size_t)12 * m->cfg.vocab_size;
+    float *a = lb_malloc(nl * sizeof(float)), *b = lb_malloc(nl * sizeof(float));
+    lb_model_forward(m, tok, NULL, 1, 12);
+    be->download(be, a, m->logits, nl * sizeof(float));
+    lb_model_config plain = m->cfg;
+    snprintf(plain.rope_type, sizeof plain.rope_type, "default");
+    char err[1024], dir[256];
+    lb_model *p = lb_model_create(&plain, be, err, sizeof err);
+    ck_assert_msg(p != NULL, "%s", err);
+    ck_assert_msg(lb_hf_load(p, src, err, sizeof err) == 0, "%s", err);
+    lb_model_forward(p, tok, NULL, 1, 12);
+    be->download(be, b, p->logits, nl * sizeof(float));
+    double e = rel_err(b, a, nl);
+    printf("llama: plain RoPE instead of llama3 moves the logits by %.3g (relative)\n", e);
+    ck_assert_msg(e > 1e-2, "the llama3 scaling does not change the logits (%.3g)", e);
+    lb_model_free(p);
+
+    // transformers 4's spelling: rope_scaling beside rope_theta
+    tmpdir_copy(dir, sizeof dir);
+    craft k = {.config_from = "\"rope_parameters\": {",
+               .config_to = "\"rope_theta\": 10000.0, \"rope_scaling\": {"};
+    make_variant(src, dir, &k);
+    lb_model *r = import(dir);
+    ck_assert_str_eq(r->cfg.rope_type, "llama3");
+    ck_assert(r->cfg.rope_factor == 8.0 && r->cfg.rope_high_freq_factor == 4.0);
+    ck_assert_int_eq(r->cfg.rope_original_max_position_embeddings, 32);
+    lb_model_forward(r, tok, NULL, 1, 12);
+    be->download(be, b, r->logits, nl * sizeof(float));
+    ck_assert(memcmp(a, b, nl * sizeof(float)) == 0);
+    lb_model_free(r);
+    rm_rf(dir);
+    free(a);
+    free(b);
+    lb_model_free(m);
+}
+END_TEST
+
 START_TEST(test_bad_inputs)
 {
     char err[1024], dir[256], prefix[600];
     const char *moe = lb_test_src("tests/data/hf_qwen3_moe");
     const char *dense = lb_test_src("tests/data/hf_qwen3");
+    const char *llama = lb_test_src("tests/data/hf_llama");
     lb_model_config cfg;
     // No config.json at all.
     tmpdir_copy(dir, sizeof dir);
@@ -407,6 +471,13 @@ START_TEST(test_bad_inputs)
         {moe, "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9", "num_experts_per_tok"},
         {dense, "\"intermediate_size\": 96,", "", "missing 'intermediate_size'"},
         {moe, "{", "{,", "not valid JSON"},
+        {llama, "\"mlp_bias\": false", "\"mlp_bias\": true", "mlp_bias"},
+        {llama, "\"factor\": 8.0", "\"factor\": 0.5", "llama3 needs factor >= 1"},
+        {llama, "\"low_freq_factor\": 1.0", "\"low_freq_factor\": 4.0", "high_freq_factor >"},
+        {llama, "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\"",
+         "rope_parameters of type 'yarn'"},
+        {llama, "\"rope_parameters\": {", "\"rope_parameters\": 3, \"x\": {",
+         "rope_parameters must be an object"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         craft k = {.config_from = bad[i].from, .config_to = bad[i].to};
@@ -548,6 +619,9 @@ END_TEST
 START_TEST(test_convert_command_dense) { convert_roundtrip("tests/data/hf_qwen3"); }
 END_TEST
 
+START_TEST(test_convert_command_llama) { convert_roundtrip("tests/data/hf_llama"); }
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("hf_parity");
@@ -556,6 +630,10 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_parity_moe);
     tcase_add_test(tc, test_parity_dense);
+    tcase_add_test(tc, test_parity_llama);
+    tcase_add_test(tc, test_llama_rope_scaling);
+    tcase_add_test(tc, test_export_roundtrip_llama);
+    tcase_add_test(tc, test_convert_command_llama);
     tcase_add_test(tc, test_export_roundtrip_moe);
     tcase_add_test(tc, test_export_roundtrip_dense);
     tcase_add_test(tc, test_fused_layout);

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Golden data for lowbit's Hugging Face parity test (tests/test_hf_parity.c).
 
-Builds tiny random Qwen3-MoE and dense Qwen3 models with transformers (float32, eager
-attention, eager experts), saves them with save_pretrained, and records for one fixed batch,
-independently of lowbit:
+Builds tiny random Qwen3-MoE, dense Qwen3 and Llama (3.1: llama3 RoPE scaling, no q/k norm)
+models with transformers (float32, eager attention, eager experts), saves them with
+save_pretrained, and records for one fixed batch, independently of lowbit:
 
   logits  (b*t, V)   the model's logits (no labels passed, so no internal label shift)
   ce      mean cross-entropy of logits vs targets over targets != -100
@@ -21,6 +21,9 @@ Outputs (kept small, committed):
   tests/data/hf_qwen3_moe_fused/  config.json, model.safetensors with the fused expert layout
                                   (the in-memory state_dict: mlp.experts.gate_up_proj/down_proj)
   tests/data/hf_qwen3/            config.json, model.safetensors, golden.safetensors
+  tests/data/hf_llama/            the same for LlamaForCausalLM with rope_scaling llama3 (an
+                                  original context of 32, so that at the batch's 12 positions
+                                  every band of the scaling matters: kept, blended, divided)
   tests/data/st_python.safetensors  a small file of F32/BF16/F16/I32 tensors for test_safetensors
 
 Usage:
@@ -56,10 +59,22 @@ def common_config():
         initializer_range=0.02, dtype="float32")
 
 
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32}
+
+
 def build(kind):
-    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                              Qwen3MoeConfig, Qwen3MoeForCausalLM)
     torch.manual_seed(SEED)
-    if kind == "moe":
+    if kind == "llama":
+        c = common_config()
+        del c["use_sliding_window"]
+        c["rope_parameters"] = dict(LLAMA3_ROPE)
+        cfg = LlamaConfig(**c, mlp_bias=False)
+        cls = LlamaForCausalLM
+    elif kind == "moe":
         cfg = Qwen3MoeConfig(**common_config(), num_experts=4, num_experts_per_tok=2,
                              moe_intermediate_size=32, norm_topk_prob=True,
                              router_aux_loss_coef=0.01, decoder_sparse_step=1, mlp_only_layers=[],
@@ -132,12 +147,15 @@ def run(model, tokens, targets):
     return res
 
 
-def grads(model, is_moe):
+def grads(model, is_moe, qk_norm=True):
     p = dict(model.named_parameters())
     out = {}
     names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
-             "model.layers.0.self_attn.k_norm.weight", "model.layers.0.input_layernorm.weight",
+             "model.layers.0.input_layernorm.weight",
              "model.layers.1.self_attn.o_proj.weight", "model.norm.weight", "lm_head.weight"]
+    names += ["model.layers.0.self_attn.k_norm.weight"] if qk_norm else \
+        ["model.layers.0.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight",
+         "model.layers.1.post_attention_layernorm.weight"]
     if is_moe:
         names += ["model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.gate_up_proj",
                   "model.layers.0.mlp.experts.down_proj", "model.layers.1.mlp.gate.weight",
@@ -166,7 +184,7 @@ DEFINITIONS = (
 
 def make(out_dir):
     tokens, targets = batch()
-    for kind, sub in (("moe", "hf_qwen3_moe"), ("dense", "hf_qwen3")):
+    for kind, sub in (("moe", "hf_qwen3_moe"), ("dense", "hf_qwen3"), ("llama", "hf_llama")):
         model = build(kind)
         d = os.path.join(out_dir, sub)
         if os.path.isdir(d):
@@ -194,7 +212,7 @@ def make(out_dir):
             meta["min_route_gap"] = repr(res["min_route_gap"])
             print(f"{sub}: min gap between k-th and (k+1)-th router prob "
                   f"{res['min_route_gap']:.3g}")
-        for n, g in grads(model, is_moe).items():
+        for n, g in grads(model, is_moe, kind != "llama").items():
             tensors[n] = g.contiguous()
         save_file(tensors, os.path.join(d, "golden.safetensors"), metadata=meta)
         line = f"{sub}: loss {res['loss'].item():.6f} ce {res['ce'].item():.6f}"
@@ -236,7 +254,7 @@ def check_export(export_dir, golden, tol):
         mtype = json.load(f)["model_type"]
     if golden is None:
         here = os.path.dirname(os.path.abspath(__file__))
-        sub = {"qwen3_moe": "hf_qwen3_moe", "qwen3": "hf_qwen3"}[mtype]
+        sub = {"qwen3_moe": "hf_qwen3_moe", "qwen3": "hf_qwen3", "llama": "hf_llama"}[mtype]
         golden = os.path.join(here, "..", "data", sub, "golden.safetensors")
     model = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32,
                                                  attn_implementation="eager")
