@@ -236,6 +236,26 @@ typedef struct {
     float *dlogits;
 } lb_router_args;
 
+// router_sigmoid_fwd, router_sigmoid_bwd: the DeepSeek-V3 / GLM-4.5 MoE router (transformers'
+// Glm4MoeTopkRouter). scores = sigmoid(logits) (n, e); the choice ranks scores + bias (bias (e),
+// backend memory, NULL = 0; it selects only and gets no gradient): the e experts form n_group
+// groups of e / n_group, a group scores the sum of its two best choice scores, the topk_group
+// best groups stay, and the k best experts of those are chosen, idx (n, k) in decreasing
+// choice order (ties to the lower index). weight (n, k) = the chosen scores, divided by their
+// sum + 1e-20 when renorm, times scale (routed_scaling_factor). The backward overwrites
+// dlogits (n, e) from dweight (n, k) (zero off the chosen experts). n_group <= 64 divides e,
+// topk_group * e / n_group >= k. kernels/router.h holds the row's arithmetic.
+typedef struct {
+    int n, e, k, n_group, topk_group, renorm;
+    float scale;
+    const float *logits, *bias;  // forward
+    float *scores;               // written by the forward, read by the backward
+    int32_t *idx;                // written by the forward, read by the backward
+    float *weight;               // forward
+    const float *dweight;        // backward
+    float *dlogits;
+} lb_router_sigmoid_args;
+
 // moe_combine, moe_combine_bwd: out (n, c) = sum over s in order of weight[i][s] *
 // yp[row[i][s]], with row (n, k) moe_plan's and yp (n*k, c) the experts' outputs. yp16: NULL,
 // or yp in bf16 (n*k, pad8(c)), read instead (as lb_swiglu_args.gu16).
@@ -476,6 +496,13 @@ typedef struct {
     /* --- MoE router (lb_router_args) ---------------------------------------------------- */\
     X(void, router_topk_fwd, (lb_backend *be, const lb_router_args *a), (be, a))              \
     X(void, router_topk_bwd, (lb_backend *be, const lb_router_args *a), (be, a))              \
+    X(void, router_sigmoid_fwd, (lb_backend *be, const lb_router_sigmoid_args *a), (be, a))   \
+    X(void, router_sigmoid_bwd, (lb_backend *be, const lb_router_sigmoid_args *a), (be, a))   \
+    /* The aux-loss-free balancing of DeepSeek-V3 after a step: bias[j] += rate *             \
+       sign(mean(load) - load[j]), load (e) the tokens each expert received (summed over     \
+       the step's micro-batches and ranks by the caller), bias and load backend memory. */    \
+    X(void, router_bias_update, (lb_backend *be, float *bias, const float *load, int e,       \
+                                 float rate), (be, bias, load, e, rate))                      \
     /* Switch load-balancing loss of one layer: loss = e * sum_j f_j * P_j, with f_j the      \
        share of the n*k assignments that chose expert j and P_j the mean of probs[:, j].      \
        Writes the loss to *loss (host) and d loss / d probs[i][j] = e * f_j / n to            \

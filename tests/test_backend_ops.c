@@ -1315,6 +1315,68 @@ static void router_case(const test_case *tst)
     free(l), free(probs), free(w), free(dl), free(idx), free(dw), free(dpe);
 }
 
+// p: n, e, k, n_group, topk_group, renorm, with_bias. Distinct logits a row (router_logits), a
+// bias of the scores' size so that it moves the choice, scale 2.5.
+static void router_sigmoid_case(const test_case *tst)
+{
+    const int n = tst->p[0], e = tst->p[1], k = tst->p[2], ng = tst->p[3], tg = tst->p[4];
+    const int renorm = tst->p[5], with_bias = tst->p[6];
+    size_t ne = (size_t)n * e, nk = (size_t)n * k;
+    float *l = router_logits(n, e), *bias = randn(e, 0.3f), *dw = randn(nk, 1);
+    float *sc = lb_malloc(ne * 4), *w = lb_malloc(nk * 4), *dl = lb_malloc(ne * 4);
+    int32_t *idx = lb_malloc(nk * 4);
+    lb_router_sigmoid_args a = {.n = n, .e = e, .k = k, .n_group = ng, .topk_group = tg,
+                                .renorm = renorm, .scale = 2.5f};
+    lb_router_sigmoid_args c = a;
+    c.logits = l, c.bias = with_bias ? bias : NULL, c.scores = sc, c.idx = idx, c.weight = w;
+    c.dweight = dw, c.dlogits = dl;
+    cpu->router_sigmoid_fwd(cpu, &c);
+    cpu->router_sigmoid_bwd(cpu, &c);
+    float *L = dput(l, ne * 4), *B = dput(bias, (size_t)e * 4), *DW = dput(dw, nk * 4);
+    float *S = dev->alloc(dev, ne * 4), *W = dev->alloc(dev, nk * 4), *DL = dev->alloc(dev, ne * 4);
+    int32_t *I = dev->alloc(dev, nk * 4);
+    float *keep[2][3];
+    int32_t *ikeep[2];
+    for (int r = 0; r < 2; r++) {
+        poison(S, ne * 4), poison(W, nk * 4), poison(I, nk * 4), poison(DL, ne * 4);
+        lb_router_sigmoid_args d = a;
+        d.logits = L, d.bias = with_bias ? B : NULL, d.scores = S, d.idx = I, d.weight = W;
+        d.dweight = DW, d.dlogits = DL;
+        dev->router_sigmoid_fwd(dev, &d);
+        dev->router_sigmoid_bwd(dev, &d);
+        keep[r][0] = hget(S, ne * 4), keep[r][1] = hget(W, nk * 4), keep[r][2] = hget(DL, ne * 4);
+        ikeep[r] = hget(I, nk * 4);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "router_sigmoid_fwd scores n %d e %d", n, e);
+    CHECK_NMSE(what, keep[0][0], sc, ne, tst->bound);
+    snprintf(what, sizeof what, "router_sigmoid_fwd idx n %d e %d k %d groups %d/%d bias %d", n,
+             e, k, tg, ng, with_bias);
+    CHECK_INTS(what, ikeep[0], idx, nk);
+    snprintf(what, sizeof what, "router_sigmoid_fwd weight renorm %d", renorm);
+    CHECK_NMSE(what, keep[0][1], w, nk, tst->bound);
+    snprintf(what, sizeof what, "router_sigmoid_bwd renorm %d", renorm);
+    CHECK_NMSE(what, keep[0][2], dl, ne, tst->bound);
+    CHECK_BITS("router_sigmoid_fwd idx, run twice", ikeep[0], ikeep[1], nk * 4);
+    CHECK_BITS("router_sigmoid_fwd weight, run twice", keep[0][1], keep[1][1], nk * 4);
+    CHECK_BITS("router_sigmoid_bwd, run twice", keep[0][2], keep[1][2], ne * 4);
+    // the bias update: cheaper experts gain, busier ones lose, the mean's stay
+    float *load = lb_malloc((size_t)e * 4), *b2 = hdup(bias, (size_t)e * 4);
+    for (int j = 0; j < e; j++) load[j] = (float)(j % 3);   // mean 1 when 3 divides e
+    float *LD = dput(load, (size_t)e * 4);
+    cpu->router_bias_update(cpu, b2, load, e, 1e-3f);
+    dev->router_bias_update(dev, B, LD, e, 1e-3f);
+    float *bd = hget(B, (size_t)e * 4);
+    CHECK_BITS("router_bias_update", bd, b2, (size_t)e * 4);
+    for (int j = 0; e % 3 == 0 && j < e; j++)
+        ck_assert(b2[j] == bias[j] + (j % 3 == 0 ? 1e-3f : j % 3 == 2 ? -1e-3f : 0.0f));
+    for (int r = 0; r < 2; r++)
+        free(keep[r][0]), free(keep[r][1]), free(keep[r][2]), free(ikeep[r]);
+    dfree(L), dfree(B), dfree(DW), dfree(S), dfree(W), dfree(DL), dfree(I), dfree(LD);
+    free(l), free(bias), free(dw), free(sc), free(w), free(dl), free(idx), free(load), free(b2);
+    free(bd);
+}
+
 static void moe_aux_loss_case(const test_case *tst)
 {
     const int n = 300, e = 53, k = 3;
@@ -3273,6 +3335,11 @@ static const test_case CASES[] = {
     CASE(ROUTER, router_case, {300, 128, 8, 0, 0}, .bound = B_ROUND),
     CASE(ROUTER, router_case, {37, 53, 3, 1, 0}, .bound = B_ROUND),
     CASE(ROUTER, router_case, {37, 7, 7, 0, 1}, .bound = B_ROUND),
+#define ROUTER_SIG OP(router_sigmoid_fwd) | OP(router_sigmoid_bwd) | OP(router_bias_update)
+    CASE(ROUTER_SIG, router_sigmoid_case, {300, 128, 8, 8, 4, 1, 1}, .bound = B_ROUND),   // V3
+    CASE(ROUTER_SIG, router_sigmoid_case, {300, 160, 8, 1, 1, 1, 1}, .bound = B_ROUND),   // GLM-4.5
+    CASE(ROUTER_SIG, router_sigmoid_case, {37, 48, 6, 4, 2, 0, 0}, .bound = B_ROUND),
+    CASE(ROUTER_SIG, router_sigmoid_case, {37, 12, 3, 6, 2, 1, 0}, .bound = B_ROUND),
     CASE(OP(moe_aux_loss), moe_aux_loss_case),
 
     // --- dispatch, p (n, e, k, c): 16-byte rows with the copies' rows padded (c 60)

@@ -276,6 +276,86 @@ START_TEST(test_fused_layout)
 }
 END_TEST
 
+// The sigmoid router op (router_sigmoid_fwd/bwd) against transformers' Glm4MoeTopkRouter
+// (tests/data/hf_glm4_router.safetensors): the same experts per row (transformers' order is
+// unsorted: compared as sets), their weights within 1e-6 and d logits within 1e-5 relative;
+// and the golden rows are ones where the bias and the group limit change the choice, so both
+// are what is compared.
+static int same_choice(const int32_t *a, const float *b, int k)
+{
+    for (int s = 0; s < k; s++) {
+        int found = 0;
+        for (int t = 0; t < k; t++) found |= a[s] == (int32_t)b[t];
+        if (!found) return 0;
+    }
+    return 1;
+}
+
+START_TEST(test_glm4_router)
+{
+    char err[512];
+    lb_st_file g;
+    const char *path = lb_test_src("tests/data/hf_glm4_router.safetensors");
+    ck_assert_msg(lb_st_open(&g, path, err, sizeof err) == 0, "%s", err);
+    const int n = atoi(lb_st_meta(&g, "n")), e = atoi(lb_st_meta(&g, "e")),
+              k = atoi(lb_st_meta(&g, "k")), ng = atoi(lb_st_meta(&g, "n_group")),
+              tg = atoi(lb_st_meta(&g, "topk_group"));
+    const float scale = (float)atof(lb_st_meta(&g, "scale"));
+    const char *variants[2] = {"renorm", "plain"};
+    for (int v = 0; v < 2; v++) {
+        char name[64];
+#define GET(x) (snprintf(name, sizeof name, "%s.%s", variants[v], x), golden_read(&g, name, NULL))
+        float *logits = GET("logits"), *bias = GET("bias"), *ridx = GET("idx"),
+              *rw = GET("weight"), *dw = GET("dweight"), *rdl = GET("dlogits");
+#undef GET
+        float *sc = lb_malloc((size_t)n * e * 4), *w = lb_malloc((size_t)n * k * 4),
+              *dl = lb_malloc((size_t)n * e * 4), *w2 = lb_malloc((size_t)n * k * 4);
+        int32_t *idx = lb_malloc((size_t)n * k * 4), *idx2 = lb_malloc((size_t)n * k * 4);
+        lb_router_sigmoid_args a = {.n = n, .e = e, .k = k, .n_group = ng, .topk_group = tg,
+                                    .renorm = v == 0, .scale = scale, .logits = logits,
+                                    .bias = bias, .scores = sc, .idx = idx, .weight = w,
+                                    .dweight = dw, .dlogits = dl};
+        be->router_sigmoid_fwd(be, &a);
+        double ew = 0;
+        for (int i = 0; i < n; i++) {
+            ck_assert_msg(same_choice(idx + i * k, ridx + i * k, k), "%s row %d: other experts",
+                          variants[v], i);
+            for (int s = 0; s < k; s++)
+                for (int t = 0; t < k; t++)
+                    if (idx[i * k + s] == (int32_t)ridx[i * k + t])
+                        ew = fmax(ew, fabs(w[i * k + s] - rw[i * k + t]) / fabs(rw[i * k + t]));
+        }
+        // the golden's dweight is in transformers' slot order: put it in ours and go again
+        for (int i = 0; i < n; i++)
+            for (int s = 0; s < k; s++)
+                for (int t = 0; t < k; t++)
+                    if (idx[i * k + s] == (int32_t)ridx[i * k + t]) w2[i * k + s] = dw[i * k + t];
+        a.dweight = w2;
+        be->router_sigmoid_bwd(be, &a);
+        double edl = rel_err(dl, rdl, (size_t)n * e);
+        printf("glm4 router (%s): %d rows, weights rel err %.3g, d logits rel err %.3g\n",
+               variants[v], n, ew, edl);
+        ck_assert_msg(ew <= 1e-6, "%s: weights differ: %.3g", variants[v], ew);
+        ck_assert_msg(edl <= 1e-5, "%s: d logits differ: %.3g", variants[v], edl);
+        // without the bias, and without the group limit, some rows choose otherwise
+        int moved[2] = {0, 0};
+        for (int c = 0; c < 2; c++) {
+            lb_router_sigmoid_args b = a;
+            b.idx = idx2, b.weight = w2, b.scores = sc;
+            if (c == 0) b.bias = NULL;
+            else b.n_group = 1, b.topk_group = 1;
+            be->router_sigmoid_fwd(be, &b);
+            for (int i = 0; i < n; i++) moved[c] += !same_choice(idx2 + i * k, ridx + i * k, k);
+        }
+        ck_assert_msg(moved[0] > 0 && moved[1] > 0, "%s: bias moves %d rows, groups %d",
+                      variants[v], moved[0], moved[1]);
+        free(logits), free(bias), free(ridx), free(rw), free(dw), free(rdl);
+        free(sc), free(w), free(dl), free(w2), free(idx), free(idx2);
+    }
+    lb_st_close(&g);
+}
+END_TEST
+
 // --- crafted checkpoints ---------------------------------------------------------------------
 
 typedef struct {
@@ -634,6 +714,7 @@ int main(void)
     tcase_add_test(tc, test_llama_rope_scaling);
     tcase_add_test(tc, test_export_roundtrip_llama);
     tcase_add_test(tc, test_convert_command_llama);
+    tcase_add_test(tc, test_glm4_router);
     tcase_add_test(tc, test_export_roundtrip_moe);
     tcase_add_test(tc, test_export_roundtrip_dense);
     tcase_add_test(tc, test_fused_layout);

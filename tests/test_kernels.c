@@ -811,6 +811,17 @@ START_TEST(test_rope_llama3_partial)
 }
 END_TEST
 
+// DeepSeek-V3's aux-loss-free balancing: experts below the mean load gain rate, those above
+// lose it, one at the mean keeps its bias.
+START_TEST(test_router_bias_update)
+{
+    float bias[5] = {0.5f, -0.25f, 0.0f, 1.0f, 2.0f}, load[5] = {1, 5, 3, 0, 6};   // mean 3
+    be->router_bias_update(be, bias, load, 5, 0.125f);
+    const float want[5] = {0.625f, -0.375f, 0.0f, 1.125f, 1.875f};
+    for (int j = 0; j < 5; j++) ck_assert_msg(bias[j] == want[j], "bias %d: %g", j, bias[j]);
+}
+END_TEST
+
 START_TEST(test_attention_fwd)
 {
     size_t nq = (size_t)B * T * HQ * D, nk = (size_t)B * T * HKV * D;
@@ -2101,6 +2112,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_rmsnorm_fwd);
     tcase_add_test(tc, test_rope_fwd);
     tcase_add_test(tc, test_rope_llama3_partial);
+    tcase_add_test(tc, test_router_bias_update);
     tcase_add_test(tc, test_attention_fwd);
     tcase_add_test(tc, test_attention_bf16_exact);
     tcase_add_test(tc, test_attention_bf16_vs_fp32);

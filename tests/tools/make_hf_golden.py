@@ -25,6 +25,12 @@ Outputs (kept small, committed):
                                   original context of 32, so that at the batch's 12 positions
                                   every band of the scaling matters: kept, blended, divided)
   tests/data/st_python.safetensors  a small file of F32/BF16/F16/I32 tensors for test_safetensors
+  tests/data/hf_glm4_router.safetensors  transformers' Glm4MoeTopkRouter (the DeepSeek-V3
+                                  sigmoid router: selection-only bias, group-limited top-k,
+                                  routed scaling factor) on random rows, for the
+                                  router_sigmoid op: per variant V (renorm, plain) V.logits,
+                                  V.bias, V.idx (as F32), V.weight, V.dweight and V.dlogits
+                                  (d sum(dweight * weight) / d logits); sizes in the metadata
 
 Usage:
   python3 tests/tools/make_hf_golden.py [--out tests/data]
@@ -248,6 +254,38 @@ def make(out_dir):
               metadata={"source": "make_hf_golden.py", "note": "reader test"})
 
 
+def make_glm4_router(out_dir):
+    """transformers' Glm4MoeTopkRouter on random rows (its logits recorded and differentiated)."""
+    from transformers import Glm4MoeConfig
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter
+    g = torch.Generator().manual_seed(SEED + 3)
+    n, c, e, k, ng, tg, scale = 64, 32, 16, 4, 4, 2, 2.5
+    tensors = {}
+    for name, renorm in (("renorm", True), ("plain", False)):
+        cfg = Glm4MoeConfig(hidden_size=c, n_routed_experts=e, num_experts_per_tok=k, n_group=ng,
+                            topk_group=tg, routed_scaling_factor=scale, norm_topk_prob=renorm)
+        r = Glm4MoeTopkRouter(cfg).float()
+        with torch.no_grad():
+            r.weight.copy_(torch.randn(r.weight.shape, generator=g))
+            r.e_score_correction_bias.copy_(0.3 * torch.randn(e, generator=g))
+        x = torch.randn(n, c, generator=g)
+        logits, weight, idx = r(x)
+        logits.retain_grad()
+        dweight = torch.randn(weight.shape, generator=g)
+        (weight * dweight).sum().backward()
+        tensors.update({f"{name}.logits": logits.detach(), f"{name}.bias":
+                        r.e_score_correction_bias.detach().clone(), f"{name}.idx": idx.float(),
+                        f"{name}.weight": weight.detach(), f"{name}.dweight": dweight,
+                        f"{name}.dlogits": logits.grad.detach()})
+    meta = {"n": str(n), "e": str(e), "k": str(k), "n_group": str(ng), "topk_group": str(tg),
+            "scale": repr(scale), "transformers_version": __import__("transformers").__version__,
+            "definitions": "Glm4MoeTopkRouter.forward: logits, topk_weights, topk_indices "
+                           "(unsorted); dlogits = d sum(dweight * weight) / d logits"}
+    save_file({k2: v.contiguous() for k2, v in tensors.items()},
+              os.path.join(out_dir, "hf_glm4_router.safetensors"), metadata=meta)
+    print("hf_glm4_router: written")
+
+
 def check_export(export_dir, golden, tol):
     from transformers import AutoModelForCausalLM
     with open(os.path.join(export_dir, "config.json")) as f:
@@ -284,6 +322,7 @@ def main():
     if a.check_export:
         sys.exit(check_export(a.check_export, a.golden, a.tol))
     make(os.path.normpath(a.out))
+    make_glm4_router(os.path.normpath(a.out))
 
 
 if __name__ == "__main__":
