@@ -35,6 +35,13 @@ static lb_model_config tiny_config(const char *arch)
 {
     lb_model_config c = {0};
     snprintf(c.arch, sizeof c.arch, "%s", arch);
+    if (strcmp(arch, "llama") == 0) {   // llama3 RoPE: at head_dim 8 one frequency of each band
+        snprintf(c.rope_type, sizeof c.rope_type, "llama3");
+        c.rope_factor = 8.0;
+        c.rope_low_freq_factor = 1.0;
+        c.rope_high_freq_factor = 4.0;
+        c.rope_original_max_position_embeddings = 64;
+    }
     c.vocab_size = 40;
     c.hidden_size = 32;
     c.num_hidden_layers = 2;
@@ -330,6 +337,8 @@ static void cached_forward_cases(void)
     cached_vs_training("qwen3_moe", "fp32", 1);
     cached_vs_training("qwen3_moe", "nvfp4-moe", 1);
     cached_vs_training("qwen3", "mxfp8", 0);
+    cached_vs_training("llama", "fp8-block", 0);   // no q/k norm, llama3 RoPE
+    cached_vs_training("llama", "bf16", 1);
 }
 
 START_TEST(test_cached_forward_equals_training) { cached_forward_cases(); }

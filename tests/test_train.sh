@@ -158,12 +158,12 @@ first=$(losses "$tmp/m16t/metrics.jsonl" | head -n 3 | awk '{s += $1} END {print
 last=$(losses "$tmp/m16t/metrics.jsonl" | tail -n 3 | awk '{s += $1} END {print s / NR}')
 echo "bf16 moments: loss $first -> $last"
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || fail "bf16 moments do not train"
-# 9. Llama 3.1 (examples/tiny-llama.cfg: no q/k norm, llama3 RoPE scaling, dense MLP): the fp32,
-#    bf16 and fp8-block recipes train (losses fall over 20 steps), and a resumed run and
-#    selective and full recomputation give the uninterrupted run's bits.
+# 9. Llama 3.1 (examples/tiny-llama.cfg: no q/k norm, llama3 RoPE scaling, dense MLP): every
+#    recipe trains (losses fall over 20 steps), and a resumed run and selective and full
+#    recomputation give the uninterrupted run's bits.
 llama="$src/examples/tiny-llama.cfg"
 lsmall=("${small[@]}" --set model.intermediate_size=96 --set model.rope_original_max_position_embeddings=16)
-for r in fp32 bf16 fp8-block; do
+for r in fp32 bf16 fp8-block mxfp8 nvfp4-moe mxfp4; do
     "$bin" train "$llama" "${lsmall[@]}" --set train.steps=20 --set train.warmup_steps=2 \
         --set precision.recipe=$r --set run.out_dir="$tmp/l-$r" > "$tmp/p.log"
     first=$(losses "$tmp/l-$r/metrics.jsonl" | head -n 3 | awk '{s += $1} END {print s / NR}')
