@@ -237,7 +237,7 @@ lb_dims lb_dims_of(const lb_model *m)
 // q, k, v (n, heads x D) = ln (n, C) times their weights: one call, so a low-precision ln is
 // quantized once for the three (lb_linear_fwd_shared).
 void lb_qkv_fwd(lb_linear *lin, int l, const lb_layer_w *w, const float *ln, float *q, float *k,
-                    float *v, int n, lb_dims d)
+                float *v, int n, lb_dims d)
 {
     const float *ws[3] = {w->q, w->k, w->v};
     const lb_wcache *cs[3] = {w->cq, w->ck, w->cv};
@@ -644,7 +644,7 @@ static void kv_fake_quant(lb_backend *be, float *x, int rows, int d)
 // out (n, c) = this rank's share of the block on ln (n, c): the caller sums it over tp. Returns
 // the layer's load-balancing loss (0 for dense blocks or without want_aux).
 double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_moe_scratch *s,
-                      const float *ln, int n, float *out, int want_aux)
+                  const float *ln, int n, float *out, int want_aux)
 {
     const lb_model_config *c = &m->cfg;
     lb_backend *be = m->be;
@@ -718,8 +718,8 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
 // dln (n, c) = this rank's share of d loss / d ln given dout (n, c) = d loss / d out (the same on
 // every tp rank); the caller sums it over tp. Accumulates the block's weight gradients.
 void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, lb_ffn_acts *f,
-                    lb_acts *a, const float *ln, int n, const float *dout, float *dln,
-                    float aux_scale)
+                lb_acts *a, const float *ln, int n, const float *dout, float *dln,
+                float aux_scale)
 {
     const lb_model_config *c = &m->cfg;
     lb_backend *be = m->be;
@@ -826,10 +826,9 @@ static lb_layer_acts *layer_at(lb_acts *a, int i)
     return &a->work;
 }
 
-// Decoder layer i of this stage on L->x, into a->l[i + 1].x; returns its load-balancing loss.
 // RMSNorm of this rank's rows of x into norm's rows (all rows gathered under SP).
 void lb_norm_rows(lb_model *m, lb_acts *a, const float *x, const float *w, float *norm,
-                      float *rstd)
+                  float *rstd)
 {
     lb_dims d = lb_dims_of(m);
     int r0 = row_offset(m, a->ns);
