@@ -92,4 +92,23 @@ LB_ROUTER_HD void lb_router_sigmoid_row_bwd(const float *scores, const int32_t *
     }
 }
 
+// The shapes the sigmoid router takes (kernels.h): n_group <= 64 divides e, 1 <= topk_group <=
+// n_group, 1 <= k <= min(e, topk_group * e / n_group). Both backends die with the same message
+// otherwise (lb_router_sigmoid_check).
+static inline int lb_router_sigmoid_shape_ok(int n, int e, int k, int n_group, int topk_group)
+{
+    return n >= 0 && e >= 1 && k >= 1 && k <= e && n_group >= 1 && n_group <= 64 &&
+           e % n_group == 0 && topk_group >= 1 && topk_group <= n_group &&
+           topk_group * (e / n_group) >= k;
+}
+
+#define lb_router_sigmoid_check(what, a)                                                     \
+    do {                                                                                     \
+        if (!lb_router_sigmoid_shape_ok((a)->n, (a)->e, (a)->k, (a)->n_group,                \
+                                        (a)->topk_group))                                    \
+            lb_die("%s: e %d, k %d, n_group %d, topk_group %d: need n_group <= 64 dividing "  \
+                   "e and k <= topk_group * e / n_group", what, (a)->e, (a)->k, (a)->n_group, \
+                   (a)->topk_group);                                                          \
+    } while (0)
+
 #endif

@@ -18,13 +18,7 @@ static lb_model_config tiny_config(const char *arch)
 {
     lb_model_config c = {0};
     snprintf(c.arch, sizeof c.arch, "%s", arch);
-    if (strcmp(arch, "llama") == 0) {   // llama3 RoPE: at head_dim 8 one frequency of each band
-        snprintf(c.rope_type, sizeof c.rope_type, "llama3");
-        c.rope_factor = 8.0;
-        c.rope_low_freq_factor = 1.0;
-        c.rope_high_freq_factor = 4.0;
-        c.rope_original_max_position_embeddings = 64;
-    }
+    if (strcmp(arch, "llama") == 0) lb_test_llama3_rope(&c);
     c.vocab_size = 23;
     c.hidden_size = 16;
     c.num_hidden_layers = 2;

@@ -115,19 +115,9 @@ static void cpu_router_topk_bwd(lb_backend *be, const lb_router_args *args)
     }
 }
 
-// The sigmoid router's shapes (kernels.h); dies with what is wrong.
-static void check_sigmoid(const char *what, const lb_router_sigmoid_args *a)
-{
-    if (a->n < 0 || a->e < 1 || a->k < 1 || a->k > a->e || a->n_group < 1 || a->n_group > 64 ||
-        a->e % a->n_group || a->topk_group < 1 || a->topk_group > a->n_group ||
-        a->topk_group * (a->e / a->n_group) < a->k)
-        lb_die("%s: e %d, k %d, n_group %d, topk_group %d: need n_group <= 64 dividing e and "
-               "k <= topk_group * e / n_group", what, a->e, a->k, a->n_group, a->topk_group);
-}
-
 static void cpu_router_sigmoid_fwd(lb_backend *be, const lb_router_sigmoid_args *a)
 {
-    check_sigmoid("router_sigmoid_fwd", a);
+    lb_router_sigmoid_check("router_sigmoid_fwd", a);
     for (size_t i = 0; i < (size_t)a->n * a->e; i++)
         if (!isfinite(a->logits[i]))
             lb_die("router_sigmoid_fwd: logit (%zu, %zu) is %g", i / a->e, i % a->e,
@@ -147,7 +137,7 @@ static void cpu_router_sigmoid_fwd(lb_backend *be, const lb_router_sigmoid_args 
 
 static void cpu_router_sigmoid_bwd(lb_backend *be, const lb_router_sigmoid_args *a)
 {
-    check_sigmoid("router_sigmoid_bwd", a);
+    lb_router_sigmoid_check("router_sigmoid_bwd", a);
     check_idx("router_sigmoid_bwd", a->idx, a->n, a->e, a->k);
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
         if ((size_t)a->n * a->e >= LB_CPU_PAR_MIN)

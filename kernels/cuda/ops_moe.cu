@@ -545,18 +545,9 @@ __global__ void router_sigmoid_bwd_kernel(lb_router_sigmoid_args a)
                               a.k, a.renorm, a.scale);
 }
 
-static void check_sigmoid(const char *what, const lb_router_sigmoid_args *a)
-{
-    if (a->n < 0 || a->e < 1 || a->k < 1 || a->k > a->e || a->n_group < 1 || a->n_group > 64 ||
-        a->e % a->n_group || a->topk_group < 1 || a->topk_group > a->n_group ||
-        a->topk_group * (a->e / a->n_group) < a->k)
-        lb_die("%s: e %d, k %d, n_group %d, topk_group %d: need n_group <= 64 dividing e and "
-               "k <= topk_group * e / n_group", what, a->e, a->k, a->n_group, a->topk_group);
-}
-
 static void cuda_router_sigmoid_fwd(lb_backend *be, const lb_router_sigmoid_args *a)
 {
-    check_sigmoid("router_sigmoid_fwd", a);
+    lb_router_sigmoid_check("router_sigmoid_fwd", a);
     if (!a->n) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     float *choice = (float *)lb_cuda_scratch(cx, (size_t)a->n * a->e * sizeof(float));
@@ -566,7 +557,7 @@ static void cuda_router_sigmoid_fwd(lb_backend *be, const lb_router_sigmoid_args
 
 static void cuda_router_sigmoid_bwd(lb_backend *be, const lb_router_sigmoid_args *a)
 {
-    check_sigmoid("router_sigmoid_bwd", a);
+    lb_router_sigmoid_check("router_sigmoid_bwd", a);
     if (!a->n) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     router_sigmoid_bwd_kernel<<<(a->n + 127) / 128, 128, 0, cx->stream>>>(*a);
