@@ -96,3 +96,23 @@ float lb_f16_to_f32(uint16_t h)
     memcpy(&x, &u, 4);
     return x;
 }
+
+void lb_rope_inv_freq_llama3(double *inv_freq, int rot, double theta, double factor,
+                             double low_freq_factor, double high_freq_factor,
+                             double original_max)
+{
+    const double pi = 3.14159265358979323846;
+    const double low_wavelen = original_max / low_freq_factor;
+    const double high_wavelen = original_max / high_freq_factor;
+    for (int i = 0; i < rot / 2; i++) {
+        double f = pow(theta, -2.0 * i / rot), wavelen = 2 * pi / f;
+        if (wavelen > low_wavelen) {
+            f /= factor;
+        } else if (!(wavelen < high_wavelen)) {   // the middle band, as transformers writes it
+            double s = (original_max / wavelen - low_freq_factor) /
+                       (high_freq_factor - low_freq_factor);
+            f = (1 - s) * f / factor + s * f;
+        }
+        inv_freq[i] = f;
+    }
+}

@@ -62,4 +62,13 @@ static inline float lb_in_at(const float *x, const uint16_t *x16, size_t r, int 
 }
 float lb_f16_to_f32(uint16_t h);
 
+// RoPE frequencies with Llama 3.1's scaling (transformers' _compute_llama3_parameters), for the
+// rope op's inv_freq: inv_freq (rot/2) from theta^(-2i/rot); wavelengths 2 pi / f longer than
+// original_max / low_freq_factor are divided by factor, shorter than original_max /
+// high_freq_factor kept, and those between blended linearly in original_max / wavelength. In
+// double.
+void lb_rope_inv_freq_llama3(double *inv_freq, int rot, double theta, double factor,
+                             double low_freq_factor, double high_freq_factor,
+                             double original_max);
+
 #endif

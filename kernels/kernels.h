@@ -191,14 +191,20 @@ typedef struct {
 } lb_rmsnorm_args;
 
 // rope: RoPE in the rotate-half form (as Hugging Face Llama/Qwen), in place on x (n, heads, d).
-// pos (n) token positions; frequency i = theta^(-2i/d), i < d/2. inverse 1: the inverse
-// rotation (the transpose of the forward map), which is the backward of the forward on dx.
+// pos (n) token positions. The first rot values of each head rotate (rot 0: all d; partial
+// rotary, as GLM-4 and NeoX, rotates fewer), pairs (i, i + rot/2), and the others pass through.
+// Frequency i < rot/2: inv_freq[i] (rot/2 doubles in backend memory, e.g. llama3-scaled ones
+// from lb_rope_inv_freq_llama3), or theta^(-2i/rot) where inv_freq is NULL. inverse 1: the
+// inverse rotation (the transpose of the forward map), which is the backward of the forward on
+// dx.
 typedef struct {
     float *x;
     const int32_t *pos;
     int n, heads, d;
     float theta;
     int inverse;
+    int rot;
+    const double *inv_freq;
 } lb_rope_args;
 
 // attention_fwd, attention_bwd (the numerics: the struct's entries below).
@@ -247,6 +253,26 @@ typedef struct {
     const float *dweight, *dprobs_expert;
     float *dlogits;
 } lb_router_args;
+
+// router_sigmoid_fwd, router_sigmoid_bwd: the DeepSeek-V3 / GLM-4.5 MoE router (transformers'
+// Glm4MoeTopkRouter). scores = sigmoid(logits) (n, e); the choice ranks scores + bias (bias (e),
+// backend memory, NULL = 0; it selects only and gets no gradient): the e experts form n_group
+// groups of e / n_group, a group scores the sum of its two best choice scores, the topk_group
+// best groups stay, and the k best experts of those are chosen, idx (n, k) in decreasing
+// choice order (ties to the lower index). weight (n, k) = the chosen scores, divided by their
+// sum + 1e-20 when renorm, times scale (routed_scaling_factor). The backward overwrites
+// dlogits (n, e) from dweight (n, k) (zero off the chosen experts). n_group <= 64 divides e,
+// topk_group * e / n_group >= k. kernels/router.h holds the row's arithmetic.
+typedef struct {
+    int n, e, k, n_group, topk_group, renorm;
+    float scale;
+    const float *logits, *bias;  // forward
+    float *scores;               // written by the forward, read by the backward
+    int32_t *idx;                // written by the forward, read by the backward
+    float *weight;               // forward
+    const float *dweight;        // backward
+    float *dlogits;
+} lb_router_sigmoid_args;
 
 // moe_combine, moe_combine_bwd: out (n, c) = sum over s in order of weight[i][s] *
 // yp[row[i][s]], with row (n, k) moe_plan's and yp (n*k, c) the experts' outputs. yp16: NULL,
@@ -491,6 +517,13 @@ typedef struct {
     /* --- MoE router (lb_router_args) ---------------------------------------------------- */\
     X(void, router_topk_fwd, (lb_backend *be, const lb_router_args *a), (be, a))              \
     X(void, router_topk_bwd, (lb_backend *be, const lb_router_args *a), (be, a))              \
+    X(void, router_sigmoid_fwd, (lb_backend *be, const lb_router_sigmoid_args *a), (be, a))   \
+    X(void, router_sigmoid_bwd, (lb_backend *be, const lb_router_sigmoid_args *a), (be, a))   \
+    /* The aux-loss-free balancing of DeepSeek-V3 after a step: bias[j] += rate *             \
+       sign(mean(load) - load[j]), load (e) the tokens each expert received (summed over     \
+       the step's micro-batches and ranks by the caller), bias and load backend memory. */    \
+    X(void, router_bias_update, (lb_backend *be, float *bias, const float *load, int e,       \
+                                 float rate), (be, bias, load, e, rate))                      \
     /* Switch load-balancing loss of one layer: loss = e * sum_j f_j * P_j, with f_j the      \
        share of the n*k assignments that chose expert j and P_j the mean of probs[:, j].      \
        Writes the loss to *loss (host) and d loss / d probs[i][j] = e * f_j / n to            \

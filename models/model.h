@@ -16,9 +16,9 @@
 #include "parallel/grid.h"
 #include "parallel/linear.h"
 
-// Field names follow Hugging Face's config.json for Qwen3 / Qwen3-MoE.
+// Field names follow Hugging Face's config.json (Qwen3, Qwen3-MoE, Llama).
 typedef struct {
-    char arch[32];                 // "qwen3_moe" or "qwen3"
+    char arch[32];                 // a name in models/registry.c: "qwen3_moe", "qwen3", "llama"
     int vocab_size;
     int hidden_size;
     int num_hidden_layers;
@@ -32,6 +32,11 @@ typedef struct {
     int norm_topk_prob;            // renormalise the top-k router weights
     int max_position_embeddings;
     double rope_theta;
+    // RoPE frequency scaling (HF rope_scaling): "default" (none) or "llama3", which divides the
+    // low frequencies by rope_factor and blends the middle band (lb_rope_inv_freq_llama3).
+    char rope_type[16];
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_position_embeddings;
     double rms_norm_eps;
     double router_aux_loss_coef;   // weight of the load-balancing loss (see doc/loss.md)
     double initializer_range;      // std of the normal init of matrices
@@ -109,8 +114,15 @@ typedef struct {
 } lb_kvcache;
 
 typedef struct {
-    const char *arch;
+    const char *arch;              // the configuration's model.arch and HF config's model_type
     const char *summary;
+    // What the shared decoder (models/blocks.h) builds, and what the Hugging Face mapping
+    // (src/io/convert.c) reads and writes for this family.
+    int moe;                       // routed SwiGLU experts in every layer (else a dense MLP)
+    int qk_norm;                   // per-head RMSNorm on q and k before RoPE
+    int rope_scaling;              // takes rope_type llama3 (HF rope_scaling)
+    const char *hf_architecture;   // config.json's "architectures" entry
+    unsigned hf_keys;              // LB_HF_* : family-specific config.json keys
     // Checks the configuration; returns 0, or -1 with a message naming the bad key.
     int (*check)(const lb_model_config *, char *err, size_t errlen);
     // Fills out (may be NULL) and returns the number of parameter tensors.
@@ -223,9 +235,18 @@ struct lb_model {
     int *layer_tensors;
 };
 
+// lb_model_def.hf_keys: config.json keys only some families carry.
+enum {
+    LB_HF_SLIDING_WINDOW = 1,      // use_sliding_window, sliding_window, max_window_layers (Qwen)
+    LB_HF_MLP_BIAS = 2,            // mlp_bias (Llama), false
+};
+
 // Registry (models/registry.c).
 const lb_model_def *lb_model_lookup(const char *arch);
 int lb_model_count(void);
+const lb_model_def *lb_model_at(int i);   // 0 <= i < lb_model_count(), the registry's order
+// The registry's names joined by '|' ("qwen3_moe|qwen3|llama"): model.arch's choices.
+const char *lb_model_arch_choices(void);
 
 // Model object (models/model.c).
 lb_model *lb_model_create(const lb_model_config *cfg, lb_backend *be, char *err, size_t errlen);

@@ -1017,42 +1017,81 @@ static void rmsnorm_case(const test_case *tst)
 
 // --- RoPE ------------------------------------------------------------------------------------
 
-// p: n, heads, d
+// p: n, heads, d, rot (0: all d; partial rotary), llama3 (1: frequencies from
+// lb_rope_inv_freq_llama3, a table in backend memory; Llama 3.1's numbers, original context 64
+// so positions up to 40000 cross every band). The CPU's rows are also checked against an
+// independent double rotation: the rotated pairs, and that values past rot pass unchanged.
 static void rope_case(const test_case *tst)
 {
-    const int n = tst->p[0], heads = tst->p[1], d = tst->p[2];
+    const int n = tst->p[0], heads = tst->p[1], d = tst->p[2], rot = tst->p[3] ? tst->p[3] : d;
+    const int llama3 = tst->p[4], half = rot / 2;
     size_t sz = (size_t)n * heads * d;
     float *x = randn(sz, 1), *ref = hdup(x, sz * 4);
     int32_t *pos = randint(n, 0, 40000);
     pos[0] = 0;
+    double *freq = NULL, *dfreq = NULL;
+    if (llama3) {
+        freq = lb_malloc((size_t)half * sizeof(double));
+        lb_rope_inv_freq_llama3(freq, rot, 5e5, 8.0, 1.0, 4.0, 64.0);
+        dfreq = dput(freq, (size_t)half * sizeof(double));
+        // the three bands are all there: scaled by 1/8, kept, and blended between
+        int scaled = 0, kept = 0, mid = 0;
+        for (int f = 0; f < half; f++) {
+            double r = freq[f] / pow(5e5, -2.0 * f / rot);
+            scaled += fabs(r - 0.125) < 1e-15, kept += r == 1.0, mid += r > 0.125 + 1e-9 && r < 1;
+        }
+        ck_assert_msg(scaled && kept && mid, "llama3 bands %d %d %d", scaled, kept, mid);
+    }
     cpu->rope(cpu, &(lb_rope_args){.x = ref, .pos = pos, .n = n, .heads = heads, .d = d,
-            .theta = 1e6f});
+            .theta = 5e5f, .rot = tst->p[3], .inv_freq = freq});
+    for (int i = 0; i < n; i++)   // an independent evaluation of the rotation
+        for (int h = 0; h < heads; h++)
+            for (int j = 0; j < d; j++) {
+                size_t o = ((size_t)i * heads + h) * d;
+                double want = x[o + j];
+                if (j < rot) {
+                    int f = j % half;
+                    double fr = freq ? freq[f] : pow(5e5f, -2.0 * f / rot), a = pos[i] * fr;
+                    double x1 = x[o + f], x2 = x[o + f + half];
+                    want = j < half ? x1 * cos(a) - x2 * sin(a) : x2 * cos(a) + x1 * sin(a);
+                }
+                ck_assert_msg(fabs(ref[o + j] - want) <= 1e-5 * (1 + fabs(want)),
+                              "rope row %d head %d elem %d: %g, want %g", i, h, j, ref[o + j],
+                              want);
+                if (j >= rot) ck_assert(ref[o + j] == x[o + j]);
+            }
     float *back = hdup(ref, sz * 4);
     cpu->rope(cpu, &(lb_rope_args){.x = back, .pos = pos, .n = n, .heads = heads, .d = d,
-            .theta = 1e6f, .inverse = 1});
+            .theta = 5e5f, .inverse = 1, .rot = tst->p[3], .inv_freq = freq});
     int32_t *dpos = dput(pos, (size_t)n * 4);
     float *dxx = dev->alloc(dev, sz * 4);
     float *keep[2][2];
     for (int r = 0; r < 2; r++) {
         dev->upload(dev, dxx, x, sz * 4);
         dev->rope(dev, &(lb_rope_args){.x = dxx, .pos = dpos, .n = n, .heads = heads, .d = d,
-                .theta = 1e6f});
+                .theta = 5e5f, .rot = tst->p[3], .inv_freq = dfreq});
         keep[r][0] = hget(dxx, sz * 4);
         dev->upload(dev, dxx, ref, sz * 4);   // the backward from the CPU's forward output
         dev->rope(dev, &(lb_rope_args){.x = dxx, .pos = dpos, .n = n, .heads = heads, .d = d,
-                .theta = 1e6f, .inverse = 1});
+                .theta = 5e5f, .inverse = 1, .rot = tst->p[3], .inv_freq = dfreq});
         keep[r][1] = hget(dxx, sz * 4);
     }
-    char what[96];
-    snprintf(what, sizeof what, "rope_fwd n %d heads %d d %d", n, heads, d);
+    char what[128];
+    snprintf(what, sizeof what, "rope_fwd n %d heads %d d %d rot %d llama3 %d", n, heads, d, rot,
+             llama3);
     CHECK_NMSE(what, keep[0][0], ref, sz, tst->bound);
-    snprintf(what, sizeof what, "rope_bwd n %d heads %d d %d", n, heads, d);
+    snprintf(what, sizeof what, "rope_bwd n %d heads %d d %d rot %d llama3 %d", n, heads, d, rot,
+             llama3);
     CHECK_NMSE(what, keep[0][1], back, sz, tst->bound);
     CHECK_BITS("rope_fwd, run twice", keep[0][0], keep[1][0], sz * 4);
     CHECK_BITS("rope_bwd, run twice", keep[0][1], keep[1][1], sz * 4);
     for (int j = 0; j < heads * d; j++) ck_assert(keep[0][0][j] == x[j]);   // position 0
+    double e = 0;   // the backward undoes the forward
+    for (size_t j = 0; j < sz; j++) e = fmax(e, fabs(back[j] - x[j]));
+    ck_assert_msg(e < 1e-5, "rope: inverse(forward(x)) differs from x by %g", e);
     for (int r = 0; r < 2; r++) free(keep[r][0]), free(keep[r][1]);
-    dfree(dpos), dfree(dxx), free(x), free(ref), free(pos), free(back);
+    if (dfreq) dfree(dfreq);
+    dfree(dpos), dfree(dxx), free(x), free(ref), free(pos), free(back), free(freq);
 }
 
 // --- attention -------------------------------------------------------------------------------
@@ -1333,6 +1372,68 @@ static void router_case(const test_case *tst)
         free(keep[r][0]), free(keep[r][1]), free(keep[r][2]), free(ikeep[r]);
     dfree(L), dfree(DW), dfree(DPE), dfree(P), dfree(W), dfree(DL), dfree(I), dfree(Pc), dfree(Ic);
     free(l), free(probs), free(w), free(dl), free(idx), free(dw), free(dpe);
+}
+
+// p: n, e, k, n_group, topk_group, renorm, with_bias. Distinct logits a row (router_logits), a
+// bias of the scores' size so that it moves the choice, scale 2.5.
+static void router_sigmoid_case(const test_case *tst)
+{
+    const int n = tst->p[0], e = tst->p[1], k = tst->p[2], ng = tst->p[3], tg = tst->p[4];
+    const int renorm = tst->p[5], with_bias = tst->p[6];
+    size_t ne = (size_t)n * e, nk = (size_t)n * k;
+    float *l = router_logits(n, e), *bias = randn(e, 0.3f), *dw = randn(nk, 1);
+    float *sc = lb_malloc(ne * 4), *w = lb_malloc(nk * 4), *dl = lb_malloc(ne * 4);
+    int32_t *idx = lb_malloc(nk * 4);
+    lb_router_sigmoid_args a = {.n = n, .e = e, .k = k, .n_group = ng, .topk_group = tg,
+                                .renorm = renorm, .scale = 2.5f};
+    lb_router_sigmoid_args c = a;
+    c.logits = l, c.bias = with_bias ? bias : NULL, c.scores = sc, c.idx = idx, c.weight = w;
+    c.dweight = dw, c.dlogits = dl;
+    cpu->router_sigmoid_fwd(cpu, &c);
+    cpu->router_sigmoid_bwd(cpu, &c);
+    float *L = dput(l, ne * 4), *B = dput(bias, (size_t)e * 4), *DW = dput(dw, nk * 4);
+    float *S = dev->alloc(dev, ne * 4), *W = dev->alloc(dev, nk * 4), *DL = dev->alloc(dev, ne * 4);
+    int32_t *I = dev->alloc(dev, nk * 4);
+    float *keep[2][3];
+    int32_t *ikeep[2];
+    for (int r = 0; r < 2; r++) {
+        poison(S, ne * 4), poison(W, nk * 4), poison(I, nk * 4), poison(DL, ne * 4);
+        lb_router_sigmoid_args d = a;
+        d.logits = L, d.bias = with_bias ? B : NULL, d.scores = S, d.idx = I, d.weight = W;
+        d.dweight = DW, d.dlogits = DL;
+        dev->router_sigmoid_fwd(dev, &d);
+        dev->router_sigmoid_bwd(dev, &d);
+        keep[r][0] = hget(S, ne * 4), keep[r][1] = hget(W, nk * 4), keep[r][2] = hget(DL, ne * 4);
+        ikeep[r] = hget(I, nk * 4);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "router_sigmoid_fwd scores n %d e %d", n, e);
+    CHECK_NMSE(what, keep[0][0], sc, ne, tst->bound);
+    snprintf(what, sizeof what, "router_sigmoid_fwd idx n %d e %d k %d groups %d/%d bias %d", n,
+             e, k, tg, ng, with_bias);
+    CHECK_INTS(what, ikeep[0], idx, nk);
+    snprintf(what, sizeof what, "router_sigmoid_fwd weight renorm %d", renorm);
+    CHECK_NMSE(what, keep[0][1], w, nk, tst->bound);
+    snprintf(what, sizeof what, "router_sigmoid_bwd renorm %d", renorm);
+    CHECK_NMSE(what, keep[0][2], dl, ne, tst->bound);
+    CHECK_BITS("router_sigmoid_fwd idx, run twice", ikeep[0], ikeep[1], nk * 4);
+    CHECK_BITS("router_sigmoid_fwd weight, run twice", keep[0][1], keep[1][1], nk * 4);
+    CHECK_BITS("router_sigmoid_bwd, run twice", keep[0][2], keep[1][2], ne * 4);
+    // the bias update: cheaper experts gain, busier ones lose, the mean's stay
+    float *load = lb_malloc((size_t)e * 4), *b2 = hdup(bias, (size_t)e * 4);
+    for (int j = 0; j < e; j++) load[j] = (float)(j % 3);   // mean 1 when 3 divides e
+    float *LD = dput(load, (size_t)e * 4);
+    cpu->router_bias_update(cpu, b2, load, e, 1e-3f);
+    dev->router_bias_update(dev, B, LD, e, 1e-3f);
+    float *bd = hget(B, (size_t)e * 4);
+    CHECK_BITS("router_bias_update", bd, b2, (size_t)e * 4);
+    for (int j = 0; e % 3 == 0 && j < e; j++)
+        ck_assert(b2[j] == bias[j] + (j % 3 == 0 ? 1e-3f : j % 3 == 2 ? -1e-3f : 0.0f));
+    for (int r = 0; r < 2; r++)
+        free(keep[r][0]), free(keep[r][1]), free(keep[r][2]), free(ikeep[r]);
+    dfree(L), dfree(B), dfree(DW), dfree(S), dfree(W), dfree(DL), dfree(I), dfree(LD);
+    free(l), free(bias), free(dw), free(sc), free(w), free(dl), free(idx), free(load), free(b2);
+    free(bd);
 }
 
 static void moe_aux_loss_case(const test_case *tst)
@@ -3264,6 +3365,10 @@ static const test_case CASES[] = {
     CASE(OP(rope), rope_case, {129, 3, 64}, .bound = B_ROUND),
     CASE(OP(rope), rope_case, {129, 5, 128}, .bound = B_ROUND),
     CASE(OP(rope), rope_case, {37, 2, 24}, .bound = B_ROUND),
+    CASE(OP(rope), rope_case, {129, 3, 64, 0, 1}, .bound = B_ROUND),    // llama3 scaling
+    CASE(OP(rope), rope_case, {37, 2, 128, 0, 1}, .bound = B_ROUND),
+    CASE(OP(rope), rope_case, {129, 3, 64, 32}, .bound = B_ROUND),      // partial rotary
+    CASE(OP(rope), rope_case, {37, 4, 128, 64, 1}, .bound = B_ROUND),   // both
 
     // --- attention, p (b, t, hq, hkv, d, bf16). fp32 mode: no grouping with a head dim below
     // one warp, the largest head dim supported
@@ -3307,6 +3412,11 @@ static const test_case CASES[] = {
     CASE(ROUTER, router_case, {300, 128, 8, 0, 0}, .bound = B_ROUND),
     CASE(ROUTER, router_case, {37, 53, 3, 1, 0}, .bound = B_ROUND),
     CASE(ROUTER, router_case, {37, 7, 7, 0, 1}, .bound = B_ROUND),
+#define ROUTER_SIG OP(router_sigmoid_fwd) | OP(router_sigmoid_bwd) | OP(router_bias_update)
+    CASE(ROUTER_SIG, router_sigmoid_case, {300, 128, 8, 8, 4, 1, 1}, .bound = B_ROUND),   // V3
+    CASE(ROUTER_SIG, router_sigmoid_case, {300, 160, 8, 1, 1, 1, 1}, .bound = B_ROUND),   // GLM-4.5
+    CASE(ROUTER_SIG, router_sigmoid_case, {37, 48, 6, 4, 2, 0, 0}, .bound = B_ROUND),
+    CASE(ROUTER_SIG, router_sigmoid_case, {37, 12, 3, 6, 2, 1, 0}, .bound = B_ROUND),
     CASE(OP(moe_aux_loss), moe_aux_loss_case),
 
     // --- dispatch, p (n, e, k, c): 16-byte rows with the copies' rows padded (c 60)

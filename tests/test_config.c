@@ -48,7 +48,7 @@ START_TEST(test_table_wellformed)
         case LB_PARAM_ENUM: {
             ck_assert_ptr_nonnull(p->choices);
             int has_def = 0;
-            for (const char *s = p->choices; *s;) {
+            for (const char *s = lb_param_choices(p); *s;) {
                 size_t w = strcspn(s, "|");
                 ck_assert_msg(w > 0 && w < p->size, "%s: choice does not fit", p->key);
                 has_def |= w == strlen(p->def) && !strncmp(s, p->def, w);
@@ -511,10 +511,10 @@ static void non_default(lb_config *c)
             strcpy(f, strings[s++ % (int)(sizeof strings / sizeof strings[0])]);
             break;
         case LB_PARAM_ENUM: {
-            const char *last = strrchr(p->choices, '|') + 1;
+            const char *choices = lb_param_choices(p), *last = strrchr(choices, '|') + 1;
             memset(f, 0, p->size);
             if (strcmp(last, p->def)) strcpy(f, last);
-            else snprintf(f, p->size, "%.*s", (int)strcspn(p->choices, "|"), p->choices);
+            else snprintf(f, p->size, "%.*s", (int)strcspn(choices, "|"), choices);
             break;
         }
         }

@@ -1,5 +1,6 @@
-// test_hf_parity.c: Hugging Face parity and conversion. The tiny random Qwen3-MoE and Qwen3
-// models in tests/data (made by tests/tools/make_hf_golden.py with transformers) are imported
+// test_hf_parity.c: Hugging Face parity and conversion. The tiny random Qwen3-MoE, Qwen3 and
+// Llama (llama3 RoPE scaling) models in tests/data (made by tests/tools/make_hf_golden.py with
+// transformers) are imported
 // and must give transformers' logits, loss (cross-entropy + per-layer Switch loss) and
 // gradients; export and re-import are exact; both expert layouts, sharded checkpoints and
 // tied embeddings import; bad inputs fail with messages naming the file.
@@ -189,6 +190,9 @@ END_TEST
 START_TEST(test_parity_dense) { parity("tests/data/hf_qwen3", 0, 10); }
 END_TEST
 
+START_TEST(test_parity_llama) { parity("tests/data/hf_llama", 0, 12); }
+END_TEST
+
 // Export then import gives the same parameters bit for bit (F32), the hub's per-expert layout,
 // and for BF16 exactly the parameters rounded to nearest even.
 static void export_roundtrip(const char *sub)
@@ -212,6 +216,12 @@ static void export_roundtrip(const char *sub)
     ck_assert(r->cfg.rms_norm_eps == m->cfg.rms_norm_eps);
     ck_assert(r->cfg.router_aux_loss_coef == m->cfg.router_aux_loss_coef);
     ck_assert(r->cfg.initializer_range == m->cfg.initializer_range);
+    ck_assert_str_eq(r->cfg.rope_type, m->cfg.rope_type);
+    ck_assert(r->cfg.rope_factor == m->cfg.rope_factor);
+    ck_assert(r->cfg.rope_low_freq_factor == m->cfg.rope_low_freq_factor);
+    ck_assert(r->cfg.rope_high_freq_factor == m->cfg.rope_high_freq_factor);
+    ck_assert_int_eq(r->cfg.rope_original_max_position_embeddings,
+                     m->cfg.rope_original_max_position_embeddings);
     lb_model_free(r);
 
     snprintf(path, sizeof path, "%s/model.safetensors", out);
@@ -251,6 +261,9 @@ END_TEST
 START_TEST(test_export_roundtrip_dense) { export_roundtrip("tests/data/hf_qwen3"); }
 END_TEST
 
+START_TEST(test_export_roundtrip_llama) { export_roundtrip("tests/data/hf_llama"); }
+END_TEST
+
 // tests/data/hf_qwen3_moe_fused holds the same model as transformers keeps it in memory:
 // mlp.experts.gate_up_proj (E, 2F, C) and mlp.experts.down_proj (E, C, F).
 START_TEST(test_fused_layout)
@@ -260,6 +273,86 @@ START_TEST(test_fused_layout)
     assert_same_params(a, b, "fused vs per-expert layout");
     lb_model_free(a);
     lb_model_free(b);
+}
+END_TEST
+
+// The sigmoid router op (router_sigmoid_fwd/bwd) against transformers' Glm4MoeTopkRouter
+// (tests/data/hf_glm4_router.safetensors): the same experts per row (transformers' order is
+// unsorted: compared as sets), their weights within 1e-6 and d logits within 1e-5 relative;
+// and the golden rows are ones where the bias and the group limit change the choice, so both
+// are what is compared.
+static int same_choice(const int32_t *a, const float *b, int k)
+{
+    for (int s = 0; s < k; s++) {
+        int found = 0;
+        for (int t = 0; t < k; t++) found |= a[s] == (int32_t)b[t];
+        if (!found) return 0;
+    }
+    return 1;
+}
+
+START_TEST(test_glm4_router)
+{
+    char err[512];
+    lb_st_file g;
+    const char *path = lb_test_src("tests/data/hf_glm4_router.safetensors");
+    ck_assert_msg(lb_st_open(&g, path, err, sizeof err) == 0, "%s", err);
+    const int n = atoi(lb_st_meta(&g, "n")), e = atoi(lb_st_meta(&g, "e")),
+              k = atoi(lb_st_meta(&g, "k")), ng = atoi(lb_st_meta(&g, "n_group")),
+              tg = atoi(lb_st_meta(&g, "topk_group"));
+    const float scale = (float)atof(lb_st_meta(&g, "scale"));
+    const char *variants[2] = {"renorm", "plain"};
+    for (int v = 0; v < 2; v++) {
+        char name[64];
+#define GET(x) (snprintf(name, sizeof name, "%s.%s", variants[v], x), golden_read(&g, name, NULL))
+        float *logits = GET("logits"), *bias = GET("bias"), *ridx = GET("idx"),
+              *rw = GET("weight"), *dw = GET("dweight"), *rdl = GET("dlogits");
+#undef GET
+        float *sc = lb_malloc((size_t)n * e * 4), *w = lb_malloc((size_t)n * k * 4),
+              *dl = lb_malloc((size_t)n * e * 4), *w2 = lb_malloc((size_t)n * k * 4);
+        int32_t *idx = lb_malloc((size_t)n * k * 4), *idx2 = lb_malloc((size_t)n * k * 4);
+        lb_router_sigmoid_args a = {.n = n, .e = e, .k = k, .n_group = ng, .topk_group = tg,
+                                    .renorm = v == 0, .scale = scale, .logits = logits,
+                                    .bias = bias, .scores = sc, .idx = idx, .weight = w,
+                                    .dweight = dw, .dlogits = dl};
+        be->router_sigmoid_fwd(be, &a);
+        double ew = 0;
+        for (int i = 0; i < n; i++) {
+            ck_assert_msg(same_choice(idx + i * k, ridx + i * k, k), "%s row %d: other experts",
+                          variants[v], i);
+            for (int s = 0; s < k; s++)
+                for (int t = 0; t < k; t++)
+                    if (idx[i * k + s] == (int32_t)ridx[i * k + t])
+                        ew = fmax(ew, fabs(w[i * k + s] - rw[i * k + t]) / fabs(rw[i * k + t]));
+        }
+        // the golden's dweight is in transformers' slot order: put it in ours and go again
+        for (int i = 0; i < n; i++)
+            for (int s = 0; s < k; s++)
+                for (int t = 0; t < k; t++)
+                    if (idx[i * k + s] == (int32_t)ridx[i * k + t]) w2[i * k + s] = dw[i * k + t];
+        a.dweight = w2;
+        be->router_sigmoid_bwd(be, &a);
+        double edl = rel_err(dl, rdl, (size_t)n * e);
+        printf("glm4 router (%s): %d rows, weights rel err %.3g, d logits rel err %.3g\n",
+               variants[v], n, ew, edl);
+        ck_assert_msg(ew <= 1e-6, "%s: weights differ: %.3g", variants[v], ew);
+        ck_assert_msg(edl <= 1e-5, "%s: d logits differ: %.3g", variants[v], edl);
+        // without the bias, and without the group limit, some rows choose otherwise
+        int moved[2] = {0, 0};
+        for (int c = 0; c < 2; c++) {
+            lb_router_sigmoid_args b = a;
+            b.idx = idx2, b.weight = w2, b.scores = sc;
+            if (c == 0) b.bias = NULL;
+            else b.n_group = 1, b.topk_group = 1;
+            be->router_sigmoid_fwd(be, &b);
+            for (int i = 0; i < n; i++) moved[c] += !same_choice(idx2 + i * k, ridx + i * k, k);
+        }
+        ck_assert_msg(moved[0] > 0 && moved[1] > 0, "%s: bias moves %d rows, groups %d",
+                      variants[v], moved[0], moved[1]);
+        free(logits), free(bias), free(ridx), free(rw), free(dw), free(rdl);
+        free(sc), free(w), free(dl), free(w2), free(idx), free(idx2);
+    }
+    lb_st_close(&g);
 }
 END_TEST
 
@@ -377,11 +470,62 @@ static void expect_import_error(const char *src, const craft *k, const char *fil
     rm_rf(dst);
 }
 
+// The golden Llama's RoPE scaling is in force: read from rope_parameters (transformers 5) or
+// rope_scaling (transformers 4) alike, and the same model with plain RoPE gives other logits.
+START_TEST(test_llama_rope_scaling)
+{
+    const char *src = lb_test_src("tests/data/hf_llama");
+    lb_model *m = import(src);
+    ck_assert_str_eq(m->cfg.rope_type, "llama3");
+    ck_assert(m->cfg.rope_factor == 8.0 && m->cfg.rope_low_freq_factor == 1.0 &&
+              m->cfg.rope_high_freq_factor == 4.0);
+    ck_assert_int_eq(m->cfg.rope_original_max_position_embeddings, 32);
+    ck_assert_ptr_null(lb_model_find(m, "model.layers.0.self_attn.q_norm.weight"));
+    int32_t tok[12];
+    for (int i = 0; i < 12; i++) tok[i] = (i * 37 + 5) % m->cfg.vocab_size;
+    size_t nl = (size_t)12 * m->cfg.vocab_size;
+    float *a = lb_malloc(nl * sizeof(float)), *b = lb_malloc(nl * sizeof(float));
+    lb_model_forward(m, tok, NULL, 1, 12);
+    be->download(be, a, m->logits, nl * sizeof(float));
+    lb_model_config plain = m->cfg;
+    snprintf(plain.rope_type, sizeof plain.rope_type, "default");
+    char err[1024], dir[256];
+    lb_model *p = lb_model_create(&plain, be, err, sizeof err);
+    ck_assert_msg(p != NULL, "%s", err);
+    ck_assert_msg(lb_hf_load(p, src, err, sizeof err) == 0, "%s", err);
+    lb_model_forward(p, tok, NULL, 1, 12);
+    be->download(be, b, p->logits, nl * sizeof(float));
+    double e = rel_err(b, a, nl);
+    printf("llama: plain RoPE instead of llama3 moves the logits by %.3g (relative)\n", e);
+    ck_assert_msg(e > 1e-2, "the llama3 scaling does not change the logits (%.3g)", e);
+    lb_model_free(p);
+
+    // transformers 4's spelling: rope_scaling beside rope_theta
+    tmpdir_copy(dir, sizeof dir);
+    craft k = {.config_from = "\"rope_parameters\": {",
+               .config_to = "\"rope_theta\": 10000.0, \"rope_scaling\": {"};
+    make_variant(src, dir, &k);
+    lb_model *r = import(dir);
+    ck_assert_str_eq(r->cfg.rope_type, "llama3");
+    ck_assert(r->cfg.rope_factor == 8.0 && r->cfg.rope_high_freq_factor == 4.0);
+    ck_assert_int_eq(r->cfg.rope_original_max_position_embeddings, 32);
+    lb_model_forward(r, tok, NULL, 1, 12);
+    be->download(be, b, r->logits, nl * sizeof(float));
+    ck_assert(memcmp(a, b, nl * sizeof(float)) == 0);
+    lb_model_free(r);
+    rm_rf(dir);
+    free(a);
+    free(b);
+    lb_model_free(m);
+}
+END_TEST
+
 START_TEST(test_bad_inputs)
 {
     char err[1024], dir[256], prefix[600];
     const char *moe = lb_test_src("tests/data/hf_qwen3_moe");
     const char *dense = lb_test_src("tests/data/hf_qwen3");
+    const char *llama = lb_test_src("tests/data/hf_llama");
     lb_model_config cfg;
     // No config.json at all.
     tmpdir_copy(dir, sizeof dir);
@@ -402,11 +546,18 @@ START_TEST(test_bad_inputs)
         {dense, "\"rope_type\": \"default\"", "\"rope_type\": \"linear\"", "rope_parameters"},
         {dense, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act"},
         {dense, "\"full_attention\"", "\"sliding_attention\"", "layer_types"},
-        {moe, "\"model_type\": \"qwen3_moe\"", "\"model_type\": \"llama\"", "model_type 'llama'"},
+        {moe, "\"model_type\": \"qwen3_moe\"", "\"model_type\": \"gpt2\"", "model_type 'gpt2'"},
         {moe, "\"hidden_size\": 64", "\"hidden_size\": -64", "'hidden_size' must be an integer"},
         {moe, "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9", "num_experts_per_tok"},
         {dense, "\"intermediate_size\": 96,", "", "missing 'intermediate_size'"},
         {moe, "{", "{,", "not valid JSON"},
+        {llama, "\"mlp_bias\": false", "\"mlp_bias\": true", "mlp_bias"},
+        {llama, "\"factor\": 8.0", "\"factor\": 0.5", "llama3 needs factor >= 1"},
+        {llama, "\"low_freq_factor\": 1.0", "\"low_freq_factor\": 4.0", "high_freq_factor >"},
+        {llama, "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\"",
+         "rope_parameters of type 'yarn'"},
+        {llama, "\"rope_parameters\": {", "\"rope_parameters\": 3, \"x\": {",
+         "rope_parameters must be an object"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         craft k = {.config_from = bad[i].from, .config_to = bad[i].to};
@@ -548,6 +699,9 @@ END_TEST
 START_TEST(test_convert_command_dense) { convert_roundtrip("tests/data/hf_qwen3"); }
 END_TEST
 
+START_TEST(test_convert_command_llama) { convert_roundtrip("tests/data/hf_llama"); }
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("hf_parity");
@@ -556,6 +710,11 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_parity_moe);
     tcase_add_test(tc, test_parity_dense);
+    tcase_add_test(tc, test_parity_llama);
+    tcase_add_test(tc, test_llama_rope_scaling);
+    tcase_add_test(tc, test_export_roundtrip_llama);
+    tcase_add_test(tc, test_convert_command_llama);
+    tcase_add_test(tc, test_glm4_router);
     tcase_add_test(tc, test_export_roundtrip_moe);
     tcase_add_test(tc, test_export_roundtrip_dense);
     tcase_add_test(tc, test_fused_layout);

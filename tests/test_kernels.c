@@ -756,6 +756,72 @@ START_TEST(test_rope_fwd)
 }
 END_TEST
 
+// Llama 3.1's RoPE frequencies written as transformers writes them (torch.where over the three
+// bands), for comparison with lb_rope_inv_freq_llama3.
+static double ref_llama3_freq(int f, int rot, double theta, double factor, double lo, double hi,
+                              double orig)
+{
+    double inv = 1.0 / pow(theta, 2.0 * f / rot), wl = 2 * M_PI / inv;
+    double scaled = wl > orig / lo ? inv / factor : inv;
+    double s = (orig / wl - lo) / (hi - lo);
+    double smooth = (1 - s) * scaled / factor + s * scaled;
+    int medium = !(wl < orig / hi) && !(wl > orig / lo);
+    return medium ? smooth : scaled;
+}
+
+// llama3-scaled frequencies (a table) and partial rotary (rot < d: the rest passes through).
+START_TEST(test_rope_llama3_partial)
+{
+    const int heads = 2, d = 64, rot = 48, half = rot / 2;
+    size_t sz = (size_t)N * heads * d;
+    float *x = randn(sz, 182, 1), *y = fdup(x, sz);
+    int32_t *pos = randint(N, 183, 40000);
+    double *freq = lb_malloc(half * sizeof(double)), *ref = dzeros(sz);
+    lb_rope_inv_freq_llama3(freq, rot, 5e5, 8.0, 1.0, 4.0, 64.0);
+    int bands[3] = {0, 0, 0};   // scaled, blended, kept: each band must be exercised
+    for (int f = 0; f < half; f++) {
+        double want = ref_llama3_freq(f, rot, 5e5, 8.0, 1.0, 4.0, 64.0);
+        double r = want * pow(5e5, 2.0 * f / rot);
+        ck_assert_msg(fabs(freq[f] - want) <= 1e-14 * want, "freq %d: %g, want %g", f, freq[f],
+                      want);
+        bands[fabs(r - 0.125) < 1e-12 ? 0 : fabs(r - 1) < 1e-12 ? 2 : 1]++;
+    }
+    ck_assert_msg(bands[0] && bands[1] && bands[2], "bands %d %d %d", bands[0], bands[1], bands[2]);
+    be->rope(be, &(lb_rope_args){.x = y, .pos = pos, .n = N, .heads = heads, .d = d,
+            .theta = 5e5f, .rot = rot, .inv_freq = freq});
+    for (int i = 0; i < N; i++)
+        for (int h = 0; h < heads; h++) {
+            const float *xh = x + ((size_t)i * heads + h) * d;
+            double *oh = ref + ((size_t)i * heads + h) * d;
+            for (int f = 0; f < half; f++) {
+                double ang = pos[i] * freq[f];
+                oh[f] = xh[f] * cos(ang) - xh[f + half] * sin(ang);
+                oh[f + half] = xh[f + half] * cos(ang) + xh[f] * sin(ang);
+            }
+            for (int j = rot; j < d; j++) oh[j] = xh[j];
+        }
+    ASSERT_CLOSE("rope llama3 partial", y, ref, sz, 1e-6);
+    for (size_t i = 0; i < sz; i++)   // the passed-through values are the same bits
+        if (i % d >= (size_t)rot) ck_assert(y[i] == x[i]);
+    be->rope(be, &(lb_rope_args){.x = y, .pos = pos, .n = N, .heads = heads, .d = d,
+            .theta = 5e5f, .inverse = 1, .rot = rot, .inv_freq = freq});
+    for (size_t i = 0; i < sz; i++) ref[i] = x[i];
+    ASSERT_CLOSE("rope_bwd(rope_fwd(x)) == x, llama3 partial", y, ref, sz, 1e-6);
+    free(x), free(y), free(pos), free(ref), free(freq);
+}
+END_TEST
+
+// DeepSeek-V3's aux-loss-free balancing: experts below the mean load gain rate, those above
+// lose it, one at the mean keeps its bias.
+START_TEST(test_router_bias_update)
+{
+    float bias[5] = {0.5f, -0.25f, 0.0f, 1.0f, 2.0f}, load[5] = {1, 5, 3, 0, 6};   // mean 3
+    be->router_bias_update(be, bias, load, 5, 0.125f);
+    const float want[5] = {0.625f, -0.375f, 0.0f, 1.125f, 1.875f};
+    for (int j = 0; j < 5; j++) ck_assert_msg(bias[j] == want[j], "bias %d: %g", j, bias[j]);
+}
+END_TEST
+
 START_TEST(test_attention_fwd)
 {
     size_t nq = (size_t)B * T * HQ * D, nk = (size_t)B * T * HKV * D;
@@ -1004,7 +1070,7 @@ START_TEST(test_moe_dispatch_fwd)
             idx[i * K + s] = (int32_t)((lb_rand_u64(230, 2, i) % 4 + (uint64_t)s * 2) % 6);
     int32_t *row = lb_malloc((size_t)N * K * 4);
     int counts[E], cref[E] = {0};
-    be->moe_plan(be, row, counts, idx, N, E, K);
+    be->moe_plan(be, row, counts, NULL, idx, N, E, K);
     int next = 0;
     for (int j = 0; j < E; j++)
         for (int i = 0; i < N; i++)
@@ -1540,7 +1606,7 @@ static int32_t *make_plan(uint64_t seed)
         for (int s = 0; s < K; s++)
             idx[i * K + s] = (int32_t)((lb_rand_u64(seed, 6, i) + (uint64_t)s * 2) % E);
     int counts[E];
-    be->moe_plan(be, row, counts, idx, N, E, K);
+    be->moe_plan(be, row, counts, NULL, idx, N, E, K);
     free(idx);
     return row;
 }
@@ -2045,6 +2111,8 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_embedding);
     tcase_add_test(tc, test_rmsnorm_fwd);
     tcase_add_test(tc, test_rope_fwd);
+    tcase_add_test(tc, test_rope_llama3_partial);
+    tcase_add_test(tc, test_router_bias_update);
     tcase_add_test(tc, test_attention_fwd);
     tcase_add_test(tc, test_attention_bf16_exact);
     tcase_add_test(tc, test_attention_bf16_vs_fp32);

@@ -107,7 +107,8 @@ echo "1 rank vs z4: parameters and moments: $out"
 #     tp group's tokens go to the experts in two parts) with ep2 and with sp, and chunked
 #     cross-entropy (37 rows of logits at a time, alone and with pp2 x sp2), against one rank,
 #     for the MoE and, for
-#     the dense column/row split of the fused gate_up, the dense Qwen3 under tp2 with sp. The
+#     the dense column/row split of the fused gate_up, the dense Qwen3 under tp2 with sp, and
+#     Llama 3.1 under tp2 and under sp2 x pp2. The
 #     learning rate is 3e-4 here (the RL demo's; 3e-3 above): in Adam's first steps an element
 #     whose gradient is near eps (a sum that cancels) moves by a fraction of lr that depends on
 #     the gradient's rounding, so the parameters of two summation orders differ in proportion
@@ -119,6 +120,11 @@ dense=(--set model.arch=qwen3 --set model.intermediate_size=96)
     { cat "$tmp/m1.log"; echo "FAIL: one-rank run (lr 3e-4)"; exit 1; }
 "$bin" train "$cfg" "${mp[@]}" "${dense[@]}" --set run.out_dir="$tmp/d1" > "$tmp/d1.log" 2>&1 ||
     { cat "$tmp/d1.log"; echo "FAIL: one-rank dense run"; exit 1; }
+# Llama 3.1 (no q/k norm, llama3 RoPE scaling) under the same layouts as the dense Qwen3.
+lla=(--set model.arch=llama --set model.intermediate_size=96 --set model.rope_type=llama3
+     --set model.rope_original_max_position_embeddings=16)
+"$bin" train "$cfg" "${mp[@]}" "${lla[@]}" --set run.out_dir="$tmp/l1" > "$tmp/l1.log" 2>&1 ||
+    { cat "$tmp/l1.log"; echo "FAIL: one-rank llama run"; exit 1; }
 for layout in "tp2 2 m1 --set parallel.tp=2" \
               "sp2 2 m1 --set parallel.tp=2 --set parallel.sequence_parallel=true" \
               "pp2 2 m1 --set parallel.pp=2" \
@@ -131,7 +137,9 @@ for layout in "tp2 2 m1 --set parallel.tp=2" \
               "ce37 1 m1 --set train.ce_chunk=37" \
               "pp2sp2ce37 4 m1 --set parallel.pp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set train.ce_chunk=37" \
               "sp2etp1 2 m1 --set parallel.tp=2 --set parallel.etp=1 --set parallel.sequence_parallel=true" \
-              "dense-sp2 2 d1 --set parallel.tp=2 --set parallel.sequence_parallel=true ${dense[*]}"; do
+              "dense-sp2 2 d1 --set parallel.tp=2 --set parallel.sequence_parallel=true ${dense[*]}" \
+              "llama-tp2 2 l1 --set parallel.tp=2 ${lla[*]}" \
+              "llama-sp2pp2 4 l1 --set parallel.tp=2 --set parallel.sequence_parallel=true --set parallel.pp=2 ${lla[*]}"; do
     set -- $layout
     name=$1 np=$2 ref=$3
     shift 3

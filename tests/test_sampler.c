@@ -35,6 +35,7 @@ static lb_model_config tiny_config(const char *arch)
 {
     lb_model_config c = {0};
     snprintf(c.arch, sizeof c.arch, "%s", arch);
+    if (strcmp(arch, "llama") == 0) lb_test_llama3_rope(&c);
     c.vocab_size = 40;
     c.hidden_size = 32;
     c.num_hidden_layers = 2;
@@ -330,6 +331,8 @@ static void cached_forward_cases(void)
     cached_vs_training("qwen3_moe", "fp32", 1);
     cached_vs_training("qwen3_moe", "nvfp4-moe", 1);
     cached_vs_training("qwen3", "mxfp8", 0);
+    cached_vs_training("llama", "fp8-block", 0);   // no q/k norm, llama3 RoPE
+    cached_vs_training("llama", "bf16", 1);
 }
 
 START_TEST(test_cached_forward_equals_training) { cached_forward_cases(); }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/quant/contract.h"
+#include "models/model.h"   // lb_model_config (lb_test_llama3_rope)
 
 // Path of a file under the source tree (tests run from the build tree under make distcheck).
 static inline const char *lb_test_src(const char *rel)
@@ -17,6 +18,17 @@ static inline const char *lb_test_src(const char *rel)
     char *out = buf[next++ % 8];
     snprintf(out, sizeof buf[0], "%s/%s", root && *root ? root : ".", rel);
     return out;
+}
+
+// Llama 3.1's RoPE scaling on a test configuration of head_dim 8: an original context of 64
+// puts one frequency in each band (kept, blended, divided by the factor 8).
+static inline void lb_test_llama3_rope(lb_model_config *c)
+{
+    snprintf(c->rope_type, sizeof c->rope_type, "llama3");
+    c->rope_factor = 8.0;
+    c->rope_low_freq_factor = 1.0;
+    c->rope_high_freq_factor = 4.0;
+    c->rope_original_max_position_embeddings = 64;
 }
 
 // A fresh scratch directory for one test (removed by the caller when wanted).

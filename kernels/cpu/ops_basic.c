@@ -255,21 +255,24 @@ static void cpu_rmsnorm_bwd(lb_backend *be, const lb_rmsnorm_args *args)
 
 // --- RoPE (Hugging Face rotate_half form) --------------------------------------------------------
 
-// Rotates every head of every row of a->x (n, heads, d) by its position pos (n); a->inverse
-// applies the inverse rotation (the transpose), which is the backward map.
+// Rotates the first rot values (a->rot, 0: all d) of every head of every row of a->x (n, heads,
+// d) by its position pos (n); a->inverse applies the inverse rotation (the transpose), which is
+// the backward map. Frequencies a->inv_freq, or theta^(-2f/rot).
 // Angles are computed in double and cos/sin rounded once to float, so the result does not
 // depend on how the compiler evaluates pos * freq.
 static void cpu_rope(lb_backend *be, const lb_rope_args *a)
 {
     float *x = a->x;
     const int32_t *pos = a->pos;
-    const int n = a->n, heads = a->heads, d = a->d;
+    const int n = a->n, heads = a->heads, d = a->d, rot = a->rot ? a->rot : a->d;
     const double sign = a->inverse ? -1.0 : 1.0;
     if (d % 2) lb_die("rope: head dim %d is odd", d);
-    int half = d / 2;
+    if (rot % 2 || rot < 0 || rot > d) lb_die("rope: rot %d is not even in 0..%d", rot, d);
+    int half = rot / 2;
     if (half == 0 || n == 0 || heads == 0) return;
     double *inv_freq = lb_malloc((size_t)half * sizeof(double));
-    for (int f = 0; f < half; f++) inv_freq[f] = pow((double)a->theta, -2.0 * f / d);
+    for (int f = 0; f < half; f++)
+        inv_freq[f] = a->inv_freq ? a->inv_freq[f] : pow((double)a->theta, -2.0 * f / rot);
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
         if ((size_t)n * heads * d >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {

@@ -5,6 +5,7 @@
 // permuted buffers xp, yp (n*k, c). Every reduction over slots runs in slot order.
 #include "kernels/cpu/cpu.h"
 #include "kernels/common.h"
+#include "kernels/router.h"
 
 #include <math.h>
 #include <omp.h>
@@ -112,6 +113,51 @@ static void cpu_router_topk_bwd(lb_backend *be, const lb_router_args *args)
         for (int j = 0; j < e; j++) pdp += (double)p[j] * dl[j];
         for (int j = 0; j < e; j++) dl[j] = (float)(p[j] * (dl[j] - pdp));
     }
+}
+
+static void cpu_router_sigmoid_fwd(lb_backend *be, const lb_router_sigmoid_args *a)
+{
+    lb_router_sigmoid_check("router_sigmoid_fwd", a);
+    for (size_t i = 0; i < (size_t)a->n * a->e; i++)
+        if (!isfinite(a->logits[i]))
+            lb_die("router_sigmoid_fwd: logit (%zu, %zu) is %g", i / a->e, i % a->e,
+                   a->logits[i]);
+    #pragma omp parallel num_threads(lb_cpu_threads(be)) if ((size_t)a->n * a->e >= LB_CPU_PAR_MIN)
+    {
+        float *choice = lb_malloc((size_t)a->e * sizeof(float));
+        #pragma omp for
+        for (int i = 0; i < a->n; i++)
+            lb_router_sigmoid_row(a->logits + (size_t)i * a->e, a->bias,
+                                  a->scores + (size_t)i * a->e, choice, a->idx + (size_t)i * a->k,
+                                  a->weight + (size_t)i * a->k, a->e, a->k, a->n_group,
+                                  a->topk_group, a->renorm, a->scale);
+        free(choice);
+    }
+}
+
+static void cpu_router_sigmoid_bwd(lb_backend *be, const lb_router_sigmoid_args *a)
+{
+    lb_router_sigmoid_check("router_sigmoid_bwd", a);
+    check_idx("router_sigmoid_bwd", a->idx, a->n, a->e, a->k);
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
+        if ((size_t)a->n * a->e >= LB_CPU_PAR_MIN)
+    for (int i = 0; i < a->n; i++)
+        lb_router_sigmoid_row_bwd(a->scores + (size_t)i * a->e, a->idx + (size_t)i * a->k,
+                                  a->dweight + (size_t)i * a->k, a->dlogits + (size_t)i * a->e,
+                                  a->e, a->k, a->renorm, a->scale);
+}
+
+// bias[j] += rate * sign(mean - load[j]): experts that got fewer tokens than the mean rank
+// higher next step, those that got more lower (DeepSeek-V3's aux-loss-free balancing).
+static void cpu_router_bias_update(lb_backend *be, float *bias, const float *load, int e,
+                                   float rate)
+{
+    (void)be;
+    double mean = 0.0;
+    for (int j = 0; j < e; j++) mean += load[j];
+    mean /= e > 0 ? e : 1;
+    for (int j = 0; j < e; j++)
+        bias[j] += load[j] < mean ? rate : load[j] > mean ? -rate : 0.0f;
 }
 
 // loss = e * sum_j f_j P_j with f_j = count_j / (n k) (not differentiable) and
@@ -264,6 +310,9 @@ void lb_cpu_init_moe(lb_backend *be)
 {
     be->router_topk_fwd = cpu_router_topk_fwd;
     be->router_topk_bwd = cpu_router_topk_bwd;
+    be->router_sigmoid_fwd = cpu_router_sigmoid_fwd;
+    be->router_sigmoid_bwd = cpu_router_sigmoid_bwd;
+    be->router_bias_update = cpu_router_bias_update;
     be->moe_aux_loss = cpu_moe_aux_loss;
     be->moe_plan = cpu_moe_plan;
     be->moe_permute = cpu_moe_permute;

@@ -417,16 +417,18 @@ static void cuda_rmsnorm_bwd(lb_backend *be, float *dx, float dx_beta, float *dw
 // double, cos and sin rounded once to fp32; the rotation in fp32 with explicit round-to-nearest
 // multiplies so no FMA contraction changes it (it then matches the CPU bit for bit whenever the
 // double cos/sin round to the same fp32 values).
+// The first rot values of each head rotate (partial rotary); frequencies from the table
+// (llama3 scaling: the host computed it) or theta^(-2f/rot).
 template <typename T>
-__global__ void rope_kernel(T *x, const int32_t *pos, int n, int heads, int d, double theta,
-                            double sign)
+__global__ void rope_kernel(T *x, const int32_t *pos, int n, int heads, int d, int rot,
+                            const double *table, double theta, double sign)
 {
-    int half = d / 2;
+    int half = rot / 2;
     size_t total = (size_t)n * half;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total;
          t += (size_t)gridDim.x * blockDim.x) {
         int i = (int)(t / half), f = (int)(t % half);
-        double inv_freq = pow(theta, -2.0 * f / d);
+        double inv_freq = table ? table[f] : pow(theta, -2.0 * f / rot);
         double angle = (double)pos[i] * inv_freq, sd, cd;
         sincos(angle, &sd, &cd);
         float cs = (float)cd, sn = (float)(sign * sd);
@@ -442,14 +444,15 @@ __global__ void rope_kernel(T *x, const int32_t *pos, int n, int heads, int d, d
 
 static void cuda_rope(lb_backend *be, const lb_rope_args *a)
 {
-    const int n = a->n, heads = a->heads, d = a->d;
+    const int n = a->n, heads = a->heads, d = a->d, rot = a->rot ? a->rot : a->d;
     if (n < 0 || heads < 0 || d < 0) lb_die("rope: negative size");
     if (d % 2) lb_die("rope: head dim %d is odd", d);
-    size_t total = (size_t)n * (d / 2);
+    if (rot % 2 || rot < 0 || rot > d) lb_die("rope: rot %d is not even in 0..%d", rot, d);
+    size_t total = (size_t)n * (rot / 2);
     if (!total || !heads) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     rope_kernel<float><<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(
-        a->x, a->pos, n, heads, d, (double)a->theta, a->inverse ? -1.0 : 1.0);
+        a->x, a->pos, n, heads, d, rot, a->inv_freq, (double)a->theta, a->inverse ? -1.0 : 1.0);
     LB_CUDA_LAUNCHED(cx);
 }
 

@@ -11,6 +11,7 @@
 // counts for the aux loss use integer atomics in shared memory: integer addition is exact and
 // order-free, so the counts are the same whatever the order. No floating-point atomics.
 #include "kernels/cuda/cuda.cuh"
+#include "kernels/router.h"
 
 #include <cub/cub.cuh>
 #include <limits.h>
@@ -524,6 +525,67 @@ static void cuda_moe_combine_bwd(lb_backend *be, float *dyp, uint16_t *dyp16, fl
     LB_CUDA_LAUNCHED(cx);
 }
 
+// --- the sigmoid router (kernels/router.h: the CPU's row arithmetic) ---------------------------
+// One thread per row: e is the expert count of one layer (tens to hundreds) and the router a
+// sliver of a step; the choice scores live in scratch.
+
+__global__ void router_sigmoid_fwd_kernel(lb_router_sigmoid_args a, float *choice)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= a.n) return;
+    lb_router_sigmoid_row(a.logits + (size_t)i * a.e, a.bias, a.scores + (size_t)i * a.e,
+                          choice + (size_t)i * a.e, a.idx + (size_t)i * a.k,
+                          a.weight + (size_t)i * a.k, a.e, a.k, a.n_group, a.topk_group,
+                          a.renorm, a.scale);
+}
+
+__global__ void router_sigmoid_bwd_kernel(lb_router_sigmoid_args a)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= a.n) return;
+    lb_router_sigmoid_row_bwd(a.scores + (size_t)i * a.e, a.idx + (size_t)i * a.k,
+                              a.dweight + (size_t)i * a.k, a.dlogits + (size_t)i * a.e, a.e,
+                              a.k, a.renorm, a.scale);
+}
+
+static void cuda_router_sigmoid_fwd(lb_backend *be, const lb_router_sigmoid_args *a)
+{
+    lb_router_sigmoid_check("router_sigmoid_fwd", a);
+    if (!a->n) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    float *choice = (float *)lb_cuda_scratch(cx, (size_t)a->n * a->e * sizeof(float));
+    router_sigmoid_fwd_kernel<<<(a->n + 127) / 128, 128, 0, cx->stream>>>(*a, choice);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+static void cuda_router_sigmoid_bwd(lb_backend *be, const lb_router_sigmoid_args *a)
+{
+    lb_router_sigmoid_check("router_sigmoid_bwd", a);
+    if (!a->n) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    router_sigmoid_bwd_kernel<<<(a->n + 127) / 128, 128, 0, cx->stream>>>(*a);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// The CPU's loop, on one thread: e values once a step.
+__global__ void router_bias_update_kernel(float *bias, const float *load, int e, float rate)
+{
+    double mean = 0.0;
+    for (int j = 0; j < e; j++) mean += load[j];
+    mean /= e > 0 ? e : 1;
+    for (int j = 0; j < e; j++)
+        bias[j] += load[j] < mean ? rate : load[j] > mean ? -rate : 0.0f;
+}
+
+static void cuda_router_bias_update(lb_backend *be, float *bias, const float *load, int e,
+                                    float rate)
+{
+    if (e <= 0) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    router_bias_update_kernel<<<1, 1, 0, cx->stream>>>(bias, load, e, rate);
+    LB_CUDA_LAUNCHED(cx);
+}
+
 // The table's entries take argument structs (kernels.h); the kernels' hosts above take
 // the fields.
 
@@ -553,6 +615,9 @@ extern "C" void lb_cuda_init_moe(lb_backend *be)
 {
     be->router_topk_fwd = cuda_router_topk_fwd_op;
     be->router_topk_bwd = cuda_router_topk_bwd_op;
+    be->router_sigmoid_fwd = cuda_router_sigmoid_fwd;
+    be->router_sigmoid_bwd = cuda_router_sigmoid_bwd;
+    be->router_bias_update = cuda_router_bias_update;
     be->moe_aux_loss = cuda_moe_aux_loss;
     be->moe_plan = cuda_moe_plan;
     be->moe_permute = cuda_moe_permute;

@@ -194,7 +194,14 @@ int lb_cmd_info(const lb_config *c, lb_comm *comm)
     printf("shape       %d layers, hidden %d, %d q heads / %d kv heads x %d, vocab %d\n",
            mc->num_hidden_layers, mc->hidden_size, mc->num_attention_heads,
            mc->num_key_value_heads, mc->head_dim, mc->vocab_size);
-    if (strcmp(mc->arch, "qwen3_moe") == 0)
+    if (strcmp(mc->rope_type, "llama3") == 0)
+        printf("rope        theta %g, llama3 scaling: factor %g, low/high freq factors %g/%g, "
+               "original context %d\n", mc->rope_theta, mc->rope_factor,
+               mc->rope_low_freq_factor, mc->rope_high_freq_factor,
+               mc->rope_original_max_position_embeddings);
+    else
+        printf("rope        theta %g\n", mc->rope_theta);
+    if (m->def->moe)
         printf("experts     %d, top-%d, expert FFN %d\n", mc->num_experts, mc->num_experts_per_tok,
                mc->moe_intermediate_size);
     else
@@ -213,7 +220,7 @@ int lb_cmd_info(const lb_config *c, lb_comm *comm)
     lb_contract contract;
     if (lb_contract_resolve(&contract, &c->precision, mc->num_hidden_layers, err, sizeof err) == 0) {
         // the roles of this architecture's GEMMs: experts and a router, or a dense MLP
-        const int moe = strcmp(mc->arch, "qwen3_moe") == 0;
+        const int moe = m->def->moe;
         unsigned roles = 1u << LB_ROLE_ATTN_QKV | 1u << LB_ROLE_ATTN_OUT | 1u << LB_ROLE_LM_HEAD;
         roles |= moe ? 1u << LB_ROLE_MOE_GATE_UP | 1u << LB_ROLE_MOE_DOWN | 1u << LB_ROLE_ROUTER
                      : 1u << LB_ROLE_MLP_GATE_UP | 1u << LB_ROLE_MLP_DOWN;

@@ -95,6 +95,13 @@ static void range_text(char *out, size_t n, const lb_param *p)
     snprintf(out, n, "[%s, %s]", lo, hi);
 }
 
+const char lb_choices_models[] = "(the registry's)";
+
+const char *lb_param_choices(const lb_param *p)
+{
+    return p->choices == lb_choices_models ? lb_model_arch_choices() : p->choices;
+}
+
 static int in_choices(const char *choices, const char *v)
 {
     size_t len = strlen(v);
@@ -373,8 +380,8 @@ static int set_value(lb_config *c, const lb_param *p, const char *v, char *msg, 
     case LB_PARAM_STRING: {
         // no did-you-mean here: the choices are listed, and the nearest one misleads
         // ("gpu" is one letter from "cpu")
-        if (p->type == LB_PARAM_ENUM && !in_choices(p->choices, v)) {
-            snprintf(msg, n, "%s is not one of %s", shown, p->choices);
+        if (p->type == LB_PARAM_ENUM && !in_choices(lb_param_choices(p), v)) {
+            snprintf(msg, n, "%s is not one of %s", shown, lb_param_choices(p));
             return -1;
         }
         size_t len = strlen(v);
@@ -890,7 +897,7 @@ int lb_config_validate(const lb_config *c, char *err, size_t errlen)
     }
     // The layout's splits of the model (heads by tp, experts by ep, layers by pp, ...): the
     // parts that need no world size, so they stop `lowbit` before MPI work (parallel/grid.h).
-    int moe = strstr(m->arch, "moe") != NULL;
+    int moe = def && def->moe;
     lb_grid_shapes shapes = {m->num_hidden_layers, m->num_attention_heads, m->num_key_value_heads,
                              moe ? m->num_experts : 0, moe ? 0 : m->intermediate_size,
                              moe ? m->moe_intermediate_size : 0, m->vocab_size,
@@ -1004,7 +1011,7 @@ static const char *type_name(lb_param_type t)
 static void range_or_choices(char *out, size_t n, const lb_param *p)
 {
     out[0] = 0;
-    if (p->type == LB_PARAM_ENUM) snprintf(out, n, "%s", p->choices);
+    if (p->type == LB_PARAM_ENUM) snprintf(out, n, "%s", lb_param_choices(p));
     else if (p->type == LB_PARAM_BOOL) snprintf(out, n, "true|false");
     else if (p->type != LB_PARAM_STRING && p->min < p->max) range_text(out, n, p);
 }
@@ -1114,9 +1121,10 @@ void lb_params_markdown(FILE *f)
         }
         fputs(" | ", f);
         if (p->type == LB_PARAM_ENUM) {
-            for (const char *s = p->choices; *s;) {
+            const char *choices = lb_param_choices(p);
+            for (const char *s = choices; *s;) {
                 size_t w = strcspn(s, "|");
-                fprintf(f, "%s`%.*s`", s == p->choices ? "" : ", ", (int)w, s);
+                fprintf(f, "%s`%.*s`", s == choices ? "" : ", ", (int)w, s);
                 s += w + (s[w] == '|');
             }
         } else if (p->type == LB_PARAM_STRING) {

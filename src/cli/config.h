@@ -127,9 +127,16 @@ typedef struct {
     size_t size;                   // bytes of the field (strings: buffer size)
     const char *def;               // default, as it would be written in a file
     double min, max;               // numeric range (inclusive) when min < max
-    const char *choices;           // LB_PARAM_ENUM: "a|b|c"
+    const char *choices;           // LB_PARAM_ENUM: "a|b|c", or LB_CHOICES_MODELS
     const char *help;
 } lb_param;
+
+// The choices of model.arch: the registry's names (lb_model_arch_choices), read through
+// lb_param_choices.
+extern const char lb_choices_models[];
+#define LB_CHOICES_MODELS lb_choices_models
+// p->choices, with LB_CHOICES_MODELS resolved.
+const char *lb_param_choices(const lb_param *p);
 
 extern const lb_param lb_params[];
 extern const int lb_nparams;

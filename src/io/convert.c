@@ -26,7 +26,10 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
-static int is_moe(const lb_model_config *c) { return strcmp(c->arch, "qwen3_moe") == 0; }
+// The registry's definition decides which keys a family reads and writes (lb_model_def.moe,
+// .rope_scaling, .hf_keys); lb_hf_read_config has checked that there is one.
+static const lb_model_def *def_of(const lb_model_config *c) { return lb_model_lookup(c->arch); }
+static int is_moe(const lb_model_config *c) { return def_of(c)->moe; }
 
 // --- config.json -----------------------------------------------------------------------------
 
@@ -121,6 +124,12 @@ static int check_supported(const cJSON *root, const lb_model_config *cfg, const 
                "the whole causal context)", path);
         return -1;
     }
+    if (get_bool(root, "mlp_bias", 0, &b, path, err, errlen)) return -1;
+    if (b) {
+        seterr(err, errlen, "%s: mlp_bias = true is not supported (lowbit's MLP projections have "
+               "no bias)", path);
+        return -1;
+    }
     if (get_bool(root, "attention_bias", 0, &b, path, err, errlen)) return -1;
     if (b) {
         seterr(err, errlen, "%s: attention_bias = true is not supported (lowbit's attention "
@@ -139,22 +148,6 @@ static int check_supported(const cJSON *root, const lb_model_config *cfg, const 
         seterr(err, errlen, "%s: attention_dropout = %g is not supported (lowbit has no dropout)",
                path, drop);
         return -1;
-    }
-    if (field(root, "rope_scaling")) {
-        seterr(err, errlen, "%s: rope_scaling is not supported (plain RoPE only)", path);
-        return -1;
-    }
-    const cJSON *rp = field(root, "rope_parameters");
-    if (rp) {
-        const cJSON *type = field(rp, "rope_type");
-        if (!type) type = field(rp, "type");
-        if (!cJSON_IsObject(rp) ||
-            (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "default") != 0))) {
-            seterr(err, errlen, "%s: rope_parameters of type '%s' are not supported (plain RoPE, "
-                   "rope_type 'default', only)", path,
-                   type && cJSON_IsString(type) ? type->valuestring : "?");
-            return -1;
-        }
     }
     const cJSON *lt = field(root, "layer_types"), *e;
     if (lt) {
@@ -185,6 +178,53 @@ static int check_supported(const cJSON *root, const lb_model_config *cfg, const 
     return 0;
 }
 
+// RoPE's frequencies: rope_scaling (transformers 4) or rope_parameters (transformers 5), each
+// with rope_type (or type) "default", or "llama3" with its four numbers where the family takes
+// it (lb_model_def.rope_scaling). Anything else is refused: lowbit would compute another model.
+static int read_rope(const cJSON *root, lb_model_config *cfg, const char *path, char *err,
+                     size_t errlen)
+{
+    snprintf(cfg->rope_type, sizeof cfg->rope_type, "default");
+    const char *keys[2] = {"rope_scaling", "rope_parameters"};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *rp = field(root, keys[k]);
+        if (!rp) continue;
+        const cJSON *type = cJSON_IsObject(rp) ? field(rp, "rope_type") : NULL;
+        if (cJSON_IsObject(rp) && !type) type = field(rp, "type");
+        const char *t = type && cJSON_IsString(type) ? type->valuestring : "?";
+        if (!cJSON_IsObject(rp) || (type && !cJSON_IsString(type))) {
+            seterr(err, errlen, "%s: %s must be an object with a string rope_type", path,
+                   keys[k]);
+            return -1;
+        }
+        if (!type || strcmp(t, "default") == 0) continue;
+        if (strcmp(t, "llama3") != 0 || !def_of(cfg)->rope_scaling) {
+            seterr(err, errlen, "%s: %s of type '%s' is not supported (rope_type 'default'%s)",
+                   path, keys[k], t, def_of(cfg)->rope_scaling ? " or 'llama3'" : "");
+            return -1;
+        }
+        double orig;
+        snprintf(cfg->rope_type, sizeof cfg->rope_type, "llama3");
+        if (get_real(rp, "factor", 8.0, &cfg->rope_factor, path, err, errlen) ||
+            get_real(rp, "low_freq_factor", 1.0, &cfg->rope_low_freq_factor, path, err,
+                     errlen) ||
+            get_real(rp, "high_freq_factor", 4.0, &cfg->rope_high_freq_factor, path, err,
+                     errlen) ||
+            get_real(rp, "original_max_position_embeddings", 8192, &orig, path, err, errlen))
+            return -1;
+        if (orig < 1 || orig > 2147483647.0 || floor(orig) != orig || cfg->rope_factor < 1 ||
+            !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) ||
+            !(cfg->rope_low_freq_factor > 0)) {
+            seterr(err, errlen, "%s: %s: llama3 needs factor >= 1, high_freq_factor > "
+                   "low_freq_factor > 0 and a positive integer original_max_position_embeddings",
+                   path, keys[k]);
+            return -1;
+        }
+        cfg->rope_original_max_position_embeddings = (int)orig;
+    }
+    return 0;
+}
+
 int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t errlen)
 {
     char path[1024];
@@ -198,9 +238,9 @@ int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t e
         seterr(err, errlen, "%s: missing 'model_type'", path);
         goto out;
     }
-    if (strcmp(mt->valuestring, "qwen3_moe") != 0 && strcmp(mt->valuestring, "qwen3") != 0) {
-        seterr(err, errlen, "%s: model_type '%s' is not supported (qwen3_moe, qwen3)", path,
-               mt->valuestring);
+    if (!lb_model_lookup(mt->valuestring)) {
+        seterr(err, errlen, "%s: model_type '%s' is not supported (%s)", path, mt->valuestring,
+               lb_model_arch_choices());
         goto out;
     }
     snprintf(cfg->arch, sizeof cfg->arch, "%s", mt->valuestring);
@@ -228,6 +268,7 @@ int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t e
     if (cJSON_IsObject(rp) && field(rp, "rope_theta") &&
         get_real(rp, "rope_theta", 10000.0, &cfg->rope_theta, path, err, errlen))
         goto out;
+    if (read_rope(root, cfg, path, err, errlen)) goto out;
     if (is_moe(cfg)) {
         // transformers 5 writes num_local_experts; hub checkpoints use num_experts.
         const char *ek = field(root, "num_experts") ? "num_experts" : "num_local_experts";
@@ -558,11 +599,11 @@ static cJSON *json_real(double x)
 
 static char *config_json(const lb_model_config *c, const char *torch_dtype)
 {
-    int moe = is_moe(c);
+    const lb_model_def *def = def_of(c);
+    int moe = def->moe, llama3 = strcmp(c->rope_type, "llama3") == 0;
     cJSON *r = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(r, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString(moe ? "Qwen3MoeForCausalLM"
-                                                      : "Qwen3ForCausalLM"));
+    cJSON_AddItemToArray(arch, cJSON_CreateString(def->hf_architecture));
     cJSON_AddStringToObject(r, "model_type", c->arch);
     cJSON_AddNumberToObject(r, "vocab_size", c->vocab_size);
     cJSON_AddNumberToObject(r, "hidden_size", c->hidden_size);
@@ -576,16 +617,31 @@ static char *config_json(const lb_model_config *c, const char *torch_dtype)
     cJSON_AddItemToObject(r, "initializer_range", json_real(c->initializer_range));
     cJSON_AddItemToObject(r, "rms_norm_eps", json_real(c->rms_norm_eps));
     // rope_theta at the top level for transformers 4, rope_parameters for transformers 5.
+    // The same parameters in both places (rope_scaling null for plain RoPE).
     cJSON_AddItemToObject(r, "rope_theta", json_real(c->rope_theta));
-    cJSON_AddNullToObject(r, "rope_scaling");
-    cJSON *rp = cJSON_AddObjectToObject(r, "rope_parameters");
-    cJSON_AddStringToObject(rp, "rope_type", "default");
-    cJSON_AddItemToObject(rp, "rope_theta", json_real(c->rope_theta));
+    for (int k = 0; k < 2; k++) {
+        if (k == 0 && !llama3) {
+            cJSON_AddNullToObject(r, "rope_scaling");
+            continue;
+        }
+        cJSON *rp = cJSON_AddObjectToObject(r, k ? "rope_parameters" : "rope_scaling");
+        cJSON_AddStringToObject(rp, "rope_type", llama3 ? "llama3" : "default");
+        cJSON_AddItemToObject(rp, "rope_theta", json_real(c->rope_theta));
+        if (!llama3) continue;
+        cJSON_AddItemToObject(rp, "factor", json_real(c->rope_factor));
+        cJSON_AddItemToObject(rp, "low_freq_factor", json_real(c->rope_low_freq_factor));
+        cJSON_AddItemToObject(rp, "high_freq_factor", json_real(c->rope_high_freq_factor));
+        cJSON_AddNumberToObject(rp, "original_max_position_embeddings",
+                                c->rope_original_max_position_embeddings);
+    }
     cJSON_AddBoolToObject(r, "attention_bias", 0);
     cJSON_AddItemToObject(r, "attention_dropout", json_real(0.0));
-    cJSON_AddBoolToObject(r, "use_sliding_window", 0);
-    cJSON_AddNullToObject(r, "sliding_window");
-    cJSON_AddNumberToObject(r, "max_window_layers", c->num_hidden_layers);
+    if (def->hf_keys & LB_HF_MLP_BIAS) cJSON_AddBoolToObject(r, "mlp_bias", 0);
+    if (def->hf_keys & LB_HF_SLIDING_WINDOW) {
+        cJSON_AddBoolToObject(r, "use_sliding_window", 0);
+        cJSON_AddNullToObject(r, "sliding_window");
+        cJSON_AddNumberToObject(r, "max_window_layers", c->num_hidden_layers);
+    }
     cJSON_AddBoolToObject(r, "tie_word_embeddings", 0);
     cJSON_AddBoolToObject(r, "use_cache", 1);
     if (moe) {
@@ -691,7 +747,8 @@ int lb_hf_export(const lb_model *m, const char *dir, const char *dtype, char *er
 // --- lowbit convert --------------------------------------------------------------------------
 
 // The imported model section over the caller's configuration. Fields that config.json does not
-// give for this architecture (0: the MoE sizes of a dense model, intermediate_size of a MoE)
+// give for this architecture (0: the MoE sizes of a dense model, intermediate_size of a MoE,
+// the llama3 RoPE numbers of plain RoPE)
 // keep their configured values, so the stored INI stays valid for lb_config_parse.
 static void merge_model(lb_model_config *dst, const lb_model_config *src)
 {
@@ -702,6 +759,10 @@ static void merge_model(lb_model_config *dst, const lb_model_config *src)
     KEEP(num_experts);
     KEEP(num_experts_per_tok);
     KEEP(moe_intermediate_size);
+    KEEP(rope_factor);   // the llama3 numbers of plain RoPE
+    KEEP(rope_low_freq_factor);
+    KEEP(rope_high_freq_factor);
+    KEEP(rope_original_max_position_embeddings);
 #undef KEEP
 }
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Golden data for lowbit's Hugging Face parity test (tests/test_hf_parity.c).
 
-Builds tiny random Qwen3-MoE and dense Qwen3 models with transformers (float32, eager
-attention, eager experts), saves them with save_pretrained, and records for one fixed batch,
-independently of lowbit:
+Builds tiny random Qwen3-MoE, dense Qwen3 and Llama (3.1: llama3 RoPE scaling, no q/k norm)
+models with transformers (float32, eager attention, eager experts), saves them with
+save_pretrained, and records for one fixed batch, independently of lowbit:
 
   logits  (b*t, V)   the model's logits (no labels passed, so no internal label shift)
   ce      mean cross-entropy of logits vs targets over targets != -100
@@ -21,7 +21,16 @@ Outputs (kept small, committed):
   tests/data/hf_qwen3_moe_fused/  config.json, model.safetensors with the fused expert layout
                                   (the in-memory state_dict: mlp.experts.gate_up_proj/down_proj)
   tests/data/hf_qwen3/            config.json, model.safetensors, golden.safetensors
+  tests/data/hf_llama/            the same for LlamaForCausalLM with rope_scaling llama3 (an
+                                  original context of 32, so that at the batch's 12 positions
+                                  every band of the scaling matters: kept, blended, divided)
   tests/data/st_python.safetensors  a small file of F32/BF16/F16/I32 tensors for test_safetensors
+  tests/data/hf_glm4_router.safetensors  transformers' Glm4MoeTopkRouter (the DeepSeek-V3
+                                  sigmoid router: selection-only bias, group-limited top-k,
+                                  routed scaling factor) on random rows, for the
+                                  router_sigmoid op: per variant V (renorm, plain) V.logits,
+                                  V.bias, V.idx (as F32), V.weight, V.dweight and V.dlogits
+                                  (d sum(dweight * weight) / d logits); sizes in the metadata
 
 Usage:
   python3 tests/tools/make_hf_golden.py [--out tests/data]
@@ -56,10 +65,22 @@ def common_config():
         initializer_range=0.02, dtype="float32")
 
 
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32}
+
+
 def build(kind):
-    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                              Qwen3MoeConfig, Qwen3MoeForCausalLM)
     torch.manual_seed(SEED)
-    if kind == "moe":
+    if kind == "llama":
+        c = common_config()
+        del c["use_sliding_window"]
+        c["rope_parameters"] = dict(LLAMA3_ROPE)
+        cfg = LlamaConfig(**c, mlp_bias=False)
+        cls = LlamaForCausalLM
+    elif kind == "moe":
         cfg = Qwen3MoeConfig(**common_config(), num_experts=4, num_experts_per_tok=2,
                              moe_intermediate_size=32, norm_topk_prob=True,
                              router_aux_loss_coef=0.01, decoder_sparse_step=1, mlp_only_layers=[],
@@ -132,12 +153,15 @@ def run(model, tokens, targets):
     return res
 
 
-def grads(model, is_moe):
+def grads(model, is_moe, qk_norm=True):
     p = dict(model.named_parameters())
     out = {}
     names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
-             "model.layers.0.self_attn.k_norm.weight", "model.layers.0.input_layernorm.weight",
+             "model.layers.0.input_layernorm.weight",
              "model.layers.1.self_attn.o_proj.weight", "model.norm.weight", "lm_head.weight"]
+    names += ["model.layers.0.self_attn.k_norm.weight"] if qk_norm else \
+        ["model.layers.0.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight",
+         "model.layers.1.post_attention_layernorm.weight"]
     if is_moe:
         names += ["model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.gate_up_proj",
                   "model.layers.0.mlp.experts.down_proj", "model.layers.1.mlp.gate.weight",
@@ -166,7 +190,7 @@ DEFINITIONS = (
 
 def make(out_dir):
     tokens, targets = batch()
-    for kind, sub in (("moe", "hf_qwen3_moe"), ("dense", "hf_qwen3")):
+    for kind, sub in (("moe", "hf_qwen3_moe"), ("dense", "hf_qwen3"), ("llama", "hf_llama")):
         model = build(kind)
         d = os.path.join(out_dir, sub)
         if os.path.isdir(d):
@@ -194,7 +218,7 @@ def make(out_dir):
             meta["min_route_gap"] = repr(res["min_route_gap"])
             print(f"{sub}: min gap between k-th and (k+1)-th router prob "
                   f"{res['min_route_gap']:.3g}")
-        for n, g in grads(model, is_moe).items():
+        for n, g in grads(model, is_moe, kind != "llama").items():
             tensors[n] = g.contiguous()
         save_file(tensors, os.path.join(d, "golden.safetensors"), metadata=meta)
         line = f"{sub}: loss {res['loss'].item():.6f} ce {res['ce'].item():.6f}"
@@ -230,13 +254,45 @@ def make(out_dir):
               metadata={"source": "make_hf_golden.py", "note": "reader test"})
 
 
+def make_glm4_router(out_dir):
+    """transformers' Glm4MoeTopkRouter on random rows (its logits recorded and differentiated)."""
+    from transformers import Glm4MoeConfig
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter
+    g = torch.Generator().manual_seed(SEED + 3)
+    n, c, e, k, ng, tg, scale = 64, 32, 16, 4, 4, 2, 2.5
+    tensors = {}
+    for name, renorm in (("renorm", True), ("plain", False)):
+        cfg = Glm4MoeConfig(hidden_size=c, n_routed_experts=e, num_experts_per_tok=k, n_group=ng,
+                            topk_group=tg, routed_scaling_factor=scale, norm_topk_prob=renorm)
+        r = Glm4MoeTopkRouter(cfg).float()
+        with torch.no_grad():
+            r.weight.copy_(torch.randn(r.weight.shape, generator=g))
+            r.e_score_correction_bias.copy_(0.3 * torch.randn(e, generator=g))
+        x = torch.randn(n, c, generator=g)
+        logits, weight, idx = r(x)
+        logits.retain_grad()
+        dweight = torch.randn(weight.shape, generator=g)
+        (weight * dweight).sum().backward()
+        tensors.update({f"{name}.logits": logits.detach(), f"{name}.bias":
+                        r.e_score_correction_bias.detach().clone(), f"{name}.idx": idx.float(),
+                        f"{name}.weight": weight.detach(), f"{name}.dweight": dweight,
+                        f"{name}.dlogits": logits.grad.detach()})
+    meta = {"n": str(n), "e": str(e), "k": str(k), "n_group": str(ng), "topk_group": str(tg),
+            "scale": repr(scale), "transformers_version": __import__("transformers").__version__,
+            "definitions": "Glm4MoeTopkRouter.forward: logits, topk_weights, topk_indices "
+                           "(unsorted); dlogits = d sum(dweight * weight) / d logits"}
+    save_file({k2: v.contiguous() for k2, v in tensors.items()},
+              os.path.join(out_dir, "hf_glm4_router.safetensors"), metadata=meta)
+    print("hf_glm4_router: written")
+
+
 def check_export(export_dir, golden, tol):
     from transformers import AutoModelForCausalLM
     with open(os.path.join(export_dir, "config.json")) as f:
         mtype = json.load(f)["model_type"]
     if golden is None:
         here = os.path.dirname(os.path.abspath(__file__))
-        sub = {"qwen3_moe": "hf_qwen3_moe", "qwen3": "hf_qwen3"}[mtype]
+        sub = {"qwen3_moe": "hf_qwen3_moe", "qwen3": "hf_qwen3", "llama": "hf_llama"}[mtype]
         golden = os.path.join(here, "..", "data", sub, "golden.safetensors")
     model = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32,
                                                  attn_implementation="eager")
@@ -266,6 +322,7 @@ def main():
     if a.check_export:
         sys.exit(check_export(a.check_export, a.golden, a.tol))
     make(os.path.normpath(a.out))
+    make_glm4_router(os.path.normpath(a.out))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1261 @@
+// blocks.c: the building blocks of decoder models (see blocks.h): the tensors of each block,
+// and pre-norm layers of GQA attention (optional q/k RMSNorm, plain or llama3-scaled RoPE) and
+// a dense SwiGLU MLP or a top-k routed SwiGLU mixture of experts, with the embedding, final
+// norm and LM head. Forward and backward are written out explicitly (llm.c style) from
+// kernel-set operations only; what differs between families is read from the definition's
+// flags (lb_model_def.moe, .qk_norm) and the configuration (rope_type).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/common.h"
+#include "models/blocks.h"
+#include "parallel/tensor_parallel.h"
+
+// Routed feed-forward blocks: the family's flag (the configuration names the family).
+static int is_moe(const lb_model_config *c)
+{
+    const lb_model_def *def = lb_model_lookup(c->arch);
+    return def && def->moe;
+}
+static int has_qk_norm(const lb_model *m) { return m->def->qk_norm; }
+static int ffn_dim(const lb_model_config *c)
+{
+    return is_moe(c) ? c->moe_intermediate_size : c->intermediate_size;
+}
+
+int lb_decoder_check(const lb_model_def *def, const lb_model_config *c, char *err,
+                     size_t errlen)
+{
+#define REQUIRE(cond, ...)                        \
+    do {                                          \
+        if (!(cond)) {                            \
+            snprintf(err, errlen, __VA_ARGS__);   \
+            return -1;                            \
+        }                                         \
+    } while (0)
+    REQUIRE(c->vocab_size > 0 && c->hidden_size > 0 && c->num_hidden_layers > 0,
+            "model: vocab_size, hidden_size and num_hidden_layers must be positive");
+    REQUIRE(c->num_attention_heads > 0 && c->num_key_value_heads > 0 && c->head_dim > 0,
+            "model: attention heads and head_dim must be positive");
+    REQUIRE(c->num_attention_heads % c->num_key_value_heads == 0,
+            "model: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)",
+            c->num_attention_heads, c->num_key_value_heads);
+    REQUIRE(c->head_dim % 2 == 0, "model: head_dim (%d) must be even for RoPE", c->head_dim);
+    if (strcmp(c->rope_type, "llama3") == 0) {
+        REQUIRE(c->rope_factor >= 1, "model: rope_factor (%g) must be at least 1",
+                c->rope_factor);
+        REQUIRE(c->rope_low_freq_factor > 0 &&
+                    c->rope_high_freq_factor > c->rope_low_freq_factor,
+                "model: rope_high_freq_factor (%g) must exceed rope_low_freq_factor (%g) > 0",
+                c->rope_high_freq_factor, c->rope_low_freq_factor);
+        REQUIRE(c->rope_original_max_position_embeddings > 0,
+                "model: rope_original_max_position_embeddings must be positive");
+    } else {
+        REQUIRE(c->rope_type[0] == 0 || strcmp(c->rope_type, "default") == 0,
+                "model: rope_type '%s' is not default or llama3", c->rope_type);
+    }
+    if (def->moe) {
+        REQUIRE(c->num_experts > 0 && c->moe_intermediate_size > 0,
+                "model: num_experts and moe_intermediate_size must be positive");
+        REQUIRE(c->num_experts_per_tok > 0 && c->num_experts_per_tok <= c->num_experts,
+                "model: num_experts_per_tok (%d) must be in 1..num_experts (%d)",
+                c->num_experts_per_tok, c->num_experts);
+    } else {
+        REQUIRE(c->intermediate_size > 0, "model: intermediate_size must be positive");
+    }
+    return 0;
+#undef REQUIRE
+}
+
+// --- tensors ---------------------------------------------------------------------------------
+// Tensor order is the definition's (and the checkpoint's) order; names are Hugging Face's (fused
+// experts as in transformers 5; see src/io/convert.c for the per-expert hub layout). Sequence
+// parallelism splits the rows that norms, the embedding and the LM head see, so their gradients
+// are partial then; q/k norms see only the rank's heads, so always.
+static int add(lb_tensor *out, int i, int is_norm, lb_split split, lb_tpgrad tpgrad, int ndim,
+               int64_t d0, int64_t d1, int64_t d2, const char *fmt, int layer)
+{
+    if (out) {
+        lb_tensor *t = &out[i];
+        memset(t, 0, sizeof *t);
+        snprintf(t->name, sizeof t->name, fmt, layer);
+        t->ndim = ndim;
+        t->shape[0] = d0;
+        t->shape[1] = d1;
+        t->shape[2] = d2;
+        t->is_norm = is_norm;
+        t->split = split;
+        t->tpgrad = tpgrad;
+        t->layer = layer;
+    }
+    return i + 1;
+}
+
+// Marks the tensor just added as a linear layer's weight: its gradient comes from that layer's
+// wgrads alone, each writing all of it (lb_model_grad_beta).
+static int linear(lb_tensor *out, int i)
+{
+    if (out) out[i - 1].wgrad_gemm = 1;
+    return i;
+}
+
+#define SP LB_TPGRAD_PARTIAL_SP
+#define WHOLE LB_TPGRAD_WHOLE
+
+int lb_embed_tensors(const lb_model_config *c, lb_tensor *out, int i)
+{
+    return add(out, i, 0, LB_SPLIT_NONE, SP, 2, c->vocab_size, c->hidden_size, 0,
+               "model.embed_tokens.weight", -1);
+}
+
+int lb_attn_tensors(const lb_model_config *c, lb_tensor *out, int i, int l, int qk_norm)
+{
+    int64_t C = c->hidden_size, D = c->head_dim, hq = c->num_attention_heads,
+            hkv = c->num_key_value_heads;
+    i = add(out, i, 1, LB_SPLIT_NONE, SP, 1, C, 0, 0, "model.layers.%d.input_layernorm.weight", l);
+    i = linear(out, add(out, i, 0, LB_SPLIT_COL, WHOLE, 2, hq * D, C, 0,
+                        "model.layers.%d.self_attn.q_proj.weight", l));
+    i = linear(out, add(out, i, 0, LB_SPLIT_COL, WHOLE, 2, hkv * D, C, 0,
+                        "model.layers.%d.self_attn.k_proj.weight", l));
+    i = linear(out, add(out, i, 0, LB_SPLIT_COL, WHOLE, 2, hkv * D, C, 0,
+                        "model.layers.%d.self_attn.v_proj.weight", l));
+    i = linear(out, add(out, i, 0, LB_SPLIT_ROW, WHOLE, 2, C, hq * D, 0,
+                        "model.layers.%d.self_attn.o_proj.weight", l));
+    if (qk_norm) {
+        const lb_tpgrad heads = LB_TPGRAD_PARTIAL;
+        i = add(out, i, 1, LB_SPLIT_NONE, heads, 1, D, 0, 0,
+                "model.layers.%d.self_attn.q_norm.weight", l);
+        i = add(out, i, 1, LB_SPLIT_NONE, heads, 1, D, 0, 0,
+                "model.layers.%d.self_attn.k_norm.weight", l);
+    }
+    return i;
+}
+
+int lb_mlp_tensors(const lb_model_config *c, lb_tensor *out, int i, int l)
+{
+    int64_t C = c->hidden_size, F = c->intermediate_size;
+    i = add(out, i, 1, LB_SPLIT_NONE, SP, 1, C, 0, 0,
+            "model.layers.%d.post_attention_layernorm.weight", l);
+    i = linear(out, add(out, i, 0, LB_SPLIT_COL2, WHOLE, 2, 2 * F, C, 0,
+                        "model.layers.%d.mlp.gate_up_proj.weight", l));
+    return linear(out, add(out, i, 0, LB_SPLIT_ROW, WHOLE, 2, C, F, 0,
+                           "model.layers.%d.mlp.down_proj.weight", l));
+}
+
+int lb_moe_tensors(const lb_model_config *c, lb_tensor *out, int i, int l)
+{
+    int64_t C = c->hidden_size, F = c->moe_intermediate_size, E = c->num_experts;
+    i = add(out, i, 1, LB_SPLIT_NONE, SP, 1, C, 0, 0,
+            "model.layers.%d.post_attention_layernorm.weight", l);
+    i = linear(out, add(out, i, 0, LB_SPLIT_NONE, WHOLE, 2, E, C, 0,
+                        "model.layers.%d.mlp.gate.weight", l));
+    i = linear(out, add(out, i, 0, LB_SPLIT_EXPERT_COL2, WHOLE, 3, E, 2 * F, C,
+                        "model.layers.%d.mlp.experts.gate_up_proj", l));
+    return linear(out, add(out, i, 0, LB_SPLIT_EXPERT_ROW, WHOLE, 3, E, C, F,
+                           "model.layers.%d.mlp.experts.down_proj", l));
+}
+
+int lb_head_tensors(const lb_model_config *c, lb_tensor *out, int i)
+{
+    int L = c->num_hidden_layers;
+    i = add(out, i, 1, LB_SPLIT_NONE, SP, 1, c->hidden_size, 0, 0, "model.norm.weight", L);
+    return linear(out, add(out, i, 0, LB_SPLIT_NONE, SP, 2, c->vocab_size, c->hidden_size, 0,
+                           "lm_head.weight", L));
+}
+
+#undef SP
+#undef WHOLE
+
+static int tensor_index(const lb_model *m, const char *fmt, int layer)
+{
+    char name[LB_TENSOR_NAME];
+    snprintf(name, sizeof name, fmt, layer);
+    const lb_tensor *t = lb_model_find(m, name);
+    if (!t) lb_die("model has no tensor %s", name);
+    return (int)(t - m->tensors);
+}
+
+// A layer's tensors by role, found by name once per model (m->layer_tensors): every forward
+// and backward then reads them at fixed places, as llm.c does, instead of formatting 17 names
+// and comparing them with every tensor's for each layer of each pass (decode steps included).
+enum { R_LN1, R_Q, R_K, R_V, R_O, R_QN, R_KN, R_LN2, R_ROUTER, R_GU, R_DOWN, R_COUNT };
+
+static const int *layer_tensors(lb_model *m, int l)
+{
+    if (!m->layer_tensors) {
+        const int moe = is_moe(&m->cfg), qkn = has_qk_norm(m), n = m->layer_end - m->layer_begin;
+        const char *const names[R_COUNT] = {
+            "model.layers.%d.input_layernorm.weight", "model.layers.%d.self_attn.q_proj.weight",
+            "model.layers.%d.self_attn.k_proj.weight", "model.layers.%d.self_attn.v_proj.weight",
+            "model.layers.%d.self_attn.o_proj.weight",
+            qkn ? "model.layers.%d.self_attn.q_norm.weight" : NULL,
+            qkn ? "model.layers.%d.self_attn.k_norm.weight" : NULL,
+            "model.layers.%d.post_attention_layernorm.weight",
+            moe ? "model.layers.%d.mlp.gate.weight" : NULL,
+            moe ? "model.layers.%d.mlp.experts.gate_up_proj"
+                : "model.layers.%d.mlp.gate_up_proj.weight",
+            moe ? "model.layers.%d.mlp.experts.down_proj" : "model.layers.%d.mlp.down_proj.weight"};
+        int *ix = lb_malloc((size_t)(n > 0 ? n : 1) * R_COUNT * sizeof *ix);
+        for (int i = 0; i < n; i++)
+            for (int r = 0; r < R_COUNT; r++)
+                ix[i * R_COUNT + r] =
+                    names[r] ? tensor_index(m, names[r], m->layer_begin + i) : -1;
+        m->layer_tensors = ix;
+    }
+    if (l < m->layer_begin || l >= m->layer_end)
+        lb_die("layer %d is not on this stage (layers %d..%d)", l, m->layer_begin,
+               m->layer_end - 1);
+    return m->layer_tensors + (size_t)(l - m->layer_begin) * R_COUNT;
+}
+
+static lb_layer_w layer_weights(lb_model *m, float *base, int l)
+{
+    const int *ix = layer_tensors(m, l);
+#define P(r) (ix[r] < 0 ? NULL : base + m->tensors[ix[r]].offset)
+#define WC(r) (ix[r] < 0 ? NULL : &m->wcache[ix[r]])
+    lb_layer_w w = {P(R_LN1), P(R_Q), P(R_K), P(R_V), P(R_O), P(R_QN), P(R_KN), P(R_LN2),
+                 P(R_ROUTER), P(R_GU), P(R_DOWN), WC(R_Q), WC(R_K), WC(R_V), WC(R_O),
+                 WC(R_ROUTER), WC(R_GU), WC(R_DOWN)};
+#undef P
+#undef WC
+    return w;
+}
+
+lb_dims lb_dims_of(const lb_model *m)
+{
+    const lb_model_config *c = &m->cfg;
+    const lb_model_parallel *p = &m->par;
+    int split = is_moe(c) ? p->etp : p->tp;
+    lb_dims d = {c->hidden_size, c->head_dim, c->num_attention_heads / p->tp,
+              c->num_key_value_heads / p->tp, ffn_dim(c) / split, c->num_experts,
+              c->num_experts / p->ep, c->num_experts_per_tok, c->vocab_size, p->tp, p->ep, p->sp,
+              p->tp / p->etp, p->tp_rank / p->etp};
+    return d;
+}
+
+// q, k, v (n, heads x D) = ln (n, C) times their weights: one call, so a low-precision ln is
+// quantized once for the three (lb_linear_fwd_shared).
+void lb_qkv_fwd(lb_linear *lin, int l, const lb_layer_w *w, const float *ln, float *q, float *k,
+                float *v, int n, lb_dims d)
+{
+    const float *ws[3] = {w->q, w->k, w->v};
+    const lb_wcache *cs[3] = {w->cq, w->ck, w->cv};
+    float *ys[3] = {q, k, v};
+    const int outs[3] = {d.hq * d.D, d.hkv * d.D, d.hkv * d.D};
+    lb_linear_fwd_shared(lin, l, LB_ROLE_ATTN_QKV, ln, 3, ws, cs, ys, outs, n, d.C);
+}
+
+// The rows [*o, *o + return) of n that this rank's part sends through the experts.
+static int part_rows(const lb_dims *d, int n, int *o)
+{
+    *o = (int)((long)d->part * n / d->parts);
+    return (int)((long)(d->part + 1) * n / d->parts) - *o;
+}
+
+void lb_decoder_weights_refresh(lb_model *m)
+{
+    const lb_model_config *c = &m->cfg;
+    lb_dims d = lb_dims_of(m);
+    lb_linear *lin = &m->lin;
+    for (int l = m->layer_begin; l < m->layer_end; l++) {
+        lb_layer_w w = layer_weights(m, m->params, l);
+        lb_wcache_build(lin, w.cq, l, LB_ROLE_ATTN_QKV, w.q, 1, d.hq * d.D, d.C);
+        lb_wcache_build(lin, w.ck, l, LB_ROLE_ATTN_QKV, w.k, 1, d.hkv * d.D, d.C);
+        lb_wcache_build(lin, w.cv, l, LB_ROLE_ATTN_QKV, w.v, 1, d.hkv * d.D, d.C);
+        lb_wcache_build(lin, w.co, l, LB_ROLE_ATTN_OUT, w.o, 1, d.C, d.hq * d.D);
+        if (is_moe(c)) {
+            lb_wcache_build(lin, w.crouter, l, LB_ROLE_ROUTER, w.router, 1, d.E, d.C);
+            lb_wcache_build(lin, w.cgu, l, LB_ROLE_MOE_GATE_UP, w.gu, d.El, 2 * d.F, d.C);
+            lb_wcache_build(lin, w.cdown, l, LB_ROLE_MOE_DOWN, w.down, d.El, d.C, d.F);
+        } else {
+            lb_wcache_build(lin, w.cgu, l, LB_ROLE_MLP_GATE_UP, w.gu, 1, 2 * d.F, d.C);
+            lb_wcache_build(lin, w.cdown, l, LB_ROLE_MLP_DOWN, w.down, 1, d.C, d.F);
+        }
+    }
+    if (m->last_stage) {
+        int h = tensor_index(m, "lm_head.weight", 0);
+        lb_wcache_build(lin, &m->wcache[h], c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
+                        m->params + m->tensors[h].offset, 1, d.V, d.C);
+    }
+}
+
+static float *falloc(lb_backend *be, size_t n) { return be->alloc(be, n * sizeof(float)); }
+
+// Grow-only backend buffer of at least n floats.
+static float *grow(lb_backend *be, float **p, size_t *cap, size_t n)
+{
+    if (n > *cap) {
+        if (*p) be->free(be, *p);
+        *p = falloc(be, n);
+        *cap = n;
+    }
+    return *p;
+}
+
+// The same for n bf16 values.
+static uint16_t *grow16(lb_backend *be, uint16_t **p, size_t *cap, size_t n)
+{
+    if (n > *cap) {
+        if (*p) be->free(be, *p);
+        *p = be->alloc(be, n * sizeof(uint16_t));
+        *cap = n;
+    }
+    return *p;
+}
+
+// Elements of a bf16 copy of (rows, cols) values (to_bf16's layout: rows padded to 8).
+static size_t n16(size_t rows, int cols) { return rows * (size_t)((cols + 7) / 8 * 8); }
+
+// Whether role's expert GEMMs of layer l take bf16 copies of their activations, written by
+// the ops that make those activations (lb_linear_grouped_fwd's x16): they are bf16 GEMMs.
+static int takes16(const lb_model *m, int l, lb_role role)
+{
+    return lb_linear_grouped_bf16(&m->lin, l, role);
+}
+
+// Over this stage's layers: 1 if some layer's role takes them (every 0), or if all do (1).
+static int takes16_layers(const lb_model *m, lb_role role, int every)
+{
+    for (int l = m->layer_begin; l < m->layer_end; l++)
+        if (takes16(m, l, role) != every) return !every;
+    return every;
+}
+
+// Whether layer l's expert GEMMs store the output of pass (fprop or dgrad) in bf16
+// (lb_gemm_args.c16) for the ops that read it, wherever their grouped call can
+// (lb_linear_grouped_c16: bf16, or a quantized fprop or dgrad): gate/up's gu (the SwiGLUs) and
+// down's dh (swiglu_bwd); down's yp (the combine and its backward) and gate/up's dxp
+// (moe_permute_bwd) only without ep (the dispatcher moves fp32 rows) and etp (an etp rank's
+// yp and dxp are partial sums over etp, summed by the caller in fp32).
+static int out16(const lb_model *m, int l, lb_role role, lb_pass pass, int routed)
+{
+    const lb_model_parallel *p = &m->par;
+    const int etp = p->etp ? p->etp : p->tp;
+    return lb_linear_grouped_c16(&m->lin, l, role, pass) &&
+           (!routed || (p->ep == 1 && etp == 1));
+}
+
+// out16 over this stage's layers, as takes16_layers.
+static int out16_layers(const lb_model *m, lb_role role, lb_pass pass, int routed, int every)
+{
+    for (int l = m->layer_begin; l < m->layer_end; l++)
+        if (out16(m, l, role, pass, routed) != every) return !every;
+    return every;
+}
+
+// --- tensor parallelism: Megatron's conjugate operators (parallel/tensor_parallel.h) ---------
+// over this model piece's tp group and backend; (n, C) are whole rows, this rank's n / tp of
+// them under sequence parallelism.
+
+static void tp_reduce(lb_model *m, float *part, float *out, int n, int C)
+{
+    lb_tp_reduce(m->be, m->par.tp_comm, m->par.sp, part, out, n, C);
+}
+
+static void tp_gather(lb_model *m, const float *mine, float *full, int n, int C)
+{
+    lb_tp_gather(m->be, m->par.tp_comm, m->par.sp, mine, full, n, C);
+}
+
+static void tp_sum(lb_model *m, float *x, size_t count)
+{
+    lb_tp_all_reduce(m->be, m->par.tp_comm, x, count);
+}
+
+// --- activations ----------------------------------------------------------------------------------
+
+static void ffn_create(lb_model *m, lb_ffn_acts *f, int n)
+{
+    lb_backend *be = m->be;
+    lb_dims d = lb_dims_of(m);
+    size_t rows = (size_t)n;
+    if (is_moe(&m->cfg)) {
+        rows = (size_t)n * d.K;
+        f->rlogits = falloc(be, (size_t)n * d.E);
+        f->probs = falloc(be, (size_t)n * d.E);
+        f->weight = falloc(be, (size_t)n * d.K);
+        f->idx = be->alloc(be, (size_t)n * d.K * sizeof(int32_t));
+        f->row = be->alloc(be, (size_t)n * d.K * sizeof(int32_t));
+        f->counts = lb_calloc(d.E, sizeof(int));
+        f->counts_dev = be->alloc(be, (size_t)d.E * sizeof(int));
+        f->aux_grad = falloc(be, d.E);
+        if (out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1, 0))
+            grow16(be, &f->yp16, &f->cap_yp16, n16(rows, d.C));
+        if (!out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1, 1))
+            grow(be, &f->yp, &f->cap_yp, rows * d.C);
+        if (out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0, 0))
+            grow16(be, &f->gu16, &f->cap_gu16, n16(rows, 2 * d.F));
+        // xp, or its copy where the layers' GEMMs take it (so `lowbit info` counts what a
+        // step holds; lb_ffn_fwd grows either on first use where the layers differ); h16 as h
+        const int gu16 = d.ep == 1 && takes16_layers(m, LB_ROLE_MOE_GATE_UP, 0);
+        if (gu16) grow16(be, &f->xp16, &f->cap_xp16, n16(rows, d.C));
+        if (!gu16 || !takes16_layers(m, LB_ROLE_MOE_GATE_UP, 1))
+            grow(be, &f->xp, &f->cap_xp, rows * d.C);
+        if (takes16_layers(m, LB_ROLE_MOE_DOWN, 0))
+            grow16(be, &f->h16, &f->cap_h16, n16(rows, d.F));   // a shared one is big enough
+    }
+    if (!is_moe(&m->cfg) || !out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0, 1))
+        grow(be, &f->gu, &f->cap_gu, rows * 2 * d.F);
+    if (!is_moe(&m->cfg) || !takes16_layers(m, LB_ROLE_MOE_DOWN, 1))
+        grow(be, &f->h, &f->cap_h, rows * d.F);   // a shared h is big enough already
+}
+
+static void ffn_free(lb_model *m, lb_ffn_acts *f)
+{
+    lb_backend *be = m->be;
+    void *bufs[] = {f->rlogits, f->probs, f->weight, f->idx, f->row, f->aux_grad, f->xp, f->yp,
+                    f->xe, f->gu, f->h, f->xp16, f->h16, f->gu16, f->yp16,
+                    f->counts_dev};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(be, bufs[i]);
+    free(f->counts);
+    lb_ep_route_free(&f->route, be);
+}
+
+static void scratch_free(lb_backend *be, lb_moe_scratch *s)
+{
+    void *bufs[] = {s->xs, s->ye, s->dye, s->dxe, s->dgu, s->dh, s->dyp16, s->dgu16, s->dh16};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(be, bufs[i]);
+}
+
+// What selective recomputation recomputes (DESIGN.md: norms, SwiGLU / expert activation, core
+// attention): the norm outputs and their rstd, q and k after norm and RoPE, the attention
+// output and its lse (and the SwiGLU output, lb_ffn_acts.h).
+static void recomputable_create(lb_model *m, lb_layer_acts *L, int n, int ns)
+{
+    lb_backend *be = m->be;
+    lb_dims d = lb_dims_of(m);
+    size_t C = d.C, D = d.D, hq = d.hq, hkv = d.hkv;
+    L->ln1 = falloc(be, (size_t)n * C);
+    L->rstd1 = falloc(be, ns);
+    L->qrstd = falloc(be, n * hq);
+    L->qr = falloc(be, n * hq * D);
+    L->krstd = falloc(be, n * hkv);
+    L->kr = falloc(be, n * hkv * D);
+    L->att = falloc(be, n * hq * D);
+    L->lse = falloc(be, n * hq);
+    L->ln2 = falloc(be, n * C);
+    L->rstd2 = falloc(be, ns);
+}
+
+static void recomputable_free(lb_model *m, lb_layer_acts *L)
+{
+    lb_backend *be = m->be;
+    void *bufs[] = {L->ln1, L->rstd1, L->qrstd, L->qr, L->krstd, L->kr, L->att, L->lse, L->ln2,
+                    L->rstd2};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(be, bufs[i]);
+}
+
+// One set of those serves every layer under selective recomputation (a->sel); the expert
+// activation's rows vary under ep, so its buffer holds the most a rank can receive.
+static void shared_create(lb_model *m, lb_layer_acts *S, int n, int ns)
+{
+    lb_dims d = lb_dims_of(m);
+    size_t rows = is_moe(&m->cfg) ? (size_t)d.ep * n * d.K : (size_t)n;
+    recomputable_create(m, S, n, ns);
+    if (!is_moe(&m->cfg) || !takes16_layers(m, LB_ROLE_MOE_DOWN, 1))
+        grow(m->be, &S->f.h, &S->f.cap_h, rows * d.F);
+    // h's bf16 copy is recomputed in h's place where some layer's GEMMs take it
+    if (is_moe(&m->cfg) && takes16_layers(m, LB_ROLE_MOE_DOWN, 0))
+        grow16(m->be, &S->f.h16, &S->f.cap_h16, n16(rows, d.F));
+}
+
+static void shared_free(lb_model *m, lb_layer_acts *S)
+{
+    recomputable_free(m, S);
+    if (S->f.h) m->be->free(m->be, S->f.h);
+    if (S->f.h16) m->be->free(m->be, S->f.h16);
+}
+
+// A layer's saved activations (all but its input x) for n rows, ns of them this rank's; with
+// S, the recomputed ones are S's.
+static void layer_create(lb_model *m, lb_layer_acts *L, int n, int ns, const lb_layer_acts *S)
+{
+    lb_backend *be = m->be;
+    lb_dims d = lb_dims_of(m);
+    size_t C = d.C, D = d.D, hq = d.hq, hkv = d.hkv;
+    L->q = falloc(be, n * hq * D);
+    L->k = falloc(be, n * hkv * D);
+    L->v = falloc(be, n * hkv * D);
+    L->xmid = falloc(be, ns * C);
+    if (S) {
+        L->shared = 1;
+        L->ln1 = S->ln1, L->rstd1 = S->rstd1, L->qrstd = S->qrstd, L->qr = S->qr;
+        L->krstd = S->krstd, L->kr = S->kr, L->att = S->att, L->lse = S->lse;
+        L->ln2 = S->ln2, L->rstd2 = S->rstd2;
+        L->f.h = S->f.h, L->f.cap_h = S->f.cap_h;   // big enough: grow never replaces it
+        L->f.h16 = S->f.h16, L->f.cap_h16 = S->f.cap_h16;
+    } else {
+        recomputable_create(m, L, n, ns);
+    }
+    ffn_create(m, &L->f, n);
+}
+
+static void layer_free(lb_model *m, lb_layer_acts *L)
+{
+    lb_backend *be = m->be;
+    void *own[] = {L->q, L->k, L->v, L->xmid};
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+        if (own[i]) be->free(be, own[i]);
+    if (L->shared) L->f.h = NULL, L->f.h16 = NULL;   // sel's
+    else recomputable_free(m, L);
+    ffn_free(m, &L->f);
+}
+
+// The RoPE frequencies of the configuration's rope_type in backend memory (D/2 doubles), or
+// NULL for plain RoPE (the op's own theta^(-2i/D)).
+static double *rope_freq_create(lb_model *m)
+{
+    const lb_model_config *c = &m->cfg;
+    if (strcmp(c->rope_type, "llama3") != 0) return NULL;
+    int half = c->head_dim / 2;
+    double *host = lb_malloc((size_t)half * sizeof(double));
+    lb_rope_inv_freq_llama3(host, c->head_dim, c->rope_theta, c->rope_factor,
+                            c->rope_low_freq_factor, c->rope_high_freq_factor,
+                            c->rope_original_max_position_embeddings);
+    double *dev = m->be->alloc(m->be, (size_t)half * sizeof(double));
+    m->be->upload(m->be, dev, host, (size_t)half * sizeof(double));
+    free(host);
+    return dev;
+}
+
+void *lb_decoder_acts_create(lb_model *m, int b, int t)
+{
+    lb_backend *be = m->be;
+    lb_dims d = lb_dims_of(m);
+    lb_acts *a = lb_calloc(1, sizeof *a);
+    size_t n = (size_t)b * t, ns = d.sp ? n / d.tp : n, C = d.C, D = d.D, hq = d.hq,
+           hkv = d.hkv, F = d.F, E = d.E, K = d.K;
+    int moe = is_moe(&m->cfg);
+    a->b = b;
+    a->t = t;
+    a->n = (int)n;
+    a->ns = (int)ns;
+    a->nl = m->layer_end - m->layer_begin;
+    a->l = lb_calloc(a->nl + 1, sizeof *a->l);
+    a->recompute = m->recompute;
+    if (a->recompute == LB_RECOMPUTE_SELECTIVE) shared_create(m, &a->sel, (int)n, (int)ns);
+    for (int l = 0; l <= a->nl; l++) {
+        a->l[l].x = falloc(be, ns * C);
+        if (l < a->nl && a->recompute != LB_RECOMPUTE_FULL)
+            layer_create(m, &a->l[l], (int)n, (int)ns,
+                         a->recompute == LB_RECOMPUTE_SELECTIVE ? &a->sel : NULL);
+    }
+    if (a->recompute == LB_RECOMPUTE_FULL) layer_create(m, &a->work, (int)n, (int)ns, NULL);
+    a->lnf = falloc(be, ns * C);
+    a->rstdf = falloc(be, ns);
+    a->loss = falloc(be, ns);
+    a->ce_stats = be->alloc(be, (size_t)ns * 2 * sizeof(double));
+    a->pos = be->alloc(be, n * sizeof(int32_t));
+    int32_t *pos = lb_malloc(n * sizeof(int32_t));
+    for (size_t i = 0; i < n; i++) pos[i] = (int32_t)(i % (size_t)t);   // each row starts at 0
+    be->upload(be, a->pos, pos, n * sizeof(int32_t));
+    free(pos);
+    a->rope_freq = rope_freq_create(m);
+    if (d.tp > 1) a->part = falloc(be, n * C);
+    a->dres = falloc(be, ns * C);
+    a->dfull = d.sp ? falloc(be, n * C) : a->dres;
+    a->dln = falloc(be, n * C);
+    a->dlns = d.sp ? falloc(be, ns * C) : a->dln;
+    a->dq = falloc(be, n * hq * D);
+    a->dk = falloc(be, n * hkv * D);
+    a->dv = falloc(be, n * hkv * D);
+    a->datt = falloc(be, n * hq * D);
+    a->dqr = falloc(be, n * hq * D);
+    a->dkr = falloc(be, n * hkv * D);
+    if (moe) {
+        if (!out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_DGRAD, 1, 1))
+            a->dxp = falloc(be, n * K * C);
+        if (out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_DGRAD, 1, 0))
+            a->dxp16 = be->alloc(be, n16(n * K, (int)C) * sizeof(uint16_t));
+        // dyp's fp32 rows only where some layer's down GEMMs take no copy of them (lb_ffn_bwd)
+        if (d.ep > 1 || !takes16_layers(m, LB_ROLE_MOE_DOWN, 1)) a->dyp = falloc(be, n * K * C);
+        a->drlogits = falloc(be, n * E);
+        a->dweight = falloc(be, n * K);
+        a->daux = falloc(be, E);
+    } else {
+        a->dgu = falloc(be, n * 2 * F);
+        a->dh = falloc(be, n * F);
+    }
+    a->host_loss = lb_malloc(ns * sizeof(float));
+    a->host_targets = lb_malloc(ns * sizeof(int32_t));
+    return a;
+}
+
+void lb_decoder_acts_free(lb_model *m, void *p)
+{
+    lb_acts *a = p;
+    lb_backend *be = m->be;
+    for (int l = 0; l <= a->nl; l++) {
+        be->free(be, a->l[l].x);
+        if (l < a->nl && a->recompute != LB_RECOMPUTE_FULL) layer_free(m, &a->l[l]);
+    }
+    if (a->recompute == LB_RECOMPUTE_FULL) layer_free(m, &a->work);
+    if (a->recompute == LB_RECOMPUTE_SELECTIVE) shared_free(m, &a->sel);
+    free(a->l);
+    void *bufs[] = {a->lnf, a->rstdf, a->loss, a->ce_stats, a->pos, a->rope_freq, a->part,
+                    a->dres, a->dln,
+                    a->dq, a->dk, a->dv, a->datt, a->dqr, a->dkr, a->dgu, a->dh, a->dxp,
+                    a->dyp, a->drlogits, a->dweight, a->daux, a->dxp16};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(be, bufs[i]);
+    if (a->dfull != a->dres) be->free(be, a->dfull);
+    if (a->dlns != a->dln) be->free(be, a->dlns);
+    scratch_free(be, &a->ms);
+    free(a->host_loss);
+    free(a->host_targets);
+    free(a);
+}
+
+float *lb_decoder_stage_input(lb_model *m) { return ((lb_acts *)m->acts)->l[0].x; }
+float *lb_decoder_stage_output(lb_model *m)
+{
+    lb_acts *a = m->acts;
+    return a->l[a->nl].x;
+}
+float *lb_decoder_stage_grad(lb_model *m) { return ((lb_acts *)m->acts)->dres; }
+
+// The fp8 KV cache's quantization of k or v rows x (rows, d): fp8-block activations, 1x128
+// blocks along d (one scale per row when d <= 128), E4M3, scale amax / 448.
+static lb_quant_args kv_quant_args(void)
+{
+    lb_quant_args a;
+    memset(&a, 0, sizeof a);
+    a.fmt = LB_FMT_FP8_BLOCK;
+    a.elem = LB_E4M3;
+    return a;
+}
+
+// x = dequantize(quantize(x)) in place: the values an fp8 cache gives back.
+static void kv_fake_quant(lb_backend *be, float *x, int rows, int d)
+{
+    lb_quant_args a = kv_quant_args();
+    lb_qmat q;
+    memset(&q, 0, sizeof q);
+    be->qmat_alloc(be, &q, rows, d, &a);
+    be->quantize(be, &q, x, rows, d, &a);
+    be->dequantize(be, x, &q);
+    be->qmat_free(be, &q);
+}
+
+// --- the feed-forward blocks, shared by the training and the cached forward ----------------------
+
+// out (n, c) = this rank's share of the block on ln (n, c): the caller sums it over tp. Returns
+// the layer's load-balancing loss (0 for dense blocks or without want_aux). cached: the cached
+// forward, which no backward follows, so that under ep 1 with bf16 expert GEMMs the rows per
+// expert need not come to the host (moe_plan's device counts, gemm_experts): the host queues
+// the whole layer without waiting, and the bits are the same.
+double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_moe_scratch *s,
+                  const float *ln, int n, float *out, int want_aux, int cached)
+{
+    const lb_model_config *c = &m->cfg;
+    lb_backend *be = m->be;
+    lb_linear *lin = &m->lin;
+    lb_dims d = lb_dims_of(m);
+    if (!is_moe(c)) {
+        lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, f->gu, n, 2 * d.F, d.C,
+                      0.0f);
+        be->swiglu_fwd(be, &(lb_swiglu_args){.out = f->h, .gu = f->gu, .n = n, .f = d.F});
+        lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, f->h, w->down, w->cdown, 0, out, n, d.C, d.F, 0.0f);
+        return 0.0;
+    }
+    lb_linear_fwd(lin, l, LB_ROLE_ROUTER, ln, w->router, w->crouter, 0, f->rlogits, n, d.E, d.C,
+                  0.0f);
+    be->router_topk_fwd(be, &(lb_router_args){.probs = f->probs, .idx = f->idx,
+            .weight = f->weight, .logits = f->rlogits, .n = n, .e = d.E, .k = d.K,
+            .renorm = c->norm_topk_prob});
+    if (m->route_log)
+        be->download(be, m->route_log + (size_t)(l - m->layer_begin) * n * d.K, f->idx,
+                     (size_t)n * d.K * sizeof(int32_t));
+    float aux = 0.0f;
+    if (want_aux) be->moe_aux_loss(be, &aux, f->aux_grad, f->probs, f->idx, n, d.E, d.K);
+    // This rank's part of the rows goes to the experts (all of them when etp = tp). The others'
+    // rows of `out` stay zero, so the caller's sum over tp assembles every part.
+    int o, np = part_rows(&d, n, &o);
+    const int x16 = d.ep == 1 && takes16(m, l, LB_ROLE_MOE_GATE_UP);
+    const int down16 = takes16(m, l, LB_ROLE_MOE_DOWN);
+    uint16_t *xp16 = x16 ? grow16(be, &f->xp16, &f->cap_xp16, n16((size_t)n * d.K, d.C)) : NULL;
+    float *xp = x16 ? NULL : grow(be, &f->xp, &f->cap_xp, (size_t)n * d.K * d.C);
+    const int dev = cached && x16 && down16 &&
+                    lb_linear_experts_ok(lin, l, LB_ROLE_MOE_GATE_UP, w->cgu) &&
+                    lb_linear_experts_ok(lin, l, LB_ROLE_MOE_DOWN, w->cdown);
+    if (np) {
+        be->moe_plan(be, f->row, dev ? NULL : f->counts, dev ? f->counts_dev : NULL,
+                     f->idx + (size_t)o * d.K, np, d.E, d.K);
+        be->moe_permute(be, xp, xp16, ln + (size_t)o * d.C, f->row, np, d.K, d.C);
+    } else {
+        memset(f->counts, 0, (size_t)d.E * sizeof *f->counts);
+        if (dev) be->zero(be, f->counts_dev, (size_t)d.E * sizeof(int));
+    }
+    // the dispatcher: this rank's experts get their rows from every ep rank (x16: ep 1)
+    lb_comm *ep = m->par.ep_comm;
+    if (!dev) lb_ep_route_plan(&f->route, ep, be, f->counts, d.E);
+    size_t nr = dev ? (size_t)np * d.K : (size_t)f->route.nrecv;
+    size_t big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
+    // the expert GEMMs' outputs, in bf16 where their readers take it (out16)
+    const int y16 = out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1);
+    const int g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0);
+    uint16_t *yp16 = y16 ? grow16(be, &f->yp16, &f->cap_yp16, n16((size_t)n * d.K, d.C)) : NULL;
+    float *yp = y16 ? NULL : grow(be, &f->yp, &f->cap_yp, (size_t)n * d.K * d.C);
+    float *xe = xp, *ye = yp;
+    if (d.ep > 1) {
+        xe = grow(be, &f->xe, &f->cap_xe, nr * d.C);
+        ye = grow(be, &s->ye, &s->cap_ye, nr * d.C);
+        lb_ep_dispatch(&f->route, ep, be, xp, xe, grow(be, &s->xs, &s->cap_xs, big * d.C), d.C);
+    }
+    uint16_t *gu16 = g16 ? grow16(be, &f->gu16, &f->cap_gu16, n16(nr, 2 * d.F)) : NULL;
+    float *gu = g16 ? NULL : grow(be, &f->gu, &f->cap_gu, nr * 2 * d.F);
+    uint16_t *h16 = down16 ? grow16(be, &f->h16, &f->cap_h16, n16(nr, d.F)) : NULL;
+    if (!down16) grow(be, &f->h, &f->cap_h, nr * d.F);
+    if (dev)
+        lb_linear_experts_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xp16, w->cgu, f->counts_dev, d.El,
+                              (int)nr, gu, gu16, 2 * d.F, d.C);
+    else
+        lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xe, xp16, w->gu, w->cgu,
+                              f->route.local_counts, d.El, gu, gu16, 2 * d.F, d.C);
+    float *h = h16 ? NULL : f->h;
+    if (nr) be->swiglu_fwd(be, &(lb_swiglu_args){.out = h, .out16 = h16, .gu = gu, .gu16 = gu16,
+            .n = (int)nr, .f = d.F});
+    if (dev)
+        lb_linear_experts_fwd(lin, l, LB_ROLE_MOE_DOWN, h16, w->cdown, f->counts_dev, d.El,
+                              (int)nr, ye, yp16, d.C, d.F);
+    else
+        lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, h, h16, w->down, w->cdown,
+                              f->route.local_counts, d.El, ye, yp16, d.C, d.F);
+    if (d.ep > 1) lb_ep_combine(&f->route, ep, be, ye, yp, s->xs, d.C);
+    if (d.parts > 1) be->zero(be, out, (size_t)n * d.C * sizeof(float));
+    if (np)
+        be->moe_combine(be, &(lb_moe_combine_args){.out = out + (size_t)o * d.C, .yp = yp,
+                .yp16 = yp16, .weight = f->weight + (size_t)o * d.K, .row = f->row, .n = np,
+                .k = d.K, .c = d.C});
+    return aux;
+}
+
+// dln (n, c) = this rank's share of d loss / d ln given dout (n, c) = d loss / d out (the same on
+// every tp rank); the caller sums it over tp. Accumulates the block's weight gradients.
+void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, lb_ffn_acts *f,
+                lb_acts *a, const float *ln, int n, const float *dout, float *dln,
+                float aux_scale)
+{
+    const lb_model_config *c = &m->cfg;
+    lb_backend *be = m->be;
+    lb_linear *lin = &m->lin;
+    lb_dims d = lb_dims_of(m);
+    lb_moe_scratch *s = &a->ms;
+    if (!is_moe(c)) {
+        lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, f->h, w->down, w->cdown, 0, dout, a->dh, 0.0f,
+                      dw->down, lb_model_grad_beta(m, dw->down), n, d.C, d.F);
+        be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = a->dgu, .dout = a->dh, .gu = f->gu, .n = n,
+                .f = d.F});
+        lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, a->dgu, dln, 0.0f, dw->gu,
+                      lb_model_grad_beta(m, dw->gu), n, 2 * d.F, d.C);
+        return;
+    }
+    int o, np = part_rows(&d, n, &o);   // the rows this rank sent to the experts
+    // the copies the forward wrote (lb_ffn_acts), and those of dyp and dgu to write here (dgu's
+    // under expert parallelism too: the experts' rows are local by then)
+    const int gu16 = takes16(m, l, LB_ROLE_MOE_GATE_UP);
+    const int down16 = takes16(m, l, LB_ROLE_MOE_DOWN);
+    size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
+    uint16_t *dyp16 = d.ep == 1 && down16
+                          ? grow16(be, &s->dyp16, &s->cap_dyp16, n16((size_t)np * d.K, d.C))
+                          : NULL;
+    uint16_t *dgu16 = gu16 ? grow16(be, &s->dgu16, &s->cap_dgu16, n16(nr, 2 * d.F)) : NULL;
+    if (d.parts > 1) be->zero(be, a->dweight, (size_t)n * d.K * sizeof(float));
+    float *dyp = dyp16 ? NULL : a->dyp;   // where there is a copy, only GEMMs would read it
+    // the forward's outputs as it stored them, and the backward's to store alike (out16)
+    const int y16 = out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1);
+    const int g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0);
+    const int dx16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_DGRAD, 1);
+    const int dh16 = out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD, 0);
+    if (np)
+        be->moe_combine_bwd(be, &(lb_moe_combine_args){.dyp = dyp, .dyp16 = dyp16,
+                .dweight = a->dweight + (size_t)o * d.K, .dout = dout + (size_t)o * d.C,
+                .yp = y16 ? NULL : f->yp, .yp16 = y16 ? f->yp16 : NULL,
+                .weight = f->weight + (size_t)o * d.K, .row = f->row, .n = np, .k = d.K, .c = d.C});
+    // yp held this rank's etp share of its part's expert outputs: the sum over tp gives every
+    // row's combine-weight gradient whole
+    tp_sum(m, a->dweight, (size_t)n * d.K);
+    lb_comm *ep = m->par.ep_comm;
+    float *dye = dyp, *dxe = a->dxp;
+    if (d.ep > 1) {
+        dye = grow(be, &s->dye, &s->cap_dye, nr * d.C);
+        dxe = grow(be, &s->dxe, &s->cap_dxe, nr * d.C);
+        lb_ep_dispatch(&f->route, ep, be, a->dyp, dye, grow(be, &s->xs, &s->cap_xs, big * d.C), d.C);
+    }
+    float *dgu = dgu16 ? NULL : grow(be, &s->dgu, &s->cap_dgu, nr * 2 * d.F);
+    uint16_t *dh16p = dh16 ? grow16(be, &s->dh16, &s->cap_dh16, n16(nr, d.F)) : NULL;
+    float *dh = dh16 ? NULL : grow(be, &s->dh, &s->cap_dh, nr * d.F);
+    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_DOWN, down16 ? NULL : f->h, down16 ? f->h16 : NULL,
+                          w->down, w->cdown, f->route.local_counts, d.El, dye, dyp16, dh, dh16p,
+                          dw->down, lb_model_grad_beta(m, dw->down), d.C, d.F);
+    if (nr)
+        be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = dgu, .dgu16 = dgu16, .dout = dh,
+                .dout16 = dh16p, .gu = g16 ? NULL : f->gu, .gu16 = g16 ? f->gu16 : NULL,
+                .n = (int)nr, .f = d.F});
+    const int x16 = d.ep == 1 && gu16;   // the forward wrote xp16 and not xp
+    uint16_t *dxp16 = dx16 ? a->dxp16 : NULL;
+    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : x16 ? NULL : f->xp,
+                          x16 ? f->xp16 : NULL, w->gu, w->cgu,
+                          f->route.local_counts, d.El, dgu, dgu16, dx16 ? NULL : dxe, dxp16,
+                          dw->gu, lb_model_grad_beta(m, dw->gu), 2 * d.F, d.C);
+    if (d.ep > 1) lb_ep_combine(&f->route, ep, be, dxe, a->dxp, s->xs, d.C);
+    if (d.parts > 1) be->zero(be, dln, (size_t)n * d.C * sizeof(float));
+    if (np)
+        be->moe_permute_bwd(be, dln + (size_t)o * d.C, dx16 ? NULL : a->dxp, dxp16, f->row, np,
+                            d.K, d.C);
+    // router: through the top-k weights and the load-balancing loss
+    be->copy(be, a->daux, f->aux_grad, (size_t)d.E * sizeof(float));
+    be->scale(be, a->daux, aux_scale, (size_t)d.E);
+    be->router_topk_bwd(be, &(lb_router_args){.dlogits = a->drlogits, .dweight = a->dweight,
+            .dprobs_expert = a->daux, .probs = f->probs, .idx = f->idx, .n = n, .e = d.E, .k = d.K,
+            .renorm = c->norm_topk_prob});
+    // The router is replicated over tp and its gradient the same on every tp rank: one rank
+    // adds its share to dln so the tp sum counts it once.
+    lb_linear_bwd(lin, l, LB_ROLE_ROUTER, ln, w->router, w->crouter, 0, a->drlogits,
+                  m->par.tp_rank == 0 ? dln : NULL, 1.0f, dw->router,
+                  lb_model_grad_beta(m, dw->router), n, d.E, d.C);
+}
+
+static const lb_tensor *find_or_die(const lb_model *m, const char *name)
+{
+    const lb_tensor *t = lb_model_find(m, name);
+    if (!t) lb_die("model has no tensor %s", name);
+    return t;
+}
+
+// Rows of logits the LM head makes at a time: all ns, or m->ce_chunk (chunked cross-entropy).
+static int ce_rows(const lb_model *m, int ns)
+{
+    return m->ce_chunk > 0 && m->ce_chunk < ns ? m->ce_chunk : ns;
+}
+
+// Under SP rank r holds rows [r ns, (r + 1) ns) of the residual stream.
+static int row_offset(const lb_model *m, int ns) { return m->par.sp ? m->par.tp_rank * ns : 0; }
+
+// The layer's activations: its own, or under recomputation the working set with the layer's
+// saved input.
+static lb_layer_acts *layer_at(lb_acts *a, int i)
+{
+    if (a->recompute != LB_RECOMPUTE_FULL) return &a->l[i];
+    a->work.x = a->l[i].x;
+    return &a->work;
+}
+
+// RMSNorm of this rank's rows of x into norm's rows (all rows gathered under SP).
+void lb_norm_rows(lb_model *m, lb_acts *a, const float *x, const float *w, float *norm,
+                  float *rstd)
+{
+    lb_dims d = lb_dims_of(m);
+    int r0 = row_offset(m, a->ns);
+    m->be->rmsnorm_fwd(m->be, &(lb_rmsnorm_args){.out = norm + (size_t)r0 * d.C, .rstd = rstd,
+            .x = x, .w = w, .n = a->ns, .c = d.C, .eps = (float)m->cfg.rms_norm_eps});
+    tp_gather(m, norm + (size_t)r0 * d.C, norm, a->n, d.C);
+}
+
+// q and k of n rows as attention takes them: per-head RMSNorm (def->qk_norm; else a copy),
+// then RoPE at positions pos (n), with the frequencies freq (NULL: plain RoPE). The training
+// and the cached forward both go through here, so their rows are the same bits.
+static void qk_rope_fwd(lb_model *m, const lb_layer_w *w, const float *q, const float *k,
+                        float *qr, float *kr, float *qrstd, float *krstd, const int32_t *pos,
+                        const double *freq, int n)
+{
+    lb_backend *be = m->be;
+    lb_dims d = lb_dims_of(m);
+    int D = d.D;
+    float eps = (float)m->cfg.rms_norm_eps, theta = (float)m->cfg.rope_theta;
+    if (has_qk_norm(m)) {
+        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = qr, .rstd = qrstd, .x = q, .w = w->qn,
+                .n = n * d.hq, .c = D, .eps = eps});
+        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = kr, .rstd = krstd, .x = k, .w = w->kn,
+                .n = n * d.hkv, .c = D, .eps = eps});
+    } else {
+        be->copy(be, qr, q, (size_t)n * d.hq * D * sizeof(float));
+        be->copy(be, kr, k, (size_t)n * d.hkv * D * sizeof(float));
+    }
+    be->rope(be, &(lb_rope_args){.x = qr, .pos = pos, .n = n, .heads = d.hq, .d = D,
+            .theta = theta, .inv_freq = freq});
+    be->rope(be, &(lb_rope_args){.x = kr, .pos = pos, .n = n, .heads = d.hkv, .d = D,
+            .theta = theta, .inv_freq = freq});
+}
+
+// Core attention of layer L from its q, k, v projections: q/k norms, RoPE, what an fp8 KV
+// cache would hold (straight-through backward), attention.
+void lb_attention_core_fwd(lb_model *m, lb_acts *a, lb_layer_acts *L, const lb_layer_w *w)
+{
+    lb_backend *be = m->be;
+    lb_dims d = lb_dims_of(m);
+    int n = a->n, D = d.D;
+    qk_rope_fwd(m, w, L->q, L->k, L->qr, L->kr, L->qrstd, L->krstd, a->pos, a->rope_freq, n);
+    if (m->kv_fp8) {
+        kv_fake_quant(be, L->kr, n * d.hkv, D);
+        kv_fake_quant(be, L->v, n * d.hkv, D);
+    }
+    // The contract's attention mode; the backward and the cached forward pass the same one, so
+    // the sampler's rows are this forward's bits.
+    be->attention_fwd(be, &(lb_attention_args){.out = L->att, .lse = L->lse, .q = L->qr,
+            .k = L->kr, .v = L->v, .b = a->b, .t = a->t, .hq = d.hq, .hkv = d.hkv, .d = D,
+            .bf16 = m->contract.attention_bf16});
+}
+
+// Decoder layer i of this stage on L->x, into a->l[i + 1].x; returns its load-balancing loss.
+double lb_decoder_layer_fwd(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
+{
+    lb_backend *be = m->be;
+    lb_dims d = lb_dims_of(m);
+    int n = a->n, ns = a->ns, C = d.C, D = d.D;
+    int l = m->layer_begin + i;
+    lb_linear *lin = &m->lin;
+    lb_layer_w w = layer_weights(m, m->params, l);
+    // attention block: heads split over tp, o_proj row-parallel
+    lb_norm_rows(m, a, L->x, w.ln1, L->ln1, L->rstd1);
+    lb_qkv_fwd(lin, l, &w, L->ln1, L->q, L->k, L->v, n, d);
+    lb_attention_core_fwd(m, a, L, &w);
+    float *part = d.tp > 1 ? a->part : L->xmid;
+    lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, part, n, C, d.hq * D, 0.0f);
+    tp_reduce(m, part, L->xmid, n, C);
+    be->add(be, L->xmid, L->x, (size_t)ns * C);
+    // feed-forward block: gate_up column-parallel, down row-parallel
+    float *xnext = a->l[i + 1].x;
+    lb_norm_rows(m, a, L->xmid, w.ln2, L->ln2, L->rstd2);
+    part = d.tp > 1 ? a->part : xnext;
+    double aux = lb_ffn_fwd(m, l, &w, &L->f, &a->ms, L->ln2, n, part, 1, 0);
+    tp_reduce(m, part, xnext, n, C);
+    be->add(be, xnext, L->xmid, (size_t)ns * C);
+    return aux;
+}
+
+// Selective recomputation before layer i's backward: the forward's norms, core attention and
+// SwiGLU again from what the layer kept (x, xmid, the q/k/v projections, gate_up's output),
+// with the same operations in the same order, so the same bits.
+static void layer_recompute(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
+{
+    lb_dims d = lb_dims_of(m);
+    lb_layer_w w = layer_weights(m, m->params, m->layer_begin + i);
+    lb_norm_rows(m, a, L->x, w.ln1, L->ln1, L->rstd1);
+    lb_attention_core_fwd(m, a, L, &w);
+    lb_norm_rows(m, a, L->xmid, w.ln2, L->ln2, L->rstd2);
+    int rows = is_moe(&m->cfg) ? L->f.route.nrecv : a->n;
+    const int l = m->layer_begin + i, moe = is_moe(&m->cfg);
+    uint16_t *h16 = moe && takes16(m, l, LB_ROLE_MOE_DOWN) ? L->f.h16 : NULL;
+    uint16_t *gu16 =
+        moe && out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0) ? L->f.gu16 : NULL;
+    if (rows)
+        m->be->swiglu_fwd(m->be, &(lb_swiglu_args){.out = h16 ? NULL : L->f.h, .out16 = h16,
+                .gu = gu16 ? NULL : L->f.gu, .gu16 = gu16, .n = rows, .f = d.F});
+}
+
+void lb_decoder_forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t)
+{
+    const lb_model_config *c = &m->cfg;
+    lb_backend *be = m->be;
+    lb_acts *a = m->acts;
+    lb_dims d = lb_dims_of(m);
+    int ns = a->ns, r0 = row_offset(m, ns), C = d.C;
+    float eps = (float)c->rms_norm_eps;
+    double aux = 0.0;
+    lb_linear *lin = &m->lin;
+    (void)b, (void)t;   // the activations were made for (b, t)
+
+    if (m->first_stage)
+        be->embedding_fwd(be, a->l[0].x, tokens + r0,
+                          m->params + find_or_die(m, "model.embed_tokens.weight")->offset, ns, C);
+    for (int i = 0; i < a->nl; i++) aux += lb_decoder_layer_fwd(m, a, i, layer_at(a, i));
+    m->aux_loss = (float)aux;
+    m->ntokens = 0;
+    m->ce_loss = 0.0f;
+    m->loss = (float)(c->router_aux_loss_coef * aux);
+    a->ce_stats_ok = 0;
+    if (!m->last_stage) return;   // the next stage continues from stage_output
+    const lb_tensor *tn = find_or_die(m, "model.norm.weight");
+    const lb_tensor *th = find_or_die(m, "lm_head.weight");
+    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->lnf, .rstd = a->rstdf, .x = a->l[a->nl].x,
+            .w = m->params + tn->offset, .n = ns, .c = C, .eps = eps});
+    int R = ce_rows(m, ns);
+    if (R < ns && !targets) lb_die("chunked cross-entropy keeps no logits: a forward needs targets");
+    // Loss: mean cross-entropy over counted targets, summed in token order in double (each
+    // rank's rows, then the ranks in order under SP). Chunked: the LM head and the per-token
+    // losses R rows at a time, so the (rows, vocab) logits never exist whole.
+    for (int r = 0; r < ns; r += R) {
+        int nr = ns - r < R ? ns - r : R;
+        lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf + (size_t)r * C,
+                      m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits, nr, d.V,
+                      C, 0.0f);
+        // Unchunked, the statistics save the backward a second read of every row.
+        if (targets)
+            be->cross_entropy_fwd(be, a->loss + r, R == ns ? a->ce_stats : NULL, m->logits,
+                                  targets + r0 + r, nr, d.V);
+    }
+    if (!targets) return;
+    a->ce_stats_ok = R == ns;
+    be->download(be, a->host_loss, a->loss, (size_t)ns * sizeof(float));
+    be->download(be, a->host_targets, targets + r0, (size_t)ns * sizeof(int32_t));
+    double sum = 0.0, count = 0.0;
+    for (int i = 0; i < ns; i++)
+        if (a->host_targets[i] >= 0) {
+            sum += a->host_loss[i];
+            count += 1.0;
+        }
+    if (m->par.sp) {
+        sum = lb_comm_allreduce_sum(m->par.tp_comm, sum);
+        count = lb_comm_allreduce_sum(m->par.tp_comm, count);
+    }
+    m->ntokens = (int)count;
+    m->ce_loss = count > 0 ? (float)(sum / count) : 0.0f;
+    m->loss = (float)(m->ce_loss + c->router_aux_loss_coef * aux);
+}
+
+// From d loss / d logits in m->logits on the last stage, or d loss / d stage output in
+// stage_grad on an earlier one; aux_scale weighs the load-balancing loss. On a later stage
+// stage_grad ends holding d loss / d stage input.
+static void backward_from(lb_model *m, float aux_scale, int head_done)
+{
+    const lb_model_config *c = &m->cfg;
+    lb_backend *be = m->be;
+    lb_acts *a = m->acts;
+    lb_dims d = lb_dims_of(m);
+    int b = a->b, t = a->t, n = a->n, ns = a->ns, r0 = row_offset(m, ns), C = d.C, D = d.D;
+    float theta = (float)c->rope_theta;
+    float *G = m->grads;
+    lb_linear *lin = &m->lin;
+
+    if (m->last_stage) {   // lm head (unless done chunk by chunk) and final norm
+        const lb_tensor *tn = find_or_die(m, "model.norm.weight");
+        const lb_tensor *th = find_or_die(m, "lm_head.weight");
+        if (!head_done)
+            lb_linear_bwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf,
+                          m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits,
+                          a->dln, 0.0f, G + th->offset, lb_model_grad_beta(m, G + th->offset),
+                          ns, d.V, C);
+        be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dres, .dx_beta = 0.0f,
+                .dw = G + tn->offset, .dout = a->dln, .x = a->l[a->nl].x,
+                .w = m->params + tn->offset, .rstd = a->rstdf, .n = ns, .c = C});
+    }
+    for (int i = a->nl - 1; i >= 0; i--) {
+        int l = m->layer_begin + i;
+        lb_layer_acts *L = layer_at(a, i);
+        // Recomputation: the layer's forward again, on its saved input, the same operations in
+        // the same order, so every activation is the same bits as the first time. Its output
+        // (x of layer i + 1, no longer needed) is rewritten with the same values.
+        if (a->recompute == LB_RECOMPUTE_FULL) lb_decoder_layer_fwd(m, a, i, L);
+        else if (a->recompute == LB_RECOMPUTE_SELECTIVE) layer_recompute(m, a, i, L);
+        lb_layer_w w = layer_weights(m, m->params, l);
+        lb_layer_w dw = layer_weights(m, G, l);
+        // feed-forward block: dres is d loss / d xnext, and passes straight to xmid
+        tp_gather(m, a->dres, a->dfull, n, C);
+        lb_ffn_bwd(m, l, &w, &dw, &L->f, a, L->ln2, n, a->dfull, a->dln, aux_scale);
+        tp_reduce(m, a->dln, a->dlns, n, C);
+        be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dres, .dx_beta = 1.0f, .dw = dw.ln2,
+                .dout = a->dlns, .x = L->xmid, .w = w.ln2, .rstd = L->rstd2, .n = ns, .c = C});
+        // attention block: dres is now d loss / d xmid
+        tp_gather(m, a->dres, a->dfull, n, C);
+        lb_linear_bwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, a->dfull, a->datt, 0.0f,
+                      dw.o, lb_model_grad_beta(m, dw.o), n, C, d.hq * D);
+        be->attention_bwd(be, &(lb_attention_args){.dq = a->dq, .dk = a->dk, .dv = a->dv,
+                .dout = a->datt, .q = L->qr, .k = L->kr, .v = L->v, .out = L->att, .lse = L->lse,
+                .b = b, .t = t, .hq = d.hq, .hkv = d.hkv, .d = D,
+                .bf16 = m->contract.attention_bf16});
+        be->rope(be, &(lb_rope_args){.x = a->dq, .pos = a->pos, .n = n, .heads = d.hq, .d = D,
+                .theta = theta, .inverse = 1, .inv_freq = a->rope_freq});
+        be->rope(be, &(lb_rope_args){.x = a->dk, .pos = a->pos, .n = n, .heads = d.hkv, .d = D,
+                .theta = theta, .inverse = 1, .inv_freq = a->rope_freq});
+        // d loss / d the projections' q and k: through the q/k norms, or RoPE's input itself
+        const float *dqp = a->dq, *dkp = a->dk;
+        if (has_qk_norm(m)) {
+            be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dqr, .dx_beta = 0.0f, .dw = dw.qn,
+                    .dout = a->dq, .x = L->q, .w = w.qn, .rstd = L->qrstd, .n = n * d.hq,
+                    .c = D});
+            be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dkr, .dx_beta = 0.0f, .dw = dw.kn,
+                    .dout = a->dk, .x = L->k, .w = w.kn, .rstd = L->krstd, .n = n * d.hkv,
+                    .c = D});
+            dqp = a->dqr, dkp = a->dkr;
+        }
+        {   // dln = dq W_q + dk W_k + dv W_v, the wgrads' column-wise ln1 made once
+            const float *ws[3] = {w.q, w.k, w.v}, *dys[3] = {dqp, dkp, a->dv};
+            const lb_wcache *cs[3] = {w.cq, w.ck, w.cv};
+            float *dws[3] = {dw.q, dw.k, dw.v};
+            const float betas[3] = {lb_model_grad_beta(m, dw.q), lb_model_grad_beta(m, dw.k),
+                                    lb_model_grad_beta(m, dw.v)};
+            const int outs[3] = {d.hq * D, d.hkv * D, d.hkv * D};
+            lb_linear_bwd_shared(lin, l, LB_ROLE_ATTN_QKV, L->ln1, 3, ws, cs, dys, a->dln, dws,
+                                 betas, outs, n, C);
+        }
+        tp_reduce(m, a->dln, a->dlns, n, C);
+        be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dres, .dx_beta = 1.0f, .dw = dw.ln1,
+                .dout = a->dlns, .x = L->x, .w = w.ln1, .rstd = L->rstd1, .n = ns, .c = C});
+    }
+    if (m->first_stage)
+        be->embedding_bwd(be, G + find_or_die(m, "model.embed_tokens.weight")->offset, a->dres,
+                          m->tokens + r0, ns, C);
+}
+
+void lb_decoder_backward_logits(lb_model *m, float aux_scale)
+{
+    if (ce_rows(m, ((lb_acts *)m->acts)->ns) < ((lb_acts *)m->acts)->ns)
+        lb_die("chunked cross-entropy keeps no logits to start a backward from");
+    backward_from(m, aux_scale, 0);
+}
+
+void lb_decoder_backward(lb_model *m, float loss_scale)
+{
+    lb_acts *a = m->acts;
+    int ns = a->ns, R = ce_rows(m, ns), head_done = 0;
+    if (m->last_stage) {
+        const lb_model_config *c = &m->cfg;
+        lb_dims d = lb_dims_of(m);
+        const lb_tensor *th = find_or_die(m, "lm_head.weight");
+        const int32_t *tg = m->targets + row_offset(m, ns);
+        float dce = m->ntokens ? loss_scale / (float)m->ntokens : 0.0f;
+        float *wh = m->params + th->offset, *dwh = m->grads + th->offset;
+        if (R == ns) {
+            const double *st = a->ce_stats_ok ? a->ce_stats : NULL;   // the forward's, if any
+            const int l = c->num_hidden_layers - 1;
+            // The cross-entropy's gradient and the LM head's backward in one call (the
+            // backend need not store the gradient); else the logits buffer becomes d loss /
+            // d logits, and backward_from runs the LM head's backward
+            head_done = st && lb_linear_ce_fusable(&m->lin, l, LB_ROLE_LM_HEAD);
+            if (head_done)
+                lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, a->lnf, wh,
+                                 &m->wcache[th - m->tensors], m->logits, st, tg, dce, a->dln,
+                                 dwh, lb_model_grad_beta(m, dwh), ns, d.V, d.C);
+            else
+                m->be->cross_entropy_bwd(m->be, m->logits, m->logits, st, tg, dce, ns, d.V);
+            a->ce_stats_ok = 0;   // the buffer no longer holds the logits
+        } else {
+            // Chunked: each chunk's logits again, their gradient, and the LM head's backward
+            // for those rows (d lnf rows overwritten, the weight gradient accumulated chunk by
+            // chunk).
+            for (int r = 0; r < ns; r += R) {
+                int nr = ns - r < R ? ns - r : R;
+                lb_linear_fwd(&m->lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
+                              a->lnf + (size_t)r * d.C, wh, &m->wcache[th - m->tensors], 0,
+                              m->logits, nr, d.V, d.C, 0.0f);
+                m->be->cross_entropy_bwd(m->be, m->logits, m->logits, NULL, tg + r, dce, nr, d.V);
+                lb_linear_bwd(&m->lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
+                              a->lnf + (size_t)r * d.C, wh, &m->wcache[th - m->tensors], 0,
+                              m->logits, a->dln + (size_t)r * d.C, 0.0f, dwh,
+                              lb_model_grad_beta(m, dwh), nr, d.V, d.C);
+            }
+            head_done = 1;
+        }
+    }
+    backward_from(m, loss_scale * (float)m->cfg.router_aux_loss_coef, head_done);
+}
+
+// --- cached forward (sampling) -------------------------------------------------------------------
+
+void *lb_decoder_cached_create(lb_model *m, int max_rows)
+{
+    lb_backend *be = m->be;
+    lb_dims d = lb_dims_of(m);
+    lb_cached_acts *a = lb_calloc(1, sizeof *a);
+    size_t n = (size_t)max_rows, C = d.C, D = d.D, hq = d.hq, hkv = d.hkv;
+    a->rows = max_rows;
+    a->x = falloc(be, n * C);
+    a->xmid = falloc(be, n * C);
+    a->ln = falloc(be, n * C);
+    a->rstd = falloc(be, n);
+    a->q = falloc(be, n * hq * D);
+    a->qrstd = falloc(be, n * hq);
+    a->qr = falloc(be, n * hq * D);
+    a->k = falloc(be, n * hkv * D);
+    a->krstd = falloc(be, n * hkv);
+    a->kr = falloc(be, n * hkv * D);
+    a->v = falloc(be, n * hkv * D);
+    a->att = falloc(be, n * hq * D);
+    if (d.tp > 1) a->part = falloc(be, n * C);
+    if (m->kv_fp8) {   // made once: a step allocates nothing
+        lb_quant_args qa = kv_quant_args();
+        be->qmat_alloc(be, &a->kq, max_rows * d.hkv, D, &qa);
+        be->qmat_alloc(be, &a->vq, max_rows * d.hkv, D, &qa);
+    }
+    ffn_create(m, &a->f, max_rows);
+    a->rope_freq = rope_freq_create(m);
+    return a;
+}
+
+void lb_decoder_cached_free(lb_model *m, void *p)
+{
+    lb_cached_acts *a = p;
+    lb_backend *be = m->be;
+    void *bufs[] = {a->x, a->xmid, a->ln, a->rstd, a->q, a->qrstd, a->qr, a->k, a->krstd, a->kr,
+                    a->v, a->att, a->part, a->rope_freq};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(be, bufs[i]);
+    if (a->kq.data) be->qmat_free(be, &a->kq);
+    if (a->vq.data) be->qmat_free(be, &a->vq);
+    ffn_free(m, &a->f);
+    scratch_free(be, &a->ms);
+    free(a);
+}
+
+// forward()'s operations in forward()'s order for n new rows; attention goes through the KV
+// cache (kv_append, then attention_cached) instead of attention_fwd. Nothing a row computes
+// depends on the other rows, so each row's logits equal the training forward's. Under tp and
+// ep it is collective like forward (no sequence or pipeline parallelism here).
+void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
+{
+    const lb_model_config *c = &m->cfg;
+    lb_backend *be = m->be;
+    lb_cached_acts *a = kv->acts;
+    lb_dims d = lb_dims_of(m);
+    int C = d.C, D = d.D;
+    float eps = (float)c->rms_norm_eps;
+    lb_linear *lin = &m->lin;
+
+    be->embedding_fwd(be, a->x, kv->tokens,
+                      m->params + find_or_die(m, "model.embed_tokens.weight")->offset, n, C);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        lb_layer_w w = layer_weights(m, m->params, l);
+        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->x,
+                .w = w.ln1, .n = n, .c = C, .eps = eps});
+        lb_qkv_fwd(lin, l, &w, a->ln, a->q, a->k, a->v, n, d);
+        qk_rope_fwd(m, &w, a->q, a->k, a->qr, a->kr, a->qrstd, a->krstd, kv->pos, a->rope_freq,
+                    n);
+        if (kv->fp8) {   // the first n * hkv rows of the call's quantized k and v
+            lb_quant_args qa = kv_quant_args();
+            lb_qmat kq = lb_qmat_rows(&a->kq, 0, n * d.hkv);
+            lb_qmat vq = lb_qmat_rows(&a->vq, 0, n * d.hkv);
+            be->quantize(be, &kq, a->kr, n * d.hkv, D, &qa);
+            be->quantize(be, &vq, a->v, n * d.hkv, D, &qa);
+            be->kv_append(be, &kv->layer[l], NULL, NULL, &kq, &vq, kv->slot, kv->pos, n);
+        } else {
+            be->kv_append(be, &kv->layer[l], a->kr, a->v, NULL, NULL, kv->slot, kv->pos, n);
+        }
+        be->attention_cached(be, a->att, a->qr, &kv->layer[l], kv->slot, kv->pos, n, d.hq,
+                             m->contract.attention_bf16);
+        float *part = d.tp > 1 ? a->part : a->xmid;
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, a->att, w.o, w.co, 0, part, n, C, d.hq * D, 0.0f);
+        tp_reduce(m, part, a->xmid, n, C);
+        be->add(be, a->xmid, a->x, (size_t)n * C);
+        // feed-forward block; its output overwrites x (the residual lives in xmid now)
+        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->xmid,
+                .w = w.ln2, .n = n, .c = C, .eps = eps});
+        part = d.tp > 1 ? a->part : a->x;
+        lb_ffn_fwd(m, l, &w, &a->f, &a->ms, a->ln, n, part, 0, 1);
+        tp_reduce(m, part, a->x, n, C);
+        be->add(be, a->x, a->xmid, (size_t)n * C);
+    }
+    const lb_tensor *tn = find_or_die(m, "model.norm.weight");
+    const lb_tensor *th = find_or_die(m, "lm_head.weight");
+    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->x,
+            .w = m->params + tn->offset, .n = n, .c = C, .eps = eps});
+    lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->ln, m->params + th->offset,
+                  &m->wcache[th - m->tensors], 0, kv->logits, n, d.V, C, 0.0f);
+}
+
+int lb_decoder_route_k(const lb_model_config *c) { return is_moe(c) ? c->num_experts_per_tok : 0; }
+
+int64_t lb_decoder_active_matmul_params(const lb_model_config *c)
+{
+    int64_t C = c->hidden_size, D = c->head_dim;
+    int64_t attn = C * (c->num_attention_heads + 2 * c->num_key_value_heads) * D +
+                   (int64_t)c->num_attention_heads * D * C;
+    int64_t ffn = is_moe(c) ? C * c->num_experts +
+                                  (int64_t)c->num_experts_per_tok * 3 * C * c->moe_intermediate_size
+                            : 3 * C * c->intermediate_size;
+    return c->num_hidden_layers * (attn + ffn) + C * c->vocab_size;   // + the LM head
+}

@@ -1,0 +1,199 @@
+// blocks.h: the building blocks model definitions compose (models/blocks.c).
+//
+// A decoder-only transformer of pre-norm layers: RMSNorm, GQA attention (optional per-head
+// RMSNorm on q and k; RoPE, plain or llama3-scaled), RMSNorm, then a feed-forward block, a
+// dense SwiGLU MLP or a top-k routed SwiGLU mixture of experts; the embedding, the final norm
+// and the LM head around them. A model file (models/qwen3.c, models/llama.c) declares its
+// tensors with the lb_*_tensors declarators below, checks its configuration with
+// lb_decoder_check, and fills its lb_model_def with LB_DECODER_OPS and its feature flags
+// (lb_model_def.moe, .qk_norm): the decoder reads those flags, so a family that is these
+// blocks in this order needs no forward or backward of its own. doc/adding-a-model.md.
+#ifndef LB_BLOCKS_H
+#define LB_BLOCKS_H
+
+#include "models/model.h"
+
+// --- tensors ---------------------------------------------------------------------------------
+// Each declarator appends its tensors at index i of out (out may be NULL: counting) and returns
+// the next index. Names are Hugging Face's; how each is cut for tensor and expert parallelism:
+// q/k/v and gate_up column-parallel, o and down row-parallel; the embedding, norms, router and
+// LM head replicated over tp.
+int lb_embed_tensors(const lb_model_config *c, lb_tensor *out, int i);
+// input_layernorm, q/k/v/o projections, and with qk_norm the per-head q_norm and k_norm.
+int lb_attn_tensors(const lb_model_config *c, lb_tensor *out, int i, int layer, int qk_norm);
+// post_attention_layernorm and the dense SwiGLU MLP (fused gate_up_proj, down_proj).
+int lb_mlp_tensors(const lb_model_config *c, lb_tensor *out, int i, int layer);
+// post_attention_layernorm, the router (mlp.gate) and the fused experts.
+int lb_moe_tensors(const lb_model_config *c, lb_tensor *out, int i, int layer);
+// model.norm and lm_head.
+int lb_head_tensors(const lb_model_config *c, lb_tensor *out, int i);
+
+// The checks every decoder needs (sizes, GQA, RoPE, the MoE sizes where def->moe); -1 with a
+// message naming the key.
+int lb_decoder_check(const lb_model_def *def, const lb_model_config *c, char *err,
+                     size_t errlen);
+
+// --- the decoder's state (models/blocks.c) ------------------------------------------------------
+
+// Pointers to one layer's weights, or to their gradients (same offsets in m->grads), and the
+// weight-cache entries of its matrices.
+typedef struct {
+    float *ln1, *q, *k, *v, *o, *qn, *kn, *ln2, *router, *gu, *down;
+    lb_wcache *cq, *ck, *cv, *co, *crouter, *cgu, *cdown;
+} lb_layer_w;
+
+// The sizes this rank works with: heads and FFN columns are its tensor-parallel share (expert
+// columns its etp share), El its experts; E (router) and V stay whole. The tp group's rows go
+// through the experts in tp / etp parts, part `part` on this rank's etp group.
+typedef struct {
+    int C, D, hq, hkv, F, E, El, K, V, tp, ep, sp, parts, part;
+} lb_dims;
+
+// A feed-forward block's saved state. MoE rows go through the dispatcher: xp/yp are this
+// rank's token rows in moe_plan order, xe/gu/h the rows its experts received (xe = xp when
+// ep = 1). Dense blocks use gu and h only. xp16 and h16: bf16 copies of xp and h where the
+// expert GEMMs that read them are bf16 (takes16; xp16 only with ep = 1: the dispatcher moves
+// fp32 rows), written by moe_permute and swiglu_fwd and read by the forward's GEMMs and the
+// backward's wgrads; only GEMMs read xp and h, so where there are copies the fp32 values are
+// neither written nor, where every layer takes copies, allocated. gu16 and yp16: gu and yp
+// as the expert GEMMs stored them in bf16 (out16), held instead of gu and yp.
+typedef struct {
+    float *rlogits, *probs, *weight;   // (n, E), (n, E), (n, k)
+    int32_t *idx, *row;                // (n, k)
+    int *counts;                       // (E) host: rows per expert
+    int *counts_dev;                   // (E) backend memory: the same (the cached forward's)
+    float *aux_grad;                   // (E) d aux / d probs[i][j]
+    float *xp, *yp;                    // (n*k, c)
+    float *xe, *gu, *h;                // (cap, c), (cap, 2f), (cap, f)
+    size_t cap_xp, cap_yp, cap_xe, cap_gu, cap_h;   // grow-only: rows vary under ep
+    uint16_t *xp16, *h16, *gu16, *yp16;   // (n*k, pad8(c)), (cap, pad8(f)), (cap, pad8(2f)),
+                                          // (n*k, pad8(c)), or NULL
+    size_t cap_xp16, cap_h16, cap_gu16, cap_yp16;
+    lb_ep_route route;
+} lb_ffn_acts;
+
+// Exchange and expert scratch shared by a micro-batch's layers (grow-only).
+typedef struct {
+    float *xs, *ye, *dye, *dxe, *dgu, *dh;
+    size_t cap_xs, cap_ye, cap_dye, cap_dxe, cap_dgu, cap_dh;
+    uint16_t *dyp16, *dgu16;   // bf16 copies of dyp and dgu, as lb_ffn_acts' (takes16)
+    uint16_t *dh16;            // dh as the down dgrad stored it in bf16 (out16)
+    size_t cap_dyp16, cap_dgu16, cap_dh16;
+} lb_moe_scratch;
+
+typedef struct {
+    // saved by forward, per layer. ns rows are this rank's (n / tp under sequence parallelism).
+    float *x;              // (ns, c) residual entering the layer; x[layers] feeds the next stage
+    float *ln1, *rstd1;    // (n, c) all rows (gathered under SP), (ns)
+    float *q, *qrstd, *qr; // q before norm (n, hq*d), its rstd (n*hq), after norm + RoPE
+    float *k, *krstd, *kr; // same for k, (n, hkv*d)
+    float *v;              // (n, hkv*d)
+    float *att, *lse;      // (n, hq*d), (b, hq, t)
+    float *xmid;           // (ns, c) residual after attention
+    float *ln2, *rstd2;    // (n, c), (ns)
+    lb_ffn_acts f;
+    int shared;            // selective recomputation: the recomputed buffers are a->sel's
+} lb_layer_acts;
+
+typedef struct {
+    int b, t, n, ns, nl;   // nl: this stage's layers
+    lb_layer_acts *l;      // (nl + 1): only .x is used in the last; only .x of any under recompute
+    int recompute;         // LB_RECOMPUTE_*: none, selective or full
+    lb_layer_acts work;       // full: the working layer's buffers, .x borrowed from l[i]
+    lb_layer_acts sel;        // selective: the recomputed buffers every layer shares
+    float *lnf, *rstdf;    // (ns, c), (ns)
+    float *loss;           // (ns) per-token losses
+    double *ce_stats;      // (ns, 2) the cross-entropy's row statistics (max, exp sum)
+    int ce_stats_ok;       // ce_stats are those of the logits buffer, all ns rows
+    int32_t *pos;          // (n)
+    double *rope_freq;     // (D/2) backend: llama3-scaled RoPE frequencies, NULL for plain RoPE
+    float *part;           // (n, c) a row-parallel layer's partial output (tp > 1)
+    // backward scratch
+    float *dres;           // (ns, c) d loss / d residual
+    float *dfull;          // (n, c) dres gathered over tp (= dres without SP)
+    float *dln, *dlns;     // (n, c) partial d loss / d norm output; (ns, c) its sum (= dln w/o SP)
+    float *dq, *dk, *dv, *datt;            // (n, hq*d), (n, hkv*d) x2, (n, hq*d)
+    float *dqr, *dkr;                      // (n, hq*d), (n, hkv*d)
+    float *dgu, *dh;                       // dense: (n, 2f), (n, f)
+    float *dxp, *dyp;                      // (n*k, c)
+    uint16_t *dxp16;                       // (n*k, pad8(c)): dxp in bf16 (out16), or NULL
+    float *drlogits, *dweight, *daux;      // (n, E), (n, k), (E)
+    lb_moe_scratch ms;
+    float *host_loss;                      // (ns) host
+    int32_t *host_targets;                 // (ns) host
+} lb_acts;
+
+// One layer's worth of activations for up to `rows` new tokens (layers run one after another).
+typedef struct {
+    int rows;
+    float *x, *xmid, *ln, *rstd;           // (rows, c), (rows, c), (rows, c), (rows)
+    float *q, *qrstd, *qr;                 // (rows, hq*d), (rows*hq), (rows, hq*d)
+    float *k, *krstd, *kr, *v;             // (rows, hkv*d), (rows*hkv), (rows, hkv*d) x2
+    float *att;                            // (rows, hq*d)
+    float *part;                           // (rows, c) tp > 1
+    lb_qmat kq, vq;                        // fp8 cache: k and v quantized, (rows * hkv, d)
+    double *rope_freq;                     // as lb_acts'
+    lb_ffn_acts f;
+    lb_moe_scratch ms;
+} lb_cached_acts;
+
+lb_dims lb_dims_of(const lb_model *m);
+
+// q, k, v (n, heads x D) = ln (n, C) times their weights: one call, so a low-precision ln is
+// quantized once for the three (lb_linear_fwd_shared).
+void lb_qkv_fwd(lb_linear *lin, int l, const lb_layer_w *w, const float *ln, float *q, float *k,
+                float *v, int n, lb_dims d);
+// RMSNorm of this rank's rows of x into norm's rows (all rows gathered under SP).
+void lb_norm_rows(lb_model *m, lb_acts *a, const float *x, const float *w, float *norm,
+                  float *rstd);
+// Core attention of layer L from its q, k, v projections: q/k norms (def->qk_norm), RoPE, what
+// an fp8 KV cache would hold (straight-through backward), attention.
+void lb_attention_core_fwd(lb_model *m, lb_acts *a, lb_layer_acts *L, const lb_layer_w *w);
+// The feed-forward block, dense or routed (def->moe). out (n, c) = this rank's share of the
+// block on ln (n, c): the caller sums it over tp. Returns the layer's load-balancing loss (0
+// for dense blocks or without want_aux). cached: the cached forward (no backward follows), where
+// the rows per expert may stay on the device (gemm_experts).
+double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_moe_scratch *s,
+                  const float *ln, int n, float *out, int want_aux, int cached);
+// dln (n, c) = this rank's share of d loss / d ln given dout (n, c) = d loss / d out (the same
+// on every tp rank); the caller sums it over tp. Accumulates the block's weight gradients.
+void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, lb_ffn_acts *f,
+                lb_acts *a, const float *ln, int n, const float *dout, float *dln,
+                float aux_scale);
+// Decoder layer i of this stage on L->x, into a->l[i + 1].x; returns its load-balancing loss.
+double lb_decoder_layer_fwd(lb_model *m, lb_acts *a, int i, lb_layer_acts *L);
+
+// --- the lb_model_def entry points of a decoder ------------------------------------------------
+void lb_decoder_weights_refresh(lb_model *m);
+void *lb_decoder_acts_create(lb_model *m, int b, int t);
+void lb_decoder_acts_free(lb_model *m, void *acts);
+void lb_decoder_forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t);
+void lb_decoder_backward(lb_model *m, float loss_scale);
+void lb_decoder_backward_logits(lb_model *m, float aux_scale);
+void *lb_decoder_cached_create(lb_model *m, int max_rows);
+void lb_decoder_cached_free(lb_model *m, void *acts);
+void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n);
+int lb_decoder_route_k(const lb_model_config *c);
+int64_t lb_decoder_active_matmul_params(const lb_model_config *c);
+float *lb_decoder_stage_input(lb_model *m);
+float *lb_decoder_stage_output(lb_model *m);
+float *lb_decoder_stage_grad(lb_model *m);
+
+// The entry points of a model made of these blocks (all but check and tensors).
+#define LB_DECODER_OPS                                        \
+    .acts_create = lb_decoder_acts_create,                    \
+    .acts_free = lb_decoder_acts_free,                        \
+    .forward = lb_decoder_forward,                            \
+    .backward = lb_decoder_backward,                          \
+    .weights_refresh = lb_decoder_weights_refresh,            \
+    .backward_logits = lb_decoder_backward_logits,            \
+    .cached_create = lb_decoder_cached_create,                \
+    .cached_free = lb_decoder_cached_free,                    \
+    .forward_cached = lb_decoder_forward_cached,              \
+    .active_matmul_params = lb_decoder_active_matmul_params,  \
+    .route_k = lb_decoder_route_k,                            \
+    .stage_input = lb_decoder_stage_input,                    \
+    .stage_output = lb_decoder_stage_output,                  \
+    .stage_grad = lb_decoder_stage_grad
+
+#endif
