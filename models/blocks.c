@@ -668,8 +668,8 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
             .weight = f->weight, .logits = f->rlogits, .n = n, .e = d.E, .k = d.K,
             .renorm = c->norm_topk_prob});
     if (m->route_log)
-        be->download(be, m->route_log + (size_t)(l - m->layer_begin) * n * d.K, f->idx,
-                     (size_t)n * d.K * sizeof(int32_t));
+        be->copy(be, lb_model_route_stage(m, n) + (size_t)(l - m->layer_begin) * n * d.K, f->idx,
+                 (size_t)n * d.K * sizeof(int32_t));
     float aux = 0.0f;
     if (want_aux) be->moe_aux_loss(be, &aux, f->aux_grad, f->probs, f->idx, n, d.E, d.K);
     // This rank's part of the rows goes to the experts (all of them when etp = tp). The others'

@@ -288,6 +288,7 @@ void lb_model_free(lb_model *m)
         lb_model_use_slot(m, s);
         acts_release(m);
     }
+    if (m->route_dev) m->be->free(m->be, m->route_dev);
     if (m->lp_cap) {
         m->be->free(m->be, m->lp_loss);
         m->be->free(m->be, m->lp_w);
@@ -405,6 +406,32 @@ static void acts_ensure(lb_model *m, int b, int t)
 
 void lb_model_prepare(lb_model *m, int b, int t) { acts_ensure(m, b, t); }
 
+static size_t route_words(const lb_model *m, size_t n)
+{
+    const int k = m->def->route_k ? m->def->route_k(&m->cfg) : 0;
+    return (size_t)(m->layer_end - m->layer_begin) * n * k;
+}
+
+int32_t *lb_model_route_stage(lb_model *m, size_t n)
+{
+    const size_t need = route_words(m, n);
+    if (need > m->route_cap) {
+        if (m->route_dev) m->be->free(m->be, m->route_dev);
+        m->route_dev = m->be->alloc(m->be, need * sizeof(int32_t));
+        m->route_cap = need;
+    }
+    return m->route_dev;
+}
+
+// route_log's rows of an n-row forward, staged by its layers, in one download: a download a
+// layer made the device wait for the host four times a decode step of the 4-layer bench.
+static void route_fetch(lb_model *m, size_t n)
+{
+    if (m->route_log && route_words(m, n))
+        m->be->download(m->be, m->route_log, lb_model_route_stage(m, n),
+                        route_words(m, n) * sizeof(int32_t));
+}
+
 float lb_model_forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t)
 {
     if (t > m->cfg.max_position_embeddings)
@@ -420,6 +447,7 @@ float lb_model_forward(lb_model *m, const int32_t *tokens, const int32_t *target
     if (targets) m->be->upload(m->be, m->targets, targets, n * sizeof(int32_t));
     lb_model_refresh_weights(m);
     m->def->forward(m, m->tokens, targets ? m->targets : NULL, b, t);
+    route_fetch(m, n);
     return m->loss;
 }
 
@@ -640,6 +668,7 @@ void lb_model_forward_cached_dev(lb_model *m, lb_kvcache *kv, const int32_t *row
     kv->pos = rows + 2 * (size_t)n;
     lb_model_refresh_weights(m);   // the sampler reads the weights the last step wrote
     m->def->forward_cached(m, kv, n);
+    route_fetch(m, (size_t)n);
 }
 
 // Grow-only scratch for n rows of log-prob work.

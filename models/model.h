@@ -228,8 +228,11 @@ struct lb_model {
     // NULL, or host memory (layers of this stage, rows, route_k) where the next forwards (the
     // training forward and the cached one) write each routed layer's top-k choices of their
     // rows, as router_topk_fwd orders them: the sampler's and the trainer's routes, compared
-    // by lowbit rl (routing_agreement). One download a layer while it is set.
+    // by lowbit rl (routing_agreement). The layers copy them to route_dev (backend memory) and
+    // one download after the forward brings them all (lb_model_route_stage).
     int32_t *route_log;
+    int32_t *route_dev;
+    size_t route_cap;              // route_dev's int32 capacity
     // Definition-private: the tensor indices of each layer of this stage by role, built by the
     // definition on first use (a fixed-place lookup); freed with the model.
     int *layer_tensors;
@@ -283,6 +286,9 @@ void lb_model_free(lb_model *m);
 void lb_model_init_params(lb_model *m, uint64_t seed);
 // tokens/targets are HOST arrays (b*t); targets may be NULL. Returns m->loss.
 float lb_model_forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t);
+// Where a forward of n rows copies a routed layer's top-k choices while route_log is set:
+// (layers of this stage, n, route_k) in backend memory, grown as needed.
+int32_t *lb_model_route_stage(lb_model *m, size_t n);
 void lb_model_backward(lb_model *m, float loss_scale);
 // Starts accumulating a new set of gradients. The gradients of wgrad_gemm tensors are not
 // zeroed but marked fresh: their first GEMM of the next backward overwrites them (beta 0), which
