@@ -424,6 +424,25 @@ int lb_comm_local_rank(lb_comm *c)
     return r;
 }
 
+int lb_comm_node(lb_comm *c)
+{
+    MPI_Comm node;
+    int first = c->rank;
+    LB_MPI_CHECK(MPI_Comm_split_type(lb_comm_mpi(c), MPI_COMM_TYPE_SHARED, c->rank,
+                                     MPI_INFO_NULL, &node));
+    LB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, node));
+    LB_MPI_CHECK(MPI_Comm_free(&node));
+    return first;
+}
+
+int lb_comm_spans_nodes(lb_comm *c, int node)
+{
+    int lo = node, hi = node;
+    LB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_INT, MPI_MIN, lb_comm_mpi(c)));
+    LB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_INT, MPI_MAX, lb_comm_mpi(c)));
+    return lo != hi;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Host control messages
 

@@ -78,6 +78,12 @@ void lb_comm_split(lb_comm *parent, int color, int key, lb_comm *out);
 void lb_comm_free(lb_comm *c);
 // This rank's index among the ranks on its node (MPI_COMM_TYPE_SHARED): picks its GPU.
 int lb_comm_local_rank(lb_comm *c);
+// This rank's node (the ranks that share memory with it, as MPI_COMM_TYPE_SHARED groups them):
+// the lowest rank of c on it. Collective over c.
+int lb_comm_node(lb_comm *c);
+// Whether c's ranks, each on node `node` (lb_comm_node over a common parent), lie on more than
+// one node. Collective over c.
+int lb_comm_spans_nodes(lb_comm *c, int node);
 // For tests: the largest number of elements one MPI call or one staging buffer of the
 // deterministic reductions handles (default 1 << 22; NCCL uses it for its staging too). Small
 // values exercise the piecewise paths.

@@ -28,6 +28,24 @@ int lb_run_failed(const lb_run *r, int failed, const char *err)
     return n > 0;
 }
 
+// Tensor-parallel groups (and expert-tensor-parallel ones) exchange activations in every layer,
+// so across nodes their all-reduces cross the network: warn (rank 0, once) where the launch put
+// one across nodes. Megatron's rule: tp inside a node; the grid keeps tp ranks consecutive, so
+// a launch that fills each node with consecutive ranks (mpirun's default --map-by slot, the
+// nodes' slots a multiple of tp) keeps them there (doc/parallel.md, Beyond one host).
+static void warn_split_nodes(lb_run *r)
+{
+    const int node = lb_comm_node(r->world);
+    const int tp = lb_comm_spans_nodes(&r->grid.tp_comm, node);
+    const int etp = lb_comm_spans_nodes(&r->grid.etp_comm, node);
+    if (lb_comm_allreduce_sum(r->world, tp + 2 * etp) != 0.0 && r->root)
+        fprintf(stderr,
+                "%s: warning: a tensor-parallel group (parallel.tp = %d, etp = %d) spans nodes: "
+                "its all-reduces cross the network every layer; give each node a multiple of "
+                "tp consecutive ranks (doc/parallel.md, Beyond one host)\n",
+                r->who, r->grid.tp, r->grid.etp);
+}
+
 int lb_run_layout(lb_run *r, const lb_config *c, lb_comm *world, const char *who,
                   lb_run_check check)
 {
@@ -45,6 +63,7 @@ int lb_run_layout(lb_run *r, const lb_config *c, lb_comm *world, const char *who
     }
     world->deterministic = c->parallel.deterministic;
     if (lb_grid_create(&r->grid, &c->parallel, world, err, sizeof err) != 0) lb_die("%s", err);
+    warn_split_nodes(r);
     return 0;
 }
 
