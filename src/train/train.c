@@ -251,10 +251,15 @@ static int train_load(train_run *x)
         lb_model_init_params(x->m, x->c->run.seed);   // counter-based: the same on every layout
         return 0;
     }
+    char why[ERRLEN];
     int bad = lb_checkpoint_load_parallel(x->resume, &r->opt, &x->st, r->world,
-                                          &x->c->parallel, err, sizeof err) != 0 ||
-              lb_loader_seek(x->train, x->st.loader_shard, x->st.loader_pos, err,
-                             sizeof err) != 0;
+                                          &x->c->parallel, err, sizeof err) != 0;
+    if (!bad && lb_loader_seek(x->train, x->st.loader_shard, x->st.loader_pos, why,
+                               sizeof why) != 0) {
+        snprintf(err, sizeof err, "%.400s: its loader position does not fit data.train_files: "
+                 "%.500s", x->resume, why);
+        bad = 1;
+    }
     if (lb_run_failed(r, bad, err)) return 1;
     if (r->root) printf("resumed from %s at step %" PRId64 "\n", x->resume, x->st.step);
     return 0;
