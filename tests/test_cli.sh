@@ -88,6 +88,27 @@ cat "$tmp/d/arith_train_000.bin" > "$tmp/bad/magic_000.bin"
 printf 'XXXX' | dd of="$tmp/bad/magic_000.bin" bs=1 conv=notrunc 2>/dev/null
 expect_error bad-magic "magic_000.bin: not a token shard: bad magic" "$bin" train "$cfg" "${run[@]}" \
     --set data.train_files="$tmp/bad/magic_*.bin" --set run.out_dir="$tmp/r2"
+# every shard's tokens are checked before the first step: a bad token in the second shard
+# stops the run before any output (no metrics.jsonl, no checkpoints)
+cp "$tmp/d/arith_train_000.bin" "$tmp/bad/tok_000.bin"
+cp "$tmp/d/arith_train_000.bin" "$tmp/bad/tok_001.bin"
+printf '\xff\xff' | dd of="$tmp/bad/tok_001.bin" bs=1 seek=$((1024 + 2 * 7)) conv=notrunc 2>/dev/null
+expect_error bad-token "tok_001.bin: token 65535 at offset 7 is outside the vocabulary \(vocab_size 256\)" \
+    "$bin" train "$cfg" "${run[@]}" --set train.steps=50 --set checkpoint.save_every=1 \
+    --set data.train_files="$tmp/bad/tok_*.bin" --set run.out_dir="$tmp/r8"
+[ ! -e "$tmp/r8" ] && ok || fail "a bad token left output: $(ls -R "$tmp/r8")"
+expect_error bad-val-token "tok_001.bin: token 65535 at offset 7" "$bin" train "$cfg" "${run[@]}" \
+    --set data.train_files="$tmp/d/arith_train_*.bin" --set data.val_files="$tmp/bad/tok_*.bin" \
+    --set run.out_dir="$tmp/r8"
+# a large set gets progress lines
+"$bin" data "$cfg" --set gen.output="$tmp/many/arith" --set gen.problems=2000 \
+    --set gen.shard_tokens=600 >/dev/null 2>&1 || fail "data (many shards)"
+nmany=$(ls "$tmp/many"/arith_train_*.bin | wc -l)
+"$bin" train "$cfg" "${run[@]}" --set train.steps=1 --set data.train_files="$tmp/many/arith_train_*.bin" \
+    --set run.out_dir="$tmp/r9" > "$tmp/many.log" 2>&1
+grep -Eq "^checking data.train_files: $nmany shards, [0-9]+ tokens, over 1 rank$" "$tmp/many.log" &&
+    grep -q "^checked data.train_files in " "$tmp/many.log" && [ "$nmany" -ge 16 ] && ok ||
+    fail "no progress lines for $nmany shards: $(head -n 3 "$tmp/many.log")"
 expect_error text-missing "nofile.txt: No such file or directory" "$bin" data \
     --set gen.kind=text --set gen.input="$tmp/nofile.txt" --set gen.output="$tmp/t/x"
 [ -z "$(ls "$tmp/t" 2>/dev/null)" ] && ok || fail "data left output after an error"

@@ -235,6 +235,10 @@ static int train_open(train_run *x)
                                 sizeof err);
         if (lb_run_failed(r, !x->val, err)) return 1;
     }
+    // every token of every shard, before any output (doc/data.md)
+    if (lb_run_check_shards(r, x->train, "data.train_files") != 0 ||
+        (x->val && lb_run_check_shards(r, x->val, "data.val_files") != 0))
+        return 1;
     if (lb_run_setup(r, 0) != 0) return 1;
     x->m = r->m;
     lb_run_optimizer(r, c->train.steps);
