@@ -423,10 +423,11 @@ static void train_step(train_run *x, int step)
     }
 }
 
+// Frees what was made, also of a run that stopped during its setup.
 static void train_free(train_run *x)
 {
     lb_metrics_close(x->metrics);
-    for (int j = 0; j < x->M; j++) {
+    for (int j = 0; x->in && j < x->M; j++) {
         free(x->in[j]);
         free(x->tg[j]);
     }
@@ -435,7 +436,7 @@ static void train_free(train_run *x)
     free(x->ini);
     lb_run_teardown(&x->run);
     lb_loader_close(x->train);
-    if (x->val) lb_loader_close(x->val);
+    lb_loader_close(x->val);
 }
 
 int lb_cmd_train(const lb_config *c, lb_comm *comm)
@@ -445,6 +446,7 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
     if (train_layout(x, c, comm) != 0 || train_open(x) != 0 || train_load(x) != 0 ||
         train_announce(x) != 0) {
         lb_run_abandon(&x->run);
+        train_free(x);
         return 1;
     }
     train_alloc(x);
