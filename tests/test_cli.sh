@@ -123,11 +123,15 @@ ck="$tmp/ok/checkpoints/step_00000002.safetensors"
 mkdir -p "$tmp/sw/checkpoints"
 dead=$(sh -c 'echo $$')   # a process that has ended
 touch "$tmp/sw/checkpoints/step_00000001.safetensors.tmp.$dead" \
-      "$tmp/sw/checkpoints/step_00000001.safetensors.tmp.$$"
+      "$tmp/sw/checkpoints/step_00000001.safetensors.tmp.$$" \
+      "$tmp/sw/metrics.jsonl.tmp.$dead" "$tmp/sw/config.ini.tmp.$dead"
 "$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/sw" >/dev/null 2>&1 || fail "train (sweep)"
 [ ! -e "$tmp/sw/checkpoints/step_00000001.safetensors.tmp.$dead" ] &&
     [ -e "$tmp/sw/checkpoints/step_00000001.safetensors.tmp.$$" ] && ok ||
     fail "temporaries of killed saves: $(ls "$tmp/sw/checkpoints")"
+# and those of a metrics rewrite (a resume) or a configuration write killed midway
+[ ! -e "$tmp/sw/metrics.jsonl.tmp.$dead" ] && [ ! -e "$tmp/sw/config.ini.tmp.$dead" ] && ok ||
+    fail "temporaries of killed writes: $(ls "$tmp/sw")"
 # poke FILE OLD NEW: overwrites the first OLD in FILE with NEW (the same length), in place
 poke() {
     local at

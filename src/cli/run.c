@@ -1,8 +1,6 @@
 // run.c: one run's setup, shared by the commands (src/cli/run.h).
 #include "src/cli/run.h"
 
-#include <errno.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,24 +145,12 @@ void lb_run_optimizer(lb_run *r, int total_steps)
     r->has_opt = 1;
 }
 
-// Removes the temporaries (step_N.safetensors.tmp.PID, lb_atomic_open) that a save killed
-// midway left in dir: those whose process is gone. A live one is another process's save in
-// progress (this one's are committed or removed before it sweeps).
+// The temporaries of killed saves in dir (lb_atomic_sweep).
 static void sweep_temps(const char *dir)
 {
     char pattern[1024];
-    char **list;
     snprintf(pattern, sizeof pattern, "%s/step_*.safetensors.tmp.*", dir);
-    int n = lb_glob(pattern, &list);
-    for (int i = 0; i < n; i++) {
-        const char *tail = strrchr(list[i], '.') + 1;
-        char *end;
-        long pid = strtol(tail, &end, 10);
-        if (*end || pid <= 0) continue;   // not a temporary of lb_atomic_open's
-        int alive = pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno != ESRCH);
-        if (!alive) unlink(list[i]);
-    }
-    lb_glob_free(list, n);
+    lb_atomic_sweep(pattern);
 }
 
 int lb_run_checkpoint_dir(lb_run *r)
@@ -247,8 +233,10 @@ void lb_run_resume_path(const lb_run *r, char *out, size_t outlen)
 
 int lb_run_config_write(const lb_config *c, const char *ini, char *err, size_t errlen)
 {
-    char path[LB_PATH_MAX + 16];
+    char path[LB_PATH_MAX + 16], pattern[LB_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/config.ini", c->run.out_dir);
+    snprintf(pattern, sizeof pattern, "%s.tmp.*", path);
+    lb_atomic_sweep(pattern);   // a killed run's
     lb_atomic_file a;
     if (lb_atomic_open(&a, path, err, errlen) != 0) return -1;
     fputs(ini, a.f);
