@@ -284,7 +284,9 @@ static int loader_load(lb_loader *l, int s, char *err, size_t errlen)
     free(l->raw);
     l->raw = NULL;
     l->loaded = -1;
-    if (loader_read(l, s, &l->raw, &l->elem, err, errlen) != 0) return -1;
+    uint8_t *raw;
+    if (loader_read(l, s, &raw, &l->elem, err, errlen) != 0) return -1;
+    l->raw = raw;
     l->loaded = s;
     return 0;
 }
