@@ -963,7 +963,10 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     }
     double t_start = lb_now();
     for (int step = (int)x->st.step + 1; step <= c->rl.steps; step++)
-        if (rl_step_run(x, step, t_start) != 0) return 1;
+        if (rl_step_run(x, step, t_start) != 0) {
+            rl_free(x);
+            return 1;
+        }
     rl_free(x);
     return 0;
 }
