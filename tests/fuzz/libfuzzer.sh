@@ -17,7 +17,11 @@ if ! echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { return 0; }' |
     exit 1
 fi
 mkdir -p "$dir/tree" "$dir/work"
-(cd "$src" && git ls-files -z | xargs -0 cp --parents -t "$dir/tree")
+if (cd "$src" && git rev-parse --is-inside-work-tree > /dev/null 2>&1); then
+    (cd "$src" && git ls-files -z | xargs -0 cp --parents -t "$dir/tree")
+else   # the distribution's files (an in-tree configure needed)
+    make -s -C "$src" distdir distdir="$dir/tree" > /dev/null
+fi
 cd "$dir/tree"
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
 if [ ! -f Makefile ]; then

@@ -11,6 +11,7 @@ int lb_fuzz_accepted;
 // A target may write its seed corpus (replay --seed DIR); weak: most have none.
 int lb_fuzz_seed(const char *dir) __attribute__((weak));
 
+#ifndef LB_LIBFUZZER   // under libFuzzer (make fuzz) its main drives the target
 static int replay_file(const char *path, int *n)
 {
     FILE *f = fopen(path, "rb");
@@ -79,7 +80,6 @@ static int replay(const char *path, int *n)
     return bad;
 }
 
-#ifndef LB_LIBFUZZER   // under libFuzzer (make fuzz) its main drives the target
 int main(int argc, char **argv)
 {
     int n = 0, bad = 0;
