@@ -88,6 +88,27 @@ cat "$tmp/d/arith_train_000.bin" > "$tmp/bad/magic_000.bin"
 printf 'XXXX' | dd of="$tmp/bad/magic_000.bin" bs=1 conv=notrunc 2>/dev/null
 expect_error bad-magic "magic_000.bin: not a token shard: bad magic" "$bin" train "$cfg" "${run[@]}" \
     --set data.train_files="$tmp/bad/magic_*.bin" --set run.out_dir="$tmp/r2"
+# every shard's tokens are checked before the first step: a bad token in the second shard
+# stops the run before any output (no metrics.jsonl, no checkpoints)
+cp "$tmp/d/arith_train_000.bin" "$tmp/bad/tok_000.bin"
+cp "$tmp/d/arith_train_000.bin" "$tmp/bad/tok_001.bin"
+printf '\xff\xff' | dd of="$tmp/bad/tok_001.bin" bs=1 seek=$((1024 + 2 * 7)) conv=notrunc 2>/dev/null
+expect_error bad-token "tok_001.bin: token 65535 at offset 7 is outside the vocabulary \(vocab_size 256\)" \
+    "$bin" train "$cfg" "${run[@]}" --set train.steps=50 --set checkpoint.save_every=1 \
+    --set data.train_files="$tmp/bad/tok_*.bin" --set run.out_dir="$tmp/r8"
+[ ! -e "$tmp/r8" ] && ok || fail "a bad token left output: $(ls -R "$tmp/r8")"
+expect_error bad-val-token "tok_001.bin: token 65535 at offset 7" "$bin" train "$cfg" "${run[@]}" \
+    --set data.train_files="$tmp/d/arith_train_*.bin" --set data.val_files="$tmp/bad/tok_*.bin" \
+    --set run.out_dir="$tmp/r8"
+# a large set gets progress lines
+"$bin" data "$cfg" --set gen.output="$tmp/many/arith" --set gen.problems=2000 \
+    --set gen.shard_tokens=600 >/dev/null 2>&1 || fail "data (many shards)"
+nmany=$(ls "$tmp/many"/arith_train_*.bin | wc -l)
+"$bin" train "$cfg" "${run[@]}" --set train.steps=1 --set data.train_files="$tmp/many/arith_train_*.bin" \
+    --set run.out_dir="$tmp/r9" > "$tmp/many.log" 2>&1
+grep -Eq "^checking data.train_files: $nmany shards, [0-9]+ tokens, over 1 rank$" "$tmp/many.log" &&
+    grep -q "^checked data.train_files in " "$tmp/many.log" && [ "$nmany" -ge 16 ] && ok ||
+    fail "no progress lines for $nmany shards: $(head -n 3 "$tmp/many.log")"
 expect_error text-missing "nofile.txt: No such file or directory" "$bin" data \
     --set gen.kind=text --set gen.input="$tmp/nofile.txt" --set gen.output="$tmp/t/x"
 [ -z "$(ls "$tmp/t" 2>/dev/null)" ] && ok || fail "data left output after an error"
@@ -102,11 +123,66 @@ ck="$tmp/ok/checkpoints/step_00000002.safetensors"
 mkdir -p "$tmp/sw/checkpoints"
 dead=$(sh -c 'echo $$')   # a process that has ended
 touch "$tmp/sw/checkpoints/step_00000001.safetensors.tmp.$dead" \
-      "$tmp/sw/checkpoints/step_00000001.safetensors.tmp.$$"
+      "$tmp/sw/checkpoints/step_00000001.safetensors.tmp.$$" \
+      "$tmp/sw/metrics.jsonl.tmp.$dead" "$tmp/sw/config.ini.tmp.$dead"
 "$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/sw" >/dev/null 2>&1 || fail "train (sweep)"
 [ ! -e "$tmp/sw/checkpoints/step_00000001.safetensors.tmp.$dead" ] &&
     [ -e "$tmp/sw/checkpoints/step_00000001.safetensors.tmp.$$" ] && ok ||
     fail "temporaries of killed saves: $(ls "$tmp/sw/checkpoints")"
+# and those of a metrics rewrite (a resume) or a configuration write killed midway
+[ ! -e "$tmp/sw/metrics.jsonl.tmp.$dead" ] && [ ! -e "$tmp/sw/config.ini.tmp.$dead" ] && ok ||
+    fail "temporaries of killed writes: $(ls "$tmp/sw")"
+# poke FILE OLD NEW: overwrites the first OLD in FILE with NEW (the same length), in place
+poke() {
+    local at
+    at=$(LC_ALL=C grep -obUaF -- "$2" "$1" | head -n 1 | cut -d: -f1)
+    [ -n "$at" ] || { fail "poke: '$2' not in $1"; return 1; }
+    printf '%s' "$3" | dd of="$1" bs=1 seek="$at" conv=notrunc 2>/dev/null
+}
+# the header CRC covers the metadata and the tensor table: an edited step, loader position or
+# stored model is refused by resume and by sample, naming the file
+edit() { cp "$ck" "$tmp/$1.safetensors"; poke "$tmp/$1.safetensors" "$2" "$3"; }
+edit step '"step":"2"' '"step":"3"'
+expect_error edited-step "step.safetensors: header checksum mismatch" "$bin" train "$cfg" \
+    "${good[@]}" --set run.out_dir="$tmp/r6" --set checkpoint.resume="$tmp/step.safetensors"
+expect_error edited-step-sample "step.safetensors: header checksum mismatch" "$bin" sample \
+    --set sample.checkpoint="$tmp/step.safetensors" --set sample.problems=2
+edit pos '"loader_pos":"' '"loader_pos":"1'
+expect_error edited-pos "pos.safetensors: header checksum mismatch" "$bin" train "$cfg" \
+    "${good[@]}" --set run.out_dir="$tmp/r6" --set checkpoint.resume="$tmp/pos.safetensors"
+edit rope 'rope_theta = 10000' 'rope_theta = 10001'
+expect_error edited-rope "rope.safetensors: header checksum mismatch" "$bin" sample \
+    --set sample.checkpoint="$tmp/rope.safetensors" --set sample.problems=2
+edit topk 'num_experts_per_tok = 2' 'num_experts_per_tok = 1'
+expect_error edited-topk "topk.safetensors: header checksum mismatch" "$bin" sample \
+    --set sample.checkpoint="$tmp/topk.safetensors" --set sample.problems=2
+# a corrupt name among the optimizer's moments is an error, never zero moments
+edit moment 'optimizer.exp_avg.' 'optimizer.exp_avX.'
+expect_error moment-name "moment.safetensors: tensor 'optimizer\.exp_avg\..*' is missing; the file holds 'optimizer\.exp_avX\..*' instead" \
+    "$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/r6" \
+    --set checkpoint.resume="$tmp/moment.safetensors"
+# every metadata field is checked: a negative step (a checkpoint at step 10 makes room for it)
+"$bin" train "$cfg" "${good[@]}" --set train.steps=10 --set run.out_dir="$tmp/ok10" \
+    >/dev/null 2>&1 || fail "train 10"
+cp "$tmp/ok10/checkpoints/step_00000010.safetensors" "$tmp/neg.safetensors"
+poke "$tmp/neg.safetensors" '"step":"10"' '"step":"-9"'
+expect_error negative-step "neg.safetensors: metadata 'step' is '-9': not a whole number" \
+    "$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/r6" \
+    --set checkpoint.resume="$tmp/neg.safetensors"
+expect_error negative-step-sample "neg.safetensors: metadata 'step' is '-9': not a whole number" \
+    "$bin" sample --set sample.checkpoint="$tmp/neg.safetensors" --set sample.problems=2
+cp "$tmp/ok10/checkpoints/step_00000010.safetensors" "$tmp/crc.safetensors"
+poke "$tmp/crc.safetensors" '"crc32":"' '"crc32":"X'
+expect_error bad-crc-field "crc.safetensors: metadata 'crc32' is 'X.*': not 8 hex digits" \
+    "$bin" sample --set sample.checkpoint="$tmp/crc.safetensors" --set sample.problems=2
+# a checkpoint of format 1 (no header CRC, before 2026-12-02) still resumes
+edit old 'lowbit-checkpoint-2' 'lowbit-checkpoint-1'
+"$bin" train "$cfg" "${good[@]}" --set train.steps=3 --set run.out_dir="$tmp/r7" \
+    --set checkpoint.resume="$tmp/old.safetensors" > "$tmp/r7.log" 2>&1 &&
+    grep -q "resumed from .*old.safetensors at step 2" "$tmp/r7.log" && ok ||
+    fail "format-1 checkpoint: $(cat "$tmp/r7.log")"
+[ ! -e "$tmp/r6/checkpoints" ] && [ ! -e "$tmp/r6/metrics.jsonl" ] && ok ||
+    fail "a refused checkpoint left output: $(ls "$tmp/r6")"
 head -c 5000 "$ck" > "$tmp/trunc.safetensors"
 expect_error trunc-ckpt "trunc.safetensors: " "$bin" train "$cfg" "${good[@]}" \
     --set run.out_dir="$tmp/r3" --set checkpoint.resume="$tmp/trunc.safetensors"

@@ -399,6 +399,12 @@ START_TEST(loader_errors)
     lb_loader_tell(l, &s, &p);
     ck_assert_int_eq(s, 1);
     ck_assert_int_eq(p, 0);
+    // the same found before any batch, shard by shard (lb_run_check_shards)
+    ck_assert_int_eq(lb_loader_check_shard(l, 0, err, sizeof err), 0);
+    err[0] = 0;
+    ck_assert_int_eq(lb_loader_check_shard(l, 1, err, sizeof err), -1);
+    ck_assert_str_eq(err, want);
+    ck_assert_int_eq(lb_loader_tokens(l), 40);
     lb_loader_close(l);
     // vocab_size 300 still excludes token 300 (the bound is strict)...
     l = lb_loader_open(path_in(dir, "v_*.bin"), 1, 10, 300, err, sizeof err);

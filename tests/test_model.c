@@ -265,6 +265,14 @@ static lb_model *trained_model(const char *arch, float **am, float **av)
     return m;
 }
 
+// A trained_model's model and moments freed.
+static void free_trained(lb_model *m, float *am, float *av)
+{
+    be->free(be, am);
+    be->free(be, av);
+    lb_model_free(m);
+}
+
 static const char *save_one(const char *dir, const char *name, lb_model *m, float *am, float *av)
 {
     static char path[512];
@@ -301,8 +309,8 @@ START_TEST(test_checkpoint_roundtrip)
     save_one(dir, "step_00000020.safetensors", m, am, av);
     lb_checkpoint_latest(dir, latest, sizeof latest);
     ck_assert_msg(strstr(latest, "step_00000020.safetensors") != NULL, "latest is %s", latest);
-    lb_model_free(m);
-    lb_model_free(n);
+    free_trained(m, am, av);
+    free_trained(n, bm, bv);
 }
 END_TEST
 
@@ -315,7 +323,7 @@ static void expect_load_error(const char *path, const char *arch, const char *wa
     ck_assert_msg(rc != 0, "loading %s should fail", path);
     ck_assert_msg(strstr(err, path) && strstr(err, want), "error '%s' lacks '%s' or the path", err,
                   want);
-    lb_model_free(n);
+    free_trained(n, bm, bv);
 }
 
 START_TEST(test_checkpoint_bad)
@@ -326,7 +334,7 @@ START_TEST(test_checkpoint_bad)
     char path[600], cmd[1400];
     snprintf(path, sizeof path, "%s", save_one(dir, "good.safetensors", m, am, av));
     // another model's tensors
-    expect_load_error(path, "qwen3", "missing");
+    expect_load_error(path, "qwen3", "a checkpoint of another model");
     // a flipped byte in the data section
     snprintf(cmd, sizeof cmd, "%s/flip.safetensors", dir);
     char *flip = strdup(cmd);
@@ -348,7 +356,7 @@ START_TEST(test_checkpoint_bad)
     snprintf(cmd, sizeof cmd, "%s/none.safetensors", dir);
     expect_load_error(cmd, "qwen3_moe", "");
     free(flip);
-    lb_model_free(m);
+    free_trained(m, am, av);
 }
 END_TEST
 
@@ -367,8 +375,8 @@ START_TEST(test_checkpoint_other_shape)
     ck_assert_msg(strstr(err, "model.layers.0.mlp.experts.gate_up_proj") && strstr(err, "shape [5,24,16]") &&
                       strstr(err, "expects [5,16,16]"),
                   "unexpected: %s", err);
-    lb_model_free(n);
-    lb_model_free(m);
+    free_trained(n, bm, bv);
+    free_trained(m, am, av);
 }
 END_TEST
 

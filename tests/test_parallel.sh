@@ -209,6 +209,15 @@ expect_bad() {
     fi
     [ ! -e "$tmp/bad" ] && ok || fail "$name: work was done (run.out_dir exists)"
 }
+# a bad token in the second shard, which rank 1 checks: the job stops before any work with the
+# message printed once (it was printed by both ranks, on one line)
+cp "$tmp/arith_train_000.bin" "$tmp/tok_000.bin"
+cp "$tmp/arith_train_000.bin" "$tmp/tok_001.bin"
+printf '\xff\xff' | dd of="$tmp/tok_001.bin" bs=1 seek=$((1024 + 2 * 3)) conv=notrunc 2>/dev/null
+expect_bad bad-token 2 "rank 1: .*tok_001.bin: token 65535 at offset 3 is outside the vocabulary" \
+    --set data.train_files="$tmp/tok_*.bin"
+[ "$(grep -o "token 65535" "$tmp/bad.err" | wc -l)" = 1 ] && ok ||
+    fail "bad token: the message is not printed once: $(cat "$tmp/bad.err")"
 expect_bad world 3 "the world of 3 ranks is not divisible by parallel.tp x parallel.pp = 2 x 1" \
     --set parallel.tp=2 --set model.num_attention_heads=4 --set model.num_key_value_heads=2
 expect_bad experts 2 "model.num_experts \(4\) is not divisible by parallel.ep \(3\)" --set parallel.ep=3

@@ -1,8 +1,6 @@
 // run.c: one run's setup, shared by the commands (src/cli/run.h).
 #include "src/cli/run.h"
 
-#include <errno.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,16 +14,59 @@
 int lb_run_failed(const lb_run *r, int failed, const char *err)
 {
     lb_comm *w = r->world;
+    failed = failed != 0;
     if (w->size == 1) {
         if (failed) fprintf(stderr, "%s: %s\n", r->who, err);
         return failed;
     }
-    int root_failed = failed;
-    lb_comm_bcast(w, &root_failed, sizeof root_failed, 0);
-    int n = (int)lb_comm_allreduce_sum(w, failed ? 1.0 : 0.0);
-    if (failed && w->rank == 0) fprintf(stderr, "%s: %s\n", r->who, err);
-    else if (failed && !root_failed) fprintf(stderr, "%s: rank %d: %s\n", r->who, w->rank, err);
-    return n > 0;
+    // Every rank learns which failed; the first of them sends its message to rank 0, which
+    // prints it: one line however many ranks failed (each shard checked by another rank).
+    int *all = lb_malloc(sizeof(int) * w->size);
+    lb_comm_host_all_gather(w, &failed, all, sizeof(int));
+    int first = -1;
+    for (int i = 0; i < w->size && first < 0; i++)
+        if (all[i]) first = i;
+    free(all);
+    if (first < 0) return 0;
+    char msg[ERRLEN] = "";
+    if (w->rank == first) snprintf(msg, sizeof msg, "%s", err);
+    lb_comm_bcast(w, msg, sizeof msg, first);
+    if (w->rank == 0 && first == 0) fprintf(stderr, "%s: %s\n", r->who, msg);
+    else if (w->rank == 0) fprintf(stderr, "%s: rank %d: %s\n", r->who, first, msg);
+    fflush(stderr);
+    return 1;
+}
+
+int lb_run_check_shards(lb_run *r, const lb_loader *l, const char *key)
+{
+    char err[ERRLEN] = "";
+    lb_comm *w = r->world;
+    int n = lb_loader_nshards(l);
+    int64_t tokens = lb_loader_tokens(l);
+    // A progress line where the check takes a while: many shards, or over 2^28 tokens.
+    int large = n >= 16 || tokens >= ((int64_t)1 << 28);
+    double t0 = lb_now(), last = t0;
+    if (r->root && large) {
+        char count[32];
+        if (tokens < 1000000) snprintf(count, sizeof count, "%lld", (long long)tokens);
+        else snprintf(count, sizeof count, "%.1fM", tokens / 1e6);
+        printf("checking %s: %d shards, %s tokens, over %d rank%s\n", key, n, count, w->size,
+               w->size == 1 ? "" : "s");
+        fflush(stdout);
+    }
+    int bad = 0, mine = (n - w->rank + w->size - 1) / w->size, done = 0;
+    for (int s = w->rank; s < n && !bad; s += w->size) {
+        bad = lb_loader_check_shard(l, s, err, sizeof err) != 0;
+        done++;
+        if (r->root && large && lb_now() - last >= 5.0 && done < mine) {
+            last = lb_now();
+            printf("checking %s: rank 0 has checked %d of its %d shards\n", key, done, mine);
+            fflush(stdout);
+        }
+    }
+    if (lb_run_failed(r, bad, err)) return 1;
+    if (r->root && large) printf("checked %s in %.1f s\n", key, lb_now() - t0);
+    return 0;
 }
 
 // Tensor-parallel groups (and expert-tensor-parallel ones) exchange activations in every layer,
@@ -123,24 +164,12 @@ void lb_run_optimizer(lb_run *r, int total_steps)
     r->has_opt = 1;
 }
 
-// Removes the temporaries (step_N.safetensors.tmp.PID, lb_atomic_open) that a save killed
-// midway left in dir: those whose process is gone. A live one is another process's save in
-// progress (this one's are committed or removed before it sweeps).
+// The temporaries of killed saves in dir (lb_atomic_sweep).
 static void sweep_temps(const char *dir)
 {
     char pattern[1024];
-    char **list;
     snprintf(pattern, sizeof pattern, "%s/step_*.safetensors.tmp.*", dir);
-    int n = lb_glob(pattern, &list);
-    for (int i = 0; i < n; i++) {
-        const char *tail = strrchr(list[i], '.') + 1;
-        char *end;
-        long pid = strtol(tail, &end, 10);
-        if (*end || pid <= 0) continue;   // not a temporary of lb_atomic_open's
-        int alive = pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno != ESRCH);
-        if (!alive) unlink(list[i]);
-    }
-    lb_glob_free(list, n);
+    lb_atomic_sweep(pattern);
 }
 
 int lb_run_checkpoint_dir(lb_run *r)
@@ -223,8 +252,10 @@ void lb_run_resume_path(const lb_run *r, char *out, size_t outlen)
 
 int lb_run_config_write(const lb_config *c, const char *ini, char *err, size_t errlen)
 {
-    char path[LB_PATH_MAX + 16];
+    char path[LB_PATH_MAX + 16], pattern[LB_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/config.ini", c->run.out_dir);
+    snprintf(pattern, sizeof pattern, "%s.tmp.*", path);
+    lb_atomic_sweep(pattern);   // a killed run's
     lb_atomic_file a;
     if (lb_atomic_open(&a, path, err, errlen) != 0) return -1;
     fputs(ini, a.f);

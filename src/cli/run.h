@@ -11,6 +11,7 @@
 #include "parallel/comm.h"
 #include "parallel/grid.h"
 #include "src/io/checkpoint.h"
+#include "src/io/data.h"
 #include "src/cli/config.h"
 #include "src/train/optim.h"
 
@@ -46,9 +47,14 @@ typedef int (*lb_run_check)(const lb_config *c, const lb_grid *g, char *err, siz
 
 // A setup step that may fail on some ranks only (a file one node cannot read): every rank
 // learns whether any failed, so they stop together instead of waiting in a collective. Rank 0
-// prints "WHO: err" when it failed; another rank prints its own when rank 0 did not.
-// Collective over the world. Returns whether any rank failed.
+// prints one line, the message of the first rank that failed: "WHO: err" when that is rank 0,
+// else "WHO: rank N: err". Collective over the world. Returns whether any rank failed.
 int lb_run_failed(const lb_run *r, int failed, const char *err);
+// Every shard of l read and checked (lb_loader_check_shard) before the first step, spread
+// over the world: rank i checks shards i, i + size, ... A bad shard stops every rank with one
+// message (lb_run_failed). key names the set in progress lines, printed by rank 0 for large
+// sets (16 shards or more, or 2^28 tokens). Collective. 0, or 1 after the message.
+int lb_run_check_shards(lb_run *r, const lb_loader *l, const char *key);
 
 // The layout first: a bad one stops every rank before any work, with one message from rank 0
 // (the grid's checks, then check's, which may be NULL). Then the grid's communicators (MPI,

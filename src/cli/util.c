@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <libgen.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -90,6 +91,22 @@ int lb_atomic_open(lb_atomic_file *a, const char *path, char *err, size_t errlen
         return -1;
     }
     return 0;
+}
+
+void lb_atomic_sweep(const char *pattern)
+{
+    char **list;
+    int n = lb_glob(pattern, &list);
+    for (int i = 0; i < n; i++) {
+        const char *dot = strrchr(list[i], '.'), *tmp = dot ? dot - 4 : NULL;
+        if (!tmp || tmp < list[i] || strncmp(tmp, ".tmp.", 5) != 0) continue;
+        char *end;
+        long pid = strtol(dot + 1, &end, 10);
+        if (*end || pid <= 0) continue;   // not a temporary of lb_atomic_open's
+        int alive = pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno != ESRCH);
+        if (!alive) unlink(list[i]);
+    }
+    lb_glob_free(list, n);
 }
 
 static void fsync_dir_of(const char *path)

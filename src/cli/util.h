@@ -27,6 +27,10 @@ typedef struct {
 int lb_atomic_open(lb_atomic_file *a, const char *path, char *err, size_t errlen);
 int lb_atomic_commit(lb_atomic_file *a, char *err, size_t errlen);
 void lb_atomic_abort(lb_atomic_file *a);
+// Removes the temporaries (PATH.tmp.PID) matching the glob pattern whose process is gone: what
+// a write killed midway left. A live one is another process's write in progress (this one's
+// own are committed or removed before it sweeps).
+void lb_atomic_sweep(const char *pattern);
 
 int lb_mkdirs(const char *dir, char *err, size_t errlen);      // mkdir -p
 // Sorted matches of a glob pattern; *out is malloc'd (free with lb_glob_free). Returns count.

@@ -10,22 +10,11 @@
 #include "src/cli/util.h"
 #include "parallel/grid.h"
 
-#define FORMAT "lowbit-checkpoint-1"
-
-static uint32_t crc32_update(uint32_t crc, const void *data, size_t n)
-{
-    static uint32_t table[256];
-    if (!table[1])
-        for (uint32_t i = 0; i < 256; i++) {
-            uint32_t c = i;
-            for (int k = 0; k < 8; k++) c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
-            table[i] = c;
-        }
-    const uint8_t *p = data;
-    crc = ~crc;
-    for (size_t i = 0; i < n; i++) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
-    return ~crc;
-}
+// Format 2: header_crc32 covers the metadata and the tensor table. Format 1 (before
+// 2026-12-02) has the data's crc32 only; it still loads.
+#define FORMAT "lowbit-checkpoint-2"
+#define FORMAT_1 "lowbit-checkpoint-1"
+#define STEP_MAX 2147483647   // steps, shard indices and offsets are int32 where used
 
 static const char *moment_name(char *buf, size_t len, const char *which, const char *name)
 {
@@ -53,7 +42,7 @@ static int save_tables(const char *path, const lb_tensor *t, int n, const float 
             if (b) name = moment_name(names[b * n + i], sizeof names[0], which[b], name);
             const float *data = buf[b] + t[i].offset;
             lb_st_writer_add(w, name, "F32", t[i].ndim, t[i].shape, data);
-            crc = crc32_update(crc, data, t[i].numel * sizeof(float));
+            crc = lb_st_crc32(crc, data, t[i].numel * sizeof(float));
         }
     char num[64];
     lb_st_writer_meta(w, "format", FORMAT);
@@ -66,6 +55,8 @@ static int save_tables(const char *path, const lb_tensor *t, int n, const float 
     lb_st_writer_meta(w, "loader_pos", num);
     snprintf(num, sizeof num, "%08x", crc);
     lb_st_writer_meta(w, "crc32", num);
+    snprintf(num, sizeof num, "%08x", lb_st_writer_header_crc(w, "header_crc32"));
+    lb_st_writer_meta(w, "header_crc32", num);   // last: over everything else
     int rc = lb_st_writer_save(w, path, err, errlen);
     lb_st_writer_free(w);
     free(names);
@@ -90,14 +81,87 @@ int lb_checkpoint_save(const char *path, const lb_model *m, const float *adam_m,
     return rc;
 }
 
-static int open_checkpoint(lb_st_file *f, const char *path, char *err, size_t errlen)
+// Metadata key as a whole number in [0, STEP_MAX].
+static int meta_count(const lb_st_file *f, const char *key, int64_t *out, char *err,
+                      size_t errlen)
+{
+    const char *s = lb_st_meta(f, key);
+    char *end = NULL;
+    long long v = 0;
+    if (s && *s >= '0' && *s <= '9') v = strtoll(s, &end, 10);
+    if (!s || !end || *end || v > STEP_MAX) {
+        char shown[48] = "";
+        if (s) {
+            snprintf(shown, sizeof shown, " is '%.32s'", s);
+            lb_escape_bytes(shown, sizeof shown);
+        }
+        snprintf(err, errlen, "%s: metadata '%s'%s: not a whole number from 0 to %d (the file is "
+                 "corrupt)", f->path, key, s ? shown : " is missing", STEP_MAX);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+// Metadata key as 8 lowercase hex digits (a CRC as save_tables writes it).
+static int meta_crc(const lb_st_file *f, const char *key, char *err, size_t errlen)
+{
+    const char *s = lb_st_meta(f, key);
+    int ok = s && strlen(s) == 8;
+    for (int i = 0; ok && i < 8; i++) ok = (s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f');
+    if (!ok) {
+        char shown[48] = "";
+        if (s) {
+            snprintf(shown, sizeof shown, " is '%.32s'", s);
+            lb_escape_bytes(shown, sizeof shown);
+        }
+        snprintf(err, errlen, "%s: metadata '%s'%s: not 8 hex digits (the file is corrupt)",
+                 f->path, key, s ? shown : " is missing");
+    }
+    return ok ? 0 : -1;
+}
+
+// Opens a checkpoint and checks every metadata field it has to have: the format, the stored
+// configuration, the step and the loader position (whole numbers in range), the CRCs (their
+// form; verify_header and verify_data check their values). *st gets the numbers.
+static int open_checkpoint(lb_st_file *f, const char *path, lb_train_state *st, char *err,
+                           size_t errlen)
 {
     if (lb_st_open(f, path, err, errlen) != 0) return -1;
     const char *fmt = lb_st_meta(f, "format");
-    if (!fmt || strcmp(fmt, FORMAT) != 0) {
+    const char *cfg = lb_st_meta(f, "config");
+    lb_train_state s = {0};
+    if (!fmt || (strcmp(fmt, FORMAT) != 0 && strcmp(fmt, FORMAT_1) != 0)) {
+        char shown[80];
+        snprintf(shown, sizeof shown, "%.64s", fmt ? fmt : "absent");
+        lb_escape_bytes(shown, sizeof shown);
         snprintf(err, errlen, "%s: not a lowbit checkpoint (metadata format is '%s', expected '%s')",
-                 path, fmt ? fmt : "absent", FORMAT);
-        lb_st_close(f);
+                 path, shown, FORMAT);
+    } else if (!cfg || !cfg[0]) {
+        snprintf(err, errlen, "%s: checkpoint has no stored configuration", path);
+    } else if (meta_count(f, "step", &s.step, err, errlen) == 0 &&
+               meta_count(f, "loader_shard", &s.loader_shard, err, errlen) == 0 &&
+               meta_count(f, "loader_pos", &s.loader_pos, err, errlen) == 0 &&
+               meta_crc(f, "crc32", err, errlen) == 0 &&
+               (strcmp(fmt, FORMAT) != 0 || meta_crc(f, "header_crc32", err, errlen) == 0)) {
+        if (st) *st = s;
+        return 0;
+    }
+    lb_st_close(f);
+    return -1;
+}
+
+// The header's CRC (lb_st_header_crc) against the stored one: catches an edited step, loader
+// position or configuration, a renamed tensor, a changed shape. Format 1 has none.
+static int verify_header(const lb_st_file *f, char *err, size_t errlen)
+{
+    if (strcmp(lb_st_meta(f, "format"), FORMAT) != 0) return 0;
+    const char *want = lb_st_meta(f, "header_crc32");
+    char have[16];
+    snprintf(have, sizeof have, "%08x", lb_st_header_crc(f, "header_crc32"));
+    if (strcmp(have, want) != 0) {
+        snprintf(err, errlen, "%s: header checksum mismatch (stored %s, computed %s): the "
+                 "metadata or the tensor table is corrupt", f->path, want, have);
         return -1;
     }
     return 0;
@@ -106,37 +170,21 @@ static int open_checkpoint(lb_st_file *f, const char *path, char *err, size_t er
 char *lb_checkpoint_config(const char *path, char *err, size_t errlen)
 {
     lb_st_file f;
-    if (open_checkpoint(&f, path, err, errlen) != 0) return NULL;
-    const char *cfg = lb_st_meta(&f, "config");
-    char *out = cfg ? strdup(cfg) : NULL;
-    if (!out) snprintf(err, errlen, "%s: checkpoint has no stored configuration", path);
+    if (open_checkpoint(&f, path, NULL, err, errlen) != 0) return NULL;
+    char *out = NULL;
+    if (verify_header(&f, err, errlen) == 0 && !(out = strdup(lb_st_meta(&f, "config"))))
+        snprintf(err, errlen, "%s: out of memory", path);
     lb_st_close(&f);
     return out;
 }
 
-static int meta_i64(const lb_st_file *f, const char *key, int64_t *out, char *err, size_t errlen)
-{
-    const char *s = lb_st_meta(f, key);
-    char *end = NULL;
-    if (s) *out = strtoll(s, &end, 10);
-    if (!s || end == s || *end) {
-        snprintf(err, errlen, "%s: metadata '%s' is missing or not an integer", f->path, key);
-        return -1;
-    }
-    return 0;
-}
-
 // CRC of the whole data section against the stored one: catches flipped or zeroed bytes that
 // still parse.
-static int verify_crc(const lb_st_file *f, char *err, size_t errlen)
+static int verify_data(const lb_st_file *f, char *err, size_t errlen)
 {
     const char *want = lb_st_meta(f, "crc32");
-    if (!want) {
-        snprintf(err, errlen, "%s: checkpoint has no crc32", f->path);
-        return -1;
-    }
     FILE *fp = fopen(f->path, "rb");
-    if (!fp || fseek(fp, (long)f->data_offset, SEEK_SET) != 0) {
+    if (!fp || fseeko(fp, (off_t)f->data_offset, SEEK_SET) != 0) {
         snprintf(err, errlen, "%s: cannot read", f->path);
         if (fp) fclose(fp);
         return -1;
@@ -144,7 +192,7 @@ static int verify_crc(const lb_st_file *f, char *err, size_t errlen)
     uint32_t crc = 0;
     char buf[1 << 16];
     size_t got;
-    while ((got = fread(buf, 1, sizeof buf, fp)) > 0) crc = crc32_update(crc, buf, got);
+    while ((got = fread(buf, 1, sizeof buf, fp)) > 0) crc = lb_st_crc32(crc, buf, got);
     fclose(fp);
     char have[16];
     snprintf(have, sizeof have, "%08x", crc);
@@ -156,14 +204,16 @@ static int verify_crc(const lb_st_file *f, char *err, size_t errlen)
     return 0;
 }
 
-static int load_tensor(const lb_st_file *f, const lb_tensor *t, const char *name, float *host,
-                       char *err, size_t errlen)
+// The file's entry of tensor name with t's shape and dtype F32; NULL with a message naming the
+// file and the tensor (*missing set when there is no such name).
+static const lb_st_tensor *find_tensor(const lb_st_file *f, const lb_tensor *t, const char *name,
+                                       int *missing, char *err, size_t errlen)
 {
     const lb_st_tensor *s = lb_st_find(f, name);
     if (!s) {
-        snprintf(err, errlen, "%s: tensor '%s' is missing (checkpoint of another model?)", f->path,
-                 name);
-        return -1;
+        snprintf(err, errlen, "%s: tensor '%s' is missing", f->path, name);
+        *missing = 1;
+        return NULL;
     }
     int same = s->ndim == t->ndim;
     for (int d = 0; same && d < t->ndim; d++) same = s->shape[d] == t->shape[d];
@@ -175,51 +225,79 @@ static int load_tensor(const lb_st_file *f, const lb_tensor *t, const char *name
             snprintf(b + strlen(b), sizeof b - strlen(b), "%s%" PRId64, d ? "," : "", t->shape[d]);
         snprintf(err, errlen, "%s: tensor '%s' has shape [%s], the model expects [%s]", f->path,
                  name, a, b);
-        return -1;
+        return NULL;
     }
-    return lb_st_read_f32(f, s, host + t->offset, err, errlen);
+    if (strcmp(s->dtype, "F32") != 0) {
+        snprintf(err, errlen, "%s: tensor '%s' is %s, checkpoints hold F32", f->path, name,
+                 s->dtype);
+        return NULL;
+    }
+    return s;
 }
 
 // Reads tensors t (n) into host + t->offset, and the moments into adam_m/adam_v + t->offset
-// when those are not NULL (zeros when the file has none).
+// when those are not NULL (zeros when the file has none). Everything is checked before any
+// data is read: the metadata, every tensor by name, shape and dtype (the parameters, and the
+// moments of every parameter when the file holds 3n tensors), the header's CRC, the data's.
 static int load_tables(const char *path, const lb_tensor *t, int n, float *host, float *adam_m,
                        float *adam_v, size_t floats, lb_train_state *st, char *err, size_t errlen)
 {
     lb_st_file f;
-    if (open_checkpoint(&f, path, err, errlen) != 0) return -1;
-    int rc = -1;
+    lb_train_state s;
+    if (open_checkpoint(&f, path, &s, err, errlen) != 0) return -1;
+    int rc = -1, nb = f.ntensors == 3 * n ? 3 : 1;
+    static const char *which[3] = {NULL, "exp_avg", "exp_avg_sq"};
+    float *dst[3] = {host, adam_m, adam_v};
+    const lb_st_tensor **found = lb_calloc((size_t)3 * n + 1, sizeof *found);
+    char *seen = lb_calloc((size_t)f.ntensors + 1, 1);
     char name[LB_TENSOR_NAME + 32];
-    lb_train_state s = {0};
-    if (verify_crc(&f, err, errlen) != 0) goto out;
-    if (meta_i64(&f, "step", &s.step, err, errlen) ||
-        meta_i64(&f, "loader_shard", &s.loader_shard, err, errlen) ||
-        meta_i64(&f, "loader_pos", &s.loader_pos, err, errlen))
-        goto out;
-    for (int i = 0; i < n; i++)
-        if (load_tensor(&f, &t[i], t[i].name, host, err, errlen)) goto out;
     if (f.ntensors != n && f.ntensors != 3 * n) {
-        snprintf(err, errlen, "%s: holds %d tensors, the model has %d (checkpoint of another model?)",
-                 path, f.ntensors, n);
+        snprintf(err, errlen, "%s: holds %d tensors, the model has %d (with the optimizer's "
+                 "moments %d: a checkpoint of another model?)", path, f.ntensors, n, 3 * n);
         goto out;
     }
-    if (adam_m) {
-        static const char *which[2] = {"exp_avg", "exp_avg_sq"};
-        float *dst[2] = {adam_m, adam_v};
-        int has = lb_st_find(&f, moment_name(name, sizeof name, which[0], t[0].name)) != NULL;
-        for (int b = 0; b < 2; b++) {
-            if (!has) {   // imported weights: a fresh optimizer
-                memset(dst[b], 0, floats * sizeof(float));
-                continue;
-            }
-            for (int i = 0; i < n; i++)
-                if (load_tensor(&f, &t[i], moment_name(name, sizeof name, which[b], t[i].name),
-                                dst[b], err, errlen))
-                    goto out;
+    int missing = 0;
+    for (int b = 0; b < nb && !missing; b++)
+        for (int i = 0; i < n && !missing; i++) {
+            const char *nm = b ? moment_name(name, sizeof name, which[b], t[i].name) : t[i].name;
+            found[b * n + i] = find_tensor(&f, &t[i], nm, &missing, err, errlen);
+            if (!found[b * n + i] && !missing) goto out;
         }
+    if (missing) {   // the count matched, so the file holds a name the model does not have
+        for (int b = 0; b < nb; b++)
+            for (int i = 0; i < n; i++) {
+                const char *nm = b ? moment_name(name, sizeof name, which[b], t[i].name)
+                                   : t[i].name;
+                const lb_st_tensor *x = lb_st_find(&f, nm);
+                if (x) seen[x - f.tensors] = 1;
+            }
+        int k = 0;
+        while (k < f.ntensors && seen[k]) k++;
+        if (k < f.ntensors) {
+            char stray[200];
+            snprintf(stray, sizeof stray, "%s", f.tensors[k].name);
+            lb_escape_bytes(stray, sizeof stray);
+            size_t len = strlen(err);
+            snprintf(err + len, errlen - len, "; the file holds '%s' instead, which the model "
+                     "has not (a corrupt name, or a checkpoint of another model)", stray);
+        }
+        goto out;
+    }
+    if (verify_header(&f, err, errlen) != 0 || verify_data(&f, err, errlen) != 0) goto out;
+    for (int b = 0; b < 3; b++) {
+        if (b && !adam_m) break;
+        if (b >= nb) {   // imported weights: a fresh optimizer
+            memset(dst[b], 0, floats * sizeof(float));
+            continue;
+        }
+        for (int i = 0; i < n; i++)
+            if (lb_st_read_f32(&f, found[b * n + i], dst[b] + t[i].offset, err, errlen)) goto out;
     }
     if (st) *st = s;
     rc = 0;
 out:
+    free(found);
+    free(seen);
     lb_st_close(&f);
     return rc;
 }

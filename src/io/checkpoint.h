@@ -1,8 +1,9 @@
 // checkpoint.h: lowbit checkpoints. A checkpoint is one safetensors file: every parameter by
 // its model name (F32), the AdamW moments as "optimizer.exp_avg.<name>" and
-// "optimizer.exp_avg_sq.<name>", and metadata: format "lowbit-checkpoint-1", the resolved
-// configuration (INI text), the step, the data loader position and a CRC-32 of the data.
-// Saves are atomic (temporary name, fsync, rename); see doc/checkpoints.md.
+// "optimizer.exp_avg_sq.<name>", and metadata: format "lowbit-checkpoint-2", the resolved
+// configuration (INI text), the step, the data loader position, a CRC-32 of the data and one
+// of the header (the metadata and the tensor table). Loading checks all of them before it
+// reads any data. Saves are atomic (temporary name, fsync, rename); see doc/checkpoints.md.
 #ifndef LB_CHECKPOINT_H
 #define LB_CHECKPOINT_H
 
@@ -24,8 +25,9 @@ int lb_checkpoint_save(const char *path, const lb_model *m, const float *adam_m,
                        char *err, size_t errlen);
 // The configuration stored in a checkpoint (malloc'd INI text).
 char *lb_checkpoint_config(const char *path, char *err, size_t errlen);
-// Loads into a model built from that configuration. Every tensor must exist with the model's
-// shape; the moments are loaded when adam_m/adam_v are not NULL (zero when the file has none).
+// Loads into a model built from that configuration. Every tensor must exist by name with the
+// model's shape, the moments of every parameter too when the file has any; they are loaded
+// when adam_m/adam_v are not NULL (zero when the file has none).
 int lb_checkpoint_load(const char *path, lb_model *m, float *adam_m, float *adam_v,
                        lb_train_state *st, char *err, size_t errlen);
 // Checkpoints of a parallel job: one file whatever the layout. Save: every rank gathers the

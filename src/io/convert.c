@@ -352,7 +352,9 @@ static int source_open(hf_source *s, const char *dir, char *err, size_t errlen)
             return -1;
         }
         snprintf(s->label, sizeof s->label, "%s", path);
-        return source_add(s, path, err, errlen);
+        if (source_add(s, path, err, errlen) == 0) return 0;
+        source_close(s);   // the tables source_add grew
+        return -1;
     }
     snprintf(s->label, sizeof s->label, "%s", index);
     cJSON *root = read_json(index, err, errlen);

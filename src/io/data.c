@@ -246,42 +246,65 @@ static void loader_normalise(const lb_loader *l, int64_t *shard, int64_t *pos)
     }
 }
 
-// Brings shard s into memory, checking it still matches its header and its vocabulary.
+// Shard s of l read whole (*raw malloc'd, *elem bytes a token) and checked: it still matches
+// the header read at open, and every token is inside the vocabulary.
+static int loader_read(const lb_loader *l, int s, uint8_t **raw, int *elem, char *err,
+                       size_t errlen)
+{
+    const char *path = l->paths[s];
+    int version;
+    int64_t count;
+    if (shard_load_raw(path, raw, &version, &count, err, errlen) != 0) return -1;
+    if (count != l->counts[s]) {   // replaced between open and now: positions would be wrong
+        snprintf(err, errlen, "%s: changed since the loader opened it (%lld tokens, was %lld)",
+                 path, (long long)count, (long long)l->counts[s]);
+        free(*raw);
+        return -1;
+    }
+    *elem = version == 1 ? 2 : 4;
+    if (*elem == 2 && l->vocab > 0xFFFF) return 0;   // every uint16 fits
+    for (int64_t i = 0; i < count; i++) {
+        uint32_t tok = raw_token(*raw, *elem, (size_t)i);
+        if (tok >= (uint32_t)l->vocab) {
+            snprintf(err, errlen,
+                     "%s: token %lu at offset %lld is outside the vocabulary (vocab_size %d)",
+                     path, (unsigned long)tok, (long long)i, l->vocab);
+            free(*raw);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+// Brings shard s into memory. Checked again (lb_loader_check_shard did before the first step),
+// so a shard replaced during the run fails here, never as a bad gather.
 static int loader_load(lb_loader *l, int s, char *err, size_t errlen)
 {
     if (l->loaded == s) return 0;
     free(l->raw);
     l->raw = NULL;
     l->loaded = -1;
-    const char *path = l->paths[s];
     uint8_t *raw;
-    int version;
-    int64_t count;
-    if (shard_load_raw(path, &raw, &version, &count, err, errlen) != 0) return -1;
-    if (count != l->counts[s]) {   // replaced between open and now: positions would be wrong
-        snprintf(err, errlen, "%s: changed since the loader opened it (%lld tokens, was %lld)",
-                 path, (long long)count, (long long)l->counts[s]);
-        free(raw);
-        return -1;
-    }
-    int elem = version == 1 ? 2 : 4;
-    // One scan per load, so an out-of-vocabulary token fails here, never as a bad gather.
-    if (!(elem == 2 && l->vocab > 0xFFFF)) {
-        for (int64_t i = 0; i < count; i++) {
-            uint32_t tok = raw_token(raw, elem, (size_t)i);
-            if (tok >= (uint32_t)l->vocab) {
-                snprintf(err, errlen,
-                         "%s: token %lu at offset %lld is outside the vocabulary (vocab_size %d)",
-                         path, (unsigned long)tok, (long long)i, l->vocab);
-                free(raw);
-                return -1;
-            }
-        }
-    }
+    if (loader_read(l, s, &raw, &l->elem, err, errlen) != 0) return -1;
     l->raw = raw;
-    l->elem = elem;
     l->loaded = s;
     return 0;
+}
+
+int lb_loader_check_shard(const lb_loader *l, int s, char *err, size_t errlen)
+{
+    uint8_t *raw;
+    int elem;
+    if (loader_read(l, s, &raw, &elem, err, errlen) != 0) return -1;
+    free(raw);
+    return 0;
+}
+
+int64_t lb_loader_tokens(const lb_loader *l)
+{
+    int64_t n = 0;
+    for (int s = 0; s < l->nshards; s++) n += l->counts[s];
+    return n;
 }
 
 lb_loader *lb_loader_open(const char *pattern, int b, int t, int vocab_size, char *err,

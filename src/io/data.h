@@ -36,6 +36,11 @@ void lb_loader_reset(lb_loader *l);
 void lb_loader_tell(const lb_loader *l, int64_t *shard, int64_t *pos);
 int lb_loader_seek(lb_loader *l, int64_t shard, int64_t pos, char *err, size_t errlen);
 int lb_loader_nshards(const lb_loader *l);
+int64_t lb_loader_tokens(const lb_loader *l);   // in all shards, from the headers
+// Reads shard s (0 .. nshards-1) whole and checks it against its header and every token
+// against the vocabulary: open checks only the headers, this the contents, before the first
+// step (lb_run_check_shards spreads it over the ranks). 0, or -1 naming the shard and offset.
+int lb_loader_check_shard(const lb_loader *l, int s, char *err, size_t errlen);
 void lb_loader_close(lb_loader *l);
 
 // Byte-level tokenizer: a token is a byte (vocabulary 256).

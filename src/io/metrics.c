@@ -169,6 +169,8 @@ lb_metrics *lb_metrics_open(const char *out_dir, const char *file, const char *p
 {
     char path[1100], tb[1200], host[64] = "host";
     snprintf(path, sizeof path, "%s/%s", out_dir, file);
+    snprintf(tb, sizeof tb, "%s.tmp.*", path);
+    lb_atomic_sweep(tb);   // the rewrite of a run killed in drop_later_rows
     if (resume_step >= 0 && access(path, F_OK) == 0 &&
         drop_later_rows(path, resume_step, err, errlen) != 0)
         return NULL;

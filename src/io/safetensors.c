@@ -55,6 +55,79 @@ int64_t lb_st_numel(const lb_st_tensor *t)
     return n;
 }
 
+uint32_t lb_st_crc32(uint32_t crc, const void *data, size_t n)
+{
+    static uint32_t table[256];
+    if (!table[1])
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int k = 0; k < 8; k++) c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
+            table[i] = c;
+        }
+    const uint8_t *p = data;
+    crc = ~crc;
+    for (size_t i = 0; i < n; i++) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+    return ~crc;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+// Sorts pairs (key, value) by key.
+static int cmp_pair(const void *a, const void *b)
+{
+    return strcmp(((const char *const *)a)[0], ((const char *const *)b)[0]);
+}
+
+// The header's canonical form, as lb_st_header_crc describes: "m" key NUL value NUL for each
+// pair (keys sorted), then "t" name NUL dtype NUL and the numbers in decimal, each ended by
+// NUL, for each tensor (t sorted by name). Every field ends in NUL, so no two headers share
+// the form.
+static uint32_t header_crc(const lb_st_tensor *t, int n, char *const *keys, char *const *values,
+                           int nmeta, const char *skip_key)
+{
+    uint32_t crc = 0;
+    const char **pairs = lb_malloc(sizeof(char *) * 2 * (nmeta ? nmeta : 1));
+    for (int i = 0; i < nmeta; i++) {
+        pairs[2 * i] = keys[i];
+        pairs[2 * i + 1] = values[i];
+    }
+    qsort(pairs, nmeta, 2 * sizeof *pairs, cmp_pair);
+    for (int i = 0; i < nmeta; i++) {
+        const char *k = pairs[2 * i], *v = pairs[2 * i + 1];
+        if (skip_key && strcmp(k, skip_key) == 0) continue;
+        crc = lb_st_crc32(crc, "m", 1);
+        crc = lb_st_crc32(crc, k, strlen(k) + 1);
+        crc = lb_st_crc32(crc, v, strlen(v) + 1);
+    }
+    free(pairs);
+    for (int i = 0; i < n; i++) {
+        char num[32];
+        crc = lb_st_crc32(crc, "t", 1);
+        crc = lb_st_crc32(crc, t[i].name, strlen(t[i].name) + 1);
+        crc = lb_st_crc32(crc, t[i].dtype, strlen(t[i].dtype) + 1);
+        int64_t v[11];
+        int nv = 0;
+        v[nv++] = t[i].ndim;
+        for (int d = 0; d < t[i].ndim; d++) v[nv++] = t[i].shape[d];
+        v[nv++] = (int64_t)t[i].begin;
+        v[nv++] = (int64_t)t[i].end;
+        for (int j = 0; j < nv; j++) {
+            int len = snprintf(num, sizeof num, "%lld", (long long)v[j]);
+            crc = lb_st_crc32(crc, num, (size_t)len + 1);
+        }
+    }
+    return crc;
+}
+
+uint32_t lb_st_header_crc(const lb_st_file *f, const char *skip_key)
+{
+    // f->tensors are sorted by name (lb_st_open)
+    return header_crc(f->tensors, f->ntensors, f->meta_keys, f->meta_values, f->nmeta, skip_key);
+}
+
 // A JSON number that is a whole number in [0, 2^53] (exact in a double, so cJSON kept it).
 static int json_uint(const cJSON *v, uint64_t *out)
 {
@@ -496,11 +569,6 @@ void lb_st_writer_meta(lb_st_writer *w, const char *key, const char *value)
     w->nmeta++;
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
 static uint64_t entry_bytes(const st_entry *e)
 {
     uint64_t n = 1;
@@ -598,6 +666,27 @@ int lb_st_writer_save(lb_st_writer *w, const char *path, char *err, size_t errle
         return -1;
     }
     return lb_atomic_commit(&a, err, errlen);
+}
+
+uint32_t lb_st_writer_header_crc(const lb_st_writer *w, const char *skip_key)
+{
+    // the tensor table save writes: data in insertion order, sorted by name here as on load
+    lb_st_tensor *t = lb_calloc(w->n ? w->n : 1, sizeof *t);
+    uint64_t pos = 0;
+    for (int i = 0; i < w->n; i++) {
+        const st_entry *e = &w->e[i];
+        snprintf(t[i].name, sizeof t[i].name, "%s", e->name);
+        snprintf(t[i].dtype, sizeof t[i].dtype, "%s", e->dtype);
+        t[i].ndim = e->ndim;
+        for (int d = 0; d < e->ndim; d++) t[i].shape[d] = e->shape[d];
+        t[i].begin = (size_t)pos;
+        pos += entry_bytes(e);
+        t[i].end = (size_t)pos;
+    }
+    qsort(t, w->n, sizeof *t, cmp_name);
+    uint32_t crc = header_crc(t, w->n, w->keys, w->values, w->nmeta, skip_key);
+    free(t);
+    return crc;
 }
 
 void lb_st_writer_free(lb_st_writer *w)

@@ -37,6 +37,14 @@ int lb_st_read_f32(const lb_st_file *f, const lb_st_tensor *t, float *out, char 
                    size_t errlen);
 int64_t lb_st_numel(const lb_st_tensor *t);
 
+// CRC-32 (IEEE, zlib's) of n bytes continued from crc (0 to start).
+uint32_t lb_st_crc32(uint32_t crc, const void *data, size_t n);
+// A CRC-32 of the header as parsed: every metadata pair but skip_key (sorted by key), then
+// every tensor's name, dtype, shape and data offsets (sorted by name). Spacing, key order and
+// padding do not change it; any change of a value, a name, a shape or an offset does. The
+// writer's lb_st_writer_header_crc gives the same number for the header it will write.
+uint32_t lb_st_header_crc(const lb_st_file *f, const char *skip_key);
+
 // Writer: collect tensors (the data pointers must stay valid until save), then save
 // atomically (temporary name, fsync, rename, fsync of the directory).
 typedef struct lb_st_writer lb_st_writer;
@@ -46,6 +54,8 @@ void lb_st_writer_add(lb_st_writer *w, const char *name, const char *dtype, int 
                       const int64_t *shape, const float *data);
 void lb_st_writer_meta(lb_st_writer *w, const char *key, const char *value);
 int lb_st_writer_save(lb_st_writer *w, const char *path, char *err, size_t errlen);
+// lb_st_header_crc of the file save would write now (its metadata so far, but skip_key).
+uint32_t lb_st_writer_header_crc(const lb_st_writer *w, const char *skip_key);
 void lb_st_writer_free(lb_st_writer *w);
 
 #endif

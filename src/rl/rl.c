@@ -936,16 +936,23 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     x->P = c->rl.prompts, x->G = c->rl.group, x->N = x->P * x->G, x->M = c->rl.mini_batches;
     if (rl_check(x) != 0 || rl_open(x) != 0 || rl_load(x) != 0) {
         lb_run_abandon(&x->run);   // a bad resume leaves no empty checkpoints directory
+        rl_free(x);
         return 1;
     }
     x->ini = lb_config_to_ini(c);
     int bad = x->root && lb_run_config_write(c, x->ini, err, sizeof err) != 0;
-    if (lb_run_failed(&x->run, bad, err)) return 1;
+    if (lb_run_failed(&x->run, bad, err)) {
+        rl_free(x);
+        return 1;
+    }
     if (x->root) rl_announce(x);
     x->metrics = x->root ? lb_metrics_open(c->run.out_dir, c->train.metrics_file, "rl",
                                            x->resume[0] ? (long)x->st.step : -1, err, sizeof err)
                          : NULL;
-    if (lb_run_failed(&x->run, x->root && !x->metrics, err)) return 1;
+    if (lb_run_failed(&x->run, x->root && !x->metrics, err)) {
+        rl_free(x);
+        return 1;
+    }
 
     x->gcfg = (lb_grpo_config){c->rl.eps_low, c->rl.eps_high, c->rl.kl_coef, c->rl.tis_cap,
                                c->rl.adv_eps};
@@ -956,7 +963,10 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     }
     double t_start = lb_now();
     for (int step = (int)x->st.step + 1; step <= c->rl.steps; step++)
-        if (rl_step_run(x, step, t_start) != 0) return 1;
+        if (rl_step_run(x, step, t_start) != 0) {
+            rl_free(x);
+            return 1;
+        }
     rl_free(x);
     return 0;
 }

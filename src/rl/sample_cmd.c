@@ -252,13 +252,14 @@ static void sample_print(const sample_run *x)
     }
 }
 
+// Frees what was made, also of a run that stopped during its setup.
 static void sample_free(sample_run *x)
 {
     lb_sampler_free(x->smp);
     lb_run_teardown(&x->run);
     for (int i = 0; i < x->np; i++) {
-        free(x->ptok[i]);
-        if (x->is_arith) free(x->prompt[i]);
+        if (x->ptok) free(x->ptok[i]);
+        if (x->is_arith && x->prompt) free(x->prompt[i]);
     }
     free(x->ptok), free(x->prompt), free(x->text), free(x->reqs), free(x->tok), free(x->lp);
 }
@@ -271,8 +272,10 @@ int lb_cmd_sample(const lb_config *c0, lb_comm *comm)
     x->c = &x->cfg;
     x->world = comm;
     if (sample_config(x) != 0 || sample_prompts(x) != 0 || sample_open(x) != 0 ||
-        sample_generate(x) != 0)
+        sample_generate(x) != 0) {
+        sample_free(x);
         return 1;
+    }
     if (comm->rank == 0) sample_print(x);
     sample_free(x);
     return 0;

@@ -235,6 +235,10 @@ static int train_open(train_run *x)
                                 sizeof err);
         if (lb_run_failed(r, !x->val, err)) return 1;
     }
+    // every token of every shard, before any output (doc/data.md)
+    if (lb_run_check_shards(r, x->train, "data.train_files") != 0 ||
+        (x->val && lb_run_check_shards(r, x->val, "data.val_files") != 0))
+        return 1;
     if (lb_run_setup(r, 0) != 0) return 1;
     x->m = r->m;
     lb_run_optimizer(r, c->train.steps);
@@ -251,10 +255,15 @@ static int train_load(train_run *x)
         lb_model_init_params(x->m, x->c->run.seed);   // counter-based: the same on every layout
         return 0;
     }
+    char why[ERRLEN];
     int bad = lb_checkpoint_load_parallel(x->resume, &r->opt, &x->st, r->world,
-                                          &x->c->parallel, err, sizeof err) != 0 ||
-              lb_loader_seek(x->train, x->st.loader_shard, x->st.loader_pos, err,
-                             sizeof err) != 0;
+                                          &x->c->parallel, err, sizeof err) != 0;
+    if (!bad && lb_loader_seek(x->train, x->st.loader_shard, x->st.loader_pos, why,
+                               sizeof why) != 0) {
+        snprintf(err, sizeof err, "%.400s: its loader position does not fit data.train_files: "
+                 "%.500s", x->resume, why);
+        bad = 1;
+    }
     if (lb_run_failed(r, bad, err)) return 1;
     if (r->root) printf("resumed from %s at step %" PRId64 "\n", x->resume, x->st.step);
     return 0;
@@ -414,10 +423,11 @@ static void train_step(train_run *x, int step)
     }
 }
 
+// Frees what was made, also of a run that stopped during its setup.
 static void train_free(train_run *x)
 {
     lb_metrics_close(x->metrics);
-    for (int j = 0; j < x->M; j++) {
+    for (int j = 0; x->in && j < x->M; j++) {
         free(x->in[j]);
         free(x->tg[j]);
     }
@@ -426,7 +436,7 @@ static void train_free(train_run *x)
     free(x->ini);
     lb_run_teardown(&x->run);
     lb_loader_close(x->train);
-    if (x->val) lb_loader_close(x->val);
+    lb_loader_close(x->val);
 }
 
 int lb_cmd_train(const lb_config *c, lb_comm *comm)
@@ -436,6 +446,7 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
     if (train_layout(x, c, comm) != 0 || train_open(x) != 0 || train_load(x) != 0 ||
         train_announce(x) != 0) {
         lb_run_abandon(&x->run);
+        train_free(x);
         return 1;
     }
     train_alloc(x);
