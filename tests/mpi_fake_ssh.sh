@@ -8,5 +8,12 @@ while [ $# -gt 0 ]; do
     *) break ;;
     esac
 done
-shift   # the host
+host=$1
+shift
+# A session directory of each node's own (Open MPI's comes from TMPDIR), under the test's
+# LB_FAKE_NODE_TMP: with both daemons of a job in one directory, mpirun waited for ever after
+# the job ended in about one run of six; with a directory a node, 10 runs of 10 ended.
+TMPDIR=${LB_FAKE_NODE_TMP:-${TMPDIR:-/tmp}}/node-$host
+mkdir -p "$TMPDIR" || exit 1
+export TMPDIR
 exec sh -c "$*"

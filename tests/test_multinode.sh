@@ -4,7 +4,9 @@
 # between the ranks as between hosts. tp2 x dp2 on 4 ranks, 2 a node, trains exactly as on one
 # node (the same metrics and checkpoint bits) without a warning; ranks dealt round-robin over
 # the nodes (--map-by node) put each tp pair on two nodes, which still trains the same bits and
-# draws the warning that tp crosses the network.
+# draws the warning that tp crosses the network. Each made-up node's 2 slots look free to Open
+# MPI, so its ranks would spin while they wait; beside make check's other MPI jobs on a 2-core
+# machine that stalled a run past its time limit: mpi_yield_when_idle.
 set -uo pipefail
 src=${LB_SRCDIR:-.}
 bin=${LB_BUILDDIR:-.}/lowbit
@@ -15,8 +17,9 @@ tmp=$(mktemp -d)
 failed=0
 fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
 printf 'nodea slots=2\nnodeb slots=2\n' > "$tmp/hosts"
+export LB_FAKE_NODE_TMP="$tmp"   # the nodes' session directories (mpi_fake_ssh.sh)
 nodes=(--hostfile "$tmp/hosts" --mca plm_rsh_agent "$src/tests/mpi_fake_ssh.sh"
-       --mca plm_rsh_no_tree_spawn 1 --mca btl tcp,self)
+       --mca plm_rsh_no_tree_spawn 1 --mca btl tcp,self --mca mpi_yield_when_idle 1)
 
 "$bin" data "$cfg" --set gen.output="$tmp/arith" --set gen.problems=2000 > /dev/null ||
     { echo "FAIL: data"; exit 1; }
@@ -30,11 +33,11 @@ strip() { grep '"loss"' "$1" | sed 's/, "tokens_per_s".*//'; }
 run() {   # NAME MPIRUN-OPTIONS...: tp2 x dp2 on 4 ranks, its stderr in NAME.err
     local name=$1
     shift
-    timeout 180 mpirun --oversubscribe -np 4 "$@" "$bin" train "$cfg" "${small[@]}" \
+    timeout 300 mpirun --oversubscribe -np 4 "$@" "$bin" train "$cfg" "${small[@]}" \
         --set run.out_dir="$tmp/$name" > "$tmp/$name.out" 2> "$tmp/$name.err" ||
         { fail "$name: exit $? ($(tail -n 3 "$tmp/$name.err" | tr '\n' ' '))"; return 1; }
 }
-run one --mca btl tcp,self
+run one --mca btl tcp,self --mca mpi_yield_when_idle 1
 if run nodes "${nodes[@]}"; then
     [ "$(strip "$tmp/one/metrics.jsonl")" = "$(strip "$tmp/nodes/metrics.jsonl")" ] ||
         fail "two nodes: other metrics than one node"
