@@ -65,6 +65,23 @@ maxid=$(tokens "$tmp"/one/*.bin | sort -n | tail -1)
     --set run.out_dir="$tmp/run" --set train.val_every=2 > "$tmp/train.log" 2>&1 &&
     ok || { fail "train on the tokenized shards:"; tail -5 "$tmp/train.log"; }
 
+# `lowbit sample` with the tokenizer: text prompts in, completions decoded to text
+ck=$(ls "$tmp"/run/checkpoints/step_*.safetensors 2>/dev/null | tail -1)
+printf 'And God said\nthe café of 日本\n' > "$tmp/prompts.txt"
+smp=(--set sample.checkpoint="$ck" --set sample.prompts="$tmp/prompts.txt"
+     --set sample.max_new_tokens=6 --set sample.samples=2)
+if "$bin" sample "${smp[@]}" --set data.tokenizer="$tok" > "$tmp/s.out" 2> "$tmp/s.err"; then
+    # the prompt column is the text (escaped), every completion decodes (no id without a token)
+    [ "$(grep -c $'^And God said\t' "$tmp/s.out")" = 2 ] &&
+    [ "$(grep -cF 'the caf\xc3\xa9 of \xe6\x97\xa5\xe6\x9c\xac	' "$tmp/s.out")" = 2 ] &&
+    ! grep -q "<unk:" "$tmp/s.out" && ok || { fail "sample with a tokenizer:"; cat "$tmp/s.out"; }
+else
+    fail "sample with a tokenizer:"; cat "$tmp/s.err"
+fi
+sed 's/"added_tokens":\[/"added_tokens":[{"id":5000,"content":"<x>","special":true},/' "$tok" > "$tmp/big.json"
+expect_error sample-vocab "big.json has 5001 tokens, more than the model's vocabulary \(4100\)" \
+    "$bin" sample "${smp[@]}" --set data.tokenizer="$tmp/big.json"
+
 # mistakes
 expect_error no-tokenizer "data.tokenizer is empty" "$bin" data tokenize \
     --set gen.input="$tmp/in/a.txt" --set gen.output="$tmp/e/x"

@@ -34,7 +34,7 @@ static const command commands[] = {
      "convert model precision",
      "lowbit convert --set convert.input=path/to/hf_model --set convert.output=model.safetensors"},
     {"sample", lb_cmd_sample, "generate completions from a checkpoint (prompts or the task)",
-     "run model sample gen precision parallel",
+     "run model sample gen data precision parallel",
      "lowbit sample --set sample.checkpoint=runs/tiny-moe/checkpoints/step_00000300.safetensors"},
     {"rl", lb_cmd_rl, "GRPO on the arithmetic task with the sampler inside the trainer",
      "run model rl sample gen train checkpoint precision parallel",
