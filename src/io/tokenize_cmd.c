@@ -49,16 +49,7 @@ static int add_doc(tk_state *s, const char *text, size_t len, lb_tokens *out, si
         snprintf(err, errlen, "%s: %s", where, msg);
         return -1;
     }
-    if (s->eos >= 0) {
-        if (out->n == out->cap) {
-            size_t cap = out->cap ? 2 * out->cap : 256;
-            uint32_t *ids = realloc(out->ids, cap * sizeof *ids);
-            if (!ids) goto oom;
-            out->ids = ids;
-            out->cap = cap;
-        }
-        out->ids[out->n++] = (uint32_t)s->eos;
-    }
+    if (s->eos >= 0 && lb_tokens_push(out, (uint32_t)s->eos) != 0) goto oom;
     if (*nends == *capends) {
         size_t cap = *capends ? 2 * *capends : 64;
         size_t *e = realloc(*ends, cap * sizeof *e);

@@ -624,7 +624,7 @@ int lb_tokenizer_token_id(const lb_tokenizer *t, const char *text)
 
 // ---- encoding -----------------------------------------------------------------------------
 
-static int tokens_push(lb_tokens *v, uint32_t id)
+int lb_tokens_push(lb_tokens *v, uint32_t id)
 {
     if (v->n == v->cap) {
         size_t cap = v->cap ? 2 * v->cap : 256;
@@ -726,12 +726,18 @@ static int regex_segments(const pcre2_code *re, pcre2_match_data *md, const char
     return 0;
 }
 
+// A candidate merge of the symbol at pos with the one after it (nxt), as they were when pushed.
+typedef struct {
+    uint32_t rank, pos, nxt, a, b;
+} merge_cand;
+
 typedef struct {
     pieces a, b;                 // the pieces before and after a step
     segment *segs;
     size_t segcap;
     pcre2_match_data **md;       // per step
-    uint32_t *sym;               // BPE symbols of one piece
+    uint32_t *sym;               // BPE symbols of one piece (3 x symcap)
+    merge_cand *heap;            // BPE's merge candidates (3 x symcap)
     size_t symcap;
 } encode_ctx;
 
@@ -816,42 +822,90 @@ oom:
     return -1;
 }
 
+static int cand_less(const merge_cand *x, const merge_cand *y)
+{
+    return x->rank < y->rank || (x->rank == y->rank && x->pos < y->pos);
+}
+
+static void heap_push(merge_cand *h, size_t *n, merge_cand c)
+{
+    size_t i = (*n)++;
+    while (i && cand_less(&c, &h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = c;
+}
+
+static merge_cand heap_pop(merge_cand *h, size_t *n)
+{
+    merge_cand top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t k = 2 * i + 1;
+        if (k >= *n) break;
+        if (k + 1 < *n && cand_less(&h[k + 1], &h[k])) k++;
+        if (!cand_less(&h[k], &last)) break;
+        h[i] = h[k];
+        i = k;
+    }
+    if (*n) h[i] = last;
+    return top;
+}
+
 // BPE of one piece: start from its bytes, merge the adjacent pair of lowest rank (leftmost on
-// ties) until no pair has a merge.
+// ties) until no pair has a merge. A heap of candidates (stale ones skipped when popped) keeps a
+// long piece (a run of spaces) at n log n, as tokenizers' merge queue does.
 static int bpe_piece(const lb_tokenizer *t, encode_ctx *c, const char *s, size_t n,
                      lb_tokens *out)
 {
     if (t->ignore_merges) {
         const str_slot *w = vocab_find(t, s, n);
-        if (w->s) return tokens_push(out, w->id);
+        if (w->s) return lb_tokens_push(out, w->id);
     }
     if (n > c->symcap) {
-        uint32_t *sym = realloc(c->sym, n * sizeof *sym);
-        if (!sym) return -1;
-        c->sym = sym;
+        free(c->sym);
+        free(c->heap);
+        c->sym = malloc(3 * n * sizeof *c->sym);       // id, prev + 1, next (n = none)
+        c->heap = malloc(3 * n * sizeof *c->heap);     // at most n - 1 + 2 per merge
+        if (!c->sym || !c->heap) {
+            c->symcap = 0;
+            return -1;
+        }
         c->symcap = n;
     }
-    uint32_t *sym = c->sym;
-    size_t m = n;
-    for (size_t i = 0; i < n; i++) sym[i] = t->byte_id[(unsigned char)s[i]];
-    while (m > 1) {
-        uint32_t best = UINT32_MAX, best_id = 0;
-        size_t at = 0;
-        for (size_t i = 0; i + 1 < m; i++) {
-            const pair_slot *p = merge_find(t, sym[i], sym[i + 1]);
-            if (p->key && p->rank < best) {
-                best = p->rank;
-                best_id = p->id;
-                at = i;
-            }
-        }
-        if (best == UINT32_MAX) break;
-        sym[at] = best_id;
-        memmove(sym + at + 1, sym + at + 2, (m - at - 2) * sizeof *sym);
-        m--;
+    uint32_t *id = c->sym, *prev = c->sym + n, *next = c->sym + 2 * n;
+    merge_cand *h = c->heap;
+    size_t nh = 0;
+    for (size_t i = 0; i < n; i++) {
+        id[i] = t->byte_id[(unsigned char)s[i]];
+        prev[i] = (uint32_t)i;                         // prev + 1: 0 = none
+        next[i] = (uint32_t)(i + 1);
     }
-    for (size_t i = 0; i < m; i++)
-        if (tokens_push(out, sym[i]) != 0) return -1;
+    for (size_t i = 0; i + 1 < n; i++) {
+        const pair_slot *p = merge_find(t, id[i], id[i + 1]);
+        if (p->key) heap_push(h, &nh, (merge_cand){p->rank, (uint32_t)i, (uint32_t)i + 1, id[i], id[i + 1]});
+    }
+    while (nh) {
+        merge_cand m = heap_pop(h, &nh);
+        if (id[m.pos] != m.a || next[m.pos] != m.nxt || id[m.nxt] != m.b) continue;   // stale
+        id[m.pos] = merge_find(t, m.a, m.b)->id;
+        id[m.nxt] = UINT32_MAX;                        // dead
+        next[m.pos] = next[m.nxt];
+        if (next[m.pos] < n) prev[next[m.pos]] = m.pos + 1;
+        if (prev[m.pos]) {
+            uint32_t l = prev[m.pos] - 1;
+            const pair_slot *p = merge_find(t, id[l], id[m.pos]);
+            if (p->key) heap_push(h, &nh, (merge_cand){p->rank, l, m.pos, id[l], id[m.pos]});
+        }
+        if (next[m.pos] < n) {
+            uint32_t r = next[m.pos];
+            const pair_slot *p = merge_find(t, id[m.pos], id[r]);
+            if (p->key) heap_push(h, &nh, (merge_cand){p->rank, m.pos, r, id[m.pos], id[r]});
+        }
+    }
+    for (size_t i = 0; i < n; i = next[i])
+        if (lb_tokens_push(out, id[i]) != 0) return -1;
     return 0;
 }
 
@@ -931,7 +985,7 @@ int lb_tokenizer_encode(const lb_tokenizer *t, const char *text, size_t len, lb_
         if (a->rstrip)
             while (me < len && is_space(text[me])) me++;
         if (encode_segment(t, &c, text + seg, ms - seg, out, err, errlen) != 0) goto done;
-        if (tokens_push(out, a->id) != 0) goto done;
+        if (lb_tokens_push(out, a->id) != 0) goto done;
         seg = pos = me;
     }
     if (encode_segment(t, &c, text + seg, len - seg, out, err, errlen) != 0) goto done;
@@ -946,6 +1000,7 @@ done:
     free(c.b.end);
     free(c.segs);
     free(c.sym);
+    free(c.heap);
     return rc;
 }
 

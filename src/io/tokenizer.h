@@ -42,6 +42,8 @@ int lb_tokenizer_encode(const lb_tokenizer *t, const char *text, size_t len, lb_
 char *lb_tokenizer_decode(const lb_tokenizer *t, const uint32_t *ids, size_t n, int skip_special,
                           size_t *len, char *err, size_t errlen);
 
+// Appends one id. 0, or -1 out of memory.
+int lb_tokens_push(lb_tokens *v, uint32_t id);
 void lb_tokens_free(lb_tokens *v);
 
 #endif

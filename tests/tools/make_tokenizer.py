@@ -60,6 +60,8 @@ TEXTS = [
     "tab\tseparated\tvalues\t1\t2\t3",
     "mixed ÀÉÎÕÜ ñ ß ø æ œ ç and ¡¿ «guillemets» — dashes – …",
     "zero\u200bwidth and\u00a0nbsp and\u3000ideographic space",
+    " " * 3000 + "x" + "ab" * 1500,                # long pieces: the merge order at length
+    "lll zzz lllll",                               # equal ranks: the leftmost pair merges first
 ]
 
 VARIANTS = {
