@@ -28,6 +28,11 @@ expect_error() {
 # Tokens of shards (version 1: uint16 after the 1024-byte header), one a line.
 tokens() { for f in "$@"; do od -An -v -tu2 -j1024 -w2 "$f"; done | tr -d ' '; }
 
+# its --help: purpose, example, the keys it reads
+"$bin" data tokenize --help > "$tmp/help" 2>&1 && grep -q "^lowbit data tokenize: " "$tmp/help" &&
+    grep -Eq "^  data.tokenizer +string " "$tmp/help" && grep -Eq "^  gen.eos_token +string " "$tmp/help" &&
+    ok || { fail "lowbit data tokenize --help:"; cat "$tmp/help"; }
+
 mkdir -p "$tmp/in"
 for i in $(seq 1 40); do
     echo "And it came to pass, in the $i year of the king, that café 日本 🎉 were seen;"
