@@ -61,6 +61,7 @@ struct lb_tokenizer {
     char **bytes;                // (nids) what each id decodes to, NULL when no token has it
     uint32_t *nbytes;            // (nids)
     unsigned char *special;      // (nids) 1 for added tokens marked special
+    unsigned char *is_added;     // (nids) 1: bytes[id] is an added token's (its own copy)
     str_slot *vocab;             // model vocabulary, raw bytes -> id
     size_t vocab_cap;
     pair_slot *merges;
@@ -301,16 +302,17 @@ static int parse_normalizer(lb_tokenizer *t, const cJSON *n, const char *where, 
     return -1;
 }
 
-// Gives id its decoded bytes (a copy of s).
+// Gives id an added token's bytes (a copy of s). An id the vocabulary has too (GPT-2's
+// <|endoftext|>) decodes to the added content; its vocabulary string stays, owned by the map.
 static int set_id_bytes(lb_tokenizer *t, uint32_t id, const char *s, size_t n)
 {
     char *c = malloc(n + 1);
     if (!c) return -1;
     memcpy(c, s, n);
     c[n] = 0;
-    free(t->bytes[id]);
     t->bytes[id] = c;
     t->nbytes[id] = (uint32_t)n;
+    t->is_added[id] = 1;
     return 0;
 }
 
@@ -399,9 +401,10 @@ static int parse_model(lb_tokenizer *t, const cJSON *root, const cJSON *added, c
     t->bytes = calloc((size_t)t->nids, sizeof *t->bytes);
     t->nbytes = calloc((size_t)t->nids, sizeof *t->nbytes);
     t->special = calloc((size_t)t->nids, 1);
+    t->is_added = calloc((size_t)t->nids, 1);
     t->vocab_cap = table_cap((size_t)nvocab);
     t->vocab = calloc(t->vocab_cap, sizeof *t->vocab);
-    if (!t->bytes || !t->nbytes || !t->special || !t->vocab) goto oom;
+    if (!t->bytes || !t->nbytes || !t->special || !t->is_added || !t->vocab) goto oom;
 
     int16_t u2b[324];
     byte_level_tables(u2b);
@@ -427,6 +430,8 @@ static int parse_model(lb_tokenizer *t, const cJSON *root, const cJSON *added, c
         t->nbytes[id] = (uint32_t)n;
         str_slot *s = vocab_find(t, raw, (size_t)n);
         if (s->s) {
+            t->bytes[id] = NULL;
+            free(raw);
             fail(err, errlen, name, "model.vocab[\"%s\"]: the same token twice", e->string);
             return -1;
         }
@@ -513,6 +518,11 @@ static int parse_model(lb_tokenizer *t, const cJSON *root, const cJSON *added, c
         a->special = json_bool(e, "special", 0);
         a->lstrip = json_bool(e, "lstrip", 0);
         a->rstrip = json_bool(e, "rstrip", 0);
+        if (t->is_added[a->id]) {
+            fail(err, errlen, name, "added_tokens[%d] (\"%s\"): id %u is already an added token's",
+                 i, content, a->id);
+            return -1;
+        }
         if (!a->s || set_id_bytes(t, a->id, content, a->len) != 0) goto oom;
         t->special[a->id] = (unsigned char)a->special;
         for (int j = 0; j < i; j++)
@@ -597,8 +607,12 @@ lb_tokenizer *lb_tokenizer_load(const char *path, char *err, size_t errlen)
 void lb_tokenizer_free(lb_tokenizer *t)
 {
     if (!t) return;
-    for (int i = 0; i < t->nids && t->bytes; i++) free(t->bytes[i]);
+    // The vocabulary's strings are the map's; added tokens' copies are bytes[id]'s.
+    for (size_t i = 0; t->vocab && i < t->vocab_cap; i++) free((char *)t->vocab[i].s);
+    for (int i = 0; i < t->nids && t->bytes && t->is_added; i++)
+        if (t->is_added[i]) free(t->bytes[i]);
     free(t->bytes);
+    free(t->is_added);
     free(t->nbytes);
     free(t->special);
     free(t->vocab);
