@@ -95,6 +95,7 @@ expect_error missing-tokenizer "nothere.json: No such file" "$bin" data tokenize
 sed 's/"type":"BPE"/"type":"Unigram"/' "$tok" > "$tmp/bad.json"
 expect_error bad-tokenizer "bad.json: model.type \"Unigram\" is not supported" mpi 2 "$bin" data \
     tokenize --set data.tokenizer="$tmp/bad.json" --set gen.input="$tmp/in/a.txt" --set gen.output="$tmp/e/x"
+[ "$(grep -c "is not supported" "$tmp/err")" = 1 ] && ok || fail "2 ranks, one error: not one line"
 expect_error no-input "gen.input: no file matches" "$bin" data tokenize --set data.tokenizer="$tok" \
     --set gen.input="$tmp/in/*.none" --set gen.output="$tmp/e/x"
 expect_error bad-eos "gen.eos_token: \"<eos>\" is not a token" "$bin" data tokenize \

@@ -246,8 +246,13 @@ int lb_cmd_data_tokenize(const lb_config *c, lb_comm *comm)
     if (comm->rank == 0 && !failed && check_stale(c->gen.output, nfiles, width, err, sizeof err))
         failed = 1;
     // Every rank stops together on any error so far, and gets the file list.
+    // One line for an error every rank meets (a bad tokenizer.json): rank 0 says it; another
+    // rank speaks only for an error of its own.
+    int failed0 = failed;
+    lb_comm_bcast(comm, &failed0, sizeof failed0, 0);
     if (lb_comm_allreduce_sum(comm, failed) > 0) {
-        if (failed) fprintf(stderr, "lowbit data tokenize: %s\n", err);
+        if (failed && (comm->rank == 0 || !failed0))
+            fprintf(stderr, "lowbit data tokenize: %s\n", err);
         lb_tokenizer_free(tok);
         free(files);
         return 1;
