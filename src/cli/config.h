@@ -24,6 +24,7 @@ typedef struct {
     struct {
         char train_files[LB_PATH_MAX];  // glob of token shards
         char val_files[LB_PATH_MAX];    // glob, may be empty
+        char tokenizer[LB_PATH_MAX];    // tokenizer.json (`data tokenize`, text prompts)
     } data;
     struct {
         int steps;                 // optimizer steps
@@ -49,7 +50,9 @@ typedef struct {
     } checkpoint;
     struct {
         char kind[16];             // arithmetic | text
-        char input[LB_PATH_MAX];   // text file for kind = text
+        char input[LB_PATH_MAX];   // text file for kind = text; `data tokenize`: globs
+        char text_field[64];       // `data tokenize`: the JSON-lines field holding the text
+        char eos_token[64];        // `data tokenize`: token after each document, "" none
         char output[LB_PATH_MAX];  // output prefix: PREFIX_train_000.bin, PREFIX_val_000.bin
         int problems;              // arithmetic problems to generate
         int max_operand;           // operands drawn from [0, max_operand]

@@ -25,11 +25,16 @@ static const command commands[] = {
     {"data", lb_cmd_data, "write token shards: the arithmetic corpus or a text file",
      "gen data",
      "lowbit data examples/tiny-moe.cfg --set gen.problems=50000 --set gen.output=data/arith50k"},
+    {"data tokenize", lb_cmd_data_tokenize,
+     "text or JSON-lines files to token shards through a tokenizer.json (files over ranks)",
+     "gen data",
+     "mpirun -np 2 lowbit data tokenize --set data.tokenizer=tests/data/tok_kjv/tokenizer.json "
+     "--set gen.input='corpus/*.jsonl' --set gen.output=data/corpus"},
     {"convert", lb_cmd_convert, "import a Hugging Face checkpoint, or export one",
      "convert model precision",
      "lowbit convert --set convert.input=path/to/hf_model --set convert.output=model.safetensors"},
     {"sample", lb_cmd_sample, "generate completions from a checkpoint (prompts or the task)",
-     "run model sample gen precision parallel",
+     "run model sample gen data precision parallel",
      "lowbit sample --set sample.checkpoint=runs/tiny-moe/checkpoints/step_00000300.safetensors"},
     {"rl", lb_cmd_rl, "GRPO on the arithmetic task with the sampler inside the trainer",
      "run model rl sample gen train checkpoint precision parallel",
@@ -55,8 +60,8 @@ static void usage(FILE *f)
     fprintf(f, "usage: lowbit <command> [FILE.cfg] [--set section.key=value ...] [-v]\n"
                "       mpirun -np N lowbit <command> FILE.cfg ...\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
-    fprintf(f, "  %-8s %s\n", "params", "print the parameter reference (doc/parameters.md; "
+        fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "  %-14s %s\n", "params", "print the parameter reference (doc/parameters.md; "
                "--man: the manual page)");
     fprintf(f, "\n'lowbit COMMAND --help' lists a command's keys and defaults.\n");
     fprintf(f, "\nParameter files: INI sections, '#' comments, key = value; see doc/parameters.md.\n");
@@ -114,6 +119,12 @@ int main(int argc, char **argv)
     const command *cmd = NULL;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) cmd = &commands[i];
+    int first = 2;                 // the first argument after the command's name
+    if (cmd && cmd->run == lb_cmd_data && argc > 2 && !strcmp(argv[2], "tokenize")) {
+        for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+            if (commands[i].run == lb_cmd_data_tokenize) cmd = &commands[i];
+        first = 3;
+    }
     if (!cmd) {
         if (comm.rank == 0) {
             fprintf(stderr, "lowbit: unknown command '%s'\n", argv[1]);
@@ -122,7 +133,7 @@ int main(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    for (int a = 2; a < argc; a++)
+    for (int a = first; a < argc; a++)
         if (!strcmp(argv[a], "--help") || !strcmp(argv[a], "-h")) {
             if (comm.rank == 0) command_help(cmd);
             rc = 0;
@@ -131,7 +142,7 @@ int main(int argc, char **argv)
 
     lb_config cfg;
     lb_config_defaults(&cfg);
-    int i = 2;
+    int i = first;
     if (i < argc && strncmp(argv[i], "--", 2) != 0) {
         char *text = read_everywhere(&comm, argv[i], err, sizeof err);
         if (!text || lb_config_parse(&cfg, text, argv[i], err, sizeof err) != 0) {

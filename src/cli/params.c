@@ -71,6 +71,8 @@ const lb_param lb_params[] = {
     // [data] -----------------------------------------------------------------------------------
     LB_P(data, train_files, S, "", 0, 0, NULL, "glob of training token shards"),
     LB_P(data, val_files, S, "", 0, 0, NULL, "glob of validation token shards (may be empty)"),
+    LB_P(data, tokenizer, S, "", 0, 0, NULL,
+         "Hugging Face tokenizer.json (byte-level BPE) for `lowbit data tokenize`"),
 
     // [train] ----------------------------------------------------------------------------------
     LB_P(train, steps, I, "100", 1, BIG, NULL, "optimizer steps"),
@@ -118,7 +120,12 @@ const lb_param lb_params[] = {
 
     // [gen] ------------------------------------------------------------------------------------
     LB_P(gen, kind, E, "arithmetic", 0, 0, "arithmetic|text", "what `lowbit data` generates"),
-    LB_P(gen, input, S, "", 0, 0, NULL, "text file to tokenise (kind = text)"),
+    LB_P(gen, input, S, "", 0, 0, NULL,
+         "text file to tokenise (kind = text); `data tokenize`: comma list of globs"),
+    LB_P(gen, text_field, S, "text", 0, 0, NULL,
+         "`data tokenize`: the field of each JSON line that holds its text"),
+    LB_P(gen, eos_token, S, "", 0, 0, NULL,
+         "`data tokenize`: token appended to every document (\"\" = none)"),
     LB_P(gen, output, S, "data/arith", 0, 0, NULL,
          "output prefix: PREFIX_train_000.bin, PREFIX_val_000.bin"),
     LB_P(gen, problems, I, "100000", 1, BIG, NULL, "arithmetic problems to generate"),

@@ -534,8 +534,10 @@ static int split_write(lb_split *s, const uint32_t *tok, size_t n, char *err, si
     return 0;
 }
 
-// Appends one unit (a problem, or a run of text) that must not be split across shards.
-static int split_add(lb_split *s, const uint8_t *bytes, size_t len, char *err, size_t errlen)
+// Appends one unit (a problem, or a run of text or tokens) that must not be split across
+// shards: bytes (a byte token each) or, when bytes is NULL, tokens.
+static int split_add(lb_split *s, const uint8_t *bytes, const uint32_t *tokens, size_t len,
+                     char *err, size_t errlen)
 {
     if (s->n + len > s->cap) {   // the open shard is full: it becomes the held-back one
         if (s->dry) {
@@ -548,7 +550,7 @@ static int split_add(lb_split *s, const uint8_t *bytes, size_t len, char *err, s
         s->n = 0;
     }
     if (!s->dry)
-        for (size_t i = 0; i < len; i++) s->buf[s->prev + s->n + i] = bytes[i];
+        for (size_t i = 0; i < len; i++) s->buf[s->prev + s->n + i] = bytes ? bytes[i] : tokens[i];
     s->n += len;
     return 0;
 }
@@ -659,7 +661,7 @@ static int arith_pass(lb_split *train, lb_split *val, int problems, int max_oper
     for (int i = 0; i < problems; i++) {
         int len = lb_arith_problem(seed, (uint64_t)i, max_operand, buf);
         lb_split *s = lb_arith_is_val(seed, (uint64_t)i, val_fraction) ? val : train;
-        if (split_add(s, (const uint8_t *)buf, (size_t)len, err, errlen) != 0) return -1;
+        if (split_add(s, (const uint8_t *)buf, NULL, (size_t)len, err, errlen) != 0) return -1;
     }
     if (split_finish(train, err, errlen) != 0 || split_finish(val, err, errlen) != 0)
         return -1;
@@ -716,14 +718,40 @@ int lb_data_gen_arith(const char *prefix, int problems, int max_operand, double 
     return rc;
 }
 
-// Writes n bytes to a split in shards of cap bytes (the last two evened out).
-static int text_split(lb_split *s, const uint8_t *bytes, size_t n, char *err, size_t errlen)
+// Writes n bytes (or, bytes NULL, tokens) to a split in shards of cap tokens (the last two
+// evened out).
+static int text_split(lb_split *s, const uint8_t *bytes, const uint32_t *tokens, size_t n,
+                      char *err, size_t errlen)
 {
     for (size_t off = 0; off < n; off += s->cap) {
         size_t m = n - off < s->cap ? n - off : s->cap;
-        if (split_add(s, bytes + off, m, err, errlen) != 0) return -1;
+        if (split_add(s, bytes ? bytes + off : NULL, bytes ? NULL : tokens + off, m, err,
+                      errlen) != 0)
+            return -1;
     }
     return split_finish(s, err, errlen);
+}
+
+int lb_data_write_split(const char *prefix, const char *name, const uint32_t *tokens, size_t n,
+                        int shard_tokens, char *err, size_t errlen)
+{
+    if (shard_tokens <= 0) {
+        snprintf(err, errlen, "%s: shard_tokens must be positive (got %d)", prefix, shard_tokens);
+        return -1;
+    }
+    lb_split s = {.prefix = prefix, .name = name, .cap = (size_t)shard_tokens};
+    s.index = (int)((n + (size_t)shard_tokens - 1) / (size_t)shard_tokens);
+    if (make_prefix_dir(prefix, err, errlen) != 0 || split_prepare(&s, err, errlen) != 0)
+        return -1;
+    if (n == 0) return 0;
+    s.buf = malloc(sizeof(uint32_t) * 2 * (size_t)shard_tokens);
+    if (!s.buf) {
+        snprintf(err, errlen, "%s: out of memory for shard_tokens %d", prefix, shard_tokens);
+        return -1;
+    }
+    int rc = text_split(&s, NULL, tokens, n, err, errlen);
+    free(s.buf);
+    return rc;
 }
 
 int lb_data_gen_text(const char *prefix, const char *input, double val_fraction,
@@ -770,8 +798,8 @@ int lb_data_gen_text(const char *prefix, const char *input, double val_fraction,
         goto out;
     }
     // Text is cut at exactly shard_tokens: feed each split one shard's worth at a time.
-    if (text_split(&train, bytes, ntrain, err, errlen) != 0 ||
-        text_split(&val, bytes + ntrain, nval, err, errlen) != 0)
+    if (text_split(&train, bytes, NULL, ntrain, err, errlen) != 0 ||
+        text_split(&val, bytes + ntrain, NULL, nval, err, errlen) != 0)
         goto out;
     rc = 0;
 out:

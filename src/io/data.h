@@ -78,5 +78,10 @@ int lb_data_gen_arith(const char *prefix, int problems, int max_operand, double 
                       int shard_tokens, uint64_t seed, char *err, size_t errlen);
 int lb_data_gen_text(const char *prefix, const char *input, double val_fraction,
                      int shard_tokens, char *err, size_t errlen);
+// Tokens (any vocabulary) as PREFIX_NAME_NNN.bin, in shards of at most shard_tokens with the
+// last two evened out; stale numbered shards of PREFIX_NAME are refused as above. n = 0
+// writes nothing. `lowbit data tokenize` writes each input file's splits with it.
+int lb_data_write_split(const char *prefix, const char *name, const uint32_t *tokens, size_t n,
+                        int shard_tokens, char *err, size_t errlen);
 
 #endif

@@ -1,11 +1,13 @@
 // sample_cmd.c: `lowbit sample`: completions from a checkpoint, for prompts from a file (one
-// per line, bytes as tokens) or for problems of the arithmetic task, printed one per line.
+// per line: bytes as tokens, or through data.tokenizer's tokenizer.json when set) or for
+// problems of the arithmetic task, printed one per line (decoded to text by the tokenizer).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/common.h"
 #include "src/cli/commands.h"
 #include "src/io/data.h"
+#include "src/io/tokenizer.h"
 #include "src/rl/rl.h"
 #include "src/cli/run.h"
 #include "src/cli/util.h"
@@ -13,10 +15,10 @@
 #define ERRLEN 2048
 
 // Bytes as a C-like literal on one line of ASCII (\n, \t, \\, \xNN for the rest).
-static void print_escaped(const int32_t *tok, int n)
+static void print_escaped(const char *text, size_t n)
 {
-    for (int i = 0; i < n; i++) {
-        int ch = tok[i];
+    for (size_t i = 0; i < n; i++) {
+        int ch = (unsigned char)text[i];
         if (ch == '\n') fputs("\\n", stdout);
         else if (ch == '\t') fputs("\\t", stdout);
         else if (ch == '\\') fputs("\\\\", stdout);
@@ -43,6 +45,8 @@ typedef struct {
     char **prompt;                 // (np) the prompts' text
     char *text;                    // the prompt file, cut into prompt's lines
     int32_t **ptok;                // (np) their tokens
+    int *plen;                     // (np) tokens of each prompt
+    lb_tokenizer *tk;              // data.tokenizer's, NULL: a token is a byte
     int longest;                   // tokens of the longest prompt
     int S, n;                      // samples of each prompt; requests (np x S)
     lb_run run;
@@ -68,8 +72,20 @@ static int sample_config(sample_run *x)
         SAY("lowbit sample: %s\n", err);
         return 1;
     }
-    if (c->model.vocab_size < LB_BYTE_VOCAB) {
-        SAY("lowbit sample: prompts are bytes; the model's vocabulary has only %d tokens\n",
+    if (c->data.tokenizer[0]) {
+        x->tk = lb_tokenizer_load(c->data.tokenizer, err, sizeof err);
+        if (!x->tk) {
+            SAY("lowbit sample: %s\n", err);
+            return 1;
+        }
+        if (lb_tokenizer_vocab_size(x->tk) > c->model.vocab_size) {
+            SAY("lowbit sample: %s has %d tokens, more than the model's vocabulary (%d)\n",
+                c->data.tokenizer, lb_tokenizer_vocab_size(x->tk), c->model.vocab_size);
+            return 1;
+        }
+    } else if (c->model.vocab_size < LB_BYTE_VOCAB) {
+        SAY("lowbit sample: prompts are bytes (no data.tokenizer); the model's vocabulary has "
+            "only %d tokens\n",
             c->model.vocab_size);
         return 1;
     }
@@ -136,11 +152,27 @@ static int sample_prompts(sample_run *x)
     x->S = c->sample.samples;
     x->n = x->np * x->S;
     x->ptok = lb_calloc((size_t)x->np, sizeof *x->ptok);
+    x->plen = lb_calloc((size_t)x->np, sizeof *x->plen);
     for (int i = 0; i < x->np; i++) {
         int len = (int)strlen(x->prompt[i]);
+        if (x->tk) {
+            char err[ERRLEN];
+            lb_tokens t = {0};
+            if (lb_tokenizer_encode(x->tk, x->prompt[i], (size_t)len, &t, err, sizeof err) != 0) {
+                SAY("%s:%d: %s\n", c->sample.prompts[0] ? c->sample.prompts : "prompt", i + 1, err);
+                lb_tokens_free(&t);
+                return 1;
+            }
+            len = (int)t.n;
+            x->ptok[i] = lb_malloc(((size_t)len + 1) * sizeof(int32_t));
+            for (int j = 0; j < len; j++) x->ptok[i][j] = (int32_t)t.ids[j];
+            lb_tokens_free(&t);
+        } else {
+            x->ptok[i] = lb_malloc(((size_t)len + 1) * sizeof(int32_t));
+            for (int j = 0; j < len; j++) x->ptok[i][j] = (unsigned char)x->prompt[i][j];
+        }
+        x->plen[i] = len;
         if (len > x->longest) x->longest = len;
-        x->ptok[i] = lb_malloc((size_t)len * sizeof(int32_t));
-        for (int j = 0; j < len; j++) x->ptok[i][j] = (unsigned char)x->prompt[i][j];
     }
     return 0;
 }
@@ -194,7 +226,7 @@ static int sample_generate(sample_run *x)
         for (int s = 0; s < S; s++) {
             lb_sample_req *q = &x->reqs[i * S + s];
             q->prompt = x->ptok[i];
-            q->prompt_len = (int)strlen(x->prompt[i]);
+            q->prompt_len = x->plen[i];
             q->seed = x->c->sample.seed;
             q->stream = lb_sample_stream((uint64_t)i, (uint64_t)s);
             q->tokens = x->tok + (size_t)(i * S + s) * max_new;
@@ -205,6 +237,38 @@ static int sample_generate(sample_run *x)
         return 1;
     }
     return 0;
+}
+
+// The text of a completion (malloc'd, *len bytes): its bytes, or the tokenizer's decoding, where
+// an id the tokenizer lacks (a model vocabulary padded past it) reads <unk:ID>.
+static char *completion_text(const sample_run *x, const int32_t *tok, int n, size_t *len)
+{
+    size_t cap = 16 * (size_t)n + 1, k = 0;
+    char *s = lb_malloc(cap);
+    for (int j = 0; j < n; j++) {
+        char err[256], unk[32], *piece = NULL;
+        size_t m = 1;
+        uint32_t id = (uint32_t)tok[j];
+        char byte = (char)tok[j];
+        const char *src = &byte;
+        if (x->tk) {
+            piece = lb_tokenizer_decode(x->tk, &id, 1, 0, &m, err, sizeof err);
+            if (piece) src = piece;
+            else m = (size_t)snprintf(unk, sizeof unk, "<unk:%u>", id), src = unk;
+        }
+        if (k + m + 1 > cap) {
+            while (k + m + 1 > cap) cap *= 2;
+            char *g = realloc(s, cap);
+            if (!g) lb_die("out of memory");
+            s = g;
+        }
+        memcpy(s + k, src, m);
+        k += m;
+        free(piece);
+    }
+    s[k] = 0;
+    *len = k;
+    return s;
 }
 
 // Rank 0: prompt<TAB>completion<TAB>sum of log-probs[<TAB>correct|wrong], escaped on one line
@@ -221,23 +285,23 @@ static void sample_print(const sample_run *x)
             const lb_sample_req *r = &x->reqs[i * S + s];
             double sum = 0.0;
             for (int j = 0; j < r->len; j++) sum += r->logprobs[j];
-            print_escaped(r->prompt, r->prompt_len);
+            size_t clen;
+            char *ctext = completion_text(x, r->tokens, r->len, &clen);
+            print_escaped(x->prompt[i], strlen(x->prompt[i]));
             putchar('\t');
-            print_escaped(r->tokens, r->len);
+            print_escaped(ctext, clen);
             printf("\t%.4f", sum);
             if (is_arith) {
-                char ctext[4096];
                 long want, got;
-                int len = r->len < (int)sizeof ctext ? r->len : (int)sizeof ctext;
-                for (int j = 0; j < len; j++) ctext[j] = (char)r->tokens[j];
                 const char *p = x->prompt[i];
                 int ok = lb_arith_answer(p + (p[0] == '\n'), &want) == 0 &&
-                         lb_arith_parse_completion(ctext, (size_t)len, &got) == 0 && got == want;
+                         lb_arith_parse_completion(ctext, clen, &got) == 0 && got == want;
                 printf("\t%s", ok ? "correct" : "wrong");
                 right += ok;
                 ok_any |= ok;
             }
             putchar('\n');
+            free(ctext);
         }
         any += ok_any;
     }
@@ -261,7 +325,8 @@ static void sample_free(sample_run *x)
         if (x->ptok) free(x->ptok[i]);
         if (x->is_arith && x->prompt) free(x->prompt[i]);
     }
-    free(x->ptok), free(x->prompt), free(x->text), free(x->reqs), free(x->tok), free(x->lp);
+    lb_tokenizer_free(x->tk);
+    free(x->ptok), free(x->plen), free(x->prompt), free(x->text), free(x->reqs), free(x->tok), free(x->lp);
 }
 
 int lb_cmd_sample(const lb_config *c0, lb_comm *comm)

@@ -1,0 +1,115 @@
+#!/bin/bash
+# `lowbit data tokenize` end to end: text and JSON-lines files through the KJV tokenizer give
+# the same shards on 1 and 2 ranks, every document ends in gen.eos_token, `lowbit train` reads
+# the shards; and each mistake gets one clear line, a non-zero exit and no shards.
+# (The ids themselves are checked against the `tokenizers` package in tests/test_tokenizer.)
+set -uo pipefail
+src=${LB_SRCDIR:-.}
+bin=${LB_BUILDDIR:-.}/lowbit
+tok=$src/tests/data/tok_kjv/tokenizer.json
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0
+failed=0
+fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+ok() { pass=$((pass + 1)); }
+mpi() { local np=$1; shift; timeout 120 mpirun --oversubscribe -np "$np" "$@"; }
+expect_error() {
+    local name=$1 pattern=$2
+    shift 2
+    "$@" >"$tmp/out" 2>"$tmp/err"
+    local rc=$?
+    if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then fail "$name: exit $rc"; return; fi
+    if ! grep -Eq -- "$pattern" "$tmp/err"; then
+        fail "$name: stderr lacks '$pattern':"; sed 's/^/    /' "$tmp/err"; return
+    fi
+    ok
+}
+# Tokens of shards (version 1: uint16 after the 1024-byte header), one a line.
+tokens() { for f in "$@"; do od -An -v -tu2 -j1024 -w2 "$f"; done | tr -d ' '; }
+
+# its --help: purpose, example, the keys it reads
+"$bin" data tokenize --help > "$tmp/help" 2>&1 && grep -q "^lowbit data tokenize: " "$tmp/help" &&
+    grep -Eq "^  data.tokenizer +string " "$tmp/help" && grep -Eq "^  gen.eos_token +string " "$tmp/help" &&
+    ok || { fail "lowbit data tokenize --help:"; cat "$tmp/help"; }
+
+mkdir -p "$tmp/in"
+for i in $(seq 1 40); do
+    echo "And it came to pass, in the $i year of the king, that café 日本 🎉 were seen;"
+done > "$tmp/in/a.txt"
+for i in $(seq 1 20); do
+    printf '{"id": %d, "text": "Verse %d: the LORD said unto Moses,\\n\\tGo thou.<|endoftext|>x"}\n' $i $i
+done > "$tmp/in/b.jsonl"
+args=(--set data.tokenizer="$tok" --set gen.input="$tmp/in/*.txt,$tmp/in/b.jsonl"
+      --set gen.eos_token="<|endoftext|>" --set gen.val_fraction=0.1 --set gen.shard_tokens=400)
+"$bin" data tokenize "${args[@]}" --set gen.output="$tmp/one/c" > "$tmp/log1" 2>&1 ||
+    { fail "tokenize on 1 rank:"; cat "$tmp/log1"; }
+mpi 2 "$bin" data tokenize "${args[@]}" --set gen.output="$tmp/two/c" > "$tmp/log2" 2>&1 ||
+    { fail "tokenize on 2 ranks:"; cat "$tmp/log2"; }
+grep -q "^tokenize: 2 file(s)" "$tmp/log1" && grep -q "tokenize: rank 0 file 1/1" "$tmp/log2" &&
+    ok || fail "no summary or progress line"
+(cd "$tmp/one" && ls) > "$tmp/l1"; (cd "$tmp/two" && ls) > "$tmp/l2"
+if [ -s "$tmp/l1" ] && cmp -s "$tmp/l1" "$tmp/l2" &&
+   (cd "$tmp/one" && for f in *; do cmp -s "$f" "../two/$f" || exit 1; done); then ok; else
+    fail "shards differ between 1 and 2 ranks"; fi
+# file 000 (the text) has train and val shards, cut to at most 400 tokens each
+[ -e "$tmp/one/c_train_000_000.bin" ] && [ -e "$tmp/one/c_val_000_000.bin" ] &&
+    [ -e "$tmp/one/c_train_001_000.bin" ] && ok || fail "missing shards:" $(cat "$tmp/l1")
+big=$(for f in "$tmp"/one/*.bin; do od -An -t d4 -j8 -N4 "$f"; done | awk '$1 > 400' | wc -l)
+[ "$big" = 0 ] && ok || fail "a shard over gen.shard_tokens"
+# one eos per document (1 text file + 20 lines) plus the 20 <|endoftext|> inside the lines
+neos=$(tokens "$tmp"/one/*.bin | grep -cx 4096)
+[ "$neos" = 41 ] && ok || fail "$neos end-of-text tokens, expected 41"
+# the text's own bytes come back: the shards hold 4100-vocabulary ids, not bytes
+maxid=$(tokens "$tmp"/one/*.bin | sort -n | tail -1)
+[ "$maxid" = 4096 ] && ok || fail "largest id $maxid, expected 4096"
+# `lowbit train` reads them with the tokenizer's vocabulary
+"$bin" train "$src/examples/tiny-moe.cfg" --set model.vocab_size=4100 --set train.steps=2 --set train.warmup_steps=1 \
+    --set train.seq_len=32 --set train.micro_batch=2 --set train.grad_accum=1 \
+    --set data.train_files="$tmp/one/c_train_*.bin" --set data.val_files="$tmp/one/c_val_000_*.bin" \
+    --set run.out_dir="$tmp/run" --set train.val_every=2 > "$tmp/train.log" 2>&1 &&
+    ok || { fail "train on the tokenized shards:"; tail -5 "$tmp/train.log"; }
+
+# `lowbit sample` with the tokenizer: text prompts in, completions decoded to text
+ck=$(ls "$tmp"/run/checkpoints/step_*.safetensors 2>/dev/null | tail -1)
+printf 'And God said\nthe café of 日本\n' > "$tmp/prompts.txt"
+smp=(--set sample.checkpoint="$ck" --set sample.prompts="$tmp/prompts.txt"
+     --set sample.max_new_tokens=6 --set sample.samples=2)
+if "$bin" sample "${smp[@]}" --set data.tokenizer="$tok" > "$tmp/s.out" 2> "$tmp/s.err"; then
+    # the prompt column is the text (escaped), every completion decodes (no id without a token)
+    [ "$(grep -c $'^And God said\t' "$tmp/s.out")" = 2 ] &&
+    [ "$(grep -cF 'the caf\xc3\xa9 of \xe6\x97\xa5\xe6\x9c\xac	' "$tmp/s.out")" = 2 ] &&
+    ! grep -q "<unk:" "$tmp/s.out" && ok || { fail "sample with a tokenizer:"; cat "$tmp/s.out"; }
+else
+    fail "sample with a tokenizer:"; cat "$tmp/s.err"
+fi
+sed 's/"added_tokens":\[/"added_tokens":[{"id":5000,"content":"<x>","special":true},/' "$tok" > "$tmp/big.json"
+expect_error sample-vocab "big.json has 5001 tokens, more than the model's vocabulary \(4100\)" \
+    "$bin" sample "${smp[@]}" --set data.tokenizer="$tmp/big.json"
+
+# mistakes
+expect_error no-tokenizer "data.tokenizer is empty" "$bin" data tokenize \
+    --set gen.input="$tmp/in/a.txt" --set gen.output="$tmp/e/x"
+expect_error missing-tokenizer "nothere.json: No such file" "$bin" data tokenize \
+    --set data.tokenizer="$tmp/nothere.json" --set gen.input="$tmp/in/a.txt" --set gen.output="$tmp/e/x"
+sed 's/"type":"BPE"/"type":"Unigram"/' "$tok" > "$tmp/bad.json"
+expect_error bad-tokenizer "bad.json: model.type \"Unigram\" is not supported" mpi 2 "$bin" data \
+    tokenize --set data.tokenizer="$tmp/bad.json" --set gen.input="$tmp/in/a.txt" --set gen.output="$tmp/e/x"
+[ "$(grep -c "is not supported" "$tmp/err")" = 1 ] && ok || fail "2 ranks, one error: not one line"
+expect_error no-input "gen.input: no file matches" "$bin" data tokenize --set data.tokenizer="$tok" \
+    --set gen.input="$tmp/in/*.none" --set gen.output="$tmp/e/x"
+expect_error bad-eos "gen.eos_token: \"<eos>\" is not a token" "$bin" data tokenize \
+    --set data.tokenizer="$tok" --set gen.input="$tmp/in/a.txt" --set gen.eos_token="<eos>" \
+    --set gen.output="$tmp/e/x"
+{ echo '{"text": "fine"}'; echo; echo '{"txt": "no text field"}'; } > "$tmp/in/bad.jsonl"
+expect_error bad-line "bad.jsonl:3: not a JSON object with a string \"text\"" mpi 2 "$bin" data \
+    tokenize --set data.tokenizer="$tok" --set gen.input="$tmp/in/a.txt,$tmp/in/bad.jsonl" \
+    --set gen.output="$tmp/e/x"
+[ ! -e "$tmp/e/x_train_001_000.bin" ] && ok || fail "shards of the bad file were written"
+mkdir -p "$tmp/s" && cp "$tmp/one/c_train_000_000.bin" "$tmp/s/c_train_000.bin"
+expect_error stale "c_train_000.bin: shard of an earlier corpus" "$bin" data tokenize \
+    --set data.tokenizer="$tok" --set gen.input="$tmp/in/a.txt" --set gen.output="$tmp/s/c"
+[ "$(ls "$tmp/s")" = c_train_000.bin ] && ok || fail "tokenize wrote next to a stale shard"
+
+echo "$pass passed, $failed failed"
+[ "$failed" -eq 0 ]
