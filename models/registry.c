@@ -39,3 +39,13 @@ const char *lb_model_arch_choices(void)
         }
     return buf;
 }
+
+int lb_model_qk_norm(const lb_model_def *def, const lb_model_config *c)
+{
+    return def->qk_norm || ((def->hf_keys & LB_HF_USE_QK_NORM) && c->use_qk_norm);
+}
+
+int lb_model_layer_moe(const lb_model_def *def, const lb_model_config *c, int l)
+{
+    return def->moe && l >= c->first_k_dense_replace;
+}

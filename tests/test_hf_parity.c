@@ -538,7 +538,6 @@ START_TEST(test_bad_inputs)
     struct { const char *src, *from, *to, *want; } bad[] = {
         {moe, "\"use_sliding_window\": false", "\"use_sliding_window\": true",
          "use_sliding_window"},
-        {moe, "\"attention_bias\": false", "\"attention_bias\": true", "attention_bias"},
         {moe, "\"mlp_only_layers\": []", "\"mlp_only_layers\": [1]", "mlp_only_layers"},
         {moe, "\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 2", "decoder_sparse_step"},
         {moe, "\"rope_parameters\": {", "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4}, "
