@@ -238,6 +238,11 @@ int lb_moe_tensors(const lb_model_config *c, lb_tensor *out, int i, int l)
     return i;
 }
 
+int lb_ffn_tensors(const lb_model_config *c, lb_tensor *out, int i, int l)
+{
+    return layer_moe(c, l) ? lb_moe_tensors(c, out, i, l) : lb_mlp_tensors(c, out, i, l);
+}
+
 int lb_head_tensors(const lb_model_config *c, lb_tensor *out, int i)
 {
     int L = c->num_hidden_layers;

@@ -25,6 +25,9 @@ int lb_attn_tensors(const lb_model_config *c, lb_tensor *out, int i, int layer, 
 int lb_mlp_tensors(const lb_model_config *c, lb_tensor *out, int i, int layer);
 // post_attention_layernorm, the router (mlp.gate) and the fused experts.
 int lb_moe_tensors(const lb_model_config *c, lb_tensor *out, int i, int layer);
+// Layer l's feed-forward block: lb_moe_tensors where the layer is routed (lb_model_layer_moe:
+// a MoE family's layers from first_k_dense_replace on), else lb_mlp_tensors.
+int lb_ffn_tensors(const lb_model_config *c, lb_tensor *out, int i, int layer);
 // model.norm and lm_head.
 int lb_head_tensors(const lb_model_config *c, lb_tensor *out, int i);
 

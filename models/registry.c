@@ -8,11 +8,13 @@
 extern const lb_model_def lb_qwen3_moe_def;
 extern const lb_model_def lb_qwen3_def;
 extern const lb_model_def lb_llama_def;
+extern const lb_model_def lb_glm4_moe_def;
 
 static const lb_model_def *const registry[] = {
     &lb_qwen3_moe_def,
     &lb_qwen3_def,
     &lb_llama_def,
+    &lb_glm4_moe_def,
 };
 
 int lb_model_count(void) { return (int)(sizeof registry / sizeof registry[0]); }
