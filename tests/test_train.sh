@@ -163,64 +163,57 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || fail "bf16 mom
 #    recomputation give the uninterrupted run's bits.
 llama="$src/examples/tiny-llama.cfg"
 lsmall=("${small[@]}" --set model.intermediate_size=96 --set model.rope_original_max_position_embeddings=16)
-for r in fp32 bf16 fp8-block mxfp8 nvfp4-moe mxfp4; do
-    "$bin" train "$llama" "${lsmall[@]}" --set train.steps=20 --set train.warmup_steps=2 \
-        --set precision.recipe=$r --set run.out_dir="$tmp/l-$r" > "$tmp/p.log"
-    first=$(losses "$tmp/l-$r/metrics.jsonl" | head -n 3 | awk '{s += $1} END {print s / NR}')
-    last=$(losses "$tmp/l-$r/metrics.jsonl" | tail -n 3 | awk '{s += $1} END {print s / NR}')
-    echo "llama, recipe $r: loss $first -> $last"
-    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || fail "llama: recipe $r does not train"
-done
-lrun=("${lsmall[@]}" --set train.steps=8 --set train.warmup_steps=2 --set checkpoint.save_every=4
-      --set train.grad_accum=2)
-"$bin" train "$llama" "${lrun[@]}" --set run.out_dir="$tmp/la" > "$tmp/la.log"
-"$bin" train "$llama" "${lrun[@]}" --set run.out_dir="$tmp/lb" \
-    --set checkpoint.resume="$tmp/la/checkpoints/step_00000004.safetensors" > "$tmp/lb.log"
-diff <(strip "$tmp/la/metrics.jsonl" | tail -n 4) <(strip "$tmp/lb/metrics.jsonl") ||
-    fail "llama: the resumed run differs from the uninterrupted one"
-for how in selective full; do
-    "$bin" train "$llama" "${lrun[@]}" --set train.recompute=$how --set run.out_dir="$tmp/lr-$how" \
-        > "$tmp/rc.log"
-    "$cmp" --moments "$tmp/la/checkpoints/step_00000008.safetensors" \
-        "$tmp/lr-$how/checkpoints/step_00000008.safetensors" 0 ||
-        fail "llama: recompute $how changes the checkpoint"
-done
+# family_trains NAME CFG "RECIPES" ARGS...: each recipe's 20 steps lower the loss by 0.5.
+family_trains() {
+    local name=$1 cfg=$2 recipes=$3 r first last
+    shift 3
+    for r in $recipes; do
+        "$bin" train "$cfg" "$@" --set train.steps=20 --set train.warmup_steps=2 \
+            --set precision.recipe=$r --set run.out_dir="$tmp/$name-$r" > "$tmp/p.log" ||
+            fail "$name: recipe $r: $(tail -n 2 "$tmp/p.log")"
+        first=$(losses "$tmp/$name-$r/metrics.jsonl" | head -n 3 | awk '{s += $1} END {print s / NR}')
+        last=$(losses "$tmp/$name-$r/metrics.jsonl" | tail -n 3 | awk '{s += $1} END {print s / NR}')
+        echo "$name, recipe $r: loss $first -> $last"
+        awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || fail "$name: recipe $r does not train"
+    done
+}
+# family_same_bits NAME CFG ARGS...: 8 steps in $tmp/NAME-a; resumed from step 4, and with
+# selective and full recomputation, the same bits.
+family_same_bits() {
+    local name=$1 cfg=$2 how
+    shift 2
+    local run=("$@" --set train.steps=8 --set train.warmup_steps=2 --set checkpoint.save_every=4
+               --set train.grad_accum=2)
+    "$bin" train "$cfg" "${run[@]}" --set run.out_dir="$tmp/$name-a" > "$tmp/$name-a.log"
+    "$bin" train "$cfg" "${run[@]}" --set run.out_dir="$tmp/$name-b" \
+        --set checkpoint.resume="$tmp/$name-a/checkpoints/step_00000004.safetensors" > "$tmp/$name-b.log"
+    diff <(strip "$tmp/$name-a/metrics.jsonl" | tail -n 4) <(strip "$tmp/$name-b/metrics.jsonl") ||
+        fail "$name: the resumed run differs from the uninterrupted one"
+    for how in selective full; do
+        "$bin" train "$cfg" "${run[@]}" --set train.recompute=$how --set run.out_dir="$tmp/$name-r$how" \
+            > "$tmp/rc.log"
+        "$cmp" --moments "$tmp/$name-a/checkpoints/step_00000008.safetensors" \
+            "$tmp/$name-r$how/checkpoints/step_00000008.safetensors" 0 ||
+            fail "$name: recompute $how changes the checkpoint"
+    done
+}
+family_trains llama "$llama" "fp32 bf16 fp8-block mxfp8 nvfp4-moe mxfp4" "${lsmall[@]}"
+family_same_bits llama "$llama" "${lsmall[@]}"
 "$bin" info "$llama" | grep -q "^rope .*llama3 scaling: factor 8" || fail "llama: info shows no llama3 RoPE"
 # 10. GLM-4.5's MoE (examples/tiny-glm4-moe.cfg: a dense first layer, the sigmoid router with
 #     groups and a selection bias, a shared expert, attention biases, partial RoPE): fp32, bf16
 #     and fp8-block train; a resumed run and selective and full recomputation give the
-#     uninterrupted run's bits; the bias update
-#     changes the trained weights (router_bias_update_rate 0 gives other ones).
+#     uninterrupted run's bits; the bias update changes the trained weights
+#     (router_bias_update_rate 0 gives other ones).
 glm="$src/examples/tiny-glm4-moe.cfg"
 gsmall=("${small[@]}" --set model.intermediate_size=96)
-for r in fp32 bf16 fp8-block; do
-    "$bin" train "$glm" "${gsmall[@]}" --set train.steps=20 --set train.warmup_steps=2 \
-        --set precision.recipe=$r --set run.out_dir="$tmp/g-$r" > "$tmp/p.log" ||
-        fail "glm4_moe: recipe $r: $(tail -n 2 "$tmp/p.log")"
-    first=$(losses "$tmp/g-$r/metrics.jsonl" | head -n 3 | awk '{s += $1} END {print s / NR}')
-    last=$(losses "$tmp/g-$r/metrics.jsonl" | tail -n 3 | awk '{s += $1} END {print s / NR}')
-    echo "glm4_moe, recipe $r: loss $first -> $last"
-    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || fail "glm4_moe: recipe $r does not train"
-done
+family_trains glm4_moe "$glm" "fp32 bf16 fp8-block" "${gsmall[@]}"
+family_same_bits glm4_moe "$glm" "${gsmall[@]}"
 grun=("${gsmall[@]}" --set train.steps=8 --set train.warmup_steps=2 --set checkpoint.save_every=4
       --set train.grad_accum=2)
-"$bin" train "$glm" "${grun[@]}" --set run.out_dir="$tmp/ga" > "$tmp/ga.log"
-"$bin" train "$glm" "${grun[@]}" --set run.out_dir="$tmp/gb" \
-    --set checkpoint.resume="$tmp/ga/checkpoints/step_00000004.safetensors" > "$tmp/gb.log"
-diff <(strip "$tmp/ga/metrics.jsonl" | tail -n 4) <(strip "$tmp/gb/metrics.jsonl") ||
-    fail "glm4_moe: the resumed run differs from the uninterrupted one"
-"$cmp" --moments "$tmp/ga/checkpoints/step_00000008.safetensors" \
-    "$tmp/gb/checkpoints/step_00000008.safetensors" 0 || fail "glm4_moe: resumed checkpoint differs"
-for how in selective full; do   # the dense layer's and the shared expert's buffers too
-    "$bin" train "$glm" "${grun[@]}" --set train.recompute=$how --set run.out_dir="$tmp/gr-$how" \
-        > "$tmp/rc.log"
-    "$cmp" --moments "$tmp/ga/checkpoints/step_00000008.safetensors" \
-        "$tmp/gr-$how/checkpoints/step_00000008.safetensors" 0 ||
-        fail "glm4_moe: recompute $how changes the checkpoint"
-done
 "$bin" train "$glm" "${grun[@]}" --set model.router_bias_update_rate=0 --set run.out_dir="$tmp/g0" \
     > "$tmp/g0.log"
-"$cmp" "$tmp/ga/checkpoints/step_00000008.safetensors" \
+"$cmp" "$tmp/glm4_moe-a/checkpoints/step_00000008.safetensors" \
     "$tmp/g0/checkpoints/step_00000008.safetensors" 0 > /dev/null 2>&1 &&
     fail "glm4_moe: the selection-bias update changes nothing"
 "$bin" info "$glm" | grep -q "^experts .*sigmoid router, top-2 of 4 groups.*1 shared.*layers 0-0 dense" ||

@@ -295,53 +295,43 @@ int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t e
                cfg->partial_rotary_factor);
         goto out;
     }
-    if (is_moe(cfg) && def_of(cfg)->sigmoid_router) {
-        // DeepSeek-V3 / GLM-4.5: no load-balancing loss (the selection bias balances); the
-        // defaults are transformers' Glm4MoeConfig's
-        const char *ek = field(root, "n_routed_experts") ? "n_routed_experts" : "num_local_experts";
+    if (is_moe(cfg)) {
+        const int sig = def_of(cfg)->sigmoid_router;
+        // The expert count: transformers 5 writes num_local_experts; Qwen's hub checkpoints
+        // num_experts, GLM's n_routed_experts.
+        const char *ek = field(root, "num_experts")        ? "num_experts"
+                         : field(root, "n_routed_experts") ? "n_routed_experts"
+                                                           : "num_local_experts";
         if (get_int(root, ek, 1, 0, 1, &cfg->num_experts, path, err, errlen) ||
             get_int(root, "num_experts_per_tok", 1, 0, 1, &cfg->num_experts_per_tok, path, err,
                     errlen) ||
             get_int(root, "moe_intermediate_size", 1, 0, 1, &cfg->moe_intermediate_size, path,
                     err, errlen) ||
-            get_bool(root, "norm_topk_prob", 1, &cfg->norm_topk_prob, path, err, errlen) ||
-            get_int(root, "n_shared_experts", 0, 1, 0, &cfg->n_shared_experts, path, err,
-                    errlen) ||
-            get_int(root, "first_k_dense_replace", 0, 1, 0, &cfg->first_k_dense_replace, path,
-                    err, errlen) ||
-            get_int(root, "n_group", 0, 1, 1, &cfg->n_group, path, err, errlen) ||
-            get_int(root, "topk_group", 0, 1, 1, &cfg->topk_group, path, err, errlen) ||
-            get_real(root, "routed_scaling_factor", 1.0, &cfg->routed_scaling_factor, path, err,
-                     errlen))
+            get_bool(root, "norm_topk_prob", sig, &cfg->norm_topk_prob, path, err, errlen))
             goto out;
-        cfg->router_aux_loss_coef = 0.0;
-        if (cfg->first_k_dense_replace > cfg->num_hidden_layers) {
-            seterr(err, errlen, "%s: first_k_dense_replace (%d) exceeds num_hidden_layers (%d)",
-                   path, cfg->first_k_dense_replace, cfg->num_hidden_layers);
+        if (sig) {
+            // DeepSeek-V3 / GLM-4.5 (Glm4MoeConfig's defaults): no load-balancing loss, the
+            // selection bias balances the experts
+            if (get_int(root, "n_shared_experts", 0, 1, 0, &cfg->n_shared_experts, path, err,
+                        errlen) ||
+                get_int(root, "first_k_dense_replace", 0, 1, 0, &cfg->first_k_dense_replace,
+                        path, err, errlen) ||
+                get_int(root, "n_group", 0, 1, 1, &cfg->n_group, path, err, errlen) ||
+                get_int(root, "topk_group", 0, 1, 1, &cfg->topk_group, path, err, errlen) ||
+                get_real(root, "routed_scaling_factor", 1.0, &cfg->routed_scaling_factor, path,
+                         err, errlen))
+                goto out;
+            cfg->router_aux_loss_coef = 0.0;
+            char msg[256];   // the router's shapes, the dense layers' sizes
+            if (def_of(cfg)->check(cfg, msg, sizeof msg)) {
+                seterr(err, errlen, "%s: %s", path, msg);
+                goto out;
+            }
+        } else if (get_real(root, "router_aux_loss_coef", 0.001, &cfg->router_aux_loss_coef,
+                            path, err, errlen) ||
+                   read_mlp_only_layers(root, cfg, path, err, errlen)) {
             goto out;
         }
-        if (cfg->first_k_dense_replace > 0 && cfg->intermediate_size < 1) {
-            seterr(err, errlen, "%s: the dense leading layers need intermediate_size", path);
-            goto out;
-        }
-        char msg[256];
-        if (def_of(cfg)->check(cfg, msg, sizeof msg)) {
-            seterr(err, errlen, "%s: %s", path, msg);
-            goto out;
-        }
-    } else if (is_moe(cfg)) {
-        // transformers 5 writes num_local_experts; hub checkpoints use num_experts.
-        const char *ek = field(root, "num_experts") ? "num_experts" : "num_local_experts";
-        if (get_int(root, ek, 1, 0, 1, &cfg->num_experts, path, err, errlen) ||
-            get_int(root, "num_experts_per_tok", 1, 0, 1, &cfg->num_experts_per_tok, path, err,
-                    errlen) ||
-            get_int(root, "moe_intermediate_size", 1, 0, 1, &cfg->moe_intermediate_size, path,
-                    err, errlen) ||
-            get_bool(root, "norm_topk_prob", 0, &cfg->norm_topk_prob, path, err, errlen) ||
-            get_real(root, "router_aux_loss_coef", 0.001, &cfg->router_aux_loss_coef, path, err,
-                     errlen) ||
-            read_mlp_only_layers(root, cfg, path, err, errlen))
-            goto out;
         if (cfg->num_experts_per_tok > cfg->num_experts) {
             seterr(err, errlen, "%s: num_experts_per_tok (%d) exceeds the number of experts (%d)",
                    path, cfg->num_experts_per_tok, cfg->num_experts);

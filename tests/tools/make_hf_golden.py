@@ -98,17 +98,24 @@ def build(kind):
     cfg._attn_implementation = "eager"
     cfg._experts_implementation = "eager"
     model = cls(cfg).float()
-    g = torch.Generator().manual_seed(SEED + 1)
+    randomize(model, torch.Generator().manual_seed(SEED + 1))
+    model.eval()
+    return model
+
+
+def randomize(model, g):
+    """Random parameters in the model's order: RMSNorm weights around 1, biases (the only other
+    1-D parameters) small, the embedding and matrices normal."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 1:            # RMSNorm weights: random around 1
+            if p.dim() == 1 and "norm" in name:
                 p.copy_(1.0 + 0.2 * (torch.rand(p.shape, generator=g) - 0.5) * 2)
+            elif p.dim() == 1:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * EMBED_STD)
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * MATRIX_STD)
-    model.eval()
-    return model
 
 
 def build_glm4_moe():
@@ -127,16 +134,8 @@ def build_glm4_moe():
     cfg._experts_implementation = "eager"
     model = Glm4MoeForCausalLM(cfg).float()
     g = torch.Generator().manual_seed(SEED + 4)
+    randomize(model, g)
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:          # RMSNorm weights: random around 1
-                p.copy_(1.0 + 0.2 * (torch.rand(p.shape, generator=g) - 0.5) * 2)
-            elif p.dim() == 1:          # biases
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-            elif "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * EMBED_STD)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * MATRIX_STD)
         for layer in model.model.layers[cfg.first_k_dense_replace:]:   # the selection bias
             b = layer.mlp.gate.e_score_correction_bias
             b.copy_(0.3 * torch.randn(b.shape, generator=g))
