@@ -711,31 +711,33 @@ static char *config_json(const lb_model_config *c, const char *torch_dtype)
     }
     cJSON_AddBoolToObject(r, "tie_word_embeddings", 0);
     cJSON_AddBoolToObject(r, "use_cache", 1);
-    if (moe && def->sigmoid_router) {
-        cJSON_AddNumberToObject(r, "n_routed_experts", c->num_experts);
+    if (moe) {
+        // The expert count in each family's spelling (Qwen's: both, transformers 4 reads
+        // num_experts, 5 either)
+        if (def->sigmoid_router) {
+            cJSON_AddNumberToObject(r, "n_routed_experts", c->num_experts);
+        } else {
+            cJSON_AddNumberToObject(r, "num_experts", c->num_experts);
+            cJSON_AddNumberToObject(r, "num_local_experts", c->num_experts);
+        }
         cJSON_AddNumberToObject(r, "num_experts_per_tok", c->num_experts_per_tok);
         cJSON_AddNumberToObject(r, "moe_intermediate_size", c->moe_intermediate_size);
+        cJSON_AddBoolToObject(r, "norm_topk_prob", c->norm_topk_prob);
+        cJSON_AddBoolToObject(r, "output_router_logits", 0);
+    }
+    if (moe && def->sigmoid_router) {
         cJSON_AddNumberToObject(r, "n_shared_experts", c->n_shared_experts);
         cJSON_AddNumberToObject(r, "first_k_dense_replace", c->first_k_dense_replace);
         cJSON_AddNumberToObject(r, "n_group", c->n_group);
         cJSON_AddNumberToObject(r, "topk_group", c->topk_group);
         cJSON_AddItemToObject(r, "routed_scaling_factor", json_real(c->routed_scaling_factor));
-        cJSON_AddBoolToObject(r, "norm_topk_prob", c->norm_topk_prob);
         cJSON_AddNumberToObject(r, "num_nextn_predict_layers", 0);   // no MTP layers
-        cJSON_AddBoolToObject(r, "output_router_logits", 0);
     } else if (moe) {
-        // Both spellings of the expert count: transformers 4 reads num_experts, 5 either.
-        cJSON_AddNumberToObject(r, "num_experts", c->num_experts);
-        cJSON_AddNumberToObject(r, "num_local_experts", c->num_experts);
-        cJSON_AddNumberToObject(r, "num_experts_per_tok", c->num_experts_per_tok);
-        cJSON_AddNumberToObject(r, "moe_intermediate_size", c->moe_intermediate_size);
-        cJSON_AddBoolToObject(r, "norm_topk_prob", c->norm_topk_prob);
         cJSON_AddNumberToObject(r, "decoder_sparse_step", 1);
         cJSON *mo = cJSON_AddArrayToObject(r, "mlp_only_layers");
         for (int l = 0; l < c->first_k_dense_replace; l++)
             cJSON_AddItemToArray(mo, cJSON_CreateNumber(l));
         cJSON_AddItemToObject(r, "router_aux_loss_coef", json_real(c->router_aux_loss_coef));
-        cJSON_AddBoolToObject(r, "output_router_logits", 0);
     }
     cJSON_AddStringToObject(r, "torch_dtype", torch_dtype);   // transformers 4
     cJSON_AddStringToObject(r, "dtype", torch_dtype);         // transformers 5
