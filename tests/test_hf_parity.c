@@ -597,26 +597,25 @@ START_TEST(test_bad_inputs)
     }
 
     // Weights that do not match the configuration.
-    craft k1 = {.skip = "model.layers.1.mlp.experts.2.up_proj.weight"};
-    expect_import_error(moe, &k1, "model.safetensors",
-                        "missing tensor 'model.layers.1.mlp.experts.2.up_proj.weight'");
-    craft k2 = {.skip = "model.layers.0.self_attn.k_norm.weight"};
-    expect_import_error(moe, &k2, "model.safetensors",
-                        "missing tensor 'model.layers.0.self_attn.k_norm.weight'");
-    // GLM's selection bias and shared experts are part of the model
-    craft kg1 = {.skip = "model.layers.2.mlp.gate.e_score_correction_bias"};
-    expect_import_error(glm, &kg1, "model.safetensors",
-                        "missing tensor 'model.layers.2.mlp.gate.e_score_correction_bias'");
-    craft kg2 = {.skip = "model.layers.1.mlp.shared_experts.up_proj.weight"};
-    expect_import_error(glm, &kg2, "model.safetensors",
-                        "missing tensor 'model.layers.1.mlp.shared_experts.up_proj.weight'");
+    // Missing tensors, GLM's selection bias and shared experts among them.
+    struct { const char *src, *skip; } gone[] = {
+        {moe, "model.layers.1.mlp.experts.2.up_proj.weight"},
+        {moe, "model.layers.0.self_attn.k_norm.weight"},
+        {dense, "model.layers.1.mlp.up_proj.weight"},
+        {glm, "model.layers.2.mlp.gate.e_score_correction_bias"},
+        {glm, "model.layers.1.mlp.shared_experts.up_proj.weight"},
+        {glm, "model.layers.0.self_attn.v_proj.bias"},
+    };
+    for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++) {
+        char want[160];
+        snprintf(want, sizeof want, "missing tensor '%s'", gone[i].skip);
+        craft k = {.skip = gone[i].skip};
+        expect_import_error(gone[i].src, &k, "model.safetensors", want);
+    }
     // Qwen3-MoE's leading mlp_only_layers make layer 0 dense: its MLP tensors are expected
     craft km = {.config_from = "\"mlp_only_layers\": []", .config_to = "\"mlp_only_layers\": [0]"};
     expect_import_error(moe, &km, "model.safetensors",
                         "missing tensor 'model.layers.0.mlp.gate_proj.weight'");
-    craft k3 = {.skip = "model.layers.1.mlp.up_proj.weight"};
-    expect_import_error(dense, &k3, "model.safetensors",
-                        "missing tensor 'model.layers.1.mlp.up_proj.weight'");
     craft k4 = {.reshape = "model.layers.0.self_attn.q_norm.weight"};
     expect_import_error(moe, &k4, "model.safetensors",
                         "tensor 'model.layers.0.self_attn.q_norm.weight' has shape [8]");
