@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/common.h"
+#include "kernels/router.h"
 #include "models/blocks.h"
 #include "parallel/tensor_parallel.h"
 
@@ -18,10 +19,31 @@ static int is_moe(const lb_model_config *c)
     const lb_model_def *def = lb_model_lookup(c->arch);
     return def && def->moe;
 }
-static int has_qk_norm(const lb_model *m) { return m->def->qk_norm; }
+static int has_qk_norm(const lb_model *m) { return lb_model_qk_norm(m->def, &m->cfg); }
 static int ffn_dim(const lb_model_config *c)
 {
     return is_moe(c) ? c->moe_intermediate_size : c->intermediate_size;
+}
+// Layer l's feed-forward block is routed (else a dense MLP: every layer of a dense family, the
+// first first_k_dense_replace of a MoE one).
+static int layer_moe(const lb_model_config *c, int l)
+{
+    const lb_model_def *def = lb_model_lookup(c->arch);
+    return def && lb_model_layer_moe(def, c, l);
+}
+// Some layer of a MoE model has a dense MLP.
+static int has_dense(const lb_model_config *c) { return !is_moe(c) || c->first_k_dense_replace > 0; }
+static int sigmoid_router(const lb_model_config *c)
+{
+    const lb_model_def *def = lb_model_lookup(c->arch);
+    return def && def->moe && def->sigmoid_router;
+}
+static int shared_experts(const lb_model_config *c) { return is_moe(c) && c->n_shared_experts > 0; }
+// RoPE's rotated dimensions of a head: 0 (all of them) or the partial share (GLM).
+static int rope_rot(const lb_model_config *c)
+{
+    double f = c->partial_rotary_factor;
+    return f > 0 && f < 1 ? (int)(c->head_dim * f) : 0;
 }
 
 int lb_decoder_check(const lb_model_def *def, const lb_model_config *c, char *err,
@@ -55,6 +77,42 @@ int lb_decoder_check(const lb_model_def *def, const lb_model_config *c, char *er
         REQUIRE(c->rope_type[0] == 0 || strcmp(c->rope_type, "default") == 0,
                 "model: rope_type '%s' is not default or llama3", c->rope_type);
     }
+    if (c->partial_rotary_factor > 0 && c->partial_rotary_factor < 1) {
+        int rot = (int)(c->head_dim * c->partial_rotary_factor);
+        REQUIRE(rot >= 2 && rot % 2 == 0,
+                "model: partial_rotary_factor (%g) of head_dim %d rotates %d dimensions: need an "
+                "even number, at least 2", c->partial_rotary_factor, c->head_dim, rot);
+        REQUIRE(strcmp(c->rope_type, "llama3") != 0,
+                "model: partial_rotary_factor with rope_type llama3 is not supported");
+    }
+    REQUIRE(!c->use_qk_norm || (def->hf_keys & LB_HF_USE_QK_NORM),
+            "model: use_qk_norm: %s's q/k norms are not optional", def->arch);
+    REQUIRE(def->moe || (c->first_k_dense_replace == 0 && c->n_shared_experts == 0),
+            "model: first_k_dense_replace and n_shared_experts need a MoE model (%s is dense)",
+            def->arch);
+    REQUIRE(c->first_k_dense_replace <= c->num_hidden_layers,
+            "model: first_k_dense_replace (%d) exceeds num_hidden_layers (%d)",
+            c->first_k_dense_replace, c->num_hidden_layers);
+    if (def->moe && def->sigmoid_router) {
+        REQUIRE(c->num_experts > 0 && c->num_experts_per_tok > 0 &&
+                    lb_router_sigmoid_shape_ok(0, c->num_experts, c->num_experts_per_tok,
+                                               c->n_group, c->topk_group),
+                "model: n_group (%d) must divide num_experts (%d), be at most 64, and topk_group "
+                "(%d, at most n_group) groups must hold num_experts_per_tok (%d) experts",
+                c->n_group, c->num_experts, c->topk_group, c->num_experts_per_tok);
+        REQUIRE(c->routed_scaling_factor > 0, "model: routed_scaling_factor must be positive");
+        REQUIRE(c->router_aux_loss_coef == 0,
+                "model: router_aux_loss_coef (%g) must be 0: %s's sigmoid router has no "
+                "load-balancing loss (its selection bias balances the experts, "
+                "router_bias_update_rate)", c->router_aux_loss_coef, def->arch);
+    } else {
+        REQUIRE(c->n_group <= 1 && c->topk_group <= 1,
+                "model: n_group and topk_group are the sigmoid router's (%s routes by softmax)",
+                def->arch);
+    }
+    if (def->moe && c->first_k_dense_replace > 0)
+        REQUIRE(c->intermediate_size > 0,
+                "model: intermediate_size must be positive (the dense leading layers')");
     if (def->moe) {
         REQUIRE(c->num_experts > 0 && c->moe_intermediate_size > 0,
                 "model: num_experts and moe_intermediate_size must be positive");
@@ -109,17 +167,28 @@ int lb_embed_tensors(const lb_model_config *c, lb_tensor *out, int i)
                "model.embed_tokens.weight", -1);
 }
 
+// A bias: zero at init, no weight decay.
+static int bias(lb_tensor *out, int i)
+{
+    if (out) out[i - 1].zero_init = 1;
+    return i;
+}
+
 int lb_attn_tensors(const lb_model_config *c, lb_tensor *out, int i, int l, int qk_norm)
 {
     int64_t C = c->hidden_size, D = c->head_dim, hq = c->num_attention_heads,
             hkv = c->num_key_value_heads;
+    const char *const proj[3] = {"q", "k", "v"};
+    const int64_t rows[3] = {hq * D, hkv * D, hkv * D};
+    char name[LB_TENSOR_NAME];
     i = add(out, i, 1, LB_SPLIT_NONE, SP, 1, C, 0, 0, "model.layers.%d.input_layernorm.weight", l);
-    i = linear(out, add(out, i, 0, LB_SPLIT_COL, WHOLE, 2, hq * D, C, 0,
-                        "model.layers.%d.self_attn.q_proj.weight", l));
-    i = linear(out, add(out, i, 0, LB_SPLIT_COL, WHOLE, 2, hkv * D, C, 0,
-                        "model.layers.%d.self_attn.k_proj.weight", l));
-    i = linear(out, add(out, i, 0, LB_SPLIT_COL, WHOLE, 2, hkv * D, C, 0,
-                        "model.layers.%d.self_attn.v_proj.weight", l));
+    for (int p = 0; p < 3; p++) {   // each weight, then its bias (attention_bias)
+        snprintf(name, sizeof name, "model.layers.%%d.self_attn.%s_proj.weight", proj[p]);
+        i = linear(out, add(out, i, 0, LB_SPLIT_COL, WHOLE, 2, rows[p], C, 0, name, l));
+        if (!c->attention_bias) continue;
+        snprintf(name, sizeof name, "model.layers.%%d.self_attn.%s_proj.bias", proj[p]);
+        i = bias(out, add(out, i, 0, LB_SPLIT_COL, WHOLE, 1, rows[p], 0, 0, name, l));
+    }
     i = linear(out, add(out, i, 0, LB_SPLIT_ROW, WHOLE, 2, C, hq * D, 0,
                         "model.layers.%d.self_attn.o_proj.weight", l));
     if (qk_norm) {
@@ -150,10 +219,28 @@ int lb_moe_tensors(const lb_model_config *c, lb_tensor *out, int i, int l)
             "model.layers.%d.post_attention_layernorm.weight", l);
     i = linear(out, add(out, i, 0, LB_SPLIT_NONE, WHOLE, 2, E, C, 0,
                         "model.layers.%d.mlp.gate.weight", l));
+    if (sigmoid_router(c)) {   // the selection bias: no gradient, moved after each step
+        i = bias(out, add(out, i, 0, LB_SPLIT_NONE, WHOLE, 1, E, 0, 0,
+                          "model.layers.%d.mlp.gate.e_score_correction_bias", l));
+        if (out) out[i - 1].frozen = 1;
+    }
     i = linear(out, add(out, i, 0, LB_SPLIT_EXPERT_COL2, WHOLE, 3, E, 2 * F, C,
                         "model.layers.%d.mlp.experts.gate_up_proj", l));
-    return linear(out, add(out, i, 0, LB_SPLIT_EXPERT_ROW, WHOLE, 3, E, C, F,
-                           "model.layers.%d.mlp.experts.down_proj", l));
+    i = linear(out, add(out, i, 0, LB_SPLIT_EXPERT_ROW, WHOLE, 3, E, C, F,
+                        "model.layers.%d.mlp.experts.down_proj", l));
+    if (c->n_shared_experts > 0) {   // one dense SwiGLU MLP of the shared experts' width
+        int64_t Fs = (int64_t)c->n_shared_experts * F;
+        i = linear(out, add(out, i, 0, LB_SPLIT_COL2, WHOLE, 2, 2 * Fs, C, 0,
+                            "model.layers.%d.mlp.shared_experts.gate_up_proj.weight", l));
+        i = linear(out, add(out, i, 0, LB_SPLIT_ROW, WHOLE, 2, C, Fs, 0,
+                            "model.layers.%d.mlp.shared_experts.down_proj.weight", l));
+    }
+    return i;
+}
+
+int lb_ffn_tensors(const lb_model_config *c, lb_tensor *out, int i, int l)
+{
+    return layer_moe(c, l) ? lb_moe_tensors(c, out, i, l) : lb_mlp_tensors(c, out, i, l);
 }
 
 int lb_head_tensors(const lb_model_config *c, lb_tensor *out, int i)
@@ -179,12 +266,18 @@ static int tensor_index(const lb_model *m, const char *fmt, int layer)
 // A layer's tensors by role, found by name once per model (m->layer_tensors): every forward
 // and backward then reads them at fixed places, as llm.c does, instead of formatting 17 names
 // and comparing them with every tensor's for each layer of each pass (decode steps included).
-enum { R_LN1, R_Q, R_K, R_V, R_O, R_QN, R_KN, R_LN2, R_ROUTER, R_GU, R_DOWN, R_COUNT };
+enum { R_LN1, R_Q, R_K, R_V, R_O, R_QN, R_KN, R_LN2, R_ROUTER, R_GU, R_DOWN, R_QB, R_KB, R_VB,
+       R_EBIAS, R_SGU, R_SDOWN, R_COUNT };
 
 static const int *layer_tensors(lb_model *m, int l)
 {
     if (!m->layer_tensors) {
-        const int moe = is_moe(&m->cfg), qkn = has_qk_norm(m), n = m->layer_end - m->layer_begin;
+        const lb_model_config *c = &m->cfg;
+        const int qkn = has_qk_norm(m), n = m->layer_end - m->layer_begin;
+        const int ab = c->attention_bias, sig = sigmoid_router(c), sh = shared_experts(c);
+        int *ix = lb_malloc((size_t)(n > 0 ? n : 1) * R_COUNT * sizeof *ix);
+        for (int i = 0; i < n; i++) {
+        const int moe = layer_moe(c, m->layer_begin + i);
         const char *const names[R_COUNT] = {
             "model.layers.%d.input_layernorm.weight", "model.layers.%d.self_attn.q_proj.weight",
             "model.layers.%d.self_attn.k_proj.weight", "model.layers.%d.self_attn.v_proj.weight",
@@ -195,12 +288,17 @@ static const int *layer_tensors(lb_model *m, int l)
             moe ? "model.layers.%d.mlp.gate.weight" : NULL,
             moe ? "model.layers.%d.mlp.experts.gate_up_proj"
                 : "model.layers.%d.mlp.gate_up_proj.weight",
-            moe ? "model.layers.%d.mlp.experts.down_proj" : "model.layers.%d.mlp.down_proj.weight"};
-        int *ix = lb_malloc((size_t)(n > 0 ? n : 1) * R_COUNT * sizeof *ix);
-        for (int i = 0; i < n; i++)
+            moe ? "model.layers.%d.mlp.experts.down_proj" : "model.layers.%d.mlp.down_proj.weight",
+            ab ? "model.layers.%d.self_attn.q_proj.bias" : NULL,
+            ab ? "model.layers.%d.self_attn.k_proj.bias" : NULL,
+            ab ? "model.layers.%d.self_attn.v_proj.bias" : NULL,
+            moe && sig ? "model.layers.%d.mlp.gate.e_score_correction_bias" : NULL,
+            moe && sh ? "model.layers.%d.mlp.shared_experts.gate_up_proj.weight" : NULL,
+            moe && sh ? "model.layers.%d.mlp.shared_experts.down_proj.weight" : NULL};
             for (int r = 0; r < R_COUNT; r++)
                 ix[i * R_COUNT + r] =
                     names[r] ? tensor_index(m, names[r], m->layer_begin + i) : -1;
+        }
         m->layer_tensors = ix;
     }
     if (l < m->layer_begin || l >= m->layer_end)
@@ -216,7 +314,8 @@ static lb_layer_w layer_weights(lb_model *m, float *base, int l)
 #define WC(r) (ix[r] < 0 ? NULL : &m->wcache[ix[r]])
     lb_layer_w w = {P(R_LN1), P(R_Q), P(R_K), P(R_V), P(R_O), P(R_QN), P(R_KN), P(R_LN2),
                  P(R_ROUTER), P(R_GU), P(R_DOWN), WC(R_Q), WC(R_K), WC(R_V), WC(R_O),
-                 WC(R_ROUTER), WC(R_GU), WC(R_DOWN)};
+                 WC(R_ROUTER), WC(R_GU), WC(R_DOWN), P(R_QB), P(R_KB), P(R_VB), P(R_EBIAS),
+                 P(R_SGU), P(R_SDOWN), WC(R_SGU), WC(R_SDOWN)};
 #undef P
 #undef WC
     return w;
@@ -230,7 +329,8 @@ lb_dims lb_dims_of(const lb_model *m)
     lb_dims d = {c->hidden_size, c->head_dim, c->num_attention_heads / p->tp,
               c->num_key_value_heads / p->tp, ffn_dim(c) / split, c->num_experts,
               c->num_experts / p->ep, c->num_experts_per_tok, c->vocab_size, p->tp, p->ep, p->sp,
-              p->tp / p->etp, p->tp_rank / p->etp};
+              p->tp / p->etp, p->tp_rank / p->etp, c->intermediate_size / p->tp,
+              shared_experts(c) ? c->n_shared_experts * c->moe_intermediate_size / p->tp : 0};
     return d;
 }
 
@@ -264,13 +364,17 @@ void lb_decoder_weights_refresh(lb_model *m)
         lb_wcache_build(lin, w.ck, l, LB_ROLE_ATTN_QKV, w.k, 1, d.hkv * d.D, d.C);
         lb_wcache_build(lin, w.cv, l, LB_ROLE_ATTN_QKV, w.v, 1, d.hkv * d.D, d.C);
         lb_wcache_build(lin, w.co, l, LB_ROLE_ATTN_OUT, w.o, 1, d.C, d.hq * d.D);
-        if (is_moe(c)) {
+        if (layer_moe(c, l)) {
             lb_wcache_build(lin, w.crouter, l, LB_ROLE_ROUTER, w.router, 1, d.E, d.C);
             lb_wcache_build(lin, w.cgu, l, LB_ROLE_MOE_GATE_UP, w.gu, d.El, 2 * d.F, d.C);
             lb_wcache_build(lin, w.cdown, l, LB_ROLE_MOE_DOWN, w.down, d.El, d.C, d.F);
+            if (w.sgu) {   // the shared experts: a dense MLP's roles
+                lb_wcache_build(lin, w.csgu, l, LB_ROLE_MLP_GATE_UP, w.sgu, 1, 2 * d.Fs, d.C);
+                lb_wcache_build(lin, w.csdown, l, LB_ROLE_MLP_DOWN, w.sdown, 1, d.C, d.Fs);
+            }
         } else {
-            lb_wcache_build(lin, w.cgu, l, LB_ROLE_MLP_GATE_UP, w.gu, 1, 2 * d.F, d.C);
-            lb_wcache_build(lin, w.cdown, l, LB_ROLE_MLP_DOWN, w.down, 1, d.C, d.F);
+            lb_wcache_build(lin, w.cgu, l, LB_ROLE_MLP_GATE_UP, w.gu, 1, 2 * d.Fd, d.C);
+            lb_wcache_build(lin, w.cdown, l, LB_ROLE_MLP_DOWN, w.down, 1, d.C, d.Fd);
         }
     }
     if (m->last_stage) {
@@ -399,6 +503,14 @@ static void ffn_create(lb_model *m, lb_ffn_acts *f, int n)
         grow(be, &f->gu, &f->cap_gu, rows * 2 * d.F);
     if (!is_moe(&m->cfg) || !takes16_layers(m, LB_ROLE_MOE_DOWN, 1))
         grow(be, &f->h, &f->cap_h, rows * d.F);   // a shared h is big enough already
+    if (is_moe(&m->cfg) && has_dense(&m->cfg)) {   // the dense leading layers' (grow-only)
+        grow(be, &f->gu, &f->cap_gu, (size_t)n * 2 * d.Fd);
+        grow(be, &f->h, &f->cap_h, (size_t)n * d.Fd);
+    }
+    if (d.Fs) {   // the shared experts' MLP, kept by every layer (not recomputed)
+        f->sgu = falloc(be, (size_t)n * 2 * d.Fs);
+        f->sh = falloc(be, (size_t)n * d.Fs);
+    }
 }
 
 static void ffn_free(lb_model *m, lb_ffn_acts *f)
@@ -406,7 +518,7 @@ static void ffn_free(lb_model *m, lb_ffn_acts *f)
     lb_backend *be = m->be;
     void *bufs[] = {f->rlogits, f->probs, f->weight, f->idx, f->row, f->aux_grad, f->xp, f->yp,
                     f->xe, f->gu, f->h, f->xp16, f->h16, f->gu16, f->yp16,
-                    f->counts_dev};
+                    f->counts_dev, f->sgu, f->sh};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     free(f->counts);
@@ -458,6 +570,8 @@ static void shared_create(lb_model *m, lb_layer_acts *S, int n, int ns)
     recomputable_create(m, S, n, ns);
     if (!is_moe(&m->cfg) || !takes16_layers(m, LB_ROLE_MOE_DOWN, 1))
         grow(m->be, &S->f.h, &S->f.cap_h, rows * d.F);
+    if (is_moe(&m->cfg) && has_dense(&m->cfg))   // the dense leading layers' h too
+        grow(m->be, &S->f.h, &S->f.cap_h, (size_t)n * d.Fd);
     // h's bf16 copy is recomputed in h's place where some layer's GEMMs take it
     if (is_moe(&m->cfg) && takes16_layers(m, LB_ROLE_MOE_DOWN, 0))
         grow16(m->be, &S->f.h16, &S->f.cap_h16, n16(rows, d.F));
@@ -522,6 +636,18 @@ static double *rope_freq_create(lb_model *m)
     return dev;
 }
 
+// n ones in backend memory where the attention has biases (their GEMMs), else NULL.
+static float *ones_create(lb_model *m, size_t n)
+{
+    if (!m->cfg.attention_bias) return NULL;
+    float *host = lb_malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) host[i] = 1.0f;
+    float *dev = falloc(m->be, n ? n : 1);
+    m->be->upload(m->be, dev, host, n * sizeof(float));
+    free(host);
+    return dev;
+}
+
 void *lb_decoder_acts_create(lb_model *m, int b, int t)
 {
     lb_backend *be = m->be;
@@ -555,6 +681,7 @@ void *lb_decoder_acts_create(lb_model *m, int b, int t)
     be->upload(be, a->pos, pos, n * sizeof(int32_t));
     free(pos);
     a->rope_freq = rope_freq_create(m);
+    a->ones = ones_create(m, n);
     if (d.tp > 1) a->part = falloc(be, n * C);
     a->dres = falloc(be, ns * C);
     a->dfull = d.sp ? falloc(be, n * C) : a->dres;
@@ -576,9 +703,14 @@ void *lb_decoder_acts_create(lb_model *m, int b, int t)
         a->drlogits = falloc(be, n * E);
         a->dweight = falloc(be, n * K);
         a->daux = falloc(be, E);
-    } else {
-        a->dgu = falloc(be, n * 2 * F);
-        a->dh = falloc(be, n * F);
+    }
+    // dense MLPs' backward scratch: every layer of a dense model, a MoE model's dense layers and
+    // its shared experts
+    size_t fw = moe ? (size_t)(has_dense(&m->cfg) ? d.Fd : 0) : F;
+    if ((size_t)d.Fs > fw) fw = d.Fs;
+    if (fw) {
+        a->dgu = falloc(be, n * 2 * fw);
+        a->dh = falloc(be, n * fw);
     }
     a->host_loss = lb_malloc(ns * sizeof(float));
     a->host_targets = lb_malloc(ns * sizeof(int32_t));
@@ -596,7 +728,7 @@ void lb_decoder_acts_free(lb_model *m, void *p)
     if (a->recompute == LB_RECOMPUTE_FULL) layer_free(m, &a->work);
     if (a->recompute == LB_RECOMPUTE_SELECTIVE) shared_free(m, &a->sel);
     free(a->l);
-    void *bufs[] = {a->lnf, a->rstdf, a->loss, a->ce_stats, a->pos, a->rope_freq, a->part,
+    void *bufs[] = {a->lnf, a->rstdf, a->loss, a->ce_stats, a->pos, a->rope_freq, a->ones, a->part,
                     a->dres, a->dln,
                     a->dq, a->dk, a->dv, a->datt, a->dqr, a->dkr, a->dgu, a->dh, a->dxp,
                     a->dyp, a->drlogits, a->dweight, a->daux, a->dxp16};
@@ -655,23 +787,35 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
     lb_backend *be = m->be;
     lb_linear *lin = &m->lin;
     lb_dims d = lb_dims_of(m);
-    if (!is_moe(c)) {
-        lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, f->gu, n, 2 * d.F, d.C,
+    if (!layer_moe(c, l)) {
+        if (m->route_log && is_moe(c))   // a dense layer of a MoE model routes nothing: zeros
+            be->zero(be, lb_model_route_stage(m, n) + (size_t)(l - m->layer_begin) * n * d.K,
+                     (size_t)n * d.K * sizeof(int32_t));
+        float *gu = grow(be, &f->gu, &f->cap_gu, (size_t)n * 2 * d.Fd);
+        float *h = grow(be, &f->h, &f->cap_h, (size_t)n * d.Fd);
+        lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, gu, n, 2 * d.Fd, d.C,
                       0.0f);
-        be->swiglu_fwd(be, &(lb_swiglu_args){.out = f->h, .gu = f->gu, .n = n, .f = d.F});
-        lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, f->h, w->down, w->cdown, 0, out, n, d.C, d.F, 0.0f);
+        be->swiglu_fwd(be, &(lb_swiglu_args){.out = h, .gu = gu, .n = n, .f = d.Fd});
+        lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, h, w->down, w->cdown, 0, out, n, d.C, d.Fd, 0.0f);
         return 0.0;
     }
     lb_linear_fwd(lin, l, LB_ROLE_ROUTER, ln, w->router, w->crouter, 0, f->rlogits, n, d.E, d.C,
                   0.0f);
-    be->router_topk_fwd(be, &(lb_router_args){.probs = f->probs, .idx = f->idx,
-            .weight = f->weight, .logits = f->rlogits, .n = n, .e = d.E, .k = d.K,
-            .renorm = c->norm_topk_prob});
+    if (sigmoid_router(c))   // probs holds the sigmoid scores
+        be->router_sigmoid_fwd(be, &(lb_router_sigmoid_args){.n = n, .e = d.E, .k = d.K,
+                .n_group = c->n_group, .topk_group = c->topk_group, .renorm = c->norm_topk_prob,
+                .scale = (float)c->routed_scaling_factor, .logits = f->rlogits, .bias = w->ebias,
+                .scores = f->probs, .idx = f->idx, .weight = f->weight});
+    else
+        be->router_topk_fwd(be, &(lb_router_args){.probs = f->probs, .idx = f->idx,
+                .weight = f->weight, .logits = f->rlogits, .n = n, .e = d.E, .k = d.K,
+                .renorm = c->norm_topk_prob});
     if (m->route_log)
         be->copy(be, lb_model_route_stage(m, n) + (size_t)(l - m->layer_begin) * n * d.K, f->idx,
                  (size_t)n * d.K * sizeof(int32_t));
-    float aux = 0.0f;
-    if (want_aux) be->moe_aux_loss(be, &aux, f->aux_grad, f->probs, f->idx, n, d.E, d.K);
+    float aux = 0.0f;   // the sigmoid router has no load-balancing loss
+    if (want_aux && !sigmoid_router(c))
+        be->moe_aux_loss(be, &aux, f->aux_grad, f->probs, f->idx, n, d.E, d.K);
     // This rank's part of the rows goes to the experts (all of them when etp = tp). The others'
     // rows of `out` stay zero, so the caller's sum over tp assembles every part.
     int o, np = part_rows(&d, n, &o);
@@ -731,7 +875,26 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
         be->moe_combine(be, &(lb_moe_combine_args){.out = out + (size_t)o * d.C, .yp = yp,
                 .yp16 = yp16, .weight = f->weight + (size_t)o * d.K, .row = f->row, .n = np,
                 .k = d.K, .c = d.C});
+    if (w->sgu) {   // the shared experts on every row, added to the routed output (tp partial)
+        lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->sgu, w->csgu, 0, f->sgu, n, 2 * d.Fs,
+                      d.C, 0.0f);
+        be->swiglu_fwd(be, &(lb_swiglu_args){.out = f->sh, .gu = f->sgu, .n = n, .f = d.Fs});
+        lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, f->sh, w->sdown, w->csdown, 0, out, n, d.C, d.Fs,
+                      1.0f);
+    }
     return aux;
+}
+
+// The sigmoid router's loads: layer l's rows per expert of this backward's micro-batch (this
+// rank's part of its rows), added to m->expert_load for the next bias update. In the backward,
+// so that recomputation and forwards without a step (evaluation, sampling) count nothing.
+static void expert_load_add(lb_model *m, int l, const int *counts)
+{
+    const lb_model_config *c = &m->cfg;
+    if (!m->expert_load)
+        m->expert_load = lb_calloc((size_t)c->num_hidden_layers * c->num_experts, sizeof(double));
+    double *row = m->expert_load + (size_t)l * c->num_experts;
+    for (int j = 0; j < c->num_experts; j++) row[j] += counts[j];
 }
 
 // dln (n, c) = this rank's share of d loss / d ln given dout (n, c) = d loss / d out (the same on
@@ -745,13 +908,13 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     lb_linear *lin = &m->lin;
     lb_dims d = lb_dims_of(m);
     lb_moe_scratch *s = &a->ms;
-    if (!is_moe(c)) {
+    if (!layer_moe(c, l)) {
         lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, f->h, w->down, w->cdown, 0, dout, a->dh, 0.0f,
-                      dw->down, lb_model_grad_beta(m, dw->down), n, d.C, d.F);
+                      dw->down, lb_model_grad_beta(m, dw->down), n, d.C, d.Fd);
         be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = a->dgu, .dout = a->dh, .gu = f->gu, .n = n,
-                .f = d.F});
+                .f = d.Fd});
         lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, a->dgu, dln, 0.0f, dw->gu,
-                      lb_model_grad_beta(m, dw->gu), n, 2 * d.F, d.C);
+                      lb_model_grad_beta(m, dw->gu), n, 2 * d.Fd, d.C);
         return;
     }
     int o, np = part_rows(&d, n, &o);   // the rows this rank sent to the experts
@@ -807,17 +970,32 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     if (np)
         be->moe_permute_bwd(be, dln + (size_t)o * d.C, dx16 ? NULL : a->dxp, dxp16, f->row, np,
                             d.K, d.C);
-    // router: through the top-k weights and the load-balancing loss
-    be->copy(be, a->daux, f->aux_grad, (size_t)d.E * sizeof(float));
-    be->scale(be, a->daux, aux_scale, (size_t)d.E);
-    be->router_topk_bwd(be, &(lb_router_args){.dlogits = a->drlogits, .dweight = a->dweight,
-            .dprobs_expert = a->daux, .probs = f->probs, .idx = f->idx, .n = n, .e = d.E, .k = d.K,
-            .renorm = c->norm_topk_prob});
+    if (sigmoid_router(c)) {   // through the routed weights alone (the bias selects only)
+        be->router_sigmoid_bwd(be, &(lb_router_sigmoid_args){.n = n, .e = d.E, .k = d.K,
+                .n_group = c->n_group, .topk_group = c->topk_group, .renorm = c->norm_topk_prob,
+                .scale = (float)c->routed_scaling_factor, .scores = f->probs, .idx = f->idx,
+                .dweight = a->dweight, .dlogits = a->drlogits});
+        expert_load_add(m, l, f->counts);
+    } else {   // router: through the top-k weights and the load-balancing loss
+        be->copy(be, a->daux, f->aux_grad, (size_t)d.E * sizeof(float));
+        be->scale(be, a->daux, aux_scale, (size_t)d.E);
+        be->router_topk_bwd(be, &(lb_router_args){.dlogits = a->drlogits, .dweight = a->dweight,
+                .dprobs_expert = a->daux, .probs = f->probs, .idx = f->idx, .n = n, .e = d.E,
+                .k = d.K, .renorm = c->norm_topk_prob});
+    }
     // The router is replicated over tp and its gradient the same on every tp rank: one rank
     // adds its share to dln so the tp sum counts it once.
     lb_linear_bwd(lin, l, LB_ROLE_ROUTER, ln, w->router, w->crouter, 0, a->drlogits,
                   m->par.tp_rank == 0 ? dln : NULL, 1.0f, dw->router,
                   lb_model_grad_beta(m, dw->router), n, d.E, d.C);
+    if (w->sgu) {   // the shared experts: a dense MLP's backward, its dln added (tp partial)
+        lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, f->sh, w->sdown, w->csdown, 0, dout, a->dh, 0.0f,
+                      dw->sdown, lb_model_grad_beta(m, dw->sdown), n, d.C, d.Fs);
+        be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = a->dgu, .dout = a->dh, .gu = f->sgu, .n = n,
+                .f = d.Fs});
+        lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->sgu, w->csgu, 0, a->dgu, dln, 1.0f,
+                      dw->sgu, lb_model_grad_beta(m, dw->sgu), n, 2 * d.Fs, d.C);
+    }
 }
 
 static const lb_tensor *find_or_die(const lb_model *m, const char *name)
@@ -856,6 +1034,34 @@ void lb_norm_rows(lb_model *m, lb_acts *a, const float *x, const float *w, float
     tp_gather(m, norm + (size_t)r0 * d.C, norm, a->n, d.C);
 }
 
+// y (n, cols) += the bias b (cols) on every row: the fp32 GEMM ones (n, 1) b (1, cols), in
+// every recipe (a bias is not a linear layer's weight, so the contract does not quantize it).
+static void bias_rows(lb_backend *be, float *y, const float *b, const float *ones, int n,
+                      int cols)
+{
+    be->gemm(be, &(lb_gemm_args){.transa = 0, .transb = 0, .m = n, .n = cols, .k = 1,
+            .alpha = 1.0f, .beta = 1.0f, .a = ones, .b = b, .c = y});
+}
+
+// The attention biases (attention_bias) on the q, k, v projections of n rows.
+static void qkv_bias_fwd(lb_model *m, const lb_layer_w *w, const float *ones, float *q, float *k,
+                         float *v, int n)
+{
+    if (!w->qb) return;
+    lb_dims d = lb_dims_of(m);
+    bias_rows(m->be, q, w->qb, ones, n, d.hq * d.D);
+    bias_rows(m->be, k, w->kb, ones, n, d.hkv * d.D);
+    bias_rows(m->be, v, w->vb, ones, n, d.hkv * d.D);
+}
+
+// db (cols) += the column sums of dy (n, cols): ones (n, 1)^T dy.
+static void qkv_bias_bwd(lb_backend *be, float *db, const float *ones, const float *dy, int n,
+                         int cols)
+{
+    be->gemm(be, &(lb_gemm_args){.transa = 1, .transb = 0, .m = 1, .n = cols, .k = n,
+            .alpha = 1.0f, .beta = 1.0f, .a = ones, .b = dy, .c = db});
+}
+
 // q and k of n rows as attention takes them: per-head RMSNorm (def->qk_norm; else a copy),
 // then RoPE at positions pos (n), with the frequencies freq (NULL: plain RoPE). The training
 // and the cached forward both go through here, so their rows are the same bits.
@@ -877,9 +1083,9 @@ static void qk_rope_fwd(lb_model *m, const lb_layer_w *w, const float *q, const 
         be->copy(be, kr, k, (size_t)n * d.hkv * D * sizeof(float));
     }
     be->rope(be, &(lb_rope_args){.x = qr, .pos = pos, .n = n, .heads = d.hq, .d = D,
-            .theta = theta, .inv_freq = freq});
+            .theta = theta, .rot = rope_rot(&m->cfg), .inv_freq = freq});
     be->rope(be, &(lb_rope_args){.x = kr, .pos = pos, .n = n, .heads = d.hkv, .d = D,
-            .theta = theta, .inv_freq = freq});
+            .theta = theta, .rot = rope_rot(&m->cfg), .inv_freq = freq});
 }
 
 // Core attention of layer L from its q, k, v projections: q/k norms, RoPE, what an fp8 KV
@@ -913,6 +1119,7 @@ double lb_decoder_layer_fwd(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
     // attention block: heads split over tp, o_proj row-parallel
     lb_norm_rows(m, a, L->x, w.ln1, L->ln1, L->rstd1);
     lb_qkv_fwd(lin, l, &w, L->ln1, L->q, L->k, L->v, n, d);
+    qkv_bias_fwd(m, &w, a->ones, L->q, L->k, L->v, n);
     lb_attention_core_fwd(m, a, L, &w);
     float *part = d.tp > 1 ? a->part : L->xmid;
     lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, part, n, C, d.hq * D, 0.0f);
@@ -938,14 +1145,14 @@ static void layer_recompute(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
     lb_norm_rows(m, a, L->x, w.ln1, L->ln1, L->rstd1);
     lb_attention_core_fwd(m, a, L, &w);
     lb_norm_rows(m, a, L->xmid, w.ln2, L->ln2, L->rstd2);
-    int rows = is_moe(&m->cfg) ? L->f.route.nrecv : a->n;
-    const int l = m->layer_begin + i, moe = is_moe(&m->cfg);
+    const int l = m->layer_begin + i, moe = layer_moe(&m->cfg, l);
+    int rows = moe ? L->f.route.nrecv : a->n;
     uint16_t *h16 = moe && takes16(m, l, LB_ROLE_MOE_DOWN) ? L->f.h16 : NULL;
     uint16_t *gu16 =
         moe && out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0) ? L->f.gu16 : NULL;
     if (rows)
         m->be->swiglu_fwd(m->be, &(lb_swiglu_args){.out = h16 ? NULL : L->f.h, .out16 = h16,
-                .gu = gu16 ? NULL : L->f.gu, .gu16 = gu16, .n = rows, .f = d.F});
+                .gu = gu16 ? NULL : L->f.gu, .gu16 = gu16, .n = rows, .f = moe ? d.F : d.Fd});
 }
 
 void lb_decoder_forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t)
@@ -1059,9 +1266,9 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
                 .b = b, .t = t, .hq = d.hq, .hkv = d.hkv, .d = D,
                 .bf16 = m->contract.attention_bf16});
         be->rope(be, &(lb_rope_args){.x = a->dq, .pos = a->pos, .n = n, .heads = d.hq, .d = D,
-                .theta = theta, .inverse = 1, .inv_freq = a->rope_freq});
+                .theta = theta, .inverse = 1, .rot = rope_rot(c), .inv_freq = a->rope_freq});
         be->rope(be, &(lb_rope_args){.x = a->dk, .pos = a->pos, .n = n, .heads = d.hkv, .d = D,
-                .theta = theta, .inverse = 1, .inv_freq = a->rope_freq});
+                .theta = theta, .inverse = 1, .rot = rope_rot(c), .inv_freq = a->rope_freq});
         // d loss / d the projections' q and k: through the q/k norms, or RoPE's input itself
         const float *dqp = a->dq, *dkp = a->dk;
         if (has_qk_norm(m)) {
@@ -1072,6 +1279,11 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
                     .dout = a->dk, .x = L->k, .w = w.kn, .rstd = L->krstd, .n = n * d.hkv,
                     .c = D});
             dqp = a->dqr, dkp = a->dkr;
+        }
+        if (w.qb) {   // the biases' gradients: the column sums of dq, dk, dv
+            qkv_bias_bwd(be, dw.qb, a->ones, dqp, n, d.hq * D);
+            qkv_bias_bwd(be, dw.kb, a->ones, dkp, n, d.hkv * D);
+            qkv_bias_bwd(be, dw.vb, a->ones, a->dv, n, d.hkv * D);
         }
         {   // dln = dq W_q + dk W_k + dv W_v, the wgrads' column-wise ln1 made once
             const float *ws[3] = {w.q, w.k, w.v}, *dys[3] = {dqp, dkp, a->dv};
@@ -1174,6 +1386,7 @@ void *lb_decoder_cached_create(lb_model *m, int max_rows)
     }
     ffn_create(m, &a->f, max_rows);
     a->rope_freq = rope_freq_create(m);
+    a->ones = ones_create(m, n);
     return a;
 }
 
@@ -1182,7 +1395,7 @@ void lb_decoder_cached_free(lb_model *m, void *p)
     lb_cached_acts *a = p;
     lb_backend *be = m->be;
     void *bufs[] = {a->x, a->xmid, a->ln, a->rstd, a->q, a->qrstd, a->qr, a->k, a->krstd, a->kr,
-                    a->v, a->att, a->part, a->rope_freq};
+                    a->v, a->att, a->part, a->rope_freq, a->ones};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     if (a->kq.data) be->qmat_free(be, &a->kq);
@@ -1213,6 +1426,7 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
         be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->x,
                 .w = w.ln1, .n = n, .c = C, .eps = eps});
         lb_qkv_fwd(lin, l, &w, a->ln, a->q, a->k, a->v, n, d);
+        qkv_bias_fwd(m, &w, a->ones, a->q, a->k, a->v, n);
         qk_rope_fwd(m, &w, a->q, a->k, a->qr, a->kr, a->qrstd, a->krstd, kv->pos, a->rope_freq,
                     n);
         if (kv->fp8) {   // the first n * hkv rows of the call's quantized k and v
@@ -1254,8 +1468,14 @@ int64_t lb_decoder_active_matmul_params(const lb_model_config *c)
     int64_t C = c->hidden_size, D = c->head_dim;
     int64_t attn = C * (c->num_attention_heads + 2 * c->num_key_value_heads) * D +
                    (int64_t)c->num_attention_heads * D * C;
-    int64_t ffn = is_moe(c) ? C * c->num_experts +
-                                  (int64_t)c->num_experts_per_tok * 3 * C * c->moe_intermediate_size
-                            : 3 * C * c->intermediate_size;
-    return c->num_hidden_layers * (attn + ffn) + C * c->vocab_size;   // + the LM head
+    int64_t sum = C * c->vocab_size;   // the LM head
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        int64_t ffn = layer_moe(c, l)
+                          ? C * c->num_experts + (int64_t)(c->num_experts_per_tok +
+                                                           (is_moe(c) ? c->n_shared_experts : 0)) *
+                                                     3 * C * c->moe_intermediate_size
+                          : 3 * C * c->intermediate_size;
+        sum += attn + ffn;
+    }
+    return sum;
 }

@@ -25,6 +25,9 @@ int lb_attn_tensors(const lb_model_config *c, lb_tensor *out, int i, int layer, 
 int lb_mlp_tensors(const lb_model_config *c, lb_tensor *out, int i, int layer);
 // post_attention_layernorm, the router (mlp.gate) and the fused experts.
 int lb_moe_tensors(const lb_model_config *c, lb_tensor *out, int i, int layer);
+// Layer l's feed-forward block: lb_moe_tensors where the layer is routed (lb_model_layer_moe:
+// a MoE family's layers from first_k_dense_replace on), else lb_mlp_tensors.
+int lb_ffn_tensors(const lb_model_config *c, lb_tensor *out, int i, int layer);
 // model.norm and lm_head.
 int lb_head_tensors(const lb_model_config *c, lb_tensor *out, int i);
 
@@ -40,13 +43,19 @@ int lb_decoder_check(const lb_model_def *def, const lb_model_config *c, char *er
 typedef struct {
     float *ln1, *q, *k, *v, *o, *qn, *kn, *ln2, *router, *gu, *down;
     lb_wcache *cq, *ck, *cv, *co, *crouter, *cgu, *cdown;
+    float *qb, *kb, *vb;           // attention biases (attention_bias), or NULL
+    float *ebias;                  // the sigmoid router's selection bias, or NULL
+    float *sgu, *sdown;            // the shared experts' MLP (n_shared_experts), or NULL
+    lb_wcache *csgu, *csdown;
 } lb_layer_w;
 
 // The sizes this rank works with: heads and FFN columns are its tensor-parallel share (expert
 // columns its etp share), El its experts; E (router) and V stay whole. The tp group's rows go
-// through the experts in tp / etp parts, part `part` on this rank's etp group.
+// through the experts in tp / etp parts, part `part` on this rank's etp group. F: the family's
+// feed-forward width (an expert's in a MoE model); Fd: a dense MLP layer's (the leading dense
+// layers of a MoE model; = F in a dense one); Fs: the shared experts' MLP (0: none).
 typedef struct {
-    int C, D, hq, hkv, F, E, El, K, V, tp, ep, sp, parts, part;
+    int C, D, hq, hkv, F, E, El, K, V, tp, ep, sp, parts, part, Fd, Fs;
 } lb_dims;
 
 // A feed-forward block's saved state. MoE rows go through the dispatcher: xp/yp are this
@@ -70,6 +79,7 @@ typedef struct {
                                           // (n*k, pad8(c)), or NULL
     size_t cap_xp16, cap_h16, cap_gu16, cap_yp16;
     lb_ep_route route;
+    float *sgu, *sh;                   // the shared experts' (n, 2 fs), (n, fs), or NULL
 } lb_ffn_acts;
 
 // Exchange and expert scratch shared by a micro-batch's layers (grow-only).
@@ -107,6 +117,7 @@ typedef struct {
     int ce_stats_ok;       // ce_stats are those of the logits buffer, all ns rows
     int32_t *pos;          // (n)
     double *rope_freq;     // (D/2) backend: llama3-scaled RoPE frequencies, NULL for plain RoPE
+    float *ones;           // (n) backend ones: the attention biases' GEMMs, or NULL
     float *part;           // (n, c) a row-parallel layer's partial output (tp > 1)
     // backward scratch
     float *dres;           // (ns, c) d loss / d residual
@@ -133,6 +144,7 @@ typedef struct {
     float *part;                           // (rows, c) tp > 1
     lb_qmat kq, vq;                        // fp8 cache: k and v quantized, (rows * hkv, d)
     double *rope_freq;                     // as lb_acts'
+    float *ones;                           // as lb_acts'
     lb_ffn_acts f;
     lb_moe_scratch ms;
 } lb_cached_acts;

@@ -289,6 +289,7 @@ void lb_model_free(lb_model *m)
         acts_release(m);
     }
     if (m->route_dev) m->be->free(m->be, m->route_dev);
+    free(m->expert_load);
     if (m->lp_cap) {
         m->be->free(m->be, m->lp_loss);
         m->be->free(m->be, m->lp_w);
@@ -319,8 +320,9 @@ void lb_model_init_params(lb_model *m, uint64_t seed)
         // Each value depends only on (seed, tensor, element), so threads change nothing.
         #pragma omp parallel for schedule(static) if (t->numel > 65536)
         for (size_t j = 0; j < t->numel; j++)
-            p[j] = t->is_norm ? 1.0f
-                              : std * lb_rand_normal(seed, (uint64_t)t->global,
+            p[j] = t->is_norm     ? 1.0f
+                   : t->zero_init ? 0.0f
+                                  : std * lb_rand_normal(seed, (uint64_t)t->global,
                                                      lb_tensor_global_index(t, j));
     }
     m->be->upload(m->be, m->params, host, m->nparams * sizeof(float));
@@ -417,6 +419,7 @@ int32_t *lb_model_route_stage(lb_model *m, size_t n)
     const size_t need = route_words(m, n);
     if (need > m->route_cap) {
         if (m->route_dev) m->be->free(m->be, m->route_dev);
+    free(m->expert_load);
         m->route_dev = m->be->alloc(m->be, need * sizeof(int32_t));
         m->route_cap = need;
     }
@@ -735,4 +738,37 @@ void lb_model_backward_logprobs(lb_model *m, const float *dlp, float aux_scale)
                                m->cfg.vocab_size);
     m->def->backward_logits(m, aux_scale);
     lb_model_grad_settle(m);
+}
+
+void lb_model_router_bias_update(lb_model *m, lb_comm *all)
+{
+    const lb_model_config *c = &m->cfg;
+    if (!m->def->moe || !m->def->sigmoid_router) return;
+    const size_t L = (size_t)c->num_hidden_layers, E = (size_t)c->num_experts;
+    // Every rank's loads of every layer (zeros for another stage's layers): each token counted
+    // by as many ranks as hold its rows (its tp group, or its etp group), alike for all of
+    // them, so the sign of mean - load is that of the job's tokens.
+    double *mine = lb_calloc(L * E, sizeof(double)), *load = lb_calloc(L * E, sizeof(double));
+    if (m->expert_load) {
+        memcpy(mine, m->expert_load, L * E * sizeof(double));
+        memset(m->expert_load, 0, L * E * sizeof(double));
+    }
+    if (all && all->size > 1) lb_comm_all_reduce(all, mine, load, L * E, LB_F64);
+    else memcpy(load, mine, L * E * sizeof(double));
+    const float rate = (float)c->router_bias_update_rate;
+    float *host = lb_malloc(E * sizeof(float)), *dev = m->be->alloc(m->be, E * sizeof(float));
+    for (int l = m->layer_begin; l < m->layer_end && rate > 0; l++) {
+        if (!lb_model_layer_moe(m->def, c, l)) continue;
+        char name[LB_TENSOR_NAME];
+        snprintf(name, sizeof name, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+        const lb_tensor *t = lb_model_find(m, name);
+        if (!t) lb_die("model has no tensor %s", name);
+        for (size_t j = 0; j < E; j++) host[j] = (float)load[(size_t)l * E + j];
+        m->be->upload(m->be, dev, host, E * sizeof(float));
+        m->be->router_bias_update(m->be, m->params + t->offset, dev, (int)E, rate);
+    }
+    m->be->free(m->be, dev);
+    free(host);
+    free(mine);
+    free(load);
 }

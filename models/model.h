@@ -30,6 +30,20 @@ typedef struct {
     int num_experts_per_tok;
     int moe_intermediate_size;
     int norm_topk_prob;            // renormalise the top-k router weights
+    // DeepSeek-V3 / GLM-4.5 MoE (glm4_moe): the first first_k_dense_replace layers have a dense
+    // MLP (intermediate_size) in a MoE model; n_shared_experts SwiGLU experts of
+    // moe_intermediate_size each (one MLP of their total width) see every token beside the
+    // routed ones; the sigmoid router keeps the topk_group best of n_group expert groups and
+    // scales the routed weights by routed_scaling_factor; after each optimizer step its
+    // selection bias moves by router_bias_update_rate (aux-loss-free balancing).
+    int first_k_dense_replace;
+    int n_shared_experts;
+    int n_group, topk_group;
+    double routed_scaling_factor;
+    double router_bias_update_rate;
+    int attention_bias;            // q, k and v projections with a bias
+    int use_qk_norm;               // per-head q/k RMSNorm where the family makes it optional
+    double partial_rotary_factor;  // RoPE rotates this share of each head (0 or 1: all of it)
     int max_position_embeddings;
     double rope_theta;
     // RoPE frequency scaling (HF rope_scaling): "default" (none) or "llama3", which divides the
@@ -73,6 +87,9 @@ typedef struct {
     size_t offset;                 // in floats, into the parameter buffer
     size_t numel;
     int is_norm;                   // initialised to 1, no weight decay
+    int zero_init;                 // initialised to 0, no weight decay (biases)
+    int frozen;                    // no gradient, and the optimizer skips it (the router's
+                                   // selection bias, moved by lb_model_router_bias_update)
     // set by the definition
     lb_split split;
     lb_tpgrad tpgrad;
@@ -119,7 +136,12 @@ typedef struct {
     // What the shared decoder (models/blocks.h) builds, and what the Hugging Face mapping
     // (src/io/convert.c) reads and writes for this family.
     int moe;                       // routed SwiGLU experts in every layer (else a dense MLP)
-    int qk_norm;                   // per-head RMSNorm on q and k before RoPE
+    int qk_norm;                   // per-head RMSNorm on q and k before RoPE (or, with
+                                   // hf_keys LB_HF_USE_QK_NORM, where the config's use_qk_norm)
+    // The MoE router: 0 softmax top-k (Qwen3-MoE, Switch load-balancing loss), 1 the sigmoid
+    // router of DeepSeek-V3 / GLM-4.5 (selection bias, group-limited top-k, routed scaling; no
+    // auxiliary loss: the bias balances the experts after each step).
+    int sigmoid_router;
     int rope_scaling;              // takes rope_type llama3 (HF rope_scaling)
     const char *hf_architecture;   // config.json's "architectures" entry
     unsigned hf_keys;              // LB_HF_* : family-specific config.json keys
@@ -236,13 +258,29 @@ struct lb_model {
     // Definition-private: the tensor indices of each layer of this stage by role, built by the
     // definition on first use (a fixed-place lookup); freed with the model.
     int *layer_tensors;
+    // The sigmoid router's expert loads since the last bias update: (num_hidden_layers, E)
+    // host, this stage's layers' rows summed over the micro-batches' backwards (NULL until the
+    // first); lb_model_router_bias_update sums them over the ranks and moves the biases.
+    double *expert_load;
 };
 
 // lb_model_def.hf_keys: config.json keys only some families carry.
 enum {
     LB_HF_SLIDING_WINDOW = 1,      // use_sliding_window, sliding_window, max_window_layers (Qwen)
     LB_HF_MLP_BIAS = 2,            // mlp_bias (Llama), false
+    LB_HF_USE_QK_NORM = 4,         // use_qk_norm (GLM-4.5): the q/k norms are optional
 };
+
+// Whether layers of this configuration have per-head q/k norms (lb_model_def.qk_norm).
+int lb_model_qk_norm(const lb_model_def *def, const lb_model_config *c);
+// Whether decoder layer l of this configuration has a routed MoE block (else a dense MLP).
+int lb_model_layer_moe(const lb_model_def *def, const lb_model_config *c, int l);
+// The aux-loss-free balancing step of the sigmoid router (DeepSeek-V3), after an optimizer
+// step: the expert loads of the backwards since the last call, summed over `all` (every rank
+// of the job; NULL: this rank alone), move each layer's selection bias by
+// router_bias_update_rate * sign(mean load - load) (router_bias_update). Collective over all;
+// nothing for other routers.
+void lb_model_router_bias_update(lb_model *m, lb_comm *all);
 
 // Registry (models/registry.c).
 const lb_model_def *lb_model_lookup(const char *arch);

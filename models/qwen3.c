@@ -17,18 +17,16 @@ static int check_dense(const lb_model_config *c, char *err, size_t errlen)
 
 // embedding; per layer input_layernorm, q/k/v/o, q_norm, k_norm, post_attention_layernorm and
 // the feed-forward block; final norm, LM head (the checkpoint's order).
-static int tensors(const lb_model_config *c, lb_tensor *out, int moe)
+static int tensors(const lb_model_config *c, lb_tensor *out)
 {
     int i = lb_embed_tensors(c, out, 0);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         i = lb_attn_tensors(c, out, i, l, 1);
-        i = moe ? lb_moe_tensors(c, out, i, l) : lb_mlp_tensors(c, out, i, l);
+        i = lb_ffn_tensors(c, out, i, l);   // qwen3_moe: dense where mlp_only_layers
     }
     return lb_head_tensors(c, out, i);
 }
 
-static int tensors_moe(const lb_model_config *c, lb_tensor *out) { return tensors(c, out, 1); }
-static int tensors_dense(const lb_model_config *c, lb_tensor *out) { return tensors(c, out, 0); }
 
 const lb_model_def lb_qwen3_moe_def = {
     .arch = "qwen3_moe",
@@ -39,7 +37,7 @@ const lb_model_def lb_qwen3_moe_def = {
     .hf_architecture = "Qwen3MoeForCausalLM",
     .hf_keys = LB_HF_SLIDING_WINDOW,
     .check = check_moe,
-    .tensors = tensors_moe,
+    .tensors = tensors,
     LB_DECODER_OPS,
 };
 
@@ -51,6 +49,6 @@ const lb_model_def lb_qwen3_def = {
     .hf_architecture = "Qwen3ForCausalLM",
     .hf_keys = LB_HF_SLIDING_WINDOW,
     .check = check_dense,
-    .tensors = tensors_dense,
+    .tensors = tensors,
     LB_DECODER_OPS,
 };

@@ -8,11 +8,13 @@
 extern const lb_model_def lb_qwen3_moe_def;
 extern const lb_model_def lb_qwen3_def;
 extern const lb_model_def lb_llama_def;
+extern const lb_model_def lb_glm4_moe_def;
 
 static const lb_model_def *const registry[] = {
     &lb_qwen3_moe_def,
     &lb_qwen3_def,
     &lb_llama_def,
+    &lb_glm4_moe_def,
 };
 
 int lb_model_count(void) { return (int)(sizeof registry / sizeof registry[0]); }
@@ -38,4 +40,14 @@ const char *lb_model_arch_choices(void)
             snprintf(buf + n, sizeof buf - n, "%s%s", i ? "|" : "", registry[i]->arch);
         }
     return buf;
+}
+
+int lb_model_qk_norm(const lb_model_def *def, const lb_model_config *c)
+{
+    return def->qk_norm || ((def->hf_keys & LB_HF_USE_QK_NORM) && c->use_qk_norm);
+}
+
+int lb_model_layer_moe(const lb_model_def *def, const lb_model_config *c, int l)
+{
+    return def->moe && l >= c->first_k_dense_replace;
 }

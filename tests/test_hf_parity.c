@@ -193,6 +193,11 @@ END_TEST
 START_TEST(test_parity_llama) { parity("tests/data/hf_llama", 0, 12); }
 END_TEST
 
+// GLM-4.5's MoE: no aux loss (moe 0: loss = ce); gradients of the dense layer, the biases, the
+// q/k norm, both routers, the experts and the shared experts.
+START_TEST(test_parity_glm4_moe) { parity("tests/data/hf_glm4_moe", 0, 18); }
+END_TEST
+
 // Export then import gives the same parameters bit for bit (F32), the hub's per-expert layout,
 // and for BF16 exactly the parameters rounded to nearest even.
 static void export_roundtrip(const char *sub)
@@ -222,13 +227,29 @@ static void export_roundtrip(const char *sub)
     ck_assert(r->cfg.rope_high_freq_factor == m->cfg.rope_high_freq_factor);
     ck_assert_int_eq(r->cfg.rope_original_max_position_embeddings,
                      m->cfg.rope_original_max_position_embeddings);
+    ck_assert_int_eq(r->cfg.first_k_dense_replace, m->cfg.first_k_dense_replace);
+    ck_assert_int_eq(r->cfg.n_shared_experts, m->cfg.n_shared_experts);
+    ck_assert_int_eq(r->cfg.n_group, m->cfg.n_group);
+    ck_assert_int_eq(r->cfg.topk_group, m->cfg.topk_group);
+    ck_assert(r->cfg.routed_scaling_factor == m->cfg.routed_scaling_factor);
+    ck_assert_int_eq(r->cfg.attention_bias, m->cfg.attention_bias);
+    ck_assert_int_eq(r->cfg.use_qk_norm, m->cfg.use_qk_norm);
+    ck_assert(r->cfg.partial_rotary_factor == m->cfg.partial_rotary_factor);
     lb_model_free(r);
 
     snprintf(path, sizeof path, "%s/model.safetensors", out);
     lb_st_file f;
     ck_assert_msg(lb_st_open(&f, path, err, sizeof err) == 0, "%s", err);
     ck_assert_str_eq(lb_st_meta(&f, "format"), "pt");
-    if (strcmp(m->cfg.arch, "qwen3_moe") == 0) {
+    if (strcmp(m->cfg.arch, "glm4_moe") == 0) {   // the dense layer 0, then MoE layers
+        ck_assert_ptr_nonnull(lb_st_find(&f, "model.layers.0.mlp.gate_proj.weight"));
+        ck_assert_ptr_nonnull(lb_st_find(&f, "model.layers.2.mlp.experts.7.up_proj.weight"));
+        ck_assert_ptr_nonnull(
+            lb_st_find(&f, "model.layers.1.mlp.shared_experts.gate_proj.weight"));
+        ck_assert_ptr_nonnull(lb_st_find(&f, "model.layers.1.mlp.gate.e_score_correction_bias"));
+        ck_assert_ptr_nonnull(lb_st_find(&f, "model.layers.1.self_attn.q_proj.bias"));
+        ck_assert_ptr_null(lb_st_find(&f, "model.layers.1.mlp.shared_experts.gate_up_proj.weight"));
+    } else if (strcmp(m->cfg.arch, "qwen3_moe") == 0) {
         ck_assert_ptr_nonnull(lb_st_find(&f, "model.layers.1.mlp.experts.3.up_proj.weight"));
         ck_assert_ptr_nonnull(lb_st_find(&f, "model.layers.0.mlp.experts.0.down_proj.weight"));
         ck_assert_ptr_null(lb_st_find(&f, "model.layers.0.mlp.experts.gate_up_proj"));
@@ -262,6 +283,9 @@ START_TEST(test_export_roundtrip_dense) { export_roundtrip("tests/data/hf_qwen3"
 END_TEST
 
 START_TEST(test_export_roundtrip_llama) { export_roundtrip("tests/data/hf_llama"); }
+END_TEST
+
+START_TEST(test_export_roundtrip_glm4_moe) { export_roundtrip("tests/data/hf_glm4_moe"); }
 END_TEST
 
 // tests/data/hf_qwen3_moe_fused holds the same model as transformers keeps it in memory:
@@ -526,6 +550,7 @@ START_TEST(test_bad_inputs)
     const char *moe = lb_test_src("tests/data/hf_qwen3_moe");
     const char *dense = lb_test_src("tests/data/hf_qwen3");
     const char *llama = lb_test_src("tests/data/hf_llama");
+    const char *glm = lb_test_src("tests/data/hf_glm4_moe");
     lb_model_config cfg;
     // No config.json at all.
     tmpdir_copy(dir, sizeof dir);
@@ -538,7 +563,6 @@ START_TEST(test_bad_inputs)
     struct { const char *src, *from, *to, *want; } bad[] = {
         {moe, "\"use_sliding_window\": false", "\"use_sliding_window\": true",
          "use_sliding_window"},
-        {moe, "\"attention_bias\": false", "\"attention_bias\": true", "attention_bias"},
         {moe, "\"mlp_only_layers\": []", "\"mlp_only_layers\": [1]", "mlp_only_layers"},
         {moe, "\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 2", "decoder_sparse_step"},
         {moe, "\"rope_parameters\": {", "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4}, "
@@ -558,6 +582,14 @@ START_TEST(test_bad_inputs)
          "rope_parameters of type 'yarn'"},
         {llama, "\"rope_parameters\": {", "\"rope_parameters\": 3, \"x\": {",
          "rope_parameters must be an object"},
+        {glm, "\"n_group\": 4", "\"n_group\": 3", "n_group (3) must divide num_experts (8)"},
+        {glm, "\"topk_group\": 2", "\"topk_group\": 5", "topk_group"},
+        {glm, "\"first_k_dense_replace\": 1", "\"first_k_dense_replace\": 4",
+         "first_k_dense_replace (4) exceeds num_hidden_layers (3)"},
+        {glm, "\"partial_rotary_factor\": 0.5", "\"partial_rotary_factor\": 0.1",
+         "partial_rotary_factor"},
+        {glm, "\"partial_rotary_factor\": 0.5", "\"partial_rotary_factor\": 1.5",
+         "partial_rotary_factor (1.5) must be in (0, 1]"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         craft k = {.config_from = bad[i].from, .config_to = bad[i].to};
@@ -565,15 +597,25 @@ START_TEST(test_bad_inputs)
     }
 
     // Weights that do not match the configuration.
-    craft k1 = {.skip = "model.layers.1.mlp.experts.2.up_proj.weight"};
-    expect_import_error(moe, &k1, "model.safetensors",
-                        "missing tensor 'model.layers.1.mlp.experts.2.up_proj.weight'");
-    craft k2 = {.skip = "model.layers.0.self_attn.k_norm.weight"};
-    expect_import_error(moe, &k2, "model.safetensors",
-                        "missing tensor 'model.layers.0.self_attn.k_norm.weight'");
-    craft k3 = {.skip = "model.layers.1.mlp.up_proj.weight"};
-    expect_import_error(dense, &k3, "model.safetensors",
-                        "missing tensor 'model.layers.1.mlp.up_proj.weight'");
+    // Missing tensors, GLM's selection bias and shared experts among them.
+    struct { const char *src, *skip; } gone[] = {
+        {moe, "model.layers.1.mlp.experts.2.up_proj.weight"},
+        {moe, "model.layers.0.self_attn.k_norm.weight"},
+        {dense, "model.layers.1.mlp.up_proj.weight"},
+        {glm, "model.layers.2.mlp.gate.e_score_correction_bias"},
+        {glm, "model.layers.1.mlp.shared_experts.up_proj.weight"},
+        {glm, "model.layers.0.self_attn.v_proj.bias"},
+    };
+    for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++) {
+        char want[160];
+        snprintf(want, sizeof want, "missing tensor '%s'", gone[i].skip);
+        craft k = {.skip = gone[i].skip};
+        expect_import_error(gone[i].src, &k, "model.safetensors", want);
+    }
+    // Qwen3-MoE's leading mlp_only_layers make layer 0 dense: its MLP tensors are expected
+    craft km = {.config_from = "\"mlp_only_layers\": []", .config_to = "\"mlp_only_layers\": [0]"};
+    expect_import_error(moe, &km, "model.safetensors",
+                        "missing tensor 'model.layers.0.mlp.gate_proj.weight'");
     craft k4 = {.reshape = "model.layers.0.self_attn.q_norm.weight"};
     expect_import_error(moe, &k4, "model.safetensors",
                         "tensor 'model.layers.0.self_attn.q_norm.weight' has shape [8]");
@@ -702,6 +744,75 @@ END_TEST
 START_TEST(test_convert_command_llama) { convert_roundtrip("tests/data/hf_llama"); }
 END_TEST
 
+START_TEST(test_convert_command_glm4_moe) { convert_roundtrip("tests/data/hf_glm4_moe"); }
+END_TEST
+
+// The logits (12 tokens) of the model imported from dir, with *edit applied to its
+// configuration first (NULL: none) and, where zero_bias, every selection bias set to zero.
+static float *glm4_logits(const char *dir, void (*edit)(lb_model_config *), int zero_bias)
+{
+    char err[1024];
+    lb_model_config cfg;
+    ck_assert_msg(lb_hf_read_config(dir, &cfg, err, sizeof err) == 0, "%s", err);
+    if (edit) edit(&cfg);
+    lb_model *m = lb_model_create(&cfg, be, err, sizeof err);
+    ck_assert_msg(m != NULL, "%s", err);
+    ck_assert_msg(lb_hf_load(m, dir, err, sizeof err) == 0, "%s", err);
+    for (int l = 0; zero_bias && l < cfg.num_hidden_layers; l++) {
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+        const lb_tensor *t = lb_model_find(m, name);
+        if (t) be->zero(be, m->params + t->offset, t->numel * sizeof(float));
+    }
+    int32_t tok[12];
+    for (int i = 0; i < 12; i++) tok[i] = (i * 37 + 5) % cfg.vocab_size;
+    size_t nl = (size_t)12 * cfg.vocab_size;
+    float *out = lb_malloc(nl * sizeof(float));
+    lb_model_forward(m, tok, NULL, 1, 12);
+    be->download(be, out, m->logits, nl * sizeof(float));
+    lb_model_free(m);
+    return out;
+}
+
+static void full_rotary(lb_model_config *c) { c->partial_rotary_factor = 1.0; }
+static void plain_scaling(lb_model_config *c) { c->routed_scaling_factor = 1.0; }
+static void one_group(lb_model_config *c) { c->n_group = c->topk_group = 1; }
+
+// Each feature the golden GLM config turns on changes the logits, so parity covers it: the
+// selection bias, partial rotary, the routed scaling factor and the group-limited choice.
+START_TEST(test_glm4_moe_features)
+{
+    const char *src = lb_test_src("tests/data/hf_glm4_moe");
+    lb_model *m = import(src);
+    ck_assert_int_eq(m->cfg.first_k_dense_replace, 1);
+    ck_assert_int_eq(m->cfg.n_shared_experts, 1);
+    ck_assert_int_eq(m->cfg.n_group, 4);
+    ck_assert_int_eq(m->cfg.topk_group, 2);
+    ck_assert(m->cfg.partial_rotary_factor == 0.5 && m->cfg.routed_scaling_factor == 2.5);
+    ck_assert(m->cfg.attention_bias && m->cfg.use_qk_norm && m->cfg.router_aux_loss_coef == 0);
+    ck_assert_ptr_null(lb_model_find(m, "model.layers.0.mlp.gate.weight"));   // dense layer 0
+    const lb_tensor *b = lb_model_find(m, "model.layers.1.mlp.gate.e_score_correction_bias");
+    ck_assert(b && b->frozen && b->zero_init);
+    lb_model_free(m);
+    size_t nl = (size_t)12 * 96;
+    float *ref = glm4_logits(src, NULL, 0);
+    struct {
+        const char *what;
+        void (*edit)(lb_model_config *);
+        int zero_bias;
+    } v[] = {{"no selection bias", NULL, 1}, {"full rotary", full_rotary, 0},
+             {"routed scaling 1", plain_scaling, 0}, {"one group", one_group, 0}};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        float *x = glm4_logits(src, v[i].edit, v[i].zero_bias);
+        double e = rel_err(x, ref, nl);
+        printf("glm4_moe: %s moves the logits by %.3g (relative)\n", v[i].what, e);
+        ck_assert_msg(e > 1e-3, "%s does not change the logits (%.3g)", v[i].what, e);
+        free(x);
+    }
+    free(ref);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("hf_parity");
@@ -715,6 +826,10 @@ int main(void)
     tcase_add_test(tc, test_export_roundtrip_llama);
     tcase_add_test(tc, test_convert_command_llama);
     tcase_add_test(tc, test_glm4_router);
+    tcase_add_test(tc, test_parity_glm4_moe);
+    tcase_add_test(tc, test_glm4_moe_features);
+    tcase_add_test(tc, test_export_roundtrip_glm4_moe);
+    tcase_add_test(tc, test_convert_command_glm4_moe);
     tcase_add_test(tc, test_export_roundtrip_moe);
     tcase_add_test(tc, test_export_roundtrip_dense);
     tcase_add_test(tc, test_fused_layout);

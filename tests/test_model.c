@@ -35,6 +35,22 @@ static lb_model_config tiny_config(const char *arch)
     c.rms_norm_eps = 1e-6;
     c.router_aux_loss_coef = 0.1;   // large, so the load-balancing gradient is checked too
     c.initializer_range = 0.3;      // large, so attention and routing are far from uniform
+    c.n_group = c.topk_group = 1;
+    c.routed_scaling_factor = 1.0;
+    if (strcmp(arch, "glm4_moe") == 0) {   // every GLM feature: a dense layer 0, biases, ...
+        c.num_hidden_layers = 3;
+        c.first_k_dense_replace = 1;
+        c.n_shared_experts = 1;
+        c.num_experts = 8;
+        c.n_group = 4;
+        c.topk_group = 2;
+        c.routed_scaling_factor = 2.5;
+        c.attention_bias = 1;
+        c.use_qk_norm = 1;
+        c.partial_rotary_factor = 0.5;   // 4 of head_dim 8 rotate
+        c.router_aux_loss_coef = 0.0;    // the sigmoid router has none
+        c.router_bias_update_rate = 0.01;
+    }
     return c;
 }
 
@@ -63,22 +79,48 @@ static void gradcheck(const char *arch)
     lb_model_zero_grad(m);
     float loss0 = lb_model_forward(m, tok, tgt, B, T);
     ck_assert(isfinite(loss0));
-    ck_assert(m->aux_loss > 0.0f || !m->def->moe);
+    ck_assert(m->aux_loss > 0.0f || !m->def->moe || m->def->sigmoid_router);
+    // biases start at zero: move them off it, so their gradients meet nonzero inputs downstream
+    for (int ti = 0; ti < m->ntensors; ti++)
+        if (m->tensors[ti].zero_init && !m->tensors[ti].frozen)
+            for (size_t j = 0; j < m->tensors[ti].numel; j++)
+                m->params[m->tensors[ti].offset + j] = 0.2f * lb_rand_normal(5, ti, j);
+    // A routed model's routes at the point and at each perturbed one: a central difference
+    // across a change of routes measures the jump, not the gradient, so such samples are left
+    // out (the sigmoid router's groups and scaling make near ties likelier than softmax's).
+    const int rk = m->def->route_k(&cfg);
+    const size_t rn = (size_t)cfg.num_hidden_layers * B * T * rk;
+    int32_t *r0 = rk ? lb_calloc(rn, sizeof *r0) : NULL, *r1 = rk ? lb_calloc(rn, sizeof *r1) : NULL;
+    int skipped = 0, sampled = 0;
+    m->route_log = r0;
+    lb_model_zero_grad(m);
+    loss0 = lb_model_forward(m, tok, tgt, B, T);
+    m->route_log = NULL;
     lb_model_backward(m, 1.0f);
     float *p = m->params, *g = m->grads;   // CPU backend: host memory
     const float h = 2e-3f;
     for (int ti = 0; ti < m->ntensors; ti++) {
         const lb_tensor *t = &m->tensors[ti];
+        if (t->frozen) continue;   // the selection bias: no gradient (it only selects)
         int samples = t->numel < 12 ? (int)t->numel : 12;
         double num = 0, den = 0;
         for (int s = 0; s < samples; s++) {
             size_t j = t->offset + lb_rand_u64(3, ti, s) % t->numel;
             float keep = p[j];
+            m->route_log = r1;
             p[j] = keep + h;
             double lp = lb_model_forward(m, tok, tgt, B, T);
+            int moved = rk && memcmp(r0, r1, rn * sizeof *r0) != 0;
             p[j] = keep - h;
             double lm = lb_model_forward(m, tok, tgt, B, T);
+            moved |= rk && memcmp(r0, r1, rn * sizeof *r0) != 0;
             p[j] = keep;
+            m->route_log = NULL;
+            sampled++;
+            if (moved) {
+                skipped++;
+                continue;
+            }
             double fd = (lp - lm) / (2.0 * h);
             num += (fd - g[j]) * (fd - g[j]);
             den += (double)g[j] * g[j];
@@ -87,6 +129,11 @@ static void gradcheck(const char *arch)
         ck_assert_msg(rel < 2e-2, "%s: %s: gradient differs from finite differences (rel %.3g)",
                       arch, t->name, rel);
     }
+    printf("%s: %d of %d samples left out (their routes changed)\n", arch, skipped, sampled);
+    ck_assert_msg(skipped * 10 <= sampled, "%s: %d of %d samples changed routes", arch, skipped,
+                  sampled);
+    free(r0);
+    free(r1);
     lb_model_free(m);
 }
 
@@ -97,6 +144,83 @@ START_TEST(test_grad_dense) { gradcheck("qwen3"); }
 END_TEST
 
 START_TEST(test_grad_llama) { gradcheck("llama"); }
+END_TEST
+
+START_TEST(test_grad_glm4_moe) { gradcheck("glm4_moe"); }
+END_TEST
+
+// The aux-loss-free balancing (lb_model_router_bias_update): after a step, each routed layer's
+// selection bias moves by rate * sign(mean load - load) with the loads of the step's backwards
+// (the experts its router chose, read here from route_log); forwards alone count nothing, and
+// the loads start again from zero after each update.
+START_TEST(test_router_bias_update)
+{
+    char err[512];
+    lb_model_config cfg = tiny_config("glm4_moe");
+    lb_model *m = lb_model_create(&cfg, be, err, sizeof err);
+    ck_assert_msg(m != NULL, "%s", err);
+    lb_model_init_params(m, 42);
+    const int L = cfg.num_hidden_layers, E = cfg.num_experts, K = cfg.num_experts_per_tok,
+              n = B * T;
+    const float rate = (float)cfg.router_bias_update_rate;
+    ck_assert_ptr_null(lb_model_find(m, "model.layers.0.mlp.gate.e_score_correction_bias"));
+    const lb_tensor *bt[3] = {NULL};
+    for (int l = 1; l < L; l++) {
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+        bt[l] = lb_model_find(m, name);
+        ck_assert_ptr_nonnull(bt[l]);
+        for (int j = 0; j < E; j++) ck_assert(m->params[bt[l]->offset + j] == 0.0f);
+    }
+    int32_t tok[B * T], tgt[B * T];
+    batch(tok, tgt, cfg.vocab_size);
+    lb_model_forward(m, tok, tgt, B, T);   // a forward without backward: no loads
+    lb_model_router_bias_update(m, NULL);
+    for (int l = 1; l < L; l++)
+        for (int j = 0; j < E; j++) ck_assert(m->params[bt[l]->offset + j] == 0.0f);
+
+    int32_t *log = lb_calloc((size_t)L * n * K, sizeof(int32_t));
+    double load[3][8] = {{0}};
+    for (int step = 0; step < 2; step++) {   // two micro-batches, one update
+        m->route_log = log;
+        lb_model_zero_grad(m);
+        lb_model_forward(m, tok, tgt, B, T);
+        m->route_log = NULL;
+        lb_model_backward(m, 1.0f);
+        for (int l = 1; l < L; l++)
+            for (int i = 0; i < n * K; i++) load[l][log[(size_t)l * n * K + i]] += 1;
+    }
+    lb_model_router_bias_update(m, NULL);
+    int up = 0, down = 0;
+    for (int l = 1; l < L; l++) {
+        double mean = 2.0 * n * K / E;
+        for (int j = 0; j < E; j++) {
+            float want = load[l][j] < mean ? rate : load[l][j] > mean ? -rate : 0.0f;
+            ck_assert_msg(m->params[bt[l]->offset + j] == want,
+                          "layer %d expert %d: load %g (mean %g): bias %g, want %g", l, j,
+                          load[l][j], mean, m->params[bt[l]->offset + j], want);
+            up += want > 0, down += want < 0;
+        }
+    }
+    ck_assert(up > 0 && down > 0);   // the loads are uneven both ways
+    // nothing counted since: the biases stay
+    float keep = m->params[bt[1]->offset];
+    lb_model_router_bias_update(m, NULL);
+    ck_assert(m->params[bt[1]->offset] == keep);
+    // the optimizer leaves the frozen bias alone (zero gradient, no weight decay, skipped)
+    lb_optim_config oc = {1e-2, 1e-3, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0, 0, 1};
+    lb_optimizer o;
+    lb_optimizer_init(&o, m, &oc);
+    lb_model_zero_grad(m);
+    lb_model_forward(m, tok, tgt, B, T);
+    lb_model_backward(m, 1.0f);
+    for (int j = 0; j < E; j++) m->grads[bt[1]->offset + j] = 1.0f;   // even if it had one
+    lb_optimizer_step(&o, 1, NULL);
+    ck_assert(m->params[bt[1]->offset] == keep);
+    lb_optimizer_free(&o);
+    free(log);
+    lb_model_free(m);
+}
 END_TEST
 
 // A micro-batch split in two with loss_scale 1/2 each gives the gradient of the whole batch
@@ -394,6 +518,8 @@ int main(void)
     tcase_add_test(tc, test_grad_moe);
     tcase_add_test(tc, test_grad_dense);
     tcase_add_test(tc, test_grad_llama);
+    tcase_add_test(tc, test_grad_glm4_moe);
+    tcase_add_test(tc, test_router_bias_update);
     tcase_add_test(tc, test_loss_independent_of_batch);
     tcase_add_test(tc, test_zero_grad_lazy);
     tcase_add_test(tc, test_adamw_writes_b16);

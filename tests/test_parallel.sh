@@ -108,7 +108,8 @@ echo "1 rank vs z4: parameters and moments: $out"
 #     cross-entropy (37 rows of logits at a time, alone and with pp2 x sp2), against one rank,
 #     for the MoE and, for
 #     the dense column/row split of the fused gate_up, the dense Qwen3 under tp2 with sp, and
-#     Llama 3.1 under tp2 and under sp2 x pp2. The
+#     Llama 3.1 under tp2 and under sp2 x pp2, and GLM-4.5's MoE under tp2, ep2, pp2 x dp2 and
+#     sp2 x etp1 x ep2. The
 #     learning rate is 3e-4 here (the RL demo's; 3e-3 above): in Adam's first steps an element
 #     whose gradient is near eps (a sum that cancels) moves by a fraction of lr that depends on
 #     the gradient's rounding, so the parameters of two summation orders differ in proportion
@@ -125,6 +126,15 @@ lla=(--set model.arch=llama --set model.intermediate_size=96 --set model.rope_ty
      --set model.rope_original_max_position_embeddings=16)
 "$bin" train "$cfg" "${mp[@]}" "${lla[@]}" --set run.out_dir="$tmp/l1" > "$tmp/l1.log" 2>&1 ||
     { cat "$tmp/l1.log"; echo "FAIL: one-rank llama run"; exit 1; }
+# GLM-4.5's MoE (a dense first layer, the sigmoid router and its bias update over all ranks,
+# a shared expert, attention biases, partial RoPE) under tp, ep, pp x dp and tp x ep.
+glm=(--set model.arch=glm4_moe --set model.intermediate_size=96 --set model.first_k_dense_replace=1
+     --set model.num_experts=8 --set model.n_group=4 --set model.topk_group=2
+     --set model.n_shared_experts=1 --set model.routed_scaling_factor=2.5
+     --set model.router_aux_loss_coef=0 --set model.attention_bias=true
+     --set model.use_qk_norm=true --set model.partial_rotary_factor=0.5)
+"$bin" train "$cfg" "${mp[@]}" "${glm[@]}" --set run.out_dir="$tmp/g1" > "$tmp/g1.log" 2>&1 ||
+    { cat "$tmp/g1.log"; echo "FAIL: one-rank glm4_moe run"; exit 1; }
 for layout in "tp2 2 m1 --set parallel.tp=2" \
               "sp2 2 m1 --set parallel.tp=2 --set parallel.sequence_parallel=true" \
               "pp2 2 m1 --set parallel.pp=2" \
@@ -139,7 +149,11 @@ for layout in "tp2 2 m1 --set parallel.tp=2" \
               "sp2etp1 2 m1 --set parallel.tp=2 --set parallel.etp=1 --set parallel.sequence_parallel=true" \
               "dense-sp2 2 d1 --set parallel.tp=2 --set parallel.sequence_parallel=true ${dense[*]}" \
               "llama-tp2 2 l1 --set parallel.tp=2 ${lla[*]}" \
-              "llama-sp2pp2 4 l1 --set parallel.tp=2 --set parallel.sequence_parallel=true --set parallel.pp=2 ${lla[*]}"; do
+              "llama-sp2pp2 4 l1 --set parallel.tp=2 --set parallel.sequence_parallel=true --set parallel.pp=2 ${lla[*]}" \
+              "glm-tp2 2 g1 --set parallel.tp=2 ${glm[*]}" \
+              "glm-ep2 2 g1 --set parallel.ep=2 ${glm[*]}" \
+              "glm-pp2dp2 4 g1 --set parallel.pp=2 ${glm[*]}" \
+              "glm-sp2etp1ep2 4 g1 --set parallel.tp=2 --set parallel.sequence_parallel=true --set parallel.etp=1 --set parallel.ep=2 ${glm[*]}"; do
     set -- $layout
     name=$1 np=$2 ref=$3
     shift 3

@@ -52,6 +52,20 @@ static lb_model_config tiny_config(const char *arch)
     c.rms_norm_eps = 1e-6;
     c.router_aux_loss_coef = 0.01;
     c.initializer_range = 0.3;   // far from uniform: routing and attention matter
+    c.n_group = c.topk_group = 1;
+    c.routed_scaling_factor = 1.0;
+    if (strcmp(arch, "glm4_moe") == 0) {   // a dense layer 0, groups, a shared expert, biases
+        c.first_k_dense_replace = 1;
+        c.num_experts = 8;
+        c.n_group = 4;
+        c.topk_group = 2;
+        c.n_shared_experts = 1;
+        c.routed_scaling_factor = 2.5;
+        c.router_aux_loss_coef = 0.0;
+        c.attention_bias = 1;
+        c.use_qk_norm = 1;
+        c.partial_rotary_factor = 0.5;
+    }
     return c;
 }
 
@@ -333,6 +347,8 @@ static void cached_forward_cases(void)
     cached_vs_training("qwen3", "mxfp8", 0);
     cached_vs_training("llama", "fp8-block", 0);   // no q/k norm, llama3 RoPE
     cached_vs_training("llama", "bf16", 1);
+    cached_vs_training("glm4_moe", "fp8-block", 0);   // sigmoid router, shared expert, biases
+    cached_vs_training("glm4_moe", "bf16", 1);
 }
 
 START_TEST(test_cached_forward_equals_training) { cached_forward_cases(); }

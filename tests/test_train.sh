@@ -163,27 +163,59 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || fail "bf16 mom
 #    recomputation give the uninterrupted run's bits.
 llama="$src/examples/tiny-llama.cfg"
 lsmall=("${small[@]}" --set model.intermediate_size=96 --set model.rope_original_max_position_embeddings=16)
-for r in fp32 bf16 fp8-block mxfp8 nvfp4-moe mxfp4; do
-    "$bin" train "$llama" "${lsmall[@]}" --set train.steps=20 --set train.warmup_steps=2 \
-        --set precision.recipe=$r --set run.out_dir="$tmp/l-$r" > "$tmp/p.log"
-    first=$(losses "$tmp/l-$r/metrics.jsonl" | head -n 3 | awk '{s += $1} END {print s / NR}')
-    last=$(losses "$tmp/l-$r/metrics.jsonl" | tail -n 3 | awk '{s += $1} END {print s / NR}')
-    echo "llama, recipe $r: loss $first -> $last"
-    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || fail "llama: recipe $r does not train"
-done
-lrun=("${lsmall[@]}" --set train.steps=8 --set train.warmup_steps=2 --set checkpoint.save_every=4
-      --set train.grad_accum=2)
-"$bin" train "$llama" "${lrun[@]}" --set run.out_dir="$tmp/la" > "$tmp/la.log"
-"$bin" train "$llama" "${lrun[@]}" --set run.out_dir="$tmp/lb" \
-    --set checkpoint.resume="$tmp/la/checkpoints/step_00000004.safetensors" > "$tmp/lb.log"
-diff <(strip "$tmp/la/metrics.jsonl" | tail -n 4) <(strip "$tmp/lb/metrics.jsonl") ||
-    fail "llama: the resumed run differs from the uninterrupted one"
-for how in selective full; do
-    "$bin" train "$llama" "${lrun[@]}" --set train.recompute=$how --set run.out_dir="$tmp/lr-$how" \
-        > "$tmp/rc.log"
-    "$cmp" --moments "$tmp/la/checkpoints/step_00000008.safetensors" \
-        "$tmp/lr-$how/checkpoints/step_00000008.safetensors" 0 ||
-        fail "llama: recompute $how changes the checkpoint"
-done
+# family_trains NAME CFG "RECIPES" ARGS...: each recipe's 20 steps lower the loss by 0.5.
+family_trains() {
+    local name=$1 cfg=$2 recipes=$3 r first last
+    shift 3
+    for r in $recipes; do
+        "$bin" train "$cfg" "$@" --set train.steps=20 --set train.warmup_steps=2 \
+            --set precision.recipe=$r --set run.out_dir="$tmp/$name-$r" > "$tmp/p.log" ||
+            fail "$name: recipe $r: $(tail -n 2 "$tmp/p.log")"
+        first=$(losses "$tmp/$name-$r/metrics.jsonl" | head -n 3 | awk '{s += $1} END {print s / NR}')
+        last=$(losses "$tmp/$name-$r/metrics.jsonl" | tail -n 3 | awk '{s += $1} END {print s / NR}')
+        echo "$name, recipe $r: loss $first -> $last"
+        awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || fail "$name: recipe $r does not train"
+    done
+}
+# family_same_bits NAME CFG ARGS...: 8 steps in $tmp/NAME-a; resumed from step 4, and with
+# selective and full recomputation, the same bits.
+family_same_bits() {
+    local name=$1 cfg=$2 how
+    shift 2
+    local run=("$@" --set train.steps=8 --set train.warmup_steps=2 --set checkpoint.save_every=4
+               --set train.grad_accum=2)
+    "$bin" train "$cfg" "${run[@]}" --set run.out_dir="$tmp/$name-a" > "$tmp/$name-a.log"
+    "$bin" train "$cfg" "${run[@]}" --set run.out_dir="$tmp/$name-b" \
+        --set checkpoint.resume="$tmp/$name-a/checkpoints/step_00000004.safetensors" > "$tmp/$name-b.log"
+    diff <(strip "$tmp/$name-a/metrics.jsonl" | tail -n 4) <(strip "$tmp/$name-b/metrics.jsonl") ||
+        fail "$name: the resumed run differs from the uninterrupted one"
+    for how in selective full; do
+        "$bin" train "$cfg" "${run[@]}" --set train.recompute=$how --set run.out_dir="$tmp/$name-r$how" \
+            > "$tmp/rc.log"
+        "$cmp" --moments "$tmp/$name-a/checkpoints/step_00000008.safetensors" \
+            "$tmp/$name-r$how/checkpoints/step_00000008.safetensors" 0 ||
+            fail "$name: recompute $how changes the checkpoint"
+    done
+}
+family_trains llama "$llama" "fp32 bf16 fp8-block mxfp8 nvfp4-moe mxfp4" "${lsmall[@]}"
+family_same_bits llama "$llama" "${lsmall[@]}"
 "$bin" info "$llama" | grep -q "^rope .*llama3 scaling: factor 8" || fail "llama: info shows no llama3 RoPE"
+# 10. GLM-4.5's MoE (examples/tiny-glm4-moe.cfg: a dense first layer, the sigmoid router with
+#     groups and a selection bias, a shared expert, attention biases, partial RoPE): fp32, bf16
+#     and fp8-block train; a resumed run and selective and full recomputation give the
+#     uninterrupted run's bits; the bias update changes the trained weights
+#     (router_bias_update_rate 0 gives other ones).
+glm="$src/examples/tiny-glm4-moe.cfg"
+gsmall=("${small[@]}" --set model.intermediate_size=96)
+family_trains glm4_moe "$glm" "fp32 bf16 fp8-block" "${gsmall[@]}"
+family_same_bits glm4_moe "$glm" "${gsmall[@]}"
+grun=("${gsmall[@]}" --set train.steps=8 --set train.warmup_steps=2 --set checkpoint.save_every=4
+      --set train.grad_accum=2)
+"$bin" train "$glm" "${grun[@]}" --set model.router_bias_update_rate=0 --set run.out_dir="$tmp/g0" \
+    > "$tmp/g0.log"
+"$cmp" "$tmp/glm4_moe-a/checkpoints/step_00000008.safetensors" \
+    "$tmp/g0/checkpoints/step_00000008.safetensors" 0 > /dev/null 2>&1 &&
+    fail "glm4_moe: the selection-bias update changes nothing"
+"$bin" info "$glm" | grep -q "^experts .*sigmoid router, top-2 of 4 groups.*1 shared.*layers 0-0 dense" ||
+    fail "glm4_moe: info does not show the router, the shared expert and the dense layer"
 echo "PASS"

@@ -201,9 +201,19 @@ int lb_cmd_info(const lb_config *c, lb_comm *comm)
                mc->rope_original_max_position_embeddings);
     else
         printf("rope        theta %g\n", mc->rope_theta);
-    if (m->def->moe)
-        printf("experts     %d, top-%d, expert FFN %d\n", mc->num_experts, mc->num_experts_per_tok,
+    if (m->def->moe) {
+        printf("experts     %d, top-%d, expert FFN %d", mc->num_experts, mc->num_experts_per_tok,
                mc->moe_intermediate_size);
+        if (m->def->sigmoid_router)
+            printf("; sigmoid router, top-%d of %d groups, scale %g, bias step %g",
+                   mc->topk_group, mc->n_group, mc->routed_scaling_factor,
+                   mc->router_bias_update_rate);
+        if (mc->n_shared_experts) printf("; %d shared", mc->n_shared_experts);
+        if (mc->first_k_dense_replace)
+            printf("; layers 0-%d dense (FFN %d)", mc->first_k_dense_replace - 1,
+                   mc->intermediate_size);
+        printf("\n");
+    }
     else
         printf("mlp         SwiGLU, FFN %d\n", mc->intermediate_size);
     printf("parameters  %zu (%.3fM) in %d tensors\n", m->nparams, m->nparams / 1e6, m->ntensors);
@@ -224,6 +234,8 @@ int lb_cmd_info(const lb_config *c, lb_comm *comm)
         unsigned roles = 1u << LB_ROLE_ATTN_QKV | 1u << LB_ROLE_ATTN_OUT | 1u << LB_ROLE_LM_HEAD;
         roles |= moe ? 1u << LB_ROLE_MOE_GATE_UP | 1u << LB_ROLE_MOE_DOWN | 1u << LB_ROLE_ROUTER
                      : 1u << LB_ROLE_MLP_GATE_UP | 1u << LB_ROLE_MLP_DOWN;
+        if (moe && (mc->first_k_dense_replace || mc->n_shared_experts))   // dense MLPs too
+            roles |= 1u << LB_ROLE_MLP_GATE_UP | 1u << LB_ROLE_MLP_DOWN;
         lb_contract_print(&contract, roles, stdout);
         lb_contract_free(&contract);
     }

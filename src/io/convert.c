@@ -130,12 +130,6 @@ static int check_supported(const cJSON *root, const lb_model_config *cfg, const 
                "no bias)", path);
         return -1;
     }
-    if (get_bool(root, "attention_bias", 0, &b, path, err, errlen)) return -1;
-    if (b) {
-        seterr(err, errlen, "%s: attention_bias = true is not supported (lowbit's attention "
-               "projections have no bias)", path);
-        return -1;
-    }
     const cJSON *v = field(root, "hidden_act");
     if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "silu") != 0)) {
         seterr(err, errlen, "%s: hidden_act '%s' is not supported (silu only)", path,
@@ -168,13 +162,25 @@ static int check_supported(const cJSON *root, const lb_model_config *cfg, const 
                    "MoE layer in lowbit: 1)", path, step);
             return -1;
         }
-        const cJSON *mo = field(root, "mlp_only_layers");
-        if (mo && (!cJSON_IsArray(mo) || cJSON_GetArraySize(mo) > 0)) {
-            seterr(err, errlen, "%s: mlp_only_layers must be empty (dense layers inside a MoE "
-                   "model are not supported)", path);
-            return -1;
-        }
     }
+    return 0;
+}
+
+// Qwen3-MoE's dense layers (mlp_only_layers): the leading ones 0 .. k-1 only, which is
+// first_k_dense_replace = k (dense layers elsewhere are refused).
+static int read_mlp_only_layers(const cJSON *root, lb_model_config *cfg, const char *path,
+                                char *err, size_t errlen)
+{
+    const cJSON *mo = field(root, "mlp_only_layers"), *e;
+    if (!mo) return 0;
+    int k = 0, bad = !cJSON_IsArray(mo);
+    cJSON_ArrayForEach(e, mo) bad |= !cJSON_IsNumber(e) || e->valuedouble != k++;
+    if (bad || k > cfg->num_hidden_layers) {
+        seterr(err, errlen, "%s: mlp_only_layers must list the leading layers 0, 1, ... in "
+               "order (dense layers after a MoE layer are not supported)", path);
+        return -1;
+    }
+    cfg->first_k_dense_replace = k;
     return 0;
 }
 
@@ -260,8 +266,15 @@ int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t e
         get_int(root, "max_position_embeddings", 0, 32768, 1, &cfg->max_position_embeddings,
                 path, err, errlen) ||
         get_real(root, "rms_norm_eps", 1e-6, &cfg->rms_norm_eps, path, err, errlen) ||
-        get_real(root, "initializer_range", 0.02, &cfg->initializer_range, path, err, errlen))
+        get_real(root, "initializer_range", 0.02, &cfg->initializer_range, path, err, errlen) ||
+        get_bool(root, "attention_bias", 0, &cfg->attention_bias, path, err, errlen))
         goto out;
+    if ((def_of(cfg)->hf_keys & LB_HF_USE_QK_NORM) &&
+        get_bool(root, "use_qk_norm", 0, &cfg->use_qk_norm, path, err, errlen))
+        goto out;
+    // Keys of other families' routers and layouts, at their neutral values.
+    cfg->n_group = cfg->topk_group = 1;
+    cfg->routed_scaling_factor = 1.0;
     // rope_theta: top level (transformers 4) or inside rope_parameters (transformers 5).
     const cJSON *rp = field(root, "rope_parameters");
     if (get_real(root, "rope_theta", 10000.0, &cfg->rope_theta, path, err, errlen)) goto out;
@@ -269,18 +282,56 @@ int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t e
         get_real(rp, "rope_theta", 10000.0, &cfg->rope_theta, path, err, errlen))
         goto out;
     if (read_rope(root, cfg, path, err, errlen)) goto out;
+    // partial_rotary_factor: top level (transformers 4) or inside rope_parameters (5).
+    if (get_real(root, "partial_rotary_factor", 1.0, &cfg->partial_rotary_factor, path, err,
+                 errlen))
+        goto out;
+    if (cJSON_IsObject(rp) && field(rp, "partial_rotary_factor") &&
+        get_real(rp, "partial_rotary_factor", 1.0, &cfg->partial_rotary_factor, path, err,
+                 errlen))
+        goto out;
+    if (!(cfg->partial_rotary_factor > 0 && cfg->partial_rotary_factor <= 1)) {
+        seterr(err, errlen, "%s: partial_rotary_factor (%g) must be in (0, 1]", path,
+               cfg->partial_rotary_factor);
+        goto out;
+    }
     if (is_moe(cfg)) {
-        // transformers 5 writes num_local_experts; hub checkpoints use num_experts.
-        const char *ek = field(root, "num_experts") ? "num_experts" : "num_local_experts";
+        const int sig = def_of(cfg)->sigmoid_router;
+        // The expert count: transformers 5 writes num_local_experts; Qwen's hub checkpoints
+        // num_experts, GLM's n_routed_experts.
+        const char *ek = field(root, "num_experts")        ? "num_experts"
+                         : field(root, "n_routed_experts") ? "n_routed_experts"
+                                                           : "num_local_experts";
         if (get_int(root, ek, 1, 0, 1, &cfg->num_experts, path, err, errlen) ||
             get_int(root, "num_experts_per_tok", 1, 0, 1, &cfg->num_experts_per_tok, path, err,
                     errlen) ||
             get_int(root, "moe_intermediate_size", 1, 0, 1, &cfg->moe_intermediate_size, path,
                     err, errlen) ||
-            get_bool(root, "norm_topk_prob", 0, &cfg->norm_topk_prob, path, err, errlen) ||
-            get_real(root, "router_aux_loss_coef", 0.001, &cfg->router_aux_loss_coef, path, err,
-                     errlen))
+            get_bool(root, "norm_topk_prob", sig, &cfg->norm_topk_prob, path, err, errlen))
             goto out;
+        if (sig) {
+            // DeepSeek-V3 / GLM-4.5 (Glm4MoeConfig's defaults): no load-balancing loss, the
+            // selection bias balances the experts
+            if (get_int(root, "n_shared_experts", 0, 1, 0, &cfg->n_shared_experts, path, err,
+                        errlen) ||
+                get_int(root, "first_k_dense_replace", 0, 1, 0, &cfg->first_k_dense_replace,
+                        path, err, errlen) ||
+                get_int(root, "n_group", 0, 1, 1, &cfg->n_group, path, err, errlen) ||
+                get_int(root, "topk_group", 0, 1, 1, &cfg->topk_group, path, err, errlen) ||
+                get_real(root, "routed_scaling_factor", 1.0, &cfg->routed_scaling_factor, path,
+                         err, errlen))
+                goto out;
+            cfg->router_aux_loss_coef = 0.0;
+            char msg[256];   // the router's shapes, the dense layers' sizes
+            if (def_of(cfg)->check(cfg, msg, sizeof msg)) {
+                seterr(err, errlen, "%s: %s", path, msg);
+                goto out;
+            }
+        } else if (get_real(root, "router_aux_loss_coef", 0.001, &cfg->router_aux_loss_coef,
+                            path, err, errlen) ||
+                   read_mlp_only_layers(root, cfg, path, err, errlen)) {
+            goto out;
+        }
         if (cfg->num_experts_per_tok > cfg->num_experts) {
             seterr(err, errlen, "%s: num_experts_per_tok (%d) exceeds the number of experts (%d)",
                    path, cfg->num_experts_per_tok, cfg->num_experts);
@@ -474,7 +525,18 @@ static int match(const char *name, const char *pattern, int *layer)
 
 #define LB_EXPERTS_GATE_UP "model.layers.%d.mlp.experts.gate_up_proj"
 #define LB_EXPERTS_DOWN "model.layers.%d.mlp.experts.down_proj"
-#define LB_MLP_GATE_UP "model.layers.%d.mlp.gate_up_proj.weight"
+
+// A fused dense gate/up weight (a layer's MLP, the shared experts' MLP): *pre gets the name
+// without "gate_up_proj.weight", the hub's gate_proj and up_proj sit under the same prefix.
+static int fused_mlp(const char *name, char *pre, size_t len)
+{
+    const char *suf = "gate_up_proj.weight";
+    size_t n = strlen(name), k = strlen(suf);
+    if (n <= k || strcmp(name + n - k, suf) != 0 || n - k >= len) return 0;
+    memcpy(pre, name, n - k);
+    pre[n - k] = 0;
+    return 1;
+}
 
 // One lowbit tensor from the files. Fused SwiGLU tensors come from either the fused tensor or
 // the separate gate/up (and per-expert) tensors; gate rows go first, as in transformers.
@@ -511,13 +573,13 @@ static int load_one(hf_source *s, const lb_tensor *t, int tie, float *buf, char 
         }
         return 0;
     }
-    if (match(t->name, LB_MLP_GATE_UP, &layer)) {
+    char pre[LB_TENSOR_NAME];
+    if (fused_mlp(t->name, pre, sizeof pre)) {
         int rc = source_read(s, t->name, 2, t->shape, buf, err, errlen);
         if (rc <= 0) return rc;
         int64_t F = t->shape[0] / 2, C = t->shape[1], sh[2] = {F, C};
         for (int half = 0; half < 2; half++) {
-            snprintf(name, sizeof name, "model.layers.%d.mlp.%s.weight", layer,
-                     half ? "up_proj" : "gate_proj");
+            snprintf(name, sizeof name, "%s%s.weight", pre, half ? "up_proj" : "gate_proj");
             rc = source_read(s, name, 2, sh, buf + half * F * C, err, errlen);
             if (rc < 0) return -1;
             if (rc > 0) return missing(s, name, t->name, err, errlen);
@@ -603,6 +665,7 @@ static char *config_json(const lb_model_config *c, const char *torch_dtype)
 {
     const lb_model_def *def = def_of(c);
     int moe = def->moe, llama3 = strcmp(c->rope_type, "llama3") == 0;
+    int partial = c->partial_rotary_factor > 0 && c->partial_rotary_factor < 1;
     cJSON *r = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(r, "architectures");
     cJSON_AddItemToArray(arch, cJSON_CreateString(def->hf_architecture));
@@ -629,6 +692,7 @@ static char *config_json(const lb_model_config *c, const char *torch_dtype)
         cJSON *rp = cJSON_AddObjectToObject(r, k ? "rope_parameters" : "rope_scaling");
         cJSON_AddStringToObject(rp, "rope_type", llama3 ? "llama3" : "default");
         cJSON_AddItemToObject(rp, "rope_theta", json_real(c->rope_theta));
+        if (partial) cJSON_AddItemToObject(rp, "partial_rotary_factor", json_real(c->partial_rotary_factor));
         if (!llama3) continue;
         cJSON_AddItemToObject(rp, "factor", json_real(c->rope_factor));
         cJSON_AddItemToObject(rp, "low_freq_factor", json_real(c->rope_low_freq_factor));
@@ -636,7 +700,10 @@ static char *config_json(const lb_model_config *c, const char *torch_dtype)
         cJSON_AddNumberToObject(rp, "original_max_position_embeddings",
                                 c->rope_original_max_position_embeddings);
     }
-    cJSON_AddBoolToObject(r, "attention_bias", 0);
+    if (partial)
+        cJSON_AddItemToObject(r, "partial_rotary_factor", json_real(c->partial_rotary_factor));
+    cJSON_AddBoolToObject(r, "attention_bias", c->attention_bias);
+    if (def->hf_keys & LB_HF_USE_QK_NORM) cJSON_AddBoolToObject(r, "use_qk_norm", c->use_qk_norm);
     cJSON_AddItemToObject(r, "attention_dropout", json_real(0.0));
     if (def->hf_keys & LB_HF_MLP_BIAS) cJSON_AddBoolToObject(r, "mlp_bias", 0);
     if (def->hf_keys & LB_HF_SLIDING_WINDOW) {
@@ -647,16 +714,32 @@ static char *config_json(const lb_model_config *c, const char *torch_dtype)
     cJSON_AddBoolToObject(r, "tie_word_embeddings", 0);
     cJSON_AddBoolToObject(r, "use_cache", 1);
     if (moe) {
-        // Both spellings of the expert count: transformers 4 reads num_experts, 5 either.
-        cJSON_AddNumberToObject(r, "num_experts", c->num_experts);
-        cJSON_AddNumberToObject(r, "num_local_experts", c->num_experts);
+        // The expert count in each family's spelling (Qwen's: both, transformers 4 reads
+        // num_experts, 5 either)
+        if (def->sigmoid_router) {
+            cJSON_AddNumberToObject(r, "n_routed_experts", c->num_experts);
+        } else {
+            cJSON_AddNumberToObject(r, "num_experts", c->num_experts);
+            cJSON_AddNumberToObject(r, "num_local_experts", c->num_experts);
+        }
         cJSON_AddNumberToObject(r, "num_experts_per_tok", c->num_experts_per_tok);
         cJSON_AddNumberToObject(r, "moe_intermediate_size", c->moe_intermediate_size);
         cJSON_AddBoolToObject(r, "norm_topk_prob", c->norm_topk_prob);
-        cJSON_AddNumberToObject(r, "decoder_sparse_step", 1);
-        cJSON_AddArrayToObject(r, "mlp_only_layers");
-        cJSON_AddItemToObject(r, "router_aux_loss_coef", json_real(c->router_aux_loss_coef));
         cJSON_AddBoolToObject(r, "output_router_logits", 0);
+    }
+    if (moe && def->sigmoid_router) {
+        cJSON_AddNumberToObject(r, "n_shared_experts", c->n_shared_experts);
+        cJSON_AddNumberToObject(r, "first_k_dense_replace", c->first_k_dense_replace);
+        cJSON_AddNumberToObject(r, "n_group", c->n_group);
+        cJSON_AddNumberToObject(r, "topk_group", c->topk_group);
+        cJSON_AddItemToObject(r, "routed_scaling_factor", json_real(c->routed_scaling_factor));
+        cJSON_AddNumberToObject(r, "num_nextn_predict_layers", 0);   // no MTP layers
+    } else if (moe) {
+        cJSON_AddNumberToObject(r, "decoder_sparse_step", 1);
+        cJSON *mo = cJSON_AddArrayToObject(r, "mlp_only_layers");
+        for (int l = 0; l < c->first_k_dense_replace; l++)
+            cJSON_AddItemToArray(mo, cJSON_CreateNumber(l));
+        cJSON_AddItemToObject(r, "router_aux_loss_coef", json_real(c->router_aux_loss_coef));
     }
     cJSON_AddStringToObject(r, "torch_dtype", torch_dtype);   // transformers 4
     cJSON_AddStringToObject(r, "dtype", torch_dtype);         // transformers 5
@@ -693,6 +776,7 @@ int lb_hf_export(const lb_model *m, const char *dir, const char *dtype, char *er
         const lb_tensor *t = &m->tensors[i];
         const float *p = host + t->offset;
         int layer;
+        char pre[LB_TENSOR_NAME];
         if (match(t->name, LB_EXPERTS_GATE_UP, &layer)) {
             int64_t F = t->shape[1] / 2, C = t->shape[2], sh[2] = {F, C};
             for (int64_t e = 0; e < t->shape[0]; e++)
@@ -709,10 +793,10 @@ int lb_hf_export(const lb_model *m, const char *dir, const char *dtype, char *er
                          "model.layers.%d.mlp.experts.%lld.down_proj.weight", layer, (long long)e);
                 lb_st_writer_add(w, names[n++], st_dtype, 2, sh, p + e * C * F);
             }
-        } else if (match(t->name, LB_MLP_GATE_UP, &layer)) {
+        } else if (fused_mlp(t->name, pre, sizeof pre)) {
             int64_t F = t->shape[0] / 2, C = t->shape[1], sh[2] = {F, C};
             for (int half = 0; half < 2; half++) {
-                snprintf(names[n], sizeof names[n], "model.layers.%d.mlp.%s.weight", layer,
+                snprintf(names[n], sizeof names[n], "%s%s.weight", pre,
                          half ? "up_proj" : "gate_proj");
                 lb_st_writer_add(w, names[n++], st_dtype, 2, sh, p + half * F * C);
             }
@@ -766,6 +850,7 @@ static void merge_model(lb_model_config *dst, const lb_model_config *src)
     KEEP(rope_high_freq_factor);
     KEEP(rope_original_max_position_embeddings);
 #undef KEEP
+    dst->router_bias_update_rate = keep.router_bias_update_rate;   // training, not the model
 }
 
 static int parent_dirs(const char *path, char *err, size_t errlen)

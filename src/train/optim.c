@@ -33,8 +33,9 @@ static void add_segments(lb_optimizer *o, const lb_tensor **t, size_t lo, size_t
     for (int i = 0; i < o->m->ntensors; i++) {
         size_t b = t[i]->offset > lo ? t[i]->offset : lo;
         size_t e = t[i]->offset + t[i]->numel < hi ? t[i]->offset + t[i]->numel : hi;
-        if (b >= e) continue;
-        float wd = t[i]->is_norm ? 0.0f : (float)o->cfg.weight_decay;   // no decay on norms
+        if (b >= e || t[i]->frozen) continue;   // frozen: moved outside the optimizer
+        // no decay on norms and biases
+        float wd = t[i]->is_norm || t[i]->zero_init ? 0.0f : (float)o->cfg.weight_decay;
         size_t at = lb_dist_optimizer_shard_pos(&o->dist, b);
         lb_optim_segment *prev = o->nseg ? &o->seg[o->nseg - 1] : NULL;
         if (prev && prev->end == b && prev->wd == wd && prev->at + (b - prev->begin) == at)

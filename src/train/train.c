@@ -410,6 +410,7 @@ static void train_step(train_run *x, int step)
         lb_die("step %d: loss is %f; stopping before the weights are harmed", step, loss);
     double lr;
     double norm = lb_optimizer_step(&r->opt, step, &lr);
+    lb_model_router_bias_update(x->m, comm);   // the sigmoid router's balancing (glm4_moe)
     r->be->sync(r->be);
     double now = lb_now();
     if (r->root) log_step(x, step, loss, sums, lr, norm, now, now - ts);

@@ -24,6 +24,12 @@ Outputs (kept small, committed):
   tests/data/hf_llama/            the same for LlamaForCausalLM with rope_scaling llama3 (an
                                   original context of 32, so that at the batch's 12 positions
                                   every band of the scaling matters: kept, blended, divided)
+  tests/data/hf_glm4_moe/         the same for Glm4MoeForCausalLM (GLM-4.5's MoE, DeepSeek-V3's
+                                  router): 3 layers, the first dense (first_k_dense_replace 1),
+                                  attention biases, q/k norm, partial rotary 0.5, 8 routed
+                                  experts in 4 groups (top-2 groups, top-2 experts), one shared
+                                  expert, routed scaling 2.5, a random selection bias; no aux
+                                  loss (loss = ce)
   tests/data/st_python.safetensors  a small file of F32/BF16/F16/I32 tensors for test_safetensors
   tests/data/hf_glm4_router.safetensors  transformers' Glm4MoeTopkRouter (the DeepSeek-V3
                                   sigmoid router: selection-only bias, group-limited top-k,
@@ -33,7 +39,7 @@ Outputs (kept small, committed):
                                   (d sum(dweight * weight) / d logits); sizes in the metadata
 
 Usage:
-  python3 tests/tools/make_hf_golden.py [--out tests/data]
+  python3 tests/tools/make_hf_golden.py [--out tests/data] [--only glm4_moe]
   python3 tests/tools/make_hf_golden.py --check-export DIR [--golden FILE] [--tol 1e-5]
       loads DIR with transformers and compares its logits on the golden batch with the golden
       logits (max|a-b| / max|ref|); exits non-zero on mismatch.
@@ -92,17 +98,109 @@ def build(kind):
     cfg._attn_implementation = "eager"
     cfg._experts_implementation = "eager"
     model = cls(cfg).float()
-    g = torch.Generator().manual_seed(SEED + 1)
+    randomize(model, torch.Generator().manual_seed(SEED + 1))
+    model.eval()
+    return model
+
+
+def randomize(model, g):
+    """Random parameters in the model's order: RMSNorm weights around 1, biases (the only other
+    1-D parameters) small, the embedding and matrices normal."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 1:            # RMSNorm weights: random around 1
+            if p.dim() == 1 and "norm" in name:
                 p.copy_(1.0 + 0.2 * (torch.rand(p.shape, generator=g) - 0.5) * 2)
+            elif p.dim() == 1:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * EMBED_STD)
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * MATRIX_STD)
+
+
+def build_glm4_moe():
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+    torch.manual_seed(SEED)
+    c = common_config()
+    del c["use_sliding_window"]
+    c["num_hidden_layers"] = 3
+    c["attention_bias"] = True
+    c["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.5}
+    cfg = Glm4MoeConfig(**c, moe_intermediate_size=32, num_experts_per_tok=2, n_shared_experts=1,
+                        n_routed_experts=8, routed_scaling_factor=2.5, n_group=4, topk_group=2,
+                        first_k_dense_replace=1, norm_topk_prob=True, use_qk_norm=True)
+    cfg._attn_implementation = "eager"
+    cfg._experts_implementation = "eager"
+    model = Glm4MoeForCausalLM(cfg).float()
+    g = torch.Generator().manual_seed(SEED + 4)
+    randomize(model, g)
+    with torch.no_grad():
+        for layer in model.model.layers[cfg.first_k_dense_replace:]:   # the selection bias
+            b = layer.mlp.gate.e_score_correction_bias
+            b.copy_(0.3 * torch.randn(b.shape, generator=g))
     model.eval()
     return model
+
+
+def glm4_route_gap(model, tokens):
+    """The smallest margin, over MoE layers and tokens, between the k-th and (k+1)-th choice
+    score among the kept groups' experts: routing must not be a near tie."""
+    gaps = []
+    hooks = []
+    for layer in model.model.layers[model.config.first_k_dense_replace:]:
+        r = layer.mlp.gate
+
+        def hook(mod, inp, out, r=r):
+            x = inp[0].reshape(-1, mod.hidden_dim).float()
+            s = torch.sigmoid(x @ mod.weight.float().t()) + mod.e_score_correction_bias
+            top = torch.topk(s, mod.top_k + 1, dim=-1).values
+            gaps.append((top[:, mod.top_k - 1] - top[:, mod.top_k]).min().item())
+        hooks.append(r.register_forward_hook(hook))
+    with torch.no_grad():
+        model(input_ids=tokens)
+    for h in hooks:
+        h.remove()
+    return min(gaps)
+
+
+def make_glm4_moe(out_dir):
+    tokens, targets = batch()
+    model = build_glm4_moe()
+    d = os.path.join(out_dir, "hf_glm4_moe")
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    model.save_pretrained(d, safe_serialization=True)
+    gap = glm4_route_gap(model, tokens)
+    model.zero_grad()
+    logits = model(input_ids=tokens).logits.reshape(B * T, -1)
+    ce = F.cross_entropy(logits, targets.reshape(-1), ignore_index=-100, reduction="mean")
+    ce.backward()
+    p = dict(model.named_parameters())
+    tensors = {"tokens": tokens.float().contiguous(), "targets": targets.float().contiguous(),
+               "logits": logits.detach().contiguous(), "ce": ce.detach().reshape(1).clone(),
+               "loss": ce.detach().reshape(1).clone()}
+    names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+             "model.layers.0.self_attn.q_proj.bias", "model.layers.1.self_attn.k_proj.bias",
+             "model.layers.2.self_attn.v_proj.bias", "model.layers.0.self_attn.k_norm.weight",
+             "model.layers.1.self_attn.o_proj.weight", "model.layers.0.mlp.down_proj.weight",
+             "model.layers.1.mlp.gate.weight", "model.layers.2.mlp.gate.weight",
+             "model.layers.1.mlp.experts.gate_up_proj", "model.layers.2.mlp.experts.down_proj",
+             "model.layers.1.mlp.shared_experts.down_proj.weight",
+             "model.layers.2.post_attention_layernorm.weight", "model.norm.weight",
+             "lm_head.weight"]
+    for n in names:
+        tensors["grad." + n] = p[n].grad.detach().clone().contiguous()
+    for pre in ("model.layers.0.mlp.", "model.layers.2.mlp.shared_experts."):
+        tensors["grad." + pre + "gate_up_proj.weight"] = torch.cat(
+            [p[pre + "gate_proj.weight"].grad, p[pre + "up_proj.weight"].grad], dim=0).contiguous()
+    meta = {"definitions": DEFINITIONS + " glm4_moe: no aux loss, loss = ce.", "seed": str(SEED),
+            "b": str(B), "t": str(T), "min_route_gap": repr(gap),
+            "transformers_version": __import__("transformers").__version__,
+            "torch_version": torch.__version__}
+    save_file(tensors, os.path.join(d, "golden.safetensors"), metadata=meta)
+    print(f"hf_glm4_moe: loss {ce.item():.6f}, min gap between the k-th and (k+1)-th choice "
+          f"score {gap:.3g}")
 
 
 def batch():
@@ -292,7 +390,8 @@ def check_export(export_dir, golden, tol):
         mtype = json.load(f)["model_type"]
     if golden is None:
         here = os.path.dirname(os.path.abspath(__file__))
-        sub = {"qwen3_moe": "hf_qwen3_moe", "qwen3": "hf_qwen3", "llama": "hf_llama"}[mtype]
+        sub = {"qwen3_moe": "hf_qwen3_moe", "qwen3": "hf_qwen3", "llama": "hf_llama",
+               "glm4_moe": "hf_glm4_moe"}[mtype]
         golden = os.path.join(here, "..", "data", sub, "golden.safetensors")
     model = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32,
                                                  attn_implementation="eager")
@@ -316,13 +415,17 @@ def main():
     ap.add_argument("--check-export", metavar="DIR")
     ap.add_argument("--golden", help="golden.safetensors (default: by the model type)")
     ap.add_argument("--tol", type=float, default=1e-5)
+    ap.add_argument("--only", choices=["glm4_moe"],
+                    help="make only this kind's data (the others' stay as committed)")
     a = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     if a.check_export:
         sys.exit(check_export(a.check_export, a.golden, a.tol))
-    make(os.path.normpath(a.out))
-    make_glm4_router(os.path.normpath(a.out))
+    if a.only != "glm4_moe":
+        make(os.path.normpath(a.out))
+        make_glm4_router(os.path.normpath(a.out))
+    make_glm4_moe(os.path.normpath(a.out))
 
 
 if __name__ == "__main__":

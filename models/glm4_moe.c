@@ -1,0 +1,38 @@
+// glm4_moe.c: GLM-4.5's MoE (transformers' Glm4MoeForCausalLM), DeepSeek-V3's routing behind
+// ordinary GQA attention: q/k/v projections with a bias, optional per-head q/k RMSNorm, RoPE on
+// a part of each head (partial_rotary_factor); the first first_k_dense_replace layers a dense
+// SwiGLU MLP, the others the sigmoid router (selection bias, group-limited top-k, routed
+// scaling factor) over SwiGLU experts with n_shared_experts shared experts beside them. All of
+// it is the shared decoder's blocks (models/blocks.h); the bias moves after each optimizer step
+// (lb_model_router_bias_update).
+#include "models/blocks.h"
+
+extern const lb_model_def lb_glm4_moe_def;
+
+static int check(const lb_model_config *c, char *err, size_t errlen)
+{
+    return lb_decoder_check(&lb_glm4_moe_def, c, err, errlen);
+}
+
+static int tensors(const lb_model_config *c, lb_tensor *out)
+{
+    int i = lb_embed_tensors(c, out, 0);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        i = lb_attn_tensors(c, out, i, l, c->use_qk_norm);
+        i = lb_ffn_tensors(c, out, i, l);   // dense below first_k_dense_replace
+    }
+    return lb_head_tensors(c, out, i);
+}
+
+const lb_model_def lb_glm4_moe_def = {
+    .arch = "glm4_moe",
+    .summary = "GLM-4.5 MoE: GQA with biases and partial RoPE, dense leading layers, sigmoid "
+               "group-limited router with a selection bias, shared and routed SwiGLU experts",
+    .moe = 1,
+    .sigmoid_router = 1,
+    .hf_architecture = "Glm4MoeForCausalLM",
+    .hf_keys = LB_HF_USE_QK_NORM,
+    .check = check,
+    .tensors = tensors,
+    LB_DECODER_OPS,
+};
