@@ -1100,6 +1100,14 @@ static void gx_launch(lb_cuda_ctx *cx, int grid, const gx_params *P)
     LB_CUDA_LAUNCHED(cx);
 }
 
+// The launch for P's C: bf16 (c16) or fp32.
+template <int BN, int BM>
+static void gx_launch_c16(lb_cuda_ctx *cx, int grid, const gx_params *P)
+{
+    if (P->c16) gx_launch<BN, 1, BM>(cx, grid, P);
+    else gx_launch<BN, 0, BM>(cx, grid, P);
+}
+
 // gemm_experts (kernels.h) on gx_kernel: queued on cx->stream, no wait. The tile shape comes
 // from the sizes the host knows (rows, e, n), never from the counts: 64 rows where the mean
 // expert has fewer than 64 (decode), 128 columns where n is at most 128 (gt_bn).
@@ -1118,11 +1126,10 @@ extern "C" void lb_cuda_gemm_experts_tc(lb_cuda_ctx *cx, const lb_gemm_experts_a
     // at most rows / bm + e tile rows, each (n / bn) tiles
     const long most = ((long)x->rows / bm + x->e) * ((x->n + bn - 1) / bn);
     const int grid = most < cx->num_sms ? (int)most : cx->num_sms;
-    const int c16 = x->c16 != NULL;
-    if (bm == 64 && bn == 256) c16 ? gx_launch<256, 1, 64>(cx, grid, &P) : gx_launch<256, 0, 64>(cx, grid, &P);
-    else if (bm == 64) c16 ? gx_launch<128, 1, 64>(cx, grid, &P) : gx_launch<128, 0, 64>(cx, grid, &P);
-    else if (bn == 256) c16 ? gx_launch<256, 1, 128>(cx, grid, &P) : gx_launch<256, 0, 128>(cx, grid, &P);
-    else c16 ? gx_launch<128, 1, 128>(cx, grid, &P) : gx_launch<128, 0, 128>(cx, grid, &P);
+    if (bm == 64 && bn == 256) gx_launch_c16<256, 64>(cx, grid, &P);
+    else if (bm == 64) gx_launch_c16<128, 64>(cx, grid, &P);
+    else if (bn == 256) gx_launch_c16<256, 128>(cx, grid, &P);
+    else gx_launch_c16<128, 128>(cx, grid, &P);
 }
 
 // linear_ce_bwd (kernels.h) on this kernel: the dgrad dx (n, c) = dy w and the wgrad dw (v, c)
