@@ -77,9 +77,9 @@ int lb_run_check_shards(lb_run *r, const lb_loader *l, const char *key)
 static void warn_split_nodes(lb_run *r)
 {
     const int node = lb_comm_node(r->world);
-    const int tp = lb_comm_spans_nodes(&r->grid.tp_comm, node);
-    const int etp = lb_comm_spans_nodes(&r->grid.etp_comm, node);
-    if (lb_comm_allreduce_sum(r->world, tp + 2 * etp) != 0.0 && r->root)
+    const int spans = lb_comm_spans_nodes(&r->grid.tp_comm, node) |
+                      lb_comm_spans_nodes(&r->grid.etp_comm, node);
+    if (lb_comm_allreduce_sum(r->world, spans) != 0.0 && r->root)
         fprintf(stderr,
                 "%s: warning: a tensor-parallel group (parallel.tp = %d, etp = %d) spans nodes: "
                 "its all-reduces cross the network every layer; give each node a multiple of "
