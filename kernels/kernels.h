@@ -74,7 +74,10 @@ typedef struct {
 // of A times its weight B_j^T, the experts' rows one after another in expert order (moe_plan's
 // permuted buffer). Operands in bf16 (the bf16 fprop: lb_gemm_args with bf16 1, transa 0,
 // transb 1, alpha 1, beta 0, a16 and b16 given): the same bits as gemm_grouped over the same
-// groups. counts must sum to rows (CUDA reports a larger sum and clips it).
+// groups. Or quantized (qa and qb given, a16 and b16 NULL): gemm_q_grouped's product of the
+// groups of qa's rows (one row-wise quantization of all rows, split by lb_qmat_rows, as
+// linear.c's experts quantize) and qb[j], with its bits. counts must sum to rows (CUDA
+// reports a larger sum and clips it).
 typedef struct {
     const uint16_t *a16;   // (rows, pad8(k)) the experts' rows, expert 0's first
     const uint16_t *b16;   // (e, n, pad8(k)) every expert's weight, stacked (a weight cache's)
@@ -82,6 +85,8 @@ typedef struct {
     uint16_t *c16;         // (rows, pad8(n)) C rounded to bf16 as lb_gemm_args.c16, or NULL
     const int *counts;     // (e) backend memory: expert j's rows
     int e, rows, n, k;
+    const struct lb_qmat *qa;   // (rows, k) quantized row-wise, or NULL
+    const struct lb_qmat *qb;   // (e) expert j's (n, k) row-wise (a weight cache's row), or NULL
 } lb_gemm_experts_args;
 // Its groups for gemm_grouped (a calloc'd array of a->e), counts_host the host's copy of
 // a->counts; dies where the counts pass a->rows.
@@ -140,6 +145,10 @@ typedef struct {
     float *c;
     uint16_t *c16;   // NULL, or (beta 0) C stored in bf16 instead, as lb_gemm_args.c16
 } lb_gemm_q_args;
+// gemm_experts' quantized form as gemm_q_grouped's groups (a calloc'd array of a->e), their
+// views of a->qa written to views (e); counts_host as for lb_experts_groups.
+lb_gemm_q_args *lb_experts_qgroups(const lb_gemm_experts_args *a, const int *counts_host,
+                                   struct lb_qmat *views);
 
 // One layer's KV cache for sampling: the k and v rows of every (sequence slot, kv head,
 // position), (slots, hkv, cap, ...) in that order, so the keys one decode query reads are

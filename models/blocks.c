@@ -823,7 +823,8 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
     const int down16 = takes16(m, l, LB_ROLE_MOE_DOWN);
     uint16_t *xp16 = x16 ? grow16(be, &f->xp16, &f->cap_xp16, n16((size_t)n * d.K, d.C)) : NULL;
     float *xp = x16 ? NULL : grow(be, &f->xp, &f->cap_xp, (size_t)n * d.K * d.C);
-    const int dev = cached && x16 && down16 &&
+    // bf16 experts read the bf16 copies of x and h (x16, down16), quantized ones fp32 x and h
+    const int dev = cached && d.ep == 1 &&
                     lb_linear_experts_ok(lin, l, LB_ROLE_MOE_GATE_UP, w->cgu) &&
                     lb_linear_experts_ok(lin, l, LB_ROLE_MOE_DOWN, w->cdown);
     if (np) {
@@ -855,7 +856,7 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
     uint16_t *h16 = down16 ? grow16(be, &f->h16, &f->cap_h16, n16(nr, d.F)) : NULL;
     if (!down16) grow(be, &f->h, &f->cap_h, nr * d.F);
     if (dev)
-        lb_linear_experts_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xp16, w->cgu, f->counts_dev, d.El,
+        lb_linear_experts_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xp, xp16, w->cgu, f->counts_dev, d.El,
                               (int)nr, gu, gu16, 2 * d.F, d.C);
     else
         lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xe, xp16, w->gu, w->cgu,
@@ -864,7 +865,7 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
     if (nr) be->swiglu_fwd(be, &(lb_swiglu_args){.out = h, .out16 = h16, .gu = gu, .gu16 = gu16,
             .n = (int)nr, .f = d.F});
     if (dev)
-        lb_linear_experts_fwd(lin, l, LB_ROLE_MOE_DOWN, h16, w->cdown, f->counts_dev, d.El,
+        lb_linear_experts_fwd(lin, l, LB_ROLE_MOE_DOWN, h, h16, w->cdown, f->counts_dev, d.El,
                               (int)nr, ye, yp16, d.C, d.F);
     else
         lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, h, h16, w->down, w->cdown,

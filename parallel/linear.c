@@ -158,10 +158,33 @@ static const uint16_t *cache_b16(const lb_wcache *c, int e)
     return c && c->b16 ? c->b16 + (size_t)e * c->out * pad8(c->in) : NULL;
 }
 
+// The row-wise copies of count (out, in) matrices in one allocation of data and one of scales,
+// expert after expert (one map over all of them for gemm_experts' quantized form; data and
+// scale strides of the matrix's own bytes, rounded to 256 and 16); second levels each alone.
+static void row_alloc(lb_backend *be, lb_qmat *q, int count, int out, int in,
+                      const lb_quant_args *a)
+{
+    lb_qmat_layout(&q[0], out, in, a);
+    const size_t db = (lb_qmat_data_bytes(&q[0]) + 255) / 256 * 256;
+    const size_t sb = (lb_qmat_scale_bytes(&q[0]) + 15) / 16 * 16;
+    uint8_t *data = be->alloc(be, db * count);
+    char *scale = be->alloc(be, sb * count);
+    for (int e = 0; e < count; e++) {
+        lb_qmat_layout(&q[e], out, in, a);
+        q[e].data = data + e * db;
+        q[e].scale = scale + e * sb;
+        q[e].scale2 = q[e].nscale2 ? be->alloc(be, (size_t)q[e].nscale2 * sizeof(float)) : NULL;
+    }
+}
+
 void lb_wcache_free(lb_linear *L, lb_wcache *c)
 {
     lb_backend *be = L->be;
-    for (int e = 0; c->row && e < c->count; e++) be->qmat_free(be, &c->row[e]);
+    if (c->row && c->count) {   // row_alloc's
+        be->free(be, c->row[0].data);
+        be->free(be, c->row[0].scale);
+        for (int e = 0; e < c->count; e++) be->free(be, c->row[e].scale2);
+    }
     for (int e = 0; c->col && e < c->count; e++) be->qmat_free(be, &c->col[e]);
     if (c->b16) be->free(be, c->b16);
     free(c->row);
@@ -200,9 +223,10 @@ void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const 
     lb_quant_args ra = need_row ? weight_args(F, 0) : (lb_quant_args){0};
     lb_quant_args ca = need_col ? weight_args(D, 1) : (lb_quant_args){0};
     if (need_row) {
-        if (!c->row) c->row = lb_calloc(count, sizeof *c->row);
-        for (int e = 0; e < count; e++)
-            if (!c->row[e].data) be->qmat_alloc(be, &c->row[e], out, in, &ra);
+        if (!c->row) {
+            c->row = lb_calloc(count, sizeof *c->row);
+            row_alloc(be, c->row, count, out, in, &ra);
+        }
     }
     if (need_col) {
         if (!c->col) c->col = lb_calloc(count, sizeof *c->col);
@@ -608,19 +632,42 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
 
 int lb_linear_experts_ok(const lb_linear *L, int layer, lb_role role, const lb_wcache *c)
 {
-    return all_fmt(L, layer, role, LB_FMT_BF16) && c && c->b16 &&
-           lb_backend_supports(L->be, LB_OP_gemm_experts);
+    if (!c || !lb_backend_supports(L->be, LB_OP_gemm_experts)) return 0;
+    if (all_fmt(L, layer, role, LB_FMT_BF16)) return c->b16 != NULL;
+    const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
+    if (!is_low(F->fmt) || !c->row) return 0;
+    // one quantization of all rows must be every expert's own (grouped_act_q's split)
+    lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, 0, 0));
+    return splits_by_rows(&a);
 }
 
-void lb_linear_experts_fwd(lb_linear *L, int layer, lb_role role, const uint16_t *x16,
-                           const lb_wcache *c, const int *counts, int groups, int rows, float *y,
-                           uint16_t *y16, int out, int in)
+void lb_linear_experts_fwd(lb_linear *L, int layer, lb_role role, const float *x,
+                           const uint16_t *x16, const lb_wcache *c, const int *counts,
+                           int groups, int rows, float *y, uint16_t *y16, int out, int in)
 {
-    if (!lb_linear_experts_ok(L, layer, role, c) || !x16)
-        lb_die("lb_linear_experts_fwd: not bf16 GEMMs on a bf16 weight cache and a bf16 x");
-    L->be->gemm_experts(L->be, &(lb_gemm_experts_args){.a16 = x16, .b16 = cache_b16(c, 0),
-            .c = y16 ? NULL : y, .c16 = y16, .counts = counts, .e = groups, .rows = rows,
-            .n = out, .k = in});
+    if (!lb_linear_experts_ok(L, layer, role, c))
+        lb_die("lb_linear_experts_fwd: neither bf16 GEMMs on a bf16 weight cache nor quantized "
+               "ones on a row-wise cache");
+    lb_gemm_experts_args g = {.c = y16 ? NULL : y, .c16 = y16, .counts = counts, .e = groups,
+                              .rows = rows, .n = out, .k = in};
+    if (all_fmt(L, layer, role, LB_FMT_BF16)) {
+        if (!x16) lb_die("lb_linear_experts_fwd: bf16 GEMMs without x's bf16 copy");
+        g.a16 = x16, g.b16 = cache_b16(c, 0);
+        L->be->gemm_experts(L->be, &g);
+        return;
+    }
+    if (!x) lb_die("lb_linear_experts_fwd: quantized GEMMs without x");
+    if (y16 && !lb_linear_grouped_c16(L, layer, role, LB_PASS_FPROP))
+        lb_die("lb_linear_experts_fwd: a bf16 y where the GEMMs store fp32");
+    // grouped_act_q's quantization: all rows in one call, each expert's bytes
+    const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
+    lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, 0, 0));
+    if (rows == 0) return;
+    lb_qmat q;
+    lb_linear_qscratch(L, 0, &q, rows, in, &a);
+    L->be->quantize(L->be, &q, x, rows, in, &a);
+    g.qa = &q, g.qb = c->row;
+    L->be->gemm_experts(L->be, &g);
 }
 
 void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x,

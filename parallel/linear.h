@@ -117,12 +117,14 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
                            int in);
 // The fprop of lb_linear_grouped_fwd with the rows per expert in backend memory (counts: moe_plan's
 // device copy; rows = their sum), so the host never waits for them (the sampler's decode
-// forward): the same bits. Only where lb_linear_experts_ok says the GEMMs are bf16, c holds
-// the weights' bf16 copy and the backend has gemm_experts; x16 given.
+// forward): the same bits. Only where lb_linear_experts_ok says so: the backend has
+// gemm_experts, and the GEMMs are bf16 with c holding the weights' bf16 copy (x16 given), or
+// quantized with c's row-wise copies and an activation quantization that one call over all
+// rows gives each expert (x given; no stochastic rounding, no per-tensor NVFP4 level).
 int lb_linear_experts_ok(const lb_linear *L, int layer, lb_role role, const lb_wcache *c);
-void lb_linear_experts_fwd(lb_linear *L, int layer, lb_role role, const uint16_t *x16,
-                           const lb_wcache *c, const int *counts, int groups, int rows, float *y,
-                           uint16_t *y16, int out, int in);
+void lb_linear_experts_fwd(lb_linear *L, int layer, lb_role role, const float *x,
+                           const uint16_t *x16, const lb_wcache *c, const int *counts,
+                           int groups, int rows, float *y, uint16_t *y16, int out, int in);
 // dx (rows, in) overwritten; dw (groups, out, in) = the wgrads + dw_beta * dw (0 or 1; 0
 // overwrites the matrices of groups without rows with zeros).
 void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x,

@@ -58,6 +58,8 @@ int lb_cuda_device_count(void);   // kernels/cuda/device.cu
 // kernels/cuda/gemm_q.cu: gemm_q calls per path so far, and the compute capability.
 void lb_cuda_gemm_q_stats(lb_backend *be, long *fp8_native, long *fp8_fallback, long *emulated,
                           long *fp8_grouped, int *cc_major);
+// kernels/cuda/gemm_grouped.cu: whether gemm_experts' fp8-block form takes its device-count kernel
+int lb_cuda_gemm_experts_q_fits(const lb_gemm_experts_args *x);
 #endif
 
 #define B_ROUND 1e-12
@@ -594,7 +596,7 @@ static void gemm_experts_case(const test_case *tst)
     float *a = randn((size_t)rows * k, 1), *b = randn((size_t)e * n * k, 1);
     uint16_t *a16 = host16(a, rows, k), *b16 = host16(b, (size_t)e * n, k);
     size_t cbytes = c16 ? bytes16(rows, n) : (size_t)rows * n * 4;
-    lb_gemm_experts_args x = {a16, b16, NULL, NULL, counts, e, rows, n, k};
+    lb_gemm_experts_args x = {a16, b16, NULL, NULL, counts, e, rows, n, k, NULL, NULL};
     float *ref = lb_malloc((size_t)rows * n * 4);
     x.c = ref;
     cpu->gemm_experts(cpu, &x);   // fp32 C: the reference either way
@@ -604,7 +606,7 @@ static void gemm_experts_case(const test_case *tst)
     for (int r = 0; r < 3; r++) {   // gemm_experts twice, then gemm_grouped on its groups
         out[r] = dpoisoned(cbytes);
         lb_gemm_experts_args xd = {A, B, c16 ? NULL : out[r], c16 ? out[r] : NULL, C, e, rows, n,
-                                   k};
+                                   k, NULL, NULL};
         if (r < 2) {
             dev->gemm_experts(dev, &xd);
         } else {
@@ -2768,6 +2770,100 @@ static void gemm_q_all_case(const test_case *tst)
 #endif
 }
 
+// gemm_experts' fp8-block form: the rows of all experts quantized 1x128 in one call (as
+// linear.c's experts are), every expert's weight 128x128-block, the weights one after another in
+// one device allocation as the weight cache lays them out (gap 0: data n k bytes apart, the
+// device-count kernel's layout), or with gap bytes between the experts (the host-count path).
+// Counts as gemm_experts_case's. p: e, n, k, c16, mean rows an expert, gap. Against the CPU's
+// gemm_experts, and bit for bit against the device's gemm_q_grouped on the same groups and
+// against itself run again.
+static void gemm_experts_q_case(const test_case *tst)
+{
+    const int e = tst->p[0], n = tst->p[1], k = tst->p[2], c16 = tst->p[3], mean = tst->p[4];
+    const size_t gap = (size_t)tst->p[5];
+    int *counts = lb_malloc((size_t)e * sizeof(int)), rows = 0;
+    for (int j = 0; j < e; j++) {
+        counts[j] = j % 5 == 2 ? 0 : j % 7 == 3 ? 1 : (int)(lb_rand_u64(7, 1, j) % (2 * mean));
+        if (j == 1) counts[j] = 300;
+        rows += counts[j];
+    }
+    lb_quant_args a1 = gq(LB_FMT_FP8_BLOCK, 0, 0, LB_E4M3, 0, 0, 0);
+    lb_quant_args w2 = gq(LB_FMT_FP8_BLOCK, 0, 1, LB_E4M3, 0, 0, 0);
+    float *xa = scaled_randn(rows, k);
+    lb_qmat ha, da, *hb = lb_calloc(e, sizeof *hb), *db = lb_calloc(e, sizeof *db);
+    lb_qmat_alloc(&ha, rows, k, &a1);
+    lb_quantize(&ha, xa, rows, k, &a1);
+    qmat_put(&da, &ha, &a1, rows, k);
+    lb_qmat_layout(&hb[0], n, k, &w2);
+    const size_t dstep = lb_qmat_data_bytes(&hb[0]) + gap, sstep = lb_qmat_scale_bytes(&hb[0]);
+    uint8_t *bdata = dev->alloc(dev, dstep * e);
+    char *bscale = dev->alloc(dev, sstep * e);
+    for (int j = 0; j < e; j++) {
+        float *xb = scaled_randn(n, k);
+        lb_qmat_alloc(&hb[j], n, k, &w2);
+        lb_quantize(&hb[j], xb, n, k, &w2);
+        lb_qmat_layout(&db[j], n, k, &w2);
+        db[j].data = bdata + j * dstep, db[j].scale = bscale + j * sstep;
+        dev->upload(dev, db[j].data, hb[j].data, lb_qmat_data_bytes(&hb[j]));
+        dev->upload(dev, db[j].scale, hb[j].scale, sstep);
+        free(xb);
+    }
+    const int ln = (n + 7) / 8 * 8;
+    size_t cbytes = c16 ? bytes16(rows, n) : (size_t)rows * n * 4;
+    float *ref = lb_malloc((size_t)rows * n * 4);
+    lb_gemm_experts_args x = {.c = ref, .counts = counts, .e = e, .rows = rows, .n = n, .k = k,
+                              .qa = &ha, .qb = hb};
+    cpu->gemm_experts(cpu, &x);   // fp32 C: the reference either way
+    int *C = dput(counts, (size_t)e * sizeof(int));
+    void *out[3];
+    lb_qmat *views = lb_calloc(e, sizeof *views);
+    for (int r = 0; r < 3; r++) {   // gemm_experts twice, then gemm_q_grouped on its groups
+        out[r] = dpoisoned(cbytes);
+        lb_gemm_experts_args xd = {.c = c16 ? NULL : out[r], .c16 = c16 ? out[r] : NULL,
+                                   .counts = C, .e = e, .rows = rows, .n = n, .k = k, .qa = &da,
+                                   .qb = db};
+#ifdef LB_HAVE_CUDA
+        if (r == 0 && !strcmp(dev->name, "cuda")) {
+            int cc;
+            long x0, x1, x2, x3;
+            lb_cuda_gemm_q_stats(dev, &x0, &x1, &x2, &x3, &cc);
+            // the cache's layout on sm_90 takes the device-count kernel; a gap the host path
+            ck_assert_int_eq(lb_cuda_gemm_experts_q_fits(&xd), cc == 9 && gap == 0);
+        }
+#endif
+        if (r < 2) {
+            dev->gemm_experts(dev, &xd);
+        } else {
+            lb_gemm_q_args *g = lb_experts_qgroups(&xd, counts, views);
+            dev->gemm_q_grouped(dev, e, g);
+            free(g);
+        }
+    }
+    void *h[3];
+    for (int r = 0; r < 3; r++) h[r] = hget(out[r], cbytes);
+    char what[112];
+    snprintf(what, sizeof what, "gemm_experts fp8 e %d n %d k %d gap %zu %s: run twice", e, n,
+             k, gap, c16 ? "c16" : "fp32");
+    CHECK_BITS(what, h[0], h[1], cbytes);
+    snprintf(what, sizeof what, "gemm_experts fp8 e %d n %d k %d gap %zu %s = gemm_q_grouped", e,
+             n, k, gap, c16 ? "c16" : "fp32");
+    CHECK_BITS(what, h[0], h[2], cbytes);
+    float *got = lb_malloc((size_t)rows * n * 4);
+    for (size_t i = 0; i < (size_t)rows; i++)
+        for (int c = 0; c < n; c++)
+            got[i * n + c] = c16 ? lb_bf16_to_f32(((uint16_t *)h[0])[i * ln + c])
+                                 : ((float *)h[0])[i * n + c];
+    snprintf(what, sizeof what, "gemm_experts fp8 e %d n %d k %d %s vs cpu", e, n, k,
+             c16 ? "c16" : "fp32");
+    CHECK_NMSE(what, got, ref, (size_t)rows * n, c16 ? 1e-5 : tst->bound);
+    for (int r = 0; r < 3; r++) dfree(out[r]), free(h[r]);
+    for (int j = 0; j < e; j++) lb_qmat_free(&hb[j]);
+    dev->qmat_free(dev, &da);
+    lb_qmat_free(&ha);
+    dfree(bdata), dfree(bscale), dfree(C);
+    free(counts), free(xa), free(hb), free(db), free(views), free(ref), free(got);
+}
+
 // gemm_q_grouped: the groups of an MoE layer. As linear.c does, the activations of all groups
 // are quantized in one call (row-wise blocks are per row) and split by lb_qmat_rows; each group
 // has its own weight matrix. The CPU quantizes, the same bytes go to the GPU. Each group must
@@ -3341,6 +3437,12 @@ static const test_case CASES[] = {
          .bound = B_ACCUM, .label = "decode shape, fp32 C"),
     CASE(OP(gemm_experts) | OP(gemm_grouped), gemm_experts_case, {9, 101, 77, 1, 150},
          .bound = B_ACCUM, .label = "odd sizes, 128-row tiles"),
+    CASE(OP(gemm_experts) | OP(gemm_q_grouped) | OP(quantize), gemm_experts_q_case,
+         {128, 1536, 2048, 1, 16, 0}, .bound = B_FP8TC, .label = "fp8, decode shape, bf16 C"),
+    CASE(OP(gemm_experts) | OP(gemm_q_grouped) | OP(quantize), gemm_experts_q_case,
+         {16, 200, 336, 0, 150, 0}, .bound = B_FP8TC, .label = "fp8, 128-row tiles, fp32 C"),
+    CASE(OP(gemm_experts) | OP(gemm_q_grouped) | OP(quantize), gemm_experts_q_case,
+         {9, 136, 256, 1, 40, 256}, .bound = B_FP8TC, .label = "fp8, experts apart (host)"),
 
     CASE(OP(add) | OP(scale) | OP(sumsq), add_scale_sumsq_case),
 

@@ -6,6 +6,7 @@
 // (norm sums, sumsq, weight-gradient column sums) accumulate in double.
 #include "kernels/cpu/cpu.h"
 #include "kernels/common.h"
+#include "kernels/quant/quant.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -109,6 +110,13 @@ static void cpu_gemm_grouped(lb_backend *be, int count, const lb_gemm_args *args
 // gemm_experts as the groups of gemm_grouped (backend memory is host memory here).
 static void cpu_gemm_experts(lb_backend *be, const lb_gemm_experts_args *x)
 {
+    if (x->qa) {
+        lb_qmat *v = lb_calloc(x->e ? (size_t)x->e : 1, sizeof *v);
+        lb_gemm_q_args *g = lb_experts_qgroups(x, x->counts, v);
+        be->gemm_q_grouped(be, x->e, g);
+        free(g), free(v);
+        return;
+    }
     lb_gemm_args *g = lb_experts_groups(x, x->counts);
     cpu_gemm_grouped(be, x->e, g);
     free(g);

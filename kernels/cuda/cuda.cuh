@@ -401,6 +401,9 @@ int lb_cuda_gemm_grouped_tc_ok(int major, int minor);
 void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g);
 // gemm_experts on the same kernel's steps, the counts read on the device (sm_90a)
 void lb_cuda_gemm_experts_tc(lb_cuda_ctx *cx, const lb_gemm_experts_args *x);
+// its fp8-block form (gq_kernel's steps): whether x's operands fit, and the launch
+int lb_cuda_gemm_experts_q_fits(const lb_gemm_experts_args *x);
+void lb_cuda_gemm_experts_q_tc(lb_cuda_ctx *cx, const lb_gemm_experts_args *x);
 // gemm_grouped.cu: linear_ce_bwd (kernels.h) on that kernel, n, v, c > 0, the gradient
 // computed by the pack from the logits and the forward's stats. Queued.
 void lb_cuda_linear_ce_bwd_tc(lb_cuda_ctx *cx, float *dx, float dx_beta, float *dw,

@@ -38,6 +38,7 @@
 // A bf16 output (lb_gemm_args.c16): the wgmma kernel stores it directly; every other path
 // computes C in fp32 into a buffer of its own (cx->gemm_c32) and rounds it into c16 after.
 #include "kernels/cuda/cuda.cuh"
+#include "kernels/quant/quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -661,13 +662,15 @@ static void cuda_gemm_grouped(lb_backend *be, int count, const lb_gemm_args *arg
     for (int i = 0; i < count; i++) cuda_gemm(be, &args[i]);
 }
 
-// gemm_experts: gx_kernel where gemm_grouped takes its wgmma kernel (the same bits), else the
-// counts come to the host (a wait) and gemm_grouped runs the groups.
+// gemm_experts: gx_kernel where gemm_grouped takes its wgmma kernel (the same bits), gqx_kernel
+// where gemm_q_grouped takes its fp8 one; else the counts come to the host (a wait) and
+// gemm_grouped or gemm_q_grouped runs the groups.
 static void cuda_gemm_experts(lb_backend *be, const lb_gemm_experts_args *x)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
-    if (x->e < 0 || x->rows < 0 || x->n <= 0 || x->k <= 0 || !x->a16 || !x->b16 || !x->counts ||
-        (!x->c && !x->c16))
+    const int q = x->qa != NULL;
+    if (x->e < 0 || x->rows < 0 || x->n <= 0 || x->k <= 0 || !x->counts ||
+        (q ? !x->qb || x->a16 || x->b16 : !x->a16 || !x->b16) || (!x->c && !x->c16))
         lb_die("gemm_experts: e %d, rows %d, n %d, k %d, or an operand missing", x->e, x->rows,
                x->n, x->k);
     if (((uintptr_t)x->a16 | (uintptr_t)x->b16) & 15 || ((uintptr_t)x->c16 & 3) ||
@@ -675,16 +678,26 @@ static void cuda_gemm_experts(lb_backend *be, const lb_gemm_experts_args *x)
         lb_die("gemm_experts: misaligned operands (a16 %p, b16 %p, c16 %p, c %p)",
                (const void *)x->a16, (const void *)x->b16, (void *)x->c16, (void *)x->c);
     if (x->e == 0 || x->rows == 0) return;
-    if (cx->grouped_tc && cx->bf16_tc) {
-        lb_cuda_gemm_experts_tc(cx, x);
+    if (q ? cx->grouped_tc && lb_cuda_gemm_experts_q_fits(x)
+          : cx->grouped_tc && cx->bf16_tc) {
+        if (q) lb_cuda_gemm_experts_q_tc(cx, x);
+        else lb_cuda_gemm_experts_tc(cx, x);
         if (cx->sync_each) LB_CUDA_WAIT(cx);
         return;
     }
     int *h = (int *)lb_malloc((size_t)x->e * sizeof(int));
     be->download(be, h, x->counts, (size_t)x->e * sizeof(int));
-    lb_gemm_args *g = lb_experts_groups(x, h);
-    cuda_gemm_grouped(be, x->e, g);
-    free(g), free(h);
+    if (q) {
+        lb_qmat *v = (lb_qmat *)lb_calloc((size_t)x->e, sizeof *v);
+        lb_gemm_q_args *g = lb_experts_qgroups(x, h, v);
+        be->gemm_q_grouped(be, x->e, g);
+        free(g), free(v);
+    } else {
+        lb_gemm_args *g = lb_experts_groups(x, h);
+        cuda_gemm_grouped(be, x->e, g);
+        free(g);
+    }
+    free(h);
 }
 
 extern "C" void lb_cuda_init_gemm(lb_backend *be)

@@ -514,9 +514,10 @@ typedef struct {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // The launch's tiles from the counts (warp 0; the caller syncs the block): g[j] for each expert,
 // *tiles in all. Each lane sums a run of experts, the runs' totals are scanned across the warp,
-// then each lane writes its run. Counts passing the rows are clipped there and reported.
-template <int BN, int BM>
-__device__ __forceinline__ void gx_plan(const gx_params &P, gx_group *g, int *tiles, int lane)
+// then each lane writes its run. Counts passing the rows are clipped there and reported. PP:
+// gx_params or gqx_params (the fields e, n, rows, counts, err).
+template <int BN, int BM, typename PP>
+__device__ __forceinline__ void gx_plan(const PP &P, gx_group *g, int *tiles, int lane)
 {
     const int per = (P.e + 31) / 32, j0 = min(P.e, lane * per), j1 = min(P.e, j0 + per);
     const int tn = (P.n + BN - 1) / BN;
@@ -1429,6 +1430,125 @@ __global__ void __launch_bounds__(GT_THREADS, 1) gq_kernel(const __grid_constant
 #endif
 }
 
+// --- gemm_experts, quantized: the fp8-block groups' sizes on the device -------------------------
+//
+// gemm_experts' fp8-block form (kernels.h: qa the rows of all experts quantized 1x128 in one
+// call, qb the experts' 128x128-block weights, stacked in one allocation as the weight cache
+// lays them out) as gx_kernel is gemm_grouped's: gq_kernel's ring, products and promotions on
+// tiles that each block plans from the device counts (gx_plan), so the decode step queues its
+// fp8 expert GEMMs without waiting for the counts. One map over all rows of A, one over the e n
+// rows of B, one over A's transposed scales; B's tile scale is read at expert e's place in the
+// stacked scales. A box of scales starts at a 16-byte aligned row (TMA faults on others, seen on
+// the H200 as an illegal instruction: an expert's rows start anywhere), so it holds BM + 4 rows
+// and a tile reads its own from the offset. BM 64 (decode: about 16 rows an expert) takes one
+// math warpgroup and 64-row boxes; a row's sums are the same blocks in the same order as in
+// gq_kernel's 128-row tiles, so the bits are gemm_q_grouped's on those groups. A tile's boxes
+// may run into the next expert's rows: the store leaves them out (gg_store, gg_store16).
+typedef struct {
+    CUtensorMap ta, tb;   // A (rows, k) E4M3: boxes 128 bytes x BM; B (e n, k): boxes 128 x 128
+    CUtensorMap tsa;      // A's scales transposed (kb, pad128(rows)): boxes BM + 4 x 1
+    const float *sb;      // (ceil(n / 128), kb) B's scales of expert 0; expert j's j sstep on
+    size_t sstep;
+    float *c;             // (rows, n), or NULL
+    __nv_bfloat16 *c16;   // (rows, pad8(n)), or NULL
+    const int *counts;    // (e) device memory
+    unsigned long long *err;
+    int e, rows, n, kb;
+} gqx_params;
+
+template <int BM, int C16>
+__global__ void __launch_bounds__(GT_THREADS_BM(BM), 1) gqx_kernel(const __grid_constant__ gqx_params P)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int S = GQ_STAGES(0), W = BM / 16;   // math warps
+    extern __shared__ uint8_t gq_smem[];
+    __shared__ gx_group grp[GX_MAX_E];
+    __shared__ int ntiles;
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(gq_smem), base = (raw + 1023) & ~1023u;
+    const float *scales = (const float *)(gq_smem + (base - raw) + S * GQ_STAGE);
+    const uint32_t sbase = base + S * GQ_STAGE;
+    const uint32_t full = base + GQ_RING(0), empty = full + 8 * S;
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
+    if (tid == 0) {
+        for (int s = 0; s < S; s++) {
+            lb_mbar_init(full + 8 * s, 1);
+            lb_mbar_init(empty + 8 * s, W);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    if (tid < 32) gx_plan<GQ_BN, BM>(P, grp, &ntiles, tid);
+    __syncthreads();
+    const int tiles = ntiles;
+    if (wg == 0) {   // the producer: one thread
+        if (BM == 128) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(GQ_LOAD_REGS));
+        if (tid == 0) {
+            int it = 0;
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+                int m0, n0;
+                const gx_group &G = gg_tile(grp, P.e, t, GQ_BN, &m0, &n0, BM);
+                const int e = (int)(&G - grp);
+                for (int kt = 0; kt < P.kb; kt++, it++) {
+                    const int s = it % S;
+                    if (it >= S) lb_mbar_wait(empty + 8 * s, (it / S - 1) & 1);
+                    const uint32_t f = full + 8 * s;
+                    lb_mbar_expect(f, BM * GQ_BK + GQ_BN * GQ_BK + (BM + 4) * 4);
+                    gt_load(base + s * GQ_STAGE, &P.ta, kt * GQ_BK, G.row0 + m0, f);
+                    gt_load(base + s * GQ_STAGE + GG_BM * GQ_BK, &P.tb, kt * GQ_BK,
+                            e * P.n + n0, f);
+                    gq_load_scales(sbase + s * GQ_SCALES, &P.tsa, (G.row0 + m0) & ~3, kt, f);
+                }
+            }
+        }
+        return;
+    }
+    if (BM == 128) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(GQ_MATH_REGS));
+    const int cw = wg - 1, warp = (tid >> 5) & 3;
+    const int ra = cw * 64 + warp * 16 + (lane >> 2);   // gq_kernel's rows of the tile
+    int it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int m0, n0;
+        const gx_group &G = gg_tile(grp, P.e, t, GQ_BN, &m0, &n0, BM);
+        const int e = (int)(&G - grp), kb = P.kb, rs = ra + ((G.row0 + m0) & 3);
+        const float *sb2 = P.sb + e * P.sstep + (size_t)(n0 / GQ_BN) * kb;
+        float d[64], t0[64], t1[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++) d[i] = 0.0f;
+        // gq_kernel's schedule (its VEC 0 branch): block kt's products in one fragment while
+        // block kt - 1's are promoted from the other
+        float b0 = sb2[0], b1 = 0.0f;
+        gq_issue<S>(t0, base, full, it, cw);
+        int kt = 1;
+        for (; kt + 1 < kb; kt += 2) {
+            gq_issue<S>(t1, base, full, it + kt, cw);
+            b1 = sb2[kt];
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            gq_retire<0, S>(d, t0, empty, scales, it + kt - 1, rs, b0, lane);
+            gq_issue<S>(t0, base, full, it + kt + 1, cw);
+            b0 = sb2[kt + 1];
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            gq_retire<0, S>(d, t1, empty, scales, it + kt, rs, b1, lane);
+        }
+        if (kt < kb) {
+            gq_issue<S>(t1, base, full, it + kt, cw);
+            b1 = sb2[kt];
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            gq_retire<0, S>(d, t0, empty, scales, it + kt - 1, rs, b0, lane);
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            gq_retire<0, S>(d, t1, empty, scales, it + kt, rs, b1, lane);
+        } else {
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            gq_retire<0, S>(d, t0, empty, scales, it + kt - 1, rs, b0, lane);
+        }
+        it += kb;
+        if (C16)
+            gg_store16(d, P.c16 + (size_t)G.row0 * ((P.n + 7) & ~7), G.m, P.n, 1.0f, m0 + ra,
+                       n0, lane);
+        else
+            gg_store<16>(d, P.c + (size_t)G.row0 * P.n, G.m, P.n, 1.0f, 0.0f, m0 + ra, n0, lane);
+    }
+#endif
+}
+
 // Block scales transposed for the producer's TMA: src (rows, kb) -> dst (kb, ld), ld = rows
 // rounded up to a multiple of 128 (the map's box: no box reaches beyond the tensor), zeros in
 // the padding. A k block's scales of 128 consecutive rows are then one box.
@@ -1587,4 +1707,70 @@ extern "C" void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_g
     }
     free(P);
     free(job);
+}
+
+// Whether lb_cuda_gemm_experts_q_tc takes x: A fits gq_kernel (1x128 fp8-block rows of k
+// bytes), every expert's B is 128x128 fp8-block (n, k) and the experts lie one after another,
+// data n k bytes apart (one map over their e n rows) and scales at one stride (linear.c's
+// weight cache lays them out so).
+extern "C" int lb_cuda_gemm_experts_q_fits(const lb_gemm_experts_args *x)
+{
+    const lb_qmat *a = x->qa, *b = x->qb;
+    if (x->e < 1 || x->e > GX_MAX_E || !lb_cuda_gemm_q_grouped_fits(a, &b[0]) ||
+        b[0].brows != 128 || a->rows != x->rows || a->cols != x->k)
+        return 0;
+    const size_t dstep = (size_t)x->n * x->k;
+    const float *s0 = (const float *)b[0].scale;
+    const ptrdiff_t sstep = x->e > 1 ? (const float *)b[1].scale - s0 : 0;
+    if (sstep < 0 || (x->e > 1 && (size_t)sstep < (size_t)(x->n + 127) / 128 * a->scols))
+        return 0;
+    for (int j = 0; j < x->e; j++)
+        if (b[j].fmt != b[0].fmt || b[j].brows != 128 || b[j].rows != x->n ||
+            b[j].cols != x->k || b[j].ld != (size_t)x->k || b[j].scols != a->scols ||
+            b[j].data != b[0].data + j * dstep ||
+            (const float *)b[j].scale != s0 + j * sstep)
+            return 0;
+    return 1;
+}
+
+template <int BM, int C16>
+static void gqx_launch(lb_cuda_ctx *cx, int grid, const gqx_params *P)
+{
+    static int smem_set;
+    if (!smem_set) {
+        lb_cuda_smem_limit(gqx_kernel<BM, C16>, GQ_SMEM(0));
+        smem_set = 1;
+    }
+    gqx_kernel<BM, C16><<<grid, GT_THREADS_BM(BM), GQ_SMEM(0), cx->stream>>>(*P);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+// gemm_experts' fp8-block form on gqx_kernel (x fits, above): queued on cx->stream, no wait.
+// 64-row tiles where the mean expert has fewer than 64 rows, as gemm_experts' bf16 form.
+extern "C" void lb_cuda_gemm_experts_q_tc(lb_cuda_ctx *cx, const lb_gemm_experts_args *x)
+{
+    gqx_params P;
+    memset(&P, 0, sizeof P);
+    const int bm = x->rows < 64 * x->e ? 64 : 128;
+    const lb_gemm_q_args g = {x->rows, x->n, x->k, 1.0f, 0.0f, x->qa, &x->qb[0], NULL, NULL};
+    gq_st_job job[2];
+    memset(job, 0, sizeof job);
+    gq_scales_t(cx, 1, &g, 0, job);
+    tma_map(&P.ta, CU_TENSOR_MAP_DATA_TYPE_UINT8, x->qa->data, x->rows, x->k, x->k, GQ_BK, bm);
+    tma_map(&P.tb, CU_TENSOR_MAP_DATA_TYPE_UINT8, x->qb[0].data, x->e * x->n, x->k, x->k, GQ_BK,
+            GQ_BN);
+    scale_map(&P.tsa, job[0].dst, job[0].ld, job[0].kb, bm + 4);
+    P.sb = (const float *)x->qb[0].scale;
+    P.sstep = x->e > 1 ? (size_t)((const float *)x->qb[1].scale - P.sb) : 0;
+    P.c = x->c, P.c16 = (__nv_bfloat16 *)x->c16, P.counts = x->counts, P.err = cx->err_dev;
+    P.e = x->e, P.rows = x->rows, P.n = x->n, P.kb = x->qa->scols;
+    const long most = ((long)x->rows / bm + x->e) * ((x->n + GQ_BN - 1) / GQ_BN);
+    const int grid = most < cx->num_sms ? (int)most : cx->num_sms;
+    if (bm == 64) {
+        if (P.c16) gqx_launch<64, 1>(cx, grid, &P);
+        else gqx_launch<64, 0>(cx, grid, &P);
+    } else {
+        if (P.c16) gqx_launch<128, 1>(cx, grid, &P);
+        else gqx_launch<128, 0>(cx, grid, &P);
+    }
 }
