@@ -413,27 +413,30 @@ static void cuda_rmsnorm_bwd(lb_backend *be, float *dx, float dx_beta, float *dw
 }
 
 // --- RoPE ------------------------------------------------------------------------------------
-// One thread per (row, frequency), all heads. As the CPU reference: the angle pos * inv_freq in
-// double, cos and sin rounded once to fp32; the rotation in fp32 with explicit round-to-nearest
-// multiplies so no FMA contraction changes it (it then matches the CPU bit for bit whenever the
-// double cos/sin round to the same fp32 values).
-// The first rot values of each head rotate (partial rotary); frequencies from the table
-// (llama3 scaling: the host computed it) or theta^(-2f/rot).
+// One thread per (row, frequency, run of ROPE_HEADS heads). As the CPU reference: the angle
+// pos * inv_freq in double, cos and sin rounded once to fp32; the rotation in fp32 with explicit
+// round-to-nearest multiplies so no FMA contraction changes it (it then matches the CPU bit for
+// bit whenever the double cos/sin round to the same fp32 values). The first rot values of each
+// head rotate (partial rotary); frequencies from the table (llama3 scaling: the host computed
+// it) or theta^(-2f/rot). A thread per (row, frequency) over all heads left a decode step's
+// few hundred rows on half the chip, each thread rotating 32 heads one after another.
+#define ROPE_HEADS 4
 template <typename T>
 __global__ void rope_kernel(T *x, const int32_t *pos, int n, int heads, int d, int rot,
                             const double *table, double theta, double sign)
 {
-    int half = rot / 2;
-    size_t total = (size_t)n * half;
+    const int half = rot / 2, runs = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
+    const size_t total = (size_t)n * runs * half;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total;
          t += (size_t)gridDim.x * blockDim.x) {
-        int i = (int)(t / half), f = (int)(t % half);
+        const int f = (int)(t % half), h0 = (int)(t / half % runs) * ROPE_HEADS;
+        const int i = (int)(t / half / runs);
         double inv_freq = table ? table[f] : pow(theta, -2.0 * f / rot);
         double angle = (double)pos[i] * inv_freq, sd, cd;
         sincos(angle, &sd, &cd);
         float cs = (float)cd, sn = (float)(sign * sd);
         T *xi = x + (size_t)i * heads * d;
-        for (int h = 0; h < heads; h++) {
+        for (int h = h0; h < heads && h < h0 + ROPE_HEADS; h++) {
             T *xh = xi + (size_t)h * d;
             float x1 = lb_ld(xh + f), x2 = lb_ld(xh + f + half);
             lb_st(xh + f, __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
@@ -448,7 +451,7 @@ static void cuda_rope(lb_backend *be, const lb_rope_args *a)
     if (n < 0 || heads < 0 || d < 0) lb_die("rope: negative size");
     if (d % 2) lb_die("rope: head dim %d is odd", d);
     if (rot % 2 || rot < 0 || rot > d) lb_die("rope: rot %d is not even in 0..%d", rot, d);
-    size_t total = (size_t)n * (rot / 2);
+    size_t total = (size_t)n * (rot / 2) * ((heads + ROPE_HEADS - 1) / ROPE_HEADS);
     if (!total || !heads) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     rope_kernel<float><<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(

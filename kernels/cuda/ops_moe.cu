@@ -370,24 +370,26 @@ __global__ void permute_kernel(float *xp, uint16_t *xp16, const float *x, const 
 // out (n, c): row i = sum over s in order of weight[i][s] * src[row[i][s]] (weight NULL: 1), in
 // double (a product of two fp32 values is exact there, so 1 * y adds y itself): moe_combine, and
 // moe_permute_bwd without weights; src16, where not NULL, is read instead of src (lb_in_ld).
-// A row naming an assignment out of range is NaN (reported).
+// A row naming an assignment out of range is NaN (reported). blockIdx.y splits a row's columns
+// over gridDim.y warps (slot_sum_cols): a decode step's few hundred rows then fill the chip.
 __global__ void slot_sum_kernel(float *out, const float *src, const uint16_t *src16,
                                 const float *weight, const int32_t *row, int n, int k, int c,
                                 int total, int vec, int code, unsigned long long *err)
 {
     const int i = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (i >= n) return;
+    const int j0 = blockIdx.y * 32 + lane, step = 32 * gridDim.y;   // this warp's columns
     const int32_t *ri = row + (size_t)i * k;
     const float *wi = weight ? weight + (size_t)i * k : NULL;
     float *o = out + (size_t)i * c;
     for (int s = 0; s < k; s++)
         if (ri[s] < 0 || ri[s] >= total) {
-            if (lane == 0) lb_report(err, code, ri[s]);
-            for (int j = lane; j < c; j += 32) o[j] = NAN;
+            if (lane == 0 && blockIdx.y == 0) lb_report(err, code, ri[s]);
+            for (int j = j0; j < c; j += step) o[j] = NAN;
             return;
         }
     if (vec) {
-        for (int j = lane; j < c / 4; j += 32) {
+        for (int j = j0; j < c / 4; j += step) {
             double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
 #pragma unroll 8
             for (int s = 0; s < k; s++) {
@@ -399,7 +401,7 @@ __global__ void slot_sum_kernel(float *out, const float *src, const uint16_t *sr
         }
         return;
     }
-    for (int j = lane; j < c; j += 32) {
+    for (int j = j0; j < c; j += step) {
         double acc = 0.0;
 #pragma unroll 8
         for (int s = 0; s < k; s++)
@@ -466,6 +468,17 @@ static int moe_vec(int c, const void *p0, const void *p1, const void *p2, const 
 
 static unsigned moe_blocks(int rows) { return (unsigned)((rows + MOE_WARPS - 1) / MOE_WARPS); }
 
+// slot_sum_kernel's grid: rows in blocks of MOE_WARPS, and each row's columns split so that
+// every warp has at least 64 of them (lanes' 16-byte steps when vec) and there are about eight
+// blocks a multiprocessor. Each element's sum is the same whatever the split.
+static dim3 slot_sum_grid(const lb_cuda_ctx *cx, int n, int c, int vec)
+{
+    const unsigned bx = moe_blocks(n), units = (unsigned)(vec ? c / 4 : c);
+    unsigned by = (unsigned)(8 * cx->num_sms) / bx, most = (units + 63) / 64;
+    if (by > most) by = most;
+    return dim3(bx, by < 1 ? 1 : by);
+}
+
 static int dispatch_total(const char *what, int n, int k, int c)
 {
     if (n < 0 || k < 0 || c < 0) lb_die("%s: negative size (n %d, k %d, c %d)", what, n, k, c);
@@ -492,9 +505,9 @@ static void cuda_moe_permute_bwd(lb_backend *be, float *dx, const float *dxp,
     size_t all = (size_t)n * c;
     if (!all) return;
     lb_cuda_ctx *cx = lb_cuda(be);
-    slot_sum_kernel<<<moe_blocks(n), 32 * MOE_WARPS, 0, cx->stream>>>(
-        dx, dxp, dxp16, NULL, row, n, k, c, total, moe_vec(c, dx, dxp, dxp, dxp16),
-        LB_CERR_PERMUTE_BWD_ROW, cx->err_dev);
+    const int vec = moe_vec(c, dx, dxp, dxp, dxp16);
+    slot_sum_kernel<<<slot_sum_grid(cx, n, c, vec), 32 * MOE_WARPS, 0, cx->stream>>>(
+        dx, dxp, dxp16, NULL, row, n, k, c, total, vec, LB_CERR_PERMUTE_BWD_ROW, cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
 
@@ -505,9 +518,9 @@ static void cuda_moe_combine(lb_backend *be, float *out, const float *yp, const 
     size_t all = (size_t)n * c;
     if (!all) return;
     lb_cuda_ctx *cx = lb_cuda(be);
-    slot_sum_kernel<<<moe_blocks(n), 32 * MOE_WARPS, 0, cx->stream>>>(
-        out, yp, yp16, weight, row, n, k, c, total, moe_vec(c, out, yp, yp, yp16),
-        LB_CERR_COMBINE_ROW, cx->err_dev);
+    const int vec = moe_vec(c, out, yp, yp, yp16);
+    slot_sum_kernel<<<slot_sum_grid(cx, n, c, vec), 32 * MOE_WARPS, 0, cx->stream>>>(
+        out, yp, yp16, weight, row, n, k, c, total, vec, LB_CERR_COMBINE_ROW, cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
 
