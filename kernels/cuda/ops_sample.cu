@@ -9,6 +9,9 @@
 #include "kernels/cuda/cuda.cuh"
 #include "kernels/sample.h"
 
+#include <cuda_profiler_api.h>
+#include <stdlib.h>
+
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
 
@@ -222,10 +225,27 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(lb_sample_args a
     }
 }
 
+// LB_CUDA_PROFILE_SAMPLE=N: the profiler's range (cudaProfilerStart/Stop, for `ncu
+// --profile-from-start off`) is one decode step, from the Nth sample call of the process to the
+// next: a per-kernel measurement of a step without instrumenting the prefill and the warm-up.
+static void profile_range(void)
+{
+    static int at = -2, calls;
+    if (at == -2) {
+        const char *s = getenv("LB_CUDA_PROFILE_SAMPLE");
+        at = s && *s ? atoi(s) : -1;
+    }
+    if (at < 0) return;
+    if (calls == at) LB_CUDA_CHECK(cudaProfilerStart());
+    if (calls == at + 1) LB_CUDA_CHECK(cudaProfilerStop());
+    calls++;
+}
+
 static void cuda_sample(lb_backend *be, const lb_sample_args *a)
 {
     lb_sample_check(a);
     if (!a->n) return;
+    profile_range();
     lb_cuda_ctx *cx = lb_cuda(be);
     sample_kernel<<<a->n, SAMPLE_THREADS, 0, cx->stream>>>(*a);
     LB_CUDA_LAUNCHED(cx);
