@@ -28,6 +28,10 @@
 #      gradients (see part 1) as the low-precision recipes do: a moment that lands on the
 #      other side of a bf16 rounding boundary moves by a relative 2^-8, not 2^-24. Measured on
 #      the H200: 4.0e-5 at step 17, the curves first parting in the ninth digit at step 3.
+# 5. The other model files on the GPU, as parts 1 and 2: Llama 3.1 (examples/tiny-llama.cfg) in
+#    every recipe, GLM-4.5's MoE (examples/tiny-glm4-moe.cfg: a dense layer, the sigmoid router
+#    and its bias update, a shared expert, attention biases, partial RoPE) in fp32, bf16 and
+#    fp8-block; each fp32 curve within a relative 1e-5 of the CPU's.
 # It skips (exit 77) when lowbit has no CUDA backend or no device is visible.
 set -euo pipefail
 src=${LB_SRCDIR:-.}
@@ -104,4 +108,28 @@ cmp -s <(losses "$tmp/m16-cuda-0") <(losses "$tmp/m16-cuda-0.37") ||
       fail "bf16 moments on cuda: offloading 37% of the update changed the loss curve"; }
 echo "fp32 with bf16 moments on cuda: the same loss curve with 37% of the update offloaded"
 trains "fp32 with bf16 moments" "$tmp/m16-cpu-0" "$tmp/m16-cuda-0"
+
+# family NAME CFG "RECIPES" ARGS...: part 5 for one model file
+family() {
+    local name=$1 cfg=$2 recipes=$3 r be
+    shift 3
+    for r in $recipes; do
+        for be in cpu cuda; do
+            [ $be = cpu ] && [ $r != fp32 ] && continue   # the CPU curve only for the fp32 bound
+            "$bin" train "$cfg" "$@" --set run.backend=$be --set precision.recipe=$r \
+                --set run.out_dir="$tmp/$name-$r-$be" > "$tmp/$name-$r-$be.log" 2>&1 ||
+                { cat "$tmp/$name-$r-$be.log"; fail "$name: recipe $r on $be"; }
+        done
+        grep -q "cuda backend" "$tmp/$name-$r-cuda.log" || fail "$name: recipe $r did not use cuda"
+        trains "$name, recipe $r" "$tmp/$name-fp32-cpu" "$tmp/$name-$r-cuda"
+        if [ $r = fp32 ]; then
+            awk -v x="$rel" 'BEGIN { exit !(x <= 1e-5) }' ||
+                fail "$name: fp32 cuda and cpu curves differ by $rel > 1e-5"
+        fi
+    done
+}
+family llama "$src/examples/tiny-llama.cfg" "fp32 bf16 fp8-block mxfp8 nvfp4-moe mxfp4" "${small[@]}" \
+    --set model.intermediate_size=96 --set model.rope_original_max_position_embeddings=16
+family glm4_moe "$src/examples/tiny-glm4-moe.cfg" "fp32 bf16 fp8-block" "${small[@]}" \
+    --set model.intermediate_size=96
 echo "PASS"
