@@ -429,15 +429,14 @@ static int takes16_layers(const lb_model *m, lb_role role, int every)
 // Whether layer l's expert GEMMs store the output of pass (fprop or dgrad) in bf16
 // (lb_gemm_args.c16) for the ops that read it, wherever their grouped call can
 // (lb_linear_grouped_c16: bf16, or a quantized fprop or dgrad): gate/up's gu (the SwiGLUs) and
-// down's dh (swiglu_bwd); down's yp (the combine and its backward) and gate/up's dxp
-// (moe_permute_bwd) only without ep (the dispatcher moves fp32 rows) and etp (an etp rank's
-// yp and dxp are partial sums over etp, summed by the caller in fp32).
+// down's dh (swiglu_bwd), whose elements are whole in every layout. Never the routed outputs,
+// down's yp (the combine) and gate/up's dxp (moe_permute_bwd): under etp an etp rank's yp and
+// dxp are partial sums over etp (summed by the caller in fp32), so rounding them where etp is 1
+// alone made the recipe's numbers depend on the layout (issue 38; doc/parallel.md,
+// "Low precision under parallel layouts").
 static int out16(const lb_model *m, int l, lb_role role, lb_pass pass, int routed)
 {
-    const lb_model_parallel *p = &m->par;
-    const int etp = p->etp ? p->etp : p->tp;
-    return lb_linear_grouped_c16(&m->lin, l, role, pass) &&
-           (!routed || (p->ep == 1 && etp == 1));
+    return lb_linear_grouped_c16(&m->lin, l, role, pass) && !routed;
 }
 
 // out16 over this stage's layers, as takes16_layers.
