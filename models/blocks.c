@@ -46,6 +46,87 @@ static int rope_rot(const lb_model_config *c)
     return f > 0 && f < 1 ? (int)(c->head_dim * f) : 0;
 }
 
+// --- the blocks' [model] keys ---------------------------------------------------------------
+
+static int reads_rope_scaling(const lb_model_def *d) { return d->rope_scaling; }
+static int reads_moe(const lb_model_def *d) { return d->moe; }
+static int reads_softmax_router(const lb_model_def *d) { return d->moe && !d->sigmoid_router; }
+static int reads_sigmoid_router(const lb_model_def *d) { return d->moe && d->sigmoid_router; }
+
+#define I LB_MKEY_INT
+#define F LB_MKEY_FLOAT
+#define B LB_MKEY_BOOL
+#define E LB_MKEY_ENUM
+const lb_model_key lb_block_keys[] = {
+    // the decoder: embedding, attention, the dense MLP (a MoE model's dense leading layers too)
+    LB_MODEL_KEY(vocab_size, I, "256", 1, 16777216, NULL, "vocabulary size", NULL),
+    LB_MODEL_KEY(hidden_size, I, "128", 1, 65536, NULL, "width of the residual stream", NULL),
+    LB_MODEL_KEY(num_hidden_layers, I, "4", 1, 1024, NULL, "transformer blocks", NULL),
+    LB_MODEL_KEY(num_attention_heads, I, "4", 1, 1024, NULL, "query heads", NULL),
+    LB_MODEL_KEY(num_key_value_heads, I, "2", 1, 1024, NULL,
+                 "key/value heads (GQA); divides num_attention_heads", NULL),
+    LB_MODEL_KEY(head_dim, I, "32", 1, 1024, NULL, "width of one attention head", NULL),
+    LB_MODEL_KEY(intermediate_size, I, "512", 1, 1048576, NULL,
+                 "hidden width of the dense SwiGLU MLP (in a MoE model: of its dense leading "
+                 "layers)", NULL),
+    // the routed MoE and its routers
+    LB_MODEL_KEY(num_experts, I, "4", 1, 4096, NULL, "experts per MoE layer", reads_moe),
+    LB_MODEL_KEY(num_experts_per_tok, I, "2", 1, 4096, NULL,
+                 "experts each token is routed to (top-k)", reads_moe),
+    LB_MODEL_KEY(moe_intermediate_size, I, "256", 1, 1048576, NULL,
+                 "hidden width of one SwiGLU expert", reads_moe),
+    LB_MODEL_KEY(norm_topk_prob, B, "true", 0, 0, NULL,
+                 "renormalise the top-k router weights to sum to 1", reads_moe),
+    LB_MODEL_KEY(first_k_dense_replace, I, "0", 0, 1024, NULL,
+                 "leading layers of a MoE model with a dense MLP of intermediate_size instead",
+                 reads_moe),
+    LB_MODEL_KEY(n_shared_experts, I, "0", 0, 1024, NULL,
+                 "shared experts beside the routed ones, each moe_intermediate_size wide",
+                 reads_moe),
+    LB_MODEL_KEY(n_group, I, "1", 1, 64, NULL,
+                 "sigmoid router: expert groups, dividing num_experts", reads_sigmoid_router),
+    LB_MODEL_KEY(topk_group, I, "1", 1, 64, NULL,
+                 "sigmoid router: groups a token's experts come from", reads_sigmoid_router),
+    LB_MODEL_KEY(routed_scaling_factor, F, "1", 1e-6, 1e6, NULL,
+                 "sigmoid router: factor on the routed experts' weights", reads_sigmoid_router),
+    LB_MODEL_KEY(router_bias_update_rate, F, "0.001", 0, 1, NULL,
+                 "sigmoid router: step of the aux-loss-free selection-bias update after each "
+                 "optimizer step (0 = off)", reads_sigmoid_router),
+    // attention and RoPE
+    LB_MODEL_KEY(attention_bias, B, "false", 0, 0, NULL, "q, k and v projections with a bias",
+                 NULL),
+    LB_MODEL_KEY(partial_rotary_factor, F, "1", 1e-6, 1, NULL,
+                 "share of each head's dimensions RoPE rotates (GLM: 0.5)", NULL),
+    LB_MODEL_KEY(max_position_embeddings, I, "4096", 1, 16777216, NULL,
+                 "longest sequence the model is built for", NULL),
+    LB_MODEL_KEY(rope_theta, F, "1000000", 1, 1e12, NULL, "RoPE base frequency", NULL),
+    LB_MODEL_KEY(rope_type, E, "default", 0, 0, "default|llama3",
+                 "RoPE frequency scaling (Hugging Face rope_scaling): none, or Llama 3.1's",
+                 reads_rope_scaling),
+    LB_MODEL_KEY(rope_factor, F, "8", 1, 1e6, NULL, "llama3 RoPE: the low frequencies' divisor",
+                 reads_rope_scaling),
+    LB_MODEL_KEY(rope_low_freq_factor, F, "1", 1e-6, 1e6, NULL,
+                 "llama3 RoPE: wavelengths above original_max / this are scaled",
+                 reads_rope_scaling),
+    LB_MODEL_KEY(rope_high_freq_factor, F, "4", 1e-6, 1e6, NULL,
+                 "llama3 RoPE: wavelengths below original_max / this are kept",
+                 reads_rope_scaling),
+    LB_MODEL_KEY(rope_original_max_position_embeddings, I, "8192", 1, 16777216, NULL,
+                 "llama3 RoPE: the context length the model was pre-trained at",
+                 reads_rope_scaling),
+    // norms, the load-balancing loss, initialisation
+    LB_MODEL_KEY(rms_norm_eps, F, "1e-6", 1e-12, 1, NULL, "epsilon of every RMSNorm", NULL),
+    LB_MODEL_KEY(router_aux_loss_coef, F, "0.001", 0, 100, NULL,
+                 "weight of the load-balancing loss (0 = off)", reads_softmax_router),
+    LB_MODEL_KEY(initializer_range, F, "0.02", 0, 10, NULL,
+                 "standard deviation of the normal init of matrices", NULL),
+};
+const int lb_block_nkeys = (int)(sizeof lb_block_keys / sizeof lb_block_keys[0]);
+#undef I
+#undef F
+#undef B
+#undef E
+
 int lb_decoder_check(const lb_model_def *def, const lb_model_config *c, char *err,
                      size_t errlen)
 {
