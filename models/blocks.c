@@ -1033,7 +1033,8 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     uint16_t *dh16p = dh16 ? grow16(be, &s->dh16, &s->cap_dh16, n16(nr, d.F)) : NULL;
     float *dh = dh16 ? NULL : grow(be, &s->dh, &s->cap_dh, nr * d.F);
     lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_DOWN, down16 ? NULL : f->h, down16 ? f->h16 : NULL,
-                          w->down, w->cdown, f->route.local_counts, d.El, dye, dyp16, dh, dh16p,
+                          w->down, w->cdown, f->route.local_counts, d.El, f->route.seg_counts,
+                          f->route.ep, dye, dyp16, dh, dh16p,
                           dw->down, lb_model_grad_beta(m, dw->down), d.C, d.F);
     if (nr)
         be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = dgu, .dgu16 = dgu16, .dout = dh,
@@ -1043,7 +1044,8 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     uint16_t *dxp16 = dx16 ? a->dxp16 : NULL;
     lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : x16 ? NULL : f->xp,
                           x16 ? f->xp16 : NULL, w->gu, w->cgu,
-                          f->route.local_counts, d.El, dgu, dgu16, dx16 ? NULL : dxe, dxp16,
+                          f->route.local_counts, d.El, f->route.seg_counts, f->route.ep, dgu,
+                          dgu16, dx16 ? NULL : dxe, dxp16,
                           dw->gu, lb_model_grad_beta(m, dw->gu), 2 * d.F, d.C);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, dxe, a->dxp, s->xs, d.C);
     if (d.parts > 1) be->zero(be, dln, (size_t)n * d.C * sizeof(float));

@@ -625,8 +625,9 @@ void lb_linear_experts_fwd(lb_linear *L, int layer, lb_role role, const uint16_t
 
 void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x,
                            const uint16_t *x16, const float *w, const lb_wcache *c,
-                           const int *counts, int groups, const float *dy, const uint16_t *dy16,
-                           float *dx, uint16_t *dx16, float *dw, float dw_beta, int out, int in)
+                           const int *counts, int groups, const int *segs, int nsrc,
+                           const float *dy, const uint16_t *dy16, float *dx, uint16_t *dx16,
+                           float *dw, float dw_beta, int out, int in)
 {
     size_t off = 0, mat = (size_t)out * in;
     if (dw_beta != 0.0f && dw_beta != 1.0f) lb_die("lb_linear_grouped_bwd: dw_beta %g", dw_beta);
@@ -676,49 +677,73 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
     // column-wise on its own (its own random stream: expert 0's id + j; its own random
     // Hadamard signs), its tokens padded as lb_linear_bwd pads them (wgrad_tokens), so the
     // result is lb_linear_bwd's; a Hadamard transform is fused into those quantizations.
+    // With segments (an expert's rows from several ep source ranks) each segment is such a
+    // group, so an expert's wgrad is the sum of its segments' products, each quantized as one
+    // rank quantizes that source's micro-batch. Not where draws are random (stochastic
+    // rounding, random Hadamard signs): quantize_grouped keys a group's stream by its index, so
+    // a segment would not draw its expert's stream; those keep one group per expert.
     int wgrad_done = 0;
     if (wq) {
         lb_quant_args ad = act_args(L, G, 1, 1, operand_id(layer, role, LB_PASS_WGRAD, 0, 0));
         lb_quant_args ax = act_args(L, G, 1, 0, operand_id(layer, role, LB_PASS_WGRAD, 0, 1));
-        uint32_t signs[groups];
+        const int P = segs && nsrc > 1 && !ad.sr && !G->hadamard_random ? nsrc : 1;
+        const int ng_all = groups * P;
+        const int *gc = P > 1 ? segs : counts;   // rows per quantization group
+        uint32_t signs[ng_all];
         for (int j = 0; j < groups; j++) {   // expert j's, as lb_linear_bwd draws them
             wgrad_hadamard(L, G, layer, role, j, &ad, &ax);
-            signs[j] = ad.hsigns;
+            for (int s = 0; s < P; s++) signs[j * P + s] = ad.hsigns;
         }
         ad.hsigns_groups = ax.hsigns_groups = signs;
         lb_backend *be = L->be;
-        int kp[groups], ng = 0;
-        lb_qmat qd[groups], qx[groups];
+        int kp[ng_all];
+        lb_qmat qd[ng_all], qx[ng_all];
         lb_gemm_q_args g[groups];
-        for (int j = 0; j < groups; j++)
-            kp[j] = counts[j] ? wgrad_tokens(counts[j], (int)G->hadamard) : 0;
-        lb_linear_qscratch_groups(L, 0, qd, groups, kp, out, &ad);
-        lb_linear_qscratch_groups(L, 1, qx, groups, kp, in, &ax);
+        for (int q = 0; q < ng_all; q++)
+            kp[q] = gc[q] ? wgrad_tokens(gc[q], (int)G->hadamard) : 0;
+        lb_linear_qscratch_groups(L, 0, qd, ng_all, kp, out, &ad);
+        lb_linear_qscratch_groups(L, 1, qx, ng_all, kp, in, &ax);
         if (rc) {   // dy both ways, then the dgrad
             int rows = 0;
             for (int j = 0; j < groups; j++) rows += counts[j];
             if (rows) {
                 lb_qmat qr;
                 lb_linear_qscratch(L, 2, &qr, rows, out, &a);
-                be->quantize_rc(be, &qr, &a, groups, qd, dy, counts, kp, out, &ad);
+                be->quantize_rc(be, &qr, &a, ng_all, qd, dy, gc, kp, out, &ad);
                 grouped_act_q(L, dy, counts, groups, out, &a, &qr, c->col, in, dx, dx16);
             }
             dgrad_done = 1;
         } else {
-            be->quantize_grouped(be, groups, qd, dy, counts, kp, out, &ad);
+            be->quantize_grouped(be, ng_all, qd, dy, gc, kp, out, &ad);
         }
-        be->quantize_grouped(be, groups, qx, x, counts, kp, in, &ax);
+        be->quantize_grouped(be, ng_all, qx, x, gc, kp, in, &ax);
         for (int j = 0, z = 0; j <= groups; j++) {
             // a first write owes the experts without rows their zeros: one call per run of them
             // (in the 4-layer bench about 24 of each layer's 128 experts get no rows)
             if (j < groups && !counts[j]) continue;
             if (dw_beta == 0.0f && z < j) be->zero(be, dw + z * mat, (j - z) * mat * sizeof(float));
             z = j + 1;
-            if (j < groups)
-                g[ng++] = (lb_gemm_q_args){out, in, kp[j], 1.0f, dw_beta, &qd[j], &qx[j],
-                                           dw + j * mat, NULL};
         }
-        be->gemm_q_grouped(be, ng, g);
+        // round r: every expert's r-th segment with rows, its first with dw_beta and the later
+        // ones adding (so no call writes one matrix twice)
+        int next[groups];
+        memset(next, 0, sizeof next);
+        for (int ng = 1; ng;) {
+            ng = 0;
+            for (int j = 0; j < groups; j++) {
+                int s = next[j];
+                while (s < P && !gc[j * P + s]) s++;
+                if (s == P) {
+                    next[j] = P;
+                    continue;
+                }
+                const int q = j * P + s;
+                g[ng++] = (lb_gemm_q_args){out, in, kp[q], 1.0f, next[j] > 0 ? 1.0f : dw_beta,
+                                           &qd[q], &qx[q], dw + j * mat, NULL};
+                next[j] = s + 1;
+            }
+            if (ng) be->gemm_q_grouped(be, ng, g);
+        }
         wgrad_done = 1;
     }
     if (dgrad_done && wgrad_done) return;

@@ -196,7 +196,7 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
     memset(&wc, 0, sizeof wc);
     lb_wcache_build(&L, &wc, 0, role, w, E, OUT, IN);
     lb_linear_grouped_fwd(&L, 0, role, x, NULL, w, &wc, counts, E, y[0], NULL, OUT, IN);
-    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx[0], NULL, dw[0],
+    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx[0], NULL, dw[0],
                           1.0f, OUT, IN);
     size_t off = 0;
     for (int j = 0; j < E; j++) {
@@ -220,7 +220,7 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         float *dw2 = malloc(sizeof(float) * E * mat);
         fill(dw2, E * mat, 4);
         lb_linear_grouped_fwd(&L, 0, role, x, x16, w, &wc, counts, E, y2, NULL, OUT, IN);
-        lb_linear_grouped_bwd(&L, 0, role, x, x16, w, &wc, counts, E, dy, dy16, dx2, NULL, dw2,
+        lb_linear_grouped_bwd(&L, 0, role, x, x16, w, &wc, counts, E, NULL, 1, dy, dy16, dx2, NULL, dw2,
                               1.0f, OUT, IN);
         ck_assert_msg(!memcmp(y[0], y2, sizeof(float) * n * OUT), "%s: fprop, x16", recipe);
         ck_assert_msg(!memcmp(dx[0], dx2, sizeof(float) * n * IN), "%s: dgrad, dy16", recipe);
@@ -228,7 +228,7 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         // the copies alone (x and dy NULL: their ops wrote no fp32)
         fill(dw2, E * mat, 4);
         lb_linear_grouped_fwd(&L, 0, role, NULL, x16, w, &wc, counts, E, y2, NULL, OUT, IN);
-        lb_linear_grouped_bwd(&L, 0, role, NULL, x16, w, &wc, counts, E, NULL, dy16, dx2, NULL, dw2,
+        lb_linear_grouped_bwd(&L, 0, role, NULL, x16, w, &wc, counts, E, NULL, 1, NULL, dy16, dx2, NULL, dw2,
                               1.0f, OUT, IN);
         ck_assert_msg(!memcmp(y[0], y2, sizeof(float) * n * OUT), "%s: fprop, x16 alone", recipe);
         ck_assert_msg(!memcmp(dx[0], dx2, sizeof(float) * n * IN), "%s: dgrad, dy16 alone", recipe);
@@ -239,7 +239,7 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         const int none[E] = {0};
         lb_linear_grouped_fwd(&L, 0, role, NULL, NULL, w, &wc, none, E, y2, NULL, OUT, IN);
         for (size_t i = 0; i < E * mat; i++) dw2[i] = NAN;
-        lb_linear_grouped_bwd(&L, 0, role, NULL, NULL, w, &wc, none, E, NULL, NULL, dx2, NULL, dw2,
+        lb_linear_grouped_bwd(&L, 0, role, NULL, NULL, w, &wc, none, E, NULL, 1, NULL, NULL, dx2, NULL, dw2,
                               0.0f, OUT, IN);
         for (size_t i = 0; i < E * mat; i++)
             ck_assert_msg(dw2[i] == 0.0f, "%s: no rows, dw[%zu] %g", recipe, i, dw2[i]);
@@ -263,7 +263,7 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         fill(dw2, E * mat, 4);
         lb_linear_grouped_fwd(&L, 0, role, x, NULL, w, &wc, counts, E, y2, f16 ? y16 : NULL, OUT,
                               IN);
-        lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx2,
+        lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx2,
                               d16 ? dx16 : NULL, dw2, 1.0f, OUT, IN);
         for (int i = 0; i < n; i++) {
             for (int j = 0; f16 && j < OUT8; j++) {
@@ -290,9 +290,9 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
     // dw_beta 0 overwrites: NaN before, the products after, and zeros for the experts without
     // rows, equal (up to the sign of zero) to adding to zeros
     for (size_t i = 0; i < E * mat; i++) dw[0][i] = NAN, dw[1][i] = 0.0f;
-    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx[0], NULL, dw[0],
+    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx[0], NULL, dw[0],
                           0.0f, OUT, IN);
-    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx[1], NULL, dw[1],
+    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx[1], NULL, dw[1],
                           1.0f, OUT, IN);
     for (size_t i = 0; i < E * mat; i++)
         ck_assert_msg(dw[0][i] == dw[1][i], "%s/%s: grouped wgrad, beta 0: [%zu] %g, not %g",
@@ -322,6 +322,82 @@ START_TEST(test_grouped)
     check_grouped_h("mxfp4", "quantized", 1, 0, "random16");
     check_grouped("mxfp8", "dequantized", 0, 0);
     check_grouped("bf16", "default", 0, 0);
+}
+END_TEST
+
+// An expert's rows from two expert-parallel sources (segments): the grouped backward's wgrad
+// is, bit for bit, the sum of each segment's own lb_linear_bwd in segment order (each
+// quantized as one rank quantizes that source's micro-batch), and its dgrad the per-expert
+// one (row-wise blocks do not see the segments). fp8-block's 1x128 blocks along the tokens
+// also show that one group per expert (no segments) quantizes other blocks: its wgrad
+// differs. With stochastic rounding the segments are not used (their streams would be keyed by
+// the segment's index): the per-expert result.
+static void check_segments(const char *recipe, int sr, int must_differ)
+{
+    enum { E = 3, P = 2 };
+    const int segs[E * P] = {9, 14, 0, 0, 21, 5};   // expert 1: one source only
+    int counts[E], n = 0;
+    for (int j = 0; j < E; j++) n += counts[j] = segs[j * P] + segs[j * P + 1];
+    char err[256];
+    lb_precision_spec s = spec(recipe, "quantized");
+    s.stochastic_rounding = sr;
+    lb_contract c;
+    ck_assert_msg(lb_contract_resolve(&c, &s, 1, err, sizeof err) == 0, "%s", err);
+    lb_linear L = {.be = be, .contract = &c, .seed = 5, .step = 3};
+    const lb_role role = LB_ROLE_MOE_DOWN;
+    size_t mat = (size_t)OUT * IN;
+    float *x = malloc(sizeof(float) * n * IN), *w = malloc(sizeof(float) * E * mat);
+    float *dy = malloc(sizeof(float) * n * OUT), *dx[3], *dw[3];
+    for (int r = 0; r < 3; r++) {
+        dx[r] = malloc(sizeof(float) * n * IN), dw[r] = malloc(sizeof(float) * E * mat);
+        fill(dw[r], E * mat, 4);
+    }
+    fill(x, (size_t)n * IN, 1);
+    fill(w, E * mat, 2);
+    fill(dy, (size_t)n * OUT, 3);
+    lb_wcache wc;
+    memset(&wc, 0, sizeof wc);
+    lb_wcache_build(&L, &wc, 0, role, w, E, OUT, IN);
+    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, segs, P, dy, NULL, dx[0], NULL,
+                          dw[0], 1.0f, OUT, IN);
+    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx[2], NULL,
+                          dw[2], 1.0f, OUT, IN);
+    size_t off = 0;
+    for (int j = 0; j < E; j++) {
+        lb_linear_bwd(&L, 0, role, x + off * IN, w, &wc, j, dy + off * OUT, dx[1] + off * IN,
+                      0.0f, NULL, 0.0f, counts[j], OUT, IN);
+        for (int q = j * P; q < (j + 1) * P; q++) {   // the wgrad segment by segment
+            if (!sr)
+                lb_linear_bwd(&L, 0, role, x + off * IN, w, &wc, j, dy + off * OUT, NULL, 0.0f,
+                              dw[1] + j * mat, 1.0f, segs[q], OUT, IN);
+            off += (size_t)segs[q];
+        }
+    }
+    ck_assert_msg(!memcmp(dx[0], dx[1], sizeof(float) * n * IN), "%s: segments: dgrad", recipe);
+    ck_assert_msg(!memcmp(dx[0], dx[2], sizeof(float) * n * IN), "%s: dgrad either way", recipe);
+    if (sr)
+        ck_assert_msg(!memcmp(dw[0], dw[2], sizeof(float) * E * mat),
+                      "%s + sr: segments should not be used", recipe);
+    else
+        ck_assert_msg(!memcmp(dw[0], dw[1], sizeof(float) * E * mat),
+                      "%s: segments: wgrad is not the segments' sum", recipe);
+    if (must_differ)
+        ck_assert_msg(memcmp(dw[0], dw[2], sizeof(float) * E * mat),
+                      "%s: one group per expert gives the segments' wgrad", recipe);
+    lb_wcache_free(&L, &wc);
+    lb_linear_free(&L);
+    lb_contract_free(&c);
+    free(x), free(w), free(dy);
+    for (int r = 0; r < 3; r++) free(dx[r]), free(dw[r]);
+}
+
+START_TEST(test_grouped_segments)
+{
+    check_segments("fp8-block", 0, 1);
+    check_segments("mxfp8", 0, 0);
+    check_segments("nvfp4-moe", 0, 1);
+    check_segments("mxfp4", 0, 1);
+    check_segments("mxfp8", 1, 0);
 }
 END_TEST
 
@@ -430,6 +506,7 @@ int main(void)
     tcase_add_test(tc, test_dequantized);
     tcase_add_test(tc, test_high);
     tcase_add_test(tc, test_grouped);
+    tcase_add_test(tc, test_grouped_segments);
     tcase_add_test(tc, test_shared);
     suite_add_tcase(s, tc);
     return lb_test_run(s);

@@ -171,7 +171,9 @@ grep -q "1F1B pipeline" "$tmp/pp2.log" && ok || fail "pp2 does not report the 1F
 # outputs were kept in fp32 in every layout, one rank rounded them to bf16 and ep and etp ranks
 # did not: 5e-6 and 1.4e-4 at step 1, 1.6e-2 and 1.4e-2 in the parameters.
 for run in "bf16 1 b1" "bf16 2 bep2 --set parallel.ep=2" "mxfp8 1 x1" \
-           "mxfp8 4 xtp2ep2 --set parallel.tp=2 --set parallel.ep=2"; do
+           "mxfp8 4 xtp2ep2 --set parallel.tp=2 --set parallel.ep=2" "fp8-block 1 f1" \
+           "fp8-block 2 fep2 --set parallel.ep=2" "nvfp4-moe 1 v1" "nvfp4-moe 2 vep2 --set parallel.ep=2" \
+           "mxfp4 1 m41" "mxfp4 2 m4ep2 --set parallel.ep=2"; do
     set -- $run
     r=$1 np=$2 name=$3
     shift 3
@@ -179,12 +181,12 @@ for run in "bf16 1 b1" "bf16 2 bep2 --set parallel.ep=2" "mxfp8 1 x1" \
         --set run.out_dir="$tmp/$name" > "$tmp/$name.log" 2>&1 ||
         fail "$name run: $(tail -n 3 "$tmp/$name.log")"
 done
-for pair in "b1 bep2" "x1 xtp2ep2"; do
+for pair in "b1 bep2" "x1 xtp2ep2" "f1 fep2" "v1 vep2" "m41 m4ep2"; do
     set -- $pair
     for key in loss grad_norm; do
-        d=$(max_rel_diff <(head -n 1 "$tmp/$1/metrics.jsonl") <(head -n 1 "$tmp/$2/metrics.jsonl") $key)
-        echo "$1 vs $2: step 1 $key relative difference $d"
-        awk -v d="$d" 'BEGIN { exit !(d <= 1e-7) }' && ok || fail "$1 vs $2: step 1 $key differs by $d"
+        d=$(max_rel_diff <(head -n 2 "$tmp/$1/metrics.jsonl") <(head -n 2 "$tmp/$2/metrics.jsonl") $key)
+        echo "$1 vs $2: steps 1-2 $key relative difference $d"
+        awk -v d="$d" 'BEGIN { exit !(d <= 1e-7) }' && ok || fail "$1 vs $2: steps 1-2 $key differ by $d"
     done
     same_params "$1 vs $2" "$(ck $1 10)" "$(ck $2 10)" 2e-3
 done
