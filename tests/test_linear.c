@@ -159,6 +159,21 @@ static void check_recipe(const char *recipe, const char *backward, lb_format f, 
     free(wt); free(pd); free(px);
 }
 
+// The operands of E experts' GEMMs: x (n, IN), w (E, OUT, IN), dy (n, OUT), filled, and w's
+// cache under L's contract.
+static void expert_operands(lb_linear *L, lb_role role, int n, int E, float **x, float **w,
+                            float **dy, lb_wcache *wc)
+{
+    *x = malloc(sizeof(float) * n * IN);
+    *w = malloc(sizeof(float) * E * OUT * IN);
+    *dy = malloc(sizeof(float) * n * OUT);
+    fill(*x, (size_t)n * IN, 1);
+    fill(*w, (size_t)E * OUT * IN, 2);
+    fill(*dy, (size_t)n * OUT, 3);
+    memset(wc, 0, sizeof *wc);
+    lb_wcache_build(L, wc, 0, role, *w, E, OUT, IN);
+}
+
 // Experts: lb_linear_grouped_fwd / _bwd (one quantization of all rows or quantize_grouped,
 // grouped GEMMs, grouped column-wise wgrad quantization) give bit for bit what lb_linear_fwd /
 // _bwd give per expert, with stochastic rounding (each expert's own stream), NVFP4 with one
@@ -181,20 +196,15 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
     lb_linear L = {.be = be, .contract = &c, .seed = 5, .step = 3};
     const lb_role role = LB_ROLE_MOE_GATE_UP;
     size_t mat = (size_t)OUT * IN;
-    float *x = malloc(sizeof(float) * n * IN), *w = malloc(sizeof(float) * E * mat);
-    float *dy = malloc(sizeof(float) * n * OUT);
+    float *x, *w, *dy;
+    lb_wcache wc;
+    expert_operands(&L, role, n, E, &x, &w, &dy, &wc);
     float *y[2], *dx[2], *dw[2];
     for (int r = 0; r < 2; r++) {
         y[r] = malloc(sizeof(float) * n * OUT), dx[r] = malloc(sizeof(float) * n * IN);
         dw[r] = malloc(sizeof(float) * E * mat);
         fill(dw[r], E * mat, 4);   // wgrad accumulates
     }
-    fill(x, (size_t)n * IN, 1);
-    fill(w, E * mat, 2);
-    fill(dy, (size_t)n * OUT, 3);
-    lb_wcache wc;
-    memset(&wc, 0, sizeof wc);
-    lb_wcache_build(&L, &wc, 0, role, w, E, OUT, IN);
     lb_linear_grouped_fwd(&L, 0, role, x, NULL, w, &wc, counts, E, y[0], NULL, OUT, IN);
     lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx[0], NULL, dw[0],
                           1.0f, OUT, IN);
@@ -346,18 +356,13 @@ static void check_segments(const char *recipe, int sr, int must_differ)
     lb_linear L = {.be = be, .contract = &c, .seed = 5, .step = 3};
     const lb_role role = LB_ROLE_MOE_DOWN;
     size_t mat = (size_t)OUT * IN;
-    float *x = malloc(sizeof(float) * n * IN), *w = malloc(sizeof(float) * E * mat);
-    float *dy = malloc(sizeof(float) * n * OUT), *dx[3], *dw[3];
+    float *x, *w, *dy, *dx[3], *dw[3];
+    lb_wcache wc;
+    expert_operands(&L, role, n, E, &x, &w, &dy, &wc);
     for (int r = 0; r < 3; r++) {
         dx[r] = malloc(sizeof(float) * n * IN), dw[r] = malloc(sizeof(float) * E * mat);
         fill(dw[r], E * mat, 4);
     }
-    fill(x, (size_t)n * IN, 1);
-    fill(w, E * mat, 2);
-    fill(dy, (size_t)n * OUT, 3);
-    lb_wcache wc;
-    memset(&wc, 0, sizeof wc);
-    lb_wcache_build(&L, &wc, 0, role, w, E, OUT, IN);
     lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, segs, P, dy, NULL, dx[0], NULL,
                           dw[0], 1.0f, OUT, IN);
     lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx[2], NULL,
