@@ -46,6 +46,7 @@ typedef struct {
     lb_backend *be;
     const lb_contract *contract;
     uint64_t seed, step;           // stochastic rounding and random Hadamard signs
+    int expert0;                   // the global index of this rank's first expert (their draws)
     float *scratch[4];             // grow-only fp32 scratch (backend memory)
     size_t scratch_n[4];           // their capacities in bytes
     lb_qscratch qscratch[LB_LINEAR_QSCRATCH];

@@ -342,7 +342,7 @@ END_TEST
 // also show that one group per expert (no segments) quantizes other blocks: its wgrad
 // differs. With stochastic rounding the segments are not used (their streams would be keyed by
 // the segment's index): the per-expert result.
-static void check_segments(const char *recipe, int sr, int must_differ)
+static void check_segments(const char *recipe, int sr, const char *hadamard, int must_differ)
 {
     enum { E = 3, P = 2 };
     const int segs[E * P] = {9, 14, 0, 0, 21, 5};   // expert 1: one source only
@@ -351,6 +351,7 @@ static void check_segments(const char *recipe, int sr, int must_differ)
     char err[256];
     lb_precision_spec s = spec(recipe, "quantized");
     s.stochastic_rounding = sr;
+    if (hadamard) snprintf(s.wgrad_hadamard, sizeof s.wgrad_hadamard, "%s", hadamard);
     lb_contract c;
     ck_assert_msg(lb_contract_resolve(&c, &s, 1, err, sizeof err) == 0, "%s", err);
     lb_linear L = {.be = be, .contract = &c, .seed = 5, .step = 3};
@@ -398,11 +399,63 @@ static void check_segments(const char *recipe, int sr, int must_differ)
 
 START_TEST(test_grouped_segments)
 {
-    check_segments("fp8-block", 0, 1);
-    check_segments("mxfp8", 0, 0);
-    check_segments("nvfp4-moe", 0, 1);
-    check_segments("mxfp4", 0, 1);
-    check_segments("mxfp8", 1, 0);
+    check_segments("fp8-block", 0, NULL, 1);
+    check_segments("mxfp8", 0, NULL, 0);
+    check_segments("nvfp4-moe", 0, NULL, 1);
+    check_segments("mxfp4", 0, NULL, 1);
+    check_segments("mxfp4", 0, "random16", 1);   // each segment with its expert's signs
+    check_segments("mxfp8", 1, NULL, 0);
+}
+END_TEST
+
+// Under expert parallelism a rank's experts draw their global index's random numbers
+// (lb_linear.expert0): a rank holding experts 2 and 3 of 4 gives, with stochastic rounding and
+// random Hadamard signs, what one rank gives for experts 2 and 3.
+static void check_expert0(const char *recipe, int sr, const char *hadamard)
+{
+    enum { E = 4, LOCAL = 2 };
+    const int counts[E] = {11, 6, 17, 9};
+    int n = 0, off2 = 0;
+    for (int j = 0; j < E; j++) n += counts[j], off2 += j < E - LOCAL ? counts[j] : 0;
+    char err[256];
+    lb_precision_spec s = spec(recipe, "quantized");
+    s.stochastic_rounding = sr;
+    if (hadamard) snprintf(s.wgrad_hadamard, sizeof s.wgrad_hadamard, "%s", hadamard);
+    lb_contract c;
+    ck_assert_msg(lb_contract_resolve(&c, &s, 1, err, sizeof err) == 0, "%s", err);
+    lb_linear L1 = {.be = be, .contract = &c, .seed = 5, .step = 3};
+    lb_linear L2 = {.be = be, .contract = &c, .seed = 5, .step = 3, .expert0 = E - LOCAL};
+    const lb_role role = LB_ROLE_MOE_GATE_UP;
+    const size_t mat = (size_t)OUT * IN;
+    float *x, *w, *dy;
+    lb_wcache wc1, wc2;
+    expert_operands(&L1, role, n, E, &x, &w, &dy, &wc1);
+    memset(&wc2, 0, sizeof wc2);
+    lb_wcache_build(&L2, &wc2, 0, role, w + (E - LOCAL) * mat, LOCAL, OUT, IN);
+    float *dx1 = malloc(sizeof(float) * n * IN), *dw1 = calloc(E * mat, sizeof(float));
+    float *dx2 = malloc(sizeof(float) * n * IN), *dw2 = calloc(LOCAL * mat, sizeof(float));
+    lb_linear_grouped_bwd(&L1, 0, role, x, NULL, w, &wc1, counts, E, NULL, 1, dy, NULL, dx1,
+                          NULL, dw1, 0.0f, OUT, IN);
+    lb_linear_grouped_bwd(&L2, 0, role, x + (size_t)off2 * IN, NULL, w + (E - LOCAL) * mat, &wc2,
+                          counts + E - LOCAL, LOCAL, NULL, 1, dy + (size_t)off2 * OUT, NULL,
+                          dx2, NULL, dw2, 0.0f, OUT, IN);
+    ck_assert_msg(!memcmp(dx1 + (size_t)off2 * IN, dx2, sizeof(float) * (n - off2) * IN),
+                  "%s: experts 2, 3 on their own rank: dgrad", recipe);
+    ck_assert_msg(!memcmp(dw1 + (E - LOCAL) * mat, dw2, sizeof(float) * LOCAL * mat),
+                  "%s: experts 2, 3 on their own rank: wgrad", recipe);
+    lb_wcache_free(&L1, &wc1);
+    lb_wcache_free(&L2, &wc2);
+    lb_linear_free(&L1);
+    lb_linear_free(&L2);
+    lb_contract_free(&c);
+    free(x), free(w), free(dy), free(dx1), free(dw1), free(dx2), free(dw2);
+}
+
+START_TEST(test_expert_draws_global)
+{
+    check_expert0("mxfp8", 1, NULL);
+    check_expert0("mxfp4", 0, "random16");
+    check_expert0("mxfp4", 1, "random16");
 }
 END_TEST
 
@@ -512,6 +565,7 @@ int main(void)
     tcase_add_test(tc, test_high);
     tcase_add_test(tc, test_grouped);
     tcase_add_test(tc, test_grouped_segments);
+    tcase_add_test(tc, test_expert_draws_global);
     tcase_add_test(tc, test_shared);
     suite_add_tcase(s, tc);
     return lb_test_run(s);
