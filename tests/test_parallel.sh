@@ -177,8 +177,8 @@ for run in "bf16 1 b1" "bf16 2 bep2 --set parallel.ep=2" "mxfp8 1 x1" \
            "mxfp8 4 xtp2ep2 --set parallel.tp=2 --set parallel.ep=2" "fp8-block 1 f1" \
            "fp8-block 2 fep2 --set parallel.ep=2" "nvfp4-moe 1 v1" "nvfp4-moe 2 vep2 --set parallel.ep=2" \
            "mxfp4 1 m41" "mxfp4 2 m4ep2 --set parallel.ep=2" \
-           "mxfp4 1 r1 --set precision.wgrad_hadamard=random16" \
-           "mxfp4 2 rep2 --set precision.wgrad_hadamard=random16 --set parallel.ep=2"; do
+           "mxfp4 1 h1 --set precision.wgrad_hadamard=random16" \
+           "mxfp4 2 hep2 --set precision.wgrad_hadamard=random16 --set parallel.ep=2"; do
     set -- $run
     r=$1 np=$2 name=$3
     shift 3
@@ -186,7 +186,7 @@ for run in "bf16 1 b1" "bf16 2 bep2 --set parallel.ep=2" "mxfp8 1 x1" \
         --set run.out_dir="$tmp/$name" > "$tmp/$name.log" 2>&1 ||
         fail "$name run: $(tail -n 3 "$tmp/$name.log")"
 done
-for pair in "b1 bep2" "x1 xtp2ep2" "f1 fep2" "v1 vep2" "m41 m4ep2" "r1 rep2"; do
+for pair in "b1 bep2" "x1 xtp2ep2" "f1 fep2" "v1 vep2" "m41 m4ep2" "h1 hep2"; do
     set -- $pair
     for key in loss grad_norm; do
         d=$(max_rel_diff <(head -n 2 "$tmp/$1/metrics.jsonl") <(head -n 2 "$tmp/$2/metrics.jsonl") $key)
