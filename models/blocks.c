@@ -46,6 +46,87 @@ static int rope_rot(const lb_model_config *c)
     return f > 0 && f < 1 ? (int)(c->head_dim * f) : 0;
 }
 
+// --- the blocks' [model] keys ---------------------------------------------------------------
+
+static int reads_rope_scaling(const lb_model_def *d) { return d->rope_scaling; }
+static int reads_moe(const lb_model_def *d) { return d->moe; }
+static int reads_softmax_router(const lb_model_def *d) { return d->moe && !d->sigmoid_router; }
+static int reads_sigmoid_router(const lb_model_def *d) { return d->moe && d->sigmoid_router; }
+
+#define I LB_MKEY_INT
+#define F LB_MKEY_FLOAT
+#define B LB_MKEY_BOOL
+#define E LB_MKEY_ENUM
+const lb_model_key lb_block_keys[] = {
+    // the decoder: embedding, attention, the dense MLP (a MoE model's dense leading layers too)
+    LB_MODEL_KEY(vocab_size, I, "256", 1, 16777216, NULL, "vocabulary size", NULL),
+    LB_MODEL_KEY(hidden_size, I, "128", 1, 65536, NULL, "width of the residual stream", NULL),
+    LB_MODEL_KEY(num_hidden_layers, I, "4", 1, 1024, NULL, "transformer blocks", NULL),
+    LB_MODEL_KEY(num_attention_heads, I, "4", 1, 1024, NULL, "query heads", NULL),
+    LB_MODEL_KEY(num_key_value_heads, I, "2", 1, 1024, NULL,
+                 "key/value heads (GQA); divides num_attention_heads", NULL),
+    LB_MODEL_KEY(head_dim, I, "32", 1, 1024, NULL, "width of one attention head", NULL),
+    LB_MODEL_KEY(intermediate_size, I, "512", 1, 1048576, NULL,
+                 "hidden width of the dense SwiGLU MLP (in a MoE model: of its dense leading "
+                 "layers)", NULL),
+    // the routed MoE and its routers
+    LB_MODEL_KEY(num_experts, I, "4", 1, 4096, NULL, "experts per MoE layer", reads_moe),
+    LB_MODEL_KEY(num_experts_per_tok, I, "2", 1, 4096, NULL,
+                 "experts each token is routed to (top-k)", reads_moe),
+    LB_MODEL_KEY(moe_intermediate_size, I, "256", 1, 1048576, NULL,
+                 "hidden width of one SwiGLU expert", reads_moe),
+    LB_MODEL_KEY(norm_topk_prob, B, "true", 0, 0, NULL,
+                 "renormalise the top-k router weights to sum to 1", reads_moe),
+    LB_MODEL_KEY(first_k_dense_replace, I, "0", 0, 1024, NULL,
+                 "leading layers of a MoE model with a dense MLP of intermediate_size instead",
+                 reads_moe),
+    LB_MODEL_KEY(n_shared_experts, I, "0", 0, 1024, NULL,
+                 "shared experts beside the routed ones, each moe_intermediate_size wide",
+                 reads_moe),
+    LB_MODEL_KEY(n_group, I, "1", 1, 64, NULL,
+                 "sigmoid router: expert groups, dividing num_experts", reads_sigmoid_router),
+    LB_MODEL_KEY(topk_group, I, "1", 1, 64, NULL,
+                 "sigmoid router: groups a token's experts come from", reads_sigmoid_router),
+    LB_MODEL_KEY(routed_scaling_factor, F, "1", 1e-6, 1e6, NULL,
+                 "sigmoid router: factor on the routed experts' weights", reads_sigmoid_router),
+    LB_MODEL_KEY(router_bias_update_rate, F, "0.001", 0, 1, NULL,
+                 "sigmoid router: step of the aux-loss-free selection-bias update after each "
+                 "optimizer step (0 = off)", reads_sigmoid_router),
+    // attention and RoPE
+    LB_MODEL_KEY(attention_bias, B, "false", 0, 0, NULL, "q, k and v projections with a bias",
+                 NULL),
+    LB_MODEL_KEY(partial_rotary_factor, F, "1", 1e-6, 1, NULL,
+                 "share of each head's dimensions RoPE rotates (GLM: 0.5)", NULL),
+    LB_MODEL_KEY(max_position_embeddings, I, "4096", 1, 16777216, NULL,
+                 "longest sequence the model is built for", NULL),
+    LB_MODEL_KEY(rope_theta, F, "1000000", 1, 1e12, NULL, "RoPE base frequency", NULL),
+    LB_MODEL_KEY(rope_type, E, "default", 0, 0, "default|llama3",
+                 "RoPE frequency scaling (Hugging Face rope_scaling): none, or Llama 3.1's",
+                 reads_rope_scaling),
+    LB_MODEL_KEY(rope_factor, F, "8", 1, 1e6, NULL, "llama3 RoPE: the low frequencies' divisor",
+                 reads_rope_scaling),
+    LB_MODEL_KEY(rope_low_freq_factor, F, "1", 1e-6, 1e6, NULL,
+                 "llama3 RoPE: wavelengths above original_max / this are scaled",
+                 reads_rope_scaling),
+    LB_MODEL_KEY(rope_high_freq_factor, F, "4", 1e-6, 1e6, NULL,
+                 "llama3 RoPE: wavelengths below original_max / this are kept",
+                 reads_rope_scaling),
+    LB_MODEL_KEY(rope_original_max_position_embeddings, I, "8192", 1, 16777216, NULL,
+                 "llama3 RoPE: the context length the model was pre-trained at",
+                 reads_rope_scaling),
+    // norms, the load-balancing loss, initialisation
+    LB_MODEL_KEY(rms_norm_eps, F, "1e-6", 1e-12, 1, NULL, "epsilon of every RMSNorm", NULL),
+    LB_MODEL_KEY(router_aux_loss_coef, F, "0.001", 0, 100, NULL,
+                 "weight of the load-balancing loss (0 = off)", reads_softmax_router),
+    LB_MODEL_KEY(initializer_range, F, "0.02", 0, 10, NULL,
+                 "standard deviation of the normal init of matrices", NULL),
+};
+const int lb_block_nkeys = (int)(sizeof lb_block_keys / sizeof lb_block_keys[0]);
+#undef I
+#undef F
+#undef B
+#undef E
+
 int lb_decoder_check(const lb_model_def *def, const lb_model_config *c, char *err,
                      size_t errlen)
 {
@@ -429,15 +510,14 @@ static int takes16_layers(const lb_model *m, lb_role role, int every)
 // Whether layer l's expert GEMMs store the output of pass (fprop or dgrad) in bf16
 // (lb_gemm_args.c16) for the ops that read it, wherever their grouped call can
 // (lb_linear_grouped_c16: bf16, or a quantized fprop or dgrad): gate/up's gu (the SwiGLUs) and
-// down's dh (swiglu_bwd); down's yp (the combine and its backward) and gate/up's dxp
-// (moe_permute_bwd) only without ep (the dispatcher moves fp32 rows) and etp (an etp rank's
-// yp and dxp are partial sums over etp, summed by the caller in fp32).
+// down's dh (swiglu_bwd), whose elements are whole in every layout. Never the routed outputs,
+// down's yp (the combine) and gate/up's dxp (moe_permute_bwd): under etp an etp rank's yp and
+// dxp are partial sums over etp (summed by the caller in fp32), so rounding them where etp is 1
+// alone made the recipe's numbers depend on the layout (issue 38; doc/parallel.md,
+// "Low precision under parallel layouts").
 static int out16(const lb_model *m, int l, lb_role role, lb_pass pass, int routed)
 {
-    const lb_model_parallel *p = &m->par;
-    const int etp = p->etp ? p->etp : p->tp;
-    return lb_linear_grouped_c16(&m->lin, l, role, pass) &&
-           (!routed || (p->ep == 1 && etp == 1));
+    return lb_linear_grouped_c16(&m->lin, l, role, pass) && !routed;
 }
 
 // out16 over this stage's layers, as takes16_layers.
@@ -954,7 +1034,8 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     uint16_t *dh16p = dh16 ? grow16(be, &s->dh16, &s->cap_dh16, n16(nr, d.F)) : NULL;
     float *dh = dh16 ? NULL : grow(be, &s->dh, &s->cap_dh, nr * d.F);
     lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_DOWN, down16 ? NULL : f->h, down16 ? f->h16 : NULL,
-                          w->down, w->cdown, f->route.local_counts, d.El, dye, dyp16, dh, dh16p,
+                          w->down, w->cdown, f->route.local_counts, d.El, f->route.seg_counts,
+                          f->route.ep, dye, dyp16, dh, dh16p,
                           dw->down, lb_model_grad_beta(m, dw->down), d.C, d.F);
     if (nr)
         be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = dgu, .dgu16 = dgu16, .dout = dh,
@@ -964,7 +1045,8 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     uint16_t *dxp16 = dx16 ? a->dxp16 : NULL;
     lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : x16 ? NULL : f->xp,
                           x16 ? f->xp16 : NULL, w->gu, w->cgu,
-                          f->route.local_counts, d.El, dgu, dgu16, dx16 ? NULL : dxe, dxp16,
+                          f->route.local_counts, d.El, f->route.seg_counts, f->route.ep, dgu,
+                          dgu16, dx16 ? NULL : dxe, dxp16,
                           dw->gu, lb_model_grad_beta(m, dw->gu), 2 * d.F, d.C);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, dxe, a->dxp, s->xs, d.C);
     if (d.parts > 1) be->zero(be, dln, (size_t)n * d.C * sizeof(float));

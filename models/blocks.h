@@ -31,6 +31,12 @@ int lb_ffn_tensors(const lb_model_config *c, lb_tensor *out, int i, int layer);
 // model.norm and lm_head.
 int lb_head_tensors(const lb_model_config *c, lb_tensor *out, int i);
 
+// The [model] keys of the shared blocks (lb_model_key): the decoder's shape, attention and
+// RoPE for every family, RoPE scaling for those with rope_scaling, the MoE keys for families
+// with moe, the routers' for theirs.
+extern const lb_model_key lb_block_keys[];
+extern const int lb_block_nkeys;
+
 // The checks every decoder needs (sizes, GQA, RoPE, the MoE sizes where def->moe); -1 with a
 // message naming the key.
 int lb_decoder_check(const lb_model_def *def, const lb_model_config *c, char *err,

@@ -24,6 +24,13 @@ static int tensors(const lb_model_config *c, lb_tensor *out)
     return lb_head_tensors(c, out, i);
 }
 
+// The key only this family reads: GLM-4.5's q/k norms are optional (its config.json's
+// use_qk_norm; LB_HF_USE_QK_NORM), every other family's are fixed.
+static const lb_model_key keys[] = {
+    LB_MODEL_KEY(use_qk_norm, LB_MKEY_BOOL, "false", 0, 0, NULL,
+                 "per-head RMSNorm on q and k where the family makes it optional", NULL),
+};
+
 const lb_model_def lb_glm4_moe_def = {
     .arch = "glm4_moe",
     .summary = "GLM-4.5 MoE: GQA with biases and partial RoPE, dense leading layers, sigmoid "
@@ -32,6 +39,8 @@ const lb_model_def lb_glm4_moe_def = {
     .sigmoid_router = 1,
     .hf_architecture = "Glm4MoeForCausalLM",
     .hf_keys = LB_HF_USE_QK_NORM,
+    .keys = keys,
+    .nkeys = 1,
     .check = check,
     .tensors = tensors,
     LB_DECODER_OPS,

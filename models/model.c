@@ -212,6 +212,7 @@ lb_model *lb_model_create_parallel(const lb_model_config *cfg, lb_backend *be,
     m->wcache = lb_calloc(m->ntensors, sizeof *m->wcache);
     m->grad_fresh = lb_calloc(m->ntensors, 1);
     m->lin.be = be;
+    m->lin.expert0 = m->par.ep_rank * (cfg->num_experts / m->par.ep);   // ep divides (checked)
     lb_precision_spec fp32;
     memset(&fp32, 0, sizeof fp32);
     snprintf(fp32.recipe, sizeof fp32.recipe, "fp32");

@@ -56,6 +56,32 @@ typedef struct {
     double initializer_range;      // std of the normal init of matrices
 } lb_model_config;
 
+// A [model] key of the parameter file: a field of lb_model_config, its type, default, range or
+// choices and help (src/cli/params.c puts these in the parameter table, so they parse, print
+// and get their doc/parameters.md rows like every key). The shared blocks declare theirs, each
+// group with the families that read it (lb_block_keys, models/blocks.c); a family declares
+// the keys only it reads (lb_model_def.keys). models/registry.c lists them all.
+typedef enum { LB_MKEY_INT, LB_MKEY_FLOAT, LB_MKEY_BOOL, LB_MKEY_ENUM } lb_model_key_type;
+
+typedef struct lb_model_def lb_model_def;
+
+typedef struct {
+    const char *name;
+    lb_model_key_type type;
+    size_t offset, size;           // of the field in lb_model_config
+    const char *def;               // default, as a parameter file would write it
+    double min, max;               // numeric range (inclusive) when min < max
+    const char *choices;           // LB_MKEY_ENUM: "a|b|c"
+    const char *help;
+    // Whether family def reads the key (NULL: every family). Only for the blocks' keys; a
+    // family's own keys are its alone.
+    int (*reads)(const lb_model_def *def);
+} lb_model_key;
+
+#define LB_MODEL_KEY(field, type, def, lo, hi, choices, help, reads)                          \
+    { #field, type, offsetof(lb_model_config, field), sizeof(((lb_model_config *)0)->field),   \
+      def, lo, hi, choices, help, reads }
+
 #define LB_TENSOR_NAME 96
 
 // How a tensor is cut over the model-parallel ranks (doc/parallel.md). Megatron-Core's names:
@@ -130,7 +156,7 @@ typedef struct {
     void *acts;                    // definition-private activations for max_rows rows
 } lb_kvcache;
 
-typedef struct {
+struct lb_model_def {
     const char *arch;              // the configuration's model.arch and HF config's model_type
     const char *summary;
     // What the shared decoder (models/blocks.h) builds, and what the Hugging Face mapping
@@ -145,6 +171,9 @@ typedef struct {
     int rope_scaling;              // takes rope_type llama3 (HF rope_scaling)
     const char *hf_architecture;   // config.json's "architectures" entry
     unsigned hf_keys;              // LB_HF_* : family-specific config.json keys
+    // The [model] keys only this family reads, beside the shared blocks' (lb_block_keys).
+    const lb_model_key *keys;
+    int nkeys;
     // Checks the configuration; returns 0, or -1 with a message naming the bad key.
     int (*check)(const lb_model_config *, char *err, size_t errlen);
     // Fills out (may be NULL) and returns the number of parameter tensors.
@@ -182,7 +211,7 @@ typedef struct {
     float *(*stage_input)(lb_model *);
     float *(*stage_output)(lb_model *);
     float *(*stage_grad)(lb_model *);
-} lb_model_def;
+};
 
 struct lb_model {
     lb_model_config cfg;
@@ -288,6 +317,13 @@ int lb_model_count(void);
 const lb_model_def *lb_model_at(int i);   // 0 <= i < lb_model_count(), the registry's order
 // The registry's names joined by '|' ("qwen3_moe|qwen3|llama"): model.arch's choices.
 const char *lb_model_arch_choices(void);
+// Every [model] key but arch (the registry's choice itself): the shared blocks' and each
+// family's own, each name once, in the order of their lb_model_config fields.
+// 0 <= i < lb_model_key_count().
+int lb_model_key_count(void);
+const lb_model_key *lb_model_key_at(int i);
+// The families that read key k, joined by ", " into buf; "" when every family does.
+const char *lb_model_key_readers(const lb_model_key *k, char *buf, size_t n);
 
 // Model object (models/model.c).
 lb_model *lb_model_create(const lb_model_config *cfg, lb_backend *be, char *err, size_t errlen);

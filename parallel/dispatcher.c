@@ -22,6 +22,7 @@ void lb_ep_route_plan(lb_ep_route *r, lb_comm *ep, lb_backend *be, const int *co
         r->recv = lb_calloc(P, sizeof *r->recv);
         r->rdispl = lb_calloc(P, sizeof *r->rdispl);
         r->local_counts = lb_calloc(r->local, sizeof *r->local_counts);
+        r->seg_counts = lb_calloc((size_t)r->local * P, sizeof *r->seg_counts);
     }
     const int E = experts, Le = r->local;
     // all[s][e]: rows source rank s sends to expert e
@@ -57,6 +58,7 @@ void lb_ep_route_plan(lb_ep_route *r, lb_comm *ep, lb_backend *be, const int *co
             for (int f = me * Le; f < e; f++) src += (size_t)all[(size_t)s * E + f];
             for (int i = 0; i < all[(size_t)s * E + e]; i++) perm[src + i] = (int32_t)dst++;
             r->local_counts[le] += all[(size_t)s * E + e];
+            r->seg_counts[(size_t)le * P + s] = all[(size_t)s * E + e];
         }
     }
     if (r->nrecv > r->cap) {
@@ -76,6 +78,7 @@ void lb_ep_route_free(lb_ep_route *r, lb_backend *be)
     free(r->recv);
     free(r->rdispl);
     free(r->local_counts);
+    free(r->seg_counts);
     if (r->perm) be->free(be, r->perm);
     memset(r, 0, sizeof *r);
 }

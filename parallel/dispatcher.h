@@ -19,6 +19,8 @@ typedef struct {
     size_t *send, *sdispl;         // (ep) rows to each rank, their first row (sender order)
     size_t *recv, *rdispl;         // (ep) rows from each rank, where they land (source-major)
     int *local_counts;             // (local) rows per local expert after dispatch
+    int *seg_counts;               // (local * ep) of those, the rows from source rank s at
+                                   // [le * ep + s] (their order: expert-major, source-minor)
     int nrecv, nsend;
     int32_t *perm;                 // (cap) backend: source-major row i -> expert-major perm[i]
     int cap;

@@ -87,11 +87,15 @@ void lb_linear_free(lb_linear *L)
 
 // Stream id of one quantized operand, for stochastic rounding and random Hadamard signs.
 // Expert e's id is expert 0's plus e: quantize_grouped gives group j the stream of tensor
-// a->tensor + j, so one call quantizes every expert with its own stream.
-static uint64_t operand_id(int layer, lb_role role, lb_pass pass, int e, int which)
+// a->tensor + j, so one call quantizes every expert with its own stream. An expert's index is
+// the global one (L->expert0 + e), so under expert parallelism it draws what it draws on one
+// rank.
+static uint64_t operand_id(const lb_linear *L, int layer, lb_role role, lb_pass pass, int e,
+                           int which)
 {
+    const int expert = role == LB_ROLE_MOE_GATE_UP || role == LB_ROLE_MOE_DOWN;
     return lb_hash64((((uint64_t)layer * LB_NROLES + role) * LB_NPASSES + pass) * 4u +
-                     (unsigned)which) + (unsigned)e;
+                     (unsigned)which) + (unsigned)(e + (expert ? L->expert0 : 0));
 }
 
 // Activations and gradients: 1-D blocks along K. NVFP4's per-token second level applies when the
@@ -124,7 +128,7 @@ static void wgrad_hadamard(const lb_linear *L, const lb_site *G, int layer, lb_r
     const int h = (int)G->hadamard;
     const uint32_t signs =
         G->hadamard_random
-            ? lb_hadamard_signs(h, L->seed, L->step, operand_id(layer, role, LB_PASS_WGRAD, e, 2))
+            ? lb_hadamard_signs(h, L->seed, L->step, operand_id(L, layer, role, LB_PASS_WGRAD, e, 2))
             : 0;
     ad->hadamard = ax->hadamard = h;
     ad->hsigns = ax->hsigns = signs;
@@ -267,7 +271,7 @@ void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const 
     } else if (F->fmt == LB_FMT_BF16) {   // the GEMM rounds x (W: the cache's copy, kernels.h)
         lb_gemm_bf16_b16(be, 0, 1, n, out, in, 1.0f, x, w + e * mat, cache_b16(c, e), beta, y);
     } else {
-        lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, e, 0));
+        lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, e, 0));
         gemm_act_q(L, x, n, in, &a, &c->row[e], out, beta, y);
     }
 }
@@ -291,7 +295,7 @@ void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
             lb_linear_fwd(L, layer, role, x, w[i], c[i], 0, y[i], n, out[i], in, 0.0f);
         return;
     }
-    lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, 0, 0));
+    lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, 0, 0));
     lb_qmat q;
     lb_linear_qscratch(L, 0, &q, n, in, &a);
     L->be->quantize(L->be, &q, x, n, in, &a);
@@ -310,7 +314,7 @@ static float *fprop_dequant(lb_linear *L, int slot, int layer, lb_role role, int
         round_into(L, out, x, (size_t)n * in);
         return out;
     }
-    lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, e, 0));
+    lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, e, 0));
     lb_qmat q;
     lb_linear_qscratch(L, 0, &q, n, in, &a);
     be->quantize(be, &q, x, n, in, &a);
@@ -425,7 +429,7 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, co
                                  dx);
             }
         } else {
-            lb_quant_args a = act_args(L, D, 0, 1, operand_id(layer, role, LB_PASS_DGRAD, e, 0));
+            lb_quant_args a = act_args(L, D, 0, 1, operand_id(L, layer, role, LB_PASS_DGRAD, e, 0));
             gemm_act_q(L, dy, n, out, &a, &c->col[e], in, dx_beta, dx);
         }
     }
@@ -447,8 +451,8 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, co
         }
     } else {
         int nk = wgrad_tokens(n, (int)G->hadamard), have = n;   // tokens in the operands
-        lb_quant_args ad = act_args(L, G, 1, 1, operand_id(layer, role, LB_PASS_WGRAD, e, 0));
-        lb_quant_args ax = act_args(L, G, 1, 0, operand_id(layer, role, LB_PASS_WGRAD, e, 1));
+        lb_quant_args ad = act_args(L, G, 1, 1, operand_id(L, layer, role, LB_PASS_WGRAD, e, 0));
+        lb_quant_args ax = act_args(L, G, 1, 0, operand_id(L, layer, role, LB_PASS_WGRAD, e, 1));
         wgrad_hadamard(L, G, layer, role, e, &ad, &ax);
         lb_qmat qd, qx;
         lb_linear_qscratch(L, 0, &qd, nk, out, &ad);
@@ -458,7 +462,7 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, co
         // the padding tokens are the quantizer's (zero rows, transformed with the rest), not
         // copies
         if (rc) {   // and the dgrad's dy, then the dgrad
-            lb_quant_args a = act_args(L, D, 0, 1, operand_id(layer, role, LB_PASS_DGRAD, e, 0));
+            lb_quant_args a = act_args(L, D, 0, 1, operand_id(L, layer, role, LB_PASS_DGRAD, e, 0));
             lb_qmat qr;
             lb_linear_qscratch(L, 2, &qr, n, out, &a);
             be->quantize_rc(be, &qr, &a, 1, &qd, dy, &have, &nk, out, &ad);
@@ -619,7 +623,7 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
     }
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     if (is_low(F->fmt)) {   // the bytes and products of lb_linear_fwd per expert
-        lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, 0, 0));
+        lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, 0, 0));
         grouped_act_q(L, x, counts, groups, in, &a, NULL, c->row, out, y, y16);
         return;
     }
@@ -672,8 +676,9 @@ void lb_linear_experts_fwd(lb_linear *L, int layer, lb_role role, const float *x
 
 void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x,
                            const uint16_t *x16, const float *w, const lb_wcache *c,
-                           const int *counts, int groups, const float *dy, const uint16_t *dy16,
-                           float *dx, uint16_t *dx16, float *dw, float dw_beta, int out, int in)
+                           const int *counts, int groups, const int *segs, int nsrc,
+                           const float *dy, const uint16_t *dy16, float *dx, uint16_t *dx16,
+                           float *dw, float dw_beta, int out, int in)
 {
     size_t off = 0, mat = (size_t)out * in;
     if (dw_beta != 0.0f && dw_beta != 1.0f) lb_die("lb_linear_grouped_bwd: dw_beta %g", dw_beta);
@@ -711,7 +716,7 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
     const lb_site *G = lb_contract_site(L->contract, layer, role, LB_PASS_WGRAD);
     const int dq = is_low(D->fmt) && D->mode == LB_BWD_QUANTIZED;
     const int wq = is_low(G->fmt) && G->mode == LB_BWD_QUANTIZED;
-    lb_quant_args a = dq ? act_args(L, D, 0, 1, operand_id(layer, role, LB_PASS_DGRAD, 0, 0))
+    lb_quant_args a = dq ? act_args(L, D, 0, 1, operand_id(L, layer, role, LB_PASS_DGRAD, 0, 0))
                          : (lb_quant_args){0};
     const int rc = dq && wq && splits_by_rows(&a);
     int dgrad_done = 0;
@@ -723,49 +728,74 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
     // column-wise on its own (its own random stream: expert 0's id + j; its own random
     // Hadamard signs), its tokens padded as lb_linear_bwd pads them (wgrad_tokens), so the
     // result is lb_linear_bwd's; a Hadamard transform is fused into those quantizations.
+    // With segments (an expert's rows from several ep source ranks) each segment is such a
+    // group, so an expert's wgrad is the sum of its segments' products, each quantized as one
+    // rank quantizes that source's micro-batch (random Hadamard signs too: each segment gets
+    // its expert's). Not with stochastic rounding: quantize_grouped keys a group's stream by
+    // its index, so a segment would not draw its expert's stream; that keeps one group per
+    // expert.
     int wgrad_done = 0;
     if (wq) {
-        lb_quant_args ad = act_args(L, G, 1, 1, operand_id(layer, role, LB_PASS_WGRAD, 0, 0));
-        lb_quant_args ax = act_args(L, G, 1, 0, operand_id(layer, role, LB_PASS_WGRAD, 0, 1));
-        uint32_t signs[groups];
+        lb_quant_args ad = act_args(L, G, 1, 1, operand_id(L, layer, role, LB_PASS_WGRAD, 0, 0));
+        lb_quant_args ax = act_args(L, G, 1, 0, operand_id(L, layer, role, LB_PASS_WGRAD, 0, 1));
+        const int P = segs && nsrc > 1 && !ad.sr ? nsrc : 1;
+        const int ng_all = groups * P;
+        const int *gc = P > 1 ? segs : counts;   // rows per quantization group
+        uint32_t signs[ng_all];
         for (int j = 0; j < groups; j++) {   // expert j's, as lb_linear_bwd draws them
             wgrad_hadamard(L, G, layer, role, j, &ad, &ax);
-            signs[j] = ad.hsigns;
+            for (int s = 0; s < P; s++) signs[j * P + s] = ad.hsigns;
         }
         ad.hsigns_groups = ax.hsigns_groups = signs;
         lb_backend *be = L->be;
-        int kp[groups], ng = 0;
-        lb_qmat qd[groups], qx[groups];
+        int kp[ng_all];
+        lb_qmat qd[ng_all], qx[ng_all];
         lb_gemm_q_args g[groups];
-        for (int j = 0; j < groups; j++)
-            kp[j] = counts[j] ? wgrad_tokens(counts[j], (int)G->hadamard) : 0;
-        lb_linear_qscratch_groups(L, 0, qd, groups, kp, out, &ad);
-        lb_linear_qscratch_groups(L, 1, qx, groups, kp, in, &ax);
+        for (int q = 0; q < ng_all; q++)
+            kp[q] = gc[q] ? wgrad_tokens(gc[q], (int)G->hadamard) : 0;
+        lb_linear_qscratch_groups(L, 0, qd, ng_all, kp, out, &ad);
+        lb_linear_qscratch_groups(L, 1, qx, ng_all, kp, in, &ax);
         if (rc) {   // dy both ways, then the dgrad
             int rows = 0;
             for (int j = 0; j < groups; j++) rows += counts[j];
             if (rows) {
                 lb_qmat qr;
                 lb_linear_qscratch(L, 2, &qr, rows, out, &a);
-                be->quantize_rc(be, &qr, &a, groups, qd, dy, counts, kp, out, &ad);
+                be->quantize_rc(be, &qr, &a, ng_all, qd, dy, gc, kp, out, &ad);
                 grouped_act_q(L, dy, counts, groups, out, &a, &qr, c->col, in, dx, dx16);
             }
             dgrad_done = 1;
         } else {
-            be->quantize_grouped(be, groups, qd, dy, counts, kp, out, &ad);
+            be->quantize_grouped(be, ng_all, qd, dy, gc, kp, out, &ad);
         }
-        be->quantize_grouped(be, groups, qx, x, counts, kp, in, &ax);
+        be->quantize_grouped(be, ng_all, qx, x, gc, kp, in, &ax);
         for (int j = 0, z = 0; j <= groups; j++) {
             // a first write owes the experts without rows their zeros: one call per run of them
             // (in the 4-layer bench about 24 of each layer's 128 experts get no rows)
             if (j < groups && !counts[j]) continue;
             if (dw_beta == 0.0f && z < j) be->zero(be, dw + z * mat, (j - z) * mat * sizeof(float));
             z = j + 1;
-            if (j < groups)
-                g[ng++] = (lb_gemm_q_args){out, in, kp[j], 1.0f, dw_beta, &qd[j], &qx[j],
-                                           dw + j * mat, NULL};
         }
-        be->gemm_q_grouped(be, ng, g);
+        // round r: every expert's r-th segment with rows, its first with dw_beta and the later
+        // ones adding (so no call writes one matrix twice)
+        int next[groups];
+        memset(next, 0, sizeof next);
+        for (int ng = 1; ng;) {
+            ng = 0;
+            for (int j = 0; j < groups; j++) {
+                int s = next[j];
+                while (s < P && !gc[j * P + s]) s++;
+                if (s == P) {
+                    next[j] = P;
+                    continue;
+                }
+                const int q = j * P + s;
+                g[ng++] = (lb_gemm_q_args){out, in, kp[q], 1.0f, next[j] > 0 ? 1.0f : dw_beta,
+                                           &qd[q], &qx[q], dw + j * mat, NULL};
+                next[j] = s + 1;
+            }
+            if (ng) be->gemm_q_grouped(be, ng, g);
+        }
         wgrad_done = 1;
     }
     if (dgrad_done && wgrad_done) return;

@@ -46,6 +46,7 @@ typedef struct {
     lb_backend *be;
     const lb_contract *contract;
     uint64_t seed, step;           // stochastic rounding and random Hadamard signs
+    int expert0;                   // the global index of this rank's first expert (their draws)
     float *scratch[4];             // grow-only fp32 scratch (backend memory)
     size_t scratch_n[4];           // their capacities in bytes
     lb_qscratch qscratch[LB_LINEAR_QSCRATCH];
@@ -126,12 +127,16 @@ void lb_linear_experts_fwd(lb_linear *L, int layer, lb_role role, const float *x
                            const uint16_t *x16, const lb_wcache *c, const int *counts,
                            int groups, int rows, float *y, uint16_t *y16, int out, int in);
 // dx (rows, in) overwritten; dw (groups, out, in) = the wgrads + dw_beta * dw (0 or 1; 0
-// overwrites the matrices of groups without rows with zeros).
+// overwrites the matrices of groups without rows with zeros). segs (groups * nsrc, or NULL):
+// group j's rows come in nsrc segments of segs[j * nsrc + s] rows (an expert's rows from each
+// expert-parallel source rank, lb_ep_route.seg_counts); a quantized wgrad then quantizes each
+// segment as a group of its own, as one rank quantizes that source's micro-batch, so its
+// blocks along the tokens do not depend on the layout (doc/parallel.md).
 void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x,
                            const uint16_t *x16, const float *w, const lb_wcache *c,
-                           const int *counts, int groups, const float *dy, const uint16_t *dy16,
-                           float *dx, uint16_t *dx16, float *dw, float dw_beta, int out,
-                           int in);
+                           const int *counts, int groups, const int *segs, int nsrc,
+                           const float *dy, const uint16_t *dy16, float *dx, uint16_t *dx16,
+                           float *dw, float dw_beta, int out, int in);
 
 void lb_linear_free(lb_linear *L);
 

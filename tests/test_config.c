@@ -2,6 +2,7 @@
 // its error messages, --set, cross-key checks, the INI round trip and doc/parameters.md.
 #include "tests/testutil.h"
 #include "src/cli/config.h"
+#include "src/cli/util.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -20,6 +21,48 @@ static int pindex(const char *section, const char *key)
 }
 
 static void *fieldp(lb_config *c, const lb_param *p) { return (char *)c + p->offset; }
+
+// The [model] section is the registry's (issue 35): arch, then every key the shared blocks and
+// the families declare (models/registry.c), each at its lb_model_config field, each with a row
+// in doc/parameters.md's [model] table; a family's own key is there too.
+START_TEST(test_model_keys_from_registry)
+{
+    int nmodel = 0;
+    for (int i = 0; i < lb_nparams; i++) nmodel += !strcmp(lb_params[i].section, "model");
+    ck_assert_int_eq(nmodel, 1 + lb_model_key_count());
+    ck_assert_int_ge(pindex("model", "arch"), 0);
+    size_t n;
+    char err[ERRLEN];
+    char *doc = lb_read_file(lb_test_src("doc/parameters.md"), &n, err, sizeof err);
+    ck_assert_msg(doc, "%s", err);
+    char *sec = strstr(doc, "\n## [model]\n");
+    ck_assert_ptr_nonnull(sec);
+    char *end = strstr(sec + 1, "\n## [");
+    if (end) *end = 0;
+    for (int i = 0; i < lb_model_key_count(); i++) {
+        const lb_model_key *k = lb_model_key_at(i);
+        const lb_param *p = &lb_params[pindex("model", k->name)];
+        ck_assert_uint_eq(p->offset, offsetof(lb_config, model) + k->offset);
+        ck_assert_uint_eq(p->size, k->size);
+        ck_assert_str_eq(p->def, k->def);
+        char row[128];
+        snprintf(row, sizeof row, "\n| `%s` |", k->name);
+        ck_assert_msg(strstr(sec, row), "doc/parameters.md has no [model] row for %s", k->name);
+    }
+    free(doc);
+    int own = 0;
+    for (int m = 0; m < lb_model_count(); m++)
+        for (int j = 0; j < lb_model_at(m)->nkeys; j++, own++)
+            ck_assert_int_ge(pindex("model", lb_model_at(m)->keys[j].name), 0);
+    ck_assert_int_gt(own, 0);   // glm4_moe's use_qk_norm
+    // the help names the families that read a key when not all do
+    const lb_param *q = &lb_params[pindex("model", "use_qk_norm")];
+    ck_assert_msg(strstr(q->help, "; only glm4_moe"), "%s", q->help);
+    q = &lb_params[pindex("model", "num_experts")];
+    ck_assert_msg(strstr(q->help, "; only qwen3_moe, glm4_moe"), "%s", q->help);
+    ck_assert_ptr_null(strstr(lb_params[pindex("model", "hidden_size")].help, "; only"));
+}
+END_TEST
 
 // ---------------------------------------------------------------------------------------------
 // The table
@@ -709,6 +752,7 @@ static Suite *config_suite(void)
     Suite *s = suite_create("config");
     TCase *tc = tcase_create("config");
     tcase_add_test(tc, test_table_wellformed);
+    tcase_add_test(tc, test_model_keys_from_registry);
     tcase_add_test(tc, test_table_covers_struct);
     tcase_add_test(tc, test_defaults_match_table);
     tcase_add_test(tc, test_parse_good);

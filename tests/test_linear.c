@@ -159,6 +159,21 @@ static void check_recipe(const char *recipe, const char *backward, lb_format f, 
     free(wt); free(pd); free(px);
 }
 
+// The operands of E experts' GEMMs: x (n, IN), w (E, OUT, IN), dy (n, OUT), filled, and w's
+// cache under L's contract.
+static void expert_operands(lb_linear *L, lb_role role, int n, int E, float **x, float **w,
+                            float **dy, lb_wcache *wc)
+{
+    *x = malloc(sizeof(float) * n * IN);
+    *w = malloc(sizeof(float) * E * OUT * IN);
+    *dy = malloc(sizeof(float) * n * OUT);
+    fill(*x, (size_t)n * IN, 1);
+    fill(*w, (size_t)E * OUT * IN, 2);
+    fill(*dy, (size_t)n * OUT, 3);
+    memset(wc, 0, sizeof *wc);
+    lb_wcache_build(L, wc, 0, role, *w, E, OUT, IN);
+}
+
 // Experts: lb_linear_grouped_fwd / _bwd (one quantization of all rows or quantize_grouped,
 // grouped GEMMs, grouped column-wise wgrad quantization) give bit for bit what lb_linear_fwd /
 // _bwd give per expert, with stochastic rounding (each expert's own stream), NVFP4 with one
@@ -181,22 +196,17 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
     lb_linear L = {.be = be, .contract = &c, .seed = 5, .step = 3};
     const lb_role role = LB_ROLE_MOE_GATE_UP;
     size_t mat = (size_t)OUT * IN;
-    float *x = malloc(sizeof(float) * n * IN), *w = malloc(sizeof(float) * E * mat);
-    float *dy = malloc(sizeof(float) * n * OUT);
+    float *x, *w, *dy;
+    lb_wcache wc;
+    expert_operands(&L, role, n, E, &x, &w, &dy, &wc);
     float *y[2], *dx[2], *dw[2];
     for (int r = 0; r < 2; r++) {
         y[r] = malloc(sizeof(float) * n * OUT), dx[r] = malloc(sizeof(float) * n * IN);
         dw[r] = malloc(sizeof(float) * E * mat);
         fill(dw[r], E * mat, 4);   // wgrad accumulates
     }
-    fill(x, (size_t)n * IN, 1);
-    fill(w, E * mat, 2);
-    fill(dy, (size_t)n * OUT, 3);
-    lb_wcache wc;
-    memset(&wc, 0, sizeof wc);
-    lb_wcache_build(&L, &wc, 0, role, w, E, OUT, IN);
     lb_linear_grouped_fwd(&L, 0, role, x, NULL, w, &wc, counts, E, y[0], NULL, OUT, IN);
-    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx[0], NULL, dw[0],
+    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx[0], NULL, dw[0],
                           1.0f, OUT, IN);
     size_t off = 0;
     for (int j = 0; j < E; j++) {
@@ -220,7 +230,7 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         float *dw2 = malloc(sizeof(float) * E * mat);
         fill(dw2, E * mat, 4);
         lb_linear_grouped_fwd(&L, 0, role, x, x16, w, &wc, counts, E, y2, NULL, OUT, IN);
-        lb_linear_grouped_bwd(&L, 0, role, x, x16, w, &wc, counts, E, dy, dy16, dx2, NULL, dw2,
+        lb_linear_grouped_bwd(&L, 0, role, x, x16, w, &wc, counts, E, NULL, 1, dy, dy16, dx2, NULL, dw2,
                               1.0f, OUT, IN);
         ck_assert_msg(!memcmp(y[0], y2, sizeof(float) * n * OUT), "%s: fprop, x16", recipe);
         ck_assert_msg(!memcmp(dx[0], dx2, sizeof(float) * n * IN), "%s: dgrad, dy16", recipe);
@@ -228,7 +238,7 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         // the copies alone (x and dy NULL: their ops wrote no fp32)
         fill(dw2, E * mat, 4);
         lb_linear_grouped_fwd(&L, 0, role, NULL, x16, w, &wc, counts, E, y2, NULL, OUT, IN);
-        lb_linear_grouped_bwd(&L, 0, role, NULL, x16, w, &wc, counts, E, NULL, dy16, dx2, NULL, dw2,
+        lb_linear_grouped_bwd(&L, 0, role, NULL, x16, w, &wc, counts, E, NULL, 1, NULL, dy16, dx2, NULL, dw2,
                               1.0f, OUT, IN);
         ck_assert_msg(!memcmp(y[0], y2, sizeof(float) * n * OUT), "%s: fprop, x16 alone", recipe);
         ck_assert_msg(!memcmp(dx[0], dx2, sizeof(float) * n * IN), "%s: dgrad, dy16 alone", recipe);
@@ -239,7 +249,7 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         const int none[E] = {0};
         lb_linear_grouped_fwd(&L, 0, role, NULL, NULL, w, &wc, none, E, y2, NULL, OUT, IN);
         for (size_t i = 0; i < E * mat; i++) dw2[i] = NAN;
-        lb_linear_grouped_bwd(&L, 0, role, NULL, NULL, w, &wc, none, E, NULL, NULL, dx2, NULL, dw2,
+        lb_linear_grouped_bwd(&L, 0, role, NULL, NULL, w, &wc, none, E, NULL, 1, NULL, NULL, dx2, NULL, dw2,
                               0.0f, OUT, IN);
         for (size_t i = 0; i < E * mat; i++)
             ck_assert_msg(dw2[i] == 0.0f, "%s: no rows, dw[%zu] %g", recipe, i, dw2[i]);
@@ -263,7 +273,7 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         fill(dw2, E * mat, 4);
         lb_linear_grouped_fwd(&L, 0, role, x, NULL, w, &wc, counts, E, y2, f16 ? y16 : NULL, OUT,
                               IN);
-        lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx2,
+        lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx2,
                               d16 ? dx16 : NULL, dw2, 1.0f, OUT, IN);
         for (int i = 0; i < n; i++) {
             for (int j = 0; f16 && j < OUT8; j++) {
@@ -290,9 +300,9 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
     // dw_beta 0 overwrites: NaN before, the products after, and zeros for the experts without
     // rows, equal (up to the sign of zero) to adding to zeros
     for (size_t i = 0; i < E * mat; i++) dw[0][i] = NAN, dw[1][i] = 0.0f;
-    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx[0], NULL, dw[0],
+    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx[0], NULL, dw[0],
                           0.0f, OUT, IN);
-    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, dy, NULL, dx[1], NULL, dw[1],
+    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx[1], NULL, dw[1],
                           1.0f, OUT, IN);
     for (size_t i = 0; i < E * mat; i++)
         ck_assert_msg(dw[0][i] == dw[1][i], "%s/%s: grouped wgrad, beta 0: [%zu] %g, not %g",
@@ -322,6 +332,130 @@ START_TEST(test_grouped)
     check_grouped_h("mxfp4", "quantized", 1, 0, "random16");
     check_grouped("mxfp8", "dequantized", 0, 0);
     check_grouped("bf16", "default", 0, 0);
+}
+END_TEST
+
+// An expert's rows from two expert-parallel sources (segments): the grouped backward's wgrad
+// is, bit for bit, the sum of each segment's own lb_linear_bwd in segment order (each
+// quantized as one rank quantizes that source's micro-batch), and its dgrad the per-expert
+// one (row-wise blocks do not see the segments). fp8-block's 1x128 blocks along the tokens
+// also show that one group per expert (no segments) quantizes other blocks: its wgrad
+// differs. With stochastic rounding the segments are not used (their streams would be keyed by
+// the segment's index): the per-expert result.
+static void check_segments(const char *recipe, int sr, const char *hadamard, int must_differ)
+{
+    enum { E = 3, P = 2 };
+    const int segs[E * P] = {9, 14, 0, 0, 21, 5};   // expert 1: one source only
+    int counts[E], n = 0;
+    for (int j = 0; j < E; j++) n += counts[j] = segs[j * P] + segs[j * P + 1];
+    char err[256];
+    lb_precision_spec s = spec(recipe, "quantized");
+    s.stochastic_rounding = sr;
+    if (hadamard) snprintf(s.wgrad_hadamard, sizeof s.wgrad_hadamard, "%s", hadamard);
+    lb_contract c;
+    ck_assert_msg(lb_contract_resolve(&c, &s, 1, err, sizeof err) == 0, "%s", err);
+    lb_linear L = {.be = be, .contract = &c, .seed = 5, .step = 3};
+    const lb_role role = LB_ROLE_MOE_DOWN;
+    size_t mat = (size_t)OUT * IN;
+    float *x, *w, *dy, *dx[3], *dw[3];
+    lb_wcache wc;
+    expert_operands(&L, role, n, E, &x, &w, &dy, &wc);
+    for (int r = 0; r < 3; r++) {
+        dx[r] = malloc(sizeof(float) * n * IN), dw[r] = malloc(sizeof(float) * E * mat);
+        fill(dw[r], E * mat, 4);
+    }
+    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, segs, P, dy, NULL, dx[0], NULL,
+                          dw[0], 1.0f, OUT, IN);
+    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx[2], NULL,
+                          dw[2], 1.0f, OUT, IN);
+    size_t off = 0;
+    for (int j = 0; j < E; j++) {
+        lb_linear_bwd(&L, 0, role, x + off * IN, w, &wc, j, dy + off * OUT, dx[1] + off * IN,
+                      0.0f, NULL, 0.0f, counts[j], OUT, IN);
+        for (int q = j * P; q < (j + 1) * P; q++) {   // the wgrad segment by segment
+            if (!sr)
+                lb_linear_bwd(&L, 0, role, x + off * IN, w, &wc, j, dy + off * OUT, NULL, 0.0f,
+                              dw[1] + j * mat, 1.0f, segs[q], OUT, IN);
+            off += (size_t)segs[q];
+        }
+    }
+    ck_assert_msg(!memcmp(dx[0], dx[1], sizeof(float) * n * IN), "%s: segments: dgrad", recipe);
+    ck_assert_msg(!memcmp(dx[0], dx[2], sizeof(float) * n * IN), "%s: dgrad either way", recipe);
+    if (sr)
+        ck_assert_msg(!memcmp(dw[0], dw[2], sizeof(float) * E * mat),
+                      "%s + sr: segments should not be used", recipe);
+    else
+        ck_assert_msg(!memcmp(dw[0], dw[1], sizeof(float) * E * mat),
+                      "%s: segments: wgrad is not the segments' sum", recipe);
+    if (must_differ)
+        ck_assert_msg(memcmp(dw[0], dw[2], sizeof(float) * E * mat),
+                      "%s: one group per expert gives the segments' wgrad", recipe);
+    lb_wcache_free(&L, &wc);
+    lb_linear_free(&L);
+    lb_contract_free(&c);
+    free(x), free(w), free(dy);
+    for (int r = 0; r < 3; r++) free(dx[r]), free(dw[r]);
+}
+
+START_TEST(test_grouped_segments)
+{
+    check_segments("fp8-block", 0, NULL, 1);
+    check_segments("mxfp8", 0, NULL, 0);
+    check_segments("nvfp4-moe", 0, NULL, 1);
+    check_segments("mxfp4", 0, NULL, 1);
+    check_segments("mxfp4", 0, "random16", 1);   // each segment with its expert's signs
+    check_segments("mxfp8", 1, NULL, 0);
+}
+END_TEST
+
+// Under expert parallelism a rank's experts draw their global index's random numbers
+// (lb_linear.expert0): a rank holding experts 2 and 3 of 4 gives, with stochastic rounding and
+// random Hadamard signs, what one rank gives for experts 2 and 3.
+static void check_expert0(const char *recipe, int sr, const char *hadamard)
+{
+    enum { E = 4, LOCAL = 2 };
+    const int counts[E] = {11, 6, 17, 9};
+    int n = 0, off2 = 0;
+    for (int j = 0; j < E; j++) n += counts[j], off2 += j < E - LOCAL ? counts[j] : 0;
+    char err[256];
+    lb_precision_spec s = spec(recipe, "quantized");
+    s.stochastic_rounding = sr;
+    if (hadamard) snprintf(s.wgrad_hadamard, sizeof s.wgrad_hadamard, "%s", hadamard);
+    lb_contract c;
+    ck_assert_msg(lb_contract_resolve(&c, &s, 1, err, sizeof err) == 0, "%s", err);
+    lb_linear L1 = {.be = be, .contract = &c, .seed = 5, .step = 3};
+    lb_linear L2 = {.be = be, .contract = &c, .seed = 5, .step = 3, .expert0 = E - LOCAL};
+    const lb_role role = LB_ROLE_MOE_GATE_UP;
+    const size_t mat = (size_t)OUT * IN;
+    float *x, *w, *dy;
+    lb_wcache wc1, wc2;
+    expert_operands(&L1, role, n, E, &x, &w, &dy, &wc1);
+    memset(&wc2, 0, sizeof wc2);
+    lb_wcache_build(&L2, &wc2, 0, role, w + (E - LOCAL) * mat, LOCAL, OUT, IN);
+    float *dx1 = malloc(sizeof(float) * n * IN), *dw1 = calloc(E * mat, sizeof(float));
+    float *dx2 = malloc(sizeof(float) * n * IN), *dw2 = calloc(LOCAL * mat, sizeof(float));
+    lb_linear_grouped_bwd(&L1, 0, role, x, NULL, w, &wc1, counts, E, NULL, 1, dy, NULL, dx1,
+                          NULL, dw1, 0.0f, OUT, IN);
+    lb_linear_grouped_bwd(&L2, 0, role, x + (size_t)off2 * IN, NULL, w + (E - LOCAL) * mat, &wc2,
+                          counts + E - LOCAL, LOCAL, NULL, 1, dy + (size_t)off2 * OUT, NULL,
+                          dx2, NULL, dw2, 0.0f, OUT, IN);
+    ck_assert_msg(!memcmp(dx1 + (size_t)off2 * IN, dx2, sizeof(float) * (n - off2) * IN),
+                  "%s: experts 2, 3 on their own rank: dgrad", recipe);
+    ck_assert_msg(!memcmp(dw1 + (E - LOCAL) * mat, dw2, sizeof(float) * LOCAL * mat),
+                  "%s: experts 2, 3 on their own rank: wgrad", recipe);
+    lb_wcache_free(&L1, &wc1);
+    lb_wcache_free(&L2, &wc2);
+    lb_linear_free(&L1);
+    lb_linear_free(&L2);
+    lb_contract_free(&c);
+    free(x), free(w), free(dy), free(dx1), free(dw1), free(dx2), free(dw2);
+}
+
+START_TEST(test_expert_draws_global)
+{
+    check_expert0("mxfp8", 1, NULL);
+    check_expert0("mxfp4", 0, "random16");
+    check_expert0("mxfp4", 1, "random16");
 }
 END_TEST
 
@@ -430,6 +564,8 @@ int main(void)
     tcase_add_test(tc, test_dequantized);
     tcase_add_test(tc, test_high);
     tcase_add_test(tc, test_grouped);
+    tcase_add_test(tc, test_grouped_segments);
+    tcase_add_test(tc, test_expert_draws_global);
     tcase_add_test(tc, test_shared);
     suite_add_tcase(s, tc);
     return lb_test_run(s);

@@ -2,6 +2,7 @@
 // (tests/data/tok_kjv, made by tests/tools/make_tokenizer.py), round trips of arbitrary bytes,
 // and the errors for malformed tokenizer.json files.
 #include <cJSON.h>
+#include <unistd.h>
 #include "src/cli/util.h"
 #include "src/io/tokenizer.h"
 #include "tests/testutil.h"
@@ -249,6 +250,23 @@ START_TEST(malformed_files)
     char err[1024];
     ck_assert_ptr_null(lb_tokenizer_parse("{\"model\": ", "cut.json", err, sizeof err));
     ck_assert_msg(strstr(err, "cut.json: not valid JSON"), "%s", err);
+    // Bytes after the JSON value were dropped unseen (issue 38): refused, naming the file.
+    ck_assert_ptr_null(lb_tokenizer_parse("{\"model\": {}}\n x", "more.json", err, sizeof err));
+    ck_assert_msg(strstr(err, "more.json: bytes after the JSON value (byte 15)"), "%s", err);
+    // So was all after a NUL byte: the KJV tokenizer, a NUL and a second JSON object.
+    char tmp[] = "/tmp/lowbit-tok-XXXXXX";
+    int fd = mkstemp(tmp);
+    ck_assert_int_ge(fd, 0);
+    FILE *f = fdopen(fd, "wb"), *kjv = fopen(lb_test_src("tests/data/tok_kjv/tokenizer.json"), "rb");
+    ck_assert(f && kjv);
+    for (int ch; (ch = fgetc(kjv)) != EOF;) fputc(ch, f);
+    fclose(kjv);
+    fwrite("\0{}", 1, 3, f);
+    fclose(f);
+    ck_assert_ptr_null(lb_tokenizer_load(tmp, err, sizeof err));
+    ck_assert_msg(strstr(err, ": a NUL byte (offset ") && !strncmp(err, tmp, strlen(tmp)), "%s",
+                  err);
+    unlink(tmp);
     ck_assert_ptr_null(lb_tokenizer_load("/nonexistent/tokenizer.json", err, sizeof err));
     ck_assert_msg(strstr(err, "/nonexistent/tokenizer.json: "), "%s", err);
 }

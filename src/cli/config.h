@@ -141,8 +141,12 @@ extern const char lb_choices_models[];
 // p->choices, with LB_CHOICES_MODELS resolved.
 const char *lb_param_choices(const lb_param *p);
 
-extern const lb_param lb_params[];
-extern const int lb_nparams;
+// The table: src/cli/params.c's rows with the registry's [model] keys in their place (built
+// on first use). lb_params[i] and lb_nparams read it.
+const lb_param *lb_param_table(void);
+int lb_param_count(void);
+#define lb_params (lb_param_table())
+#define lb_nparams (lb_param_count())
 
 void lb_config_defaults(lb_config *c);
 // Parses INI text (the contents of file `fname`, used in messages) over c.

@@ -2,7 +2,11 @@
 // the resolved configuration, doc/parameters.md) is driven by it from src/cli/config.c.
 //
 // To add a key: add the field to lb_config (src/cli/config.h), add one LB_P line here, in the
-// section's block, and run `make doc-params`.
+// section's block, and run `make doc-params`. The [model] keys but arch are the models': a
+// model file or the shared blocks declare them (lb_model_key, models/model.h), and the table
+// takes them from the registry where LB_P_MODEL_KEYS stands.
+#include <stdlib.h>
+#include <string.h>
 #include "src/cli/config.h"
 
 
@@ -10,6 +14,9 @@
 #define LB_P(sec, name, type, def, lo, hi, choices, help)                                     \
     { #sec, #name, type, offsetof(lb_config, sec.name), sizeof(((lb_config *)0)->sec.name),  \
       def, lo, hi, choices, help }
+
+// Where the registry's [model] keys go (a row without a key).
+#define LB_P_MODEL_KEYS { "model", NULL, 0, 0, 0, NULL, 0, 0, NULL, NULL }
 
 #define I LB_PARAM_INT
 #define U LB_PARAM_U64
@@ -19,7 +26,7 @@
 #define E LB_PARAM_ENUM
 #define BIG 1000000000.0   // upper bound of counts of steps, problems, tokens
 
-const lb_param lb_params[] = {
+static const lb_param rows[] = {
     // [run] ------------------------------------------------------------------------------------
     LB_P(run, backend, E, "cpu", 0, 0, "cpu|cuda", "compute backend"),
     LB_P(run, threads, I, "0", 0, 1024, NULL, "CPU threads, 0 = all cores"),
@@ -33,58 +40,8 @@ const lb_param lb_params[] = {
     // [model] ----------------------------------------------------------------------------------
     LB_P(model, arch, E, "qwen3_moe", 0, 0, LB_CHOICES_MODELS,
          "model family: the names in models/registry.c"),
-    LB_P(model, vocab_size, I, "256", 1, 16777216, NULL, "vocabulary size"),
-    LB_P(model, hidden_size, I, "128", 1, 65536, NULL, "width of the residual stream"),
-    LB_P(model, num_hidden_layers, I, "4", 1, 1024, NULL, "transformer blocks"),
-    LB_P(model, num_attention_heads, I, "4", 1, 1024, NULL, "query heads"),
-    LB_P(model, num_key_value_heads, I, "2", 1, 1024, NULL,
-         "key/value heads (GQA); divides num_attention_heads"),
-    LB_P(model, head_dim, I, "32", 1, 1024, NULL, "width of one attention head"),
-    LB_P(model, intermediate_size, I, "512", 1, 1048576, NULL,
-         "hidden width of the dense SwiGLU MLP (qwen3, llama)"),
-    LB_P(model, num_experts, I, "4", 1, 4096, NULL, "experts per MoE layer (qwen3_moe)"),
-    LB_P(model, num_experts_per_tok, I, "2", 1, 4096, NULL,
-         "experts each token is routed to (top-k)"),
-    LB_P(model, moe_intermediate_size, I, "256", 1, 1048576, NULL,
-         "hidden width of one SwiGLU expert"),
-    LB_P(model, norm_topk_prob, B, "true", 0, 0, NULL,
-         "renormalise the top-k router weights to sum to 1"),
-    LB_P(model, first_k_dense_replace, I, "0", 0, 1024, NULL,
-         "leading layers of a MoE model with a dense MLP of intermediate_size instead"),
-    LB_P(model, n_shared_experts, I, "0", 0, 1024, NULL,
-         "shared experts beside the routed ones, each moe_intermediate_size wide (glm4_moe)"),
-    LB_P(model, n_group, I, "1", 1, 64, NULL,
-         "sigmoid router: expert groups (divides num_experts; glm4_moe)"),
-    LB_P(model, topk_group, I, "1", 1, 64, NULL,
-         "sigmoid router: groups a token's experts come from (glm4_moe)"),
-    LB_P(model, routed_scaling_factor, F, "1", 1e-6, 1e6, NULL,
-         "sigmoid router: factor on the routed experts' weights (glm4_moe)"),
-    LB_P(model, router_bias_update_rate, F, "0.001", 0, 1, NULL,
-         "sigmoid router: step of the aux-loss-free selection-bias update after each optimizer "
-         "step (0 = off; glm4_moe)"),
-    LB_P(model, attention_bias, B, "false", 0, 0, NULL, "q, k and v projections with a bias"),
-    LB_P(model, use_qk_norm, B, "false", 0, 0, NULL,
-         "per-head RMSNorm on q and k where the family makes it optional (glm4_moe)"),
-    LB_P(model, partial_rotary_factor, F, "1", 1e-6, 1, NULL,
-         "share of each head's dimensions RoPE rotates (GLM: 0.5)"),
-    LB_P(model, max_position_embeddings, I, "4096", 1, 16777216, NULL,
-         "longest sequence the model is built for"),
-    LB_P(model, rope_theta, F, "1000000", 1, 1e12, NULL, "RoPE base frequency"),
-    LB_P(model, rope_type, E, "default", 0, 0, "default|llama3",
-         "RoPE frequency scaling (Hugging Face rope_scaling): none, or Llama 3.1's (llama, qwen3, "
-         "qwen3_moe)"),
-    LB_P(model, rope_factor, F, "8", 1, 1e6, NULL, "llama3 RoPE: the low frequencies' divisor"),
-    LB_P(model, rope_low_freq_factor, F, "1", 1e-6, 1e6, NULL,
-         "llama3 RoPE: wavelengths above original_max / this are scaled"),
-    LB_P(model, rope_high_freq_factor, F, "4", 1e-6, 1e6, NULL,
-         "llama3 RoPE: wavelengths below original_max / this are kept"),
-    LB_P(model, rope_original_max_position_embeddings, I, "8192", 1, 16777216, NULL,
-         "llama3 RoPE: the context length the model was pre-trained at"),
-    LB_P(model, rms_norm_eps, F, "1e-6", 1e-12, 1, NULL, "epsilon of every RMSNorm"),
-    LB_P(model, router_aux_loss_coef, F, "0.001", 0, 100, NULL,
-         "weight of the load-balancing loss (0 = off)"),
-    LB_P(model, initializer_range, F, "0.02", 0, 10, NULL,
-         "standard deviation of the normal init of matrices"),
+    // the models' keys: the shared blocks' and each family's own (models/registry.c)
+    LB_P_MODEL_KEYS,
 
     // [data] -----------------------------------------------------------------------------------
     LB_P(data, train_files, S, "", 0, 0, NULL, "glob of training token shards"),
@@ -293,9 +250,54 @@ const lb_param lb_params[] = {
          "samples per held-out problem (the k of pass@k)"),
 };
 
-const int lb_nparams = (int)(sizeof lb_params / sizeof lb_params[0]);
+static lb_param *table;
+static int ntable;
 
-// lb_config.source_line has one slot per table entry.
-_Static_assert(sizeof lb_params / sizeof lb_params[0]
-                   <= sizeof(((lb_config *)0)->source_line) / sizeof(int),
-               "lb_config.source_line is too small for lb_params[]");
+static lb_param from_model_key(const lb_model_key *k)
+{
+    static const lb_param_type types[] = {
+        [LB_MKEY_INT] = LB_PARAM_INT, [LB_MKEY_FLOAT] = LB_PARAM_FLOAT,
+        [LB_MKEY_BOOL] = LB_PARAM_BOOL, [LB_MKEY_ENUM] = LB_PARAM_ENUM};
+    lb_param p = {"model", k->name, types[k->type], offsetof(lb_config, model) + k->offset,
+                  k->size, k->def, k->min, k->max, k->choices, k->help};
+    // the help names the families that read the key, unless all do
+    char who[256];
+    if (lb_model_key_readers(k, who, sizeof who)[0]) {
+        char *h;
+        if (asprintf(&h, "%s; only %s", k->help, who) < 0) abort();
+        p.help = h;   // the table lives as long as the process
+    }
+    return p;
+}
+
+static void table_build(void)
+{
+    const int nrows = (int)(sizeof rows / sizeof rows[0]), nk = lb_model_key_count();
+    const int slots = (int)(sizeof(((lb_config *)0)->source_line) / sizeof(int));
+    table = calloc((size_t)(nrows - 1 + nk), sizeof *table);
+    if (!table) abort();
+    for (int i = 0; i < nrows; i++) {
+        if (rows[i].key) {
+            table[ntable++] = rows[i];
+            continue;
+        }
+        for (int j = 0; j < nk; j++) table[ntable++] = from_model_key(lb_model_key_at(j));
+    }
+    if (ntable > slots) {   // lb_config.source_line has one slot per table entry
+        fprintf(stderr, "src/cli/params.c: %d parameters, lb_config.source_line holds %d\n",
+                ntable, slots);
+        abort();
+    }
+}
+
+const lb_param *lb_param_table(void)
+{
+    if (!table) table_build();
+    return table;
+}
+
+int lb_param_count(void)
+{
+    if (!table) table_build();
+    return ntable;
+}

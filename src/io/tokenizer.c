@@ -551,12 +551,21 @@ oom:
 
 lb_tokenizer *lb_tokenizer_parse(const char *json, const char *name, char *err, size_t errlen)
 {
-    cJSON *root = cJSON_Parse(json);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(json, &end, 0);
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
         fail(err, errlen, name, "not valid JSON (near byte %ld)", at ? (long)(at - json) : -1L);
         return NULL;
     }
+    // Only white space may follow the JSON value: a file with more (two files run together, a
+    // cut edit) is not the tokenizer its first part says.
+    for (const char *p = end; p && *p; p++)
+        if (!strchr(" \t\r\n", *p)) {
+            fail(err, errlen, name, "bytes after the JSON value (byte %ld)", (long)(p - json));
+            cJSON_Delete(root);
+            return NULL;
+        }
     lb_tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
         cJSON_Delete(root);
@@ -599,6 +608,11 @@ lb_tokenizer *lb_tokenizer_load(const char *path, char *err, size_t errlen)
     size_t n;
     char *text = lb_read_file(path, &n, err, errlen);
     if (!text) return NULL;
+    // A NUL byte would end the text the parser sees, and the rest would be dropped unseen.
+    if (lb_text_check(text, n, path, err, errlen) != 0) {
+        free(text);
+        return NULL;
+    }
     lb_tokenizer *t = lb_tokenizer_parse(text, path, err, errlen);
     free(text);
     return t;

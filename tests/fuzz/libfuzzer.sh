@@ -10,7 +10,7 @@ set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 dir=${FUZZ_DIR:-/tmp/lowbit-fuzz}
 seconds=${FUZZ_SECONDS:-60}
-[ $# -gt 0 ] || set -- config safetensors checkpoint shard
+[ $# -gt 0 ] || set -- config safetensors checkpoint shard tokenizer
 if ! echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { return 0; }' |
      clang -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null; then
     echo "make fuzz: needs clang with libFuzzer (-fsanitize=fuzzer)" >&2

@@ -8,7 +8,7 @@ set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "${1:?usage: make_corpus.sh BUILD_DIR}" && pwd)
 out=$src/tests/fuzz/corpus
-mkdir -p "$out"/{config,safetensors,checkpoint,shard}
+mkdir -p "$out"/{config,safetensors,checkpoint,shard,tokenizer}
 rm -f "$out"/*/ok-* "$out"/*/bad-*
 # poke FILE OLD NEW: the first OLD in FILE becomes NEW (the same length)
 poke() {
@@ -91,4 +91,57 @@ tok() { for i in $(seq 1 "$1"); do printf "\\x$(printf %02x $((i % 250)))\\x00";
 { shard 20240520 1 12; tok 7; printf '\xff\xff'; tok 4; } > "$d/bad-token"
 { shard 20240520 2 6; for i in 1 2 3 4 5; do le32 $i; done; le32 256; } > "$d/bad-token-v2"
 head -c 100 "$d/ok-v1" > "$d/bad-short"
+# --- tokenizer.json (the KJV tokenizer, a small hand-made one, and damage to each)
+t=$out/tokenizer
+kjv=$src/tests/data/tok_kjv/tokenizer.json
+cp "$kjv" "$t/ok-kjv"
+# vocab: the 256 bytes of GPT-2's byte-level alphabet as JSON \u escapes (ids 0-255)
+vocab() {
+    local b n=0 sep=
+    for b in $(seq 0 255); do
+        if { [ "$b" -ge 33 ] && [ "$b" -le 126 ]; } || { [ "$b" -ge 161 ] && [ "$b" -le 172 ]; } ||
+           { [ "$b" -ge 174 ] && [ "$b" -le 255 ]; }; then
+            printf '%s"\\u%04x":%d' "$sep" "$b" "$b"
+        else
+            printf '%s"\\u%04x":%d' "$sep" $((256 + n)) "$b"
+            n=$((n + 1))
+        fi
+        sep=,
+    done
+}
+# tokjson PRE MERGES EXTRA_VOCAB ADDED: a byte-level BPE tokenizer.json
+tokjson() {
+    printf '{"added_tokens":[%s],"normalizer":null,"pre_tokenizer":%s,' "$4" "$1"
+    printf '"model":{"type":"BPE","vocab":{'; vocab; printf '%s},"merges":[%s]}}\n' "$3" "$2"
+}
+bl='{"type":"ByteLevel","add_prefix_space":false,"use_regex":true}'
+end='{"id":259,"content":"<|endoftext|>","special":true}'
+tokjson "$bl" '["t","h"],["th","e"]' ',"th":256,"the":257' "$end" > "$t/ok-small"
+tokjson "$bl" '"t h","th e"' ',"th":256,"the":257' "" > "$t/ok-small-string-merges"
+tokjson '{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"String":" "},"behavior":"Removed","invert":false},'"$bl"']}' \
+    '' '' '{"id":300,"content":"<s>","special":false}' > "$t/ok-split-gap"
+printf '' > "$t/bad-empty"
+printf '{"model": ' > "$t/bad-cut"
+printf '[]' > "$t/bad-list"
+{ cat "$t/ok-small"; printf 'x'; } > "$t/bad-trailing"
+{ cat "$t/ok-small"; printf '\0{}'; } > "$t/bad-nul"
+tokjson "$bl" '["t","h"]' '' '' > "$t/bad-merge-unknown"
+tokjson "$bl" '["t","h"]' ',"th":256' '{"id":256,"content":"<x>"}' > "$t/ok-added-on-vocab-id"
+tokjson "$bl" '["q","q"]' ',"th":256' '' > "$t/bad-merge-result"
+tokjson "$bl" '["t"]' ',"th":256' '' > "$t/bad-merge-one"
+tokjson "$bl" '' ',"th":65' '' > "$t/bad-id-twice"
+tokjson "$bl" '' ',"\u4e00":256' '' > "$t/bad-not-byte-level"
+tokjson "$bl" '' ',"th":16777216' '' > "$t/bad-id-range"
+tokjson "$bl" '' ',"th":1.5' '' > "$t/bad-id-fraction"
+tokjson "$bl" '' '' '{"id":256,"content":""}' > "$t/bad-added-empty"
+tokjson "$bl" '' '' '{"id":256,"content":"<a>","single_word":true}' > "$t/bad-single-word"
+tokjson '{"type":"Split","pattern":{"Regex":"(unclosed"},"behavior":"Isolated","invert":false}' '' '' '' > "$t/bad-regex"
+tokjson '{"type":"Whitespace"}' '' '' '' > "$t/bad-pretok"
+tokjson 'null' '' '' '' > "$t/bad-no-pretok"
+tokjson '{"type":"Split","pattern":{"String":" "},"behavior":"Sideways","invert":false}' '' '' '' > "$t/bad-behavior"
+cp "$t/ok-small" "$t/bad-model-type"
+poke "$t/bad-model-type" '"type":"BPE"' '"type":"WPE"'
+sed 's/"\\u0100":0,//' "$t/ok-small" > "$t/bad-no-byte"
+sed 's/"normalizer":null/"normalizer":{"type":"NFKC"}/' "$t/ok-small" > "$t/bad-normalizer"
+sed 's/"type":"BPE",/"type":"BPE","dropout":0.1,/' "$t/ok-small" > "$t/bad-dropout"
 echo "make_corpus: $(ls "$out"/* | grep -c -- '-') files in $out"
