@@ -4,6 +4,7 @@
 # `lowbit mlperf-check`, and the same log edited (a key missing, a wrong value, lines out of
 # order, a broken evaluation, a wrong status, ...) fails it with the line and key named. The log
 # reshaped to the benchmark's fixed sizes passes --strict. Two ranks write one log (rank 0's).
+# `lowbit rl` logs qwen35_397b_grpo's keys alike.
 set -uo pipefail
 src=${LB_SRCDIR:-.}
 bin=${LB_BUILDDIR:-.}/lowbit
@@ -182,6 +183,79 @@ check_ok "$tmp/fp4/mlperf.log"
 "$bin" info "$src/examples/mlperf-llama31-8b.cfg" > "$tmp/info.out" 2>&1 &&
     grep -q "^model  *llama" "$tmp/info.out" && ok ||
     { fail "examples/mlperf-llama31-8b.cfg:"; cat "$tmp/info.out"; }
+
+# 8. `lowbit rl` in qwen35_397b_grpo's keys, from a small MoE pretrained here for 15 steps: the
+# benchmark's hyperparameters at a global batch of 1 prompt x 16 generations (learning rate
+# 1e-6 x sqrt(16 / 256), clip 0.125 x sqrt(256 / 16), AdamW 0.9 / 0.999 / 1e-8, no weight decay,
+# a constant schedule), the first evaluation at 16 x ceil(2.5 + 3840 / 16) = 3888 samples, then
+# one a step. The model is far from the target: the run ends aborted, and its log passes.
+"$bin" data "$src/examples/tiny-moe.cfg" --set gen.output="$tmp/rla" --set gen.problems=3000 \
+    > /dev/null
+"$bin" train "$src/examples/tiny-moe.cfg" --set data.train_files="$tmp/rla_train_*.bin" \
+    --set data.val_files= --set model.hidden_size=32 --set model.num_hidden_layers=2 \
+    --set model.head_dim=16 --set model.moe_intermediate_size=32 --set train.seq_len=32 \
+    --set train.micro_batch=8 --set train.steps=15 --set train.warmup_steps=2 \
+    --set train.log_every=0 --set run.out_dir="$tmp/pre" > /dev/null || fail "pretraining"
+grpo=(--set rl.init="$tmp/pre/checkpoints/step_00000015.safetensors" --set rl.steps=245
+      --set rl.prompts=1 --set rl.group=16 --set rl.eval_problems=4 --set sample.max_new_tokens=5
+      --set train.lr=2.5e-7 --set train.min_lr=2.5e-7 --set train.warmup_steps=0
+      --set train.beta2=0.999 --set train.adam_eps=1e-8 --set train.weight_decay=0
+      --set train.grad_clip=0.5 --set train.log_every=0 --set checkpoint.save_every=-1
+      --set mlperf.enabled=true)
+"$bin" rl "$src/examples/rl-arith.cfg" "${grpo[@]}" --set run.out_dir="$tmp/rl" > "$tmp/rl.log" 2>&1 ||
+    { fail "the rl run:"; tail -5 "$tmp/rl.log"; }
+rl=$tmp/rl/mlperf.log
+grep -q "^mlperf: target 0.69 not reached in 3920 samples (status aborted)" "$tmp/rl.log" && ok ||
+    { fail "rl: no time to train"; tail -3 "$tmp/rl.log"; }
+for k in num_prompts_per_step num_generations_per_prompt generation_training_rollout_temperature \
+         generation_training_rollout_top_p generation_validation_rollout_temperature \
+         generation_validation_rollout_top_p init_checkpoint_step; do
+    [ "$(grep -c "\"key\": \"$k\"" "$rl")" = 1 ] || fail "rl: key $k not logged once"
+done
+[ "$(grep -o '"key": "eval_accuracy", "value": [0-9.]*, "metadata": {[^}]*"samples_count": [0-9]*' "$rl" |
+     sed 's/.*: //' | tr '\n' ' ')" = "3888 3904 3920 " ] && ok || fail "rl: evaluation points"
+grep -q '"key": "submission_benchmark", "value": "qwen35_397b_grpo"' "$rl" &&
+    grep -q '"key": "opt_learning_rate_decay_schedule", "value": "constant"' "$rl" && ok ||
+    fail "rl: benchmark or schedule"
+check_ok "$rl"
+# --strict: only the sizes of a tiny run and the target are wrong (mlcommons/logging's checker
+# finds the same three)
+"$bin" mlperf-check --strict "$rl" > "$tmp/check.out" 2>&1
+[ "$(grep -c ': max_sequence_length: value 10, the rules want 65536$\|: eval_samples: value 4, the rules want 256$\|eval_accuracy: none reaches the target 0.69$' "$tmp/check.out")" = 3 ] &&
+    grep -q "3 problem(s)" "$tmp/check.out" && ok || { fail "rl --strict:"; cat "$tmp/check.out"; }
+# the log edited to the benchmark's sizes and to a last evaluation above the target (a check of
+# the checker, not a result) passes --strict; then broken one way each, it fails
+last=$(grep -n '"key": "eval_accuracy"' "$rl" | tail -1 | cut -d: -f1)
+sed -e 's/"max_sequence_length", "value": 10,/"max_sequence_length", "value": 65536,/' \
+    -e 's/"eval_samples", "value": 4,/"eval_samples", "value": 256,/' \
+    -e "${last}s/\"value\": [0-9.]*/\"value\": 0.75/" -e 's/"status": "aborted"/"status": "success"/' \
+    "$rl" > "$tmp/rl-strict.log"
+check_ok "$tmp/rl-strict.log" --strict
+sed 's/"num_generations_per_prompt", "value": 16,/"num_generations_per_prompt", "value": 8,/' \
+    "$tmp/rl-strict.log" > "$tmp/bad.log"
+check_bad "rl generations" 'num_prompts_per_step x num_generations_per_prompt is 8, not global_batch_size 16' \
+    "$tmp/bad.log"
+check_bad "rl generations strict" 'num_generations_per_prompt: value 8, the rules want 16' \
+    "$tmp/bad.log" --strict
+sed 's/"opt_base_learning_rate", "value": 2.5e-07,/"opt_base_learning_rate", "value": 1e-06,/' \
+    "$tmp/rl-strict.log" > "$tmp/bad.log"
+check_bad "rl learning rate" 'opt_base_learning_rate: 1e-06, the rules want 1e-6 x sqrt\(16 / 256\) = 2.5e-07' \
+    "$tmp/bad.log" --strict
+sed 's/"opt_gradient_clip_norm", "value": 0.5,/"opt_gradient_clip_norm", "value": 1.0,/' \
+    "$tmp/rl-strict.log" > "$tmp/bad.log"
+check_bad "rl clip" 'opt_gradient_clip_norm: 1, the rules want 0.125 x sqrt\(256 / 16\) = 0.5' \
+    "$tmp/bad.log" --strict
+sed 's/"generation_training_rollout_temperature", "value": 1.0,/"generation_training_rollout_temperature", "value": 0.7,/' \
+    "$tmp/rl-strict.log" > "$tmp/bad.log"
+check_bad "rl temperature" 'generation_training_rollout_temperature: value 0.7, the rules want 1' \
+    "$tmp/bad.log"
+# the first evaluation dropped: the next is not at the benchmark's first point
+grep -v '"samples_count": 3888}' "$tmp/rl-strict.log" > "$tmp/bad.log"
+check_bad "rl first evaluation" 'samples_count 3904, the schedule.s is 3888' "$tmp/bad.log" --strict
+"$bin" rl "$src/examples/rl-arith.cfg" "${grpo[@]}" --set rl.eval_problems=0 \
+    --set run.out_dir="$tmp/e4" > "$tmp/out" 2> "$tmp/err"
+[ $? -ne 0 ] && grep -q "rl.eval_problems is 0: mlperf.enabled evaluates on held-out problems" \
+    "$tmp/err" && ok || { fail "rl without evaluation: accepted"; cat "$tmp/err"; }
 
 echo "$pass passed, $failed failed"
 [ "$failed" = 0 ]

@@ -127,6 +127,7 @@ typedef struct {
         int eval_start;            // sequences before the first, -1 = the benchmark's
         int eval_samples;          // validation sequences per evaluation (train)
         double target;             // 0 = the benchmark's
+        double val_temperature, val_top_p;   // rl: the evaluation's draws
     } mlperf;
     char source_file[LB_PATH_MAX];
     int source_line[192];

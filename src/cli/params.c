@@ -317,6 +317,9 @@ const lb_param lb_params[] = {
     LB_P(mlperf, target, F, "0", 0, 1e6, NULL,
          "stop at this quality: train an eval log-perplexity at or below it, rl a held-out "
          "accuracy above it; 0 = the benchmark's (3.3, 0.69)"),
+    LB_P(mlperf, val_temperature, F, "0.1", 0.01, 100, NULL,
+         "rl: the evaluation's sampling temperature (the benchmark's validation rollouts)"),
+    LB_P(mlperf, val_top_p, F, "0.95", 0.001, 1, NULL, "rl: the evaluation's top_p"),
 };
 
 const int lb_nparams = (int)(sizeof lb_params / sizeof lb_params[0]);
