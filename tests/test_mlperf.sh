@@ -33,9 +33,9 @@ check_bad() {
     ok
 }
 
-"$bin" data "$src/examples/tiny-moe.cfg" --set gen.output="$tmp/arith" --set gen.problems=4000 \
+"$bin" data "$src/examples/tiny-moe.cfg" --set gen.output="$tmp/mla" --set gen.problems=4000 \
     --set gen.val_fraction=0.3 > /dev/null || { echo "FAIL: data"; exit 1; }
-small=(--set data.train_files="$tmp/arith_train_*.bin" --set data.val_files="$tmp/arith_val_*.bin"
+small=(--set data.train_files="$tmp/mla_train_*.bin" --set data.val_files="$tmp/mla_val_*.bin"
        --set model.hidden_size=48 --set model.num_hidden_layers=2 --set model.head_dim=16
        --set model.moe_intermediate_size=64 --set train.seq_len=32 --set train.micro_batch=8
        --set train.log_every=0 --set train.steps=200 --set train.warmup_steps=5
@@ -179,6 +179,15 @@ check_ok "$tmp/fp4/mlperf.log"
 [ $? -ne 0 ] && grep -q "fewer than mlperf.eval_samples (8000)" "$tmp/err" && ok ||
     { fail "a validation set too small: accepted"; cat "$tmp/err"; }
 
+# the commands' --help list the [mlperf] keys; the checker's usage mistakes exit 2
+"$bin" train --help > "$tmp/h1"; "$bin" rl --help > "$tmp/h2"
+grep -Eq "^  mlperf.enabled +bool " "$tmp/h1" && grep -Eq "^  mlperf.val_temperature +float " \
+    "$tmp/h2" && ok || fail "--help lacks the [mlperf] keys"
+"$bin" mlperf-check --strct "$good" > /dev/null 2> "$tmp/err"
+[ $? = 2 ] && grep -q "unknown option '--strct'" "$tmp/err" && ok || fail "mlperf-check --strct"
+"$bin" mlperf-check > /dev/null 2>&1
+[ $? = 2 ] && ok || fail "mlperf-check without a log: not exit 2"
+
 # 7. The benchmark's configuration parses and plans (it does not run here).
 "$bin" info "$src/examples/mlperf-llama31-8b.cfg" > "$tmp/info.out" 2>&1 &&
     grep -q "^model  *llama" "$tmp/info.out" && ok ||
@@ -189,14 +198,8 @@ check_ok "$tmp/fp4/mlperf.log"
 # 1e-6 x sqrt(16 / 256), clip 0.125 x sqrt(256 / 16), AdamW 0.9 / 0.999 / 1e-8, no weight decay,
 # a constant schedule), the first evaluation at 16 x ceil(2.5 + 3840 / 16) = 3888 samples, then
 # one a step. The model is far from the target: the run ends aborted, and its log passes.
-"$bin" data "$src/examples/tiny-moe.cfg" --set gen.output="$tmp/rla" --set gen.problems=3000 \
-    > /dev/null
-"$bin" train "$src/examples/tiny-moe.cfg" --set data.train_files="$tmp/rla_train_*.bin" \
-    --set data.val_files= --set model.hidden_size=32 --set model.num_hidden_layers=2 \
-    --set model.head_dim=16 --set model.moe_intermediate_size=32 --set train.seq_len=32 \
-    --set train.micro_batch=8 --set train.steps=15 --set train.warmup_steps=2 \
-    --set train.log_every=0 --set run.out_dir="$tmp/pre" > /dev/null || fail "pretraining"
-grpo=(--set rl.init="$tmp/pre/checkpoints/step_00000015.safetensors" --set rl.steps=245
+. "$src/tests/rl_setup.sh"   # the pretraining: $init
+grpo=(--set rl.init="$init" --set rl.steps=245
       --set rl.prompts=1 --set rl.group=16 --set rl.eval_problems=4 --set sample.max_new_tokens=5
       --set train.lr=2.5e-7 --set train.min_lr=2.5e-7 --set train.warmup_steps=0
       --set train.beta2=0.999 --set train.adam_eps=1e-8 --set train.weight_decay=0
@@ -204,32 +207,32 @@ grpo=(--set rl.init="$tmp/pre/checkpoints/step_00000015.safetensors" --set rl.st
       --set mlperf.enabled=true)
 "$bin" rl "$src/examples/rl-arith.cfg" "${grpo[@]}" --set run.out_dir="$tmp/rl" > "$tmp/rl.log" 2>&1 ||
     { fail "the rl run:"; tail -5 "$tmp/rl.log"; }
-rl=$tmp/rl/mlperf.log
+rllog=$tmp/rl/mlperf.log
 grep -q "^mlperf: target 0.69 not reached in 3920 samples (status aborted)" "$tmp/rl.log" && ok ||
     { fail "rl: no time to train"; tail -3 "$tmp/rl.log"; }
 for k in num_prompts_per_step num_generations_per_prompt generation_training_rollout_temperature \
          generation_training_rollout_top_p generation_validation_rollout_temperature \
          generation_validation_rollout_top_p init_checkpoint_step; do
-    [ "$(grep -c "\"key\": \"$k\"" "$rl")" = 1 ] || fail "rl: key $k not logged once"
+    [ "$(grep -c "\"key\": \"$k\"" "$rllog")" = 1 ] || fail "rl: key $k not logged once"
 done
-[ "$(grep -o '"key": "eval_accuracy", "value": [0-9.]*, "metadata": {[^}]*"samples_count": [0-9]*' "$rl" |
+[ "$(grep -o '"key": "eval_accuracy", "value": [0-9.]*, "metadata": {[^}]*"samples_count": [0-9]*' "$rllog" |
      sed 's/.*: //' | tr '\n' ' ')" = "3888 3904 3920 " ] && ok || fail "rl: evaluation points"
-grep -q '"key": "submission_benchmark", "value": "qwen35_397b_grpo"' "$rl" &&
-    grep -q '"key": "opt_learning_rate_decay_schedule", "value": "constant"' "$rl" && ok ||
+grep -q '"key": "submission_benchmark", "value": "qwen35_397b_grpo"' "$rllog" &&
+    grep -q '"key": "opt_learning_rate_decay_schedule", "value": "constant"' "$rllog" && ok ||
     fail "rl: benchmark or schedule"
-check_ok "$rl"
+check_ok "$rllog"
 # --strict: only the sizes of a tiny run and the target are wrong (mlcommons/logging's checker
 # finds the same three)
-"$bin" mlperf-check --strict "$rl" > "$tmp/check.out" 2>&1
+"$bin" mlperf-check --strict "$rllog" > "$tmp/check.out" 2>&1
 [ "$(grep -c ': max_sequence_length: value 10, the rules want 65536$\|: eval_samples: value 4, the rules want 256$\|eval_accuracy: none reaches the target 0.69$' "$tmp/check.out")" = 3 ] &&
     grep -q "3 problem(s)" "$tmp/check.out" && ok || { fail "rl --strict:"; cat "$tmp/check.out"; }
 # the log edited to the benchmark's sizes and to a last evaluation above the target (a check of
 # the checker, not a result) passes --strict; then broken one way each, it fails
-last=$(grep -n '"key": "eval_accuracy"' "$rl" | tail -1 | cut -d: -f1)
+last=$(grep -n '"key": "eval_accuracy"' "$rllog" | tail -1 | cut -d: -f1)
 sed -e 's/"max_sequence_length", "value": 10,/"max_sequence_length", "value": 65536,/' \
     -e 's/"eval_samples", "value": 4,/"eval_samples", "value": 256,/' \
     -e "${last}s/\"value\": [0-9.]*/\"value\": 0.75/" -e 's/"status": "aborted"/"status": "success"/' \
-    "$rl" > "$tmp/rl-strict.log"
+    "$rllog" > "$tmp/rl-strict.log"
 check_ok "$tmp/rl-strict.log" --strict
 sed 's/"num_generations_per_prompt", "value": 16,/"num_generations_per_prompt", "value": 8,/' \
     "$tmp/rl-strict.log" > "$tmp/bad.log"

@@ -19,7 +19,7 @@ typedef struct {
 
 static const command commands[] = {
     {"train", lb_cmd_train, "pretrain a model on token shards",
-     "run model data train checkpoint precision parallel",
+     "run model data train checkpoint precision parallel mlperf",
      "lowbit train examples/tiny-moe.cfg --set train.steps=100 --set run.out_dir=runs/short"},
     {"info", lb_cmd_info, "parameters, FLOPs per token and memory of a configuration",
      "run model train precision parallel", "lowbit info examples/tiny-moe.cfg"},
@@ -38,7 +38,7 @@ static const command commands[] = {
      "run model sample gen data precision parallel",
      "lowbit sample --set sample.checkpoint=runs/tiny-moe/checkpoints/step_00000300.safetensors"},
     {"rl", lb_cmd_rl, "GRPO on the arithmetic task with the sampler inside the trainer",
-     "run model rl sample gen train checkpoint precision parallel",
+     "run model rl sample gen train checkpoint precision parallel mlperf",
      "lowbit rl examples/rl-arith.cfg"},
     {"bench", lb_cmd_bench, "time GEMMs per format, attention and training steps",
      "run model bench train sample rl precision",
