@@ -188,6 +188,11 @@ grep -Eq "^  mlperf.enabled +bool " "$tmp/h1" && grep -Eq "^  mlperf.val_tempera
 "$bin" mlperf-check > /dev/null 2>&1
 [ $? = 2 ] && ok || fail "mlperf-check without a log: not exit 2"
 
+"$bin" train "$src/examples/tiny-moe.cfg" "${small[@]}" --set mlperf.log_file=/nonexistent/m.log \
+    --set run.out_dir="$tmp/e5" > "$tmp/out" 2> "$tmp/err"
+[ $? -ne 0 ] && grep -q "/nonexistent/m.log: cannot open for writing: .* (mlperf.log_file)" \
+    "$tmp/err" && ok || { fail "an unwritable mlperf.log_file: accepted"; cat "$tmp/err"; }
+
 # 7. The benchmark's configuration parses and plans (it does not run here).
 "$bin" info "$src/examples/mlperf-llama31-8b.cfg" > "$tmp/info.out" 2>&1 &&
     grep -q "^model  *llama" "$tmp/info.out" && ok ||

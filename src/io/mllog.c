@@ -200,6 +200,16 @@ void lb_mllog_header(lb_mllog *l, const lb_config *c, const lb_mllog_run *r, dou
     LB_MLLOG_POINT_AT(l, "target_accuracy", lb_mllog_num(b, r->target));
 }
 
+int lb_mlperf_open(lb_mlperf *p, const lb_config *c, int root, int resumed, char *err,
+                   size_t errlen)
+{
+    p->root = root;
+    if (!root) return 0;
+    p->log = lb_mllog_open(c->run.out_dir, c->mlperf.log_file, resumed, err, errlen);
+    if (!p->log) snprintf(err + strlen(err), errlen - strlen(err), " (mlperf.log_file)");
+    return p->log ? 0 : -1;
+}
+
 int lb_mlperf_steps(int64_t seq, int64_t batch)
 {
     int64_t s = (seq + batch - 1) / batch;

@@ -93,6 +93,10 @@ typedef struct {
     double t_run;                  // run_start, ms since the epoch
 } lb_mlperf;
 
+// Rank 0 (root) opens c's log (mlperf.log_file in run.out_dir, appended when resumed); the
+// others keep none. 0, or -1 with a message naming mlperf.log_file.
+int lb_mlperf_open(lb_mlperf *p, const lb_config *c, int root, int resumed, char *err,
+                   size_t errlen);
 // cache_clear, init_start (at t_init_ms), the submission keys, the sizes and the optimizer and
 // schedule keys of c's [train], the parallel sizes and the precisions (l NULL: nothing).
 void lb_mllog_header(lb_mllog *l, const lb_config *c, const lb_mllog_run *r,

@@ -956,7 +956,6 @@ static int rl_mlperf_open(rl_run *x)
     const lb_config *c = x->c;
     lb_mlperf *p = &x->mlperf;
     const lb_grid *g = &x->run.grid;
-    p->root = x->root;
     p->higher = 1;
     p->batch = x->N;
     p->every = c->mlperf.eval_every > 0 ? lb_mlperf_steps(c->mlperf.eval_every, p->batch) : 1;
@@ -964,12 +963,9 @@ static int rl_mlperf_open(rl_run *x)
     p->first = c->mlperf.eval_start >= 0 ? lb_mlperf_steps(c->mlperf.eval_start, p->batch)
                                          : (int)ceil(2.5 + 3840.0 / (double)p->batch);
     p->target = c->mlperf.target > 0 ? c->mlperf.target : 0.69;
-    if (x->root) {
-        p->log = lb_mllog_open(c->run.out_dir, c->mlperf.log_file, x->resume[0] != 0, err,
-                               sizeof err);
-        if (!p->log) snprintf(err + strlen(err), sizeof err - strlen(err), " (mlperf.log_file)");
-    }
-    if (lb_run_failed(&x->run, x->root && !p->log, err)) return 1;
+    if (lb_run_failed(&x->run, lb_mlperf_open(p, c, x->root, x->resume[0] != 0, err,
+                                              sizeof err) != 0, err))
+        return 1;
     const lb_model *m = x->m;
     // forwards of one optimizer step on a data-parallel rank: its share of a mini-batch
     int64_t share = (x->NS + g->dp - 1) / g->dp, gas = (share + x->MB - 1) / x->MB;

@@ -299,19 +299,15 @@ static int train_mlperf_open(train_run *x)
     const lb_config *c = x->c;
     lb_run *r = &x->run;
     lb_mlperf *p = &x->mlperf;
-    p->root = r->root;
     p->batch = (int64_t)x->B * x->G;
     int64_t every = c->mlperf.eval_every > 0 ? c->mlperf.eval_every : 12288;
     p->every = lb_mlperf_steps(every, p->batch);
     p->first = c->mlperf.eval_start >= 0 ? lb_mlperf_steps(c->mlperf.eval_start, p->batch)
                                          : p->every;
     p->target = c->mlperf.target > 0 ? c->mlperf.target : 3.3;
-    if (r->root) {
-        p->log = lb_mllog_open(c->run.out_dir, c->mlperf.log_file, x->resume[0] != 0, err,
-                               sizeof err);
-        if (!p->log) snprintf(err + strlen(err), sizeof err - strlen(err), " (mlperf.log_file)");
-    }
-    if (lb_run_failed(r, r->root && !p->log, err)) return 1;
+    if (lb_run_failed(r, lb_mlperf_open(p, c, r->root, x->resume[0] != 0, err, sizeof err) != 0,
+                      err))
+        return 1;
     const lb_model *m = x->m;
     lb_mllog_run info = {LB_MLPERF_LLAMA, p->batch, x->B, x->M, x->T, c->train.steps,
                          c->mlperf.eval_samples, x->st.step, c->train.steps, r->world->size,
