@@ -117,7 +117,7 @@ START_TEST(test_table_covers_struct)
     static const struct { const char *name; size_t off, size, align; } sections[] = {
         SECTION(run), SECTION(model), SECTION(data), SECTION(train), SECTION(checkpoint),
         SECTION(gen), SECTION(convert), SECTION(precision), SECTION(bench), SECTION(parallel),
-        SECTION(sample), SECTION(rl),
+        SECTION(sample), SECTION(rl), SECTION(mlperf),
     };
     size_t end = 0;
     int seen = 0;
@@ -366,7 +366,7 @@ static const struct { const char *text, *msg; } parse_errors[] = {
     {"[training]\n", "t.cfg:1: unknown section [training] (did you mean [train]?)"},
     {"# x\n[zzz]\n",
      "t.cfg:2: unknown section [zzz] (sections: run, model, data, train, checkpoint, gen, "
-     "convert, precision, parallel, bench, sample, rl)"},
+     "convert, precision, parallel, bench, sample, rl, mlperf)"},
     {"lr = 0.1\n", "t.cfg:1: key 'lr' is outside any [section] (did you mean '[train] lr'?)"},
     {"\nfrobnicate = 1\n", "t.cfg:2: key 'frobnicate' is outside any [section]"},
     // syntax
@@ -407,7 +407,7 @@ static const struct { const char *text, *msg; } parse_errors[] = {
     {"[train]\nsteps = x\n[bogus]\n", "t.cfg:2: train.steps: 'x' is not an integer"},
     {"[bogus]\n[train]\nsteps = x\n", "t.cfg:1: unknown section [bogus] (sections: run, model, "
                                      "data, train, checkpoint, gen, convert, precision, parallel, "
-                                     "bench, sample, rl)"},
+                                     "bench, sample, rl, mlperf)"},
     {"[train]\nsteps = x\nlr = y\n", "t.cfg:2: train.steps: 'x' is not an integer"},
 };
 
@@ -488,7 +488,8 @@ START_TEST(test_set_errors)
                    "'train.lr'?)"},
         {"trian.lr=0.1", "--set trian.lr: unknown section 'trian' (did you mean 'train.lr'?)"},
         {"zzz.lr=0.1", "--set zzz.lr: unknown section 'zzz' (sections: run, model, data, train, "
-                       "checkpoint, gen, convert, precision, parallel, bench, sample, rl)"},
+                       "checkpoint, gen, convert, precision, parallel, bench, sample, rl, "
+                       "mlperf)"},
         {"train.lerning_rate=0.1",
          "--set train.lerning_rate: unknown key 'lerning_rate' in [train] (did you mean "
          "'train.lr'?)"},

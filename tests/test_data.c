@@ -3,6 +3,7 @@
 
 #include "kernels/common.h"
 #include "src/io/metrics.h"
+#include "src/io/mllog.h"
 #include "src/cli/util.h"
 #include "tests/testutil.h"
 
@@ -794,6 +795,38 @@ START_TEST(metrics_tfevents)
 }
 END_TEST
 
+// The MLPerf schedule and target (src/io/mllog.h): evaluations after step first and every
+// `every` steps; a loss target is reached at or below it, an accuracy target only above it;
+// the number formats of the log's values.
+START_TEST(mlperf_schedule_and_target)
+{
+    ck_assert_int_eq(lb_mlperf_steps(12288, 32), 384);
+    ck_assert_int_eq(lb_mlperf_steps(12288, 1000), 13);   // rounded up to whole steps
+    ck_assert_int_eq(lb_mlperf_steps(5, 8), 1);
+    lb_mlperf p = {0};
+    p.first = 3, p.every = 2, p.batch = 8, p.target = 3.3;
+    int due[10];
+    for (int s = 1; s <= 9; s++) due[s] = lb_mlperf_due(&p, s);
+    ck_assert(!due[1] && !due[2] && due[3] && !due[4] && due[5] && !due[6] && due[7]);
+    ck_assert_int_eq(lb_mlperf_eval_stop(&p, 3, 9, 3.4), 0);
+    ck_assert(p.block_open);                                // the next block began
+    ck_assert_int_eq(lb_mlperf_eval_stop(&p, 5, 9, 3.3), 1);   // at the target: reached
+    p = (lb_mlperf){.first = 1, .every = 1, .batch = 16, .target = 0.69, .higher = 1};
+    ck_assert_int_eq(lb_mlperf_eval_stop(&p, 1, 9, 0.69), 0);  // an accuracy must exceed it
+    ck_assert_int_eq(lb_mlperf_eval_stop(&p, 2, 9, 0.70), 1);
+    p.reached = 0, p.block_open = 0;
+    ck_assert_int_eq(lb_mlperf_eval_stop(&p, 9, 9, 0.1), 0);
+    ck_assert(!p.block_open);                               // the last step opens no block
+    char b[64], sb[64];
+    ck_assert_str_eq(lb_mllog_num(b, 1e-5), "1e-05");
+    ck_assert_str_eq(lb_mllog_num(b, 0.95), "0.95");
+    ck_assert_str_eq(lb_mllog_num(b, 1.0), "1.0");
+    ck_assert_str_eq(lb_mllog_num(b, 1.0e-6 * 0.25), "2.5e-07");
+    ck_assert_str_eq(lb_mllog_int(b, 1200000), "1200000");
+    ck_assert_str_eq(lb_mllog_str(sb, sizeof sb, "a \"q\"\n"), "\"a \\\"q\\\"\\n\"");
+}
+END_TEST
+
 static Suite *data_suite(void)
 {
     Suite *s = suite_create("data");
@@ -812,6 +845,7 @@ static Suite *data_suite(void)
     tcase_add_test(tc, arith_corpus_errors);
     tcase_add_test(tc, text_corpus);
     tcase_add_test(tc, metrics_tfevents);
+    tcase_add_test(tc, mlperf_schedule_and_target);
     suite_add_tcase(s, tc);
     return s;
 }

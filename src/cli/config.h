@@ -116,6 +116,19 @@ typedef struct {
         int eval_problems;         // held-out problems per evaluation
         int eval_samples;          // k of pass@k
     } rl;
+    struct {                       // the MLPerf log (doc/mlperf.md)
+        int enabled;
+        char log_file[LB_PATH_MAX];     // relative to out_dir; "-" = stdout
+        char submission_org[128];
+        char submission_platform[128];  // "" = WORLDxBACKEND
+        char division[8];          // closed | open
+        int cache_cleared;         // the launcher dropped the page cache (cache_clear)
+        int eval_every;            // sequences between evaluations, 0 = the benchmark's
+        int eval_start;            // sequences before the first, -1 = the benchmark's
+        int eval_samples;          // validation sequences per evaluation (train)
+        double target;             // 0 = the benchmark's
+        double val_temperature, val_top_p;   // rl: the evaluation's draws
+    } mlperf;
     char source_file[LB_PATH_MAX];
     int source_line[192];
 } lb_config;

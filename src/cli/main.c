@@ -7,6 +7,7 @@
 #include "lb_autoconf.h"
 #include "src/cli/commands.h"
 #include "src/cli/util.h"
+#include "src/io/mllog.h"
 
 typedef struct {
     const char *name;
@@ -18,7 +19,7 @@ typedef struct {
 
 static const command commands[] = {
     {"train", lb_cmd_train, "pretrain a model on token shards",
-     "run model data train checkpoint precision parallel",
+     "run model data train checkpoint precision parallel mlperf",
      "lowbit train examples/tiny-moe.cfg --set train.steps=100 --set run.out_dir=runs/short"},
     {"info", lb_cmd_info, "parameters, FLOPs per token and memory of a configuration",
      "run model train precision parallel", "lowbit info examples/tiny-moe.cfg"},
@@ -37,7 +38,7 @@ static const command commands[] = {
      "run model sample gen data precision parallel",
      "lowbit sample --set sample.checkpoint=runs/tiny-moe/checkpoints/step_00000300.safetensors"},
     {"rl", lb_cmd_rl, "GRPO on the arithmetic task with the sampler inside the trainer",
-     "run model rl sample gen train checkpoint precision parallel",
+     "run model rl sample gen train checkpoint precision parallel mlperf",
      "lowbit rl examples/rl-arith.cfg"},
     {"bench", lb_cmd_bench, "time GEMMs per format, attention and training steps",
      "run model bench train sample rl precision",
@@ -63,6 +64,8 @@ static void usage(FILE *f)
         fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "  %-14s %s\n", "params", "print the parameter reference (doc/parameters.md; "
                "--man: the manual page)");
+    fprintf(f, "  %-14s %s\n", "mlperf-check", "check MLPerf logs: keys, values, order "
+               "(doc/mlperf.md)");
     fprintf(f, "\n'lowbit COMMAND --help' lists a command's keys and defaults.\n");
     fprintf(f, "\nParameter files: INI sections, '#' comments, key = value; see doc/parameters.md.\n");
 }
@@ -86,6 +89,38 @@ static char *read_everywhere(lb_comm *comm, const char *path, char *err, size_t 
     if (comm->rank != 0) text = malloc((size_t)len + 1);
     lb_comm_bcast(comm, text, (size_t)len + 1, 0);
     return text;
+}
+
+// lowbit mlperf-check [--strict] LOG...: 0 when every log passes, 1 when one has problems, 2 on
+// a usage mistake or an unreadable file.
+static int mlperf_check(int argc, char **argv)
+{
+    int strict = 0, logs = 0, bad = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--strict")) strict = 1;
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: lowbit mlperf-check [--strict] LOG...\n\nChecks MLPerf logs (:::MLLOG "
+                   "lines) against the llama31_8b or qwen35_397b_grpo rules (by their "
+                   "submission_benchmark): the keys, their values and their order. --strict: also "
+                   "the benchmark's fixed sizes, target and evaluation points (doc/mlperf.md).\n");
+            return 0;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "lowbit mlperf-check: unknown option '%s' (--strict)\n", argv[i]);
+            return 2;
+        }
+    }
+    for (int i = 0; i < argc; i++) {
+        if (argv[i][0] == '-') continue;
+        logs++;
+        int p = lb_mllog_check(argv[i], strict, stdout);
+        if (p < 0) return 2;
+        bad |= p > 0;
+    }
+    if (!logs) {
+        fprintf(stderr, "usage: lowbit mlperf-check [--strict] LOG...\n");
+        return 2;
+    }
+    return bad;
 }
 
 int main(int argc, char **argv)
@@ -114,6 +149,10 @@ int main(int argc, char **argv)
             lb_params_markdown(stdout);
         }
         rc = 0;
+        goto out;
+    }
+    if (!strcmp(argv[1], "mlperf-check")) {   // reads logs, not a configuration
+        rc = comm.rank == 0 ? mlperf_check(argc - 2, argv + 2) : 0;
         goto out;
     }
     const command *cmd = NULL;

@@ -248,6 +248,35 @@ static const lb_param rows[] = {
          "held-out problems per evaluation, 0 = none"),
     LB_P(rl, eval_samples, I, "4", 1, 65536, NULL,
          "samples per held-out problem (the k of pass@k)"),
+
+    // [mlperf] (doc/mlperf.md) ---------------------------------------------------------------
+    LB_P(mlperf, enabled, B, "false", 0, 0, NULL,
+         "write the MLPerf log (:::MLLOG lines, rank 0): train in llama31_8b's keys, rl in "
+         "qwen35_397b_grpo's; evaluate on its schedule and stop at the target"),
+    LB_P(mlperf, log_file, S, "mlperf.log", 0, 0, NULL,
+         "the MLPerf log, relative to run.out_dir; - = stdout"),
+    LB_P(mlperf, submission_org, S, "lowbit", 0, 0, NULL, "submission_org (not empty)"),
+    LB_P(mlperf, submission_platform, S, "", 0, 0, NULL,
+         "submission_platform; \"\" = RANKSxBACKEND, e.g. 8xcuda"),
+    LB_P(mlperf, division, E, "closed", 0, 0, "closed|open", "submission_division"),
+    LB_P(mlperf, cache_cleared, B, "false", 0, 0, NULL,
+         "the launcher dropped the page cache before the run (logged as cache_clear; lowbit "
+         "does not drop it)"),
+    LB_P(mlperf, eval_every, I, "0", 0, BIG, NULL,
+         "sequences between evaluations, rounded up to a multiple of the global batch; 0 = "
+         "the benchmark's (train 12288, rl one step)"),
+    LB_P(mlperf, eval_start, I, "-1", -1, BIG, NULL,
+         "sequences before the first evaluation, rounded up to a multiple of the global batch; "
+         "-1 = the benchmark's (train eval_every, rl batch x ceil(2.5 + 3840 / batch))"),
+    LB_P(mlperf, eval_samples, I, "1024", 1, BIG, NULL,
+         "train: validation sequences per evaluation, the first of data.val_files (a multiple "
+         "of train.micro_batch); rl evaluates rl.eval_problems"),
+    LB_P(mlperf, target, F, "0", 0, 1e6, NULL,
+         "stop at this quality: train an eval log-perplexity at or below it, rl a held-out "
+         "accuracy above it; 0 = the benchmark's (3.3, 0.69)"),
+    LB_P(mlperf, val_temperature, F, "0.1", 0.01, 100, NULL,
+         "rl: the evaluation's sampling temperature (the benchmark's validation rollouts)"),
+    LB_P(mlperf, val_top_p, F, "0.95", 0.001, 1, NULL, "rl: the evaluation's top_p"),
 };
 
 static lb_param *table;

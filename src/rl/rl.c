@@ -26,6 +26,7 @@
 #include "src/rl/reward.h"
 #include "src/cli/run.h"
 #include "src/io/metrics.h"
+#include "src/io/mllog.h"
 #include "src/cli/util.h"
 #include "parallel/grid.h"
 
@@ -399,6 +400,7 @@ typedef struct {
     lb_model *m, *ref;             // the policy (run.m); the KL reference, a frozen piece (or NULL)
     lb_sampler_config sc;
     lb_sampler *smp, *greedy;
+    lb_sampler *val;               // [mlperf]: the evaluation's draws (mlperf.val_*)
     lb_rewards rw;
     lb_grpo_config gcfg;
     lb_train_state st;
@@ -417,6 +419,8 @@ typedef struct {
     int *mbk;                      // own[mbk[mb] .. mbk[mb + 1]): this rank's of mini-batch mb
     double *seqv;                  // (N, 3) reward, length, correct
     size_t cap;                    // MB x T
+    double t_init;                 // when the command started (MLPerf's init_start), ms
+    lb_mlperf mlperf;              // with mlperf.enabled: the schedule, the target, the log
     int32_t *tok, *tgt;            // (MB, T) a micro-batch
     float *lp, *lpr, *dfull;       // (MB, T) its log-probs, the reference's, d loss / d lp
     float *r_lp, *r_old, *r_roll, *r_ref, *r_adv, *r_d;   // (MB x max_new) response tokens
@@ -456,6 +460,12 @@ static int rl_check(rl_run *x)
         if (root) fprintf(stderr, "%sgen.val_fraction is 0: no held-out problems for "
                           "rl.eval_problems (set it to 0 to evaluate nothing)\n",
                           lb_key_where(c, "gen", "val_fraction", where, sizeof where));
+        return 1;
+    }
+    if (c->mlperf.enabled && c->rl.eval_problems == 0) {
+        if (root) fprintf(stderr, "%srl.eval_problems is 0: mlperf.enabled evaluates on "
+                          "held-out problems\n",
+                          lb_key_where(c, "rl", "eval_problems", where, sizeof where));
         return 1;
     }
     if (x->N % x->M) {
@@ -532,7 +542,13 @@ static int rl_load(rl_run *x)
     lb_sampler_config gc = x->sc;
     gc.top_k = 1;
     x->greedy = x->smp ? lb_sampler_create(x->m, &gc, x->T, err, sizeof err) : NULL;
-    return lb_run_failed(&x->run, !x->smp || !x->greedy, err);
+    if (x->greedy && c->mlperf.enabled) {
+        lb_sampler_config vc = x->sc;
+        vc.temperature = (float)c->mlperf.val_temperature;
+        vc.top_p = (float)c->mlperf.val_top_p;
+        x->val = lb_sampler_create(x->m, &vc, x->T, err, sizeof err);
+    }
+    return lb_run_failed(&x->run, !x->smp || !x->greedy || (c->mlperf.enabled && !x->val), err);
 }
 
 // Rank 0's header: warnings about the layout, the run's shape.
@@ -633,6 +649,8 @@ static void rl_free(rl_run *x)
     free(x->adv), free(x->ini), free(x->route_log);
     lb_sampler_free(x->smp);
     lb_sampler_free(x->greedy);
+    lb_sampler_free(x->val);
+    lb_mllog_close(x->mlperf.log);
     lb_model_free(x->ref);
     lb_run_teardown(&x->run);
 }
@@ -891,22 +909,30 @@ static void rl_log_step(rl_run *x, int step, rl_step *s, double t_start)
     fflush(stdout);
 }
 
-// The held-out evaluation (every rl.eval_every steps and at the last) and the checkpoint (as
-// checkpoint.save_every says) after step.
-static void rl_eval_and_save(rl_run *x, int step)
+// The held-out evaluation (every rl.eval_every steps and at the last; under [mlperf] on its
+// schedule, pass@1 at mlperf.val_temperature as the log's eval_accuracy) and the checkpoint (as
+// checkpoint.save_every says) after step. Returns 1 when the MLPerf target was reached (the
+// run stops).
+static int rl_eval_and_save(rl_run *x, int step)
 {
     const lb_config *c = x->c;
-    if ((c->rl.eval_every > 0 && step % c->rl.eval_every == 0) || step == c->rl.steps) {
-        rl_eval ev = evaluate(c, x->smp, x->greedy, x->max_new, x->dpc);
+    int ml = c->mlperf.enabled, stop = 0;
+    if (ml ? lb_mlperf_due(&x->mlperf, step)
+           : (c->rl.eval_every > 0 && step % c->rl.eval_every == 0) || step == c->rl.steps) {
+        if (ml) lb_mlperf_eval_start(&x->mlperf, step);
+        rl_eval ev = evaluate(c, ml ? x->val : x->smp, x->greedy, x->max_new, x->dpc);
         if (x->root) log_eval(c, x->metrics, step, &ev);
+        stop = ml && lb_mlperf_eval_stop(&x->mlperf, step, c->rl.steps, ev.pass1);
     }
-    if (lb_run_save_due(c, step, c->rl.steps)) {
+    if (lb_run_save_due(c, step, stop ? step : c->rl.steps)) {
         x->st.step = step;
         lb_run_save(&x->run, &x->st, x->ini);
     }
+    return stop;
 }
 
-// One step: the rollout, lp_old, the update, the log line, evaluation and checkpoint.
+// One step: the rollout, lp_old, the update, the log line, evaluation and checkpoint. Returns
+// 1 when the rollout failed, 2 when the MLPerf target was reached.
 static int rl_step_run(rl_run *x, int step, double t_start)
 {
     rl_step s = {0};
@@ -919,7 +945,49 @@ static int rl_step_run(rl_run *x, int step, double t_start)
     x->be->sync(x->be);
     s.t_train = lb_now() - t0;
     rl_log_step(x, step, &s, t_start);
-    rl_eval_and_save(x, step);
+    return rl_eval_and_save(x, step) ? 2 : 0;
+}
+
+// [mlperf]: the evaluation schedule and the target on every rank; rank 0 opens the log and
+// writes its init keys (qwen35_397b_grpo's where they apply: doc/mlperf.md). 0 or 1.
+static int rl_mlperf_open(rl_run *x)
+{
+    char err[ERRLEN] = "";
+    const lb_config *c = x->c;
+    lb_mlperf *p = &x->mlperf;
+    const lb_grid *g = &x->run.grid;
+    p->higher = 1;
+    p->batch = x->N;
+    p->every = c->mlperf.eval_every > 0 ? lb_mlperf_steps(c->mlperf.eval_every, p->batch) : 1;
+    // the benchmark's first validation: batch x ceil(2.5 + 3840 / batch) samples
+    p->first = c->mlperf.eval_start >= 0 ? lb_mlperf_steps(c->mlperf.eval_start, p->batch)
+                                         : (int)ceil(2.5 + 3840.0 / (double)p->batch);
+    p->target = c->mlperf.target > 0 ? c->mlperf.target : 0.69;
+    if (lb_run_failed(&x->run, lb_mlperf_open(p, c, x->root, x->resume[0] != 0, err,
+                                              sizeof err) != 0, err))
+        return 1;
+    const lb_model *m = x->m;
+    // forwards of one optimizer step on a data-parallel rank: its share of a mini-batch
+    int64_t share = (x->NS + g->dp - 1) / g->dp, gas = (share + x->MB - 1) / x->MB;
+    lb_mllog_run info = {LB_MLPERF_GRPO, x->N, x->MB, gas, x->T, c->rl.steps,
+                         c->rl.eval_problems, x->st.step, (int64_t)c->rl.steps * x->M,
+                         x->world->size, g->tp, g->pp, g->ep, c->run.backend,
+                         lb_mllog_precision_linear(&m->contract, m->def, &m->cfg),
+                         lb_mllog_precision_attn(&m->contract, c->sample.kv_cache), p->target};
+    lb_mllog_header(p->log, c, &info, x->t_init);
+    LB_MLLOG_NUM(p->log, "generation_training_rollout_temperature", c->sample.temperature);
+    LB_MLLOG_NUM(p->log, "generation_training_rollout_top_p", c->sample.top_p);
+    LB_MLLOG_NUM(p->log, "generation_validation_rollout_temperature", c->mlperf.val_temperature);
+    LB_MLLOG_NUM(p->log, "generation_validation_rollout_top_p", c->mlperf.val_top_p);
+    LB_MLLOG_INT(p->log, "num_prompts_per_step", x->P);
+    LB_MLLOG_INT(p->log, "num_generations_per_prompt", x->G);
+    if (x->root) {
+        printf("mlperf: %s log in %s/%s; evaluation on %d held-out problems after step %d and "
+               "every %d steps; target accuracy above %g%s\n", LB_MLPERF_GRPO, c->run.out_dir,
+               c->mlperf.log_file, c->rl.eval_problems, p->first, p->every, p->target,
+               c->rl.eval_every > 0 ? " (rl.eval_every is not used)" : "");
+        fflush(stdout);
+    }
     return 0;
 }
 
@@ -933,6 +1001,7 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     x->c = &x->cfg;
     x->world = comm;
     x->root = comm->rank == 0;
+    x->t_init = lb_mllog_now_ms();
     const lb_config *c = x->c;
     x->P = c->rl.prompts, x->G = c->rl.group, x->N = x->P * x->G, x->M = c->rl.mini_batches;
     if (rl_check(x) != 0 || rl_open(x) != 0 || rl_load(x) != 0) {
@@ -958,16 +1027,25 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     x->gcfg = (lb_grpo_config){c->rl.eps_low, c->rl.eps_high, c->rl.kl_coef, c->rl.tis_cap,
                                c->rl.adv_eps};
     rl_alloc(x);
-    if (x->st.step == 0) {
+    if (c->mlperf.enabled && rl_mlperf_open(x) != 0) {
+        rl_free(x);
+        return 1;
+    }
+    // the evaluation before training (not under [mlperf]: outside its timed run)
+    if (x->st.step == 0 && !c->mlperf.enabled) {
         rl_eval ev = evaluate(c, x->smp, x->greedy, x->max_new, x->dpc);
         if (x->root) log_eval(c, x->metrics, 0, &ev);
     }
     double t_start = lb_now();
-    for (int step = (int)x->st.step + 1; step <= c->rl.steps; step++)
-        if (rl_step_run(x, step, t_start) != 0) {
-            rl_free(x);
-            return 1;
-        }
+    if (c->mlperf.enabled) lb_mlperf_run_start(&x->mlperf, (int)x->st.step);
+    int step = (int)x->st.step + 1, rc = 0;
+    for (; step <= c->rl.steps; step++)
+        if ((rc = rl_step_run(x, step, t_start)) != 0) break;
+    if (rc == 1) {
+        rl_free(x);
+        return 1;
+    }
+    if (c->mlperf.enabled) lb_mlperf_run_stop(&x->mlperf, step <= c->rl.steps ? step : step - 1);
     rl_free(x);
     return 0;
 }

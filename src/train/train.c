@@ -18,6 +18,7 @@
 #include "src/train/optim.h"
 #include "src/cli/run.h"
 #include "src/io/metrics.h"
+#include "src/io/mllog.h"
 #include "src/cli/util.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline_schedule.h"
@@ -74,14 +75,16 @@ typedef struct {
     double t0;                          // when the first step started
     int first;                          // the first step of this run
     int tty, pending;                   // progress on a terminal (tty_columns); a line is on it
+    double t_init;                      // when the command started (MLPerf's init_start), ms
+    lb_mlperf mlperf;                   // with mlperf.enabled: the schedule, the target, the log
 } train_run;
 
-// Mean cross-entropy over the first val_batches batches of the validation shards. Data-parallel
+// Mean cross-entropy over the first V batches of the validation shards. Data-parallel
 // rank r evaluates batches r, r + dp, ...; under expert parallelism every rank runs the same
 // number of forwards (the dispatcher is collective), repeating its first batch uncounted where it
 // has none. One rank of each model replica counts (tp rank 0 of the last stage); the sums of
 // losses and tokens are added over all ranks.
-static double validate(train_run *x)
+static double validate(train_run *x, int V)
 {
     char err[ERRLEN];
     const lb_config *c = x->c;
@@ -90,7 +93,7 @@ static double validate(train_run *x)
     lb_model *m = x->m;
     const lb_grid *g = &x->run.grid;
     double acc[2] = {0.0, 0.0};   // sum of token losses, tokens
-    int V = c->train.val_batches, rounds = (V + g->dp - 1) / g->dp;
+    int rounds = (V + g->dp - 1) / g->dp;
     int counts = m->last_stage && g->tp_rank == 0;
     lb_model_use_slot(m, 0);
     lb_loader_reset(val);
@@ -141,6 +144,17 @@ static int check_train(const lb_config *c, const lb_grid *g, char *err, size_t e
     }
     if (!c->data.train_files[0]) {
         snprintf(err, errlen, "data.train_files is empty: name the token shards");
+        return -1;
+    }
+    if (c->mlperf.enabled && !c->data.val_files[0]) {
+        snprintf(err, errlen, "mlperf.enabled: data.val_files is empty: the benchmark evaluates "
+                 "on a fixed validation set");
+        return -1;
+    }
+    if (c->mlperf.enabled && c->mlperf.eval_samples % c->train.micro_batch != 0) {
+        snprintf(err, errlen, "mlperf.eval_samples (%d) is not a multiple of train.micro_batch "
+                 "(%d): an evaluation is whole micro-batches", c->mlperf.eval_samples,
+                 c->train.micro_batch);
         return -1;
     }
     return 0;
@@ -239,6 +253,14 @@ static int train_open(train_run *x)
     if (lb_run_check_shards(r, x->train, "data.train_files") != 0 ||
         (x->val && lb_run_check_shards(r, x->val, "data.val_files") != 0))
         return 1;
+    // an MLPerf evaluation reads each of its sequences once: the loader must not wrap around
+    int64_t need = (int64_t)c->mlperf.eval_samples * x->T + 1;
+    if (c->mlperf.enabled && lb_loader_tokens(x->val) < need) {
+        snprintf(err, sizeof err, "data.val_files: %lld tokens, fewer than mlperf.eval_samples "
+                 "(%d) x train.seq_len (%d) + 1: the evaluation would read sequences twice",
+                 (long long)lb_loader_tokens(x->val), c->mlperf.eval_samples, x->T);
+        if (lb_run_failed(r, 1, err)) return 1;
+    }
     if (lb_run_setup(r, 0) != 0) return 1;
     x->m = r->m;
     lb_run_optimizer(r, c->train.steps);
@@ -266,6 +288,39 @@ static int train_load(train_run *x)
     }
     if (lb_run_failed(r, bad, err)) return 1;
     if (r->root) printf("resumed from %s at step %" PRId64 "\n", x->resume, x->st.step);
+    return 0;
+}
+
+// [mlperf]: the evaluation schedule and the target on every rank; rank 0 opens the log and writes
+// its init keys (llama31_8b's: doc/mlperf.md).
+static int train_mlperf_open(train_run *x)
+{
+    char err[ERRLEN];
+    const lb_config *c = x->c;
+    lb_run *r = &x->run;
+    lb_mlperf *p = &x->mlperf;
+    p->batch = (int64_t)x->B * x->G;
+    int64_t every = c->mlperf.eval_every > 0 ? c->mlperf.eval_every : 12288;
+    p->every = lb_mlperf_steps(every, p->batch);
+    p->first = c->mlperf.eval_start >= 0 ? lb_mlperf_steps(c->mlperf.eval_start, p->batch)
+                                         : p->every;
+    p->target = c->mlperf.target > 0 ? c->mlperf.target : 3.3;
+    if (lb_run_failed(r, lb_mlperf_open(p, c, r->root, x->resume[0] != 0, err, sizeof err) != 0,
+                      err))
+        return 1;
+    const lb_model *m = x->m;
+    lb_mllog_run info = {LB_MLPERF_LLAMA, p->batch, x->B, x->M, x->T, c->train.steps,
+                         c->mlperf.eval_samples, x->st.step, c->train.steps, r->world->size,
+                         r->grid.tp, r->grid.pp, r->grid.ep, c->run.backend,
+                         lb_mllog_precision_linear(&m->contract, m->def, &m->cfg),
+                         lb_mllog_precision_attn(&m->contract, NULL), p->target};
+    lb_mllog_header(p->log, c, &info, x->t_init);
+    if (r->root)
+        printf("mlperf: %s log in %s/%s; evaluation of %d sequences after step %d and every %d "
+               "steps (%lld sequences); target eval log-perplexity %g%s\n", LB_MLPERF_LLAMA,
+               c->run.out_dir, c->mlperf.log_file, c->mlperf.eval_samples, p->first, p->every,
+               (long long)(p->every * p->batch), p->target,
+               c->train.val_every > 0 ? " (train.val_every is not used)" : "");
     return 0;
 }
 
@@ -300,7 +355,8 @@ static int train_announce(train_run *x)
     if (r->root)
         x->metrics = lb_metrics_open(c->run.out_dir, c->train.metrics_file, "train",
                                      x->resume[0] ? (long)x->st.step : -1, err, sizeof err);
-    return lb_run_failed(r, r->root && !x->metrics, err);
+    if (lb_run_failed(r, r->root && !x->metrics, err)) return 1;
+    return c->mlperf.enabled ? train_mlperf_open(x) : 0;
 }
 
 // The step's micro-batches of this rank (read before the schedule runs), the model as a
@@ -372,24 +428,32 @@ static void log_step(train_run *x, int step, double loss, const double sums[2], 
                       dt, max_rss_mib());
 }
 
-// Validation when due: the loss on every rank, logged by rank 0.
-static void train_validate(train_run *x, int step)
+// Validation when due: the loss on every rank, logged by rank 0. Under [mlperf] on its
+// schedule, over mlperf.eval_samples sequences, as an evaluation of the MLPerf log; returns
+// whether it reached the target (the run stops).
+static int train_validate(train_run *x, int step)
 {
     const lb_config *c = x->c;
-    if (!x->val || c->train.val_every <= 0 ||
-        (step % c->train.val_every != 0 && step != c->train.steps))
-        return;
-    double vl = validate(x);
+    lb_mlperf *p = &x->mlperf;
+    int ml = c->mlperf.enabled;
+    if (ml ? !lb_mlperf_due(p, step)
+           : !x->val || c->train.val_every <= 0 ||
+                 (step % c->train.val_every != 0 && step != c->train.steps))
+        return 0;
+    if (ml) lb_mlperf_eval_start(p, step);
+    double vl = validate(x, ml ? c->mlperf.eval_samples / x->B : c->train.val_batches);
     if (x->run.root) {
         tty_clear(&x->pending);
         printf("step %5d/%d | val loss %.4f\n", step, c->train.steps, vl);
         lb_metrics_printf(x->metrics, "{\"step\": %d, \"val_loss\": %.9g}", step, vl);
     }
+    return ml && lb_mlperf_eval_stop(p, step, c->train.steps, vl);
 }
 
 // One optimizer step: the micro-batches through the pipeline schedule, the loss over all
-// ranks, the update, the log, validation and the checkpoint when due.
-static void train_step(train_run *x, int step)
+// ranks, the update, the log, validation and the checkpoint when due (and when an MLPerf
+// evaluation reached the target, which ends the run: returns 1).
+static int train_step(train_run *x, int step)
 {
     const lb_config *c = x->c;
     lb_run *r = &x->run;
@@ -414,20 +478,22 @@ static void train_step(train_run *x, int step)
     r->be->sync(r->be);
     double now = lb_now();
     if (r->root) log_step(x, step, loss, sums, lr, norm, now, now - ts);
-    train_validate(x, step);
+    int stop = train_validate(x, step);
     if (r->root) fflush(stdout);
-    if (lb_run_save_due(c, step, c->train.steps)) {
+    if (lb_run_save_due(c, step, stop ? step : c->train.steps)) {
         if (r->root) tty_clear(&x->pending);
         x->st.step = step;
         lb_loader_tell(x->train, &x->st.loader_shard, &x->st.loader_pos);   // the same everywhere
         lb_run_save(r, &x->st, x->ini);
     }
+    return stop;
 }
 
 // Frees what was made, also of a run that stopped during its setup.
 static void train_free(train_run *x)
 {
     lb_metrics_close(x->metrics);
+    lb_mllog_close(x->mlperf.log);
     for (int j = 0; x->in && j < x->M; j++) {
         free(x->in[j]);
         free(x->tg[j]);
@@ -444,6 +510,7 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
 {
     train_run run, *x = &run;
     memset(x, 0, sizeof *x);
+    x->t_init = lb_mllog_now_ms();
     if (train_layout(x, c, comm) != 0 || train_open(x) != 0 || train_load(x) != 0 ||
         train_announce(x) != 0) {
         lb_run_abandon(&x->run);
@@ -451,7 +518,11 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
         return 1;
     }
     train_alloc(x);
-    for (int step = x->first; step <= c->train.steps; step++) train_step(x, step);
+    if (c->mlperf.enabled) lb_mlperf_run_start(&x->mlperf, x->first - 1);
+    int step = x->first;
+    for (; step <= c->train.steps; step++)
+        if (train_step(x, step)) break;
+    if (c->mlperf.enabled) lb_mlperf_run_stop(&x->mlperf, step <= c->train.steps ? step : step - 1);
     train_free(x);
     return 0;
 }
