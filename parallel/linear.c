@@ -641,7 +641,7 @@ int lb_linear_experts_ok(const lb_linear *L, int layer, lb_role role, const lb_w
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     if (!is_low(F->fmt) || !c->row) return 0;
     // one quantization of all rows must be every expert's own (grouped_act_q's split)
-    lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, 0, 0));
+    lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, 0, 0));
     return splits_by_rows(&a);
 }
 
@@ -665,7 +665,7 @@ void lb_linear_experts_fwd(lb_linear *L, int layer, lb_role role, const float *x
         lb_die("lb_linear_experts_fwd: a bf16 y where the GEMMs store fp32");
     // grouped_act_q's quantization: all rows in one call, each expert's bytes
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
-    lb_quant_args a = act_args(L, F, 0, 0, operand_id(layer, role, LB_PASS_FPROP, 0, 0));
+    lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, 0, 0));
     if (rows == 0) return;
     lb_qmat q;
     lb_linear_qscratch(L, 0, &q, rows, in, &a);
