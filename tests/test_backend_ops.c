@@ -578,6 +578,46 @@ static void gemm_grouped_case(const test_case *tst)
     free(c0), free(c2), free(c3), free(sent);
 }
 
+// The experts' rows for gemm_experts' cases: empty experts, experts of one row and one of more
+// than two 128-row tiles among random counts of mean `mean`; *rows their sum.
+static int *experts_counts(int e, int mean, int *rows)
+{
+    int *counts = lb_malloc((size_t)e * sizeof(int));
+    *rows = 0;
+    for (int j = 0; j < e; j++) {
+        counts[j] = j % 5 == 2 ? 0 : j % 7 == 3 ? 1 : (int)(lb_rand_u64(7, 1, j) % (2 * mean));
+        if (j == 1) counts[j] = 300;
+        *rows += counts[j];
+    }
+    return counts;
+}
+
+// out[0] and out[1] (gemm_experts run twice) and out[2] (`other` on its groups), C (rows, n) in
+// bf16 (c16) or fp32: the three bit for bit equal, out[0] against ref (fp32) within bound (1e-5
+// for bf16). Frees out.
+static void experts_check(const char *name, const char *other, void *const out[3], size_t cbytes,
+                          int rows, int n, int c16, const float *ref, double bound)
+{
+    const int ln = (n + 7) / 8 * 8;
+    const char *cn = c16 ? "c16" : "fp32";
+    void *h[3];
+    for (int r = 0; r < 3; r++) h[r] = hget(out[r], cbytes);
+    char what[160];
+    snprintf(what, sizeof what, "%s %s: run twice", name, cn);
+    CHECK_BITS(what, h[0], h[1], cbytes);
+    snprintf(what, sizeof what, "%s %s = %s", name, cn, other);
+    CHECK_BITS(what, h[0], h[2], cbytes);
+    float *got = lb_malloc((size_t)rows * n * 4);
+    for (size_t i = 0; i < (size_t)rows; i++)
+        for (int c = 0; c < n; c++)
+            got[i * n + c] = c16 ? lb_bf16_to_f32(((uint16_t *)h[0])[i * ln + c])
+                                 : ((float *)h[0])[i * n + c];
+    snprintf(what, sizeof what, "%s %s vs cpu", name, cn);
+    CHECK_NMSE(what, got, ref, (size_t)rows * n, c16 ? 1e-5 : bound);
+    for (int r = 0; r < 3; r++) dfree(out[r]), free(h[r]);
+    free(got);
+}
+
 // gemm_experts: an MoE layer's bf16 fprop with the rows per expert in backend memory, p: e,
 // n, k, c16 (a bf16 C), mean rows an expert. The counts hold empty experts, experts of one row
 // and one of more than two 128-row tiles. Against the CPU (the same groups through
@@ -586,13 +626,7 @@ static void gemm_grouped_case(const test_case *tst)
 static void gemm_experts_case(const test_case *tst)
 {
     const int e = tst->p[0], n = tst->p[1], k = tst->p[2], c16 = tst->p[3], mean = tst->p[4];
-    int *counts = lb_malloc((size_t)e * sizeof(int)), rows = 0;
-    for (int j = 0; j < e; j++) {
-        counts[j] = j % 5 == 2 ? 0 : j % 7 == 3 ? 1 : (int)(lb_rand_u64(7, 1, j) % (2 * mean));
-        if (j == 1) counts[j] = 300;
-        rows += counts[j];
-    }
-    const int ln = (n + 7) / 8 * 8;
+    int rows, *counts = experts_counts(e, mean, &rows);
     float *a = randn((size_t)rows * k, 1), *b = randn((size_t)e * n * k, 1);
     uint16_t *a16 = host16(a, rows, k), *b16 = host16(b, (size_t)e * n, k);
     size_t cbytes = c16 ? bytes16(rows, n) : (size_t)rows * n * 4;
@@ -615,26 +649,11 @@ static void gemm_experts_case(const test_case *tst)
             free(g);
         }
     }
-    void *h[3];
-    for (int r = 0; r < 3; r++) h[r] = hget(out[r], cbytes);
-    char what[96];
-    snprintf(what, sizeof what, "gemm_experts e %d n %d k %d %s: run twice", e, n, k,
-             c16 ? "c16" : "fp32");
-    CHECK_BITS(what, h[0], h[1], cbytes);
-    snprintf(what, sizeof what, "gemm_experts e %d n %d k %d %s = gemm_grouped", e, n, k,
-             c16 ? "c16" : "fp32");
-    CHECK_BITS(what, h[0], h[2], cbytes);
-    float *got = lb_malloc((size_t)rows * n * 4);
-    for (size_t i = 0; i < (size_t)rows; i++)
-        for (int c = 0; c < n; c++)
-            got[i * n + c] = c16 ? lb_bf16_to_f32(((uint16_t *)h[0])[i * ln + c])
-                                 : ((float *)h[0])[i * n + c];
-    snprintf(what, sizeof what, "gemm_experts e %d n %d k %d %s vs cpu", e, n, k,
-             c16 ? "c16" : "fp32");
-    CHECK_NMSE(what, got, ref, (size_t)rows * n, c16 ? 1e-5 : tst->bound);
-    for (int r = 0; r < 3; r++) dfree(out[r]), free(h[r]);
+    char name[64];
+    snprintf(name, sizeof name, "gemm_experts e %d n %d k %d", e, n, k);
+    experts_check(name, "gemm_grouped", out, cbytes, rows, n, c16, ref, tst->bound);
     dfree(A), dfree(B), dfree(C);
-    free(counts), free(a), free(b), free(a16), free(b16), free(ref), free(got);
+    free(counts), free(a), free(b), free(a16), free(b16), free(ref);
 }
 
 // Grouped bf16 GEMMs of fp32 inputs, as an expert layer issues them: the three passes over
@@ -2781,12 +2800,7 @@ static void gemm_experts_q_case(const test_case *tst)
 {
     const int e = tst->p[0], n = tst->p[1], k = tst->p[2], c16 = tst->p[3], mean = tst->p[4];
     const size_t gap = (size_t)tst->p[5];
-    int *counts = lb_malloc((size_t)e * sizeof(int)), rows = 0;
-    for (int j = 0; j < e; j++) {
-        counts[j] = j % 5 == 2 ? 0 : j % 7 == 3 ? 1 : (int)(lb_rand_u64(7, 1, j) % (2 * mean));
-        if (j == 1) counts[j] = 300;
-        rows += counts[j];
-    }
+    int rows, *counts = experts_counts(e, mean, &rows);
     lb_quant_args a1 = gq(LB_FMT_FP8_BLOCK, 0, 0, LB_E4M3, 0, 0, 0);
     lb_quant_args w2 = gq(LB_FMT_FP8_BLOCK, 0, 1, LB_E4M3, 0, 0, 0);
     float *xa = scaled_randn(rows, k);
@@ -2808,7 +2822,6 @@ static void gemm_experts_q_case(const test_case *tst)
         dev->upload(dev, db[j].scale, hb[j].scale, sstep);
         free(xb);
     }
-    const int ln = (n + 7) / 8 * 8;
     size_t cbytes = c16 ? bytes16(rows, n) : (size_t)rows * n * 4;
     float *ref = lb_malloc((size_t)rows * n * 4);
     lb_gemm_experts_args x = {.c = ref, .counts = counts, .e = e, .rows = rows, .n = n, .k = k,
@@ -2839,29 +2852,14 @@ static void gemm_experts_q_case(const test_case *tst)
             free(g);
         }
     }
-    void *h[3];
-    for (int r = 0; r < 3; r++) h[r] = hget(out[r], cbytes);
-    char what[112];
-    snprintf(what, sizeof what, "gemm_experts fp8 e %d n %d k %d gap %zu %s: run twice", e, n,
-             k, gap, c16 ? "c16" : "fp32");
-    CHECK_BITS(what, h[0], h[1], cbytes);
-    snprintf(what, sizeof what, "gemm_experts fp8 e %d n %d k %d gap %zu %s = gemm_q_grouped", e,
-             n, k, gap, c16 ? "c16" : "fp32");
-    CHECK_BITS(what, h[0], h[2], cbytes);
-    float *got = lb_malloc((size_t)rows * n * 4);
-    for (size_t i = 0; i < (size_t)rows; i++)
-        for (int c = 0; c < n; c++)
-            got[i * n + c] = c16 ? lb_bf16_to_f32(((uint16_t *)h[0])[i * ln + c])
-                                 : ((float *)h[0])[i * n + c];
-    snprintf(what, sizeof what, "gemm_experts fp8 e %d n %d k %d %s vs cpu", e, n, k,
-             c16 ? "c16" : "fp32");
-    CHECK_NMSE(what, got, ref, (size_t)rows * n, c16 ? 1e-5 : tst->bound);
-    for (int r = 0; r < 3; r++) dfree(out[r]), free(h[r]);
+    char name[64];
+    snprintf(name, sizeof name, "gemm_experts fp8 e %d n %d k %d gap %zu", e, n, k, gap);
+    experts_check(name, "gemm_q_grouped", out, cbytes, rows, n, c16, ref, tst->bound);
     for (int j = 0; j < e; j++) lb_qmat_free(&hb[j]);
     dev->qmat_free(dev, &da);
     lb_qmat_free(&ha);
     dfree(bdata), dfree(bscale), dfree(C);
-    free(counts), free(xa), free(hb), free(db), free(views), free(ref), free(got);
+    free(counts), free(xa), free(hb), free(db), free(views), free(ref);
 }
 
 // gemm_q_grouped: the groups of an MoE layer. As linear.c does, the activations of all groups
