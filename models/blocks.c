@@ -1536,12 +1536,20 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
         tp_reduce(m, part, a->x, n, C);
         be->add(be, a->x, a->xmid, (size_t)n * C);
     }
+    // The final norm and the LM head act per row: only the rows whose logits are read (kv->lrows,
+    // gathered into xmid, free now) pay for them; a prefill chunk's rows are not sampled.
+    const float *xf = a->x;
+    if (kv->lrows) {
+        if (kv->nl == 0) return;
+        be->embedding_fwd(be, a->xmid, kv->lrows, a->x, kv->nl, C);
+        xf = a->xmid;
+    }
     const lb_tensor *tn = find_or_die(m, "model.norm.weight");
     const lb_tensor *th = find_or_die(m, "lm_head.weight");
-    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->x,
-            .w = m->params + tn->offset, .n = n, .c = C, .eps = eps});
+    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = xf,
+            .w = m->params + tn->offset, .n = kv->nl, .c = C, .eps = eps});
     lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->ln, m->params + th->offset,
-                  &m->wcache[th - m->tensors], 0, kv->logits, n, d.V, C, 0.0f);
+                  &m->wcache[th - m->tensors], 0, kv->logits, kv->nl, d.V, C, 0.0f);
 }
 
 int lb_decoder_route_k(const lb_model_config *c) { return is_moe(c) ? c->num_experts_per_tok : 0; }

@@ -656,13 +656,18 @@ void lb_model_forward_cached(lb_model *m, lb_kvcache *kv, const int32_t *tokens,
     memcpy(kv->rows_host + n, slot, (size_t)n * sizeof(int32_t));
     memcpy(kv->rows_host + 2 * (size_t)n, pos, (size_t)n * sizeof(int32_t));
     be->upload(be, kv->rows_dev, kv->rows_host, 3 * (size_t)n * sizeof(int32_t));
-    lb_model_forward_cached_dev(m, kv, kv->rows_dev, n);
+    lb_model_forward_cached_dev(m, kv, kv->rows_dev, n, NULL, 0);
 }
 
-void lb_model_forward_cached_dev(lb_model *m, lb_kvcache *kv, const int32_t *rows, int n)
+void lb_model_forward_cached_dev(lb_model *m, lb_kvcache *kv, const int32_t *rows, int n,
+                                 const int32_t *lrows, int nl)
 {
     if (n < 1 || n > kv->max_rows)
         lb_die("cached forward of %d tokens; the cache takes 1..%d per call", n, kv->max_rows);
+    if (lrows && (nl < 0 || nl > n))
+        lb_die("cached forward of %d tokens with logits for %d of them", n, nl);
+    kv->lrows = lrows;
+    kv->nl = lrows ? nl : n;
     if (kv->fp8 != m->kv_fp8)
         lb_die("KV cache made with kv_fp8 %d, model now has %d", kv->fp8, m->kv_fp8);
     if (kv->bf16 && !m->contract.attention_bf16)

@@ -152,6 +152,10 @@ typedef struct {
     lb_kv_layer *layer;            // (num_hidden_layers) host array of backend caches
     float *logits;                 // (max_rows, vocab) backend memory: the last call's logits
     const int32_t *tokens, *slot, *pos;   // (n) backend: the last call's rows
+    // The rows whose logits the last call computed: NULL, all n in order; else logits row j is
+    // row lrows[j] (nl of them, backend memory), the others get no final norm or LM head.
+    const int32_t *lrows;
+    int nl;
     int32_t *rows_dev, *rows_host; // (3 max_rows) backend and host: one upload a call
     void *acts;                    // definition-private activations for max_rows rows
 } lb_kvcache;
@@ -196,8 +200,9 @@ struct lb_model_def {
     void *(*cached_create)(lb_model *, int max_rows);
     void (*cached_free)(lb_model *, void *acts);
     // n new tokens kv->tokens at (kv->slot, kv->pos): writes their k and v into kv, attends to
-    // positions 0..pos of their slot, and leaves logits (n, vocab) in kv->logits. Every row
-    // goes through the same operations as in forward, so its logits are the same bits.
+    // positions 0..pos of their slot, and leaves logits (n, vocab) in kv->logits, or those of
+    // the kv->nl rows kv->lrows when it is set. Every row goes through the same operations as
+    // in forward, so its logits are the same bits.
     void (*forward_cached)(lb_model *, lb_kvcache *kv, int n);
     // Matmul parameters a token touches (experts counted top-k times), for FLOPs and info.
     int64_t (*active_matmul_params)(const lb_model_config *);
@@ -406,7 +411,11 @@ void lb_model_forward_cached(lb_model *m, lb_kvcache *kv, const int32_t *tokens,
                              const int32_t *slot, const int32_t *pos, int n);
 // The same from rows (3 n) in backend memory: the tokens, then their slots, then their
 // positions, valid already (the sampler uploads them with its random numbers in one copy).
-void lb_model_forward_cached_dev(lb_model *m, lb_kvcache *kv, const int32_t *rows, int n);
+// lrows: NULL (logits for every row), or the nl rows (backend memory, each in [0, n)) whose
+// logits the caller reads, in kv->logits' first nl rows: the sampler's, so that prefill rows
+// cost no LM head.
+void lb_model_forward_cached_dev(lb_model *m, lb_kvcache *kv, const int32_t *rows, int n,
+                                 const int32_t *lrows, int nl);
 // logits (n, vocab) backend memory *= inv_temp (nothing when inv_temp is 1).
 void lb_model_temper(lb_model *m, float *logits, int n, float inv_temp);
 // nll (n) backend memory = cross_entropy_fwd = -log softmax(logits_i)[targets[i]], 0 where

@@ -17,11 +17,14 @@ struct lb_sampler {
     // one forward call's rows (max_rows): inputs, owning slot
     int32_t *tok, *slot, *pos;
     int *owner;                    // slot of the row when the row is sampled from, else -1
-    // a step's one upload, host and backend: tokens, slots, positions (rows each), then from an
-    // even word on the rows' random numbers (lb_sample_row, 6 words each)
+    // the rows sampled from (owner >= 0), in row order: at most one per slot
+    int32_t *lrow;
+    // a step's one upload, host and backend: tokens, slots, positions (rows each), the sampled
+    // rows (nl), then from an even word on the sampled rows' random numbers (lb_sample_row, 6
+    // words each)
     int32_t *up, *up_dev;
     // the step's results, backend and host: tokens, done flags (lb_sample_args), then the
-    // tokens' negative log-probs as floats (3 x rows)
+    // tokens' negative log-probs as floats (3 x nl: one per sampled row)
     int32_t *out_dev, *out;
     // per slot: the request it holds (-1 free) and how many of its tokens are in the cache
     int *req, *fed;
@@ -95,7 +98,9 @@ lb_sampler *lb_sampler_create(lb_model *m, const lb_sampler_config *c, int capac
     s->slot = lb_malloc((size_t)R * sizeof(int32_t));
     s->pos = lb_malloc((size_t)R * sizeof(int32_t));
     s->owner = lb_malloc((size_t)R * sizeof(int));
-    const size_t up_words = 3 * (size_t)R + 1 + (size_t)R * sizeof(lb_sample_row) / 4;
+    s->lrow = lb_malloc((size_t)c->slots * sizeof(int32_t));
+    const size_t up_words = 3 * (size_t)R + c->slots + 1 +
+                            (size_t)c->slots * sizeof(lb_sample_row) / 4;
     s->up = lb_malloc(up_words * sizeof(int32_t));
     s->up_dev = m->be->alloc(m->be, up_words * sizeof(int32_t));
     s->out = lb_malloc(3 * (size_t)R * sizeof(int32_t));
@@ -119,6 +124,7 @@ void lb_sampler_free(lb_sampler *s)
     free(s->slot);
     free(s->pos);
     free(s->owner);
+    free(s->lrow);
     free(s->up);
     be->free(be, s->up_dev);
     free(s->out);
@@ -273,59 +279,63 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
         int want_routes = 0;
         for (int r = 0; r < rows && s->route_log; r++)
             want_routes |= s->row_req[r] >= 0 && reqs[s->row_req[r]].routes;
+        // The rows sampled from: only they get the final norm, the LM head and the draw.
+        int nl = 0;
+        for (int r = 0; r < rows; r++)
+            if (s->owner[r] >= 0) s->lrow[nl++] = r;
         // One upload: the rows (valid by construction: prompts checked above, drawn tokens in
-        // the vocabulary, positions below the capacity) and their random numbers.
-        const size_t off = (3 * (size_t)rows + 1) & ~(size_t)1;   // 8-byte aligned rows
+        // the vocabulary, positions below the capacity), the sampled rows and their random
+        // numbers.
+        const size_t off = (3 * (size_t)rows + nl + 1) & ~(size_t)1;   // 8-byte aligned rows
         memcpy(s->up, s->tok, (size_t)rows * sizeof(int32_t));
         memcpy(s->up + rows, s->slot, (size_t)rows * sizeof(int32_t));
         memcpy(s->up + 2 * (size_t)rows, s->pos, (size_t)rows * sizeof(int32_t));
+        memcpy(s->up + 3 * (size_t)rows, s->lrow, (size_t)nl * sizeof(int32_t));
         lb_sample_row *rng = (lb_sample_row *)(s->up + off);
-        for (int r = 0; r < rows; r++) {
-            int k = s->owner[r];
-            const lb_sample_req *q = k < 0 ? NULL : &reqs[s->req[k]];
-            rng[r] = q ? (lb_sample_row){q->seed, q->stream, q->len} : (lb_sample_row){0, 0, -1};
+        for (int j = 0; j < nl; j++) {
+            const lb_sample_req *q = &reqs[s->req[s->owner[s->lrow[j]]]];
+            rng[j] = (lb_sample_row){q->seed, q->stream, q->len};
         }
-        be->upload(be, s->up_dev, s->up, off * sizeof(int32_t) + (size_t)rows * sizeof *rng);
+        be->upload(be, s->up_dev, s->up, off * sizeof(int32_t) + (size_t)nl * sizeof *rng);
         m->route_log = want_routes ? s->route_log : NULL;
-        lb_model_forward_cached_dev(m, s->kv, s->up_dev, rows);
+        lb_model_forward_cached_dev(m, s->kv, s->up_dev, rows, s->up_dev + 3 * (size_t)rows, nl);
         m->route_log = NULL;
         if (want_routes) keep_routes(s, reqs, rows);
         st.forwards++;
+        if (nl == 0) continue;   // prefill chunks only: nothing to draw
         // The draw, the stop test and the recorded log-probs (the trainer's operation on the
-        // same logits rows) on the device; 3 x rows words come back.
-        lb_model_temper(m, s->kv->logits, rows, s->inv_temp);
+        // same logits rows) on the device; 3 x nl words come back.
+        lb_model_temper(m, s->kv->logits, nl, s->inv_temp);
         lb_sample_args sa = {s->kv->logits, (const lb_sample_row *)(s->up_dev + off), s->out_dev,
-                             s->out_dev + rows, rows, V, c->top_k, c->top_p, c->max_new_tokens,
+                             s->out_dev + nl, nl, V, c->top_k, c->top_p, c->max_new_tokens,
                              c->nstop, {0}};
         memcpy(sa.stop, c->stop, sizeof sa.stop);
         be->sample(be, &sa);
-        float *nll_dev = (float *)(s->out_dev + 2 * (size_t)rows);
-        lb_model_nll_dev(m, s->kv->logits, s->out_dev, rows, nll_dev);
-        be->download(be, s->out, s->out_dev, 3 * (size_t)rows * sizeof(int32_t));
-        int32_t *tgt = s->out, *stop = s->out + rows;
-        const float *nll = (const float *)(s->out + 2 * (size_t)rows);
-        if (tp && tp_agree(s, tp, tgt, rows)) {
+        float *nll_dev = (float *)(s->out_dev + 2 * (size_t)nl);
+        lb_model_nll_dev(m, s->kv->logits, s->out_dev, nl, nll_dev);
+        be->download(be, s->out, s->out_dev, 3 * (size_t)nl * sizeof(int32_t));
+        int32_t *tgt = s->out, *stop = s->out + nl;
+        const float *nll = (const float *)(s->out + 2 * (size_t)nl);
+        if (tp && tp_agree(s, tp, tgt, nl)) {
             // library-order sums only: rank 0's draws, and their log-probs on this rank
-            be->upload(be, s->out_dev, tgt, (size_t)rows * sizeof(int32_t));
-            lb_model_nll_dev(m, s->kv->logits, s->out_dev, rows, nll_dev);
-            be->download(be, s->out + 2 * (size_t)rows, nll_dev, (size_t)rows * sizeof(float));
-            for (int r = 0; r < rows; r++) {   // and their done flags
-                if (s->owner[r] < 0) continue;
-                stop[r] = reqs[s->req[s->owner[r]]].len + 1 >= c->max_new_tokens;
+            be->upload(be, s->out_dev, tgt, (size_t)nl * sizeof(int32_t));
+            lb_model_nll_dev(m, s->kv->logits, s->out_dev, nl, nll_dev);
+            be->download(be, s->out + 2 * (size_t)nl, nll_dev, (size_t)nl * sizeof(float));
+            for (int j = 0; j < nl; j++) {   // and their done flags
+                stop[j] = reqs[s->req[s->owner[s->lrow[j]]]].len + 1 >= c->max_new_tokens;
                 for (int i = 0; i < c->nstop; i++)
-                    if (c->stop[i] == tgt[r]) stop[r] = 2;
+                    if (c->stop[i] == tgt[j]) stop[j] = 2;
             }
         }
-        for (int r = 0; r < rows; r++) {
-            int k = s->owner[r];
-            if (k < 0) continue;
+        for (int j = 0; j < nl; j++) {
+            const int k = s->owner[s->lrow[j]];
             lb_sample_req *q = &reqs[s->req[k]];
-            q->tokens[q->len] = tgt[r];
-            q->logprobs[q->len] = -nll[r];
+            q->tokens[q->len] = tgt[j];
+            q->logprobs[q->len] = -nll[j];
             q->len++;
             st.generated++;
-            if (stop[r]) {   // 2: a stop token, 1: the length limit
-                q->stopped = stop[r] == 2;
+            if (stop[j]) {   // 2: a stop token, 1: the length limit
+                q->stopped = stop[j] == 2;
                 s->req[k] = -1;   // the slot is free for the next request
             }
         }
