@@ -32,6 +32,15 @@ static float *scratch(lb_linear *L, int i, size_t n)
     return L->scratch[i] = grow(L->be, L->scratch[i], &L->scratch_n[i], n * sizeof(float));
 }
 
+// The bytes of q's transposed scales (lb_qmat.tscale) where its layout has them, else 0: every
+// fp8-block 1x128 operand gets them, so the GEMMs that read them need no transpose of their own.
+static size_t tscale_bytes(const lb_qmat *q)
+{
+    return q->fmt == LB_FMT_FP8_BLOCK && q->brows == 1 && q->bcols == 128
+               ? lb_qmat_tscale_bytes(q)
+               : 0;
+}
+
 void lb_linear_qscratch(lb_linear *L, int i, lb_qmat *q, int rows, int cols,
                         const lb_quant_args *a)
 {
@@ -50,7 +59,7 @@ void lb_linear_qscratch_groups(lb_linear *L, int i, lb_qmat *q, int count, const
         if (rows[j] == 0) continue;
         lb_qmat_layout(&q[j], rows[j], cols, a);
         nd += align256(lb_qmat_data_bytes(&q[j]));
-        ns += align256(lb_qmat_scale_bytes(&q[j]));
+        ns += align256(lb_qmat_scale_bytes(&q[j])) + align256(tscale_bytes(&q[j]));
         n2 += align256((size_t)q[j].nscale2 * sizeof(float));
     }
     s->data = grow(L->be, s->data, &s->data_n, nd);
@@ -63,6 +72,8 @@ void lb_linear_qscratch_groups(lb_linear *L, int i, lb_qmat *q, int count, const
         q[j].scale = (uint8_t *)s->scale + ns;
         nd += align256(lb_qmat_data_bytes(&q[j]));
         ns += align256(lb_qmat_scale_bytes(&q[j]));
+        if (tscale_bytes(&q[j])) q[j].tscale = (float *)((uint8_t *)s->scale + ns);
+        ns += align256(tscale_bytes(&q[j]));
         if (q[j].nscale2) {
             q[j].scale2 = (float *)((uint8_t *)s->scale2 + n2);
             n2 += align256((size_t)q[j].nscale2 * sizeof(float));

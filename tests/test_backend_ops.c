@@ -2190,6 +2190,58 @@ static void qmat_put(lb_qmat *d, const lb_qmat *h, const lb_quant_args *a, int r
 
 static int same_or_nan(float a, float b) { return fbits(a) == fbits(b) || (a != a && b != b); }
 
+// lb_qmat.tscale on host qmat h and device qmat d where their layout has one (fp8-block 1x128),
+// the device's poisoned: every quantizer then writes it, and ts_check compares it as the scales.
+static void ts_attach(lb_qmat *h, lb_qmat *d)
+{
+    if (h->fmt != LB_FMT_FP8_BLOCK || h->brows != 1) return;
+    const size_t n = lb_qmat_tscale_bytes(h);
+    h->tscale = lb_malloc(n);
+    d->tscale = dev->alloc(dev, n);
+    poison(d->tscale, n);
+}
+
+// The CPU's transposed scales are its scales transposed, and the device's equal them bit for
+// bit (rows srows .. ld - 1 are not written); then both are freed.
+static void ts_check(const char *what, lb_qmat *d, lb_qmat *h)
+{
+    if (!h->tscale) return;
+    const size_t ld = lb_qmat_tscale_ld(h);
+    float *got = hget(d->tscale, lb_qmat_tscale_bytes(h));
+    const float *sc = h->scale;
+    for (int k = 0; k < h->scols; k++)
+        for (int r = 0; r < h->srows; r++) {
+            const size_t i = (size_t)k * ld + r;
+            ck_assert_msg(fbits(h->tscale[i]) == fbits(sc[(size_t)r * h->scols + k]),
+                          "%s: the CPU's transposed scale (%d, %d) is not its scale", what, k, r);
+            ck_assert_msg(fbits(got[i]) == fbits(h->tscale[i]),
+                          "%s: transposed scale (%d, %d) %a want %a (seed %llu)", what, k, r,
+                          (double)got[i], (double)h->tscale[i], (unsigned long long)seed);
+        }
+    free(got), free(h->tscale), dfree(d->tscale);
+    h->tscale = d->tscale = NULL;
+}
+
+// Device qmat d (a copy of host h's bytes) gets h's scales transposed as lb_qmat.tscale, where
+// its layout has them; ts_drop frees them.
+static void ts_put(lb_qmat *d, const lb_qmat *h)
+{
+    if (h->fmt != LB_FMT_FP8_BLOCK || h->brows != 1) return;
+    const size_t ld = lb_qmat_tscale_ld(h), n = lb_qmat_tscale_bytes(h);
+    float *t = lb_malloc(n);
+    for (int k = 0; k < h->scols; k++)
+        for (int r = 0; r < h->srows; r++)
+            t[(size_t)k * ld + r] = ((const float *)h->scale)[(size_t)r * h->scols + k];
+    d->tscale = dput(t, n);
+    free(t);
+}
+
+static void ts_drop(lb_qmat *d)
+{
+    if (d->tscale) dfree(d->tscale);
+    d->tscale = NULL;
+}
+
 static int qcompared;   // quantizations compared (the test checks it covered what it meant to)
 
 // Quantizes x (rows, cols) on both backends and demands identical bytes, scales and second
@@ -2200,9 +2252,10 @@ static void quant_case(const char *input, const float *x, int rows, int cols, co
     lb_quant_args a = qargs(c, colwise, sr, s2);
     lb_qmat ref, dq, got;
     lb_qmat_alloc(&ref, rows, cols, &a);
-    lb_quantize(&ref, x, rows, cols, &a);
     float *dx = dput(x, (size_t)rows * cols * 4);
     dev->qmat_alloc(dev, &dq, rows, cols, &a);
+    ts_attach(&ref, &dq);   // the first run writes transposed scales too, the second none
+    lb_quantize(&ref, x, rows, cols, &a);
     ck_assert_int_eq(dq.rows, ref.rows);
     ck_assert_int_eq(dq.cols, ref.cols);
     ck_assert_uint_eq(dq.ld, ref.ld);
@@ -2230,6 +2283,7 @@ static void quant_case(const char *input, const float *x, int rows, int cols, co
         ck_assert_msg(!bad, "%s: scale bytes differ, first at byte %zu: %#x want %#x (seed %llu)",
                       what, first, ((uint8_t *)got.scale)[first], ((uint8_t *)ref.scale)[first],
                       (unsigned long long)seed);
+        ts_check(what, &dq, &ref);
         for (int i = 0; i < ref.nscale2; i++)
             ck_assert_msg(fbits(got.scale2[i]) == fbits(ref.scale2[i]),
                           "%s: scale2[%d] %a want %a (seed %llu)", what, i, (double)got.scale2[i],
@@ -2454,9 +2508,14 @@ static void gemm_q_case(const char *name, int m, int n, int k, const lb_quant_ar
     for (int r = 0; r < 2; r++) {
         if (beta == 0.0f) poison(dc, sc * 4);
         else dev->upload(dev, dc, c0, sc * 4);
+        if (r == 1) {   // the same bits from the operands' transposed scales (lb_qmat.tscale)
+            ts_put(&da, &ha);
+            ts_put(&db, &hb);
+        }
         dev->gemm_q(dev, m, n, k, alpha, &da, &db, beta, dc);
         out[r] = hget(dc, sc * 4);
     }
+    ts_drop(&da), ts_drop(&db);
     char what[160];
     snprintf(what, sizeof what, "gemm_q %s m %d n %d k %d a %g b %g", name, m, n, k, alpha, beta);
     CHECK_NMSE(what, out[0], ref, sc, bound);
@@ -2537,6 +2596,8 @@ static void quant_grouped_case(const test_case *tst)
     float *x, *dx;
     lb_qmat *h, *d;
     int *prows = grouped_setup(a, cols, pad, G, rows, &n, &x, &dx, &h, &d);
+    for (int j = 0; j < G; j++)
+        if (prows[j]) ts_attach(&h[j], &d[j]);
     cpu->quantize_grouped(cpu, G, h, x, rows, prows, cols, a);
     dev->quantize_grouped(dev, G, d, dx, rows, prows, cols, a);
     for (int j = 0; j < G; j++) {
@@ -2549,6 +2610,7 @@ static void quant_grouped_case(const test_case *tst)
         CHECK_BITS(what, got.data, h[j].data, lb_qmat_data_bytes(&h[j]));
         CHECK_BITS(what, got.scale, h[j].scale, lb_qmat_scale_bytes(&h[j]));
         if (h[j].nscale2) CHECK_BITS(what, got.scale2, h[j].scale2, (size_t)h[j].nscale2 * 4);
+        ts_check(what, &d[j], &h[j]);
         lb_qmat_free(&got);
         lb_qmat_free(&h[j]);
         dev->qmat_free(dev, &d[j]);
@@ -2579,6 +2641,9 @@ static void quant_rc_case(const test_case *tst)
     lb_qmat_alloc(&hr, n, cols, ar);
     dev->qmat_alloc(dev, &dr, n, cols, ar);
     poison(dr.data, lb_qmat_data_bytes(&hr)), poison(dr.scale, lb_qmat_scale_bytes(&hr));
+    ts_attach(&hr, &dr);
+    for (int j = 0; j < G; j++)
+        if (prows[j]) ts_attach(&h[j], &d[j]);
     cpu->quantize_rc(cpu, &hr, ar, G, h, x, rows, prows, cols, ac);
     dev->quantize_rc(dev, &dr, ar, G, d, dx, rows, prows, cols, ac);
     char what[160];
@@ -2587,6 +2652,7 @@ static void quant_rc_case(const test_case *tst)
     snprintf(what, sizeof what, "quantize_rc %s, row-wise (%d, %d)", name, n, cols);
     CHECK_BITS(what, got.data, hr.data, lb_qmat_data_bytes(&hr));
     CHECK_BITS(what, got.scale, hr.scale, lb_qmat_scale_bytes(&hr));
+    ts_check(what, &dr, &hr);
     lb_qmat_free(&got), lb_qmat_free(&hr), dev->qmat_free(dev, &dr);
     int differ = 0;
     for (int j = 0; j < G; j++) {
@@ -2594,6 +2660,8 @@ static void quant_rc_case(const test_case *tst)
         qmat_get(&got, &d[j]);
         differ += memcmp(got.data, h[j].data, lb_qmat_data_bytes(&h[j])) != 0;
         differ += memcmp(got.scale, h[j].scale, lb_qmat_scale_bytes(&h[j])) != 0;
+        snprintf(what, sizeof what, "quantize_rc %s, column-wise group %d", name, j);
+        ts_check(what, &d[j], &h[j]);
         lb_qmat_free(&got), lb_qmat_free(&h[j]), dev->qmat_free(dev, &d[j]);
     }
     if (verbose())
@@ -2845,7 +2913,9 @@ static void gemm_experts_q_case(const test_case *tst)
         }
 #endif
         if (r < 2) {
+            if (r == 1) ts_put(&da, &ha);   // the same bits from A's transposed scales
             dev->gemm_experts(dev, &xd);
+            ts_drop(&da);
         } else {
             lb_gemm_q_args *g = lb_experts_qgroups(&xd, counts, views);
             dev->gemm_q_grouped(dev, e, g);
@@ -3439,6 +3509,8 @@ static const test_case CASES[] = {
          {128, 1536, 2048, 1, 16, 0}, .bound = B_FP8TC, .label = "fp8, decode shape, bf16 C"),
     CASE(OP(gemm_experts) | OP(gemm_q_grouped) | OP(quantize), gemm_experts_q_case,
          {16, 200, 336, 0, 150, 0}, .bound = B_FP8TC, .label = "fp8, 128-row tiles, fp32 C"),
+    CASE(OP(gemm_experts) | OP(gemm_q_grouped) | OP(quantize), gemm_experts_q_case,
+         {128, 2048, 768, 0, 16, 0}, .bound = B_FP8TC, .label = "fp8, decode shape, fp32 C"),
     CASE(OP(gemm_experts) | OP(gemm_q_grouped) | OP(quantize), gemm_experts_q_case,
          {9, 136, 256, 1, 40, 256}, .bound = B_FP8TC, .label = "fp8, experts apart (host)"),
 

@@ -1586,10 +1586,11 @@ __global__ void gq_scales_t_kernel(const __grid_constant__ gq_st_params P)
     }
 }
 
-// The map of transposed scales (kb, ld) (no swizzle: boxes of box x 1 floats).
-static void scale_map(CUtensorMap *map, const float *x, int ld, int kb, int box)
+// The map of transposed scales (kb, rows) of row pitch ld (no swizzle: boxes of box x 1
+// floats; the tensor map fills a box's rows beyond rows with zeros).
+static void scale_map(CUtensorMap *map, const float *x, int ld, int rows, int kb, int box)
 {
-    const uint64_t dim[2] = {(uint64_t)ld, (uint64_t)kb}, pitch[1] = {(uint64_t)ld * 4};
+    const uint64_t dim[2] = {(uint64_t)rows, (uint64_t)kb}, pitch[1] = {(uint64_t)ld * 4};
     const uint32_t bx[2] = {(uint32_t)box, 1};
     tma_encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, x, 2, dim, pitch, bx,
                CU_TENSOR_MAP_SWIZZLE_NONE);
@@ -1602,9 +1603,10 @@ static void gq_scales_t_launch(lb_cuda_ctx *cx, const gq_st_params *T, int tiles
     LB_CUDA_LAUNCHED(cx);
 }
 
-// Every group's A scales, and a 1x128 B's, transposed into scratch: job[2i] A's of group i,
-// job[2i + 1] its B's (left empty for a 128x128 B, whose scales are read as they are). One
-// launch per GQ_ST_MAX jobs.
+// Every group's A scales, and a 1x128 B's, transposed: job[2i] A's of group i, job[2i + 1] its
+// B's (left empty for a 128x128 B, whose scales are read as they are). An operand with its
+// scales transposed already (lb_qmat.tscale, written by the quantizer) is read there; the
+// others go into scratch, one launch per GQ_ST_MAX jobs.
 static void gq_scales_t(lb_cuda_ctx *cx, int count, const lb_gemm_q_args *g, int vec,
                         gq_st_job *job)
 {
@@ -1614,14 +1616,15 @@ static void gq_scales_t(lb_cuda_ctx *cx, int count, const lb_gemm_q_args *g, int
         const lb_qmat *q = i & 1 ? g[i / 2].b : g[i / 2].a;
         job[i].src = (const float *)q->scale, job[i].rows = q->srows, job[i].kb = q->scols;
         job[i].ld = (q->srows + 127) / 128 * 128;
-        bytes += lb_align256((size_t)job[i].ld * job[i].kb * sizeof(float));
+        if (q->tscale) job[i].dst = q->tscale;
+        else bytes += lb_align256((size_t)job[i].ld * job[i].kb * sizeof(float));
     }
-    char *sc = (char *)lb_cuda_scratch(cx, bytes);
+    char *sc = bytes ? (char *)lb_cuda_scratch(cx, bytes) : NULL;
     gq_st_params T;
     T.count = 0;
     int most = 0;   // the largest job's 32 x 32 tiles
     for (int i = 0; i < 2 * count; i++) {
-        if (!job[i].src) continue;
+        if (!job[i].src || job[i].dst) continue;
         job[i].dst = (float *)sc;
         sc += lb_align256((size_t)job[i].ld * job[i].kb * sizeof(float));
         T.j[T.count++] = job[i];
@@ -1679,8 +1682,8 @@ extern "C" void lb_cuda_gemm_q_grouped_tc(lb_cuda_ctx *cx, int count, const lb_g
                     GG_BM);
             tma_map(&G->tb, CU_TENSOR_MAP_DATA_TYPE_UINT8, x->b->data, x->n, x->k, x->k, GQ_BK,
                     GQ_BN);
-            scale_map(&G->tsa, ja->dst, ja->ld, ja->kb, GG_BM);
-            if (vec) scale_map(&G->tsb, jb->dst, jb->ld, jb->kb, GQ_BN);
+            scale_map(&G->tsa, ja->dst, ja->ld, ja->rows, ja->kb, GG_BM);
+            if (vec) scale_map(&G->tsb, jb->dst, jb->ld, jb->rows, jb->kb, GQ_BN);
             G->sb = (const float *)x->b->scale;
             G->c = x->c, G->c16 = (__nv_bfloat16 *)x->c16, G->m = x->m, G->n = x->n;
             G->kb = x->a->scols;
@@ -1759,7 +1762,7 @@ extern "C" void lb_cuda_gemm_experts_q_tc(lb_cuda_ctx *cx, const lb_gemm_experts
     tma_map(&P.ta, CU_TENSOR_MAP_DATA_TYPE_UINT8, x->qa->data, x->rows, x->k, x->k, GQ_BK, bm);
     tma_map(&P.tb, CU_TENSOR_MAP_DATA_TYPE_UINT8, x->qb[0].data, x->e * x->n, x->k, x->k, GQ_BK,
             GQ_BN);
-    scale_map(&P.tsa, job[0].dst, job[0].ld, job[0].kb, bm + 4);
+    scale_map(&P.tsa, job[0].dst, job[0].ld, job[0].rows, job[0].kb, bm + 4);
     P.sb = (const float *)x->qb[0].scale;
     P.sstep = x->e > 1 ? (size_t)((const float *)x->qb[1].scale - P.sb) : 0;
     P.c = x->c, P.c16 = (__nv_bfloat16 *)x->c16, P.counts = x->counts, P.err = cx->err_dev;

@@ -542,6 +542,8 @@ typedef struct {
     float *tscale;
     size_t tld;
     int tscols;
+    int tsld;                // 1x128 blocks: Q_j's scales transposed (lb_qmat.tscale, pitch
+    float *ts;               // tsld), written beside its scales; else ts NULL
 } fq_group;
 
 typedef struct {
@@ -554,6 +556,8 @@ typedef struct {
     uint8_t *rdata;          // quantize_rc: the row-wise Q of all of x (fp8-block 1x128)
     float *rscale;
     int rscols;
+    int rtsld;               // quantize_rc: the row-wise Q's transposed scales, or rts NULL
+    float *rts;
     fq_group g[FQ_MAX];
 } fq_params;
 static_assert(sizeof(fq_params) <= 32764, "fq_params exceeds a kernel's parameter space");
@@ -708,27 +712,30 @@ __device__ __forceinline__ void fq_store4(uint8_t *data, int R, int C, int r, in
     fq_put4(data, R, C, r, c, fq_word4<SR>(C, r, c, x, d, rbase));
 }
 
-// 1x128 blocks of the 16 rows a warp holds whole (v[s]: Q row r0 + s, this lane's columns c ..
+// 1x128 blocks of the N rows a warp holds whole (v[s]: Q row r0 + s, this lane's columns c ..
 // c + 3, all in the 128-column block bc): lane s takes row r0 + s's maximum, computes its scale
-// (written for rows below R) and divisor once, and the divisor reaches every lane by shuffles
-// (not computed by all 32 lanes 16 times); then a 4-byte word of codes per lane and row, so a
-// warp writes 128 bytes of a Q row.
-template <int SR>
-__device__ __forceinline__ void fq_rows(const float4 (&v)[16], uint8_t *data, float *scale,
+// (written for rows below R, and into the transposed scales ts of pitch tsld if not NULL) and
+// divisor once, and the divisor reaches every lane by shuffles (not computed by all 32 lanes N
+// times); then a 4-byte word of codes per lane and row, so a warp writes 128 bytes of a Q row.
+template <int SR, int N>
+__device__ __forceinline__ void fq_rows(const float4 (&v)[N], uint8_t *data, float *scale,
                                         int scols, int R, int C, int r0, int c, int bc,
-                                        uint64_t rbase, int lane)
+                                        uint64_t rbase, int lane, float *ts, int tsld)
 {
     uint32_t m = 0;
 #pragma unroll
-    for (int s = 0; s < 16; s++) {
+    for (int s = 0; s < N; s++) {
         const uint32_t ms = __reduce_max_sync(0xffffffffu, fq_abs4(v[s]));
         if (lane == s) m = ms;
     }
     const float sc = fp8_scale(m);
-    if (lane < 16 && r0 + lane < R) scale[(size_t)(r0 + lane) * scols + bc] = sc;
+    if (lane < N && r0 + lane < R) {
+        scale[(size_t)(r0 + lane) * scols + bc] = sc;
+        if (ts) ts[(size_t)bc * tsld + r0 + lane] = sc;
+    }
     const fq_div mine = fq_div_of(sc);
 #pragma unroll
-    for (int s = 0; s < 16; s++) {
+    for (int s = 0; s < N; s++) {
         const fq_div dr = {__shfl_sync(0xffffffffu, mine.d, s), __shfl_sync(0xffffffffu, mine.r, s),
                            __shfl_sync(0xffffffffu, mine.k, s)};
         fq_store4<SR>(data, R, C, r0 + s, c, v[s], dr, rbase);
@@ -788,7 +795,7 @@ __device__ __forceinline__ fq_tile fq_tile_load(const fq_params &P, float4 (&v)[
     return T;
 }
 
-// COLWISE 0: Q(r, c) = x[r][c]; 1: Q(r, c) = x[c][r]. SR: stochastic rounding (a kernel of its
+// COLWISE 0: Q(r, c) = x[r][c] (128x128 blocks); 1: Q(r, c) = x[c][r]. SR: stochastic rounding (a kernel of its
 // own, so the common one carries none of the random stream's code). ROWS (quantize_rc, with
 // COLWISE 1, 1x128 blocks, no SR): the tile's values also go to the row-wise Q of all of x
 // (P.rdata): x_j's row xr + s is its row roff + xr + s, the tile's columns its block tr.
@@ -803,11 +810,7 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
     const fq_group &G = *T.G;
     const int tr = T.tr, tc = T.tc, r0 = T.r0, c0 = T.c0, xr = T.xr, xc = T.xc;
 
-    if (!COLWISE) {
-        if (!P.blk2d) {   // 1x128: the warp holds rows xr .. xr + 15 whole
-            fq_rows<SR>(v, G.data, (float *)G.scale, G.scols, G.R, G.C, xr, xc, tc, G.rbase, lane);
-            return;
-        }
+    if (!COLWISE) {   // 128x128 (row-wise 1x128 is fq_rows_kernel's)
         const float sc = fq_tile_scale(v, part[0], G, tr, tc, tid);   // 128x128
         const fq_div d = fq_div_of(sc);
         if (G.tdata) {
@@ -821,7 +824,7 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
     }
     if (ROWS)   // padding rows (xr + s >= G.rows) are the next group's: not written
         fq_rows<0>(v, P.rdata, P.rscale, P.rscols, G.roff + G.rows, P.cols, G.roff + xr, xc, tr,
-                   0, lane);
+                   0, lane, P.rts, P.rtsld);
 
     fq_div d[4];
     if (P.blk2d) {
@@ -831,7 +834,10 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
         if (tid < 128) {
             const float sc = fp8_scale(m);
             dv[tid] = sc;
-            if (r0 + tid < G.R) ((float *)G.scale)[(size_t)(r0 + tid) * G.scols + tc] = sc;
+            if (r0 + tid < G.R) {
+                ((float *)G.scale)[(size_t)(r0 + tid) * G.scols + tc] = sc;
+                if (G.ts) G.ts[(size_t)tc * G.tsld + r0 + tid] = sc;
+            }
         }
         __syncthreads();
 #pragma unroll
@@ -858,6 +864,25 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
                 G.data[at + s] = (uint8_t)(w[s >> 2] >> (8 * (s & 3)));
         }
     }
+}
+
+// Row-wise 1x128 blocks (activations): tiles of FQ_ROWS_TILE x 128, 4 rows a warp, instead of
+// fq_kernel's 128 x 128, so that a matrix of a few hundred rows (a decode step's 256) has 4x the
+// blocks to spread over the multiprocessors (a 256 x 2048 one: 128, not 32). The same codes and
+// scales: a 1x128 block is one row's, whatever the tile.
+#define FQ_ROWS_TILE 32
+template <int SR>
+__global__ void __launch_bounds__(256) fq_rows_kernel(const __grid_constant__ fq_params P)
+{
+    const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const fq_group &G = lb_group_of(P.g, P.count, t);
+    const int tr = (t - G.tile0) / G.tiles_c, tc = (t - G.tile0) % G.tiles_c;
+    const int xr = tr * FQ_ROWS_TILE + 4 * warp, xc = tc * 128 + 4 * lane;
+    float4 v[4];
+#pragma unroll
+    for (int s = 0; s < 4; s++) v[s] = fq_load(G.x, G.rows, P.cols, xr + s, xc, P.v4);
+    fq_rows<SR>(v, G.data, (float *)G.scale, G.scols, G.R, G.C, xr, xc, tc, G.rbase, lane, G.ts,
+                G.tsld);
 }
 
 // --- MXFP8, MXFP4 and NVFP4 in one pass (two for an NVFP4 tensor or row maximum) ------------
@@ -1212,7 +1237,14 @@ typedef struct {
     const float *x0;         // quantize_rc: x, of which each group's rows are a part
     int rows;                // quantize_rc: fq_kernel<1, 0, 1> (P->rdata: the row-wise Q)
     lb_qmat *qt;             // quantize_rt: the transposed copies, or NULL
+    int trows;               // rows of a tile: FQ_ROWS_TILE for fq_rows_kernel, else 128
 } fq_collect;
+
+// fp8-block row-wise 1x128 without quantize_rc's or quantize_rt's second output: fq_rows_kernel.
+static int fq_rowwise(const fq_collect *c)
+{
+    return !c->mq && !c->rows && !c->qt && !c->colwise && !c->P->blk2d;
+}
 
 static void fq_flush(fq_collect *c)
 {
@@ -1224,6 +1256,8 @@ static void fq_flush(fq_collect *c)
             LB_CUDA_LAUNCHED(c->cx);
         }
         if (c->mq) c->mq<<<g, b, 0, st>>>(*c->P);
+        else if (fq_rowwise(c) && c->P->sr) fq_rows_kernel<1><<<g, b, 0, st>>>(*c->P);
+        else if (fq_rowwise(c)) fq_rows_kernel<0><<<g, b, 0, st>>>(*c->P);
         else if (c->rows) fq_kernel<1, 0, 1><<<g, b, 0, st>>>(*c->P);
         else if (c->P->sr && c->colwise) fq_kernel<1, 1><<<g, b, 0, st>>>(*c->P);
         else if (c->P->sr) fq_kernel<0, 1><<<g, b, 0, st>>>(*c->P);
@@ -1262,7 +1296,11 @@ static void fq_group_add(void *ctx, int j, const float *xj, int r, int pr, const
         c->tiles, tcn,
         aj->sr ? lb_hash64(lb_hash64(aj->seed) ^ lb_quant_stream(aj->step, aj->tensor)) : 0,
         aj->hadamard && aj->hadamard < 32 ? aj->hsigns & ((1u << aj->hadamard) - 1) : aj->hsigns,
-        c->rows ? (int)((xj - c->x0) / c->cols) : 0, NULL, NULL, 0, 0};
+        c->rows ? (int)((xj - c->x0) / c->cols) : 0, NULL, NULL, 0, 0, 0, NULL};
+    if (q->tscale) {   // written with the scales (lb_qmat_tscale_ld dies for other layouts)
+        fq_group &g = c->P->g[c->P->count - 1];
+        g.tsld = (int)lb_qmat_tscale_ld(q), g.ts = q->tscale;
+    }
     if (c->qt) {
         lb_qmat *t = &c->qt[j];
         lb_qmat_transpose_check(t, q);
@@ -1272,7 +1310,7 @@ static void fq_group_add(void *ctx, int j, const float *xj, int r, int pr, const
         fq_group &g = c->P->g[c->P->count - 1];
         g.tdata = t->data, g.tscale = (float *)t->scale, g.tld = t->ld, g.tscols = t->scols;
     }
-    c->tiles += (want.rows + 127) / 128 * tcn;
+    c->tiles += (want.rows + c->trows - 1) / c->trows * tcn;
 }
 
 // Groups j with prows[j] > 0 (see kernels.h quantize_grouped), q[j] checked against the layout
@@ -1284,7 +1322,7 @@ static void fq_launch(lb_cuda_ctx *cx, int count, lb_qmat *q, const float *x, co
     fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
     P->cols = cols, P->blk2d = a->weight_blocks ? 1 : 0, P->sr = a->sr ? 1 : 0;
     P->v4 = cols % 4 == 0 && ((uintptr_t)x & 15) == 0;
-    fq_collect c = {cx, q, cols, a->colwise ? 1 : 0, 0, P, NULL, NULL, NULL, NULL, 0, NULL};
+    fq_collect c = {cx, q, cols, a->colwise ? 1 : 0, 0, P, NULL, NULL, NULL, NULL, 0, NULL, 128};
     if (a->fmt != LB_FMT_FP8_BLOCK) {
         const int h = a->hadamard;
         P->floor_rule = a->rule == LB_SCALE_FLOOR, P->s2mode = (int)a->s2_mode, P->s2given = a->s2;
@@ -1304,6 +1342,7 @@ static void fq_launch(lb_cuda_ctx *cx, int count, lb_qmat *q, const float *x, co
             c.mq_amax = NULL;   // a given second level
         }
     }
+    if (fq_rowwise(&c)) c.trows = FQ_ROWS_TILE;
     lb_quant_groups(count, x, rows, prows, cols, a, fq_group_add, &c);
     fq_flush(&c);
     free(P);
@@ -1320,6 +1359,25 @@ static void nv_check(const lb_quant_args *a)
     } else if (a->s2_mode != LB_S2_TENSOR && a->s2_mode != LB_S2_ROW) {
         lb_die("cuda quantize: unknown scale2 mode %d", (int)a->s2_mode);
     }
+}
+
+// lb_qmat.tscale from q's scales, for the quantizers that do not write it as they go.
+__global__ void tscale_kernel(float *ts, int ld, const float *s, int rows, int kb)
+{
+    const size_t n = (size_t)rows * kb;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const int k = (int)(i / rows), r = (int)(i % rows);
+        ts[(size_t)k * ld + r] = s[(size_t)r * kb + k];
+    }
+}
+
+static void tscale_launch(lb_cuda_ctx *cx, const lb_qmat *q)
+{
+    const size_t n = (size_t)q->srows * q->scols;
+    tscale_kernel<<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(
+        q->tscale, (int)lb_qmat_tscale_ld(q), (const float *)q->scale, q->srows, q->scols);
+    LB_CUDA_LAUNCHED(cx);
 }
 
 static void cuda_qmat_alloc(lb_backend *be, lb_qmat *q, int rows, int cols, const lb_quant_args *a)
@@ -1354,6 +1412,7 @@ static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, 
         lb_die("cuda quantize: lb_qmat was laid out for another shape or format");
     const int nv = q->fmt == LB_FMT_NVFP4;
     nv_check(a);
+    if (q->tscale) lb_qmat_tscale_ld(q);   // dies for a layout without
     if ((q->fmt == LB_FMT_FP8_BLOCK && !a->hadamard) || mq_takes(a)) {   // fq_ or mq_kernel
         fq_launch(cx, 1, q, x, &rows, NULL, cols, a);
         return;
@@ -1453,6 +1512,7 @@ static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, 
     }
 #undef EK
     LB_CUDA_LAUNCHED(cx);
+    if (q->tscale) tscale_launch(cx, q);
 }
 
 typedef struct {
@@ -1525,7 +1585,8 @@ static void cuda_quantize_rc(lb_backend *be, lb_qmat *qr, const lb_quant_args *a
     P->cols = cols;
     P->v4 = cols % 4 == 0 && ((uintptr_t)x & 15) == 0;
     P->rdata = qr->data, P->rscale = (float *)qr->scale, P->rscols = qr->scols;
-    fq_collect c = {cx, qc, cols, 1, 0, P, NULL, NULL, NULL, x, 1, NULL};
+    if (qr->tscale) P->rts = qr->tscale, P->rtsld = (int)lb_qmat_tscale_ld(qr);
+    fq_collect c = {cx, qc, cols, 1, 0, P, NULL, NULL, NULL, x, 1, NULL, 128};
     lb_quant_groups(count, x, rows, prows, cols, ac, fq_group_add, &c);
     fq_flush(&c);
     free(P);
@@ -1701,7 +1762,7 @@ static void cuda_quantize_rt(lb_backend *be, int count, lb_qmat *qr, lb_qmat *qc
     fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
     P->cols = cols, P->blk2d = 1, P->sr = a->sr ? 1 : 0;
     P->v4 = cols % 4 == 0 && ((uintptr_t)x & 15) == 0;
-    fq_collect c = {lb_cuda(be), qr, cols, 0, 0, P, NULL, NULL, NULL, NULL, 0, qc};
+    fq_collect c = {lb_cuda(be), qr, cols, 0, 0, P, NULL, NULL, NULL, NULL, 0, qc, 128};
     lb_quant_groups(count, x, rows, NULL, cols, a, fq_group_add, &c);
     fq_flush(&c);
     free(P);

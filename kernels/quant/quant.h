@@ -98,7 +98,18 @@ typedef struct lb_qmat {
                               // byte each
     float *scale2;            // NVFP4: nscale2 floats (1, or rows with LB_S2_ROW); else NULL
     int nscale2;
+    // NULL, or (fp8-block with 1x128 blocks only) (scols, lb_qmat_tscale_ld) the scales
+    // transposed, which every backend's quantize then writes beside scale: a GEMM's TMA reads
+    // a k block's scales of consecutive rows as one box, and CUDA's fp8 GEMMs read this copy
+    // instead of transposing scale in a launch of their own. Rows srows .. ld - 1 are not
+    // written. A view of some of the rows (lb_qmat_rows) has none.
+    float *tscale;
 } lb_qmat;
+
+// lb_qmat.tscale's row pitch (srows rounded up to a multiple of 128) and bytes; dies for a
+// layout that has no transposed scales.
+size_t lb_qmat_tscale_ld(const lb_qmat *q);
+size_t lb_qmat_tscale_bytes(const lb_qmat *q);
 
 // Fills shape fields of q for x (rows, cols) under a (pointers left alone). Dies on a bad
 // combination (unknown format, E5M2 outside MXFP8, per-row second level with 16x16 blocks).

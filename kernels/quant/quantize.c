@@ -100,6 +100,29 @@ void lb_qmat_alloc(lb_qmat *q, int rows, int cols, const lb_quant_args *a)
     q->scale2 = q->nscale2 ? lb_malloc((size_t)q->nscale2 * sizeof(float)) : NULL;
 }
 
+size_t lb_qmat_tscale_ld(const lb_qmat *q)
+{
+    if (q->fmt != LB_FMT_FP8_BLOCK || q->brows != 1 || q->bcols != 128)
+        lb_die("kernels/quant: transposed scales exist for fp8-block 1x128 blocks only (format "
+               "%d, %dx%d blocks)", (int)q->fmt, q->brows, q->bcols);
+    return ((size_t)q->srows + 127) / 128 * 128;
+}
+
+size_t lb_qmat_tscale_bytes(const lb_qmat *q)
+{
+    return lb_qmat_tscale_ld(q) * q->scols * sizeof(float);
+}
+
+// The transposed copy of q's scales (lb_qmat.tscale), where q has one.
+static void tscale_fill(lb_qmat *q)
+{
+    if (!q->tscale) return;
+    const size_t ld = lb_qmat_tscale_ld(q);
+    const float *s = q->scale;
+    for (int r = 0; r < q->srows; r++)
+        for (int k = 0; k < q->scols; k++) q->tscale[(size_t)k * ld + r] = s[(size_t)r * q->scols + k];
+}
+
 lb_qmat lb_qmat_rows(const lb_qmat *q, int r0, int n)
 {
     if (q->brows != 1 || r0 < 0 || n < 1 || r0 + n > q->rows)
@@ -107,6 +130,7 @@ lb_qmat lb_qmat_rows(const lb_qmat *q, int r0, int n)
                q->rows, q->cols, q->brows);
     lb_qmat v = *q;
     size_t sbytes = fp32_scales(q->fmt) ? 4 : 1;
+    if (n != q->rows) v.tscale = NULL;   // its pitch is the whole matrix's
     v.rows = v.srows = n;
     v.data = q->data + (size_t)r0 * q->ld;
     v.scale = (uint8_t *)q->scale + (size_t)r0 * q->scols * sbytes;
@@ -327,8 +351,10 @@ void lb_quantize(lb_qmat *q, const float *x, int rows, int cols, const lb_quant_
         want.brows != q->brows || want.bcols != q->bcols || want.elem != q->elem ||
         want.nscale2 != q->nscale2)
         lb_die("kernels/quant: lb_qmat was laid out for another shape or format");
+    if (q->tscale) lb_qmat_tscale_ld(q);   // dies for a layout without
     if (!a->colwise) {
         quantize_rows(q, x, a);
+        tscale_fill(q);
         return;
     }
     // Column-wise: transpose the full-precision input (rows, cols) -> (cols, rows), in tiles.
@@ -342,6 +368,7 @@ void lb_quantize(lb_qmat *q, const float *x, int rows, int cols, const lb_quant_
     // x's rows are xt's columns: the transform along them (it checks the size and the length)
     if (a->hadamard) lb_hadamard(xt, xt, cols, rows, LB_AXIS_COLS, a->hadamard, a->hsigns);
     quantize_rows(q, xt, a);
+    tscale_fill(q);
     free(xt);
 }
 
