@@ -310,8 +310,12 @@ void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
     lb_qmat q;
     lb_linear_qscratch(L, 0, &q, n, in, &a);
     L->be->quantize(L->be, &q, x, n, in, &a);
+    // one grouped call (gemm_q's bits per group): at decode sizes q, k and v have few tiles
+    // each, and run side by side instead of one after another
+    lb_gemm_q_args g[count];
     for (int i = 0; i < count; i++)
-        L->be->gemm_q(L->be, n, out[i], in, 1.0f, &q, &c[i]->row[0], 0.0f, y[i]);
+        g[i] = (lb_gemm_q_args){n, out[i], in, 1.0f, 0.0f, &q, &c[i]->row[0], y[i], NULL};
+    L->be->gemm_q_grouped(L->be, count, g);
 }
 
 // fp32 copy of the fprop's quantized activation x (n, in): what "dequantized" backward reads.
