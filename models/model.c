@@ -564,23 +564,26 @@ int lb_model_set_recompute(lb_model *m, const char *how, char *err, size_t errle
     return -1;
 }
 
-size_t lb_kvcache_bytes(const lb_model *m, int slots, int capacity, int max_rows)
+size_t lb_kvcache_bytes(const lb_model *m, int slots, int capacity, int logit_rows)
 {
     const lb_model_config *c = &m->cfg;
     size_t hkv = (size_t)(c->num_key_value_heads / m->par.tp), d = (size_t)c->head_dim;
     size_t row = m->kv_fp8 ? d + (d + 127) / 128 * sizeof(float)
                  : lb_model_kv_bf16(m) ? (d + 15) / 16 * 16 * sizeof(uint16_t) : d * sizeof(float);
     return 2 * (size_t)c->num_hidden_layers * slots * capacity * hkv * row +
-           (size_t)max_rows * c->vocab_size * sizeof(float);
+           (size_t)logit_rows * c->vocab_size * sizeof(float);
 }
 
-lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows)
+lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows,
+                              int logit_rows)
 {
     const lb_model_config *c = &m->cfg;
     lb_backend *be = m->be;
     if (slots < 1 || capacity < 1 || max_rows < 1)
         lb_die("KV cache: slots (%d), capacity (%d) and max_rows (%d) must be positive", slots,
                capacity, max_rows);
+    if (logit_rows < 1 || logit_rows > max_rows)
+        lb_die("KV cache: %d logits rows for %d rows a call", logit_rows, max_rows);
     if (capacity > c->max_position_embeddings)
         lb_die("KV cache: capacity %d exceeds max_position_embeddings %d", capacity,
                c->max_position_embeddings);
@@ -592,6 +595,7 @@ lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows
     kv->slots = slots;
     kv->capacity = capacity;
     kv->max_rows = max_rows;
+    kv->logit_rows = logit_rows;
     kv->fp8 = m->kv_fp8;
     kv->bf16 = lb_model_kv_bf16(m);
     // this rank's kv heads under tensor parallelism
@@ -611,7 +615,7 @@ lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows
             y->vs = be->alloc(be, rows * nb * sizeof(float));
         }
     }
-    kv->logits = be->alloc(be, (size_t)max_rows * c->vocab_size * sizeof(float));
+    kv->logits = be->alloc(be, (size_t)logit_rows * c->vocab_size * sizeof(float));
     kv->rows_dev = be->alloc(be, 3 * (size_t)max_rows * sizeof(int32_t));
     kv->rows_host = lb_malloc(3 * (size_t)max_rows * sizeof(int32_t));
     kv->acts = m->def->cached_create(m, max_rows);
@@ -666,6 +670,9 @@ void lb_model_forward_cached_dev(lb_model *m, lb_kvcache *kv, const int32_t *row
         lb_die("cached forward of %d tokens; the cache takes 1..%d per call", n, kv->max_rows);
     if (lrows && (nl < 0 || nl > n))
         lb_die("cached forward of %d tokens with logits for %d of them", n, nl);
+    if ((lrows ? nl : n) > kv->logit_rows)
+        lb_die("cached forward with logits for %d rows; the cache holds %d", lrows ? nl : n,
+               kv->logit_rows);
     kv->lrows = lrows;
     kv->nl = lrows ? nl : n;
     if (kv->fp8 != m->kv_fp8)

@@ -149,8 +149,9 @@ typedef struct lb_model lb_model;
 // sequences of up to `capacity` positions, and room for max_rows new tokens per call.
 typedef struct {
     int slots, capacity, max_rows, fp8, bf16;   // bf16: rows of bf16 (lb_kv_layer)
+    int logit_rows;                // rows of logits a call may compute (<= max_rows)
     lb_kv_layer *layer;            // (num_hidden_layers) host array of backend caches
-    float *logits;                 // (max_rows, vocab) backend memory: the last call's logits
+    float *logits;                 // (logit_rows, vocab) backend memory: the last call's logits
     const int32_t *tokens, *slot, *pos;   // (n) backend: the last call's rows
     // The rows whose logits the last call computed: NULL, all n in order; else logits row j is
     // row lrows[j] (nl of them, backend memory), the others get no final norm or LM head.
@@ -401,10 +402,13 @@ const lb_tensor *lb_model_find(const lb_model *m, const char *name);
 // The policy is softmax(logits / temperature). Sampler and trainer compute log-probabilities
 // with the same two operations (lb_model_temper, then cross_entropy_fwd in lb_model_nll_dev),
 // on logits that the forward and the cached forward give bitwise alike.
-lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows);
+// logit_rows (1 .. max_rows): the most rows a call computes logits for (the sampler's: one
+// per slot at most; lb_model_forward_cached needs max_rows).
+lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows,
+                              int logit_rows);
 // The bytes of such a cache's k and v (every layer, this rank's kv heads, in the elements
 // lb_model_set_kv_cache chose) and its logits rows: the bulk of lb_kvcache_create's allocations.
-size_t lb_kvcache_bytes(const lb_model *m, int slots, int capacity, int max_rows);
+size_t lb_kvcache_bytes(const lb_model *m, int slots, int capacity, int logit_rows);
 void lb_kvcache_free(lb_model *m, lb_kvcache *kv);
 // tokens, slot, pos (n <= max_rows) host arrays, checked; see lb_model_def.forward_cached.
 void lb_model_forward_cached(lb_model *m, lb_kvcache *kv, const int32_t *tokens,

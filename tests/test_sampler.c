@@ -304,7 +304,7 @@ static void cached_vs_training(const char *arch, const char *recipe, int kv_fp8)
     size_t nl = (size_t)NSEQ * TSEQ * V;
     float *want = host(m->logits, nl * 4), *got = lb_malloc(nl * 4);
     for (size_t i = 0; i < nl; i++) got[i] = NAN;
-    lb_kvcache *kv = lb_kvcache_create(m, 3, 32, 16);
+    lb_kvcache *kv = lb_kvcache_create(m, 3, 32, 16, 16);
     const int pre[NSEQ] = {5, 1, 9};
     int fed[NSEQ] = {0, 0, 0};
     int32_t t[16], s[16], p[16], who[16];

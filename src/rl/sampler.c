@@ -74,17 +74,15 @@ lb_sampler *lb_sampler_create(lb_model *m, const lb_sampler_config *c, int capac
             return NULL;
         }
     // Say how many sequences fit rather than fail inside an allocation.
-    const size_t need = lb_kvcache_bytes(m, c->slots, capacity, c->max_rows);
+    // logits for the sampled rows only: one per slot at most (lb_sampler_run)
+    const size_t need = lb_kvcache_bytes(m, c->slots, capacity, c->slots);
     const size_t have = m->be->mem_free(m->be);
     if (need > have) {
-        // a slot's cache and logits row; the rows a call holds beyond the slots stay
-        const size_t per = lb_kvcache_bytes(m, 1, capacity, 1);
-        const size_t extra = lb_kvcache_bytes(m, 0, 0, c->max_rows - c->slots);
+        const size_t per = lb_kvcache_bytes(m, 1, capacity, 1);   // a slot's cache and logits
         snprintf(err, errlen, "sampler: %d slots of %d positions need %.2f GiB for the KV cache "
                  "and %d logits rows; the %s backend has %.2f GiB free, which holds %zu slots "
-                 "(sample.slots, with sample.max_rows that many plus %d)", c->slots, capacity,
-                 (double)need / (1 << 30), c->max_rows, m->be->name, (double)have / (1 << 30),
-                 have > extra ? (have - extra) / per : 0, c->max_rows - c->slots);
+                 "(sample.slots)", c->slots, capacity, (double)need / (1 << 30), c->slots,
+                 m->be->name, (double)have / (1 << 30), have / per);
         return NULL;
     }
     lb_sampler *s = lb_calloc(1, sizeof *s);
@@ -92,7 +90,7 @@ lb_sampler *lb_sampler_create(lb_model *m, const lb_sampler_config *c, int capac
     s->cfg = *c;
     s->capacity = capacity;
     s->inv_temp = 1.0f / c->temperature;
-    s->kv = lb_kvcache_create(m, c->slots, capacity, c->max_rows);
+    s->kv = lb_kvcache_create(m, c->slots, capacity, c->max_rows, c->slots);
     int R = c->max_rows;
     s->tok = lb_malloc((size_t)R * sizeof(int32_t));
     s->slot = lb_malloc((size_t)R * sizeof(int32_t));
