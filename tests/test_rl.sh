@@ -3,6 +3,7 @@
 # - every precision recipe (and the fp8 KV cache, mini-batches, KL to the reference): in
 #   deterministic mode the trainer's recomputed log-probs equal the sampler's on every step,
 #   after weight updates too (train_rollout_logprob_abs_diff exactly 0, and its maximum);
+# - text prompts through a tokenizer.json (data.tokenizer), the same exactness;
 # - a resumed RL run continues bit for bit;
 # - `lowbit sample`: greedy output does not depend on slots or forward size, a seed reproduces;
 # - configuration and reward-command mistakes stop with file:line or the command's name;
@@ -33,6 +34,29 @@ done
 check_zero "fp8 KV cache, 2 mini-batches, KL" "$tmp/rl-more"
 field kl_ref "$tmp/rl-more/metrics.jsonl" | tail -n 2 | awk '$1 <= 0 { exit 1 }' ||
     fail "KL to the reference stayed 0 after updates"
+
+# Text prompts through a tokenizer.json (data.tokenizer): a model of its vocabulary, the problems
+# as its ids, the completions decoded for the rewards; sampler and trainer still agree exactly.
+# A vocabulary smaller than the tokenizer's is refused.
+tok="$src/tests/data/tok_kjv/tokenizer.json"
+"$bin" train "$src/examples/tiny-moe.cfg" --set data.train_files="$tmp/arith_train_*.bin" \
+    --set data.val_files= --set model.hidden_size=32 --set model.num_hidden_layers=2 \
+    --set model.head_dim=16 --set model.moe_intermediate_size=32 --set model.vocab_size=4100 \
+    --set train.seq_len=32 --set train.micro_batch=8 --set train.steps=2 \
+    --set train.warmup_steps=1 --set train.log_every=0 --set run.out_dir="$tmp/pre-bpe" \
+    --set run.backend=cpu > /dev/null
+"$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" \
+    --set rl.init="$tmp/pre-bpe/checkpoints/step_00000002.safetensors" \
+    --set data.tokenizer="$tok" --set run.out_dir="$tmp/rl-bpe" > "$tmp/rl-bpe.log"
+grep -q "prompts and completions through .*tokenizer.json (4100 tokens)" "$tmp/rl-bpe.log" ||
+    fail "the RL run with data.tokenizer did not say it uses it"
+check_zero "tokenizer prompts" "$tmp/rl-bpe"
+if "$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" --set data.tokenizer="$tok" \
+    --set run.out_dir="$tmp/rl-bpe-bad" > "$tmp/out" 2> "$tmp/err"; then
+    fail "a 256-token model with a 4100-token tokenizer: exit 0"
+fi
+grep -q "has 4100 tokens, more than the model's vocabulary (256)" "$tmp/err" ||
+    { cat "$tmp/err"; fail "a 256-token model with a 4100-token tokenizer: no clear error"; }
 
 # Memory options in the RL loop: recomputation in the trainer's forward and backward and
 # optimizer offload leave the fp32 run above unchanged, bit for bit.

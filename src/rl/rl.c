@@ -27,6 +27,7 @@
 #include "src/cli/run.h"
 #include "src/io/metrics.h"
 #include "src/io/mllog.h"
+#include "src/io/tokenizer.h"
 #include "src/cli/util.h"
 #include "parallel/grid.h"
 
@@ -168,19 +169,58 @@ typedef struct {
     int problems;
 } rl_eval;
 
-static void prompt_tokens(rl_seq *q)
+// q's prompt text as tokens: its bytes, or data.tokenizer's ids (tk; a byte-level BPE token
+// holds at least one byte, so they fit ptok and the byte count bounds T).
+static void prompt_tokens(const lb_tokenizer *tk, rl_seq *q)
 {
-    for (int i = 0; i < q->plen; i++) q->ptok[i] = (unsigned char)q->prompt[i];
+    if (!tk) {
+        for (int i = 0; i < q->plen; i++) q->ptok[i] = (unsigned char)q->prompt[i];
+        return;
+    }
+    char err[ERRLEN];
+    lb_tokens t = {0};
+    if (lb_tokenizer_encode(tk, q->prompt, (size_t)q->plen, &t, err, sizeof err) != 0)
+        lb_die("rl: prompt \"%s\" through data.tokenizer: %s", q->prompt, err);
+    if (t.n > (size_t)q->plen)   // not byte-level BPE: T's bound would not hold
+        lb_die("rl: prompt \"%s\" is %zu tokens of data.tokenizer, more than its %d bytes",
+               q->prompt, t.n, q->plen);
+    for (size_t i = 0; i < t.n; i++) q->ptok[i] = (int32_t)t.ids[i];
+    q->plen = (int)t.n;
+    lb_tokens_free(&t);
 }
 
-static int arith_correct(const char *prompt, const int32_t *tok, int len)
+// The text of completion tokens tok (len) into buf (cap bytes, cut there): bytes, or decoded
+// token by token through tk (an id the tokenizer has no token for, in a model vocabulary larger
+// than the tokenizer's, adds nothing). Returns its length.
+static size_t completion_text(const lb_tokenizer *tk, const int32_t *tok, int len, char *buf,
+                              size_t cap)
 {
-    char text[256];
+    size_t n = 0;
+    for (int i = 0; i < len && n < cap; i++) {
+        if (!tk) {
+            buf[n++] = (char)tok[i];
+            continue;
+        }
+        char err[ERRLEN];
+        const uint32_t id = (uint32_t)tok[i];
+        size_t w = 0;
+        char *t = lb_tokenizer_decode(tk, &id, 1, 0, &w, err, sizeof err);
+        if (!t) continue;
+        if (w > cap - n) w = cap - n;
+        memcpy(buf + n, t, w);
+        n += w;
+        free(t);
+    }
+    return n;
+}
+
+static int arith_correct(const lb_tokenizer *tk, const char *prompt, const int32_t *tok, int len)
+{
+    char text[257];
     long want, got;
-    if (len > (int)sizeof text) return 0;
-    for (int i = 0; i < len; i++) text[i] = (char)tok[i];
-    return lb_arith_answer(prompt + (prompt[0] == '\n'), &want) == 0 &&
-           lb_arith_parse_completion(text, (size_t)len, &got) == 0 && got == want;
+    const size_t n = completion_text(tk, tok, len, text, sizeof text);
+    return n < sizeof text && lb_arith_answer(prompt + (prompt[0] == '\n'), &want) == 0 &&
+           lb_arith_parse_completion(text, n, &got) == 0 && got == want;
 }
 
 // Data parallelism (doc/rl.md): item j of a list (prompt j of a step, evaluation problem j)
@@ -242,8 +282,8 @@ static void idle_micro_batch(lb_model *m, lb_model *ref, int T, float inv_temp, 
 // first eval_problems held-out problems, k = eval_samples draws each; greedy: top-1 decoding.
 // Each data-parallel rank samples its own problems; the per-problem counts are shared and the
 // scores summed in problem order, as on one rank.
-static rl_eval evaluate(const lb_config *c, lb_sampler *smp, lb_sampler *greedy, int max_new,
-                        lb_comm *dp)
+static rl_eval evaluate(const lb_config *c, const lb_tokenizer *tk, lb_sampler *smp,
+                        lb_sampler *greedy, int max_new, lb_comm *dp)
 {
     rl_eval ev = {0, 0, 0, c->rl.eval_problems};
     int P = c->rl.eval_problems, K = c->rl.eval_samples;
@@ -259,7 +299,7 @@ static rl_eval evaluate(const lb_config *c, lb_sampler *smp, lb_sampler *greedy,
     for (int i = dp->rank, k = 0; i < P; i += dp->size, k++) {
         uint64_t pi = lb_arith_nth(c, 1, (uint64_t)i);
         qs[k].plen = lb_arith_prompt(c, pi, qs[k].prompt);
-        prompt_tokens(&qs[k]);
+        prompt_tokens(tk, &qs[k]);
         for (int s = 0; s < K; s++) {
             lb_sample_req *r = &reqs[k * K + s];
             r->prompt = qs[k].ptok;
@@ -275,7 +315,8 @@ static rl_eval evaluate(const lb_config *c, lb_sampler *smp, lb_sampler *greedy,
     if (lb_sampler_run(smp, reqs, np * K, NULL, err, sizeof err) != 0) lb_die("%s", err);
     for (int i = dp->rank, k = 0; i < P; i += dp->size, k++)
         for (int s = 0; s < K; s++)
-            res[2 * i] += arith_correct(qs[k].prompt, reqs[k * K + s].tokens, reqs[k * K + s].len);
+            res[2 * i] +=
+                arith_correct(tk, qs[k].prompt, reqs[k * K + s].tokens, reqs[k * K + s].len);
     // greedy: one request per problem (its draws are never used)
     for (int k = 0; k < np; k++) {
         reqs[k].prompt = qs[k].ptok;
@@ -285,7 +326,7 @@ static rl_eval evaluate(const lb_config *c, lb_sampler *smp, lb_sampler *greedy,
     }
     if (lb_sampler_run(greedy, reqs, np, NULL, err, sizeof err) != 0) lb_die("%s", err);
     for (int i = dp->rank, k = 0; i < P; i += dp->size, k++)
-        res[2 * i + 1] = arith_correct(qs[k].prompt, reqs[k].tokens, reqs[k].len);
+        res[2 * i + 1] = arith_correct(tk, qs[k].prompt, reqs[k].tokens, reqs[k].len);
     share_items(dp, res, P, 2);
     double p1 = 0.0;
     int pk = 0, g = 0;
@@ -402,6 +443,7 @@ typedef struct {
     lb_sampler *smp, *greedy;
     lb_sampler *val;               // [mlperf]: the evaluation's draws (mlperf.val_*)
     lb_rewards rw;
+    lb_tokenizer *tk;              // data.tokenizer's, NULL: a token is a byte
     lb_grpo_config gcfg;
     lb_train_state st;
     char resume[LB_PATH_MAX + 64];
@@ -489,10 +531,29 @@ static int rl_check(rl_run *x)
         if (root) fprintf(stderr, "%s (the model of %s)\n", err, c->rl.init);
         return 1;
     }
-    if (c->model.vocab_size < LB_BYTE_VOCAB) {
+    if (c->data.tokenizer[0]) {   // the prompts' text through it, the completions back
+        x->tk = lb_tokenizer_load(c->data.tokenizer, err, sizeof err);
+        if (!x->tk) {
+            if (root) fprintf(stderr, "lowbit rl: %s\n", err);
+            return 1;
+        }
+        if (lb_tokenizer_vocab_size(x->tk) > c->model.vocab_size) {
+            if (root) fprintf(stderr, "lowbit rl: %s has %d tokens, more than the model's "
+                              "vocabulary (%d)\n", c->data.tokenizer,
+                              lb_tokenizer_vocab_size(x->tk), c->model.vocab_size);
+            return 1;
+        }
+        for (int i = 0; i < x->sc.nstop; i++)
+            if (x->sc.stop[i] >= lb_tokenizer_vocab_size(x->tk)) {
+                if (root) fprintf(stderr, "%ssample.stop_tokens: %d is not a token of %s\n",
+                                  lb_key_where(c, "sample", "stop_tokens", where, sizeof where),
+                                  x->sc.stop[i], c->data.tokenizer);
+                return 1;
+            }
+    } else if (c->model.vocab_size < LB_BYTE_VOCAB) {
         if (root)
-            fprintf(stderr, "lowbit rl: the arithmetic task needs byte tokens; the model has a "
-                    "vocabulary of %d\n", c->model.vocab_size);
+            fprintf(stderr, "lowbit rl: the arithmetic task needs byte tokens (or data.tokenizer);"
+                    " the model has a vocabulary of %d\n", c->model.vocab_size);
         return 1;
     }
     return 0;
@@ -588,6 +649,9 @@ static void rl_announce(const rl_run *x)
            m->cfg.arch, c->rl.init, m->gparams / 1e6, m->nparams / 1e6, x->be->name,
            x->be->deterministic ? " (deterministic)" : "", c->precision.recipe,
            c->sample.kv_cache, x->P, G, M, layout, how);
+    if (x->tk)
+        printf("prompts and completions through %s (%d tokens); sample.stop_tokens are its ids\n",
+               c->data.tokenizer, lb_tokenizer_vocab_size(x->tk));
 }
 
 // The step's sequences (this rank's with their token and log-prob buffers), its mini-batches'
@@ -652,6 +716,7 @@ static void rl_free(rl_run *x)
     lb_sampler_free(x->val);
     lb_mllog_close(x->mlperf.log);
     lb_model_free(x->ref);
+    lb_tokenizer_free(x->tk);
     lb_run_teardown(&x->run);
 }
 
@@ -677,7 +742,7 @@ static int rl_rollout(rl_run *x, int step, rl_step *s)
         for (int g = 0; g < G; g++) {
             rl_seq *q = &qs[p * G + g];
             q->plen = lb_arith_prompt(c, pi, q->prompt);
-            prompt_tokens(q);
+            prompt_tokens(x->tk, q);
             if (!owns(x->dpc, p)) continue;
             x->reqs[k++] = (lb_sample_req){q->ptok, q->plen, draw_seed,
                                            lb_sample_stream(pi, (uint64_t)g), q->tok, q->lp_roll,
@@ -691,11 +756,11 @@ static int rl_rollout(rl_run *x, int step, rl_step *s)
         rl_seq *q = &qs[x->own[k]];
         q->len = x->reqs[k].len;
         char text[256];
-        for (int j = 0; j < q->len; j++) text[j] = (char)q->tok[j];
+        const size_t tn = completion_text(x->tk, q->tok, q->len, text, sizeof text);
         double r;
         // the task's text: the prompt without its separating newline
-        if (lb_rewards_score(&x->rw, q->prompt + (q->prompt[0] == '\n'), text, (size_t)q->len,
-                             &r, err, sizeof err) != 0) {
+        if (lb_rewards_score(&x->rw, q->prompt + (q->prompt[0] == '\n'), text, tn, &r, err,
+                             sizeof err) != 0) {
             if (x->world->size > 1) lb_die("step %d: %s", step, err);   // the others wait
             fprintf(stderr, "lowbit rl: step %d: %s\n", step, err);
             return 1;
@@ -703,7 +768,7 @@ static int rl_rollout(rl_run *x, int step, rl_step *s)
         double *v = x->seqv + (size_t)x->own[k] * 3;
         v[0] = r;
         v[1] = q->len;
-        v[2] = arith_correct(q->prompt, q->tok, q->len);
+        v[2] = arith_correct(x->tk, q->prompt, q->tok, q->len);
     }
     share_items(x->dpc, x->seqv, P, 3 * G);
     if (x->run.grid.tp > 1)
@@ -920,7 +985,7 @@ static int rl_eval_and_save(rl_run *x, int step)
     if (ml ? lb_mlperf_due(&x->mlperf, step)
            : (c->rl.eval_every > 0 && step % c->rl.eval_every == 0) || step == c->rl.steps) {
         if (ml) lb_mlperf_eval_start(&x->mlperf, step);
-        rl_eval ev = evaluate(c, ml ? x->val : x->smp, x->greedy, x->max_new, x->dpc);
+        rl_eval ev = evaluate(c, x->tk, ml ? x->val : x->smp, x->greedy, x->max_new, x->dpc);
         if (x->root) log_eval(c, x->metrics, step, &ev);
         stop = ml && lb_mlperf_eval_stop(&x->mlperf, step, c->rl.steps, ev.pass1);
     }
@@ -1033,7 +1098,7 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     }
     // the evaluation before training (not under [mlperf]: outside its timed run)
     if (x->st.step == 0 && !c->mlperf.enabled) {
-        rl_eval ev = evaluate(c, x->smp, x->greedy, x->max_new, x->dpc);
+        rl_eval ev = evaluate(c, x->tk, x->smp, x->greedy, x->max_new, x->dpc);
         if (x->root) log_eval(c, x->metrics, 0, &ev);
     }
     double t_start = lb_now();
