@@ -434,35 +434,60 @@ static int part_rows(const lb_dims *d, int n, int *o)
     return (int)((long)(d->part + 1) * n / d->parts) - *o;
 }
 
-void lb_decoder_weights_refresh(lb_model *m)
+// Every weight cache of this rank's layers (and the LM head on the last stage), in one order:
+// fn(m, its cache, layer, role, the weights, count, out, in, ctx).
+typedef void (*wcache_fn)(lb_model *m, lb_wcache *c, int l, lb_role role, const float *w,
+                          int count, int out, int in, void *ctx);
+
+static void wcache_each(lb_model *m, wcache_fn fn, void *ctx)
 {
     const lb_model_config *c = &m->cfg;
     lb_dims d = lb_dims_of(m);
-    lb_linear *lin = &m->lin;
     for (int l = m->layer_begin; l < m->layer_end; l++) {
         lb_layer_w w = layer_weights(m, m->params, l);
-        lb_wcache_build(lin, w.cq, l, LB_ROLE_ATTN_QKV, w.q, 1, d.hq * d.D, d.C);
-        lb_wcache_build(lin, w.ck, l, LB_ROLE_ATTN_QKV, w.k, 1, d.hkv * d.D, d.C);
-        lb_wcache_build(lin, w.cv, l, LB_ROLE_ATTN_QKV, w.v, 1, d.hkv * d.D, d.C);
-        lb_wcache_build(lin, w.co, l, LB_ROLE_ATTN_OUT, w.o, 1, d.C, d.hq * d.D);
+        fn(m, w.cq, l, LB_ROLE_ATTN_QKV, w.q, 1, d.hq * d.D, d.C, ctx);
+        fn(m, w.ck, l, LB_ROLE_ATTN_QKV, w.k, 1, d.hkv * d.D, d.C, ctx);
+        fn(m, w.cv, l, LB_ROLE_ATTN_QKV, w.v, 1, d.hkv * d.D, d.C, ctx);
+        fn(m, w.co, l, LB_ROLE_ATTN_OUT, w.o, 1, d.C, d.hq * d.D, ctx);
         if (layer_moe(c, l)) {
-            lb_wcache_build(lin, w.crouter, l, LB_ROLE_ROUTER, w.router, 1, d.E, d.C);
-            lb_wcache_build(lin, w.cgu, l, LB_ROLE_MOE_GATE_UP, w.gu, d.El, 2 * d.F, d.C);
-            lb_wcache_build(lin, w.cdown, l, LB_ROLE_MOE_DOWN, w.down, d.El, d.C, d.F);
+            fn(m, w.crouter, l, LB_ROLE_ROUTER, w.router, 1, d.E, d.C, ctx);
+            fn(m, w.cgu, l, LB_ROLE_MOE_GATE_UP, w.gu, d.El, 2 * d.F, d.C, ctx);
+            fn(m, w.cdown, l, LB_ROLE_MOE_DOWN, w.down, d.El, d.C, d.F, ctx);
             if (w.sgu) {   // the shared experts: a dense MLP's roles
-                lb_wcache_build(lin, w.csgu, l, LB_ROLE_MLP_GATE_UP, w.sgu, 1, 2 * d.Fs, d.C);
-                lb_wcache_build(lin, w.csdown, l, LB_ROLE_MLP_DOWN, w.sdown, 1, d.C, d.Fs);
+                fn(m, w.csgu, l, LB_ROLE_MLP_GATE_UP, w.sgu, 1, 2 * d.Fs, d.C, ctx);
+                fn(m, w.csdown, l, LB_ROLE_MLP_DOWN, w.sdown, 1, d.C, d.Fs, ctx);
             }
         } else {
-            lb_wcache_build(lin, w.cgu, l, LB_ROLE_MLP_GATE_UP, w.gu, 1, 2 * d.Fd, d.C);
-            lb_wcache_build(lin, w.cdown, l, LB_ROLE_MLP_DOWN, w.down, 1, d.C, d.Fd);
+            fn(m, w.cgu, l, LB_ROLE_MLP_GATE_UP, w.gu, 1, 2 * d.Fd, d.C, ctx);
+            fn(m, w.cdown, l, LB_ROLE_MLP_DOWN, w.down, 1, d.C, d.Fd, ctx);
         }
     }
     if (m->last_stage) {
         int h = tensor_index(m, "lm_head.weight", 0);
-        lb_wcache_build(lin, &m->wcache[h], c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
-                        m->params + m->tensors[h].offset, 1, d.V, d.C);
+        fn(m, &m->wcache[h], c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
+           m->params + m->tensors[h].offset, 1, d.V, d.C, ctx);
     }
+}
+
+static void refresh_one(lb_model *m, lb_wcache *c, int l, lb_role role, const float *w,
+                        int count, int out, int in, void *ctx)
+{
+    lb_wcache_build(&m->lin, c, l, role, w, count, out, in);
+}
+
+static void bytes_one(lb_model *m, lb_wcache *c, int l, lb_role role, const float *w, int count,
+                      int out, int in, void *ctx)
+{
+    *(size_t *)ctx += lb_wcache_bytes(&m->lin, l, role, count, out, in);
+}
+
+void lb_decoder_weights_refresh(lb_model *m) { wcache_each(m, refresh_one, NULL); }
+
+size_t lb_decoder_wcache_bytes(lb_model *m)
+{
+    size_t n = 0;
+    wcache_each(m, bytes_one, &n);
+    return n;
 }
 
 static float *falloc(lb_backend *be, size_t n) { return be->alloc(be, n * sizeof(float)); }

@@ -183,6 +183,7 @@ double lb_decoder_layer_fwd(lb_model *m, lb_acts *a, int i, lb_layer_acts *L);
 
 // --- the lb_model_def entry points of a decoder ------------------------------------------------
 void lb_decoder_weights_refresh(lb_model *m);
+size_t lb_decoder_wcache_bytes(lb_model *m);
 void *lb_decoder_acts_create(lb_model *m, int b, int t);
 void lb_decoder_acts_free(lb_model *m, void *acts);
 void lb_decoder_forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t);
@@ -204,6 +205,7 @@ float *lb_decoder_stage_grad(lb_model *m);
     .forward = lb_decoder_forward,                            \
     .backward = lb_decoder_backward,                          \
     .weights_refresh = lb_decoder_weights_refresh,            \
+    .wcache_bytes = lb_decoder_wcache_bytes,                  \
     .backward_logits = lb_decoder_backward_logits,            \
     .cached_create = lb_decoder_cached_create,                \
     .cached_free = lb_decoder_cached_free,                    \

@@ -194,6 +194,8 @@ struct lb_model_def {
     void (*backward)(lb_model *, float loss_scale);
     // Re-quantizes the weight cache from m->params under m->contract.
     void (*weights_refresh)(lb_model *);
+    // The backend bytes weights_refresh's caches take (lb_wcache_bytes summed): for info.
+    size_t (*wcache_bytes)(lb_model *);
     // Backward from d loss / d logits already in m->logits (which it overwrites), plus
     // aux_scale times the load-balancing loss; accumulates into m->grads. Needs a forward.
     void (*backward_logits)(lb_model *, float aux_scale);

@@ -173,6 +173,10 @@ static const uint16_t *cache_b16(const lb_wcache *c, int e)
     return c && c->b16 ? c->b16 + (size_t)e * c->out * pad8(c->in) : NULL;
 }
 
+// A row-wise copy's data and scale strides in row_alloc's allocations (q laid out).
+static size_t row_data_stride(const lb_qmat *q) { return (lb_qmat_data_bytes(q) + 255) / 256 * 256; }
+static size_t row_scale_stride(const lb_qmat *q) { return (lb_qmat_scale_bytes(q) + 15) / 16 * 16; }
+
 // The row-wise copies of count (out, in) matrices in one allocation of data and one of scales,
 // expert after expert (one map over all of them for gemm_experts' quantized form; data and
 // scale strides of the matrix's own bytes, rounded to 256 and 16); second levels each alone.
@@ -180,8 +184,7 @@ static void row_alloc(lb_backend *be, lb_qmat *q, int count, int out, int in,
                       const lb_quant_args *a)
 {
     lb_qmat_layout(&q[0], out, in, a);
-    const size_t db = (lb_qmat_data_bytes(&q[0]) + 255) / 256 * 256;
-    const size_t sb = (lb_qmat_scale_bytes(&q[0]) + 15) / 16 * 16;
+    const size_t db = row_data_stride(&q[0]), sb = row_scale_stride(&q[0]);
     uint8_t *data = be->alloc(be, db * count);
     char *scale = be->alloc(be, sb * count);
     for (int e = 0; e < count; e++) {
@@ -209,13 +212,46 @@ void lb_wcache_free(lb_linear *L, lb_wcache *c)
 
 static int plain_bf16(const lb_site *S, const lb_site *F);
 
+// The copies a weight's cache holds under the contract: a row-wise quantized one (the fprop's),
+// a column-wise one (a quantized dgrad's), a bf16 one (bf16 GEMMs read it).
+static void wcache_needs(const lb_linear *L, int layer, lb_role role, const lb_site **F,
+                         const lb_site **D, int *need_row, int *need_col, int *need_b16)
+{
+    *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
+    *D = lb_contract_site(L->contract, layer, role, LB_PASS_DGRAD);
+    *need_row = is_low((*F)->fmt);
+    *need_col = is_low((*D)->fmt) && (*D)->mode == LB_BWD_QUANTIZED;
+    *need_b16 = (*F)->fmt == LB_FMT_BF16 || plain_bf16(*D, *F);
+}
+
+size_t lb_wcache_bytes(const lb_linear *L, int layer, lb_role role, int count, int out, int in)
+{
+    const lb_site *F, *D;
+    int need_row, need_col, need_b16;
+    wcache_needs(L, layer, role, &F, &D, &need_row, &need_col, &need_b16);
+    size_t n = need_b16 ? (size_t)count * out * pad8(in) * sizeof(uint16_t) : 0;
+    lb_qmat q;
+    memset(&q, 0, sizeof q);
+    if (need_row) {   // row_alloc's
+        const lb_quant_args ra = weight_args(F, 0);
+        lb_qmat_layout(&q, out, in, &ra);
+        n += (size_t)count * (row_data_stride(&q) + row_scale_stride(&q) + q.nscale2 * sizeof(float));
+    }
+    if (need_col) {   // qmat_alloc's
+        const lb_quant_args ca = weight_args(D, 1);
+        lb_qmat_layout(&q, out, in, &ca);
+        n += (size_t)count * (lb_qmat_data_bytes(&q) + lb_qmat_scale_bytes(&q) +
+                              q.nscale2 * sizeof(float));
+    }
+    return n;
+}
+
 void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const float *w,
                      int count, int out, int in)
 {
-    const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
-    const lb_site *D = lb_contract_site(L->contract, layer, role, LB_PASS_DGRAD);
-    int need_row = is_low(F->fmt), need_col = is_low(D->fmt) && D->mode == LB_BWD_QUANTIZED;
-    int need_b16 = F->fmt == LB_FMT_BF16 || plain_bf16(D, F);
+    const lb_site *F, *D;
+    int need_row, need_col, need_b16;
+    wcache_needs(L, layer, role, &F, &D, &need_row, &need_col, &need_b16);
     int same = c->count == count && c->out == out && c->in == in && c->ffmt == F->fmt &&
                c->dfmt == D->fmt && !!c->row == need_row && !!c->col == need_col &&
                !!c->b16 == need_b16;

@@ -67,6 +67,9 @@ void lb_linear_qscratch_groups(lb_linear *L, int i, lb_qmat *q, int count, const
 void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const float *w,
                      int count, int out, int in);
 void lb_wcache_free(lb_linear *L, lb_wcache *c);
+// The backend bytes lb_wcache_build allocates for those matrices under L's contract (its bf16
+// copy, row-wise and column-wise quantized copies): what `lowbit info` predicts.
+size_t lb_wcache_bytes(const lb_linear *L, int layer, lb_role role, int count, int out, int in);
 
 // y (n, out) = x (n, in) W^T + beta * y, for matrix e of the cache (W is w's fp32 master).
 void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,

@@ -51,6 +51,11 @@ act() { "$bin" info "$cfg" "$@" 2>&1 | awk '/rank  tp/ { getline; print $(NF - 1
 a32=$(act) a16=$(act --set precision.recipe=bf16)
 [ -n "$a32" ] && [ -n "$a16" ] && [ "$a32" != "$a16" ] && ok ||
     fail "info: activations $a16 MiB in bf16, $a32 MiB in fp32"
+# and the weight caches: none in fp32, the bf16 copies in bf16, fp8 copies both ways in fp8-block
+cache() { "$bin" info "$cfg" "$@" 2>&1 | awk '/rank  tp/ { getline; print $(NF - 2) }'; }
+c32=$(cache) c16=$(cache --set precision.recipe=bf16) c8=$(cache --set precision.recipe=fp8-block)
+awk -v a="$c32" -v b="$c16" -v c="$c8" 'BEGIN { exit !(a == 0 && b > 0 && c > 0) }' && ok ||
+    fail "info: weight caches $c32 MiB in fp32, $c16 in bf16, $c8 in fp8-block"
 
 # configuration mistakes
 printf '[train]\nsteps = 10\nlerning_rate = 0.1\n' > "$tmp/typo.cfg"

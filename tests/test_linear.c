@@ -548,6 +548,57 @@ END_TEST
 START_TEST(test_high) { check_recipe("fp8-block", "high", LB_FMT_FP8_BLOCK, 0); }
 END_TEST
 
+// lb_wcache_bytes is what lb_wcache_build allocates (`lowbit info` predicts memory with it):
+// every recipe and backward mode, one matrix and several experts, counted through a backend
+// whose alloc and qmat_alloc add up what they hand out.
+static size_t counted;
+static void *count_alloc(lb_backend *b, size_t bytes)
+{
+    counted += bytes;
+    return be->alloc(be, bytes);
+}
+static void count_qmat_alloc(lb_backend *b, struct lb_qmat *q, int rows, int cols,
+                             const lb_quant_args *a)
+{
+    be->qmat_alloc(be, q, rows, cols, a);
+    counted += lb_qmat_data_bytes(q) + lb_qmat_scale_bytes(q) + (size_t)q->nscale2 * sizeof(float);
+}
+
+START_TEST(test_wcache_bytes)
+{
+    const char *recipes[] = {"fp32", "bf16", "fp8-block", "mxfp8", "nvfp4-moe", "mxfp4"};
+    const char *modes[] = {"default", "quantized", "dequantized"};
+    lb_backend cb = *be;
+    cb.alloc = count_alloc;
+    cb.qmat_alloc = count_qmat_alloc;
+    float *w = malloc(sizeof(float) * 3 * OUT * IN);
+    fill(w, (size_t)3 * OUT * IN, 2);
+    int nonzero = 0;
+    for (int r = 0; r < 6; r++)
+        for (int b = 0; b < 3; b++)
+            for (int E = 1; E <= 3; E += 2) {
+                char err[256];
+                lb_precision_spec s = spec(recipes[r], modes[b]);
+                lb_contract c;
+                ck_assert_msg(lb_contract_resolve(&c, &s, 1, err, sizeof err) == 0, "%s", err);
+                lb_linear L = {.be = &cb, .contract = &c, .seed = 5, .step = 3};
+                const lb_role role = E > 1 ? LB_ROLE_MOE_GATE_UP : LB_ROLE_ATTN_QKV;
+                lb_wcache wc;
+                memset(&wc, 0, sizeof wc);
+                counted = 0;
+                lb_wcache_build(&L, &wc, 0, role, w, E, OUT, IN);
+                const size_t want = lb_wcache_bytes(&L, 0, role, E, OUT, IN);
+                ck_assert_msg(counted == want, "%s/%s, %d matrices: the cache took %zu bytes, "
+                              "lb_wcache_bytes says %zu", recipes[r], modes[b], E, counted, want);
+                nonzero += want > 0;
+                lb_wcache_free(&L, &wc);
+                lb_contract_free(&c);
+            }
+    ck_assert_int_ge(nonzero, 20);   // fp32 alone keeps nothing
+    free(w);
+}
+END_TEST
+
 int main(void)
 {
     char err[256];
@@ -567,6 +618,7 @@ int main(void)
     tcase_add_test(tc, test_grouped_segments);
     tcase_add_test(tc, test_expert_draws_global);
     tcase_add_test(tc, test_shared);
+    tcase_add_test(tc, test_wcache_bytes);
     suite_add_tcase(s, tc);
     return lb_test_run(s);
 }

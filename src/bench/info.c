@@ -72,6 +72,8 @@ static int check_layout(const lb_config *c, int world_size)
 // What rank r of the layout holds: its model piece built on a counting backend.
 typedef struct {
     size_t weights, opt, acts;     // bytes: parameters (= gradients), optimizer state, activations
+    size_t caches;                 // bytes of the weight caches (the contract's bf16 and
+                                   // quantized copies, lb_wcache_bytes)
     size_t host;                   // bytes of optimizer state offloaded to host memory
 } rank_memory;
 
@@ -93,6 +95,7 @@ static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char
         shard += len / p[r];
     }
     out->weights = n * sizeof(float);
+    out->caches = m->def->wcache_bytes ? m->def->wcache_bytes(m) : 0;
     // AdamW moments of the shard (the offloaded share in host memory), and under ZeRO-1 the
     // reduce-scatter's gradient shard
     size_t moments = 2 * (zero ? shard : n), msize = moment_size(c);
@@ -136,7 +139,7 @@ static void print_layout(const lb_config *c, int world_size)
            : zero ? "ZeRO-1 distributed optimizer: AdamW state sharded over dp (experts over edp)"
                   : "gradients all-reduced, AdamW state replicated");
     printf("per rank    rank  tp dp pp ep   weights MiB   grads MiB   optimizer MiB   "
-           "activations MiB   total MiB\n");
+           "caches MiB   activations MiB   total MiB\n");
     for (int r = 0; r < world && r < 16; r++) {
         lb_grid h;
         rank_memory mem;
@@ -145,9 +148,10 @@ static void print_layout(const lb_config *c, int world_size)
             printf("            %-5d %s\n", r, err);
             continue;
         }
-        printf("            %-5d %-2d %-2d %-2d %-2d   %-13.3f %-11.3f %-15.3f %-17.3f %.3f\n", r,
-               h.tp_rank, h.dp_rank, h.pp_rank, h.ep_rank, mib(mem.weights), mib(mem.weights),
-               mib(mem.opt), mib(mem.acts), mib(2 * mem.weights + mem.opt + mem.acts));
+        printf("            %-5d %-2d %-2d %-2d %-2d   %-13.3f %-11.3f %-15.3f %-12.3f %-17.3f "
+               "%.3f\n", r, h.tp_rank, h.dp_rank, h.pp_rank, h.ep_rank, mib(mem.weights),
+               mib(mem.weights), mib(mem.opt), mib(mem.caches), mib(mem.acts),
+               mib(2 * mem.weights + mem.opt + mem.caches + mem.acts));
     }
     if (world > 16) printf("            ... (%d ranks)\n", world);
     if (c->train.optimizer_offload > 0) {
@@ -157,8 +161,9 @@ static void print_layout(const lb_config *c, int world_size)
                    "host memory (train.optimizer_offload = %g)\n", mib(mem.host),
                    c->train.optimizer_offload);
     }
-    printf("            weights and grads: this rank's pieces (padded for ZeRO-1); activations: "
-           "balanced routing, micro-batches in flight on its pipeline stage\n");
+    printf("            weights and grads: this rank's pieces (padded for ZeRO-1); caches: the "
+           "precision contract's bf16 and quantized weight copies; activations: balanced "
+           "routing, micro-batches in flight on its pipeline stage\n");
 }
 
 #ifdef LB_HAVE_CUDA
@@ -224,7 +229,8 @@ int lb_cmd_info(const lb_config *c, lb_comm *comm)
     size_t p = m->nparams * sizeof(float), pm = m->nparams * moment_size(c);
     printf("memory      weights %.3f GiB, gradients %.3f GiB, AdamW moments %.3f GiB (%s)\n",
            gib(p), gib(p), gib(2 * pm), c->train.adam_moments);
-    printf("            activations %.3f GiB for micro-batch %d x %d tokens; total %.3f GiB\n",
+    printf("            activations %.3f GiB for micro-batch %d x %d tokens; total %.3f GiB "
+           "(fp32, one rank; the per-rank table below has the recipe's)\n",
            gib(acts), c->train.micro_batch, c->train.seq_len, gib(2 * p + 2 * pm + acts));
     print_layout(c, comm->size);
     lb_contract contract;
