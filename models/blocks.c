@@ -630,6 +630,26 @@ static void ffn_free(lb_model *m, lb_ffn_acts *f)
     lb_ep_route_free(&f->route, be);
 }
 
+// The MoE backward's scratch (lb_ffn_bwd's dyp16, dgu, dh or their bf16 forms, shared by the
+// layers) for `rows` routed rows, made with the activations so that `lowbit info` counts what a
+// step holds. Only where a layer's routed rows are known (ep 1, the experts not split into
+// parts); elsewhere lb_ffn_bwd grows it on first use, as it does here past these sizes.
+static void scratch_reserve(lb_model *m, lb_moe_scratch *s, size_t rows)
+{
+    lb_backend *be = m->be;
+    lb_dims d = lb_dims_of(m);
+    if (d.ep != 1 || d.parts != 1) return;
+    if (takes16_layers(m, LB_ROLE_MOE_DOWN, 0))
+        grow16(be, &s->dyp16, &s->cap_dyp16, n16(rows, d.C));
+    if (takes16_layers(m, LB_ROLE_MOE_GATE_UP, 0))
+        grow16(be, &s->dgu16, &s->cap_dgu16, n16(rows, 2 * d.F));
+    if (!takes16_layers(m, LB_ROLE_MOE_GATE_UP, 1)) grow(be, &s->dgu, &s->cap_dgu, rows * 2 * d.F);
+    if (out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD, 0, 0))
+        grow16(be, &s->dh16, &s->cap_dh16, n16(rows, d.F));
+    if (!out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD, 0, 1))
+        grow(be, &s->dh, &s->cap_dh, rows * d.F);
+}
+
 static void scratch_free(lb_backend *be, lb_moe_scratch *s)
 {
     void *bufs[] = {s->xs, s->ye, s->dye, s->dxe, s->dgu, s->dh, s->dyp16, s->dgu16, s->dh16};
@@ -808,6 +828,7 @@ void *lb_decoder_acts_create(lb_model *m, int b, int t)
         a->drlogits = falloc(be, n * E);
         a->dweight = falloc(be, n * K);
         a->daux = falloc(be, E);
+        scratch_reserve(m, &a->ms, n * K);
     }
     // dense MLPs' backward scratch: every layer of a dense model, a MoE model's dense layers and
     // its shared experts
