@@ -36,9 +36,7 @@ static float *scratch(lb_linear *L, int i, size_t n)
 // fp8-block 1x128 operand gets them, so the GEMMs that read them need no transpose of their own.
 static size_t tscale_bytes(const lb_qmat *q)
 {
-    return q->fmt == LB_FMT_FP8_BLOCK && q->brows == 1 && q->bcols == 128
-               ? lb_qmat_tscale_bytes(q)
-               : 0;
+    return lb_qmat_tscale_fits(q) ? lb_qmat_tscale_bytes(q) : 0;
 }
 
 void lb_linear_qscratch(lb_linear *L, int i, lb_qmat *q, int rows, int cols,
@@ -174,8 +172,15 @@ static const uint16_t *cache_b16(const lb_wcache *c, int e)
 }
 
 // A row-wise copy's data and scale strides in row_alloc's allocations (q laid out).
-static size_t row_data_stride(const lb_qmat *q) { return (lb_qmat_data_bytes(q) + 255) / 256 * 256; }
-static size_t row_scale_stride(const lb_qmat *q) { return (lb_qmat_scale_bytes(q) + 15) / 16 * 16; }
+static size_t row_data_stride(const lb_qmat *q)
+{
+    return (lb_qmat_data_bytes(q) + 255) / 256 * 256;
+}
+
+static size_t row_scale_stride(const lb_qmat *q)
+{
+    return (lb_qmat_scale_bytes(q) + 15) / 16 * 16;
+}
 
 // The row-wise copies of count (out, in) matrices in one allocation of data and one of scales,
 // expert after expert (one map over all of them for gemm_experts' quantized form; data and
@@ -235,7 +240,8 @@ size_t lb_wcache_bytes(const lb_linear *L, int layer, lb_role role, int count, i
     if (need_row) {   // row_alloc's
         const lb_quant_args ra = weight_args(F, 0);
         lb_qmat_layout(&q, out, in, &ra);
-        n += (size_t)count * (row_data_stride(&q) + row_scale_stride(&q) + q.nscale2 * sizeof(float));
+        n += (size_t)count *
+             (row_data_stride(&q) + row_scale_stride(&q) + q.nscale2 * sizeof(float));
     }
     if (need_col) {   // qmat_alloc's
         const lb_quant_args ca = weight_args(D, 1);

@@ -2194,7 +2194,7 @@ static int same_or_nan(float a, float b) { return fbits(a) == fbits(b) || (a != 
 // the device's poisoned: every quantizer then writes it, and ts_check compares it as the scales.
 static void ts_attach(lb_qmat *h, lb_qmat *d)
 {
-    if (h->fmt != LB_FMT_FP8_BLOCK || h->brows != 1) return;
+    if (!lb_qmat_tscale_fits(h)) return;
     const size_t n = lb_qmat_tscale_bytes(h);
     h->tscale = lb_malloc(n);
     d->tscale = dev->alloc(dev, n);
@@ -2226,7 +2226,7 @@ static void ts_check(const char *what, lb_qmat *d, lb_qmat *h)
 // its layout has them; ts_drop frees them.
 static void ts_put(lb_qmat *d, const lb_qmat *h)
 {
-    if (h->fmt != LB_FMT_FP8_BLOCK || h->brows != 1) return;
+    if (!lb_qmat_tscale_fits(h)) return;
     const size_t ld = lb_qmat_tscale_ld(h), n = lb_qmat_tscale_bytes(h);
     float *t = lb_malloc(n);
     for (int k = 0; k < h->scols; k++)

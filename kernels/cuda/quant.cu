@@ -795,10 +795,11 @@ __device__ __forceinline__ fq_tile fq_tile_load(const fq_params &P, float4 (&v)[
     return T;
 }
 
-// COLWISE 0: Q(r, c) = x[r][c] (128x128 blocks); 1: Q(r, c) = x[c][r]. SR: stochastic rounding (a kernel of its
-// own, so the common one carries none of the random stream's code). ROWS (quantize_rc, with
-// COLWISE 1, 1x128 blocks, no SR): the tile's values also go to the row-wise Q of all of x
-// (P.rdata): x_j's row xr + s is its row roff + xr + s, the tile's columns its block tr.
+// COLWISE 0: Q(r, c) = x[r][c] (128x128 blocks); 1: Q(r, c) = x[c][r]. SR: stochastic rounding
+// (a kernel of its own, so the common one carries none of the random stream's code). ROWS
+// (quantize_rc, with COLWISE 1, 1x128 blocks, no SR): the tile's values also go to the row-wise
+// Q of all of x (P.rdata): x_j's row xr + s is its row roff + xr + s, the tile's columns its
+// block tr.
 template <int COLWISE, int SR, int ROWS = 0>
 __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_params P)
 {

@@ -106,8 +106,9 @@ typedef struct lb_qmat {
     float *tscale;
 } lb_qmat;
 
-// lb_qmat.tscale's row pitch (srows rounded up to a multiple of 128) and bytes; dies for a
-// layout that has no transposed scales.
+// Whether q's layout has transposed scales (fp8-block, 1x128 blocks); lb_qmat.tscale's row
+// pitch (srows rounded up to a multiple of 128) and bytes, which die for a layout without.
+int lb_qmat_tscale_fits(const lb_qmat *q);
 size_t lb_qmat_tscale_ld(const lb_qmat *q);
 size_t lb_qmat_tscale_bytes(const lb_qmat *q);
 

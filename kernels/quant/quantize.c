@@ -100,9 +100,14 @@ void lb_qmat_alloc(lb_qmat *q, int rows, int cols, const lb_quant_args *a)
     q->scale2 = q->nscale2 ? lb_malloc((size_t)q->nscale2 * sizeof(float)) : NULL;
 }
 
+int lb_qmat_tscale_fits(const lb_qmat *q)
+{
+    return q->fmt == LB_FMT_FP8_BLOCK && q->brows == 1 && q->bcols == 128;
+}
+
 size_t lb_qmat_tscale_ld(const lb_qmat *q)
 {
-    if (q->fmt != LB_FMT_FP8_BLOCK || q->brows != 1 || q->bcols != 128)
+    if (!lb_qmat_tscale_fits(q))
         lb_die("kernels/quant: transposed scales exist for fp8-block 1x128 blocks only (format "
                "%d, %dx%d blocks)", (int)q->fmt, q->brows, q->bcols);
     return ((size_t)q->srows + 127) / 128 * 128;
@@ -120,7 +125,8 @@ static void tscale_fill(lb_qmat *q)
     const size_t ld = lb_qmat_tscale_ld(q);
     const float *s = q->scale;
     for (int r = 0; r < q->srows; r++)
-        for (int k = 0; k < q->scols; k++) q->tscale[(size_t)k * ld + r] = s[(size_t)r * q->scols + k];
+        for (int k = 0; k < q->scols; k++)
+            q->tscale[(size_t)k * ld + r] = s[(size_t)r * q->scols + k];
 }
 
 lb_qmat lb_qmat_rows(const lb_qmat *q, int r0, int n)
