@@ -280,7 +280,10 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
         // The rows sampled from: only they get the final norm, the LM head and the draw.
         int nl = 0;
         for (int r = 0; r < rows; r++)
-            if (s->owner[r] >= 0) s->lrow[nl++] = r;
+            if (s->owner[r] >= 0) {
+                if (nl == S) lb_die("sampler: more sampled rows than slots (%d)", S);
+                s->lrow[nl++] = r;
+            }
         // One upload: the rows (valid by construction: prompts checked above, drawn tokens in
         // the vocabulary, positions below the capacity), the sampled rows and their random
         // numbers.
