@@ -3598,6 +3598,11 @@ static const test_case CASES[] = {
     CASE(DISPATCH, dispatch_case, {257, 128, 8, 64}, .bound = B_DOT),
     CASE(DISPATCH, dispatch_case, {100, 16, 4, 60}, .bound = B_DOT),
     CASE(DISPATCH, dispatch_case, {37, 7, 1, 129}, .bound = B_DOT),
+    // CUDA's plan: the one-block counting sort's largest size (16,384 assignments, 16 chunks),
+    // past it (the radix sort), and a thousand experts
+    CASE(DISPATCH, dispatch_case, {2048, 128, 8, 16}, .bound = B_DOT),
+    CASE(DISPATCH, dispatch_case, {2101, 128, 8, 16}, .bound = B_DOT),
+    CASE(DISPATCH, dispatch_case, {300, 1000, 4, 16}, .bound = B_DOT),
 
     // --- cross-entropy, p (n, v): the Qwen3 vocabulary
 #define CE OP(cross_entropy_fwd) | OP(cross_entropy_bwd) | OP(cross_entropy_bwd_rows)
@@ -3743,6 +3748,7 @@ static const test_case CASES[] = {
     CASE(CACHED | ATTN, attention_fwd_vs_cached_case, {2, 200, 32, 4, 128}),
     CASE(CACHED | ATTN, attention_fwd_vs_cached_case, {1, 129, 4, 2, 64}),
     CASE(CACHED | ATTN, attention_fwd_vs_cached_case, {2, 77, 4, 2, 40}),
+    CASE(CACHED | ATTN, attention_fwd_vs_cached_case, {2, 150, 6, 3, 32}),   // two warps
 
     // --- sample, p (n, v, kind, top-k list, its values, top-p values): the Qwen3 vocabulary last
 #define SAMPLE(n, v, kind, kl, nk, np) CASE(OP(sample), sample_case, {n, v, kind, kl, nk, np})
@@ -3752,6 +3758,10 @@ static const test_case CASES[] = {
     SAMPLE(23, 1001, 3, 0, 6, 4), SAMPLE(5, 3, 3, 0, 3, 4),
     SAMPLE(23, 1001, 4, 0, 6, 4), SAMPLE(5, 3, 4, 0, 3, 4),
     SAMPLE(9, 151936, 0, 1, 3, 4), SAMPLE(3, 151936, 1, 1, 3, 2),
+    // rows of several of CUDA's 8,192-logit parts (ops_sample.cu), v odd and v % 4 == 0: the
+    // ties, NaNs and infinities across part boundaries
+    SAMPLE(7, 20011, 1, 1, 2, 1), SAMPLE(7, 20011, 3, 1, 2, 1), SAMPLE(7, 20012, 2, 1, 2, 1),
+    SAMPLE(7, 20012, 4, 1, 2, 1), SAMPLE(7, 20012, 1, 1, 2, 1),
 #undef SAMPLE
 
     // --- batch invariance and determinism at scale

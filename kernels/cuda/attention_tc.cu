@@ -569,6 +569,55 @@ __device__ __forceinline__ void tc_cache_load(__nv_bfloat16 *s, const __nv_bfloa
     }
 }
 
+// The start of a decode block over a bf16 cache: a row outside the cache is reported and its
+// heads' outputs set to NaN (by the threads where `write`), and false returned for the whole
+// block; else the (slot, kv head)'s K and V rows in *kx, *vx and their first chunk on its way
+// into stage 0.
+template <int NK>
+__device__ __forceinline__ bool tc_cached16_start(__nv_bfloat16 *sm, const __nv_bfloat16 **kx,
+                                                  const __nv_bfloat16 **vx, float *out,
+                                                  const lb_kv_layer &c, int i, int hk, int sl,
+                                                  int ps, int hq, const int (&hr)[2], int hmax,
+                                                  int tq, bool write, unsigned long long *err)
+{
+    constexpr int D16 = 16 * NK, TILE = TC_KC * (D16 + 8);
+    if (sl < 0 || sl >= c.slots || ps < 0 || ps >= c.cap) {
+        if (threadIdx.x == 0) lb_report(err, LB_CERR_KV_ROW, sl >= 0 && sl < c.slots ? ps : sl);
+        if (write)
+            for (int r = 0; r < 2; r++)
+                if (hr[r] < hmax)
+                    for (int x = tq; x < c.d; x += 4) out[((size_t)i * hq + hr[r]) * c.d + x] = NAN;
+        return false;
+    }
+    const size_t row0 = ((size_t)sl * c.hkv + hk) * c.cap;
+    *kx = (const __nv_bfloat16 *)c.k + row0 * D16;
+    *vx = (const __nv_bfloat16 *)c.v + row0 * D16;
+    tc_cache_load<NK>(sm, *kx, 0, ps);
+    tc_cache_load<NK>(sm + TILE, *vx, 0, ps);
+    tc_cp_commit();
+    return true;
+}
+
+// The chunks of keys 0 .. ps of a decode block (its first chunk already loading, as
+// tc_cached16_start leaves it): each through step(fragments, j0) while the next one loads.
+template <int NK, class STEP>
+__device__ __forceinline__ void tc_cached16_chunks(__nv_bfloat16 *sm, const __nv_bfloat16 *kx,
+                                                   const __nv_bfloat16 *vx, int ps, int lane,
+                                                   STEP step)
+{
+    constexpr int DP = 16 * NK + 8, TILE = TC_KC * DP;
+    const int nchunks = ps / TC_KC + 1;
+    for (int ch = 0; ch < nchunks; ch++) {
+        const int j0 = ch * TC_KC;
+        const __nv_bfloat16 *ks = tc_stage_next(sm, TILE, ch, nchunks, [&](__nv_bfloat16 *nx) {
+            tc_cache_load<NK>(nx, kx, j0 + TC_KC, ps);
+            tc_cache_load<NK>(nx + TILE, vx, j0 + TC_KC, ps);
+        });
+        step(tc_smem_ld{ks, ks + TILE, DP, lane >> 2, lane & 3, lane}, j0);
+        __syncthreads();   // chunk ch is consumed before its stage is refilled
+    }
+}
+
 // The decode kernel over a bf16 cache: a block per (token i, kv head), a warp per 16 of the
 // group's query heads. The cache rows of one (slot, kv head) are contiguous, so each chunk
 // streams into shared memory by cp.async, double-buffered (the next chunk loads while this one
@@ -580,7 +629,6 @@ __global__ void __launch_bounds__(128)
 tc_cached16_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slot,
                    const int32_t *pos, int hq, float cl, unsigned long long *err)
 {
-    constexpr int D16 = 16 * NK, DP = D16 + 8, TILE = TC_KC * DP;
     extern __shared__ __align__(16) unsigned char tc_sm[];
     __nv_bfloat16 *sm = reinterpret_cast<__nv_bfloat16 *>(tc_sm);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
@@ -589,39 +637,198 @@ tc_cached16_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slo
     const int h0 = hk * group + warp * 16, hmax = (hk + 1) * group;   // query head of row 0
     const int sl = slot[i], ps = pos[i];
     const int hr[2] = {h0 + g, h0 + g + 8};
-    if (sl < 0 || sl >= c.slots || ps < 0 || ps >= c.cap) {   // the whole block returns
-        if (threadIdx.x == 0) lb_report(err, LB_CERR_KV_ROW, sl >= 0 && sl < c.slots ? ps : sl);
-        for (int r = 0; r < 2; r++)
-            if (hr[r] < hmax)
-                for (int x = tq; x < d; x += 4) out[((size_t)i * hq + hr[r]) * d + x] = NAN;
-        return;
-    }
-    const size_t row0 = ((size_t)sl * c.hkv + hk) * c.cap;
-    const __nv_bfloat16 *kx = (const __nv_bfloat16 *)c.k + row0 * D16;
-    const __nv_bfloat16 *vx = (const __nv_bfloat16 *)c.v + row0 * D16;
-    tc_cache_load<NK>(sm, kx, 0, ps);
-    tc_cache_load<NK>(sm + TILE, vx, 0, ps);
-    tc_cp_commit();
+    const __nv_bfloat16 *kx, *vx;
+    if (!tc_cached16_start<NK>(sm, &kx, &vx, out, c, i, hk, sl, ps, hq, hr, hmax, tq, true, err))
+        return;   // the whole block
     uint32_t qa[NK][4];   // while the first chunk loads
     tc_qfrag_heads<NK>(qa, q, i, hq, hr, hmax, d, tq);
     const tc_qreg<NK> qr = {qa};
     const int pos2[1][2] = {{ps, ps}};
     tc_state<NK> st[1];
     tc_state_init(st[0]);
-    const int nchunks = ps / TC_KC + 1;
-    for (int ch = 0; ch < nchunks; ch++) {
-        const int j0 = ch * TC_KC;
-        const __nv_bfloat16 *ks = tc_stage_next(sm, TILE, ch, nchunks, [&](__nv_bfloat16 *nx) {
-            tc_cache_load<NK>(nx, kx, j0 + TC_KC, ps);
-            tc_cache_load<NK>(nx + TILE, vx, j0 + TC_KC, ps);
-        });
-        const tc_smem_ld ld = {ks, ks + TILE, DP, g, tq, lane};
+    tc_cached16_chunks<NK>(sm, kx, vx, ps, lane, [&](const tc_smem_ld &ld, int j0) {
         tc_chunk<NK, 1>(st, qr, ld, j0, pos2, cl, lane);
-        __syncthreads();   // chunk ch is consumed before its stage is refilled
-    }
+    });
 #pragma unroll
     for (int r = 0; r < 2; r++)
         if (hr[r] < hmax) tc_out_store<NK>(out + ((size_t)i * hq + hr[r]) * d, NULL, st[0], r, tq, d);
+}
+
+// tc_cached16_kernel with W warps on one (token, kv head): at decode a group of up to 16 query
+// heads is one warp's rows, so a block of one warp (and its 70 KB of stages: three blocks an
+// SM) left the tensor cores waiting on one warp's chain of products (0.19 ms for a decode step
+// of 256 rows over four layers, 1.8 TB/s, the twenty-ninth session's ncu). Here warp w takes
+// the chunk's key n-tiles [8w/W, 8(w+1)/W) for S = Q K^T and head-dim n-tiles
+// [2NK w/W, 2NK(w+1)/W) for P V, each element computed as in tc_chunk (the same k order), and
+// tc_online's steps are spread without changing an operation: the row maxima are order-free;
+// each thread's running sum of probabilities passes from warp to warp in n-tile order (warp 0
+// starts at zero, as tc_online's loop), then the same two shuffles; every warp then holds the
+// same m, l and alpha. P's bf16 A fragments go through shared memory, one k-step per 16 keys.
+template <int NK, int W> struct tcw_xch {
+    float mx[W][32][2];      // each lane's row maxima over its warp's columns
+    float ls[32][2];         // the running sum, handed on from warp to warp
+    uint32_t pa[4][32][4];   // P's A fragments, k-step ks of 16 keys
+};
+
+// A warp's state: tc_state's m and l (the same in every warp), its DT head-dim n-tiles of o
+// (indices known at compile time, so they stay in registers).
+template <int DT> struct tcw_state {
+    float m[2], l[2];
+    float o[DT][4];
+};
+
+template <int NK, int W>
+__device__ __forceinline__ void tcw_chunk(tcw_state<2 * NK / W> &st, const tc_qreg<NK> &qa,
+                                          const tc_smem_ld &ld, int j0, int ps, float c,
+                                          int lane, int warp, tcw_xch<NK, W> *x)
+{
+    constexpr int NT = 8 / W, DT = 2 * NK / W;
+    const int tq = lane & 3, nt0 = warp * NT, dt0 = warp * DT;
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < NK; kk++) {
+        uint32_t a[4];
+        qa.afrag(a, 0, kk);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+            uint32_t b[4];
+            ld.kfrag2(b, nt0 + nt, kk);
+            tc_mma(s[nt], a, b[0], b[1]);
+            tc_mma(s[nt + 1], a, b[2], b[3]);
+        }
+    }
+    // tc_online, MASK true, both rows at position ps
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int j = j0 + (nt0 + nt) * 8 + 2 * tq + (e & 1);
+            const float v = j <= ps ? __fmul_rn(s[nt][e], c) : -INFINITY;
+            s[nt][e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        x->mx[warp][lane][r] = mx[r];
+    }
+    __syncthreads();
+    float alpha[2], mn[2], ls[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+#pragma unroll
+        for (int w = 0; w < W; w++) mx[r] = fmaxf(mx[r], x->mx[w][lane][r]);
+        mn[r] = fmaxf(st.m[r], mx[r]);
+        alpha[r] = tc_exp2(__fsub_rn(st.m[r], mn[r]));
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[nt][e] = tc_exp2(__fsub_rn(s[nt][e], mn[e >> 1]));
+    // the running sum: warp w adds its n-tiles to what warps 0 .. w - 1 left
+#pragma unroll
+    for (int w = 0; w < W; w++) {
+        if (warp == w) {
+            ls[0] = w ? x->ls[lane][0] : 0.0f, ls[1] = w ? x->ls[lane][1] : 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) ls[e >> 1] = __fadd_rn(ls[e >> 1], s[nt][e]);
+            x->ls[lane][0] = ls[0], x->ls[lane][1] = ls[1];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        ls[r] = x->ls[lane][r];
+        ls[r] = __fadd_rn(ls[r], __shfl_xor_sync(0xffffffffu, ls[r], 1));
+        ls[r] = __fadd_rn(ls[r], __shfl_xor_sync(0xffffffffu, ls[r], 2));
+        st.l[r] = __fadd_rn(__fmul_rn(st.l[r], alpha[r]), ls[r]);
+        st.m[r] = mn[r];
+    }
+    // this warp's k-steps of P (tc_ctoa's packing)
+#pragma unroll
+    for (int kc = 0; kc < NT / 2; kc++) {
+        uint32_t *pa = x->pa[nt0 / 2 + kc][lane];
+        pa[0] = tc_pack(s[2 * kc][0], s[2 * kc][1]);
+        pa[1] = tc_pack(s[2 * kc][2], s[2 * kc][3]);
+        pa[2] = tc_pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+        pa[3] = tc_pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+    }
+    const int moved = alpha[0] != 1.0f || alpha[1] != 1.0f;
+    if (__any_sync(0xffffffffu, moved))   // the same in every warp: the same rows' alpha
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                st.o[dt][e] = __fmul_rn(st.o[dt][e], alpha[e >> 1]);
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++) {
+        uint32_t pa[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) pa[e] = x->pa[ks][lane][e];
+#pragma unroll
+        for (int dt = 0; dt < DT; dt += 2) {
+            uint32_t b[4];
+            ld.vfrag2(b, ks, dt0 + dt);
+            tc_mma(st.o[dt], pa, b[0], b[1]);
+            tc_mma(st.o[dt + 1], pa, b[2], b[3]);
+        }
+    }
+}
+
+template <int NK, int W>
+__global__ void __launch_bounds__(32 * W)
+tc_cached16w_kernel(float *out, const float *q, lb_kv_layer c, const int32_t *slot,
+                    const int32_t *pos, int hq, float cl, unsigned long long *err)
+{
+    constexpr int D16 = 16 * NK, DP = D16 + 8, TILE = TC_KC * DP, DT = 2 * NK / W;
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    __nv_bfloat16 *sm = reinterpret_cast<__nv_bfloat16 *>(tc_sm);
+    tcw_xch<NK, W> *xch = reinterpret_cast<tcw_xch<NK, W> *>(tc_sm + 4 * TILE * sizeof(*sm));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const int d = c.d, group = hq / c.hkv;
+    const int i = blockIdx.x / c.hkv, hk = blockIdx.x % c.hkv;
+    const int h0 = hk * group, hmax = (hk + 1) * group;   // query head of row 0
+    const int sl = slot[i], ps = pos[i];
+    const int hr[2] = {h0 + g, h0 + g + 8};
+    const __nv_bfloat16 *kx, *vx;
+    if (!tc_cached16_start<NK>(sm, &kx, &vx, out, c, i, hk, sl, ps, hq, hr, hmax, tq, warp == 0,
+                               err))
+        return;   // the whole block
+    uint32_t qa[NK][4];   // while the first chunk loads
+    tc_qfrag_heads<NK>(qa, q, i, hq, hr, hmax, d, tq);
+    const tc_qreg<NK> qr = {qa};
+    tcw_state<DT> st;
+#pragma unroll
+    for (int r = 0; r < 2; r++) st.m[r] = -INFINITY, st.l[r] = 0.0f;
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) st.o[dt][e] = 0.0f;
+    tc_cached16_chunks<NK>(sm, kx, vx, ps, lane, [&](const tc_smem_ld &ld, int j0) {
+        tcw_chunk<NK, W>(st, qr, ld, j0, ps, cl, lane, warp, xch);
+    });
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (hr[r] >= hmax) continue;
+        float *o = out + ((size_t)i * hq + hr[r]) * d;
+        const float l = st.l[r];
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int x = (warp * DT + dt) * 8 + 2 * tq + e;
+                if (x < d) o[x] = __fdiv_rn(st.o[dt][2 * r + e], l);
+            }
+    }
 }
 
 // --- backward ----------------------------------------------------------------------------------
@@ -1579,6 +1786,15 @@ static void cached_nk(lb_cuda_ctx *cx, float *out, const float *q, const lb_kv_l
         if (parts > 4) lb_die("attention_cached: %d query heads per kv head; at most 64", hq / c->hkv);
         constexpr int DP = 16 * NK + 8;
         const size_t smem = (size_t)4 * TC_KC * DP * sizeof(__nv_bfloat16);
+        constexpr int W = NK % 4 == 0 ? 4 : NK % 2 == 0 ? 2 : 1;   // tcw_chunk's splits
+        if (W > 1 && parts == 1 && cx->attn_split) {
+            const size_t sw = smem + sizeof(tcw_xch<NK, W>);
+            lb_cuda_smem_limit(tc_cached16w_kernel<NK, W>, sw);
+            tc_cached16w_kernel<NK, W><<<(unsigned)n * c->hkv, 32 * W, sw, cx->stream>>>(
+                out, q, *c, slot, pos, hq, tc_c(c->d), cx->err_dev);
+            LB_CUDA_LAUNCHED(cx);
+            return;
+        }
         lb_cuda_smem_limit(tc_cached16_kernel<NK>, smem);
         tc_cached16_kernel<NK><<<(unsigned)n * c->hkv, 32 * parts, smem, cx->stream>>>(
             out, q, *c, slot, pos, hq, tc_c(c->d), cx->err_dev);

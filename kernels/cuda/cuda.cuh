@@ -149,6 +149,8 @@ typedef struct {
                                    // sm_90 only; LB_CUDA_ATTN_WG=0: mma.sync)
     int attn_ds;                   // their backward's dq from the dS the dk/dv kernel stores
                                    // (LB_CUDA_ATTN_DS=0: the dq kernel recomputes it)
+    int attn_split;                // attention_cached over a bf16 cache: W warps a (token, kv
+                                   // head) (LB_CUDA_ATTN_SPLIT=0: one, tc_cached16_kernel)
     int dense_tc;                  // dense bf16 and fp8-block GEMMs on those kernels too
                                    // (LB_CUDA_DENSE_TC=0: off)
     int grouped_streams;           // LB_CUDA_GROUPED_STREAMS=1: bf16 groups on side streams

@@ -6,10 +6,11 @@
 //
 // Determinism: router rows are one warp each, a row's result depending on that row alone;
 // selection is exact comparison. Slot sums run in slot order, in double, exactly as the CPU
-// reference (so combine and permute_bwd match it bit for bit). The plan is a stable radix sort
-// of expert ids (CUB), so rows come sorted by (expert, token, slot) by construction. Expert
-// counts for the aux loss use integer atomics in shared memory: integer addition is exact and
-// order-free, so the counts are the same whatever the order. No floating-point atomics.
+// reference (so combine and permute_bwd match it bit for bit). The plan is a stable sort of
+// expert ids (a counting sort in one block at decode sizes, else CUB's radix sort), so rows come
+// sorted by (expert, token, slot) by construction. Expert counts for the aux loss use integer
+// atomics in shared memory: integer addition is exact and order-free, so the counts are the same
+// whatever the order. No floating-point atomics.
 #include "kernels/cuda/cuda.cuh"
 #include "kernels/router.h"
 
@@ -287,6 +288,125 @@ __global__ void plan_counts_kernel(int *counts, const int32_t *keys, int total, 
     counts[j] = lo - a;
 }
 
+// The plan of up to PLAN_CHUNKS * PLAN_THREADS assignments and PLAN_SMALL_E experts in one
+// launch (the sort path takes four, some 27 us at a decode step's 2048 x 128): a stable counting
+// sort in one block of PLAN_THREADS. Bucket j + 1 holds expert j; indices < 0 go to bucket 0 and
+// indices >= e to bucket e + 1, as the sort puts them first and last (it orders them by value
+// among themselves, this by assignment: either way every assignment gets a distinct row in
+// [0, total), so nothing downstream writes out of bounds).
+//  1. Thread t holds assignments a = c * PLAN_THREADS + t in registers. __match_any_sync groups a
+//     warp's lanes by bucket: rank = the group's lanes below; leaders add the group's size to
+//     the histogram (integer atomics: order-free).
+//  2. counts = the histogram's experts; base = its exclusive scan, each bucket's first row.
+//  3. Chunk by chunk (c in order), leaders store their group's size in tab[bucket][warp]; one
+//     warp per bucket scans these over warps from base[bucket] and advances base. Then
+//     row[a] = tab[bucket][warp] + rank: rows ordered by (bucket, c, warp, lane), i.e. by
+//     (bucket, a), the stable sort's rows.
+// Shared memory: (e + 2) ints of base and (e + 2) * PLAN_STRIDE uint16 of tab (its entries are
+// < total <= 16384), 72 bytes a bucket: 9 KB at e = 128, 72 KB at e = 1024 (above the default
+// 48 KB: lb_cuda_smem_limit). 32 ints a bucket would be 132 KB at e = 1024.
+#define PLAN_THREADS 1024
+#define PLAN_CHUNKS 16     // registers a thread holds: total <= 16384
+#define PLAN_SMALL_E 1024
+#define PLAN_STRIDE 34     // tab's 32 warps a bucket, padded: one warp's buckets in distinct banks
+#define PLAN_NONE 2047     // the bucket of a lane past the end (11 bits, beyond e + 1)
+
+// Inclusive prefix sum over a warp's lanes.
+__device__ __forceinline__ int plan_warp_scan(int v)
+{
+    for (int o = 1; o < 32; o <<= 1) {
+        const int t = __shfl_up_sync(0xffffffffu, v, o);
+        if ((threadIdx.x & 31) >= o) v += t;
+    }
+    return v;
+}
+
+// One block an SM: without the 1 ptxas holds it to 32 registers (two blocks) and spills key[].
+__global__ void __launch_bounds__(PLAN_THREADS, 1)
+plan_small_kernel(int32_t *row, int *counts, const int32_t *idx, int total, int e,
+                  unsigned long long *err)
+{
+    extern __shared__ int base[];   // (e + 2): the histogram, then each bucket's next row
+    __shared__ int wsum[32], kmin, kmax;
+    const int nb = e + 2, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned below = (1u << lane) - 1;
+    uint16_t *tab = (uint16_t *)(base + nb);
+    for (int i = threadIdx.x; i < nb; i += PLAN_THREADS) base[i] = 0;
+    for (int i = threadIdx.x; i < nb * PLAN_STRIDE / 2; i += PLAN_THREADS) ((int *)tab)[i] = 0;
+    if (threadIdx.x == 0) kmin = INT_MAX, kmax = INT_MIN;
+    __syncthreads();
+
+    int key[PLAN_CHUNKS];   // the index, then bucket | rank << 11 | group size << 16
+#pragma unroll
+    for (int c = 0; c < PLAN_CHUNKS; c++) {   // all loads in flight at once
+        const int a = c * PLAN_THREADS + threadIdx.x;
+        key[c] = a < total ? idx[a] : 0;
+    }
+    int lo = INT_MAX, hi = INT_MIN;
+#pragma unroll
+    for (int c = 0; c < PLAN_CHUNKS; c++) {
+        if (c * PLAN_THREADS >= total) break;   // the same for the whole block
+        int b = PLAN_NONE;
+        if (c * PLAN_THREADS + (int)threadIdx.x < total) {
+            const int v = key[c];
+            lo = min(lo, v), hi = max(hi, v);
+            b = v < 0 ? 0 : v >= e ? e + 1 : v + 1;
+        }
+        const unsigned m = __match_any_sync(0xffffffffu, b);
+        const int rank = __popc(m & below), size = __popc(m);
+        if (b != PLAN_NONE && rank == 0) atomicAdd(&base[b], size);
+        key[c] = b | rank << 11 | size << 16;
+    }
+    lo = __reduce_min_sync(0xffffffffu, lo);
+    hi = __reduce_max_sync(0xffffffffu, hi);
+    if (lane == 0) atomicMin(&kmin, lo), atomicMax(&kmax, hi);
+    __syncthreads();
+    if (threadIdx.x == 0) {   // plan_counts_kernel's reports: the smallest, then the largest
+        if (kmin < 0) lb_report(err, LB_CERR_PLAN_IDX, kmin);
+        if (kmax >= e) lb_report(err, LB_CERR_PLAN_IDX, kmax);
+    }
+
+    // Exclusive scan of the histogram, buckets 2t and 2t + 1 to thread t (nb <= 2 * 1024).
+    const int i = 2 * threadIdx.x;
+    const int h0 = i < nb ? base[i] : 0, h1 = i + 1 < nb ? base[i + 1] : 0;
+    if (i >= 1 && i <= e) counts[i - 1] = h0;   // valid experts only
+    if (i + 1 <= e) counts[i] = h1;
+    const int s = plan_warp_scan(h0 + h1);
+    if (lane == 31) wsum[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        const int w = wsum[lane];
+        wsum[lane] = plan_warp_scan(w) - w;
+    }
+    __syncthreads();
+    const int first = wsum[warp] + s - h0 - h1;
+    if (i < nb) base[i] = first;
+    if (i + 1 < nb) base[i + 1] = first + h0;
+    __syncthreads();
+
+#pragma unroll
+    for (int c = 0; c < PLAN_CHUNKS; c++) {
+        if (c * PLAN_THREADS >= total) break;
+        const int b = key[c] & 2047, rank = key[c] >> 11 & 31, size = key[c] >> 16;
+        const int slot = b * PLAN_STRIDE + warp;
+        if (b != PLAN_NONE && rank == 0) tab[slot] = (uint16_t)size;
+        __syncthreads();
+        for (int j = warp; j < nb; j += 32) {   // bucket j: its chunk counts over warps
+            const int v = tab[j * PLAN_STRIDE + lane];
+            if (!__any_sync(0xffffffffu, v)) continue;
+            const int incl = plan_warp_scan(v);
+            const int b0 = __shfl_sync(0xffffffffu, lane == 31 ? base[j] : 0, 31);
+            if (v) tab[j * PLAN_STRIDE + lane] = (uint16_t)(b0 + incl - v);
+            if (lane == 31) base[j] = b0 + incl;   // lane 31 alone reads and writes base[j]
+        }
+        __syncthreads();
+        if (b != PLAN_NONE) row[c * PLAN_THREADS + threadIdx.x] = tab[slot] + rank;
+        __syncwarp();   // the group has read its entry before the leader clears it
+        if (b != PLAN_NONE && rank == 0) tab[slot] = 0;   // zero again for the next chunk
+        __syncwarp();   // cleared before the warp's next leaders store
+    }
+}
+
 static void cuda_moe_plan(lb_backend *be, int32_t *row, int *counts_host, int *counts_out,
                           const int32_t *idx, int n, int e, int k)
 {
@@ -300,25 +420,37 @@ static void cuda_moe_plan(lb_backend *be, int32_t *row, int *counts_host, int *c
                                                            cx->stream));
         return;
     }
-    size_t tmp_bytes = 0;
-    LB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, tmp_bytes, (const int32_t *)NULL,
-                                                  (int32_t *)NULL, (const int32_t *)NULL,
-                                                  (int32_t *)NULL, total, 0, 32, cx->stream));
-    size_t arr = lb_align256((size_t)total * sizeof(int32_t));
     size_t b_counts = lb_align256((size_t)(e ? e : 1) * sizeof(int));
-    char *s = (char *)lb_cuda_scratch(cx, 3 * arr + b_counts + lb_align256(tmp_bytes));
-    int32_t *iota = (int32_t *)s, *keys = (int32_t *)(s + arr), *order = (int32_t *)(s + 2 * arr);
-    int *counts = counts_out ? counts_out : (int *)(s + 3 * arr);
-    void *tmp = s + 3 * arr + b_counts;
-    iota_kernel_moe<<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(iota, total);
-    LB_CUDA_LAUNCHED(cx);
-    LB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp, tmp_bytes, idx, keys, iota, order, total,
-                                                  0, 32, cx->stream));
-    plan_rows_kernel<<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(row, order, total);
-    LB_CUDA_LAUNCHED(cx);
-    plan_counts_kernel<<<(e + 255) / 256 > 0 ? (e + 255) / 256 : 1, 256, 0, cx->stream>>>(
-        counts, keys, total, e, cx->err_dev);
-    LB_CUDA_LAUNCHED(cx);
+    int *counts;
+    if (total <= PLAN_CHUNKS * PLAN_THREADS && e <= PLAN_SMALL_E) {
+        // One launch; scratch only for counts the caller has no buffer for.
+        counts = counts_out ? counts_out : (int *)lb_cuda_scratch(cx, b_counts);
+        size_t smem = (size_t)(e + 2) * (sizeof(int) + PLAN_STRIDE * sizeof(uint16_t));
+        lb_cuda_smem_limit(plan_small_kernel, smem);
+        plan_small_kernel<<<1, PLAN_THREADS, smem, cx->stream>>>(row, counts, idx, total, e,
+                                                                 cx->err_dev);
+        LB_CUDA_LAUNCHED(cx);
+    } else {
+        size_t tmp_bytes = 0;
+        LB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, tmp_bytes, (const int32_t *)NULL,
+                                                      (int32_t *)NULL, (const int32_t *)NULL,
+                                                      (int32_t *)NULL, total, 0, 32, cx->stream));
+        size_t arr = lb_align256((size_t)total * sizeof(int32_t));
+        char *s = (char *)lb_cuda_scratch(cx, 3 * arr + b_counts + lb_align256(tmp_bytes));
+        int32_t *iota = (int32_t *)s, *keys = (int32_t *)(s + arr);
+        int32_t *order = (int32_t *)(s + 2 * arr);
+        counts = counts_out ? counts_out : (int *)(s + 3 * arr);
+        void *tmp = s + 3 * arr + b_counts;
+        iota_kernel_moe<<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(iota, total);
+        LB_CUDA_LAUNCHED(cx);
+        LB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp, tmp_bytes, idx, keys, iota, order,
+                                                      total, 0, 32, cx->stream));
+        plan_rows_kernel<<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(row, order, total);
+        LB_CUDA_LAUNCHED(cx);
+        plan_counts_kernel<<<(e + 255) / 256 > 0 ? (e + 255) / 256 : 1, 256, 0, cx->stream>>>(
+            counts, keys, total, e, cx->err_dev);
+        LB_CUDA_LAUNCHED(cx);
+    }
     if (!counts_host) return;   // gemm_experts reads counts on the device: no wait
     if (e) {
         int *h = (int *)lb_cuda_host_stage(cx, (size_t)e * sizeof(int));
