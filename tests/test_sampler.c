@@ -467,6 +467,19 @@ static void run_sampler(lb_model *m, const lb_sampler_config *c, lb_sample_req *
     lb_sample_stats st;
     ck_assert_msg(lb_sampler_run(s, reqs, n, &st, err, sizeof err) == 0, "%s", err);
     ck_assert_int_gt(st.forwards, 0);
+    // The decode stretches: no forward that fed prompt rows among them (each feeds at most
+    // max_rows), and where every prompt fits the first forward, all the others.
+    long prompt_rows = 0, most = 0;
+    for (int i = 0; i < n; i++) {
+        prompt_rows += reqs[i].prompt_len;
+        most = reqs[i].len > most ? reqs[i].len : most;
+    }
+    ck_assert_int_eq(st.prefill_tokens, prompt_rows);
+    ck_assert_int_le(st.decode_forwards,
+                     st.forwards - (prompt_rows + c->max_rows - 1) / c->max_rows);
+    ck_assert(st.decode_seconds >= 0.0 && st.decode_seconds <= st.seconds);
+    if (c->slots >= n && (long)c->max_rows >= prompt_rows)
+        ck_assert_int_eq(st.decode_forwards, most - 1);
     lb_sampler_free(s);
 }
 
@@ -751,6 +764,10 @@ START_TEST(test_sampler_limits_and_errors)
     c.max_new_tokens = 1;
     run_sampler(m, &c, rs.req, NREQ);
     for (int i = 0; i < NREQ; i++) ck_assert_int_eq(rs.req[i].len, 1);
+    // every prompt in the first forward: run_sampler's exact count of decode forwards
+    c = scfg(1.0f, 0, 1.0f, NREQ, 64);
+    make_reqs(&rs, m->cfg.vocab_size, 5);
+    run_sampler(m, &c, rs.req, NREQ);
     // every token a stop token: one token each, all stopped
     c = scfg(1.0f, 0, 1.0f, 4, 8);
     c.nstop = 0;

@@ -212,6 +212,10 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
     lb_comm *ep = m->par.ep > 1 ? m->par.ep_comm : NULL;
     lb_comm *tp = m->par.tp > 1 ? m->par.tp_comm : NULL;
     int next = 0;
+    // the current stretch since the last download: its start, forwards, whether it fed prompts
+    double mark = t0;
+    long stretch_forwards = 0;
+    int stretch_prefill = 0;
     for (;;) {
         // Free slots take the next waiting requests.
         for (int k = 0; k < S && next < n; k++)
@@ -254,6 +258,7 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
             }
             s->fed[k] += chunk;
             st.prefill_tokens += chunk;
+            stretch_prefill = 1;
             if (s->fed[k] == q->prompt_len) s->owner[rows - 1] = k;   // its first token
         }
         // rows >= 1 while requests remain: every unfinished request holds a slot and feeds a
@@ -303,6 +308,7 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
         m->route_log = NULL;
         if (want_routes) keep_routes(s, reqs, rows);
         st.forwards++;
+        stretch_forwards++;
         if (nl == 0) continue;   // prefill chunks only: nothing to draw
         // The draw, the stop test and the recorded log-probs (the trainer's operation on the
         // same logits rows) on the device; 3 x nl words come back.
@@ -315,6 +321,12 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
         float *nll_dev = (float *)(s->out_dev + 2 * (size_t)nl);
         lb_model_nll_dev(m, s->kv->logits, s->out_dev, nl, nll_dev);
         be->download(be, s->out, s->out_dev, 3 * (size_t)nl * sizeof(int32_t));
+        const double now = lb_now();
+        if (!stretch_prefill) {
+            st.decode_seconds += now - mark;
+            st.decode_forwards += stretch_forwards;
+        }
+        mark = now, stretch_forwards = 0, stretch_prefill = 0;
         int32_t *tgt = s->out, *stop = s->out + nl;
         const float *nll = (const float *)(s->out + 2 * (size_t)nl);
         if (tp && tp_agree(s, tp, tgt, nl)) {

@@ -56,6 +56,11 @@ typedef struct {
     long generated;                // tokens sampled
     long idle_forwards;            // of forwards: idle rows for the ep group's lockstep
     double seconds;
+    // Of seconds: the stretches between two downloads of drawn tokens (the only waits) whose
+    // forwards fed no prompt rows, and those forwards: the decode steps alone, without the
+    // prefill chunks (host work included; a stretch with prompt rows counts as prefill).
+    double decode_seconds;
+    long decode_forwards;
 } lb_sample_stats;
 
 typedef struct lb_sampler lb_sampler;
