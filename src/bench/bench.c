@@ -436,12 +436,18 @@ static int bench_attention(lb_backend *be, const lb_config *c)
 static lb_model *bench_model(lb_backend *be, const lb_config *c)
 {
     char err[1024];
+    double t0 = lb_now();
     lb_model *m = lb_run_model(c, be, NULL, 0, err, sizeof err);
     if (!m) {
         fprintf(stderr, "lowbit bench: %s\n", err);
         return NULL;
     }
+    double t1 = lb_now();
     lb_model_init_params(m, c->run.seed);
+    be->sync(be);
+    // The setup's share of a bench command's time (GPU calls are budgeted in seconds)
+    printf("# bench setup: model %.1f s, weights drawn and uploaded %.1f s\n", t1 - t0,
+           lb_now() - t1);
     return m;
 }
 
@@ -610,7 +616,9 @@ static int bench_rollout(lb_backend *be, const lb_config *c)
     if (!m) return 1;
     int B = c->bench.rollout_batch, P = c->bench.rollout_prompt, N = c->bench.rollout_new;
     lb_sampler *s = rollout_sampler(c, m, B, P, N);
+    double t0 = lb_now();
     int rc = !s || (c->bench.warmup > 0 && rollout_warmup(c, m));
+    if (!rc) printf("# bench setup: sampler and warm-up rollout %.1f s\n", lb_now() - t0);
     rollout_reqs r;
     rollout_reqs_init(&r, B, P, N, m->cfg.vocab_size, c->sample.seed);
     for (int it = 0; !rc && it < c->bench.iters; it++) {
