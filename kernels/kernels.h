@@ -191,6 +191,14 @@ typedef struct {
     float *rstd;           // (n): written by the forward, read by the backward
     float *out;            // forward: (n, c)
     float eps;             // forward
+    // forward: res NULL, or (n, c) added first: the rows normalised are x + res, one fp32 add
+    // each (add()'s bits), stored in sum (n, c; may be x itself), so that a residual add and
+    // the norm after it are one pass. sum is NULL where res is.
+    const float *res;
+    float *sum;
+    // forward: out16 NULL, or out rounded to bf16 as to_bf16 writes it, (n, pad8(c)): the next
+    // GEMM's operand (lb_gemm_args.a16), written while the value is at hand
+    uint16_t *out16;
     // backward: dx (n, c) = the gradient (rounded to fp32) + dx_beta dx, dx not read when
     // dx_beta is 0 (1: a residual's gradient added in place, the same bits as add() after it);
     // dw (c) accumulated
@@ -214,6 +222,12 @@ typedef struct {
     int inverse;
     int rot;
     const double *inv_freq;
+    // forward only (inverse 0): src NULL, or x is first rmsnorm_fwd of src (n heads rows of d;
+    // weight nw (d), eps), rstd (n heads) written, then rotated: the q/k norm and RoPE in one
+    // call, the bits of the two calls
+    const float *src, *nw;
+    float *rstd;
+    float eps;
 } lb_rope_args;
 
 // attention_fwd, attention_bwd (the numerics: the struct's entries below).

@@ -1018,6 +1018,54 @@ static void rmsnorm_case(const test_case *tst)
         CHECK_BITS(what, got, want, sz * 4);
         free(res), free(want), free(got), dfree(dres), dfree(drc);
     }
+    {   // res, sum and out16 (the decode step's fused residual add and bf16 copy): on each
+        // backend, the bits of add() and then the plain norm, out16 to_bf16's of out
+        float *res = randn(sz, 4);
+        lb_backend *bes[2] = {cpu, dev};
+        for (int b = 0; b < 2; b++) {
+            lb_backend *be = bes[b];
+            const size_t b16 = bytes16(n, c);
+            float *X = be->alloc(be, sz * 4), *Y = be->alloc(be, sz * 4);
+            float *R = be->alloc(be, sz * 4), *O = be->alloc(be, sz * 4);
+            float *O2 = be->alloc(be, sz * 4), *S = be->alloc(be, (size_t)n * 4);
+            float *S2 = be->alloc(be, (size_t)n * 4), *Wt = be->alloc(be, (size_t)c * 4);
+            uint16_t *O16 = be->alloc(be, b16);
+            be->upload(be, X, x, sz * 4), be->upload(be, Y, x, sz * 4);
+            be->upload(be, R, res, sz * 4), be->upload(be, Wt, w, (size_t)c * 4);
+            uint16_t *ones16 = lb_malloc(b16);
+            memset(ones16, 0xff, b16);
+            be->upload(be, O16, ones16, b16);
+            be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = O, .rstd = S, .x = X, .res = R,
+                    .sum = X, .w = Wt, .n = n, .c = c, .eps = 1e-6f, .out16 = O16});
+            be->add(be, Y, R, sz);
+            be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = O2, .rstd = S2, .x = Y, .w = Wt,
+                    .n = n, .c = c, .eps = 1e-6f});
+            float *h[5];
+            const void *src[5] = {X, Y, O, O2, NULL};
+            for (int i = 0; i < 4; i++) {
+                h[i] = lb_malloc(sz * 4);
+                be->download(be, h[i], src[i], sz * 4);
+            }
+            float *hs = lb_malloc((size_t)n * 4), *hs2 = lb_malloc((size_t)n * 4);
+            be->download(be, hs, S, (size_t)n * 4), be->download(be, hs2, S2, (size_t)n * 4);
+            uint16_t *got16 = lb_malloc(b16), *want16 = host16(h[3], n, c);
+            be->download(be, got16, O16, b16);
+            const char *bn = b ? "dev" : "cpu";
+            snprintf(what, sizeof what, "rmsnorm_fwd res: sum = add's (%s)", bn);
+            CHECK_BITS(what, h[0], h[1], sz * 4);
+            snprintf(what, sizeof what, "rmsnorm_fwd res: out (%s)", bn);
+            CHECK_BITS(what, h[2], h[3], sz * 4);
+            snprintf(what, sizeof what, "rmsnorm_fwd res: rstd (%s)", bn);
+            CHECK_BITS(what, hs, hs2, (size_t)n * 4);
+            snprintf(what, sizeof what, "rmsnorm_fwd out16 n %d c %d (%s)", n, c, bn);
+            CHECK_BITS(what, got16, want16, b16);
+            for (int i = 0; i < 4; i++) free(h[i]);
+            free(hs), free(hs2), free(got16), free(want16), free(ones16);
+            void *bufs[] = {X, Y, R, O, O2, S, S2, Wt, O16};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+        }
+        free(res);
+    }
     snprintf(what, sizeof what, "rmsnorm_fwd out n %d c %d", n, c);
     CHECK_NMSE(what, keep[0][0], out, sz, tst->bound);
     snprintf(what, sizeof what, "rmsnorm_fwd rstd n %d c %d", n, c);
@@ -1110,6 +1158,47 @@ static void rope_case(const test_case *tst)
     double e = 0;   // the backward undoes the forward
     for (size_t j = 0; j < sz; j++) e = fmax(e, fabs(back[j] - x[j]));
     ck_assert_msg(e < 1e-5, "rope: inverse(forward(x)) differs from x by %g", e);
+    {   // src: the q/k norm in the rotation's call, the bits of rmsnorm_fwd and then rope on
+        // each backend (the CUDA kernel of one warp a head where d <= 128 and 64 divides rot)
+        float *nw = randn(d, 5);
+        lb_backend *bes[2] = {cpu, dev};
+        const int nh = n * heads;
+        for (int b = 0; b < 2; b++) {
+            lb_backend *be = bes[b];
+            float *Xs = be->alloc(be, sz * 4), *A = be->alloc(be, sz * 4);
+            float *B = be->alloc(be, sz * 4), *Ra = be->alloc(be, (size_t)nh * 4);
+            float *Rb = be->alloc(be, (size_t)nh * 4), *Nw = be->alloc(be, (size_t)d * 4);
+            int32_t *P = be->alloc(be, (size_t)n * 4);
+            double *F = NULL;
+            if (freq) {
+                F = be->alloc(be, (size_t)half * sizeof(double));
+                be->upload(be, F, freq, (size_t)half * sizeof(double));
+            }
+            be->upload(be, Xs, x, sz * 4), be->upload(be, Nw, nw, (size_t)d * 4);
+            be->upload(be, P, pos, (size_t)n * 4);
+            be->rope(be, &(lb_rope_args){.x = A, .pos = P, .n = n, .heads = heads, .d = d,
+                    .theta = 5e5f, .rot = tst->p[3], .inv_freq = F, .src = Xs, .nw = Nw,
+                    .rstd = Ra, .eps = 1e-6f});
+            be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = B, .rstd = Rb, .x = Xs, .w = Nw,
+                    .n = nh, .c = d, .eps = 1e-6f});
+            be->rope(be, &(lb_rope_args){.x = B, .pos = P, .n = n, .heads = heads, .d = d,
+                    .theta = 5e5f, .rot = tst->p[3], .inv_freq = F});
+            float *ha = lb_malloc(sz * 4), *hb = lb_malloc(sz * 4);
+            float *hra = lb_malloc((size_t)nh * 4), *hrb = lb_malloc((size_t)nh * 4);
+            be->download(be, ha, A, sz * 4), be->download(be, hb, B, sz * 4);
+            be->download(be, hra, Ra, (size_t)nh * 4), be->download(be, hrb, Rb, (size_t)nh * 4);
+            snprintf(what, sizeof what, "rope src (norm) d %d rot %d (%s)", d, rot,
+                     b ? "dev" : "cpu");
+            CHECK_BITS(what, ha, hb, sz * 4);
+            snprintf(what, sizeof what, "rope src (norm) rstd (%s)", b ? "dev" : "cpu");
+            CHECK_BITS(what, hra, hrb, (size_t)nh * 4);
+            free(ha), free(hb), free(hra), free(hrb);
+            void *bufs[] = {Xs, A, B, Ra, Rb, Nw, P, F};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+                if (bufs[i]) be->free(be, bufs[i]);
+        }
+        free(nw);
+    }
     for (int r = 0; r < 2; r++) free(keep[r][0]), free(keep[r][1]);
     if (dfreq) dfree(dfreq);
     dfree(dpos), dfree(dxx), free(x), free(ref), free(pos), free(back), free(freq);
@@ -3524,23 +3613,25 @@ static const test_case CASES[] = {
     // --- RMSNorm, p (n, c). CUDA's rmsnorm_bwd takes a row with 32 to 1024 threads by c; dw's
     // partials are per block of 16 to 1024 rows (by n); the last: 625 blocks, dw's partials
     // summed in groups first
-    CASE(OP(rmsnorm_fwd) | OP(rmsnorm_bwd), rmsnorm_case, {300, 53}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) | OP(rmsnorm_bwd), rmsnorm_case, {1000, 128}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) | OP(rmsnorm_bwd), rmsnorm_case, {37, 600}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) | OP(rmsnorm_bwd), rmsnorm_case, {37, 2048}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) | OP(rmsnorm_bwd), rmsnorm_case, {21, 3000}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) | OP(rmsnorm_bwd), rmsnorm_case, {19, 5000}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) | OP(rmsnorm_bwd), rmsnorm_case, {9, 10000}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) | OP(rmsnorm_bwd), rmsnorm_case, {40000, 128}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) | OP(rmsnorm_bwd) | OP(add), rmsnorm_case, {300, 53}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) | OP(rmsnorm_bwd) | OP(add), rmsnorm_case, {1000, 128}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) | OP(rmsnorm_bwd) | OP(add), rmsnorm_case, {37, 600}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) | OP(rmsnorm_bwd) | OP(add), rmsnorm_case, {37, 2048}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) | OP(rmsnorm_bwd) | OP(add), rmsnorm_case, {21, 3000}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) | OP(rmsnorm_bwd) | OP(add), rmsnorm_case, {19, 5000}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) | OP(rmsnorm_bwd) | OP(add), rmsnorm_case, {9, 10000}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) | OP(rmsnorm_bwd) | OP(add), rmsnorm_case, {40000, 128}, .bound = B_ROUND),
 
     // --- RoPE, p (n, heads, d)
-    CASE(OP(rope), rope_case, {129, 3, 64}, .bound = B_ROUND),
-    CASE(OP(rope), rope_case, {129, 5, 128}, .bound = B_ROUND),
-    CASE(OP(rope), rope_case, {37, 2, 24}, .bound = B_ROUND),
-    CASE(OP(rope), rope_case, {129, 3, 64, 0, 1}, .bound = B_ROUND),    // llama3 scaling
-    CASE(OP(rope), rope_case, {37, 2, 128, 0, 1}, .bound = B_ROUND),
-    CASE(OP(rope), rope_case, {129, 3, 64, 32}, .bound = B_ROUND),      // partial rotary
-    CASE(OP(rope), rope_case, {37, 4, 128, 64, 1}, .bound = B_ROUND),   // both
+    CASE(OP(rope) | OP(rmsnorm_fwd), rope_case, {129, 3, 64}, .bound = B_ROUND),
+    CASE(OP(rope) | OP(rmsnorm_fwd), rope_case, {129, 5, 128}, .bound = B_ROUND),
+    CASE(OP(rope) | OP(rmsnorm_fwd), rope_case, {37, 2, 24}, .bound = B_ROUND),
+    CASE(OP(rope) | OP(rmsnorm_fwd), rope_case, {129, 3, 64, 0, 1}, .bound = B_ROUND),    // llama3 scaling
+    CASE(OP(rope) | OP(rmsnorm_fwd), rope_case, {37, 2, 128, 0, 1}, .bound = B_ROUND),
+    CASE(OP(rope) | OP(rmsnorm_fwd), rope_case, {129, 3, 64, 32}, .bound = B_ROUND),      // partial rotary
+    CASE(OP(rope) | OP(rmsnorm_fwd), rope_case, {37, 4, 128, 64, 1}, .bound = B_ROUND),   // both
+    CASE(OP(rope) | OP(rmsnorm_fwd), rope_case, {300, 32, 128}, .bound = B_ROUND),         // a decode step's q
+    CASE(OP(rope) | OP(rmsnorm_fwd), rope_case, {45, 3, 64}, .bound = B_ROUND),
 
     // --- attention, p (b, t, hq, hkv, d, bf16). fp32 mode: no grouping with a head dim below
     // one warp, the largest head dim supported

@@ -205,15 +205,27 @@ static void cpu_rmsnorm_fwd(lb_backend *be, const lb_rmsnorm_args *args)
     const float *x = args->x, *w = args->w;
     int n = args->n, c = args->c;
     float eps = args->eps;
+    const float *res = args->res;
+    float *sum = args->sum;
+    uint16_t *out16 = args->out16;
+    if (!res != !sum) lb_die("rmsnorm_fwd: res and sum go together");
+    const int ld = (c + 7) & ~7;
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * c >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * c;
         float *oi = out + (size_t)i * c;
+        if (res) {   // the residual's add first, as add() makes it
+            float *si = sum + (size_t)i * c;
+            const float *ri = res + (size_t)i * c;
+            for (int j = 0; j < c; j++) si[j] = xi[j] + ri[j];
+            xi = si;
+        }
         double ss = 0.0;
         for (int j = 0; j < c; j++) ss += (double)xi[j] * xi[j];
         float r = (float)(1.0 / sqrt(ss / c + (double)eps));
         rstd[i] = r;
         for (int j = 0; j < c; j++) oi[j] = (xi[j] * r) * w[j];   // as HF: w * (x * rstd)
+        if (out16) lb_bf16_row(out16 + (size_t)i * ld, oi, c, ld);
     }
 }
 
@@ -276,6 +288,11 @@ static void cpu_rope(lb_backend *be, const lb_rope_args *a)
     const double sign = a->inverse ? -1.0 : 1.0;
     if (d % 2) lb_die("rope: head dim %d is odd", d);
     if (rot % 2 || rot < 0 || rot > d) lb_die("rope: rot %d is not even in 0..%d", rot, d);
+    if (a->src) {   // the q/k norm first (kernels.h)
+        if (a->inverse) lb_die("rope: a norm (src) with the inverse rotation");
+        cpu_rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = x, .rstd = a->rstd, .x = a->src,
+                .w = a->nw, .n = n * heads, .c = d, .eps = a->eps});
+    }
     int half = rot / 2;
     if (half == 0 || n == 0 || heads == 0) return;
     double *inv_freq = lb_malloc((size_t)half * sizeof(double));

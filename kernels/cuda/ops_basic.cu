@@ -261,10 +261,13 @@ __device__ __forceinline__ double rms_group_sum(double v, double (*red)[G / 32],
 #define RMS_NG(G) ((G) > 256 ? 1 : 256 / (G))   // groups (rows at a time) a block
 #define ROW_WARPS 8   // the one-warp-a-row kernels (SwiGLU): rows a block
 
+// res (not NULL): the row is x + res, stored in sum (which may be x) as add() stores it.
+// out16 (not NULL): out's bf16 bits beside it, the row padded with zeros to pad8(c) (every G K
+// is a multiple of 8 at or above c, so the group's threads cover the padding).
 template <int G, int K>
 __global__ void __launch_bounds__(G > 256 ? G : 256)
-rmsnorm_fwd_kernel(float *out, float *rstd, const float *x, const float *w, int n, int c,
-                   float eps)
+rmsnorm_fwd_kernel(float *out, uint16_t *out16, float *rstd, const float *x, const float *res,
+                   float *sum, const float *w, int n, int c, float eps)
 {
     __shared__ double red[RMS_NG(G)][G / 32];
     const int gi = threadIdx.x / G, li = threadIdx.x % G;
@@ -277,16 +280,27 @@ rmsnorm_fwd_kernel(float *out, float *rstd, const float *x, const float *w, int 
     for (int k = 0; k < K; k++) {
         const int j = li + G * k;
         xv[k] = on && j < c ? xi[j] : 0.0f;
+        if (res && on && j < c) {
+            xv[k] = xv[k] + res[(size_t)row * c + j];
+            sum[(size_t)row * c + j] = xv[k];
+        }
         ss += (double)xv[k] * xv[k];
     }
     ss = rms_group_sum<G>(ss, red, gi, li);
     if (!on) return;
     const float r = (float)(1.0 / sqrt(ss / c + (double)eps));
     if (li == 0) rstd[row] = r;
+    const int ld = (c + 7) & ~7;
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const int j = li + G * k;
-        if (j < c) out[(size_t)row * c + j] = (xv[k] * r) * w[j];   // as HF
+        if (j < c) {
+            const float o = (xv[k] * r) * w[j];   // as HF
+            out[(size_t)row * c + j] = o;
+            if (out16) out16[(size_t)row * ld + j] = (uint16_t)round_bf16_bits(o);
+        } else if (out16 && j < ld) {
+            out16[(size_t)row * ld + j] = 0;
+        }
     }
 }
 
@@ -301,16 +315,18 @@ rmsnorm_fwd_kernel(float *out, float *rstd, const float *x, const float *w, int 
         else CALL(1024, 16);   /* registers spill: correct, not tuned */                      \
     } while (0)
 
-static void cuda_rmsnorm_fwd(lb_backend *be, float *out, float *rstd, const float *x,
-                             const float *w, int n, int c, float eps)
+static void cuda_rmsnorm_fwd(lb_backend *be, const lb_rmsnorm_args *a)
 {
+    const int n = a->n, c = a->c;
     if (n < 0 || c <= 0) lb_die("rmsnorm_fwd: bad size (n %d, c %d)", n, c);
     if (c > 16384) lb_die("rmsnorm_fwd: %d columns is more than 16384", c);
+    if (!a->res != !a->sum) lb_die("rmsnorm_fwd: res and sum go together");
     if (!n) return;
     lb_cuda_ctx *cx = lb_cuda(be);
 #define RMS_FWD(G, K)                                                                     \
     rmsnorm_fwd_kernel<G, K><<<(n + RMS_NG(G) - 1) / RMS_NG(G), RMS_NG(G) * (G), 0,        \
-                               cx->stream>>>(out, rstd, x, w, n, c, eps)
+                               cx->stream>>>(a->out, a->out16, a->rstd, a->x, a->res,      \
+                                             a->sum, a->w, n, c, a->eps)
     RMS_DISPATCH(c, RMS_FWD);
 #undef RMS_FWD
     LB_CUDA_LAUNCHED(cx);
@@ -445,15 +461,76 @@ __global__ void rope_kernel(T *x, const int32_t *pos, int n, int heads, int d, i
     }
 }
 
+// The q/k norm and RoPE of one (row, head) a warp, for d <= 128 and rot a multiple of 64: the
+// warp holds the head as rmsnorm_fwd_kernel<32, 4> holds a row (lane l: elements l + 32 k), so
+// the norm is that kernel's arithmetic, and each rotated pair (f, f + rot / 2) is one lane's
+// (k and k + rot / 64); the rotation is rope_kernel's. A decode step's four launches per layer
+// (two norms, two rotations) become two.
+__global__ void __launch_bounds__(256)
+rope_norm_kernel(float *x, float *rstd, const float *src, const float *nw, const int32_t *pos,
+                 int n, int heads, int d, int rot, const double *table, double theta, float eps)
+{
+    const int hr = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (hr >= n * heads) return;   // a whole warp: the group sum below is the warp's alone
+    const float *si = src + (size_t)hr * d;
+    float xv[4];
+    double ss = 0.0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int j = lane + 32 * k;
+        xv[k] = j < d ? si[j] : 0.0f;
+        ss += (double)xv[k] * xv[k];
+    }
+    ss = lb_warp_sum(ss);
+    const float r = (float)(1.0 / sqrt(ss / d + (double)eps));
+    if (lane == 0) rstd[hr] = r;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int j = lane + 32 * k;
+        if (j < d) xv[k] = (xv[k] * r) * nw[j];
+    }
+    const int half = rot / 2, i = hr / heads;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int f = lane + 32 * k, k2 = k + half / 32;
+        if (f >= half) continue;
+        double inv_freq = table ? table[f] : pow(theta, -2.0 * f / rot);
+        double angle = (double)pos[i] * inv_freq, sd, cd;
+        sincos(angle, &sd, &cd);
+        const float cs = (float)cd, sn = (float)sd;
+        const float x1 = xv[k], x2 = xv[k2];
+        xv[k] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
+        xv[k2] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+    }
+    float *xo = x + (size_t)hr * d;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        if (lane + 32 * k < d) xo[lane + 32 * k] = xv[k];
+}
+
 static void cuda_rope(lb_backend *be, const lb_rope_args *a)
 {
     const int n = a->n, heads = a->heads, d = a->d, rot = a->rot ? a->rot : a->d;
     if (n < 0 || heads < 0 || d < 0) lb_die("rope: negative size");
     if (d % 2) lb_die("rope: head dim %d is odd", d);
     if (rot % 2 || rot < 0 || rot > d) lb_die("rope: rot %d is not even in 0..%d", rot, d);
+    if (a->src && a->inverse) lb_die("rope: a norm (src) with the inverse rotation");
     size_t total = (size_t)n * (rot / 2) * ((heads + ROPE_HEADS - 1) / ROPE_HEADS);
-    if (!total || !heads) return;
     lb_cuda_ctx *cx = lb_cuda(be);
+    if (a->src && n && heads) {
+        if (d <= 128 && rot % 64 == 0 && rot > 0) {
+            rope_norm_kernel<<<(unsigned)(((size_t)n * heads + 7) / 8), 256, 0, cx->stream>>>(
+                a->x, a->rstd, a->src, a->nw, a->pos, n, heads, d, rot, a->inv_freq,
+                (double)a->theta, a->eps);
+            LB_CUDA_LAUNCHED(cx);
+            return;
+        }
+        lb_rmsnorm_args r = {};
+        r.n = n * heads, r.c = d, r.x = a->src, r.w = a->nw, r.rstd = a->rstd, r.out = a->x;
+        r.eps = a->eps;
+        cuda_rmsnorm_fwd(be, &r);
+    }
+    if (!total || !heads) return;
     rope_kernel<float><<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(
         a->x, a->pos, n, heads, d, rot, a->inv_freq, (double)a->theta, a->inverse ? -1.0 : 1.0);
     LB_CUDA_LAUNCHED(cx);
@@ -592,11 +669,6 @@ static void cuda_swiglu_bwd(lb_backend *be, float *dgu, uint16_t *dgu16, const f
 // The table's entries take argument structs (kernels.h); the kernels' hosts above take
 // the fields.
 
-static void cuda_rmsnorm_fwd_op(lb_backend *be, const lb_rmsnorm_args *a)
-{
-    cuda_rmsnorm_fwd(be, a->out, a->rstd, a->x, a->w, a->n, a->c, a->eps);
-}
-
 static void cuda_rmsnorm_bwd_op(lb_backend *be, const lb_rmsnorm_args *a)
 {
     cuda_rmsnorm_bwd(be, a->dx, a->dx_beta, a->dw, a->dout, a->x, a->w, a->rstd, a->n, a->c);
@@ -619,7 +691,7 @@ extern "C" void lb_cuda_init_basic(lb_backend *be)
     be->sumsq = cuda_sumsq;
     be->embedding_fwd = cuda_embedding_fwd;
     be->embedding_bwd = cuda_embedding_bwd;
-    be->rmsnorm_fwd = cuda_rmsnorm_fwd_op;
+    be->rmsnorm_fwd = cuda_rmsnorm_fwd;
     be->rmsnorm_bwd = cuda_rmsnorm_bwd_op;
     be->rope = cuda_rope;
     be->swiglu_fwd = cuda_swiglu_fwd_op;
