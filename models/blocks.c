@@ -417,14 +417,14 @@ lb_dims lb_dims_of(const lb_model *m)
 
 // q, k, v (n, heads x D) = ln (n, C) times their weights: one call, so a low-precision ln is
 // quantized once for the three (lb_linear_fwd_shared).
-void lb_qkv_fwd(lb_linear *lin, int l, const lb_layer_w *w, const float *ln, float *q, float *k,
-                float *v, int n, lb_dims d)
+void lb_qkv_fwd(lb_linear *lin, int l, const lb_layer_w *w, const float *ln,
+                const uint16_t *ln16, float *q, float *k, float *v, int n, lb_dims d)
 {
     const float *ws[3] = {w->q, w->k, w->v};
     const lb_wcache *cs[3] = {w->cq, w->ck, w->cv};
     float *ys[3] = {q, k, v};
     const int outs[3] = {d.hq * d.D, d.hkv * d.D, d.hkv * d.D};
-    lb_linear_fwd_shared(lin, l, LB_ROLE_ATTN_QKV, ln, 3, ws, cs, ys, outs, n, d.C);
+    lb_linear_fwd_shared(lin, l, LB_ROLE_ATTN_QKV, ln, ln16, 3, ws, cs, ys, outs, n, d.C);
 }
 
 // The rows [*o, *o + return) of n that this rank's part sends through the experts.
@@ -519,6 +519,12 @@ static size_t n16(size_t rows, int cols) { return rows * (size_t)((cols + 7) / 8
 
 // Whether role's expert GEMMs of layer l take bf16 copies of their activations, written by
 // the ops that make those activations (lb_linear_grouped_fwd's x16): they are bf16 GEMMs.
+// Whether the fprop of (layer l, role) is a bf16 GEMM (which reads an activation's bf16 copy).
+static int fprop16(const lb_model *m, int l, lb_role role)
+{
+    return lb_contract_site(&m->contract, l, role, LB_PASS_FPROP)->fmt == LB_FMT_BF16;
+}
+
 static int takes16(const lb_model *m, int l, lb_role role)
 {
     return lb_linear_grouped_bf16(&m->lin, l, role);
@@ -907,7 +913,8 @@ static void kv_fake_quant(lb_backend *be, float *x, int rows, int d)
 // expert need not come to the host (moe_plan's device counts, gemm_experts): the host queues
 // the whole layer without waiting, and the bits are the same.
 double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_moe_scratch *s,
-                  const float *ln, int n, float *out, int want_aux, int cached)
+                  const float *ln, const uint16_t *ln16, int n, float *out, int want_aux,
+                  int cached)
 {
     const lb_model_config *c = &m->cfg;
     lb_backend *be = m->be;
@@ -919,14 +926,14 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
                      (size_t)n * d.K * sizeof(int32_t));
         float *gu = grow(be, &f->gu, &f->cap_gu, (size_t)n * 2 * d.Fd);
         float *h = grow(be, &f->h, &f->cap_h, (size_t)n * d.Fd);
-        lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, gu, n, 2 * d.Fd, d.C,
-                      0.0f);
+        lb_linear_fwd16(lin, l, LB_ROLE_MLP_GATE_UP, ln, ln16, w->gu, w->cgu, 0, gu, n,
+                        2 * d.Fd, d.C, 0.0f);
         be->swiglu_fwd(be, &(lb_swiglu_args){.out = h, .gu = gu, .n = n, .f = d.Fd});
         lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, h, w->down, w->cdown, 0, out, n, d.C, d.Fd, 0.0f);
         return 0.0;
     }
-    lb_linear_fwd(lin, l, LB_ROLE_ROUTER, ln, w->router, w->crouter, 0, f->rlogits, n, d.E, d.C,
-                  0.0f);
+    lb_linear_fwd16(lin, l, LB_ROLE_ROUTER, ln, ln16, w->router, w->crouter, 0, f->rlogits, n,
+                    d.E, d.C, 0.0f);
     if (sigmoid_router(c))   // probs holds the sigmoid scores
         be->router_sigmoid_fwd(be, &(lb_router_sigmoid_args){.n = n, .e = d.E, .k = d.K,
                 .n_group = c->n_group, .topk_group = c->topk_group, .renorm = c->norm_topk_prob,
@@ -1003,8 +1010,8 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
                 .yp16 = yp16, .weight = f->weight + (size_t)o * d.K, .row = f->row, .n = np,
                 .k = d.K, .c = d.C});
     if (w->sgu) {   // the shared experts on every row, added to the routed output (tp partial)
-        lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->sgu, w->csgu, 0, f->sgu, n, 2 * d.Fs,
-                      d.C, 0.0f);
+        lb_linear_fwd16(lin, l, LB_ROLE_MLP_GATE_UP, ln, ln16, w->sgu, w->csgu, 0, f->sgu, n,
+                        2 * d.Fs, d.C, 0.0f);
         be->swiglu_fwd(be, &(lb_swiglu_args){.out = f->sh, .gu = f->sgu, .n = n, .f = d.Fs});
         lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, f->sh, w->sdown, w->csdown, 0, out, n, d.C, d.Fs,
                       1.0f);
@@ -1202,19 +1209,18 @@ static void qk_rope_fwd(lb_model *m, const lb_layer_w *w, const float *q, const 
     lb_dims d = lb_dims_of(m);
     int D = d.D;
     float eps = (float)m->cfg.rms_norm_eps, theta = (float)m->cfg.rope_theta;
-    if (has_qk_norm(m)) {
-        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = qr, .rstd = qrstd, .x = q, .w = w->qn,
-                .n = n * d.hq, .c = D, .eps = eps});
-        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = kr, .rstd = krstd, .x = k, .w = w->kn,
-                .n = n * d.hkv, .c = D, .eps = eps});
-    } else {
+    const int norm = has_qk_norm(m);
+    if (!norm) {
         be->copy(be, qr, q, (size_t)n * d.hq * D * sizeof(float));
         be->copy(be, kr, k, (size_t)n * d.hkv * D * sizeof(float));
     }
+    // the q/k norms in the rotation's call (rope's src): one pass each
     be->rope(be, &(lb_rope_args){.x = qr, .pos = pos, .n = n, .heads = d.hq, .d = D,
-            .theta = theta, .rot = rope_rot(&m->cfg), .inv_freq = freq});
+            .theta = theta, .rot = rope_rot(&m->cfg), .inv_freq = freq,
+            .src = norm ? q : NULL, .nw = w->qn, .rstd = qrstd, .eps = eps});
     be->rope(be, &(lb_rope_args){.x = kr, .pos = pos, .n = n, .heads = d.hkv, .d = D,
-            .theta = theta, .rot = rope_rot(&m->cfg), .inv_freq = freq});
+            .theta = theta, .rot = rope_rot(&m->cfg), .inv_freq = freq,
+            .src = norm ? k : NULL, .nw = w->kn, .rstd = krstd, .eps = eps});
 }
 
 // Core attention of layer L from its q, k, v projections: q/k norms, RoPE, what an fp8 KV
@@ -1247,7 +1253,7 @@ double lb_decoder_layer_fwd(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
     lb_layer_w w = layer_weights(m, m->params, l);
     // attention block: heads split over tp, o_proj row-parallel
     lb_norm_rows(m, a, L->x, w.ln1, L->ln1, L->rstd1);
-    lb_qkv_fwd(lin, l, &w, L->ln1, L->q, L->k, L->v, n, d);
+    lb_qkv_fwd(lin, l, &w, L->ln1, NULL, L->q, L->k, L->v, n, d);
     qkv_bias_fwd(m, &w, a->ones, L->q, L->k, L->v, n);
     lb_attention_core_fwd(m, a, L, &w);
     float *part = d.tp > 1 ? a->part : L->xmid;
@@ -1258,7 +1264,7 @@ double lb_decoder_layer_fwd(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
     float *xnext = a->l[i + 1].x;
     lb_norm_rows(m, a, L->xmid, w.ln2, L->ln2, L->rstd2);
     part = d.tp > 1 ? a->part : xnext;
-    double aux = lb_ffn_fwd(m, l, &w, &L->f, &a->ms, L->ln2, n, part, 1, 0);
+    double aux = lb_ffn_fwd(m, l, &w, &L->f, &a->ms, L->ln2, NULL, n, part, 1, 0);
     tp_reduce(m, part, xnext, n, C);
     be->add(be, xnext, L->xmid, (size_t)ns * C);
     return aux;
@@ -1499,6 +1505,7 @@ void *lb_decoder_cached_create(lb_model *m, int max_rows)
     a->xmid = falloc(be, n * C);
     a->ln = falloc(be, n * C);
     a->rstd = falloc(be, n);
+    a->ln16 = be->alloc(be, n16(n, (int)C) * sizeof(uint16_t));
     a->q = falloc(be, n * hq * D);
     a->qrstd = falloc(be, n * hq);
     a->qr = falloc(be, n * hq * D);
@@ -1523,7 +1530,7 @@ void lb_decoder_cached_free(lb_model *m, void *p)
 {
     lb_cached_acts *a = p;
     lb_backend *be = m->be;
-    void *bufs[] = {a->x, a->xmid, a->ln, a->rstd, a->q, a->qrstd, a->qr, a->k, a->krstd, a->kr,
+    void *bufs[] = {a->x, a->xmid, a->ln, a->ln16, a->rstd, a->q, a->qrstd, a->qr, a->k, a->krstd, a->kr,
                     a->v, a->att, a->part, a->rope_freq, a->ones};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
@@ -1550,11 +1557,16 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
 
     be->embedding_fwd(be, a->x, kv->tokens,
                       m->params + find_or_die(m, "model.embed_tokens.weight")->offset, n, C);
+    // Each residual add is the next norm's (rmsnorm_fwd's res: add()'s bits), and a norm whose
+    // readers are bf16 GEMMs also writes their operand (out16): fewer launches a decode step.
+    lb_layer_w w0 = layer_weights(m, m->params, 0);
+    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->x,
+            .w = w0.ln1, .n = n, .c = C, .eps = eps,
+            .out16 = fprop16(m, 0, LB_ROLE_ATTN_QKV) ? a->ln16 : NULL});
     for (int l = 0; l < c->num_hidden_layers; l++) {
         lb_layer_w w = layer_weights(m, m->params, l);
-        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->x,
-                .w = w.ln1, .n = n, .c = C, .eps = eps});
-        lb_qkv_fwd(lin, l, &w, a->ln, a->q, a->k, a->v, n, d);
+        const uint16_t *ln16 = fprop16(m, l, LB_ROLE_ATTN_QKV) ? a->ln16 : NULL;
+        lb_qkv_fwd(lin, l, &w, a->ln, ln16, a->q, a->k, a->v, n, d);
         qkv_bias_fwd(m, &w, a->ones, a->q, a->k, a->v, n);
         qk_rope_fwd(m, &w, a->q, a->k, a->qr, a->kr, a->qrstd, a->krstd, kv->pos, a->rope_freq,
                     n);
@@ -1573,14 +1585,22 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
         float *part = d.tp > 1 ? a->part : a->xmid;
         lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, a->att, w.o, w.co, 0, part, n, C, d.hq * D, 0.0f);
         tp_reduce(m, part, a->xmid, n, C);
-        be->add(be, a->xmid, a->x, (size_t)n * C);
-        // feed-forward block; its output overwrites x (the residual lives in xmid now)
+        // feed-forward block: xmid = xmid + x, its norm; the block's output overwrites x
+        ln16 = fprop16(m, l, LB_ROLE_ROUTER) ? a->ln16 : NULL;
         be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->xmid,
-                .w = w.ln2, .n = n, .c = C, .eps = eps});
+                .res = a->x, .sum = a->xmid, .w = w.ln2, .n = n, .c = C, .eps = eps,
+                .out16 = (uint16_t *)ln16});
         part = d.tp > 1 ? a->part : a->x;
-        lb_ffn_fwd(m, l, &w, &a->f, &a->ms, a->ln, n, part, 0, 1);
+        lb_ffn_fwd(m, l, &w, &a->f, &a->ms, a->ln, ln16, n, part, 0, 1);
         tp_reduce(m, part, a->x, n, C);
-        be->add(be, a->x, a->xmid, (size_t)n * C);
+        if (l + 1 == c->num_hidden_layers) {
+            be->add(be, a->x, a->xmid, (size_t)n * C);
+            break;
+        }
+        lb_layer_w wn = layer_weights(m, m->params, l + 1);   // x = x + xmid, the next norm
+        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->x,
+                .res = a->xmid, .sum = a->x, .w = wn.ln1, .n = n, .c = C, .eps = eps,
+                .out16 = fprop16(m, l + 1, LB_ROLE_ATTN_QKV) ? a->ln16 : NULL});
     }
     // The final norm and the LM head act per row: only the rows whose logits are read (kv->lrows,
     // gathered into xmid, free now) pay for them; a prefill chunk's rows are not sampled.
@@ -1592,10 +1612,12 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
     }
     const lb_tensor *tn = find_or_die(m, "model.norm.weight");
     const lb_tensor *th = find_or_die(m, "lm_head.weight");
+    const int lmh = c->num_hidden_layers - 1;
+    uint16_t *ln16 = fprop16(m, lmh, LB_ROLE_LM_HEAD) ? a->ln16 : NULL;
     be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = xf,
-            .w = m->params + tn->offset, .n = kv->nl, .c = C, .eps = eps});
-    lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->ln, m->params + th->offset,
-                  &m->wcache[th - m->tensors], 0, kv->logits, kv->nl, d.V, C, 0.0f);
+            .w = m->params + tn->offset, .n = kv->nl, .c = C, .eps = eps, .out16 = ln16});
+    lb_linear_fwd16(lin, lmh, LB_ROLE_LM_HEAD, a->ln, ln16, m->params + th->offset,
+                    &m->wcache[th - m->tensors], 0, kv->logits, kv->nl, d.V, C, 0.0f);
 }
 
 int lb_decoder_route_k(const lb_model_config *c) { return is_moe(c) ? c->num_experts_per_tok : 0; }

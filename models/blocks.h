@@ -144,6 +144,7 @@ typedef struct {
 typedef struct {
     int rows;
     float *x, *xmid, *ln, *rstd;           // (rows, c), (rows, c), (rows, c), (rows)
+    uint16_t *ln16;                        // (rows, pad8(c)): ln in bf16 for bf16 GEMMs
     float *q, *qrstd, *qr;                 // (rows, hq*d), (rows*hq), (rows, hq*d)
     float *k, *krstd, *kr, *v;             // (rows, hkv*d), (rows*hkv), (rows, hkv*d) x2
     float *att;                            // (rows, hq*d)
@@ -158,9 +159,10 @@ typedef struct {
 lb_dims lb_dims_of(const lb_model *m);
 
 // q, k, v (n, heads x D) = ln (n, C) times their weights: one call, so a low-precision ln is
-// quantized once for the three (lb_linear_fwd_shared).
-void lb_qkv_fwd(lb_linear *lin, int l, const lb_layer_w *w, const float *ln, float *q, float *k,
-                float *v, int n, lb_dims d);
+// quantized once for the three (lb_linear_fwd_shared). ln16: NULL, or ln in bf16 (rmsnorm_fwd's
+// out16), read by bf16 GEMMs instead of rounding ln again.
+void lb_qkv_fwd(lb_linear *lin, int l, const lb_layer_w *w, const float *ln,
+                const uint16_t *ln16, float *q, float *k, float *v, int n, lb_dims d);
 // RMSNorm of this rank's rows of x into norm's rows (all rows gathered under SP).
 void lb_norm_rows(lb_model *m, lb_acts *a, const float *x, const float *w, float *norm,
                   float *rstd);
@@ -170,9 +172,10 @@ void lb_attention_core_fwd(lb_model *m, lb_acts *a, lb_layer_acts *L, const lb_l
 // The feed-forward block, dense or routed (def->moe). out (n, c) = this rank's share of the
 // block on ln (n, c): the caller sums it over tp. Returns the layer's load-balancing loss (0
 // for dense blocks or without want_aux). cached: the cached forward (no backward follows), where
-// the rows per expert may stay on the device (gemm_experts).
+// the rows per expert may stay on the device (gemm_experts). ln16: as lb_qkv_fwd's.
 double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_moe_scratch *s,
-                  const float *ln, int n, float *out, int want_aux, int cached);
+                  const float *ln, const uint16_t *ln16, int n, float *out, int want_aux,
+                  int cached);
 // dln (n, c) = this rank's share of d loss / d ln given dout (n, c) = d loss / d out (the same
 // on every tp rank); the caller sums it over tp. Accumulates the block's weight gradients.
 void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, lb_ffn_acts *f,

@@ -315,6 +315,13 @@ static void gemm_act_q(lb_linear *L, const float *a, int m, int k, const lb_quan
 void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
                    const lb_wcache *c, int e, float *y, int n, int out, int in, float beta)
 {
+    lb_linear_fwd16(L, layer, role, x, NULL, w, c, e, y, n, out, in, beta);
+}
+
+void lb_linear_fwd16(lb_linear *L, int layer, lb_role role, const float *x, const uint16_t *x16,
+                     const float *w, const lb_wcache *c, int e, float *y, int n, int out, int in,
+                     float beta)
+{
     lb_backend *be = L->be;
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     size_t mat = (size_t)out * in;
@@ -322,16 +329,19 @@ void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const 
     if (F->fmt == LB_FMT_FP32) {
         lb_gemm(be, 0, 1, n, out, in, 1.0f, x, w + e * mat, beta, y);
     } else if (F->fmt == LB_FMT_BF16) {   // the GEMM rounds x (W: the cache's copy, kernels.h)
-        lb_gemm_bf16_b16(be, 0, 1, n, out, in, 1.0f, x, w + e * mat, cache_b16(c, e), beta, y);
+        lb_gemm_args g = {0, 1, n, out, in, 1.0f, beta, x, w + e * mat, y, 1, cache_b16(c, e),
+                          x16, NULL};
+        be->gemm(be, &g);
     } else {
         lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, e, 0));
         gemm_act_q(L, x, n, in, &a, &c->row[e], out, beta, y);
     }
 }
 
-void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, const float *x, int count,
-                          const float *const *w, const lb_wcache *const *c, float *const *y,
-                          const int *out, int n, int in)
+void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
+                          const uint16_t *x16, int count, const float *const *w,
+                          const lb_wcache *const *c, float *const *y, const int *out, int n,
+                          int in)
 {
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     if (n == 0) return;
@@ -339,7 +349,7 @@ void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
         lb_gemm_args g[count];
         for (int i = 0; i < count; i++)
             g[i] = (lb_gemm_args){0, 1, n, out[i], in, 1.0f, 0.0f, x, w[i], y[i], 1,
-                                  cache_b16(c[i], 0), NULL, NULL};
+                                  cache_b16(c[i], 0), x16, NULL};
         L->be->gemm_grouped(L->be, count, g);
         return;
     }

@@ -74,6 +74,12 @@ size_t lb_wcache_bytes(const lb_linear *L, int layer, lb_role role, int count, i
 // y (n, out) = x (n, in) W^T + beta * y, for matrix e of the cache (W is w's fp32 master).
 void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
                    const lb_wcache *c, int e, float *y, int n, int out, int in, float beta);
+// The same with x16: NULL, or x rounded to bf16 in to_bf16's layout (n, pad8(in)), written by
+// the op that made x (rmsnorm_fwd's out16), which a bf16 fprop reads instead of rounding x
+// again (lb_gemm_args.a16); x is still given (the other formats read it). The same bits.
+void lb_linear_fwd16(lb_linear *L, int layer, lb_role role, const float *x, const uint16_t *x16,
+                     const float *w, const lb_wcache *c, int e, float *y, int n, int out, int in,
+                     float beta);
 // dx (n, in) = dy (n, out) W + dx_beta * dx   (skipped when dx is NULL)
 // dw (out, in) = dy^T x + dw_beta * dw         (skipped when dw is NULL; dw_beta 0 or 1, and
 //                                               0 overwrites dw even when n is 0)
@@ -85,10 +91,11 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
 // sum_i dy_i W_i (overwritten, i in order), dw_i = dy_i^T x + dw_beta[i] dw_i. A low-precision
 // x is quantized once for all the fprops, and a quantized wgrad's column-wise x once for all
 // the wgrads: the site and the operand ids are the same for every i, so are the bytes, and the
-// results are those of the separate calls.
-void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, const float *x, int count,
-                          const float *const *w, const lb_wcache *const *c, float *const *y,
-                          const int *out, int n, int in);
+// results are those of the separate calls. x16: as lb_linear_fwd16's, or NULL.
+void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
+                          const uint16_t *x16, int count, const float *const *w,
+                          const lb_wcache *const *c, float *const *y, const int *out, int n,
+                          int in);
 void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x, int count,
                           const float *const *w, const lb_wcache *const *c,
                           const float *const *dy, float *dx, float *const *dw,

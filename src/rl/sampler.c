@@ -320,10 +320,12 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
         be->sample(be, &sa);
         float *nll_dev = (float *)(s->out_dev + 2 * (size_t)nl);
         lb_model_nll_dev(m, s->kv->logits, s->out_dev, nl, nll_dev);
+        const double queued = lb_now();
         be->download(be, s->out, s->out_dev, 3 * (size_t)nl * sizeof(int32_t));
         const double now = lb_now();
         if (!stretch_prefill) {
             st.decode_seconds += now - mark;
+            st.decode_queue_seconds += queued - mark;
             st.decode_forwards += stretch_forwards;
         }
         mark = now, stretch_forwards = 0, stretch_prefill = 0;

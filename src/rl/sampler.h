@@ -61,6 +61,9 @@ typedef struct {
     // prefill chunks (host work included; a stretch with prompt rows counts as prefill).
     double decode_seconds;
     long decode_forwards;
+    // Of decode_seconds: the host's part before each download, queuing the stretch's work (the
+    // rest is the wait for the device). Near decode_seconds, the host is what a step waits on.
+    double decode_queue_seconds;
 } lb_sample_stats;
 
 typedef struct lb_sampler lb_sampler;
