@@ -517,14 +517,16 @@ static uint16_t *grow16(lb_backend *be, uint16_t **p, size_t *cap, size_t n)
 // Elements of a bf16 copy of (rows, cols) values (to_bf16's layout: rows padded to 8).
 static size_t n16(size_t rows, int cols) { return rows * (size_t)((cols + 7) / 8 * 8); }
 
-// Whether role's expert GEMMs of layer l take bf16 copies of their activations, written by
-// the ops that make those activations (lb_linear_grouped_fwd's x16): they are bf16 GEMMs.
-// Whether the fprop of (layer l, role) is a bf16 GEMM (which reads an activation's bf16 copy).
-static int fprop16(const lb_model *m, int l, lb_role role)
+// The cached forward's ln16 where the fprop of (layer l, role) is a bf16 GEMM, which reads the
+// norm's bf16 copy (rmsnorm_fwd's out16, lb_linear_fwd16); else NULL (no copy written).
+static uint16_t *cached_ln16(const lb_model *m, lb_cached_acts *a, int l, lb_role role)
 {
-    return lb_contract_site(&m->contract, l, role, LB_PASS_FPROP)->fmt == LB_FMT_BF16;
+    return lb_contract_site(&m->contract, l, role, LB_PASS_FPROP)->fmt == LB_FMT_BF16 ? a->ln16
+                                                                                      : NULL;
 }
 
+// Whether role's expert GEMMs of layer l take bf16 copies of their activations, written by
+// the ops that make those activations (lb_linear_grouped_fwd's x16): they are bf16 GEMMs.
 static int takes16(const lb_model *m, int l, lb_role role)
 {
     return lb_linear_grouped_bf16(&m->lin, l, role);
@@ -1530,8 +1532,8 @@ void lb_decoder_cached_free(lb_model *m, void *p)
 {
     lb_cached_acts *a = p;
     lb_backend *be = m->be;
-    void *bufs[] = {a->x, a->xmid, a->ln, a->ln16, a->rstd, a->q, a->qrstd, a->qr, a->k, a->krstd, a->kr,
-                    a->v, a->att, a->part, a->rope_freq, a->ones};
+    void *bufs[] = {a->x, a->xmid, a->ln, a->ln16, a->rstd, a->q, a->qrstd, a->qr, a->k,
+                    a->krstd, a->kr, a->v, a->att, a->part, a->rope_freq, a->ones};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     if (a->kq.data) be->qmat_free(be, &a->kq);
@@ -1562,11 +1564,11 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
     lb_layer_w w0 = layer_weights(m, m->params, 0);
     be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->x,
             .w = w0.ln1, .n = n, .c = C, .eps = eps,
-            .out16 = fprop16(m, 0, LB_ROLE_ATTN_QKV) ? a->ln16 : NULL});
+            .out16 = cached_ln16(m, a, 0, LB_ROLE_ATTN_QKV)});
     for (int l = 0; l < c->num_hidden_layers; l++) {
         lb_layer_w w = layer_weights(m, m->params, l);
-        const uint16_t *ln16 = fprop16(m, l, LB_ROLE_ATTN_QKV) ? a->ln16 : NULL;
-        lb_qkv_fwd(lin, l, &w, a->ln, ln16, a->q, a->k, a->v, n, d);
+        lb_qkv_fwd(lin, l, &w, a->ln, cached_ln16(m, a, l, LB_ROLE_ATTN_QKV), a->q, a->k, a->v,
+                   n, d);
         qkv_bias_fwd(m, &w, a->ones, a->q, a->k, a->v, n);
         qk_rope_fwd(m, &w, a->q, a->k, a->qr, a->kr, a->qrstd, a->krstd, kv->pos, a->rope_freq,
                     n);
@@ -1586,10 +1588,10 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
         lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, a->att, w.o, w.co, 0, part, n, C, d.hq * D, 0.0f);
         tp_reduce(m, part, a->xmid, n, C);
         // feed-forward block: xmid = xmid + x, its norm; the block's output overwrites x
-        ln16 = fprop16(m, l, LB_ROLE_ROUTER) ? a->ln16 : NULL;
+        uint16_t *ln16 = cached_ln16(m, a, l, LB_ROLE_ROUTER);
         be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->xmid,
                 .res = a->x, .sum = a->xmid, .w = w.ln2, .n = n, .c = C, .eps = eps,
-                .out16 = (uint16_t *)ln16});
+                .out16 = ln16});
         part = d.tp > 1 ? a->part : a->x;
         lb_ffn_fwd(m, l, &w, &a->f, &a->ms, a->ln, ln16, n, part, 0, 1);
         tp_reduce(m, part, a->x, n, C);
@@ -1600,7 +1602,7 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
         lb_layer_w wn = layer_weights(m, m->params, l + 1);   // x = x + xmid, the next norm
         be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->x,
                 .res = a->xmid, .sum = a->x, .w = wn.ln1, .n = n, .c = C, .eps = eps,
-                .out16 = fprop16(m, l + 1, LB_ROLE_ATTN_QKV) ? a->ln16 : NULL});
+                .out16 = cached_ln16(m, a, l + 1, LB_ROLE_ATTN_QKV)});
     }
     // The final norm and the LM head act per row: only the rows whose logits are read (kv->lrows,
     // gathered into xmid, free now) pay for them; a prefill chunk's rows are not sampled.
@@ -1613,7 +1615,7 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
     const lb_tensor *tn = find_or_die(m, "model.norm.weight");
     const lb_tensor *th = find_or_die(m, "lm_head.weight");
     const int lmh = c->num_hidden_layers - 1;
-    uint16_t *ln16 = fprop16(m, lmh, LB_ROLE_LM_HEAD) ? a->ln16 : NULL;
+    uint16_t *ln16 = cached_ln16(m, a, lmh, LB_ROLE_LM_HEAD);
     be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = xf,
             .w = m->params + tn->offset, .n = kv->nl, .c = C, .eps = eps, .out16 = ln16});
     lb_linear_fwd16(lin, lmh, LB_ROLE_LM_HEAD, a->ln, ln16, m->params + th->offset,
