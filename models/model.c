@@ -420,7 +420,6 @@ int32_t *lb_model_route_stage(lb_model *m, size_t n)
     const size_t need = route_words(m, n);
     if (need > m->route_cap) {
         if (m->route_dev) m->be->free(m->be, m->route_dev);
-    free(m->expert_load);
         m->route_dev = m->be->alloc(m->be, need * sizeof(int32_t));
         m->route_cap = need;
     }

@@ -189,6 +189,9 @@ START_TEST(test_router_bias_update)
         lb_model_backward(m, 1.0f);
         for (int l = 1; l < L; l++)
             for (int i = 0; i < n * K; i++) load[l][log[(size_t)l * n * K + i]] += 1;
+        // a larger forward's routes grow their stage; the loads counted so far stay (the
+        // stage's growth once freed them)
+        lb_model_route_stage(m, 4 * (size_t)n);
     }
     lb_model_router_bias_update(m, NULL);
     int up = 0, down = 0;
