@@ -135,6 +135,7 @@ int32_t lb_sample_draw(const float *logits, int v, int top_k, float top_p, float
 typedef struct lb_backend lb_backend;
 struct lb_qmat;           // a quantized matrix (kernels/quant/quant.h)
 struct lb_quant_args;     // how to quantize it
+struct lb_graph;          // a recording of queued operations (graph_record)
 
 // One group of gemm_q_grouped: C (m, n) = alpha * A (m, k) * B (n, k)^T + beta * C, with A and
 // B quantized (the qmats' rows and cols must be (m, k) and (n, k)), as gemm_q.
@@ -381,7 +382,18 @@ typedef struct {
     X(void, sync, (lb_backend *be), (be))   /* wait for queued work */                        \
     /* bytes alloc can still hand out (about; for messages) */                                \
     X(size_t, mem_free, (lb_backend *be), (be))                                               \
-    X(void, destroy, (lb_backend *be), (be))
+    X(void, destroy, (lb_backend *be), (be))                                                  \
+    /* Runs fn(arg) as a plain call, then returns a recording of the operations it queues,   \
+       replayed by graph_launch as one unit (CUDA graphs; the CPU keeps fn and arg and runs   \
+       them again). NULL: nothing recorded (switched off, LB_CUDA_SYNC, or fn waited for the  \
+       backend: a download, a sync). The replays repeat the operations with the arguments fn  \
+       gave them, so what changes between launches must be in backend memory. */              \
+    X(struct lb_graph *, graph_record, (lb_backend *be, void (*fn)(void *), void *arg),       \
+      (be, fn, arg))                                                                          \
+    /* Queues the recording: 1; 0 (nothing queued) where the backend allocated or freed      \
+       memory since it was recorded (CUDA), so its operations may name freed buffers. */      \
+    X(int, graph_launch, (lb_backend *be, struct lb_graph *g), (be, g))                       \
+    X(void, graph_free, (lb_backend *be, struct lb_graph *g), (be, g))
 
 #define LB_OPS_COMPUTE(X)                                                                     \
     /* --- GEMM ---------------------------------------------------------------------------- */\

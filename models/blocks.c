@@ -909,6 +909,14 @@ static void kv_fake_quant(lb_backend *be, float *x, int rows, int d)
 
 // --- the feed-forward blocks, shared by the training and the cached forward ----------------------
 
+// Whether the cached forward's experts of MoE layer l run from the counts in backend memory
+// (gemm_experts), so the host never waits for them.
+static int experts_on_device(lb_model *m, int l, const lb_layer_w *w)
+{
+    return m->par.ep == 1 && lb_linear_experts_ok(&m->lin, l, LB_ROLE_MOE_GATE_UP, w->cgu) &&
+           lb_linear_experts_ok(&m->lin, l, LB_ROLE_MOE_DOWN, w->cdown);
+}
+
 // out (n, c) = this rank's share of the block on ln (n, c): the caller sums it over tp. Returns
 // the layer's load-balancing loss (0 for dense blocks or without want_aux). cached: the cached
 // forward, which no backward follows, so that under ep 1 with bf16 expert GEMMs the rows per
@@ -959,9 +967,7 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
     uint16_t *xp16 = x16 ? grow16(be, &f->xp16, &f->cap_xp16, n16((size_t)n * d.K, d.C)) : NULL;
     float *xp = x16 ? NULL : grow(be, &f->xp, &f->cap_xp, (size_t)n * d.K * d.C);
     // bf16 experts read the bf16 copies of x and h (x16, down16), quantized ones fp32 x and h
-    const int dev = cached && d.ep == 1 &&
-                    lb_linear_experts_ok(lin, l, LB_ROLE_MOE_GATE_UP, w->cgu) &&
-                    lb_linear_experts_ok(lin, l, LB_ROLE_MOE_DOWN, w->cdown);
+    const int dev = cached && experts_on_device(m, l, w);
     if (np) {
         be->moe_plan(be, f->row, dev ? NULL : f->counts, dev ? f->counts_dev : NULL,
                      f->idx + (size_t)o * d.K, np, d.E, d.K);
@@ -1620,6 +1626,17 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
             .w = m->params + tn->offset, .n = kv->nl, .c = C, .eps = eps, .out16 = ln16});
     lb_linear_fwd16(lin, lmh, LB_ROLE_LM_HEAD, a->ln, ln16, m->params + th->offset,
                     &m->wcache[th - m->tensors], 0, kv->logits, kv->nl, d.V, C, 0.0f);
+}
+
+// No collective (tp, ep, pp 1) and every MoE layer's experts on the device counts.
+int lb_decoder_cached_host_free(lb_model *m)
+{
+    if (m->par.tp > 1 || m->par.ep > 1 || m->par.pp > 1) return 0;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        lb_layer_w w = layer_weights(m, m->params, l);
+        if (layer_moe(&m->cfg, l) && !experts_on_device(m, l, &w)) return 0;
+    }
+    return 1;
 }
 
 int lb_decoder_route_k(const lb_model_config *c) { return is_moe(c) ? c->num_experts_per_tok : 0; }

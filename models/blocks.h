@@ -195,6 +195,7 @@ void lb_decoder_backward_logits(lb_model *m, float aux_scale);
 void *lb_decoder_cached_create(lb_model *m, int max_rows);
 void lb_decoder_cached_free(lb_model *m, void *acts);
 void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n);
+int lb_decoder_cached_host_free(lb_model *m);
 int lb_decoder_route_k(const lb_model_config *c);
 int64_t lb_decoder_active_matmul_params(const lb_model_config *c);
 float *lb_decoder_stage_input(lb_model *m);
@@ -213,6 +214,7 @@ float *lb_decoder_stage_grad(lb_model *m);
     .cached_create = lb_decoder_cached_create,                \
     .cached_free = lb_decoder_cached_free,                    \
     .forward_cached = lb_decoder_forward_cached,              \
+    .cached_host_free = lb_decoder_cached_host_free,          \
     .active_matmul_params = lb_decoder_active_matmul_params,  \
     .route_k = lb_decoder_route_k,                            \
     .stage_input = lb_decoder_stage_input,                    \

@@ -665,6 +665,21 @@ void lb_model_forward_cached(lb_model *m, lb_kvcache *kv, const int32_t *tokens,
 void lb_model_forward_cached_dev(lb_model *m, lb_kvcache *kv, const int32_t *rows, int n,
                                  const int32_t *lrows, int nl)
 {
+    lb_model_refresh_weights(m);   // the sampler reads the weights the last step wrote
+    lb_model_forward_cached_queue(m, kv, rows, n, lrows, nl);
+    route_fetch(m, (size_t)n);
+}
+
+void lb_model_route_fetch(lb_model *m, int n) { route_fetch(m, (size_t)n); }
+
+int lb_model_cached_host_free(lb_model *m)
+{
+    return m->def->cached_host_free && m->def->cached_host_free(m);
+}
+
+void lb_model_forward_cached_queue(lb_model *m, lb_kvcache *kv, const int32_t *rows, int n,
+                                   const int32_t *lrows, int nl)
+{
     if (n < 1 || n > kv->max_rows)
         lb_die("cached forward of %d tokens; the cache takes 1..%d per call", n, kv->max_rows);
     if (lrows && (nl < 0 || nl > n))
@@ -681,9 +696,7 @@ void lb_model_forward_cached_dev(lb_model *m, lb_kvcache *kv, const int32_t *row
     kv->tokens = rows;
     kv->slot = rows + n;
     kv->pos = rows + 2 * (size_t)n;
-    lb_model_refresh_weights(m);   // the sampler reads the weights the last step wrote
     m->def->forward_cached(m, kv, n);
-    route_fetch(m, (size_t)n);
 }
 
 // Grow-only scratch for n rows of log-prob work.

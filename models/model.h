@@ -207,6 +207,8 @@ struct lb_model_def {
     // the kv->nl rows kv->lrows when it is set. Every row goes through the same operations as
     // in forward, so its logits are the same bits.
     void (*forward_cached)(lb_model *, lb_kvcache *kv, int n);
+    // 1 when forward_cached neither waits for the backend nor talks to other ranks (NULL: 0).
+    int (*cached_host_free)(lb_model *);
     // Matmul parameters a token touches (experts counted top-k times), for FLOPs and info.
     int64_t (*active_matmul_params)(const lb_model_config *);
     // Experts each token's router picks in every layer (0: no routed layers): the width of
@@ -422,6 +424,17 @@ void lb_model_forward_cached(lb_model *m, lb_kvcache *kv, const int32_t *tokens,
 // cost no LM head.
 void lb_model_forward_cached_dev(lb_model *m, lb_kvcache *kv, const int32_t *rows, int n,
                                  const int32_t *lrows, int nl);
+// lb_model_forward_cached_dev in pieces, for a caller that records the queued work as a
+// graph (the sampler's decode step): _queue queues the forward's operations only (no weight
+// refresh: lb_model_refresh_weights before it; the routes staged in backend memory, not
+// fetched: lb_model_route_fetch after it, with m->route_log set).
+void lb_model_forward_cached_queue(lb_model *m, lb_kvcache *kv, const int32_t *rows, int n,
+                                   const int32_t *lrows, int nl);
+void lb_model_route_fetch(lb_model *m, int n);
+// 1 when the cached forward queues all its work without waiting for the backend or other
+// ranks (no collective; every MoE layer's experts on gemm_experts), so a graph can record it
+// (a backend op may still wait inside: graph_record finds that out).
+int lb_model_cached_host_free(lb_model *m);
 // logits (n, vocab) backend memory *= inv_temp (nothing when inv_temp is 1).
 void lb_model_temper(lb_model *m, float *logits, int n, float inv_temp);
 // nll (n) backend memory = cross_entropy_fwd = -log softmax(logits_i)[targets[i]], 0 where

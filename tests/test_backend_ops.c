@@ -357,6 +357,64 @@ static void table_and_memory_case(const test_case *tst)
     ck_assert_msg(strstr(err, "does not exist") != NULL, "bad device message: %s", err);
 }
 
+// --- graphs ----------------------------------------------------------------------------------
+
+typedef struct {
+    float *x, *y, *a, *b, *c;   // x += y, then c (m, n) = a (m, k) b (n, k)^T
+    int n, m, nn, k;
+} graph_work;
+
+static void graph_fn(void *p)
+{
+    const graph_work *w = p;
+    dev->add(dev, w->x, w->y, (size_t)w->n);
+    lb_gemm_bf16(dev, 0, 1, w->m, w->nn, w->k, 1.0f, w->a, w->b, 0.0f, w->c);
+}
+
+// graph_record runs fn once; each launch runs its operations again, the eager calls' bits; a
+// launch after an allocation queues nothing on CUDA (its buffers may have moved) and says so.
+static void graph_case(const test_case *tst)
+{
+    const int n = tst->p[0], m = tst->p[1], nn = tst->p[2], k = tst->p[3];
+    float *x = randn(n, 1), *y = randn(n, 1), *a = randn((size_t)m * k, 1);
+    float *b = randn((size_t)nn * k, 1);
+    graph_work g = {dput(x, n * 4), dput(y, n * 4), dput(a, (size_t)m * k * 4),
+                    dput(b, (size_t)nn * k * 4), dpoisoned((size_t)m * nn * 4), n, m, nn, k};
+    graph_work e = g;   // the eager twin, on buffers of its own
+    e.x = dput(x, n * 4), e.c = dpoisoned((size_t)m * nn * 4);
+    struct lb_graph *r = dev->graph_record(dev, graph_fn, &g);
+    graph_fn(&e);
+    const char *off = getenv("LB_CUDA_GRAPHS"), *sync = getenv("LB_CUDA_SYNC");
+    if (!r)   // only where switched off
+        ck_assert_msg((off && *off == '0') || (sync && *sync && *sync != '0'),
+                      "graph_record recorded nothing");
+    for (int i = 0; r && i < 2; i++) {
+        ck_assert(dev->graph_launch(dev, r));
+        graph_fn(&e);
+    }
+    float *gx = hget(g.x, n * 4), *ex = hget(e.x, n * 4);
+    float *gc = hget(g.c, (size_t)m * nn * 4), *ec = hget(e.c, (size_t)m * nn * 4);
+    ck_assert_msg(memcmp(gx, ex, n * 4) == 0, "replayed add differs from the eager one");
+    ck_assert_msg(memcmp(gc, ec, (size_t)m * nn * 4) == 0, "replayed gemm differs");
+    for (int i = 0; i < n; i++)
+        ck_assert(gx[i] == (r ? ((x[i] + y[i]) + y[i]) + y[i] : x[i] + y[i]));
+    free(ex), free(gc), free(ec);
+    if (!r) goto done;
+    void *moved = dev->alloc(dev, 64);
+    if (!strcmp(dev->name, "cuda")) {
+        ck_assert_msg(!dev->graph_launch(dev, r), "a launch after an allocation ran");
+        float *h = hget(g.x, n * 4);
+        ck_assert_msg(memcmp(h, gx, n * 4) == 0, "a refused launch changed x");
+        free(h);
+    }
+    dfree(moved);
+    dev->graph_free(dev, r);
+done:
+    free(gx);
+    dfree(g.x), dfree(g.y), dfree(g.a), dfree(g.b), dfree(g.c), dfree(e.x), dfree(e.c);
+    free(x), free(y), free(a), free(b);
+}
+
 // --- GEMM ------------------------------------------------------------------------------------
 
 // One GEMM on both backends (and twice on the GPU), C starting from c0 (beta != 0) or from
@@ -3558,6 +3616,7 @@ static const int R5[5] = {300, 37, 0, 129, 1}, R2[2] = {256, 256};
 static const test_case CASES[] = {
     CASE(OP(alloc) | OP(free) | OP(upload) | OP(download) | OP(copy) | OP(zero) | OP(sync) |
          OP(mem_free) | OP(destroy), table_and_memory_case, .cuda = 1),
+    CASE(OP(graph_record) | OP(graph_launch) | OP(graph_free), graph_case, {1000, 70, 130, 256}),
 
     // --- GEMM: shapes of no tile; p (m, n, k) every transpose and mode, or (ta, tb, m, n, k, det)
     CASE(OP(gemm), gemm_shape_case, {37, 29, 53}, .bound = B_ACCUM),

@@ -68,6 +68,29 @@ static void cpu_destroy(lb_backend *be)
     free(be);
 }
 
+// A recording is the function itself: its operations run when they are queued, so running
+// fn again is the replay (the same operations on the same memory, host code included).
+struct lb_graph {
+    void (*fn)(void *);
+    void *arg;
+};
+
+static struct lb_graph *cpu_graph_record(lb_backend *be, void (*fn)(void *), void *arg)
+{
+    fn(arg);
+    struct lb_graph *g = lb_malloc(sizeof *g);
+    g->fn = fn, g->arg = arg;
+    return g;
+}
+
+static int cpu_graph_launch(lb_backend *be, struct lb_graph *g)
+{
+    g->fn(g->arg);
+    return 1;
+}
+
+static void cpu_graph_free(lb_backend *be, struct lb_graph *g) { free(g); }
+
 // The memory and control entries, this file's.
 static void cpu_init_memory(lb_backend *be)
 {

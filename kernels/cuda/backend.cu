@@ -33,6 +33,7 @@ static const char *const cerr_what[LB_CERR_COUNT] = {
 
 extern "C" void lb_cuda_wait(lb_cuda_ctx *cx, const char *file, int line)
 {
+    cx->waits++;
     LB_CUDA_CHECK(cudaMemcpyAsync(cx->err_host, cx->err_dev, sizeof *cx->err_dev,
                                   cudaMemcpyDeviceToHost, cx->stream));
     cudaError_t e = cudaStreamSynchronize(cx->stream);
@@ -53,7 +54,9 @@ extern "C" void *lb_cuda_scratch(lb_cuda_ctx *cx, size_t bytes)
     if (bytes <= cx->scratch_bytes && cx->scratch) return cx->scratch;
     // Earlier queued work may still read the old scratch: wait before freeing it.
     LB_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    cx->waits++;
     LB_CUDA_CHECK(cudaFree(cx->scratch));
+    cx->mem_gen++;
     size_t want = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes;
     want += want / 4;   // headroom, so slowly growing sizes do not reallocate every call
     LB_CUDA_CHECK(cudaMalloc(&cx->scratch, want));
@@ -65,6 +68,7 @@ extern "C" void *lb_cuda_host_stage(lb_cuda_ctx *cx, size_t bytes)
 {
     if (bytes <= cx->host_stage_bytes && cx->host_stage) return cx->host_stage;
     LB_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    cx->waits++;
     LB_CUDA_CHECK(cudaFreeHost(cx->host_stage));
     size_t want = bytes < 4096 ? 4096 : bytes;
     LB_CUDA_CHECK(cudaHostAlloc(&cx->host_stage, want, cudaHostAllocDefault));
@@ -86,6 +90,7 @@ static void *cuda_alloc(lb_backend *be, size_t bytes)
         lb_die("cuda alloc: %zu bytes on device %d: %s", bytes, cx->device,
                cudaGetErrorString(e));
     LB_CUDA_CHECK(cudaMemsetAsync(p, 0, n, cx->stream));
+    cx->mem_gen++;
     return p;
 }
 
@@ -95,6 +100,8 @@ static void cuda_free(lb_backend *be, void *p)
     // Work queued on the stream may still use p.
     LB_CUDA_CHECK(cudaStreamSynchronize(lb_cuda(be)->stream));
     LB_CUDA_CHECK(cudaFree(p));
+    lb_cuda(be)->mem_gen++;
+    lb_cuda(be)->waits++;
 }
 
 // Waits: the caller may reuse or free src_host as soon as this returns (pageable or pinned).
@@ -144,6 +151,56 @@ static size_t cuda_mem_free(lb_backend *be)
     LB_CUDA_CHECK(cudaSetDevice(lb_cuda(be)->device));
     LB_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
     return free_b;
+}
+
+// --- graphs -----------------------------------------------------------------------------------
+//
+// A recording is a CUDA graph captured from the stream: its kernels, copies and cuBLASLt calls
+// with their arguments as fn queued them, pointers included. So it is launched only while no
+// device buffer has been allocated or freed since (mem_gen): a grown scratch or a reallocated
+// buffer would leave it naming freed memory. fn first runs as a plain call: if it waited for
+// the stream (a download: the fallback of an op that needs a count on the host) it cannot be
+// captured, and nothing is recorded; if it allocated, the capture pass finds the buffers.
+struct lb_graph {
+    cudaGraphExec_t exec;
+    unsigned long long gen;   // mem_gen at the recording
+};
+
+static struct lb_graph *cuda_graph_record(lb_backend *be, void (*fn)(void *), void *arg)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    const unsigned long long waits = cx->waits;
+    fn(arg);
+    if (!cx->graphs || cx->waits != waits) return NULL;
+    const unsigned long long gen = cx->mem_gen;
+    cudaGraph_t graph;
+    LB_CUDA_CHECK(cudaStreamBeginCapture(cx->stream, cudaStreamCaptureModeThreadLocal));
+    fn(arg);
+    LB_CUDA_CHECK(cudaStreamEndCapture(cx->stream, &graph));
+    if (cx->mem_gen != gen) {   // fn allocated again: no fixed buffers to record
+        LB_CUDA_CHECK(cudaGraphDestroy(graph));
+        return NULL;
+    }
+    struct lb_graph *g = (struct lb_graph *)lb_malloc(sizeof *g);
+    LB_CUDA_CHECK(cudaGraphInstantiate(&g->exec, graph, 0));
+    LB_CUDA_CHECK(cudaGraphDestroy(graph));
+    g->gen = gen;
+    return g;
+}
+
+static int cuda_graph_launch(lb_backend *be, struct lb_graph *g)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    if (g->gen != cx->mem_gen) return 0;
+    LB_CUDA_CHECK(cudaGraphLaunch(g->exec, cx->stream));
+    return 1;
+}
+
+static void cuda_graph_free(lb_backend *be, struct lb_graph *g)
+{
+    if (!g) return;
+    LB_CUDA_CHECK(cudaGraphExecDestroy(g->exec));
+    free(g);
 }
 
 static void cuda_destroy(lb_backend *be)
@@ -208,6 +265,9 @@ extern "C" lb_backend *lb_backend_cuda_create(int device, char *err, size_t errl
     cx->num_sms = prop.multiProcessorCount;
     const char *s = getenv("LB_CUDA_SYNC");
     cx->sync_each = s && *s && *s != '0';
+    s = getenv("LB_CUDA_GRAPHS");
+    const char *prof = getenv("LB_CUDA_PROFILE_SAMPLE");   // its range counts sample calls
+    cx->graphs = !cx->sync_each && !(s && *s == '0') && !(prof && *prof);
     LB_CUDA_CHECK(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
     LB_CUBLAS_CHECK(cublasLtCreate(&cx->lt));
     cx->workspace_bytes = LB_CUDA_WORKSPACE;

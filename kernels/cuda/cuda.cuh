@@ -163,6 +163,10 @@ typedef struct {
     size_t gemm_c32_bytes;         // wgmma kernel, before its rounding (grow-only; not scratch,
                                    // which the GEMM's operand copies take)
 
+    unsigned long long mem_gen;    // counts device allocations and frees (graph_launch's test)
+    unsigned long long waits;      // counts the host's waits for the stream (graph_record's)
+    int graphs;                    // graph_record records (LB_CUDA_GRAPHS=0, LB_CUDA_SYNC,
+                                   // LB_CUDA_PROFILE_SAMPLE: off, the caller runs eagerly)
     void *scratch;                 // device scratch, grown on demand (lb_cuda_scratch)
     size_t scratch_bytes;
     void *host_stage;              // pinned host memory for small results (sums, counts)

@@ -369,10 +369,12 @@ static float *gemm_c32(lb_cuda_ctx *cx, size_t n)
     if (n * sizeof(float) <= cx->gemm_c32_bytes) return cx->gemm_c32;
     // queued work may still read the old buffer (an earlier call's rounding): wait first
     LB_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    cx->waits++;
     LB_CUDA_CHECK(cudaFree(cx->gemm_c32));
     size_t want = n * sizeof(float);
     want += want / 4;   // headroom, as lb_cuda_scratch
     LB_CUDA_CHECK(cudaMalloc((void **)&cx->gemm_c32, want));
+    cx->mem_gen++;
     cx->gemm_c32_bytes = want;
     return cx->gemm_c32;
 }

@@ -597,14 +597,15 @@ static void print_rollout(const lb_config *c, lb_backend *be, const lb_model *m,
                           const lb_sample_stats *st)
 {
     printf("rollout %s %s: batch %d, prompt %d, new %d, KV cache %s, max_rows %d: %.3f s, "
-           "%.0f generated tokens/s (%ld generated, %ld prefill tokens, %ld forward calls; "
+           "%.0f generated tokens/s (%ld generated, %ld prefill tokens, %ld forward calls, %ld of "
+           "them graph replays; "
            "%.3f ms a decode forward over %ld, %.3f ms of it queuing on the host, %.3f s for "
            "the prefill and the rest), peak memory %.1f GiB\n",
            m->cfg.arch, c->precision.recipe, c->bench.rollout_batch, c->bench.rollout_prompt,
            c->bench.rollout_new, c->sample.kv_cache,
            c->sample.max_rows > c->bench.rollout_batch ? c->sample.max_rows : c->bench.rollout_batch,
            st->seconds, st->generated / st->seconds, st->generated, st->prefill_tokens,
-           st->forwards,
+           st->forwards, st->graph_forwards,
            st->decode_forwards ? 1e3 * st->decode_seconds / st->decode_forwards : 0.0,
            st->decode_forwards,
            st->decode_forwards ? 1e3 * st->decode_queue_seconds / st->decode_forwards : 0.0,

@@ -8,6 +8,8 @@
 #include "kernels/common.h"
 #include "src/cli/util.h"
 
+#define SAMPLER_GRAPHS 4   // the shapes of the steady decode and a shrinking tail
+
 struct lb_sampler {
     lb_model *m;
     lb_sampler_config cfg;
@@ -31,6 +33,18 @@ struct lb_sampler {
     int32_t *tp_tgt;               // (tp x max_rows) the tensor-parallel ranks' draws
     int *row_req;                  // (max_rows) the request a row feeds, -1 for an idle row
     int32_t *route_log;            // (layers, max_rows, route_k) lb_model.route_log, or NULL
+    // The decode step's queued work (step_queue) recorded once per shape and replayed: a
+    // graph per (rows, sampled rows, routes kept), recorded when a shape runs a second step in
+    // a row (the first, eager, grows the buffers), dropped when the backend's memory changed.
+    int graphs;                    // the backend records and the cached forward is host-free
+    struct {
+        int rows, nl, routes;
+        struct lb_graph *g;
+    } graph[SAMPLER_GRAPHS];
+    int ngraph, graph_next;        // graphs held; the one to replace when full
+    int last_rows, last_nl, last_routes;   // the previous step's shape
+    int q_rows, q_nl;              // step_queue's step
+    size_t q_off;                  // its random numbers' word in up_dev
 };
 
 uint64_t lb_sample_stream(uint64_t prompt, uint64_t sample)
@@ -110,7 +124,15 @@ lb_sampler *lb_sampler_create(lb_model *m, const lb_sampler_config *c, int capac
     const int rk = m->def->route_k ? m->def->route_k(&m->cfg) : 0;
     if (rk)
         s->route_log = lb_malloc((size_t)m->cfg.num_hidden_layers * R * rk * sizeof(int32_t));
+    s->last_rows = -1;
     return s;
+}
+
+static void graphs_drop(lb_sampler *s)
+{
+    for (int i = 0; i < s->ngraph; i++) s->m->be->graph_free(s->m->be, s->graph[i].g);
+    s->ngraph = s->graph_next = 0;
+    s->last_rows = -1;
 }
 
 void lb_sampler_free(lb_sampler *s)
@@ -132,6 +154,7 @@ void lb_sampler_free(lb_sampler *s)
     free(s->tp_tgt);
     free(s->row_req);
     free(s->route_log);
+    graphs_drop(s);
     free(s);
 }
 
@@ -183,6 +206,68 @@ static void keep_routes(lb_sampler *s, lb_sample_req *reqs, int rows)
     }
 }
 
+// A step's work after its upload, queued only (a graph may record it): the forward, then on
+// the sampled rows the temperature, the draw, the done flags and the recorded log-probs (the
+// trainer's operation on the same logits rows).
+static void step_queue(void *p)
+{
+    lb_sampler *s = p;
+    lb_model *m = s->m;
+    const lb_sampler_config *c = &s->cfg;
+    const int rows = s->q_rows, nl = s->q_nl;
+    lb_model_forward_cached_queue(m, s->kv, s->up_dev, rows, s->up_dev + 3 * (size_t)rows, nl);
+    if (nl == 0) return;
+    lb_model_temper(m, s->kv->logits, nl, s->inv_temp);
+    lb_sample_args sa = {s->kv->logits, (const lb_sample_row *)(s->up_dev + s->q_off),
+                         s->out_dev, s->out_dev + nl, nl, m->cfg.vocab_size, c->top_k, c->top_p,
+                         c->max_new_tokens, c->nstop, {0}};
+    memcpy(sa.stop, c->stop, sizeof sa.stop);
+    m->be->sample(m->be, &sa);
+    lb_model_nll_dev(m, s->kv->logits, s->out_dev, nl, (float *)(s->out_dev + 2 * (size_t)nl));
+}
+
+// Queues step_queue for this shape: its graph's replay, or the eager calls (recorded when the
+// previous step had the same shape). Returns 1 for a replay.
+static int step_run(lb_sampler *s, int rows, int nl, int routes, size_t off)
+{
+    lb_backend *be = s->m->be;
+    s->q_rows = rows, s->q_nl = nl, s->q_off = off;
+    if (!s->graphs) {
+        step_queue(s);
+        return 0;
+    }
+    const int again = rows == s->last_rows && nl == s->last_nl && routes == s->last_routes;
+    s->last_rows = rows, s->last_nl = nl, s->last_routes = routes;
+    for (int i = 0; i < s->ngraph; i++)
+        if (s->graph[i].rows == rows && s->graph[i].nl == nl && s->graph[i].routes == routes) {
+            if (be->graph_launch(be, s->graph[i].g)) return 1;
+            // stale (buffers changed since): recorded again below, or run eagerly
+            be->graph_free(be, s->graph[i].g);
+            s->graph[i] = s->graph[--s->ngraph];
+            s->graph_next = 0;
+            break;
+        }
+    if (!again) {
+        step_queue(s);
+        return 0;
+    }
+    struct lb_graph *g = be->graph_record(be, step_queue, s);   // runs the step too
+    if (!g) {   // the step waits for the backend (or graphs are off): eager for this run
+        s->graphs = 0;
+        return 0;
+    }
+    int i = s->ngraph;
+    if (i < SAMPLER_GRAPHS) {
+        s->ngraph++;
+    } else {   // full: replace the oldest recording
+        i = s->graph_next;
+        be->graph_free(be, s->graph[i].g);
+        s->graph_next = (i + 1) % SAMPLER_GRAPHS;
+    }
+    s->graph[i].rows = rows, s->graph[i].nl = nl, s->graph[i].routes = routes, s->graph[i].g = g;
+    return 0;
+}
+
 int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *stats,
                    char *err, size_t errlen)
 {
@@ -209,6 +294,9 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
             }
     }
     for (int k = 0; k < S; k++) s->req[k] = -1;
+    // the weight caches the forward reads exist from the first refresh on (experts_ok asks)
+    lb_model_refresh_weights(m);
+    s->graphs = lb_backend_supports(be, LB_OP_graph_record) && lb_model_cached_host_free(m);
     lb_comm *ep = m->par.ep > 1 ? m->par.ep_comm : NULL;
     lb_comm *tp = m->par.tp > 1 ? m->par.tp_comm : NULL;
     int next = 0;
@@ -303,23 +391,17 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
             rng[j] = (lb_sample_row){q->seed, q->stream, q->len};
         }
         be->upload(be, s->up_dev, s->up, off * sizeof(int32_t) + (size_t)nl * sizeof *rng);
+        lb_model_refresh_weights(m);   // the sampler reads the weights the last step wrote
         m->route_log = want_routes ? s->route_log : NULL;
-        lb_model_forward_cached_dev(m, s->kv, s->up_dev, rows, s->up_dev + 3 * (size_t)rows, nl);
+        st.graph_forwards += step_run(s, rows, nl, want_routes, off);
+        lb_model_route_fetch(m, rows);
         m->route_log = NULL;
         if (want_routes) keep_routes(s, reqs, rows);
         st.forwards++;
         stretch_forwards++;
-        if (nl == 0) continue;   // prefill chunks only: nothing to draw
-        // The draw, the stop test and the recorded log-probs (the trainer's operation on the
-        // same logits rows) on the device; 3 x nl words come back.
-        lb_model_temper(m, s->kv->logits, nl, s->inv_temp);
-        lb_sample_args sa = {s->kv->logits, (const lb_sample_row *)(s->up_dev + off), s->out_dev,
-                             s->out_dev + nl, nl, V, c->top_k, c->top_p, c->max_new_tokens,
-                             c->nstop, {0}};
-        memcpy(sa.stop, c->stop, sizeof sa.stop);
-        be->sample(be, &sa);
+        if (nl == 0) continue;   // prefill chunks only: nothing drawn
+        // the draws, their done flags and log-probs: 3 x nl words
         float *nll_dev = (float *)(s->out_dev + 2 * (size_t)nl);
-        lb_model_nll_dev(m, s->kv->logits, s->out_dev, nl, nll_dev);
         const double queued = lb_now();
         be->download(be, s->out, s->out_dev, 3 * (size_t)nl * sizeof(int32_t));
         const double now = lb_now();
@@ -356,6 +438,7 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
         }
     }
     be->sync(be);
+    graphs_drop(s);   // the next run may follow a training step's reallocations
     st.seconds = lb_now() - t0;
     if (stats) *stats = st;
     return 0;

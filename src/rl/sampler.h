@@ -55,6 +55,7 @@ typedef struct {
     long decode_tokens;            // sampled tokens fed back
     long generated;                // tokens sampled
     long idle_forwards;            // of forwards: idle rows for the ep group's lockstep
+    long graph_forwards;           // of forwards: replays of a recorded step (graph_record)
     double seconds;
     // Of seconds: the stretches between two downloads of drawn tokens (the only waits) whose
     // forwards fed no prompt rows, and those forwards: the decode steps alone, without the
