@@ -5,6 +5,7 @@
 // - the cached forward (prefill in chunks, decode, rows of several sequences interleaved in
 //   any order) against the training forward's logits, bitwise, for every precision recipe;
 // - log-probs of a sequence alone and inside a batch of 16, bitwise, for every recipe;
+// - the decode step's graph: recorded, replayed, the same draws;
 // - the sampler: top-k = 1 is greedy on the training forward's logits; the recorded log-probs
 //   are the trainer's and the definition's (softmax(logits / T)); the same seeds give the same
 //   completions whatever the batch composition, slot count, forward size or request order;
@@ -549,6 +550,56 @@ static void greedy_cases(void)
 START_TEST(test_sampler_greedy_and_logprobs) { greedy_cases(); }
 END_TEST
 
+// The decode step's graph (graph_record): recorded on a shape's second step in a row, then
+// replayed, the same draws run after run (the graphs dropped at each run's end); none where
+// the cached forward waits for the host (fp32 experts: their counts come to the host).
+static void graphs_case(void)
+{
+    const char *off = getenv("LB_CUDA_GRAPHS"), *sync = getenv("LB_CUDA_SYNC");
+    const int on = lb_backend_supports(be, LB_OP_graph_record) && !(off && *off == '0') &&
+                   !(sync && *sync && *sync != '0');
+    for (int r = 0; r < 2; r++) {
+        const char *recipe = r ? "fp32" : "bf16";
+        lb_model *m = make_model("qwen3_moe", recipe, 0, 45);
+        req_set rs;
+        make_reqs(&rs, m->cfg.vocab_size, 3);
+        lb_sampler_config c = scfg(1.0f, 0, 1.0f, 2, 8);
+        c.nstop = 0;   // both run to MAXNEW
+        char err[512];
+        lb_sampler *s = lb_sampler_create(m, &c, 16, err, sizeof err);
+        ck_assert_msg(s != NULL, "%s", err);
+        int32_t tok[2][MAXNEW];
+        float lp[2][MAXNEW];
+        long replays = -1;
+        for (int run = 0; run < 2; run++) {
+            lb_sample_stats st;
+            ck_assert_msg(lb_sampler_run(s, rs.req, 2, &st, err, sizeof err) == 0, "%s", err);
+            // one forward of both prompts, then MAXNEW - 1 steps of 2 rows: the first eager,
+            // the second recorded, the rest replays
+            ck_assert_int_eq(st.forwards, MAXNEW);
+            ck_assert_msg(st.graph_forwards == (on && r == 0 ? MAXNEW - 3 : 0),
+                          "%s: %ld replays", recipe, st.graph_forwards);
+            for (int i = 0; i < 2; i++) {
+                ck_assert_int_eq(rs.req[i].len, MAXNEW);
+                if (run == 0) {
+                    memcpy(tok[i], rs.req[i].tokens, sizeof tok[i]);
+                    memcpy(lp[i], rs.req[i].logprobs, sizeof lp[i]);
+                } else {
+                    ck_assert(memcmp(tok[i], rs.req[i].tokens, sizeof tok[i]) == 0);
+                    ck_assert(memcmp(lp[i], rs.req[i].logprobs, sizeof lp[i]) == 0);
+                }
+            }
+            if (run == 1) ck_assert_int_eq(st.graph_forwards, replays);
+            replays = st.graph_forwards;
+        }
+        lb_sampler_free(s);
+        lb_model_free(m);
+    }
+}
+
+START_TEST(test_sampler_graphs) { graphs_case(); }
+END_TEST
+
 static int same_results(const req_set *a, const req_set *b)
 {
     for (int i = 0; i < NREQ; i++) {
@@ -922,6 +973,7 @@ START_TEST(test_gpu)
     logprobs_1_vs_16_cases();
     greedy_cases();
     batch_composition_cases();
+    graphs_case();
     be = cpu;
 }
 END_TEST
@@ -944,6 +996,7 @@ int main(void)
     tcase_add_test(tc, test_logprobs_batch_1_vs_16);
     tcase_add_test(tc, test_backward_logprobs_gradcheck);
     tcase_add_test(tc, test_sampler_greedy_and_logprobs);
+    tcase_add_test(tc, test_sampler_graphs);
     tcase_add_test(tc, test_sampler_batch_composition);
     tcase_add_test(tc, test_sample_token);
     tcase_add_test(tc, test_sample_draw_brute);
