@@ -13,6 +13,8 @@
 #   MAX_ROWS [2048]   lowbit tokens per forward call (prefill chunks; >= BATCH)
 #   KV [auto]         lowbit KV cache (auto | fp32 | bf16 | fp8)
 #   CACHES [dynamic]  peer KV caches (dynamic static)
+#   GRAPHS [1]        LB_CUDA_GRAPHS values each rollout runs under, in turns ("1 0": the
+#                     decode step replayed as a graph, then eager; doc/rl.md)
 #   RL_RECIPES [bf16]  recipes of the RL-step split (bench.kind=rl; "" = none); RL_MICRO [16]
 #   RL_WARMUP [1] RL_ITERS [1]   untimed and timed RL steps
 #   TIMEOUT_S [180]   per command; BUDGET_S [560] for the whole script: a command gets at
@@ -26,7 +28,7 @@ cfg=${CFG:-examples/qwen3-30b-a3b-4l.cfg}
 layers=${LAYERS:-4} batch=${BATCH:-64} prompt=${PROMPT:-128} new=${NEW:-256}
 recipes=${RECIPES-bf16 fp8-block nvfp4-moe}
 max_rows=${MAX_ROWS:-2048} kv=${KV:-auto} caches=${CACHES:-dynamic}
-rl_recipes=${RL_RECIPES-bf16} rl_micro=${RL_MICRO:-16}
+rl_recipes=${RL_RECIPES-bf16} rl_micro=${RL_MICRO:-16} graphs=${GRAPHS:-1}
 rl_warmup=${RL_WARMUP:-1} rl_iters=${RL_ITERS:-1}
 limit=${TIMEOUT_S:-180} bin=${LOWBIT:-./lowbit} backend=${BACKEND:-cuda}
 deadline=$((SECONDS + ${BUDGET_S:-560}))
@@ -64,8 +66,11 @@ if [ -n "$peer" ] && [ "$peer" != none ]; then
     fi
 fi
 for r in $recipes; do
-    run "lowbit-$r" "$bin" bench "$cfg" "${shape[@]}" --set precision.recipe="$r" \
-        --set bench.kind=rollout --set bench.warmup=1 --set bench.iters=1
+    for g in $graphs; do
+        LB_CUDA_GRAPHS=$g run "lowbit-$r-g$g" "$bin" bench "$cfg" "${shape[@]}" \
+            --set precision.recipe="$r" --set bench.kind=rollout --set bench.warmup=1 \
+            --set bench.iters=1
+    done
 done
 for r in $rl_recipes; do
     run "rl-$r" "$bin" bench "$cfg" "${shape[@]}" --set precision.recipe="$r" \
@@ -77,8 +82,11 @@ echo
 echo "# summary: generated tokens/s (batch $batch, prompt $prompt, new $new, $layers layers)"
 printf '%-28s %14s\n' implementation tokens/s
 for r in $recipes; do
-    v=$(sed -n 's/.* \([0-9]*\) generated tokens\/s.*/\1/p' "$out/lowbit-$r" 2>/dev/null | tail -n 1)
-    printf '%-28s %14s\n' "lowbit $r" "${v:-failed}"
+    for g in $graphs; do
+        v=$(sed -n 's/.* \([0-9]*\) generated tokens\/s.*/\1/p' "$out/lowbit-$r-g$g" 2>/dev/null |
+            tail -n 1)
+        printf '%-28s %14s\n' "lowbit $r$([ "$g" = 0 ] && echo ' (no graphs)')" "${v:-failed}"
+    done
 done
 for ca in $caches; do
     [ -f "$out/peer-$ca" ] || continue
