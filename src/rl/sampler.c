@@ -294,7 +294,8 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
             }
     }
     for (int k = 0; k < S; k++) s->req[k] = -1;
-    // the weight caches the forward reads exist from the first refresh on (experts_ok asks)
+    // the weights the last optimizer step wrote, once a run (nothing changes them during it);
+    // the caches also exist from then on, which lb_model_cached_host_free asks about
     lb_model_refresh_weights(m);
     s->graphs = lb_backend_supports(be, LB_OP_graph_record) && lb_model_cached_host_free(m);
     lb_comm *ep = m->par.ep > 1 ? m->par.ep_comm : NULL;
@@ -391,7 +392,6 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
             rng[j] = (lb_sample_row){q->seed, q->stream, q->len};
         }
         be->upload(be, s->up_dev, s->up, off * sizeof(int32_t) + (size_t)nl * sizeof *rng);
-        lb_model_refresh_weights(m);   // the sampler reads the weights the last step wrote
         m->route_log = want_routes ? s->route_log : NULL;
         st.graph_forwards += step_run(s, rows, nl, want_routes, off);
         lb_model_route_fetch(m, rows);
