@@ -49,7 +49,22 @@ l2=$(sed -n 's/^train .*, loss \([0-9.]*\)$/\1/p' "$tmp/train2")
 grep -q "^train [a-z0-9_]* fp32, bf16 moments: .*, loss $l1$" "$tmp/train16" ||
     fail "bench train, bf16 moments: $(grep '^train' "$tmp/train16")"
 
+# Rollouts: bench.rollout_shapes times each shape in turn on one model, in the given order.
+"$bin" bench "$cfg" --set bench.kind=rollout --set bench.rollout_prompt=5 \
+    --set bench.rollout_shapes=2x4,3x6 "${quick[@]}" > "$tmp/roll" 2>&1 || fail "bench rollout: exit $?"
+shapes=$(sed -n 's/^rollout [a-z0-9_]* fp32: batch \([0-9]*\), prompt 5, new \([0-9]*\), .*/\1 \2/p' "$tmp/roll" | tr '\n' ' ')
+[ "$shapes" = "2 4 3 6 " ] || fail "bench rollout: shapes '$shapes', not '2 4 3 6 '"
+awk '/^rollout / && !($0 ~ / [0-9.]+ s, [1-9][0-9]* generated tokens\/s/) { bad = 1 }
+     END { exit bad }' "$tmp/roll" || fail "bench rollout: a row without a positive rate"
+grep -q "^rollout .* batch 3, .* (18 generated, 15 prefill tokens" "$tmp/roll" ||
+    fail "bench rollout: $(grep '^rollout' "$tmp/roll" | tail -1)"
+
 # Bad input: one clear line, non-zero exit.
+if "$bin" bench "$cfg" --set bench.kind=rollout --set bench.rollout_shapes=2x4,3 > "$tmp/bad" 2>&1; then
+    fail "bench rollout with shapes 2x4,3: exit 0"
+fi
+grep -q "bench.rollout_shapes: '2x4,3' is not a list" "$tmp/bad" ||
+    fail "bench rollout with shapes 2x4,3: $(cat "$tmp/bad")"
 if "$bin" bench "$cfg" --set bench.kind=gemm --set bench.formats=bf17 > "$tmp/bad" 2>&1; then
     fail "bench gemm with format bf17: exit 0"
 fi

@@ -613,10 +613,9 @@ static void print_rollout(const lb_config *c, lb_backend *be, const lb_model *m,
     fflush(stdout);
 }
 
-static int bench_rollout(lb_backend *be, const lb_config *c)
+// One shape's rollouts on m: bench.rollout_batch sequences of bench.rollout_new tokens.
+static int rollout_shape(lb_backend *be, const lb_config *c, lb_model *m)
 {
-    lb_model *m = bench_kv_model(be, c);
-    if (!m) return 1;
     int B = c->bench.rollout_batch, P = c->bench.rollout_prompt, N = c->bench.rollout_new;
     lb_sampler *s = rollout_sampler(c, m, B, P, N);
     double t0 = lb_now();
@@ -630,7 +629,51 @@ static int bench_rollout(lb_backend *be, const lb_config *c)
         if (!rc) print_rollout(c, be, m, &st);
     }
     rollout_reqs_free(&r);
-    lb_sampler_free(s);
+    if (s) lb_sampler_free(s);
+    return rc;
+}
+
+// bench.rollout_shapes "BxN,BxN,..." into b and n (at most max); the count, or -1 with a
+// message printed.
+static int rollout_shapes(const char *list, int *b, int *n, int max)
+{
+    int count = 0;
+    for (const char *p = list; *p;) {
+        char *end;
+        long bb = strtol(p, &end, 10), nn = 0;
+        int ok = end != p && *end == 'x';
+        if (ok) {
+            const char *q = end + 1;
+            nn = strtol(q, &end, 10);
+            ok = end != q && (*end == ',' || !*end) && bb >= 1 && bb <= 1048576 && nn >= 1 &&
+                 nn <= 1048576;
+        }
+        if (!ok || count == max) {
+            fprintf(stderr, "lowbit bench: bench.rollout_shapes: '%s' is not a list of at most "
+                    "%d BATCHxNEW shapes (1 to 1048576 each, e.g. 64x128,256x512)\n", list, max);
+            return -1;
+        }
+        b[count] = (int)bb, n[count] = (int)nn, count++;
+        p = *end ? end + 1 : end;
+    }
+    return count;
+}
+
+static int bench_rollout(lb_backend *be, const lb_config *c)
+{
+    int b[16], n[16], count = 1;
+    b[0] = c->bench.rollout_batch, n[0] = c->bench.rollout_new;
+    if (c->bench.rollout_shapes[0] &&
+        (count = rollout_shapes(c->bench.rollout_shapes, b, n, 16)) < 0)
+        return 1;
+    lb_model *m = bench_kv_model(be, c);
+    if (!m) return 1;
+    int rc = 0;
+    for (int i = 0; !rc && i < count; i++) {
+        lb_config ci = *c;   // the shape's batch and new tokens
+        ci.bench.rollout_batch = b[i], ci.bench.rollout_new = n[i];
+        rc = rollout_shape(be, &ci, m);
+    }
     lb_model_free(m);
     return rc;
 }

@@ -79,6 +79,7 @@ typedef struct {
         int moe_passes;            // also the other five expert GEMMs of a training step's layer
         int attn_batch, attn_seq;  // attention shape; heads and head_dim from [model]
         int rollout_batch, rollout_prompt, rollout_new;   // sampler: sequences, tokens each
+        char rollout_shapes[256];  // rollout: "BxN,..." batches and new tokens, one model
     } bench;
     lb_parallel_config parallel;   // the process grid and data parallelism (parallel/grid.h)
     struct {                       // the sampler (`sample`, and `rl`'s rollouts): doc/rl.md

@@ -193,6 +193,9 @@ static const lb_param rows[] = {
          "rollout and rl: random prompt tokens per sequence"),
     LB_P(bench, rollout_new, I, "256", 1, 1048576, NULL,
          "rollout and rl: tokens generated per sequence (no stop token)"),
+    LB_P(bench, rollout_shapes, S, "", 0, 0, NULL,
+         "rollout: BATCHxNEW list (e.g. 64x128,256x512) timed in turn on one model, in place "
+         "of rollout_batch and rollout_new (the peak memory is then the process's so far)"),
 
     // [sample] (doc/rl.md) ----------------------------------------------------------------------
     LB_P(sample, checkpoint, S, "", 0, 0, NULL, "checkpoint `lowbit sample` generates from"),

@@ -15,6 +15,9 @@
 #   CACHES [dynamic]  peer KV caches (dynamic static)
 #   GRAPHS [1]        LB_CUDA_GRAPHS values each rollout runs under, in turns ("1 0": the
 #                     decode step replayed as a graph, then eager; doc/rl.md)
+#   SHAPES [""]       "BATCHxNEW ..." (e.g. "64x128 256x512"): each lowbit rollout process
+#                     times all of them on one model (bench.rollout_shapes), in place of
+#                     BATCH and NEW; PEER_SHAPES [SHAPES] the peer's, one process each
 #   RL_RECIPES [bf16]  recipes of the RL-step split (bench.kind=rl; "" = none); RL_MICRO [16]
 #   RL_WARMUP [1] RL_ITERS [1]   untimed and timed RL steps
 #   TIMEOUT_S [180]   per command; BUDGET_S [560] for the whole script: a command gets at
@@ -30,6 +33,7 @@ recipes=${RECIPES-bf16 fp8-block nvfp4-moe}
 max_rows=${MAX_ROWS:-2048} kv=${KV:-auto} caches=${CACHES:-dynamic}
 rl_recipes=${RL_RECIPES-bf16} rl_micro=${RL_MICRO:-16} graphs=${GRAPHS:-1}
 rl_warmup=${RL_WARMUP:-1} rl_iters=${RL_ITERS:-1}
+shapes=${SHAPES:-} peer_shapes=${PEER_SHAPES-${SHAPES:-}}
 limit=${TIMEOUT_S:-180} bin=${LOWBIT:-./lowbit} backend=${BACKEND:-cuda}
 deadline=$((SECONDS + ${BUDGET_S:-560}))
 out=$(mktemp -d)
@@ -58,8 +62,10 @@ run() {
 if [ -n "$peer" ] && [ "$peer" != none ]; then
     if [ -f "$peer" ]; then
         for ca in $caches; do
-            run "peer-$ca" python3 "$peer" --layers "$layers" --batch "$batch" \
-                --prompt "$prompt" --new "$new" --cache "$ca"
+            for sh in ${peer_shapes:-${batch}x$new}; do
+                run "peer-$ca-$sh" python3 "$peer" --layers "$layers" --batch "${sh%x*}" \
+                    --prompt "$prompt" --new "${sh#*x}" --cache "$ca"
+            done
         done
     else
         echo "## peer: $peer not found (pass its path as the first argument)"
@@ -69,7 +75,7 @@ for r in $recipes; do
     for g in $graphs; do
         LB_CUDA_GRAPHS=$g run "lowbit-$r-g$g" "$bin" bench "$cfg" "${shape[@]}" \
             --set precision.recipe="$r" --set bench.kind=rollout --set bench.warmup=1 \
-            --set bench.iters=1
+            --set bench.iters=1 ${shapes:+--set bench.rollout_shapes="${shapes// /,}"}
     done
 done
 for r in $rl_recipes; do
@@ -79,19 +85,24 @@ for r in $rl_recipes; do
 done
 
 echo
-echo "# summary: generated tokens/s (batch $batch, prompt $prompt, new $new, $layers layers)"
-printf '%-28s %14s\n' implementation tokens/s
+echo "# summary: generated tokens/s (prompt $prompt, $layers layers)"
+printf '%-28s %10s %14s\n' implementation batchxnew tokens/s
 for r in $recipes; do
     for g in $graphs; do
-        v=$(sed -n 's/.* \([0-9]*\) generated tokens\/s.*/\1/p' "$out/lowbit-$r-g$g" 2>/dev/null |
-            tail -n 1)
-        printf '%-28s %14s\n' "lowbit $r$([ "$g" = 0 ] && echo ' (no graphs)')" "${v:-failed}"
+        name="lowbit $r$([ "$g" = 0 ] && echo ' (no graphs)')"
+        for sh in ${shapes:-${batch}x$new}; do
+            v=$(sed -n "s/^rollout .*: batch ${sh%x*}, prompt [0-9]*, new ${sh#*x}, .* \([0-9]*\) generated tokens\/s.*/\1/p" \
+                "$out/lowbit-$r-g$g" 2>/dev/null | tail -n 1)
+            printf '%-28s %10s %14s\n' "$name" "$sh" "${v:-failed}"
+        done
     done
 done
 for ca in $caches; do
-    [ -f "$out/peer-$ca" ] || continue
-    v=$(sed -n 's/.*"generated_tokens_per_s": \([0-9]*\).*/\1/p' "$out/peer-$ca" 2>/dev/null | tail -n 1)
-    printf '%-28s %14s\n' "transformers ($ca cache)" "${v:-failed}"
+    for sh in ${peer_shapes:-${batch}x$new}; do
+        [ -f "$out/peer-$ca-$sh" ] || continue
+        v=$(sed -n 's/.*"generated_tokens_per_s": \([0-9]*\).*/\1/p' "$out/peer-$ca-$sh" 2>/dev/null | tail -n 1)
+        printf '%-28s %10s %14s\n' "transformers ($ca cache)" "$sh" "${v:-failed}"
+    done
 done
 for r in $rl_recipes; do
     grep -h '^rl [^s]' "$out/rl-$r" 2>/dev/null || echo "rl $r: failed"
