@@ -185,18 +185,24 @@ static size_t row_scale_stride(const lb_qmat *q)
 // The row-wise copies of count (out, in) matrices in one allocation of data and one of scales,
 // expert after expert (one map over all of them for gemm_experts' quantized form; data and
 // scale strides of the matrix's own bytes, rounded to 256 and 16); second levels each alone.
+// MX and NVFP4 copies also get their bf16 values (lb_qmat.d16) in one allocation, matrix after
+// matrix: no tensor cores take those formats on Hopper, and its GEMMs then multiply these
+// instead of dequantizing the weights on every call.
 static void row_alloc(lb_backend *be, lb_qmat *q, int count, int out, int in,
                       const lb_quant_args *a)
 {
     lb_qmat_layout(&q[0], out, in, a);
     const size_t db = row_data_stride(&q[0]), sb = row_scale_stride(&q[0]);
+    const size_t d16 = lb_qmat_d16_fits(&q[0]) ? lb_qmat_d16_bytes(&q[0]) : 0;
     uint8_t *data = be->alloc(be, db * count);
     char *scale = be->alloc(be, sb * count);
+    char *b16 = d16 ? be->alloc(be, d16 * count) : NULL;
     for (int e = 0; e < count; e++) {
         lb_qmat_layout(&q[e], out, in, a);
         q[e].data = data + e * db;
         q[e].scale = scale + e * sb;
         q[e].scale2 = q[e].nscale2 ? be->alloc(be, (size_t)q[e].nscale2 * sizeof(float)) : NULL;
+        q[e].d16 = d16 ? (uint16_t *)(b16 + e * d16) : NULL;
     }
 }
 
@@ -206,6 +212,7 @@ void lb_wcache_free(lb_linear *L, lb_wcache *c)
     if (c->row && c->count) {   // row_alloc's
         be->free(be, c->row[0].data);
         be->free(be, c->row[0].scale);
+        if (c->row[0].d16) be->free(be, c->row[0].d16);
         for (int e = 0; e < c->count; e++) be->free(be, c->row[e].scale2);
     }
     for (int e = 0; c->col && e < c->count; e++) be->qmat_free(be, &c->col[e]);
@@ -241,7 +248,8 @@ size_t lb_wcache_bytes(const lb_linear *L, int layer, lb_role role, int count, i
         const lb_quant_args ra = weight_args(F, 0);
         lb_qmat_layout(&q, out, in, &ra);
         n += (size_t)count *
-             (row_data_stride(&q) + row_scale_stride(&q) + q.nscale2 * sizeof(float));
+             (row_data_stride(&q) + row_scale_stride(&q) + q.nscale2 * sizeof(float) +
+              (lb_qmat_d16_fits(&q) ? lb_qmat_d16_bytes(&q) : 0));
     }
     if (need_col) {   // qmat_alloc's
         const lb_quant_args ca = weight_args(D, 1);

@@ -3004,20 +3004,35 @@ static void gemm_q_all_case(const test_case *tst)
 #endif
 }
 
-// gemm_experts' fp8-block form: the rows of all experts quantized 1x128 in one call (as
-// linear.c's experts are), every expert's weight 128x128-block, the weights one after another in
-// one device allocation as the weight cache lays them out (gap 0: data n k bytes apart, the
-// device-count kernel's layout), or with gap bytes between the experts (the host-count path).
-// Counts as gemm_experts_case's. p: e, n, k, c16, mean rows an expert, gap. Against the CPU's
-// gemm_experts, and bit for bit against the device's gemm_q_grouped on the same groups and
-// against itself run again.
+// gemm_experts' quantized form: the rows of all experts quantized in one call (as linear.c's
+// experts are), every expert's weight quantized as a weight cache's row-wise copy, the weights
+// one after another in one device allocation as the cache lays them out (gap 0: data n k
+// bytes apart, the device-count kernel's layout), or with gap bytes between the experts (the
+// host-count path). p: e, n, k, c16, mean rows an expert, gap, format: 0 fp8-block (1x128 A,
+// 128x128 weights), 1 MXFP8, 2 MXFP4, 3 NVFP4 (per-row second levels in A); the last three
+// with the weights' bf16 copies (lb_qmat.d16, written by the CPU's quantize and uploaded), as
+// the cache holds them. Counts as gemm_experts_case's. Against the CPU's gemm_experts, bit for
+// bit against the device's gemm_q_grouped on the same groups and against itself run again;
+// with d16 also against gemm_q_grouped on weights without it (the copy changes no bit).
 static void gemm_experts_q_case(const test_case *tst)
 {
     const int e = tst->p[0], n = tst->p[1], k = tst->p[2], c16 = tst->p[3], mean = tst->p[4];
     const size_t gap = (size_t)tst->p[5];
+    const int fmt = tst->p[6];
     int rows, *counts = experts_counts(e, mean, &rows);
-    lb_quant_args a1 = gq(LB_FMT_FP8_BLOCK, 0, 0, LB_E4M3, 0, 0, 0);
-    lb_quant_args w2 = gq(LB_FMT_FP8_BLOCK, 0, 1, LB_E4M3, 0, 0, 0);
+    static const char *fname[4] = {"fp8", "mxfp8", "mxfp4", "nvfp4"};
+    lb_quant_args a1, w2;
+    if (fmt == 0) {
+        a1 = gq(LB_FMT_FP8_BLOCK, 0, 0, LB_E4M3, 0, 0, 0);
+        w2 = gq(LB_FMT_FP8_BLOCK, 0, 1, LB_E4M3, 0, 0, 0);
+    } else if (fmt < 3) {
+        const lb_format f = fmt == 1 ? LB_FMT_MXFP8 : LB_FMT_MXFP4;
+        a1 = gq(f, 0, 0, LB_E4M3, LB_SCALE_CEIL, 0, 0);
+        w2 = gq(f, 0, 0, LB_E4M3, LB_SCALE_CEIL, 0, 0);
+    } else {
+        a1 = gq(LB_FMT_NVFP4, 0, 0, LB_E4M3, 0, LB_S2_ROW, 0);
+        w2 = gq(LB_FMT_NVFP4, 0, 0, LB_E4M3, 0, LB_S2_TENSOR, 0);
+    }
     float *xa = scaled_randn(rows, k);
     lb_qmat ha, da, *hb = lb_calloc(e, sizeof *hb), *db = lb_calloc(e, sizeof *db);
     lb_qmat_alloc(&ha, rows, k, &a1);
@@ -3025,16 +3040,26 @@ static void gemm_experts_q_case(const test_case *tst)
     qmat_put(&da, &ha, &a1, rows, k);
     lb_qmat_layout(&hb[0], n, k, &w2);
     const size_t dstep = lb_qmat_data_bytes(&hb[0]) + gap, sstep = lb_qmat_scale_bytes(&hb[0]);
+    const size_t d16 = fmt ? lb_qmat_d16_bytes(&hb[0]) : 0;
     uint8_t *bdata = dev->alloc(dev, dstep * e);
-    char *bscale = dev->alloc(dev, sstep * e);
+    char *bscale = dev->alloc(dev, sstep * e), *b16 = d16 ? dev->alloc(dev, d16 * e) : NULL;
     for (int j = 0; j < e; j++) {
         float *xb = scaled_randn(n, k);
         lb_qmat_alloc(&hb[j], n, k, &w2);
+        if (d16) hb[j].d16 = lb_malloc(d16);
         lb_quantize(&hb[j], xb, n, k, &w2);
         lb_qmat_layout(&db[j], n, k, &w2);
         db[j].data = bdata + j * dstep, db[j].scale = bscale + j * sstep;
         dev->upload(dev, db[j].data, hb[j].data, lb_qmat_data_bytes(&hb[j]));
         dev->upload(dev, db[j].scale, hb[j].scale, sstep);
+        if (hb[j].nscale2) {
+            db[j].scale2 = dev->alloc(dev, (size_t)hb[j].nscale2 * 4);
+            dev->upload(dev, db[j].scale2, hb[j].scale2, (size_t)hb[j].nscale2 * 4);
+        }
+        if (d16) {
+            db[j].d16 = (uint16_t *)(b16 + j * d16);
+            dev->upload(dev, db[j].d16, hb[j].d16, d16);
+        }
         free(xb);
     }
     size_t cbytes = c16 ? bytes16(rows, n) : (size_t)rows * n * 4;
@@ -3043,15 +3068,18 @@ static void gemm_experts_q_case(const test_case *tst)
                               .qa = &ha, .qb = hb};
     cpu->gemm_experts(cpu, &x);   // fp32 C: the reference either way
     int *C = dput(counts, (size_t)e * sizeof(int));
-    void *out[3];
-    lb_qmat *views = lb_calloc(e, sizeof *views);
-    for (int r = 0; r < 3; r++) {   // gemm_experts twice, then gemm_q_grouped on its groups
+    void *out[4];
+    lb_qmat *views = lb_calloc(e, sizeof *views), *plain = lb_calloc(e, sizeof *plain);
+    for (int j = 0; j < e; j++) plain[j] = db[j], plain[j].d16 = NULL;
+    for (int r = 0; r < (d16 ? 4 : 3); r++) {
+        // gemm_experts twice, then gemm_q_grouped on its groups (with d16: on the weights
+        // with their copies, then without)
         out[r] = dpoisoned(cbytes);
         lb_gemm_experts_args xd = {.c = c16 ? NULL : out[r], .c16 = c16 ? out[r] : NULL,
                                    .counts = C, .e = e, .rows = rows, .n = n, .k = k, .qa = &da,
-                                   .qb = db};
+                                   .qb = r == 3 ? plain : db};
 #ifdef LB_HAVE_CUDA
-        if (r == 0 && !strcmp(dev->name, "cuda")) {
+        if (r == 0 && !strcmp(dev->name, "cuda") && fmt == 0) {
             int cc;
             long x0, x1, x2, x3;
             lb_cuda_gemm_q_stats(dev, &x0, &x1, &x2, &x3, &cc);
@@ -3069,14 +3097,127 @@ static void gemm_experts_q_case(const test_case *tst)
             free(g);
         }
     }
-    char name[64];
-    snprintf(name, sizeof name, "gemm_experts fp8 e %d n %d k %d gap %zu", e, n, k, gap);
+    char name[80];
+    snprintf(name, sizeof name, "gemm_experts %s e %d n %d k %d gap %zu", fname[fmt], e, n, k,
+             gap);
+    if (d16) {   // the copies change no bit of gemm_q_grouped
+        void *h2 = hget(out[2], cbytes), *h3 = hget(out[3], cbytes);
+        char what[120];
+        snprintf(what, sizeof what, "%s: gemm_q_grouped with d16 = without", name);
+        CHECK_BITS(what, h2, h3, cbytes);
+        free(h2), free(h3), dfree(out[3]);
+    }
     experts_check(name, "gemm_q_grouped", out, cbytes, rows, n, c16, ref, tst->bound);
-    for (int j = 0; j < e; j++) lb_qmat_free(&hb[j]);
+    for (int j = 0; j < e; j++) {
+        free(hb[j].d16), hb[j].d16 = NULL;
+        lb_qmat_free(&hb[j]);
+        if (db[j].scale2) dev->free(dev, db[j].scale2);
+    }
     dev->qmat_free(dev, &da);
     lb_qmat_free(&ha);
     dfree(bdata), dfree(bscale), dfree(C);
-    free(counts), free(xa), free(hb), free(db), free(views), free(ref);
+    if (b16) dfree(b16);
+    free(counts), free(xa), free(hb), free(db), free(views), free(plain), free(ref);
+}
+
+// The d16 copies (lb_qmat.d16) of MX and NVFP4 matrices as quantize, quantize_grouped and
+// qmat_transpose write them: the CPU's values are the dequantized blocks exactly (bf16 holds
+// them), zeros past cols; the device's are the CPU's bits. p: rows, cols.
+static void quantize_d16_case(const test_case *tst)
+{
+    const int rows = tst->p[0], cols = tst->p[1], ld = (cols + 7) & ~7;
+    const lb_quant_args fm[5] = {gq(LB_FMT_MXFP8, 0, 0, LB_E4M3, LB_SCALE_CEIL, 0, 0),
+                                 gq(LB_FMT_MXFP8, 1, 0, LB_E5M2, LB_SCALE_FLOOR, 0, 0),
+                                 gq(LB_FMT_MXFP4, 0, 0, LB_E4M3, LB_SCALE_CEIL, 0, 0),
+                                 gq(LB_FMT_NVFP4, 0, 0, LB_E4M3, 0, LB_S2_ROW, 0),
+                                 gq(LB_FMT_NVFP4, 0, 1, LB_E4M3, 0, LB_S2_TENSOR, 0)};
+    float *x = scaled_randn(rows, cols);
+    float *X = dput(x, (size_t)rows * cols * 4);
+    char what[120];
+    for (int f = 0; f < 5; f++) {
+        const lb_quant_args *a = &fm[f];
+        lb_qmat h;
+        lb_qmat_alloc(&h, rows, cols, a);   // column-wise: h is (cols, rows)
+        const int qr = h.rows, qc = h.cols, qld = (qc + 7) & ~7;
+        const size_t nb = (size_t)qr * qld * 2;
+        h.d16 = lb_malloc(nb);
+        memset(h.d16, 0xff, nb);
+        lb_quantize(&h, x, rows, cols, a);
+        float *y = lb_malloc((size_t)qr * qc * 4);
+        lb_dequantize_blocks(y, &h);
+        int exact = 1;
+        for (int r = 0; r < qr; r++)
+            for (int c = 0; c < qld; c++) {
+                const float v = lb_bf16_to_f32(h.d16[(size_t)r * qld + c]);
+                if (c < qc ? v != y[(size_t)r * qc + c] : h.d16[(size_t)r * qld + c] != 0)
+                    exact = 0;
+            }
+        snprintf(what, sizeof what, "d16 %d: the cpu's copy is the dequantized blocks", f);
+        ck_assert_msg(exact, "%s (seed %llu)", what, (unsigned long long)seed);
+        // the device's quantize, then quantize_grouped in three groups of rows (row-wise)
+        lb_qmat d;
+        dev->qmat_alloc(dev, &d, rows, cols, a);
+        d.d16 = dpoisoned(nb);
+        dev->quantize(dev, &d, X, rows, cols, a);
+        uint16_t *got = hget(d.d16, nb);
+        snprintf(what, sizeof what, "d16 %d: quantize = cpu", f);
+        CHECK_BITS(what, got, h.d16, nb);
+        free(got);
+        if (!a->colwise) {
+            const int g[3] = {rows / 3, 0, rows - rows / 3};
+            lb_qmat dg[3];
+            uint16_t *dd[3];
+            size_t off = 0;
+            for (int j = 0; j < 3; j++) {
+                memset(&dg[j], 0, sizeof dg[j]);
+                dd[j] = NULL;
+                if (!g[j]) continue;
+                dev->qmat_alloc(dev, &dg[j], g[j], cols, a);
+                dg[j].d16 = dd[j] = dpoisoned((size_t)g[j] * ld * 2);
+            }
+            dev->quantize_grouped(dev, 3, dg, X, g, NULL, cols, a);
+            for (int j = 0; j < 3; j++) {
+                if (!g[j]) continue;
+                lb_qmat hj;
+                lb_qmat_alloc(&hj, g[j], cols, a);
+                hj.d16 = lb_malloc((size_t)g[j] * ld * 2);
+                lb_quantize(&hj, x + off * cols, g[j], cols, a);
+                got = hget(dd[j], (size_t)g[j] * ld * 2);
+                snprintf(what, sizeof what, "d16 %d: quantize_grouped group %d = cpu", f, j);
+                CHECK_BITS(what, got, hj.d16, (size_t)g[j] * ld * 2);
+                free(got), free(hj.d16), hj.d16 = NULL;
+                lb_qmat_free(&hj);
+                off += (size_t)g[j];
+                dfree(dd[j]), dg[j].d16 = NULL;
+                dev->qmat_free(dev, &dg[j]);
+            }
+        }
+        if (a->weight_blocks) {   // square blocks: the transposed copy's d16 too
+            const lb_quant_args ac = gq(LB_FMT_NVFP4, 1, 1, LB_E4M3, 0, LB_S2_TENSOR, 0);
+            const size_t tb = (size_t)cols * ((rows + 7) & ~7) * 2;
+            lb_qmat ht, dt;
+            lb_qmat_alloc(&ht, rows, cols, &ac);   // (cols, rows)
+            ht.d16 = lb_malloc(tb);
+            lb_qmat_transpose(&ht, &h);
+            dev->qmat_alloc(dev, &dt, rows, cols, &ac);
+            dt.d16 = dpoisoned(tb);
+            dev->qmat_transpose(dev, 1, &dt, &d);
+            got = hget(dt.d16, tb);
+            snprintf(what, sizeof what, "d16 %d: qmat_transpose = cpu", f);
+            CHECK_BITS(what, got, ht.d16, tb);
+            free(got), free(ht.d16), ht.d16 = NULL;
+            lb_qmat_free(&ht);
+            dfree(dt.d16), dt.d16 = NULL;
+            dev->qmat_free(dev, &dt);
+        }
+        dfree(d.d16), d.d16 = NULL;
+        dev->qmat_free(dev, &d);
+        free(h.d16), h.d16 = NULL;
+        lb_qmat_free(&h);
+        free(y);
+    }
+    dfree(X);
+    free(x);
 }
 
 // gemm_q_grouped: the groups of an MoE layer. As linear.c does, the activations of all groups
@@ -3661,6 +3802,18 @@ static const test_case CASES[] = {
          {128, 2048, 768, 0, 16, 0}, .bound = B_FP8TC, .label = "fp8, decode shape, fp32 C"),
     CASE(OP(gemm_experts) | OP(gemm_q_grouped) | OP(quantize), gemm_experts_q_case,
          {9, 136, 256, 1, 40, 256}, .bound = B_FP8TC, .label = "fp8, experts apart (host)"),
+    // MX and NVFP4 experts with their weights' bf16 copies (CUDA: MXFP8 and MXFP4 on the
+    // device counts, NVFP4 through the host's)
+    CASE(OP(gemm_experts) | OP(gemm_q_grouped) | OP(quantize), gemm_experts_q_case,
+         {128, 1536, 2048, 1, 16, 0, 1}, .bound = B_TC, .label = "mxfp8, decode shape, bf16 C"),
+    CASE(OP(gemm_experts) | OP(gemm_q_grouped) | OP(quantize), gemm_experts_q_case,
+         {16, 200, 336, 0, 150, 0, 1}, .bound = B_TC, .label = "mxfp8, 128-row tiles, fp32 C"),
+    CASE(OP(gemm_experts) | OP(gemm_q_grouped) | OP(quantize), gemm_experts_q_case,
+         {32, 2048, 768, 1, 16, 0, 2}, .bound = B_TC, .label = "mxfp4, decode shape, bf16 C"),
+    CASE(OP(gemm_experts) | OP(gemm_q_grouped) | OP(quantize), gemm_experts_q_case,
+         {9, 136, 256, 0, 40, 0, 3}, .bound = B_TC, .label = "nvfp4, fp32 C"),
+    CASE(OP(quantize) | OP(qmat_transpose), quantize_d16_case, {37, 203}),
+    CASE(OP(quantize) | OP(qmat_transpose), quantize_d16_case, {64, 256}),
 
     CASE(OP(add) | OP(scale) | OP(sumsq), add_scale_sumsq_case),
 

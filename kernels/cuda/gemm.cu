@@ -664,6 +664,22 @@ static void cuda_gemm_grouped(lb_backend *be, int count, const lb_gemm_args *arg
     for (int i = 0; i < count; i++) cuda_gemm(be, &args[i]);
 }
 
+// Whether gemm_experts' quantized x takes the bf16 kernel on its weights' d16 copies: MXFP8 or
+// MXFP4 (NVFP4's second levels are not in gx_kernel's store), where gemm_q_grouped would take
+// its bf16 path, every expert's copy the one before's plus (n, pad8(k)) (a weight cache's).
+static int experts_mx16(const lb_cuda_ctx *cx, const lb_gemm_experts_args *x)
+{
+    const lb_format f = x->qa->fmt;
+    if ((f != LB_FMT_MXFP8 && f != LB_FMT_MXFP4) || !cx->grouped_tc || !cx->dense_tc ||
+        !cx->bf16_tc || x->e > 512)
+        return 0;
+    const size_t step = (size_t)x->n * ((x->k + 7) & ~7);
+    for (int j = 0; j < x->e; j++)
+        if (x->qb[j].fmt != f || !x->qb[j].d16 || x->qb[j].d16 != x->qb[0].d16 + j * step)
+            return 0;
+    return 1;
+}
+
 // gemm_experts: gx_kernel where gemm_grouped takes its wgmma kernel (the same bits), gqx_kernel
 // where gemm_q_grouped takes its fp8 one; else the counts come to the host (a wait) and
 // gemm_grouped or gemm_q_grouped runs the groups.
@@ -680,6 +696,20 @@ static void cuda_gemm_experts(lb_backend *be, const lb_gemm_experts_args *x)
         lb_die("gemm_experts: misaligned operands (a16 %p, b16 %p, c16 %p, c %p)",
                (const void *)x->a16, (const void *)x->b16, (void *)x->c16, (void *)x->c);
     if (x->e == 0 || x->rows == 0) return;
+    if (q && experts_mx16(cx, x)) {
+        // MXFP8 and MXFP4 with the weights' bf16 copies: A dequantized as gemm_q_grouped's bf16
+        // path does it, then the bf16 kernel on the device counts (no wait), the same products
+        // in the same order, so gemm_q_grouped's bits
+        const size_t ld = (size_t)((x->k + 7) & ~7);
+        void *a16 = lb_cuda_scratch(cx, (size_t)x->rows * ld * sizeof(uint16_t));
+        const lb_cuda_dq_job job = {x->qa, a16, ld, (int)ld};
+        lb_cuda_dequant_bf16_groups(cx, 1, &job);
+        lb_gemm_experts_args y = *x;
+        y.a16 = (const uint16_t *)a16, y.b16 = x->qb[0].d16, y.qa = y.qb = NULL;
+        lb_cuda_gemm_experts_tc(cx, &y);
+        if (cx->sync_each) LB_CUDA_WAIT(cx);
+        return;
+    }
     if (q ? cx->grouped_tc && lb_cuda_gemm_experts_q_fits(x)
           : cx->grouped_tc && cx->bf16_tc) {
         if (q) lb_cuda_gemm_experts_q_tc(cx, x);

@@ -847,18 +847,26 @@ template <typename A> static int gt_bn(const lb_cuda_ctx *cx, const A *g, int co
     return bn;
 }
 
+// A quantized group's B in bf16 already (a weight's lb_qmat.d16), or NULL.
+static const void *gt_b16(const lb_gemm_q_args &x) { return x.b->d16; }
+
 // bf16 copies of the groups' operands in scratch (the previous launch's are done with: one
-// stream): ab[i] = A_i (m, pad8(k)), ab[cnt + i] = B_i (n, pad8(k)).
+// stream): ab[i] = A_i (m, pad8(k)), ab[cnt + i] = B_i (n, pad8(k)), or B's d16 copy where it
+// has one (no scratch, nothing to write).
 template <typename A> static void gt_operands(lb_cuda_ctx *cx, const A *g, int cnt, void **ab)
 {
     size_t bytes = 0;
     for (int i = 0; i < cnt; i++)
         bytes += lb_align256((size_t)g[i].m * pad8(g[i].k) * 2) +
-                 lb_align256((size_t)g[i].n * pad8(g[i].k) * 2);
+                 (gt_b16(g[i]) ? 0 : lb_align256((size_t)g[i].n * pad8(g[i].k) * 2));
     char *sc = (char *)lb_cuda_scratch(cx, bytes);
     for (int i = 0; i < cnt; i++) {
         ab[i] = sc;
         sc += lb_align256((size_t)g[i].m * pad8(g[i].k) * 2);
+        if (gt_b16(g[i])) {
+            ab[cnt + i] = (void *)gt_b16(g[i]);
+            continue;
+        }
         ab[cnt + i] = sc;
         sc += lb_align256((size_t)g[i].n * pad8(g[i].k) * 2);
     }
@@ -1162,18 +1170,20 @@ extern "C" void lb_cuda_gemm_q_grouped_bf16(lb_cuda_ctx *cx, int count, const lb
 {
     lb_cuda_dq_job *jobs = (lb_cuda_dq_job *)lb_calloc(2 * GT_MAX, sizeof *jobs);
     auto dequant = [&](const lb_gemm_q_args *gb, int cnt, void *const *ab, gt_params *T) {
+        int n = cnt;
         for (int i = 0; i < cnt; i++) {
             const lb_gemm_q_args *x = &gb[i];
             const size_t ld = (size_t)pad8(x->k);
-            jobs[i] = (lb_cuda_dq_job){x->a, ab[i], ld, (int)ld};   // the A's, then the B's:
-            jobs[cnt + i] = (lb_cuda_dq_job){x->b, ab[cnt + i], ld, (int)ld};   // runs of a type
+            jobs[i] = (lb_cuda_dq_job){x->a, ab[i], ld, (int)ld};   // the A's, then the B's
+            if (!x->b->d16)   // without a bf16 copy of their own: runs of a type
+                jobs[n++] = (lb_cuda_dq_job){x->b, ab[cnt + i], ld, (int)ld};
             if (x->a->fmt == LB_FMT_NVFP4) {
                 gt_group *G = &T->g[i];
                 G->s2a = x->a->scale2, G->s2a_row = x->a->nscale2 > 1;
                 G->s2b = x->b->scale2, G->s2b_row = x->b->nscale2 > 1;
             }
         }
-        lb_cuda_dequant_bf16_groups(cx, 2 * cnt, jobs);
+        lb_cuda_dequant_bf16_groups(cx, n, jobs);
     };
     gt_batches(cx, g, count, dequant);
     free(jobs);

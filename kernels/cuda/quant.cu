@@ -1400,8 +1400,25 @@ static void cuda_qmat_free(lb_backend *be, lb_qmat *q)
     q->scale2 = NULL;
 }
 
-static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, int cols,
-                          const lb_quant_args *a)
+// The d16 copies (lb_qmat.d16) of the count matrices q that have one, from their bytes: one
+// launch of dequant_groups_kernel per DQ_MAX, after their quantizer's launches (one stream).
+static void d16_launch(lb_cuda_ctx *cx, int count, const lb_qmat *q)
+{
+    lb_cuda_dq_job *jobs = NULL;
+    int n = 0;
+    for (int j = 0; j < count; j++) {
+        if (!q[j].d16 || q[j].rows <= 0) continue;
+        const size_t ld = (size_t)((q[j].cols + 7) & ~7);
+        lb_qmat_d16_bytes(&q[j]);   // dies for a format without
+        if (!jobs) jobs = (lb_cuda_dq_job *)lb_calloc((size_t)count, sizeof *jobs);
+        jobs[n++] = (lb_cuda_dq_job){&q[j], q[j].d16, ld, (int)ld};
+    }
+    if (n) lb_cuda_dequant_bf16_groups(cx, n, jobs);
+    free(jobs);
+}
+
+static void quantize_one(lb_backend *be, lb_qmat *q, const float *x, int rows, int cols,
+                         const lb_quant_args *a)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
     lb_qmat want;
@@ -1516,6 +1533,13 @@ static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, 
     if (q->tscale) tscale_launch(cx, q);
 }
 
+static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, int cols,
+                          const lb_quant_args *a)
+{
+    quantize_one(be, q, x, rows, cols, a);
+    d16_launch(lb_cuda(be), 1, q);
+}
+
 typedef struct {
     lb_backend *be;
     lb_qmat *q;
@@ -1552,9 +1576,10 @@ static void cuda_quantize_grouped(lb_backend *be, int count, lb_qmat *q, const f
     nv_check(a);
     if ((a->fmt == LB_FMT_FP8_BLOCK && !a->hadamard) || mq_takes(a)) {
         fq_launch(cx, count, q, x, rows, prows, cols, a);
+        d16_launch(cx, count, q);
         return;
     }
-    cuda_groups g = {be, q, cols};
+    cuda_groups g = {be, q, cols};   // cuda_quantize writes each group's d16
     lb_quant_groups(count, x, rows, prows, cols, a, cuda_group, &g);
 }
 
@@ -1742,6 +1767,7 @@ static void cuda_qmat_transpose(lb_backend *be, int count, lb_qmat *dst, const l
     }
     qt_launch(cx, P, tiles);
     free(P);
+    d16_launch(cx, count, dst);
 }
 
 // fp8-block 128x128 row-wise (a weight cache): each tile written to Q and, transposed, to Q^T

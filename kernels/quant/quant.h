@@ -104,7 +104,21 @@ typedef struct lb_qmat {
     // instead of transposing scale in a launch of their own. Rows srows .. ld - 1 are not
     // written. A view of some of the rows (lb_qmat_rows) has none.
     float *tscale;
+    // NULL, or (MXFP8, MXFP4, NVFP4 only) (rows, pad8(cols)) bf16: every element times its
+    // block scale, without NVFP4's second level (exact in bf16: doc/formats.md), zeros past
+    // cols, which every backend's quantizers then write beside data. Hopper has no tensor cores
+    // for these formats, so its GEMMs multiply such bf16 values: a weight cache's copy spares
+    // them dequantizing the weights on every call (the sampler's decode, 16 rows an expert,
+    // would otherwise convert every expert's weight each step). Set and freed by its owner
+    // (parallel/linear.c's weight cache); a view of some of the rows has none.
+    uint16_t *d16;
 } lb_qmat;
+
+// Whether q's format can have a d16 copy, and its bytes.
+int lb_qmat_d16_fits(const lb_qmat *q);
+size_t lb_qmat_d16_bytes(const lb_qmat *q);
+// The d16 copy of q's bytes (host memory), where q has one: what the quantizers call last.
+void lb_qmat_d16_fill(lb_qmat *q);
 
 // Whether q's layout has transposed scales (fp8-block, 1x128 blocks); lb_qmat.tscale's row
 // pitch (srows rounded up to a multiple of 128) and bytes, which die for a layout without.

@@ -129,6 +129,30 @@ static void tscale_fill(lb_qmat *q)
             q->tscale[(size_t)k * ld + r] = s[(size_t)r * q->scols + k];
 }
 
+int lb_qmat_d16_fits(const lb_qmat *q)
+{
+    return q->fmt == LB_FMT_MXFP8 || q->fmt == LB_FMT_MXFP4 || q->fmt == LB_FMT_NVFP4;
+}
+
+size_t lb_qmat_d16_bytes(const lb_qmat *q)
+{
+    if (!lb_qmat_d16_fits(q)) lb_die("kernels/quant: format %d has no bf16 copy", (int)q->fmt);
+    return (size_t)q->rows * ((q->cols + 7) & ~7) * sizeof(uint16_t);
+}
+
+void lb_qmat_d16_fill(lb_qmat *q)
+{
+    if (!q->d16) return;
+    lb_qmat_d16_bytes(q);   // dies for a format without
+    const int ld = (q->cols + 7) & ~7;
+    float *y = lb_malloc((size_t)q->rows * q->cols * sizeof(float));
+    lb_dequantize_blocks(y, q);
+    #pragma omp parallel for schedule(static) if ((size_t)q->rows * q->cols >= LB_QUANT_PAR_MIN)
+    for (int r = 0; r < q->rows; r++)
+        lb_bf16_row(q->d16 + (size_t)r * ld, y + (size_t)r * q->cols, q->cols, ld);
+    free(y);
+}
+
 lb_qmat lb_qmat_rows(const lb_qmat *q, int r0, int n)
 {
     if (q->brows != 1 || r0 < 0 || n < 1 || r0 + n > q->rows)
@@ -136,7 +160,7 @@ lb_qmat lb_qmat_rows(const lb_qmat *q, int r0, int n)
                q->rows, q->cols, q->brows);
     lb_qmat v = *q;
     size_t sbytes = fp32_scales(q->fmt) ? 4 : 1;
-    if (n != q->rows) v.tscale = NULL;   // its pitch is the whole matrix's
+    if (n != q->rows) v.tscale = NULL, v.d16 = NULL;   // its pitch is the whole matrix's
     v.rows = v.srows = n;
     v.data = q->data + (size_t)r0 * q->ld;
     v.scale = (uint8_t *)q->scale + (size_t)r0 * q->scols * sbytes;
@@ -329,6 +353,7 @@ void lb_qmat_transpose(lb_qmat *dst, const lb_qmat *src)
             memcpy((uint8_t *)dst->scale + ((size_t)j * dst->scols + i) * es,
                    (const uint8_t *)src->scale + ((size_t)i * src->scols + j) * es, es);
     if (src->nscale2) dst->scale2[0] = src->scale2[0];
+    lb_qmat_d16_fill(dst);
 }
 
 void lb_quant_groups(int count, const float *x, const int *rows, const int *prows, int cols,
@@ -358,9 +383,11 @@ void lb_quantize(lb_qmat *q, const float *x, int rows, int cols, const lb_quant_
         want.nscale2 != q->nscale2)
         lb_die("kernels/quant: lb_qmat was laid out for another shape or format");
     if (q->tscale) lb_qmat_tscale_ld(q);   // dies for a layout without
+    if (q->d16) lb_qmat_d16_bytes(q);   // dies for a format without
     if (!a->colwise) {
         quantize_rows(q, x, a);
         tscale_fill(q);
+        lb_qmat_d16_fill(q);
         return;
     }
     // Column-wise: transpose the full-precision input (rows, cols) -> (cols, rows), in tiles.
@@ -375,6 +402,7 @@ void lb_quantize(lb_qmat *q, const float *x, int rows, int cols, const lb_quant_
     if (a->hadamard) lb_hadamard(xt, xt, cols, rows, LB_AXIS_COLS, a->hadamard, a->hsigns);
     quantize_rows(q, xt, a);
     tscale_fill(q);
+    lb_qmat_d16_fill(q);
     free(xt);
 }
 
