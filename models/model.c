@@ -318,13 +318,17 @@ void lb_model_init_params(lb_model *m, uint64_t seed)
         const lb_tensor *t = &m->tensors[i];
         float *p = host + t->offset;
         const float std = (float)m->cfg.initializer_range;
+        // A whole tensor's element j is its global element j: lb_tensor_global_index's
+        // divisions (up to 15 an element) took as long as drawing the number.
+        int whole = 1;
+        for (int d = 0; d < t->ndim; d++) whole &= t->parts[d] == 1;
         // Each value depends only on (seed, tensor, element), so threads change nothing.
         #pragma omp parallel for schedule(static) if (t->numel > 65536)
         for (size_t j = 0; j < t->numel; j++)
             p[j] = t->is_norm     ? 1.0f
                    : t->zero_init ? 0.0f
                                   : std * lb_rand_normal(seed, (uint64_t)t->global,
-                                                     lb_tensor_global_index(t, j));
+                                                     whole ? j : lb_tensor_global_index(t, j));
     }
     m->be->upload(m->be, m->params, host, m->nparams * sizeof(float));
     free(host);
