@@ -405,7 +405,9 @@ void lb_cuda_tma_map(CUtensorMap *map, CUtensorMapDataType dt, const void *x, in
 // bf16 with m, n, k > 0 and alpha != 0, in one launch (after one packing launch). Queued.
 int lb_cuda_gemm_grouped_tc_ok(int major, int minor);
 void lb_cuda_gemm_grouped_tc(lb_cuda_ctx *cx, int count, const lb_gemm_args *g);
-// gemm_experts on the same kernel's steps, the counts read on the device (sm_90a)
+// gemm_experts on the same kernel's steps, the counts read on the device (sm_90a), for at
+// most GX_MAX_E experts a layer
+#define GX_MAX_E 512
 void lb_cuda_gemm_experts_tc(lb_cuda_ctx *cx, const lb_gemm_experts_args *x);
 // its fp8-block form (gq_kernel's steps): whether x's operands fit, and the launch
 int lb_cuda_gemm_experts_q_fits(const lb_gemm_experts_args *x);

@@ -671,7 +671,7 @@ static int experts_mx16(const lb_cuda_ctx *cx, const lb_gemm_experts_args *x)
 {
     const lb_format f = x->qa->fmt;
     if ((f != LB_FMT_MXFP8 && f != LB_FMT_MXFP4) || !cx->grouped_tc || !cx->dense_tc ||
-        !cx->bf16_tc || x->e > 512)
+        !cx->bf16_tc || x->e > GX_MAX_E)
         return 0;
     const size_t step = (size_t)x->n * ((x->k + 7) & ~7);
     for (int j = 0; j < x->e; j++)

@@ -496,7 +496,6 @@ gt_kernel(const __grid_constant__ gt_params P)
 // rows and its B box into the next expert's weight: those products land in rows and columns
 // the store leaves out (gg_store's and gg_store16's bounds, so no TMA store). The slices, the
 // wgmma steps and the store are gt_kernel's, so the bits are gemm_grouped's on those groups.
-#define GX_MAX_E 512   // experts of a layer
 
 typedef struct {
     int tile0, tiles_n, m, row0;   // gg_tile's fields, and the expert's first row of A and C
