@@ -48,6 +48,16 @@ l2=$(sed -n 's/^train .*, loss \([0-9.]*\)$/\1/p' "$tmp/train2")
     > "$tmp/train16" 2>&1 || fail "bench train, bf16 moments: exit $?"
 grep -q "^train [a-z0-9_]* fp32, bf16 moments: .*, loss $l1$" "$tmp/train16" ||
     fail "bench train, bf16 moments: $(grep '^train' "$tmp/train16")"
+# Two steps (the second's loss follows the first's update): with half the AdamW moments on the
+# host and with full recomputation the same bits, and the row names both settings.
+two=(--set bench.warmup=1 --set bench.iters=1)
+"$bin" bench "$cfg" --set bench.kind=train "${two[@]}" > "$tmp/t2" 2>&1 || fail "bench train x2: exit $?"
+l2=$(sed -n 's/^train .*, loss \([0-9.]*\)$/\1/p' "$tmp/t2")
+[ -n "$l2" ] && [ "$l2" != "$l1" ] || fail "bench train x2: loss '$l2' (one step: $l1)"
+"$bin" bench "$cfg" --set bench.kind=train --set train.optimizer_offload=0.5 \
+    --set train.recompute=full "${two[@]}" > "$tmp/t2o" 2>&1 || fail "bench train, offload: exit $?"
+grep -q "^train [a-z0-9_]* fp32, recompute full, offload 0.5: .*, loss $l2$" "$tmp/t2o" ||
+    fail "bench train, offload 0.5 and recompute full: $(grep '^train' "$tmp/t2o") (loss $l2 without)"
 
 # Rollouts: bench.rollout_shapes times each shape in turn on one model, in the given order.
 "$bin" bench "$cfg" --set bench.kind=rollout --set bench.rollout_prompt=5 \

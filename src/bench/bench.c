@@ -464,14 +464,12 @@ static lb_model *bench_kv_model(lb_backend *be, const lb_config *c)
     return m;
 }
 
-// AdamW with [train]'s settings on a schedule too long to end while timing, without warm-up,
-// all of it on the backend (no optimizer offload).
+// AdamW with [train]'s settings (train.optimizer_offload included) on a schedule too long to
+// end while timing, without warm-up.
 static void bench_optimizer(lb_optimizer *o, lb_model *m, const lb_config *c)
 {
     lb_optim_config oc = lb_run_optim_config(c, 1000000);
     oc.warmup_steps = 0;
-    oc.offload = 0;
-    oc.offload_threads = 0;
     lb_optimizer_init(o, m, &oc);
 }
 
@@ -509,10 +507,17 @@ static int bench_train(lb_backend *be, const lb_config *c)
     char mfu[64] = "";
     if (!strcmp(be->name, "cuda"))
         snprintf(mfu, sizeof mfu, "MFU %.3f (989 TFLOP/s), ", flops / 989e12);
-    printf("train %s %s%s: %d x %d tokens, %.4f s/step, %.0f tokens/s, %.1f model TFLOP/s, "
+    // the settings that trade memory for time, where they are not the defaults
+    char how[128] = "";
+    if (strcmp(c->train.recompute, "none"))
+        snprintf(how, sizeof how, ", recompute %s", c->train.recompute);
+    if (c->train.optimizer_offload > 0)
+        snprintf(how + strlen(how), sizeof how - strlen(how), ", offload %g",
+                 c->train.optimizer_offload);
+    printf("train %s %s%s%s: %d x %d tokens, %.4f s/step, %.0f tokens/s, %.1f model TFLOP/s, "
            "%speak memory %.1f GiB, loss %.7f\n",
            m->cfg.arch, c->precision.recipe,
-           strcmp(c->train.adam_moments, "fp32") ? ", bf16 moments" : "", B, T, step, tps,
+           strcmp(c->train.adam_moments, "fp32") ? ", bf16 moments" : "", how, B, T, step, tps,
            flops / 1e12, mfu, mem, m->loss);
     fflush(stdout);
     lb_optimizer_free(&opt);
