@@ -376,7 +376,11 @@ typedef struct {
       (be, dst_host, src, bytes))                                                             \
     X(void, copy, (lb_backend *be, void *dst, const void *src, size_t bytes),                 \
       (be, dst, src, bytes))                                                                  \
-    X(void, zero, (lb_backend *be, void *p, size_t bytes), (be, p, bytes))
+    X(void, zero, (lb_backend *be, void *p, size_t bytes), (be, p, bytes))                    \
+    /* Host memory that upload and download move at the link's full speed (CUDA: pinned;     \
+       the CPU: alloc's), zero-filled, never NULL (exits); freed by host_free. */             \
+    X(void *, host_alloc, (lb_backend *be, size_t bytes), (be, bytes))                        \
+    X(void, host_free, (lb_backend *be, void *p), (be, p))
 
 #define LB_OPS_CONTROL(X)                                                                     \
     X(void, sync, (lb_backend *be), (be))   /* wait for queued work */                        \

@@ -134,6 +134,7 @@ static char *group_k(char *buf, int count, const int *k, size_t stride)
 
 // The entries that return a value.
 #define RETURNS_alloc ~, 1
+#define RETURNS_host_alloc ~, 1
 #define RETURNS_sumsq ~, 1
 
 // The GEMMs and quantizations, charged by shape too: shape_<op> has the operation's

@@ -377,6 +377,65 @@ START_TEST(test_adamw_writes_b16)
 }
 END_TEST
 
+// Three AdamW steps with a share of the update offloaded to the host, streamed in pieces of
+// `piece` parameters (0: the default, larger than this model) through the two staging slots,
+// must give the parameters of the run without offload bit for bit (the host's AdamW is the
+// CPU backend's, as here): a piece boundary inside a segment, an odd last piece and a
+// segment cut by the offload fraction change nothing. moments16: bf16 moments.
+static float *offload_run(double offload, size_t piece, int moments16)
+{
+    char err[512];
+    lb_model_config cfg = tiny_config("qwen3_moe");
+    lb_model *m = lb_model_create(&cfg, be, err, sizeof err);
+    ck_assert_msg(m != NULL, "%s", err);
+    lb_model_init_params(m, 4);
+    lb_optim_config oc = {1e-2, 1e-3, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0, offload, 1, moments16,
+                          piece};
+    lb_optimizer o;
+    lb_optimizer_init(&o, m, &oc);
+    if (offload > 0) ck_assert_int_gt(o.npiece, piece ? 2 : 0);
+    int32_t tok[B * T], tgt[B * T];
+    batch(tok, tgt, cfg.vocab_size);
+    for (int step = 1; step <= 3; step++) {
+        lb_model_zero_grad(m);
+        lb_model_forward(m, tok, tgt, B, T);
+        lb_model_backward(m, 1.0f);
+        lb_optimizer_step(&o, step, NULL);
+    }
+    float *p = lb_malloc(m->nparams * sizeof *p);
+    memcpy(p, m->params, m->nparams * sizeof *p);
+    ck_assert_msg(m->nparams > 3 * 97, "the model is too small for pieces of 97");
+    lb_optimizer_free(&o);
+    lb_model_free(m);
+    return p;
+}
+
+START_TEST(test_offload_pieces)
+{
+    lb_model_config cfg = tiny_config("qwen3_moe");
+    char err[512];
+    lb_model *m = lb_model_create(&cfg, be, err, sizeof err);
+    size_t n = m->nparams;
+    lb_model_free(m);
+    for (int m16 = 0; m16 < 2; m16++) {
+        float *want = offload_run(0.0, 0, m16);
+        const double share[] = {0.37, 1.0};
+        const size_t piece[] = {0, 97};
+        for (int f = 0; f < 2; f++)
+            for (int k = 0; k < 2; k++) {
+                float *got = offload_run(share[f], piece[k], m16);
+                size_t i = 0;
+                while (i < n && !memcmp(&got[i], &want[i], sizeof *got)) i++;
+                ck_assert_msg(i == n, "offload %g, pieces of %zu%s: parameter %zu is %.9g, "
+                              "without offload %.9g", share[f], piece[k],
+                              m16 ? ", bf16 moments" : "", i, got[i], want[i]);
+                free(got);
+            }
+        free(want);
+    }
+}
+END_TEST
+
 static lb_model *trained_model(const char *arch, float **am, float **av)
 {
     char err[512];
@@ -526,6 +585,7 @@ int main(void)
     tcase_add_test(tc, test_loss_independent_of_batch);
     tcase_add_test(tc, test_zero_grad_lazy);
     tcase_add_test(tc, test_adamw_writes_b16);
+    tcase_add_test(tc, test_offload_pieces);
     tcase_add_test(tc, test_checkpoint_roundtrip);
     tcase_add_test(tc, test_checkpoint_bad);
     tcase_add_test(tc, test_checkpoint_other_shape);

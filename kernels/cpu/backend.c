@@ -50,6 +50,10 @@ static void cpu_zero(lb_backend *be, void *p, size_t bytes)
     if (bytes) memset(p, 0, bytes);
 }
 
+static void *cpu_host_alloc(lb_backend *be, size_t bytes) { return cpu_alloc(be, bytes); }
+
+static void cpu_host_free(lb_backend *be, void *p) { free(p); }
+
 static void cpu_sync(lb_backend *be) {}   // every operation completes before it returns
 
 // The host's available physical memory.

@@ -143,6 +143,22 @@ static void cuda_zero(lb_backend *be, void *p, size_t bytes)
     LB_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, lb_cuda(be)->stream));
 }
 
+// Pinned, so copies to and from it are DMA at the link's speed rather than staged by the
+// driver through its own pinned buffer.
+static void *cuda_host_alloc(lb_backend *be, size_t bytes)
+{
+    void *p = NULL;
+    LB_CUDA_CHECK(cudaSetDevice(lb_cuda(be)->device));
+    LB_CUDA_CHECK(cudaHostAlloc(&p, bytes ? bytes : 64, cudaHostAllocDefault));
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void cuda_host_free(lb_backend *be, void *p)
+{
+    if (p) LB_CUDA_CHECK(cudaFreeHost(p));
+}
+
 static void cuda_sync(lb_backend *be) { LB_CUDA_WAIT(lb_cuda(be)); }
 
 static size_t cuda_mem_free(lb_backend *be)

@@ -236,7 +236,7 @@ lb_optim_config lb_run_optim_config(const lb_config *c, int total_steps)
                              c->train.beta1, c->train.beta2, c->train.adam_eps,
                              c->train.weight_decay, c->train.grad_clip,
                              c->train.optimizer_offload, c->run.threads,
-                             !strcmp(c->train.adam_moments, "bf16")};
+                             !strcmp(c->train.adam_moments, "bf16"), 0};
 }
 
 void lb_run_resume_path(const lb_run *r, char *out, size_t outlen)

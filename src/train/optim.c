@@ -8,6 +8,10 @@
 #include <string.h>
 #include "kernels/common.h"
 
+typedef struct lb_offload_worker lb_offload_worker;
+static lb_offload_worker *worker_start(lb_optimizer *o);
+static void worker_stop(lb_offload_worker *w);
+
 static int gsize(const lb_comm *c) { return c ? c->size : 1; }
 
 static int by_offset(const void *a, const void *b)
@@ -83,8 +87,30 @@ static void place_moments(lb_optimizer *o)
     if (!o->host) lb_die("optimizer offload: %s", err);
     o->host_m = lb_calloc(host, lb_optimizer_moment_size(o));
     o->host_v = lb_calloc(host, lb_optimizer_moment_size(o));
-    o->host_p = lb_malloc(host * sizeof(float));
-    o->host_g = lb_malloc(host * sizeof(float));
+    size_t piece = o->cfg.offload_piece ? o->cfg.offload_piece : LB_OFFLOAD_PIECE;
+    o->npiece = 0;
+    for (int i = 0; i < o->nseg; i++)
+        if (o->seg[i].host) o->npiece += (int)((o->seg[i].end - o->seg[i].begin + piece - 1) / piece);
+    o->piece = lb_malloc((size_t)o->npiece * sizeof *o->piece);
+    int n = 0;
+    for (int i = 0; i < o->nseg; i++) {
+        const lb_optim_segment *s = &o->seg[i];
+        for (size_t b = s->begin; s->host && b < s->end; b += piece) {
+            lb_optim_segment *c = &o->piece[n++];
+            *c = *s;
+            c->begin = b;
+            c->end = s->end - b < piece ? s->end : b + piece;
+            c->at += b - s->begin;
+            c->mat += b - s->begin;
+        }
+    }
+    size_t slot = piece < host ? piece : host;
+    lb_backend *be = o->m->be;
+    for (int k = 0; k < 2; k++) {
+        o->stage_p[k] = be->host_alloc(be, slot * sizeof(float));
+        o->stage_g[k] = be->host_alloc(be, slot * sizeof(float));
+    }
+    o->worker = worker_start(o);
 }
 
 size_t lb_optimizer_moment_size(const lb_optimizer *o)
@@ -138,11 +164,15 @@ void lb_optimizer_free(lb_optimizer *o)
     be->free(be, o->adam_v);
     lb_dist_optimizer_free(&o->dist);
     if (o->host) {
+        worker_stop(o->worker);
         o->host->destroy(o->host);
         free(o->host_m);
         free(o->host_v);
-        free(o->host_p);
-        free(o->host_g);
+        free(o->piece);
+        for (int k = 0; k < 2; k++) {
+            be->host_free(be, o->stage_p[k]);
+            be->host_free(be, o->stage_g[k]);
+        }
         o->host = NULL;
     }
     free(o->seg);
@@ -183,24 +213,103 @@ static void adamw_run(const lb_optimizer *o, lb_backend *be, float *p, const flo
                 .beta2 = (float)c->beta2, .eps = (float)c->eps, .wd = wd, .step = step});
 }
 
-// The offloaded segments' AdamW on their host copies (a thread of its own, see the step).
-typedef struct {
+// The host's updates run on a thread of its own (the CPU backend's OpenMP team stays with it
+// from step to step), one piece at a time: the step posts piece i and waits for it before it
+// copies that piece back up.
+struct lb_offload_worker {
     lb_optimizer *o;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int state;                // IDLE, POSTED (the piece below waits), DONE, QUIT
+    int piece, step;
     float lr, gscale;
-    int step;
-} host_job;
+};
+enum { W_IDLE, W_POSTED, W_DONE, W_QUIT };
 
-static void *host_update(void *arg)
+// AdamW on the host for the posted piece's staged parameters and gradients (slot piece % 2).
+static void *worker_main(void *arg)
 {
-    host_job *j = arg;
-    lb_optimizer *o = j->o;
-    for (int i = 0; i < o->nseg; i++) {
-        const lb_optim_segment *s = &o->seg[i];
-        if (!s->host) continue;
-        adamw_run(o, o->host, o->host_p + s->mat, o->host_g + s->mat, j->gscale, o->host_m,
-                  o->host_v, s->mat, NULL, s->end - s->begin, j->lr, s->wd, j->step);
+    lb_offload_worker *w = arg;
+    lb_optimizer *o = w->o;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (w->state != W_POSTED && w->state != W_QUIT) pthread_cond_wait(&w->cv, &w->mu);
+        if (w->state == W_QUIT) break;
+        pthread_mutex_unlock(&w->mu);
+        const lb_optim_segment *s = &o->piece[w->piece];
+        int k = w->piece % 2;
+        adamw_run(o, o->host, o->stage_p[k], o->stage_g[k], w->gscale, o->host_m, o->host_v,
+                  s->mat, NULL, s->end - s->begin, w->lr, s->wd, w->step);
+        pthread_mutex_lock(&w->mu);
+        w->state = W_DONE;
+        pthread_cond_broadcast(&w->cv);
     }
+    pthread_mutex_unlock(&w->mu);
     return NULL;
+}
+
+static lb_offload_worker *worker_start(lb_optimizer *o)
+{
+    lb_offload_worker *w = lb_calloc(1, sizeof *w);
+    w->o = o;
+    w->state = W_IDLE;
+    if (pthread_mutex_init(&w->mu, NULL) || pthread_cond_init(&w->cv, NULL) ||
+        pthread_create(&w->th, NULL, worker_main, w))
+        lb_die("optimizer offload: cannot start the host update thread");
+    return w;
+}
+
+static void worker_post(lb_offload_worker *w, int piece, float lr, float gscale, int step)
+{
+    pthread_mutex_lock(&w->mu);
+    w->piece = piece, w->lr = lr, w->gscale = gscale, w->step = step;
+    w->state = W_POSTED;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void worker_wait(lb_offload_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (w->state == W_POSTED) pthread_cond_wait(&w->cv, &w->mu);
+    w->state = W_IDLE;
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void worker_stop(lb_offload_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    w->state = W_QUIT;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    if (pthread_join(w->th, NULL) != 0) lb_die("optimizer offload: the host update thread failed");
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+}
+
+// The offloaded pieces through the two slots: piece i comes down while the host updates piece
+// i - 1, and piece i - 1 goes back up while the host updates piece i, so the link and the
+// host's AdamW run at once (the copies are synchronous on this thread; the update is not).
+static void offload_step(lb_optimizer *o, float lr, float gscale, int step)
+{
+    lb_backend *be = o->m->be;
+    for (int i = 0; i <= o->npiece; i++) {
+        if (i < o->npiece) {
+            const lb_optim_segment *s = &o->piece[i];
+            size_t bytes = (s->end - s->begin) * sizeof(float);
+            be->download(be, o->stage_p[i % 2], o->m->params + s->begin, bytes);
+            be->download(be, o->stage_g[i % 2], grad_at(o, s->begin), bytes);
+        }
+        if (i > 0) worker_wait(o->worker);
+        if (i < o->npiece) worker_post(o->worker, i, lr, gscale, step);
+        if (i > 0) {   // its slot is free for piece i + 1 once this returns
+            const lb_optim_segment *s = &o->piece[i - 1];
+            be->upload(be, o->m->params + s->begin, o->stage_p[(i - 1) % 2],
+                       (s->end - s->begin) * sizeof(float));
+        }
+    }
 }
 
 // The squared global norm: every rank adds its owned parameters once (a tp-replicated tensor
@@ -249,21 +358,6 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
     // Clipping scales the gradients inside adamw (one pass over them fewer than scaling first).
     float gscale = c->grad_clip > 0 && norm > c->grad_clip ? (float)(c->grad_clip / norm) : 1.0f;
     double lr = lb_optimizer_lr(c, step);
-    // Offloaded segments: their parameters and gradients to the host, where a thread updates
-    // them with the CPU backend while the backend updates the others.
-    host_job job = {o, (float)lr, gscale, step};
-    pthread_t th;
-    if (o->host) {
-        for (int i = 0; i < o->nseg; i++) {
-            const lb_optim_segment *s = &o->seg[i];
-            if (!s->host) continue;
-            size_t bytes = (s->end - s->begin) * sizeof(float);
-            be->download(be, o->host_p + s->mat, m->params + s->begin, bytes);
-            be->download(be, o->host_g + s->mat, grad_at(o, s->begin), bytes);
-        }
-        if (pthread_create(&th, NULL, host_update, &job) != 0)
-            lb_die("optimizer offload: cannot start the host update thread");
-    }
     // A segment in runs: a tensor whose weight cache keeps a bf16 copy in its own layout gets
     // the rounded update written there in the same pass (the cache then skips reading it).
     for (int i = 0; i < o->nseg; i++) {
@@ -276,15 +370,8 @@ double lb_optimizer_step(lb_optimizer *o, int step, double *lr_out)
                       p16, e - b, (float)lr, s->wd, step);
         }
     }
-    if (o->host) {
-        if (pthread_join(th, NULL) != 0) lb_die("optimizer offload: the host update thread failed");
-        for (int i = 0; i < o->nseg; i++) {
-            const lb_optim_segment *s = &o->seg[i];
-            if (s->host)
-                be->upload(be, m->params + s->begin, o->host_p + s->mat,
-                           (s->end - s->begin) * sizeof(float));
-        }
-    }
+    // the offloaded segments, once the backend's updates are queued (they are other parameters)
+    if (o->host) offload_step(o, (float)lr, gscale, step);
     // ZeRO-1: every rank gets every updated shard; the parameters are whole again everywhere
     lb_dist_optimizer_gather_params(&o->dist, m->params);
     lb_model_params_changed(m, (uint64_t)step);   // the next forward re-quantizes once

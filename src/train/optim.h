@@ -27,14 +27,21 @@ typedef struct {
     double beta1, beta2, eps, weight_decay, grad_clip;
     // Optimizer offload (DESIGN.md, Memory): this fraction of the rank's parameters keeps its
     // AdamW moments in host memory and is updated there by the CPU backend (threads: 0 = all
-    // cores) on a thread of its own while the backend updates the rest: each step downloads
-    // those parameters and gradients and uploads the parameters.
+    // cores) on a thread of its own, after the backend's update of the rest is queued: each
+    // step streams those parameters and gradients down in pieces and the parameters back up,
+    // the copies of one piece overlapping the host update of the one before.
     double offload;
     int offload_threads;
     // 1: the moments are stored in bf16 (adamw16, train.adam_moments = bf16), on the device
     // and offloaded alike; the parameters, gradients and checkpoints stay fp32.
     int moments16;
+    // Parameters an offload piece holds at most (0: LB_OFFLOAD_PIECE); tests make it small.
+    size_t offload_piece;
 } lb_optim_config;
+
+// 8 Mi parameters: 32 MiB copies, long enough for the link's full rate, and four staging
+// arrays of 128 MiB in all.
+#define LB_OFFLOAD_PIECE ((size_t)1 << 23)
 
 // A run of parameters with one weight decay (norm weights get none); at: where its first
 // parameter sits in the shard (the ZeRO gradient shard; the moments' checkpoint layout); mat:
@@ -66,8 +73,14 @@ typedef struct {
     void *adam_m, *adam_v;             // (dev_len) backend memory: the moments on the device
     size_t dev_len, host_len;          // moments on the device and offloaded to the host
     void *host_m, *host_v;             // (host_len) host memory: the offloaded moments
-    float *host_p, *host_g;            // (host_len) host copies of those parameters, gradients
+    // The offloaded segments cut into pieces of at most cfg.offload_piece parameters, and two
+    // staging slots (be->host_alloc: pinned for CUDA) of a piece's parameters and gradients:
+    // piece i's copies use slot i % 2 while the host updates piece i - 1 in the other.
+    int npiece;
+    lb_optim_segment *piece;
+    float *stage_p[2], *stage_g[2];
     lb_backend *host;                  // the CPU backend that updates them (NULL: no offload)
+    struct lb_offload_worker *worker;  // the thread that runs the host's updates
     int nseg;
     lb_optim_segment *seg;             // the AdamW runs
 } lb_optimizer;
