@@ -56,6 +56,13 @@ cache() { "$bin" info "$cfg" "$@" 2>&1 | awk '/rank  tp/ { getline; print $(NF -
 c32=$(cache) c16=$(cache --set precision.recipe=bf16) c8=$(cache --set precision.recipe=fp8-block)
 awk -v a="$c32" -v b="$c16" -v c="$c8" 'BEGIN { exit !(a == 0 && b > 0 && c > 0) }' && ok ||
     fail "info: weight caches $c32 MiB in fp32, $c16 in bf16, $c8 in fp8-block"
+# and what the backend holds of its own: nothing on the CPU; on CUDA 614 MiB (context and code)
+# and the LM head backward's bf16 scratch with a quarter's headroom, rows x (vocab 256 + hidden
+# 128) x 2 bytes x 1.25: 0.9375 MiB for 16 x 64 rows, 0.234 for chunks of 256 (train.ce_chunk)
+bk() { "$bin" info "$cfg" "$@" 2>&1 | awk '/rank  tp/ { getline; print $(NF - 3) }'; }
+b0=$(bk) b1=$(bk --set run.backend=cuda) b2=$(bk --set run.backend=cuda --set train.ce_chunk=256)
+[ "$b0 $b1 $b2" = "0.000 614.938 614.234" ] && ok ||
+    fail "info: backend memory $b0 MiB on the CPU, $b1 on CUDA, $b2 on CUDA in chunks of 256"
 
 # configuration mistakes
 printf '[train]\nsteps = 10\nlerning_rate = 0.1\n' > "$tmp/typo.cfg"

@@ -75,7 +75,25 @@ typedef struct {
     size_t caches;                 // bytes of the weight caches (the contract's bf16 and
                                    // quantized copies, lb_wcache_bytes)
     size_t host;                   // bytes of optimizer state offloaded to host memory
+    size_t backend;                // bytes the backend holds of its own (lb_info_backend_bytes)
 } rank_memory;
+
+// What the CUDA backend holds beyond the model's buffers at a training step's peak, by the
+// measured peaks of 2026-12-03 (H200, two shapes, every recompute mode and offload fraction:
+// doc/benchmarks.md): its scratch, which the LM head's fused backward (linear_ce_bwd) fills
+// with bf16 copies of the logits' gradient and of x, (rows, vocab) and (rows, hidden), and
+// grows with a quarter's headroom; and about 0.6 GiB for the context, the kernels' code,
+// cuBLASLt's workspace and the GEMMs' fp32 staging (the residue at every setting). The CPU
+// backend holds nothing of its own that counts.
+#define LB_INFO_CUDA_BASE ((size_t)614 << 20)
+static size_t backend_bytes(const lb_config *c, size_t lm_rows)
+{
+    if (strcmp(c->run.backend, "cuda")) return 0;
+    size_t pad = 8, v = ((size_t)c->model.vocab_size + pad - 1) / pad * pad;
+    size_t h = ((size_t)c->model.hidden_size + pad - 1) / pad * pad;
+    size_t scratch = lm_rows * (v + h) * 2;
+    return LB_INFO_CUDA_BASE + scratch + scratch / 4;
+}
 
 static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char *err,
                     size_t errlen)
@@ -113,6 +131,7 @@ static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char
     int flight = g->pp - g->pp_rank < c->train.grad_accum / g->dp ? g->pp - g->pp_rank
                                                                  : c->train.grad_accum / g->dp;
     out->acts *= (size_t)(flight > 0 ? flight : 1);
+    out->backend = backend_bytes(c, m->last_stage ? lrows : 0);
     m->def->acts_free(m, m->acts);
     m->acts = NULL;
     lb_model_free(m);
@@ -139,7 +158,7 @@ static void print_layout(const lb_config *c, int world_size)
            : zero ? "ZeRO-1 distributed optimizer: AdamW state sharded over dp (experts over edp)"
                   : "gradients all-reduced, AdamW state replicated");
     printf("per rank    rank  tp dp pp ep   weights MiB   grads MiB   optimizer MiB   "
-           "caches MiB   activations MiB   total MiB\n");
+           "backend MiB   caches MiB   activations MiB   total MiB\n");
     for (int r = 0; r < world && r < 16; r++) {
         lb_grid h;
         rank_memory mem;
@@ -148,10 +167,10 @@ static void print_layout(const lb_config *c, int world_size)
             printf("            %-5d %s\n", r, err);
             continue;
         }
-        printf("            %-5d %-2d %-2d %-2d %-2d   %-13.3f %-11.3f %-15.3f %-12.3f %-17.3f "
-               "%.3f\n", r, h.tp_rank, h.dp_rank, h.pp_rank, h.ep_rank, mib(mem.weights),
-               mib(mem.weights), mib(mem.opt), mib(mem.caches), mib(mem.acts),
-               mib(2 * mem.weights + mem.opt + mem.caches + mem.acts));
+        printf("            %-5d %-2d %-2d %-2d %-2d   %-13.3f %-11.3f %-15.3f %-13.3f %-12.3f "
+               "%-17.3f %.3f\n", r, h.tp_rank, h.dp_rank, h.pp_rank, h.ep_rank, mib(mem.weights),
+               mib(mem.weights), mib(mem.opt), mib(mem.backend), mib(mem.caches), mib(mem.acts),
+               mib(2 * mem.weights + mem.opt + mem.backend + mem.caches + mem.acts));
     }
     if (world > 16) printf("            ... (%d ranks)\n", world);
     if (c->train.optimizer_offload > 0) {
@@ -161,9 +180,10 @@ static void print_layout(const lb_config *c, int world_size)
                    "host memory (train.optimizer_offload = %g)\n", mib(mem.host),
                    c->train.optimizer_offload);
     }
-    printf("            weights and grads: this rank's pieces (padded for ZeRO-1); caches: the "
-           "precision contract's bf16 and quantized weight copies; activations: balanced "
-           "routing, micro-batches in flight on its pipeline stage\n");
+    printf("            weights and grads: this rank's pieces (padded for ZeRO-1); backend: "
+           "what run.backend holds of its own (CUDA: the LM head backward's scratch and the "
+           "context); caches: the precision contract's bf16 and quantized weight copies; "
+           "activations: balanced routing, micro-batches in flight on its pipeline stage\n");
 }
 
 #ifdef LB_HAVE_CUDA
