@@ -221,11 +221,11 @@ struct lb_offload_worker {
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int state;                // IDLE, POSTED (the piece below waits), DONE, QUIT
+    int state;                // IDLE, POSTED (the piece below waits), QUIT
     int piece, step;
     float lr, gscale;
 };
-enum { W_IDLE, W_POSTED, W_DONE, W_QUIT };
+enum { W_IDLE, W_POSTED, W_QUIT };
 
 // AdamW on the host for the posted piece's staged parameters and gradients (slot piece % 2).
 static void *worker_main(void *arg)
@@ -242,7 +242,7 @@ static void *worker_main(void *arg)
         adamw_run(o, o->host, o->stage_p[k], o->stage_g[k], w->gscale, o->host_m, o->host_v,
                   s->mat, NULL, s->end - s->begin, w->lr, s->wd, w->step);
         pthread_mutex_lock(&w->mu);
-        w->state = W_DONE;
+        w->state = W_IDLE;
         pthread_cond_broadcast(&w->cv);
     }
     pthread_mutex_unlock(&w->mu);
@@ -273,7 +273,6 @@ static void worker_wait(lb_offload_worker *w)
 {
     pthread_mutex_lock(&w->mu);
     while (w->state == W_POSTED) pthread_cond_wait(&w->cv, &w->mu);
-    w->state = W_IDLE;
     pthread_mutex_unlock(&w->mu);
 }
 
