@@ -75,7 +75,7 @@ typedef struct {
     size_t caches;                 // bytes of the weight caches (the contract's bf16 and
                                    // quantized copies, lb_wcache_bytes)
     size_t host;                   // bytes of optimizer state offloaded to host memory
-    size_t backend;                // bytes the backend holds of its own (lb_info_backend_bytes)
+    size_t backend;                // bytes the backend holds of its own (backend_bytes)
 } rank_memory;
 
 // What the CUDA backend holds beyond the model's buffers at a training step's peak, by the
