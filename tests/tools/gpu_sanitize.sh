@@ -5,14 +5,16 @@
 # slow runner is named as not finished instead of hiding the others' results.
 #   tests/tools/gpu_sanitize.sh [OUTDIR]    (from a built tree; test programs: make check TESTS=)
 # Environment: MEMCHECK_S (600; 0 skips memcheck), RACE_S (per runner, 60), RACE_BUDGET_S (total, 300),
-# RUNNERS (default: every *_case of the table).
+# RUNNERS (default: every *_case of the table), EXCLUDE (runners left out of racecheck),
+# LB_SRCDIR and LB_BUILDDIR (default: the current directory for both).
 set -uo pipefail
 out=${1:-sanitize}
 mkdir -p "$out"
 cs=${COMPUTE_SANITIZER:-compute-sanitizer}
 command -v "$cs" > /dev/null || cs=/usr/local/cuda/bin/compute-sanitizer
 export CK_FORK=no LB_TEST_SEED=${LB_TEST_SEED:-1}
-t=tests/test_backend_ops
+t=${LB_BUILDDIR:-.}/tests/test_backend_ops
+table=${LB_SRCDIR:-.}/tests/test_backend_ops.c
 status=0
 
 if [ "${MEMCHECK_S:-600}" -gt 0 ]; then
@@ -23,10 +25,11 @@ if [ "${MEMCHECK_S:-600}" -gt 0 ]; then
     [ $rc -eq 0 ] || status=1
 fi
 
-runners=${RUNNERS:-$(sed -n '/^static const test_case CASES/,/^#define NCASES/p' tests/test_backend_ops.c |
+runners=${RUNNERS:-$(sed -n '/^static const test_case CASES/,/^#define NCASES/p' "$table" |
                      grep -o '\b[a-z0-9_]*_case\b' | grep -v '^test_case$' | sort -u)}
 start=$SECONDS
 for r in $runners; do
+    case " ${EXCLUDE:-} " in *" $r "*) echo "racecheck $r: excluded"; continue ;; esac
     left=$(( ${RACE_BUDGET_S:-300} - (SECONDS - start) ))
     if [ $left -le 5 ]; then echo "racecheck $r: not run (budget spent)"; continue; fi
     lim=${RACE_S:-60}
