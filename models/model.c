@@ -63,7 +63,9 @@ lb_model_parallel lb_model_parallel_of(const lb_grid *g, lb_comm *tp, lb_comm *e
 {
     lb_model_parallel p = {g->tp, g->tp_rank, g->sequence_parallel && g->tp > 1, g->ep,
                            g->ep_rank, g->pp, g->pp_rank, g->tp > 1 ? tp : NULL,
-                           g->ep > 1 ? ep : NULL, g->etp, g->etp_rank};
+                           g->ep > 1 ? ep : NULL, g->etp, g->etp_rank, NULL};
+    // only a grid made by lb_grid_create has communicators (the grid outlives the model)
+    if (g->has_comms && g->etp > 1) p.etp_comm = (lb_comm *)&g->etp_comm;
     return p;
 }
 
@@ -213,6 +215,7 @@ lb_model *lb_model_create_parallel(const lb_model_config *cfg, lb_backend *be,
     m->grad_fresh = lb_calloc(m->ntensors, 1);
     m->lin.be = be;
     m->lin.expert0 = m->par.ep_rank * (cfg->num_experts / m->par.ep);   // ep divides (checked)
+    m->lin.etp = m->par.etp > 1 ? m->par.etp_comm : NULL;
     lb_precision_spec fp32;
     memset(&fp32, 0, sizeof fp32);
     snprintf(fp32.recipe, sizeof fp32.recipe, "fp32");

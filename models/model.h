@@ -141,6 +141,9 @@ typedef struct {
     int pp, pp_rank;               // pipeline stage
     lb_comm *tp_comm, *ep_comm;
     int etp, etp_rank;             // expert tensor parallel (0: = tp, tp_rank)
+    // the expert-tensor-parallel group (the grid's MPI communicator: host messages only, the
+    // NVFP4 experts' shared second level, lb_linear.etp); NULL when etp is 1
+    lb_comm *etp_comm;
 } lb_model_parallel;
 
 typedef struct lb_model lb_model;

@@ -1,6 +1,7 @@
 // linear.c: linear layers under the precision contract (see linear.h, doc/formats.md).
 #include "parallel/linear.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/common.h"
@@ -260,6 +261,56 @@ size_t lb_wcache_bytes(const lb_linear *L, int layer, lb_role role, int count, i
     return n;
 }
 
+static int s2_tensor(const lb_quant_args *a)
+{
+    return a && a->fmt == LB_FMT_NVFP4 && a->s2_mode == LB_S2_TENSOR;
+}
+
+// An expert cut over etp ranks quantized as NVFP4 with one second level per tensor: each rank
+// computed s2 = amax / (6 x 448) over its shard, one rank over the whole expert. The group's s2
+// is the largest shard's (the division is monotonic), except that an all-zero shard's s2 is 1
+// (lb_nvfp4_scale2), so a shard whose s2 is 1 is asked whether it is zero. Experts whose s2
+// changes are quantized again with it given: the bytes one rank writes for those rows
+// (doc/parallel.md). One host all-gather of `count` floats per weight and step.
+static void wcache_etp_s2(lb_linear *L, lb_wcache *c, const float *w, const lb_quant_args *ra,
+                          const lb_quant_args *ca, int rt)
+{
+    if (!s2_tensor(ra)) ra = NULL;
+    if (!s2_tensor(ca)) ca = NULL;
+    if (!ra && !ca) return;
+    lb_backend *be = L->be;
+    const lb_qmat *q0 = ra ? c->row : c->col;   // both copies hold the same s2 (the same tensor)
+    const int count = c->count, n = L->etp->size, rows = c->out;
+    const size_t mat = (size_t)c->out * c->in;
+    float *have = lb_malloc((size_t)count * 2 * sizeof *have), *mine = have + count;
+    float *all = lb_malloc((size_t)count * n * sizeof *all);
+    for (int e = 0; e < count; e++) {
+        be->download(be, &have[e], q0[e].scale2, sizeof(float));
+        mine[e] = have[e] == 1.0f && be->sumsq(be, w + e * mat, mat) == 0.0 ? 0.0f : have[e];
+    }
+    lb_comm_host_all_gather(L->etp, mine, all, (size_t)count * sizeof *mine);
+    for (int e = 0; e < count; e++) {
+        float g = 0.0f;
+        for (int r = 0; r < n; r++) {
+            const float v = all[(size_t)r * count + e];
+            g = isnan(v) || isnan(g) ? NAN : v > g ? v : g;
+        }
+        if (g == 0.0f) g = 1.0f;   // every shard zero: one rank's s2 of a zero tensor
+        if (memcmp(&have[e], &g, sizeof g) == 0) continue;
+        lb_quant_args gr = ra ? *ra : (lb_quant_args){0}, gc = ca ? *ca : (lb_quant_args){0};
+        gr.s2_mode = gc.s2_mode = LB_S2_GIVEN;
+        gr.s2 = gc.s2 = g;
+        if (rt) {
+            be->quantize_rt(be, 1, &c->row[e], &c->col[e], w + e * mat, &rows, c->in, &gr);
+            continue;
+        }
+        if (ra) be->quantize_grouped(be, 1, &c->row[e], w + e * mat, &rows, NULL, c->in, &gr);
+        if (ca) be->quantize_grouped(be, 1, &c->col[e], w + e * mat, &rows, NULL, c->in, &gc);
+    }
+    free(have);
+    free(all);
+}
+
 void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const float *w,
                      int count, int out, int in)
 {
@@ -301,12 +352,15 @@ void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const 
     // Square blocks in both copies: a block's scale is the same either way, so the
     // column-wise copy is the row-wise one transposed (the same bytes), written by quantize_rt
     // from the same pass over the fp32 weights.
-    if (need_row && need_col && ra.fmt == ca.fmt && ra.weight_blocks && ca.weight_blocks) {
+    const int rt = need_row && need_col && ra.fmt == ca.fmt && ra.weight_blocks && ca.weight_blocks;
+    if (rt) {
         be->quantize_rt(be, count, c->row, c->col, w, rows, in, &ra);
-        return;
+    } else {
+        if (need_row) be->quantize_grouped(be, count, c->row, w, rows, NULL, in, &ra);
+        if (need_col) be->quantize_grouped(be, count, c->col, w, rows, NULL, in, &ca);
     }
-    if (need_row) be->quantize_grouped(be, count, c->row, w, rows, NULL, in, &ra);
-    if (need_col) be->quantize_grouped(be, count, c->col, w, rows, NULL, in, &ca);
+    if (L->etp && L->etp->size > 1 && (role == LB_ROLE_MOE_GATE_UP || role == LB_ROLE_MOE_DOWN))
+        wcache_etp_s2(L, c, w, need_row ? &ra : NULL, need_col ? &ca : NULL, rt);
 }
 
 // C (m, n) = A (m, k) B (n, k)^T + beta C with A quantized here from fp32 and B from the cache.

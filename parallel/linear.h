@@ -14,6 +14,7 @@
 #include "kernels/kernels.h"
 #include "kernels/quant/contract.h"
 #include "kernels/quant/quant.h"
+#include "parallel/comm.h"
 
 // The quantized copies of one weight tensor: `count` matrices (out, in) (count = experts).
 typedef struct {
@@ -47,6 +48,10 @@ typedef struct {
     const lb_contract *contract;
     uint64_t seed, step;           // stochastic rounding and random Hadamard signs
     int expert0;                   // the global index of this rank's first expert (their draws)
+    // The expert-tensor-parallel group the experts' weights are cut over (NULL: not cut). An
+    // NVFP4 weight's per-tensor second level is then the group's, as one rank computes it over
+    // the whole expert (lb_wcache_build).
+    lb_comm *etp;
     float *scratch[4];             // grow-only fp32 scratch (backend memory)
     size_t scratch_n[4];           // their capacities in bytes
     lb_qscratch qscratch[LB_LINEAR_QSCRATCH];

@@ -599,11 +599,120 @@ START_TEST(test_wcache_bytes)
 }
 END_TEST
 
-int main(void)
+// `test_linear etp` under mpirun (tests/test_linear_etp.sh): experts cut over the ranks as the
+// model cuts them (gate/up: each rank's rows of gate and of up; down: its columns), NVFP4
+// with one second level per tensor. With lb_linear.etp each rank's weight cache holds, for its
+// rows, the values one rank's cache of the whole expert holds (s2 from the whole expert);
+// without it a shard that lacks the expert's largest magnitude differs. Expert 0's largest
+// element is on the last rank, expert 1's first rank holds only zeros, expert 2 is plain.
+static int etp_failures;
+
+static void etp_check(int ok, const char *what, int rank)
+{
+    if (!ok) {
+        fprintf(stderr, "test_linear etp: rank %d: %s\n", rank, what);
+        etp_failures++;
+    }
+}
+
+static void etp_case(lb_comm *world, lb_role role, const char *blocks)
+{
+    enum { E = 3, F = 32, H = 48 };
+    const int P = world->size, r = world->rank, FL = F / P;
+    const int gu = role == LB_ROLE_MOE_GATE_UP;
+    const int out = gu ? 2 * F : H, in = gu ? H : F;            // the whole expert (out, in)
+    const int outl = gu ? 2 * FL : H, inl = gu ? H : FL;        // this rank's shard
+    char err[256], what[160];
+    lb_precision_spec s = spec("nvfp4-moe", "quantized");
+    snprintf(s.nvfp4_weight_blocks, sizeof s.nvfp4_weight_blocks, "%s", blocks);
+    lb_contract c;
+    if (lb_contract_resolve(&c, &s, 1, err, sizeof err) != 0) lb_die("%s", err);
+    float *w = malloc(sizeof(float) * E * out * in), *wl = malloc(sizeof(float) * E * outl * inl);
+    fill(w, (size_t)E * out * in, 7);
+    // (row, col) of the whole expert -> its owner and its place in the owner's shard
+    for (int e = 0; e < E; e++)
+        for (int i = 0; i < out; i++)
+            for (int j = 0; j < in; j++) {
+                const int f = gu ? i % F : j, owner = f / FL;
+                float *x = &w[((size_t)e * out + i) * in + j];
+                if (e == 0 && owner == P - 1) *x *= 16.0f;
+                if (e == 1 && owner == 0) *x = 0.0f;
+            }
+    for (int e = 0; e < E; e++)
+        for (int i = 0; i < outl; i++)
+            for (int j = 0; j < inl; j++) {
+                const int gi = gu ? (i < FL ? r * FL + i : F + r * FL + i - FL) : i;
+                const int gj = gu ? j : r * FL + j;
+                wl[((size_t)e * outl + i) * inl + j] = w[((size_t)e * out + gi) * in + gj];
+            }
+    lb_linear L1 = {.be = be, .contract = &c}, L2 = {.be = be, .contract = &c, .etp = world},
+              L3 = {.be = be, .contract = &c};
+    lb_wcache w1, w2, w3;
+    memset(&w1, 0, sizeof w1), memset(&w2, 0, sizeof w2), memset(&w3, 0, sizeof w3);
+    lb_wcache_build(&L1, &w1, 0, role, w, E, out, in);
+    lb_wcache_build(&L2, &w2, 0, role, wl, E, outl, inl);
+    lb_wcache_build(&L3, &w3, 0, role, wl, E, outl, inl);
+    float *d1 = malloc(sizeof(float) * out * in), *d2 = malloc(sizeof(float) * outl * inl);
+    for (int e = 0; e < E; e++)
+        for (int col = 0; col < 2; col++) {
+            const lb_qmat *q1 = col ? &w1.col[e] : &w1.row[e];
+            lb_dequantize(d1, q1);   // col: W^T
+            for (int k = 0; k < 2; k++) {
+                const lb_qmat *q = k ? (col ? &w3.col[e] : &w3.row[e])
+                                     : (col ? &w2.col[e] : &w2.row[e]);
+                lb_dequantize(d2, q);
+                int same = q->scale2[0] == q1->scale2[0];
+                for (int i = 0; i < outl; i++)
+                    for (int j = 0; j < inl; j++) {
+                        const int gi = gu ? (i < FL ? r * FL + i : F + r * FL + i - FL) : i;
+                        const int gj = gu ? j : r * FL + j;
+                        const float a = col ? d2[(size_t)j * outl + i] : d2[(size_t)i * inl + j];
+                        const float b = col ? d1[(size_t)gj * out + gi] : d1[(size_t)gi * in + gj];
+                        same &= memcmp(&a, &b, sizeof a) == 0;
+                    }
+                snprintf(what, sizeof what, "%s %s expert %d %s copy: %s", gu ? "gate/up" : "down",
+                         blocks, e, col ? "column-wise" : "row-wise",
+                         k ? "without etp the same as one rank's" : "not one rank's");
+                // without etp a shard matches only where it holds the expert's largest
+                // magnitude (never expert 0's first rank nor expert 1's): the check can fail
+                float ag = 0.0f, al = 0.0f;
+                for (size_t i = 0; i < (size_t)out * in; i++)
+                    ag = fmaxf(ag, fabsf(w[(size_t)e * out * in + i]));
+                for (size_t i = 0; i < (size_t)outl * inl; i++)
+                    al = fmaxf(al, fabsf(wl[(size_t)e * outl * inl + i]));
+                const int expect = k == 0 || al == ag;
+                etp_check(same == expect, what, r);
+            }
+        }
+    lb_wcache_free(&L1, &w1), lb_wcache_free(&L2, &w2), lb_wcache_free(&L3, &w3);
+    lb_linear_free(&L1), lb_linear_free(&L2), lb_linear_free(&L3);
+    lb_contract_free(&c);
+    free(w), free(wl), free(d1), free(d2);
+}
+
+static int etp_main(int argc, char **argv)
+{
+    lb_comm world;
+    lb_comm_init(&world, &argc, &argv);
+    if (32 % world.size != 0 || (32 / world.size) % 16 != 0)
+        lb_die("test_linear etp: 2 ranks (F 32 in NVFP4 blocks of 16 a shard), not %d", world.size);
+    const char *blocks[2] = {"16x16", "1x16"};
+    for (int b = 0; b < 2; b++) {
+        etp_case(&world, LB_ROLE_MOE_GATE_UP, blocks[b]);
+        etp_case(&world, LB_ROLE_MOE_DOWN, blocks[b]);
+    }
+    const double bad = lb_comm_allreduce_sum(&world, (double)etp_failures);
+    if (world.rank == 0) printf("test_linear etp: %d ranks, %s\n", world.size, bad ? "FAILED" : "passed");
+    lb_comm_finalize(&world);
+    return bad ? 1 : 0;
+}
+
+int main(int argc, char **argv)
 {
     char err[256];
     be = lb_backend_cpu_create(0, err, sizeof err);
     if (!be) return 1;
+    if (argc > 1 && strcmp(argv[1], "etp") == 0) return etp_main(argc, argv);
     Suite *s = suite_create("linear");
     TCase *tc = tcase_create("linear");
     tcase_add_test(tc, test_fp32);

@@ -339,7 +339,7 @@ static void place_of(rank_place *p, const lb_model *m, const lb_parallel_config 
 {
     char err[256];
     memset(p, 0, sizeof *p);
-    p->par = (lb_model_parallel){1, 0, 0, 1, 0, 1, 0, NULL, NULL, 1, 0};
+    p->par = (lb_model_parallel){1, 0, 0, 1, 0, 1, 0, NULL, NULL, 1, 0, NULL};
     p->dp_rank = p->edp_rank = r;
     if (pc) {
         lb_grid g;
