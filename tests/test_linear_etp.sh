@@ -4,13 +4,10 @@
 # timeout instead of stalling make check.
 set -uo pipefail
 bin=${LB_BUILDDIR:-.}/tests/test_linear
-log=${TMPDIR:-/tmp}/test_linear_etp.$$.log
-if timeout 120 mpirun --oversubscribe -np 2 "$bin" etp > "$log" 2>&1; then
-    tail -n 1 "$log"
-    rm -f "$log"
+if out=$(timeout 120 mpirun --oversubscribe -np 2 "$bin" etp 2>&1); then
+    tail -n 1 <<< "$out"
     exit 0
 fi
 echo "FAIL: test_linear etp on 2 ranks:"
-sed 's/^/    /' "$log" | tail -n 30
-rm -f "$log"
+sed 's/^/    /' <<< "$out" | tail -n 30
 exit 1
