@@ -215,7 +215,7 @@ lb_model *lb_model_create_parallel(const lb_model_config *cfg, lb_backend *be,
     m->grad_fresh = lb_calloc(m->ntensors, 1);
     m->lin.be = be;
     m->lin.expert0 = m->par.ep_rank * (cfg->num_experts / m->par.ep);   // ep divides (checked)
-    m->lin.etp = m->par.etp > 1 ? m->par.etp_comm : NULL;
+    m->lin.etp = m->par.etp_comm;   // NULL when etp is 1
     lb_precision_spec fp32;
     memset(&fp32, 0, sizeof fp32);
     snprintf(fp32.recipe, sizeof fp32.recipe, "fp32");

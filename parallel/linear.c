@@ -271,7 +271,7 @@ static int s2_tensor(const lb_quant_args *a)
 // is the largest shard's (the division is monotonic), except that an all-zero shard's s2 is 1
 // (lb_nvfp4_scale2), so a shard whose s2 is 1 is asked whether it is zero. Experts whose s2
 // changes are quantized again with it given: the bytes one rank writes for those rows
-// (doc/parallel.md). One host all-gather of `count` floats per weight and step.
+// (doc/parallel.md). Per weight and step: a 4-byte download per expert, one host all-gather.
 static void wcache_etp_s2(lb_linear *L, lb_wcache *c, const float *w, const lb_quant_args *ra,
                           const lb_quant_args *ca, int rt)
 {

@@ -615,6 +615,14 @@ static void etp_check(int ok, const char *what, int rank)
     }
 }
 
+// Element (i, j) of rank r's shard of an expert (F columns of gate and of up, FL a rank) is
+// element (*gi, *gj) of the whole expert.
+static void etp_place(int gu, int F, int FL, int r, int i, int j, int *gi, int *gj)
+{
+    *gi = gu ? (i < FL ? r * FL + i : F + r * FL + i - FL) : i;
+    *gj = gu ? j : r * FL + j;
+}
+
 static void etp_case(lb_comm *world, lb_role role, const char *blocks)
 {
     enum { E = 3, F = 32, H = 48 };
@@ -641,8 +649,8 @@ static void etp_case(lb_comm *world, lb_role role, const char *blocks)
     for (int e = 0; e < E; e++)
         for (int i = 0; i < outl; i++)
             for (int j = 0; j < inl; j++) {
-                const int gi = gu ? (i < FL ? r * FL + i : F + r * FL + i - FL) : i;
-                const int gj = gu ? j : r * FL + j;
+                int gi, gj;
+                etp_place(gu, F, FL, r, i, j, &gi, &gj);
                 wl[((size_t)e * outl + i) * inl + j] = w[((size_t)e * out + gi) * in + gj];
             }
     lb_linear L1 = {.be = be, .contract = &c}, L2 = {.be = be, .contract = &c, .etp = world},
@@ -653,7 +661,13 @@ static void etp_case(lb_comm *world, lb_role role, const char *blocks)
     lb_wcache_build(&L2, &w2, 0, role, wl, E, outl, inl);
     lb_wcache_build(&L3, &w3, 0, role, wl, E, outl, inl);
     float *d1 = malloc(sizeof(float) * out * in), *d2 = malloc(sizeof(float) * outl * inl);
-    for (int e = 0; e < E; e++)
+    for (int e = 0; e < E; e++) {
+        // without etp a shard matches only where it holds the expert's largest magnitude
+        // (never expert 0's first rank nor expert 1's): the check can fail
+        float ag = 0.0f, al = 0.0f;
+        for (size_t i = 0; i < (size_t)out * in; i++) ag = fmaxf(ag, fabsf(w[e * out * in + i]));
+        for (size_t i = 0; i < (size_t)outl * inl; i++)
+            al = fmaxf(al, fabsf(wl[e * outl * inl + i]));
         for (int col = 0; col < 2; col++) {
             const lb_qmat *q1 = col ? &w1.col[e] : &w1.row[e];
             lb_dequantize(d1, q1);   // col: W^T
@@ -664,8 +678,8 @@ static void etp_case(lb_comm *world, lb_role role, const char *blocks)
                 int same = q->scale2[0] == q1->scale2[0];
                 for (int i = 0; i < outl; i++)
                     for (int j = 0; j < inl; j++) {
-                        const int gi = gu ? (i < FL ? r * FL + i : F + r * FL + i - FL) : i;
-                        const int gj = gu ? j : r * FL + j;
+                        int gi, gj;
+                        etp_place(gu, F, FL, r, i, j, &gi, &gj);
                         const float a = col ? d2[(size_t)j * outl + i] : d2[(size_t)i * inl + j];
                         const float b = col ? d1[(size_t)gj * out + gi] : d1[(size_t)gi * in + gj];
                         same &= memcmp(&a, &b, sizeof a) == 0;
@@ -673,17 +687,10 @@ static void etp_case(lb_comm *world, lb_role role, const char *blocks)
                 snprintf(what, sizeof what, "%s %s expert %d %s copy: %s", gu ? "gate/up" : "down",
                          blocks, e, col ? "column-wise" : "row-wise",
                          k ? "without etp the same as one rank's" : "not one rank's");
-                // without etp a shard matches only where it holds the expert's largest
-                // magnitude (never expert 0's first rank nor expert 1's): the check can fail
-                float ag = 0.0f, al = 0.0f;
-                for (size_t i = 0; i < (size_t)out * in; i++)
-                    ag = fmaxf(ag, fabsf(w[(size_t)e * out * in + i]));
-                for (size_t i = 0; i < (size_t)outl * inl; i++)
-                    al = fmaxf(al, fabsf(wl[(size_t)e * outl * inl + i]));
-                const int expect = k == 0 || al == ag;
-                etp_check(same == expect, what, r);
+                etp_check(same == (k == 0 || al == ag), what, r);
             }
         }
+    }
     lb_wcache_free(&L1, &w1), lb_wcache_free(&L2, &w2), lb_wcache_free(&L3, &w3);
     lb_linear_free(&L1), lb_linear_free(&L2), lb_linear_free(&L3);
     lb_contract_free(&c);
