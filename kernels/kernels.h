@@ -432,6 +432,16 @@ typedef struct {
                                const int *rows, const int *prows, int cols,                   \
                                const struct lb_quant_args *a),                                \
       (be, count, q, x, rows, prows, cols, a))                                                \
+    /* amax = the amaxes behind the NVFP4 second levels (LB_S2_ROW, LB_S2_TENSOR) that       \
+       quantize_grouped (count, q, x, rows, prows, cols, a) would make, a->amax not applied:   \
+       lb_quant_nscale2 floats per group with prows[j] > 0, group after group, in backend     \
+       memory; the kernels/quant codec's lb_quant_amax on every backend (>= 0, NaN above all). \
+       The ranks that hold parts of those rows or tensors take the largest and quantize with  \
+       it (lb_quant_args.amax). */                                                             \
+    X(void, quantize_amax, (lb_backend *be, float *amax, int count, const float *x,           \
+                            const int *rows, const int *prows, int cols,                      \
+                            const struct lb_quant_args *a),                                   \
+      (be, amax, count, x, rows, prows, cols, a))                                             \
     /* quantize (qr, x, sum of rows, cols, ar: row-wise) and quantize_grouped (count, qc, x,  \
        rows, prows, cols, ac: column-wise) of the same x in one call, with those calls'       \
        bytes: a layer's dy feeds its dgrad row-wise and its wgrad column-wise, and a backend  \

@@ -2711,30 +2711,70 @@ static lb_quant_args qspec_args(const qspec *q, int G, uint32_t *signs)
     return a;
 }
 
-// The groups' padded row counts (a multiple of pad; 0: not padded; group 4, when empty, all
-// padding) and their sum of rows *n; then x (n, cols) on the host and the device, and each
-// group's qmat under a on the host and on the device, the device's poisoned.
-static int *grouped_setup(const lb_quant_args *a, int cols, int pad, int G, const int *rows,
-                          int *n, float **x, float **dx, lb_qmat **h, lb_qmat **d)
+// A grouped quantization's inputs and outputs: the case's groups (rows, padded to prows: a
+// multiple of pad, 0 not padded; group 4, when empty, all padding), the quantization a of its
+// q[qi], x (n, cols) on the host and the device, and each group's qmat under a on the host (h)
+// and on the device (d), the device's poisoned.
+typedef struct {
+    int cols, G, n;
+    int rows[LB_TEST_MAX_GROUPS], *prows;
+    uint32_t signs[LB_TEST_MAX_GROUPS];
+    lb_quant_args a;
+    float *x, *dx;
+    lb_qmat *h, *d;
+} grouped_io;
+
+static void grouped_setup(grouped_io *g, const test_case *tst, int qi)
 {
-    int *prows = lb_calloc(G, sizeof *prows);
-    *n = 0;
+    const int cols = tst->p[0], pad = tst->p[1], G = tst->g.count;
+    g->cols = cols, g->G = G;
+    group_rows(&tst->g, g->rows);
+    g->a = qspec_args(&tst->q[qi], G, g->signs);
+    const int *rows = g->rows;
+    int *prows = g->prows = lb_calloc(G, sizeof *prows);
+    g->n = 0;
     for (int j = 0; j < G; j++) {
         prows[j] = pad ? (rows[j] + pad - 1) / pad * pad : rows[j];
-        *n += rows[j];
+        g->n += rows[j];
     }
     if (pad && G > 4 && rows[4] == 0) prows[4] = pad;   // no rows of x: all zeros
-    *x = qinput(*n, cols, 2), *dx = dput(*x, (size_t)*n * cols * 4);
-    *h = lb_calloc(G, sizeof **h), *d = lb_calloc(G, sizeof **d);
+    g->x = qinput(g->n, cols, 2), g->dx = dput(g->x, (size_t)g->n * cols * 4);
+    lb_qmat *h = g->h = lb_calloc(G, sizeof *h), *d = g->d = lb_calloc(G, sizeof *d);
     for (int j = 0; j < G; j++) {
         if (!prows[j]) continue;
-        lb_qmat_alloc(&(*h)[j], prows[j], cols, a);
-        dev->qmat_alloc(dev, &(*d)[j], prows[j], cols, a);
-        poison((*d)[j].data, lb_qmat_data_bytes(&(*h)[j]));
-        poison((*d)[j].scale, lb_qmat_scale_bytes(&(*h)[j]));
-        if ((*h)[j].nscale2) poison((*d)[j].scale2, (size_t)(*h)[j].nscale2 * 4);
+        lb_qmat_alloc(&h[j], prows[j], cols, &g->a);
+        dev->qmat_alloc(dev, &d[j], prows[j], cols, &g->a);
+        poison(d[j].data, lb_qmat_data_bytes(&h[j]));
+        poison(d[j].scale, lb_qmat_scale_bytes(&h[j]));
+        if (h[j].nscale2) poison(d[j].scale2, (size_t)h[j].nscale2 * 4);
     }
-    return prows;
+}
+
+// Frees what grouped_setup made but the qmats (groups_check frees those).
+static void grouped_free(grouped_io *g)
+{
+    free(g->x), dfree(g->dx), free(g->prows), free(g->h), free(g->d);
+}
+
+// Each group's device qmat d[j] against the CPU's h[j], byte for byte (data, scales, second
+// levels, transposed scales), named "<what> group j"; then both are freed.
+static void groups_check(const char *what0, int G, const int *rows, const int *prows,
+                         lb_qmat *h, lb_qmat *d)
+{
+    for (int j = 0; j < G; j++) {
+        if (!prows[j]) continue;
+        lb_qmat got;
+        qmat_get(&got, &d[j]);
+        char what[200];
+        snprintf(what, sizeof what, "%s group %d (%d of %d rows)", what0, j, rows[j], prows[j]);
+        CHECK_BITS(what, got.data, h[j].data, lb_qmat_data_bytes(&h[j]));
+        CHECK_BITS(what, got.scale, h[j].scale, lb_qmat_scale_bytes(&h[j]));
+        if (h[j].nscale2) CHECK_BITS(what, got.scale2, h[j].scale2, (size_t)h[j].nscale2 * 4);
+        ts_check(what, &d[j], &h[j]);
+        lb_qmat_free(&got);
+        lb_qmat_free(&h[j]);
+        dev->qmat_free(dev, &d[j]);
+    }
 }
 
 // quantize_grouped against the CPU's, byte for byte (data, scales, second levels; the GPU's
@@ -2745,36 +2785,79 @@ static int *grouped_setup(const lb_quant_args *a, int cols, int pad, int G, cons
 // label: the name; q[0]: the quantization; p: cols, pad; g: the groups' rows
 static void quant_grouped_case(const test_case *tst)
 {
+    grouped_io io;
+    grouped_setup(&io, tst, 0);
+    for (int j = 0; j < io.G; j++)
+        if (io.prows[j]) ts_attach(&io.h[j], &io.d[j]);
+    cpu->quantize_grouped(cpu, io.G, io.h, io.x, io.rows, io.prows, io.cols, &io.a);
+    dev->quantize_grouped(dev, io.G, io.d, io.dx, io.rows, io.prows, io.cols, &io.a);
+    char what[160];
+    snprintf(what, sizeof what, "quantize_grouped %s", tst->label);
+    groups_check(what, io.G, io.rows, io.prows, io.h, io.d);
+    grouped_free(&io);
+}
+
+// Two amaxes the same, NaN equal to NaN.
+static int amax_same(float a, float b)
+{
+    return (a != a && b != b) || memcmp(&a, &b, sizeof a) == 0;
+}
+
+// quantize_amax against the CPU's (groups of awkward sizes, one empty, one all padding), and
+// the CPU's against the second levels of its own quantize_grouped (each lb_nvfp4_scale2 of its
+// amax); then quantize_grouped with given amaxes (lb_quant_args.amax: 4x a level's own, a
+// quarter of it, zero, in turn) against the CPU's, byte for byte, and the CPU's second levels
+// against lb_nvfp4_scale2 of the larger amax. The paths: mq_kernel's maxima pass (rows,
+// columns, Hadamard 16, many launches) and the per-group passes (Hadamard 32).
+// label: the name; q[0]: the quantization (NVFP4, per row or tensor); p: cols, pad; g: rows
+static void quant_amax_case(const test_case *tst)
+{
     const char *name = tst->label;
-    const int cols = tst->p[0], pad = tst->p[1], G = tst->g.count;
-    int rows[LB_TEST_MAX_GROUPS];
-    group_rows(&tst->g, rows);
-    uint32_t signs[LB_TEST_MAX_GROUPS];
-    const lb_quant_args qa = qspec_args(&tst->q[0], G, signs), *a = &qa;
-    int n;
-    float *x, *dx;
-    lb_qmat *h, *d;
-    int *prows = grouped_setup(a, cols, pad, G, rows, &n, &x, &dx, &h, &d);
+    grouped_io io;
+    grouped_setup(&io, tst, 0);
+    const int cols = io.cols, G = io.G, *rows = io.rows, *prows = io.prows;
+    const lb_quant_args *a = &io.a;
+    const float *x = io.x, *dx = io.dx;
+    lb_qmat *h = io.h, *d = io.d;
+    int na = 0;
     for (int j = 0; j < G; j++)
-        if (prows[j]) ts_attach(&h[j], &d[j]);
+        if (prows[j]) na += lb_quant_nscale2(prows[j], cols, a);
+    float *ha = lb_malloc((size_t)na * 4 + 4), *da = dpoisoned((size_t)na * 4 + 4);
+    cpu->quantize_amax(cpu, ha, G, x, rows, prows, cols, a);
+    dev->quantize_amax(dev, da, G, dx, rows, prows, cols, a);
+    float *ga = hget(da, (size_t)na * 4);
+    int bad = 0, first = -1;
+    for (int i = 0; i < na; i++)
+        if (!amax_same(ga[i], ha[i]) && bad++ == 0) first = i;
+    ck_assert_msg(bad == 0, "quantize_amax %s: %d of %d amaxes differ, first %d: %g, cpu %g "
+                  "(seed %llu)", name, bad, na, first, first < 0 ? 0.0 : (double)ga[first],
+                  first < 0 ? 0.0 : (double)ha[first], (unsigned long long)seed);
     cpu->quantize_grouped(cpu, G, h, x, rows, prows, cols, a);
-    dev->quantize_grouped(dev, G, d, dx, rows, prows, cols, a);
-    for (int j = 0; j < G; j++) {
-        if (!prows[j]) continue;
-        lb_qmat got;
-        qmat_get(&got, &d[j]);
-        char what[160];
-        snprintf(what, sizeof what, "quantize_grouped %s group %d (%d of %d rows)", name, j,
-                 rows[j], prows[j]);
-        CHECK_BITS(what, got.data, h[j].data, lb_qmat_data_bytes(&h[j]));
-        CHECK_BITS(what, got.scale, h[j].scale, lb_qmat_scale_bytes(&h[j]));
-        if (h[j].nscale2) CHECK_BITS(what, got.scale2, h[j].scale2, (size_t)h[j].nscale2 * 4);
-        ts_check(what, &d[j], &h[j]);
-        lb_qmat_free(&got);
-        lb_qmat_free(&h[j]);
-        dev->qmat_free(dev, &d[j]);
-    }
-    free(x), dfree(dx), free(prows), free(h), free(d);
+    for (int j = 0, i = 0; j < G; j++)
+        for (int k = 0; prows[j] && k < h[j].nscale2; k++, i++)
+            ck_assert_msg(amax_same(h[j].scale2[k], lb_nvfp4_scale2(ha[i])),
+                          "quantize_amax %s: group %d level %d: amax %g, scale2 %g", name, j, k,
+                          (double)ha[i], (double)h[j].scale2[k]);
+    float *fl = lb_malloc((size_t)na * 4 + 4);
+    for (int i = 0; i < na; i++) fl[i] = i % 3 == 0 ? 4.0f * ha[i] : i % 3 == 1 ? 0.25f * ha[i] : 0.0f;
+    float *dfl = dput(fl, (size_t)na * 4 + 4);
+    lb_quant_args b = *a;
+    b.amax = fl;
+    cpu->quantize_grouped(cpu, G, h, x, rows, prows, cols, &b);
+    b.amax = dfl;
+    dev->quantize_grouped(dev, G, d, dx, rows, prows, cols, &b);
+    for (int j = 0, i = 0; j < G; j++)
+        for (int k = 0; prows[j] && k < h[j].nscale2; k++, i++) {
+            const float m = ha[i] != ha[i] || fl[i] != fl[i] ? NAN : fmaxf(ha[i], fl[i]);
+            ck_assert_msg(amax_same(h[j].scale2[k], lb_nvfp4_scale2(m)),
+                          "quantize_grouped %s with amaxes: group %d level %d: scale2 %g, not "
+                          "from %g", name, j, k, (double)h[j].scale2[k], (double)m);
+        }
+    char what[160];
+    snprintf(what, sizeof what, "quantize_grouped %s with amaxes", name);
+    groups_check(what, G, rows, prows, h, d);
+    grouped_free(&io);
+    free(ha), dfree(da), free(ga), free(fl), dfree(dfl);
 }
 
 // quantize_rc against the CPU's (quantize row-wise of all rows, then quantize_grouped
@@ -2787,16 +2870,13 @@ static void quant_grouped_case(const test_case *tst)
 static void quant_rc_case(const test_case *tst)
 {
     const char *name = tst->label;
-    const int cols = tst->p[0], pad = tst->p[1], G = tst->g.count;
-    int rows[LB_TEST_MAX_GROUPS];
-    group_rows(&tst->g, rows);
-    uint32_t signs[2][LB_TEST_MAX_GROUPS];
-    const lb_quant_args qr = qspec_args(&tst->q[0], G, signs[0]), *ar = &qr;
-    const lb_quant_args qc = qspec_args(&tst->q[1], G, signs[1]), *ac = &qc;
-    int n;
-    float *x, *dx;
-    lb_qmat hr, dr, *h, *d;
-    int *prows = grouped_setup(ac, cols, pad, G, rows, &n, &x, &dx, &h, &d);
+    grouped_io io;   // the column-wise groups
+    grouped_setup(&io, tst, 1);
+    const int cols = io.cols, G = io.G, n = io.n, *rows = io.rows, *prows = io.prows;
+    uint32_t signs[LB_TEST_MAX_GROUPS];
+    const lb_quant_args qr = qspec_args(&tst->q[0], G, signs), *ar = &qr, *ac = &io.a;
+    const float *x = io.x, *dx = io.dx;
+    lb_qmat hr, dr, *h = io.h, *d = io.d;
     lb_qmat_alloc(&hr, n, cols, ar);
     dev->qmat_alloc(dev, &dr, n, cols, ar);
     poison(dr.data, lb_qmat_data_bytes(&hr)), poison(dr.scale, lb_qmat_scale_bytes(&hr));
@@ -2827,7 +2907,7 @@ static void quant_rc_case(const test_case *tst)
         printf("  quantize_rc %s, column-wise, %d groups: %d differ\n", name, G, differ);
     ck_assert_msg(differ == 0, "quantize_rc %s: %d column-wise groups differ (seed %llu)", name,
                   differ, (unsigned long long)seed);
-    free(x), dfree(dx), free(prows), free(h), free(d);
+    grouped_free(&io);
 }
 
 // qmat_transpose against the CPU's, byte for byte: square blocks (fp8-block 128x128, NVFP4
@@ -3976,6 +4056,19 @@ static const test_case CASES[] = {
     QG("mxfp4 col, Hadamard 16, signs per group", 130, 16, G6, LB_FMT_MXFP4, 1, 0, E4, CEIL, 0,
        0, 16, 0, -1),
 #undef QG
+    // quantize_amax and quantize_grouped with given amaxes, q[0] NVFP4, p (cols, pad)
+#define QA(lbl, cols, pad, grp, colwise, s2, ...) \
+    CASE(OP(quantize_amax) | OP(quantize_grouped), quant_amax_case, {cols, pad}, .label = lbl, \
+         .g = grp, .q = {{LB_FMT_NVFP4, colwise, 0, E4, 0, s2, 0, __VA_ARGS__}})
+    QA("nvfp4 per-row", 200, 0, G6, 0, LB_S2_ROW, 0),
+    QA("nvfp4 per-row, padded", 200, 16, G6, 0, LB_S2_ROW, 0),
+    QA("nvfp4 per-row, 250 groups", 130, 0, G250, 0, LB_S2_ROW, 0),
+    QA("nvfp4 row tensor", 200, 0, G6, 0, LB_S2_TENSOR, 0),
+    QA("nvfp4 col tensor, padded", 200, 16, G6, 1, LB_S2_TENSOR, 0),
+    QA("nvfp4 col per-row, padded", 130, 16, G6, 1, LB_S2_ROW, 0),
+    QA("nvfp4 col tensor, Hadamard 16, signs per group", 200, 16, G6, 1, LB_S2_TENSOR, 16, 0, -1),
+    QA("nvfp4 col tensor, Hadamard 32", 70, 32, G6, 1, LB_S2_TENSOR, 32, 0x1234u),
+#undef QA
     // quantize_rc, q (row-wise, column-wise), p (cols, pad): rows of x 16-byte aligned or not,
     // more groups than one launch takes, an MoE layer's dy (128 experts, 0 to 200 tokens each);
     // pairs that CUDA runs as the two calls (MXFP8, stochastic rounding)

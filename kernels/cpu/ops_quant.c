@@ -48,6 +48,36 @@ static void cpu_quantize_grouped(lb_backend *be, int count, lb_qmat *q, const fl
     lb_quant_groups(count, x, rows, prows, cols, a, cpu_group, &g);
 }
 
+typedef struct {
+    float *out;   // the next group's amaxes
+    int cols;
+} cpu_amax_groups;
+
+// One group's amaxes; a padded one from a zero-filled copy (as cpu_group quantizes it).
+static void cpu_amax_group(void *ctx, int j, const float *xj, int r, int pr,
+                           const lb_quant_args *aj)
+{
+    cpu_amax_groups *g = ctx;
+    float *out = g->out;
+    g->out += lb_quant_nscale2(pr, g->cols, aj);
+    if (pr == r) {
+        lb_quant_amax(out, xj, r, g->cols, aj);
+        return;
+    }
+    float *t = lb_calloc((size_t)pr * g->cols, sizeof(float));
+    memcpy(t, xj, (size_t)r * g->cols * sizeof(float));
+    lb_quant_amax(out, t, pr, g->cols, aj);
+    free(t);
+}
+
+static void cpu_quantize_amax(lb_backend *be, float *amax, int count, const float *x,
+                              const int *rows, const int *prows, int cols,
+                              const lb_quant_args *a)
+{
+    cpu_amax_groups g = {amax, cols};
+    lb_quant_groups(count, x, rows, prows, cols, a, cpu_amax_group, &g);
+}
+
 static void cpu_quantize_rc(lb_backend *be, lb_qmat *qr, const lb_quant_args *ar, int count,
                             lb_qmat *qc, const float *x, const int *rows, const int *prows,
                             int cols, const lb_quant_args *ac)
@@ -165,6 +195,7 @@ void lb_cpu_init_quant(lb_backend *be)
     be->qmat_free = cpu_qmat_free;
     be->quantize = cpu_quantize;
     be->quantize_grouped = cpu_quantize_grouped;
+    be->quantize_amax = cpu_quantize_amax;
     be->quantize_rc = cpu_quantize_rc;
     be->qmat_transpose = cpu_qmat_transpose;
     be->quantize_rt = cpu_quantize_rt;

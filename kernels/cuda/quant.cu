@@ -1239,6 +1239,7 @@ typedef struct {
     int rows;                // quantize_rc: fq_kernel<1, 0, 1> (P->rdata: the row-wise Q)
     lb_qmat *qt;             // quantize_rt: the transposed copies, or NULL
     int trows;               // rows of a tile: FQ_ROWS_TILE for fq_rows_kernel, else 128
+    int amax_only;           // quantize_amax: the NVFP4 maxima pass alone (words: its output)
 } fq_collect;
 
 // fp8-block row-wise 1x128 without quantize_rc's or quantize_rt's second output: fq_rows_kernel.
@@ -1255,6 +1256,10 @@ static void fq_flush(fq_collect *c)
         if (c->mq_amax) {
             c->mq_amax<<<g, b, 0, st>>>(*c->P);
             LB_CUDA_LAUNCHED(c->cx);
+        }
+        if (c->amax_only) {
+            c->P->count = 0, c->tiles = 0;
+            return;
         }
         if (c->mq) c->mq<<<g, b, 0, st>>>(*c->P);
         else if (fq_rowwise(c) && c->P->sr) fq_rows_kernel<1><<<g, b, 0, st>>>(*c->P);
@@ -1316,9 +1321,10 @@ static void fq_group_add(void *ctx, int j, const float *xj, int r, int pr, const
 
 // Groups j with prows[j] > 0 (see kernels.h quantize_grouped), q[j] checked against the layout
 // of (prows[j], cols) under a: fp8-block (fq_kernel) or a format mq_takes (mq_kernel), in as
-// many launches as FQ_MAX groups need.
+// many launches as FQ_MAX groups need. amax_out: NULL, or (NVFP4) quantize_amax's output, which
+// gets the maxima words of the groups' second levels instead of any quantization.
 static void fq_launch(lb_cuda_ctx *cx, int count, lb_qmat *q, const float *x, const int *rows,
-                      const int *prows, int cols, const lb_quant_args *a)
+                      const int *prows, int cols, const lb_quant_args *a, float *amax_out)
 {
     fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
     P->cols = cols, P->blk2d = a->weight_blocks ? 1 : 0, P->sr = a->sr ? 1 : 0;
@@ -1334,11 +1340,24 @@ static void fq_launch(lb_cuda_ctx *cx, int count, lb_qmat *q, const float *x, co
         else if (a->fmt == LB_FMT_NVFP4) mq_pick<LB_E2M1, 1, 16>(c.colwise, h, &c.mq, &c.mq_amax);
         else if (a->elem == LB_E5M2) mq_pick<LB_E5M2, 1, 32>(c.colwise, h, &c.mq, &c.mq_amax);
         else mq_pick<LB_E4M3, 1, 32>(c.colwise, h, &c.mq, &c.mq_amax);
-        size_t nw = 0;
-        for (int j = 0; j < count; j++) nw += mq_words(a, prows ? prows[j] : rows[j], cols);
-        if (nw) {   // the maxima words of every group, zeroed once
-            c.words = (uint32_t *)lb_cuda_scratch(cx, nw * sizeof(uint32_t));
-            LB_CUDA_CHECK(cudaMemsetAsync(c.words, 0, nw * sizeof(uint32_t), cx->stream));
+        size_t nw = 0;   // fq_group_add's, group after group (those skipped have none)
+        for (int j = 0; j < count; j++) {
+            const int pr = prows ? prows[j] : rows[j];
+            if (pr > 0) nw += mq_words(a, pr, cols);
+        }
+        if (amax_out && !nw) {   // no group
+            free(P);
+            return;
+        }
+        if (nw) {   // the maxima words of every group, zeroed once or the given amaxes' bits
+            c.words = amax_out ? (uint32_t *)amax_out
+                               : (uint32_t *)lb_cuda_scratch(cx, nw * sizeof(uint32_t));
+            c.amax_only = amax_out != NULL;
+            if (a->amax && !amax_out)
+                LB_CUDA_CHECK(cudaMemcpyAsync(c.words, a->amax, nw * sizeof(uint32_t),
+                                              cudaMemcpyDeviceToDevice, cx->stream));
+            else
+                LB_CUDA_CHECK(cudaMemsetAsync(c.words, 0, nw * sizeof(uint32_t), cx->stream));
         } else {
             c.mq_amax = NULL;   // a given second level
         }
@@ -1354,6 +1373,7 @@ static void nv_check(const lb_quant_args *a)
 {
     if (a->fmt != LB_FMT_NVFP4) return;
     if (a->s2_mode == LB_S2_GIVEN) {
+        if (a->amax) lb_die("cuda quantize: NVFP4 given scale2 with given amaxes");
         if (!(a->s2 > 0.0f && a->s2 < INFINITY) && a->s2 == a->s2)
             lb_die("cuda quantize: NVFP4 given scale2 %g is not positive and finite",
                    (double)a->s2);
@@ -1417,8 +1437,10 @@ static void d16_launch(lb_cuda_ctx *cx, int count, const lb_qmat *q)
     free(jobs);
 }
 
+// amax_out: NULL, or (NVFP4) quantize_amax's output: the maxima words of q's second levels
+// are written there and nothing is quantized.
 static void quantize_one(lb_backend *be, lb_qmat *q, const float *x, int rows, int cols,
-                         const lb_quant_args *a)
+                         const lb_quant_args *a, float *amax_out)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
     lb_qmat want;
@@ -1432,7 +1454,7 @@ static void quantize_one(lb_backend *be, lb_qmat *q, const float *x, int rows, i
     nv_check(a);
     if (q->tscale) lb_qmat_tscale_ld(q);   // dies for a layout without
     if ((q->fmt == LB_FMT_FP8_BLOCK && !a->hadamard) || mq_takes(a)) {   // fq_ or mq_kernel
-        fq_launch(cx, 1, q, x, &rows, NULL, cols, a);
+        fq_launch(cx, 1, q, x, &rows, NULL, cols, a, amax_out);
         return;
     }
     // fp8-tensor: the passes below with one block. The tensor's maximum is the atomic maximum
@@ -1449,9 +1471,11 @@ static void quantize_one(lb_backend *be, lb_qmat *q, const float *x, int rows, i
     size_t o_dv = o_amax + lb_align256(nseg * sizeof(uint32_t));
     size_t o_s2 = o_dv + lb_align256(nblk * sizeof(float));
     const int nword = pt ? 1 : q->nscale2;
-    size_t total = o_s2 + (need_s2word ? lb_align256((size_t)nword * sizeof(uint32_t)) : 0);
+    size_t total = o_s2 + (need_s2word && !amax_out ? lb_align256((size_t)nword * sizeof(uint32_t)) : 0);
     char *sc = (char *)lb_cuda_scratch(cx, total);
-    uint32_t *amax1 = (uint32_t *)(sc + o_amax), *s2word = need_s2word ? (uint32_t *)(sc + o_s2) : NULL;
+    uint32_t *amax1 = (uint32_t *)(sc + o_amax),
+             *s2word = amax_out ? (uint32_t *)amax_out
+                                : need_s2word ? (uint32_t *)(sc + o_s2) : NULL;
     float *dv = (float *)(sc + o_dv);
 
     const float *src = x;
@@ -1475,7 +1499,10 @@ static void quantize_one(lb_backend *be, lb_qmat *q, const float *x, int rows, i
         LB_CUDA_LAUNCHED(cx);
         src = xt;
     }
-    if (need_s2word)
+    if (need_s2word && nv && a->amax && !amax_out)   // the given amaxes' bits
+        LB_CUDA_CHECK(cudaMemcpyAsync(s2word, a->amax, (size_t)nword * sizeof(uint32_t),
+                                      cudaMemcpyDeviceToDevice, cx->stream));
+    else if (need_s2word)
         LB_CUDA_CHECK(cudaMemsetAsync(s2word, 0, (size_t)nword * sizeof(uint32_t), cx->stream));
 
     // Segment maxima of 128 columns (fp8-tensor: written, then unused beside the word).
@@ -1484,6 +1511,7 @@ static void quantize_one(lb_backend *be, lb_qmat *q, const float *x, int rows, i
     amax_kernel<<<lb_grid(warps * 32, 256, cx), 256, 0, cx->stream>>>(
         src, R, C, bc1, scols1, amax1, s2word, !pt && a->s2_mode == LB_S2_ROW);
     LB_CUDA_LAUNCHED(cx);
+    if (amax_out) return;
     uint64_t rbase = a->sr ? lb_hash64(lb_hash64(a->seed) ^ lb_quant_stream(a->step, a->tensor)) : 0;
     if (pt) {
         // The scale from the one word (fp8-block's branch of scale_kernel, one block of one
@@ -1536,7 +1564,7 @@ static void quantize_one(lb_backend *be, lb_qmat *q, const float *x, int rows, i
 static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, int cols,
                           const lb_quant_args *a)
 {
-    quantize_one(be, q, x, rows, cols, a);
+    quantize_one(be, q, x, rows, cols, a, NULL);
     d16_launch(lb_cuda(be), 1, q);
 }
 
@@ -1546,7 +1574,20 @@ typedef struct {
     int cols;
 } cuda_groups;
 
-// One group quantized on its own; a padded one from a zero-filled copy in stream-ordered memory.
+// A group's r rows of xj followed by pr - r zero rows, in stream-ordered memory (cudaFreeAsync
+// it on cx's stream): the rows a padded group is quantized from.
+static float *padded_rows(lb_backend *be, const float *xj, int r, int pr, int cols)
+{
+    lb_cuda_ctx *cx = lb_cuda(be);
+    float *t;
+    const size_t row = (size_t)cols * sizeof(float), have = r * row, all = pr * row;
+    LB_CUDA_CHECK(cudaMallocAsync((void **)&t, all, cx->stream));
+    LB_CUDA_CHECK(cudaMemsetAsync((char *)t + have, 0, all - have, cx->stream));
+    if (have) LB_CUDA_CHECK(cudaMemcpyAsync(t, xj, have, cudaMemcpyDeviceToDevice, cx->stream));
+    return t;
+}
+
+// One group quantized on its own; a padded one from padded_rows.
 static void cuda_group(void *ctx, int j, const float *xj, int r, int pr, const lb_quant_args *aj)
 {
     const cuda_groups *g = (const cuda_groups *)ctx;
@@ -1554,14 +1595,9 @@ static void cuda_group(void *ctx, int j, const float *xj, int r, int pr, const l
         cuda_quantize(g->be, &g->q[j], xj, r, g->cols, aj);
         return;
     }
-    lb_cuda_ctx *cx = lb_cuda(g->be);
-    float *t;
-    const size_t row = (size_t)g->cols * sizeof(float), have = r * row, all = pr * row;
-    LB_CUDA_CHECK(cudaMallocAsync((void **)&t, all, cx->stream));
-    LB_CUDA_CHECK(cudaMemsetAsync((char *)t + have, 0, all - have, cx->stream));
-    if (have) LB_CUDA_CHECK(cudaMemcpyAsync(t, xj, have, cudaMemcpyDeviceToDevice, cx->stream));
+    float *t = padded_rows(g->be, xj, r, pr, g->cols);
     cuda_quantize(g->be, &g->q[j], t, pr, g->cols, aj);
-    LB_CUDA_CHECK(cudaFreeAsync(t, cx->stream));
+    LB_CUDA_CHECK(cudaFreeAsync(t, lb_cuda(g->be)->stream));
 }
 
 // fp8-block without a Hadamard transform: all groups in one fq_kernel launch; MX and NVFP4
@@ -1575,12 +1611,60 @@ static void cuda_quantize_grouped(lb_backend *be, int count, lb_qmat *q, const f
     lb_cuda_ctx *cx = lb_cuda(be);
     nv_check(a);
     if ((a->fmt == LB_FMT_FP8_BLOCK && !a->hadamard) || mq_takes(a)) {
-        fq_launch(cx, count, q, x, rows, prows, cols, a);
+        fq_launch(cx, count, q, x, rows, prows, cols, a, NULL);
         d16_launch(cx, count, q);
         return;
     }
     cuda_groups g = {be, q, cols};   // cuda_quantize writes each group's d16
     lb_quant_groups(count, x, rows, prows, cols, a, cuda_group, &g);
+}
+
+typedef struct {
+    lb_backend *be;
+    float *out;   // the next group's amaxes
+    int cols;
+} amax_groups;
+
+// quantize_amax of one group: quantize_one's maxima pass, a padded group from padded_rows (a
+// Hadamard transform mixes the padding rows in, as the quantization does).
+static void amax_group(void *ctx, int j, const float *xj, int r, int pr, const lb_quant_args *aj)
+{
+    amax_groups *g = (amax_groups *)ctx;
+    lb_qmat q;   // the layout alone: quantize_one checks against it
+    memset(&q, 0, sizeof q);
+    lb_qmat_layout(&q, pr, g->cols, aj);
+    float *out = g->out;
+    g->out += lb_quant_nscale2(pr, g->cols, aj);
+    if (pr == r) {
+        quantize_one(g->be, &q, xj, r, g->cols, aj, out);
+        return;
+    }
+    float *t = padded_rows(g->be, xj, r, pr, g->cols);
+    quantize_one(g->be, &q, t, pr, g->cols, aj, out);
+    LB_CUDA_CHECK(cudaFreeAsync(t, lb_cuda(g->be)->stream));
+}
+
+// NVFP4's maxima words are |x| bits, so the amaxes are those words as floats: mq_kernel's maxima
+// pass for all groups in one launch where it quantizes, else amax_kernel per group.
+static void cuda_quantize_amax(lb_backend *be, float *amax, int count, const float *x,
+                               const int *rows, const int *prows, int cols,
+                               const lb_quant_args *a)
+{
+    lb_quant_nscale2(1, cols, a);   // dies for a format or mode without
+    lb_quant_args b = *a;
+    b.amax = NULL;
+    if (mq_takes(&b)) {
+        lb_qmat *q = (lb_qmat *)lb_calloc((size_t)count + 1, sizeof *q);
+        for (int j = 0; j < count; j++) {
+            const int pr = prows ? prows[j] : rows[j];
+            if (pr > 0) lb_qmat_layout(&q[j], pr, cols, &b);
+        }
+        fq_launch(lb_cuda(be), count, q, x, rows, prows, cols, &b, amax);
+        free(q);
+        return;
+    }
+    amax_groups g = {be, amax, cols};
+    lb_quant_groups(count, x, rows, prows, cols, &b, amax_group, &g);
 }
 
 // fp8-block 1x128 both ways, rounding to nearest, no transform (a layer's dy under the fp8-block
@@ -1942,6 +2026,7 @@ extern "C" void lb_cuda_init_quant(lb_backend *be)
     be->qmat_free = cuda_qmat_free;
     be->quantize = cuda_quantize;
     be->quantize_grouped = cuda_quantize_grouped;
+    be->quantize_amax = cuda_quantize_amax;
     be->quantize_rc = cuda_quantize_rc;
     be->qmat_transpose = cuda_qmat_transpose;
     be->quantize_rt = cuda_quantize_rt;

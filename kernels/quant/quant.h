@@ -79,6 +79,13 @@ typedef struct lb_quant_args {
     uint32_t hsigns;
     const uint32_t *hsigns_groups;   // quantize_grouped: group j's signs (random signs drawn
                                      // per expert); NULL: hsigns for every group
+    // NVFP4 with LB_S2_ROW or LB_S2_TENSOR: NULL, or (backend memory) amaxes of wholes that x
+    // holds a part of, one per second level in order (nscale2 of them; quantize_grouped and
+    // quantize_rc's column-wise groups: group after group, a skipped group having none): each
+    // second level comes from max(its own amax, amax[i]), NaN above every number. The ranks of
+    // an expert-tensor-parallel group, each holding some of a token's features, pass the
+    // group's largest quantize_amax so every rank takes one rank's second levels.
+    const float *amax;
 } lb_quant_args;              // zero-initialised: row-wise, 1-D blocks, E4M3, ceil, per tensor,
                               // no transform
 
@@ -150,12 +157,19 @@ void lb_qmat_transpose_check(const lb_qmat *dst, const lb_qmat *src);
 
 // The groups of a backend's quantize_grouped (kernels.h): for each j with prows[j] > 0 (prows
 // NULL: rows), fn(ctx, j, x_j, rows[j], prows[j], &a_j), x_j the rows of x after the earlier
-// groups' and a_j = *a drawing as tensor a->tensor + j; stops with an error on rows[j] < 0 or
-// prows[j] < rows[j].
+// groups' and a_j = *a drawing as tensor a->tensor + j, its a_j.amax past the earlier groups'
+// second levels; stops with an error on rows[j] < 0 or prows[j] < rows[j].
 typedef void (*lb_quant_group_fn)(void *ctx, int j, const float *xj, int rows, int prows,
                                   const lb_quant_args *aj);
 void lb_quant_groups(int count, const float *x, const int *rows, const int *prows, int cols,
                      const lb_quant_args *a, lb_quant_group_fn fn, void *ctx);
+
+// The second levels lb_quantize (q, x, rows, cols, a) makes (NVFP4, LB_S2_ROW or LB_S2_TENSOR):
+// n = lb_quant_nscale2 of them; stops with an error for another format or mode.
+int lb_quant_nscale2(int rows, int cols, const lb_quant_args *a);
+// amax (n) = the amax of x's quantized matrix behind each of them (Q's rows, or the whole, after
+// a->hadamard; a->amax not applied): >= 0, NaN where a value is NaN.
+void lb_quant_amax(float *amax, const float *x, int rows, int cols, const lb_quant_args *a);
 
 // Quantizes x (rows, cols) into q, which must have been laid out for (rows, cols, a).
 // Any rows and cols >= 1: a trailing partial block behaves exactly as if padded with zeros.

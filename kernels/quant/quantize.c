@@ -266,6 +266,18 @@ static void encode_block(lb_qmat *q, const ctx *cx, const float *x, int br, int 
         }
 }
 
+// The larger of two amaxes, NaN above every number (the CUDA quantizers' maximum of |x| bits).
+static float amax_max(float a, float b)
+{
+    return a != a || b != b ? NAN : a > b ? a : b;
+}
+
+// amax with a->amax[i] (lb_quant_args.amax) applied.
+static float amax_given(const lb_quant_args *a, int i, float amax)
+{
+    return a->amax ? amax_max(amax, a->amax[i]) : amax;
+}
+
 // Row-wise quantization of x (q->rows, q->cols).
 static void quantize_rows(lb_qmat *q, const float *x, const lb_quant_args *a)
 {
@@ -275,15 +287,17 @@ static void quantize_rows(lb_qmat *q, const float *x, const lb_quant_args *a)
 
     if (q->fmt == LB_FMT_NVFP4) {
         if (a->s2_mode == LB_S2_TENSOR) {
-            q->scale2[0] = lb_nvfp4_scale2(lb_amax(x, (size_t)R * C));
+            q->scale2[0] = lb_nvfp4_scale2(amax_given(a, 0, lb_amax(x, (size_t)R * C)));
         } else if (a->s2_mode == LB_S2_GIVEN) {
+            if (a->amax) lb_die("kernels/quant: NVFP4 given scale2 with given amaxes");
             if (!(a->s2 > 0.0f && a->s2 < INFINITY) && a->s2 == a->s2)
                 lb_die("kernels/quant: NVFP4 given scale2 %g is not positive and finite",
                        (double)a->s2);
             q->scale2[0] = a->s2;
         } else if (a->s2_mode == LB_S2_ROW) {
             for (int r = 0; r < R; r++)
-                q->scale2[r] = lb_nvfp4_scale2(lb_amax(x + (size_t)r * C, (size_t)C));
+                q->scale2[r] =
+                    lb_nvfp4_scale2(amax_given(a, r, lb_amax(x + (size_t)r * C, (size_t)C)));
         } else {
             lb_die("kernels/quant: unknown scale2 mode %d", (int)a->s2_mode);
         }
@@ -359,7 +373,7 @@ void lb_qmat_transpose(lb_qmat *dst, const lb_qmat *src)
 void lb_quant_groups(int count, const float *x, const int *rows, const int *prows, int cols,
                      const lb_quant_args *a, lb_quant_group_fn fn, void *ctx)
 {
-    size_t off = 0;
+    size_t off = 0, s2off = 0;
     for (int j = 0; j < count; j++) {
         const int r = rows[j], pr = prows ? prows[j] : r;
         if (r < 0 || pr < r)
@@ -370,8 +384,45 @@ void lb_quant_groups(int count, const float *x, const int *rows, const int *prow
         lb_quant_args aj = *a;
         aj.tensor = a->tensor + (uint64_t)j;
         if (a->hsigns_groups) aj.hsigns = a->hsigns_groups[j];
+        if (a->amax) aj.amax = a->amax + s2off, s2off += (size_t)lb_quant_nscale2(pr, cols, a);
         fn(ctx, j, xj, r, pr, &aj);
     }
+}
+
+int lb_quant_nscale2(int rows, int cols, const lb_quant_args *a)
+{
+    if (a->fmt != LB_FMT_NVFP4 || (a->s2_mode != LB_S2_ROW && a->s2_mode != LB_S2_TENSOR))
+        lb_die("kernels/quant: amaxes of second levels exist for NVFP4 per row or tensor only "
+               "(format %d, mode %d)", (int)a->fmt, (int)a->s2_mode);
+    return a->s2_mode == LB_S2_TENSOR ? 1 : a->colwise ? cols : rows;
+}
+
+// The matrix x's quantization under a blocks, (rows, cols) row-wise or (cols, rows)
+// column-wise: x itself, or a new copy of x^T with a->hadamard applied along x's rows.
+static float *quant_source(const float *x, int rows, int cols, const lb_quant_args *a)
+{
+    if (!a->colwise) return (float *)x;
+    float *xt = lb_malloc((size_t)rows * cols * sizeof(float));
+    #pragma omp parallel for schedule(static) if ((size_t)rows * cols >= LB_QUANT_PAR_MIN)
+    for (int c0 = 0; c0 < cols; c0 += 32)
+        for (int r0 = 0; r0 < rows; r0 += 32)
+            for (int c = c0; c < c0 + 32 && c < cols; c++)
+                for (int r = r0; r < r0 + 32 && r < rows; r++)
+                    xt[(size_t)c * rows + r] = x[(size_t)r * cols + c];
+    // x's rows are xt's columns: the transform along them (it checks the size and the length)
+    if (a->hadamard) lb_hadamard(xt, xt, cols, rows, LB_AXIS_COLS, a->hadamard, a->hsigns);
+    return xt;
+}
+
+void lb_quant_amax(float *amax, const float *x, int rows, int cols, const lb_quant_args *a)
+{
+    lb_quant_nscale2(rows, cols, a);   // dies for a format or mode without
+    const int R = a->colwise ? cols : rows, C = a->colwise ? rows : cols;
+    float *src = quant_source(x, rows, cols, a);
+    if (a->s2_mode == LB_S2_TENSOR) amax[0] = lb_amax(src, (size_t)R * C);
+    else
+        for (int r = 0; r < R; r++) amax[r] = lb_amax(src + (size_t)r * C, (size_t)C);
+    if (src != x) free(src);
 }
 
 void lb_quantize(lb_qmat *q, const float *x, int rows, int cols, const lb_quant_args *a)
@@ -390,16 +441,8 @@ void lb_quantize(lb_qmat *q, const float *x, int rows, int cols, const lb_quant_
         lb_qmat_d16_fill(q);
         return;
     }
-    // Column-wise: transpose the full-precision input (rows, cols) -> (cols, rows), in tiles.
-    float *xt = lb_malloc((size_t)rows * cols * sizeof(float));
-    #pragma omp parallel for schedule(static) if ((size_t)rows * cols >= LB_QUANT_PAR_MIN)
-    for (int c0 = 0; c0 < cols; c0 += 32)
-        for (int r0 = 0; r0 < rows; r0 += 32)
-            for (int c = c0; c < c0 + 32 && c < cols; c++)
-                for (int r = r0; r < r0 + 32 && r < rows; r++)
-                    xt[(size_t)c * rows + r] = x[(size_t)r * cols + c];
-    // x's rows are xt's columns: the transform along them (it checks the size and the length)
-    if (a->hadamard) lb_hadamard(xt, xt, cols, rows, LB_AXIS_COLS, a->hadamard, a->hsigns);
+    // Column-wise: the full-precision input transposed (rows, cols) -> (cols, rows), in tiles
+    float *xt = quant_source(x, rows, cols, a);
     quantize_rows(q, xt, a);
     tscale_fill(q);
     lb_qmat_d16_fill(q);
