@@ -86,6 +86,10 @@ void lb_linear_free(lb_linear *L)
         if (L->scratch[i]) L->be->free(L->be, L->scratch[i]);
     memset(L->scratch, 0, sizeof L->scratch);
     memset(L->scratch_n, 0, sizeof L->scratch_n);
+    for (int i = 0; i < 2; i++)
+        if (L->amax[i]) L->be->free(L->be, L->amax[i]);
+    memset(L->amax, 0, sizeof L->amax);
+    memset(L->amax_n, 0, sizeof L->amax_n);
     for (int i = 0; i < LB_LINEAR_QSCRATCH; i++) {
         lb_qscratch *s = &L->qscratch[i];
         if (s->data) L->be->free(L->be, s->data);
@@ -126,6 +130,55 @@ static lb_quant_args act_args(const lb_linear *L, const lb_site *s, int colwise,
     a.step = L->step;
     a.tensor = id;
     return a;
+}
+
+// Whether operand x (grad 0) or dy (grad 1) of an expert GEMM at role holds features cut over
+// L's etp group: gate/up's outputs and down's inputs are a rank's moe_intermediate_size / etp
+// columns of them.
+static int etp_cut(const lb_linear *L, lb_role role, int grad)
+{
+    return L->etp && L->etp->size > 1 &&
+           ((role == LB_ROLE_MOE_GATE_UP && grad) || (role == LB_ROLE_MOE_DOWN && !grad));
+}
+
+// An NVFP4 operand cut over the etp group whose second levels span the cut features (a
+// token's row, row-wise per token, or a whole tensor) would take each rank's from its part. So
+// a->amax becomes the group's largest amaxes (L->amax[slot]): quantize_amax, a download, a host
+// all-gather, an upload (per such GEMM: one float per token or group, and a wait for the
+// backend). A column-wise per-row level covers one feature: not cut. The groups are
+// quantize_grouped's (count 1, prows NULL: quantize's one matrix). The ranks of the group hold
+// the same tokens, so they all come here with the same shapes (doc/parallel.md).
+static void etp_amax(lb_linear *L, int slot, lb_role role, int grad, lb_quant_args *a, int count,
+                     const float *x, const int *rows, const int *prows, int cols)
+{
+    if (!etp_cut(L, role, grad) || a->fmt != LB_FMT_NVFP4 || a->s2_mode == LB_S2_GIVEN ||
+        (a->colwise && a->s2_mode == LB_S2_ROW))
+        return;
+    size_t n = 0;
+    for (int j = 0; j < count; j++) {
+        const int pr = prows ? prows[j] : rows[j];
+        if (pr > 0) n += (size_t)lb_quant_nscale2(pr, cols, a);
+    }
+    if (n == 0) return;
+    lb_backend *be = L->be;
+    L->amax[slot] = grow(be, L->amax[slot], &L->amax_n[slot], n * sizeof(float));
+    a->amax = NULL;
+    be->quantize_amax(be, L->amax[slot], count, x, rows, prows, cols, a);
+    const int P = L->etp->size;
+    float *mine = lb_malloc(n * (1 + P) * sizeof *mine), *all = mine + n;
+    be->download(be, mine, L->amax[slot], n * sizeof(float));
+    lb_comm_host_all_gather(L->etp, mine, all, n * sizeof *mine);
+    for (size_t i = 0; i < n; i++) {   // the largest, NaN above all (the quantizers' order)
+        float m = 0.0f;
+        for (int r = 0; r < P; r++) {
+            const float v = all[(size_t)r * n + i];
+            m = isnan(v) || isnan(m) ? NAN : v > m ? v : m;
+        }
+        mine[i] = m;
+    }
+    be->upload(be, L->amax[slot], mine, n * sizeof(float));
+    free(mine);
+    a->amax = L->amax[slot];
 }
 
 // The wgrad's Hadamard transform, fused into the quantization of both operands (dy and x,
@@ -396,6 +449,7 @@ void lb_linear_fwd16(lb_linear *L, int layer, lb_role role, const float *x, cons
         be->gemm(be, &g);
     } else {
         lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, e, 0));
+        etp_amax(L, 0, role, 0, &a, 1, x, &n, NULL, in);
         gemm_act_q(L, x, n, in, &a, &c->row[e], out, beta, y);
     }
 }
@@ -444,6 +498,7 @@ static float *fprop_dequant(lb_linear *L, int slot, int layer, lb_role role, int
         return out;
     }
     lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, e, 0));
+    etp_amax(L, 0, role, 0, &a, 1, x, &n, NULL, in);
     lb_qmat q;
     lb_linear_qscratch(L, 0, &q, n, in, &a);
     be->quantize(be, &q, x, n, in, &a);
@@ -559,6 +614,7 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, co
             }
         } else {
             lb_quant_args a = act_args(L, D, 0, 1, operand_id(L, layer, role, LB_PASS_DGRAD, e, 0));
+            etp_amax(L, 0, role, 1, &a, 1, dy, &n, NULL, out);
             gemm_act_q(L, dy, n, out, &a, &c->col[e], in, dx_beta, dx);
         }
     }
@@ -583,6 +639,7 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, co
         lb_quant_args ad = act_args(L, G, 1, 1, operand_id(L, layer, role, LB_PASS_WGRAD, e, 0));
         lb_quant_args ax = act_args(L, G, 1, 0, operand_id(L, layer, role, LB_PASS_WGRAD, e, 1));
         wgrad_hadamard(L, G, layer, role, e, &ad, &ax);
+        etp_amax(L, 1, role, 1, &ad, 1, dy, &have, &nk, out);
         lb_qmat qd, qx;
         lb_linear_qscratch(L, 0, &qd, nk, out, &ad);
         const int have_x = sx && sx->ready;   // x's bytes from an earlier weight sharing it
@@ -592,6 +649,7 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, co
         // copies
         if (rc) {   // and the dgrad's dy, then the dgrad
             lb_quant_args a = act_args(L, D, 0, 1, operand_id(L, layer, role, LB_PASS_DGRAD, e, 0));
+            etp_amax(L, 0, role, 1, &a, 1, dy, &n, NULL, out);
             lb_qmat qr;
             lb_linear_qscratch(L, 2, &qr, n, out, &a);
             be->quantize_rc(be, &qr, &a, 1, &qd, dy, &have, &nk, out, &ad);
@@ -599,7 +657,10 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, co
         } else {
             be->quantize_grouped(be, 1, &qd, dy, &have, &nk, out, &ad);
         }
-        if (!have_x) be->quantize_grouped(be, 1, &qx, x, &have, &nk, in, &ax);
+        if (!have_x) {
+            etp_amax(L, 1, role, 0, &ax, 1, x, &have, &nk, in);
+            be->quantize_grouped(be, 1, &qx, x, &have, &nk, in, &ax);
+        }
         if (sx) sx->q = qx, sx->ready = 1;
         be->gemm_q(be, out, in, nk, 1.0f, &qd, &qx, dw_beta, dw);
     }
@@ -657,10 +718,11 @@ static int splits_by_rows(const lb_quant_args *a)
 // quantization is each expert's own, as lb_linear_fwd/_bwd make it: one call of quantize for
 // all rows when that gives the same bytes (splits_by_rows), else quantize_grouped. pre, if not
 // NULL, is that one call's result, made by the caller. c16, if not NULL, gets C in bf16
-// instead of c (lb_gemm_q_args.c16).
-static void grouped_act_q(lb_linear *L, const float *a, const int *counts, int groups, int k,
-                          const lb_quant_args *aa, const lb_qmat *pre, const lb_qmat *b, int n,
-                          float *c, uint16_t *c16)
+// instead of c (lb_gemm_q_args.c16). role, grad: the site's role and whether A is a gradient
+// (etp_amax).
+static void grouped_act_q(lb_linear *L, lb_role role, int grad, const float *a,
+                          const int *counts, int groups, int k, const lb_quant_args *aa0,
+                          const lb_qmat *pre, const lb_qmat *b, int n, float *c, uint16_t *c16)
 {
     lb_backend *be = L->be;
     int rows = 0;
@@ -668,13 +730,16 @@ static void grouped_act_q(lb_linear *L, const float *a, const int *counts, int g
     if (rows == 0) return;
     lb_qmat q, v[groups];
     lb_gemm_q_args g[groups];
+    lb_quant_args ab = *aa0, *aa = &ab;
     const int split = pre || splits_by_rows(aa);
     if (pre) {
         q = *pre;
     } else if (split) {
+        etp_amax(L, 0, role, grad, aa, 1, a, &rows, NULL, k);
         lb_linear_qscratch(L, 0, &q, rows, k, aa);
         be->quantize(be, &q, a, rows, k, aa);
     } else {
+        etp_amax(L, 0, role, grad, aa, groups, a, counts, NULL, k);
         lb_linear_qscratch_groups(L, 0, v, groups, counts, k, aa);
         be->quantize_grouped(be, groups, v, a, counts, NULL, k, aa);
     }
@@ -753,7 +818,7 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     if (is_low(F->fmt)) {   // the bytes and products of lb_linear_fwd per expert
         lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, 0, 0));
-        grouped_act_q(L, x, counts, groups, in, &a, NULL, c->row, out, y, y16);
+        grouped_act_q(L, role, 0, x, counts, groups, in, &a, NULL, c->row, out, y, y16);
         return;
     }
     for (int j = 0; j < groups; j++) {   // mixed fp32 and bf16 passes
@@ -796,6 +861,7 @@ void lb_linear_experts_fwd(lb_linear *L, int layer, lb_role role, const float *x
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, 0, 0));
     if (rows == 0) return;
+    etp_amax(L, 0, role, 0, &a, 1, x, &rows, NULL, in);
     lb_qmat q;
     lb_linear_qscratch(L, 0, &q, rows, in, &a);
     L->be->quantize(L->be, &q, x, rows, in, &a);
@@ -850,7 +916,7 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
     const int rc = dq && wq && splits_by_rows(&a);
     int dgrad_done = 0;
     if (dq && !rc) {
-        grouped_act_q(L, dy, counts, groups, out, &a, NULL, c->col, in, dx, dx16);
+        grouped_act_q(L, role, 1, dy, counts, groups, out, &a, NULL, c->col, in, dx, dx16);
         dgrad_done = 1;
     }
     // A quantized wgrad of all experts in one call: each expert's dy_j and x_j quantized
@@ -884,19 +950,23 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
             kp[q] = gc[q] ? wgrad_tokens(gc[q], (int)G->hadamard) : 0;
         lb_linear_qscratch_groups(L, 0, qd, ng_all, kp, out, &ad);
         lb_linear_qscratch_groups(L, 1, qx, ng_all, kp, in, &ax);
+        etp_amax(L, 1, role, 1, &ad, ng_all, dy, gc, kp, out);
         if (rc) {   // dy both ways, then the dgrad
             int rows = 0;
             for (int j = 0; j < groups; j++) rows += counts[j];
             if (rows) {
                 lb_qmat qr;
+                etp_amax(L, 0, role, 1, &a, 1, dy, &rows, NULL, out);
                 lb_linear_qscratch(L, 2, &qr, rows, out, &a);
                 be->quantize_rc(be, &qr, &a, ng_all, qd, dy, gc, kp, out, &ad);
-                grouped_act_q(L, dy, counts, groups, out, &a, &qr, c->col, in, dx, dx16);
+                grouped_act_q(L, role, 1, dy, counts, groups, out, &a, &qr, c->col, in, dx,
+                              dx16);
             }
             dgrad_done = 1;
         } else {
             be->quantize_grouped(be, ng_all, qd, dy, gc, kp, out, &ad);
         }
+        etp_amax(L, 1, role, 0, &ax, ng_all, x, gc, kp, in);
         be->quantize_grouped(be, ng_all, qx, x, gc, kp, in, &ax);
         for (int j = 0, z = 0; j <= groups; j++) {
             // a first write owes the experts without rows their zeros: one call per run of them

@@ -54,6 +54,10 @@ typedef struct {
     lb_comm *etp;
     float *scratch[4];             // grow-only fp32 scratch (backend memory)
     size_t scratch_n[4];           // their capacities in bytes
+    // The etp group's amaxes of a cut NVFP4 operand (lb_quant_args.amax; backend memory,
+    // grow-only): [0] a row-wise operand's, [1] a column-wise one's (quantize_rc needs both)
+    float *amax[2];
+    size_t amax_n[2];              // their capacities in bytes
     lb_qscratch qscratch[LB_LINEAR_QSCRATCH];
 } lb_linear;
 

@@ -10,7 +10,7 @@
 
 enum { N = 40, IN = 96, OUT = 24 };   // partial blocks everywhere; N not a multiple of 16
 
-static lb_backend *be;
+static lb_backend *be, *cpu_be;   // be: the backend under test
 
 static lb_precision_spec spec(const char *recipe, const char *backward)
 {
@@ -697,19 +697,185 @@ static void etp_case(lb_comm *world, lb_role role, const char *blocks)
     free(w), free(wl), free(d1), free(d2);
 }
 
+// Backend copies of host arrays and back (the CPU's are host memory; `test_linear etp cuda`
+// runs the activation cases on the GPU).
+static float *bput(const float *h, size_t n)
+{
+    float *d = be->alloc(be, n * sizeof *d + 4);
+    be->upload(be, d, h, n * sizeof *d);
+    return d;
+}
+
+static float *bget(const float *d, size_t n)
+{
+    float *h = malloc(n * sizeof *h + 4);
+    be->download(be, h, d, n * sizeof *h);
+    return h;
+}
+
+// Rank r's shard of (rows, cols) values whose row (rows_cut) or column (!rows_cut) index is an
+// expert's feature index of a gate/up (gu: F gate then F up) or down matrix, as etp_place maps.
+static float *etp_shard(const float *w, int count, int rows, int cols, int gu, int F, int FL,
+                        int r, int rows_cut, int *lrows, int *lcols)
+{
+    *lrows = rows_cut ? (gu ? 2 * FL : FL) : rows;
+    *lcols = rows_cut ? cols : (gu ? 2 * FL : FL);
+    float *l = malloc(sizeof(float) * count * *lrows * *lcols + 4);
+    for (int e = 0; e < count; e++)
+        for (int i = 0; i < *lrows; i++)
+            for (int j = 0; j < *lcols; j++) {
+                const int f = rows_cut ? i : j, lf = gu ? (f < FL ? r * FL + f : F + r * FL + f - FL)
+                                                        : r * FL + f;
+                const int gi = rows_cut ? lf : i, gj = rows_cut ? j : lf;
+                l[((size_t)e * *lrows + i) * *lcols + j] = w[((size_t)e * rows + gi) * cols + gj];
+            }
+    return l;
+}
+
+// The experts' GEMMs with their features cut over the ranks (gate/up: each rank's outputs of
+// gate and of up; down: its inputs), NVFP4 with per-token or per-tensor second levels and the
+// wgrad's Hadamard 16: with lb_linear.etp every quantized operand that spans the cut features
+// (gate/up's dy, down's x, row-wise and column-wise) takes the whole's second levels
+// (lb_quant_args.amax). So a rank's share of each product is one rank's: the products along the
+// shard (gate/up's y and dW, down's dx and dW) bit for bit, the partial sums over the shard
+// (gate/up's dx, down's y) summed over the ranks within 1e-5 of the largest value (fp32
+// partials). Without etp some of them differ (the tokens' largest features are put on
+// different ranks), so the check can fail.
+static void etp_act_case(lb_comm *world, lb_role role, const char *scale)
+{
+    enum { E = 2, F = 32, H = 48, N = 40 };
+    const int counts[E] = {23, 17};
+    const int P = world->size, r = world->rank, FL = F / P;
+    const int gu = role == LB_ROLE_MOE_GATE_UP;
+    const int out = gu ? 2 * F : H, in = gu ? H : F;
+    char err[256];
+    lb_precision_spec s = spec("nvfp4-moe", "quantized");
+    snprintf(s.nvfp4_scale, sizeof s.nvfp4_scale, "%s", scale);
+    lb_contract c;
+    if (lb_contract_resolve(&c, &s, 1, err, sizeof err) != 0) lb_die("%s", err);
+    float *w = malloc(sizeof(float) * E * out * in), *x = malloc(sizeof(float) * N * in),
+          *dy = malloc(sizeof(float) * N * out);
+    fill(w, (size_t)E * out * in, 21);
+    fill(x, (size_t)N * in, 22);
+    fill(dy, (size_t)N * out, 23);
+    // token t's cut operand is largest on rank t % P (or nowhere special: t % 5 == 4)
+    float *cut = gu ? dy : x;
+    const int ccols = gu ? out : in;
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < ccols; j++) {
+            const int owner = (gu ? j % F : j) / FL;
+            if (t % 5 != 4 && owner == t % P) cut[(size_t)t * ccols + j] *= 16.0f;
+        }
+    int outl, inl, nr, nc;
+    float *wl = etp_shard(w, E, out, in, gu, F, FL, r, gu, &outl, &inl);
+    float *xl = gu ? NULL : etp_shard(x, 1, N, in, 0, F, FL, r, 0, &nr, &nc);
+    float *dyl = gu ? etp_shard(dy, 1, N, out, 1, F, FL, r, 0, &nr, &nc) : NULL;
+    // one rank's products, then this rank's with etp (k 0) and without (k 1)
+    float *y1, *dx1, *dw1;
+    {
+        lb_linear L = {.be = be, .contract = &c};
+        lb_wcache wc;
+        memset(&wc, 0, sizeof wc);
+        float *bw = bput(w, (size_t)E * out * in), *bx = bput(x, (size_t)N * in),
+              *bdy = bput(dy, (size_t)N * out);
+        float *by = bput(dy, (size_t)N * out), *bdx = bput(x, (size_t)N * in),
+              *bdw = bput(w, (size_t)E * out * in);
+        lb_wcache_build(&L, &wc, 0, role, bw, E, out, in);
+        lb_linear_grouped_fwd(&L, 0, role, bx, NULL, bw, &wc, counts, E, by, NULL, out, in);
+        lb_linear_grouped_bwd(&L, 0, role, bx, NULL, bw, &wc, counts, E, NULL, 1, bdy, NULL, bdx,
+                              NULL, bdw, 0.0f, out, in);
+        y1 = bget(by, (size_t)N * out), dx1 = bget(bdx, (size_t)N * in);
+        dw1 = bget(bdw, (size_t)E * out * in);
+        lb_wcache_free(&L, &wc), lb_linear_free(&L);
+        be->free(be, bw), be->free(be, bx), be->free(be, bdy), be->free(be, by);
+        be->free(be, bdx), be->free(be, bdw);
+    }
+    const float *xs = gu ? x : xl, *dys = gu ? dyl : dy;
+    int fails[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        lb_linear L = {.be = be, .contract = &c, .etp = k ? NULL : world};
+        lb_wcache wc;
+        memset(&wc, 0, sizeof wc);
+        float *bw = bput(wl, (size_t)E * outl * inl), *bx = bput(xs, (size_t)N * inl),
+              *bdy = bput(dys, (size_t)N * outl);
+        float *by = bput(dys, (size_t)N * outl), *bdx = bput(xs, (size_t)N * inl),
+              *bdw = bput(wl, (size_t)E * outl * inl);
+        // the weights' second levels are the whole's in both runs (etp_case tests them)
+        L.etp = world;
+        lb_wcache_build(&L, &wc, 0, role, bw, E, outl, inl);
+        L.etp = k ? NULL : world;
+        lb_linear_grouped_fwd(&L, 0, role, bx, NULL, bw, &wc, counts, E, by, NULL, outl, inl);
+        lb_linear_grouped_bwd(&L, 0, role, bx, NULL, bw, &wc, counts, E, NULL, 1, bdy, NULL, bdx,
+                              NULL, bdw, 0.0f, outl, inl);
+        float *y = bget(by, (size_t)N * outl), *dx = bget(bdx, (size_t)N * inl),
+              *dw = bget(bdw, (size_t)E * outl * inl);
+        // along the shard: dW (both), y (gate/up), dx (down); bitwise
+        int dnr, dnc;
+        float *w1l = etp_shard(dw1, E, out, in, gu, F, FL, r, gu, &dnr, &dnc);
+        fails[k] += memcmp(dw, w1l, sizeof(float) * E * outl * inl) != 0;
+        float *a1 = gu ? etp_shard(y1, 1, N, out, 1, F, FL, r, 0, &dnr, &dnc)
+                       : etp_shard(dx1, 1, N, in, 0, F, FL, r, 0, &dnr, &dnc);
+        fails[k] += memcmp(gu ? y : dx, a1, sizeof(float) * N * (gu ? outl : inl)) != 0;
+        // partial sums: gate/up's dx (N, H), down's y (N, H), summed in rank order
+        const float *part = gu ? dx : y, *ref = gu ? dx1 : y1;
+        float *all = malloc(sizeof(float) * N * H * P);
+        lb_comm_host_all_gather(world, part, all, sizeof(float) * N * H);
+        double dmax = 0.0, rmax = 0.0;
+        for (int i = 0; i < N * H; i++) {
+            float sum = all[i];
+            for (int q = 1; q < P; q++) sum += all[(size_t)q * N * H + i];
+            dmax = fmax(dmax, fabs((double)sum - ref[i]));
+            rmax = fmax(rmax, fabs((double)ref[i]));
+        }
+        fails[k] += !(dmax <= 1e-5 * rmax);
+        if (k == 0 && fails[0])
+            fprintf(stderr, "test_linear etp: rank %d: %s %s: %d of 3 products not one rank's "
+                    "(partial sums %.3g of %.3g)\n", r, gu ? "gate/up" : "down", scale, fails[0],
+                    dmax, rmax);
+        free(w1l), free(a1), free(all), free(y), free(dx), free(dw);
+        lb_wcache_free(&L, &wc), lb_linear_free(&L);
+        be->free(be, bw), be->free(be, bx), be->free(be, bdy), be->free(be, by);
+        be->free(be, bdx), be->free(be, bdw);
+    }
+    etp_check(fails[0] == 0, "activations with etp: not one rank's products", r);
+    // every rank's check without etp: one rank may hold every largest feature of its tokens
+    const double without = lb_comm_allreduce_sum(world, (double)fails[1]);
+    etp_check(without > 0, "activations without etp: one rank's products (the check cannot fail)",
+              r);
+    if (r == 0)
+        printf("test_linear etp: %s %s activations: %s products one rank's with etp, %g "
+               "differing without\n", gu ? "gate/up" : "down", scale, fails[0] ? "not all" : "all",
+               without);
+    lb_contract_free(&c);
+    free(w), free(x), free(dy), free(wl), free(xl), free(dyl), free(y1), free(dx1), free(dw1);
+}
+
 static int etp_main(int argc, char **argv)
 {
+    const int cuda = argc > 2 && strcmp(argv[2], "cuda") == 0;
     lb_comm world;
     lb_comm_init(&world, &argc, &argv);
+    if (cuda) {   // every rank on the first GPU (the group's all-gathers are MPI's, on the host)
+        char err[256];
+        be = lb_backend_cuda_create(0, err, sizeof err);
+        if (!be) lb_die("test_linear etp cuda: %s", err);
+    }
     if (32 % world.size != 0 || (32 / world.size) % 16 != 0)
         lb_die("test_linear etp: 2 ranks (F 32 in NVFP4 blocks of 16 a shard), not %d", world.size);
-    const char *blocks[2] = {"16x16", "1x16"};
-    for (int b = 0; b < 2; b++) {
+    const char *blocks[2] = {"16x16", "1x16"}, *scales[2] = {"per-token", "per-tensor"};
+    for (int b = 0; b < 2 && be == cpu_be; b++) {   // the weight caches' bytes, on the host
         etp_case(&world, LB_ROLE_MOE_GATE_UP, blocks[b]);
         etp_case(&world, LB_ROLE_MOE_DOWN, blocks[b]);
     }
+    for (int k = 0; k < 2; k++) {
+        etp_act_case(&world, LB_ROLE_MOE_GATE_UP, scales[k]);
+        etp_act_case(&world, LB_ROLE_MOE_DOWN, scales[k]);
+    }
     const double bad = lb_comm_allreduce_sum(&world, (double)etp_failures);
-    if (world.rank == 0) printf("test_linear etp: %d ranks, %s\n", world.size, bad ? "FAILED" : "passed");
+    if (world.rank == 0)
+        printf("test_linear etp: %d ranks, %s backend, %s\n", world.size, be->name,
+               bad ? "FAILED" : "passed");
+    if (be != cpu_be) be->destroy(be);
     lb_comm_finalize(&world);
     return bad ? 1 : 0;
 }
@@ -717,7 +883,7 @@ static int etp_main(int argc, char **argv)
 int main(int argc, char **argv)
 {
     char err[256];
-    be = lb_backend_cpu_create(0, err, sizeof err);
+    be = cpu_be = lb_backend_cpu_create(0, err, sizeof err);
     if (!be) return 1;
     if (argc > 1 && strcmp(argv[1], "etp") == 0) return etp_main(argc, argv);
     Suite *s = suite_create("linear");
