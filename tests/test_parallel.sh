@@ -176,6 +176,8 @@ grep -q "1F1B pipeline" "$tmp/pp2.log" && ok || fail "pp2 does not report the 1F
 for run in "bf16 1 b1" "bf16 2 bep2 --set parallel.ep=2" "mxfp8 1 x1" \
            "mxfp8 4 xtp2ep2 --set parallel.tp=2 --set parallel.ep=2" "fp8-block 1 f1" \
            "fp8-block 2 fep2 --set parallel.ep=2" "nvfp4-moe 1 v1" "nvfp4-moe 2 vep2 --set parallel.ep=2" \
+           "nvfp4-moe 2 vtp2 --set parallel.tp=2" \
+           "nvfp4-moe 4 vtp2ep2 --set parallel.tp=2 --set parallel.ep=2" \
            "mxfp4 1 m41" "mxfp4 2 m4ep2 --set parallel.ep=2" \
            "mxfp4 1 h1 --set precision.wgrad_hadamard=random16" \
            "mxfp4 2 hep2 --set precision.wgrad_hadamard=random16 --set parallel.ep=2"; do
@@ -186,14 +188,19 @@ for run in "bf16 1 b1" "bf16 2 bep2 --set parallel.ep=2" "mxfp8 1 x1" \
         --set run.out_dir="$tmp/$name" > "$tmp/$name.log" 2>&1 ||
         fail "$name run: $(tail -n 3 "$tmp/$name.log")"
 done
-for pair in "b1 bep2" "x1 xtp2ep2" "f1 fep2" "v1 vep2" "m41 m4ep2" "h1 hep2"; do
+# nvfp4-moe under tp2 (etp 2): the experts' second levels are the whole expert's (weights) and
+# the whole token's or tensor's (activations and gradients), so steps 1-2 are one rank's too;
+# later steps drift by the tp summation order through bf16 roundings (parameters after 10
+# steps: measured 2.45e-3, hence 1e-2 for these two).
+for pair in "b1 bep2" "x1 xtp2ep2" "f1 fep2" "v1 vep2" "m41 m4ep2" "h1 hep2" "v1 vtp2" \
+            "v1 vtp2ep2"; do
     set -- $pair
     for key in loss grad_norm; do
         d=$(max_rel_diff <(head -n 2 "$tmp/$1/metrics.jsonl") <(head -n 2 "$tmp/$2/metrics.jsonl") $key)
         echo "$1 vs $2: steps 1-2 $key relative difference $d"
         awk -v d="$d" 'BEGIN { exit !(d <= 1e-7) }' && ok || fail "$1 vs $2: steps 1-2 $key differ by $d"
     done
-    same_params "$1 vs $2" "$(ck $1 10)" "$(ck $2 10)" 2e-3
+    same_params "$1 vs $2" "$(ck $1 10)" "$(ck $2 10)" "$(case $2 in vtp2*) echo 1e-2 ;; *) echo 2e-3 ;; esac)"
 done
 # Activation recomputation under tp2 x pp2 x ep2 (full: its collectives run again in the
 # backward) and under sequence parallelism (selective: the gathered norms again) gives the
