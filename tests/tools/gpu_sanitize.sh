@@ -4,7 +4,8 @@
 # slower) runs one case runner at a time (LB_TEST_CASES), each under its own time limit, so a
 # slow runner is named as not finished instead of hiding the others' results.
 #   tests/tools/gpu_sanitize.sh [OUTDIR]    (from a built tree; test programs: make check TESTS=)
-# Environment: MEMCHECK_S (600; 0 skips memcheck), RACE_S (per runner, 60), RACE_BUDGET_S (total, 300),
+# Environment: MEMCHECK_S (600; 0 skips memcheck; a run past it without an error report is
+# named as not finished, not failed), RACE_S (per runner, 60), RACE_BUDGET_S (total, 300),
 # RUNNERS (default: every *_case of the table), EXCLUDE (runners left out of racecheck),
 # LB_SRCDIR and LB_BUILDDIR (default: the current directory for both).
 set -uo pipefail
@@ -20,9 +21,19 @@ status=0
 if [ "${MEMCHECK_S:-600}" -gt 0 ]; then
     timeout "${MEMCHECK_S:-600}" "$cs" --tool memcheck --error-exitcode 9 "$t" > "$out/memcheck.log" 2>&1
     rc=$?
-    echo "memcheck: rc $rc; $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1);" \
-         "$(grep -E '^[0-9]+%: Checks' "$out/memcheck.log" | tail -1)"
-    [ $rc -eq 0 ] || status=1
+    # compute-sanitizer prints each error as it finds it ("========= Invalid ...", "=========
+    # Program hit ..."): a run cut by the time limit fails on those it printed, and is named
+    # as not finished otherwise (the cases it reached: "N%: Checks" is written at the end only)
+    errs=$(grep -cE '^========= (Invalid|Program hit|Uninitialized|Leaked|Malloc|Cuda API|Error)' \
+           "$out/memcheck.log")
+    if [ $rc -eq 124 ] && [ "$errs" -eq 0 ]; then
+        echo "memcheck: not finished in ${MEMCHECK_S:-600} s, no error reported before the limit" \
+             "($(grep -c '^Running\|^  ' "$out/memcheck.log") lines of output)"
+    else
+        echo "memcheck: rc $rc; $errs error reports; $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1);" \
+             "$(grep -E '^[0-9]+%: Checks' "$out/memcheck.log" | tail -1)"
+        [ $rc -eq 0 ] || status=1
+    fi
 fi
 
 runners=${RUNNERS:-$(sed -n '/^static const test_case CASES/,/^#define NCASES/p' "$table" |
