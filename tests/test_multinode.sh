@@ -6,7 +6,9 @@
 # the nodes (--map-by node) put each tp pair on two nodes, which still trains the same bits and
 # draws the warning that tp crosses the network. Each made-up node's 2 slots look free to Open
 # MPI, so its ranks would spin while they wait; beside make check's other MPI jobs on a 2-core
-# machine that stalled a run past its time limit: mpi_yield_when_idle.
+# machine that stalled a run past its time limit: mpi_yield_when_idle. The launcher is named
+# (plm rsh): the GPU machine's image sets OMPI_MCA_plm=isolated, which starts no daemon on
+# another node, so its mapper found both made-up nodes "already filled".
 set -uo pipefail
 src=${LB_SRCDIR:-.}
 bin=${LB_BUILDDIR:-.}/lowbit
@@ -18,7 +20,7 @@ failed=0
 fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
 printf 'nodea slots=2\nnodeb slots=2\n' > "$tmp/hosts"
 export LB_FAKE_NODE_TMP="$tmp"   # the nodes' session directories (mpi_fake_ssh.sh)
-nodes=(--hostfile "$tmp/hosts" --mca plm_rsh_agent "$src/tests/mpi_fake_ssh.sh"
+nodes=(--hostfile "$tmp/hosts" --mca plm rsh --mca plm_rsh_agent "$src/tests/mpi_fake_ssh.sh"
        --mca plm_rsh_no_tree_spawn 1 --mca btl tcp,self --mca mpi_yield_when_idle 1)
 
 "$bin" data "$cfg" --set gen.output="$tmp/arith" --set gen.problems=2000 > /dev/null ||
