@@ -1298,6 +1298,44 @@ static void layer_recompute(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
                 .gu = gu16 ? NULL : L->f.gu, .gu16 = gu16, .n = rows, .f = moe ? d.F : d.Fd});
 }
 
+// The training forward's LM head (lb_model_forward_train): R rows at a time, the chunk's
+// logits, their per-token losses and row statistics, then at once the LM head's backward for
+// those rows with the loss scale given up front: d lnf rows into a->dln, the weight gradient
+// accumulated chunk by chunk. A chunk's logits are made once, and live only until its
+// backward; unchunked (R = ns) the calls and their bits are those of forward then backward.
+static void head_train(lb_model *m, lb_acts *a, const int32_t *tg, int R)
+{
+    lb_backend *be = m->be;
+    lb_dims d = lb_dims_of(m);
+    const lb_tensor *th = find_or_die(m, "lm_head.weight");
+    const int l = m->cfg.num_hidden_layers - 1, ns = a->ns, C = d.C;
+    float *wh = m->params + th->offset, *dwh = m->grads + th->offset;
+    const lb_wcache *ch = &m->wcache[th - m->tensors];
+    float dce = m->ntokens ? m->head_scale / (float)m->ntokens : 0.0f;
+    int fused = lb_linear_ce_fusable(&m->lin, l, LB_ROLE_LM_HEAD);
+    for (int r = 0; r < ns; r += R) {
+        int nr = ns - r < R ? ns - r : R;
+        const float *x = a->lnf + (size_t)r * C;
+        double *st = a->ce_stats + 2 * (size_t)r;
+        lb_linear_fwd(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, 0, m->logits, nr, d.V, C, 0.0f);
+        be->cross_entropy_fwd(be, a->loss + r, st, m->logits, tg + r, nr, d.V);
+        // the cross-entropy's gradient and the LM head's backward in one call where the
+        // backward is a plain bf16 GEMM (the backend need not store the gradient)
+        if (fused) {
+            lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, m->logits, st, tg + r, dce,
+                             a->dln + (size_t)r * C, dwh, lb_model_grad_beta(m, dwh), nr, d.V, C);
+        } else {
+            be->cross_entropy_bwd(be, m->logits, m->logits, st, tg + r, dce, nr, d.V);
+            lb_linear_bwd(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, 0, m->logits,
+                          a->dln + (size_t)r * C, 0.0f, dwh, lb_model_grad_beta(m, dwh), nr, d.V,
+                          C);
+        }
+    }
+    a->ce_stats_ok = a->logits_whole = 0;   // the buffer holds a gradient now
+    a->head_done = 1;
+    a->head_scale = m->head_scale;
+}
+
 void lb_decoder_forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t)
 {
     const lb_model_config *c = &m->cfg;
@@ -1318,43 +1356,46 @@ void lb_decoder_forward(lb_model *m, const int32_t *tokens, const int32_t *targe
     m->ntokens = 0;
     m->ce_loss = 0.0f;
     m->loss = (float)(c->router_aux_loss_coef * aux);
-    a->ce_stats_ok = 0;
+    a->ce_stats_ok = a->logits_whole = a->head_done = 0;
     if (!m->last_stage) return;   // the next stage continues from stage_output
     const lb_tensor *tn = find_or_die(m, "model.norm.weight");
     const lb_tensor *th = find_or_die(m, "lm_head.weight");
     be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->lnf, .rstd = a->rstdf, .x = a->l[a->nl].x,
             .w = m->params + tn->offset, .n = ns, .c = C, .eps = eps});
-    int R = ce_rows(m, ns);
-    if (R < ns && !targets) lb_die("chunked cross-entropy keeps no logits: a forward needs targets");
-    // Loss: mean cross-entropy over counted targets, summed in token order in double (each
-    // rank's rows, then the ranks in order under SP). Chunked: the LM head and the per-token
-    // losses R rows at a time, so the (rows, vocab) logits never exist whole.
-    for (int r = 0; r < ns; r += R) {
-        int nr = ns - r < R ? ns - r : R;
-        lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf + (size_t)r * C,
-                      m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits, nr, d.V,
+    int R = targets ? ce_rows(m, ns) : ns;
+    if (!targets) {   // the logits of every row (log-probabilities, sampling's checks)
+        lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf,
+                      m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits, ns, d.V,
                       C, 0.0f);
-        // Unchunked, the statistics save the backward a second read of every row.
-        if (targets)
+        a->logits_whole = 1;
+        return;
+    }
+    m->ntokens = m->target_count;   // all rows', counted by the host before the forward
+    if (m->head_bwd) {
+        head_train(m, a, targets + r0, R);
+    } else {
+        // Loss only, or kept for a backward: the LM head and the per-token losses R rows at a
+        // time (chunked, the logits are not kept); unchunked, the statistics save the
+        // backward a second read of every row.
+        for (int r = 0; r < ns; r += R) {
+            int nr = ns - r < R ? ns - r : R;
+            lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf + (size_t)r * C,
+                          m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits, nr,
+                          d.V, C, 0.0f);
             be->cross_entropy_fwd(be, a->loss + r, R == ns ? a->ce_stats : NULL, m->logits,
                                   targets + r0 + r, nr, d.V);
+        }
+        a->ce_stats_ok = a->logits_whole = R == ns;
     }
-    if (!targets) return;
-    a->ce_stats_ok = R == ns;
+    // Loss: mean cross-entropy over counted targets, summed in token order in double (each
+    // rank's rows, then the ranks in order under SP).
     be->download(be, a->host_loss, a->loss, (size_t)ns * sizeof(float));
     be->download(be, a->host_targets, targets + r0, (size_t)ns * sizeof(int32_t));
-    double sum = 0.0, count = 0.0;
+    double sum = 0.0;
     for (int i = 0; i < ns; i++)
-        if (a->host_targets[i] >= 0) {
-            sum += a->host_loss[i];
-            count += 1.0;
-        }
-    if (m->par.sp) {
-        sum = lb_comm_allreduce_sum(m->par.tp_comm, sum);
-        count = lb_comm_allreduce_sum(m->par.tp_comm, count);
-    }
-    m->ntokens = (int)count;
-    m->ce_loss = count > 0 ? (float)(sum / count) : 0.0f;
+        if (a->host_targets[i] >= 0) sum += a->host_loss[i];
+    if (m->par.sp) sum = lb_comm_allreduce_sum(m->par.tp_comm, sum);
+    m->ce_loss = m->ntokens > 0 ? (float)(sum / m->ntokens) : 0.0f;
     m->loss = (float)(m->ce_loss + c->router_aux_loss_coef * aux);
 }
 
@@ -1449,54 +1490,48 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
 
 void lb_decoder_backward_logits(lb_model *m, float aux_scale)
 {
-    if (ce_rows(m, ((lb_acts *)m->acts)->ns) < ((lb_acts *)m->acts)->ns)
-        lb_die("chunked cross-entropy keeps no logits to start a backward from");
+    lb_acts *a = m->acts;
+    if (m->last_stage && !a->logits_whole)
+        lb_die("backward from the logits: the last forward kept no logits of every row (it had "
+               "targets and chunked cross-entropy, or ran the LM head's backward)");
+    a->head_done = 0;
     backward_from(m, aux_scale, 0);
 }
 
 void lb_decoder_backward(lb_model *m, float loss_scale)
 {
     lb_acts *a = m->acts;
-    int ns = a->ns, R = ce_rows(m, ns), head_done = 0;
-    if (m->last_stage) {
+    int ns = a->ns, head_done = 0;
+    if (m->last_stage && a->head_done) {   // lb_model_forward_train ran the LM head's backward
+        if (loss_scale != a->head_scale)
+            lb_die("backward with loss scale %g after a training forward for %g", loss_scale,
+                   a->head_scale);
+        head_done = 1;
+    } else if (m->last_stage) {
         const lb_model_config *c = &m->cfg;
         lb_dims d = lb_dims_of(m);
         const lb_tensor *th = find_or_die(m, "lm_head.weight");
         const int32_t *tg = m->targets + row_offset(m, ns);
         float dce = m->ntokens ? loss_scale / (float)m->ntokens : 0.0f;
         float *wh = m->params + th->offset, *dwh = m->grads + th->offset;
-        if (R == ns) {
-            const double *st = a->ce_stats_ok ? a->ce_stats : NULL;   // the forward's, if any
-            const int l = c->num_hidden_layers - 1;
-            // The cross-entropy's gradient and the LM head's backward in one call (the
-            // backend need not store the gradient); else the logits buffer becomes d loss /
-            // d logits, and backward_from runs the LM head's backward
-            head_done = st && lb_linear_ce_fusable(&m->lin, l, LB_ROLE_LM_HEAD);
-            if (head_done)
-                lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, a->lnf, wh,
-                                 &m->wcache[th - m->tensors], m->logits, st, tg, dce, a->dln,
-                                 dwh, lb_model_grad_beta(m, dwh), ns, d.V, d.C);
-            else
-                m->be->cross_entropy_bwd(m->be, m->logits, m->logits, st, tg, dce, ns, d.V);
-            a->ce_stats_ok = 0;   // the buffer no longer holds the logits
-        } else {
-            // Chunked: each chunk's logits again, their gradient, and the LM head's backward
-            // for those rows (d lnf rows overwritten, the weight gradient accumulated chunk by
-            // chunk).
-            for (int r = 0; r < ns; r += R) {
-                int nr = ns - r < R ? ns - r : R;
-                lb_linear_fwd(&m->lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
-                              a->lnf + (size_t)r * d.C, wh, &m->wcache[th - m->tensors], 0,
-                              m->logits, nr, d.V, d.C, 0.0f);
-                m->be->cross_entropy_bwd(m->be, m->logits, m->logits, NULL, tg + r, dce, nr, d.V);
-                lb_linear_bwd(&m->lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
-                              a->lnf + (size_t)r * d.C, wh, &m->wcache[th - m->tensors], 0,
-                              m->logits, a->dln + (size_t)r * d.C, 0.0f, dwh,
-                              lb_model_grad_beta(m, dwh), nr, d.V, d.C);
-            }
-            head_done = 1;
-        }
+        if (!a->logits_whole)
+            lb_die("backward: the forward kept no logits (chunked cross-entropy); a training "
+                   "step's forward is lb_model_forward_train");
+        const double *st = a->ce_stats_ok ? a->ce_stats : NULL;   // the forward's, if any
+        const int l = c->num_hidden_layers - 1;
+        // The cross-entropy's gradient and the LM head's backward in one call (the backend
+        // need not store the gradient); else the logits buffer becomes d loss / d logits, and
+        // backward_from runs the LM head's backward
+        head_done = st && lb_linear_ce_fusable(&m->lin, l, LB_ROLE_LM_HEAD);
+        if (head_done)
+            lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, a->lnf, wh, &m->wcache[th - m->tensors],
+                             m->logits, st, tg, dce, a->dln, dwh, lb_model_grad_beta(m, dwh), ns,
+                             d.V, d.C);
+        else
+            m->be->cross_entropy_bwd(m->be, m->logits, m->logits, st, tg, dce, ns, d.V);
+        a->ce_stats_ok = a->logits_whole = 0;   // the buffer no longer holds the logits
     }
+    a->head_done = 0;
     backward_from(m, loss_scale * (float)m->cfg.router_aux_loss_coef, head_done);
 }
 

@@ -121,6 +121,9 @@ typedef struct {
     float *loss;           // (ns) per-token losses
     double *ce_stats;      // (ns, 2) the cross-entropy's row statistics (max, exp sum)
     int ce_stats_ok;       // ce_stats are those of the logits buffer, all ns rows
+    int logits_whole;      // the logits buffer holds the last forward's ns rows
+    int head_done;         // the last forward ran the LM head's backward (forward_train) ...
+    float head_scale;      // ... with this loss scale: dln holds d loss / d lnf
     int32_t *pos;          // (n)
     double *rope_freq;     // (D/2) backend: llama3-scaled RoPE frequencies, NULL for plain RoPE
     float *ones;           // (n) backend ones: the attention biases' GEMMs, or NULL

@@ -2,6 +2,7 @@
 // and the forward/backward entry points that move tokens to the backend.
 #include "models/model.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -256,6 +257,7 @@ static void acts_release(lb_model *m)
     m->be->free(m->be, m->targets);
     m->acts = NULL;
     m->logits = NULL;
+    m->logit_cap = 0;
     m->tokens = m->targets = NULL;
 }
 
@@ -265,11 +267,13 @@ void lb_model_use_slot(lb_model *m, int s)
     if (s < 0 || s >= n) lb_die("activation slot %d: the model keeps 0..%d", s, n - 1);
     if (s == m->cur_slot) return;
     struct lb_model_slot *c = &m->slot[m->cur_slot], *x = &m->slot[s];
-    *c = (struct lb_model_slot){m->b, m->t, m->acts, m->logits, m->tokens, m->targets};
+    *c = (struct lb_model_slot){m->b, m->t, m->acts, m->logits, m->logit_cap, m->tokens,
+                                m->targets};
     m->b = x->b;
     m->t = x->t;
     m->acts = x->acts;
     m->logits = x->logits;
+    m->logit_cap = x->logit_cap;
     m->tokens = x->tokens;
     m->targets = x->targets;
     m->cur_slot = s;
@@ -397,6 +401,15 @@ void lb_model_refresh_weights(lb_model *m)
     m->wcache_stale = 0;
 }
 
+// m->logits holds at least rows rows (grow-only; the last stage's alone).
+static void logits_ensure(lb_model *m, size_t rows)
+{
+    if (!m->last_stage || rows <= (size_t)m->logit_cap) return;
+    if (m->logits) m->be->free(m->be, m->logits);
+    m->logits = m->be->alloc(m->be, rows * (size_t)m->cfg.vocab_size * sizeof(float));
+    m->logit_cap = (int)rows;
+}
+
 static void acts_ensure(lb_model *m, int b, int t)
 {
     if (m->acts && m->b == b && m->t == t) return;
@@ -408,8 +421,7 @@ static void acts_ensure(lb_model *m, int b, int t)
     m->t = t;
     size_t rows = m->par.sp ? n / m->par.tp : n;   // sequence parallel: this rank's rows
     if (m->ce_chunk > 0 && (size_t)m->ce_chunk < rows) rows = (size_t)m->ce_chunk;   // one chunk
-    m->logits = m->last_stage ? be->alloc(be, rows * (size_t)m->cfg.vocab_size * sizeof(float))
-                              : NULL;
+    logits_ensure(m, rows);
     m->tokens = be->alloc(be, n * sizeof(int32_t));
     m->targets = be->alloc(be, n * sizeof(int32_t));
 }
@@ -453,12 +465,26 @@ float lb_model_forward(lb_model *m, const int32_t *tokens, const int32_t *target
         if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
             lb_die("token %d at position %zu is outside the vocabulary (%d)", tokens[i], i,
                    m->cfg.vocab_size);
+    if (!targets) logits_ensure(m, m->par.sp ? n / m->par.tp : n);   // every row's logits
     m->be->upload(m->be, m->tokens, tokens, n * sizeof(int32_t));
     if (targets) m->be->upload(m->be, m->targets, targets, n * sizeof(int32_t));
+    m->target_count = 0;
+    for (size_t i = 0; targets && i < n; i++) m->target_count += targets[i] >= 0;
     lb_model_refresh_weights(m);
     m->def->forward(m, m->tokens, targets ? m->targets : NULL, b, t);
     route_fetch(m, n);
     return m->loss;
+}
+
+float lb_model_forward_train(lb_model *m, const int32_t *tokens, const int32_t *targets, int b,
+                             int t, float loss_scale)
+{
+    if (!targets) lb_die("lb_model_forward_train: a training forward needs targets");
+    m->head_bwd = 1;
+    m->head_scale = loss_scale;
+    float loss = lb_model_forward(m, tokens, targets, b, t);
+    m->head_bwd = 0;
+    return loss;
 }
 
 void lb_model_backward(lb_model *m, float loss_scale)
@@ -557,6 +583,13 @@ int lb_model_kv_bf16(const lb_model *m)
 }
 
 void lb_model_set_ce_chunk(lb_model *m, int rows) { m->ce_chunk = rows > 0 ? rows : 0; }
+
+int lb_ce_chunk_rows(int rows, int vocab)
+{
+    if (rows > 0) return rows;
+    size_t fit = LB_CE_CHUNK_BYTES / ((size_t)(vocab > 0 ? vocab : 1) * sizeof(float)) / 64 * 64;
+    return fit < 64 ? 64 : fit > INT_MAX ? INT_MAX : (int)fit;
+}
 
 int lb_model_set_recompute(lb_model *m, const char *how, char *err, size_t errlen)
 {

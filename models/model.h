@@ -250,15 +250,18 @@ struct lb_model {
     uint8_t *grad_fresh;           // (ntensors) host
     int b, t;                      // shape the activations were made for
     void *acts;                    // definition-private activations
-    float *logits;                 // (rows, vocab) backend memory, valid after forward; rows
-                                   // = b*t, or this rank's b*t / tp under sequence parallelism
+    float *logits;                 // (logit_cap, vocab) backend memory, valid after forward:
+                                   // this rank's rows (b*t, or b*t / tp under sequence
+                                   // parallelism), or one chunk of them (ce_chunk)
+    int logit_cap;                 // rows m->logits holds
     int32_t *tokens, *targets;     // (b*t) backend copies used by forward/backward
     // Pipeline parallelism keeps several micro-batches in flight: each slot holds one set of
-    // the five fields above (lb_model_use_slot).
+    // the six fields above (lb_model_use_slot).
     struct lb_model_slot {
         int b, t;
         void *acts;
         float *logits;
+        int logit_cap;
         int32_t *tokens, *targets;
     } slot[8];
     int cur_slot;
@@ -267,6 +270,7 @@ struct lb_model {
     float ce_loss;                 // mean over counted tokens
     float aux_loss;                // sum over MoE layers of the Switch loss (as Megatron)
     int ntokens;                   // targets counted in ce_loss
+    int target_count;              // targets >= 0 in the last forward's host array (all rows)
     // precision: the contract every GEMM asks, and the weight cache the forward reads
     lb_contract contract;
     lb_linear lin;
@@ -281,9 +285,13 @@ struct lb_model {
     // layer's norms, core attention and SwiGLU before its backward; LB_RECOMPUTE_FULL keeps
     // only each layer's input and runs its whole forward again.
     int recompute;
-    // Chunked cross-entropy (lb_model_set_ce_chunk): the LM head and the loss this many rows at
-    // a time, the logits of a chunk recomputed in the backward; 0 = all rows at once.
+    // Chunked cross-entropy (lb_model_set_ce_chunk): a training forward's LM head and loss
+    // this many rows at a time; 0 = all rows at once.
     int ce_chunk;
+    // Set by lb_model_forward_train for its forward: the LM head's backward runs in it, chunk
+    // by chunk, with this loss scale (the decoder's acts record that it ran).
+    int head_bwd;
+    float head_scale;
     // Log-probabilities (lb_model_forward_logprobs and the sampler): backend scratch
     float *lp_loss, *lp_w;         // (lp_cap) per-row losses, per-row backward weights
     int32_t *lp_targets;           // (lp_cap)
@@ -373,6 +381,13 @@ void lb_model_free(lb_model *m);
 void lb_model_init_params(lb_model *m, uint64_t seed);
 // tokens/targets are HOST arrays (b*t); targets may be NULL. Returns m->loss.
 float lb_model_forward(lb_model *m, const int32_t *tokens, const int32_t *targets, int b, int t);
+// The forward of a training step whose backward, lb_model_backward(m, loss_scale) with the same
+// loss_scale, follows: the last stage runs the LM head's backward inside it, chunk by chunk
+// (ce_chunk), so a chunk's logits are made once and no (rows, vocab) logits outlive it. The
+// gradients are the bits of lb_model_forward then lb_model_backward wherever that runs
+// unchunked. targets required. Returns m->loss.
+float lb_model_forward_train(lb_model *m, const int32_t *tokens, const int32_t *targets, int b,
+                             int t, float loss_scale);
 // Where a forward of n rows copies a routed layer's top-k choices while route_log is set:
 // (layers of this stage, n, route_k) in backend memory, grown as needed.
 int32_t *lb_model_route_stage(lb_model *m, size_t n);
@@ -451,9 +466,15 @@ void lb_model_forward_logprobs(lb_model *m, const int32_t *tokens, const int32_t
 // After lb_model_forward_logprobs: accumulates d(sum_i dlp[i] * lp_i + aux_scale * AUX) /
 // d params into m->grads. dlp (b*t) host.
 void lb_model_backward_logprobs(lb_model *m, const float *dlp, float aux_scale);
-// Chunked cross-entropy: rows per chunk (0 = off). Only training forwards (with targets) and
-// backwards then work: no logits are kept for log-probabilities. Before the first forward.
+// Chunked cross-entropy: rows of logits a forward with targets makes at a time (0 = all).
+// Forwards without targets (log-probabilities) still make every row's logits. Before the first
+// forward.
 void lb_model_set_ce_chunk(lb_model *m, int rows);
+// The rows per chunk that train.ce_chunk = `rows` gives for a vocabulary of `vocab`: rows
+// itself when positive; 0 (auto) the most rows, a multiple of 64, whose fp32 logits fit
+// LB_CE_CHUNK_BYTES (for small vocabularies more rows than any micro-batch has).
+#define LB_CE_CHUNK_BYTES ((size_t)1 << 30)
+int lb_ce_chunk_rows(int rows, int vocab);
 enum { LB_RECOMPUTE_NONE = 0, LB_RECOMPUTE_SELECTIVE, LB_RECOMPUTE_FULL };
 // Activation recomputation: "none", "selective" or "full". Applies to activations made after
 // the call. -1 with a message for another name.

@@ -320,6 +320,76 @@ START_TEST(test_zero_grad_lazy)
 }
 END_TEST
 
+// lb_model_forward_train runs the LM head's backward inside the forward. Unchunked its
+// gradients and loss must be the bits of forward then backward (the same calls, in another
+// order); in chunks of 3 rows (14 rows: 3, 3, 3, 3, 2) the loss and every gradient but the LM
+// head's must still be those bits (a row's logits, loss and d lnf never depend on the other
+// rows), and the LM head's, summed chunk by chunk, must agree to rounding. Two micro-batches,
+// so the head's second one accumulates.
+static void check_forward_train(const char *arch, const char *recipe)
+{
+    char err[512];
+    lb_model_config cfg = tiny_config(arch);
+    lb_precision_spec spec = lb_test_spec(recipe);
+    lb_model *m[3];
+    int32_t tok[2][B * T], tgt[2][B * T];
+    batch(tok[0], tgt[0], cfg.vocab_size);
+    for (int i = 0; i < B * T; i++) {   // a second micro-batch: the first one's reversed
+        tok[1][i] = tok[0][B * T - 1 - i];
+        tgt[1][i] = tgt[0][B * T - 1 - i];
+    }
+    float loss[3][2];
+    for (int k = 0; k < 3; k++) {
+        m[k] = lb_model_create(&cfg, be, err, sizeof err);
+        ck_assert_msg(m[k] != NULL, "%s", err);
+        ck_assert_msg(lb_model_set_precision(m[k], &spec, 1, err, sizeof err) == 0, "%s", err);
+        lb_model_init_params(m[k], 5);
+        if (k == 2) lb_model_set_ce_chunk(m[k], 3);
+        lb_model_zero_grad(m[k]);
+        for (int mb = 0; mb < 2; mb++) {
+            loss[k][mb] = k ? lb_model_forward_train(m[k], tok[mb], tgt[mb], B, T, 0.5f)
+                            : lb_model_forward(m[k], tok[mb], tgt[mb], B, T);
+            lb_model_backward(m[k], 0.5f);
+        }
+    }
+    for (int k = 1; k < 3; k++)
+        for (int mb = 0; mb < 2; mb++)
+            ck_assert_msg(loss[k][mb] == loss[0][mb], "%s %s, model %d: loss %.9g, not %.9g",
+                          arch, recipe, k, loss[k][mb], loss[0][mb]);
+    for (int ti = 0; ti < m[0]->ntensors; ti++) {
+        const lb_tensor *t = &m[0]->tensors[ti];
+        const int head = !strcmp(t->name, "lm_head.weight");
+        double num = 0.0, den = 0.0;
+        for (size_t j = 0; j < t->numel; j++) {
+            float g0 = m[0]->grads[t->offset + j];
+            for (int k = 1; k < 3; k++) {
+                float g = m[k]->grads[t->offset + j];
+                if (k == 2 && head) continue;
+                ck_assert_msg(g == g0, "%s %s, model %d: %s[%zu] is %g, not %g", arch, recipe, k,
+                              t->name, j, g, g0);
+            }
+            double dd = (double)m[2]->grads[t->offset + j] - g0;
+            num += dd * dd;
+            den += (double)g0 * g0;
+        }
+        if (head)
+            ck_assert_msg(den > 0 && sqrt(num) <= 1e-6 * sqrt(den),
+                          "%s %s: the LM head's chunked gradient is %g from the whole one (of %g)",
+                          arch, recipe, sqrt(num), sqrt(den));
+    }
+    for (int k = 0; k < 3; k++) lb_model_free(m[k]);
+}
+
+START_TEST(test_forward_train)
+{
+    const char *recipes[] = {"fp32", "bf16", "fp8-block"};
+    for (int r = 0; r < 3; r++) {
+        check_forward_train("qwen3_moe", recipes[r]);
+        check_forward_train("qwen3", recipes[r]);
+    }
+}
+END_TEST
+
 // The optimizer writes a weight cache's bf16 copy with the update (AdamW's p16) where the copy
 // has the tensor's layout, and the refresh rounds only the others (down_proj's rows of 12 are
 // padded; offloaded parameters are updated on the host). After every step each copy must hold
@@ -580,6 +650,7 @@ int main(void)
     tcase_add_test(tc, test_router_bias_update);
     tcase_add_test(tc, test_loss_independent_of_batch);
     tcase_add_test(tc, test_zero_grad_lazy);
+    tcase_add_test(tc, test_forward_train);
     tcase_add_test(tc, test_adamw_writes_b16);
     tcase_add_test(tc, test_offload_pieces);
     tcase_add_test(tc, test_checkpoint_roundtrip);

@@ -491,7 +491,7 @@ static int bench_train(lb_backend *be, const lb_config *c)
         be->sync(be);
         double t0 = lb_now();
         lb_model_zero_grad(m);
-        lb_model_forward(m, tok, tgt, B, T);
+        lb_model_forward_train(m, tok, tgt, B, T, 1.0f);
         lb_model_backward(m, 1.0f);
         lb_optimizer_step(&opt, s, NULL);
         be->sync(be);

@@ -125,7 +125,8 @@ static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char
     // + logits on the last stage (this rank's rows under SP), tokens and targets; pipeline
     // stages keep up to pp - stage micro-batches in flight
     size_t lrows = rows / (par.sp ? g->tp : 1);   // rows of logits at a time
-    if (c->train.ce_chunk > 0 && (size_t)c->train.ce_chunk < lrows) lrows = c->train.ce_chunk;
+    size_t chunk = (size_t)lb_ce_chunk_rows(c->train.ce_chunk, c->model.vocab_size);
+    if (chunk < lrows) lrows = chunk;
     out->acts = ctx.now - before + rows * 2 * sizeof(int32_t) +
                 (m->last_stage ? lrows * (size_t)c->model.vocab_size * sizeof(float) : 0);
     int flight = g->pp - g->pp_rank < c->train.grad_accum / g->dp ? g->pp - g->pp_rank

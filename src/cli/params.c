@@ -79,9 +79,11 @@ static const lb_param rows[] = {
     LB_P(train, optimizer_offload, F, "0", 0, 1, NULL,
          "share of this rank's AdamW moments kept in host memory and updated there by the CPU "
          "backend (parameters and gradients of that share travel each step)"),
-    LB_P(train, ce_chunk, I, "0", 0, 1048576, NULL,
-         "chunked cross-entropy: the LM head and the loss this many rows at a time (the logits "
-         "of a chunk are recomputed in the backward), 0 = all rows at once"),
+    LB_P(train, ce_chunk, I, "0", 0, BIG, NULL,
+         "chunked cross-entropy: the LM head, the loss and the LM head's backward this many "
+         "rows at a time, so a micro-batch's (rows, vocab) logits never exist whole; 0 = auto: "
+         "the most rows (a multiple of 64) whose fp32 logits fit 1 GiB (1728 for a vocabulary "
+         "of 151936; more than any micro-batch has for small vocabularies)"),
     LB_P(train, recompute, E, "none", 0, 0, "none|selective|full",
          "activation recomputation before each decoder layer's backward: selective recomputes "
          "its norms, core attention and SwiGLU, full its whole forward (same bits, less memory)"),

@@ -199,7 +199,7 @@ static void stage_prepare(void *p)
 static void stage_forward(void *p, int j)
 {
     train_run *x = p;
-    lb_model_forward(x->m, x->in[j], x->tg[j], x->B, x->T);
+    lb_model_forward_train(x->m, x->in[j], x->tg[j], x->B, x->T, 1.0f / x->G);
     add_losses(x, x->sums);
 }
 
