@@ -323,12 +323,16 @@ typedef struct {
 // dx (n, c) = g w + dx_beta dx and dw (v, c) = g^T x + dw_beta dw: the same bits as those two
 // calls. logits are left undefined (the CPU writes g over them; CUDA rounds g to bf16 for the
 // GEMMs as it computes it, never storing it in fp32). w16: NULL, or w rounded to bf16 in
-// to_bf16's layout (v, pad8(c)), the dgrad's lb_gemm_args.b16.
+// to_bf16's layout (v, pad8(c)), the dgrad's lb_gemm_args.b16. logits16: NULL, or the logits
+// in bf16 (n, pad8(v)) instead (cross_entropy_fwd16's; logits then NULL): g from their widened
+// values, rounded to bf16 and written over them, and the GEMMs read that (lb_gemm_args.a16):
+// the same bits as cross_entropy_bwd on the widened logits, then gemm_grouped.
 typedef struct {
     int n, v, c;
     const float *x, *w;
     const uint16_t *w16;
     float *logits;
+    uint16_t *logits16;
     const double *stats;
     const int32_t *targets;
     float dloss;
@@ -609,6 +613,12 @@ typedef struct {
     X(void, cross_entropy_fwd, (lb_backend *be, float *loss, double *stats,                   \
                                 const float *logits, const int32_t *targets, int n, int v),   \
       (be, loss, stats, logits, targets, n, v))                                               \
+    /* The same over bf16 logits (n, pad8(v)), to_bf16's layout (a GEMM's c16: an LM head     \
+       whose passes are all bf16 stores its logits so), each widened exactly: the results of  \
+       cross_entropy_fwd on the widened values. */                                            \
+    X(void, cross_entropy_fwd16, (lb_backend *be, float *loss, double *stats,                 \
+                                  const uint16_t *logits16, const int32_t *targets, int n,    \
+                                  int v), (be, loss, stats, logits16, targets, n, v))         \
     /* dlogits (n, v) = dloss * (softmax(logits) - onehot(target)); may alias logits. stats:  \
        the forward's for these same logits (the backward then reads each row once, not        \
        twice; the result is the same bits), or NULL. */                                       \

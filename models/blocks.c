@@ -1149,12 +1149,6 @@ static const lb_tensor *find_or_die(const lb_model *m, const char *name)
     return t;
 }
 
-// Rows of logits the LM head makes at a time: all ns, or m->ce_chunk (chunked cross-entropy).
-static int ce_rows(const lb_model *m, int ns)
-{
-    return m->ce_chunk > 0 && m->ce_chunk < ns ? m->ce_chunk : ns;
-}
-
 // Under SP rank r holds rows [r ns, (r + 1) ns) of the residual stream.
 static int row_offset(const lb_model *m, int ns) { return m->par.sp ? m->par.tp_rank * ns : 0; }
 
@@ -1313,16 +1307,24 @@ static void head_train(lb_model *m, lb_acts *a, const int32_t *tg, int R)
     const lb_wcache *ch = &m->wcache[th - m->tensors];
     float dce = m->ntokens ? m->head_scale / (float)m->ntokens : 0.0f;
     int fused = lb_linear_ce_fusable(&m->lin, l, LB_ROLE_LM_HEAD);
+    uint16_t *l16 = lb_model_logits16(m) ? (uint16_t *)m->logits : NULL;
     for (int r = 0; r < ns; r += R) {
         int nr = ns - r < R ? ns - r : R;
         const float *x = a->lnf + (size_t)r * C;
         double *st = a->ce_stats + 2 * (size_t)r;
+        if (l16) {   // bf16 logits, the gradient written over them
+            lb_linear_fwd_c16(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, l16, nr, d.V, C);
+            be->cross_entropy_fwd16(be, a->loss + r, st, l16, tg + r, nr, d.V);
+            lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, NULL, l16, st, tg + r, dce,
+                             a->dln + (size_t)r * C, dwh, lb_model_grad_beta(m, dwh), nr, d.V, C);
+            continue;
+        }
         lb_linear_fwd(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, 0, m->logits, nr, d.V, C, 0.0f);
         be->cross_entropy_fwd(be, a->loss + r, st, m->logits, tg + r, nr, d.V);
         // the cross-entropy's gradient and the LM head's backward in one call where the
         // backward is a plain bf16 GEMM (the backend need not store the gradient)
         if (fused) {
-            lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, m->logits, st, tg + r, dce,
+            lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, m->logits, NULL, st, tg + r, dce,
                              a->dln + (size_t)r * C, dwh, lb_model_grad_beta(m, dwh), nr, d.V, C);
         } else {
             be->cross_entropy_bwd(be, m->logits, m->logits, st, tg + r, dce, nr, d.V);
@@ -1362,7 +1364,7 @@ void lb_decoder_forward(lb_model *m, const int32_t *tokens, const int32_t *targe
     const lb_tensor *th = find_or_die(m, "lm_head.weight");
     be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->lnf, .rstd = a->rstdf, .x = a->l[a->nl].x,
             .w = m->params + tn->offset, .n = ns, .c = C, .eps = eps});
-    int R = targets ? ce_rows(m, ns) : ns;
+    int R = targets ? lb_model_ce_rows(m, ns) : ns;
     if (!targets) {   // the logits of every row (log-probabilities, sampling's checks)
         lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf,
                       m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits, ns, d.V,
@@ -1376,14 +1378,22 @@ void lb_decoder_forward(lb_model *m, const int32_t *tokens, const int32_t *targe
     } else {
         // Loss only, or kept for a backward: the LM head and the per-token losses R rows at a
         // time (chunked, the logits are not kept); unchunked, the statistics save the
-        // backward a second read of every row.
+        // backward a second read of every row. bf16 logits where the head is bf16 throughout.
+        const int l = c->num_hidden_layers - 1;
+        const float *wh = m->params + th->offset;
+        const lb_wcache *ch = &m->wcache[th - m->tensors];
         for (int r = 0; r < ns; r += R) {
             int nr = ns - r < R ? ns - r : R;
-            lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf + (size_t)r * C,
-                          m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits, nr,
-                          d.V, C, 0.0f);
-            be->cross_entropy_fwd(be, a->loss + r, R == ns ? a->ce_stats : NULL, m->logits,
-                                  targets + r0 + r, nr, d.V);
+            const float *x = a->lnf + (size_t)r * C;
+            double *st = R == ns ? a->ce_stats : NULL;
+            if (lb_model_logits16(m)) {
+                uint16_t *l16 = (uint16_t *)m->logits;
+                lb_linear_fwd_c16(lin, l, LB_ROLE_LM_HEAD, x, wh, ch, l16, nr, d.V, C);
+                be->cross_entropy_fwd16(be, a->loss + r, st, l16, targets + r0 + r, nr, d.V);
+            } else {
+                lb_linear_fwd(lin, l, LB_ROLE_LM_HEAD, x, wh, ch, 0, m->logits, nr, d.V, C, 0.0f);
+                be->cross_entropy_fwd(be, a->loss + r, st, m->logits, targets + r0 + r, nr, d.V);
+            }
         }
         a->ce_stats_ok = a->logits_whole = R == ns;
     }
@@ -1523,10 +1533,12 @@ void lb_decoder_backward(lb_model *m, float loss_scale)
         // need not store the gradient); else the logits buffer becomes d loss / d logits, and
         // backward_from runs the LM head's backward
         head_done = st && lb_linear_ce_fusable(&m->lin, l, LB_ROLE_LM_HEAD);
+        uint16_t *l16 = lb_model_logits16(m) ? (uint16_t *)m->logits : NULL;
+        if (l16 && !head_done) lb_die("backward: the forward's bf16 logits lack their statistics");
         if (head_done)
             lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, a->lnf, wh, &m->wcache[th - m->tensors],
-                             m->logits, st, tg, dce, a->dln, dwh, lb_model_grad_beta(m, dwh), ns,
-                             d.V, d.C);
+                             l16 ? NULL : m->logits, l16, st, tg, dce, a->dln, dwh,
+                             lb_model_grad_beta(m, dwh), ns, d.V, d.C);
         else
             m->be->cross_entropy_bwd(m->be, m->logits, m->logits, st, tg, dce, ns, d.V);
         a->ce_stats_ok = a->logits_whole = 0;   // the buffer no longer holds the logits

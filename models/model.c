@@ -401,13 +401,13 @@ void lb_model_refresh_weights(lb_model *m)
     m->wcache_stale = 0;
 }
 
-// m->logits holds at least rows rows (grow-only; the last stage's alone).
-static void logits_ensure(lb_model *m, size_t rows)
+// m->logits holds at least bytes (grow-only; the last stage's alone).
+static void logits_ensure(lb_model *m, size_t bytes)
 {
-    if (!m->last_stage || rows <= (size_t)m->logit_cap) return;
+    if (!m->last_stage || bytes <= m->logit_cap) return;
     if (m->logits) m->be->free(m->be, m->logits);
-    m->logits = m->be->alloc(m->be, rows * (size_t)m->cfg.vocab_size * sizeof(float));
-    m->logit_cap = (int)rows;
+    m->logits = m->be->alloc(m->be, bytes);
+    m->logit_cap = bytes;
 }
 
 static void acts_ensure(lb_model *m, int b, int t)
@@ -420,8 +420,7 @@ static void acts_ensure(lb_model *m, int b, int t)
     m->b = b;
     m->t = t;
     size_t rows = m->par.sp ? n / m->par.tp : n;   // sequence parallel: this rank's rows
-    if (m->ce_chunk > 0 && (size_t)m->ce_chunk < rows) rows = (size_t)m->ce_chunk;   // one chunk
-    logits_ensure(m, rows);
+    logits_ensure(m, (size_t)lb_model_ce_rows(m, (int)rows) * lb_model_logit_row_bytes(m));
     m->tokens = be->alloc(be, n * sizeof(int32_t));
     m->targets = be->alloc(be, n * sizeof(int32_t));
 }
@@ -465,7 +464,8 @@ float lb_model_forward(lb_model *m, const int32_t *tokens, const int32_t *target
         if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
             lb_die("token %d at position %zu is outside the vocabulary (%d)", tokens[i], i,
                    m->cfg.vocab_size);
-    if (!targets) logits_ensure(m, m->par.sp ? n / m->par.tp : n);   // every row's logits
+    if (!targets)   // every row's logits, fp32
+        logits_ensure(m, (m->par.sp ? n / m->par.tp : n) * (size_t)m->cfg.vocab_size * 4);
     m->be->upload(m->be, m->tokens, tokens, n * sizeof(int32_t));
     if (targets) m->be->upload(m->be, m->targets, targets, n * sizeof(int32_t));
     m->target_count = 0;
@@ -584,11 +584,24 @@ int lb_model_kv_bf16(const lb_model *m)
 
 void lb_model_set_ce_chunk(lb_model *m, int rows) { m->ce_chunk = rows > 0 ? rows : 0; }
 
-int lb_ce_chunk_rows(int rows, int vocab)
+int lb_model_logits16(const lb_model *m)
 {
-    if (rows > 0) return rows;
-    size_t fit = LB_CE_CHUNK_BYTES / ((size_t)(vocab > 0 ? vocab : 1) * sizeof(float)) / 64 * 64;
-    return fit < 64 ? 64 : fit > INT_MAX ? INT_MAX : (int)fit;
+    return lb_linear_ce_logits16(&m->lin, m->cfg.num_hidden_layers - 1,
+                                 LB_ROLE_LM_HEAD);
+}
+
+size_t lb_model_logit_row_bytes(const lb_model *m)
+{
+    const size_t v = (size_t)m->cfg.vocab_size;
+    return lb_model_logits16(m) ? (v + 7) / 8 * 8 * sizeof(uint16_t) : v * sizeof(float);
+}
+
+int lb_model_ce_rows(const lb_model *m, int rows)
+{
+    size_t fit = m->ce_chunk > 0 ? (size_t)m->ce_chunk
+                                 : LB_CE_CHUNK_BYTES / lb_model_logit_row_bytes(m) / 64 * 64;
+    if (fit < 64) fit = 64;
+    return fit < (size_t)rows ? (int)fit : rows;
 }
 
 int lb_model_set_recompute(lb_model *m, const char *how, char *err, size_t errlen)

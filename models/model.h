@@ -250,10 +250,12 @@ struct lb_model {
     uint8_t *grad_fresh;           // (ntensors) host
     int b, t;                      // shape the activations were made for
     void *acts;                    // definition-private activations
-    float *logits;                 // (logit_cap, vocab) backend memory, valid after forward:
-                                   // this rank's rows (b*t, or b*t / tp under sequence
-                                   // parallelism), or one chunk of them (ce_chunk)
-    int logit_cap;                 // rows m->logits holds
+    float *logits;                 // backend memory, valid after forward: the logits of this
+                                   // rank's rows (b*t, or b*t / tp under sequence parallelism),
+                                   // (rows, vocab) fp32; a forward with targets: of a chunk of
+                                   // them (lb_model_ce_rows), in bf16 (rows, pad8(vocab))
+                                   // where lb_model_logits16
+    size_t logit_cap;              // bytes m->logits holds
     int32_t *tokens, *targets;     // (b*t) backend copies used by forward/backward
     // Pipeline parallelism keeps several micro-batches in flight: each slot holds one set of
     // the six fields above (lb_model_use_slot).
@@ -261,7 +263,7 @@ struct lb_model {
         int b, t;
         void *acts;
         float *logits;
-        int logit_cap;
+        size_t logit_cap;
         int32_t *tokens, *targets;
     } slot[8];
     int cur_slot;
@@ -470,11 +472,15 @@ void lb_model_backward_logprobs(lb_model *m, const float *dlp, float aux_scale);
 // Forwards without targets (log-probabilities) still make every row's logits. Before the first
 // forward.
 void lb_model_set_ce_chunk(lb_model *m, int rows);
-// The rows per chunk that train.ce_chunk = `rows` gives for a vocabulary of `vocab`: rows
-// itself when positive; 0 (auto) the most rows, a multiple of 64, whose fp32 logits fit
-// LB_CE_CHUNK_BYTES (for small vocabularies more rows than any micro-batch has).
+// Rows of logits a forward with targets of `rows` rows makes at a time: ce_chunk where set;
+// else (0, auto) the most rows, a multiple of 64, whose logits fit LB_CE_CHUNK_BYTES (for
+// small vocabularies more rows than any micro-batch has); at most rows.
 #define LB_CE_CHUNK_BYTES ((size_t)1 << 30)
-int lb_ce_chunk_rows(int rows, int vocab);
+int lb_model_ce_rows(const lb_model *m, int rows);
+// Whether a forward with targets stores its logits in bf16 (the LM head is bf16 in every pass:
+// lb_linear_ce_logits16), and the bytes of one row of those logits.
+int lb_model_logits16(const lb_model *m);
+size_t lb_model_logit_row_bytes(const lb_model *m);
 enum { LB_RECOMPUTE_NONE = 0, LB_RECOMPUTE_SELECTIVE, LB_RECOMPUTE_FULL };
 // Activation recomputation: "none", "selective" or "full". Applies to activations made after
 // the call. -1 with a message for another name.

@@ -666,7 +666,7 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, co
     }
 }
 
-int lb_linear_ce_fusable(lb_linear *L, int layer, lb_role role)
+int lb_linear_ce_fusable(const lb_linear *L, int layer, lb_role role)
 {
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     const lb_site *D = lb_contract_site(L->contract, layer, role, LB_PASS_DGRAD);
@@ -674,8 +674,25 @@ int lb_linear_ce_fusable(lb_linear *L, int layer, lb_role role)
     return plain_bf16(D, F) && plain_bf16(G, F);
 }
 
+int lb_linear_ce_logits16(const lb_linear *L, int layer, lb_role role)
+{
+    return lb_contract_site(L->contract, layer, role, LB_PASS_FPROP)->fmt == LB_FMT_BF16 &&
+           lb_linear_ce_fusable(L, layer, role);
+}
+
+void lb_linear_fwd_c16(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
+                       const lb_wcache *c, uint16_t *y16, int n, int out, int in)
+{
+    if (!lb_linear_ce_logits16(L, layer, role))
+        lb_die("lb_linear_fwd_c16: layer %d %s is not bf16 in every pass", layer,
+               lb_role_name(role));
+    if (n == 0) return;
+    lb_gemm_args g = {0, 1, n, out, in, 1.0f, 0.0f, x, w, NULL, 1, cache_b16(c, 0), NULL, y16};
+    L->be->gemm(L->be, &g);
+}
+
 void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
-                      const lb_wcache *c, float *logits, const double *stats,
+                      const lb_wcache *c, float *logits, uint16_t *logits16, const double *stats,
                       const int32_t *targets, float dloss, float *dx, float *dw, float dw_beta,
                       int n, int out, int in)
 {
@@ -690,7 +707,8 @@ void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, con
     }
     // lb_linear_bwd's grouped call for both products, dy made inside it
     L->be->linear_ce_bwd(L->be, &(lb_linear_ce_args){.dx = dx, .dx_beta = 0.0f, .dw = dw,
-            .dw_beta = dw_beta, .logits = logits, .stats = stats, .targets = targets,
+            .dw_beta = dw_beta, .logits = logits, .logits16 = logits16, .stats = stats,
+            .targets = targets,
             .dloss = dloss, .x = x, .w = w, .w16 = cache_b16(c, 0), .n = n, .v = out, .c = in});
 }
 

@@ -114,10 +114,17 @@ void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
 // dw, in one backend call that need not store dy (linear_ce_bwd). Only where
 // lb_linear_ce_fusable: both backward passes are plain bf16 GEMMs. The same bits as
 // cross_entropy_bwd and then lb_linear_bwd; the logits are left undefined. c: W's cache (its
-// bf16 copy for the dgrad), or NULL.
-int lb_linear_ce_fusable(lb_linear *L, int layer, lb_role role);
+// bf16 copy for the dgrad), or NULL. logits16: NULL, or the logits in bf16 instead
+// (lb_linear_ce_logits16; logits then NULL), the gradient written over them.
+int lb_linear_ce_fusable(const lb_linear *L, int layer, lb_role role);
+// Whether the LM head's logits are stored in bf16: every pass of (layer, role) a plain bf16
+// GEMM (a bf16 fprop, and lb_linear_ce_fusable), so the logits meet bf16 products anyway.
+int lb_linear_ce_logits16(const lb_linear *L, int layer, lb_role role);
+// Such a layer's fprop y16 (n, pad8(out)) = x W^T rounded once to bf16 (lb_gemm_args.c16).
+void lb_linear_fwd_c16(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
+                       const lb_wcache *c, uint16_t *y16, int n, int out, int in);
 void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
-                      const lb_wcache *c, float *logits, const double *stats,
+                      const lb_wcache *c, float *logits, uint16_t *logits16, const double *stats,
                       const int32_t *targets, float dloss, float *dx, float *dw, float dw_beta,
                       int n, int out, int in);
 

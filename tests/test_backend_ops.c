@@ -1932,6 +1932,73 @@ static void linear_ce_case(const test_case *tst)
     free(dw);
 }
 
+// The LM head over bf16 logits (an LM head bf16 in every pass stores them so): n rows of v
+// logits in bf16, rows pad8(v), over c features. cross_entropy_fwd16 must give
+// cross_entropy_fwd's bits on the widened logits, on each backend; linear_ce_bwd with logits16
+// the bits of linear_ce_bwd on those fp32 logits, on each backend (the same gradient, rounded to
+// bf16 where the fp32 path rounds it), and the device's results the CPU's within the bounds of
+// the fp32 cases.
+// p: n, v, c; f: dw_beta
+static void ce16_case(const test_case *tst)
+{
+    const int n = tst->p[0], v = tst->p[1], c = tst->p[2], ld = (v + 7) / 8 * 8;
+    const float dw_beta = tst->f[0];
+    const size_t nv = (size_t)n * v, nl = (size_t)n * ld, nc = (size_t)n * c, vc = (size_t)v * c;
+    float *l = randn(nv, 3), *x = randn(nc, 1), *w = randn(vc, 0.1f), *dw0 = randn(vc, 1);
+    uint16_t *l16 = lb_calloc(nl, 2);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < v; j++) {
+            l16[(size_t)i * ld + j] = lb_f32_to_bf16(l[(size_t)i * v + j]);
+            l[(size_t)i * v + j] = lb_bf16_to_f32(l16[(size_t)i * ld + j]);   // widened
+        }
+    int32_t *tgt = randint(n, 0, v);
+    tgt[n / 3] = -1;   // an ignored row
+    lb_backend *bes[2] = {cpu, dev};
+    float *loss[2][2], *dx[2][2], *dw[2][2];
+    for (int b = 0; b < 2; b++) {
+        lb_backend *B = bes[b];
+        float *L = B->alloc(B, nv * 4), *X = B->alloc(B, nc * 4), *W = B->alloc(B, vc * 4);
+        uint16_t *L16 = B->alloc(B, nl * 2);
+        int32_t *T = B->alloc(B, (size_t)n * 4);
+        double *ST = B->alloc(B, (size_t)n * 2 * sizeof(double));
+        float *LS = B->alloc(B, (size_t)n * 4), *DX = B->alloc(B, nc * 4), *DW = B->alloc(B, vc * 4);
+        B->upload(B, X, x, nc * 4), B->upload(B, W, w, vc * 4), B->upload(B, T, tgt, (size_t)n * 4);
+        for (int r = 0; r < 2; r++) {   // r 0: fp32 logits; 1: bf16
+            B->upload(B, L, l, nv * 4), B->upload(B, L16, l16, nl * 2);
+            B->upload(B, DW, dw0, vc * 4);
+            if (r) B->cross_entropy_fwd16(B, LS, ST, L16, T, n, v);
+            else B->cross_entropy_fwd(B, LS, ST, L, T, n, v);
+            B->linear_ce_bwd(B, &(lb_linear_ce_args){.dx = DX, .dx_beta = 0.0f, .dw = DW,
+                    .dw_beta = dw_beta, .logits = r ? NULL : L, .logits16 = r ? L16 : NULL,
+                    .stats = ST, .targets = T, .dloss = 0.37f, .x = X, .w = W, .n = n, .v = v,
+                    .c = c});
+            loss[b][r] = lb_malloc((size_t)n * 4), dx[b][r] = lb_malloc(nc * 4);
+            dw[b][r] = lb_malloc(vc * 4);
+            B->download(B, loss[b][r], LS, (size_t)n * 4);
+            B->download(B, dx[b][r], DX, nc * 4);
+            B->download(B, dw[b][r], DW, vc * 4);
+        }
+        void *bufs[] = {L, X, W, L16, T, ST, LS, DX, DW};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) B->free(B, bufs[i]);
+    }
+    for (int b = 0; b < 2; b++) {
+        CHECK_BITS("cross_entropy_fwd16 against cross_entropy_fwd", loss[b][1], loss[b][0],
+                   (size_t)n * 4);
+        CHECK_BITS("linear_ce_bwd logits16 dx against fp32 logits", dx[b][1], dx[b][0], nc * 4);
+        CHECK_BITS("linear_ce_bwd logits16 dw against fp32 logits", dw[b][1], dw[b][0], vc * 4);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "cross_entropy_fwd16 n %d v %d", n, v);
+    CHECK_NMSE(what, loss[1][1], loss[0][1], (size_t)n, B_ROUND);
+    snprintf(what, sizeof what, "linear_ce_bwd logits16 dx, n %d v %d c %d", n, v, c);
+    CHECK_NMSE(what, dx[1][1], dx[0][1], nc, tst->bound);
+    snprintf(what, sizeof what, "linear_ce_bwd logits16 dw, n %d v %d c %d", n, v, c);
+    CHECK_NMSE(what, dw[1][1], dw[0][1], vc, tst->bound);
+    for (int b = 0; b < 2; b++)
+        for (int r = 0; r < 2; r++) free(loss[b][r]), free(dx[b][r]), free(dw[b][r]);
+    free(l), free(x), free(w), free(dw0), free(l16), free(tgt);
+}
+
 // --- AdamW -----------------------------------------------------------------------------------
 
 static void adamw_case(const test_case *tst)
@@ -4008,6 +4075,11 @@ static const test_case CASES[] = {
     // 64 pack tiles, an odd vocabulary (the scalar loads), a partial 128 x 256 GEMM tile
     CASE(OP(linear_ce_bwd), linear_ce_case, {77, 1000, 136}, {0.0f}, B_CE_BF16),
     CASE(OP(linear_ce_bwd), linear_ce_case, {40, 4099, 72}, {1.0f}, B_CE_BF16),
+    // over bf16 logits, p (n, v, c), f (dw_beta): an odd vocabulary (padded rows)
+    CASE(OP(cross_entropy_fwd16) | OP(linear_ce_bwd), ce16_case, {77, 1000, 136}, {0.0f},
+         B_CE_BF16),
+    CASE(OP(cross_entropy_fwd16) | OP(linear_ce_bwd), ce16_case, {40, 4099, 72}, {1.0f},
+         B_CE_BF16),
 
     CASE(OP(adamw), adamw_case),
     CASE(OP(adamw16), adamw16_case),

@@ -189,16 +189,22 @@ for run in "bf16 1 b1" "bf16 2 bep2 --set parallel.ep=2" "mxfp8 1 x1" \
         fail "$name run: $(tail -n 3 "$tmp/$name.log")"
 done
 # nvfp4-moe under tp2 (etp 2): the experts' second levels are the whole expert's (weights) and
-# the whole token's or tensor's (activations and gradients), so steps 1-2 are one rank's too;
-# later steps drift by the tp summation order through bf16 roundings (parameters after 10
-# steps: measured 2.45e-3, hence 1e-2 for these two).
+# the whole token's or tensor's (activations and gradients), so step 1 is one rank's too. Step 2
+# is not promised: the parameters after one step already differ from one rank's (1.2e-6 in an
+# expert's gate_up_proj, measured 2026-12-07 on main before the bf16 logits, grad_clip 0), and
+# an NVFP4 rounding that flips on such a difference moves step 2's gradient norm by 1e-5 in
+# some runs of this configuration and not in others. Later steps drift by the tp summation
+# order through bf16 roundings (parameters after 10 steps: measured 2.45e-3, hence 1e-2).
 for pair in "b1 bep2" "x1 xtp2ep2" "f1 fep2" "v1 vep2" "m41 m4ep2" "h1 hep2" "v1 vtp2" \
             "v1 vtp2ep2"; do
     set -- $pair
+    steps=$(case $2 in vtp2*) echo 1 ;; *) echo 2 ;; esac)
     for key in loss grad_norm; do
-        d=$(max_rel_diff <(head -n 2 "$tmp/$1/metrics.jsonl") <(head -n 2 "$tmp/$2/metrics.jsonl") $key)
-        echo "$1 vs $2: steps 1-2 $key relative difference $d"
-        awk -v d="$d" 'BEGIN { exit !(d <= 1e-7) }' && ok || fail "$1 vs $2: steps 1-2 $key differ by $d"
+        d=$(max_rel_diff <(head -n $steps "$tmp/$1/metrics.jsonl") \
+                         <(head -n $steps "$tmp/$2/metrics.jsonl") $key)
+        echo "$1 vs $2: steps 1-$steps $key relative difference $d"
+        awk -v d="$d" 'BEGIN { exit !(d <= 1e-7) }' && ok ||
+            fail "$1 vs $2: steps 1-$steps $key differ by $d"
     done
     same_params "$1 vs $2" "$(ck $1 10)" "$(ck $2 10)" "$(case $2 in vtp2*) echo 1e-2 ;; *) echo 2e-3 ;; esac)"
 done

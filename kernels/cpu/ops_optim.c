@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 
 static void check_targets(const char *what, const int32_t *targets, int n, int v)
 {
@@ -39,6 +40,32 @@ static void cpu_cross_entropy_fwd(lb_backend *be, float *loss, double *stats,
         row_stats(l, v, st);
         if (stats) stats[2 * i] = st[0], stats[2 * i + 1] = st[1];
         loss[i] = (float)(st[0] + log(st[1]) - l[targets[i]]);
+    }
+}
+
+// The same over bf16 logits, rows of pad8(v): each row widened into a buffer of the thread's.
+static void cpu_cross_entropy_fwd16(lb_backend *be, float *loss, double *stats,
+                                    const uint16_t *logits16, const int32_t *targets, int n,
+                                    int v)
+{
+    check_targets("cross_entropy_fwd16", targets, n, v);
+    const size_t ld = (size_t)(v + 7) / 8 * 8;
+    #pragma omp parallel num_threads(lb_cpu_threads(be)) if ((size_t)n * v >= LB_CPU_PAR_MIN)
+    {
+        float *l = lb_malloc((size_t)(v > 0 ? v : 1) * sizeof(float));
+        #pragma omp for
+        for (int i = 0; i < n; i++) {
+            if (targets[i] < 0) {
+                loss[i] = 0.0f;
+                continue;
+            }
+            for (int j = 0; j < v; j++) l[j] = lb_bf16_to_f32(logits16[i * ld + j]);
+            double st[2];
+            row_stats(l, v, st);
+            if (stats) stats[2 * i] = st[0], stats[2 * i + 1] = st[1];
+            loss[i] = (float)(st[0] + log(st[1]) - l[targets[i]]);
+        }
+        free(l);
     }
 }
 
@@ -100,6 +127,26 @@ static void cpu_linear_ce_bwd(lb_backend *be, const lb_linear_ce_args *args)
     const uint16_t *w16 = args->w16;
     int n = args->n, v = args->v, c = args->c;
     if (!stats) lb_die("linear_ce_bwd: needs the forward's row statistics");
+    if (args->logits16) {   // g from the widened logits, rounded over them; the GEMMs read that
+        uint16_t *l16 = args->logits16;
+        const size_t ld = (size_t)(v + 7) / 8 * 8;
+        check_targets("linear_ce_bwd", targets, n, v);
+        #pragma omp parallel num_threads(lb_cpu_threads(be)) if ((size_t)n * v >= LB_CPU_PAR_MIN)
+        {
+            float *row = lb_malloc((size_t)(v > 0 ? v : 1) * sizeof(float));
+            #pragma omp for
+            for (int i = 0; i < n; i++) {
+                for (int j = 0; j < v; j++) row[j] = lb_bf16_to_f32(l16[i * ld + j]);
+                ce_bwd_row(row, row, stats + 2 * i, targets[i], dloss, v);
+                for (int j = 0; j < v; j++) l16[i * ld + j] = lb_f32_to_bf16(row[j]);
+            }
+            free(row);
+        }
+        lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, NULL, w, dx, 1, w16, l16, NULL},
+                             {1, 0, v, c, n, 1.0f, dw_beta, NULL, x, dw, 1, NULL, l16, NULL}};
+        be->gemm_grouped(be, 2, g);
+        return;
+    }
     be->cross_entropy_bwd(be, logits, logits, stats, targets, dloss, n, v);
     lb_gemm_args g[2] = {{0, 0, n, c, v, 1.0f, dx_beta, logits, w, dx, 1, w16, NULL, NULL},
                          {1, 0, v, c, n, 1.0f, dw_beta, logits, x, dw, 1, NULL, NULL, NULL}};
@@ -163,6 +210,7 @@ static void cpu_adamw16(lb_backend *be, const lb_adamw_args *args)
 void lb_cpu_init_optim(lb_backend *be)
 {
     be->cross_entropy_fwd = cpu_cross_entropy_fwd;
+    be->cross_entropy_fwd16 = cpu_cross_entropy_fwd16;
     be->cross_entropy_bwd = cpu_cross_entropy_bwd;
     be->cross_entropy_bwd_rows = cpu_cross_entropy_bwd_rows;
     be->linear_ce_bwd = cpu_linear_ce_bwd;

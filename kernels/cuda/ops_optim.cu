@@ -93,7 +93,7 @@ __device__ __forceinline__ void ce_row_stats(const T *l, int v, float *m_out, do
 template <typename T>
 __global__ void __launch_bounds__(CE_THREADS)
 ce_fwd_kernel(float *loss, double *stats, const T *logits, const int32_t *targets, int v,
-              unsigned long long *err)
+              size_t ld, unsigned long long *err)
 {
     const int i = blockIdx.x, tgt = targets[i];
     if (tgt < 0 || tgt >= v) {
@@ -103,7 +103,7 @@ ce_fwd_kernel(float *loss, double *stats, const T *logits, const int32_t *target
         }
         return;
     }
-    const T *l = logits + (size_t)i * v;
+    const T *l = logits + (size_t)i * ld;
     float m;
     double s;
     ce_row_stats(l, v, &m, &s);
@@ -121,16 +121,17 @@ ce_fwd_kernel(float *loss, double *stats, const T *logits, const int32_t *target
 template <typename T>
 __global__ void __launch_bounds__(CE_THREADS)
 ce_bwd_kernel(T *dlogits, const T *logits, const double *stats, const int32_t *targets,
-              float dloss, const float *dloss_rows, int v, unsigned long long *err)
+              float dloss, const float *dloss_rows, int v, size_t ld, unsigned long long *err)
 {
     const int i = blockIdx.x, tgt = targets[i];
     if (dloss_rows) dloss = dloss_rows[i];
-    const T *l = logits + (size_t)i * v;
-    T *dl = dlogits + (size_t)i * v;
+    const T *l = logits + (size_t)i * ld;
+    T *dl = dlogits + (size_t)i * ld;
     if (tgt < 0 || tgt >= v) {
         if (tgt >= v && threadIdx.x == 0) lb_report(err, LB_CERR_CE_BWD_TARGET, tgt);
         const float fill = tgt < 0 ? 0.0f : NAN;
         for (int j = threadIdx.x; j < v; j += CE_THREADS) lb_st(dl + j, fill);
+        for (int j = v + threadIdx.x; j < (int)ld; j += CE_THREADS) lb_st(dl + j, 0.0f);
         return;
     }
     float m;
@@ -153,6 +154,7 @@ ce_bwd_kernel(T *dlogits, const T *logits, const double *stats, const int32_t *t
     }
     const int j = 4 * v4 + threadIdx.x;
     if (j < v) lb_st(dl + j, lb_ce_grad(lb_ld(l + j), m, inv, dloss, j == tgt));
+    for (int p = v + threadIdx.x; p < (int)ld; p += CE_THREADS) lb_st(dl + p, 0.0f);   // padding
 }
 
 static void ce_check(const char *what, int n, int v)
@@ -167,7 +169,20 @@ static void cuda_cross_entropy_fwd(lb_backend *be, float *loss, double *stats,
     if (!n) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     ce_fwd_kernel<float><<<n, CE_THREADS, 0, cx->stream>>>(loss, stats, logits, targets, v,
-                                                           cx->err_dev);
+                                                           (size_t)v, cx->err_dev);
+    LB_CUDA_LAUNCHED(cx);
+}
+
+static void cuda_cross_entropy_fwd16(lb_backend *be, float *loss, double *stats,
+                                     const uint16_t *logits16, const int32_t *targets, int n,
+                                     int v)
+{
+    ce_check("cross_entropy_fwd16", n, v);
+    if (!n) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    ce_fwd_kernel<__nv_bfloat16><<<n, CE_THREADS, 0, cx->stream>>>(
+        loss, stats, (const __nv_bfloat16 *)logits16, targets, v, (size_t)(v + 7) / 8 * 8,
+        cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
 
@@ -179,7 +194,8 @@ static void cuda_cross_entropy_bwd(lb_backend *be, float *dlogits, const float *
     if (!n) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     ce_bwd_kernel<float><<<n, CE_THREADS, 0, cx->stream>>>(dlogits, logits, stats, targets,
-                                                           dloss, NULL, v, cx->err_dev);
+                                                           dloss, NULL, v, (size_t)v,
+                                                           cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
 
@@ -191,7 +207,8 @@ static void cuda_cross_entropy_bwd_rows(lb_backend *be, float *dlogits, const fl
     if (!n) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     ce_bwd_kernel<float><<<n, CE_THREADS, 0, cx->stream>>>(dlogits, logits, stats, targets,
-                                                           0.0f, dloss, v, cx->err_dev);
+                                                           0.0f, dloss, v, (size_t)v,
+                                                           cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
 
@@ -344,6 +361,25 @@ static void adamw_launch(lb_backend *be, const char *op, float *p, const float *
 
 static void cuda_linear_ce_bwd_op(lb_backend *be, const lb_linear_ce_args *a)
 {
+    if (a->logits16) {   // the gradient written over the bf16 logits, which the GEMMs read
+        const int n = a->n, v = a->v, c = a->c;
+        if (!a->stats) lb_die("linear_ce_bwd: needs the forward's row statistics");
+        if (n < 0 || v < 0 || c < 0)
+            lb_die("linear_ce_bwd: negative size (n %d, v %d, c %d)", n, v, c);
+        lb_cuda_ctx *cx = lb_cuda(be);
+        __nv_bfloat16 *l16 = (__nv_bfloat16 *)a->logits16;
+        if (n > 0) {
+            ce_bwd_kernel<__nv_bfloat16><<<n, CE_THREADS, 0, cx->stream>>>(
+                l16, l16, a->stats, a->targets, a->dloss, NULL, v, (size_t)(v + 7) / 8 * 8,
+                cx->err_dev);
+            LB_CUDA_LAUNCHED(cx);
+        }
+        lb_gemm_args g[2] = {
+            {0, 0, n, c, v, 1.0f, a->dx_beta, NULL, a->w, a->dx, 1, a->w16, a->logits16, NULL},
+            {1, 0, v, c, n, 1.0f, a->dw_beta, NULL, a->x, a->dw, 1, NULL, a->logits16, NULL}};
+        be->gemm_grouped(be, 2, g);
+        return;
+    }
     cuda_linear_ce_bwd(be, a->dx, a->dx_beta, a->dw, a->dw_beta, a->logits, a->stats, a->targets,
                        a->dloss, a->x, a->w, a->w16, a->n, a->v, a->c);
 }
@@ -363,6 +399,7 @@ static void cuda_adamw16(lb_backend *be, const lb_adamw_args *a)
 extern "C" void lb_cuda_init_optim(lb_backend *be)
 {
     be->cross_entropy_fwd = cuda_cross_entropy_fwd;
+    be->cross_entropy_fwd16 = cuda_cross_entropy_fwd16;
     be->cross_entropy_bwd = cuda_cross_entropy_bwd;
     be->cross_entropy_bwd_rows = cuda_cross_entropy_bwd_rows;
     be->linear_ce_bwd = cuda_linear_ce_bwd_op;

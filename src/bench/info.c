@@ -81,17 +81,18 @@ typedef struct {
 // What the CUDA backend holds beyond the model's buffers at a training step's peak, by the
 // measured peaks of 2026-12-03 (H200, two shapes, every recompute mode and offload fraction:
 // doc/benchmarks.md): its scratch, which the LM head's fused backward (linear_ce_bwd) fills
-// with bf16 copies of the logits' gradient and of x, (rows, vocab) and (rows, hidden), and
-// grows with a quarter's headroom; and about 0.6 GiB for the context, the kernels' code,
+// with bf16 copies of the logits' gradient (unless the logits are bf16 already: logits16, the
+// gradient written over them) and of x, (rows, vocab) and (rows, hidden), for a chunk's rows,
+// and grows with a quarter's headroom; and about 0.6 GiB for the context, the kernels' code,
 // cuBLASLt's workspace and the GEMMs' fp32 staging (the residue at every setting). The CPU
 // backend holds nothing of its own that counts.
 #define LB_INFO_CUDA_BASE ((size_t)614 << 20)
-static size_t backend_bytes(const lb_config *c, size_t lm_rows)
+static size_t backend_bytes(const lb_config *c, size_t lm_rows, int logits16)
 {
     if (strcmp(c->run.backend, "cuda")) return 0;
     size_t pad = 8, v = ((size_t)c->model.vocab_size + pad - 1) / pad * pad;
     size_t h = ((size_t)c->model.hidden_size + pad - 1) / pad * pad;
-    size_t scratch = lm_rows * (v + h) * 2;
+    size_t scratch = lm_rows * ((logits16 ? 0 : v) + h) * 2;
     return LB_INFO_CUDA_BASE + scratch + scratch / 4;
 }
 
@@ -125,14 +126,13 @@ static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char
     // + logits on the last stage (this rank's rows under SP), tokens and targets; pipeline
     // stages keep up to pp - stage micro-batches in flight
     size_t lrows = rows / (par.sp ? g->tp : 1);   // rows of logits at a time
-    size_t chunk = (size_t)lb_ce_chunk_rows(c->train.ce_chunk, c->model.vocab_size);
-    if (chunk < lrows) lrows = chunk;
+    lrows = (size_t)lb_model_ce_rows(m, (int)lrows);
     out->acts = ctx.now - before + rows * 2 * sizeof(int32_t) +
-                (m->last_stage ? lrows * (size_t)c->model.vocab_size * sizeof(float) : 0);
+                (m->last_stage ? lrows * lb_model_logit_row_bytes(m) : 0);
     int flight = g->pp - g->pp_rank < c->train.grad_accum / g->dp ? g->pp - g->pp_rank
                                                                  : c->train.grad_accum / g->dp;
     out->acts *= (size_t)(flight > 0 ? flight : 1);
-    out->backend = backend_bytes(c, m->last_stage ? lrows : 0);
+    out->backend = backend_bytes(c, m->last_stage ? lrows : 0, lb_model_logits16(m));
     m->def->acts_free(m, m->acts);
     m->acts = NULL;
     lb_model_free(m);

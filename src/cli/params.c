@@ -82,8 +82,9 @@ static const lb_param rows[] = {
     LB_P(train, ce_chunk, I, "0", 0, BIG, NULL,
          "chunked cross-entropy: the LM head, the loss and the LM head's backward this many "
          "rows at a time, so a micro-batch's (rows, vocab) logits never exist whole; 0 = auto: "
-         "the most rows (a multiple of 64) whose fp32 logits fit 1 GiB (1728 for a vocabulary "
-         "of 151936; more than any micro-batch has for small vocabularies)"),
+         "the most rows (a multiple of 64) whose logits fit 1 GiB (bf16 logits where the LM "
+         "head is bf16 in every pass: 3520 rows for a vocabulary of 151936, 1728 in fp32; more "
+         "than any micro-batch has for small vocabularies)"),
     LB_P(train, recompute, E, "none", 0, 0, "none|selective|full",
          "activation recomputation before each decoder layer's backward: selective recomputes "
          "its norms, core attention and SwiGLU, full its whole forward (same bits, less memory)"),

@@ -227,7 +227,7 @@ lb_model *lb_run_model(const lb_config *c, lb_backend *be, const lb_model_parall
         return NULL;
     }
     if (m && !sampling)
-        lb_model_set_ce_chunk(m, lb_ce_chunk_rows(c->train.ce_chunk, c->model.vocab_size));
+        lb_model_set_ce_chunk(m, c->train.ce_chunk);
     return m;
 }
 
