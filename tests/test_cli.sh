@@ -68,6 +68,13 @@ b0=$(bk) b1=$(bk --set run.backend=cuda) b2=$(bk --set run.backend=cuda --set tr
 printf '[train]\nsteps = 10\nlerning_rate = 0.1\n' > "$tmp/typo.cfg"
 expect_error typo "typo.cfg:3: unknown key 'lerning_rate' in \[train\] \(did you mean 'lr'\?\)" \
     "$bin" train "$tmp/typo.cfg"
+# values that would make NaN: AdamW's epsilon 0 (0 / 0 for a parameter without gradient) and
+# its betas at 1 (the bias correction divides by 0), GRPO's adv_eps 0 (a group of equal rewards)
+expect_error adam_eps "train.adam_eps: '0' is out of range \\[1e-30, 1\\]" \
+    "$bin" train "$cfg" --set train.adam_eps=0
+expect_error beta1 "train.beta1: '1' is out of range" "$bin" train "$cfg" --set train.beta1=1
+expect_error beta2 "train.beta2: '1' is out of range" "$bin" train "$cfg" --set train.beta2=1
+expect_error adv_eps "rl.adv_eps: '0' is out of range" "$bin" train "$cfg" --set rl.adv_eps=0
 # a NUL byte ends a C string: the rest of the file must not be dropped unseen
 printf '[train]\nsteps = 3\n\0[run]\nseed = 2\n' > "$tmp/nul.cfg"
 expect_error nul "nul.cfg:3: a NUL byte \(offset 18\): this is not a text file" \
@@ -130,6 +137,15 @@ good=(--set data.train_files="$tmp/d/arith_train_*.bin" "${run[@]}")
 "$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/ok" >/dev/null 2>&1 || fail "train"
 ck="$tmp/ok/checkpoints/step_00000002.safetensors"
 [ -f "$ck" ] && ok || fail "no checkpoint written"
+# without a tokenizer a completion's tokens are bytes; an id past 255 (a vocabulary of 300)
+# prints as <unk:ID>, not as its low byte
+"$bin" train "$cfg" "${good[@]}" --set model.vocab_size=300 --set run.out_dir="$tmp/v300" \
+    >/dev/null 2>&1 || fail "train (vocabulary 300)"
+"$bin" sample --set sample.checkpoint="$tmp/v300/checkpoints/step_00000002.safetensors" \
+    --set sample.problems=8 --set sample.samples=4 --set sample.max_new_tokens=32 \
+    --set sample.temperature=100 > "$tmp/v300.out" 2>&1 || fail "sample (vocabulary 300)"
+grep -q '<unk:2[5-9][0-9]>' "$tmp/v300.out" && ok ||
+    fail "sample: no id past 255 printed as <unk:ID>: $(head -n 3 "$tmp/v300.out")"
 # the temporaries a killed save leaves go with the next run in the directory, unless their
 # process still lives (another save in progress)
 mkdir -p "$tmp/sw/checkpoints"

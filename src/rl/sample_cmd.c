@@ -240,7 +240,8 @@ static int sample_generate(sample_run *x)
 }
 
 // The text of a completion (malloc'd, *len bytes): its bytes, or the tokenizer's decoding, where
-// an id the tokenizer lacks (a model vocabulary padded past it) reads <unk:ID>.
+// an id the tokenizer lacks (a model vocabulary padded past it) reads <unk:ID>, as does an id
+// past the byte range without a tokenizer (a vocabulary larger than 256).
 static char *completion_text(const sample_run *x, const int32_t *tok, int n, size_t *len)
 {
     size_t cap = 16 * (size_t)n + 1, k = 0;
@@ -251,11 +252,9 @@ static char *completion_text(const sample_run *x, const int32_t *tok, int n, siz
         uint32_t id = (uint32_t)tok[j];
         char byte = (char)tok[j];
         const char *src = &byte;
-        if (x->tk) {
-            piece = lb_tokenizer_decode(x->tk, &id, 1, 0, &m, err, sizeof err);
-            if (piece) src = piece;
-            else m = (size_t)snprintf(unk, sizeof unk, "<unk:%u>", id), src = unk;
-        }
+        if (x->tk) piece = lb_tokenizer_decode(x->tk, &id, 1, 0, &m, err, sizeof err);
+        if (piece) src = piece;
+        else if (x->tk || id > 255) m = (size_t)snprintf(unk, sizeof unk, "<unk:%u>", id), src = unk;
         if (k + m + 1 > cap) {
             while (k + m + 1 > cap) cap *= 2;
             char *g = realloc(s, cap);
