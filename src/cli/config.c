@@ -427,6 +427,11 @@ static void format_value(const lb_config *c, const lb_param *p, char *out, size_
     }
 }
 
+void lb_param_format(const lb_config *c, const lb_param *p, char *out, size_t n)
+{
+    format_value(c, p, out, n);
+}
+
 void lb_config_defaults(lb_config *c)
 {
     memset(c, 0, sizeof *c);

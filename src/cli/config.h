@@ -163,6 +163,8 @@ int lb_param_count(void);
 #define lb_nparams (lb_param_count())
 
 void lb_config_defaults(lb_config *c);
+// Key p's value in c as parameter-file text (unquoted) into out (n bytes).
+void lb_param_format(const lb_config *c, const lb_param *p, char *out, size_t n);
 // Parses INI text (the contents of file `fname`, used in messages) over c.
 // Returns 0, or -1 with "fname:line: message" in err.
 int lb_config_parse(lb_config *c, const char *text, const char *fname, char *err, size_t errlen);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include "kernels/common.h"
 #include "src/cli/util.h"
+#include "src/io/checkpoint.h"
 
 #define ERRLEN 1024
 
@@ -296,4 +297,39 @@ void lb_run_save(lb_run *r, const lb_train_state *st, const char *ini)
         keep_last(r->ckdir, r->c->checkpoint.keep);
         printf("saved %s\n", path);
     }
+}
+
+int lb_run_checkpoint_config(const char *path, lb_config *out, char *err, size_t errlen)
+{
+    char *ini = lb_checkpoint_config(path, err, errlen);
+    if (!ini) return -1;
+    lb_config_defaults(out);
+    char perr[1024];
+    int rc = lb_config_parse(out, ini, path, perr, sizeof perr);
+    free(ini);
+    if (rc != 0) {
+        snprintf(err, errlen, "%s: its stored configuration does not parse: %s", path, perr);
+        return -1;
+    }
+    return 0;
+}
+
+int lb_run_same_model(const lb_config *c, const char *path, char *err, size_t errlen)
+{
+    lb_config ck;
+    if (lb_run_checkpoint_config(path, &ck, err, errlen) != 0) return -1;
+    for (int i = 0; i < lb_nparams; i++) {
+        const lb_param *p = &lb_params[i];
+        if (strcmp(p->section, "model") || p->key == NULL) continue;
+        if (!memcmp((const char *)c + p->offset, (const char *)&ck + p->offset, p->size))
+            continue;
+        char mine[256], theirs[256];
+        lb_param_format(c, p, mine, sizeof mine);
+        lb_param_format(&ck, p, theirs, sizeof theirs);
+        snprintf(err, errlen, "%s: model.%s is %s in the checkpoint, %s in this run: a resumed "
+                 "run continues the checkpoint's model (start a new run, or set it back)", path,
+                 p->key, theirs, mine);
+        return -1;
+    }
+    return 0;
 }

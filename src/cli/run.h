@@ -91,6 +91,13 @@ lb_optim_config lb_run_optim_config(const lb_config *c, int total_steps);
 // The checkpoint a run resumes from into out: checkpoint.resume, or under "auto" the newest in
 // r->ckdir (rank 0 looks, every rank learns it); "" to start fresh. Collective.
 void lb_run_resume_path(const lb_run *r, char *out, size_t outlen);
+// The configuration stored in the checkpoint at path, parsed over the defaults into out. 0, or
+// -1 with a message.
+int lb_run_checkpoint_config(const char *path, lb_config *out, char *err, size_t errlen);
+// 0 when the checkpoint at path holds c's model: every [model] key the same (a resumed run
+// continues that model; a changed rope_theta or num_experts_per_tok changes no tensor's shape,
+// so the load alone would take it); else -1 with a message naming the first key that differs.
+int lb_run_same_model(const lb_config *c, const char *path, char *err, size_t errlen);
 // Rank 0 of a run: the resolved configuration ini into OUT_DIR/config.ini (atomic) and one
 // line that names it, or with run.verbose the whole text. 0, or -1 with a message.
 int lb_run_config_write(const lb_config *c, const char *ini, char *err, size_t errlen);

@@ -57,18 +57,9 @@ const char *lb_key_where(const lb_config *c, const char *section, const char *ke
 
 int lb_model_config_from_checkpoint(lb_config *c, const char *path, char *err, size_t errlen)
 {
-    char *ini = lb_checkpoint_config(path, err, errlen);
-    if (!ini) return -1;
     lb_config ck, def;
-    lb_config_defaults(&ck);
+    if (lb_run_checkpoint_config(path, &ck, err, errlen) != 0) return -1;
     lb_config_defaults(&def);
-    char perr[1024];
-    int rc = lb_config_parse(&ck, ini, path, perr, sizeof perr);
-    free(ini);
-    if (rc != 0) {
-        snprintf(err, errlen, "%s: its stored configuration does not parse: %s", path, perr);
-        return -1;
-    }
     for (int i = 0; i < lb_nparams; i++) {
         const lb_param *p = &lb_params[i];
         if (strcmp(p->section, "model")) continue;

@@ -280,6 +280,8 @@ static int train_load(train_run *x)
     char why[ERRLEN];
     int bad = lb_checkpoint_load_parallel(x->resume, &r->opt, &x->st, r->world,
                                           &x->c->parallel, err, sizeof err) != 0;
+    // what the tensors' shapes do not tell (a changed rope_theta loads without a word)
+    if (!bad) bad = lb_run_same_model(x->c, x->resume, err, sizeof err) != 0;
     if (!bad && lb_loader_seek(x->train, x->st.loader_shard, x->st.loader_pos, why,
                                sizeof why) != 0) {
         snprintf(err, sizeof err, "%.400s: its loader position does not fit data.train_files: "
