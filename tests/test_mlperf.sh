@@ -76,6 +76,14 @@ grep -v '"key": "opt_adamw_epsilon"' "$good" > "$tmp/bad.log"
 check_bad "missing key" 'opt_adamw_epsilon: missing' "$tmp/bad.log"
 edit 's/"opt_adamw_beta_2", "value": 0.95/"opt_adamw_beta_2", "value": 0.999/'
 check_bad "wrong value" ':[0-9]+: opt_adamw_beta_2: value 0.999, the rules want 0.95' "$tmp/bad.log"
+# a NUL byte would end the text there: the lines after it (a second run_stop, invalid) would go
+# unchecked and the log pass; it is refused as not a text file (exit 2, as an unreadable log)
+{ head -n 3 "$good"; printf '\0'; tail -n +4 "$good"
+  grep '"key": "run_stop"' "$good" | sed 's/"success"/"bogus"/'; } > "$tmp/nul.log"
+"$bin" mlperf-check "$tmp/nul.log" > "$tmp/check.out" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "nul.log:4: a NUL byte (offset [0-9]*): this is not a text file" \
+    "$tmp/check.out" && ok || { fail "NUL byte: exit $rc"; cat "$tmp/check.out"; }
 edit 's/"opt_name", "value": "adamw"/"opt_name", "value": "sgd"/'
 check_bad "wrong optimizer" 'opt_name: value "sgd" is not one of: adamw' "$tmp/bad.log"
 edit 's/"opt_end_learning_rate", "value": 0.0003/"opt_end_learning_rate", "value": 0.0001/'

@@ -114,6 +114,10 @@ expect_error model-mismatch "model.cfg:4: model.hidden_size differs from the mod
 expect_error no-init "rl.init is empty" "$bin" rl --set rl.steps=1
 expect_error no-ckpt "sample.checkpoint is empty" "$bin" sample
 expect_error empty-prompt "empty.txt:2: empty prompt" "$bin" sample "${s[@]}" --set sample.prompts="$tmp/empty.txt"
+# a NUL byte would end the text there and drop the later prompts unseen
+printf '1+2=\n3+4=\0\n5+6=\n' > "$tmp/nul.txt"
+expect_error nul-prompt "nul.txt:2: a NUL byte \(offset 9\): this is not a text file" \
+    "$bin" sample "${s[@]}" --set sample.prompts="$tmp/nul.txt"
 expect_error reward-cmd "rl.reward_command: 'exit 7' exited with status 7" \
     "$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" --set rl.reward_command="exit 7" \
     --set run.out_dir="$tmp/cmd"

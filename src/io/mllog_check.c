@@ -191,6 +191,10 @@ static int read_log(checker *k, ll **out, int *n)
     char *text = lb_read_file(k->path, &len, err, sizeof err);
     *out = NULL;
     *n = 0;
+    if (text && lb_text_check(text, len, k->path, err, sizeof err) != 0) {
+        free(text);   // the lines after the NUL byte would go unchecked
+        text = NULL;
+    }
     if (!text) {
         fprintf(k->out, "%s\n", err);
         return -1;

@@ -99,6 +99,10 @@ static int read_prompts(sample_run *x)
     const lb_config *c = x->c;
     size_t len;
     x->text = lb_read_file(c->sample.prompts, &len, err, sizeof err);
+    if (x->text && lb_text_check(x->text, len, c->sample.prompts, err, sizeof err) != 0) {
+        free(x->text);   // the prompts after the NUL byte would be dropped unseen
+        x->text = NULL;
+    }
     if (!x->text) {
         SAY("lowbit sample: %s\n", err);
         return 1;
