@@ -135,6 +135,11 @@ good=(--set data.train_files="$tmp/d/arith_train_*.bin" "${run[@]}")
 "$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/ok" >/dev/null 2>&1 || fail "train"
 ck="$tmp/ok/checkpoints/step_00000002.safetensors"
 [ -f "$ck" ] && ok || fail "no checkpoint written"
+# a metrics write that fails (a full disk: /dev/full answers every write with ENOSPC) stops the
+# run with the reason, never a silent exit 0 with rows missing
+mkdir -p "$tmp/full" && ln -s /dev/full "$tmp/full/metrics.jsonl"
+expect_error full-disk "full/metrics.jsonl: cannot write: No space left on device" \
+    "$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/full"
 # without a tokenizer a completion's tokens are bytes; an id past 255 (a vocabulary of 300)
 # prints as <unk:ID>, not as its low byte
 "$bin" train "$cfg" "${good[@]}" --set model.vocab_size=300 --set run.out_dir="$tmp/v300" \

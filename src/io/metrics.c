@@ -10,13 +10,27 @@
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
+#include "kernels/common.h"
 #include "src/cli/util.h"
 
 struct lb_metrics {
     FILE *f;                       // the JSON lines
     FILE *tb;                      // the event file
     char prefix[32];
+    char path[1100], tb_path[1200];
 };
+
+// A write that failed (a full disk): the file is cut back to its last whole record, so a
+// reader never meets half a line, and the run stops (every rank: lb_abort) with the reason.
+static void written_or_stop(FILE *f, long at, const char *path)
+{
+    if (fflush(f) == 0 && !ferror(f)) return;
+    int e = errno;
+    if (at >= 0 && ftruncate(fileno(f), at) != 0) e = e ? e : errno;
+    fprintf(stderr, "lowbit: %s: cannot write: %s; the run stops (its last whole record is "
+            "kept)\n", path, strerror(e));
+    lb_abort(1);
+}
 
 uint32_t lb_crc32c(const void *data, size_t n)
 {
@@ -176,6 +190,7 @@ lb_metrics *lb_metrics_open(const char *out_dir, const char *file, const char *p
         return NULL;
     lb_metrics *m = calloc(1, sizeof *m);
     snprintf(m->prefix, sizeof m->prefix, "%s", prefix);
+    snprintf(m->path, sizeof m->path, "%s", path);
     m->f = fopen(path, resume_step >= 0 ? "a" : "w");
     if (!m->f) {
         snprintf(err, errlen, "%s: cannot open for writing: %s", path, strerror(errno));
@@ -185,6 +200,7 @@ lb_metrics *lb_metrics_open(const char *out_dir, const char *file, const char *p
     gethostname(host, sizeof host - 1);
     snprintf(tb, sizeof tb, "%s/events.out.tfevents.%ld.%s.%ld", out_dir, (long)time(NULL), host,
              (long)getpid());
+    snprintf(m->tb_path, sizeof m->tb_path, "%s", tb);
     m->tb = fopen(tb, "wb");
     if (!m->tb) {
         snprintf(err, errlen, "%s: cannot open for writing: %s", tb, strerror(errno));
@@ -196,7 +212,7 @@ lb_metrics *lb_metrics_open(const char *out_dir, const char *file, const char *p
     put_event(&e, wall_now(), 0, "brain.Event:2", NULL);
     write_record(m->tb, &e);
     free(e.b);
-    fflush(m->tb);
+    written_or_stop(m->tb, 0, m->tb_path);
     return m;
 }
 
@@ -210,8 +226,9 @@ void lb_metrics_printf(lb_metrics *m, const char *fmt, ...)
         exit(1);
     }
     va_end(ap);
+    long at = ftell(m->f);
     fprintf(m->f, "%s\n", line);
-    fflush(m->f);
+    written_or_stop(m->f, at, m->path);
     // every number but the step, as PREFIX/KEY at that step
     cJSON *j = cJSON_Parse(line);
     const cJSON *step = j ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL;
@@ -225,8 +242,9 @@ void lb_metrics_printf(lb_metrics *m, const char *fmt, ...)
         }
         if (summary.n) {
             put_event(&e, wall_now(), (int64_t)step->valuedouble, NULL, &summary);
+            long at = ftell(m->tb);
             write_record(m->tb, &e);
-            fflush(m->tb);
+            written_or_stop(m->tb, at, m->tb_path);
         }
         free(summary.b);
         free(e.b);
