@@ -220,8 +220,7 @@ edit old 'lowbit-checkpoint-2' 'lowbit-checkpoint-1'
     --set checkpoint.resume="$tmp/old.safetensors" > "$tmp/r7.log" 2>&1 &&
     grep -q "resumed from .*old.safetensors at step 2" "$tmp/r7.log" && ok ||
     fail "format-1 checkpoint: $(cat "$tmp/r7.log")"
-[ ! -e "$tmp/r6/checkpoints" ] && [ ! -e "$tmp/r6/metrics.jsonl" ] && ok ||
-    fail "a refused checkpoint left output: $(ls "$tmp/r6")"
+[ ! -e "$tmp/r6" ] && ok || fail "a refused checkpoint left output: $(ls -A "$tmp/r6")"
 head -c 5000 "$ck" > "$tmp/trunc.safetensors"
 expect_error trunc-ckpt "trunc.safetensors: " "$bin" train "$cfg" "${good[@]}" \
     --set run.out_dir="$tmp/r3" --set checkpoint.resume="$tmp/trunc.safetensors"

@@ -178,6 +178,7 @@ int lb_run_checkpoint_dir(lb_run *r)
     char err[ERRLEN];
     snprintf(r->ckdir, sizeof r->ckdir, "%.*s/checkpoints", LB_PATH_MAX, r->c->run.out_dir);
     struct stat st;
+    r->outdir_made = r->root && stat(r->c->run.out_dir, &st) != 0;
     r->ckdir_made = r->root && stat(r->ckdir, &st) != 0;   // made here: early, so that a
     // directory that cannot be made stops the run before any work
     if (r->root && !r->ckdir_made) sweep_temps(r->ckdir);   // before a resume reads it
@@ -187,7 +188,8 @@ int lb_run_checkpoint_dir(lb_run *r)
 void lb_run_abandon(lb_run *r)
 {
     if (r->ckdir_made) rmdir(r->ckdir);   // fails, harmlessly, unless it is empty
-    r->ckdir_made = 0;
+    if (r->outdir_made) rmdir(r->c->run.out_dir);   // likewise: a refused run leaves no trace
+    r->ckdir_made = r->outdir_made = 0;
 }
 
 void lb_run_teardown(lb_run *r)

@@ -40,6 +40,7 @@ typedef struct {
     int has_opt;
     char ckdir[LB_PATH_MAX + 32];  // OUT_DIR/checkpoints
     int ckdir_made;                // rank 0 created ckdir in this run (lb_run_abandon)
+    int outdir_made;               // ... and run.out_dir itself
 } lb_run;
 
 // A command's own layout checks, after the grid's: 0, or -1 with a message.
