@@ -106,6 +106,8 @@ expect_error bad-line "bad.jsonl:3: not a JSON object with a string \"text\"" mp
     tokenize --set data.tokenizer="$tok" --set gen.input="$tmp/in/a.txt,$tmp/in/bad.jsonl" \
     --set gen.output="$tmp/e/x"
 [ ! -e "$tmp/e/x_train_001_000.bin" ] && ok || fail "shards of the bad file were written"
+# nor those of the good file before it: a failed run leaves no output (doc/data.md)
+[ -z "$(ls "$tmp/e" 2>/dev/null)" ] && ok || fail "a failed tokenize left shards: $(ls "$tmp/e")"
 mkdir -p "$tmp/s" && cp "$tmp/one/c_train_000_000.bin" "$tmp/s/c_train_000.bin"
 expect_error stale "c_train_000.bin: shard of an earlier corpus" "$bin" data tokenize \
     --set data.tokenizer="$tok" --set gen.input="$tmp/in/a.txt" --set gen.output="$tmp/s/c"

@@ -208,6 +208,19 @@ static int check_stale(const char *prefix, int nfiles, int width, char *err, siz
     return rc;
 }
 
+// Removes the shards of input file i (PREFIX_train_I_*.bin and PREFIX_val_I_*.bin).
+static void remove_shards(const char *prefix, int width, int i)
+{
+    const char *split[2] = {"train", "val"};
+    for (int k = 0; k < 2; k++) {
+        char pattern[1200], **list;
+        snprintf(pattern, sizeof pattern, "%s_%s_%0*d_*.bin", prefix, split[k], width, i);
+        int n = lb_glob(pattern, &list);
+        for (int j = 0; j < n; j++) unlink(list[j]);
+        lb_glob_free(list, n);
+    }
+}
+
 int lb_cmd_data_tokenize(const lb_config *c, lb_comm *comm)
 {
     char err[2048] = "";
@@ -282,8 +295,11 @@ int lb_cmd_data_tokenize(const lb_config *c, lb_comm *comm)
         }
         p = nl + 1;
     }
-    // A failed rank has said why; all of them exit non-zero.
+    // A failed rank has said why; all of them exit non-zero, and each removes the shards of
+    // the files it took (doc/data.md: no output after an error).
     int anyfail = lb_comm_allreduce_sum(comm, failed) > 0;
+    for (int i = comm->rank; anyfail && i < nfiles; i += comm->size)
+        remove_shards(c->gen.output, width, i);
     double tt = lb_comm_allreduce_sum(comm, ntrain), tv = lb_comm_allreduce_sum(comm, nval);
     double tb = lb_comm_allreduce_sum(comm, s.bytes);
     if (comm->rank == 0 && !anyfail)
