@@ -63,6 +63,12 @@ bk() { "$bin" info "$cfg" "$@" 2>&1 | awk '/rank  tp/ { getline; print $(NF - 3)
 b0=$(bk) b1=$(bk --set run.backend=cuda) b2=$(bk --set run.backend=cuda --set train.ce_chunk=256)
 [ "$b0 $b1 $b2" = "0.000 614.938 614.234" ] && ok ||
     fail "info: backend memory $b0 MiB on the CPU, $b1 on CUDA, $b2 on CUDA in chunks of 256"
+# in bf16 with heads of 64 the attention backward's scratch is the larger request: D (16 x 64
+# x 4 heads floats), bf16 q, dout (2 x 16 x 64 x 4 x 64 x 2 bytes), k, v (2 x 16 x 64 x 2 x 64 x
+# 2) and one 64 x 64 dS tile per sequence and head (16 x 4 x 8 KiB): 2.015625 MiB x 1.25 (the
+# LM head's bf16 logits leave it x alone: 0.25 MiB)
+b3=$(bk --set run.backend=cuda --set precision.recipe=bf16 --set model.head_dim=64)
+[ "$b3" = "616.520" ] && ok || fail "info: backend memory $b3 MiB in bf16 with heads of 64"
 
 # configuration mistakes
 printf '[train]\nsteps = 10\nlerning_rate = 0.1\n' > "$tmp/typo.cfg"

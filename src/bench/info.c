@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/common.h"
+#include "models/blocks.h"
 #include "parallel/grid.h"
 #include "src/cli/commands.h"
 #include "src/cli/run.h"
@@ -78,21 +79,40 @@ typedef struct {
     size_t backend;                // bytes the backend holds of its own (backend_bytes)
 } rank_memory;
 
+// The bf16-mode attention backward's scratch on Hopper (kernels/cuda/attention_tc.cu,
+// ops_attention.cu): D (rows of b t hq floats), bf16 copies of q, dout, k and v (head dims in
+// 16s), and the dS tiles of the causal square in 64-row tiles, b hq T (T + 1) / 2 of them,
+// T = ceil(t / 64), while they take at most 4 GiB (else the kernel that recomputes them).
+// Head dims of 64 and 128 only (the wgmma kernels); 256-byte aligned pieces.
+static size_t attn_bwd_scratch(size_t b, size_t t, size_t hq, size_t hkv, size_t d)
+{
+    size_t al = 256, d16 = (d + 15) / 16 * 16, T = (t + 63) / 64;
+#define AL(x) (((x) + al - 1) / al * al)
+    size_t ds = b * hq * (T * (T + 1) / 2) * 64 * 64 * 2;
+    size_t bytes = AL(b * t * hq * 4) + 2 * AL(b * t * hq * d16 * 2) + 2 * AL(b * t * hkv * d16 * 2);
+#undef AL
+    if ((d16 == 64 || d16 == 128) && ds <= ((size_t)4 << 30)) bytes += ds;
+    return bytes;
+}
+
 // What the CUDA backend holds beyond the model's buffers at a training step's peak, by the
 // measured peaks of 2026-12-03 (H200, two shapes, every recompute mode and offload fraction:
-// doc/benchmarks.md): its scratch, which the LM head's fused backward (linear_ce_bwd) fills
-// with bf16 copies of the logits' gradient (unless the logits are bf16 already: logits16, the
-// gradient written over them) and of x, (rows, vocab) and (rows, hidden), for a chunk's rows,
-// and grows with a quarter's headroom; and about 0.6 GiB for the context, the kernels' code,
-// cuBLASLt's workspace and the GEMMs' fp32 staging (the residue at every setting). The CPU
-// backend holds nothing of its own that counts.
+// doc/benchmarks.md) and 2026-12-07 (H100 and H200, the proxy with the LM head in chunks): its
+// scratch, one buffer grown to the largest request of the step with a quarter's headroom, and
+// about 0.6 GiB for the context, the kernels' code, cuBLASLt's workspace and the GEMMs' fp32
+// staging (the residue at every setting). The largest requests: the LM head's fused backward
+// (linear_ce_bwd), bf16 copies of the logits' gradient (unless the logits are bf16 already:
+// logits16, the gradient written over them) and of x, (rows, vocab) and (rows, hidden), for a
+// chunk's rows; and the bf16 attention backward (attn, attn_bwd_scratch). The CPU backend
+// holds nothing of its own that counts.
 #define LB_INFO_CUDA_BASE ((size_t)614 << 20)
-static size_t backend_bytes(const lb_config *c, size_t lm_rows, int logits16)
+static size_t backend_bytes(const lb_config *c, size_t lm_rows, int logits16, size_t attn)
 {
     if (strcmp(c->run.backend, "cuda")) return 0;
     size_t pad = 8, v = ((size_t)c->model.vocab_size + pad - 1) / pad * pad;
     size_t h = ((size_t)c->model.hidden_size + pad - 1) / pad * pad;
     size_t scratch = lm_rows * ((logits16 ? 0 : v) + h) * 2;
+    if (attn > scratch) scratch = attn;
     return LB_INFO_CUDA_BASE + scratch + scratch / 4;
 }
 
@@ -132,7 +152,12 @@ static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char
     int flight = g->pp - g->pp_rank < c->train.grad_accum / g->dp ? g->pp - g->pp_rank
                                                                  : c->train.grad_accum / g->dp;
     out->acts *= (size_t)(flight > 0 ? flight : 1);
-    out->backend = backend_bytes(c, m->last_stage ? lrows : 0, lb_model_logits16(m));
+    lb_dims d = lb_dims_of(m);
+    size_t attn = m->contract.attention_bf16 && m->layer_end > m->layer_begin
+                      ? attn_bwd_scratch((size_t)c->train.micro_batch, (size_t)c->train.seq_len,
+                                         (size_t)d.hq, (size_t)d.hkv, (size_t)d.D)
+                      : 0;
+    out->backend = backend_bytes(c, m->last_stage ? lrows : 0, lb_model_logits16(m), attn);
     m->def->acts_free(m, m->acts);
     m->acts = NULL;
     lb_model_free(m);
