@@ -118,6 +118,11 @@ expect_error empty-prompt "empty.txt:2: empty prompt" "$bin" sample "${s[@]}" --
 printf '1+2=\n3+4=\0\n5+6=\n' > "$tmp/nul.txt"
 expect_error nul-prompt "nul.txt:2: a NUL byte \(offset 9\): this is not a text file" \
     "$bin" sample "${s[@]}" --set sample.prompts="$tmp/nul.txt"
+# a reward command that is not there is refused before any work, and leaves no run directory
+expect_error reward-cmd-missing "rl.reward_command: '/nonexistent/score.sh' is not a command sh can run" \
+    "$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" --set rl.reward_command="/nonexistent/score.sh" \
+    --set run.out_dir="$tmp/nocmd"
+[ ! -e "$tmp/nocmd" ] || fail "a refused reward command left $tmp/nocmd"
 expect_error reward-cmd "rl.reward_command: 'exit 7' exited with status 7" \
     "$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" --set rl.reward_command="exit 7" \
     --set run.out_dir="$tmp/cmd"

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "src/cli/util.h"
 #include "src/io/data.h"
 
 extern char **environ;
@@ -68,6 +69,40 @@ const lb_reward_def *lb_reward_lookup(const char *name)
     return NULL;
 }
 
+// The program a reward command runs, checked before any work: its first word (past VAR=value
+// assignments) must be something sh can run (`command -v`: a builtin, a function or a file on
+// PATH or at that path). Words with quotes, expansions or redirections are left to sh.
+static int command_runs(const char *command, char *err, size_t errlen)
+{
+    const char *p = command;
+    char word[512];
+    for (;;) {
+        while (*p == ' ' || *p == '\t') p++;
+        size_t w = strcspn(p, " \t\n");
+        if (!w) return 0;   // blank: sh says so at run time
+        if (w >= sizeof word || strcspn(p, "\"'$`\\(){}<>|;&*?[~") < w) return 0;
+        memcpy(word, p, w);
+        word[w] = 0;
+        p += w;
+        const char *eq = strchr(word, '=');
+        if (eq && eq > word) continue;   // an assignment before the program
+        break;
+    }
+    pid_t pid;
+    char *argv[] = {"sh", "-c", "command -v \"$0\" >/dev/null 2>&1", word, NULL};
+    int rc = posix_spawn(&pid, "/bin/sh", NULL, NULL, argv, environ), status = 0;
+    if (rc != 0) {
+        snprintf(err, errlen, "rl.reward_command: cannot run /bin/sh: %s", strerror(rc));
+        return -1;
+    }
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) return 0;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
+    snprintf(err, errlen, "rl.reward_command: '%s' is not a command sh can run (not a builtin, "
+             "nor a file on PATH or at that path)", word);
+    return -1;
+}
+
 int lb_rewards_init(lb_rewards *r, const char *list, double format_reward, const char *command,
                     char *err, size_t errlen)
 {
@@ -103,7 +138,7 @@ int lb_rewards_init(lb_rewards *r, const char *list, double format_reward, const
                               "scores the completions");
         return -1;
     }
-    return 0;
+    return r->command ? command_runs(r->command, err, errlen) : 0;
 }
 
 // JSON string of len bytes: quotes, backslashes and control bytes escaped; other bytes as they
@@ -130,6 +165,7 @@ static void excerpt(char *out, size_t outlen, const char *s, size_t len)
         out[o++] = (unsigned char)s[i] < 0x20 ? '?' : s[i];
     if (len > n && o + 4 < outlen) out[o++] = '.', out[o++] = '.', out[o++] = '.';
     out[o] = 0;
+    lb_escape_bytes(out, outlen);   // bytes that are not UTF-8 as \xNN, never raw
 }
 
 int lb_reward_command(const char *command, const char *prompt, const char *completion,
@@ -193,7 +229,7 @@ int lb_reward_command(const char *command, const char *prompt, const char *compl
             snprintf(err, errlen, "rl.reward_command: waitpid: %s", strerror(errno));
             return -1;
         }
-    char what[64];
+    char what[256];
     excerpt(what, sizeof what, completion, len);
     if (WIFSIGNALED(status)) {
         snprintf(err, errlen, "rl.reward_command: '%s' was killed by signal %d (completion "
@@ -210,7 +246,7 @@ int lb_reward_command(const char *command, const char *prompt, const char *compl
     double v = strtod(buf, &end);
     while (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r') end++;
     if (truncated || end == buf || *end || errno == ERANGE || !isfinite(v)) {
-        char shown[64];
+        char shown[256];
         excerpt(shown, sizeof shown, buf, got);
         snprintf(err, errlen, "rl.reward_command: '%s' printed '%s', not one number "
                  "(completion '%s')", command, shown, what);
