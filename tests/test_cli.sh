@@ -248,6 +248,17 @@ head -c 4000 "$src/tests/data/hf_qwen3_moe/model.safetensors" > "$tmp/hf/model.s
 expect_error hf-trunc "hf/model.safetensors: " "$bin" convert --set convert.input="$tmp/hf" \
     --set convert.output="$tmp/y.safetensors"
 [ ! -e "$tmp/y.safetensors" ] && ok || fail "convert left output after a truncated import"
+# config.json with a key twice: transformers takes the last, so importing the first would be
+# another model; and bytes after the object
+mkdir -p "$tmp/hfd" && cp "$src/tests/data/hf_qwen3_moe/model.safetensors" "$tmp/hfd/"
+sed 's/"rope_theta": \([0-9.e+]*\)/"rope_theta": \1, "rope_theta": 500000.0/' \
+    "$src/tests/data/hf_qwen3_moe/config.json" > "$tmp/hfd/config.json"
+expect_error hf-dup "hfd/config.json:[0-9]+: key \"rope_theta\" twice in one object" "$bin" convert \
+    --set convert.input="$tmp/hfd" --set convert.output="$tmp/z.safetensors"
+{ cat "$src/tests/data/hf_qwen3_moe/config.json"; echo '{}'; } > "$tmp/hfd/config.json"
+expect_error hf-tail "hfd/config.json:[0-9]+: bytes after the JSON value" "$bin" convert \
+    --set convert.input="$tmp/hfd" --set convert.output="$tmp/z.safetensors"
+[ ! -e "$tmp/z.safetensors" ] && ok || fail "convert left output after a bad config.json"
 
 echo "$pass passed, $failed failed"
 [ "$failed" -eq 0 ]

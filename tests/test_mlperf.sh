@@ -84,6 +84,9 @@ check_bad "wrong value" ':[0-9]+: opt_adamw_beta_2: value 0.999, the rules want 
 rc=$?
 [ $rc -eq 2 ] && grep -q "nul.log:4: a NUL byte (offset [0-9]*): this is not a text file" \
     "$tmp/check.out" && ok || { fail "NUL byte: exit $rc"; cat "$tmp/check.out"; }
+# a key twice: the official checker (Python's json) takes the last value, cJSON the first
+edit 's/"opt_adamw_beta_2", "value": 0.95/"opt_adamw_beta_2", "value": 0.95, "value": 0.999/'
+check_bad "duplicate key" ':[0-9]+: not JSON after .*key "value" twice in one object' "$tmp/bad.log"
 edit 's/"opt_name", "value": "adamw"/"opt_name", "value": "sgd"/'
 check_bad "wrong optimizer" 'opt_name: value "sgd" is not one of: adamw' "$tmp/bad.log"
 edit 's/"opt_end_learning_rate", "value": 0.0003/"opt_end_learning_rate", "value": 0.0001/'

@@ -108,6 +108,17 @@ expect_error bad-line "bad.jsonl:3: not a JSON object with a string \"text\"" mp
 [ ! -e "$tmp/e/x_train_001_000.bin" ] && ok || fail "shards of the bad file were written"
 # nor those of the good file before it: a failed run leaves no output (doc/data.md)
 [ -z "$(ls "$tmp/e" 2>/dev/null)" ] && ok || fail "a failed tokenize left shards: $(ls "$tmp/e")"
+# JSON lines are read strictly, as Python's json reads them or refuses them: a \u0000 would cut
+# the text, bytes after the object would be dropped, and of a key twice Python takes the last
+printf '{"text": "fine"}\n{"text": "cut\\u0000here"}\n' > "$tmp/in/nul.jsonl"
+expect_error nul-escape "nul.jsonl:2: a NUL character \(\\\\u0000\) in a string" "$bin" data tokenize \
+    --set data.tokenizer="$tok" --set gen.input="$tmp/in/nul.jsonl" --set gen.output="$tmp/e/x"
+printf '{"text": "fine"}\n\n{"text": "a"} garbage\n' > "$tmp/in/tail.jsonl"
+expect_error json-tail "tail.jsonl:3: bytes after the JSON value" "$bin" data tokenize \
+    --set data.tokenizer="$tok" --set gen.input="$tmp/in/tail.jsonl" --set gen.output="$tmp/e/x"
+printf '{"text": "first", "text": "last"}\n' > "$tmp/in/dup.jsonl"
+expect_error json-dup "dup.jsonl:1: key \"text\" twice in one object" "$bin" data tokenize \
+    --set data.tokenizer="$tok" --set gen.input="$tmp/in/dup.jsonl" --set gen.output="$tmp/e/x"
 mkdir -p "$tmp/s" && cp "$tmp/one/c_train_000_000.bin" "$tmp/s/c_train_000.bin"
 expect_error stale "c_train_000.bin: shard of an earlier corpus" "$bin" data tokenize \
     --set data.tokenizer="$tok" --set gen.input="$tmp/in/a.txt" --set gen.output="$tmp/s/c"

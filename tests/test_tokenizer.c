@@ -249,10 +249,18 @@ START_TEST(malformed_files)
     cJSON_Delete(doc);
     char err[1024];
     ck_assert_ptr_null(lb_tokenizer_parse("{\"model\": ", "cut.json", err, sizeof err));
-    ck_assert_msg(strstr(err, "cut.json: not valid JSON"), "%s", err);
+    ck_assert_msg(strstr(err, "cut.json:1: not valid JSON"), "%s", err);
     // Bytes after the JSON value were dropped unseen (issue 38): refused, naming the file.
     ck_assert_ptr_null(lb_tokenizer_parse("{\"model\": {}}\n x", "more.json", err, sizeof err));
-    ck_assert_msg(strstr(err, "more.json: bytes after the JSON value (byte 15)"), "%s", err);
+    ck_assert_msg(strstr(err, "more.json:2: bytes after the JSON value (byte 15)"), "%s", err);
+    // A key twice: the tokenizers package takes the last, cJSON the first: refused, with the
+    // line of the second; a NUL escape would cut a token's text
+    ck_assert_ptr_null(lb_tokenizer_parse("{\"model\": {},\n \"model\": {\"type\": \"BPE\"}}",
+                                          "dup.json", err, sizeof err));
+    ck_assert_msg(strstr(err, "dup.json:2: key \"model\" twice in one object"), "%s", err);
+    ck_assert_ptr_null(lb_tokenizer_parse("{\"model\": {\"vocab\": {\"a\\u0000b\": 0}}}",
+                                          "nul.json", err, sizeof err));
+    ck_assert_msg(strstr(err, "nul.json:1: a NUL character (\\u0000) in a string"), "%s", err);
     // So was all after a NUL byte: the KJV tokenizer, a NUL and a second JSON object.
     char tmp[] = "/tmp/lowbit-tok-XXXXXX";
     int fd = mkstemp(tmp);

@@ -10,6 +10,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "src/io/json.h"
 #include "kernels/common.h"
 #include "src/io/checkpoint.h"
 #include "src/cli/commands.h"
@@ -35,14 +36,12 @@ static int is_moe(const lb_model_config *c) { return def_of(c)->moe; }
 
 static cJSON *read_json(const char *path, char *err, size_t errlen)
 {
-    char *text = lb_read_file(path, NULL, err, errlen);
+    size_t len;
+    char *text = lb_read_file(path, &len, err, errlen);
     if (!text) return NULL;
-    cJSON *root = cJSON_Parse(text);
-    if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        seterr(err, errlen, "%s: not valid JSON (error near byte %ld)", path,
-               at && at >= text ? (long)(at - text) : -1L);
-    } else if (!cJSON_IsObject(root)) {
+    // strict: a duplicate key imports another model than transformers reads (it takes the last)
+    cJSON *root = lb_json_parse(text, len, path, 1, err, errlen);
+    if (root && !cJSON_IsObject(root)) {
         seterr(err, errlen, "%s: not a JSON object", path);
         cJSON_Delete(root);
         root = NULL;

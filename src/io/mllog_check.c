@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include "src/io/json.h"
 #include "src/cli/util.h"
 
 #define TOKEN ":::MLLOG "
@@ -209,7 +210,11 @@ static int read_log(checker *k, ll **out, int *n)
         *e = 0;
         char *at = strstr(p, TOKEN);
         if (at) {
-            cJSON *j = cJSON_Parse(at + strlen(TOKEN));
+            // strict: bytes after the event, a key twice (the official checker, Python, takes
+            // the last value) are problems, with the parser's reason
+            char jerr[512] = "";
+            const char *js = at + strlen(TOKEN);
+            cJSON *j = lb_json_parse(js, strlen(js), k->path, line, jerr, sizeof jerr);
             const cJSON *ts = j ? cJSON_GetObjectItem(j, "time_ms") : NULL;
             const cJSON *ty = j ? cJSON_GetObjectItem(j, "event_type") : NULL;
             const cJSON *key = j ? cJSON_GetObjectItem(j, "key") : NULL;
@@ -219,7 +224,8 @@ static int read_log(checker *k, ll **out, int *n)
             const char *tn = cJSON_IsString(ty) ? ty->valuestring : "";
             char type = !strcmp(tn, "POINT_IN_TIME") ? 'P' : !strcmp(tn, "INTERVAL_START") ? 'S'
                         : !strcmp(tn, "INTERVAL_END") ? 'E' : 0;
-            if (!j) problem(k, line, NULL, "not JSON after '" TOKEN "'");
+            const char *why = strstr(jerr, ": ") ? strstr(jerr, ": ") + 2 : jerr;
+            if (!j) problem(k, line, NULL, "not JSON after '" TOKEN "': %s", why);
             else if (!cJSON_IsString(ns) || !cJSON_IsNumber(ts) || !type || !cJSON_IsString(key) ||
                      !val || !cJSON_IsObject(meta) ||
                      !cJSON_IsString(cJSON_GetObjectItem(meta, "file")) ||

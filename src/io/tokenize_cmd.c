@@ -17,6 +17,7 @@
 #include "src/cli/commands.h"
 #include "src/cli/util.h"
 #include "src/io/data.h"
+#include "src/io/json.h"
 #include "src/io/tokenizer.h"
 
 typedef struct {
@@ -91,7 +92,8 @@ static int tokenize_file(tk_state *s, const lb_config *c, const char *path, int 
             if (blank < n) {
                 char where[LB_PATH_MAX + 32];
                 snprintf(where, sizeof where, "%s:%zu", path, line);
-                cJSON *j = cJSON_ParseWithLength(p, n);
+                cJSON *j = lb_json_parse(p, n, path, (int)line, err, errlen);
+                if (!j) goto out;   // strict: a NUL, bytes after the value, a key twice
                 const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, c->gen.text_field);
                 if (!cJSON_IsObject(j) || !cJSON_IsString(f)) {
                     snprintf(err, errlen, "%s: not a JSON object with a string \"%s\"", where,

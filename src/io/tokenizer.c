@@ -6,6 +6,7 @@
 // the text's own bytes and decoding copy bytes out, with no per-call mapping.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "src/io/tokenizer.h"
+#include "src/io/json.h"
 
 #include "src/cli/util.h"
 
@@ -551,21 +552,10 @@ oom:
 
 lb_tokenizer *lb_tokenizer_parse(const char *json, const char *name, char *err, size_t errlen)
 {
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithOpts(json, &end, 0);
-    if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        fail(err, errlen, name, "not valid JSON (near byte %ld)", at ? (long)(at - json) : -1L);
-        return NULL;
-    }
-    // Only white space may follow the JSON value: a file with more (two files run together, a
-    // cut edit) is not the tokenizer its first part says.
-    for (const char *p = end; p && *p; p++)
-        if (!strchr(" \t\r\n", *p)) {
-            fail(err, errlen, name, "bytes after the JSON value (byte %ld)", (long)(p - json));
-            cJSON_Delete(root);
-            return NULL;
-        }
+    // strict: only white space after the value (two files run together, a cut edit), no key
+    // twice (the tokenizers package takes the last, cJSON the first), no \u0000
+    cJSON *root = lb_json_parse(json, strlen(json), name, 1, err, errlen);
+    if (!root) return NULL;
     lb_tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
         cJSON_Delete(root);
