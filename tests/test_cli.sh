@@ -56,6 +56,13 @@ cache() { "$bin" info "$cfg" "$@" 2>&1 | awk '/rank  tp/ { getline; print $(NF -
 c32=$(cache) c16=$(cache --set precision.recipe=bf16) c8=$(cache --set precision.recipe=fp8-block)
 awk -v a="$c32" -v b="$c16" -v c="$c8" 'BEGIN { exit !(a == 0 && b > 0 && c > 0) }' && ok ||
     fail "info: weight caches $c32 MiB in fp32, $c16 in bf16, $c8 in fp8-block"
+# activations per token and layer: under full recomputation a layer keeps its input alone (128
+# fp32 values, 512 bytes); selective keeps less than none, and bf16 storage less than fp32
+lay() { "$bin" info "$cfg" "$@" 2>&1 | sed -n 's/.*activations per token and layer: \([0-9]*\) bytes.*/\1/p'; }
+l32=$(lay) lfull=$(lay --set train.recompute=full) lsel=$(lay --set train.recompute=selective)
+l16=$(lay --set precision.recipe=bf16)
+[ "$lfull" = 512 ] && [ "$lsel" -lt "$l32" ] && [ "$l16" -lt "$l32" ] && ok ||
+    fail "info: bytes per token and layer: $l32 (fp32), $lfull (full), $lsel (selective), $l16 (bf16)"
 # and what the backend holds of its own: nothing on the CPU; on CUDA 614 MiB (context and code)
 # and the LM head backward's bf16 scratch with a quarter's headroom, rows x (vocab 256 + hidden
 # 128) x 2 bytes x 1.25: 0.9375 MiB for 16 x 64 rows, 0.234 for chunks of 256 (train.ce_chunk)
@@ -141,6 +148,14 @@ good=(--set data.train_files="$tmp/d/arith_train_*.bin" "${run[@]}")
 "$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/ok" >/dev/null 2>&1 || fail "train"
 ck="$tmp/ok/checkpoints/step_00000002.safetensors"
 [ -f "$ck" ] && ok || fail "no checkpoint written"
+# a model far too large for the machine stops before any work, with lowbit info's sizes and
+# the settings that lower them, not inside an allocation
+expect_error too-big "a training step needs about [0-9.]+ GiB on rank 0 \\(parameters and gradients [0-9.]+, .*\\) and the cpu backend has [0-9.]+ GiB of physical memory: lower train.micro_batch" \
+    "$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/big" --set model.hidden_size=8192 \
+    --set model.num_hidden_layers=64 --set model.moe_intermediate_size=8192 \
+    --set model.num_experts=64 --set model.head_dim=128 --set model.num_attention_heads=64 \
+    --set model.num_key_value_heads=8
+[ ! -e "$tmp/big" ] && ok || fail "a refused model left $tmp/big"
 # a metrics write that fails (a full disk: /dev/full answers every write with ENOSPC) stops the
 # run with the reason, never a silent exit 0 with rows missing
 mkdir -p "$tmp/full" && ln -s /dev/full "$tmp/full/metrics.jsonl"

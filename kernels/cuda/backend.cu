@@ -59,7 +59,11 @@ extern "C" void *lb_cuda_scratch(lb_cuda_ctx *cx, size_t bytes)
     cx->mem_gen++;
     size_t want = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes;
     want += want / 4;   // headroom, so slowly growing sizes do not reallocate every call
-    LB_CUDA_CHECK(cudaMalloc(&cx->scratch, want));
+    cudaError_t e = cudaMalloc(&cx->scratch, want);
+    if (e != cudaSuccess)
+        lb_die("cuda scratch: %zu bytes on device %d (the largest operation's workspace so far, "
+               "with a quarter's headroom): %s (`lowbit info` prints what a configuration needs "
+               "and which settings lower it)", want, cx->device, cudaGetErrorString(e));
     cx->scratch_bytes = want;
     return cx->scratch;
 }
@@ -87,7 +91,8 @@ static void *cuda_alloc(lb_backend *be, size_t bytes)
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, n);
     if (e != cudaSuccess || !p)
-        lb_die("cuda alloc: %zu bytes on device %d: %s", bytes, cx->device,
+        lb_die("cuda alloc: %zu bytes on device %d: %s (`lowbit info` prints what a "
+               "configuration needs and which settings lower it)", bytes, cx->device,
                cudaGetErrorString(e));
     LB_CUDA_CHECK(cudaMemsetAsync(p, 0, n, cx->stream));
     cx->mem_gen++;

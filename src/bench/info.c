@@ -8,6 +8,7 @@
 #include "models/blocks.h"
 #include "parallel/grid.h"
 #include "src/cli/commands.h"
+#include "src/bench/info.h"
 #include "src/cli/run.h"
 
 typedef struct {
@@ -70,14 +71,6 @@ static int check_layout(const lb_config *c, int world_size)
     return 0;
 }
 
-// What rank r of the layout holds: its model piece built on a counting backend.
-typedef struct {
-    size_t weights, opt, acts;     // bytes: parameters (= gradients), optimizer state, activations
-    size_t caches;                 // bytes of the weight caches (the contract's bf16 and
-                                   // quantized copies, lb_wcache_bytes)
-    size_t host;                   // bytes of optimizer state offloaded to host memory
-    size_t backend;                // bytes the backend holds of its own (backend_bytes)
-} rank_memory;
 
 // The bf16-mode attention backward's scratch on Hopper (kernels/cuda/attention_tc.cu,
 // ops_attention.cu): D (rows of b t hq floats), bf16 copies of q, dout, k and v (head dims in
@@ -116,8 +109,13 @@ static size_t backend_bytes(const lb_config *c, size_t lm_rows, int logits16, si
     return LB_INFO_CUDA_BASE + scratch + scratch / 4;
 }
 
-static int rank_mem(const lb_config *c, const lb_grid *g, rank_memory *out, char *err,
-                    size_t errlen)
+size_t lb_info_rank_total(const lb_rank_memory *m)
+{
+    return 2 * m->weights + m->opt + m->backend + m->caches + m->acts;
+}
+
+int lb_info_rank_memory(const lb_config *c, const lb_grid *g, lb_rank_memory *out, char *err,
+                        size_t errlen)
 {
     count_ctx ctx = {0, 0};
     lb_backend counter = {.name = "count", .ctx = &ctx, .alloc = count_alloc,
@@ -187,21 +185,21 @@ static void print_layout(const lb_config *c, int world_size)
            "backend MiB   caches MiB   activations MiB   total MiB\n");
     for (int r = 0; r < world && r < 16; r++) {
         lb_grid h;
-        rank_memory mem;
+        lb_rank_memory mem;
         lb_grid_layout(&h, pc, world, r, err, sizeof err);
-        if (rank_mem(c, &h, &mem, err, sizeof err) != 0) {
+        if (lb_info_rank_memory(c, &h, &mem, err, sizeof err) != 0) {
             printf("            %-5d %s\n", r, err);
             continue;
         }
         printf("            %-5d %-2d %-2d %-2d %-2d   %-13.3f %-11.3f %-15.3f %-13.3f %-12.3f "
                "%-17.3f %.3f\n", r, h.tp_rank, h.dp_rank, h.pp_rank, h.ep_rank, mib(mem.weights),
                mib(mem.weights), mib(mem.opt), mib(mem.backend), mib(mem.caches), mib(mem.acts),
-               mib(2 * mem.weights + mem.opt + mem.backend + mem.caches + mem.acts));
+               mib(lb_info_rank_total(&mem)));
     }
     if (world > 16) printf("            ... (%d ranks)\n", world);
     if (c->train.optimizer_offload > 0) {
-        rank_memory mem;
-        if (rank_mem(c, &g, &mem, err, sizeof err) == 0)
+        lb_rank_memory mem;
+        if (lb_info_rank_memory(c, &g, &mem, err, sizeof err) == 0)
             printf("            optimizer offload: rank 0 keeps %.3f MiB of AdamW moments in "
                    "host memory (train.optimizer_offload = %g)\n", mib(mem.host),
                    c->train.optimizer_offload);
@@ -216,6 +214,27 @@ static void print_layout(const lb_config *c, int world_size)
 int lb_cuda_device_count(void);
 int lb_cuda_device_describe(int i, char *buf, size_t len);
 #endif
+
+// The activations one decoder layer adds per token, in the recipe's storage and under
+// train.recompute: one rank without parallelism, the model with one layer more against the
+// model as it is (the last layer: a routed one in a MoE family). 0, or -1 with a message.
+static int layer_bytes(const lb_config *c, double *per_token, char *err, size_t errlen)
+{
+    lb_config one = *c;
+    one.parallel.tp = one.parallel.pp = one.parallel.ep = one.parallel.dp = 1;
+    one.parallel.etp = 0;
+    one.parallel.sequence_parallel = 0;
+    one.train.grad_accum = 1;
+    lb_grid g;
+    if (lb_grid_layout(&g, &one.parallel, 1, 0, err, errlen) != 0) return -1;
+    lb_rank_memory a, b;
+    if (lb_info_rank_memory(&one, &g, &a, err, errlen) != 0) return -1;
+    one.model.num_hidden_layers++;
+    if (lb_info_rank_memory(&one, &g, &b, err, errlen) != 0) return -1;
+    *per_token = ((double)b.acts - (double)a.acts) / ((double)c->train.micro_batch *
+                                                        c->train.seq_len);
+    return 0;
+}
 
 int lb_cmd_info(const lb_config *c, lb_comm *comm)
 {
@@ -279,6 +298,11 @@ int lb_cmd_info(const lb_config *c, lb_comm *comm)
            "(fp32, one rank; the per-rank table below has the recipe's)\n",
            gib(acts), c->train.micro_batch, c->train.seq_len, gib(2 * p + 2 * pm + acts));
     print_layout(c, comm->size);
+    double per_layer;
+    if (layer_bytes(c, &per_layer, err, sizeof err) == 0)
+        printf("            activations per token and layer: %.0f bytes (%s recipe, "
+               "train.recompute %s; one rank without parallelism, the last layer's)\n",
+               per_layer, c->precision.recipe, c->train.recompute);
     lb_contract contract;
     if (lb_contract_resolve(&contract, &c->precision, mc->num_hidden_layers, err, sizeof err) == 0) {
         // the roles of this architecture's GEMMs: experts and a router, or a dense MLP

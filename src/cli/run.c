@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "kernels/common.h"
+#include "src/bench/info.h"
 #include "src/cli/util.h"
 #include "src/io/checkpoint.h"
 
@@ -138,6 +139,35 @@ static void comms_free(lb_run_comms *x)
     x->nnccl = 0;
 }
 
+// Training: whether this rank's step fits the backend's memory, by `lowbit info`'s estimate,
+// checked before the model is built, so that a configuration too large stops before any work
+// with the sizes and the settings that lower them, not inside an allocation. CUDA: against
+// the device's free memory; the CPU: against the host's physical memory (its free pages leave
+// out the page cache, which would refuse runs that fit).
+static int fits(lb_run *r, lb_backend *be, char *err, size_t errlen)
+{
+    lb_rank_memory mem;
+    if (lb_info_rank_memory(r->c, &r->grid, &mem, err, errlen) != 0) return -1;
+    size_t need = lb_info_rank_total(&mem), have;
+    if (!strcmp(be->name, "cuda")) {
+        have = be->mem_free(be);
+    } else {
+        long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+        have = pages > 0 && size > 0 ? (size_t)pages * (size_t)size : 0;
+    }
+    if (!have || need <= have) return 0;
+    const double G = 1024.0 * 1024.0 * 1024.0;
+    snprintf(err, errlen, "a training step needs about %.2f GiB on rank %d (parameters and "
+             "gradients %.2f, optimizer %.2f, weight caches %.2f, activations %.2f, the "
+             "backend's own %.2f: lowbit info) and the %s backend has %.2f GiB%s: lower "
+             "train.micro_batch or train.seq_len, set train.recompute = selective or full, "
+             "train.adam_moments = bf16 or train.optimizer_offload, or spread the model over "
+             "more ranks (parallel.tp, parallel.pp, parallel.ep)", need / G, r->grid.rank,
+             2 * mem.weights / G, mem.opt / G, mem.caches / G, mem.acts / G, mem.backend / G,
+             be->name, have / G, strcmp(be->name, "cuda") ? " of physical memory" : " free");
+    return -1;
+}
+
 int lb_run_setup(lb_run *r, int sampling)
 {
     char err[ERRLEN];
@@ -146,6 +176,7 @@ int lb_run_setup(lb_run *r, int sampling)
     if (be && sampling) be->deterministic = c->sample.deterministic;
     snprintf(err, sizeof err, "the %.32s backend did not open", c->run.backend);
     if (lb_run_failed(r, !be, err)) return 1;
+    if (lb_run_failed(r, !sampling && fits(r, be, err, sizeof err) != 0, err)) return 1;
     // Activations, gradients and parameters travel in the backend's memory.
     int bad = comms_open(&r->comms, &r->grid, be, !strcmp(c->run.backend, "cuda"), err,
                          sizeof err) != 0;
