@@ -82,5 +82,31 @@ done
 echo "kills inside a save that left a temporary: $left of 3"
 [ "$left" -ge 1 ] && ok || fail "no kill struck inside a save"
 
+# SIGTERM (a scheduler's preemption) and SIGINT (Ctrl-C) stop the run at the next step boundary
+# with a checkpoint of that step, though it was not due (save_every 0: only at the end), and
+# exit 0 with a line that says so; resume = auto continues from it
+for sig in TERM INT; do
+    out=$tmp/sig$sig
+    "$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set checkpoint.save_every=0 \
+        --set train.steps=400 --set run.out_dir="$out" > "$out.log" 2>&1 &
+    pid=$!
+    for i in $(seq 600); do   # until two steps are logged (60 s at most)
+        [ "$(cat "$out/metrics.jsonl" 2>/dev/null | grep -c '"loss"')" -ge 2 ] && break
+        sleep 0.1
+    done
+    kill -$sig $pid
+    wait $pid
+    rc=$?
+    at=$(sed -n "s/^stopped by SIG$sig after step \([0-9]*\); its checkpoint is saved.*/\1/p" "$out.log")
+    [ $rc = 0 ] && [ -n "$at" ] && [ -f "$(ck "$out" "$at")" ] && ok ||
+        { fail "SIG$sig: exit $rc, line '$at', checkpoints: $(ls "$out/checkpoints" 2>&1)"; continue; }
+    [ "$at" -lt 400 ] && ok || fail "SIG$sig: the run went on to step $at"
+    "$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set checkpoint.save_every=0 \
+        --set train.steps=$((at + 2)) --set run.out_dir="$out" --set checkpoint.resume=auto \
+        > "$out.resume.log" 2>&1 || { fail "SIG$sig: resume: $(tail -n 3 "$out.resume.log")"; continue; }
+    grep -q "resumed from $(ck "$out" "$at") at step $at" "$out.resume.log" && ok ||
+        fail "SIG$sig: not resumed from step $at: $(grep -m 1 resum "$out.resume.log")"
+done
+
 echo "test_kill_save: $pass passed, $failed failed"
 [ "$failed" = 0 ]

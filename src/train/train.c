@@ -452,6 +452,33 @@ static int train_validate(train_run *x, int step)
     return ml && lb_mlperf_eval_stop(p, step, c->train.steps, vl);
 }
 
+// SIGTERM and SIGINT (a scheduler's preemption, Ctrl-C) ask the run to stop at the next step
+// boundary with a checkpoint; the handler resets itself, so a second signal ends the process
+// as the default would (every save is atomic: the last finished checkpoint stays whole).
+static volatile sig_atomic_t stop_signal;
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+static void stop_signals_catch(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+// The signal any rank received (0: none): every rank stops at the same step.
+static int stop_signal_any(lb_comm *comm)
+{
+    // the sum of the ranks' signal numbers: nonzero when any got one; which one only where a
+    // single rank did (else SIGTERM is reported, the usual one of a scheduler)
+    int s = stop_signal;
+    double sum = comm->size > 1 ? lb_comm_allreduce_sum(comm, (double)s) : (double)s;
+    return sum == 0.0 ? 0 : sum == (double)s ? s : SIGTERM;
+}
+
 // One optimizer step: the micro-batches through the pipeline schedule, the loss over all
 // ranks, the update, the log, validation and the checkpoint when due (and when an MLPerf
 // evaluation reached the target, which ends the run: returns 1).
@@ -482,13 +509,19 @@ static int train_step(train_run *x, int step)
     if (r->root) log_step(x, step, loss, sums, lr, norm, now, now - ts);
     int stop = train_validate(x, step);
     if (r->root) fflush(stdout);
-    if (lb_run_save_due(c, step, stop ? step : c->train.steps)) {
+    int sig = stop_signal_any(comm);
+    if (lb_run_save_due(c, step, stop || sig ? step : c->train.steps)) {
         if (r->root) tty_clear(&x->pending);
         x->st.step = step;
         lb_loader_tell(x->train, &x->st.loader_shard, &x->st.loader_pos);   // the same everywhere
         lb_run_save(r, &x->st, x->ini);
     }
-    return stop;
+    if (sig && r->root)
+        printf("stopped by %s after step %d%s\n", sig == SIGINT ? "SIGINT" : "SIGTERM", step,
+               c->checkpoint.save_every < 0
+                   ? " without a checkpoint (checkpoint.save_every = -1)"
+                   : "; its checkpoint is saved: checkpoint.resume = auto continues the run");
+    return stop || sig;
 }
 
 // Frees what was made, also of a run that stopped during its setup.
@@ -520,6 +553,7 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
         return 1;
     }
     train_alloc(x);
+    stop_signals_catch();
     if (c->mlperf.enabled) lb_mlperf_run_start(&x->mlperf, x->first - 1);
     int step = x->first;
     for (; step <= c->train.steps; step++)
