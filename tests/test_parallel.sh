@@ -285,7 +285,10 @@ expect_bad kv-heads 4 "model.num_key_value_heads \(2\) is not divisible by paral
 expect_bad layers 3 "model.num_hidden_layers \(2\) is not divisible by parallel.pp \(3\)" --set parallel.pp=3
 expect_bad expert-grid 4 "the 4 ranks of a pipeline stage .* not divisible by parallel.etp x parallel.ep = 1 x 8" \
     --set parallel.ep=8 --set model.num_experts=8
-expect_bad grad-accum 3 "train.grad_accum \(4\) is not divisible by the data-parallel size dp = 3" --set parallel.zero=true
+expect_bad grad-accum 3 "train.grad_accum \(4\) is not divisible by the data-parallel size dp = 3.*add --set train.grad_accum=6\$" --set parallel.zero=true
+# the example run as written on two ranks: the fix keeps the global batch of sequences
+expect_bad grad-accum-fix 2 "add --set train.grad_accum=2 --set train.micro_batch=[0-9]+ to keep the global batch" \
+    --set train.grad_accum=1
 expect_bad dp 2 "parallel.dp = 4, but 2 ranks with parallel.tp = 1 and parallel.pp = 1 give dp = 2" --set parallel.dp=4
 expect_bad etp 4 "parallel.etp \(4\) does not divide parallel.tp \(2\)" \
     --set parallel.tp=2 --set parallel.etp=4

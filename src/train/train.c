@@ -125,10 +125,17 @@ static int check_train(const lb_config *c, const lb_grid *g, char *err, size_t e
 {
     const lb_parallel_config *pc = &c->parallel;
     if (c->train.grad_accum % g->dp != 0) {
+        const int ga = c->train.grad_accum, up = (ga + g->dp - 1) / g->dp * g->dp;
+        const int keep = up % ga == 0 && c->train.micro_batch % (up / ga) == 0;
+        char same[160] = "";
+        if (keep)   // the same global batch of sequences
+            snprintf(same, sizeof same, " --set train.micro_batch=%d",
+                     c->train.micro_batch / (up / ga));
         snprintf(err, errlen, "train.grad_accum (%d) is not divisible by the data-parallel size "
                  "dp = %d (%d ranks / (tp %d x pp %d)): each data-parallel rank runs "
-                 "grad_accum / dp micro-batches of every step", c->train.grad_accum, g->dp,
-                 g->world, g->tp, g->pp);
+                 "grad_accum / dp micro-batches of every step (the global batch is grad_accum x "
+                 "train.micro_batch sequences); add --set train.grad_accum=%d%s%s", ga, g->dp,
+                 g->world, g->tp, g->pp, up, same, keep ? " to keep the global batch" : "");
         return -1;
     }
     if (pc->micro_batches > 0 && pc->micro_batches * g->dp != c->train.grad_accum) {
