@@ -147,6 +147,11 @@ expect_error text-missing "nofile.txt: No such file or directory" "$bin" data \
 good=(--set data.train_files="$tmp/d/arith_train_*.bin" "${run[@]}")
 "$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/ok" >/dev/null 2>&1 || fail "train"
 ck="$tmp/ok/checkpoints/step_00000002.safetensors"
+# config.ini says what made the run: version and commit, the command line, ranks and backend
+head -n 3 "$tmp/ok/config.ini" | tr '\n' '|' | grep -Eq "^# lowbit [0-9.]+ \(commit ([0-9a-f]+|unknown)\)\|# command: lowbit train .*tiny-moe.cfg --set data.train_files=.*\|# 1 rank, run.backend cpu\|$" &&
+    ok || fail "config.ini's provenance: $(head -n 3 "$tmp/ok/config.ini")"
+"$bin" --version | grep -Eq "^lowbit [0-9.]+ \(commit ([0-9a-f]+|unknown)\)$" && ok ||
+    fail "--version: $("$bin" --version)"
 [ -f "$ck" ] && ok || fail "no checkpoint written"
 # a model far too large for the machine stops before any work, with lowbit info's sizes and
 # the settings that lower them, not inside an allocation

@@ -132,6 +132,7 @@ typedef struct {
     } mlperf;
     char source_file[LB_PATH_MAX];
     int source_line[192];
+    char command[2048];            // the command line that made this configuration (config.ini)
 } lb_config;
 
 typedef enum { LB_PARAM_INT, LB_PARAM_U64, LB_PARAM_FLOAT, LB_PARAM_BOOL, LB_PARAM_STRING,

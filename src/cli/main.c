@@ -135,7 +135,7 @@ int main(int argc, char **argv)
         goto out;
     }
     if (!strcmp(argv[1], "--version")) {
-        if (comm.rank == 0) printf("lowbit %s\n", PACKAGE_VERSION);
+        if (comm.rank == 0) printf("lowbit %s (commit %s)\n", PACKAGE_VERSION, LB_GIT_COMMIT);
         rc = 0;
         goto out;
     }
@@ -208,6 +208,9 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+    for (int a = 0, o = 0; a < argc && o < (int)sizeof cfg.command - 1; a++)   // provenance
+        o += snprintf(cfg.command + o, sizeof cfg.command - o, "%s%s", a ? " " : "",
+                      a ? argv[a] : "lowbit");
     if (lb_config_validate(&cfg, err, sizeof err) != 0) {
         if (comm.rank == 0) fprintf(stderr, "%s\n", err);
         goto out;

@@ -1,4 +1,5 @@
 // run.c: one run's setup, shared by the commands (src/cli/run.h).
+#include "lb_autoconf.h"
 #include "src/cli/run.h"
 
 #include <stdio.h>
@@ -285,7 +286,8 @@ void lb_run_resume_path(const lb_run *r, char *out, size_t outlen)
     }
 }
 
-int lb_run_config_write(const lb_config *c, const char *ini, char *err, size_t errlen)
+int lb_run_config_write(const lb_config *c, const char *ini, int world, char *err,
+                        size_t errlen)
 {
     char path[LB_PATH_MAX + 16], pattern[LB_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/config.ini", c->run.out_dir);
@@ -293,6 +295,10 @@ int lb_run_config_write(const lb_config *c, const char *ini, char *err, size_t e
     lb_atomic_sweep(pattern);   // a killed run's
     lb_atomic_file a;
     if (lb_atomic_open(&a, path, err, errlen) != 0) return -1;
+    // provenance as comments (the parser skips them): what made the run, and how
+    fprintf(a.f, "# lowbit %s (commit %s)\n# command: %s\n# %d rank%s, run.backend %s\n",
+            PACKAGE_VERSION, LB_GIT_COMMIT, c->command[0] ? c->command : "(none)", world,
+            world == 1 ? "" : "s", c->run.backend);
     fputs(ini, a.f);
     if (lb_atomic_commit(&a, err, errlen) != 0) return -1;
     if (c->run.verbose) printf("# resolved configuration\n%s\n", ini);

@@ -99,9 +99,11 @@ int lb_run_checkpoint_config(const char *path, lb_config *out, char *err, size_t
 // continues that model; a changed rope_theta or num_experts_per_tok changes no tensor's shape,
 // so the load alone would take it); else -1 with a message naming the first key that differs.
 int lb_run_same_model(const lb_config *c, const char *path, char *err, size_t errlen);
-// Rank 0 of a run: the resolved configuration ini into OUT_DIR/config.ini (atomic) and one
+// Rank 0 of a run: the resolved configuration ini into OUT_DIR/config.ini (atomic), after
+// comments that say what made it (version, commit, command line, world ranks, backend), and one
 // line that names it, or with run.verbose the whole text. 0, or -1 with a message.
-int lb_run_config_write(const lb_config *c, const char *ini, char *err, size_t errlen);
+int lb_run_config_write(const lb_config *c, const char *ini, int world, char *err,
+                        size_t errlen);
 // Whether step is due a checkpoint: every checkpoint.save_every steps and the last one
 // (save_every -1: never).
 int lb_run_save_due(const lb_config *c, int step, int last);

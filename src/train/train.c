@@ -344,7 +344,7 @@ static int train_announce(train_run *x)
     x->ini = lb_config_to_ini(c);
     char layout[256];
     lb_grid_describe(&r->grid, layout, sizeof layout);
-    if (lb_run_failed(r, r->root && lb_run_config_write(c, x->ini, err, sizeof err) != 0, err))
+    if (lb_run_failed(r, r->root && lb_run_config_write(c, x->ini, r->world->size, err, sizeof err) != 0, err))
         return 1;
     if (r->root) {
         printf("model %s: %.3fM parameters (%.3fM on rank 0), %.3fM active matmul parameters per "
