@@ -32,7 +32,8 @@ for r in "${runs[@]}"; do
     name=${r%%|*}
     keys=()
     for kv in ${r#*|}; do keys+=(--set "precision.$kv"); done
-    "$bin" train "$cfg" "${data[@]}" "${keys[@]}" --set run.out_dir="$out/$name" "$@" \
+    "$bin" train "$cfg" "${data[@]}" "${keys[@]}" --set run.out_dir="$out/$name" \
+        --set run.overwrite=true "$@" \
         > "$out/$name.log" 2>&1
     log=$out/$name/mlperf.log
     "$bin" mlperf-check "$log" > /dev/null

@@ -23,6 +23,7 @@ if [ ! -f Makefile ]; then
 fi
 make -s -j"$(nproc)"
 ./lowbit data examples/tiny-moe.cfg
-./lowbit train examples/tiny-moe.cfg   # (what it costs: ./lowbit info examples/tiny-moe.cfg)
+# run.overwrite: a second quick start starts the runs over (a run directory holds one run)
+./lowbit train examples/tiny-moe.cfg --set run.overwrite=true   # (cost: ./lowbit info examples/tiny-moe.cfg)
 # GRPO from that checkpoint with the sampler inside the trainer (doc/rl.md)
-./lowbit rl examples/rl-arith.cfg
+./lowbit rl examples/rl-arith.cfg --set run.overwrite=true

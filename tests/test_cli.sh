@@ -147,6 +147,19 @@ expect_error text-missing "nofile.txt: No such file or directory" "$bin" data \
 good=(--set data.train_files="$tmp/d/arith_train_*.bin" "${run[@]}")
 "$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/ok" >/dev/null 2>&1 || fail "train"
 ck="$tmp/ok/checkpoints/step_00000002.safetensors"
+# a run directory is one run's: a new run into it is refused with the ways out named (its files
+# untouched); run.overwrite = true clears it and starts over; checkpoint.resume = auto continues
+before=$(cat "$tmp/ok/metrics.jsonl")
+expect_error dir-held "run.out_dir .*/ok holds a run already \\([0-9]+ of its files.*set checkpoint.resume = auto to continue it, run.overwrite = true to start over" \
+    "$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/ok"
+[ "$(cat "$tmp/ok/metrics.jsonl")" = "$before" ] && [ -f "$ck" ] && ok ||
+    fail "a refused run into a held directory changed it"
+cp -r "$tmp/ok" "$tmp/ow"
+"$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/ow" --set run.overwrite=true \
+    --set train.steps=1 --set train.warmup_steps=1 > "$tmp/ow.log" 2>&1 || fail "run.overwrite run"
+grep -q "^run.overwrite: cleared .*/ow" "$tmp/ow.log" && [ "$(ls "$tmp/ow/checkpoints")" = step_00000001.safetensors ] &&
+    [ "$(grep -c '"loss"' "$tmp/ow/metrics.jsonl")" = 1 ] && [ "$(ls "$tmp/ow" | grep -c tfevents)" = 1 ] && ok ||
+    fail "run.overwrite left the earlier run: $(ls "$tmp/ow" "$tmp/ow/checkpoints")"
 # config.ini says what made the run: version and commit, the command line, ranks and backend
 head -n 3 "$tmp/ok/config.ini" | tr '\n' '|' | grep -Eq "^# lowbit [0-9.]+ \(commit ([0-9a-f]+|unknown)\)\|# command: lowbit train .*tiny-moe.cfg --set data.train_files=.*\|# 1 rank, run.backend cpu\|$" &&
     ok || fail "config.ini's provenance: $(head -n 3 "$tmp/ok/config.ini")"
@@ -165,7 +178,7 @@ expect_error too-big "a training step needs about [0-9.]+ GiB on rank 0 \\(param
 # run with the reason, never a silent exit 0 with rows missing
 mkdir -p "$tmp/full" && ln -s /dev/full "$tmp/full/metrics.jsonl"
 expect_error full-disk "full/metrics.jsonl: cannot write: No space left on device" \
-    "$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/full"
+    "$bin" train "$cfg" "${good[@]}" --set run.out_dir="$tmp/full" --set checkpoint.resume=auto
 # without a tokenizer a completion's tokens are bytes; an id past 255 (a vocabulary of 300)
 # prints as <unk:ID>, not as its low byte
 "$bin" train "$cfg" "${good[@]}" --set model.vocab_size=300 --set run.out_dir="$tmp/v300" \

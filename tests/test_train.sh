@@ -37,7 +37,8 @@ grep -q "^# resolved configuration" "$tmp/verbose.log" || fail "-v prints no con
 # progress: in a file the logged steps only; on a terminal (script's pty) the steps between them
 # too, each rewritten in place
 printf '%q ' "$bin" train "$src/examples/tiny-moe.cfg" "${small[@]}" --set train.steps=6 \
-    --set train.warmup_steps=1 --set train.log_every=3 --set run.out_dir="$tmp/tty" > "$tmp/tty.sh"
+    --set train.warmup_steps=1 --set train.log_every=3 --set run.out_dir="$tmp/tty" \
+    --set run.overwrite=true > "$tmp/tty.sh"   # run twice: to a file, then on a terminal
 bash "$tmp/tty.sh" > "$tmp/file.out"
 [ "$(grep -c '^step     [36]/6 | loss ' "$tmp/file.out")" = 2 ] && ! grep -q $'\r' "$tmp/file.out" ||
     fail "a log file should hold the logged steps, each on a line of its own"

@@ -20,7 +20,7 @@ variants=(
 )
 for v in "${variants[@]}"; do
     read -r name sets <<<"$v"
-    args=(--set run.out_dir="$out/$name" --set train.steps="$steps" --set train.log_every=25
+    args=(--set run.out_dir="$out/$name" --set run.overwrite=true --set train.steps="$steps" --set train.log_every=25
           --set checkpoint.save_every=0 --set checkpoint.keep=1 --set train.val_every="$steps")
     for s in $sets; do args+=(--set "$s"); done
     echo "== $name"

@@ -19,6 +19,7 @@ typedef struct {
         uint64_t seed;             // model init and anything random
         char out_dir[LB_PATH_MAX]; // metrics and checkpoints go here
         int verbose;               // print the resolved configuration, not just its file
+        int overwrite;             // clear a run.out_dir that holds a run (else refused)
     } run;
     lb_model_config model;
     struct {

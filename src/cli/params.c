@@ -32,10 +32,15 @@ static const lb_param rows[] = {
     LB_P(run, threads, I, "0", 0, 1024, NULL, "CPU threads, 0 = all cores"),
     LB_P(run, device, I, "0", 0, 1023, NULL, "CUDA device ordinal (first device of this rank)"),
     LB_P(run, seed, U, "1234", 0, 0, NULL, "seed of model initialisation and anything random"),
-    LB_P(run, out_dir, S, "runs/default", 0, 0, NULL, "directory for metrics and checkpoints"),
+    LB_P(run, out_dir, S, "runs/default", 0, 0, NULL,
+         "directory for metrics and checkpoints: one run's (a new run into one that holds a run "
+         "is refused unless checkpoint.resume continues it or run.overwrite clears it)"),
     LB_P(run, verbose, B, "false", 0, 0, NULL,
          "print the whole resolved configuration at the start (`-v`); it is always written to "
          "OUT_DIR/config.ini"),
+    LB_P(run, overwrite, B, "false", 0, 0, NULL,
+         "start over in a run.out_dir that holds a run: its config.ini, metrics, event files, "
+         "MLPerf log and checkpoints are removed first"),
 
     // [model] ----------------------------------------------------------------------------------
     LB_P(model, arch, E, "qwen3_moe", 0, 0, LB_CHOICES_MODELS,

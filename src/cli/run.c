@@ -205,9 +205,47 @@ static void sweep_temps(const char *dir)
     lb_atomic_sweep(pattern);
 }
 
+// The files of a run c's run.out_dir holds (0: none): its config.ini, metrics, event files,
+// MLPerf log and finished checkpoints; with clear, removed. Temporaries of killed writes do
+// not count (they are swept).
+static int run_files(const lb_config *c, int clear)
+{
+    const char *pats[] = {"config.ini", c->train.metrics_file, "events.out.tfevents.*",
+                          c->mlperf.log_file, "checkpoints/step_*.safetensors"};
+    int n = 0;
+    for (size_t p = 0; p < sizeof pats / sizeof pats[0]; p++) {
+        char pattern[2 * LB_PATH_MAX + 64], **list;
+        if (!pats[p][0]) continue;
+        snprintf(pattern, sizeof pattern, "%s/%s", c->run.out_dir, pats[p]);
+        int k = lb_glob(pattern, &list);
+        for (int i = 0; i < k; i++) {
+            if (strstr(list[i], ".tmp.")) continue;
+            n++;
+            if (clear) unlink(list[i]);
+        }
+        lb_glob_free(list, k);
+    }
+    return n;
+}
+
 int lb_run_checkpoint_dir(lb_run *r)
 {
     char err[ERRLEN];
+    const lb_config *c = r->c;
+    // A run directory is one run's: a new run into one that holds a run would replace its
+    // metrics beside its old checkpoints, which resume = auto would then take up.
+    int held = r->root && !c->checkpoint.resume[0] ? run_files(c, 0) : 0;
+    if (held && c->run.overwrite) {
+        run_files(c, 1);
+        printf("run.overwrite: cleared %s (%d file%s of an earlier run)\n", c->run.out_dir, held,
+               held == 1 ? "" : "s");
+        held = 0;
+    }
+    snprintf(err, sizeof err, "run.out_dir %.900s holds a run already (%d of its files: "
+             "config.ini, metrics, checkpoints): set checkpoint.resume = auto to continue it, "
+             "run.overwrite = true to start over (which removes them), or another run.out_dir",
+             c->run.out_dir, held);
+    if (lb_run_failed(r, held > 0, err)) return 1;
     snprintf(r->ckdir, sizeof r->ckdir, "%.*s/checkpoints", LB_PATH_MAX, r->c->run.out_dir);
     struct stat st;
     r->outdir_made = r->root && stat(r->c->run.out_dir, &st) != 0;
