@@ -1292,6 +1292,27 @@ static void layer_recompute(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
                 .gu = gu16 ? NULL : L->f.gu, .gu16 = gu16, .n = rows, .f = moe ? d.F : d.Fd});
 }
 
+// One chunk of the LM head's forward: the logits of nr rows x of lnf into m->logits (bf16
+// where lb_model_logits16, else fp32) and their per-token losses into loss, with the row
+// statistics where st is given.
+static void head_chunk_fwd(lb_model *m, const float *x, const int32_t *tg, int nr, float *loss,
+                           double *st)
+{
+    lb_dims d = lb_dims_of(m);
+    const lb_tensor *th = find_or_die(m, "lm_head.weight");
+    const int l = m->cfg.num_hidden_layers - 1;
+    const float *wh = m->params + th->offset;
+    const lb_wcache *ch = &m->wcache[th - m->tensors];
+    if (lb_model_logits16(m)) {
+        uint16_t *l16 = (uint16_t *)m->logits;
+        lb_linear_fwd_c16(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, l16, nr, d.V, d.C);
+        m->be->cross_entropy_fwd16(m->be, loss, st, l16, tg, nr, d.V);
+    } else {
+        lb_linear_fwd(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, 0, m->logits, nr, d.V, d.C, 0.0f);
+        m->be->cross_entropy_fwd(m->be, loss, st, m->logits, tg, nr, d.V);
+    }
+}
+
 // The training forward's LM head (lb_model_forward_train): R rows at a time, the chunk's
 // logits, their per-token losses and row statistics, then at once the LM head's backward for
 // those rows with the loss scale given up front: d lnf rows into a->dln, the weight gradient
@@ -1307,25 +1328,19 @@ static void head_train(lb_model *m, lb_acts *a, const int32_t *tg, int R)
     const lb_wcache *ch = &m->wcache[th - m->tensors];
     float dce = m->ntokens ? m->head_scale / (float)m->ntokens : 0.0f;
     int fused = lb_linear_ce_fusable(&m->lin, l, LB_ROLE_LM_HEAD);
+    // bf16 logits (lb_model_logits16 implies fused) get the gradient written over them
     uint16_t *l16 = lb_model_logits16(m) ? (uint16_t *)m->logits : NULL;
     for (int r = 0; r < ns; r += R) {
         int nr = ns - r < R ? ns - r : R;
         const float *x = a->lnf + (size_t)r * C;
         double *st = a->ce_stats + 2 * (size_t)r;
-        if (l16) {   // bf16 logits, the gradient written over them
-            lb_linear_fwd_c16(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, l16, nr, d.V, C);
-            be->cross_entropy_fwd16(be, a->loss + r, st, l16, tg + r, nr, d.V);
-            lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, NULL, l16, st, tg + r, dce,
-                             a->dln + (size_t)r * C, dwh, lb_model_grad_beta(m, dwh), nr, d.V, C);
-            continue;
-        }
-        lb_linear_fwd(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, 0, m->logits, nr, d.V, C, 0.0f);
-        be->cross_entropy_fwd(be, a->loss + r, st, m->logits, tg + r, nr, d.V);
+        head_chunk_fwd(m, x, tg + r, nr, a->loss + r, st);
         // the cross-entropy's gradient and the LM head's backward in one call where the
         // backward is a plain bf16 GEMM (the backend need not store the gradient)
         if (fused) {
-            lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, m->logits, NULL, st, tg + r, dce,
-                             a->dln + (size_t)r * C, dwh, lb_model_grad_beta(m, dwh), nr, d.V, C);
+            lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, l16 ? NULL : m->logits, l16,
+                             st, tg + r, dce, a->dln + (size_t)r * C, dwh,
+                             lb_model_grad_beta(m, dwh), nr, d.V, C);
         } else {
             be->cross_entropy_bwd(be, m->logits, m->logits, st, tg + r, dce, nr, d.V);
             lb_linear_bwd(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, 0, m->logits,
@@ -1379,21 +1394,10 @@ void lb_decoder_forward(lb_model *m, const int32_t *tokens, const int32_t *targe
         // Loss only, or kept for a backward: the LM head and the per-token losses R rows at a
         // time (chunked, the logits are not kept); unchunked, the statistics save the
         // backward a second read of every row. bf16 logits where the head is bf16 throughout.
-        const int l = c->num_hidden_layers - 1;
-        const float *wh = m->params + th->offset;
-        const lb_wcache *ch = &m->wcache[th - m->tensors];
         for (int r = 0; r < ns; r += R) {
             int nr = ns - r < R ? ns - r : R;
-            const float *x = a->lnf + (size_t)r * C;
-            double *st = R == ns ? a->ce_stats : NULL;
-            if (lb_model_logits16(m)) {
-                uint16_t *l16 = (uint16_t *)m->logits;
-                lb_linear_fwd_c16(lin, l, LB_ROLE_LM_HEAD, x, wh, ch, l16, nr, d.V, C);
-                be->cross_entropy_fwd16(be, a->loss + r, st, l16, targets + r0 + r, nr, d.V);
-            } else {
-                lb_linear_fwd(lin, l, LB_ROLE_LM_HEAD, x, wh, ch, 0, m->logits, nr, d.V, C, 0.0f);
-                be->cross_entropy_fwd(be, a->loss + r, st, m->logits, targets + r0 + r, nr, d.V);
-            }
+            head_chunk_fwd(m, a->lnf + (size_t)r * C, targets + r0 + r, nr, a->loss + r,
+                           R == ns ? a->ce_stats : NULL);
         }
         a->ce_stats_ok = a->logits_whole = R == ns;
     }
@@ -1504,7 +1508,6 @@ void lb_decoder_backward_logits(lb_model *m, float aux_scale)
     if (m->last_stage && !a->logits_whole)
         lb_die("backward from the logits: the last forward kept no logits of every row (it had "
                "targets and chunked cross-entropy, or ran the LM head's backward)");
-    a->head_done = 0;
     backward_from(m, aux_scale, 0);
 }
 

@@ -2,7 +2,6 @@
 // and the forward/backward entry points that move tokens to the backend.
 #include "models/model.h"
 
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -287,8 +287,8 @@ struct lb_model {
     // layer's norms, core attention and SwiGLU before its backward; LB_RECOMPUTE_FULL keeps
     // only each layer's input and runs its whole forward again.
     int recompute;
-    // Chunked cross-entropy (lb_model_set_ce_chunk): a training forward's LM head and loss
-    // this many rows at a time; 0 = all rows at once.
+    // Chunked cross-entropy (lb_model_set_ce_chunk): a forward with targets makes its LM head
+    // and loss this many rows at a time; 0 = auto (lb_model_ce_rows).
     int ce_chunk;
     // Set by lb_model_forward_train for its forward: the LM head's backward runs in it, chunk
     // by chunk, with this loss scale (the decoder's acts record that it ran).

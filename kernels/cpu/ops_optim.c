@@ -43,13 +43,19 @@ static void cpu_cross_entropy_fwd(lb_backend *be, float *loss, double *stats,
     }
 }
 
+// Row i of bf16 logits (rows of pad8(v), to_bf16's layout) widened into l (v).
+static void widen_row(float *l, const uint16_t *logits16, int i, int v)
+{
+    const uint16_t *row = logits16 + (size_t)i * ((size_t)(v + 7) / 8 * 8);
+    for (int j = 0; j < v; j++) l[j] = lb_bf16_to_f32(row[j]);
+}
+
 // The same over bf16 logits, rows of pad8(v): each row widened into a buffer of the thread's.
 static void cpu_cross_entropy_fwd16(lb_backend *be, float *loss, double *stats,
                                     const uint16_t *logits16, const int32_t *targets, int n,
                                     int v)
 {
     check_targets("cross_entropy_fwd16", targets, n, v);
-    const size_t ld = (size_t)(v + 7) / 8 * 8;
     #pragma omp parallel num_threads(lb_cpu_threads(be)) if ((size_t)n * v >= LB_CPU_PAR_MIN)
     {
         float *l = lb_malloc((size_t)(v > 0 ? v : 1) * sizeof(float));
@@ -59,7 +65,7 @@ static void cpu_cross_entropy_fwd16(lb_backend *be, float *loss, double *stats,
                 loss[i] = 0.0f;
                 continue;
             }
-            for (int j = 0; j < v; j++) l[j] = lb_bf16_to_f32(logits16[i * ld + j]);
+            widen_row(l, logits16, i, v);
             double st[2];
             row_stats(l, v, st);
             if (stats) stats[2 * i] = st[0], stats[2 * i + 1] = st[1];
@@ -136,7 +142,7 @@ static void cpu_linear_ce_bwd(lb_backend *be, const lb_linear_ce_args *args)
             float *row = lb_malloc((size_t)(v > 0 ? v : 1) * sizeof(float));
             #pragma omp for
             for (int i = 0; i < n; i++) {
-                for (int j = 0; j < v; j++) row[j] = lb_bf16_to_f32(l16[i * ld + j]);
+                widen_row(row, l16, i, v);
                 ce_bwd_row(row, row, stats + 2 * i, targets[i], dloss, v);
                 for (int j = 0; j < v; j++) l16[i * ld + j] = lb_f32_to_bf16(row[j]);
             }
