@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,7 +21,15 @@ struct lb_metrics {
     char path[1100], tb_path[1200];
 };
 
-// A write that failed (a full disk): the file is cut back to its last whole record, so a
+// The size of f's file: where the next record starts (every record is flushed whole; the
+// position of a FILE in append mode is not that before its first write), or -1.
+static long record_start(FILE *f)
+{
+    struct stat st;
+    return fstat(fileno(f), &st) == 0 ? (long)st.st_size : -1;
+}
+
+// A write that failed (a full disk): the file is cut back to its last whole record (at), so a
 // reader never meets half a line, and the run stops (every rank: lb_abort) with the reason.
 static void written_or_stop(FILE *f, long at, const char *path)
 {
@@ -226,7 +235,7 @@ void lb_metrics_printf(lb_metrics *m, const char *fmt, ...)
         exit(1);
     }
     va_end(ap);
-    long at = ftell(m->f);
+    long at = record_start(m->f);
     fprintf(m->f, "%s\n", line);
     written_or_stop(m->f, at, m->path);
     // every number but the step, as PREFIX/KEY at that step
@@ -242,7 +251,7 @@ void lb_metrics_printf(lb_metrics *m, const char *fmt, ...)
         }
         if (summary.n) {
             put_event(&e, wall_now(), (int64_t)step->valuedouble, NULL, &summary);
-            long at = ftell(m->tb);
+            long at = record_start(m->tb);
             write_record(m->tb, &e);
             written_or_stop(m->tb, at, m->tb_path);
         }
