@@ -414,7 +414,7 @@ static int set_value(lb_config *c, const lb_param *p, const char *v, char *msg, 
 }
 
 // The stored value as parameter-file text (before quoting).
-static void format_value(const lb_config *c, const lb_param *p, char *out, size_t n)
+void lb_param_format(const lb_config *c, const lb_param *p, char *out, size_t n)
 {
     const void *f = cfield_of(c, p);
     switch (p->type) {
@@ -425,11 +425,6 @@ static void format_value(const lb_config *c, const lb_param *p, char *out, size_
     case LB_PARAM_STRING:
     case LB_PARAM_ENUM: snprintf(out, n, "%.*s", (int)p->size, (const char *)f); break;
     }
-}
-
-void lb_param_format(const lb_config *c, const lb_param *p, char *out, size_t n)
-{
-    format_value(c, p, out, n);
 }
 
 void lb_config_defaults(lb_config *c)
@@ -816,7 +811,7 @@ static int check_field(const lb_config *c, const lb_param *p, char *msg, size_t 
     }
     double x = p->type == LB_PARAM_INT ? *(const int *)f
              : p->type == LB_PARAM_U64 ? (double)*(const uint64_t *)f : *(const double *)f;
-    format_value(c, p, val, sizeof val);
+    lb_param_format(c, p, val, sizeof val);
     if (!isfinite(x)) {
         snprintf(msg, n, "%s is not a finite number", val);
         return -1;
@@ -976,7 +971,7 @@ char *lb_config_to_ini(const lb_config *c)
         const lb_param *p = &lb_params[i];
         if (i == 0 || strcmp(p->section, lb_params[i - 1].section))
             text_add(&t, "%s[%s]\n", i ? "\n" : "", p->section);
-        format_value(c, p, val, sizeof val);
+        lb_param_format(c, p, val, sizeof val);
         const char *q = p->type == LB_PARAM_STRING && needs_quotes(val) ? "\"" : "";
         text_add(&t, "%s = %s%s%s\n", p->key, q, val, q);
     }

@@ -299,8 +299,7 @@ lb_model *lb_run_model(const lb_config *c, lb_backend *be, const lb_model_parall
         lb_model_free(m);
         return NULL;
     }
-    if (m && !sampling)
-        lb_model_set_ce_chunk(m, c->train.ce_chunk);
+    if (m && !sampling) lb_model_set_ce_chunk(m, c->train.ce_chunk);
     return m;
 }
 
@@ -397,7 +396,7 @@ int lb_run_same_model(const lb_config *c, const char *path, char *err, size_t er
     if (lb_run_checkpoint_config(path, &ck, err, errlen) != 0) return -1;
     for (int i = 0; i < lb_nparams; i++) {
         const lb_param *p = &lb_params[i];
-        if (strcmp(p->section, "model") || p->key == NULL) continue;
+        if (strcmp(p->section, "model")) continue;
         if (!memcmp((const char *)c + p->offset, (const char *)&ck + p->offset, p->size))
             continue;
         char mine[256], theirs[256];

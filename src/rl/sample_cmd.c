@@ -258,7 +258,8 @@ static char *completion_text(const sample_run *x, const int32_t *tok, int n, siz
         const char *src = &byte;
         if (x->tk) piece = lb_tokenizer_decode(x->tk, &id, 1, 0, &m, err, sizeof err);
         if (piece) src = piece;
-        else if (x->tk || id > 255) m = (size_t)snprintf(unk, sizeof unk, "<unk:%u>", id), src = unk;
+        else if (x->tk || id > 255)
+            m = (size_t)snprintf(unk, sizeof unk, "<unk:%u>", id), src = unk;
         if (k + m + 1 > cap) {
             while (k + m + 1 > cap) cap *= 2;
             char *g = realloc(s, cap);

@@ -344,7 +344,8 @@ static int train_announce(train_run *x)
     x->ini = lb_config_to_ini(c);
     char layout[256];
     lb_grid_describe(&r->grid, layout, sizeof layout);
-    if (lb_run_failed(r, r->root && lb_run_config_write(c, x->ini, r->world->size, err, sizeof err) != 0, err))
+    if (lb_run_failed(r, r->root && lb_run_config_write(c, x->ini, r->world->size, err,
+                                                        sizeof err) != 0, err))
         return 1;
     if (r->root) {
         printf("model %s: %.3fM parameters (%.3fM on rank 0), %.3fM active matmul parameters per "
@@ -476,14 +477,12 @@ static void stop_signals_catch(void)
     sigaction(SIGINT, &sa, NULL);
 }
 
-// The signal any rank received (0: none): every rank stops at the same step.
-static int stop_signal_any(lb_comm *comm)
+// Whether any rank received one: every rank stops at the same step.
+static int stop_requested(lb_comm *comm)
 {
-    // the sum of the ranks' signal numbers: nonzero when any got one; which one only where a
-    // single rank did (else SIGTERM is reported, the usual one of a scheduler)
-    int s = stop_signal;
-    double sum = comm->size > 1 ? lb_comm_allreduce_sum(comm, (double)s) : (double)s;
-    return sum == 0.0 ? 0 : sum == (double)s ? s : SIGTERM;
+    double any = stop_signal != 0;
+    if (comm->size > 1) any = lb_comm_allreduce_sum(comm, any);
+    return any > 0.0;
 }
 
 // One optimizer step: the micro-batches through the pipeline schedule, the loss over all
@@ -516,7 +515,7 @@ static int train_step(train_run *x, int step)
     if (r->root) log_step(x, step, loss, sums, lr, norm, now, now - ts);
     int stop = train_validate(x, step);
     if (r->root) fflush(stdout);
-    int sig = stop_signal_any(comm);
+    int sig = stop_requested(comm);
     if (lb_run_save_due(c, step, stop || sig ? step : c->train.steps)) {
         if (r->root) tty_clear(&x->pending);
         x->st.step = step;
@@ -524,8 +523,8 @@ static int train_step(train_run *x, int step)
         lb_run_save(r, &x->st, x->ini);
     }
     if (sig && r->root)
-        printf("stopped by %s after step %d%s\n", sig == SIGINT ? "SIGINT" : "SIGTERM", step,
-               c->checkpoint.save_every < 0
+        printf("stopped by %s after step %d%s\n", stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+               step, c->checkpoint.save_every < 0
                    ? " without a checkpoint (checkpoint.save_every = -1)"
                    : "; its checkpoint is saved: checkpoint.resume = auto continues the run");
     return stop || sig;
