@@ -603,12 +603,7 @@ static void ffn_create(lb_model *m, lb_ffn_acts *f, int n)
             grow(be, &f->yp, &f->cap_yp, rows * d.C);
         if (out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0, 0))
             grow16(be, &f->gu16, &f->cap_gu16, n16(rows, 2 * d.F));
-        // xp, or its copy where the layers' GEMMs take it (so `lowbit info` counts what a
-        // step holds; lb_ffn_fwd grows either on first use where the layers differ); h16 as h
-        const int gu16 = d.ep == 1 && takes16_layers(m, LB_ROLE_MOE_GATE_UP, 0);
-        if (gu16) grow16(be, &f->xp16, &f->cap_xp16, n16(rows, d.C));
-        if (!gu16 || !takes16_layers(m, LB_ROLE_MOE_GATE_UP, 1))
-            grow(be, &f->xp, &f->cap_xp, rows * d.C);
+        // h16 as h
         if (takes16_layers(m, LB_ROLE_MOE_DOWN, 0))
             grow16(be, &f->h16, &f->cap_h16, n16(rows, d.F));   // a shared one is big enough
     }
@@ -629,8 +624,8 @@ static void ffn_create(lb_model *m, lb_ffn_acts *f, int n)
 static void ffn_free(lb_model *m, lb_ffn_acts *f)
 {
     lb_backend *be = m->be;
-    void *bufs[] = {f->rlogits, f->probs, f->weight, f->idx, f->row, f->aux_grad, f->xp, f->yp,
-                    f->xe, f->gu, f->h, f->xp16, f->h16, f->gu16, f->yp16,
+    void *bufs[] = {f->rlogits, f->probs, f->weight, f->idx, f->row, f->aux_grad, f->yp,
+                    f->xe, f->gu, f->h, f->h16, f->gu16, f->yp16,
                     f->counts_dev, f->sgu, f->sh};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
@@ -638,17 +633,21 @@ static void ffn_free(lb_model *m, lb_ffn_acts *f)
     lb_ep_route_free(&f->route, be);
 }
 
-// The MoE backward's scratch (lb_ffn_bwd's dyp16, dgu, dh or their bf16 forms, shared by the
-// layers) for `rows` routed rows, made with the activations so that `lowbit info` counts what a
-// step holds. Only where a layer's routed rows are known (ep 1, the experts not split into
-// parts); elsewhere lb_ffn_bwd grows it on first use, as it does here past these sizes.
+// The MoE scratch (rows, rows16; lb_ffn_bwd's dgu, dh or their bf16 forms, shared by the
+// layers) for `rows` routed rows (this rank's tokens'), made with the activations so that
+// `lowbit info` counts what a step holds. The experts' rows only where they are known (ep 1,
+// the experts not split into parts); elsewhere lb_ffn_fwd and lb_ffn_bwd grow them on first
+// use, as they do here past these sizes.
 static void scratch_reserve(lb_model *m, lb_moe_scratch *s, size_t rows)
 {
     lb_backend *be = m->be;
     lb_dims d = lb_dims_of(m);
+    if (d.ep > 1 || !takes16_layers(m, LB_ROLE_MOE_GATE_UP, 1) ||
+        !takes16_layers(m, LB_ROLE_MOE_DOWN, 1))
+        grow(be, &s->rows, &s->cap_rows, rows * d.C);
     if (d.ep != 1 || d.parts != 1) return;
-    if (takes16_layers(m, LB_ROLE_MOE_DOWN, 0))
-        grow16(be, &s->dyp16, &s->cap_dyp16, n16(rows, d.C));
+    if (takes16_layers(m, LB_ROLE_MOE_DOWN, 0) || takes16_layers(m, LB_ROLE_MOE_GATE_UP, 0))
+        grow16(be, &s->rows16, &s->cap_rows16, n16(rows, d.C));
     if (takes16_layers(m, LB_ROLE_MOE_GATE_UP, 0))
         grow16(be, &s->dgu16, &s->cap_dgu16, n16(rows, 2 * d.F));
     if (!takes16_layers(m, LB_ROLE_MOE_GATE_UP, 1)) grow(be, &s->dgu, &s->cap_dgu, rows * 2 * d.F);
@@ -660,7 +659,8 @@ static void scratch_reserve(lb_model *m, lb_moe_scratch *s, size_t rows)
 
 static void scratch_free(lb_backend *be, lb_moe_scratch *s)
 {
-    void *bufs[] = {s->xs, s->ye, s->dye, s->dxe, s->dgu, s->dh, s->dyp16, s->dgu16, s->dh16};
+    void *bufs[] = {s->xs, s->ye, s->dye, s->dxe, s->dgu, s->dh, s->rows, s->rows16, s->dgu16,
+                    s->dh16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
 }
@@ -831,8 +831,6 @@ void *lb_decoder_acts_create(lb_model *m, int b, int t)
             a->dxp = falloc(be, n * K * C);
         if (out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_DGRAD, 1, 0))
             a->dxp16 = be->alloc(be, n16(n * K, (int)C) * sizeof(uint16_t));
-        // dyp's fp32 rows only where some layer's down GEMMs take no copy of them (lb_ffn_bwd)
-        if (d.ep > 1 || !takes16_layers(m, LB_ROLE_MOE_DOWN, 1)) a->dyp = falloc(be, n * K * C);
         a->drlogits = falloc(be, n * E);
         a->dweight = falloc(be, n * K);
         a->daux = falloc(be, E);
@@ -865,7 +863,7 @@ void lb_decoder_acts_free(lb_model *m, void *p)
     void *bufs[] = {a->lnf, a->rstdf, a->loss, a->ce_stats, a->pos, a->rope_freq, a->ones, a->part,
                     a->dres, a->dln,
                     a->dq, a->dk, a->dv, a->datt, a->dqr, a->dkr, a->dgu, a->dh, a->dxp,
-                    a->dyp, a->drlogits, a->dweight, a->daux, a->dxp16};
+                    a->drlogits, a->dweight, a->daux, a->dxp16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     if (a->dfull != a->dres) be->free(be, a->dfull);
@@ -964,8 +962,8 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
     int o, np = part_rows(&d, n, &o);
     const int x16 = d.ep == 1 && takes16(m, l, LB_ROLE_MOE_GATE_UP);
     const int down16 = takes16(m, l, LB_ROLE_MOE_DOWN);
-    uint16_t *xp16 = x16 ? grow16(be, &f->xp16, &f->cap_xp16, n16((size_t)n * d.K, d.C)) : NULL;
-    float *xp = x16 ? NULL : grow(be, &f->xp, &f->cap_xp, (size_t)n * d.K * d.C);
+    uint16_t *xp16 = x16 ? grow16(be, &s->rows16, &s->cap_rows16, n16((size_t)n * d.K, d.C)) : NULL;
+    float *xp = x16 ? NULL : grow(be, &s->rows, &s->cap_rows, (size_t)n * d.K * d.C);
     // bf16 experts read the bf16 copies of x and h (x16, down16), quantized ones fp32 x and h
     const int dev = cached && experts_on_device(m, l, w);
     if (np) {
@@ -1065,12 +1063,14 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     const int gu16 = takes16(m, l, LB_ROLE_MOE_GATE_UP);
     const int down16 = takes16(m, l, LB_ROLE_MOE_DOWN);
     size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
+    const int x16 = d.ep == 1 && gu16;   // the forward wrote xp16 (rows16) and not xp
     uint16_t *dyp16 = d.ep == 1 && down16
-                          ? grow16(be, &s->dyp16, &s->cap_dyp16, n16((size_t)np * d.K, d.C))
+                          ? grow16(be, &s->rows16, &s->cap_rows16, n16((size_t)np * d.K, d.C))
                           : NULL;
     uint16_t *dgu16 = gu16 ? grow16(be, &s->dgu16, &s->cap_dgu16, n16(nr, 2 * d.F)) : NULL;
     if (d.parts > 1) be->zero(be, a->dweight, (size_t)n * d.K * sizeof(float));
-    float *dyp = dyp16 ? NULL : a->dyp;   // where there is a copy, only GEMMs would read it
+    // where there is a copy, only GEMMs would read dyp
+    float *dyp = dyp16 ? NULL : grow(be, &s->rows, &s->cap_rows, (size_t)np * d.K * d.C);
     // the forward's outputs as it stored them, and the backward's to store alike (out16)
     const int y16 = out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1);
     const int g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0);
@@ -1089,7 +1089,7 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     if (d.ep > 1) {
         dye = grow(be, &s->dye, &s->cap_dye, nr * d.C);
         dxe = grow(be, &s->dxe, &s->cap_dxe, nr * d.C);
-        lb_ep_dispatch(&f->route, ep, be, a->dyp, dye, grow(be, &s->xs, &s->cap_xs, big * d.C), d.C);
+        lb_ep_dispatch(&f->route, ep, be, dyp, dye, grow(be, &s->xs, &s->cap_xs, big * d.C), d.C);
     }
     float *dgu = dgu16 ? NULL : grow(be, &s->dgu, &s->cap_dgu, nr * 2 * d.F);
     uint16_t *dh16p = dh16 ? grow16(be, &s->dh16, &s->cap_dh16, n16(nr, d.F)) : NULL;
@@ -1102,10 +1102,17 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
         be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = dgu, .dgu16 = dgu16, .dout = dh,
                 .dout16 = dh16p, .gu = g16 ? NULL : f->gu, .gu16 = g16 ? f->gu16 : NULL,
                 .n = (int)nr, .f = d.F});
-    const int x16 = d.ep == 1 && gu16;   // the forward wrote xp16 and not xp
+    // the forward's xp again, in dyp's place (dead by now); under ep the experts' rows kept
+    float *xp = NULL;
+    uint16_t *xp16 = NULL;
+    if (d.ep == 1) {
+        if (x16) xp16 = grow16(be, &s->rows16, &s->cap_rows16, n16((size_t)n * d.K, d.C));
+        else xp = grow(be, &s->rows, &s->cap_rows, (size_t)n * d.K * d.C);
+        if (np) be->moe_permute(be, xp, xp16, ln + (size_t)o * d.C, f->row, np, d.K, d.C);
+    }
     uint16_t *dxp16 = dx16 ? a->dxp16 : NULL;
-    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : x16 ? NULL : f->xp,
-                          x16 ? f->xp16 : NULL, w->gu, w->cgu,
+    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : xp,
+                          xp16, w->gu, w->cgu,
                           f->route.local_counts, d.El, f->route.seg_counts, f->route.ep, dgu,
                           dgu16, dx16 ? NULL : dxe, dxp16,
                           dw->gu, lb_model_grad_beta(m, dw->gu), 2 * d.F, d.C);

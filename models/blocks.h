@@ -66,24 +66,24 @@ typedef struct {
 
 // A feed-forward block's saved state. MoE rows go through the dispatcher: xp/yp are this
 // rank's token rows in moe_plan order, xe/gu/h the rows its experts received (xe = xp when
-// ep = 1). Dense blocks use gu and h only. xp16 and h16: bf16 copies of xp and h where the
-// expert GEMMs that read them are bf16 (takes16; xp16 only with ep = 1: the dispatcher moves
-// fp32 rows), written by moe_permute and swiglu_fwd and read by the forward's GEMMs and the
-// backward's wgrads; only GEMMs read xp and h, so where there are copies the fp32 values are
-// neither written nor, where every layer takes copies, allocated. gu16 and yp16: gu and yp
-// as the expert GEMMs stored them in bf16 (out16), held instead of gu and yp.
+// ep = 1). Dense blocks use gu and h only. h16: a bf16 copy of h where the down GEMMs that
+// read it are bf16 (takes16), written by swiglu_fwd and read by the forward's GEMM and the
+// backward's wgrad; only GEMMs read h, so where there is a copy the fp32 values are neither
+// written nor, where every layer takes copies, allocated. xp is not kept: it is ln's rows
+// repeated, made again in the backward (lb_moe_scratch.rows, .rows16); under ep the rows the
+// experts received (xe) are. gu16 and yp16: gu and yp as the expert GEMMs stored them in bf16
+// (out16), held instead of gu and yp.
 typedef struct {
     float *rlogits, *probs, *weight;   // (n, E), (n, E), (n, k)
     int32_t *idx, *row;                // (n, k)
     int *counts;                       // (E) host: rows per expert
     int *counts_dev;                   // (E) backend memory: the same (the cached forward's)
     float *aux_grad;                   // (E) d aux / d probs[i][j]
-    float *xp, *yp;                    // (n*k, c)
+    float *yp;                         // (n*k, c)
     float *xe, *gu, *h;                // (cap, c), (cap, 2f), (cap, f)
-    size_t cap_xp, cap_yp, cap_xe, cap_gu, cap_h;   // grow-only: rows vary under ep
-    uint16_t *xp16, *h16, *gu16, *yp16;   // (n*k, pad8(c)), (cap, pad8(f)), (cap, pad8(2f)),
-                                          // (n*k, pad8(c)), or NULL
-    size_t cap_xp16, cap_h16, cap_gu16, cap_yp16;
+    size_t cap_yp, cap_xe, cap_gu, cap_h;   // grow-only: rows vary under ep
+    uint16_t *h16, *gu16, *yp16;       // (cap, pad8(f)), (cap, pad8(2f)), (n*k, pad8(c)), or NULL
+    size_t cap_h16, cap_gu16, cap_yp16;
     lb_ep_route route;
     float *sgu, *sh;                   // the shared experts' (n, 2 fs), (n, fs), or NULL
 } lb_ffn_acts;
@@ -92,9 +92,17 @@ typedef struct {
 typedef struct {
     float *xs, *ye, *dye, *dxe, *dgu, *dh;
     size_t cap_xs, cap_ye, cap_dye, cap_dxe, cap_dgu, cap_dh;
-    uint16_t *dyp16, *dgu16;   // bf16 copies of dyp and dgu, as lb_ffn_acts' (takes16)
+    // (n*k, c) this rank's routed rows, in fp32 (rows) and, where the expert GEMMs take
+    // copies (ep 1), bf16 (rows16, rows of pad8(c)): one buffer for a layer's passes in turn,
+    // the forward's xp (moe_permute's copy of ln, read by gate/up's fprop or the dispatcher),
+    // the backward's dyp (moe_combine_bwd's, read by down's dgrad and wgrad or the
+    // dispatcher), then (ep 1) xp again, moe_permute of the same ln rows, the same bits, for
+    // gate/up's wgrad: xp kept from forward to backward would cost (n*k, c) a layer.
+    float *rows;
+    uint16_t *rows16;
+    uint16_t *dgu16;           // a bf16 copy of dgu (takes16)
     uint16_t *dh16;            // dh as the down dgrad stored it in bf16 (out16)
-    size_t cap_dyp16, cap_dgu16, cap_dh16;
+    size_t cap_rows, cap_rows16, cap_dgu16, cap_dh16;
 } lb_moe_scratch;
 
 typedef struct {
@@ -135,7 +143,7 @@ typedef struct {
     float *dq, *dk, *dv, *datt;            // (n, hq*d), (n, hkv*d) x2, (n, hq*d)
     float *dqr, *dkr;                      // (n, hq*d), (n, hkv*d)
     float *dgu, *dh;                       // dense: (n, 2f), (n, f)
-    float *dxp, *dyp;                      // (n*k, c)
+    float *dxp;                            // (n*k, c)
     uint16_t *dxp16;                       // (n*k, pad8(c)): dxp in bf16 (out16), or NULL
     float *drlogits, *dweight, *daux;      // (n, E), (n, k), (E)
     lb_moe_scratch ms;
