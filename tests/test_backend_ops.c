@@ -1350,10 +1350,12 @@ static void attention_case(const test_case *tst)
 // (LB_CUDA_ATTN_DS=0, a backend of its own). Both form the same bf16 dS and meet it with K in
 // the same k16 steps, chunks in order, so dq (and dk, dv: the same kernel) must agree bit for
 // bit; lengths below, across and beyond the chunks, head dims 64 and 128 (the wgmma kernels'),
-// GQA 2:1 and 32:4.
+// GQA 2:1 and 32:4. The batch in chunks of one element (LB_CUDA_ATTN_CHUNK=1, a third
+// backend: the launches the proxy's backward takes) must give the same bits too.
 static void attention_bf16_ds_case(const test_case *tst)
 {
     lb_backend *rc = cuda_with("LB_CUDA_ATTN_DS=0", NULL);
+    lb_backend *ch = cuda_with("LB_CUDA_ATTN_CHUNK=1", NULL);
     const int shapes[][5] = {{2, 77, 4, 2, 64}, {1, 200, 32, 4, 128}, {2, 1, 4, 2, 128},
                              {1, 129, 4, 1, 64}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -1367,9 +1369,9 @@ static void attention_bf16_ds_case(const test_case *tst)
         // device memory of one device serves both backends; rc's stream is synced before reads
         float *Q = dput(q, nq * 4), *K = dput(k, nk * 4), *V = dput(v, nk * 4);
         float *G = dput(g, nq * 4), *O = dput(out, nq * 4), *L = dput(lse, nl * 4);
-        float *got[2][3];
-        lb_backend *be[2] = {dev, rc};
-        for (int w = 0; w < 2; w++) {
+        float *got[3][3];
+        lb_backend *be[3] = {dev, rc, ch};
+        for (int w = 0; w < 3; w++) {
             float *DQ = dpoisoned(nq * 4), *DK = dpoisoned(nk * 4), *DV = dpoisoned(nk * 4);
             be[w]->attention_bwd(be[w], &(lb_attention_args){.dq = DQ, .dk = DK, .dv = DV,
                     .dout = G, .q = Q, .k = K, .v = V, .out = O, .lse = L, .b = b, .t = t,
@@ -1381,17 +1383,20 @@ static void attention_bf16_ds_case(const test_case *tst)
         dfree(Q), dfree(K), dfree(V), dfree(G), dfree(O), dfree(L);
         const char *names[3] = {"dq", "dk", "dv"};
         const size_t sizes[3] = {nq, nk, nk};
-        for (int i = 0; i < 3; i++) {
-            char what[96];
-            snprintf(what, sizeof what, "attention bf16 %s from dS, b %d t %d hq %d hkv %d d %d",
-                     names[i], b, t, hq, hkv, d);
-            CHECK_NMSE(what, got[0][i], got[1][i], sizes[i], B_ATTN_BF16);
-            CHECK_BITS(what, got[0][i], got[1][i], sizes[i] * 4);
-            free(got[0][i]), free(got[1][i]);
-        }
+        for (int i = 0; i < 3; i++)
+            for (int w = 1; w < 3; w++) {
+                char what[112];
+                snprintf(what, sizeof what, "attention bf16 %s %s, b %d t %d hq %d hkv %d d %d",
+                         names[i], w == 1 ? "from dS" : "in chunks", b, t, hq, hkv, d);
+                CHECK_NMSE(what, got[0][i], got[w][i], sizes[i], B_ATTN_BF16);
+                CHECK_BITS(what, got[0][i], got[w][i], sizes[i] * 4);
+            }
+        for (int w = 0; w < 3; w++)
+            for (int i = 0; i < 3; i++) free(got[w][i]);
         free(q), free(k), free(v), free(g), free(out), free(lse);
     }
     rc->destroy(rc);
+    ch->destroy(ch);
 }
 
 // --- SwiGLU ----------------------------------------------------------------------------------

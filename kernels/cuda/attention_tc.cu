@@ -1704,12 +1704,30 @@ static bool tw_ds_on(const lb_cuda_ctx *cx, int b, int t, int hq, int d)
            tw_ds_bytes(b, t, hq) <= TW_DS_MAX;
 }
 
-extern "C" size_t lb_cuda_attention_tc_work(const lb_cuda_ctx *cx, int b, int t, int hq, int hkv,
-                                            int d)
+// The backward's work memory for b batch elements at once: bf16 copies of q, dout, k and v,
+// and the dS tiles where it stores them.
+static size_t tc_bwd_work(const lb_cuda_ctx *cx, int b, int t, int hq, int hkv, int d)
 {
     const size_t d16 = (size_t)(d + 15) / 16 * 16, e = sizeof(__nv_bfloat16);
     return 2 * tc_align((size_t)b * t * hq * d16 * e) + 2 * tc_align((size_t)b * t * hkv * d16 * e) +
            (tw_ds_on(cx, b, t, hq, d) ? tw_ds_bytes(b, t, hq) : 0);
+}
+
+// The batch elements one launch of the backward takes: the most whose work fits
+// cx->attn_chunk (at least one; all where it is 0). The dS tiles grow with t^2, so a whole
+// batch's would be the step's largest scratch (2.2 GB at b 4, t 4096, 32 heads); the (batch,
+// head) blocks are independent, so chunks give the same bits.
+static int tc_bwd_chunk(const lb_cuda_ctx *cx, int b, int t, int hq, int hkv, int d)
+{
+    int bc = b;
+    while (cx->attn_chunk && bc > 1 && tc_bwd_work(cx, bc, t, hq, hkv, d) > cx->attn_chunk) bc--;
+    return bc;
+}
+
+extern "C" size_t lb_cuda_attention_tc_work(const lb_cuda_ctx *cx, int b, int t, int hq, int hkv,
+                                            int d)
+{
+    return tc_bwd_work(cx, tc_bwd_chunk(cx, b, t, hq, hkv, d), t, hq, hkv, d);
 }
 
 template <int NK>
@@ -1834,9 +1852,17 @@ extern "C" void lb_cuda_attention_tc_bwd(lb_cuda_ctx *cx, float *dq, float *dk, 
                                          const float *v, const float *lse, const float *D,
                                          void *work, int b, int t, int hq, int hkv, int d)
 {
-#define CALL(NK) bwd_nk<NK>(cx, dq, dk, dv, dout, q, k, v, lse, D, work, b, t, hq, hkv, d)
-    TC_DISPATCH(d, CALL)
+    const int bc = tc_bwd_chunk(cx, b, t, hq, hkv, d);
+    for (int b0 = 0; b0 < b; b0 += bc) {   // q-shaped (b, t, hq, d), k-shaped, lse (b, hq, t)
+        const int nb = b - b0 < bc ? b - b0 : bc;
+        const size_t qo = (size_t)b0 * t * hq * d, ko = (size_t)b0 * t * hkv * d,
+                     lo = (size_t)b0 * hq * t;
+#define CALL(NK)                                                                               \
+    bwd_nk<NK>(cx, dq + qo, dk + ko, dv + ko, dout + qo, q + qo, k + ko, v + ko, lse + lo,      \
+               D + lo, work, nb, t, hq, hkv, d)
+        TC_DISPATCH(d, CALL)
 #undef CALL
+    }
 }
 
 extern "C" void lb_cuda_attention_tc_cached(lb_cuda_ctx *cx, float *out, const float *q,

@@ -149,6 +149,9 @@ typedef struct {
                                    // sm_90 only; LB_CUDA_ATTN_WG=0: mma.sync)
     int attn_ds;                   // their backward's dq from the dS the dk/dv kernel stores
                                    // (LB_CUDA_ATTN_DS=0: the dq kernel recomputes it)
+    size_t attn_chunk;             // bytes of the bf16 backward's operands and dS tiles per
+                                   // launch: it takes the batch in chunks that fit
+                                   // (LB_CUDA_ATTN_CHUNK, default 768 MiB; 0: whole)
     int attn_split;                // attention_cached over a bf16 cache: W warps a (token, kv
                                    // head) (LB_CUDA_ATTN_SPLIT=0: one, tc_cached16_kernel)
     int dense_tc;                  // dense bf16 and fp8-block GEMMs on those kernels too
@@ -386,7 +389,8 @@ void lb_cuda_colsum_partials(lb_cuda_ctx *cx, const double *part, int nchunks, i
 // attention_tc.cu: the bf16 tensor-core attention (kernels.h, attention_* with bf16 = 1),
 // called by ops_attention.cu after its argument checks; d <= 128. Queued on cx->stream.
 // The forward takes its work memory from lb_cuda_scratch; the backward from `work`, of
-// lb_cuda_attention_tc_work bytes (the caller's scratch also holds D).
+// lb_cuda_attention_tc_work bytes (the caller's scratch also holds D): a chunk of the batch's
+// (cx->attn_chunk), the chunks one after another, each the bits of the whole.
 void lb_cuda_attention_tc_fwd(lb_cuda_ctx *cx, float *out, float *lse, const float *q,
                               const float *k, const float *v, int b, int t, int hq, int hkv,
                               int d);

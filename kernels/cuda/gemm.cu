@@ -754,6 +754,8 @@ extern "C" void lb_cuda_init_gemm(lb_backend *be)
     cx->attn_wg = !(s && *s == '0') && lb_cuda_gemm_grouped_tc_ok(major, minor);
     s = getenv("LB_CUDA_ATTN_DS");   // on unless "0"
     cx->attn_ds = !(s && *s == '0');
+    s = getenv("LB_CUDA_ATTN_CHUNK");   // bytes; the backward's scratch stays about this size
+    cx->attn_chunk = s && *s ? (size_t)strtoull(s, NULL, 10) : (size_t)768 << 20;
     s = getenv("LB_CUDA_ATTN_SPLIT");   // attention_tc.cu's decode kernel of W warps; on unless "0"
     cx->attn_split = !(s && *s == '0');
     s = getenv("LB_CUDA_GROUPED_STREAMS");
