@@ -74,6 +74,23 @@ diff <(strip "$tmp/a/metrics.jsonl") <(strip "$tmp/c/metrics.jsonl") ||
 "$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set run.out_dir="$tmp/a" \
     --set checkpoint.resume=auto > "$tmp/auto.log"
 grep -q "resumed from .*step_00000008.safetensors at step 8" "$tmp/auto.log" || fail "auto resume"
+# 3b. Fine-tuning (checkpoint.init): the learnt weights, at step 1 of a new run, with new moments
+#     and data position: its first loss is the trained model's, far below a fresh start's; a
+#     [model] key that differs from the checkpoint's is refused by name.
+ft=("${small[@]}" --set train.steps=2 --set train.warmup_steps=0)
+"$bin" train "$src/examples/tiny-moe.cfg" "${ft[@]}" --set run.out_dir="$tmp/fresh" > "$tmp/fresh.log"
+"$bin" train "$src/examples/tiny-moe.cfg" "${ft[@]}" --set run.out_dir="$tmp/ft" \
+    --set checkpoint.init="$tmp/learn/checkpoints/step_00000120.safetensors" > "$tmp/ft.log"
+grep -q "^initialized from .*step_00000120.safetensors (weights only" "$tmp/ft.log" ||
+    fail "checkpoint.init not reported"
+first() { grep '"loss"' "$1" | head -n 1 | sed 's/.*"loss": \([^,]*\),.*/\1/'; }
+[ "$(grep -c '"loss"' "$tmp/ft/metrics.jsonl")" = 2 ] || fail "fine-tuning should log steps 1-2"
+awk -v f="$(first "$tmp/ft/metrics.jsonl")" -v z="$(first "$tmp/fresh/metrics.jsonl")" \
+    'BEGIN { exit !(f < z - 1) }' || fail "fine-tuning does not start from the learnt weights"
+! "$bin" train "$src/examples/tiny-moe.cfg" "${ft[@]}" --set model.hidden_size=64 \
+    --set run.out_dir="$tmp/ft2" --set checkpoint.init="$tmp/learn/checkpoints/step_00000120.safetensors" \
+    > "$tmp/ft2.log" 2>&1 || fail "checkpoint.init with another model accepted"
+grep -q "model.hidden_size differs from the model in" "$tmp/ft2.log" || fail "no message: $(cat "$tmp/ft2.log")"
 # 4. Every precision recipe trains: finite losses that fall over 20 steps.
 for r in bf16 fp8-block mxfp8 nvfp4-moe mxfp4; do
     "$bin" train "$src/examples/tiny-moe.cfg" "${small[@]}" --set train.steps=20 \

@@ -48,6 +48,7 @@ typedef struct {
         int save_every;            // steps, 0 = only at the end
         int keep;                  // keep the last K checkpoints
         char resume[LB_PATH_MAX];  // "" none, "auto" latest in out_dir, or a path
+        char init[LB_PATH_MAX];    // "" none, or a checkpoint whose weights a new run starts from
     } checkpoint;
     struct {
         char kind[16];             // arithmetic | text

@@ -101,6 +101,10 @@ static const lb_param rows[] = {
     LB_P(checkpoint, keep, I, "2", 1, 1000000, NULL, "keep the last K checkpoints"),
     LB_P(checkpoint, resume, S, "", 0, 0, NULL,
          "\"\" = start fresh, auto = newest checkpoint in run.out_dir, else a checkpoint path"),
+    LB_P(checkpoint, init, S, "", 0, 0, NULL,
+         "fine-tuning: a checkpoint (lowbit's or a converted one) whose weights a new run starts "
+         "from, at step 0 with fresh optimizer moments and data position; [model] is read from "
+         "it. A checkpoint to resume (checkpoint.resume) goes first"),
 
     // [gen] ------------------------------------------------------------------------------------
     LB_P(gen, kind, E, "arithmetic", 0, 0, "arithmetic|text", "what `lowbit data` generates"),

@@ -99,6 +99,14 @@ int lb_run_checkpoint_config(const char *path, lb_config *out, char *err, size_t
 // continues that model; a changed rope_theta or num_experts_per_tok changes no tensor's shape,
 // so the load alone would take it); else -1 with a message naming the first key that differs.
 int lb_run_same_model(const lb_config *c, const char *path, char *err, size_t errlen);
+// "FILE:LINE: " (or "FILE: ") where section.key was set, for messages; "" when not from a file.
+const char *lb_key_where(const lb_config *c, const char *section, const char *key, char *buf,
+                         size_t len);
+// Reads the configuration stored in checkpoint `path` and takes its [model] section into
+// c->model, so a run that loads its weights (sample, rl.init, checkpoint.init) is built like
+// that model. A [model] key that c sets to another value than the checkpoint's is an error
+// naming both.
+int lb_model_config_from_checkpoint(lb_config *c, const char *path, char *err, size_t errlen);
 // Rank 0 of a run: the resolved configuration ini into OUT_DIR/config.ini (atomic), after
 // comments that say what made it (version, commit, command line, world ranks, backend), and one
 // line that names it, or with run.verbose the whole text. 0, or -1 with a message.

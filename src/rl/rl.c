@@ -37,47 +37,6 @@
 
 // ---- shared with `lowbit sample` ---------------------------------------------------------------
 
-static int param_index(const char *section, const char *key)
-{
-    for (int i = 0; i < lb_nparams; i++)
-        if (!strcmp(lb_params[i].section, section) && !strcmp(lb_params[i].key, key)) return i;
-    return -1;
-}
-
-const char *lb_key_where(const lb_config *c, const char *section, const char *key, char *buf,
-                         size_t len)
-{
-    int i = param_index(section, key);
-    if (!c->source_file[0]) snprintf(buf, len, "%s", "");
-    else if (i >= 0 && c->source_line[i] > 0)
-        snprintf(buf, len, "%s:%d: ", c->source_file, c->source_line[i]);
-    else snprintf(buf, len, "%s: ", c->source_file);
-    return buf;
-}
-
-int lb_model_config_from_checkpoint(lb_config *c, const char *path, char *err, size_t errlen)
-{
-    lb_config ck, def;
-    if (lb_run_checkpoint_config(path, &ck, err, errlen) != 0) return -1;
-    lb_config_defaults(&def);
-    for (int i = 0; i < lb_nparams; i++) {
-        const lb_param *p = &lb_params[i];
-        if (strcmp(p->section, "model")) continue;
-        const char *mine = (const char *)c + p->offset, *theirs = (const char *)&ck + p->offset;
-        const char *dflt = (const char *)&def + p->offset;
-        if (memcmp(mine, dflt, p->size) && memcmp(mine, theirs, p->size)) {
-            char where[LB_PATH_MAX + 32];
-            snprintf(err, errlen, "%smodel.%s differs from the model in %s (leave [model] out: "
-                     "it is read from the checkpoint)",
-                     lb_key_where(c, "model", p->key, where, sizeof where), p->key, path);
-            return -1;
-        }
-    }
-    c->model = ck.model;
-    return 0;
-}
-
-
 int lb_rl_sampler_config(const lb_config *c, lb_sampler_config *o, char *err, size_t errlen)
 {
     memset(o, 0, sizeof *o);

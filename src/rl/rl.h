@@ -7,16 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "src/cli/config.h"
+#include "src/cli/run.h"
 #include "src/rl/sampler.h"
-
-// "FILE:LINE: " (or "FILE: ") where section.key was set, for messages; "" when not from a file.
-const char *lb_key_where(const lb_config *c, const char *section, const char *key, char *buf,
-                         size_t len);
-
-// Reads the configuration stored in checkpoint `path` and takes its [model] section into
-// c->model, so a sampler or RL run is built like the model it loads. A [model] key that c
-// sets to another value than the checkpoint's is an error naming both.
-int lb_model_config_from_checkpoint(lb_config *c, const char *path, char *err, size_t errlen);
 
 // The layouts the sampler runs: no pipeline or sequence parallelism. -1 with a file:line
 // message naming `who` (the command) otherwise.

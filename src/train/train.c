@@ -61,7 +61,8 @@ static double max_rss_mib(void)
 // reuses it.
 typedef struct {
     lb_run run;                         // grid, communicators, backend, model, optimizer
-    const lb_config *c;
+    lb_config cfg;                      // the run's configuration ([model] from checkpoint.init)
+    const lb_config *c;                 // &cfg
     lb_model *m;                        // run.m
     int B, T, G, M;                     // micro-batch, sequence, global and per-rank micro-batches
     lb_loader *train, *val;
@@ -280,6 +281,15 @@ static int train_load(train_run *x)
     char err[ERRLEN];
     lb_run *r = &x->run;
     lb_run_resume_path(r, x->resume, sizeof x->resume);
+    const char *init = x->c->checkpoint.init;
+    if (!x->resume[0] && init[0]) {   // fine-tuning: the weights alone, at step 0
+        int bad = lb_checkpoint_load_weights(init, x->m, r->world, &x->c->parallel, err,
+                                             sizeof err) != 0;
+        if (lb_run_failed(r, bad, err)) return 1;
+        if (r->root) printf("initialized from %s (weights only: step 0, new optimizer state)\n",
+                            init);
+        return 0;
+    }
     if (!x->resume[0]) {
         lb_model_init_params(x->m, x->c->run.seed);   // counter-based: the same on every layout
         return 0;
@@ -549,13 +559,23 @@ static void train_free(train_run *x)
 
 int lb_cmd_train(const lb_config *c, lb_comm *comm)
 {
-    train_run run, *x = &run;
-    memset(x, 0, sizeof *x);
+    train_run *x = lb_calloc(1, sizeof *x);
     x->t_init = lb_mllog_now_ms();
+    x->cfg = *c;
+    if (c->checkpoint.init[0]) {   // the model to fine-tune is the checkpoint's
+        char err[ERRLEN];
+        if (lb_model_config_from_checkpoint(&x->cfg, c->checkpoint.init, err, sizeof err) != 0) {
+            if (comm->rank == 0) fprintf(stderr, "lowbit train: %s\n", err);
+            free(x);
+            return 1;
+        }
+    }
+    c = &x->cfg;
     if (train_layout(x, c, comm) != 0 || train_open(x) != 0 || train_load(x) != 0 ||
         train_announce(x) != 0) {
         lb_run_abandon(&x->run);
         train_free(x);
+        free(x);
         return 1;
     }
     train_alloc(x);
@@ -566,5 +586,6 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
         if (train_step(x, step)) break;
     if (c->mlperf.enabled) lb_mlperf_run_stop(&x->mlperf, step <= c->train.steps ? step : step - 1);
     train_free(x);
+    free(x);
     return 0;
 }
