@@ -8,6 +8,15 @@
 #include <string.h>
 
 static void (*abort_hook)(int);
+static char alloc_for[256];
+
+void lb_alloc_what(const char *what)
+{
+    if (what) snprintf(alloc_for, sizeof alloc_for, " for %s", what);
+    else alloc_for[0] = 0;
+}
+
+const char *lb_alloc_for(void) { return alloc_for; }
 
 void lb_set_abort_hook(void (*hook)(int code)) { abort_hook = hook; }
 

@@ -7,6 +7,14 @@
 #include <stdint.h>
 #include <string.h>
 
+// What the backend allocations that follow are for, named with the byte count in an
+// out-of-memory message: a phrase with the settings that lower it, set by the code that
+// allocates a model's parameters, its activations, optimizer state or KV cache, and cleared
+// (NULL) after. Allocations happen on the main thread.
+void lb_alloc_what(const char *what);
+// " for WHAT" while one is set, else "".
+const char *lb_alloc_for(void);
+
 // Prints "file:line: message" to stderr and ends the process (the whole MPI job when one is
 // running: see lb_set_abort_hook).
 void lb_die_at(const char *file, int line, const char *fmt, ...)

@@ -209,8 +209,11 @@ lb_model *lb_model_create_parallel(const lb_model_config *cfg, lb_backend *be,
     }
     const size_t one[2] = {1, 1};
     lay_out(m, one);
+    lb_alloc_what("the fp32 parameters and gradients (spread the model with parallel.tp, pp "
+                  "or ep)");
     m->params = be->alloc(be, m->nparams * sizeof(float));   // zero-filled
     m->grads = be->alloc(be, m->nparams * sizeof(float));
+    lb_alloc_what(NULL);
     m->wcache = lb_calloc(m->ntensors, sizeof *m->wcache);
     m->grad_fresh = lb_calloc(m->ntensors, 1);
     m->lin.be = be;
@@ -396,7 +399,9 @@ void lb_model_b16_written(lb_model *m, size_t begin, size_t end)
 void lb_model_refresh_weights(lb_model *m)
 {
     if (!m->wcache_stale) return;
+    lb_alloc_what("the precision recipe's weight caches (bf16 and quantized copies)");
     m->def->weights_refresh(m);
+    lb_alloc_what(NULL);
     m->wcache_stale = 0;
 }
 
@@ -415,6 +420,10 @@ static void acts_ensure(lb_model *m, int b, int t)
     acts_release(m);
     lb_backend *be = m->be;
     size_t n = (size_t)b * t;
+    char what[200];
+    snprintf(what, sizeof what, "the activations of a %d x %d micro-batch (lower "
+             "train.micro_batch, or set train.recompute = selective or full)", b, t);
+    lb_alloc_what(what);
     m->acts = m->def->acts_create(m, b, t);
     m->b = b;
     m->t = t;
@@ -422,6 +431,7 @@ static void acts_ensure(lb_model *m, int b, int t)
     logits_ensure(m, (size_t)lb_model_ce_rows(m, (int)rows) * lb_model_logit_row_bytes(m));
     m->tokens = be->alloc(be, n * sizeof(int32_t));
     m->targets = be->alloc(be, n * sizeof(int32_t));
+    lb_alloc_what(NULL);
 }
 
 void lb_model_prepare(lb_model *m, int b, int t) { acts_ensure(m, b, t); }
@@ -653,6 +663,8 @@ lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows
     int L = c->num_hidden_layers, hkv = c->num_key_value_heads / m->par.tp, d = c->head_dim;
     size_t rows = (size_t)slots * capacity * hkv;
     kv->layer = lb_calloc(L, sizeof *kv->layer);
+    lb_alloc_what("the sampler's KV cache and rows (lower sample.slots, sample.max_rows or the "
+                  "prompt and completion lengths)");
     for (int l = 0; l < L; l++) {
         lb_kv_layer *y = &kv->layer[l];
         *y = (lb_kv_layer){.fp8 = kv->fp8, .slots = slots, .cap = capacity, .hkv = hkv,
@@ -670,6 +682,7 @@ lb_kvcache *lb_kvcache_create(lb_model *m, int slots, int capacity, int max_rows
     kv->rows_dev = be->alloc(be, 3 * (size_t)max_rows * sizeof(int32_t));
     kv->rows_host = lb_malloc(3 * (size_t)max_rows * sizeof(int32_t));
     kv->acts = m->def->cached_create(m, max_rows);
+    lb_alloc_what(NULL);
     return kv;
 }
 

@@ -293,5 +293,14 @@ expect_error hf-tail "hfd/config.json:[0-9]+: bytes after the JSON value" "$bin"
     --set convert.input="$tmp/hfd" --set convert.output="$tmp/z.safetensors"
 [ ! -e "$tmp/z.safetensors" ] && ok || fail "convert left output after a bad config.json"
 
+# An allocation that fails names how much and what for, with the settings that lower it (an
+# address-space limit stands in for a small machine; one thread keeps the process's own small).
+( ulimit -v 3000000
+  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 expect_error oom \
+      "cpu alloc: out of host memory: [0-9]+ bytes for the activations of a 1024 x 64 micro-batch \\(lower train.micro_batch" \
+      "$bin" bench "$cfg" --set bench.kind=train --set run.threads=1 --set train.micro_batch=1024 \
+      --set bench.warmup=0 --set bench.iters=1
+  exit "$failed" ) && ok || fail "oom: see above"
+
 echo "$pass passed, $failed failed"
 [ "$failed" -eq 0 ]

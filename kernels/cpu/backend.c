@@ -22,8 +22,8 @@ static void *cpu_alloc(lb_backend *be, size_t bytes)
     if (rounded < bytes) lb_die("cpu alloc: size overflow (%zu bytes)", bytes);
     void *p = NULL;
     if (posix_memalign(&p, LB_CPU_ALIGN, rounded ? rounded : LB_CPU_ALIGN) != 0 || !p)
-        lb_die("cpu alloc: out of host memory (%zu bytes; `lowbit info` prints what a "
-               "configuration needs and which settings lower it)", bytes);
+        lb_die("cpu alloc: out of host memory: %zu bytes%s (`lowbit info` prints what a "
+               "configuration needs and which settings lower it)", bytes, lb_alloc_for());
     memset(p, 0, rounded);
     return p;
 }

@@ -91,9 +91,9 @@ static void *cuda_alloc(lb_backend *be, size_t bytes)
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, n);
     if (e != cudaSuccess || !p)
-        lb_die("cuda alloc: %zu bytes on device %d: %s (`lowbit info` prints what a "
-               "configuration needs and which settings lower it)", bytes, cx->device,
-               cudaGetErrorString(e));
+        lb_die("cuda alloc: %zu bytes%s on device %d: %s (`lowbit info` prints what a "
+               "configuration needs and which settings lower it)", bytes, lb_alloc_for(),
+               cx->device, cudaGetErrorString(e));
     LB_CUDA_CHECK(cudaMemsetAsync(p, 0, n, cx->stream));
     cx->mem_gen++;
     return p;

@@ -153,8 +153,11 @@ void lb_optimizer_init_groups(lb_optimizer *o, lb_model *m, const lb_optim_confi
         add_segments(o, t, 0, m->nparams);
     free(t);
     place_moments(o);
+    lb_alloc_what("the AdamW moments (set train.adam_moments = bf16, parallel.zero with data "
+                  "parallelism, or train.optimizer_offload)");
     o->adam_m = be->alloc(be, (o->dev_len ? o->dev_len : 1) * lb_optimizer_moment_size(o));
     o->adam_v = be->alloc(be, (o->dev_len ? o->dev_len : 1) * lb_optimizer_moment_size(o));
+    lb_alloc_what(NULL);
 }
 
 void lb_optimizer_free(lb_optimizer *o)
