@@ -261,6 +261,14 @@ typedef struct {
     const uint16_t *dout16;   // backward: (n, pad8(f))
     float *dgu;               // backward: (n, 2f) overwritten
     uint16_t *dgu16;          // backward: (n, pad8(2f))
+    // NULL, or (n) a weight per row (an MoE row's routing weight, applied before the down
+    // GEMM): the forward's output is silu(gate) * up * rw[i] (each product rounded to fp32 in
+    // that order), and the backward's dout is the gradient of that output: dgu from rw[i] *
+    // dout, and drw (n; NULL: not written) = sum over j of dout[i][j] * silu(gate) * up, in
+    // double and left there (a row's columns may be split over ranks: the caller adds the
+    // parts, then rounds, f64_to_f32).
+    const float *rw;
+    double *drw;
 } lb_swiglu_args;
 
 // router_topk_fwd, router_topk_bwd: the MoE router, fp32 softmax over e experts, top-k,
@@ -300,7 +308,9 @@ typedef struct {
 
 // moe_combine, moe_combine_bwd: out (n, c) = sum over s in order of weight[i][s] *
 // yp[row[i][s]], with row (n, k) moe_plan's and yp (n*k, c) the experts' outputs. yp16: NULL,
-// or yp in bf16 (n*k, pad8(c)), read instead (as lb_swiglu_args.gu16).
+// or yp in bf16 (n*k, pad8(c)), read instead (as lb_swiglu_args.gu16). weight NULL: every
+// weight 1 (the experts' rows weighted already, lb_swiglu_args.rw): the plain sum, the
+// backward's dyp the rows of dout, and dweight NULL (with yp and yp16: not read).
 typedef struct {
     int n, k, c;
     const int32_t *row;
@@ -497,6 +507,8 @@ typedef struct {
     X(void, add, (lb_backend *be, float *y, const float *x, size_t n), (be, y, x, n))         \
     /* y += x */                                                                              \
     X(void, scale, (lb_backend *be, float *x, float s, size_t n), (be, x, s, n)) /* x *= s */ \
+    /* y = (float)x, rounded to nearest even: sums kept in double until they are whole */    \
+    X(void, f64_to_f32, (lb_backend *be, float *y, const double *x, size_t n), (be, y, x, n))  \
     /* sum x^2, in a fixed order */                                                           \
     X(double, sumsq, (lb_backend *be, const float *x, size_t n), (be, x, n))                  \
                                                                                               \

@@ -115,7 +115,7 @@ static void group_rows(const groups *g, int *rows)
 
 typedef struct test_case test_case;
 struct test_case {
-    uint64_t ops;                       // OP(x) | ...: the operations it checks
+    unsigned __int128 ops;              // OP(x) | ...: the operations it checks
     void (*run)(const test_case *tst);
     const char *name;                   // the runner's (CASE fills it)
     int p[8];
@@ -127,8 +127,8 @@ struct test_case {
     const char *env[2];
     int cuda;                           // 1: CUDA's paths or counters; other backends skip it
 };
-#define OP(x) (1ull << LB_OP_##x)
-_Static_assert(LB_OP_COUNT <= 64, "test_case.ops holds one bit per operation");
+#define OP(x) ((unsigned __int128)1 << LB_OP_##x)
+_Static_assert(LB_OP_COUNT <= 128, "test_case.ops holds one bit per operation");
 
 // --- helpers ---------------------------------------------------------------------------------
 
@@ -987,6 +987,21 @@ static void add_scale_sumsq_case(const test_case *tst)
     free(yg);
     yg = hget(dy, n * 4);
     CHECK_BITS("scale (one fp32 multiply per element)", yg, yc, n * 4);
+    // f64_to_f32: one rounding each, wide values and ties included (random doubles with 40
+    // bits below float precision, their float neighbours' midpoints, huge ones that overflow)
+    double *w = lb_malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++)
+        w[i] = i % 3 == 0 ? (double)x[i] * (1.0 + 1e-9 * (double)i)
+               : i % 3 == 1 ? ((double)x[i] + (double)nextafterf(x[i], INFINITY)) / 2
+                            : (double)x[i] * 1e39;
+    double *dw = dev->alloc(dev, n * sizeof(double));
+    dev->upload(dev, dw, w, n * sizeof(double));
+    cpu->f64_to_f32(cpu, yc, w, n);
+    dev->f64_to_f32(dev, dy, dw, n);
+    free(yg);
+    yg = hget(dy, n * 4);
+    CHECK_BITS("f64_to_f32 (one rounding per element)", yg, yc, n * 4);
+    dfree(dw), free(w);
 
     // Relative 1e-12: both sides add exact double squares in double, in different orders.
     const size_t sizes[] = {1, 4095, 4096, 100003, 10000019};
@@ -1464,7 +1479,40 @@ static void swiglu_case(const test_case *tst)
     snprintf(what, sizeof what, "swiglu_bwd gu16 dout16 n %d f %d", n, f);
     CHECK_NMSE(what, in16[0][1], dgu, s2, tst->bound);
     CHECK_BITS(what, in16[0][1], in16[1][1], s2 * 4);
+    // row weights (an MoE row's routing weight before down): out * rw, dgu from rw * dout, and
+    // drw's double sums, against the CPU; rw 1 gives the unweighted bits
+    float *rw = lb_malloc((size_t)n * 4);
+    for (int i = 0; i < n; i++) rw[i] = i % 7 == 3 ? 1.0f : (float)(0.05 + 0.9 * (i % 13) / 13.0);
+    double *drw = lb_malloc((size_t)n * 8);
+    cpu->swiglu_fwd(cpu, &(lb_swiglu_args){.out = out, .gu16 = gu16, .rw = rw, .n = n, .f = f});
+    cpu->swiglu_bwd(cpu, &(lb_swiglu_args){.dgu = dgu, .dout16 = g16, .gu16 = gu16, .rw = rw,
+            .drw = drw, .n = n, .f = f});
+    float *RW = dput(rw, (size_t)n * 4);
+    double *DRW = dev->alloc(dev, (size_t)n * 8);
+    poison(O, s1 * 4), poison(DGU, s2 * 4);
+    dev->swiglu_fwd(dev, &(lb_swiglu_args){.out = O, .gu16 = GU16, .rw = RW, .n = n, .f = f});
+    dev->swiglu_bwd(dev, &(lb_swiglu_args){.dgu = DGU, .dout16 = G16, .gu16 = GU16, .rw = RW,
+            .drw = DRW, .n = n, .f = f});
+    float *wo = hget(O, s1 * 4), *wd = hget(DGU, s2 * 4);
+    double *wr = lb_malloc((size_t)n * 8);
+    dev->download(dev, wr, DRW, (size_t)n * 8);
+    snprintf(what, sizeof what, "swiglu_fwd rw n %d f %d", n, f);
+    CHECK_NMSE(what, wo, out, s1, tst->bound);
+    snprintf(what, sizeof what, "swiglu_bwd rw n %d f %d", n, f);
+    CHECK_NMSE(what, wd, dgu, s2, tst->bound);
+    for (int i = 0; i < n; i++) {   // drw: the same products, summed in double in two orders
+        const double tol = 1e-5 * (fabs(drw[i]) + 1e-3);
+        ck_assert_msg(fabs(wr[i] - drw[i]) <= tol, "swiglu_bwd drw row %d: %.9g vs %.9g", i,
+                      wr[i], drw[i]);
+    }
+    for (int i = 0; i < n; i++)   // rw 1: the unweighted rows' bits
+        if (rw[i] == 1.0f) {
+            ck_assert(!memcmp(wo + (size_t)i * f, in16[0][0] + (size_t)i * f, (size_t)f * 4));
+            ck_assert(!memcmp(wd + (size_t)i * 2 * f, in16[0][1] + (size_t)i * 2 * f,
+                              (size_t)f * 8));
+        }
     for (int r = 0; r < 2; r++) free(in16[r][0]), free(in16[r][1]);
+    free(wo), free(wd), free(wr), free(rw), free(drw), dfree(RW), dfree(DRW);
     dfree(GU16), dfree(G16), dfree(GUW), dfree(GW), free(gu16), free(g16);
     for (int r = 0; r < 2; r++) free(keep[r][0]), free(keep[r][1]);
     dfree(GU), dfree(G), dfree(O), dfree(DGU), free(gu), free(g), free(out), free(dgu);
@@ -1785,6 +1833,23 @@ static void dispatch_case(const test_case *tst)
     CHECK_BITS("moe_combine_bwd dyp, yp16", got[2], dyp, kc * 4);
     CHECK_NMSE("moe_combine_bwd dweight, yp16", got[3], dw, nk, tst->bound);
     for (int i = 0; i < 4; i++) free(got[i]);
+    // without weights (the rows weighted already): the plain slot sums, and dyp dout's rows,
+    // bit for bit, no dweight written
+    cpu->moe_combine(cpu, &(lb_moe_combine_args){.out = out, .yp16 = yp16, .row = row, .n = n,
+            .k = k, .c = c});
+    cpu->moe_combine_bwd(cpu, &(lb_moe_combine_args){.dyp = dyp, .dout = g, .row = row, .n = n,
+            .k = k, .c = c});
+    poison(O, nc * 4), poison(DYP, kc * 4), poison(DW, nk * 4);
+    dev->moe_combine(dev, &(lb_moe_combine_args){.out = O, .yp16 = YP16, .row = Rc, .n = n,
+            .k = k, .c = c});
+    dev->moe_combine_bwd(dev, &(lb_moe_combine_args){.dyp = DYP, .dout = G, .row = Rc, .n = n,
+            .k = k, .c = c});
+    float *nw[3] = {hget(O, nc * 4), hget(DYP, kc * 4), hget(DW, nk * 4)};
+    CHECK_BITS("moe_combine without weights", nw[0], out, nc * 4);
+    CHECK_BITS("moe_combine_bwd without weights", nw[1], dyp, kc * 4);
+    for (size_t i = 0; i < (size_t)nk; i++)   // untouched: still the poison's bits
+        ck_assert(isnan(nw[2][i]));
+    for (int i = 0; i < 3; i++) free(nw[i]);
     dfree(DXP16), dfree(YP16), free(dxp16), free(yp16);
     for (int r = 0; r < 2; r++)
         for (int i = 0; i < 5; i++) free(keep[r][i]);
@@ -3980,7 +4045,7 @@ static const test_case CASES[] = {
     CASE(OP(quantize) | OP(qmat_transpose), quantize_d16_case, {37, 203}),
     CASE(OP(quantize) | OP(qmat_transpose), quantize_d16_case, {64, 256}),
 
-    CASE(OP(add) | OP(scale) | OP(sumsq), add_scale_sumsq_case),
+    CASE(OP(add) | OP(scale) | OP(sumsq) | OP(f64_to_f32), add_scale_sumsq_case),
 
     // --- embedding, p (vocab, n, c): every token repeated many times; the Qwen3 vocabulary
     CASE(OP(embedding_fwd) | OP(embedding_bwd), embedding_case, {1001, 300, 53}),
@@ -4289,7 +4354,7 @@ END_TEST
 // The test registry: every operation of kernels.h has a case.
 START_TEST(test_registry)
 {
-    uint64_t seen = 0;
+    unsigned __int128 seen = 0;
     for (int i = 0; i < NCASES; i++) seen |= CASES[i].ops;
     for (int op = 0; op < LB_OP_COUNT; op++)
         ck_assert_msg(seen >> op & 1, "op %s has no case in test_backend_ops", lb_op_name(op));

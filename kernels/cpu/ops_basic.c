@@ -136,6 +136,12 @@ static void cpu_scale(lb_backend *be, float *x, float s, size_t n)
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
+static void cpu_f64_to_f32(lb_backend *be, float *y, const double *x, size_t n)
+{
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (n >= LB_CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) y[i] = (float)x[i];
+}
+
 // Fixed-size chunks, each summed sequentially in double, then the partials summed in chunk
 // order: the grouping is a function of n alone, never of the thread count.
 #define SUMSQ_CHUNK 4096
@@ -336,15 +342,17 @@ static void cpu_swiglu_fwd(lb_backend *be, const lb_swiglu_args *args)
         const float *g = gu16 ? in : gu + (size_t)i * 2 * f, *u = g + f;
         float row[out ? 1 : f];   // the row, where out is not written
         float *o = out ? out + (size_t)i * f : row;
+        const float w = args->rw ? args->rw[i] : 1.0f;
         for (int j = 0; j < f; j++) {
             float sig = 1.0f / (1.0f + expf(-g[j]));
             o[j] = g[j] * sig * u[j];
+            if (args->rw) o[j] *= w;
         }
         if (out16) lb_bf16_row(out16 + (size_t)i * ld, o, f, ld);
     }
 }
 
-// d silu(g)/dg = sig * (1 + g * (1 - sig)); dgu (n, 2f) overwritten.
+// d silu(g)/dg = sig * (1 + g * (1 - sig)); dgu (n, 2f) overwritten. rw, drw: kernels.h.
 static void cpu_swiglu_bwd(lb_backend *be, const lb_swiglu_args *args)
 {
     float *dgu = args->dgu;
@@ -365,12 +373,17 @@ static void cpu_swiglu_bwd(lb_backend *be, const lb_swiglu_args *args)
         const float *dy = dout16 ? din : dout + (size_t)i * f;
         float row[dgu ? 1 : 2 * f];   // the row, where dgu is not written
         float *dg = dgu ? dgu + (size_t)i * 2 * f : row, *du = dg + f;
+        const float w = args->rw ? args->rw[i] : 1.0f;
+        double acc = 0.0;
         for (int j = 0; j < f; j++) {
             float sig = 1.0f / (1.0f + expf(-g[j]));
             float silu = g[j] * sig;
-            dg[j] = dy[j] * u[j] * (sig * (1.0f + g[j] * (1.0f - sig)));
-            du[j] = dy[j] * silu;
+            if (args->drw) acc += (double)dy[j] * (silu * u[j]);
+            const float d = args->rw ? w * dy[j] : dy[j];
+            dg[j] = d * u[j] * (sig * (1.0f + g[j] * (1.0f - sig)));
+            du[j] = d * silu;
         }
+        if (args->drw) args->drw[i] = acc;
         if (dgu16) lb_bf16_row(dgu16 + (size_t)i * ld, dg, 2 * f, ld);
     }
 }
@@ -382,6 +395,7 @@ void lb_cpu_init_basic(lb_backend *be)
     be->gemm_experts = cpu_gemm_experts;
     be->add = cpu_add;
     be->scale = cpu_scale;
+    be->f64_to_f32 = cpu_f64_to_f32;
     be->sumsq = cpu_sumsq;
     be->embedding_fwd = cpu_embedding_fwd;
     be->embedding_bwd = cpu_embedding_bwd;

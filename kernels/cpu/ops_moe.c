@@ -260,18 +260,20 @@ static void cpu_moe_combine(lb_backend *be, const lb_moe_combine_args *args)
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
         if ((size_t)n * k * c >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
-        const float *w = weight + (size_t)i * k;
+        const float *w = weight ? weight + (size_t)i * k : NULL;
         const int32_t *r = row + (size_t)i * k;
         float *oi = out + (size_t)i * c;
         for (int x = 0; x < c; x++) {
             double acc = 0.0;
-            for (int s = 0; s < k; s++) acc += (double)w[s] * lb_in_at(yp, yp16, r[s], c, x);
+            for (int s = 0; s < k; s++)
+                acc += (w ? (double)w[s] : 1.0) * lb_in_at(yp, yp16, r[s], c, x);
             oi[x] = (float)acc;
         }
     }
 }
 
-// dyp[row[i][s]] = weight[i][s] * dout[i]; dweight[i][s] = dot(dout[i], yp[row[i][s]]).
+// dyp[row[i][s]] = weight[i][s] * dout[i]; dweight[i][s] = dot(dout[i], yp[row[i][s]]) (weight
+// NULL: 1, dweight NULL: none).
 static void cpu_moe_combine_bwd(lb_backend *be, const lb_moe_combine_args *args)
 {
     float *dyp = args->dyp;
@@ -293,14 +295,14 @@ static void cpu_moe_combine_bwd(lb_backend *be, const lb_moe_combine_args *args)
         float buf[dyp ? 1 : c];   // the row, where dyp is not written
         for (int s = 0; s < k; s++) {
             size_t r = (size_t)row[(size_t)i * k + s];
-            float w = weight[(size_t)i * k + s];
+            float w = weight ? weight[(size_t)i * k + s] : 1.0f;
             float *dy = dyp ? dyp + r * c : buf;
             double dot = 0.0;
             for (int x = 0; x < c; x++) {
                 dy[x] = w * gi[x];
-                dot += (double)gi[x] * lb_in_at(yp, yp16, r, c, x);
+                if (dweight) dot += (double)gi[x] * lb_in_at(yp, yp16, r, c, x);
             }
-            dweight[(size_t)i * k + s] = (float)dot;
+            if (dweight) dweight[(size_t)i * k + s] = (float)dot;
             if (dyp16) lb_bf16_row(dyp16 + r * ld, dy, c, ld);
         }
     }

@@ -26,6 +26,21 @@ template <typename T> __global__ void scale_kernel(T *x, float s, size_t n)
         lb_st(x + i, lb_ld(x + i) * s);
 }
 
+__global__ void f64_to_f32_kernel(float *y, const double *x, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __double2float_rn(x[i]);
+}
+
+static void cuda_f64_to_f32(lb_backend *be, float *y, const double *x, size_t n)
+{
+    if (!n) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    f64_to_f32_kernel<<<lb_grid(n, 256, cx), 256, 0, cx->stream>>>(y, x, n);
+    LB_CUDA_LAUNCHED(cx);
+}
+
 static void cuda_add(lb_backend *be, float *y, const float *x, size_t n)
 {
     if (!n) return;
@@ -559,26 +574,30 @@ __device__ __forceinline__ float2 swiglu_grad(float g, float u, float dy)
 // A ..16 copy (NULL: none) gets the values' bf16 bits beside the fp32 stores, which are
 // skipped where the fp32 output is NULL (kernels.h); a ..16 input is read instead of the fp32
 // one (lb_in_ld: gate and up are columns [0, f) and [f, 2f) of a row of 2f either way).
+// rw (NULL: none): row i's weight, multiplied in after the SwiGLU (kernels.h).
 __global__ void swiglu_fwd_kernel(float *out, uint16_t *out16, const float *gu,
-                                  const uint16_t *gu16, int n, int f, int vec)
+                                  const uint16_t *gu16, const float *rw, int n, int f, int vec)
 {
     const int i = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (i >= n) return;
     float *o = out ? out + (size_t)i * f : NULL;
     uint16_t *o16 = out16 ? out16 + (size_t)i * ((f + 7) & ~7) : NULL;
+    const float w = rw ? rw[i] : 1.0f;
     if (vec) {
         for (int j = lane; j < f / 4; j += 32) {
             const float4 a = lb_in_ld4(gu, gu16, i, 2 * f, j);
             const float4 b = lb_in_ld4(gu, gu16, i, 2 * f, f / 4 + j);
-            const float4 r = make_float4(swiglu_one(a.x, b.x), swiglu_one(a.y, b.y),
-                                         swiglu_one(a.z, b.z), swiglu_one(a.w, b.w));
+            float4 r = make_float4(swiglu_one(a.x, b.x), swiglu_one(a.y, b.y),
+                                   swiglu_one(a.z, b.z), swiglu_one(a.w, b.w));
+            if (rw) r = make_float4(r.x * w, r.y * w, r.z * w, r.w * w);
             if (o) ((float4 *)o)[j] = r;
             if (o16) ((uint2 *)o16)[j] = bf16x4_bits(r);
         }
     } else {
         for (int j = lane; j < f; j += 32) {
-            const float r =
+            float r =
                 swiglu_one(lb_in_ld(gu, gu16, i, 2 * f, j), lb_in_ld(gu, gu16, i, 2 * f, f + j));
+            if (rw) r *= w;
             if (o) o[j] = r;
             if (o16) o16[j] = (uint16_t)round_bf16_bits(r);
         }
@@ -586,20 +605,28 @@ __global__ void swiglu_fwd_kernel(float *out, uint16_t *out16, const float *gu,
     if (o16) bf16_row_pad(o16, f, lane);
 }
 
+// rw, drw (NULL: none): row i's weight and its gradient (kernels.h), the gradient in double,
+// each lane's columns in order, then the warp's fixed butterfly.
 __global__ void swiglu_bwd_kernel(float *dgu, uint16_t *dgu16, const float *dout,
                                   const uint16_t *dout16, const float *gu, const uint16_t *gu16,
-                                  int n, int f, int vec)
+                                  const float *rw, double *drw, int n, int f, int vec)
 {
     const int i = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (i >= n) return;
     float *dg = dgu ? dgu + (size_t)i * 2 * f : NULL, *du = dgu ? dg + f : NULL;
     uint16_t *dg16 = dgu16 ? dgu16 + (size_t)i * ((2 * f + 7) & ~7) : NULL;
     uint16_t *du16 = dg16 ? dg16 + f : NULL;
+    const float w = rw ? rw[i] : 1.0f;
+    double acc = 0.0;
     if (vec) {
         for (int j = lane; j < f / 4; j += 32) {
             const float4 a = lb_in_ld4(gu, gu16, i, 2 * f, j);
             const float4 b = lb_in_ld4(gu, gu16, i, 2 * f, f / 4 + j);
-            const float4 d = lb_in_ld4(dout, dout16, i, f, j);
+            float4 d = lb_in_ld4(dout, dout16, i, f, j);
+            if (drw)
+                acc += (double)d.x * swiglu_one(a.x, b.x) + (double)d.y * swiglu_one(a.y, b.y) +
+                       (double)d.z * swiglu_one(a.z, b.z) + (double)d.w * swiglu_one(a.w, b.w);
+            if (rw) d = make_float4(w * d.x, w * d.y, w * d.z, w * d.w);
             const float2 r0 = swiglu_grad(a.x, b.x, d.x), r1 = swiglu_grad(a.y, b.y, d.y);
             const float2 r2 = swiglu_grad(a.z, b.z, d.z), r3 = swiglu_grad(a.w, b.w, d.w);
             const float4 rg = make_float4(r0.x, r1.x, r2.x, r3.x);
@@ -615,9 +642,11 @@ __global__ void swiglu_bwd_kernel(float *dgu, uint16_t *dgu16, const float *dout
         }
     } else {
         for (int j = lane; j < f; j += 32) {
-            const float2 r = swiglu_grad(lb_in_ld(gu, gu16, i, 2 * f, j),
-                                         lb_in_ld(gu, gu16, i, 2 * f, f + j),
-                                         lb_in_ld(dout, dout16, i, f, j));
+            const float g = lb_in_ld(gu, gu16, i, 2 * f, j), u = lb_in_ld(gu, gu16, i, 2 * f, f + j);
+            float d = lb_in_ld(dout, dout16, i, f, j);
+            if (drw) acc += (double)d * swiglu_one(g, u);
+            if (rw) d = w * d;
+            const float2 r = swiglu_grad(g, u, d);
             if (dg) dg[j] = r.x, du[j] = r.y;
             if (dg16) {
                 dg16[j] = (uint16_t)round_bf16_bits(r.x);
@@ -626,6 +655,10 @@ __global__ void swiglu_bwd_kernel(float *dgu, uint16_t *dgu16, const float *dout
         }
     }
     if (dg16) bf16_row_pad(dg16, 2 * f, lane);
+    if (!drw) return;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) drw[i] = acc;
 }
 
 // 16-byte fp32 rows, and 8-byte bf16 ones (copies and inputs: a pitch of a multiple of 8
@@ -639,7 +672,7 @@ static int swiglu_vec(int f, const void *p0, const void *p1, const void *p2, con
 }
 
 static void cuda_swiglu_fwd(lb_backend *be, float *out, uint16_t *out16, const float *gu,
-                            const uint16_t *gu16, int n, int f)
+                            const uint16_t *gu16, const float *rw, int n, int f)
 {
     if (n < 0 || f < 0) lb_die("swiglu_fwd: negative size (n %d, f %d)", n, f);
     if (!n || !f) return;
@@ -647,13 +680,13 @@ static void cuda_swiglu_fwd(lb_backend *be, float *out, uint16_t *out16, const f
     if (!gu && !gu16) lb_die("swiglu_fwd: neither gu nor gu16");
     lb_cuda_ctx *cx = lb_cuda(be);
     swiglu_fwd_kernel<<<(n + ROW_WARPS - 1) / ROW_WARPS, ROW_WARPS * 32, 0, cx->stream>>>(
-        out, out16, gu, gu16, n, f, swiglu_vec(f, out, gu, gu, out16, gu16));
+        out, out16, gu, gu16, rw, n, f, swiglu_vec(f, out, gu, gu, out16, gu16));
     LB_CUDA_LAUNCHED(cx);
 }
 
 static void cuda_swiglu_bwd(lb_backend *be, float *dgu, uint16_t *dgu16, const float *dout,
-                            const uint16_t *dout16, const float *gu, const uint16_t *gu16, int n,
-                            int f)
+                            const uint16_t *dout16, const float *gu, const uint16_t *gu16,
+                            const float *rw, double *drw, int n, int f)
 {
     if (n < 0 || f < 0) lb_die("swiglu_bwd: negative size (n %d, f %d)", n, f);
     if (!n || !f) return;
@@ -661,7 +694,7 @@ static void cuda_swiglu_bwd(lb_backend *be, float *dgu, uint16_t *dgu16, const f
     if ((!gu && !gu16) || (!dout && !dout16)) lb_die("swiglu_bwd: an input missing");
     lb_cuda_ctx *cx = lb_cuda(be);
     swiglu_bwd_kernel<<<(n + ROW_WARPS - 1) / ROW_WARPS, ROW_WARPS * 32, 0, cx->stream>>>(
-        dgu, dgu16, dout, dout16, gu, gu16, n, f,
+        dgu, dgu16, dout, dout16, gu, gu16, rw, drw, n, f,
         swiglu_vec(f, dgu, dout, gu, dgu16, dout16, gu16));
     LB_CUDA_LAUNCHED(cx);
 }
@@ -676,18 +709,20 @@ static void cuda_rmsnorm_bwd_op(lb_backend *be, const lb_rmsnorm_args *a)
 
 static void cuda_swiglu_fwd_op(lb_backend *be, const lb_swiglu_args *a)
 {
-    cuda_swiglu_fwd(be, a->out, a->out16, a->gu, a->gu16, a->n, a->f);
+    cuda_swiglu_fwd(be, a->out, a->out16, a->gu, a->gu16, a->rw, a->n, a->f);
 }
 
 static void cuda_swiglu_bwd_op(lb_backend *be, const lb_swiglu_args *a)
 {
-    cuda_swiglu_bwd(be, a->dgu, a->dgu16, a->dout, a->dout16, a->gu, a->gu16, a->n, a->f);
+    cuda_swiglu_bwd(be, a->dgu, a->dgu16, a->dout, a->dout16, a->gu, a->gu16, a->rw, a->drw,
+                    a->n, a->f);
 }
 
 extern "C" void lb_cuda_init_basic(lb_backend *be)
 {
     be->add = cuda_add;
     be->scale = cuda_scale;
+    be->f64_to_f32 = cuda_f64_to_f32;
     be->sumsq = cuda_sumsq;
     be->embedding_fwd = cuda_embedding_fwd;
     be->embedding_bwd = cuda_embedding_bwd;

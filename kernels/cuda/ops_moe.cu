@@ -543,7 +543,8 @@ __global__ void slot_sum_kernel(float *out, const float *src, const uint16_t *sr
 }
 
 // Warp a = (i, s): dyp[row] = weight * dout[i] and dweight[a] = dot(dout[i], yp[row]) (double:
-// each lane's columns in order, then the warp's fixed butterfly).
+// each lane's columns in order, then the warp's fixed butterfly); weight NULL: 1, dweight NULL:
+// no dot.
 __global__ void combine_bwd_kernel(float *dyp, uint16_t *dyp16, float *dweight,
                                    const float *dout, const float *yp, const uint16_t *yp16,
                                    const float *weight, const int32_t *row, int k, int c,
@@ -555,21 +556,23 @@ __global__ void combine_bwd_kernel(float *dyp, uint16_t *dyp16, float *dweight,
     if (r < 0 || r >= total) {
         if (lane == 0) {
             lb_report(err, LB_CERR_COMBINE_BWD_ROW, r);
-            dweight[a] = NAN;
+            if (dweight) dweight[a] = NAN;
         }
         return;
     }
     const float *g = dout + (size_t)(a / k) * c;
     float *dy = dyp ? dyp + (size_t)r * c : NULL;
     uint16_t *d16 = dyp16 ? dyp16 + (size_t)r * ((c + 7) & ~7) : NULL;
-    const float w = weight[a];
+    const float w = weight ? weight[a] : 1.0f;
     double dot = 0.0;
     if (vec) {
         for (int j = lane; j < c / 4; j += 32) {
-            const float4 gx = ((const float4 *)g)[j], yx = lb_in_ld4(yp, yp16, r, c, j);
+            const float4 gx = ((const float4 *)g)[j];
             const float4 v = make_float4(w * gx.x, w * gx.y, w * gx.z, w * gx.w);
             if (dy) ((float4 *)dy)[j] = v;
             if (d16) ((uint2 *)d16)[j] = bf16x4_bits(v);
+            if (!dweight) continue;
+            const float4 yx = lb_in_ld4(yp, yp16, r, c, j);
             dot += (double)gx.x * yx.x;
             dot += (double)gx.y * yx.y;
             dot += (double)gx.z * yx.z;
@@ -580,10 +583,11 @@ __global__ void combine_bwd_kernel(float *dyp, uint16_t *dyp16, float *dweight,
             const float gx = g[j], v = w * gx;
             if (dy) dy[j] = v;
             if (d16) d16[j] = (uint16_t)round_bf16_bits(v);
-            dot += (double)gx * lb_in_ld(yp, yp16, r, c, j);
+            if (dweight) dot += (double)gx * lb_in_ld(yp, yp16, r, c, j);
         }
     }
     if (d16) bf16_row_pad(d16, c, lane);
+    if (!dweight) return;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     if (lane == 0) dweight[a] = (float)dot;
