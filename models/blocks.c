@@ -514,6 +514,17 @@ static uint16_t *grow16(lb_backend *be, uint16_t **p, size_t *cap, size_t n)
     return *p;
 }
 
+// The same for n doubles.
+static double *grow64(lb_backend *be, double **p, size_t *cap, size_t n)
+{
+    if (n > *cap) {
+        if (*p) be->free(be, *p);
+        *p = be->alloc(be, n * sizeof(double));
+        *cap = n;
+    }
+    return *p;
+}
+
 // Elements of a bf16 copy of (rows, cols) values (to_bf16's layout: rows padded to 8).
 static size_t n16(size_t rows, int cols) { return rows * (size_t)((cols + 7) / 8 * 8); }
 
@@ -561,6 +572,26 @@ static int out16_layers(const lb_model *m, lb_role role, lb_pass pass, int route
     return every;
 }
 
+// Whether layer l applies the routed weights to its experts' SwiGLU outputs, before down
+// (lb_swiglu_args.rw), rather than to down's outputs: the same sum in real arithmetic, but
+// down's outputs (n*k, c) a layer then need not be kept for the backward, whose weight
+// gradient comes from down's dgrad instead (lb_swiglu_args.drw). Every recipe but fp32, whose
+// numbers stay those of the weights after down. (As Megatron's moe_apply_probs_on_input, one
+// GEMM later: the weighted rows are the rank's whole elements in every layout.)
+static int weights_on_h(const lb_model *m, int l)
+{
+    return lb_contract_site(&m->contract, l, LB_ROLE_MOE_DOWN, LB_PASS_FPROP)->fmt !=
+           LB_FMT_FP32;
+}
+
+// weights_on_h over this stage's MoE layers, as takes16_layers.
+static int weights_on_h_layers(const lb_model *m, int every)
+{
+    for (int l = m->layer_begin; l < m->layer_end; l++)
+        if (layer_moe(&m->cfg, l) && weights_on_h(m, l) != every) return !every;
+    return every;
+}
+
 // --- tensor parallelism: Megatron's conjugate operators (parallel/tensor_parallel.h) ---------
 // over this model piece's tp group and backend; (n, C) are whole rows, this rank's n / tp of
 // them under sequence parallelism.
@@ -599,8 +630,9 @@ static void ffn_create(lb_model *m, lb_ffn_acts *f, int n)
         f->aux_grad = falloc(be, d.E);
         if (out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1, 0))
             grow16(be, &f->yp16, &f->cap_yp16, n16(rows, d.C));
-        if (!out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1, 1))
+        if (!weights_on_h_layers(m, 1) && !out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1, 1))
             grow(be, &f->yp, &f->cap_yp, rows * d.C);
+        if (weights_on_h_layers(m, 0)) grow(be, &f->wp, &f->cap_wp, rows);
         if (out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0, 0))
             grow16(be, &f->gu16, &f->cap_gu16, n16(rows, 2 * d.F));
         // h16 as h
@@ -625,7 +657,7 @@ static void ffn_free(lb_model *m, lb_ffn_acts *f)
 {
     lb_backend *be = m->be;
     void *bufs[] = {f->rlogits, f->probs, f->weight, f->idx, f->row, f->aux_grad, f->yp,
-                    f->xe, f->gu, f->h, f->h16, f->gu16, f->yp16,
+                    f->xe, f->gu, f->h, f->h16, f->gu16, f->yp16, f->wp, f->wpe,
                     f->counts_dev, f->sgu, f->sh};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
@@ -642,9 +674,13 @@ static void scratch_reserve(lb_model *m, lb_moe_scratch *s, size_t rows)
 {
     lb_backend *be = m->be;
     lb_dims d = lb_dims_of(m);
-    if (d.ep > 1 || !takes16_layers(m, LB_ROLE_MOE_GATE_UP, 1) ||
-        !takes16_layers(m, LB_ROLE_MOE_DOWN, 1))
-        grow(be, &s->rows, &s->cap_rows, rows * d.C);
+    // rows: xp and dyp in fp32, or (weights_on_h) down's outputs in the forward and (x16)
+    // gate/up's dgrad in the backward: some of them in every MoE model
+    grow(be, &s->rows, &s->cap_rows, rows * d.C);
+    if (weights_on_h_layers(m, 0)) {
+        grow64(be, &s->dwp, &s->cap_dwp, rows);
+        grow(be, &s->dw32, &s->cap_dw32, rows);
+    }
     if (d.ep != 1 || d.parts != 1) return;
     if (takes16_layers(m, LB_ROLE_MOE_DOWN, 0) || takes16_layers(m, LB_ROLE_MOE_GATE_UP, 0))
         grow16(be, &s->rows16, &s->cap_rows16, n16(rows, d.C));
@@ -660,7 +696,7 @@ static void scratch_reserve(lb_model *m, lb_moe_scratch *s, size_t rows)
 static void scratch_free(lb_backend *be, lb_moe_scratch *s)
 {
     void *bufs[] = {s->xs, s->ye, s->dye, s->dxe, s->dgu, s->dh, s->rows, s->rows16, s->dgu16,
-                    s->dh16};
+                    s->dh16, s->dwp, s->dwpe, s->dw32};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
 }
@@ -827,7 +863,8 @@ void *lb_decoder_acts_create(lb_model *m, int b, int t)
     a->dqr = falloc(be, n * hq * D);
     a->dkr = falloc(be, n * hkv * D);
     if (moe) {
-        if (!out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_DGRAD, 1, 1))
+        // gate/up's dgrad: the scratch's rows where the layer reads xp16 (lb_ffn_bwd)
+        if (d.ep > 1 || !takes16_layers(m, LB_ROLE_MOE_GATE_UP, 1))
             a->dxp = falloc(be, n * K * C);
         if (out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_DGRAD, 1, 0))
             a->dxp16 = be->alloc(be, n16(n * K, (int)C) * sizeof(uint16_t));
@@ -966,10 +1003,14 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
     float *xp = x16 ? NULL : grow(be, &s->rows, &s->cap_rows, (size_t)n * d.K * d.C);
     // bf16 experts read the bf16 copies of x and h (x16, down16), quantized ones fp32 x and h
     const int dev = cached && experts_on_device(m, l, w);
+    const int wh = weights_on_h(m, l);
+    float *wr = wh ? grow(be, &f->wp, &f->cap_wp, (size_t)n * d.K) : NULL;   // the rows' weights
     if (np) {
         be->moe_plan(be, f->row, dev ? NULL : f->counts, dev ? f->counts_dev : NULL,
                      f->idx + (size_t)o * d.K, np, d.E, d.K);
         be->moe_permute(be, xp, xp16, ln + (size_t)o * d.C, f->row, np, d.K, d.C);
+        if (wh)   // slot r's weight to its row, row[r]: a permutation of np*k rows of one
+            be->moe_permute(be, wr, NULL, f->weight + (size_t)o * d.K, f->row, np * d.K, 1, 1);
     } else {
         memset(f->counts, 0, (size_t)d.E * sizeof *f->counts);
         if (dev) be->zero(be, f->counts_dev, (size_t)d.E * sizeof(int));
@@ -983,12 +1024,19 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
     const int y16 = out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1);
     const int g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0);
     uint16_t *yp16 = y16 ? grow16(be, &f->yp16, &f->cap_yp16, n16((size_t)n * d.K, d.C)) : NULL;
-    float *yp = y16 ? NULL : grow(be, &f->yp, &f->cap_yp, (size_t)n * d.K * d.C);
+    // weights on h: down's outputs are scratch, in xp's place (read by gate/up already)
+    float *yp = y16 ? NULL
+                : wh ? grow(be, &s->rows, &s->cap_rows, (size_t)n * d.K * d.C)
+                     : grow(be, &f->yp, &f->cap_yp, (size_t)n * d.K * d.C);
     float *xe = xp, *ye = yp;
     if (d.ep > 1) {
         xe = grow(be, &f->xe, &f->cap_xe, nr * d.C);
         ye = grow(be, &s->ye, &s->cap_ye, nr * d.C);
         lb_ep_dispatch(&f->route, ep, be, xp, xe, grow(be, &s->xs, &s->cap_xs, big * d.C), d.C);
+        if (wh) {
+            wr = grow(be, &f->wpe, &f->cap_wpe, nr);
+            lb_ep_dispatch(&f->route, ep, be, f->wp, wr, s->xs, 1);
+        }
     }
     uint16_t *gu16 = g16 ? grow16(be, &f->gu16, &f->cap_gu16, n16(nr, 2 * d.F)) : NULL;
     float *gu = g16 ? NULL : grow(be, &f->gu, &f->cap_gu, nr * 2 * d.F);
@@ -1002,7 +1050,7 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
                               f->route.local_counts, d.El, gu, gu16, 2 * d.F, d.C);
     float *h = h16 ? NULL : f->h;
     if (nr) be->swiglu_fwd(be, &(lb_swiglu_args){.out = h, .out16 = h16, .gu = gu, .gu16 = gu16,
-            .n = (int)nr, .f = d.F});
+            .rw = wr, .n = (int)nr, .f = d.F});
     if (dev)
         lb_linear_experts_fwd(lin, l, LB_ROLE_MOE_DOWN, h, h16, w->cdown, f->counts_dev, d.El,
                               (int)nr, ye, yp16, d.C, d.F);
@@ -1013,8 +1061,8 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
     if (d.parts > 1) be->zero(be, out, (size_t)n * d.C * sizeof(float));
     if (np)
         be->moe_combine(be, &(lb_moe_combine_args){.out = out + (size_t)o * d.C, .yp = yp,
-                .yp16 = yp16, .weight = f->weight + (size_t)o * d.K, .row = f->row, .n = np,
-                .k = d.K, .c = d.C});
+                .yp16 = yp16, .weight = wh ? NULL : f->weight + (size_t)o * d.K, .row = f->row,
+                .n = np, .k = d.K, .c = d.C});
     if (w->sgu) {   // the shared experts on every row, added to the routed output (tp partial)
         lb_linear_fwd16(lin, l, LB_ROLE_MLP_GATE_UP, ln, ln16, w->sgu, w->csgu, 0, f->sgu, n,
                         2 * d.Fs, d.C, 0.0f);
@@ -1063,7 +1111,6 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     const int gu16 = takes16(m, l, LB_ROLE_MOE_GATE_UP);
     const int down16 = takes16(m, l, LB_ROLE_MOE_DOWN);
     size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
-    const int x16 = d.ep == 1 && gu16;   // the forward wrote xp16 (rows16) and not xp
     uint16_t *dyp16 = d.ep == 1 && down16
                           ? grow16(be, &s->rows16, &s->cap_rows16, n16((size_t)np * d.K, d.C))
                           : NULL;
@@ -1076,16 +1123,25 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     const int g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0);
     const int dx16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_DGRAD, 1);
     const int dh16 = out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD, 0);
+    // weights on h: dyp is dout's rows as they are, the weights' gradients come from down's
+    // dgrad (below)
+    const int wh = weights_on_h(m, l);
     if (np)
         be->moe_combine_bwd(be, &(lb_moe_combine_args){.dyp = dyp, .dyp16 = dyp16,
-                .dweight = a->dweight + (size_t)o * d.K, .dout = dout + (size_t)o * d.C,
-                .yp = y16 ? NULL : f->yp, .yp16 = y16 ? f->yp16 : NULL,
-                .weight = f->weight + (size_t)o * d.K, .row = f->row, .n = np, .k = d.K, .c = d.C});
+                .dweight = wh ? NULL : a->dweight + (size_t)o * d.K,
+                .dout = dout + (size_t)o * d.C, .yp = y16 || wh ? NULL : f->yp,
+                .yp16 = y16 && !wh ? f->yp16 : NULL,
+                .weight = wh ? NULL : f->weight + (size_t)o * d.K, .row = f->row, .n = np,
+                .k = d.K, .c = d.C});
     // yp held this rank's etp share of its part's expert outputs: the sum over tp gives every
     // row's combine-weight gradient whole
-    tp_sum(m, a->dweight, (size_t)n * d.K);
+    if (!wh) tp_sum(m, a->dweight, (size_t)n * d.K);
     lb_comm *ep = m->par.ep_comm;
-    float *dye = dyp, *dxe = a->dxp;
+    // gate/up's dgrad: where the layer reads xp16, in the scratch's fp32 rows (dyp's, or
+    // the forward's down outputs: dead by then); else its own buffer
+    const int x16 = d.ep == 1 && gu16;   // the forward wrote xp16 (rows16) and not xp
+    float *dxp = x16 ? grow(be, &s->rows, &s->cap_rows, (size_t)n * d.K * d.C) : a->dxp;
+    float *dye = dyp, *dxe = dxp;
     if (d.ep > 1) {
         dye = grow(be, &s->dye, &s->cap_dye, nr * d.C);
         dxe = grow(be, &s->dxe, &s->cap_dxe, nr * d.C);
@@ -1098,10 +1154,33 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
                           w->down, w->cdown, f->route.local_counts, d.El, f->route.seg_counts,
                           f->route.ep, dye, dyp16, dh, dh16p,
                           dw->down, lb_model_grad_beta(m, dw->down), d.C, d.F);
+    double *dwr = !wh ? NULL
+                  : d.ep > 1 ? grow64(be, &s->dwpe, &s->cap_dwpe, nr)
+                             : grow64(be, &s->dwp, &s->cap_dwp, (size_t)n * d.K);
     if (nr)
         be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = dgu, .dgu16 = dgu16, .dout = dh,
                 .dout16 = dh16p, .gu = g16 ? NULL : f->gu, .gu16 = g16 ? f->gu16 : NULL,
-                .n = (int)nr, .f = d.F});
+                .rw = !wh ? NULL : d.ep > 1 ? f->wpe : f->wp, .drw = dwr, .n = (int)nr,
+                .f = d.F});
+    if (wh) {   // the weights' gradients: whole, rounded once, back to their slots
+        double *dwp = grow64(be, &s->dwp, &s->cap_dwp, (size_t)n * d.K);
+        float *dw32 = grow(be, &s->dw32, &s->cap_dw32, (size_t)n * d.K);
+        // under ep from the experts' ranks, the doubles moved as pairs of 32-bit words
+        if (d.ep > 1) lb_ep_combine(&f->route, ep, be, (float *)dwr, (float *)dwp, s->xs, 2);
+        // etp ranks hold parts of each row's columns: their double sums are added before the
+        // one rounding, so a row's weight gradient is one rank's whatever etp is (parts 1:
+        // every tp rank holds the same rows in the same order)
+        if (d.parts == 1 && d.tp > 1 && np)
+            lb_comm_all_reduce(m->par.tp_comm, dwp, dwp, (size_t)np * d.K, LB_F64);
+        be->f64_to_f32(be, dw32, dwp, (size_t)np * d.K);
+        if (np)
+            be->moe_permute_bwd(be, a->dweight + (size_t)o * d.K, dw32, NULL, f->row, np * d.K,
+                                1, 1);
+        // with the rows in parts (etp < tp), the sum over tp assembles them: whole where etp is
+        // 1; where it is more, the etp ranks' parts are rounded before they are added, as the
+        // weights applied after down always are
+        if (d.parts > 1) tp_sum(m, a->dweight, (size_t)n * d.K);
+    }
     // the forward's xp again, in dyp's place (dead by now); under ep the experts' rows kept
     float *xp = NULL;
     uint16_t *xp16 = NULL;
@@ -1116,10 +1195,10 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
                           f->route.local_counts, d.El, f->route.seg_counts, f->route.ep, dgu,
                           dgu16, dx16 ? NULL : dxe, dxp16,
                           dw->gu, lb_model_grad_beta(m, dw->gu), 2 * d.F, d.C);
-    if (d.ep > 1) lb_ep_combine(&f->route, ep, be, dxe, a->dxp, s->xs, d.C);
+    if (d.ep > 1) lb_ep_combine(&f->route, ep, be, dxe, dxp, s->xs, d.C);
     if (d.parts > 1) be->zero(be, dln, (size_t)n * d.C * sizeof(float));
     if (np)
-        be->moe_permute_bwd(be, dln + (size_t)o * d.C, dx16 ? NULL : a->dxp, dxp16, f->row, np,
+        be->moe_permute_bwd(be, dln + (size_t)o * d.C, dx16 ? NULL : dxp, dxp16, f->row, np,
                             d.K, d.C);
     if (sigmoid_router(c)) {   // through the routed weights alone (the bias selects only)
         be->router_sigmoid_bwd(be, &(lb_router_sigmoid_args){.n = n, .e = d.E, .k = d.K,
@@ -1294,9 +1373,11 @@ static void layer_recompute(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
     uint16_t *h16 = moe && takes16(m, l, LB_ROLE_MOE_DOWN) ? L->f.h16 : NULL;
     uint16_t *gu16 =
         moe && out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0) ? L->f.gu16 : NULL;
+    const float *rw = !moe || !weights_on_h(m, l) ? NULL : d.ep > 1 ? L->f.wpe : L->f.wp;
     if (rows)
         m->be->swiglu_fwd(m->be, &(lb_swiglu_args){.out = h16 ? NULL : L->f.h, .out16 = h16,
-                .gu = gu16 ? NULL : L->f.gu, .gu16 = gu16, .n = rows, .f = moe ? d.F : d.Fd});
+                .gu = gu16 ? NULL : L->f.gu, .gu16 = gu16, .rw = rw, .n = rows,
+                .f = moe ? d.F : d.Fd});
 }
 
 // One chunk of the LM head's forward: the logits of nr rows x of lnf into m->logits (bf16

@@ -79,9 +79,15 @@ typedef struct {
     int *counts;                       // (E) host: rows per expert
     int *counts_dev;                   // (E) backend memory: the same (the cached forward's)
     float *aux_grad;                   // (E) d aux / d probs[i][j]
-    float *yp;                         // (n*k, c)
+    float *yp;                         // (n*k, c), where the weights follow down (fp32)
     float *xe, *gu, *h;                // (cap, c), (cap, 2f), (cap, f)
     size_t cap_yp, cap_xe, cap_gu, cap_h;   // grow-only: rows vary under ep
+    // Where the routed weights are applied to the SwiGLU outputs (every recipe but fp32:
+    // blocks.c weights_on_h), the weights in moe_plan order (n*k) and, under ep, as the
+    // experts received them (cap): h and h16 hold silu(gate) * up * weight, down's outputs
+    // are summed as they are, so yp is not kept.
+    float *wp, *wpe;
+    size_t cap_wp, cap_wpe;
     uint16_t *h16, *gu16, *yp16;       // (cap, pad8(f)), (cap, pad8(2f)), (n*k, pad8(c)), or NULL
     size_t cap_h16, cap_gu16, cap_yp16;
     lb_ep_route route;
@@ -100,6 +106,12 @@ typedef struct {
     // gate/up's wgrad: xp kept from forward to backward would cost (n*k, c) a layer.
     float *rows;
     uint16_t *rows16;
+    // (n*k), (cap): the gradients of the routed weights in the experts' row order, this
+    // rank's and (ep) the received rows', in double until the etp ranks' parts are added
+    // (lb_swiglu_args.drw); dw32 (n*k) the same rounded to fp32
+    double *dwp, *dwpe;
+    float *dw32;
+    size_t cap_dwp, cap_dwpe, cap_dw32;
     uint16_t *dgu16;           // a bf16 copy of dgu (takes16)
     uint16_t *dh16;            // dh as the down dgrad stored it in bf16 (out16)
     size_t cap_rows, cap_rows16, cap_dgu16, cap_dh16;

@@ -166,9 +166,12 @@ grep -q "1F1B pipeline" "$tmp/pp2.log" && ok || fail "pp2 does not report the 1F
 # Low precision under parallel layouts (doc/parallel.md): where a recipe's rounding scopes do
 # not depend on the layout (bf16, fp8-block, nvfp4-moe, mxfp4 and mxfp4 with random Hadamard
 # signs under ep2, mxfp8 under tp2 x ep2), the first two steps (loss and gradient norm) are the
-# one rank's to 1e-7, and the parameters after 10 steps stay within 2e-3 (the fp32 summation
-# orders of the layouts differ, and a last-bit difference can flip a bf16 rounding: measured
-# 6.4e-4 for bf16, 9e-5 for mxfp8, 3.4e-5 for fp8-block, below 1e-6 for the others). Before the
+# one rank's to 1e-7, and the parameters after 10 steps stay within 5e-3 (the fp32 summation
+# orders of the layouts differ, and a last-bit difference can flip a bf16 rounding, whose
+# effect grows chaotically over the steps: bf16 under ep2 over 12 seeds (1234, 1-3, 11-18),
+# 2026-12-07, reached 1.6e-3 on main with the routed weights applied after down and 4.0e-3
+# (seed 1234, this test's) with them applied to the SwiGLU output, where a router weight's
+# last bit moves a bf16 rounding of the weighted rows; median 7e-5 and 1.2e-4). Before the
 # mends: one rank rounded the experts' outputs to bf16 and ep and etp ranks did not (bf16 5e-6
 # and 1.4e-4 at step 1, 1.6e-2 in the parameters); an expert's wgrad quantized the rows of all ep
 # sources together along the tokens (fp8-block, nvfp4-moe, mxfp4: 3e-6 to 3e-5 at step 2, 1.2e-2
@@ -189,24 +192,27 @@ for run in "bf16 1 b1" "bf16 2 bep2 --set parallel.ep=2" "mxfp8 1 x1" \
         fail "$name run: $(tail -n 3 "$tmp/$name.log")"
 done
 # nvfp4-moe under tp2 (etp 2): the experts' second levels are the whole expert's (weights) and
-# the whole token's or tensor's (activations and gradients), so step 1 is one rank's too. Step 2
-# is not promised: the parameters after one step already differ from one rank's (1.2e-6 in an
-# expert's gate_up_proj, measured 2026-12-07 on main before the bf16 logits, grad_clip 0), and
-# an NVFP4 rounding that flips on such a difference moves step 2's gradient norm by 1e-5 in
-# some runs of this configuration and not in others. Later steps drift by the tp summation
-# order through bf16 roundings (parameters after 10 steps: measured 2.45e-3, hence 1e-2).
+# the whole token's or tensor's (activations and gradients) (tests/test_linear_etp.sh checks
+# them bit for bit). The steps are not one rank's even so: the attention's tp partial sums
+# change the experts' inputs and gradients in the last bit, and an NVFP4 rounding can flip on
+# that (step 1's gradient norm on main, 2026-12-07, seeds 1-6: equal for four, 2e-6 and 7.7e-6
+# apart for seeds 1 and 3; with the routed weights on the SwiGLU output, this test's seed
+# 1234 moves by 2.3e-6). The steps drift by the tp summation order through bf16 and NVFP4
+# roundings (parameters after 10 steps: measured 2.45e-3, 6.8e-3 with the weights on the
+# SwiGLU output, hence 1e-2).
 for pair in "b1 bep2" "x1 xtp2ep2" "f1 fep2" "v1 vep2" "m41 m4ep2" "h1 hep2" "v1 vtp2" \
             "v1 vtp2ep2"; do
     set -- $pair
-    steps=$(case $2 in vtp2*) echo 1 ;; *) echo 2 ;; esac)
+    steps=$(case $2 in vtp2*) echo 0 ;; *) echo 2 ;; esac)
     for key in loss grad_norm; do
+        [ "$steps" = 0 ] && continue
         d=$(max_rel_diff <(head -n $steps "$tmp/$1/metrics.jsonl") \
                          <(head -n $steps "$tmp/$2/metrics.jsonl") $key)
         echo "$1 vs $2: steps 1-$steps $key relative difference $d"
         awk -v d="$d" 'BEGIN { exit !(d <= 1e-7) }' && ok ||
             fail "$1 vs $2: steps 1-$steps $key differ by $d"
     done
-    same_params "$1 vs $2" "$(ck $1 10)" "$(ck $2 10)" "$(case $2 in vtp2*) echo 1e-2 ;; *) echo 2e-3 ;; esac)"
+    same_params "$1 vs $2" "$(ck $1 10)" "$(ck $2 10)" "$(case $2 in vtp2*) echo 1e-2 ;; *) echo 5e-3 ;; esac)"
 done
 # Activation recomputation under tp2 x pp2 x ep2 (full: its collectives run again in the
 # backward) and under sequence parallelism (selective: the gathered norms again) gives the
