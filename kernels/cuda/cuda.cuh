@@ -151,7 +151,7 @@ typedef struct {
                                    // (LB_CUDA_ATTN_DS=0: the dq kernel recomputes it)
     size_t attn_chunk;             // bytes of the bf16 backward's operands and dS tiles per
                                    // launch: it takes the batch in chunks that fit
-                                   // (LB_CUDA_ATTN_CHUNK, default 768 MiB; 0: whole)
+                                   // (LB_CUDA_ATTN_CHUNK, default 1.5 GiB; 0: whole)
     int attn_split;                // attention_cached over a bf16 cache: W warps a (token, kv
                                    // head) (LB_CUDA_ATTN_SPLIT=0: one, tc_cached16_kernel)
     int dense_tc;                  // dense bf16 and fp8-block GEMMs on those kernels too

@@ -755,7 +755,7 @@ extern "C" void lb_cuda_init_gemm(lb_backend *be)
     s = getenv("LB_CUDA_ATTN_DS");   // on unless "0"
     cx->attn_ds = !(s && *s == '0');
     s = getenv("LB_CUDA_ATTN_CHUNK");   // bytes; the backward's scratch stays about this size
-    cx->attn_chunk = s && *s ? (size_t)strtoull(s, NULL, 10) : (size_t)768 << 20;
+    cx->attn_chunk = s && *s ? (size_t)strtoull(s, NULL, 10) : (size_t)1536 << 20;
     s = getenv("LB_CUDA_ATTN_SPLIT");   // attention_tc.cu's decode kernel of W warps; on unless "0"
     cx->attn_split = !(s && *s == '0');
     s = getenv("LB_CUDA_GROUPED_STREAMS");

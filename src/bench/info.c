@@ -77,13 +77,13 @@ static int check_layout(const lb_config *c, int world_size)
 // copies of q, dout, k and v (head dims in 16s) and the dS tiles of the causal square in 64-row
 // tiles, hq T (T + 1) / 2 of them a batch element, T = ceil(t / 64), while they take at most
 // 4 GiB (else the kernel that recomputes them). The chunk: the most batch elements whose copies
-// and tiles fit 768 MiB (LB_CUDA_ATTN_CHUNK), at least one. Head dims of 64 and 128 only (the
+// and tiles fit 1.5 GiB (LB_CUDA_ATTN_CHUNK), at least one. Head dims of 64 and 128 only (the
 // wgmma kernels); 256-byte aligned pieces.
 static size_t attn_bwd_scratch(size_t b, size_t t, size_t hq, size_t hkv, size_t d)
 {
     size_t al = 256, d16 = (d + 15) / 16 * 16, T = (t + 63) / 64;
     const char *env = getenv("LB_CUDA_ATTN_CHUNK");
-    size_t chunk = env && *env ? (size_t)strtoull(env, NULL, 10) : (size_t)768 << 20;
+    size_t chunk = env && *env ? (size_t)strtoull(env, NULL, 10) : (size_t)1536 << 20;
 #define AL(x) (((x) + al - 1) / al * al)
     size_t work = 0;
     for (size_t bc = b; bc >= 1; bc--) {
