@@ -76,6 +76,13 @@ b0=$(bk) b1=$(bk --set run.backend=cuda) b2=$(bk --set run.backend=cuda --set tr
 # LM head's bf16 logits leave it x alone: 0.25 MiB)
 b3=$(bk --set run.backend=cuda --set precision.recipe=bf16 --set model.head_dim=64)
 [ "$b3" = "616.520" ] && ok || fail "info: backend memory $b3 MiB in bf16 with heads of 64"
+# the 4-layer Qwen3-30B-A3B proxy's training step in bf16 on CUDA, fp32 master weights and
+# moments, fits an 80 GB card with room: at most 66 GiB in all, its activations at most 13 GiB
+# (measured on an H100 at 65.8 GiB, doc/benchmarks.md)
+read -r pa pt < <("$bin" info "$src/examples/qwen3-30b-a3b-4l.cfg" --set run.backend=cuda \
+    --set precision.recipe=bf16 2>&1 | awk '/rank  tp/ { getline; print $(NF - 1), $NF }')
+awk -v a="$pa" -v t="$pt" 'BEGIN { exit !(a > 0 && a <= 13 * 1024 && t > 0 && t <= 66 * 1024) }' &&
+    ok || fail "info: the proxy in bf16 needs $pt MiB, activations $pa MiB (at most 66, 13 GiB)"
 
 # configuration mistakes
 printf '[train]\nsteps = 10\nlerning_rate = 0.1\n' > "$tmp/typo.cfg"
