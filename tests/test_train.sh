@@ -91,6 +91,15 @@ awk -v f="$(first "$tmp/ft/metrics.jsonl")" -v z="$(first "$tmp/fresh/metrics.js
     --set run.out_dir="$tmp/ft2" --set checkpoint.init="$tmp/learn/checkpoints/step_00000120.safetensors" \
     > "$tmp/ft2.log" 2>&1 || fail "checkpoint.init with another model accepted"
 grep -q "model.hidden_size differs from the model in" "$tmp/ft2.log" || fail "no message: $(cat "$tmp/ft2.log")"
+# 3c. checkpoint.save_minutes: a save whenever that long has passed (here a few milliseconds:
+#     every step) beside save_every's; the progress line says the step's time and the time run.
+"$bin" train "$src/examples/tiny-moe.cfg" "${small[@]}" --set train.steps=3 --set train.warmup_steps=0 \
+    --set train.log_every=1 --set checkpoint.save_minutes=0.00001 --set run.out_dir="$tmp/minutes" \
+    > "$tmp/minutes.log"
+[ "$(ls "$tmp/minutes/checkpoints" | grep -c '^step_0000000[123].safetensors$')" = 3 ] ||
+    fail "save_minutes: $(ls "$tmp/minutes/checkpoints" | tr '\n' ' ')"
+grep -Eq '^step     2/3 \| .* \| [0-9]+ ms/step \| mem [0-9]+ MiB \| 0m[0-9]{2}s in, ETA ' "$tmp/minutes.log" ||
+    fail "progress line: $(grep '^step     2/3' "$tmp/minutes.log")"
 # 4. Every precision recipe trains: finite losses that fall over 20 steps.
 for r in bf16 fp8-block mxfp8 nvfp4-moe mxfp4; do
     "$bin" train "$src/examples/tiny-moe.cfg" "${small[@]}" --set train.steps=20 \

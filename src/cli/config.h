@@ -46,6 +46,7 @@ typedef struct {
     } train;
     struct {
         int save_every;            // steps, 0 = only at the end
+        double save_minutes;       // also save when this long has passed since the last (0: off)
         int keep;                  // keep the last K checkpoints
         char resume[LB_PATH_MAX];  // "" none, "auto" latest in out_dir, or a path
         char init[LB_PATH_MAX];    // "" none, or a checkpoint whose weights a new run starts from

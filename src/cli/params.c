@@ -98,6 +98,9 @@ static const lb_param rows[] = {
     // [checkpoint] -----------------------------------------------------------------------------
     LB_P(checkpoint, save_every, I, "0", -1, BIG, NULL,
          "save every N steps, 0 = only at the end, -1 = never (benchmarks)"),
+    LB_P(checkpoint, save_minutes, F, "0", 0, 1e6, NULL,
+         "lowbit train: also save when this many minutes have passed since the run started or "
+         "last saved (rank 0's clock decides for every rank), 0 = off"),
     LB_P(checkpoint, keep, I, "2", 1, 1000000, NULL, "keep the last K checkpoints"),
     LB_P(checkpoint, resume, S, "", 0, 0, NULL,
          "\"\" = start fresh, auto = newest checkpoint in run.out_dir, else a checkpoint path"),

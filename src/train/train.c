@@ -74,6 +74,7 @@ typedef struct {
     int32_t **in, **tg;                 // (M) the step's micro-batches of this rank
     double *sums;                       // the step's loss sums (add_losses)
     double t0;                          // when the first step started
+    double last_save;                   // when the last checkpoint was saved (or t0)
     int first;                          // the first step of this run
     int tty, pending;                   // progress on a terminal (tty_columns); a line is on it
     double t_init;                      // when the command started (MLPerf's init_start), ms
@@ -390,7 +391,7 @@ static void train_alloc(train_run *x)
         x->tg[j] = lb_malloc((size_t)x->B * x->T * sizeof(int32_t));
     }
     x->stage = pipeline_stage(x);
-    x->t0 = lb_now();
+    x->t0 = x->last_save = lb_now();
     x->tty = x->run.root && x->c->train.log_every > 0 ? tty_columns() : 0;
     x->first = (int)x->st.step + 1;
 }
@@ -421,16 +422,18 @@ static void log_step(train_run *x, int step, double loss, const double sums[2], 
     const long tokens_step = (long)x->B * x->T * x->G;   // the global batch
     double tok_s = tokens_step / dt;
     int done = step - x->first + 1, left = c->train.steps - step;
-    char eta[32];
+    char eta[32], ran[32];
     fmt_duration(eta, sizeof eta, (now - x->t0) / done * left);
+    fmt_duration(ran, sizeof ran, now - x->t0);
     const int logged = c->train.log_every > 0 &&
                        (step % c->train.log_every == 0 || step == c->train.steps);
     if (logged) {
         tty_clear(&x->pending);
         printf("step %5d/%d | loss %.4f | lr %.2e | norm %.4f | %.0f tok/s | %.2f TFLOP/s | "
-               "mem %.0f MiB | ETA %s\n",
+               "%.0f ms/step | mem %.0f MiB | %s in, ETA %s\n",
                step, c->train.steps, loss, lr, norm, tok_s,
-               tok_s * lb_model_flops_per_token(&x->m->cfg, x->T) / 1e12, max_rss_mib(), eta);
+               tok_s * lb_model_flops_per_token(&x->m->cfg, x->T) / 1e12, dt * 1e3,
+               max_rss_mib(), ran, eta);
     } else if (x->tty) {
         char line[160];
         int w = snprintf(line, sizeof line, "step %d/%d | loss %.4f | %.0f tok/s | ETA %s",
@@ -495,6 +498,18 @@ static int stop_requested(lb_comm *comm)
     return any > 0.0;
 }
 
+// checkpoint.save_minutes: whether that long has passed since the last save (or the start) by
+// rank 0's clock, the same answer on every rank (a save is collective).
+static int save_time_due(train_run *x, double now)
+{
+    const double minutes = x->c->checkpoint.save_minutes;
+    if (minutes <= 0.0) return 0;
+    lb_comm *comm = x->run.world;
+    double due = x->run.root && now - x->last_save >= minutes * 60.0;
+    if (comm->size > 1) due = lb_comm_allreduce_sum(comm, due);
+    return due > 0.0;
+}
+
 // One optimizer step: the micro-batches through the pipeline schedule, the loss over all
 // ranks, the update, the log, validation and the checkpoint when due (and when an MLPerf
 // evaluation reached the target, which ends the run: returns 1).
@@ -526,11 +541,13 @@ static int train_step(train_run *x, int step)
     int stop = train_validate(x, step);
     if (r->root) fflush(stdout);
     int sig = stop_requested(comm);
-    if (lb_run_save_due(c, step, stop || sig ? step : c->train.steps)) {
+    if (lb_run_save_due(c, step, stop || sig ? step : c->train.steps) ||
+        (c->checkpoint.save_every >= 0 && save_time_due(x, lb_now()))) {
         if (r->root) tty_clear(&x->pending);
         x->st.step = step;
         lb_loader_tell(x->train, &x->st.loader_shard, &x->st.loader_pos);   // the same everywhere
         lb_run_save(r, &x->st, x->ini);
+        x->last_save = lb_now();
     }
     if (sig && r->root)
         printf("stopped by %s after step %d%s\n", stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
