@@ -672,6 +672,7 @@ typedef enum {
 
 struct lb_backend {
     const char *name;   // "cpu", "cuda"
+    char device[128];   // the device in words, for provenance ("NVIDIA H100 80GB HBM3, device 0")
     void *ctx;          // backend-private state
     // 1 = every operation bitwise reproducible and batch invariant (the default); 0 lets a
     // backend use faster library paths that are not (the CPU's GEMM then calls OpenBLAS).

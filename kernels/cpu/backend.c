@@ -122,6 +122,7 @@ lb_backend *lb_backend_cpu_create(int threads, char *err, size_t errlen)
         lb_cpu_init_optim, lb_cpu_init_quant, lb_cpu_init_sample,
     };
     lb_backend *be = lb_backend_new("cpu", ctx, init, (int)(sizeof init / sizeof *init));
+    snprintf(be->device, sizeof be->device, "host, %d thread%s", threads, threads == 1 ? "" : "s");
 
     // Process-wide defaults for code outside the table; the operations themselves name the
     // backend's count on every parallel loop and BLAS call (see lb_cpu_threads).

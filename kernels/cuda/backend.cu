@@ -305,6 +305,7 @@ extern "C" lb_backend *lb_backend_cuda_create(int device, char *err, size_t errl
         lb_cuda_init_sample,
     };
     lb_backend *be = lb_backend_new("cuda", cx, init, (int)(sizeof init / sizeof *init));
+    snprintf(be->device, sizeof be->device, "%s, device %d", prop.name, device);
     LB_CUDA_WAIT(cx);
     return be;
 }

@@ -323,8 +323,23 @@ void lb_run_resume_path(const lb_run *r, char *out, size_t outlen)
     }
 }
 
-int lb_run_config_write(const lb_config *c, const char *ini, int world, char *err,
-                        size_t errlen)
+char *lb_run_ini(const lb_run *r)
+{
+    const lb_config *c = r->c;
+    char *ini = lb_config_to_ini(c);
+    const int world = r->world->size;
+    size_t n = strlen(ini) + strlen(c->command) + 512;
+    char *out = lb_malloc(n);
+    // provenance as comments (the parser skips them): what made the run, and how
+    snprintf(out, n, "# lowbit %s (commit %s)\n# command: %s\n# %d rank%s, run.backend %s (%s)\n%s",
+             PACKAGE_VERSION, LB_GIT_COMMIT, c->command[0] ? c->command : "(none)", world,
+             world == 1 ? "" : "s", c->run.backend, r->be && r->be->device[0] ? r->be->device : "-",
+             ini);
+    free(ini);
+    return out;
+}
+
+int lb_run_config_write(const lb_config *c, const char *ini, char *err, size_t errlen)
 {
     char path[LB_PATH_MAX + 16], pattern[LB_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/config.ini", c->run.out_dir);
@@ -332,10 +347,6 @@ int lb_run_config_write(const lb_config *c, const char *ini, int world, char *er
     lb_atomic_sweep(pattern);   // a killed run's
     lb_atomic_file a;
     if (lb_atomic_open(&a, path, err, errlen) != 0) return -1;
-    // provenance as comments (the parser skips them): what made the run, and how
-    fprintf(a.f, "# lowbit %s (commit %s)\n# command: %s\n# %d rank%s, run.backend %s\n",
-            PACKAGE_VERSION, LB_GIT_COMMIT, c->command[0] ? c->command : "(none)", world,
-            world == 1 ? "" : "s", c->run.backend);
     fputs(ini, a.f);
     if (lb_atomic_commit(&a, err, errlen) != 0) return -1;
     if (c->run.verbose) printf("# resolved configuration\n%s\n", ini);

@@ -107,11 +107,13 @@ const char *lb_key_where(const lb_config *c, const char *section, const char *ke
 // that model. A [model] key that c sets to another value than the checkpoint's is an error
 // naming both.
 int lb_model_config_from_checkpoint(lb_config *c, const char *path, char *err, size_t errlen);
-// Rank 0 of a run: the resolved configuration ini into OUT_DIR/config.ini (atomic), after
-// comments that say what made it (version, commit, command line, world ranks, backend), and one
-// line that names it, or with run.verbose the whole text. 0, or -1 with a message.
-int lb_run_config_write(const lb_config *c, const char *ini, int world, char *err,
-                        size_t errlen);
+// The run's resolved configuration (malloc'd INI text), after comments that say what made it:
+// version and commit, the command line, the world's ranks, the backend and its device. Every
+// checkpoint of the run stores this text, config.ini holds it.
+char *lb_run_ini(const lb_run *r);
+// Rank 0 of a run: ini (lb_run_ini's) into OUT_DIR/config.ini (atomic), and one line that
+// names it, or with run.verbose the whole text. 0, or -1 with a message.
+int lb_run_config_write(const lb_config *c, const char *ini, char *err, size_t errlen);
 // Whether step is due a checkpoint: every checkpoint.save_every steps and the last one
 // (save_every -1: never).
 int lb_run_save_due(const lb_config *c, int step, int last);

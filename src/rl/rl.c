@@ -1024,8 +1024,8 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
         rl_free(x);
         return 1;
     }
-    x->ini = lb_config_to_ini(c);
-    int bad = x->root && lb_run_config_write(c, x->ini, x->run.world->size, err, sizeof err) != 0;
+    x->ini = lb_run_ini(&x->run);
+    int bad = x->root && lb_run_config_write(c, x->ini, err, sizeof err) != 0;
     if (lb_run_failed(&x->run, bad, err)) {
         rl_free(x);
         return 1;

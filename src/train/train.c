@@ -352,10 +352,10 @@ static int train_announce(train_run *x)
     const lb_config *c = x->c;
     lb_run *r = &x->run;
     const lb_model *m = x->m;
-    x->ini = lb_config_to_ini(c);
+    x->ini = lb_run_ini(&x->run);
     char layout[256];
     lb_grid_describe(&r->grid, layout, sizeof layout);
-    if (lb_run_failed(r, r->root && lb_run_config_write(c, x->ini, r->world->size, err,
+    if (lb_run_failed(r, r->root && lb_run_config_write(c, x->ini, err,
                                                         sizeof err) != 0, err))
         return 1;
     if (r->root) {
