@@ -70,6 +70,13 @@ cp -r "$tmp/a" "$tmp/c"
 diff <(strip "$tmp/a/metrics.jsonl") <(strip "$tmp/c/metrics.jsonl") ||
     fail "resumed in place: metrics.jsonl does not hold one row a step (steps 5-8 repeated?)"
 
+# 2c. A resume names the keys changed since the checkpoint (the [model] keys are refused).
+grep -q "at step 4; changed since: run.out_dir $tmp/a -> $tmp/b$" "$tmp/b.log" ||
+    fail "resume: $(grep resumed "$tmp/b.log")"
+"$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set run.out_dir="$tmp/b2" \
+    --set train.lr=0.001 --set checkpoint.resume="$ck" > "$tmp/b2.log"
+grep -q "changed since: run.out_dir $tmp/a -> $tmp/b2, train.lr 0.003 -> 0.001$" "$tmp/b2.log" ||
+    fail "resume with another lr: $(grep resumed "$tmp/b2.log")"
 # 3. resume = auto picks the newest checkpoint in out_dir: nothing left to do at step 8.
 "$bin" train "$src/examples/tiny-moe.cfg" "${run[@]}" --set run.out_dir="$tmp/a" \
     --set checkpoint.resume=auto > "$tmp/auto.log"

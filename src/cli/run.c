@@ -421,6 +421,34 @@ int lb_run_same_model(const lb_config *c, const char *path, char *err, size_t er
     return 0;
 }
 
+void lb_run_changed_keys(const lb_config *c, const char *path, char *out, size_t outlen)
+{
+    lb_config ck;
+    char err[1024];
+    size_t used = 0;
+    out[0] = 0;
+    if (lb_run_checkpoint_config(path, &ck, err, sizeof err) != 0) return;
+    for (int i = 0; i < lb_nparams; i++) {
+        const lb_param *p = &lb_params[i];
+        if (!strcmp(p->section, "model") ||
+            (!strcmp(p->section, "checkpoint") &&
+             (!strcmp(p->key, "resume") || !strcmp(p->key, "init"))))
+            continue;   // the model is refused when changed; resume names the checkpoint itself
+        if (!memcmp((const char *)c + p->offset, (const char *)&ck + p->offset, p->size))
+            continue;
+        char mine[160], theirs[160];
+        lb_param_format(c, p, mine, sizeof mine);
+        lb_param_format(&ck, p, theirs, sizeof theirs);
+        int w = snprintf(out + used, outlen - used, "%s%s.%s %s -> %s", used ? ", " : "",
+                         p->section, p->key, theirs, mine);
+        if (w < 0 || (size_t)w >= outlen - used) {   // cut: say so and stop
+            if (outlen > 4) snprintf(out + outlen - 5, 5, "...");
+            return;
+        }
+        used += (size_t)w;
+    }
+}
+
 static int param_index(const char *section, const char *key)
 {
     for (int i = 0; i < lb_nparams; i++)

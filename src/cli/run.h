@@ -99,6 +99,10 @@ int lb_run_checkpoint_config(const char *path, lb_config *out, char *err, size_t
 // continues that model; a changed rope_theta or num_experts_per_tok changes no tensor's shape,
 // so the load alone would take it); else -1 with a message naming the first key that differs.
 int lb_run_same_model(const lb_config *c, const char *path, char *err, size_t errlen);
+// The keys outside [model] whose values in c differ from those stored in the checkpoint at
+// path ("train.lr 0.0003 -> 0.0001, ..."), for the line that reports a resume; "" when none
+// (or when the file's configuration does not read).
+void lb_run_changed_keys(const lb_config *c, const char *path, char *out, size_t outlen);
 // "FILE:LINE: " (or "FILE: ") where section.key was set, for messages; "" when not from a file.
 const char *lb_key_where(const lb_config *c, const char *section, const char *key, char *buf,
                          size_t len);

@@ -547,8 +547,12 @@ static int rl_load(rl_run *x)
               (x->ref && lb_checkpoint_load_weights(c->rl.init, x->ref, comm, &c->parallel, err,
                                                     sizeof err) != 0);
     if (lb_run_failed(&x->run, bad, err)) return 1;
-    if (x->resume[0] && x->root)
-        printf("resumed from %s at step %" PRId64 "\n", x->resume, x->st.step);
+    if (x->resume[0] && x->root) {
+        char changed[2048];
+        lb_run_changed_keys(c, x->resume, changed, sizeof changed);
+        printf("resumed from %s at step %" PRId64 "%s%s\n", x->resume, x->st.step,
+               changed[0] ? "; changed since: " : "", changed);
+    }
     x->smp = lb_sampler_create(x->m, &x->sc, x->T, err, sizeof err);
     lb_sampler_config gc = x->sc;
     gc.top_k = 1;

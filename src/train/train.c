@@ -307,7 +307,12 @@ static int train_load(train_run *x)
         bad = 1;
     }
     if (lb_run_failed(r, bad, err)) return 1;
-    if (r->root) printf("resumed from %s at step %" PRId64 "\n", x->resume, x->st.step);
+    if (r->root) {
+        char changed[2048];
+        lb_run_changed_keys(x->c, x->resume, changed, sizeof changed);
+        printf("resumed from %s at step %" PRId64 "%s%s\n", x->resume, x->st.step,
+               changed[0] ? "; changed since: " : "", changed);
+    }
     return 0;
 }
 
