@@ -1,4 +1,5 @@
 // main.c: lowbit <command> [FILE.cfg] [--set section.key=value ...], launched with mpirun.
+// FILE may also be a lowbit checkpoint: its stored configuration is read.
 // Rank 0 reads the parameter file and broadcasts its text; every rank parses the same text, so
 // every rank reaches the same configuration or the same error.
 #include <stdio.h>
@@ -7,6 +8,7 @@
 #include "lb_autoconf.h"
 #include "src/cli/commands.h"
 #include "src/cli/util.h"
+#include "src/io/checkpoint.h"
 #include "src/io/mllog.h"
 
 typedef struct {
@@ -183,7 +185,12 @@ int main(int argc, char **argv)
     lb_config_defaults(&cfg);
     int i = first;
     if (i < argc && strncmp(argv[i], "--", 2) != 0) {
-        char *text = read_everywhere(&comm, argv[i], err, sizeof err);
+        // FILE: a parameter file, or a lowbit checkpoint, whose stored configuration (its run's
+        // config.ini) is read instead: `lowbit info step_00000300.safetensors`
+        size_t len = strlen(argv[i]);
+        int ck = len > 12 && !strcmp(argv[i] + len - 12, ".safetensors");
+        char *text = ck ? lb_checkpoint_config(argv[i], err, sizeof err)
+                        : read_everywhere(&comm, argv[i], err, sizeof err);
         if (!text || lb_config_parse(&cfg, text, argv[i], err, sizeof err) != 0) {
             if (comm.rank == 0) fprintf(stderr, "%s\n", err);
             free(text);
