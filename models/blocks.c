@@ -628,14 +628,11 @@ static void ffn_create(lb_model *m, lb_ffn_acts *f, int n)
         f->counts = lb_calloc(d.E, sizeof(int));
         f->counts_dev = be->alloc(be, (size_t)d.E * sizeof(int));
         f->aux_grad = falloc(be, d.E);
-        if (out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1, 0))
-            grow16(be, &f->yp16, &f->cap_yp16, n16(rows, d.C));
-        if (!weights_on_h_layers(m, 1) && !out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1, 1))
-            grow(be, &f->yp, &f->cap_yp, rows * d.C);
+        // down's routed outputs stay fp32 (out16), kept where the weights follow down
+        if (!weights_on_h_layers(m, 1)) grow(be, &f->yp, &f->cap_yp, rows * d.C);
         if (weights_on_h_layers(m, 0)) grow(be, &f->wp, &f->cap_wp, rows);
         if (out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0, 0))
             grow16(be, &f->gu16, &f->cap_gu16, n16(rows, 2 * d.F));
-        // h16 as h
         if (takes16_layers(m, LB_ROLE_MOE_DOWN, 0))
             grow16(be, &f->h16, &f->cap_h16, n16(rows, d.F));   // a shared one is big enough
     }
@@ -657,7 +654,7 @@ static void ffn_free(lb_model *m, lb_ffn_acts *f)
 {
     lb_backend *be = m->be;
     void *bufs[] = {f->rlogits, f->probs, f->weight, f->idx, f->row, f->aux_grad, f->yp,
-                    f->xe, f->gu, f->h, f->h16, f->gu16, f->yp16, f->wp, f->wpe,
+                    f->xe, f->gu, f->h, f->h16, f->gu16, f->wp, f->wpe,
                     f->counts_dev, f->sgu, f->sh};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
@@ -1020,14 +1017,11 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
     if (!dev) lb_ep_route_plan(&f->route, ep, be, f->counts, d.E);
     size_t nr = dev ? (size_t)np * d.K : (size_t)f->route.nrecv;
     size_t big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
-    // the expert GEMMs' outputs, in bf16 where their readers take it (out16)
-    const int y16 = out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1);
+    // gate/up's outputs in bf16 where their readers take it (out16); down's routed ones in
+    // fp32, scratch in xp's place (read by gate/up already) where the weights are on h
     const int g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0);
-    uint16_t *yp16 = y16 ? grow16(be, &f->yp16, &f->cap_yp16, n16((size_t)n * d.K, d.C)) : NULL;
-    // weights on h: down's outputs are scratch, in xp's place (read by gate/up already)
-    float *yp = y16 ? NULL
-                : wh ? grow(be, &s->rows, &s->cap_rows, (size_t)n * d.K * d.C)
-                     : grow(be, &f->yp, &f->cap_yp, (size_t)n * d.K * d.C);
+    float *yp = wh ? grow(be, &s->rows, &s->cap_rows, (size_t)n * d.K * d.C)
+                   : grow(be, &f->yp, &f->cap_yp, (size_t)n * d.K * d.C);
     float *xe = xp, *ye = yp;
     if (d.ep > 1) {
         xe = grow(be, &f->xe, &f->cap_xe, nr * d.C);
@@ -1053,15 +1047,15 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
             .rw = wr, .n = (int)nr, .f = d.F});
     if (dev)
         lb_linear_experts_fwd(lin, l, LB_ROLE_MOE_DOWN, h, h16, w->cdown, f->counts_dev, d.El,
-                              (int)nr, ye, yp16, d.C, d.F);
+                              (int)nr, ye, NULL, d.C, d.F);
     else
         lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, h, h16, w->down, w->cdown,
-                              f->route.local_counts, d.El, ye, yp16, d.C, d.F);
+                              f->route.local_counts, d.El, ye, NULL, d.C, d.F);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, ye, yp, s->xs, d.C);
     if (d.parts > 1) be->zero(be, out, (size_t)n * d.C * sizeof(float));
     if (np)
         be->moe_combine(be, &(lb_moe_combine_args){.out = out + (size_t)o * d.C, .yp = yp,
-                .yp16 = yp16, .weight = wh ? NULL : f->weight + (size_t)o * d.K, .row = f->row,
+                .weight = wh ? NULL : f->weight + (size_t)o * d.K, .row = f->row,
                 .n = np, .k = d.K, .c = d.C});
     if (w->sgu) {   // the shared experts on every row, added to the routed output (tp partial)
         lb_linear_fwd16(lin, l, LB_ROLE_MLP_GATE_UP, ln, ln16, w->sgu, w->csgu, 0, f->sgu, n,
@@ -1119,7 +1113,6 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     // where there is a copy, only GEMMs would read dyp
     float *dyp = dyp16 ? NULL : grow(be, &s->rows, &s->cap_rows, (size_t)np * d.K * d.C);
     // the forward's outputs as it stored them, and the backward's to store alike (out16)
-    const int y16 = out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_FPROP, 1);
     const int g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0);
     const int dx16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_DGRAD, 1);
     const int dh16 = out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD, 0);
@@ -1129,9 +1122,7 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     if (np)
         be->moe_combine_bwd(be, &(lb_moe_combine_args){.dyp = dyp, .dyp16 = dyp16,
                 .dweight = wh ? NULL : a->dweight + (size_t)o * d.K,
-                .dout = dout + (size_t)o * d.C, .yp = y16 || wh ? NULL : f->yp,
-                .yp16 = y16 && !wh ? f->yp16 : NULL,
-                .weight = wh ? NULL : f->weight + (size_t)o * d.K, .row = f->row, .n = np,
+                .dout = dout + (size_t)o * d.C, .yp = wh ? NULL : f->yp, .weight = wh ? NULL : f->weight + (size_t)o * d.K, .row = f->row, .n = np,
                 .k = d.K, .c = d.C});
     // yp held this rank's etp share of its part's expert outputs: the sum over tp gives every
     // row's combine-weight gradient whole

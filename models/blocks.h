@@ -71,8 +71,8 @@ typedef struct {
 // backward's wgrad; only GEMMs read h, so where there is a copy the fp32 values are neither
 // written nor, where every layer takes copies, allocated. xp is not kept: it is ln's rows
 // repeated, made again in the backward (lb_moe_scratch.rows, .rows16); under ep the rows the
-// experts received (xe) are. gu16 and yp16: gu and yp as the expert GEMMs stored them in bf16
-// (out16), held instead of gu and yp.
+// experts received (xe) are. gu16: gu as the expert GEMMs stored it in bf16 (out16), held
+// instead of gu.
 typedef struct {
     float *rlogits, *probs, *weight;   // (n, E), (n, E), (n, k)
     int32_t *idx, *row;                // (n, k)
@@ -88,8 +88,8 @@ typedef struct {
     // are summed as they are, so yp is not kept.
     float *wp, *wpe;
     size_t cap_wp, cap_wpe;
-    uint16_t *h16, *gu16, *yp16;       // (cap, pad8(f)), (cap, pad8(2f)), (n*k, pad8(c)), or NULL
-    size_t cap_h16, cap_gu16, cap_yp16;
+    uint16_t *h16, *gu16;              // (cap, pad8(f)), (cap, pad8(2f)), or NULL
+    size_t cap_h16, cap_gu16;
     lb_ep_route route;
     float *sgu, *sh;                   // the shared experts' (n, 2 fs), (n, fs), or NULL
 } lb_ffn_acts;
