@@ -198,7 +198,8 @@ typedef struct {
     const float *res;
     float *sum;
     // forward: out16 NULL, or out rounded to bf16 as to_bf16 writes it, (n, pad8(c)): the next
-    // GEMM's operand (lb_gemm_args.a16), written while the value is at hand
+    // GEMM's operand (lb_gemm_args.a16), written while the value is at hand. With out16, out
+    // may be NULL (not written): where only bf16 GEMMs read the norm's output.
     uint16_t *out16;
     // backward: dx (n, c) = the gradient (rounded to fp32) + dx_beta dx, dx not read when
     // dx_beta is 0 (1: a residual's gradient added in place, the same bits as add() after it);
@@ -229,6 +230,10 @@ typedef struct {
     const float *src, *nw;
     float *rstd;
     float eps;
+    // forward only: out16 NULL, or where the result goes instead, rounded to bf16 (n, heads, d)
+    // with no padding: the bf16-mode attention's q or k (lb_attention_args.q16), which it rounds
+    // to bf16 anyway. x is then only read (the input where src is NULL), or not at all (src).
+    uint16_t *out16;
 } lb_rope_args;
 
 // attention_fwd, attention_bwd (the numerics: the struct's entries below).
@@ -242,6 +247,11 @@ typedef struct {
     float *out, *lse;
     const float *dout;     // backward
     float *dq, *dk, *dv;   // backward
+    // bf16 mode only: each NULL, or that input already in bf16 (the same layout, no padding),
+    // read instead of the fp32 one, which may then be NULL. The mode rounds q, k and v to bf16
+    // before any product, so a copy holding exactly those values gives the same bits: stored
+    // activations of half the bytes, and no rounding pass in the call.
+    const uint16_t *q16, *k16, *v16;
 } lb_attention_args;
 
 // swiglu_fwd, swiglu_bwd on a fused gate/up row: out = silu(gate) * up.

@@ -578,6 +578,24 @@ static int out16_layers(const lb_model *m, lb_role role, lb_pass pass, int route
 // gradient comes from down's dgrad instead (lb_swiglu_args.drw). Every recipe but fp32, whose
 // numbers stay those of the weights after down. (As Megatron's moe_apply_probs_on_input, one
 // GEMM later: the weighted rows are the rank's whole elements in every layout.)
+// Whether the training step stores q and k after their norms and RoPE in bf16 (lb_layer_acts
+// qr16, kr16): where the contract's attention is bf16, which rounds them to bf16 before any
+// product, so the copy is all it reads and the step's bits do not change. Not with the fp8 KV
+// cache's straight-through quantization (kv_fake_quant), which rewrites k in fp32 first.
+static int qk16(const lb_model *m) { return m->contract.attention_bf16 && !m->kv_fp8; }
+
+// Whether the training step stores the attention's input norm only in bf16 (lb_layer_acts
+// ln1_16): where the q/k/v projections are plain bf16 GEMMs in every pass of every layer of the
+// stage, the fprop and the wgrads read the norm rounded to bf16 anyway, so the step's bits do
+// not change. Not under tensor parallelism (the norm's rows are gathered in fp32).
+static int ln1_16(const lb_model *m)
+{
+    if (m->par.tp > 1) return 0;
+    for (int l = m->layer_begin; l < m->layer_end; l++)
+        if (!lb_linear_plain16(&m->lin, l, LB_ROLE_ATTN_QKV)) return 0;
+    return 1;
+}
+
 static int weights_on_h(const lb_model *m, int l)
 {
     return lb_contract_site(&m->contract, l, LB_ROLE_MOE_DOWN, LB_PASS_FPROP)->fmt !=
@@ -706,12 +724,18 @@ static void recomputable_create(lb_model *m, lb_layer_acts *L, int n, int ns)
     lb_backend *be = m->be;
     lb_dims d = lb_dims_of(m);
     size_t C = d.C, D = d.D, hq = d.hq, hkv = d.hkv;
-    L->ln1 = falloc(be, (size_t)n * C);
+    if (ln1_16(m)) L->ln1_16 = be->alloc(be, n16(n, (int)C) * sizeof(uint16_t));
+    else L->ln1 = falloc(be, (size_t)n * C);
     L->rstd1 = falloc(be, ns);
     L->qrstd = falloc(be, n * hq);
-    L->qr = falloc(be, n * hq * D);
     L->krstd = falloc(be, n * hkv);
-    L->kr = falloc(be, n * hkv * D);
+    if (qk16(m)) {
+        L->qr16 = be->alloc(be, n * hq * D * sizeof(uint16_t));
+        L->kr16 = be->alloc(be, n * hkv * D * sizeof(uint16_t));
+    } else {
+        L->qr = falloc(be, n * hq * D);
+        L->kr = falloc(be, n * hkv * D);
+    }
     L->att = falloc(be, n * hq * D);
     L->lse = falloc(be, n * hq);
     L->ln2 = falloc(be, n * C);
@@ -722,7 +746,7 @@ static void recomputable_free(lb_model *m, lb_layer_acts *L)
 {
     lb_backend *be = m->be;
     void *bufs[] = {L->ln1, L->rstd1, L->qrstd, L->qr, L->krstd, L->kr, L->att, L->lse, L->ln2,
-                    L->rstd2};
+                    L->rstd2, L->qr16, L->kr16, L->ln1_16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
 }
@@ -765,6 +789,7 @@ static void layer_create(lb_model *m, lb_layer_acts *L, int n, int ns, const lb_
         L->shared = 1;
         L->ln1 = S->ln1, L->rstd1 = S->rstd1, L->qrstd = S->qrstd, L->qr = S->qr;
         L->krstd = S->krstd, L->kr = S->kr, L->att = S->att, L->lse = S->lse;
+        L->qr16 = S->qr16, L->kr16 = S->kr16, L->ln1_16 = S->ln1_16;
         L->ln2 = S->ln2, L->rstd2 = S->rstd2;
         L->f.h = S->f.h, L->f.cap_h = S->f.cap_h;   // big enough: grow never replaces it
         L->f.h16 = S->f.h16, L->f.cap_h16 = S->f.cap_h16;
@@ -1240,9 +1265,15 @@ static lb_layer_acts *layer_at(lb_acts *a, int i)
 
 // RMSNorm of this rank's rows of x into norm's rows (all rows gathered under SP).
 void lb_norm_rows(lb_model *m, lb_acts *a, const float *x, const float *w, float *norm,
-                  float *rstd)
+                  uint16_t *norm16, float *rstd)
 {
     lb_dims d = lb_dims_of(m);
+    if (norm16) {   // one rank's rows are all rows
+        if (d.tp > 1) lb_die("lb_norm_rows: a bf16 norm under tensor parallelism");
+        m->be->rmsnorm_fwd(m->be, &(lb_rmsnorm_args){.out16 = norm16, .rstd = rstd, .x = x,
+                .w = w, .n = a->ns, .c = d.C, .eps = (float)m->cfg.rms_norm_eps});
+        return;
+    }
     int r0 = row_offset(m, a->ns);
     m->be->rmsnorm_fwd(m->be, &(lb_rmsnorm_args){.out = norm + (size_t)r0 * d.C, .rstd = rstd,
             .x = x, .w = w, .n = a->ns, .c = d.C, .eps = (float)m->cfg.rms_norm_eps});
@@ -1280,26 +1311,27 @@ static void qkv_bias_bwd(lb_backend *be, float *db, const float *ones, const flo
 // q and k of n rows as attention takes them: per-head RMSNorm (def->qk_norm; else a copy),
 // then RoPE at positions pos (n), with the frequencies freq (NULL: plain RoPE). The training
 // and the cached forward both go through here, so their rows are the same bits.
+// qr16, kr16: NULL, or where q and k go instead, in bf16 (the rotation reads q and k then).
 static void qk_rope_fwd(lb_model *m, const lb_layer_w *w, const float *q, const float *k,
-                        float *qr, float *kr, float *qrstd, float *krstd, const int32_t *pos,
-                        const double *freq, int n)
+                        float *qr, float *kr, uint16_t *qr16, uint16_t *kr16, float *qrstd,
+                        float *krstd, const int32_t *pos, const double *freq, int n)
 {
     lb_backend *be = m->be;
     lb_dims d = lb_dims_of(m);
     int D = d.D;
     float eps = (float)m->cfg.rms_norm_eps, theta = (float)m->cfg.rope_theta;
     const int norm = has_qk_norm(m);
-    if (!norm) {
+    if (!norm && !qr16) {
         be->copy(be, qr, q, (size_t)n * d.hq * D * sizeof(float));
         be->copy(be, kr, k, (size_t)n * d.hkv * D * sizeof(float));
     }
     // the q/k norms in the rotation's call (rope's src): one pass each
-    be->rope(be, &(lb_rope_args){.x = qr, .pos = pos, .n = n, .heads = d.hq, .d = D,
-            .theta = theta, .rot = rope_rot(&m->cfg), .inv_freq = freq,
-            .src = norm ? q : NULL, .nw = w->qn, .rstd = qrstd, .eps = eps});
-    be->rope(be, &(lb_rope_args){.x = kr, .pos = pos, .n = n, .heads = d.hkv, .d = D,
-            .theta = theta, .rot = rope_rot(&m->cfg), .inv_freq = freq,
-            .src = norm ? k : NULL, .nw = w->kn, .rstd = krstd, .eps = eps});
+    be->rope(be, &(lb_rope_args){.x = qr16 && !norm ? (float *)q : qr, .out16 = qr16, .pos = pos,
+            .n = n, .heads = d.hq, .d = D, .theta = theta, .rot = rope_rot(&m->cfg),
+            .inv_freq = freq, .src = norm ? q : NULL, .nw = w->qn, .rstd = qrstd, .eps = eps});
+    be->rope(be, &(lb_rope_args){.x = kr16 && !norm ? (float *)k : kr, .out16 = kr16, .pos = pos,
+            .n = n, .heads = d.hkv, .d = D, .theta = theta, .rot = rope_rot(&m->cfg),
+            .inv_freq = freq, .src = norm ? k : NULL, .nw = w->kn, .rstd = krstd, .eps = eps});
 }
 
 // Core attention of layer L from its q, k, v projections: q/k norms, RoPE, what an fp8 KV
@@ -1309,7 +1341,12 @@ void lb_attention_core_fwd(lb_model *m, lb_acts *a, lb_layer_acts *L, const lb_l
     lb_backend *be = m->be;
     lb_dims d = lb_dims_of(m);
     int n = a->n, D = d.D;
-    qk_rope_fwd(m, w, L->q, L->k, L->qr, L->kr, L->qrstd, L->krstd, a->pos, a->rope_freq, n);
+    if ((L->qr16 != NULL) != qk16(m))
+        lb_die("attention: the activations were made for %s q and k, and the model now wants "
+               "the other (the KV cache kind changed after they were made)",
+               L->qr16 ? "bf16" : "fp32");
+    qk_rope_fwd(m, w, L->q, L->k, L->qr, L->kr, L->qr16, L->kr16, L->qrstd, L->krstd, a->pos,
+                a->rope_freq, n);
     if (m->kv_fp8) {
         kv_fake_quant(be, L->kr, n * d.hkv, D);
         kv_fake_quant(be, L->v, n * d.hkv, D);
@@ -1317,7 +1354,8 @@ void lb_attention_core_fwd(lb_model *m, lb_acts *a, lb_layer_acts *L, const lb_l
     // The contract's attention mode; the backward and the cached forward pass the same one, so
     // the sampler's rows are this forward's bits.
     be->attention_fwd(be, &(lb_attention_args){.out = L->att, .lse = L->lse, .q = L->qr,
-            .k = L->kr, .v = L->v, .b = a->b, .t = a->t, .hq = d.hq, .hkv = d.hkv, .d = D,
+            .k = L->kr, .v = L->v, .q16 = L->qr16, .k16 = L->kr16, .b = a->b, .t = a->t,
+            .hq = d.hq, .hkv = d.hkv, .d = D,
             .bf16 = m->contract.attention_bf16});
 }
 
@@ -1331,8 +1369,8 @@ double lb_decoder_layer_fwd(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
     lb_linear *lin = &m->lin;
     lb_layer_w w = layer_weights(m, m->params, l);
     // attention block: heads split over tp, o_proj row-parallel
-    lb_norm_rows(m, a, L->x, w.ln1, L->ln1, L->rstd1);
-    lb_qkv_fwd(lin, l, &w, L->ln1, NULL, L->q, L->k, L->v, n, d);
+    lb_norm_rows(m, a, L->x, w.ln1, L->ln1, L->ln1_16, L->rstd1);
+    lb_qkv_fwd(lin, l, &w, L->ln1, L->ln1_16, L->q, L->k, L->v, n, d);
     qkv_bias_fwd(m, &w, a->ones, L->q, L->k, L->v, n);
     lb_attention_core_fwd(m, a, L, &w);
     float *part = d.tp > 1 ? a->part : L->xmid;
@@ -1341,7 +1379,7 @@ double lb_decoder_layer_fwd(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
     be->add(be, L->xmid, L->x, (size_t)ns * C);
     // feed-forward block: gate_up column-parallel, down row-parallel
     float *xnext = a->l[i + 1].x;
-    lb_norm_rows(m, a, L->xmid, w.ln2, L->ln2, L->rstd2);
+    lb_norm_rows(m, a, L->xmid, w.ln2, L->ln2, NULL, L->rstd2);
     part = d.tp > 1 ? a->part : xnext;
     double aux = lb_ffn_fwd(m, l, &w, &L->f, &a->ms, L->ln2, NULL, n, part, 1, 0);
     tp_reduce(m, part, xnext, n, C);
@@ -1356,9 +1394,9 @@ static void layer_recompute(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
 {
     lb_dims d = lb_dims_of(m);
     lb_layer_w w = layer_weights(m, m->params, m->layer_begin + i);
-    lb_norm_rows(m, a, L->x, w.ln1, L->ln1, L->rstd1);
+    lb_norm_rows(m, a, L->x, w.ln1, L->ln1, L->ln1_16, L->rstd1);
     lb_attention_core_fwd(m, a, L, &w);
-    lb_norm_rows(m, a, L->xmid, w.ln2, L->ln2, L->rstd2);
+    lb_norm_rows(m, a, L->xmid, w.ln2, L->ln2, NULL, L->rstd2);
     const int l = m->layer_begin + i, moe = layer_moe(&m->cfg, l);
     int rows = moe ? L->f.route.nrecv : a->n;
     uint16_t *h16 = moe && takes16(m, l, LB_ROLE_MOE_DOWN) ? L->f.h16 : NULL;
@@ -1539,7 +1577,8 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
         lb_linear_bwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, a->dfull, a->datt, 0.0f,
                       dw.o, lb_model_grad_beta(m, dw.o), n, C, d.hq * D);
         be->attention_bwd(be, &(lb_attention_args){.dq = a->dq, .dk = a->dk, .dv = a->dv,
-                .dout = a->datt, .q = L->qr, .k = L->kr, .v = L->v, .out = L->att, .lse = L->lse,
+                .dout = a->datt, .q = L->qr, .k = L->kr, .v = L->v, .q16 = L->qr16,
+                .k16 = L->kr16, .out = L->att, .lse = L->lse,
                 .b = b, .t = t, .hq = d.hq, .hkv = d.hkv, .d = D,
                 .bf16 = m->contract.attention_bf16});
         be->rope(be, &(lb_rope_args){.x = a->dq, .pos = a->pos, .n = n, .heads = d.hq, .d = D,
@@ -1569,8 +1608,8 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
             const float betas[3] = {lb_model_grad_beta(m, dw.q), lb_model_grad_beta(m, dw.k),
                                     lb_model_grad_beta(m, dw.v)};
             const int outs[3] = {d.hq * D, d.hkv * D, d.hkv * D};
-            lb_linear_bwd_shared(lin, l, LB_ROLE_ATTN_QKV, L->ln1, 3, ws, cs, dys, a->dln, dws,
-                                 betas, outs, n, C);
+            lb_linear_bwd_shared(lin, l, LB_ROLE_ATTN_QKV, L->ln1, L->ln1_16, 3, ws, cs, dys,
+                                 a->dln, dws, betas, outs, n, C);
         }
         tp_reduce(m, a->dln, a->dlns, n, C);
         be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dres, .dx_beta = 1.0f, .dw = dw.ln1,
@@ -1705,8 +1744,8 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
         lb_qkv_fwd(lin, l, &w, a->ln, cached_ln16(m, a, l, LB_ROLE_ATTN_QKV), a->q, a->k, a->v,
                    n, d);
         qkv_bias_fwd(m, &w, a->ones, a->q, a->k, a->v, n);
-        qk_rope_fwd(m, &w, a->q, a->k, a->qr, a->kr, a->qrstd, a->krstd, kv->pos, a->rope_freq,
-                    n);
+        qk_rope_fwd(m, &w, a->q, a->k, a->qr, a->kr, NULL, NULL, a->qrstd, a->krstd, kv->pos,
+                    a->rope_freq, n);
         if (kv->fp8) {   // the first n * hkv rows of the call's quantized k and v
             lb_quant_args qa = kv_quant_args();
             lb_qmat kq = lb_qmat_rows(&a->kq, 0, n * d.hkv);

@@ -121,9 +121,12 @@ typedef struct {
     // saved by forward, per layer. ns rows are this rank's (n / tp under sequence parallelism).
     float *x;              // (ns, c) residual entering the layer; x[layers] feeds the next stage
     float *ln1, *rstd1;    // (n, c) all rows (gathered under SP), (ns)
+    uint16_t *ln1_16;      // (n, pad8(c)) ln1 in bf16 instead (NULL: fp32; blocks.c ln1_16)
     float *q, *qrstd, *qr; // q before norm (n, hq*d), its rstd (n*hq), after norm + RoPE
     float *k, *krstd, *kr; // same for k, (n, hkv*d)
     float *v;              // (n, hkv*d)
+    // qr and kr in bf16 instead (NULL: fp32), where the attention reads bf16 (blocks.c qk16)
+    uint16_t *qr16, *kr16;
     float *att, *lse;      // (n, hq*d), (b, hq, t)
     float *xmid;           // (ns, c) residual after attention
     float *ln2, *rstd2;    // (n, c), (ns)
@@ -186,9 +189,10 @@ lb_dims lb_dims_of(const lb_model *m);
 // out16), read by bf16 GEMMs instead of rounding ln again.
 void lb_qkv_fwd(lb_linear *lin, int l, const lb_layer_w *w, const float *ln,
                 const uint16_t *ln16, float *q, float *k, float *v, int n, lb_dims d);
-// RMSNorm of this rank's rows of x into norm's rows (all rows gathered under SP).
+// RMSNorm of this rank's rows of x into norm's rows (all rows gathered under SP), or (norm16
+// given, tp 1 only) into norm16 in bf16 instead, (n, pad8(c)).
 void lb_norm_rows(lb_model *m, lb_acts *a, const float *x, const float *w, float *norm,
-                  float *rstd);
+                  uint16_t *norm16, float *rstd);
 // Core attention of layer L from its q, k, v projections: q/k norms (def->qk_norm), RoPE, what
 // an fp8 KV cache would hold (straight-through backward), attention.
 void lb_attention_core_fwd(lb_model *m, lb_acts *a, lb_layer_acts *L, const lb_layer_w *w);

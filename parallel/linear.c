@@ -531,10 +531,10 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
     linear_bwd(L, layer, role, x, w, c, e, dy, dx, dx_beta, dw, dw_beta, n, out, in, NULL);
 }
 
-void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x, int count,
-                          const float *const *w, const lb_wcache *const *c,
-                          const float *const *dy, float *dx, float *const *dw,
-                          const float *dw_beta, const int *out, int n, int in)
+void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
+                          const uint16_t *x16, int count, const float *const *w,
+                          const lb_wcache *const *c, const float *const *dy, float *dx,
+                          float *const *dw, const float *dw_beta, const int *out, int n, int in)
 {
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     const lb_site *D = lb_contract_site(L->contract, layer, role, LB_PASS_DGRAD);
@@ -551,13 +551,16 @@ void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
                               cache_b16(c[0], 0), NULL, NULL};
         for (int i = 0; i < count; i++)
             g[1 + i] = (lb_gemm_args){1, 0, out[i], in, n, 1.0f, dw_beta[i], dy[i], x, dw[i], 1,
-                                      NULL, NULL, NULL};
+                                      x16, NULL, NULL};
         L->be->gemm_grouped(L->be, count + 1, g);
         for (int i = 1; i < count; i++)
             lb_gemm_bf16_b16(L->be, 0, 0, n, in, out[i], 1.0f, dy[i], w[i], cache_b16(c[i], 0),
                              1.0f, dx);
         return;
     }
+    if (!x && n > 0)
+        lb_die("lb_linear_bwd_shared: layer %d %s has no fp32 input for a pass that is not a plain "
+               "bf16 GEMM", layer, lb_role_name(role));
     shared_x sx = {.ready = 0};
     for (int i = 0; i < count; i++)
         linear_bwd(L, layer, role, x, w[i], c[i], 0, dy[i], dx, i ? 1.0f : 0.0f, dw[i],
@@ -674,10 +677,15 @@ int lb_linear_ce_fusable(const lb_linear *L, int layer, lb_role role)
     return plain_bf16(D, F) && plain_bf16(G, F);
 }
 
-int lb_linear_ce_logits16(const lb_linear *L, int layer, lb_role role)
+int lb_linear_plain16(const lb_linear *L, int layer, lb_role role)
 {
     return lb_contract_site(L->contract, layer, role, LB_PASS_FPROP)->fmt == LB_FMT_BF16 &&
            lb_linear_ce_fusable(L, layer, role);
+}
+
+int lb_linear_ce_logits16(const lb_linear *L, int layer, lb_role role)
+{
+    return lb_linear_plain16(L, layer, role);
 }
 
 void lb_linear_fwd_c16(lb_linear *L, int layer, lb_role role, const float *x, const float *w,

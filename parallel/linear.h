@@ -100,13 +100,15 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
 // sum_i dy_i W_i (overwritten, i in order), dw_i = dy_i^T x + dw_beta[i] dw_i. A low-precision
 // x is quantized once for all the fprops, and a quantized wgrad's column-wise x once for all
 // the wgrads: the site and the operand ids are the same for every i, so are the bytes, and the
-// results are those of the separate calls. x16: as lb_linear_fwd16's, or NULL.
+// results are those of the separate calls. x16: as lb_linear_fwd16's, or NULL; where every pass
+// is a plain bf16 GEMM (lb_linear_plain16), x may be NULL where x16 is given, and the backward's
+// wgrads read x16 too.
 void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
                           const uint16_t *x16, int count, const float *const *w,
                           const lb_wcache *const *c, float *const *y, const int *out, int n,
                           int in);
-void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x, int count,
-                          const float *const *w, const lb_wcache *const *c,
+void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
+                          const uint16_t *x16, int count, const float *const *w, const lb_wcache *const *c,
                           const float *const *dy, float *dx, float *const *dw,
                           const float *dw_beta, const int *out, int n, int in);
 // The same for an LM head whose logits (n, out) met cross_entropy: dy = dloss (softmax(logits)
@@ -117,6 +119,10 @@ void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
 // bf16 copy for the dgrad), or NULL. logits16: NULL, or the logits in bf16 instead
 // (lb_linear_ce_logits16; logits then NULL), the gradient written over them.
 int lb_linear_ce_fusable(const lb_linear *L, int layer, lb_role role);
+// Whether every pass of (layer, role) is a plain bf16 GEMM (a bf16 fprop, and both backward
+// passes bf16 on the original operands): its input is then only ever read rounded to bf16, so
+// a bf16 copy may stand in for it everywhere.
+int lb_linear_plain16(const lb_linear *L, int layer, lb_role role);
 // Whether the LM head's logits are stored in bf16: every pass of (layer, role) a plain bf16
 // GEMM (a bf16 fprop, and lb_linear_ce_fusable), so the logits meet bf16 products anyway.
 int lb_linear_ce_logits16(const lb_linear *L, int layer, lb_role role);

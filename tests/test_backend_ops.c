@@ -1144,6 +1144,14 @@ static void rmsnorm_case(const test_case *tst)
             CHECK_BITS(what, hs, hs2, (size_t)n * 4);
             snprintf(what, sizeof what, "rmsnorm_fwd out16 n %d c %d (%s)", n, c, bn);
             CHECK_BITS(what, got16, want16, b16);
+            // out16 alone (out NULL): the same bf16 bits and rstd
+            be->upload(be, O16, poison16, b16);
+            be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.rstd = S2, .x = Y, .w = Wt, .n = n, .c = c,
+                    .eps = 1e-6f, .out16 = O16});
+            be->download(be, got16, O16, b16), be->download(be, hs2, S2, (size_t)n * 4);
+            snprintf(what, sizeof what, "rmsnorm_fwd out16 without out n %d c %d (%s)", n, c, bn);
+            CHECK_BITS(what, got16, want16, b16);
+            CHECK_BITS("rmsnorm_fwd out16 without out: rstd", hs, hs2, (size_t)n * 4);
             for (int i = 0; i < 4; i++) free(h[i]);
             free(hs), free(hs2), free(got16), free(want16), free(poison16);
             void *bufs[] = {X, Y, R, O, O2, S, S2, Wt, O16};
@@ -1277,6 +1285,27 @@ static void rope_case(const test_case *tst)
             CHECK_BITS(what, ha, hb, sz * 4);
             snprintf(what, sizeof what, "rope src (norm) rstd (%s)", b ? "dev" : "cpu");
             CHECK_BITS(what, hra, hrb, (size_t)nh * 4);
+            // out16: the same values rounded to bf16, with the norm (x not used) and without
+            // (x read, not written)
+            uint16_t *Y = be->alloc(be, sz * 2), *hy = lb_malloc(sz * 2), *want = lb_malloc(sz * 2);
+            be->rope(be, &(lb_rope_args){.out16 = Y, .pos = P, .n = n, .heads = heads, .d = d,
+                    .theta = 5e5f, .rot = tst->p[3], .inv_freq = F, .src = Xs, .nw = Nw,
+                    .rstd = Rb, .eps = 1e-6f});
+            be->download(be, hy, Y, sz * 2), be->download(be, hrb, Rb, (size_t)nh * 4);
+            for (size_t i = 0; i < sz; i++) want[i] = lb_f32_to_bf16(ha[i]);
+            snprintf(what, sizeof what, "rope src (norm) out16 d %d rot %d (%s)", d, rot,
+                     b ? "dev" : "cpu");
+            CHECK_BITS(what, hy, want, sz * 2);
+            CHECK_BITS("rope src (norm) out16 rstd", hra, hrb, (size_t)nh * 4);
+            be->rope(be, &(lb_rope_args){.x = Xs, .out16 = Y, .pos = P, .n = n, .heads = heads,
+                    .d = d, .theta = 5e5f, .rot = tst->p[3], .inv_freq = F});
+            be->download(be, hy, Y, sz * 2), be->download(be, ha, Xs, sz * 4);
+            const float *rot32 = b ? keep[0][0] : ref;   // this backend's rope of x in place
+            for (size_t i = 0; i < sz; i++) want[i] = lb_f32_to_bf16(rot32[i]);
+            snprintf(what, sizeof what, "rope out16 d %d rot %d (%s)", d, rot, b ? "dev" : "cpu");
+            CHECK_BITS(what, hy, want, sz * 2);
+            CHECK_BITS("rope out16 leaves x", ha, x, sz * 4);
+            be->free(be, Y), free(hy), free(want);
             free(ha), free(hb), free(hra), free(hrb);
             void *bufs[] = {Xs, A, B, Ra, Rb, Nw, P, F};
             for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -1358,6 +1387,73 @@ static void attention_case(const test_case *tst)
     dfree(Q), dfree(Kd), dfree(Vd), dfree(G), dfree(O), dfree(L), dfree(Oc), dfree(Lc);
     dfree(DQ), dfree(DK), dfree(DV);
     free(q), free(k), free(v), free(g), free(out), free(lse), free(dq), free(dk), free(dv);
+}
+
+// bf16 inputs (lb_attention_args.q16, k16, v16) on each backend: the bf16 mode reads q, k and v
+// rounded to bf16, so copies of those values must give the same bits as the fp32 inputs,
+// forward and backward, all three at once or q alone (d 40: the CUDA kernels' padded copies).
+// p: b, t, hq, hkv, d
+static void attention_io16_case(const test_case *tst)
+{
+    const int b = tst->p[0], t = tst->p[1], hq = tst->p[2], hkv = tst->p[3], d = tst->p[4];
+    size_t nq = (size_t)b * t * hq * d, nk = (size_t)b * t * hkv * d, nl = (size_t)b * hq * t;
+    float *h[4] = {randn(nq, 1), randn(nk, 1), randn(nk, 1), randn(nq, 1)};   // q, k, v, dout
+    uint16_t *h16[3];
+    const size_t cnt[4] = {nq, nk, nk, nq};
+    for (int i = 0; i < 3; i++) {
+        h16[i] = lb_malloc(cnt[i] * 2);
+        for (size_t j = 0; j < cnt[i]; j++) h16[i][j] = lb_f32_to_bf16(h[0 + i][j]);
+    }
+    lb_backend *bes[2] = {cpu, dev};
+    for (int w = 0; w < 2; w++) {
+        lb_backend *be = bes[w];
+        float *X[4];
+        uint16_t *X16[3];
+        for (int i = 0; i < 4; i++) {
+            X[i] = be->alloc(be, cnt[i] * 4);
+            be->upload(be, X[i], h[i], cnt[i] * 4);
+        }
+        for (int i = 0; i < 3; i++) {
+            X16[i] = be->alloc(be, cnt[i] * 2);
+            be->upload(be, X16[i], h16[i], cnt[i] * 2);
+        }
+        float *got[3][5];
+        for (int mode = 0; mode < 3; mode++) {   // fp32 inputs, all three bf16, q alone bf16
+            float *O = be->alloc(be, nq * 4), *L = be->alloc(be, nl * 4);
+            float *DQ = be->alloc(be, nq * 4), *DK = be->alloc(be, nk * 4);
+            float *DV = be->alloc(be, nk * 4);
+            lb_attention_args a = {.out = O, .lse = L, .b = b, .t = t, .hq = hq, .hkv = hkv,
+                                   .d = d, .bf16 = 1, .dout = X[3], .dq = DQ, .dk = DK, .dv = DV};
+            a.q = mode == 0 ? X[0] : NULL, a.q16 = mode ? X16[0] : NULL;
+            a.k = mode == 1 ? NULL : X[1], a.k16 = mode == 1 ? X16[1] : NULL;
+            a.v = mode == 1 ? NULL : X[2], a.v16 = mode == 1 ? X16[2] : NULL;
+            be->attention_fwd(be, &a);
+            be->attention_bwd(be, &a);
+            float *outs[5] = {O, L, DQ, DK, DV};
+            const size_t sizes[5] = {nq, nl, nq, nk, nk};
+            for (int i = 0; i < 5; i++) {
+                got[mode][i] = lb_malloc(sizes[i] * 4);
+                be->download(be, got[mode][i], outs[i], sizes[i] * 4);
+                be->free(be, outs[i]);
+            }
+        }
+        const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+        const size_t sizes[5] = {nq, nl, nq, nk, nk};
+        for (int mode = 1; mode < 3; mode++)
+            for (int i = 0; i < 5; i++) {
+                char what[128];
+                snprintf(what, sizeof what, "attention bf16 %s from %s (%s), b %d t %d hq %d hkv "
+                         "%d d %d", names[i], mode == 1 ? "q16 k16 v16" : "q16", w ? "dev" : "cpu",
+                         b, t, hq, hkv, d);
+                CHECK_BITS(what, got[mode][i], got[0][i], sizes[i] * 4);
+            }
+        for (int mode = 0; mode < 3; mode++)
+            for (int i = 0; i < 5; i++) free(got[mode][i]);
+        for (int i = 0; i < 4; i++) be->free(be, X[i]);
+        for (int i = 0; i < 3; i++) be->free(be, X16[i]);
+    }
+    for (int i = 0; i < 4; i++) free(h[i]);
+    for (int i = 0; i < 3; i++) free(h16[i]);
 }
 
 // The bf16 backward's two ways to dq on sm_90 (attention_tc.cu): from the dS tiles the dk/dv
@@ -4105,6 +4201,11 @@ static const test_case CASES[] = {
     CASE(ATTN, attention_case, {1, 200, 32, 4, 128, 1}, .bound = B_ATTN_BF16),
     CASE(ATTN, attention_case, {2, 77, 4, 2, 40, 1}, .bound = B_ATTN_BF16),
     CASE(ATTN, attention_bf16_ds_case, .cuda = 1),
+    CASE(ATTN, attention_io16_case, {2, 77, 4, 2, 16}),
+    CASE(ATTN, attention_io16_case, {2, 77, 4, 2, 40}),
+    CASE(ATTN, attention_io16_case, {1, 200, 32, 4, 128}),
+    CASE(ATTN, attention_io16_case, {2, 129, 4, 1, 64}),
+    CASE(ATTN, attention_io16_case, {2, 1, 4, 2, 128}),
 
     // --- SwiGLU, p (n, f): one element per lane; 16-byte rows; 16-byte rows, out16's padded
     CASE(OP(swiglu_fwd) | OP(swiglu_bwd), swiglu_case, {300, 257}, .bound = B_ROUND),

@@ -495,7 +495,7 @@ static void check_shared(const char *recipe, const char *backward, int sr, const
     const float *ws[W] = {w[0], w[1], w[2]}, *dys[W] = {dy[0], dy[1], dy[2]};
     const lb_wcache *cs[W] = {&wc[0], &wc[1], &wc[2]};
     lb_linear_fwd_shared(&L, 0, role, x, NULL, W, ws, cs, y[0], out, N, IN);
-    lb_linear_bwd_shared(&L, 0, role, x, W, ws, cs, dys, dx[0], dw[0], betas, out, N, IN);
+    lb_linear_bwd_shared(&L, 0, role, x, NULL, W, ws, cs, dys, dx[0], dw[0], betas, out, N, IN);
     for (int i = 0; i < W; i++) {
         lb_linear_fwd(&L, 0, role, x, w[i], &wc[i], 0, y[1][i], N, out[i], IN, 0.0f);
         lb_linear_bwd(&L, 0, role, x, w[i], &wc[i], 0, dy[i], dx[1], i ? 1.0f : 0.0f, dw[1][i],

@@ -69,14 +69,22 @@ static const double LOG2E = 1.44269504088896340736, LN2 = 0.69314718055994530941
 // c = log2(e) / sqrt(d), formed in double and rounded once, as the tensor-core kernels take it.
 static float attn_log2_scale(int d) { return (float)(LOG2E / sqrt((double)d)); }
 
-// y (n) = bf16(x), in parallel: elementwise, so the split never changes a value.
-static float *round_copy(lb_backend *be, const float *x, size_t n)
+// y (n) = bf16(x), or x16 widened where given (the same values when x16 holds bf16(x)), in
+// parallel: elementwise, so the split never changes a value.
+static float *round_copy(lb_backend *be, const float *x, const uint16_t *x16, size_t n)
 {
     float *y = lb_malloc((n ? n : 1) * sizeof(float));
     #pragma omp parallel for schedule(static) num_threads(lb_cpu_threads(be)) \
         if (n > LB_CPU_PAR_MIN)
-    for (size_t i = 0; i < n; i++) y[i] = lb_round_bf16(x[i]);
+    for (size_t i = 0; i < n; i++) y[i] = x16 ? lb_bf16_to_f32(x16[i]) : lb_round_bf16(x[i]);
     return y;
+}
+
+// kernels.h: bf16 inputs (q16, k16, v16) in bf16 mode only.
+static void check_inputs16(const char *what, const lb_attention_args *a)
+{
+    if (!a->bf16 && (a->q16 || a->k16 || a->v16))
+        lb_die("%s: bf16 inputs (q16, k16, v16) are read in bf16 mode only", what);
 }
 
 // Per-thread scratch of attn_row_bf16.
@@ -130,15 +138,16 @@ static void attn_row_bf16(float *oi, float *lse, const float *qi, const float *k
     *lse = (m + log2f(l)) * (float)LN2;
 }
 
-static void attention_fwd_bf16(lb_backend *be, float *out, float *lse, const float *q,
-                               const float *k, const float *v, int b, int t, int hq, int hkv,
-                               int d)
+static void attention_fwd_bf16(lb_backend *be, const lb_attention_args *a)
 {
+    float *out = a->out, *lse = a->lse;
+    int b = a->b, t = a->t, hq = a->hq, hkv = a->hkv, d = a->d;
     int group = hq / hkv;
     float c = attn_log2_scale(d);
     long rows = (long)b * hq * t;
     size_t nq = (size_t)rows * d, nk = (size_t)b * t * hkv * d;
-    float *qb = round_copy(be, q, nq), *kb = round_copy(be, k, nk), *vb = round_copy(be, v, nk);
+    float *qb = round_copy(be, a->q, a->q16, nq), *kb = round_copy(be, a->k, a->k16, nk);
+    float *vb = round_copy(be, a->v, a->v16, nk);
     #pragma omp parallel num_threads(lb_cpu_threads(be)) if (rows > 1)
     {
         row_scratch w = row_scratch_new(d);
@@ -163,8 +172,9 @@ static void cpu_attention_fwd(lb_backend *be, const lb_attention_args *args)
     const float *q = args->q, *k = args->k, *v = args->v;
     int b = args->b, t = args->t, hq = args->hq, hkv = args->hkv, d = args->d, bf16 = args->bf16;
     check_heads("attention_fwd", b, t, hq, hkv, d);
+    check_inputs16("attention_fwd", args);
     if (bf16) {
-        attention_fwd_bf16(be, out, lse, q, k, v, b, t, hq, hkv, d);
+        attention_fwd_bf16(be, args);
         return;
     }
     int group = hq / hkv;
@@ -223,6 +233,7 @@ static void cpu_attention_bwd(lb_backend *be, const lb_attention_args *args)
                 *lse = args->lse;
     int b = args->b, t = args->t, hq = args->hq, hkv = args->hkv, d = args->d, bf16 = args->bf16;
     check_heads("attention_bwd", b, t, hq, hkv, d);
+    check_inputs16("attention_bwd", args);
     int group = hq / hkv;
     double scale = 1.0 / sqrt((double)d);
     float c = attn_log2_scale(d);
@@ -232,8 +243,8 @@ static void cpu_attention_bwd(lb_backend *be, const lb_attention_args *args)
     float *qr = NULL, *kr = NULL, *vr = NULL, *gr = NULL;
     const float *qx = q, *kx = k, *vx = v, *gx = dout;   // the products' inputs
     if (bf16) {
-        qx = qr = round_copy(be, q, nq), kx = kr = round_copy(be, k, nk);
-        vx = vr = round_copy(be, v, nk), gx = gr = round_copy(be, dout, nq);
+        qx = qr = round_copy(be, q, args->q16, nq), kx = kr = round_copy(be, k, args->k16, nk);
+        vx = vr = round_copy(be, v, args->v16, nk), gx = gr = round_copy(be, dout, NULL, nq);
     }
     double *D = lb_malloc(((size_t)qrows + 1) * sizeof(double));   // (b, hq, t)
 

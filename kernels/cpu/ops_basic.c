@@ -215,11 +215,14 @@ static void cpu_rmsnorm_fwd(lb_backend *be, const lb_rmsnorm_args *args)
     float *sum = args->sum;
     uint16_t *out16 = args->out16;
     if (!res != !sum) lb_die("rmsnorm_fwd: res and sum go together");
+    if (!out && !out16) lb_die("rmsnorm_fwd: neither out nor out16");
     const int ld = (c + 7) & ~7;
+    // without out, each row into a row of this scratch, then rounded into out16
+    float *row = out ? NULL : lb_malloc((size_t)lb_cpu_threads(be) * c * sizeof(float));
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * c >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * c;
-        float *oi = out + (size_t)i * c;
+        float *oi = out ? out + (size_t)i * c : row + (size_t)omp_get_thread_num() * c;
         if (res) {   // the residual's add first, as add() makes it
             float *si = sum + (size_t)i * c;
             const float *ri = res + (size_t)i * c;
@@ -233,6 +236,7 @@ static void cpu_rmsnorm_fwd(lb_backend *be, const lb_rmsnorm_args *args)
         for (int j = 0; j < c; j++) oi[j] = (xi[j] * r) * w[j];   // as HF: w * (x * rstd)
         if (out16) lb_bf16_row(out16 + (size_t)i * ld, oi, c, ld);
     }
+    free(row);
 }
 
 // With y = x r w and r = (mean(x^2) + eps)^(-1/2):
@@ -288,6 +292,18 @@ static void cpu_rmsnorm_bwd(lb_backend *be, const lb_rmsnorm_args *args)
 // depend on how the compiler evaluates pos * freq.
 static void cpu_rope(lb_backend *be, const lb_rope_args *a)
 {
+    if (a->out16) {   // the fp32 result into a copy, then rounded where CUDA stores bf16
+        if (a->inverse) lb_die("rope: a bf16 output (out16) with the inverse rotation");
+        size_t count = (size_t)a->n * a->heads * a->d;
+        lb_rope_args f = *a;
+        f.out16 = NULL;
+        f.x = lb_malloc((count ? count : 1) * sizeof(float));
+        if (!a->src) memcpy(f.x, a->x, count * sizeof(float));
+        cpu_rope(be, &f);
+        for (size_t i = 0; i < count; i++) a->out16[i] = lb_f32_to_bf16(f.x[i]);
+        free(f.x);
+        return;
+    }
     float *x = a->x;
     const int32_t *pos = a->pos;
     const int n = a->n, heads = a->heads, d = a->d, rot = a->rot ? a->rot : a->d;

@@ -322,16 +322,18 @@ __device__ __forceinline__ size_t tc_row(int bi, int i, int h, int t, int heads,
     return (((size_t)bi * t + i) * heads + h) * d;
 }
 
-// x (rows, d) fp32 -> y (rows, d16) bf16, zero in columns d .. d16 - 1; a pair per thread.
-__global__ void tc_to_bf16_kernel(__nv_bfloat16 *y, const float *x, long rows, int d, int d16)
+// x (rows, d) fp32 or bf16 -> y (rows, d16) bf16, zero in columns d .. d16 - 1; a pair per
+// thread.
+template <typename T>
+__global__ void tc_to_bf16_kernel(__nv_bfloat16 *y, const T *x, long rows, int d, int d16)
 {
     const long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
     const int half = d16 / 2;
     if (e >= rows * half) return;
     const long r = e / half;
     const int col = (int)(e % half) * 2;
-    const float *p = x + r * d;
-    const float v0 = col < d ? p[col] : 0.0f, v1 = col + 1 < d ? p[col + 1] : 0.0f;
+    const T *p = x + r * d;
+    const float v0 = col < d ? lb_ld(p + col) : 0.0f, v1 = col + 1 < d ? lb_ld(p + col + 1) : 0.0f;
     *reinterpret_cast<uint32_t *>(y + r * d16 + col) = tc_pack(v0, v1);
 }
 
@@ -380,9 +382,9 @@ __device__ __forceinline__ void tc_load(__nv_bfloat16 *s, const __nv_bfloat16 *x
 }
 
 // Query fragments of rows i and i + 8 (g's) straight from global memory.
-template <int NK>
-__device__ __forceinline__ void tc_qfrag(uint32_t (&qa)[NK][4], const float *q0, const float *q1,
-                                         int d, int tq)
+template <int NK, typename T>
+__device__ __forceinline__ void tc_qfrag(uint32_t (&qa)[NK][4], const T *q0, const T *q1, int d,
+                                         int tq)
 {
 #pragma unroll
     for (int kk = 0; kk < NK; kk++) {
@@ -391,8 +393,8 @@ __device__ __forceinline__ void tc_qfrag(uint32_t (&qa)[NK][4], const float *q0,
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int xx = x + (e >> 1) * 8 + (e & 1);
-            v[0][e] = q0 && xx < d ? q0[xx] : 0.0f;
-            v[1][e] = q1 && xx < d ? q1[xx] : 0.0f;
+            v[0][e] = q0 && xx < d ? lb_ld(q0 + xx) : 0.0f;
+            v[1][e] = q1 && xx < d ? lb_ld(q1 + xx) : 0.0f;
         }
         qa[kk][0] = tc_pack(v[0][0], v[0][1]);
         qa[kk][1] = tc_pack(v[1][0], v[1][1]);
@@ -428,9 +430,9 @@ struct tc_smem_ld {
 // A block is TC_FWD_ROWS query rows of one (batch, head), 32 per warp (two 16-row tiles that
 // share every K and V fragment), the last rows first (tc_tile_last_first).
 // Shared memory: Q (TC_FWD_ROWS, DP), then two stages of K and V chunks (TC_KC, DP) each.
-template <int NK>
+template <int NK, typename TQ>
 __global__ void __launch_bounds__(TC_FWD_WARPS * 32)
-tc_fwd_kernel(float *out, float *lse, const float *q, const __nv_bfloat16 *kb,
+tc_fwd_kernel(float *out, float *lse, const TQ *q, const __nv_bfloat16 *kb,
               const __nv_bfloat16 *vb, int t, int hq, int hkv, int d, float c)
 {
     constexpr int DP = 16 * NK + 8, NT = TC_FWD_WARPS * 32, TILE = TC_KC * DP;
@@ -448,9 +450,9 @@ tc_fwd_kernel(float *out, float *lse, const float *q, const __nv_bfloat16 *kb,
     // chunk's barrier.
     for (int e = threadIdx.x; e < TC_FWD_ROWS * 8 * NK; e += NT) {
         const int r = e / (8 * NK), x = e % (8 * NK) * 2, i = i0 + r;
-        const float *src = q + tc_row(bi, i < t ? i : 0, h, t, hq, d);
-        const float v0 = i < t && x < d ? src[x] : 0.0f;
-        const float v1 = i < t && x + 1 < d ? src[x + 1] : 0.0f;
+        const TQ *src = q + tc_row(bi, i < t ? i : 0, h, t, hq, d);
+        const float v0 = i < t && x < d ? lb_ld(src + x) : 0.0f;
+        const float v1 = i < t && x + 1 < d ? lb_ld(src + x + 1) : 0.0f;
         *reinterpret_cast<uint32_t *>(qs + r * DP + x) = tc_pack(v0, v1);
     }
     const tc_qsmem qa = {qs + warp * 32 * DP, DP, lane};
@@ -867,10 +869,10 @@ __device__ __forceinline__ void tc_dq_store(float *dq, const float (&acc)[2 * NK
 // A dq kernel's inputs for this thread's two query rows (zeros for rows >= t): the q and dO
 // fragments, lse * log2 e and D (lse and D: the (batch, head)'s rows); and its accumulator,
 // zeroed.
-template <int NK>
+template <int NK, typename TQ>
 __device__ __forceinline__ void tc_dq_rows(uint32_t (&qa)[NK][4], uint32_t (&ga)[NK][4],
                                            float (&l2)[2], float (&dd)[2], float (&acc)[2 * NK][4],
-                                           const float *q, const float *dout, const float *lse,
+                                           const TQ *q, const float *dout, const float *lse,
                                            const float *D, const int (&rows)[2], int bi, int h,
                                            int t, int hq, int d, int tq)
 {
@@ -932,9 +934,9 @@ __device__ __forceinline__ void tc_stage_rows(float *l2, float *dd, const float 
 
 // dq: a block is TC_BWD_WARPS x 16 query rows of one (batch, head); key chunks stream through
 // shared memory (two stages of K, V (TC_KC, DP)).
-template <int NK>
+template <int NK, typename TQ>
 __global__ void __launch_bounds__(TC_BWD_WARPS * 32)
-tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat16 *kb,
+tc_bwd_dq_kernel(float *dq, const float *dout, const TQ *q, const __nv_bfloat16 *kb,
                  const __nv_bfloat16 *vb, const float *lse, const float *D, int t, int hq,
                  int hkv, int d, float c, float scale)
 {
@@ -952,8 +954,8 @@ tc_bwd_dq_kernel(float *dq, const float *dout, const float *q, const __nv_bfloat
     tc_cp_commit();
     uint32_t qa[NK][4], ga[NK][4];
     float l2[2], dd[2], acc[2 * NK][4];
-    tc_dq_rows<NK>(qa, ga, l2, dd, acc, q, dout, lse + lrow, D + lrow, rows, bi, h, t, hq, d,
-                   tq);
+    tc_dq_rows<NK, TQ>(qa, ga, l2, dd, acc, q, dout, lse + lrow, D + lrow, rows, bi, h, t, hq,
+                       d, tq);
     for (int ch = 0; ch < nchunks; ch++) {
         const int j0 = ch * TC_KC;
         if (ch + 1 < nchunks) {
@@ -1321,9 +1323,9 @@ __device__ __forceinline__ void tw_mma_pn(float (&acc)[2 * NK][4], const float (
 // for the same k16 steps (measured on the H200: doc/backends.md), so every row equals the cache
 // kernel's bit for bit, as test_backend_ops checks. With 64-row tiles on 64-key chunks every
 // row of a block needs every chunk up to the diagonal one. NK is 4 or 8.
-template <int NK>
+template <int NK, typename TQ>
 __global__ void __launch_bounds__(128)
-tw_fwd_kernel(float *out, float *lse, const float *q, const __grid_constant__ CUtensorMap tk,
+tw_fwd_kernel(float *out, float *lse, const TQ *q, const __grid_constant__ CUtensorMap tk,
               const __grid_constant__ CUtensorMap tv, int t, int hq, int hkv, int d, float c)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1449,9 +1451,9 @@ tw_bwd_dq_ds_kernel(float *dq, const __nv_bfloat16 *ds, const __grid_constant__ 
 
 // dq as tc_bwd_dq_kernel, 64 query rows per block (one warpgroup); K and V chunks swizzled in
 // two stages. NK is 4 or 8.
-template <int NK>
+template <int NK, typename TQ>
 __global__ void __launch_bounds__(128)
-tw_bwd_dq_kernel(float *dq, const float *dout, const float *q,
+tw_bwd_dq_kernel(float *dq, const float *dout, const TQ *q,
                  const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                  const float *lse, const float *D, int t, int hq, int hkv, int d, float c,
                  float scale)
@@ -1474,8 +1476,8 @@ tw_bwd_dq_kernel(float *dq, const float *dout, const float *q,
     }
     uint32_t qa[NK][4], ga[NK][4];
     float l2[2], dd[2], acc[2 * NK][4];
-    tc_dq_rows<NK>(qa, ga, l2, dd, acc, q, dout, lse + lrow, D + lrow, rows, bi, h, t, hq, d,
-                   tq);
+    tc_dq_rows<NK, TQ>(qa, ga, l2, dd, acc, q, dout, lse + lrow, D + lrow, rows, bi, h, t, hq,
+                       d, tq);
     __syncthreads();   // the mbarriers are set up
     // Chunk ch's dq += dS K runs on while chunk ch + 1's S and dP are issued; one wait covers
     // both. Three stages, so that chunk ch + 2 loads while ch and ch + 1 are in use.
@@ -1632,13 +1634,25 @@ static float tc_c(int d) { return (float)(1.0 / sqrt((double)d) * TC_LOG2E); }
 static size_t tc_align(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // bf16 copy of x (rows, d) as (rows, 16 ceil(d / 16)) at y; queued.
-static void tc_to_bf16(lb_cuda_ctx *cx, __nv_bfloat16 *y, const float *x, long rows, int d)
+template <typename T>
+static void tc_to_bf16(lb_cuda_ctx *cx, __nv_bfloat16 *y, const T *x, long rows, int d)
 {
     const int d16 = (d + 15) / 16 * 16;
     const long pairs = rows * (d16 / 2);
     if (!pairs) return;
     tc_to_bf16_kernel<<<(unsigned)((pairs + 255) / 256), 256, 0, cx->stream>>>(y, x, rows, d, d16);
     LB_CUDA_LAUNCHED(cx);
+}
+
+// x (rows, d) as the kernels read it, bf16 rows of 16 ceil(d / 16): x16 itself where it is
+// given and d is a multiple of 16 (the same values a copy would hold), else a copy into y.
+static const __nv_bfloat16 *tc_rows16(lb_cuda_ctx *cx, __nv_bfloat16 *y, const float *x,
+                                      const uint16_t *x16, long rows, int d)
+{
+    if (x16 && d % 16 == 0) return reinterpret_cast<const __nv_bfloat16 *>(x16);
+    if (x16) tc_to_bf16(cx, y, reinterpret_cast<const __nv_bfloat16 *>(x16), rows, d);
+    else tc_to_bf16(cx, y, x, rows, d);
+    return y;
 }
 
 #define TW_SMEM_EXTRA (1024 + 64)   // the tiles' 1024-byte alignment, then the mbarriers
@@ -1654,34 +1668,47 @@ static void tw_map(CUtensorMap *map, const __nv_bfloat16 *x, int b, int t, int h
     lb_cuda_tma_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x, 4, dims, pitch, box);
 }
 
-template <int NK>
-static void fwd_nk(lb_cuda_ctx *cx, float *out, float *lse, const float *q, const float *k,
-                   const float *v, int b, int t, int hq, int hkv, int d)
+// The forward with q as the kernels read it (TQ float, or bf16 where q16 is given).
+template <int NK, typename TQ>
+static void fwd_nkq(lb_cuda_ctx *cx, float *out, float *lse, const TQ *q,
+                    const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int b, int t, int hq,
+                    int hkv, int d)
 {
-    const long krows = (long)b * t * hkv;
-    const size_t kbytes = tc_align((size_t)krows * 16 * NK * sizeof(__nv_bfloat16));
-    char *w = (char *)lb_cuda_scratch(cx, 2 * kbytes);
-    __nv_bfloat16 *kb = (__nv_bfloat16 *)w, *vb = (__nv_bfloat16 *)(w + kbytes);
-    tc_to_bf16(cx, kb, k, krows, d);
-    tc_to_bf16(cx, vb, v, krows, d);
     if constexpr (NK == 4 || NK == 8) if (cx->attn_wg) {   // wgmma (sm_90a)
         const size_t smem = 4 * (size_t)TW_ROWS * 32 * NK + TW_SMEM_EXTRA;
-        lb_cuda_smem_limit(tw_fwd_kernel<NK>, smem);
+        lb_cuda_smem_limit(tw_fwd_kernel<NK, TQ>, smem);
         CUtensorMap tk, tv;
         tw_map(&tk, kb, b, t, hkv, 16 * NK);
         tw_map(&tv, vb, b, t, hkv, 16 * NK);
         dim3 grid(hq, b, (t + TW_ROWS - 1) / TW_ROWS);
-        tw_fwd_kernel<NK><<<grid, 128, smem, cx->stream>>>(out, lse, q, tk, tv, t, hq, hkv, d,
-                                                            tc_c(d));
+        tw_fwd_kernel<NK, TQ><<<grid, 128, smem, cx->stream>>>(out, lse, q, tk, tv, t, hq, hkv,
+                                                                d, tc_c(d));
         LB_CUDA_LAUNCHED(cx);
         return;
     }
     const size_t smem = (size_t)(TC_FWD_ROWS + 4 * TC_KC) * (16 * NK + 8) * sizeof(__nv_bfloat16);
-    lb_cuda_smem_limit(tc_fwd_kernel<NK>, smem);
+    lb_cuda_smem_limit(tc_fwd_kernel<NK, TQ>, smem);
     dim3 grid(hq, b, (t + TC_FWD_ROWS - 1) / TC_FWD_ROWS);
-    tc_fwd_kernel<NK><<<grid, TC_FWD_WARPS * 32, smem, cx->stream>>>(out, lse, q, kb, vb, t, hq,
-                                                                      hkv, d, tc_c(d));
+    tc_fwd_kernel<NK, TQ><<<grid, TC_FWD_WARPS * 32, smem, cx->stream>>>(out, lse, q, kb, vb, t,
+                                                                          hq, hkv, d, tc_c(d));
     LB_CUDA_LAUNCHED(cx);
+}
+
+template <int NK>
+static void fwd_nk(lb_cuda_ctx *cx, float *out, float *lse, const float *q, const uint16_t *q16,
+                   const float *k, const uint16_t *k16, const float *v, const uint16_t *v16,
+                   int b, int t, int hq, int hkv, int d)
+{
+    const long krows = (long)b * t * hkv;
+    const size_t kbytes = tc_align((size_t)krows * 16 * NK * sizeof(__nv_bfloat16));
+    char *w = (char *)lb_cuda_scratch(cx, 2 * kbytes);
+    const __nv_bfloat16 *kb = tc_rows16(cx, (__nv_bfloat16 *)w, k, k16, krows, d);
+    const __nv_bfloat16 *vb = tc_rows16(cx, (__nv_bfloat16 *)(w + kbytes), v, v16, krows, d);
+    if (q16)
+        fwd_nkq<NK>(cx, out, lse, reinterpret_cast<const __nv_bfloat16 *>(q16), kb, vb, b, t, hq,
+                    hkv, d);
+    else
+        fwd_nkq<NK>(cx, out, lse, q, kb, vb, b, t, hq, hkv, d);
 }
 
 // The dS tiles of the causal triangle, bf16 (tw_ds_tile).
@@ -1730,23 +1757,19 @@ extern "C" size_t lb_cuda_attention_tc_work(const lb_cuda_ctx *cx, int b, int t,
     return tc_bwd_work(cx, tc_bwd_chunk(cx, b, t, hq, hkv, d), t, hq, hkv, d);
 }
 
-template <int NK>
-static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float *dout,
-                   const float *q, const float *k, const float *v, const float *lse,
-                   const float *D, void *work, int b, int t, int hq, int hkv, int d)
+// The backward with q as the dq kernels read it (TQ float, or bf16 where q16 is given), and
+// q, dout, k, v as bf16 rows of 16 NK (qb, gb, kb, vb); the dS tiles after the copies in work.
+template <int NK, typename TQ>
+static void bwd_nkq(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float *dout,
+                    const TQ *q, const __nv_bfloat16 *qb, const __nv_bfloat16 *gb,
+                    const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, const float *lse,
+                    const float *D, void *work, int b, int t, int hq, int hkv, int d)
 {
     const float c = tc_c(d), scale = (float)(1.0 / sqrt((double)d));
     const long qrows = (long)b * t * hq, krows = (long)b * t * hkv;
     const size_t e = 16 * NK * sizeof(__nv_bfloat16);
     const size_t qbytes = tc_align((size_t)qrows * e), kbytes = tc_align((size_t)krows * e);
     char *w = (char *)work;
-    __nv_bfloat16 *qb = (__nv_bfloat16 *)w, *gb = (__nv_bfloat16 *)(w + qbytes);
-    __nv_bfloat16 *kb = (__nv_bfloat16 *)(w + 2 * qbytes);
-    __nv_bfloat16 *vb = (__nv_bfloat16 *)(w + 2 * qbytes + kbytes);
-    tc_to_bf16(cx, qb, q, qrows, d);
-    tc_to_bf16(cx, gb, dout, qrows, d);
-    tc_to_bf16(cx, kb, k, krows, d);
-    tc_to_bf16(cx, vb, v, krows, d);
     if constexpr (NK == 4 || NK == 8) if (cx->attn_wg) {   // wgmma (sm_90a)
         const size_t tile = (size_t)TW_ROWS * 32 * NK;
         CUtensorMap tq, tg, tk, tv;
@@ -1770,9 +1793,9 @@ static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float
             return;
         }
         const size_t smem_dq = 6 * tile + TW_SMEM_EXTRA;
-        lb_cuda_smem_limit(tw_bwd_dq_kernel<NK>, smem_dq);
-        tw_bwd_dq_kernel<NK><<<gq, 128, smem_dq, cx->stream>>>(dq, dout, q, tk, tv, lse, D, t, hq,
-                                                                hkv, d, c, scale);
+        lb_cuda_smem_limit(tw_bwd_dq_kernel<NK, TQ>, smem_dq);
+        tw_bwd_dq_kernel<NK, TQ><<<gq, 128, smem_dq, cx->stream>>>(dq, dout, q, tk, tv, lse, D, t,
+                                                                    hq, hkv, d, c, scale);
         LB_CUDA_LAUNCHED(cx);
         tw_bwd_dkdv_kernel<NK><<<gk, 128, smem_kv, cx->stream>>>(
             dk, dv, nullptr, tq, tg, tk, tv, lse, D, t, hq, hkv, d, c, scale);
@@ -1781,9 +1804,9 @@ static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float
     }
     constexpr int DP = 16 * NK + 8;
     const size_t smem_dq = (size_t)4 * TC_KC * DP * sizeof(__nv_bfloat16);
-    lb_cuda_smem_limit(tc_bwd_dq_kernel<NK>, smem_dq);
+    lb_cuda_smem_limit(tc_bwd_dq_kernel<NK, TQ>, smem_dq);
     dim3 gq(hq, b, (t + TC_BWD_WARPS * 16 - 1) / (TC_BWD_WARPS * 16));
-    tc_bwd_dq_kernel<NK><<<gq, TC_BWD_WARPS * 32, smem_dq, cx->stream>>>(
+    tc_bwd_dq_kernel<NK, TQ><<<gq, TC_BWD_WARPS * 32, smem_dq, cx->stream>>>(
         dq, dout, q, kb, vb, lse, D, t, hq, hkv, d, c, scale);
     LB_CUDA_LAUNCHED(cx);
     const size_t smem_kv =
@@ -1793,6 +1816,29 @@ static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float
     tc_bwd_dkdv_kernel<NK><<<gk, TC_BWD_WARPS * 32, smem_kv, cx->stream>>>(
         dk, dv, qb, gb, kb, vb, lse, D, t, hq, hkv, d, c, scale);
     LB_CUDA_LAUNCHED(cx);
+}
+
+template <int NK>
+static void bwd_nk(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const float *dout,
+                   const float *q, const uint16_t *q16, const float *k, const uint16_t *k16,
+                   const float *v, const uint16_t *v16, const float *lse, const float *D,
+                   void *work, int b, int t, int hq, int hkv, int d)
+{
+    const long qrows = (long)b * t * hq, krows = (long)b * t * hkv;
+    const size_t e = 16 * NK * sizeof(__nv_bfloat16);
+    const size_t qbytes = tc_align((size_t)qrows * e), kbytes = tc_align((size_t)krows * e);
+    char *w = (char *)work;
+    __nv_bfloat16 *gb = (__nv_bfloat16 *)(w + qbytes);
+    const __nv_bfloat16 *qb = tc_rows16(cx, (__nv_bfloat16 *)w, q, q16, qrows, d);
+    tc_to_bf16(cx, gb, dout, qrows, d);
+    const __nv_bfloat16 *kb = tc_rows16(cx, (__nv_bfloat16 *)(w + 2 * qbytes), k, k16, krows, d);
+    const __nv_bfloat16 *vb =
+        tc_rows16(cx, (__nv_bfloat16 *)(w + 2 * qbytes + kbytes), v, v16, krows, d);
+    if (q16)
+        bwd_nkq<NK>(cx, dq, dk, dv, dout, reinterpret_cast<const __nv_bfloat16 *>(q16), qb, gb,
+                    kb, vb, lse, D, work, b, t, hq, hkv, d);
+    else
+        bwd_nkq<NK>(cx, dq, dk, dv, dout, q, qb, gb, kb, vb, lse, D, work, b, t, hq, hkv, d);
 }
 
 template <int NK>
@@ -1839,17 +1885,20 @@ static void cached_nk(lb_cuda_ctx *cx, float *out, const float *q, const lb_kv_l
     }
 
 extern "C" void lb_cuda_attention_tc_fwd(lb_cuda_ctx *cx, float *out, float *lse, const float *q,
-                                         const float *k, const float *v, int b, int t, int hq,
-                                         int hkv, int d)
+                                         const uint16_t *q16, const float *k,
+                                         const uint16_t *k16, const float *v,
+                                         const uint16_t *v16, int b, int t, int hq, int hkv, int d)
 {
-#define CALL(NK) fwd_nk<NK>(cx, out, lse, q, k, v, b, t, hq, hkv, d)
+#define CALL(NK) fwd_nk<NK>(cx, out, lse, q, q16, k, k16, v, v16, b, t, hq, hkv, d)
     TC_DISPATCH(d, CALL)
 #undef CALL
 }
 
 extern "C" void lb_cuda_attention_tc_bwd(lb_cuda_ctx *cx, float *dq, float *dk, float *dv,
-                                         const float *dout, const float *q, const float *k,
-                                         const float *v, const float *lse, const float *D,
+                                         const float *dout, const float *q,
+                                         const uint16_t *q16, const float *k,
+                                         const uint16_t *k16, const float *v,
+                                         const uint16_t *v16, const float *lse, const float *D,
                                          void *work, int b, int t, int hq, int hkv, int d)
 {
     const int bc = tc_bwd_chunk(cx, b, t, hq, hkv, d);
@@ -1858,8 +1907,9 @@ extern "C" void lb_cuda_attention_tc_bwd(lb_cuda_ctx *cx, float *dq, float *dk, 
         const size_t qo = (size_t)b0 * t * hq * d, ko = (size_t)b0 * t * hkv * d,
                      lo = (size_t)b0 * hq * t;
 #define CALL(NK)                                                                               \
-    bwd_nk<NK>(cx, dq + qo, dk + ko, dv + ko, dout + qo, q + qo, k + ko, v + ko, lse + lo,      \
-               D + lo, work, nb, t, hq, hkv, d)
+    bwd_nk<NK>(cx, dq + qo, dk + ko, dv + ko, dout + qo, q ? q + qo : q, q16 ? q16 + qo : q16, \
+               k ? k + ko : k, k16 ? k16 + ko : k16, v ? v + ko : v, v16 ? v16 + ko : v16,      \
+               lse + lo, D + lo, work, nb, t, hq, hkv, d)
         TC_DISPATCH(d, CALL)
 #undef CALL
     }

@@ -145,15 +145,16 @@ static void launch_fwd(lb_cuda_ctx *cx, float *out, float *lse, const float *q, 
 }
 
 static void cuda_attention_fwd(lb_backend *be, float *out, float *lse, const float *q,
-                               const float *k, const float *v, int b, int t, int hq, int hkv,
-                               int d, int bf16)
+                               const float *k, const float *v, const uint16_t *q16,
+                               const uint16_t *k16, const uint16_t *v16, int b, int t, int hq,
+                               int hkv, int d, int bf16)
 {
     check_heads("attention_fwd", b, t, hq, hkv, d);
     if (!b || !t || !hq || !d) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     if (bf16) {   // tensor cores (attention_tc.cu)
         if (d > 128) lb_die("attention_fwd: bf16 mode supports head dim <= 128, not %d", d);
-        lb_cuda_attention_tc_fwd(cx, out, lse, q, k, v, b, t, hq, hkv, d);
+        lb_cuda_attention_tc_fwd(cx, out, lse, q, q16, k, k16, v, v16, b, t, hq, hkv, d);
         return;
     }
     if (d <= 32) launch_fwd<1>(cx, out, lse, q, k, v, b, t, hq, hkv, d);
@@ -384,6 +385,7 @@ static void launch_bwd(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const f
 
 static void cuda_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv,
                                const float *dout, const float *q, const float *k, const float *v,
+                               const uint16_t *q16, const uint16_t *k16, const uint16_t *v16,
                                const float *out, const float *lse, int b, int t, int hq, int hkv,
                                int d, int bf16)
 {
@@ -406,8 +408,8 @@ static void cuda_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv,
                                 cx->stream>>>(D, dout, out, b, t, hq, d);
     LB_CUDA_LAUNCHED(cx);
     if (bf16) {   // tensor cores (attention_tc.cu), with the same D
-        lb_cuda_attention_tc_bwd(cx, dq, dk, dv, dout, q, k, v, lse, D, (char *)D + dbytes, b,
-                                 t, hq, hkv, d);
+        lb_cuda_attention_tc_bwd(cx, dq, dk, dv, dout, q, q16, k, k16, v, v16, lse, D,
+                                 (char *)D + dbytes, b, t, hq, hkv, d);
         return;
     }
     if (d <= 32) launch_bwd<1>(cx, dq, dk, dv, dout, q, k, v, lse, D, b, t, hq, hkv, d);
@@ -606,16 +608,25 @@ static void cuda_attention_cached(lb_backend *be, float *out, const float *q,
 // The table's entries take argument structs (kernels.h); the kernels' hosts above take
 // the fields.
 
+// kernels.h: bf16 inputs (q16, k16, v16) in bf16 mode only.
+static void check_inputs16(const char *what, const lb_attention_args *a)
+{
+    if (!a->bf16 && (a->q16 || a->k16 || a->v16))
+        lb_die("%s: bf16 inputs (q16, k16, v16) are read in bf16 mode only", what);
+}
+
 static void cuda_attention_fwd_op(lb_backend *be, const lb_attention_args *a)
 {
-    cuda_attention_fwd(be, a->out, a->lse, a->q, a->k, a->v, a->b, a->t, a->hq, a->hkv, a->d,
-                       a->bf16);
+    check_inputs16("attention_fwd", a);
+    cuda_attention_fwd(be, a->out, a->lse, a->q, a->k, a->v, a->q16, a->k16, a->v16, a->b, a->t,
+                       a->hq, a->hkv, a->d, a->bf16);
 }
 
 static void cuda_attention_bwd_op(lb_backend *be, const lb_attention_args *a)
 {
-    cuda_attention_bwd(be, a->dq, a->dk, a->dv, a->dout, a->q, a->k, a->v, a->out, a->lse, a->b,
-                       a->t, a->hq, a->hkv, a->d, a->bf16);
+    check_inputs16("attention_bwd", a);
+    cuda_attention_bwd(be, a->dq, a->dk, a->dv, a->dout, a->q, a->k, a->v, a->q16, a->k16,
+                       a->v16, a->out, a->lse, a->b, a->t, a->hq, a->hkv, a->d, a->bf16);
 }
 
 extern "C" void lb_cuda_init_attention(lb_backend *be)

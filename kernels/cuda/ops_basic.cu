@@ -311,7 +311,7 @@ rmsnorm_fwd_kernel(float *out, uint16_t *out16, float *rstd, const float *x, con
         const int j = li + G * k;
         if (j < c) {
             const float o = (xv[k] * r) * w[j];   // as HF
-            out[(size_t)row * c + j] = o;
+            if (out) out[(size_t)row * c + j] = o;
             if (out16) out16[(size_t)row * ld + j] = (uint16_t)round_bf16_bits(o);
         } else if (out16 && j < ld) {
             out16[(size_t)row * ld + j] = 0;
@@ -336,6 +336,7 @@ static void cuda_rmsnorm_fwd(lb_backend *be, const lb_rmsnorm_args *a)
     if (n < 0 || c <= 0) lb_die("rmsnorm_fwd: bad size (n %d, c %d)", n, c);
     if (c > 16384) lb_die("rmsnorm_fwd: %d columns is more than 16384", c);
     if (!a->res != !a->sum) lb_die("rmsnorm_fwd: res and sum go together");
+    if (!a->out && !a->out16) lb_die("rmsnorm_fwd: neither out nor out16");
     if (!n) return;
     lb_cuda_ctx *cx = lb_cuda(be);
 #define RMS_FWD(G, K)                                                                     \
@@ -452,9 +453,10 @@ static void cuda_rmsnorm_bwd(lb_backend *be, float *dx, float dx_beta, float *dw
 // it) or theta^(-2f/rot). A thread per (row, frequency) over all heads left a decode step's
 // few hundred rows on half the chip, each thread rotating 32 heads one after another.
 #define ROPE_HEADS 4
-template <typename T>
-__global__ void rope_kernel(T *x, const int32_t *pos, int n, int heads, int d, int rot,
-                            const double *table, double theta, double sign)
+// y = the rotation of x: the same buffer (in place), or a bf16 one (rope's out16).
+template <typename TI, typename TO>
+__global__ void rope_kernel(TO *y, const TI *x, const int32_t *pos, int n, int heads, int d,
+                            int rot, const double *table, double theta, double sign)
 {
     const int half = rot / 2, runs = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
     const size_t total = (size_t)n * runs * half;
@@ -466,13 +468,25 @@ __global__ void rope_kernel(T *x, const int32_t *pos, int n, int heads, int d, i
         double angle = (double)pos[i] * inv_freq, sd, cd;
         sincos(angle, &sd, &cd);
         float cs = (float)cd, sn = (float)(sign * sd);
-        T *xi = x + (size_t)i * heads * d;
         for (int h = h0; h < heads && h < h0 + ROPE_HEADS; h++) {
-            T *xh = xi + (size_t)h * d;
+            const size_t o = ((size_t)i * heads + h) * d;
+            const TI *xh = x + o;
+            TO *yh = y + o;
             float x1 = lb_ld(xh + f), x2 = lb_ld(xh + f + half);
-            lb_st(xh + f, __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
-            lb_st(xh + f + half, __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
+            lb_st(yh + f, __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
+            lb_st(yh + f + half, __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
         }
+    }
+}
+
+// The values past rot of each head (partial rotary) pass through: copied into a bf16 output.
+__global__ void rope_pass_kernel(__nv_bfloat16 *y, const float *x, size_t rows, int d, int rot)
+{
+    const int w = d - rot;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < rows * w;
+         e += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = e / w, j = rot + e % w;
+        y[r * d + j] = __float2bfloat16(x[r * d + j]);
     }
 }
 
@@ -481,8 +495,9 @@ __global__ void rope_kernel(T *x, const int32_t *pos, int n, int heads, int d, i
 // the norm is that kernel's arithmetic, and each rotated pair (f, f + rot / 2) is one lane's
 // (k and k + rot / 64); the rotation is rope_kernel's. A decode step's four launches per layer
 // (two norms, two rotations) become two.
+template <typename TO>
 __global__ void __launch_bounds__(256)
-rope_norm_kernel(float *x, float *rstd, const float *src, const float *nw, const int32_t *pos,
+rope_norm_kernel(TO *x, float *rstd, const float *src, const float *nw, const int32_t *pos,
                  int n, int heads, int d, int rot, const double *table, double theta, float eps)
 {
     const int hr = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -517,10 +532,10 @@ rope_norm_kernel(float *x, float *rstd, const float *src, const float *nw, const
         xv[k] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
         xv[k2] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
     }
-    float *xo = x + (size_t)hr * d;
+    TO *xo = x + (size_t)hr * d;
 #pragma unroll
     for (int k = 0; k < 4; k++)
-        if (lane + 32 * k < d) xo[lane + 32 * k] = xv[k];
+        if (lane + 32 * k < d) lb_st(xo + lane + 32 * k, xv[k]);
 }
 
 static void cuda_rope(lb_backend *be, const lb_rope_args *a)
@@ -530,24 +545,50 @@ static void cuda_rope(lb_backend *be, const lb_rope_args *a)
     if (d % 2) lb_die("rope: head dim %d is odd", d);
     if (rot % 2 || rot < 0 || rot > d) lb_die("rope: rot %d is not even in 0..%d", rot, d);
     if (a->src && a->inverse) lb_die("rope: a norm (src) with the inverse rotation");
+    if (a->out16 && a->inverse) lb_die("rope: a bf16 output (out16) with the inverse rotation");
     size_t total = (size_t)n * (rot / 2) * ((heads + ROPE_HEADS - 1) / ROPE_HEADS);
     lb_cuda_ctx *cx = lb_cuda(be);
+    __nv_bfloat16 *y16 = (__nv_bfloat16 *)a->out16;
+    const float *x = a->x;   // the rotation's input
     if (a->src && n && heads) {
         if (d <= 128 && rot % 64 == 0 && rot > 0) {
-            rope_norm_kernel<<<(unsigned)(((size_t)n * heads + 7) / 8), 256, 0, cx->stream>>>(
-                a->x, a->rstd, a->src, a->nw, a->pos, n, heads, d, rot, a->inv_freq,
-                (double)a->theta, a->eps);
+            const unsigned grid = (unsigned)(((size_t)n * heads + 7) / 8);
+            if (y16)
+                rope_norm_kernel<<<grid, 256, 0, cx->stream>>>(y16, a->rstd, a->src, a->nw,
+                        a->pos, n, heads, d, rot, a->inv_freq, (double)a->theta, a->eps);
+            else
+                rope_norm_kernel<<<grid, 256, 0, cx->stream>>>(a->x, a->rstd, a->src, a->nw,
+                        a->pos, n, heads, d, rot, a->inv_freq, (double)a->theta, a->eps);
             LB_CUDA_LAUNCHED(cx);
             return;
         }
+        // the norm in fp32, into x, or where a bf16 output leaves x unused, into scratch
+        float *normed = y16 ? (float *)lb_cuda_scratch(cx, (size_t)n * heads * d * sizeof(float))
+                            : a->x;
         lb_rmsnorm_args r = {};
-        r.n = n * heads, r.c = d, r.x = a->src, r.w = a->nw, r.rstd = a->rstd, r.out = a->x;
+        r.n = n * heads, r.c = d, r.x = a->src, r.w = a->nw, r.rstd = a->rstd, r.out = normed;
         r.eps = a->eps;
         cuda_rmsnorm_fwd(be, &r);
+        x = normed;
     }
-    if (!total || !heads) return;
-    rope_kernel<float><<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(
-        a->x, a->pos, n, heads, d, rot, a->inv_freq, (double)a->theta, a->inverse ? -1.0 : 1.0);
+    if (!n || !heads) return;
+    if (y16) {
+        if (rot < d) {
+            const size_t rows = (size_t)n * heads;
+            rope_pass_kernel<<<lb_grid(rows * (d - rot), 256, cx), 256, 0, cx->stream>>>(
+                y16, x, rows, d, rot);
+            LB_CUDA_LAUNCHED(cx);
+        }
+        if (!total) return;
+        rope_kernel<<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(
+            y16, x, a->pos, n, heads, d, rot, a->inv_freq, (double)a->theta, 1.0);
+        LB_CUDA_LAUNCHED(cx);
+        return;
+    }
+    if (!total) return;
+    rope_kernel<<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(
+        a->x, (const float *)a->x, a->pos, n, heads, d, rot, a->inv_freq, (double)a->theta,
+        a->inverse ? -1.0 : 1.0);
     LB_CUDA_LAUNCHED(cx);
 }
 
