@@ -557,7 +557,7 @@ static int takes16_layers(const lb_model *m, lb_role role, int every)
 // down's dh (swiglu_bwd), whose elements are whole in every layout. Never the routed outputs,
 // down's yp (the combine) and gate/up's dxp (moe_permute_bwd): under etp an etp rank's yp and
 // dxp are partial sums over etp (summed by the caller in fp32), so rounding them where etp is 1
-// alone made the recipe's numbers depend on the layout (issue 38; doc/parallel.md,
+// alone made the recipe's numbers depend on the layout (doc/parallel.md,
 // "Low precision under parallel layouts").
 static int out16(const lb_model *m, int l, lb_role role, lb_pass pass, int routed)
 {

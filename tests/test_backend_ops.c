@@ -3718,13 +3718,13 @@ static void gemm_q_grouped_all_case(const test_case *tst)
 
 // The fp8 expert GEMMs of one MoE layer at a training step's size, run three times: the same
 // bits every time. The small cases above never fill the machine, nor wrap a block's ring of
-// stages many times; a race that needs both (the fourteenth session's: a stage's scales
+// stages many times; a race that needs both (found 2026-11-30: a stage's scales
 // rewritten by TMA while still being read) changed the training loss from run to run and
 // passed every small test. 128 groups of 640 to 1278 rows (the fprop and dgrad launch, 128x128
 // B), and 128 groups of 768 x 2048 over k 1024 (the wgrad's, 1x128 B), beta 0 (the TMA-store
 // epilogue). No CPU reference at this size: the small cases check the values. It guards
 // determinism at scale but does not reproduce that race: with the fence removed it passed
-// three runs of three on the H200 (fifteenth session); the training loss caught it.
+// three runs of three on the H200 (2026-11-30); the training loss caught it.
 // label: the name; g: the groups' rows m; p: n, k, B's rows per group; q[0]: B's quantization
 static void repeat_case(const test_case *tst)
 {

@@ -22,7 +22,7 @@ static int pindex(const char *section, const char *key)
 
 static void *fieldp(lb_config *c, const lb_param *p) { return (char *)c + p->offset; }
 
-// The [model] section is the registry's (issue 35): arch, then every key the shared blocks and
+// The [model] section is the registry's: arch, then every key the shared blocks and
 // the families declare (models/registry.c), each at its lb_model_config field, each with a row
 // in doc/parameters.md's [model] table; a family's own key is there too.
 START_TEST(test_model_keys_from_registry)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# A kill -9 during a checkpoint save (issue 38; doc/robustness.md): a run that saves every step
+# A kill -9 during a checkpoint save (doc/robustness.md): a run that saves every step
 # is killed while a save's temporary is being written (at once, 5 ms and 10 ms after it
 # appears; a save takes 20-35 ms here) and just after a save's rename, each at another step.
 # Every time the newest checkpoint is the last save that finished (the killed one's where its

@@ -250,7 +250,7 @@ START_TEST(malformed_files)
     char err[1024];
     ck_assert_ptr_null(lb_tokenizer_parse("{\"model\": ", "cut.json", err, sizeof err));
     ck_assert_msg(strstr(err, "cut.json:1: not valid JSON"), "%s", err);
-    // Bytes after the JSON value were dropped unseen (issue 38): refused, naming the file.
+    // Bytes after the JSON value were dropped unseen before: refused, naming the file.
     ck_assert_ptr_null(lb_tokenizer_parse("{\"model\": {}}\n x", "more.json", err, sizeof err));
     ck_assert_msg(strstr(err, "more.json:2: bytes after the JSON value (byte 15)"), "%s", err);
     // A key twice: the tokenizers package takes the last, cJSON the first: refused, with the

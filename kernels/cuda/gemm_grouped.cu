@@ -930,7 +930,7 @@ static void gt_batches(lb_cuda_ctx *cx, const A *g, int count, F fill)
 // such wgrads come many to a call (an expert down projection's 2048 x 768 is 48 tiles; 128 of
 // them share a launch, which they fill), and a split one costs its partials' traffic and a
 // summing launch of its own (an expert that drew 2048 tokens or more: 26 a layer in the
-// 4-layer bench step, doc/benchmarks.md, twenty-first session).
+// 4-layer bench step, doc/benchmarks.md, 2026-11-30).
 #define GT_SPLIT_TILES 128     // the tiles a split aims at
 #define GT_SPLIT_MAX_TILES 32  // the most tiles of a group that is split
 #define GT_SPLIT_MIN_K 1024    // the least k of a slice

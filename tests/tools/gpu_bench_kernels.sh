@@ -1,5 +1,5 @@
 #!/bin/bash
-# gpu_bench_kernels.sh: the kernel side of issue 4 in one GPU call (run from the built source
+# gpu_bench_kernels.sh: the kernel benchmarks in one GPU call (run from the built source
 # tree): test_backend_ops when TESTS=1 (its log in $OUT or a temporary directory, the summary
 # printed), then `lowbit bench` of each kind in KINDS for every environment variant in
 # VARIANTS, then the PyTorch kernel peers. A variant is a comma list of VAR=VALUE switches

@@ -1,5 +1,5 @@
 #!/bin/bash
-# gpu_bench_train.sh: the training-step table of issue 4 in one GPU call: the PyTorch peer
+# gpu_bench_train.sh: the training-step table in one GPU call: the PyTorch peer
 # (compiled and eager), then lowbit's step on examples/qwen3-30b-a3b-4l.cfg for each recipe,
 # then where the time goes for the recipes in PROFILE (a second run with LB_PROFILE=1, whose
 # sync around every operation slows it: its step time is not a measurement). EXTRA="NAME:VAR=
