@@ -492,37 +492,26 @@ size_t lb_decoder_wcache_bytes(lb_model *m)
 
 static float *falloc(lb_backend *be, size_t n) { return be->alloc(be, n * sizeof(float)); }
 
-// Grow-only backend buffer of at least n floats.
+// A grow-only backend buffer of n elements of size bytes (capacity *cap elements): replaced
+// by a larger one when too small, its contents then lost.
+static void *grow_n(lb_backend *be, void *p, size_t *cap, size_t n, size_t size)
+{
+    if (n <= *cap) return p;
+    if (p) be->free(be, p);
+    *cap = n;
+    return be->alloc(be, n * size);
+}
 static float *grow(lb_backend *be, float **p, size_t *cap, size_t n)
 {
-    if (n > *cap) {
-        if (*p) be->free(be, *p);
-        *p = falloc(be, n);
-        *cap = n;
-    }
-    return *p;
+    return *p = grow_n(be, *p, cap, n, sizeof **p);
 }
-
-// The same for n bf16 values.
 static uint16_t *grow16(lb_backend *be, uint16_t **p, size_t *cap, size_t n)
 {
-    if (n > *cap) {
-        if (*p) be->free(be, *p);
-        *p = be->alloc(be, n * sizeof(uint16_t));
-        *cap = n;
-    }
-    return *p;
+    return *p = grow_n(be, *p, cap, n, sizeof **p);
 }
-
-// The same for n doubles.
 static double *grow64(lb_backend *be, double **p, size_t *cap, size_t n)
 {
-    if (n > *cap) {
-        if (*p) be->free(be, *p);
-        *p = be->alloc(be, n * sizeof(double));
-        *cap = n;
-    }
-    return *p;
+    return *p = grow_n(be, *p, cap, n, sizeof **p);
 }
 
 // Elements of a bf16 copy of (rows, cols) values (to_bf16's layout: rows padded to 8).

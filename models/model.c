@@ -601,8 +601,8 @@ void lb_model_set_ce_chunk(lb_model *m, int rows) { m->ce_chunk = rows > 0 ? row
 
 int lb_model_logits16(const lb_model *m)
 {
-    return lb_linear_ce_logits16(&m->lin, m->cfg.num_hidden_layers - 1,
-                                 LB_ROLE_LM_HEAD);
+    // every pass a plain bf16 GEMM: the logits meet bf16 products anyway
+    return lb_linear_plain16(&m->lin, m->cfg.num_hidden_layers - 1, LB_ROLE_LM_HEAD);
 }
 
 size_t lb_model_logit_row_bytes(const lb_model *m)

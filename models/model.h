@@ -478,7 +478,7 @@ void lb_model_set_ce_chunk(lb_model *m, int rows);
 #define LB_CE_CHUNK_BYTES ((size_t)1 << 30)
 int lb_model_ce_rows(const lb_model *m, int rows);
 // Whether a forward with targets stores its logits in bf16 (the LM head is bf16 in every pass:
-// lb_linear_ce_logits16), and the bytes of one row of those logits.
+// lb_linear_plain16), and the bytes of one row of those logits.
 int lb_model_logits16(const lb_model *m);
 size_t lb_model_logit_row_bytes(const lb_model *m);
 enum { LB_RECOMPUTE_NONE = 0, LB_RECOMPUTE_SELECTIVE, LB_RECOMPUTE_FULL };

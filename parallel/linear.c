@@ -683,15 +683,10 @@ int lb_linear_plain16(const lb_linear *L, int layer, lb_role role)
            lb_linear_ce_fusable(L, layer, role);
 }
 
-int lb_linear_ce_logits16(const lb_linear *L, int layer, lb_role role)
-{
-    return lb_linear_plain16(L, layer, role);
-}
-
 void lb_linear_fwd_c16(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
                        const lb_wcache *c, uint16_t *y16, int n, int out, int in)
 {
-    if (!lb_linear_ce_logits16(L, layer, role))
+    if (!lb_linear_plain16(L, layer, role))
         lb_die("lb_linear_fwd_c16: layer %d %s is not bf16 in every pass", layer,
                lb_role_name(role));
     if (n == 0) return;

@@ -117,15 +117,12 @@ void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
 // lb_linear_ce_fusable: both backward passes are plain bf16 GEMMs. The same bits as
 // cross_entropy_bwd and then lb_linear_bwd; the logits are left undefined. c: W's cache (its
 // bf16 copy for the dgrad), or NULL. logits16: NULL, or the logits in bf16 instead
-// (lb_linear_ce_logits16; logits then NULL), the gradient written over them.
+// (lb_linear_plain16; logits then NULL), the gradient written over them.
 int lb_linear_ce_fusable(const lb_linear *L, int layer, lb_role role);
 // Whether every pass of (layer, role) is a plain bf16 GEMM (a bf16 fprop, and both backward
 // passes bf16 on the original operands): its input is then only ever read rounded to bf16, so
 // a bf16 copy may stand in for it everywhere.
 int lb_linear_plain16(const lb_linear *L, int layer, lb_role role);
-// Whether the LM head's logits are stored in bf16: every pass of (layer, role) a plain bf16
-// GEMM (a bf16 fprop, and lb_linear_ce_fusable), so the logits meet bf16 products anyway.
-int lb_linear_ce_logits16(const lb_linear *L, int layer, lb_role role);
 // Such a layer's fprop y16 (n, pad8(out)) = x W^T rounded once to bf16 (lb_gemm_args.c16).
 void lb_linear_fwd_c16(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
                        const lb_wcache *c, uint16_t *y16, int n, int out, int in);
