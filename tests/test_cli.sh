@@ -169,7 +169,7 @@ grep -q "^run.overwrite: cleared .*/ow" "$tmp/ow.log" && [ "$(ls "$tmp/ow/checkp
     fail "run.overwrite left the earlier run: $(ls "$tmp/ow" "$tmp/ow/checkpoints")"
 # config.ini says what made the run: version and commit, the command line, ranks, backend and
 # device; so does every checkpoint of the run (its stored configuration is config.ini's text)
-head -n 3 "$tmp/ok/config.ini" | tr '\n' '|' | grep -Eq "^# lowbit [0-9.]+ \(commit ([0-9a-f]+|unknown)\)\|# command: lowbit train .*tiny-moe.cfg --set data.train_files=.*\|# 1 rank, run.backend cpu \(host, [0-9]+ threads?\)\|$" &&
+head -n 3 "$tmp/ok/config.ini" | tr '\n' '|' | grep -Eq "^# lowbit [0-9.]+ \(commit ([0-9a-f]+(-dirty)?|unknown)\)\|# command: lowbit train .*tiny-moe.cfg --set data.train_files=.*\|# 1 rank, run.backend cpu \(host, [0-9]+ threads?\)\|$" &&
     ok || fail "config.ini's provenance: $(head -n 3 "$tmp/ok/config.ini")"
 for f in "$tmp"/ok/checkpoints/step_*.safetensors; do
     grep -aq '# command: lowbit train .*tiny-moe.cfg' "$f" && grep -aq '# 1 rank, run.backend cpu (host' "$f" &&
@@ -179,7 +179,7 @@ for f in "$tmp"/ok/checkpoints/step_*.safetensors; do
         "$bin" info "$f" | grep -q "^shape  *[0-9]* layers, hidden" && ok ||
         fail "info on a checkpoint: $("$bin" info "$f" 2>&1 | head -n 3)"
 done
-"$bin" --version | grep -Eq "^lowbit [0-9.]+ \(commit ([0-9a-f]+|unknown)\)$" && ok ||
+"$bin" --version | grep -Eq "^lowbit [0-9.]+ \(commit ([0-9a-f]+(-dirty)?|unknown)\)$" && ok ||
     fail "--version: $("$bin" --version)"
 [ -f "$ck" ] && ok || fail "no checkpoint written"
 # a model far too large for the machine stops before any work, with lowbit info's sizes and

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "lb_autoconf.h"
+#include "lb_commit.h"
 #include "src/cli/commands.h"
 #include "src/cli/util.h"
 #include "src/io/checkpoint.h"

@@ -1,5 +1,6 @@
 // run.c: one run's setup, shared by the commands (src/cli/run.h).
 #include "lb_autoconf.h"
+#include "lb_commit.h"
 #include "src/cli/run.h"
 
 #include <stdio.h>
