@@ -1093,6 +1093,30 @@ static void expert_load_add(lb_model *m, int l, const int *counts)
     for (int j = 0; j < c->num_experts; j++) row[j] += counts[j];
 }
 
+// MoE health (lb_model_moe_stats_begin): layer l's tokens per expert (counts, this rank's part
+// of the rows) and the entropy of each of its n rows' router distributions, probs (n, E)
+// downloaded (only while collecting: the metrics' logged steps).
+static void moe_stats_add(lb_model *m, int l, const lb_ffn_acts *f, int n)
+{
+    if (!m->moe_stats) return;
+    const int E = m->cfg.num_experts;
+    double *row = m->moe_stats + (size_t)l * (E + 2);
+    for (int j = 0; j < E; j++) row[j] += f->counts[j];
+    const size_t count = (size_t)n * E;
+    float *p = lb_malloc((count ? count : 1) * sizeof(float));
+    m->be->download(m->be, p, f->probs, count * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        const float *pi = p + (size_t)i * E;
+        double z = 0.0, h = 0.0;
+        for (int j = 0; j < E; j++) z += pi[j];
+        for (int j = 0; j < E && z > 0.0; j++)
+            if (pi[j] > 0.0f) h -= pi[j] / z * log(pi[j] / z);
+        row[E] += h;
+    }
+    row[E + 1] += n;
+    free(p);
+}
+
 // dln (n, c) = this rank's share of d loss / d ln given dout (n, c) = d loss / d out (the same on
 // every tp rank); the caller sums it over tp. Accumulates the block's weight gradients.
 void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, lb_ffn_acts *f,
@@ -1205,6 +1229,7 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     if (np)
         be->moe_permute_bwd(be, dln + (size_t)o * d.C, dx16 ? NULL : dxp, dxp16, f->row, np,
                             d.K, d.C);
+    moe_stats_add(m, l, f, n);
     if (sigmoid_router(c)) {   // through the routed weights alone (the bias selects only)
         be->router_sigmoid_bwd(be, &(lb_router_sigmoid_args){.n = n, .e = d.E, .k = d.K,
                 .n_group = c->n_group, .topk_group = c->topk_group, .renorm = c->norm_topk_prob,

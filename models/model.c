@@ -2,6 +2,7 @@
 // and the forward/backward entry points that move tokens to the backend.
 #include "models/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -300,6 +301,7 @@ void lb_model_free(lb_model *m)
     }
     if (m->route_dev) m->be->free(m->be, m->route_dev);
     free(m->expert_load);
+    free(m->moe_stats);
     if (m->lp_cap) {
         m->be->free(m->be, m->lp_loss);
         m->be->free(m->be, m->lp_w);
@@ -834,6 +836,42 @@ void lb_model_backward_logprobs(lb_model *m, const float *dlp, float aux_scale)
                                m->cfg.vocab_size);
     m->def->backward_logits(m, aux_scale);
     lb_model_grad_settle(m);
+}
+
+void lb_model_moe_stats_begin(lb_model *m)
+{
+    const lb_model_config *c = &m->cfg;
+    if (!m->def->moe) return;
+    free(m->moe_stats);
+    m->moe_stats = lb_calloc((size_t)c->num_hidden_layers * (c->num_experts + 2), sizeof(double));
+}
+
+void lb_model_moe_stats_end(lb_model *m, lb_comm *all, double *load_max, double *load_min,
+                            double *entropy)
+{
+    const lb_model_config *c = &m->cfg;
+    const size_t L = (size_t)c->num_hidden_layers, E = (size_t)c->num_experts, w = E + 2;
+    double *sum = m->def->moe ? lb_calloc(L * w, sizeof(double)) : NULL;
+    if (sum && m->moe_stats) {
+        if (all && all->size > 1) lb_comm_all_reduce(all, m->moe_stats, sum, L * w, LB_F64);
+        else memcpy(sum, m->moe_stats, L * w * sizeof(double));
+    }
+    for (size_t l = 0; l < L; l++) {
+        const double *row = sum ? sum + l * w : NULL;
+        double total = 0.0, hi = 0.0, lo = INFINITY;
+        for (size_t j = 0; row && j < E; j++) {
+            total += row[j];
+            hi = row[j] > hi ? row[j] : hi;
+            lo = row[j] < lo ? row[j] : lo;
+        }
+        const int none = !row || !lb_model_layer_moe(m->def, c, (int)l) || row[E + 1] == 0.0;
+        load_max[l] = none ? NAN : hi / (total / (double)E);
+        load_min[l] = none ? NAN : lo / (total / (double)E);
+        entropy[l] = none ? NAN : row[E] / row[E + 1];
+    }
+    free(sum);
+    free(m->moe_stats);
+    m->moe_stats = NULL;
 }
 
 void lb_model_router_bias_update(lb_model *m, lb_comm *all)

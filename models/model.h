@@ -314,6 +314,10 @@ struct lb_model {
     // host, this stage's layers' rows summed over the micro-batches' backwards (NULL until the
     // first); lb_model_router_bias_update sums them over the ranks and moves the biases.
     double *expert_load;
+    // MoE health (lb_model_moe_stats_begin): NULL while not collecting, else (num_hidden_layers,
+    // E + 2) host: per layer the tokens each expert got, the sum of the rows' router entropies
+    // and the rows counted.
+    double *moe_stats;
 };
 
 // lb_model_def.hf_keys: config.json keys only some families carry.
@@ -333,6 +337,21 @@ int lb_model_layer_moe(const lb_model_def *def, const lb_model_config *c, int l)
 // router_bias_update_rate * sign(mean load - load) (router_bias_update). Collective over all;
 // nothing for other routers.
 void lb_model_router_bias_update(lb_model *m, lb_comm *all);
+
+// MoE health for the metrics: from lb_model_moe_stats_begin to lb_model_moe_stats_end, each
+// training backward adds, per MoE layer of this stage, the tokens its rows sent to each expert
+// and the entropy of the router's distribution over the experts for each row (the softmax
+// router's probabilities; the sigmoid router's scores normalised to sum 1), in nats. In the
+// backward, as the balancing loads, so recomputation and forwards without a step count nothing.
+void lb_model_moe_stats_begin(lb_model *m);
+// Sums them over `all` (every rank of the job; NULL: this rank alone; collective) and writes
+// for every decoder layer l (num_hidden_layers entries): load_max[l] and load_min[l], the most
+// and the fewest tokens an expert got over the mean per expert (1 and 1 when balanced), and
+// entropy[l], the mean entropy over the rows (log E when uniform); NaN for a layer without
+// routed experts. Each token is counted by as many ranks as hold its rows (a tp or etp group),
+// alike for all, so the ratios and the mean are the job's. Stops collecting.
+void lb_model_moe_stats_end(lb_model *m, lb_comm *all, double *load_max, double *load_min,
+                            double *entropy);
 
 // Registry (models/registry.c).
 const lb_model_def *lb_model_lookup(const char *arch);

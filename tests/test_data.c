@@ -733,7 +733,8 @@ static uint32_t le32(const unsigned char *p) { return p[0] | p[1] << 8 | p[2] <<
 
 // CRC-32C against its check value; an event file's records framed as TFRecords (lengths and
 // masked CRCs checked), the version record first, then one record a metrics line with its tags
-// and values; a reopened run's rows after the resumed step dropped. tests/tools/read_tfevents.py
+// and values (an object's numbers by their keys), a text record last; a reopened run's rows
+// after the resumed step dropped. tests/tools/read_tfevents.py
 // reads the same files with the tensorboard package.
 START_TEST(metrics_tfevents)
 {
@@ -742,8 +743,9 @@ START_TEST(metrics_tfevents)
     lb_metrics *m = lb_metrics_open(dir, "metrics.jsonl", "train", -1, err, sizeof err);
     ck_assert_msg(m != NULL, "%s", err);
     for (int s = 1; s <= 4; s++)
-        lb_metrics_printf(m, "{\"step\": %d, \"loss\": %.9g, \"lr\": 0.001, \"note\": null}", s,
-                          5.0 - s);
+        lb_metrics_printf(m, "{\"step\": %d, \"loss\": %.9g, \"lr\": 0.001, \"note\": null, "
+                          "\"load\": {\"3\": 1.5}}", s, 5.0 - s);
+    lb_metrics_text(m, 4, "config", "[train]\nlr = 1\n");
     lb_metrics_close(m);
     DIR *d = opendir(dir);
     char ev[1100] = "";
@@ -765,9 +767,14 @@ START_TEST(metrics_tfevents)
         ck_assert_uint_eq(le32(data + len), lb_crc32c_masked(data, len));
         if (records == 0) {
             ck_assert(memmem(data, len, "brain.Event:2", 13) != NULL);
+        } else if (records == 5) {   // the text: its tag, the text plugin, the lines indented
+            ck_assert(memmem(data, len, "train/config", 12) && memmem(data, len, "\n\x04text", 6));
+            ck_assert(memmem(data, len, "    [train]\n    lr = 1\n", 23) != NULL);
+            ck_assert(!memmem(data, len, "train/loss", 10));
         } else {
             // step (field 2) records - 0 .. 3 + 1, the tags, loss's float bits (5 - step)
             ck_assert(memmem(data, len, "train/loss", 10) && memmem(data, len, "train/lr", 8));
+            ck_assert(memmem(data, len, "train/load/3", 12) != NULL);   // an object's number
             ck_assert(!memmem(data, len, "train/note", 10) && !memmem(data, len, "train/step", 10));
             const unsigned char step_field[2] = {0x10, (unsigned char)records};
             ck_assert(memmem(data, len, step_field, 2) != NULL);
@@ -778,7 +785,7 @@ START_TEST(metrics_tfevents)
         }
         o += 12 + len + 4;
     }
-    ck_assert_int_eq(records, 5);
+    ck_assert_int_eq(records, 6);
     free(b);
     // resumed at step 2 in the same directory: steps 3 and 4 will run again
     char path[1100];
@@ -788,8 +795,10 @@ START_TEST(metrics_tfevents)
     lb_metrics_printf(m, "{\"step\": 3, \"loss\": 2}");
     lb_metrics_close(m);
     char *text = lb_read_file(path, NULL, err, sizeof err);
-    ck_assert_str_eq(text, "{\"step\": 1, \"loss\": 4, \"lr\": 0.001, \"note\": null}\n"
-                           "{\"step\": 2, \"loss\": 3, \"lr\": 0.001, \"note\": null}\n"
+    ck_assert_str_eq(text, "{\"step\": 1, \"loss\": 4, \"lr\": 0.001, \"note\": null, "
+                           "\"load\": {\"3\": 1.5}}\n"
+                           "{\"step\": 2, \"loss\": 3, \"lr\": 0.001, \"note\": null, "
+                           "\"load\": {\"3\": 1.5}}\n"
                            "{\"step\": 3, \"loss\": 2}\n");
     free(text);
 }

@@ -51,6 +51,30 @@ agree() {
         awk -v d="$d" -v t="$tol" 'BEGIN { exit !(d <= t) }' && ok || fail "$name: $key differs by $d"
     done
 }
+# moe_stats FILE: the MoE health of each logged step, a line "STEP KEY LAYER VALUE" a number
+# (expert_load_max, expert_load_min, router_entropy: objects of the layers by number).
+moe_stats() {
+    awk '{ s = $0; sub(/.*"step": /, "", s); step = s + 0
+           n = split("expert_load_max expert_load_min router_entropy", keys, " ")
+           for (k = 1; k <= n; k++) {
+               i = index($0, "\"" keys[k] "\": {"); if (!i) continue
+               o = substr($0, i + length(keys[k]) + 5); sub(/}.*/, "", o)
+               m = split(o, pairs, ", ")
+               for (p = 1; p <= m; p++) { split(pairs[p], kv, ": "); gsub(/"/, "", kv[1])
+                   print step, keys[k], kv[1], kv[2] } } }' "$1"
+}
+# moe_agree NAME A B TOL: the same MoE health numbers in two runs' metrics, each within TOL
+# relative (the loads are counts: a token routed elsewhere moves them by far more).
+moe_agree() {
+    local d
+    d=$(paste -d' ' <(moe_stats "$2") <(moe_stats "$3") | awk -v t="$4" '
+        { if ($1 != $5 || $2 != $6 || $3 != $7) { bad = "rows differ: " $0; exit }
+          d = $4 - $8; d = d < 0 ? -d : d; m = $4 < 0 ? -$4 : $4
+          r = d / (m > 1e-12 ? m : 1e-12); if (r > w) w = r; n++ }
+        END { if (bad != "") print bad; else if (NR != n || !n) print "none"; else printf "%.3g\n", w }')
+    awk -v d="$d" -v t="$4" 'BEGIN { exit !(d + 0 == d && d <= t) }' && ok ||
+        fail "$1: MoE health differs: $d"
+}
 same_params() {
     local name=$1 a=$2 b=$3 tol=$4 out
     if out=$("$cmp" "$a" "$b" "$tol" 2>&1); then ok; else fail "$name: $out"; fi
@@ -115,7 +139,7 @@ echo "1 rank vs z4: parameters and moments: $out"
 #     the gradient's rounding, so the parameters of two summation orders differ in proportion
 #     to lr: up to 2.3e-5 at 3e-3, 2.4e-6 at 3e-4, while the losses agree to 1e-8 either way
 #     (doc/parallel.md).
-mp=("${small[@]}" --set train.lr=3e-4 --set train.min_lr=3e-5)
+mp=("${small[@]}" --set train.lr=3e-4 --set train.min_lr=3e-5 --set train.log_every=5)
 dense=(--set model.arch=qwen3 --set model.intermediate_size=96)
 "$bin" train "$cfg" "${mp[@]}" --set run.out_dir="$tmp/m1" > "$tmp/m1.log" 2>&1 ||
     { cat "$tmp/m1.log"; echo "FAIL: one-rank run (lr 3e-4)"; exit 1; }
@@ -161,7 +185,18 @@ for layout in "tp2 2 m1 --set parallel.tp=2" \
         > "$tmp/$name.log" 2>&1 || { fail "$name run: $(tail -n 3 "$tmp/$name.log")"; continue; }
     agree "1 rank vs $name" "$tmp/$ref/metrics.jsonl" "$tmp/$name/metrics.jsonl" 1e-5
     same_params "1 rank vs $name" "$(ck $ref 10)" "$(ck $name 10)" 1e-5
+    [ "$ref" = d1 ] || [ "$ref" = l1 ] ||
+        moe_agree "1 rank vs $name" "$tmp/$ref/metrics.jsonl" "$tmp/$name/metrics.jsonl" 1e-5
 done
+# the MoE health of a logged step: every routed layer, loads about their mean, the entropy of a
+# router over 4 experts at most log 4; GLM-4.5's dense first layer has none, a dense model none
+moe_stats "$tmp/m1/metrics.jsonl" | awk '{ n++ } $2 == "expert_load_max" && $4 < 1 { bad = 1 }
+    $2 == "expert_load_min" && ($4 > 1 || $4 < 0) { bad = 1 }
+    $2 == "router_entropy" && ($4 <= 0 || $4 > log(4)) { bad = 1 }
+    END { exit bad || n != 2 * 3 * 2 }' && ok || fail "MoE health of one rank: $(moe_stats "$tmp/m1/metrics.jsonl")"
+[ "$(moe_stats "$tmp/g1/metrics.jsonl" | awk '$3 == 0' | wc -l)" = 0 ] &&
+    [ "$(moe_stats "$tmp/g1/metrics.jsonl" | wc -l)" = 6 ] && ok || fail "MoE health of glm4_moe"
+[ -z "$(moe_stats "$tmp/d1/metrics.jsonl")" ] && ok || fail "MoE health of a dense model"
 grep -q "1F1B pipeline" "$tmp/pp2.log" && ok || fail "pp2 does not report the 1F1B schedule"
 # Low precision under parallel layouts (doc/parallel.md): where a recipe's rounding scopes do
 # not depend on the layout (bf16, fp8-block, nvfp4-moe, mxfp4 and mxfp4 with random Hadamard

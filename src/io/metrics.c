@@ -141,6 +141,28 @@ static void put_scalar(buf *summary, const char *tag, float v)
     free(val.b);
 }
 
+// Summary.value (1): a Value of tag (1), metadata (9: plugin_data (1) of plugin_name (1)
+// "text") and tensor (8: a TensorProto of dtype (1) DT_STRING = 7, an empty tensor_shape (2),
+// one string_val (8)): what TensorBoard's text plugin shows, as Markdown.
+static void put_text(buf *summary, const char *tag, const char *text)
+{
+    buf val = {0}, meta = {0}, plugin = {0}, tensor = {0};
+    put_bytes(&plugin, 1, "text", 4);
+    put_bytes(&meta, 1, plugin.b, plugin.n);
+    put_varint(&tensor, 1 << 3 | 0);
+    put_varint(&tensor, 7);
+    put_bytes(&tensor, 2, "", 0);
+    put_bytes(&tensor, 8, text, strlen(text));
+    put_bytes(&val, 1, tag, strlen(tag));
+    put_bytes(&val, 9, meta.b, meta.n);
+    put_bytes(&val, 8, tensor.b, tensor.n);
+    put_bytes(summary, 1, val.b, val.n);
+    free(val.b);
+    free(meta.b);
+    free(plugin.b);
+    free(tensor.b);
+}
+
 // One TFRecord around the event bytes.
 static void write_record(FILE *f, const buf *e)
 {
@@ -225,6 +247,28 @@ lb_metrics *lb_metrics_open(const char *out_dir, const char *file, const char *p
     return m;
 }
 
+// Every number of member `it` as the scalar TAG/KEY, an object's as TAG/KEY/ITS_KEY (the
+// per-layer metrics: train/expert_load_max/3); other values are not plotted.
+static void put_numbers(buf *summary, const char *tag, const cJSON *it)
+{
+    char sub[256];
+    snprintf(sub, sizeof sub, "%s/%s", tag, it->string);
+    if (cJSON_IsNumber(it)) put_scalar(summary, sub, (float)it->valuedouble);
+    if (cJSON_IsObject(it))
+        for (const cJSON *c = it->child; c; c = c->next) put_numbers(summary, sub, c);
+}
+
+// An event of one summary at step.
+static void write_summary(lb_metrics *m, int64_t step, const buf *summary)
+{
+    buf e = {0};
+    put_event(&e, wall_now(), step, NULL, summary);
+    long at = record_start(m->tb);
+    write_record(m->tb, &e);
+    written_or_stop(m->tb, at, m->tb_path);
+    free(e.b);
+}
+
 void lb_metrics_printf(lb_metrics *m, const char *fmt, ...)
 {
     char *line = NULL;
@@ -242,24 +286,33 @@ void lb_metrics_printf(lb_metrics *m, const char *fmt, ...)
     cJSON *j = cJSON_Parse(line);
     const cJSON *step = j ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL;
     if (cJSON_IsNumber(step)) {
-        buf summary = {0}, e = {0};
-        for (const cJSON *it = j->child; it; it = it->next) {
-            if (it == step || !cJSON_IsNumber(it)) continue;
-            char tag[160];
-            snprintf(tag, sizeof tag, "%s/%s", m->prefix, it->string);
-            put_scalar(&summary, tag, (float)it->valuedouble);
-        }
-        if (summary.n) {
-            put_event(&e, wall_now(), (int64_t)step->valuedouble, NULL, &summary);
-            long at = record_start(m->tb);
-            write_record(m->tb, &e);
-            written_or_stop(m->tb, at, m->tb_path);
-        }
+        buf summary = {0};
+        for (const cJSON *it = j->child; it; it = it->next)
+            if (it != step) put_numbers(&summary, m->prefix, it);
+        if (summary.n) write_summary(m, (int64_t)step->valuedouble, &summary);
         free(summary.b);
-        free(e.b);
     }
     cJSON_Delete(j);
     free(line);
+}
+
+void lb_metrics_text(lb_metrics *m, int64_t step, const char *key, const char *text)
+{
+    char tag[160];
+    snprintf(tag, sizeof tag, "%s/%s", m->prefix, key);
+    buf md = {0}, summary = {0};   // each line indented four spaces: Markdown's code block
+    for (const char *l = text; *l;) {
+        const char *end = strchr(l, '\n');
+        size_t len = end ? (size_t)(end - l + 1) : strlen(l);
+        put(&md, "    ", 4);
+        put(&md, l, len);
+        l += len;
+    }
+    put(&md, "", 1);
+    put_text(&summary, tag, (const char *)md.b);
+    free(md.b);
+    write_summary(m, step, &summary);
+    free(summary.b);
 }
 
 void lb_metrics_close(lb_metrics *m)

@@ -1,7 +1,8 @@
 // metrics.h: a run's metrics, as JSON lines (OUT_DIR/metrics.jsonl, one object a step, each
 // starting {"step": N) and, beside them, as TensorBoard event files
 // (OUT_DIR/events.out.tfevents.*): every number of a line becomes the scalar PREFIX/KEY at
-// that step, so `tensorboard --logdir OUT_DIR` plots what metrics.jsonl holds.
+// that step (a number inside an object member PREFIX/KEY/ITS_KEY), so `tensorboard --logdir
+// OUT_DIR` plots what metrics.jsonl holds.
 //
 // Event files are TFRecords (a little-endian u64 length, its masked CRC-32C, the bytes, their
 // masked CRC-32C) of tensorflow.Event protos: the first holds file_version "brain.Event:2",
@@ -24,6 +25,10 @@ lb_metrics *lb_metrics_open(const char *out_dir, const char *file, const char *p
 // One JSON line (printf format, no newline): appended to FILE and its numbers to the event
 // file, both flushed.
 void lb_metrics_printf(lb_metrics *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// TEXT as the text summary PREFIX/KEY at step in the event file alone, shown as it is
+// (TensorBoard's Text tab; each line indented as a Markdown code block); metrics.jsonl is not
+// touched. The run's resolved configuration goes there.
+void lb_metrics_text(lb_metrics *m, int64_t step, const char *key, const char *text);
 void lb_metrics_close(lb_metrics *m);
 
 // CRC-32C (Castagnoli) of n bytes, and TFRecord's masked form of it (exposed for tests).

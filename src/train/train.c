@@ -382,6 +382,7 @@ static int train_announce(train_run *x)
         x->metrics = lb_metrics_open(c->run.out_dir, c->train.metrics_file, "train",
                                      x->resume[0] ? (long)x->st.step : -1, err, sizeof err);
     if (lb_run_failed(r, r->root && !x->metrics, err)) return 1;
+    if (x->metrics) lb_metrics_text(x->metrics, x->resume[0] ? x->st.step : 0, "config", x->ini);
     return c->mlperf.enabled ? train_mlperf_open(x) : 0;
 }
 
@@ -418,10 +419,36 @@ static void read_micro_batches(train_run *x)
     }
 }
 
+// The MoE health of a logged step (lb_model_moe_stats_end; collective) as metrics members
+// after a comma, each an object of the MoE layers by number: the most and the fewest tokens an
+// expert got over the mean, and the router's mean entropy in nats. "" for a dense model.
+static char *moe_metrics(train_run *x)
+{
+    const int L = x->c->model.num_hidden_layers;
+    double *v = lb_malloc(3 * (size_t)L * sizeof(double));
+    lb_model_moe_stats_end(x->m, x->run.world, v, v + L, v + 2 * L);
+    static const char *const key[3] = {"expert_load_max", "expert_load_min", "router_entropy"};
+    size_t cap = 64 + (size_t)L * 3 * 40, n = 0;
+    char *s = lb_malloc(cap);
+    s[0] = 0;
+    for (int k = 0; k < 3; k++) {
+        const char *sep = "";
+        for (int l = 0; l < L; l++) {
+            if (isnan(v[k * L + l])) continue;
+            if (!*sep) n += (size_t)snprintf(s + n, cap - n, ", \"%s\": {", key[k]);
+            n += (size_t)snprintf(s + n, cap - n, "%s\"%d\": %.6g", sep, l, v[k * L + l]);
+            sep = ", ";
+        }
+        if (*sep) n += (size_t)snprintf(s + n, cap - n, "}");
+    }
+    free(v);
+    return s;
+}
+
 // Rank 0's progress: the logged step's line, or between logged steps on a terminal one short
 // line rewritten in place; and the step's metrics.
 static void log_step(train_run *x, int step, double loss, const double sums[2], double lr,
-                     double norm, double now, double dt)
+                     double norm, double now, double dt, const char *moe)
 {
     const lb_config *c = x->c;
     const long tokens_step = (long)x->B * x->T * x->G;   // the global batch
@@ -451,9 +478,9 @@ static void log_step(train_run *x, int step, double loss, const double sums[2], 
     lb_metrics_printf(x->metrics,
                       "{\"step\": %d, \"loss\": %.9g, \"ce_loss\": %.9g, \"aux_loss\": "
                       "%.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %ld, "
-                      "\"tokens_per_s\": %.1f, \"step_s\": %.6f, \"mem_mib\": %.0f}",
+                      "\"tokens_per_s\": %.1f, \"step_s\": %.6f, \"mem_mib\": %.0f%s}",
                       step, loss, sums[0], sums[1], lr, norm, (long)step * tokens_step, tok_s,
-                      dt, max_rss_mib());
+                      dt, max_rss_mib(), moe);
 }
 
 // Validation when due: the loss on every rank, logged by rank 0. Under [mlperf] on its
@@ -524,6 +551,9 @@ static int train_step(train_run *x, int step)
     lb_run *r = &x->run;
     lb_comm *comm = r->world;
     double ts = lb_now();
+    const int logged = c->train.log_every > 0 &&
+                       (step % c->train.log_every == 0 || step == c->train.steps);
+    if (logged) lb_model_moe_stats_begin(x->m);
     lb_model_zero_grad(x->m);
     read_micro_batches(x);
     double sums[2] = {0.0, 0.0};   // cross-entropy, aux over this rank's micro-batches
@@ -542,7 +572,9 @@ static int train_step(train_run *x, int step)
     lb_model_router_bias_update(x->m, comm);   // the sigmoid router's balancing (glm4_moe)
     r->be->sync(r->be);
     double now = lb_now();
-    if (r->root) log_step(x, step, loss, sums, lr, norm, now, now - ts);
+    char *moe = logged ? moe_metrics(x) : NULL;
+    if (r->root) log_step(x, step, loss, sums, lr, norm, now, now - ts, moe ? moe : "");
+    free(moe);
     int stop = train_validate(x, step);
     if (r->root) fflush(stdout);
     int sig = stop_requested(comm);
