@@ -9,66 +9,75 @@
 #include "src/rl/reward.h"
 #include "tests/testutil.h"
 
-static int match(const char *completion, const char *answer)
-{
-    return lb_answer_match(completion, strlen(completion), answer);
-}
+// (completion, reference, 1 when they match)
+static const struct {
+    const char *completion, *answer;
+    int match;
+} answer_cases[] = {
+    // several numbers: the last one counts
+    {"3 apples and 4 pears make 7", "7", 1},
+    {"The answer is 7. Check: 3+4", "7", 0},
+    {"#### 42\n", "42", 1},
+    // signs: a '-' after a digit or letter is an operator, not a sign
+    {"x = -3", "-3", 1},
+    {"x = -3", "3", 0},
+    {"10-3=7", "7", 1},
+    {"5-3", "3", 1},
+    {"5-3", "-3", 0},
+    {"it is \xe2\x88\x92" "4", "-4", 1},   // U+2212 minus
+    {"(-2)", "-2", 1},
+    {"+5", "5", 1},
+    // thousands and trailing zeros
+    {"It costs 1,000 dollars", "1000", 1},
+    {"1000", "1,000", 1},
+    {"1,234,567", "1234567", 1},
+    {"the list 1,2,3", "3", 1},            // not a thousands group
+    {"3.50", "3.5", 1},
+    {"3.0", "3", 1},
+    {"3.05", "3.5", 0},
+    {"it is .5", "0.5", 1},
+    // fractions: equal as exact rationals
+    {"1/2", "0.5", 1},
+    {"0.50", "1/2", 1},
+    {"2/4", "1/2", 1},
+    {"\\frac{1}{2}", "0.5", 1},
+    {"-\\dfrac{3}{4}", "-0.75", 1},
+    {"0.333", "1/3", 0},
+    {"1/0", "1", 0},                      // no fraction: the last number is 0
+    // units and currency
+    {"She pays $5.", "5", 1},
+    {"5 cm", "5", 1},
+    {"5", "5 cm", 1},
+    {"5", "$5", 1},
+    {"50%", "50", 1},
+    {"50", "50\\%", 1},
+    {"no number here", "5", 0},
+    {"", "5", 0},
+    // \boxed{}: the last complete one, nested braces kept, over any later number
+    {"so \\boxed{12} from 3 and 4", "12", 1},
+    {"\\boxed{1} then \\boxed{2}", "2", 1},
+    {"\\boxed{\\frac{1}{2}}", "1/2", 1},
+    {"\\boxed{\\frac{\\pi}{2}}", "\\frac{\\pi}{2}", 1},
+    {"\\boxed{ x^2 + 1 }", "x^2+1", 1},
+    {"\\boxed{\\dfrac{\\pi}{2}}", "\\frac{\\pi}{2}", 1},
+    {"\\boxed{x^2+2}", "x^2+1", 0},
+    {"\\boxed{5 apples and 6}", "6", 0},  // a boxed text is not one number
+    {"\\boxed{12", "12", 1},                // unclosed: ignored, the last number
+    {"\\boxed{1,000}", "\\boxed{1000}", 1}, // a reference written boxed
+    {"7", "x+1", 0},                       // a text answer needs a \boxed{}
+    // beyond 18 digits numbers are not compared
+    {"1234567890123456789", "1234567890123456789", 0},
+};
 
 START_TEST(test_answer_match)
 {
-    // several numbers: the last one counts
-    ck_assert(match("3 apples and 4 pears make 7", "7"));
-    ck_assert(!match("The answer is 7. Check: 3+4", "7"));
-    ck_assert(match("#### 42\n", "42"));
-    // signs: a '-' after a digit or letter is an operator, not a sign
-    ck_assert(match("x = -3", "-3"));
-    ck_assert(!match("x = -3", "3"));
-    ck_assert(match("10-3=7", "7"));
-    ck_assert(match("5-3", "3"));
-    ck_assert(!match("5-3", "-3"));
-    ck_assert(match("it is \xe2\x88\x92" "4", "-4"));   // U+2212 minus
-    ck_assert(match("(-2)", "-2"));
-    ck_assert(match("+5", "5"));
-    // thousands and trailing zeros
-    ck_assert(match("It costs 1,000 dollars", "1000"));
-    ck_assert(match("1000", "1,000"));
-    ck_assert(match("1,234,567", "1234567"));
-    ck_assert(match("the list 1,2,3", "3"));            // not a thousands group
-    ck_assert(match("3.50", "3.5"));
-    ck_assert(match("3.0", "3"));
-    ck_assert(!match("3.05", "3.5"));
-    ck_assert(match("it is .5", "0.5"));
-    // fractions: equal as exact rationals
-    ck_assert(match("1/2", "0.5"));
-    ck_assert(match("0.50", "1/2"));
-    ck_assert(match("2/4", "1/2"));
-    ck_assert(match("\\frac{1}{2}", "0.5"));
-    ck_assert(match("-\\dfrac{3}{4}", "-0.75"));
-    ck_assert(!match("0.333", "1/3"));
-    ck_assert(!match("1/0", "1"));                      // no fraction: the last number is 0
-    // units and currency
-    ck_assert(match("She pays $5.", "5"));
-    ck_assert(match("5 cm", "5"));
-    ck_assert(match("5", "5 cm"));
-    ck_assert(match("5", "$5"));
-    ck_assert(match("50%", "50"));
-    ck_assert(match("50", "50\\%"));
-    ck_assert(!match("no number here", "5"));
-    ck_assert(!match("", "5"));
-    // \boxed{}: the last complete one, nested braces kept, over any later number
-    ck_assert(match("so \\boxed{12} from 3 and 4", "12"));
-    ck_assert(match("\\boxed{1} then \\boxed{2}", "2"));
-    ck_assert(match("\\boxed{\\frac{1}{2}}", "1/2"));
-    ck_assert(match("\\boxed{\\frac{\\pi}{2}}", "\\frac{\\pi}{2}"));
-    ck_assert(match("\\boxed{ x^2 + 1 }", "x^2+1"));
-    ck_assert(match("\\boxed{\\dfrac{\\pi}{2}}", "\\frac{\\pi}{2}"));
-    ck_assert(!match("\\boxed{x^2+2}", "x^2+1"));
-    ck_assert(!match("\\boxed{5 apples and 6}", "6"));  // a boxed text is not one number
-    ck_assert(match("\\boxed{12", "12"));                // unclosed: ignored, the last number
-    ck_assert(match("\\boxed{1,000}", "\\boxed{1000}")); // a reference written boxed
-    ck_assert(!match("7", "x+1"));                       // a text answer needs a \boxed{}
-    // beyond 18 digits numbers are not compared
-    ck_assert(!match("1234567890123456789", "1234567890123456789"));
+    for (size_t i = 0; i < sizeof answer_cases / sizeof answer_cases[0]; i++) {
+        const char *c = answer_cases[i].completion;
+        ck_assert_msg(lb_answer_match(c, strlen(c), answer_cases[i].answer) ==
+                          answer_cases[i].match,
+                      "'%s' against '%s': want %d", c, answer_cases[i].answer,
+                      answer_cases[i].match);
+    }
     char out[64];
     ck_assert_int_eq(lb_answer_final("a 1 b \\boxed{x{y}} c 2", 22, out, sizeof out), 0);
     ck_assert_str_eq(out, "x{y}");
@@ -231,25 +240,25 @@ START_TEST(test_reward_command_failures)
     ck_assert_int_eq(lb_reward_command_run(&c, items, 1, v, NULL, err, sizeof err), -1);
     ck_assert_str_eq(err, "rl.reward_command: 'echo abc' printed 'abc' on line 1 of a batch of "
                           "1, not one number (prompt 'p', completion '0?')");
-    c.command = "echo 1 2";
-    ck_assert_int_eq(lb_reward_command_run(&c, items, 1, v, NULL, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "printed '1 2' on line 1"), "%s", err);
-    c.command = "true";
-    ck_assert_int_eq(lb_reward_command_run(&c, items, 1, v, NULL, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "printed 0 line(s) for a batch of 1"), "%s", err);
-    c.command = "echo nan";
-    ck_assert_int_eq(lb_reward_command_run(&c, items, 1, v, NULL, err, sizeof err), -1);
-    c.command = "kill -9 $$";
-    ck_assert_int_eq(lb_reward_command_run(&c, items, 1, v, NULL, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "killed by signal 9"), "%s", err);
-    // a batch of 3 answered with 2 lines, and with 4: the count is checked
-    c.command = "printf '1\\n2\\n'";
+    // (command, completions in its one batch, what the message says)
+    static const struct {
+        const char *command;
+        int n;
+        const char *want;
+    } bad[] = {
+        {"echo 1 2", 1, "printed '1 2' on line 1"},
+        {"true", 1, "printed 0 line(s) for a batch of 1"},
+        {"echo nan", 1, "printed 'nan' on line 1"},
+        {"kill -9 $$", 1, "killed by signal 9"},
+        {"printf '1\\n2\\n'", 3, "printed 2 line(s) for a batch of 3"},   // too few lines
+        {"printf '1\\n2\\n3\\n4\\n'", 3, "printed more than 3 line(s)"},   // too many
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        lb_reward_cmd b = {bad[i].command, 3, 2, 10, 0};
+        ck_assert_int_eq(lb_reward_command_run(&b, items, bad[i].n, v, NULL, err, sizeof err), -1);
+        ck_assert_msg(strstr(err, bad[i].want), "'%s': %s", bad[i].command, err);
+    }
     c.batch = 3;
-    ck_assert_int_eq(lb_reward_command_run(&c, items, 3, v, NULL, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "printed 2 line(s) for a batch of 3"), "%s", err);
-    c.command = "printf '1\\n2\\n3\\n4\\n'";
-    ck_assert_int_eq(lb_reward_command_run(&c, items, 3, v, NULL, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "printed more than 3 line(s)"), "%s", err);
     // a command that exits without reading its input: its status, not a SIGPIPE of ours
     c.command = "echo 1; echo 2; echo 3";
     ck_assert_int_eq(lb_reward_command_run(&c, items, 3, v, NULL, err, sizeof err), 0);
