@@ -657,13 +657,13 @@ static int rl_check(rl_run *x)
     if (x->fp) file_fill(x->fp, 0, 0, &probe);
     else arith_fill(c, x->tk, lb_arith_nth(c, 0, 0), &probe);
     lb_reward_item it = {probe.text, probe.answer, "", 0, 0};
-    bad = lb_rewards_check(&x->rw, &it, err, sizeof err) != 0;
-    if (bad) {
-        char line[600];
+    char msg[1000];   // with where and the line, within err
+    bad = lb_rewards_check(&x->rw, &it, msg, sizeof msg) != 0;
+    if (bad) {   // where the command was set, what failed, the line it was given
         char *json = lb_reward_item_json(&it);
-        snprintf(line, sizeof line, " (test line %.500s)", json);
+        snprintf(err, sizeof err, "%s%s (test line %.400s)",
+                 lb_key_where(c, "rl", "reward_command", where, sizeof where), msg, json);
         free(json);
-        strncat(err, line, sizeof err - strlen(err) - 1);
     }
     return lb_run_failed(&x->run, bad, err) ? 1 : 0;
 }
