@@ -1,7 +1,7 @@
 #!/bin/bash
 # `lowbit rl` on a JSON-lines prompt set with reference answers (doc/rl.md, "Your own
 # prompts"), on the CPU, from a small MoE pretrained here on the arithmetic corpus:
-# - built-in rewards (answer_exact, answer_regex): sampler and trainer agree exactly on every
+# - examples/rl-prompts.cfg, built-in rewards (answer_exact, answer_regex): sampler and trainer agree exactly on every
 #   step, validation pass@k runs, and the reward rises on a task the model learns in a few
 #   steps (one-digit answers, which it does not give at first);
 # - the reward command in batches, several at once, gives the rewards the built-in regex gives;
@@ -30,18 +30,12 @@ pre=(--set data.train_files="$tmp/arith_train_*.bin" --set data.val_files=
 init="$tmp/pre/checkpoints/step_00000150.safetensors"
 [ -f "$init" ] || fail "no pretrained checkpoint"
 
-# One-digit problems with one-digit answers, as JSON lines; the model pretrained on 0..99
-# answers them with two or three digits at first.
-awk 'BEGIN { srand(5); while (n < 300) { a = int(rand() * 10); b = int(rand() * 10)
-      if (rand() < 0.5) { if (a + b < 10) { printf "{\"prompt\": \"\\n%d+%d=\", \"answer\": \"%d\"}\n", a, b, a + b; n++ } }
-      else if (a >= b) { printf "{\"prompt\": \"\\n%d-%d=\", \"answer\": %d}\n", a, b, a - b; n++ } } }' \
-    > "$tmp/p.jsonl"
-rl=(--set rl.init="$init" --set rl.prompts_file="$tmp/p.jsonl" --set rl.val_fraction=0.1
-    --set rl.prompts=8 --set rl.group=8 --set rl.eval_problems=10 --set rl.eval_samples=4
-    --set rl.eval_every=4 --set sample.max_new_tokens=4 --set train.lr=0.003
+# examples/rl-prompts.cfg on examples/rl-prompts.jsonl: one-digit problems with one-digit
+# answers, which the model pretrained on 0..99 answers with two or three digits at first.
+cfg="$src/examples/rl-prompts.cfg"
+rl=(--set rl.init="$init" --set rl.prompts_file="$src/examples/rl-prompts.jsonl"
+    --set rl.prompts=8 --set rl.group=8 --set rl.eval_problems=10 --set rl.eval_every=4
     --set train.log_every=0 --set run.threads=1)
-builtin=(--set rl.rewards=answer_exact,answer_regex --set 'rl.reward_regex=^[0-9]\n$')
-
 exact() {   # NAME METRICS: sampler and trainer agreed on every step
     for f in train_rollout_logprob_abs_diff train_rollout_logprob_abs_diff_max; do
         bad=$(field $f "$2" | grep -vx 0 || true)
@@ -52,10 +46,10 @@ exact() {   # NAME METRICS: sampler and trainer agreed on every step
     echo "$1: train_rollout_logprob_abs_diff = 0 on every step"
 }
 
-"$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" "${builtin[@]}" --set rl.steps=8 \
+"$bin" rl "$cfg" "${rl[@]}" --set rl.steps=8 \
     --set checkpoint.save_every=4 --set run.out_dir="$tmp/a" > "$tmp/a.log"
 m="$tmp/a/metrics.jsonl"
-grep -q "prompts from .*p.jsonl: 270 to train, 30 to validate" "$tmp/a.log" ||
+grep -q "prompts from .*rl-prompts.jsonl: 270 to train, 30 to validate" "$tmp/a.log" ||
     { cat "$tmp/a.log"; fail "the run does not say where its prompts come from"; }
 [ "$(field step "$m" | wc -l)" = 8 ] || fail "expected 8 RL steps"
 exact builtin "$m"
@@ -68,7 +62,7 @@ echo "$r" | awk '{ last = ($6 + $7 + $8) / 3; exit !(last > $1 + 0.3) }' ||
     fail "the reward did not rise: $r"
 
 # Resume from step 4: steps 5..8 and the final weights and moments as the uninterrupted run's.
-"$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" "${builtin[@]}" --set rl.steps=8 \
+"$bin" rl "$cfg" "${rl[@]}" --set rl.steps=8 \
     --set checkpoint.save_every=4 \
     --set checkpoint.resume="$tmp/a/checkpoints/step_00000004.safetensors" \
     --set run.out_dir="$tmp/b" > "$tmp/b.log"
@@ -91,8 +85,8 @@ chmod +x "$tmp/digit.sh"
 regex=(--set rl.rewards=answer_regex --set 'rl.reward_regex=^[0-9]\n$' --set rl.steps=3)
 command=(--set rl.rewards= --set rl.reward_command="$tmp/digit.sh" --set rl.reward_batch=4
          --set rl.reward_workers=3 --set rl.steps=3)
-"$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" "${regex[@]}" --set run.out_dir="$tmp/re" > /dev/null
-"$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" "${command[@]}" --set run.out_dir="$tmp/cmd" > /dev/null
+"$bin" rl "$cfg" "${rl[@]}" "${regex[@]}" --set run.out_dir="$tmp/re" > /dev/null
+"$bin" rl "$cfg" "${rl[@]}" "${command[@]}" --set run.out_dir="$tmp/cmd" > /dev/null
 diff <(strip "$tmp/re/metrics.jsonl") <(strip "$tmp/cmd/metrics.jsonl") > /dev/null ||
     fail "the reward command's run differs from the built-in regex's"
 field reward_std "$tmp/cmd/metrics.jsonl" | awk '$1 > 0 { ok = 1 } END { exit !ok }' ||
@@ -100,7 +94,7 @@ field reward_std "$tmp/cmd/metrics.jsonl" | awk '$1 > 0 { ok = 1 } END { exit !o
 
 # Data parallelism: two ranks sample and score their own prompts (the command runs there);
 # the rollouts, rewards and evaluations are one rank's exactly.
-timeout 120 mpirun --oversubscribe -np 2 "$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" \
+timeout 120 mpirun --oversubscribe -np 2 "$bin" rl "$cfg" "${rl[@]}" \
     "${command[@]}" --set run.out_dir="$tmp/dp2" > "$tmp/dp2.log" 2>&1 ||
     fail "dp2: $(tail -n 3 "$tmp/dp2.log")"
 exact dp2 "$tmp/dp2/metrics.jsonl"
@@ -115,7 +109,7 @@ tok="$src/tests/data/tok_kjv/tokenizer.json"
     --set train.steps=2 --set run.out_dir="$tmp/pre-bpe" > /dev/null
 bpe=(--set rl.init="$tmp/pre-bpe/checkpoints/step_00000002.safetensors" --set data.tokenizer="$tok"
      --set sample.stop_tokens=0 --set rl.steps=2 --set rl.eval_every=0)
-"$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" "${builtin[@]}" "${bpe[@]}" \
+"$bin" rl "$cfg" "${rl[@]}" "${bpe[@]}" \
     --set 'rl.chat_template=<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n' \
     --set run.out_dir="$tmp/chat" > /dev/null
 exact "chat template" "$tmp/chat/metrics.jsonl"
@@ -129,14 +123,21 @@ expect_error() {   # NAME PATTERN CMD...
     grep -Eq -- "$pattern" "$tmp/err" || { cat "$tmp/err"; fail "$name: stderr lacks '$pattern'"; }
     [ ! -e "$tmp/bad" ] || fail "$name: work was done"
 }
-{ head -n 2 "$tmp/p.jsonl"; echo '{"prompt": "1+1="}'; } > "$tmp/noanswer.jsonl"
+{ head -n 2 "$src/examples/rl-prompts.jsonl"; echo '{"prompt": "1+1="}'; } > "$tmp/noanswer.jsonl"
 expect_error no-answer 'noanswer.jsonl:3: no "answer" as a string or a number' \
-    "$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" --set rl.prompts_file="$tmp/noanswer.jsonl"
+    "$bin" rl "$cfg" "${rl[@]}" --set rl.prompts_file="$tmp/noanswer.jsonl"
 expect_error bad-command "rl.reward_command: 'echo yes' printed 'yes' on line 1 of a batch of 1, not one number \(prompt '\?[0-9][-+][0-9]=', completion ''\)" \
-    "$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" --set rl.reward_command="echo yes"
+    "$bin" rl "$cfg" "${rl[@]}" --set rl.reward_command="echo yes"
 expect_error bad-token "rl.chat_template: '<\|user\|>' is not a token of .*tokenizer.json" \
-    "$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" "${bpe[@]}" \
+    "$bin" rl "$cfg" "${rl[@]}" "${bpe[@]}" \
     --set 'rl.chat_template=<|user|>{prompt}'
 expect_error no-val "rl.val_fraction is 0 and rl.val_file is empty" \
-    "$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" --set rl.val_fraction=0
+    "$bin" rl "$cfg" "${rl[@]}" --set rl.val_fraction=0
+printf '[rl]\nprompts_file = %s\nrewards = answer_regex\nreward_regex = (\n' \
+    "$src/examples/rl-prompts.jsonl" > "$tmp/regex.cfg"
+expect_error bad-regex "regex.cfg:4: rl.reward_regex: '\(' at offset 1: missing closing parenthesis" \
+    "$bin" rl "$tmp/regex.cfg" --set rl.init="$init"
+printf '[rl]\nprompts_file = %s\n' "$tmp/noanswer.jsonl" > "$tmp/noanswer.cfg"
+expect_error no-answer-cfg "noanswer.cfg:2: .*noanswer.jsonl:3: no \"answer\"" \
+    "$bin" rl "$tmp/noanswer.cfg" --set rl.init="$init"
 echo "PASS"
