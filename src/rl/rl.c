@@ -1,11 +1,13 @@
 // rl.c: `lowbit rl`: GRPO with the sampler inside the trainer (doc/rl.md).
 //
-// One step: P prompts of the arithmetic task's train split, G completions each from the
-// sampler (the model's own weights and weight cache; nothing is copied), rewards from the
-// registry and the optional command, group-normalised advantages, then the trainer recomputes
-// every response token's log-prob with the training forward (lp_old: the policy that sampled),
-// and M mini-batches each take one optimizer step on GRPO's clipped, token-mean objective
-// (src/rl/grpo.h), the gradient entering at the logits through per-token weights. The optimizer
+// One step: P prompts of the arithmetic task's train split or of rl.prompts_file's train
+// prompts (src/rl/prompts.h), G completions each from the sampler (the model's own weights and
+// weight cache; nothing is copied), rewards from the registry and the optional command (all of
+// a rank's completions in one call, src/rl/reward.h), group-normalised advantages, then the
+// trainer recomputes every response token's log-prob with the training forward (lp_old: the
+// policy that sampled), and M mini-batches each take one optimizer step on GRPO's clipped,
+// token-mean objective (src/rl/grpo.h), the gradient entering at the logits through per-token
+// weights. The optimizer
 // step marks the weight cache stale; the next rollout's first forward re-quantizes it. Under
 // mpirun the prompts are split over the data-parallel ranks; under tensor and expert
 // parallelism the model, the reference and the optimizer are pieces as in `lowbit train`, and
