@@ -104,7 +104,7 @@ expect_error() {   # NAME PATTERN CMD...
     grep -Eq -- "$pattern" "$tmp/err" || { cat "$tmp/err"; fail "$name: stderr lacks '$pattern'"; }
 }
 printf '[rl]\ninit = %s\nrewards = arith_exact,bogus\n' "$init" > "$tmp/bad.cfg"
-expect_error bad-reward "bad.cfg:3: rl.rewards: unknown reward 'bogus' \(registered: arith_exact, arith_format, arith_digits\)" \
+expect_error bad-reward "bad.cfg:3: rl.rewards: unknown reward 'bogus' \(registered: arith_exact, arith_format, arith_digits, answer_exact, answer_regex, answer_format\)" \
     "$bin" rl "$tmp/bad.cfg"
 printf '[rl]\ninit = %s\n[sample]\nstop_tokens = 10,x\n' "$init" > "$tmp/stop.cfg"
 expect_error bad-stop "stop.cfg:4: sample.stop_tokens: '10,x' is not a list of token ids" "$bin" rl "$tmp/stop.cfg"

@@ -115,7 +115,18 @@ typedef struct {
         double adv_eps;            // added to the group std
         char rewards[128];         // comma list of reward functions (src/rl/reward.c)
         double format_reward;      // what arith_format pays
-        char reward_command[LB_PATH_MAX];   // external reward: JSON line in, number out
+        char reward_regex[256];    // answer_regex's PCRE2 pattern
+        char reward_command[LB_PATH_MAX];   // external reward: JSON lines in, numbers out
+        int reward_batch;          // completions a run
+        int reward_workers;        // its runs at once
+        double reward_timeout;     // seconds a run may take, 0 = no limit
+        double reward_timeout_value;   // the reward of a completion whose run timed out
+        char prompts_file[LB_PATH_MAX];   // JSON lines of prompts and answers, "" = arithmetic
+        char val_file[LB_PATH_MAX];       // its validation prompts, "" = rl.val_fraction of it
+        double val_fraction;       // share of prompts_file held out when val_file is empty
+        char prompt_field[64];     // the prompt's key in a line
+        char answer_field[64];     // the reference answer's key
+        char chat_template[256];   // text around {prompt}, "" = the prompt alone
         int eval_every;            // offline evaluation every N steps (0 = start and end)
         int eval_problems;         // held-out problems per evaluation
         int eval_samples;          // k of pass@k

@@ -1,11 +1,13 @@
 // rl.c: `lowbit rl`: GRPO with the sampler inside the trainer (doc/rl.md).
 //
-// One step: P prompts of the arithmetic task's train split, G completions each from the
-// sampler (the model's own weights and weight cache; nothing is copied), rewards from the
-// registry and the optional command, group-normalised advantages, then the trainer recomputes
-// every response token's log-prob with the training forward (lp_old: the policy that sampled),
-// and M mini-batches each take one optimizer step on GRPO's clipped, token-mean objective
-// (src/rl/grpo.h), the gradient entering at the logits through per-token weights. The optimizer
+// One step: P prompts of the arithmetic task's train split or of rl.prompts_file's train
+// prompts (src/rl/prompts.h), G completions each from the sampler (the model's own weights and
+// weight cache; nothing is copied), rewards from the registry and the optional command (all of
+// a rank's completions in one call, src/rl/reward.h), group-normalised advantages, then the
+// trainer recomputes every response token's log-prob with the training forward (lp_old: the
+// policy that sampled), and M mini-batches each take one optimizer step on GRPO's clipped,
+// token-mean objective (src/rl/grpo.h), the gradient entering at the logits through per-token
+// weights. The optimizer
 // step marks the weight cache stale; the next rollout's first forward re-quantizes it. Under
 // mpirun the prompts are split over the data-parallel ranks; under tensor and expert
 // parallelism the model, the reference and the optimizer are pieces as in `lowbit train`, and
@@ -23,6 +25,7 @@
 #include "src/io/data.h"
 #include "src/rl/grpo.h"
 #include "src/train/optim.h"
+#include "src/rl/prompts.h"
 #include "src/rl/reward.h"
 #include "src/cli/run.h"
 #include "src/io/metrics.h"
@@ -103,9 +106,13 @@ uint64_t lb_arith_nth(const lb_config *c, int val, uint64_t k)
 
 // One completion of a rollout and what the trainer needs of it.
 typedef struct {
-    char prompt[64];
-    int32_t ptok[64];
+    const char *text;              // the task's text, as the rewards see it (no template)
+    const char *answer;            // its reference answer
+    const int32_t *ptok;           // the prompt's tokens (template applied)
     int plen;
+    char abuf[64];                 // an arithmetic problem's own: "\n17+25=", its tokens,
+    int32_t atok[64];              // its answer
+    char aans[24];
     int32_t *tok;                  // (max_new_tokens)
     float *lp_roll;                // (max_new_tokens) sampler log-probs
     float *lp_old;                 // (max_new_tokens) trainer log-probs before the update
@@ -119,58 +126,110 @@ typedef struct {
     int problems;
 } rl_eval;
 
-// q's prompt text as tokens: its bytes, or data.tokenizer's ids (tk; a byte-level BPE token
-// holds at least one byte, so they fit ptok and the byte count bounds T).
-static void prompt_tokens(const lb_tokenizer *tk, rl_seq *q)
+// The prompts of rl.prompts_file: train and validation, each prompt's tokens (template
+// applied), and the train prompts' draw order.
+typedef struct {
+    lb_prompt_set all, train, val;   // all owns the strings; val from rl.val_file owns its own
+    int32_t **tok[2];              // [0] train, [1] val: each prompt's tokens
+    int *ntok[2];
+    lb_prompt_order order;
+    int max_tokens;                // the longest prompt
+} rl_prompts;
+
+// Prompt i of the train (val 0) or validation (1) prompts as q's.
+static void file_fill(const rl_prompts *f, int val, int i, rl_seq *q)
 {
+    const lb_prompt *p = &(val ? &f->val : &f->train)->p[i];
+    q->text = p->prompt;
+    q->answer = p->answer;
+    q->ptok = f->tok[val][i];
+    q->plen = f->ntok[val][i];
+}
+
+// text (n bytes) as tokens into a malloc'd array (*ntok of them): its bytes, or data.tokenizer's
+// ids (tk).
+static int32_t *encode_text(const lb_tokenizer *tk, const char *text, size_t n, int *ntok)
+{
+    int32_t *out;
     if (!tk) {
-        for (int i = 0; i < q->plen; i++) q->ptok[i] = (unsigned char)q->prompt[i];
-        return;
+        out = lb_malloc((n ? n : 1) * sizeof *out);
+        for (size_t i = 0; i < n; i++) out[i] = (unsigned char)text[i];
+        *ntok = (int)n;
+        return out;
     }
     char err[ERRLEN];
     lb_tokens t = {0};
-    if (lb_tokenizer_encode(tk, q->prompt, (size_t)q->plen, &t, err, sizeof err) != 0)
-        lb_die("rl: prompt \"%s\" through data.tokenizer: %s", q->prompt, err);
-    if (t.n > (size_t)q->plen)   // not byte-level BPE: T's bound would not hold
-        lb_die("rl: prompt \"%s\" is %zu tokens of data.tokenizer, more than its %d bytes",
-               q->prompt, t.n, q->plen);
-    for (size_t i = 0; i < t.n; i++) q->ptok[i] = (int32_t)t.ids[i];
-    q->plen = (int)t.n;
+    if (lb_tokenizer_encode(tk, text, n, &t, err, sizeof err) != 0)
+        lb_die("rl: prompt \"%s\" through data.tokenizer: %s", text, err);
+    out = lb_malloc((t.n ? t.n : 1) * sizeof *out);
+    for (size_t i = 0; i < t.n; i++) out[i] = (int32_t)t.ids[i];
+    *ntok = (int)t.n;
     lb_tokens_free(&t);
+    return out;
 }
 
-// The text of completion tokens tok (len) into buf (cap bytes, cut there): bytes, or decoded
-// token by token through tk (an id the tokenizer has no token for, in a model vocabulary larger
-// than the tokenizer's, adds nothing). Returns its length.
-static size_t completion_text(const lb_tokenizer *tk, const int32_t *tok, int len, char *buf,
-                              size_t cap)
+// Arithmetic problem pi as q's prompt: "\n17+25=" (the newline that precedes every problem in
+// the corpus), its tokens (a byte-level BPE token holds at least one byte, so they fit atok and
+// the byte count bounds T) and its answer.
+static void arith_fill(const lb_config *c, const lb_tokenizer *tk, uint64_t pi, rl_seq *q)
 {
-    size_t n = 0;
-    for (int i = 0; i < len && n < cap; i++) {
-        if (!tk) {
-            buf[n++] = (char)tok[i];
-            continue;
-        }
-        char err[ERRLEN];
+    int n = lb_arith_prompt(c, pi, q->abuf), nt;
+    int32_t *t = encode_text(tk, q->abuf, (size_t)n, &nt);
+    if (nt > n)   // not byte-level BPE: T's bound would not hold
+        lb_die("rl: prompt \"%s\" is %d tokens of data.tokenizer, more than its %d bytes",
+               q->abuf, nt, n);
+    memcpy(q->atok, t, (size_t)nt * sizeof *t);
+    free(t);
+    long v = 0;
+    q->text = q->abuf + 1;
+    lb_arith_answer(q->text, &v);
+    snprintf(q->aans, sizeof q->aans, "%ld", v);
+    q->answer = q->aans;
+    q->ptok = q->atok;
+    q->plen = nt;
+}
+
+// The text of completion tokens tok (len), malloc'd and NUL-terminated (*n bytes without the
+// NUL): bytes, or decoded token by token through tk (an id the tokenizer has no token for, in
+// a model vocabulary larger than the tokenizer's, adds nothing).
+static char *completion_text(const lb_tokenizer *tk, const int32_t *tok, int len, size_t *n)
+{
+    size_t cap = (size_t)len + 16, o = 0;
+    char *buf = lb_malloc(cap);
+    for (int i = 0; i < len; i++) {
+        char err[ERRLEN], one = (char)tok[i];
         const uint32_t id = (uint32_t)tok[i];
-        size_t w = 0;
-        char *t = lb_tokenizer_decode(tk, &id, 1, 0, &w, err, sizeof err);
+        size_t w = 1;
+        char *t = tk ? lb_tokenizer_decode(tk, &id, 1, 0, &w, err, sizeof err) : &one;
         if (!t) continue;
-        if (w > cap - n) w = cap - n;
-        memcpy(buf + n, t, w);
-        n += w;
-        free(t);
+        if (o + w + 1 > cap) {
+            cap = 2 * (o + w + 1);
+            buf = realloc(buf, cap);
+            if (!buf) lb_die("out of memory");
+        }
+        memcpy(buf + o, t, w);
+        o += w;
+        if (tk) free(t);
     }
-    return n;
+    buf[o] = 0;
+    *n = o;
+    return buf;
 }
 
-static int arith_correct(const lb_tokenizer *tk, const char *prompt, const int32_t *tok, int len)
+// Whether a completion answers its prompt: the arithmetic task's own check (an integer up to
+// the newline), or the final answer against the reference (lb_answer_match) for a prompts
+// file.
+static int seq_correct(const lb_tokenizer *tk, int file, const rl_seq *q, const int32_t *tok,
+                       int len)
 {
-    char text[257];
+    size_t n;
     long want, got;
-    const size_t n = completion_text(tk, tok, len, text, sizeof text);
-    return n < sizeof text && lb_arith_answer(prompt + (prompt[0] == '\n'), &want) == 0 &&
-           lb_arith_parse_completion(text, n, &got) == 0 && got == want;
+    char *text = completion_text(tk, tok, len, &n);
+    int ok = file ? lb_answer_match(text, n, q->answer)
+                  : lb_arith_answer(q->text, &want) == 0 &&
+                    lb_arith_parse_completion(text, n, &got) == 0 && got == want;
+    free(text);
+    return ok;
 }
 
 // Data parallelism (doc/rl.md): item j of a list (prompt j of a step, evaluation problem j)
@@ -232,11 +291,13 @@ static void idle_micro_batch(lb_model *m, lb_model *ref, int T, float inv_temp, 
 // first eval_problems held-out problems, k = eval_samples draws each; greedy: top-1 decoding.
 // Each data-parallel rank samples its own problems; the per-problem counts are shared and the
 // scores summed in problem order, as on one rank.
-static rl_eval evaluate(const lb_config *c, const lb_tokenizer *tk, lb_sampler *smp,
-                        lb_sampler *greedy, int max_new, lb_comm *dp)
+static rl_eval evaluate(const lb_config *c, const lb_tokenizer *tk, const rl_prompts *fp,
+                        lb_sampler *smp, lb_sampler *greedy, int max_new, lb_comm *dp)
 {
-    rl_eval ev = {0, 0, 0, c->rl.eval_problems};
-    int P = c->rl.eval_problems, K = c->rl.eval_samples;
+    // a prompts file: its first eval_problems validation prompts (all, when fewer)
+    int P = fp && fp->val.n < c->rl.eval_problems ? fp->val.n : c->rl.eval_problems;
+    int K = c->rl.eval_samples;
+    rl_eval ev = {0, 0, 0, P};
     if (P == 0) return ev;
     char err[ERRLEN];
     int np = 0;   // this rank's problems
@@ -247,9 +308,9 @@ static rl_eval evaluate(const lb_config *c, const lb_tokenizer *tk, lb_sampler *
     float *lp = lb_malloc((size_t)np * K * max_new * sizeof(float));
     double *res = lb_calloc((size_t)P * 2, sizeof *res);   // per problem: correct samples, greedy
     for (int i = dp->rank, k = 0; i < P; i += dp->size, k++) {
-        uint64_t pi = lb_arith_nth(c, 1, (uint64_t)i);
-        qs[k].plen = lb_arith_prompt(c, pi, qs[k].prompt);
-        prompt_tokens(tk, &qs[k]);
+        uint64_t pi = fp ? (uint64_t)i : lb_arith_nth(c, 1, (uint64_t)i);
+        if (fp) file_fill(fp, 1, i, &qs[k]);
+        else arith_fill(c, tk, pi, &qs[k]);
         for (int s = 0; s < K; s++) {
             lb_sample_req *r = &reqs[k * K + s];
             r->prompt = qs[k].ptok;
@@ -265,8 +326,8 @@ static rl_eval evaluate(const lb_config *c, const lb_tokenizer *tk, lb_sampler *
     if (lb_sampler_run(smp, reqs, np * K, NULL, err, sizeof err) != 0) lb_die("%s", err);
     for (int i = dp->rank, k = 0; i < P; i += dp->size, k++)
         for (int s = 0; s < K; s++)
-            res[2 * i] +=
-                arith_correct(tk, qs[k].prompt, reqs[k * K + s].tokens, reqs[k * K + s].len);
+            res[2 * i] += seq_correct(tk, fp != NULL, &qs[k], reqs[k * K + s].tokens,
+                                      reqs[k * K + s].len);
     // greedy: one request per problem (its draws are never used)
     for (int k = 0; k < np; k++) {
         reqs[k].prompt = qs[k].ptok;
@@ -276,7 +337,7 @@ static rl_eval evaluate(const lb_config *c, const lb_tokenizer *tk, lb_sampler *
     }
     if (lb_sampler_run(greedy, reqs, np, NULL, err, sizeof err) != 0) lb_die("%s", err);
     for (int i = dp->rank, k = 0; i < P; i += dp->size, k++)
-        res[2 * i + 1] = arith_correct(tk, qs[k].prompt, reqs[k].tokens, reqs[k].len);
+        res[2 * i + 1] = seq_correct(tk, fp != NULL, &qs[k], reqs[k].tokens, reqs[k].len);
     share_items(dp, res, P, 2);
     double p1 = 0.0;
     int pk = 0, g = 0;
@@ -394,6 +455,8 @@ typedef struct {
     lb_sampler *val;               // [mlperf]: the evaluation's draws (mlperf.val_*)
     lb_rewards rw;
     lb_tokenizer *tk;              // data.tokenizer's, NULL: a token is a byte
+    rl_prompts prompts;            // rl.prompts_file's
+    const rl_prompts *fp;          // &prompts with a prompts file, NULL: the arithmetic task
     lb_grpo_config gcfg;
     lb_train_state st;
     char resume[LB_PATH_MAX + 64];
@@ -433,6 +496,82 @@ typedef struct {
     double t_roll, t_train;
 } rl_step;
 
+// rl.prompts_file (and rl.val_file, or rl.val_fraction of it) read and checked before any
+// work, the chat template applied and the prompts' tokens made: the same on every rank, the
+// mistakes printed by rank 0. Returns 0 or 1.
+static int rl_prompts_load(rl_run *x)
+{
+    char err[ERRLEN], where[LB_PATH_MAX + 32];
+    const lb_config *c = x->c;
+    rl_prompts *f = &x->prompts;
+    const char *tmpl = c->rl.chat_template;
+    int bad = lb_prompts_read(c->rl.prompts_file, c->rl.prompt_field, c->rl.answer_field,
+                              &f->all, err, sizeof err) != 0;
+    if (!bad && c->rl.val_file[0]) {
+        f->train = f->all;
+        f->train.owner = 0;
+        bad = lb_prompts_read(c->rl.val_file, c->rl.prompt_field, c->rl.answer_field, &f->val,
+                              err, sizeof err) != 0;
+    } else if (!bad) {
+        bad = lb_prompts_split(&f->all, c->rl.val_fraction, c->sample.seed, &f->train, &f->val,
+                               err, sizeof err) != 0;
+    }
+    if (bad) {
+        if (x->root) fprintf(stderr, "%s%s\n", lb_key_where(c, "rl", "prompts_file", where,
+                                                             sizeof where), err);
+        return 1;
+    }
+    x->fp = f;
+    if (c->rl.eval_problems > 0 && f->val.n == 0) {
+        if (x->root) fprintf(stderr, "%srl.val_fraction is 0 and rl.val_file is empty: no "
+                             "validation prompts for rl.eval_problems (set it to 0 to evaluate "
+                             "nothing)\n", lb_key_where(c, "rl", "val_fraction", where,
+                                                          sizeof where));
+        return 1;
+    }
+    if (!c->rl.answer_field[0] && lb_rewards_need_answer(&x->rw)) {
+        if (x->root) fprintf(stderr, "%srl.answer_field is empty: answer_exact compares with "
+                             "reference answers\n", lb_key_where(c, "rl", "answer_field", where,
+                                                                  sizeof where));
+        return 1;
+    }
+    // a special token of the template (<|...|>) must be one of data.tokenizer's: as bytes it
+    // would be a string the model never saw as a token
+    for (const char *t = strstr(tmpl, "<|"); t; t = strstr(t + 2, "<|")) {
+        const char *e = strstr(t + 2, "|>");
+        if (!e) break;
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)(e + 2 - t), t);
+        if (!x->tk || lb_tokenizer_token_id(x->tk, name) < 0) {
+            if (x->root) fprintf(stderr, "%srl.chat_template: '%s' is not a token of %s\n",
+                                 lb_key_where(c, "rl", "chat_template", where, sizeof where),
+                                 name, x->tk ? c->data.tokenizer
+                                             : "the byte tokens (data.tokenizer is empty)");
+            return 1;
+        }
+    }
+    for (int v = 0; v < 2; v++) {
+        const lb_prompt_set *set = v ? &f->val : &f->train;
+        f->tok[v] = lb_calloc((size_t)set->n + 1, sizeof *f->tok[v]);
+        f->ntok[v] = lb_calloc((size_t)set->n + 1, sizeof *f->ntok[v]);
+        for (int i = 0; i < set->n; i++) {
+            char *text = tmpl[0] ? lb_chat_apply(tmpl, set->p[i].prompt, err, sizeof err)
+                                 : NULL;
+            if (tmpl[0] && !text) {
+                if (x->root) fprintf(stderr, "%s%s\n", lb_key_where(c, "rl", "chat_template",
+                                                                     where, sizeof where), err);
+                return 1;
+            }
+            const char *in = text ? text : set->p[i].prompt;
+            f->tok[v][i] = encode_text(x->tk, in, strlen(in), &f->ntok[v][i]);
+            free(text);
+            if (f->ntok[v][i] > f->max_tokens) f->max_tokens = f->ntok[v][i];
+        }
+    }
+    lb_prompt_order_init(&f->order, c->sample.seed, f->train.n);
+    return 0;
+}
+
 // The layout and the configuration, checked before any work: the same verdict on every rank,
 // printed once. Reads rl.init's model section into x->cfg. Returns 0 or 1.
 static int rl_check(rl_run *x)
@@ -448,7 +587,7 @@ static int rl_check(rl_run *x)
                           lb_key_where(c, "rl", "init", where, sizeof where));
         return 1;
     }
-    if (c->rl.eval_problems > 0 && !(c->gen.val_fraction > 0)) {
+    if (!c->rl.prompts_file[0] && c->rl.eval_problems > 0 && !(c->gen.val_fraction > 0)) {
         if (root) fprintf(stderr, "%sgen.val_fraction is 0: no held-out problems for "
                           "rl.eval_problems (set it to 0 to evaluate nothing)\n",
                           lb_key_where(c, "gen", "val_fraction", where, sizeof where));
@@ -466,10 +605,15 @@ static int rl_check(rl_run *x)
                           x->M, x->N);
         return 1;
     }
-    if (lb_rewards_init(&x->rw, c->rl.rewards, c->rl.format_reward, c->rl.reward_command, err,
-                        sizeof err) != 0) {
-        if (root) fprintf(stderr, "%s%s\n", lb_key_where(c, "rl", "rewards", where, sizeof where),
-                          err);
+    lb_rewards_config rc = {c->rl.format_reward, c->rl.reward_regex,
+                            {c->rl.reward_command, c->rl.reward_batch, c->rl.reward_workers,
+                             c->rl.reward_timeout, c->rl.reward_timeout_value}};
+    if (lb_rewards_init(&x->rw, c->rl.rewards, &rc, err, sizeof err) != 0) {
+        const char *key = strncmp(err, "rl.reward_regex", 15) ? strncmp(err, "rl.reward_command",
+                                                                          17) ? "rewards"
+                                                                              : "reward_command"
+                                                              : "reward_regex";
+        if (root) fprintf(stderr, "%s%s\n", lb_key_where(c, "rl", key, where, sizeof where), err);
         return 1;
     }
     // Every rank reads rl.init's model section; the layout's splits of that model (heads by tp,
@@ -502,11 +646,28 @@ static int rl_check(rl_run *x)
             }
     } else if (c->model.vocab_size < LB_BYTE_VOCAB) {
         if (root)
-            fprintf(stderr, "lowbit rl: the arithmetic task needs byte tokens (or data.tokenizer);"
-                    " the model has a vocabulary of %d\n", c->model.vocab_size);
+            fprintf(stderr, "lowbit rl: %s needs byte tokens (or data.tokenizer); the model has "
+                    "a vocabulary of %d\n", c->rl.prompts_file[0] ? "a prompts file"
+                                                                  : "the arithmetic task",
+                    c->model.vocab_size);
         return 1;
     }
-    return 0;
+    if (c->rl.prompts_file[0] && rl_prompts_load(x) != 0) return 1;
+    // the reward command answers a test line (the first train prompt, an empty completion)
+    // before any work, on every rank that may score
+    rl_seq probe = {0};
+    if (x->fp) file_fill(x->fp, 0, 0, &probe);
+    else arith_fill(c, x->tk, lb_arith_nth(c, 0, 0), &probe);
+    lb_reward_item it = {probe.text, probe.answer, "", 0, 0};
+    char msg[1000];   // with where and the line, within err
+    bad = lb_rewards_check(&x->rw, &it, msg, sizeof msg) != 0;
+    if (bad) {   // where the command was set, what failed, the line it was given
+        char *json = lb_reward_item_json(&it);
+        snprintf(err, sizeof err, "%s%s (test line %.400s)",
+                 lb_key_where(c, "rl", "reward_command", where, sizeof where), msg, json);
+        free(json);
+    }
+    return lb_run_failed(&x->run, bad, err) ? 1 : 0;
 }
 
 // The backend, the communicators, the policy (and its reference) and the optimizer as lowbit
@@ -518,7 +679,7 @@ static int rl_open(rl_run *x)
     x->dpc = &x->run.grid.dp_comm;
     x->epc = &x->run.grid.ep_comm;
     x->max_new = x->sc.max_new_tokens;
-    x->T = lb_arith_prompt_max(c) + x->max_new;
+    x->T = (x->fp ? x->fp->max_tokens : lb_arith_prompt_max(c)) + x->max_new;
     x->inv_temp = 1.0f / x->sc.temperature;
     if (lb_run_setup(&x->run, 1) != 0) return 1;
     x->be = x->run.be;
@@ -606,6 +767,13 @@ static void rl_announce(const rl_run *x)
     if (x->tk)
         printf("prompts and completions through %s (%d tokens); sample.stop_tokens are its ids\n",
                c->data.tokenizer, lb_tokenizer_vocab_size(x->tk));
+    if (x->fp)
+        printf("prompts from %s: %d to train, %d to validate (%s)%s%s\n", c->rl.prompts_file,
+               x->fp->train.n, x->fp->val.n, c->rl.val_file[0] ? c->rl.val_file : "rl.val_fraction",
+               c->rl.chat_template[0] ? "; chat template " : "", c->rl.chat_template);
+    if (x->rw.cmd.command)
+        printf("reward command '%s': %d completion(s) a call, %d call(s) at once, %g s limit\n",
+               x->rw.cmd.command, x->rw.cmd.batch, x->rw.cmd.workers, x->rw.cmd.timeout);
 }
 
 // The step's sequences (this rank's with their token and log-prob buffers), its mini-batches'
@@ -671,6 +839,18 @@ static void rl_free(rl_run *x)
     lb_mllog_close(x->mlperf.log);
     lb_model_free(x->ref);
     lb_tokenizer_free(x->tk);
+    lb_rewards_free(&x->rw);
+    rl_prompts *f = &x->prompts;
+    for (int v = 0; v < 2; v++) {
+        for (int i = 0; f->tok[v] && i < (v ? f->val.n : f->train.n); i++) free(f->tok[v][i]);
+        free(f->tok[v]);
+        free(f->ntok[v]);
+    }
+    lb_prompt_order_free(&f->order);
+    if (f->val.owner) lb_prompts_free(&f->val);
+    else free(f->val.p);
+    if (!f->train.owner && f->train.p != f->all.p) free(f->train.p);
+    lb_prompts_free(&f->all);
     lb_run_teardown(&x->run);
 }
 
@@ -687,16 +867,19 @@ static int rl_rollout(rl_run *x, int step, rl_step *s)
     rl_seq *qs = x->qs;
     uint64_t draw_seed = lb_hash64(c->sample.seed + (uint64_t)step);
     for (int p = 0, k = 0; p < P; p++) {
-        uint64_t pi = 0;
-        for (uint64_t a = 0;; a++) {   // a random problem of the train split
-            pi = lb_rand_u64(c->sample.seed, LB_RL_PROMPT_STREAM + a,
-                             (uint64_t)(step - 1) * P + p) >> 33;
-            if (!lb_arith_is_val(c->gen.seed, pi, c->gen.val_fraction)) break;
+        uint64_t pi = 0, draw = (uint64_t)(step - 1) * P + p;
+        if (x->fp) {   // the prompts file's order: a pure function of (seed, draw)
+            pi = (uint64_t)lb_prompt_order_at(&x->prompts.order, draw);
+        } else {
+            for (uint64_t a = 0;; a++) {   // a random problem of the train split
+                pi = lb_rand_u64(c->sample.seed, LB_RL_PROMPT_STREAM + a, draw) >> 33;
+                if (!lb_arith_is_val(c->gen.seed, pi, c->gen.val_fraction)) break;
+            }
         }
         for (int g = 0; g < G; g++) {
             rl_seq *q = &qs[p * G + g];
-            q->plen = lb_arith_prompt(c, pi, q->prompt);
-            prompt_tokens(x->tk, q);
+            if (x->fp) file_fill(x->fp, 0, (int)pi, q);
+            else arith_fill(c, x->tk, pi, q);
             if (!owns(x->dpc, p)) continue;
             x->reqs[k++] = (lb_sample_req){q->ptok, q->plen, draw_seed,
                                            lb_sample_stream(pi, (uint64_t)g), q->tok, q->lp_roll,
@@ -705,24 +888,34 @@ static int rl_rollout(rl_run *x, int step, rl_step *s)
     }
     if (lb_sampler_run(x->smp, x->reqs, x->nl, &s->ss, err, sizeof err) != 0) lb_die("%s", err);
     // The tp ranks of a data-parallel rank hold the same completions; tp rank 0 scores them
-    // (a reward command runs once) and the column of tp rank 0 shares them below.
-    for (int k = 0; k < x->nl && x->run.grid.tp_rank == 0; k++) {
-        rl_seq *q = &qs[x->own[k]];
-        q->len = x->reqs[k].len;
-        char text[256];
-        const size_t tn = completion_text(x->tk, q->tok, q->len, text, sizeof text);
-        double r;
-        // the task's text: the prompt without its separating newline
-        if (lb_rewards_score(&x->rw, q->prompt + (q->prompt[0] == '\n'), text, tn, &r, err,
-                             sizeof err) != 0) {
+    // all at once (the reward command's batches run side by side) and the column of tp rank 0
+    // shares them below.
+    if (x->run.grid.tp_rank == 0 && x->nl) {
+        lb_reward_item *it = lb_calloc((size_t)x->nl, sizeof *it);
+        double *r = lb_malloc((size_t)x->nl * sizeof *r);
+        for (int k = 0; k < x->nl; k++) {
+            rl_seq *q = &qs[x->own[k]];
+            q->len = x->reqs[k].len;
+            size_t tn;
+            char *text = completion_text(x->tk, q->tok, q->len, &tn);
+            it[k] = (lb_reward_item){q->text, q->answer, text, tn, x->reqs[k].stopped};
+        }
+        int bad = lb_rewards_score(&x->rw, it, x->nl, r, err, sizeof err) != 0;
+        for (int k = 0; k < x->nl && !bad; k++) {
+            const rl_seq *q = &qs[x->own[k]];
+            double *v = x->seqv + (size_t)x->own[k] * 3;
+            v[0] = r[k];
+            v[1] = q->len;
+            v[2] = seq_correct(x->tk, x->fp != NULL, q, q->tok, q->len);
+        }
+        for (int k = 0; k < x->nl; k++) free((char *)it[k].completion);
+        free(it);
+        free(r);
+        if (bad) {
             if (x->world->size > 1) lb_die("step %d: %s", step, err);   // the others wait
             fprintf(stderr, "lowbit rl: step %d: %s\n", step, err);
             return 1;
         }
-        double *v = x->seqv + (size_t)x->own[k] * 3;
-        v[0] = r;
-        v[1] = q->len;
-        v[2] = arith_correct(x->tk, q->prompt, q->tok, q->len);
     }
     share_items(x->dpc, x->seqv, P, 3 * G);
     if (x->run.grid.tp > 1)
@@ -939,7 +1132,7 @@ static int rl_eval_and_save(rl_run *x, int step)
     if (ml ? lb_mlperf_due(&x->mlperf, step)
            : (c->rl.eval_every > 0 && step % c->rl.eval_every == 0) || step == c->rl.steps) {
         if (ml) lb_mlperf_eval_start(&x->mlperf, step);
-        rl_eval ev = evaluate(c, x->tk, ml ? x->val : x->smp, x->greedy, x->max_new, x->dpc);
+        rl_eval ev = evaluate(c, x->tk, x->fp, ml ? x->val : x->smp, x->greedy, x->max_new, x->dpc);
         if (x->root) log_eval(c, x->metrics, step, &ev);
         stop = ml && lb_mlperf_eval_stop(&x->mlperf, step, c->rl.steps, ev.pass1);
     }
@@ -1052,7 +1245,7 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
     }
     // the evaluation before training (not under [mlperf]: outside its timed run)
     if (x->st.step == 0 && !c->mlperf.enabled) {
-        rl_eval ev = evaluate(c, x->tk, x->smp, x->greedy, x->max_new, x->dpc);
+        rl_eval ev = evaluate(c, x->tk, x->fp, x->smp, x->greedy, x->max_new, x->dpc);
         if (x->root) log_eval(c, x->metrics, 0, &ev);
     }
     double t_start = lb_now();
