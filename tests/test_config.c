@@ -242,6 +242,10 @@ START_TEST(test_defaults_match_table)
         snprintf(a, sizeof a, "%s.%s=%s", lb_params[i].section, lb_params[i].key, lb_params[i].def);
         ck_assert_msg(lb_config_set(&d, a, err, sizeof err) == 0, "%s", err);
     }
+    // the same values, now given: a default that depends on others yields to them
+    ck_assert(!lb_config_is_set(&c, "sample", "stop_tokens"));
+    ck_assert(lb_config_is_set(&d, "sample", "stop_tokens"));
+    memset(d.key_set, 0, sizeof d.key_set);
     ck_assert(memcmp(&c, &d, sizeof c) == 0);
 }
 END_TEST

@@ -206,7 +206,7 @@ static void export_roundtrip(const char *sub)
     tmpdir_copy(tmp, sizeof tmp);
     snprintf(out, sizeof out, "%s/export/f32", tmp);   // created by the export
     lb_model *m = import(lb_test_src(sub));
-    ck_assert_msg(lb_hf_export(m, out, "f32", err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(lb_hf_export(m, out, "f32", NULL, err, sizeof err) == 0, "%s", err);
     lb_model *r = import(out);
     assert_same_params(m, r, "f32 export");
     ck_assert_str_eq(r->cfg.arch, m->cfg.arch);
@@ -260,7 +260,7 @@ static void export_roundtrip(const char *sub)
     lb_st_close(&f);
 
     snprintf(out, sizeof out, "%s/export/bf16", tmp);
-    ck_assert_msg(lb_hf_export(m, out, "bf16", err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(lb_hf_export(m, out, "bf16", NULL, err, sizeof err) == 0, "%s", err);
     r = import(out);
     float *pa = params_of(m), *pb = params_of(r);
     for (size_t i = 0; i < m->nparams; i++) {
@@ -270,7 +270,7 @@ static void export_roundtrip(const char *sub)
     free(pa);
     free(pb);
     lb_model_free(r);
-    ck_assert_int_eq(lb_hf_export(m, out, "f16", err, sizeof err), -1);
+    ck_assert_int_eq(lb_hf_export(m, out, "f16", NULL, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "'f16'"), "%s", err);
     lb_model_free(m);
     rm_rf(tmp);

@@ -531,7 +531,8 @@ static const char *save_one(const char *dir, const char *name, lb_model *m, floa
     char err[512];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     lb_train_state st = {17, 2, 12345};
-    int rc = lb_checkpoint_save(path, m, am, av, &st, "[model]\narch = qwen3_moe\n", err, sizeof err);
+    int rc = lb_checkpoint_save(path, m, am, av, &st, "[model]\narch = qwen3_moe\n", NULL, err,
+                                sizeof err);
     ck_assert_msg(rc == 0, "%s", err);
     return path;
 }

@@ -488,6 +488,7 @@ static int apply_key(lb_parse_ctx *x, const char *section, const char *name, con
     }
     x->seen[i] = line;
     x->cfg.source_line[i] = line;
+    x->cfg.key_set[i] = 1;
     return 0;
 }
 
@@ -742,10 +743,19 @@ int lb_config_set(lb_config *c, const char *assignment, char *err, size_t errlen
         goto out;
     }
     c->source_line[i] = 0;   // the file no longer decides this key
+    c->key_set[i] = 1;
     rc = 0;
 out:
     free(copy);
     return rc;
+}
+
+_Static_assert(sizeof(((lb_config *)0)->key_set) == LB_NSLOTS, "a key_set slot per source_line");
+
+int lb_config_is_set(const lb_config *c, const char *section, const char *key)
+{
+    int i = find_param(section, key);
+    return i >= 0 && i < LB_NSLOTS && c->key_set[i];
 }
 
 // ---------------------------------------------------------------------------------------------

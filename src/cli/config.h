@@ -146,7 +146,13 @@ typedef struct {
     } mlperf;
     char source_file[LB_PATH_MAX];
     int source_line[192];
+    // per lb_params[] entry: 1 when a file or --set gave the key (lb_config_is_set)
+    unsigned char key_set[192];
     char command[2048];            // the command line that made this configuration (config.ini)
+    // `lowbit sample --prompt TEXT ...`: the prompts of the command line (argv's strings; not a
+    // parameter, no file holds them)
+    const char **prompt;
+    int nprompt;
 } lb_config;
 
 typedef enum { LB_PARAM_INT, LB_PARAM_U64, LB_PARAM_FLOAT, LB_PARAM_BOOL, LB_PARAM_STRING,
@@ -187,6 +193,9 @@ int lb_config_parse(lb_config *c, const char *text, const char *fname, char *err
 int lb_config_set(lb_config *c, const char *assignment, char *err, size_t errlen);
 // Cross-key checks (heads divisible by kv heads, ...). -1 with a message naming the keys.
 int lb_config_validate(const lb_config *c, char *err, size_t errlen);
+// Whether a file or --set gave section.key, or it holds its default: a default that depends on
+// other things (sample.stop_tokens on the tokenizer) yields to a value given, whatever it is.
+int lb_config_is_set(const lb_config *c, const char *section, const char *key);
 // The resolved configuration as INI text (every key), parseable by lb_config_parse. malloc'd.
 char *lb_config_to_ini(const lb_config *c);
 // doc/parameters.md, generated from the table.

@@ -8,6 +8,7 @@
 #include "lb_autoconf.h"
 #include "lb_commit.h"
 #include "src/cli/commands.h"
+#include "src/cli/run.h"
 #include "src/cli/util.h"
 #include "src/io/checkpoint.h"
 #include "src/io/mllog.h"
@@ -18,44 +19,52 @@ typedef struct {
     const char *help;
     const char *sections;          // the parameter sections it reads (its --help lists them)
     const char *example;
+    const char *options;           // its own options beside --set, for its usage line, or NULL
 } command;
 
 static const command commands[] = {
     {"train", lb_cmd_train, "pretrain a model on token shards",
      "run model data train checkpoint precision parallel mlperf",
-     "lowbit train examples/tiny-moe.cfg --set train.steps=100 --set run.out_dir=runs/short"},
+     "lowbit train examples/tiny-moe.cfg --set train.steps=100 --set run.out_dir=runs/short", NULL},
     {"info", lb_cmd_info, "parameters, FLOPs per token and memory of a configuration",
-     "run model train precision parallel", "lowbit info examples/tiny-moe.cfg"},
+     "run model train precision parallel", "lowbit info examples/tiny-moe.cfg", NULL},
     {"data", lb_cmd_data, "write token shards: the arithmetic corpus or a text file",
      "gen data",
-     "lowbit data examples/tiny-moe.cfg --set gen.problems=50000 --set gen.output=data/arith50k"},
+     "lowbit data examples/tiny-moe.cfg --set gen.problems=50000 --set gen.output=data/arith50k",
+     NULL},
     {"data tokenize", lb_cmd_data_tokenize,
      "text or JSON-lines files to token shards through a tokenizer.json (files over ranks)",
      "gen data",
      "mpirun -np 2 lowbit data tokenize --set data.tokenizer=tests/data/tok_kjv/tokenizer.json "
-     "--set gen.input='corpus/*.jsonl' --set gen.output=data/corpus"},
+     "--set gen.input='corpus/*.jsonl' --set gen.output=data/corpus", NULL},
     {"convert", lb_cmd_convert, "import a Hugging Face checkpoint, or export one",
      "convert model precision",
-     "lowbit convert --set convert.input=path/to/hf_model --set convert.output=model.safetensors"},
+     "lowbit convert --set convert.input=path/to/hf_model --set convert.output=model.safetensors",
+     NULL},
     {"sample", lb_cmd_sample, "generate completions from a checkpoint (prompts or the task)",
      "run model sample gen data precision parallel",
-     "lowbit sample --set sample.checkpoint=runs/tiny-moe/checkpoints/step_00000300.safetensors"},
+     "lowbit sample --set sample.checkpoint=runs/tiny-moe/checkpoints/step_00000300.safetensors "
+     "--prompt 'In the beginning'",
+     "[--prompt TEXT ...]   one prompt each (repeatable), instead of sample.prompts"},
     {"rl", lb_cmd_rl, "GRPO on the arithmetic task with the sampler inside the trainer",
      "run model rl sample gen train checkpoint precision parallel mlperf",
-     "lowbit rl examples/rl-arith.cfg"},
+     "lowbit rl examples/rl-arith.cfg", NULL},
     {"bench", lb_cmd_bench, "time GEMMs per format, attention and training steps",
      "run model bench train sample rl precision",
-     "lowbit bench examples/qwen3-30b-a3b-4l.cfg --set run.backend=cuda --set bench.kind=rollout"},
+     "lowbit bench examples/qwen3-30b-a3b-4l.cfg --set run.backend=cuda --set bench.kind=rollout",
+     NULL},
 };
 #define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
 
 // lowbit COMMAND --help: what it does, an example, and the keys it reads with their defaults.
 static void command_help(const command *c)
 {
-    printf("lowbit %s: %s\n\nusage: lowbit %s [FILE.cfg] [--set section.key=value ...]\n"
-           "       mpirun -np N lowbit %s FILE.cfg ...\n\nexample:\n  %s\n\n"
+    printf("lowbit %s: %s\n\nusage: lowbit %s [FILE.cfg] [--set section.key=value ...]\n",
+           c->name, c->help, c->name);
+    if (c->options) printf("       lowbit %s ... %s\n", c->name, c->options);
+    printf("       mpirun -np N lowbit %s FILE.cfg ...\n\nexample:\n  %s\n\n"
            "keys (section.key, type, default, description; doc/parameters.md has them all):\n",
-           c->name, c->help, c->name, c->name, c->example);
+           c->name, c->example);
     lb_params_text(stdout, c->sections);
 }
 
@@ -65,33 +74,14 @@ static void usage(FILE *f)
                "       mpirun -np N lowbit <command> FILE.cfg ...\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\nlowbit sample --prompt TEXT (repeatable) samples TEXT; sample.prompts = - reads "
+               "prompts from stdin.\n");
     fprintf(f, "  %-14s %s\n", "params", "print the parameter reference (doc/parameters.md; "
                "--man: the manual page)");
     fprintf(f, "  %-14s %s\n", "mlperf-check", "check MLPerf logs: keys, values, order "
                "(doc/mlperf.md)");
     fprintf(f, "\n'lowbit COMMAND --help' lists a command's keys and defaults.\n");
     fprintf(f, "\nParameter files: INI sections, '#' comments, key = value; see doc/parameters.md.\n");
-}
-
-// Reads FILE on rank 0 and gives its text to every rank. NULL (on every rank) when unreadable.
-static char *read_everywhere(lb_comm *comm, const char *path, char *err, size_t errlen)
-{
-    char *text = NULL;
-    long long len = -1;
-    if (comm->rank == 0) {
-        size_t n;
-        text = lb_read_file(path, &n, err, errlen);
-        if (text && lb_text_check(text, n, path, err, errlen) != 0) {
-            free(text);
-            text = NULL;
-        }
-        len = text ? (long long)n : -1;
-    }
-    lb_comm_bcast(comm, &len, sizeof len, 0);
-    if (len < 0) return NULL;
-    if (comm->rank != 0) text = malloc((size_t)len + 1);
-    lb_comm_bcast(comm, text, (size_t)len + 1, 0);
-    return text;
 }
 
 // lowbit mlperf-check [--strict] LOG...: 0 when every log passes, 1 when one has problems, 2 on
@@ -132,6 +122,7 @@ int main(int argc, char **argv)
     lb_comm_init(&comm, &argc, &argv);
     int rc = 1;
     char err[2048];
+    const char **prompts = NULL;   // --prompt's texts
     if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         if (comm.rank == 0) usage(argc < 2 ? stderr : stdout);
         rc = argc < 2 ? 2 : 0;
@@ -184,6 +175,8 @@ int main(int argc, char **argv)
 
     lb_config cfg;
     lb_config_defaults(&cfg);
+    prompts = calloc((size_t)argc, sizeof *prompts);
+    if (!prompts) goto out;
     int i = first;
     if (i < argc && strncmp(argv[i], "--", 2) != 0) {
         // FILE: a parameter file, or a lowbit checkpoint, whose stored configuration (its run's
@@ -191,7 +184,7 @@ int main(int argc, char **argv)
         size_t len = strlen(argv[i]);
         int ck = len > 12 && !strcmp(argv[i] + len - 12, ".safetensors");
         char *text = ck ? lb_checkpoint_config(argv[i], err, sizeof err)
-                        : read_everywhere(&comm, argv[i], err, sizeof err);
+                        : lb_read_everywhere(&comm, argv[i], 0, err, sizeof err);
         if (!text || lb_config_parse(&cfg, text, argv[i], err, sizeof err) != 0) {
             if (comm.rank == 0) fprintf(stderr, "%s\n", err);
             free(text);
@@ -205,9 +198,14 @@ int main(int argc, char **argv)
         if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) a = "run.verbose=true";
         else if (!strcmp(a, "--set") && i + 1 < argc) a = argv[++i];
         else if (!strncmp(a, "--set=", 6)) a += 6;
-        else {
+        else if (!strcmp(a, "--prompt") && i + 1 < argc && cmd->run == lb_cmd_sample) {
+            prompts[cfg.nprompt++] = argv[++i];
+            continue;
+        } else {
             if (comm.rank == 0)
-                fprintf(stderr, "lowbit: unexpected argument '%s' (expected --set section.key=value)\n", a);
+                fprintf(stderr, "lowbit: unexpected argument '%s' (expected --set "
+                        "section.key=value%s)\n",
+                        a, cmd->run == lb_cmd_sample ? " or --prompt TEXT" : "");
             rc = 2;
             goto out;
         }
@@ -223,8 +221,10 @@ int main(int argc, char **argv)
         if (comm.rank == 0) fprintf(stderr, "%s\n", err);
         goto out;
     }
+    cfg.prompt = prompts;
     rc = cmd->run(&cfg, &comm);
 out:
+    free(prompts);
     lb_comm_finalize(&comm);
     return rc;
 }

@@ -52,7 +52,8 @@ static const lb_param rows[] = {
     LB_P(data, train_files, S, "", 0, 0, NULL, "glob of training token shards"),
     LB_P(data, val_files, S, "", 0, 0, NULL, "glob of validation token shards (may be empty)"),
     LB_P(data, tokenizer, S, "", 0, 0, NULL,
-         "Hugging Face tokenizer.json (byte-level BPE) for `lowbit data tokenize`"),
+         "Hugging Face tokenizer.json (byte-level BPE) for `lowbit data tokenize`; train stores "
+         "it in its checkpoints, sample and rl read text through it (default: the checkpoint's)"),
 
     // [train] ----------------------------------------------------------------------------------
     LB_P(train, steps, I, "100", 1, BIG, NULL, "optimizer steps"),
@@ -216,7 +217,8 @@ static const lb_param rows[] = {
     // [sample] (doc/rl.md) ----------------------------------------------------------------------
     LB_P(sample, checkpoint, S, "", 0, 0, NULL, "checkpoint `lowbit sample` generates from"),
     LB_P(sample, prompts, S, "", 0, 0, NULL,
-         "file of prompts, one per line (bytes); \"\" = problems of the arithmetic task"),
+         "file of prompts, one per line, \"-\" = stdin; \"\" = problems of the arithmetic task "
+         "(or --prompt TEXT)"),
     LB_P(sample, problems, I, "16", 1, BIG, NULL, "arithmetic problems to sample (prompts = \"\")"),
     LB_P(sample, split, E, "val", 0, 0, "train|val", "which arithmetic problems: held out or not"),
     LB_P(sample, samples, I, "1", 1, 1000000, NULL, "completions per prompt"),
@@ -229,7 +231,8 @@ static const lb_param rows[] = {
     LB_P(sample, max_new_tokens, I, "16", 1, 16777216, NULL,
          "completion length limit (a stop token counts)"),
     LB_P(sample, stop_tokens, S, "10", 0, 0, NULL,
-         "token ids that end a completion, comma list (10 = newline)"),
+         "token ids that end a completion, comma list; unset: the tokenizer's end-of-text "
+         "token, 10 (newline) for a byte model"),
     LB_P(sample, slots, I, "32", 1, 1048576, NULL,
          "sequences decoded at once (continuous batching)"),
     LB_P(sample, max_rows, I, "512", 1, 16777216, NULL,

@@ -378,13 +378,81 @@ void lb_run_save(lb_run *r, const lb_train_state *st, const char *ini)
 {
     char path[2 * LB_PATH_MAX + 64], err[2048];
     snprintf(path, sizeof path, "%s/step_%08d.safetensors", r->ckdir, (int)st->step);
-    if (lb_checkpoint_save_parallel(path, &r->opt, st, ini, r->world, &r->c->parallel, err,
-                                    sizeof err) != 0)
+    if (lb_checkpoint_save_parallel(path, &r->opt, st, ini, r->tokenizer_json, r->world,
+                                    &r->c->parallel, err, sizeof err) != 0)
         lb_die("%s", err);
     if (r->root) {
         keep_last(r->ckdir, r->c->checkpoint.keep);
         printf("saved %s\n", path);
     }
+}
+
+char *lb_read_everywhere(lb_comm *comm, const char *path, int dash_stdin, char *err,
+                         size_t errlen)
+{
+    char *text = NULL;
+    long long len = -1;
+    if (comm->rank == 0) {
+        size_t n;
+        int in = dash_stdin && !strcmp(path, "-");
+        text = in ? lb_read_stdin(&n, err, errlen) : lb_read_file(path, &n, err, errlen);
+        if (text && lb_text_check(text, n, in ? "stdin" : path, err, errlen) != 0) {
+            free(text);
+            text = NULL;
+        }
+        len = text ? (long long)n : -1;
+    }
+    lb_comm_bcast(comm, &len, sizeof len, 0);
+    if (len < 0) return NULL;
+    if (comm->rank != 0) text = lb_malloc((size_t)len + 1);
+    lb_comm_bcast(comm, text, (size_t)len + 1, 0);
+    return text;
+}
+
+int lb_run_tokenizer_open(lb_run_tokenizer *t, const lb_config *c, const char *checkpoint,
+                          char *err, size_t errlen)
+{
+    memset(t, 0, sizeof *t);
+    const char *path = c->data.tokenizer;
+    if (path[0]) {
+        snprintf(t->name, sizeof t->name, "%s", path);
+        t->json = lb_tokenizer_read(path, err, errlen);
+    } else if (checkpoint && checkpoint[0]) {
+        snprintf(t->name, sizeof t->name, "the tokenizer stored in %s", checkpoint);
+        if (lb_checkpoint_tokenizer(checkpoint, &t->json, err, errlen) != 0) goto fail;
+    }
+    if (!t->json) return path[0] ? -1 : 0;   // no file, or a checkpoint of a byte model
+    if (!(t->tk = lb_tokenizer_parse(t->json, t->name, err, errlen))) goto fail;
+    if (lb_tokenizer_vocab_size(t->tk) > c->model.vocab_size) {
+        snprintf(err, errlen, "%s has %d tokens, more than the model's vocabulary (%d)", t->name,
+                 lb_tokenizer_vocab_size(t->tk), c->model.vocab_size);
+        goto fail;
+    }
+    return 0;
+fail:
+    lb_run_tokenizer_close(t);
+    return -1;
+}
+
+void lb_run_tokenizer_close(lb_run_tokenizer *t)
+{
+    lb_tokenizer_free(t->tk);
+    free(t->json);
+    memset(t, 0, sizeof *t);
+}
+
+int lb_run_stop_tokens(lb_config *c, const lb_run_tokenizer *t, char *err, size_t errlen)
+{
+    if (lb_config_is_set(c, "sample", "stop_tokens") || !t->tk) return 0;
+    int eot = lb_tokenizer_eot(t->tk);
+    if (eot < 0) {
+        snprintf(err, errlen, "%s has no end-of-text token (<|endoftext|>, <|end_of_text|>, "
+                 "</s> or <eos>, marked special): set sample.stop_tokens", t->name);
+        return -1;
+    }
+    memset(c->sample.stop_tokens, 0, sizeof c->sample.stop_tokens);
+    snprintf(c->sample.stop_tokens, sizeof c->sample.stop_tokens, "%d", eot);
+    return 0;
 }
 
 int lb_run_checkpoint_config(const char *path, lb_config *out, char *err, size_t errlen)

@@ -12,6 +12,7 @@
 #include "parallel/grid.h"
 #include "src/io/checkpoint.h"
 #include "src/io/data.h"
+#include "src/io/tokenizer.h"
 #include "src/cli/config.h"
 #include "src/train/optim.h"
 
@@ -41,6 +42,8 @@ typedef struct {
     char ckdir[LB_PATH_MAX + 32];  // OUT_DIR/checkpoints
     int ckdir_made;                // rank 0 created ckdir in this run (lb_run_abandon)
     int outdir_made;               // ... and run.out_dir itself
+    const char *tokenizer_json;    // the model's tokenizer.json text, stored in every checkpoint
+                                   // lb_run_save writes (NULL: a byte model); set after layout
 } lb_run;
 
 // A command's own layout checks, after the grid's: 0, or -1 with a message.
@@ -88,6 +91,33 @@ lb_model *lb_run_model(const lb_config *c, lb_backend *be, const lb_model_parall
                        int sampling, char *err, size_t errlen);
 // The optimizer settings of [train], the schedule ending at total_steps.
 lb_optim_config lb_run_optim_config(const lb_config *c, int total_steps);
+
+// Reads a text file on rank 0 (with dash_stdin, "-" is standard input, which mpirun gives rank
+// 0 alone) and gives its text to every rank; a NUL byte in it is refused. NULL on every rank
+// when unreadable (rank 0 has the message). Collective over comm.
+char *lb_read_everywhere(lb_comm *comm, const char *path, int dash_stdin, char *err,
+                         size_t errlen);
+
+// The tokenizer of a run (2026-12-07, doc/checkpoints.md): data.tokenizer's tokenizer.json
+// when set, else the one stored in checkpoint (a path; "" or NULL: none), else none, and a
+// token is a byte. Its text goes into every checkpoint the run saves, so the model's tokenizer
+// travels with it to sample, rl and export.
+typedef struct {
+    lb_tokenizer *tk;              // NULL: tokens are bytes
+    char *json;                    // its tokenizer.json text (malloc'd), NULL with tk
+    char name[LB_PATH_MAX + 48];   // for messages: the file, or "the tokenizer stored in CKPT"
+} lb_run_tokenizer;
+// Reads and parses it, and checks that c's model has room for its tokens
+// (model.vocab_size). Every rank reads the same files, so every rank reaches the same verdict.
+// 0, or -1 with a message (t is then empty).
+int lb_run_tokenizer_open(lb_run_tokenizer *t, const lb_config *c, const char *checkpoint,
+                          char *err, size_t errlen);
+void lb_run_tokenizer_close(lb_run_tokenizer *t);
+// sample.stop_tokens when neither a file nor --set gave it: the end-of-text token of t's
+// tokenizer (lb_tokenizer_eot), or the default 10 (newline) without one; written into c, so
+// the resolved configuration shows the ids used. A given value stays as it is. 0, or -1 with a
+// message for a tokenizer without an end-of-text token.
+int lb_run_stop_tokens(lb_config *c, const lb_run_tokenizer *t, char *err, size_t errlen);
 
 // The checkpoint a run resumes from into out: checkpoint.resume, or under "auto" the newest in
 // r->ckdir (rank 0 looks, every rank learns it); "" to start fresh. Collective.

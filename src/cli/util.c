@@ -11,13 +11,9 @@
 #include <time.h>
 #include <unistd.h>
 
-char *lb_read_file(const char *path, size_t *len, char *err, size_t errlen)
+// The rest of stream f, NUL-terminated; name in messages.
+static char *read_stream(FILE *f, const char *name, size_t *len, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return NULL;
-    }
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
     for (;;) {
@@ -26,16 +22,31 @@ char *lb_read_file(const char *path, size_t *len, char *err, size_t errlen)
         n += got;
         if (got == 0) break;
     }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        snprintf(err, errlen, "%s: read error", path);
+    if (ferror(f)) {
+        snprintf(err, errlen, "%s: read error", name);
         free(buf);
         return NULL;
     }
     buf[n] = 0;
     if (len) *len = n;
     return buf;
+}
+
+char *lb_read_file(const char *path, size_t *len, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = read_stream(f, path, len, err, errlen);
+    fclose(f);
+    return buf;
+}
+
+char *lb_read_stdin(size_t *len, char *err, size_t errlen)
+{
+    return read_stream(stdin, "stdin", len, err, errlen);
 }
 
 int lb_text_check(const char *text, size_t len, const char *path, char *err, size_t errlen)

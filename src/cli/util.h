@@ -7,6 +7,8 @@
 
 // Reads a whole file, NUL-terminated. Returns NULL with "path: reason" in err.
 char *lb_read_file(const char *path, size_t *len, char *err, size_t errlen);
+// The same of standard input, to its end ("stdin: reason").
+char *lb_read_stdin(size_t *len, char *err, size_t errlen);
 
 // 0 when text (len bytes) holds no NUL byte; else -1 with "path:line: ..." in err (a text
 // read by lb_read_file would end there, and the rest would be dropped unseen).

@@ -15,6 +15,9 @@
 #define FORMAT "lowbit-checkpoint-2"
 #define FORMAT_1 "lowbit-checkpoint-1"
 #define STEP_MAX 2147483647   // steps, shard indices and offsets are int32 where used
+// The tokenizer.json text of the model, when it has one: a metadata string, so the header's
+// CRC covers it and older readers pass over it (doc/checkpoints.md, 2026-12-07).
+#define TOKENIZER_KEY "tokenizer_json"
 
 static const char *moment_name(char *buf, size_t len, const char *which, const char *name)
 {
@@ -26,7 +29,8 @@ static const char *moment_name(char *buf, size_t len, const char *which, const c
 // when not NULL).
 static int save_tables(const char *path, const lb_tensor *t, int n, const float *host,
                        const float *adam_m, const float *adam_v, const lb_train_state *st,
-                       const char *config_ini, char *err, size_t errlen)
+                       const char *config_ini, const char *tokenizer_json, char *err,
+                       size_t errlen)
 {
     // The data section holds the tensors in the order added, without gaps, so its CRC is the
     // CRC of these buffers in this order.
@@ -53,6 +57,7 @@ static int save_tables(const char *path, const lb_tensor *t, int n, const float 
     lb_st_writer_meta(w, "loader_shard", num);
     snprintf(num, sizeof num, "%" PRId64, st->loader_pos);
     lb_st_writer_meta(w, "loader_pos", num);
+    if (tokenizer_json) lb_st_writer_meta(w, TOKENIZER_KEY, tokenizer_json);
     snprintf(num, sizeof num, "%08x", crc);
     lb_st_writer_meta(w, "crc32", num);
     snprintf(num, sizeof num, "%08x", lb_st_writer_header_crc(w, "header_crc32"));
@@ -65,7 +70,7 @@ static int save_tables(const char *path, const lb_tensor *t, int n, const float 
 
 int lb_checkpoint_save(const char *path, const lb_model *m, const float *adam_m,
                        const float *adam_v, const lb_train_state *st, const char *config_ini,
-                       char *err, size_t errlen)
+                       const char *tokenizer_json, char *err, size_t errlen)
 {
     lb_backend *be = m->be;
     size_t bytes = m->nparams * sizeof(float);
@@ -76,7 +81,8 @@ int lb_checkpoint_save(const char *path, const lb_model *m, const float *adam_m,
         be->download(be, host + 2 * m->nparams, adam_v, bytes);
     }
     int rc = save_tables(path, m->tensors, m->ntensors, host, adam_m ? host + m->nparams : NULL,
-                         adam_m ? host + 2 * m->nparams : NULL, st, config_ini, err, errlen);
+                         adam_m ? host + 2 * m->nparams : NULL, st, config_ini, tokenizer_json,
+                         err, errlen);
     free(host);
     return rc;
 }
@@ -176,6 +182,21 @@ char *lb_checkpoint_config(const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "%s: out of memory", path);
     lb_st_close(&f);
     return out;
+}
+
+int lb_checkpoint_tokenizer(const char *path, char **json, char *err, size_t errlen)
+{
+    lb_st_file f;
+    *json = NULL;
+    if (open_checkpoint(&f, path, NULL, err, errlen) != 0) return -1;
+    int rc = verify_header(&f, err, errlen);
+    const char *s = lb_st_meta(&f, TOKENIZER_KEY);
+    if (rc == 0 && s && !(*json = strdup(s))) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        rc = -1;
+    }
+    lb_st_close(&f);
+    return rc;
 }
 
 // CRC of the whole data section against the stored one: catches flipped or zeroed bytes that
@@ -384,7 +405,8 @@ static void pack(const lb_tensor *t, const float *host, size_t floats, float *bu
 }
 
 int lb_checkpoint_save_parallel(const char *path, lb_optimizer *o, const lb_train_state *st,
-                                const char *config_ini, lb_comm *world,
+                                const char *config_ini, const char *tokenizer_json,
+                                lb_comm *world,
                                 const lb_parallel_config *pc, char *err, size_t errlen)
 {
     lb_model *m = o->m;
@@ -427,7 +449,7 @@ int lb_checkpoint_save_parallel(const char *path, lb_optimizer *o, const lb_trai
             }
         }
         rc = save_tables(path, m->gtensors, m->nglobal, whole, whole + G, whole + 2 * G, st,
-                         config_ini, err, errlen);
+                         config_ini, tokenizer_json, err, errlen);
         for (int r = 0; r < world->size; r++) free(all[r].t);
         free(all);
         free(whole);

@@ -1,8 +1,9 @@
 // checkpoint.h: lowbit checkpoints. A checkpoint is one safetensors file: every parameter by
 // its model name (F32), the AdamW moments as "optimizer.exp_avg.<name>" and
 // "optimizer.exp_avg_sq.<name>", and metadata: format "lowbit-checkpoint-2", the resolved
-// configuration (INI text), the step, the data loader position, a CRC-32 of the data and one
-// of the header (the metadata and the tensor table). Loading checks all of them before it
+// configuration (INI text), the step, the data loader position, the model's tokenizer.json
+// text when it has one, a CRC-32 of the data and one of the header (the metadata and the
+// tensor table). Loading checks all of them before it
 // reads any data. Saves are atomic (temporary name, fsync, rename); see doc/checkpoints.md.
 #ifndef LB_CHECKPOINT_H
 #define LB_CHECKPOINT_H
@@ -20,11 +21,15 @@ typedef struct {
 } lb_train_state;
 
 // Writes params (and, when not NULL, the moments: backend buffers of m->nparams floats).
+// tokenizer_json: the model's tokenizer.json text, stored verbatim; NULL for a byte model.
 int lb_checkpoint_save(const char *path, const lb_model *m, const float *adam_m,
                        const float *adam_v, const lb_train_state *st, const char *config_ini,
-                       char *err, size_t errlen);
+                       const char *tokenizer_json, char *err, size_t errlen);
 // The configuration stored in a checkpoint (malloc'd INI text).
 char *lb_checkpoint_config(const char *path, char *err, size_t errlen);
+// The tokenizer.json text stored in a checkpoint into *json (malloc'd; NULL when it has none),
+// after the header's CRC is checked. 0, or -1 with a message.
+int lb_checkpoint_tokenizer(const char *path, char **json, char *err, size_t errlen);
 // Loads into a model built from that configuration. Every tensor must exist by name with the
 // model's shape, the moments of every parameter too when the file has any; they are loaded
 // when adam_m/adam_v are not NULL (zero when the file has none).
@@ -38,7 +43,8 @@ int lb_checkpoint_load(const char *path, lb_model *m, float *adam_m, float *adam
 // follows from it and the world size); NULL: data parallelism over the whole world. Collective
 // over world; on -1 every rank returns -1 (rank 0 has the message).
 int lb_checkpoint_save_parallel(const char *path, lb_optimizer *o, const lb_train_state *st,
-                                const char *config_ini, lb_comm *world,
+                                const char *config_ini, const char *tokenizer_json,
+                                lb_comm *world,
                                 const lb_parallel_config *pc, char *err, size_t errlen);
 int lb_checkpoint_load_parallel(const char *path, lb_optimizer *o, lb_train_state *st,
                                 lb_comm *world, const lb_parallel_config *pc, char *err,

@@ -15,6 +15,7 @@
 #include "src/io/checkpoint.h"
 #include "src/cli/commands.h"
 #include "src/io/safetensors.h"
+#include "src/io/tokenizer.h"
 #include "src/cli/util.h"
 
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
@@ -747,8 +748,51 @@ static char *config_json(const lb_model_config *c, const char *torch_dtype)
     return s;
 }
 
-int lb_hf_export(const lb_model *m, const char *dir, const char *dtype, char *err,
-                 size_t errlen)
+// text and a newline into path, atomically.
+static int write_text(const char *path, const char *text, char *err, size_t errlen)
+{
+    lb_atomic_file a;
+    if (lb_atomic_open(&a, path, err, errlen) != 0) return -1;
+    if (fputs(text, a.f) == EOF || fputc('\n', a.f) == EOF) {
+        seterr(err, errlen, "%s: write failed", path);
+        lb_atomic_abort(&a);
+        return -1;
+    }
+    return lb_atomic_commit(&a, err, errlen);
+}
+
+// dir/tokenizer.json (the text as stored, byte for byte) and dir/generation_config.json with
+// the ids `transformers` generates with: eos_token_id, the end-of-text token (where generate()
+// stops), and bos_token_id where the tokenizer has one (lb_tokenizer_eot, lb_tokenizer_bos).
+static int write_tokenizer(const char *dir, const char *json, char *err, size_t errlen)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    lb_tokenizer *t = lb_tokenizer_parse(json, path, err, errlen);
+    if (!t) return -1;
+    int bos = lb_tokenizer_bos(t), eos = lb_tokenizer_eot(t);
+    lb_tokenizer_free(t);
+    lb_atomic_file a;
+    if (lb_atomic_open(&a, path, err, errlen) != 0) return -1;
+    if (fputs(json, a.f) == EOF) {   // verbatim: no newline added
+        seterr(err, errlen, "%s: write failed", path);
+        lb_atomic_abort(&a);
+        return -1;
+    }
+    if (lb_atomic_commit(&a, err, errlen) != 0) return -1;
+    cJSON *g = cJSON_CreateObject();
+    if (bos >= 0) cJSON_AddNumberToObject(g, "bos_token_id", bos);
+    if (eos >= 0) cJSON_AddNumberToObject(g, "eos_token_id", eos);
+    char *text = cJSON_Print(g);
+    cJSON_Delete(g);
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    int rc = write_text(path, text, err, errlen);
+    free(text);
+    return rc;
+}
+
+int lb_hf_export(const lb_model *m, const char *dir, const char *dtype,
+                 const char *tokenizer_json, char *err, size_t errlen)
 {
     const char *st_dtype, *torch_dtype;
     if (strcasecmp(dtype, "f32") == 0) {
@@ -811,22 +855,13 @@ int lb_hf_export(const lb_model *m, const char *dir, const char *dtype, char *er
     free(names);
     free(host);
     if (rc != 0) return -1;
+    if (tokenizer_json && write_tokenizer(dir, tokenizer_json, err, errlen) != 0) return -1;
     // config.json last: a directory without it is not mistaken for a complete export.
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *json = config_json(&m->cfg, torch_dtype);
-    lb_atomic_file a;
-    if (lb_atomic_open(&a, path, err, errlen) != 0) {
-        free(json);
-        return -1;
-    }
-    int bad = fputs(json, a.f) == EOF || fputc('\n', a.f) == EOF;
+    rc = write_text(path, json, err, errlen);
     free(json);
-    if (bad) {
-        seterr(err, errlen, "%s: write failed", path);
-        lb_atomic_abort(&a);
-        return -1;
-    }
-    return lb_atomic_commit(&a, err, errlen);
+    return rc;
 }
 
 // --- lowbit convert --------------------------------------------------------------------------
@@ -862,6 +897,28 @@ static int parent_dirs(const char *path, char *err, size_t errlen)
     return lb_mkdirs(dir, err, errlen);
 }
 
+// dir/tokenizer.json, when there is one, into *json: read, parsed and checked against the
+// model's vocabulary, so the checkpoint carries a tokenizer sample and rl can use.
+static int import_tokenizer(const char *dir, const lb_model_config *mc, char **json, char *err,
+                            size_t errlen)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    *json = NULL;
+    if (access(path, F_OK) != 0) return 0;
+    if (!(*json = lb_tokenizer_read(path, err, errlen))) return -1;
+    lb_tokenizer *t = lb_tokenizer_parse(*json, path, err, errlen);
+    int n = t ? lb_tokenizer_vocab_size(t) : 0;
+    lb_tokenizer_free(t);
+    if (t && n > mc->vocab_size)
+        seterr(err, errlen, "%s has %d tokens, more than config.json's vocab_size (%d)", path, n,
+               mc->vocab_size);
+    if (t && n <= mc->vocab_size) return 0;
+    free(*json);
+    *json = NULL;
+    return -1;
+}
+
 static int convert_import(const lb_config *c, char *err, size_t errlen)
 {
     const char *in = c->convert.input, *out = c->convert.output;
@@ -872,19 +929,21 @@ static int convert_import(const lb_config *c, char *err, size_t errlen)
     lb_backend *be = lb_backend_cpu_create(0, err, errlen);
     if (!be) return -1;
     int rc = -1;
-    char *ini = NULL;
+    char *ini = NULL, *tok = NULL;
     lb_model *m = lb_model_create(&lc.model, be, err, errlen);
     if (!m) goto out;
     if (lb_hf_load(m, in, err, errlen) != 0) goto out;
+    if (import_tokenizer(in, &lc.model, &tok, err, errlen) != 0) goto out;
     ini = lb_config_to_ini(&lc);
     lb_train_state st = {0, 0, 0};
     if (parent_dirs(out, err, errlen) != 0 ||
-        lb_checkpoint_save(out, m, NULL, NULL, &st, ini, err, errlen) != 0)
+        lb_checkpoint_save(out, m, NULL, NULL, &st, ini, tok, err, errlen) != 0)
         goto out;
     printf("convert: wrote lowbit checkpoint %s (%s, %zu parameters) from %s\n", out,
            lc.model.arch, m->nparams, in);
     rc = 0;
 out:
+    free(tok);
     free(ini);
     lb_model_free(m);
     be->destroy(be);
@@ -907,14 +966,19 @@ static int convert_export(const lb_config *c, char *err, size_t errlen)
     if (!be) return -1;
     int rc = -1;
     lb_train_state st;
+    char *tok = NULL;
     lb_model *m = lb_model_create(&lc.model, be, err, errlen);
     if (!m) goto out;
-    if (lb_checkpoint_load(in, m, NULL, NULL, &st, err, errlen) != 0) goto out;
-    if (lb_hf_export(m, out, c->convert.dtype, err, errlen) != 0) goto out;
-    printf("convert: wrote Hugging Face model %s (%s, %s, step %lld) from %s\n", out,
-           lc.model.arch, c->convert.dtype, (long long)st.step, in);
+    if (lb_checkpoint_load(in, m, NULL, NULL, &st, err, errlen) != 0 ||
+        lb_checkpoint_tokenizer(in, &tok, err, errlen) != 0 ||
+        lb_hf_export(m, out, c->convert.dtype, tok, err, errlen) != 0)
+        goto out;
+    printf("convert: wrote Hugging Face model %s (%s, %s, step %lld%s) from %s\n", out,
+           lc.model.arch, c->convert.dtype, (long long)st.step,
+           tok ? ", with its tokenizer.json" : "", in);
     rc = 0;
 out:
+    free(tok);
     lb_model_free(m);
     be->destroy(be);
     return rc;

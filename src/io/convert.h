@@ -20,8 +20,10 @@ int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t e
 int lb_hf_load(lb_model *m, const char *dir, char *err, size_t errlen);
 
 // Writes dir/config.json and dir/model.safetensors (metadata format "pt"), each atomically,
-// creating dir. dtype: "f32" or "bf16" (round to nearest even).
-int lb_hf_export(const lb_model *m, const char *dir, const char *dtype, char *err,
-                 size_t errlen);
+// creating dir. dtype: "f32" or "bf16" (round to nearest even). tokenizer_json (the model's
+// tokenizer.json text, or NULL): also dir/tokenizer.json, those bytes as they are, and
+// dir/generation_config.json with its end-of-text (and beginning-of-text) token ids.
+int lb_hf_export(const lb_model *m, const char *dir, const char *dtype,
+                 const char *tokenizer_json, char *err, size_t errlen);
 
 #endif

@@ -593,7 +593,7 @@ lb_tokenizer *lb_tokenizer_parse(const char *json, const char *name, char *err, 
     return t;
 }
 
-lb_tokenizer *lb_tokenizer_load(const char *path, char *err, size_t errlen)
+char *lb_tokenizer_read(const char *path, char *err, size_t errlen)
 {
     size_t n;
     char *text = lb_read_file(path, &n, err, errlen);
@@ -603,6 +603,13 @@ lb_tokenizer *lb_tokenizer_load(const char *path, char *err, size_t errlen)
         free(text);
         return NULL;
     }
+    return text;
+}
+
+lb_tokenizer *lb_tokenizer_load(const char *path, char *err, size_t errlen)
+{
+    char *text = lb_tokenizer_read(path, err, errlen);
+    if (!text) return NULL;
     lb_tokenizer *t = lb_tokenizer_parse(text, path, err, errlen);
     free(text);
     return t;
@@ -638,6 +645,30 @@ int lb_tokenizer_token_id(const lb_tokenizer *t, const char *text)
         if (t->added[i].len == n && !memcmp(t->added[i].s, text, n)) return (int)t->added[i].id;
     const str_slot *s = vocab_find(t, text, n);
     return s->s ? (int)s->id : -1;
+}
+
+// The first of names (NULL-terminated) that is an added token marked special, or -1.
+static int special_named(const lb_tokenizer *t, const char *const *names)
+{
+    for (; *names; names++)
+        for (int i = 0; i < t->nadded; i++)
+            if (t->added[i].special && t->added[i].len == strlen(*names) &&
+                !memcmp(t->added[i].s, *names, t->added[i].len))
+                return (int)t->added[i].id;
+    return -1;
+}
+
+int lb_tokenizer_eot(const lb_tokenizer *t)
+{
+    static const char *const names[] = {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>",
+                                        NULL};
+    return special_named(t, names);
+}
+
+int lb_tokenizer_bos(const lb_tokenizer *t)
+{
+    static const char *const names[] = {"<|begin_of_text|>", "<s>", "<bos>", NULL};
+    return special_named(t, names);
 }
 
 // ---- encoding -----------------------------------------------------------------------------

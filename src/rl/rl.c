@@ -454,7 +454,8 @@ typedef struct {
     lb_sampler *smp, *greedy;
     lb_sampler *val;               // [mlperf]: the evaluation's draws (mlperf.val_*)
     lb_rewards rw;
-    lb_tokenizer *tk;              // data.tokenizer's, NULL: a token is a byte
+    lb_tokenizer *tk;              // tokenizer.tk, NULL: a token is a byte
+    lb_run_tokenizer tokenizer;    // data.tokenizer's or rl.init's (src/cli/run.h)
     rl_prompts prompts;            // rl.prompts_file's
     const rl_prompts *fp;          // &prompts with a prompts file, NULL: the arithmetic task
     lb_grpo_config gcfg;
@@ -535,7 +536,7 @@ static int rl_prompts_load(rl_run *x)
                                                                   sizeof where));
         return 1;
     }
-    // a special token of the template (<|...|>) must be one of data.tokenizer's: as bytes it
+    // a special token of the template (<|...|>) must be one of the tokenizer's: as bytes it
     // would be a string the model never saw as a token
     for (const char *t = strstr(tmpl, "<|"); t; t = strstr(t + 2, "<|")) {
         const char *e = strstr(t + 2, "|>");
@@ -545,8 +546,9 @@ static int rl_prompts_load(rl_run *x)
         if (!x->tk || lb_tokenizer_token_id(x->tk, name) < 0) {
             if (x->root) fprintf(stderr, "%srl.chat_template: '%s' is not a token of %s\n",
                                  lb_key_where(c, "rl", "chat_template", where, sizeof where),
-                                 name, x->tk ? c->data.tokenizer
-                                             : "the byte tokens (data.tokenizer is empty)");
+                                 name, x->tk ? x->tokenizer.name
+                                             : "the byte tokens (no data.tokenizer, none in "
+                                               "rl.init)");
             return 1;
         }
     }
@@ -618,30 +620,25 @@ static int rl_check(rl_run *x)
     }
     // Every rank reads rl.init's model section; the layout's splits of that model (heads by tp,
     // experts by ep) are checked as a file's [model] would be.
+    // The model's tokenizer (data.tokenizer, else rl.init's), before the stop tokens that
+    // default to its end-of-text token; the checkpoints of this run carry it on.
     int bad = lb_model_config_from_checkpoint(c, c->rl.init, err, sizeof err) != 0 ||
+              lb_run_tokenizer_open(&x->tokenizer, c, c->rl.init, err, sizeof err) != 0 ||
+              lb_run_stop_tokens(c, &x->tokenizer, err, sizeof err) != 0 ||
               lb_rl_sampler_config(c, &x->sc, err, sizeof err) != 0;
     if (lb_run_failed(&x->run, bad, err)) return 1;
+    x->tk = x->tokenizer.tk;
+    x->run.tokenizer_json = x->tokenizer.json;
     if (lb_config_validate(c, err, sizeof err) != 0) {
         if (root) fprintf(stderr, "%s (the model of %s)\n", err, c->rl.init);
         return 1;
     }
-    if (c->data.tokenizer[0]) {   // the prompts' text through it, the completions back
-        x->tk = lb_tokenizer_load(c->data.tokenizer, err, sizeof err);
-        if (!x->tk) {
-            if (root) fprintf(stderr, "lowbit rl: %s\n", err);
-            return 1;
-        }
-        if (lb_tokenizer_vocab_size(x->tk) > c->model.vocab_size) {
-            if (root) fprintf(stderr, "lowbit rl: %s has %d tokens, more than the model's "
-                              "vocabulary (%d)\n", c->data.tokenizer,
-                              lb_tokenizer_vocab_size(x->tk), c->model.vocab_size);
-            return 1;
-        }
+    if (x->tk) {   // the prompts' text through it, the completions back
         for (int i = 0; i < x->sc.nstop; i++)
             if (x->sc.stop[i] >= lb_tokenizer_vocab_size(x->tk)) {
                 if (root) fprintf(stderr, "%ssample.stop_tokens: %d is not a token of %s\n",
                                   lb_key_where(c, "sample", "stop_tokens", where, sizeof where),
-                                  x->sc.stop[i], c->data.tokenizer);
+                                  x->sc.stop[i], x->tokenizer.name);
                 return 1;
             }
     } else if (c->model.vocab_size < LB_BYTE_VOCAB) {
@@ -766,7 +763,7 @@ static void rl_announce(const rl_run *x)
            c->sample.kv_cache, x->P, G, M, layout, how);
     if (x->tk)
         printf("prompts and completions through %s (%d tokens); sample.stop_tokens are its ids\n",
-               c->data.tokenizer, lb_tokenizer_vocab_size(x->tk));
+               x->tokenizer.name, lb_tokenizer_vocab_size(x->tk));
     if (x->fp)
         printf("prompts from %s: %d to train, %d to validate (%s)%s%s\n", c->rl.prompts_file,
                x->fp->train.n, x->fp->val.n, c->rl.val_file[0] ? c->rl.val_file : "rl.val_fraction",
@@ -838,7 +835,7 @@ static void rl_free(rl_run *x)
     lb_sampler_free(x->val);
     lb_mllog_close(x->mlperf.log);
     lb_model_free(x->ref);
-    lb_tokenizer_free(x->tk);
+    lb_run_tokenizer_close(&x->tokenizer);
     lb_rewards_free(&x->rw);
     rl_prompts *f = &x->prompts;
     for (int v = 0; v < 2; v++) {

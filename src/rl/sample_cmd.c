@@ -1,6 +1,7 @@
-// sample_cmd.c: `lowbit sample`: completions from a checkpoint, for prompts from a file (one
-// per line: bytes as tokens, or through data.tokenizer's tokenizer.json when set) or for
-// problems of the arithmetic task, printed one per line (decoded to text by the tokenizer).
+// sample_cmd.c: `lowbit sample`: completions from a checkpoint, for prompts (--prompt TEXT, or
+// the lines of sample.prompts, a file or "-" for stdin) or for problems of the arithmetic task,
+// printed one per line. The text goes through the model's tokenizer (data.tokenizer, else the
+// one stored in the checkpoint) both ways; a byte model's tokens are bytes.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,10 +44,10 @@ typedef struct {
     lb_sampler_config sc;
     int np, is_arith;              // prompts; arithmetic problems (their answers are checked)
     char **prompt;                 // (np) the prompts' text
-    char *text;                    // the prompt file, cut into prompt's lines
+    char *text;                    // the prompts file, cut into prompt's lines
     int32_t **ptok;                // (np) their tokens
     int *plen;                     // (np) tokens of each prompt
-    lb_tokenizer *tk;              // data.tokenizer's, NULL: a token is a byte
+    lb_run_tokenizer tokenizer;    // data.tokenizer's or the checkpoint's; tokenizer.tk NULL: bytes
     int longest;                   // tokens of the longest prompt
     int S, n;                      // samples of each prompt; requests (np x S)
     lb_run run;
@@ -68,22 +69,13 @@ static int sample_config(sample_run *x)
         return 1;
     }
     if (lb_model_config_from_checkpoint(c, c->sample.checkpoint, err, sizeof err) != 0 ||
+        lb_run_tokenizer_open(&x->tokenizer, c, c->sample.checkpoint, err, sizeof err) != 0 ||
+        lb_run_stop_tokens(c, &x->tokenizer, err, sizeof err) != 0 ||
         lb_rl_sampler_config(c, &x->sc, err, sizeof err) != 0) {
         SAY("lowbit sample: %s\n", err);
         return 1;
     }
-    if (c->data.tokenizer[0]) {
-        x->tk = lb_tokenizer_load(c->data.tokenizer, err, sizeof err);
-        if (!x->tk) {
-            SAY("lowbit sample: %s\n", err);
-            return 1;
-        }
-        if (lb_tokenizer_vocab_size(x->tk) > c->model.vocab_size) {
-            SAY("lowbit sample: %s has %d tokens, more than the model's vocabulary (%d)\n",
-                c->data.tokenizer, lb_tokenizer_vocab_size(x->tk), c->model.vocab_size);
-            return 1;
-        }
-    } else if (c->model.vocab_size < LB_BYTE_VOCAB) {
+    if (!x->tokenizer.tk && c->model.vocab_size < LB_BYTE_VOCAB) {
         SAY("lowbit sample: prompts are bytes (no data.tokenizer); the model's vocabulary has "
             "only %d tokens\n",
             c->model.vocab_size);
@@ -92,17 +84,32 @@ static int sample_config(sample_run *x)
     return 0;
 }
 
-// The prompts file's lines, one prompt each (a final line without '\n' counts). 0 or 1.
+// The prompts: the command line's (--prompt TEXT, each one prompt), or the lines of
+// sample.prompts (a file, or "-": stdin, which rank 0 reads for all; a final line without '\n'
+// counts). An empty one is refused, naming where it stands. 0 or 1.
 static int read_prompts(sample_run *x)
 {
-    char err[ERRLEN];
+    char err[ERRLEN], where[LB_PATH_MAX + 32];
     const lb_config *c = x->c;
-    size_t len;
-    x->text = lb_read_file(c->sample.prompts, &len, err, sizeof err);
-    if (x->text && lb_text_check(x->text, len, c->sample.prompts, err, sizeof err) != 0) {
-        free(x->text);   // the prompts after the NUL byte would be dropped unseen
-        x->text = NULL;
+    if (c->nprompt) {
+        if (c->sample.prompts[0]) {
+            SAY("%ssample.prompts and --prompt both give prompts: use one\n",
+                lb_key_where(c, "sample", "prompts", where, sizeof where));
+            return 1;
+        }
+        x->prompt = lb_calloc((size_t)c->nprompt, sizeof *x->prompt);
+        for (; x->np < c->nprompt; x->np++) {
+            x->prompt[x->np] = (char *)c->prompt[x->np];
+            if (!x->prompt[x->np][0]) {
+                SAY("--prompt %d of %d is empty\n", x->np + 1, c->nprompt);
+                return 1;
+            }
+        }
+        return 0;
     }
+    const char *name = strcmp(c->sample.prompts, "-") ? c->sample.prompts : "stdin";
+    // the prompts after a NUL byte would be dropped unseen: refused
+    x->text = lb_read_everywhere(x->world, c->sample.prompts, 1, err, sizeof err);
     if (!x->text) {
         SAY("lowbit sample: %s\n", err);
         return 1;
@@ -120,11 +127,11 @@ static int read_prompts(sample_run *x)
     }
     for (int i = 0; i < x->np; i++)
         if (!x->prompt[i][0]) {
-            SAY("%s:%d: empty prompt (every line is one prompt)\n", c->sample.prompts, i + 1);
+            SAY("%s:%d: empty prompt (every line is one prompt)\n", name, i + 1);
             return 1;
         }
     if (!x->np) {
-        SAY("%s: no prompts\n", c->sample.prompts);
+        SAY("%s: no prompts\n", name);
         return 1;
     }
     return 0;
@@ -136,7 +143,7 @@ static int sample_prompts(sample_run *x)
 {
     char where[LB_PATH_MAX + 32];
     const lb_config *c = x->c;
-    x->is_arith = !c->sample.prompts[0];
+    x->is_arith = !c->sample.prompts[0] && !c->nprompt;
     if (x->is_arith && !strcmp(c->sample.split, "val") && !(c->gen.val_fraction > 0)) {
         SAY("%sgen.val_fraction is 0: the val split is empty\n",
             lb_key_where(c, "gen", "val_fraction", where, sizeof where));
@@ -159,11 +166,13 @@ static int sample_prompts(sample_run *x)
     x->plen = lb_calloc((size_t)x->np, sizeof *x->plen);
     for (int i = 0; i < x->np; i++) {
         int len = (int)strlen(x->prompt[i]);
-        if (x->tk) {
+        if (x->tokenizer.tk) {
             char err[ERRLEN];
             lb_tokens t = {0};
-            if (lb_tokenizer_encode(x->tk, x->prompt[i], (size_t)len, &t, err, sizeof err) != 0) {
-                SAY("%s:%d: %s\n", c->sample.prompts[0] ? c->sample.prompts : "prompt", i + 1, err);
+            if (lb_tokenizer_encode(x->tokenizer.tk, x->prompt[i], (size_t)len, &t, err, sizeof err) != 0) {
+                if (c->nprompt) SAY("--prompt %d: %s\n", i + 1, err);
+                else SAY("%s:%d: %s\n", strcmp(c->sample.prompts, "-") ? c->sample.prompts
+                                                                         : "stdin", i + 1, err);
                 lb_tokens_free(&t);
                 return 1;
             }
@@ -256,9 +265,9 @@ static char *completion_text(const sample_run *x, const int32_t *tok, int n, siz
         uint32_t id = (uint32_t)tok[j];
         char byte = (char)tok[j];
         const char *src = &byte;
-        if (x->tk) piece = lb_tokenizer_decode(x->tk, &id, 1, 0, &m, err, sizeof err);
+        if (x->tokenizer.tk) piece = lb_tokenizer_decode(x->tokenizer.tk, &id, 1, 0, &m, err, sizeof err);
         if (piece) src = piece;
-        else if (x->tk || id > 255)
+        else if (x->tokenizer.tk || id > 255)
             m = (size_t)snprintf(unk, sizeof unk, "<unk:%u>", id), src = unk;
         if (k + m + 1 > cap) {
             while (k + m + 1 > cap) cap *= 2;
@@ -281,6 +290,9 @@ static void sample_print(const sample_run *x)
 {
     const lb_config *c = x->c;
     const int np = x->np, S = x->S, n = x->n, is_arith = x->is_arith;
+    if (x->tokenizer.tk)
+        printf("# text through %s (%d tokens); stop tokens %s\n", x->tokenizer.name,
+               lb_tokenizer_vocab_size(x->tokenizer.tk), c->sample.stop_tokens);
     printf("# prompt\tcompletion\tsum of log-probs%s\n", is_arith ? "\tanswer" : "");
     int right = 0, any = 0;
     for (int i = 0; i < np; i++) {
@@ -329,7 +341,7 @@ static void sample_free(sample_run *x)
         if (x->ptok) free(x->ptok[i]);
         if (x->is_arith && x->prompt) free(x->prompt[i]);
     }
-    lb_tokenizer_free(x->tk);
+    lb_run_tokenizer_close(&x->tokenizer);
     free(x->ptok), free(x->plen), free(x->prompt), free(x->text), free(x->reqs), free(x->tok), free(x->lp);
 }
 

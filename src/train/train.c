@@ -66,6 +66,7 @@ typedef struct {
     lb_model *m;                        // run.m
     int B, T, G, M;                     // micro-batch, sequence, global and per-rank micro-batches
     lb_loader *train, *val;
+    lb_run_tokenizer tok;               // data.tokenizer's or checkpoint.init's, saved with the model
     lb_train_state st;
     char resume[LB_PATH_MAX + 64];      // the checkpoint resumed from, or ""
     char *ini;                          // the resolved configuration
@@ -240,6 +241,17 @@ static int train_layout(train_run *x, const lb_config *c, lb_comm *comm)
     x->T = c->train.seq_len;
     x->G = c->train.grad_accum;
     x->M = x->G / x->run.grid.dp;
+    return 0;
+}
+
+// The shards' tokenizer, stored in every checkpoint: data.tokenizer, else that of the model
+// checkpoint.init starts from (none: a byte model, whose checkpoints carry none).
+static int train_tokenizer(train_run *x)
+{
+    char err[ERRLEN];
+    int bad = lb_run_tokenizer_open(&x->tok, x->c, x->c->checkpoint.init, err, sizeof err) != 0;
+    if (lb_run_failed(&x->run, bad, err)) return 1;
+    x->run.tokenizer_json = x->tok.json;
     return 0;
 }
 
@@ -607,6 +619,7 @@ static void train_free(train_run *x)
     free(x->tg);
     free(x->ini);
     lb_run_teardown(&x->run);
+    lb_run_tokenizer_close(&x->tok);
     lb_loader_close(x->train);
     lb_loader_close(x->val);
 }
@@ -625,8 +638,8 @@ int lb_cmd_train(const lb_config *c, lb_comm *comm)
         }
     }
     c = &x->cfg;
-    if (train_layout(x, c, comm) != 0 || train_open(x) != 0 || train_load(x) != 0 ||
-        train_announce(x) != 0) {
+    if (train_layout(x, c, comm) != 0 || train_tokenizer(x) != 0 || train_open(x) != 0 ||
+        train_load(x) != 0 || train_announce(x) != 0) {
         lb_run_abandon(&x->run);
         train_free(x);
         free(x);

@@ -53,7 +53,8 @@ int lb_fuzz_seed(const char *dir)
     lb_train_state st = {15, 0, 40};
     snprintf(path, sizeof path, "%s/ok-step15", dir);
     int rc = lb_checkpoint_save(path, m, am, av, &st,
-                                "[model]\narch = qwen3_moe\nrope_theta = 10000\n", err, sizeof err);
+                                "[model]\narch = qwen3_moe\nrope_theta = 10000\n", NULL, err,
+                                sizeof err);
     if (rc != 0) fprintf(stderr, "%s\n", err);
     be->free(be, am);
     be->free(be, av);
