@@ -167,6 +167,9 @@ cp -r "$tmp/ok" "$tmp/ow"
 grep -q "^run.overwrite: cleared .*/ow" "$tmp/ow.log" && [ "$(ls "$tmp/ow/checkpoints")" = step_00000001.safetensors ] &&
     [ "$(grep -c '"loss"' "$tmp/ow/metrics.jsonl")" = 1 ] && [ "$(ls "$tmp/ow" | grep -c tfevents)" = 1 ] && ok ||
     fail "run.overwrite left the earlier run: $(ls "$tmp/ow" "$tmp/ow/checkpoints")"
+# TensorBoard holds the resolved configuration as text (train/config), config.ini's lines
+grep -aq 'train/config' "$tmp"/ow/events.out.tfevents.* && grep -aq '    \[train\]' "$tmp"/ow/events.out.tfevents.* &&
+    ok || fail "no train/config text in the event file"
 # config.ini says what made the run: version and commit, the command line, ranks, backend and
 # device; so does every checkpoint of the run (its stored configuration is config.ini's text)
 head -n 3 "$tmp/ok/config.ini" | tr '\n' '|' | grep -Eq "^# lowbit [0-9.]+ \(commit ([0-9a-f]+(-dirty)?|unknown)\)\|# command: lowbit train .*tiny-moe.cfg --set data.train_files=.*\|# 1 rank, run.backend cpu \(host, [0-9]+ threads?\)\|$" &&

@@ -32,6 +32,7 @@ done
     --set sample.kv_cache=fp8 --set rl.mini_batches=2 --set rl.micro_batch=3 \
     --set rl.kl_coef=0.05 --set run.out_dir="$tmp/rl-more" > "$tmp/rl-more.log"
 check_zero "fp8 KV cache, 2 mini-batches, KL" "$tmp/rl-more"
+grep -aq 'rl/config' "$tmp"/rl-more/events.out.tfevents.* || fail "no rl/config text in the event file"
 field kl_ref "$tmp/rl-more/metrics.jsonl" | tail -n 2 | awk '$1 <= 0 { exit 1 }' ||
     fail "KL to the reference stayed 0 after updates"
 

@@ -1232,6 +1232,7 @@ int lb_cmd_rl(const lb_config *c0, lb_comm *comm)
         rl_free(x);
         return 1;
     }
+    if (x->metrics) lb_metrics_text(x->metrics, x->resume[0] ? x->st.step : 0, "config", x->ini);
 
     x->gcfg = (lb_grpo_config){c->rl.eps_low, c->rl.eps_high, c->rl.kl_coef, c->rl.tis_cap,
                                c->rl.adv_eps};
