@@ -209,5 +209,20 @@ expect_error crc-sample "bad.safetensors: header checksum mismatch" \
 expect_error crc-export "bad.safetensors: header checksum mismatch" "$bin" convert \
     --set convert.direction=export --set convert.input="$tmp/tc/bad.safetensors" --set convert.output="$tmp/tc/hf3"
 
+# a resumed run without data.tokenizer goes on with its checkpoint's, and its checkpoints keep
+# it; another tokenizer is refused (the same ids would mean other text)
+cp -r "$tmp/tc/run" "$tmp/tc/res"
+res=(--set model.vocab_size=4100 --set train.warmup_steps=1 --set train.seq_len=32
+     --set train.micro_batch=2 --set train.grad_accum=1 --set data.train_files="$tmp/tc/c_train_*.bin"
+     --set data.val_files= --set checkpoint.resume=auto --set run.out_dir="$tmp/tc/res")
+"$bin" train "$src/examples/tiny-moe.cfg" "${res[@]}" --set train.steps=3 > "$tmp/tc/res.log" 2>&1 &&
+    "$bin" sample --set sample.checkpoint="$tmp/tc/res/checkpoints/step_00000003.safetensors" \
+        --prompt "In the" --set sample.max_new_tokens=2 > "$tmp/tc/s5" 2>&1 &&
+    grep -q "^# text through the tokenizer stored in .*; stop tokens 4096$" "$tmp/tc/s5" && ok ||
+    { fail "a resumed run lost the tokenizer:"; cat "$tmp/tc/res.log" "$tmp/tc/s5"; }
+LC_ALL=C sed 's/<think>/<thonk>/' "$tok" > "$tmp/tc/other.json"
+expect_error resume-other "step_00000003.safetensors was trained with another tokenizer; data.tokenizer names .*other.json" \
+    "$bin" train "$src/examples/tiny-moe.cfg" "${res[@]}" --set train.steps=4 --set data.tokenizer="$tmp/tc/other.json"
+
 echo "$pass passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -288,6 +288,28 @@ static int train_open(train_run *x)
     return lb_run_checkpoint_dir(r);
 }
 
+// A resumed run goes on with the tokenizer its checkpoint stores: taken from it where
+// data.tokenizer is not set (so later checkpoints carry it on), and another one refused, since
+// the same ids would then mean other text. 0, or -1 with a message.
+static int resume_tokenizer(train_run *x, char *err, size_t errlen)
+{
+    char *stored = NULL;
+    if (lb_checkpoint_tokenizer(x->resume, &stored, err, errlen) != 0) return -1;
+    int rc = 0;
+    if (!x->tok.json && stored) {
+        rc = lb_run_tokenizer_open(&x->tok, x->c, x->resume, err, errlen);
+        x->run.tokenizer_json = x->tok.json;
+    } else if (x->tok.json && (!stored || strcmp(stored, x->tok.json))) {
+        snprintf(err, errlen, "%.400s was trained %s; data.tokenizer names %.300s: resume with the "
+                 "tokenizer it was trained with, or start a new run from its weights "
+                 "(checkpoint.init)", x->resume, stored ? "with another tokenizer" : "on bytes "
+                 "(it stores no tokenizer)", x->tok.name);
+        rc = -1;
+    }
+    free(stored);
+    return rc;
+}
+
 // Resume or start fresh. Rank 0 picks the checkpoint and reads it; every rank takes its part.
 static int train_load(train_run *x)
 {
@@ -312,6 +334,7 @@ static int train_load(train_run *x)
                                           &x->c->parallel, err, sizeof err) != 0;
     // what the tensors' shapes do not tell (a changed rope_theta loads without a word)
     if (!bad) bad = lb_run_same_model(x->c, x->resume, err, sizeof err) != 0;
+    if (!bad) bad = resume_tokenizer(x, err, sizeof err) != 0;
     if (!bad && lb_loader_seek(x->train, x->st.loader_shard, x->st.loader_pos, why,
                                sizeof why) != 0) {
         snprintf(err, sizeof err, "%.400s: its loader position does not fit data.train_files: "
