@@ -64,7 +64,7 @@ typedef struct {
     // pad8(n) elements apart (c is then not written and may be NULL; the pad columns n ..
     // pad8(n) - 1 are not written either). The output of a GEMM whose readers take bf16 (an
     // expert layer's gate/up and down outputs): half the bytes of fp32 to write and to read
-    // again, as stored activations are (DESIGN.md). The value is C's fp32 result rounded
+    // again, as stored activations are (doc/architecture.md, Memory). The value is C's fp32 result rounded
     // once, so the CPU rounds where the GPU stores.
     uint16_t *c16;
 } lb_gemm_args;

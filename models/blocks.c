@@ -705,8 +705,8 @@ static void scratch_free(lb_backend *be, lb_moe_scratch *s)
         if (bufs[i]) be->free(be, bufs[i]);
 }
 
-// What selective recomputation recomputes (DESIGN.md: norms, SwiGLU / expert activation, core
-// attention): the norm outputs and their rstd, q and k after norm and RoPE, the attention
+// What selective recomputation recomputes (doc/architecture.md, Model: norms, SwiGLU / expert
+// activation, core attention): the norm outputs and their rstd, q and k after norm and RoPE, the attention
 // output and its lse (and the SwiGLU output, lb_ffn_acts.h).
 static void recomputable_create(lb_model *m, lb_layer_acts *L, int n, int ns)
 {

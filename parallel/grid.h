@@ -8,7 +8,7 @@
 //            edp = world / (etp ep pp)
 //
 // With etp = tp (the default) a dense data-parallel index splits into ep_rank + ep * edp_rank,
-// which is DESIGN.md's order tp, ep, dp, pp. Every dense data-parallel rank reads different
+// which orders the ranks tp (fastest), ep, dp, pp (doc/parallel.md). Every dense data-parallel rank reads different
 // data; attention is replicated over the ep ranks and experts are split over them.
 #ifndef LB_GRID_H
 #define LB_GRID_H

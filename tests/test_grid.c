@@ -69,8 +69,8 @@ END_TEST
 
 // For every valid layout of worlds 1..16: each rank's coordinates give back its rank under both
 // formulas; the groups of one kind partition the world into groups of the right size whose
-// members agree on every coordinate the group does not vary; etp = tp reproduces DESIGN.md's
-// order tp, ep, dp, pp (dp_rank = ep_rank + ep * edp_rank).
+// members agree on every coordinate the group does not vary; etp = tp gives the rank order
+// of doc/parallel.md, tp (fastest), ep, dp, pp (dp_rank = ep_rank + ep * edp_rank).
 START_TEST(test_all_layouts)
 {
     static const int sz[] = {1, 2, 3, 4, 8};

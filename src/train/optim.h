@@ -25,7 +25,7 @@ typedef struct {
     double lr, min_lr;
     int warmup_steps, total_steps;     // linear warm-up, then cosine to min_lr at total_steps
     double beta1, beta2, eps, weight_decay, grad_clip;
-    // Optimizer offload (DESIGN.md, Memory): this fraction of the rank's parameters keeps its
+    // Optimizer offload (doc/architecture.md, Memory): this fraction of the rank's parameters keeps its
     // AdamW moments in host memory and is updated there by the CPU backend (threads: 0 = all
     // cores) on a thread of its own, after the backend's update of the rest is queued: each
     // step streams those parameters and gradients down in pieces and the parameters back up,
