@@ -890,20 +890,19 @@ START_TEST(blend_parse)
     ck_assert_int_eq(lb_data_blend_parse("0.5x.bin", &bl, err, sizeof err), 0);
     ck_assert_int_eq(bl.weighted, 0);
 
-    ck_assert_int_eq(lb_data_blend_parse("0.7 a 0.3", &bl, err, sizeof err), -1);
-    assert_err_has("weight 0.3 has no glob after it");
-    ck_assert_int_eq(lb_data_blend_parse("0.7 a -1 b", &bl, err, sizeof err), -1);
-    assert_err_has("weight -1 of dataset 2 is not positive");
-    ck_assert_int_eq(lb_data_blend_parse("0 a", &bl, err, sizeof err), -1);
-    assert_err_has("weight 0 of dataset 1 is not positive");
-    ck_assert_int_eq(lb_data_blend_parse("0.7 a x b", &bl, err, sizeof err), -1);
-    assert_err_has("'x' is not a weight");
-    ck_assert_int_eq(lb_data_blend_parse("1 a nan b", &bl, err, sizeof err), -1);
-    assert_err_has("'nan' is not a weight");
-    ck_assert_int_eq(lb_data_blend_parse("1e-9 a 1 b", &bl, err, sizeof err), -1);
-    assert_err_has("below a millionth");
-    ck_assert_int_eq(lb_data_blend_parse("  ", &bl, err, sizeof err), -1);
-    assert_err_has("empty");
+    static const char *bad[][2] = {
+        {"0.7 a 0.3", "weight 0.3 has no glob after it"},
+        {"0.7 a -1 b", "weight -1 of dataset 2 is not positive"},
+        {"0 a", "weight 0 of dataset 1 is not positive"},
+        {"0.7 a x b", "'x' is not a weight"},
+        {"1 a nan b", "'nan' is not a weight"},
+        {"1e-9 a 1 b", "below a millionth"},
+        {"  ", "empty"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        ck_assert_int_eq(lb_data_blend_parse(bad[k][0], &bl, err, sizeof err), -1);
+        assert_err_has(bad[k][1]);
+    }
 }
 END_TEST
 
