@@ -9,6 +9,7 @@
 
 #include <dirent.h>
 #include <ftw.h>
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
@@ -836,6 +837,275 @@ START_TEST(mlperf_schedule_and_target)
 }
 END_TEST
 
+// ---- shuffling and blending -----------------------------------------------------------------
+
+START_TEST(permute_bijection)
+{
+    static const uint64_t sizes[] = {1, 2, 3, 5, 16, 17, 1000, 4099};
+    static uint8_t seen[4099];
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        uint64_t n = sizes[k];
+        memset(seen, 0, sizeof seen);
+        uint64_t fixed = 0;
+        for (uint64_t i = 0; i < n; i++) {
+            uint64_t v = lb_data_permute(n, 7, 11, i);
+            ck_assert_uint_lt(v, n);
+            ck_assert_msg(!seen[v], "n=%llu: %llu drawn twice", (unsigned long long)n,
+                          (unsigned long long)v);
+            seen[v] = 1;
+            fixed += v == i;
+            ck_assert_uint_eq(lb_data_permute(n, 7, 11, i), v);   // reproducible
+        }
+        if (n >= 1000) ck_assert_uint_lt(fixed, n / 50);   // no identity in disguise
+    }
+    // Another stream (epoch) or seed: another order.
+    int same_stream = 0, same_seed = 0;
+    for (uint64_t i = 0; i < 1000; i++) {
+        same_stream += lb_data_permute(1000, 7, 12, i) == lb_data_permute(1000, 7, 11, i);
+        same_seed += lb_data_permute(1000, 8, 11, i) == lb_data_permute(1000, 7, 11, i);
+    }
+    ck_assert_int_lt(same_stream, 20);
+    ck_assert_int_lt(same_seed, 20);
+}
+END_TEST
+
+START_TEST(blend_parse)
+{
+    lb_data_blend bl;
+    ck_assert_msg(lb_data_blend_parse(" 0.7 a_*.bin\t0.3  b_*.bin ", &bl, err, sizeof err) == 0,
+                  "%s", err);
+    ck_assert_int_eq(bl.n, 2);
+    ck_assert_int_eq(bl.weighted, 1);
+    ck_assert_str_eq(bl.glob[0], "a_*.bin");
+    ck_assert_str_eq(bl.glob[1], "b_*.bin");
+    ck_assert(bl.weight[0] == 0.7 && bl.weight[1] == 0.3);
+    // Weights need not sum to one (Megatron normalises them too).
+    ck_assert_int_eq(lb_data_blend_parse("2 a 6 b 2 c", &bl, err, sizeof err), 0);
+    ck_assert_int_eq(bl.n, 3);
+    // No number first: one glob, whole, spaces and all.
+    ck_assert_int_eq(lb_data_blend_parse("my data/x_*.bin", &bl, err, sizeof err), 0);
+    ck_assert_int_eq(bl.n, 1);
+    ck_assert_int_eq(bl.weighted, 0);
+    ck_assert_str_eq(bl.glob[0], "my data/x_*.bin");
+    ck_assert_int_eq(lb_data_blend_parse("0.5x.bin", &bl, err, sizeof err), 0);
+    ck_assert_int_eq(bl.weighted, 0);
+
+    static const char *bad[][2] = {
+        {"0.7 a 0.3", "weight 0.3 has no glob after it"},
+        {"0.7 a -1 b", "weight -1 of dataset 2 is not positive"},
+        {"0 a", "weight 0 of dataset 1 is not positive"},
+        {"0.7 a x b", "'x' is not a weight"},
+        {"1 a nan b", "'nan' is not a weight"},
+        {"1e-9 a 1 b", "below a millionth"},
+        {"  ", "empty"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        ck_assert_int_eq(lb_data_blend_parse(bad[k][0], &bl, err, sizeof err), -1);
+        assert_err_has(bad[k][1]);
+    }
+}
+END_TEST
+
+// Three datasets whose token k of a shard is base + k: a (two shards: 10 and 7 windows of
+// t=4), b (8 windows) and c (5). A window's first token names it; / 100000 names its set.
+static const char *three_sets(char *spec, size_t len, const char *weights[3])
+{
+    const char *dir = scratch();
+    write_ramp(path_in(dir, "a_000.bin"), 0, 41);
+    write_ramp(path_in(dir, "a_001.bin"), 1000, 29);
+    write_ramp(path_in(dir, "b_000.bin"), 100000, 33);
+    write_ramp(path_in(dir, "c_000.bin"), 200000, 21);
+    snprintf(spec, len, "%s %s/a_*.bin %s %s/b_*.bin %s %s/c_*.bin", weights[0], dir,
+             weights[1], dir, weights[2], dir);
+    return dir;
+}
+
+static lb_loader *open_spec(const char *spec, int shuffle, uint64_t seed, int b)
+{
+    lb_data_blend bl;
+    ck_assert_msg(lb_data_blend_parse(spec, &bl, err, sizeof err) == 0, "%s", err);
+    lb_loader *l = lb_loader_open_blend(&bl, shuffle, seed, b, 4, 1 << 20, err, sizeof err);
+    ck_assert_msg(l != NULL, "%s", err);
+    return l;
+}
+
+// The first tokens of the next batch's b sequences; checks each is one window of 5 tokens.
+static void next_firsts(lb_loader *l, int b, int32_t *first)
+{
+    int32_t in[64], tg[64];
+    ck_assert_msg(lb_loader_next(l, in, tg, err, sizeof err) == 0, "%s", err);
+    for (int r = 0; r < b; r++) {
+        first[r] = in[r * 4];
+        ck_assert_int_eq(first[r] % 100000 % 1000 % 4, 0);   // windows start at multiples of t
+        for (int i = 0; i < 4; i++) {
+            ck_assert_int_eq(in[r * 4 + i], first[r] + i);
+            ck_assert_int_eq(tg[r * 4 + i], first[r] + i + 1);
+        }
+    }
+}
+
+START_TEST(blend_proportions_and_passes)
+{
+    char spec[4096];
+    const char *w[3] = {"0.5", "0.3", "0.2"};
+    three_sets(spec, sizeof spec, w);
+    const double share[3] = {0.5, 0.3, 0.2};
+    const int windows[3] = {17, 8, 5};
+    lb_loader *l = open_spec(spec, 1, 42, 1);
+    int count[3] = {0, 0, 0};
+    int32_t order[3][40];   // each set's first 40 sequences: over two passes
+    for (int n = 1; n <= 200; n++) {
+        int32_t f;
+        next_firsts(l, 1, &f);
+        int d = f / 100000;
+        if (count[d] < 40) order[d][count[d]] = f;
+        count[d]++;
+        // Over every prefix each set is within one sequence of its share...
+        for (int k = 0; k < 3; k++)
+            ck_assert_msg(fabs(count[k] - n * share[k]) < 1.0, "n=%d set %d: %d sequences", n,
+                          k, count[k]);
+        // ...and exactly at it where the share is whole.
+        if (n % 10 == 0)
+            for (int k = 0; k < 3; k++) ck_assert_int_eq(count[k] * 10, n * (int)(share[k] * 10));
+    }
+    // Each pass over a set draws every window once, in an order other than the file's and
+    // other than the pass before.
+    for (int d = 0; d < 3; d++) {
+        int32_t seen[2][17];
+        for (int e = 0; e < 2; e++) {
+            for (int i = 0; i < windows[d]; i++) seen[e][i] = order[d][e * windows[d] + i];
+            for (int i = 0; i < windows[d]; i++)
+                for (int j = i + 1; j < windows[d]; j++) ck_assert_int_ne(seen[e][i], seen[e][j]);
+        }
+        ck_assert(memcmp(seen[0], seen[1], sizeof(int32_t) * (size_t)windows[d]) != 0);
+    }
+    int in_order = 1;   // set a's first pass, unshuffled, would be 0, 4, ..., 36, 1000, ...
+    for (int i = 1; i < 17; i++) in_order &= order[0][i] > order[0][i - 1];
+    ck_assert(!in_order);
+    lb_loader_close(l);
+
+    // Unshuffled, a weighted set reads its windows in file order, pass after pass.
+    l = open_spec(spec, 0, 42, 1);
+    int k = 0;
+    for (int n = 0; n < 100; n++) {
+        int32_t f;
+        next_firsts(l, 1, &f);
+        if (f / 100000 != 0) continue;
+        int i = k++ % 17;
+        ck_assert_int_eq(f, i < 10 ? 4 * i : 1000 + 4 * (i - 10));
+    }
+    lb_loader_close(l);
+
+    // The same seed gives the same order; another seed another.
+    lb_loader *a = open_spec(spec, 1, 42, 1), *b = open_spec(spec, 1, 42, 1),
+              *c = open_spec(spec, 1, 43, 1);
+    int differ = 0;
+    for (int n = 0; n < 60; n++) {
+        int32_t fa, fb, fc;
+        next_firsts(a, 1, &fa);
+        next_firsts(b, 1, &fb);
+        next_firsts(c, 1, &fc);
+        ck_assert_int_eq(fa, fb);
+        ck_assert_int_eq(fa / 100000, fc / 100000);   // the blend does not depend on the seed
+        differ += fa != fc;
+    }
+    ck_assert_int_gt(differ, 30);
+    lb_loader_close(a);
+    lb_loader_close(b);
+    lb_loader_close(c);
+}
+END_TEST
+
+// Data-parallel ranks take micro-batch j of every step's G when j mod dp is theirs and skip the
+// others (train.c, read_micro_batches): together they draw each sequence of the one-rank order
+// exactly once.
+START_TEST(blend_dp_split)
+{
+    char spec[4096];
+    const char *w[3] = {"0.7", "0.2", "0.1"};
+    three_sets(spec, sizeof spec, w);
+    enum { DP = 3, G = 6, B = 2, STEPS = 5 };
+    lb_loader *one = open_spec(spec, 1, 9, B), *rank[DP];
+    for (int r = 0; r < DP; r++) rank[r] = open_spec(spec, 1, 9, B);
+    for (int step = 0; step < STEPS; step++) {
+        int32_t want[G][B], got[G][B];
+        int taken[G] = {0};
+        for (int j = 0; j < G; j++) next_firsts(one, B, want[j]);
+        for (int r = 0; r < DP; r++)
+            for (int j = 0; j < G; j++) {
+                if (j % DP != r) {
+                    lb_loader_skip(rank[r], 1);
+                    continue;
+                }
+                next_firsts(rank[r], B, got[j]);
+                taken[j]++;
+            }
+        for (int j = 0; j < G; j++) {
+            ck_assert_int_eq(taken[j], 1);   // every micro-batch by exactly one rank
+            for (int i = 0; i < B; i++) ck_assert_int_eq(got[j][i], want[j][i]);
+        }
+        int64_t s1, p1;   // and every rank ends the step where the one rank does
+        lb_loader_tell(one, &s1, &p1);
+        for (int r = 0; r < DP; r++) {
+            int64_t s, p;
+            lb_loader_tell(rank[r], &s, &p);
+            ck_assert_int_eq(s, s1);
+            ck_assert_int_eq(p, p1);
+        }
+    }
+    lb_loader_close(one);
+    for (int r = 0; r < DP; r++) lb_loader_close(rank[r]);
+}
+END_TEST
+
+START_TEST(blend_tell_seek)
+{
+    char spec[4096];
+    const char *w[3] = {"0.45", "0.35", "0.2"};   // a period of 20 sequences
+    three_sets(spec, sizeof spec, w);
+    lb_loader *a = open_spec(spec, 1, 5, 3);
+    int32_t fa[3], fb[3];
+    for (int k = 0; k < 40; k++) {   // 120 sequences: several periods and passes
+        int64_t s, p;
+        lb_loader_tell(a, &s, &p);
+        ck_assert_int_eq(s, -1);
+        ck_assert_int_eq(p, 3 * k);   // sequences drawn
+        // A fresh loader seeking to the reported position draws the same next batch.
+        lb_loader *b = open_spec(spec, 1, 5, 3);
+        ck_assert_msg(lb_loader_seek(b, s, p, err, sizeof err) == 0, "%s", err);
+        next_firsts(a, 3, fa);
+        next_firsts(b, 3, fb);
+        for (int i = 0; i < 3; i++) ck_assert_int_eq(fa[i], fb[i]);
+        lb_loader_close(b);
+    }
+    // reset: back to the first batch
+    lb_loader *b = open_spec(spec, 1, 5, 3);
+    next_firsts(b, 3, fb);
+    lb_loader_reset(a);
+    next_firsts(a, 3, fa);
+    for (int i = 0; i < 3; i++) ck_assert_int_eq(fa[i], fb[i]);
+    lb_loader_close(b);
+    // A position of the other kind of loader is refused, saying so.
+    ck_assert_int_eq(lb_loader_seek(a, 0, 0, err, sizeof err), -1);
+    assert_err_has("the position is of a loader that reads the shards in order");
+    ck_assert_int_eq(lb_loader_seek(a, -1, -2, err, sizeof err), -1);
+    lb_loader *plain = lb_loader_open(two_shards(), 2, 3, 256, err, sizeof err);
+    ck_assert_ptr_nonnull(plain);
+    ck_assert_int_eq(lb_loader_seek(plain, -1, 12, err, sizeof err), -1);
+    assert_err_has("the position is of a loader that draws sequences shuffled or blended");
+    lb_loader_close(plain);
+    lb_loader_close(a);
+
+    // A glob that matches nothing, named.
+    char bad[4200];
+    snprintf(bad, sizeof bad, "%s 1 /nonexistent/z_*.bin", spec);
+    lb_data_blend bl;
+    ck_assert_int_eq(lb_data_blend_parse(bad, &bl, err, sizeof err), 0);
+    ck_assert_ptr_null(lb_loader_open_blend(&bl, 1, 5, 3, 4, 1 << 20, err, sizeof err));
+    ck_assert_str_eq(err, "/nonexistent/z_*.bin: no token shards match");
+}
+END_TEST
+
 static Suite *data_suite(void)
 {
     Suite *s = suite_create("data");
@@ -848,6 +1118,11 @@ static Suite *data_suite(void)
     tcase_add_test(tc, loader_windows_boundary_and_wrap);
     tcase_add_test(tc, loader_tell_seek);
     tcase_add_test(tc, loader_errors);
+    tcase_add_test(tc, permute_bijection);
+    tcase_add_test(tc, blend_parse);
+    tcase_add_test(tc, blend_proportions_and_passes);
+    tcase_add_test(tc, blend_dp_split);
+    tcase_add_test(tc, blend_tell_seek);
     tcase_add_test(tc, arith_problems);
     tcase_add_test(tc, arith_answer_and_completion);
     tcase_add_test(tc, arith_corpus_split);

@@ -252,4 +252,60 @@ grun=("${gsmall[@]}" --set train.steps=8 --set train.warmup_steps=2 --set checkp
     fail "glm4_moe: the selection-bias update changes nothing"
 "$bin" info "$glm" | grep -q "^experts .*sigmoid router, top-2 of 4 groups.*1 shared.*layers 0-0 dense" ||
     fail "glm4_moe: info does not show the router, the shared expert and the dense layer"
+# 11. Shuffled and blended data (doc/data.md): resumed from step 4, the uninterrupted run's
+#     checkpoint exactly (0 tolerance, moments too) and its losses; the order differs from the
+#     in-order run's and from another seed's; the checkpoint stores one sequence count.
+blend=("${run[@]}" --set data.shuffle=true
+       --set data.train_files="0.7 $tmp/arith_train_*.bin 0.3 $tmp/arith_val_*.bin")
+"$bin" train "$src/examples/tiny-moe.cfg" "${blend[@]}" --set run.out_dir="$tmp/sa" > "$tmp/sa.log"
+sck="$tmp/sa/checkpoints/step_00000004.safetensors"
+"$bin" train "$src/examples/tiny-moe.cfg" "${blend[@]}" --set run.out_dir="$tmp/sb" \
+    --set checkpoint.resume="$sck" > "$tmp/sb.log"
+grep -q "resumed from $sck at step 4" "$tmp/sb.log" || fail "shuffled: resume not reported"
+"$cmp" --moments "$tmp/sa/checkpoints/step_00000008.safetensors" \
+    "$tmp/sb/checkpoints/step_00000008.safetensors" 0 > /dev/null ||
+    fail "shuffled and blended: the resumed run's checkpoint differs from the uninterrupted one's"
+diff <(strip "$tmp/sa/metrics.jsonl" | tail -n 4) <(strip "$tmp/sb/metrics.jsonl") ||
+    fail "shuffled and blended: the resumed run's losses differ"
+grep -aq '"loader_sequence":"64"' "$sck" ||   # 4 steps x grad_accum 2 x micro_batch 8
+    fail "shuffled: the checkpoint does not store the sequences drawn"
+! grep -aq '"loader_sequence"' "$ck" || fail "an in-order run's checkpoint has a sequence count"
+"$bin" train "$src/examples/tiny-moe.cfg" "${blend[@]}" --set run.out_dir="$tmp/sc" \
+    --set run.seed=99 --set train.steps=1 --set train.warmup_steps=0 > /dev/null
+"$bin" train "$src/examples/tiny-moe.cfg" "${blend[@]}" --set run.out_dir="$tmp/sd" \
+    --set data.shuffle=false --set train.steps=1 --set train.warmup_steps=0 > /dev/null
+first_loss() { grep '"loss"' "$1" | head -n 1 | sed 's/.*"loss": \([^,]*\),.*/\1/'; }
+[ "$(first_loss "$tmp/sa/metrics.jsonl")" != "$(first_loss "$tmp/a/metrics.jsonl")" ] ||
+    fail "shuffled and blended: the same first batch as the in-order run"
+[ "$(first_loss "$tmp/sa/metrics.jsonl")" != "$(first_loss "$tmp/sd/metrics.jsonl")" ] ||
+    fail "shuffled: the same first batch as the unshuffled blend"
+# another seed initialises another model too: the losses must differ, the data is the point of
+# the unit tests (tests/test_data.c)
+[ "$(first_loss "$tmp/sa/metrics.jsonl")" != "$(first_loss "$tmp/sc/metrics.jsonl")" ] ||
+    fail "shuffled: another seed gives the same first batch"
+# a checkpoint of the other kind of loader is refused, saying why
+if "$bin" train "$src/examples/tiny-moe.cfg" "${blend[@]}" --set run.out_dir="$tmp/se" \
+    --set checkpoint.resume="$ck" > /dev/null 2> "$tmp/se.err"; then
+    fail "an in-order checkpoint resumed a shuffled run"
+fi
+grep -q "its loader position does not fit data.train_files: .*reads the shards in order" \
+    "$tmp/se.err" || fail "in-order checkpoint, shuffled run: $(cat "$tmp/se.err")"
+# 11b. A bad data.train_files stops the run before any work, at its file and line.
+bad_files() {   # bad_files NAME VALUE PATTERN
+    sed "s|^train_files = .*|train_files = $2|" "$src/examples/tiny-moe.cfg" > "$tmp/$1.cfg"
+    if "$bin" train "$tmp/$1.cfg" --set run.out_dir="$tmp/$1" > "$tmp/$1.out" 2> "$tmp/$1.err"; then
+        fail "$1: exit 0"
+    fi
+    grep -qF -- "lowbit train: $tmp/$1.cfg:27: data.train_files: $3" "$tmp/$1.err" ||
+        fail "$1: stderr lacks '$tmp/$1.cfg:27: data.train_files: $3': $(cat "$tmp/$1.err")"
+    [ ! -e "$tmp/$1/metrics.jsonl" ] || fail "$1: the run started"
+}
+bad_files odd "0.7 $tmp/arith_train_*.bin 0.3" "weight 0.3 has no glob after it"
+bad_files negative "0.7 $tmp/arith_train_*.bin -0.3 $tmp/arith_val_*.bin" \
+    "weight -0.3 of dataset 2 is not positive"
+bad_files zero "0 $tmp/arith_train_*.bin" "weight 0 of dataset 1 is not positive"
+bad_files word "0.7 $tmp/arith_train_*.bin x $tmp/arith_val_*.bin" "'x' is not a weight"
+bad_files nomatch "0.7 $tmp/arith_train_*.bin 0.3 $tmp/nothing_*.bin" \
+    "$tmp/nothing_*.bin: no token shards match"
+bad_files nomatch1 "$tmp/nothing_*.bin" "$tmp/nothing_*.bin: no token shards match"
 echo "PASS"

@@ -23,7 +23,8 @@ typedef struct {
     } run;
     lb_model_config model;
     struct {
-        char train_files[LB_PATH_MAX];  // glob of token shards
+        char train_files[LB_PATH_MAX];  // glob of token shards, or "W1 GLOB1 W2 GLOB2 ..."
+        int shuffle;                    // training sequences in a seeded order (run.seed)
         char val_files[LB_PATH_MAX];    // glob, may be empty
         char tokenizer[LB_PATH_MAX];    // tokenizer.json (`data tokenize`, text prompts)
     } data;

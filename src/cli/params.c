@@ -49,8 +49,15 @@ static const lb_param rows[] = {
     LB_P_MODEL_KEYS,
 
     // [data] -----------------------------------------------------------------------------------
-    LB_P(data, train_files, S, "", 0, 0, NULL, "glob of training token shards"),
-    LB_P(data, val_files, S, "", 0, 0, NULL, "glob of validation token shards (may be empty)"),
+    LB_P(data, train_files, S, "", 0, 0, NULL,
+         "glob of training token shards, or a weighted blend \"W1 GLOB1 W2 GLOB2 ...\" as "
+         "Megatron's --data-path (doc/data.md)"),
+    // Off by default (2026-12-07): shuffling changes the order of every existing run's data
+    // and so its checkpoints; a run opts in.
+    LB_P(data, shuffle, B, "false", 0, 0, NULL,
+         "train on the sequences (windows of train.seq_len+1 tokens) in a seeded order drawn "
+         "anew every pass over the data, from run.seed; resumes continue it exactly"),
+    LB_P(data, val_files, S, "", 0, 0, NULL, "glob of validation token shards (may be empty; never blended or shuffled)"),
     LB_P(data, tokenizer, S, "", 0, 0, NULL,
          "Hugging Face tokenizer.json (byte-level BPE) for `lowbit data tokenize`; train stores "
          "it in its checkpoints, sample and rl read text through it (default: the checkpoint's)"),

@@ -53,10 +53,15 @@ static int save_tables(const char *path, const lb_tensor *t, int n, const float 
     lb_st_writer_meta(w, "config", config_ini);
     snprintf(num, sizeof num, "%" PRId64, st->step);
     lb_st_writer_meta(w, "step", num);
-    snprintf(num, sizeof num, "%" PRId64, st->loader_shard);
-    lb_st_writer_meta(w, "loader_shard", num);
-    snprintf(num, sizeof num, "%" PRId64, st->loader_pos);
-    lb_st_writer_meta(w, "loader_pos", num);
+    if (st->loader_shard == -1) {   // a shuffled or blended loader: one count
+        snprintf(num, sizeof num, "%" PRId64, st->loader_pos);
+        lb_st_writer_meta(w, "loader_sequence", num);
+    } else {
+        snprintf(num, sizeof num, "%" PRId64, st->loader_shard);
+        lb_st_writer_meta(w, "loader_shard", num);
+        snprintf(num, sizeof num, "%" PRId64, st->loader_pos);
+        lb_st_writer_meta(w, "loader_pos", num);
+    }
     if (tokenizer_json) lb_st_writer_meta(w, TOKENIZER_KEY, tokenizer_json);
     snprintf(num, sizeof num, "%08x", crc);
     lb_st_writer_meta(w, "crc32", num);
@@ -109,6 +114,32 @@ static int meta_count(const lb_st_file *f, const char *key, int64_t *out, char *
     return 0;
 }
 
+// The loader position: shard and offset, or (shard -1) the sequences a shuffled or blended
+// loader has drawn (up to 2^62: they outgrow an int32 long before steps do).
+static int meta_loader(const lb_st_file *f, lb_train_state *s, char *err, size_t errlen)
+{
+    const char *seq = lb_st_meta(f, "loader_sequence");
+    if (!seq)
+        return meta_count(f, "loader_shard", &s->loader_shard, err, errlen) == 0 &&
+                       meta_count(f, "loader_pos", &s->loader_pos, err, errlen) == 0
+                   ? 0
+                   : -1;
+    char *end = NULL;
+    long long v = 0;
+    if (*seq >= '0' && *seq <= '9') v = strtoll(seq, &end, 10);
+    if (!end || *end || v > (1LL << 62)) {
+        char shown[48];
+        snprintf(shown, sizeof shown, "%.32s", seq);
+        lb_escape_bytes(shown, sizeof shown);
+        snprintf(err, errlen, "%s: metadata 'loader_sequence' is '%s': not a whole number from 0 "
+                 "to 2^62 (the file is corrupt)", f->path, shown);
+        return -1;
+    }
+    s->loader_shard = -1;
+    s->loader_pos = v;
+    return 0;
+}
+
 // Metadata key as 8 lowercase hex digits (a CRC as save_tables writes it).
 static int meta_crc(const lb_st_file *f, const char *key, char *err, size_t errlen)
 {
@@ -146,8 +177,7 @@ static int open_checkpoint(lb_st_file *f, const char *path, lb_train_state *st, 
     } else if (!cfg || !cfg[0]) {
         snprintf(err, errlen, "%s: checkpoint has no stored configuration", path);
     } else if (meta_count(f, "step", &s.step, err, errlen) == 0 &&
-               meta_count(f, "loader_shard", &s.loader_shard, err, errlen) == 0 &&
-               meta_count(f, "loader_pos", &s.loader_pos, err, errlen) == 0 &&
+               meta_loader(f, &s, err, errlen) == 0 &&
                meta_crc(f, "crc32", err, errlen) == 0 &&
                (strcmp(fmt, FORMAT) != 0 || meta_crc(f, "header_crc32", err, errlen) == 0)) {
         if (st) *st = s;

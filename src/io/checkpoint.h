@@ -17,6 +17,8 @@
 
 typedef struct {
     int64_t step;                  // optimizer steps completed
+    // lb_loader_tell's: shard and token offset, or shard -1 and the sequences drawn by a
+    // shuffled or blended loader (stored as metadata "loader_sequence")
     int64_t loader_shard, loader_pos;
 } lb_train_state;
 

@@ -234,6 +234,24 @@ struct lb_loader {
     int loaded;         // shard whose tokens are in raw, -1 for none
     int elem;           // bytes per token of the loaded shard
     uint8_t *raw;       // [counts[loaded] * elem] tokens as stored
+    // A sequence loader (lb_loader_open_blend); the fields above but shard, pos and raw serve
+    // it too. Everything below but the file cache is a function of seq and the open arguments.
+    int seqmode;
+    int shuffle;
+    uint64_t seed;
+    int nsets;
+    int *first;         // [nsets+1] the shards of set d are first[d] .. first[d+1]-1
+    int64_t *wbefore;   // [nshards+1] windows in the shards before s (all sets)
+    int64_t *q;         // [nsets] weights in millionths of their sum (at least 1)
+    int64_t qsum;       // their sum
+    int64_t period;     // the blend repeats every period sequences (per[d] of set d in each)
+    int64_t *per;       // [nsets]
+    int64_t seq;        // sequences drawn
+    int64_t *drawn;     // [nsets] sequences drawn from each set
+    int64_t inper;      // sequences drawn in the current period
+    int64_t *pdrawn;    // [nsets] of them from each set
+    FILE *fp;           // shard open for window reads, -1 in fp_shard for none
+    int fp_shard, fp_elem;
 };
 
 // The position the next batch really starts at: a shard with fewer than bt+1 tokens left moves
@@ -307,50 +325,349 @@ int64_t lb_loader_tokens(const lb_loader *l)
     return n;
 }
 
-lb_loader *lb_loader_open(const char *pattern, int b, int t, int vocab_size, char *err,
-                          size_t errlen)
+// An empty loader of shape (b, t, vocab); what names the data in an error.
+static lb_loader *loader_new(const char *what, int b, int t, int vocab_size, char *err,
+                             size_t errlen)
 {
     if (b <= 0 || t <= 0 || vocab_size <= 0 || (int64_t)b * t >= INT32_MAX) {
-        snprintf(err, errlen, "%s: bad loader shape b=%d t=%d vocab_size=%d", pattern, b, t,
+        snprintf(err, errlen, "%s: bad loader shape b=%d t=%d vocab_size=%d", what, b, t,
                  vocab_size);
         return NULL;
     }
-    char **paths;
-    int n = lb_glob(pattern, &paths);
-    if (n == 0) {
-        lb_glob_free(paths, 0);
-        snprintf(err, errlen, "%s: no token shards match", pattern);
-        return NULL;
-    }
     lb_loader *l = lb_calloc(1, sizeof *l);
-    l->paths = paths;
-    l->nshards = n;
-    l->counts = lb_calloc((size_t)n, sizeof(int64_t));
+    l->paths = lb_malloc(sizeof(char *));
+    l->counts = lb_malloc(sizeof(int64_t));
     l->b = b;
     l->t = t;
     l->vocab = vocab_size;
     l->bt = (size_t)b * (size_t)t;
     l->loaded = -1;
-    // Every header now, so a corrupt or short shard stops the run before the first step.
-    for (int s = 0; s < n; s++) {
+    l->fp_shard = -1;
+    return l;
+}
+
+// Appends the shards matching pattern (sorted by name) and reads every header now, so a
+// corrupt or short shard stops the run before the first step.
+static int loader_add(lb_loader *l, const char *pattern, char *err, size_t errlen)
+{
+    char **paths;
+    int n = lb_glob(pattern, &paths);
+    if (n == 0) {
+        lb_glob_free(paths, 0);
+        snprintf(err, errlen, "%s: no token shards match", pattern);
+        return -1;
+    }
+    int at = l->nshards;
+    l->paths = realloc(l->paths, sizeof(char *) * (size_t)(at + n));
+    l->counts = realloc(l->counts, sizeof(int64_t) * (size_t)(at + n));
+    if (!l->paths || !l->counts) lb_die("out of memory for %d shard names", at + n);
+    memcpy(l->paths + at, paths, sizeof(char *) * (size_t)n);
+    free(paths);   // the names now belong to l
+    l->nshards = at + n;
+    for (int s = at; s < l->nshards; s++) {
         int version;
-        if (shard_open(paths[s], NULL, &version, &l->counts[s], err, errlen) != 0) {
-            lb_loader_close(l);
-            return NULL;
-        }
+        if (shard_open(l->paths[s], NULL, &version, &l->counts[s], err, errlen) != 0) return -1;
         if (l->counts[s] < (int64_t)l->bt + 1) {
             snprintf(err, errlen,
                      "%s: %lld tokens, too few for one batch (b*t+1 = %zu tokens with b=%d t=%d)",
-                     paths[s], (long long)l->counts[s], l->bt + 1, b, t);
-            lb_loader_close(l);
-            return NULL;
+                     l->paths[s], (long long)l->counts[s], l->bt + 1, l->b, l->t);
+            return -1;
         }
+    }
+    return 0;
+}
+
+lb_loader *lb_loader_open(const char *pattern, int b, int t, int vocab_size, char *err,
+                          size_t errlen)
+{
+    lb_loader *l = loader_new(pattern, b, t, vocab_size, err, errlen);
+    if (l && loader_add(l, pattern, err, errlen) != 0) {
+        lb_loader_close(l);
+        return NULL;
     }
     return l;
 }
 
+// ---- sequence loader: shuffling and blending ------------------------------------------------
+
+// Fixed stream id of the shuffle ("shuffle" + the set in the low bytes): changing it changes
+// every shuffled run's order.
+#define LB_SHUFFLE_STREAM 0x73687566666c6500ull
+#define LB_BLEND_SCALE 1000000   // weights are resolved to millionths of their sum
+
+uint64_t lb_data_permute(uint64_t n, uint64_t seed, uint64_t stream, uint64_t i)
+{
+    if (n <= 1) return 0;
+    // A balanced Feistel network on 2h bits (4^h >= n) is a bijection of [0, 4^h); applying it
+    // again until the value lands below n (cycle walking) restricts it to a bijection of
+    // [0, n). 4^h < 4n, so under four rounds of walking on average.
+    int h = 1;
+    while (h < 32 && (1ull << (2 * h)) < n) h++;
+    const uint64_t mask = (1ull << h) - 1;
+    uint64_t x = i;
+    do {
+        uint64_t left = x >> h, right = x & mask;
+        for (uint64_t r = 0; r < 4; r++) {   // four rounds: a pseudo-random permutation
+            uint64_t f = lb_rand_u64(seed, stream, right << 2 | r) & mask;
+            uint64_t next = left ^ f;
+            left = right;
+            right = next;
+        }
+        x = left << h | right;
+    } while (x >= n);
+    return x;
+}
+
+static int64_t gcd64(int64_t a, int64_t b)
+{
+    while (b) {
+        int64_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+int lb_data_blend_parse(const char *spec, lb_data_blend *bl, char *err, size_t errlen)
+{
+    memset(bl, 0, sizeof *bl);
+    size_t len = strlen(spec);
+    if (len >= sizeof bl->text) {
+        snprintf(err, errlen, "longer than %zu characters", sizeof bl->text - 1);
+        return -1;
+    }
+    const char *p = spec + strspn(spec, " \t");
+    char *end;
+    (void)strtod(p, &end);
+    if (!*p || end == p || (*end && *end != ' ' && *end != '\t')) {
+        // not a number first: one glob, whole (a name may hold spaces)
+        if (!*p) {
+            snprintf(err, errlen, "empty: name the token shards");
+            return -1;
+        }
+        memcpy(bl->text, spec, len + 1);
+        bl->n = 1;
+        bl->weight[0] = 1.0;
+        bl->glob[0] = bl->text;
+        return 0;
+    }
+    bl->weighted = 1;
+    memcpy(bl->text, spec, len + 1);
+    char *save = NULL;
+    int words = 0;
+    double sum = 0.0;
+    for (char *w = strtok_r(bl->text, " \t", &save); w; w = strtok_r(NULL, " \t", &save)) {
+        if (words % 2 == 0) {
+            if (bl->n == LB_BLEND_MAX) {
+                snprintf(err, errlen, "more than %d datasets", LB_BLEND_MAX);
+                return -1;
+            }
+            double v = strtod(w, &end);
+            if (end == w || *end || !isfinite(v)) {
+                snprintf(err, errlen, "'%s' is not a weight: expected \"WEIGHT GLOB "
+                         "[WEIGHT GLOB ...]\" (as Megatron's --data-path)", w);
+                return -1;
+            }
+            if (!(v > 0.0)) {
+                snprintf(err, errlen, "weight %s of dataset %d is not positive", w, bl->n + 1);
+                return -1;
+            }
+            bl->weight[bl->n] = v;
+            sum += v;
+        } else {
+            bl->glob[bl->n++] = w;
+        }
+        words++;
+    }
+    if (words % 2) {
+        snprintf(err, errlen, "weight %g has no glob after it: expected \"WEIGHT GLOB "
+                 "[WEIGHT GLOB ...]\"", bl->weight[bl->n]);
+        return -1;
+    }
+    if (!(sum > 0.0) || !isfinite(sum)) {
+        snprintf(err, errlen, "the weights sum to %g, not a positive number", sum);
+        return -1;
+    }
+    for (int d = 0; d < bl->n; d++)
+        if (llround(bl->weight[d] / sum * LB_BLEND_SCALE) < 1) {
+            snprintf(err, errlen, "weight %g of %s is below a millionth of the weights' sum "
+                     "(%g): the blend resolves weights to millionths", bl->weight[d],
+                     bl->glob[d], sum);
+            return -1;
+        }
+    return 0;
+}
+
+lb_loader *lb_loader_open_blend(const lb_data_blend *bl, int shuffle, uint64_t seed, int b,
+                                int t, int vocab_size, char *err, size_t errlen)
+{
+    lb_loader *l = loader_new(bl->glob[0], b, t, vocab_size, err, errlen);
+    if (!l) return NULL;
+    l->seqmode = 1;
+    l->shuffle = shuffle;
+    l->seed = seed;
+    l->nsets = bl->n;
+    l->first = lb_calloc((size_t)bl->n + 1, sizeof(int));
+    l->q = lb_calloc((size_t)bl->n, sizeof(int64_t));
+    l->per = lb_calloc((size_t)bl->n, sizeof(int64_t));
+    l->drawn = lb_calloc((size_t)bl->n, sizeof(int64_t));
+    l->pdrawn = lb_calloc((size_t)bl->n, sizeof(int64_t));
+    double sum = 0.0;
+    for (int d = 0; d < bl->n; d++) sum += bl->weight[d];
+    int64_t g = 0;
+    for (int d = 0; d < bl->n; d++) {
+        l->first[d] = l->nshards;
+        if (loader_add(l, bl->glob[d], err, errlen) != 0) {
+            lb_loader_close(l);
+            return NULL;
+        }
+        // Integers, so the blend is the same on every machine whatever its floating point.
+        l->q[d] = llround(bl->weight[d] / sum * LB_BLEND_SCALE);
+        if (l->q[d] < 1) l->q[d] = 1;   // lb_data_blend_parse refuses these
+        l->qsum += l->q[d];
+        g = gcd64(g, l->q[d]);
+    }
+    l->first[bl->n] = l->nshards;
+    // After qsum/g sequences every share q[d]/qsum times the count is a whole number, and each
+    // count is within one of it, so the counts are exactly the shares: the assignment starts
+    // over. Seeks jump whole periods.
+    l->period = l->qsum / g;
+    for (int d = 0; d < bl->n; d++) l->per[d] = l->q[d] / g;
+    l->wbefore = lb_calloc((size_t)l->nshards + 1, sizeof(int64_t));
+    for (int s = 0; s < l->nshards; s++)
+        l->wbefore[s + 1] = l->wbefore[s] + (l->counts[s] - 1) / t;
+    return l;
+}
+
+// The set of the next sequence: the one furthest behind its share of the sequences drawn so
+// far in this period, plus this one (the lowest index on a tie). Moves the blend on.
+static int seq_pick(lb_loader *l)
+{
+    int best = 0;
+    int64_t best_lag = 0;
+    for (int d = 0; d < l->nsets; d++) {
+        // (share of inper+1 - drawn) * qsum: whole numbers (q <= 10^6, inper < 10^6)
+        int64_t lag = l->q[d] * (l->inper + 1) - l->pdrawn[d] * l->qsum;
+        if (d == 0 || lag > best_lag) {
+            best = d;
+            best_lag = lag;
+        }
+    }
+    l->pdrawn[best]++;
+    l->drawn[best]++;
+    l->seq++;
+    if (++l->inper == l->period) {
+        for (int d = 0; d < l->nsets; d++)
+            if (l->pdrawn[d] != l->per[d])
+                lb_die("data blend: set %d drew %lld of a period's %lld sequences, not %lld", d,
+                       (long long)l->pdrawn[d], (long long)l->period, (long long)l->per[d]);
+        l->inper = 0;
+        memset(l->pdrawn, 0, sizeof(int64_t) * (size_t)l->nsets);
+    }
+    return best;
+}
+
+static void seq_skip(lb_loader *l, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) seq_pick(l);
+}
+
+static void seq_seek(lb_loader *l, int64_t seq)
+{
+    int64_t whole = seq / l->period;
+    for (int d = 0; d < l->nsets; d++) {
+        l->drawn[d] = whole * l->per[d];
+        l->pdrawn[d] = 0;
+    }
+    l->inper = 0;
+    l->seq = whole * l->period;
+    seq_skip(l, seq - l->seq);
+}
+
+// Global window of sequence k of set d: pass k / W over the set's W windows, in order or in
+// that pass's permutation.
+static int64_t seq_window(const lb_loader *l, int d, int64_t k)
+{
+    int64_t base = l->wbefore[l->first[d]], w = l->wbefore[l->first[d + 1]] - base;
+    int64_t epoch = k / w, i = k % w;
+    if (l->shuffle) {
+        uint64_t stream = lb_rand_u64(l->seed, LB_SHUFFLE_STREAM | (uint64_t)d, (uint64_t)epoch);
+        i = (int64_t)lb_data_permute((uint64_t)w, l->seed, stream, (uint64_t)i);
+    }
+    return base + i;
+}
+
+// Reads window win's t+1 tokens into out, checked against the vocabulary (the shards were
+// checked whole before the first step; this catches one replaced since).
+static int seq_read(lb_loader *l, int64_t win, uint32_t *out, char *err, size_t errlen)
+{
+    int lo = 0, hi = l->nshards - 1;   // the shard s with wbefore[s] <= win < wbefore[s+1]
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (l->wbefore[mid] <= win) lo = mid;
+        else hi = mid - 1;
+    }
+    int s = lo;
+    if (l->fp_shard != s) {
+        if (l->fp) fclose(l->fp);
+        l->fp = NULL;
+        l->fp_shard = -1;
+        int version;
+        int64_t count;
+        if (shard_open(l->paths[s], &l->fp, &version, &count, err, errlen) != 0) return -1;
+        if (count != l->counts[s]) {
+            snprintf(err, errlen, "%s: %lld tokens, %lld when the run started (replaced?)",
+                     l->paths[s], (long long)count, (long long)l->counts[s]);
+            fclose(l->fp);
+            l->fp = NULL;
+            return -1;
+        }
+        l->fp_shard = s;
+        l->fp_elem = version == 1 ? 2 : 4;
+    }
+    int64_t off = (win - l->wbefore[s]) * l->t;
+    size_t n = (size_t)l->t + 1, elem = (size_t)l->fp_elem;
+    uint8_t *buf = lb_malloc(n * elem);
+    int rc = 0;
+    if (fseeko(l->fp, (off_t)(LB_SHARD_HEADER_BYTES + off * (int64_t)elem), SEEK_SET) != 0 ||
+        fread(buf, elem, n, l->fp) != n) {
+        snprintf(err, errlen, "%s: read error at token %lld", l->paths[s], (long long)off);
+        rc = -1;
+    }
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        out[i] = raw_token(buf, (int)elem, i);
+        if (out[i] >= (uint32_t)l->vocab) {
+            snprintf(err, errlen,
+                     "%s: token %lu at offset %lld is outside the vocabulary (vocab_size %d)",
+                     l->paths[s], (unsigned long)out[i], (long long)(off + (int64_t)i), l->vocab);
+            rc = -1;
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+static int seq_next(lb_loader *l, int32_t *inputs, int32_t *targets, char *err, size_t errlen)
+{
+    int64_t at = l->seq;
+    uint32_t *win = lb_malloc(sizeof(uint32_t) * ((size_t)l->t + 1));
+    int rc = 0;
+    for (int r = 0; r < l->b && rc == 0; r++) {
+        int d = seq_pick(l);
+        rc = seq_read(l, seq_window(l, d, l->drawn[d] - 1), win, err, errlen);
+        for (int i = 0; i < l->t && rc == 0; i++) {
+            inputs[(size_t)r * l->t + i] = (int32_t)win[i];
+            targets[(size_t)r * l->t + i] = (int32_t)win[i + 1];
+        }
+    }
+    free(win);
+    if (rc != 0) seq_seek(l, at);   // a failed call changes nothing
+    return rc;
+}
+
 int lb_loader_next(lb_loader *l, int32_t *inputs, int32_t *targets, char *err, size_t errlen)
 {
+    if (l->seqmode) return seq_next(l, inputs, targets, err, errlen);
     int64_t s = l->shard, p = l->pos;
     loader_normalise(l, &s, &p);
     // Commit the new position only after the shard loads, so a failed call changes nothing.
@@ -366,6 +683,10 @@ int lb_loader_next(lb_loader *l, int32_t *inputs, int32_t *targets, char *err, s
 
 void lb_loader_skip(lb_loader *l, int n)
 {
+    if (l->seqmode) {
+        seq_skip(l, (int64_t)n * l->b);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         loader_normalise(l, &l->shard, &l->pos);   // header counts only: nothing is loaded
         l->pos += (int64_t)l->bt;
@@ -374,6 +695,7 @@ void lb_loader_skip(lb_loader *l, int n)
 
 void lb_loader_reset(lb_loader *l)
 {
+    if (l->seqmode) seq_seek(l, 0);
     l->shard = 0;
     l->pos = 0;
 }
@@ -381,6 +703,11 @@ void lb_loader_reset(lb_loader *l)
 // Reports the normalised position, so a checkpoint never records an exhausted shard.
 void lb_loader_tell(const lb_loader *l, int64_t *shard, int64_t *pos)
 {
+    if (l->seqmode) {
+        *shard = -1;
+        *pos = l->seq;
+        return;
+    }
     int64_t s = l->shard, p = l->pos;
     loader_normalise(l, &s, &p);
     *shard = s;
@@ -391,6 +718,25 @@ void lb_loader_tell(const lb_loader *l, int64_t *shard, int64_t *pos)
 // to the next shard exactly as next() would, so seek(tell()) and seek(raw state) agree.
 int lb_loader_seek(lb_loader *l, int64_t shard, int64_t pos, char *err, size_t errlen)
 {
+    // The two kinds of position cannot stand for each other: say which one this is.
+    if (l->seqmode != (shard == -1)) {
+        snprintf(err, errlen, "data loader: the position is of a loader that %s, this one %s",
+                 shard == -1 ? "draws sequences shuffled or blended"
+                             : "reads the shards in order",
+                 l->seqmode ? "draws sequences shuffled or blended (data.shuffle, weights in "
+                              "data.train_files)"
+                            : "reads them in order");
+        return -1;
+    }
+    if (l->seqmode) {
+        if (pos < 0) {
+            snprintf(err, errlen, "data loader: sequence position %lld is negative",
+                     (long long)pos);
+            return -1;
+        }
+        seq_seek(l, pos);
+        return 0;
+    }
     if (shard < 0 || shard >= l->nshards) {
         snprintf(err, errlen, "data loader: shard index %lld out of range (%d shards)",
                  (long long)shard, l->nshards);
@@ -414,6 +760,13 @@ void lb_loader_close(lb_loader *l)
     lb_glob_free(l->paths, l->nshards);
     free(l->counts);
     free(l->raw);
+    free(l->first);
+    free(l->wbefore);
+    free(l->q);
+    free(l->per);
+    free(l->drawn);
+    free(l->pdrawn);
+    if (l->fp) fclose(l->fp);
     free(l);
 }
 

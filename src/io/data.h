@@ -32,7 +32,9 @@ int lb_loader_next(lb_loader *l, int32_t *inputs, int32_t *targets, char *err, s
 // ranks skip the batches of the other ranks).
 void lb_loader_skip(lb_loader *l, int n);
 void lb_loader_reset(lb_loader *l);
-// Position, for checkpoints: shard index and token offset.
+// Position, for checkpoints: shard index and token offset. A sequence loader (below) reports
+// shard -1 and, as pos, the number of sequences it has drawn; seek takes the same pair and
+// refuses a position of the other kind of loader.
 void lb_loader_tell(const lb_loader *l, int64_t *shard, int64_t *pos);
 int lb_loader_seek(lb_loader *l, int64_t shard, int64_t pos, char *err, size_t errlen);
 int lb_loader_nshards(const lb_loader *l);
@@ -42,6 +44,36 @@ int64_t lb_loader_tokens(const lb_loader *l);   // in all shards, from the heade
 // step (lb_run_check_shards spreads it over the ranks). 0, or -1 naming the shard and offset.
 int lb_loader_check_shard(const lb_loader *l, int s, char *err, size_t errlen);
 void lb_loader_close(lb_loader *l);
+
+// A weighted mixture of datasets, as Megatron's --data-path: "W1 GLOB1 W2 GLOB2 ..."
+// (whitespace-separated; weights are positive numbers, relative to their sum). Text that does
+// not start with a number is one glob, taken whole (spaces included), unweighted.
+#define LB_BLEND_MAX 64
+typedef struct {
+    int n;                          // datasets
+    int weighted;                   // the text gave weights (else n = 1 and weight 1)
+    double weight[LB_BLEND_MAX];    // as written
+    const char *glob[LB_BLEND_MAX]; // into text
+    char text[1024];                // the globs, NUL-separated
+} lb_data_blend;
+
+// Parses spec. 0, or -1 with what is wrong (no location: the caller knows the key's).
+int lb_data_blend_parse(const char *spec, lb_data_blend *bl, char *err, size_t errlen);
+
+// Sequence loader: the training sequences are the windows of t+1 tokens starting at multiples
+// of t in each shard (a batch is b of them: inputs the first t tokens of each, targets the
+// last t). Global sequence i goes to the dataset whose share of the first i+1 is furthest
+// behind its weight (Megatron's blendable index: every dataset's count over any prefix is
+// within one of its weighted share) and is that dataset's next sequence. A dataset's sequence k
+// is window k mod W of its W windows, in order or, with shuffle, through a seeded permutation
+// of the W windows drawn anew for every pass (epoch = k / W). All of it is a function of
+// (seed, weights, shard sizes, i): the position is one count (lb_loader_tell) and a seek
+// rebuilds the rest. Every shard must hold b*t+1 tokens, as for lb_loader_open.
+lb_loader *lb_loader_open_blend(const lb_data_blend *bl, int shuffle, uint64_t seed, int b,
+                                int t, int vocab_size, char *err, size_t errlen);
+// Position i (0 <= i < n) of the seeded permutation of [0, n) of (seed, stream): a bijection
+// (a Feistel network over the next power of 4, walking cycles back into range).
+uint64_t lb_data_permute(uint64_t n, uint64_t seed, uint64_t stream, uint64_t i);
 
 // Byte-level tokenizer: a token is a byte (vocabulary 256).
 #define LB_BYTE_VOCAB 256

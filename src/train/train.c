@@ -122,6 +122,30 @@ static double validate(train_run *x, int V)
     return acc[1] > 0 ? acc[0] / acc[1] : 0.0;
 }
 
+// data.train_files: its syntax, its weights, a match for every glob (the shards' contents are
+// checked when the loader opens them).
+static int check_train_files(const lb_config *c, char *err, size_t errlen)
+{
+    lb_data_blend bl;
+    char where[LB_PATH_MAX + 32], why[ERRLEN];
+    lb_key_where(c, "data", "train_files", where, sizeof where);
+    if (lb_data_blend_parse(c->data.train_files, &bl, why, sizeof why) != 0) {
+        snprintf(err, errlen, "%sdata.train_files: %s", where, why);
+        return -1;
+    }
+    for (int d = 0; d < bl.n; d++) {
+        char **list;
+        int n = lb_glob(bl.glob[d], &list);
+        lb_glob_free(list, n);
+        if (n == 0) {
+            snprintf(err, errlen, "%sdata.train_files: %s: no token shards match", where,
+                     bl.glob[d]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 // Layout checks that need the world size and the training keys, and the data named; the same
 // verdict on every rank.
 static int check_train(const lb_config *c, const lb_grid *g, char *err, size_t errlen)
@@ -156,6 +180,7 @@ static int check_train(const lb_config *c, const lb_grid *g, char *err, size_t e
         snprintf(err, errlen, "data.train_files is empty: name the token shards");
         return -1;
     }
+    if (check_train_files(c, err, errlen) != 0) return -1;
     if (c->mlperf.enabled && !c->data.val_files[0]) {
         snprintf(err, errlen, "mlperf.enabled: data.val_files is empty: the benchmark evaluates "
                  "on a fixed validation set");
@@ -262,8 +287,17 @@ static int train_open(train_run *x)
     char err[ERRLEN];
     const lb_config *c = x->c;
     lb_run *r = &x->run;
-    x->train = lb_loader_open(c->data.train_files, x->B, x->T, c->model.vocab_size, err,
-                              sizeof err);
+    // Neither shuffled nor weighted: the sequential loader, so such runs read their data and
+    // write their checkpoints exactly as before these options existed.
+    lb_data_blend bl;
+    if (lb_data_blend_parse(c->data.train_files, &bl, err, sizeof err) != 0)   // checked
+        lb_die("data.train_files: %s", err);
+    if (c->data.shuffle || bl.weighted)
+        x->train = lb_loader_open_blend(&bl, c->data.shuffle, c->run.seed, x->B, x->T,
+                                        c->model.vocab_size, err, sizeof err);
+    else
+        x->train = lb_loader_open(c->data.train_files, x->B, x->T, c->model.vocab_size, err,
+                                  sizeof err);
     if (lb_run_failed(r, !x->train, err)) return 1;
     if (c->data.val_files[0]) {
         x->val = lb_loader_open(c->data.val_files, x->B, x->T, c->model.vocab_size, err,
