@@ -368,6 +368,17 @@ fi
       "$bin" bench "$cfg" --set bench.kind=train --set run.threads=1 --set train.micro_batch=1024 \
       --set bench.warmup=0 --set bench.iters=1
   [ "$failed" = "$before" ] ) && ok || fail "oom: see above"
+# the same in a training run: it stops before it writes anything, so no run.out_dir is left
+"$bin" data --set gen.output="$tmp/big/arith" --set gen.problems=20000 >/dev/null 2>&1 ||
+    fail "data (20000 problems)"
+[ -n "${ASAN_OPTIONS-}" ] || ( ulimit -v 3000000 && before=$failed
+  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 expect_error oom-train \
+      "cpu alloc: out of host memory: [0-9]+ bytes for the activations of a 1024 x 64 micro-batch \\(lower train.micro_batch" \
+      "$bin" train "$cfg" --set data.train_files="$tmp/big/arith_train_*.bin" \
+      --set data.val_files= --set train.steps=2 --set train.warmup_steps=0 \
+      --set run.out_dir="$tmp/oom/run" --set run.threads=1 --set train.micro_batch=1024
+  [ "$failed" = "$before" ] ) && ok || fail "oom-train: see above"
+[ -n "${ASAN_OPTIONS-}" ] || { [ ! -e "$tmp/oom" ] && ok || fail "oom-train left $(find "$tmp/oom")"; }
 
 echo "$pass passed, $failed failed"
 [ "$failed" -eq 0 ]
