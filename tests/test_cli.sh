@@ -312,6 +312,53 @@ expect_error hf-tail "hfd/config.json:[0-9]+: bytes after the JSON value" "$bin"
     --set convert.input="$tmp/hfd" --set convert.output="$tmp/z.safetensors"
 [ ! -e "$tmp/z.safetensors" ] && ok || fail "convert left output after a bad config.json"
 
+# A full disk under convert and data: the message names the file and the reason, and nothing of
+# the failed command is left. A write's temporary (PATH.tmp.PID, the PID the one exec keeps) is
+# made a link to /dev/full, which answers every write with ENOSPC.
+on_full() {   # on_full PATH CMD...: CMD runs with PATH's temporary on /dev/full
+    sh -c 'ln -s /dev/full "$0.tmp.$$" && exec "$@"' "$@"
+}
+"$bin" convert --set convert.input="$src/tests/data/hf_qwen3_moe" \
+    --set convert.output="$tmp/ck.safetensors" >/dev/null 2>&1 || fail "convert (import)"
+mkdir -p "$tmp/fi" "$tmp/fe"
+expect_error full-import "fi/ck.safetensors: write failed: No space left on device" \
+    on_full "$tmp/fi/ck.safetensors" "$bin" convert \
+    --set convert.input="$src/tests/data/hf_qwen3_moe" --set convert.output="$tmp/fi/ck.safetensors"
+[ -z "$(ls -A "$tmp/fi")" ] && ok || fail "full-import left $(ls -A "$tmp/fi")"
+# config.json, written last: the export's model.safetensors goes too (no partial export)
+expect_error full-export "fe/config.json: write failed: No space left on device" \
+    on_full "$tmp/fe/config.json" "$bin" convert --set convert.direction=export \
+    --set convert.input="$tmp/ck.safetensors" --set convert.output="$tmp/fe"
+[ -z "$(ls -A "$tmp/fe")" ] && ok || fail "full-export left $(ls -A "$tmp/fe")"
+# data: a run that fails before its first shard leaves an earlier corpus as it was; one that
+# fails after (the val shard, written after the train one) removes the mix of both corpora
+gen=(data --set gen.output="$tmp/fd/arith" --set gen.problems=200)
+"$bin" "${gen[@]}" >/dev/null 2>&1 || fail "data (earlier corpus)"
+old=$(ls -i "$tmp/fd")
+expect_error full-data "fd/arith_train_000.bin: write failed: No space left on device" \
+    on_full "$tmp/fd/arith_train_000.bin" "$bin" "${gen[@]}"
+[ "$(ls -i "$tmp/fd")" = "$old" ] && ok || fail "full-data changed the earlier corpus: $(ls -A "$tmp/fd")"
+expect_error full-data-val "fd/arith_val_000.bin: write failed: No space left on device" \
+    on_full "$tmp/fd/arith_val_000.bin" "$bin" "${gen[@]}"
+[ -z "$(ls -A "$tmp/fd")" ] && ok || fail "full-data-val left $(ls -A "$tmp/fd")"
+# the directories a failed command made go too: a 64 KiB tmpfs in a user namespace (where the
+# system allows one) fills up under each command's first write
+mkdir -p "$tmp/mnt"
+if unshare -rm sh -c "mount -t tmpfs -o size=64k tmpfs '$tmp/mnt'" 2>/dev/null; then
+    unshare -rm sh -c 'mount -t tmpfs -o size=64k tmpfs "$1" && cd "$1" || exit 1
+        "$2" data --set gen.output=new/d/arith --set gen.problems=20000 2>>err.log
+        "$2" convert --set convert.input="$3" --set convert.output=new/i/ck.safetensors 2>>err.log
+        "$2" convert --set convert.direction=export --set convert.input="$4" \
+            --set convert.output=new/e 2>>err.log
+        cat err.log; rm err.log; ls -A' sh "$tmp/mnt" "$bin" "$src/tests/data/hf_qwen3_moe" \
+        "$tmp/ck.safetensors" > "$tmp/tmpfs.out" 2>&1
+    [ "$(grep -c 'No space left on device' "$tmp/tmpfs.out")" = 3 ] && ok ||
+        fail "tmpfs: not three write failures: $(cat "$tmp/tmpfs.out")"
+    grep -q '^new$' "$tmp/tmpfs.out" && fail "tmpfs: a failed command left new/" || ok
+else
+    echo "SKIP: no tmpfs in a user namespace here (the directories of failed commands)"
+fi
+
 # An allocation that fails names how much and what for, with the settings that lower it (an
 # address-space limit stands in for a small machine; one thread keeps the process's own small;
 # not under AddressSanitizer, whose shadow memory takes more address space than the limit).
@@ -321,6 +368,17 @@ expect_error hf-tail "hfd/config.json:[0-9]+: bytes after the JSON value" "$bin"
       "$bin" bench "$cfg" --set bench.kind=train --set run.threads=1 --set train.micro_batch=1024 \
       --set bench.warmup=0 --set bench.iters=1
   [ "$failed" = "$before" ] ) && ok || fail "oom: see above"
+# the same in a training run: it stops before it writes anything, so no run.out_dir is left
+"$bin" data --set gen.output="$tmp/big/arith" --set gen.problems=20000 >/dev/null 2>&1 ||
+    fail "data (20000 problems)"
+[ -n "${ASAN_OPTIONS-}" ] || ( ulimit -v 3000000 && before=$failed
+  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 expect_error oom-train \
+      "cpu alloc: out of host memory: [0-9]+ bytes for the activations of a 1024 x 64 micro-batch \\(lower train.micro_batch" \
+      "$bin" train "$cfg" --set data.train_files="$tmp/big/arith_train_*.bin" \
+      --set data.val_files= --set train.steps=2 --set train.warmup_steps=0 \
+      --set run.out_dir="$tmp/oom/run" --set run.threads=1 --set train.micro_batch=1024
+  [ "$failed" = "$before" ] ) && ok || fail "oom-train: see above"
+[ -n "${ASAN_OPTIONS-}" ] || { [ ! -e "$tmp/oom" ] && ok || fail "oom-train left $(find "$tmp/oom")"; }
 
 echo "$pass passed, $failed failed"
 [ "$failed" -eq 0 ]

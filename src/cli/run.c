@@ -185,7 +185,12 @@ int lb_run_setup(lb_run *r, int sampling)
     if (lb_run_failed(r, bad, err)) return 1;
     r->par = lb_model_parallel_of(&r->grid, r->comms.tp, r->comms.ep);
     r->m = lb_run_model(c, be, &r->par, sampling, err, sizeof err);
-    return lb_run_failed(r, !r->m, err);
+    if (lb_run_failed(r, !r->m, err)) return 1;
+    // A training step's activations now, before run.out_dir and its files exist: a micro-batch
+    // that does not fit stops in its allocation (which names it) with nothing written; at the
+    // first step it left config.ini, metrics and an empty checkpoints directory (2026-12-07).
+    if (!sampling) lb_model_prepare(r->m, c->train.micro_batch, c->train.seq_len);
+    return 0;
 }
 
 void lb_run_optimizer(lb_run *r, int total_steps)

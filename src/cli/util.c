@@ -160,21 +160,46 @@ void lb_atomic_abort(lb_atomic_file *a)
 
 int lb_mkdirs(const char *dir, char *err, size_t errlen)
 {
+    lb_dirs_made made;
+    return lb_mkdirs_made(dir, &made, err, errlen);
+}
+
+int lb_mkdirs_made(const char *dir, lb_dirs_made *made, char *err, size_t errlen)
+{
     char buf[1024];
     snprintf(buf, sizeof buf, "%s", dir);
+    made->dir[0] = made->top[0] = 0;
     size_t n = strlen(buf);
     for (size_t i = 1; i <= n; i++) {
         if (buf[i] == '/' || buf[i] == 0) {
             char c = buf[i];
             buf[i] = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+            if (mkdir(buf, 0755) == 0) {
+                if (!made->top[0]) snprintf(made->top, sizeof made->top, "%s", buf);
+                snprintf(made->dir, sizeof made->dir, "%s", buf);   // the innermost made
+            } else if (errno != EEXIST) {
                 snprintf(err, errlen, "%s: cannot create directory: %s", buf, strerror(errno));
+                lb_dirs_unmake(made);   // the ones made before this one
                 return -1;
             }
             buf[i] = c;
         }
     }
     return 0;
+}
+
+void lb_dirs_unmake(lb_dirs_made *made)
+{
+    size_t top = strlen(made->top);
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", made->dir);
+    // From the innermost up; a directory that is not empty (or not made here) stops the walk.
+    while (top && strlen(buf) >= top && rmdir(buf) == 0 && strlen(buf) > top) {
+        char *slash = strrchr(buf, '/');
+        if (!slash) break;
+        *slash = 0;
+    }
+    made->top[0] = 0;
 }
 
 int lb_glob(const char *pattern, char ***out)

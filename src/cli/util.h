@@ -35,6 +35,16 @@ void lb_atomic_abort(lb_atomic_file *a);
 void lb_atomic_sweep(const char *pattern);
 
 int lb_mkdirs(const char *dir, char *err, size_t errlen);      // mkdir -p
+// The directories one lb_mkdirs_made call created: dir the innermost, top the outermost ("" when
+// all were there). A command that fails before it finishes removes them again
+// (lb_dirs_unmake), so it leaves no empty directory behind.
+typedef struct {
+    char dir[1024];
+    char top[1024];
+} lb_dirs_made;
+int lb_mkdirs_made(const char *dir, lb_dirs_made *made, char *err, size_t errlen);
+// Removes made->dir and its parents up to made->top, each only while empty; then forgets them.
+void lb_dirs_unmake(lb_dirs_made *made);
 // Sorted matches of a glob pattern; *out is malloc'd (free with lb_glob_free). Returns count.
 int lb_glob(const char *pattern, char ***out);
 void lb_glob_free(char **list, int n);

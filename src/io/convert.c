@@ -2,6 +2,7 @@
 #include "src/io/convert.h"
 
 #include <cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -748,47 +749,39 @@ static char *config_json(const lb_model_config *c, const char *torch_dtype)
     return s;
 }
 
-// text and a newline into path, atomically.
-static int write_text(const char *path, const char *text, char *err, size_t errlen)
+// dir/name holding text (and a newline when nl), written atomically.
+static int write_text(const char *dir, const char *name, const char *text, int nl, char *err,
+                      size_t errlen)
 {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
     lb_atomic_file a;
     if (lb_atomic_open(&a, path, err, errlen) != 0) return -1;
-    if (fputs(text, a.f) == EOF || fputc('\n', a.f) == EOF) {
-        seterr(err, errlen, "%s: write failed", path);
+    if (fputs(text, a.f) == EOF || (nl && fputc('\n', a.f) == EOF)) {
+        seterr(err, errlen, "%s: write failed: %s", path, strerror(errno));
         lb_atomic_abort(&a);
         return -1;
     }
     return lb_atomic_commit(&a, err, errlen);
 }
 
-// dir/tokenizer.json (the text as stored, byte for byte) and dir/generation_config.json with
-// the ids `transformers` generates with: eos_token_id, the end-of-text token (where generate()
-// stops), and bos_token_id where the tokenizer has one (lb_tokenizer_eot, lb_tokenizer_bos).
-static int write_tokenizer(const char *dir, const char *json, char *err, size_t errlen)
+// The text of generation_config.json for a tokenizer.json: the ids `transformers` generates
+// with: eos_token_id, the end-of-text token (where generate() stops), and bos_token_id where
+// the tokenizer has one (lb_tokenizer_eot, lb_tokenizer_bos). NULL for a bad tokenizer.
+static char *generation_config(const char *dir, const char *json, char *err, size_t errlen)
 {
     char path[1100];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     lb_tokenizer *t = lb_tokenizer_parse(json, path, err, errlen);
-    if (!t) return -1;
+    if (!t) return NULL;
     int bos = lb_tokenizer_bos(t), eos = lb_tokenizer_eot(t);
     lb_tokenizer_free(t);
-    lb_atomic_file a;
-    if (lb_atomic_open(&a, path, err, errlen) != 0) return -1;
-    if (fputs(json, a.f) == EOF) {   // verbatim: no newline added
-        seterr(err, errlen, "%s: write failed", path);
-        lb_atomic_abort(&a);
-        return -1;
-    }
-    if (lb_atomic_commit(&a, err, errlen) != 0) return -1;
     cJSON *g = cJSON_CreateObject();
     if (bos >= 0) cJSON_AddNumberToObject(g, "bos_token_id", bos);
     if (eos >= 0) cJSON_AddNumberToObject(g, "eos_token_id", eos);
     char *text = cJSON_Print(g);
     cJSON_Delete(g);
-    snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    int rc = write_text(path, text, err, errlen);
-    free(text);
-    return rc;
+    return text;
 }
 
 int lb_hf_export(const lb_model *m, const char *dir, const char *dtype,
@@ -805,7 +798,13 @@ int lb_hf_export(const lb_model *m, const char *dir, const char *dtype,
         seterr(err, errlen, "%s: export dtype '%s' is not supported (f32, bf16)", dir, dtype);
         return -1;
     }
-    if (lb_mkdirs(dir, err, errlen) != 0) return -1;
+    char *gen = NULL;   // checked before anything is written
+    if (tokenizer_json && !(gen = generation_config(dir, tokenizer_json, err, errlen))) return -1;
+    lb_dirs_made made;
+    if (lb_mkdirs_made(dir, &made, err, errlen) != 0) {
+        free(gen);
+        return -1;
+    }
     float *host = lb_malloc(m->nparams * sizeof(float));
     m->be->download(m->be, host, m->params, m->nparams * sizeof(float));
 
@@ -854,13 +853,30 @@ int lb_hf_export(const lb_model *m, const char *dir, const char *dtype,
     lb_st_writer_free(w);
     free(names);
     free(host);
-    if (rc != 0) return -1;
-    if (tokenizer_json && write_tokenizer(dir, tokenizer_json, err, errlen) != 0) return -1;
     // config.json last: a directory without it is not mistaken for a complete export.
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    char *json = config_json(&m->cfg, torch_dtype);
-    rc = write_text(path, json, err, errlen);
-    free(json);
+    static const char *const files[] = {"model.safetensors", "tokenizer.json",
+                                        "generation_config.json", "config.json"};
+    int done = rc == 0;
+    if (rc == 0 && tokenizer_json) {
+        rc = write_text(dir, files[1], tokenizer_json, 0, err, errlen);   // verbatim
+        done += rc == 0;
+        if (rc == 0) rc = write_text(dir, files[2], gen, 1, err, errlen);
+        done += rc == 0;
+    }
+    if (rc == 0) {
+        char *json = config_json(&m->cfg, torch_dtype);
+        rc = write_text(dir, files[3], json, 1, err, errlen);
+        free(json);
+    }
+    free(gen);
+    if (rc != 0) {   // a failed export (a full disk) leaves no part of itself (2026-12-07)
+        char path[1100];
+        for (int i = 0; i < done; i++) {
+            snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+            unlink(path);
+        }
+        lb_dirs_unmake(&made);
+    }
     return rc;
 }
 
@@ -887,14 +903,16 @@ static void merge_model(lb_model_config *dst, const lb_model_config *src)
     dst->router_bias_update_rate = keep.router_bias_update_rate;   // training, not the model
 }
 
-static int parent_dirs(const char *path, char *err, size_t errlen)
+// The directories above path, those made recorded in made.
+static int parent_dirs(const char *path, lb_dirs_made *made, char *err, size_t errlen)
 {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s", path);
+    *made = (lb_dirs_made){"", ""};
     char *slash = strrchr(dir, '/');
     if (!slash || slash == dir) return 0;
     *slash = 0;
-    return lb_mkdirs(dir, err, errlen);
+    return lb_mkdirs_made(dir, made, err, errlen);
 }
 
 // dir/tokenizer.json, when there is one, into *json: read, parsed and checked against the
@@ -936,9 +954,12 @@ static int convert_import(const lb_config *c, char *err, size_t errlen)
     if (import_tokenizer(in, &lc.model, &tok, err, errlen) != 0) goto out;
     ini = lb_config_to_ini(&lc);
     lb_train_state st = {0, 0, 0};
-    if (parent_dirs(out, err, errlen) != 0 ||
-        lb_checkpoint_save(out, m, NULL, NULL, &st, ini, tok, err, errlen) != 0)
+    lb_dirs_made made;
+    if (parent_dirs(out, &made, err, errlen) != 0) goto out;
+    if (lb_checkpoint_save(out, m, NULL, NULL, &st, ini, tok, err, errlen) != 0) {
+        lb_dirs_unmake(&made);   // the save left no file: no empty directory either
         goto out;
+    }
     printf("convert: wrote lowbit checkpoint %s (%s, %zu parameters) from %s\n", out,
            lc.model.arch, m->nparams, in);
     rc = 0;
