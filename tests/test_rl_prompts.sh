@@ -17,7 +17,7 @@ cmp=${LB_BUILDDIR:-.}/tests/ckpt_compare
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-field() { grep '"reward_mean"' "$2" | sed "s/.*\"$1\": \([^,}]*\).*/\1/"; }
+. "$src/tests/rl_exact.sh"   # field, exact
 
 "$bin" data "$src/examples/tiny-moe.cfg" --set gen.output="$tmp/arith" --set gen.problems=3000 \
     > /dev/null
@@ -36,15 +36,6 @@ cfg="$src/examples/rl-prompts.cfg"
 rl=(--set rl.init="$init" --set rl.prompts_file="$src/examples/rl-prompts.jsonl"
     --set rl.prompts=8 --set rl.group=8 --set rl.eval_problems=10 --set rl.eval_every=4
     --set train.log_every=0 --set run.threads=1)
-exact() {   # NAME METRICS: sampler and trainer agreed on every step
-    for f in train_rollout_logprob_abs_diff train_rollout_logprob_abs_diff_max; do
-        bad=$(field $f "$2" | grep -vx 0 || true)
-        [ -z "$bad" ] || fail "$1: $f is $bad, not 0"
-    done
-    bad=$(field routing_agreement "$2" | grep -vx 1 || true)
-    [ -z "$bad" ] || fail "$1: routing_agreement is $bad, not 1"
-    echo "$1: train_rollout_logprob_abs_diff = 0 on every step"
-}
 
 "$bin" rl "$cfg" "${rl[@]}" --set rl.steps=8 \
     --set checkpoint.save_every=4 --set run.out_dir="$tmp/a" > "$tmp/a.log"
