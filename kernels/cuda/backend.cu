@@ -59,13 +59,22 @@ extern "C" void *lb_cuda_scratch(lb_cuda_ctx *cx, size_t bytes)
     cx->mem_gen++;
     size_t want = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes;
     want += want / 4;   // headroom, so slowly growing sizes do not reallocate every call
-    cudaError_t e = cudaMalloc(&cx->scratch, want);
-    if (e != cudaSuccess)
-        lb_die("cuda scratch: %zu bytes on device %d (the largest operation's workspace so far, "
-               "with a quarter's headroom): %s (`lowbit info` prints what a configuration needs "
-               "and which settings lower it)", want, cx->device, cudaGetErrorString(e));
+    cx->scratch = lb_cuda_malloc_what(cx, want, 0, "the scratch (the largest operation's "
+                                      "workspace so far, with a quarter's headroom)");
     cx->scratch_bytes = want;
     return cx->scratch;
+}
+
+extern "C" void *lb_cuda_malloc_what(lb_cuda_ctx *cx, size_t bytes, int async, const char *what)
+{
+    void *p = NULL;
+    cudaError_t e = async ? cudaMallocAsync(&p, bytes, cx->stream) : cudaMalloc(&p, bytes);
+    if (e != cudaSuccess)
+        lb_die("cuda: %zu bytes (%.2f GiB) for %s on device %d: %s (`lowbit info` prints what a "
+               "configuration needs and which settings lower it: train.micro_batch, "
+               "train.seq_len, train.ce_chunk, train.recompute)", bytes,
+               (double)bytes / (1 << 30), what, cx->device, cudaGetErrorString(e));
+    return p;
 }
 
 extern "C" void *lb_cuda_host_stage(lb_cuda_ctx *cx, size_t bytes)

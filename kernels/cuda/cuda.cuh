@@ -238,6 +238,9 @@ void lb_cuda_wait(lb_cuda_ctx *cx, const char *file, int line);
 #define LB_CUDA_WAIT(cx) lb_cuda_wait((cx), __FILE__, __LINE__)
 // Device scratch of at least `bytes`, valid until the next call (it may wait and reallocate).
 void *lb_cuda_scratch(lb_cuda_ctx *cx, size_t bytes);
+// cudaMalloc (async: on cx's stream) of bytes for `what`; a failure stops the job with what,
+// how much and where `lowbit info` tells the settings that lower it.
+void *lb_cuda_malloc_what(lb_cuda_ctx *cx, size_t bytes, int async, const char *what);
 // Pinned host staging of at least `bytes`, for results an operation returns to the host.
 void *lb_cuda_host_stage(lb_cuda_ctx *cx, size_t bytes);
 }

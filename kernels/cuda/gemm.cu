@@ -373,7 +373,7 @@ static float *gemm_c32(lb_cuda_ctx *cx, size_t n)
     LB_CUDA_CHECK(cudaFree(cx->gemm_c32));
     size_t want = n * sizeof(float);
     want += want / 4;   // headroom, as lb_cuda_scratch
-    LB_CUDA_CHECK(cudaMalloc((void **)&cx->gemm_c32, want));
+    cx->gemm_c32 = (float *)lb_cuda_malloc_what(cx, want, 0, "a bf16-output GEMM's fp32 result");
     cx->mem_gen++;
     cx->gemm_c32_bytes = want;
     return cx->gemm_c32;

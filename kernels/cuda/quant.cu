@@ -1581,7 +1581,7 @@ static float *padded_rows(lb_backend *be, const float *xj, int r, int pr, int co
     lb_cuda_ctx *cx = lb_cuda(be);
     float *t;
     const size_t row = (size_t)cols * sizeof(float), have = r * row, all = pr * row;
-    LB_CUDA_CHECK(cudaMallocAsync((void **)&t, all, cx->stream));
+    t = (float *)lb_cuda_malloc_what(cx, all, 1, "an expert's rows padded for quantization");
     LB_CUDA_CHECK(cudaMemsetAsync((char *)t + have, 0, all - have, cx->stream));
     if (have) LB_CUDA_CHECK(cudaMemcpyAsync(t, xj, have, cudaMemcpyDeviceToDevice, cx->stream));
     return t;
