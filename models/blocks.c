@@ -547,26 +547,20 @@ static int takes16_layers(const lb_model *m, lb_role role, int every)
 // down's yp (the combine) and gate/up's dxp (moe_permute_bwd): under etp an etp rank's yp and
 // dxp are partial sums over etp (summed by the caller in fp32), so rounding them where etp is 1
 // alone made the recipe's numbers depend on the layout (doc/parallel.md,
-// "Low precision under parallel layouts").
-static int out16(const lb_model *m, int l, lb_role role, lb_pass pass, int routed)
+// "Low precision under parallel layouts"); their callers do not ask.
+static int out16(const lb_model *m, int l, lb_role role, lb_pass pass)
 {
-    return lb_linear_grouped_c16(&m->lin, l, role, pass) && !routed;
+    return lb_linear_grouped_c16(&m->lin, l, role, pass);
 }
 
 // out16 over this stage's layers, as takes16_layers.
-static int out16_layers(const lb_model *m, lb_role role, lb_pass pass, int routed, int every)
+static int out16_layers(const lb_model *m, lb_role role, lb_pass pass, int every)
 {
     for (int l = m->layer_begin; l < m->layer_end; l++)
-        if (out16(m, l, role, pass, routed) != every) return !every;
+        if (out16(m, l, role, pass) != every) return !every;
     return every;
 }
 
-// Whether layer l applies the routed weights to its experts' SwiGLU outputs, before down
-// (lb_swiglu_args.rw), rather than to down's outputs: the same sum in real arithmetic, but
-// down's outputs (n*k, c) a layer then need not be kept for the backward, whose weight
-// gradient comes from down's dgrad instead (lb_swiglu_args.drw). Every recipe but fp32, whose
-// numbers stay those of the weights after down. (As Megatron's moe_apply_probs_on_input, one
-// GEMM later: the weighted rows are the rank's whole elements in every layout.)
 // Whether the training step stores q and k after their norms and RoPE in bf16 (lb_layer_acts
 // qr16, kr16): where the contract's attention is bf16, which rounds them to bf16 before any
 // product, so the copy is all it reads and the step's bits do not change. Not with the fp8 KV
@@ -585,6 +579,12 @@ static int ln1_16(const lb_model *m)
     return 1;
 }
 
+// Whether layer l applies the routed weights to its experts' SwiGLU outputs, before down
+// (lb_swiglu_args.rw), rather than to down's outputs: the same sum in real arithmetic, but
+// down's outputs (n*k, c) a layer then need not be kept for the backward, whose weight
+// gradient comes from down's dgrad instead (lb_swiglu_args.drw). Every recipe but fp32, whose
+// numbers stay those of the weights after down. (As Megatron's moe_apply_probs_on_input, one
+// GEMM later: the weighted rows are the rank's whole elements in every layout.)
 static int weights_on_h(const lb_model *m, int l)
 {
     return lb_contract_site(&m->contract, l, LB_ROLE_MOE_DOWN, LB_PASS_FPROP)->fmt !=
@@ -638,12 +638,12 @@ static void ffn_create(lb_model *m, lb_ffn_acts *f, int n)
         // down's routed outputs stay fp32 (out16), kept where the weights follow down
         if (!weights_on_h_layers(m, 1)) grow(be, &f->yp, &f->cap_yp, rows * d.C);
         if (weights_on_h_layers(m, 0)) grow(be, &f->wp, &f->cap_wp, rows);
-        if (out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0, 0))
+        if (out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0))
             grow16(be, &f->gu16, &f->cap_gu16, n16(rows, 2 * d.F));
         if (takes16_layers(m, LB_ROLE_MOE_DOWN, 0))
             grow16(be, &f->h16, &f->cap_h16, n16(rows, d.F));   // a shared one is big enough
     }
-    if (!is_moe(&m->cfg) || !out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0, 1))
+    if (!is_moe(&m->cfg) || !out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 1))
         grow(be, &f->gu, &f->cap_gu, rows * 2 * d.F);
     if (!is_moe(&m->cfg) || !takes16_layers(m, LB_ROLE_MOE_DOWN, 1))
         grow(be, &f->h, &f->cap_h, rows * d.F);   // a shared h is big enough already
@@ -691,9 +691,9 @@ static void scratch_reserve(lb_model *m, lb_moe_scratch *s, size_t rows)
     if (takes16_layers(m, LB_ROLE_MOE_GATE_UP, 0))
         grow16(be, &s->dgu16, &s->cap_dgu16, n16(rows, 2 * d.F));
     if (!takes16_layers(m, LB_ROLE_MOE_GATE_UP, 1)) grow(be, &s->dgu, &s->cap_dgu, rows * 2 * d.F);
-    if (out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD, 0, 0))
+    if (out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD, 0))
         grow16(be, &s->dh16, &s->cap_dh16, n16(rows, d.F));
-    if (!out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD, 0, 1))
+    if (!out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD, 1))
         grow(be, &s->dh, &s->cap_dh, rows * d.F);
 }
 
@@ -877,8 +877,6 @@ void *lb_decoder_acts_create(lb_model *m, int b, int t)
         // gate/up's dgrad: the scratch's rows where the layer reads xp16 (lb_ffn_bwd)
         if (d.ep > 1 || !takes16_layers(m, LB_ROLE_MOE_GATE_UP, 1))
             a->dxp = falloc(be, n * K * C);
-        if (out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_DGRAD, 1, 0))
-            a->dxp16 = be->alloc(be, n16(n * K, (int)C) * sizeof(uint16_t));
         a->drlogits = falloc(be, n * E);
         a->dweight = falloc(be, n * K);
         a->daux = falloc(be, E);
@@ -911,7 +909,7 @@ void lb_decoder_acts_free(lb_model *m, void *p)
     void *bufs[] = {a->lnf, a->rstdf, a->loss, a->ce_stats, a->pos, a->rope_freq, a->ones, a->part,
                     a->dres, a->dln,
                     a->dq, a->dk, a->dv, a->datt, a->dqr, a->dkr, a->dgu, a->dh, a->dxp,
-                    a->drlogits, a->dweight, a->daux, a->dxp16};
+                    a->drlogits, a->dweight, a->daux};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     if (a->dfull != a->dres) be->free(be, a->dfull);
@@ -1033,7 +1031,7 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
     size_t big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
     // gate/up's outputs in bf16 where their readers take it (out16); down's routed ones in
     // fp32, scratch in xp's place (read by gate/up already) where the weights are on h
-    const int g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0);
+    const int g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP);
     float *yp = wh ? grow(be, &s->rows, &s->cap_rows, (size_t)n * d.K * d.C)
                    : grow(be, &f->yp, &f->cap_yp, (size_t)n * d.K * d.C);
     float *xe = xp, *ye = yp;
@@ -1151,9 +1149,8 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     // where there is a copy, only GEMMs would read dyp
     float *dyp = dyp16 ? NULL : grow(be, &s->rows, &s->cap_rows, (size_t)np * d.K * d.C);
     // the forward's outputs as it stored them, and the backward's to store alike (out16)
-    const int g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0);
-    const int dx16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_DGRAD, 1);
-    const int dh16 = out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD, 0);
+    const int g16 = out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP);
+    const int dh16 = out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD);
     // weights on h: dyp is dout's rows as they are, the weights' gradients come from down's
     // dgrad (below)
     const int wh = weights_on_h(m, l);
@@ -1218,17 +1215,15 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
         else xp = grow(be, &s->rows, &s->cap_rows, (size_t)n * d.K * d.C);
         if (np) be->moe_permute(be, xp, xp16, ln + (size_t)o * d.C, f->row, np, d.K, d.C);
     }
-    uint16_t *dxp16 = dx16 ? a->dxp16 : NULL;
     lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : xp,
                           xp16, w->gu, w->cgu,
                           f->route.local_counts, d.El, f->route.seg_counts, f->route.ep, dgu,
-                          dgu16, dx16 ? NULL : dxe, dxp16,
+                          dgu16, dxe, NULL,
                           dw->gu, lb_model_grad_beta(m, dw->gu), 2 * d.F, d.C);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, dxe, dxp, s->xs, d.C);
     if (d.parts > 1) be->zero(be, dln, (size_t)n * d.C * sizeof(float));
     if (np)
-        be->moe_permute_bwd(be, dln + (size_t)o * d.C, dx16 ? NULL : dxp, dxp16, f->row, np,
-                            d.K, d.C);
+        be->moe_permute_bwd(be, dln + (size_t)o * d.C, dxp, NULL, f->row, np, d.K, d.C);
     moe_stats_add(m, l, f, n);
     if (sigmoid_router(c)) {   // through the routed weights alone (the bias selects only)
         be->router_sigmoid_bwd(be, &(lb_router_sigmoid_args){.n = n, .e = d.E, .k = d.K,
@@ -1415,7 +1410,7 @@ static void layer_recompute(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
     int rows = moe ? L->f.route.nrecv : a->n;
     uint16_t *h16 = moe && takes16(m, l, LB_ROLE_MOE_DOWN) ? L->f.h16 : NULL;
     uint16_t *gu16 =
-        moe && out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 0) ? L->f.gu16 : NULL;
+        moe && out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP) ? L->f.gu16 : NULL;
     const float *rw = !moe || !weights_on_h(m, l) ? NULL : d.ep > 1 ? L->f.wpe : L->f.wp;
     if (rows)
         m->be->swiglu_fwd(m->be, &(lb_swiglu_args){.out = h16 ? NULL : L->f.h, .out16 = h16,

@@ -159,7 +159,6 @@ typedef struct {
     float *dqr, *dkr;                      // (n, hq*d), (n, hkv*d)
     float *dgu, *dh;                       // dense: (n, 2f), (n, f)
     float *dxp;                            // (n*k, c)
-    uint16_t *dxp16;                       // (n*k, pad8(c)): dxp in bf16 (out16), or NULL
     float *drlogits, *dweight, *daux;      // (n, E), (n, k), (E)
     lb_moe_scratch ms;
     float *host_loss;                      // (ns) host
