@@ -1092,8 +1092,10 @@ static void expert_load_add(lb_model *m, int l, const int *counts)
 }
 
 // MoE health (lb_model_moe_stats_begin): layer l's tokens per expert (counts, this rank's part
-// of the rows) and the entropy of each of its n rows' router distributions, probs (n, E)
-// downloaded (only while collecting: the metrics' logged steps).
+// of the rows) and the entropy of its rows' router distributions, probs (n, E) downloaded
+// (only while collecting: the metrics' logged steps). The entropy of every s-th row, at most
+// LB_MOE_STATS_ROWS of them: a mean that needs no more, at a host cost that does not grow
+// with the micro-batch.
 static void moe_stats_add(lb_model *m, int l, const lb_ffn_acts *f, int n)
 {
     if (!m->moe_stats) return;
@@ -1103,15 +1105,16 @@ static void moe_stats_add(lb_model *m, int l, const lb_ffn_acts *f, int n)
     const size_t count = (size_t)n * E;
     float *p = lb_malloc((count ? count : 1) * sizeof(float));
     m->be->download(m->be, p, f->probs, count * sizeof(float));
-    for (int i = 0; i < n; i++) {
+    const int s = (n + LB_MOE_STATS_ROWS - 1) / LB_MOE_STATS_ROWS;
+    for (int i = 0; i < n; i += s) {
         const float *pi = p + (size_t)i * E;
         double z = 0.0, h = 0.0;
         for (int j = 0; j < E; j++) z += pi[j];
         for (int j = 0; j < E && z > 0.0; j++)
             if (pi[j] > 0.0f) h -= pi[j] / z * log(pi[j] / z);
         row[E] += h;
+        row[E + 1] += 1;
     }
-    row[E + 1] += n;
     free(p);
 }
 

@@ -344,6 +344,8 @@ void lb_model_router_bias_update(lb_model *m, lb_comm *all);
 // router's probabilities; the sigmoid router's scores normalised to sum 1), in nats. In the
 // backward, as the balancing loads, so recomputation and forwards without a step count nothing.
 void lb_model_moe_stats_begin(lb_model *m);
+// The rows of a micro-batch whose entropy is taken, at most (evenly spaced).
+#define LB_MOE_STATS_ROWS 4096
 // Sums them over `all` (every rank of the job; NULL: this rank alone; collective) and writes
 // for every decoder layer l (num_hidden_layers entries): load_max[l] and load_min[l], the most
 // and the fewest tokens an expert got over the mean per expert (1 and 1 when balanced), and
