@@ -49,6 +49,12 @@ START_TEST(test_recipes)
             }
         lb_contract_free(&c);
     }
+    // the contract's table is these recipes, in this order: the parameter's choices and every
+    // test that loops over the recipes read it
+    ck_assert_int_eq(lb_recipe_count(), (int)(sizeof want / sizeof want[0]));
+    for (int i = 0; i < lb_recipe_count(); i++) ck_assert_str_eq(lb_recipe_name(i), want[i].recipe);
+    ck_assert_ptr_null(lb_recipe_name(lb_recipe_count()));
+    ck_assert_str_eq(lb_recipe_choices(), "fp32|bf16|fp8-block|mxfp8|nvfp4-moe|mxfp4");
 }
 END_TEST
 
@@ -134,17 +140,15 @@ END_TEST
 // bf16 force the mode whatever the recipe; the resolved mode is printed.
 START_TEST(test_attention_mode)
 {
-    static const char *const recipes[] = {"fp32", "bf16", "fp8-block", "mxfp8", "nvfp4-moe",
-                                          "mxfp4"};
     static const char *const modes[] = {"", "auto", "fp32", "bf16"};
-    for (size_t r = 0; r < sizeof recipes / sizeof recipes[0]; r++)
+    for (int r = 0; r < lb_recipe_count(); r++)
         for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
-            lb_precision_spec s = lb_test_spec(recipes[r]);
+            lb_precision_spec s = lb_test_spec(lb_recipe_name(r));
             snprintf(s.attention, sizeof s.attention, "%s", modes[m]);
             lb_contract c = resolve(&s, 2);
-            int want = m < 2 ? strcmp(recipes[r], "fp32") != 0 : !strcmp(modes[m], "bf16");
+            int want = m < 2 ? strcmp(lb_recipe_name(r), "fp32") != 0 : !strcmp(modes[m], "bf16");
             ck_assert_msg(c.attention_bf16 == want, "recipe %s, attention '%s': bf16 %d",
-                          recipes[r], modes[m], c.attention_bf16);
+                          lb_recipe_name(r), modes[m], c.attention_bf16);
             char *buf;
             size_t len;
             FILE *mf = open_memstream(&buf, &len);

@@ -566,7 +566,6 @@ static void count_qmat_alloc(lb_backend *b, struct lb_qmat *q, int rows, int col
 
 START_TEST(test_wcache_bytes)
 {
-    const char *recipes[] = {"fp32", "bf16", "fp8-block", "mxfp8", "nvfp4-moe", "mxfp4"};
     const char *modes[] = {"default", "quantized", "dequantized"};
     lb_backend cb = *be;
     cb.alloc = count_alloc;
@@ -574,11 +573,11 @@ START_TEST(test_wcache_bytes)
     float *w = malloc(sizeof(float) * 3 * OUT * IN);
     fill(w, (size_t)3 * OUT * IN, 2);
     int nonzero = 0;
-    for (int r = 0; r < 6; r++)
+    for (int r = 0; r < lb_recipe_count(); r++)
         for (int b = 0; b < 3; b++)
             for (int E = 1; E <= 3; E += 2) {
                 char err[256];
-                lb_precision_spec s = spec(recipes[r], modes[b]);
+                lb_precision_spec s = spec(lb_recipe_name(r), modes[b]);
                 lb_contract c;
                 ck_assert_msg(lb_contract_resolve(&c, &s, 1, err, sizeof err) == 0, "%s", err);
                 lb_linear L = {.be = &cb, .contract = &c, .seed = 5, .step = 3};
@@ -589,7 +588,7 @@ START_TEST(test_wcache_bytes)
                 lb_wcache_build(&L, &wc, 0, role, w, E, OUT, IN);
                 const size_t want = lb_wcache_bytes(&L, 0, role, E, OUT, IN);
                 ck_assert_msg(counted == want, "%s/%s, %d matrices: the cache took %zu bytes, "
-                              "lb_wcache_bytes says %zu", recipes[r], modes[b], E, counted, want);
+                              "lb_wcache_bytes says %zu", lb_recipe_name(r), modes[b], E, counted, want);
                 nonzero += want > 0;
                 lb_wcache_free(&L, &wc);
                 lb_contract_free(&c);

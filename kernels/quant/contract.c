@@ -135,25 +135,55 @@ static int override(const char *w, void *user)
     return 0;
 }
 
+// The recipes, in the order `lowbit params` and the tests list them: the format of the GEMMs
+// they quantize (the others bf16; fp32 keeps everything fp32), whether only the expert layers
+// are quantized, and the Hadamard of the weight-gradient GEMM.
+typedef struct {
+    const char *name;
+    lb_format low;
+    int experts_only;
+    lb_hadamard_size had;
+} recipe;
+static const recipe recipes[] = {
+    {"fp32", LB_FMT_FP32, 0, LB_HAD_NONE},
+    {"bf16", LB_FMT_BF16, 0, LB_HAD_NONE},
+    {"fp8-block", LB_FMT_FP8_BLOCK, 0, LB_HAD_NONE},
+    {"mxfp8", LB_FMT_MXFP8, 0, LB_HAD_NONE},
+    {"nvfp4-moe", LB_FMT_NVFP4, 1, LB_HAD_16},
+    {"mxfp4", LB_FMT_MXFP4, 0, LB_HAD_16},
+};
+#define NRECIPES ((int)(sizeof recipes / sizeof recipes[0]))
+
+int lb_recipe_count(void) { return NRECIPES; }
+
+const char *lb_recipe_name(int i) { return i >= 0 && i < NRECIPES ? recipes[i].name : NULL; }
+
+const char *lb_recipe_choices(void)
+{
+    static char list[128];
+    if (!list[0])
+        for (int i = 0; i < NRECIPES; i++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? "|" : "",
+                     recipes[i].name);
+    return list;
+}
+
 int lb_contract_resolve(lb_contract *c, const lb_precision_spec *s, int layers, char *err,
                         size_t errlen)
 {
     memset(c, 0, sizeof *c);
     // recipe defaults: which roles are quantized, to what, and the recipe's Hadamard
-    lb_format low = LB_FMT_FP32, other = LB_FMT_BF16;
-    int experts_only = 0;
-    lb_hadamard_size had = LB_HAD_NONE;
-    if (!strcmp(s->recipe, "fp32")) other = low = LB_FMT_FP32;
-    else if (!strcmp(s->recipe, "bf16")) low = LB_FMT_BF16;
-    else if (!strcmp(s->recipe, "fp8-block")) low = LB_FMT_FP8_BLOCK;
-    else if (!strcmp(s->recipe, "mxfp8")) low = LB_FMT_MXFP8;
-    else if (!strcmp(s->recipe, "nvfp4-moe")) low = LB_FMT_NVFP4, experts_only = 1, had = LB_HAD_16;
-    else if (!strcmp(s->recipe, "mxfp4")) low = LB_FMT_MXFP4, had = LB_HAD_16;
-    else {
-        snprintf(err, errlen, "precision.recipe: unknown recipe '%s' (fp32, bf16, fp8-block, "
-                 "mxfp8, nvfp4-moe, mxfp4)", s->recipe);
+    const recipe *r = NULL;
+    for (int i = 0; i < NRECIPES && !r; i++)
+        if (!strcmp(s->recipe, recipes[i].name)) r = &recipes[i];
+    if (!r) {
+        snprintf(err, errlen, "precision.recipe: unknown recipe '%s' (%s)", s->recipe,
+                 lb_recipe_choices());
         return -1;
     }
+    lb_format low = r->low, other = r->low == LB_FMT_FP32 ? LB_FMT_FP32 : LB_FMT_BF16;
+    int experts_only = r->experts_only;
+    lb_hadamard_size had = r->had;
     lb_bwd_mode mode = LB_BWD_QUANTIZED;
     if (!strcmp(s->backward, "dequantized")) mode = LB_BWD_DEQUANTIZED;
     else if (!strcmp(s->backward, "high")) mode = LB_BWD_HIGH;

@@ -70,6 +70,11 @@ void lb_contract_print(const lb_contract *c, unsigned roles, FILE *f);
 
 const char *lb_role_name(lb_role r);      // "attn.qkv", ...
 const char *lb_format_name(lb_format f);  // "fp32", "bf16", "fp8-block", ...
+// The recipes (precision.recipe): how many, the i-th's name (NULL outside 0 .. count - 1), and
+// all of them as "fp32|bf16|..." (the parameter's choices), in one order.
+int lb_recipe_count(void);
+const char *lb_recipe_name(int i);
+const char *lb_recipe_choices(void);
 int lb_format_parse(const char *s, lb_format *out);
 
 #endif

@@ -96,10 +96,13 @@ static void range_text(char *out, size_t n, const lb_param *p)
 }
 
 const char lb_choices_models[] = "(the registry's)";
+const char lb_choices_recipes[] = "(the contract's recipes)";
 
 const char *lb_param_choices(const lb_param *p)
 {
-    return p->choices == lb_choices_models ? lb_model_arch_choices() : p->choices;
+    return p->choices == lb_choices_models    ? lb_model_arch_choices()
+           : p->choices == lb_choices_recipes ? lb_recipe_choices()
+                                              : p->choices;
 }
 
 static int in_choices(const char *choices, const char *v)

@@ -166,7 +166,7 @@ typedef struct {
     size_t size;                   // bytes of the field (strings: buffer size)
     const char *def;               // default, as it would be written in a file
     double min, max;               // numeric range (inclusive) when min < max
-    const char *choices;           // LB_PARAM_ENUM: "a|b|c", or LB_CHOICES_MODELS
+    const char *choices;           // LB_PARAM_ENUM: "a|b|c", LB_CHOICES_MODELS or _RECIPES
     const char *help;
 } lb_param;
 
@@ -174,7 +174,10 @@ typedef struct {
 // lb_param_choices.
 extern const char lb_choices_models[];
 #define LB_CHOICES_MODELS lb_choices_models
-// p->choices, with LB_CHOICES_MODELS resolved.
+// The choices of precision.recipe: the contract's recipe table (lb_recipe_choices).
+extern const char lb_choices_recipes[];
+#define LB_CHOICES_RECIPES lb_choices_recipes
+// p->choices, with LB_CHOICES_MODELS and LB_CHOICES_RECIPES resolved.
 const char *lb_param_choices(const lb_param *p);
 
 // The table: src/cli/params.c's rows with the registry's [model] keys in their place (built

@@ -143,7 +143,7 @@ static const lb_param rows[] = {
     LB_P(convert, dtype, E, "f32", 0, 0, "f32|bf16", "element type of exported tensors"),
 
     // [precision] ------------------------------------------------------------------------------
-    LB_P(precision, recipe, E, "fp32", 0, 0, "fp32|bf16|fp8-block|mxfp8|nvfp4-moe|mxfp4",
+    LB_P(precision, recipe, E, "fp32", 0, 0, LB_CHOICES_RECIPES,
          "GEMM formats (doc/formats.md); fp32 is the exact reference"),
     LB_P(precision, backward, E, "default", 0, 0, "default|quantized|dequantized|high",
          "backward GEMMs: in the format, BF16 on dequantized or on original operands"),
