@@ -579,6 +579,19 @@ static int ln1_16(const lb_model *m)
     return 1;
 }
 
+void lb_decoder_act_plan(const lb_model *m, lb_act_plan *p)
+{
+    for (int l = m->layer_begin; l < m->layer_end; l++) {
+        p->qk += qk16(m);
+        p->ln1 += ln1_16(m);
+        if (!layer_moe(&m->cfg, l)) continue;
+        p->expert_in += m->par.ep == 1 && takes16(m, l, LB_ROLE_MOE_GATE_UP);   // as lb_ffn_fwd
+        p->gate_up_out += out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP);
+        p->swiglu_out += takes16(m, l, LB_ROLE_MOE_DOWN);
+        p->down_dgrad += out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD);
+    }
+}
+
 // Whether layer l applies the routed weights to its experts' SwiGLU outputs, before down
 // (lb_swiglu_args.rw), rather than to down's outputs: the same sum in real arithmetic, but
 // down's outputs (n*k, c) a layer then need not be kept for the backward, whose weight

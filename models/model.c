@@ -601,6 +601,13 @@ int lb_model_kv_bf16(const lb_model *m)
 
 void lb_model_set_ce_chunk(lb_model *m, int rows) { m->ce_chunk = rows > 0 ? rows : 0; }
 
+void lb_model_act_plan(const lb_model *m, lb_act_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->layers = m->layer_end - m->layer_begin;
+    if (m->def->act_plan) m->def->act_plan(m, p);
+}
+
 int lb_model_logits16(const lb_model *m)
 {
     // every pass a plain bf16 GEMM: the logits meet bf16 products anyway

@@ -164,6 +164,22 @@ typedef struct {
     void *acts;                    // definition-private activations for max_rows rows
 } lb_kvcache;
 
+// Which activations a training step stores in bf16, a plan made from the precision contract
+// (and the layout and KV cache) once per model: each field the number of this stage's layers
+// where that activation is bf16 (0: fp32 in all). Everything else is fp32: the residual stream,
+// the other norms' outputs and every statistic, q, k and v before their norms and RoPE, the
+// attention output, the experts' routed outputs, the gradients between ops
+// (doc/architecture.md, Memory). `lowbit info` prints rank 0's.
+typedef struct lb_act_plan {
+    int layers;        // of this stage
+    int qk;            // q and k after their norms and RoPE (the bf16 attention's inputs)
+    int ln1;           // the attention's input norm (plain bf16 q/k/v GEMMs; tp 1)
+    int expert_in;     // gate/up's input rows (ep 1: the dispatcher moves fp32 rows)
+    int gate_up_out;   // gate/up's output, the SwiGLU's input
+    int swiglu_out;    // the SwiGLU's output, down's input
+    int down_dgrad;    // down's input gradient, the SwiGLU backward's
+} lb_act_plan;
+
 struct lb_model_def {
     const char *arch;              // the configuration's model.arch and HF config's model_type
     const char *summary;
@@ -217,6 +233,8 @@ struct lb_model_def {
     // Experts each token's router picks in every layer (0: no routed layers): the width of
     // lb_model.route_log's rows.
     int (*route_k)(const lb_model_config *);
+    // Which of a training step's activations this model stores in bf16 (lb_act_plan).
+    void (*act_plan)(const lb_model *, struct lb_act_plan *);
     // Pipeline stages: the (rows, hidden) buffers of the current activations that hold the
     // stage's input hidden states (filled by the caller before forward on a later stage), its
     // output (after forward on an earlier stage), and d loss / d those (input of backward on
@@ -501,6 +519,8 @@ int lb_model_ce_rows(const lb_model *m, int rows);
 // Whether a forward with targets stores its logits in bf16 (the LM head is bf16 in every pass:
 // lb_linear_plain16), and the bytes of one row of those logits.
 int lb_model_logits16(const lb_model *m);
+// This model's activation plan (lb_act_plan); all zeros for a definition without one.
+void lb_model_act_plan(const lb_model *m, lb_act_plan *p);
 size_t lb_model_logit_row_bytes(const lb_model *m);
 enum { LB_RECOMPUTE_NONE = 0, LB_RECOMPUTE_SELECTIVE, LB_RECOMPUTE_FULL };
 // Activation recomputation: "none", "selective" or "full". Applies to activations made after

@@ -150,6 +150,7 @@ int lb_info_rank_memory(const lb_config *c, const lb_grid *g, lb_rank_memory *ou
     size_t before = ctx.now;
     size_t rows = (size_t)c->train.micro_batch * c->train.seq_len;
     m->acts = m->def->acts_create(m, c->train.micro_batch, c->train.seq_len);
+    lb_model_act_plan(m, &out->plan);
     // + logits on the last stage (this rank's rows under SP), tokens and targets; pipeline
     // stages keep up to pp - stage micro-batches in flight
     size_t lrows = rows / (par.sp ? g->tp : 1);   // rows of logits at a time
@@ -169,6 +170,24 @@ int lb_info_rank_memory(const lb_config *c, const lb_grid *g, lb_rank_memory *ou
     m->acts = NULL;
     lb_model_free(m);
     return 0;
+}
+
+// Rank 0's activation plan: what it stores in bf16 (of its stage's layers where not all).
+static void print_plan(const lb_act_plan *p)
+{
+    const struct { int n; const char *what; } a[] = {
+        {p->qk, "q and k after RoPE"}, {p->ln1, "the attention's input norm"},
+        {p->expert_in, "the experts' input rows"}, {p->gate_up_out, "gate/up's outputs"},
+        {p->swiglu_out, "the SwiGLU outputs"}, {p->down_dgrad, "down's input gradients"}};
+    printf("            activations in bf16 (rank 0): ");
+    int any = 0;
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) {
+        if (!a[i].n) continue;
+        printf("%s%s", any++ ? ", " : "", a[i].what);
+        if (a[i].n < p->layers) printf(" (%d of %d layers)", a[i].n, p->layers);
+    }
+    printf("%s; the residual stream, the other norms, q/k/v before RoPE, the attention output, "
+           "the experts' routed outputs and the gradients between ops in fp32\n", any ? "" : "none");
 }
 
 static void print_layout(const lb_config *c, int world_size)
@@ -206,6 +225,8 @@ static void print_layout(const lb_config *c, int world_size)
                mib(lb_info_rank_total(&mem)));
     }
     if (world > 16) printf("            ... (%d ranks)\n", world);
+    lb_rank_memory r0;
+    if (lb_info_rank_memory(c, &g, &r0, err, sizeof err) == 0) print_plan(&r0.plan);
     if (c->train.optimizer_offload > 0) {
         lb_rank_memory mem;
         if (lb_info_rank_memory(c, &g, &mem, err, sizeof err) == 0)

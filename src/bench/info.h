@@ -3,6 +3,7 @@
 #define LB_INFO_H
 
 #include <stddef.h>
+#include "models/model.h"
 #include "parallel/grid.h"
 #include "src/cli/config.h"
 
@@ -14,6 +15,7 @@ typedef struct {
                                    // quantized copies, lb_wcache_bytes)
     size_t host;                   // bytes of optimizer state offloaded to host memory
     size_t backend;                // bytes the backend holds of its own (run.backend)
+    lb_act_plan plan;              // which activations acts counts in bf16
 } lb_rank_memory;
 
 // Rank g of c's layout. 0, or -1 with a message.
