@@ -1,4 +1,4 @@
-# rl_exact.sh: sourced by tests/test_rl_prompts.sh and tests/test_rl_words.sh (after they define
+# rl_exact.sh: sourced by tests/test_rl_prompts.sh and tests/test_rl_words.sh (after tests/lib.sh:
 # fail). Defines:
 #   field NAME FILE  the values of "NAME" in the step lines of a metrics file
 #   exact NAME FILE  sampler and trainer agreed on every step of FILE: every train-rollout

@@ -1,5 +1,6 @@
-# rl_setup.sh: sourced by tests/test_rl.sh and tests/test_rl_cuda.sh (after they set src, bin,
-# tmp and fail). Pretrains the small MoE both start RL from (15 steps on the CPU) and defines:
+# rl_setup.sh: sourced by tests/test_rl.sh, tests/test_rl_cuda.sh and tests/test_rl_nccl.sh (after
+# tests/lib.sh: src, bin, tmp, fail). Pretrains the small MoE they start RL from (15 steps on the
+# CPU) and defines:
 #   rl              the keys of a short RL run from it: 3 steps of 4 prompts x 4 samples,
 #                   evaluation at steps 0, 2 and 3, checkpoints every 2 steps and at the end
 #   field NAME FILE the values of "NAME" in the step lines of a metrics file

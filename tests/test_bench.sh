@@ -3,12 +3,7 @@
 # (times and rates positive), the bf16 MoE layer's expert calls appear with bench.moe_passes,
 # a training step's loss is finite and the same bits twice, and a bad format is refused.
 set -uo pipefail
-src=${LB_SRCDIR:-.}
-bin=${LB_BUILDDIR:-.}/lowbit
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failed=0
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+. "${LB_SRCDIR:-.}/tests/lib.sh"
 cfg="$src/examples/tiny-moe.cfg"
 quick=(--set bench.warmup=0 --set bench.iters=1)
 
@@ -22,11 +17,11 @@ rows=$(grep -c "^gemm " "$tmp/gemm")
 [ "$rows" -eq 21 ] || fail "bench gemm: $rows rows, not 21"
 awk '/^gemm / && !($(NF - 2) == "ms" && $(NF - 3) > 0 && $NF == "TFLOP/s") { bad = 1 }
      END { exit bad }' "$tmp/gemm" || fail "bench gemm: a row without a positive time"
-for pass in "gate/up fprop" "gate/up dgrad + wgrad" "gate/up dgrad" "gate/up wgrad" \
+for p in "gate/up fprop" "gate/up dgrad + wgrad" "gate/up dgrad" "gate/up wgrad" \
             "down fprop" "down dgrad + wgrad" "down dgrad" "down wgrad" \
             "gate/up fprop -> bf16" "gate/up dgrad -> bf16" "down fprop -> bf16" \
             "down dgrad -> bf16"; do
-    grep -q "^gemm  bf16 *moe $pass 4x40 rows " "$tmp/gemm" || fail "bench gemm: no bf16 '$pass' row"
+    grep -q "^gemm  bf16 *moe $p 4x40 rows " "$tmp/gemm" || fail "bench gemm: no bf16 '$p' row"
 done
 
 # Attention: fp32 and bf16, forward and forward + backward.
@@ -80,4 +75,4 @@ if "$bin" bench "$cfg" --set bench.kind=gemm --set bench.formats=bf17 > "$tmp/ba
 fi
 grep -q "unknown format 'bf17'" "$tmp/bad" || fail "bench gemm with format bf17: no message"
 
-[ "$failed" -eq 0 ] && echo "PASS" || exit 1
+summary

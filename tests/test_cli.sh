@@ -2,27 +2,7 @@
 # The command line on bad input: every mistake gets one clear line naming the file (and line),
 # a non-zero exit, and no partial output. Also: doc/parameters.md is not stale.
 set -uo pipefail
-src=${LB_SRCDIR:-.}
-bin=${LB_BUILDDIR:-.}/lowbit
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0
-failed=0
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
-ok() { pass=$((pass + 1)); }
-
-# expect_error NAME PATTERN CMD...: CMD must exit non-zero and print PATTERN (grep -E) on stderr.
-expect_error() {
-    local name=$1 pattern=$2
-    shift 2
-    "$@" >"$tmp/out" 2>"$tmp/err"
-    local rc=$?
-    if [ $rc -eq 0 ]; then fail "$name: exit 0"; return; fi
-    if ! grep -Eq -- "$pattern" "$tmp/err"; then
-        fail "$name: stderr lacks '$pattern':"; sed 's/^/    /' "$tmp/err"; return
-    fi
-    ok
-}
+. "${LB_SRCDIR:-.}/tests/lib.sh"
 
 # every command's --help: its purpose, an example, and the keys of its sections with defaults
 for c in train:train.steps info:model.hidden_size data:gen.problems convert:convert.input \
@@ -389,5 +369,4 @@ fi
   [ "$failed" = "$before" ] ) && ok || fail "oom-train: see above"
 [ -n "${ASAN_OPTIONS-}" ] || { [ ! -e "$tmp/oom" ] && ok || fail "oom-train left $(find "$tmp/oom")"; }
 
-echo "$pass passed, $failed failed"
-[ "$failed" -eq 0 ]
+summary

@@ -7,15 +7,8 @@
 # from it), the resumed run ends with the uninterrupted run's parameters and moments bit for
 # bit, and no temporary of the killed run is left.
 set -uo pipefail
-src=${LB_SRCDIR:-.}
-bin=${LB_BUILDDIR:-.}/lowbit
+. "${LB_SRCDIR:-.}/tests/lib.sh"
 cmp=${LB_BUILDDIR:-.}/tests/ckpt_compare
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0
-failed=0
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
-ok() { pass=$((pass + 1)); }
 
 "$bin" data "$src/examples/tiny-moe.cfg" --set gen.output="$tmp/arith" --set gen.problems=2000 \
     > /dev/null || { echo "FAIL: data"; exit 1; }
@@ -108,5 +101,4 @@ for sig in TERM INT; do
         fail "SIG$sig: not resumed from step $at: $(grep -m 1 resum "$out.resume.log")"
 done
 
-echo "test_kill_save: $pass passed, $failed failed"
-[ "$failed" = 0 ]
+summary test_kill_save

@@ -5,12 +5,10 @@
 # time to train, and its MLPerf log passes `lowbit mlperf-check`. Skipped (77) without the
 # `bible` program (packages bible-kjv and bible-kjv-text, .ci/packages).
 set -uo pipefail
-src=${LB_SRCDIR:-.}
-bin=$(cd "${LB_BUILDDIR:-.}" && pwd)/lowbit
 command -v bible > /dev/null || { echo "SKIP: no bible program (apt-get install bible-kjv bible-kjv-text)"; exit 77; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+fail_fast=1   # each step builds on the ones before it
+. "${LB_SRCDIR:-.}/tests/lib.sh"
+bin=$(cd "$(dirname "$bin")" && pwd)/lowbit   # absolute: the run below works in $src
 
 COLUMNS=80 bible gen1:1-rev22:21 > "$tmp/kjv.txt" || fail "bible"
 [ "$(wc -c < "$tmp/kjv.txt")" -gt 4000000 ] || fail "the text is not the whole Bible"
@@ -30,4 +28,4 @@ grep -q "^mlperf: target 5.3 reached at [0-9]* samples; time to train" "$tmp/tra
 steps=$(grep -c '"loss"' "$tmp/run/metrics.jsonl")
 [ "$steps" -lt 400 ] || fail "the run did not stop at the target"
 "$bin" mlperf-check "$tmp/run/mlperf.log" || fail "the log does not pass mlperf-check"
-echo PASS
+summary

@@ -6,14 +6,7 @@
 # reshaped to the benchmark's fixed sizes passes --strict. Two ranks write one log (rank 0's).
 # `lowbit rl` logs qwen35_397b_grpo's keys alike.
 set -uo pipefail
-src=${LB_SRCDIR:-.}
-bin=${LB_BUILDDIR:-.}/lowbit
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0
-failed=0
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
-ok() { pass=$((pass + 1)); }
+. "${LB_SRCDIR:-.}/tests/lib.sh"
 mpi() { local np=$1; shift; timeout 300 mpirun --oversubscribe -np "$np" "$@"; }
 # check_ok LOG [--strict]: the checker passes it
 check_ok() {
@@ -276,5 +269,4 @@ check_bad "rl first evaluation" 'samples_count 3904, the schedule.s is 3888' "$t
 [ $? -ne 0 ] && grep -q "rl.eval_problems is 0: mlperf.enabled evaluates on held-out problems" \
     "$tmp/err" && ok || { fail "rl without evaluation: accepted"; cat "$tmp/err"; }
 
-echo "$pass passed, $failed failed"
-[ "$failed" = 0 ]
+summary

@@ -10,14 +10,9 @@
 # (plm rsh): the GPU machine's image sets OMPI_MCA_plm=isolated, which starts no daemon on
 # another node, so its mapper found both made-up nodes "already filled".
 set -uo pipefail
-src=${LB_SRCDIR:-.}
-bin=${LB_BUILDDIR:-.}/lowbit
+. "${LB_SRCDIR:-.}/tests/lib.sh"
 cmp=${LB_BUILDDIR:-.}/tests/ckpt_compare
 cfg="$src/examples/tiny-moe.cfg"
-tmp=$(mktemp -d)
-[ -n "${KEEP:-}" ] || trap 'rm -rf "$tmp"' EXIT
-failed=0
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
 printf 'nodea slots=2\nnodeb slots=2\n' > "$tmp/hosts"
 export LB_FAKE_NODE_TMP="$tmp"   # the nodes' session directories (mpi_fake_ssh.sh)
 nodes=(--hostfile "$tmp/hosts" --mca plm rsh --mca plm_rsh_agent "$src/tests/mpi_fake_ssh.sh"
@@ -54,5 +49,4 @@ if run split "${nodes[@]}" --map-by node; then
     [ "$(grep -c "spans nodes" "$tmp/split.err")" = 1 ] ||
         fail "tp across nodes: not one warning ($(cat "$tmp/split.err"))"
 fi
-[ $failed = 0 ] && echo PASS
-exit $failed
+summary

@@ -6,16 +6,9 @@
 # before any work with one clear message, and a failing rank takes the whole job down quickly
 # instead of hanging.
 set -uo pipefail
-src=${LB_SRCDIR:-.}
-bin=${LB_BUILDDIR:-.}/lowbit
+. "${LB_SRCDIR:-.}/tests/lib.sh"
 cmp=${LB_BUILDDIR:-.}/tests/ckpt_compare
 cfg="$src/examples/tiny-moe.cfg"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0
-failed=0
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
-ok() { pass=$((pass + 1)); }
 mpi() { local np=$1; shift; timeout 120 mpirun --oversubscribe -np "$np" "$@"; }
 
 "$bin" data "$cfg" --set gen.output="$tmp/arith" --set gen.problems=3000 > /dev/null ||
@@ -378,5 +371,4 @@ for how in die:2 exit:1 kill:3 die:0; do
     grep -q "rank $rank fails at step 3 on purpose" "$tmp/f.err" && ok || fail "rank $rank ($mode): no message"
 done
 
-echo "$pass passed, $failed failed"
-[ "$failed" -eq 0 ]
+summary

@@ -5,17 +5,11 @@
 # tensor, tests/ckpt_compare), as on the CPU (tests/test_parallel.sh; learning rate 3e-4 there
 # and here, doc/parallel.md says why). Skipped (77) without CUDA or with fewer than 2 GPUs.
 set -uo pipefail
-src=${LB_SRCDIR:-.}
-bin=${LB_BUILDDIR:-.}/lowbit
+. "${LB_SRCDIR:-.}/tests/lib.sh"
 cmp=${LB_BUILDDIR:-.}/tests/ckpt_compare
 need_gpus=2
 . "$src/tests/need_cuda.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0
-failed=0
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
 cfg="$src/examples/tiny-moe.cfg"
 "$bin" data "$cfg" --set gen.output="$tmp/arith" --set gen.problems=3000 > /dev/null ||
     { echo "FAIL: data"; exit 1; }
@@ -51,5 +45,4 @@ for layout in "dp2 --set parallel.zero=true" "tp2 --set parallel.tp=2" \
     else fail "$name: $out"; fi
     echo "$name: parameters: $out"
 done
-echo "$pass passed, $failed failed"
-[ "$failed" -eq 0 ]
+summary

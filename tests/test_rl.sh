@@ -15,15 +15,12 @@
 # - the layouts RL does not run (pp, sequence parallelism, heads that tp does not divide)
 #   refused with one file:line message before any work.
 set -euo pipefail
-src=${LB_SRCDIR:-.}
-bin=${LB_BUILDDIR:-.}/lowbit
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+fail_fast=1   # each step builds on the ones before it
+. "${LB_SRCDIR:-.}/tests/lib.sh"
 
 . "$src/tests/rl_setup.sh"   # pretraining, rl, field, check_zero
 
-for r in fp32 bf16 fp8-block mxfp8 nvfp4-moe mxfp4; do
+for r in $LB_RECIPES; do
     "$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" --set precision.recipe=$r \
         --set run.out_dir="$tmp/rl-$r" > "$tmp/rl-$r.log"
     check_zero "$r" "$tmp/rl-$r"
@@ -98,12 +95,6 @@ printf '12+3=\n7-7=' > "$tmp/prompts.txt"
 [ "$(grep -avc '^#' "$tmp/p")" = 2 ] || fail "prompts file: expected 2 completions"
 
 # mistakes
-expect_error() {   # NAME PATTERN CMD...
-    local name=$1 pattern=$2
-    shift 2
-    if "$@" > "$tmp/out" 2> "$tmp/err"; then fail "$name: exit 0"; fi
-    grep -Eq -- "$pattern" "$tmp/err" || { cat "$tmp/err"; fail "$name: stderr lacks '$pattern'"; }
-}
 printf '[rl]\ninit = %s\nrewards = arith_exact,bogus\n' "$init" > "$tmp/bad.cfg"
 expect_error bad-reward "bad.cfg:3: rl.rewards: unknown reward 'bogus' \(registered: arith_exact, arith_format, arith_digits, answer_exact, answer_regex, answer_format\)" \
     "$bin" rl "$tmp/bad.cfg"
@@ -230,4 +221,4 @@ for bad in "pp:parallel.pp = 2:bad.cfg:2: parallel.pp = 2: lowbit rl runs withou
     [ "$(grep -Ec -- "$want" "$tmp/err")" = 1 ] || { cat "$tmp/err"; fail "$name: message"; }
     [ ! -e "$tmp/bad" ] || fail "$name: work was done"
 done
-echo "PASS"
+summary

@@ -10,12 +10,9 @@
 # The model is pretrained on the CPU (a few seconds); RL and sampling run on the GPU.
 # It skips (exit 77) when lowbit has no CUDA backend or no device is visible.
 set -euo pipefail
-src=${LB_SRCDIR:-.}
-bin=${LB_BUILDDIR:-.}/lowbit
+fail_fast=1   # each step builds on the ones before it
+. "${LB_SRCDIR:-.}/tests/lib.sh"
 . "$src/tests/need_cuda.sh"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 . "$src/tests/rl_setup.sh"   # pretraining, rl, field, check_zero
 rl+=(--set run.backend=cuda --set sample.deterministic=true)
 
@@ -23,7 +20,7 @@ on_cuda() {   # NAME LOG DIR: the run used the cuda backend; its log-probs agree
     grep -q "cuda backend (deterministic)" "$2" || fail "$1: the run did not use the cuda backend"
     check_zero "$1 on cuda" "$3"
 }
-for r in fp32 bf16 fp8-block mxfp8 nvfp4-moe mxfp4; do
+for r in $LB_RECIPES; do
     "$bin" rl "$src/examples/rl-arith.cfg" "${rl[@]}" --set precision.recipe=$r \
         --set run.out_dir="$tmp/rl-$r" > "$tmp/rl-$r.log" 2>&1 ||
         { cat "$tmp/rl-$r.log"; fail "recipe $r"; }
@@ -53,4 +50,4 @@ diff "$tmp/g1" "$tmp/g8" || fail "greedy output depends on the batch"
 gen "$tmp/s1" sample.samples=3 sample.slots=2 sample.max_rows=7
 gen "$tmp/s2" sample.samples=3 sample.slots=36
 diff "$tmp/s1" "$tmp/s2" || fail "seeded samples depend on the batch"
-echo "PASS"
+summary

@@ -7,14 +7,11 @@
 # with 3 prompts makes one rank run idle forwards. `lowbit sample` under tp2 prints the one-GPU
 # completions. Skipped (77) without CUDA or with fewer than 2 GPUs.
 set -euo pipefail
-src=${LB_SRCDIR:-.}
-bin=${LB_BUILDDIR:-.}/lowbit
+fail_fast=1   # each step builds on the ones before it
+. "${LB_SRCDIR:-.}/tests/lib.sh"
 need_gpus=2
 . "$src/tests/need_cuda.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 . "$src/tests/rl_setup.sh"   # pretraining, rl, field, check_zero, same_run
 mpi() { local np=$1; shift; timeout 300 mpirun --oversubscribe --bind-to none -np "$np" "$@"; }
 
@@ -51,4 +48,4 @@ mpi 2 "$bin" sample "${s[@]}" --set parallel.tp=2 2> "$tmp/sp.err" | grep -av '^
     fail "sample under tp2: $(tail -n 3 "$tmp/sp.err")"
 diff "$tmp/s1" "$tmp/sp" > /dev/null || fail "sample under tp2: the completions differ from one GPU's"
 [ "$(wc -l < "$tmp/s1")" = 36 ] || fail "expected 36 completions"
-echo "PASS"
+summary

@@ -11,12 +11,9 @@
 # - mistakes (a bad line, a reward command that fails its test line, an unknown special
 #   token) refused before any work with file:line or the prompt.
 set -euo pipefail
-src=${LB_SRCDIR:-.}
-bin=${LB_BUILDDIR:-.}/lowbit
+fail_fast=1   # each step builds on the ones before it
+. "${LB_SRCDIR:-.}/tests/lib.sh"
 cmp=${LB_BUILDDIR:-.}/tests/ckpt_compare
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 . "$src/tests/rl_exact.sh"   # field, exact
 
 "$bin" data "$src/examples/tiny-moe.cfg" --set gen.output="$tmp/arith" --set gen.problems=3000 \
@@ -106,29 +103,29 @@ bpe=(--set rl.init="$tmp/pre-bpe/checkpoints/step_00000002.safetensors" --set da
 exact "chat template" "$tmp/chat/metrics.jsonl"
 
 # mistakes, before any work (no run directory)
-expect_error() {   # NAME PATTERN CMD...
+# expect_refused NAME PATTERN CMD...: expect_error, and no work done in the run directory
+expect_refused() {
     local name=$1 pattern=$2
     shift 2
     rm -rf "$tmp/bad"
-    if "$@" --set run.out_dir="$tmp/bad" > "$tmp/out" 2> "$tmp/err"; then fail "$name: exit 0"; fi
-    grep -Eq -- "$pattern" "$tmp/err" || { cat "$tmp/err"; fail "$name: stderr lacks '$pattern'"; }
+    expect_error "$name" "$pattern" "$@" --set run.out_dir="$tmp/bad"
     [ ! -e "$tmp/bad" ] || fail "$name: work was done"
 }
 { head -n 2 "$src/examples/rl-prompts.jsonl"; echo '{"prompt": "1+1="}'; } > "$tmp/noanswer.jsonl"
-expect_error no-answer 'noanswer.jsonl:3: no "answer" as a string or a number' \
+expect_refused no-answer 'noanswer.jsonl:3: no "answer" as a string or a number' \
     "$bin" rl "$cfg" "${rl[@]}" --set rl.prompts_file="$tmp/noanswer.jsonl"
-expect_error bad-command "rl.reward_command: 'echo yes' printed 'yes' on line 1 of a batch of 1, not one number \(prompt '\?[0-9][-+][0-9]=', completion ''\)" \
+expect_refused bad-command "rl.reward_command: 'echo yes' printed 'yes' on line 1 of a batch of 1, not one number \(prompt '\?[0-9][-+][0-9]=', completion ''\)" \
     "$bin" rl "$cfg" "${rl[@]}" --set rl.reward_command="echo yes"
-expect_error bad-token "rl.chat_template: '<\|user\|>' is not a token of .*tokenizer.json" \
+expect_refused bad-token "rl.chat_template: '<\|user\|>' is not a token of .*tokenizer.json" \
     "$bin" rl "$cfg" "${rl[@]}" "${bpe[@]}" \
     --set 'rl.chat_template=<|user|>{prompt}'
-expect_error no-val "rl.val_fraction is 0 and rl.val_file is empty" \
+expect_refused no-val "rl.val_fraction is 0 and rl.val_file is empty" \
     "$bin" rl "$cfg" "${rl[@]}" --set rl.val_fraction=0
 printf '[rl]\nprompts_file = %s\nrewards = answer_regex\nreward_regex = (\n' \
     "$src/examples/rl-prompts.jsonl" > "$tmp/regex.cfg"
-expect_error bad-regex "regex.cfg:4: rl.reward_regex: '\(' at offset 1: missing closing parenthesis" \
+expect_refused bad-regex "regex.cfg:4: rl.reward_regex: '\(' at offset 1: missing closing parenthesis" \
     "$bin" rl "$tmp/regex.cfg" --set rl.init="$init"
 printf '[rl]\nprompts_file = %s\n' "$tmp/noanswer.jsonl" > "$tmp/noanswer.cfg"
-expect_error no-answer-cfg "noanswer.cfg:2: .*noanswer.jsonl:3: no \"answer\"" \
+expect_refused no-answer-cfg "noanswer.cfg:2: .*noanswer.jsonl:3: no \"answer\"" \
     "$bin" rl "$tmp/noanswer.cfg" --set rl.init="$init"
-echo "PASS"
+summary

@@ -8,11 +8,8 @@
 # - evaluates pass@1, pass@k and greedy accuracy on the 9 held-out prompts,
 # - and its policy completes prompts with words of the tokenizer, not stray bytes.
 set -euo pipefail
-src=${LB_SRCDIR:-.}
-bin=${LB_BUILDDIR:-.}/lowbit
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+fail_fast=1   # each step builds on the ones before it
+. "${LB_SRCDIR:-.}/tests/lib.sh"
 . "$src/tests/rl_exact.sh"   # field, exact
 tok=(--set data.tokenizer="$src/tests/data/tok_kjv/tokenizer.json" --set run.threads=1)
 
@@ -55,4 +52,4 @@ cut -f 1,2 "$tmp/sample"
 words='one|two|three|four|five|six|seven|eight|nine|ten'
 bad=$(cut -f 2 "$tmp/sample" | grep -Evx " ([0-9]+|$words)\.<\|endoftext\|>" || true)
 [ -z "$bad" ] && [ "$(wc -l < "$tmp/sample")" = 3 ] || fail "completions not words: $bad"
-echo "PASS"
+summary

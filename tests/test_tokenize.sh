@@ -5,27 +5,9 @@
 # tokenizer's round trip through a checkpoint, sample, rl and an export.
 # (The ids themselves are checked against the `tokenizers` package in tests/test_tokenizer.)
 set -uo pipefail
-src=${LB_SRCDIR:-.}
-bin=${LB_BUILDDIR:-.}/lowbit
+. "${LB_SRCDIR:-.}/tests/lib.sh"
 tok=$src/tests/data/tok_kjv/tokenizer.json
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0
-failed=0
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
-ok() { pass=$((pass + 1)); }
 mpi() { local np=$1; shift; timeout 120 mpirun --oversubscribe -np "$np" "$@"; }
-expect_error() {
-    local name=$1 pattern=$2
-    shift 2
-    "$@" >"$tmp/out" 2>"$tmp/err"
-    local rc=$?
-    if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then fail "$name: exit $rc"; return; fi
-    if ! grep -Eq -- "$pattern" "$tmp/err"; then
-        fail "$name: stderr lacks '$pattern':"; sed 's/^/    /' "$tmp/err"; return
-    fi
-    ok
-}
 # Tokens of shards (version 1: uint16 after the 1024-byte header), one a line.
 tokens() { for f in "$@"; do od -An -v -tu2 -j1024 -w2 "$f"; done | tr -d ' '; }
 
@@ -224,5 +206,4 @@ LC_ALL=C sed 's/<think>/<thonk>/' "$tok" > "$tmp/tc/other.json"
 expect_error resume-other "step_00000003.safetensors was trained with another tokenizer; data.tokenizer names .*other.json" \
     "$bin" train "$src/examples/tiny-moe.cfg" "${res[@]}" --set train.steps=4 --set data.tokenizer="$tmp/tc/other.json"
 
-echo "$pass passed, $failed failed"
-[ "$failed" -eq 0 ]
+summary

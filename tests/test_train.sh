@@ -2,11 +2,8 @@
 # End-to-end training on the CPU: data generation, a run that learns, and a resumed run that
 # continues bit for bit (every logged loss and gradient norm identical).
 set -euo pipefail
-src=${LB_SRCDIR:-.}
-bin=${LB_BUILDDIR:-.}/lowbit
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+fail_fast=1   # each step builds on the ones before it
+. "${LB_SRCDIR:-.}/tests/lib.sh"
 
 "$bin" data "$src/examples/tiny-moe.cfg" --set gen.output="$tmp/arith" --set gen.problems=4000 \
     > "$tmp/data.log"
@@ -108,7 +105,8 @@ grep -q "model.hidden_size differs from the model in" "$tmp/ft2.log" || fail "no
 grep -Eq '^step     2/3 \| .* \| [0-9]+ ms/step \| mem [0-9]+ MiB \| 0m[0-9]{2}s in, ETA ' "$tmp/minutes.log" ||
     fail "progress line: $(grep '^step     2/3' "$tmp/minutes.log")"
 # 4. Every precision recipe trains: finite losses that fall over 20 steps.
-for r in bf16 fp8-block mxfp8 nvfp4-moe mxfp4; do
+for r in $LB_RECIPES; do
+    [ "$r" != fp32 ] || continue   # trained in 1.
     "$bin" train "$src/examples/tiny-moe.cfg" "${small[@]}" --set train.steps=20 \
         --set train.warmup_steps=2 --set precision.recipe=$r --set run.out_dir="$tmp/p-$r" > "$tmp/p.log"
     first=$(grep '"loss"' "$tmp/p-$r/metrics.jsonl" | head -n 3 | sed 's/.*"loss": \([^,]*\),.*/\1/' |
@@ -231,7 +229,7 @@ family_same_bits() {
             fail "$name: recompute $how changes the checkpoint"
     done
 }
-family_trains llama "$llama" "fp32 bf16 fp8-block mxfp8 nvfp4-moe mxfp4" "${lsmall[@]}"
+family_trains llama "$llama" "$LB_RECIPES" "${lsmall[@]}"
 family_same_bits llama "$llama" "${lsmall[@]}"
 "$bin" info "$llama" | grep -q "^rope .*llama3 scaling: factor 8" || fail "llama: info shows no llama3 RoPE"
 # 10. GLM-4.5's MoE (examples/tiny-glm4-moe.cfg: a dense first layer, the sigmoid router with
@@ -308,4 +306,4 @@ bad_files word "0.7 $tmp/arith_train_*.bin x $tmp/arith_val_*.bin" "'x' is not a
 bad_files nomatch "0.7 $tmp/arith_train_*.bin 0.3 $tmp/nothing_*.bin" \
     "$tmp/nothing_*.bin: no token shards match"
 bad_files nomatch1 "$tmp/nothing_*.bin" "$tmp/nothing_*.bin: no token shards match"
-echo "PASS"
+summary

@@ -34,12 +34,9 @@
 #    fp8-block; each fp32 curve within a relative 1e-5 of the CPU's.
 # It skips (exit 77) when lowbit has no CUDA backend or no device is visible.
 set -euo pipefail
-src=${LB_SRCDIR:-.}
-bin=${LB_BUILDDIR:-.}/lowbit
+fail_fast=1   # each step builds on the ones before it
+. "${LB_SRCDIR:-.}/tests/lib.sh"
 . "$src/tests/need_cuda.sh"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 
 "$bin" data "$src/examples/tiny-moe.cfg" --set gen.output="$tmp/arith" --set gen.problems=4000 \
     > "$tmp/data.log"
@@ -70,7 +67,7 @@ trains() {
     awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || fail "$1 does not train on cuda"
 }
 
-for r in fp32 bf16 fp8-block mxfp8 nvfp4-moe mxfp4; do
+for r in $LB_RECIPES; do
     for be in cpu cuda; do
         "$bin" train "$src/examples/tiny-moe.cfg" "${small[@]}" --set run.backend=$be \
             --set precision.recipe=$r --set run.out_dir="$tmp/$r-$be" > "$tmp/$r-$be.log" 2>&1 ||
@@ -128,8 +125,8 @@ family() {
         fi
     done
 }
-family llama "$src/examples/tiny-llama.cfg" "fp32 bf16 fp8-block mxfp8 nvfp4-moe mxfp4" "${small[@]}" \
+family llama "$src/examples/tiny-llama.cfg" "$LB_RECIPES" "${small[@]}" \
     --set model.intermediate_size=96 --set model.rope_original_max_position_embeddings=16
 family glm4_moe "$src/examples/tiny-glm4-moe.cfg" "fp32 bf16 fp8-block" "${small[@]}" \
     --set model.intermediate_size=96
-echo "PASS"
+summary
