@@ -13,8 +13,9 @@
 #                   exit status, 0 only when nothing failed
 #   LB_RECIPES      the precision recipes, as `lowbit params` lists precision.recipe's choices,
 #                   so a new recipe is tested where the tests loop over them all
-src=${LB_SRCDIR:-.}
-bin=${LB_BUILDDIR:-.}/lowbit
+# absolute, as make check gives them: tests run lowbit from other directories
+src=$(cd "${LB_SRCDIR:-.}" && pwd)
+bin=$(cd "${LB_BUILDDIR:-.}" && pwd)/lowbit
 tmp=$(mktemp -d)
 [ -n "${KEEP:-}" ] || trap 'rm -rf "$tmp"' EXIT
 pass=0
