@@ -189,32 +189,6 @@ static void arith_fill(const lb_config *c, const lb_tokenizer *tk, uint64_t pi, 
     q->plen = nt;
 }
 
-// The text of completion tokens tok (len), malloc'd and NUL-terminated (*n bytes without the
-// NUL): bytes, or decoded token by token through tk (an id the tokenizer has no token for, in
-// a model vocabulary larger than the tokenizer's, adds nothing).
-static char *completion_text(const lb_tokenizer *tk, const int32_t *tok, int len, size_t *n)
-{
-    size_t cap = (size_t)len + 16, o = 0;
-    char *buf = lb_malloc(cap);
-    for (int i = 0; i < len; i++) {
-        char err[ERRLEN], one = (char)tok[i];
-        const uint32_t id = (uint32_t)tok[i];
-        size_t w = 1;
-        char *t = tk ? lb_tokenizer_decode(tk, &id, 1, 0, &w, err, sizeof err) : &one;
-        if (!t) continue;
-        if (o + w + 1 > cap) {
-            cap = 2 * (o + w + 1);
-            buf = realloc(buf, cap);
-            if (!buf) lb_die("out of memory");
-        }
-        memcpy(buf + o, t, w);
-        o += w;
-        if (tk) free(t);
-    }
-    buf[o] = 0;
-    *n = o;
-    return buf;
-}
 
 // Whether a completion answers its prompt: the arithmetic task's own check (an integer up to
 // the newline), or the final answer against the reference (lb_answer_match) for a prompts
@@ -224,7 +198,7 @@ static int seq_correct(const lb_tokenizer *tk, int file, const rl_seq *q, const 
 {
     size_t n;
     long want, got;
-    char *text = completion_text(tk, tok, len, &n);
+    char *text = lb_tokens_text(tk, tok, len, 0, &n);
     int ok = file ? lb_answer_match(text, n, q->answer)
                   : lb_arith_answer(q->text, &want) == 0 &&
                     lb_arith_parse_completion(text, n, &got) == 0 && got == want;
@@ -894,7 +868,7 @@ static int rl_rollout(rl_run *x, int step, rl_step *s)
             rl_seq *q = &qs[x->own[k]];
             q->len = x->reqs[k].len;
             size_t tn;
-            char *text = completion_text(x->tk, q->tok, q->len, &tn);
+            char *text = lb_tokens_text(x->tk, q->tok, q->len, 0, &tn);
             it[k] = (lb_reward_item){q->text, q->answer, text, tn, x->reqs[k].stopped};
         }
         int bad = lb_rewards_score(&x->rw, it, x->nl, r, err, sizeof err) != 0;

@@ -252,37 +252,6 @@ static int sample_generate(sample_run *x)
     return 0;
 }
 
-// The text of a completion (malloc'd, *len bytes): its bytes, or the tokenizer's decoding, where
-// an id the tokenizer lacks (a model vocabulary padded past it) reads <unk:ID>, as does an id
-// past the byte range without a tokenizer (a vocabulary larger than 256).
-static char *completion_text(const sample_run *x, const int32_t *tok, int n, size_t *len)
-{
-    size_t cap = 16 * (size_t)n + 1, k = 0;
-    char *s = lb_malloc(cap);
-    for (int j = 0; j < n; j++) {
-        char err[256], unk[32], *piece = NULL;
-        size_t m = 1;
-        uint32_t id = (uint32_t)tok[j];
-        char byte = (char)tok[j];
-        const char *src = &byte;
-        if (x->tokenizer.tk) piece = lb_tokenizer_decode(x->tokenizer.tk, &id, 1, 0, &m, err, sizeof err);
-        if (piece) src = piece;
-        else if (x->tokenizer.tk || id > 255)
-            m = (size_t)snprintf(unk, sizeof unk, "<unk:%u>", id), src = unk;
-        if (k + m + 1 > cap) {
-            while (k + m + 1 > cap) cap *= 2;
-            char *g = realloc(s, cap);
-            if (!g) lb_die("out of memory");
-            s = g;
-        }
-        memcpy(s + k, src, m);
-        k += m;
-        free(piece);
-    }
-    s[k] = 0;
-    *len = k;
-    return s;
-}
 
 // Rank 0: prompt<TAB>completion<TAB>sum of log-probs[<TAB>correct|wrong], escaped on one line
 // each, then the totals (and pass@1, pass@S for the arithmetic task).
@@ -302,7 +271,7 @@ static void sample_print(const sample_run *x)
             double sum = 0.0;
             for (int j = 0; j < r->len; j++) sum += r->logprobs[j];
             size_t clen;
-            char *ctext = completion_text(x, r->tokens, r->len, &clen);
+            char *ctext = lb_tokens_text(x->tokenizer.tk, r->tokens, r->len, 1, &clen);
             print_escaped(x->prompt[i], strlen(x->prompt[i]));
             putchar('\t');
             print_escaped(ctext, clen);

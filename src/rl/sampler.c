@@ -443,3 +443,32 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
     if (stats) *stats = st;
     return 0;
 }
+
+char *lb_tokens_text(const lb_tokenizer *t, const int32_t *tok, int n, int mark_unknown,
+                     size_t *len)
+{
+    size_t cap = 16 * (size_t)n + 1, k = 0;
+    char *s = lb_malloc(cap);
+    for (int j = 0; j < n; j++) {
+        char err[256], unk[32], byte = (char)tok[j], *piece = NULL;
+        const uint32_t id = (uint32_t)tok[j];
+        const char *src = &byte;
+        size_t m = 1;
+        if (t) piece = lb_tokenizer_decode(t, &id, 1, 0, &m, err, sizeof err);
+        if (piece) src = piece;
+        else if (t || id > 255)
+            m = mark_unknown ? (size_t)snprintf(unk, sizeof unk, "<unk:%u>", id) : 0, src = unk;
+        if (k + m + 1 > cap) {
+            while (k + m + 1 > cap) cap *= 2;
+            char *g = realloc(s, cap);
+            if (!g) lb_die("out of memory");
+            s = g;
+        }
+        memcpy(s + k, src, m);
+        k += m;
+        free(piece);
+    }
+    s[k] = 0;
+    *len = k;
+    return s;
+}

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "models/model.h"
+#include "src/io/tokenizer.h"
 
 #define LB_SAMPLER_MAX_STOP LB_SAMPLE_MAX_STOP
 
@@ -84,5 +85,12 @@ int lb_sampler_run(lb_sampler *s, lb_sample_req *reqs, int n, lb_sample_stats *s
 
 // The stream of sample `sample` of prompt `prompt` (a hash of both).
 uint64_t lb_sample_stream(uint64_t prompt, uint64_t sample);
+
+// The text of n generated tokens (malloc'd, NUL-terminated, *len bytes without it): t's
+// decoding token by token, or without a tokenizer (t NULL) a token is a byte. An id with no
+// text (past t's vocabulary in a padded model vocabulary, or past 255 without t) reads
+// <unk:ID> where mark_unknown, else adds nothing.
+char *lb_tokens_text(const lb_tokenizer *t, const int32_t *tok, int n, int mark_unknown,
+                     size_t *len);
 
 #endif
