@@ -516,8 +516,8 @@ static char *moe_metrics(train_run *x)
 
 // Rank 0's progress: the logged step's line, or between logged steps on a terminal one short
 // line rewritten in place; and the step's metrics.
-static void log_step(train_run *x, int step, double loss, const double sums[2], double lr,
-                     double norm, double now, double dt, const char *moe)
+static void log_step(train_run *x, int step, int logged, double loss, const double sums[2],
+                     double lr, double norm, double now, double dt, const char *moe)
 {
     const lb_config *c = x->c;
     const long tokens_step = (long)x->B * x->T * x->G;   // the global batch
@@ -526,8 +526,6 @@ static void log_step(train_run *x, int step, double loss, const double sums[2], 
     char eta[32], ran[32];
     fmt_duration(eta, sizeof eta, (now - x->t0) / done * left);
     fmt_duration(ran, sizeof ran, now - x->t0);
-    const int logged = c->train.log_every > 0 &&
-                       (step % c->train.log_every == 0 || step == c->train.steps);
     if (logged) {
         tty_clear(&x->pending);
         printf("step %5d/%d | loss %.4f | lr %.2e | norm %.4f | %.0f tok/s | %.2f TFLOP/s | "
@@ -620,6 +618,7 @@ static int train_step(train_run *x, int step)
     lb_run *r = &x->run;
     lb_comm *comm = r->world;
     double ts = lb_now();
+    // the step's line is logged: its MoE health too (every rank gathers it)
     const int logged = c->train.log_every > 0 &&
                        (step % c->train.log_every == 0 || step == c->train.steps);
     if (logged) lb_model_moe_stats_begin(x->m);
@@ -642,7 +641,7 @@ static int train_step(train_run *x, int step)
     r->be->sync(r->be);
     double now = lb_now();
     char *moe = logged ? moe_metrics(x) : NULL;
-    if (r->root) log_step(x, step, loss, sums, lr, norm, now, now - ts, moe ? moe : "");
+    if (r->root) log_step(x, step, logged, loss, sums, lr, norm, now, now - ts, moe ? moe : "");
     free(moe);
     int stop = train_validate(x, step);
     if (r->root) fflush(stdout);
