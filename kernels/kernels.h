@@ -7,7 +7,8 @@
 // Conventions for every operation:
 // - Buffers live in the backend's memory (alloc/upload/download); matrices are row-major and
 //   contiguous. Shapes are given in comments as (rows, cols).
-// - Activation buffers are fp32. Integer buffers (tokens, expert indices) are int32.
+// - Activation buffers are fp32 where an op takes a float pointer, fp32 or bf16 where it takes
+//   an lb_act. Integer buffers (tokens, expert indices) are int32.
 // - Weight-gradient outputs ACCUMULATE (+=), so micro-batches sum into one gradient buffer.
 //   Activation-gradient outputs are OVERWRITTEN (=) unless the comment says otherwise.
 // - Results never depend on the number of threads or on which other rows are in the call:
@@ -31,6 +32,46 @@ typedef enum {
     // result would depend on its batch (the precision contract refuses it).
     LB_FMT_FP8_TENSOR,
 } lb_format;
+
+// Element types of activations.
+typedef enum { LB_ACT_F32 = 0, LB_ACT_BF16 } lb_act_type;
+
+// An activation matrix in backend memory: (rows, cols) elements of type, row r starting ld
+// elements after row r - 1. A bf16 one lies in to_bf16's layout (ld = cols rounded up to 8),
+// as every op that writes a bf16 activation writes it. Ops that take an lb_act read either
+// type: a bf16 activation needs no fp32 twin.
+typedef struct {
+    const void *p;
+    lb_act_type type;
+    int rows, cols;
+    size_t ld;
+} lb_act;
+
+static inline lb_act lb_act_f32(const float *p, int rows, int cols)
+{
+    return (lb_act){p, LB_ACT_F32, rows, cols, (size_t)cols};
+}
+
+static inline lb_act lb_act_bf16(const uint16_t *p, int rows, int cols)
+{
+    return (lb_act){p, LB_ACT_BF16, rows, cols, (size_t)(cols + 7) / 8 * 8};
+}
+
+// x's bf16 copy where it is given, else x itself: the activation a bf16-or-fp32 caller has.
+static inline lb_act lb_act_of(const float *x, const uint16_t *x16, int rows, int cols)
+{
+    return x16 ? lb_act_bf16(x16, rows, cols) : lb_act_f32(x, rows, cols);
+}
+
+static inline size_t lb_act_esize(lb_act x) { return x.type == LB_ACT_BF16 ? 2 : 4; }
+
+// Rows [r0, r0 + n) of x.
+static inline lb_act lb_act_rows(lb_act x, size_t r0, int n)
+{
+    x.p = x.p ? (const char *)x.p + r0 * x.ld * lb_act_esize(x) : NULL;
+    x.rows = n;
+    return x;
+}
 
 // One GEMM: C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C.
 // op(X) is X when trans is 0 and X^T when 1; A is stored (m, k) or (k, m), B (k, n) or (n, k).
@@ -441,46 +482,48 @@ typedef struct {
                          const struct lb_quant_args *a), (be, q, rows, cols, a))              \
     X(void, qmat_free, (lb_backend *be, struct lb_qmat *q), (be, q))                          \
     /* q = the quantization of x (rows, cols), row-wise or column-wise (of x^T) as a says;    \
-       bytes and scales identical to the codecs in kernels/quant on every backend. */         \
-    X(void, quantize, (lb_backend *be, struct lb_qmat *q, const float *x, int rows, int cols, \
-                       const struct lb_quant_args *a), (be, q, x, rows, cols, a))             \
+       bytes and scales identical to the codecs in kernels/quant on every backend. A bf16 x   \
+       is quantized from its values as they are (exact in fp32). */                           \
+    X(void, quantize, (lb_backend *be, struct lb_qmat *q, lb_act x,                           \
+                       const struct lb_quant_args *a), (be, q, x, a))                         \
     /* Groups of rows quantized each on its own in one call (an MoE layer's experts): x_j,    \
-       rows [o_j, o_j + rows[j]) of x (sum of rows, cols) with o_j the rows before it, into   \
-       q[j] laid out for (prows[j], cols) under a, prows[j] >= rows[j] (prows NULL: equal):   \
-       the bytes of quantize of x_j followed by prows[j] - rows[j] zero rows (column-wise:    \
-       zero columns, which add nothing to a GEMM over them; the wgrad pads its tokens so).    \
+       rows [o_j, o_j + rows[j]) of x (at least the sum of rows, cols) with o_j the rows      \
+       before it, into q[j] laid out for (prows[j], cols) under a, prows[j] >= rows[j]        \
+       (prows NULL: equal): the bytes of quantize of x_j followed by prows[j] - rows[j] zero  \
+       rows (column-wise: zero columns, which add nothing to a GEMM over them; the wgrad pads \
+       its tokens so).                                                                        \
        Groups with prows[j] == 0 are skipped. With stochastic rounding group j draws as       \
        tensor a->tensor + j; with a->hsigns_groups its Hadamard signs are                     \
        a->hsigns_groups[j]. */                                                                \
-    X(void, quantize_grouped, (lb_backend *be, int count, struct lb_qmat *q, const float *x,  \
-                               const int *rows, const int *prows, int cols,                   \
+    X(void, quantize_grouped, (lb_backend *be, int count, struct lb_qmat *q, lb_act x,       \
+                               const int *rows, const int *prows,                             \
                                const struct lb_quant_args *a),                                \
-      (be, count, q, x, rows, prows, cols, a))                                                \
+      (be, count, q, x, rows, prows, a))                                                      \
     /* amax = the amaxes behind the NVFP4 second levels (LB_S2_ROW, LB_S2_TENSOR) that       \
-       quantize_grouped (count, q, x, rows, prows, cols, a) would make, a->amax not applied:   \
+       quantize_grouped (count, q, x, rows, prows, a) would make, a->amax not applied:        \
        lb_quant_nscale2 floats per group with prows[j] > 0, group after group, in backend     \
        memory; the kernels/quant codec's lb_quant_amax on every backend (>= 0, NaN above all). \
        The ranks that hold parts of those rows or tensors take the largest and quantize with  \
        it (lb_quant_args.amax). */                                                             \
-    X(void, quantize_amax, (lb_backend *be, float *amax, int count, const float *x,           \
-                            const int *rows, const int *prows, int cols,                      \
+    X(void, quantize_amax, (lb_backend *be, float *amax, int count, lb_act x,                 \
+                            const int *rows, const int *prows,                                \
                             const struct lb_quant_args *a),                                   \
-      (be, amax, count, x, rows, prows, cols, a))                                             \
-    /* quantize (qr, x, sum of rows, cols, ar: row-wise) and quantize_grouped (count, qc, x,  \
-       rows, prows, cols, ac: column-wise) of the same x in one call, with those calls'       \
+      (be, amax, count, x, rows, prows, a))                                                   \
+    /* quantize (qr, the sum of rows of x, ar: row-wise) and quantize_grouped (count, qc, x,  \
+       rows, prows, ac: column-wise) of the same x in one call, with those calls'             \
        bytes: a layer's dy feeds its dgrad row-wise and its wgrad column-wise, and a backend  \
        may read x once for both. */                                                           \
     X(void, quantize_rc, (lb_backend *be, struct lb_qmat *qr, const struct lb_quant_args *ar, \
-                          int count, struct lb_qmat *qc, const float *x, const int *rows,     \
-                          const int *prows, int cols, const struct lb_quant_args *ac),        \
-      (be, qr, ar, count, qc, x, rows, prows, cols, ac))                                      \
+                          int count, struct lb_qmat *qc, lb_act x, const int *rows,           \
+                          const int *prows, const struct lb_quant_args *ac),                  \
+      (be, qr, ar, count, qc, x, rows, prows, ac))                                            \
     /* dst[j] = the other direction's quantization of the x that src[j] quantizes, from       \
        src[j]'s bytes (lb_qmat_transpose: square blocks, one second level; bytes equal to     \
        quantize's). A weight cache's column-wise copy without a second pass over the fp32     \
        weights. */                                                                            \
     X(void, qmat_transpose, (lb_backend *be, int count, struct lb_qmat *dst,                  \
                              const struct lb_qmat *src), (be, count, dst, src))               \
-    /* quantize_grouped (count, qr, x, rows, NULL, cols, a) and then qmat_transpose (count,   \
+    /* quantize_grouped (count, qr, x, rows, NULL, a) and then qmat_transpose (count,         \
        qc, qr) in one call, with those calls' bytes (groups with rows[j] == 0 skipped in      \
        both): a weight cache's two copies, and a backend may write the transposed one from    \
        the same pass over the fp32 weights. */                                                \

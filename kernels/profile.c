@@ -165,26 +165,28 @@ static shape_key shape_gemm_grouped(lb_backend *be, int count, const lb_gemm_arg
                 group_k((char[32]){0}, count, &g->k, sizeof *g),
                 count && g->bf16 ? " bf16" : "");
 }
-static shape_key shape_quantize(lb_backend *be, struct lb_qmat *q, const float *x, int r, int c,
+static const char *act_type(lb_act x) { return x.type == LB_ACT_BF16 ? " from bf16" : ""; }
+static shape_key shape_quantize(lb_backend *be, struct lb_qmat *q, lb_act x,
                                 const struct lb_quant_args *a)
 {
-    return keyf("quantize (%d, %d) %s", r, c, q->brows == 1 ? "1x" : "blocks");
+    return keyf("quantize (%d, %d) %s%s", x.rows, x.cols, q->brows == 1 ? "1x" : "blocks",
+                act_type(x));
 }
-static shape_key shape_quantize_grouped(lb_backend *be, int count, struct lb_qmat *q,
-                                        const float *x, const int *rows, const int *prows,
-                                        int cols, const struct lb_quant_args *a)
+static shape_key shape_quantize_grouped(lb_backend *be, int count, struct lb_qmat *q, lb_act x,
+                                        const int *rows, const int *prows,
+                                        const struct lb_quant_args *a)
 {
-    return keyf("quantize_grouped %d x (rows %s, %d) %s", count,
-                group_k((char[32]){0}, count, rows, sizeof *rows) + 2, cols,
-                count && q[0].brows == 1 ? "1x" : "blocks");
+    return keyf("quantize_grouped %d x (rows %s, %d) %s%s", count,
+                group_k((char[32]){0}, count, rows, sizeof *rows) + 2, x.cols,
+                count && q[0].brows == 1 ? "1x" : "blocks", act_type(x));
 }
 static shape_key shape_quantize_rc(lb_backend *be, struct lb_qmat *qr,
                                    const struct lb_quant_args *ar, int count, struct lb_qmat *qc,
-                                   const float *x, const int *rows, const int *prows, int cols,
+                                   lb_act x, const int *rows, const int *prows,
                                    const struct lb_quant_args *ac)
 {
-    return keyf("quantize_rc %d x (rows %s, %d)", count,
-                group_k((char[32]){0}, count, rows, sizeof *rows) + 2, cols);
+    return keyf("quantize_rc %d x (rows %s, %d)%s", count,
+                group_k((char[32]){0}, count, rows, sizeof *rows) + 2, x.cols, act_type(x));
 }
 static shape_key shape_quantize_rt(lb_backend *be, int count, struct lb_qmat *qr,
                                    struct lb_qmat *qc, const float *x, const int *rows, int cols,

@@ -517,19 +517,49 @@ static double *grow64(lb_backend *be, double **p, size_t *cap, size_t n)
 // Elements of a bf16 copy of (rows, cols) values (to_bf16's layout: rows padded to 8).
 static size_t n16(size_t rows, int cols) { return rows * (size_t)((cols + 7) / 8 * 8); }
 
+static int ln1_16(const lb_model *m);
+
+// Whether the q/k/v projections of layer l read the attention's input norm in bf16 alone, and
+// quantize it: where the training step stores only that norm's bf16 copy (ln1_16) and those
+// projections are quantized, the cached forward quantizes the same bf16 values.
+static int qkv_quantized16(const lb_model *m, int l)
+{
+    return ln1_16(m) && lb_linear_quantized(&m->lin, l, LB_ROLE_ATTN_QKV);
+}
+
 // The cached forward's ln16 where the fprop of (layer l, role) is a bf16 GEMM, which reads the
-// norm's bf16 copy (rmsnorm_fwd's out16, lb_linear_fwd16); else NULL (no copy written).
+// norm's bf16 copy (rmsnorm_fwd's out16, lb_linear_fwd16), or quantizes it (qkv_quantized16);
+// else NULL (no copy written).
 static uint16_t *cached_ln16(const lb_model *m, lb_cached_acts *a, int l, lb_role role)
 {
+    if (role == LB_ROLE_ATTN_QKV && qkv_quantized16(m, l)) return a->ln16;
     return lb_contract_site(&m->contract, l, role, LB_PASS_FPROP)->fmt == LB_FMT_BF16 ? a->ln16
                                                                                       : NULL;
 }
 
-// Whether role's expert GEMMs of layer l take bf16 copies of their activations, written by
-// the ops that make those activations (lb_linear_grouped_fwd's x16): they are bf16 GEMMs.
+// Whether role's expert GEMMs of layer l take their activations in bf16 alone, written by the
+// ops that make them (lb_linear_grouped_fwd's x16): bf16 GEMMs, which read those values
+// exactly, or quantized ones (lb_linear_quantized), which quantize them. In the low-precision
+// recipes that rounds an activation to bf16 before its quantization, as Transformer Engine's
+// and DeepSeek-V3's bf16 activations are.
 static int takes16(const lb_model *m, int l, lb_role role)
 {
+    return lb_linear_grouped_bf16(&m->lin, l, role) || lb_linear_quantized(&m->lin, l, role);
+}
+
+// Whether role's expert GEMMs of layer l take their input gradients (dy) in bf16: bf16 GEMMs
+// alone (a quantized backward reads fp32 gradients).
+static int grads16(const lb_model *m, int l, lb_role role)
+{
     return lb_linear_grouped_bf16(&m->lin, l, role);
+}
+
+// grads16 over this stage's layers, as takes16_layers.
+static int grads16_layers(const lb_model *m, lb_role role, int every)
+{
+    for (int l = m->layer_begin; l < m->layer_end; l++)
+        if (grads16(m, l, role) != every) return !every;
+    return every;
 }
 
 // Over this stage's layers: 1 if some layer's role takes them (every 0), or if all do (1).
@@ -570,12 +600,15 @@ static int qk16(const lb_model *m) { return m->contract.attention_bf16 && !m->kv
 // Whether the training step stores the attention's input norm only in bf16 (lb_layer_acts
 // ln1_16): where the q/k/v projections are plain bf16 GEMMs in every pass of every layer of the
 // stage, the fprop and the wgrads read the norm rounded to bf16 anyway, so the step's bits do
-// not change. Not under tensor parallelism (the norm's rows are gathered in fp32).
+// not change; where they are quantized in every pass (lb_linear_quantized), the quantizations
+// read its bf16 values (the cached forward's too, qkv_quantized16), whatever the layout: under
+// sequence parallelism the ranks gather the norm's rows in bf16.
 static int ln1_16(const lb_model *m)
 {
-    if (m->par.tp > 1) return 0;
     for (int l = m->layer_begin; l < m->layer_end; l++)
-        if (!lb_linear_plain16(&m->lin, l, LB_ROLE_ATTN_QKV)) return 0;
+        if (!lb_linear_plain16(&m->lin, l, LB_ROLE_ATTN_QKV) &&
+            !lb_linear_quantized(&m->lin, l, LB_ROLE_ATTN_QKV))
+            return 0;
     return 1;
 }
 
@@ -585,7 +618,7 @@ void lb_decoder_act_plan(const lb_model *m, lb_act_plan *p)
         p->qk += qk16(m);
         p->ln1 += ln1_16(m);
         if (!layer_moe(&m->cfg, l)) continue;
-        p->expert_in += m->par.ep == 1 && takes16(m, l, LB_ROLE_MOE_GATE_UP);   // as lb_ffn_fwd
+        p->expert_in += takes16(m, l, LB_ROLE_MOE_GATE_UP);   // as lb_ffn_fwd
         p->gate_up_out += out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP);
         p->swiglu_out += takes16(m, l, LB_ROLE_MOE_DOWN);
         p->down_dgrad += out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD);
@@ -674,7 +707,7 @@ static void ffn_free(lb_model *m, lb_ffn_acts *f)
 {
     lb_backend *be = m->be;
     void *bufs[] = {f->rlogits, f->probs, f->weight, f->idx, f->row, f->aux_grad, f->yp,
-                    f->xe, f->gu, f->h, f->h16, f->gu16, f->wp, f->wpe,
+                    f->xe, f->xe16, f->gu, f->h, f->h16, f->gu16, f->wp, f->wpe,
                     f->counts_dev, f->sgu, f->sh};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
@@ -701,9 +734,9 @@ static void scratch_reserve(lb_model *m, lb_moe_scratch *s, size_t rows)
     if (d.ep != 1 || d.parts != 1) return;
     if (takes16_layers(m, LB_ROLE_MOE_DOWN, 0) || takes16_layers(m, LB_ROLE_MOE_GATE_UP, 0))
         grow16(be, &s->rows16, &s->cap_rows16, n16(rows, d.C));
-    if (takes16_layers(m, LB_ROLE_MOE_GATE_UP, 0))
+    if (grads16_layers(m, LB_ROLE_MOE_GATE_UP, 0))
         grow16(be, &s->dgu16, &s->cap_dgu16, n16(rows, 2 * d.F));
-    if (!takes16_layers(m, LB_ROLE_MOE_GATE_UP, 1)) grow(be, &s->dgu, &s->cap_dgu, rows * 2 * d.F);
+    if (!grads16_layers(m, LB_ROLE_MOE_GATE_UP, 1)) grow(be, &s->dgu, &s->cap_dgu, rows * 2 * d.F);
     if (out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD, 0))
         grow16(be, &s->dh16, &s->cap_dh16, n16(rows, d.F));
     if (!out16_layers(m, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD, 1))
@@ -959,7 +992,7 @@ static void kv_fake_quant(lb_backend *be, float *x, int rows, int d)
     lb_qmat q;
     memset(&q, 0, sizeof q);
     be->qmat_alloc(be, &q, rows, d, &a);
-    be->quantize(be, &q, x, rows, d, &a);
+    be->quantize(be, &q, lb_act_f32(x, rows, d), &a);
     be->dequantize(be, x, &q);
     be->qmat_free(be, &q);
 }
@@ -1019,7 +1052,7 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
     // This rank's part of the rows goes to the experts (all of them when etp = tp). The others'
     // rows of `out` stay zero, so the caller's sum over tp assembles every part.
     int o, np = part_rows(&d, n, &o);
-    const int x16 = d.ep == 1 && takes16(m, l, LB_ROLE_MOE_GATE_UP);
+    const int x16 = takes16(m, l, LB_ROLE_MOE_GATE_UP);
     const int down16 = takes16(m, l, LB_ROLE_MOE_DOWN);
     uint16_t *xp16 = x16 ? grow16(be, &s->rows16, &s->cap_rows16, n16((size_t)n * d.K, d.C)) : NULL;
     float *xp = x16 ? NULL : grow(be, &s->rows, &s->cap_rows, (size_t)n * d.K * d.C);
@@ -1048,10 +1081,18 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
     float *yp = wh ? grow(be, &s->rows, &s->cap_rows, (size_t)n * d.K * d.C)
                    : grow(be, &f->yp, &f->cap_yp, (size_t)n * d.K * d.C);
     float *xe = xp, *ye = yp;
+    uint16_t *xe16 = xp16;
     if (d.ep > 1) {
-        xe = grow(be, &f->xe, &f->cap_xe, nr * d.C);
         ye = grow(be, &s->ye, &s->cap_ye, nr * d.C);
-        lb_ep_dispatch(&f->route, ep, be, xp, xe, grow(be, &s->xs, &s->cap_xs, big * d.C), d.C);
+        float *xs = grow(be, &s->xs, &s->cap_xs, big * d.C);
+        if (x16) {   // bf16 rows moved as pairs of them in 32-bit words (bits kept)
+            xe16 = grow16(be, &f->xe16, &f->cap_xe16, n16(nr, d.C));
+            lb_ep_dispatch(&f->route, ep, be, (const float *)xp16, (float *)xe16, xs,
+                           (int)(n16(1, d.C) / 2));
+        } else {
+            xe = grow(be, &f->xe, &f->cap_xe, nr * d.C);
+            lb_ep_dispatch(&f->route, ep, be, xp, xe, xs, d.C);
+        }
         if (wh) {
             wr = grow(be, &f->wpe, &f->cap_wpe, nr);
             lb_ep_dispatch(&f->route, ep, be, f->wp, wr, s->xs, 1);
@@ -1065,7 +1106,7 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
         lb_linear_experts_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xp, xp16, w->cgu, f->counts_dev, d.El,
                               (int)nr, gu, gu16, 2 * d.F, d.C);
     else
-        lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xe, xp16, w->gu, w->cgu,
+        lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xe, xe16, w->gu, w->cgu,
                               f->route.local_counts, d.El, gu, gu16, 2 * d.F, d.C);
     float *h = h16 ? NULL : f->h;
     if (nr) be->swiglu_fwd(be, &(lb_swiglu_args){.out = h, .out16 = h16, .gu = gu, .gu16 = gu16,
@@ -1157,10 +1198,12 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     const int gu16 = takes16(m, l, LB_ROLE_MOE_GATE_UP);
     const int down16 = takes16(m, l, LB_ROLE_MOE_DOWN);
     size_t nr = (size_t)f->route.nrecv, big = nr > (size_t)np * d.K ? nr : (size_t)np * d.K;
-    uint16_t *dyp16 = d.ep == 1 && down16
+    uint16_t *dyp16 = d.ep == 1 && grads16(m, l, LB_ROLE_MOE_DOWN)
                           ? grow16(be, &s->rows16, &s->cap_rows16, n16((size_t)np * d.K, d.C))
                           : NULL;
-    uint16_t *dgu16 = gu16 ? grow16(be, &s->dgu16, &s->cap_dgu16, n16(nr, 2 * d.F)) : NULL;
+    uint16_t *dgu16 = grads16(m, l, LB_ROLE_MOE_GATE_UP)
+                          ? grow16(be, &s->dgu16, &s->cap_dgu16, n16(nr, 2 * d.F))
+                          : NULL;
     if (d.parts > 1) be->zero(be, a->dweight, (size_t)n * d.K * sizeof(float));
     // where there is a copy, only GEMMs would read dyp
     float *dyp = dyp16 ? NULL : grow(be, &s->rows, &s->cap_rows, (size_t)np * d.K * d.C);
@@ -1231,8 +1274,8 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
         else xp = grow(be, &s->rows, &s->cap_rows, (size_t)n * d.K * d.C);
         if (np) be->moe_permute(be, xp, xp16, ln + (size_t)o * d.C, f->row, np, d.K, d.C);
     }
-    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? f->xe : xp,
-                          xp16, w->gu, w->cgu,
+    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? (gu16 ? NULL : f->xe) : xp,
+                          d.ep > 1 ? (gu16 ? f->xe16 : NULL) : xp16, w->gu, w->cgu,
                           f->route.local_counts, d.El, f->route.seg_counts, f->route.ep, dgu,
                           dgu16, dxe, NULL,
                           dw->gu, lb_model_grad_beta(m, dw->gu), 2 * d.F, d.C);
@@ -1293,13 +1336,16 @@ void lb_norm_rows(lb_model *m, lb_acts *a, const float *x, const float *w, float
                   uint16_t *norm16, float *rstd)
 {
     lb_dims d = lb_dims_of(m);
-    if (norm16) {   // one rank's rows are all rows
-        if (d.tp > 1) lb_die("lb_norm_rows: a bf16 norm under tensor parallelism");
-        m->be->rmsnorm_fwd(m->be, &(lb_rmsnorm_args){.out16 = norm16, .rstd = rstd, .x = x,
-                .w = w, .n = a->ns, .c = d.C, .eps = (float)m->cfg.rms_norm_eps});
+    int r0 = row_offset(m, a->ns);
+    if (norm16) {   // the rank's rows in bf16, gathered as pairs of them in 32-bit words
+        const size_t ld = n16(1, d.C);
+        m->be->rmsnorm_fwd(m->be, &(lb_rmsnorm_args){.out16 = norm16 + (size_t)r0 * ld,
+                .rstd = rstd, .x = x, .w = w, .n = a->ns, .c = d.C,
+                .eps = (float)m->cfg.rms_norm_eps});
+        tp_gather(m, (const float *)(norm16 + (size_t)r0 * ld), (float *)norm16, a->n,
+                  (int)(ld / 2));
         return;
     }
-    int r0 = row_offset(m, a->ns);
     m->be->rmsnorm_fwd(m->be, &(lb_rmsnorm_args){.out = norm + (size_t)r0 * d.C, .rstd = rstd,
             .x = x, .w = w, .n = a->ns, .c = d.C, .eps = (float)m->cfg.rms_norm_eps});
     tp_gather(m, norm + (size_t)r0 * d.C, norm, a->n, d.C);
@@ -1766,8 +1812,8 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
             .out16 = cached_ln16(m, a, 0, LB_ROLE_ATTN_QKV)});
     for (int l = 0; l < c->num_hidden_layers; l++) {
         lb_layer_w w = layer_weights(m, m->params, l);
-        lb_qkv_fwd(lin, l, &w, a->ln, cached_ln16(m, a, l, LB_ROLE_ATTN_QKV), a->q, a->k, a->v,
-                   n, d);
+        lb_qkv_fwd(lin, l, &w, qkv_quantized16(m, l) ? NULL : a->ln,
+                   cached_ln16(m, a, l, LB_ROLE_ATTN_QKV), a->q, a->k, a->v, n, d);
         qkv_bias_fwd(m, &w, a->ones, a->q, a->k, a->v, n);
         qk_rope_fwd(m, &w, a->q, a->k, a->qr, a->kr, NULL, NULL, a->qrstd, a->krstd, kv->pos,
                     a->rope_freq, n);
@@ -1775,8 +1821,8 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
             lb_quant_args qa = kv_quant_args();
             lb_qmat kq = lb_qmat_rows(&a->kq, 0, n * d.hkv);
             lb_qmat vq = lb_qmat_rows(&a->vq, 0, n * d.hkv);
-            be->quantize(be, &kq, a->kr, n * d.hkv, D, &qa);
-            be->quantize(be, &vq, a->v, n * d.hkv, D, &qa);
+            be->quantize(be, &kq, lb_act_f32(a->kr, n * d.hkv, D), &qa);
+            be->quantize(be, &vq, lb_act_f32(a->v, n * d.hkv, D), &qa);
             be->kv_append(be, &kv->layer[l], NULL, NULL, &kq, &vq, kv->slot, kv->pos, n);
         } else {
             be->kv_append(be, &kv->layer[l], a->kr, a->v, NULL, NULL, kv->slot, kv->pos, n);

@@ -71,8 +71,9 @@ typedef struct {
 // backward's wgrad; only GEMMs read h, so where there is a copy the fp32 values are neither
 // written nor, where every layer takes copies, allocated. xp is not kept: it is ln's rows
 // repeated, made again in the backward (lb_moe_scratch.rows, .rows16); under ep the rows the
-// experts received (xe) are. gu16: gu as the expert GEMMs stored it in bf16 (out16), held
-// instead of gu.
+// experts received (xe) are, in bf16 (xe16) where the experts take bf16 rows (takes16): the
+// dispatcher moves them in bf16 too. gu16: gu as the expert GEMMs stored it in bf16 (out16),
+// held instead of gu.
 typedef struct {
     float *rlogits, *probs, *weight;   // (n, E), (n, E), (n, k)
     int32_t *idx, *row;                // (n, k)
@@ -88,8 +89,8 @@ typedef struct {
     // are summed as they are, so yp is not kept.
     float *wp, *wpe;
     size_t cap_wp, cap_wpe;
-    uint16_t *h16, *gu16;              // (cap, pad8(f)), (cap, pad8(2f)), or NULL
-    size_t cap_h16, cap_gu16;
+    uint16_t *h16, *gu16, *xe16;       // (cap, pad8(f)), (cap, pad8(2f)), (cap, pad8(c)), or NULL
+    size_t cap_h16, cap_gu16, cap_xe16;
     lb_ep_route route;
     float *sgu, *sh;                   // the shared experts' (n, 2 fs), (n, fs), or NULL
 } lb_ffn_acts;

@@ -149,8 +149,9 @@ static int etp_cut(const lb_linear *L, lb_role role, int grad)
 // quantize_grouped's (count 1, prows NULL: quantize's one matrix). The ranks of the group hold
 // the same tokens, so they all come here with the same shapes (doc/parallel.md).
 static void etp_amax(lb_linear *L, int slot, lb_role role, int grad, lb_quant_args *a, int count,
-                     const float *x, const int *rows, const int *prows, int cols)
+                     lb_act x, const int *rows, const int *prows)
 {
+    const int cols = x.cols;
     if (!etp_cut(L, role, grad) || a->fmt != LB_FMT_NVFP4 || a->s2_mode == LB_S2_GIVEN ||
         (a->colwise && a->s2_mode == LB_S2_ROW))
         return;
@@ -163,7 +164,7 @@ static void etp_amax(lb_linear *L, int slot, lb_role role, int grad, lb_quant_ar
     lb_backend *be = L->be;
     L->amax[slot] = grow(be, L->amax[slot], &L->amax_n[slot], n * sizeof(float));
     a->amax = NULL;
-    be->quantize_amax(be, L->amax[slot], count, x, rows, prows, cols, a);
+    be->quantize_amax(be, L->amax[slot], count, x, rows, prows, a);
     const int P = L->etp->size;
     float *mine = lb_malloc(n * (1 + P) * sizeof *mine), *all = mine + n;
     be->download(be, mine, L->amax[slot], n * sizeof(float));
@@ -357,8 +358,9 @@ static void wcache_etp_s2(lb_linear *L, lb_wcache *c, const float *w, const lb_q
             be->quantize_rt(be, 1, &c->row[e], &c->col[e], w + e * mat, &rows, c->in, &gr);
             continue;
         }
-        if (ra) be->quantize_grouped(be, 1, &c->row[e], w + e * mat, &rows, NULL, c->in, &gr);
-        if (ca) be->quantize_grouped(be, 1, &c->col[e], w + e * mat, &rows, NULL, c->in, &gc);
+        const lb_act we = lb_act_f32(w + e * mat, rows, c->in);
+        if (ra) be->quantize_grouped(be, 1, &c->row[e], we, &rows, NULL, &gr);
+        if (ca) be->quantize_grouped(be, 1, &c->col[e], we, &rows, NULL, &gc);
     }
     free(have);
     free(all);
@@ -409,22 +411,31 @@ void lb_wcache_build(lb_linear *L, lb_wcache *c, int layer, lb_role role, const 
     if (rt) {
         be->quantize_rt(be, count, c->row, c->col, w, rows, in, &ra);
     } else {
-        if (need_row) be->quantize_grouped(be, count, c->row, w, rows, NULL, in, &ra);
-        if (need_col) be->quantize_grouped(be, count, c->col, w, rows, NULL, in, &ca);
+        const lb_act wa = lb_act_f32(w, count * out, in);
+        if (need_row) be->quantize_grouped(be, count, c->row, wa, rows, NULL, &ra);
+        if (need_col) be->quantize_grouped(be, count, c->col, wa, rows, NULL, &ca);
     }
     if (L->etp && L->etp->size > 1 && (role == LB_ROLE_MOE_GATE_UP || role == LB_ROLE_MOE_DOWN))
         wcache_etp_s2(L, c, w, need_row ? &ra : NULL, need_col ? &ca : NULL, rt);
 }
 
-// C (m, n) = A (m, k) B (n, k)^T + beta C with A quantized here from fp32 and B from the cache.
-static void gemm_act_q(lb_linear *L, const float *a, int m, int k, const lb_quant_args *aa,
-                       const lb_qmat *b, int n, float beta, float *c)
+// C (m, n) = A (m, k) B (n, k)^T + beta C with A quantized here (from fp32 or bf16) and B from
+// the cache.
+static void gemm_act_q(lb_linear *L, lb_act a, const lb_quant_args *aa, const lb_qmat *b, int n,
+                       float beta, float *c)
 {
     lb_backend *be = L->be;
     lb_qmat q;
-    lb_linear_qscratch(L, 0, &q, m, k, aa);
-    be->quantize(be, &q, a, m, k, aa);
-    be->gemm_q(be, m, n, k, 1.0f, &q, b, beta, c);
+    lb_linear_qscratch(L, 0, &q, a.rows, a.cols, aa);
+    be->quantize(be, &q, a, aa);
+    be->gemm_q(be, a.rows, n, a.cols, 1.0f, &q, b, beta, c);
+}
+
+// What a quantized pass reads of an activation given as x and x16: x where the caller has it
+// in fp32 (a bf16 copy beside it is a bf16 GEMM's operand), else the bf16 activation itself.
+static lb_act act_in(const float *x, const uint16_t *x16, int rows, int cols)
+{
+    return x ? lb_act_f32(x, rows, cols) : lb_act_bf16(x16, rows, cols);
 }
 
 void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
@@ -449,8 +460,9 @@ void lb_linear_fwd16(lb_linear *L, int layer, lb_role role, const float *x, cons
         be->gemm(be, &g);
     } else {
         lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, e, 0));
-        etp_amax(L, 0, role, 0, &a, 1, x, &n, NULL, in);
-        gemm_act_q(L, x, n, in, &a, &c->row[e], out, beta, y);
+        const lb_act xa = act_in(x, x16, n, in);
+        etp_amax(L, 0, role, 0, &a, 1, xa, &n, NULL);
+        gemm_act_q(L, xa, &a, &c->row[e], out, beta, y);
     }
 }
 
@@ -477,7 +489,7 @@ void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
     lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, 0, 0));
     lb_qmat q;
     lb_linear_qscratch(L, 0, &q, n, in, &a);
-    L->be->quantize(L->be, &q, x, n, in, &a);
+    L->be->quantize(L->be, &q, act_in(x, x16, n, in), &a);
     // one grouped call (gemm_q's bits per group): at decode sizes q, k and v have few tiles
     // each, and run side by side instead of one after another
     lb_gemm_q_args g[count];
@@ -498,10 +510,11 @@ static float *fprop_dequant(lb_linear *L, int slot, int layer, lb_role role, int
         return out;
     }
     lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, e, 0));
-    etp_amax(L, 0, role, 0, &a, 1, x, &n, NULL, in);
+    const lb_act xa = lb_act_f32(x, n, in);
+    etp_amax(L, 0, role, 0, &a, 1, xa, &n, NULL);
     lb_qmat q;
     lb_linear_qscratch(L, 0, &q, n, in, &a);
-    be->quantize(be, &q, x, n, in, &a);
+    be->quantize(be, &q, xa, &a);
     be->dequantize(be, out, &q);
     return out;
 }
@@ -520,15 +533,16 @@ typedef struct {
     int ready;
 } shared_x;
 
-static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
-                       const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
-                       float *dw, float dw_beta, int n, int out, int in, shared_x *sx);
+static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x,
+                       const uint16_t *x16, const float *w, const lb_wcache *c, int e,
+                       const float *dy, float *dx, float dx_beta, float *dw, float dw_beta, int n,
+                       int out, int in, shared_x *sx);
 
 void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
                    const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
                    float *dw, float dw_beta, int n, int out, int in)
 {
-    linear_bwd(L, layer, role, x, w, c, e, dy, dx, dx_beta, dw, dw_beta, n, out, in, NULL);
+    linear_bwd(L, layer, role, x, NULL, w, c, e, dy, dx, dx_beta, dw, dw_beta, n, out, in, NULL);
 }
 
 void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
@@ -558,18 +572,19 @@ void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
                              1.0f, dx);
         return;
     }
-    if (!x && n > 0)
-        lb_die("lb_linear_bwd_shared: layer %d %s has no fp32 input for a pass that is not a plain "
-               "bf16 GEMM", layer, lb_role_name(role));
+    if (!x && n > 0 && !lb_linear_quantized(L, layer, role))
+        lb_die("lb_linear_bwd_shared: layer %d %s has no fp32 input for a pass that is neither a "
+               "plain bf16 GEMM nor quantized", layer, lb_role_name(role));
     shared_x sx = {.ready = 0};
     for (int i = 0; i < count; i++)
-        linear_bwd(L, layer, role, x, w[i], c[i], 0, dy[i], dx, i ? 1.0f : 0.0f, dw[i],
+        linear_bwd(L, layer, role, x, x16, w[i], c[i], 0, dy[i], dx, i ? 1.0f : 0.0f, dw[i],
                    dw_beta[i], n, out[i], in, &sx);
 }
 
-static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
-                       const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
-                       float *dw, float dw_beta, int n, int out, int in, shared_x *sx)
+static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x,
+                       const uint16_t *x16, const float *w, const lb_wcache *c, int e,
+                       const float *dy, float *dx, float dx_beta, float *dw, float dw_beta, int n,
+                       int out, int in, shared_x *sx)
 {
     lb_backend *be = L->be;
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
@@ -617,8 +632,9 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, co
             }
         } else {
             lb_quant_args a = act_args(L, D, 0, 1, operand_id(L, layer, role, LB_PASS_DGRAD, e, 0));
-            etp_amax(L, 0, role, 1, &a, 1, dy, &n, NULL, out);
-            gemm_act_q(L, dy, n, out, &a, &c->col[e], in, dx_beta, dx);
+            const lb_act dya = lb_act_f32(dy, n, out);
+            etp_amax(L, 0, role, 1, &a, 1, dya, &n, NULL);
+            gemm_act_q(L, dya, &a, &c->col[e], in, dx_beta, dx);
         }
     }
 
@@ -642,7 +658,8 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, co
         lb_quant_args ad = act_args(L, G, 1, 1, operand_id(L, layer, role, LB_PASS_WGRAD, e, 0));
         lb_quant_args ax = act_args(L, G, 1, 0, operand_id(L, layer, role, LB_PASS_WGRAD, e, 1));
         wgrad_hadamard(L, G, layer, role, e, &ad, &ax);
-        etp_amax(L, 1, role, 1, &ad, 1, dy, &have, &nk, out);
+        const lb_act dya = lb_act_f32(dy, n, out), xa = act_in(x, x16, n, in);
+        etp_amax(L, 1, role, 1, &ad, 1, dya, &have, &nk);
         lb_qmat qd, qx;
         lb_linear_qscratch(L, 0, &qd, nk, out, &ad);
         const int have_x = sx && sx->ready;   // x's bytes from an earlier weight sharing it
@@ -652,17 +669,17 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, co
         // copies
         if (rc) {   // and the dgrad's dy, then the dgrad
             lb_quant_args a = act_args(L, D, 0, 1, operand_id(L, layer, role, LB_PASS_DGRAD, e, 0));
-            etp_amax(L, 0, role, 1, &a, 1, dy, &n, NULL, out);
+            etp_amax(L, 0, role, 1, &a, 1, dya, &n, NULL);
             lb_qmat qr;
             lb_linear_qscratch(L, 2, &qr, n, out, &a);
-            be->quantize_rc(be, &qr, &a, 1, &qd, dy, &have, &nk, out, &ad);
+            be->quantize_rc(be, &qr, &a, 1, &qd, dya, &have, &nk, &ad);
             be->gemm_q(be, n, in, out, 1.0f, &qr, &c->col[e], dx_beta, dx);
         } else {
-            be->quantize_grouped(be, 1, &qd, dy, &have, &nk, out, &ad);
+            be->quantize_grouped(be, 1, &qd, dya, &have, &nk, &ad);
         }
         if (!have_x) {
-            etp_amax(L, 1, role, 0, &ax, 1, x, &have, &nk, in);
-            be->quantize_grouped(be, 1, &qx, x, &have, &nk, in, &ax);
+            etp_amax(L, 1, role, 0, &ax, 1, xa, &have, &nk);
+            be->quantize_grouped(be, 1, &qx, xa, &have, &nk, &ax);
         }
         if (sx) sx->q = qx, sx->ready = 1;
         be->gemm_q(be, out, in, nk, 1.0f, &qd, &qx, dw_beta, dw);
@@ -741,11 +758,12 @@ static int splits_by_rows(const lb_quant_args *a)
 // NULL, is that one call's result, made by the caller. c16, if not NULL, gets C in bf16
 // instead of c (lb_gemm_q_args.c16). role, grad: the site's role and whether A is a gradient
 // (etp_amax).
-static void grouped_act_q(lb_linear *L, lb_role role, int grad, const float *a,
-                          const int *counts, int groups, int k, const lb_quant_args *aa0,
+static void grouped_act_q(lb_linear *L, lb_role role, int grad, lb_act a,
+                          const int *counts, int groups, const lb_quant_args *aa0,
                           const lb_qmat *pre, const lb_qmat *b, int n, float *c, uint16_t *c16)
 {
     lb_backend *be = L->be;
+    const int k = a.cols;
     int rows = 0;
     for (int j = 0; j < groups; j++) rows += counts[j];
     if (rows == 0) return;
@@ -756,13 +774,13 @@ static void grouped_act_q(lb_linear *L, lb_role role, int grad, const float *a,
     if (pre) {
         q = *pre;
     } else if (split) {
-        etp_amax(L, 0, role, grad, aa, 1, a, &rows, NULL, k);
+        etp_amax(L, 0, role, grad, aa, 1, a, &rows, NULL);
         lb_linear_qscratch(L, 0, &q, rows, k, aa);
-        be->quantize(be, &q, a, rows, k, aa);
+        be->quantize(be, &q, lb_act_rows(a, 0, rows), aa);
     } else {
-        etp_amax(L, 0, role, grad, aa, groups, a, counts, NULL, k);
+        etp_amax(L, 0, role, grad, aa, groups, a, counts, NULL);
         lb_linear_qscratch_groups(L, 0, v, groups, counts, k, aa);
-        be->quantize_grouped(be, groups, v, a, counts, NULL, k, aa);
+        be->quantize_grouped(be, groups, v, a, counts, NULL, aa);
     }
     int off = 0;
     for (int j = 0; j < groups; j++) {
@@ -781,6 +799,15 @@ static void grouped_act_q(lb_linear *L, lb_role role, int grad, const float *a,
 int lb_linear_grouped_bf16(const lb_linear *L, int layer, lb_role role)
 {
     return all_fmt(L, layer, role, LB_FMT_BF16);
+}
+
+int lb_linear_quantized(const lb_linear *L, int layer, lb_role role)
+{
+    for (int p = 0; p < LB_NPASSES; p++) {
+        const lb_site *s = lb_contract_site(L->contract, layer, role, (lb_pass)p);
+        if (!is_low(s->fmt) || (p != LB_PASS_FPROP && s->mode != LB_BWD_QUANTIZED)) return 0;
+    }
+    return 1;
 }
 
 int lb_linear_grouped_c16(const lb_linear *L, int layer, lb_role role, lb_pass pass)
@@ -819,7 +846,8 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
 {
     size_t off = 0, mat = (size_t)out * in;
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
-    if (x16 && !bf16) lb_die("lb_linear_grouped_fwd: a bf16 x for a GEMM not in bf16");
+    if (x16 && !bf16 && (x || !lb_linear_quantized(L, layer, role)))
+        lb_die("lb_linear_grouped_fwd: a bf16 x for GEMMs neither bf16 nor quantized from it");
     if (y16 && !lb_linear_grouped_c16(L, layer, role, LB_PASS_FPROP))
         lb_die("lb_linear_grouped_fwd: a bf16 y where the GEMMs store fp32");
     if (!x && !x16 && rows_of(counts, groups))
@@ -839,7 +867,8 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     if (is_low(F->fmt)) {   // the bytes and products of lb_linear_fwd per expert
         lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, 0, 0));
-        grouped_act_q(L, role, 0, x, counts, groups, in, &a, NULL, c->row, out, y, y16);
+        grouped_act_q(L, role, 0, act_in(x, x16, (int)rows_of(counts, groups), in), counts,
+                      groups, &a, NULL, c->row, out, y, y16);
         return;
     }
     for (int j = 0; j < groups; j++) {   // mixed fp32 and bf16 passes
@@ -875,17 +904,20 @@ void lb_linear_experts_fwd(lb_linear *L, int layer, lb_role role, const float *x
         L->be->gemm_experts(L->be, &g);
         return;
     }
-    if (!x) lb_die("lb_linear_experts_fwd: quantized GEMMs without x");
+    if (!x && (!x16 || !lb_linear_quantized(L, layer, role)))
+        lb_die("lb_linear_experts_fwd: quantized GEMMs without x, or without every pass "
+               "quantized from its bf16 copy");
     if (y16 && !lb_linear_grouped_c16(L, layer, role, LB_PASS_FPROP))
         lb_die("lb_linear_experts_fwd: a bf16 y where the GEMMs store fp32");
     // grouped_act_q's quantization: all rows in one call, each expert's bytes
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, 0, 0));
     if (rows == 0) return;
-    etp_amax(L, 0, role, 0, &a, 1, x, &rows, NULL, in);
+    const lb_act xa = act_in(x, x16, rows, in);
+    etp_amax(L, 0, role, 0, &a, 1, xa, &rows, NULL);
     lb_qmat q;
     lb_linear_qscratch(L, 0, &q, rows, in, &a);
-    L->be->quantize(L->be, &q, x, rows, in, &a);
+    L->be->quantize(L->be, &q, xa, &a);
     g.qa = &q, g.qb = c->row;
     L->be->gemm_experts(L->be, &g);
 }
@@ -899,8 +931,9 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
     size_t off = 0, mat = (size_t)out * in;
     if (dw_beta != 0.0f && dw_beta != 1.0f) lb_die("lb_linear_grouped_bwd: dw_beta %g", dw_beta);
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
-    if ((x16 || dy16) && !bf16)
-        lb_die("lb_linear_grouped_bwd: a bf16 x or dy for GEMMs not in bf16");
+    if (dy16 && !bf16) lb_die("lb_linear_grouped_bwd: a bf16 dy for GEMMs not in bf16");
+    if (x16 && !bf16 && (x || !lb_linear_quantized(L, layer, role)))
+        lb_die("lb_linear_grouped_bwd: a bf16 x for GEMMs neither bf16 nor quantized from it");
     if (dx16 && !lb_linear_grouped_c16(L, layer, role, LB_PASS_DGRAD))
         lb_die("lb_linear_grouped_bwd: a bf16 dx where the dgrad stores fp32");
     if (((!x && !x16) || (!dy && !dy16)) && rows_of(counts, groups))
@@ -935,9 +968,11 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
     lb_quant_args a = dq ? act_args(L, D, 0, 1, operand_id(L, layer, role, LB_PASS_DGRAD, 0, 0))
                          : (lb_quant_args){0};
     const int rc = dq && wq && splits_by_rows(&a);
+    const int nrows = (int)rows_of(counts, groups);
+    const lb_act dya = lb_act_f32(dy, nrows, out), xa = act_in(x, x16, nrows, in);
     int dgrad_done = 0;
     if (dq && !rc) {
-        grouped_act_q(L, role, 1, dy, counts, groups, out, &a, NULL, c->col, in, dx, dx16);
+        grouped_act_q(L, role, 1, dya, counts, groups, &a, NULL, c->col, in, dx, dx16);
         dgrad_done = 1;
     }
     // A quantized wgrad of all experts in one call: each expert's dy_j and x_j quantized
@@ -971,24 +1006,22 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
             kp[q] = gc[q] ? wgrad_tokens(gc[q], (int)G->hadamard) : 0;
         lb_linear_qscratch_groups(L, 0, qd, ng_all, kp, out, &ad);
         lb_linear_qscratch_groups(L, 1, qx, ng_all, kp, in, &ax);
-        etp_amax(L, 1, role, 1, &ad, ng_all, dy, gc, kp, out);
+        etp_amax(L, 1, role, 1, &ad, ng_all, dya, gc, kp);
         if (rc) {   // dy both ways, then the dgrad
-            int rows = 0;
-            for (int j = 0; j < groups; j++) rows += counts[j];
+            int rows = nrows;
             if (rows) {
                 lb_qmat qr;
-                etp_amax(L, 0, role, 1, &a, 1, dy, &rows, NULL, out);
+                etp_amax(L, 0, role, 1, &a, 1, dya, &rows, NULL);
                 lb_linear_qscratch(L, 2, &qr, rows, out, &a);
-                be->quantize_rc(be, &qr, &a, ng_all, qd, dy, gc, kp, out, &ad);
-                grouped_act_q(L, role, 1, dy, counts, groups, out, &a, &qr, c->col, in, dx,
-                              dx16);
+                be->quantize_rc(be, &qr, &a, ng_all, qd, dya, gc, kp, &ad);
+                grouped_act_q(L, role, 1, dya, counts, groups, &a, &qr, c->col, in, dx, dx16);
             }
             dgrad_done = 1;
         } else {
-            be->quantize_grouped(be, ng_all, qd, dy, gc, kp, out, &ad);
+            be->quantize_grouped(be, ng_all, qd, dya, gc, kp, &ad);
         }
-        etp_amax(L, 1, role, 0, &ax, ng_all, x, gc, kp, in);
-        be->quantize_grouped(be, ng_all, qx, x, gc, kp, in, &ax);
+        etp_amax(L, 1, role, 0, &ax, ng_all, xa, gc, kp);
+        be->quantize_grouped(be, ng_all, qx, xa, gc, kp, &ax);
         for (int j = 0, z = 0; j <= groups; j++) {
             // a first write owes the experts without rows their zeros: one call per run of them
             // (in the 4-layer bench about 24 of each layer's 128 experts get no rows)

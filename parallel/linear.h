@@ -85,7 +85,8 @@ void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const 
                    const lb_wcache *c, int e, float *y, int n, int out, int in, float beta);
 // The same with x16: NULL, or x rounded to bf16 in to_bf16's layout (n, pad8(in)), written by
 // the op that made x (rmsnorm_fwd's out16), which a bf16 fprop reads instead of rounding x
-// again (lb_gemm_args.a16); x is still given (the other formats read it). The same bits.
+// again (lb_gemm_args.a16): the same bits. Where x is NULL, x16 is the activation itself and a
+// quantized fprop quantizes its bf16 values (lb_linear_quantized layers store theirs so).
 void lb_linear_fwd16(lb_linear *L, int layer, lb_role role, const float *x, const uint16_t *x16,
                      const float *w, const lb_wcache *c, int e, float *y, int n, int out, int in,
                      float beta);
@@ -101,8 +102,8 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const 
 // x is quantized once for all the fprops, and a quantized wgrad's column-wise x once for all
 // the wgrads: the site and the operand ids are the same for every i, so are the bytes, and the
 // results are those of the separate calls. x16: as lb_linear_fwd16's, or NULL; where every pass
-// is a plain bf16 GEMM (lb_linear_plain16), x may be NULL where x16 is given, and the backward's
-// wgrads read x16 too.
+// is a plain bf16 GEMM (lb_linear_plain16) or quantized (lb_linear_quantized), x may be NULL
+// where x16 is given, and the backward's wgrads read x16 too.
 void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
                           const uint16_t *x16, int count, const float *const *w,
                           const lb_wcache *const *c, float *const *y, const int *out, int n,
@@ -123,6 +124,11 @@ int lb_linear_ce_fusable(const lb_linear *L, int layer, lb_role role);
 // passes bf16 on the original operands): its input is then only ever read rounded to bf16, so
 // a bf16 copy may stand in for it everywhere.
 int lb_linear_plain16(const lb_linear *L, int layer, lb_role role);
+// Whether every pass of (layer, role) is a low-precision GEMM on quantized operands (no
+// dequantized or high-precision backward): its input is then only ever quantized, so it may be
+// stored in bf16 alone and quantized from those values (x NULL, x16 given, in the calls that
+// take both). The low-precision recipes' layers are so by default.
+int lb_linear_quantized(const lb_linear *L, int layer, lb_role role);
 // Such a layer's fprop y16 (n, pad8(out)) = x W^T rounded once to bf16 (lb_gemm_args.c16).
 void lb_linear_fwd_c16(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
                        const lb_wcache *c, uint16_t *y16, int n, int out, int in);
@@ -135,7 +141,8 @@ void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, con
 // x16, dy16: NULL, or x and dy rounded to bf16 in to_bf16's layout (rows, pad8(cols)), written
 // by the ops that made x and dy (swiglu_fwd's out16, ...); the bf16 GEMMs read them instead of
 // rounding x and dy again. Only where lb_linear_grouped_bf16 says those GEMMs are bf16; then x
-// (dy) may be NULL where x16 (dy16) is given. Likewise y16 (dx16), or NULL: the output stored
+// (dy) may be NULL where x16 (dy16) is given. Where lb_linear_quantized, x may be NULL where x16
+// is given: x16 is then the activation, quantized from its bf16 values. Likewise y16 (dx16), or NULL: the output stored
 // in bf16 in that layout (lb_gemm_args.c16, lb_gemm_q_args.c16) instead of y (dx), which is
 // then not written; only where lb_linear_grouped_c16 says the pass's grouped call stores it
 // (bf16 GEMMs, and the quantized fprop and dgrad of the low-precision formats).
@@ -150,7 +157,8 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
 // forward): the same bits. Only where lb_linear_experts_ok says so: the backend has
 // gemm_experts, and the GEMMs are bf16 with c holding the weights' bf16 copy (x16 given), or
 // quantized with c's row-wise copies and an activation quantization that one call over all
-// rows gives each expert (x given; no stochastic rounding, no per-tensor NVFP4 level).
+// rows gives each expert (x given, or x16 alone where lb_linear_quantized; no stochastic
+// rounding, no per-tensor NVFP4 level).
 int lb_linear_experts_ok(const lb_linear *L, int layer, lb_role role, const lb_wcache *c);
 void lb_linear_experts_fwd(lb_linear *L, int layer, lb_role role, const float *x,
                            const uint16_t *x16, const lb_wcache *c, const int *counts,

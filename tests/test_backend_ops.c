@@ -2661,7 +2661,7 @@ static void quant_case(const char *input, const float *x, int rows, int cols, co
         poison(dq.data, nd);
         poison(dq.scale, ns);
         if (dq.nscale2) poison(dq.scale2, (size_t)dq.nscale2 * 4);
-        dev->quantize(dev, &dq, dx, rows, cols, &a);
+        dev->quantize(dev, &dq, lb_act_f32(dx, rows, cols), &a);
         qmat_get(&got, &dq);
         size_t bad = 0, first = 0;
         for (size_t i = 0; i < nd; i++)
@@ -2946,13 +2946,17 @@ static lb_quant_args qspec_args(const qspec *q, int G, uint32_t *signs)
 // A grouped quantization's inputs and outputs: the case's groups (rows, padded to prows: a
 // multiple of pad, 0 not padded; group 4, when empty, all padding), the quantization a of its
 // q[qi], x (n, cols) on the host and the device, and each group's qmat under a on the host (h)
-// and on the device (d), the device's poisoned.
+// and on the device (d), the device's poisoned. With the case's p[2] set, x is an activation
+// in bf16 (lb_act): its values rounded to bf16, the ops given them in to_bf16's layout, so
+// the device's conversion is checked against the CPU's.
 typedef struct {
     int cols, G, n;
     int rows[LB_TEST_MAX_GROUPS], *prows;
     uint32_t signs[LB_TEST_MAX_GROUPS];
     lb_quant_args a;
     float *x, *dx;
+    uint16_t *x16, *dx16;
+    lb_act hx, dxa;   // what the CPU and the device are given
     lb_qmat *h, *d;
 } grouped_io;
 
@@ -2971,6 +2975,20 @@ static void grouped_setup(grouped_io *g, const test_case *tst, int qi)
     }
     if (pad && G > 4 && rows[4] == 0) prows[4] = pad;   // no rows of x: all zeros
     g->x = qinput(g->n, cols, 2), g->dx = dput(g->x, (size_t)g->n * cols * 4);
+    g->x16 = NULL, g->dx16 = NULL;
+    g->hx = lb_act_f32(g->x, g->n, cols), g->dxa = lb_act_f32(g->dx, g->n, cols);
+    if (tst->p[2]) {
+        const size_t ld = (size_t)(cols + 7) / 8 * 8;
+        g->x16 = lb_calloc((size_t)g->n * ld + 8, sizeof *g->x16);
+        for (int r = 0; r < g->n; r++)
+            for (int c = 0; c < cols; c++) {
+                float *v = &g->x[(size_t)r * cols + c];
+                g->x16[r * ld + c] = lb_f32_to_bf16(*v);
+                *v = lb_bf16_to_f32(g->x16[r * ld + c]);
+            }
+        g->dx16 = dput(g->x16, ((size_t)g->n * ld + 8) * 2);
+        g->hx = lb_act_bf16(g->x16, g->n, cols), g->dxa = lb_act_bf16(g->dx16, g->n, cols);
+    }
     lb_qmat *h = g->h = lb_calloc(G, sizeof *h), *d = g->d = lb_calloc(G, sizeof *d);
     for (int j = 0; j < G; j++) {
         if (!prows[j]) continue;
@@ -2986,6 +3004,7 @@ static void grouped_setup(grouped_io *g, const test_case *tst, int qi)
 static void grouped_free(grouped_io *g)
 {
     free(g->x), dfree(g->dx), free(g->prows), free(g->h), free(g->d);
+    if (g->x16) free(g->x16), dfree(g->dx16);
 }
 
 // Each group's device qmat d[j] against the CPU's h[j], byte for byte (data, scales, second
@@ -3021,8 +3040,8 @@ static void quant_grouped_case(const test_case *tst)
     grouped_setup(&io, tst, 0);
     for (int j = 0; j < io.G; j++)
         if (io.prows[j]) ts_attach(&io.h[j], &io.d[j]);
-    cpu->quantize_grouped(cpu, io.G, io.h, io.x, io.rows, io.prows, io.cols, &io.a);
-    dev->quantize_grouped(dev, io.G, io.d, io.dx, io.rows, io.prows, io.cols, &io.a);
+    cpu->quantize_grouped(cpu, io.G, io.h, io.hx, io.rows, io.prows, &io.a);
+    dev->quantize_grouped(dev, io.G, io.d, io.dxa, io.rows, io.prows, &io.a);
     char what[160];
     snprintf(what, sizeof what, "quantize_grouped %s", tst->label);
     groups_check(what, io.G, io.rows, io.prows, io.h, io.d);
@@ -3049,14 +3068,14 @@ static void quant_amax_case(const test_case *tst)
     grouped_setup(&io, tst, 0);
     const int cols = io.cols, G = io.G, *rows = io.rows, *prows = io.prows;
     const lb_quant_args *a = &io.a;
-    const float *x = io.x, *dx = io.dx;
+    const lb_act x = io.hx, dx = io.dxa;
     lb_qmat *h = io.h, *d = io.d;
     int na = 0;
     for (int j = 0; j < G; j++)
         if (prows[j]) na += lb_quant_nscale2(prows[j], cols, a);
     float *ha = lb_malloc((size_t)na * 4 + 4), *da = dpoisoned((size_t)na * 4 + 4);
-    cpu->quantize_amax(cpu, ha, G, x, rows, prows, cols, a);
-    dev->quantize_amax(dev, da, G, dx, rows, prows, cols, a);
+    cpu->quantize_amax(cpu, ha, G, x, rows, prows, a);
+    dev->quantize_amax(dev, da, G, dx, rows, prows, a);
     float *ga = hget(da, (size_t)na * 4);
     int bad = 0, first = -1;
     for (int i = 0; i < na; i++)
@@ -3064,7 +3083,7 @@ static void quant_amax_case(const test_case *tst)
     ck_assert_msg(bad == 0, "quantize_amax %s: %d of %d amaxes differ, first %d: %g, cpu %g "
                   "(seed %llu)", name, bad, na, first, first < 0 ? 0.0 : (double)ga[first],
                   first < 0 ? 0.0 : (double)ha[first], (unsigned long long)seed);
-    cpu->quantize_grouped(cpu, G, h, x, rows, prows, cols, a);
+    cpu->quantize_grouped(cpu, G, h, x, rows, prows, a);
     for (int j = 0, i = 0; j < G; j++)
         for (int k = 0; prows[j] && k < h[j].nscale2; k++, i++)
             ck_assert_msg(amax_same(h[j].scale2[k], lb_nvfp4_scale2(ha[i])),
@@ -3075,9 +3094,9 @@ static void quant_amax_case(const test_case *tst)
     float *dfl = dput(fl, (size_t)na * 4 + 4);
     lb_quant_args b = *a;
     b.amax = fl;
-    cpu->quantize_grouped(cpu, G, h, x, rows, prows, cols, &b);
+    cpu->quantize_grouped(cpu, G, h, x, rows, prows, &b);
     b.amax = dfl;
-    dev->quantize_grouped(dev, G, d, dx, rows, prows, cols, &b);
+    dev->quantize_grouped(dev, G, d, dx, rows, prows, &b);
     for (int j = 0, i = 0; j < G; j++)
         for (int k = 0; prows[j] && k < h[j].nscale2; k++, i++) {
             const float m = ha[i] != ha[i] || fl[i] != fl[i] ? NAN : fmaxf(ha[i], fl[i]);
@@ -3107,7 +3126,7 @@ static void quant_rc_case(const test_case *tst)
     const int cols = io.cols, G = io.G, n = io.n, *rows = io.rows, *prows = io.prows;
     uint32_t signs[LB_TEST_MAX_GROUPS];
     const lb_quant_args qr = qspec_args(&tst->q[0], G, signs), *ar = &qr, *ac = &io.a;
-    const float *x = io.x, *dx = io.dx;
+    const lb_act x = io.hx, dx = io.dxa;
     lb_qmat hr, dr, *h = io.h, *d = io.d;
     lb_qmat_alloc(&hr, n, cols, ar);
     dev->qmat_alloc(dev, &dr, n, cols, ar);
@@ -3115,8 +3134,8 @@ static void quant_rc_case(const test_case *tst)
     ts_attach(&hr, &dr);
     for (int j = 0; j < G; j++)
         if (prows[j]) ts_attach(&h[j], &d[j]);
-    cpu->quantize_rc(cpu, &hr, ar, G, h, x, rows, prows, cols, ac);
-    dev->quantize_rc(dev, &dr, ar, G, d, dx, rows, prows, cols, ac);
+    cpu->quantize_rc(cpu, &hr, ar, G, h, x, rows, prows, ac);
+    dev->quantize_rc(dev, &dr, ar, G, d, dx, rows, prows, ac);
     char what[160];
     lb_qmat got;
     qmat_get(&got, &dr);
@@ -3482,7 +3501,7 @@ static void quantize_d16_case(const test_case *tst)
         lb_qmat d;
         dev->qmat_alloc(dev, &d, rows, cols, a);
         d.d16 = dpoisoned(nb);
-        dev->quantize(dev, &d, X, rows, cols, a);
+        dev->quantize(dev, &d, lb_act_f32(X, rows, cols), a);
         uint16_t *got = hget(d.d16, nb);
         snprintf(what, sizeof what, "d16 %d: quantize = cpu", f);
         CHECK_BITS(what, got, h.d16, nb);
@@ -3499,7 +3518,7 @@ static void quantize_d16_case(const test_case *tst)
                 dev->qmat_alloc(dev, &dg[j], g[j], cols, a);
                 dg[j].d16 = dd[j] = dpoisoned((size_t)g[j] * ld * 2);
             }
-            dev->quantize_grouped(dev, 3, dg, X, g, NULL, cols, a);
+            dev->quantize_grouped(dev, 3, dg, lb_act_f32(X, rows, cols), g, NULL, a);
             for (int j = 0; j < 3; j++) {
                 if (!g[j]) continue;
                 lb_qmat hj;
@@ -3743,10 +3762,10 @@ static void repeat_case(const test_case *tst)
         dev->upload(dev, X + r * k, slab, (rows - r < SLAB ? rows - r : SLAB) * k * 4);
     lb_qmat a, b;
     dev->qmat_alloc(dev, &a, (int)rows, k, &qa);
-    dev->quantize(dev, &a, X, (int)rows, k, &qa);
+    dev->quantize(dev, &a, lb_act_f32(X, (int)rows, k), &qa);
     float *wb = scaled_randn(b_rows_per_group, k), *WB = dput(wb, (size_t)b_rows_per_group * k * 4);
     dev->qmat_alloc(dev, &b, b_rows_per_group, k, qb);
-    dev->quantize(dev, &b, WB, b_rows_per_group, k, qb);
+    dev->quantize(dev, &b, lb_act_f32(WB, b_rows_per_group, k), qb);
     lb_qmat *av = lb_calloc(G, sizeof *av);
     lb_gemm_q_args *g = lb_calloc(G, sizeof *g);
     size_t cn = 0;
@@ -3797,9 +3816,9 @@ static void batch_invariance_gemm_q_case(const test_case *tst)
             dev->qmat_alloc(dev, &qa, m, k, &cs[c].a);
             dev->qmat_alloc(dev, &q1, 1, k, &cs[c].a);
             dev->qmat_alloc(dev, &qb, n, k, &cs[c].b);
-            dev->quantize(dev, &qa, dxa, m, k, &cs[c].a);
-            dev->quantize(dev, &q1, dxa + (size_t)row * k, 1, k, &cs[c].a);
-            dev->quantize(dev, &qb, dxb, n, k, &cs[c].b);
+            dev->quantize(dev, &qa, lb_act_f32(dxa, m, k), &cs[c].a);
+            dev->quantize(dev, &q1, lb_act_f32(dxa + (size_t)row * k, 1, k), &cs[c].a);
+            dev->quantize(dev, &qb, lb_act_f32(dxb, n, k), &cs[c].b);
             float *dc = dpoisoned((size_t)m * n * 4), *dc1 = dpoisoned((size_t)n * 4);
             dev->gemm_q(dev, m, n, k, 1.0f, &qa, &qb, 0.0f, dc);
             dev->gemm_q(dev, 1, n, k, 1.0f, &q1, &qb, 0.0f, dc1);
@@ -4298,6 +4317,25 @@ static const test_case CASES[] = {
     QG("mxfp4 col, Hadamard 16, signs per group", 130, 16, G6, LB_FMT_MXFP4, 1, 0, E4, CEIL, 0,
        0, 16, 0, -1),
 #undef QG
+    // the same from bf16 activations (p[2] 1): fq_rows_kernel, fq_kernel, mq_kernel (with a
+    // transform), rows not 8-byte aligned (cols 130), and the passes that read an fp32 copy
+#define QG16(lbl, cols, pad, grp, ...) \
+    CASE(OP(quantize_grouped), quant_grouped_case, {cols, pad, 1}, .label = lbl " from bf16", \
+         .g = grp, .q = {{__VA_ARGS__}})
+    QG16("fp8 1x128 row", 300, 0, G6, FP8B, 0, 0, E4, 0, 0, 0),
+    QG16("fp8 1x128 row, cols 130", 130, 0, G6, FP8B, 0, 0, E4, 0, 0, 0),
+    QG16("fp8 1x128 col, padded", 200, 16, G6, FP8B, 1, 0, E4, 0, 0, 0),
+    QG16("fp8 1x128 col, padded, 250 groups", 130, 16, G250, FP8B, 1, 0, E4, 0, 0, 0),
+    QG16("mxfp8 row", 200, 0, G6, LB_FMT_MXFP8, 0, 0, E4, CEIL, 0, 0),
+    QG16("mxfp8 col, padded", 200, 16, G6, LB_FMT_MXFP8, 1, 0, E4, CEIL, 0, 0),
+    QG16("nvfp4 per-row", 200, 0, G6, LB_FMT_NVFP4, 0, 0, E4, 0, LB_S2_ROW, 0),
+    QG16("nvfp4 col sr, Hadamard 16 random", 200, 16, G6, LB_FMT_NVFP4, 1, 0, E4, 0,
+         LB_S2_TENSOR, 1, 16, 0, 9),
+    QG16("mxfp4 col, Hadamard 16, signs per group", 130, 16, G6, LB_FMT_MXFP4, 1, 0, E4, CEIL, 0,
+         0, 16, 0, -1),
+    QG16("fp8 1x128 col, Hadamard 16", 200, 16, G6, FP8B, 1, 0, E4, 0, 0, 0, 16, 0x5a5au),
+    QG16("fp8 tensor col, padded", 200, 16, G6, LB_FMT_FP8_TENSOR, 1, 0, E4, 0, 0, 0),
+#undef QG16
     // quantize_amax and quantize_grouped with given amaxes, q[0] NVFP4, p (cols, pad)
 #define QA(lbl, cols, pad, grp, colwise, s2, ...) \
     CASE(OP(quantize_amax) OP(quantize_grouped), quant_amax_case, {cols, pad}, .label = lbl, \
@@ -4311,6 +4349,12 @@ static const test_case CASES[] = {
     QA("nvfp4 col tensor, Hadamard 16, signs per group", 200, 16, G6, 1, LB_S2_TENSOR, 16, 0, -1),
     QA("nvfp4 col tensor, Hadamard 32", 70, 32, G6, 1, LB_S2_TENSOR, 32, 0x1234u),
 #undef QA
+    CASE(OP(quantize_amax) OP(quantize_grouped), quant_amax_case, {200, 16, 1},
+         .label = "nvfp4 per-row, padded, from bf16", .g = G6,
+         .q = {{LB_FMT_NVFP4, 0, 0, E4, 0, LB_S2_ROW, 0, 0}}),
+    CASE(OP(quantize_amax) OP(quantize_grouped), quant_amax_case, {70, 32, 1},
+         .label = "nvfp4 col tensor, Hadamard 32, from bf16", .g = G6,
+         .q = {{LB_FMT_NVFP4, 1, 0, E4, 0, LB_S2_TENSOR, 0, 32, 0x1234u}}),
     // quantize_rc, q (row-wise, column-wise), p (cols, pad): rows of x 16-byte aligned or not,
     // more groups than one launch takes, an MoE layer's dy (128 experts, 0 to 200 tokens each);
     // pairs that CUDA runs as the two calls (MXFP8, stochastic rounding)
@@ -4325,6 +4369,14 @@ static const test_case CASES[] = {
     QRC("fp8 1x128, column-wise sr", 200, 16, G6, 1, FP8B, 0),
     QRC("mxfp8", 200, 16, G6, 0, LB_FMT_MXFP8, CEIL),
 #undef QRC
+#define QRC16(lbl, cols, pad, grp, sr, fmt, rule) \
+    CASE(OP(quantize_rc), quant_rc_case, {cols, pad, 1}, .label = lbl " from bf16", .g = grp, \
+         .q = {{fmt, 0, 0, E4, rule, 0, 0}, {fmt, 1, 0, E4, rule, 0, sr}})
+    QRC16("fp8 1x128", 200, 16, G6, 0, FP8B, 0),
+    QRC16("fp8 1x128, cols 130", 130, 16, G6, 0, FP8B, 0),
+    QRC16("fp8 1x128, 128 groups", 512, 128, G128, 0, FP8B, 0),
+    QRC16("mxfp8", 200, 16, G6, 0, LB_FMT_MXFP8, CEIL),
+#undef QRC16
     // qmat_transpose, p (fmt, colwise)
     CASE(OP(qmat_transpose), qmat_transpose_case, {FP8B, 0}, .label = "fp8 128x128, row to col"),
     CASE(OP(qmat_transpose), qmat_transpose_case, {FP8B, 1}, .label = "fp8 128x128, col to row"),

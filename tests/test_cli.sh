@@ -44,14 +44,18 @@ l16=$(lay --set precision.recipe=bf16)
 [ "$lfull" = 512 ] && [ "$lsel" -lt "$l32" ] && [ "$l16" -lt "$l32" ] && ok ||
     fail "info: bytes per token and layer: $l32 (fp32), $lfull (full), $lsel (selective), $l16 (bf16)"
 # the activation plan: which activations the recipe stores in bf16 (none in fp32; the input
-# norm only where the q/k/v GEMMs are plain bf16 and tp is 1)
+# norm where the q/k/v GEMMs are plain bf16 or quantized in every pass, under tp too; the
+# experts' inputs where their GEMMs are so too: not with a dequantized backward)
 plan() { "$bin" info "$cfg" "$@" 2>&1 | sed -n 's/.*activations in bf16 (rank 0): \([^;]*\);.*/\1/p'; }
 p32=$(plan) p16=$(plan --set precision.recipe=bf16) p8=$(plan --set precision.recipe=fp8-block)
+pmx=$(plan --set precision.recipe=mxfp8)
+pdq=$(plan --set precision.recipe=fp8-block --set precision.backward=dequantized)
 ptp=$(plan --set precision.recipe=bf16 --set parallel.tp=2 --set parallel.dp=1)
-[ "$p32" = none ] && [ "$p16" = "q and k after RoPE, the attention's input norm, the experts' input rows, gate/up's outputs, the SwiGLU outputs, down's input gradients" ] &&
-    [ "$p8" = "q and k after RoPE, gate/up's outputs, down's input gradients" ] &&
-    [ "${ptp#*input norm}" = "$ptp" ] && ok ||
-    fail "info: activation plans: fp32 '$p32', bf16 '$p16', fp8-block '$p8', bf16 tp2 '$ptp'"
+all16="q and k after RoPE, the attention's input norm, the experts' input rows, gate/up's outputs, the SwiGLU outputs, down's input gradients"
+[ "$p32" = none ] && [ "$p16" = "$all16" ] && [ "$p8" = "$all16" ] && [ "$pmx" = "$all16" ] &&
+    [ "$pdq" = "q and k after RoPE, gate/up's outputs" ] &&
+    [ "$ptp" = "$all16" ] && ok ||
+    fail "info: activation plans: fp32 '$p32', bf16 '$p16', fp8-block '$p8', mxfp8 '$pmx', fp8-block dequantized '$pdq', bf16 tp2 '$ptp'"
 # and what the backend holds of its own: nothing on the CPU; on CUDA 614 MiB (context and code)
 # and the LM head backward's bf16 scratch with a quarter's headroom, rows x (vocab 256 + hidden
 # 128) x 2 bytes x 1.25: 0.9375 MiB for 16 x 64 rows, 0.234 for chunks of 256 (train.ce_chunk)

@@ -1068,16 +1068,15 @@ END_TEST
 // those of lb_quantize of that group alone with its own stream and signs.
 typedef struct {
     lb_qmat *q;
-    int cols;
 } groups_ctx;
 
-static void quantize_group(void *ctx, int j, const float *xj, int r, int pr,
-                           const lb_quant_args *aj)
+static void quantize_group(void *ctx, int j, lb_act xj, int pr, const lb_quant_args *aj)
 {
     groups_ctx *g = ctx;
-    ck_assert_int_eq(r, pr);
-    lb_qmat_alloc(&g->q[j], r, g->cols, aj);
-    lb_quantize(&g->q[j], xj, r, g->cols, aj);
+    ck_assert_int_eq(xj.rows, pr);
+    ck_assert_int_eq(xj.type, LB_ACT_F32);
+    lb_qmat_alloc(&g->q[j], xj.rows, xj.cols, aj);
+    lb_quantize(&g->q[j], xj.p, xj.rows, xj.cols, aj);
 }
 
 START_TEST(test_hadamard_signs_per_group)
@@ -1091,8 +1090,8 @@ START_TEST(test_hadamard_signs_per_group)
     a.fmt = LB_FMT_NVFP4, a.s2_mode = LB_S2_TENSOR, a.colwise = 1, a.sr = 1;
     a.seed = 3, a.step = 4, a.tensor = 50, a.hadamard = 16, a.hsigns_groups = signs;
     lb_qmat got[G];
-    groups_ctx g = {got, C};
-    lb_quant_groups(G, x, rows, NULL, C, &a, quantize_group, &g);
+    groups_ctx g = {got};
+    lb_quant_groups(G, lb_act_f32(x, 32 + 16 + 48, C), rows, NULL, &a, quantize_group, &g);
     int off = 0, differ = 0;
     for (int j = 0; j < G; j++) {
         lb_quant_args aj = a;

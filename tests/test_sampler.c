@@ -142,9 +142,9 @@ static void cached_attention_case(int d, int fp8, int bf16, int store16)
         memset(&t, 0, sizeof t);
         be->qmat_alloc(be, &t, Bq * Tq * HKV, d, &qa);
         float *kq = be->alloc(be, nk * 4), *vq = be->alloc(be, nk * 4);
-        be->quantize(be, &t, dk, Bq * Tq * HKV, d, &qa);
+        be->quantize(be, &t, lb_act_f32(dk, Bq * Tq * HKV, d), &qa);
         be->dequantize(be, kq, &t);
-        be->quantize(be, &t, dv, Bq * Tq * HKV, d, &qa);
+        be->quantize(be, &t, lb_act_f32(dv, Bq * Tq * HKV, d), &qa);
         be->dequantize(be, vq, &t);
         be->qmat_free(be, &t);
         be->attention_fwd(be, &(lb_attention_args){.out = dout, .lse = dlse, .q = dq, .k = kq,
@@ -201,8 +201,8 @@ static void cached_attention_case(int d, int fp8, int bf16, int store16)
             memset(&bq, 0, sizeof bq);
             be->qmat_alloc(be, &a, n * HKV, d, &qa);
             be->qmat_alloc(be, &bq, n * HKV, d, &qa);
-            be->quantize(be, &a, dkc, n * HKV, d, &qa);
-            be->quantize(be, &bq, dvc, n * HKV, d, &qa);
+            be->quantize(be, &a, lb_act_f32(dkc, n * HKV, d), &qa);
+            be->quantize(be, &bq, lb_act_f32(dvc, n * HKV, d), &qa);
             be->kv_append(be, &c, NULL, NULL, &a, &bq, dslot, dpos, n);
             be->qmat_free(be, &a);
             be->qmat_free(be, &bq);

@@ -15,77 +15,94 @@ static void cpu_qmat_alloc(lb_backend *be, lb_qmat *q, int rows, int cols, const
 
 static void cpu_qmat_free(lb_backend *be, lb_qmat *q) { lb_qmat_free(q); }
 
-static void cpu_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, int cols,
-                         const lb_quant_args *a)
+// x's values in fp32, rows cols apart: x itself where it is so, else a copy in *tmp (freed by
+// the caller), a bf16 value's fp32 being exact.
+static const float *f32_of(lb_act x, float **tmp)
 {
-    lb_quantize(q, x, rows, cols, a);
+    *tmp = NULL;
+    if (x.type == LB_ACT_F32 && x.ld == (size_t)x.cols) return x.p;
+    float *t = lb_calloc((size_t)x.rows * x.cols + 1, sizeof(float));
+    for (int r = 0; r < x.rows; r++)
+        for (int c = 0; c < x.cols; c++) {
+            const size_t i = (size_t)r * x.ld + c;
+            t[(size_t)r * x.cols + c] = x.type == LB_ACT_BF16
+                                            ? lb_bf16_to_f32(((const uint16_t *)x.p)[i])
+                                            : ((const float *)x.p)[i];
+        }
+    return *tmp = t;
+}
+
+static void cpu_quantize(lb_backend *be, lb_qmat *q, lb_act x, const lb_quant_args *a)
+{
+    float *tmp;
+    lb_quantize(q, f32_of(x, &tmp), x.rows, x.cols, a);
+    free(tmp);
 }
 
 typedef struct {
     lb_qmat *q;
-    int cols;
 } cpu_groups;
 
 // One group quantized on its own; a padded one from a zero-filled copy.
-static void cpu_group(void *ctx, int j, const float *xj, int r, int pr, const lb_quant_args *aj)
+static void cpu_group(void *ctx, int j, lb_act xj, int pr, const lb_quant_args *aj)
 {
     const cpu_groups *g = ctx;
-    if (pr == r) {
-        lb_quantize(&g->q[j], xj, r, g->cols, aj);
+    if (pr == xj.rows) {
+        cpu_quantize(NULL, &g->q[j], xj, aj);
         return;
     }
-    float *t = lb_calloc((size_t)pr * g->cols, sizeof(float));
-    memcpy(t, xj, (size_t)r * g->cols * sizeof(float));
-    lb_quantize(&g->q[j], t, pr, g->cols, aj);
+    float *tmp, *t = lb_calloc((size_t)pr * xj.cols, sizeof(float));
+    memcpy(t, f32_of(xj, &tmp), (size_t)xj.rows * xj.cols * sizeof(float));
+    lb_quantize(&g->q[j], t, pr, xj.cols, aj);
+    free(tmp);
     free(t);
 }
 
-static void cpu_quantize_grouped(lb_backend *be, int count, lb_qmat *q, const float *x,
-                                 const int *rows, const int *prows, int cols,
-                                 const lb_quant_args *a)
+static void cpu_quantize_grouped(lb_backend *be, int count, lb_qmat *q, lb_act x,
+                                 const int *rows, const int *prows, const lb_quant_args *a)
 {
-    cpu_groups g = {q, cols};
-    lb_quant_groups(count, x, rows, prows, cols, a, cpu_group, &g);
+    cpu_groups g = {q};
+    lb_quant_groups(count, x, rows, prows, a, cpu_group, &g);
 }
 
 typedef struct {
     float *out;   // the next group's amaxes
-    int cols;
 } cpu_amax_groups;
 
 // One group's amaxes; a padded one from a zero-filled copy (as cpu_group quantizes it).
-static void cpu_amax_group(void *ctx, int j, const float *xj, int r, int pr,
-                           const lb_quant_args *aj)
+static void cpu_amax_group(void *ctx, int j, lb_act xj, int pr, const lb_quant_args *aj)
 {
     cpu_amax_groups *g = ctx;
-    float *out = g->out;
-    g->out += lb_quant_nscale2(pr, g->cols, aj);
-    if (pr == r) {
-        lb_quant_amax(out, xj, r, g->cols, aj);
+    float *out = g->out, *tmp;
+    g->out += lb_quant_nscale2(pr, xj.cols, aj);
+    const float *x = f32_of(xj, &tmp);
+    if (pr == xj.rows) {
+        lb_quant_amax(out, x, pr, xj.cols, aj);
+        free(tmp);
         return;
     }
-    float *t = lb_calloc((size_t)pr * g->cols, sizeof(float));
-    memcpy(t, xj, (size_t)r * g->cols * sizeof(float));
-    lb_quant_amax(out, t, pr, g->cols, aj);
+    float *t = lb_calloc((size_t)pr * xj.cols, sizeof(float));
+    memcpy(t, x, (size_t)xj.rows * xj.cols * sizeof(float));
+    lb_quant_amax(out, t, pr, xj.cols, aj);
+    free(tmp);
     free(t);
 }
 
-static void cpu_quantize_amax(lb_backend *be, float *amax, int count, const float *x,
-                              const int *rows, const int *prows, int cols,
-                              const lb_quant_args *a)
+static void cpu_quantize_amax(lb_backend *be, float *amax, int count, lb_act x, const int *rows,
+                              const int *prows, const lb_quant_args *a)
 {
-    cpu_amax_groups g = {amax, cols};
-    lb_quant_groups(count, x, rows, prows, cols, a, cpu_amax_group, &g);
+    cpu_amax_groups g = {amax};
+    lb_quant_groups(count, x, rows, prows, a, cpu_amax_group, &g);
 }
 
 static void cpu_quantize_rc(lb_backend *be, lb_qmat *qr, const lb_quant_args *ar, int count,
-                            lb_qmat *qc, const float *x, const int *rows, const int *prows,
-                            int cols, const lb_quant_args *ac)
+                            lb_qmat *qc, lb_act x, const int *rows, const int *prows,
+                            const lb_quant_args *ac)
 {
     int total = 0;
     for (int j = 0; j < count; j++) total += rows[j];
-    lb_quantize(qr, x, total, cols, ar);
-    cpu_quantize_grouped(be, count, qc, x, rows, prows, cols, ac);
+    cpu_quantize(be, qr, lb_act_rows(x, 0, total), ar);
+    cpu_quantize_grouped(be, count, qc, x, rows, prows, ac);
 }
 
 static void cpu_qmat_transpose(lb_backend *be, int count, lb_qmat *dst, const lb_qmat *src)
@@ -96,7 +113,9 @@ static void cpu_qmat_transpose(lb_backend *be, int count, lb_qmat *dst, const lb
 static void cpu_quantize_rt(lb_backend *be, int count, lb_qmat *qr, lb_qmat *qc,
                             const float *x, const int *rows, int cols, const lb_quant_args *a)
 {
-    cpu_quantize_grouped(be, count, qr, x, rows, NULL, cols, a);
+    int total = 0;
+    for (int j = 0; j < count; j++) total += rows[j];
+    cpu_quantize_grouped(be, count, qr, lb_act_f32(x, total, cols), rows, NULL, a);
     for (int j = 0; j < count; j++)
         if (rows[j]) lb_qmat_transpose(&qc[j], &qr[j]);
 }

@@ -525,7 +525,7 @@ extern "C" void lb_cuda_dequant_bf16_groups(lb_cuda_ctx *cx, int count,
 #define FQ_MAX 240
 
 typedef struct {
-    const float *x;          // x_j (rows, cols), row pitch cols
+    const void *x;           // x_j (rows, cols), row pitch fq_params.ld, fp32 or bf16
     uint8_t *data;           // Q_j (R, C), row pitch ld (C for fp8)
     void *scale;             // (ceil(R / brows), scols): fp32 (fp8-block) or bytes
     float *scale2;           // NVFP4's second level (mq_kernel)
@@ -548,7 +548,9 @@ typedef struct {
 
 typedef struct {
     int count, cols, blk2d, sr;
-    int v4;                  // every row of x starts 16-byte aligned (16-byte loads)
+    int v4;                  // every row of x starts aligned for 4-element loads
+    int x16;                 // x holds bf16 values (lb_act), else fp32
+    size_t ld;               // x's row pitch in elements
     int floor_rule;          // MX scale rule (mq_kernel)
     int s2mode;              // NVFP4 second level: lb_scale2_mode (mq_kernel)
     float s2given;
@@ -571,14 +573,31 @@ __device__ __forceinline__ float fp8_scale(uint32_t mb)
     return s;
 }
 
-// x[row][c .. c + 3], zero beyond (rows, cols); c is a multiple of 4.
-__device__ __forceinline__ float4 fq_load(const float *x, int rows, int cols, int row, int c,
-                                          int v4)
+__device__ __forceinline__ float bf16_val(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
+
+// x[row][c .. c + 3] in fp32 (a bf16 x's values exactly), zero beyond (rows, cols); c is a
+// multiple of 4.
+__device__ __forceinline__ float4 fq_load(const fq_params &P, const void *x, int rows, int row,
+                                          int c)
 {
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const int cols = P.cols;
     if (row >= rows || c >= cols) return v;
-    const float *p = x + (size_t)row * cols + c;
-    if (v4) return __ldcs((const float4 *)p);   // cols % 4 == 0: all four are in x
+    if (P.x16) {
+        const uint16_t *p = (const uint16_t *)x + (size_t)row * P.ld + c;
+        if (P.v4) {   // cols % 4 == 0: all four are in x, 8 bytes
+            const uint2 u = __ldcs((const uint2 *)p);
+            return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                               __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+        }
+        v.x = bf16_val(p[0]);
+        if (c + 1 < cols) v.y = bf16_val(p[1]);
+        if (c + 2 < cols) v.z = bf16_val(p[2]);
+        if (c + 3 < cols) v.w = bf16_val(p[3]);
+        return v;
+    }
+    const float *p = (const float *)x + (size_t)row * P.ld + c;
+    if (P.v4) return __ldcs((const float4 *)p);   // cols % 4 == 0: all four are in x
     v.x = p[0];
     if (c + 1 < cols) v.y = p[1];
     if (c + 2 < cols) v.z = p[2];
@@ -791,7 +810,7 @@ __device__ __forceinline__ fq_tile fq_tile_load(const fq_params &P, float4 (&v)[
     T.r0 = T.tr * 128, T.c0 = T.tc * 128;
     T.xr = (COLWISE ? T.c0 : T.r0) + 16 * warp, T.xc = (COLWISE ? T.r0 : T.c0) + 4 * lane;
 #pragma unroll
-    for (int s = 0; s < 16; s++) v[s] = fq_load(T.G->x, T.G->rows, P.cols, T.xr + s, T.xc, P.v4);
+    for (int s = 0; s < 16; s++) v[s] = fq_load(P, T.G->x, T.G->rows, T.xr + s, T.xc);
     return T;
 }
 
@@ -881,7 +900,7 @@ __global__ void __launch_bounds__(256) fq_rows_kernel(const __grid_constant__ fq
     const int xr = tr * FQ_ROWS_TILE + 4 * warp, xc = tc * 128 + 4 * lane;
     float4 v[4];
 #pragma unroll
-    for (int s = 0; s < 4; s++) v[s] = fq_load(G.x, G.rows, P.cols, xr + s, xc, P.v4);
+    for (int s = 0; s < 4; s++) v[s] = fq_load(P, G.x, G.rows, xr + s, xc);
     fq_rows<SR>(v, G.data, (float *)G.scale, G.scols, G.R, G.C, xr, xc, tc, G.rbase, lane, G.ts,
                 G.tsld);
 }
@@ -1235,7 +1254,7 @@ typedef struct {
     fq_params *P;
     mq_fn mq, mq_amax;       // mq_kernel's (NULL: fq_kernel); the NVFP4 maxima pass or NULL
     uint32_t *words;         // the maxima words of the groups not yet added (zeroed)
-    const float *x0;         // quantize_rc: x, of which each group's rows are a part
+    lb_act x0;               // quantize_rc: x, of which each group's rows are a part
     int rows;                // quantize_rc: fq_kernel<1, 0, 1> (P->rdata: the row-wise Q)
     lb_qmat *qt;             // quantize_rt: the transposed copies, or NULL
     int trows;               // rows of a tile: FQ_ROWS_TILE for fq_rows_kernel, else 128
@@ -1282,8 +1301,9 @@ static size_t mq_words(const lb_quant_args *a, int pr, int cols)
 }
 
 // Adds group j to the launch being collected (launching it when full).
-static void fq_group_add(void *ctx, int j, const float *xj, int r, int pr, const lb_quant_args *aj)
+static void fq_group_add(void *ctx, int j, lb_act xj, int pr, const lb_quant_args *aj)
 {
+    const int r = xj.rows;
     fq_collect *c = (fq_collect *)ctx;
     if (c->P->count == FQ_MAX) fq_flush(c);
     lb_qmat want;
@@ -1298,11 +1318,13 @@ static void fq_group_add(void *ctx, int j, const float *xj, int r, int pr, const
     uint32_t *w = c->words;
     c->words += mq_words(aj, pr, c->cols);
     c->P->g[c->P->count++] = (fq_group){
-        xj, q->data, q->scale, q->scale2, w, q->ld, r, want.rows, want.cols, want.scols,
+        xj.p, q->data, q->scale, q->scale2, w, q->ld, r, want.rows, want.cols, want.scols,
         c->tiles, tcn,
         aj->sr ? lb_hash64(lb_hash64(aj->seed) ^ lb_quant_stream(aj->step, aj->tensor)) : 0,
         aj->hadamard && aj->hadamard < 32 ? aj->hsigns & ((1u << aj->hadamard) - 1) : aj->hsigns,
-        c->rows ? (int)((xj - c->x0) / c->cols) : 0, NULL, NULL, 0, 0, 0, NULL};
+        c->rows ? (int)(((const char *)xj.p - (const char *)c->x0.p) / lb_act_esize(xj) / xj.ld)
+                : 0,
+        NULL, NULL, 0, 0, 0, NULL};
     if (q->tscale) {   // written with the scales (lb_qmat_tscale_ld dies for other layouts)
         fq_group &g = c->P->g[c->P->count - 1];
         g.tsld = (int)lb_qmat_tscale_ld(q), g.ts = q->tscale;
@@ -1323,13 +1345,21 @@ static void fq_group_add(void *ctx, int j, const float *xj, int r, int pr, const
 // of (prows[j], cols) under a: fp8-block (fq_kernel) or a format mq_takes (mq_kernel), in as
 // many launches as FQ_MAX groups need. amax_out: NULL, or (NVFP4) quantize_amax's output, which
 // gets the maxima words of the groups' second levels instead of any quantization.
-static void fq_launch(lb_cuda_ctx *cx, int count, lb_qmat *q, const float *x, const int *rows,
-                      const int *prows, int cols, const lb_quant_args *a, float *amax_out)
+static void fq_params_x(fq_params *P, lb_act x)
 {
+    P->cols = x.cols, P->x16 = x.type == LB_ACT_BF16, P->ld = x.ld;
+    const size_t vb = 4 * lb_act_esize(x);   // a 4-element load's bytes
+    P->v4 = x.cols % 4 == 0 && ((uintptr_t)x.p % vb) == 0 && (x.ld * lb_act_esize(x)) % vb == 0;
+}
+
+static void fq_launch(lb_cuda_ctx *cx, int count, lb_qmat *q, lb_act x, const int *rows,
+                      const int *prows, const lb_quant_args *a, float *amax_out)
+{
+    const int cols = x.cols;
     fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
-    P->cols = cols, P->blk2d = a->weight_blocks ? 1 : 0, P->sr = a->sr ? 1 : 0;
-    P->v4 = cols % 4 == 0 && ((uintptr_t)x & 15) == 0;
-    fq_collect c = {cx, q, cols, a->colwise ? 1 : 0, 0, P, NULL, NULL, NULL, NULL, 0, NULL, 128};
+    fq_params_x(P, x);
+    P->blk2d = a->weight_blocks ? 1 : 0, P->sr = a->sr ? 1 : 0;
+    fq_collect c = {cx, q, cols, a->colwise ? 1 : 0, 0, P, NULL, NULL, NULL, {}, 0, NULL, 128};
     if (a->fmt != LB_FMT_FP8_BLOCK) {
         const int h = a->hadamard;
         P->floor_rule = a->rule == LB_SCALE_FLOOR, P->s2mode = (int)a->s2_mode, P->s2given = a->s2;
@@ -1363,7 +1393,7 @@ static void fq_launch(lb_cuda_ctx *cx, int count, lb_qmat *q, const float *x, co
         }
     }
     if (fq_rowwise(&c)) c.trows = FQ_ROWS_TILE;
-    lb_quant_groups(count, x, rows, prows, cols, a, fq_group_add, &c);
+    lb_quant_groups(count, x, rows, prows, a, fq_group_add, &c);
     fq_flush(&c);
     free(P);
 }
@@ -1437,26 +1467,71 @@ static void d16_launch(lb_cuda_ctx *cx, int count, const lb_qmat *q)
     free(jobs);
 }
 
+static void quantize_passes(lb_cuda_ctx *cx, lb_qmat *q, const float *x, int rows, int cols,
+                            const lb_quant_args *a, float *amax_out);
+
+__global__ void act_f32_kernel(float *y, const void *x, int x16, size_t ld, int rows, int cols)
+{
+    const size_t n = (size_t)rows * cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / cols, c = i % cols;
+        y[i] = x16 ? bf16_val(((const uint16_t *)x)[r * ld + c]) : ((const float *)x)[r * ld + c];
+    }
+}
+
+// x's rows in fp32, cols apart, followed by pr - x.rows zero rows (pr >= x.rows): x itself
+// where it is so, else a copy in stream-ordered memory, *tmp (cudaFreeAsync it on cx's stream;
+// else NULL). For the passes that read fp32 rows alone.
+static const float *act_f32(lb_cuda_ctx *cx, lb_act x, int pr, float **tmp)
+{
+    *tmp = NULL;
+    if (x.type == LB_ACT_F32 && x.ld == (size_t)x.cols && pr == x.rows) return (const float *)x.p;
+    const size_t row = (size_t)x.cols * sizeof(float), have = x.rows * row, all = pr * row;
+    float *t = (float *)lb_cuda_malloc_what(cx, all ? all : 4, 1,
+                                            "rows copied in fp32 for quantization");
+    if (all > have)
+        LB_CUDA_CHECK(cudaMemsetAsync((char *)t + have, 0, all - have, cx->stream));
+    if (x.type == LB_ACT_F32 && x.ld == (size_t)x.cols && have) {
+        LB_CUDA_CHECK(cudaMemcpyAsync(t, x.p, have, cudaMemcpyDeviceToDevice, cx->stream));
+    } else if (have) {
+        act_f32_kernel<<<lb_grid((size_t)x.rows * x.cols, 256, cx), 256, 0, cx->stream>>>(
+            t, x.p, x.type == LB_ACT_BF16, x.ld, x.rows, x.cols);
+        LB_CUDA_LAUNCHED(cx);
+    }
+    return *tmp = t;
+}
+
 // amax_out: NULL, or (NVFP4) quantize_amax's output: the maxima words of q's second levels
 // are written there and nothing is quantized.
-static void quantize_one(lb_backend *be, lb_qmat *q, const float *x, int rows, int cols,
-                         const lb_quant_args *a, float *amax_out)
+static void quantize_one(lb_backend *be, lb_qmat *q, lb_act x, const lb_quant_args *a,
+                         float *amax_out)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
+    int rows = x.rows;
     lb_qmat want;
     memset(&want, 0, sizeof want);
-    lb_qmat_layout(&want, rows, cols, a);   // dies on a bad combination, as the CPU
+    lb_qmat_layout(&want, rows, x.cols, a);   // dies on a bad combination, as the CPU
     if (want.fmt != q->fmt || want.rows != q->rows || want.cols != q->cols ||
         want.brows != q->brows || want.bcols != q->bcols || want.elem != q->elem ||
         want.nscale2 != q->nscale2)
         lb_die("cuda quantize: lb_qmat was laid out for another shape or format");
-    const int nv = q->fmt == LB_FMT_NVFP4;
     nv_check(a);
     if (q->tscale) lb_qmat_tscale_ld(q);   // dies for a layout without
     if ((q->fmt == LB_FMT_FP8_BLOCK && !a->hadamard) || mq_takes(a)) {   // fq_ or mq_kernel
-        fq_launch(cx, 1, q, x, &rows, NULL, cols, a, amax_out);
+        fq_launch(cx, 1, q, x, &rows, NULL, a, amax_out);
         return;
     }
+    float *tmp;
+    quantize_passes(cx, q, act_f32(cx, x, rows, &tmp), rows, x.cols, a, amax_out);
+    if (tmp) LB_CUDA_CHECK(cudaFreeAsync(tmp, cx->stream));
+}
+
+// The other formats and transforms in several passes over fp32 rows.
+static void quantize_passes(lb_cuda_ctx *cx, lb_qmat *q, const float *x, int rows, int cols,
+                            const lb_quant_args *a, float *amax_out)
+{
+    const int nv = q->fmt == LB_FMT_NVFP4;
     // fp8-tensor: the passes below with one block. The tensor's maximum is the atomic maximum
     // of amax_kernel's second-level word (an order-free maximum of |x| bits: NaN above Inf
     // above every finite value), its scale fp8-block's rule on that one amax.
@@ -1561,118 +1636,97 @@ static void quantize_one(lb_backend *be, lb_qmat *q, const float *x, int rows, i
     if (q->tscale) tscale_launch(cx, q);
 }
 
-static void cuda_quantize(lb_backend *be, lb_qmat *q, const float *x, int rows, int cols,
-                          const lb_quant_args *a)
+static void cuda_quantize(lb_backend *be, lb_qmat *q, lb_act x, const lb_quant_args *a)
 {
-    quantize_one(be, q, x, rows, cols, a, NULL);
+    quantize_one(be, q, x, a, NULL);
     d16_launch(lb_cuda(be), 1, q);
 }
 
-typedef struct {
-    lb_backend *be;
-    lb_qmat *q;
-    int cols;
-} cuda_groups;
-
-// A group's r rows of xj followed by pr - r zero rows, in stream-ordered memory (cudaFreeAsync
-// it on cx's stream): the rows a padded group is quantized from.
-static float *padded_rows(lb_backend *be, const float *xj, int r, int pr, int cols)
+// One group quantized on its own; a padded one from a zero-filled fp32 copy (act_f32).
+static void cuda_group(void *ctx, int j, lb_act xj, int pr, const lb_quant_args *aj)
 {
-    lb_cuda_ctx *cx = lb_cuda(be);
-    float *t;
-    const size_t row = (size_t)cols * sizeof(float), have = r * row, all = pr * row;
-    t = (float *)lb_cuda_malloc_what(cx, all, 1, "an expert's rows padded for quantization");
-    LB_CUDA_CHECK(cudaMemsetAsync((char *)t + have, 0, all - have, cx->stream));
-    if (have) LB_CUDA_CHECK(cudaMemcpyAsync(t, xj, have, cudaMemcpyDeviceToDevice, cx->stream));
-    return t;
-}
-
-// One group quantized on its own; a padded one from padded_rows.
-static void cuda_group(void *ctx, int j, const float *xj, int r, int pr, const lb_quant_args *aj)
-{
-    const cuda_groups *g = (const cuda_groups *)ctx;
-    if (pr == r) {
-        cuda_quantize(g->be, &g->q[j], xj, r, g->cols, aj);
+    lb_backend *be = (lb_backend *)((void **)ctx)[0];
+    lb_qmat *q = (lb_qmat *)((void **)ctx)[1];
+    if (pr == xj.rows) {
+        cuda_quantize(be, &q[j], xj, aj);
         return;
     }
-    float *t = padded_rows(g->be, xj, r, pr, g->cols);
-    cuda_quantize(g->be, &g->q[j], t, pr, g->cols, aj);
-    LB_CUDA_CHECK(cudaFreeAsync(t, lb_cuda(g->be)->stream));
+    float *t;
+    cuda_quantize(be, &q[j], lb_act_f32(act_f32(lb_cuda(be), xj, pr, &t), pr, xj.cols), aj);
+    LB_CUDA_CHECK(cudaFreeAsync(t, lb_cuda(be)->stream));
 }
 
 // fp8-block without a Hadamard transform: all groups in one fq_kernel launch; MX and NVFP4
 // without one or with size 16: one mq_kernel launch (two for NVFP4's maxima). Otherwise:
 // quantize per group (a transform fused into its transpose), a padded group from a zero-filled
 // copy in stream-ordered memory.
-static void cuda_quantize_grouped(lb_backend *be, int count, lb_qmat *q, const float *x,
-                                  const int *rows, const int *prows, int cols,
-                                  const lb_quant_args *a)
+static void cuda_quantize_grouped(lb_backend *be, int count, lb_qmat *q, lb_act x,
+                                  const int *rows, const int *prows, const lb_quant_args *a)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
     nv_check(a);
     if ((a->fmt == LB_FMT_FP8_BLOCK && !a->hadamard) || mq_takes(a)) {
-        fq_launch(cx, count, q, x, rows, prows, cols, a, NULL);
+        fq_launch(cx, count, q, x, rows, prows, a, NULL);
         d16_launch(cx, count, q);
         return;
     }
-    cuda_groups g = {be, q, cols};   // cuda_quantize writes each group's d16
-    lb_quant_groups(count, x, rows, prows, cols, a, cuda_group, &g);
+    void *g[2] = {be, q};   // cuda_quantize writes each group's d16
+    lb_quant_groups(count, x, rows, prows, a, cuda_group, g);
 }
 
 typedef struct {
     lb_backend *be;
     float *out;   // the next group's amaxes
-    int cols;
 } amax_groups;
 
-// quantize_amax of one group: quantize_one's maxima pass, a padded group from padded_rows (a
-// Hadamard transform mixes the padding rows in, as the quantization does).
-static void amax_group(void *ctx, int j, const float *xj, int r, int pr, const lb_quant_args *aj)
+// quantize_amax of one group: quantize_one's maxima pass, a padded group from a zero-filled
+// copy (a Hadamard transform mixes the padding rows in, as the quantization does).
+static void amax_group(void *ctx, int j, lb_act xj, int pr, const lb_quant_args *aj)
 {
     amax_groups *g = (amax_groups *)ctx;
     lb_qmat q;   // the layout alone: quantize_one checks against it
     memset(&q, 0, sizeof q);
-    lb_qmat_layout(&q, pr, g->cols, aj);
+    lb_qmat_layout(&q, pr, xj.cols, aj);
     float *out = g->out;
-    g->out += lb_quant_nscale2(pr, g->cols, aj);
-    if (pr == r) {
-        quantize_one(g->be, &q, xj, r, g->cols, aj, out);
+    g->out += lb_quant_nscale2(pr, xj.cols, aj);
+    if (pr == xj.rows) {
+        quantize_one(g->be, &q, xj, aj, out);
         return;
     }
-    float *t = padded_rows(g->be, xj, r, pr, g->cols);
-    quantize_one(g->be, &q, t, pr, g->cols, aj, out);
+    float *t;
+    quantize_one(g->be, &q, lb_act_f32(act_f32(lb_cuda(g->be), xj, pr, &t), pr, xj.cols), aj,
+                 out);
     LB_CUDA_CHECK(cudaFreeAsync(t, lb_cuda(g->be)->stream));
 }
 
 // NVFP4's maxima words are |x| bits, so the amaxes are those words as floats: mq_kernel's maxima
 // pass for all groups in one launch where it quantizes, else amax_kernel per group.
-static void cuda_quantize_amax(lb_backend *be, float *amax, int count, const float *x,
-                               const int *rows, const int *prows, int cols,
-                               const lb_quant_args *a)
+static void cuda_quantize_amax(lb_backend *be, float *amax, int count, lb_act x,
+                               const int *rows, const int *prows, const lb_quant_args *a)
 {
-    lb_quant_nscale2(1, cols, a);   // dies for a format or mode without
+    lb_quant_nscale2(1, x.cols, a);   // dies for a format or mode without
     lb_quant_args b = *a;
     b.amax = NULL;
     if (mq_takes(&b)) {
         lb_qmat *q = (lb_qmat *)lb_calloc((size_t)count + 1, sizeof *q);
         for (int j = 0; j < count; j++) {
             const int pr = prows ? prows[j] : rows[j];
-            if (pr > 0) lb_qmat_layout(&q[j], pr, cols, &b);
+            if (pr > 0) lb_qmat_layout(&q[j], pr, x.cols, &b);
         }
-        fq_launch(lb_cuda(be), count, q, x, rows, prows, cols, &b, amax);
+        fq_launch(lb_cuda(be), count, q, x, rows, prows, &b, amax);
         free(q);
         return;
     }
-    amax_groups g = {be, amax, cols};
-    lb_quant_groups(count, x, rows, prows, cols, &b, amax_group, &g);
+    amax_groups g = {be, amax};
+    lb_quant_groups(count, x, rows, prows, &b, amax_group, &g);
 }
 
 // fp8-block 1x128 both ways, rounding to nearest, no transform (a layer's dy under the fp8-block
 // recipe): the column-wise tiles of fq_kernel, each also written row-wise, one launch per FQ_MAX
 // groups, so x is read once. Otherwise the two calls.
 static void cuda_quantize_rc(lb_backend *be, lb_qmat *qr, const lb_quant_args *ar, int count,
-                             lb_qmat *qc, const float *x, const int *rows, const int *prows,
-                             int cols, const lb_quant_args *ac)
+                             lb_qmat *qc, lb_act x, const int *rows, const int *prows,
+                             const lb_quant_args *ac)
 {
     lb_cuda_ctx *cx = lb_cuda(be);
     int total = 0;
@@ -1681,23 +1735,22 @@ static void cuda_quantize_rc(lb_backend *be, lb_qmat *qr, const lb_quant_args *a
                     ac->colwise && !ar->weight_blocks && !ac->weight_blocks && !ar->sr &&
                     !ac->sr && !ar->hadamard && !ac->hadamard && total > 0;
     if (!one) {
-        cuda_quantize(be, qr, x, total, cols, ar);
-        cuda_quantize_grouped(be, count, qc, x, rows, prows, cols, ac);
+        cuda_quantize(be, qr, lb_act_rows(x, 0, total), ar);
+        cuda_quantize_grouped(be, count, qc, x, rows, prows, ac);
         return;
     }
     lb_qmat want;
     memset(&want, 0, sizeof want);
-    lb_qmat_layout(&want, total, cols, ar);
+    lb_qmat_layout(&want, total, x.cols, ar);
     if (want.fmt != qr->fmt || want.rows != qr->rows || want.cols != qr->cols ||
         want.brows != qr->brows || want.bcols != qr->bcols || want.elem != qr->elem)
         lb_die("cuda quantize_rc: the row-wise lb_qmat was laid out for another shape or format");
     fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
-    P->cols = cols;
-    P->v4 = cols % 4 == 0 && ((uintptr_t)x & 15) == 0;
+    fq_params_x(P, x);
     P->rdata = qr->data, P->rscale = (float *)qr->scale, P->rscols = qr->scols;
     if (qr->tscale) P->rts = qr->tscale, P->rtsld = (int)lb_qmat_tscale_ld(qr);
-    fq_collect c = {cx, qc, cols, 1, 0, P, NULL, NULL, NULL, x, 1, NULL, 128};
-    lb_quant_groups(count, x, rows, prows, cols, ac, fq_group_add, &c);
+    fq_collect c = {cx, qc, x.cols, 1, 0, P, NULL, NULL, NULL, x, 1, NULL, 128};
+    lb_quant_groups(count, x, rows, prows, ac, fq_group_add, &c);
     fq_flush(&c);
     free(P);
 }
@@ -1860,8 +1913,11 @@ static void cuda_qmat_transpose(lb_backend *be, int count, lb_qmat *dst, const l
 static void cuda_quantize_rt(lb_backend *be, int count, lb_qmat *qr, lb_qmat *qc,
                              const float *x, const int *rows, int cols, const lb_quant_args *a)
 {
+    int total = 0;
+    for (int j = 0; j < count; j++) total += rows[j];
+    const lb_act xa = lb_act_f32(x, total, cols);
     if (a->fmt != LB_FMT_FP8_BLOCK || !a->weight_blocks || a->colwise || a->hadamard) {
-        cuda_quantize_grouped(be, count, qr, x, rows, NULL, cols, a);
+        cuda_quantize_grouped(be, count, qr, xa, rows, NULL, a);
         lb_qmat *s = (lb_qmat *)lb_calloc(2 * (size_t)count + 1, sizeof *s), *d = s + count;
         int n = 0;
         for (int j = 0; j < count; j++)
@@ -1871,10 +1927,10 @@ static void cuda_quantize_rt(lb_backend *be, int count, lb_qmat *qr, lb_qmat *qc
         return;
     }
     fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
-    P->cols = cols, P->blk2d = 1, P->sr = a->sr ? 1 : 0;
-    P->v4 = cols % 4 == 0 && ((uintptr_t)x & 15) == 0;
-    fq_collect c = {lb_cuda(be), qr, cols, 0, 0, P, NULL, NULL, NULL, NULL, 0, qc, 128};
-    lb_quant_groups(count, x, rows, NULL, cols, a, fq_group_add, &c);
+    fq_params_x(P, xa);
+    P->blk2d = 1, P->sr = a->sr ? 1 : 0;
+    fq_collect c = {lb_cuda(be), qr, cols, 0, 0, P, NULL, NULL, NULL, {}, 0, qc, 128};
+    lb_quant_groups(count, xa, rows, NULL, a, fq_group_add, &c);
     fq_flush(&c);
     free(P);
 }

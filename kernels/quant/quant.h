@@ -156,12 +156,12 @@ void lb_qmat_transpose(lb_qmat *dst, const lb_qmat *src);
 void lb_qmat_transpose_check(const lb_qmat *dst, const lb_qmat *src);
 
 // The groups of a backend's quantize_grouped (kernels.h): for each j with prows[j] > 0 (prows
-// NULL: rows), fn(ctx, j, x_j, rows[j], prows[j], &a_j), x_j the rows of x after the earlier
+// NULL: rows), fn(ctx, j, x_j, prows[j], &a_j), x_j the rows[j] rows of x after the earlier
 // groups' and a_j = *a drawing as tensor a->tensor + j, its a_j.amax past the earlier groups'
-// second levels; stops with an error on rows[j] < 0 or prows[j] < rows[j].
-typedef void (*lb_quant_group_fn)(void *ctx, int j, const float *xj, int rows, int prows,
+// second levels; stops with an error on rows[j] < 0, prows[j] < rows[j] or rows past x's.
+typedef void (*lb_quant_group_fn)(void *ctx, int j, lb_act xj, int prows,
                                   const lb_quant_args *aj);
-void lb_quant_groups(int count, const float *x, const int *rows, const int *prows, int cols,
+void lb_quant_groups(int count, lb_act x, const int *rows, const int *prows,
                      const lb_quant_args *a, lb_quant_group_fn fn, void *ctx);
 
 // The second levels lb_quantize (q, x, rows, cols, a) makes (NVFP4, LB_S2_ROW or LB_S2_TENSOR):

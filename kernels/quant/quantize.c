@@ -370,7 +370,7 @@ void lb_qmat_transpose(lb_qmat *dst, const lb_qmat *src)
     lb_qmat_d16_fill(dst);
 }
 
-void lb_quant_groups(int count, const float *x, const int *rows, const int *prows, int cols,
+void lb_quant_groups(int count, lb_act x, const int *rows, const int *prows,
                      const lb_quant_args *a, lb_quant_group_fn fn, void *ctx)
 {
     size_t off = 0, s2off = 0;
@@ -378,14 +378,17 @@ void lb_quant_groups(int count, const float *x, const int *rows, const int *prow
         const int r = rows[j], pr = prows ? prows[j] : r;
         if (r < 0 || pr < r)
             lb_die("quantize_grouped: group %d has %d rows padded to %d", j, r, pr);
-        const float *xj = x + off * cols;
+        if (off + (size_t)r > (size_t)x.rows)
+            lb_die("quantize_grouped: group %d's rows end at %zu, past x's %d", j, off + r,
+                   x.rows);
+        const lb_act xj = lb_act_rows(x, off, r);
         off += (size_t)r;
         if (pr == 0) continue;
         lb_quant_args aj = *a;
         aj.tensor = a->tensor + (uint64_t)j;
         if (a->hsigns_groups) aj.hsigns = a->hsigns_groups[j];
-        if (a->amax) aj.amax = a->amax + s2off, s2off += (size_t)lb_quant_nscale2(pr, cols, a);
-        fn(ctx, j, xj, r, pr, &aj);
+        if (a->amax) aj.amax = a->amax + s2off, s2off += (size_t)lb_quant_nscale2(pr, x.cols, a);
+        fn(ctx, j, xj, pr, &aj);
     }
 }
 

@@ -144,8 +144,8 @@ static void bench_gemm_format(lb_backend *be, const lb_config *c, const char *wh
         for (int e = 0; e < groups; e++) {
             be->qmat_alloc(be, &qa[e], m, k, &aa);
             be->qmat_alloc(be, &qb[e], n, k, &ab);
-            be->quantize(be, &qa[e], a + (size_t)e * m * k, m, k, &aa);
-            be->quantize(be, &qb[e], b + (size_t)e * n * k, n, k, &ab);
+            be->quantize(be, &qa[e], lb_act_f32(a + (size_t)e * m * k, m, k), &aa);
+            be->quantize(be, &qb[e], lb_act_f32(b + (size_t)e * n * k, n, k), &ab);
         }
         g.qa = qa;
         g.qb = qb;
@@ -291,9 +291,9 @@ static int bench_gemm(lb_backend *be, const lb_config *c)
 }
 
 typedef struct {
-    int count, cols;
+    int count;
     lb_qmat *q;
-    const float *x;
+    lb_act x;
     const int *rows, *prows;
     lb_quant_args a;
     void *dst;                 // the copy peer
@@ -303,13 +303,13 @@ typedef struct {
 static void run_quant(lb_backend *be, void *p)
 {
     quant_case *q = p;
-    be->quantize_grouped(be, q->count, q->q, q->x, q->rows, q->prows, q->cols, &q->a);
+    be->quantize_grouped(be, q->count, q->q, q->x, q->rows, q->prows, &q->a);
 }
 
 static void run_copy(lb_backend *be, void *p)
 {
     quant_case *q = p;
-    be->copy(be, q->dst, q->x, q->bytes);
+    be->copy(be, q->dst, q->x.p, q->bytes);
 }
 
 // quantize_grouped of E groups of (rows, cols) under a (padded to prows column-wise), against
@@ -328,7 +328,8 @@ static void bench_quant_case(lb_backend *be, const lb_config *c, const char *wha
         be->qmat_alloc(be, &q[e], pr[e], cols, &a);
         out += lb_qmat_data_bytes(&q[e]) + lb_qmat_scale_bytes(&q[e]);
     }
-    quant_case qc = {E, cols, q, x, r, pr, a, be->alloc(be, n * sizeof(float)), n * sizeof(float)};
+    quant_case qc = {E, q, lb_act_f32(x, E * rows, cols), r, pr, a,
+                     be->alloc(be, n * sizeof(float)), n * sizeof(float)};
     double t = time_it(be, c, run_quant, &qc), tc = time_it(be, c, run_copy, &qc);
     double gb = (n * sizeof(float) + out) / 1e9, gbc = 2.0 * n * sizeof(float) / 1e9;
     printf("quant %-9s %-44s %8.3f ms %8.1f GB/s  copy %8.1f GB/s  %.2fx\n",
