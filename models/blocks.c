@@ -417,14 +417,26 @@ lb_dims lb_dims_of(const lb_model *m)
 
 // q, k, v (n, heads x D) = ln (n, C) times their weights: one call, so a low-precision ln is
 // quantized once for the three (lb_linear_fwd_shared).
-void lb_qkv_fwd(lb_linear *lin, int l, const lb_layer_w *w, const float *ln,
-                const uint16_t *ln16, float *q, float *k, float *v, int n, lb_dims d)
+void lb_qkv_fwd(lb_linear *lin, int l, const lb_layer_w *w, lb_act ln, float *q, float *k,
+                float *v, lb_dims d)
 {
     const float *ws[3] = {w->q, w->k, w->v};
     const lb_wcache *cs[3] = {w->cq, w->ck, w->cv};
     float *ys[3] = {q, k, v};
     const int outs[3] = {d.hq * d.D, d.hkv * d.D, d.hkv * d.D};
-    lb_linear_fwd_shared(lin, l, LB_ROLE_ATTN_QKV, ln, ln16, 3, ws, cs, ys, outs, n, d.C);
+    lb_linear_fwd_shared(lin, l, LB_ROLE_ATTN_QKV, ln, 3, ws, cs, ys, outs);
+}
+
+// What the fprop of (layer l, role) reads of a norm kept in fp32 (ln) and, beside it or alone,
+// in bf16 (ln16): the bf16 rows for a bf16 fprop or where they are all there is, else the fp32
+// ones.
+static lb_act norm_in(const lb_model *m, int l, lb_role role, const float *ln,
+                      const uint16_t *ln16, int n, int c)
+{
+    if (ln16 && (!ln || lb_contract_site(&m->contract, l, role, LB_PASS_FPROP)->fmt ==
+                            LB_FMT_BF16))
+        return lb_act_bf16(ln16, n, c);
+    return lb_act_f32(ln, n, c);
 }
 
 // The rows [*o, *o + return) of n that this rank's part sends through the experts.
@@ -1026,14 +1038,15 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
                      (size_t)n * d.K * sizeof(int32_t));
         float *gu = grow(be, &f->gu, &f->cap_gu, (size_t)n * 2 * d.Fd);
         float *h = grow(be, &f->h, &f->cap_h, (size_t)n * d.Fd);
-        lb_linear_fwd16(lin, l, LB_ROLE_MLP_GATE_UP, ln, ln16, w->gu, w->cgu, 0, gu, n,
-                        2 * d.Fd, d.C, 0.0f);
+        lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, norm_in(m, l, LB_ROLE_MLP_GATE_UP, ln, ln16, n,
+                      d.C), w->gu, w->cgu, 0, gu, 2 * d.Fd, 0.0f);
         be->swiglu_fwd(be, &(lb_swiglu_args){.out = h, .gu = gu, .n = n, .f = d.Fd});
-        lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, h, w->down, w->cdown, 0, out, n, d.C, d.Fd, 0.0f);
+        lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, lb_act_f32(h, n, d.Fd), w->down, w->cdown, 0, out,
+                      d.C, 0.0f);
         return 0.0;
     }
-    lb_linear_fwd16(lin, l, LB_ROLE_ROUTER, ln, ln16, w->router, w->crouter, 0, f->rlogits, n,
-                    d.E, d.C, 0.0f);
+    lb_linear_fwd(lin, l, LB_ROLE_ROUTER, norm_in(m, l, LB_ROLE_ROUTER, ln, ln16, n, d.C),
+                  w->router, w->crouter, 0, f->rlogits, d.E, 0.0f);
     if (sigmoid_router(c))   // probs holds the sigmoid scores
         be->router_sigmoid_fwd(be, &(lb_router_sigmoid_args){.n = n, .e = d.E, .k = d.K,
                 .n_group = c->n_group, .topk_group = c->topk_group, .renorm = c->norm_topk_prob,
@@ -1103,20 +1116,21 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
     uint16_t *h16 = down16 ? grow16(be, &f->h16, &f->cap_h16, n16(nr, d.F)) : NULL;
     if (!down16) grow(be, &f->h, &f->cap_h, nr * d.F);
     if (dev)
-        lb_linear_experts_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xp, xp16, w->cgu, f->counts_dev, d.El,
-                              (int)nr, gu, gu16, 2 * d.F, d.C);
+        lb_linear_experts_fwd(lin, l, LB_ROLE_MOE_GATE_UP, lb_act_of(xp, xp16, (int)nr, d.C),
+                              w->cgu, f->counts_dev, d.El, gu, gu16, 2 * d.F);
     else
-        lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, xe, xe16, w->gu, w->cgu,
-                              f->route.local_counts, d.El, gu, gu16, 2 * d.F, d.C);
+        lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_GATE_UP, lb_act_of(xe, xe16, (int)nr, d.C),
+                              w->gu, w->cgu, f->route.local_counts, d.El, gu, gu16, 2 * d.F);
     float *h = h16 ? NULL : f->h;
     if (nr) be->swiglu_fwd(be, &(lb_swiglu_args){.out = h, .out16 = h16, .gu = gu, .gu16 = gu16,
             .rw = wr, .n = (int)nr, .f = d.F});
+    const lb_act ha = lb_act_of(h, h16, (int)nr, d.F);
     if (dev)
-        lb_linear_experts_fwd(lin, l, LB_ROLE_MOE_DOWN, h, h16, w->cdown, f->counts_dev, d.El,
-                              (int)nr, ye, NULL, d.C, d.F);
+        lb_linear_experts_fwd(lin, l, LB_ROLE_MOE_DOWN, ha, w->cdown, f->counts_dev, d.El, ye,
+                              NULL, d.C);
     else
-        lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, h, h16, w->down, w->cdown,
-                              f->route.local_counts, d.El, ye, NULL, d.C, d.F);
+        lb_linear_grouped_fwd(lin, l, LB_ROLE_MOE_DOWN, ha, w->down, w->cdown,
+                              f->route.local_counts, d.El, ye, NULL, d.C);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, ye, yp, s->xs, d.C);
     if (d.parts > 1) be->zero(be, out, (size_t)n * d.C * sizeof(float));
     if (np)
@@ -1124,11 +1138,11 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
                 .weight = wh ? NULL : f->weight + (size_t)o * d.K, .row = f->row,
                 .n = np, .k = d.K, .c = d.C});
     if (w->sgu) {   // the shared experts on every row, added to the routed output (tp partial)
-        lb_linear_fwd16(lin, l, LB_ROLE_MLP_GATE_UP, ln, ln16, w->sgu, w->csgu, 0, f->sgu, n,
-                        2 * d.Fs, d.C, 0.0f);
+        lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, norm_in(m, l, LB_ROLE_MLP_GATE_UP, ln, ln16, n,
+                      d.C), w->sgu, w->csgu, 0, f->sgu, 2 * d.Fs, 0.0f);
         be->swiglu_fwd(be, &(lb_swiglu_args){.out = f->sh, .gu = f->sgu, .n = n, .f = d.Fs});
-        lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, f->sh, w->sdown, w->csdown, 0, out, n, d.C, d.Fs,
-                      1.0f);
+        lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, lb_act_f32(f->sh, n, d.Fs), w->sdown, w->csdown, 0,
+                      out, d.C, 1.0f);
     }
     return aux;
 }
@@ -1184,12 +1198,12 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     lb_dims d = lb_dims_of(m);
     lb_moe_scratch *s = &a->ms;
     if (!layer_moe(c, l)) {
-        lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, f->h, w->down, w->cdown, 0, dout, a->dh, 0.0f,
-                      dw->down, lb_model_grad_beta(m, dw->down), n, d.C, d.Fd);
+        lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, lb_act_f32(f->h, n, d.Fd), w->down, w->cdown, 0,
+                      dout, a->dh, 0.0f, dw->down, lb_model_grad_beta(m, dw->down), d.C);
         be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = a->dgu, .dout = a->dh, .gu = f->gu, .n = n,
                 .f = d.Fd});
-        lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, a->dgu, dln, 0.0f, dw->gu,
-                      lb_model_grad_beta(m, dw->gu), n, 2 * d.Fd, d.C);
+        lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, lb_act_f32(ln, n, d.C), w->gu, w->cgu, 0,
+                      a->dgu, dln, 0.0f, dw->gu, lb_model_grad_beta(m, dw->gu), 2 * d.Fd);
         return;
     }
     int o, np = part_rows(&d, n, &o);   // the rows this rank sent to the experts
@@ -1235,10 +1249,11 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     float *dgu = dgu16 ? NULL : grow(be, &s->dgu, &s->cap_dgu, nr * 2 * d.F);
     uint16_t *dh16p = dh16 ? grow16(be, &s->dh16, &s->cap_dh16, n16(nr, d.F)) : NULL;
     float *dh = dh16 ? NULL : grow(be, &s->dh, &s->cap_dh, nr * d.F);
-    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_DOWN, down16 ? NULL : f->h, down16 ? f->h16 : NULL,
+    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_DOWN,
+                          down16 ? lb_act_bf16(f->h16, (int)nr, d.F) : lb_act_f32(f->h, (int)nr, d.F),
                           w->down, w->cdown, f->route.local_counts, d.El, f->route.seg_counts,
-                          f->route.ep, dye, dyp16, dh, dh16p,
-                          dw->down, lb_model_grad_beta(m, dw->down), d.C, d.F);
+                          f->route.ep, dye, dyp16, dh, dh16p, dw->down,
+                          lb_model_grad_beta(m, dw->down), d.C);
     double *dwr = !wh ? NULL
                   : d.ep > 1 ? grow64(be, &s->dwpe, &s->cap_dwpe, nr)
                              : grow64(be, &s->dwp, &s->cap_dwp, (size_t)n * d.K);
@@ -1274,11 +1289,11 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
         else xp = grow(be, &s->rows, &s->cap_rows, (size_t)n * d.K * d.C);
         if (np) be->moe_permute(be, xp, xp16, ln + (size_t)o * d.C, f->row, np, d.K, d.C);
     }
-    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, d.ep > 1 ? (gu16 ? NULL : f->xe) : xp,
-                          d.ep > 1 ? (gu16 ? f->xe16 : NULL) : xp16, w->gu, w->cgu,
-                          f->route.local_counts, d.El, f->route.seg_counts, f->route.ep, dgu,
-                          dgu16, dxe, NULL,
-                          dw->gu, lb_model_grad_beta(m, dw->gu), 2 * d.F, d.C);
+    const lb_act xa = d.ep > 1 ? lb_act_of(f->xe, gu16 ? f->xe16 : NULL, (int)nr, d.C)
+                               : lb_act_of(xp, xp16, (int)nr, d.C);
+    lb_linear_grouped_bwd(lin, l, LB_ROLE_MOE_GATE_UP, xa, w->gu, w->cgu, f->route.local_counts,
+                          d.El, f->route.seg_counts, f->route.ep, dgu, dgu16, dxe, NULL, dw->gu,
+                          lb_model_grad_beta(m, dw->gu), 2 * d.F);
     if (d.ep > 1) lb_ep_combine(&f->route, ep, be, dxe, dxp, s->xs, d.C);
     if (d.parts > 1) be->zero(be, dln, (size_t)n * d.C * sizeof(float));
     if (np)
@@ -1299,16 +1314,16 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     }
     // The router is replicated over tp and its gradient the same on every tp rank: one rank
     // adds its share to dln so the tp sum counts it once.
-    lb_linear_bwd(lin, l, LB_ROLE_ROUTER, ln, w->router, w->crouter, 0, a->drlogits,
-                  m->par.tp_rank == 0 ? dln : NULL, 1.0f, dw->router,
-                  lb_model_grad_beta(m, dw->router), n, d.E, d.C);
+    lb_linear_bwd(lin, l, LB_ROLE_ROUTER, lb_act_f32(ln, n, d.C), w->router, w->crouter, 0,
+                  a->drlogits, m->par.tp_rank == 0 ? dln : NULL, 1.0f, dw->router,
+                  lb_model_grad_beta(m, dw->router), d.E);
     if (w->sgu) {   // the shared experts: a dense MLP's backward, its dln added (tp partial)
-        lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, f->sh, w->sdown, w->csdown, 0, dout, a->dh, 0.0f,
-                      dw->sdown, lb_model_grad_beta(m, dw->sdown), n, d.C, d.Fs);
+        lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, lb_act_f32(f->sh, n, d.Fs), w->sdown, w->csdown, 0,
+                      dout, a->dh, 0.0f, dw->sdown, lb_model_grad_beta(m, dw->sdown), d.C);
         be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = a->dgu, .dout = a->dh, .gu = f->sgu, .n = n,
                 .f = d.Fs});
-        lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->sgu, w->csgu, 0, a->dgu, dln, 1.0f,
-                      dw->sgu, lb_model_grad_beta(m, dw->sgu), n, 2 * d.Fs, d.C);
+        lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, lb_act_f32(ln, n, d.C), w->sgu, w->csgu, 0,
+                      a->dgu, dln, 1.0f, dw->sgu, lb_model_grad_beta(m, dw->sgu), 2 * d.Fs);
     }
 }
 
@@ -1441,11 +1456,12 @@ double lb_decoder_layer_fwd(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
     lb_layer_w w = layer_weights(m, m->params, l);
     // attention block: heads split over tp, o_proj row-parallel
     lb_norm_rows(m, a, L->x, w.ln1, L->ln1, L->ln1_16, L->rstd1);
-    lb_qkv_fwd(lin, l, &w, L->ln1, L->ln1_16, L->q, L->k, L->v, n, d);
+    lb_qkv_fwd(lin, l, &w, lb_act_of(L->ln1, L->ln1_16, n, C), L->q, L->k, L->v, d);
     qkv_bias_fwd(m, &w, a->ones, L->q, L->k, L->v, n);
     lb_attention_core_fwd(m, a, L, &w);
     float *part = d.tp > 1 ? a->part : L->xmid;
-    lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, part, n, C, d.hq * D, 0.0f);
+    lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, lb_act_f32(L->att, n, d.hq * D), w.o, w.co, 0, part,
+                  C, 0.0f);
     tp_reduce(m, part, L->xmid, n, C);
     be->add(be, L->xmid, L->x, (size_t)ns * C);
     // feed-forward block: gate_up column-parallel, down row-parallel
@@ -1493,10 +1509,11 @@ static void head_chunk_fwd(lb_model *m, const float *x, const int32_t *tg, int n
     const lb_wcache *ch = &m->wcache[th - m->tensors];
     if (lb_model_logits16(m)) {
         uint16_t *l16 = (uint16_t *)m->logits;
-        lb_linear_fwd_c16(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, l16, nr, d.V, d.C);
+        lb_linear_fwd_c16(&m->lin, l, LB_ROLE_LM_HEAD, lb_act_f32(x, nr, d.C), wh, ch, l16, d.V);
         m->be->cross_entropy_fwd16(m->be, loss, st, l16, tg, nr, d.V);
     } else {
-        lb_linear_fwd(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, 0, m->logits, nr, d.V, d.C, 0.0f);
+        lb_linear_fwd(&m->lin, l, LB_ROLE_LM_HEAD, lb_act_f32(x, nr, d.C), wh, ch, 0, m->logits,
+                      d.V, 0.0f);
         m->be->cross_entropy_fwd(m->be, loss, st, m->logits, tg, nr, d.V);
     }
 }
@@ -1526,14 +1543,13 @@ static void head_train(lb_model *m, lb_acts *a, const int32_t *tg, int R)
         // the cross-entropy's gradient and the LM head's backward in one call where the
         // backward is a plain bf16 GEMM (the backend need not store the gradient)
         if (fused) {
-            lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, l16 ? NULL : m->logits, l16,
-                             st, tg + r, dce, a->dln + (size_t)r * C, dwh,
-                             lb_model_grad_beta(m, dwh), nr, d.V, C);
+            lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, lb_act_f32(x, nr, C), wh, ch,
+                             l16 ? NULL : m->logits, l16, st, tg + r, dce,
+                             a->dln + (size_t)r * C, dwh, lb_model_grad_beta(m, dwh), d.V);
         } else {
             be->cross_entropy_bwd(be, m->logits, m->logits, st, tg + r, dce, nr, d.V);
-            lb_linear_bwd(&m->lin, l, LB_ROLE_LM_HEAD, x, wh, ch, 0, m->logits,
-                          a->dln + (size_t)r * C, 0.0f, dwh, lb_model_grad_beta(m, dwh), nr, d.V,
-                          C);
+            lb_linear_bwd(&m->lin, l, LB_ROLE_LM_HEAD, lb_act_f32(x, nr, C), wh, ch, 0, m->logits,
+                          a->dln + (size_t)r * C, 0.0f, dwh, lb_model_grad_beta(m, dwh), d.V);
         }
     }
     a->ce_stats_ok = a->logits_whole = 0;   // the buffer holds a gradient now
@@ -1569,9 +1585,9 @@ void lb_decoder_forward(lb_model *m, const int32_t *tokens, const int32_t *targe
             .w = m->params + tn->offset, .n = ns, .c = C, .eps = eps});
     int R = targets ? lb_model_ce_rows(m, ns) : ns;
     if (!targets) {   // the logits of every row (log-probabilities, sampling's checks)
-        lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf,
-                      m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits, ns, d.V,
-                      C, 0.0f);
+        lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, lb_act_f32(a->lnf, ns, C),
+                      m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits, d.V,
+                      0.0f);
         a->logits_whole = 1;
         return;
     }
@@ -1619,10 +1635,10 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
         const lb_tensor *tn = find_or_die(m, "model.norm.weight");
         const lb_tensor *th = find_or_die(m, "lm_head.weight");
         if (!head_done)
-            lb_linear_bwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, a->lnf,
-                          m->params + th->offset, &m->wcache[th - m->tensors], 0, m->logits,
-                          a->dln, 0.0f, G + th->offset, lb_model_grad_beta(m, G + th->offset),
-                          ns, d.V, C);
+            lb_linear_bwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD,
+                          lb_act_f32(a->lnf, ns, C), m->params + th->offset,
+                          &m->wcache[th - m->tensors], 0, m->logits, a->dln, 0.0f,
+                          G + th->offset, lb_model_grad_beta(m, G + th->offset), d.V);
         be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dres, .dx_beta = 0.0f,
                 .dw = G + tn->offset, .dout = a->dln, .x = a->l[a->nl].x,
                 .w = m->params + tn->offset, .rstd = a->rstdf, .n = ns, .c = C});
@@ -1645,8 +1661,8 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
                 .dout = a->dlns, .x = L->xmid, .w = w.ln2, .rstd = L->rstd2, .n = ns, .c = C});
         // attention block: dres is now d loss / d xmid
         tp_gather(m, a->dres, a->dfull, n, C);
-        lb_linear_bwd(lin, l, LB_ROLE_ATTN_OUT, L->att, w.o, w.co, 0, a->dfull, a->datt, 0.0f,
-                      dw.o, lb_model_grad_beta(m, dw.o), n, C, d.hq * D);
+        lb_linear_bwd(lin, l, LB_ROLE_ATTN_OUT, lb_act_f32(L->att, n, d.hq * D), w.o, w.co, 0,
+                      a->dfull, a->datt, 0.0f, dw.o, lb_model_grad_beta(m, dw.o), C);
         be->attention_bwd(be, &(lb_attention_args){.dq = a->dq, .dk = a->dk, .dv = a->dv,
                 .dout = a->datt, .q = L->qr, .k = L->kr, .v = L->v, .q16 = L->qr16,
                 .k16 = L->kr16, .out = L->att, .lse = L->lse,
@@ -1679,8 +1695,8 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
             const float betas[3] = {lb_model_grad_beta(m, dw.q), lb_model_grad_beta(m, dw.k),
                                     lb_model_grad_beta(m, dw.v)};
             const int outs[3] = {d.hq * D, d.hkv * D, d.hkv * D};
-            lb_linear_bwd_shared(lin, l, LB_ROLE_ATTN_QKV, L->ln1, L->ln1_16, 3, ws, cs, dys,
-                                 a->dln, dws, betas, outs, n, C);
+            lb_linear_bwd_shared(lin, l, LB_ROLE_ATTN_QKV, lb_act_of(L->ln1, L->ln1_16, n, C), 3,
+                                 ws, cs, dys, a->dln, dws, betas, outs);
         }
         tp_reduce(m, a->dln, a->dlns, n, C);
         be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dres, .dx_beta = 1.0f, .dw = dw.ln1,
@@ -1728,9 +1744,9 @@ void lb_decoder_backward(lb_model *m, float loss_scale)
         uint16_t *l16 = lb_model_logits16(m) ? (uint16_t *)m->logits : NULL;
         if (l16 && !head_done) lb_die("backward: the forward's bf16 logits lack their statistics");
         if (head_done)
-            lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, a->lnf, wh, &m->wcache[th - m->tensors],
-                             l16 ? NULL : m->logits, l16, st, tg, dce, a->dln, dwh,
-                             lb_model_grad_beta(m, dwh), ns, d.V, d.C);
+            lb_linear_ce_bwd(&m->lin, l, LB_ROLE_LM_HEAD, lb_act_f32(a->lnf, ns, d.C), wh,
+                             &m->wcache[th - m->tensors], l16 ? NULL : m->logits, l16, st, tg,
+                             dce, a->dln, dwh, lb_model_grad_beta(m, dwh), d.V);
         else
             m->be->cross_entropy_bwd(m->be, m->logits, m->logits, st, tg, dce, ns, d.V);
         a->ce_stats_ok = a->logits_whole = 0;   // the buffer no longer holds the logits
@@ -1812,8 +1828,10 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
             .out16 = cached_ln16(m, a, 0, LB_ROLE_ATTN_QKV)});
     for (int l = 0; l < c->num_hidden_layers; l++) {
         lb_layer_w w = layer_weights(m, m->params, l);
-        lb_qkv_fwd(lin, l, &w, qkv_quantized16(m, l) ? NULL : a->ln,
-                   cached_ln16(m, a, l, LB_ROLE_ATTN_QKV), a->q, a->k, a->v, n, d);
+        lb_qkv_fwd(lin, l, &w,
+                   norm_in(m, l, LB_ROLE_ATTN_QKV, qkv_quantized16(m, l) ? NULL : a->ln,
+                           cached_ln16(m, a, l, LB_ROLE_ATTN_QKV), n, C),
+                   a->q, a->k, a->v, d);
         qkv_bias_fwd(m, &w, a->ones, a->q, a->k, a->v, n);
         qk_rope_fwd(m, &w, a->q, a->k, a->qr, a->kr, NULL, NULL, a->qrstd, a->krstd, kv->pos,
                     a->rope_freq, n);
@@ -1830,7 +1848,8 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
         be->attention_cached(be, a->att, a->qr, &kv->layer[l], kv->slot, kv->pos, n, d.hq,
                              m->contract.attention_bf16);
         float *part = d.tp > 1 ? a->part : a->xmid;
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, a->att, w.o, w.co, 0, part, n, C, d.hq * D, 0.0f);
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, lb_act_f32(a->att, n, d.hq * D), w.o, w.co, 0,
+                      part, C, 0.0f);
         tp_reduce(m, part, a->xmid, n, C);
         // feed-forward block: xmid = xmid + x, its norm; the block's output overwrites x
         uint16_t *ln16 = cached_ln16(m, a, l, LB_ROLE_ROUTER);
@@ -1863,8 +1882,8 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
     uint16_t *ln16 = cached_ln16(m, a, lmh, LB_ROLE_LM_HEAD);
     be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = xf,
             .w = m->params + tn->offset, .n = kv->nl, .c = C, .eps = eps, .out16 = ln16});
-    lb_linear_fwd16(lin, lmh, LB_ROLE_LM_HEAD, a->ln, ln16, m->params + th->offset,
-                    &m->wcache[th - m->tensors], 0, kv->logits, kv->nl, d.V, C, 0.0f);
+    lb_linear_fwd(lin, lmh, LB_ROLE_LM_HEAD, norm_in(m, lmh, LB_ROLE_LM_HEAD, a->ln, ln16, kv->nl, C),
+                  m->params + th->offset, &m->wcache[th - m->tensors], 0, kv->logits, d.V, 0.0f);
 }
 
 // No collective (tp, ep, pp 1) and every MoE layer's experts on the device counts.

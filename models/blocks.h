@@ -185,12 +185,11 @@ typedef struct {
 lb_dims lb_dims_of(const lb_model *m);
 
 // q, k, v (n, heads x D) = ln (n, C) times their weights: one call, so a low-precision ln is
-// quantized once for the three (lb_linear_fwd_shared). ln16: NULL, or ln in bf16 (rmsnorm_fwd's
-// out16), read by bf16 GEMMs instead of rounding ln again.
-void lb_qkv_fwd(lb_linear *lin, int l, const lb_layer_w *w, const float *ln,
-                const uint16_t *ln16, float *q, float *k, float *v, int n, lb_dims d);
+// quantized once for the three (lb_linear_fwd_shared). ln in fp32 or bf16 (lb_act).
+void lb_qkv_fwd(lb_linear *lin, int l, const lb_layer_w *w, lb_act ln, float *q, float *k,
+                float *v, lb_dims d);
 // RMSNorm of this rank's rows of x into norm's rows (all rows gathered under SP), or (norm16
-// given, tp 1 only) into norm16 in bf16 instead, (n, pad8(c)).
+// given) into norm16 in bf16 instead, (n, pad8(c)).
 void lb_norm_rows(lb_model *m, lb_acts *a, const float *x, const float *w, float *norm,
                   uint16_t *norm16, float *rstd);
 // Core attention of layer L from its q, k, v projections: q/k norms (def->qk_norm), RoPE, what
@@ -199,7 +198,8 @@ void lb_attention_core_fwd(lb_model *m, lb_acts *a, lb_layer_acts *L, const lb_l
 // The feed-forward block, dense or routed (def->moe). out (n, c) = this rank's share of the
 // block on ln (n, c): the caller sums it over tp. Returns the layer's load-balancing loss (0
 // for dense blocks or without want_aux). cached: the cached forward (no backward follows), where
-// the rows per expert may stay on the device (gemm_experts). ln16: as lb_qkv_fwd's.
+// the rows per expert may stay on the device (gemm_experts). ln16: NULL, or ln in bf16
+// (rmsnorm_fwd's out16), which the block's bf16 GEMMs read instead of rounding ln again.
 double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_moe_scratch *s,
                   const float *ln, const uint16_t *ln16, int n, float *out, int want_aux,
                   int cached);

@@ -431,65 +431,67 @@ static void gemm_act_q(lb_linear *L, lb_act a, const lb_quant_args *aa, const lb
     be->gemm_q(be, a.rows, n, a.cols, 1.0f, &q, b, beta, c);
 }
 
-// What a quantized pass reads of an activation given as x and x16: x where the caller has it
-// in fp32 (a bf16 copy beside it is a bf16 GEMM's operand), else the bf16 activation itself.
-static lb_act act_in(const float *x, const uint16_t *x16, int rows, int cols)
+// An activation's fp32 rows for a GEMM operand (a), or NULL where it is bf16.
+static const float *f32_of(lb_act x) { return x.type == LB_ACT_F32 ? x.p : NULL; }
+// Its bf16 rows for a GEMM operand (a16), or NULL where it is fp32.
+static const uint16_t *b16_of(lb_act x) { return x.type == LB_ACT_BF16 ? x.p : NULL; }
+
+// x's fp32 rows for a pass that reads them alone (an fp32 GEMM, a dequantized or mixed
+// backward): a bf16 x there is a plan that does not match the contract.
+static const float *need_f32(lb_act x, int layer, lb_role role, const char *what)
 {
-    return x ? lb_act_f32(x, rows, cols) : lb_act_bf16(x16, rows, cols);
+    if (x.type != LB_ACT_F32 && x.rows > 0)
+        lb_die("%s: layer %d %s: a bf16 activation for a pass that reads fp32 (the activation "
+               "plan does not match the precision contract)", what, layer, lb_role_name(role));
+    return x.p;
 }
 
-void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
-                   const lb_wcache *c, int e, float *y, int n, int out, int in, float beta)
-{
-    lb_linear_fwd16(L, layer, role, x, NULL, w, c, e, y, n, out, in, beta);
-}
-
-void lb_linear_fwd16(lb_linear *L, int layer, lb_role role, const float *x, const uint16_t *x16,
-                     const float *w, const lb_wcache *c, int e, float *y, int n, int out, int in,
-                     float beta)
+void lb_linear_fwd(lb_linear *L, int layer, lb_role role, lb_act x, const float *w,
+                   const lb_wcache *c, int e, float *y, int out, float beta)
 {
     lb_backend *be = L->be;
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
+    const int n = x.rows, in = x.cols;
     size_t mat = (size_t)out * in;
     if (n == 0) return;
     if (F->fmt == LB_FMT_FP32) {
-        lb_gemm(be, 0, 1, n, out, in, 1.0f, x, w + e * mat, beta, y);
+        lb_gemm(be, 0, 1, n, out, in, 1.0f, need_f32(x, layer, role, "lb_linear_fwd"),
+                w + e * mat, beta, y);
     } else if (F->fmt == LB_FMT_BF16) {   // the GEMM rounds x (W: the cache's copy, kernels.h)
-        lb_gemm_args g = {0, 1, n, out, in, 1.0f, beta, x, w + e * mat, y, 1, cache_b16(c, e),
-                          x16, NULL};
+        lb_gemm_args g = {0, 1, n, out, in, 1.0f, beta, f32_of(x), w + e * mat, y, 1,
+                          cache_b16(c, e), b16_of(x), NULL};
         be->gemm(be, &g);
     } else {
         lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, e, 0));
-        const lb_act xa = act_in(x, x16, n, in);
-        etp_amax(L, 0, role, 0, &a, 1, xa, &n, NULL);
-        gemm_act_q(L, xa, &a, &c->row[e], out, beta, y);
+        etp_amax(L, 0, role, 0, &a, 1, x, &n, NULL);
+        gemm_act_q(L, x, &a, &c->row[e], out, beta, y);
     }
 }
 
-void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
-                          const uint16_t *x16, int count, const float *const *w,
-                          const lb_wcache *const *c, float *const *y, const int *out, int n,
-                          int in)
+void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, lb_act x, int count,
+                          const float *const *w, const lb_wcache *const *c, float *const *y,
+                          const int *out)
 {
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
+    const int n = x.rows, in = x.cols;
     if (n == 0) return;
     if (F->fmt == LB_FMT_BF16) {   // one grouped call: a backend converts x once for all
         lb_gemm_args g[count];
         for (int i = 0; i < count; i++)
-            g[i] = (lb_gemm_args){0, 1, n, out[i], in, 1.0f, 0.0f, x, w[i], y[i], 1,
-                                  cache_b16(c[i], 0), x16, NULL};
+            g[i] = (lb_gemm_args){0, 1, n, out[i], in, 1.0f, 0.0f, f32_of(x), w[i], y[i], 1,
+                                  cache_b16(c[i], 0), b16_of(x), NULL};
         L->be->gemm_grouped(L->be, count, g);
         return;
     }
     if (!is_low(F->fmt)) {
         for (int i = 0; i < count; i++)
-            lb_linear_fwd(L, layer, role, x, w[i], c[i], 0, y[i], n, out[i], in, 0.0f);
+            lb_linear_fwd(L, layer, role, x, w[i], c[i], 0, y[i], out[i], 0.0f);
         return;
     }
     lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, 0, 0));
     lb_qmat q;
     lb_linear_qscratch(L, 0, &q, n, in, &a);
-    L->be->quantize(L->be, &q, act_in(x, x16, n, in), &a);
+    L->be->quantize(L->be, &q, x, &a);
     // one grouped call (gemm_q's bits per group): at decode sizes q, k and v have few tiles
     // each, and run side by side instead of one after another
     lb_gemm_q_args g[count];
@@ -533,23 +535,23 @@ typedef struct {
     int ready;
 } shared_x;
 
-static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x,
-                       const uint16_t *x16, const float *w, const lb_wcache *c, int e,
-                       const float *dy, float *dx, float dx_beta, float *dw, float dw_beta, int n,
-                       int out, int in, shared_x *sx);
+static void linear_bwd(lb_linear *L, int layer, lb_role role, lb_act x, const float *w,
+                       const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
+                       float *dw, float dw_beta, int out, shared_x *sx);
 
-void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
+void lb_linear_bwd(lb_linear *L, int layer, lb_role role, lb_act x, const float *w,
                    const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
-                   float *dw, float dw_beta, int n, int out, int in)
+                   float *dw, float dw_beta, int out)
 {
-    linear_bwd(L, layer, role, x, NULL, w, c, e, dy, dx, dx_beta, dw, dw_beta, n, out, in, NULL);
+    linear_bwd(L, layer, role, x, w, c, e, dy, dx, dx_beta, dw, dw_beta, out, NULL);
 }
 
-void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
-                          const uint16_t *x16, int count, const float *const *w,
-                          const lb_wcache *const *c, const float *const *dy, float *dx,
-                          float *const *dw, const float *dw_beta, const int *out, int n, int in)
+void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, lb_act x, int count,
+                          const float *const *w, const lb_wcache *const *c,
+                          const float *const *dy, float *dx, float *const *dw,
+                          const float *dw_beta, const int *out)
 {
+    const int n = x.rows, in = x.cols;
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     const lb_site *D = lb_contract_site(L->contract, layer, role, LB_PASS_DGRAD);
     const lb_site *G = lb_contract_site(L->contract, layer, role, LB_PASS_WGRAD);
@@ -564,28 +566,25 @@ void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
         g[0] = (lb_gemm_args){0, 0, n, in, out[0], 1.0f, 0.0f, dy[0], w[0], dx, 1,
                               cache_b16(c[0], 0), NULL, NULL};
         for (int i = 0; i < count; i++)
-            g[1 + i] = (lb_gemm_args){1, 0, out[i], in, n, 1.0f, dw_beta[i], dy[i], x, dw[i], 1,
-                                      x16, NULL, NULL};
+            g[1 + i] = (lb_gemm_args){1, 0, out[i], in, n, 1.0f, dw_beta[i], dy[i], f32_of(x),
+                                      dw[i], 1, b16_of(x), NULL, NULL};
         L->be->gemm_grouped(L->be, count + 1, g);
         for (int i = 1; i < count; i++)
             lb_gemm_bf16_b16(L->be, 0, 0, n, in, out[i], 1.0f, dy[i], w[i], cache_b16(c[i], 0),
                              1.0f, dx);
         return;
     }
-    if (!x && n > 0 && !lb_linear_quantized(L, layer, role))
-        lb_die("lb_linear_bwd_shared: layer %d %s has no fp32 input for a pass that is neither a "
-               "plain bf16 GEMM nor quantized", layer, lb_role_name(role));
     shared_x sx = {.ready = 0};
     for (int i = 0; i < count; i++)
-        linear_bwd(L, layer, role, x, x16, w[i], c[i], 0, dy[i], dx, i ? 1.0f : 0.0f, dw[i],
-                   dw_beta[i], n, out[i], in, &sx);
+        linear_bwd(L, layer, role, x, w[i], c[i], 0, dy[i], dx, i ? 1.0f : 0.0f, dw[i],
+                   dw_beta[i], out[i], &sx);
 }
 
-static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x,
-                       const uint16_t *x16, const float *w, const lb_wcache *c, int e,
-                       const float *dy, float *dx, float dx_beta, float *dw, float dw_beta, int n,
-                       int out, int in, shared_x *sx)
+static void linear_bwd(lb_linear *L, int layer, lb_role role, lb_act x, const float *w,
+                       const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
+                       float *dw, float dw_beta, int out, shared_x *sx)
 {
+    const int n = x.rows, in = x.cols;
     lb_backend *be = L->be;
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     const lb_site *D = lb_contract_site(L->contract, layer, role, LB_PASS_DGRAD);
@@ -603,7 +602,8 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x,
     if (dx && dw && plain_bf16(D, F) && plain_bf16(G, F)) {
         lb_gemm_args g[2] = {{0, 0, n, in, out, 1.0f, dx_beta, dy, we, dx, 1, cache_b16(c, e),
                               NULL, NULL},
-                             {1, 0, out, in, n, 1.0f, dw_beta, dy, x, dw, 1, NULL, NULL, NULL}};
+                             {1, 0, out, in, n, 1.0f, dw_beta, dy, f32_of(x), dw, 1,
+                              b16_of(x), NULL, NULL}};
         be->gemm_grouped(be, 2, g);
         return;
     }
@@ -641,16 +641,19 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x,
     // wgrad: dw (out, in) = dy^T x + dw_beta dw, reducing over the n tokens
     if (!dw) return;
     if (G->fmt == LB_FMT_FP32) {
-        lb_gemm(be, 1, 0, out, in, n, 1.0f, dy, x, dw_beta, dw);
+        lb_gemm(be, 1, 0, out, in, n, 1.0f, dy, need_f32(x, layer, role, "lb_linear_bwd"),
+                dw_beta, dw);
     } else if (!is_low(G->fmt) || G->mode != LB_BWD_QUANTIZED) {
         if (G->mode != LB_BWD_DEQUANTIZED || !is_low(F->fmt)) {
             // dy and x rounded to bf16 (by the GEMM, kernels.h): what a dequantized fprop of
             // bf16 or fp32 activations gives too
-            lb_gemm_bf16(be, 1, 0, out, in, n, 1.0f, dy, x, dw_beta, dw);
+            be->gemm(be, &(lb_gemm_args){1, 0, out, in, n, 1.0f, dw_beta, dy, f32_of(x), dw, 1,
+                                         b16_of(x), NULL, NULL});
         } else {   // a quantized fprop's dequantized activations need not be bf16 values
             float *dyb = scratch(L, 0, (size_t)n * out);
             round_into(L, dyb, dy, (size_t)n * out);
-            const float *xb = fprop_dequant(L, 2, layer, role, e, x, n, in);
+            const float *xb = fprop_dequant(L, 2, layer, role, e,
+                                            need_f32(x, layer, role, "lb_linear_bwd"), n, in);
             lb_gemm(be, 1, 0, out, in, n, 1.0f, dyb, xb, dw_beta, dw);
         }
     } else {
@@ -658,7 +661,7 @@ static void linear_bwd(lb_linear *L, int layer, lb_role role, const float *x,
         lb_quant_args ad = act_args(L, G, 1, 1, operand_id(L, layer, role, LB_PASS_WGRAD, e, 0));
         lb_quant_args ax = act_args(L, G, 1, 0, operand_id(L, layer, role, LB_PASS_WGRAD, e, 1));
         wgrad_hadamard(L, G, layer, role, e, &ad, &ax);
-        const lb_act dya = lb_act_f32(dy, n, out), xa = act_in(x, x16, n, in);
+        const lb_act dya = lb_act_f32(dy, n, out), xa = x;
         etp_amax(L, 1, role, 1, &ad, 1, dya, &have, &nk);
         lb_qmat qd, qx;
         lb_linear_qscratch(L, 0, &qd, nk, out, &ad);
@@ -700,22 +703,24 @@ int lb_linear_plain16(const lb_linear *L, int layer, lb_role role)
            lb_linear_ce_fusable(L, layer, role);
 }
 
-void lb_linear_fwd_c16(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
-                       const lb_wcache *c, uint16_t *y16, int n, int out, int in)
+void lb_linear_fwd_c16(lb_linear *L, int layer, lb_role role, lb_act x, const float *w,
+                       const lb_wcache *c, uint16_t *y16, int out)
 {
     if (!lb_linear_plain16(L, layer, role))
         lb_die("lb_linear_fwd_c16: layer %d %s is not bf16 in every pass", layer,
                lb_role_name(role));
-    if (n == 0) return;
-    lb_gemm_args g = {0, 1, n, out, in, 1.0f, 0.0f, x, w, NULL, 1, cache_b16(c, 0), NULL, y16};
+    if (x.rows == 0) return;
+    lb_gemm_args g = {0, 1, x.rows, out, x.cols, 1.0f, 0.0f, f32_of(x), w, NULL, 1,
+                      cache_b16(c, 0), b16_of(x), y16};
     L->be->gemm(L->be, &g);
 }
 
-void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
+void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, lb_act x, const float *w,
                       const lb_wcache *c, float *logits, uint16_t *logits16, const double *stats,
                       const int32_t *targets, float dloss, float *dx, float *dw, float dw_beta,
-                      int n, int out, int in)
+                      int out)
 {
+    const int n = x.rows, in = x.cols;
     if (!lb_linear_ce_fusable(L, layer, role))
         lb_die("lb_linear_ce_bwd: layer %d %s has a backward pass that is not a plain bf16 GEMM",
                layer, lb_role_name(role));
@@ -729,7 +734,8 @@ void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, con
     L->be->linear_ce_bwd(L->be, &(lb_linear_ce_args){.dx = dx, .dx_beta = 0.0f, .dw = dw,
             .dw_beta = dw_beta, .logits = logits, .logits16 = logits16, .stats = stats,
             .targets = targets,
-            .dloss = dloss, .x = x, .w = w, .w16 = cache_b16(c, 0), .n = n, .v = out, .c = in});
+            .dloss = dloss, .x = need_f32(x, layer, role, "lb_linear_ce_bwd"), .w = w,
+            .w16 = cache_b16(c, 0), .n = n, .v = out, .c = in});
 }
 
 // --- experts: one weight matrix per group of consecutive rows ----------------------------------
@@ -839,25 +845,37 @@ static const float *row_of(const float *x, size_t off, int cols)
     return x ? x + off * (size_t)cols : NULL;
 }
 
-void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x,
-                           const uint16_t *x16, const float *w, const lb_wcache *c,
-                           const int *counts, int groups, float *y, uint16_t *y16, int out,
-                           int in)
+// An experts' x: bf16 only where their GEMMs read bf16 values (bf16, or quantized from them).
+static void experts_x_check(const lb_linear *L, int layer, lb_role role, lb_act x,
+                            const int *counts, int groups, const char *what)
 {
+    if (x.type == LB_ACT_BF16 && !all_fmt(L, layer, role, LB_FMT_BF16) &&
+        !lb_linear_quantized(L, layer, role))
+        lb_die("%s: layer %d %s: a bf16 x for GEMMs neither bf16 nor quantized from it", what,
+               layer, lb_role_name(role));
+    if ((size_t)x.rows < rows_of(counts, groups))
+        lb_die("%s: layer %d %s: x has %d rows, the groups %zu", what, layer, lb_role_name(role),
+               x.rows, rows_of(counts, groups));
+}
+
+void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, lb_act x, const float *w,
+                           const lb_wcache *c, const int *counts, int groups, float *y,
+                           uint16_t *y16, int out)
+{
+    const int in = x.cols;
     size_t off = 0, mat = (size_t)out * in;
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
-    if (x16 && !bf16 && (x || !lb_linear_quantized(L, layer, role)))
-        lb_die("lb_linear_grouped_fwd: a bf16 x for GEMMs neither bf16 nor quantized from it");
+    experts_x_check(L, layer, role, x, counts, groups, "lb_linear_grouped_fwd");
     if (y16 && !lb_linear_grouped_c16(L, layer, role, LB_PASS_FPROP))
         lb_die("lb_linear_grouped_fwd: a bf16 y where the GEMMs store fp32");
-    if (!x && !x16 && rows_of(counts, groups))
-        lb_die("lb_linear_grouped_fwd: neither x nor its bf16 copy");
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {   // one grouped call for all experts
+        if (!bf16) need_f32(x, layer, role, "lb_linear_grouped_fwd");
         lb_gemm_args g[groups];
         for (int j = 0; j < groups; j++) {
-            g[j] = (lb_gemm_args){0, 1, counts[j], out, in, 1.0f, 0.0f, row_of(x, off, in),
+            const lb_act xj = lb_act_rows(x, off, counts[j]);
+            g[j] = (lb_gemm_args){0, 1, counts[j], out, in, 1.0f, 0.0f, f32_of(xj),
                                   w + j * mat, y16 ? NULL : y + off * out, bf16,
-                                  bf16 ? cache_b16(c, j) : NULL, copy_row(x16, off, in),
+                                  bf16 ? cache_b16(c, j) : NULL, b16_of(xj),
                                   (uint16_t *)copy_row(y16, off, out)};
             off += (size_t)counts[j];
         }
@@ -867,13 +885,13 @@ void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     if (is_low(F->fmt)) {   // the bytes and products of lb_linear_fwd per expert
         lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, 0, 0));
-        grouped_act_q(L, role, 0, act_in(x, x16, (int)rows_of(counts, groups), in), counts,
+        grouped_act_q(L, role, 0, lb_act_rows(x, 0, (int)rows_of(counts, groups)), counts,
                       groups, &a, NULL, c->row, out, y, y16);
         return;
     }
     for (int j = 0; j < groups; j++) {   // mixed fp32 and bf16 passes
-        lb_linear_fwd(L, layer, role, x + off * in, w, c, j, y + off * out, counts[j], out, in,
-                      0.0f);
+        lb_linear_fwd(L, layer, role, lb_act_rows(x, off, counts[j]), w, c, j, y + off * out,
+                      out, 0.0f);
         off += (size_t)counts[j];
     }
 }
@@ -889,70 +907,68 @@ int lb_linear_experts_ok(const lb_linear *L, int layer, lb_role role, const lb_w
     return splits_by_rows(&a);
 }
 
-void lb_linear_experts_fwd(lb_linear *L, int layer, lb_role role, const float *x,
-                           const uint16_t *x16, const lb_wcache *c, const int *counts,
-                           int groups, int rows, float *y, uint16_t *y16, int out, int in)
+void lb_linear_experts_fwd(lb_linear *L, int layer, lb_role role, lb_act x, const lb_wcache *c,
+                           const int *counts, int groups, float *y, uint16_t *y16, int out)
 {
+    const int rows = x.rows, in = x.cols;
     if (!lb_linear_experts_ok(L, layer, role, c))
         lb_die("lb_linear_experts_fwd: neither bf16 GEMMs on a bf16 weight cache nor quantized "
                "ones on a row-wise cache");
     lb_gemm_experts_args g = {.c = y16 ? NULL : y, .c16 = y16, .counts = counts, .e = groups,
                               .rows = rows, .n = out, .k = in};
     if (all_fmt(L, layer, role, LB_FMT_BF16)) {
-        if (!x16) lb_die("lb_linear_experts_fwd: bf16 GEMMs without x's bf16 copy");
-        g.a16 = x16, g.b16 = cache_b16(c, 0);
+        if (x.type != LB_ACT_BF16) lb_die("lb_linear_experts_fwd: bf16 GEMMs on an fp32 x");
+        g.a16 = x.p, g.b16 = cache_b16(c, 0);
         L->be->gemm_experts(L->be, &g);
         return;
     }
-    if (!x && (!x16 || !lb_linear_quantized(L, layer, role)))
-        lb_die("lb_linear_experts_fwd: quantized GEMMs without x, or without every pass "
-               "quantized from its bf16 copy");
+    if (x.type == LB_ACT_BF16 && !lb_linear_quantized(L, layer, role))
+        lb_die("lb_linear_experts_fwd: a bf16 x where not every pass is quantized from it");
     if (y16 && !lb_linear_grouped_c16(L, layer, role, LB_PASS_FPROP))
         lb_die("lb_linear_experts_fwd: a bf16 y where the GEMMs store fp32");
     // grouped_act_q's quantization: all rows in one call, each expert's bytes
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     lb_quant_args a = act_args(L, F, 0, 0, operand_id(L, layer, role, LB_PASS_FPROP, 0, 0));
     if (rows == 0) return;
-    const lb_act xa = act_in(x, x16, rows, in);
-    etp_amax(L, 0, role, 0, &a, 1, xa, &rows, NULL);
+    etp_amax(L, 0, role, 0, &a, 1, x, &rows, NULL);
     lb_qmat q;
     lb_linear_qscratch(L, 0, &q, rows, in, &a);
-    L->be->quantize(L->be, &q, xa, &a);
+    L->be->quantize(L->be, &q, x, &a);
     g.qa = &q, g.qb = c->row;
     L->be->gemm_experts(L->be, &g);
 }
 
-void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x,
-                           const uint16_t *x16, const float *w, const lb_wcache *c,
-                           const int *counts, int groups, const int *segs, int nsrc,
-                           const float *dy, const uint16_t *dy16, float *dx, uint16_t *dx16,
-                           float *dw, float dw_beta, int out, int in)
+void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, lb_act x, const float *w,
+                           const lb_wcache *c, const int *counts, int groups, const int *segs,
+                           int nsrc, const float *dy, const uint16_t *dy16, float *dx,
+                           uint16_t *dx16, float *dw, float dw_beta, int out)
 {
+    const int in = x.cols;
     size_t off = 0, mat = (size_t)out * in;
     if (dw_beta != 0.0f && dw_beta != 1.0f) lb_die("lb_linear_grouped_bwd: dw_beta %g", dw_beta);
     int bf16 = all_fmt(L, layer, role, LB_FMT_BF16);
     if (dy16 && !bf16) lb_die("lb_linear_grouped_bwd: a bf16 dy for GEMMs not in bf16");
-    if (x16 && !bf16 && (x || !lb_linear_quantized(L, layer, role)))
-        lb_die("lb_linear_grouped_bwd: a bf16 x for GEMMs neither bf16 nor quantized from it");
+    experts_x_check(L, layer, role, x, counts, groups, "lb_linear_grouped_bwd");
     if (dx16 && !lb_linear_grouped_c16(L, layer, role, LB_PASS_DGRAD))
         lb_die("lb_linear_grouped_bwd: a bf16 dx where the dgrad stores fp32");
-    if (((!x && !x16) || (!dy && !dy16)) && rows_of(counts, groups))
-        lb_die("lb_linear_grouped_bwd: neither x nor its bf16 copy, or dy");
+    if (!dy && !dy16 && rows_of(counts, groups))
+        lb_die("lb_linear_grouped_bwd: neither dy nor its bf16 copy");
     if (bf16 || all_fmt(L, layer, role, LB_FMT_FP32)) {
+        if (!bf16) need_f32(x, layer, role, "lb_linear_grouped_bwd");
         // Each expert's dgrad and wgrad side by side in one call: a backend may convert its dy
         // once for both (see lb_linear_bwd).
         lb_gemm_args g[2 * groups];
         for (int j = 0; j < groups; j++) {
             int mj = counts[j];
+            const lb_act xj = lb_act_rows(x, off, mj);
             g[2 * j] = (lb_gemm_args){0, 0, mj, in, out, 1.0f, 0.0f, row_of(dy, off, out),
                                       w + j * mat, dx16 ? NULL : dx + off * in, bf16,
                                       bf16 ? cache_b16(c, j) : NULL, copy_row(dy16, off, out),
                                       (uint16_t *)copy_row(dx16, off, in)};
             // mj 0: no product, and beta 0 zeroes the matrix (kernels.h)
             g[2 * j + 1] = (lb_gemm_args){1, 0, out, in, mj, 1.0f, dw_beta, row_of(dy, off, out),
-                                          row_of(x, off, in), dw + j * mat, bf16,
-                                          copy_row(x16, off, in), copy_row(dy16, off, out),
-                                          NULL};
+                                          f32_of(xj), dw + j * mat, bf16, b16_of(xj),
+                                          copy_row(dy16, off, out), NULL};
             off += (size_t)mj;
         }
         L->be->gemm_grouped(L->be, 2 * groups, g);
@@ -969,7 +985,7 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
                          : (lb_quant_args){0};
     const int rc = dq && wq && splits_by_rows(&a);
     const int nrows = (int)rows_of(counts, groups);
-    const lb_act dya = lb_act_f32(dy, nrows, out), xa = act_in(x, x16, nrows, in);
+    const lb_act dya = lb_act_f32(dy, nrows, out), xa = lb_act_rows(x, 0, nrows);
     int dgrad_done = 0;
     if (dq && !rc) {
         grouped_act_q(L, role, 1, dya, counts, groups, &a, NULL, c->col, in, dx, dx16);
@@ -1053,9 +1069,9 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x
     }
     if (dgrad_done && wgrad_done) return;
     for (int j = 0; j < groups; j++) {
-        lb_linear_bwd(L, layer, role, x + off * in, w, c, j, dy + off * out,
+        lb_linear_bwd(L, layer, role, lb_act_rows(x, off, counts[j]), w, c, j, dy + off * out,
                       dgrad_done ? NULL : dx + off * in, 0.0f, wgrad_done ? NULL : dw + j * mat,
-                      dw_beta, counts[j], out, in);
+                      dw_beta, out);
         off += (size_t)counts[j];
     }
 }

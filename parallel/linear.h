@@ -80,100 +80,92 @@ void lb_wcache_free(lb_linear *L, lb_wcache *c);
 // copy, row-wise and column-wise quantized copies): what `lowbit info` predicts.
 size_t lb_wcache_bytes(const lb_linear *L, int layer, lb_role role, int count, int out, int in);
 
+// The activations these take are lb_acts (kernels.h): x (n, in) in fp32 or bf16, its rows and
+// columns the n and in below. A bf16 GEMM reads either (rounding fp32 itself: the same bits);
+// a quantized one quantizes x's values as they are; an fp32 one, and a backward that is
+// dequantized or in mixed formats, takes fp32 x only. Which one a layer stores is the
+// activation plan's choice (models/blocks.c), made from the contract: bf16 where every pass
+// reads x as bf16 values (lb_linear_plain16) or quantizes it (lb_linear_quantized).
+
 // y (n, out) = x (n, in) W^T + beta * y, for matrix e of the cache (W is w's fp32 master).
-void lb_linear_fwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
-                   const lb_wcache *c, int e, float *y, int n, int out, int in, float beta);
-// The same with x16: NULL, or x rounded to bf16 in to_bf16's layout (n, pad8(in)), written by
-// the op that made x (rmsnorm_fwd's out16), which a bf16 fprop reads instead of rounding x
-// again (lb_gemm_args.a16): the same bits. Where x is NULL, x16 is the activation itself and a
-// quantized fprop quantizes its bf16 values (lb_linear_quantized layers store theirs so).
-void lb_linear_fwd16(lb_linear *L, int layer, lb_role role, const float *x, const uint16_t *x16,
-                     const float *w, const lb_wcache *c, int e, float *y, int n, int out, int in,
-                     float beta);
+void lb_linear_fwd(lb_linear *L, int layer, lb_role role, lb_act x, const float *w,
+                   const lb_wcache *c, int e, float *y, int out, float beta);
 // dx (n, in) = dy (n, out) W + dx_beta * dx   (skipped when dx is NULL)
 // dw (out, in) = dy^T x + dw_beta * dw         (skipped when dw is NULL; dw_beta 0 or 1, and
 //                                               0 overwrites dw even when n is 0)
-void lb_linear_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
+void lb_linear_bwd(lb_linear *L, int layer, lb_role role, lb_act x, const float *w,
                    const lb_wcache *c, int e, const float *dy, float *dx, float dx_beta,
-                   float *dw, float dw_beta, int n, int out, int in);
+                   float *dw, float dw_beta, int out);
 // lb_linear_fwd and lb_linear_bwd for count weights (matrix 0 of each cache) that read the
 // same x at one site, the q, k and v projections: y_i (n, out[i]) = x W_i^T; dx (n, in) =
 // sum_i dy_i W_i (overwritten, i in order), dw_i = dy_i^T x + dw_beta[i] dw_i. A low-precision
 // x is quantized once for all the fprops, and a quantized wgrad's column-wise x once for all
 // the wgrads: the site and the operand ids are the same for every i, so are the bytes, and the
-// results are those of the separate calls. x16: as lb_linear_fwd16's, or NULL; where every pass
-// is a plain bf16 GEMM (lb_linear_plain16) or quantized (lb_linear_quantized), x may be NULL
-// where x16 is given, and the backward's wgrads read x16 too.
-void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
-                          const uint16_t *x16, int count, const float *const *w,
-                          const lb_wcache *const *c, float *const *y, const int *out, int n,
-                          int in);
-void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, const float *x,
-                          const uint16_t *x16, int count, const float *const *w, const lb_wcache *const *c,
+// results are those of the separate calls.
+void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, lb_act x, int count,
+                          const float *const *w, const lb_wcache *const *c, float *const *y,
+                          const int *out);
+void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, lb_act x, int count,
+                          const float *const *w, const lb_wcache *const *c,
                           const float *const *dy, float *dx, float *const *dw,
-                          const float *dw_beta, const int *out, int n, int in);
+                          const float *dw_beta, const int *out);
 // The same for an LM head whose logits (n, out) met cross_entropy: dy = dloss (softmax(logits)
 // - onehot(targets)) from the forward's row statistics (not NULL), then dx (overwritten) and
 // dw, in one backend call that need not store dy (linear_ce_bwd). Only where
-// lb_linear_ce_fusable: both backward passes are plain bf16 GEMMs. The same bits as
+// lb_linear_ce_fusable: both backward passes are plain bf16 GEMMs; x fp32. The same bits as
 // cross_entropy_bwd and then lb_linear_bwd; the logits are left undefined. c: W's cache (its
 // bf16 copy for the dgrad), or NULL. logits16: NULL, or the logits in bf16 instead
 // (lb_linear_plain16; logits then NULL), the gradient written over them.
 int lb_linear_ce_fusable(const lb_linear *L, int layer, lb_role role);
 // Whether every pass of (layer, role) is a plain bf16 GEMM (a bf16 fprop, and both backward
 // passes bf16 on the original operands): its input is then only ever read rounded to bf16, so
-// a bf16 copy may stand in for it everywhere.
+// it may be stored in bf16 with the same bits.
 int lb_linear_plain16(const lb_linear *L, int layer, lb_role role);
 // Whether every pass of (layer, role) is a low-precision GEMM on quantized operands (no
 // dequantized or high-precision backward): its input is then only ever quantized, so it may be
-// stored in bf16 alone and quantized from those values (x NULL, x16 given, in the calls that
-// take both). The low-precision recipes' layers are so by default.
+// stored in bf16 and quantized from those values. The low-precision recipes' layers are so by
+// default.
 int lb_linear_quantized(const lb_linear *L, int layer, lb_role role);
 // Such a layer's fprop y16 (n, pad8(out)) = x W^T rounded once to bf16 (lb_gemm_args.c16).
-void lb_linear_fwd_c16(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
-                       const lb_wcache *c, uint16_t *y16, int n, int out, int in);
-void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, const float *x, const float *w,
+void lb_linear_fwd_c16(lb_linear *L, int layer, lb_role role, lb_act x, const float *w,
+                       const lb_wcache *c, uint16_t *y16, int out);
+void lb_linear_ce_bwd(lb_linear *L, int layer, lb_role role, lb_act x, const float *w,
                       const lb_wcache *c, float *logits, uint16_t *logits16, const double *stats,
                       const int32_t *targets, float dloss, float *dx, float *dw, float dw_beta,
-                      int n, int out, int in);
+                      int out);
 
-// Experts: rows [off_j, off_j + counts[j]) of x use matrix j (counts is a host array).
-// x16, dy16: NULL, or x and dy rounded to bf16 in to_bf16's layout (rows, pad8(cols)), written
-// by the ops that made x and dy (swiglu_fwd's out16, ...); the bf16 GEMMs read them instead of
-// rounding x and dy again. Only where lb_linear_grouped_bf16 says those GEMMs are bf16; then x
-// (dy) may be NULL where x16 (dy16) is given. Where lb_linear_quantized, x may be NULL where x16
-// is given: x16 is then the activation, quantized from its bf16 values. Likewise y16 (dx16), or NULL: the output stored
-// in bf16 in that layout (lb_gemm_args.c16, lb_gemm_q_args.c16) instead of y (dx), which is
-// then not written; only where lb_linear_grouped_c16 says the pass's grouped call stores it
-// (bf16 GEMMs, and the quantized fprop and dgrad of the low-precision formats).
+// Experts: rows [off_j, off_j + counts[j]) of x use matrix j (counts is a host array; x has
+// at least their sum of rows). x in bf16 only where lb_linear_grouped_bf16 says those GEMMs
+// are bf16 or lb_linear_quantized that they are quantized in every pass. dy16: NULL, or dy
+// rounded to bf16 in to_bf16's layout (rows, pad8(cols)), written by the op that made dy, for
+// bf16 GEMMs (dy may then be NULL). y16 (dx16), or NULL: the output stored in bf16 in that
+// layout (lb_gemm_args.c16, lb_gemm_q_args.c16) instead of y (dx), which is then not written;
+// only where lb_linear_grouped_c16 says the pass's grouped call stores it (bf16 GEMMs, and the
+// quantized fprop and dgrad of the low-precision formats).
 int lb_linear_grouped_bf16(const lb_linear *L, int layer, lb_role role);
 int lb_linear_grouped_c16(const lb_linear *L, int layer, lb_role role, lb_pass pass);
-void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, const float *x,
-                           const uint16_t *x16, const float *w, const lb_wcache *c,
-                           const int *counts, int groups, float *y, uint16_t *y16, int out,
-                           int in);
-// The fprop of lb_linear_grouped_fwd with the rows per expert in backend memory (counts: moe_plan's
-// device copy; rows = their sum), so the host never waits for them (the sampler's decode
-// forward): the same bits. Only where lb_linear_experts_ok says so: the backend has
-// gemm_experts, and the GEMMs are bf16 with c holding the weights' bf16 copy (x16 given), or
-// quantized with c's row-wise copies and an activation quantization that one call over all
-// rows gives each expert (x given, or x16 alone where lb_linear_quantized; no stochastic
-// rounding, no per-tensor NVFP4 level).
+void lb_linear_grouped_fwd(lb_linear *L, int layer, lb_role role, lb_act x, const float *w,
+                           const lb_wcache *c, const int *counts, int groups, float *y,
+                           uint16_t *y16, int out);
+// The fprop of lb_linear_grouped_fwd with the rows per expert in backend memory (counts:
+// moe_plan's device copy; x.rows = their sum), so the host never waits for them (the
+// sampler's decode forward): the same bits. Only where lb_linear_experts_ok says so: the
+// backend has gemm_experts, and the GEMMs are bf16 with c holding the weights' bf16 copy (x
+// bf16), or quantized with c's row-wise copies and an activation quantization that one call
+// over all rows gives each expert (no stochastic rounding, no per-tensor NVFP4 level).
 int lb_linear_experts_ok(const lb_linear *L, int layer, lb_role role, const lb_wcache *c);
-void lb_linear_experts_fwd(lb_linear *L, int layer, lb_role role, const float *x,
-                           const uint16_t *x16, const lb_wcache *c, const int *counts,
-                           int groups, int rows, float *y, uint16_t *y16, int out, int in);
+void lb_linear_experts_fwd(lb_linear *L, int layer, lb_role role, lb_act x, const lb_wcache *c,
+                           const int *counts, int groups, float *y, uint16_t *y16, int out);
 // dx (rows, in) overwritten; dw (groups, out, in) = the wgrads + dw_beta * dw (0 or 1; 0
 // overwrites the matrices of groups without rows with zeros). segs (groups * nsrc, or NULL):
 // group j's rows come in nsrc segments of segs[j * nsrc + s] rows (an expert's rows from each
 // expert-parallel source rank, lb_ep_route.seg_counts); a quantized wgrad then quantizes each
 // segment as a group of its own, as one rank quantizes that source's micro-batch, so its
 // blocks along the tokens do not depend on the layout (doc/parallel.md).
-void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, const float *x,
-                           const uint16_t *x16, const float *w, const lb_wcache *c,
-                           const int *counts, int groups, const int *segs, int nsrc,
-                           const float *dy, const uint16_t *dy16, float *dx, uint16_t *dx16,
-                           float *dw, float dw_beta, int out, int in);
+void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, lb_act x, const float *w,
+                           const lb_wcache *c, const int *counts, int groups, const int *segs,
+                           int nsrc, const float *dy, const uint16_t *dy16, float *dx,
+                           uint16_t *dx16, float *dw, float dw_beta, int out);
 
 void lb_linear_free(lb_linear *L);
 

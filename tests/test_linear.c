@@ -100,8 +100,8 @@ static void check_recipe(const char *recipe, const char *backward, lb_format f, 
     lb_wcache wc;
     memset(&wc, 0, sizeof wc);
     lb_wcache_build(&L, &wc, 0, role, w, 1, OUT, IN);
-    lb_linear_fwd(&L, 0, role, x, w, &wc, 0, y, N, OUT, IN, 0.0f);
-    lb_linear_bwd(&L, 0, role, x, w, &wc, 0, dy, dx, 0.0f, dw, 1.0f, N, OUT, IN);
+    lb_linear_fwd(&L, 0, role, lb_act_f32(x, N, IN), w, &wc, 0, y, OUT, 0.0f);
+    lb_linear_bwd(&L, 0, role, lb_act_f32(x, N, IN), w, &wc, 0, dy, dx, 0.0f, dw, 1.0f, OUT);
 
     int quantized = strcmp(backward, "quantized") == 0;
     int low = f != LB_FMT_FP32 && f != LB_FMT_BF16;
@@ -205,15 +205,16 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         dw[r] = malloc(sizeof(float) * E * mat);
         fill(dw[r], E * mat, 4);   // wgrad accumulates
     }
-    lb_linear_grouped_fwd(&L, 0, role, x, NULL, w, &wc, counts, E, y[0], NULL, OUT, IN);
-    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx[0], NULL, dw[0],
-                          1.0f, OUT, IN);
+    const lb_act xa = lb_act_f32(x, n, IN);
+    lb_linear_grouped_fwd(&L, 0, role, xa, w, &wc, counts, E, y[0], NULL, OUT);
+    lb_linear_grouped_bwd(&L, 0, role, xa, w, &wc, counts, E, NULL, 1, dy, NULL, dx[0], NULL,
+                          dw[0], 1.0f, OUT);
     size_t off = 0;
     for (int j = 0; j < E; j++) {
-        lb_linear_fwd(&L, 0, role, x + off * IN, w, &wc, j, y[1] + off * OUT, counts[j], OUT, IN,
-                      0.0f);
-        lb_linear_bwd(&L, 0, role, x + off * IN, w, &wc, j, dy + off * OUT, dx[1] + off * IN,
-                      0.0f, dw[1] + j * mat, 1.0f, counts[j], OUT, IN);
+        lb_linear_fwd(&L, 0, role, lb_act_rows(xa, off, counts[j]), w, &wc, j, y[1] + off * OUT,
+                      OUT, 0.0f);
+        lb_linear_bwd(&L, 0, role, lb_act_rows(xa, off, counts[j]), w, &wc, j, dy + off * OUT,
+                      dx[1] + off * IN, 0.0f, dw[1] + j * mat, 1.0f, OUT);
         off += (size_t)counts[j];
     }
     ck_assert_msg(!memcmp(y[0], y[1], sizeof(float) * n * OUT), "%s/%s: grouped fprop", recipe, backward);
@@ -229,17 +230,18 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         float *y2 = malloc(sizeof(float) * n * OUT), *dx2 = malloc(sizeof(float) * n * IN);
         float *dw2 = malloc(sizeof(float) * E * mat);
         fill(dw2, E * mat, 4);
-        lb_linear_grouped_fwd(&L, 0, role, x, x16, w, &wc, counts, E, y2, NULL, OUT, IN);
-        lb_linear_grouped_bwd(&L, 0, role, x, x16, w, &wc, counts, E, NULL, 1, dy, dy16, dx2, NULL, dw2,
-                              1.0f, OUT, IN);
-        ck_assert_msg(!memcmp(y[0], y2, sizeof(float) * n * OUT), "%s: fprop, x16", recipe);
+        lb_linear_grouped_fwd(&L, 0, role, xa, w, &wc, counts, E, y2, NULL, OUT);
+        lb_linear_grouped_bwd(&L, 0, role, xa, w, &wc, counts, E, NULL, 1, dy, dy16, dx2, NULL,
+                              dw2, 1.0f, OUT);
+        ck_assert_msg(!memcmp(y[0], y2, sizeof(float) * n * OUT), "%s: fprop, x", recipe);
         ck_assert_msg(!memcmp(dx[0], dx2, sizeof(float) * n * IN), "%s: dgrad, dy16", recipe);
         ck_assert_msg(!memcmp(dw[0], dw2, sizeof(float) * E * mat), "%s: wgrad, x16 dy16", recipe);
         // the copies alone (x and dy NULL: their ops wrote no fp32)
         fill(dw2, E * mat, 4);
-        lb_linear_grouped_fwd(&L, 0, role, NULL, x16, w, &wc, counts, E, y2, NULL, OUT, IN);
-        lb_linear_grouped_bwd(&L, 0, role, NULL, x16, w, &wc, counts, E, NULL, 1, NULL, dy16, dx2, NULL, dw2,
-                              1.0f, OUT, IN);
+        const lb_act xa16 = lb_act_bf16(x16, n, IN);
+        lb_linear_grouped_fwd(&L, 0, role, xa16, w, &wc, counts, E, y2, NULL, OUT);
+        lb_linear_grouped_bwd(&L, 0, role, xa16, w, &wc, counts, E, NULL, 1, NULL, dy16, dx2,
+                              NULL, dw2, 1.0f, OUT);
         ck_assert_msg(!memcmp(y[0], y2, sizeof(float) * n * OUT), "%s: fprop, x16 alone", recipe);
         ck_assert_msg(!memcmp(dx[0], dx2, sizeof(float) * n * IN), "%s: dgrad, dy16 alone", recipe);
         ck_assert_msg(!memcmp(dw[0], dw2, sizeof(float) * E * mat), "%s: wgrad, copies alone",
@@ -247,10 +249,11 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         // no rows at all (an expert-parallel rank that received none): no operand, no error,
         // and dw_beta 0 still zeroes the matrices
         const int none[E] = {0};
-        lb_linear_grouped_fwd(&L, 0, role, NULL, NULL, w, &wc, none, E, y2, NULL, OUT, IN);
+        lb_linear_grouped_fwd(&L, 0, role, lb_act_f32(NULL, 0, IN), w, &wc, none, E, y2, NULL,
+                              OUT);
         for (size_t i = 0; i < E * mat; i++) dw2[i] = NAN;
-        lb_linear_grouped_bwd(&L, 0, role, NULL, NULL, w, &wc, none, E, NULL, 1, NULL, NULL, dx2, NULL, dw2,
-                              0.0f, OUT, IN);
+        lb_linear_grouped_bwd(&L, 0, role, lb_act_f32(NULL, 0, IN), w, &wc, none, E, NULL, 1,
+                              NULL, NULL, dx2, NULL, dw2, 0.0f, OUT);
         for (size_t i = 0; i < E * mat; i++)
             ck_assert_msg(dw2[i] == 0.0f, "%s: no rows, dw[%zu] %g", recipe, i, dw2[i]);
         free(x16), free(dy16), free(y2), free(dx2), free(dw2);
@@ -271,10 +274,9 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
         for (size_t i = 0; i < (size_t)n * OUT; i++) y2[i] = NAN;
         for (size_t i = 0; i < (size_t)n * IN; i++) dx2[i] = NAN;
         fill(dw2, E * mat, 4);
-        lb_linear_grouped_fwd(&L, 0, role, x, NULL, w, &wc, counts, E, y2, f16 ? y16 : NULL, OUT,
-                              IN);
-        lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx2,
-                              d16 ? dx16 : NULL, dw2, 1.0f, OUT, IN);
+        lb_linear_grouped_fwd(&L, 0, role, xa, w, &wc, counts, E, y2, f16 ? y16 : NULL, OUT);
+        lb_linear_grouped_bwd(&L, 0, role, xa, w, &wc, counts, E, NULL, 1, dy, NULL, dx2,
+                              d16 ? dx16 : NULL, dw2, 1.0f, OUT);
         for (int i = 0; i < n; i++) {
             for (int j = 0; f16 && j < OUT8; j++) {
                 uint16_t want = j < OUT ? lb_f32_to_bf16(y[0][(size_t)i * OUT + j]) : 0x7fc1;
@@ -300,10 +302,10 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
     // dw_beta 0 overwrites: NaN before, the products after, and zeros for the experts without
     // rows, equal (up to the sign of zero) to adding to zeros
     for (size_t i = 0; i < E * mat; i++) dw[0][i] = NAN, dw[1][i] = 0.0f;
-    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx[0], NULL, dw[0],
-                          0.0f, OUT, IN);
-    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx[1], NULL, dw[1],
-                          1.0f, OUT, IN);
+    lb_linear_grouped_bwd(&L, 0, role, xa, w, &wc, counts, E, NULL, 1, dy, NULL, dx[0], NULL,
+                          dw[0], 0.0f, OUT);
+    lb_linear_grouped_bwd(&L, 0, role, xa, w, &wc, counts, E, NULL, 1, dy, NULL, dx[1], NULL,
+                          dw[1], 1.0f, OUT);
     for (size_t i = 0; i < E * mat; i++)
         ck_assert_msg(dw[0][i] == dw[1][i], "%s/%s: grouped wgrad, beta 0: [%zu] %g, not %g",
                       recipe, backward, i, dw[0][i], dw[1][i]);
@@ -364,18 +366,19 @@ static void check_segments(const char *recipe, int sr, const char *hadamard, int
         dx[r] = malloc(sizeof(float) * n * IN), dw[r] = malloc(sizeof(float) * E * mat);
         fill(dw[r], E * mat, 4);
     }
-    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, segs, P, dy, NULL, dx[0], NULL,
-                          dw[0], 1.0f, OUT, IN);
-    lb_linear_grouped_bwd(&L, 0, role, x, NULL, w, &wc, counts, E, NULL, 1, dy, NULL, dx[2], NULL,
-                          dw[2], 1.0f, OUT, IN);
+    const lb_act xa = lb_act_f32(x, n, IN);
+    lb_linear_grouped_bwd(&L, 0, role, xa, w, &wc, counts, E, segs, P, dy, NULL, dx[0], NULL,
+                          dw[0], 1.0f, OUT);
+    lb_linear_grouped_bwd(&L, 0, role, xa, w, &wc, counts, E, NULL, 1, dy, NULL, dx[2], NULL,
+                          dw[2], 1.0f, OUT);
     size_t off = 0;
     for (int j = 0; j < E; j++) {
-        lb_linear_bwd(&L, 0, role, x + off * IN, w, &wc, j, dy + off * OUT, dx[1] + off * IN,
-                      0.0f, NULL, 0.0f, counts[j], OUT, IN);
+        lb_linear_bwd(&L, 0, role, lb_act_rows(xa, off, counts[j]), w, &wc, j, dy + off * OUT,
+                      dx[1] + off * IN, 0.0f, NULL, 0.0f, OUT);
         for (int q = j * P; q < (j + 1) * P; q++) {   // the wgrad segment by segment
             if (!sr)
-                lb_linear_bwd(&L, 0, role, x + off * IN, w, &wc, j, dy + off * OUT, NULL, 0.0f,
-                              dw[1] + j * mat, 1.0f, segs[q], OUT, IN);
+                lb_linear_bwd(&L, 0, role, lb_act_rows(xa, off, segs[q]), w, &wc, j,
+                              dy + off * OUT, NULL, 0.0f, dw[1] + j * mat, 1.0f, OUT);
             off += (size_t)segs[q];
         }
     }
@@ -434,11 +437,11 @@ static void check_expert0(const char *recipe, int sr, const char *hadamard)
     lb_wcache_build(&L2, &wc2, 0, role, w + (E - LOCAL) * mat, LOCAL, OUT, IN);
     float *dx1 = malloc(sizeof(float) * n * IN), *dw1 = calloc(E * mat, sizeof(float));
     float *dx2 = malloc(sizeof(float) * n * IN), *dw2 = calloc(LOCAL * mat, sizeof(float));
-    lb_linear_grouped_bwd(&L1, 0, role, x, NULL, w, &wc1, counts, E, NULL, 1, dy, NULL, dx1,
-                          NULL, dw1, 0.0f, OUT, IN);
-    lb_linear_grouped_bwd(&L2, 0, role, x + (size_t)off2 * IN, NULL, w + (E - LOCAL) * mat, &wc2,
-                          counts + E - LOCAL, LOCAL, NULL, 1, dy + (size_t)off2 * OUT, NULL,
-                          dx2, NULL, dw2, 0.0f, OUT, IN);
+    lb_linear_grouped_bwd(&L1, 0, role, lb_act_f32(x, n, IN), w, &wc1, counts, E, NULL, 1, dy,
+                          NULL, dx1, NULL, dw1, 0.0f, OUT);
+    lb_linear_grouped_bwd(&L2, 0, role, lb_act_f32(x + (size_t)off2 * IN, n - off2, IN),
+                          w + (E - LOCAL) * mat, &wc2, counts + E - LOCAL, LOCAL, NULL, 1,
+                          dy + (size_t)off2 * OUT, NULL, dx2, NULL, dw2, 0.0f, OUT);
     ck_assert_msg(!memcmp(dx1 + (size_t)off2 * IN, dx2, sizeof(float) * (n - off2) * IN),
                   "%s: experts 2, 3 on their own rank: dgrad", recipe);
     ck_assert_msg(!memcmp(dw1 + (E - LOCAL) * mat, dw2, sizeof(float) * LOCAL * mat),
@@ -494,12 +497,13 @@ static void check_shared(const char *recipe, const char *backward, int sr, const
     for (int r = 0; r < 2; r++) dx[r] = malloc(sizeof(float) * N * IN);
     const float *ws[W] = {w[0], w[1], w[2]}, *dys[W] = {dy[0], dy[1], dy[2]};
     const lb_wcache *cs[W] = {&wc[0], &wc[1], &wc[2]};
-    lb_linear_fwd_shared(&L, 0, role, x, NULL, W, ws, cs, y[0], out, N, IN);
-    lb_linear_bwd_shared(&L, 0, role, x, NULL, W, ws, cs, dys, dx[0], dw[0], betas, out, N, IN);
+    const lb_act xa = lb_act_f32(x, N, IN);
+    lb_linear_fwd_shared(&L, 0, role, xa, W, ws, cs, y[0], out);
+    lb_linear_bwd_shared(&L, 0, role, xa, W, ws, cs, dys, dx[0], dw[0], betas, out);
     for (int i = 0; i < W; i++) {
-        lb_linear_fwd(&L, 0, role, x, w[i], &wc[i], 0, y[1][i], N, out[i], IN, 0.0f);
-        lb_linear_bwd(&L, 0, role, x, w[i], &wc[i], 0, dy[i], dx[1], i ? 1.0f : 0.0f, dw[1][i],
-                      betas[i], N, out[i], IN);
+        lb_linear_fwd(&L, 0, role, xa, w[i], &wc[i], 0, y[1][i], out[i], 0.0f);
+        lb_linear_bwd(&L, 0, role, xa, w[i], &wc[i], 0, dy[i], dx[1], i ? 1.0f : 0.0f, dw[1][i],
+                      betas[i], out[i]);
     }
     for (int i = 0; i < W; i++) {
         ck_assert_msg(!memcmp(y[0][i], y[1][i], sizeof(float) * N * out[i]),
@@ -780,9 +784,10 @@ static void etp_act_case(lb_comm *world, lb_role role, const char *scale)
         float *by = bput(dy, (size_t)N * out), *bdx = bput(x, (size_t)N * in),
               *bdw = bput(w, (size_t)E * out * in);
         lb_wcache_build(&L, &wc, 0, role, bw, E, out, in);
-        lb_linear_grouped_fwd(&L, 0, role, bx, NULL, bw, &wc, counts, E, by, NULL, out, in);
-        lb_linear_grouped_bwd(&L, 0, role, bx, NULL, bw, &wc, counts, E, NULL, 1, bdy, NULL, bdx,
-                              NULL, bdw, 0.0f, out, in);
+        lb_linear_grouped_fwd(&L, 0, role, lb_act_f32(bx, N, in), bw, &wc, counts, E, by, NULL,
+                              out);
+        lb_linear_grouped_bwd(&L, 0, role, lb_act_f32(bx, N, in), bw, &wc, counts, E, NULL, 1,
+                              bdy, NULL, bdx, NULL, bdw, 0.0f, out);
         y1 = bget(by, (size_t)N * out), dx1 = bget(bdx, (size_t)N * in);
         dw1 = bget(bdw, (size_t)E * out * in);
         lb_wcache_free(&L, &wc), lb_linear_free(&L);
@@ -803,9 +808,10 @@ static void etp_act_case(lb_comm *world, lb_role role, const char *scale)
         L.etp = world;
         lb_wcache_build(&L, &wc, 0, role, bw, E, outl, inl);
         L.etp = k ? NULL : world;
-        lb_linear_grouped_fwd(&L, 0, role, bx, NULL, bw, &wc, counts, E, by, NULL, outl, inl);
-        lb_linear_grouped_bwd(&L, 0, role, bx, NULL, bw, &wc, counts, E, NULL, 1, bdy, NULL, bdx,
-                              NULL, bdw, 0.0f, outl, inl);
+        lb_linear_grouped_fwd(&L, 0, role, lb_act_f32(bx, N, inl), bw, &wc, counts, E, by, NULL,
+                              outl);
+        lb_linear_grouped_bwd(&L, 0, role, lb_act_f32(bx, N, inl), bw, &wc, counts, E, NULL, 1,
+                              bdy, NULL, bdx, NULL, bdw, 0.0f, outl);
         float *y = bget(by, (size_t)N * outl), *dx = bget(bdx, (size_t)N * inl),
               *dw = bget(bdw, (size_t)E * outl * inl);
         // along the shard: dW (both), y (gate/up), dx (down); bitwise
