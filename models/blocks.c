@@ -755,6 +755,35 @@ static void scratch_reserve(lb_model *m, lb_moe_scratch *s, size_t rows)
         grow(be, &s->dh, &s->cap_dh, rows * d.F);
 }
 
+// The quantized operands' scratch (m->lin's) every quantized GEMM of this stage takes in a
+// step of n rows (ns of them this rank's), laid out once with the activations: the largest
+// request of each of its buffers, routing balanced (lb_linear_qscratch_reserve).
+static void qscratch_reserve(lb_model *m, int n, int ns)
+{
+    lb_linear *lin = &m->lin;
+    lb_dims d = lb_dims_of(m);
+    for (int l = m->layer_begin; l < m->layer_end; l++) {
+        lb_linear_qscratch_reserve(lin, l, LB_ROLE_ATTN_QKV, 1, n, d.hq * d.D, d.C);
+        lb_linear_qscratch_reserve(lin, l, LB_ROLE_ATTN_OUT, 1, n, d.C, d.hq * d.D);
+        if (!layer_moe(&m->cfg, l)) {
+            lb_linear_qscratch_reserve(lin, l, LB_ROLE_MLP_GATE_UP, 1, n, 2 * d.Fd, d.C);
+            lb_linear_qscratch_reserve(lin, l, LB_ROLE_MLP_DOWN, 1, n, d.C, d.Fd);
+            continue;
+        }
+        int o, rows = part_rows(&d, n, &o) * d.K;
+        lb_linear_qscratch_reserve(lin, l, LB_ROLE_ROUTER, 1, n, d.E, d.C);
+        lb_linear_qscratch_reserve(lin, l, LB_ROLE_MOE_GATE_UP, d.El, rows, 2 * d.F, d.C);
+        lb_linear_qscratch_reserve(lin, l, LB_ROLE_MOE_DOWN, d.El, rows, d.C, d.F);
+        if (d.Fs) {
+            lb_linear_qscratch_reserve(lin, l, LB_ROLE_MLP_GATE_UP, 1, n, 2 * d.Fs, d.C);
+            lb_linear_qscratch_reserve(lin, l, LB_ROLE_MLP_DOWN, 1, n, d.C, d.Fs);
+        }
+    }
+    if (m->last_stage)
+        lb_linear_qscratch_reserve(lin, m->cfg.num_hidden_layers - 1, LB_ROLE_LM_HEAD, 1,
+                                   lb_model_ce_rows(m, ns), d.V, d.C);
+}
+
 static void scratch_free(lb_backend *be, lb_moe_scratch *s)
 {
     void *bufs[] = {s->xs, s->ye, s->dye, s->dxe, s->dgu, s->dh, s->rows, s->rows16, s->dgu16,
@@ -940,6 +969,7 @@ void *lb_decoder_acts_create(lb_model *m, int b, int t)
         a->daux = falloc(be, E);
         scratch_reserve(m, &a->ms, n * K);
     }
+    qscratch_reserve(m, (int)n, (int)ns);
     // dense MLPs' backward scratch: every layer of a dense model, a MoE model's dense layers and
     // its shared experts
     size_t fw = moe ? (size_t)(has_dense(&m->cfg) ? d.Fd : 0) : F;

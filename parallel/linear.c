@@ -1075,3 +1075,54 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, lb_act x, cons
         off += (size_t)counts[j];
     }
 }
+
+size_t lb_linear_qscratch_held(const lb_linear *L)
+{
+    size_t n = 0;
+    for (int i = 0; i < LB_LINEAR_QSCRATCH; i++)
+        n += L->qscratch[i].data_n + L->qscratch[i].scale_n + L->qscratch[i].scale2_n;
+    return n;
+}
+
+// One operand's scratch i as a pass lays it out: groups of counts rows (one group: the call of
+// lb_linear_fwd/_bwd; several: the experts', in one quantization where splits_by_rows).
+static void reserve_operand(lb_linear *L, int i, const lb_quant_args *a, int groups,
+                            const int *counts, int cols)
+{
+    lb_qmat q[groups > 0 ? groups : 1];
+    int rows = (int)rows_of(counts, groups);
+    if (rows == 0) return;
+    if (groups == 1 || splits_by_rows(a)) lb_linear_qscratch(L, i, q, rows, cols, a);
+    else lb_linear_qscratch_groups(L, i, q, groups, counts, cols, a);
+}
+
+void lb_linear_qscratch_reserve(lb_linear *L, int layer, lb_role role, int groups, int rows,
+                                int out, int in)
+{
+    if (groups < 1 || rows < 1) return;
+    const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
+    const lb_site *D = lb_contract_site(L->contract, layer, role, LB_PASS_DGRAD);
+    const lb_site *G = lb_contract_site(L->contract, layer, role, LB_PASS_WGRAD);
+    int counts[groups], kp[groups];
+    for (int j = 0; j < groups; j++) counts[j] = rows / groups + (j < rows % groups);
+    if (is_low(F->fmt)) {
+        lb_quant_args a = act_args(L, F, 0, 0, 0);
+        reserve_operand(L, 0, &a, groups, counts, in);
+    }
+    const int dq = is_low(D->fmt) && D->mode == LB_BWD_QUANTIZED;
+    const int wq = is_low(G->fmt) && G->mode == LB_BWD_QUANTIZED;
+    lb_quant_args a = dq ? act_args(L, D, 0, 1, 0) : (lb_quant_args){0};
+    if (dq && !(wq && (groups == 1 || splits_by_rows(&a))))
+        reserve_operand(L, 0, &a, groups, counts, out);
+    if (!wq) return;
+    lb_quant_args ad = act_args(L, G, 1, 1, 0), ax = act_args(L, G, 1, 0, 0);
+    ad.hadamard = ax.hadamard = (int)G->hadamard;
+    for (int j = 0; j < groups; j++) kp[j] = counts[j] ? wgrad_tokens(counts[j], ad.hadamard) : 0;
+    lb_qmat q[groups];
+    lb_linear_qscratch_groups(L, 0, q, groups, kp, out, &ad);
+    lb_linear_qscratch_groups(L, 1, q, groups, kp, in, &ax);
+    if (dq) {   // quantize_rc's row-wise dy of all rows
+        lb_qmat r;
+        lb_linear_qscratch(L, 2, &r, rows, out, &a);
+    }
+}

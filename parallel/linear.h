@@ -167,6 +167,14 @@ void lb_linear_grouped_bwd(lb_linear *L, int layer, lb_role role, lb_act x, cons
                            int nsrc, const float *dy, const uint16_t *dy16, float *dx,
                            uint16_t *dx16, float *dw, float dw_beta, int out);
 
+// Lays out L's quantized scratch as the passes of (layer, role) would for rows split evenly
+// over groups (1: a linear layer's call; the experts' count of them, balanced routing), so that
+// a step's first GEMMs allocate nothing new and `lowbit info` counts what a step holds.
+void lb_linear_qscratch_reserve(lb_linear *L, int layer, lb_role role, int groups, int rows,
+                                int out, int in);
+// The bytes L's quantized scratch holds.
+size_t lb_linear_qscratch_held(const lb_linear *L);
+
 void lb_linear_free(lb_linear *L);
 
 #endif

@@ -151,11 +151,15 @@ int lb_info_rank_memory(const lb_config *c, const lb_grid *g, lb_rank_memory *ou
     size_t rows = (size_t)c->train.micro_batch * c->train.seq_len;
     m->acts = m->def->acts_create(m, c->train.micro_batch, c->train.seq_len);
     lb_model_act_plan(m, &out->plan);
+    // the quantized operands' scratch, laid out with the activations, is one for the stage:
+    // counted with the weight caches
+    size_t qs = lb_linear_qscratch_held(&m->lin);
+    out->caches += qs;
     // + logits on the last stage (this rank's rows under SP), tokens and targets; pipeline
     // stages keep up to pp - stage micro-batches in flight
     size_t lrows = rows / (par.sp ? g->tp : 1);   // rows of logits at a time
     lrows = (size_t)lb_model_ce_rows(m, (int)lrows);
-    out->acts = ctx.now - before + rows * 2 * sizeof(int32_t) +
+    out->acts = ctx.now - before - qs + rows * 2 * sizeof(int32_t) +
                 (m->last_stage ? lrows * lb_model_logit_row_bytes(m) : 0);
     int flight = g->pp - g->pp_rank < c->train.grad_accum / g->dp ? g->pp - g->pp_rank
                                                                  : c->train.grad_accum / g->dp;
@@ -236,7 +240,8 @@ static void print_layout(const lb_config *c, int world_size)
     }
     printf("            weights and grads: this rank's pieces (padded for ZeRO-1); backend: "
            "what run.backend holds of its own (CUDA: the LM head backward's scratch and the "
-           "context); caches: the precision contract's bf16 and quantized weight copies; "
+           "context); caches: the precision contract's bf16 and quantized weight copies and its "
+           "quantized operands' scratch; "
            "activations: balanced routing, micro-batches in flight on its pipeline stage\n");
 }
 
