@@ -7,6 +7,7 @@
 #include "kernels/common.h"
 #include "kernels/cpu/cpu.h"   // lb_cpu_gemm_det: the deterministic GEMM with a chosen ISA build
 #include "kernels/kernels.h"
+#include "kernels/quant/quant.h"
 #include "tests/testutil.h"
 
 #include <cblas.h>   // openblas_get_corename: GEMM findings name the kernel set in use
@@ -406,6 +407,81 @@ START_TEST(test_gemm_accumulate_and_edges)
     for (int i = 0; i < m * n; i++) ck_assert(c[i] == 2.0f * dw0[i]);
     lb_gemm(be, 0, 1, 0, n, k, 1.0f, NULL, NULL, 0.0f, NULL);   // m == 0: nothing touched
     free(dy), free(x), free(dw0), free(dw), free(ref), free(c);
+}
+END_TEST
+
+// The quantize family on a bf16 activation (lb_act_bf16: rows padded to 8 elements, the
+// padding NaN here, which must not be read) gives the bytes of the same op on those values in
+// fp32: fp8-block both ways (padded groups), MXFP8, NVFP4 per row with its amaxes, MXFP4 with
+// the wgrad's Hadamard transform, and quantize_rc.
+START_TEST(test_quantize_from_bf16)
+{
+    enum { G = 3, C = 130, LD = (C + 7) / 8 * 8 };
+    const int rows[G] = {5, 0, 40}, prows[G] = {16, 0, 48};
+    const int n = 45;
+    float *x = randn((size_t)n * C, 170, 3.0f);
+    uint16_t *x16 = lb_malloc((size_t)n * LD * sizeof *x16);
+    for (int r = 0; r < n; r++)
+        for (int c = 0; c < LD; c++) {
+            uint16_t b = c < C ? lb_f32_to_bf16(x[(size_t)r * C + c]) : 0x7fc0;   // NaN pad
+            x16[(size_t)r * LD + c] = b;
+            if (c < C) x[(size_t)r * C + c] = lb_bf16_to_f32(b);
+        }
+    const lb_act a32 = lb_act_f32(x, n, C), a16 = lb_act_bf16(x16, n, C);
+    struct { lb_format fmt; int colwise, pad, hadamard; lb_scale2_mode s2; } cs[] = {
+        {LB_FMT_FP8_BLOCK, 0, 0, 0, 0}, {LB_FMT_FP8_BLOCK, 1, 1, 0, 0},
+        {LB_FMT_MXFP8, 1, 1, 0, 0}, {LB_FMT_NVFP4, 0, 0, 0, LB_S2_ROW},
+        {LB_FMT_MXFP4, 1, 1, 16, 0},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        lb_quant_args a = {.fmt = cs[i].fmt, .colwise = cs[i].colwise, .hadamard = cs[i].hadamard,
+                           .hsigns = 0x5a5au, .s2_mode = cs[i].s2};
+        const int *pr = cs[i].pad ? prows : rows;
+        lb_qmat q[2][G];
+        for (int v = 0; v < 2; v++) {
+            for (int j = 0; j < G; j++) {
+                memset(&q[v][j], 0, sizeof q[v][j]);
+                if (pr[j]) be->qmat_alloc(be, &q[v][j], pr[j], C, &a);
+            }
+            be->quantize_grouped(be, G, q[v], v ? a16 : a32, rows, pr, &a);
+        }
+        for (int j = 0; j < G; j++) {
+            if (!pr[j]) continue;
+            ck_assert_msg(!memcmp(q[0][j].data, q[1][j].data, lb_qmat_data_bytes(&q[0][j])) &&
+                              !memcmp(q[0][j].scale, q[1][j].scale,
+                                      lb_qmat_scale_bytes(&q[0][j])),
+                          "quantize_grouped case %zu group %d: bf16 rows quantize otherwise", i, j);
+            for (int v = 0; v < 2; v++) be->qmat_free(be, &q[v][j]);
+        }
+        if (cs[i].s2 == LB_S2_ROW) {   // the amaxes behind the second levels
+            float m[2][n];
+            for (int v = 0; v < 2; v++)
+                be->quantize_amax(be, m[v], G, v ? a16 : a32, rows, pr, &a);
+            ck_assert_msg(!memcmp(m[0], m[1], sizeof m[0]), "quantize_amax from bf16");
+        }
+    }
+    // quantize_rc: fp8-block dy both ways
+    lb_quant_args ar = {.fmt = LB_FMT_FP8_BLOCK}, ac = {.fmt = LB_FMT_FP8_BLOCK, .colwise = 1};
+    lb_qmat r[2], c[2][G];
+    for (int v = 0; v < 2; v++) {
+        be->qmat_alloc(be, &r[v], n, C, &ar);
+        for (int j = 0; j < G; j++) {
+            memset(&c[v][j], 0, sizeof c[v][j]);
+            if (prows[j]) be->qmat_alloc(be, &c[v][j], prows[j], C, &ac);
+        }
+        be->quantize_rc(be, &r[v], &ar, G, c[v], v ? a16 : a32, rows, prows, &ac);
+    }
+    ck_assert_msg(!memcmp(r[0].data, r[1].data, lb_qmat_data_bytes(&r[0])) &&
+                      !memcmp(r[0].scale, r[1].scale, lb_qmat_scale_bytes(&r[0])),
+                  "quantize_rc from bf16: row-wise");
+    for (int j = 0; j < G; j++) {
+        if (!prows[j]) continue;
+        ck_assert_msg(!memcmp(c[0][j].data, c[1][j].data, lb_qmat_data_bytes(&c[0][j])),
+                      "quantize_rc from bf16: column-wise group %d", j);
+        for (int v = 0; v < 2; v++) be->qmat_free(be, &c[v][j]);
+    }
+    for (int v = 0; v < 2; v++) be->qmat_free(be, &r[v]);
+    free(x), free(x16);
 }
 END_TEST
 
@@ -2105,6 +2181,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_gemm_grouped);
     tcase_add_test(tc, test_gemm_c16);
     tcase_add_test(tc, test_to_bf16_gemm_b16);
+    tcase_add_test(tc, test_quantize_from_bf16);
     tcase_add_test(tc, test_gemm_det_canonical);
     tcase_add_test(tc, test_gemm_openblas_path);
     tcase_add_test(tc, test_elementwise_and_sumsq);
