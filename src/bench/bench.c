@@ -16,7 +16,7 @@
 #include "src/train/optim.h"
 #include "src/cli/run.h"
 #include "src/rl/sampler.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 
 #ifdef LB_HAVE_CUDA
 size_t lb_cuda_mem_peak(void);

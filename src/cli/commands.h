@@ -8,7 +8,7 @@
 int lb_cmd_train(const lb_config *c, lb_comm *comm);
 int lb_cmd_info(const lb_config *c, lb_comm *comm);
 int lb_cmd_data(const lb_config *c, lb_comm *comm);
-int lb_cmd_data_tokenize(const lb_config *c, lb_comm *comm);   // src/io/tokenize_cmd.c
+int lb_cmd_data_tokenize(const lb_config *c, lb_comm *comm);   // src/cli/tokenize_cmd.c
 int lb_cmd_convert(const lb_config *c, lb_comm *comm);
 int lb_cmd_sample(const lb_config *c, lb_comm *comm);   // src/rl/sample_cmd.c
 int lb_cmd_rl(const lb_config *c, lb_comm *comm);       // src/rl/rl.c

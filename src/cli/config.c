@@ -8,7 +8,7 @@
 // comments and surrounding blanks removed, over-long lines, bad section headers and lines
 // without '=' reported by us. inih then splits the remaining key = value lines.
 #include "src/cli/config.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -9,7 +9,7 @@
 #include "lb_commit.h"
 #include "src/cli/commands.h"
 #include "src/cli/run.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 #include "src/io/checkpoint.h"
 #include "src/io/mllog.h"
 

@@ -10,7 +10,7 @@
 #include <unistd.h>
 #include "kernels/common.h"
 #include "src/bench/info.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 #include "src/io/checkpoint.h"
 
 #define ERRLEN 1024

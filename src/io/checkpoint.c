@@ -7,7 +7,7 @@
 #include <string.h>
 #include "kernels/common.h"
 #include "src/io/safetensors.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 #include "parallel/grid.h"
 
 // Format 2: header_crc32 covers the metadata and the tensor table. Format 1 (before

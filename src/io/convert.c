@@ -1,4 +1,5 @@
-// convert.c: Hugging Face import and export, and `lowbit convert` (see convert.h).
+// convert.c: Hugging Face import and export (see convert.h); `lowbit convert` is
+// src/cli/convert_cmd.c.
 #include "src/io/convert.h"
 
 #include <cJSON.h>
@@ -13,21 +14,9 @@
 
 #include "src/io/json.h"
 #include "kernels/common.h"
-#include "src/io/checkpoint.h"
-#include "src/cli/commands.h"
 #include "src/io/safetensors.h"
 #include "src/io/tokenizer.h"
-#include "src/cli/util.h"
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+#include "src/io/files.h"
 
 // The registry's definition decides which keys a family reads and writes (lb_model_def.moe,
 // .rope_scaling, .hf_keys); lb_hf_read_config has checked that there is one.
@@ -44,7 +33,7 @@ static cJSON *read_json(const char *path, char *err, size_t errlen)
     // strict: a duplicate key imports another model than transformers reads (it takes the last)
     cJSON *root = lb_json_parse(text, len, path, 1, err, errlen);
     if (root && !cJSON_IsObject(root)) {
-        seterr(err, errlen, "%s: not a JSON object", path);
+        lb_seterr(err, errlen, "%s: not a JSON object", path);
         cJSON_Delete(root);
         root = NULL;
     }
@@ -66,7 +55,7 @@ static int get_int(const cJSON *root, const char *key, int required, int def, in
     const cJSON *v = field(root, key);
     if (!v) {
         if (required) {
-            seterr(err, errlen, "%s: missing '%s'", path, key);
+            lb_seterr(err, errlen, "%s: missing '%s'", path, key);
             return -1;
         }
         *out = def;
@@ -74,7 +63,7 @@ static int get_int(const cJSON *root, const char *key, int required, int def, in
     }
     double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
     if (!(d >= lo) || d > 2147483647.0 || floor(d) != d) {
-        seterr(err, errlen, "%s: '%s' must be an integer >= %d", path, key, lo);
+        lb_seterr(err, errlen, "%s: '%s' must be an integer >= %d", path, key, lo);
         return -1;
     }
     *out = (int)d;
@@ -90,7 +79,7 @@ static int get_real(const cJSON *root, const char *key, double def, double *out,
         return 0;
     }
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0) {
-        seterr(err, errlen, "%s: '%s' must be a non-negative number", path, key);
+        lb_seterr(err, errlen, "%s: '%s' must be a non-negative number", path, key);
         return -1;
     }
     *out = v->valuedouble;
@@ -106,7 +95,7 @@ static int get_bool(const cJSON *root, const char *key, int def, int *out, const
         return 0;
     }
     if (!cJSON_IsBool(v)) {
-        seterr(err, errlen, "%s: '%s' must be true or false", path, key);
+        lb_seterr(err, errlen, "%s: '%s' must be true or false", path, key);
         return -1;
     }
     *out = cJSON_IsTrue(v);
@@ -121,26 +110,26 @@ static int check_supported(const cJSON *root, const lb_model_config *cfg, const 
     int b;
     if (get_bool(root, "use_sliding_window", 0, &b, path, err, errlen)) return -1;
     if (b) {
-        seterr(err, errlen, "%s: use_sliding_window = true is not supported (lowbit attends to "
+        lb_seterr(err, errlen, "%s: use_sliding_window = true is not supported (lowbit attends to "
                "the whole causal context)", path);
         return -1;
     }
     if (get_bool(root, "mlp_bias", 0, &b, path, err, errlen)) return -1;
     if (b) {
-        seterr(err, errlen, "%s: mlp_bias = true is not supported (lowbit's MLP projections have "
+        lb_seterr(err, errlen, "%s: mlp_bias = true is not supported (lowbit's MLP projections have "
                "no bias)", path);
         return -1;
     }
     const cJSON *v = field(root, "hidden_act");
     if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "silu") != 0)) {
-        seterr(err, errlen, "%s: hidden_act '%s' is not supported (silu only)", path,
+        lb_seterr(err, errlen, "%s: hidden_act '%s' is not supported (silu only)", path,
                cJSON_IsString(v) ? v->valuestring : "?");
         return -1;
     }
     double drop;
     if (get_real(root, "attention_dropout", 0.0, &drop, path, err, errlen)) return -1;
     if (drop != 0.0) {
-        seterr(err, errlen, "%s: attention_dropout = %g is not supported (lowbit has no dropout)",
+        lb_seterr(err, errlen, "%s: attention_dropout = %g is not supported (lowbit has no dropout)",
                path, drop);
         return -1;
     }
@@ -150,7 +139,7 @@ static int check_supported(const cJSON *root, const lb_model_config *cfg, const 
         cJSON_ArrayForEach(e, lt) bad |= !cJSON_IsString(e) || strcmp(e->valuestring,
                                                                       "full_attention") != 0;
         if (bad) {
-            seterr(err, errlen, "%s: layer_types other than 'full_attention' are not supported",
+            lb_seterr(err, errlen, "%s: layer_types other than 'full_attention' are not supported",
                    path);
             return -1;
         }
@@ -159,7 +148,7 @@ static int check_supported(const cJSON *root, const lb_model_config *cfg, const 
         int step;
         if (get_int(root, "decoder_sparse_step", 0, 1, 0, &step, path, err, errlen)) return -1;
         if (step != 1) {
-            seterr(err, errlen, "%s: decoder_sparse_step = %d is not supported (every layer is a "
+            lb_seterr(err, errlen, "%s: decoder_sparse_step = %d is not supported (every layer is a "
                    "MoE layer in lowbit: 1)", path, step);
             return -1;
         }
@@ -177,7 +166,7 @@ static int read_mlp_only_layers(const cJSON *root, lb_model_config *cfg, const c
     int k = 0, bad = !cJSON_IsArray(mo);
     cJSON_ArrayForEach(e, mo) bad |= !cJSON_IsNumber(e) || e->valuedouble != k++;
     if (bad || k > cfg->num_hidden_layers) {
-        seterr(err, errlen, "%s: mlp_only_layers must list the leading layers 0, 1, ... in "
+        lb_seterr(err, errlen, "%s: mlp_only_layers must list the leading layers 0, 1, ... in "
                "order (dense layers after a MoE layer are not supported)", path);
         return -1;
     }
@@ -200,13 +189,13 @@ static int read_rope(const cJSON *root, lb_model_config *cfg, const char *path, 
         if (cJSON_IsObject(rp) && !type) type = field(rp, "type");
         const char *t = type && cJSON_IsString(type) ? type->valuestring : "?";
         if (!cJSON_IsObject(rp) || (type && !cJSON_IsString(type))) {
-            seterr(err, errlen, "%s: %s must be an object with a string rope_type", path,
+            lb_seterr(err, errlen, "%s: %s must be an object with a string rope_type", path,
                    keys[k]);
             return -1;
         }
         if (!type || strcmp(t, "default") == 0) continue;
         if (strcmp(t, "llama3") != 0 || !def_of(cfg)->rope_scaling) {
-            seterr(err, errlen, "%s: %s of type '%s' is not supported (rope_type 'default'%s)",
+            lb_seterr(err, errlen, "%s: %s of type '%s' is not supported (rope_type 'default'%s)",
                    path, keys[k], t, def_of(cfg)->rope_scaling ? " or 'llama3'" : "");
             return -1;
         }
@@ -222,7 +211,7 @@ static int read_rope(const cJSON *root, lb_model_config *cfg, const char *path, 
         if (orig < 1 || orig > 2147483647.0 || floor(orig) != orig || cfg->rope_factor < 1 ||
             !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) ||
             !(cfg->rope_low_freq_factor > 0)) {
-            seterr(err, errlen, "%s: %s: llama3 needs factor >= 1, high_freq_factor > "
+            lb_seterr(err, errlen, "%s: %s: llama3 needs factor >= 1, high_freq_factor > "
                    "low_freq_factor > 0 and a positive integer original_max_position_embeddings",
                    path, keys[k]);
             return -1;
@@ -242,11 +231,11 @@ int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t e
     int rc = -1;
     const cJSON *mt = field(root, "model_type");
     if (!cJSON_IsString(mt)) {
-        seterr(err, errlen, "%s: missing 'model_type'", path);
+        lb_seterr(err, errlen, "%s: missing 'model_type'", path);
         goto out;
     }
     if (!lb_model_lookup(mt->valuestring)) {
-        seterr(err, errlen, "%s: model_type '%s' is not supported (%s)", path, mt->valuestring,
+        lb_seterr(err, errlen, "%s: model_type '%s' is not supported (%s)", path, mt->valuestring,
                lb_model_arch_choices());
         goto out;
     }
@@ -292,7 +281,7 @@ int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t e
                  errlen))
         goto out;
     if (!(cfg->partial_rotary_factor > 0 && cfg->partial_rotary_factor <= 1)) {
-        seterr(err, errlen, "%s: partial_rotary_factor (%g) must be in (0, 1]", path,
+        lb_seterr(err, errlen, "%s: partial_rotary_factor (%g) must be in (0, 1]", path,
                cfg->partial_rotary_factor);
         goto out;
     }
@@ -325,7 +314,7 @@ int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t e
             cfg->router_aux_loss_coef = 0.0;
             char msg[256];   // the router's shapes, the dense layers' sizes
             if (def_of(cfg)->check(cfg, msg, sizeof msg)) {
-                seterr(err, errlen, "%s: %s", path, msg);
+                lb_seterr(err, errlen, "%s: %s", path, msg);
                 goto out;
             }
         } else if (get_real(root, "router_aux_loss_coef", 0.001, &cfg->router_aux_loss_coef,
@@ -334,19 +323,19 @@ int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t e
             goto out;
         }
         if (cfg->num_experts_per_tok > cfg->num_experts) {
-            seterr(err, errlen, "%s: num_experts_per_tok (%d) exceeds the number of experts (%d)",
+            lb_seterr(err, errlen, "%s: num_experts_per_tok (%d) exceeds the number of experts (%d)",
                    path, cfg->num_experts_per_tok, cfg->num_experts);
             goto out;
         }
     }
     if (cfg->num_attention_heads % cfg->num_key_value_heads != 0) {
-        seterr(err, errlen, "%s: num_attention_heads (%d) is not a multiple of "
+        lb_seterr(err, errlen, "%s: num_attention_heads (%d) is not a multiple of "
                "num_key_value_heads (%d)", path, cfg->num_attention_heads,
                cfg->num_key_value_heads);
         goto out;
     }
     if (cfg->rms_norm_eps <= 0 || cfg->rope_theta <= 0) {
-        seterr(err, errlen, "%s: rms_norm_eps and rope_theta must be positive", path);
+        lb_seterr(err, errlen, "%s: rms_norm_eps and rope_theta must be positive", path);
         goto out;
     }
     // tie_word_embeddings = true is accepted: lowbit's LM head is always its own tensor, so
@@ -400,7 +389,7 @@ static int source_open(hf_source *s, const char *dir, char *err, size_t errlen)
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (access(index, F_OK) != 0) {
         if (access(path, F_OK) != 0) {
-            seterr(err, errlen, "%s: no model.safetensors or model.safetensors.index.json", dir);
+            lb_seterr(err, errlen, "%s: no model.safetensors or model.safetensors.index.json", dir);
             return -1;
         }
         snprintf(s->label, sizeof s->label, "%s", path);
@@ -414,7 +403,7 @@ static int source_open(hf_source *s, const char *dir, char *err, size_t errlen)
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map"), *e;
     int rc = 0;
     if (!cJSON_IsObject(wm)) {
-        seterr(err, errlen, "%s: missing 'weight_map' object", index);
+        lb_seterr(err, errlen, "%s: missing 'weight_map' object", index);
         rc = -1;
     }
     int *which = NULL, n = 0;
@@ -423,7 +412,7 @@ static int source_open(hf_source *s, const char *dir, char *err, size_t errlen)
         char (*names)[256] = NULL;
         cJSON_ArrayForEach(e, wm) {
             if (!cJSON_IsString(e) || !e->valuestring[0] || strstr(e->valuestring, "..")) {
-                seterr(err, errlen, "%s: weight_map entry '%s' is not a file name", index,
+                lb_seterr(err, errlen, "%s: weight_map entry '%s' is not a file name", index,
                        e->string);
                 rc = -1;
                 break;
@@ -448,7 +437,7 @@ static int source_open(hf_source *s, const char *dir, char *err, size_t errlen)
     int i = 0;
     if (rc == 0) cJSON_ArrayForEach(e, wm) {
         if (!lb_st_find(&s->files[which[i]], e->string)) {
-            seterr(err, errlen, "%s: weight_map puts tensor '%s' in %s, which does not hold it",
+            lb_seterr(err, errlen, "%s: weight_map puts tensor '%s' in %s, which does not hold it",
                    index, e->string, s->files[which[i]].path);
             rc = -1;
             break;
@@ -496,7 +485,7 @@ static int source_read(hf_source *s, const char *name, int ndim, const int64_t *
         char a[128], b[128];
         shape_str(a, sizeof a, t->ndim, t->shape);
         shape_str(b, sizeof b, ndim, shape);
-        seterr(err, errlen, "%s: tensor '%s' has shape %s, the configuration needs %s", f->path,
+        lb_seterr(err, errlen, "%s: tensor '%s' has shape %s, the configuration needs %s", f->path,
                name, a, b);
         return -1;
     }
@@ -509,9 +498,9 @@ static int missing(const hf_source *s, const char *name, const char *alt, char *
                    size_t errlen)
 {
     if (alt)
-        seterr(err, errlen, "%s: missing tensor '%s' (or the fused '%s')", s->label, name, alt);
+        lb_seterr(err, errlen, "%s: missing tensor '%s' (or the fused '%s')", s->label, name, alt);
     else
-        seterr(err, errlen, "%s: missing tensor '%s'", s->label, name);
+        lb_seterr(err, errlen, "%s: missing tensor '%s'", s->label, name);
     return -1;
 }
 
@@ -633,7 +622,7 @@ int lb_hf_load(lb_model *m, const char *dir, char *err, size_t errlen)
             // Older exports carry RoPE's inverse frequencies as a buffer; lowbit recomputes them.
             if (n > suf && strcmp(name + n - suf, ".rotary_emb.inv_freq") == 0) continue;
             if (!s.used[f][i]) {
-                seterr(err, errlen, "%s: unexpected tensor '%s' (not part of a %s model with "
+                lb_seterr(err, errlen, "%s: unexpected tensor '%s' (not part of a %s model with "
                        "this config.json)", s.files[f].path, name, m->cfg.arch);
                 rc = -1;
                 break;
@@ -758,7 +747,7 @@ static int write_text(const char *dir, const char *name, const char *text, int n
     lb_atomic_file a;
     if (lb_atomic_open(&a, path, err, errlen) != 0) return -1;
     if (fputs(text, a.f) == EOF || (nl && fputc('\n', a.f) == EOF)) {
-        seterr(err, errlen, "%s: write failed: %s", path, strerror(errno));
+        lb_seterr(err, errlen, "%s: write failed: %s", path, strerror(errno));
         lb_atomic_abort(&a);
         return -1;
     }
@@ -795,7 +784,7 @@ int lb_hf_export(const lb_model *m, const char *dir, const char *dtype,
         st_dtype = "BF16";
         torch_dtype = "bfloat16";
     } else {
-        seterr(err, errlen, "%s: export dtype '%s' is not supported (f32, bf16)", dir, dtype);
+        lb_seterr(err, errlen, "%s: export dtype '%s' is not supported (f32, bf16)", dir, dtype);
         return -1;
     }
     char *gen = NULL;   // checked before anything is written
@@ -878,154 +867,4 @@ int lb_hf_export(const lb_model *m, const char *dir, const char *dtype,
         lb_dirs_unmake(&made);
     }
     return rc;
-}
-
-// --- lowbit convert --------------------------------------------------------------------------
-
-// The imported model section over the caller's configuration. Fields that config.json does not
-// give for this architecture (0: the MoE sizes of a dense model, intermediate_size of a MoE,
-// the llama3 RoPE numbers of plain RoPE)
-// keep their configured values, so the stored INI stays valid for lb_config_parse.
-static void merge_model(lb_model_config *dst, const lb_model_config *src)
-{
-    lb_model_config keep = *dst;
-    *dst = *src;
-#define KEEP(f) if (!dst->f) dst->f = keep.f
-    KEEP(intermediate_size);
-    KEEP(num_experts);
-    KEEP(num_experts_per_tok);
-    KEEP(moe_intermediate_size);
-    KEEP(rope_factor);   // the llama3 numbers of plain RoPE
-    KEEP(rope_low_freq_factor);
-    KEEP(rope_high_freq_factor);
-    KEEP(rope_original_max_position_embeddings);
-#undef KEEP
-    dst->router_bias_update_rate = keep.router_bias_update_rate;   // training, not the model
-}
-
-// The directories above path, those made recorded in made.
-static int parent_dirs(const char *path, lb_dirs_made *made, char *err, size_t errlen)
-{
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s", path);
-    *made = (lb_dirs_made){"", ""};
-    char *slash = strrchr(dir, '/');
-    if (!slash || slash == dir) return 0;
-    *slash = 0;
-    return lb_mkdirs_made(dir, made, err, errlen);
-}
-
-// dir/tokenizer.json, when there is one, into *json: read, parsed and checked against the
-// model's vocabulary, so the checkpoint carries a tokenizer sample and rl can use.
-static int import_tokenizer(const char *dir, const lb_model_config *mc, char **json, char *err,
-                            size_t errlen)
-{
-    char path[1100];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    *json = NULL;
-    if (access(path, F_OK) != 0) return 0;
-    if (!(*json = lb_tokenizer_read(path, err, errlen))) return -1;
-    lb_tokenizer *t = lb_tokenizer_parse(*json, path, err, errlen);
-    int n = t ? lb_tokenizer_vocab_size(t) : 0;
-    lb_tokenizer_free(t);
-    if (t && n > mc->vocab_size)
-        seterr(err, errlen, "%s has %d tokens, more than config.json's vocab_size (%d)", path, n,
-               mc->vocab_size);
-    if (t && n <= mc->vocab_size) return 0;
-    free(*json);
-    *json = NULL;
-    return -1;
-}
-
-static int convert_import(const lb_config *c, char *err, size_t errlen)
-{
-    const char *in = c->convert.input, *out = c->convert.output;
-    lb_config lc = *c;
-    lb_model_config mc;
-    if (lb_hf_read_config(in, &mc, err, errlen) != 0) return -1;
-    merge_model(&lc.model, &mc);
-    lb_backend *be = lb_backend_cpu_create(0, err, errlen);
-    if (!be) return -1;
-    int rc = -1;
-    char *ini = NULL, *tok = NULL;
-    lb_model *m = lb_model_create(&lc.model, be, err, errlen);
-    if (!m) goto out;
-    if (lb_hf_load(m, in, err, errlen) != 0) goto out;
-    if (import_tokenizer(in, &lc.model, &tok, err, errlen) != 0) goto out;
-    ini = lb_config_to_ini(&lc);
-    lb_train_state st = {0, 0, 0};
-    lb_dirs_made made;
-    if (parent_dirs(out, &made, err, errlen) != 0) goto out;
-    if (lb_checkpoint_save(out, m, NULL, NULL, &st, ini, tok, err, errlen) != 0) {
-        lb_dirs_unmake(&made);   // the save left no file: no empty directory either
-        goto out;
-    }
-    printf("convert: wrote lowbit checkpoint %s (%s, %zu parameters) from %s\n", out,
-           lc.model.arch, m->nparams, in);
-    rc = 0;
-out:
-    free(tok);
-    free(ini);
-    lb_model_free(m);
-    be->destroy(be);
-    return rc;
-}
-
-static int convert_export(const lb_config *c, char *err, size_t errlen)
-{
-    const char *in = c->convert.input, *out = c->convert.output;
-    char *ini = lb_checkpoint_config(in, err, errlen);
-    if (!ini) return -1;
-    lb_config lc;
-    lb_config_defaults(&lc);
-    char label[LB_PATH_MAX + 32];
-    snprintf(label, sizeof label, "%s (stored configuration)", in);
-    int prc = lb_config_parse(&lc, ini, label, err, errlen);
-    free(ini);
-    if (prc != 0) return -1;
-    lb_backend *be = lb_backend_cpu_create(0, err, errlen);
-    if (!be) return -1;
-    int rc = -1;
-    lb_train_state st;
-    char *tok = NULL;
-    lb_model *m = lb_model_create(&lc.model, be, err, errlen);
-    if (!m) goto out;
-    if (lb_checkpoint_load(in, m, NULL, NULL, &st, err, errlen) != 0 ||
-        lb_checkpoint_tokenizer(in, &tok, err, errlen) != 0 ||
-        lb_hf_export(m, out, c->convert.dtype, tok, err, errlen) != 0)
-        goto out;
-    printf("convert: wrote Hugging Face model %s (%s, %s, step %lld%s) from %s\n", out,
-           lc.model.arch, c->convert.dtype, (long long)st.step,
-           tok ? ", with its tokenizer.json" : "", in);
-    rc = 0;
-out:
-    free(tok);
-    lb_model_free(m);
-    be->destroy(be);
-    return rc;
-}
-
-int lb_cmd_convert(const lb_config *c, lb_comm *comm)
-{
-    if (comm && comm->rank != 0) return 0;   // conversion is serial file work
-    char err[1024] = "";
-    int rc;
-    if (!c->convert.input[0] || !c->convert.output[0]) {
-        snprintf(err, sizeof err, "convert.input and convert.output must both be set");
-        rc = -1;
-    } else if (strcmp(c->convert.direction, "import") == 0) {
-        rc = convert_import(c, err, sizeof err);
-    } else if (strcmp(c->convert.direction, "export") == 0) {
-        rc = convert_export(c, err, sizeof err);
-    } else {
-        snprintf(err, sizeof err, "convert.direction '%s' is not import or export",
-                 c->convert.direction);
-        rc = -1;
-    }
-    if (rc != 0) {
-        fprintf(stderr, "lowbit convert: %s\n", err);
-        return 1;
-    }
-    fflush(stdout);
-    return 0;
 }

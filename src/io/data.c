@@ -14,7 +14,7 @@
 #include "src/io/data.h"
 
 #include "kernels/common.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 
 #include <errno.h>
 #include <limits.h>

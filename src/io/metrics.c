@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "kernels/common.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 
 struct lb_metrics {
     FILE *f;                       // the JSON lines

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "src/io/json.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 
 #define TOKEN ":::MLLOG "
 

@@ -15,7 +15,7 @@
 #include <sys/types.h>
 
 #include "kernels/common.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 
 // The header is read whole into memory; the reference implementation refuses above 100 MB.
 #define LB_ST_MAX_HEADER (100u << 20)
@@ -35,17 +35,6 @@ static size_t dtype_size(const char *dtype)
     for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++)
         if (strcmp(dtype, st_dtypes[i].name) == 0) return st_dtypes[i].size;
     return 0;
-}
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
 }
 
 int64_t lb_st_numel(const lb_st_tensor *t)
@@ -157,37 +146,37 @@ static int parse_tensor(const char *path, const cJSON *item, lb_st_tensor *t, si
 {
     const char *name = item->string;
     if (strlen(name) >= sizeof t->name) {
-        seterr(err, errlen, "%s: tensor name '%.60s...' longer than %zu characters", path, name,
+        lb_seterr(err, errlen, "%s: tensor name '%.60s...' longer than %zu characters", path, name,
                sizeof t->name - 1);
         return -1;
     }
     snprintf(t->name, sizeof t->name, "%s", name);
     if (!cJSON_IsObject(item)) {
-        seterr(err, errlen, "%s: tensor '%s': entry is not a JSON object", path, name);
+        lb_seterr(err, errlen, "%s: tensor '%s': entry is not a JSON object", path, name);
         return -1;
     }
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(item, "dtype");
     const cJSON *sh = cJSON_GetObjectItemCaseSensitive(item, "shape");
     const cJSON *off = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
     if (!dt) {
-        seterr(err, errlen, "%s: tensor '%s': missing dtype", path, name);
+        lb_seterr(err, errlen, "%s: tensor '%s': missing dtype", path, name);
         return -1;
     }
     if (!cJSON_IsString(dt)) {
-        seterr(err, errlen, "%s: tensor '%s': dtype is not a string", path, name);
+        lb_seterr(err, errlen, "%s: tensor '%s': dtype is not a string", path, name);
         return -1;
     }
     if (!dtype_size(dt->valuestring)) {
-        seterr(err, errlen, "%s: tensor '%s': unknown dtype '%s'", path, name, dt->valuestring);
+        lb_seterr(err, errlen, "%s: tensor '%s': unknown dtype '%s'", path, name, dt->valuestring);
         return -1;
     }
     snprintf(t->dtype, sizeof t->dtype, "%s", dt->valuestring);
     if (!sh) {
-        seterr(err, errlen, "%s: tensor '%s': missing shape", path, name);
+        lb_seterr(err, errlen, "%s: tensor '%s': missing shape", path, name);
         return -1;
     }
     if (!cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > 8) {
-        seterr(err, errlen, "%s: tensor '%s': shape must be an array of at most 8 dimensions",
+        lb_seterr(err, errlen, "%s: tensor '%s': shape must be an array of at most 8 dimensions",
                path, name);
         return -1;
     }
@@ -198,7 +187,7 @@ static int parse_tensor(const char *path, const cJSON *item, lb_st_tensor *t, si
     cJSON_ArrayForEach(d, sh) {
         uint64_t v;
         if (!json_uint(d, &v)) {
-            seterr(err, errlen, "%s: tensor '%s': shape entries must be non-negative integers",
+            lb_seterr(err, errlen, "%s: tensor '%s': shape entries must be non-negative integers",
                    path, name);
             return -1;
         }
@@ -207,26 +196,26 @@ static int parse_tensor(const char *path, const cJSON *item, lb_st_tensor *t, si
         numel *= v;
     }
     if (!off) {
-        seterr(err, errlen, "%s: tensor '%s': missing data_offsets", path, name);
+        lb_seterr(err, errlen, "%s: tensor '%s': missing data_offsets", path, name);
         return -1;
     }
     uint64_t b, e;
     if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2 ||
         !json_uint(cJSON_GetArrayItem(off, 0), &b) || !json_uint(cJSON_GetArrayItem(off, 1), &e) ||
         e < b) {
-        seterr(err, errlen, "%s: tensor '%s': data_offsets must be [begin, end] with "
+        lb_seterr(err, errlen, "%s: tensor '%s': data_offsets must be [begin, end] with "
                "0 <= begin <= end", path, name);
         return -1;
     }
     if (e > data_size) {
-        seterr(err, errlen, "%s: tensor '%s': data_offsets [%llu, %llu] outside the data "
+        lb_seterr(err, errlen, "%s: tensor '%s': data_offsets [%llu, %llu] outside the data "
                "section (%zu bytes)", path, name, (unsigned long long)b, (unsigned long long)e,
                data_size);
         return -1;
     }
     size_t es = dtype_size(t->dtype);
     if (overflow || numel > UINT64_MAX / es || numel * es != e - b) {
-        seterr(err, errlen, "%s: tensor '%s': %llu bytes, but shape and dtype %s need %s%llu",
+        lb_seterr(err, errlen, "%s: tensor '%s': %llu bytes, but shape and dtype %s need %s%llu",
                path, name, (unsigned long long)(e - b), t->dtype, overflow ? "more than " : "",
                overflow ? (unsigned long long)UINT64_MAX : (unsigned long long)(numel * es));
         return -1;
@@ -244,21 +233,21 @@ static int parse_header(lb_st_file *f, const char *json, size_t len, char *err, 
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
         long pos = at && at >= json && at <= json + len ? (long)(at - json) : -1;
-        seterr(err, errlen, "%s: header is not valid JSON (error near byte %ld of %zu)", path,
+        lb_seterr(err, errlen, "%s: header is not valid JSON (error near byte %ld of %zu)", path,
                pos, len);
         return -1;
     }
     // Only padding spaces may follow the JSON object.
     for (const char *p = end; p && p < json + len; p++) {
         if (*p != ' ') {
-            seterr(err, errlen, "%s: header has bytes after the JSON object (byte %ld)", path,
+            lb_seterr(err, errlen, "%s: header has bytes after the JSON object (byte %ld)", path,
                    (long)(p - json));
             cJSON_Delete(root);
             return -1;
         }
     }
     if (!cJSON_IsObject(root)) {
-        seterr(err, errlen, "%s: header is not a JSON object", path);
+        lb_seterr(err, errlen, "%s: header is not a JSON object", path);
         cJSON_Delete(root);
         return -1;
     }
@@ -268,7 +257,7 @@ static int parse_header(lb_st_file *f, const char *json, size_t len, char *err, 
     cJSON_ArrayForEach(item, root) {
         if (strcmp(item->string, "__metadata__") == 0) {
             if (!cJSON_IsObject(item)) {
-                seterr(err, errlen, "%s: __metadata__ is not a JSON object", path);
+                lb_seterr(err, errlen, "%s: __metadata__ is not a JSON object", path);
                 cJSON_Delete(root);
                 return -1;
             }
@@ -281,7 +270,7 @@ static int parse_header(lb_st_file *f, const char *json, size_t len, char *err, 
     f->meta_keys = calloc(nmeta ? nmeta : 1, sizeof(char *));
     f->meta_values = calloc(nmeta ? nmeta : 1, sizeof(char *));
     if (!f->tensors || !f->meta_keys || !f->meta_values) {
-        seterr(err, errlen, "%s: out of memory for the header", path);
+        lb_seterr(err, errlen, "%s: out of memory for the header", path);
         cJSON_Delete(root);
         return -1;
     }
@@ -290,7 +279,7 @@ static int parse_header(lb_st_file *f, const char *json, size_t len, char *err, 
             const cJSON *kv;
             cJSON_ArrayForEach(kv, item) {
                 if (!cJSON_IsString(kv)) {
-                    seterr(err, errlen, "%s: __metadata__ value of '%s' is not a string", path,
+                    lb_seterr(err, errlen, "%s: __metadata__ value of '%s' is not a string", path,
                            kv->string);
                     cJSON_Delete(root);
                     return -1;
@@ -313,7 +302,7 @@ static int parse_header(lb_st_file *f, const char *json, size_t len, char *err, 
     qsort(f->tensors, f->ntensors, sizeof *f->tensors, cmp_name);
     for (int i = 1; i < f->ntensors; i++) {
         if (strcmp(f->tensors[i - 1].name, f->tensors[i].name) == 0) {
-            seterr(err, errlen, "%s: tensor '%s' appears twice in the header", path,
+            lb_seterr(err, errlen, "%s: tensor '%s' appears twice in the header", path,
                    f->tensors[i].name);
             return -1;
         }
@@ -321,7 +310,7 @@ static int parse_header(lb_st_file *f, const char *json, size_t len, char *err, 
     // The byte ranges, in file order, must tile the data section exactly.
     const lb_st_tensor **order = malloc(sizeof *order * (f->ntensors ? f->ntensors : 1));
     if (!order) {
-        seterr(err, errlen, "%s: out of memory for the header", path);
+        lb_seterr(err, errlen, "%s: out of memory for the header", path);
         return -1;
     }
     for (int i = 0; i < f->ntensors; i++) order[i] = &f->tensors[i];
@@ -331,19 +320,19 @@ static int parse_header(lb_st_file *f, const char *json, size_t len, char *err, 
     for (int i = 0; i < f->ntensors && rc == 0; i++) {
         const lb_st_tensor *t = order[i];
         if (t->begin < pos) {
-            seterr(err, errlen, "%s: tensor '%s': data_offsets [%zu, %zu] overlap tensor '%s' "
+            lb_seterr(err, errlen, "%s: tensor '%s': data_offsets [%zu, %zu] overlap tensor '%s' "
                    "[%zu, %zu]", path, t->name, t->begin, t->end, order[i - 1]->name,
                    order[i - 1]->begin, order[i - 1]->end);
             rc = -1;
         } else if (t->begin > pos) {
-            seterr(err, errlen, "%s: tensor '%s': data_offsets [%zu, %zu] leave a gap of %zu "
+            lb_seterr(err, errlen, "%s: tensor '%s': data_offsets [%zu, %zu] leave a gap of %zu "
                    "bytes before them", path, t->name, t->begin, t->end, t->begin - pos);
             rc = -1;
         }
         pos = t->end;
     }
     if (rc == 0 && pos != data_size) {
-        seterr(err, errlen, "%s: the tensors cover %zu bytes of the %zu-byte data section",
+        lb_seterr(err, errlen, "%s: the tensors cover %zu bytes of the %zu-byte data section",
                path, pos, data_size);
         rc = -1;
     }
@@ -357,12 +346,12 @@ int lb_st_open(lb_st_file *f, const char *path, char *err, size_t errlen)
     snprintf(f->path, sizeof f->path, "%s", path);
     FILE *fp = fopen(path, "rb");
     if (!fp) {
-        seterr(err, errlen, "%s: %s", path, strerror(errno));
+        lb_seterr(err, errlen, "%s: %s", path, strerror(errno));
         return -1;
     }
     f->fp = fp;
     if (fseeko(fp, 0, SEEK_END) != 0) {
-        seterr(err, errlen, "%s: cannot seek: %s", path, strerror(errno));
+        lb_seterr(err, errlen, "%s: cannot seek: %s", path, strerror(errno));
         lb_st_close(f);
         return -1;
     }
@@ -370,34 +359,34 @@ int lb_st_open(lb_st_file *f, const char *path, char *err, size_t errlen)
     rewind(fp);
     f->file_size = size > 0 ? (size_t)size : 0;
     if (f->file_size < 8) {
-        seterr(err, errlen, "%s: file is %zu bytes, too short for the 8-byte header length",
+        lb_seterr(err, errlen, "%s: file is %zu bytes, too short for the 8-byte header length",
                path, f->file_size);
         lb_st_close(f);
         return -1;
     }
     unsigned char lenbuf[8];
     if (fread(lenbuf, 1, 8, fp) != 8) {
-        seterr(err, errlen, "%s: read error", path);
+        lb_seterr(err, errlen, "%s: read error", path);
         lb_st_close(f);
         return -1;
     }
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | lenbuf[i];
     if (hlen > f->file_size - 8) {
-        seterr(err, errlen, "%s: header length %llu runs past the end of the file (%zu bytes)",
+        lb_seterr(err, errlen, "%s: header length %llu runs past the end of the file (%zu bytes)",
                path, (unsigned long long)hlen, f->file_size);
         lb_st_close(f);
         return -1;
     }
     if (hlen > LB_ST_MAX_HEADER) {
-        seterr(err, errlen, "%s: header length %llu is over the %u-byte limit", path,
+        lb_seterr(err, errlen, "%s: header length %llu is over the %u-byte limit", path,
                (unsigned long long)hlen, LB_ST_MAX_HEADER);
         lb_st_close(f);
         return -1;
     }
     char *json = malloc(hlen + 1);
     if (!json || fread(json, 1, hlen, fp) != hlen) {
-        seterr(err, errlen, "%s: cannot read the %llu-byte header", path,
+        lb_seterr(err, errlen, "%s: cannot read the %llu-byte header", path,
                (unsigned long long)hlen);
         free(json);
         lb_st_close(f);
@@ -454,12 +443,12 @@ int lb_st_read_f32(const lb_st_file *f, const lb_st_tensor *t, float *out, char 
     int kind = strcmp(t->dtype, "F32") == 0 ? 0 : strcmp(t->dtype, "BF16") == 0 ? 1
              : strcmp(t->dtype, "F16") == 0 ? 2 : -1;
     if (kind < 0) {
-        seterr(err, errlen, "%s: tensor '%s': dtype %s cannot be read as fp32 (F32, BF16, F16)",
+        lb_seterr(err, errlen, "%s: tensor '%s': dtype %s cannot be read as fp32 (F32, BF16, F16)",
                f->path, t->name, t->dtype);
         return -1;
     }
     if (fseeko((FILE *)f->fp, (off_t)(f->data_offset + t->begin), SEEK_SET) != 0) {
-        seterr(err, errlen, "%s: tensor '%s': cannot seek: %s", f->path, t->name,
+        lb_seterr(err, errlen, "%s: tensor '%s': cannot seek: %s", f->path, t->name,
                strerror(errno));
         return -1;
     }
@@ -467,14 +456,14 @@ int lb_st_read_f32(const lb_st_file *f, const lb_st_tensor *t, float *out, char 
     enum { CHUNK = 1 << 16 };
     unsigned char *buf = malloc(CHUNK * 4);
     if (!buf) {
-        seterr(err, errlen, "%s: tensor '%s': out of memory", f->path, t->name);
+        lb_seterr(err, errlen, "%s: tensor '%s': out of memory", f->path, t->name);
         return -1;
     }
     size_t n = (t->end - t->begin) / es, done = 0;
     while (done < n) {
         size_t m = n - done < CHUNK ? n - done : CHUNK;
         if (fread(buf, es, m, (FILE *)f->fp) != m) {
-            seterr(err, errlen, "%s: tensor '%s': short read", f->path, t->name);
+            lb_seterr(err, errlen, "%s: tensor '%s': short read", f->path, t->name);
             free(buf);
             return -1;
         }
@@ -607,7 +596,7 @@ static int write_data(FILE *fp, const st_entry *e)
 int lb_st_writer_save(lb_st_writer *w, const char *path, char *err, size_t errlen)
 {
     if (w->bad[0]) {
-        seterr(err, errlen, "%s: %s", path, w->bad);
+        lb_seterr(err, errlen, "%s: %s", path, w->bad);
         return -1;
     }
     // Duplicate names, found by sorting (linear scans would be quadratic in the tensor count).
@@ -616,7 +605,7 @@ int lb_st_writer_save(lb_st_writer *w, const char *path, char *err, size_t errle
     qsort(names, w->n, sizeof *names, cmp_str);
     for (int i = 1; i < w->n; i++) {
         if (strcmp(names[i - 1], names[i]) == 0) {
-            seterr(err, errlen, "%s: tensor '%s' added twice", path, names[i]);
+            lb_seterr(err, errlen, "%s: tensor '%s' added twice", path, names[i]);
             free(names);
             return -1;
         }
@@ -644,7 +633,7 @@ int lb_st_writer_save(lb_st_writer *w, const char *path, char *err, size_t errle
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!json) {
-        seterr(err, errlen, "%s: cannot build the header", path);
+        lb_seterr(err, errlen, "%s: cannot build the header", path);
         return -1;
     }
     // Pad the header with spaces so the data section starts 8-byte aligned.
@@ -661,7 +650,7 @@ int lb_st_writer_save(lb_st_writer *w, const char *path, char *err, size_t errle
     free(json);
     for (int i = 0; i < w->n && !bad; i++) bad = write_data(a.f, &w->e[i]) != 0;
     if (bad) {
-        seterr(err, errlen, "%s: write failed: %s", path, strerror(errno));
+        lb_seterr(err, errlen, "%s: write failed: %s", path, strerror(errno));
         lb_atomic_abort(&a);
         return -1;
     }

@@ -8,7 +8,7 @@
 #include "src/io/tokenizer.h"
 #include "src/io/json.h"
 
-#include "src/cli/util.h"
+#include "src/io/files.h"
 
 #include <cJSON.h>
 #include <math.h>

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/common.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 #include "src/io/json.h"
 
 #define LB_PROMPT_SPLIT_STREAM 0x73706c6974ull   // which prompts are held out ("split")

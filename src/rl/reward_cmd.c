@@ -18,7 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "kernels/common.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 
 extern char **environ;
 

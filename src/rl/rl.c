@@ -31,7 +31,7 @@
 #include "src/io/metrics.h"
 #include "src/io/mllog.h"
 #include "src/io/tokenizer.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 #include "parallel/grid.h"
 
 #define ERRLEN 2048

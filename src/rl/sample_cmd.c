@@ -11,7 +11,7 @@
 #include "src/io/tokenizer.h"
 #include "src/rl/rl.h"
 #include "src/cli/run.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 
 #define ERRLEN 2048
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/common.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 
 #define SAMPLER_GRAPHS 4   // the shapes of the steady decode and a shrinking tail
 

@@ -19,7 +19,7 @@
 #include "src/cli/run.h"
 #include "src/io/metrics.h"
 #include "src/io/mllog.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline_schedule.h"
 

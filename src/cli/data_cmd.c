@@ -8,7 +8,7 @@
 #include <unistd.h>
 #include "src/cli/commands.h"
 #include "src/io/data.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 
 // Tokens and unigram entropy (nats) over the shards matching pattern.
 static int shard_stats(const char *pattern, int *nfiles, size_t *ntok, double *entropy,

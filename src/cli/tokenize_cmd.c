@@ -15,7 +15,7 @@
 #include <unistd.h>
 #include <cJSON.h>
 #include "src/cli/commands.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 #include "src/io/data.h"
 #include "src/io/json.h"
 #include "src/io/tokenizer.h"

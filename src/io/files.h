@@ -1,6 +1,6 @@
-// util.h: file helpers for src/: whole-file reads, atomic writes, directories, globs, time.
-#ifndef LB_UTIL_H
-#define LB_UTIL_H
+// files.h: file helpers for src/: whole-file reads, atomic writes, directories, globs, time.
+#ifndef LB_FILES_H
+#define LB_FILES_H
 
 #include <stddef.h>
 #include <stdio.h>
@@ -48,6 +48,10 @@ void lb_dirs_unmake(lb_dirs_made *made);
 // Sorted matches of a glob pattern; *out is malloc'd (free with lb_glob_free). Returns count.
 int lb_glob(const char *pattern, char ***out);
 void lb_glob_free(char **list, int n);
+// err = the formatted message (vsnprintf into errlen bytes; nothing where err is NULL): the
+// "file: what is wrong" of a function that reports through (err, errlen).
+void lb_seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 double lb_now(void);                                             // monotonic seconds
 
 #endif

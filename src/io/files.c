@@ -1,6 +1,8 @@
-#include "src/cli/util.h"
+// files.c: whole-file reads, atomic writes, directories, globs and time (see files.h).
+#include "src/io/files.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <glob.h>
 #include <libgen.h>
@@ -226,4 +228,13 @@ double lb_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void lb_seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
 }
