@@ -1,4 +1,5 @@
-// blocks.h: the building blocks model definitions compose (models/blocks.c).
+// blocks.h: the building blocks model definitions compose (models/blocks.c), and the decoder
+// made of them (models/activations.c, ffn.c, decoder.c, decoder_cached.c).
 //
 // A decoder-only transformer of pre-norm layers: RMSNorm, GQA attention (optional per-head
 // RMSNorm on q and k; RoPE, plain or llama3-scaled), RMSNorm, then a feed-forward block, a
@@ -42,7 +43,7 @@ extern const int lb_block_nkeys;
 int lb_decoder_check(const lb_model_def *def, const lb_model_config *c, char *err,
                      size_t errlen);
 
-// --- the decoder's state (models/blocks.c) ------------------------------------------------------
+// --- the decoder's state and passes (models/activations.c, ffn.c, decoder.c) -----------------
 
 // Pointers to one layer's weights, or to their gradients (same offsets in m->grads), and the
 // weight-cache entries of its matrices.
@@ -67,13 +68,13 @@ typedef struct {
 // A feed-forward block's saved state. MoE rows go through the dispatcher: xp/yp are this
 // rank's token rows in moe_plan order, xe/gu/h the rows its experts received (xe = xp when
 // ep = 1). Dense blocks use gu and h only. h16: a bf16 copy of h where the down GEMMs that
-// read it are bf16 (takes16), written by swiglu_fwd and read by the forward's GEMM and the
-// backward's wgrad; only GEMMs read h, so where there is a copy the fp32 values are neither
-// written nor, where every layer takes copies, allocated. xp is not kept: it is ln's rows
-// repeated, made again in the backward (lb_moe_scratch.rows, .rows16); under ep the rows the
-// experts received (xe) are, in bf16 (xe16) where the experts take bf16 rows (takes16): the
-// dispatcher moves them in bf16 too. gu16: gu as the expert GEMMs stored it in bf16 (out16),
-// held instead of gu.
+// read it are bf16 (lb_blocks_takes16), written by swiglu_fwd and read by the forward's GEMM
+// and the backward's wgrad; only GEMMs read h, so where there is a copy the fp32 values are
+// neither written nor, where every layer takes copies, allocated. xp is not kept: it is ln's
+// rows repeated, made again in the backward (lb_moe_scratch.rows, .rows16); under ep the rows
+// the experts received (xe) are, in bf16 (xe16) where the experts take bf16 rows
+// (lb_blocks_takes16): the dispatcher moves them in bf16 too. gu16: gu as the expert GEMMs
+// stored it in bf16 (lb_blocks_out16), held instead of gu.
 typedef struct {
     float *rlogits, *probs, *weight;   // (n, E), (n, E), (n, k)
     int32_t *idx, *row;                // (n, k)
@@ -84,7 +85,7 @@ typedef struct {
     float *xe, *gu, *h;                // (cap, c), (cap, 2f), (cap, f)
     size_t cap_yp, cap_xe, cap_gu, cap_h;   // grow-only: rows vary under ep
     // Where the routed weights are applied to the SwiGLU outputs (every recipe but fp32:
-    // blocks.c weights_on_h), the weights in moe_plan order (n*k) and, under ep, as the
+    // lb_blocks_weights_on_h), the weights in moe_plan order (n*k) and, under ep, as the
     // experts received them (cap): h and h16 hold silu(gate) * up * weight, down's outputs
     // are summed as they are, so yp is not kept.
     float *wp, *wpe;
@@ -113,8 +114,8 @@ typedef struct {
     double *dwp, *dwpe;
     float *dw32;
     size_t cap_dwp, cap_dwpe, cap_dw32;
-    uint16_t *dgu16;           // a bf16 copy of dgu (takes16)
-    uint16_t *dh16;            // dh as the down dgrad stored it in bf16 (out16)
+    uint16_t *dgu16;           // a bf16 copy of dgu (lb_blocks_takes16)
+    uint16_t *dh16;            // dh as the down dgrad stored it in bf16 (lb_blocks_out16)
     size_t cap_rows, cap_rows16, cap_dgu16, cap_dh16;
 } lb_moe_scratch;
 
@@ -122,11 +123,11 @@ typedef struct {
     // saved by forward, per layer. ns rows are this rank's (n / tp under sequence parallelism).
     float *x;              // (ns, c) residual entering the layer; x[layers] feeds the next stage
     float *ln1, *rstd1;    // (n, c) all rows (gathered under SP), (ns)
-    uint16_t *ln1_16;      // (n, pad8(c)) ln1 in bf16 instead (NULL: fp32; blocks.c ln1_16)
+    uint16_t *ln1_16;      // (n, pad8(c)) ln1 in bf16 instead (NULL: fp32; activations.c ln1_16)
     float *q, *qrstd, *qr; // q before norm (n, hq*d), its rstd (n*hq), after norm + RoPE
     float *k, *krstd, *kr; // same for k, (n, hkv*d)
     float *v;              // (n, hkv*d)
-    // qr and kr in bf16 instead (NULL: fp32), where the attention reads bf16 (blocks.c qk16)
+    // qr and kr in bf16 instead (NULL: fp32), where the attention reads bf16 (lb_blocks_qk16)
     uint16_t *qr16, *kr16;
     float *att, *lse;      // (n, hq*d), (b, hq, t)
     float *xmid;           // (ns, c) residual after attention

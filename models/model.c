@@ -572,7 +572,7 @@ double lb_model_flops_per_token(const lb_model_config *cfg, int seq_len)
 void lb_model_set_kv_fp8(lb_model *m, int on)
 {
     // the training activations' q and k are bf16 only without the fp8 cache's fake
-    // quantization (blocks.c qk16): made again for the new kind at the next step
+    // quantization (lb_blocks_qk16): made again for the new kind at the next step
     if (m->acts && !!on != m->kv_fp8) acts_release(m);
     m->kv_fp8 = !!on;
 }

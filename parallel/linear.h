@@ -84,7 +84,7 @@ size_t lb_wcache_bytes(const lb_linear *L, int layer, lb_role role, int count, i
 // columns the n and in below. A bf16 GEMM reads either (rounding fp32 itself: the same bits);
 // a quantized one quantizes x's values as they are; an fp32 one, and a backward that is
 // dequantized or in mixed formats, takes fp32 x only. Which one a layer stores is the
-// activation plan's choice (models/blocks.c), made from the contract: bf16 where every pass
+// activation plan's choice (models/activations.c), made from the contract: bf16 where every pass
 // reads x as bf16 values (lb_linear_plain16) or quantizes it (lb_linear_quantized).
 
 // y (n, out) = x (n, in) W^T + beta * y, for matrix e of the cache (W is w's fp32 master).
