@@ -2,7 +2,7 @@
 // its error messages, --set, cross-key checks, the INI round trip and doc/parameters.md.
 #include "tests/testutil.h"
 #include "src/cli/config.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -4,7 +4,7 @@
 #include "kernels/common.h"
 #include "src/io/metrics.h"
 #include "src/io/mllog.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 #include "tests/testutil.h"
 
 #include <dirent.h>

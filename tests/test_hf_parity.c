@@ -18,7 +18,7 @@
 #include "src/cli/config.h"
 #include "src/io/convert.h"
 #include "src/io/safetensors.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 #include "tests/testutil.h"
 
 static lb_backend *be;

@@ -9,7 +9,7 @@
 #include "kernels/common.h"
 #include "src/io/checkpoint.h"
 #include "src/train/optim.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 #include "tests/testutil.h"
 
 static lb_backend *be;

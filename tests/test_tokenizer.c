@@ -3,7 +3,7 @@
 // and the errors for malformed tokenizer.json files.
 #include <cJSON.h>
 #include <unistd.h>
-#include "src/cli/util.h"
+#include "src/io/files.h"
 #include "src/io/tokenizer.h"
 #include "tests/testutil.h"
 

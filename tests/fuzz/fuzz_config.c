@@ -1,7 +1,7 @@
 // fuzz_config.c: the parameter-file parser (lb_text_check, lb_config_parse, then
 // lb_config_validate), as main.c reads a FILE.cfg.
 #include "src/cli/config.h"
-#include "src/cli/util.h"
+#include "src/io/files.h"
 #include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
