@@ -10,11 +10,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "kernels/kernels.h"
-#include "kernels/quant/contract.h"
+#include "models/precision/contract.h"
 #include "parallel/comm.h"
 #include "parallel/dispatcher.h"
 #include "parallel/grid.h"
-#include "parallel/linear.h"
+#include "models/precision/linear.h"
 
 // Field names follow Hugging Face's config.json (Qwen3, Qwen3-MoE, Llama).
 typedef struct {

@@ -5,7 +5,7 @@
 // by input features) writes partial sums, which lb_tp_reduce adds over the group. Under sequence
 // parallelism the activations between those pairs are cut by rows (tokens): lb_tp_reduce
 // reduce-scatters instead of all-reducing, and lb_tp_gather all-gathers the rows before the next
-// column-parallel layer. The layers themselves are parallel/linear.h on this rank's piece of
+// column-parallel layer. The layers themselves are models/precision/linear.h on this rank's piece of
 // the weight; which tensor is cut how is the model definition's (lb_split, models/model.h).
 //
 // Every operator waits for the backend's queued writes first (the communicator reads them) and

@@ -1,7 +1,7 @@
 // test_contract.c: [precision] resolves to the documented per-site formats.
 #include <stdio.h>
 #include <string.h>
-#include "kernels/quant/contract.h"
+#include "models/precision/contract.h"
 #include "tests/testutil.h"
 
 static lb_contract resolve(const lb_precision_spec *s, int layers)

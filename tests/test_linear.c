@@ -1,11 +1,11 @@
 // test_linear.c: the linear layer runs each GEMM in the format its contract site names. Each
 // pass is recomputed here from the codecs (golden-tested in test_quant) and a double-precision
-// product, independently of parallel/linear.c's code paths.
+// product, independently of models/precision/linear.c's code paths.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/common.h"
-#include "parallel/linear.h"
+#include "models/precision/linear.h"
 #include "tests/testutil.h"
 
 enum { N = 40, IN = 96, OUT = 24 };   // partial blocks everywhere; N not a multiple of 16

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "kernels/quant/contract.h"
+#include "models/precision/contract.h"
 #include "models/model.h"   // lb_model_config (lb_test_llama3_rope)
 
 // Path of a file under the source tree (tests run from the build tree under make distcheck).

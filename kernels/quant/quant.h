@@ -117,7 +117,7 @@ typedef struct lb_qmat {
     // for these formats, so its GEMMs multiply such bf16 values: a weight cache's copy spares
     // them dequantizing the weights on every call (the sampler's decode, 16 rows an expert,
     // would otherwise convert every expert's weight each step). Set and freed by its owner
-    // (parallel/linear.c's weight cache); a view of some of the rows has none.
+    // (models/precision/linear.c's weight cache); a view of some of the rows has none.
     uint16_t *d16;
 } lb_qmat;
 

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include "kernels/common.h"
-#include "kernels/quant/contract.h"
+#include "models/precision/contract.h"
 #include "kernels/quant/quant.h"
 #include "src/cli/commands.h"
 #include "src/train/optim.h"
@@ -175,7 +175,7 @@ static uint16_t *bf16_copy(lb_backend *be, const float *x, size_t rows, int cols
     return y;
 }
 
-// One bf16 MoE layer's four expert GEMM calls as parallel/linear.c issues them where every
+// One bf16 MoE layer's four expert GEMM calls as models/precision/linear.c issues them where every
 // operand has its bf16 copy (the weight caches', the expert ops'): gate/up and down fprop,
 // then each backward as one call of every expert's dgrad and wgrad side by side; and, to see
 // which half costs what, each backward's dgrads and wgrads alone.
@@ -272,7 +272,7 @@ static int bench_gemm(lb_backend *be, const lb_config *c)
         bench_gemm_format(be, c, shape, f, E, rows, F, C, 1);
         if (c->bench.moe_passes && f == LB_FMT_BF16) bench_moe_bf16(be, c);
         if (!c->bench.moe_passes || f == LB_FMT_FP32 || f == LB_FMT_BF16) continue;
-        // The rest of the layer as parallel/linear.c issues it (the row above is the gate/up
+        // The rest of the layer as models/precision/linear.c issues it (the row above is the gate/up
         // fprop): (m, n, k) per expert and whether B is a weight.
         const struct { const char *name; int m, n, k, w; } pass[] = {
             {"fprop down", rows, C, I, 1},      // H (rows, I) x W_down (C, I)

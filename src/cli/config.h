@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 #include <stdio.h>
-#include "kernels/quant/contract.h"
+#include "models/precision/contract.h"
 #include "models/model.h"
 #include "parallel/grid.h"
 
@@ -73,7 +73,7 @@ typedef struct {
     // Bookkeeping for messages, not parameters (no lb_params entry): the file last parsed into
     // this configuration, and per lb_params[] entry the line of that file that set the key
     // (0: default or --set).
-    lb_precision_spec precision;   // resolved into the contract (kernels/quant/contract.h)
+    lb_precision_spec precision;   // resolved into the contract (models/precision/contract.h)
     struct {
         char kind[16];             // gemm | attention | train | rollout | rl | all
         int warmup, iters;         // untimed and timed repetitions

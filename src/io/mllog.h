@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
-#include "kernels/quant/contract.h"
+#include "models/precision/contract.h"
 #include "models/model.h"
 #include "src/cli/config.h"
 

@@ -1,5 +1,5 @@
 // contract.c: resolving [precision] into per-site formats (see contract.h, doc/formats.md).
-#include "kernels/quant/contract.h"
+#include "models/precision/contract.h"
 
 #include <ctype.h>
 #include <stdlib.h>

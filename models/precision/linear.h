@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "kernels/kernels.h"
-#include "kernels/quant/contract.h"
+#include "models/precision/contract.h"
 #include "kernels/quant/quant.h"
 #include "parallel/comm.h"
 

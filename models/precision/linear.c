@@ -1,5 +1,5 @@
 // linear.c: linear layers under the precision contract (see linear.h, doc/formats.md).
-#include "parallel/linear.h"
+#include "models/precision/linear.h"
 
 #include <math.h>
 #include <stdlib.h>
