@@ -3,7 +3,7 @@
 
 #include "kernels/common.h"
 #include "src/io/metrics.h"
-#include "src/io/mllog.h"
+#include "src/train/mlperf.h"
 #include "src/io/files.h"
 #include "tests/testutil.h"
 
@@ -805,7 +805,7 @@ START_TEST(metrics_tfevents)
 }
 END_TEST
 
-// The MLPerf schedule and target (src/io/mllog.h): evaluations after step first and every
+// The MLPerf schedule and target (src/train/mlperf.h): evaluations after step first and every
 // `every` steps; a loss target is reached at or below it, an accuracy target only above it;
 // the number formats of the log's values.
 START_TEST(mlperf_schedule_and_target)

@@ -29,7 +29,7 @@
 #include "src/rl/reward.h"
 #include "src/cli/run.h"
 #include "src/io/metrics.h"
-#include "src/io/mllog.h"
+#include "src/train/mlperf.h"
 #include "src/io/tokenizer.h"
 #include "src/io/files.h"
 #include "parallel/grid.h"

@@ -18,7 +18,7 @@
 #include "src/train/optim.h"
 #include "src/cli/run.h"
 #include "src/io/metrics.h"
-#include "src/io/mllog.h"
+#include "src/train/mlperf.h"
 #include "src/io/files.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline_schedule.h"
