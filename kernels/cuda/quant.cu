@@ -576,14 +576,16 @@ __device__ __forceinline__ float fp8_scale(uint32_t mb)
 __device__ __forceinline__ float bf16_val(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
 
 // x[row][c .. c + 3] in fp32 (a bf16 x's values exactly), zero beyond (rows, cols); c is a
-// multiple of 4.
+// multiple of 4. X16: x is bf16 (P.x16), a template argument so each kernel has one load path
+// (a branch on P.x16 in the loads cost the fp32 kernels registers, and time).
+template <int X16>
 __device__ __forceinline__ float4 fq_load(const fq_params &P, const void *x, int rows, int row,
                                           int c)
 {
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const int cols = P.cols;
     if (row >= rows || c >= cols) return v;
-    if (P.x16) {
+    if constexpr (X16) {
         const uint16_t *p = (const uint16_t *)x + (size_t)row * P.ld + c;
         if (P.v4) {   // cols % 4 == 0: all four are in x, 8 bytes
             const uint2 u = __ldcs((const uint2 *)p);
@@ -800,7 +802,7 @@ struct fq_tile {
     int tr, tc, r0, c0, xr, xc;
 };
 
-template <int COLWISE>
+template <int COLWISE, int X16>
 __device__ __forceinline__ fq_tile fq_tile_load(const fq_params &P, float4 (&v)[16])
 {
     const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -810,7 +812,7 @@ __device__ __forceinline__ fq_tile fq_tile_load(const fq_params &P, float4 (&v)[
     T.r0 = T.tr * 128, T.c0 = T.tc * 128;
     T.xr = (COLWISE ? T.c0 : T.r0) + 16 * warp, T.xc = (COLWISE ? T.r0 : T.c0) + 4 * lane;
 #pragma unroll
-    for (int s = 0; s < 16; s++) v[s] = fq_load(P, T.G->x, T.G->rows, T.xr + s, T.xc);
+    for (int s = 0; s < 16; s++) v[s] = fq_load<X16>(P, T.G->x, T.G->rows, T.xr + s, T.xc);
     return T;
 }
 
@@ -819,14 +821,14 @@ __device__ __forceinline__ fq_tile fq_tile_load(const fq_params &P, float4 (&v)[
 // (quantize_rc, with COLWISE 1, 1x128 blocks, no SR): the tile's values also go to the row-wise
 // Q of all of x (P.rdata): x_j's row xr + s is its row roff + xr + s, the tile's columns its
 // block tr.
-template <int COLWISE, int SR, int ROWS = 0>
+template <int COLWISE, int SR, int ROWS, int X16>
 __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_params P)
 {
     __shared__ uint32_t part[8][128];   // column-wise 1x128: each warp's maxima of the Q rows
     __shared__ float dv[128];           // column-wise 1x128: the divisor of each Q row
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     float4 v[16];
-    const fq_tile T = fq_tile_load<COLWISE>(P, v);
+    const fq_tile T = fq_tile_load<COLWISE, X16>(P, v);
     const fq_group &G = *T.G;
     const int tr = T.tr, tc = T.tc, r0 = T.r0, c0 = T.c0, xr = T.xr, xc = T.xc;
 
@@ -891,7 +893,7 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
 // blocks to spread over the multiprocessors (a 256 x 2048 one: 128, not 32). The same codes and
 // scales: a 1x128 block is one row's, whatever the tile.
 #define FQ_ROWS_TILE 32
-template <int SR>
+template <int SR, int X16>
 __global__ void __launch_bounds__(256) fq_rows_kernel(const __grid_constant__ fq_params P)
 {
     const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -900,7 +902,7 @@ __global__ void __launch_bounds__(256) fq_rows_kernel(const __grid_constant__ fq
     const int xr = tr * FQ_ROWS_TILE + 4 * warp, xc = tc * 128 + 4 * lane;
     float4 v[4];
 #pragma unroll
-    for (int s = 0; s < 4; s++) v[s] = fq_load(P, G.x, G.rows, xr + s, xc);
+    for (int s = 0; s < 4; s++) v[s] = fq_load<X16>(P, G.x, G.rows, xr + s, xc);
     fq_rows<SR>(v, G.data, (float *)G.scale, G.scols, G.R, G.C, xr, xc, tc, G.rbase, lane, G.ts,
                 G.tsld);
 }
@@ -1073,14 +1075,14 @@ __device__ __forceinline__ float mq_s2(const fq_params &P, const fq_group &G, in
 
 // ELEM: element type; BR x BC: block (1x32 MX, 1x16 or 16x16 NVFP4); COLWISE as fq_kernel;
 // H: Hadamard size (0 or 16, column-wise); AMAX: the NVFP4 maxima pass.
-template <int ELEM, int BR, int BC, int COLWISE, int H, int AMAX>
+template <int ELEM, int BR, int BC, int COLWISE, int H, int AMAX, int X16>
 __global__ void __launch_bounds__(256, 2) mq_kernel(const __grid_constant__ fq_params P)
 {
     constexpr int NV = BC == 16;
     __shared__ uint32_t part[8][128];   // column-wise: each warp's maxima of the Q rows
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = blockIdx.x;
     float4 v[16];
-    const fq_tile T = fq_tile_load<COLWISE>(P, v);
+    const fq_tile T = fq_tile_load<COLWISE, X16>(P, v);
     const fq_group &G = *T.G;
     const int tc = T.tc, r0 = T.r0, c0 = T.c0, xr = T.xr, xc = T.xc;
     if (H) mq_hadamard<H ? H : 1>(v, G.hsigns, P.hc);
@@ -1223,20 +1225,29 @@ __global__ void __launch_bounds__(256, 2) mq_kernel(const __grid_constant__ fq_p
 
 typedef void (*mq_fn)(fq_params);
 
-// mq_kernel's quantizing and maxima kernels for a's format, direction and transform.
-template <int E, int BR, int BC> static void mq_pick(int colwise, int h, mq_fn *q, mq_fn *amax)
+// mq_kernel's quantizing and maxima kernels for a's format, direction and transform, on fp32
+// or (X) bf16 rows.
+template <int E, int BR, int BC, int X> static void mq_pick_x(int colwise, int h, mq_fn *q,
+                                                             mq_fn *amax)
 {
     *amax = NULL;
     if (!colwise) {
-        *q = mq_kernel<E, BR, BC, 0, 0, 0>;
-        if constexpr (BC == 16) *amax = mq_kernel<E, BR, BC, 0, 0, 1>;
+        *q = mq_kernel<E, BR, BC, 0, 0, 0, X>;
+        if constexpr (BC == 16) *amax = mq_kernel<E, BR, BC, 0, 0, 1, X>;
     } else if (h) {
-        *q = mq_kernel<E, BR, BC, 1, 16, 0>;
-        if constexpr (BC == 16) *amax = mq_kernel<E, BR, BC, 1, 16, 1>;
+        *q = mq_kernel<E, BR, BC, 1, 16, 0, X>;
+        if constexpr (BC == 16) *amax = mq_kernel<E, BR, BC, 1, 16, 1, X>;
     } else {
-        *q = mq_kernel<E, BR, BC, 1, 0, 0>;
-        if constexpr (BC == 16) *amax = mq_kernel<E, BR, BC, 1, 0, 1>;
+        *q = mq_kernel<E, BR, BC, 1, 0, 0, X>;
+        if constexpr (BC == 16) *amax = mq_kernel<E, BR, BC, 1, 0, 1, X>;
     }
+}
+
+template <int E, int BR, int BC> static void mq_pick(int colwise, int h, int x16, mq_fn *q,
+                                                     mq_fn *amax)
+{
+    if (x16) mq_pick_x<E, BR, BC, 1>(colwise, h, q, amax);
+    else mq_pick_x<E, BR, BC, 0>(colwise, h, q, amax);
 }
 
 // Whether mq_kernel quantizes under a (else the passes; fp8-block is fq_kernel's).
@@ -1267,6 +1278,18 @@ static int fq_rowwise(const fq_collect *c)
     return !c->mq && !c->rows && !c->qt && !c->colwise && !c->P->blk2d;
 }
 
+// fq_kernel or fq_rows_kernel for what c collects, on fp32 or (X) bf16 rows.
+template <int X> static void fq_launch_x(const fq_collect *c, dim3 g, dim3 b, cudaStream_t st)
+{
+    if (fq_rowwise(c) && c->P->sr) fq_rows_kernel<1, X><<<g, b, 0, st>>>(*c->P);
+    else if (fq_rowwise(c)) fq_rows_kernel<0, X><<<g, b, 0, st>>>(*c->P);
+    else if (c->rows) fq_kernel<1, 0, 1, X><<<g, b, 0, st>>>(*c->P);
+    else if (c->P->sr && c->colwise) fq_kernel<1, 1, 0, X><<<g, b, 0, st>>>(*c->P);
+    else if (c->P->sr) fq_kernel<0, 1, 0, X><<<g, b, 0, st>>>(*c->P);
+    else if (c->colwise) fq_kernel<1, 0, 0, X><<<g, b, 0, st>>>(*c->P);
+    else fq_kernel<0, 0, 0, X><<<g, b, 0, st>>>(*c->P);
+}
+
 static void fq_flush(fq_collect *c)
 {
     const dim3 g(c->tiles), b(256);
@@ -1281,13 +1304,8 @@ static void fq_flush(fq_collect *c)
             return;
         }
         if (c->mq) c->mq<<<g, b, 0, st>>>(*c->P);
-        else if (fq_rowwise(c) && c->P->sr) fq_rows_kernel<1><<<g, b, 0, st>>>(*c->P);
-        else if (fq_rowwise(c)) fq_rows_kernel<0><<<g, b, 0, st>>>(*c->P);
-        else if (c->rows) fq_kernel<1, 0, 1><<<g, b, 0, st>>>(*c->P);
-        else if (c->P->sr && c->colwise) fq_kernel<1, 1><<<g, b, 0, st>>>(*c->P);
-        else if (c->P->sr) fq_kernel<0, 1><<<g, b, 0, st>>>(*c->P);
-        else if (c->colwise) fq_kernel<1, 0><<<g, b, 0, st>>>(*c->P);
-        else fq_kernel<0, 0><<<g, b, 0, st>>>(*c->P);
+        else if (c->P->x16) fq_launch_x<1>(c, g, b, st);
+        else fq_launch_x<0>(c, g, b, st);
         LB_CUDA_LAUNCHED(c->cx);
     }
     c->P->count = 0, c->tiles = 0;
@@ -1341,16 +1359,19 @@ static void fq_group_add(void *ctx, int j, lb_act xj, int pr, const lb_quant_arg
     c->tiles += (want.rows + c->trows - 1) / c->trows * tcn;
 }
 
-// Groups j with prows[j] > 0 (see kernels.h quantize_grouped), q[j] checked against the layout
-// of (prows[j], cols) under a: fp8-block (fq_kernel) or a format mq_takes (mq_kernel), in as
-// many launches as FQ_MAX groups need. amax_out: NULL, or (NVFP4) quantize_amax's output, which
-// gets the maxima words of the groups' second levels instead of any quantization.
+// The launch's view of x: its columns, element type, row pitch, and whether every row starts
+// aligned for 4-element loads.
 static void fq_params_x(fq_params *P, lb_act x)
 {
     P->cols = x.cols, P->x16 = x.type == LB_ACT_BF16, P->ld = x.ld;
     const size_t vb = 4 * lb_act_esize(x);   // a 4-element load's bytes
     P->v4 = x.cols % 4 == 0 && ((uintptr_t)x.p % vb) == 0 && (x.ld * lb_act_esize(x)) % vb == 0;
 }
+
+// Groups j with prows[j] > 0 (see kernels.h quantize_grouped), q[j] checked against the layout
+// of (prows[j], cols) under a: fp8-block (fq_kernel) or a format mq_takes (mq_kernel), in as
+// many launches as FQ_MAX groups need. amax_out: NULL, or (NVFP4) quantize_amax's output, which
+// gets the maxima words of the groups' second levels instead of any quantization.
 
 static void fq_launch(lb_cuda_ctx *cx, int count, lb_qmat *q, lb_act x, const int *rows,
                       const int *prows, const lb_quant_args *a, float *amax_out)
@@ -1364,12 +1385,12 @@ static void fq_launch(lb_cuda_ctx *cx, int count, lb_qmat *q, lb_act x, const in
         const int h = a->hadamard;
         P->floor_rule = a->rule == LB_SCALE_FLOOR, P->s2mode = (int)a->s2_mode, P->s2given = a->s2;
         P->hc = h ? (float)(1.0 / sqrt((double)h)) : 0.0f;   // hadamard.c's norm_const
-        if (a->fmt == LB_FMT_MXFP4) mq_pick<LB_E2M1, 1, 32>(c.colwise, h, &c.mq, &c.mq_amax);
+        if (a->fmt == LB_FMT_MXFP4) mq_pick<LB_E2M1, 1, 32>(c.colwise, h, P->x16, &c.mq, &c.mq_amax);
         else if (a->fmt == LB_FMT_NVFP4 && a->weight_blocks)
-            mq_pick<LB_E2M1, 16, 16>(c.colwise, h, &c.mq, &c.mq_amax);
-        else if (a->fmt == LB_FMT_NVFP4) mq_pick<LB_E2M1, 1, 16>(c.colwise, h, &c.mq, &c.mq_amax);
-        else if (a->elem == LB_E5M2) mq_pick<LB_E5M2, 1, 32>(c.colwise, h, &c.mq, &c.mq_amax);
-        else mq_pick<LB_E4M3, 1, 32>(c.colwise, h, &c.mq, &c.mq_amax);
+            mq_pick<LB_E2M1, 16, 16>(c.colwise, h, P->x16, &c.mq, &c.mq_amax);
+        else if (a->fmt == LB_FMT_NVFP4) mq_pick<LB_E2M1, 1, 16>(c.colwise, h, P->x16, &c.mq, &c.mq_amax);
+        else if (a->elem == LB_E5M2) mq_pick<LB_E5M2, 1, 32>(c.colwise, h, P->x16, &c.mq, &c.mq_amax);
+        else mq_pick<LB_E4M3, 1, 32>(c.colwise, h, P->x16, &c.mq, &c.mq_amax);
         size_t nw = 0;   // fq_group_add's, group after group (those skipped have none)
         for (int j = 0; j < count; j++) {
             const int pr = prows ? prows[j] : rows[j];
