@@ -232,6 +232,13 @@ float *lb_decoder_stage_output(lb_model *m);
 float *lb_decoder_stage_grad(lb_model *m);
 
 // The entry points of a model made of these blocks (all but check and tensors).
+// The aux-loss-free balancing step of the sigmoid router (DeepSeek-V3), a family's
+// lb_model_def.after_step: the expert loads of the backwards since the last call, summed over
+// `all` (every rank of the job; NULL: this rank alone), move each layer's selection bias by
+// router_bias_update_rate * sign(mean load - load) (router_bias_update). Collective over all;
+// nothing for other routers.
+void lb_decoder_router_bias_update(lb_model *m, lb_comm *all);
+
 #define LB_DECODER_OPS                                        \
     .acts_create = lb_decoder_acts_create,                    \
     .acts_free = lb_decoder_acts_free,                        \

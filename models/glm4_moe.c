@@ -4,7 +4,7 @@
 // SwiGLU MLP, the others the sigmoid router (selection bias, group-limited top-k, routed
 // scaling factor) over SwiGLU experts with n_shared_experts shared experts beside them. All of
 // it is the shared decoder's blocks (models/blocks.h); the bias moves after each optimizer step
-// (lb_model_router_bias_update).
+// (after_step: lb_decoder_router_bias_update).
 #include "models/blocks.h"
 
 extern const lb_model_def lb_glm4_moe_def;
@@ -43,5 +43,6 @@ const lb_model_def lb_glm4_moe_def = {
     .nkeys = 1,
     .check = check,
     .tensors = tensors,
+    .after_step = lb_decoder_router_bias_update,
     LB_DECODER_OPS,
 };

@@ -881,35 +881,7 @@ void lb_model_moe_stats_end(lb_model *m, lb_comm *all, double *load_max, double 
     m->moe_stats = NULL;
 }
 
-void lb_model_router_bias_update(lb_model *m, lb_comm *all)
+void lb_model_after_step(lb_model *m, lb_comm *all)
 {
-    const lb_model_config *c = &m->cfg;
-    if (!m->def->moe || !m->def->sigmoid_router) return;
-    const size_t L = (size_t)c->num_hidden_layers, E = (size_t)c->num_experts;
-    // Every rank's loads of every layer (zeros for another stage's layers): each token counted
-    // by as many ranks as hold its rows (its tp group, or its etp group), alike for all of
-    // them, so the sign of mean - load is that of the job's tokens.
-    double *mine = lb_calloc(L * E, sizeof(double)), *load = lb_calloc(L * E, sizeof(double));
-    if (m->expert_load) {
-        memcpy(mine, m->expert_load, L * E * sizeof(double));
-        memset(m->expert_load, 0, L * E * sizeof(double));
-    }
-    if (all && all->size > 1) lb_comm_all_reduce(all, mine, load, L * E, LB_F64);
-    else memcpy(load, mine, L * E * sizeof(double));
-    const float rate = (float)c->router_bias_update_rate;
-    float *host = lb_malloc(E * sizeof(float)), *dev = m->be->alloc(m->be, E * sizeof(float));
-    for (int l = m->layer_begin; l < m->layer_end && rate > 0; l++) {
-        if (!lb_model_layer_moe(m->def, c, l)) continue;
-        char name[LB_TENSOR_NAME];
-        snprintf(name, sizeof name, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
-        const lb_tensor *t = lb_model_find(m, name);
-        if (!t) lb_die("model has no tensor %s", name);
-        for (size_t j = 0; j < E; j++) host[j] = (float)load[(size_t)l * E + j];
-        m->be->upload(m->be, dev, host, E * sizeof(float));
-        m->be->router_bias_update(m->be, m->params + t->offset, dev, (int)E, rate);
-    }
-    m->be->free(m->be, dev);
-    free(host);
-    free(mine);
-    free(load);
+    if (m->def->after_step) m->def->after_step(m, all);
 }

@@ -115,7 +115,7 @@ typedef struct {
     int is_norm;                   // initialised to 1, no weight decay
     int zero_init;                 // initialised to 0, no weight decay (biases)
     int frozen;                    // no gradient, and the optimizer skips it (the router's
-                                   // selection bias, moved by lb_model_router_bias_update)
+                                   // selection bias, moved by lb_decoder_router_bias_update)
     // set by the definition
     lb_split split;
     lb_tpgrad tpgrad;
@@ -235,6 +235,10 @@ struct lb_model_def {
     int (*route_k)(const lb_model_config *);
     // Which of a training step's activations this model stores in bf16 (lb_act_plan).
     void (*act_plan)(const lb_model *, struct lb_act_plan *);
+    // After each optimizer step, collective over all (every rank of the job; NULL: this rank
+    // alone): what the family moves outside the gradient, e.g. the sigmoid router's selection
+    // bias (lb_decoder_router_bias_update). NULL: nothing.
+    void (*after_step)(lb_model *, lb_comm *all);
     // Pipeline stages: the (rows, hidden) buffers of the current activations that hold the
     // stage's input hidden states (filled by the caller before forward on a later stage), its
     // output (after forward on an earlier stage), and d loss / d those (input of backward on
@@ -330,7 +334,7 @@ struct lb_model {
     int *layer_tensors;
     // The sigmoid router's expert loads since the last bias update: (num_hidden_layers, E)
     // host, this stage's layers' rows summed over the micro-batches' backwards (NULL until the
-    // first); lb_model_router_bias_update sums them over the ranks and moves the biases.
+    // first); lb_decoder_router_bias_update sums them over the ranks and moves the biases.
     double *expert_load;
     // MoE health (lb_model_moe_stats_begin): NULL while not collecting, else (num_hidden_layers,
     // E + 2) host: per layer the tokens each expert got, the sum of the rows' router entropies
@@ -349,12 +353,9 @@ enum {
 int lb_model_qk_norm(const lb_model_def *def, const lb_model_config *c);
 // Whether decoder layer l of this configuration has a routed MoE block (else a dense MLP).
 int lb_model_layer_moe(const lb_model_def *def, const lb_model_config *c, int l);
-// The aux-loss-free balancing step of the sigmoid router (DeepSeek-V3), after an optimizer
-// step: the expert loads of the backwards since the last call, summed over `all` (every rank
-// of the job; NULL: this rank alone), move each layer's selection bias by
-// router_bias_update_rate * sign(mean load - load) (router_bias_update). Collective over all;
-// nothing for other routers.
-void lb_model_router_bias_update(lb_model *m, lb_comm *all);
+// The family's work after an optimizer step (lb_model_def.after_step), on every rank after
+// lb_optimizer_step: collective over all where the family has any.
+void lb_model_after_step(lb_model *m, lb_comm *all);
 
 // MoE health for the metrics: from lb_model_moe_stats_begin to lb_model_moe_stats_end, each
 // training backward adds, per MoE layer of this stage, the tokens its rows sent to each expert

@@ -149,7 +149,7 @@ END_TEST
 START_TEST(test_grad_glm4_moe) { gradcheck("glm4_moe"); }
 END_TEST
 
-// The aux-loss-free balancing (lb_model_router_bias_update): after a step, each routed layer's
+// The aux-loss-free balancing (lb_model_after_step: glm4_moe's lb_decoder_router_bias_update): after a step, each routed layer's
 // selection bias moves by rate * sign(mean load - load) with the loads of the step's backwards
 // (the experts its router chose, read here from route_log); forwards alone count nothing, and
 // the loads start again from zero after each update.
@@ -175,7 +175,7 @@ START_TEST(test_router_bias_update)
     int32_t tok[B * T], tgt[B * T];
     batch(tok, tgt, cfg.vocab_size);
     lb_model_forward(m, tok, tgt, B, T);   // a forward without backward: no loads
-    lb_model_router_bias_update(m, NULL);
+    lb_model_after_step(m, NULL);
     for (int l = 1; l < L; l++)
         for (int j = 0; j < E; j++) ck_assert(m->params[bt[l]->offset + j] == 0.0f);
 
@@ -193,7 +193,7 @@ START_TEST(test_router_bias_update)
         // stage's growth once freed them)
         lb_model_route_stage(m, 4 * (size_t)n);
     }
-    lb_model_router_bias_update(m, NULL);
+    lb_model_after_step(m, NULL);
     int up = 0, down = 0;
     for (int l = 1; l < L; l++) {
         double mean = 2.0 * n * K / E;
@@ -208,7 +208,7 @@ START_TEST(test_router_bias_update)
     ck_assert(up > 0 && down > 0);   // the loads are uneven both ways
     // nothing counted since: the biases stay
     float keep = m->params[bt[1]->offset];
-    lb_model_router_bias_update(m, NULL);
+    lb_model_after_step(m, NULL);
     ck_assert(m->params[bt[1]->offset] == keep);
     // the optimizer leaves the frozen bias alone (zero gradient, no weight decay, skipped)
     lb_optim_config oc = {1e-2, 1e-3, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0, 0, 1};

@@ -1027,7 +1027,7 @@ static void rl_update(rl_run *x, int step, rl_step *s)
         }
         s->ntok_all += ntok;
         s->norm = lb_optimizer_step(&x->run.opt, (step - 1) * M + mb + 1, &s->lr);
-        lb_model_router_bias_update(x->run.m, x->run.world);   // as train_step does
+        lb_model_after_step(x->run.m, x->run.world);   // as train_step does
     }
 }
 

@@ -637,7 +637,7 @@ static int train_step(train_run *x, int step)
         lb_die("step %d: loss is %f; stopping before the weights are harmed", step, loss);
     double lr;
     double norm = lb_optimizer_step(&r->opt, step, &lr);
-    lb_model_router_bias_update(x->m, comm);   // the sigmoid router's balancing (glm4_moe)
+    lb_model_after_step(x->m, comm);   // e.g. the sigmoid router's balancing (glm4_moe)
     r->be->sync(r->be);
     double now = lb_now();
     char *moe = logged ? moe_metrics(x) : NULL;
