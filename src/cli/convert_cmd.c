@@ -60,7 +60,7 @@ static int import_tokenizer(const char *dir, const lb_model_config *mc, char **j
     lb_tokenizer_free(t);
     if (t && n > mc->vocab_size)
         lb_seterr(err, errlen, "%s has %d tokens, more than config.json's vocab_size (%d)", path, n,
-               mc->vocab_size);
+                  mc->vocab_size);
     if (t && n <= mc->vocab_size) return 0;
     free(*json);
     *json = NULL;

@@ -111,26 +111,28 @@ static int check_supported(const cJSON *root, const lb_model_config *cfg, const 
     if (get_bool(root, "use_sliding_window", 0, &b, path, err, errlen)) return -1;
     if (b) {
         lb_seterr(err, errlen, "%s: use_sliding_window = true is not supported (lowbit attends to "
-               "the whole causal context)", path);
+                  "the whole causal context)", path);
         return -1;
     }
     if (get_bool(root, "mlp_bias", 0, &b, path, err, errlen)) return -1;
     if (b) {
-        lb_seterr(err, errlen, "%s: mlp_bias = true is not supported (lowbit's MLP projections have "
-               "no bias)", path);
+        lb_seterr(err, errlen,
+                  "%s: mlp_bias = true is not supported (lowbit's MLP projections have no bias)",
+                  path);
         return -1;
     }
     const cJSON *v = field(root, "hidden_act");
     if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "silu") != 0)) {
         lb_seterr(err, errlen, "%s: hidden_act '%s' is not supported (silu only)", path,
-               cJSON_IsString(v) ? v->valuestring : "?");
+                  cJSON_IsString(v) ? v->valuestring : "?");
         return -1;
     }
     double drop;
     if (get_real(root, "attention_dropout", 0.0, &drop, path, err, errlen)) return -1;
     if (drop != 0.0) {
-        lb_seterr(err, errlen, "%s: attention_dropout = %g is not supported (lowbit has no dropout)",
-               path, drop);
+        lb_seterr(err, errlen,
+                  "%s: attention_dropout = %g is not supported (lowbit has no dropout)", path,
+                  drop);
         return -1;
     }
     const cJSON *lt = field(root, "layer_types"), *e;
@@ -140,7 +142,7 @@ static int check_supported(const cJSON *root, const lb_model_config *cfg, const 
                                                                       "full_attention") != 0;
         if (bad) {
             lb_seterr(err, errlen, "%s: layer_types other than 'full_attention' are not supported",
-                   path);
+                      path);
             return -1;
         }
     }
@@ -148,8 +150,9 @@ static int check_supported(const cJSON *root, const lb_model_config *cfg, const 
         int step;
         if (get_int(root, "decoder_sparse_step", 0, 1, 0, &step, path, err, errlen)) return -1;
         if (step != 1) {
-            lb_seterr(err, errlen, "%s: decoder_sparse_step = %d is not supported (every layer is a "
-                   "MoE layer in lowbit: 1)", path, step);
+            lb_seterr(err, errlen,
+                      "%s: decoder_sparse_step = %d is not supported (every layer is a MoE layer "
+                      "in lowbit: 1)", path, step);
             return -1;
         }
     }
@@ -167,7 +170,7 @@ static int read_mlp_only_layers(const cJSON *root, lb_model_config *cfg, const c
     cJSON_ArrayForEach(e, mo) bad |= !cJSON_IsNumber(e) || e->valuedouble != k++;
     if (bad || k > cfg->num_hidden_layers) {
         lb_seterr(err, errlen, "%s: mlp_only_layers must list the leading layers 0, 1, ... in "
-               "order (dense layers after a MoE layer are not supported)", path);
+                  "order (dense layers after a MoE layer are not supported)", path);
         return -1;
     }
     cfg->first_k_dense_replace = k;
@@ -190,13 +193,13 @@ static int read_rope(const cJSON *root, lb_model_config *cfg, const char *path, 
         const char *t = type && cJSON_IsString(type) ? type->valuestring : "?";
         if (!cJSON_IsObject(rp) || (type && !cJSON_IsString(type))) {
             lb_seterr(err, errlen, "%s: %s must be an object with a string rope_type", path,
-                   keys[k]);
+                      keys[k]);
             return -1;
         }
         if (!type || strcmp(t, "default") == 0) continue;
         if (strcmp(t, "llama3") != 0 || !def_of(cfg)->rope_scaling) {
             lb_seterr(err, errlen, "%s: %s of type '%s' is not supported (rope_type 'default'%s)",
-                   path, keys[k], t, def_of(cfg)->rope_scaling ? " or 'llama3'" : "");
+                      path, keys[k], t, def_of(cfg)->rope_scaling ? " or 'llama3'" : "");
             return -1;
         }
         double orig;
@@ -212,8 +215,8 @@ static int read_rope(const cJSON *root, lb_model_config *cfg, const char *path, 
             !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) ||
             !(cfg->rope_low_freq_factor > 0)) {
             lb_seterr(err, errlen, "%s: %s: llama3 needs factor >= 1, high_freq_factor > "
-                   "low_freq_factor > 0 and a positive integer original_max_position_embeddings",
-                   path, keys[k]);
+                      "low_freq_factor > 0 and a positive integer original_max_position_embeddings",
+                      path, keys[k]);
             return -1;
         }
         cfg->rope_original_max_position_embeddings = (int)orig;
@@ -236,7 +239,7 @@ int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t e
     }
     if (!lb_model_lookup(mt->valuestring)) {
         lb_seterr(err, errlen, "%s: model_type '%s' is not supported (%s)", path, mt->valuestring,
-               lb_model_arch_choices());
+                  lb_model_arch_choices());
         goto out;
     }
     snprintf(cfg->arch, sizeof cfg->arch, "%s", mt->valuestring);
@@ -282,7 +285,7 @@ int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t e
         goto out;
     if (!(cfg->partial_rotary_factor > 0 && cfg->partial_rotary_factor <= 1)) {
         lb_seterr(err, errlen, "%s: partial_rotary_factor (%g) must be in (0, 1]", path,
-               cfg->partial_rotary_factor);
+                  cfg->partial_rotary_factor);
         goto out;
     }
     if (is_moe(cfg)) {
@@ -323,15 +326,16 @@ int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t e
             goto out;
         }
         if (cfg->num_experts_per_tok > cfg->num_experts) {
-            lb_seterr(err, errlen, "%s: num_experts_per_tok (%d) exceeds the number of experts (%d)",
-                   path, cfg->num_experts_per_tok, cfg->num_experts);
+            lb_seterr(err, errlen,
+                      "%s: num_experts_per_tok (%d) exceeds the number of experts (%d)", path,
+                      cfg->num_experts_per_tok, cfg->num_experts);
             goto out;
         }
     }
     if (cfg->num_attention_heads % cfg->num_key_value_heads != 0) {
         lb_seterr(err, errlen, "%s: num_attention_heads (%d) is not a multiple of "
-               "num_key_value_heads (%d)", path, cfg->num_attention_heads,
-               cfg->num_key_value_heads);
+                  "num_key_value_heads (%d)", path, cfg->num_attention_heads,
+                  cfg->num_key_value_heads);
         goto out;
     }
     if (cfg->rms_norm_eps <= 0 || cfg->rope_theta <= 0) {
@@ -413,7 +417,7 @@ static int source_open(hf_source *s, const char *dir, char *err, size_t errlen)
         cJSON_ArrayForEach(e, wm) {
             if (!cJSON_IsString(e) || !e->valuestring[0] || strstr(e->valuestring, "..")) {
                 lb_seterr(err, errlen, "%s: weight_map entry '%s' is not a file name", index,
-                       e->string);
+                          e->string);
                 rc = -1;
                 break;
             }
@@ -438,7 +442,7 @@ static int source_open(hf_source *s, const char *dir, char *err, size_t errlen)
     if (rc == 0) cJSON_ArrayForEach(e, wm) {
         if (!lb_st_find(&s->files[which[i]], e->string)) {
             lb_seterr(err, errlen, "%s: weight_map puts tensor '%s' in %s, which does not hold it",
-                   index, e->string, s->files[which[i]].path);
+                      index, e->string, s->files[which[i]].path);
             rc = -1;
             break;
         }
@@ -486,7 +490,7 @@ static int source_read(hf_source *s, const char *name, int ndim, const int64_t *
         shape_str(a, sizeof a, t->ndim, t->shape);
         shape_str(b, sizeof b, ndim, shape);
         lb_seterr(err, errlen, "%s: tensor '%s' has shape %s, the configuration needs %s", f->path,
-               name, a, b);
+                  name, a, b);
         return -1;
     }
     if (lb_st_read_f32(f, t, out, err, errlen) != 0) return -1;
@@ -623,7 +627,7 @@ int lb_hf_load(lb_model *m, const char *dir, char *err, size_t errlen)
             if (n > suf && strcmp(name + n - suf, ".rotary_emb.inv_freq") == 0) continue;
             if (!s.used[f][i]) {
                 lb_seterr(err, errlen, "%s: unexpected tensor '%s' (not part of a %s model with "
-                       "this config.json)", s.files[f].path, name, m->cfg.arch);
+                          "this config.json)", s.files[f].path, name, m->cfg.arch);
                 rc = -1;
                 break;
             }

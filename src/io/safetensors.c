@@ -147,7 +147,7 @@ static int parse_tensor(const char *path, const cJSON *item, lb_st_tensor *t, si
     const char *name = item->string;
     if (strlen(name) >= sizeof t->name) {
         lb_seterr(err, errlen, "%s: tensor name '%.60s...' longer than %zu characters", path, name,
-               sizeof t->name - 1);
+                  sizeof t->name - 1);
         return -1;
     }
     snprintf(t->name, sizeof t->name, "%s", name);
@@ -177,7 +177,7 @@ static int parse_tensor(const char *path, const cJSON *item, lb_st_tensor *t, si
     }
     if (!cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > 8) {
         lb_seterr(err, errlen, "%s: tensor '%s': shape must be an array of at most 8 dimensions",
-               path, name);
+                  path, name);
         return -1;
     }
     t->ndim = 0;
@@ -188,7 +188,7 @@ static int parse_tensor(const char *path, const cJSON *item, lb_st_tensor *t, si
         uint64_t v;
         if (!json_uint(d, &v)) {
             lb_seterr(err, errlen, "%s: tensor '%s': shape entries must be non-negative integers",
-                   path, name);
+                      path, name);
             return -1;
         }
         t->shape[t->ndim++] = (int64_t)v;
@@ -204,20 +204,20 @@ static int parse_tensor(const char *path, const cJSON *item, lb_st_tensor *t, si
         !json_uint(cJSON_GetArrayItem(off, 0), &b) || !json_uint(cJSON_GetArrayItem(off, 1), &e) ||
         e < b) {
         lb_seterr(err, errlen, "%s: tensor '%s': data_offsets must be [begin, end] with "
-               "0 <= begin <= end", path, name);
+                  "0 <= begin <= end", path, name);
         return -1;
     }
     if (e > data_size) {
         lb_seterr(err, errlen, "%s: tensor '%s': data_offsets [%llu, %llu] outside the data "
-               "section (%zu bytes)", path, name, (unsigned long long)b, (unsigned long long)e,
-               data_size);
+                  "section (%zu bytes)", path, name, (unsigned long long)b, (unsigned long long)e,
+                  data_size);
         return -1;
     }
     size_t es = dtype_size(t->dtype);
     if (overflow || numel > UINT64_MAX / es || numel * es != e - b) {
         lb_seterr(err, errlen, "%s: tensor '%s': %llu bytes, but shape and dtype %s need %s%llu",
-               path, name, (unsigned long long)(e - b), t->dtype, overflow ? "more than " : "",
-               overflow ? (unsigned long long)UINT64_MAX : (unsigned long long)(numel * es));
+                  path, name, (unsigned long long)(e - b), t->dtype, overflow ? "more than " : "",
+                  overflow ? (unsigned long long)UINT64_MAX : (unsigned long long)(numel * es));
         return -1;
     }
     t->begin = (size_t)b;
@@ -234,14 +234,14 @@ static int parse_header(lb_st_file *f, const char *json, size_t len, char *err, 
         const char *at = cJSON_GetErrorPtr();
         long pos = at && at >= json && at <= json + len ? (long)(at - json) : -1;
         lb_seterr(err, errlen, "%s: header is not valid JSON (error near byte %ld of %zu)", path,
-               pos, len);
+                  pos, len);
         return -1;
     }
     // Only padding spaces may follow the JSON object.
     for (const char *p = end; p && p < json + len; p++) {
         if (*p != ' ') {
             lb_seterr(err, errlen, "%s: header has bytes after the JSON object (byte %ld)", path,
-                   (long)(p - json));
+                      (long)(p - json));
             cJSON_Delete(root);
             return -1;
         }
@@ -280,7 +280,7 @@ static int parse_header(lb_st_file *f, const char *json, size_t len, char *err, 
             cJSON_ArrayForEach(kv, item) {
                 if (!cJSON_IsString(kv)) {
                     lb_seterr(err, errlen, "%s: __metadata__ value of '%s' is not a string", path,
-                           kv->string);
+                              kv->string);
                     cJSON_Delete(root);
                     return -1;
                 }
@@ -303,7 +303,7 @@ static int parse_header(lb_st_file *f, const char *json, size_t len, char *err, 
     for (int i = 1; i < f->ntensors; i++) {
         if (strcmp(f->tensors[i - 1].name, f->tensors[i].name) == 0) {
             lb_seterr(err, errlen, "%s: tensor '%s' appears twice in the header", path,
-                   f->tensors[i].name);
+                      f->tensors[i].name);
             return -1;
         }
     }
@@ -321,19 +321,19 @@ static int parse_header(lb_st_file *f, const char *json, size_t len, char *err, 
         const lb_st_tensor *t = order[i];
         if (t->begin < pos) {
             lb_seterr(err, errlen, "%s: tensor '%s': data_offsets [%zu, %zu] overlap tensor '%s' "
-                   "[%zu, %zu]", path, t->name, t->begin, t->end, order[i - 1]->name,
-                   order[i - 1]->begin, order[i - 1]->end);
+                      "[%zu, %zu]", path, t->name, t->begin, t->end, order[i - 1]->name,
+                      order[i - 1]->begin, order[i - 1]->end);
             rc = -1;
         } else if (t->begin > pos) {
             lb_seterr(err, errlen, "%s: tensor '%s': data_offsets [%zu, %zu] leave a gap of %zu "
-                   "bytes before them", path, t->name, t->begin, t->end, t->begin - pos);
+                      "bytes before them", path, t->name, t->begin, t->end, t->begin - pos);
             rc = -1;
         }
         pos = t->end;
     }
     if (rc == 0 && pos != data_size) {
         lb_seterr(err, errlen, "%s: the tensors cover %zu bytes of the %zu-byte data section",
-               path, pos, data_size);
+                  path, pos, data_size);
         rc = -1;
     }
     free(order);
@@ -360,7 +360,7 @@ int lb_st_open(lb_st_file *f, const char *path, char *err, size_t errlen)
     f->file_size = size > 0 ? (size_t)size : 0;
     if (f->file_size < 8) {
         lb_seterr(err, errlen, "%s: file is %zu bytes, too short for the 8-byte header length",
-               path, f->file_size);
+                  path, f->file_size);
         lb_st_close(f);
         return -1;
     }
@@ -374,20 +374,20 @@ int lb_st_open(lb_st_file *f, const char *path, char *err, size_t errlen)
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | lenbuf[i];
     if (hlen > f->file_size - 8) {
         lb_seterr(err, errlen, "%s: header length %llu runs past the end of the file (%zu bytes)",
-               path, (unsigned long long)hlen, f->file_size);
+                  path, (unsigned long long)hlen, f->file_size);
         lb_st_close(f);
         return -1;
     }
     if (hlen > LB_ST_MAX_HEADER) {
         lb_seterr(err, errlen, "%s: header length %llu is over the %u-byte limit", path,
-               (unsigned long long)hlen, LB_ST_MAX_HEADER);
+                  (unsigned long long)hlen, LB_ST_MAX_HEADER);
         lb_st_close(f);
         return -1;
     }
     char *json = malloc(hlen + 1);
     if (!json || fread(json, 1, hlen, fp) != hlen) {
         lb_seterr(err, errlen, "%s: cannot read the %llu-byte header", path,
-               (unsigned long long)hlen);
+                  (unsigned long long)hlen);
         free(json);
         lb_st_close(f);
         return -1;
@@ -444,12 +444,12 @@ int lb_st_read_f32(const lb_st_file *f, const lb_st_tensor *t, float *out, char 
              : strcmp(t->dtype, "F16") == 0 ? 2 : -1;
     if (kind < 0) {
         lb_seterr(err, errlen, "%s: tensor '%s': dtype %s cannot be read as fp32 (F32, BF16, F16)",
-               f->path, t->name, t->dtype);
+                  f->path, t->name, t->dtype);
         return -1;
     }
     if (fseeko((FILE *)f->fp, (off_t)(f->data_offset + t->begin), SEEK_SET) != 0) {
         lb_seterr(err, errlen, "%s: tensor '%s': cannot seek: %s", f->path, t->name,
-               strerror(errno));
+                  strerror(errno));
         return -1;
     }
     // Decoded from little-endian bytes in chunks, so the result does not depend on the host.
