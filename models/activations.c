@@ -54,32 +54,100 @@ lb_act lb_blocks_norm_in(const lb_model *m, int l, lb_role role, const float *ln
     return lb_act_f32(ln, n, c);
 }
 
-static int ln1_16(const lb_model *m);
-
-// Whether the q/k/v projections of layer l read the attention's input norm in bf16 alone, and
-// quantize it: where the training step stores only that norm's bf16 copy (ln1_16) and those
-// projections are quantized, the cached forward quantizes the same bf16 values.
-int lb_blocks_qkv_quantized16(const lb_model *m, int l)
-{
-    return ln1_16(m) && lb_linear_quantized(&m->lin, l, LB_ROLE_ATTN_QKV);
-}
+// --- the activation plan (lb_layer_plan), decided once per contract, layout and KV cache ----
 
 // Whether role's expert GEMMs of layer l take their activations in bf16 alone, written by the
-// ops that make them (lb_linear_grouped_fwd's x16): bf16 GEMMs, which read those values
-// exactly, or quantized ones (lb_linear_quantized), which quantize them. In the low-precision
-// recipes that rounds an activation to bf16 before its quantization, as Transformer Engine's
-// and DeepSeek-V3's bf16 activations are.
-int lb_blocks_takes16(const lb_model *m, int l, lb_role role)
+// ops that make them (lb_linear_grouped_fwd's x as a bf16 lb_act): bf16 GEMMs, which read those
+// values exactly, or quantized ones (lb_linear_quantized), which quantize them. In the
+// low-precision recipes that rounds an activation to bf16 before its quantization, as
+// Transformer Engine's and DeepSeek-V3's bf16 activations are.
+static int plan_takes16(const lb_model *m, int l, lb_role role)
 {
     return lb_linear_grouped_bf16(&m->lin, l, role) || lb_linear_quantized(&m->lin, l, role);
 }
 
-// Whether role's expert GEMMs of layer l take their input gradients (dy) in bf16: bf16 GEMMs
-// alone (a quantized backward reads fp32 gradients).
+// Whether the training step stores the attention's input norm only in bf16 (lb_layer_acts
+// ln1_16): where the q/k/v projections are plain bf16 GEMMs in every pass of every layer of the
+// stage, the fprop and the wgrads read the norm rounded to bf16 anyway, so the step's bits do
+// not change; where they are quantized in every pass (lb_linear_quantized), the quantizations
+// read its bf16 values (the cached forward's too, qkv_quant16), whatever the layout: under
+// sequence parallelism the ranks gather the norm's rows in bf16. One decision for the stage:
+// selective recomputation shares the buffer between its layers.
+static int plan_ln1(const lb_model *m)
+{
+    for (int l = m->layer_begin; l < m->layer_end; l++)
+        if (!lb_linear_plain16(&m->lin, l, LB_ROLE_ATTN_QKV) &&
+            !lb_linear_quantized(&m->lin, l, LB_ROLE_ATTN_QKV))
+            return 0;
+    return 1;
+}
+
+void lb_decoder_plan(const lb_model *m, lb_layer_plan *out)
+{
+    const int ln1 = plan_ln1(m);
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        lb_layer_plan *p = &out[l];
+        // q and k after their norms and RoPE: where the contract's attention is bf16, which
+        // rounds them to bf16 before any product, so the copy is all it reads and the step's
+        // bits do not change. Not with the fp8 KV cache's straight-through quantization
+        // (kv_fake_quant), which rewrites k in fp32 first.
+        p->qk = m->contract.attention_bf16 && !m->kv_fp8;
+        p->ln1 = (uint8_t)ln1;
+        p->qkv_quant16 = ln1 && lb_linear_quantized(&m->lin, l, LB_ROLE_ATTN_QKV);
+        if (!lb_blocks_layer_moe(&m->cfg, l)) continue;
+        p->expert_in = plan_takes16(m, l, LB_ROLE_MOE_GATE_UP);
+        p->swiglu_out = plan_takes16(m, l, LB_ROLE_MOE_DOWN);
+        // the outputs the expert GEMMs store in bf16 (lb_gemm_args.c16) for the ops that read
+        // them, wherever their grouped call can (lb_linear_grouped_c16: bf16, or a quantized
+        // fprop or dgrad): gate/up's gu (the SwiGLUs) and down's dh (swiglu_bwd), whose
+        // elements are whole in every layout. Never the routed outputs, down's yp (the
+        // combine) and gate/up's dxp (moe_permute_bwd): under etp an etp rank's yp and dxp are
+        // partial sums over etp (summed by the caller in fp32), so rounding them where etp is
+        // 1 alone made the recipe's numbers depend on the layout (doc/parallel.md, "Low
+        // precision under parallel layouts").
+        p->gate_up_out = lb_linear_grouped_c16(&m->lin, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP);
+        p->down_dgrad = lb_linear_grouped_c16(&m->lin, l, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD);
+        // the gradients: bf16 GEMMs alone (a quantized backward reads fp32 gradients)
+        p->gate_up_dy = lb_linear_grouped_bf16(&m->lin, l, LB_ROLE_MOE_GATE_UP);
+        p->down_dy = lb_linear_grouped_bf16(&m->lin, l, LB_ROLE_MOE_DOWN);
+        // The routed weights applied to the experts' SwiGLU outputs, before down
+        // (lb_swiglu_args.rw), rather than to down's outputs: the same sum in real arithmetic,
+        // but down's outputs (n*k, c) a layer then need not be kept for the backward, whose
+        // weight gradient comes from down's dgrad instead (lb_swiglu_args.drw). Every recipe
+        // but fp32, whose numbers stay those of the weights after down. (As Megatron's
+        // moe_apply_probs_on_input, one GEMM later: the weighted rows are the rank's whole
+        // elements in every layout.)
+        p->weights_on_h = lb_contract_site(&m->contract, l, LB_ROLE_MOE_DOWN,
+                                           LB_PASS_FPROP)->fmt != LB_FMT_FP32;
+    }
+}
+
+int lb_blocks_qkv_quantized16(const lb_model *m, int l) { return m->plan[l].qkv_quant16; }
+
+int lb_blocks_takes16(const lb_model *m, int l, lb_role role)
+{
+    return role == LB_ROLE_MOE_GATE_UP ? m->plan[l].expert_in : m->plan[l].swiglu_out;
+}
+
 int lb_blocks_grads16(const lb_model *m, int l, lb_role role)
 {
-    return lb_linear_grouped_bf16(&m->lin, l, role);
+    return role == LB_ROLE_MOE_GATE_UP ? m->plan[l].gate_up_dy : m->plan[l].down_dy;
 }
+
+int lb_blocks_out16(const lb_model *m, int l, lb_role role, lb_pass pass)
+{
+    if (role == LB_ROLE_MOE_GATE_UP && pass == LB_PASS_FPROP) return m->plan[l].gate_up_out;
+    if (role == LB_ROLE_MOE_DOWN && pass == LB_PASS_DGRAD) return m->plan[l].down_dgrad;
+    lb_die("lb_blocks_out16: the plan has no bf16 output of %s's pass %d", lb_role_name(role),
+           (int)pass);
+}
+
+// The model-wide ones, the same in every layer's plan (layer 0's).
+int lb_blocks_qk16(const lb_model *m) { return m->plan[0].qk; }
+
+static int ln1_16(const lb_model *m) { return m->plan[0].ln1; }
+
+int lb_blocks_weights_on_h(const lb_model *m, int l) { return m->plan[l].weights_on_h; }
 
 // lb_blocks_grads16 over this stage's layers, as takes16_layers.
 static int grads16_layers(const lb_model *m, lb_role role, int every)
@@ -97,71 +165,12 @@ static int takes16_layers(const lb_model *m, lb_role role, int every)
     return every;
 }
 
-// Whether layer l's expert GEMMs store the output of pass (fprop or dgrad) in bf16
-// (lb_gemm_args.c16) for the ops that read it, wherever their grouped call can
-// (lb_linear_grouped_c16: bf16, or a quantized fprop or dgrad): gate/up's gu (the SwiGLUs) and
-// down's dh (swiglu_bwd), whose elements are whole in every layout. Never the routed outputs,
-// down's yp (the combine) and gate/up's dxp (moe_permute_bwd): under etp an etp rank's yp and
-// dxp are partial sums over etp (summed by the caller in fp32), so rounding them where etp is 1
-// alone made the recipe's numbers depend on the layout (doc/parallel.md,
-// "Low precision under parallel layouts"); their callers do not ask.
-int lb_blocks_out16(const lb_model *m, int l, lb_role role, lb_pass pass)
-{
-    return lb_linear_grouped_c16(&m->lin, l, role, pass);
-}
-
 // lb_blocks_out16 over this stage's layers, as takes16_layers.
 static int out16_layers(const lb_model *m, lb_role role, lb_pass pass, int every)
 {
     for (int l = m->layer_begin; l < m->layer_end; l++)
         if (lb_blocks_out16(m, l, role, pass) != every) return !every;
     return every;
-}
-
-// Whether the training step stores q and k after their norms and RoPE in bf16 (lb_layer_acts
-// qr16, kr16): where the contract's attention is bf16, which rounds them to bf16 before any
-// product, so the copy is all it reads and the step's bits do not change. Not with the fp8 KV
-// cache's straight-through quantization (kv_fake_quant), which rewrites k in fp32 first.
-int lb_blocks_qk16(const lb_model *m) { return m->contract.attention_bf16 && !m->kv_fp8; }
-
-// Whether the training step stores the attention's input norm only in bf16 (lb_layer_acts
-// ln1_16): where the q/k/v projections are plain bf16 GEMMs in every pass of every layer of the
-// stage, the fprop and the wgrads read the norm rounded to bf16 anyway, so the step's bits do
-// not change; where they are quantized in every pass (lb_linear_quantized), the quantizations
-// read its bf16 values (the cached forward's too, lb_blocks_qkv_quantized16), whatever the
-// layout: under sequence parallelism the ranks gather the norm's rows in bf16.
-static int ln1_16(const lb_model *m)
-{
-    for (int l = m->layer_begin; l < m->layer_end; l++)
-        if (!lb_linear_plain16(&m->lin, l, LB_ROLE_ATTN_QKV) &&
-            !lb_linear_quantized(&m->lin, l, LB_ROLE_ATTN_QKV))
-            return 0;
-    return 1;
-}
-
-void lb_decoder_act_plan(const lb_model *m, lb_act_plan *p)
-{
-    for (int l = m->layer_begin; l < m->layer_end; l++) {
-        p->qk += lb_blocks_qk16(m);
-        p->ln1 += ln1_16(m);
-        if (!lb_blocks_layer_moe(&m->cfg, l)) continue;
-        p->expert_in += lb_blocks_takes16(m, l, LB_ROLE_MOE_GATE_UP);   // as lb_ffn_fwd
-        p->gate_up_out += lb_blocks_out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP);
-        p->swiglu_out += lb_blocks_takes16(m, l, LB_ROLE_MOE_DOWN);
-        p->down_dgrad += lb_blocks_out16(m, l, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD);
-    }
-}
-
-// Whether layer l applies the routed weights to its experts' SwiGLU outputs, before down
-// (lb_swiglu_args.rw), rather than to down's outputs: the same sum in real arithmetic, but
-// down's outputs (n*k, c) a layer then need not be kept for the backward, whose weight
-// gradient comes from down's dgrad instead (lb_swiglu_args.drw). Every recipe but fp32, whose
-// numbers stay those of the weights after down. (As Megatron's moe_apply_probs_on_input, one
-// GEMM later: the weighted rows are the rank's whole elements in every layout.)
-int lb_blocks_weights_on_h(const lb_model *m, int l)
-{
-    return lb_contract_site(&m->contract, l, LB_ROLE_MOE_DOWN, LB_PASS_FPROP)->fmt !=
-           LB_FMT_FP32;
 }
 
 // lb_blocks_weights_on_h over this stage's MoE layers, as takes16_layers.

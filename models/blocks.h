@@ -225,7 +225,7 @@ void lb_decoder_cached_free(lb_model *m, void *acts);
 void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n);
 int lb_decoder_cached_host_free(lb_model *m);
 int lb_decoder_route_k(const lb_model_config *c);
-void lb_decoder_act_plan(const lb_model *m, lb_act_plan *p);
+void lb_decoder_plan(const lb_model *m, lb_layer_plan *out);
 int64_t lb_decoder_active_matmul_params(const lb_model_config *c);
 float *lb_decoder_stage_input(lb_model *m);
 float *lb_decoder_stage_output(lb_model *m);
@@ -253,7 +253,7 @@ void lb_decoder_router_bias_update(lb_model *m, lb_comm *all);
     .cached_host_free = lb_decoder_cached_host_free,          \
     .active_matmul_params = lb_decoder_active_matmul_params,  \
     .route_k = lb_decoder_route_k,                            \
-    .act_plan = lb_decoder_act_plan,                          \
+    .plan = lb_decoder_plan,                                  \
     .stage_input = lb_decoder_stage_input,                    \
     .stage_output = lb_decoder_stage_output,                  \
     .stage_grad = lb_decoder_stage_grad

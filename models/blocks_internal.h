@@ -24,6 +24,11 @@ double *lb_blocks_grow64(lb_backend *be, double **p, size_t *cap, size_t n);
 size_t lb_blocks_n16(size_t rows, int cols);
 lb_act lb_blocks_norm_in(const lb_model *m, int l, lb_role role, const float *ln,
                          const uint16_t *ln16, int n, int c);
+// The activation plan's answers (m->plan, lb_layer_plan, made by lb_decoder_plan): whether
+// layer l's q/k/v projections quantize the bf16 input norm; whether role's expert GEMMs take
+// their activations (takes16) or gradients (grads16) in bf16; whether a pass's output is stored
+// in bf16 (out16: gate/up's fprop, down's dgrad); q and k after RoPE in bf16; the routed
+// weights applied before down.
 int lb_blocks_qkv_quantized16(const lb_model *m, int l);
 int lb_blocks_takes16(const lb_model *m, int l, lb_role role);
 int lb_blocks_grads16(const lb_model *m, int l, lb_role role);

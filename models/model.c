@@ -317,6 +317,7 @@ void lb_model_free(lb_model *m)
     free(m->tensors);
     free(m->gtensors);
     free(m->layer_tensors);
+    free(m->plan);
     free(m);
 }
 
@@ -346,6 +347,15 @@ void lb_model_init_params(lb_model *m, uint64_t seed)
     lb_model_params_changed(m, 0);
 }
 
+// The activation plan for the model's contract, layout and KV cache kind.
+static void plan_make(lb_model *m)
+{
+    const size_t L = (size_t)m->cfg.num_hidden_layers;
+    if (!m->plan) m->plan = lb_calloc(L + 1, sizeof *m->plan);
+    memset(m->plan, 0, (L + 1) * sizeof *m->plan);
+    if (m->def->plan) m->def->plan(m, m->plan);
+}
+
 int lb_model_set_precision(lb_model *m, const lb_precision_spec *spec, uint64_t seed,
                            char *err, size_t errlen)
 {
@@ -356,6 +366,7 @@ int lb_model_set_precision(lb_model *m, const lb_precision_spec *spec, uint64_t 
     m->lin.contract = &m->contract;
     m->lin.seed = seed;
     m->wcache_stale = 1;
+    plan_make(m);
     return 0;
 }
 
@@ -575,6 +586,7 @@ void lb_model_set_kv_fp8(lb_model *m, int on)
     // quantization (lb_blocks_qk16): made again for the new kind at the next step
     if (m->acts && !!on != m->kv_fp8) acts_release(m);
     m->kv_fp8 = !!on;
+    plan_make(m);
 }
 
 int lb_model_set_kv_cache(lb_model *m, const char *kind, char *err, size_t errlen)
@@ -605,7 +617,16 @@ void lb_model_act_plan(const lb_model *m, lb_act_plan *p)
 {
     memset(p, 0, sizeof *p);
     p->layers = m->layer_end - m->layer_begin;
-    if (m->def->act_plan) m->def->act_plan(m, p);
+    for (int l = m->layer_begin; l < m->layer_end; l++) {
+        const lb_layer_plan *q = &m->plan[l];
+        p->qk += q->qk;
+        p->ln1 += q->ln1;
+        if (!lb_model_layer_moe(m->def, &m->cfg, l)) continue;
+        p->expert_in += q->expert_in;
+        p->gate_up_out += q->gate_up_out;
+        p->swiglu_out += q->swiglu_out;
+        p->down_dgrad += q->down_dgrad;
+    }
 }
 
 int lb_model_logits16(const lb_model *m)

@@ -164,17 +164,33 @@ typedef struct {
     void *acts;                    // definition-private activations for max_rows rows
 } lb_kvcache;
 
-// Which activations a training step stores in bf16, a plan made from the precision contract
-// (and the layout and KV cache) once per model: each field the number of this stage's layers
-// where that activation is bf16 (0: fp32 in all). Everything else is fp32: the residual stream,
-// the other norms' outputs and every statistic, q, k and v before their norms and RoPE, the
-// attention output, the experts' routed outputs, the gradients between ops
-// (doc/architecture.md, Memory). `lowbit info` prints rank 0's.
+// One decoder layer's activation plan (lb_model.plan): the element type of each activation a
+// training step stores and the cached forward reads (1 bf16, 0 fp32), decided once from the
+// precision contract, the layout and the KV cache kind, and again whenever one of them changes
+// (lb_model_def.plan), so the forward, the backward and the buffers ask it instead of deciding
+// call by call. Everything else is fp32: the residual stream, the other norms' outputs and
+// every statistic, q, k and v before their norms and RoPE, the attention output, the experts'
+// routed outputs, the gradients between ops but those named (doc/architecture.md, Memory).
+typedef struct {
+    uint8_t qk;            // q and k after their norms and RoPE (the bf16 attention's inputs)
+    uint8_t ln1;           // the attention's input norm
+    uint8_t qkv_quant16;   // ln1, and the q/k/v projections quantize it (the cached forward too)
+    uint8_t expert_in;     // gate/up's input rows
+    uint8_t gate_up_out;   // gate/up's output, the SwiGLU's input
+    uint8_t swiglu_out;    // the SwiGLU's output, down's input
+    uint8_t down_dgrad;    // down's input gradient, the SwiGLU backward's
+    uint8_t gate_up_dy;    // the gradient gate/up's GEMMs read (bf16 GEMMs alone)
+    uint8_t down_dy;       // the gradient down's GEMMs read (bf16 GEMMs alone)
+    uint8_t weights_on_h;  // the routed weights applied to the SwiGLU outputs, before down
+} lb_layer_plan;
+
+// The plan summed over this stage's layers, for `lowbit info`: each field the number of layers
+// (MoE layers for the experts' ones) where that activation is bf16.
 typedef struct lb_act_plan {
     int layers;        // of this stage
     int qk;            // q and k after their norms and RoPE (the bf16 attention's inputs)
-    int ln1;           // the attention's input norm (plain bf16 q/k/v GEMMs; tp 1)
-    int expert_in;     // gate/up's input rows (ep 1: the dispatcher moves fp32 rows)
+    int ln1;           // the attention's input norm
+    int expert_in;     // gate/up's input rows
     int gate_up_out;   // gate/up's output, the SwiGLU's input
     int swiglu_out;    // the SwiGLU's output, down's input
     int down_dgrad;    // down's input gradient, the SwiGLU backward's
@@ -233,8 +249,9 @@ struct lb_model_def {
     // Experts each token's router picks in every layer (0: no routed layers): the width of
     // lb_model.route_log's rows.
     int (*route_k)(const lb_model_config *);
-    // Which of a training step's activations this model stores in bf16 (lb_act_plan).
-    void (*act_plan)(const lb_model *, struct lb_act_plan *);
+    // The activation plan of every layer (num_hidden_layers of them) for the model's contract,
+    // layout and KV cache kind (NULL: every activation fp32).
+    void (*plan)(const lb_model *, lb_layer_plan *out);
     // After each optimizer step, collective over all (every rank of the job; NULL: this rank
     // alone): what the family moves outside the gradient, e.g. the sigmoid router's selection
     // bias (lb_decoder_router_bias_update). NULL: nothing.
@@ -303,6 +320,9 @@ struct lb_model {
     // Attention reads k (after RoPE) and v through E4M3 (fp8-block rows, as the fp8 KV cache
     // stores them; straight-through gradient), so training matches an fp8-cache sampler.
     int kv_fp8;
+    // (num_hidden_layers) the activation plan (lb_model_def.plan), made again whenever the
+    // contract or the KV cache kind changes.
+    lb_layer_plan *plan;
     // New caches keep fp32 rows even where bf16 ones would serve (sample.kv_cache = fp32).
     int kv_fp32;
     // Activation recomputation (lb_model_set_recompute): LB_RECOMPUTE_SELECTIVE recomputes a
@@ -520,7 +540,8 @@ int lb_model_ce_rows(const lb_model *m, int rows);
 // Whether a forward with targets stores its logits in bf16 (the LM head is bf16 in every pass:
 // lb_linear_plain16), and the bytes of one row of those logits.
 int lb_model_logits16(const lb_model *m);
-// This model's activation plan (lb_act_plan); all zeros for a definition without one.
+// This stage's activation plan summed over its layers (lb_act_plan); all zeros for a
+// definition without one.
 void lb_model_act_plan(const lb_model *m, lb_act_plan *p);
 size_t lb_model_logit_row_bytes(const lb_model *m);
 enum { LB_RECOMPUTE_NONE = 0, LB_RECOMPUTE_SELECTIVE, LB_RECOMPUTE_FULL };
