@@ -383,7 +383,7 @@ void lb_run_save(lb_run *r, const lb_train_state *st, const char *ini)
 {
     char path[2 * LB_PATH_MAX + 64], err[2048];
     snprintf(path, sizeof path, "%s/step_%08d.safetensors", r->ckdir, (int)st->step);
-    if (lb_checkpoint_save_parallel(path, &r->opt, st, ini, r->tokenizer_json, r->world,
+    if (lb_optimizer_save(path, &r->opt, st, ini, r->tokenizer_json, r->world,
                                     &r->c->parallel, err, sizeof err) != 0)
         lb_die("%s", err);
     if (r->root) {

@@ -427,30 +427,25 @@ static size_t largest(const lb_tensor *t, int n)
     return most;
 }
 
-// A piece travels as one message: parameters, then the two moments.
-static void pack(const lb_tensor *t, const float *host, size_t floats, float *buf)
+// A piece travels as one message: parameters, then the two moments (host[0..2]: whole rank
+// buffers laid out as the parameters).
+static void pack(const lb_tensor *t, const float *const host[3], float *buf)
 {
     for (int b = 0; b < 3; b++)
-        memcpy(buf + b * t->numel, host + b * floats + t->offset, t->numel * sizeof(float));
+        memcpy(buf + b * t->numel, host[b] + t->offset, t->numel * sizeof(float));
 }
 
-int lb_checkpoint_save_parallel(const char *path, lb_optimizer *o, const lb_train_state *st,
+int lb_checkpoint_save_parallel(const char *path, lb_model *m, const float *adam_m,
+                                const float *adam_v, const lb_train_state *st,
                                 const char *config_ini, const char *tokenizer_json,
-                                lb_comm *world,
-                                const lb_parallel_config *pc, char *err, size_t errlen)
+                                lb_comm *world, const lb_parallel_config *pc, char *err,
+                                size_t errlen)
 {
-    lb_model *m = o->m;
     lb_backend *be = m->be;
     size_t n = m->nparams;
-    float *am = be->alloc(be, n * sizeof(float));
-    float *av = be->alloc(be, n * sizeof(float));
-    lb_optimizer_state_gather(o, am, av);   // the moments of all this rank's parameters
-    float *host = lb_malloc(3 * n * sizeof(float));
-    be->download(be, host, m->params, n * sizeof(float));
-    be->download(be, host + n, am, n * sizeof(float));
-    be->download(be, host + 2 * n, av, n * sizeof(float));
-    be->free(be, am);
-    be->free(be, av);
+    float *params = lb_malloc(n * sizeof(float));
+    be->download(be, params, m->params, n * sizeof(float));
+    const float *host[3] = {params, adam_m, adam_v};
     rank_place me;
     place_of(&me, m, pc, world->size, world->rank);
     float *buf = lb_malloc(3 * largest(m->gtensors, m->nglobal) * sizeof(float));
@@ -459,7 +454,7 @@ int lb_checkpoint_save_parallel(const char *path, lb_optimizer *o, const lb_trai
         for (int i = 0; i < me.n; i++) {
             if (!writes(&me, &me.t[i])) continue;
             const lb_tensor *t = &m->tensors[i];
-            pack(t, host, n, buf);
+            pack(t, host, buf);
             lb_comm_send(world, buf, 3 * t->numel, LB_F32, 0);
         }
     } else {   // rank 0 puts the whole model together, tensor by tensor, and writes it
@@ -472,7 +467,7 @@ int lb_checkpoint_save_parallel(const char *path, lb_optimizer *o, const lb_trai
             for (int r = 0; r < world->size; r++) {
                 const lb_tensor *p = piece_of(&all[r], gi);
                 if (!p || !writes(&all[r], p)) continue;
-                if (r == 0) pack(&m->tensors[p - all[0].t], host, n, buf);
+                if (r == 0) pack(&m->tensors[p - all[0].t], host, buf);
                 else lb_comm_recv(world, buf, 3 * p->numel, LB_F32, r);
                 for (int b = 0; b < 3; b++)
                     lb_tensor_put(p, buf + b * p->numel, whole + b * G + g->offset);
@@ -488,7 +483,7 @@ int lb_checkpoint_save_parallel(const char *path, lb_optimizer *o, const lb_trai
     if (rc != 0 && world->rank != 0) snprintf(err, errlen, "%s: rank 0 could not write it", path);
     free(buf);
     free(me.t);
-    free(host);
+    free(params);
     return rc ? -1 : 0;
 }
 
@@ -548,11 +543,10 @@ static int scatter_pieces(const char *path, lb_model *m, int nb, float *host, lb
     return 0;
 }
 
-int lb_checkpoint_load_parallel(const char *path, lb_optimizer *o, lb_train_state *st,
-                                lb_comm *world, const lb_parallel_config *pc, char *err,
-                                size_t errlen)
+int lb_checkpoint_load_parallel(const char *path, lb_model *m, float *adam_m, float *adam_v,
+                                lb_train_state *st, lb_comm *world,
+                                const lb_parallel_config *pc, char *err, size_t errlen)
 {
-    lb_model *m = o->m;
     lb_backend *be = m->be;
     size_t n = m->nparams;
     float *host = lb_calloc(3 * n, sizeof(float));
@@ -561,14 +555,9 @@ int lb_checkpoint_load_parallel(const char *path, lb_optimizer *o, lb_train_stat
         return -1;
     }
     be->upload(be, m->params, host, n * sizeof(float));
-    float *am = be->alloc(be, n * sizeof(float));
-    float *av = be->alloc(be, n * sizeof(float));
-    be->upload(be, am, host + n, n * sizeof(float));
-    be->upload(be, av, host + 2 * n, n * sizeof(float));
-    lb_optimizer_state_load(o, am, av);
+    be->upload(be, adam_m, host + n, n * sizeof(float));
+    be->upload(be, adam_v, host + 2 * n, n * sizeof(float));
     lb_model_params_changed(m, (uint64_t)st->step);
-    be->free(be, am);
-    be->free(be, av);
     free(host);
     return 0;
 }

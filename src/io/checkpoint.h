@@ -12,7 +12,6 @@
 #include <stdint.h>
 #include "models/model.h"
 #include "parallel/comm.h"
-#include "src/train/optim.h"
 #include "parallel/grid.h"
 
 typedef struct {
@@ -37,20 +36,24 @@ int lb_checkpoint_tokenizer(const char *path, char **json, char *err, size_t err
 // when adam_m/adam_v are not NULL (zero when the file has none).
 int lb_checkpoint_load(const char *path, lb_model *m, float *adam_m, float *adam_v,
                        lb_train_state *st, char *err, size_t errlen);
-// Checkpoints of a parallel job: one file whatever the layout. Save: every rank gathers the
-// moments of its parameters from the optimizer's shards, sends the pieces it writes (one copy
-// of each parameter) to rank 0, which puts every tensor together and writes the file. Load:
-// rank 0 reads and checks the file, then sends every rank its pieces, so a checkpoint of any
-// layout resumes under any other. pc: the job's [parallel] section (the layout of every rank
-// follows from it and the world size); NULL: data parallelism over the whole world. Collective
-// over world; on -1 every rank returns -1 (rank 0 has the message).
-int lb_checkpoint_save_parallel(const char *path, lb_optimizer *o, const lb_train_state *st,
+// Checkpoints of a parallel job: one file whatever the layout. Save: every rank gives its
+// model piece m and the AdamW moments of all its parameters (adam_m, adam_v: host buffers of
+// m->nparams floats laid out as m->params, the optimizer's shards gathered by the caller:
+// lb_optimizer_save), sends the pieces it writes (one copy of each parameter) to rank 0, which
+// puts every tensor together and writes the file. Load: rank 0 reads and checks the file, then
+// sends every rank its pieces (the parameters into m, the moments into adam_m and adam_v,
+// backend buffers, for the caller's optimizer), so a checkpoint of any layout resumes under any other. pc: the
+// job's [parallel] section (the layout of every rank follows from it and the world size);
+// NULL: data parallelism over the whole world. Collective over world; on -1 every rank
+// returns -1 (rank 0 has the message).
+int lb_checkpoint_save_parallel(const char *path, lb_model *m, const float *adam_m,
+                                const float *adam_v, const lb_train_state *st,
                                 const char *config_ini, const char *tokenizer_json,
-                                lb_comm *world,
-                                const lb_parallel_config *pc, char *err, size_t errlen);
-int lb_checkpoint_load_parallel(const char *path, lb_optimizer *o, lb_train_state *st,
                                 lb_comm *world, const lb_parallel_config *pc, char *err,
                                 size_t errlen);
+int lb_checkpoint_load_parallel(const char *path, lb_model *m, float *adam_m, float *adam_v,
+                                lb_train_state *st, lb_comm *world,
+                                const lb_parallel_config *pc, char *err, size_t errlen);
 // The parameters of any checkpoint (no moments, no optimizer) into this rank's piece m of the
 // layout pc (NULL: every rank holds everything): rank 0 reads, every rank receives its pieces.
 // The weight cache is marked stale at the file's step. Collective over world, as above.

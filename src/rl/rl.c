@@ -672,7 +672,7 @@ static int rl_load(rl_run *x)
     const lb_config *c = x->c;
     lb_comm *comm = x->world;
     lb_run_resume_path(&x->run, x->resume, sizeof x->resume);
-    int bad = (x->resume[0] ? lb_checkpoint_load_parallel(x->resume, &x->run.opt, &x->st, comm,
+    int bad = (x->resume[0] ? lb_optimizer_load(x->resume, &x->run.opt, &x->st, comm,
                                                           &c->parallel, err, sizeof err)
                             : lb_checkpoint_load_weights(c->rl.init, x->m, comm, &c->parallel,
                                                          err, sizeof err)) != 0 ||

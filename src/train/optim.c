@@ -485,3 +485,36 @@ void lb_optimizer_state_load(lb_optimizer *o, const float *adam_m, const float *
         }
     }
 }
+
+int lb_optimizer_save(const char *path, lb_optimizer *o, const lb_train_state *st,
+                      const char *config_ini, const char *tokenizer_json, lb_comm *world,
+                      const lb_parallel_config *pc, char *err, size_t errlen)
+{
+    lb_backend *be = o->m->be;
+    const size_t n = o->m->nparams, bytes = n * sizeof(float);
+    float *am = be->alloc(be, bytes), *av = be->alloc(be, bytes);
+    lb_optimizer_state_gather(o, am, av);   // the moments of all this rank's parameters
+    // on the host before the save's messages and file: the backend holds them no longer
+    float *host = lb_malloc(2 * bytes);
+    be->download(be, host, am, bytes);
+    be->download(be, host + n, av, bytes);
+    be->free(be, am);
+    be->free(be, av);
+    int rc = lb_checkpoint_save_parallel(path, o->m, host, host + n, st, config_ini,
+                                         tokenizer_json, world, pc, err, errlen);
+    free(host);
+    return rc;
+}
+
+int lb_optimizer_load(const char *path, lb_optimizer *o, lb_train_state *st, lb_comm *world,
+                      const lb_parallel_config *pc, char *err, size_t errlen)
+{
+    lb_backend *be = o->m->be;
+    const size_t bytes = o->m->nparams * sizeof(float);
+    float *am = be->alloc(be, bytes), *av = be->alloc(be, bytes);
+    int rc = lb_checkpoint_load_parallel(path, o->m, am, av, st, world, pc, err, errlen);
+    if (rc == 0) lb_optimizer_state_load(o, am, av);
+    be->free(be, am);
+    be->free(be, av);
+    return rc;
+}

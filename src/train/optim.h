@@ -20,6 +20,7 @@
 #include "models/model.h"
 #include "parallel/comm.h"
 #include "parallel/distributed_optimizer.h"
+#include "src/io/checkpoint.h"
 
 typedef struct {
     double lr, min_lr;
@@ -115,5 +116,14 @@ void lb_optimizer_state_gather(lb_optimizer *o, float *adam_m, float *adam_v);
 // Load: keeps this rank's shard of the moments of all its parameters (backend buffers of
 // m->nparams floats): any checkpoint loads under any data-parallel size.
 void lb_optimizer_state_load(lb_optimizer *o, const float *adam_m, const float *adam_v);
+
+// The parallel checkpoint of o's model and moments (lb_checkpoint_save_parallel and
+// lb_checkpoint_load_parallel, src/io/checkpoint.h, with the moments gathered from and loaded
+// into o's shards). Collective over world; on -1 every rank returns -1 (rank 0 has the message).
+int lb_optimizer_save(const char *path, lb_optimizer *o, const lb_train_state *st,
+                      const char *config_ini, const char *tokenizer_json, lb_comm *world,
+                      const lb_parallel_config *pc, char *err, size_t errlen);
+int lb_optimizer_load(const char *path, lb_optimizer *o, lb_train_state *st, lb_comm *world,
+                      const lb_parallel_config *pc, char *err, size_t errlen);
 
 #endif

@@ -364,7 +364,7 @@ static int train_load(train_run *x)
         return 0;
     }
     char why[ERRLEN];
-    int bad = lb_checkpoint_load_parallel(x->resume, &r->opt, &x->st, r->world,
+    int bad = lb_optimizer_load(x->resume, &r->opt, &x->st, r->world,
                                           &x->c->parallel, err, sizeof err) != 0;
     // what the tensors' shapes do not tell (a changed rope_theta loads without a word)
     if (!bad) bad = lb_run_same_model(x->c, x->resume, err, sizeof err) != 0;
