@@ -589,14 +589,10 @@ void lb_model_set_kv_fp8(lb_model *m, int on)
     plan_make(m);
 }
 
-int lb_model_set_kv_cache(lb_model *m, const char *kind, char *err, size_t errlen)
+int lb_model_set_kv_cache(lb_model *m, lb_kv_kind kind, char *err, size_t errlen)
 {
-    int fp8 = !strcmp(kind, "fp8"), fp32 = !strcmp(kind, "fp32");
-    if (!fp8 && !fp32 && strcmp(kind, "auto") && strcmp(kind, "bf16")) {
-        snprintf(err, errlen, "KV cache '%s': auto, fp32, bf16 or fp8", kind);
-        return -1;
-    }
-    if (!strcmp(kind, "bf16") && !m->contract.attention_bf16) {
+    const int fp8 = kind == LB_KV_FP8, fp32 = kind == LB_KV_FP32;
+    if (kind == LB_KV_BF16 && !m->contract.attention_bf16) {
         snprintf(err, errlen, "KV cache bf16 needs bf16 attention (precision.attention), "
                  "which this recipe runs in fp32");
         return -1;
@@ -649,16 +645,11 @@ int lb_model_ce_rows(const lb_model *m, int rows)
     return fit < (size_t)rows ? (int)fit : rows;
 }
 
-int lb_model_set_recompute(lb_model *m, const char *how, char *err, size_t errlen)
+void lb_model_set_recompute(lb_model *m, int how)
 {
-    static const char *names[] = {"none", "selective", "full"};   // LB_RECOMPUTE_*
-    for (int i = 0; i < 3; i++)
-        if (strcmp(how, names[i]) == 0) {
-            m->recompute = i;
-            return 0;
-        }
-    snprintf(err, errlen, "activation recomputation '%s': none, selective or full", how);
-    return -1;
+    if (how < LB_RECOMPUTE_NONE || how > LB_RECOMPUTE_FULL)
+        lb_die("lb_model_set_recompute: mode %d", how);
+    m->recompute = how;
 }
 
 size_t lb_kvcache_bytes(const lb_model *m, int slots, int capacity, int logit_rows)

@@ -545,16 +545,17 @@ int lb_model_logits16(const lb_model *m);
 void lb_model_act_plan(const lb_model *m, lb_act_plan *p);
 size_t lb_model_logit_row_bytes(const lb_model *m);
 enum { LB_RECOMPUTE_NONE = 0, LB_RECOMPUTE_SELECTIVE, LB_RECOMPUTE_FULL };
-// Activation recomputation: "none", "selective" or "full". Applies to activations made after
-// the call. -1 with a message for another name.
-int lb_model_set_recompute(lb_model *m, const char *how, char *err, size_t errlen);
+// Activation recomputation (LB_RECOMPUTE_*; the configuration's train.recompute, parsed there).
+// Applies to activations made after the call.
+void lb_model_set_recompute(lb_model *m, int how);
 // Turns the fp8 KV numerics (m->kv_fp8) on or off for the training forward and new caches.
 void lb_model_set_kv_fp8(lb_model *m, int on);
-// The KV cache's elements (sample.kv_cache): "auto" (bf16 rows when the contract's attention
-// runs in bf16, which rounds k and v to bf16 anyway, else fp32), "fp32", "bf16" (bf16
-// attention only) or "fp8" (lb_model_set_kv_fp8). After lb_model_set_precision. -1 with a
-// message for another name or a bf16 cache under fp32 attention.
-int lb_model_set_kv_cache(lb_model *m, const char *kind, char *err, size_t errlen);
+// The KV cache's elements (sample.kv_cache, parsed by the configuration): LB_KV_AUTO (bf16
+// rows when the contract's attention runs in bf16, which rounds k and v to bf16 anyway, else
+// fp32), LB_KV_FP32, LB_KV_BF16 (bf16 attention only) or LB_KV_FP8 (lb_model_set_kv_fp8).
+// After lb_model_set_precision. -1 with a message for a bf16 cache under fp32 attention.
+typedef enum { LB_KV_AUTO = 0, LB_KV_FP32, LB_KV_BF16, LB_KV_FP8 } lb_kv_kind;
+int lb_model_set_kv_cache(lb_model *m, lb_kv_kind kind, char *err, size_t errlen);
 // Whether a cache made now stores bf16 rows (see lb_kv_layer).
 int lb_model_kv_bf16(const lb_model *m);
 int64_t lb_model_active_params(const lb_model *m);

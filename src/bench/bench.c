@@ -457,7 +457,7 @@ static lb_model *bench_kv_model(lb_backend *be, const lb_config *c)
 {
     lb_model *m = bench_model(be, c);
     char err[256];
-    if (m && lb_model_set_kv_cache(m, c->sample.kv_cache, err, sizeof err) != 0) {
+    if (m && lb_model_set_kv_cache(m, lb_config_kv_cache(c), err, sizeof err) != 0) {
         fprintf(stderr, "lowbit bench: sample.kv_cache: %s\n", err);
         lb_model_free(m);
         return NULL;

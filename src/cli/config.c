@@ -8,6 +8,7 @@
 // comments and surrounding blanks removed, over-long lines, bad section headers and lines
 // without '=' reported by us. inih then splits the remaining key = value lines.
 #include "src/cli/config.h"
+#include "kernels/common.h"
 #include "src/io/files.h"
 
 #include <ctype.h>
@@ -1155,4 +1156,24 @@ void lb_params_markdown(FILE *f)
         md_cell(f, p->help);
         fputs(" |\n", f);
     }
+}
+
+// The index of s among a choice list's names (the parser let only those through).
+static int choice_index(const char *s, const char *const *names, int n, const char *key)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(s, names[i])) return i;
+    lb_die("%s: '%s' passed the parameter table's check but is not one of its choices", key, s);
+}
+
+int lb_config_recompute(const lb_config *c)
+{
+    static const char *const names[] = {"none", "selective", "full"};   // LB_RECOMPUTE_*
+    return choice_index(c->train.recompute, names, 3, "train.recompute");
+}
+
+lb_kv_kind lb_config_kv_cache(const lb_config *c)
+{
+    static const char *const names[] = {"auto", "fp32", "bf16", "fp8"};   // lb_kv_kind
+    return (lb_kv_kind)choice_index(c->sample.kv_cache, names, 4, "sample.kv_cache");
 }

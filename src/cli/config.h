@@ -200,6 +200,10 @@ int lb_config_validate(const lb_config *c, char *err, size_t errlen);
 // Whether a file or --set gave section.key, or it holds its default: a default that depends on
 // other things (sample.stop_tokens on the tokenizer) yields to a value given, whatever it is.
 int lb_config_is_set(const lb_config *c, const char *section, const char *key);
+// The enumerated keys the models take as enums: train.recompute (LB_RECOMPUTE_*) and
+// sample.kv_cache, from their strings (which lb_config_parse checked against the choices).
+int lb_config_recompute(const lb_config *c);
+lb_kv_kind lb_config_kv_cache(const lb_config *c);
 // The resolved configuration as INI text (every key), parseable by lb_config_parse. malloc'd.
 char *lb_config_to_ini(const lb_config *c);
 // doc/parameters.md, generated from the table.

@@ -300,11 +300,11 @@ lb_model *lb_run_model(const lb_config *c, lb_backend *be, const lb_model_parall
 {
     lb_model *m = lb_model_create_parallel(&c->model, be, par, err, errlen);
     if (m && (lb_model_set_precision(m, &c->precision, c->run.seed, err, errlen) != 0 ||
-              lb_model_set_recompute(m, c->train.recompute, err, errlen) != 0 ||
-              (sampling && lb_model_set_kv_cache(m, c->sample.kv_cache, err, errlen) != 0))) {
+              (sampling && lb_model_set_kv_cache(m, lb_config_kv_cache(c), err, errlen) != 0))) {
         lb_model_free(m);
         return NULL;
     }
+    if (m) lb_model_set_recompute(m, lb_config_recompute(c));
     if (m && !sampling) lb_model_set_ce_chunk(m, c->train.ce_chunk);
     return m;
 }
