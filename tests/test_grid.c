@@ -292,7 +292,8 @@ START_TEST(test_zero_shards)
     char err[512];
     lb_backend *be = lb_backend_cpu_create(1, err, sizeof err);
     ck_assert_ptr_nonnull(be);
-    lb_optim_config oc = {1e-3, 1e-4, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0, 0, 0};
+    lb_optim_config oc = {.lr = 1e-3, .min_lr = 1e-4, .total_steps = 10, .beta1 = 0.9,
+                          .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .grad_clip = 1.0};
     lb_model *ref = tiny_model(be);
     lb_model_init_params(ref, 7);
     size_t data[2] = {0, 0};   // parameters per region, without padding
@@ -377,7 +378,8 @@ START_TEST(test_one_rank_shard)
     char err[512];
     lb_backend *be = lb_backend_cpu_create(1, err, sizeof err);
     lb_model *m = tiny_model(be);
-    lb_optim_config oc = {1e-3, 1e-4, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0, 0, 0};
+    lb_optim_config oc = {.lr = 1e-3, .min_lr = 1e-4, .total_steps = 10, .beta1 = 0.9,
+                          .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .grad_clip = 1.0};
     lb_optimizer o;
     lb_optimizer_init(&o, m, &oc);
     ck_assert_uint_eq(o.dist.own[0].begin, 0);
@@ -417,7 +419,7 @@ static void check_pieces(const char *arch, int tp, int etp, int ep, int pp)
         for (int pr = 0; pr < pp; pr++)
             for (int tr = 0; tr < tp; tr++)
                 for (int er = 0; er < ep; er++) {
-                    lb_model_parallel par = {tp, tr, 0, ep, er, pp, pr, NULL, NULL, etp, tr % etp};
+                    lb_model_parallel par = {tp, tr, 0, ep, er, pp, pr, NULL, NULL, etp, tr % etp, NULL};
                     int np;
                     lb_tensor *t = lb_model_pieces(&mc, &par, &np, err, sizeof err);
                     ck_assert_msg(t != NULL, "%s", err);

@@ -16,39 +16,11 @@ static lb_backend *be;
 
 static lb_model_config tiny_config(const char *arch)
 {
-    lb_model_config c = {0};
-    snprintf(c.arch, sizeof c.arch, "%s", arch);
-    if (strcmp(arch, "llama") == 0) lb_test_llama3_rope(&c);
-    c.vocab_size = 23;
-    c.hidden_size = 16;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 8;
-    c.intermediate_size = 24;
-    c.num_experts = 5;
-    c.num_experts_per_tok = 2;
-    c.moe_intermediate_size = 12;
-    c.norm_topk_prob = 1;
-    c.max_position_embeddings = 64;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-6;
-    c.router_aux_loss_coef = 0.1;   // large, so the load-balancing gradient is checked too
-    c.initializer_range = 0.3;      // large, so attention and routing are far from uniform
-    c.n_group = c.topk_group = 1;
-    c.routed_scaling_factor = 1.0;
-    if (strcmp(arch, "glm4_moe") == 0) {   // every GLM feature: a dense layer 0, biases, ...
+    lb_model_config c = lb_test_tiny_config(arch, 23, 16, 5, 12);
+    // large, so the load-balancing gradient is checked too (the sigmoid router has none)
+    c.router_aux_loss_coef = strcmp(arch, "glm4_moe") ? 0.1 : 0.0;
+    if (strcmp(arch, "glm4_moe") == 0) {
         c.num_hidden_layers = 3;
-        c.first_k_dense_replace = 1;
-        c.n_shared_experts = 1;
-        c.num_experts = 8;
-        c.n_group = 4;
-        c.topk_group = 2;
-        c.routed_scaling_factor = 2.5;
-        c.attention_bias = 1;
-        c.use_qk_norm = 1;
-        c.partial_rotary_factor = 0.5;   // 4 of head_dim 8 rotate
-        c.router_aux_loss_coef = 0.0;    // the sigmoid router has none
         c.router_bias_update_rate = 0.01;
     }
     return c;
@@ -211,7 +183,9 @@ START_TEST(test_router_bias_update)
     lb_model_after_step(m, NULL);
     ck_assert(m->params[bt[1]->offset] == keep);
     // the optimizer leaves the frozen bias alone (zero gradient, no weight decay, skipped)
-    lb_optim_config oc = {1e-2, 1e-3, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0, 0, 1};
+    lb_optim_config oc = {.lr = 1e-2, .min_lr = 1e-3, .total_steps = 10, .beta1 = 0.9,
+                          .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .grad_clip = 1.0,
+                          .offload_threads = 1};
     lb_optimizer o;
     lb_optimizer_init(&o, m, &oc);
     lb_model_zero_grad(m);
@@ -403,7 +377,9 @@ static void check_adamw_b16(double offload)
     ck_assert_msg(m != NULL, "%s", err);
     ck_assert_msg(lb_model_set_precision(m, &spec, 1, err, sizeof err) == 0, "%s", err);
     lb_model_init_params(m, 3);
-    lb_optim_config oc = {1e-2, 1e-3, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0, offload, 1};
+    lb_optim_config oc = {.lr = 1e-2, .min_lr = 1e-3, .total_steps = 10, .beta1 = 0.9,
+                          .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .grad_clip = 1.0,
+                          .offload = offload, .offload_threads = 1};
     lb_optimizer o;
     lb_optimizer_init(&o, m, &oc);
     int32_t tok[B * T], tgt[B * T];
@@ -459,8 +435,9 @@ static float *offload_run(double offload, size_t piece, int moments16, size_t *n
     lb_model *m = lb_model_create(&cfg, be, err, sizeof err);
     ck_assert_msg(m != NULL, "%s", err);
     lb_model_init_params(m, 4);
-    lb_optim_config oc = {1e-2, 1e-3, 0, 10, 0.9, 0.95, 1e-8, 0.1, 1.0, offload, 1, moments16,
-                          piece};
+    lb_optim_config oc = {.lr = 1e-2, .min_lr = 1e-3, .total_steps = 10, .beta1 = 0.9,
+                          .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .grad_clip = 1.0,
+                          .offload = offload, .offload_threads = 1, .moments16 = moments16};
     lb_optimizer o;
     lb_optimizer_init(&o, m, &oc);
     if (offload > 0) ck_assert_int_gt(o.npiece, piece ? 2 : 0);

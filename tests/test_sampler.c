@@ -35,39 +35,8 @@ static lb_backend *be;
 
 static lb_model_config tiny_config(const char *arch)
 {
-    lb_model_config c = {0};
-    snprintf(c.arch, sizeof c.arch, "%s", arch);
-    if (strcmp(arch, "llama") == 0) lb_test_llama3_rope(&c);
-    c.vocab_size = 40;
-    c.hidden_size = 32;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 8;
-    c.intermediate_size = 24;
-    c.num_experts = 4;
-    c.num_experts_per_tok = 2;
-    c.moe_intermediate_size = 16;
-    c.norm_topk_prob = 1;
-    c.max_position_embeddings = 64;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-6;
-    c.router_aux_loss_coef = 0.01;
-    c.initializer_range = 0.3;   // far from uniform: routing and attention matter
-    c.n_group = c.topk_group = 1;
-    c.routed_scaling_factor = 1.0;
-    if (strcmp(arch, "glm4_moe") == 0) {   // a dense layer 0, groups, a shared expert, biases
-        c.first_k_dense_replace = 1;
-        c.num_experts = 8;
-        c.n_group = 4;
-        c.topk_group = 2;
-        c.n_shared_experts = 1;
-        c.routed_scaling_factor = 2.5;
-        c.router_aux_loss_coef = 0.0;
-        c.attention_bias = 1;
-        c.use_qk_norm = 1;
-        c.partial_rotary_factor = 0.5;
-    }
+    lb_model_config c = lb_test_tiny_config(arch, 40, 32, 4, 16);
+    c.router_aux_loss_coef = strcmp(arch, "glm4_moe") ? 0.01 : 0.0;   // the sigmoid router: none
     return c;
 }
 

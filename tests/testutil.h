@@ -31,6 +31,51 @@ static inline void lb_test_llama3_rope(lb_model_config *c)
     c->rope_original_max_position_embeddings = 64;
 }
 
+// The suites' tiny model of family arch (qwen3_moe, qwen3, llama, glm4_moe): 2 layers of 4
+// query and 2 kv heads of 8, SwiGLU 24, experts of moe_ffn, top-2, vocab and hidden as given,
+// weights drawn wide (initializer_range 0.3) so attention and routing are far from uniform;
+// llama with Llama 3.1's RoPE scaling; glm4_moe with every GLM-4.5 feature (a dense layer 0,
+// 8 experts in 4 groups with the best 2 kept, a shared expert, routed scaling 2.5, attention
+// biases, q/k norm, half the head rotated, no load-balancing loss). A suite sets what it needs
+// beyond that (the load-balancing coefficient, more layers).
+static inline lb_model_config lb_test_tiny_config(const char *arch, int vocab, int hidden,
+                                                  int experts, int moe_ffn)
+{
+    lb_model_config c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.arch, sizeof c.arch, "%s", arch);
+    if (strcmp(arch, "llama") == 0) lb_test_llama3_rope(&c);
+    c.vocab_size = vocab;
+    c.hidden_size = hidden;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 8;
+    c.intermediate_size = 24;
+    c.num_experts = experts;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = moe_ffn;
+    c.norm_topk_prob = 1;
+    c.max_position_embeddings = 64;
+    c.rope_theta = 10000.0;
+    c.rms_norm_eps = 1e-6;
+    c.initializer_range = 0.3;
+    c.n_group = c.topk_group = 1;
+    c.routed_scaling_factor = 1.0;
+    if (strcmp(arch, "glm4_moe") == 0) {
+        c.first_k_dense_replace = 1;
+        c.n_shared_experts = 1;
+        c.num_experts = 8;
+        c.n_group = 4;
+        c.topk_group = 2;
+        c.routed_scaling_factor = 2.5;
+        c.attention_bias = 1;
+        c.use_qk_norm = 1;
+        c.partial_rotary_factor = 0.5;   // 4 of head_dim 8 rotate
+    }
+    return c;
+}
+
 // A fresh scratch directory for one test (removed by the caller when wanted).
 static inline const char *lb_test_tmpdir(void)
 {
