@@ -15,13 +15,14 @@ static void cpu_qmat_alloc(lb_backend *be, lb_qmat *q, int rows, int cols, const
 
 static void cpu_qmat_free(lb_backend *be, lb_qmat *q) { lb_qmat_free(q); }
 
-// x's values in fp32, rows cols apart: x itself where it is so, else a copy in *tmp (freed by
-// the caller), a bf16 value's fp32 being exact.
-static const float *f32_of(lb_act x, float **tmp)
+// x's values in fp32, rows cols apart, followed by pr - x.rows zero rows (pr >= x.rows): x
+// itself where it is so, else a copy in *tmp (freed by the caller; else NULL), a bf16 value's
+// fp32 being exact. The padded rows are what a padded group is quantized from.
+static const float *f32_of(lb_act x, int pr, float **tmp)
 {
     *tmp = NULL;
-    if (x.type == LB_ACT_F32 && x.ld == (size_t)x.cols) return x.p;
-    float *t = lb_calloc((size_t)x.rows * x.cols + 1, sizeof(float));
+    if (x.type == LB_ACT_F32 && x.ld == (size_t)x.cols && pr == x.rows) return x.p;
+    float *t = lb_calloc((size_t)pr * x.cols + 1, sizeof(float));
     for (int r = 0; r < x.rows; r++)
         for (int c = 0; c < x.cols; c++) {
             const size_t i = (size_t)r * x.ld + c;
@@ -35,7 +36,7 @@ static const float *f32_of(lb_act x, float **tmp)
 static void cpu_quantize(lb_backend *be, lb_qmat *q, lb_act x, const lb_quant_args *a)
 {
     float *tmp;
-    lb_quantize(q, f32_of(x, &tmp), x.rows, x.cols, a);
+    lb_quantize(q, f32_of(x, x.rows, &tmp), x.rows, x.cols, a);
     free(tmp);
 }
 
@@ -43,19 +44,13 @@ typedef struct {
     lb_qmat *q;
 } cpu_groups;
 
-// One group quantized on its own; a padded one from a zero-filled copy.
+// One group quantized on its own (a padded one from its zero-padded copy).
 static void cpu_group(void *ctx, int j, lb_act xj, int pr, const lb_quant_args *aj)
 {
     const cpu_groups *g = ctx;
-    if (pr == xj.rows) {
-        cpu_quantize(NULL, &g->q[j], xj, aj);
-        return;
-    }
-    float *tmp, *t = lb_calloc((size_t)pr * xj.cols, sizeof(float));
-    memcpy(t, f32_of(xj, &tmp), (size_t)xj.rows * xj.cols * sizeof(float));
-    lb_quantize(&g->q[j], t, pr, xj.cols, aj);
+    float *tmp;
+    lb_quantize(&g->q[j], f32_of(xj, pr, &tmp), pr, xj.cols, aj);
     free(tmp);
-    free(t);
 }
 
 static void cpu_quantize_grouped(lb_backend *be, int count, lb_qmat *q, lb_act x,
@@ -69,23 +64,14 @@ typedef struct {
     float *out;   // the next group's amaxes
 } cpu_amax_groups;
 
-// One group's amaxes; a padded one from a zero-filled copy (as cpu_group quantizes it).
+// One group's amaxes (a padded one from its zero-padded copy, as cpu_group quantizes it).
 static void cpu_amax_group(void *ctx, int j, lb_act xj, int pr, const lb_quant_args *aj)
 {
     cpu_amax_groups *g = ctx;
     float *out = g->out, *tmp;
     g->out += lb_quant_nscale2(pr, xj.cols, aj);
-    const float *x = f32_of(xj, &tmp);
-    if (pr == xj.rows) {
-        lb_quant_amax(out, x, pr, xj.cols, aj);
-        free(tmp);
-        return;
-    }
-    float *t = lb_calloc((size_t)pr * xj.cols, sizeof(float));
-    memcpy(t, x, (size_t)xj.rows * xj.cols * sizeof(float));
-    lb_quant_amax(out, t, pr, xj.cols, aj);
+    lb_quant_amax(out, f32_of(xj, pr, &tmp), pr, xj.cols, aj);
     free(tmp);
-    free(t);
 }
 
 static void cpu_quantize_amax(lb_backend *be, float *amax, int count, lb_act x, const int *rows,
