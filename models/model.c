@@ -350,9 +350,9 @@ void lb_model_init_params(lb_model *m, uint64_t seed)
 // The activation plan for the model's contract, layout and KV cache kind.
 static void plan_make(lb_model *m)
 {
-    const size_t L = (size_t)m->cfg.num_hidden_layers;
-    if (!m->plan) m->plan = lb_calloc(L + 1, sizeof *m->plan);
-    memset(m->plan, 0, (L + 1) * sizeof *m->plan);
+    const size_t L = (size_t)m->cfg.num_hidden_layers;   // at least 1 (lb_decoder_check)
+    if (!m->plan) m->plan = lb_calloc(L, sizeof *m->plan);
+    memset(m->plan, 0, L * sizeof *m->plan);
     if (m->def->plan) m->def->plan(m, m->plan);
 }
 
