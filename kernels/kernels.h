@@ -293,6 +293,11 @@ typedef struct {
     // before any product, so a copy holding exactly those values gives the same bits: stored
     // activations of half the bytes, and no rounding pass in the call.
     const uint16_t *q16, *k16, *v16;
+    // bf16 mode only: NULL, or the output in bf16 instead of out (the same layout, no padding;
+    // out may then be NULL): the forward writes each out_i rounded to bf16 (nearest even), the
+    // backward reads it for D_i = dout_i.out_i. Where the next GEMM (the o projection) reads
+    // its input in bf16, the stored output takes half the bytes and no rounding pass.
+    uint16_t *out16;
 } lb_attention_args;
 
 // swiglu_fwd, swiglu_bwd on a fused gate/up row: out = silu(gate) * up.
@@ -596,7 +601,8 @@ typedef struct {
          each rounded on its own: no fused multiply-add).                                     \
          out_i = acc / l; lse_i = (m + log2f(l)) * (float)ln(2) (natural log units).          \
          Backward: lse2_i = lse_i * (float)log2(e); p_ij = exp2f(x_ij - lse2_i);              \
-         dp_ij = bf16(dout_i).bf16(v_j); D_i = dout_i.out_i (unrounded, as a float);          \
+         dp_ij = bf16(dout_i).bf16(v_j); D_i = dout_i.out_i (dout unrounded, out as stored:   \
+         out16's values where given; as a float);                                             \
          ds_ij = p_ij * (dp_ij - D_i) (floats); dv_j = sum bf16(p_ij) bf16(dout_i);           \
          dk_j = scale sum bf16(ds_ij) bf16(q_i); dq_i = scale sum_j bf16(ds_ij) bf16(k_j).    \
          exp2f is each backend's own 2^x (glibc's on the CPU; the CUDA kernels' hardware      \

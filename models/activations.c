@@ -82,9 +82,26 @@ static int plan_ln1(const lb_model *m)
     return 1;
 }
 
+// Whether the training step stores the attention output only in bf16 (lb_layer_acts att16),
+// written so by the bf16 attention (lb_attention_args.out16): where the o projection is a
+// plain bf16 GEMM in every pass of every layer of the stage, which reads it rounded to bf16
+// anyway, or quantized in every pass, whose quantizations then read its bf16 values (and the
+// cached forward rounds its output so too). The backward's D_i = dout_i.out_i then reads the
+// bf16 values, as FlashAttention's does. One decision for the stage, as plan_ln1's.
+static int plan_att(const lb_model *m)
+{
+    lb_dims d = lb_dims_of(m);
+    if (!m->contract.attention_bf16 || (d.hq * d.D) % 8) return 0;   // lb_act_bf16's pitch
+    for (int l = m->layer_begin; l < m->layer_end; l++)
+        if (!lb_linear_plain16(&m->lin, l, LB_ROLE_ATTN_OUT) &&
+            !lb_linear_quantized(&m->lin, l, LB_ROLE_ATTN_OUT))
+            return 0;
+    return 1;
+}
+
 void lb_decoder_plan(const lb_model *m, lb_layer_plan *out)
 {
-    const int ln1 = plan_ln1(m);
+    const int ln1 = plan_ln1(m), att = plan_att(m);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
         lb_layer_plan *p = &out[l];
         // q and k after their norms and RoPE: where the contract's attention is bf16, which
@@ -94,6 +111,7 @@ void lb_decoder_plan(const lb_model *m, lb_layer_plan *out)
         p->qk = m->contract.attention_bf16 && !m->kv_fp8;
         p->ln1 = (uint8_t)ln1;
         p->qkv_quant16 = ln1 && lb_linear_quantized(&m->lin, l, LB_ROLE_ATTN_QKV);
+        p->att = (uint8_t)att;
         if (!lb_blocks_layer_moe(&m->cfg, l)) continue;
         p->expert_in = plan_takes16(m, l, LB_ROLE_MOE_GATE_UP);
         p->swiglu_out = plan_takes16(m, l, LB_ROLE_MOE_DOWN);
@@ -146,6 +164,8 @@ int lb_blocks_out16(const lb_model *m, int l, lb_role role, lb_pass pass)
 int lb_blocks_qk16(const lb_model *m) { return m->plan[0].qk; }
 
 static int ln1_16(const lb_model *m) { return m->plan[0].ln1; }
+
+int lb_blocks_att16(const lb_model *m) { return m->plan[0].att; }
 
 int lb_blocks_weights_on_h(const lb_model *m, int l) { return m->plan[l].weights_on_h; }
 
@@ -319,7 +339,8 @@ static void recomputable_create(lb_model *m, lb_layer_acts *L, int n, int ns)
         L->qr = lb_blocks_falloc(be, n * hq * D);
         L->kr = lb_blocks_falloc(be, n * hkv * D);
     }
-    L->att = lb_blocks_falloc(be, n * hq * D);
+    if (lb_blocks_att16(m)) L->att16 = be->alloc(be, n * hq * D * sizeof(uint16_t));
+    else L->att = lb_blocks_falloc(be, n * hq * D);
     L->lse = lb_blocks_falloc(be, n * hq);
     L->ln2 = lb_blocks_falloc(be, n * C);
     L->rstd2 = lb_blocks_falloc(be, ns);
@@ -329,7 +350,7 @@ static void recomputable_free(lb_model *m, lb_layer_acts *L)
 {
     lb_backend *be = m->be;
     void *bufs[] = {L->ln1, L->rstd1, L->qrstd, L->qr, L->krstd, L->kr, L->att, L->lse, L->ln2,
-                    L->rstd2, L->qr16, L->kr16, L->ln1_16};
+                    L->rstd2, L->qr16, L->kr16, L->ln1_16, L->att16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
 }
@@ -372,7 +393,7 @@ static void layer_create(lb_model *m, lb_layer_acts *L, int n, int ns, const lb_
         L->shared = 1;
         L->ln1 = S->ln1, L->rstd1 = S->rstd1, L->qrstd = S->qrstd, L->qr = S->qr;
         L->krstd = S->krstd, L->kr = S->kr, L->att = S->att, L->lse = S->lse;
-        L->qr16 = S->qr16, L->kr16 = S->kr16, L->ln1_16 = S->ln1_16;
+        L->qr16 = S->qr16, L->kr16 = S->kr16, L->ln1_16 = S->ln1_16, L->att16 = S->att16;
         L->ln2 = S->ln2, L->rstd2 = S->rstd2;
         L->f.h = S->f.h, L->f.cap_h = S->f.cap_h;   // big enough: grow never replaces it
         L->f.h16 = S->f.h16, L->f.cap_h16 = S->f.cap_h16;

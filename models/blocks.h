@@ -130,6 +130,7 @@ typedef struct {
     // qr and kr in bf16 instead (NULL: fp32), where the attention reads bf16 (lb_blocks_qk16)
     uint16_t *qr16, *kr16;
     float *att, *lse;      // (n, hq*d), (b, hq, t)
+    uint16_t *att16;       // (n, hq*d) att in bf16 instead (NULL: fp32; lb_blocks_att16)
     float *xmid;           // (ns, c) residual after attention
     float *ln2, *rstd2;    // (n, c), (ns)
     lb_ffn_acts f;
@@ -175,6 +176,7 @@ typedef struct {
     float *q, *qrstd, *qr;                 // (rows, hq*d), (rows*hq), (rows, hq*d)
     float *k, *krstd, *kr, *v;             // (rows, hkv*d), (rows*hkv), (rows, hkv*d) x2
     float *att;                            // (rows, hq*d)
+    uint16_t *att16;                       // (rows, hq*d) att in bf16 where lb_blocks_att16
     float *part;                           // (rows, c) tp > 1
     lb_qmat kq, vq;                        // fp8 cache: k and v quantized, (rows * hkv, d)
     double *rope_freq;                     // as lb_acts'

@@ -177,9 +177,9 @@ void lb_attention_core_fwd(lb_model *m, lb_acts *a, lb_layer_acts *L, const lb_l
     }
     // The contract's attention mode; the backward and the cached forward pass the same one, so
     // the sampler's rows are this forward's bits.
-    be->attention_fwd(be, &(lb_attention_args){.out = L->att, .lse = L->lse, .q = L->qr,
-            .k = L->kr, .v = L->v, .q16 = L->qr16, .k16 = L->kr16, .b = a->b, .t = a->t,
-            .hq = d.hq, .hkv = d.hkv, .d = D,
+    be->attention_fwd(be, &(lb_attention_args){.out = L->att, .out16 = L->att16, .lse = L->lse,
+            .q = L->qr, .k = L->kr, .v = L->v, .q16 = L->qr16, .k16 = L->kr16, .b = a->b,
+            .t = a->t, .hq = d.hq, .hkv = d.hkv, .d = D,
             .bf16 = m->contract.attention_bf16});
 }
 
@@ -198,8 +198,8 @@ double lb_decoder_layer_fwd(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
     lb_blocks_qkv_bias_fwd(m, &w, a->ones, L->q, L->k, L->v, n);
     lb_attention_core_fwd(m, a, L, &w);
     float *part = d.tp > 1 ? a->part : L->xmid;
-    lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, lb_act_f32(L->att, n, d.hq * D), w.o, w.co, 0, part,
-                  C, 0.0f);
+    lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, lb_act_of(L->att, L->att16, n, d.hq * D), w.o, w.co,
+                  0, part, C, 0.0f);
     lb_blocks_tp_reduce(m, part, L->xmid, n, C);
     be->add(be, L->xmid, L->x, (size_t)ns * C);
     // feed-forward block: gate_up column-parallel, down row-parallel
@@ -401,11 +401,11 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
                 .dout = a->dlns, .x = L->xmid, .w = w.ln2, .rstd = L->rstd2, .n = ns, .c = C});
         // attention block: dres is now d loss / d xmid
         tp_gather(m, a->dres, a->dfull, n, C);
-        lb_linear_bwd(lin, l, LB_ROLE_ATTN_OUT, lb_act_f32(L->att, n, d.hq * D), w.o, w.co, 0,
-                      a->dfull, a->datt, 0.0f, dw.o, lb_model_grad_beta(m, dw.o), C);
+        lb_linear_bwd(lin, l, LB_ROLE_ATTN_OUT, lb_act_of(L->att, L->att16, n, d.hq * D), w.o,
+                      w.co, 0, a->dfull, a->datt, 0.0f, dw.o, lb_model_grad_beta(m, dw.o), C);
         be->attention_bwd(be, &(lb_attention_args){.dq = a->dq, .dk = a->dk, .dv = a->dv,
                 .dout = a->datt, .q = L->qr, .k = L->kr, .v = L->v, .q16 = L->qr16,
-                .k16 = L->kr16, .out = L->att, .lse = L->lse,
+                .k16 = L->kr16, .out = L->att, .out16 = L->att16, .lse = L->lse,
                 .b = b, .t = t, .hq = d.hq, .hkv = d.hkv, .d = D,
                 .bf16 = m->contract.attention_bf16});
         be->rope(be, &(lb_rope_args){.x = a->dq, .pos = a->pos, .n = n, .heads = d.hq, .d = D,

@@ -36,6 +36,7 @@ void *lb_decoder_cached_create(lb_model *m, int max_rows)
     a->kr = lb_blocks_falloc(be, n * hkv * D);
     a->v = lb_blocks_falloc(be, n * hkv * D);
     a->att = lb_blocks_falloc(be, n * hq * D);
+    a->att16 = be->alloc(be, n * hq * D * sizeof(uint16_t));   // lb_blocks_att16: per call
     if (d.tp > 1) a->part = lb_blocks_falloc(be, n * C);
     if (m->kv_fp8) {   // made once: a step allocates nothing
         lb_quant_args qa = lb_blocks_kv_quant_args();
@@ -53,7 +54,7 @@ void lb_decoder_cached_free(lb_model *m, void *p)
     lb_cached_acts *a = p;
     lb_backend *be = m->be;
     void *bufs[] = {a->x, a->xmid, a->ln, a->ln16, a->rstd, a->q, a->qrstd, a->qr, a->k,
-                    a->krstd, a->kr, a->v, a->att, a->part, a->rope_freq, a->ones};
+                    a->krstd, a->kr, a->v, a->att, a->att16, a->part, a->rope_freq, a->ones};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     if (a->kq.data) be->qmat_free(be, &a->kq);
@@ -108,9 +109,15 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
         }
         be->attention_cached(be, a->att, a->qr, &kv->layer[l], kv->slot, kv->pos, n, d.hq,
                              m->contract.attention_bf16);
+        // the o projection's input as the training forward stores it (bf16: att16)
+        const uint16_t *att16 = NULL;
+        if (lb_blocks_att16(m)) {
+            be->to_bf16(be, a->att16, a->att, (size_t)n, d.hq * D, d.hq * D);
+            att16 = a->att16;
+        }
         float *part = d.tp > 1 ? a->part : a->xmid;
-        lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, lb_act_f32(a->att, n, d.hq * D), w.o, w.co, 0,
-                      part, C, 0.0f);
+        lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, lb_act_of(a->att, att16, n, d.hq * D), w.o, w.co,
+                      0, part, C, 0.0f);
         lb_blocks_tp_reduce(m, part, a->xmid, n, C);
         // feed-forward block: xmid = xmid + x, its norm; the block's output overwrites x
         uint16_t *ln16 = cached_ln16(m, a, l, LB_ROLE_ROUTER);

@@ -1455,6 +1455,74 @@ static void attention_io16_case(const test_case *tst)
     for (int i = 0; i < 3; i++) free(h16[i]);
 }
 
+// The bf16 output (lb_attention_args.out16) on each backend: the forward writes exactly its
+// fp32 output rounded to bf16, the same lse, and the backward reading out16 gives the bits of
+// the backward reading those rounded values as fp32 (D_i from bf16 out_i). p: b, t, hq, hkv, d
+static void attention_out16_case(const test_case *tst)
+{
+    const int b = tst->p[0], t = tst->p[1], hq = tst->p[2], hkv = tst->p[3], d = tst->p[4];
+    size_t nq = (size_t)b * t * hq * d, nk = (size_t)b * t * hkv * d, nl = (size_t)b * hq * t;
+    float *h[4] = {randn(nq, 1), randn(nk, 1), randn(nk, 1), randn(nq, 1)};   // q, k, v, dout
+    const size_t cnt[4] = {nq, nk, nk, nq};
+    lb_backend *bes[2] = {cpu, dev};
+    for (int w = 0; w < 2; w++) {
+        lb_backend *be = bes[w];
+        float *X[4];
+        for (int i = 0; i < 4; i++) {
+            X[i] = be->alloc(be, cnt[i] * 4);
+            be->upload(be, X[i], h[i], cnt[i] * 4);
+        }
+        float *O = be->alloc(be, nq * 4), *L = be->alloc(be, nl * 4), *L16 = be->alloc(be, nl * 4);
+        uint16_t *O16 = be->alloc(be, nq * 2);
+        lb_attention_args a = {.out = O, .lse = L, .q = X[0], .k = X[1], .v = X[2], .b = b,
+                               .t = t, .hq = hq, .hkv = hkv, .d = d, .bf16 = 1};
+        be->attention_fwd(be, &a);
+        lb_attention_args a16 = a;
+        a16.out = NULL, a16.out16 = O16, a16.lse = L16;
+        be->attention_fwd(be, &a16);
+        float *o = lb_malloc(nq * 4), *l = lb_malloc(nl * 4), *l16 = lb_malloc(nl * 4);
+        uint16_t *o16 = lb_malloc(nq * 2), *want16 = lb_malloc(nq * 2);
+        be->download(be, o, O, nq * 4);
+        be->download(be, o16, O16, nq * 2);
+        be->download(be, l, L, nl * 4);
+        be->download(be, l16, L16, nl * 4);
+        for (size_t j = 0; j < nq; j++) want16[j] = lb_f32_to_bf16(o[j]);
+        char what[128];
+        snprintf(what, sizeof what, "attention bf16 out16 (%s), b %d t %d hq %d hkv %d d %d",
+                 w ? "dev" : "cpu", b, t, hq, hkv, d);
+        CHECK_BITS(what, o16, want16, nq * 2);
+        CHECK_BITS("attention bf16 lse beside out16", l16, l, nl * 4);
+        // the backward: from out16, and from its values as fp32
+        for (size_t j = 0; j < nq; j++) o[j] = lb_bf16_to_f32(o16[j]);
+        be->upload(be, O, o, nq * 4);
+        float *D[2][3], *got[2][3];
+        const size_t gsz[3] = {nq, nk, nk};
+        for (int m16 = 0; m16 < 2; m16++) {
+            for (int i = 0; i < 3; i++) D[m16][i] = be->alloc(be, gsz[i] * 4);
+            lb_attention_args g = a;
+            g.dout = X[3], g.dq = D[m16][0], g.dk = D[m16][1], g.dv = D[m16][2];
+            if (m16) g.out = NULL, g.out16 = O16;
+            be->attention_bwd(be, &g);
+            for (int i = 0; i < 3; i++) {
+                got[m16][i] = lb_malloc(gsz[i] * 4);
+                be->download(be, got[m16][i], D[m16][i], gsz[i] * 4);
+                be->free(be, D[m16][i]);
+            }
+        }
+        const char *names[3] = {"dq", "dk", "dv"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(what, sizeof what, "attention bf16 %s from out16 (%s), b %d t %d hq %d d %d",
+                     names[i], w ? "dev" : "cpu", b, t, hq, d);
+            CHECK_BITS(what, got[1][i], got[0][i], gsz[i] * 4);
+            free(got[0][i]), free(got[1][i]);
+        }
+        free(o), free(l), free(l16), free(o16), free(want16);
+        be->free(be, O), be->free(be, L), be->free(be, L16), be->free(be, O16);
+        for (int i = 0; i < 4; i++) be->free(be, X[i]);
+    }
+    for (int i = 0; i < 4; i++) free(h[i]);
+}
+
 // The bf16 backward's two ways to dq on sm_90 (attention_tc.cu): from the dS tiles the dk/dv
 // kernel stores (the default), and by the dq kernel that recomputes S and dP
 // (LB_CUDA_ATTN_DS=0, a backend of its own). Both form the same bf16 dS and meet it with K in
@@ -4224,6 +4292,9 @@ static const test_case CASES[] = {
     CASE(ATTN, attention_io16_case, {1, 200, 32, 4, 128}),
     CASE(ATTN, attention_io16_case, {2, 129, 4, 1, 64}),
     CASE(ATTN, attention_io16_case, {2, 1, 4, 2, 128}),
+    CASE(ATTN, attention_out16_case, {2, 77, 4, 2, 40}),
+    CASE(ATTN, attention_out16_case, {1, 200, 32, 4, 128}),
+    CASE(ATTN, attention_out16_case, {2, 129, 4, 1, 64}),
 
     // --- SwiGLU, p (n, f): one element per lane; 16-byte rows; 16-byte rows, out16's padded
     CASE(OP(swiglu_fwd) OP(swiglu_bwd), swiglu_case, {300, 257}, .bound = B_ROUND),

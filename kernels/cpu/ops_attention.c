@@ -83,8 +83,8 @@ static float *round_copy(lb_backend *be, const float *x, const uint16_t *x16, si
 // kernels.h: bf16 inputs (q16, k16, v16) in bf16 mode only.
 static void check_inputs16(const char *what, const lb_attention_args *a)
 {
-    if (!a->bf16 && (a->q16 || a->k16 || a->v16))
-        lb_die("%s: bf16 inputs (q16, k16, v16) are read in bf16 mode only", what);
+    if (!a->bf16 && (a->q16 || a->k16 || a->v16 || a->out16))
+        lb_die("%s: bf16 operands (q16, k16, v16, out16) are taken in bf16 mode only", what);
 }
 
 // Per-thread scratch of attn_row_bf16.
@@ -151,14 +151,20 @@ static void attention_fwd_bf16(lb_backend *be, const lb_attention_args *a)
     #pragma omp parallel num_threads(lb_cpu_threads(be)) if (rows > 1)
     {
         row_scratch w = row_scratch_new(d);
+        float *o = lb_malloc(((size_t)d + 1) * sizeof(float));   // a row's out (out16)
         #pragma omp for schedule(dynamic, 4)
         for (long r = 0; r < rows; r++) {
             int bi = (int)(r / ((long)hq * t)), h = (int)(r / t % hq), i = (int)(r % t);
             int hk = h / group;
-            attn_row_bf16(ROW(out, bi, i, h, hq), &lse[((size_t)bi * hq + h) * t + i],
-                          ROW(qb, bi, i, h, hq), ROW(kb, bi, 0, hk, hkv), ROW(vb, bi, 0, hk, hkv),
-                          (size_t)hkv * d, i + 1, d, c, &w);
+            float *oi = a->out16 ? o : ROW(out, bi, i, h, hq);
+            attn_row_bf16(oi, &lse[((size_t)bi * hq + h) * t + i], ROW(qb, bi, i, h, hq),
+                          ROW(kb, bi, 0, hk, hkv), ROW(vb, bi, 0, hk, hkv), (size_t)hkv * d,
+                          i + 1, d, c, &w);
+            if (!a->out16) continue;
+            uint16_t *o16 = ROW(a->out16, bi, i, h, hq);
+            for (int x = 0; x < d; x++) o16[x] = lb_f32_to_bf16(oi[x]);
         }
+        free(o);
         row_scratch_free(&w);
     }
     free(qb), free(kb), free(vb);
@@ -225,7 +231,7 @@ static inline void bwd_pair(int bf16, double *ds, double *p, const float *qi, co
 // Two passes: one thread per query row for dq, one thread per key row for dk and dv (summing
 // the group's query heads, then queries, in order). The scores are recomputed in each pass by
 // the same expression (bwd_pair), so both passes see identical probabilities. bf16 mode reads
-// q, k, v and dout rounded to bf16 (D from dout as it is, rounded to float).
+// q, k, v and dout rounded to bf16 (D from dout as it is and out or out16, rounded to float).
 static void cpu_attention_bwd(lb_backend *be, const lb_attention_args *args)
 {
     float *dq = args->dq, *dk = args->dk, *dv = args->dv;
@@ -254,7 +260,15 @@ static void cpu_attention_bwd(lb_backend *be, const lb_attention_args *args)
         #pragma omp for
         for (long r = 0; r < qrows; r++) {
             int bi = (int)(r / ((long)hq * t)), h = (int)(r / t % hq), i = (int)(r % t);
-            D[r] = dot_f64(ROW(dout, bi, i, h, hq), ROW(out, bi, i, h, hq), d);
+            if (args->out16) {
+                const float *gi = ROW(dout, bi, i, h, hq);
+                const uint16_t *oi = ROW(args->out16, bi, i, h, hq);
+                double s = 0.0;
+                for (int x = 0; x < d; x++) s += (double)gi[x] * lb_bf16_to_f32(oi[x]);
+                D[r] = s;
+            } else {
+                D[r] = dot_f64(ROW(dout, bi, i, h, hq), ROW(out, bi, i, h, hq), d);
+            }
             if (bf16) D[r] = (float)D[r];
         }
         // dq: one query row per task.

@@ -210,8 +210,11 @@ __device__ __forceinline__ void tc_online(tc_state<NK> &st, float (&s)[8][4], in
 
 // Row r (0: g, 1: g + 8) of this thread's fragment a (the C layout: n-tiles of 8 columns), each
 // value through f, into o (the row's first d columns).
-template <int NK, typename F>
-__device__ __forceinline__ void tc_row_out(float *o, const float (&a)[2 * NK][4], int r, int tq,
+__device__ __forceinline__ void tc_put(float *o, float v) { *o = v; }
+__device__ __forceinline__ void tc_put(__nv_bfloat16 *o, float v) { *o = __float2bfloat16_rn(v); }
+
+template <int NK, typename T, typename F>
+__device__ __forceinline__ void tc_row_out(T *o, const float (&a)[2 * NK][4], int r, int tq,
                                            int d, F f)
 {
 #pragma unroll
@@ -219,19 +222,31 @@ __device__ __forceinline__ void tc_row_out(float *o, const float (&a)[2 * NK][4]
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const int x = dt * 8 + 2 * tq + e;
-            if (x < d) o[x] = f(a[dt][2 * r + e]);
+            if (x < d) tc_put(o + x, f(a[dt][2 * r + e]));
         }
 }
 
-// Row r (0: g, 1: g + 8) of a finished state: its d outputs o / l into o and, when lse is not
-// NULL, its log-sum-exp (natural log) by lane tq 0.
-template <int NK>
-__device__ __forceinline__ void tc_out_store(float *o, float *lse, const tc_state<NK> &st, int r,
+// Row r (0: g, 1: g + 8) of a finished state: its d outputs o / l into o (float, or bf16
+// rounded to nearest even) and, when lse is not NULL, its log-sum-exp (natural log) by lane
+// tq 0.
+template <int NK, typename T>
+__device__ __forceinline__ void tc_out_store(T *o, float *lse, const tc_state<NK> &st, int r,
                                              int tq, int d)
 {
     const float l = st.l[r];
     tc_row_out<NK>(o, st.o, r, tq, d, [l](float v) { return __fdiv_rn(v, l); });
     if (lse && tq == 0) *lse = __fmul_rn(__fadd_rn(st.m[r], log2f(st.l[r])), TC_LN2);
+}
+
+// A training forward's row r of st at row offset `row`: into out16 (bf16) where it is given,
+// else out. One branch a row, after the row's last chunk.
+template <int NK>
+__device__ __forceinline__ void tc_out_row(float *out, __nv_bfloat16 *out16, size_t row,
+                                           float *lse, const tc_state<NK> &st, int r, int tq,
+                                           int d)
+{
+    if (out16) tc_out_store<NK>(out16 + row, lse, st, r, tq, d);
+    else tc_out_store<NK>(out + row, lse, st, r, tq, d);
 }
 
 // Query fragments of one 16-row tile held in registers (the cache kernel).
@@ -432,8 +447,9 @@ struct tc_smem_ld {
 // Shared memory: Q (TC_FWD_ROWS, DP), then two stages of K and V chunks (TC_KC, DP) each.
 template <int NK, typename TQ>
 __global__ void __launch_bounds__(TC_FWD_WARPS * 32)
-tc_fwd_kernel(float *out, float *lse, const TQ *q, const __nv_bfloat16 *kb,
-              const __nv_bfloat16 *vb, int t, int hq, int hkv, int d, float c)
+tc_fwd_kernel(float *out, __nv_bfloat16 *out16, float *lse, const TQ *q,
+              const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int t, int hq, int hkv, int d,
+              float c)
 {
     constexpr int DP = 16 * NK + 8, NT = TC_FWD_WARPS * 32, TILE = TC_KC * DP;
     extern __shared__ __align__(16) unsigned char tc_sm[];
@@ -476,8 +492,8 @@ tc_fwd_kernel(float *out, float *lse, const TQ *q, const __nv_bfloat16 *kb,
 #pragma unroll
         for (int r = 0; r < 2; r++)
             if (pos[mt][r] < t)
-                tc_out_store<NK>(out + tc_row(bi, pos[mt][r], h, t, hq, d),
-                                 lse + ((size_t)bi * hq + h) * t + pos[mt][r], st[mt], r, tq, d);
+                tc_out_row<NK>(out, out16, tc_row(bi, pos[mt][r], h, t, hq, d),
+                               lse + ((size_t)bi * hq + h) * t + pos[mt][r], st[mt], r, tq, d);
 }
 
 // --- attention over the KV cache ------------------------------------------------------------
@@ -1325,8 +1341,9 @@ __device__ __forceinline__ void tw_mma_pn(float (&acc)[2 * NK][4], const float (
 // row of a block needs every chunk up to the diagonal one. NK is 4 or 8.
 template <int NK, typename TQ>
 __global__ void __launch_bounds__(128)
-tw_fwd_kernel(float *out, float *lse, const TQ *q, const __grid_constant__ CUtensorMap tk,
-              const __grid_constant__ CUtensorMap tv, int t, int hq, int hkv, int d, float c)
+tw_fwd_kernel(float *out, __nv_bfloat16 *out16, float *lse, const TQ *q,
+              const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+              int t, int hq, int hkv, int d, float c)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int TILE = TW_ROWS * 32 * NK;   // bytes of a (64, 16 NK) bf16 tile
@@ -1374,8 +1391,8 @@ tw_fwd_kernel(float *out, float *lse, const TQ *q, const __grid_constant__ CUten
 #pragma unroll
     for (int r = 0; r < 2; r++)
         if (pos[r] < t)
-            tc_out_store<NK>(out + tc_row(bi, pos[r], h, t, hq, d),
-                             lse + ((size_t)bi * hq + h) * t + pos[r], st, r, tq, d);
+            tc_out_row<NK>(out, out16, tc_row(bi, pos[r], h, t, hq, d),
+                           lse + ((size_t)bi * hq + h) * t + pos[r], st, r, tq, d);
 #endif
 }
 
@@ -1670,7 +1687,7 @@ static void tw_map(CUtensorMap *map, const __nv_bfloat16 *x, int b, int t, int h
 
 // The forward with q as the kernels read it (TQ float, or bf16 where q16 is given).
 template <int NK, typename TQ>
-static void fwd_nkq(lb_cuda_ctx *cx, float *out, float *lse, const TQ *q,
+static void fwd_nkq(lb_cuda_ctx *cx, float *out, __nv_bfloat16 *out16, float *lse, const TQ *q,
                     const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int b, int t, int hq,
                     int hkv, int d)
 {
@@ -1681,34 +1698,35 @@ static void fwd_nkq(lb_cuda_ctx *cx, float *out, float *lse, const TQ *q,
         tw_map(&tk, kb, b, t, hkv, 16 * NK);
         tw_map(&tv, vb, b, t, hkv, 16 * NK);
         dim3 grid(hq, b, (t + TW_ROWS - 1) / TW_ROWS);
-        tw_fwd_kernel<NK, TQ><<<grid, 128, smem, cx->stream>>>(out, lse, q, tk, tv, t, hq, hkv,
-                                                                d, tc_c(d));
+        tw_fwd_kernel<NK, TQ><<<grid, 128, smem, cx->stream>>>(out, out16, lse, q, tk, tv, t,
+                                                                hq, hkv, d, tc_c(d));
         LB_CUDA_LAUNCHED(cx);
         return;
     }
     const size_t smem = (size_t)(TC_FWD_ROWS + 4 * TC_KC) * (16 * NK + 8) * sizeof(__nv_bfloat16);
     lb_cuda_smem_limit(tc_fwd_kernel<NK, TQ>, smem);
     dim3 grid(hq, b, (t + TC_FWD_ROWS - 1) / TC_FWD_ROWS);
-    tc_fwd_kernel<NK, TQ><<<grid, TC_FWD_WARPS * 32, smem, cx->stream>>>(out, lse, q, kb, vb, t,
-                                                                          hq, hkv, d, tc_c(d));
+    tc_fwd_kernel<NK, TQ><<<grid, TC_FWD_WARPS * 32, smem, cx->stream>>>(
+        out, out16, lse, q, kb, vb, t, hq, hkv, d, tc_c(d));
     LB_CUDA_LAUNCHED(cx);
 }
 
 template <int NK>
-static void fwd_nk(lb_cuda_ctx *cx, float *out, float *lse, const float *q, const uint16_t *q16,
-                   const float *k, const uint16_t *k16, const float *v, const uint16_t *v16,
-                   int b, int t, int hq, int hkv, int d)
+static void fwd_nk(lb_cuda_ctx *cx, float *out, uint16_t *out16, float *lse, const float *q,
+                   const uint16_t *q16, const float *k, const uint16_t *k16, const float *v,
+                   const uint16_t *v16, int b, int t, int hq, int hkv, int d)
 {
     const long krows = (long)b * t * hkv;
     const size_t kbytes = tc_align((size_t)krows * 16 * NK * sizeof(__nv_bfloat16));
     char *w = (char *)lb_cuda_scratch(cx, 2 * kbytes);
     const __nv_bfloat16 *kb = tc_rows16(cx, (__nv_bfloat16 *)w, k, k16, krows, d);
     const __nv_bfloat16 *vb = tc_rows16(cx, (__nv_bfloat16 *)(w + kbytes), v, v16, krows, d);
+    __nv_bfloat16 *o16 = reinterpret_cast<__nv_bfloat16 *>(out16);
     if (q16)
-        fwd_nkq<NK>(cx, out, lse, reinterpret_cast<const __nv_bfloat16 *>(q16), kb, vb, b, t, hq,
-                    hkv, d);
+        fwd_nkq<NK>(cx, out, o16, lse, reinterpret_cast<const __nv_bfloat16 *>(q16), kb, vb, b, t,
+                    hq, hkv, d);
     else
-        fwd_nkq<NK>(cx, out, lse, q, kb, vb, b, t, hq, hkv, d);
+        fwd_nkq<NK>(cx, out, o16, lse, q, kb, vb, b, t, hq, hkv, d);
 }
 
 // The dS tiles of the causal triangle, bf16 (tw_ds_tile).
@@ -1884,12 +1902,12 @@ static void cached_nk(lb_cuda_ctx *cx, float *out, const float *q, const lb_kv_l
     default: CALL(8); break;                                                                   \
     }
 
-extern "C" void lb_cuda_attention_tc_fwd(lb_cuda_ctx *cx, float *out, float *lse, const float *q,
-                                         const uint16_t *q16, const float *k,
-                                         const uint16_t *k16, const float *v,
+extern "C" void lb_cuda_attention_tc_fwd(lb_cuda_ctx *cx, float *out, uint16_t *out16,
+                                         float *lse, const float *q, const uint16_t *q16,
+                                         const float *k, const uint16_t *k16, const float *v,
                                          const uint16_t *v16, int b, int t, int hq, int hkv, int d)
 {
-#define CALL(NK) fwd_nk<NK>(cx, out, lse, q, q16, k, k16, v, v16, b, t, hq, hkv, d)
+#define CALL(NK) fwd_nk<NK>(cx, out, out16, lse, q, q16, k, k16, v, v16, b, t, hq, hkv, d)
     TC_DISPATCH(d, CALL)
 #undef CALL
 }

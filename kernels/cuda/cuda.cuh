@@ -394,11 +394,12 @@ void lb_cuda_colsum_partials(lb_cuda_ctx *cx, const double *part, int nchunks, i
 // The forward takes its work memory from lb_cuda_scratch; the backward from `work`, of
 // lb_cuda_attention_tc_work bytes (the caller's scratch also holds D): a chunk of the batch's
 // (cx->attn_chunk), the chunks one after another, each the bits of the whole.
-// q16, k16, v16: NULL, or that input in bf16 (kernels.h), read instead of the fp32 one.
-void lb_cuda_attention_tc_fwd(lb_cuda_ctx *cx, float *out, float *lse, const float *q,
-                              const uint16_t *q16, const float *k, const uint16_t *k16,
-                              const float *v, const uint16_t *v16, int b, int t, int hq, int hkv,
-                              int d);
+// q16, k16, v16: NULL, or that input in bf16 (kernels.h), read instead of the fp32 one;
+// out16: NULL, or where the output goes in bf16 instead of out.
+void lb_cuda_attention_tc_fwd(lb_cuda_ctx *cx, float *out, uint16_t *out16, float *lse,
+                              const float *q, const uint16_t *q16, const float *k,
+                              const uint16_t *k16, const float *v, const uint16_t *v16, int b,
+                              int t, int hq, int hkv, int d);
 size_t lb_cuda_attention_tc_work(const lb_cuda_ctx *cx, int b, int t, int hq, int hkv, int d);
 void lb_cuda_attention_tc_bwd(lb_cuda_ctx *cx, float *dq, float *dk, float *dv,
                               const float *dout, const float *q, const uint16_t *q16,

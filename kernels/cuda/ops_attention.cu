@@ -144,17 +144,17 @@ static void launch_fwd(lb_cuda_ctx *cx, float *out, float *lse, const float *q, 
     LB_CUDA_LAUNCHED(cx);
 }
 
-static void cuda_attention_fwd(lb_backend *be, float *out, float *lse, const float *q,
-                               const float *k, const float *v, const uint16_t *q16,
-                               const uint16_t *k16, const uint16_t *v16, int b, int t, int hq,
-                               int hkv, int d, int bf16)
+static void cuda_attention_fwd(lb_backend *be, float *out, uint16_t *out16, float *lse,
+                               const float *q, const float *k, const float *v,
+                               const uint16_t *q16, const uint16_t *k16, const uint16_t *v16,
+                               int b, int t, int hq, int hkv, int d, int bf16)
 {
     check_heads("attention_fwd", b, t, hq, hkv, d);
     if (!b || !t || !hq || !d) return;
     lb_cuda_ctx *cx = lb_cuda(be);
     if (bf16) {   // tensor cores (attention_tc.cu)
         if (d > 128) lb_die("attention_fwd: bf16 mode supports head dim <= 128, not %d", d);
-        lb_cuda_attention_tc_fwd(cx, out, lse, q, q16, k, k16, v, v16, b, t, hq, hkv, d);
+        lb_cuda_attention_tc_fwd(cx, out, out16, lse, q, q16, k, k16, v, v16, b, t, hq, hkv, d);
         return;
     }
     if (d <= 32) launch_fwd<1>(cx, out, lse, q, k, v, b, t, hq, hkv, d);
@@ -171,8 +171,8 @@ static void cuda_attention_fwd(lb_backend *be, float *out, float *lse, const flo
 // probabilities.
 
 // D (b, hq, t): one warp per query row, double lane sums and the warp's xor tree.
-template <typename T>
-__global__ void attn_rowdot_kernel(float *D, const T *dout, const T *out, int b, int t, int hq,
+template <typename T, typename TO>
+__global__ void attn_rowdot_kernel(float *D, const T *dout, const TO *out, int b, int t, int hq,
                                    int d)
 {
     const int lane = threadIdx.x & 31;
@@ -386,8 +386,8 @@ static void launch_bwd(lb_cuda_ctx *cx, float *dq, float *dk, float *dv, const f
 static void cuda_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv,
                                const float *dout, const float *q, const float *k, const float *v,
                                const uint16_t *q16, const uint16_t *k16, const uint16_t *v16,
-                               const float *out, const float *lse, int b, int t, int hq, int hkv,
-                               int d, int bf16)
+                               const float *out, const uint16_t *out16, const float *lse, int b,
+                               int t, int hq, int hkv, int d, int bf16)
 {
     check_heads("attention_bwd", b, t, hq, hkv, d);
     if (!b || !t || !d) return;
@@ -404,8 +404,13 @@ static void cuda_attention_bwd(lb_backend *be, float *dq, float *dk, float *dv,
     size_t dbytes = ((size_t)rows * sizeof(float) + 255) / 256 * 256;
     size_t work = bf16 ? lb_cuda_attention_tc_work(cx, b, t, hq, hkv, d) : 0;
     float *D = (float *)lb_cuda_scratch(cx, dbytes + work);
-    attn_rowdot_kernel<float><<<(unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS), ATT_THREADS, 0,
-                                cx->stream>>>(D, dout, out, b, t, hq, d);
+    const unsigned rblocks = (unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS);
+    if (out16)
+        attn_rowdot_kernel<float, __nv_bfloat16><<<rblocks, ATT_THREADS, 0, cx->stream>>>(
+            D, dout, reinterpret_cast<const __nv_bfloat16 *>(out16), b, t, hq, d);
+    else
+        attn_rowdot_kernel<float, float><<<rblocks, ATT_THREADS, 0, cx->stream>>>(D, dout, out, b,
+                                                                                 t, hq, d);
     LB_CUDA_LAUNCHED(cx);
     if (bf16) {   // tensor cores (attention_tc.cu), with the same D
         lb_cuda_attention_tc_bwd(cx, dq, dk, dv, dout, q, q16, k, k16, v, v16, lse, D,
@@ -608,25 +613,26 @@ static void cuda_attention_cached(lb_backend *be, float *out, const float *q,
 // The table's entries take argument structs (kernels.h); the kernels' hosts above take
 // the fields.
 
-// kernels.h: bf16 inputs (q16, k16, v16) in bf16 mode only.
+// kernels.h: bf16 operands (q16, k16, v16, out16) in bf16 mode only.
 static void check_inputs16(const char *what, const lb_attention_args *a)
 {
-    if (!a->bf16 && (a->q16 || a->k16 || a->v16))
-        lb_die("%s: bf16 inputs (q16, k16, v16) are read in bf16 mode only", what);
+    if (!a->bf16 && (a->q16 || a->k16 || a->v16 || a->out16))
+        lb_die("%s: bf16 operands (q16, k16, v16, out16) are taken in bf16 mode only", what);
 }
 
 static void cuda_attention_fwd_op(lb_backend *be, const lb_attention_args *a)
 {
     check_inputs16("attention_fwd", a);
-    cuda_attention_fwd(be, a->out, a->lse, a->q, a->k, a->v, a->q16, a->k16, a->v16, a->b, a->t,
-                       a->hq, a->hkv, a->d, a->bf16);
+    cuda_attention_fwd(be, a->out, a->out16, a->lse, a->q, a->k, a->v, a->q16, a->k16, a->v16,
+                       a->b, a->t, a->hq, a->hkv, a->d, a->bf16);
 }
 
 static void cuda_attention_bwd_op(lb_backend *be, const lb_attention_args *a)
 {
     check_inputs16("attention_bwd", a);
     cuda_attention_bwd(be, a->dq, a->dk, a->dv, a->dout, a->q, a->k, a->v, a->q16, a->k16,
-                       a->v16, a->out, a->lse, a->b, a->t, a->hq, a->hkv, a->d, a->bf16);
+                       a->v16, a->out, a->out16, a->lse, a->b, a->t, a->hq, a->hkv, a->d,
+                       a->bf16);
 }
 
 extern "C" void lb_cuda_init_attention(lb_backend *be)

@@ -181,6 +181,7 @@ static void print_plan(const lb_act_plan *p)
 {
     const struct { int n; const char *what; } a[] = {
         {p->qk, "q and k after RoPE"}, {p->ln1, "the attention's input norm"},
+        {p->att, "the attention output"},
         {p->expert_in, "the experts' input rows"}, {p->gate_up_out, "gate/up's outputs"},
         {p->swiglu_out, "the SwiGLU outputs"}, {p->down_dgrad, "down's input gradients"}};
     printf("            activations in bf16 (rank 0): ");
@@ -190,8 +191,9 @@ static void print_plan(const lb_act_plan *p)
         printf("%s%s", any++ ? ", " : "", a[i].what);
         if (a[i].n < p->layers) printf(" (%d of %d layers)", a[i].n, p->layers);
     }
-    printf("%s; the residual stream, the other norms, q/k/v before RoPE, the attention output, "
-           "the experts' routed outputs and the gradients between ops in fp32\n", any ? "" : "none");
+    printf("%s; the residual stream, the other norms, q/k/v before RoPE, %sthe experts' routed "
+           "outputs and the gradients between ops in fp32\n", any ? "" : "none",
+           p->att < p->layers ? "the attention output, " : "");
 }
 
 static void print_layout(const lb_config *c, int world_size)
