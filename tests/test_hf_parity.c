@@ -237,8 +237,8 @@ static void export_roundtrip(const char *sub)
     ck_assert(r->cfg.partial_rotary_factor == m->cfg.partial_rotary_factor);
     lb_model_free(r);
 
-    // config.json's text: the shared keys and the family's own in their spellings and order,
-    // as tests/data/hf_export/ARCH.json keeps them
+    // config.json's text: the shared keys and the family's own (lb_model_def.hf_config) in
+    // their spellings and order, as tests/data/hf_export/ARCH.json keeps them
     char want[256];
     snprintf(want, sizeof want, "tests/data/hf_export/%s.json", m->cfg.arch);
     snprintf(path, sizeof path, "%s/config.json", out);
@@ -603,7 +603,7 @@ START_TEST(test_bad_inputs)
          "partial_rotary_factor"},
         {glm, "\"partial_rotary_factor\": 0.5", "\"partial_rotary_factor\": 1.5",
          "partial_rotary_factor (1.5) must be in (0, 1]"},
-        // the families' own keys, and the shared expert count
+        // the families' own keys (lb_model_def.hf_config), and the shared expert count
         {glm, "\"n_shared_experts\": 1", "\"n_shared_experts\": -1",
          "'n_shared_experts' must be an integer >= 0"},
         {glm, "\"n_group\": 4", "\"n_group\": 0", "'n_group' must be an integer >= 1"},
@@ -839,8 +839,9 @@ START_TEST(test_glm4_moe_features)
 }
 END_TEST
 
-// Where config.json lacks a family's own key, import takes the transformers config class's
-// default: Glm4MoeConfig's, Qwen3MoeConfig's.
+// Where config.json lacks a family's own key (lb_model_def.hf_config), import takes the
+// transformers config class's default: Glm4MoeConfig's, Qwen3MoeConfig's. Every table entry's
+// field is of its kind's type.
 START_TEST(test_family_key_defaults)
 {
     struct {
@@ -882,6 +883,17 @@ START_TEST(test_family_key_defaults)
               c[1].router_aux_loss_coef == 0.001 && c[1].n_group == 1 &&
               c[1].routed_scaling_factor == 1.0);
 
+    for (int m = 0; m < lb_model_count(); m++) {
+        const lb_model_def *d = lb_model_at(m);
+        for (int i = 0; i < d->nhf_config; i++) {
+            const lb_hf_key *k = &d->hf_config[i];
+            if (k->offset == LB_HF_NO_FIELD) continue;
+            size_t want = k->kind == LB_HF_REAL ? sizeof(double) : sizeof(int);
+            ck_assert_msg(k->kind != LB_HF_NULL && k->size == want && k->offset < sizeof c[0],
+                          "%s: config.json key %s: its field is not of its kind", d->arch,
+                          k->name);
+        }
+    }
 }
 END_TEST
 
