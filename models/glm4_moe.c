@@ -31,6 +31,21 @@ static const lb_model_key keys[] = {
                  "per-head RMSNorm on q and k where the family makes it optional", NULL),
 };
 
+// config.json's GLM keys beside the shared decoder's (models/model.h, lb_hf_key), with
+// Glm4MoeConfig's defaults. router_aux_loss_coef is not among them: this router has no such
+// loss (import leaves it 0).
+static const lb_hf_key hf_config[] = {
+    LB_HF_KEY("use_qk_norm", LB_HF_BOOL, use_qk_norm, 0, 0, "attention_bias"),
+    LB_HF_ALIAS("n_routed_experts", LB_HF_INT, num_experts, "use_cache"),
+    LB_HF_KEY("norm_topk_prob", LB_HF_BOOL, norm_topk_prob, 1, 0, "moe_intermediate_size"),
+    LB_HF_KEY("n_shared_experts", LB_HF_INT, n_shared_experts, 1, 0, "output_router_logits"),
+    LB_HF_KEY("first_k_dense_replace", LB_HF_INT, first_k_dense_replace, 1, 0, NULL),
+    LB_HF_KEY("n_group", LB_HF_INT, n_group, 1, 1, NULL),
+    LB_HF_KEY("topk_group", LB_HF_INT, topk_group, 1, 1, NULL),
+    LB_HF_KEY("routed_scaling_factor", LB_HF_REAL, routed_scaling_factor, 1.0, 0, NULL),
+    LB_HF_CONST("num_nextn_predict_layers", LB_HF_INT, 0, NULL),   // no MTP layers
+};
+
 const lb_model_def lb_glm4_moe_def = {
     .arch = "glm4_moe",
     .summary = "GLM-4.5 MoE: GQA with biases and partial RoPE, dense leading layers, sigmoid "
@@ -39,6 +54,9 @@ const lb_model_def lb_glm4_moe_def = {
     .sigmoid_router = 1,
     .hf_architecture = "Glm4MoeForCausalLM",
     .hf_keys = LB_HF_USE_QK_NORM,
+    .hf_config = hf_config,
+    .nhf_config = sizeof hf_config / sizeof hf_config[0],
+    .hf_check = check,             // the router's shapes and the dense layers' sizes
     .keys = keys,
     .nkeys = 1,
     .check = check,

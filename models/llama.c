@@ -22,12 +22,18 @@ static int tensors(const lb_model_config *c, lb_tensor *out)
     return lb_head_tensors(c, out, i);
 }
 
+// config.json's Llama key beside the shared decoder's (models/model.h, lb_hf_key).
+static const lb_hf_key hf_config[] = {
+    LB_HF_CONST("mlp_bias", LB_HF_BOOL, 0, "attention_dropout"),   // the MLP has no biases
+};
+
 const lb_model_def lb_llama_def = {
     .arch = "llama",
     .summary = "Llama 3.1: GQA with RoPE (llama3 scaling), SwiGLU MLP",
     .rope_scaling = 1,
     .hf_architecture = "LlamaForCausalLM",
-    .hf_keys = LB_HF_MLP_BIAS,
+    .hf_config = hf_config,
+    .nhf_config = sizeof hf_config / sizeof hf_config[0],
     .check = check,
     .tensors = tensors,
     LB_DECODER_OPS,

@@ -82,6 +82,47 @@ typedef struct {
     { #field, type, offsetof(lb_model_config, field), sizeof(((lb_model_config *)0)->field),   \
       def, lo, hi, choices, help, reads }
 
+// A config.json key only some families have (lb_model_def.hf_config; the keys every family
+// has are the shared decoder's, in src/io/convert.c). Import reads it into its field of
+// lb_model_config and export writes it, both in the table's order, so a family's Hugging Face
+// mapping is data in its own file. models/ knows no JSON: src/io/convert.c walks the tables.
+typedef enum {
+    LB_HF_INT,                     // an integer >= lo (an int field)
+    LB_HF_REAL,                    // a non-negative number (a double field)
+    LB_HF_BOOL,                    // true or false (an int field)
+    LB_HF_NULL,                    // null, written by export alone
+    LB_HF_LAYERS,                  // the leading layers [0, 1, ..., k-1] of an int field k, the
+                                   // only dense layers the shared decoder has (Qwen's
+                                   // mlp_only_layers: first_k_dense_replace)
+} lb_hf_kind;
+
+typedef struct {
+    const char *name;              // as config.json spells it
+    lb_hf_kind kind;
+    size_t offset, size;           // of its field in lb_model_config; LB_HF_NO_FIELD: a constant
+    double value;                  // the field's value where the key is absent or null (the
+                                   // transformers config class's default); a constant's value
+    int lo;                        // LB_HF_INT: the least value import takes
+    int write_only;                // import leaves the field to another key (or to nothing)
+    // Export writes the key right after this one (a shared key or one of the table's); NULL:
+    // right after the entry before it. transformers ignores the order; this keeps a family's
+    // keys beside the shared ones they go with (tests/data/hf_export holds the texts).
+    const char *after;
+} lb_hf_key;
+
+#define LB_HF_NO_FIELD ((size_t)-1)
+// A key read into its field and written from it.
+#define LB_HF_KEY(name, kind, field, value, lo, after)                                          \
+    { name, kind, offsetof(lb_model_config, field), sizeof(((lb_model_config *)0)->field),      \
+      value, lo, 0, after }
+// A field written under one more name (a spelling import reads elsewhere).
+#define LB_HF_ALIAS(name, kind, field, after)                                                   \
+    { name, kind, offsetof(lb_model_config, field), sizeof(((lb_model_config *)0)->field),      \
+      0, 0, 1, after }
+// A value export writes for what lowbit does not compute (import refuses other values where it
+// reads the key at all: src/io/convert.c's shared refusals).
+#define LB_HF_CONST(name, kind, value, after) { name, kind, LB_HF_NO_FIELD, 0, value, 0, 1, after }
+
 #define LB_TENSOR_NAME 96
 
 // How a tensor is cut over the model-parallel ranks (doc/parallel.md). Megatron-Core's names:
@@ -212,7 +253,14 @@ struct lb_model_def {
     int sigmoid_router;
     int rope_scaling;              // takes rope_type llama3 (HF rope_scaling)
     const char *hf_architecture;   // config.json's "architectures" entry
-    unsigned hf_keys;              // LB_HF_* : family-specific config.json keys
+    unsigned hf_keys;              // LB_HF_USE_QK_NORM or 0
+    // config.json's keys only this family has (lb_hf_key), beside the shared decoder's.
+    const lb_hf_key *hf_config;
+    int nhf_config;
+    // Import checks the configuration with this once hf_config is read, so that what only the
+    // definition's check sees (the sigmoid router's shapes) is named against config.json
+    // (NULL: the import's own checks suffice; lb_model_create runs check regardless).
+    int (*hf_check)(const lb_model_config *, char *err, size_t errlen);
     // The [model] keys only this family reads, beside the shared blocks' (lb_block_keys).
     const lb_model_key *keys;
     int nkeys;
@@ -364,12 +412,9 @@ struct lb_model {
     double *moe_stats;
 };
 
-// lb_model_def.hf_keys: config.json keys only some families carry.
-enum {
-    LB_HF_SLIDING_WINDOW = 1,      // use_sliding_window, sliding_window, max_window_layers (Qwen)
-    LB_HF_MLP_BIAS = 2,            // mlp_bias (Llama), false
-    LB_HF_USE_QK_NORM = 4,         // use_qk_norm (GLM-4.5): the q/k norms are optional
-};
+// lb_model_def.hf_keys: the family's q/k norms are optional, the configuration's use_qk_norm
+// (GLM-4.5; its config.json key is in its hf_config).
+enum { LB_HF_USE_QK_NORM = 1 };
 
 // Whether layers of this configuration have per-head q/k norms (lb_model_def.qk_norm).
 int lb_model_qk_norm(const lb_model_def *def, const lb_model_config *c);

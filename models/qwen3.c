@@ -27,6 +27,26 @@ static int tensors(const lb_model_config *c, lb_tensor *out)
     return lb_head_tensors(c, out, i);
 }
 
+// config.json's Qwen keys beside the shared decoder's (models/model.h, lb_hf_key). Both
+// families write the sliding-window keys, off: lowbit attends to the whole causal context.
+#define SLIDING_WINDOW                                                                         \
+    LB_HF_CONST("use_sliding_window", LB_HF_BOOL, 0, "attention_dropout"),                     \
+    LB_HF_CONST("sliding_window", LB_HF_NULL, 0, NULL),                                        \
+    LB_HF_ALIAS("max_window_layers", LB_HF_INT, num_hidden_layers, NULL)
+
+static const lb_hf_key hf_dense[] = {SLIDING_WINDOW};
+
+static const lb_hf_key hf_moe[] = {
+    SLIDING_WINDOW,
+    // the expert count in both spellings: transformers 4 reads num_experts, 5 either (import
+    // takes every family's spelling)
+    LB_HF_ALIAS("num_experts", LB_HF_INT, num_experts, "use_cache"),
+    LB_HF_ALIAS("num_local_experts", LB_HF_INT, num_experts, NULL),
+    LB_HF_KEY("norm_topk_prob", LB_HF_BOOL, norm_topk_prob, 0, 0, "moe_intermediate_size"),
+    LB_HF_CONST("decoder_sparse_step", LB_HF_INT, 1, "output_router_logits"),   // every layer
+    LB_HF_KEY("mlp_only_layers", LB_HF_LAYERS, first_k_dense_replace, 0, 0, NULL),
+    LB_HF_KEY("router_aux_loss_coef", LB_HF_REAL, router_aux_loss_coef, 0.001, 0, NULL),
+};
 
 const lb_model_def lb_qwen3_moe_def = {
     .arch = "qwen3_moe",
@@ -35,7 +55,8 @@ const lb_model_def lb_qwen3_moe_def = {
     .qk_norm = 1,
     .rope_scaling = 1,
     .hf_architecture = "Qwen3MoeForCausalLM",
-    .hf_keys = LB_HF_SLIDING_WINDOW,
+    .hf_config = hf_moe,
+    .nhf_config = sizeof hf_moe / sizeof hf_moe[0],
     .check = check_moe,
     .tensors = tensors,
     LB_DECODER_OPS,
@@ -47,7 +68,8 @@ const lb_model_def lb_qwen3_def = {
     .qk_norm = 1,
     .rope_scaling = 1,
     .hf_architecture = "Qwen3ForCausalLM",
-    .hf_keys = LB_HF_SLIDING_WINDOW,
+    .hf_config = hf_dense,
+    .nhf_config = sizeof hf_dense / sizeof hf_dense[0],
     .check = check_dense,
     .tensors = tensors,
     LB_DECODER_OPS,

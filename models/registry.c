@@ -1,8 +1,8 @@
 // registry.c: model name -> definition. Adding a model is one file and one line here
 // (doc/adding-a-model.md): the definition carries its tensors, its feature flags (which the
-// shared decoder, the Hugging Face import and export and `lowbit info` read), its counts and
-// its own [model] keys; with the shared blocks' keys they are the parameter table's [model]
-// section (src/cli/params.c asks lb_model_key_at).
+// shared decoder, the Hugging Face import and export and `lowbit info` read), its config.json
+// keys, its counts and its own [model] keys; with the shared blocks' keys they are the
+// parameter table's [model] section (src/cli/params.c asks lb_model_key_at).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

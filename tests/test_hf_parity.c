@@ -237,6 +237,19 @@ static void export_roundtrip(const char *sub)
     ck_assert(r->cfg.partial_rotary_factor == m->cfg.partial_rotary_factor);
     lb_model_free(r);
 
+    // config.json's text: the shared keys and the family's own (lb_model_def.hf_config) in
+    // their spellings and order, as tests/data/hf_export/ARCH.json keeps them
+    char want[256];
+    snprintf(want, sizeof want, "tests/data/hf_export/%s.json", m->cfg.arch);
+    snprintf(path, sizeof path, "%s/config.json", out);
+    char *a = lb_read_file(lb_test_src(want), NULL, err, sizeof err);
+    ck_assert_msg(a != NULL, "%s", err);
+    char *b = lb_read_file(path, NULL, err, sizeof err);
+    ck_assert_msg(b != NULL, "%s", err);
+    ck_assert_str_eq(b, a);
+    free(a);
+    free(b);
+
     snprintf(path, sizeof path, "%s/model.safetensors", out);
     lb_st_file f;
     ck_assert_msg(lb_st_open(&f, path, err, sizeof err) == 0, "%s", err);
@@ -590,6 +603,19 @@ START_TEST(test_bad_inputs)
          "partial_rotary_factor"},
         {glm, "\"partial_rotary_factor\": 0.5", "\"partial_rotary_factor\": 1.5",
          "partial_rotary_factor (1.5) must be in (0, 1]"},
+        // the families' own keys (lb_model_def.hf_config), and the shared expert count
+        {glm, "\"n_shared_experts\": 1", "\"n_shared_experts\": -1",
+         "'n_shared_experts' must be an integer >= 0"},
+        {glm, "\"n_group\": 4", "\"n_group\": 0", "'n_group' must be an integer >= 1"},
+        {glm, "\"routed_scaling_factor\": 2.5", "\"routed_scaling_factor\": \"big\"",
+         "'routed_scaling_factor' must be a non-negative number"},
+        {glm, "\"use_qk_norm\": true", "\"use_qk_norm\": 1",
+         "'use_qk_norm' must be true or false"},
+        {glm, "\"n_routed_experts\": 8,", "", "missing 'num_local_experts'"},
+        {moe, "\"router_aux_loss_coef\": 0.01", "\"router_aux_loss_coef\": -1",
+         "'router_aux_loss_coef' must be a non-negative number"},
+        {moe, "\"norm_topk_prob\": true", "\"norm_topk_prob\": 1",
+         "'norm_topk_prob' must be true or false"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         craft k = {.config_from = bad[i].from, .config_to = bad[i].to};
@@ -813,6 +839,64 @@ START_TEST(test_glm4_moe_features)
 }
 END_TEST
 
+// Where config.json lacks a family's own key (lb_model_def.hf_config), import takes the
+// transformers config class's default: Glm4MoeConfig's, Qwen3MoeConfig's. Every table entry's
+// field is of its kind's type.
+START_TEST(test_family_key_defaults)
+{
+    struct {
+        const char *src, *drop[8];
+    } v[] = {
+        {"tests/data/hf_glm4_moe", {"use_qk_norm", "norm_topk_prob", "n_shared_experts",
+                                    "first_k_dense_replace", "n_group", "topk_group",
+                                    "routed_scaling_factor"}},
+        {"tests/data/hf_qwen3_moe", {"norm_topk_prob", "mlp_only_layers",
+                                     "router_aux_loss_coef"}},
+    };
+    lb_model_config c[2];
+    for (int i = 0; i < 2; i++) {
+        char dir[256], path[600], err[1024];
+        tmpdir_copy(dir, sizeof dir);
+        snprintf(path, sizeof path, "%s/config.json", lb_test_src(v[i].src));
+        char *text = lb_read_file(path, NULL, err, sizeof err);
+        ck_assert_msg(text != NULL, "%s", err);
+        // the golden files hold one key a line, never last: drop those lines
+        for (int k = 0; k < 8 && v[i].drop[k]; k++) {
+            char key[64];
+            snprintf(key, sizeof key, "\"%s\":", v[i].drop[k]);
+            char *at = strstr(text, key);
+            ck_assert_msg(at != NULL, "%s has no %s", path, key);
+            while (at > text && at[-1] != '\n') at--;
+            char *end = strchr(at, '\n');
+            memmove(at, end + 1, strlen(end + 1) + 1);
+        }
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        write_text(path, text);
+        free(text);
+        ck_assert_msg(lb_hf_read_config(dir, &c[i], err, sizeof err) == 0, "%s", err);
+        rm_rf(dir);
+    }
+    ck_assert(!c[0].use_qk_norm && c[0].norm_topk_prob && c[0].n_shared_experts == 1 &&
+              c[0].first_k_dense_replace == 1 && c[0].n_group == 1 && c[0].topk_group == 1 &&
+              c[0].routed_scaling_factor == 1.0 && c[0].router_aux_loss_coef == 0);
+    ck_assert(!c[1].norm_topk_prob && c[1].first_k_dense_replace == 0 &&
+              c[1].router_aux_loss_coef == 0.001 && c[1].n_group == 1 &&
+              c[1].routed_scaling_factor == 1.0);
+
+    for (int m = 0; m < lb_model_count(); m++) {
+        const lb_model_def *d = lb_model_at(m);
+        for (int i = 0; i < d->nhf_config; i++) {
+            const lb_hf_key *k = &d->hf_config[i];
+            if (k->offset == LB_HF_NO_FIELD) continue;
+            size_t want = k->kind == LB_HF_REAL ? sizeof(double) : sizeof(int);
+            ck_assert_msg(k->kind != LB_HF_NULL && k->size == want && k->offset < sizeof c[0],
+                          "%s: config.json key %s: its field is not of its kind", d->arch,
+                          k->name);
+        }
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("hf_parity");
@@ -836,6 +920,7 @@ int main(void)
     tcase_add_test(tc, test_sharded);
     tcase_add_test(tc, test_tied_embeddings);
     tcase_add_test(tc, test_bad_inputs);
+    tcase_add_test(tc, test_family_key_defaults);
     tcase_add_test(tc, test_convert_command_moe);
     tcase_add_test(tc, test_convert_command_dense);
     suite_add_tcase(s, tc);

@@ -18,8 +18,9 @@
 #include "src/io/tokenizer.h"
 #include "src/io/files.h"
 
-// The registry's definition decides which keys a family reads and writes (lb_model_def.moe,
-// .rope_scaling, .hf_keys); lb_hf_read_config has checked that there is one.
+// The registry's definition decides which keys a family reads and writes: the shared
+// decoder's by its flags (lb_model_def.moe, .rope_scaling), its own by its table
+// (.hf_config); lb_hf_read_config has checked that there is one.
 static const lb_model_def *def_of(const lb_model_config *c) { return lb_model_lookup(c->arch); }
 static int is_moe(const lb_model_config *c) { return def_of(c)->moe; }
 
@@ -159,21 +160,56 @@ static int check_supported(const cJSON *root, const lb_model_config *cfg, const 
     return 0;
 }
 
-// Qwen3-MoE's dense layers (mlp_only_layers): the leading ones 0 .. k-1 only, which is
-// first_k_dense_replace = k (dense layers elsewhere are refused).
-static int read_mlp_only_layers(const cJSON *root, lb_model_config *cfg, const char *path,
-                                char *err, size_t errlen)
+// A list of dense layers (LB_HF_LAYERS, Qwen3-MoE's mlp_only_layers): the leading ones
+// 0 .. k-1 only, which is *out = k (dense layers elsewhere are refused); absent: def.
+static int get_layers(const cJSON *root, const char *key, int def, int layers, int *out,
+                      const char *path, char *err, size_t errlen)
 {
-    const cJSON *mo = field(root, "mlp_only_layers"), *e;
-    if (!mo) return 0;
+    const cJSON *mo = field(root, key), *e;
+    if (!mo) {
+        *out = def;
+        return 0;
+    }
     int k = 0, bad = !cJSON_IsArray(mo);
     cJSON_ArrayForEach(e, mo) bad |= !cJSON_IsNumber(e) || e->valuedouble != k++;
-    if (bad || k > cfg->num_hidden_layers) {
-        lb_seterr(err, errlen, "%s: mlp_only_layers must list the leading layers 0, 1, ... in "
-                  "order (dense layers after a MoE layer are not supported)", path);
+    if (bad || k > layers) {
+        lb_seterr(err, errlen, "%s: %s must list the leading layers 0, 1, ... in order (dense "
+                  "layers after a MoE layer are not supported)", path, key);
         return -1;
     }
-    cfg->first_k_dense_replace = k;
+    *out = k;
+    return 0;
+}
+
+// The family's own keys (lb_model_def.hf_config) into their fields, in the table's order.
+static int read_family(const cJSON *root, lb_model_config *cfg, const char *path, char *err,
+                       size_t errlen)
+{
+    const lb_model_def *def = def_of(cfg);
+    for (int i = 0; i < def->nhf_config; i++) {
+        const lb_hf_key *k = &def->hf_config[i];
+        if (k->write_only) continue;
+        void *f = (char *)cfg + k->offset;
+        int rc = 0;
+        switch (k->kind) {
+        case LB_HF_INT:
+            rc = get_int(root, k->name, 0, (int)k->value, k->lo, f, path, err, errlen);
+            break;
+        case LB_HF_REAL: rc = get_real(root, k->name, k->value, f, path, err, errlen); break;
+        case LB_HF_BOOL: rc = get_bool(root, k->name, (int)k->value, f, path, err, errlen); break;
+        case LB_HF_LAYERS:
+            rc = get_layers(root, k->name, (int)k->value, cfg->num_hidden_layers, f, path, err,
+                            errlen);
+            break;
+        case LB_HF_NULL: break;
+        }
+        if (rc) return -1;
+    }
+    char msg[256];
+    if (def->hf_check && def->hf_check(cfg, msg, sizeof msg)) {
+        lb_seterr(err, errlen, "%s: %s", path, msg);
+        return -1;
+    }
     return 0;
 }
 
@@ -262,9 +298,6 @@ int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t e
         get_real(root, "initializer_range", 0.02, &cfg->initializer_range, path, err, errlen) ||
         get_bool(root, "attention_bias", 0, &cfg->attention_bias, path, err, errlen))
         goto out;
-    if ((def_of(cfg)->hf_keys & LB_HF_USE_QK_NORM) &&
-        get_bool(root, "use_qk_norm", 0, &cfg->use_qk_norm, path, err, errlen))
-        goto out;
     // Keys of other families' routers and layouts, at their neutral values.
     cfg->n_group = cfg->topk_group = 1;
     cfg->routed_scaling_factor = 1.0;
@@ -288,49 +321,23 @@ int lb_hf_read_config(const char *dir, lb_model_config *cfg, char *err, size_t e
                   cfg->partial_rotary_factor);
         goto out;
     }
-    if (is_moe(cfg)) {
-        const int sig = def_of(cfg)->sigmoid_router;
-        // The expert count: transformers 5 writes num_local_experts; Qwen's hub checkpoints
-        // num_experts, GLM's n_routed_experts.
-        const char *ek = field(root, "num_experts")        ? "num_experts"
-                         : field(root, "n_routed_experts") ? "n_routed_experts"
-                                                           : "num_local_experts";
-        if (get_int(root, ek, 1, 0, 1, &cfg->num_experts, path, err, errlen) ||
-            get_int(root, "num_experts_per_tok", 1, 0, 1, &cfg->num_experts_per_tok, path, err,
-                    errlen) ||
-            get_int(root, "moe_intermediate_size", 1, 0, 1, &cfg->moe_intermediate_size, path,
-                    err, errlen) ||
-            get_bool(root, "norm_topk_prob", sig, &cfg->norm_topk_prob, path, err, errlen))
-            goto out;
-        if (sig) {
-            // DeepSeek-V3 / GLM-4.5 (Glm4MoeConfig's defaults): no load-balancing loss, the
-            // selection bias balances the experts
-            if (get_int(root, "n_shared_experts", 0, 1, 0, &cfg->n_shared_experts, path, err,
-                        errlen) ||
-                get_int(root, "first_k_dense_replace", 0, 1, 0, &cfg->first_k_dense_replace,
-                        path, err, errlen) ||
-                get_int(root, "n_group", 0, 1, 1, &cfg->n_group, path, err, errlen) ||
-                get_int(root, "topk_group", 0, 1, 1, &cfg->topk_group, path, err, errlen) ||
-                get_real(root, "routed_scaling_factor", 1.0, &cfg->routed_scaling_factor, path,
-                         err, errlen))
-                goto out;
-            cfg->router_aux_loss_coef = 0.0;
-            char msg[256];   // the router's shapes, the dense layers' sizes
-            if (def_of(cfg)->check(cfg, msg, sizeof msg)) {
-                lb_seterr(err, errlen, "%s: %s", path, msg);
-                goto out;
-            }
-        } else if (get_real(root, "router_aux_loss_coef", 0.001, &cfg->router_aux_loss_coef,
-                            path, err, errlen) ||
-                   read_mlp_only_layers(root, cfg, path, err, errlen)) {
-            goto out;
-        }
-        if (cfg->num_experts_per_tok > cfg->num_experts) {
-            lb_seterr(err, errlen,
-                      "%s: num_experts_per_tok (%d) exceeds the number of experts (%d)", path,
-                      cfg->num_experts_per_tok, cfg->num_experts);
-            goto out;
-        }
+    // The expert count: transformers 5 writes num_local_experts; Qwen's hub checkpoints
+    // num_experts, GLM's n_routed_experts. Every MoE family takes each spelling.
+    const char *ek = field(root, "num_experts")        ? "num_experts"
+                     : field(root, "n_routed_experts") ? "n_routed_experts"
+                                                       : "num_local_experts";
+    if (is_moe(cfg) &&
+        (get_int(root, ek, 1, 0, 1, &cfg->num_experts, path, err, errlen) ||
+         get_int(root, "num_experts_per_tok", 1, 0, 1, &cfg->num_experts_per_tok, path, err,
+                 errlen) ||
+         get_int(root, "moe_intermediate_size", 1, 0, 1, &cfg->moe_intermediate_size, path, err,
+                 errlen)))
+        goto out;
+    if (read_family(root, cfg, path, err, errlen)) goto out;
+    if (is_moe(cfg) && cfg->num_experts_per_tok > cfg->num_experts) {
+        lb_seterr(err, errlen, "%s: num_experts_per_tok (%d) exceeds the number of experts (%d)",
+                  path, cfg->num_experts_per_tok, cfg->num_experts);
+        goto out;
     }
     if (cfg->num_attention_heads % cfg->num_key_value_heads != 0) {
         lb_seterr(err, errlen, "%s: num_attention_heads (%d) is not a multiple of "
@@ -655,90 +662,108 @@ static cJSON *json_real(double x)
     return cJSON_CreateRaw(buf);
 }
 
+// config.json's top level as export builds it: the shared keys in order, each followed by the
+// family's keys placed after it (lb_hf_key.after).
+typedef struct {
+    cJSON *root;
+    const lb_model_def *def;
+    const lb_model_config *c;
+} json_out;
+
+// A family key's value: its field's, or the constant's.
+static cJSON *family_value(const lb_hf_key *k, const lb_model_config *c)
+{
+    const void *f = (const char *)c + k->offset;
+    int field = k->offset != LB_HF_NO_FIELD;
+    double v = !field ? k->value : k->kind == LB_HF_REAL ? *(const double *)f : *(const int *)f;
+    switch (k->kind) {
+    case LB_HF_INT: return cJSON_CreateNumber(v);
+    case LB_HF_REAL: return json_real(v);
+    case LB_HF_BOOL: return cJSON_CreateBool(v != 0);
+    case LB_HF_LAYERS: {
+        cJSON *a = cJSON_CreateArray();
+        for (int l = 0; l < (int)v; l++) cJSON_AddItemToArray(a, cJSON_CreateNumber(l));
+        return a;
+    }
+    case LB_HF_NULL: break;
+    }
+    return cJSON_CreateNull();
+}
+
+// Adds key, then the run of family keys that names it as theirs to follow.
+static void put(json_out *o, const char *key, cJSON *item)
+{
+    cJSON_AddItemToObject(o->root, key, item);
+    const lb_hf_key *t = o->def->hf_config;
+    for (int i = 0; i < o->def->nhf_config; i++) {
+        if (!t[i].after || strcmp(t[i].after, key) != 0) continue;
+        for (int j = i; j < o->def->nhf_config && (j == i || !t[j].after); j++)
+            put(o, t[j].name, family_value(&t[j], o->c));
+    }
+}
+
 static char *config_json(const lb_model_config *c, const char *torch_dtype)
 {
     const lb_model_def *def = def_of(c);
-    int moe = def->moe, llama3 = strcmp(c->rope_type, "llama3") == 0;
+    int llama3 = strcmp(c->rope_type, "llama3") == 0;
     int partial = c->partial_rotary_factor > 0 && c->partial_rotary_factor < 1;
-    cJSON *r = cJSON_CreateObject();
-    cJSON *arch = cJSON_AddArrayToObject(r, "architectures");
+    json_out o = {cJSON_CreateObject(), def, c};
+    cJSON *arch = cJSON_CreateArray();
     cJSON_AddItemToArray(arch, cJSON_CreateString(def->hf_architecture));
-    cJSON_AddStringToObject(r, "model_type", c->arch);
-    cJSON_AddNumberToObject(r, "vocab_size", c->vocab_size);
-    cJSON_AddNumberToObject(r, "hidden_size", c->hidden_size);
-    cJSON_AddNumberToObject(r, "intermediate_size", c->intermediate_size);
-    cJSON_AddNumberToObject(r, "num_hidden_layers", c->num_hidden_layers);
-    cJSON_AddNumberToObject(r, "num_attention_heads", c->num_attention_heads);
-    cJSON_AddNumberToObject(r, "num_key_value_heads", c->num_key_value_heads);
-    cJSON_AddNumberToObject(r, "head_dim", c->head_dim);
-    cJSON_AddStringToObject(r, "hidden_act", "silu");
-    cJSON_AddNumberToObject(r, "max_position_embeddings", c->max_position_embeddings);
-    cJSON_AddItemToObject(r, "initializer_range", json_real(c->initializer_range));
-    cJSON_AddItemToObject(r, "rms_norm_eps", json_real(c->rms_norm_eps));
+    put(&o, "architectures", arch);
+    put(&o, "model_type", cJSON_CreateString(c->arch));
+    put(&o, "vocab_size", cJSON_CreateNumber(c->vocab_size));
+    put(&o, "hidden_size", cJSON_CreateNumber(c->hidden_size));
+    put(&o, "intermediate_size", cJSON_CreateNumber(c->intermediate_size));
+    put(&o, "num_hidden_layers", cJSON_CreateNumber(c->num_hidden_layers));
+    put(&o, "num_attention_heads", cJSON_CreateNumber(c->num_attention_heads));
+    put(&o, "num_key_value_heads", cJSON_CreateNumber(c->num_key_value_heads));
+    put(&o, "head_dim", cJSON_CreateNumber(c->head_dim));
+    put(&o, "hidden_act", cJSON_CreateString("silu"));
+    put(&o, "max_position_embeddings", cJSON_CreateNumber(c->max_position_embeddings));
+    put(&o, "initializer_range", json_real(c->initializer_range));
+    put(&o, "rms_norm_eps", json_real(c->rms_norm_eps));
     // rope_theta at the top level for transformers 4, rope_parameters for transformers 5.
     // The same parameters in both places (rope_scaling null for plain RoPE).
-    cJSON_AddItemToObject(r, "rope_theta", json_real(c->rope_theta));
+    put(&o, "rope_theta", json_real(c->rope_theta));
     for (int k = 0; k < 2; k++) {
         if (k == 0 && !llama3) {
-            cJSON_AddNullToObject(r, "rope_scaling");
+            put(&o, "rope_scaling", cJSON_CreateNull());
             continue;
         }
-        cJSON *rp = cJSON_AddObjectToObject(r, k ? "rope_parameters" : "rope_scaling");
+        cJSON *rp = cJSON_CreateObject();
         cJSON_AddStringToObject(rp, "rope_type", llama3 ? "llama3" : "default");
         cJSON_AddItemToObject(rp, "rope_theta", json_real(c->rope_theta));
-        if (partial) cJSON_AddItemToObject(rp, "partial_rotary_factor", json_real(c->partial_rotary_factor));
-        if (!llama3) continue;
-        cJSON_AddItemToObject(rp, "factor", json_real(c->rope_factor));
-        cJSON_AddItemToObject(rp, "low_freq_factor", json_real(c->rope_low_freq_factor));
-        cJSON_AddItemToObject(rp, "high_freq_factor", json_real(c->rope_high_freq_factor));
-        cJSON_AddNumberToObject(rp, "original_max_position_embeddings",
-                                c->rope_original_max_position_embeddings);
-    }
-    if (partial)
-        cJSON_AddItemToObject(r, "partial_rotary_factor", json_real(c->partial_rotary_factor));
-    cJSON_AddBoolToObject(r, "attention_bias", c->attention_bias);
-    if (def->hf_keys & LB_HF_USE_QK_NORM) cJSON_AddBoolToObject(r, "use_qk_norm", c->use_qk_norm);
-    cJSON_AddItemToObject(r, "attention_dropout", json_real(0.0));
-    if (def->hf_keys & LB_HF_MLP_BIAS) cJSON_AddBoolToObject(r, "mlp_bias", 0);
-    if (def->hf_keys & LB_HF_SLIDING_WINDOW) {
-        cJSON_AddBoolToObject(r, "use_sliding_window", 0);
-        cJSON_AddNullToObject(r, "sliding_window");
-        cJSON_AddNumberToObject(r, "max_window_layers", c->num_hidden_layers);
-    }
-    cJSON_AddBoolToObject(r, "tie_word_embeddings", 0);
-    cJSON_AddBoolToObject(r, "use_cache", 1);
-    if (moe) {
-        // The expert count in each family's spelling (Qwen's: both, transformers 4 reads
-        // num_experts, 5 either)
-        if (def->sigmoid_router) {
-            cJSON_AddNumberToObject(r, "n_routed_experts", c->num_experts);
-        } else {
-            cJSON_AddNumberToObject(r, "num_experts", c->num_experts);
-            cJSON_AddNumberToObject(r, "num_local_experts", c->num_experts);
+        if (partial)
+            cJSON_AddItemToObject(rp, "partial_rotary_factor", json_real(c->partial_rotary_factor));
+        if (llama3) {
+            cJSON_AddItemToObject(rp, "factor", json_real(c->rope_factor));
+            cJSON_AddItemToObject(rp, "low_freq_factor", json_real(c->rope_low_freq_factor));
+            cJSON_AddItemToObject(rp, "high_freq_factor", json_real(c->rope_high_freq_factor));
+            cJSON_AddNumberToObject(rp, "original_max_position_embeddings",
+                                    c->rope_original_max_position_embeddings);
         }
-        cJSON_AddNumberToObject(r, "num_experts_per_tok", c->num_experts_per_tok);
-        cJSON_AddNumberToObject(r, "moe_intermediate_size", c->moe_intermediate_size);
-        cJSON_AddBoolToObject(r, "norm_topk_prob", c->norm_topk_prob);
-        cJSON_AddBoolToObject(r, "output_router_logits", 0);
+        put(&o, k ? "rope_parameters" : "rope_scaling", rp);
     }
-    if (moe && def->sigmoid_router) {
-        cJSON_AddNumberToObject(r, "n_shared_experts", c->n_shared_experts);
-        cJSON_AddNumberToObject(r, "first_k_dense_replace", c->first_k_dense_replace);
-        cJSON_AddNumberToObject(r, "n_group", c->n_group);
-        cJSON_AddNumberToObject(r, "topk_group", c->topk_group);
-        cJSON_AddItemToObject(r, "routed_scaling_factor", json_real(c->routed_scaling_factor));
-        cJSON_AddNumberToObject(r, "num_nextn_predict_layers", 0);   // no MTP layers
-    } else if (moe) {
-        cJSON_AddNumberToObject(r, "decoder_sparse_step", 1);
-        cJSON *mo = cJSON_AddArrayToObject(r, "mlp_only_layers");
-        for (int l = 0; l < c->first_k_dense_replace; l++)
-            cJSON_AddItemToArray(mo, cJSON_CreateNumber(l));
-        cJSON_AddItemToObject(r, "router_aux_loss_coef", json_real(c->router_aux_loss_coef));
+    if (partial) put(&o, "partial_rotary_factor", json_real(c->partial_rotary_factor));
+    put(&o, "attention_bias", cJSON_CreateBool(c->attention_bias));
+    put(&o, "attention_dropout", json_real(0.0));
+    put(&o, "tie_word_embeddings", cJSON_CreateFalse());
+    put(&o, "use_cache", cJSON_CreateTrue());
+    if (def->moe) {   // the expert count is the family's: its spelling
+        put(&o, "num_experts_per_tok", cJSON_CreateNumber(c->num_experts_per_tok));
+        put(&o, "moe_intermediate_size", cJSON_CreateNumber(c->moe_intermediate_size));
+        put(&o, "output_router_logits", cJSON_CreateFalse());
     }
-    cJSON_AddStringToObject(r, "torch_dtype", torch_dtype);   // transformers 4
-    cJSON_AddStringToObject(r, "dtype", torch_dtype);         // transformers 5
-    char *s = cJSON_Print(r);
-    cJSON_Delete(r);
+    put(&o, "torch_dtype", cJSON_CreateString(torch_dtype));   // transformers 4
+    put(&o, "dtype", cJSON_CreateString(torch_dtype));         // transformers 5
+    // a family key placed after a key this export lacks would be lost without a word
+    for (int i = 0; i < def->nhf_config; i++)
+        if (!cJSON_GetObjectItemCaseSensitive(o.root, def->hf_config[i].name))
+            lb_die("%s's config.json key '%s' is placed after a key export does not write",
+                   def->arch, def->hf_config[i].name);
+    char *s = cJSON_Print(o.root);
+    cJSON_Delete(o.root);
     return s;
 }
 
