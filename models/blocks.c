@@ -159,7 +159,7 @@ int lb_decoder_check(const lb_model_def *def, const lb_model_config *c, char *er
         REQUIRE(strcmp(c->rope_type, "llama3") != 0,
                 "model: partial_rotary_factor with rope_type llama3 is not supported");
     }
-    REQUIRE(!c->use_qk_norm || (def->hf_keys & LB_HF_USE_QK_NORM),
+    REQUIRE(!c->use_qk_norm || def->qk_norm == LB_QK_NORM_OPTIONAL,
             "model: use_qk_norm: %s's q/k norms are not optional", def->arch);
     REQUIRE(def->moe || (c->first_k_dense_replace == 0 && c->n_shared_experts == 0),
             "model: first_k_dense_replace and n_shared_experts need a MoE model (%s is dense)",

@@ -25,7 +25,7 @@ static int tensors(const lb_model_config *c, lb_tensor *out)
 }
 
 // The key only this family reads: GLM-4.5's q/k norms are optional (its config.json's
-// use_qk_norm; LB_HF_USE_QK_NORM), every other family's are fixed.
+// use_qk_norm; LB_QK_NORM_OPTIONAL), every other family's are fixed.
 static const lb_model_key keys[] = {
     LB_MODEL_KEY(use_qk_norm, LB_MKEY_BOOL, "false", 0, 0, NULL,
                  "per-head RMSNorm on q and k where the family makes it optional", NULL),
@@ -53,7 +53,7 @@ const lb_model_def lb_glm4_moe_def = {
     .moe = 1,
     .sigmoid_router = 1,
     .hf_architecture = "Glm4MoeForCausalLM",
-    .hf_keys = LB_HF_USE_QK_NORM,
+    .qk_norm = LB_QK_NORM_OPTIONAL,
     .hf_config = hf_config,
     .nhf_config = sizeof hf_config / sizeof hf_config[0],
     .hf_check = check,             // the router's shapes and the dense layers' sizes

@@ -245,15 +245,13 @@ struct lb_model_def {
     // What the shared decoder (models/blocks.h) builds, and what the Hugging Face mapping
     // (src/io/convert.c) reads and writes for this family.
     int moe;                       // routed SwiGLU experts in every layer (else a dense MLP)
-    int qk_norm;                   // per-head RMSNorm on q and k before RoPE (or, with
-                                   // hf_keys LB_HF_USE_QK_NORM, where the config's use_qk_norm)
+    int qk_norm;                   // LB_QK_NORM_*: per-head RMSNorm on q and k before RoPE
     // The MoE router: 0 softmax top-k (Qwen3-MoE, Switch load-balancing loss), 1 the sigmoid
     // router of DeepSeek-V3 / GLM-4.5 (selection bias, group-limited top-k, routed scaling; no
     // auxiliary loss: the bias balances the experts after each step).
     int sigmoid_router;
     int rope_scaling;              // takes rope_type llama3 (HF rope_scaling)
     const char *hf_architecture;   // config.json's "architectures" entry
-    unsigned hf_keys;              // LB_HF_USE_QK_NORM or 0
     // config.json's keys only this family has (lb_hf_key), beside the shared decoder's.
     const lb_hf_key *hf_config;
     int nhf_config;
@@ -412,9 +410,9 @@ struct lb_model {
     double *moe_stats;
 };
 
-// lb_model_def.hf_keys: the family's q/k norms are optional, the configuration's use_qk_norm
-// (GLM-4.5; its config.json key is in its hf_config).
-enum { LB_HF_USE_QK_NORM = 1 };
+// lb_model_def.qk_norm: none, always, or where the configuration's use_qk_norm says (GLM-4.5,
+// whose config.json key is in its hf_config).
+enum { LB_QK_NORM_NONE = 0, LB_QK_NORM_ALWAYS, LB_QK_NORM_OPTIONAL };
 
 // Whether layers of this configuration have per-head q/k norms (lb_model_def.qk_norm).
 int lb_model_qk_norm(const lb_model_def *def, const lb_model_config *c);

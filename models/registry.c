@@ -48,7 +48,8 @@ const char *lb_model_arch_choices(void)
 
 int lb_model_qk_norm(const lb_model_def *def, const lb_model_config *c)
 {
-    return def->qk_norm || ((def->hf_keys & LB_HF_USE_QK_NORM) && c->use_qk_norm);
+    return def->qk_norm == LB_QK_NORM_ALWAYS ||
+           (def->qk_norm == LB_QK_NORM_OPTIONAL && c->use_qk_norm);
 }
 
 int lb_model_layer_moe(const lb_model_def *def, const lb_model_config *c, int l)
