@@ -445,37 +445,50 @@ static void cuda_rmsnorm_bwd(lb_backend *be, float *dx, float dx_beta, float *dw
 }
 
 // --- RoPE ------------------------------------------------------------------------------------
-// One thread per (row, frequency, run of ROPE_HEADS heads). As the CPU reference: the angle
-// pos * inv_freq in double, cos and sin rounded once to fp32; the rotation in fp32 with explicit
-// round-to-nearest multiplies so no FMA contraction changes it (it then matches the CPU bit for
-// bit whenever the double cos/sin round to the same fp32 values). The first rot values of each
-// head rotate (partial rotary); frequencies from the table (llama3 scaling: the host computed
-// it) or theta^(-2f/rot). A thread per (row, frequency) over all heads left a decode step's
-// few hundred rows on half the chip, each thread rotating 32 heads one after another.
-#define ROPE_HEADS 4
-// y = the rotation of x: the same buffer (in place), or a bf16 one (rope's out16).
+// As the CPU reference: the angle pos * inv_freq in double, cos and sin rounded once to fp32;
+// the rotation in fp32 with explicit round-to-nearest multiplies so no FMA contraction changes
+// it (it then matches the CPU bit for bit whenever the double cos/sin round to the same fp32
+// values). The first rot values of each head rotate (partial rotary); frequencies from the
+// table (llama3 scaling: the host computed it) or theta^(-2f/rot). A block takes a row at a
+// time: its rot / 2 cos and sin once, in shared memory, then every head's pairs. The double
+// pow and sincos cost far more than a pair's rotation, and a row's heads share them: computed
+// per head (a thread per pair, or a warp per head with the q/k norm) they made RoPE several
+// times its memory time at 16 or 32 heads.
+
+// The row's cos and sin (half each, sin times sign) into cs[0..half), cs[half..rot) by the
+// block's threads. The caller synchronizes before reading them.
+__device__ __forceinline__ void rope_angles(float *cs, int p, int half, int rot,
+                                            const double *table, double theta, double sign)
+{
+    for (int f = threadIdx.x; f < half; f += blockDim.x) {
+        double inv_freq = table ? table[f] : pow(theta, -2.0 * f / rot);
+        double angle = (double)p * inv_freq, sd, cd;
+        sincos(angle, &sd, &cd);
+        cs[f] = (float)cd;
+        cs[half + f] = (float)(sign * sd);
+    }
+}
+
+// y = the rotation of x: the same buffer (in place), or a bf16 one (rope's out16). A block a
+// row; shared memory: rot floats.
 template <typename TI, typename TO>
 __global__ void rope_kernel(TO *y, const TI *x, const int32_t *pos, int n, int heads, int d,
                             int rot, const double *table, double theta, double sign)
 {
-    const int half = rot / 2, runs = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
-    const size_t total = (size_t)n * runs * half;
-    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total;
-         t += (size_t)gridDim.x * blockDim.x) {
-        const int f = (int)(t % half), h0 = (int)(t / half % runs) * ROPE_HEADS;
-        const int i = (int)(t / half / runs);
-        double inv_freq = table ? table[f] : pow(theta, -2.0 * f / rot);
-        double angle = (double)pos[i] * inv_freq, sd, cd;
-        sincos(angle, &sd, &cd);
-        float cs = (float)cd, sn = (float)(sign * sd);
-        for (int h = h0; h < heads && h < h0 + ROPE_HEADS; h++) {
+    extern __shared__ float rope_cs[];
+    const int half = rot / 2;
+    for (int i = blockIdx.x; i < n; i += gridDim.x) {
+        rope_angles(rope_cs, pos[i], half, rot, table, theta, sign);
+        __syncthreads();
+        for (int e = threadIdx.x; e < heads * half; e += blockDim.x) {
+            const int h = e / half, f = e % half;
             const size_t o = ((size_t)i * heads + h) * d;
-            const TI *xh = x + o;
-            TO *yh = y + o;
-            float x1 = lb_ld(xh + f), x2 = lb_ld(xh + f + half);
-            lb_st(yh + f, __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
-            lb_st(yh + f + half, __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
+            const float cs = rope_cs[f], sn = rope_cs[half + f];
+            const float x1 = lb_ld(x + o + f), x2 = lb_ld(x + o + f + half);
+            lb_st(y + o + f, __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
+            lb_st(y + o + f + half, __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
         }
+        __syncthreads();   // the angles are read before the next row's overwrite them
     }
 }
 
@@ -490,53 +503,61 @@ __global__ void rope_pass_kernel(__nv_bfloat16 *y, const float *x, size_t rows, 
     }
 }
 
-// The q/k norm and RoPE of one (row, head) a warp, for d <= 128 and rot a multiple of 64: the
-// warp holds the head as rmsnorm_fwd_kernel<32, 4> holds a row (lane l: elements l + 32 k), so
-// the norm is that kernel's arithmetic, and each rotated pair (f, f + rot / 2) is one lane's
-// (k and k + rot / 64); the rotation is rope_kernel's. A decode step's four launches per layer
-// (two norms, two rotations) become two.
+// The q/k norm and RoPE of a row's heads, for d <= 128 and rot a multiple of 64: a block a
+// row, its angles in shared memory (rope_angles), then a warp a head, holding it as
+// rmsnorm_fwd_kernel<32, 4> holds a row (lane l: elements l + 32 k), so the norm is that
+// kernel's arithmetic, and each rotated pair (f, f + rot / 2) is one lane's (k and
+// k + rot / 64); the rotation is rope_kernel's. A decode step's four launches per layer (two
+// norms, two rotations) become two. Shared memory: rot floats.
 template <typename TO>
 __global__ void __launch_bounds__(256)
 rope_norm_kernel(TO *x, float *rstd, const float *src, const float *nw, const int32_t *pos,
                  int n, int heads, int d, int rot, const double *table, double theta, float eps)
 {
-    const int hr = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (hr >= n * heads) return;   // a whole warp: the group sum below is the warp's alone
-    const float *si = src + (size_t)hr * d;
-    float xv[4];
-    double ss = 0.0;
+    extern __shared__ float rope_cs[];
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, half = rot / 2;
+    for (int i = blockIdx.x; i < n; i += gridDim.x) {
+        rope_angles(rope_cs, pos[i], half, rot, table, theta, 1.0);
+        __syncthreads();
+        for (int h = threadIdx.x >> 5; h < heads; h += warps) {
+            const size_t hr = (size_t)i * heads + h;
+            const float *si = src + hr * d;
+            float xv[4];
+            double ss = 0.0;
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const int j = lane + 32 * k;
-        xv[k] = j < d ? si[j] : 0.0f;
-        ss += (double)xv[k] * xv[k];
+            for (int k = 0; k < 4; k++) {
+                const int j = lane + 32 * k;
+                xv[k] = j < d ? si[j] : 0.0f;
+                ss += (double)xv[k] * xv[k];
+            }
+            ss = lb_warp_sum(ss);
+            const float r = (float)(1.0 / sqrt(ss / d + (double)eps));
+            if (lane == 0) rstd[hr] = r;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int j = lane + 32 * k;
+                if (j < d) xv[k] = (xv[k] * r) * nw[j];
+            }
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const int f = lane + 32 * k, k2 = k + half / 32;
+                if (f >= half) continue;
+                const float cs = rope_cs[f], sn = rope_cs[half + f];
+                const float x1 = xv[k], x2 = xv[k2];
+                xv[k] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
+                xv[k2] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+            }
+            TO *xo = x + hr * d;
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (lane + 32 * k < d) lb_st(xo + lane + 32 * k, xv[k]);
+        }
+        __syncthreads();   // the angles are read before the next row's overwrite them
     }
-    ss = lb_warp_sum(ss);
-    const float r = (float)(1.0 / sqrt(ss / d + (double)eps));
-    if (lane == 0) rstd[hr] = r;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const int j = lane + 32 * k;
-        if (j < d) xv[k] = (xv[k] * r) * nw[j];
-    }
-    const int half = rot / 2, i = hr / heads;
-#pragma unroll
-    for (int k = 0; k < 2; k++) {
-        const int f = lane + 32 * k, k2 = k + half / 32;
-        if (f >= half) continue;
-        double inv_freq = table ? table[f] : pow(theta, -2.0 * f / rot);
-        double angle = (double)pos[i] * inv_freq, sd, cd;
-        sincos(angle, &sd, &cd);
-        const float cs = (float)cd, sn = (float)sd;
-        const float x1 = xv[k], x2 = xv[k2];
-        xv[k] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
-        xv[k2] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
-    }
-    TO *xo = x + (size_t)hr * d;
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-        if (lane + 32 * k < d) lb_st(xo + lane + 32 * k, xv[k]);
 }
+
+// Blocks for n rows, a row at a time each (grid-stride past the grid's limit).
+static unsigned rope_blocks(int n) { return (unsigned)(n < 65535 ? n : 65535); }
 
 static void cuda_rope(lb_backend *be, const lb_rope_args *a)
 {
@@ -546,19 +567,21 @@ static void cuda_rope(lb_backend *be, const lb_rope_args *a)
     if (rot % 2 || rot < 0 || rot > d) lb_die("rope: rot %d is not even in 0..%d", rot, d);
     if (a->src && a->inverse) lb_die("rope: a norm (src) with the inverse rotation");
     if (a->out16 && a->inverse) lb_die("rope: a bf16 output (out16) with the inverse rotation");
-    size_t total = (size_t)n * (rot / 2) * ((heads + ROPE_HEADS - 1) / ROPE_HEADS);
     lb_cuda_ctx *cx = lb_cuda(be);
     __nv_bfloat16 *y16 = (__nv_bfloat16 *)a->out16;
     const float *x = a->x;   // the rotation's input
     if (a->src && n && heads) {
         if (d <= 128 && rot % 64 == 0 && rot > 0) {
-            const unsigned grid = (unsigned)(((size_t)n * heads + 7) / 8);
+            const unsigned threads = 32 * (unsigned)(heads < 8 ? heads : 8);
+            const size_t sm = (size_t)rot * sizeof(float);
             if (y16)
-                rope_norm_kernel<<<grid, 256, 0, cx->stream>>>(y16, a->rstd, a->src, a->nw,
-                        a->pos, n, heads, d, rot, a->inv_freq, (double)a->theta, a->eps);
+                rope_norm_kernel<<<rope_blocks(n), threads, sm, cx->stream>>>(y16, a->rstd,
+                        a->src, a->nw, a->pos, n, heads, d, rot, a->inv_freq, (double)a->theta,
+                        a->eps);
             else
-                rope_norm_kernel<<<grid, 256, 0, cx->stream>>>(a->x, a->rstd, a->src, a->nw,
-                        a->pos, n, heads, d, rot, a->inv_freq, (double)a->theta, a->eps);
+                rope_norm_kernel<<<rope_blocks(n), threads, sm, cx->stream>>>(a->x, a->rstd,
+                        a->src, a->nw, a->pos, n, heads, d, rot, a->inv_freq, (double)a->theta,
+                        a->eps);
             LB_CUDA_LAUNCHED(cx);
             return;
         }
@@ -579,14 +602,14 @@ static void cuda_rope(lb_backend *be, const lb_rope_args *a)
                 y16, x, rows, d, rot);
             LB_CUDA_LAUNCHED(cx);
         }
-        if (!total) return;
-        rope_kernel<<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(
+        if (!rot) return;
+        rope_kernel<<<rope_blocks(n), 128, rot * sizeof(float), cx->stream>>>(
             y16, x, a->pos, n, heads, d, rot, a->inv_freq, (double)a->theta, 1.0);
         LB_CUDA_LAUNCHED(cx);
         return;
     }
-    if (!total) return;
-    rope_kernel<<<lb_grid(total, 256, cx), 256, 0, cx->stream>>>(
+    if (!rot) return;
+    rope_kernel<<<rope_blocks(n), 128, rot * sizeof(float), cx->stream>>>(
         a->x, (const float *)a->x, a->pos, n, heads, d, rot, a->inv_freq, (double)a->theta,
         a->inverse ? -1.0 : 1.0);
     LB_CUDA_LAUNCHED(cx);
