@@ -664,10 +664,11 @@ typedef struct {
     X(void, moe_plan, (lb_backend *be, int32_t *row, int *counts_host, int *counts,          \
                        const int32_t *idx, int n, int e, int k),                              \
       (be, row, counts_host, counts, idx, n, e, k))                                           \
-    /* xp (n*k, c): xp[row[i][s]] = x[i]; xp16 (n*k, pad8(c)) as lb_swiglu_args.out16 */      \
-    X(void, moe_permute, (lb_backend *be, float *xp, uint16_t *xp16, const float *x,          \
-                          const int32_t *row, int n, int k, int c),                           \
-      (be, xp, xp16, x, row, n, k, c))                                                        \
+    /* xp (n*k, c): xp[row[i][s]] = x[i], x (n, c) = (x.rows, x.cols) fp32 or bf16 rows (a   \
+       bf16 row widened exactly); xp16 (n*k, pad8(c)) as lb_swiglu_args.out16 (a bf16 row    \
+       copied as it is). Either output may be NULL. */                                        \
+    X(void, moe_permute, (lb_backend *be, float *xp, uint16_t *xp16, lb_act x,                \
+                          const int32_t *row, int k), (be, xp, xp16, x, row, k))              \
     /* dx (n, c) = sum over s of dxp[row[i][s]], s in order. dxp16 (n*k, pad8(c)): NULL, or   \
        the input in bf16, read instead (as lb_swiglu_args.gu16). */                           \
     X(void, moe_permute_bwd, (lb_backend *be, float *dx, const float *dxp,                    \

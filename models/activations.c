@@ -99,9 +99,36 @@ static int plan_att(const lb_model *m)
     return 1;
 }
 
+// A GEMM role that reads its input rounded to bf16 or quantized in every pass.
+static int reads16(const lb_model *m, int l, lb_role role)
+{
+    return lb_linear_plain16(&m->lin, l, role) || lb_linear_quantized(&m->lin, l, role);
+}
+
+// Whether the training step stores the feed-forward block's input norm only in bf16
+// (lb_layer_acts ln2_16): where every GEMM that reads it reads bf16 in every pass of every
+// layer of the stage, as plan_ln1's: the router, the experts (whose rows moe_permute makes
+// from it: where they take bf16 rows, plan_takes16), the shared experts and a dense layer's
+// gate/up. The router and the experts then read the bits they read before; a quantized
+// dense or shared gate/up quantizes its bf16 values, as the other quantized inputs (the cached
+// forward reads the same, lb_ffn_fwd's ln NULL). Under sequence parallelism the ranks gather
+// it in bf16.
+static int plan_ln2(const lb_model *m)
+{
+    lb_dims d = lb_dims_of(m);
+    for (int l = m->layer_begin; l < m->layer_end; l++) {
+        if (!lb_blocks_layer_moe(&m->cfg, l) || d.Fs) {
+            if (!reads16(m, l, LB_ROLE_MLP_GATE_UP)) return 0;
+            if (!lb_blocks_layer_moe(&m->cfg, l)) continue;
+        }
+        if (!reads16(m, l, LB_ROLE_ROUTER) || !plan_takes16(m, l, LB_ROLE_MOE_GATE_UP)) return 0;
+    }
+    return 1;
+}
+
 void lb_decoder_plan(const lb_model *m, lb_layer_plan *out)
 {
-    const int ln1 = plan_ln1(m), att = plan_att(m);
+    const int ln1 = plan_ln1(m), att = plan_att(m), ln2 = plan_ln2(m);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
         lb_layer_plan *p = &out[l];
         // q and k after their norms and RoPE: where the contract's attention is bf16, which
@@ -112,6 +139,7 @@ void lb_decoder_plan(const lb_model *m, lb_layer_plan *out)
         p->ln1 = (uint8_t)ln1;
         p->qkv_quant16 = ln1 && lb_linear_quantized(&m->lin, l, LB_ROLE_ATTN_QKV);
         p->att = (uint8_t)att;
+        p->ln2 = (uint8_t)ln2;
         if (!lb_blocks_layer_moe(&m->cfg, l)) continue;
         p->expert_in = plan_takes16(m, l, LB_ROLE_MOE_GATE_UP);
         p->swiglu_out = plan_takes16(m, l, LB_ROLE_MOE_DOWN);
@@ -166,6 +194,8 @@ int lb_blocks_qk16(const lb_model *m) { return m->plan[0].qk; }
 static int ln1_16(const lb_model *m) { return m->plan[0].ln1; }
 
 int lb_blocks_att16(const lb_model *m) { return m->plan[0].att; }
+
+int lb_blocks_ln2_16(const lb_model *m) { return m->plan[0].ln2; }
 
 int lb_blocks_weights_on_h(const lb_model *m, int l) { return m->plan[l].weights_on_h; }
 
@@ -342,7 +372,8 @@ static void recomputable_create(lb_model *m, lb_layer_acts *L, int n, int ns)
     if (lb_blocks_att16(m)) L->att16 = be->alloc(be, n * hq * D * sizeof(uint16_t));
     else L->att = lb_blocks_falloc(be, n * hq * D);
     L->lse = lb_blocks_falloc(be, n * hq);
-    L->ln2 = lb_blocks_falloc(be, n * C);
+    if (lb_blocks_ln2_16(m)) L->ln2_16 = be->alloc(be, lb_blocks_n16(n, (int)C) * sizeof(uint16_t));
+    else L->ln2 = lb_blocks_falloc(be, n * C);
     L->rstd2 = lb_blocks_falloc(be, ns);
 }
 
@@ -350,7 +381,7 @@ static void recomputable_free(lb_model *m, lb_layer_acts *L)
 {
     lb_backend *be = m->be;
     void *bufs[] = {L->ln1, L->rstd1, L->qrstd, L->qr, L->krstd, L->kr, L->att, L->lse, L->ln2,
-                    L->rstd2, L->qr16, L->kr16, L->ln1_16, L->att16};
+                    L->rstd2, L->qr16, L->kr16, L->ln1_16, L->att16, L->ln2_16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
 }
@@ -394,7 +425,7 @@ static void layer_create(lb_model *m, lb_layer_acts *L, int n, int ns, const lb_
         L->ln1 = S->ln1, L->rstd1 = S->rstd1, L->qrstd = S->qrstd, L->qr = S->qr;
         L->krstd = S->krstd, L->kr = S->kr, L->att = S->att, L->lse = S->lse;
         L->qr16 = S->qr16, L->kr16 = S->kr16, L->ln1_16 = S->ln1_16, L->att16 = S->att16;
-        L->ln2 = S->ln2, L->rstd2 = S->rstd2;
+        L->ln2 = S->ln2, L->rstd2 = S->rstd2, L->ln2_16 = S->ln2_16;
         L->f.h = S->f.h, L->f.cap_h = S->f.cap_h;   // big enough: grow never replaces it
         L->f.h16 = S->f.h16, L->f.cap_h16 = S->f.cap_h16;
     } else {

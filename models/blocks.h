@@ -133,6 +133,7 @@ typedef struct {
     uint16_t *att16;       // (n, hq*d) att in bf16 instead (NULL: fp32; lb_blocks_att16)
     float *xmid;           // (ns, c) residual after attention
     float *ln2, *rstd2;    // (n, c), (ns)
+    uint16_t *ln2_16;      // (n, pad8(c)) ln2 in bf16 instead (NULL: fp32; lb_layer_plan.ln2)
     lb_ffn_acts f;
     int shared;            // selective recomputation: the recomputed buffers are a->sel's
 } lb_layer_acts;
@@ -202,15 +203,16 @@ void lb_attention_core_fwd(lb_model *m, lb_acts *a, lb_layer_acts *L, const lb_l
 // block on ln (n, c): the caller sums it over tp. Returns the layer's load-balancing loss (0
 // for dense blocks or without want_aux). cached: the cached forward (no backward follows), where
 // the rows per expert may stay on the device (gemm_experts). ln16: NULL, or ln in bf16
-// (rmsnorm_fwd's out16), which the block's bf16 GEMMs read instead of rounding ln again.
+// (rmsnorm_fwd's out16), which the block's bf16 GEMMs read instead of rounding ln again; ln
+// NULL where ln16 is all there is (lb_layer_plan.ln2).
 double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_moe_scratch *s,
                   const float *ln, const uint16_t *ln16, int n, float *out, int want_aux,
                   int cached);
 // dln (n, c) = this rank's share of d loss / d ln given dout (n, c) = d loss / d out (the same
-// on every tp rank); the caller sums it over tp. Accumulates the block's weight gradients.
+// on every tp rank); the caller sums it over tp. Accumulates the block's weight gradients. ln
+// in fp32 or bf16, as the forward stored it.
 void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, lb_ffn_acts *f,
-                lb_acts *a, const float *ln, int n, const float *dout, float *dln,
-                float aux_scale);
+                lb_acts *a, lb_act ln, int n, const float *dout, float *dln, float aux_scale);
 // Decoder layer i of this stage on L->x, into a->l[i + 1].x; returns its load-balancing loss.
 double lb_decoder_layer_fwd(lb_model *m, lb_acts *a, int i, lb_layer_acts *L);
 

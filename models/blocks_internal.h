@@ -28,13 +28,15 @@ lb_act lb_blocks_norm_in(const lb_model *m, int l, lb_role role, const float *ln
 // layer l's q/k/v projections quantize the bf16 input norm; whether role's expert GEMMs take
 // their activations (takes16) or gradients (grads16) in bf16; whether a pass's output is stored
 // in bf16 (out16: gate/up's fprop, down's dgrad); q and k after RoPE in bf16; the routed
-// weights applied before down; the attention output in bf16 (att16).
+// weights applied before down; the attention output (att16) and the feed-forward block's input
+// norm (ln2_16) in bf16.
 int lb_blocks_qkv_quantized16(const lb_model *m, int l);
 int lb_blocks_takes16(const lb_model *m, int l, lb_role role);
 int lb_blocks_grads16(const lb_model *m, int l, lb_role role);
 int lb_blocks_out16(const lb_model *m, int l, lb_role role, lb_pass pass);
 int lb_blocks_qk16(const lb_model *m);
 int lb_blocks_att16(const lb_model *m);
+int lb_blocks_ln2_16(const lb_model *m);
 int lb_blocks_weights_on_h(const lb_model *m, int l);
 void lb_blocks_ffn_create(lb_model *m, lb_ffn_acts *f, int n);
 void lb_blocks_ffn_free(lb_model *m, lb_ffn_acts *f);

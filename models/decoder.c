@@ -204,9 +204,9 @@ double lb_decoder_layer_fwd(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
     be->add(be, L->xmid, L->x, (size_t)ns * C);
     // feed-forward block: gate_up column-parallel, down row-parallel
     float *xnext = a->l[i + 1].x;
-    lb_norm_rows(m, a, L->xmid, w.ln2, L->ln2, NULL, L->rstd2);
+    lb_norm_rows(m, a, L->xmid, w.ln2, L->ln2, L->ln2_16, L->rstd2);
     part = d.tp > 1 ? a->part : xnext;
-    double aux = lb_ffn_fwd(m, l, &w, &L->f, &a->ms, L->ln2, NULL, n, part, 1, 0);
+    double aux = lb_ffn_fwd(m, l, &w, &L->f, &a->ms, L->ln2, L->ln2_16, n, part, 1, 0);
     lb_blocks_tp_reduce(m, part, xnext, n, C);
     be->add(be, xnext, L->xmid, (size_t)ns * C);
     return aux;
@@ -221,7 +221,7 @@ static void layer_recompute(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
     lb_layer_w w = lb_blocks_layer_weights(m, m->params, m->layer_begin + i);
     lb_norm_rows(m, a, L->x, w.ln1, L->ln1, L->ln1_16, L->rstd1);
     lb_attention_core_fwd(m, a, L, &w);
-    lb_norm_rows(m, a, L->xmid, w.ln2, L->ln2, NULL, L->rstd2);
+    lb_norm_rows(m, a, L->xmid, w.ln2, L->ln2, L->ln2_16, L->rstd2);
     const int l = m->layer_begin + i, moe = lb_blocks_layer_moe(&m->cfg, l);
     int rows = moe ? L->f.route.nrecv : a->n;
     uint16_t *h16 = moe && lb_blocks_takes16(m, l, LB_ROLE_MOE_DOWN) ? L->f.h16 : NULL;
@@ -395,7 +395,8 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
         lb_layer_w dw = lb_blocks_layer_weights(m, G, l);
         // feed-forward block: dres is d loss / d xnext, and passes straight to xmid
         tp_gather(m, a->dres, a->dfull, n, C);
-        lb_ffn_bwd(m, l, &w, &dw, &L->f, a, L->ln2, n, a->dfull, a->dln, aux_scale);
+        lb_ffn_bwd(m, l, &w, &dw, &L->f, a, lb_act_of(L->ln2, L->ln2_16, n, C), n, a->dfull,
+                   a->dln, aux_scale);
         lb_blocks_tp_reduce(m, a->dln, a->dlns, n, C);
         be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dres, .dx_beta = 1.0f, .dw = dw.ln2,
                 .dout = a->dlns, .x = L->xmid, .w = w.ln2, .rstd = L->rstd2, .n = ns, .c = C});

@@ -12,6 +12,7 @@
 static uint16_t *cached_ln16(const lb_model *m, lb_cached_acts *a, int l, lb_role role)
 {
     if (role == LB_ROLE_ATTN_QKV && lb_blocks_qkv_quantized16(m, l)) return a->ln16;
+    if (role == LB_ROLE_ROUTER && lb_blocks_ln2_16(m)) return a->ln16;   // lb_layer_plan.ln2
     return lb_contract_site(&m->contract, l, role, LB_PASS_FPROP)->fmt == LB_FMT_BF16 ? a->ln16
                                                                                       : NULL;
 }
@@ -125,7 +126,8 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
                 .res = a->x, .sum = a->xmid, .w = w.ln2, .n = n, .c = C, .eps = eps,
                 .out16 = ln16});
         part = d.tp > 1 ? a->part : a->x;
-        lb_ffn_fwd(m, l, &w, &a->f, &a->ms, a->ln, ln16, n, part, 0, 1);
+        lb_ffn_fwd(m, l, &w, &a->f, &a->ms, lb_blocks_ln2_16(m) ? NULL : a->ln, ln16, n, part,
+                   0, 1);
         lb_blocks_tp_reduce(m, part, a->x, n, C);
         if (l + 1 == c->num_hidden_layers) {
             be->add(be, a->x, a->xmid, (size_t)n * C);

@@ -67,6 +67,9 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
     int o, np = lb_blocks_part_rows(&d, n, &o);
     const int x16 = lb_blocks_takes16(m, l, LB_ROLE_MOE_GATE_UP);
     const int down16 = lb_blocks_takes16(m, l, LB_ROLE_MOE_DOWN);
+    // the rows the experts take: from ln's bf16 form where they take bf16 rows (the same
+    // bits as rounding ln's, half the bytes read), else ln itself
+    const lb_act lna = ln16 && (x16 || !ln) ? lb_act_bf16(ln16, n, d.C) : lb_act_f32(ln, n, d.C);
     uint16_t *xp16 = x16 ? lb_blocks_grow16(be, &s->rows16, &s->cap_rows16,
                                             lb_blocks_n16((size_t)n * d.K, d.C))
                          : NULL;
@@ -79,9 +82,10 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
     if (np) {
         be->moe_plan(be, f->row, dev ? NULL : f->counts, dev ? f->counts_dev : NULL,
                      f->idx + (size_t)o * d.K, np, d.E, d.K);
-        be->moe_permute(be, xp, xp16, ln + (size_t)o * d.C, f->row, np, d.K, d.C);
+        be->moe_permute(be, xp, xp16, lb_act_rows(lna, (size_t)o, np), f->row, d.K);
         if (wh)   // slot r's weight to its row, row[r]: a permutation of np*k rows of one
-            be->moe_permute(be, wr, NULL, f->weight + (size_t)o * d.K, f->row, np * d.K, 1, 1);
+            be->moe_permute(be, wr, NULL, lb_act_f32(f->weight + (size_t)o * d.K, np * d.K, 1),
+                            f->row, 1);
     } else {
         memset(f->counts, 0, (size_t)d.E * sizeof *f->counts);
         if (dev) be->zero(be, f->counts_dev, (size_t)d.E * sizeof(int));
@@ -195,8 +199,7 @@ static void moe_stats_add(lb_model *m, int l, const lb_ffn_acts *f, int n)
 // dln (n, c) = this rank's share of d loss / d ln given dout (n, c) = d loss / d out (the same on
 // every tp rank); the caller sums it over tp. Accumulates the block's weight gradients.
 void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, lb_ffn_acts *f,
-                lb_acts *a, const float *ln, int n, const float *dout, float *dln,
-                float aux_scale)
+                lb_acts *a, lb_act ln, int n, const float *dout, float *dln, float aux_scale)
 {
     const lb_model_config *c = &m->cfg;
     lb_backend *be = m->be;
@@ -208,8 +211,8 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
                       dout, a->dh, 0.0f, dw->down, lb_model_grad_beta(m, dw->down), d.C);
         be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = a->dgu, .dout = a->dh, .gu = f->gu, .n = n,
                 .f = d.Fd});
-        lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, lb_act_f32(ln, n, d.C), w->gu, w->cgu, 0,
-                      a->dgu, dln, 0.0f, dw->gu, lb_model_grad_beta(m, dw->gu), 2 * d.Fd);
+        lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, a->dgu, dln, 0.0f,
+                      dw->gu, lb_model_grad_beta(m, dw->gu), 2 * d.Fd);
         return;
     }
     int o, np = lb_blocks_part_rows(&d, n, &o);   // the rows this rank sent to the experts
@@ -301,7 +304,7 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
                                     lb_blocks_n16((size_t)n * d.K, d.C));
         else
             xp = lb_blocks_grow(be, &s->rows, &s->cap_rows, (size_t)n * d.K * d.C);
-        if (np) be->moe_permute(be, xp, xp16, ln + (size_t)o * d.C, f->row, np, d.K, d.C);
+        if (np) be->moe_permute(be, xp, xp16, lb_act_rows(ln, (size_t)o, np), f->row, d.K);
     }
     const lb_act xa = d.ep > 1 ? lb_act_of(f->xe, gu16 ? f->xe16 : NULL, (int)nr, d.C)
                                : lb_act_of(xp, xp16, (int)nr, d.C);
@@ -328,15 +331,15 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     }
     // The router is replicated over tp and its gradient the same on every tp rank: one rank
     // adds its share to dln so the tp sum counts it once.
-    lb_linear_bwd(lin, l, LB_ROLE_ROUTER, lb_act_f32(ln, n, d.C), w->router, w->crouter, 0,
-                  a->drlogits, m->par.tp_rank == 0 ? dln : NULL, 1.0f, dw->router,
+    lb_linear_bwd(lin, l, LB_ROLE_ROUTER, ln, w->router, w->crouter, 0, a->drlogits,
+                  m->par.tp_rank == 0 ? dln : NULL, 1.0f, dw->router,
                   lb_model_grad_beta(m, dw->router), d.E);
     if (w->sgu) {   // the shared experts: a dense MLP's backward, its dln added (tp partial)
         lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, lb_act_f32(f->sh, n, d.Fs), w->sdown, w->csdown, 0,
                       dout, a->dh, 0.0f, dw->sdown, lb_model_grad_beta(m, dw->sdown), d.C);
         be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = a->dgu, .dout = a->dh, .gu = f->sgu, .n = n,
                 .f = d.Fs});
-        lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, lb_act_f32(ln, n, d.C), w->sgu, w->csgu, 0,
-                      a->dgu, dln, 1.0f, dw->sgu, lb_model_grad_beta(m, dw->sgu), 2 * d.Fs);
+        lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->sgu, w->csgu, 0, a->dgu, dln, 1.0f,
+                      dw->sgu, lb_model_grad_beta(m, dw->sgu), 2 * d.Fs);
     }
 }

@@ -618,6 +618,7 @@ void lb_model_act_plan(const lb_model *m, lb_act_plan *p)
         p->qk += q->qk;
         p->ln1 += q->ln1;
         p->att += q->att;
+        p->ln2 += q->ln2;
         if (!lb_model_layer_moe(m->def, &m->cfg, l)) continue;
         p->expert_in += q->expert_in;
         p->gate_up_out += q->gate_up_out;

@@ -217,6 +217,7 @@ typedef struct {
     uint8_t ln1;           // the attention's input norm
     uint8_t qkv_quant16;   // ln1, and the q/k/v projections quantize it (the cached forward too)
     uint8_t att;           // the attention output, the o projection's input
+    uint8_t ln2;           // the feed-forward block's input norm
     uint8_t expert_in;     // gate/up's input rows
     uint8_t gate_up_out;   // gate/up's output, the SwiGLU's input
     uint8_t swiglu_out;    // the SwiGLU's output, down's input
@@ -233,6 +234,7 @@ typedef struct lb_act_plan {
     int qk;            // q and k after their norms and RoPE (the bf16 attention's inputs)
     int ln1;           // the attention's input norm
     int att;           // the attention output
+    int ln2;           // the feed-forward block's input norm
     int expert_in;     // gate/up's input rows
     int gate_up_out;   // gate/up's output, the SwiGLU's input
     int swiglu_out;    // the SwiGLU's output, down's input

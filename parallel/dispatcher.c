@@ -111,7 +111,7 @@ void lb_ep_dispatch(const lb_ep_route *r, lb_comm *ep, lb_backend *be, const flo
     }
     exchange(r, ep, be, x, r->send, r->sdispl, scratch, r->recv, r->rdispl, c);
     // xe[perm[i]] = s[i]
-    if (r->nrecv) be->moe_permute(be, xe, NULL, scratch, r->perm, r->nrecv, 1, c);
+    if (r->nrecv) be->moe_permute(be, xe, NULL, lb_act_f32(scratch, r->nrecv, c), r->perm, 1);
 }
 
 void lb_ep_combine(const lb_ep_route *r, lb_comm *ep, lb_backend *be, const float *ye,

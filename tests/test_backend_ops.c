@@ -1928,7 +1928,7 @@ static void dispatch_case(const test_case *tst)
     float *g = randn(nc, 1);
     float *xp = lb_malloc(kc * 4), *dx = lb_malloc(nc * 4), *out = lb_malloc(nc * 4);
     float *dyp = lb_malloc(kc * 4), *dw = lb_malloc(nk * 4);
-    cpu->moe_permute(cpu, xp, NULL, x, row, n, k, c);
+    cpu->moe_permute(cpu, xp, NULL, lb_act_f32(x, n, c), row, k);
     cpu->moe_permute_bwd(cpu, dx, dxp, NULL, row, n, k, c);
     cpu->moe_combine(cpu, &(lb_moe_combine_args){.out = out, .yp = yp, .weight = w, .row = row,
             .n = n, .k = k, .c = c});
@@ -1946,7 +1946,7 @@ static void dispatch_case(const test_case *tst)
     for (int r = 0; r < 2; r++) {
         poison(XP, kc * 4), poison(DX, nc * 4), poison(O, nc * 4), poison(DYP, kc * 4);
         poison(DW, nk * 4);
-        dev->moe_permute(dev, XP, r ? XP16 : NULL, X, Rc, n, k, c);
+        dev->moe_permute(dev, XP, r ? XP16 : NULL, lb_act_f32(X, n, c), Rc, k);
         dev->moe_permute_bwd(dev, DX, DXP, NULL, Rc, n, k, c);
         dev->moe_combine(dev, &(lb_moe_combine_args){.out = O, .yp = YP, .weight = W, .row = Rc,
                 .n = n, .k = k, .c = c});
@@ -1967,10 +1967,25 @@ static void dispatch_case(const test_case *tst)
     check_copy16("moe_permute xp16", XP16, keep[1][0], nk, c);
     check_copy16("moe_combine_bwd dyp16", DYP16, keep[1][3], nk, c);
     poison(XP16, bytes16(nk, c)), poison(DYP16, bytes16(nk, c)), poison(DW, nk * 4);
-    dev->moe_permute(dev, NULL, XP16, X, Rc, n, k, c);   // the copies alone
+    dev->moe_permute(dev, NULL, XP16, lb_act_f32(X, n, c), Rc, k);   // the copies alone
     dev->moe_combine_bwd(dev, &(lb_moe_combine_args){.dyp16 = DYP16, .dweight = DW, .dout = G,
             .yp = YP, .weight = W, .row = Rc, .n = n, .k = k, .c = c});
     check_copy16("moe_permute xp16 alone", XP16, keep[1][0], nk, c);
+    // from bf16 rows (a norm stored in bf16): the rows copied as they are, and widened
+    {
+        uint16_t *x16 = host16(x, n, c);
+        float *xw = lb_malloc(kc * 4);
+        cpu->moe_permute(cpu, xw, NULL, lb_act_bf16(x16, n, c), row, k);
+        void *X16 = dput(x16, bytes16(n, c));
+        poison(XP16, bytes16(nk, c)), poison(XP, kc * 4);
+        dev->moe_permute(dev, XP, XP16, lb_act_bf16(X16, n, c), Rc, k);
+        float *got = hget(XP, kc * 4);
+        CHECK_BITS("moe_permute from bf16 rows", got, xw, kc * 4);
+        check_copy16("moe_permute xp16 from bf16 rows", XP16, got, nk, c);
+        for (size_t j = 0; j < kc; j++)   // the widened rows are the rounded fp32 ones
+            ck_assert_msg(xw[j] == lb_round_bf16(xp[j]), "moe_permute from bf16: element %zu", j);
+        free(got), free(xw), free(x16), dfree(X16);
+    }
     check_copy16("moe_combine_bwd dyp16 alone", DYP16, keep[1][3], nk, c);
     float *dw16 = hget(DW, nk * 4);
     CHECK_BITS("moe_combine_bwd dweight, dyp16 alone", dw16, keep[1][4], nk * 4);

@@ -45,14 +45,15 @@ l16=$(lay --set precision.recipe=bf16)
     fail "info: bytes per token and layer: $l32 (fp32), $lfull (full), $lsel (selective), $l16 (bf16)"
 # the activation plan: which activations the recipe stores in bf16 (none in fp32; the input
 # norm where the q/k/v GEMMs are plain bf16 or quantized in every pass, under tp too, the
-# attention output where the o projection is so; the experts' inputs where their GEMMs are so
-# too: not with a dequantized backward)
+# attention output where the o projection is so, the feed-forward block's input norm where the
+# router and the experts read bf16; the experts' inputs where their GEMMs are so too: not with
+# a dequantized backward)
 plan() { "$bin" info "$cfg" "$@" 2>&1 | sed -n 's/.*activations in bf16 (rank 0): \([^;]*\);.*/\1/p'; }
 p32=$(plan) p16=$(plan --set precision.recipe=bf16) p8=$(plan --set precision.recipe=fp8-block)
 pmx=$(plan --set precision.recipe=mxfp8)
 pdq=$(plan --set precision.recipe=fp8-block --set precision.backward=dequantized)
 ptp=$(plan --set precision.recipe=bf16 --set parallel.tp=2 --set parallel.dp=1)
-all16="q and k after RoPE, the attention's input norm, the attention output, the experts' input rows, gate/up's outputs, the SwiGLU outputs, down's input gradients"
+all16="q and k after RoPE, the attention's input norm, the attention output, the feed-forward block's input norm, the experts' input rows, gate/up's outputs, the SwiGLU outputs, down's input gradients"
 [ "$p32" = none ] && [ "$p16" = "$all16" ] && [ "$p8" = "$all16" ] && [ "$pmx" = "$all16" ] &&
     [ "$pdq" = "q and k after RoPE, gate/up's outputs" ] &&
     [ "$ptp" = "$all16" ] && ok ||

@@ -1163,13 +1163,13 @@ START_TEST(test_moe_dispatch_fwd)
     float *x = randn((size_t)N * C, 231, 1), *xp = lb_malloc((size_t)N * K * C * 4);
     uint16_t *xp16 = lb_malloc((size_t)N * K * 56 * 2);   // (N K, pad8(C))
     memset(xp16, 0xff, (size_t)N * K * 56 * 2);
-    be->moe_permute(be, xp, xp16, x, row, N, K, C);
+    be->moe_permute(be, xp, xp16, lb_act_f32(x, N, C), row, K);
     for (int a = 0; a < N * K; a++)
         ASSERT_BITWISE("moe_permute row", xp + (size_t)row[a] * C, x + (size_t)(a / K) * C,
                        C * sizeof(float));
     check_copy16("moe_permute xp16", xp16, xp, (size_t)N * K, C);
     memset(xp16, 0xff, (size_t)N * K * 56 * 2);   // the copy alone
-    be->moe_permute(be, NULL, xp16, x, row, N, K, C);
+    be->moe_permute(be, NULL, xp16, lb_act_f32(x, N, C), row, K);
     check_copy16("moe_permute xp16 alone", xp16, xp, (size_t)N * K, C);
     free(xp16);
 
@@ -1663,7 +1663,7 @@ typedef struct {
 static double permute_loss(void *p)
 {
     moe_ctx *q = p;
-    be->moe_permute(be, q->xp, NULL, q->x, q->row, N, K, C);
+    be->moe_permute(be, q->xp, NULL, lb_act_f32(q->x, N, C), q->row, K);
     return dot_out(q->xp, q->r, (size_t)N * K * C);
 }
 

@@ -214,19 +214,32 @@ static void cpu_moe_plan(lb_backend *be, int32_t *row, int *counts_host, int *co
 }
 
 // xp (n*k, c): xp[row[i][s]] = x[i]. Rows of a plan are distinct, so tasks never collide.
-static void cpu_moe_permute(lb_backend *be, float *xp, uint16_t *xp16, const float *x,
-                            const int32_t *row, int n, int k, int c)
+static void cpu_moe_permute(lb_backend *be, float *xp, uint16_t *xp16, lb_act x,
+                            const int32_t *row, int k)
 {
+    const int n = x.rows, c = x.cols;
     check_rows("moe_permute", row, n, k);
     if (n > 0 && k > 0 && c > 0 && !xp && !xp16) lb_die("moe_permute: neither xp nor xp16");
     const int ld = (c + 7) / 8 * 8;
+    const float *x32 = x.type == LB_ACT_F32 ? x.p : NULL;
+    const uint16_t *x16 = x.type == LB_ACT_BF16 ? x.p : NULL;
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) \
         if ((size_t)n * k * c >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++)
         for (int s = 0; s < k; s++) {
             const size_t r = (size_t)row[(size_t)i * k + s];
-            if (xp) memcpy(xp + r * c, x + (size_t)i * c, (size_t)c * sizeof(float));
-            if (xp16) lb_bf16_row(xp16 + r * ld, x + (size_t)i * c, c, ld);
+            if (x16) {
+                const uint16_t *src = x16 + (size_t)i * x.ld;
+                if (xp)
+                    for (int j = 0; j < c; j++) xp[r * c + j] = lb_bf16_to_f32(src[j]);
+                if (xp16) {
+                    memcpy(xp16 + r * ld, src, (size_t)c * sizeof(uint16_t));
+                    memset(xp16 + r * ld + c, 0, (size_t)(ld - c) * sizeof(uint16_t));
+                }
+                continue;
+            }
+            if (xp) memcpy(xp + r * c, x32 + (size_t)i * x.ld, (size_t)c * sizeof(float));
+            if (xp16) lb_bf16_row(xp16 + r * ld, x32 + (size_t)i * x.ld, c, ld);
         }
 }
 

@@ -470,9 +470,11 @@ static void cuda_moe_plan(lb_backend *be, int32_t *row, int *counts_host, int *c
 #define MOE_WARPS 8
 
 // xp (n*k, c): warp a copies x[a / k] to xp[row[a]]. Rows of a plan are distinct.
-// xp16: NULL, or its bf16 copy (kernels.h).
-__global__ void permute_kernel(float *xp, uint16_t *xp16, const float *x, const int32_t *row,
-                               int k, int c, int total, int vec, unsigned long long *err)
+// xp16: NULL, or its bf16 copy (kernels.h). x16 (rows of pitch ld16), where given, is the
+// source instead of x: copied as it is into xp16, widened into xp.
+__global__ void permute_kernel(float *xp, uint16_t *xp16, const float *x, const uint16_t *x16,
+                               size_t ld16, const int32_t *row, int k, int c, int total, int vec,
+                               unsigned long long *err)
 {
     const int a = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (a >= total) return;
@@ -481,9 +483,30 @@ __global__ void permute_kernel(float *xp, uint16_t *xp16, const float *x, const 
         if (lane == 0) lb_report(err, LB_CERR_PERMUTE_ROW, r);
         return;
     }
-    const float *src = x + (size_t)(a / k) * c;
     float *dst = xp ? xp + (size_t)r * c : NULL;
     uint16_t *d16 = xp16 ? xp16 + (size_t)r * ((c + 7) & ~7) : NULL;
+    if (x16) {
+        const uint16_t *s16 = x16 + (size_t)(a / k) * ld16;
+        if (vec && ld16 % 4 == 0) {   // 4 elements (8 bytes) a lane's step
+            for (int j = lane; j < c / 4; j += 32) {
+                const uint2 v = ((const uint2 *)s16)[j];
+                if (d16) ((uint2 *)d16)[j] = v;
+                if (dst)
+                    ((float4 *)dst)[j] = make_float4(__uint_as_float(v.x << 16),
+                                                     __uint_as_float(v.x & 0xffff0000u),
+                                                     __uint_as_float(v.y << 16),
+                                                     __uint_as_float(v.y & 0xffff0000u));
+            }
+        } else {
+            for (int j = lane; j < c; j += 32) {
+                if (d16) d16[j] = s16[j];
+                if (dst) dst[j] = __uint_as_float((uint32_t)s16[j] << 16);
+            }
+        }
+        if (d16) bf16_row_pad(d16, c, lane);
+        return;
+    }
+    const float *src = x + (size_t)(a / k) * c;
     if (vec) {
         for (int j = lane; j < c / 4; j += 32) {
             const float4 v = ((const float4 *)src)[j];
@@ -622,15 +645,21 @@ static int dispatch_total(const char *what, int n, int k, int c)
     return n * k;
 }
 
-static void cuda_moe_permute(lb_backend *be, float *xp, uint16_t *xp16, const float *x,
-                             const int32_t *row, int n, int k, int c)
+static void cuda_moe_permute(lb_backend *be, float *xp, uint16_t *xp16, lb_act x,
+                             const int32_t *row, int k)
 {
+    const int n = x.rows, c = x.cols;
     int total = dispatch_total("moe_permute", n, k, c);
     if (!total || !c) return;
     if (!xp && !xp16) lb_die("moe_permute: neither xp nor xp16");
+    if (x.type == LB_ACT_F32 && x.ld != (size_t)c)
+        lb_die("moe_permute: fp32 rows of pitch %zu, not %d", x.ld, c);
     lb_cuda_ctx *cx = lb_cuda(be);
+    const float *x32 = x.type == LB_ACT_F32 ? (const float *)x.p : NULL;
+    const uint16_t *x16 = x.type == LB_ACT_BF16 ? (const uint16_t *)x.p : NULL;
     permute_kernel<<<moe_blocks(total), 32 * MOE_WARPS, 0, cx->stream>>>(
-        xp, xp16, x, row, k, c, total, moe_vec(c, xp, x, x, xp16), cx->err_dev);
+        xp, xp16, x32, x16, x.ld, row, k, c, total,
+        moe_vec(c, xp, x32, x32, xp16, x16), cx->err_dev);
     LB_CUDA_LAUNCHED(cx);
 }
 

@@ -181,7 +181,7 @@ static void print_plan(const lb_act_plan *p)
 {
     const struct { int n; const char *what; } a[] = {
         {p->qk, "q and k after RoPE"}, {p->ln1, "the attention's input norm"},
-        {p->att, "the attention output"},
+        {p->att, "the attention output"}, {p->ln2, "the feed-forward block's input norm"},
         {p->expert_in, "the experts' input rows"}, {p->gate_up_out, "gate/up's outputs"},
         {p->swiglu_out, "the SwiGLU outputs"}, {p->down_dgrad, "down's input gradients"}};
     printf("            activations in bf16 (rank 0): ");
@@ -191,8 +191,9 @@ static void print_plan(const lb_act_plan *p)
         printf("%s%s", any++ ? ", " : "", a[i].what);
         if (a[i].n < p->layers) printf(" (%d of %d layers)", a[i].n, p->layers);
     }
-    printf("%s; the residual stream, the other norms, q/k/v before RoPE, %sthe experts' routed "
-           "outputs and the gradients between ops in fp32\n", any ? "" : "none",
+    printf("%s; the residual stream, %sq/k/v before RoPE, %sthe experts' routed outputs and the "
+           "gradients between ops in fp32\n", any ? "" : "none",
+           p->ln2 < p->layers ? "the other norms, " : "the final norm, ",
            p->att < p->layers ? "the attention output, " : "");
 }
 
