@@ -140,6 +140,15 @@ void lb_decoder_plan(const lb_model *m, lb_layer_plan *out)
         p->qkv_quant16 = ln1 && lb_linear_quantized(&m->lin, l, LB_ROLE_ATTN_QKV);
         p->att = (uint8_t)att;
         p->ln2 = (uint8_t)ln2;
+        if (!lb_blocks_moe(&m->cfg)) {
+            // A dense model's MLP: gate/up's output in bf16 where gate/up is a plain bf16 GEMM
+            // (lb_linear_fwd_c16), as the experts' (gate_up_out below): the SwiGLU then reads
+            // the rounded values; its output in bf16 where down reads bf16 (a plain bf16 GEMM:
+            // the same bits; or quantized from those values). Not a MoE model's leading dense
+            // layers, whose buffers the experts' share.
+            p->mlp_gate_up_out = lb_linear_plain16(&m->lin, l, LB_ROLE_MLP_GATE_UP);
+            p->mlp_swiglu_out = reads16(m, l, LB_ROLE_MLP_DOWN);
+        }
         if (!lb_blocks_layer_moe(&m->cfg, l)) continue;
         p->expert_in = plan_takes16(m, l, LB_ROLE_MOE_GATE_UP);
         p->swiglu_out = plan_takes16(m, l, LB_ROLE_MOE_DOWN);
@@ -196,6 +205,19 @@ static int ln1_16(const lb_model *m) { return m->plan[0].ln1; }
 int lb_blocks_att16(const lb_model *m) { return m->plan[0].att; }
 
 int lb_blocks_ln2_16(const lb_model *m) { return m->plan[0].ln2; }
+
+int lb_blocks_mlp16(const lb_model *m, int l, int h)
+{
+    return h ? m->plan[l].mlp_swiglu_out : m->plan[l].mlp_gate_up_out;
+}
+
+// lb_blocks_mlp16 over this stage's layers, as takes16_layers.
+static int mlp16_layers(const lb_model *m, int h, int every)
+{
+    for (int l = m->layer_begin; l < m->layer_end; l++)
+        if (lb_blocks_mlp16(m, l, h) != every) return !every;
+    return every;
+}
 
 int lb_blocks_weights_on_h(const lb_model *m, int l) { return m->plan[l].weights_on_h; }
 
@@ -257,10 +279,15 @@ void lb_blocks_ffn_create(lb_model *m, lb_ffn_acts *f, int n)
         if (takes16_layers(m, LB_ROLE_MOE_DOWN, 0))   // a shared one is big enough
             lb_blocks_grow16(be, &f->h16, &f->cap_h16, lb_blocks_n16(rows, d.F));
     }
-    if (!lb_blocks_moe(&m->cfg) || !out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 1))
+    const int moe = lb_blocks_moe(&m->cfg);
+    if (moe ? !out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 1) : !mlp16_layers(m, 0, 1))
         lb_blocks_grow(be, &f->gu, &f->cap_gu, rows * 2 * d.F);
-    if (!lb_blocks_moe(&m->cfg) || !takes16_layers(m, LB_ROLE_MOE_DOWN, 1))
+    if (moe ? !takes16_layers(m, LB_ROLE_MOE_DOWN, 1) : !mlp16_layers(m, 1, 1))
         lb_blocks_grow(be, &f->h, &f->cap_h, rows * d.F);   // a shared h is big enough already
+    if (!moe && mlp16_layers(m, 0, 0))
+        lb_blocks_grow16(be, &f->gu16, &f->cap_gu16, lb_blocks_n16(rows, 2 * d.F));
+    if (!moe && mlp16_layers(m, 1, 0))   // a shared one is big enough
+        lb_blocks_grow16(be, &f->h16, &f->cap_h16, lb_blocks_n16(rows, d.F));
     if (lb_blocks_moe(&m->cfg) && has_dense(&m->cfg)) {   // the dense leading layers' (grow-only)
         lb_blocks_grow(be, &f->gu, &f->cap_gu, (size_t)n * 2 * d.Fd);
         lb_blocks_grow(be, &f->h, &f->cap_h, (size_t)n * d.Fd);
@@ -393,12 +420,13 @@ static void shared_create(lb_model *m, lb_layer_acts *S, int n, int ns)
     lb_dims d = lb_dims_of(m);
     size_t rows = lb_blocks_moe(&m->cfg) ? (size_t)d.ep * n * d.K : (size_t)n;
     recomputable_create(m, S, n, ns);
-    if (!lb_blocks_moe(&m->cfg) || !takes16_layers(m, LB_ROLE_MOE_DOWN, 1))
+    const int moe = lb_blocks_moe(&m->cfg);
+    if (moe ? !takes16_layers(m, LB_ROLE_MOE_DOWN, 1) : !mlp16_layers(m, 1, 1))
         lb_blocks_grow(m->be, &S->f.h, &S->f.cap_h, rows * d.F);
     if (lb_blocks_moe(&m->cfg) && has_dense(&m->cfg))   // the dense leading layers' h too
         lb_blocks_grow(m->be, &S->f.h, &S->f.cap_h, (size_t)n * d.Fd);
     // h's bf16 copy is recomputed in h's place where some layer's GEMMs take it
-    if (lb_blocks_moe(&m->cfg) && takes16_layers(m, LB_ROLE_MOE_DOWN, 0))
+    if (moe ? takes16_layers(m, LB_ROLE_MOE_DOWN, 0) : mlp16_layers(m, 1, 0))
         lb_blocks_grow16(m->be, &S->f.h16, &S->f.cap_h16, lb_blocks_n16(rows, d.F));
 }
 

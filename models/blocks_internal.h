@@ -37,6 +37,8 @@ int lb_blocks_out16(const lb_model *m, int l, lb_role role, lb_pass pass);
 int lb_blocks_qk16(const lb_model *m);
 int lb_blocks_att16(const lb_model *m);
 int lb_blocks_ln2_16(const lb_model *m);
+// A dense model's MLP layer l: gate/up's output (h 0) or the SwiGLU's (h 1) in bf16.
+int lb_blocks_mlp16(const lb_model *m, int l, int h);
 int lb_blocks_weights_on_h(const lb_model *m, int l);
 void lb_blocks_ffn_create(lb_model *m, lb_ffn_acts *f, int n);
 void lb_blocks_ffn_free(lb_model *m, lb_ffn_acts *f);

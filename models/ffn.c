@@ -35,14 +35,25 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
         if (m->route_log && lb_blocks_moe(c))
             be->zero(be, lb_model_route_stage(m, n) + (size_t)(l - m->layer_begin) * n * d.K,
                      (size_t)n * d.K * sizeof(int32_t));
-        float *gu = lb_blocks_grow(be, &f->gu, &f->cap_gu, (size_t)n * 2 * d.Fd);
-        float *h = lb_blocks_grow(be, &f->h, &f->cap_h, (size_t)n * d.Fd);
-        lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP,
-                      lb_blocks_norm_in(m, l, LB_ROLE_MLP_GATE_UP, ln, ln16, n, d.C), w->gu,
-                      w->cgu, 0, gu, 2 * d.Fd, 0.0f);
-        be->swiglu_fwd(be, &(lb_swiglu_args){.out = h, .gu = gu, .n = n, .f = d.Fd});
-        lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, lb_act_f32(h, n, d.Fd), w->down, w->cdown, 0, out,
-                      d.C, 0.0f);
+        // gate/up's and the SwiGLU's outputs in bf16 where the plan says (lb_blocks_mlp16)
+        const int g16 = lb_blocks_mlp16(m, l, 0), h16on = lb_blocks_mlp16(m, l, 1);
+        uint16_t *gu16 = g16 ? lb_blocks_grow16(be, &f->gu16, &f->cap_gu16,
+                                                lb_blocks_n16((size_t)n, 2 * d.Fd))
+                             : NULL;
+        float *gu = g16 ? NULL : lb_blocks_grow(be, &f->gu, &f->cap_gu, (size_t)n * 2 * d.Fd);
+        uint16_t *h16 =
+            h16on ? lb_blocks_grow16(be, &f->h16, &f->cap_h16, lb_blocks_n16((size_t)n, d.Fd))
+                  : NULL;
+        float *h = h16on ? NULL : lb_blocks_grow(be, &f->h, &f->cap_h, (size_t)n * d.Fd);
+        const lb_act xin = lb_blocks_norm_in(m, l, LB_ROLE_MLP_GATE_UP, ln, ln16, n, d.C);
+        if (g16)
+            lb_linear_fwd_c16(lin, l, LB_ROLE_MLP_GATE_UP, xin, w->gu, w->cgu, gu16, 2 * d.Fd);
+        else
+            lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, xin, w->gu, w->cgu, 0, gu, 2 * d.Fd, 0.0f);
+        be->swiglu_fwd(be, &(lb_swiglu_args){.out = h, .out16 = h16, .gu = gu, .gu16 = gu16,
+                .n = n, .f = d.Fd});
+        lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, lb_act_of(h, h16, n, d.Fd), w->down, w->cdown, 0,
+                      out, d.C, 0.0f);
         return 0.0;
     }
     lb_linear_fwd(lin, l, LB_ROLE_ROUTER, lb_blocks_norm_in(m, l, LB_ROLE_ROUTER, ln, ln16, n, d.C),
@@ -207,10 +218,13 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     lb_dims d = lb_dims_of(m);
     lb_moe_scratch *s = &a->ms;
     if (!lb_blocks_layer_moe(c, l)) {
-        lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, lb_act_f32(f->h, n, d.Fd), w->down, w->cdown, 0,
-                      dout, a->dh, 0.0f, dw->down, lb_model_grad_beta(m, dw->down), d.C);
-        be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = a->dgu, .dout = a->dh, .gu = f->gu, .n = n,
-                .f = d.Fd});
+        const int g16 = lb_blocks_mlp16(m, l, 0), h16 = lb_blocks_mlp16(m, l, 1);
+        lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN,
+                      h16 ? lb_act_bf16(f->h16, n, d.Fd) : lb_act_f32(f->h, n, d.Fd), w->down,
+                      w->cdown, 0, dout, a->dh, 0.0f, dw->down, lb_model_grad_beta(m, dw->down),
+                      d.C);
+        be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = a->dgu, .dout = a->dh,
+                .gu = g16 ? NULL : f->gu, .gu16 = g16 ? f->gu16 : NULL, .n = n, .f = d.Fd});
         lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, a->dgu, dln, 0.0f,
                       dw->gu, lb_model_grad_beta(m, dw->gu), 2 * d.Fd);
         return;

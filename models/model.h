@@ -225,6 +225,8 @@ typedef struct {
     uint8_t gate_up_dy;    // the gradient gate/up's GEMMs read (bf16 GEMMs alone)
     uint8_t down_dy;       // the gradient down's GEMMs read (bf16 GEMMs alone)
     uint8_t weights_on_h;  // the routed weights applied to the SwiGLU outputs, before down
+    uint8_t mlp_gate_up_out;   // a dense model's MLP: gate/up's output, the SwiGLU's input
+    uint8_t mlp_swiglu_out;    // ... and the SwiGLU's output, down's input
 } lb_layer_plan;
 
 // The plan summed over this stage's layers, for `lowbit info`: each field the number of layers
@@ -239,6 +241,7 @@ typedef struct lb_act_plan {
     int gate_up_out;   // gate/up's output, the SwiGLU's input
     int swiglu_out;    // the SwiGLU's output, down's input
     int down_dgrad;    // down's input gradient, the SwiGLU backward's
+    int mlp_gate_up_out, mlp_swiglu_out;   // a dense model's MLP's
 } lb_act_plan;
 
 struct lb_model_def {

@@ -58,6 +58,14 @@ all16="q and k after RoPE, the attention's input norm, the attention output, the
     [ "$pdq" = "q and k after RoPE, gate/up's outputs" ] &&
     [ "$ptp" = "$all16" ] && ok ||
     fail "info: activation plans: fp32 '$p32', bf16 '$p16', fp8-block '$p8', mxfp8 '$pmx', fp8-block dequantized '$pdq', bf16 tp2 '$ptp'"
+# a dense model's MLP: gate/up's outputs where gate/up is a plain bf16 GEMM, the SwiGLU's where
+# down reads bf16 (quantized too)
+lcfg="$src/examples/tiny-llama.cfg"
+l16=$("$bin" info "$lcfg" --set precision.recipe=bf16 2>&1 | grep "activations in bf16")
+l8=$("$bin" info "$lcfg" --set precision.recipe=fp8-block 2>&1 | grep "activations in bf16")
+[[ "$l16" == *"the MLP's gate/up outputs, the MLP's SwiGLU outputs;"* ]] &&
+    [[ "$l8" != *"the MLP's gate/up outputs"* ]] && [[ "$l8" == *"the MLP's SwiGLU outputs;"* ]] &&
+    ok || fail "info: a dense model's MLP plan: bf16 '$l16', fp8-block '$l8'"
 # and what the backend holds of its own: nothing on the CPU; on CUDA 614 MiB (context and code)
 # and the LM head backward's bf16 scratch with a quarter's headroom, rows x (vocab 256 + hidden
 # 128) x 2 bytes x 1.25: 0.9375 MiB for 16 x 64 rows, 0.234 for chunks of 256 (train.ce_chunk)

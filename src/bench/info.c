@@ -183,7 +183,9 @@ static void print_plan(const lb_act_plan *p)
         {p->qk, "q and k after RoPE"}, {p->ln1, "the attention's input norm"},
         {p->att, "the attention output"}, {p->ln2, "the feed-forward block's input norm"},
         {p->expert_in, "the experts' input rows"}, {p->gate_up_out, "gate/up's outputs"},
-        {p->swiglu_out, "the SwiGLU outputs"}, {p->down_dgrad, "down's input gradients"}};
+        {p->swiglu_out, "the SwiGLU outputs"}, {p->down_dgrad, "down's input gradients"},
+        {p->mlp_gate_up_out, "the MLP's gate/up outputs"},
+        {p->mlp_swiglu_out, "the MLP's SwiGLU outputs"}};
     printf("            activations in bf16 (rank 0): ");
     int any = 0;
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) {
