@@ -140,12 +140,12 @@ void lb_decoder_plan(const lb_model *m, lb_layer_plan *out)
         p->qkv_quant16 = ln1 && lb_linear_quantized(&m->lin, l, LB_ROLE_ATTN_QKV);
         p->att = (uint8_t)att;
         p->ln2 = (uint8_t)ln2;
-        if (!lb_blocks_moe(&m->cfg)) {
-            // A dense model's MLP: gate/up's output in bf16 where gate/up is a plain bf16 GEMM
-            // (lb_linear_fwd_c16), as the experts' (gate_up_out below): the SwiGLU then reads
-            // the rounded values; its output in bf16 where down reads bf16 (a plain bf16 GEMM:
-            // the same bits; or quantized from those values). Not a MoE model's leading dense
-            // layers, whose buffers the experts' share.
+        if (!lb_blocks_layer_moe(&m->cfg, l) || lb_dims_of(m).Fs) {
+            // A dense MLP (a dense layer's, or a MoE layer's shared experts): gate/up's output
+            // in bf16 where gate/up is a plain bf16 GEMM (lb_linear_fwd_c16), as the experts'
+            // (gate_up_out below): the SwiGLU then reads the rounded values; its output in
+            // bf16 where down reads bf16 (a plain bf16 GEMM: the same bits; or quantized from
+            // those values).
             p->mlp_gate_up_out = lb_linear_plain16(&m->lin, l, LB_ROLE_MLP_GATE_UP);
             p->mlp_swiglu_out = reads16(m, l, LB_ROLE_MLP_DOWN);
         }
@@ -211,11 +211,13 @@ int lb_blocks_mlp16(const lb_model *m, int l, int h)
     return h ? m->plan[l].mlp_swiglu_out : m->plan[l].mlp_gate_up_out;
 }
 
-// lb_blocks_mlp16 over this stage's layers, as takes16_layers.
-static int mlp16_layers(const lb_model *m, int h, int every)
+// lb_blocks_mlp16 over this stage's dense layers (dense 1) or its MoE layers' shared experts
+// (dense 0), as takes16_layers.
+static int mlp16_layers(const lb_model *m, int h, int every, int dense)
 {
     for (int l = m->layer_begin; l < m->layer_end; l++)
-        if (lb_blocks_mlp16(m, l, h) != every) return !every;
+        if (lb_blocks_layer_moe(&m->cfg, l) != dense && lb_blocks_mlp16(m, l, h) != every)
+            return !every;
     return every;
 }
 
@@ -280,21 +282,31 @@ void lb_blocks_ffn_create(lb_model *m, lb_ffn_acts *f, int n)
             lb_blocks_grow16(be, &f->h16, &f->cap_h16, lb_blocks_n16(rows, d.F));
     }
     const int moe = lb_blocks_moe(&m->cfg);
-    if (moe ? !out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 1) : !mlp16_layers(m, 0, 1))
+    if (moe ? !out16_layers(m, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP, 1)
+            : !mlp16_layers(m, 0, 1, 1))
         lb_blocks_grow(be, &f->gu, &f->cap_gu, rows * 2 * d.F);
-    if (moe ? !takes16_layers(m, LB_ROLE_MOE_DOWN, 1) : !mlp16_layers(m, 1, 1))
+    if (moe ? !takes16_layers(m, LB_ROLE_MOE_DOWN, 1) : !mlp16_layers(m, 1, 1, 1))
         lb_blocks_grow(be, &f->h, &f->cap_h, rows * d.F);   // a shared h is big enough already
-    if (!moe && mlp16_layers(m, 0, 0))
+    if (!moe && mlp16_layers(m, 0, 0, 1))
         lb_blocks_grow16(be, &f->gu16, &f->cap_gu16, lb_blocks_n16(rows, 2 * d.F));
-    if (!moe && mlp16_layers(m, 1, 0))   // a shared one is big enough
+    if (!moe && mlp16_layers(m, 1, 0, 1))   // a shared one is big enough
         lb_blocks_grow16(be, &f->h16, &f->cap_h16, lb_blocks_n16(rows, d.F));
-    if (lb_blocks_moe(&m->cfg) && has_dense(&m->cfg)) {   // the dense leading layers' (grow-only)
-        lb_blocks_grow(be, &f->gu, &f->cap_gu, (size_t)n * 2 * d.Fd);
-        lb_blocks_grow(be, &f->h, &f->cap_h, (size_t)n * d.Fd);
+    if (moe && has_dense(&m->cfg)) {   // the dense leading layers' (grow-only)
+        if (!mlp16_layers(m, 0, 1, 1))
+            lb_blocks_grow(be, &f->gu, &f->cap_gu, (size_t)n * 2 * d.Fd);
+        if (!mlp16_layers(m, 1, 1, 1)) lb_blocks_grow(be, &f->h, &f->cap_h, (size_t)n * d.Fd);
+        if (mlp16_layers(m, 0, 0, 1))
+            lb_blocks_grow16(be, &f->gu16, &f->cap_gu16, lb_blocks_n16((size_t)n, 2 * d.Fd));
+        if (mlp16_layers(m, 1, 0, 1))
+            lb_blocks_grow16(be, &f->h16, &f->cap_h16, lb_blocks_n16((size_t)n, d.Fd));
     }
     if (d.Fs) {   // the shared experts' MLP, kept by every layer (not recomputed)
-        f->sgu = lb_blocks_falloc(be, (size_t)n * 2 * d.Fs);
-        f->sh = lb_blocks_falloc(be, (size_t)n * d.Fs);
+        if (!mlp16_layers(m, 0, 1, 0)) f->sgu = lb_blocks_falloc(be, (size_t)n * 2 * d.Fs);
+        if (!mlp16_layers(m, 1, 1, 0)) f->sh = lb_blocks_falloc(be, (size_t)n * d.Fs);
+        if (mlp16_layers(m, 0, 0, 0))
+            f->sgu16 = be->alloc(be, lb_blocks_n16((size_t)n, 2 * d.Fs) * sizeof(uint16_t));
+        if (mlp16_layers(m, 1, 0, 0))
+            f->sh16 = be->alloc(be, lb_blocks_n16((size_t)n, d.Fs) * sizeof(uint16_t));
     }
 }
 
@@ -303,7 +315,7 @@ void lb_blocks_ffn_free(lb_model *m, lb_ffn_acts *f)
     lb_backend *be = m->be;
     void *bufs[] = {f->rlogits, f->probs, f->weight, f->idx, f->row, f->aux_grad, f->yp,
                     f->xe, f->xe16, f->gu, f->h, f->h16, f->gu16, f->wp, f->wpe,
-                    f->counts_dev, f->sgu, f->sh};
+                    f->counts_dev, f->sgu, f->sh, f->sgu16, f->sh16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     free(f->counts);
@@ -421,13 +433,15 @@ static void shared_create(lb_model *m, lb_layer_acts *S, int n, int ns)
     size_t rows = lb_blocks_moe(&m->cfg) ? (size_t)d.ep * n * d.K : (size_t)n;
     recomputable_create(m, S, n, ns);
     const int moe = lb_blocks_moe(&m->cfg);
-    if (moe ? !takes16_layers(m, LB_ROLE_MOE_DOWN, 1) : !mlp16_layers(m, 1, 1))
+    if (moe ? !takes16_layers(m, LB_ROLE_MOE_DOWN, 1) : !mlp16_layers(m, 1, 1, 1))
         lb_blocks_grow(m->be, &S->f.h, &S->f.cap_h, rows * d.F);
-    if (lb_blocks_moe(&m->cfg) && has_dense(&m->cfg))   // the dense leading layers' h too
+    if (moe && has_dense(&m->cfg) && !mlp16_layers(m, 1, 1, 1))   // the dense layers' h too
         lb_blocks_grow(m->be, &S->f.h, &S->f.cap_h, (size_t)n * d.Fd);
     // h's bf16 copy is recomputed in h's place where some layer's GEMMs take it
-    if (moe ? takes16_layers(m, LB_ROLE_MOE_DOWN, 0) : mlp16_layers(m, 1, 0))
+    if (moe ? takes16_layers(m, LB_ROLE_MOE_DOWN, 0) : mlp16_layers(m, 1, 0, 1))
         lb_blocks_grow16(m->be, &S->f.h16, &S->f.cap_h16, lb_blocks_n16(rows, d.F));
+    if (moe && has_dense(&m->cfg) && mlp16_layers(m, 1, 0, 1))   // the dense layers' h16 too
+        lb_blocks_grow16(m->be, &S->f.h16, &S->f.cap_h16, lb_blocks_n16((size_t)n, d.Fd));
 }
 
 static void shared_free(lb_model *m, lb_layer_acts *S)

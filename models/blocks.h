@@ -94,6 +94,7 @@ typedef struct {
     size_t cap_h16, cap_gu16, cap_xe16;
     lb_ep_route route;
     float *sgu, *sh;                   // the shared experts' (n, 2 fs), (n, fs), or NULL
+    uint16_t *sgu16, *sh16;            // the same in bf16 instead (lb_blocks_mlp16), or NULL
 } lb_ffn_acts;
 
 // Exchange and expert scratch shared by a micro-batch's layers (grow-only).

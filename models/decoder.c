@@ -224,9 +224,10 @@ static void layer_recompute(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
     lb_norm_rows(m, a, L->xmid, w.ln2, L->ln2, L->ln2_16, L->rstd2);
     const int l = m->layer_begin + i, moe = lb_blocks_layer_moe(&m->cfg, l);
     int rows = moe ? L->f.route.nrecv : a->n;
-    const int h16on = moe ? lb_blocks_takes16(m, l, LB_ROLE_MOE_DOWN) : lb_blocks_mlp16(m, l, 1);
-    const int g16 =
-        moe ? lb_blocks_out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP) : lb_blocks_mlp16(m, l, 0);
+    const int h16on =
+        moe ? lb_blocks_takes16(m, l, LB_ROLE_MOE_DOWN) : lb_blocks_mlp16(m, l, 1);
+    const int g16 = moe ? lb_blocks_out16(m, l, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP)
+                        : lb_blocks_mlp16(m, l, 0);
     uint16_t *h16 = h16on ? L->f.h16 : NULL, *gu16 = g16 ? L->f.gu16 : NULL;
     const float *rw = !moe || !lb_blocks_weights_on_h(m, l) ? NULL : d.ep > 1 ? L->f.wpe : L->f.wp;
     if (rows)

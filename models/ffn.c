@@ -17,6 +17,41 @@ int lb_blocks_experts_on_device(lb_model *m, int l, const lb_layer_w *w)
            lb_linear_experts_ok(&m->lin, l, LB_ROLE_MOE_DOWN, w->cdown);
 }
 
+// A SwiGLU MLP (a dense layer's, or the shared experts') on x (n, c): gu (n, 2f) = x Wgu^T,
+// h (n, f) = swiglu(gu), out = h Wdown^T + beta out. gu and h in bf16 (gu16, h16) where the
+// plan says (lb_blocks_mlp16: both roles' readers read bf16), else fp32.
+static void mlp_fwd(lb_model *m, int l, const float *wgu, const lb_wcache *cgu,
+                    const float *wdown, const lb_wcache *cdown, lb_act x, float *gu,
+                    uint16_t *gu16, float *h, uint16_t *h16, int f, float *out, float beta)
+{
+    lb_linear *lin = &m->lin;
+    const int n = x.rows, c = lb_dims_of(m).C;
+    if (gu16) lb_linear_fwd_c16(lin, l, LB_ROLE_MLP_GATE_UP, x, wgu, cgu, gu16, 2 * f);
+    else lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, x, wgu, cgu, 0, gu, 2 * f, 0.0f);
+    m->be->swiglu_fwd(m->be, &(lb_swiglu_args){.out = h16 ? NULL : h, .out16 = h16,
+            .gu = gu16 ? NULL : gu, .gu16 = gu16, .n = n, .f = f});
+    lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, lb_act_of(h, h16, n, f), wdown, cdown, 0, out, c,
+                  beta);
+}
+
+// Its backward from dout (n, c): dx = dgu Wgu + dx_beta dx, the weights' gradients
+// accumulated; dgu (n, 2f), dh (n, f) scratch. gu, h as the forward stored them.
+static void mlp_bwd(lb_model *m, int l, const float *wgu, const lb_wcache *cgu,
+                    const float *wdown, const lb_wcache *cdown, float *dwgu, float *dwdown,
+                    lb_act x, const float *gu, const uint16_t *gu16, const float *h,
+                    const uint16_t *h16, int f, const float *dout, float *dx, float dx_beta,
+                    float *dgu, float *dh)
+{
+    lb_linear *lin = &m->lin;
+    const int n = x.rows, c = lb_dims_of(m).C;
+    lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, lb_act_of(h, h16, n, f), wdown, cdown, 0, dout, dh,
+                  0.0f, dwdown, lb_model_grad_beta(m, dwdown), c);
+    m->be->swiglu_bwd(m->be, &(lb_swiglu_args){.dgu = dgu, .dout = dh, .gu = gu16 ? NULL : gu,
+            .gu16 = gu16, .n = n, .f = f});
+    lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, x, wgu, cgu, 0, dgu, dx, dx_beta, dwgu,
+                  lb_model_grad_beta(m, dwgu), 2 * f);
+}
+
 // out (n, c) = this rank's share of the block on ln (n, c): the caller sums it over tp. Returns
 // the layer's load-balancing loss (0 for dense blocks or without want_aux). cached: the cached
 // forward, which no backward follows, so that under ep 1 with bf16 expert GEMMs the rows per
@@ -36,24 +71,17 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
             be->zero(be, lb_model_route_stage(m, n) + (size_t)(l - m->layer_begin) * n * d.K,
                      (size_t)n * d.K * sizeof(int32_t));
         // gate/up's and the SwiGLU's outputs in bf16 where the plan says (lb_blocks_mlp16)
-        const int g16 = lb_blocks_mlp16(m, l, 0), h16on = lb_blocks_mlp16(m, l, 1);
-        uint16_t *gu16 = g16 ? lb_blocks_grow16(be, &f->gu16, &f->cap_gu16,
-                                                lb_blocks_n16((size_t)n, 2 * d.Fd))
-                             : NULL;
-        float *gu = g16 ? NULL : lb_blocks_grow(be, &f->gu, &f->cap_gu, (size_t)n * 2 * d.Fd);
-        uint16_t *h16 =
-            h16on ? lb_blocks_grow16(be, &f->h16, &f->cap_h16, lb_blocks_n16((size_t)n, d.Fd))
-                  : NULL;
-        float *h = h16on ? NULL : lb_blocks_grow(be, &f->h, &f->cap_h, (size_t)n * d.Fd);
-        const lb_act xin = lb_blocks_norm_in(m, l, LB_ROLE_MLP_GATE_UP, ln, ln16, n, d.C);
-        if (g16)
-            lb_linear_fwd_c16(lin, l, LB_ROLE_MLP_GATE_UP, xin, w->gu, w->cgu, gu16, 2 * d.Fd);
-        else
-            lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP, xin, w->gu, w->cgu, 0, gu, 2 * d.Fd, 0.0f);
-        be->swiglu_fwd(be, &(lb_swiglu_args){.out = h, .out16 = h16, .gu = gu, .gu16 = gu16,
-                .n = n, .f = d.Fd});
-        lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, lb_act_of(h, h16, n, d.Fd), w->down, w->cdown, 0,
-                      out, d.C, 0.0f);
+        const int g16 = lb_blocks_mlp16(m, l, 0), h16 = lb_blocks_mlp16(m, l, 1);
+        mlp_fwd(m, l, w->gu, w->cgu, w->down, w->cdown,
+                lb_blocks_norm_in(m, l, LB_ROLE_MLP_GATE_UP, ln, ln16, n, d.C),
+                g16 ? NULL : lb_blocks_grow(be, &f->gu, &f->cap_gu, (size_t)n * 2 * d.Fd),
+                g16 ? lb_blocks_grow16(be, &f->gu16, &f->cap_gu16,
+                                       lb_blocks_n16((size_t)n, 2 * d.Fd))
+                    : NULL,
+                h16 ? NULL : lb_blocks_grow(be, &f->h, &f->cap_h, (size_t)n * d.Fd),
+                h16 ? lb_blocks_grow16(be, &f->h16, &f->cap_h16, lb_blocks_n16((size_t)n, d.Fd))
+                    : NULL,
+                d.Fd, out, 0.0f);
         return 0.0;
     }
     lb_linear_fwd(lin, l, LB_ROLE_ROUTER, lb_blocks_norm_in(m, l, LB_ROLE_ROUTER, ln, ln16, n, d.C),
@@ -158,12 +186,11 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
                 .weight = wh ? NULL : f->weight + (size_t)o * d.K, .row = f->row,
                 .n = np, .k = d.K, .c = d.C});
     if (w->sgu) {   // the shared experts on every row, added to the routed output (tp partial)
-        lb_linear_fwd(lin, l, LB_ROLE_MLP_GATE_UP,
-                      lb_blocks_norm_in(m, l, LB_ROLE_MLP_GATE_UP, ln, ln16, n, d.C), w->sgu,
-                      w->csgu, 0, f->sgu, 2 * d.Fs, 0.0f);
-        be->swiglu_fwd(be, &(lb_swiglu_args){.out = f->sh, .gu = f->sgu, .n = n, .f = d.Fs});
-        lb_linear_fwd(lin, l, LB_ROLE_MLP_DOWN, lb_act_f32(f->sh, n, d.Fs), w->sdown, w->csdown, 0,
-                      out, d.C, 1.0f);
+        const int g16 = lb_blocks_mlp16(m, l, 0), h16 = lb_blocks_mlp16(m, l, 1);
+        mlp_fwd(m, l, w->sgu, w->csgu, w->sdown, w->csdown,
+                lb_blocks_norm_in(m, l, LB_ROLE_MLP_GATE_UP, ln, ln16, n, d.C),
+                g16 ? NULL : f->sgu, g16 ? f->sgu16 : NULL, h16 ? NULL : f->sh,
+                h16 ? f->sh16 : NULL, d.Fs, out, 1.0f);
     }
     return aux;
 }
@@ -219,14 +246,9 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
     lb_moe_scratch *s = &a->ms;
     if (!lb_blocks_layer_moe(c, l)) {
         const int g16 = lb_blocks_mlp16(m, l, 0), h16 = lb_blocks_mlp16(m, l, 1);
-        lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN,
-                      h16 ? lb_act_bf16(f->h16, n, d.Fd) : lb_act_f32(f->h, n, d.Fd), w->down,
-                      w->cdown, 0, dout, a->dh, 0.0f, dw->down, lb_model_grad_beta(m, dw->down),
-                      d.C);
-        be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = a->dgu, .dout = a->dh,
-                .gu = g16 ? NULL : f->gu, .gu16 = g16 ? f->gu16 : NULL, .n = n, .f = d.Fd});
-        lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->gu, w->cgu, 0, a->dgu, dln, 0.0f,
-                      dw->gu, lb_model_grad_beta(m, dw->gu), 2 * d.Fd);
+        mlp_bwd(m, l, w->gu, w->cgu, w->down, w->cdown, dw->gu, dw->down, ln,
+                g16 ? NULL : f->gu, g16 ? f->gu16 : NULL, h16 ? NULL : f->h,
+                h16 ? f->h16 : NULL, d.Fd, dout, dln, 0.0f, a->dgu, a->dh);
         return;
     }
     int o, np = lb_blocks_part_rows(&d, n, &o);   // the rows this rank sent to the experts
@@ -349,11 +371,9 @@ void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, l
                   m->par.tp_rank == 0 ? dln : NULL, 1.0f, dw->router,
                   lb_model_grad_beta(m, dw->router), d.E);
     if (w->sgu) {   // the shared experts: a dense MLP's backward, its dln added (tp partial)
-        lb_linear_bwd(lin, l, LB_ROLE_MLP_DOWN, lb_act_f32(f->sh, n, d.Fs), w->sdown, w->csdown, 0,
-                      dout, a->dh, 0.0f, dw->sdown, lb_model_grad_beta(m, dw->sdown), d.C);
-        be->swiglu_bwd(be, &(lb_swiglu_args){.dgu = a->dgu, .dout = a->dh, .gu = f->sgu, .n = n,
-                .f = d.Fs});
-        lb_linear_bwd(lin, l, LB_ROLE_MLP_GATE_UP, ln, w->sgu, w->csgu, 0, a->dgu, dln, 1.0f,
-                      dw->sgu, lb_model_grad_beta(m, dw->sgu), 2 * d.Fs);
+        const int g16 = lb_blocks_mlp16(m, l, 0), h16 = lb_blocks_mlp16(m, l, 1);
+        mlp_bwd(m, l, w->sgu, w->csgu, w->sdown, w->csdown, dw->sgu, dw->sdown, ln,
+                g16 ? NULL : f->sgu, g16 ? f->sgu16 : NULL, h16 ? NULL : f->sh,
+                h16 ? f->sh16 : NULL, d.Fs, dout, dln, 1.0f, a->dgu, a->dh);
     }
 }

@@ -619,9 +619,12 @@ void lb_model_act_plan(const lb_model *m, lb_act_plan *p)
         p->ln1 += q->ln1;
         p->att += q->att;
         p->ln2 += q->ln2;
+        if (!lb_model_layer_moe(m->def, &m->cfg, l) || m->cfg.n_shared_experts > 0)
+            p->mlp_layers++;
         p->mlp_gate_up_out += q->mlp_gate_up_out;
         p->mlp_swiglu_out += q->mlp_swiglu_out;
         if (!lb_model_layer_moe(m->def, &m->cfg, l)) continue;
+        p->moe_layers++;
         p->expert_in += q->expert_in;
         p->gate_up_out += q->gate_up_out;
         p->swiglu_out += q->swiglu_out;

@@ -233,6 +233,8 @@ typedef struct {
 // (MoE layers for the experts' ones) where that activation is bf16.
 typedef struct lb_act_plan {
     int layers;        // of this stage
+    int moe_layers;    // of them MoE layers (the experts' fields count those)
+    int mlp_layers;    // of them layers with a dense MLP or shared experts (the mlp_ fields')
     int qk;            // q and k after their norms and RoPE (the bf16 attention's inputs)
     int ln1;           // the attention's input norm
     int att;           // the attention output

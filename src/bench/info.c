@@ -179,19 +179,20 @@ int lb_info_rank_memory(const lb_config *c, const lb_grid *g, lb_rank_memory *ou
 // Rank 0's activation plan: what it stores in bf16 (of its stage's layers where not all).
 static void print_plan(const lb_act_plan *p)
 {
-    const struct { int n; const char *what; } a[] = {
-        {p->qk, "q and k after RoPE"}, {p->ln1, "the attention's input norm"},
-        {p->att, "the attention output"}, {p->ln2, "the feed-forward block's input norm"},
-        {p->expert_in, "the experts' input rows"}, {p->gate_up_out, "gate/up's outputs"},
-        {p->swiglu_out, "the SwiGLU outputs"}, {p->down_dgrad, "down's input gradients"},
-        {p->mlp_gate_up_out, "the MLP's gate/up outputs"},
-        {p->mlp_swiglu_out, "the MLP's SwiGLU outputs"}};
+    const int L = p->layers, E = p->moe_layers, M = p->mlp_layers;
+    const struct { int n, of; const char *what; } a[] = {
+        {p->qk, L, "q and k after RoPE"}, {p->ln1, L, "the attention's input norm"},
+        {p->att, L, "the attention output"}, {p->ln2, L, "the feed-forward block's input norm"},
+        {p->expert_in, E, "the experts' input rows"}, {p->gate_up_out, E, "gate/up's outputs"},
+        {p->swiglu_out, E, "the SwiGLU outputs"}, {p->down_dgrad, E, "down's input gradients"},
+        {p->mlp_gate_up_out, M, "the MLP's gate/up outputs"},
+        {p->mlp_swiglu_out, M, "the MLP's SwiGLU outputs"}};
     printf("            activations in bf16 (rank 0): ");
     int any = 0;
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) {
         if (!a[i].n) continue;
         printf("%s%s", any++ ? ", " : "", a[i].what);
-        if (a[i].n < p->layers) printf(" (%d of %d layers)", a[i].n, p->layers);
+        if (a[i].n < a[i].of) printf(" (%d of %d layers)", a[i].n, a[i].of);
     }
     printf("%s; the residual stream, %sq/k/v before RoPE, %sthe experts' routed outputs and the "
            "gradients between ops in fp32\n", any ? "" : "none",
