@@ -96,6 +96,7 @@ typedef struct {
     int hadamard;
     uint32_t hsigns;
     int hsigns_draw;
+    int pow2;   // fp8-block's power-of-two scales (lb_quant_args.pow2)
 } qspec;
 
 // Rows per group: list[j], or add + (j * mul) % mod; the last group `last` rows where > 0.
@@ -2606,8 +2607,11 @@ typedef struct {
     lb_elem elem;
     lb_scale_rule rule;
     lb_scale2_mode s2;
+    int pow2;
 } qcfg;
 
+// From here on a table's row names the fields it uses; the others are zero (pow2 where absent).
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 static const qcfg QCFG[] = {
     {"fp8 1x128", LB_FMT_FP8_BLOCK, 0, LB_E4M3, 0, 0},
     {"fp8 128x128", LB_FMT_FP8_BLOCK, 1, LB_E4M3, 0, 0},
@@ -2623,6 +2627,10 @@ static const qcfg QCFG[] = {
     {"nvfp4 16x16 tensor", LB_FMT_NVFP4, 1, LB_E4M3, 0, LB_S2_TENSOR},
     {"nvfp4 16x16 given", LB_FMT_NVFP4, 1, LB_E4M3, 0, LB_S2_GIVEN},
     {"fp8 tensor", LB_FMT_FP8_TENSOR, 0, LB_E4M3, 0, 0},
+    // precision.scale = pow2 (after the others: the rows above are indexed)
+    {"fp8 1x128 pow2", LB_FMT_FP8_BLOCK, 0, LB_E4M3, 0, 0, 1},
+    {"fp8 128x128 pow2", LB_FMT_FP8_BLOCK, 1, LB_E4M3, 0, 0, 1},
+    {"fp8 tensor pow2", LB_FMT_FP8_TENSOR, 0, LB_E4M3, 0, 0, 1},
 };
 #define NQCFG ((int)(sizeof QCFG / sizeof QCFG[0]))
 
@@ -2637,6 +2645,7 @@ static lb_quant_args qargs(const qcfg *c, int colwise, int sr, float s2)
     a.rule = c->rule;
     a.s2_mode = c->s2;
     a.s2 = s2;
+    a.pow2 = c->pow2;
     a.sr = sr;
     a.seed = seed ^ 0x5eed;
     a.step = 17;
@@ -2846,6 +2855,96 @@ static void quantize_golden_case(const test_case *tst)
     ck_assert_int_eq(qcompared, 3 * NQCFG * 4);
 }
 
+// precision.scale = pow2 checked on the backend under test itself (its bytes equal the CPU's:
+// quant_case first), on qinput's special values plus rows whose amax is 448 * 2^-5 exactly (the
+// scale 2^-5, not doubled), 448 * 2^-150 (below fp32: 1, as the FP32 rule) and one ulp above:
+// every scale of a finite block with amax above 448 * 2^-150 is a power of two s with
+// amax <= 448 s < 2 amax, the others 1 (NaN for a non-finite block); every dequantized element
+// within half an E4M3 step of x at x / s, which never passes 448 (nothing clips). The fp32
+// maximum's element alone may round up to 2^128, +-Inf (doc/formats.md).
+static void quantize_pow2_case(const test_case *tst)
+{
+    const int shapes[2][2] = {{37, 135}, {300, 129}};
+    int checked = 0;
+    for (int sh = 0; sh < 2; sh++) {
+        const int rows = shapes[sh][0], cols = shapes[sh][1];
+        float *x = qinput(rows, cols, 2);
+        for (int c = 0; c < cols; c++) {
+            x[11 * cols + c] = (c % 2 ? -1.0f : 1.0f) * 0x1p-10f * (float)(c % 9);
+            x[12 * cols + c] = c == 3 ? 0x1.cp-142f : 0.0f;                  // 448 * 2^-150
+            x[13 * cols + c] = c == 9 ? -(0x1.cp-142f + 0x1p-149f) : 0x1p-149f;
+        }
+        x[11 * cols + 60] = 448.0f * 0x1p-5f;
+        for (int ci = 0; ci < NQCFG; ci++) {
+            const qcfg *cf = &QCFG[ci];
+            if (!cf->pow2) continue;
+            for (int dir = 0; dir < 2; dir++) {
+                quant_case("pow2 edges", x, rows, cols, cf, dir, 0, 0.0f);
+                lb_quant_args a = qargs(cf, dir, 0, 0.0f);
+                lb_qmat dq, got;
+                dev->qmat_alloc(dev, &dq, rows, cols, &a);
+                float *dx = dput(x, (size_t)rows * cols * 4);
+                dev->quantize(dev, &dq, lb_act_f32(dx, rows, cols), &a);
+                qmat_get(&got, &dq);
+                const int R = got.rows, C = got.cols;
+                float *dy = dpoisoned((size_t)R * C * 4);
+                dev->dequantize(dev, dy, &dq);
+                float *y = hget(dy, (size_t)R * C * 4);
+                char what[96];
+                snprintf(what, sizeof what, "pow2 %s %s (%d x %d)", cf->name, dir ? "col" : "row",
+                         rows, cols);
+                for (int i = 0; i < got.srows; i++)
+                    for (int j = 0; j < got.scols; j++) {
+                        const int r0 = i * got.brows, c0 = j * got.bcols;
+                        const int r1 = r0 + got.brows < R ? r0 + got.brows : R;
+                        const int c1 = c0 + got.bcols < C ? c0 + got.bcols : C;
+                        double amax = 0.0;   // over Q's block: x's element (c, r) column-wise
+                        for (int r = r0; r < r1; r++)
+                            for (int c = c0; c < c1; c++) {
+                                const double v = fabs(dir ? x[(size_t)c * cols + r]
+                                                          : x[(size_t)r * cols + c]);
+                                amax = v != v || amax != amax ? NAN : v > amax ? v : amax;
+                            }
+                        const float s = ((const float *)got.scale)[(size_t)i * got.scols + j];
+                        if (!(amax < INFINITY)) {
+                            ck_assert_msg(s != s, "%s: block (%d, %d) amax %g, scale %g", what,
+                                          i, j, amax, (double)s);
+                            continue;
+                        }
+                        int e;
+                        if (amax <= 448.0 * 0x1p-150)
+                            ck_assert_msg(s == 1.0f, "%s: block (%d, %d) amax %a, scale %a",
+                                          what, i, j, amax, (double)s);
+                        else
+                            ck_assert_msg(frexpf(s, &e) == 0.5f && amax <= 448.0 * s &&
+                                          amax > 224.0 * s, "%s: block (%d, %d) amax %a, scale "
+                                          "%a: not a power of two in [amax / 448, 2 amax / 448)",
+                                          what, i, j, amax, (double)s);
+                        for (int r = r0; r < r1; r++)
+                            for (int c = c0; c < c1; c++) {
+                                const double xv = dir ? x[(size_t)c * cols + r]
+                                                      : x[(size_t)r * cols + c];
+                                const double yv = y[(size_t)r * C + c], xs = fabs(xv) / s;
+                                const double step =
+                                    ldexp(1.0, (xs < 0x1p-6 ? -6 : ilogb(xs)) - 3);
+                                if (isinf(yv) && fabs(xv) >= 0x1.fp127) continue;
+                                if (!(xs <= 448.0 && fabs(yv - xv) <= 0.5 * step * s))
+                                    ck_abort_msg("%s: (%d, %d) x %a -> %a, scale %a", what, r, c,
+                                                 xv, yv, (double)s);
+                            }
+                        checked++;
+                    }
+                if (verbose()) printf("  %-70s scales and errors as the rule says\n", what);
+                free(y), dfree(dy), dfree(dx);
+                lb_qmat_free(&got);
+                dev->qmat_free(dev, &dq);
+            }
+        }
+        free(x);
+    }
+    ck_assert_int_gt(checked, 1000);
+}
+
 // p: rows, cols, axis, n, the random signs' site (99 + it); deterministic and random signs,
 // out of place and in place
 static void hadamard_case(const test_case *tst)
@@ -3016,6 +3115,7 @@ static lb_quant_args gq(lb_format fmt, int colwise, int weight, lb_elem elem, lb
 static lb_quant_args qspec_args(const qspec *q, int G, uint32_t *signs)
 {
     lb_quant_args a = gq(q->fmt, q->colwise, q->weight, q->elem, q->rule, q->s2, q->sr);
+    a.pow2 = q->pow2;
     a.hadamard = q->hadamard;
     a.hsigns = q->hsigns_draw > 0 ? lb_hadamard_signs(q->hadamard, seed, 5, q->hsigns_draw)
                                   : q->hsigns;
@@ -3298,8 +3398,9 @@ static void qmat_transpose_case(const test_case *tst)
 // copies poisoned first: fp8-block 128x128 (one pass on CUDA, each tile also stored
 // transposed) with groups of awkward row counts, one empty, the transposed rows 16-byte
 // aligned or not (rows 256 or 300), the rows of x aligned or not (cols 200, 130), more groups
-// than one launch takes, stochastic rounding; and NVFP4 16x16, which CUDA runs as the two calls.
-// label: the name; p: fmt, sr, cols; g: the groups' rows
+// than one launch takes, stochastic rounding, power-of-two scales; and NVFP4 16x16, which CUDA
+// runs as the two calls.
+// label: the name; p: fmt, sr, cols, pow2; g: the groups' rows
 static void quant_rt_case(const test_case *tst)
 {
     const char *name = tst->label;
@@ -3307,7 +3408,9 @@ static void quant_rt_case(const test_case *tst)
     const int sr = tst->p[1], cols = tst->p[2], G = tst->g.count;
     int rows[LB_TEST_MAX_GROUPS];
     group_rows(&tst->g, rows);
-    lb_quant_args a = gq(fmt, 0, 1, LB_E4M3, 0, LB_S2_TENSOR, sr), b = a;
+    lb_quant_args a = gq(fmt, 0, 1, LB_E4M3, 0, LB_S2_TENSOR, sr), b;
+    a.pow2 = tst->p[3];
+    b = a;
     b.colwise = 1;
     int n = 0;
     for (int j = 0; j < G; j++) n += rows[j];
@@ -4164,8 +4267,7 @@ static void attention_fwd_vs_cached_case(const test_case *tst)
 }
 
 // --- the cases --------------------------------------------------------------------------------
-// A row names the fields it uses; the others are zero.
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+// A row names the fields it uses; the others are zero (as QCFG's rows).
 
 #define CASE(ops, run, ...) {ops, run, #run, __VA_ARGS__}
 #define FP8B LB_FMT_FP8_BLOCK
@@ -4362,6 +4464,7 @@ static const test_case CASES[] = {
     // --- low precision
     CASE(OP(quantize) OP(dequantize) OP(qmat_alloc) OP(qmat_free), quantize_random_case),
     CASE(OP(quantize) OP(dequantize), quantize_golden_case),
+    CASE(OP(quantize) OP(dequantize), quantize_pow2_case),
     // hadamard, p (rows, cols, axis, n, signs' site): the CPU's operations in its order, bitwise
     CASE(OP(hadamard), hadamard_case, {48, 37, LB_AXIS_ROWS, 16, 0}),
     CASE(OP(hadamard), hadamard_case, {96, 5, LB_AXIS_ROWS, 32, 1}),
@@ -4402,6 +4505,17 @@ static const test_case CASES[] = {
        LB_S2_TENSOR, 1, 16, 0, -1),
     QG("mxfp4 col, Hadamard 16, signs per group", 130, 16, G6, LB_FMT_MXFP4, 1, 0, E4, CEIL, 0,
        0, 16, 0, -1),
+    // power-of-two scales: fq_rows_kernel, fq_kernel both ways and block shapes, stochastic
+    // rounding, the passes (a transform)
+    QG("fp8 1x128 row pow2", 300, 0, G6, FP8B, 0, 0, E4, 0, 0, 0, .pow2 = 1),
+    QG("fp8 1x128 col pow2, padded", 200, 16, G6, FP8B, 1, 0, E4, 0, 0, 0, .pow2 = 1),
+    QG("fp8 1x128 col sr pow2, padded", 200, 16, G6, FP8B, 1, 0, E4, 0, 0, 1, .pow2 = 1),
+    QG("fp8 128x128 row pow2", 300, 0, G6, FP8B, 0, 1, E4, 0, 0, 0, .pow2 = 1),
+    QG("fp8 128x128 col pow2", 200, 0, G6, FP8B, 1, 1, E4, 0, 0, 0, .pow2 = 1),
+    QG("fp8 1x128 col pow2, Hadamard 16", 200, 16, G6, FP8B, 1, 0, E4, 0, 0, 0, 16, 0x5a5au,
+       .pow2 = 1),
+    QG("fp8 tensor col pow2, padded", 200, 16, G6, LB_FMT_FP8_TENSOR, 1, 0, E4, 0, 0, 0,
+       .pow2 = 1),
 #undef QG
     // the same from bf16 activations (p[2] 1): fq_rows_kernel, fq_kernel, mq_kernel (with a
     // transform), rows not 8-byte aligned (cols 130), and the passes that read an fp32 copy
@@ -4421,6 +4535,8 @@ static const test_case CASES[] = {
          0, 16, 0, -1),
     QG16("fp8 1x128 col, Hadamard 16", 200, 16, G6, FP8B, 1, 0, E4, 0, 0, 0, 16, 0x5a5au),
     QG16("fp8 tensor col, padded", 200, 16, G6, LB_FMT_FP8_TENSOR, 1, 0, E4, 0, 0, 0),
+    QG16("fp8 1x128 row pow2", 300, 0, G6, FP8B, 0, 0, E4, 0, 0, 0, .pow2 = 1),
+    QG16("fp8 1x128 col pow2, padded", 200, 16, G6, FP8B, 1, 0, E4, 0, 0, 0, .pow2 = 1),
 #undef QG16
     // quantize_amax and quantize_grouped with given amaxes, q[0] NVFP4, p (cols, pad)
 #define QA(lbl, cols, pad, grp, colwise, s2, ...) \
@@ -4455,6 +4571,16 @@ static const test_case CASES[] = {
     QRC("fp8 1x128, column-wise sr", 200, 16, G6, 1, FP8B, 0),
     QRC("mxfp8", 200, 16, G6, 0, LB_FMT_MXFP8, CEIL),
 #undef QRC
+    // power-of-two scales both ways (one pass on CUDA), and on one side only (the two calls)
+#define QRC2(lbl, cols, pad, grp, x16, pr, pc) \
+    CASE(OP(quantize_rc), quant_rc_case, {cols, pad, x16}, .label = lbl, .g = grp, \
+         .q = {{FP8B, 0, 0, E4, 0, 0, 0, .pow2 = pr}, {FP8B, 1, 0, E4, 0, 0, 0, .pow2 = pc}})
+    QRC2("fp8 1x128 pow2", 200, 16, G6, 0, 1, 1),
+    QRC2("fp8 1x128 pow2, cols 130, from bf16", 130, 16, G6, 1, 1, 1),
+    QRC2("fp8 1x128 pow2, 128 groups", 512, 128, G128, 0, 1, 1),
+    QRC2("fp8 1x128 pow2 row-wise only", 200, 16, G6, 0, 1, 0),
+    QRC2("fp8 1x128 pow2 column-wise only", 200, 16, G6, 0, 0, 1),
+#undef QRC2
 #define QRC16(lbl, cols, pad, grp, sr, fmt, rule) \
     CASE(OP(quantize_rc), quant_rc_case, {cols, pad, 1}, .label = lbl " from bf16", .g = grp, \
          .q = {{fmt, 0, 0, E4, rule, 0, 0}, {fmt, 1, 0, E4, rule, 0, sr}})
@@ -4480,6 +4606,12 @@ static const test_case CASES[] = {
          .g = {250, NULL, 1, 20, 1, 0}),
     CASE(OP(quantize_rt), quant_rt_case, {FP8B, 1, 200}, .label = "fp8 128x128 sr",
          .g = {5, R5}),
+    CASE(OP(quantize_rt), quant_rt_case, {FP8B, 0, 200, 1}, .label = "fp8 128x128 pow2",
+         .g = {5, R5}),
+    CASE(OP(quantize_rt), quant_rt_case, {FP8B, 1, 130, 1}, .label = "fp8 128x128 sr pow2",
+         .g = {5, R5}),
+    CASE(OP(quantize_rt), quant_rt_case, {FP8B, 0, 48, 1},
+         .label = "fp8 128x128 pow2, 250 groups", .g = {250, NULL, 1, 20, 1, 0}),
     CASE(OP(quantize_rt), quant_rt_case, {LB_FMT_NVFP4, 0, 200}, .label = "nvfp4 16x16",
          .g = {5, R5}),
     CASE(OP(gemm_q), gemm_q_all_case, .cuda = 1),

@@ -161,6 +161,73 @@ START_TEST(test_attention_mode)
 }
 END_TEST
 
+// precision.scale = pow2: on every fp8-block site (recipe or override) and nowhere else,
+// printed as +p2; fp32 (and the default "") none; refused, naming the key, where no GEMM is
+// fp8-block; an unknown word refused.
+START_TEST(test_scale_pow2)
+{
+    lb_precision_spec s = lb_test_spec("fp8-block");
+    lb_contract c = resolve(&s, 2);
+    for (int l = 0; l < 2; l++)
+        for (int r = 0; r < LB_NROLES; r++)
+            for (int p = 0; p < LB_NPASSES; p++)
+                ck_assert_int_eq(lb_contract_site(&c, l, r, p)->scale_pow2, 0);
+    lb_contract_free(&c);
+
+    snprintf(s.scale, sizeof s.scale, "pow2");
+    snprintf(s.overrides, sizeof s.overrides, "attn.qkv.*=mxfp8");
+    c = resolve(&s, 2);
+    for (int l = 0; l < 2; l++)
+        for (int r = 0; r < LB_NROLES; r++)
+            for (int p = 0; p < LB_NPASSES; p++) {
+                const lb_site *x = lb_contract_site(&c, l, r, p);
+                ck_assert_msg(x->scale_pow2 == (x->fmt == LB_FMT_FP8_BLOCK),
+                              "layer %d %s pass %d: format %s, pow2 %d", l, lb_role_name(r), p,
+                              lb_format_name(x->fmt), x->scale_pow2);
+            }
+    ck_assert_int_eq(lb_contract_site(&c, 0, LB_ROLE_MOE_DOWN, LB_PASS_WGRAD)->scale_pow2, 1);
+    ck_assert_int_eq(lb_contract_site(&c, 0, LB_ROLE_ROUTER, LB_PASS_FPROP)->scale_pow2, 0);
+    char *buf;
+    size_t len;
+    FILE *mf = open_memstream(&buf, &len);
+    lb_contract_print(&c, ~0u, mf);
+    fclose(mf);
+    ck_assert_msg(strstr(buf, "fp8-block+p2") && strstr(buf, "+p2: power-of-two scales") &&
+                  !strstr(buf, "mxfp8+p2") && !strstr(buf, "bf16+p2"), "%s", buf);
+    free(buf);
+    lb_contract_free(&c);
+
+    // a bf16 recipe with one fp8-block override takes it there
+    s = lb_test_spec("bf16");
+    snprintf(s.scale, sizeof s.scale, "pow2");
+    snprintf(s.overrides, sizeof s.overrides, "moe.down.fprop=fp8-block");
+    c = resolve(&s, 2);
+    ck_assert_int_eq(lb_contract_site(&c, 1, LB_ROLE_MOE_DOWN, LB_PASS_FPROP)->scale_pow2, 1);
+    ck_assert_int_eq(lb_contract_site(&c, 1, LB_ROLE_MOE_DOWN, LB_PASS_DGRAD)->scale_pow2, 0);
+    lb_contract_free(&c);
+
+    static const struct {
+        const char *recipe, *scale, *overrides, *msg;
+    } bad[] = {
+        {"mxfp8", "pow2", "", "precision.scale: pow2 rounds fp8-block scales up to powers of two, "
+                              "and no GEMM of recipe 'mxfp8'"},
+        {"nvfp4-moe", "pow2", "", "precision.scale: pow2 rounds fp8-block scales"},
+        {"fp32", "pow2", "", "precision.scale: pow2 rounds fp8-block scales"},
+        {"fp8-block", "pow2", "*.*=bf16", "precision.scale: pow2 rounds fp8-block scales"},
+        {"fp8-block", "ue8m0", "", "precision.scale: unknown scale 'ue8m0' (fp32, pow2)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        s = lb_test_spec(bad[i].recipe);
+        snprintf(s.scale, sizeof s.scale, "%s", bad[i].scale);
+        snprintf(s.overrides, sizeof s.overrides, "%s", bad[i].overrides);
+        char err[512] = "";
+        ck_assert_int_eq(lb_contract_resolve(&c, &s, 2, err, sizeof err), -1);
+        ck_assert_msg(strncmp(err, bad[i].msg, strlen(bad[i].msg)) == 0, "got '%s', want '%s'",
+                      err, bad[i].msg);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("contract");
@@ -169,6 +236,7 @@ int main(void)
     tcase_add_test(tc, test_keep_and_overrides);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_attention_mode);
+    tcase_add_test(tc, test_scale_pow2);
     suite_add_tcase(s, tc);
     return lb_test_run(s);
 }

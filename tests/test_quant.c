@@ -607,6 +607,190 @@ START_TEST(test_fp8_tensor)
 }
 END_TEST
 
+// lb_die's abort hook in the checks that a call dies (the suite runs without fork).
+static jmp_buf die_jmp;
+static void die_jump(int code) { longjmp(die_jmp, code ? code : 1); }
+
+// The power-of-two fp8 scale of a finite amax, by a route of its own: the smallest k with
+// amax <= 448 * 2^k, both sides exact in double; 1 for 0 and for k < -149 (no fp32 2^k).
+static float pow2_ref(float amax)
+{
+    if (amax == 0.0f) return 1.0f;
+    int k = (int)ceil(log2((double)amax / 448.0));
+    while (448.0 * ldexp(1.0, k - 1) >= (double)amax) k--;
+    while (448.0 * ldexp(1.0, k) < (double)amax) k++;
+    return k < -149 ? 1.0f : (float)ldexp(1.0, k);
+}
+
+// Every element of a finite block under a power-of-two scale s: x / s is exact and never
+// beyond 448 (nothing clips), the code is E4M3(x / s) rounded to nearest, and the dequantized
+// value is code * s exactly, within half an E4M3 step of x (the FP32 rule adds the rounding of
+// amax / 448 and of the product).
+static void pow2_elements(const char *what, const float *x, const float *y, const uint8_t *code,
+                          size_t n, float s)
+{
+    for (size_t i = 0; i < n; i++) {
+        const double xs = (double)x[i] / s;
+        CHECKM(xs == (double)(x[i] / s) && fabs(xs) <= 448.0, "%s: [%zu] x / s = %g", what, i, xs);
+        CHECKM(code[i] == lb_encode(LB_E4M3, x[i] / s, 0), "%s: [%zu] code %#x", what, i, code[i]);
+        const double e = lb_decode(LB_E4M3, code[i]);
+        CHECKM((double)y[i] == e * s, "%s: [%zu] %g is not code * scale", what, i, (double)y[i]);
+        const double step = ldexp(1.0, (fabs(xs) < 0x1p-6 ? -6 : ilogb(xs)) - 3);
+        CHECKM(fabs((double)y[i] - x[i]) <= 0.5 * step * s, "%s: [%zu] x %g -> %g", what, i,
+               (double)x[i], (double)y[i]);
+    }
+}
+
+// precision.scale = pow2 on the CPU codec: 1x128 rows whose amax sits on the rule's edges
+// (exactly 448 * 2^k, which must not be doubled, one ulp either side, fp32 subnormals, the
+// bottom of the range where both rules give 1, the fp32 maximum, zeros, NaN, Inf), each
+// against an exact reference and by hand; the FP32 rule on the same rows unchanged; a random
+// matrix in 1x128 and 128x128 blocks both ways and fp8-tensor.
+START_TEST(test_fp8_pow2_scales)
+{
+    static const struct {
+        float amax, want, want_fp32;   // want_fp32 0: amax / 448 itself
+        const char *what;
+    } rows[] = {
+        {0.0f, 1.0f, 1.0f, "all zero"},
+        {448.0f, 1.0f, 1.0f, "448: 2^0, not doubled"},
+        {0x1.000002p+0f * 448.0f, 2.0f, 0, "one ulp above 448"},
+        {0x1.fffffep-1f * 56.0f, 0x1p-3f, 0, "one ulp below 448 * 2^-3"},
+        {448.0f * 0x1p20f, 0x1p20f, 0x1p20f, "448 * 2^20"},
+        {1.0f, 0x1p-8f, 0, "1"},
+        {448.0f * 0x1p-149f, 0x1p-149f, 0x1p-149f, "448 * 2^-149: the smallest subnormal scale"},
+        {0x1.cp-142f, 1.0f, 1.0f, "448 * 2^-150: below fp32, 1 as amax / 448 = 0"},
+        {0x1.cp-142f + 0x1p-149f, 0x1p-149f, 0x1p-149f, "one ulp above that"},
+        {0x1p-140f, 0x1p-148f, 0, "a subnormal amax"},
+        {448.0f * 0x1p-127f, 0x1p-127f, 0x1p-127f, "448 * 2^-127: a subnormal scale"},
+        {3.0e38f, 0x1p120f, 0, "3e38"},
+        {NAN, NAN, NAN, "NaN"},
+        {INFINITY, NAN, NAN, "Inf"},
+    };
+    enum { NR = sizeof rows / sizeof rows[0], C = 128 };
+    float x[NR * C], y[NR * C];
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < C; c++) {
+            const float a = rows[r].amax != rows[r].amax || rows[r].amax == INFINITY
+                                ? 1.0f : rows[r].amax;
+            // below the amax: fractions of it (some exact E4M3 multiples, some not), signs
+            float v = a * ((float)(c % 7) / 9.0f);
+            x[r * C + c] = c % 2 ? -v : v;
+        }
+    for (int r = 0; r < NR; r++) x[r * C + 77] = -rows[r].amax;   // the block's |x| maximum
+    x[3] = -0.0f;
+    for (int pow2 = 0; pow2 < 2; pow2++) {
+        lb_quant_args a;
+        memset(&a, 0, sizeof a);
+        a.fmt = LB_FMT_FP8_BLOCK, a.pow2 = pow2;
+        lb_qmat q;
+        lb_qmat_alloc(&q, NR, C, &a);
+        lb_quantize(&q, x, NR, C, &a);
+        lb_dequantize(y, &q);
+        for (int r = 0; r < NR; r++) {
+            const float s = ((const float *)q.scale)[r], amax = rows[r].amax;
+            const float want = pow2 ? rows[r].want
+                             : rows[r].want_fp32 != 0.0f ? rows[r].want_fp32 : amax / 448.0f;
+            CHECKM(same(s, want), "%s, %s: scale %a, want %a", rows[r].what,
+                   pow2 ? "pow2" : "fp32", (double)s, (double)want);
+            if (amax != amax || amax == INFINITY) {
+                for (int c = 0; c < C; c++) CHECK(q.data[r * C + c] == 0);
+                continue;
+            }
+            if (!pow2) continue;
+            CHECKM(same(s, pow2_ref(amax)), "%s: scale %a, reference %a", rows[r].what,
+                   (double)s, (double)pow2_ref(amax));
+            // 1 where the block's values are all below fp32's reach of a scale: codes of 0
+            if (s == 1.0f && amax < 1e-30f) {
+                for (int c = 0; c < C; c++) CHECK((q.data[r * C + c] & 0x7f) == 0);
+                continue;
+            }
+            pow2_elements(rows[r].what, x + r * C, y + r * C, q.data + r * C, C, s);
+        }
+        lb_qmat_free(&q);
+    }
+    // The fp32 maximum: 2^120, and its top element rounds up to 256 * 2^120 = +Inf when
+    // dequantized (doc/formats.md)
+    {
+        float m[2] = {3.4028235e38f, 1.0f}, my[2];
+        lb_quant_args a;
+        memset(&a, 0, sizeof a);
+        a.fmt = LB_FMT_FP8_BLOCK, a.pow2 = 1;
+        lb_qmat q;
+        lb_qmat_alloc(&q, 1, 2, &a);
+        lb_quantize(&q, m, 1, 2, &a);
+        lb_dequantize(my, &q);
+        CHECKM(same(((const float *)q.scale)[0], 0x1p120f), "fp32 max: %a",
+               (double)((const float *)q.scale)[0]);
+        CHECK(my[0] == INFINITY && my[1] == 0.0f);
+        lb_qmat_free(&q);
+    }
+
+    // Random rows of unlike magnitude, 1x128 and 128x128 blocks both ways, and fp8-tensor:
+    // every scale a power of two in [amax / 448, 2 amax / 448), the elements as above.
+    const int R = 150, CC = 300;
+    float *xr = randmat(R, CC, 99), *yr = lb_malloc((size_t)R * CC * sizeof(float));
+    xr[5] = 0.0f;
+    for (int f = 0; f < 3; f++)
+        for (int dir = 0; dir < 2; dir++) {
+            lb_quant_args a;
+            memset(&a, 0, sizeof a);
+            a.fmt = f == 2 ? LB_FMT_FP8_TENSOR : LB_FMT_FP8_BLOCK;
+            a.weight_blocks = f == 1, a.colwise = dir, a.pow2 = 1;
+            lb_qmat q;
+            lb_qmat_alloc(&q, R, CC, &a);
+            lb_quantize(&q, xr, R, CC, &a);
+            lb_dequantize(yr, &q);
+            float *src = lb_malloc((size_t)R * CC * sizeof(float));   // Q's own layout
+            for (int r = 0; r < q.rows; r++)
+                for (int c = 0; c < q.cols; c++)
+                    src[(size_t)r * q.cols + c] =
+                        dir ? xr[(size_t)c * CC + r] : xr[(size_t)r * CC + c];
+            char what[64];
+            snprintf(what, sizeof what, "random %s %s", f == 2 ? "tensor" : f ? "128x128" : "1x128",
+                     dir ? "col" : "row");
+            for (int i = 0; i < q.srows; i++)
+                for (int j = 0; j < q.scols; j++) {
+                    float amax = 0.0f;
+                    for (int r = i * q.brows; r < (i + 1) * q.brows && r < q.rows; r++)
+                        for (int c = j * q.bcols; c < (j + 1) * q.bcols && c < q.cols; c++)
+                            amax = fmaxf(amax, fabsf(src[(size_t)r * q.cols + c]));
+                    const float s = ((const float *)q.scale)[(size_t)i * q.scols + j];
+                    int e;
+                    CHECKM(frexpf(s, &e) == 0.5f, "%s: scale %a is not a power of two", what,
+                           (double)s);
+                    CHECKM(same(s, pow2_ref(amax)), "%s: block (%d, %d) scale %a, want %a", what,
+                           i, j, (double)s, (double)pow2_ref(amax));
+                    CHECKM((double)amax <= 448.0 * s && (double)amax > 224.0 * s,
+                           "%s: block (%d, %d) amax %g, scale %a", what, i, j, (double)amax,
+                           (double)s);
+                }
+            for (int r = 0; r < q.rows; r++) {
+                const size_t o = (size_t)r * q.cols;
+                for (int c0 = 0; c0 < q.cols; c0 += q.bcols) {
+                    const int n = q.cols - c0 < q.bcols ? q.cols - c0 : q.bcols;
+                    const float s = ((const float *)q.scale)[(size_t)(r / q.brows) * q.scols +
+                                                             c0 / q.bcols];
+                    pow2_elements(what, src + o + c0, yr + o + c0, q.data + o + c0, (size_t)n, s);
+                }
+            }
+            free(src);
+            lb_qmat_free(&q);
+        }
+    free(xr), free(yr);
+
+    // pow2 belongs to the formats with FP32 scales: MX and NVFP4 layouts refuse it
+    lb_quant_args a = {0};
+    a.fmt = LB_FMT_MXFP8, a.pow2 = 1;
+    lb_qmat q;
+    lb_set_abort_hook(die_jump);
+    int died = setjmp(die_jmp);
+    if (!died) lb_qmat_layout(&q, 4, 32, &a);
+    lb_set_abort_hook(NULL);
+    CHECKM(died, "MXFP8 with pow2 must fail");
+}
+END_TEST
+
 // Row-wise quantization with 1-D blocks is row-local: the view lb_qmat_rows gives of rows
 // [r0, r0 + n) of a whole matrix's quantization holds the bytes of quantizing those rows alone
 // (what an MoE layer relies on to quantize all experts' rows in one call). Not for NVFP4 with
@@ -1120,9 +1304,7 @@ START_TEST(test_hadamard_signs_per_group)
 END_TEST
 
 // A fused transform needs column-wise quantization and rows a multiple of its size: lb_die
-// (its abort hook jumps back here; the suite runs without fork).
-static jmp_buf die_jmp;
-static void die_jump(int code) { longjmp(die_jmp, code ? code : 1); }
+// (its abort hook, die_jump, jumps back here; the suite runs without fork).
 
 static int layout_dies(int colwise, int rows, int h)
 {
@@ -1211,6 +1393,7 @@ static Suite *quant_suite(void)
     tcase_add_test(tc, test_qmat_rows);
     tcase_add_test(tc, test_dequantize_blocks);
     tcase_add_test(tc, test_fp8_tensor);
+    tcase_add_test(tc, test_fp8_pow2_scales);
     tcase_add_test(tc, test_sr_quantizers);
     tcase_add_test(tc, test_thread_invariance);
     tcase_add_test(tc, test_hadamard_golden);

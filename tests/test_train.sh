@@ -104,18 +104,27 @@ grep -q "model.hidden_size differs from the model in" "$tmp/ft2.log" || fail "no
     fail "save_minutes: $(ls "$tmp/minutes/checkpoints" | tr '\n' ' ')"
 grep -Eq '^step     2/3 \| .* \| [0-9]+ ms/step \| mem [0-9]+ MiB \| 0m[0-9]{2}s in, ETA ' "$tmp/minutes.log" ||
     fail "progress line: $(grep '^step     2/3' "$tmp/minutes.log")"
-# 4. Every precision recipe trains: finite losses that fall over 20 steps.
-for r in $LB_RECIPES; do
-    [ "$r" != fp32 ] || continue   # trained in 1.
+# 4. Every precision recipe trains: finite losses that fall over 20 steps; so does fp8-block
+#    with power-of-two scales (precision.scale = pow2), whose losses are not fp8-block's own.
+for v in $LB_RECIPES fp8-block,pow2; do
+    [ "$v" != fp32 ] || continue   # trained in 1.
+    r=${v%,*} scale=fp32
+    [ "$v" = "$r" ] || scale=${v#*,}
     "$bin" train "$src/examples/tiny-moe.cfg" "${small[@]}" --set train.steps=20 \
-        --set train.warmup_steps=2 --set precision.recipe=$r --set run.out_dir="$tmp/p-$r" > "$tmp/p.log"
-    first=$(grep '"loss"' "$tmp/p-$r/metrics.jsonl" | head -n 3 | sed 's/.*"loss": \([^,]*\),.*/\1/' |
+        --set train.warmup_steps=2 --set precision.recipe=$r --set precision.scale=$scale \
+        --set run.out_dir="$tmp/p-$v" > "$tmp/p.log"
+    m="$tmp/p-$v/metrics.jsonl"
+    first=$(grep '"loss"' "$m" | head -n 3 | sed 's/.*"loss": \([^,]*\),.*/\1/' |
             awk '{s += $1} END {print s / NR}')
-    last=$(grep '"loss"' "$tmp/p-$r/metrics.jsonl" | tail -n 3 | sed 's/.*"loss": \([^,]*\),.*/\1/' |
+    last=$(grep '"loss"' "$m" | tail -n 3 | sed 's/.*"loss": \([^,]*\),.*/\1/' |
            awk '{s += $1} END {print s / NR}')
-    echo "recipe $r: loss $first -> $last"
-    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || fail "recipe $r does not train"
+    echo "recipe $v: loss $first -> $last"
+    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' ||
+        fail "recipe $v does not train"
 done
+losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/.*"loss": \([^,]*\),.*/\1/'; }
+! diff -q <(losses "$tmp/p-fp8-block") <(losses "$tmp/p-fp8-block,pow2") > /dev/null ||
+    fail "precision.scale=pow2 trains the same losses as fp32 scales: not applied"
 # 5. Activation recomputation runs a layer's norms, core attention and SwiGLU (selective) or
 #    its whole forward (full) again before its backward: the same bits (metrics and every
 #    parameter and moment of the final checkpoint), here for fp32 and for NVFP4 with its 4-bit

@@ -106,6 +106,7 @@ static inline lb_precision_spec lb_test_spec(const char *recipe)
     snprintf(s.backward, sizeof s.backward, "default");
     snprintf(s.wgrad_hadamard, sizeof s.wgrad_hadamard, "default");
     snprintf(s.scale_rule, sizeof s.scale_rule, "ceil");
+    snprintf(s.scale, sizeof s.scale, "fp32");
     snprintf(s.nvfp4_scale, sizeof s.nvfp4_scale, "per-token");
     snprintf(s.nvfp4_weight_blocks, sizeof s.nvfp4_weight_blocks, "16x16");
     snprintf(s.keep_bf16_roles, sizeof s.keep_bf16_roles, "router,lm_head");

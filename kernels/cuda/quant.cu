@@ -146,6 +146,16 @@ __device__ __forceinline__ float byte_scale(uint32_t mb, float t, int floor_rule
     return decode<LB_E8M0>(sc);
 }
 
+// The fp8-block (and fp8-tensor) scale of a block whose |x| maximum has bits mb (quantize.c's
+// quantize_rows): amax / 448, or with pow2 its power of two (elem.h's, shared with the CPU).
+__device__ __forceinline__ float fp8_scale(uint32_t mb, int pow2)
+{
+    if (!(mb < 0x7f800000u)) return qnan();   // NaN or Inf in the block
+    if (pow2) return lb_elem_fp8_scale_pow2(mb);
+    const float s = __fdiv_rn(__uint_as_float(mb), 448.0f);
+    return s == 0.0f ? 1.0f : s;              // all-zero block (or amax < 448 * 2^-150)
+}
+
 // --- pass 1: maxima of 1-D block segments ----------------------------------------------------
 
 // One warp per (row r, chunk of 128 columns); lane l holds columns 128 ch + l + 32 t, t < 4.
@@ -209,7 +219,7 @@ __global__ void scale2_kernel(float *__restrict__ s2, const uint32_t *__restrict
 template <int ELEM>
 __global__ void scale_kernel(int fmt, int R, int brows, int srows, int scols,
                              const uint32_t *__restrict__ amax1, void *__restrict__ scale,
-                             const float *__restrict__ s2, int s2row, int floor_rule,
+                             const float *__restrict__ s2, int s2row, int floor_rule, int pow2,
                              float *__restrict__ dv)
 {
     size_t nb = (size_t)srows * scols;
@@ -219,13 +229,9 @@ __global__ void scale_kernel(int fmt, int R, int brows, int srows, int scols,
         int r0 = i * brows, r1 = r0 + brows < R ? r0 + brows : R;
         uint32_t mb = 0;
         for (int r = r0; r < r1; r++) mb = max(mb, amax1[(size_t)r * scols + j]);
-        float amax = __uint_as_float(mb);
-        int finite = mb < 0x7f800000u;             // amax < INFINITY: false for NaN and Inf
         float d;
         if (fmt == LB_FMT_FP8_BLOCK) {
-            float s = __fdiv_rn(amax, 448.0f);
-            if (!finite) s = qnan();
-            else if (s == 0.0f) s = 1.0f;          // all-zero block (or amax < 448 * 2^-150)
+            const float s = fp8_scale(mb, pow2);
             ((float *)scale)[b] = s;
             d = s;
         } else {
@@ -548,6 +554,7 @@ typedef struct {
 
 typedef struct {
     int count, cols, blk2d, sr;
+    int pow2;                // fp8-block scales rounded up to powers of two (lb_quant_args.pow2)
     int v4;                  // every row of x starts aligned for 4-element loads
     int x16;                 // x holds bf16 values (lb_act), else fp32
     size_t ld;               // x's row pitch in elements
@@ -563,15 +570,6 @@ typedef struct {
     fq_group g[FQ_MAX];
 } fq_params;
 static_assert(sizeof(fq_params) <= 32764, "fq_params exceeds a kernel's parameter space");
-
-// The fp8-block scale of a block whose |x| maximum has bits mb (scale_kernel's rule).
-__device__ __forceinline__ float fp8_scale(uint32_t mb)
-{
-    float s = __fdiv_rn(__uint_as_float(mb), 448.0f);
-    if (!(mb < 0x7f800000u)) s = qnan();   // NaN or Inf in the block
-    else if (s == 0.0f) s = 1.0f;
-    return s;
-}
 
 __device__ __forceinline__ float bf16_val(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
 
@@ -666,7 +664,8 @@ __device__ __forceinline__ uint32_t fq_pair(float x0, float x1, const fq_div &v,
 // 128x128 blocks: the tile's scale from every thread's values (thread 0 writes it to Q's
 // scales); every thread gets it. red: 8 words of shared memory.
 __device__ __forceinline__ float fq_tile_scale(const float4 (&v)[16], uint32_t *red,
-                                               const fq_group &G, int tr, int tc, int tid)
+                                               const fq_group &G, int tr, int tc, int tid,
+                                               int pow2)
 {
     uint32_t m = 0;
 #pragma unroll
@@ -675,7 +674,7 @@ __device__ __forceinline__ float fq_tile_scale(const float4 (&v)[16], uint32_t *
     if ((tid & 31) == 0) red[tid >> 5] = m;
     __syncthreads();
     m = __reduce_max_sync(0xffffffffu, red[tid & 7]);
-    const float sc = fp8_scale(m);
+    const float sc = fp8_scale(m, pow2);
     if (tid == 0) ((float *)G.scale)[(size_t)tr * G.scols + tc] = sc;
     return sc;
 }
@@ -741,7 +740,7 @@ __device__ __forceinline__ void fq_store4(uint8_t *data, int R, int C, int r, in
 template <int SR, int N>
 __device__ __forceinline__ void fq_rows(const float4 (&v)[N], uint8_t *data, float *scale,
                                         int scols, int R, int C, int r0, int c, int bc,
-                                        uint64_t rbase, int lane, float *ts, int tsld)
+                                        uint64_t rbase, int lane, float *ts, int tsld, int pow2)
 {
     uint32_t m = 0;
 #pragma unroll
@@ -749,7 +748,7 @@ __device__ __forceinline__ void fq_rows(const float4 (&v)[N], uint8_t *data, flo
         const uint32_t ms = __reduce_max_sync(0xffffffffu, fq_abs4(v[s]));
         if (lane == s) m = ms;
     }
-    const float sc = fp8_scale(m);
+    const float sc = fp8_scale(m, pow2);
     if (lane < N && r0 + lane < R) {
         scale[(size_t)(r0 + lane) * scols + bc] = sc;
         if (ts) ts[(size_t)bc * tsld + r0 + lane] = sc;
@@ -833,7 +832,7 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
     const int tr = T.tr, tc = T.tc, r0 = T.r0, c0 = T.c0, xr = T.xr, xc = T.xc;
 
     if (!COLWISE) {   // 128x128 (row-wise 1x128 is fq_rows_kernel's)
-        const float sc = fq_tile_scale(v, part[0], G, tr, tc, tid);   // 128x128
+        const float sc = fq_tile_scale(v, part[0], G, tr, tc, tid, P.pow2);   // 128x128
         const fq_div d = fq_div_of(sc);
         if (G.tdata) {
             if (tid == 0) G.tscale[(size_t)tc * G.tscols + tr] = sc;
@@ -846,15 +845,15 @@ __global__ void __launch_bounds__(256, 2) fq_kernel(const __grid_constant__ fq_p
     }
     if (ROWS)   // padding rows (xr + s >= G.rows) are the next group's: not written
         fq_rows<0>(v, P.rdata, P.rscale, P.rscols, G.roff + G.rows, P.cols, G.roff + xr, xc, tr,
-                   0, lane, P.rts, P.rtsld);
+                   0, lane, P.rts, P.rtsld, P.pow2);
 
     fq_div d[4];
     if (P.blk2d) {
-        d[0] = d[1] = d[2] = d[3] = fq_div_of(fq_tile_scale(v, part[0], G, tr, tc, tid));
+        d[0] = d[1] = d[2] = d[3] = fq_div_of(fq_tile_scale(v, part[0], G, tr, tc, tid, P.pow2));
     } else {
         const uint32_t m = colwise_row_max(v, part, tid);
         if (tid < 128) {
-            const float sc = fp8_scale(m);
+            const float sc = fp8_scale(m, P.pow2);
             dv[tid] = sc;
             if (r0 + tid < G.R) {
                 ((float *)G.scale)[(size_t)(r0 + tid) * G.scols + tc] = sc;
@@ -904,7 +903,7 @@ __global__ void __launch_bounds__(256) fq_rows_kernel(const __grid_constant__ fq
 #pragma unroll
     for (int s = 0; s < 4; s++) v[s] = fq_load<X16>(P, G.x, G.rows, xr + s, xc);
     fq_rows<SR>(v, G.data, (float *)G.scale, G.scols, G.R, G.C, xr, xc, tc, G.rbase, lane, G.ts,
-                G.tsld);
+                G.tsld, P.pow2);
 }
 
 // --- MXFP8, MXFP4 and NVFP4 in one pass (two for an NVFP4 tensor or row maximum) ------------
@@ -1379,7 +1378,7 @@ static void fq_launch(lb_cuda_ctx *cx, int count, lb_qmat *q, lb_act x, const in
     const int cols = x.cols;
     fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
     fq_params_x(P, x);
-    P->blk2d = a->weight_blocks ? 1 : 0, P->sr = a->sr ? 1 : 0;
+    P->blk2d = a->weight_blocks ? 1 : 0, P->sr = a->sr ? 1 : 0, P->pow2 = a->pow2 ? 1 : 0;
     fq_collect c = {cx, q, cols, a->colwise ? 1 : 0, 0, P, NULL, NULL, NULL, {}, 0, NULL, 128};
     if (a->fmt != LB_FMT_FP8_BLOCK) {
         const int h = a->hadamard;
@@ -1613,7 +1612,8 @@ static void quantize_passes(lb_cuda_ctx *cx, lb_qmat *q, const float *x, int row
         // The scale from the one word (fp8-block's branch of scale_kernel, one block of one
         // row), then the elements against dv[0].
         scale_kernel<LB_E4M3><<<1, 32, 0, cx->stream>>>(LB_FMT_FP8_BLOCK, 1, 1, 1, 1, s2word,
-                                                          q->scale, NULL, 0, 0, dv);
+                                                          q->scale, NULL, 0, 0, a->pow2 ? 1 : 0,
+                                                          dv);
         LB_CUDA_LAUNCHED(cx);
         size_t pairs = (size_t)R * ((C + 1) / 2);
         encode_kernel<LB_E4M3><<<lb_grid(pairs, 256, cx), 256, 0, cx->stream>>>(
@@ -1627,11 +1627,12 @@ static void quantize_passes(lb_cuda_ctx *cx, lb_qmat *q, const float *x, int row
         LB_CUDA_LAUNCHED(cx);
     }
     int s2row = nv && a->s2_mode == LB_S2_ROW, floor_rule = a->rule == LB_SCALE_FLOOR;
+    const int pow2 = a->pow2 ? 1 : 0;
     unsigned gs = lb_grid(nblk, 256, cx);
 #define SK(E)                                                                                  \
     scale_kernel<E><<<gs, 256, 0, cx->stream>>>((int)q->fmt, R, q->brows, q->srows, q->scols,  \
                                                 amax1, q->scale, q->scale2, s2row, floor_rule, \
-                                                dv)
+                                                pow2, dv)
     switch (q->elem) {
     case LB_E4M3: SK(LB_E4M3); break;
     case LB_E5M2: SK(LB_E5M2); break;
@@ -1742,9 +1743,9 @@ static void cuda_quantize_amax(lb_backend *be, float *amax, int count, lb_act x,
     lb_quant_groups(count, x, rows, prows, &b, amax_group, &g);
 }
 
-// fp8-block 1x128 both ways, rounding to nearest, no transform (a layer's dy under the fp8-block
-// recipe): the column-wise tiles of fq_kernel, each also written row-wise, one launch per FQ_MAX
-// groups, so x is read once. Otherwise the two calls.
+// fp8-block 1x128 both ways, rounding to nearest, no transform, one scale rule (a layer's dy
+// under the fp8-block recipe): the column-wise tiles of fq_kernel, each also written row-wise,
+// one launch per FQ_MAX groups, so x is read once. Otherwise the two calls.
 static void cuda_quantize_rc(lb_backend *be, lb_qmat *qr, const lb_quant_args *ar, int count,
                              lb_qmat *qc, lb_act x, const int *rows, const int *prows,
                              const lb_quant_args *ac)
@@ -1754,7 +1755,8 @@ static void cuda_quantize_rc(lb_backend *be, lb_qmat *qr, const lb_quant_args *a
     for (int j = 0; j < count; j++) total += rows[j];
     const int one = ar->fmt == LB_FMT_FP8_BLOCK && ac->fmt == LB_FMT_FP8_BLOCK && !ar->colwise &&
                     ac->colwise && !ar->weight_blocks && !ac->weight_blocks && !ar->sr &&
-                    !ac->sr && !ar->hadamard && !ac->hadamard && total > 0;
+                    !ac->sr && !ar->hadamard && !ac->hadamard && !ar->pow2 == !ac->pow2 &&
+                    total > 0;
     if (!one) {
         cuda_quantize(be, qr, lb_act_rows(x, 0, total), ar);
         cuda_quantize_grouped(be, count, qc, x, rows, prows, ac);
@@ -1768,6 +1770,7 @@ static void cuda_quantize_rc(lb_backend *be, lb_qmat *qr, const lb_quant_args *a
         lb_die("cuda quantize_rc: the row-wise lb_qmat was laid out for another shape or format");
     fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
     fq_params_x(P, x);
+    P->pow2 = ac->pow2 ? 1 : 0;   // the row-wise copy's too (the same, checked above)
     P->rdata = qr->data, P->rscale = (float *)qr->scale, P->rscols = qr->scols;
     if (qr->tscale) P->rts = qr->tscale, P->rtsld = (int)lb_qmat_tscale_ld(qr);
     fq_collect c = {cx, qc, x.cols, 1, 0, P, NULL, NULL, NULL, x, 1, NULL, 128};
@@ -1949,7 +1952,7 @@ static void cuda_quantize_rt(lb_backend *be, int count, lb_qmat *qr, lb_qmat *qc
     }
     fq_params *P = (fq_params *)lb_calloc(1, sizeof *P);
     fq_params_x(P, xa);
-    P->blk2d = 1, P->sr = a->sr ? 1 : 0;
+    P->blk2d = 1, P->sr = a->sr ? 1 : 0, P->pow2 = a->pow2 ? 1 : 0;
     fq_collect c = {lb_cuda(be), qr, cols, 0, 0, P, NULL, NULL, NULL, {}, 0, qc, 128};
     lb_quant_groups(count, xa, rows, NULL, a, fq_group_add, &c);
     fq_flush(&c);

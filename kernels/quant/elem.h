@@ -1,6 +1,6 @@
-// elem.h: the element encoder (lb_encode, lb_encode_sr: round to nearest even or stochastic), one
-// source for the CPU (codecs.c) and the device (cuda/quant.cu), whose bytes must agree bit for
-// bit (doc/formats.md is the specification).
+// elem.h: the element encoder (lb_encode, lb_encode_sr: round to nearest even or stochastic) and
+// the power-of-two fp8-block scale, one source for the CPU (codecs.c, quantize.c) and the device
+// (cuda/quant.cu), whose bytes must agree bit for bit (doc/formats.md is the specification).
 //
 // It works on the fp32 bits with integer arithmetic alone, so it is exact for every input (fp32
 // subnormals included) and independent of the FPU rounding mode. The type only enters through
@@ -122,6 +122,44 @@ LB_ELEM_HD unsigned lb_elem_encode(int t, float x, int sat, int sr, uint64_t r)
     if (sat || sr || t == LB_E2M1) return sign | f.maxmag;
     if (t == LB_E5M2) return sign | 0x7cu;
     return sign | f.nan;
+}
+
+// The power-of-two fp8-block scale (lb_quant_args.pow2) of a block whose |x| maximum has fp32
+// bits abits (finite: below 0x7f800000): 2^k for the smallest k with amax <= 448 * 2^k, from the
+// bits alone (a floating-point log2 could misround at the binade boundaries), so amax = 448 *
+// 2^k gives 2^k itself and the top element never clips. 1 for an all-zero block and where 2^k
+// is below the smallest fp32 subnormal (k < -149: amax <= 448 * 2^-150, exactly where the FP32
+// rule's amax / 448 rounds to 0 and falls back to 1). Subnormal scales 2^-149 .. 2^-127 are kept.
+LB_ELEM_HD float lb_elem_fp8_scale_pow2(uint32_t abits)
+{
+    if (abits == 0) return 1.0f;
+    // amax = s * 2^(e - 23), s in [2^23, 2^24) (subnormals normalised as lb_elem_round_mag)
+    uint32_t s = abits & 0x7fffffu;
+    int e = (int)(abits >> 23) - 127;
+    if ((abits >> 23) == 0) {
+#ifdef __CUDA_ARCH__
+        const int sh = __clz(s) - 8;
+#else
+        const int sh = __builtin_clz(s) - 8;
+#endif
+        s <<= sh;
+        e = -126 - sh;
+    } else {
+        s |= 0x800000u;
+    }
+    // 448 = 0xe00000 * 2^(8 - 23): amax <= 448 * 2^k iff k >= e - 8, plus one where s > 0xe00000
+    const int k = e - 8 + (s > 0xe00000u);
+    uint32_t bits;
+    if (k < -149) return 1.0f;
+    if (k < -126) bits = 1u << (k + 149);                // fp32 subnormal 2^k, exact
+    else bits = (uint32_t)(k + 127) << 23;               // k <= 120: amax < 2^128
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(bits);
+#else
+    union { uint32_t u; float f; } b;
+    b.u = bits;
+    return b.f;
+#endif
 }
 
 #endif

@@ -71,6 +71,8 @@ typedef struct lb_quant_args {
     lb_scale2_mode s2_mode;   // NVFP4
     float s2;                 // NVFP4 with LB_S2_GIVEN: > 0 (NaN allowed: poisons the tensor)
     int sr;                   // stochastic rounding of the elements (scales are always exact)
+    int pow2;                 // fp8-block, fp8-tensor: the scale rounded up to a power of two,
+                              // 2^ceil(log2(amax / 448)) (precision.scale = pow2), not amax / 448
     uint64_t seed, step, tensor;
     int hadamard;             // column-wise only, 0 or a power of two in [2, 32]: quantize
                               // lb_hadamard(x, LB_AXIS_ROWS, hadamard, hsigns) instead of x
@@ -87,7 +89,7 @@ typedef struct lb_quant_args {
     // group's largest quantize_amax so every rank takes one rank's second levels.
     const float *amax;
 } lb_quant_args;              // zero-initialised: row-wise, 1-D blocks, E4M3, ceil, per tensor,
-                              // no transform
+                              // FP32 scales amax / 448, no transform
 
 // A quantized matrix. rows, cols are the shape of the QUANTIZED matrix: (x rows, x cols)
 // row-wise, (x cols, x rows) column-wise; cols is always the blocked (K) axis.

@@ -7,6 +7,7 @@
 // parallel and the result never depends on the thread count. doc/formats.md is the
 // specification.
 #include "kernels/quant/quant.h"
+#include "kernels/quant/elem.h"   // lb_elem_fp8_scale_pow2
 
 #include <math.h>
 #include <stdlib.h>
@@ -19,7 +20,8 @@
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// Formats whose scales are FP32 (amax / 448), one per block.
+// Formats whose scales are FP32 (amax / 448, or its power of two with lb_quant_args.pow2), one
+// per block.
 static int fp32_scales(lb_format f) { return f == LB_FMT_FP8_BLOCK || f == LB_FMT_FP8_TENSOR; }
 
 void lb_qmat_layout(lb_qmat *q, int rows, int cols, const lb_quant_args *a)
@@ -78,6 +80,9 @@ void lb_qmat_layout(lb_qmat *q, int rows, int cols, const lb_quant_args *a)
         lb_die("kernels/quant: unknown MX scale rule %d", (int)a->rule);
     if (a->weight_blocks && a->fmt != LB_FMT_FP8_BLOCK && a->fmt != LB_FMT_NVFP4)
         lb_die("kernels/quant: square weight blocks exist for fp8-block and NVFP4 only");
+    if (a->pow2 && !fp32_scales(a->fmt))
+        lb_die("kernels/quant: power-of-two FP32 scales exist for fp8-block and fp8-tensor only "
+               "(format %d; MX scales are powers of two already)", (int)a->fmt);
     q->srows = ceil_div(q->rows, q->brows);
     q->scols = ceil_div(q->cols, q->bcols);
     q->ld = q->elem == LB_E2M1 ? (size_t)(q->cols + 1) / 2 : (size_t)q->cols;
@@ -313,9 +318,17 @@ static void quantize_rows(lb_qmat *q, const float *x, const lb_quant_args *a)
             size_t si = (size_t)br * q->scols + bc;
             float d;                             // the divisor of the elements
             if (fp32_scales(q->fmt)) {
-                float s = amax / 448.0f;
-                if (!finite) s = NAN;
-                else if (s == 0.0f) s = 1.0f;    // all-zero block (or amax below 448 * 2^-150)
+                float s;
+                if (!finite) {
+                    s = NAN;
+                } else if (a->pow2) {            // 1 in the same cases as below
+                    uint32_t ab;
+                    memcpy(&ab, &amax, sizeof ab);
+                    s = lb_elem_fp8_scale_pow2(ab);
+                } else {
+                    s = amax / 448.0f;
+                    if (s == 0.0f) s = 1.0f;     // all-zero block (or amax below 448 * 2^-150)
+                }
                 ((float *)q->scale)[si] = s;
                 d = s;
             } else if (q->fmt == LB_FMT_NVFP4) {

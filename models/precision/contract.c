@@ -200,6 +200,11 @@ int lb_contract_resolve(lb_contract *c, const lb_precision_spec *s, int layers, 
         snprintf(err, errlen, "precision.wgrad_hadamard: unknown transform '%s'", s->wgrad_hadamard);
         return -1;
     }
+    int pow2 = !strcmp(s->scale, "pow2");
+    if (!pow2 && *s->scale && strcmp(s->scale, "fp32")) {
+        snprintf(err, errlen, "precision.scale: unknown scale '%s' (fp32, pow2)", s->scale);
+        return -1;
+    }
     int attn_bf16 = strcmp(s->recipe, "fp32") != 0;   // auto
     if (!strcmp(s->attention, "fp32")) attn_bf16 = 0;
     else if (!strcmp(s->attention, "bf16")) attn_bf16 = 1;
@@ -223,6 +228,7 @@ int lb_contract_resolve(lb_contract *c, const lb_precision_spec *s, int layers, 
                 x->hadamard_random = random;
                 x->stochastic = s->stochastic_rounding && p != LB_PASS_FPROP;
                 x->scale_rule = !strcmp(s->scale_rule, "floor") ? LB_SCALE_FLOOR : LB_SCALE_CEIL;
+                x->scale_pow2 = pow2;
                 x->nvfp4_per_token = strcmp(s->nvfp4_scale, "per-tensor") != 0;
                 x->nvfp4_weight_2d = !strcmp(s->nvfp4_weight_blocks, "16x16");
             }
@@ -232,13 +238,27 @@ int lb_contract_resolve(lb_contract *c, const lb_precision_spec *s, int layers, 
         lb_contract_free(c);
         return -1;
     }
-    // A Hadamard only matters where the operands are quantized.
+    // A Hadamard only matters where the operands are quantized, power-of-two scales where they
+    // are fp8-block.
+    int fp8_sites = 0;
     for (int l = 0; l < layers; l++)
         for (int r = 0; r < LB_NROLES; r++)
             for (int p = 0; p < LB_NPASSES; p++) {
                 lb_site *y = site(c, l, r, p);
                 if (!is_low(y->fmt) || y->mode == LB_BWD_HIGH) y->hadamard = LB_HAD_NONE;
+                if (y->fmt != LB_FMT_FP8_BLOCK) y->scale_pow2 = 0;
+                fp8_sites += y->fmt == LB_FMT_FP8_BLOCK;
             }
+    // As an option of TransformerEngine's Float8BlockScaling recipe alone, pow2 is refused where
+    // no GEMM is fp8-block rather than silently doing nothing (decided 2026-12-07,
+    // doc/formats.md): MX scales are powers of two already, NVFP4's are UE4M3.
+    if (pow2 && !fp8_sites) {
+        snprintf(err, errlen, "precision.scale: pow2 rounds fp8-block scales up to powers of "
+                 "two, and no GEMM of recipe '%s' (with its overrides) is fp8-block (MXFP8 and "
+                 "MXFP4 scales are powers of two already)", s->recipe);
+        lb_contract_free(c);
+        return -1;
+    }
     return 0;
 }
 
@@ -265,6 +285,7 @@ static void site_str(const lb_site *s, lb_pass p, char *buf, size_t len)
              s->hadamard ? (s->hadamard_random ? "+rh" : "+h") : "",
              s->hadamard ? (s->hadamard == LB_HAD_16 ? "16" : "32") : "");
     if (s->stochastic) snprintf(buf + strlen(buf), len - strlen(buf), "+sr");
+    if (s->scale_pow2) snprintf(buf + strlen(buf), len - strlen(buf), "+p2");
 }
 
 static int layer_same(const lb_contract *c, int a, int b)
@@ -277,7 +298,8 @@ static int layer_same(const lb_contract *c, int a, int b)
 void lb_contract_print(const lb_contract *c, unsigned roles, FILE *f)
 {
     fprintf(f, "precision   recipe %s (role x pass -> format; /deq, /high: backward mode; "
-               "+h16: Hadamard; +sr: stochastic rounding)\n", c->recipe);
+               "+h16: Hadamard; +sr: stochastic rounding; +p2: power-of-two scales)\n",
+            c->recipe);
     fprintf(f, "  attention %s\n", c->attention_bf16 ? "bf16 (bf16 inputs, tensor-core numerics)"
                                                     : "fp32");
     for (int l = 0; l < c->layers; l++) {

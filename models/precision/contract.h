@@ -30,6 +30,7 @@ typedef struct {
     int hadamard_random;           // signs drawn per step (else fixed)
     int stochastic;                // stochastic rounding of the gradient operand
     lb_scale_rule scale_rule;      // MXFP8 / MXFP4
+    int scale_pow2;                // fp8-block: scales rounded up to powers of two (else 0)
     int nvfp4_per_token;           // NVFP4 activations: second-level scale per row (else tensor)
     int nvfp4_weight_2d;           // NVFP4 weights in 16x16 blocks (else 1x16)
 } lb_site;
@@ -41,6 +42,7 @@ typedef struct {
     char wgrad_hadamard[16];       // default | none | h16 | h32 | random16
     int stochastic_rounding;       // stochastic rounding of gradient operands (bool)
     char scale_rule[8];            // ceil | floor
+    char scale[8];                 // fp32 | pow2: fp8-block's scales ("" = fp32)
     char nvfp4_scale[16];          // per-token | per-tensor
     char nvfp4_weight_blocks[8];   // 1x16 | 16x16
     char keep_bf16_roles[256];     // comma list of roles kept in BF16, e.g. "router,lm_head"

@@ -124,6 +124,7 @@ static lb_quant_args act_args(const lb_linear *L, const lb_site *s, int colwise,
     a.colwise = colwise;
     a.elem = LB_E4M3;
     a.rule = s->scale_rule;
+    a.pow2 = s->scale_pow2;
     a.s2_mode = s->fmt == LB_FMT_NVFP4 && s->nvfp4_per_token && !colwise ? LB_S2_ROW : LB_S2_TENSOR;
     a.sr = grad && s->stochastic;
     a.seed = L->seed;
@@ -208,6 +209,7 @@ static lb_quant_args weight_args(const lb_site *s, int colwise)
     a.colwise = colwise;
     a.elem = LB_E4M3;
     a.rule = s->scale_rule;
+    a.pow2 = s->scale_pow2;
     a.weight_blocks = s->fmt == LB_FMT_FP8_BLOCK || (s->fmt == LB_FMT_NVFP4 && s->nvfp4_weight_2d);
     a.s2_mode = LB_S2_TENSOR;
     return a;

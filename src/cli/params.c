@@ -153,6 +153,10 @@ static const lb_param rows[] = {
          "stochastic rounding of gradient operands (seeded, deterministic)"),
     LB_P(precision, scale_rule, E, "ceil", 0, 0, "ceil|floor",
          "MX E8M0 block scale: round up (never clips) or the OCP floor rule"),
+    LB_P(precision, scale, E, "fp32", 0, 0, "fp32|pow2",
+         "fp8-block scales: amax/448 in FP32, or rounded up to a power of two "
+         "2^ceil(log2(amax/448)) as UE8M0 scales (exact scale products, nothing clips); pow2 is "
+         "refused where no GEMM is fp8-block"),
     LB_P(precision, nvfp4_scale, E, "per-token", 0, 0, "per-token|per-tensor",
          "NVFP4 activations: second-level FP32 scale per token or per tensor"),
     LB_P(precision, nvfp4_weight_blocks, E, "16x16", 0, 0, "1x16|16x16",
