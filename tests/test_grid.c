@@ -257,23 +257,12 @@ END_TEST
 
 static lb_model *tiny_model(lb_backend *be)
 {
-    lb_model_config mc;
-    memset(&mc, 0, sizeof mc);
-    snprintf(mc.arch, sizeof mc.arch, "qwen3_moe");
-    mc.vocab_size = 37;
-    mc.hidden_size = 12;
-    mc.num_hidden_layers = 2;
+    // the tests' tiny Qwen3-MoE, with odd sizes: pieces that divide unevenly
+    lb_model_config mc = lb_test_tiny_config("qwen3_moe", 37, 12, 3, 5);
     mc.num_attention_heads = 2;
     mc.num_key_value_heads = 1;
     mc.head_dim = 6;
     mc.intermediate_size = 16;
-    mc.num_experts = 3;
-    mc.num_experts_per_tok = 2;
-    mc.moe_intermediate_size = 5;
-    mc.norm_topk_prob = 1;
-    mc.max_position_embeddings = 64;
-    mc.rope_theta = 10000;
-    mc.rms_norm_eps = 1e-6;
     mc.initializer_range = 0.02;
     char err[512];
     lb_model *m = lb_model_create(&mc, be, err, sizeof err);
