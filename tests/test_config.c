@@ -668,6 +668,31 @@ static void expect_invalid(const lb_config *c, const char *msg)
     ck_assert_str_eq(err, msg);
 }
 
+// The enum parameters read as enums: each choice's index is the enum value of that name.
+START_TEST(test_enum_values)
+{
+    lb_config c;
+    char err[256];
+    const struct { const char *set; int want; } recompute[] = {
+        {"train.recompute=none", LB_RECOMPUTE_NONE},
+        {"train.recompute=selective", LB_RECOMPUTE_SELECTIVE},
+        {"train.recompute=full", LB_RECOMPUTE_FULL}};
+    const struct { const char *set; lb_kv_kind want; } kv[] = {
+        {"sample.kv_cache=auto", LB_KV_AUTO}, {"sample.kv_cache=fp32", LB_KV_FP32},
+        {"sample.kv_cache=bf16", LB_KV_BF16}, {"sample.kv_cache=fp8", LB_KV_FP8}};
+    for (size_t i = 0; i < sizeof recompute / sizeof recompute[0]; i++) {
+        lb_config_defaults(&c);
+        ck_assert_msg(lb_config_set(&c, recompute[i].set, err, sizeof err) == 0, "%s", err);
+        ck_assert_int_eq(lb_config_recompute(&c), recompute[i].want);
+    }
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
+        lb_config_defaults(&c);
+        ck_assert_msg(lb_config_set(&c, kv[i].set, err, sizeof err) == 0, "%s", err);
+        ck_assert_int_eq(lb_config_kv_cache(&c), kv[i].want);
+    }
+}
+END_TEST
+
 START_TEST(test_validate)
 {
     lb_config c;
@@ -769,6 +794,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_round_trip);
     tcase_add_test(tc, test_markdown);
     tcase_add_test(tc, test_validate);
+    tcase_add_test(tc, test_enum_values);
     suite_add_tcase(s, tc);
     return s;
 }

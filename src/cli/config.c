@@ -106,16 +106,20 @@ const char *lb_param_choices(const lb_param *p)
                                               : p->choices;
 }
 
-static int in_choices(const char *choices, const char *v)
+// v's index among choices ("a|b|c"), or -1.
+static int choice_of(const char *choices, const char *v)
 {
     size_t len = strlen(v);
-    for (const char *s = choices; *s;) {
+    int i = 0;
+    for (const char *s = choices; *s; i++) {
         size_t w = strcspn(s, "|");
-        if (w == len && !strncmp(s, v, len)) return 1;
+        if (w == len && !strncmp(s, v, len)) return i;
         s += w + (s[w] == '|');
     }
-    return 0;
+    return -1;
 }
+
+static int in_choices(const char *choices, const char *v) { return choice_of(choices, v) >= 0; }
 
 // ---------------------------------------------------------------------------------------------
 // Did-you-mean
@@ -1159,21 +1163,27 @@ void lb_params_markdown(FILE *f)
 }
 
 // The index of s among a choice list's names (the parser let only those through).
-static int choice_index(const char *s, const char *const *names, int n, const char *key)
+// An enum parameter's value as its index among the table's choices, which the enum it stands
+// for lists in the same order (tests/test_config.c checks each pairing by name).
+static int enum_index(const lb_config *c, const char *section, const char *key)
 {
-    for (int i = 0; i < n; i++)
-        if (!strcmp(s, names[i])) return i;
-    lb_die("%s: '%s' passed the parameter table's check but is not one of its choices", key, s);
+    for (int i = 0; i < lb_nparams; i++) {
+        const lb_param *p = &lb_params[i];
+        if (p->type != LB_PARAM_ENUM || strcmp(p->section, section) || strcmp(p->key, key))
+            continue;
+        const char *v = (const char *)c + p->offset;
+        int k = choice_of(lb_param_choices(p), v);
+        if (k < 0)
+            lb_die("%s.%s: '%s' passed the parameter table's check but is not one of its "
+                   "choices", section, key, v);
+        return k;
+    }
+    lb_die("%s.%s: no such enum parameter", section, key);
 }
 
-int lb_config_recompute(const lb_config *c)
-{
-    static const char *const names[] = {"none", "selective", "full"};   // LB_RECOMPUTE_*
-    return choice_index(c->train.recompute, names, 3, "train.recompute");
-}
+int lb_config_recompute(const lb_config *c) { return enum_index(c, "train", "recompute"); }
 
 lb_kv_kind lb_config_kv_cache(const lb_config *c)
 {
-    static const char *const names[] = {"auto", "fp32", "bf16", "fp8"};   // lb_kv_kind
-    return (lb_kv_kind)choice_index(c->sample.kv_cache, names, 4, "sample.kv_cache");
+    return (lb_kv_kind)enum_index(c, "sample", "kv_cache");
 }
