@@ -388,13 +388,8 @@ END_TEST
 // experts from their owners), and lb_tensor_take inverts lb_tensor_put.
 static void check_pieces(const char *arch, int tp, int etp, int ep, int pp)
 {
-    lb_model_config mc;
-    memset(&mc, 0, sizeof mc);
-    snprintf(mc.arch, sizeof mc.arch, "%s", arch);
-    mc.vocab_size = 37, mc.hidden_size = 12, mc.num_hidden_layers = 4;
-    mc.num_attention_heads = 4, mc.num_key_value_heads = 2, mc.head_dim = 6;
-    mc.intermediate_size = 8, mc.num_experts = 4, mc.num_experts_per_tok = 2;
-    mc.moe_intermediate_size = 4, mc.max_position_embeddings = 64;
+    lb_model_config mc = lb_test_tiny_config(arch, 37, 12, 4, 4);
+    mc.num_hidden_layers = 4, mc.head_dim = 6, mc.intermediate_size = 8;
     char err[256];
     int ng;
     lb_tensor *whole = lb_model_pieces(&mc, NULL, &ng, err, sizeof err);
