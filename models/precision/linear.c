@@ -115,8 +115,8 @@ static uint64_t operand_id(const lb_linear *L, int layer, lb_role role, lb_pass 
 // Activations and gradients: 1-D blocks along K. NVFP4's per-token second level applies when the
 // quantized rows are tokens (row-wise); column-wise copies have feature rows, so they use one
 // scale per tensor.
-static lb_quant_args act_args(const lb_linear *L, const lb_site *s, int colwise, int grad,
-                              uint64_t id)
+// What every operand of site s is quantized with: its format, direction and scale rules.
+static lb_quant_args site_args(const lb_site *s, int colwise)
 {
     lb_quant_args a;
     memset(&a, 0, sizeof a);
@@ -125,6 +125,13 @@ static lb_quant_args act_args(const lb_linear *L, const lb_site *s, int colwise,
     a.elem = LB_E4M3;
     a.rule = s->scale_rule;
     a.pow2 = s->scale_pow2;
+    return a;
+}
+
+static lb_quant_args act_args(const lb_linear *L, const lb_site *s, int colwise, int grad,
+                              uint64_t id)
+{
+    lb_quant_args a = site_args(s, colwise);
     a.s2_mode = s->fmt == LB_FMT_NVFP4 && s->nvfp4_per_token && !colwise ? LB_S2_ROW : LB_S2_TENSOR;
     a.sr = grad && s->stochastic;
     a.seed = L->seed;
@@ -203,13 +210,7 @@ static void wgrad_hadamard(const lb_linear *L, const lb_site *G, int layer, lb_r
 // column-wise copies share their scales.
 static lb_quant_args weight_args(const lb_site *s, int colwise)
 {
-    lb_quant_args a;
-    memset(&a, 0, sizeof a);
-    a.fmt = s->fmt;
-    a.colwise = colwise;
-    a.elem = LB_E4M3;
-    a.rule = s->scale_rule;
-    a.pow2 = s->scale_pow2;
+    lb_quant_args a = site_args(s, colwise);
     a.weight_blocks = s->fmt == LB_FMT_FP8_BLOCK || (s->fmt == LB_FMT_NVFP4 && s->nvfp4_weight_2d);
     a.s2_mode = LB_S2_TENSOR;
     return a;
