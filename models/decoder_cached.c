@@ -121,13 +121,14 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
                       0, part, C, 0.0f);
         lb_blocks_tp_reduce(m, part, a->xmid, n, C);
         // feed-forward block: xmid = xmid + x, its norm; the block's output overwrites x
+        // the norm in fp32 only where something reads it (not under lb_layer_plan.ln2)
         uint16_t *ln16 = cached_ln16(m, a, l, LB_ROLE_ROUTER);
-        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->xmid,
+        float *ln = lb_blocks_ln2_16(m) ? NULL : a->ln;
+        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = ln, .rstd = a->rstd, .x = a->xmid,
                 .res = a->x, .sum = a->xmid, .w = w.ln2, .n = n, .c = C, .eps = eps,
                 .out16 = ln16});
         part = d.tp > 1 ? a->part : a->x;
-        lb_ffn_fwd(m, l, &w, &a->f, &a->ms, lb_blocks_ln2_16(m) ? NULL : a->ln, ln16, n, part,
-                   0, 1);
+        lb_ffn_fwd(m, l, &w, &a->f, &a->ms, ln, ln16, n, part, 0, 1);
         lb_blocks_tp_reduce(m, part, a->x, n, C);
         if (l + 1 == c->num_hidden_layers) {
             be->add(be, a->x, a->xmid, (size_t)n * C);
