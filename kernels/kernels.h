@@ -242,6 +242,10 @@ typedef struct {
     // GEMM's operand (lb_gemm_args.a16), written while the value is at hand. With out16, out
     // may be NULL (not written): where only bf16 GEMMs read the norm's output.
     uint16_t *out16;
+    // forward and backward: x16 NULL, or x in bf16 (n, pad8(c)), to_bf16's layout, read instead
+    // of x (x may then be NULL), each value widened exactly: a residual stream stored in bf16
+    // (lb_layer_plan.residual). Not with res.
+    const uint16_t *x16;
     // backward: dx (n, c) = the gradient (rounded to fp32) + dx_beta dx, dx not read when
     // dx_beta is 0 (1: a residual's gradient added in place, the same bits as add() after it);
     // dw (c) accumulated
@@ -564,6 +568,11 @@ typedef struct {
     /* --- elementwise and reductions ----------------------------------------------------- */\
     X(void, add, (lb_backend *be, float *y, const float *x, size_t n), (be, y, x, n))         \
     /* y += x */                                                                              \
+    /* y16 (x.rows, pad8(x.cols)) = bf16(x + r): x fp32 or bf16 (widened exactly), r          \
+       (x.rows, x.cols) fp32, one fp32 add rounded once to nearest even, to_bf16's layout     \
+       (zeros in the padding). y16 may be x's own bf16 rows. A residual add into a stream     \
+       stored in bf16 (lb_layer_plan.residual). */                                            \
+    X(void, add16, (lb_backend *be, uint16_t *y16, lb_act x, const float *r), (be, y16, x, r))\
     X(void, scale, (lb_backend *be, float *x, float s, size_t n), (be, x, s, n)) /* x *= s */ \
     /* y = (float)x, rounded to nearest even: sums kept in double until they are whole */    \
     X(void, f64_to_f32, (lb_backend *be, float *y, const double *x, size_t n), (be, y, x, n))  \

@@ -194,6 +194,14 @@ static void *hget(const void *d, size_t bytes)
     return h;
 }
 
+// Host copy of a buffer of backend be (the CPU's or the device's).
+static void *hget_be(lb_backend *be, const void *p, size_t bytes)
+{
+    void *h = lb_malloc(bytes ? bytes : 1);
+    be->download(be, h, p, bytes);
+    return h;
+}
+
 static void dfree(void *d) { dev->free(dev, d); }
 
 // Bytes of a bf16 copy of (rows, cols) values in to_bf16's layout (rows padded to 8).
@@ -1158,6 +1166,73 @@ static void rmsnorm_case(const test_case *tst)
             for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
         }
         free(res);
+    }
+    {   // x16 (a residual stream in bf16): the forward and backward from bf16 rows are the
+        // fp32 op's on the widened values, on each backend; add16 is one fp32 add rounded
+        // once, from fp32 or bf16 rows, in place too
+        float *res = randn(sz, 5), *xw = lb_malloc(sz * 4), *ys = lb_malloc(sz * 4);
+        uint16_t *x16 = host16(x, n, c);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < c; j++)
+                xw[(size_t)i * c + j] = lb_bf16_to_f32(x16[(size_t)i * ((c + 7) & ~7) + j]);
+        const size_t b16 = bytes16(n, c);
+        for (size_t i = 0; i < sz; i++) ys[i] = x[i] + res[i];
+        uint16_t *want_f = host16(ys, n, c);
+        for (size_t i = 0; i < sz; i++) ys[i] = xw[i] + res[i];
+        uint16_t *want_b = host16(ys, n, c);
+        lb_backend *bes[2] = {cpu, dev};
+        for (int b = 0; b < 2; b++) {
+            lb_backend *be = bes[b];
+            const char *bn = b ? "dev" : "cpu";
+            float *X = be->alloc(be, sz * 4), *XW = be->alloc(be, sz * 4);
+            float *R = be->alloc(be, sz * 4), *Wt = be->alloc(be, (size_t)c * 4);
+            float *G = be->alloc(be, sz * 4), *S = be->alloc(be, (size_t)n * 4);
+            float *O[2], *DX[2], *DW[2];
+            uint16_t *X16 = be->alloc(be, b16), *Y16 = be->alloc(be, b16);
+            be->upload(be, X, x, sz * 4), be->upload(be, XW, xw, sz * 4);
+            be->upload(be, R, res, sz * 4), be->upload(be, Wt, w, (size_t)c * 4);
+            be->upload(be, G, g, sz * 4), be->upload(be, X16, x16, b16);
+            for (int k = 0; k < 2; k++) {   // 0: from the widened fp32 rows, 1: from x16
+                O[k] = be->alloc(be, sz * 4), DX[k] = be->alloc(be, sz * 4);
+                DW[k] = be->alloc(be, (size_t)c * 4);
+                be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = O[k], .rstd = S,
+                        .x = k ? NULL : XW, .x16 = k ? X16 : NULL, .w = Wt, .n = n, .c = c,
+                        .eps = 1e-6f});
+                be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = DX[k], .dw = DW[k], .dout = G,
+                        .x = k ? NULL : XW, .x16 = k ? X16 : NULL, .w = Wt, .rstd = S, .n = n,
+                        .c = c});
+            }
+            float *h[2][3];
+            for (int k = 0; k < 2; k++) {
+                h[k][0] = hget_be(be, O[k], sz * 4), h[k][1] = hget_be(be, DX[k], sz * 4);
+                h[k][2] = hget_be(be, DW[k], (size_t)c * 4);
+            }
+            snprintf(what, sizeof what, "rmsnorm_fwd x16 n %d c %d (%s)", n, c, bn);
+            CHECK_BITS(what, h[1][0], h[0][0], sz * 4);
+            snprintf(what, sizeof what, "rmsnorm_bwd x16: dx n %d c %d (%s)", n, c, bn);
+            CHECK_BITS(what, h[1][1], h[0][1], sz * 4);
+            snprintf(what, sizeof what, "rmsnorm_bwd x16: dw n %d c %d (%s)", n, c, bn);
+            CHECK_BITS(what, h[1][2], h[0][2], (size_t)c * 4);
+            uint16_t *got = lb_malloc(b16);
+            memset(got, 0xff, b16);   // the padding must be written as zeros
+            be->upload(be, Y16, got, b16);
+            be->add16(be, Y16, lb_act_f32(X, n, c), R);
+            be->download(be, got, Y16, b16);
+            snprintf(what, sizeof what, "add16 from fp32 n %d c %d (%s)", n, c, bn);
+            CHECK_BITS(what, got, want_f, b16);
+            be->add16(be, X16, lb_act_bf16(X16, n, c), R);   // in place
+            be->download(be, got, X16, b16);
+            snprintf(what, sizeof what, "add16 from bf16, in place n %d c %d (%s)", n, c, bn);
+            CHECK_BITS(what, got, want_b, b16);
+            free(got);
+            for (int k = 0; k < 2; k++) {
+                for (int i = 0; i < 3; i++) free(h[k][i]);
+                be->free(be, O[k]), be->free(be, DX[k]), be->free(be, DW[k]);
+            }
+            void *bufs[] = {X, XW, R, Wt, G, S, X16, Y16};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+        }
+        free(res), free(xw), free(ys), free(x16), free(want_f), free(want_b);
     }
     snprintf(what, sizeof what, "rmsnorm_fwd out n %d c %d", n, c);
     CHECK_NMSE(what, keep[0][0], out, sz, tst->bound);
@@ -4354,14 +4429,14 @@ static const test_case CASES[] = {
     // --- RMSNorm, p (n, c). CUDA's rmsnorm_bwd takes a row with 32 to 1024 threads by c; dw's
     // partials are per block of 16 to 1024 rows (by n); the last: 625 blocks, dw's partials
     // summed in groups first
-    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add), rmsnorm_case, {300, 53}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add), rmsnorm_case, {1000, 128}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add), rmsnorm_case, {37, 600}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add), rmsnorm_case, {37, 2048}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add), rmsnorm_case, {21, 3000}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add), rmsnorm_case, {19, 5000}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add), rmsnorm_case, {9, 10000}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add), rmsnorm_case, {40000, 128}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {300, 53}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {1000, 128}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {37, 600}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {37, 2048}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {21, 3000}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {19, 5000}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {9, 10000}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {40000, 128}, .bound = B_ROUND),
 
     // --- RoPE, p (n, heads, d)
     CASE(OP(rope) OP(rmsnorm_fwd), rope_case, {129, 3, 64}, .bound = B_ROUND),

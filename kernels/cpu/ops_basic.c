@@ -130,6 +130,23 @@ static void cpu_add(lb_backend *be, float *y, const float *x, size_t n)
     for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+static void cpu_add16(lb_backend *be, uint16_t *y16, lb_act x, const float *r)
+{
+    const int n = x.rows, c = x.cols, ld = (c + 7) & ~7;
+    const uint16_t *x16 = x.type == LB_ACT_BF16 ? x.p : NULL;
+    const float *x32 = x16 ? NULL : x.p;
+    #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * c >= LB_CPU_PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        uint16_t *yi = y16 + (size_t)i * ld;
+        const float *ri = r + (size_t)i * c;
+        for (int j = 0; j < c; j++) {   // in place: element j is read before it is written
+            float xv = x16 ? lb_bf16_to_f32(x16[(size_t)i * x.ld + j]) : x32[(size_t)i * x.ld + j];
+            yi[j] = lb_f32_to_bf16(xv + ri[j]);
+        }
+        for (int j = c; j < ld; j++) yi[j] = 0;
+    }
+}
+
 static void cpu_scale(lb_backend *be, float *x, float s, size_t n)
 {
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if (n >= LB_CPU_PAR_MIN)
@@ -214,14 +231,20 @@ static void cpu_rmsnorm_fwd(lb_backend *be, const lb_rmsnorm_args *args)
     const float *res = args->res;
     float *sum = args->sum;
     uint16_t *out16 = args->out16;
+    const uint16_t *x16 = args->x16;
     if (!res != !sum) lb_die("rmsnorm_fwd: res and sum go together");
     if (!out && !out16) lb_die("rmsnorm_fwd: neither out nor out16");
+    if (x16 && res) lb_die("rmsnorm_fwd: x16 with res");
     const int ld = (c + 7) & ~7;
+    // x16: each row widened into a row of this scratch
+    float *wide = x16 ? lb_malloc((size_t)lb_cpu_threads(be) * c * sizeof(float)) : NULL;
     // without out, each row into a row of this scratch, then rounded into out16
     float *row = out ? NULL : lb_malloc((size_t)lb_cpu_threads(be) * c * sizeof(float));
     #pragma omp parallel for num_threads(lb_cpu_threads(be)) if ((size_t)n * c >= LB_CPU_PAR_MIN)
     for (int i = 0; i < n; i++) {
-        const float *xi = x + (size_t)i * c;
+        float *wi = x16 ? wide + (size_t)omp_get_thread_num() * c : NULL;
+        for (int j = 0; wi && j < c; j++) wi[j] = lb_bf16_to_f32(x16[(size_t)i * ld + j]);
+        const float *xi = wi ? wi : x + (size_t)i * c;
         float *oi = out ? out + (size_t)i * c : row + (size_t)omp_get_thread_num() * c;
         if (res) {   // the residual's add first, as add() makes it
             float *si = sum + (size_t)i * c;
@@ -237,6 +260,7 @@ static void cpu_rmsnorm_fwd(lb_backend *be, const lb_rmsnorm_args *args)
         if (out16) lb_bf16_row(out16 + (size_t)i * ld, oi, c, ld);
     }
     free(row);
+    free(wide);
 }
 
 // With y = x r w and r = (mean(x^2) + eps)^(-1/2):
@@ -253,6 +277,13 @@ static void cpu_rmsnorm_bwd(lb_backend *be, const lb_rmsnorm_args *args)
     int n = args->n, c = args->c;
     int nt = lb_cpu_threads(be);
     int par = (size_t)n * c >= LB_CPU_PAR_MIN;
+    float *wide = NULL;   // x16: the rows widened, then the fp32 backward on them
+    if (args->x16) {
+        wide = lb_malloc(((size_t)n * c + 1) * sizeof(float));
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < c; j++) wide[(size_t)i * c + j] = lb_in_at(NULL, args->x16, i, c, j);
+        x = wide;
+    }
     #pragma omp parallel for num_threads(nt) if (par)
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * c, *gi = dout + (size_t)i * c;
@@ -281,6 +312,7 @@ static void cpu_rmsnorm_bwd(lb_backend *be, const lb_rmsnorm_args *args)
         }
         for (int j = lo; j < hi; j++) dw[j] += (float)acc[j - lo];
     }
+    free(wide);
 }
 
 // --- RoPE (Hugging Face rotate_half form) --------------------------------------------------------
@@ -410,6 +442,7 @@ void lb_cpu_init_basic(lb_backend *be)
     be->gemm_grouped = cpu_gemm_grouped;
     be->gemm_experts = cpu_gemm_experts;
     be->add = cpu_add;
+    be->add16 = cpu_add16;
     be->scale = cpu_scale;
     be->f64_to_f32 = cpu_f64_to_f32;
     be->sumsq = cpu_sumsq;

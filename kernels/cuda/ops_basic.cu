@@ -49,6 +49,37 @@ static void cuda_add(lb_backend *be, float *y, const float *x, size_t n)
     LB_CUDA_LAUNCHED(cx);
 }
 
+// y16 = bf16(x + r), a thread per element; in place where y16 is x's bf16 rows (each element
+// read by the thread that writes it).
+__global__ void add16_kernel(uint16_t *y16, const float *x, const uint16_t *x16, size_t xld,
+                             const float *r, int n, int c)
+{
+    const int ld = (c + 7) & ~7;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < (size_t)n * ld;
+         e += (size_t)gridDim.x * blockDim.x) {
+        const size_t i = e / ld;
+        const int j = (int)(e % ld);
+        if (j >= c) {
+            y16[e] = 0;
+            continue;
+        }
+        const float xv = x16 ? __uint_as_float((uint32_t)x16[i * xld + j] << 16) : x[i * xld + j];
+        y16[e] = (uint16_t)round_bf16_bits(__fadd_rn(xv, r[i * c + j]));
+    }
+}
+
+static void cuda_add16(lb_backend *be, uint16_t *y16, lb_act x, const float *r)
+{
+    const size_t count = (size_t)x.rows * ((x.cols + 7) & ~7);
+    if (!count) return;
+    lb_cuda_ctx *cx = lb_cuda(be);
+    const bool b = x.type == LB_ACT_BF16;
+    add16_kernel<<<lb_grid(count, 256, cx), 256, 0, cx->stream>>>(
+        y16, b ? NULL : (const float *)x.p, b ? (const uint16_t *)x.p : NULL, x.ld, r, x.rows,
+        x.cols);
+    LB_CUDA_LAUNCHED(cx);
+}
+
 static void cuda_scale(lb_backend *be, float *x, float s, size_t n)
 {
     if (!n) return;
@@ -281,20 +312,19 @@ __device__ __forceinline__ double rms_group_sum(double v, double (*red)[G / 32],
 // is a multiple of 8 at or above c, so the group's threads cover the padding).
 template <int G, int K>
 __global__ void __launch_bounds__(G > 256 ? G : 256)
-rmsnorm_fwd_kernel(float *out, uint16_t *out16, float *rstd, const float *x, const float *res,
-                   float *sum, const float *w, int n, int c, float eps)
+rmsnorm_fwd_kernel(float *out, uint16_t *out16, float *rstd, const float *x, const uint16_t *x16,
+                   const float *res, float *sum, const float *w, int n, int c, float eps)
 {
     __shared__ double red[RMS_NG(G)][G / 32];
     const int gi = threadIdx.x / G, li = threadIdx.x % G;
     const int row = blockIdx.x * RMS_NG(G) + gi;
     const bool on = row < n;
-    const float *xi = x + (size_t)row * c;
     float xv[K];
     double ss = 0.0;
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const int j = li + G * k;
-        xv[k] = on && j < c ? xi[j] : 0.0f;
+        xv[k] = on && j < c ? lb_in_ld(x, x16, row, c, j) : 0.0f;
         if (res && on && j < c) {
             xv[k] = xv[k] + res[(size_t)row * c + j];
             sum[(size_t)row * c + j] = xv[k];
@@ -337,12 +367,13 @@ static void cuda_rmsnorm_fwd(lb_backend *be, const lb_rmsnorm_args *a)
     if (c > 16384) lb_die("rmsnorm_fwd: %d columns is more than 16384", c);
     if (!a->res != !a->sum) lb_die("rmsnorm_fwd: res and sum go together");
     if (!a->out && !a->out16) lb_die("rmsnorm_fwd: neither out nor out16");
+    if (a->x16 && a->res) lb_die("rmsnorm_fwd: x16 with res");
     if (!n) return;
     lb_cuda_ctx *cx = lb_cuda(be);
 #define RMS_FWD(G, K)                                                                     \
     rmsnorm_fwd_kernel<G, K><<<(n + RMS_NG(G) - 1) / RMS_NG(G), RMS_NG(G) * (G), 0,        \
-                               cx->stream>>>(a->out, a->out16, a->rstd, a->x, a->res,      \
-                                             a->sum, a->w, n, c, a->eps)
+                               cx->stream>>>(a->out, a->out16, a->rstd, a->x, a->x16,    \
+                                             a->res, a->sum, a->w, n, c, a->eps)
     RMS_DISPATCH(c, RMS_FWD);
 #undef RMS_FWD
     LB_CUDA_LAUNCHED(cx);
@@ -358,7 +389,7 @@ static void cuda_rmsnorm_fwd(lb_backend *be, const lb_rmsnorm_args *a)
 template <int G, int K>
 __global__ void __launch_bounds__(G > 256 ? G : 256, K > 8 || G > 256 ? 1 : 3)
 rmsnorm_bwd_kernel(float *dx, float beta, double *part, const float *dout, const float *x,
-                   const float *w, const float *rstd, int n, int c, int rb)
+                   const uint16_t *x16, const float *w, const float *rstd, int n, int c, int rb)
 {
     constexpr int NG = RMS_NG(G);
     __shared__ double red[NG][G / 32];
@@ -375,14 +406,14 @@ rmsnorm_bwd_kernel(float *dx, float beta, double *part, const float *dout, const
     for (int row0 = lo; row0 < hi; row0 += NG) {   // every group's threads run every round
         const int row = row0 + gi;
         const bool on = row < hi;
-        const float *xi = x + (size_t)row * c, *gr = dout + (size_t)row * c;
+        const float *gr = dout + (size_t)row * c;
         float xv[K], gv[K], old[K];
         double dot = 0.0;
 #pragma unroll
         for (int k = 0; k < K; k++) {
             const int j = li + G * k;
             const bool in = on && j < c;
-            xv[k] = in ? xi[j] : 0.0f;
+            xv[k] = in ? lb_in_ld(x, x16, row, c, j) : 0.0f;
             gv[k] = in ? gr[j] : 0.0f;
             old[k] = in && beta != 0.0f ? dx[(size_t)row * c + j] : 0.0f;
             dot += (double)gv[k] * wv[k] * xv[k];
@@ -418,7 +449,8 @@ rmsnorm_bwd_kernel(float *dx, float beta, double *part, const float *dout, const
 }
 
 static void cuda_rmsnorm_bwd(lb_backend *be, float *dx, float dx_beta, float *dw,
-                             const float *dout, const float *x, const float *w,
+                             const float *dout, const float *x, const uint16_t *x16,
+                             const float *w,
                              const float *rstd, int n, int c)
 {
     if (n < 0 || c <= 0) lb_die("rmsnorm_bwd: bad size (n %d, c %d)", n, c);
@@ -437,7 +469,8 @@ static void cuda_rmsnorm_bwd(lb_backend *be, float *dx, float dx_beta, float *dw
 #define RMS_BWD(G, K)                                                                     \
     rmsnorm_bwd_kernel<G, K><<<nb, RMS_NG(G) * (G),                                       \
                                RMS_NG(G) > 1 ? (size_t)RMS_NG(G) * c * sizeof(float) : 0, \
-                               cx->stream>>>(dx, dx_beta, part, dout, x, w, rstd, n, c, rb)
+                               cx->stream>>>(dx, dx_beta, part, dout, x, x16, w, rstd, n, c,  \
+                                             rb)
     RMS_DISPATCH(c, RMS_BWD);
 #undef RMS_BWD
     LB_CUDA_LAUNCHED(cx);
@@ -768,7 +801,8 @@ static void cuda_swiglu_bwd(lb_backend *be, float *dgu, uint16_t *dgu16, const f
 
 static void cuda_rmsnorm_bwd_op(lb_backend *be, const lb_rmsnorm_args *a)
 {
-    cuda_rmsnorm_bwd(be, a->dx, a->dx_beta, a->dw, a->dout, a->x, a->w, a->rstd, a->n, a->c);
+    cuda_rmsnorm_bwd(be, a->dx, a->dx_beta, a->dw, a->dout, a->x, a->x16, a->w, a->rstd, a->n,
+                     a->c);
 }
 
 static void cuda_swiglu_fwd_op(lb_backend *be, const lb_swiglu_args *a)
@@ -785,6 +819,7 @@ static void cuda_swiglu_bwd_op(lb_backend *be, const lb_swiglu_args *a)
 extern "C" void lb_cuda_init_basic(lb_backend *be)
 {
     be->add = cuda_add;
+    be->add16 = cuda_add16;
     be->scale = cuda_scale;
     be->f64_to_f32 = cuda_f64_to_f32;
     be->sumsq = cuda_sumsq;
