@@ -126,11 +126,28 @@ static int plan_ln2(const lb_model *m)
     return 1;
 }
 
+// Whether the residual stream is stored in bf16 (lb_layer_plan.residual): where no GEMM of
+// the model is fp32 in any pass (every recipe but fp32, as a bf16 PyTorch model's or
+// Megatron's without --fp32-residual-connection). Each residual add is then one fp32 add
+// rounded once (add16), and the norms and their backward read the rounded rows. One decision
+// for the whole model, not the stage: the pipeline's stages pass the stream on as it is.
+static int plan_residual(const lb_model *m)
+{
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+        for (int r = 0; r < LB_NROLES; r++)
+            for (int p = 0; p < LB_NPASSES; p++)
+                if (lb_contract_site(&m->contract, l, (lb_role)r, (lb_pass)p)->fmt ==
+                    LB_FMT_FP32)
+                    return 0;
+    return 1;
+}
+
 void lb_decoder_plan(const lb_model *m, lb_layer_plan *out)
 {
-    const int ln1 = plan_ln1(m), att = plan_att(m), ln2 = plan_ln2(m);
+    const int ln1 = plan_ln1(m), att = plan_att(m), ln2 = plan_ln2(m), res = plan_residual(m);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
         lb_layer_plan *p = &out[l];
+        p->residual = (uint8_t)res;
         // q and k after their norms and RoPE: where the contract's attention is bf16, which
         // rounds them to bf16 before any product, so the copy is all it reads and the step's
         // bits do not change. Not with the fp8 KV cache's straight-through quantization
@@ -199,6 +216,8 @@ int lb_blocks_out16(const lb_model *m, int l, lb_role role, lb_pass pass)
 
 // The model-wide ones, the same in every layer's plan (layer 0's).
 int lb_blocks_qk16(const lb_model *m) { return m->plan[0].qk; }
+
+int lb_blocks_res16(const lb_model *m) { return m->plan[0].residual; }
 
 static int ln1_16(const lb_model *m) { return m->plan[0].ln1; }
 
@@ -461,7 +480,8 @@ static void layer_create(lb_model *m, lb_layer_acts *L, int n, int ns, const lb_
     L->q = lb_blocks_falloc(be, n * hq * D);
     L->k = lb_blocks_falloc(be, n * hkv * D);
     L->v = lb_blocks_falloc(be, n * hkv * D);
-    L->xmid = lb_blocks_falloc(be, ns * C);
+    if (lb_blocks_res16(m)) L->xmid16 = be->alloc(be, lb_blocks_n16(ns, (int)C) * sizeof(uint16_t));
+    else L->xmid = lb_blocks_falloc(be, ns * C);
     if (S) {
         L->shared = 1;
         L->ln1 = S->ln1, L->rstd1 = S->rstd1, L->qrstd = S->qrstd, L->qr = S->qr;
@@ -479,7 +499,7 @@ static void layer_create(lb_model *m, lb_layer_acts *L, int n, int ns, const lb_
 static void layer_free(lb_model *m, lb_layer_acts *L)
 {
     lb_backend *be = m->be;
-    void *own[] = {L->q, L->k, L->v, L->xmid};
+    void *own[] = {L->q, L->k, L->v, L->xmid, L->xmid16};
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
         if (own[i]) be->free(be, own[i]);
     if (L->shared) L->f.h = NULL, L->f.h16 = NULL;   // sel's
@@ -533,7 +553,9 @@ void *lb_decoder_acts_create(lb_model *m, int b, int t)
     a->recompute = m->recompute;
     if (a->recompute == LB_RECOMPUTE_SELECTIVE) shared_create(m, &a->sel, (int)n, (int)ns);
     for (int l = 0; l <= a->nl; l++) {
-        a->l[l].x = lb_blocks_falloc(be, ns * C);
+        if (lb_blocks_res16(m))
+            a->l[l].x16 = be->alloc(be, lb_blocks_n16(ns, (int)C) * sizeof(uint16_t));
+        else a->l[l].x = lb_blocks_falloc(be, ns * C);
         if (l < a->nl && a->recompute != LB_RECOMPUTE_FULL)
             layer_create(m, &a->l[l], (int)n, (int)ns,
                          a->recompute == LB_RECOMPUTE_SELECTIVE ? &a->sel : NULL);
@@ -551,6 +573,7 @@ void *lb_decoder_acts_create(lb_model *m, int b, int t)
     a->rope_freq = lb_blocks_rope_freq_create(m);
     a->ones = lb_blocks_ones_create(m, n);
     if (d.tp > 1) a->part = lb_blocks_falloc(be, n * C);
+    if (lb_blocks_res16(m)) a->branch = lb_blocks_falloc(be, ns * C);
     a->dres = lb_blocks_falloc(be, ns * C);
     a->dfull = d.sp ? lb_blocks_falloc(be, n * C) : a->dres;
     a->dln = lb_blocks_falloc(be, n * C);
@@ -589,14 +612,14 @@ void lb_decoder_acts_free(lb_model *m, void *p)
     lb_acts *a = p;
     lb_backend *be = m->be;
     for (int l = 0; l <= a->nl; l++) {
-        be->free(be, a->l[l].x);
+        be->free(be, a->l[l].x ? (void *)a->l[l].x : (void *)a->l[l].x16);
         if (l < a->nl && a->recompute != LB_RECOMPUTE_FULL) layer_free(m, &a->l[l]);
     }
     if (a->recompute == LB_RECOMPUTE_FULL) layer_free(m, &a->work);
     if (a->recompute == LB_RECOMPUTE_SELECTIVE) shared_free(m, &a->sel);
     free(a->l);
     void *bufs[] = {a->lnf, a->rstdf, a->loss, a->ce_stats, a->pos, a->rope_freq, a->ones, a->part,
-                    a->dres, a->dln,
+                    a->branch, a->dres, a->dln,
                     a->dq, a->dk, a->dv, a->datt, a->dqr, a->dkr, a->dgu, a->dh, a->dxp,
                     a->drlogits, a->dweight, a->daux};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -609,10 +632,13 @@ void lb_decoder_acts_free(lb_model *m, void *p)
     free(a);
 }
 
-float *lb_decoder_stage_input(lb_model *m) { return ((lb_acts *)m->acts)->l[0].x; }
+// The stage's input and output hidden states as the pipeline's messages: fp32 rows, or bf16
+// rows (lb_layer_plan.residual) as pairs of them in 32-bit words (lb_model_stage_floats).
+static float *stage_rows(const lb_layer_acts *L) { return L->x ? L->x : (float *)L->x16; }
+float *lb_decoder_stage_input(lb_model *m) { return stage_rows(&((lb_acts *)m->acts)->l[0]); }
 float *lb_decoder_stage_output(lb_model *m)
 {
     lb_acts *a = m->acts;
-    return a->l[a->nl].x;
+    return stage_rows(&a->l[a->nl]);
 }
 float *lb_decoder_stage_grad(lb_model *m) { return ((lb_acts *)m->acts)->dres; }

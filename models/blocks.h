@@ -123,6 +123,7 @@ typedef struct {
 typedef struct {
     // saved by forward, per layer. ns rows are this rank's (n / tp under sequence parallelism).
     float *x;              // (ns, c) residual entering the layer; x[layers] feeds the next stage
+    uint16_t *x16;         // (ns, pad8(c)) x in bf16 instead (NULL: fp32; lb_layer_plan.residual)
     float *ln1, *rstd1;    // (n, c) all rows (gathered under SP), (ns)
     uint16_t *ln1_16;      // (n, pad8(c)) ln1 in bf16 instead (NULL: fp32; activations.c ln1_16)
     float *q, *qrstd, *qr; // q before norm (n, hq*d), its rstd (n*hq), after norm + RoPE
@@ -133,6 +134,7 @@ typedef struct {
     float *att, *lse;      // (n, hq*d), (b, hq, t)
     uint16_t *att16;       // (n, hq*d) att in bf16 instead (NULL: fp32; lb_blocks_att16)
     float *xmid;           // (ns, c) residual after attention
+    uint16_t *xmid16;      // (ns, pad8(c)) xmid in bf16 instead (NULL: fp32)
     float *ln2, *rstd2;    // (n, c), (ns)
     uint16_t *ln2_16;      // (n, pad8(c)) ln2 in bf16 instead (NULL: fp32; lb_layer_plan.ln2)
     lb_ffn_acts f;
@@ -143,7 +145,7 @@ typedef struct {
     int b, t, n, ns, nl;   // nl: this stage's layers
     lb_layer_acts *l;      // (nl + 1): only .x is used in the last; only .x of any under recompute
     int recompute;         // LB_RECOMPUTE_*: none, selective or full
-    lb_layer_acts work;       // full: the working layer's buffers, .x borrowed from l[i]
+    lb_layer_acts work;       // full: the working layer's buffers, .x (.x16) borrowed from l[i]
     lb_layer_acts sel;        // selective: the recomputed buffers every layer shares
     float *lnf, *rstdf;    // (ns, c), (ns)
     float *loss;           // (ns) per-token losses
@@ -156,6 +158,7 @@ typedef struct {
     double *rope_freq;     // (D/2) backend: llama3-scaled RoPE frequencies, NULL for plain RoPE
     float *ones;           // (n) backend ones: the attention biases' GEMMs, or NULL
     float *part;           // (n, c) a row-parallel layer's partial output (tp > 1)
+    float *branch;         // (ns, c) a block's output before its residual add into bf16 x16
     // backward scratch
     float *dres;           // (ns, c) d loss / d residual
     float *dfull;          // (n, c) dres gathered over tp (= dres without SP)
@@ -174,6 +177,9 @@ typedef struct {
 typedef struct {
     int rows;
     float *x, *xmid, *ln, *rstd;           // (rows, c), (rows, c), (rows, c), (rows)
+    // (rows, pad8(c)) x and xmid in bf16 where the residual stream is (lb_blocks_res16): x
+    // and xmid then hold the blocks' outputs before their adds
+    uint16_t *x16, *xmid16;
     uint16_t *ln16;                        // (rows, pad8(c)): ln in bf16 for bf16 GEMMs
     float *q, *qrstd, *qr;                 // (rows, hq*d), (rows*hq), (rows, hq*d)
     float *k, *krstd, *kr, *v;             // (rows, hkv*d), (rows*hkv), (rows, hkv*d) x2
@@ -195,7 +201,7 @@ void lb_qkv_fwd(lb_linear *lin, int l, const lb_layer_w *w, lb_act ln, float *q,
                 float *v, lb_dims d);
 // RMSNorm of this rank's rows of x into norm's rows (all rows gathered under SP), or (norm16
 // given) into norm16 in bf16 instead, (n, pad8(c)).
-void lb_norm_rows(lb_model *m, lb_acts *a, const float *x, const float *w, float *norm,
+void lb_norm_rows(lb_model *m, lb_acts *a, lb_act x, const float *w, float *norm,
                   uint16_t *norm16, float *rstd);
 // Core attention of layer L from its q, k, v projections: q/k norms (def->qk_norm), RoPE, what
 // an fp8 KV cache would hold (straight-through backward), attention.
@@ -214,7 +220,8 @@ double lb_ffn_fwd(lb_model *m, int l, const lb_layer_w *w, lb_ffn_acts *f, lb_mo
 // in fp32 or bf16, as the forward stored it.
 void lb_ffn_bwd(lb_model *m, int l, const lb_layer_w *w, const lb_layer_w *dw, lb_ffn_acts *f,
                 lb_acts *a, lb_act ln, int n, const float *dout, float *dln, float aux_scale);
-// Decoder layer i of this stage on L->x, into a->l[i + 1].x; returns its load-balancing loss.
+// Decoder layer i of this stage on L->x (L->x16), into a->l[i + 1].x (.x16); returns its
+// load-balancing loss.
 double lb_decoder_layer_fwd(lb_model *m, lb_acts *a, int i, lb_layer_acts *L);
 
 // --- the lb_model_def entry points of a decoder ------------------------------------------------

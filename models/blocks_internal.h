@@ -29,7 +29,7 @@ lb_act lb_blocks_norm_in(const lb_model *m, int l, lb_role role, const float *ln
 // their activations (takes16) or gradients (grads16) in bf16; whether a pass's output is stored
 // in bf16 (out16: gate/up's fprop, down's dgrad); q and k after RoPE in bf16; the routed
 // weights applied before down; the attention output (att16) and the feed-forward block's input
-// norm (ln2_16) in bf16.
+// norm (ln2_16) in bf16; the residual stream in bf16 (x16, xmid16).
 int lb_blocks_qkv_quantized16(const lb_model *m, int l);
 int lb_blocks_takes16(const lb_model *m, int l, lb_role role);
 int lb_blocks_grads16(const lb_model *m, int l, lb_role role);
@@ -37,6 +37,7 @@ int lb_blocks_out16(const lb_model *m, int l, lb_role role, lb_pass pass);
 int lb_blocks_qk16(const lb_model *m);
 int lb_blocks_att16(const lb_model *m);
 int lb_blocks_ln2_16(const lb_model *m);
+int lb_blocks_res16(const lb_model *m);
 // A dense model's MLP layer l: gate/up's output (h 0) or the SwiGLU's (h 1) in bf16.
 int lb_blocks_mlp16(const lb_model *m, int l, int h);
 int lb_blocks_weights_on_h(const lb_model *m, int l);

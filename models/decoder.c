@@ -81,26 +81,31 @@ static lb_layer_acts *layer_at(lb_acts *a, int i)
 {
     if (a->recompute != LB_RECOMPUTE_FULL) return &a->l[i];
     a->work.x = a->l[i].x;
+    a->work.x16 = a->l[i].x16;
     return &a->work;
 }
 
-// RMSNorm of this rank's rows of x into norm's rows (all rows gathered under SP).
-void lb_norm_rows(lb_model *m, lb_acts *a, const float *x, const float *w, float *norm,
+// RMSNorm of this rank's rows of x (fp32 or bf16) into norm's rows (all rows gathered under
+// SP).
+void lb_norm_rows(lb_model *m, lb_acts *a, lb_act xa, const float *w, float *norm,
                   uint16_t *norm16, float *rstd)
 {
+    const float *x = xa.type == LB_ACT_F32 ? xa.p : NULL;
+    const uint16_t *x16 = xa.type == LB_ACT_BF16 ? xa.p : NULL;
     lb_dims d = lb_dims_of(m);
     int r0 = row_offset(m, a->ns);
     if (norm16) {   // the rank's rows in bf16, gathered as pairs of them in 32-bit words
         const size_t ld = lb_blocks_n16(1, d.C);
         m->be->rmsnorm_fwd(m->be, &(lb_rmsnorm_args){.out16 = norm16 + (size_t)r0 * ld,
-                .rstd = rstd, .x = x, .w = w, .n = a->ns, .c = d.C,
+                .rstd = rstd, .x = x, .x16 = x16, .w = w, .n = a->ns, .c = d.C,
                 .eps = (float)m->cfg.rms_norm_eps});
         tp_gather(m, (const float *)(norm16 + (size_t)r0 * ld), (float *)norm16, a->n,
                   (int)(ld / 2));
         return;
     }
     m->be->rmsnorm_fwd(m->be, &(lb_rmsnorm_args){.out = norm + (size_t)r0 * d.C, .rstd = rstd,
-            .x = x, .w = w, .n = a->ns, .c = d.C, .eps = (float)m->cfg.rms_norm_eps});
+            .x = x, .x16 = x16, .w = w, .n = a->ns, .c = d.C,
+            .eps = (float)m->cfg.rms_norm_eps});
     tp_gather(m, norm + (size_t)r0 * d.C, norm, a->n, d.C);
 }
 
@@ -183,7 +188,17 @@ void lb_attention_core_fwd(lb_model *m, lb_acts *a, lb_layer_acts *L, const lb_l
             .bf16 = m->contract.attention_bf16});
 }
 
-// Decoder layer i of this stage on L->x, into a->l[i + 1].x; returns its load-balancing loss.
+// The residual add of a block's output: y = x + branch (ns, C), in place in fp32 (branch is y
+// itself) or, where the stream is bf16, rounded once into y16 (branch is a->branch).
+static void residual_add(lb_backend *be, float *y, uint16_t *y16, lb_act x, const float *branch,
+                         size_t count)
+{
+    if (y16) be->add16(be, y16, x, branch);
+    else be->add(be, y, x.p, count);
+}
+
+// Decoder layer i of this stage on L->x (L->x16), into a->l[i + 1].x (.x16); returns its
+// load-balancing loss.
 double lb_decoder_layer_fwd(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
 {
     lb_backend *be = m->be;
@@ -193,22 +208,24 @@ double lb_decoder_layer_fwd(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
     lb_linear *lin = &m->lin;
     lb_layer_w w = lb_blocks_layer_weights(m, m->params, l);
     // attention block: heads split over tp, o_proj row-parallel
-    lb_norm_rows(m, a, L->x, w.ln1, L->ln1, L->ln1_16, L->rstd1);
+    const lb_act x = lb_act_of(L->x, L->x16, ns, C), xmid = lb_act_of(L->xmid, L->xmid16, ns, C);
+    lb_norm_rows(m, a, x, w.ln1, L->ln1, L->ln1_16, L->rstd1);
     lb_qkv_fwd(lin, l, &w, lb_act_of(L->ln1, L->ln1_16, n, C), L->q, L->k, L->v, d);
     lb_blocks_qkv_bias_fwd(m, &w, a->ones, L->q, L->k, L->v, n);
     lb_attention_core_fwd(m, a, L, &w);
-    float *part = d.tp > 1 ? a->part : L->xmid;
+    // a block's output: into the fp32 stream, or a->branch before its add into the bf16 one
+    float *sum = L->xmid16 ? a->branch : L->xmid, *part = d.tp > 1 ? a->part : sum;
     lb_linear_fwd(lin, l, LB_ROLE_ATTN_OUT, lb_act_of(L->att, L->att16, n, d.hq * D), w.o, w.co,
                   0, part, C, 0.0f);
-    lb_blocks_tp_reduce(m, part, L->xmid, n, C);
-    be->add(be, L->xmid, L->x, (size_t)ns * C);
+    lb_blocks_tp_reduce(m, part, sum, n, C);
+    residual_add(be, L->xmid, L->xmid16, x, sum, (size_t)ns * C);
     // feed-forward block: gate_up column-parallel, down row-parallel
-    float *xnext = a->l[i + 1].x;
-    lb_norm_rows(m, a, L->xmid, w.ln2, L->ln2, L->ln2_16, L->rstd2);
-    part = d.tp > 1 ? a->part : xnext;
+    lb_layer_acts *next = &a->l[i + 1];
+    lb_norm_rows(m, a, xmid, w.ln2, L->ln2, L->ln2_16, L->rstd2);
+    sum = next->x16 ? a->branch : next->x, part = d.tp > 1 ? a->part : sum;
     double aux = lb_ffn_fwd(m, l, &w, &L->f, &a->ms, L->ln2, L->ln2_16, n, part, 1, 0);
-    lb_blocks_tp_reduce(m, part, xnext, n, C);
-    be->add(be, xnext, L->xmid, (size_t)ns * C);
+    lb_blocks_tp_reduce(m, part, sum, n, C);
+    residual_add(be, next->x, next->x16, xmid, sum, (size_t)ns * C);
     return aux;
 }
 
@@ -219,9 +236,11 @@ static void layer_recompute(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
 {
     lb_dims d = lb_dims_of(m);
     lb_layer_w w = lb_blocks_layer_weights(m, m->params, m->layer_begin + i);
-    lb_norm_rows(m, a, L->x, w.ln1, L->ln1, L->ln1_16, L->rstd1);
+    lb_norm_rows(m, a, lb_act_of(L->x, L->x16, a->ns, d.C), w.ln1, L->ln1, L->ln1_16,
+                 L->rstd1);
     lb_attention_core_fwd(m, a, L, &w);
-    lb_norm_rows(m, a, L->xmid, w.ln2, L->ln2, L->ln2_16, L->rstd2);
+    lb_norm_rows(m, a, lb_act_of(L->xmid, L->xmid16, a->ns, d.C), w.ln2, L->ln2, L->ln2_16,
+                 L->rstd2);
     const int l = m->layer_begin + i, moe = lb_blocks_layer_moe(&m->cfg, l);
     int rows = moe ? L->f.route.nrecv : a->n;
     const int h16on =
@@ -309,11 +328,14 @@ void lb_decoder_forward(lb_model *m, const int32_t *tokens, const int32_t *targe
     lb_linear *lin = &m->lin;
     (void)b, (void)t;   // the activations were made for (b, t)
 
-    if (m->first_stage)
-        be->embedding_fwd(be, a->l[0].x, tokens + r0,
+    if (m->first_stage) {   // the embedding rows (rounded to bf16 where the stream is bf16)
+        lb_layer_acts *L0 = &a->l[0];
+        be->embedding_fwd(be, L0->x16 ? a->branch : L0->x, tokens + r0,
                           m->params +
                               lb_blocks_find_or_die(m, "model.embed_tokens.weight")->offset,
                           ns, C);
+        if (L0->x16) be->to_bf16(be, L0->x16, a->branch, (size_t)ns, C, (C + 7) & ~7);
+    }
     for (int i = 0; i < a->nl; i++) aux += lb_decoder_layer_fwd(m, a, i, layer_at(a, i));
     m->aux_loss = (float)aux;
     m->ntokens = 0;
@@ -324,7 +346,7 @@ void lb_decoder_forward(lb_model *m, const int32_t *tokens, const int32_t *targe
     const lb_tensor *tn = lb_blocks_find_or_die(m, "model.norm.weight");
     const lb_tensor *th = lb_blocks_find_or_die(m, "lm_head.weight");
     be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->lnf, .rstd = a->rstdf, .x = a->l[a->nl].x,
-            .w = m->params + tn->offset, .n = ns, .c = C, .eps = eps});
+            .x16 = a->l[a->nl].x16, .w = m->params + tn->offset, .n = ns, .c = C, .eps = eps});
     int R = targets ? lb_model_ce_rows(m, ns) : ns;
     if (!targets) {   // the logits of every row (log-probabilities, sampling's checks)
         lb_linear_fwd(lin, c->num_hidden_layers - 1, LB_ROLE_LM_HEAD, lb_act_f32(a->lnf, ns, C),
@@ -383,7 +405,7 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
                           G + th->offset, lb_model_grad_beta(m, G + th->offset), d.V);
         be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dres, .dx_beta = 0.0f,
                 .dw = G + tn->offset, .dout = a->dln, .x = a->l[a->nl].x,
-                .w = m->params + tn->offset, .rstd = a->rstdf, .n = ns, .c = C});
+                .x16 = a->l[a->nl].x16, .w = m->params + tn->offset, .rstd = a->rstdf, .n = ns, .c = C});
     }
     for (int i = a->nl - 1; i >= 0; i--) {
         int l = m->layer_begin + i;
@@ -401,7 +423,8 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
                    a->dln, aux_scale);
         lb_blocks_tp_reduce(m, a->dln, a->dlns, n, C);
         be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dres, .dx_beta = 1.0f, .dw = dw.ln2,
-                .dout = a->dlns, .x = L->xmid, .w = w.ln2, .rstd = L->rstd2, .n = ns, .c = C});
+                .dout = a->dlns, .x = L->xmid, .x16 = L->xmid16, .w = w.ln2, .rstd = L->rstd2,
+                .n = ns, .c = C});
         // attention block: dres is now d loss / d xmid
         tp_gather(m, a->dres, a->dfull, n, C);
         lb_linear_bwd(lin, l, LB_ROLE_ATTN_OUT, lb_act_of(L->att, L->att16, n, d.hq * D), w.o,
@@ -443,7 +466,8 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
         }
         lb_blocks_tp_reduce(m, a->dln, a->dlns, n, C);
         be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dres, .dx_beta = 1.0f, .dw = dw.ln1,
-                .dout = a->dlns, .x = L->x, .w = w.ln1, .rstd = L->rstd1, .n = ns, .c = C});
+                .dout = a->dlns, .x = L->x, .x16 = L->x16, .w = w.ln1, .rstd = L->rstd1,
+                .n = ns, .c = C});
     }
     if (m->first_stage)
         be->embedding_bwd(be, G + lb_blocks_find_or_die(m, "model.embed_tokens.weight")->offset,

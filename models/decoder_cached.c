@@ -26,6 +26,10 @@ void *lb_decoder_cached_create(lb_model *m, int max_rows)
     a->rows = max_rows;
     a->x = lb_blocks_falloc(be, n * C);
     a->xmid = lb_blocks_falloc(be, n * C);
+    if (lb_blocks_res16(m)) {
+        a->x16 = be->alloc(be, lb_blocks_n16(n, (int)C) * sizeof(uint16_t));
+        a->xmid16 = be->alloc(be, lb_blocks_n16(n, (int)C) * sizeof(uint16_t));
+    }
     a->ln = lb_blocks_falloc(be, n * C);
     a->rstd = lb_blocks_falloc(be, n);
     a->ln16 = be->alloc(be, lb_blocks_n16(n, (int)C) * sizeof(uint16_t));
@@ -54,7 +58,7 @@ void lb_decoder_cached_free(lb_model *m, void *p)
 {
     lb_cached_acts *a = p;
     lb_backend *be = m->be;
-    void *bufs[] = {a->x, a->xmid, a->ln, a->ln16, a->rstd, a->q, a->qrstd, a->qr, a->k,
+    void *bufs[] = {a->x, a->xmid, a->x16, a->xmid16, a->ln, a->ln16, a->rstd, a->q, a->qrstd, a->qr, a->k,
                     a->krstd, a->kr, a->v, a->att, a->att16, a->part, a->rope_freq, a->ones};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
@@ -79,14 +83,17 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
     float eps = (float)c->rms_norm_eps;
     lb_linear *lin = &m->lin;
 
+    const int r16 = lb_blocks_res16(m);   // the stream in bf16: x16 and xmid16, as forward's
     be->embedding_fwd(be, a->x, kv->tokens,
                       m->params + lb_blocks_find_or_die(m, "model.embed_tokens.weight")->offset,
                       n, C);
-    // Each residual add is the next norm's (rmsnorm_fwd's res: add()'s bits), and a norm whose
-    // readers are bf16 GEMMs also writes their operand (out16): fewer launches a decode step.
+    if (r16) be->to_bf16(be, a->x16, a->x, (size_t)n, C, (C + 7) & ~7);
+    // Each residual add into an fp32 stream is the next norm's (rmsnorm_fwd's res: add()'s
+    // bits); into a bf16 one, add16's as forward's. A norm whose readers are bf16 GEMMs also
+    // writes their operand (out16): fewer launches a decode step.
     lb_layer_w w0 = lb_blocks_layer_weights(m, m->params, 0);
-    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->x,
-            .w = w0.ln1, .n = n, .c = C, .eps = eps,
+    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = r16 ? NULL : a->x,
+            .x16 = a->x16, .w = w0.ln1, .n = n, .c = C, .eps = eps,
             .out16 = cached_ln16(m, a, 0, LB_ROLE_ATTN_QKV)});
     for (int l = 0; l < c->num_hidden_layers; l++) {
         lb_layer_w w = lb_blocks_layer_weights(m, m->params, l);
@@ -124,35 +131,48 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
         // the norm in fp32 only where something reads it (not under lb_layer_plan.ln2)
         uint16_t *ln16 = cached_ln16(m, a, l, LB_ROLE_ROUTER);
         float *ln = lb_blocks_ln2_16(m) ? NULL : a->ln;
-        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = ln, .rstd = a->rstd, .x = a->xmid,
-                .res = a->x, .sum = a->xmid, .w = w.ln2, .n = n, .c = C, .eps = eps,
+        if (r16) be->add16(be, a->xmid16, lb_act_bf16(a->x16, n, C), a->xmid);
+        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = ln, .rstd = a->rstd,
+                .x = r16 ? NULL : a->xmid, .x16 = a->xmid16, .res = r16 ? NULL : a->x,
+                .sum = r16 ? NULL : a->xmid, .w = w.ln2, .n = n, .c = C, .eps = eps,
                 .out16 = ln16});
         part = d.tp > 1 ? a->part : a->x;
         lb_ffn_fwd(m, l, &w, &a->f, &a->ms, ln, ln16, n, part, 0, 1);
         lb_blocks_tp_reduce(m, part, a->x, n, C);
+        if (r16) be->add16(be, a->x16, lb_act_bf16(a->xmid16, n, C), a->x);
         if (l + 1 == c->num_hidden_layers) {
-            be->add(be, a->x, a->xmid, (size_t)n * C);
+            if (!r16) be->add(be, a->x, a->xmid, (size_t)n * C);
             break;
         }
         // x = x + xmid, the next norm
         lb_layer_w wn = lb_blocks_layer_weights(m, m->params, l + 1);
-        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = a->x,
-                .res = a->xmid, .sum = a->x, .w = wn.ln1, .n = n, .c = C, .eps = eps,
+        be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd,
+                .x = r16 ? NULL : a->x, .x16 = a->x16, .res = r16 ? NULL : a->xmid,
+                .sum = r16 ? NULL : a->x, .w = wn.ln1, .n = n, .c = C, .eps = eps,
                 .out16 = cached_ln16(m, a, l + 1, LB_ROLE_ATTN_QKV)});
     }
     // The final norm and the LM head act per row: only the rows whose logits are read (kv->lrows,
-    // gathered into xmid, free now) pay for them; a prefill chunk's rows are not sampled.
-    const float *xf = a->x;
+    // gathered into xmid, free now) pay for them; a prefill chunk's rows are not sampled. bf16
+    // rows are gathered as pad8(C) / 2 words each.
+    const float *xf = r16 ? NULL : a->x;
+    const uint16_t *xf16 = a->x16;
     if (kv->lrows) {
         if (kv->nl == 0) return;
-        be->embedding_fwd(be, a->xmid, kv->lrows, a->x, kv->nl, C);
-        xf = a->xmid;
+        if (r16) {
+            const int words = (C + 7) / 8 * 4;
+            be->embedding_fwd(be, (float *)a->xmid16, kv->lrows, (const float *)a->x16, kv->nl,
+                              words);
+            xf16 = a->xmid16;
+        } else {
+            be->embedding_fwd(be, a->xmid, kv->lrows, a->x, kv->nl, C);
+            xf = a->xmid;
+        }
     }
     const lb_tensor *tn = lb_blocks_find_or_die(m, "model.norm.weight");
     const lb_tensor *th = lb_blocks_find_or_die(m, "lm_head.weight");
     const int lmh = c->num_hidden_layers - 1;
     uint16_t *ln16 = cached_ln16(m, a, lmh, LB_ROLE_LM_HEAD);
-    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = xf,
+    be->rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = a->ln, .rstd = a->rstd, .x = xf, .x16 = xf16,
             .w = m->params + tn->offset, .n = kv->nl, .c = C, .eps = eps, .out16 = ln16});
     lb_linear_fwd(lin, lmh, LB_ROLE_LM_HEAD,
                   lb_blocks_norm_in(m, lmh, LB_ROLE_LM_HEAD, a->ln, ln16, kv->nl, C),

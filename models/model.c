@@ -282,10 +282,23 @@ void lb_model_use_slot(lb_model *m, int s)
     m->cur_slot = s;
 }
 
-size_t lb_model_stage_floats(const lb_model *m)
+// A stage's rows of hidden states: this rank's (n / tp under sequence parallelism).
+static size_t stage_rows(const lb_model *m)
 {
     size_t n = (size_t)m->b * m->t;
-    return (m->par.sp ? n / m->par.tp : n) * m->cfg.hidden_size;
+    return m->par.sp ? n / m->par.tp : n;
+}
+
+size_t lb_model_stage_floats(const lb_model *m)
+{
+    const size_t c = (size_t)m->cfg.hidden_size;
+    // a bf16 stream: rows of pad8(c) bf16 values, two to a 32-bit word
+    return stage_rows(m) * (m->plan && m->plan[0].residual ? (c + 7) / 8 * 4 : c);
+}
+
+size_t lb_model_stage_grad_floats(const lb_model *m)
+{
+    return stage_rows(m) * (size_t)m->cfg.hidden_size;
 }
 
 float *lb_model_stage_input(lb_model *m) { return m->def->stage_input(m); }
@@ -615,6 +628,7 @@ void lb_model_act_plan(const lb_model *m, lb_act_plan *p)
     p->layers = m->layer_end - m->layer_begin;
     for (int l = m->layer_begin; l < m->layer_end; l++) {
         const lb_layer_plan *q = &m->plan[l];
+        p->residual += q->residual;
         p->qk += q->qk;
         p->ln1 += q->ln1;
         p->att += q->att;

@@ -209,10 +209,11 @@ typedef struct {
 // training step stores and the cached forward reads (1 bf16, 0 fp32), decided once from the
 // precision contract, the layout and the KV cache kind, and again whenever one of them changes
 // (lb_model_def.plan), so the forward, the backward and the buffers ask it instead of deciding
-// call by call. Everything else is fp32: the residual stream, the other norms' outputs and
-// every statistic, q, k and v before their norms and RoPE, the attention output, the experts'
-// routed outputs, the gradients between ops but those named (doc/architecture.md, Memory).
+// call by call. Everything else is fp32: the final norm's output and every statistic, q, k and
+// v before their norms and RoPE, the experts' routed outputs, the gradients between ops but
+// those named (doc/architecture.md, Memory).
 typedef struct {
+    uint8_t residual;      // the residual stream: each layer's input and its sum after attention
     uint8_t qk;            // q and k after their norms and RoPE (the bf16 attention's inputs)
     uint8_t ln1;           // the attention's input norm
     uint8_t qkv_quant16;   // ln1, and the q/k/v projections quantize it (the cached forward too)
@@ -235,6 +236,7 @@ typedef struct lb_act_plan {
     int layers;        // of this stage
     int moe_layers;    // of them MoE layers (the experts' fields count those)
     int mlp_layers;    // of them layers with a dense MLP or shared experts (the mlp_ fields')
+    int residual;      // the residual stream
     int qk;            // q and k after their norms and RoPE (the bf16 attention's inputs)
     int ln1;           // the attention's input norm
     int att;           // the attention output
@@ -485,8 +487,11 @@ void lb_tensor_put(const lb_tensor *t, const float *piece, float *whole);
 void lb_model_prepare(lb_model *m, int b, int t);
 // Pipeline parallelism: selects activation slot s (0..7) for the next forward/backward.
 void lb_model_use_slot(lb_model *m, int s);
-// The stage's boundary buffers (rows x hidden floats, backend memory), see lb_model_def.
+// The stage's boundary buffers (backend memory), see lb_model_def: the hidden states' 32-bit
+// words (rows x hidden floats, or where the residual stream is bf16 rows of pad8(hidden) bf16
+// values, two to a word), and their gradient's floats (rows x hidden).
 size_t lb_model_stage_floats(const lb_model *m);
+size_t lb_model_stage_grad_floats(const lb_model *m);
 float *lb_model_stage_input(lb_model *m);
 float *lb_model_stage_output(lb_model *m);
 float *lb_model_stage_grad(lb_model *m);

@@ -55,10 +55,11 @@ void lb_pipeline_forward_backward(const lb_pipeline_stage *s, int M)
         s->forward(ctx, f);
         float *y = s->last ? NULL : s->output(ctx);
         use_slot(s, i, warm);
-        const size_t len = s->floats(ctx);   // every slot holds one shape
+        // every slot holds one shape: len words of hidden states, glen of gradient
+        const size_t len = s->floats(ctx), glen = s->grad_floats(ctx);
         if (y) {   // send_forward_recv_backward: this output, the gradient of micro-batch i
             be->sync(be);
-            lb_comm_send_recv(ppc, y, len, r + 1, s->grad(ctx), len, r + 1, LB_F32);
+            lb_comm_send_recv(ppc, y, len, r + 1, s->grad(ctx), glen, r + 1, LB_F32);
             lb_comm_sync(ppc);
         }
         s->backward(ctx);
@@ -66,16 +67,16 @@ void lb_pipeline_forward_backward(const lb_pipeline_stage *s, int M)
         float *dx = s->grad(ctx);
         be->sync(be);
         if (i == M - warm - 1) {   // send_backward
-            lb_comm_send(ppc, dx, len, LB_F32, r - 1);
+            lb_comm_send(ppc, dx, glen, LB_F32, r - 1);
         } else {   // send_backward_recv_forward: i's input gradient, the next forward's input
             use_slot(s, f + 1, warm);
-            lb_comm_send_recv(ppc, dx, len, r - 1, s->input(ctx), len, r - 1, LB_F32);
+            lb_comm_send_recv(ppc, dx, glen, r - 1, s->input(ctx), len, r - 1, LB_F32);
         }
         lb_comm_sync(ppc);
     }
     for (int i = M - warm; i < M; i++) {   // cool-down: the last backwards
         use_slot(s, i, warm);
-        const size_t len = s->floats(ctx);
+        const size_t len = s->grad_floats(ctx);
         lb_comm_recv(ppc, s->grad(ctx), len, LB_F32, r + 1);   // recv_backward
         lb_comm_sync(ppc);
         s->backward(ctx);

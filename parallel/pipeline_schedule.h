@@ -9,7 +9,7 @@
 #include "parallel/comm.h"
 
 // One pipeline stage. Every activation slot holds one micro-batch of the same shape, so one
-// message size (floats) serves every exchange: the hidden states a stage passes on and their
+// message size serves every exchange of hidden states a stage passes on, and one every
 // gradient coming back.
 typedef struct {
     lb_comm *comm;                 // the pipeline group, backend memory (MPI or NCCL)
@@ -31,7 +31,8 @@ typedef struct {
     float *(*input)(void *ctx);
     float *(*output)(void *ctx);
     float *(*grad)(void *ctx);
-    size_t (*floats)(void *ctx);   // floats of one message (slot ready)
+    size_t (*floats)(void *ctx);        // 32-bit words of hidden states a message (slot ready)
+    size_t (*grad_floats)(void *ctx);   // floats of a gradient message (slot ready)
 } lb_pipeline_stage;
 
 // Megatron's recv_forward and send_forward, for forward-only chains (validation): the input

@@ -43,8 +43,8 @@ l32=$(lay) lfull=$(lay --set train.recompute=full) lsel=$(lay --set train.recomp
 l16=$(lay --set precision.recipe=bf16)
 [ "$lfull" = 512 ] && [ "$lsel" -lt "$l32" ] && [ "$l16" -lt "$l32" ] && ok ||
     fail "info: bytes per token and layer: $l32 (fp32), $lfull (full), $lsel (selective), $l16 (bf16)"
-# the activation plan: which activations the recipe stores in bf16 (none in fp32; the input
-# norm where the q/k/v GEMMs are plain bf16 or quantized in every pass, under tp too, the
+# the activation plan: which activations the recipe stores in bf16 (none in fp32; the residual
+# stream where no GEMM is fp32 in any pass; the input norm where the q/k/v GEMMs are plain bf16 or quantized in every pass, under tp too, the
 # attention output where the o projection is so, the feed-forward block's input norm where the
 # router and the experts read bf16; the experts' inputs where their GEMMs are so too: not with
 # a dequantized backward)
@@ -53,11 +53,12 @@ p32=$(plan) p16=$(plan --set precision.recipe=bf16) p8=$(plan --set precision.re
 pmx=$(plan --set precision.recipe=mxfp8)
 pdq=$(plan --set precision.recipe=fp8-block --set precision.backward=dequantized)
 ptp=$(plan --set precision.recipe=bf16 --set parallel.tp=2 --set parallel.dp=1)
-all16="q and k after RoPE, the attention's input norm, the attention output, the feed-forward block's input norm, the experts' input rows, gate/up's outputs, the SwiGLU outputs, down's input gradients"
+p32w=$(plan --set precision.recipe=bf16 --set 'precision.overrides=lm_head.wgrad=fp32')
+all16="the residual stream, q and k after RoPE, the attention's input norm, the attention output, the feed-forward block's input norm, the experts' input rows, gate/up's outputs, the SwiGLU outputs, down's input gradients"
 [ "$p32" = none ] && [ "$p16" = "$all16" ] && [ "$p8" = "$all16" ] && [ "$pmx" = "$all16" ] &&
-    [ "$pdq" = "q and k after RoPE, gate/up's outputs" ] &&
-    [ "$ptp" = "$all16" ] && ok ||
-    fail "info: activation plans: fp32 '$p32', bf16 '$p16', fp8-block '$p8', mxfp8 '$pmx', fp8-block dequantized '$pdq', bf16 tp2 '$ptp'"
+    [ "$pdq" = "the residual stream, q and k after RoPE, gate/up's outputs" ] &&
+    [ "$ptp" = "$all16" ] && [ "$p32w" = "${all16#the residual stream, }" ] && ok ||
+    fail "info: activation plans: fp32 '$p32', bf16 '$p16', fp8-block '$p8', mxfp8 '$pmx', fp8-block dequantized '$pdq', bf16 tp2 '$ptp', bf16 with an fp32 wgrad '$p32w'"
 # a dense model's MLP: gate/up's outputs where gate/up is a plain bf16 GEMM, the SwiGLU's where
 # down reads bf16 (quantized too)
 lcfg="$src/examples/tiny-llama.cfg"

@@ -204,7 +204,8 @@ grep -q "1F1B pipeline" "$tmp/pp2.log" && ok || fail "pp2 does not report the 1F
 # and 1.4e-4 at step 1, 1.6e-2 in the parameters); an expert's wgrad quantized the rows of all ep
 # sources together along the tokens (fp8-block, nvfp4-moe, mxfp4: 3e-6 to 3e-5 at step 2, 1.2e-2
 # to 2.2e-2 in the parameters); a rank's experts drew their local index's Hadamard signs.
-for run in "bf16 1 b1" "bf16 2 bep2 --set parallel.ep=2" "mxfp8 1 x1" \
+for run in "bf16 1 b1" "bf16 2 bep2 --set parallel.ep=2" "bf16 2 bpp2 --set parallel.pp=2" \
+           "bf16 2 bsp2 --set parallel.tp=2 --set parallel.sequence_parallel=true" "mxfp8 1 x1" \
            "mxfp8 4 xtp2ep2 --set parallel.tp=2 --set parallel.ep=2" "fp8-block 1 f1" \
            "fp8-block 2 fep2 --set parallel.ep=2" "nvfp4-moe 1 v1" "nvfp4-moe 2 vep2 --set parallel.ep=2" \
            "nvfp4-moe 2 vtp2 --set parallel.tp=2" \
@@ -228,7 +229,7 @@ done
 # 1234 moves by 2.3e-6). The steps drift by the tp summation order through bf16 and NVFP4
 # roundings (parameters after 10 steps: measured 2.45e-3, 6.8e-3 with the weights on the
 # SwiGLU output, hence 1e-2).
-for pair in "b1 bep2" "x1 xtp2ep2" "f1 fep2" "v1 vep2" "m41 m4ep2" "h1 hep2" "v1 vtp2" \
+for pair in "b1 bep2" "b1 bpp2" "b1 bsp2" "x1 xtp2ep2" "f1 fep2" "v1 vep2" "m41 m4ep2" "h1 hep2" "v1 vtp2" \
             "v1 vtp2ep2"; do
     set -- $pair
     steps=$(case $2 in vtp2*) echo 0 ;; *) echo 2 ;; esac)

@@ -248,13 +248,18 @@ static float *stage_input(void *p) { return lb_model_stage_input(((train_run *)p
 static float *stage_output(void *p) { return lb_model_stage_output(((train_run *)p)->m); }
 static float *stage_grad(void *p) { return lb_model_stage_grad(((train_run *)p)->m); }
 static size_t stage_floats(void *p) { return lb_model_stage_floats(((train_run *)p)->m); }
+static size_t stage_grad_floats(void *p)
+{
+    return lb_model_stage_grad_floats(((train_run *)p)->m);
+}
 
 static lb_pipeline_stage pipeline_stage(train_run *x)
 {
     return (lb_pipeline_stage){x->run.comms.pp, x->m->be, x->run.grid.pp_rank, x->run.grid.pp,
                                x->m->first_stage, x->m->last_stage, x,
                                stage_use_slot, stage_prepare, stage_forward, stage_backward,
-                               stage_input, stage_output, stage_grad, stage_floats};
+                               stage_input, stage_output, stage_grad, stage_floats,
+                               stage_grad_floats};
 }
 
 // The layout and the data named, checked before any work; then the grid.
