@@ -221,8 +221,7 @@ lb_model *lb_model_create_parallel(const lb_model_config *cfg, lb_backend *be,
     m->lin.expert0 = m->par.ep_rank * (cfg->num_experts / m->par.ep);   // ep divides (checked)
     m->lin.etp = m->par.etp_comm;   // NULL when etp is 1
     lb_precision_spec fp32;
-    memset(&fp32, 0, sizeof fp32);
-    snprintf(fp32.recipe, sizeof fp32.recipe, "fp32");
+    memset(&fp32, 0, sizeof fp32);   // the fp32 recipe
     if (lb_model_set_precision(m, &fp32, 0, err, errlen) != 0) lb_die("%s", err);
     return m;
 }

@@ -690,6 +690,58 @@ START_TEST(test_enum_values)
         ck_assert_msg(lb_config_set(&c, kv[i].set, err, sizeof err) == 0, "%s", err);
         ck_assert_int_eq(lb_config_kv_cache(&c), kv[i].want);
     }
+    // [precision]: each word as its enum (the spec's field read back by name)
+    const struct { const char *set; const char *field; int want; } prec[] = {
+        {"precision.recipe=fp32", "recipe", LB_RECIPE_FP32},
+        {"precision.recipe=bf16", "recipe", LB_RECIPE_BF16},
+        {"precision.recipe=fp8-block", "recipe", LB_RECIPE_FP8_BLOCK},
+        {"precision.recipe=mxfp8", "recipe", LB_RECIPE_MXFP8},
+        {"precision.recipe=nvfp4-moe", "recipe", LB_RECIPE_NVFP4_MOE},
+        {"precision.recipe=mxfp4", "recipe", LB_RECIPE_MXFP4},
+        {"precision.backward=default", "backward", LB_BACKWARD_DEFAULT},
+        {"precision.backward=quantized", "backward", LB_BACKWARD_QUANTIZED},
+        {"precision.backward=dequantized", "backward", LB_BACKWARD_DEQUANTIZED},
+        {"precision.backward=high", "backward", LB_BACKWARD_HIGH},
+        {"precision.wgrad_hadamard=default", "wgrad_hadamard", LB_WGRAD_HAD_DEFAULT},
+        {"precision.wgrad_hadamard=none", "wgrad_hadamard", LB_WGRAD_HAD_NONE},
+        {"precision.wgrad_hadamard=h16", "wgrad_hadamard", LB_WGRAD_HAD_H16},
+        {"precision.wgrad_hadamard=h32", "wgrad_hadamard", LB_WGRAD_HAD_H32},
+        {"precision.wgrad_hadamard=random16", "wgrad_hadamard", LB_WGRAD_HAD_RANDOM16},
+        {"precision.scale_rule=ceil", "scale_rule", LB_SCALE_CEIL},
+        {"precision.scale_rule=floor", "scale_rule", LB_SCALE_FLOOR},
+        {"precision.scale=fp32", "scale", 0}, {"precision.scale=pow2", "scale", 1},
+        {"precision.nvfp4_scale=per-token", "nvfp4_scale", 0},
+        {"precision.nvfp4_scale=per-tensor", "nvfp4_scale", 1},
+        {"precision.nvfp4_weight_blocks=1x16", "nvfp4_weight_blocks", 0},
+        {"precision.nvfp4_weight_blocks=16x16", "nvfp4_weight_blocks", 1},
+        {"precision.attention=auto", "attention", LB_ATTENTION_AUTO},
+        {"precision.attention=fp32", "attention", LB_ATTENTION_FP32},
+        {"precision.attention=bf16", "attention", LB_ATTENTION_BF16}};
+    for (size_t i = 0; i < sizeof prec / sizeof prec[0]; i++) {
+        lb_config_defaults(&c);
+        ck_assert_msg(lb_config_set(&c, prec[i].set, err, sizeof err) == 0, "%s", err);
+        const lb_precision_spec s = lb_config_precision(&c);
+        const char *f = prec[i].field;
+        int got = !strcmp(f, "recipe")           ? (int)s.recipe
+                  : !strcmp(f, "backward")       ? (int)s.backward
+                  : !strcmp(f, "wgrad_hadamard") ? (int)s.wgrad_hadamard
+                  : !strcmp(f, "scale_rule")     ? (int)s.scale_rule
+                  : !strcmp(f, "scale")          ? s.scale_pow2
+                  : !strcmp(f, "nvfp4_scale")    ? s.nvfp4_per_tensor
+                  : !strcmp(f, "nvfp4_weight_blocks") ? s.nvfp4_weight_2d
+                                                      : (int)s.attention;
+        ck_assert_msg(got == prec[i].want, "%s: %d, want %d", prec[i].set, got, prec[i].want);
+    }
+    // the parameter table's defaults: the fp32 recipe, its lists as the table gives them
+    lb_config_defaults(&c);
+    const lb_precision_spec d = lb_config_precision(&c);
+    ck_assert_int_eq(d.recipe, LB_RECIPE_FP32);
+    ck_assert_int_eq(d.nvfp4_weight_2d, 1);
+    ck_assert_str_eq(d.keep_bf16_roles, "router,lm_head");
+    // an unknown word stops at the parameter table, naming the key
+    lb_config_defaults(&c);
+    ck_assert_int_eq(lb_config_set(&c, "precision.recipe=fp7", err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "precision.recipe"), "%s", err);
 }
 END_TEST
 

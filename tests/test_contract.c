@@ -63,9 +63,9 @@ START_TEST(test_keep_and_overrides)
     lb_precision_spec s = lb_test_spec("mxfp4");
     snprintf(s.keep_bf16_layers, sizeof s.keep_bf16_layers, "0, -1");
     snprintf(s.overrides, sizeof s.overrides, "moe.down.wgrad=bf16; attn.qkv.*=mxfp8");
-    snprintf(s.backward, sizeof s.backward, "dequantized");
+    s.backward = LB_BACKWARD_DEQUANTIZED;
     s.stochastic_rounding = 1;
-    snprintf(s.wgrad_hadamard, sizeof s.wgrad_hadamard, "random16");
+    s.wgrad_hadamard = LB_WGRAD_HAD_RANDOM16;
     lb_contract c = resolve(&s, 4);
     // first and last layer kept in BF16, the LM head follows the last layer
     ck_assert_int_eq(fmt(&c, 0, LB_ROLE_MOE_GATE_UP, LB_PASS_FPROP), LB_FMT_BF16);
@@ -108,7 +108,6 @@ START_TEST(test_errors)
     static const struct {
         const char *field, *value, *msg;
     } bad[] = {
-        {"recipe", "fp7", "precision.recipe: unknown recipe 'fp7'"},
         {"keep_bf16_roles", "router,lmhead", "precision.keep_bf16_roles: unknown role 'lmhead'"},
         {"keep_bf16_layers", "0,4", "precision.keep_bf16_layers: '4' is not a layer index in [-4, 3]"},
         {"keep_bf16_layers", "x", "precision.keep_bf16_layers: 'x' is not a layer index"},
@@ -118,14 +117,12 @@ START_TEST(test_errors)
         {"overrides", "attn.qkv.fprop=fp8-tensor",
          "precision.overrides: 'attn.qkv.fprop=fp8-tensor': fp8-tensor is a GEMM format, not a "
          "training one"},
-        {"attention", "fp16", "precision.attention: unknown mode 'fp16' (auto, fp32, bf16)"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         lb_precision_spec s = lb_test_spec("mxfp8");
-        char *dst = !strcmp(bad[i].field, "recipe") ? s.recipe
-                    : !strcmp(bad[i].field, "keep_bf16_roles") ? s.keep_bf16_roles
+        char *dst = !strcmp(bad[i].field, "keep_bf16_roles") ? s.keep_bf16_roles
                     : !strcmp(bad[i].field, "keep_bf16_layers") ? s.keep_bf16_layers
-                    : !strcmp(bad[i].field, "attention") ? s.attention : s.overrides;
+                                                                : s.overrides;
         strcpy(dst, bad[i].value);
         lb_contract c;
         char err[512] = "";
@@ -140,13 +137,14 @@ END_TEST
 // bf16 force the mode whatever the recipe; the resolved mode is printed.
 START_TEST(test_attention_mode)
 {
-    static const char *const modes[] = {"", "auto", "fp32", "bf16"};
+    static const char *const modes[] = {"auto", "fp32", "bf16"};
     for (int r = 0; r < lb_recipe_count(); r++)
         for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
-            lb_precision_spec s = lb_test_spec(lb_recipe_name(r));
-            snprintf(s.attention, sizeof s.attention, "%s", modes[m]);
+            char words[64];
+            snprintf(words, sizeof words, "recipe=%s attention=%s", lb_recipe_name(r), modes[m]);
+            lb_precision_spec s = lb_test_spec_words(words);
             lb_contract c = resolve(&s, 2);
-            int want = m < 2 ? strcmp(lb_recipe_name(r), "fp32") != 0 : !strcmp(modes[m], "bf16");
+            int want = m < 1 ? strcmp(lb_recipe_name(r), "fp32") != 0 : !strcmp(modes[m], "bf16");
             ck_assert_msg(c.attention_bf16 == want, "recipe %s, attention '%s': bf16 %d",
                           lb_recipe_name(r), modes[m], c.attention_bf16);
             char *buf;
@@ -162,8 +160,7 @@ START_TEST(test_attention_mode)
 END_TEST
 
 // precision.scale = pow2: on every fp8-block site (recipe or override) and nowhere else,
-// printed as +p2; fp32 (and the default "") none; refused, naming the key, where no GEMM is
-// fp8-block; an unknown word refused.
+// printed as +p2; fp32 none; refused, naming the key, where no GEMM is fp8-block.
 START_TEST(test_scale_pow2)
 {
     lb_precision_spec s = lb_test_spec("fp8-block");
@@ -174,7 +171,7 @@ START_TEST(test_scale_pow2)
                 ck_assert_int_eq(lb_contract_site(&c, l, r, p)->scale_pow2, 0);
     lb_contract_free(&c);
 
-    snprintf(s.scale, sizeof s.scale, "pow2");
+    s.scale_pow2 = 1;
     snprintf(s.overrides, sizeof s.overrides, "attn.qkv.*=mxfp8");
     c = resolve(&s, 2);
     for (int l = 0; l < 2; l++)
@@ -199,7 +196,7 @@ START_TEST(test_scale_pow2)
 
     // a bf16 recipe with one fp8-block override takes it there
     s = lb_test_spec("bf16");
-    snprintf(s.scale, sizeof s.scale, "pow2");
+    s.scale_pow2 = 1;
     snprintf(s.overrides, sizeof s.overrides, "moe.down.fprop=fp8-block");
     c = resolve(&s, 2);
     ck_assert_int_eq(lb_contract_site(&c, 1, LB_ROLE_MOE_DOWN, LB_PASS_FPROP)->scale_pow2, 1);
@@ -207,18 +204,17 @@ START_TEST(test_scale_pow2)
     lb_contract_free(&c);
 
     static const struct {
-        const char *recipe, *scale, *overrides, *msg;
+        const char *recipe, *overrides, *msg;
     } bad[] = {
-        {"mxfp8", "pow2", "", "precision.scale: pow2 rounds fp8-block scales up to powers of two, "
-                              "and no GEMM of recipe 'mxfp8'"},
-        {"nvfp4-moe", "pow2", "", "precision.scale: pow2 rounds fp8-block scales"},
-        {"fp32", "pow2", "", "precision.scale: pow2 rounds fp8-block scales"},
-        {"fp8-block", "pow2", "*.*=bf16", "precision.scale: pow2 rounds fp8-block scales"},
-        {"fp8-block", "ue8m0", "", "precision.scale: unknown scale 'ue8m0' (fp32, pow2)"},
+        {"mxfp8", "", "precision.scale: pow2 rounds fp8-block scales up to powers of two, "
+                      "and no GEMM of recipe 'mxfp8'"},
+        {"nvfp4-moe", "", "precision.scale: pow2 rounds fp8-block scales"},
+        {"fp32", "", "precision.scale: pow2 rounds fp8-block scales"},
+        {"fp8-block", "*.*=bf16", "precision.scale: pow2 rounds fp8-block scales"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         s = lb_test_spec(bad[i].recipe);
-        snprintf(s.scale, sizeof s.scale, "%s", bad[i].scale);
+        s.scale_pow2 = 1;
         snprintf(s.overrides, sizeof s.overrides, "%s", bad[i].overrides);
         char err[512] = "";
         ck_assert_int_eq(lb_contract_resolve(&c, &s, 2, err, sizeof err), -1);

@@ -12,16 +12,20 @@ enum { N = 40, IN = 96, OUT = 24 };   // partial blocks everywhere; N not a mult
 
 static lb_backend *be, *cpu_be;   // be: the backend under test
 
+// The recipe with this backward, every role in it (no roles kept in bf16).
 static lb_precision_spec spec(const char *recipe, const char *backward)
 {
-    lb_precision_spec s;
-    memset(&s, 0, sizeof s);
-    snprintf(s.recipe, sizeof s.recipe, "%s", recipe);
-    snprintf(s.backward, sizeof s.backward, "%s", backward);
-    snprintf(s.scale_rule, sizeof s.scale_rule, "ceil");
-    snprintf(s.nvfp4_scale, sizeof s.nvfp4_scale, "per-token");
-    snprintf(s.nvfp4_weight_blocks, sizeof s.nvfp4_weight_blocks, "16x16");
-    return s;
+    char words[128];
+    snprintf(words, sizeof words, "recipe=%s backward=%s keep_bf16_roles=", recipe, backward);
+    return lb_test_spec_words(words);
+}
+
+// precision.wgrad_hadamard's word as its enum.
+static lb_wgrad_hadamard_choice hadamard_of(const char *word)
+{
+    char words[64];
+    snprintf(words, sizeof words, "wgrad_hadamard=%s", word);
+    return lb_test_spec_words(words).wgrad_hadamard;
 }
 
 static void fill(float *x, size_t n, uint64_t stream)
@@ -189,8 +193,8 @@ static void check_grouped_h(const char *recipe, const char *backward, int sr, in
     char err[256];
     lb_precision_spec s = spec(recipe, backward);
     s.stochastic_rounding = sr;
-    if (per_tensor) snprintf(s.nvfp4_scale, sizeof s.nvfp4_scale, "per-tensor");
-    if (hadamard) snprintf(s.wgrad_hadamard, sizeof s.wgrad_hadamard, "%s", hadamard);
+    if (per_tensor) s.nvfp4_per_tensor = 1;
+    if (hadamard) s.wgrad_hadamard = hadamard_of(hadamard);
     lb_contract c;
     ck_assert_msg(lb_contract_resolve(&c, &s, 1, err, sizeof err) == 0, "%s", err);
     lb_linear L = {.be = be, .contract = &c, .seed = 5, .step = 3};
@@ -353,7 +357,7 @@ static void check_segments(const char *recipe, int sr, const char *hadamard, int
     char err[256];
     lb_precision_spec s = spec(recipe, "quantized");
     s.stochastic_rounding = sr;
-    if (hadamard) snprintf(s.wgrad_hadamard, sizeof s.wgrad_hadamard, "%s", hadamard);
+    if (hadamard) s.wgrad_hadamard = hadamard_of(hadamard);
     lb_contract c;
     ck_assert_msg(lb_contract_resolve(&c, &s, 1, err, sizeof err) == 0, "%s", err);
     lb_linear L = {.be = be, .contract = &c, .seed = 5, .step = 3};
@@ -423,7 +427,7 @@ static void check_expert0(const char *recipe, int sr, const char *hadamard)
     char err[256];
     lb_precision_spec s = spec(recipe, "quantized");
     s.stochastic_rounding = sr;
-    if (hadamard) snprintf(s.wgrad_hadamard, sizeof s.wgrad_hadamard, "%s", hadamard);
+    if (hadamard) s.wgrad_hadamard = hadamard_of(hadamard);
     lb_contract c;
     ck_assert_msg(lb_contract_resolve(&c, &s, 1, err, sizeof err) == 0, "%s", err);
     lb_linear L1 = {.be = be, .contract = &c, .seed = 5, .step = 3};
@@ -473,7 +477,7 @@ static void check_shared(const char *recipe, const char *backward, int sr, const
     char err[256];
     lb_precision_spec s = spec(recipe, backward);
     s.stochastic_rounding = sr;
-    if (hadamard) snprintf(s.wgrad_hadamard, sizeof s.wgrad_hadamard, "%s", hadamard);
+    if (hadamard) s.wgrad_hadamard = hadamard_of(hadamard);
     lb_contract c;
     ck_assert_msg(lb_contract_resolve(&c, &s, 1, err, sizeof err) == 0, "%s", err);
     lb_linear L = {.be = be, .contract = &c, .seed = 5, .step = 3};
@@ -635,7 +639,7 @@ static void etp_case(lb_comm *world, lb_role role, const char *blocks)
     const int outl = gu ? 2 * FL : H, inl = gu ? H : FL;        // this rank's shard
     char err[256], what[160];
     lb_precision_spec s = spec("nvfp4-moe", "quantized");
-    snprintf(s.nvfp4_weight_blocks, sizeof s.nvfp4_weight_blocks, "%s", blocks);
+    s.nvfp4_weight_2d = !strcmp(blocks, "16x16");
     lb_contract c;
     if (lb_contract_resolve(&c, &s, 1, err, sizeof err) != 0) lb_die("%s", err);
     float *w = malloc(sizeof(float) * E * out * in), *wl = malloc(sizeof(float) * E * outl * inl);
@@ -753,7 +757,7 @@ static void etp_act_case(lb_comm *world, lb_role role, const char *scale)
     const int out = gu ? 2 * F : H, in = gu ? H : F;
     char err[256];
     lb_precision_spec s = spec("nvfp4-moe", "quantized");
-    snprintf(s.nvfp4_scale, sizeof s.nvfp4_scale, "%s", scale);
+    s.nvfp4_per_tensor = !strcmp(scale, "per-tensor");
     lb_contract c;
     if (lb_contract_resolve(&c, &s, 1, err, sizeof err) != 0) lb_die("%s", err);
     float *w = malloc(sizeof(float) * E * out * in), *x = malloc(sizeof(float) * N * in),

@@ -47,9 +47,9 @@ static lb_model *make_model(const char *arch, const char *recipe, int kv_fp8, ui
     lb_model_config cfg = tiny_config(arch);
     lb_model *m = lb_model_create(&cfg, be, err, sizeof err);
     ck_assert_msg(m != NULL, "%s", err);
-    lb_precision_spec spec;
-    memset(&spec, 0, sizeof spec);
-    snprintf(spec.recipe, sizeof spec.recipe, "%s", recipe);
+    char words[96];   // no roles kept in bf16, NVFP4 weights in 1x16 blocks
+    snprintf(words, sizeof words, "recipe=%s keep_bf16_roles= nvfp4_weight_blocks=1x16", recipe);
+    lb_precision_spec spec = lb_test_spec_words(words);
     ck_assert_msg(lb_model_set_precision(m, &spec, 3, err, sizeof err) == 0, "%s", err);
     lb_model_init_params(m, seed);
     lb_model_set_kv_fp8(m, kv_fp8);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include "models/precision/contract.h"
 #include "models/model.h"   // lb_model_config (lb_test_llama3_rope)
+#include "src/cli/config.h"   // lb_test_spec_words: [precision] as the configuration parses it
 
 // Path of a file under the source tree (tests run from the build tree under make distcheck).
 static inline const char *lb_test_src(const char *rel)
@@ -97,20 +98,34 @@ static inline int lb_test_run(Suite *s)
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
-// [precision] as the parameter file's defaults give it, with this recipe.
+// [precision] as a parameter file gives it: the parameter table's defaults, then each
+// space-separated key=value of words ("recipe=mxfp4 backward=dequantized"), set as a file's
+// keys are and parsed by the configuration (lb_config_precision). A bad word aborts.
+static inline lb_precision_spec lb_test_spec_words(const char *words)
+{
+    static lb_config c;   // large: not on the stack
+    char err[512], item[1100];
+    lb_config_defaults(&c);
+    for (const char *w = words; *w;) {
+        w += strspn(w, " ");
+        size_t n = strcspn(w, " ");
+        if (!n) break;
+        snprintf(item, sizeof item, "precision.%.*s", (int)n, w);
+        if (lb_config_set(&c, item, err, sizeof err) != 0) {
+            fprintf(stderr, "lb_test_spec_words: %s\n", err);
+            abort();
+        }
+        w += n;
+    }
+    return lb_config_precision(&c);
+}
+
+// The parameter file's defaults with this recipe.
 static inline lb_precision_spec lb_test_spec(const char *recipe)
 {
-    lb_precision_spec s;
-    memset(&s, 0, sizeof s);
-    snprintf(s.recipe, sizeof s.recipe, "%s", recipe);
-    snprintf(s.backward, sizeof s.backward, "default");
-    snprintf(s.wgrad_hadamard, sizeof s.wgrad_hadamard, "default");
-    snprintf(s.scale_rule, sizeof s.scale_rule, "ceil");
-    snprintf(s.scale, sizeof s.scale, "fp32");
-    snprintf(s.nvfp4_scale, sizeof s.nvfp4_scale, "per-token");
-    snprintf(s.nvfp4_weight_blocks, sizeof s.nvfp4_weight_blocks, "16x16");
-    snprintf(s.keep_bf16_roles, sizeof s.keep_bf16_roles, "router,lm_head");
-    return s;
+    char w[64];
+    snprintf(w, sizeof w, "recipe=%s", recipe);
+    return lb_test_spec_words(w);
 }
 
 #endif

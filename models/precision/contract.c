@@ -144,7 +144,7 @@ typedef struct {
     int experts_only;
     lb_hadamard_size had;
 } recipe;
-static const recipe recipes[] = {
+static const recipe recipes[] = {   // indexed by lb_recipe
     {"fp32", LB_FMT_FP32, 0, LB_HAD_NONE},
     {"bf16", LB_FMT_BF16, 0, LB_HAD_NONE},
     {"fp8-block", LB_FMT_FP8_BLOCK, 0, LB_HAD_NONE},
@@ -153,10 +153,18 @@ static const recipe recipes[] = {
     {"mxfp4", LB_FMT_MXFP4, 0, LB_HAD_16},
 };
 #define NRECIPES ((int)(sizeof recipes / sizeof recipes[0]))
+_Static_assert(NRECIPES == LB_NRECIPES, "the recipe table and lb_recipe list the same recipes");
 
 int lb_recipe_count(void) { return NRECIPES; }
 
 const char *lb_recipe_name(int i) { return i >= 0 && i < NRECIPES ? recipes[i].name : NULL; }
+
+lb_recipe lb_recipe_of(const char *name)
+{
+    int i = 0;
+    while (i < NRECIPES && strcmp(name, recipes[i].name)) i++;
+    return (lb_recipe)i;
+}
 
 const char *lb_recipe_choices(void)
 {
@@ -172,50 +180,30 @@ int lb_contract_resolve(lb_contract *c, const lb_precision_spec *s, int layers, 
                         size_t errlen)
 {
     memset(c, 0, sizeof *c);
+    if ((unsigned)s->recipe >= LB_NRECIPES)
+        lb_die("lb_contract_resolve: recipe %d is not one of the %d", (int)s->recipe, NRECIPES);
     // recipe defaults: which roles are quantized, to what, and the recipe's Hadamard
-    const recipe *r = NULL;
-    for (int i = 0; i < NRECIPES && !r; i++)
-        if (!strcmp(s->recipe, recipes[i].name)) r = &recipes[i];
-    if (!r) {
-        snprintf(err, errlen, "precision.recipe: unknown recipe '%s' (%s)", s->recipe,
-                 lb_recipe_choices());
-        return -1;
-    }
+    const recipe *r = &recipes[s->recipe];
     lb_format low = r->low, other = r->low == LB_FMT_FP32 ? LB_FMT_FP32 : LB_FMT_BF16;
     int experts_only = r->experts_only;
     lb_hadamard_size had = r->had;
-    lb_bwd_mode mode = LB_BWD_QUANTIZED;
-    if (!strcmp(s->backward, "dequantized")) mode = LB_BWD_DEQUANTIZED;
-    else if (!strcmp(s->backward, "high")) mode = LB_BWD_HIGH;
-    else if (*s->backward && strcmp(s->backward, "quantized") && strcmp(s->backward, "default")) {
-        snprintf(err, errlen, "precision.backward: unknown mode '%s'", s->backward);
-        return -1;
+    lb_bwd_mode mode = s->backward == LB_BACKWARD_DEQUANTIZED ? LB_BWD_DEQUANTIZED
+                       : s->backward == LB_BACKWARD_HIGH    ? LB_BWD_HIGH
+                                                            : LB_BWD_QUANTIZED;
+    int random = s->wgrad_hadamard == LB_WGRAD_HAD_RANDOM16;
+    switch (s->wgrad_hadamard) {
+    case LB_WGRAD_HAD_NONE: had = LB_HAD_NONE; break;
+    case LB_WGRAD_HAD_H16: case LB_WGRAD_HAD_RANDOM16: had = LB_HAD_16; break;
+    case LB_WGRAD_HAD_H32: had = LB_HAD_32; break;
+    case LB_WGRAD_HAD_DEFAULT: break;
     }
-    int random = 0;
-    if (!strcmp(s->wgrad_hadamard, "none")) had = LB_HAD_NONE;
-    else if (!strcmp(s->wgrad_hadamard, "h16")) had = LB_HAD_16;
-    else if (!strcmp(s->wgrad_hadamard, "h32")) had = LB_HAD_32;
-    else if (!strcmp(s->wgrad_hadamard, "random16")) had = LB_HAD_16, random = 1;
-    else if (*s->wgrad_hadamard && strcmp(s->wgrad_hadamard, "default")) {
-        snprintf(err, errlen, "precision.wgrad_hadamard: unknown transform '%s'", s->wgrad_hadamard);
-        return -1;
-    }
-    int pow2 = !strcmp(s->scale, "pow2");
-    if (!pow2 && *s->scale && strcmp(s->scale, "fp32")) {
-        snprintf(err, errlen, "precision.scale: unknown scale '%s' (fp32, pow2)", s->scale);
-        return -1;
-    }
-    int attn_bf16 = strcmp(s->recipe, "fp32") != 0;   // auto
-    if (!strcmp(s->attention, "fp32")) attn_bf16 = 0;
-    else if (!strcmp(s->attention, "bf16")) attn_bf16 = 1;
-    else if (*s->attention && strcmp(s->attention, "auto")) {
-        snprintf(err, errlen, "precision.attention: unknown mode '%s' (auto, fp32, bf16)",
-                 s->attention);
-        return -1;
-    }
+    const int pow2 = s->scale_pow2;
+    // auto: every recipe but fp32, the exact reference
+    int attn_bf16 = s->attention == LB_ATTENTION_AUTO ? s->recipe != LB_RECIPE_FP32
+                                                       : s->attention == LB_ATTENTION_BF16;
     c->layers = layers;
     c->attention_bf16 = attn_bf16;
-    snprintf(c->recipe, sizeof c->recipe, "%s", s->recipe);
+    snprintf(c->recipe, sizeof c->recipe, "%s", r->name);
     c->sites = lb_calloc((size_t)layers * LB_NROLES * LB_NPASSES, sizeof *c->sites);
     for (int l = 0; l < layers; l++)
         for (int r = 0; r < LB_NROLES; r++)
@@ -227,10 +215,10 @@ int lb_contract_resolve(lb_contract *c, const lb_precision_spec *s, int layers, 
                 x->hadamard = p == LB_PASS_WGRAD ? had : LB_HAD_NONE;
                 x->hadamard_random = random;
                 x->stochastic = s->stochastic_rounding && p != LB_PASS_FPROP;
-                x->scale_rule = !strcmp(s->scale_rule, "floor") ? LB_SCALE_FLOOR : LB_SCALE_CEIL;
+                x->scale_rule = s->scale_rule;
                 x->scale_pow2 = pow2;
-                x->nvfp4_per_token = strcmp(s->nvfp4_scale, "per-tensor") != 0;
-                x->nvfp4_weight_2d = !strcmp(s->nvfp4_weight_blocks, "16x16");
+                x->nvfp4_per_token = !s->nvfp4_per_tensor;
+                x->nvfp4_weight_2d = s->nvfp4_weight_2d;
             }
     ctx x = {c, err, errlen};
     if (each_word(s->keep_bf16_roles, keep_role, &x) || each_word(s->keep_bf16_layers, keep_layer, &x) ||
@@ -255,7 +243,7 @@ int lb_contract_resolve(lb_contract *c, const lb_precision_spec *s, int layers, 
     if (pow2 && !fp8_sites) {
         snprintf(err, errlen, "precision.scale: pow2 rounds fp8-block scales up to powers of "
                  "two, and no GEMM of recipe '%s' (with its overrides) is fp8-block (MXFP8 and "
-                 "MXFP4 scales are powers of two already)", s->recipe);
+                 "MXFP4 scales are powers of two already)", r->name);
         lb_contract_free(c);
         return -1;
     }

@@ -35,20 +35,40 @@ typedef struct {
     int nvfp4_weight_2d;           // NVFP4 weights in 16x16 blocks (else 1x16)
 } lb_site;
 
-// What a parameter file's [precision] section says (strings are parsed by lb_contract_resolve).
+// The recipes (precision.recipe), in the order of the recipe table (contract.c), which
+// `lowbit params` and the tests list.
+typedef enum {
+    LB_RECIPE_FP32, LB_RECIPE_BF16, LB_RECIPE_FP8_BLOCK, LB_RECIPE_MXFP8, LB_RECIPE_NVFP4_MOE,
+    LB_RECIPE_MXFP4, LB_NRECIPES
+} lb_recipe;
+
+// The choices of precision.backward, precision.wgrad_hadamard and precision.attention, each in
+// its parameter's order (src/cli/params.c; tests/test_config.c pairs them by name).
+typedef enum {
+    LB_BACKWARD_DEFAULT, LB_BACKWARD_QUANTIZED, LB_BACKWARD_DEQUANTIZED, LB_BACKWARD_HIGH
+} lb_backward_choice;
+typedef enum {
+    LB_WGRAD_HAD_DEFAULT, LB_WGRAD_HAD_NONE, LB_WGRAD_HAD_H16, LB_WGRAD_HAD_H32,
+    LB_WGRAD_HAD_RANDOM16
+} lb_wgrad_hadamard_choice;
+typedef enum { LB_ATTENTION_AUTO, LB_ATTENTION_FP32, LB_ATTENTION_BF16 } lb_attention_choice;
+
+// What a parameter file's [precision] section says, its words parsed once by the configuration
+// (src/cli/config.c, lb_config_precision); the lists stay text, which lb_contract_resolve
+// reads against the roles, layers and formats. All zeros: the fp32 recipe.
 typedef struct {
-    char recipe[16];               // fp32 | bf16 | fp8-block | mxfp8 | nvfp4-moe | mxfp4
-    char backward[16];             // default | quantized | dequantized | high
-    char wgrad_hadamard[16];       // default | none | h16 | h32 | random16
+    lb_recipe recipe;
+    lb_backward_choice backward;
+    lb_wgrad_hadamard_choice wgrad_hadamard;
     int stochastic_rounding;       // stochastic rounding of gradient operands (bool)
-    char scale_rule[8];            // ceil | floor
-    char scale[8];                 // fp32 | pow2: fp8-block's scales ("" = fp32)
-    char nvfp4_scale[16];          // per-token | per-tensor
-    char nvfp4_weight_blocks[8];   // 1x16 | 16x16
+    lb_scale_rule scale_rule;      // MX block scales: ceil | floor
+    int scale_pow2;                // precision.scale: fp32 (0) | pow2 (1), fp8-block's scales
+    int nvfp4_per_tensor;          // precision.nvfp4_scale: per-token (0) | per-tensor (1)
+    int nvfp4_weight_2d;           // precision.nvfp4_weight_blocks: 1x16 (0) | 16x16 (1)
     char keep_bf16_roles[256];     // comma list of roles kept in BF16, e.g. "router,lm_head"
     char keep_bf16_layers[256];    // comma list of layer indices, negative from the end
     char overrides[1024];          // "role.pass=format" items separated by ';' or ','
-    char attention[8];             // auto | fp32 | bf16: attention's numerics ("" = auto)
+    lb_attention_choice attention; // attention's numerics
 } lb_precision_spec;
 
 typedef struct {
@@ -62,7 +82,7 @@ typedef struct {
 } lb_contract;
 
 // Resolves spec for a model of `layers` layers. Returns 0, or -1 with a message naming the
-// precision key and the bad word in err.
+// precision key and the bad word (of a list) in err.
 int lb_contract_resolve(lb_contract *c, const lb_precision_spec *spec, int layers, char *err,
                         size_t errlen);
 void lb_contract_free(lb_contract *c);
@@ -76,6 +96,8 @@ const char *lb_format_name(lb_format f);  // "fp32", "bf16", "fp8-block", ...
 // all of them as "fp32|bf16|..." (the parameter's choices), in one order.
 int lb_recipe_count(void);
 const char *lb_recipe_name(int i);
+// The recipe of that name (LB_NRECIPES where none is).
+lb_recipe lb_recipe_of(const char *name);
 const char *lb_recipe_choices(void);
 int lb_format_parse(const char *s, lb_format *out);
 

@@ -346,7 +346,8 @@ int lb_cmd_info(const lb_config *c, lb_comm *comm)
                "train.recompute %s; one rank without parallelism, the last layer's)\n",
                per_layer, c->precision.recipe, c->train.recompute);
     lb_contract contract;
-    if (lb_contract_resolve(&contract, &c->precision, mc->num_hidden_layers, err, sizeof err) == 0) {
+    const lb_precision_spec ps = lb_config_precision(c);
+    if (lb_contract_resolve(&contract, &ps, mc->num_hidden_layers, err, sizeof err) == 0) {
         // the roles of this architecture's GEMMs: experts and a router, or a dense MLP
         const int moe = m->def->moe;
         unsigned roles = 1u << LB_ROLE_ATTN_QKV | 1u << LB_ROLE_ATTN_OUT | 1u << LB_ROLE_LM_HEAD;

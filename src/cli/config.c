@@ -931,7 +931,8 @@ int lb_config_validate(const lb_config *c, char *err, size_t errlen)
     // The contract's lists (roles, layers, overrides) are parsed here so a bad word stops the
     // run before any work; its messages start with the key ("precision.overrides: ...").
     lb_contract k;
-    if (lb_contract_resolve(&k, &c->precision, m->num_hidden_layers, msg, sizeof msg) != 0) {
+    const lb_precision_spec ps = lb_config_precision(c);
+    if (lb_contract_resolve(&k, &ps, m->num_hidden_layers, msg, sizeof msg) != 0) {
         char key[80];
         size_t n = strcspn(msg, ":");
         snprintf(key, sizeof key, "%.*s", (int)(n < sizeof key ? n : sizeof key - 1), msg);
@@ -1186,4 +1187,27 @@ int lb_config_recompute(const lb_config *c) { return enum_index(c, "train", "rec
 lb_kv_kind lb_config_kv_cache(const lb_config *c)
 {
     return (lb_kv_kind)enum_index(c, "sample", "kv_cache");
+}
+
+lb_precision_spec lb_config_precision(const lb_config *c)
+{
+    lb_precision_spec s;
+    memset(&s, 0, sizeof s);
+    s.recipe = (lb_recipe)enum_index(c, "precision", "recipe");
+    s.backward = (lb_backward_choice)enum_index(c, "precision", "backward");
+    s.wgrad_hadamard = (lb_wgrad_hadamard_choice)enum_index(c, "precision", "wgrad_hadamard");
+    s.stochastic_rounding = c->precision.stochastic_rounding;
+    s.scale_rule = (lb_scale_rule)enum_index(c, "precision", "scale_rule");
+    s.scale_pow2 = enum_index(c, "precision", "scale");
+    s.nvfp4_per_tensor = enum_index(c, "precision", "nvfp4_scale");
+    s.nvfp4_weight_2d = enum_index(c, "precision", "nvfp4_weight_blocks");
+    _Static_assert(sizeof s.keep_bf16_roles == sizeof c->precision.keep_bf16_roles &&
+                       sizeof s.keep_bf16_layers == sizeof c->precision.keep_bf16_layers &&
+                       sizeof s.overrides == sizeof c->precision.overrides,
+                   "the lists fit");
+    memcpy(s.keep_bf16_roles, c->precision.keep_bf16_roles, sizeof s.keep_bf16_roles);
+    memcpy(s.keep_bf16_layers, c->precision.keep_bf16_layers, sizeof s.keep_bf16_layers);
+    memcpy(s.overrides, c->precision.overrides, sizeof s.overrides);
+    s.attention = (lb_attention_choice)enum_index(c, "precision", "attention");
+    return s;
 }

@@ -73,7 +73,20 @@ typedef struct {
     // Bookkeeping for messages, not parameters (no lb_params entry): the file last parsed into
     // this configuration, and per lb_params[] entry the line of that file that set the key
     // (0: default or --set).
-    lb_precision_spec precision;   // resolved into the contract (models/precision/contract.h)
+    struct {   // [precision]: its words become lb_precision_spec's enums (lb_config_precision)
+        char recipe[16];               // fp32 | bf16 | fp8-block | mxfp8 | nvfp4-moe | mxfp4
+        char backward[16];             // default | quantized | dequantized | high
+        char wgrad_hadamard[16];       // default | none | h16 | h32 | random16
+        int stochastic_rounding;
+        char scale_rule[8];            // ceil | floor
+        char scale[8];                 // fp32 | pow2
+        char nvfp4_scale[16];          // per-token | per-tensor
+        char nvfp4_weight_blocks[8];   // 1x16 | 16x16
+        char keep_bf16_roles[256];     // comma list of roles kept in BF16
+        char keep_bf16_layers[256];    // comma list of layer indices, negative from the end
+        char overrides[1024];          // "role.pass=format" items separated by ';' or ','
+        char attention[8];             // auto | fp32 | bf16
+    } precision;
     struct {
         char kind[16];             // gemm | attention | train | rollout | rl | all
         int warmup, iters;         // untimed and timed repetitions
@@ -200,10 +213,12 @@ int lb_config_validate(const lb_config *c, char *err, size_t errlen);
 // Whether a file or --set gave section.key, or it holds its default: a default that depends on
 // other things (sample.stop_tokens on the tokenizer) yields to a value given, whatever it is.
 int lb_config_is_set(const lb_config *c, const char *section, const char *key);
-// The enumerated keys the models take as enums: train.recompute (LB_RECOMPUTE_*) and
-// sample.kv_cache, from their strings (which lb_config_parse checked against the choices).
+// The enumerated keys the models take as enums: train.recompute (LB_RECOMPUTE_*),
+// sample.kv_cache and [precision]'s, from their strings (which lb_config_parse checked against the choices).
 int lb_config_recompute(const lb_config *c);
 lb_kv_kind lb_config_kv_cache(const lb_config *c);
+// [precision] as the contract takes it: each word as its enum, the lists as they are.
+lb_precision_spec lb_config_precision(const lb_config *c);
 // The resolved configuration as INI text (every key), parseable by lb_config_parse. malloc'd.
 char *lb_config_to_ini(const lb_config *c);
 // doc/parameters.md, generated from the table.

@@ -299,7 +299,8 @@ lb_model *lb_run_model(const lb_config *c, lb_backend *be, const lb_model_parall
                        int sampling, char *err, size_t errlen)
 {
     lb_model *m = lb_model_create_parallel(&c->model, be, par, err, errlen);
-    if (m && (lb_model_set_precision(m, &c->precision, c->run.seed, err, errlen) != 0 ||
+    const lb_precision_spec ps = lb_config_precision(c);
+    if (m && (lb_model_set_precision(m, &ps, c->run.seed, err, errlen) != 0 ||
               (sampling && lb_model_set_kv_cache(m, lb_config_kv_cache(c), err, errlen) != 0))) {
         lb_model_free(m);
         return NULL;

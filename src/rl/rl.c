@@ -716,7 +716,7 @@ static void rl_announce(const rl_run *x)
                  c->parallel.zero ? "ZeRO-1 distributed optimizer" : "all-reduced gradients",
                  x->run.comms.nnccl ? "nccl" : "mpi",
                  c->parallel.deterministic ? ", rank-order sums" : "");
-    if (x->be->deterministic && !strcmp(c->precision.nvfp4_scale, "per-tensor"))
+    if (x->be->deterministic && lb_config_precision(c).nvfp4_per_tensor)
         printf("warning: precision.nvfp4_scale = per-tensor scales NVFP4 activations by the "
                "amax of the whole call, so a row's result depends on its batch: sampler and "
                "trainer log-probs will differ where NVFP4 is used (per-token keeps them "
