@@ -148,62 +148,6 @@ void lb_grid_describe(const lb_grid *g, char *buf, size_t len)
              g->world, g->tp, g->dp, g->pp, g->etp, g->ep, g->edp, g->pp);
 }
 
-static int divides(int what, const char *what_key, int by, const char *by_key, const char *why,
-                   const char *keys[2], char *err, size_t errlen)
-{
-    if (what <= 0 || by <= 1 || what % by == 0) return 0;
-    snprintf(err, errlen, "%s (%d) is not divisible by %s (%d)%s", what_key, what, by_key, by, why);
-    keys[0] = what_key;
-    keys[1] = by_key;
-    return -1;
-}
-
-int lb_grid_check_shapes(const lb_parallel_config *pc, const lb_grid_shapes *s,
-                         const char *keys[2], char *err, size_t errlen)
-{
-    keys[0] = keys[1] = NULL;
-    int etp = pc->etp ? pc->etp : pc->tp;
-    const char *etp_key = pc->etp ? "parallel.etp" : "parallel.etp (= parallel.tp)";
-    if (divides(s->heads, "model.num_attention_heads", pc->tp, "parallel.tp",
-                ": tensor parallelism splits the query heads", keys, err, errlen) ||
-        divides(s->kv_heads, "model.num_key_value_heads", pc->tp, "parallel.tp",
-                ": tensor parallelism splits the key/value heads", keys, err, errlen) ||
-        divides(s->ffn, "model.intermediate_size", pc->tp, "parallel.tp",
-                ": tensor parallelism splits the MLP", keys, err, errlen) ||
-        divides(s->experts, "model.num_experts", pc->ep, "parallel.ep",
-                ": every expert-parallel rank holds the same number of experts", keys, err,
-                errlen) ||
-        divides(s->layers, "model.num_hidden_layers", pc->pp, "parallel.pp",
-                ": every pipeline stage holds the same number of layers", keys, err, errlen))
-        return -1;
-    if (divides(s->moe_ffn, "model.moe_intermediate_size", etp, etp_key,
-                ": expert tensor parallelism splits each expert", keys, err, errlen)) {
-        keys[1] = pc->etp ? "parallel.etp" : "parallel.tp";
-        return -1;
-    }
-    if (pc->sequence_parallel) {
-        if (pc->tp == 1) {
-            snprintf(err, errlen, "parallel.sequence_parallel needs parallel.tp > 1 (it splits "
-                     "the tensor-parallel group's activations over the sequence)");
-            keys[0] = "parallel.sequence_parallel";
-            keys[1] = "parallel.tp";
-            return -1;
-        }
-        if (divides(s->seq_len, "train.seq_len", pc->tp, "parallel.tp",
-                    ": sequence parallelism splits the sequence", keys, err, errlen))
-            return -1;
-    }
-    if ((pc->fail_rank >= 0) != (pc->fail_step > 0)) {
-        snprintf(err, errlen, "parallel.fail_rank and parallel.fail_step go together (rank %d, "
-                 "step %d): set both to make a rank fail on purpose, or neither", pc->fail_rank,
-                 pc->fail_step);
-        keys[0] = "parallel.fail_rank";
-        keys[1] = "parallel.fail_step";
-        return -1;
-    }
-    return 0;
-}
-
 int lb_grid_check_built(const lb_parallel_config *pc, char *err, size_t errlen)
 {
     if (pc->etp && pc->tp % pc->etp != 0) {

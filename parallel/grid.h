@@ -71,17 +71,6 @@ const char *lb_grid_group_name(lb_group which);
 // "world 8 = tp 2 x dp 4 x pp 1; experts: etp 2 x ep 2 x edp 2 x pp 1"
 void lb_grid_describe(const lb_grid *g, char *buf, size_t len);
 
-// The shapes a layout splits, checked before any work (no world needed): heads and kv heads
-// and the dense FFN by tp, experts by ep, the expert FFN by etp, layers by pp,
-// the sequence by tp under sequence parallelism. 0 = not used by the model (skipped).
-typedef struct {
-    int layers, heads, kv_heads, experts, ffn, moe_ffn, vocab, seq_len;
-} lb_grid_shapes;
-// Returns 0, or -1 with a message; keys[0], keys[1] name the parameter-file keys involved
-// (for the file:line of the message).
-int lb_grid_check_shapes(const lb_parallel_config *pc, const lb_grid_shapes *s,
-                         const char *keys[2], char *err, size_t errlen);
-
 // Whether this release can train the layout: every layout whose expert tensor parallelism
 // divides the tensor parallelism (etp 0 means tp). -1 with a message otherwise.
 int lb_grid_check_built(const lb_parallel_config *pc, char *err, size_t errlen);

@@ -163,74 +163,6 @@ START_TEST(test_layout_errors)
 }
 END_TEST
 
-static void expect_shape_error(lb_parallel_config pc, lb_grid_shapes s, const char *msg,
-                               const char *k0, const char *k1)
-{
-    const char *keys[2];
-    char err[512] = "";
-    ck_assert_int_eq(lb_grid_check_shapes(&pc, &s, keys, err, sizeof err), -1);
-    ck_assert_str_eq(err, msg);
-    ck_assert_str_eq(keys[0], k0);
-    ck_assert_str_eq(keys[1], k1);
-}
-
-START_TEST(test_shape_errors)
-{
-    // layers, heads, kv heads, experts, ffn, moe ffn, vocab, seq_len
-    lb_grid_shapes moe = {4, 4, 2, 4, 0, 256, 256, 64};
-    const char *keys[2];
-    char err[512];
-    lb_parallel_config ok = pcfg(2, 2, 4, 0);
-    ck_assert_msg(lb_grid_check_shapes(&ok, &moe, keys, err, sizeof err) == 0, "%s", err);
-    expect_shape_error(pcfg(1, 1, 3, 0), moe,
-                       "model.num_experts (4) is not divisible by parallel.ep (3): every "
-                       "expert-parallel rank holds the same number of experts",
-                       "model.num_experts", "parallel.ep");
-    expect_shape_error(pcfg(4, 1, 1, 0), moe,
-                       "model.num_key_value_heads (2) is not divisible by parallel.tp (4): tensor "
-                       "parallelism splits the key/value heads",
-                       "model.num_key_value_heads", "parallel.tp");
-    lb_grid_shapes h6 = moe;
-    h6.heads = 6;
-    expect_shape_error(pcfg(4, 1, 1, 0), h6,
-                       "model.num_attention_heads (6) is not divisible by parallel.tp (4): tensor "
-                       "parallelism splits the query heads",
-                       "model.num_attention_heads", "parallel.tp");
-    expect_shape_error(pcfg(1, 3, 1, 0), moe,
-                       "model.num_hidden_layers (4) is not divisible by parallel.pp (3): every "
-                       "pipeline stage holds the same number of layers",
-                       "model.num_hidden_layers", "parallel.pp");
-    lb_grid_shapes f = moe;
-    f.moe_ffn = 100;
-    expect_shape_error(pcfg(1, 1, 1, 8), f,
-                       "model.moe_intermediate_size (100) is not divisible by parallel.etp (8): "
-                       "expert tensor parallelism splits each expert",
-                       "model.moe_intermediate_size", "parallel.etp");
-    lb_grid_shapes v = moe;   // the embedding and LM head are replicated over tp
-    v.vocab = 255;
-    lb_parallel_config t2 = pcfg(2, 1, 1, 0);
-    ck_assert_int_eq(lb_grid_check_shapes(&t2, &v, keys, err, sizeof err), 0);
-    lb_parallel_config sp = pcfg(1, 1, 1, 0);
-    sp.sequence_parallel = 1;
-    expect_shape_error(sp, moe,
-                       "parallel.sequence_parallel needs parallel.tp > 1 (it splits the "
-                       "tensor-parallel group's activations over the sequence)",
-                       "parallel.sequence_parallel", "parallel.tp");
-    sp.tp = 2;
-    lb_grid_shapes odd = moe;
-    odd.seq_len = 63;
-    expect_shape_error(sp, odd,
-                       "train.seq_len (63) is not divisible by parallel.tp (2): sequence "
-                       "parallelism splits the sequence", "train.seq_len", "parallel.tp");
-    lb_parallel_config fr = pcfg(1, 1, 1, 0);
-    fr.fail_rank = 1;
-    expect_shape_error(fr, moe,
-                       "parallel.fail_rank and parallel.fail_step go together (rank 1, step 0): "
-                       "set both to make a rank fail on purpose, or neither",
-                       "parallel.fail_rank", "parallel.fail_step");
-}
-END_TEST
-
 START_TEST(test_not_built)
 {
     char err[512] = "";
@@ -518,7 +450,6 @@ int main(void)
     tcase_add_test(tc, test_known_layout);
     tcase_add_test(tc, test_all_layouts);
     tcase_add_test(tc, test_layout_errors);
-    tcase_add_test(tc, test_shape_errors);
     tcase_add_test(tc, test_not_built);
     tcase_add_test(tc, test_zero_shards);
     tcase_add_test(tc, test_model_pieces);

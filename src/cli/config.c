@@ -865,6 +865,62 @@ static const char *model_key_in(const char *msg, char *out, size_t n)
     return out;
 }
 
+static int divides(int what, const char *what_key, int by, const char *by_key, const char *why,
+                   const char *keys[2], char *err, size_t errlen)
+{
+    if (what <= 0 || by <= 1 || what % by == 0) return 0;
+    snprintf(err, errlen, "%s (%d) is not divisible by %s (%d)%s", what_key, what, by_key, by, why);
+    keys[0] = what_key;
+    keys[1] = by_key;
+    return -1;
+}
+
+int lb_config_check_shapes(const lb_parallel_config *pc, const lb_config_shapes *s,
+                           const char *keys[2], char *err, size_t errlen)
+{
+    keys[0] = keys[1] = NULL;
+    int etp = pc->etp ? pc->etp : pc->tp;
+    const char *etp_key = pc->etp ? "parallel.etp" : "parallel.etp (= parallel.tp)";
+    if (divides(s->heads, "model.num_attention_heads", pc->tp, "parallel.tp",
+                ": tensor parallelism splits the query heads", keys, err, errlen) ||
+        divides(s->kv_heads, "model.num_key_value_heads", pc->tp, "parallel.tp",
+                ": tensor parallelism splits the key/value heads", keys, err, errlen) ||
+        divides(s->ffn, "model.intermediate_size", pc->tp, "parallel.tp",
+                ": tensor parallelism splits the MLP", keys, err, errlen) ||
+        divides(s->experts, "model.num_experts", pc->ep, "parallel.ep",
+                ": every expert-parallel rank holds the same number of experts", keys, err,
+                errlen) ||
+        divides(s->layers, "model.num_hidden_layers", pc->pp, "parallel.pp",
+                ": every pipeline stage holds the same number of layers", keys, err, errlen))
+        return -1;
+    if (divides(s->moe_ffn, "model.moe_intermediate_size", etp, etp_key,
+                ": expert tensor parallelism splits each expert", keys, err, errlen)) {
+        keys[1] = pc->etp ? "parallel.etp" : "parallel.tp";
+        return -1;
+    }
+    if (pc->sequence_parallel) {
+        if (pc->tp == 1) {
+            snprintf(err, errlen, "parallel.sequence_parallel needs parallel.tp > 1 (it splits "
+                     "the tensor-parallel group's activations over the sequence)");
+            keys[0] = "parallel.sequence_parallel";
+            keys[1] = "parallel.tp";
+            return -1;
+        }
+        if (divides(s->seq_len, "train.seq_len", pc->tp, "parallel.tp",
+                    ": sequence parallelism splits the sequence", keys, err, errlen))
+            return -1;
+    }
+    if ((pc->fail_rank >= 0) != (pc->fail_step > 0)) {
+        snprintf(err, errlen, "parallel.fail_rank and parallel.fail_step go together (rank %d, "
+                 "step %d): set both to make a rank fail on purpose, or neither", pc->fail_rank,
+                 pc->fail_step);
+        keys[0] = "parallel.fail_rank";
+        keys[1] = "parallel.fail_step";
+        return -1;
+    }
+    return 0;
+}
+
 int lb_config_validate(const lb_config *c, char *err, size_t errlen)
 {
     char msg[LB_MSG];
@@ -914,14 +970,14 @@ int lb_config_validate(const lb_config *c, char *err, size_t errlen)
         return fail(c, err, errlen, model_key_in(msg, key, sizeof key), NULL, "%s", msg);
     }
     // The layout's splits of the model (heads by tp, experts by ep, layers by pp, ...): the
-    // parts that need no world size, so they stop `lowbit` before MPI work (parallel/grid.h).
+    // parts that need no world size, so they stop `lowbit` before MPI work.
     int moe = def && def->moe;
-    lb_grid_shapes shapes = {m->num_hidden_layers, m->num_attention_heads, m->num_key_value_heads,
+    lb_config_shapes shapes = {m->num_hidden_layers, m->num_attention_heads, m->num_key_value_heads,
                              moe ? m->num_experts : 0, moe ? 0 : m->intermediate_size,
                              moe ? m->moe_intermediate_size : 0, m->vocab_size,
                              c->train.seq_len};
     const char *keys[2];
-    if (lb_grid_check_shapes(&c->parallel, &shapes, keys, msg, sizeof msg) != 0)
+    if (lb_config_check_shapes(&c->parallel, &shapes, keys, msg, sizeof msg) != 0)
         return fail(c, err, errlen, keys[0], keys[1], "%s", msg);
     if (c->parallel.micro_batches > 0 && c->train.grad_accum % c->parallel.micro_batches != 0)
         return fail(c, err, errlen, "train.grad_accum", "parallel.micro_batches",

@@ -210,11 +210,23 @@ int lb_config_parse(lb_config *c, const char *text, const char *fname, char *err
 int lb_config_set(lb_config *c, const char *assignment, char *err, size_t errlen);
 // Cross-key checks (heads divisible by kv heads, ...). -1 with a message naming the keys.
 int lb_config_validate(const lb_config *c, char *err, size_t errlen);
+// The shapes a layout splits, checked before any work (no world needed; lb_config_validate's
+// part for [parallel]): heads and kv heads and the dense FFN by tp, experts by ep, the expert
+// FFN by etp, layers by pp, the sequence by tp under sequence parallelism. 0 = not used by the
+// model (skipped).
+typedef struct {
+    int layers, heads, kv_heads, experts, ffn, moe_ffn, vocab, seq_len;
+} lb_config_shapes;
+// Returns 0, or -1 with a message; keys[0], keys[1] name the parameter-file keys involved
+// (for the file:line of the message).
+int lb_config_check_shapes(const lb_parallel_config *pc, const lb_config_shapes *s,
+                           const char *keys[2], char *err, size_t errlen);
 // Whether a file or --set gave section.key, or it holds its default: a default that depends on
 // other things (sample.stop_tokens on the tokenizer) yields to a value given, whatever it is.
 int lb_config_is_set(const lb_config *c, const char *section, const char *key);
 // The enumerated keys the models take as enums: train.recompute (LB_RECOMPUTE_*),
-// sample.kv_cache and [precision]'s, from their strings (which lb_config_parse checked against the choices).
+// sample.kv_cache and [precision]'s, from their strings (which lb_config_parse checked against
+// the choices).
 int lb_config_recompute(const lb_config *c);
 lb_kv_kind lb_config_kv_cache(const lb_config *c);
 // [precision] as the contract takes it: each word as its enum, the lists as they are.
