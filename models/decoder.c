@@ -405,7 +405,8 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
                           G + th->offset, lb_model_grad_beta(m, G + th->offset), d.V);
         be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dres, .dx_beta = 0.0f,
                 .dw = G + tn->offset, .dout = a->dln, .x = a->l[a->nl].x,
-                .x16 = a->l[a->nl].x16, .w = m->params + tn->offset, .rstd = a->rstdf, .n = ns, .c = C});
+                .x16 = a->l[a->nl].x16, .w = m->params + tn->offset, .rstd = a->rstdf,
+                .n = ns, .c = C});
     }
     for (int i = a->nl - 1; i >= 0; i--) {
         int l = m->layer_begin + i;

@@ -58,7 +58,8 @@ void lb_decoder_cached_free(lb_model *m, void *p)
 {
     lb_cached_acts *a = p;
     lb_backend *be = m->be;
-    void *bufs[] = {a->x, a->xmid, a->x16, a->xmid16, a->ln, a->ln16, a->rstd, a->q, a->qrstd, a->qr, a->k,
+    void *bufs[] = {a->x, a->xmid, a->x16, a->xmid16, a->ln, a->ln16, a->rstd, a->q, a->qrstd,
+                    a->qr, a->k,
                     a->krstd, a->kr, a->v, a->att, a->att16, a->part, a->rope_freq, a->ones};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);

@@ -4429,14 +4429,22 @@ static const test_case CASES[] = {
     // --- RMSNorm, p (n, c). CUDA's rmsnorm_bwd takes a row with 32 to 1024 threads by c; dw's
     // partials are per block of 16 to 1024 rows (by n); the last: 625 blocks, dw's partials
     // summed in groups first
-    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {300, 53}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {1000, 128}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {37, 600}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {37, 2048}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {21, 3000}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {19, 5000}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {9, 10000}, .bound = B_ROUND),
-    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {40000, 128}, .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {300, 53},
+         .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {1000, 128},
+         .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {37, 600},
+         .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {37, 2048},
+         .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {21, 3000},
+         .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {19, 5000},
+         .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {9, 10000},
+         .bound = B_ROUND),
+    CASE(OP(rmsnorm_fwd) OP(rmsnorm_bwd) OP(add) OP(add16), rmsnorm_case, {40000, 128},
+         .bound = B_ROUND),
 
     // --- RoPE, p (n, heads, d)
     CASE(OP(rope) OP(rmsnorm_fwd), rope_case, {129, 3, 64}, .bound = B_ROUND),

@@ -44,10 +44,10 @@ l16=$(lay --set precision.recipe=bf16)
 [ "$lfull" = 512 ] && [ "$lsel" -lt "$l32" ] && [ "$l16" -lt "$l32" ] && ok ||
     fail "info: bytes per token and layer: $l32 (fp32), $lfull (full), $lsel (selective), $l16 (bf16)"
 # the activation plan: which activations the recipe stores in bf16 (none in fp32; the residual
-# stream where no GEMM is fp32 in any pass; the input norm where the q/k/v GEMMs are plain bf16 or quantized in every pass, under tp too, the
-# attention output where the o projection is so, the feed-forward block's input norm where the
-# router and the experts read bf16; the experts' inputs where their GEMMs are so too: not with
-# a dequantized backward)
+# stream where no GEMM is fp32 in any pass; the input norm where the q/k/v GEMMs are plain bf16
+# or quantized in every pass, under tp too, the attention output where the o projection is so,
+# the feed-forward block's input norm where the router and the experts read bf16; the experts'
+# inputs where their GEMMs are so too: not with a dequantized backward)
 plan() { "$bin" info "$cfg" "$@" 2>&1 | sed -n 's/.*activations in bf16 (rank 0): \([^;]*\);.*/\1/p'; }
 p32=$(plan) p16=$(plan --set precision.recipe=bf16) p8=$(plan --set precision.recipe=fp8-block)
 pmx=$(plan --set precision.recipe=mxfp8)

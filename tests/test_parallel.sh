@@ -229,7 +229,8 @@ done
 # 1234 moves by 2.3e-6). The steps drift by the tp summation order through bf16 and NVFP4
 # roundings (parameters after 10 steps: measured 2.45e-3, 6.8e-3 with the weights on the
 # SwiGLU output, hence 1e-2).
-for pair in "b1 bep2" "b1 bpp2" "b1 bsp2" "x1 xtp2ep2" "f1 fep2" "v1 vep2" "m41 m4ep2" "h1 hep2" "v1 vtp2" \
+for pair in "b1 bep2" "b1 bpp2" "b1 bsp2" "x1 xtp2ep2" "f1 fep2" "v1 vep2" "m41 m4ep2" \
+            "h1 hep2" "v1 vtp2" \
             "v1 vtp2ep2"; do
     set -- $pair
     steps=$(case $2 in vtp2*) echo 0 ;; *) echo 2 ;; esac)

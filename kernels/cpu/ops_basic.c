@@ -281,7 +281,8 @@ static void cpu_rmsnorm_bwd(lb_backend *be, const lb_rmsnorm_args *args)
     if (args->x16) {
         wide = lb_malloc(((size_t)n * c + 1) * sizeof(float));
         for (int i = 0; i < n; i++)
-            for (int j = 0; j < c; j++) wide[(size_t)i * c + j] = lb_in_at(NULL, args->x16, i, c, j);
+            for (int j = 0; j < c; j++)
+                wide[(size_t)i * c + j] = lb_in_at(NULL, args->x16, i, c, j);
         x = wide;
     }
     #pragma omp parallel for num_threads(nt) if (par)

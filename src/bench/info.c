@@ -181,7 +181,8 @@ static void print_plan(const lb_act_plan *p)
 {
     const int L = p->layers, E = p->moe_layers, M = p->mlp_layers;
     const struct { int n, of; const char *what; } a[] = {
-        {p->residual, L, "the residual stream"}, {p->qk, L, "q and k after RoPE"}, {p->ln1, L, "the attention's input norm"},
+        {p->residual, L, "the residual stream"}, {p->qk, L, "q and k after RoPE"},
+        {p->ln1, L, "the attention's input norm"},
         {p->att, L, "the attention output"}, {p->ln2, L, "the feed-forward block's input norm"},
         {p->expert_in, E, "the experts' input rows"}, {p->gate_up_out, E, "gate/up's outputs"},
         {p->swiglu_out, E, "the SwiGLU outputs"}, {p->down_dgrad, E, "down's input gradients"},
