@@ -668,22 +668,6 @@ static void expect_invalid(const lb_config *c, const char *msg)
     ck_assert_str_eq(err, msg);
 }
 
-// A [parallel] section of these sizes (the others as the parameter table's defaults).
-static lb_parallel_config pcfg(int tp, int pp, int ep, int etp)
-{
-    lb_parallel_config pc;
-    memset(&pc, 0, sizeof pc);
-    pc.tp = tp;
-    pc.pp = pp;
-    pc.ep = ep;
-    pc.etp = etp;
-    pc.zero = 1;
-    pc.deterministic = 1;
-    pc.fail_rank = -1;
-    snprintf(pc.fail_mode, sizeof pc.fail_mode, "die");
-    return pc;
-}
-
 static void expect_shape_error(lb_parallel_config pc, lb_config_shapes s, const char *msg,
                                const char *k0, const char *k1)
 {
@@ -701,37 +685,37 @@ START_TEST(test_shape_errors)
     lb_config_shapes moe = {4, 4, 2, 4, 0, 256, 256, 64};
     const char *keys[2];
     char err[512];
-    lb_parallel_config ok = pcfg(2, 2, 4, 0);
+    lb_parallel_config ok = lb_test_parallel(2, 2, 4, 0);
     ck_assert_msg(lb_config_check_shapes(&ok, &moe, keys, err, sizeof err) == 0, "%s", err);
-    expect_shape_error(pcfg(1, 1, 3, 0), moe,
+    expect_shape_error(lb_test_parallel(1, 1, 3, 0), moe,
                        "model.num_experts (4) is not divisible by parallel.ep (3): every "
                        "expert-parallel rank holds the same number of experts",
                        "model.num_experts", "parallel.ep");
-    expect_shape_error(pcfg(4, 1, 1, 0), moe,
+    expect_shape_error(lb_test_parallel(4, 1, 1, 0), moe,
                        "model.num_key_value_heads (2) is not divisible by parallel.tp (4): tensor "
                        "parallelism splits the key/value heads",
                        "model.num_key_value_heads", "parallel.tp");
     lb_config_shapes h6 = moe;
     h6.heads = 6;
-    expect_shape_error(pcfg(4, 1, 1, 0), h6,
+    expect_shape_error(lb_test_parallel(4, 1, 1, 0), h6,
                        "model.num_attention_heads (6) is not divisible by parallel.tp (4): tensor "
                        "parallelism splits the query heads",
                        "model.num_attention_heads", "parallel.tp");
-    expect_shape_error(pcfg(1, 3, 1, 0), moe,
+    expect_shape_error(lb_test_parallel(1, 3, 1, 0), moe,
                        "model.num_hidden_layers (4) is not divisible by parallel.pp (3): every "
                        "pipeline stage holds the same number of layers",
                        "model.num_hidden_layers", "parallel.pp");
     lb_config_shapes f = moe;
     f.moe_ffn = 100;
-    expect_shape_error(pcfg(1, 1, 1, 8), f,
+    expect_shape_error(lb_test_parallel(1, 1, 1, 8), f,
                        "model.moe_intermediate_size (100) is not divisible by parallel.etp (8): "
                        "expert tensor parallelism splits each expert",
                        "model.moe_intermediate_size", "parallel.etp");
     lb_config_shapes v = moe;   // the embedding and LM head are replicated over tp
     v.vocab = 255;
-    lb_parallel_config t2 = pcfg(2, 1, 1, 0);
+    lb_parallel_config t2 = lb_test_parallel(2, 1, 1, 0);
     ck_assert_int_eq(lb_config_check_shapes(&t2, &v, keys, err, sizeof err), 0);
-    lb_parallel_config sp = pcfg(1, 1, 1, 0);
+    lb_parallel_config sp = lb_test_parallel(1, 1, 1, 0);
     sp.sequence_parallel = 1;
     expect_shape_error(sp, moe,
                        "parallel.sequence_parallel needs parallel.tp > 1 (it splits the "
@@ -743,7 +727,7 @@ START_TEST(test_shape_errors)
     expect_shape_error(sp, odd,
                        "train.seq_len (63) is not divisible by parallel.tp (2): sequence "
                        "parallelism splits the sequence", "train.seq_len", "parallel.tp");
-    lb_parallel_config fr = pcfg(1, 1, 1, 0);
+    lb_parallel_config fr = lb_test_parallel(1, 1, 1, 0);
     fr.fail_rank = 1;
     expect_shape_error(fr, moe,
                        "parallel.fail_rank and parallel.fail_step go together (rank 1, step 0): "

@@ -13,21 +13,6 @@
 #include "src/io/data.h"
 #include "src/train/optim.h"
 
-static lb_parallel_config pcfg(int tp, int pp, int ep, int etp)
-{
-    lb_parallel_config pc;
-    memset(&pc, 0, sizeof pc);
-    pc.tp = tp;
-    pc.pp = pp;
-    pc.ep = ep;
-    pc.etp = etp;
-    pc.zero = 1;
-    pc.deterministic = 1;
-    pc.fail_rank = -1;
-    snprintf(pc.fail_mode, sizeof pc.fail_mode, "die");
-    return pc;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Coordinates and groups
 
@@ -35,7 +20,7 @@ START_TEST(test_known_layout)
 {
     // world 8, tp 2, ep 2 (etp = tp): dense dp 4, expert edp 2. Rank 5: tp_rank 1, dp_rank 2;
     // experts: etp_rank 1, ep_rank 0, edp_rank 1.
-    lb_parallel_config pc = pcfg(2, 1, 2, 0);
+    lb_parallel_config pc = lb_test_parallel(2, 1, 2, 0);
     lb_grid g;
     char err[512];
     ck_assert_msg(lb_grid_layout(&g, &pc, 8, 5, err, sizeof err) == 0, "%s", err);
@@ -80,7 +65,7 @@ START_TEST(test_all_layouts)
         for (int a = 0; a < 5; a++) for (int b = 0; b < 5; b++)
         for (int e = 0; e < 5; e++) for (int f = 0; f < 3; f++) {
             int tp = sz[a], pp = sz[b], ep = sz[e], etp = f == 0 ? 0 : sz[f];
-            lb_parallel_config pc = pcfg(tp, pp, ep, etp);
+            lb_parallel_config pc = lb_test_parallel(tp, pp, ep, etp);
             lb_grid g0;
             if (lb_grid_layout(&g0, &pc, world, 0, err, sizeof err) != 0) continue;
             layouts++;
@@ -144,16 +129,16 @@ static void expect_layout_error(lb_parallel_config pc, int world, const char *ms
 
 START_TEST(test_layout_errors)
 {
-    expect_layout_error(pcfg(4, 1, 1, 0), 6,
+    expect_layout_error(lb_test_parallel(4, 1, 1, 0), 6,
                         "the world of 6 ranks is not divisible by parallel.tp x parallel.pp = 4 x 1 "
                         "(dp = world / (tp x pp) must be a whole number)");
-    expect_layout_error(pcfg(1, 2, 1, 0), 3,
+    expect_layout_error(lb_test_parallel(1, 2, 1, 0), 3,
                         "the world of 3 ranks is not divisible by parallel.tp x parallel.pp = 1 x 2 "
                         "(dp = world / (tp x pp) must be a whole number)");
-    expect_layout_error(pcfg(1, 1, 3, 0), 4,
+    expect_layout_error(lb_test_parallel(1, 1, 3, 0), 4,
                         "the 4 ranks of a pipeline stage (world 4 / parallel.pp 1) are not divisible "
                         "by parallel.etp x parallel.ep = 1 x 3 (the expert grid folds the same ranks)");
-    lb_parallel_config pc = pcfg(1, 1, 1, 0);
+    lb_parallel_config pc = lb_test_parallel(1, 1, 1, 0);
     pc.dp = 4;
     expect_layout_error(pc, 2, "parallel.dp = 4, but 2 ranks with parallel.tp = 1 and parallel.pp "
                                "= 1 give dp = 2 (leave parallel.dp at 0 to derive it)");
@@ -166,11 +151,11 @@ END_TEST
 START_TEST(test_not_built)
 {
     char err[512] = "";
-    lb_parallel_config dp = pcfg(1, 1, 1, 0);
+    lb_parallel_config dp = lb_test_parallel(1, 1, 1, 0);
     ck_assert_int_eq(lb_grid_check_built(&dp, err, sizeof err), 0);
     dp.etp = 1;
     ck_assert_int_eq(lb_grid_check_built(&dp, err, sizeof err), 0);
-    lb_parallel_config mp = pcfg(2, 2, 2, 0);   // tp, pp, ep and any etp dividing tp are built
+    lb_parallel_config mp = lb_test_parallel(2, 2, 2, 0);   // tp, pp, ep and any etp dividing tp are built
     ck_assert_int_eq(lb_grid_check_built(&mp, err, sizeof err), 0);
     mp.etp = 2;
     ck_assert_int_eq(lb_grid_check_built(&mp, err, sizeof err), 0);

@@ -98,6 +98,22 @@ static inline int lb_test_run(Suite *s)
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
+// A [parallel] section of these sizes, ZeRO-1 and deterministic sums on, no failure injected.
+static inline lb_parallel_config lb_test_parallel(int tp, int pp, int ep, int etp)
+{
+    lb_parallel_config pc;
+    memset(&pc, 0, sizeof pc);
+    pc.tp = tp;
+    pc.pp = pp;
+    pc.ep = ep;
+    pc.etp = etp;
+    pc.zero = 1;
+    pc.deterministic = 1;
+    pc.fail_rank = -1;
+    snprintf(pc.fail_mode, sizeof pc.fail_mode, "die");
+    return pc;
+}
+
 // [precision] as a parameter file gives it: the parameter table's defaults, then each
 // space-separated key=value of words ("recipe=mxfp4 backward=dequantized"), set as a file's
 // keys are and parsed by the configuration (lb_config_precision). A bad word aborts.
