@@ -275,6 +275,10 @@ typedef struct {
     const float *src, *nw;
     float *rstd;
     float eps;
+    // forward only: src16 NULL, or src in bf16, read instead of src (each value widened
+    // exactly): q or k as their projection stored them in bf16 (lb_layer_plan.qk_in); rows of
+    // d (a multiple of 8), no padding.
+    const uint16_t *src16;
     // forward only: out16 NULL, or where the result goes instead, rounded to bf16 (n, heads, d)
     // with no padding: the bf16-mode attention's q or k (lb_attention_args.q16), which it rounds
     // to bf16 anyway. x is then only read (the input where src is NULL), or not at all (src).

@@ -1380,6 +1380,39 @@ static void rope_case(const test_case *tst)
             snprintf(what, sizeof what, "rope out16 d %d rot %d (%s)", d, rot, b ? "dev" : "cpu");
             CHECK_BITS(what, hy, want, sz * 2);
             CHECK_BITS("rope out16 leaves x", ha, x, sz * 4);
+            if (d % 8 == 0) {   // src16: bf16 rows read instead of src, the bits of the norm
+                // and rotation of their widened values, into x and into out16
+                uint16_t *x16h = lb_malloc(sz * 2);
+                float *xw = lb_malloc(sz * 4);
+                for (size_t i = 0; i < sz; i++) {
+                    x16h[i] = lb_f32_to_bf16(x[i]);
+                    xw[i] = lb_bf16_to_f32(x16h[i]);
+                }
+                uint16_t *S16 = be->alloc(be, sz * 2);
+                be->upload(be, S16, x16h, sz * 2), be->upload(be, Xs, xw, sz * 4);
+                be->rope(be, &(lb_rope_args){.x = A, .pos = P, .n = n, .heads = heads, .d = d,
+                        .theta = 5e5f, .rot = tst->p[3], .inv_freq = F, .src = Xs, .nw = Nw,
+                        .rstd = Ra, .eps = 1e-6f});
+                be->rope(be, &(lb_rope_args){.x = B, .pos = P, .n = n, .heads = heads, .d = d,
+                        .theta = 5e5f, .rot = tst->p[3], .inv_freq = F, .src16 = S16, .nw = Nw,
+                        .rstd = Rb, .eps = 1e-6f});
+                be->download(be, ha, A, sz * 4), be->download(be, hb, B, sz * 4);
+                be->download(be, hra, Ra, (size_t)nh * 4);
+                be->download(be, hrb, Rb, (size_t)nh * 4);
+                snprintf(what, sizeof what, "rope src16 (norm) d %d rot %d (%s)", d, rot,
+                         b ? "dev" : "cpu");
+                CHECK_BITS(what, hb, ha, sz * 4);
+                CHECK_BITS("rope src16 (norm) rstd", hrb, hra, (size_t)nh * 4);
+                be->rope(be, &(lb_rope_args){.out16 = Y, .pos = P, .n = n, .heads = heads,
+                        .d = d, .theta = 5e5f, .rot = tst->p[3], .inv_freq = F, .src16 = S16,
+                        .nw = Nw, .rstd = Rb, .eps = 1e-6f});
+                be->download(be, hy, Y, sz * 2);
+                for (size_t i = 0; i < sz; i++) want[i] = lb_f32_to_bf16(ha[i]);
+                snprintf(what, sizeof what, "rope src16 (norm) out16 d %d rot %d (%s)", d, rot,
+                         b ? "dev" : "cpu");
+                CHECK_BITS(what, hy, want, sz * 2);
+                be->free(be, S16), free(x16h), free(xw);
+            }
             be->free(be, Y), free(hy), free(want);
             free(ha), free(hb), free(hra), free(hrb);
             void *bufs[] = {Xs, A, B, Ra, Rb, Nw, P, F};

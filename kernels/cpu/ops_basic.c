@@ -331,7 +331,7 @@ static void cpu_rope(lb_backend *be, const lb_rope_args *a)
         lb_rope_args f = *a;
         f.out16 = NULL;
         f.x = lb_malloc((count ? count : 1) * sizeof(float));
-        if (!a->src) memcpy(f.x, a->x, count * sizeof(float));
+        if (!a->src && !a->src16) memcpy(f.x, a->x, count * sizeof(float));
         cpu_rope(be, &f);
         for (size_t i = 0; i < count; i++) a->out16[i] = lb_f32_to_bf16(f.x[i]);
         free(f.x);
@@ -343,10 +343,12 @@ static void cpu_rope(lb_backend *be, const lb_rope_args *a)
     const double sign = a->inverse ? -1.0 : 1.0;
     if (d % 2) lb_die("rope: head dim %d is odd", d);
     if (rot % 2 || rot < 0 || rot > d) lb_die("rope: rot %d is not even in 0..%d", rot, d);
-    if (a->src) {   // the q/k norm first (kernels.h)
+    if (a->src16 && (!a->nw || d % 8))
+        lb_die("rope: src16 needs the norm's weight and a head dim that is a multiple of 8");
+    if (a->src || a->src16) {   // the q/k norm first (kernels.h)
         if (a->inverse) lb_die("rope: a norm (src) with the inverse rotation");
         cpu_rmsnorm_fwd(be, &(lb_rmsnorm_args){.out = x, .rstd = a->rstd, .x = a->src,
-                .w = a->nw, .n = n * heads, .c = d, .eps = a->eps});
+                .x16 = a->src16, .w = a->nw, .n = n * heads, .c = d, .eps = a->eps});
     }
     int half = rot / 2;
     if (half == 0 || n == 0 || heads == 0) return;

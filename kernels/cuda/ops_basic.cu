@@ -542,9 +542,9 @@ __global__ void rope_pass_kernel(__nv_bfloat16 *y, const float *x, size_t rows, 
 // kernel's arithmetic, and each rotated pair (f, f + rot / 2) is one lane's (k and
 // k + rot / 64); the rotation is rope_kernel's. A decode step's four launches per layer (two
 // norms, two rotations) become two. Shared memory: rot floats.
-template <typename TO>
+template <typename TO, typename TI>
 __global__ void __launch_bounds__(256)
-rope_norm_kernel(TO *x, float *rstd, const float *src, const float *nw, const int32_t *pos,
+rope_norm_kernel(TO *x, float *rstd, const TI *src, const float *nw, const int32_t *pos,
                  int n, int heads, int d, int rot, const double *table, double theta, float eps)
 {
     extern __shared__ float rope_cs[];
@@ -554,13 +554,13 @@ rope_norm_kernel(TO *x, float *rstd, const float *src, const float *nw, const in
         __syncthreads();
         for (int h = threadIdx.x >> 5; h < heads; h += warps) {
             const size_t hr = (size_t)i * heads + h;
-            const float *si = src + hr * d;
+            const TI *si = src + hr * d;
             float xv[4];
             double ss = 0.0;
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 const int j = lane + 32 * k;
-                xv[k] = j < d ? si[j] : 0.0f;
+                xv[k] = j < d ? lb_ld(si + j) : 0.0f;
                 ss += (double)xv[k] * xv[k];
             }
             ss = lb_warp_sum(ss);
@@ -598,23 +598,29 @@ static void cuda_rope(lb_backend *be, const lb_rope_args *a)
     if (n < 0 || heads < 0 || d < 0) lb_die("rope: negative size");
     if (d % 2) lb_die("rope: head dim %d is odd", d);
     if (rot % 2 || rot < 0 || rot > d) lb_die("rope: rot %d is not even in 0..%d", rot, d);
-    if (a->src && a->inverse) lb_die("rope: a norm (src) with the inverse rotation");
+    if ((a->src || a->src16) && a->inverse)
+        lb_die("rope: a norm (src) with the inverse rotation");
+    if (a->src16 && (!a->nw || d % 8))
+        lb_die("rope: src16 needs the norm's weight and a head dim that is a multiple of 8");
     if (a->out16 && a->inverse) lb_die("rope: a bf16 output (out16) with the inverse rotation");
     lb_cuda_ctx *cx = lb_cuda(be);
     __nv_bfloat16 *y16 = (__nv_bfloat16 *)a->out16;
     const float *x = a->x;   // the rotation's input
-    if (a->src && n && heads) {
+    if ((a->src || a->src16) && n && heads) {
         if (d <= 128 && rot % 64 == 0 && rot > 0) {
             const unsigned threads = 32 * (unsigned)(heads < 8 ? heads : 8);
             const size_t sm = (size_t)rot * sizeof(float);
-            if (y16)
-                rope_norm_kernel<<<rope_blocks(n), threads, sm, cx->stream>>>(y16, a->rstd,
-                        a->src, a->nw, a->pos, n, heads, d, rot, a->inv_freq, (double)a->theta,
-                        a->eps);
-            else
-                rope_norm_kernel<<<rope_blocks(n), threads, sm, cx->stream>>>(a->x, a->rstd,
-                        a->src, a->nw, a->pos, n, heads, d, rot, a->inv_freq, (double)a->theta,
-                        a->eps);
+            const __nv_bfloat16 *s16 = (const __nv_bfloat16 *)a->src16;
+#define ROPE_NORM(Y, S)                                                                      \
+    rope_norm_kernel<<<rope_blocks(n), threads, sm, cx->stream>>>(Y, a->rstd, S, a->nw, a->pos, \
+                                                                   n, heads, d, rot,          \
+                                                                   a->inv_freq,               \
+                                                                   (double)a->theta, a->eps)
+            if (y16 && s16) ROPE_NORM(y16, s16);
+            else if (y16) ROPE_NORM(y16, a->src);
+            else if (s16) ROPE_NORM(a->x, s16);
+            else ROPE_NORM(a->x, a->src);
+#undef ROPE_NORM
             LB_CUDA_LAUNCHED(cx);
             return;
         }
@@ -622,7 +628,8 @@ static void cuda_rope(lb_backend *be, const lb_rope_args *a)
         float *normed = y16 ? (float *)lb_cuda_scratch(cx, (size_t)n * heads * d * sizeof(float))
                             : a->x;
         lb_rmsnorm_args r = {};
-        r.n = n * heads, r.c = d, r.x = a->src, r.w = a->nw, r.rstd = a->rstd, r.out = normed;
+        r.n = n * heads, r.c = d, r.x = a->src, r.x16 = a->src16, r.w = a->nw, r.rstd = a->rstd;
+        r.out = normed;
         r.eps = a->eps;
         cuda_rmsnorm_fwd(be, &r);
         x = normed;
