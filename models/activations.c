@@ -142,9 +142,27 @@ static int plan_residual(const lb_model *m)
     return 1;
 }
 
+// Whether the training step stores q and k before their norms in bf16 (lb_layer_plan.qk_in):
+// the projection's outputs rounded to bf16 (lb_linear_fwd_shared's y16) where it is a plain
+// bf16 GEMM in every pass of every layer of the stage, which the q/k norms and their backward
+// then read (rope's src16), as a bf16 PyTorch model's norms do. Where q and k are stored in
+// bf16 after RoPE too (lb_layer_plan.qk), the norms exist (a model without them keeps no q and
+// k for the backward), with no attention biases (added to fp32 outputs) and heads of a
+// multiple of 8 values. One decision for the stage: full recomputation shares the buffers.
+static int plan_qk_in(const lb_model *m)
+{
+    if (!m->contract.attention_bf16 || m->kv_fp8 || !lb_blocks_qk_norm(m) ||
+        m->cfg.attention_bias || m->cfg.head_dim % 8)
+        return 0;
+    for (int l = m->layer_begin; l < m->layer_end; l++)
+        if (!lb_linear_plain16(&m->lin, l, LB_ROLE_ATTN_QKV)) return 0;
+    return 1;
+}
+
 void lb_decoder_plan(const lb_model *m, lb_layer_plan *out)
 {
     const int ln1 = plan_ln1(m), att = plan_att(m), ln2 = plan_ln2(m), res = plan_residual(m);
+    const int qk_in = plan_qk_in(m);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
         lb_layer_plan *p = &out[l];
         p->residual = (uint8_t)res;
@@ -153,6 +171,7 @@ void lb_decoder_plan(const lb_model *m, lb_layer_plan *out)
         // bits do not change. Not with the fp8 KV cache's straight-through quantization
         // (kv_fake_quant), which rewrites k in fp32 first.
         p->qk = m->contract.attention_bf16 && !m->kv_fp8;
+        p->qk_in = (uint8_t)qk_in;
         p->ln1 = (uint8_t)ln1;
         p->qkv_quant16 = ln1 && lb_linear_quantized(&m->lin, l, LB_ROLE_ATTN_QKV);
         p->att = (uint8_t)att;
@@ -195,6 +214,8 @@ void lb_decoder_plan(const lb_model *m, lb_layer_plan *out)
 }
 
 int lb_blocks_qkv_quantized16(const lb_model *m, int l) { return m->plan[l].qkv_quant16; }
+
+int lb_blocks_qk_in16(const lb_model *m) { return m->plan[0].qk_in; }
 
 int lb_blocks_takes16(const lb_model *m, int l, lb_role role)
 {
@@ -477,8 +498,13 @@ static void layer_create(lb_model *m, lb_layer_acts *L, int n, int ns, const lb_
     lb_backend *be = m->be;
     lb_dims d = lb_dims_of(m);
     size_t C = d.C, D = d.D, hq = d.hq, hkv = d.hkv;
-    L->q = lb_blocks_falloc(be, n * hq * D);
-    L->k = lb_blocks_falloc(be, n * hkv * D);
+    if (lb_blocks_qk_in16(m)) {   // (n, hq*d) and (n, hkv*d) in bf16: d a multiple of 8
+        L->q16 = be->alloc(be, n * hq * D * sizeof(uint16_t));
+        L->k16 = be->alloc(be, n * hkv * D * sizeof(uint16_t));
+    } else {
+        L->q = lb_blocks_falloc(be, n * hq * D);
+        L->k = lb_blocks_falloc(be, n * hkv * D);
+    }
     L->v = lb_blocks_falloc(be, n * hkv * D);
     if (lb_blocks_res16(m)) L->xmid16 = be->alloc(be, lb_blocks_n16(ns, (int)C) * sizeof(uint16_t));
     else L->xmid = lb_blocks_falloc(be, ns * C);
@@ -499,7 +525,7 @@ static void layer_create(lb_model *m, lb_layer_acts *L, int n, int ns, const lb_
 static void layer_free(lb_model *m, lb_layer_acts *L)
 {
     lb_backend *be = m->be;
-    void *own[] = {L->q, L->k, L->v, L->xmid, L->xmid16};
+    void *own[] = {L->q, L->k, L->q16, L->k16, L->v, L->xmid, L->xmid16};
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
         if (own[i]) be->free(be, own[i]);
     if (L->shared) L->f.h = NULL, L->f.h16 = NULL;   // sel's

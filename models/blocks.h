@@ -128,6 +128,7 @@ typedef struct {
     uint16_t *ln1_16;      // (n, pad8(c)) ln1 in bf16 instead (NULL: fp32; activations.c ln1_16)
     float *q, *qrstd, *qr; // q before norm (n, hq*d), its rstd (n*hq), after norm + RoPE
     float *k, *krstd, *kr; // same for k, (n, hkv*d)
+    uint16_t *q16, *k16;   // q and k before their norms in bf16 instead (NULL: fp32; qk_in)
     float *v;              // (n, hkv*d)
     // qr and kr in bf16 instead (NULL: fp32), where the attention reads bf16 (lb_blocks_qk16)
     uint16_t *qr16, *kr16;
@@ -183,6 +184,7 @@ typedef struct {
     uint16_t *ln16;                        // (rows, pad8(c)): ln in bf16 for bf16 GEMMs
     float *q, *qrstd, *qr;                 // (rows, hq*d), (rows*hq), (rows, hq*d)
     float *k, *krstd, *kr, *v;             // (rows, hkv*d), (rows*hkv), (rows, hkv*d) x2
+    uint16_t *q16, *k16;                   // q and k in bf16 where lb_blocks_qk_in16
     float *att;                            // (rows, hq*d)
     uint16_t *att16;                       // (rows, hq*d) att in bf16 where lb_blocks_att16
     float *part;                           // (rows, c) tp > 1
@@ -196,9 +198,10 @@ typedef struct {
 lb_dims lb_dims_of(const lb_model *m);
 
 // q, k, v (n, heads x D) = ln (n, C) times their weights: one call, so a low-precision ln is
-// quantized once for the three (lb_linear_fwd_shared). ln in fp32 or bf16 (lb_act).
+// quantized once for the three (lb_linear_fwd_shared). ln in fp32 or bf16 (lb_act); q and k
+// into q16 and k16 in bf16 instead where given (lb_layer_plan.qk_in).
 void lb_qkv_fwd(lb_linear *lin, int l, const lb_layer_w *w, lb_act ln, float *q, float *k,
-                float *v, lb_dims d);
+                float *v, uint16_t *q16, uint16_t *k16, lb_dims d);
 // RMSNorm of this rank's rows of x into norm's rows (all rows gathered under SP), or (norm16
 // given) into norm16 in bf16 instead, (n, pad8(c)).
 void lb_norm_rows(lb_model *m, lb_acts *a, lb_act x, const float *w, float *norm,

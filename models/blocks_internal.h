@@ -38,6 +38,7 @@ int lb_blocks_qk16(const lb_model *m);
 int lb_blocks_att16(const lb_model *m);
 int lb_blocks_ln2_16(const lb_model *m);
 int lb_blocks_res16(const lb_model *m);
+int lb_blocks_qk_in16(const lb_model *m);
 // A dense model's MLP layer l: gate/up's output (h 0) or the SwiGLU's (h 1) in bf16.
 int lb_blocks_mlp16(const lb_model *m, int l, int h);
 int lb_blocks_weights_on_h(const lb_model *m, int l);
@@ -57,7 +58,8 @@ lb_quant_args lb_blocks_kv_quant_args(void);
 void lb_blocks_qkv_bias_fwd(lb_model *m, const lb_layer_w *w, const float *ones, float *q,
                             float *k, float *v, int n);
 void lb_blocks_qk_rope_fwd(lb_model *m, const lb_layer_w *w, const float *q, const float *k,
-                           float *qr, float *kr, uint16_t *qr16, uint16_t *kr16, float *qrstd,
-                           float *krstd, const int32_t *pos, const double *freq, int n);
+                           const uint16_t *q16, const uint16_t *k16, float *qr, float *kr,
+                           uint16_t *qr16, uint16_t *kr16, float *qrstd, float *krstd,
+                           const int32_t *pos, const double *freq, int n);
 
 #endif

@@ -38,15 +38,17 @@ void lb_blocks_tp_sum(lb_model *m, float *x, size_t count)
 // --- the layers -----------------------------------------------------------------------------
 
 // q, k, v (n, heads x D) = ln (n, C) times their weights: one call, so a low-precision ln is
-// quantized once for the three (lb_linear_fwd_shared).
+// quantized once for the three (lb_linear_fwd_shared); q and k into q16 and k16 in bf16 instead
+// where those are given (lb_layer_plan.qk_in).
 void lb_qkv_fwd(lb_linear *lin, int l, const lb_layer_w *w, lb_act ln, float *q, float *k,
-                float *v, lb_dims d)
+                float *v, uint16_t *q16, uint16_t *k16, lb_dims d)
 {
     const float *ws[3] = {w->q, w->k, w->v};
     const lb_wcache *cs[3] = {w->cq, w->ck, w->cv};
     float *ys[3] = {q, k, v};
+    uint16_t *y16[3] = {q16, k16, NULL};
     const int outs[3] = {d.hq * d.D, d.hkv * d.D, d.hkv * d.D};
-    lb_linear_fwd_shared(lin, l, LB_ROLE_ATTN_QKV, ln, 3, ws, cs, ys, outs);
+    lb_linear_fwd_shared(lin, l, LB_ROLE_ATTN_QKV, ln, 3, ws, cs, ys, q16 ? y16 : NULL, outs);
 }
 
 // The fp8 KV cache's quantization of k or v rows x (rows, d): fp8-block activations, 1x128
@@ -141,15 +143,18 @@ static void qkv_bias_bwd(lb_backend *be, float *db, const float *ones, const flo
 // then RoPE at positions pos (n), with the frequencies freq (NULL: plain RoPE). The training
 // and the cached forward both go through here, so their rows are the same bits.
 // qr16, kr16: NULL, or where q and k go instead, in bf16 (the rotation reads q and k then).
+// q16, k16: NULL, or q and k in bf16, read instead (with the q/k norms: lb_layer_plan.qk_in).
 void lb_blocks_qk_rope_fwd(lb_model *m, const lb_layer_w *w, const float *q, const float *k,
-                           float *qr, float *kr, uint16_t *qr16, uint16_t *kr16, float *qrstd,
-                           float *krstd, const int32_t *pos, const double *freq, int n)
+                           const uint16_t *q16, const uint16_t *k16, float *qr, float *kr,
+                           uint16_t *qr16, uint16_t *kr16, float *qrstd, float *krstd,
+                           const int32_t *pos, const double *freq, int n)
 {
     lb_backend *be = m->be;
     lb_dims d = lb_dims_of(m);
     int D = d.D;
     float eps = (float)m->cfg.rms_norm_eps, theta = (float)m->cfg.rope_theta;
     const int norm = lb_blocks_qk_norm(m);
+    if ((q16 || k16) && !norm) lb_die("q/k rope: bf16 q and k without their norms");
     if (!norm && !qr16) {
         be->copy(be, qr, q, (size_t)n * d.hq * D * sizeof(float));
         be->copy(be, kr, k, (size_t)n * d.hkv * D * sizeof(float));
@@ -157,10 +162,12 @@ void lb_blocks_qk_rope_fwd(lb_model *m, const lb_layer_w *w, const float *q, con
     // the q/k norms in the rotation's call (rope's src): one pass each
     be->rope(be, &(lb_rope_args){.x = qr16 && !norm ? (float *)q : qr, .out16 = qr16, .pos = pos,
             .n = n, .heads = d.hq, .d = D, .theta = theta, .rot = rope_rot(&m->cfg),
-            .inv_freq = freq, .src = norm ? q : NULL, .nw = w->qn, .rstd = qrstd, .eps = eps});
+            .inv_freq = freq, .src = norm && !q16 ? q : NULL, .src16 = q16, .nw = w->qn,
+            .rstd = qrstd, .eps = eps});
     be->rope(be, &(lb_rope_args){.x = kr16 && !norm ? (float *)k : kr, .out16 = kr16, .pos = pos,
             .n = n, .heads = d.hkv, .d = D, .theta = theta, .rot = rope_rot(&m->cfg),
-            .inv_freq = freq, .src = norm ? k : NULL, .nw = w->kn, .rstd = krstd, .eps = eps});
+            .inv_freq = freq, .src = norm && !k16 ? k : NULL, .src16 = k16, .nw = w->kn,
+            .rstd = krstd, .eps = eps});
 }
 
 // Core attention of layer L from its q, k, v projections: q/k norms, RoPE, what an fp8 KV
@@ -174,8 +181,8 @@ void lb_attention_core_fwd(lb_model *m, lb_acts *a, lb_layer_acts *L, const lb_l
         lb_die("attention: the activations were made for %s q and k, and the model now wants "
                "the other (the KV cache kind changed after they were made)",
                L->qr16 ? "bf16" : "fp32");
-    lb_blocks_qk_rope_fwd(m, w, L->q, L->k, L->qr, L->kr, L->qr16, L->kr16, L->qrstd, L->krstd,
-                          a->pos, a->rope_freq, n);
+    lb_blocks_qk_rope_fwd(m, w, L->q, L->k, L->q16, L->k16, L->qr, L->kr, L->qr16, L->kr16,
+                          L->qrstd, L->krstd, a->pos, a->rope_freq, n);
     if (m->kv_fp8) {
         kv_fake_quant(be, L->kr, n * d.hkv, D);
         kv_fake_quant(be, L->v, n * d.hkv, D);
@@ -210,7 +217,8 @@ double lb_decoder_layer_fwd(lb_model *m, lb_acts *a, int i, lb_layer_acts *L)
     // attention block: heads split over tp, o_proj row-parallel
     const lb_act x = lb_act_of(L->x, L->x16, ns, C), xmid = lb_act_of(L->xmid, L->xmid16, ns, C);
     lb_norm_rows(m, a, x, w.ln1, L->ln1, L->ln1_16, L->rstd1);
-    lb_qkv_fwd(lin, l, &w, lb_act_of(L->ln1, L->ln1_16, n, C), L->q, L->k, L->v, d);
+    lb_qkv_fwd(lin, l, &w, lb_act_of(L->ln1, L->ln1_16, n, C), L->q, L->k, L->v, L->q16, L->k16,
+               d);
     lb_blocks_qkv_bias_fwd(m, &w, a->ones, L->q, L->k, L->v, n);
     lb_attention_core_fwd(m, a, L, &w);
     // a block's output: into the fp32 stream, or a->branch before its add into the bf16 one
@@ -443,10 +451,12 @@ static void backward_from(lb_model *m, float aux_scale, int head_done)
         const float *dqp = a->dq, *dkp = a->dk;
         if (lb_blocks_qk_norm(m)) {
             be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dqr, .dx_beta = 0.0f, .dw = dw.qn,
-                    .dout = a->dq, .x = L->q, .w = w.qn, .rstd = L->qrstd, .n = n * d.hq,
+                    .dout = a->dq, .x = L->q, .x16 = L->q16, .w = w.qn, .rstd = L->qrstd,
+                    .n = n * d.hq,
                     .c = D});
             be->rmsnorm_bwd(be, &(lb_rmsnorm_args){.dx = a->dkr, .dx_beta = 0.0f, .dw = dw.kn,
-                    .dout = a->dk, .x = L->k, .w = w.kn, .rstd = L->krstd, .n = n * d.hkv,
+                    .dout = a->dk, .x = L->k, .x16 = L->k16, .w = w.kn, .rstd = L->krstd,
+                    .n = n * d.hkv,
                     .c = D});
             dqp = a->dqr, dkp = a->dkr;
         }

@@ -34,6 +34,10 @@ void *lb_decoder_cached_create(lb_model *m, int max_rows)
     a->rstd = lb_blocks_falloc(be, n);
     a->ln16 = be->alloc(be, lb_blocks_n16(n, (int)C) * sizeof(uint16_t));
     a->q = lb_blocks_falloc(be, n * hq * D);
+    if (lb_blocks_qk_in16(m)) {   // q and k as the training forward stores them (qk_in)
+        a->q16 = be->alloc(be, n * hq * D * sizeof(uint16_t));
+        a->k16 = be->alloc(be, n * hkv * D * sizeof(uint16_t));
+    }
     a->qrstd = lb_blocks_falloc(be, n * hq);
     a->qr = lb_blocks_falloc(be, n * hq * D);
     a->k = lb_blocks_falloc(be, n * hkv * D);
@@ -58,8 +62,8 @@ void lb_decoder_cached_free(lb_model *m, void *p)
 {
     lb_cached_acts *a = p;
     lb_backend *be = m->be;
-    void *bufs[] = {a->x, a->xmid, a->x16, a->xmid16, a->ln, a->ln16, a->rstd, a->q, a->qrstd,
-                    a->qr, a->k,
+    void *bufs[] = {a->x, a->xmid, a->x16, a->xmid16, a->ln, a->ln16, a->rstd, a->q, a->q16,
+                    a->k16, a->qrstd, a->qr, a->k,
                     a->krstd, a->kr, a->v, a->att, a->att16, a->part, a->rope_freq, a->ones};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
@@ -102,10 +106,10 @@ void lb_decoder_forward_cached(lb_model *m, lb_kvcache *kv, int n)
                    lb_blocks_norm_in(m, l, LB_ROLE_ATTN_QKV,
                                      lb_blocks_qkv_quantized16(m, l) ? NULL : a->ln,
                                      cached_ln16(m, a, l, LB_ROLE_ATTN_QKV), n, C),
-                   a->q, a->k, a->v, d);
+                   a->q, a->k, a->v, a->q16, a->k16, d);
         lb_blocks_qkv_bias_fwd(m, &w, a->ones, a->q, a->k, a->v, n);
-        lb_blocks_qk_rope_fwd(m, &w, a->q, a->k, a->qr, a->kr, NULL, NULL, a->qrstd, a->krstd,
-                              kv->pos, a->rope_freq, n);
+        lb_blocks_qk_rope_fwd(m, &w, a->q, a->k, a->q16, a->k16, a->qr, a->kr, NULL, NULL,
+                              a->qrstd, a->krstd, kv->pos, a->rope_freq, n);
         if (kv->fp8) {   // the first n * hkv rows of the call's quantized k and v
             lb_quant_args qa = lb_blocks_kv_quant_args();
             lb_qmat kq = lb_qmat_rows(&a->kq, 0, n * d.hkv);

@@ -629,6 +629,7 @@ void lb_model_act_plan(const lb_model *m, lb_act_plan *p)
         const lb_layer_plan *q = &m->plan[l];
         p->residual += q->residual;
         p->qk += q->qk;
+        p->qk_in += q->qk_in;
         p->ln1 += q->ln1;
         p->att += q->att;
         p->ln2 += q->ln2;

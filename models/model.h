@@ -209,12 +209,13 @@ typedef struct {
 // training step stores and the cached forward reads (1 bf16, 0 fp32), decided once from the
 // precision contract, the layout and the KV cache kind, and again whenever one of them changes
 // (lb_model_def.plan), so the forward, the backward and the buffers ask it instead of deciding
-// call by call. Everything else is fp32: the final norm's output and every statistic, q, k and
-// v before their norms and RoPE, the experts' routed outputs, the gradients between ops but
+// call by call. Everything else is fp32: the final norm's output and every statistic, v (and
+// q and k where not named), the experts' routed outputs, the gradients between ops but
 // those named (doc/architecture.md, Memory).
 typedef struct {
     uint8_t residual;      // the residual stream: each layer's input and its sum after attention
     uint8_t qk;            // q and k after their norms and RoPE (the bf16 attention's inputs)
+    uint8_t qk_in;         // q and k before their norms: the projection's outputs
     uint8_t ln1;           // the attention's input norm
     uint8_t qkv_quant16;   // ln1, and the q/k/v projections quantize it (the cached forward too)
     uint8_t att;           // the attention output, the o projection's input
@@ -238,6 +239,7 @@ typedef struct lb_act_plan {
     int mlp_layers;    // of them layers with a dense MLP or shared experts (the mlp_ fields')
     int residual;      // the residual stream
     int qk;            // q and k after their norms and RoPE (the bf16 attention's inputs)
+    int qk_in;         // q and k before their norms
     int ln1;           // the attention's input norm
     int att;           // the attention output
     int ln2;           // the feed-forward block's input norm

@@ -44,7 +44,8 @@ l16=$(lay --set precision.recipe=bf16)
 [ "$lfull" = 512 ] && [ "$lsel" -lt "$l32" ] && [ "$l16" -lt "$l32" ] && ok ||
     fail "info: bytes per token and layer: $l32 (fp32), $lfull (full), $lsel (selective), $l16 (bf16)"
 # the activation plan: which activations the recipe stores in bf16 (none in fp32; the residual
-# stream where no GEMM is fp32 in any pass; the input norm where the q/k/v GEMMs are plain bf16
+# stream where no GEMM is fp32 in any pass; q and k before their norms where the q/k/v
+# projections are plain bf16 GEMMs; the input norm where the q/k/v GEMMs are plain bf16
 # or quantized in every pass, under tp too, the attention output where the o projection is so,
 # the feed-forward block's input norm where the router and the experts read bf16; the experts'
 # inputs where their GEMMs are so too: not with a dequantized backward)
@@ -55,9 +56,11 @@ pdq=$(plan --set precision.recipe=fp8-block --set precision.backward=dequantized
 ptp=$(plan --set precision.recipe=bf16 --set parallel.tp=2 --set parallel.dp=1)
 p32w=$(plan --set precision.recipe=bf16 --set 'precision.overrides=lm_head.wgrad=fp32')
 all16="the residual stream, q and k after RoPE, the attention's input norm, the attention output, the feed-forward block's input norm, the experts' input rows, gate/up's outputs, the SwiGLU outputs, down's input gradients"
-[ "$p32" = none ] && [ "$p16" = "$all16" ] && [ "$p8" = "$all16" ] && [ "$pmx" = "$all16" ] &&
+# and q and k before their norms where the q/k/v projections are plain bf16 GEMMs
+b16="the residual stream, q and k before their norms, ${all16#the residual stream, }"
+[ "$p32" = none ] && [ "$p16" = "$b16" ] && [ "$p8" = "$all16" ] && [ "$pmx" = "$all16" ] &&
     [ "$pdq" = "the residual stream, q and k after RoPE, gate/up's outputs" ] &&
-    [ "$ptp" = "$all16" ] && [ "$p32w" = "${all16#the residual stream, }" ] && ok ||
+    [ "$ptp" = "$b16" ] && [ "$p32w" = "${b16#the residual stream, }" ] && ok ||
     fail "info: activation plans: fp32 '$p32', bf16 '$p16', fp8-block '$p8', mxfp8 '$pmx', fp8-block dequantized '$pdq', bf16 tp2 '$ptp', bf16 with an fp32 wgrad '$p32w'"
 # a dense model's MLP: gate/up's outputs where gate/up is a plain bf16 GEMM, the SwiGLU's where
 # down reads bf16 (quantized too)

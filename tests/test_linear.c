@@ -502,7 +502,7 @@ static void check_shared(const char *recipe, const char *backward, int sr, const
     const float *ws[W] = {w[0], w[1], w[2]}, *dys[W] = {dy[0], dy[1], dy[2]};
     const lb_wcache *cs[W] = {&wc[0], &wc[1], &wc[2]};
     const lb_act xa = lb_act_f32(x, N, IN);
-    lb_linear_fwd_shared(&L, 0, role, xa, W, ws, cs, y[0], out);
+    lb_linear_fwd_shared(&L, 0, role, xa, W, ws, cs, y[0], NULL, out);
     lb_linear_bwd_shared(&L, 0, role, xa, W, ws, cs, dys, dx[0], dw[0], betas, out);
     for (int i = 0; i < W; i++) {
         lb_linear_fwd(&L, 0, role, xa, w[i], &wc[i], 0, y[1][i], out[i], 0.0f);
@@ -517,6 +517,18 @@ static void check_shared(const char *recipe, const char *backward, int sr, const
     }
     ck_assert_msg(!memcmp(dx[0], dx[1], sizeof(float) * N * IN), "%s/%s sr %d: shared dgrad",
                   recipe, backward, sr);
+    if (lb_linear_plain16(&L, 0, role)) {   // y16: outputs 0 and 2 in bf16, the fp32 ones rounded
+        uint16_t *y16[W] = {malloc(2 * (size_t)N * out[0]), NULL, malloc(2 * (size_t)N * out[2])};
+        lb_linear_fwd_shared(&L, 0, role, xa, W, ws, cs, y[1], y16, out);
+        for (int i = 0; i < W; i += 2) {   // out[i] a multiple of 8: no padding
+            for (size_t j = 0; j < (size_t)N * out[i]; j++)
+                ck_assert_msg(y16[i][j] == lb_f32_to_bf16(y[0][i][j]),
+                              "%s: shared fprop %d in bf16, element %zu", recipe, i, j);
+            free(y16[i]);
+        }
+        ck_assert_msg(!memcmp(y[0][1], y[1][1], sizeof(float) * N * out[1]),
+                      "%s: shared fprop 1 beside bf16 outputs", recipe);
+    }
     for (int i = 0; i < W; i++) {
         lb_wcache_free(&L, &wc[i]);
         free(w[i]), free(dy[i]);

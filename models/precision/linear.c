@@ -473,16 +473,22 @@ void lb_linear_fwd(lb_linear *L, int layer, lb_role role, lb_act x, const float 
 
 void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, lb_act x, int count,
                           const float *const *w, const lb_wcache *const *c, float *const *y,
-                          const int *out)
+                          uint16_t *const *y16, const int *out)
 {
     const lb_site *F = lb_contract_site(L->contract, layer, role, LB_PASS_FPROP);
     const int n = x.rows, in = x.cols;
+    for (int i = 0; y16 && i < count; i++)
+        if (y16[i] && !lb_linear_plain16(L, layer, role))
+            lb_die("lb_linear_fwd_shared: a bf16 output of layer %d %s, which is not bf16 in "
+                   "every pass", layer, lb_role_name(role));
     if (n == 0) return;
     if (F->fmt == LB_FMT_BF16) {   // one grouped call: a backend converts x once for all
         lb_gemm_args g[count];
-        for (int i = 0; i < count; i++)
-            g[i] = (lb_gemm_args){0, 1, n, out[i], in, 1.0f, 0.0f, f32_of(x), w[i], y[i], 1,
-                                  cache_b16(c[i], 0), b16_of(x), NULL};
+        for (int i = 0; i < count; i++) {
+            uint16_t *c16 = y16 ? y16[i] : NULL;   // the output rounded to bf16 instead
+            g[i] = (lb_gemm_args){0, 1, n, out[i], in, 1.0f, 0.0f, f32_of(x), w[i],
+                                  c16 ? NULL : y[i], 1, cache_b16(c[i], 0), b16_of(x), c16};
+        }
         L->be->gemm_grouped(L->be, count, g);
         return;
     }

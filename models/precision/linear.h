@@ -101,10 +101,12 @@ void lb_linear_bwd(lb_linear *L, int layer, lb_role role, lb_act x, const float 
 // sum_i dy_i W_i (overwritten, i in order), dw_i = dy_i^T x + dw_beta[i] dw_i. A low-precision
 // x is quantized once for all the fprops, and a quantized wgrad's column-wise x once for all
 // the wgrads: the site and the operand ids are the same for every i, so are the bytes, and the
-// results are those of the separate calls.
+// results are those of the separate calls. y16: NULL, or per output NULL or where y_i goes
+// instead, rounded to bf16 (n, pad8(out[i])), as lb_linear_fwd_c16 (the site bf16 in every
+// pass).
 void lb_linear_fwd_shared(lb_linear *L, int layer, lb_role role, lb_act x, int count,
                           const float *const *w, const lb_wcache *const *c, float *const *y,
-                          const int *out);
+                          uint16_t *const *y16, const int *out);
 void lb_linear_bwd_shared(lb_linear *L, int layer, lb_role role, lb_act x, int count,
                           const float *const *w, const lb_wcache *const *c,
                           const float *const *dy, float *dx, float *const *dw,

@@ -181,7 +181,8 @@ static void print_plan(const lb_act_plan *p)
 {
     const int L = p->layers, E = p->moe_layers, M = p->mlp_layers;
     const struct { int n, of; const char *what; } a[] = {
-        {p->residual, L, "the residual stream"}, {p->qk, L, "q and k after RoPE"},
+        {p->residual, L, "the residual stream"}, {p->qk_in, L, "q and k before their norms"},
+        {p->qk, L, "q and k after RoPE"},
         {p->ln1, L, "the attention's input norm"},
         {p->att, L, "the attention output"}, {p->ln2, L, "the feed-forward block's input norm"},
         {p->expert_in, E, "the experts' input rows"}, {p->gate_up_out, E, "gate/up's outputs"},
@@ -195,10 +196,11 @@ static void print_plan(const lb_act_plan *p)
         printf("%s%s", any++ ? ", " : "", a[i].what);
         if (a[i].n < a[i].of) printf(" (%d of %d layers)", a[i].n, a[i].of);
     }
-    printf("%s; %s%sq/k/v before RoPE, %sthe experts' routed outputs and the "
+    printf("%s; %s%s%s, %sthe experts' routed outputs and the "
            "gradients between ops in fp32\n", any ? "" : "none",
            p->residual < p->layers ? "the residual stream, " : "",
            p->ln2 < p->layers ? "the other norms, " : "the final norm, ",
+           p->qk_in < p->layers ? "q/k/v before RoPE" : "v",
            p->att < p->layers ? "the attention output, " : "");
 }
 
