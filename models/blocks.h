@@ -184,7 +184,7 @@ typedef struct {
     uint16_t *ln16;                        // (rows, pad8(c)): ln in bf16 for bf16 GEMMs
     float *q, *qrstd, *qr;                 // (rows, hq*d), (rows*hq), (rows, hq*d)
     float *k, *krstd, *kr, *v;             // (rows, hkv*d), (rows*hkv), (rows, hkv*d) x2
-    uint16_t *q16, *k16;                   // q and k in bf16 where lb_blocks_qk_in16
+    uint16_t *q16, *k16;                   // q and k in bf16 instead where lb_blocks_qk_in16
     float *att;                            // (rows, hq*d)
     uint16_t *att16;                       // (rows, hq*d) att in bf16 where lb_blocks_att16
     float *part;                           // (rows, c) tp > 1

@@ -33,14 +33,15 @@ void *lb_decoder_cached_create(lb_model *m, int max_rows)
     a->ln = lb_blocks_falloc(be, n * C);
     a->rstd = lb_blocks_falloc(be, n);
     a->ln16 = be->alloc(be, lb_blocks_n16(n, (int)C) * sizeof(uint16_t));
-    a->q = lb_blocks_falloc(be, n * hq * D);
     if (lb_blocks_qk_in16(m)) {   // q and k as the training forward stores them (qk_in)
         a->q16 = be->alloc(be, n * hq * D * sizeof(uint16_t));
         a->k16 = be->alloc(be, n * hkv * D * sizeof(uint16_t));
+    } else {
+        a->q = lb_blocks_falloc(be, n * hq * D);
+        a->k = lb_blocks_falloc(be, n * hkv * D);
     }
     a->qrstd = lb_blocks_falloc(be, n * hq);
     a->qr = lb_blocks_falloc(be, n * hq * D);
-    a->k = lb_blocks_falloc(be, n * hkv * D);
     a->krstd = lb_blocks_falloc(be, n * hkv);
     a->kr = lb_blocks_falloc(be, n * hkv * D);
     a->v = lb_blocks_falloc(be, n * hkv * D);
